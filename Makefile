@@ -1,0 +1,35 @@
+# Two commands do the whole set-up on a fresh machine with Python 3.11:
+#   make demo   inspect and validate the shipped example IR file
+#   make test   run the test suite (what CI runs)
+# Both create .venv if missing and install the package with its pinned dependencies.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test proto example clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/remat-ir inspect examples/mlp.rir
+	$(BIN)/remat-ir validate examples/mlp.rir
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# Regenerate ir/remat_ir_pb2.py(.pyi) after editing schemas/remat_ir.proto.
+proto: $(STAMP)
+	$(BIN)/python schemas/generate.py
+
+# Regenerate the shipped example after changing the IR or its builder.
+example: $(STAMP)
+	$(BIN)/python -m remat_ir.ir.examples examples/mlp.rir
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,259 @@
+"""`Graph`: a Python view over the protobuf graph, with the indices solvers need.
+
+The protobuf message stays the one copy of the data (`graph.proto`), so what a
+tool builds here is exactly what is saved and what a solver in another language
+reads. The wrapper adds construction helpers that keep ids and sizes
+consistent, and lookups (producer, users, storage bytes, topological order)
+built once per graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+
+import networkx as nx
+
+from . import remat_ir_pb2 as pb
+from .arguments import TensorRef, encode, tensor_ids
+from .dtypes import dtype_from_name, nbytes
+
+#: The IR format version this library writes and reads (see schemas/README.md).
+FORMAT_VERSION = (1, 0)
+
+#: Graph-input value kinds; they are always live and counted apart from activations.
+RESIDENT_KINDS = frozenset({pb.USER_INPUT, pb.PARAMETER, pb.BUFFER, pb.CONSTANT, pb.GRADIENT})
+
+#: Output roles produced by the forward segment (the rest come from backward).
+FORWARD_OUTPUT_ROLES = frozenset({pb.USER_OUTPUT, pb.BUFFER_UPDATE})
+
+
+def _next_id(index: dict) -> int:
+    """Smallest id above every id in use (ids start at 0)."""
+    return max(index) + 1 if index else 0
+
+
+def _enum(enum_type, value) -> int:
+    """Accept an enum member as its number or its name in any case ("forward")."""
+    return value if isinstance(value, int) else enum_type.Value(value.upper())
+
+
+class Graph:
+    """A remat IR graph: values, nodes, inputs/outputs, hierarchy and schedules.
+
+    Build one with `add_value`/`add_node`/`add_input`/`add_output`, or wrap a
+    parsed message with `Graph(proto)`. Lookups assume a structurally valid
+    graph (`remat_ir.ir.validate`); `load` validates before wrapping.
+    """
+
+    def __init__(self, proto: pb.Graph | None = None, *, name: str = ""):
+        if proto is None:
+            proto = pb.Graph(name=name)
+            proto.version.major, proto.version.minor = FORMAT_VERSION
+        self.proto = proto
+        self._values = {v.id: v for v in proto.values}
+        self._nodes = {n.id: n for n in proto.nodes}
+        self._storages = {s.id: s for s in proto.storages}
+
+    # ---------------------------------------------------------------- building
+
+    def _changed(self) -> None:
+        """Drop derived indices after a structural change."""
+        for attr in ("_producers", "_users", "topological_order", "resident_value_ids",
+                     "resident_storage_ids", "output_value_ids"):
+            self.__dict__.pop(attr, None)
+
+    def add_storage(self, size_bytes: int) -> int:
+        storage = self.proto.storages.add(id=_next_id(self._storages),
+                                          size_bytes=size_bytes)
+        self._storages[storage.id] = storage
+        return storage.id
+
+    def add_value(self, name: str, dtype: str | int, shape: Sequence[int], *,
+                  kind: str | int = "activation", alias_of: int | None = None,
+                  storage_bytes: int | None = None, constant: bytes | None = None) -> int:
+        """Add a tensor value and return its id.
+
+        `alias_of` makes it a view sharing that value's storage (counted once);
+        otherwise it gets a storage of its own, `storage_bytes` large (by
+        default exactly its own size).
+        """
+        dtype = dtype_from_name(dtype)
+        size = nbytes(dtype, shape)
+        if alias_of is not None:
+            storage_id = self._values[alias_of].storage_id
+        else:
+            storage_id = self.add_storage(size if storage_bytes is None else storage_bytes)
+        value = self.proto.values.add(
+            id=_next_id(self._values), name=name, dtype=dtype,
+            shape=list(shape), size_bytes=size, kind=_enum(pb.ValueKind, kind),
+            storage_id=storage_id)
+        if constant is not None:
+            value.constant.raw = constant
+        self._values[value.id] = value
+        self._changed()
+        return value.id
+
+    def add_node(self, op: str, inputs: Sequence[int], outputs: Sequence[int], *,
+                 phase: str | int, name: str = "", args: Sequence | None = None,
+                 kwargs: dict | None = None, time_s: float = 0.0, flops: float = 0.0,
+                 workspace_bytes: int = 0, cost_source: str | int = "user",
+                 forward_node_id: int | None = None, random: bool = False,
+                 mutating: bool = False, non_recomputable: bool = False,
+                 source: str = "") -> int:
+        """Add an op and return its id.
+
+        `args` are Python objects (see `remat_ir.ir.arguments`); when omitted the
+        op is called with its inputs as positional tensors.
+        """
+        if args is None:
+            args = [TensorRef(v) for v in inputs]
+        node = self.proto.nodes.add(
+            id=_next_id(self._nodes), op=op, inputs=list(inputs),
+            outputs=list(outputs), phase=_enum(pb.Phase, phase), random=random,
+            mutating=mutating, non_recomputable=non_recomputable, source=source)
+        node.name = name or f"{op.split('.')[1] if op.count('.') else op}_{node.id}"
+        node.args.extend(encode(a) for a in args)
+        for key, val in (kwargs or {}).items():
+            node.kwargs.add(name=key).value.CopyFrom(encode(val))
+        node.cost.time_s, node.cost.flops = time_s, flops
+        node.cost.workspace_bytes = workspace_bytes
+        node.cost.source = _enum(pb.CostSource, cost_source)
+        if forward_node_id is not None:
+            node.forward_node_id = forward_node_id
+        self._nodes[node.id] = node
+        self._changed()
+        return node.id
+
+    def add_input(self, value_id: int, name: str | None = None, *,
+                  gradient_of: int | None = None) -> None:
+        entry = self.proto.inputs.add(value_id=value_id,
+                                      name=name if name is not None else self._values[value_id].name)
+        if gradient_of is not None:
+            entry.gradient_of = gradient_of
+        self._changed()
+
+    def add_output(self, value_id: int, role: str | int, name: str = "") -> None:
+        self.proto.outputs.add(value_id=value_id, role=_enum(pb.OutputRole, role), name=name)
+        self._changed()
+
+    def add_schedule(self, schedule: pb.Schedule) -> pb.Schedule:
+        """Append a copy of `schedule` to the graph and return the stored copy."""
+        stored = self.proto.schedules.add()
+        stored.CopyFrom(schedule)
+        return stored
+
+    # ---------------------------------------------------------------- lookups
+
+    @property
+    def name(self) -> str:
+        return self.proto.name
+
+    @property
+    def values(self) -> dict[int, pb.Value]:
+        return self._values
+
+    @property
+    def nodes(self) -> dict[int, pb.Node]:
+        return self._nodes
+
+    @property
+    def schedules(self):
+        return self.proto.schedules
+
+    def value(self, value_id: int) -> pb.Value:
+        return self._values[value_id]
+
+    def node(self, node_id: int) -> pb.Node:
+        return self._nodes[node_id]
+
+    def storage_bytes(self, storage_id: int) -> int:
+        return self._storages[storage_id].size_bytes
+
+    def describe_node(self, node_id: int) -> str:
+        """'name (op, id N)' for messages; tolerates unknown ids."""
+        node = self._nodes.get(node_id)
+        return f"node {node_id}" if node is None else f"node {node.name!r} ({node.op}, id {node_id})"
+
+    def describe_value(self, value_id: int) -> str:
+        value = self._values.get(value_id)
+        return f"value {value_id}" if value is None else f"value {value.name!r} (id {value_id})"
+
+    @cached_property
+    def _producers(self) -> dict[int, int]:
+        return {v: n.id for n in self.proto.nodes for v in n.outputs}
+
+    @cached_property
+    def _users(self) -> dict[int, list[int]]:
+        users: dict[int, list[int]] = {v: [] for v in self._values}
+        for n in self.proto.nodes:
+            for v in n.inputs:
+                users.setdefault(v, []).append(n.id)
+        return users
+
+    def producer(self, value_id: int) -> int | None:
+        """Id of the node computing this value; None for graph inputs and constants."""
+        return self._producers.get(value_id)
+
+    def users(self, value_id: int) -> list[int]:
+        """Ids of the nodes reading this value, in file order."""
+        return self._users.get(value_id, [])
+
+    @cached_property
+    def resident_value_ids(self) -> frozenset[int]:
+        """Graph inputs and constants: always present, never computed or freed."""
+        ids = {i.value_id for i in self.proto.inputs}
+        ids.update(v.id for v in self.proto.values if v.kind == pb.CONSTANT)
+        return frozenset(ids)
+
+    @cached_property
+    def resident_storage_ids(self) -> frozenset[int]:
+        return frozenset(self._values[v].storage_id for v in self.resident_value_ids)
+
+    @cached_property
+    def output_value_ids(self) -> frozenset[int]:
+        return frozenset(o.value_id for o in self.proto.outputs)
+
+    def resident_bytes(self) -> int:
+        """Bytes of parameters, buffers, inputs and constants (counted apart)."""
+        return sum(self.storage_bytes(s) for s in self.resident_storage_ids)
+
+    def dependency_graph(self) -> nx.DiGraph:
+        """Node-level DAG: an edge producer -> user for every value passed."""
+        dag = nx.DiGraph()
+        dag.add_nodes_from(n.id for n in self.proto.nodes)
+        for n in self.proto.nodes:
+            for v in n.inputs:
+                p = self._producers.get(v)
+                if p is not None:
+                    dag.add_edge(p, n.id)
+        return dag
+
+    @cached_property
+    def topological_order(self) -> tuple[int, ...]:
+        """Node ids in a dependency order, ties broken by position in the file."""
+        position = {n.id: i for i, n in enumerate(self.proto.nodes)}
+        return tuple(nx.lexicographical_topological_sort(self.dependency_graph(), key=position.get))
+
+    def phase_order(self, phase: int) -> list[int]:
+        """Topological order restricted to the nodes of one phase."""
+        return [n for n in self.topological_order if self._nodes[n].phase == phase]
+
+    def forward_then_backward(self) -> list[int]:
+        """Every forward node, then every backward node, each in dependency order."""
+        return self.phase_order(pb.FORWARD) + self.phase_order(pb.BACKWARD)
+
+    def count_nodes(self, phase: int) -> int:
+        return sum(1 for n in self.proto.nodes if n.phase == phase)
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.name!r}: {len(self._nodes)} nodes, {len(self._values)} values, "
+                f"{len(self.proto.schedules)} schedules)")
+
+
+def referenced_value_ids(node: pb.Node) -> Iterable[int]:
+    """Every value id the node's positional and keyword arguments refer to."""
+    for arg in node.args:
+        yield from tensor_ids(arg)
+    for kw in node.kwargs:
+        yield from tensor_ids(kw.value)

@@ -1,0 +1,145 @@
+"""Reading and writing IR files: framed binary protobuf, or protobuf JSON.
+
+Binary files (and the bytes piped to external solvers) carry a 20-byte header
+in front of the serialized `Graph` (schemas/README.md):
+
+    offset  size  field
+    0       4     magic b"RMIR"
+    4       2     format major version, little-endian
+    6       2     format minor version
+    8       8     payload length in bytes
+    16      4     CRC-32 of the payload
+
+Protobuf alone cannot tell a file cut at a message boundary from a complete
+one, so the length and checksum are what make truncation and corruption
+errors instead of silently smaller graphs. JSON files are the canonical
+protobuf JSON mapping of `Graph` (its `version` field is checked first), for
+people and tools that prefer text.
+
+`load` validates the graph's structure before returning it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from pathlib import Path
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from . import remat_ir_pb2 as pb
+from .errors import FormatError
+from .graph import FORMAT_VERSION, Graph
+from .validation import validate
+
+MAGIC = b"RMIR"
+_HEADER = struct.Struct("<4sHHQI")
+
+
+def _check_version(major: int, minor: int, where: str) -> None:
+    if major > FORMAT_VERSION[0]:
+        raise FormatError(f"{where} uses IR format {major}.{minor}, newer than the "
+                          f"{FORMAT_VERSION[0]}.x this remat-ir reads; upgrade remat-ir")
+    if major < 1:
+        raise FormatError(f"{where} declares IR format {major}.{minor}; expected "
+                          f"{FORMAT_VERSION[0]}.x (is it a remat IR file?)")
+
+
+def dumps(graph: Graph | pb.Graph) -> bytes:
+    """Framed binary encoding of a graph (header + serialized `Graph`)."""
+    proto = graph.proto if isinstance(graph, Graph) else graph
+    payload = proto.SerializeToString(deterministic=True)
+    return _HEADER.pack(MAGIC, proto.version.major, proto.version.minor,
+                        len(payload), zlib.crc32(payload)) + payload
+
+
+def dumps_json(graph: Graph | pb.Graph) -> str:
+    proto = graph.proto if isinstance(graph, Graph) else graph
+    return json_format.MessageToJson(proto, indent=1, preserving_proto_field_name=True) + "\n"
+
+
+def _parse_binary(data: bytes, where: str) -> pb.Graph:
+    if len(data) < _HEADER.size:
+        raise FormatError(f"{where} is truncated: {len(data)} bytes, shorter than the "
+                          f"{_HEADER.size}-byte header")
+    magic, major, minor, length, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise FormatError(f"{where} is not a remat IR file: it starts with {data[:4]!r}, "
+                          f"not {MAGIC!r} (binary) or '{{' (JSON)")
+    _check_version(major, minor, where)
+    payload = data[_HEADER.size:]
+    if len(payload) < length:
+        raise FormatError(f"{where} is truncated: the header announces {length} bytes of graph, "
+                          f"the file has {len(payload)}")
+    if len(payload) > length:
+        raise FormatError(f"{where} is corrupt: {len(payload) - length} unexpected bytes after "
+                          "the graph")
+    if zlib.crc32(payload) != crc:
+        raise FormatError(f"{where} is corrupt: its checksum does not match its contents")
+    graph = pb.Graph()
+    try:
+        graph.ParseFromString(payload)
+    except DecodeError as exc:
+        raise FormatError(f"{where} is corrupt: the graph does not decode ({exc})") from None
+    return graph
+
+
+def _parse_json(text: str, where: str) -> pb.Graph:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno}, "
+                          f"column {exc.colno}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("version"), dict):
+        raise FormatError(f"{where} has no IR format version (a top-level \"version\" object); "
+                          "is it a remat IR file?")
+    major, minor = raw["version"].get("major", 0), raw["version"].get("minor", 0)
+    if not isinstance(major, int) or not isinstance(minor, int):
+        raise FormatError(f"{where} has a malformed version {raw['version']!r}")
+    _check_version(major, minor, where)
+    graph = pb.Graph()
+    try:
+        # A newer minor version may add fields this reader does not know: skip them.
+        json_format.ParseDict(raw, graph, ignore_unknown_fields=minor > FORMAT_VERSION[1])
+    except json_format.ParseError as exc:
+        raise FormatError(f"{where} does not match the IR schema: {exc}") from None
+    return graph
+
+
+def loads(data: bytes, *, where: str = "input", check: bool = True) -> Graph:
+    """Graph from bytes in either encoding; `check` validates its structure."""
+    stripped = data.lstrip()
+    if stripped.startswith(b"{"):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"{where} is not valid UTF-8 JSON ({exc})") from None
+        proto = _parse_json(text, where)
+    else:
+        proto = _parse_binary(data, where)
+    return validate(proto) if check else Graph(proto)
+
+
+def load(path: str | Path, *, check: bool = True) -> Graph:
+    """Read an IR file (binary or JSON, told apart by content) and validate it."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"cannot read {path}: {exc.strerror}") from None
+    return loads(data, where=str(path), check=check)
+
+
+def save(graph: Graph | pb.Graph, path: str | Path, *, format: str | None = None) -> Path:
+    """Write a graph; JSON if `format="json"` or the name ends in .json, else binary."""
+    path = Path(path)
+    fmt = format or ("json" if path.suffix == ".json" else "binary")
+    if fmt not in ("json", "binary"):
+        raise ValueError(f"unknown IR file format {fmt!r}; use 'binary' or 'json'")
+    if fmt == "json":
+        path.write_text(dumps_json(graph))
+    else:
+        path.write_bytes(dumps(graph))
+    return path

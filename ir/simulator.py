@@ -1,0 +1,284 @@
+"""The simulator: the single definition of what a schedule does to memory and time.
+
+Every solver's output goes through `simulate` before anyone uses it, and the
+runtime's measured peak is compared with its prediction. The rules (DESIGN.md,
+"Schedule semantics"):
+
+- Graph inputs (user inputs, parameters, buffers) and constants are resident:
+  always available, never computed or freed, and counted apart
+  (`resident_bytes`). Output gradients fed to backward (GRADIENT inputs) are
+  available only from `backward_start` on.
+- A compute step needs every input live; its outputs become live. Computing a
+  node again is a recomputation; a node flagged mutating or non-recomputable
+  may run only once, a random one more than once only if the schedule
+  replays RNG state (`rng_replay`).
+- Memory is counted per storage: a storage's bytes count while any value that
+  views it is live. Memory *during* a compute step is the live bytes with its
+  new outputs allocated, plus its workspace, plus, for an output recomputed
+  while its old copy is still live, that copy (both exist until the old one is
+  dropped). The peak is the maximum during any step; it is what the budget
+  bounds.
+- A free step drops a live value; resident values and graph outputs are never
+  freed. Offload moves a live value to host memory (its device bytes are
+  released) and prefetch brings it back; transfer time is not modelled yet.
+- At `backward_start` the forward outputs (user outputs, buffer updates) must
+  be live; the other live values are what the step saves for backward. At the
+  end every graph output must be live.
+
+The first rule broken stops the simulation and is reported as a `Violation`
+naming the step, the node and the value.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import remat_ir_pb2 as pb
+from .errors import InvalidSchedule
+from .graph import FORWARD_OUTPUT_ROLES, Graph
+
+
+@dataclass(frozen=True)
+class Violation:
+    """The first rule a schedule breaks: where (step, node, value) and what."""
+    step: int
+    kind: str
+    message: str
+    node_id: int | None = None
+    value_id: int | None = None
+
+    def __str__(self) -> str:
+        return f"step {self.step}: {self.message}"
+
+
+#: Violation kinds, for callers that branch on them.
+VIOLATION_KINDS = (
+    "input_not_live", "gradient_before_backward", "free_not_live", "free_resident",
+    "free_output", "offload_not_live", "prefetch_not_offloaded", "recompute_forbidden",
+    "random_recompute", "budget_exceeded", "output_missing", "bad_step",
+)
+
+
+@dataclass
+class SimulationResult:
+    """What a schedule does: peak and time, memory step by step, or where it breaks."""
+    violation: Violation | None
+    peak_bytes: int = 0
+    peak_step: int = -1
+    forward_time_s: float = 0.0
+    backward_time_s: float = 0.0
+    #: Activation bytes live after each step (excluding resident bytes).
+    memory_after: list[int] = field(default_factory=list)
+    #: Activation bytes while each step runs (what the peak is taken over).
+    memory_during: list[int] = field(default_factory=list)
+    #: Values live at the end of forward that backward needs (not outputs).
+    saved_value_ids: list[int] = field(default_factory=list)
+    saved_bytes: int = 0
+    resident_bytes: int = 0
+    #: How many times each node was computed.
+    compute_counts: Counter = field(default_factory=Counter)
+
+    @property
+    def valid(self) -> bool:
+        return self.violation is None
+
+    @property
+    def total_time_s(self) -> float:
+        return self.forward_time_s + self.backward_time_s
+
+    @property
+    def recomputations(self) -> int:
+        """Compute steps beyond the first of each node."""
+        return sum(c - 1 for c in self.compute_counts.values())
+
+
+class _Memory:
+    """Live values and the storages they hold, with byte accounting."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.live: set[int] = set()
+        self.refs: Counter = Counter()  # storage id -> live values viewing it
+        self.bytes = 0
+
+    def storage_of(self, value_id: int) -> int:
+        return self.graph.value(value_id).storage_id
+
+    def counts(self, storage_id: int) -> bool:
+        return storage_id not in self.graph.resident_storage_ids
+
+    def add(self, value_id: int) -> None:
+        self.live.add(value_id)
+        s = self.storage_of(value_id)
+        if self.refs[s] == 0 and self.counts(s):
+            self.bytes += self.graph.storage_bytes(s)
+        self.refs[s] += 1
+
+    def drop(self, value_id: int) -> None:
+        self.live.discard(value_id)
+        s = self.storage_of(value_id)
+        self.refs[s] -= 1
+        if self.refs[s] == 0:
+            del self.refs[s]
+            if self.counts(s):
+                self.bytes -= self.graph.storage_bytes(s)
+
+
+class _Run:
+    """One simulation: walks the steps, stops at the first violation."""
+
+    def __init__(self, graph: Graph, schedule: pb.Schedule, budget: int | None):
+        self.g = graph
+        self.schedule = schedule
+        self.budget = budget
+        self.mem = _Memory(graph)
+        self.offloaded: set[int] = set()
+        self.gradient_inputs = {i.value_id for i in graph.proto.inputs
+                                if graph.value(i.value_id).kind == pb.GRADIENT}
+        self.result = SimulationResult(violation=None, resident_bytes=graph.resident_bytes())
+
+    def fail(self, step: int, kind: str, message: str, node_id=None, value_id=None) -> SimulationResult:
+        self.result.violation = Violation(step, kind, message, node_id, value_id)
+        return self.result
+
+    def run(self) -> SimulationResult:
+        steps = self.schedule.steps
+        if self.schedule.backward_start > len(steps):
+            return self.fail(len(steps), "bad_step", f"backward starts at step "
+                             f"{self.schedule.backward_start} but there are only {len(steps)} steps")
+        for k, step in enumerate(steps):
+            if k == self.schedule.backward_start and (v := self.end_of_forward(k)):
+                return v
+            violation = self.execute(k, step)
+            if violation:
+                return violation
+        if self.schedule.backward_start == len(steps) and (v := self.end_of_forward(len(steps))):
+            return v
+        missing = [o for o in self.g.proto.outputs
+                   if o.value_id not in self.mem.live and o.value_id not in self.g.resident_value_ids]
+        if missing:
+            o = missing[0]
+            return self.fail(len(steps), "output_missing",
+                             f"graph output {o.name or pb.OutputRole.Name(o.role).lower()} "
+                             f"({self.g.describe_value(o.value_id)}) is not live at the end",
+                             value_id=o.value_id)
+        return self.result
+
+    def end_of_forward(self, k: int) -> SimulationResult | None:
+        forward_outputs = {o.value_id for o in self.g.proto.outputs if o.role in FORWARD_OUTPUT_ROLES}
+        for v in sorted(forward_outputs - self.mem.live - self.g.resident_value_ids):
+            return self.fail(k, "output_missing", f"forward output {self.g.describe_value(v)} "
+                             "is not live when backward starts", value_id=v)
+        saved = sorted(self.mem.live - forward_outputs)
+        self.result.saved_value_ids = saved
+        storages = {self.mem.storage_of(v) for v in saved}
+        self.result.saved_bytes = sum(self.g.storage_bytes(s) for s in storages if self.mem.counts(s))
+        return None
+
+    def record(self, k: int, during: int) -> SimulationResult | None:
+        self.result.memory_during.append(during)
+        self.result.memory_after.append(self.mem.bytes)
+        if during > self.result.peak_bytes or self.result.peak_step < 0:
+            self.result.peak_bytes, self.result.peak_step = during, k
+        if self.budget is not None and during > self.budget:
+            return self.fail(k, "budget_exceeded", f"memory reaches {during} bytes, over the budget "
+                             f"of {self.budget} bytes", node_id=self.current_node)
+        return None
+
+    def execute(self, k: int, step: pb.Step) -> SimulationResult | None:
+        action = step.WhichOneof("action")
+        self.current_node = None
+        if action == "compute":
+            return self.compute(k, step.compute)
+        if action is None:
+            return self.fail(k, "bad_step", "the step has no action")
+        value_id = getattr(step, action)
+        if value_id not in self.g.values:
+            return self.fail(k, "bad_step", f"{action} of value id {value_id}, which does not exist",
+                             value_id=value_id)
+        what = self.g.describe_value(value_id)
+        if action in ("free", "offload"):
+            if value_id in self.g.resident_value_ids:
+                return self.fail(k, "free_resident", f"{action} of graph input {what}, which is "
+                                 "resident and cannot be released", value_id=value_id)
+            if action == "free" and value_id in self.g.output_value_ids:
+                return self.fail(k, "free_output", f"free of graph output {what}", value_id=value_id)
+            if value_id not in self.mem.live:
+                kind = "free_not_live" if action == "free" else "offload_not_live"
+                return self.fail(k, kind, f"{action} of {what}, which is not live", value_id=value_id)
+            during = self.mem.bytes
+            self.mem.drop(value_id)
+            if action == "offload":
+                self.offloaded.add(value_id)
+            return self.record(k, during)
+        # prefetch
+        if value_id not in self.offloaded:
+            return self.fail(k, "prefetch_not_offloaded", f"prefetch of {what}, which is not "
+                             "offloaded", value_id=value_id)
+        self.offloaded.discard(value_id)
+        self.mem.add(value_id)
+        return self.record(k, self.mem.bytes)
+
+    def compute(self, k: int, node_id: int) -> SimulationResult | None:
+        g = self.g
+        if node_id not in g.nodes:
+            return self.fail(k, "bad_step", f"compute of node id {node_id}, which does not exist",
+                             node_id=node_id)
+        self.current_node = node_id
+        node = g.node(node_id)
+        what = g.describe_node(node_id)
+        for v in node.inputs:
+            if v in g.resident_value_ids:
+                if v in self.gradient_inputs and k < self.schedule.backward_start:
+                    return self.fail(k, "gradient_before_backward", f"{what} reads output gradient "
+                                     f"{g.describe_value(v)} before backward starts",
+                                     node_id=node_id, value_id=v)
+                continue
+            if v not in self.mem.live:
+                where = " (it is offloaded; prefetch it first)" if v in self.offloaded else ""
+                return self.fail(k, "input_not_live", f"{what} reads {g.describe_value(v)}, "
+                                 f"which is not live{where}", node_id=node_id, value_id=v)
+        counts = self.result.compute_counts
+        counts[node_id] += 1
+        if counts[node_id] > 1:
+            if node.mutating or node.non_recomputable:
+                return self.fail(k, "recompute_forbidden", f"{what} runs a second time but may run "
+                                 "only once per step", node_id=node_id)
+            if node.random and not self.schedule.rng_replay:
+                return self.fail(k, "random_recompute", f"{what} draws random numbers and is "
+                                 "recomputed, but the schedule does not replay RNG state "
+                                 "(set rng_replay)", node_id=node_id)
+        # Outputs recomputed while still live coexist with their old copy until it is dropped.
+        input_storages = {self.mem.storage_of(v) for v in node.inputs}
+        duplicate = sum(g.storage_bytes(s) for s in
+                        {self.mem.storage_of(v) for v in node.outputs if v in self.mem.live}
+                        if s not in input_storages and self.mem.counts(s))
+        for v in node.outputs:
+            self.offloaded.discard(v)
+            if v not in self.mem.live:
+                self.mem.add(v)
+        if k < self.schedule.backward_start:
+            self.result.forward_time_s += node.cost.time_s
+        else:
+            self.result.backward_time_s += node.cost.time_s
+        return self.record(k, self.mem.bytes + duplicate + node.cost.workspace_bytes)
+
+
+def simulate(graph: Graph, schedule: pb.Schedule, *, budget: int | None = None) -> SimulationResult:
+    """Replay `schedule` on `graph`; check it against `budget` (default: its own).
+
+    Returns peak, time, memory after every step and the values saved for
+    backward, or, with `.valid` false, the first violation.
+    """
+    if budget is None and schedule.HasField("budget_bytes"):
+        budget = schedule.budget_bytes
+    return _Run(graph, schedule, budget).run()
+
+
+def check(graph: Graph, schedule: pb.Schedule, *, budget: int | None = None) -> SimulationResult:
+    """`simulate`, raising `InvalidSchedule` when the schedule breaks a rule."""
+    result = simulate(graph, schedule, budget=budget)
+    if not result.valid:
+        raise InvalidSchedule(schedule.name, result.violation)
+    return result

@@ -1,0 +1,228 @@
+"""Structural validation: every rule a graph must satisfy before anyone trusts it.
+
+Works on the raw protobuf message, so it can describe graphs too broken to
+index (duplicate ids, dangling references). Each problem is one sentence that
+names the object (by name and id) and says what to fix. Schedules are checked
+here only for references; whether they are *valid* is the simulator's job.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import networkx as nx
+
+from . import remat_ir_pb2 as pb
+from .dtypes import ITEMSIZE, dtype_name, nbytes
+from .errors import InvalidGraph
+from .graph import FORWARD_OUTPUT_ROLES, FORMAT_VERSION, RESIDENT_KINDS, Graph, referenced_value_ids
+
+#: Value kinds that a graph input may have.
+INPUT_KINDS = RESIDENT_KINDS - {pb.CONSTANT}
+
+
+def _duplicates(ids) -> list[int]:
+    return sorted(i for i, c in Counter(ids).items() if c > 1)
+
+
+def _node_label(node: pb.Node) -> str:
+    return f"node {node.name!r} ({node.op}, id {node.id})"
+
+
+def find_problems(graph: pb.Graph | Graph) -> list[str]:
+    """Every structural problem of the graph, as sentences; empty when valid."""
+    g = graph.proto if isinstance(graph, Graph) else graph
+    problems: list[str] = []
+
+    if g.version.major != FORMAT_VERSION[0]:
+        problems.append(f"graph declares IR format major version {g.version.major}; "
+                        f"this library handles {FORMAT_VERSION[0]}")
+
+    for what, ids in (("value", [v.id for v in g.values]), ("node", [n.id for n in g.nodes]),
+                      ("storage", [s.id for s in g.storages]),
+                      ("cluster", [c.id for c in g.hierarchy.clusters])):
+        for dup in _duplicates(ids):
+            problems.append(f"{what} id {dup} is used more than once; ids must be unique")
+    if problems:
+        return problems  # everything below indexes by id
+
+    values = {v.id: v for v in g.values}
+    storages = {s.id: s for s in g.storages}
+    problems += _value_problems(g, storages)
+    problems += _node_problems(g, values)
+    problems += _input_output_problems(g, values)
+    if not problems:
+        problems += _dependency_problems(g, values)
+    problems += _hierarchy_problems(g)
+    problems += _schedule_reference_problems(g, values)
+    return problems
+
+
+def validate(graph: pb.Graph | Graph) -> Graph:
+    """Raise `InvalidGraph` listing every problem; return the graph as a `Graph`."""
+    problems = find_problems(graph)
+    if problems:
+        raise InvalidGraph(problems)
+    return graph if isinstance(graph, Graph) else Graph(graph)
+
+
+def _value_problems(g: pb.Graph, storages: dict) -> list[str]:
+    problems = []
+    for v in g.values:
+        label = f"value {v.name!r} (id {v.id})"
+        if v.dtype not in ITEMSIZE:
+            problems.append(f"{label} has no known dtype (enum {v.dtype})")
+            continue
+        if any(d < 0 for d in v.shape):
+            problems.append(f"{label} has a negative dimension in shape {list(v.shape)}")
+            continue
+        expected = nbytes(v.dtype, v.shape)
+        if v.size_bytes != expected:
+            problems.append(f"{label} says {v.size_bytes} bytes but shape {list(v.shape)} of "
+                            f"{dtype_name(v.dtype)} is {expected} bytes")
+        if v.storage_id not in storages:
+            problems.append(f"{label} aliases storage {v.storage_id}, which does not exist")
+        if v.kind == pb.VALUE_KIND_UNSPECIFIED:
+            problems.append(f"{label} has no kind")
+        if v.kind == pb.CONSTANT and len(v.constant.raw) != v.size_bytes:
+            problems.append(f"{label} is a constant with {len(v.constant.raw)} bytes of data "
+                            f"for a {v.size_bytes}-byte tensor")
+    return problems
+
+
+def _node_problems(g: pb.Graph, values: dict) -> list[str]:
+    problems = []
+    produced_by: dict[int, pb.Node] = {}
+    for n in g.nodes:
+        label = _node_label(n)
+        if "." not in n.op:
+            problems.append(f"{label} has op {n.op!r} without a namespace "
+                            "(expected e.g. 'aten.mm.default' or 'onnx.MatMul')")
+        if n.phase == pb.PHASE_UNSPECIFIED:
+            problems.append(f"{label} has no phase (forward or backward)")
+        for role, ids in (("input", n.inputs), ("output", n.outputs)):
+            for v in ids:
+                if v not in values:
+                    problems.append(f"{label} has {role} value id {v}, which does not exist")
+        for v in n.outputs:
+            if v in produced_by:
+                problems.append(f"value id {v} is produced by both "
+                                f"{_node_label(produced_by[v])} and {label}")
+            produced_by[v] = n
+            if v in values and values[v].kind in RESIDENT_KINDS - {pb.GRADIENT}:
+                problems.append(f"{label} outputs {values[v].name!r} (id {v}), which is a "
+                                f"{pb.ValueKind.Name(values[v].kind).lower()} and cannot be computed")
+        referenced = set(referenced_value_ids(n))
+        if (n.args or n.kwargs) and referenced != set(n.inputs):
+            problems.append(f"{label}: the values its arguments refer to {sorted(referenced)} "
+                            f"are not its inputs {sorted(n.inputs)}")
+        if n.cost.time_s < 0:
+            problems.append(f"{label} has a negative time {n.cost.time_s}")
+    return problems
+
+
+def _input_output_problems(g: pb.Graph, values: dict) -> list[str]:
+    problems = []
+    produced = {v for n in g.nodes for v in n.outputs}
+    inputs = {i.value_id for i in g.inputs}
+    for i in g.inputs:
+        if i.value_id not in values:
+            problems.append(f"graph input {i.name!r} refers to value id {i.value_id}, which does not exist")
+            continue
+        v = values[i.value_id]
+        if v.kind not in INPUT_KINDS:
+            problems.append(f"graph input {i.name!r} (value id {v.id}) has kind "
+                            f"{pb.ValueKind.Name(v.kind).lower()}; inputs are user inputs, "
+                            "parameters, buffers or output gradients")
+        if i.value_id in produced:
+            problems.append(f"graph input {i.name!r} (value id {v.id}) is also computed by a node")
+        if i.HasField("gradient_of") and i.gradient_of not in values:
+            problems.append(f"graph input {i.name!r} is the gradient of value id {i.gradient_of}, "
+                            "which does not exist")
+    for n in g.nodes:
+        for v in n.inputs:
+            if v in values and v not in produced and v not in inputs and values[v].kind != pb.CONSTANT:
+                problems.append(f"{_node_label(n)} reads value {values[v].name!r} (id {v}), which "
+                                "no node computes and which is not a graph input")
+    for o in g.outputs:
+        if o.value_id not in values:
+            problems.append(f"graph output {o.name!r} refers to value id {o.value_id}, which does not exist")
+        elif o.value_id not in produced and o.value_id not in inputs:
+            problems.append(f"graph output {o.name!r} (value id {o.value_id}) is never computed")
+        if o.role == pb.OUTPUT_ROLE_UNSPECIFIED:
+            problems.append(f"graph output {o.name!r} (value id {o.value_id}) has no role")
+    return problems
+
+
+def _dependency_problems(g: pb.Graph, values: dict) -> list[str]:
+    """Cycles, and forward work that depends on backward work."""
+    graph = Graph(g)
+    dag = graph.dependency_graph()
+    try:
+        cycle = nx.find_cycle(dag)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        path = " -> ".join(graph.describe_node(u) for u, _ in cycle)
+        return [f"the graph has a cycle: {path} -> {graph.describe_node(cycle[0][0])}"]
+    problems = []
+    for n in g.nodes:
+        if n.phase != pb.FORWARD:
+            continue
+        for v in n.inputs:
+            p = graph.producer(v)
+            if p is not None and graph.node(p).phase == pb.BACKWARD:
+                problems.append(f"forward {_node_label(n)} depends on backward "
+                                f"{_node_label(graph.node(p))} through {values[v].name!r}")
+    nodes = graph.nodes
+    for n in g.nodes:
+        if n.HasField("forward_node_id"):
+            target = nodes.get(n.forward_node_id)
+            if target is None or target.phase != pb.FORWARD:
+                problems.append(f"{_node_label(n)} differentiates node id {n.forward_node_id}, "
+                                "which is not a forward node")
+    for o in g.outputs:
+        p = graph.producer(o.value_id)
+        if o.role in FORWARD_OUTPUT_ROLES and p is not None and nodes[p].phase != pb.FORWARD:
+            problems.append(f"graph output {o.name!r} is a forward result but is computed by "
+                            f"backward {_node_label(nodes[p])}")
+    return problems
+
+
+def _hierarchy_problems(g: pb.Graph) -> list[str]:
+    clusters = {c.id: c for c in g.hierarchy.clusters}
+    node_ids = {n.id for n in g.nodes}
+    problems = []
+    for c in g.hierarchy.clusters:
+        label = f"cluster {c.name!r} (id {c.id})"
+        problems += [f"{label} contains node id {n}, which does not exist"
+                     for n in c.node_ids if n not in node_ids]
+        for child in c.children:
+            if child not in clusters:
+                problems.append(f"{label} has child cluster id {child}, which does not exist")
+            elif clusters[child].level >= c.level:
+                problems.append(f"{label} at level {c.level} has child {clusters[child].name!r} "
+                                f"at level {clusters[child].level}; children must be at lower levels")
+    if g.hierarchy.HasField("root_id") and g.hierarchy.root_id not in clusters:
+        problems.append(f"hierarchy root is cluster id {g.hierarchy.root_id}, which does not exist")
+    return problems
+
+
+def _schedule_reference_problems(g: pb.Graph, values: dict) -> list[str]:
+    node_ids = {n.id for n in g.nodes}
+    problems = []
+    for s in g.schedules:
+        label = f"schedule {s.name!r}"
+        if s.backward_start > len(s.steps):
+            problems.append(f"{label} starts backward at step {s.backward_start} "
+                            f"but has only {len(s.steps)} steps")
+        for k, step in enumerate(s.steps):
+            action = step.WhichOneof("action")
+            if action is None:
+                problems.append(f"{label} step {k} has no action")
+            elif action == "compute" and step.compute not in node_ids:
+                problems.append(f"{label} step {k} computes node id {step.compute}, which does not exist")
+            elif action != "compute" and getattr(step, action) not in values:
+                problems.append(f"{label} step {k} {action}s value id {getattr(step, action)}, "
+                                "which does not exist")
+    return problems

@@ -1,0 +1,13 @@
+"""remat-ir: train in less memory by recomputing activations, with the least slowdown.
+
+The facade wires the layers together: `remat_ir.ir` (the IR, files, simulator),
+`remat_ir.frontends`, `remat_ir.solvers`, `remat_ir.runtimes`, and the
+`remat-ir` command (`remat_ir.cli`).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("remat-ir")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0+unknown"

@@ -1,0 +1,190 @@
+"""The `remat-ir` command.
+
+    remat-ir inspect FILE    what is in an IR file: nodes, ops, tensors, schedules
+    remat-ir validate FILE   structure, then every schedule through the simulator
+
+User mistakes (a bad file, an invalid graph or schedule) print one clear
+message and exit with status 2; there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+
+from . import __version__
+from .ir import RematIRError, load, pb, simulate
+from .ir.dtypes import dtype_name
+from .ir.errors import InvalidGraph
+from .ir.graph import Graph
+
+EXIT_USER_ERROR = 2
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.50 KiB': binary units, three significant figures."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.3f} us"
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Left-align the first column, right-align the rest."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def _kind(value: pb.Value) -> str:
+    return pb.ValueKind.Name(value.kind).lower()
+
+
+def inspect_lines(graph: Graph, path: str, top: int = 10) -> list[str]:
+    """The report `remat-ir inspect` prints."""
+    g = graph.proto
+    prov = g.provenance
+    lines = [f"{path}: graph {g.name!r}, IR format {g.version.major}.{g.version.minor}"
+             + (f", from {prov.frontend}" if prov.frontend else "")
+             + (f" ({prov.source_model})" if prov.source_model else "")]
+    if prov.cost_device:
+        lines.append(f"costs measured on {prov.cost_device}")
+    n_fwd, n_bwd = graph.count_nodes(pb.FORWARD), graph.count_nodes(pb.BACKWARD)
+    lines.append(f"nodes: {len(g.nodes)} ({n_fwd} forward, {n_bwd} backward); "
+                 f"{sum(1 for n in g.nodes if n.random)} random")
+    kinds = Counter(_kind(v) for v in g.values)
+    lines.append(f"values: {len(g.values)} (" + ", ".join(f"{c} {k}" for k, c in sorted(kinds.items()))
+                 + f") in {len(g.storages)} storages")
+    computed = {s for s in (graph.value(v).storage_id for n in g.nodes for v in n.outputs)
+                if s not in graph.resident_storage_ids}
+    lines.append(f"resident (inputs, parameters, buffers, constants): "
+                 f"{human_bytes(graph.resident_bytes())}; computed storages: "
+                 f"{human_bytes(sum(graph.storage_bytes(s) for s in computed))} in {len(computed)}")
+    time_fwd = sum(n.cost.time_s for n in g.nodes if n.phase == pb.FORWARD)
+    time_bwd = sum(n.cost.time_s for n in g.nodes if n.phase == pb.BACKWARD)
+    sources = sorted({pb.CostSource.Name(n.cost.source).lower() for n in g.nodes})
+    lines.append(f"cost of one pass: forward {human_time(time_fwd)}, backward {human_time(time_bwd)} "
+                 f"({', '.join(sources) or 'no costs'})")
+
+    ops = Counter((n.op, n.phase) for n in g.nodes)
+    rows = [("op", "forward", "backward")]
+    for op in sorted({op for op, _ in ops}, key=lambda o: (-(ops[o, pb.FORWARD] + ops[o, pb.BACKWARD]), o)):
+        rows.append((op, str(ops[op, pb.FORWARD]), str(ops[op, pb.BACKWARD])))
+    lines += ["ops:"] + _table(rows)
+
+    biggest = sorted(g.values, key=lambda v: (-v.size_bytes, v.id))[:top]
+    rows = [("tensor", "kind", "dtype", "shape", "bytes")]
+    rows += [(v.name, _kind(v), dtype_name(v.dtype), "x".join(map(str, v.shape)) or "scalar",
+              human_bytes(v.size_bytes)) for v in biggest]
+    lines += [f"biggest tensors (top {len(biggest)}):"] + _table(rows)
+
+    clusters = g.hierarchy.clusters
+    if clusters:
+        levels = Counter(c.level for c in clusters)
+        lines.append(f"hierarchy: {len(clusters)} clusters, " + ", ".join(
+            f"{levels[lv]} at level {lv}" for lv in sorted(levels))
+            + f", {sum(len(c.options) for c in clusters)} options")
+    if g.schedules:
+        rows = [("schedule", "solver", "budget", "steps", "fwd steps", "predicted peak", "predicted time")]
+        for s in g.schedules:
+            rows.append((s.name, s.solver or "-",
+                         human_bytes(s.budget_bytes) if s.HasField("budget_bytes") else "none",
+                         str(len(s.steps)), str(s.backward_start),
+                         human_bytes(s.predicted_peak_bytes) if s.HasField("predicted_peak_bytes") else "-",
+                         human_time(s.predicted_time_s) if s.HasField("predicted_time_s") else "-"))
+        lines += ["schedules:"] + _table(rows)
+    else:
+        lines.append("schedules: none")
+    return lines
+
+
+def prediction_mismatches(schedule: pb.Schedule, result) -> list[str]:
+    """Where a schedule's stored predictions disagree with the simulator."""
+    problems = []
+    if schedule.HasField("predicted_peak_bytes") and schedule.predicted_peak_bytes != result.peak_bytes:
+        problems.append(f"predicted peak {schedule.predicted_peak_bytes} bytes but the simulator "
+                        f"gives {result.peak_bytes}")
+    if schedule.HasField("predicted_time_s") and abs(schedule.predicted_time_s - result.total_time_s) \
+            > 1e-9 * max(1.0, abs(result.total_time_s)) + 1e-12:
+        problems.append(f"predicted time {schedule.predicted_time_s} s but the simulator gives "
+                        f"{result.total_time_s} s")
+    return problems
+
+
+def validate_lines(graph: Graph, path: str) -> tuple[list[str], bool]:
+    """The report `remat-ir validate` prints, and whether everything passed."""
+    g = graph.proto
+    lines = [f"{path}: structure ok ({len(g.nodes)} nodes, {len(g.values)} values, "
+             f"{len(g.schedules)} schedules)"]
+    ok = True
+    for s in g.schedules:
+        result = simulate(graph, s)
+        if not result.valid:
+            ok = False
+            lines.append(f"  schedule {s.name!r}: INVALID at {result.violation}")
+            continue
+        mismatches = prediction_mismatches(s, result)
+        ok &= not mismatches
+        budget = f" within budget {human_bytes(s.budget_bytes)}" if s.HasField("budget_bytes") else ""
+        lines.append(f"  schedule {s.name!r}: {'valid' if not mismatches else 'INCONSISTENT'}{budget}, "
+                     f"peak {human_bytes(result.peak_bytes)} at step {result.peak_step}, "
+                     f"saved for backward {human_bytes(result.saved_bytes)}, "
+                     f"time {human_time(result.total_time_s)}, "
+                     f"{result.recomputations} recomputations")
+        lines += [f"    {m}" for m in mismatches]
+    return lines, ok
+
+
+def cmd_inspect(args) -> int:
+    print("\n".join(inspect_lines(load(args.file), args.file, top=args.top)))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    lines, ok = validate_lines(load(args.file), args.file)
+    print("\n".join(lines))
+    return 0 if ok else EXIT_USER_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="remat-ir", description="Rematerialization IR toolkit: plan training in less memory.")
+    parser.add_argument("--version", action="version", version=f"remat-ir {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("inspect", help="summarize an IR file (nodes, ops, tensors, schedules)")
+    p.add_argument("file", help="IR file (.rir binary or .json)")
+    p.add_argument("--top", type=int, default=10, help="how many of the biggest tensors to list")
+    p.set_defaults(run=cmd_inspect)
+    p = sub.add_parser("validate", help="check structure and replay every schedule in the simulator")
+    p.add_argument("file", help="IR file (.rir binary or .json)")
+    p.set_defaults(run=cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except InvalidGraph as exc:
+        print(f"remat-ir: error: {getattr(args, 'file', '')}: invalid graph, "
+              f"{len(exc.problems)} problem(s):", file=sys.stderr)
+        for problem in exc.problems[:20]:
+            print(f"  - {problem}", file=sys.stderr)
+        if len(exc.problems) > 20:
+            print(f"  ... and {len(exc.problems) - 20} more", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except RematIRError as exc:
+        print(f"remat-ir: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR

@@ -1,0 +1,1 @@
+"""Runtimes: execute a scheduled IR graph during training (PyTorch, CPU and CUDA)."""

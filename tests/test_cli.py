@@ -1,0 +1,114 @@
+"""The `remat-ir` command: reports on good files, one clear line and exit 2 on bad ones."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remat_ir import ir
+from remat_ir.ir import pb
+from remat_ir.ir.examples import mlp
+from builders import chain
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "mlp.rir"
+
+
+def remat_ir(*args):
+    """Run the installed console script, as a user would."""
+    script = Path(sys.executable).parent / "remat-ir"
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True)
+
+
+def test_inspect_shipped_example():
+    result = remat_ir("inspect", EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "graph 'mlp4x128', IR format 1.0" in out
+    assert "nodes: 37 (15 forward, 22 backward); 3 random" in out
+    assert "aten.addmm.default                          4         0" in out
+    assert "biggest tensors (top 10):" in out
+    assert "hierarchy: 5 clusters, 4 at level 0, 1 at level 1" in out
+    assert "store_all" in out and "recompute_all" in out
+
+
+def test_validate_shipped_example():
+    result = remat_ir("validate", EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    g = ir.load(EXAMPLE)
+    peak = ir.simulate(g, g.schedules[0]).peak_bytes
+    assert "examples/mlp.rir: structure ok (37 nodes, 51 values, 2 schedules)" in result.stdout.replace(str(ROOT) + "/", "")
+    assert f"schedule 'store_all': valid, peak {peak / 2**20:.2f} MiB" in result.stdout
+    assert "schedule 'recompute_all': valid" in result.stdout and "14 recomputations" in result.stdout
+
+
+def _bad(tmp_path, data: bytes, name="bad.rir") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("command", ["inspect", "validate"])
+def test_bad_files_give_one_clear_error(tmp_path, command):
+    data = ir.dumps(mlp(layers=2, batch=4, width=4))
+    newer = pb.Graph.FromString(data[20:])
+    newer.version.major = 3
+    cases = {
+        "truncated": (data[:-3], "is truncated: the header announces"),
+        "corrupt": (data[:30] + bytes([data[30] ^ 0xFF]) + data[31:], "is corrupt: its checksum"),
+        "newer": (ir.dumps(newer), "uses IR format 3.0, newer than the 1.x this remat-ir reads; upgrade"),
+        "not-ir": (b"hello world, this is not an IR file", "is not a remat IR file"),
+    }
+    for name, (payload, message) in cases.items():
+        result = remat_ir(command, _bad(tmp_path, payload, f"{name}.rir"))
+        assert result.returncode == 2, (name, result.stderr)
+        assert message in result.stderr, (name, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+    result = remat_ir(command, tmp_path / "nope.rir")
+    assert result.returncode == 2 and "cannot read" in result.stderr and "No such file" in result.stderr
+
+
+def test_cyclic_and_dangling_graphs(tmp_path):
+    g, ids = chain(3)
+    g.node(ids["f1"]).inputs.append(ids["a2"])
+    g.node(ids["f1"]).args.add(tensor=ids["a2"])
+    result = remat_ir("validate", ir.save(g, tmp_path / "cyclic.json"))
+    assert result.returncode == 2
+    assert "invalid graph, 1 problem(s):" in result.stderr
+    assert "the graph has a cycle: node 'f_" in result.stderr
+    g, ids = chain(3)
+    g.node(ids["b1"]).inputs.append(4242)
+    g.node(ids["b1"]).args.add(tensor=4242)
+    result = remat_ir("inspect", ir.save(g, tmp_path / "dangling.rir"))
+    assert result.returncode == 2
+    assert "node 'b_5' (test.b, id 5) has input value id 4242, which does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_schedule_using_freed_value(tmp_path):
+    g, ids = chain(3)
+    s = g.add_schedule(ir.store_all(g))
+    s.steps.insert(1, pb.Step(free=ids["a1"]))
+    s.backward_start += 1
+    result = remat_ir("validate", ir.save(g, tmp_path / "freed.rir"))
+    assert result.returncode == 2
+    assert ("schedule 'store_all': INVALID at step 2: node 'f_1' (test.f, id 1) reads value 'a1' "
+            "(id 1), which is not live") in result.stdout
+
+
+def test_wrong_prediction_is_flagged(tmp_path):
+    g, _ = chain(3)
+    s = g.add_schedule(ir.store_all(g))
+    s.predicted_peak_bytes += 1
+    result = remat_ir("validate", ir.save(g, tmp_path / "pred.rir"))
+    assert result.returncode == 2
+    assert "INCONSISTENT" in result.stdout and "predicted peak 4001 bytes but the simulator gives 4000" in result.stdout
+
+
+def test_usage_errors():
+    assert remat_ir().returncode == 2
+    assert remat_ir("frobnicate", "x").returncode == 2
+    result = remat_ir("--version")
+    assert result.returncode == 0 and result.stdout.startswith("remat-ir ")

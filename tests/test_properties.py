@@ -1,0 +1,209 @@
+"""Property tests on random forward/backward DAGs (hypothesis).
+
+The store-everything schedule must be valid and its simulated peak must equal
+a calculation from value lifetimes that shares no code with the simulator;
+randomly broken schedules must be rejected with the violation predicted here.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from remat_ir import ir
+from remat_ir.ir import pb
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def training_graphs(draw) -> ir.Graph:
+    """A random joint graph: resident inputs, forward nodes, an output gradient, backward nodes."""
+    g = ir.Graph(name="random")
+    forward_pool = []
+    for i in range(draw(st.integers(1, 3))):
+        v = g.add_value(f"in{i}", "float32", (draw(st.integers(1, 64)),),
+                        kind=draw(st.sampled_from(["user_input", "parameter"])))
+        g.add_input(v)
+        forward_pool.append(v)
+    computed = []
+
+    def add_nodes(count, phase, pool, first_reads=None):
+        for i in range(count):
+            k = draw(st.integers(1, min(3, len(pool))))
+            inputs = draw(st.lists(st.sampled_from(pool), min_size=k, max_size=k, unique=True))
+            if first_reads is not None and i == 0 and first_reads not in inputs:
+                inputs.append(first_reads)
+            outputs = []
+            for j in range(draw(st.integers(1, 2))):
+                base = draw(st.sampled_from(inputs)) if draw(st.integers(0, 4)) == 0 else None
+                if base is not None:  # a view of one of its inputs
+                    v = g.add_value(f"{phase[0]}{len(computed)}_{j}", "float32", g.value(base).shape,
+                                    alias_of=base)
+                else:
+                    v = g.add_value(f"{phase[0]}{len(computed)}_{j}", "float32",
+                                    (draw(st.integers(1, 256)),))
+                outputs.append(v)
+            g.add_node("test.op", inputs, outputs, phase=phase, time_s=draw(st.integers(1, 9)) / 8,
+                       workspace_bytes=draw(st.sampled_from([0, 0, 0, 16, 1000])))
+            pool.extend(outputs)
+            computed.extend(outputs)
+
+    add_nodes(draw(st.integers(1, 10)), "forward", forward_pool)
+    forward_out = forward_pool[-1]
+    g.value(forward_out).kind = pb.OUTPUT
+    g.add_output(forward_out, "user_output", "out")
+    tangent = g.add_value("tangent", "float32", g.value(forward_out).shape, kind="gradient")
+    g.add_input(tangent, gradient_of=forward_out)
+    backward_pool = forward_pool + [tangent]
+    add_nodes(draw(st.integers(1, 10)), "backward", backward_pool, first_reads=tangent)
+    g.add_output(backward_pool[-1], "parameter_gradient", "in0")
+    for v in draw(st.lists(st.sampled_from(computed), max_size=2, unique=True)):
+        if v not in g.output_value_ids and g.producer(v) is not None \
+                and g.node(g.producer(v)).phase == pb.BACKWARD:
+            g.add_output(v, "input_gradient", g.value(v).name)
+    ir.validate(g)
+    return g
+
+
+def lifetime_peak(g: ir.Graph, order: list[int]) -> tuple[int, list[int]]:
+    """Peak from storage lifetimes over the compute order; also memory at each position."""
+    first_def, last_use = {}, {}
+    for pos, n in enumerate(order):
+        for v in g.node(n).outputs:
+            first_def.setdefault(v, pos)
+            last_use[v] = max(last_use.get(v, pos), pos)
+        for v in g.node(n).inputs:
+            last_use[v] = pos
+    end = len(order) - 1
+    span = {}  # storage -> [start, stop]
+    for v, start in first_def.items():
+        stop = end if v in g.output_value_ids else last_use[v]
+        s = g.value(v).storage_id
+        if s in g.resident_storage_ids:
+            continue
+        lo, hi = span.get(s, (start, stop))
+        span[s] = (min(lo, start), max(hi, stop))
+    memory = [sum(g.storage_bytes(s) for s, (lo, hi) in span.items() if lo <= pos <= hi)
+              + g.node(n).cost.workspace_bytes for pos, n in enumerate(order)]
+    return max(memory), memory
+
+
+@SETTINGS
+@given(training_graphs())
+def test_store_all_is_valid_and_its_peak_is_the_lifetime_peak(g):
+    schedule = ir.store_all(g)
+    result = ir.check(g, schedule)
+    order = [s.compute for s in schedule.steps if s.HasField("compute")]
+    assert order == g.forward_then_backward()
+    peak, _ = lifetime_peak(g, order)
+    assert result.peak_bytes == peak
+    assert result.recomputations == 0
+
+
+@SETTINGS
+@given(training_graphs())
+def test_recompute_all_is_valid_and_saves_nothing(g):
+    result = ir.check(g, ir.recompute_all(g))
+    assert result.saved_value_ids == []
+
+
+@SETTINGS
+@given(training_graphs())
+def test_graphs_round_trip_through_both_encodings(g):
+    assert ir.loads(ir.dumps(g)).proto == g.proto
+    assert ir.loads(ir.dumps_json(g).encode()).proto == g.proto
+
+
+def _with_steps(schedule, steps, backward_start):
+    broken = pb.Schedule()
+    broken.CopyFrom(schedule)
+    del broken.steps[:]
+    broken.steps.extend(steps)
+    broken.backward_start = backward_start
+    return broken
+
+
+@SETTINGS
+@given(training_graphs(), st.data())
+def test_early_free_is_caught_at_the_next_use(g, data):
+    schedule = ir.store_all(g)
+    steps = list(schedule.steps)
+    frees = [k for k, s in enumerate(steps) if s.HasField("free")]
+    assume(frees)
+    k = data.draw(st.sampled_from(frees))
+    v = steps[k].free
+    d = next(i for i, s in enumerate(steps) if s.HasField("compute") and v in g.node(s.compute).outputs)
+    moved = steps[:k] + steps[k + 1:]
+    moved.insert(d + 1, steps[k])
+    bs = schedule.backward_start + (1 if k >= schedule.backward_start > d else 0)
+    readers = [i for i in range(d + 2, len(moved))
+               if moved[i].HasField("compute") and v in g.node(moved[i].compute).inputs]
+    assume(readers)
+    violation = ir.simulate(g, _with_steps(schedule, moved, bs)).violation
+    assert (violation.kind, violation.step, violation.value_id) == ("input_not_live", readers[0], v)
+    assert violation.node_id == moved[readers[0]].compute
+
+
+@SETTINGS
+@given(training_graphs(), st.data())
+def test_missing_compute_is_caught(g, data):
+    schedule = ir.store_all(g)
+    steps = list(schedule.steps)
+    computes = [k for k, s in enumerate(steps) if s.HasField("compute")]
+    k = data.draw(st.sampled_from(computes))
+    lost = set(g.node(steps[k].compute).outputs)
+    remaining = steps[:k] + steps[k + 1:]
+    bs = schedule.backward_start - (1 if k < schedule.backward_start else 0)
+    expected = None
+    forward_outputs = {o.value_id for o in g.proto.outputs if o.role == pb.USER_OUTPUT}
+    for i, s in enumerate(remaining + [None]):
+        if i == bs and lost & forward_outputs:
+            expected = ("output_missing", i, min(lost & forward_outputs))
+            break
+        if s is None:
+            expected = ("output_missing", i, None)
+            break
+        if s.HasField("compute"):
+            read = [v for v in g.node(s.compute).inputs if v in lost]
+            if read:
+                expected = ("input_not_live", i, read[0])
+                break
+        elif s.free in lost:
+            expected = ("free_not_live", i, s.free)
+            break
+    violation = ir.simulate(g, _with_steps(schedule, remaining, bs)).violation
+    assert violation is not None
+    got = (violation.kind, violation.step, violation.value_id)
+    if expected[2] is None:  # some graph output is gone at the end
+        assert got[:2] == expected[:2] and got[2] in lost
+    else:
+        assert got == expected
+
+
+@SETTINGS
+@given(training_graphs(), st.data())
+def test_double_free_is_caught(g, data):
+    schedule = ir.store_all(g)
+    steps = list(schedule.steps)
+    frees = [k for k, s in enumerate(steps) if s.HasField("free")]
+    assume(frees)
+    k = data.draw(st.sampled_from(frees))
+    doubled = steps[:k + 1] + [steps[k]] + steps[k + 1:]
+    bs = schedule.backward_start + (1 if k < schedule.backward_start else 0)
+    violation = ir.simulate(g, _with_steps(schedule, doubled, bs)).violation
+    assert (violation.kind, violation.step, violation.value_id) == ("free_not_live", k + 1, steps[k].free)
+
+
+@SETTINGS
+@given(training_graphs())
+def test_budget_just_below_the_peak_fails_where_the_peak_is_first_reached(g):
+    schedule = ir.store_all(g)
+    order = [s.compute for s in schedule.steps if s.HasField("compute")]
+    peak, memory = lifetime_peak(g, order)
+    assume(peak > 0)
+    compute_steps = [k for k, s in enumerate(schedule.steps) if s.HasField("compute")]
+    first = compute_steps[memory.index(peak)]
+    violation = ir.simulate(g, schedule, budget=peak - 1).violation
+    assert (violation.kind, violation.step) == ("budget_exceeded", first)
+    assert ir.simulate(g, schedule, budget=peak).valid

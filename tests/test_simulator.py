@@ -1,0 +1,212 @@
+"""Simulator peaks, times and violations on graphs worked out by hand.
+
+Chain of n (see builders.chain): every tensor is m = 1000 bytes; the input x
+and the output gradient g_n are resident (not counted).
+"""
+
+import pytest
+
+from remat_ir import ir
+from builders import chain, schedule
+
+M = 1000  # bytes per tensor in builders.chain
+
+
+def store_everything_by_hand(n, ids):
+    """Forward keeping a1..an; b_i then frees a_{i-1} and g_i (as autograd)."""
+    steps = [("compute", ids[f"f{i}"]) for i in range(1, n + 1)]
+    fwd = len(steps)
+    for i in range(n, 0, -1):
+        steps.append(("compute", ids[f"b{i}"]))
+        if i > 1:
+            steps.append(("free", ids[f"a{i-1}"]))
+        if i < n:
+            steps.append(("free", ids[f"g{i}"]))
+    return schedule(steps, fwd, name="store")
+
+
+def recompute_from_input_by_hand(n, ids):
+    """Keep only the output; before each b_i, recompute a_1..a_{i-1} from x."""
+    steps = []
+
+    def run_forward_to(last):
+        for j in range(1, last + 1):
+            steps.append(("compute", ids[f"f{j}"]))
+            if j > 1:
+                steps.append(("free", ids[f"a{j-1}"]))
+
+    run_forward_to(n)
+    fwd = len(steps)
+    for i in range(n, 0, -1):
+        run_forward_to(i - 1)
+        steps.append(("compute", ids[f"b{i}"]))
+        if i > 1:
+            steps.append(("free", ids[f"a{i-1}"]))
+        if i < n:
+            steps.append(("free", ids[f"g{i}"]))
+    return schedule(steps, fwd, name="recompute")
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_chain_stored_entirely(n):
+    g, ids = chain(n, f_time=1.0, b_time=2.0)
+    result = ir.check(g, store_everything_by_hand(n, ids))
+    # a1..an live after forward; the first backward step adds g_{n-1}.
+    assert result.peak_bytes == (n + 1) * M
+    assert result.forward_time_s == n * 1.0 and result.backward_time_s == n * 2.0
+    assert result.recomputations == 0
+    assert result.saved_bytes == (n - 1) * M  # a1..a_{n-1}; a_n is the output
+    assert result.resident_bytes == 2 * M     # x and g_n
+    assert result.memory_after[n - 1] == n * M
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_chain_recomputed_from_input(n):
+    g, ids = chain(n, f_time=1.0, b_time=2.0)
+    result = ir.check(g, recompute_from_input_by_hand(n, ids))
+    # Recomputing a_j inside backward i: output a_n, gradient g_i, a_{j-1}, a_j.
+    assert result.peak_bytes == 4 * M
+    assert result.recomputations == n * (n - 1) // 2
+    assert result.forward_time_s == n * 1.0
+    assert result.backward_time_s == n * (n - 1) // 2 * 1.0 + n * 2.0
+    assert result.saved_bytes == 0
+    assert result.memory_after[n * 2 - 2] == M  # only the output is live after forward
+
+
+def test_library_store_all_matches_hand_schedule():
+    g, ids = chain(6)
+    by_hand = ir.check(g, store_everything_by_hand(6, ids))
+    built = ir.store_all(g)
+    assert ir.check(g, built).peak_bytes == by_hand.peak_bytes == built.predicted_peak_bytes
+
+
+def test_recompute_all_keeps_nothing_for_backward():
+    g, _ = chain(6, f_time=1.0)
+    result = ir.check(g, ir.recompute_all(g))
+    assert result.saved_value_ids == [] and result.saved_bytes == 0
+    assert result.recomputations == 5  # f1..f5 again (a6 is the output, kept)
+
+
+def test_workspace_counts_during_its_step_only():
+    g, ids = chain(3, workspace={2: 10_000})
+    result = ir.check(g, store_everything_by_hand(3, ids))
+    assert result.peak_bytes == 2 * M + 10_000  # a1, a2 live while f2 runs with its workspace
+    assert result.peak_step == 1
+    assert result.memory_after[1] == 2 * M
+
+
+def test_views_share_their_storage():
+    g = ir.Graph()
+    x = g.add_value("x", "float32", (250,), kind="user_input")
+    g.add_input(x)
+    a = g.add_value("a", "float32", (250,))
+    v = g.add_value("a_view", "float32", (25, 10), alias_of=a)
+    out = g.add_value("out", "float32", (), kind="output")
+    f = g.add_node("test.f", [x], [a], phase="forward")
+    view = g.add_node("aten.view.default", [a], [v], phase="forward", args=[ir.TensorRef(a), [25, 10]])
+    s = g.add_node("test.sum", [v], [out], phase="forward")
+    g.add_output(out, "user_output")
+    sched = schedule([("compute", f), ("compute", view), ("free", a), ("compute", s), ("free", v)], 5)
+    result = ir.check(g, sched)
+    assert result.memory_during == [M, M, M, M + 4, M + 4]
+    assert result.memory_after == [M, M, M, M + 4, 4]   # the storage goes when its last view does
+    # A view of a parameter costs nothing.
+    w = g.add_value("w", "float32", (250,), kind="parameter")
+    g.add_input(w)
+    wt = g.add_value("w_t", "float32", (250,), alias_of=w)
+    t = g.add_node("aten.t.default", [w], [wt], phase="forward")
+    assert ir.simulate(g, schedule([("compute", t)], 1)).peak_bytes == 0
+
+
+def test_recomputing_a_live_value_counts_both_copies():
+    g, ids = chain(2)
+    sched = schedule([("compute", ids["f1"]), ("compute", ids["f1"]), ("compute", ids["f2"]),
+                      ("compute", ids["b2"]), ("free", ids["a1"]), ("compute", ids["b1"]),
+                      ("free", ids["g1"])], 3)
+    result = ir.check(g, sched)
+    assert result.memory_during[:2] == [M, 2 * M]
+    assert result.memory_after[:2] == [M, M]
+
+
+# ---------------------------------------------------------------- violations
+
+def first_violation(g, sched, **kw):
+    result = ir.simulate(g, sched, **kw)
+    assert not result.valid
+    return result.violation
+
+
+def test_use_of_a_freed_value():
+    g, ids = chain(3)
+    steps = [("compute", ids["f1"]), ("compute", ids["f2"]), ("free", ids["a1"]),
+             ("compute", ids["f3"]), ("compute", ids["b3"]), ("compute", ids["b2"])]
+    v = first_violation(g, schedule(steps, 4))
+    assert (v.step, v.kind, v.node_id, v.value_id) == (5, "input_not_live", ids["b2"], ids["a1"])
+    assert str(v) == "step 5: node 'b_4' (test.b, id 4) reads value 'a1' (id 1), which is not live"
+    with pytest.raises(ir.InvalidSchedule, match="schedule 'hand' is invalid: step 5: node 'b_4'"):
+        ir.check(g, schedule(steps, 4))
+
+
+def test_free_twice_and_free_of_inputs_and_outputs():
+    g, ids = chain(2)
+    v = first_violation(g, schedule([("compute", ids["f1"]), ("free", ids["a1"]), ("free", ids["a1"])], 3))
+    assert (v.step, v.kind, v.value_id) == (2, "free_not_live", ids["a1"])
+    v = first_violation(g, schedule([("free", ids["a0"])], 1))
+    assert (v.step, v.kind) == (0, "free_resident")
+    v = first_violation(g, schedule([("compute", ids["f1"]), ("compute", ids["f2"]), ("free", ids["a2"])], 3))
+    assert (v.step, v.kind, v.value_id) == (2, "free_output", ids["a2"])
+
+
+def test_budget_exceeded_names_step_and_node():
+    g, ids = chain(4)
+    sched = store_everything_by_hand(4, ids)
+    v = first_violation(g, sched, budget=4 * M)
+    assert (v.step, v.kind, v.node_id) == (4, "budget_exceeded", ids["b4"])
+    assert "memory reaches 5000 bytes, over the budget of 4000 bytes" in str(v)
+    sched.budget_bytes = 5 * M
+    assert ir.simulate(g, sched).valid
+    sched.budget_bytes = 5 * M - 1
+    assert ir.simulate(g, sched).violation.kind == "budget_exceeded"
+
+
+def test_missing_outputs():
+    g, ids = chain(2)
+    v = first_violation(g, schedule([("compute", ids["f1"])], 1))
+    assert (v.step, v.kind, v.value_id) == (1, "output_missing", ids["a2"])
+    full = [("compute", ids[k]) for k in ("f1", "f2", "b2")]
+    v = first_violation(g, schedule(full, 2))
+    assert (v.step, v.kind, v.value_id) == (3, "output_missing", ids["g0"])
+
+
+def test_output_gradient_only_in_backward():
+    g, ids = chain(1)
+    v = first_violation(g, schedule([("compute", ids["f1"]), ("compute", ids["b1"])], 2))
+    assert (v.step, v.kind, v.value_id) == (1, "gradient_before_backward", ids["g1"])
+
+
+def test_mutating_and_random_nodes():
+    g, ids = chain(2)
+    steps = [("compute", ids["f1"]), ("compute", ids["f1"])]
+    g.node(ids["f1"]).random = True
+    assert first_violation(g, schedule(steps, 2)).kind == "random_recompute"
+    assert ir.simulate(g, schedule(steps, 2, rng_replay=True)).violation.kind == "output_missing"
+    g.node(ids["f1"]).mutating = True
+    v = first_violation(g, schedule(steps, 2, rng_replay=True))
+    assert (v.step, v.kind, v.node_id) == (1, "recompute_forbidden", ids["f1"])
+
+
+def test_offload_and_prefetch():
+    g, ids = chain(2)
+    base = [("compute", ids["f1"]), ("compute", ids["f2"]), ("offload", ids["a1"])]
+    tail = [("compute", ids["b2"]), ("free", ids["a1"]), ("compute", ids["b1"]), ("free", ids["g1"])]
+    result = ir.check(g, schedule(base + [("prefetch", ids["a1"])] + tail, 3))
+    assert result.memory_after[2] == M and result.peak_bytes == 3 * M
+    v = first_violation(g, schedule(base + tail, 3))
+    assert v.kind == "input_not_live" and "offloaded; prefetch it first" in v.message
+    v = first_violation(g, schedule([("prefetch", ids["a1"])], 1))
+    assert v.kind == "prefetch_not_offloaded"
+
+
+def test_backward_start_out_of_range():
+    g, ids = chain(1)
+    assert first_violation(g, schedule([("compute", ids["f1"])], 5)).kind == "bad_step"

@@ -1,0 +1,150 @@
+"""Structural validation names each problem and where it is."""
+
+import pytest
+
+from remat_ir import ir
+from remat_ir.ir import pb
+from builders import chain
+
+
+def problems_after(mutate) -> list[str]:
+    g, ids = chain(3)
+    proto = pb.Graph()
+    proto.CopyFrom(g.proto)
+    mutate(proto, ids)
+    return ir.find_problems(proto)
+
+
+def test_valid_chain_has_no_problems():
+    g, _ = chain(3)
+    assert ir.find_problems(g) == []
+    assert ir.validate(g.proto).topological_order == g.topological_order
+
+
+def node(proto, node_id):
+    return next(n for n in proto.nodes if n.id == node_id)
+
+
+def read(proto, node_id, value_id):
+    """Make a node also read a value (as an input and a positional argument)."""
+    n = node(proto, node_id)
+    n.inputs.append(value_id)
+    n.args.add(tensor=value_id)
+
+
+def value(proto, value_id):
+    return next(v for v in proto.values if v.id == value_id)
+
+
+def test_cycle_is_reported_with_its_nodes():
+    def make_cycle(proto, ids):  # f1 now also reads a2, which f2 computes from a1
+        read(proto, ids["f1"], ids["a2"])
+    (problem,) = problems_after(make_cycle)
+    f1, f2 = "node 'f_0' (test.f, id 0)", "node 'f_1' (test.f, id 1)"
+    assert problem in (f"the graph has a cycle: {f1} -> {f2} -> {f1}",
+                       f"the graph has a cycle: {f2} -> {f1} -> {f2}")
+
+
+def test_dangling_value_id():
+    def dangle(proto, ids):
+        read(proto, ids["b2"], 4242)
+    assert problems_after(dangle) == [
+        "node 'b_4' (test.b, id 4) has input value id 4242, which does not exist"]
+
+
+def test_duplicate_ids():
+    def duplicate(proto, ids):
+        proto.nodes.add().CopyFrom(node(proto, ids["f1"]))
+    assert problems_after(duplicate) == ["node id 0 is used more than once; ids must be unique"]
+
+
+def test_bytes_must_match_shape_and_dtype():
+    def wrong_size(proto, ids):
+        value(proto, ids["a1"]).size_bytes = 7
+    (problem,) = problems_after(wrong_size)
+    assert problem == "value 'a1' (id 1) says 7 bytes but shape [250] of float32 is 1000 bytes"
+
+
+def test_alias_of_missing_storage():
+    def bad_alias(proto, ids):
+        value(proto, ids["a2"]).storage_id = 999
+    assert problems_after(bad_alias) == ["value 'a2' (id 2) aliases storage 999, which does not exist"]
+
+
+def test_value_read_but_never_computed():
+    def orphan(proto, ids):
+        proto.values.add(id=100, name="ghost", dtype=pb.FLOAT32, shape=[1], size_bytes=4,
+                         kind=pb.ACTIVATION, storage_id=0)
+        read(proto, ids["f2"], 100)
+    (problem,) = problems_after(orphan)
+    assert "reads value 'ghost' (id 100), which no node computes and which is not a graph input" in problem
+
+
+def test_value_computed_twice():
+    def twice(proto, ids):
+        node(proto, ids["f2"]).outputs.append(ids["a1"])
+    assert any("value id 1 is produced by both" in p for p in problems_after(twice))
+
+
+def test_forward_may_not_depend_on_backward():
+    def backwards(proto, ids):
+        read(proto, ids["f3"], ids["g2"])
+    assert problems_after(backwards) == [
+        "forward node 'f_2' (test.f, id 2) depends on backward node 'b_3' (test.b, id 3) through 'g2'"]
+
+
+def test_arguments_must_match_inputs():
+    g = ir.Graph()
+    x = g.add_value("x", "float32", (2,), kind="user_input")
+    y = g.add_value("y", "float32", (2,), kind="user_input")
+    g.add_input(x)
+    g.add_input(y)
+    out = g.add_value("out", "float32", (2,), kind="output")
+    g.add_node("aten.add.Tensor", [x, y], [out], phase="forward", args=[ir.TensorRef(x), 2])
+    g.add_output(out, "user_output")
+    (problem,) = ir.find_problems(g)
+    assert "the values its arguments refer to [0] are not its inputs [0, 1]" in problem
+
+
+def test_op_needs_a_namespace_and_nodes_a_phase():
+    def unnamespaced(proto, ids):
+        node(proto, ids["f1"]).op = "mm"
+        node(proto, ids["f2"]).phase = pb.PHASE_UNSPECIFIED
+    problems = problems_after(unnamespaced)
+    assert any("has op 'mm' without a namespace" in p for p in problems)
+    assert any("has no phase" in p for p in problems)
+
+
+def test_schedule_references_are_checked():
+    def bad_schedule(proto, ids):
+        s = proto.schedules.add(name="s", backward_start=5)
+        s.steps.add(compute=77)
+        s.steps.add(free=88)
+        s.steps.add()
+    problems = problems_after(bad_schedule)
+    assert "schedule 's' starts backward at step 5 but has only 3 steps" in problems
+    assert "schedule 's' step 0 computes node id 77, which does not exist" in problems
+    assert "schedule 's' step 1 frees value id 88, which does not exist" in problems
+    assert "schedule 's' step 2 has no action" in problems
+
+
+def test_hierarchy_references_are_checked():
+    def bad_hierarchy(proto, ids):
+        proto.hierarchy.clusters.add(id=0, name="leaf", level=0, node_ids=[1234])
+        proto.hierarchy.clusters.add(id=1, name="top", level=0, children=[0, 9])
+        proto.hierarchy.root_id = 5
+    problems = problems_after(bad_hierarchy)
+    assert "cluster 'leaf' (id 0) contains node id 1234, which does not exist" in problems
+    assert "cluster 'top' (id 1) has child cluster id 9, which does not exist" in problems
+    assert any("children must be at lower levels" in p for p in problems)
+    assert "hierarchy root is cluster id 5, which does not exist" in problems
+
+
+def test_invalid_graph_error_lists_all_problems():
+    g, ids = chain(2)
+    g.proto.values[1].size_bytes = 1
+    g.proto.values[2].size_bytes = 2
+    with pytest.raises(ir.InvalidGraph) as info:
+        ir.validate(g.proto)
+    assert len(info.value.problems) == 2
+    assert "(and 1 more problems)" in str(info.value)
