@@ -124,14 +124,19 @@ def _with_steps(schedule, steps, backward_start):
     return broken
 
 
-@SETTINGS
-@given(training_graphs(), st.data())
-def test_early_free_is_caught_at_the_next_use(g, data):
+def _store_all_and_a_free_step(g, data):
+    """The store-all schedule, its steps, and the index of one free step drawn at random."""
     schedule = ir.store_all(g)
     steps = list(schedule.steps)
     frees = [k for k, s in enumerate(steps) if s.HasField("free")]
     assume(frees)
-    k = data.draw(st.sampled_from(frees))
+    return schedule, steps, data.draw(st.sampled_from(frees))
+
+
+@SETTINGS
+@given(training_graphs(), st.data())
+def test_early_free_is_caught_at_the_next_use(g, data):
+    schedule, steps, k = _store_all_and_a_free_step(g, data)
     v = steps[k].free
     d = next(i for i, s in enumerate(steps) if s.HasField("compute") and v in g.node(s.compute).outputs)
     moved = steps[:k] + steps[k + 1:]
@@ -184,11 +189,7 @@ def test_missing_compute_is_caught(g, data):
 @SETTINGS
 @given(training_graphs(), st.data())
 def test_double_free_is_caught(g, data):
-    schedule = ir.store_all(g)
-    steps = list(schedule.steps)
-    frees = [k for k, s in enumerate(steps) if s.HasField("free")]
-    assume(frees)
-    k = data.draw(st.sampled_from(frees))
+    schedule, steps, k = _store_all_and_a_free_step(g, data)
     doubled = steps[:k + 1] + [steps[k]] + steps[k + 1:]
     bs = schedule.backward_start + (1 if k < schedule.backward_start else 0)
     violation = ir.simulate(g, _with_steps(schedule, doubled, bs)).violation

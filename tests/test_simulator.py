@@ -12,16 +12,22 @@ from builders import chain, schedule
 M = 1000  # bytes per tensor in builders.chain
 
 
+def backward_step(i, n, ids):
+    """b_i, then free what it was the last to read: a_{i-1} (x is resident) and g_i (g_n is)."""
+    steps = [("compute", ids[f"b{i}"])]
+    if i > 1:
+        steps.append(("free", ids[f"a{i-1}"]))
+    if i < n:
+        steps.append(("free", ids[f"g{i}"]))
+    return steps
+
+
 def store_everything_by_hand(n, ids):
-    """Forward keeping a1..an; b_i then frees a_{i-1} and g_i (as autograd)."""
+    """Forward keeping a1..an, then backward (as autograd)."""
     steps = [("compute", ids[f"f{i}"]) for i in range(1, n + 1)]
     fwd = len(steps)
     for i in range(n, 0, -1):
-        steps.append(("compute", ids[f"b{i}"]))
-        if i > 1:
-            steps.append(("free", ids[f"a{i-1}"]))
-        if i < n:
-            steps.append(("free", ids[f"g{i}"]))
+        steps += backward_step(i, n, ids)
     return schedule(steps, fwd, name="store")
 
 
@@ -39,11 +45,7 @@ def recompute_from_input_by_hand(n, ids):
     fwd = len(steps)
     for i in range(n, 0, -1):
         run_forward_to(i - 1)
-        steps.append(("compute", ids[f"b{i}"]))
-        if i > 1:
-            steps.append(("free", ids[f"a{i-1}"]))
-        if i < n:
-            steps.append(("free", ids[f"g{i}"]))
+        steps += backward_step(i, n, ids)
     return schedule(steps, fwd, name="recompute")
 
 
