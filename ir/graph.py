@@ -71,18 +71,19 @@ class Graph:
 
     def add_value(self, name: str, dtype: str | int, shape: Sequence[int], *,
                   kind: str | int = "activation", alias_of: int | None = None,
-                  storage_bytes: int | None = None, constant: bytes | None = None) -> int:
+                  storage_id: int | None = None, storage_bytes: int | None = None,
+                  constant: bytes | None = None) -> int:
         """Add a tensor value and return its id.
 
-        `alias_of` makes it a view sharing that value's storage (counted once);
-        otherwise it gets a storage of its own, `storage_bytes` large (by
-        default exactly its own size).
+        `alias_of` makes it a view sharing that value's storage (counted once),
+        `storage_id` puts it in an existing storage; otherwise it gets a storage
+        of its own, `storage_bytes` large (by default exactly its own size).
         """
         dtype = dtype_from_name(dtype)
         size = nbytes(dtype, shape)
         if alias_of is not None:
             storage_id = self._values[alias_of].storage_id
-        else:
+        elif storage_id is None:
             storage_id = self.add_storage(size if storage_bytes is None else storage_bytes)
         value = self.proto.values.add(
             id=_next_id(self._values), name=name, dtype=dtype,

@@ -240,7 +240,7 @@ class Cost(_message.Message):
     def __init__(self, time_s: _Optional[float] = ..., source: _Optional[_Union[CostSource, str]] = ..., flops: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., bytes_accessed: _Optional[int] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "op", "inputs", "outputs", "args", "kwargs", "phase", "forward_node_id", "cost", "random", "mutating", "non_recomputable", "source")
+    __slots__ = ("id", "name", "op", "inputs", "outputs", "args", "kwargs", "phase", "forward_node_id", "cost", "random", "mutating", "non_recomputable", "source", "output_indices")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +255,7 @@ class Node(_message.Message):
     MUTATING_FIELD_NUMBER: _ClassVar[int]
     NON_RECOMPUTABLE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_INDICES_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     op: str
@@ -269,7 +270,8 @@ class Node(_message.Message):
     mutating: bool
     non_recomputable: bool
     source: str
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[int]] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[NamedArgument, _Mapping]]] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_node_id: _Optional[int] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., random: _Optional[bool] = ..., mutating: _Optional[bool] = ..., non_recomputable: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+    output_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[int]] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[NamedArgument, _Mapping]]] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_node_id: _Optional[int] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., random: _Optional[bool] = ..., mutating: _Optional[bool] = ..., non_recomputable: _Optional[bool] = ..., source: _Optional[str] = ..., output_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GraphInput(_message.Message):
     __slots__ = ("value_id", "name", "gradient_of")
@@ -399,7 +401,14 @@ class Schedule(_message.Message):
     def __init__(self, name: _Optional[str] = ..., budget_bytes: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., backward_start: _Optional[int] = ..., solver: _Optional[str] = ..., solver_params: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[SolveStatus, str]] = ..., predicted_peak_bytes: _Optional[int] = ..., predicted_time_s: _Optional[float] = ..., solve_time_s: _Optional[float] = ..., rng_replay: _Optional[bool] = ...) -> None: ...
 
 class Graph(_message.Message):
-    __slots__ = ("version", "name", "provenance", "storages", "values", "nodes", "inputs", "outputs", "hierarchy", "schedules")
+    __slots__ = ("version", "name", "provenance", "storages", "values", "nodes", "inputs", "outputs", "hierarchy", "schedules", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PROVENANCE_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +419,7 @@ class Graph(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     HIERARCHY_FIELD_NUMBER: _ClassVar[int]
     SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     version: Version
     name: str
     provenance: Provenance
@@ -420,4 +430,5 @@ class Graph(_message.Message):
     outputs: _containers.RepeatedCompositeFieldContainer[GraphOutput]
     hierarchy: Hierarchy
     schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
-    def __init__(self, version: _Optional[_Union[Version, _Mapping]] = ..., name: _Optional[str] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., storages: _Optional[_Iterable[_Union[Storage, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., inputs: _Optional[_Iterable[_Union[GraphInput, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[GraphOutput, _Mapping]]] = ..., hierarchy: _Optional[_Union[Hierarchy, _Mapping]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ...) -> None: ...
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, version: _Optional[_Union[Version, _Mapping]] = ..., name: _Optional[str] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., storages: _Optional[_Iterable[_Union[Storage, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., inputs: _Optional[_Iterable[_Union[GraphInput, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[GraphOutput, _Mapping]]] = ..., hierarchy: _Optional[_Union[Hierarchy, _Mapping]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...

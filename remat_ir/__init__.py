@@ -11,3 +11,11 @@ try:
     __version__ = version("remat-ir")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
+
+
+def __getattr__(name):
+    # `remat` imports torch; load it on first use so that `import remat_ir.ir` stays light.
+    if name in ("remat", "plan", "parse_budget", "InfeasibleBudget"):
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'remat_ir' has no attribute {name!r}")

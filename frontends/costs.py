@@ -1,0 +1,131 @@
+"""Cost models: how long each IR node takes, written into `node.cost`.
+
+- "profile": every distinct (op, input shapes/strides/dtypes, other arguments)
+  is run on the target device with synthetic inputs (floats normal, integers
+  and booleans zero, so indices stay in range): one warm-up, then the median of
+  `repeats` runs, timed with CUDA events on a GPU. Nodes that cannot run on
+  synthetic data fall back to the analytic estimate, and say so
+  (`cost.source`).
+- "flops": FLOPs counted by torch's FlopCounterMode on meta tensors, and bytes
+  moved; time = overhead + max(FLOPs / rate, bytes / bandwidth).
+
+Profiling draws random numbers (dropout); the caller's RNG state is restored
+so that lowering a model does not change the masks training will draw.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from remat_ir.ir import Graph, pb
+from remat_ir.ir.arguments import TensorRef, decode
+
+from .torch_types import resolve_op, to_torch_argument, torch_dtype
+
+#: Analytic model per device type: (FLOP/s, bytes/s, fixed seconds per op).
+RATES = {"cpu": (5e10, 1e10, 2e-6), "cuda": (5e13, 1.5e12, 5e-6)}
+
+
+def _make_tensor(value: pb.Value, device: torch.device) -> torch.Tensor:
+    dtype = torch_dtype(value.dtype)
+    stride = list(value.stride) or None
+    t = (torch.empty_strided(list(value.shape), stride, dtype=dtype, device=device) if stride
+         else torch.empty(list(value.shape), dtype=dtype, device=device))
+    if dtype.is_floating_point:
+        t.normal_()
+    else:
+        t.zero_()
+    return t
+
+
+def _call_args(graph: Graph, node: pb.Node, tensors: dict[int, torch.Tensor], device):
+    def tensor(ref: TensorRef):
+        return tensors[ref.value_id]
+    args = [to_torch_argument(decode(a), tensor, device) for a in node.args]
+    kwargs = {kw.name: to_torch_argument(decode(kw.value), tensor, device) for kw in node.kwargs}
+    return args, kwargs
+
+
+def _signature(graph: Graph, node: pb.Node) -> tuple:
+    """Nodes with equal signatures cost the same: measured once."""
+    def describe(obj):
+        if isinstance(obj, TensorRef):
+            v = graph.value(obj.value_id)
+            return ("T", tuple(v.shape), tuple(v.stride), v.dtype)
+        if isinstance(obj, (list, tuple)):
+            return tuple(describe(x) for x in obj)
+        return repr(obj)
+    return (node.op, describe([decode(a) for a in node.args]),
+            tuple((kw.name, describe(decode(kw.value))) for kw in node.kwargs))
+
+
+def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float, float, int]:
+    """(seconds, FLOPs, bytes moved) from the FLOP counter on meta tensors."""
+    moved = sum(graph.value(v).size_bytes for v in list(node.inputs) + list(node.outputs))
+    flops = 0.0
+    try:
+        op = resolve_op(node.op)
+        meta = torch.device("meta")
+        tensors = {v: _make_meta(graph.value(v)) for v in node.inputs}
+        args, kwargs = _call_args(graph, node, tensors, meta)
+        with FlopCounterMode(display=False) as counter:
+            op(*args, **kwargs)
+        flops = float(counter.get_total_flops())
+    except Exception:  # no meta kernel or FLOP formula: bytes alone decide
+        pass
+    rate, bandwidth, overhead = RATES.get(device.type, RATES["cpu"])
+    return overhead + max(flops / rate, moved / bandwidth), flops, moved
+
+
+def _make_meta(value: pb.Value) -> torch.Tensor:
+    stride = list(value.stride) or None
+    dtype = torch_dtype(value.dtype)
+    if stride:
+        return torch.empty_strided(list(value.shape), stride, dtype=dtype, device="meta")
+    return torch.empty(list(value.shape), dtype=dtype, device="meta")
+
+
+def _measure(graph: Graph, node: pb.Node, device: torch.device, repeats: int) -> float:
+    op = resolve_op(node.op)
+    tensors = {v: _make_tensor(graph.value(v), device) for v in node.inputs}
+    args, kwargs = _call_args(graph, node, tensors, device)
+    op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
+    times = []
+    if device.type == "cuda":
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            op(*args, **kwargs)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            op(*args, **kwargs)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def estimate_costs(graph: Graph, model: str, device: torch.device, *, repeats: int = 5) -> None:
+    """Fill `cost` of every node of `graph` with the chosen model ("profile" or "flops")."""
+    measured: dict[tuple, tuple[float, int]] = {}
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        for node in graph.proto.nodes:
+            seconds, flops, moved = _analytic(graph, node, device) if model == "flops" else (0.0, 0.0, 0)
+            source = pb.ANALYTIC
+            if model == "profile":
+                key = _signature(graph, node)
+                if key not in measured:
+                    try:
+                        measured[key] = (_measure(graph, node, device, repeats), pb.PROFILED)
+                    except Exception:  # cannot run on synthetic inputs: estimate instead
+                        measured[key] = (_analytic(graph, node, device)[0], pb.ANALYTIC)
+                seconds, source = measured[key]
+            node.cost.time_s, node.cost.source = seconds, source
+            node.cost.flops, node.cost.bytes_accessed = flops, moved

@@ -1,0 +1,102 @@
+"""The one mapping between PyTorch objects and IR types, both directions.
+
+The frontend uses it to write dtypes and op arguments into the IR; the PyTorch
+runtime uses it to turn them back into torch objects when it executes a graph
+read from a file. Keeping both directions here means a dtype or argument kind
+added on one side cannot be forgotten on the other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from remat_ir.ir import arguments
+from remat_ir.ir.dtypes import dtype_from_name, dtype_name
+
+_TORCH_DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32,
+    "uint64": torch.uint64, "bool": torch.bool, "complex32": torch.complex32,
+    "complex64": torch.complex64, "complex128": torch.complex128,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+}
+_IR_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
+_MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d, "preserve_format": torch.preserve_format,
+}
+_IR_MEMORY_FORMATS = {v: k for k, v in _MEMORY_FORMATS.items()}
+_LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr}
+_IR_LAYOUTS = {v: k for k, v in _LAYOUTS.items()}
+
+
+def ir_dtype(dtype: torch.dtype) -> int:
+    """IR enum value of a torch dtype; ValueError naming it if the IR has none."""
+    try:
+        return dtype_from_name(_IR_DTYPES[dtype])
+    except KeyError:
+        raise ValueError(f"the IR has no dtype for {dtype}") from None
+
+
+def torch_dtype(dtype: int) -> torch.dtype:
+    return _TORCH_DTYPES[dtype_name(dtype)]
+
+
+def to_ir_argument(obj, tensor_id):
+    """An FX argument as an IR argument object; `tensor_id(node)` maps graph nodes to value ids."""
+    if isinstance(obj, torch.fx.Node):
+        return arguments.TensorRef(tensor_id(obj))
+    if isinstance(obj, (list, tuple)):
+        items = [to_ir_argument(x, tensor_id) for x in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    if isinstance(obj, torch.dtype):
+        return arguments.DTypeArg(_IR_DTYPES[obj])
+    if isinstance(obj, torch.device):
+        return arguments.Device(str(obj))
+    if isinstance(obj, torch.memory_format):
+        return arguments.MemoryFormatArg(_IR_MEMORY_FORMATS[obj])
+    if isinstance(obj, torch.layout):
+        return arguments.LayoutArg(_IR_LAYOUTS[obj])
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"an argument of type {type(obj).__name__} ({obj!r})")
+
+
+def to_torch_argument(obj, tensor, device: torch.device):
+    """An IR argument object as what the op takes; `tensor(ref)` gives the tensor or its name.
+
+    Device arguments are replaced by `device`: a graph runs on the device of
+    its inputs, whatever device it was lowered on.
+    """
+    if isinstance(obj, arguments.TensorRef):
+        return tensor(obj)
+    if isinstance(obj, (list, tuple)):
+        items = [to_torch_argument(x, tensor, device) for x in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    if isinstance(obj, arguments.DTypeArg):
+        return _TORCH_DTYPES[obj.name]
+    if isinstance(obj, arguments.Device):
+        return device
+    if isinstance(obj, arguments.MemoryFormatArg):
+        return _MEMORY_FORMATS[obj.name]
+    if isinstance(obj, arguments.LayoutArg):
+        return _LAYOUTS[obj.name]
+    return obj
+
+
+def resolve_op(name: str):
+    """The OpOverload for an IR op name like 'aten.mm.default'; LookupError if unknown."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise LookupError(f"{name!r} is not a PyTorch op name of the form namespace.op.overload")
+    namespace, op, overload = parts
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    except (AttributeError, RuntimeError):
+        raise LookupError(f"PyTorch has no op {name!r}") from None
+
+
+def op_name(op) -> str:
+    """IR name of an OpOverload: 'aten.mm.default'."""
+    return f"{op.namespace}.{op._schema.name.split('::')[1]}.{op._overloadname}"

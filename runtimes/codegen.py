@@ -1,0 +1,271 @@
+"""Turn a scheduled IR graph into two straight-line Python functions.
+
+A GPU step of a small model is thousands of short kernels, so the runtime
+cannot afford to interpret steps: each segment of the schedule is written once
+as Python source, one line per step, and compiled. A compute step is a call
+of the op (a recomputation is simply a second call), a free is `del`, so that
+the tensor's last reference goes exactly where the schedule says. Ops,
+constants and the device are bound as globals of the generated code.
+
+    forward(R)        -> (user outputs, buffer updates, saved)
+    backward(R, S, T) -> gradients, one per resident input
+
+R holds the resident tensors (parameters, buffers, user inputs, constants) in
+`SegmentPlan.resident` order, S the list forward saved (emptied on entry so
+that each saved tensor dies at its last use), T the output gradients.
+Random nodes that run more than once capture the RNG state before their first
+run and replay it for later runs, so a recomputed dropout draws the same mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from remat_ir.ir import Graph, pb
+from remat_ir.ir.arguments import TensorRef, decode
+from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
+
+from remat_ir.frontends.torch_types import resolve_op, to_torch_argument
+
+
+class UnsupportedOp(Exception):
+    """An IR op the PyTorch runtime cannot execute (named with the module it came from)."""
+
+
+@dataclass
+class SegmentPlan:
+    """How the runtime wires the generated functions to tensors."""
+    resident: list[int]                       # value ids in R order
+    user_outputs: list[int]                   # forward results, by output index
+    buffer_updates: list[tuple[str, int]]     # (buffer name, value id)
+    tangents: list[int | None]                # tangent value id per user output (None: no gradient)
+    forward_outputs_read_in_backward: list[int]
+    gradient_of_resident: list[int | None]    # per R position: value id of its gradient
+    buffers_read_in_backward: set[str] = field(default_factory=set)
+    forward_source: str = ""
+    backward_source: str = ""
+
+
+class _Writer:
+    """Accumulates source lines and the globals they refer to."""
+
+    def __init__(self, device: torch.device):
+        self.lines: list[str] = []
+        self.globals: dict[str, object] = {"_device": device}
+        self._constants: dict[int, str] = {}
+
+    def constant(self, obj) -> str:
+        if obj is None or isinstance(obj, (bool, str)) or (isinstance(obj, int) and not isinstance(obj, bool)):
+            return repr(obj)
+        name = f"_k{len(self._constants)}"
+        self._constants[len(self._constants)] = name
+        self.globals[name] = obj
+        return name
+
+    def expression(self, obj) -> str:
+        if isinstance(obj, _Marker):
+            return str(obj)
+        if isinstance(obj, list):
+            return "[" + ", ".join(self.expression(x) for x in obj) + "]"
+        if isinstance(obj, tuple):
+            return "(" + "".join(self.expression(x) + ", " for x in obj) + ")"
+        if isinstance(obj, torch.device):
+            return "_device"
+        return self.constant(obj)
+
+
+def _tensor_name(value_id: int) -> str:
+    return f"v{value_id}"
+
+
+class _Marker(str):
+    """A tensor variable name inside a converted argument structure."""
+
+
+def _compile(writer: _Writer, name: str, params: str, body: list[str]) -> tuple[object, str]:
+    source = f"def {name}({params}):\n" + "\n".join("    " + line for line in body or ["pass"]) + "\n"
+    namespace = dict(writer.globals)
+    exec(compile(source, f"<remat-ir {name}>", "exec"), namespace)
+    return namespace[name], source
+
+
+def resident_order(graph: Graph) -> list[int]:
+    """Value ids of the tensors a step is called with (R): graph inputs other than
+    output gradients, in graph order, then constants."""
+    g = graph.proto
+    resident = [e.value_id for e in g.inputs if graph.value(e.value_id).kind != pb.GRADIENT]
+    return resident + sorted(v.id for v in g.values if v.kind == pb.CONSTANT and v.id not in resident)
+
+
+def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
+    """(forward function, backward function, plan) for `schedule` on `device`."""
+    g = graph.proto
+    bs = schedule.backward_start
+    steps = list(schedule.steps)
+    inputs_by_kind = {}
+    for entry in g.inputs:
+        inputs_by_kind.setdefault(graph.value(entry.value_id).kind, []).append(entry)
+    tangent_inputs = {e.gradient_of: e.value_id for e in inputs_by_kind.get(pb.GRADIENT, [])
+                      if e.HasField("gradient_of")}
+    resident = resident_order(graph)
+    user_outputs = [o.value_id for o in g.outputs if o.role == pb.USER_OUTPUT]
+    buffer_updates = [(o.name, o.value_id) for o in g.outputs if o.role == pb.BUFFER_UPDATE]
+
+    # Values each segment reads or frees, to know what crosses the boundary.
+    def touched(segment):
+        seen = set()
+        for s in segment:
+            if s.HasField("compute"):
+                seen.update(graph.node(s.compute).inputs)
+            else:
+                seen.add(getattr(s, s.WhichOneof("action")))
+        return seen
+
+    forward_steps, backward_steps = steps[:bs], steps[bs:]
+    live = set()
+    for s in forward_steps:
+        if s.HasField("compute"):
+            live.update(graph.node(s.compute).outputs)
+        elif s.HasField("free") or s.HasField("offload"):
+            live.discard(getattr(s, s.WhichOneof("action")))
+        else:
+            live.add(s.prefetch)
+    # Backward gets the user outputs it reads through autograd (save_for_backward); every
+    # other value it reads or must return (buffer updates included) through the stash.
+    backward_reads = touched(backward_steps)
+    backward_results = {o.value_id for o in g.outputs if o.role not in FORWARD_OUTPUT_ROLES}
+    saved = sorted(v for v in live - set(user_outputs) if v in backward_reads | backward_results)
+    outputs_read = [v for v in user_outputs if v in live and v in backward_reads]
+
+    # RNG: random nodes computed more than once replay the state of their first run.
+    counts: dict[int, int] = {}
+    for s in steps:
+        if s.HasField("compute"):
+            counts[s.compute] = counts.get(s.compute, 0) + 1
+    replayed = {n for n, c in counts.items() if c > 1 and graph.node(n).random}
+    first_run_in_forward = {s.compute for s in forward_steps if s.HasField("compute")}
+    rng_carried = sorted(n for n in replayed if n in first_run_in_forward)
+
+    writer = _Writer(device)
+    writer.globals["_get_rng"], writer.globals["_replay"] = _rng_functions(device)
+    resident_index = {v: i for i, v in enumerate(resident)}
+
+    computed: set[int] = set()  # across both segments: later runs of random nodes replay
+
+    def segment_body(segment, reads_saved: bool):
+        body = []
+        used = touched(segment)
+        for v in sorted(used & set(resident)):
+            body.append(f"{_tensor_name(v)} = R[{resident_index[v]}]")
+        if reads_saved:
+            for i, v in enumerate(saved):
+                body.append(f"{_tensor_name(v)} = S[{i}]")
+            for i, n in enumerate(rng_carried):
+                body.append(f"_rng{n} = S[{len(saved) + i}]")
+            body.append("S.clear()")
+            for i, v in enumerate(outputs_read):
+                body.append(f"{_tensor_name(v)} = O[{i}]")
+            for i, v in enumerate(user_outputs):
+                t = tangent_inputs.get(v)
+                if t is not None and t in used:
+                    body.append(f"{_tensor_name(t)} = T[{i}]")
+        for s in segment:
+            action = s.WhichOneof("action")
+            if action == "compute":
+                body.extend(_call_lines(graph, writer, s.compute, computed, replayed))
+                computed.add(s.compute)
+            elif action == "free":
+                body.append(f"del {_tensor_name(s.free)}")
+            else:
+                raise UnsupportedOp(f"the PyTorch runtime does not execute {action} steps yet "
+                                    f"(schedule {schedule.name!r})")
+        return body
+
+    fwd_body = segment_body(forward_steps, reads_saved=False)
+    fwd_body.append("return ((" + "".join(f"{_tensor_name(v)}, " for v in user_outputs) + "), ("
+                    + "".join(f"{_tensor_name(v)}, " for _, v in buffer_updates) + "), ["
+                    + ", ".join([_tensor_name(v) for v in saved] + [f"_rng{n}" for n in rng_carried])
+                    + "])")
+    forward_fn, forward_source = _compile(writer, "forward_segment", "R", fwd_body)
+
+    gradient_of = {}
+    for o in g.outputs:
+        if o.role == pb.PARAMETER_GRADIENT or o.role == pb.INPUT_GRADIENT:
+            gradient_of.setdefault(o.name, o.value_id)
+    name_of = {e.value_id: e.name for e in g.inputs}
+    grads = [gradient_of.get(name_of.get(v)) for v in resident]
+    bwd_body = segment_body(backward_steps, reads_saved=True)
+    bwd_body.append("return (" + "".join((f"{_tensor_name(v)}, " if v is not None else "None, ")
+                                         for v in grads) + ")")
+    backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T", bwd_body)
+
+    mutated = {name for name, _ in buffer_updates}
+    read_in_backward = {name_of[v] for v in touched(backward_steps) if v in name_of} & mutated
+    plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
+                       tangents=[tangent_inputs.get(v) for v in user_outputs],
+                       forward_outputs_read_in_backward=outputs_read, gradient_of_resident=grads,
+                       buffers_read_in_backward=read_in_backward,
+                       forward_source=forward_source, backward_source=backward_source)
+    return forward_fn, backward_fn, plan
+
+
+def _call_lines(graph: Graph, writer: _Writer, node_id: int, computed: set, replayed: set) -> list[str]:
+    node = graph.node(node_id)
+    try:
+        op = resolve_op(node.op)
+    except LookupError as exc:
+        raise UnsupportedOp(f"{exc}; it comes from {node.source or 'an unknown module'} "
+                            f"({graph.describe_node(node_id)})") from None
+    op_global = "op_" + node.op.replace(".", "_")
+    writer.globals[op_global] = getattr(op, "_op", op)
+
+    def tensor(ref: TensorRef):
+        return _Marker(_tensor_name(ref.value_id))
+
+    device = writer.globals["_device"]
+    args = [writer.expression(to_torch_argument(decode(a), tensor, device)) for a in node.args]
+    args += [f"{kw.name}={writer.expression(to_torch_argument(decode(kw.value), tensor, device))}"
+             for kw in node.kwargs]
+    call = f"{op_global}({', '.join(args)})"
+    lines = []
+    if node_id in replayed:
+        if node_id in computed:
+            call = f"_replay(_rng{node_id}, {op_global}, {', '.join(args)})"
+        else:
+            lines.append(f"_rng{node_id} = _get_rng()")
+    outputs = [_tensor_name(v) for v in node.outputs]
+    indices = list(node.output_indices)
+    schema_returns = op._schema.returns
+    single = len(schema_returns) == 1 and str(schema_returns[0].type) == "Tensor"
+    if single and not indices and len(outputs) == 1:
+        lines.append(f"{outputs[0]} = {call}")
+    else:
+        lines.append(f"_r = {call}")
+        for name, index in zip(outputs, indices or range(len(outputs)), strict=True):
+            lines.append(f"{name} = _r[{index}]")
+        lines.append("del _r")
+    return lines
+
+
+def _rng_functions(device: torch.device):
+    """(get state, replay) for the generator that random ops on `device` draw from."""
+    if device.type == "cuda":
+        def get_state():
+            return torch.cuda.get_rng_state(device)
+
+        def set_state(state):
+            torch.cuda.set_rng_state(state, device)
+    else:
+        get_state, set_state = torch.get_rng_state, torch.set_rng_state
+
+    def replay(state, op, *args, **kwargs):
+        current = get_state()
+        set_state(state)
+        try:
+            return op(*args, **kwargs)
+        finally:
+            set_state(current)
+
+    return get_state, replay

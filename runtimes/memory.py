@@ -1,0 +1,59 @@
+"""Peak memory of a piece of work, measured by the allocator.
+
+CUDA: `torch.cuda.max_memory_allocated` after a reset, minus what was
+allocated before. CPU: the profiler's allocator events (`profile_memory=True`)
+read from its raw event tree, whose running `total_allocated` starts at zero
+when profiling starts (process RSS would include the allocator's caches and
+the interpreter, and says nothing about one step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Measured:
+    """What one call did: its result, the peak bytes allocated above the start, and
+    the bytes still allocated at the end (what the call left alive)."""
+    result: object
+    peak_bytes: int
+    retained_bytes: int
+
+
+def _cpu_allocations(prof) -> list[tuple[int, int]]:
+    """(time, total allocated) for every CPU allocator event, in time order."""
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        kind, fields = event.typed
+        if kind.name == "Allocation" and fields.device.type == "cpu":
+            events.append((event.start_time_ns, fields.total_allocated))
+        stack.extend(event.children)
+    events.sort()
+    return events
+
+
+def measure_peak(fn: Callable[[], object], device: torch.device | str) -> Measured:
+    """Run `fn()` once and measure its peak allocation on `device` (CPU or CUDA)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = fn()
+        torch.cuda.synchronize(device)
+        return Measured(result, torch.cuda.max_memory_allocated(device) - start,
+                        torch.cuda.memory_allocated(device) - start)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    events = _cpu_allocations(prof)
+    if not events:
+        return Measured(result, 0, 0)
+    return Measured(result, max(0, max(total for _, total in events)), events[-1][1])

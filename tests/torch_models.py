@@ -1,0 +1,74 @@
+"""Real architectures from configs with random weights (no downloads), small enough for CI.
+
+Each factory returns (model, args, kwargs, loss_of) where `loss_of(output)` is
+the scalar to call backward on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class MLPWithLoss(nn.Module):
+    def __init__(self, width=32, depth=3):
+        super().__init__()
+        layers = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1)]
+        self.body = nn.Sequential(*layers, nn.Linear(width, 1))
+
+    def forward(self, x, target):
+        return nn.functional.mse_loss(self.body(x), target)
+
+
+def mlp():
+    torch.manual_seed(0)
+    return MLPWithLoss(), (torch.randn(16, 32), torch.randn(16, 1)), {}, lambda out: out
+
+
+def gpt2(n_layer=2, n_embd=32, seq=16, batch=2):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=n_layer, n_head=2, n_embd=n_embd, vocab_size=128, n_positions=seq,
+                        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+    ids = torch.randint(0, 128, (batch, seq))
+    return model, (), dict(input_ids=ids, labels=ids, use_cache=False), lambda out: out.loss
+
+
+def resnet():
+    from transformers import ResNetConfig, ResNetForImageClassification
+    torch.manual_seed(0)
+    config = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                          layer_type="basic", num_labels=3)
+    model = ResNetForImageClassification(config)
+    pixels = torch.randn(4, 3, 32, 32)
+    labels = torch.tensor([0, 1, 2, 1])
+    return model, (), dict(pixel_values=pixels, labels=labels), lambda out: out.loss
+
+
+class UNetWithLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from diffusers import UNet2DModel
+        self.unet = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                                block_out_channels=(8, 16), norm_num_groups=4,
+                                down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                up_block_types=("AttnUpBlock2D", "UpBlock2D"))
+
+    def forward(self, noisy, timestep, noise):
+        return nn.functional.mse_loss(self.unet(noisy, timestep).sample, noise)
+
+
+def unet():
+    torch.manual_seed(0)
+    model = UNetWithLoss()
+    return (model, (torch.randn(2, 3, 16, 16), torch.tensor([10, 500]), torch.randn(2, 3, 16, 16)),
+            {}, lambda out: out)
+
+
+MODELS = {"mlp": mlp, "gpt2": gpt2, "resnet": resnet, "unet": unet}
