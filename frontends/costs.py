@@ -3,7 +3,8 @@
 - "profile": every distinct (op, input shapes/strides/dtypes, other arguments)
   is run on the target device with synthetic inputs (floats normal, integers
   and booleans zero, so indices stay in range): one warm-up, then the median of
-  `repeats` runs, timed with CUDA events on a GPU. Nodes that cannot run on
+  `repeats` runs, timed with CUDA events on a GPU. One run under the allocator
+  gives its workspace: the peak it allocates beyond its outputs. Nodes that cannot run on
   synthetic data fall back to the analytic estimate, and say so
   (`cost.source`).
 - "flops": FLOPs counted by torch's FlopCounterMode on meta tensors, and bytes
@@ -23,6 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
+from remat_ir.runtimes.memory import measure_peak
 
 from .torch_types import resolve_op, to_torch_argument, torch_dtype
 
@@ -89,11 +91,21 @@ def _make_meta(value: pb.Value) -> torch.Tensor:
     return torch.empty(list(value.shape), dtype=dtype, device="meta")
 
 
-def _measure(graph: Graph, node: pb.Node, device: torch.device, repeats: int) -> float:
+def _new_output_bytes(graph: Graph, node: pb.Node) -> int:
+    """Bytes of the storages the node's outputs allocate (views of inputs allocate none)."""
+    inputs = {graph.value(v).storage_id for v in node.inputs}
+    return sum(graph.storage_bytes(s) for s in
+               {graph.value(v).storage_id for v in node.outputs} - inputs)
+
+
+def _measure(graph: Graph, node: pb.Node, device: torch.device, repeats: int) -> tuple[float, int]:
+    """(median seconds, workspace bytes): the op's allocation peak beyond its outputs."""
     op = resolve_op(node.op)
     tensors = {v: _make_tensor(graph.value(v), device) for v in node.inputs}
     args, kwargs = _call_args(graph, node, tensors, device)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
+    peak = measure_peak(lambda: op(*args, **kwargs), device).peak_bytes
+    workspace = max(0, peak - _new_output_bytes(graph, node))
     times = []
     if device.type == "cuda":
         for _ in range(repeats):
@@ -108,24 +120,25 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device, repeats: int) ->
             t0 = time.perf_counter()
             op(*args, **kwargs)
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), workspace
 
 
 def estimate_costs(graph: Graph, model: str, device: torch.device, *, repeats: int = 5) -> None:
     """Fill `cost` of every node of `graph` with the chosen model ("profile" or "flops")."""
-    measured: dict[tuple, tuple[float, int]] = {}
+    measured: dict[tuple, tuple[float, int, int]] = {}
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         for node in graph.proto.nodes:
             seconds, flops, moved = _analytic(graph, node, device) if model == "flops" else (0.0, 0.0, 0)
-            source = pb.ANALYTIC
+            source, workspace = pb.ANALYTIC, 0
             if model == "profile":
                 key = _signature(graph, node)
                 if key not in measured:
                     try:
-                        measured[key] = (_measure(graph, node, device, repeats), pb.PROFILED)
+                        measured[key] = (*_measure(graph, node, device, repeats), pb.PROFILED)
                     except Exception:  # cannot run on synthetic inputs: estimate instead
-                        measured[key] = (_analytic(graph, node, device)[0], pb.ANALYTIC)
-                seconds, source = measured[key]
+                        measured[key] = (_analytic(graph, node, device)[0], 0, pb.ANALYTIC)
+                seconds, workspace, source = measured[key]
             node.cost.time_s, node.cost.source = seconds, source
             node.cost.flops, node.cost.bytes_accessed = flops, moved
+            node.cost.workspace_bytes = workspace

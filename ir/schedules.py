@@ -74,7 +74,8 @@ def recompute_all(graph: Graph) -> pb.Schedule:
     """Keep nothing across the forward/backward boundary that can be recomputed.
 
     Backward first recomputes, in forward order, every recomputable forward node
-    whose results it needs (directly or to recompute another), then runs.
+    whose results it needs (directly or to recompute another), then runs. User
+    outputs are not recomputed: the caller holds them anyway.
     Outputs of mutating or non-recomputable nodes are kept from the forward;
     random nodes are recomputed with RNG replay.
     """
@@ -82,8 +83,9 @@ def recompute_all(graph: Graph) -> pb.Schedule:
     backward = graph.phase_order(pb.BACKWARD)
     recomputable = {n for n in forward
                     if not (graph.node(n).mutating or graph.node(n).non_recomputable)}
+    kept = {o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT}
     needed: set[int] = set()
-    frontier = [v for n in backward for v in graph.node(n).inputs]
+    frontier = [v for n in backward for v in graph.node(n).inputs if v not in kept]
     while frontier:
         producer = graph.producer(frontier.pop())
         if producer in recomputable and producer not in needed:

@@ -12,12 +12,15 @@ runtime's measured peak is compared with its prediction. The rules (DESIGN.md,
   node again is a recomputation; a node flagged mutating or non-recomputable
   may run only once, a random one more than once only if the schedule
   replays RNG state (`rng_replay`).
-- Memory is counted per storage: a storage's bytes count while any value that
-  views it is live. Memory *during* a compute step is the live bytes with its
-  new outputs allocated, plus its workspace, plus, for an output recomputed
-  while its old copy is still live, that copy (both exist until the old one is
-  dropped). The peak is the maximum during any step; it is what the budget
-  bounds.
+- Memory is counted per allocation of a storage: computing an output that is
+  not a view of one of the node's inputs allocates its storage's bytes (again,
+  on a recomputation, even while an older copy is still held through a view);
+  a view shares the allocation of the input it views. An allocation counts
+  while any value holding it is live. Memory *during* a compute step is the
+  live bytes with the new outputs allocated, plus its workspace; an output
+  recomputed while its old copy is live holds both until the step ends (a user
+  output's old copy, which the caller holds, until the end). The peak is the
+  maximum during any step; it is what the budget bounds.
 - A free step drops a live value; resident values and graph outputs are never
   freed. Offload moves a live value to host memory (its device bytes are
   released) and prefetch brings it back; transfer time is not modelled yet.
@@ -94,35 +97,60 @@ class SimulationResult:
 
 
 class _Memory:
-    """Live values and the storages they hold, with byte accounting."""
+    """Live values and the allocations they hold, with byte accounting.
+
+    An allocation is one instance of a storage: every computation of an output
+    that is not a view of one of the node's inputs allocates a new one (so a
+    recomputation allocates again even while an older copy is still held
+    through a view), and a view joins the allocation of the input it views.
+    Resident storages are one allocation that is never counted.
+    """
+
+    RESIDENT = 0
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.live: set[int] = set()
-        self.refs: Counter = Counter()  # storage id -> live values viewing it
+        self.live: dict[int, int] = {}    # value id -> allocation
+        self.refs: Counter = Counter()    # allocation -> live values holding it
+        self.size: dict[int, int] = {}    # allocation -> bytes
         self.bytes = 0
 
     def storage_of(self, value_id: int) -> int:
         return self.graph.value(value_id).storage_id
 
-    def counts(self, storage_id: int) -> bool:
-        return storage_id not in self.graph.resident_storage_ids
+    def allocation_of(self, value_id: int) -> int:
+        """Allocation a resident value belongs to, or that a live value holds."""
+        if self.storage_of(value_id) in self.graph.resident_storage_ids:
+            return self.RESIDENT
+        return self.live[value_id]
 
-    def add(self, value_id: int) -> None:
-        self.live.add(value_id)
-        s = self.storage_of(value_id)
-        if self.refs[s] == 0 and self.counts(s):
-            self.bytes += self.graph.storage_bytes(s)
-        self.refs[s] += 1
+    def allocate(self, storage_id: int) -> int:
+        allocation = len(self.size) + 1
+        self.size[allocation] = self.graph.storage_bytes(storage_id)
+        self.bytes += self.size[allocation]
+        return allocation
+
+    def bind(self, value_id: int, allocation: int) -> None:
+        """Make a value live, holding `allocation` (dropping what it held before)."""
+        if value_id in self.live:
+            self.drop(value_id)
+        self.live[value_id] = allocation
+        self.refs[allocation] += 1
+
+    def pin(self, value_id: int) -> None:
+        """Keep the allocation a value holds counted until the end, whatever happens to the value."""
+        self.refs[self.live[value_id]] += 1
 
     def drop(self, value_id: int) -> None:
-        self.live.discard(value_id)
-        s = self.storage_of(value_id)
-        self.refs[s] -= 1
-        if self.refs[s] == 0:
-            del self.refs[s]
-            if self.counts(s):
-                self.bytes -= self.graph.storage_bytes(s)
+        allocation = self.live.pop(value_id)
+        self.refs[allocation] -= 1
+        if self.refs[allocation] == 0:
+            del self.refs[allocation]
+            self.bytes -= self.size.get(allocation, 0)
+
+    def counted(self, value_id: int) -> bool:
+        """Whether the value's bytes count (it is not a view of a resident storage)."""
+        return self.storage_of(value_id) not in self.graph.resident_storage_ids
 
 
 class _Run:
@@ -136,6 +164,7 @@ class _Run:
         self.offloaded: set[int] = set()
         self.gradient_inputs = {i.value_id for i in graph.proto.inputs
                                 if graph.value(i.value_id).kind == pb.GRADIENT}
+        self.user_outputs = {o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT}
         self.result = SimulationResult(violation=None, resident_bytes=graph.resident_bytes())
 
     def fail(self, step: int, kind: str, message: str, node_id=None, value_id=None) -> SimulationResult:
@@ -167,13 +196,13 @@ class _Run:
 
     def end_of_forward(self, k: int) -> SimulationResult | None:
         forward_outputs = {o.value_id for o in self.g.proto.outputs if o.role in FORWARD_OUTPUT_ROLES}
-        for v in sorted(forward_outputs - self.mem.live - self.g.resident_value_ids):
+        for v in sorted(forward_outputs - set(self.mem.live) - self.g.resident_value_ids):
             return self.fail(k, "output_missing", f"forward output {self.g.describe_value(v)} "
                              "is not live when backward starts", value_id=v)
-        saved = sorted(self.mem.live - forward_outputs)
+        saved = sorted(set(self.mem.live) - forward_outputs)
         self.result.saved_value_ids = saved
-        storages = {self.mem.storage_of(v) for v in saved}
-        self.result.saved_bytes = sum(self.g.storage_bytes(s) for s in storages if self.mem.counts(s))
+        allocations = {self.mem.live[v] for v in saved}
+        self.result.saved_bytes = sum(self.mem.size.get(a, 0) for a in allocations)
         return None
 
     def record(self, k: int, during: int) -> SimulationResult | None:
@@ -212,12 +241,12 @@ class _Run:
             if action == "offload":
                 self.offloaded.add(value_id)
             return self.record(k, during)
-        # prefetch
+        # prefetch: the value comes back into a fresh allocation
         if value_id not in self.offloaded:
             return self.fail(k, "prefetch_not_offloaded", f"prefetch of {what}, which is not "
                              "offloaded", value_id=value_id)
         self.offloaded.discard(value_id)
-        self.mem.add(value_id)
+        self.mem.bind(value_id, self.mem.allocate(self.mem.storage_of(value_id)))
         return self.record(k, self.mem.bytes)
 
     def compute(self, k: int, node_id: int) -> SimulationResult | None:
@@ -249,20 +278,30 @@ class _Run:
                 return self.fail(k, "random_recompute", f"{what} draws random numbers and is "
                                  "recomputed, but the schedule does not replay RNG state "
                                  "(set rng_replay)", node_id=node_id)
-        # Outputs recomputed while still live coexist with their old copy until it is dropped.
-        input_storages = {self.mem.storage_of(v) for v in node.inputs}
-        duplicate = sum(g.storage_bytes(s) for s in
-                        {self.mem.storage_of(v) for v in node.outputs if v in self.mem.live}
-                        if s not in input_storages and self.mem.counts(s))
+        # Views join the allocation of the input they view; other outputs allocate anew.
+        # An output recomputed while its old copy is live holds both until the step ends.
+        viewed = {self.mem.storage_of(v): self.mem.allocation_of(v) for v in node.inputs}
+        bindings = []
         for v in node.outputs:
+            storage = self.mem.storage_of(v)
+            if not self.mem.counted(v):
+                allocation = self.mem.RESIDENT
+            elif storage in viewed:
+                allocation = viewed[storage]
+            else:
+                allocation = viewed[storage] = self.mem.allocate(storage)
+            bindings.append((v, allocation))
+        during = self.mem.bytes + node.cost.workspace_bytes
+        for v, allocation in bindings:
             self.offloaded.discard(v)
-            if v not in self.mem.live:
-                self.mem.add(v)
+            if v in self.user_outputs and v in self.mem.live:
+                self.mem.pin(v)  # the caller holds the copy it was handed
+            self.mem.bind(v, allocation)
         if k < self.schedule.backward_start:
             self.result.forward_time_s += node.cost.time_s
         else:
             self.result.backward_time_s += node.cost.time_s
-        return self.record(k, self.mem.bytes + duplicate + node.cost.workspace_bytes)
+        return self.record(k, during)
 
 
 def simulate(graph: Graph, schedule: pb.Schedule, *, budget: int | None = None) -> SimulationResult:

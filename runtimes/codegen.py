@@ -250,7 +250,12 @@ def _call_lines(graph: Graph, writer: _Writer, node_id: int, computed: set, repl
 
 
 def _rng_functions(device: torch.device):
-    """(get state, replay) for the generator that random ops on `device` draw from."""
+    """(get state, replay) for the generator that random ops on `device` draw from.
+
+    CUDA states are 16-byte host tensors. The CPU generator's state is 5 KB, so
+    it is kept as a cloned Generator (no tensor stays allocated); a replay
+    materializes it for the moment it is set.
+    """
     if device.type == "cuda":
         def get_state():
             return torch.cuda.get_rng_state(device)
@@ -258,7 +263,11 @@ def _rng_functions(device: torch.device):
         def set_state(state):
             torch.cuda.set_rng_state(state, device)
     else:
-        get_state, set_state = torch.get_rng_state, torch.set_rng_state
+        generator = torch.default_generator
+        get_state = generator.clone_state
+
+        def set_state(state):
+            generator.set_state(state.get_state())
 
     def replay(state, op, *args, **kwargs):
         current = get_state()

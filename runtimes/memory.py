@@ -2,9 +2,9 @@
 
 CUDA: `torch.cuda.max_memory_allocated` after a reset, minus what was
 allocated before. CPU: the profiler's allocator events (`profile_memory=True`)
-read from its raw event tree, whose running `total_allocated` starts at zero
-when profiling starts (process RSS would include the allocator's caches and
-the interpreter, and says nothing about one step).
+read from its raw event tree; their running `total_allocated` counts only what
+profiling saw, continuing from the previous session (process RSS would include
+the allocator's caches and the interpreter, and says nothing about one step).
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ class Measured:
     retained_bytes: int
 
 
-def _cpu_allocations(prof) -> list[tuple[int, int]]:
-    """(time, total allocated) for every CPU allocator event, in time order."""
+def _cpu_allocations(prof) -> list[tuple[int, int, int]]:
+    """(time, bytes allocated (negative: freed), running total) for every CPU allocator
+    event, in time order."""
     events = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         event = stack.pop()
         kind, fields = event.typed
         if kind.name == "Allocation" and fields.device.type == "cpu":
-            events.append((event.start_time_ns, fields.total_allocated))
+            events.append((event.start_time_ns, fields.alloc_size, fields.total_allocated))
         stack.extend(event.children)
     events.sort()
     return events
@@ -56,4 +57,9 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str) -> Measur
     events = _cpu_allocations(prof)
     if not events:
         return Measured(result, 0, 0)
-    return Measured(result, max(0, max(total for _, total in events)), events[-1][1])
+    # The running total carries over from earlier profiling sessions: measure from the
+    # total just before this session's first event.
+    _, first_size, first_total = events[0]
+    start = first_total - first_size
+    return Measured(result, max(0, max(total for *_, total in events) - start),
+                    events[-1][2] - start)

@@ -44,11 +44,17 @@ class _ScheduledStep(torch.autograd.Function):
         read = runner.outputs_read_positions
         ctx.save_for_backward(*(outputs[i] for i in read))
         ctx.mark_non_differentiable(*(o for o, t in zip(outputs, runner.plan.tangents) if t is None))
+        # Outputs that get no gradient (logits beside a loss) would otherwise receive a
+        # full-size zeros tensor; backward uses a broadcast zero scalar instead.
+        ctx.set_materialize_grads(False)
+        ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
         return outputs
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         runner = ctx.runner
+        grad_outputs = [g if g is not None else torch.zeros((), dtype=dtype, device=device).expand(shape)
+                        for g, (shape, dtype, device) in zip(grad_outputs, ctx.output_meta)]
         stash, ctx.stash = ctx.stash, []  # the segment empties the list as it takes the tensors
         grads = runner.backward_fn(ctx.resident, stash, ctx.saved_tensors, grad_outputs)
         ctx.resident = None

@@ -212,3 +212,34 @@ def test_offload_and_prefetch():
 def test_backward_start_out_of_range():
     g, ids = chain(1)
     assert first_violation(g, schedule([("compute", ids["f1"])], 5)).kind == "bad_step"
+
+
+def test_recomputation_allocates_anew_while_a_view_holds_the_old_copy():
+    """a -> view(a) is kept; recomputing a allocates a second storage (as PyTorch does)."""
+    g = ir.Graph()
+    x = g.add_value("x", "float32", (250,), kind="user_input")
+    g.add_input(x)
+    a = g.add_value("a", "float32", (250,))
+    v = g.add_value("a_view", "float32", (250,), alias_of=a, kind="output")
+    b = g.add_value("b", "float32", (250,), kind="output")
+    f = g.add_node("test.f", [x], [a], phase="forward")
+    view = g.add_node("aten.alias.default", [a], [v], phase="forward")
+    h = g.add_node("test.h", [a], [b], phase="backward")
+    g.add_output(v, "user_output")
+    g.add_output(b, "input_gradient", "x")
+    sched = schedule([("compute", f), ("compute", view), ("free", a),
+                      ("compute", f), ("compute", h), ("free", a)], 3)
+    result = ir.check(g, sched)
+    assert result.memory_during == [M, M, M, 2 * M, 3 * M, 3 * M]
+    assert result.memory_after == [M, M, M, 2 * M, 3 * M, 2 * M]
+
+
+def test_recomputed_user_output_keeps_the_callers_copy():
+    g, ids = chain(2)
+    sched = schedule([("compute", ids["f1"]), ("compute", ids["f2"]), ("compute", ids["f2"]),
+                      ("compute", ids["b2"]), ("free", ids["a1"]), ("compute", ids["b1"]),
+                      ("free", ids["g1"])], 3)
+    result = ir.check(g, sched)
+    # a2 is the output: its first copy stays with the caller after the recomputation.
+    assert result.memory_after[:3] == [M, 2 * M, 3 * M]
+    assert result.memory_after[-1] == 3 * M  # a2 (twice) and g0
