@@ -1,5 +1,5 @@
 # Two commands do the whole set-up on a fresh machine with Python 3.11:
-#   make demo   inspect and validate the shipped example IR file
+#   make demo   lower GPT-2, validate its schedules, train it through remat-ir next to eager
 #   make test   run the test suite (what CI runs)
 # Both create .venv if missing and install the package with its pinned dependencies.
 
@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test proto example clean
+.PHONY: demo test bench proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -19,9 +19,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/remat-ir inspect examples/mlp.rir
 	$(BIN)/remat-ir validate examples/mlp.rir
+	mkdir -p build
+	$(BIN)/remat-ir convert --torch examples.models:gpt2 -o build/gpt2.rir
+	$(BIN)/remat-ir validate build/gpt2.rir
+	$(BIN)/python examples/train.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Speed and memory figures; each benchmark writes benchmarks/results/*.json.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/torch_overhead.py
 
 # Regenerate ir/remat_ir_pb2.py(.pyi) after editing schemas/remat_ir.proto.
 proto: $(STAMP)

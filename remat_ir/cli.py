@@ -1,5 +1,6 @@
 """The `remat-ir` command.
 
+    remat-ir convert --torch MODULE:FACTORY -o FILE   lower a PyTorch model
     remat-ir inspect FILE    what is in an IR file: nodes, ops, tensors, schedules
     remat-ir validate FILE   structure, then every schedule through the simulator
 
@@ -158,6 +159,53 @@ def cmd_validate(args) -> int:
     return 0 if ok else EXIT_USER_ERROR
 
 
+def _load_factory(spec: str):
+    """The callable named by 'package.module:factory' (the current folder is importable)."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise RematIRError(f"--torch {spec!r}: expected package.module:factory")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RematIRError(f"--torch {spec!r}: cannot import {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise RematIRError(f"--torch {spec!r}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+def cmd_convert(args) -> int:
+    import torch
+
+    from .api import BUILTIN_SCHEDULES
+    from .frontends.torch import lower
+    from .ir import save
+
+    made = _load_factory(args.torch)()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
+        raise RematIRError(f"--torch {args.torch!r}: the factory must return (model, example_inputs), "
+                           f"got {type(made).__name__}")
+    model, example = made
+    if isinstance(example, dict):
+        example_args, example_kwargs = (), example
+    else:
+        example_args, example_kwargs = example, None
+    model.train()
+    print(f"lowering {type(model).__name__} (torch.export, joint graph, {args.cost_model} costs)...",
+          file=sys.stderr)
+    graph = lower(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model)
+    for build in BUILTIN_SCHEDULES.values():
+        graph.add_schedule(build(graph))
+    path = save(graph, args.output)
+    print(f"wrote {path}: {len(graph.nodes)} nodes, {len(graph.values)} values, schedules "
+          + ", ".join(f"{s.name} (peak {human_bytes(s.predicted_peak_bytes)})" for s in graph.schedules))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="remat-ir", description="Rematerialization IR toolkit: plan training in less memory.")
@@ -170,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check structure and replay every schedule in the simulator")
     p.add_argument("file", help="IR file (.rir binary or .json)")
     p.set_defaults(run=cmd_validate)
+    p = sub.add_parser("convert", help="lower a model into an IR file (with the reference schedules)")
+    p.add_argument("--torch", required=True, metavar="MODULE:FACTORY",
+                   help="a function returning (model, example_inputs): a tuple of positional "
+                        "inputs, or a dict of keyword inputs")
+    p.add_argument("-o", "--output", required=True, help="IR file to write (.rir, or .json)")
+    p.add_argument("--cost-model", choices=("profile", "flops"), default="profile",
+                   help="measure each op on the inputs' device, or estimate from FLOPs")
+    p.set_defaults(run=cmd_convert)
     return parser
 
 

@@ -112,3 +112,32 @@ def test_usage_errors():
     assert remat_ir("frobnicate", "x").returncode == 2
     result = remat_ir("--version")
     assert result.returncode == 0 and result.stdout.startswith("remat-ir ")
+
+
+def test_convert_a_torch_model(tmp_path):
+    out = tmp_path / "mlp.rir"
+    result = subprocess.run([str(Path(sys.executable).parent / "remat-ir"), "convert", "--torch",
+                             "torch_models:mlp_for_cli", "-o", str(out), "--cost-model", "flops"],
+                            capture_output=True, text=True, cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stderr
+    assert "lowering MLPWithLoss" in result.stderr
+    g = ir.load(out)
+    assert g.proto.provenance.frontend == "torch"
+    assert [s.name for s in g.schedules] == ["store_all", "recompute_all"]
+    for s in g.schedules:
+        assert ir.simulate(g, s).valid
+    assert remat_ir("validate", out).returncode == 0
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_colon", "expected package.module:factory"),
+    ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+    ("torch_models:missing", "torch_models has no callable 'missing'"),
+    ("torch_models:not_a_factory_result", "the factory must return (model, example_inputs), got int"),
+])
+def test_convert_bad_factory(tmp_path, spec, message):
+    result = subprocess.run([str(Path(sys.executable).parent / "remat-ir"), "convert", "--torch", spec,
+                             "-o", str(tmp_path / "x.rir")], capture_output=True, text=True,
+                            cwd=Path(__file__).parent)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr

@@ -72,3 +72,13 @@ def unet():
 
 
 MODELS = {"mlp": mlp, "gpt2": gpt2, "resnet": resnet, "unet": unet}
+
+
+def mlp_for_cli():
+    """Factory in the form `remat-ir convert --torch` expects: (model, example inputs)."""
+    model, args, _, _ = mlp()
+    return model, args
+
+
+def not_a_factory_result():
+    return 42
