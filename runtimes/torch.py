@@ -135,13 +135,16 @@ class ScheduledModule(torch.nn.Module):
                 self._bindings.append(("const", value))
         self.__dict__["_in_spec"] = _load_spec(g, "torch.in_spec")
         self.__dict__["_out_spec"] = _load_spec(g, "torch.out_spec")
+        self._lowered_keywords = (list(self._in_spec.child(1).context)
+                                  if self._in_spec is not None else [])
         self._constants: dict = {}
 
     def _check_bound(self, kind: str, name: str, value: pb.Value) -> None:
         try:
             tensor = self._model.get_parameter(name) if kind == "param" else self._model.get_buffer(name)
         except AttributeError:
-            raise RuntimeInputError(f"the graph needs {kind}eter {name!r}, which "
+            what = "parameter" if kind == "param" else "buffer"
+            raise RuntimeInputError(f"the graph needs {what} {name!r}, which "
                                     f"{type(self._model).__name__} does not have") from None
         if tuple(tensor.shape) != tuple(value.shape) or tensor.dtype != torch_dtype(value.dtype):
             raise RuntimeInputError(f"{name!r} is {tuple(tensor.shape)} {tensor.dtype} in the model but "
@@ -172,6 +175,8 @@ class ScheduledModule(torch.nn.Module):
         return self._runners[device]
 
     def _flat_inputs(self, args, kwargs) -> list:
+        if self._in_spec is not None and set(kwargs) == set(self._lowered_keywords):
+            kwargs = {k: kwargs[k] for k in self._lowered_keywords}  # the order they were lowered in
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if self._in_spec is not None and spec != self._in_spec:
             raise RuntimeInputError(f"the inputs are structured as {spec}, but the graph was lowered "

@@ -118,3 +118,13 @@ def test_budget_forms_and_infeasible_budget():
     with pytest.raises(InfeasibleBudget, match=r"no schedule fits a budget of 1000 bytes; the smallest "
                                                r"feasible budget found is \d+ bytes"):
         remat_ir.remat(model, args, example_kwargs=kwargs, budget=1000, cost_model="flops")
+
+
+def test_keyword_inputs_in_any_order():
+    model, args, kwargs, loss_of = gpt2(n_layer=1)
+    scheduled = remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops")
+    reordered = dict(reversed(list(kwargs.items())))
+    torch.manual_seed(3)
+    a = loss_of(scheduled(**kwargs)).detach()
+    torch.manual_seed(3)
+    assert torch.equal(loss_of(scheduled(**reordered)).detach(), a)
