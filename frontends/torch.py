@@ -163,12 +163,18 @@ class _Lowering:
             forward_node_id=forward_node, random=torch.Tag.nondeterministic_seeded in target.tags,
             mutating=target._schema.is_mutable, source=source)
         self.g.node(nid).output_indices.extend(indices)
-        if phase == "forward" and seq is not None and seq not in self.forward_by_seq \
-                and not all(self.g.value(o).storage_id in self._input_storages(nid) for o in outputs):
-            self.forward_by_seq[seq] = nid
+        if phase == "forward" and seq is not None:
+            # Backward nodes link to the first forward node of their sequence number that
+            # computes something, or else to the first view of it.
+            known = self.forward_by_seq.get(seq)
+            if known is None or (self._is_view(known) and not self._is_view(nid)):
+                self.forward_by_seq[seq] = nid
 
-    def _input_storages(self, nid: int) -> set[int]:
-        return {self.g.value(v).storage_id for v in self.g.node(nid).inputs}
+    def _is_view(self, nid: int) -> bool:
+        """Whether every output of the node shares storage with one of its inputs."""
+        node = self.g.node(nid)
+        inputs = {self.g.value(v).storage_id for v in node.inputs}
+        return all(self.g.value(o).storage_id in inputs for o in node.outputs)
 
     def output(self, node: torch.fx.Node) -> None:
         results, descs = node.args[0], node.meta["desc"]

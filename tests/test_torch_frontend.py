@@ -1,0 +1,64 @@
+"""What lowering a real model writes into the IR."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from remat_ir import ir
+from remat_ir.frontends.torch import lower
+from remat_ir.ir import pb
+from torch_models import gpt2, mlp, resnet
+
+
+@pytest.fixture(scope="module")
+def gpt2_graph():
+    model, args, kwargs, _ = gpt2()
+    return model, lower(model, args, example_kwargs=kwargs, cost_model="flops")
+
+
+def test_gpt2_structure(gpt2_graph):
+    model, g = gpt2_graph
+    ir.validate(g)
+    params = {e.name for e in g.proto.inputs if g.value(e.value_id).kind == pb.PARAMETER}
+    # Parameters are bound by name, GPT-2's tied embedding under both of its names ...
+    assert params == {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    # ... and each parameter tensor gets one gradient (the tied one's sums both uses).
+    grads = [o.name for o in g.proto.outputs if o.role == pb.PARAMETER_GRADIENT]
+    assert sorted(id(model.get_parameter(n)) for n in grads) == sorted(id(p) for p in model.parameters())
+    # Dropout ops are flagged random: embeddings, attention probs, residuals of 2 layers, ... = 7
+    assert sum(n.random for n in g.proto.nodes) == 7
+    assert all("dropout" in n.op for n in g.proto.nodes if n.random)
+    # Views share storages: fewer storages than values, counted once.
+    assert len(g.proto.storages) < 0.7 * len(g.proto.values)
+    # Most backward nodes know the forward node they differentiate.
+    backward = [n for n in g.proto.nodes if n.phase == pb.BACKWARD]
+    linked = [n for n in backward if n.HasField("forward_node_id")]
+    assert len(linked) > 0.8 * len(backward)
+    assert all(g.node(n.forward_node_id).phase == pb.FORWARD for n in linked)
+    # Every node carries its executable arguments and where it came from.
+    assert all(n.args or n.kwargs for n in g.proto.nodes)
+    assert sum(bool(n.source) for n in g.proto.nodes) > 0.9 * len(g.proto.nodes)
+    assert all(n.cost.source == pb.ANALYTIC and n.cost.time_s > 0 for n in g.proto.nodes)
+    assert g.proto.provenance.frontend == "torch" and g.proto.provenance.cost_device == "cpu"
+
+
+def test_batchnorm_running_statistics_are_buffer_updates():
+    model, args, kwargs, _ = resnet()
+    g = lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    updates = Counter(o.name.rsplit(".", 1)[1] for o in g.proto.outputs if o.role == pb.BUFFER_UPDATE)
+    n_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert updates == {"running_mean": n_bn, "running_var": n_bn, "num_batches_tracked": n_bn}
+
+
+def test_profiled_costs_are_measured_once_per_distinct_op():
+    model, args, _, _ = mlp()
+    g = lower(model, args)  # cost_model="profile"
+    assert all(n.cost.source == pb.PROFILED and n.cost.time_s > 0 for n in g.proto.nodes)
+    signatures = {}
+    for n in g.proto.nodes:  # equal op and input shapes share one measurement
+        key = (n.op, tuple(tuple(g.value(v).shape) for v in n.inputs), tuple(str(a) for a in n.args[1:]))
+        signatures.setdefault(key, set()).add(n.cost.time_s)
+    assert any(len(times) == 1 for times in signatures.values())
