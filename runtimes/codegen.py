@@ -54,13 +54,15 @@ class _Writer:
     def __init__(self, device: torch.device):
         self.lines: list[str] = []
         self.globals: dict[str, object] = {"_device": device}
-        self._constants: dict[int, str] = {}
+        self._constants = 0
 
     def constant(self, obj) -> str:
-        if obj is None or isinstance(obj, (bool, str)) or (isinstance(obj, int) and not isinstance(obj, bool)):
+        """A literal for None, bools, ints and strings; a bound global for anything else
+        (floats such as -inf and NaN, dtypes, memory formats)."""
+        if obj is None or isinstance(obj, (bool, int, str)):
             return repr(obj)
-        name = f"_k{len(self._constants)}"
-        self._constants[len(self._constants)] = name
+        name = f"_k{self._constants}"
+        self._constants += 1
         self.globals[name] = obj
         return name
 
@@ -104,11 +106,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
     g = graph.proto
     bs = schedule.backward_start
     steps = list(schedule.steps)
-    inputs_by_kind = {}
-    for entry in g.inputs:
-        inputs_by_kind.setdefault(graph.value(entry.value_id).kind, []).append(entry)
-    tangent_inputs = {e.gradient_of: e.value_id for e in inputs_by_kind.get(pb.GRADIENT, [])
-                      if e.HasField("gradient_of")}
+    tangent_inputs = {e.gradient_of: e.value_id for e in g.inputs
+                      if graph.value(e.value_id).kind == pb.GRADIENT and e.HasField("gradient_of")}
     resident = resident_order(graph)
     user_outputs = [o.value_id for o in g.outputs if o.role == pb.USER_OUTPUT]
     buffer_updates = [(o.name, o.value_id) for o in g.outputs if o.role == pb.BUFFER_UPDATE]

@@ -69,16 +69,10 @@ class _Runner:
         self.forward_fn, self.backward_fn, self.plan = generate(graph, schedule, device)
         position = {v: i for i, v in enumerate(self.plan.user_outputs)}
         self.outputs_read_positions = [position[v] for v in self.plan.forward_outputs_read_in_backward]
-        self.resident_position = {v: i for i, v in enumerate(self.plan.resident)}
-        names = {e.value_id: e.name for e in graph.proto.inputs}
-        self.buffer_slots = [(name, self.resident_position[self._input_id(name)])
-                             for name, _ in self.plan.buffer_updates]
-        self.snapshot_slots = {self.resident_position[self._input_id(n)]
-                               for n in self.plan.buffers_read_in_backward}
-        self.names = [names.get(v, "") for v in self.plan.resident]
-
-    def _input_id(self, name: str) -> int:
-        return next(e.value_id for e in self.graph.proto.inputs if e.name == name)
+        slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
+                   if e.value_id in self.plan.resident}
+        self.buffer_slots = [slot_of[name] for name, _ in self.plan.buffer_updates]
+        self.snapshot_slots = {slot_of[name] for name in self.plan.buffers_read_in_backward}
 
     def apply_buffer_updates(self, resident: tuple, updates: tuple) -> tuple:
         """Copy buffer updates in, once; return the resident tuple backward should see."""
@@ -88,7 +82,7 @@ class _Runner:
         for slot in self.snapshot_slots:
             backward_resident[slot] = resident[slot].clone()
         with torch.no_grad():
-            for (_, slot), update in zip(self.buffer_slots, updates):
+            for slot, update in zip(self.buffer_slots, updates):
                 resident[slot].copy_(update)
         return tuple(backward_resident)
 
