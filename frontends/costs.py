@@ -28,16 +28,25 @@ from remat_ir.runtimes.memory import measure_peak
 
 from .torch_types import resolve_op, to_torch_argument, torch_dtype
 
+#: What an op raises when synthetic inputs do not suit it (not our own bugs).
+OP_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
+
 #: Analytic model per device type: (FLOP/s, bytes/s, fixed seconds per op).
 RATES = {"cpu": (5e10, 1e10, 2e-6), "cuda": (5e13, 1.5e12, 5e-6)}
 
 
-def _make_tensor(value: pb.Value, device: torch.device) -> torch.Tensor:
+def _empty(value: pb.Value, device: torch.device | str) -> torch.Tensor:
+    """An uninitialized tensor with the value's shape, strides and dtype."""
     dtype = torch_dtype(value.dtype)
-    stride = list(value.stride) or None
-    t = (torch.empty_strided(list(value.shape), stride, dtype=dtype, device=device) if stride
-         else torch.empty(list(value.shape), dtype=dtype, device=device))
-    if dtype.is_floating_point:
+    if value.stride:
+        return torch.empty_strided(list(value.shape), list(value.stride), dtype=dtype, device=device)
+    return torch.empty(list(value.shape), dtype=dtype, device=device)
+
+
+def _make_tensor(value: pb.Value, device: torch.device) -> torch.Tensor:
+    """Synthetic input: floats normal, integers and booleans zero (indices stay in range)."""
+    t = _empty(value, device)
+    if t.dtype.is_floating_point:
         t.normal_()
     else:
         t.zero_()
@@ -72,7 +81,7 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
     try:
         op = resolve_op(node.op)
         meta = torch.device("meta")
-        tensors = {v: _make_meta(graph.value(v)) for v in node.inputs}
+        tensors = {v: _empty(graph.value(v), meta) for v in node.inputs}
         args, kwargs = _call_args(graph, node, tensors, meta)
         with FlopCounterMode(display=False) as counter:
             op(*args, **kwargs)
@@ -81,14 +90,6 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
         pass
     rate, bandwidth, overhead = RATES.get(device.type, RATES["cpu"])
     return overhead + max(flops / rate, moved / bandwidth), flops, moved
-
-
-def _make_meta(value: pb.Value) -> torch.Tensor:
-    stride = list(value.stride) or None
-    dtype = torch_dtype(value.dtype)
-    if stride:
-        return torch.empty_strided(list(value.shape), stride, dtype=dtype, device="meta")
-    return torch.empty(list(value.shape), dtype=dtype, device="meta")
 
 
 def _new_output_bytes(graph: Graph, node: pb.Node) -> int:
@@ -136,7 +137,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device, *, repeats: i
                 if key not in measured:
                     try:
                         measured[key] = (*_measure(graph, node, device, repeats), pb.PROFILED)
-                    except Exception:  # cannot run on synthetic inputs: estimate instead
+                    except OP_ERRORS:  # cannot run on synthetic inputs: estimate instead
                         measured[key] = (_analytic(graph, node, device)[0], 0, pb.ANALYTIC)
                 seconds, workspace, source = measured[key]
             node.cost.time_s, node.cost.source = seconds, source

@@ -120,9 +120,7 @@ class _Memory:
 
     def allocation_of(self, value_id: int) -> int:
         """Allocation a resident value belongs to, or that a live value holds."""
-        if self.storage_of(value_id) in self.graph.resident_storage_ids:
-            return self.RESIDENT
-        return self.live[value_id]
+        return self.live[value_id] if self.counted(value_id) else self.RESIDENT
 
     def allocate(self, storage_id: int) -> int:
         allocation = len(self.size) + 1

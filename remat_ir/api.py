@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from remat_ir.ir import Graph, RematIRError, pb, recompute_all, simulate, store_all
+from remat_ir.ir import Graph, RematIRError, pb, recompute_all, store_all
 
 #: Schedules available before the solver layer: built from the graph alone.
 BUILTIN_SCHEDULES = {"store_all": store_all, "recompute_all": recompute_all}
@@ -92,7 +92,4 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     from remat_ir.runtimes.torch import ScheduledModule
 
     graph = lower(model, example_inputs, example_kwargs=example_kwargs, cost_model=cost_model)
-    schedule = plan(graph, budget, solver)
-    result = simulate(graph, schedule)
-    assert result.valid, result.violation  # plan() built it through the simulator
-    return ScheduledModule(model, graph, schedule)
+    return ScheduledModule(model, graph, plan(graph, budget, solver))  # checks it in the simulator
