@@ -30,6 +30,7 @@ test: $(STAMP)
 # Speed and memory figures; each benchmark writes benchmarks/results/*.json.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/torch_overhead.py
+	$(BIN)/python benchmarks/checkmate_chains.py
 
 # Regenerate ir/remat_ir_pb2.py(.pyi) after editing schemas/remat_ir.proto.
 proto: $(STAMP)

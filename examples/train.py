@@ -28,7 +28,7 @@ def train_step(module, inputs) -> float:
 
 def main(steps: int = 3) -> None:
     model, inputs = gpt2()
-    for solver in ("store_all", "recompute_all"):
+    for solver in ("autograd", "recompute-all"):
         eager, mine = copy.deepcopy(model), copy.deepcopy(model)
         print(f"[{solver}] lowering and planning...", flush=True)
         scheduled = remat_ir.remat(mine, (), example_kwargs=inputs, solver=solver)

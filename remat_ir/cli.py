@@ -3,6 +3,8 @@
     remat-ir convert --torch MODULE:FACTORY -o FILE   lower a PyTorch model
     remat-ir inspect FILE    what is in an IR file: nodes, ops, tensors, schedules
     remat-ir validate FILE   structure, then every schedule through the simulator
+    remat-ir solve FILE --budget 50% --solver rotor -o OUT   plan within a budget
+    remat-ir solvers         every solver that can be named, and where it comes from
 
 User mistakes (a bad file, an invalid graph or schedule) print one clear
 message and exit with status 2; there is no traceback for them.
@@ -181,9 +183,9 @@ def _load_factory(spec: str):
 def cmd_convert(args) -> int:
     import torch
 
-    from .api import BUILTIN_SCHEDULES
     from .frontends.torch import lower
     from .ir import save
+    from .solvers import solve
 
     made = _load_factory(args.torch)()
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
@@ -198,11 +200,111 @@ def cmd_convert(args) -> int:
     print(f"lowering {type(model).__name__} (torch.export, joint graph, {args.cost_model} costs)...",
           file=sys.stderr)
     graph = lower(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model)
-    for build in BUILTIN_SCHEDULES.values():
-        graph.add_schedule(build(graph))
+    for reference in REFERENCE_SOLVERS:
+        solve(graph, None, reference)
     path = save(graph, args.output)
     print(f"wrote {path}: {len(graph.nodes)} nodes, {len(graph.values)} values, schedules "
           + ", ".join(f"{s.name} (peak {human_bytes(s.predicted_peak_bytes)})" for s in graph.schedules))
+    return 0
+
+
+#: Schedules `convert` stores with every graph: the two ends solvers are measured against.
+REFERENCE_SOLVERS = ("autograd", "recompute-all")
+
+
+class StatusLine:
+    """Progress on stderr: one line rewritten in place on a terminal, lines otherwise."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.width = 0
+
+    def __call__(self, message: str) -> None:
+        if self.tty:
+            self.stream.write("\r" + message.ljust(self.width))
+            self.width = len(message)
+        else:
+            self.stream.write(message + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+
+
+def solve_summary(graph: Graph, schedule: pb.Schedule, reference: pb.Schedule) -> list[str]:
+    """Peak, time and overhead of a schedule against store-everything."""
+    result = simulate(graph, schedule)
+    status = pb.SolveStatus.Name(schedule.status).lower()
+    peak_share = result.peak_bytes / reference.predicted_peak_bytes if reference.predicted_peak_bytes else 1
+    overhead = (result.total_time_s / reference.predicted_time_s - 1) if reference.predicted_time_s else 0
+    budget = human_bytes(schedule.budget_bytes) if schedule.HasField("budget_bytes") else "none"
+    return [
+        f"{schedule.solver}: {status} in {schedule.solve_time_s:.2f} s (budget {budget})",
+        f"  peak  {human_bytes(result.peak_bytes)} = {peak_share:.1%} of store-everything "
+        f"({human_bytes(reference.predicted_peak_bytes)})",
+        f"  time  {human_time(result.total_time_s)} = {overhead:+.1%} versus store-everything "
+        f"({human_time(reference.predicted_time_s)}), {result.recomputations} recomputations",
+        f"  saved for backward {human_bytes(result.saved_bytes)}",
+    ]
+
+
+def cmd_solve(args) -> int:
+    from .ir import save, store_all
+    from .solvers import InfeasibleBudget, parse_budget, solve
+
+    graph = load(args.file)
+    options = dict(_option(text) for text in args.option)
+    status = StatusLine()
+    try:
+        schedule = solve(graph, parse_budget_arg(args.budget), args.solver,
+                         time_limit_s=args.time_limit, progress=status, **options)
+    except InfeasibleBudget as exc:
+        status.done()
+        raise RematIRError(f"budget {args.budget} is infeasible for {args.solver}: the smallest "
+                           f"feasible budget it knows is "
+                           + (f"{exc.smallest_feasible} bytes ({human_bytes(exc.smallest_feasible)})"
+                              if exc.smallest_feasible is not None else "unknown")) from None
+    status.done()
+    print("\n".join(solve_summary(graph, schedule, store_all(graph))))
+    path = save(graph, args.output)
+    print(f"wrote {path} (schedule {schedule.name!r} added, {len(graph.schedules)} in the file)")
+    if args.plot:
+        from .plots import plot_memory
+        print(f"wrote {plot_memory(graph, [store_all(graph), schedule], args.plot)}")
+    return 0
+
+
+def parse_budget_arg(text: str):
+    """--budget as the library takes it: a size, a percentage, or 'none'."""
+    return None if text.lower() == "none" else text
+
+
+def _option(text: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE as int, float or string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise RematIRError(f"--option {text!r}: expected KEY=VALUE, e.g. mode=lp")
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def cmd_solvers(args) -> int:
+    from .solvers import available
+
+    rows = [("solver", "origin", "description")]
+    rows += [(info.name, info.origin, info.description) for info in available()]
+    rows.append(("exec:COMMAND", "exec", "an external program reading the IR on stdin "
+                                         "and writing a schedule (see solvers/README.md)"))
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    for r in rows:
+        print(f"  {r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}".rstrip())
     return 0
 
 
@@ -226,6 +328,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile",
                    help="measure each op on the inputs' device, or estimate from FLOPs")
     p.set_defaults(run=cmd_convert)
+    p = sub.add_parser("solve", help="plan a graph within a memory budget and store the schedule")
+    p.add_argument("file", help="IR file (.rir binary or .json)")
+    p.add_argument("--budget", default="none",
+                   help="activation-memory budget: bytes, a size like 2GiB, a share of the "
+                        "store-everything peak like 50%%, or none (default)")
+    p.add_argument("--solver", default="rotor", help="solver name (see `remat-ir solvers`), "
+                                                      "or exec:COMMAND (default: rotor)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="planning time limit in seconds (the solver's own default otherwise)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a solver option, e.g. --option mode=lp for checkmate (repeatable)")
+    p.add_argument("-o", "--output", required=True, help="IR file to write, with the schedule added")
+    p.add_argument("--plot", metavar="PNG", help="also plot memory over the steps, against "
+                                                 "store-everything (needs matplotlib)")
+    p.set_defaults(run=cmd_solve)
+    p = sub.add_parser("solvers", help="list the solvers: built-in, plugins, external programs")
+    p.set_defaults(run=cmd_solvers)
     return parser
 
 

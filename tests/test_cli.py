@@ -123,7 +123,7 @@ def test_convert_a_torch_model(tmp_path):
     assert "lowering MLPWithLoss" in result.stderr
     g = ir.load(out)
     assert g.proto.provenance.frontend == "torch"
-    assert [s.name for s in g.schedules] == ["store_all", "recompute_all"]
+    assert [s.name for s in g.schedules] == ["autograd", "recompute-all"]
     for s in g.schedules:
         assert ir.simulate(g, s).valid
     assert remat_ir("validate", out).returncode == 0

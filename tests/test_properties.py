@@ -17,8 +17,11 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 
 @st.composite
-def training_graphs(draw) -> ir.Graph:
-    """A random joint graph: resident inputs, forward nodes, an output gradient, backward nodes."""
+def training_graphs(draw, single_outputs: bool = False) -> ir.Graph:
+    """A random joint graph: resident inputs, forward nodes, an output gradient, backward nodes.
+
+    `single_outputs`: every node returns one new tensor (no views, no second
+    output), the setting in which Checkmate's node-level model is exact."""
     g = ir.Graph(name="random")
     forward_pool = []
     for i in range(draw(st.integers(1, 3))):
@@ -35,8 +38,9 @@ def training_graphs(draw) -> ir.Graph:
             if first_reads is not None and i == 0 and first_reads not in inputs:
                 inputs.append(first_reads)
             outputs = []
-            for j in range(draw(st.integers(1, 2))):
-                base = draw(st.sampled_from(inputs)) if draw(st.integers(0, 4)) == 0 else None
+            for j in range(1 if single_outputs else draw(st.integers(1, 2))):
+                base = (draw(st.sampled_from(inputs))
+                        if not single_outputs and draw(st.integers(0, 4)) == 0 else None)
                 if base is not None:  # a view of one of its inputs
                     v = g.add_value(f"{phase[0]}{len(computed)}_{j}", "float32", g.value(base).shape,
                                     alias_of=base)

@@ -64,7 +64,7 @@ def train_side_by_side(name: str, solver: str) -> dict:
     return errors
 
 
-@pytest.mark.parametrize("solver", ["store_all", "recompute_all"])
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_matches_eager(name, solver):
     errors = train_side_by_side(name, solver)

@@ -1,0 +1,100 @@
+"""The solver protocol: what every solver receives, returns and raises.
+
+A solver is a callable
+
+    solver(graph, budget_bytes, *, time_limit_s, progress, **options) -> pb.Schedule
+
+that plans one training step of `graph` (with costs) so that the simulated
+activation peak stays within `budget_bytes` (None: no limit), within about
+`time_limit_s` seconds of planning (None: its own default), reporting what it
+is doing through `progress(message)`. It returns a schedule or raises
+`InfeasibleBudget` with the smallest budget it knows to be feasible.
+
+Solvers may be approximate in how they model memory: `remat_ir.solvers.solve`
+replays every schedule in the simulator and refuses one that breaks a rule
+or the budget, so no solver has to be trusted.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+from remat_ir.ir import RematIRError
+
+#: Receives one-line status messages while a solver works ("rotor: 40/120 stages").
+Progress = Callable[[str], None]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+class InfeasibleBudget(RematIRError):
+    """No schedule fits the budget; `smallest_feasible` is the lowest peak known to work
+    (None when the solver found no schedule at all)."""
+
+    def __init__(self, budget: int, smallest_feasible: int | None, detail: str = ""):
+        self.budget, self.smallest_feasible = budget, smallest_feasible
+        known = ("no schedule at all was found" if smallest_feasible is None else
+                 f"the smallest feasible budget found is {smallest_feasible} bytes")
+        super().__init__(f"no schedule fits a budget of {budget} bytes; {known}{detail}")
+
+
+class SolverError(RematIRError):
+    """A solver failed for a reason other than the budget (crash, bad output, no time)."""
+
+
+def parse_budget(budget, store_all_peak: int) -> int | None:
+    """Bytes from `budget`: None, a number of bytes, "2GiB"/"500 MB", or "50%" of the
+    store-everything peak. ValueError with the accepted forms otherwise."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise ValueError(f"budget must be bytes, a size like '2GiB', or a percentage like '50%'; "
+                         f"got {budget!r}")
+    if isinstance(budget, (int, float)):
+        if budget <= 0:
+            raise ValueError(f"budget must be positive, got {budget}")
+        return int(budget)
+    text = budget.strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"budget {budget!r} is not a percentage like '50%'") from None
+        if percent <= 0:
+            raise ValueError(f"budget must be positive, got {budget!r}")
+        return int(store_all_peak * percent / 100)
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?", text, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"budget {budget!r} is not a size; use bytes (1000000), a size "
+                         "('500MB', '2GiB') or a percentage of the store-everything peak ('50%')")
+    number, unit = float(match.group(1)), (match.group(2) or "").upper()
+    if number <= 0:
+        raise ValueError(f"budget must be positive, got {budget!r}")
+    return int(number * _UNITS[unit])
+
+
+def quiet(message: str) -> None:
+    """The default progress sink: says nothing."""
+
+
+class Deadline:
+    """A planning time limit shared by the phases of one solve."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def remaining(self, default: float = float("inf")) -> float:
+        """Seconds left (`default` when there is no limit), never below zero."""
+        if self.seconds is None:
+            return default
+        return max(0.0, self.seconds - self.elapsed())
+
+    def expired(self) -> bool:
+        return self.seconds is not None and self.elapsed() >= self.seconds

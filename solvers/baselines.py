@@ -1,0 +1,64 @@
+"""Schedules that need no optimisation: the references every solver is compared to.
+
+- `autograd`: store every result backward reads (what PyTorch does).
+- `recompute-all`: keep nothing but inputs; before each backward node,
+  recompute the forward results it reads and drop them right after (the
+  least memory without checkpoints, quadratic recomputation).
+- `sqrt`: Chen et al. (2016): keep only the outputs of about sqrt(k) of the k
+  forward segments (cut at articulation points); backward recomputes one
+  segment at a time from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+from remat_ir.ir import Graph, pb, store_all
+
+from .base import InfeasibleBudget, quiet
+from .sequences import keep_set_schedule
+from .structure import TrainingGraph
+
+
+def within(schedule: pb.Schedule, budget: int | None, solver: str) -> pb.Schedule:
+    """`schedule` if it fits `budget`, else InfeasibleBudget naming its peak."""
+    if budget is not None and schedule.predicted_peak_bytes > budget:
+        raise InfeasibleBudget(budget, schedule.predicted_peak_bytes,
+                               f" ({solver} has a single schedule; try another solver)")
+    return schedule
+
+
+def recompute_everything(tg: TrainingGraph) -> pb.Schedule:
+    return keep_set_schedule(tg, (), name="recompute-all", forget_each_step=True)
+
+
+def sqrt_checkpoints(tg: TrainingGraph) -> list[int]:
+    """Last nodes of about sqrt(k) evenly spaced segments out of k: the kept checkpoints."""
+    segments = tg.segments
+    count = max(1, round(math.sqrt(len(segments))))
+    stride = len(segments) / count
+    chosen = {min(len(segments) - 1, round((j + 1) * stride) - 1) for j in range(count)}
+    return [segments[k].forward[-1] for k in sorted(chosen)]
+
+
+def sqrt_schedule(tg: TrainingGraph) -> pb.Schedule:
+    kept = set(sqrt_checkpoints(tg))
+    kept.update(tg.view_root[n] for n in list(kept) if n in tg.view_root)
+    return keep_set_schedule(tg, kept, name="sqrt")
+
+
+def autograd(graph: Graph, budget: int | None, *, time_limit_s=None, progress=quiet) -> pb.Schedule:
+    """Store every result backward reads; no recomputation (PyTorch's default)."""
+    schedule = store_all(graph)
+    schedule.name = "autograd"
+    return within(schedule, budget, "autograd")
+
+
+def recompute_all(graph: Graph, budget: int | None, *, time_limit_s=None, progress=quiet) -> pb.Schedule:
+    """Keep only inputs; each backward node recomputes what it reads, dropped right after."""
+    return within(recompute_everything(TrainingGraph(graph)), budget, "recompute-all")
+
+
+def sqrt(graph: Graph, budget: int | None, *, time_limit_s=None, progress=quiet) -> pb.Schedule:
+    """Chen et al.'s sqrt(n) checkpointing over the forward graph's articulation points."""
+    return within(sqrt_schedule(TrainingGraph(graph)), budget, "sqrt")

@@ -1,0 +1,355 @@
+"""`checkmate`: the exact MILP of Jain et al. (MLSys 2020), in python-mip.
+
+Stage t computes node t of the fixed order (forward then backward) for the
+first time, after recomputing whatever it chooses. Variables: R[t,i] (node i
+computed in stage t), S[t,i] (node i's results kept entering stage t),
+FREE[t,i,k] (i's results released right after computing k in stage t) and
+U (memory after each computation). ALGORITHMS.md has the formulation; what
+this version adds, to stay small and to match the simulator:
+
+- Only forward nodes that may be recomputed get R variables; backward nodes,
+  graph outputs and non-recomputable nodes have constant R and S (a node's
+  results are kept exactly while something may still need them), and no
+  variable exists for a stage after a node's last possible use.
+- Views allocate nothing: keeping a view keeps the node that allocated its
+  storage (S[t,view] <= S[t,root]), and the root is not freed while a user
+  of the view may still run. Workspace counts while its node runs.
+- FREE is continuous: it is bounded above by the conditions for freeing, and
+  the memory constraints make the solver raise it wherever allowed.
+- The search starts from the fastest heuristic schedule that fits (autograd,
+  sqrt, recompute-all, rotor: a warm start), so a time limit always returns
+  the best schedule found so far.
+- Memory is modelled per node: a node's results are kept or freed together
+  (exact when each node returns one tensor, as in Checkmate; cautious for
+  nodes whose outputs die at different times, where the simulator may find
+  less memory than the model assumed).
+
+`mode="lp"` solves the LP relaxation instead and rounds which forward results
+are kept at thresholds 0.1 to 0.9, recomputing the rest on demand
+(Checkmate's approximation, for graphs too large for the exact search).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import mip
+
+from remat_ir.ir import Graph, pb, simulate
+
+from . import milp
+from .base import Deadline, InfeasibleBudget, SolverError, quiet
+from .baselines import recompute_everything, sqrt_schedule
+from .sequences import keep_set_schedule, to_schedule
+from .structure import TrainingGraph
+
+DEFAULT_TIME_LIMIT_S = 60.0
+ROUNDING_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+class CheckmateModel:
+    """The MILP for one graph and budget (budget None: minimise the peak instead)."""
+
+    def __init__(self, tg: TrainingGraph, budget: int | None):
+        self.tg = tg
+        self.T = len(tg.order)
+        self.model = milp.new_model("checkmate")
+        self._ranges()
+        self._variables()
+        self._constraints(budget)
+
+    # ----------------------------------------------------------- structure
+
+    def _ranges(self) -> None:
+        tg, pos = self.tg, self.tg.position
+        users: dict[int, set[int]] = {n: set(tg.node_users[n]) for n in tg.order}
+        for view, root in tg.view_root.items():
+            users[root] |= users[view] | {view}
+        self.users = {pos[n]: sorted(pos[u] for u in us) for n, us in users.items()}
+        self.recomputable = {pos[n] for n in tg.recomputable}
+        # need[i]: the last stage that may read i's results (directly, through a view,
+        # or to recompute a user).
+        need: dict[int, int] = {}
+        for i in reversed(range(self.T)):
+            need[i] = max([i] + [max(u, need[u]) if u in self.recomputable else u
+                                 for u in self.users[i]])
+        # An allocation a graph-output view holds is kept from that view's stage to the end.
+        self.kept_from = {pos[r]: pos[v] for r, v in tg.kept_by_output_view.items()}
+        for r in self.kept_from:
+            need[r] = self.T - 1
+        self.need = need
+        # Graph outputs stay live to the end: their bytes are a constant from their stage
+        # on; the rest of a node's memory follows its uses.
+        self.output_bytes = [tg.output_bytes[n] for n in tg.order]
+        self.memory = [tg.memory[n] - tg.output_bytes[n] for n in tg.order]
+        self.cost = [tg.time[n] for n in tg.order]
+        self.workspace = [tg.workspace[n] for n in tg.order]
+        self.deps = [[pos[p] for p in tg.node_inputs(n)] for n in tg.order]
+        self.root = {pos[v]: pos[r] for v, r in tg.view_root.items()}
+
+    def _variables(self) -> None:
+        add = self.model.add_var
+        self.R: dict[tuple[int, int], mip.Var] = {}
+        self.S: dict[tuple[int, int], mip.Var] = {}
+        first_backward = len(self.tg.forward)
+        for i in range(self.T):
+            for t in range(i + 1, min(self.need[i], self.T - 1) + 1):
+                if i in self.recomputable:
+                    if t >= first_backward:
+                        self.R[t, i] = add(var_type=mip.BINARY, name=f"R_{t}_{i}")
+                    self.S[t, i] = add(var_type=mip.BINARY, name=f"S_{t}_{i}")
+        self.points: dict[int, list[int]] = defaultdict(list)  # stage -> nodes it may compute
+        for t, i in self.R:
+            self.points[t].append(i)
+        for t in range(self.T):
+            self.points[t] = sorted(self.points[t]) + [t]
+
+    def r(self, t: int, i: int):
+        """R[t,i]: a variable, or the constant it is."""
+        return 1 if i == t else self.R.get((t, i), 0)
+
+    def s(self, t: int, i: int):
+        """S[t,i]: a variable, or the constant it is (kept while needed when not recomputable)."""
+        if (t, i) in self.S:
+            return self.S[t, i]
+        if t >= self.T:
+            return 1 if i in self.kept_from else 0
+        return 1 if i < t <= self.need[i] and i not in self.recomputable else 0
+
+    def _constraints(self, budget: int | None) -> None:
+        m, T, add = self.model, self.T, self.model.add_constr
+        xsum = mip.xsum
+        for (t, i), s_var in self.S.items():
+            add(s_var <= self.s(t - 1, i) + self.r(t - 1, i), name=f"keep_{t}_{i}")
+            if i in self.kept_from and t > self.kept_from[i]:
+                add(s_var >= 1, name=f"output_view_{t}_{i}")
+            if i in self.root:
+                root = self.s(t, self.root[i])
+                if not isinstance(root, int) or root == 0:
+                    add(s_var <= root, name=f"view_{t}_{i}")
+        for t in range(T):
+            for k in self.points[t]:
+                for i in self.deps[k]:
+                    have = self.r(t, i), self.s(t, i)
+                    if all(isinstance(x, int) for x in have) and sum(have) >= 1:
+                        continue
+                    add(self.r(t, k) <= have[0] + have[1], name=f"dep_{t}_{k}_{i}")
+        self.peak = m.add_var(name="peak", lb=0.0) if budget is None else None
+        limit = self.peak if budget is None else budget
+        self.free: dict[tuple[int, int, int], mip.Var] = {}
+        for t in range(T):
+            points = self.points[t]
+            kept = xsum(self.memory[i] * self.s(t, i) for i in range(t) if self.memory[i]
+                        and not (isinstance(self.s(t, i), int) and self.s(t, i) == 0))
+            kept = kept + sum(self.output_bytes[i] for i in range(t))
+            previous = None
+            for k in points:
+                u = m.add_var(name=f"U_{t}_{k}", lb=0.0)
+                allocated = (self.memory[k] + self.output_bytes[k]) * self.r(t, k)
+                if previous is None:
+                    add(u == kept + allocated, name=f"mem_{t}_{k}")
+                else:
+                    prev_u, freed = previous
+                    add(u == prev_u - freed + allocated, name=f"mem_{t}_{k}")
+                add(u + self.workspace[k] * self.r(t, k) <= limit, name=f"budget_{t}_{k}")
+                previous = (u, self._freed(t, k))
+
+        objective = xsum(self.cost[i] * var for (t, i), var in self.R.items())
+        m.objective = mip.minimize(self.peak if budget is None else objective)
+
+    def _freed(self, t: int, k: int):
+        """Bytes released right after computing k in stage t (an expression)."""
+        terms = []
+        for i in [k] + self.deps[k] + [d for d in self._roots_read_through_views(k)]:
+            if not self.memory[i] or (t, i, k) in self.free or (
+                    i in self.kept_from and t >= self.kept_from[i]):
+                continue
+            after = self.s(t + 1, i)
+            if isinstance(after, int) and after == 1:
+                continue
+            later = [j for j in self.users[i] if k < j <= t]
+            if t in later or i > k:
+                continue
+            later = [j for j in later if not isinstance(self.r(t, j), int)]
+            var = self.model.add_var(name=f"FREE_{t}_{i}_{k}", lb=0.0, ub=1.0)
+            self.free[t, i, k] = var
+            if not isinstance(self.r(t, k), int):
+                self.model.add_constr(var <= self.r(t, k))
+            if not isinstance(after, int):
+                self.model.add_constr(var <= 1 - after)
+            for j in later:
+                self.model.add_constr(var <= 1 - self.r(t, j))
+            terms.append(self.memory[i] * var)
+        return mip.xsum(terms)
+
+    def _roots_read_through_views(self, k: int) -> list[int]:
+        """Allocating nodes whose storage k reads through a view (k may be their last user)."""
+        return [self.root[i] for i in self.deps[k] if i in self.root]
+
+    # ------------------------------------------------------- to and from sequences
+
+    def start_from(self, sequence: list[int]) -> bool:
+        """Warm start from a compute sequence whose first computations follow the stage order."""
+        pos, order = self.tg.position, self.tg.order
+        stage_of_first: list[int] = []
+        R_on: set[tuple[int, int]] = set()
+        block: list[int] = []
+        seen: set[int] = set()
+        for n in sequence:
+            i = pos[n]
+            if i in seen:
+                block.append(i)
+                continue
+            t = len(stage_of_first)
+            if i != t or len(set(block)) != len(block) or any((t, j) not in self.R for j in block):
+                return False
+            R_on.update((t, j) for j in block)
+            stage_of_first.append(i)
+            seen.add(i)
+            block = []
+        if len(stage_of_first) != self.T or block:
+            return False
+        # S: a result is kept entering stage t if it was computed before and is read in
+        # stage t or later before being computed again.
+        S_on: set[tuple[int, int]] = set()
+        events: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        for t in range(self.T):
+            for k in sorted(j for (s, j) in R_on if s == t) + [t]:
+                for d in self.deps[k]:
+                    events[d].append((t, "use"))
+                events[k].append((t, "compute"))
+        for (t, i) in self.S:
+            computed_before = [s for s, e in events[i] if e == "compute" and s < t]
+            if not computed_before:
+                continue
+            nxt = [(s, e) for s, e in events[i] if s >= t]
+            for s, e in nxt:
+                if e == "compute":
+                    break
+                if e == "use":
+                    S_on.add((t, i))
+                    break
+        for (t, i) in list(S_on):
+            if i in self.root and (t, self.root[i]) in self.S:
+                S_on.add((t, self.root[i]))
+        self.model.start = ([(v, 1.0 if key in R_on else 0.0) for key, v in self.R.items()]
+                            + [(v, 1.0 if key in S_on else 0.0) for key, v in self.S.items()])
+        return True
+
+    def sequence(self) -> tuple[list[int], int]:
+        """The compute sequence of the solution and how many of its steps are forward."""
+        order, F = self.tg.order, len(self.tg.forward)
+        sequence, forward_length = [], 0
+        for t in range(self.T):
+            for k in self.points[t]:
+                if k == t or self.R[t, k].x >= 0.5:
+                    sequence.append(order[k])
+            if t == F - 1:
+                forward_length = len(sequence)
+        return sequence, forward_length
+
+    def kept_scores(self) -> dict[int, float]:
+        """How strongly the (relaxed) solution keeps each forward result into backward."""
+        F, scores = len(self.tg.forward), {}
+        for (t, i), var in self.S.items():
+            if t >= F:
+                scores[self.tg.order[i]] = max(scores.get(self.tg.order[i], 0.0), var.x or 0.0)
+        return scores
+
+
+def _baselines(tg: TrainingGraph, budget: int | None) -> list[pb.Schedule]:
+    """Heuristic schedules: warm starts for the search, and fallbacks when it finds nothing."""
+    from remat_ir.ir import store_all
+
+    from .rotor import rotor
+    found = [store_all(tg.graph), sqrt_schedule(tg), recompute_everything(tg)]
+    if budget is not None:
+        try:
+            found.append(rotor(tg.graph, budget))
+        except InfeasibleBudget:
+            pass
+    return found
+
+
+def _sequence_of(schedule: pb.Schedule) -> list[int]:
+    return [s.compute for s in schedule.steps if s.WhichOneof("action") == "compute"]
+
+
+def checkmate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
+              progress=quiet, mode: str = "exact") -> pb.Schedule:
+    """Exact MILP (Checkmate) in python-mip; mode='lp' rounds the LP relaxation."""
+    if mode not in ("exact", "lp"):
+        raise ValueError(f"checkmate mode must be 'exact' or 'lp', got {mode!r}")
+    deadline = Deadline(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
+    tg = TrainingGraph(graph)
+    baselines = _baselines(tg, budget)
+    fitting = [s for s in baselines if budget is None or s.predicted_peak_bytes <= budget]
+    if budget is None:  # nothing to trade: storing everything is fastest
+        return baselines[0]
+    progress(f"checkmate: building the {mode} model for {len(tg.order)} nodes")
+    model = CheckmateModel(tg, budget)
+    progress(f"checkmate: {model.model.num_cols} variables, {model.model.num_rows} constraints")
+    if mode == "lp":
+        return _rounded(tg, model, budget, baselines, deadline, progress)
+    best_start = min(fitting, key=lambda s: s.predicted_time_s, default=None)
+    if best_start is not None:
+        model.start_from(_sequence_of(best_start))
+    outcome = milp.optimize(model.model, deadline.remaining(), progress, "checkmate")
+    if outcome.status in ("optimal", "feasible"):
+        sequence, forward_length = model.sequence()
+        status = pb.OPTIMAL if outcome.status == "optimal" else pb.FEASIBLE
+        schedule = to_schedule(tg, sequence, forward_length, name="checkmate", status=status)
+        if schedule.predicted_peak_bytes <= budget and (
+                best_start is None or schedule.predicted_time_s <= best_start.predicted_time_s):
+            return schedule
+    if best_start is not None:  # the MILP did not improve on the warm start in time
+        best_start.status = pb.FEASIBLE
+        best_start.name = "checkmate"
+        return best_start
+    if outcome.status == "none" and deadline.expired():
+        raise SolverError(f"checkmate found no schedule within {budget} bytes in "
+                          f"{outcome.seconds:.0f} s; give it more time (time_limit_s) or use "
+                          f"mode='lp' on graphs of this size ({len(tg.order)} nodes)")
+    frugal = _least_memory(tg, baselines, deadline, progress)
+    if frugal.predicted_peak_bytes <= budget:  # the MILP counts some memory cautiously
+        return frugal
+    raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by the checkmate MILP)")
+
+
+def _least_memory(tg: TrainingGraph, baselines, deadline: Deadline, progress) -> pb.Schedule:
+    """The lowest-peak schedule: the min-peak MILP's when it finishes in time, else the
+    best baseline's; the fastest of those that reach that peak."""
+    candidates = list(baselines)
+    if not deadline.expired():
+        model = CheckmateModel(tg, None)
+        outcome = milp.optimize(model.model, deadline.remaining(), progress, "checkmate (min peak)")
+        if outcome.status in ("optimal", "feasible"):
+            sequence, forward_length = model.sequence()
+            candidates.append(to_schedule(tg, sequence, forward_length, name="checkmate",
+                                          status=pb.FEASIBLE))
+    lowest = min(s.predicted_peak_bytes for s in candidates)
+    best = min((s for s in candidates if s.predicted_peak_bytes == lowest),
+               key=lambda s: s.predicted_time_s)
+    best.name = "checkmate"
+    return best
+
+
+def _rounded(tg: TrainingGraph, model: CheckmateModel, budget: int, baselines,
+             deadline: Deadline, progress) -> pb.Schedule:
+    outcome = milp.optimize(model.model, deadline.remaining(), progress, "checkmate LP", relax=True)
+    candidates = list(baselines)
+    if outcome.status in ("optimal", "feasible"):
+        scores = model.kept_scores()
+        seen: set[frozenset] = set()
+        for threshold in ROUNDING_THRESHOLDS:
+            kept = frozenset(n for n, score in scores.items() if score >= threshold)
+            if kept not in seen:
+                seen.add(kept)
+                candidates.append(keep_set_schedule(tg, kept, name="checkmate"))
+    fitting = [s for s in candidates if s.predicted_peak_bytes <= budget]
+    if not fitting:
+        raise InfeasibleBudget(budget, min(s.predicted_peak_bytes for s in candidates),
+                               " (by LP rounding; mode='exact' may find lower)")
+    best = min(fitting, key=lambda s: s.predicted_time_s)
+    best.name, best.status = "checkmate", pb.HEURISTIC
+    return best

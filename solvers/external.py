@@ -1,0 +1,245 @@
+"""External solvers: any program, in any language, as a solver (`exec:COMMAND`).
+
+The IR is a protobuf message precisely so that solvers need not be Python: a
+C++ MILP, a Rust dynamic program or a Julia prototype can be used like a
+built-in one by naming it `exec:COMMAND` (`solve(graph, "50%", "exec:./my_solver
+--fast")`, `remat-ir solve model.rir --solver "exec:./my_solver --fast"`).
+
+The protocol, all of it:
+
+- COMMAND is split like a shell would (`shlex`) and run without a shell.
+- stdin: the graph as a binary IR file (20-byte header + serialized `Graph`,
+  schemas/README.md). Its `metadata` carries the request:
+  `remat_ir.solve.budget_bytes` (decimal bytes; absent: no budget) and
+  `remat_ir.solve.time_limit_s` (decimal seconds; absent: none given). The same
+  two are in the environment as REMAT_IR_BUDGET_BYTES and REMAT_IR_TIME_LIMIT_S
+  (unset when absent).
+- stdout: one serialized `Schedule` message, bare (no header).
+- stderr: free text; every line is forwarded to the caller's `progress` as it
+  arrives, and the first lines are quoted when the program fails.
+- Exit status 0: success. 3: the budget is infeasible; stdout then holds a
+  `Schedule` whose `predicted_peak_bytes` is the smallest budget the program
+  knows to be feasible (the rest of it is ignored), or nothing if it knows
+  none; this becomes `InfeasibleBudget`. Anything else is a failure.
+- Time: the program should finish within the time limit it was given; it is
+  killed (with everything it started) `GRACE_S` seconds after the limit, or
+  after `DEFAULT_TIME_LIMIT_S` when the caller gave none.
+
+As with every solver, `remat_ir.solvers.solve` replays the returned schedule
+in the simulator and refuses it if it breaks a rule or the budget, so the
+program may plan with a simplified memory model.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
+
+from remat_ir.ir import Graph, dumps, pb
+
+from .base import InfeasibleBudget, Progress, SolverError, quiet
+
+#: Metadata keys (and environment variables) that carry the request to the program.
+BUDGET_KEY = "remat_ir.solve.budget_bytes"
+TIME_LIMIT_KEY = "remat_ir.solve.time_limit_s"
+BUDGET_ENV = "REMAT_IR_BUDGET_BYTES"
+TIME_LIMIT_ENV = "REMAT_IR_TIME_LIMIT_S"
+
+#: Exit status by which a program says that no schedule fits the budget.
+EXIT_INFEASIBLE = 3
+#: Seconds a program may run when the caller gives no time limit.
+DEFAULT_TIME_LIMIT_S = 600.0
+#: Seconds a program may run past its time limit before it is killed.
+GRACE_S = 2.0
+#: Lines of stderr quoted in error messages.
+QUOTED_LINES = 5
+
+
+def _request(graph: Graph, budget: int | None, time_limit_s: float | None) -> tuple[bytes, dict]:
+    """The bytes for stdin (a copy of the graph with the request in its metadata) and the env."""
+    proto = pb.Graph()
+    proto.CopyFrom(graph.proto)
+    env = dict(os.environ)
+    for key, env_name, value in ((BUDGET_KEY, BUDGET_ENV, None if budget is None else str(int(budget))),
+                                 (TIME_LIMIT_KEY, TIME_LIMIT_ENV,
+                                  None if time_limit_s is None else repr(float(time_limit_s)))):
+        if value is None:
+            proto.metadata.pop(key, None)
+            env.pop(env_name, None)
+        else:
+            proto.metadata[key] = value
+            env[env_name] = value
+    return dumps(proto), env
+
+
+def _start(argv: list[str], command: str, env: dict) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+    except FileNotFoundError:
+        where = ("there is no such file" if os.sep in argv[0] else
+                 "it is not a file and not found on PATH")
+        raise SolverError(f"external solver {command!r}: cannot run {argv[0]!r}: {where}") from None
+    except PermissionError:
+        raise SolverError(f"external solver {command!r}: cannot run {argv[0]!r}: it is not "
+                          "executable (chmod +x it, or name its interpreter first, "
+                          f"e.g. 'exec:python3 {argv[0]}')") from None
+    except OSError as error:
+        raise SolverError(f"external solver {command!r}: cannot run {argv[0]!r}: "
+                          f"{error.strerror or error}") from None
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Kill the program and whatever it started and left running (it leads a session of its
+    own, so its process group is its own too)."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(process.pid, signal.SIGKILL)
+        elif process.poll() is None:  # pragma: no cover - not POSIX
+            process.kill()
+    except (ProcessLookupError, PermissionError):
+        pass  # the program and everything it started are gone already
+    process.wait()
+
+
+def _feed(stream, data: bytes) -> None:
+    """Write the graph to the program's stdin; a program may stop reading early."""
+    try:
+        stream.write(data)
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        try:
+            stream.close()
+        except (BrokenPipeError, OSError):
+            pass
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    for raw in iter(stream.readline, b""):
+        lines.put(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+    lines.put(None)
+
+
+def _read_all(stream, into: list) -> None:
+    into.append(stream.read())
+
+
+def _quote(stderr: list[str], total: int) -> str:
+    if not stderr:
+        return " It wrote nothing on stderr."
+    more = f"\n  ... ({total - len(stderr)} more lines)" if total > len(stderr) else ""
+    return " Its stderr begins:\n  " + "\n  ".join(stderr) + more
+
+
+def _not_a_schedule(command: str, data: bytes, why: str) -> SolverError:
+    hint = ""
+    if data.startswith(b"RMIR"):
+        hint = " (that is a framed IR graph; print the bare Schedule message)"
+    elif data.lstrip().startswith(b"{"):
+        hint = " (that looks like JSON; print the binary Schedule message)"
+    return SolverError(f"external solver {command!r} printed {len(data)} bytes that are not a "
+                       f"Schedule protobuf ({why}); they begin with {data[:16].hex(' ')}{hint}. "
+                       "It must print one serialized remat_ir.Schedule on stdout, and its "
+                       "messages on stderr.")
+
+
+def _parse(command: str, data: bytes) -> pb.Schedule:
+    schedule = pb.Schedule()
+    try:
+        schedule.ParseFromString(data)
+    except DecodeError as error:
+        raise _not_a_schedule(command, data, str(error).rstrip(".")) from None
+    if not schedule.ListFields():
+        raise _not_a_schedule(command, data, "no Schedule field decodes from them")
+    return schedule
+
+
+def _exit_description(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def external_solver(command: str) -> Callable[..., pb.Schedule]:
+    """A solver (see `remat_ir.solvers.base`) that runs `command` with the module's protocol."""
+    argv = shlex.split(command)
+    if not argv:
+        raise SolverError("an external solver needs a command, e.g. exec:./my_solver")
+
+    def run(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
+            progress: Progress = quiet) -> pb.Schedule:
+        data, env = _request(graph, budget, time_limit_s)
+        limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+        deadline = time.monotonic() + limit + GRACE_S
+        process = _start(argv, command, env)
+        lines: queue.Queue = queue.Queue()
+        stdout: list[bytes] = []
+        threads = [threading.Thread(target=_feed, args=(process.stdin, data), daemon=True),
+                   threading.Thread(target=_read_lines, args=(process.stderr, lines), daemon=True),
+                   threading.Thread(target=_read_all, args=(process.stdout, stdout), daemon=True)]
+        for thread in threads:
+            thread.start()
+        stderr: list[str] = []  # the first lines, for error messages
+        total = 0
+        try:
+            while True:  # forward stderr in the caller's thread until it closes
+                try:
+                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if line is None:
+                    break
+                if line.strip():
+                    total += 1
+                    if len(stderr) < QUOTED_LINES:
+                        stderr.append(line)
+                    progress(line)
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill(process)
+                raise SolverError(f"external solver {command!r} did not finish within its time "
+                                  f"limit of {limit:g} s (plus {GRACE_S:g} s grace) and was "
+                                  f"killed.{_quote(stderr, total)}") from None
+        finally:
+            _kill(process)  # leftovers it started; the program itself when `progress` raised
+            for thread in threads:
+                thread.join(timeout=5)
+        output = stdout[0] if stdout else b""
+        code = process.returncode
+        if code == EXIT_INFEASIBLE:
+            if budget is None:
+                raise SolverError(f"external solver {command!r} exited with status "
+                                  f"{EXIT_INFEASIBLE} (infeasible budget), but no budget was "
+                                  f"given.{_quote(stderr, total)}")
+            smallest = None
+            if output:
+                answer = _parse(command, output)
+                if answer.HasField("predicted_peak_bytes"):
+                    smallest = answer.predicted_peak_bytes
+            raise InfeasibleBudget(budget, smallest, f" (says external solver {command!r})")
+        if code != 0:
+            raise SolverError(f"external solver {command!r} {_exit_description(code)}."
+                              f"{_quote(stderr, total)}")
+        if not output:
+            raise SolverError(f"external solver {command!r} exited with status 0 but printed "
+                              "nothing on stdout; it must print one serialized "
+                              f"remat_ir.Schedule.{_quote(stderr, total)}")
+        return _parse(command, output)
+
+    run.__name__ = "external_solver"
+    run.__doc__ = f"External program: {command}"
+    run.description = f"external program: {command}"
+    return run

@@ -1,0 +1,68 @@
+"""python-mip plumbing shared by the ILP solvers (Checkmate, HiRemate's H-ILP).
+
+HiGHS is used when its Python package is installed, CBC (bundled with mip)
+otherwise. `optimize` runs the search with a time limit, reports progress
+every second from a watcher thread (CBC does not call back while it
+searches), and says whether the answer is proven optimal, merely feasible
+(limit hit) or absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import mip
+
+from .base import Progress
+
+
+def solver_name() -> str:
+    """HiGHS where installed (usually faster), CBC otherwise."""
+    return mip.HIGHS if importlib.util.find_spec("highspy") else mip.CBC
+
+
+def new_model(name: str) -> mip.Model:
+    model = mip.Model(name=name, sense=mip.MINIMIZE, solver_name=solver_name())
+    model.verbose = 0
+    model.threads = max(1, min(4, os.cpu_count() or 1))
+    return model
+
+
+@dataclass
+class Outcome:
+    #: "optimal", "feasible" (time limit hit with a solution), "infeasible" (proven), "none".
+    status: str
+    objective: float | None
+    seconds: float
+
+
+def optimize(model: mip.Model, seconds: float, progress: Progress, label: str,
+             relax: bool = False) -> Outcome:
+    """Solve `model` within `seconds`, telling `progress` how long it has been running."""
+    started = time.monotonic()
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(1.0):
+            progress(f"{label}: {time.monotonic() - started:.0f} s of at most {seconds:.0f} s")
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        status = model.optimize(max_seconds=max(1.0, seconds), relax=relax)
+    finally:
+        done.set()
+        watcher.join()
+    elapsed = time.monotonic() - started
+    S = mip.OptimizationStatus
+    if status == S.OPTIMAL:
+        return Outcome("optimal", model.objective_value, elapsed)
+    if status == S.FEASIBLE:
+        return Outcome("feasible", model.objective_value, elapsed)
+    if status in (S.INFEASIBLE, S.INT_INFEASIBLE):
+        return Outcome("infeasible", None, elapsed)
+    return Outcome("none", None, elapsed)

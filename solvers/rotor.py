@@ -1,0 +1,320 @@
+"""`rotor`: the chain dynamic program (Beaumont, Eyraud-Dubois, Herrmann, Joly,
+Shilova), over the segments between the forward graph's articulation points.
+
+The forward pass is a chain of segments (`TrainingGraph.segments`). Opt(s, t, m)
+is the least time to run the backward of segments s..t given the input of s
+held and m bytes free. Two moves at segment s:
+
+- *store*: run s keeping what its backward needs (one of several options,
+  below), solve s+1..t with that memory taken, then run s's backward;
+- *checkpoint*: run s..s'-1 keeping nothing but the input of s', solve
+  s'..t, then solve s..s'-1 again from the held input of s.
+
+Options per segment (HiRemate's "several options"): keep every result its
+backward reads, or only the results that are most expensive to recompute per
+byte (3/4, 1/2, 1/4 of the bytes, nothing); the rest is recomputed just
+before the segment's backward. Memory is counted in slots of budget/SLOTS
+bytes, rounded up. The graph outputs that backward produces (parameter
+gradients) stay live to the end and are added to every step's need.
+
+The DP's memory model is approximate (side values, views); the simulator is
+the judge: a plan over the budget is re-planned with the budget lowered by
+the excess, and the smallest feasible budget reported is a simulated peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from remat_ir.ir import Graph, pb, store_all
+
+from .base import InfeasibleBudget, quiet
+from .sequences import OnDemand, to_schedule
+from .structure import Segment, TrainingGraph
+
+SLOTS = 400
+KEEP_SHARES = (1.0, 0.75, 0.5, 0.25, 0.0)
+REPLANS = 6
+
+
+@dataclass
+class Option:
+    """One way to run a segment when its results are stored for its backward."""
+    kept: frozenset[int]
+    recompute: list[int]            # forward nodes recomputed just before the backward
+    recompute_time: float
+    hist: int = 0                   # bytes kept from forward to backward
+    forward_peak: int = 0           # bytes during the forward of the segment
+    backward_peak: int = 0          # bytes during its backward beyond `hist`
+
+
+@dataclass
+class Stage:
+    segment: Segment
+    forward_time: float
+    backward_time: float
+    options: list[Option] = field(default_factory=list)
+    nostore_peak: int = 0           # bytes during its forward when keeping only its output
+    boundary: int = 0               # bytes of its output (input of the next stage)
+    gradient: int = 0               # bytes of gradients its backward reads from later ones
+    outputs: int = 0                # bytes of graph outputs its backward produces
+
+
+def _walk(tg: TrainingGraph, live: set[int], sequence: list[int], keep: set[int],
+          counted_apart: frozenset[int]) -> tuple[int, int]:
+    """Peak and final bytes running `sequence` from `live`, freeing results after their
+    last use in the sequence unless in `keep` (a local, approximate simulation).
+    Results in `counted_apart` cost nothing here (they are held all along)."""
+    def size(n: int) -> int:
+        return 0 if n in counted_apart else tg.memory[n]
+
+    last: dict[int, int] = {}
+    for i, n in enumerate(sequence):
+        for p in tg.node_inputs(n):
+            last[p] = i
+    holding = set(live)
+    current = sum(size(n) for n in holding)
+    peak = current
+    for i, n in enumerate(sequence):
+        peak = max(peak, current + size(n) + tg.workspace[n])
+        if n not in holding:
+            holding.add(n)
+            current += size(n)
+        for p in set(tg.node_inputs(n)) | {n}:
+            if p in holding and last.get(p, -1) <= i and p not in keep:
+                holding.discard(p)
+                current -= size(p)
+    return peak, current
+
+
+class Chain:
+    """The segments as rotor's heterogeneous chain, with options per stage."""
+
+    def __init__(self, tg: TrainingGraph):
+        self.tg = tg
+        forward, backward = set(tg.forward), set(tg.backward)
+        self.pinned = self._pinned()
+        #: Bytes held all along, outside the chain model: pinned results and forward outputs.
+        self.pinned_bytes = sum(tg.memory[n] for n in self.pinned)
+        self.stages: list[Stage] = []
+        for seg in tg.segments:
+            nodes = set(seg.forward)
+            escaping = {n for n in seg.forward if any(u in forward and u not in nodes
+                                                      for u in tg.node_users[n])}
+            stage = Stage(seg, sum(tg.time[n] for n in seg.forward),
+                          sum(tg.time[n] for n in seg.backward), boundary=seg.boundary_bytes)
+            stage.nostore_peak = _walk(tg, set(), list(seg.forward), escaping | self.pinned,
+                                       self.pinned)[0]
+            seg_bwd = set(seg.backward)
+            grads_out = {b for b in seg.backward if any(u in backward and u not in seg_bwd
+                                                        for u in tg.node_users[b])}
+            stage.gradient = sum(tg.memory[p] for p in {p for b in seg.backward
+                                                        for p in tg.node_inputs(b)}
+                                 if p in backward and p not in seg_bwd)
+            stage.outputs = sum(tg.memory[b] for b in seg.backward if b in tg.output_nodes)
+            for kept in self._keep_sets(seg):
+                stage.options.append(self._option(seg, kept, escaping, grads_out))
+            self.stages.append(stage)
+
+    def _pinned(self) -> frozenset[int]:
+        """Forward results that break the chain: read by the backward of a later
+        segment (the loss path, attention masks), or graph outputs. They are
+        kept from the forward pass and counted apart from the chain."""
+        tg = self.tg
+        segment_of = {n: seg.index for seg in tg.segments for n in seg.forward}
+        pinned = {n for n in tg.output_nodes if n in segment_of}
+        for seg in tg.segments:
+            for b in seg.backward:
+                pinned.update(p for p in tg.node_inputs(b)
+                              if p in segment_of and segment_of[p] != seg.index)
+        pinned.update(tg.view_root[n] for n in list(pinned) if n in tg.view_root)
+        return frozenset(pinned)
+
+    def _keep_sets(self, seg: Segment) -> list[frozenset[int]]:
+        tg = self.tg
+        needed = [n for n in seg.forward if n in tg.needed_by_backward and n in tg.recomputable]
+        fixed = frozenset(n for n in seg.forward if n not in tg.recomputable or n in self.pinned)
+        by_value = sorted(needed, key=lambda n: -tg.time[n] / max(1, tg.memory[n]))
+        total = sum(tg.memory[n] for n in needed)
+        sets: list[frozenset[int]] = []
+        for share in KEEP_SHARES:
+            chosen, used = set(fixed), 0
+            for n in by_value:
+                if used + tg.memory[n] <= share * total:
+                    chosen.add(n)
+                    used += tg.memory[n]
+            chosen.update(tg.view_root[n] for n in list(chosen) if n in tg.view_root)
+            if frozenset(chosen) not in sets:
+                sets.append(frozenset(chosen))
+        return sets
+
+    def _option(self, seg: Segment, kept: frozenset[int], escaping, grads_out) -> Option:
+        tg = self.tg
+        outside = set(tg.forward) - set(seg.forward)
+        sequence: list[int] = []
+        builder = OnDemand(tg, kept | outside, sequence)
+        for b in seg.backward:
+            builder.run(b)
+        recompute = [n for n in sequence if n not in set(seg.backward)]
+        option = Option(kept, recompute, sum(tg.time[n] for n in recompute))
+        stored = {n for n in kept if n in tg.needed_by_backward} | escaping
+        option.forward_peak, option.hist = _walk(tg, set(), list(seg.forward),
+                                                 stored | self.pinned, self.pinned)
+        peak, _ = _walk(tg, stored, sequence, grads_out | tg.output_nodes, self.pinned)
+        option.backward_peak = max(0, peak - option.hist)
+        return option
+
+
+class _Plan:
+    """The DP tables for one memory scale."""
+
+    def __init__(self, chain: Chain, capacity: int, progress):
+        self.chain = chain
+        capacity = max(0, capacity - chain.pinned_bytes)
+        self.unit = max(1, math.ceil(capacity / SLOTS))
+        self.M = capacity // self.unit
+        stages = chain.stages
+        L = len(stages)
+        u = self.units
+        after = [sum(st.outputs for st in stages[k + 1:]) for k in range(L)]
+        grad = [st.gradient for st in stages]
+        self.opt: dict[tuple[int, int], np.ndarray] = {}
+        self.arg: dict[tuple[int, int], np.ndarray] = {}
+        slots = np.arange(self.M + 1)
+        for length in range(1, L + 1):
+            if L > 20 and length % max(1, L // 4) == 0:
+                progress(f"rotor: dynamic program {length / L:.0%} done")
+            for s in range(L - length + 1):
+                t = s + length - 1
+                st = stages[s]
+                best = np.full(self.M + 1, np.inf)
+                arg = np.full(self.M + 1, -1, dtype=np.int64)
+                for o, opt in enumerate(st.options):
+                    need = max(u(opt.forward_peak + after[t]),
+                               u(opt.hist + opt.backward_peak + grad[s] + after[s]) - u(grad[t]))
+                    cost = st.forward_time + opt.recompute_time + st.backward_time
+                    if s == t:
+                        cand = np.full(self.M + 1, cost)
+                    else:
+                        cand = cost + self.shift(self.opt[s + 1, t], u(opt.hist))
+                    cand[slots < need] = np.inf
+                    better = cand < best
+                    best[better], arg[better] = cand[better], o
+                n_opts = len(st.options)
+                for s2 in range(s + 1, t + 1):
+                    need = max(u(stages[k].nostore_peak + after[t]) for k in range(s, s2))
+                    x = u(stages[s2 - 1].boundary)
+                    cost = sum(stages[k].forward_time for k in range(s, s2))
+                    cand = (cost + self.shift(self.opt[s2, t], x)
+                            + self.shift(self.opt[s, s2 - 1], u(grad[s2 - 1]) - u(grad[t])))
+                    cand[slots < need] = np.inf
+                    better = cand < best
+                    best[better], arg[better] = cand[better], n_opts + s2
+                self.opt[s, t], self.arg[s, t] = best, arg
+
+    def units(self, nbytes: int) -> int:
+        return -(-int(nbytes) // self.unit)
+
+    def shift(self, table: np.ndarray, d: int) -> np.ndarray:
+        """out[m] = table[m - d] (inf below zero; beyond the table, its last entry)."""
+        index = np.arange(self.M + 1) - d
+        out = table[np.clip(index, 0, self.M)]
+        out[index < 0] = np.inf
+        return out
+
+    def feasible(self, m: int) -> bool:
+        return bool(np.isfinite(self.opt[0, len(self.chain.stages) - 1][m]))
+
+    def smallest(self) -> int | None:
+        finite = np.flatnonzero(np.isfinite(self.opt[0, len(self.chain.stages) - 1]))
+        return int(finite[0]) if finite.size else None
+
+    def operations(self, m: int) -> list[tuple]:
+        """The plan as ("forward", stage, option|None) / ("backward", stage, option) steps."""
+        ops: list[tuple] = []
+        todo = [("solve", 0, len(self.chain.stages) - 1, m)]
+        stages, u = self.chain.stages, self.units
+        L = len(stages)
+        while todo:
+            item = todo.pop()
+            if item[0] != "solve":
+                ops.append(item)
+                continue
+            _, s, t, m = item
+            code = int(self.arg[s, t][m])
+            n_opts = len(stages[s].options)
+            if code < n_opts:
+                opt = stages[s].options[code]
+                then = [("forward", s, code)]
+                if s < t:
+                    then.append(("solve", s + 1, t, m - u(opt.hist)))
+                then.append(("backward", s, code))
+            else:
+                s2 = code - n_opts
+                then = [("forward", k, None) for k in range(s, s2)]
+                then.append(("solve", s2, t, m - u(stages[s2 - 1].boundary)))
+                then.append(("solve", s, s2 - 1, min(self.M, m - u(stages[s2 - 1].gradient)
+                                                      + u(stages[t].gradient))))
+            todo.extend(reversed(then))
+        return ops
+
+
+def _sequence(chain: Chain, ops: list[tuple]) -> tuple[list[int], int]:
+    sequence: list[int] = []
+    forward_length = None
+    for kind, s, o in ops:
+        stage = chain.stages[s]
+        if kind == "forward":
+            sequence.extend(stage.segment.forward)
+        else:
+            if forward_length is None:
+                forward_length = len(sequence)
+            sequence.extend(stage.options[o].recompute)
+            sequence.extend(stage.segment.backward)
+    return sequence, len(sequence) if forward_length is None else forward_length
+
+
+def _schedule(chain: Chain, plan: _Plan, m: int) -> pb.Schedule:
+    sequence, forward_length = _sequence(chain, plan.operations(m))
+    return to_schedule(chain.tg, sequence, forward_length, name="rotor")
+
+
+def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
+          progress=quiet) -> pb.Schedule:
+    """Chain dynamic program over the segments between articulation points."""
+    everything = store_all(graph)
+    if budget is None or everything.predicted_peak_bytes <= budget:
+        everything.name = "rotor"
+        return everything
+    tg = TrainingGraph(graph)
+    chain = Chain(tg)
+    progress(f"rotor: {len(chain.stages)} segments, "
+             f"{sum(len(s.options) for s in chain.stages)} options")
+    target, best = budget, None
+    for attempt in range(REPLANS):
+        plan = _Plan(chain, target, progress)
+        if not plan.feasible(plan.M):
+            break
+        schedule = _schedule(chain, plan, plan.M)
+        if schedule.predicted_peak_bytes <= budget:
+            return schedule
+        progress(f"rotor: plan peaks at {schedule.predicted_peak_bytes} bytes, over the budget; "
+                 "re-planning with less")
+        target -= schedule.predicted_peak_bytes - budget + plan.unit
+        if target <= 0:
+            break
+    frugal = _least_memory(chain, everything, progress)
+    if frugal.predicted_peak_bytes <= budget:  # the DP's memory model was too cautious
+        return frugal
+    raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by rotor)")
+
+
+def _least_memory(chain: Chain, everything: pb.Schedule, progress) -> pb.Schedule:
+    """The plan the DP finds for the least memory it allows (store-everything if none)."""
+    plan = _Plan(chain, everything.predicted_peak_bytes, progress)
+    m = plan.smallest()
+    frugal = everything if m is None else _schedule(chain, plan, m)
+    return min(frugal, everything, key=lambda s: s.predicted_peak_bytes)

@@ -1,0 +1,93 @@
+"""From a solver's decisions to a checked schedule.
+
+Most solvers decide *what to keep* or *in which order to compute*; the frees
+then follow (each value is freed after its last use), which is what
+`remat_ir.ir.from_compute_sequence` does. This module adds the two steps
+every solver needs around it: completing a keep decision into a compute
+sequence (recomputing on demand what backward needs and was not kept), and
+marking the schedule for RNG replay when a random node runs twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from remat_ir.ir import from_compute_sequence, pb
+
+from .structure import TrainingGraph
+
+
+def to_schedule(tg: TrainingGraph, sequence: Sequence[int], forward_length: int, *,
+                name: str, status: int = pb.HEURISTIC) -> pb.Schedule:
+    """The checked schedule computing `sequence` (frees after last uses)."""
+    counts = Counter(sequence)
+    replay = any(counts[n] > 1 and tg.graph.node(n).random for n in counts)
+    schedule = from_compute_sequence(tg.graph, sequence, forward_length, name=name, solver=name,
+                                     rng_replay=replay)
+    schedule.status = status
+    return schedule
+
+
+class OnDemand:
+    """Appends nodes to a compute sequence, recomputing first the forward results
+    they read that are not available.
+
+    A forward node's results are available when the node is in `kept` (its
+    results stay live from the forward pass), cannot be recomputed, or was
+    recomputed since the last `forget`.
+    """
+
+    def __init__(self, tg: TrainingGraph, kept: Iterable[int], sequence: list[int]):
+        self.tg = tg
+        self.kept = set(kept) | (set(tg.forward) - tg.recomputable)
+        self.fresh: set[int] = set()
+        self.sequence = sequence
+        self.is_forward = set(tg.forward)
+
+    def available(self, n: int) -> bool:
+        return n in self.kept or n in self.fresh
+
+    def forget(self, nodes: Iterable[int]) -> None:
+        """Treat these recomputed results as gone: the next reader recomputes them."""
+        self.fresh.difference_update(nodes)
+
+    def ensure(self, n: int) -> None:
+        """Recompute forward node `n` (and what it needs) unless its results are available."""
+        if self.available(n):
+            return
+        stack = [(n, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if self.available(node):
+                continue
+            if expanded:
+                self.sequence.append(node)
+                self.fresh.add(node)
+                continue
+            stack.append((node, True))
+            for p in reversed(self.tg.node_inputs(node)):
+                if p in self.is_forward and not self.available(p):
+                    stack.append((p, False))
+
+    def run(self, n: int) -> None:
+        """Append node `n` after recomputing the forward results it reads."""
+        for p in self.tg.node_inputs(n):
+            if p in self.is_forward:
+                self.ensure(p)
+        self.sequence.append(n)
+
+
+def keep_set_schedule(tg: TrainingGraph, kept: Iterable[int], *, name: str,
+                      forget_each_step: bool = False) -> pb.Schedule:
+    """Forward once keeping only `kept` nodes' results for backward; backward recomputes
+    the rest on demand. A recomputed result lives until its last backward use, or,
+    with `forget_each_step`, only until the backward node that needed it has run
+    (the least memory, at the price of recomputing for every backward node)."""
+    sequence = list(tg.forward)
+    builder = OnDemand(tg, kept, sequence)
+    for b in tg.backward:
+        builder.run(b)
+        if forget_each_step:
+            builder.forget(list(builder.fresh))
+    return to_schedule(tg, sequence, len(tg.forward), name=name)

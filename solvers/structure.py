@@ -1,0 +1,216 @@
+"""Facts about a training graph that several solvers share, computed once.
+
+Solvers think in nodes: a node's *memory* is the bytes it allocates (its
+outputs that are not views of its inputs or of resident tensors), and a view
+node keeps alive the allocation of the node it views (its *allocation root*).
+The forward pass is cut into *segments* at its articulation points: positions
+of the forward order where the only activations crossing to later forward
+nodes are the outputs of the node just computed (small side values such as an
+attention mask are tolerated and travel with the boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from remat_ir.ir import Graph, pb
+
+#: A cut tolerates side values crossing it up to this share of its own crossing bytes.
+SIDE_VALUE_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Forward nodes between two cuts, and the backward nodes that undo them."""
+    index: int
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    #: Bytes crossing the cut at the segment's end (what a checkpoint of its output keeps).
+    boundary_bytes: int
+
+
+class TrainingGraph:
+    """A graph seen as a solver sees it: forward and backward orders, node memory,
+    what may be recomputed, and the segment structure of the forward pass."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.forward = graph.phase_order(pb.FORWARD)
+        self.backward = graph.phase_order(pb.BACKWARD)
+        self.order = self.forward + self.backward
+        self.position = {n: i for i, n in enumerate(self.order)}
+        self.time = {n: graph.node(n).cost.time_s for n in self.order}
+
+    # ------------------------------------------------------------------ nodes
+
+    def node_inputs(self, n: int) -> list[int]:
+        """Producer nodes of `n`'s inputs (resident values have none), in order, once each."""
+        seen = []
+        for v in self.graph.node(n).inputs:
+            p = self.graph.producer(v)
+            if p is not None and p not in seen:
+                seen.append(p)
+        return seen
+
+    @cached_property
+    def node_users(self) -> dict[int, list[int]]:
+        users: dict[int, list[int]] = {n: [] for n in self.order}
+        for n in self.order:
+            for p in self.node_inputs(n):
+                users[p].append(n)
+        return users
+
+    @cached_property
+    def _allocations(self) -> tuple[dict[int, int], dict[int, int]]:
+        g = self.graph
+        resident = g.resident_storage_ids
+        allocator: dict[int, int] = {}  # storage -> node that allocates it
+        for n in self.order:
+            read = {g.value(v).storage_id for v in g.node(n).inputs}
+            for v in g.node(n).outputs:
+                s = g.value(v).storage_id
+                if s not in resident and s not in read:
+                    allocator.setdefault(s, n)
+        # A storage nothing reads (through any of its values) and that holds no graph
+        # output is freed as soon as its node has run: it counts as workspace.
+        read = {g.value(v).storage_id for n in self.order for v in g.node(n).inputs}
+        read |= {g.value(v).storage_id for v in g.output_value_ids}
+        memory = {n: 0 for n in self.order}
+        self.transient = {n: 0 for n in self.order}
+        for s, n in allocator.items():
+            (memory if s in read else self.transient)[n] += g.storage_bytes(s)
+        self.allocator = allocator
+        roots: dict[int, int] = {}
+        for n in self.order:
+            read = {g.value(v).storage_id for v in g.node(n).inputs}
+            for v in g.node(n).outputs:
+                s = g.value(v).storage_id
+                if s in read and s in allocator and allocator[s] != n:
+                    roots[n] = allocator[s]
+        return memory, roots
+
+    @property
+    def memory(self) -> dict[int, int]:
+        """Bytes each node allocates that outlive it (some later node reads them)."""
+        return self._allocations[0]
+
+    @cached_property
+    def workspace(self) -> dict[int, int]:
+        """Bytes a node holds only while it runs: its workspace and the outputs nothing reads."""
+        self._allocations  # noqa: B018 - fills self.transient
+        return {n: self.graph.node(n).cost.workspace_bytes + self.transient[n] for n in self.order}
+
+    @property
+    def view_root(self) -> dict[int, int]:
+        """For a node whose output views another node's allocation: that node."""
+        return self._allocations[1]
+
+    @cached_property
+    def _output_storages(self) -> tuple[dict[int, int], dict[int, int]]:
+        self._allocations  # noqa: B018 - fills self.allocator
+        held = {n: 0 for n in self.order}
+        pinned_by: dict[int, int] = {}
+        for v in self.graph.output_value_ids:
+            s, producer = self.graph.value(v).storage_id, self.graph.producer(v)
+            if s not in self.allocator or producer is None:
+                continue
+            root = self.allocator[s]
+            if producer == root:
+                held[root] += self.graph.storage_bytes(s)
+            elif self.position[producer] < self.position.get(pinned_by.get(root), len(self.order)):
+                pinned_by[root] = producer
+        return held, {r: n for r, n in pinned_by.items() if not held[r]}
+
+    @property
+    def output_bytes(self) -> dict[int, int]:
+        """Per node, the bytes it allocates that hold a graph output it returns (live to the end)."""
+        return self._output_storages[0]
+
+    @property
+    def kept_by_output_view(self) -> dict[int, int]:
+        """Allocating node -> the node whose graph-output view keeps that allocation live
+        to the end, from when it runs (e.g. a gradient returned as a view)."""
+        return self._output_storages[1]
+
+    @cached_property
+    def output_nodes(self) -> frozenset[int]:
+        """Nodes producing a graph output: their results stay live to the end."""
+        return frozenset(p for v in self.graph.output_value_ids
+                         if (p := self.graph.producer(v)) is not None)
+
+    @cached_property
+    def recomputable(self) -> frozenset[int]:
+        """Forward nodes that may run again in backward (random ones with RNG replay)."""
+        return frozenset(n for n in self.forward
+                         if not (self.graph.node(n).mutating or self.graph.node(n).non_recomputable)
+                         and n not in self.output_nodes)
+
+    @cached_property
+    def needed_by_backward(self) -> frozenset[int]:
+        """Forward nodes whose outputs some backward node reads."""
+        fwd = set(self.forward)
+        return frozenset(p for b in self.backward for p in self.node_inputs(b) if p in fwd)
+
+    # --------------------------------------------------------------- segments
+
+    @cached_property
+    def cuts(self) -> list[int]:
+        """Positions in the forward order after which the forward graph is (nearly) a chain link."""
+        g, fwd = self.graph, self.forward
+        pos = {n: i for i, n in enumerate(fwd)}
+        last_use: dict[int, int] = {}
+        for i, n in enumerate(fwd):
+            for p in self.node_inputs(n):
+                last_use[p] = i
+        # Sweep: nodes whose outputs are still needed by later forward nodes.
+        open_nodes: set[int] = set()
+        cuts = []
+        for i, n in enumerate(fwd):
+            open_nodes = {p for p in open_nodes if last_use[p] > i}
+            if last_use.get(n, -1) > i:
+                open_nodes.add(n)
+            if i == len(fwd) - 1:
+                cuts.append(i)
+                continue
+            own = self.memory[n] + (self.memory[self.view_root[n]] if n in self.view_root else 0)
+            side = sum(self.memory[p] for p in open_nodes if p != n and p != self.view_root.get(n))
+            if n in open_nodes and side <= SIDE_VALUE_SHARE * own:
+                cuts.append(i)
+        return cuts
+
+    def crossing_bytes(self, i: int) -> int:
+        """Bytes of forward results computed at or before forward position i and read after it."""
+        later = set(self.forward[i + 1:])
+        owners = {self.view_root.get(p, p) for p in self.forward[:i + 1]
+                  if any(u in later for u in self.node_users[p])}
+        return sum(self.memory[p] for p in owners)
+
+    @cached_property
+    def segments(self) -> list[Segment]:
+        """The forward order split at `cuts`, each with the backward nodes that belong to it.
+
+        A backward node belongs to the latest segment whose forward results it
+        reads, but never to a later segment than a backward node it depends on,
+        so that running the segments' backward parts last-to-first respects
+        every dependency. Backward nodes that read no forward result go with
+        their earliest backward dependency (the last segment if none).
+        """
+        bounds = [-1] + self.cuts
+        seg_of: dict[int, int] = {}
+        for k in range(len(bounds) - 1):
+            for n in self.forward[bounds[k] + 1: bounds[k + 1] + 1]:
+                seg_of[n] = k
+        last = len(bounds) - 2
+        bwd_seg: dict[int, int] = {}
+        for b in self.backward:
+            preds = self.node_inputs(b)
+            reads = [seg_of[p] for p in preds if p in seg_of]
+            limit = min((bwd_seg[p] for p in preds if p in bwd_seg), default=last)
+            bwd_seg[b] = min(max(reads, default=limit), limit)
+        segments = []
+        for k in range(len(bounds) - 1):
+            forward = tuple(self.forward[bounds[k] + 1: bounds[k + 1] + 1])
+            backward = tuple(b for b in self.backward if bwd_seg[b] == k)
+            segments.append(Segment(k, forward, backward, self.crossing_bytes(bounds[k + 1])))
+        return segments
