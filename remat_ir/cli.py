@@ -253,7 +253,7 @@ def solve_summary(graph: Graph, schedule: pb.Schedule, reference: pb.Schedule) -
 
 def cmd_solve(args) -> int:
     from .ir import save, store_all
-    from .solvers import InfeasibleBudget, parse_budget, solve
+    from .solvers import InfeasibleBudget, solve
 
     graph = load(args.file)
     options = dict(_option(text) for text in args.option)

@@ -35,7 +35,7 @@ from collections import defaultdict
 
 import mip
 
-from remat_ir.ir import Graph, pb, simulate
+from remat_ir.ir import Graph, pb
 
 from . import milp
 from .base import Deadline, InfeasibleBudget, SolverError, quiet
@@ -190,7 +190,7 @@ class CheckmateModel:
 
     def start_from(self, sequence: list[int]) -> bool:
         """Warm start from a compute sequence whose first computations follow the stage order."""
-        pos, order = self.tg.position, self.tg.order
+        pos = self.tg.position
         stage_of_first: list[int] = []
         R_on: set[tuple[int, int]] = set()
         block: list[int] = []

@@ -237,7 +237,6 @@ class _Plan:
         ops: list[tuple] = []
         todo = [("solve", 0, len(self.chain.stages) - 1, m)]
         stages, u = self.chain.stages, self.units
-        L = len(stages)
         while todo:
             item = todo.pop()
             if item[0] != "solve":
@@ -293,7 +292,7 @@ def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None
     chain = Chain(tg)
     progress(f"rotor: {len(chain.stages)} segments, "
              f"{sum(len(s.options) for s in chain.stages)} options")
-    target, best = budget, None
+    target = budget
     for attempt in range(REPLANS):
         plan = _Plan(chain, target, progress)
         if not plan.feasible(plan.M):

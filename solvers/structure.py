@@ -157,8 +157,7 @@ class TrainingGraph:
     @cached_property
     def cuts(self) -> list[int]:
         """Positions in the forward order after which the forward graph is (nearly) a chain link."""
-        g, fwd = self.graph, self.forward
-        pos = {n: i for i, n in enumerate(fwd)}
+        fwd = self.forward
         last_use: dict[int, int] = {}
         for i, n in enumerate(fwd):
             for p in self.node_inputs(n):
