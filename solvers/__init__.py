@@ -18,10 +18,10 @@ import time
 
 from remat_ir.ir import Graph, pb, simulate, store_all
 
-from .base import Deadline, InfeasibleBudget, Progress, SolverError, parse_budget, quiet
+from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, parse_budget, quiet
 from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver, available, find
 
-__all__ = ["solve", "available", "find", "parse_budget", "InfeasibleBudget", "SolverError",
+__all__ = ["solve", "available", "find", "parse_budget", "InfeasibleBudget", "SolverError", "BadRequest",
            "UnknownSolver", "SolverInfo", "Progress", "Deadline", "ENTRY_POINT_GROUP", "EXEC_PREFIX"]
 
 
@@ -34,7 +34,7 @@ def _check_options(name: str, function, options: dict) -> None:
                 if spec.kind is spec.KEYWORD_ONLY and p not in ("time_limit_s", "progress")]
     for option in options:
         if option not in accepted:
-            raise ValueError(f"solver {name!r} has no option {option!r}; its options: "
+            raise BadRequest(f"solver {name!r} has no option {option!r}; its options: "
                              f"{', '.join(accepted) or 'none'}")
 
 

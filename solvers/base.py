@@ -41,38 +41,42 @@ class InfeasibleBudget(RematIRError):
         super().__init__(f"no schedule fits a budget of {budget} bytes; {known}{detail}")
 
 
+class BadRequest(RematIRError, ValueError):
+    """A malformed budget or solver option: the caller's mistake, named in the message."""
+
+
 class SolverError(RematIRError):
     """A solver failed for a reason other than the budget (crash, bad output, no time)."""
 
 
 def parse_budget(budget, store_all_peak: int) -> int | None:
     """Bytes from `budget`: None, a number of bytes, "2GiB"/"500 MB", or "50%" of the
-    store-everything peak. ValueError with the accepted forms otherwise."""
+    store-everything peak. BadRequest (a ValueError) with the accepted forms otherwise."""
     if budget is None:
         return None
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
-        raise ValueError(f"budget must be bytes, a size like '2GiB', or a percentage like '50%'; "
+        raise BadRequest(f"budget must be bytes, a size like '2GiB', or a percentage like '50%'; "
                          f"got {budget!r}")
     if isinstance(budget, (int, float)):
         if budget <= 0:
-            raise ValueError(f"budget must be positive, got {budget}")
+            raise BadRequest(f"budget must be positive, got {budget}")
         return int(budget)
     text = budget.strip()
     if text.endswith("%"):
         try:
             percent = float(text[:-1])
         except ValueError:
-            raise ValueError(f"budget {budget!r} is not a percentage like '50%'") from None
+            raise BadRequest(f"budget {budget!r} is not a percentage like '50%'") from None
         if percent <= 0:
-            raise ValueError(f"budget must be positive, got {budget!r}")
+            raise BadRequest(f"budget must be positive, got {budget!r}")
         return int(store_all_peak * percent / 100)
     match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?", text, flags=re.IGNORECASE)
     if not match:
-        raise ValueError(f"budget {budget!r} is not a size; use bytes (1000000), a size "
+        raise BadRequest(f"budget {budget!r} is not a size; use bytes (1000000), a size "
                          "('500MB', '2GiB') or a percentage of the store-everything peak ('50%')")
     number, unit = float(match.group(1)), (match.group(2) or "").upper()
     if number <= 0:
-        raise ValueError(f"budget must be positive, got {budget!r}")
+        raise BadRequest(f"budget must be positive, got {budget!r}")
     return int(number * _UNITS[unit])
 
 

@@ -38,7 +38,7 @@ import mip
 from remat_ir.ir import Graph, pb
 
 from . import milp
-from .base import Deadline, InfeasibleBudget, SolverError, quiet
+from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
 from .baselines import recompute_everything, sqrt_schedule
 from .sequences import keep_set_schedule, to_schedule
 from .structure import TrainingGraph
@@ -279,7 +279,7 @@ def checkmate(graph: Graph, budget: int | None, *, time_limit_s: float | None = 
               progress=quiet, mode: str = "exact") -> pb.Schedule:
     """Exact MILP (Checkmate) in python-mip; mode='lp' rounds the LP relaxation."""
     if mode not in ("exact", "lp"):
-        raise ValueError(f"checkmate mode must be 'exact' or 'lp', got {mode!r}")
+        raise BadRequest(f"checkmate mode must be 'exact' or 'lp', got {mode!r}")
     deadline = Deadline(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
     tg = TrainingGraph(graph)
     baselines = _baselines(tg, budget)

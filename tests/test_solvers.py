@@ -124,3 +124,21 @@ def test_unknown_solver_and_option_are_named():
         solvers.solve(graph, "50%", "rotor", mode="lp")
     with pytest.raises(ValueError, match="checkmate mode must be 'exact' or 'lp'"):
         solvers.solve(graph, "50%", "checkmate", mode="fast")
+
+
+def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):
+    import subprocess
+    import sys
+    graph, _ = chain(4)
+    path = ir.save(graph, tmp_path / "chain.rir")
+    for extra, message in ((["--budget", "lots"], "remat-ir: error: budget 'lots' is not a size"),
+                           (["--budget", "50%", "--option", "mode=lp"],
+                            "remat-ir: error: solver 'rotor' has no option 'mode'"),
+                           (["--budget", "10%", "--solver", "checkmate"],
+                            "remat-ir: error: budget 10% is infeasible for checkmate: the smallest "
+                            "feasible budget it knows is 4000 bytes")):
+        done = subprocess.run([sys.executable, "-m", "remat_ir", "solve", str(path), *extra,
+                               "-o", str(tmp_path / "out.rir")], capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith(message), done.stderr
+        assert "Traceback" not in done.stderr
