@@ -1,14 +1,18 @@
 """`rotor`: the chain dynamic program (Beaumont, Eyraud-Dubois, Herrmann, Joly,
 Shilova), over the segments between the forward graph's articulation points.
 
-The forward pass is a chain of segments (`TrainingGraph.segments`). Opt(s, t, m)
-is the least time to run the backward of segments s..t given the input of s
-held and m bytes free. Two moves at segment s:
+The forward pass is a chain of segments (`TrainingGraph.segments`); as in
+rotor's chain, a stage's backward may read the stage's input, which the DP
+holds until that backward has run. Opt(s, t, m) is the least time to run
+the backward of stages s..t given the input of s held and m bytes free.
+Moves at stage s:
 
 - *store*: run s keeping what its backward needs (one of several options,
   below), solve s+1..t with that memory taken, then run s's backward;
 - *checkpoint*: run s..s'-1 keeping nothing but the input of s', solve
-  s'..t, then solve s..s'-1 again from the held input of s.
+  s'..t, then solve s..s'-1 again from the held input of s;
+- *direct* (s = t only): skip s's forward and run its backward from the
+  held input, recomputing what it reads.
 
 Options per segment (HiRemate's "several options"): keep every result its
 backward reads, or only the results that are most expensive to recompute per
@@ -17,9 +21,11 @@ before the segment's backward. Memory is counted in slots of budget/SLOTS
 bytes, rounded up. The graph outputs that backward produces (parameter
 gradients) stay live to the end and are added to every step's need.
 
-The DP's memory model is approximate (side values, views); the simulator is
-the judge: a plan over the budget is re-planned with the budget lowered by
-the excess, and the smallest feasible budget reported is a simulated peak.
+The DP's memory model is approximate (side values, views, gradients shared
+between stages); the simulator is the judge: the DP's memory target is moved
+down by a plan's excess over the budget, up by its slack, then bisected, and
+the fastest plan within the budget wins. The smallest feasible budget
+reported is a simulated peak.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from .structure import Segment, TrainingGraph
 
 SLOTS = 400
 KEEP_SHARES = (1.0, 0.75, 0.5, 0.25, 0.0)
-REPLANS = 6
+REPLANS = 8
 
 
 @dataclass
@@ -46,9 +52,10 @@ class Option:
     kept: frozenset[int]
     recompute: list[int]            # forward nodes recomputed just before the backward
     recompute_time: float
-    hist: int = 0                   # bytes kept from forward to backward
+    hist: int = 0                   # bytes kept after the forward (for this and later stages)
     forward_peak: int = 0           # bytes during the forward of the segment
-    backward_peak: int = 0          # bytes during its backward beyond `hist`
+    backward_hist: int = 0          # of `hist`, the bytes still held when its backward starts
+    backward_peak: int = 0          # bytes during its backward beyond `backward_hist`
 
 
 @dataclass
@@ -57,6 +64,9 @@ class Stage:
     forward_time: float
     backward_time: float
     options: list[Option] = field(default_factory=list)
+    #: The backward run from the stage's input alone, skipping its forward (the last
+    #: stage of a solve needs no forward when its backward recomputes what it reads).
+    direct: Option | None = None
     nostore_peak: int = 0           # bytes during its forward when keeping only its output
     boundary: int = 0               # bytes of its output (input of the next stage)
     gradient: int = 0               # bytes of gradients its backward reads from later ones
@@ -67,23 +77,28 @@ def _walk(tg: TrainingGraph, live: set[int], sequence: list[int], keep: set[int]
           counted_apart: frozenset[int]) -> tuple[int, int]:
     """Peak and final bytes running `sequence` from `live`, freeing results after their
     last use in the sequence unless in `keep` (a local, approximate simulation).
-    Results in `counted_apart` cost nothing here (they are held all along)."""
+    A view keeps its allocation root alive. Results in `counted_apart` cost nothing
+    here (they are held all along)."""
+    def root(n: int) -> int:
+        return tg.view_root.get(n, n)
+
     def size(n: int) -> int:
         return 0 if n in counted_apart else tg.memory[n]
 
+    keep = {root(n) for n in keep}
     last: dict[int, int] = {}
     for i, n in enumerate(sequence):
         for p in tg.node_inputs(n):
-            last[p] = i
-    holding = set(live)
+            last[root(p)] = i
+    holding = {root(n) for n in live}
     current = sum(size(n) for n in holding)
     peak = current
     for i, n in enumerate(sequence):
         peak = max(peak, current + size(n) + tg.workspace[n])
-        if n not in holding:
-            holding.add(n)
-            current += size(n)
-        for p in set(tg.node_inputs(n)) | {n}:
+        if root(n) not in holding:
+            holding.add(root(n))
+            current += size(root(n))
+        for p in {root(p) for p in tg.node_inputs(n)} | {root(n)}:
             if p in holding and last.get(p, -1) <= i and p not in keep:
                 holding.discard(p)
                 current -= size(p)
@@ -109,27 +124,32 @@ class Chain:
             stage.nostore_peak = _walk(tg, set(), list(seg.forward), escaping | self.pinned,
                                        self.pinned)[0]
             seg_bwd = set(seg.backward)
+            grads_in = frozenset(p for b in seg.backward for p in tg.node_inputs(b)
+                                 if p in backward and p not in seg_bwd)
             grads_out = {b for b in seg.backward if any(u in backward and u not in seg_bwd
                                                         for u in tg.node_users[b])}
-            stage.gradient = sum(tg.memory[p] for p in {p for b in seg.backward
-                                                        for p in tg.node_inputs(b)}
-                                 if p in backward and p not in seg_bwd)
+            stage.gradient = sum(tg.memory[p] for p in grads_in)
             stage.outputs = sum(tg.memory[b] for b in seg.backward if b in tg.output_nodes)
             for kept in self._keep_sets(seg):
-                stage.options.append(self._option(seg, kept, escaping, grads_out))
+                stage.options.append(self._option(seg, kept, escaping, grads_in, grads_out))
+            if all(n in tg.recomputable and n not in self.pinned for n in seg.forward):
+                stage.direct = self._option(seg, frozenset(), frozenset(), grads_in, grads_out)
             self.stages.append(stage)
 
     def _pinned(self) -> frozenset[int]:
-        """Forward results that break the chain: read by the backward of a later
+        """Forward results that break the chain: read by the backward of another
         segment (the loss path, attention masks), or graph outputs. They are
-        kept from the forward pass and counted apart from the chain."""
+        kept from the forward pass and counted apart from the chain. A
+        segment's input read by its own backward is not one: the chain holds
+        a stage's input until the stage's backward has run."""
         tg = self.tg
         segment_of = {n: seg.index for seg in tg.segments for n in seg.forward}
         pinned = {n for n in tg.output_nodes if n in segment_of}
         for seg in tg.segments:
             for b in seg.backward:
                 pinned.update(p for p in tg.node_inputs(b)
-                              if p in segment_of and segment_of[p] != seg.index)
+                              if p in segment_of and segment_of[p] != seg.index
+                              and tg.view_root.get(p, p) not in seg.inputs)
         pinned.update(tg.view_root[n] for n in list(pinned) if n in tg.view_root)
         return frozenset(pinned)
 
@@ -151,11 +171,12 @@ class Chain:
                 sets.append(frozenset(chosen))
         return sets
 
-    def _option(self, seg: Segment, kept: frozenset[int], escaping, grads_out) -> Option:
+    def _option(self, seg: Segment, kept: frozenset[int], escaping, grads_in,
+                grads_out) -> Option:
         tg = self.tg
         outside = set(tg.forward) - set(seg.forward)
         sequence: list[int] = []
-        builder = OnDemand(tg, kept | outside, sequence)
+        builder = OnDemand(tg, kept | escaping | outside, sequence)
         for b in seg.backward:
             builder.run(b)
         recompute = [n for n in sequence if n not in set(seg.backward)]
@@ -163,8 +184,16 @@ class Chain:
         stored = {n for n in kept if n in tg.needed_by_backward} | escaping
         option.forward_peak, option.hist = _walk(tg, set(), list(seg.forward),
                                                  stored | self.pinned, self.pinned)
-        peak, _ = _walk(tg, stored, sequence, grads_out | tg.output_nodes, self.pinned)
-        option.backward_peak = max(0, peak - option.hist)
+        # What only later stages read (the next stage's input) is gone by this backward.
+        read = {p for n in sequence for p in tg.node_inputs(n)}
+        held = {n for n in stored if n in read or tg.view_root.get(n) in read}
+        held.update(tg.view_root[n] for n in list(held) if n in tg.view_root)
+        held &= set(seg.forward)  # the stage's input is held by the caller
+        option.backward_hist = sum(tg.memory[n] for n in held - self.pinned)
+        # The gradients it reads are freed after their last use (counted in `gradient`).
+        peak, _ = _walk(tg, held | grads_in, sequence, grads_out | tg.output_nodes, self.pinned)
+        gradient = sum(tg.memory[p] for p in grads_in)
+        option.backward_peak = max(0, peak - option.backward_hist - gradient)
         return option
 
 
@@ -194,18 +223,27 @@ class _Plan:
                 arg = np.full(self.M + 1, -1, dtype=np.int64)
                 for o, opt in enumerate(st.options):
                     need = max(u(opt.forward_peak + after[t]),
-                               u(opt.hist + opt.backward_peak + grad[s] + after[s]) - u(grad[t]))
+                               u(opt.backward_hist + opt.backward_peak + grad[s] + after[s])
+                               - u(grad[t]))
                     cost = st.forward_time + opt.recompute_time + st.backward_time
                     if s == t:
-                        cand = np.full(self.M + 1, cost)
+                        cand = np.full(self.M + 1, float(cost))
                     else:
                         cand = cost + self.shift(self.opt[s + 1, t], u(opt.hist))
                     cand[slots < need] = np.inf
                     better = cand < best
                     best[better], arg[better] = cand[better], o
                 n_opts = len(st.options)
+                if s == t and st.direct is not None:
+                    opt = st.direct
+                    need = u(opt.backward_peak + grad[s] + after[s]) - u(grad[t])
+                    cand = np.full(self.M + 1, float(opt.recompute_time + st.backward_time))
+                    cand[slots < need] = np.inf
+                    better = cand < best
+                    best[better], arg[better] = cand[better], n_opts
                 for s2 in range(s + 1, t + 1):
-                    need = max(u(stages[k].nostore_peak + after[t]) for k in range(s, s2))
+                    need = max(u(stages[k].nostore_peak + after[t]
+                                 + (stages[k - 1].boundary if k > s else 0)) for k in range(s, s2))
                     x = u(stages[s2 - 1].boundary)
                     cost = sum(stages[k].forward_time for k in range(s, s2))
                     cand = (cost + self.shift(self.opt[s2, t], x)
@@ -245,7 +283,9 @@ class _Plan:
             _, s, t, m = item
             code = int(self.arg[s, t][m])
             n_opts = len(stages[s].options)
-            if code < n_opts:
+            if code == n_opts:
+                then = [("backward", s, None)]
+            elif code < n_opts:
                 opt = stages[s].options[code]
                 then = [("forward", s, code)]
                 if s < t:
@@ -271,7 +311,7 @@ def _sequence(chain: Chain, ops: list[tuple]) -> tuple[list[int], int]:
         else:
             if forward_length is None:
                 forward_length = len(sequence)
-            sequence.extend(stage.options[o].recompute)
+            sequence.extend((stage.direct if o is None else stage.options[o]).recompute)
             sequence.extend(stage.segment.backward)
     return sequence, len(sequence) if forward_length is None else forward_length
 
@@ -292,23 +332,49 @@ def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None
     chain = Chain(tg)
     progress(f"rotor: {len(chain.stages)} segments, "
              f"{sum(len(s.options) for s in chain.stages)} options")
-    target = budget
-    for attempt in range(REPLANS):
-        plan = _Plan(chain, target, progress)
-        if not plan.feasible(plan.M):
-            break
-        schedule = _schedule(chain, plan, plan.M)
-        if schedule.predicted_peak_bytes <= budget:
-            return schedule
-        progress(f"rotor: plan peaks at {schedule.predicted_peak_bytes} bytes, over the budget; "
-                 "re-planning with less")
-        target -= schedule.predicted_peak_bytes - budget + plan.unit
-        if target <= 0:
-            break
+    best = _fit_memory_model(chain, budget, progress)
+    if best is not None:
+        return best
     frugal = _least_memory(chain, everything, progress)
     if frugal.predicted_peak_bytes <= budget:  # the DP's memory model was too cautious
         return frugal
     raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by rotor)")
+
+
+def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None:
+    """The fastest plan within `budget` found by re-planning with the DP's memory
+    target moved by what the simulator says: down by the excess of a plan over the
+    budget, up by the slack of one under it, then bisecting between the two."""
+    best: pb.Schedule | None = None
+    fits, over = None, None          # targets known to give a plan within / over the budget
+    target = budget
+    for _ in range(REPLANS):
+        plan = _Plan(chain, target, progress)
+        if not plan.feasible(plan.M):
+            if fits is None:
+                break                    # lower targets are infeasible too
+            over = target
+        else:
+            schedule = _schedule(chain, plan, plan.M)
+            peak = schedule.predicted_peak_bytes
+            if peak <= budget:
+                fits = target
+                if best is None or schedule.predicted_time_s < best.predicted_time_s:
+                    best = schedule
+            else:
+                over = target
+                progress(f"rotor: plan peaks at {peak} bytes, over the budget; re-planning with less")
+        if fits is not None and over is not None:
+            if over - fits <= max(plan.unit, budget // 200):
+                break
+            target = (fits + over) // 2
+        elif fits is not None:
+            target = fits + max(plan.unit, budget - peak)
+        else:
+            target -= peak - budget + plan.unit
+            if target <= 0:
+                break
+    return best
 
 
 def _least_memory(chain: Chain, everything: pb.Schedule, progress) -> pb.Schedule:

@@ -28,6 +28,8 @@ class Segment:
     backward: tuple[int, ...]
     #: Bytes crossing the cut at the segment's end (what a checkpoint of its output keeps).
     boundary_bytes: int
+    #: Earlier forward nodes whose results cross the cut at the segment's start (its input).
+    inputs: frozenset[int] = frozenset()
 
 
 class TrainingGraph:
@@ -178,12 +180,16 @@ class TrainingGraph:
                 cuts.append(i)
         return cuts
 
+    def _crossing(self, i: int) -> frozenset[int]:
+        """Allocating nodes of the forward results computed at or before forward
+        position i and read after it."""
+        later = set(self.forward[i + 1:])
+        return frozenset(self.view_root.get(p, p) for p in self.forward[:i + 1]
+                         if any(u in later for u in self.node_users[p]))
+
     def crossing_bytes(self, i: int) -> int:
         """Bytes of forward results computed at or before forward position i and read after it."""
-        later = set(self.forward[i + 1:])
-        owners = {self.view_root.get(p, p) for p in self.forward[:i + 1]
-                  if any(u in later for u in self.node_users[p])}
-        return sum(self.memory[p] for p in owners)
+        return sum(self.memory[p] for p in self._crossing(i))
 
     @cached_property
     def segments(self) -> list[Segment]:
@@ -192,8 +198,12 @@ class TrainingGraph:
         A backward node belongs to the latest segment whose forward results it
         reads, but never to a later segment than a backward node it depends on,
         so that running the segments' backward parts last-to-first respects
-        every dependency. Backward nodes that read no forward result go with
-        their earliest backward dependency (the last segment if none).
+        every dependency. A backward node that reads, of that segment, only
+        what crosses its end cut (the next segment's input, as the backward of
+        a chain link reads the link's input) belongs to the next segment, as
+        in rotor's chain, where a stage's backward reads the stage's input.
+        Backward nodes that read no forward result go with their earliest
+        backward dependency (the last segment if none).
         """
         bounds = [-1] + self.cuts
         seg_of: dict[int, int] = {}
@@ -201,15 +211,21 @@ class TrainingGraph:
             for n in self.forward[bounds[k] + 1: bounds[k + 1] + 1]:
                 seg_of[n] = k
         last = len(bounds) - 2
+        entering = [self._crossing(bounds[k]) if k else frozenset() for k in range(last + 1)]
         bwd_seg: dict[int, int] = {}
         for b in self.backward:
             preds = self.node_inputs(b)
-            reads = [seg_of[p] for p in preds if p in seg_of]
             limit = min((bwd_seg[p] for p in preds if p in bwd_seg), default=last)
-            bwd_seg[b] = min(max(reads, default=limit), limit)
+            reads = [p for p in preds if p in seg_of]
+            k = max((seg_of[p] for p in reads), default=limit)
+            if k < limit and all(seg_of[p] < k or self.view_root.get(p, p) in entering[k + 1]
+                                 for p in reads):
+                k += 1
+            bwd_seg[b] = min(k, limit)
         segments = []
-        for k in range(len(bounds) - 1):
+        for k in range(last + 1):
             forward = tuple(self.forward[bounds[k] + 1: bounds[k + 1] + 1])
             backward = tuple(b for b in self.backward if bwd_seg[b] == k)
-            segments.append(Segment(k, forward, backward, self.crossing_bytes(bounds[k + 1])))
+            segments.append(Segment(k, forward, backward, self.crossing_bytes(bounds[k + 1]),
+                                    entering[k]))
         return segments

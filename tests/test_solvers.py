@@ -65,14 +65,11 @@ def test_checkmate_is_never_slower_than_another_solver(graph, share):
             assert exact.predicted_time_s <= other.predicted_time_s + 1e-9, solver
 
 
-@pytest.mark.parametrize("n", [3, pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=(
-    "known gap: rotor's segment model misses Checkmate's optimum at 80% on chains of 5 and 8 "
-    "(the backward of f_i reads f_i's input, which the chain model treats as a checkpoint)"))),
-    pytest.param(8, marks=pytest.mark.xfail(strict=True, reason="same gap as n=5"))])
+@pytest.mark.parametrize("n", [3, 5, 8])
 def test_rotor_matches_checkmate_on_chains(n):
     graph, _ = chain(n, f_time=1.0, b_time=2.0)
     reference = ir.store_all(graph).predicted_peak_bytes
-    for share in (1.0, 0.8, 0.6, 0.45):
+    for share in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4):
         budget = int(reference * share)
         exact, dp = attempt(graph, budget, "checkmate"), attempt(graph, budget, "rotor")
         if isinstance(exact, InfeasibleBudget):
