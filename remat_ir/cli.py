@@ -5,6 +5,8 @@
     remat-ir validate FILE   structure, then every schedule through the simulator
     remat-ir solve FILE --budget 50% --solver rotor -o OUT   plan within a budget
     remat-ir solvers         every solver that can be named, and where it comes from
+    remat-ir partition FILE -o OUT   HiRemate's partition tree, stored in the IR
+    remat-ir plot FILE -o PREFIX     memory over a schedule's steps; the partition tree
 
 User mistakes (a bad file, an invalid graph or schedule) print one clear
 message and exit with status 2; there is no traceback for them.
@@ -308,6 +310,44 @@ def cmd_solvers(args) -> int:
     return 0
 
 
+def cmd_partition(args) -> int:
+    from .ir import save
+    from .solvers.partition import partition, store_hierarchy
+
+    graph = load(args.file)
+    status = StatusLine()
+    tree = partition(graph, max_cluster=args.max_cluster, max_top=args.max_top, progress=status)
+    status.done()
+    store_hierarchy(graph, tree)
+    clusters = tree.clusters()
+    levels = Counter(c.level for c in clusters)
+    print(f"{len(clusters)} clusters in {tree.rounds} rounds (" + ", ".join(
+        f"{levels[lv]} at level {lv}" for lv in sorted(levels)) + f"); "
+        f"{len(tree.root.children) + len(tree.root.nodes)} parts at the top; "
+        f"{len({c.signature for c in clusters})} distinct")
+    print(f"wrote {save(graph, args.output)}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from .ir import store_all
+    from .plots import plot_memory, plot_partition
+
+    graph = load(args.file)
+    names = [s.name for s in graph.schedules]
+    if args.schedule is not None and args.schedule not in names:
+        raise RematIRError(f"{args.file} has no schedule {args.schedule!r}; its schedules: "
+                           + (", ".join(names) or "none"))
+    chosen = [s for s in graph.schedules if s.name == args.schedule] if args.schedule else \
+        list(graph.schedules)[-1:]
+    reference = store_all(graph)
+    schedules = chosen if chosen and chosen[0].name == reference.name else [reference] + chosen
+    print(f"wrote {plot_memory(graph, schedules, f'{args.output}-memory.png')}")
+    if graph.proto.hierarchy.clusters:
+        print(f"wrote {plot_partition(graph, f'{args.output}-partition.png')}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="remat-ir", description="Rematerialization IR toolkit: plan training in less memory.")
@@ -345,6 +385,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_solve)
     p = sub.add_parser("solvers", help="list the solvers: built-in, plugins, external programs")
     p.set_defaults(run=cmd_solvers)
+    p = sub.add_parser("partition", help="group the forward graph into HiRemate's partition tree "
+                                         "and store it in the IR")
+    p.add_argument("file", help="IR file (.rir binary or .json)")
+    p.add_argument("--max-cluster", type=int, default=20, metavar="N",
+                   help="most parts (nodes or clusters) in one cluster, M_l (default 20)")
+    p.add_argument("--max-top", type=int, default=30, metavar="N",
+                   help="most parts at the top, M_t (default 30)")
+    p.add_argument("-o", "--output", required=True, help="IR file to write, with the tree")
+    p.set_defaults(run=cmd_partition)
+    p = sub.add_parser("plot", help="plot memory over a schedule's steps (against store-everything) "
+                                    "and the partition tree, as PNG files (needs matplotlib)")
+    p.add_argument("file", help="IR file (.rir binary or .json)")
+    p.add_argument("--schedule", metavar="NAME", help="schedule to plot (default: the last one)")
+    p.add_argument("-o", "--output", required=True, metavar="PREFIX",
+                   help="writes PREFIX-memory.png, and PREFIX-partition.png when the file has a tree")
+    p.set_defaults(run=cmd_plot)
     return parser
 
 

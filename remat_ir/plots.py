@@ -1,21 +1,37 @@
-"""Plots people would rather see than read: memory over a schedule's steps."""
+"""Plots people would rather see than read: memory over a schedule's steps, and the
+partition tree (HiRemate's clusters) over the forward pass."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from .ir import Graph, RematIRError, pb, simulate
 
 
-def plot_memory(graph: Graph, schedules: Sequence[pb.Schedule], path) -> Path:
-    """Activation memory during each step of each schedule, with its budget; one PNG."""
+def _pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise RematIRError("plotting needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def _save(fig, path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    fig.clf()
+    _pyplot().close(fig)
+    return path
+
+
+def plot_memory(graph: Graph, schedules: Sequence[pb.Schedule], path) -> Path:
+    """Activation memory during each step of each schedule, with its budget; one PNG."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     for schedule in schedules:
         result = simulate(graph, schedule)
@@ -30,8 +46,40 @@ def plot_memory(graph: Graph, schedules: Sequence[pb.Schedule], path) -> Path:
     ax.set_ylabel("activation memory (MiB)")
     ax.set_title(f"{graph.name}: memory over one training step")
     ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def plot_partition(graph: Graph, path) -> Path:
+    """The partition tree as an icicle chart: each cluster a bar over the forward
+    positions of its nodes, one row per level (root on top); clusters with the same
+    signature (solved once) share a colour."""
+    hierarchy = graph.proto.hierarchy
+    if not hierarchy.clusters:
+        raise RematIRError(f"graph {graph.name!r} has no partition tree; run `remat-ir partition` first")
+    plt = _pyplot()
+    position = {n: i for i, n in enumerate(graph.phase_order(pb.FORWARD))}
+    clusters = {c.id: c for c in hierarchy.clusters}
+
+    def forward_positions(c) -> list[int]:
+        own = [position[n] for n in c.node_ids if n in position]
+        return own + [p for k in c.children for p in forward_positions(clusters[k])]
+
+    colours = plt.get_cmap("tab20")
+    counts = Counter(c.signature for c in clusters.values())
+    repeated = sorted(sig for sig, k in counts.items() if k > 1)
+    top = max(c.level for c in clusters.values())
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.5 * (top + 1)))
+    for c in clusters.values():
+        spots = forward_positions(c)
+        if not spots:
+            continue
+        lo, hi = min(spots), max(spots) + 1
+        ax.barh(c.level, hi - lo, left=lo, height=0.8, alpha=0.8, edgecolor="black", linewidth=0.3,
+                color=colours(repeated.index(c.signature) % 20) if c.signature in repeated
+                else "lightgrey")
+    ax.set_yticks(range(top + 1))
+    ax.set_xlabel("forward node position")
+    ax.set_ylabel("level")
+    ax.set_title(f"{graph.name}: partition tree, {len(clusters)} clusters, {len(counts)} distinct "
+                 "(coloured: identical clusters, solved once; grey: unique)")
+    return _save(fig, path)
