@@ -221,6 +221,12 @@ class _Plan:
                 st = stages[s]
                 best = np.full(self.M + 1, np.inf)
                 arg = np.full(self.M + 1, -1, dtype=np.int64)
+
+                def consider(cand: np.ndarray, need: int, code: int) -> None:
+                    cand[slots < need] = np.inf
+                    better = cand < best
+                    best[better], arg[better] = cand[better], code
+
                 for o, opt in enumerate(st.options):
                     need = max(u(opt.forward_peak + after[t]),
                                u(opt.backward_hist + opt.backward_peak + grad[s] + after[s])
@@ -230,17 +236,13 @@ class _Plan:
                         cand = np.full(self.M + 1, float(cost))
                     else:
                         cand = cost + self.shift(self.opt[s + 1, t], u(opt.hist))
-                    cand[slots < need] = np.inf
-                    better = cand < best
-                    best[better], arg[better] = cand[better], o
+                    consider(cand, need, o)
                 n_opts = len(st.options)
                 if s == t and st.direct is not None:
                     opt = st.direct
                     need = u(opt.backward_peak + grad[s] + after[s]) - u(grad[t])
                     cand = np.full(self.M + 1, float(opt.recompute_time + st.backward_time))
-                    cand[slots < need] = np.inf
-                    better = cand < best
-                    best[better], arg[better] = cand[better], n_opts
+                    consider(cand, need, n_opts)  # code n_opts: direct
                 for s2 in range(s + 1, t + 1):
                     need = max(u(stages[k].nostore_peak + after[t]
                                  + (stages[k - 1].boundary if k > s else 0)) for k in range(s, s2))
@@ -248,9 +250,7 @@ class _Plan:
                     cost = sum(stages[k].forward_time for k in range(s, s2))
                     cand = (cost + self.shift(self.opt[s2, t], x)
                             + self.shift(self.opt[s, s2 - 1], u(grad[s2 - 1]) - u(grad[t])))
-                    cand[slots < need] = np.inf
-                    better = cand < best
-                    best[better], arg[better] = cand[better], n_opts + s2
+                    consider(cand, need, n_opts + s2)
                 self.opt[s, t], self.arg[s, t] = best, arg
 
     def units(self, nbytes: int) -> int:
