@@ -31,6 +31,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/torch_overhead.py
 	$(BIN)/python benchmarks/checkmate_chains.py
+	$(BIN)/python benchmarks/hiremate.py
 
 # Regenerate ir/remat_ir_pb2.py(.pyi) after editing schemas/remat_ir.proto.
 proto: $(STAMP)

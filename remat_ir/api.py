@@ -14,7 +14,7 @@ from remat_ir.solvers import InfeasibleBudget, Progress, parse_budget, solve
 __all__ = ["remat", "plan", "parse_budget", "InfeasibleBudget", "DEFAULT_SOLVER"]
 
 #: What plans a budget when the caller names no solver: fast and budget-aware.
-DEFAULT_SOLVER = "rotor"
+DEFAULT_SOLVER = "hiremate"
 
 
 def plan(graph: Graph, budget=None, solver: str | None = None, *,
@@ -34,7 +34,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
 
     `budget`: None (no limit), bytes, a size ("2GiB"), or a share of the
     store-everything peak ("50%"). `solver`: any name `remat-ir solvers` lists
-    (default: rotor when there is a budget). The returned module shares
+    (default: hiremate when there is a budget). The returned module shares
     `model`'s parameters and buffers; its `.graph` and `.schedule` say what it runs.
     """
     from remat_ir.frontends.torch import lower

@@ -3,7 +3,7 @@
     remat-ir convert --torch MODULE:FACTORY -o FILE   lower a PyTorch model
     remat-ir inspect FILE    what is in an IR file: nodes, ops, tensors, schedules
     remat-ir validate FILE   structure, then every schedule through the simulator
-    remat-ir solve FILE --budget 50% --solver rotor -o OUT   plan within a budget
+    remat-ir solve FILE --budget 50% [--solver hiremate] -o OUT   plan within a budget
     remat-ir solvers         every solver that can be named, and where it comes from
     remat-ir partition FILE -o OUT   HiRemate's partition tree, stored in the IR
     remat-ir plot FILE -o PREFIX     memory over a schedule's steps; the partition tree
@@ -373,8 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="none",
                    help="activation-memory budget: bytes, a size like 2GiB, a share of the "
                         "store-everything peak like 50%%, or none (default)")
-    p.add_argument("--solver", default="rotor", help="solver name (see `remat-ir solvers`), "
-                                                      "or exec:COMMAND (default: rotor)")
+    p.add_argument("--solver", default="hiremate", help="solver name (see `remat-ir solvers`), "
+                                                      "or exec:COMMAND (default: hiremate)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="planning time limit in seconds (the solver's own default otherwise)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",

@@ -1,7 +1,7 @@
 """python-mip plumbing shared by the ILP solvers (Checkmate, HiRemate's H-ILP).
 
 HiGHS is used when its Python package is installed, CBC (bundled with mip)
-otherwise. `optimize` runs the search with a time limit, reports progress
+otherwise; $REMAT_IR_MILP=cbc|highs chooses. `optimize` runs the search with a time limit, reports progress
 every second from a watcher thread (CBC does not call back while it
 searches), and says whether the answer is proven optimal, merely feasible
 (limit hit) or absent.
@@ -17,11 +17,20 @@ from dataclasses import dataclass
 
 import mip
 
-from .base import Progress
+from .base import BadRequest, Progress
+
+
+#: Environment variable naming the MILP backend ("cbc" or "highs"), e.g. to time CBC.
+BACKEND_VARIABLE = "REMAT_IR_MILP"
 
 
 def solver_name() -> str:
-    """HiGHS where installed (usually faster), CBC otherwise."""
+    """$REMAT_IR_MILP if set; else HiGHS where installed (usually faster), CBC otherwise."""
+    chosen = os.environ.get(BACKEND_VARIABLE, "").strip().lower()
+    if chosen in ("cbc", "highs"):
+        return mip.CBC if chosen == "cbc" else mip.HIGHS
+    if chosen:
+        raise BadRequest(f"${BACKEND_VARIABLE} must be 'cbc' or 'highs', not {chosen!r}")
     return mip.HIGHS if importlib.util.find_spec("highspy") else mip.CBC
 
 

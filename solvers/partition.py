@@ -55,6 +55,9 @@ class Cluster:
     #: an embedding lookup), attached to the smallest cluster holding all their readers.
     attached: list[int] = field(default_factory=list)
     backward: list[int] = field(default_factory=list)   # backward nodes attached (leaves)
+    #: For each attached backward node, the forward node of this cluster it belongs to
+    #: (None: it reads no forward result; only at the root).
+    owner: dict[int, int | None] = field(default_factory=dict)
     signature: str = ""
 
     def forward_nodes(self) -> list[int]:
@@ -174,8 +177,10 @@ class _Partitioner:
         return core
 
     def _with_dangling(self, group: list, core: nx.DiGraph) -> list:
-        """The group, the dangling parts hanging only from it, and the parts with no
-        predecessor at this level that feed only it (they would hang beside it)."""
+        """The group, the dangling parts hanging only from it, and the parts that feed
+        only it and hang off nothing or off results shared with other parts (a
+        time embedding's projection into one U-Net block): alone, they would
+        hang beside the group until the top."""
         H, inside = self.level_graph, set(group)
         stack = list(group)
         while stack:
@@ -185,7 +190,8 @@ class _Partitioner:
                     inside.add(d)
                     stack.append(d)
             for p in H.predecessors(part):
-                if p not in inside and H.in_degree(p) == 0 and set(H.successors(p)) <= inside:
+                if p not in inside and set(H.successors(p)) <= inside and all(
+                        H.out_degree(q) > 1 for q in H.predecessors(p)):
                     inside.add(p)
         return sorted(inside, key=self._first_position)
 
@@ -342,18 +348,94 @@ class _Partitioner:
             next(c for c in chains[0] if c.id in common).attached.append(n)
 
     def _attach_backward(self, root: Cluster) -> None:
-        """Each backward node to the leaf-most cluster holding its forward node."""
+        """Each backward node to the leaf-most cluster holding the forward node it
+        belongs to: the one it differentiates (its `forward_node_id`), else the
+        latest forward node it reads. A node with neither (a sum of gradient
+        contributions, e.g. where a residual branch meets the main path) goes
+        with the earliest backward node that reads its result, else with the
+        latest one it reads: the gradient of a result is finished where the
+        backward of that result's producer starts. Sources (constants) own no
+        backward node: what the exporter ties to them belongs to their readers."""
         tg = self.tg
         home: dict[int, Cluster] = {}
         for c in root.walk():
             for n in c.nodes + c.attached:
                 home[n] = c
+        owner: dict[int, int] = {}
+        loose = []
         for b in tg.backward:
             f = tg.graph.node(b).forward_node_id if tg.graph.node(b).HasField("forward_node_id") else None
-            if f not in home:
-                reads = [p for p in tg.node_inputs(b) if p in home]
+            if f not in home or f in self.sources:  # a constant's backward is someone else's
+                reads = [p for p in tg.node_inputs(b) if p in home and p not in self.sources]
                 f = max(reads, key=self.position.__getitem__, default=None)
-            (home[f] if f is not None else root).backward.append(b)
+            if f is None:
+                loose.append(b)
+            else:
+                owner[b] = f
+        for b in reversed(loose):
+            users = [u for u in tg.node_users[b] if u in owner]
+            if users:
+                owner[b] = owner[min(users, key=tg.position.__getitem__)]
+        for b in loose:
+            inputs = [p for p in tg.node_inputs(b) if p in owner and p not in home]
+            if b not in owner and inputs:
+                owner[b] = owner[max(inputs, key=tg.position.__getitem__)]
+        self._untangle(root, home, owner)
+        for b in tg.backward:
+            f = owner.get(b)
+            cluster = home[f] if f is not None else root
+            cluster.backward.append(b)
+            cluster.owner[b] = f
+
+    def _untangle(self, root: Cluster, home: dict[int, Cluster], owner: dict[int, int]) -> None:
+        """Make every level's backward order the reverse of its forward order.
+
+        At each level, top down, the parts' backward runs in the reverse of their
+        forward topological order. A backward node that reads the result of a
+        backward node of a part running later moves to that part (it takes the
+        other node's owner): the exporter's forward_node_id of a gradient sum
+        names either summand's forward node, and sums cross parts where residual
+        branches meet. Moves only go to later-running parts, so this ends."""
+        tg = self.tg
+        parent: dict[int, Cluster] = {}
+        for c in root.walk():
+            parent.update((k.id, c) for k in c.children)
+
+        def part_in(cluster: Cluster, n: int):
+            """The part of `cluster` holding forward node n (None: not inside)."""
+            c = home[n]
+            while c.id != cluster.id:
+                if c.id not in parent:
+                    return None
+                if parent[c.id].id == cluster.id:
+                    return ("c", c.id)
+                c = parent[c.id]
+            return ("n", n)
+
+        levels = [root]
+        while levels:
+            cluster = levels.pop()
+            levels.extend(cluster.children)
+            members = cluster.forward_nodes()
+            parts = {part_in(cluster, n) for n in members}
+            graph = nx.DiGraph()
+            graph.add_nodes_from(parts)
+            for n in members:
+                for i in tg.node_inputs(n):
+                    if i in home and (p := part_in(cluster, i)) is not None and p != part_in(cluster, n):
+                        graph.add_edge(p, part_in(cluster, n))
+            first = {p: min(self.position[n] for n in members if part_in(cluster, n) == p) for p in parts}
+            order = list(nx.lexicographical_topological_sort(graph, key=first.__getitem__))
+            runs_at = {p: -i for i, p in enumerate(order)}   # backward runs the reverse
+            for b in tg.backward:
+                if owner.get(b) is None or (pb_ := part_in(cluster, owner[b])) is None:
+                    continue
+                for a in tg.node_inputs(b):
+                    if owner.get(a) is None or a in home:
+                        continue
+                    pa = part_in(cluster, owner[a])
+                    if pa is not None and runs_at[pa] > runs_at[pb_]:
+                        owner[b], pb_ = owner[a], pa
 
     # --------------------------------------------------------------- signature
 

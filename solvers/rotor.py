@@ -38,7 +38,7 @@ import numpy as np
 from remat_ir.ir import Graph, pb, store_all
 
 from .base import InfeasibleBudget, quiet
-from .sequences import OnDemand, to_schedule
+from .sequences import OnDemand, fit_to_budget, to_schedule, walk_memory
 from .structure import Segment, TrainingGraph
 
 SLOTS = 400
@@ -73,38 +73,6 @@ class Stage:
     outputs: int = 0                # bytes of graph outputs its backward produces
 
 
-def _walk(tg: TrainingGraph, live: set[int], sequence: list[int], keep: set[int],
-          counted_apart: frozenset[int]) -> tuple[int, int]:
-    """Peak and final bytes running `sequence` from `live`, freeing results after their
-    last use in the sequence unless in `keep` (a local, approximate simulation).
-    A view keeps its allocation root alive. Results in `counted_apart` cost nothing
-    here (they are held all along)."""
-    def root(n: int) -> int:
-        return tg.view_root.get(n, n)
-
-    def size(n: int) -> int:
-        return 0 if n in counted_apart else tg.memory[n]
-
-    keep = {root(n) for n in keep}
-    last: dict[int, int] = {}
-    for i, n in enumerate(sequence):
-        for p in tg.node_inputs(n):
-            last[root(p)] = i
-    holding = {root(n) for n in live}
-    current = sum(size(n) for n in holding)
-    peak = current
-    for i, n in enumerate(sequence):
-        peak = max(peak, current + size(n) + tg.workspace[n])
-        if root(n) not in holding:
-            holding.add(root(n))
-            current += size(root(n))
-        for p in {root(p) for p in tg.node_inputs(n)} | {root(n)}:
-            if p in holding and last.get(p, -1) <= i and p not in keep:
-                holding.discard(p)
-                current -= size(p)
-    return peak, current
-
-
 class Chain:
     """The segments as rotor's heterogeneous chain, with options per stage."""
 
@@ -121,7 +89,7 @@ class Chain:
                                                       for u in tg.node_users[n])}
             stage = Stage(seg, sum(tg.time[n] for n in seg.forward),
                           sum(tg.time[n] for n in seg.backward), boundary=seg.boundary_bytes)
-            stage.nostore_peak = _walk(tg, set(), list(seg.forward), escaping | self.pinned,
+            stage.nostore_peak = walk_memory(tg, set(), list(seg.forward), escaping | self.pinned,
                                        self.pinned)[0]
             seg_bwd = set(seg.backward)
             grads_in = frozenset(p for b in seg.backward for p in tg.node_inputs(b)
@@ -182,7 +150,7 @@ class Chain:
         recompute = [n for n in sequence if n not in set(seg.backward)]
         option = Option(kept, recompute, sum(tg.time[n] for n in recompute))
         stored = {n for n in kept if n in tg.needed_by_backward} | escaping
-        option.forward_peak, option.hist = _walk(tg, set(), list(seg.forward),
+        option.forward_peak, option.hist = walk_memory(tg, set(), list(seg.forward),
                                                  stored | self.pinned, self.pinned)
         # What only later stages read (the next stage's input) is gone by this backward.
         read = {p for n in sequence for p in tg.node_inputs(n)}
@@ -191,7 +159,7 @@ class Chain:
         held &= set(seg.forward)  # the stage's input is held by the caller
         option.backward_hist = sum(tg.memory[n] for n in held - self.pinned)
         # The gradients it reads are freed after their last use (counted in `gradient`).
-        peak, _ = _walk(tg, held | grads_in, sequence, grads_out | tg.output_nodes, self.pinned)
+        peak, _ = walk_memory(tg, held | grads_in, sequence, grads_out | tg.output_nodes, self.pinned)
         gradient = sum(tg.memory[p] for p in grads_in)
         option.backward_peak = max(0, peak - option.backward_hist - gradient)
         return option
@@ -342,39 +310,15 @@ def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None
 
 
 def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None:
-    """The fastest plan within `budget` found by re-planning with the DP's memory
-    target moved by what the simulator says: down by the excess of a plan over the
-    budget, up by the slack of one under it, then bisecting between the two."""
-    best: pb.Schedule | None = None
-    fits, over = None, None          # targets known to give a plan within / over the budget
-    target = budget
-    for _ in range(REPLANS):
+    """The fastest plan within `budget`, the DP's memory target fitted to the simulator."""
+    unit = max(1, math.ceil(max(0, budget - chain.pinned_bytes) / SLOTS))
+
+    def plan_at(target: int) -> pb.Schedule | None:
         plan = _Plan(chain, target, progress)
-        if not plan.feasible(plan.M):
-            if fits is None:
-                break                    # lower targets are infeasible too
-            over = target
-        else:
-            schedule = _schedule(chain, plan, plan.M)
-            peak = schedule.predicted_peak_bytes
-            if peak <= budget:
-                fits = target
-                if best is None or schedule.predicted_time_s < best.predicted_time_s:
-                    best = schedule
-            else:
-                over = target
-                progress(f"rotor: plan peaks at {peak} bytes, over the budget; re-planning with less")
-        if fits is not None and over is not None:
-            if over - fits <= max(plan.unit, budget // 200):
-                break
-            target = (fits + over) // 2
-        elif fits is not None:
-            target = fits + max(plan.unit, budget - peak)
-        else:
-            target -= peak - budget + plan.unit
-            if target <= 0:
-                break
-    return best
+        return _schedule(chain, plan, plan.M) if plan.feasible(plan.M) else None
+
+    return fit_to_budget(plan_at, budget, step=unit, replans=REPLANS, progress=progress,
+                         label="rotor")
 
 
 def _least_memory(chain: Chain, everything: pb.Schedule, progress) -> pb.Schedule:

@@ -11,10 +11,11 @@ marking the schedule for RNG replay when a random node runs twice.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from remat_ir.ir import from_compute_sequence, pb
 
+from .base import Progress
 from .structure import TrainingGraph
 
 
@@ -91,3 +92,74 @@ def keep_set_schedule(tg: TrainingGraph, kept: Iterable[int], *, name: str,
         if forget_each_step:
             builder.forget(list(builder.fresh))
     return to_schedule(tg, sequence, len(tg.forward), name=name)
+
+
+def walk_memory(tg: TrainingGraph, live: set[int], sequence: list[int], keep: set[int],
+                counted_apart: frozenset[int]) -> tuple[int, int]:
+    """Peak and final bytes running `sequence` from `live`, freeing results after their
+    last use in the sequence unless in `keep` (a local, approximate simulation).
+    A view keeps its allocation root alive. Results in `counted_apart` cost nothing
+    here (they are held all along)."""
+    def root(n: int) -> int:
+        return tg.view_root.get(n, n)
+
+    def size(n: int) -> int:
+        return 0 if n in counted_apart else tg.memory[n]
+
+    keep = {root(n) for n in keep}
+    last: dict[int, int] = {}
+    for i, n in enumerate(sequence):
+        for p in tg.node_inputs(n):
+            last[root(p)] = i
+    holding = {root(n) for n in live}
+    current = sum(size(n) for n in holding)
+    peak = current
+    for i, n in enumerate(sequence):
+        peak = max(peak, current + size(n) + tg.workspace[n])
+        if root(n) not in holding:
+            holding.add(root(n))
+            current += size(root(n))
+        for p in {root(p) for p in tg.node_inputs(n)} | {root(n)}:
+            if p in holding and last.get(p, -1) <= i and p not in keep:
+                holding.discard(p)
+                current -= size(p)
+    return peak, current
+
+
+def fit_to_budget(plan_at: Callable[[int], pb.Schedule | None], budget: int, *, step: int,
+                  replans: int, progress: Progress, label: str) -> pb.Schedule | None:
+    """The fastest schedule within `budget` among plans made for memory targets that
+    follow what the simulator says of them: a solver whose memory model is
+    approximate plans for `budget`, then for the target moved down by a plan's
+    excess over the budget or up by the slack of one under it, then bisects
+    between a target that fits and one that does not (to within `step` bytes).
+    `plan_at(target)` returns None when it finds no plan for that target."""
+    best: pb.Schedule | None = None
+    fits, over = None, None          # targets known to give a plan within / over the budget
+    target, peak = budget, budget
+    for _ in range(replans):
+        schedule = plan_at(target)
+        if schedule is None:
+            if fits is None:
+                break                    # lower targets are infeasible too
+            over = target
+        else:
+            peak = schedule.predicted_peak_bytes
+            if peak <= budget:
+                fits = target
+                if best is None or schedule.predicted_time_s < best.predicted_time_s:
+                    best = schedule
+            else:
+                over = target
+                progress(f"{label}: plan peaks at {peak} bytes, over the budget; re-planning with less")
+        if fits is not None and over is not None:
+            if over - fits <= max(step, budget // 200):
+                break
+            target = (fits + over) // 2
+        elif fits is not None:
+            target = fits + max(step, budget - peak)
+        else:
+            target -= peak - budget + step
+            if target <= 0:
+                break
+    return best

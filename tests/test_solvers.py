@@ -15,7 +15,7 @@ from remat_ir.ir import pb
 from remat_ir.solvers import InfeasibleBudget, UnknownSolver
 
 HEURISTICS = ("autograd", "recompute-all", "sqrt", "rotor")
-ALL = HEURISTICS + ("checkmate",)
+ALL = HEURISTICS + ("checkmate", "hiremate")
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -80,6 +80,22 @@ def test_rotor_matches_checkmate_on_chains(n):
         assert dp.predicted_time_s == pytest.approx(exact.predicted_time_s), (n, share)
 
 
+@pytest.mark.parametrize("n", [5, 8, 12])
+def test_hiremate_within_three_percent_of_checkmates_optimum_on_chains(n):
+    graph, _ = chain(n, f_time=1.0, b_time=2.0)
+    reference = ir.store_all(graph).predicted_peak_bytes
+    compared = 0
+    for share in (0.9, 0.7, 0.6, 0.5, 0.45):
+        budget = int(reference * share)
+        exact, ours = attempt(graph, budget, "checkmate"), attempt(graph, budget, "hiremate")
+        if isinstance(exact, InfeasibleBudget) or exact.status != pb.OPTIMAL:
+            continue
+        assert isinstance(ours, pb.Schedule), (n, share, ours)
+        assert ours.predicted_time_s <= 1.03 * exact.predicted_time_s, (n, share)
+        compared += 1
+    assert compared >= 2
+
+
 def test_recompute_all_and_sqrt_trade_time_for_memory_on_a_chain():
     graph, _ = chain(16, f_time=1.0, b_time=2.0)
     store = solvers.solve(graph, None, "autograd")
@@ -121,6 +137,8 @@ def test_unknown_solver_and_option_are_named():
         solvers.solve(graph, "50%", "rotor", mode="lp")
     with pytest.raises(ValueError, match="checkmate mode must be 'exact' or 'lp'"):
         solvers.solve(graph, "50%", "checkmate", mode="fast")
+    with pytest.raises(ValueError, match="max_options must be an integer of at least 2"):
+        solvers.solve(graph, "50%", "hiremate", max_options=1)
 
 
 def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):
@@ -130,7 +148,7 @@ def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):
     path = ir.save(graph, tmp_path / "chain.rir")
     for extra, message in ((["--budget", "lots"], "remat-ir: error: budget 'lots' is not a size"),
                            (["--budget", "50%", "--option", "mode=lp"],
-                            "remat-ir: error: solver 'rotor' has no option 'mode'"),
+                            "remat-ir: error: solver 'hiremate' has no option 'mode'"),
                            (["--budget", "10%", "--solver", "checkmate"],
                             "remat-ir: error: budget 10% is infeasible for checkmate: the smallest "
                             "feasible budget it knows is 4000 bytes")):

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from torch_models import MLPWithLoss, gpt2
+from torch_models import MLPWithLoss, gpt2, unet
 
 import remat_ir
 from remat_ir import ir
@@ -35,7 +35,7 @@ def train_and_compare(model, args, kwargs, loss_of, **remat_options):
     return scheduled, measured.peak_bytes
 
 
-@pytest.mark.parametrize("solver", ["rotor", "sqrt"])
+@pytest.mark.parametrize("solver", ["hiremate", "rotor", "sqrt"])
 def test_gpt2_at_half_the_memory_trains_like_eager(solver):
     model, args, kwargs, loss_of = gpt2(n_layer=2, n_embd=32, seq=64, batch=4)
     scheduled, measured = train_and_compare(model, args, kwargs, loss_of, budget="50%", solver=solver)
@@ -68,3 +68,13 @@ def test_mlp_planned_by_checkmate_trains_like_eager():
                                             solver="checkmate", time_limit_s=60)
     assert scheduled.schedule.solver == "checkmate"
     assert measured <= scheduled.schedule.budget_bytes * 1.05, (measured, scheduled.schedule.budget_bytes)
+
+
+def test_unet_planned_by_hiremate_by_default_trains_like_eager():
+    """`remat` with a budget and no solver named plans with hiremate."""
+    model, args, kwargs, loss_of = unet()
+    scheduled, measured = train_and_compare(model, args, kwargs, loss_of, budget="60%")
+    schedule = scheduled.schedule
+    assert schedule.solver == "hiremate" and scheduled.graph.proto.hierarchy.clusters
+    assert ir.simulate(scheduled.graph, schedule).recomputations > 0
+    assert measured <= schedule.budget_bytes * 1.05, (measured, schedule.budget_bytes)

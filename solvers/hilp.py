@@ -1,0 +1,324 @@
+"""HiRemate's H-ILP: one level of the partition tree as a small Checkmate-style MILP
+whose nodes are the level's parts (original nodes and child clusters), each
+choosing one of its options.
+
+Stages: one forward stage per part that has forward nodes (in topological
+order), then one backward stage per part that has backward nodes (in an order
+respecting the backward dependencies, graph order otherwise). Variables:
+
+- `X[k,o]`: part k runs option o. Its forward stage runs the option's forward;
+  its backward stage runs the option's backward (the backward consistent with
+  the forward's choice), and the option's saved results are held in between.
+- `S[t,p]`: part p's outputs held entering stage t.
+- `R[t,p]`: part p's outputs recomputed (only what produces them) in backward
+  stage t, before that stage's backward.
+
+Constraints: a forward stage has its inputs held; a recomputation has its
+inputs held or recomputed before it in the same stage; a backward stage has
+what its option reads; outputs are held only if held or computed the stage
+before. Memory at each stage: held outputs + saved results of the parts
+between their forward and backward + gradients alive at that point (a
+constant: the backward order is fixed) + what the stage runs: the option's
+forward peak, or the recomputed outputs plus the option's backward peak.
+Recomputed outputs count together for the whole stage (cautious). The
+objective is the time of the chosen options and recomputations.
+
+Outputs read outside the level ("exported") stay to the end of the level's
+forward and are the parent's to hold during the level's backward. Graph
+outputs stay live to the end and count as constants.
+
+The model is an approximation of the simulator (a part's memory is measured
+by walking its sequences); callers check the assembled schedule in the
+simulator and move the memory limit by the difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mip
+import networkx as nx
+
+from . import milp
+from .base import Deadline, SolverError, quiet
+from .options import Option, PartShape
+from .sequences import walk_memory
+from .structure import TrainingGraph
+
+
+@dataclass
+class Part:
+    """A node or a child cluster of a level, with its options."""
+    shape: PartShape
+    options: list[Option]
+    out_bytes: int = 0          # bytes of its outputs (graph outputs excepted)
+    pinned_bytes: int = 0       # bytes of graph outputs it computes (live to the end)
+    recompute: tuple[int, ...] = ()   # the forward nodes producing its outputs
+    recompute_time: float = 0.0
+    recompute_peak: int = 0
+    can_recompute: bool = False
+
+    @classmethod
+    def of(cls, tg: TrainingGraph, shape: PartShape, options: list[Option]) -> Part:
+        root = shape.root
+        pinned = shape.outputs & tg.output_nodes
+        roots = {root(n) for n in shape.outputs - pinned if root(n) in shape.own}
+        part = cls(shape, options, sum(tg.memory[r] for r in roots),
+                   sum(tg.memory[n] for n in pinned))
+        needed, stack = set(), list(shape.outputs - pinned)
+        while stack:
+            n = stack.pop()
+            if n in needed:
+                continue
+            needed.add(n)
+            stack.extend(p for p in tg.node_inputs(n) if p in shape.own)
+        part.recompute = tuple(n for n in shape.forward if n in needed)
+        part.recompute_time = sum(tg.time[n] for n in part.recompute)
+        part.can_recompute = bool(part.recompute) and all(n in tg.recomputable for n in part.recompute)
+        if part.can_recompute:
+            part.recompute_peak = walk_memory(tg, set(), list(part.recompute), set(shape.outputs),
+                                              shape.outside)[0]
+        return part
+
+
+class Level:
+    """The parts of one cluster, their stage order and the constant memory per stage."""
+
+    def __init__(self, tg: TrainingGraph, parts: list[Part], exported: frozenset[int] = frozenset()):
+        self.tg, self.parts = tg, parts
+        self.part_of = {n: k for k, p in enumerate(parts) for n in p.shape.forward}
+        backward_of = {b: k for k, p in enumerate(parts) for b in p.shape.backward}
+        #: Parts whose outputs are read outside the level.
+        self.exported = {self.part_of[n] for n in exported}
+        self.forward_order = self._order(
+            [k for k, p in enumerate(parts) if p.shape.forward],
+            lambda k: {self.part_of[i] for n in parts[k].shape.forward
+                       for i in tg.node_inputs(n) if i in self.part_of} - {k},
+            lambda k: tg.position[parts[k].shape.forward[0]])
+        self.backward_order = self._order(
+            [k for k, p in enumerate(parts) if p.shape.backward],
+            lambda k: {backward_of[i] for b in parts[k].shape.backward
+                       for i in tg.node_inputs(b) if i in backward_of} - {k},
+            lambda k: min(tg.position[b] for b in parts[k].shape.backward))
+        self.stages = ([("forward", k) for k in self.forward_order]
+                       + [("backward", k) for k in self.backward_order])
+        self.first_backward = len(self.forward_order)
+        self.f = {k: t for t, (kind, k) in enumerate(self.stages) if kind == "forward"}
+        self.b = {k: t for t, (kind, k) in enumerate(self.stages) if kind == "backward"}
+        self.reads = [[{self.part_of[n] for n in o.reads if n in self.part_of} for o in p.options]
+                      for p in parts]
+        self.base = self._constant_memory(backward_of)
+        self.need = self._need()
+
+    @staticmethod
+    def _order(items: list[int], depends_on, key) -> list[int]:
+        graph = nx.DiGraph()
+        graph.add_nodes_from(items)
+        graph.add_edges_from((d, k) for k in items for d in depends_on(k))
+        try:
+            return list(nx.lexicographical_topological_sort(graph, key=key))
+        except nx.NetworkXUnfeasible:
+            raise SolverError("hiremate: the parts of a level depend on each other both ways; "
+                              "the partition is not convex (please report this graph)") from None
+
+    def _constant_memory(self, backward_of: dict[int, int]) -> list[int]:
+        """Per stage: graph outputs already computed, and gradients produced by earlier
+        backward stages that a later stage (or something outside the level) still reads."""
+        tg, T = self.tg, len(self.stages)
+        base = [0] * T
+        for k, p in enumerate(self.parts):
+            if p.pinned_bytes and k in self.f:
+                for t in range(self.f[k] + 1, T):
+                    base[t] += p.pinned_bytes
+        root = lambda n: tg.view_root.get(n, n)  # noqa: E731
+        last: dict[int, int] = {}
+        for b, k in backward_of.items():
+            r = root(b)
+            if r not in backward_of:
+                continue
+            if any(u not in backward_of for u in tg.node_users[b]):
+                last[r] = T
+            for u in tg.node_users[b]:
+                if u in backward_of:
+                    last[r] = max(last.get(r, -1), self.b[backward_of[u]])
+        for r, k in backward_of.items():
+            # Parameter gradients (graph outputs) stay to the end; the node's other
+            # results (the gradient passed on) until their last reader's stage.
+            until = [(T - 1, tg.output_bytes[r]),
+                     (min(last.get(r, -1), T - 1), tg.memory[r] - tg.output_bytes[r])]
+            for end, nbytes in until:
+                for t in range(self.b[k] + 1, end + 1):
+                    base[t] += nbytes
+        return base
+
+    def _need(self) -> dict[int, int]:
+        """The last stage at which each part's outputs may be read (directly, or to
+        recompute a part that reads them)."""
+        tg, need = self.tg, {}
+        readers: dict[int, set[int]] = {k: set() for k in range(len(self.parts))}
+        for k, p in enumerate(self.parts):
+            for n in p.shape.forward:
+                readers.setdefault(k, set())
+                for i in tg.node_inputs(n):
+                    if i in self.part_of and self.part_of[i] != k:
+                        readers[self.part_of[i]].add(k)
+        for k in reversed(self.forward_order):
+            stages = [self.f[q] for q in readers[k]]
+            stages += [self.b[q] for q in range(len(self.parts)) if q in self.b
+                       and any(k in r for r in self.reads[q])]
+            stages += [need[q] for q in readers[k] if self.parts[q].can_recompute and q in need]
+            if k in self.exported:
+                stages.append(self.first_backward - 1)
+            need[k] = max(stages, default=self.f[k])
+        return need
+
+
+class LevelModel:
+    """The H-ILP of one level under a peak limit (and optionally a limit on the bytes
+    held when the backward starts, for a cluster's options)."""
+
+    def __init__(self, level: Level, peak: int | None, saved: int | None = None,
+                 least_memory: bool = False):
+        self.level = level
+        self.model = milp.new_model("h-ilp")
+        m, L = self.model, level
+        self.X: dict[tuple[int, int], mip.Var] = {}
+        for k, p in enumerate(L.parts):
+            if len(p.options) > 1:
+                xs = [m.add_var(var_type=mip.BINARY) for _ in p.options]
+                self.X.update(((k, o), x) for o, x in enumerate(xs))
+                m.add_constr(mip.xsum(xs) == 1)
+        self.S: dict[tuple[int, int], mip.Var] = {}
+        self.R: dict[tuple[int, int], mip.Var] = {}
+        for k in L.forward_order:
+            last = L.need[k] if k not in L.exported else min(L.need[k], L.first_backward - 1)
+            for t in range(L.f[k] + 1, last + 1):
+                self.S[t, k] = m.add_var(var_type=mip.BINARY)
+            if L.parts[k].can_recompute and k not in L.exported:
+                for t in range(L.first_backward, L.need[k] + 1):
+                    self.R[t, k] = m.add_var(var_type=mip.BINARY)
+        self._dependencies()
+        if least_memory:
+            self.peak = m.add_var(lb=0.0)
+            m.objective = mip.minimize(self.peak)
+        else:
+            self.peak = peak
+            m.objective = mip.minimize(
+                mip.xsum(L.parts[k].options[o].time * x for (k, o), x in self.X.items())
+                + mip.xsum(L.parts[k].recompute_time * r for (t, k), r in self.R.items()))
+        if self.peak is not None:
+            self._memory()
+        if saved is not None and L.backward_order:
+            t = L.first_backward
+            m.add_constr(self.held(t) - L.base[t] <= saved)
+
+    # ------------------------------------------------------------ helpers
+
+    def x(self, k: int, o: int):
+        return self.X.get((k, o), 1)
+
+    def s(self, t: int, k: int):
+        """Outputs of k held entering stage t: a variable, or the constant it is."""
+        L = self.level
+        if (t, k) in self.S:
+            return self.S[t, k]
+        return 1 if k in L.exported and t >= L.first_backward else 0
+
+    def have(self, t: int, k: int):
+        """k's outputs are there in stage t (held, or recomputed earlier in it)."""
+        return self.s(t, k) + self.R.get((t, k), 0)
+
+    def _dependencies(self) -> None:
+        m, L = self.model, self.level
+        add = m.add_constr
+        for (t, k), var in self.S.items():
+            if t > L.f[k] + 1:
+                add(var <= self.s(t - 1, k) + self.R.get((t - 1, k), 0))
+        for t, (kind, k) in enumerate(L.stages):
+            if kind == "forward":
+                for n in L.parts[k].shape.forward:
+                    for i in L.tg.node_inputs(n):
+                        p = L.part_of.get(i)
+                        if p is not None and p != k:
+                            self._require(1, self.s(t, p))
+            else:
+                for o, reads in enumerate(L.reads[k]):
+                    for p in reads:
+                        self._require(self.x(k, o), self.have(t, p))
+        for (t, q), r in self.R.items():
+            for p in {L.part_of[i] for n in L.parts[q].recompute for i in L.tg.node_inputs(n)
+                      if i in L.part_of} - {q}:
+                self._require(r, self.have(t, p))
+
+    def _require(self, lhs, rhs) -> None:
+        """lhs <= rhs, either side possibly a constant."""
+        if isinstance(lhs, int) and isinstance(rhs, int):
+            if lhs > rhs:
+                raise SolverError("hiremate: a level's model requires a result no stage can "
+                                  "provide (please report this graph)")
+            return
+        self.model.add_constr(lhs <= rhs)
+
+    def held(self, t: int):
+        L = self.level
+        terms = [L.parts[k].out_bytes * self.s(t, k) for k in L.forward_order
+                 if k not in L.exported or t < L.first_backward]
+        for k in L.f:
+            if L.f[k] < t <= L.b.get(k, -1):
+                terms += [L.parts[k].options[o].saved * self.x(k, o)
+                          for o in range(len(L.parts[k].options))]
+        return mip.xsum(terms) + L.base[t]
+
+    def _memory(self) -> None:
+        m, L = self.model, self.level
+        add = m.add_constr
+        for t, (kind, k) in enumerate(L.stages):
+            options = L.parts[k].options
+            if kind == "forward":
+                add(self.held(t) + mip.xsum(o.forward_peak * self.x(k, i)
+                                            for i, o in enumerate(options)) <= self.peak)
+                continue
+            recomputed = [(p, r) for (s, p), r in self.R.items() if s == t]
+            extra = mip.xsum(L.parts[p].out_bytes * r for p, r in recomputed)
+            if recomputed:
+                during = m.add_var(lb=0.0)
+                for p, r in recomputed:
+                    add(during >= max(0, L.parts[p].recompute_peak - L.parts[p].out_bytes) * r)
+                add(self.held(t) + extra + during <= self.peak)
+            add(self.held(t) + extra + mip.xsum(o.backward_peak * self.x(k, i)
+                                                for i, o in enumerate(options)) <= self.peak)
+
+    # ------------------------------------------------------------ solving
+
+    def solve(self, seconds: float, progress=quiet, label: str = "h-ilp") -> tuple[list[int], list[int]] | None:
+        """The forward and backward sequences of the best solution found, or None."""
+        outcome = milp.optimize(self.model, seconds, progress, label)
+        if outcome.status not in ("optimal", "feasible"):
+            return None
+        return self.sequences()
+
+    def sequences(self) -> tuple[list[int], list[int]]:
+        L = self.level
+        chosen = {}
+        for k, p in enumerate(L.parts):
+            chosen[k] = 0 if len(p.options) == 1 else max(
+                range(len(p.options)), key=lambda o: self.X[k, o].x or 0.0)
+        forward: list[int] = []
+        backward: list[int] = []
+        for t, (kind, k) in enumerate(L.stages):
+            option = L.parts[k].options[chosen[k]]
+            if kind == "forward":
+                forward.extend(option.forward)
+                continue
+            for p in L.forward_order:
+                if (t, p) in self.R and (self.R[t, p].x or 0.0) >= 0.5:
+                    backward.extend(L.parts[p].recompute)
+            backward.extend(option.backward)
+        return forward, backward
+
+
+def solve_level(level: Level, peak: int | None, saved: int | None, deadline: Deadline,
+                seconds: float, progress=quiet, label: str = "h-ilp", least_memory: bool = False):
+    """Sequences of the level's best plan within the limits, or None (none found in time)."""
+    model = LevelModel(level, peak, saved, least_memory)
+    return model.solve(max(0.5, min(seconds, deadline.remaining(seconds))), progress, label)

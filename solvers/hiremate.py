@@ -1,0 +1,203 @@
+"""`hiremate`: hierarchical rematerialization (Gusak et al., ICML 2025).
+
+1. H-Partition (`partition.py`) groups the forward graph into a tree of small
+   clusters, bottom to top; the tree is stored in the graph's hierarchy.
+2. Options, bottom to top: every cluster offers its base options (store
+   what its backward reads; keep nothing and recompute in its backward) and
+   the solutions of its level's H-ILP (`hilp.py`) under a grid of limits on
+   the bytes it keeps for its backward. A node is a part with its own two
+   base options. Clusters with the same structural signature (the blocks of
+   a transformer) are solved once: the others take the same options with
+   their own nodes. A level's parts share at most `max_options` options, in
+   proportion to their size, keeping the most diverse saved-memory values.
+3. The top level's H-ILP under the budget gives the whole training step. As
+   the model is approximate, its memory limit is fitted to the simulator
+   (down by a plan's excess over the budget, up by its slack), and the
+   fastest plan within the budget wins.
+
+A graph small enough to need no partition (at most `max_top` forward nodes
+after the attached constants) is one level of nodes, Checkmate's own problem:
+its MILP is solved too and the faster plan wins.
+
+Every MILP has a time limit; a cluster whose H-ILP finds nothing in time keeps
+its base options, so a plan always exists down to the least memory the
+options allow.
+"""
+
+from __future__ import annotations
+
+from remat_ir.ir import Graph, InvalidSchedule, pb, store_all
+
+from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
+from .hilp import Level, Part, solve_level
+from .options import Option, PartShape, pareto, spread
+from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy
+from .sequences import fit_to_budget, to_schedule
+from .structure import TrainingGraph
+
+DEFAULT_TIME_LIMIT_S = 60.0
+#: N_o: options one level's H-ILP chooses among, over all its parts.
+MAX_OPTIONS = 100
+#: A cluster's H-ILP is solved under these (peak, saved) limits, as shares of its
+#: store-everything option's peak and of the bytes it keeps for the backward
+#: (None: no peak limit). Each solution is one of the cluster's options.
+BUDGET_GRID = tuple((peak, saved) for peak in (None, 0.6) for saved in (0.0, 0.1, 0.25, 0.5, 0.75))
+#: Seconds per H-ILP below the top.
+CLUSTER_SECONDS = 2.0
+#: Share of the time limit the options may use before the top is solved.
+OPTIONS_SHARE = 0.5
+REPLANS = 6
+
+
+def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
+             progress=quiet, max_cluster: int = MAX_CLUSTER, max_top: int = MAX_TOP,
+             max_options: int = MAX_OPTIONS) -> pb.Schedule:
+    """Hierarchical partition, options per cluster, H-ILP at every level."""
+    if isinstance(max_options, bool) or not isinstance(max_options, int) or max_options < 2:
+        raise BadRequest(f"max_options must be an integer of at least 2, not {max_options!r}")
+    everything = store_all(graph)
+    everything.name = "hiremate"
+    if budget is None or everything.predicted_peak_bytes <= budget:
+        return everything
+    deadline = Deadline(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
+    tg = TrainingGraph(graph)
+    tree = partition(graph, max_cluster=max_cluster, max_top=max_top, progress=progress)
+    store_hierarchy(graph, tree)
+    planner = _Planner(tg, max_options, deadline, progress)
+    top = planner.level(tree.root)
+    planner.progress(f"hiremate: top level of {len(top.parts)} parts, "
+                     f"{sum(len(p.options) for p in top.parts)} options")
+
+    def plan_at(target: int) -> pb.Schedule | None:
+        found = solve_level(top, target, None, deadline, deadline.remaining(), planner.progress,
+                            "hiremate top H-ILP")
+        return None if found is None else planner.schedule(*found)
+
+    best = fit_to_budget(plan_at, budget, step=max(1, budget // 400), replans=REPLANS,
+                         progress=progress, label="hiremate")
+    if tree.rounds == 0:
+        best = _with_checkmate(graph, budget, best, deadline, progress)
+    if best is not None:
+        return best
+    found = solve_level(top, None, None, deadline, deadline.remaining(10.0), planner.progress,
+                        "hiremate least-memory H-ILP", least_memory=True)
+    frugal = planner.schedule(*found) if found is not None else everything
+    if frugal.predicted_peak_bytes <= budget:
+        return frugal
+    smallest = min(frugal.predicted_peak_bytes, everything.predicted_peak_bytes)
+    raise InfeasibleBudget(budget, smallest, " (by hiremate)")
+
+
+def _with_checkmate(graph: Graph, budget: int, best: pb.Schedule | None, deadline: Deadline,
+                    progress) -> pb.Schedule | None:
+    """A graph that needs no partition is a single level of nodes: Checkmate's problem,
+    whose MILP models memory within a stage exactly (the H-ILP counts a stage's
+    recomputations together). The faster of the two plans wins."""
+    from .checkmate import checkmate
+    try:
+        exact = checkmate(graph, budget, time_limit_s=max(1.0, deadline.remaining(30.0)),
+                          progress=progress)
+    except (InfeasibleBudget, SolverError):
+        return best
+    if best is None or exact.predicted_time_s < best.predicted_time_s:
+        exact.name = "hiremate"
+        return exact
+    return best
+
+
+class _Planner:
+    """Options of every cluster, bottom to top, each structure solved once."""
+
+    def __init__(self, tg: TrainingGraph, max_options: int, deadline: Deadline, progress):
+        self.tg, self.max_options, self.deadline, self.progress = tg, max_options, deadline, progress
+        #: signature -> (forward nodes, backward nodes, options) of the first cluster solved.
+        self.solved: dict[str, tuple[list[int], list[int], list[Option]]] = {}
+        self.count = 0
+
+    # -------------------------------------------------------------- levels
+
+    def level(self, cluster: Cluster) -> Level:
+        """The H-ILP level of `cluster`: its nodes, its child clusters (with their options,
+        solved first), and at the root the backward nodes no forward node owns."""
+        tg = self.tg
+        pieces: list[tuple[list[int], list[int], list[Option] | None]] = []
+        owned: dict[int, list[int]] = {n: [] for n in cluster.nodes + cluster.attached}
+        loose = []
+        for b in cluster.backward:
+            owner = cluster.owner.get(b)
+            (owned[owner] if owner in owned else loose).append(b)
+        for n, backward in owned.items():
+            pieces.append(([n], backward, None))
+        for child in cluster.children:
+            forward, backward = _nodes_of(tg, child)
+            pieces.append((forward, backward, self.cluster_options(child)))
+        pieces += [([], [b], None) for b in loose]
+        sizes = [max(1, len(forward)) for forward, _, _ in pieces]
+        parts = []
+        for (forward, backward, options), size in zip(pieces, sizes):
+            shape = PartShape(tg, forward, backward)
+            if options is None:
+                options = shape.base_options()
+            cap = max(2, round(self.max_options * size / sum(sizes)))
+            parts.append(Part.of(tg, shape, spread(options, cap)))
+        forward, backward = _nodes_of(tg, cluster)
+        exported = PartShape(tg, forward, backward).outputs - tg.output_nodes
+        return Level(tg, parts, exported)
+
+    def cluster_options(self, cluster: Cluster) -> list[Option]:
+        tg = self.tg
+        forward, backward = _nodes_of(tg, cluster)
+        shape = PartShape(tg, forward, backward)
+        known = self.solved.get(cluster.signature)
+        if known is not None:
+            mapped = _mapped(tg, known, forward, backward, shape)
+            if mapped is not None:
+                return mapped
+        options = shape.base_options()
+        if backward and not self.deadline.expired():
+            level = self.level(cluster)
+            store = options[0]
+            peak = max(store.forward_peak, store.saved + store.backward_peak)
+            for peak_share, saved_share in BUDGET_GRID:
+                if self.deadline.elapsed() > OPTIONS_SHARE * (self.deadline.seconds or float("inf")):
+                    break
+                found = solve_level(level, None if peak_share is None else int(peak_share * peak),
+                                    int(saved_share * store.saved), self.deadline,
+                                    CLUSTER_SECONDS, quiet)
+                if found is not None:
+                    options.append(shape.measure(*found))
+        options = pareto(options)
+        self.count += 1
+        self.progress(f"hiremate: cluster {cluster.id} (level {cluster.level}, "
+                      f"{len(forward)} forward nodes) has {len(options)} options; "
+                      f"{self.count} structures solved")
+        self.solved.setdefault(cluster.signature, (forward, backward, options))
+        return options
+
+    # ------------------------------------------------------------ schedule
+
+    def schedule(self, forward: list[int], backward: list[int]) -> pb.Schedule:
+        try:
+            return to_schedule(self.tg, forward + backward, len(forward), name="hiremate")
+        except InvalidSchedule as error:
+            raise SolverError(f"hiremate assembled an invalid schedule: {error}") from error
+
+
+def _nodes_of(tg: TrainingGraph, cluster: Cluster) -> tuple[list[int], list[int]]:
+    forward = sorted(cluster.forward_nodes(), key=tg.position.__getitem__)
+    backward = sorted((b for c in cluster.walk() for b in c.backward), key=tg.position.__getitem__)
+    return forward, backward
+
+
+def _mapped(tg: TrainingGraph, known, forward: list[int], backward: list[int],
+            shape: PartShape) -> list[Option] | None:
+    """The options of a structurally identical cluster, on this cluster's nodes
+    (None if the two differ after all, e.g. in their backward nodes)."""
+    their_forward, their_backward, options = known
+    if len(their_forward) != len(forward) or len(their_backward) != len(backward):
+        return None
+    mapping = dict(zip(their_forward + their_backward, forward + backward))
+    if any(tg.graph.node(a).op != tg.graph.node(b).op for a, b in mapping.items()):
+        return None
+    return [shape.measure([mapping[n] for n in o.forward], [mapping[n] for n in o.backward])
+            for o in options]
