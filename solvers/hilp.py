@@ -158,7 +158,6 @@ class Level:
         readers: dict[int, set[int]] = {k: set() for k in range(len(self.parts))}
         for k, p in enumerate(self.parts):
             for n in p.shape.forward:
-                readers.setdefault(k, set())
                 for i in tg.node_inputs(n):
                     if i in self.part_of and self.part_of[i] != k:
                         readers[self.part_of[i]].add(k)
