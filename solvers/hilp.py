@@ -6,22 +6,26 @@ Stages: one forward stage per part that has forward nodes (in topological
 order), then one backward stage per part that has backward nodes (in an order
 respecting the backward dependencies, graph order otherwise). Variables:
 
-- `X[k,o]`: part k runs option o. Its forward stage runs the option's forward;
-  its backward stage runs the option's backward (the backward consistent with
-  the forward's choice), and the option's saved results are held in between.
+- `X[k,o]`: part k's backward runs option o's backward, which reads o's saved
+  results: kept from the forward stage (which then runs o's forward), or
+- `Z[k,o,t]`: made by running k's forward again in backward stage t (k's own,
+  or an earlier one that reads its outputs), the first forward keeping only
+  its outputs. This is what checkpointing a block does, and it lets a part
+  recomputed for a later part's backward serve its own backward too.
 - `S[t,p]`: part p's outputs held entering stage t.
 - `R[t,p]`: part p's outputs recomputed (only what produces them) in backward
   stage t, before that stage's backward.
 
-Constraints: a forward stage has its inputs held; a recomputation has its
-inputs held or recomputed before it in the same stage; a backward stage has
-what its option reads; outputs are held only if held or computed the stage
-before. Memory at each stage: held outputs + saved results of the parts
-between their forward and backward + gradients alive at that point (a
-constant: the backward order is fixed) + what the stage runs: the option's
-forward peak, or the recomputed outputs plus the option's backward peak.
+Constraints: a forward stage has its inputs held; a recomputation or rerun has
+its inputs there before it in the same stage; a backward stage has what its
+option reads; outputs are held only if held or computed the stage before.
+Memory at each stage: held outputs + saved results of the parts between where
+they were made and their backward + gradients alive at that point (a constant:
+the backward order is fixed) + what the stage runs: the forward's peak, or the
+recomputed and rerun parts' results plus the option's backward peak, in which
+the gradients and outputs read for the last time count until freed.
 Recomputed outputs count together for the whole stage (cautious). The
-objective is the time of the chosen options and recomputations.
+objective is the time of the chosen options, recomputations and reruns.
 
 Outputs read outside the level ("exported") stay to the end of the level's
 forward and are the parent's to hold during the level's backward. Graph
@@ -57,6 +61,10 @@ class Part:
     recompute_time: float = 0.0
     recompute_peak: int = 0
     can_recompute: bool = False
+    #: Its whole forward may run again in the backward (a cluster of recomputable nodes).
+    can_rerun: bool = False
+    #: Peak of its forward when it keeps nothing for the backward (only its outputs).
+    plain_forward_peak: int = 0
 
     @classmethod
     def of(cls, tg: TrainingGraph, shape: PartShape, options: list[Option]) -> Part:
@@ -77,6 +85,10 @@ class Part:
         part.can_recompute = bool(part.recompute) and all(n in tg.recomputable for n in part.recompute)
         if part.can_recompute:
             part.recompute_peak = walk_memory(tg, set(), list(part.recompute), set(shape.outputs),
+                                              shape.outside)[0]
+        part.can_rerun = (len(shape.forward) > 1 and bool(shape.backward)
+                          and all(n in tg.recomputable for n in shape.forward))
+        part.plain_forward_peak = walk_memory(tg, set(), list(shape.forward), set(shape.outputs),
                                               shape.outside)[0]
         return part
 
@@ -107,8 +119,16 @@ class Level:
         self.b = {k: t for t, (kind, k) in enumerate(self.stages) if kind == "backward"}
         self.reads = [[{self.part_of[n] for n in o.reads if n in self.part_of} for o in p.options]
                       for p in parts]
+        #: Parts whose forward may run again in a backward stage for their own backward.
+        self.rerun = {k for k, p in enumerate(parts) if p.can_rerun and k not in self.exported}
         self.base = self._constant_memory(backward_of)
         self.need = self._need()
+        self.backward_peaks = self._backward_peaks()
+        #: Where a part's forward may run again: its own backward stage, or an earlier
+        #: one whose backward reads its outputs (it then serves both).
+        self.rerun_stages = {k: sorted({self.b[k]} | {
+            self.b[q] for q in self.b if self.first_backward <= self.b[q] < self.b[k]
+            and any(k in r for r in self.reads[q])}) for k in self.rerun}
 
     @staticmethod
     def _order(items: list[int], depends_on, key) -> list[int]:
@@ -141,6 +161,11 @@ class Level:
             for u in tg.node_users[b]:
                 if u in backward_of:
                     last[r] = max(last.get(r, -1), self.b[backward_of[u]])
+        #: Gradients whose last reader in the level is a backward stage, by stage.
+        self.consumed: dict[int, set[int]] = {}
+        for r, t in last.items():
+            if t < T and tg.output_bytes[r] == 0:
+                self.consumed.setdefault(t, set()).add(r)
         for r, k in backward_of.items():
             # Parameter gradients (graph outputs) stay to the end; the node's other
             # results (the gradient passed on) until their last reader's stage.
@@ -150,6 +175,27 @@ class Level:
                 for t in range(self.b[k] + 1, end + 1):
                     base[t] += nbytes
         return base
+
+    def _backward_peaks(self) -> dict[int, list[int]]:
+        """Per backward part, each option's backward peak beyond its saved results,
+        given what the stage frees as it goes: the gradients it reads for the last
+        time and the outputs (its own or others') nothing later needs. These are in
+        the stage's held bytes, so they count until freed rather than all along."""
+        tg, peaks = self.tg, {}
+        last_needed: dict[int, set[int]] = {}
+        for p, t in self.need.items():
+            if p not in self.exported and t >= self.first_backward:
+                shape = self.parts[p].shape
+                last_needed.setdefault(t, set()).update(
+                    shape.root(n) for n in shape.outputs - tg.output_nodes
+                    if shape.root(n) in shape.own)
+        for k in self.b:
+            part = self.parts[k]
+            dying = self.consumed.get(self.b[k], set()) | last_needed.get(self.b[k], set())
+            peaks[k] = [max(0, part.shape.backward_peak(o.backward, dict(o.saved_roots),
+                                                        frozenset(dying)) - o.saved)
+                        if dying else o.backward_peak for o in part.options]
+        return peaks
 
     def _need(self) -> dict[int, int]:
         """The last stage at which each part's outputs may be read (directly, or to
@@ -166,6 +212,7 @@ class Level:
             stages += [self.b[q] for q in range(len(self.parts)) if q in self.b
                        and any(k in r for r in self.reads[q])]
             stages += [need[q] for q in readers[k] if self.parts[q].can_recompute and q in need]
+            stages += [self.b[q] for q in readers[k] if q in self.rerun]
             if k in self.exported:
                 stages.append(self.first_backward - 1)
             need[k] = max(stages, default=self.f[k])
@@ -196,6 +243,14 @@ class LevelModel:
             if L.parts[k].can_recompute and k not in L.exported:
                 for t in range(L.first_backward, L.need[k] + 1):
                     self.R[t, k] = m.add_var(var_type=mip.BINARY)
+        #: Z[k,o,t]: part k's forward runs again in backward stage t for its backward
+        #: (option o), which then keeps o's saved results from t instead of from the forward.
+        self.Z: dict[tuple[int, int, int], mip.Var] = {}
+        for k in sorted(L.rerun):
+            for o in range(len(L.parts[k].options)):
+                zs = [m.add_var(var_type=mip.BINARY) for _ in L.rerun_stages[k]]
+                self.Z.update(((k, o, t), z) for t, z in zip(L.rerun_stages[k], zs))
+                self._require(mip.xsum(zs), self.x(k, o))
         self._dependencies()
         if least_memory:
             self.peak = m.add_var(lb=0.0)
@@ -204,7 +259,9 @@ class LevelModel:
             self.peak = peak
             m.objective = mip.minimize(
                 mip.xsum(L.parts[k].options[o].time * x for (k, o), x in self.X.items())
-                + mip.xsum(L.parts[k].recompute_time * r for (t, k), r in self.R.items()))
+                + mip.xsum(L.parts[k].recompute_time * r for (t, k), r in self.R.items())
+                + mip.xsum(L.parts[k].options[o].forward_time * z
+                           for (k, o, t), z in self.Z.items()))
         if self.peak is not None:
             self._memory()
         if saved is not None and L.backward_order:
@@ -223,16 +280,22 @@ class LevelModel:
             return self.S[t, k]
         return 1 if k in L.exported and t >= L.first_backward else 0
 
+    def reruns(self, k: int, stages, option: int | None = None) -> list:
+        """The Z variables of part k's forward running again in one of `stages`
+        (for `option`, or for any)."""
+        options = range(len(self.level.parts[k].options)) if option is None else [option]
+        return [z for t in stages for o in options if (z := self.Z.get((k, o, t))) is not None]
+
     def have(self, t: int, k: int):
-        """k's outputs are there in stage t (held, or recomputed earlier in it)."""
-        return self.s(t, k) + self.R.get((t, k), 0)
+        """k's outputs are there in stage t (held, or recomputed or rerun earlier in it)."""
+        return self.s(t, k) + self.R.get((t, k), 0) + mip.xsum(self.reruns(k, [t]))
 
     def _dependencies(self) -> None:
         m, L = self.model, self.level
         add = m.add_constr
         for (t, k), var in self.S.items():
             if t > L.f[k] + 1:
-                add(var <= self.s(t - 1, k) + self.R.get((t - 1, k), 0))
+                add(var <= self.have(t - 1, k))
         for t, (kind, k) in enumerate(L.stages):
             if kind == "forward":
                 for n in L.parts[k].shape.forward:
@@ -245,9 +308,17 @@ class LevelModel:
                     for p in reads:
                         self._require(self.x(k, o), self.have(t, p))
         for (t, q), r in self.R.items():
-            for p in {L.part_of[i] for n in L.parts[q].recompute for i in L.tg.node_inputs(n)
-                      if i in L.part_of} - {q}:
+            for p in self._inputs(L.parts[q].recompute, q):
                 self._require(r, self.have(t, p))
+        for q in L.rerun:
+            for t in L.rerun_stages[q]:
+                for p in self._inputs(L.parts[q].shape.forward, q):
+                    self._require(mip.xsum(self.reruns(q, [t])), self.have(t, p))
+
+    def _inputs(self, nodes, q: int) -> set[int]:
+        """The other parts whose outputs `nodes` (of part q) read."""
+        L = self.level
+        return {L.part_of[i] for n in nodes for i in L.tg.node_inputs(n) if i in L.part_of} - {q}
 
     def _require(self, lhs, rhs) -> None:
         """lhs <= rhs, either side possibly a constant."""
@@ -264,8 +335,10 @@ class LevelModel:
                  if k not in L.exported or t < L.first_backward]
         for k in L.f:
             if L.f[k] < t <= L.b.get(k, -1):
-                terms += [L.parts[k].options[o].saved * self.x(k, o)
-                          for o in range(len(L.parts[k].options))]
+                # Saved results kept from the forward or from a rerun before t.
+                later = range(t, L.b[k] + 1)
+                terms += [o.saved * (self.x(k, i) - mip.xsum(self.reruns(k, later, i)))
+                          for i, o in enumerate(L.parts[k].options)]
         return mip.xsum(terms) + L.base[t]
 
     def _memory(self) -> None:
@@ -274,7 +347,11 @@ class LevelModel:
         for t, (kind, k) in enumerate(L.stages):
             options = L.parts[k].options
             if kind == "forward":
-                add(self.held(t) + mip.xsum(o.forward_peak * self.x(k, i)
+                # Keeping option i's saved results, or only the outputs when a rerun will.
+                later = [mip.xsum(self.reruns(k, L.rerun_stages.get(k, ()), i))
+                         for i in range(len(options))]
+                add(self.held(t) + mip.xsum(o.forward_peak * (self.x(k, i) - later[i])
+                                            + L.parts[k].plain_forward_peak * later[i]
                                             for i, o in enumerate(options)) <= self.peak)
                 continue
             recomputed = [(p, r) for (s, p), r in self.R.items() if s == t]
@@ -284,8 +361,15 @@ class LevelModel:
                 for p, r in recomputed:
                     add(during >= max(0, L.parts[p].recompute_peak - L.parts[p].out_bytes) * r)
                 add(self.held(t) + extra + during <= self.peak)
-            add(self.held(t) + extra + mip.xsum(o.backward_peak * self.x(k, i)
-                                                for i, o in enumerate(options)) <= self.peak)
+            reruns = [(L.parts[q], L.parts[q].options[i], z)
+                      for (q, i, u), z in self.Z.items() if u == t]
+            if reruns:
+                add(self.held(t) + extra + mip.xsum(o.forward_peak * z for _, o, z in reruns)
+                    <= self.peak)
+            produced = mip.xsum((p.out_bytes + o.saved) * z for p, o, z in reruns)
+            add(self.held(t) + extra + produced
+                + mip.xsum(peak * self.x(k, i) for i, peak in enumerate(L.backward_peaks[k]))
+                <= self.peak)
 
     # ------------------------------------------------------------ solving
 
@@ -312,6 +396,8 @@ class LevelModel:
             for p in L.forward_order:
                 if (t, p) in self.R and (self.R[t, p].x or 0.0) >= 0.5:
                     backward.extend(L.parts[p].recompute)
+                if any((z.x or 0.0) >= 0.5 for z in self.reruns(p, [t])):
+                    backward.extend(L.parts[p].options[chosen[p]].forward)
             backward.extend(option.backward)
         return forward, backward
 

@@ -41,7 +41,7 @@ MAX_OPTIONS = 100
 #: A cluster's H-ILP is solved under these (peak, saved) limits, as shares of its
 #: store-everything option's peak and of the bytes it keeps for the backward
 #: (None: no peak limit). Each solution is one of the cluster's options.
-BUDGET_GRID = tuple((peak, saved) for peak in (None, 0.6) for saved in (0.0, 0.1, 0.25, 0.5, 0.75))
+BUDGET_GRID = tuple((None, saved) for saved in (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75))
 #: Seconds per H-ILP below the top.
 CLUSTER_SECONDS = 2.0
 #: Share of the time limit the options may use before the top is solved.

@@ -8,7 +8,8 @@ H-ILP solution, a leaf solver) are described the same way:
 
 - forward and backward time (the backward time includes its recomputation);
 - `saved`: bytes of the part's own results kept from its forward to its
-  backward (its outputs excepted: the parent holds those);
+  backward (its outputs excepted: the parent holds those), of each only what
+  backward nodes read (a dropout keeps its mask);
 - `forward_peak`: bytes the part's forward allocates at its highest point
   (its outputs and saved results included);
 - `backward_peak`: bytes its backward allocates beyond `saved` at its
@@ -19,7 +20,7 @@ H-ILP solution, a leaf solver) are described the same way:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .sequences import OnDemand, walk_memory
@@ -36,6 +37,8 @@ class Option:
     forward_peak: int
     backward_peak: int
     reads: frozenset[int]
+    #: (saved allocation, bytes of it the backward reads) pairs.
+    saved_roots: tuple[tuple[int, int], ...] = ()
 
     @property
     def time(self) -> float:
@@ -55,6 +58,8 @@ class PartShape:
         self.outputs = frozenset(n for n in forward if n in tg.output_nodes
                                  or any(u not in inside for u in tg.node_users[n]))
         self.root = lambda n: tg.view_root.get(n, n)
+        #: Allocations of its outputs (the parent holds them, even through a view).
+        self.output_roots = frozenset(self.root(n) for n in self.outputs)
         #: Allocations outside the part that its nodes reach through views.
         self.outside = frozenset(self.root(n) for n in forward if self.root(n) not in self.own)
 
@@ -68,19 +73,39 @@ class PartShape:
                                if p in forward_nodes and p not in computed)
             computed.add(n)
         saved_nodes = {n for n in read_before if n in self.own and n not in self.outputs}
-        saved_roots = {root(n) for n in saved_nodes if root(n) in self.own} - self.outputs
-        saved = sum(tg.memory[r] for r in saved_roots)
-        forward_peak, _ = walk_memory(tg, set(), list(forward), saved_nodes | self.outputs,
-                                      self.outside)
-        produced = set(backward)
-        leaving = {b for b in backward if b in tg.output_nodes
-                   or any(u not in produced for u in tg.node_users[b])}
-        apart = frozenset(root(p) for n in backward for p in tg.node_inputs(n)
-                          if p not in produced and root(p) not in saved_roots)
-        backward_peak, _ = walk_memory(tg, saved_roots, list(backward), leaving, apart)
+        saved_roots = {root(n) for n in saved_nodes if root(n) in self.own} - self.output_roots
+        kept = {r: tg.bytes_read(r, backward) for r in saved_roots}
+        saved = sum(kept.values())
+        # A saved view of an output or of an outside result keeps that result alive:
+        # the parent must hold it, so the backward reads it.
+        reads = (read_before - saved_nodes) | {root(n) for n in saved_nodes
+                                               if root(n) not in saved_roots}
+        forward_peak, _ = walk_memory(tg, set(), list(forward), set(self.outputs),
+                                      self.outside, kept)
+        backward_peak = self.backward_peak(backward, kept)
         return Option(tuple(forward), tuple(backward), sum(tg.time[n] for n in forward),
                       sum(tg.time[n] for n in backward), saved, forward_peak,
-                      max(0, backward_peak - saved), frozenset(read_before - saved_nodes))
+                      max(0, backward_peak - saved), frozenset(reads), tuple(kept.items()))
+
+    def backward_peak(self, backward: Sequence[int], saved_roots: Mapping[int, int],
+                      dying: frozenset[int] = frozenset()) -> int:
+        """Bytes the backward allocates at its highest point, from its saved results
+        and those of `dying` (results held before it and freed by it: the last reader
+        of a gradient, an output read for the last time) that it reads. Whatever
+        else it reads is held all along (counted apart)."""
+        tg, root = self.tg, self.root
+        produced = set(backward)
+        # What leaves the backward: gradients read by later nodes, parameter gradients.
+        leaving = {b: tg.output_bytes[b] + tg.bytes_read(b, [u for u in tg.node_users[b]
+                                                             if u not in produced])
+                   for b in backward if b in tg.output_nodes
+                   or any(u not in produced for u in tg.node_users[b])}
+        read = {root(p) for n in backward for p in tg.node_inputs(n) if p not in produced}
+        dying = frozenset(dying & read) - saved_roots.keys()
+        apart = frozenset(read - saved_roots.keys() - dying)
+        peak, _ = walk_memory(tg, set(saved_roots) | dying, list(backward), leaving, apart,
+                              saved_roots)
+        return peak - sum(tg.memory[r] for r in dying)
 
     def base_options(self) -> list[Option]:
         """Store what the backward reads (autograd); and keep nothing, recomputing

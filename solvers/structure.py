@@ -92,6 +92,23 @@ class TrainingGraph:
                     roots[n] = allocator[s]
         return memory, roots
 
+    @cached_property
+    def allocations(self) -> dict[int, list[tuple[int, int]]]:
+        """Per node, the storages it allocates that outlive it, with their bytes."""
+        g, allocations = self.graph, {n: [] for n in self.order}
+        for s, n in self.allocator.items():
+            if self.memory[n]:
+                allocations[n].append((s, g.storage_bytes(s)))
+        return allocations
+
+    def bytes_read(self, n: int, readers) -> int:
+        """Bytes of `n`'s allocations that the `readers` nodes read: what holding `n`
+        for them costs (a dropout's backward reads its mask, not its output; the
+        simulator frees per storage)."""
+        g = self.graph
+        read = {g.value(v).storage_id for r in readers for v in g.node(r).inputs}
+        return sum(b for s, b in self.allocations[n] if s in read)
+
     @property
     def memory(self) -> dict[int, int]:
         """Bytes each node allocates that outlive it (some later node reads them)."""
