@@ -14,8 +14,8 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 
 def __getattr__(name):
-    # `remat` imports torch; load it on first use so that `import remat_ir.ir` stays light.
-    if name in ("remat", "plan", "parse_budget", "InfeasibleBudget"):
+    # `remat` and `remat_onnx` import torch; load it on first use so that `import remat_ir.ir` stays light.
+    if name in ("remat", "remat_onnx", "plan", "parse_budget", "InfeasibleBudget"):
         from . import api
         return getattr(api, name)
     raise AttributeError(f"module 'remat_ir' has no attribute {name!r}")

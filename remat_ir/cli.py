@@ -1,6 +1,7 @@
 """The `remat-ir` command.
 
     remat-ir convert --torch MODULE:FACTORY -o FILE   lower a PyTorch model
+    remat-ir convert MODEL.onnx [--shape NAME=2x16] -o FILE   lower an ONNX model
     remat-ir inspect FILE    what is in an IR file: nodes, ops, tensors, schedules
     remat-ir validate FILE   structure, then every schedule through the simulator
     remat-ir solve FILE --budget 50% [--solver hiremate] -o OUT   plan within a budget
@@ -183,12 +184,28 @@ def _load_factory(spec: str):
 
 
 def cmd_convert(args) -> int:
-    import torch
-
-    from .frontends.torch import lower
+    if (args.model is None) == (args.torch is None):
+        raise RematIRError("convert takes either an ONNX file (remat-ir convert model.onnx -o F) "
+                           "or --torch MODULE:FACTORY, not both and not neither")
+    graph = _convert_onnx(args) if args.model is not None else _convert_torch(args)
     from .ir import save
     from .solvers import solve
 
+    for reference in REFERENCE_SOLVERS:
+        solve(graph, None, reference)
+    path = save(graph, args.output)
+    print(f"wrote {path}: {len(graph.nodes)} nodes, {len(graph.values)} values, schedules "
+          + ", ".join(f"{s.name} (peak {human_bytes(s.predicted_peak_bytes)})" for s in graph.schedules))
+    return 0
+
+
+def _convert_torch(args) -> Graph:
+    import torch
+
+    from .frontends.torch import lower
+
+    if args.shape or args.trainable != "initializers":
+        raise RematIRError("--shape and --trainable apply to ONNX files, not to --torch factories")
     made = _load_factory(args.torch)()
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
         raise RematIRError(f"--torch {args.torch!r}: the factory must return (model, example_inputs), "
@@ -201,13 +218,47 @@ def cmd_convert(args) -> int:
     model.train()
     print(f"lowering {type(model).__name__} (torch.export, joint graph, {args.cost_model} costs)...",
           file=sys.stderr)
-    graph = lower(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model)
-    for reference in REFERENCE_SOLVERS:
-        solve(graph, None, reference)
-    path = save(graph, args.output)
-    print(f"wrote {path}: {len(graph.nodes)} nodes, {len(graph.values)} values, schedules "
-          + ", ".join(f"{s.name} (peak {human_bytes(s.predicted_peak_bytes)})" for s in graph.schedules))
-    return 0
+    return lower(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model)
+
+
+def _shape_arg(text: str) -> tuple[str, list[int]]:
+    """--shape NAME=2x16 (a scalar input: NAME=)."""
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = [int(d) for d in dims.lower().split("x")] if dims else []
+    except ValueError:
+        shape = None
+    if not sep or not name or shape is None or any(d < 0 for d in shape):
+        raise RematIRError(f"--shape {text!r}: expected INPUT_NAME=D0xD1x..., e.g. input_ids=2x16")
+    return name, shape
+
+
+def _convert_onnx(args) -> Graph:
+    import torch
+
+    from .frontends.onnx import load_model, lower
+    from .frontends.onnx_ops import torch_dtype
+
+    shapes = dict(_shape_arg(text) for text in args.shape)
+    example = None
+    if shapes:
+        model, source = load_model(args.model)
+        inits = {i.name for i in model.graph.initializer}
+        inputs = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
+        unknown = sorted(set(shapes) - set(inputs))
+        missing = sorted(set(inputs) - set(shapes))
+        if unknown or missing:
+            raise RematIRError(f"--shape: give one for each input of {source} ({sorted(inputs)})"
+                               + (f"; unknown {unknown}" if unknown else "")
+                               + (f"; missing {missing}" if missing else ""))
+        example = {}
+        for name, shape in shapes.items():
+            dtype = torch_dtype(inputs[name].type.tensor_type.elem_type)
+            example[name] = (torch.randn(shape, dtype=dtype) if dtype.is_floating_point
+                             else torch.zeros(shape, dtype=dtype))
+    print(f"lowering {args.model} (ONNX import, torch.export, joint graph, {args.cost_model} costs)...",
+          file=sys.stderr)
+    return lower(args.model, example, cost_model=args.cost_model, trainable=args.trainable)
 
 
 #: Schedules `convert` stores with every graph: the two ends solvers are measured against.
@@ -360,10 +411,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check structure and replay every schedule in the simulator")
     p.add_argument("file", help="IR file (.rir binary or .json)")
     p.set_defaults(run=cmd_validate)
-    p = sub.add_parser("convert", help="lower a model into an IR file (with the reference schedules)")
-    p.add_argument("--torch", required=True, metavar="MODULE:FACTORY",
+    p = sub.add_parser("convert", help="lower a model (ONNX file, or PyTorch factory) into an IR "
+                                       "file (with the reference schedules)")
+    p.add_argument("model", nargs="?", metavar="MODEL.onnx", help="an ONNX model to lower")
+    p.add_argument("--torch", metavar="MODULE:FACTORY",
                    help="a function returning (model, example_inputs): a tuple of positional "
                         "inputs, or a dict of keyword inputs")
+    p.add_argument("--shape", action="append", default=[], metavar="INPUT=D0xD1",
+                   help="ONNX: the shape of each graph input, fixing dynamic dimensions such as "
+                        "batch and sequence (repeat for each input); random data of the input's dtype")
+    p.add_argument("--trainable", choices=("initializers", "constants"), default="initializers",
+                   help="ONNX: which float tensors become parameters: initializers (default), or also "
+                        "Constant/ConstantOfShape outputs (weight-stripped graphs)")
     p.add_argument("-o", "--output", required=True, help="IR file to write (.rir, or .json)")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile",
                    help="measure each op on the inputs' device, or estimate from FLOPs")

@@ -1,0 +1,526 @@
+"""The ONNX frontend: ONNX models lower into the IR and train through the PyTorch runtime.
+
+- GPT-2 and a CNN exported with `torch.onnx.export(..., dynamo=True)` train 3 steps
+  through `remat_onnx` at 50% of the store-everything peak: losses and every gradient
+  equal the original torch model's (relative error < 1e-5), and the forward output
+  equals onnxruntime's. BERT and a ResNet (transformers configs) lower and train a step
+  with every activation recomputed: gradients equal the imported module's eager autograd.
+- Hand-built graphs cover what exporters emit around the big ops: omitted optional
+  inputs (Clip without min), opset-17 LayerNormalization, int64 index inputs,
+  Constant/ConstantOfShape/Shape-built reshapes; each is checked against onnxruntime
+  and a torch expression written out by hand.
+- The model-zoo graphs shipped in the `onnx` package lower and are planned at 50%;
+  with random weights, their outputs equal onnxruntime's and a training step equals
+  eager autograd.
+- Bad input gets one clear error: every unsupported op with its nodes, before any
+  work; dynamic dimensions without example inputs name the inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import onnx_models as om
+import remat_ir
+from remat_ir import ir
+from remat_ir.api import scheduled_onnx_module
+from remat_ir.frontends import onnx as onnx_frontend
+from remat_ir.frontends.onnx import OnnxInputError, UnsupportedOps
+from remat_ir.frontends.torch import LoweringError
+from remat_ir.solvers import InfeasibleBudget, solve
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-30)
+    return (a - b).abs().max().item() / scale
+
+
+def run_ort(model, inputs: tuple) -> list[np.ndarray]:
+    data = model if isinstance(model, str) else model.SerializeToString()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return session.run(None, {i.name: t.detach().numpy() for i, t in zip(session.get_inputs(), inputs)})
+
+
+def as_tuple(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each torch model exported once: name -> (path, model, args, loss_of)."""
+    folder = tmp_path_factory.mktemp("onnx")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model, args, dynamic, loss_of = om.TORCH_MODELS[name]()
+            path = om.export(model, args, dynamic, str(folder / f"{name}.onnx"))
+            cache[name] = path, model, args, loss_of
+        return cache[name]
+    return get
+
+
+def torch_counterparts(onnx_module, torch_model) -> dict:
+    """ONNX parameter -> (torch parameter name, transposed?), matched by value.
+
+    The exporter names initializers after the torch parameters but may fold a
+    transpose into a new one (`val_374` = lm_head.weight.T): values decide.
+    """
+    torch_params = dict(torch_model.named_parameters())
+    found = {}
+    for name, p in onnx_module.named_parameters():
+        hits = [(n, False) for n, t in torch_params.items() if t.shape == p.shape and torch.equal(t, p)]
+        hits += [(n, True) for n, t in torch_params.items()
+                 if t.dim() == 2 and t.t().shape == p.shape and torch.equal(t.t(), p)]
+        assert len(hits) == 1, f"ONNX parameter {name!r} matches {hits} in the torch model"
+        found[name] = hits[0]
+    assert sorted(n for n, _ in found.values()) == sorted(torch_params), "every torch parameter is trained"
+    return found
+
+
+# ---------------------------------------------------------------- acceptance: GPT-2 and a CNN
+
+@pytest.mark.parametrize("name", ["gpt2", "cnn"])
+def test_exported_model_trains_like_torch_at_half_memory(exported, name):
+    path, model, args, loss_of = exported(name)
+    (reference,) = run_ort(path, args)
+    # The CNN's MILP does not prove optimality quickly; the best plan found in 5 s is used.
+    scheduled = remat_ir.remat_onnx(path, args, budget="50%", cost_model="flops", time_limit_s=5)
+    graph, schedule = scheduled.graph, scheduled.schedule
+    assert schedule.solver == "hiremate"
+    assert schedule.budget_bytes == ir.store_all(graph).predicted_peak_bytes // 2
+    result = ir.simulate(graph, schedule)
+    assert result.peak_bytes <= schedule.budget_bytes and result.recomputations > 0
+
+    with torch.no_grad():
+        assert relative_error(scheduled.eval()(*args), torch.from_numpy(reference)) < 1e-5
+    scheduled.train()
+    counterparts = torch_counterparts(scheduled, model)
+    torch_params = dict(model.named_parameters())
+    opt_torch = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt_onnx = torch.optim.SGD(scheduled.parameters(), lr=0.05, momentum=0.9)
+    errors = {}
+    for step in range(3):
+        loss_torch = loss_of(model(*args))
+        loss_torch.backward()
+        out = scheduled(*args)
+        assert isinstance(out, torch.Tensor)  # one graph output: the tensor, not a tuple
+        loss_onnx = loss_of(out)
+        loss_onnx.backward()
+        errors[f"step {step} loss"] = relative_error(loss_torch, loss_onnx)
+        for pname, p in scheduled.named_parameters():
+            tname, transposed = counterparts[pname]
+            g = torch_params[tname].grad
+            errors[f"step {step} grad {pname}"] = relative_error(g.t() if transposed else g, p.grad)
+        opt_torch.step(), opt_onnx.step()
+        opt_torch.zero_grad(), opt_onnx.zero_grad()
+    worst = max(errors, key=errors.get)
+    assert errors[worst] < 1e-5, f"{worst}: relative error {errors[worst]:.3g}"
+
+
+def eager_and_scheduled_step(module, scheduled, args, loss_of) -> float:
+    """Worst relative error between one step of the imported module run eagerly and scheduled."""
+    eager = copy.deepcopy(module)
+    loss_e = loss_of(as_tuple(eager(*args)))
+    loss_e.backward()
+    loss_s = loss_of(as_tuple(scheduled(*args)))
+    loss_s.backward()
+    assert torch.isfinite(loss_s)
+    worst = relative_error(loss_e, loss_s)
+    grads = dict(eager.named_parameters())
+    for name, p in scheduled.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        worst = max(worst, relative_error(grads[name].grad, p.grad))
+    return worst
+
+
+@pytest.mark.parametrize("name", ["bert", "resnet"])
+def test_bert_and_resnet_lower_solve_and_train(exported, name):
+    """BERT (two outputs, an int64 attention mask) and transformers' ResNet (its BatchNorm
+    folded into the convolutions by the exporter, the loss inside the graph)."""
+    path, model, args, _ = exported(name)
+    module, examples = onnx_frontend.to_torch(path, args)
+    with torch.no_grad():
+        ours = as_tuple(module(*args))
+        theirs = as_tuple(model(*args))
+    for o, r, t in zip(ours, run_ort(path, args), theirs):
+        assert relative_error(o, torch.from_numpy(r)) < 1e-5
+        assert relative_error(o, t) < 1e-5
+    graph = onnx_frontend.lower_module(module, examples, cost_model="flops")
+    # At these CI sizes half the peak is below what any plan reaches (BERT: hiremate takes a
+    # minute at seq 64; the tiny ResNet's peak is its parameter gradients): recompute all.
+    schedule = remat_ir.plan(graph, solver="recompute-all")
+    assert ir.simulate(graph, schedule).recomputations > 0
+    scheduled = scheduled_onnx_module(module, graph, schedule)
+
+    def loss_of(outs):
+        return sum(o.float().pow(2).mean() for o in outs)
+    assert eager_and_scheduled_step(module, scheduled, args, loss_of) < 1e-5
+
+
+# ---------------------------------------------------------------- the module's interface
+
+def test_parameters_are_the_float_initializers_by_name(exported):
+    path, model, args, _ = exported("gpt2")
+    module, _ = onnx_frontend.to_torch(path, args)
+    proto = onnx.load(path)
+    float_inits = {i.name for i in proto.graph.initializer if i.data_type == TensorProto.FLOAT and i.dims}
+    params = dict(module.named_parameters())
+    assert set(params) == float_inits  # MatMul/Gemm weights, LayerNorm scales and biases, embeddings
+    assert "gpt.transformer.h.0.attn.c_attn.weight" in params  # dotted names: nested modules
+    assert module.get_parameter("gpt.transformer.h.1.mlp.c_fc.bias") is params["gpt.transformer.h.1.mlp.c_fc.bias"]
+    int_inits = {i.name for i in proto.graph.initializer if i.data_type == TensorProto.INT64}
+    assert not int_inits & set(params) and not int_inits & set(module.state_dict())
+    assert set(module.state_dict()) == float_inits  # constants are not persistent
+
+
+def test_inputs_by_position_or_name_and_outputs(exported):
+    path, model, args, _ = exported("bert")
+    ids, mask = args
+    module, _ = onnx_frontend.to_torch(path, {"input_ids": ids, "attention_mask": mask})
+    scheduled = remat_ir.remat_onnx(path, args, solver="autograd", cost_model="flops")
+    by_position = scheduled(ids, mask)
+    by_name = scheduled(attention_mask=mask, input_ids=ids)
+    assert isinstance(by_position, tuple) and len(by_position) == 2
+    for a, b in zip(by_position, by_name):
+        assert torch.equal(a, b)
+    with pytest.raises(OnnxInputError, match="unknown \\['mask'\\].*missing \\['attention_mask'\\]"):
+        scheduled(ids, mask=mask)
+    with pytest.raises(ir.RematIRError, match="lowered for"):
+        scheduled(ids[:, :8], mask[:, :8])
+
+
+def test_ir_nodes_keep_their_onnx_node_names(exported):
+    path, _, args, _ = exported("gpt2")
+    graph = onnx_frontend.lower(path, args, cost_model="flops")
+    proto = onnx.load(path)
+    labels = {f"{n.name} ({n.op_type})" for n in proto.graph.node}
+    forward = [n for n in graph.proto.nodes if n.phase == ir.pb.FORWARD]
+    backward = [n for n in graph.proto.nodes if n.phase == ir.pb.BACKWARD]
+    assert all(n.source in labels for n in forward), [n.source for n in forward if n.source not in labels]
+    # Backward nodes too, but for the adds that sum the gradients of a value read twice.
+    unnamed = [n for n in backward if n.source not in labels]
+    assert all(n.op == "aten.add.Tensor" and not n.source for n in unnamed)
+    assert len(unnamed) < len(backward) / 5
+    assert any(n.source.endswith("(LayerNormalization)") for n in backward)
+    assert graph.proto.provenance.frontend == "onnx"
+    assert json.loads(graph.proto.metadata["onnx.input_names"]) == ["input_ids"]
+
+
+# ---------------------------------------------------------------- hand-built graphs
+
+def _edge_case_model(opset: int = 17):
+    """Clip with min omitted (''), LayerNormalization (opset 17), a Gather by an int64 graph
+    input, a reshape to a shape built from Shape/Gather/Constant/Concat, ConstantOfShape."""
+    X = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    I = helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch"])
+    Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(6, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, (8,)).astype(np.float32), "ln.scale"),
+             numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "ln.bias"),
+             numpy_helper.from_array(rng.normal(size=(5, 8)).astype(np.float32), "table"),
+             numpy_helper.from_array(np.array(0.75, np.float32), "clip_max"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="matmul"),
+        helper.make_node("Add", ["mm", "b"], ["biased"], name="add_bias"),
+        helper.make_node("Clip", ["biased", "", "clip_max"], ["clipped"], name="clip_max_only"),
+        helper.make_node("LayerNormalization", ["clipped", "ln.scale", "ln.bias"], ["normed"],
+                         name="layer_norm", axis=-1, epsilon=1e-5),
+        helper.make_node("Gather", ["table", "idx"], ["rows"], name="gather_rows", axis=0),
+        helper.make_node("Mul", ["normed", "rows"], ["mixed"], name="mix"),
+        helper.make_node("Shape", ["mixed"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch_size", axis=0),
+        helper.make_node("Constant", [], ["split_dims"], name="dims",
+                         value=numpy_helper.from_array(np.array([2, 4], np.int64))),
+        helper.make_node("Concat", ["batch", "split_dims"], ["new_shape"], name="concat_shape", axis=0),
+        helper.make_node("Reshape", ["mixed", "new_shape"], ["reshaped"], name="reshape"),
+        helper.make_node("ConstantOfShape", ["new_shape"], ["halves"], name="halves",
+                         value=numpy_helper.from_array(np.array([0.5], np.float32))),
+        helper.make_node("Mul", ["reshaped", "halves"], ["scaled"], name="scale"),
+        helper.make_node("ReduceSum", ["scaled", "zero"], ["y"], name="sum_batch", keepdims=0),
+    ]
+    graph = helper.make_graph(nodes, "edge_cases", [X, I], [Y], inits)
+    # IR version 10 (onnx 1.16): what onnxruntime reads; helper would write the newest.
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _edge_case_reference(params: dict, x, idx):
+    h = torch.clamp(x @ params["w"] + params["b"], max=0.75)
+    h = torch.nn.functional.layer_norm(h, (8,), params["ln.scale"], params["ln.bias"], 1e-5)
+    h = (h * params["table"][idx]).reshape(x.shape[0], 2, 4) * 0.5
+    return h.sum(0)
+
+
+def test_optional_inputs_layer_norm_int64_indices_and_built_shapes():
+    model = _edge_case_model()
+    onnx.checker.check_model(model)
+    x, idx = torch.randn(3, 6), torch.tensor([4, 0, 2])
+    module, _ = onnx_frontend.to_torch(model, (x, idx))
+    (reference,) = run_ort(model, (x, idx))
+    params = dict(module.named_parameters())
+    assert set(params) == {"w", "b", "ln.scale", "ln.bias", "table"}  # not the scalar clip_max
+    with torch.no_grad():
+        assert relative_error(module(x, idx), torch.from_numpy(reference)) < 1e-6
+    by_hand = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    _edge_case_reference(by_hand, x, idx).pow(2).sum().backward()
+    scheduled = remat_ir.remat_onnx(model, {"x": x, "idx": idx}, solver="recompute-all",
+                                    cost_model="flops")
+    scheduled(x, idx=idx).pow(2).sum().backward()
+    for name, p in scheduled.named_parameters():
+        assert relative_error(by_hand[name].grad, p.grad) < 1e-5, name
+
+
+def test_opset_9_graph_is_converted_and_opset_22_refused():
+    model = _edge_case_model(opset=17)
+    old = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Unsqueeze", ["r"], ["y"], axes=[0])],
+        "old", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 9)])
+    module, (x,) = onnx_frontend.to_torch(old)  # static shapes: inputs are generated
+    assert module(x).shape == (1, 2, 3) and module.onnx_opset == 13
+    model.opset_import[0].version = 22
+    with pytest.raises(LoweringError, match="opset 22 is newer .*opsets 13 to 21"):
+        onnx_frontend.to_torch(model, (torch.randn(3, 6), torch.tensor([0, 1, 2])))
+
+
+# ---------------------------------------------------------------- errors
+
+def test_every_unsupported_op_is_named_in_one_error_before_any_work():
+    X = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Resize", ["a"], ["b"], name="resize_1"),
+             helper.make_node("Resize", ["b"], ["c"], name="resize_2"),
+             helper.make_node("FusedGemm", ["c"], ["d"], name="fused", domain="com.microsoft"),
+             helper.make_node("Unique", ["d"], ["y"], name="unique")]
+    model = helper.make_model(helper.make_graph(nodes, "bad", [X], [Y]),
+                              opset_imports=[helper.make_opsetid("", 18),
+                                             helper.make_opsetid("com.microsoft", 1)])
+    # No example inputs for a dynamic batch either: the op check comes first.
+    with pytest.raises(UnsupportedOps) as info:
+        onnx_frontend.lower(model)
+    message = str(info.value)
+    assert "\n" not in message
+    assert info.value.ops == {"Resize": ["resize_1", "resize_2"], "com.microsoft.FusedGemm": ["fused"],
+                              "Unique": ["unique"]}
+    for text in ("3 op types", "Resize (nodes 'resize_1', 'resize_2')",
+                 "com.microsoft.FusedGemm (node 'fused')", "Unique (node 'unique')"):
+        assert text in message
+
+
+def test_dynamic_dimensions_without_example_inputs_name_the_inputs(exported):
+    path, *_ = exported("bert")
+    with pytest.raises(LoweringError) as info:
+        onnx_frontend.to_torch(path)
+    message = str(info.value)
+    assert "'input_ids' ['batch', 'sequence']" in message and "'attention_mask'" in message
+    assert "example_inputs" in message and "\n" not in message
+    with pytest.raises(LoweringError, match="'input_ids' is torch.int32, but the graph declares torch.int64"):
+        onnx_frontend.to_torch(path, (torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, 4, dtype=torch.int64)))
+
+
+def test_shape_inputs_computed_at_runtime_are_refused_with_the_node_name():
+    X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    S = helper.make_tensor_value_info("s", TensorProto.INT64, [2])
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape_by_input")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "dyn", [X, S], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(LoweringError, match="node 'reshape_by_input' \\(Reshape\\): input 1 's' .* "
+                                            "depends on runtime data"):
+        onnx_frontend.to_torch(model)
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_convert_then_solve_on_the_command_line(exported, tmp_path):
+    path, *_ = exported("gpt2")
+    command = [sys.executable, "-m", "remat_ir"]
+    rir = tmp_path / "gpt2.rir"
+    done = subprocess.run(command + ["convert", path, "--shape", "input_ids=4x64", "--cost-model", "flops",
+                                     "-o", str(rir)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "schedules autograd" in done.stdout
+    planned = tmp_path / "planned.rir"
+    done = subprocess.run(command + ["solve", str(rir), "--budget", "50%", "--solver", "rotor",
+                                     "-o", str(planned)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    graph = ir.load(planned)
+    assert graph.proto.provenance.frontend == "onnx"
+    schedule = graph.proto.schedules[-1]
+    assert ir.simulate(graph, schedule).peak_bytes <= schedule.budget_bytes
+    done = subprocess.run(command + ["convert", path, "-o", str(tmp_path / "x.rir")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    error = done.stderr.strip().splitlines()[-1]  # after the progress line, one line
+    assert error.startswith("remat-ir: error:") and "Traceback" not in done.stderr
+    assert "--shape" in error and "input_ids" in error
+
+
+# ---------------------------------------------------------------- the model zoo in the onnx package
+
+ZOO = om.zoo_paths()
+#: Planned at 50% (rebatched to 64). hiremate plans densenet121 and inception_v2 at 50% too,
+#: in 34 s and 24 s on two cores (README); CI plans them with sqrt, in under a second.
+ZOO_AT_HALF = {"inception_v1": "hiremate", "resnet50": "hiremate", "shufflenet": "hiremate",
+               "squeezenet": "hiremate", "densenet121": "sqrt", "inception_v2": "sqrt"}
+#: Not at 50% by any solver here: single ops at full resolution (vgg19: Checkmate's MILP proves
+#: 50% infeasible) or 4096-wide fully connected layers hold more than half the peak (README).
+ZOO_NOT_AT_HALF = {"bvlc_alexnet", "vgg19", "zfnet512"}
+#: Quick enough on two CPU cores to train a step in CI (batch 1, as shipped); the other five
+#: train too (README), in 10-40 s each.
+ZOO_TRAINED = ["squeezenet", "shufflenet", "inception_v1", "resnet50"]
+
+
+def test_the_zoo_is_shipped_in_the_onnx_package():
+    assert set(ZOO) == set(ZOO_AT_HALF) | ZOO_NOT_AT_HALF
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_graph_lowers_and_solves(name):
+    """The shipped weight-stripped graph (opset 9, each weight a ConstantOfShape, trained as
+    a parameter), at batch 64: at batch 1, parameter gradients alone exceed half the peak."""
+    module, examples = onnx_frontend.to_torch(om.rebatched(ZOO[name], 64), trainable="constants")
+    assert module.onnx_opset == 13 and len(list(module.parameters())) > 10
+    graph = onnx_frontend.lower_module(module, examples, cost_model="flops")
+    reference = ir.store_all(graph)
+    if name in ZOO_AT_HALF:
+        schedule = solve(graph, "50%", ZOO_AT_HALF[name])
+    else:
+        with pytest.raises(InfeasibleBudget) as info:
+            solve(graph, "50%", "hiremate")
+        # The smallest feasible budget the error names is one hiremate plans within.
+        schedule = solve(graph, info.value.smallest_feasible, "hiremate")
+    result = ir.simulate(graph, schedule)
+    assert result.valid and result.peak_bytes <= schedule.budget_bytes
+    if name in ZOO_AT_HALF:
+        assert result.peak_bytes <= reference.predicted_peak_bytes // 2 and result.recomputations > 0
+
+
+@pytest.mark.parametrize("name", ZOO_TRAINED)
+def test_zoo_graph_with_weights_matches_onnxruntime_and_trains(name):
+    model = om.with_random_weights(ZOO[name])
+    module, (x,) = onnx_frontend.to_torch(model)
+    with torch.no_grad():
+        ours = module(x)
+    (reference,) = run_ort(model, (x,))
+    assert relative_error(ours, torch.from_numpy(reference)) < 1e-4
+    assert ours.std() > 1e-4  # the classes differ: random weights, not the shipped constants
+    graph = onnx_frontend.lower_module(module, (x,), cost_model="flops")
+    schedule = solve(graph, None, "sqrt")  # sqrt(k) checkpoints, the rest recomputed in backward
+    assert ir.simulate(graph, schedule).recomputations > 0
+    scheduled = scheduled_onnx_module(module, graph, schedule)
+    assert eager_and_scheduled_step(module, scheduled, (x,), lambda outs: -outs[0][0, 7].log()) < 1e-5
+
+
+# ---------------------------------------------------------------- single ops against onnxruntime
+
+_rng = np.random.default_rng(7)
+
+
+def _f(*shape):
+    return _rng.normal(size=shape).astype(np.float32)
+
+
+def _i(*values):
+    return np.array(values, dtype=np.int64)
+
+
+#: (op, inputs (None: omitted optional input), attributes, opset): the attribute
+#: combinations the table converts (padding modes, negative steps, axes as inputs).
+SINGLE_OPS = [
+    ("Conv", [_f(1, 2, 7, 6), _f(4, 2, 3, 3), _f(4)], dict(auto_pad="SAME_UPPER", strides=[2, 2]), 18),
+    ("Conv", [_f(1, 4, 7, 6), _f(4, 2, 3, 2)], dict(pads=[0, 1, 2, 1], group=2, dilations=[2, 1]), 18),
+    ("ConvTranspose", [_f(1, 2, 4, 5), _f(2, 3, 3, 3), _f(3)], dict(strides=[2, 2], pads=[1, 0, 0, 1],
+                                                                     output_padding=[1, 1]), 18),
+    ("MaxPool", [_f(1, 2, 7, 7)], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0],
+                                       ceil_mode=1), 18),
+    ("AveragePool", [_f(1, 2, 6, 7)], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), 18),
+    ("AveragePool", [_f(1, 2, 6, 7)], dict(kernel_shape=[2, 3], pads=[0, 2, 1, 0], count_include_pad=1), 18),
+    ("LRN", [_f(1, 6, 3, 3)], dict(size=3, alpha=0.01, beta=0.7, bias=1.5), 18),
+    ("Gemm", [_f(3, 4), _f(5, 3), _f(1, 5)], dict(transA=1, transB=1, alpha=0.5, beta=2.0), 18),
+    ("Slice", [_f(5, 6), _i(-1, 4), _i(-10, 0), _i(0, 1), _i(-2, -1)], {}, 18),
+    ("Slice", [_f(5, 6), _i(1), _i(100), _i(-1), None], {}, 18),
+    ("Pad", [_f(2, 3, 4), _i(0, 1, 2, 0, 2, 1), np.array(1.5, np.float32)], dict(mode="constant"), 18),
+    ("Pad", [_f(1, 2, 5), _i(2, 1), None, _i(-1)], dict(mode="reflect"), 18),
+    ("Pad", [_f(1, 2, 5), _i(0, 0, 1, 0, 0, 3)], dict(mode="edge"), 13),
+    ("CumSum", [_f(3, 4), np.array(1, np.int64)], dict(exclusive=1, reverse=1), 18),
+    ("Split", [_f(7, 2)], dict(axis=0, num_outputs=3), 18),
+    ("Split", [_f(2, 6), _i(1, 5)], dict(axis=1), 13),
+    ("GatherND", [_f(2, 3, 4), np.array([[1], [0]], np.int64)], dict(batch_dims=1), 18),
+    ("GatherElements", [_f(3, 4), np.array([[0, -1], [2, 1], [1, 1]], np.int64)], dict(axis=1), 18),
+    ("ScatterElements", [_f(3, 4), np.array([[0, 3], [2, 1]], np.int64), _f(2, 2)],
+     dict(axis=1, reduction="add"), 18),
+    ("Einsum", [_f(2, 3, 4), _f(2, 4, 5)], dict(equation="bij,bjk->bik"), 18),
+    ("Trilu", [_f(2, 4, 4), np.array(-1, np.int64)], dict(upper=0), 18),
+    ("Expand", [_f(3, 1), _i(2, 1, 4)], {}, 18),
+    ("Tile", [_f(2, 3), _i(2, 1)], {}, 18),
+    ("ReduceMean", [_f(2, 3, 4), _i(-1, 0)], dict(keepdims=0), 18),
+    ("ReduceMax", [_f(2, 3, 4)], dict(axes=[1], keepdims=1), 13),
+    ("ReduceL2", [_f(2, 3, 4), _i(1)], {}, 18),
+    ("ReduceLogSumExp", [_f(2, 3, 4), None], dict(keepdims=0), 18),
+    ("ArgMax", [np.array([[1, 3, 3], [2, 2, 0]], np.float32)], dict(axis=1, select_last_index=1), 18),
+    ("TopK", [_f(3, 5), _i(2)], dict(axis=1, largest=0), 18),
+    ("GroupNormalization", [_f(2, 4, 3), _f(4), _f(4)], dict(num_groups=2, epsilon=1e-3), 21),
+    ("InstanceNormalization", [_f(2, 3, 5), _f(3), _f(3)], {}, 18),
+    ("BatchNormalization", [_f(2, 3, 4), _f(3), _f(3), _f(3), np.abs(_f(3)) + 0.5], {}, 15),
+    ("Div", [_i(7, -7, 9), _i(2, 2, -4)], {}, 18),
+    ("Mod", [_i(7, -7, 9), _i(3, 3, -4)], {}, 18),
+    ("Where", [np.array([True, False, True]), _f(3), np.array(-1.0, np.float32)], {}, 18),
+    ("Clip", [_f(4), np.array(-0.2, np.float32)], {}, 13),
+    ("Gelu", [_f(5)], dict(approximate="tanh"), 20),
+    ("HardSigmoid", [_f(5)], dict(alpha=0.3), 18),
+    ("Softmax", [_f(2, 3, 4)], dict(axis=1), 13),
+    ("LogSoftmax", [_f(2, 3)], {}, 18),
+    ("Range", [np.array(1, np.int64), np.array(10, np.int64), np.array(3, np.int64)], {}, 18),
+    ("OneHot", [_i(1, 0, -1), np.array(3, np.int64), np.array([0.0, 2.0], np.float32)], dict(axis=0), 18),
+    ("SoftmaxCrossEntropyLoss", [_f(3, 4), _i(1, 3, 0)], dict(reduction="sum"), 18),
+    ("NegativeLogLikelihoodLoss", [_f(3, 4, 2), np.array([[0, 1], [3, 3], [2, 0]], np.int64), _f(4)],
+     dict(ignore_index=3), 18),
+]
+
+
+@pytest.mark.parametrize("op, inputs, attrs, opset", SINGLE_OPS,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(SINGLE_OPS)])
+def test_single_op_matches_onnxruntime(op, inputs, attrs, opset):
+    names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
+    # Inputs the table needs at import (shapes, axes, pads), and Range's, are initializers;
+    # the others are graph inputs.
+    static = set(range(len(inputs))) if op == "Range" else onnx_frontend.OPS[op].static
+    inits = [numpy_helper.from_array(a, n) for i, (n, a) in enumerate(zip(names, inputs))
+             if a is not None and i in static]
+    runtime = [(n, a) for i, (n, a) in enumerate(zip(names, inputs)) if a is not None and i not in static]
+    infos = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+             for n, a in runtime]
+    n_out = {"Split": 3 if "num_outputs" in attrs else 2, "TopK": 2}.get(op, 1)
+    outs = [f"out{i}" for i in range(n_out)]
+    node = helper.make_node(op, names, outs, name=f"the_{op}", **attrs)
+    graph = helper.make_graph([node], op, infos, [helper.make_empty_tensor_value_info(o) for o in outs],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    given = tuple(torch.from_numpy(a) for _, a in runtime)
+    module, _ = onnx_frontend.to_torch(model, given)
+    ours = as_tuple(module(*given))
+    theirs = run_ort(model, given)
+    assert len(ours) == len(theirs)
+    for o, t in zip(ours, theirs):
+        t = torch.from_numpy(np.asarray(t))
+        assert o.dtype == t.dtype and o.shape == t.shape, (o.dtype, o.shape, t.dtype, t.shape)
+        assert (torch.equal(o, t) if not o.is_floating_point()
+                else relative_error(o, t) < 1e-5), (o, t)
