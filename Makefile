@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench proto example clean
+.PHONY: demo test bench bench-full proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -27,8 +27,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# Speed and memory figures; each benchmark writes benchmarks/results/*.json.
+# Speed and memory figures; each benchmark writes its results under benchmarks/results/.
+# bench: eager vs torch.utils.checkpoint vs torch.compile's activation budget vs remat-ir,
+# quick subset (about 10 minutes on 2 CPU cores). bench-full: every model and the solver
+# benchmarks (an hour or more on 2 CPU cores).
 bench: $(STAMP)
+	$(BIN)/python benchmarks/training_step.py --mode quick
+
+bench-full: $(STAMP)
+	$(BIN)/python benchmarks/training_step.py --mode full
 	$(BIN)/python benchmarks/torch_overhead.py
 	$(BIN)/python benchmarks/checkmate_chains.py
 	$(BIN)/python benchmarks/hiremate.py

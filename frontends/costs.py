@@ -4,11 +4,19 @@
   is run on the target device with synthetic inputs (floats normal, integers
   and booleans zero, so indices stay in range): one warm-up, then the median of
   `repeats` runs, timed with CUDA events on a GPU. One run under the allocator
-  gives its workspace: the peak it allocates beyond its outputs. Nodes that cannot run on
-  synthetic data fall back to the analytic estimate, and say so
-  (`cost.source`).
+  gives its workspace: the peak it allocates beyond its outputs (CPU oneDNN
+  convolutions and their backward: up to 120 KB on a U-Net with 1 MB of
+  activations). The same run gives the bytes each new output's storage really
+  holds: a kernel may return a small tensor in a bigger storage than its meta
+  kernel says (CPU `mse_loss` with mean reduction returns its 0-dim loss in
+  the storage of the unreduced tensor), and the graph's storage is grown to
+  that size. Nodes that cannot run on synthetic data fall back to the
+  analytic estimate, and say so (`cost.source`).
 - "flops": FLOPs counted by torch's FlopCounterMode on meta tensors, and bytes
-  moved; time = overhead + max(FLOPs / rate, bytes / bandwidth).
+  moved; time = overhead + max(FLOPs / rate, bytes / bandwidth). Nothing runs,
+  so no workspace is recorded and storages keep their meta sizes: a schedule
+  planned on these costs can measure above its simulated peak wherever kernels
+  use workspace. Plan with "profile" when the measured peak must meet the budget.
 
 Profiling draws random numbers (dropout); the caller's RNG state is restored
 so that lowering a model does not change the masks training will draw.
@@ -92,21 +100,50 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
     return overhead + max(flops / rate, moved / bandwidth), flops, moved
 
 
-def _new_output_bytes(graph: Graph, node: pb.Node) -> int:
-    """Bytes of the storages the node's outputs allocate (views of inputs allocate none)."""
+def _new_storages(graph: Graph, node: pb.Node) -> dict[int, list[int]]:
+    """Storages the node's outputs allocate (views of inputs allocate none): storage id ->
+    positions in `node.outputs` of the outputs that hold it."""
     inputs = {graph.value(v).storage_id for v in node.inputs}
-    return sum(graph.storage_bytes(s) for s in
-               {graph.value(v).storage_id for v in node.outputs} - inputs)
+    storages: dict[int, list[int]] = {}
+    for position, v in enumerate(node.outputs):
+        storage = graph.value(v).storage_id
+        if storage not in inputs:
+            storages.setdefault(storage, []).append(position)
+    return storages
 
 
-def _measure(graph: Graph, node: pb.Node, device: torch.device, repeats: int) -> tuple[float, int]:
-    """(median seconds, workspace bytes): the op's allocation peak beyond its outputs."""
+def _output_tensors(node: pb.Node, result) -> list:
+    """The op's result per `node.outputs` position, as the runtime binds them
+    (`output_indices` pick from a tuple result; without them a lone output is the result)."""
+    if not node.output_indices and len(node.outputs) == 1 and isinstance(result, torch.Tensor):
+        return [result]
+    indices = list(node.output_indices) or list(range(len(node.outputs)))
+    return [result[i] for i in indices]
+
+
+def _real_storage_bytes(node: pb.Node, result, positions: list[int]) -> int:
+    """Bytes the real kernel's storage holds for the outputs at `positions` (0 if unknown)."""
+    try:
+        outputs = _output_tensors(node, result)
+        return max(outputs[p].untyped_storage().nbytes() for p in positions)
+    except (IndexError, TypeError, AttributeError, RuntimeError, NotImplementedError):
+        return 0
+
+
+def _measure(graph: Graph, node: pb.Node, device: torch.device,
+             repeats: int) -> tuple[float, int, tuple[int, ...]]:
+    """(median seconds, workspace bytes, real bytes per new storage in `_new_storages`
+    order): the workspace is the op's allocation peak beyond its outputs' storages."""
     op = resolve_op(node.op)
     tensors = {v: _make_tensor(graph.value(v), device) for v in node.inputs}
     args, kwargs = _call_args(graph, node, tensors, device)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
-    peak = measure_peak(lambda: op(*args, **kwargs), device).peak_bytes
-    workspace = max(0, peak - _new_output_bytes(graph, node))
+    measured = measure_peak(lambda: op(*args, **kwargs), device)
+    new = _new_storages(graph, node)
+    real = tuple(max(graph.storage_bytes(s), _real_storage_bytes(node, measured.result, positions))
+                 for s, positions in new.items())
+    del measured.result
+    workspace = max(0, measured.peak_bytes - sum(real))
     times = []
     if device.type == "cuda":
         for _ in range(repeats):
@@ -121,12 +158,13 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device, repeats: int) ->
             t0 = time.perf_counter()
             op(*args, **kwargs)
             times.append(time.perf_counter() - t0)
-    return statistics.median(times), workspace
+    return statistics.median(times), workspace, real
 
 
 def estimate_costs(graph: Graph, model: str, device: torch.device, *, repeats: int = 5) -> None:
     """Fill `cost` of every node of `graph` with the chosen model ("profile" or "flops")."""
-    measured: dict[tuple, tuple[float, int, int]] = {}
+    measured: dict[tuple, tuple[float, int, tuple[int, ...], int]] = {}
+    storages = {s.id: s for s in graph.proto.storages}
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         for node in graph.proto.nodes:
@@ -138,8 +176,10 @@ def estimate_costs(graph: Graph, model: str, device: torch.device, *, repeats: i
                     try:
                         measured[key] = (*_measure(graph, node, device, repeats), pb.PROFILED)
                     except OP_ERRORS:  # cannot run on synthetic inputs: estimate instead
-                        measured[key] = (_analytic(graph, node, device)[0], 0, pb.ANALYTIC)
-                seconds, workspace, source = measured[key]
+                        measured[key] = (_analytic(graph, node, device)[0], 0, (), pb.ANALYTIC)
+                seconds, workspace, real, source = measured[key]
+                for storage, size in zip(_new_storages(graph, node), real):
+                    storages[storage].size_bytes = max(storages[storage].size_bytes, size)
             node.cost.time_s, node.cost.source = seconds, source
             node.cost.flops, node.cost.bytes_accessed = flops, moved
             node.cost.workspace_bytes = workspace

@@ -9,6 +9,7 @@ the allocator's caches and the interpreter, and says nothing about one step).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,10 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str) -> Measur
                         torch.cuda.memory_allocated(device) - start)
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto prints two "USDT" lines on stderr per profiling session (profiled lowering
+    # measures every distinct op: thousands of lines); level 6 silences them. Read when the
+    # profiler first starts; a level the user set wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     events = _cpu_allocations(prof)

@@ -32,10 +32,12 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 
 class InfeasibleBudget(RematIRError):
     """No schedule fits the budget; `smallest_feasible` is the lowest peak known to work
-    (None when the solver found no schedule at all)."""
+    (None when the solver found no schedule at all); `schedule`, when the solver gives
+    it, is a schedule peaking there (for a caller combining solvers)."""
 
-    def __init__(self, budget: int, smallest_feasible: int | None, detail: str = ""):
-        self.budget, self.smallest_feasible = budget, smallest_feasible
+    def __init__(self, budget: int, smallest_feasible: int | None, detail: str = "",
+                 schedule=None):
+        self.budget, self.smallest_feasible, self.schedule = budget, smallest_feasible, schedule
         known = ("no schedule at all was found" if smallest_feasible is None else
                  f"the smallest feasible budget found is {smallest_feasible} bytes")
         super().__init__(f"no schedule fits a budget of {budget} bytes; {known}{detail}")

@@ -7,6 +7,9 @@
 - `sqrt`: Chen et al. (2016): keep only the outputs of about sqrt(k) of the k
   forward segments (cut at articulation points); backward recomputes one
   segment at a time from its checkpoint.
+- `prefix_schedules` (no solver of its own; starts and candidates for small
+  graphs in `hiremate`): keep what backward reads after a cut, recompute the
+  rest before it on demand.
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ def sqrt_schedule(tg: TrainingGraph) -> pb.Schedule:
     kept = set(sqrt_checkpoints(tg))
     kept.update(tg.view_root[n] for n in list(kept) if n in tg.view_root)
     return keep_set_schedule(tg, kept, name="sqrt")
+
+
+def prefix_schedules(tg: TrainingGraph) -> list[pb.Schedule]:
+    """For each cut of the forward graph: keep what backward reads after the cut and
+    recompute the part before it on demand, its results living until their last
+    backward use or (the second schedule) only for the backward node needing them.
+    Where early, full-resolution layers hold the peak (a CNN's first convolutions),
+    these reach recompute-all's least memory for a fraction of its recomputation.
+    Two schedules per cut, each a pass over the graph: meant for small graphs."""
+    needed = set(tg.needed_by_backward)
+    needed |= {tg.view_root[n] for n in needed if n in tg.view_root}
+    found = []
+    for cut in tg.cuts[:-1]:
+        kept = {n for n in needed if tg.position[n] > cut}
+        for forget in (False, True):
+            found.append(keep_set_schedule(tg, kept, name="prefix", forget_each_step=forget))
+    return found
 
 
 def autograd(graph: Graph, budget: int | None, *, time_limit_s=None, progress=quiet) -> pb.Schedule:

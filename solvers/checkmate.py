@@ -44,6 +44,10 @@ from .sequences import keep_set_schedule, to_schedule
 from .structure import TrainingGraph
 
 DEFAULT_TIME_LIMIT_S = 60.0
+#: The largest node's bytes (results and workspace) in the MILP's memory unit.
+MEMORY_SCALE = 1e3
+#: A training step's time (every node once) in the MILP's time unit.
+TIME_SCALE = 1e4
 ROUNDING_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
@@ -62,28 +66,20 @@ class CheckmateModel:
 
     def _ranges(self) -> None:
         tg, pos = self.tg, self.tg.position
-        users: dict[int, set[int]] = {n: set(tg.node_users[n]) for n in tg.order}
-        for view, root in tg.view_root.items():
-            users[root] |= users[view] | {view}
-        self.users = {pos[n]: sorted(pos[u] for u in us) for n, us in users.items()}
-        self.recomputable = {pos[n] for n in tg.recomputable}
-        # need[i]: the last stage that may read i's results (directly, through a view,
-        # or to recompute a user).
-        need: dict[int, int] = {}
-        for i in reversed(range(self.T)):
-            need[i] = max([i] + [max(u, need[u]) if u in self.recomputable else u
-                                 for u in self.users[i]])
-        # An allocation a graph-output view holds is kept from that view's stage to the end.
-        self.kept_from = {pos[r]: pos[v] for r, v in tg.kept_by_output_view.items()}
-        for r in self.kept_from:
-            need[r] = self.T - 1
-        self.need = need
+        self.users, self.recomputable, self.kept_from, self.need = _ranges(tg)
         # Graph outputs stay live to the end: their bytes are a constant from their stage
         # on; the rest of a node's memory follows its uses.
-        self.output_bytes = [tg.output_bytes[n] for n in tg.order]
-        self.memory = [tg.memory[n] - tg.output_bytes[n] for n in tg.order]
-        self.cost = [tg.time[n] for n in tg.order]
-        self.workspace = [tg.workspace[n] for n in tg.order]
+        # Memory and time are scaled to units keeping the coefficients near 1..1e4:
+        # raw bytes (up to 1e11) and seconds (down to 1e-9) defeat the solvers' absolute
+        # tolerances (HiGHS called a feasible model infeasible on vgg19 at batch 1024).
+        bytes_ = [tg.memory[n] + tg.workspace[n] for n in tg.order]
+        self.unit = max(1.0, max(bytes_, default=1) / MEMORY_SCALE)
+        self.output_bytes = [tg.output_bytes[n] / self.unit for n in tg.order]
+        self.memory = [(tg.memory[n] - tg.output_bytes[n]) / self.unit for n in tg.order]
+        self.workspace = [tg.workspace[n] / self.unit for n in tg.order]
+        total = sum(tg.time[n] for n in tg.order)
+        self.time_unit = total / TIME_SCALE if total > 0 else 1.0
+        self.cost = [tg.time[n] / self.time_unit for n in tg.order]
         self.deps = [[pos[p] for p in tg.node_inputs(n)] for n in tg.order]
         self.root = {pos[v]: pos[r] for v, r in tg.view_root.items()}
 
@@ -135,7 +131,7 @@ class CheckmateModel:
                         continue
                     add(self.r(t, k) <= have[0] + have[1], name=f"dep_{t}_{k}_{i}")
         self.peak = m.add_var(name="peak", lb=0.0) if budget is None else None
-        limit = self.peak if budget is None else budget
+        limit = self.peak if budget is None else budget / self.unit
         self.free: dict[tuple[int, int, int], mip.Var] = {}
         for t in range(T):
             points = self.points[t]
@@ -257,6 +253,38 @@ class CheckmateModel:
         return scores
 
 
+def _ranges(tg: TrainingGraph):
+    """Stage positions: each node's users, the recomputable nodes, the allocations a
+    graph-output view keeps from its stage on, and need[i], the last stage that may
+    read i's results (directly, through a view, or to recompute a user)."""
+    pos, T = tg.position, len(tg.order)
+    users: dict[int, set[int]] = {n: set(tg.node_users[n]) for n in tg.order}
+    for view, root in tg.view_root.items():
+        users[root] |= users[view] | {view}
+    users_at = {pos[n]: sorted(pos[u] for u in us) for n, us in users.items()}
+    recomputable = {pos[n] for n in tg.recomputable}
+    need: dict[int, int] = {}
+    for i in reversed(range(T)):
+        need[i] = max([i] + [max(u, need[u]) if u in recomputable else u for u in users_at[i]])
+    # An allocation a graph-output view holds is kept from that view's stage to the end.
+    kept_from = {pos[r]: pos[v] for r, v in tg.kept_by_output_view.items()}
+    for r in kept_from:
+        need[r] = T - 1
+    return users_at, recomputable, kept_from, need
+
+
+def binaries(tg: TrainingGraph) -> int:
+    """How many binary variables (R and S) the exact MILP for `tg` has, without building it:
+    a measure of whether it is small enough to solve (bvlc_alexnet's 140 nodes: 6,000)."""
+    _, recomputable, _, need = _ranges(tg)
+    T, first_backward = len(tg.order), len(tg.forward)
+    count = 0
+    for i in recomputable:
+        last = min(need[i], T - 1)
+        count += max(0, last - i) + max(0, last - max(i + 1, first_backward) + 1)
+    return count
+
+
 def _baselines(tg: TrainingGraph, budget: int | None) -> list[pb.Schedule]:
     """Heuristic schedules: warm starts for the search, and fallbacks when it finds nothing."""
     from remat_ir.ir import store_all
@@ -282,18 +310,34 @@ def checkmate(graph: Graph, budget: int | None, *, time_limit_s: float | None = 
         raise BadRequest(f"checkmate mode must be 'exact' or 'lp', got {mode!r}")
     deadline = Deadline(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
     tg = TrainingGraph(graph)
-    baselines = _baselines(tg, budget)
-    fitting = [s for s in baselines if budget is None or s.predicted_peak_bytes <= budget]
     if budget is None:  # nothing to trade: storing everything is fastest
-        return baselines[0]
-    progress(f"checkmate: building the {mode} model for {len(tg.order)} nodes")
+        return _baselines(tg, None)[0]
+    if mode == "lp":
+        baselines = _baselines(tg, budget)
+        progress(f"checkmate: building the lp model for {len(tg.order)} nodes")
+        model = CheckmateModel(tg, budget)
+        progress(f"checkmate: {model.model.num_cols} variables, {model.model.num_rows} constraints")
+        return _rounded(tg, model, budget, baselines, deadline, progress)
+    return solve_exact(tg, budget, deadline, progress)
+
+
+def solve_exact(tg: TrainingGraph, budget: int, deadline: Deadline, progress=quiet,
+                known: list[pb.Schedule] | tuple = ()) -> pb.Schedule:
+    """The fastest schedule within `budget` by the exact MILP, warm-started from the fastest
+    fitting schedule among the heuristics' and `known` (a caller's own plans). When none
+    fits, InfeasibleBudget carries the least-memory schedule found (`.schedule`): the
+    min-peak MILP's, started from the lowest-peak schedule known, so never above it."""
+    baselines = _baselines(tg, budget)
+    candidates = baselines + list(known)
+    fitting = sorted((s for s in candidates if s.predicted_peak_bytes <= budget),
+                     key=lambda s: s.predicted_time_s)
+    progress(f"checkmate: building the exact model for {len(tg.order)} nodes")
     model = CheckmateModel(tg, budget)
     progress(f"checkmate: {model.model.num_cols} variables, {model.model.num_rows} constraints")
-    if mode == "lp":
-        return _rounded(tg, model, budget, baselines, deadline, progress)
-    best_start = min(fitting, key=lambda s: s.predicted_time_s, default=None)
-    if best_start is not None:
-        model.start_from(_sequence_of(best_start))
+    best_start = fitting[0] if fitting else None
+    for start in fitting:  # the fastest that the model can take as a start
+        if model.start_from(_sequence_of(start)):
+            break
     outcome = milp.optimize(model.model, deadline.remaining(), progress, "checkmate")
     if outcome.status in ("optimal", "feasible"):
         sequence, forward_length = model.sequence()
@@ -303,33 +347,41 @@ def checkmate(graph: Graph, budget: int | None, *, time_limit_s: float | None = 
                 best_start is None or schedule.predicted_time_s <= best_start.predicted_time_s):
             return schedule
     if best_start is not None:  # the MILP did not improve on the warm start in time
-        best_start.status = pb.FEASIBLE
-        best_start.name = "checkmate"
-        return best_start
+        best = type(best_start)()
+        best.CopyFrom(best_start)
+        best.status = pb.FEASIBLE
+        best.name = "checkmate"
+        return best
     if outcome.status == "none" and deadline.expired():
         raise SolverError(f"checkmate found no schedule within {budget} bytes in "
                           f"{outcome.seconds:.0f} s; give it more time (time_limit_s) or use "
                           f"mode='lp' on graphs of this size ({len(tg.order)} nodes)")
-    frugal = _least_memory(tg, baselines, deadline, progress)
+    frugal = _least_memory(tg, candidates, deadline, progress)
     if frugal.predicted_peak_bytes <= budget:  # the MILP counts some memory cautiously
         return frugal
-    raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by the checkmate MILP)")
+    raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by the checkmate MILP)",
+                           schedule=frugal)
 
 
-def _least_memory(tg: TrainingGraph, baselines, deadline: Deadline, progress) -> pb.Schedule:
-    """The lowest-peak schedule: the min-peak MILP's when it finishes in time, else the
-    best baseline's; the fastest of those that reach that peak."""
-    candidates = list(baselines)
+def _least_memory(tg: TrainingGraph, candidates, deadline: Deadline, progress) -> pb.Schedule:
+    """The lowest-peak schedule: the min-peak MILP's, warm-started from the lowest-peak
+    candidate, when it finds one in time; the fastest of those that reach the lowest peak."""
+    candidates = list(candidates)
     if not deadline.expired():
         model = CheckmateModel(tg, None)
+        for start in sorted(candidates, key=lambda s: (s.predicted_peak_bytes, s.predicted_time_s)):
+            if model.start_from(_sequence_of(start)):
+                break
         outcome = milp.optimize(model.model, deadline.remaining(), progress, "checkmate (min peak)")
         if outcome.status in ("optimal", "feasible"):
             sequence, forward_length = model.sequence()
             candidates.append(to_schedule(tg, sequence, forward_length, name="checkmate",
                                           status=pb.FEASIBLE))
     lowest = min(s.predicted_peak_bytes for s in candidates)
-    best = min((s for s in candidates if s.predicted_peak_bytes == lowest),
-               key=lambda s: s.predicted_time_s)
+    found = min((s for s in candidates if s.predicted_peak_bytes == lowest),
+                key=lambda s: s.predicted_time_s)
+    best = type(found)()
+    best.CopyFrom(found)
     best.name = "checkmate"
     return best
 

@@ -16,8 +16,17 @@
    fastest plan within the budget wins.
 
 A graph small enough to need no partition (at most `max_top` forward nodes
-after the attached constants) is one level of nodes, Checkmate's own problem:
-its MILP is solved too and the faster plan wins.
+after the attached constants) is one level of nodes, Checkmate's own problem;
+it and any graph whose Checkmate MILP is small (`EXACT_BINARIES`) are solved by
+that MILP too, started from the fastest fitting of the H-ILP's plans and the
+heuristics (among them `prefix_schedules`: recompute the forward up to a cut on
+demand, which the H-ILP's options cannot express within a cluster), and the
+fastest plan wins.
+
+When no plan fits, the smallest feasible budget reported is the lowest peak of
+every schedule made: the top H-ILP's plans, its least-memory plan, the
+recompute-all and sqrt heuristics, and for a small graph Checkmate's min-peak
+MILP started from the lowest of those; a budget at that peak is then planned.
 
 Every MILP has a time limit; a cluster whose H-ILP finds nothing in time keeps
 its base options, so a plan always exists down to the least memory the
@@ -29,6 +38,8 @@ from __future__ import annotations
 from remat_ir.ir import Graph, InvalidSchedule, pb, store_all
 
 from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
+from .baselines import prefix_schedules, recompute_everything, sqrt_schedule
+from .checkmate import binaries, solve_exact
 from .hilp import Level, Part, solve_level
 from .options import Option, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy
@@ -47,6 +58,9 @@ CLUSTER_SECONDS = 2.0
 #: Share of the time limit the options may use before the top is solved.
 OPTIONS_SHARE = 0.5
 REPLANS = 6
+#: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
+#: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
+EXACT_BINARIES = 10_000
 
 
 def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
@@ -67,42 +81,63 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     top = planner.level(tree.root)
     planner.progress(f"hiremate: top level of {len(top.parts)} parts, "
                      f"{sum(len(p.options) for p in top.parts)} options")
+    #: Every whole-step schedule made on the way, within the budget or not: the
+    #: smallest feasible budget reported is never above the lowest of their peaks.
+    made: list[pb.Schedule] = [everything]
 
     def plan_at(target: int) -> pb.Schedule | None:
         found = solve_level(top, target, None, deadline, deadline.remaining(), planner.progress,
                             "hiremate top H-ILP")
-        return None if found is None else planner.schedule(*found)
+        if found is None:
+            return None
+        made.append(planner.schedule(*found))
+        return made[-1]
 
     best = fit_to_budget(plan_at, budget, step=max(1, budget // 400), replans=REPLANS,
                          progress=progress, label="hiremate")
-    if tree.rounds == 0:
-        best = _with_checkmate(graph, budget, best, deadline, progress)
+    if tree.rounds == 0 or binaries(tg) <= EXACT_BINARIES:
+        made += prefix_schedules(tg)
+        best = _with_checkmate(tg, budget, best, made, deadline, progress)
     if best is not None:
         return best
     found = solve_level(top, None, None, deadline, deadline.remaining(10.0), planner.progress,
                         "hiremate least-memory H-ILP", least_memory=True)
-    frugal = planner.schedule(*found) if found is not None else everything
-    if frugal.predicted_peak_bytes <= budget:
-        return frugal
-    smallest = min(frugal.predicted_peak_bytes, everything.predicted_peak_bytes)
+    if found is not None:
+        made.append(planner.schedule(*found))
+    made += [recompute_everything(tg), sqrt_schedule(tg)]
+    fitting = [s for s in made if s.predicted_peak_bytes <= budget]
+    if fitting:  # the H-ILP's memory model is cautious, or a heuristic fits
+        return _named(min(fitting, key=lambda s: s.predicted_time_s))
+    smallest = min(s.predicted_peak_bytes for s in made)
     raise InfeasibleBudget(budget, smallest, " (by hiremate)")
 
 
-def _with_checkmate(graph: Graph, budget: int, best: pb.Schedule | None, deadline: Deadline,
-                    progress) -> pb.Schedule | None:
-    """A graph that needs no partition is a single level of nodes: Checkmate's problem,
-    whose MILP models memory within a stage exactly (the H-ILP counts a stage's
-    recomputations together). The faster of the two plans wins."""
-    from .checkmate import checkmate
+def _with_checkmate(tg: TrainingGraph, budget: int, best: pb.Schedule | None,
+                    made: list[pb.Schedule], deadline: Deadline, progress) -> pb.Schedule | None:
+    """A graph small enough for Checkmate's exact MILP (one that needs no partition is a
+    single level of nodes, Checkmate's own problem) goes through it too: the MILP models
+    memory within a stage exactly (the H-ILP counts a stage's recomputations together)
+    and recomputes single nodes where the H-ILP reruns parts. It starts from the
+    fastest fitting of `made` (the H-ILP's plans and the heuristics); the faster plan
+    wins. When no plan fits, its least-memory schedule (the min-peak MILP's, started
+    from the lowest-peak plan known) joins `made`."""
     try:
-        exact = checkmate(graph, budget, time_limit_s=max(1.0, deadline.remaining(30.0)),
-                          progress=progress)
-    except (InfeasibleBudget, SolverError):
+        exact = solve_exact(tg, budget, Deadline(max(1.0, deadline.remaining(30.0))), progress,
+                            known=made)
+    except InfeasibleBudget as refused:
+        if refused.schedule is not None:
+            made.append(refused.schedule)
+        return best
+    except SolverError:
         return best
     if best is None or exact.predicted_time_s < best.predicted_time_s:
-        exact.name = "hiremate"
-        return exact
+        return _named(exact)
     return best
+
+
+def _named(schedule: pb.Schedule) -> pb.Schedule:
+    schedule.name = "hiremate"
+    return schedule
 
 
 class _Planner:

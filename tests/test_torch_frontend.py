@@ -62,3 +62,33 @@ def test_profiled_costs_are_measured_once_per_distinct_op():
         key = (n.op, tuple(tuple(g.value(v).shape) for v in n.inputs), tuple(str(a) for a in n.args[1:]))
         signatures.setdefault(key, set()).add(n.cost.time_s)
     assert any(len(times) == 1 for times in signatures.values())
+
+
+class _ConvMSE(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x, target):
+        return torch.nn.functional.mse_loss(self.conv(x), target)
+
+
+def test_profiled_costs_record_what_the_allocator_holds():
+    """Meta kernels give each output's exact size; the real kernels may hold more, and
+    profiling records it. CPU `mse_loss` returns its 0-dim mean in the storage of the
+    unreduced tensor (6 KB here, not 4 bytes): the loss's storage grows to that size.
+    oneDNN convolutions allocate workspace beyond their outputs, which "flops" leaves out."""
+    torch.manual_seed(0)
+    model, args = _ConvMSE(), (torch.randn(2, 3, 16, 16), torch.randn(2, 8, 16, 16))
+    real = torch.nn.functional.mse_loss(model.conv(args[0]), args[1]).untyped_storage().nbytes()
+    loss_storage = {}
+    for cost_model in ("profile", "flops"):
+        g = lower(model, args, cost_model=cost_model)
+        loss = next(o.value_id for o in g.proto.outputs if o.role == pb.USER_OUTPUT)
+        loss_storage[cost_model] = g.storage_bytes(g.value(loss).storage_id)
+        workspace = {n.op: n.cost.workspace_bytes for n in g.proto.nodes}
+        if cost_model == "flops":
+            assert not any(workspace.values())
+        elif torch.backends.mkldnn.is_available():
+            assert workspace["aten.convolution_backward.default"] > 0
+    assert loss_storage == {"profile": max(real, 4), "flops": 4}

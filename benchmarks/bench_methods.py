@@ -1,0 +1,162 @@
+"""The ways a user can train a model in less memory, each as one training step to time.
+
+A `Method` wraps one way of running forward + backward of a `BenchModel`:
+- eager PyTorch (the reference every ratio is taken against);
+- `torch.utils.checkpoint` around every block (what most users do by hand);
+- `torch.compile` with `torch._functorch.config.activation_memory_budget` (PyTorch's
+  own memory-budgeted rematerialization, decided by its min-cut partitioner);
+- remat-ir: the model lowered once, planned by a solver at a budget, run by the
+  PyTorch runtime.
+Each method runs on its own copy of the model (same weights), so that a checkpoint
+wrapper or a compiled cache entry never leaks into another method.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils.checkpoint
+
+from bench_models import BenchModel
+
+import remat_ir
+from remat_ir import ir
+from remat_ir.solvers import InfeasibleBudget
+
+
+@dataclass
+class Method:
+    """One way to run a training step. `step()` runs forward + backward of `module` (what
+    the method trains: a copy of the model, wrapped or not) and frees the gradients;
+    `setup_s` is what it cost before the first step (compilation, or lowering + planning);
+    `info` holds what the method predicted or decided."""
+    name: str
+    family: str  # eager | checkpoint | compile | remat-ir
+    step: Callable[[], float] | None
+    module: torch.nn.Module | None = None
+    setup_s: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+def _stepper(module: torch.nn.Module, inputs: tuple, call=None) -> Callable[[], float]:
+    call = call or module
+
+    def step() -> float:
+        loss = call(*inputs)
+        loss.backward()
+        module.zero_grad(set_to_none=True)
+        return loss.item()
+    return step
+
+
+def eager(bm: BenchModel) -> Method:
+    model = copy.deepcopy(bm.module).train()
+    return Method("eager", "eager", _stepper(model, bm.inputs), model)
+
+
+def checkpoint_every_block(bm: BenchModel) -> Method:
+    """`torch.utils.checkpoint` (non-reentrant, RNG state preserved) around the forward of
+    every module of the model's block classes: the usual "gradient checkpointing"."""
+    model = copy.deepcopy(bm.module).train()
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, bm.blocks):
+            module.forward = functools.partial(torch.utils.checkpoint.checkpoint, module.forward,
+                                               use_reentrant=False)
+            wrapped += 1
+    if not wrapped:
+        raise ValueError(f"{bm.name}: no module of {bm.blocks} to checkpoint")
+    return Method("checkpoint every block", "checkpoint", _stepper(model, bm.inputs), model,
+                  info={"blocks_checkpointed": wrapped})
+
+
+def _own_code(fn, name: str):
+    """A copy of `fn` with its own code object. Dynamo keeps compiled entries per code
+    object; two variants compiling the same function would share (and reuse) entries made
+    under another variant's configuration."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def _call_model(model, *inputs):
+    return model(*inputs)
+
+
+def compiled(bm: BenchModel, budget: float) -> Method:
+    """`torch.compile` (inductor, whole graph) with `activation_memory_budget = budget`. The
+    budget is read when the joint graph is partitioned, at the first call, so the first step
+    runs under the patched configuration; `fullgraph=True` so that no part of the model is
+    compiled apart, in a cache another variant could hit."""
+    model = copy.deepcopy(bm.module).train()
+    label = f"{budget:g}".replace(".", "_")
+    call = torch.compile(_own_code(_call_model, f"step_budget_{label}"), fullgraph=True)
+    model_call = functools.partial(call, model)
+    step = _stepper(model, bm.inputs, model_call)
+    started = time.perf_counter()
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        step()
+    return Method(f"torch.compile budget {budget:g}", "compile", step, model,
+                  time.perf_counter() - started, info={"activation_memory_budget": budget})
+
+
+class RematPlanner:
+    """Lowers a model once and plans it with any solver at any budget."""
+
+    def __init__(self, bm: BenchModel, say: Callable[[str], None]):
+        from remat_ir.frontends.torch import lower
+
+        self.bm, self.say = bm, say
+        self.model = copy.deepcopy(bm.module).train()
+        started = time.perf_counter()
+        self.graph = lower(self.model, bm.inputs, cost_model="profile")
+        self.lowering_s = time.perf_counter() - started
+        reference = ir.store_all(self.graph)
+        self.store_all_peak = reference.predicted_peak_bytes
+        self.store_all_time = ir.simulate(self.graph, reference).total_time_s
+        say(f"  lowered: {len(self.graph.nodes)} nodes in {self.lowering_s:.1f} s, "
+            f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated)")
+
+    def method(self, solver: str, budget: str | None, *, time_limit_s: float | None = None) -> Method:
+        """Plan at `budget` ("50%", None for store-everything, "smallest" for the lowest
+        budget the solver reaches); an infeasible budget returns a Method without a step."""
+        from remat_ir.runtimes.torch import ScheduledModule
+
+        label = {None: "store-everything", "smallest": "smallest feasible"}.get(budget, budget)
+        name = "remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}"
+        info = {"solver": solver, "budget": label, "graph_nodes": len(self.graph.nodes),
+                "lowering_s": round(self.lowering_s, 2), "store_all_predicted_peak_bytes": self.store_all_peak}
+        started = time.perf_counter()
+        try:
+            if budget == "smallest":
+                try:
+                    schedule = remat_ir.plan(self.graph, 1, solver, time_limit_s=time_limit_s)
+                except InfeasibleBudget as exc:
+                    if exc.smallest_feasible is None:
+                        raise
+                    schedule = remat_ir.plan(self.graph, exc.smallest_feasible, solver, time_limit_s=time_limit_s)
+            else:
+                schedule = remat_ir.plan(self.graph, budget, solver if budget else "autograd",
+                                         time_limit_s=time_limit_s)
+        except InfeasibleBudget as exc:
+            info.update(status="infeasible", smallest_feasible_bytes=exc.smallest_feasible,
+                        planning_s=round(time.perf_counter() - started, 2))
+            self.say(f"  {name}: infeasible (smallest feasible {exc.smallest_feasible} bytes)")
+            return Method(name, "remat-ir", None, info=info)
+        planning_s = time.perf_counter() - started
+        simulated = ir.simulate(self.graph, schedule)
+        info.update(planning_s=round(planning_s, 2), budget_bytes=schedule.budget_bytes or None,
+                    predicted_peak_bytes=simulated.peak_bytes,
+                    predicted_peak_share=round(simulated.peak_bytes / self.store_all_peak, 4),
+                    predicted_time_ratio=round(simulated.total_time_s / self.store_all_time, 4),
+                    recomputations=simulated.recomputations)
+        scheduled = ScheduledModule(self.model, self.graph, schedule)
+        self.say(f"  {name}: planned in {planning_s:.1f} s, predicted peak "
+                 f"{info['predicted_peak_share']:.1%} of store-everything, time x{info['predicted_time_ratio']:.3f}")
+        return Method(name, "remat-ir", _stepper(self.model, self.bm.inputs, scheduled), scheduled,
+                      planning_s, info)

@@ -1,0 +1,160 @@
+"""Tables and pictures from a training-step results file (`training_step.py`).
+
+    python benchmarks/bench_report.py RESULTS.jsonl [--readme]
+
+remakes `RESULTS.md` and one `RESULTS-MODEL.png` per model from the JSON lines
+alone, so that every figure shown comes from a results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+README_BEGIN = "<!-- training-step results: begin (written by benchmarks/training_step.py --readme) -->"
+README_END = "<!-- training-step results: end -->"
+
+FAMILY_STYLE = {  # matplotlib marker and colour per method family
+    "eager": ("o", "black"), "checkpoint": ("s", "tab:orange"),
+    "compile": ("^", "tab:green"), "remat-ir": ("D", "tab:blue"),
+}
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _mib(n) -> str:
+    return f"{n / 2**20:,.1f}"
+
+
+def _by_model(rows: list[dict]) -> dict[str, list[dict]]:
+    models: dict[str, list[dict]] = {}
+    for row in rows:
+        models.setdefault(row["model"], []).append(row)
+    return models
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of one run: a section per model, a line per method."""
+    first = rows[0]
+    versions = ", ".join(f"{k} {v}" for k, v in first["versions"].items())
+    lines = [f"Run `{first['run']}` ({first['mode']} mode) on {first['device']} "
+             f"({first['machine']['cpus']} CPUs, {first['machine']['platform']}), commit "
+             f"`{first['commit']}`{' with local changes' if first['commit_dirty'] else ''}; {versions}. "
+             "Peak: allocator peak of one forward + backward step above what was allocated before it. "
+             "Time: median step time over interleaved rounds, as a ratio to eager's in the same run. "
+             "remat-ir's predicted figures come from its simulator (time relative to its "
+             "store-everything schedule); its budgets are shares of the simulated store-everything peak.", ""]
+    for model, model_rows in _by_model(rows).items():
+        ok = [r for r in model_rows if r["status"] == "ok"]
+        nodes = next((r["graph_nodes"] for r in model_rows if "graph_nodes" in r), None)
+        lines += [f"**{model}**: {model_rows[0]['model_description']}"
+                  + (f"; {nodes:,} IR nodes" if nodes else "") + ".", "",
+                  "| method | peak MiB | peak vs eager | step time vs eager | setup s | "
+                  "remat-ir predicted peak MiB | predicted time |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in ok:
+            predicted = (f"{_mib(r['predicted_peak_bytes'])} | x{r['predicted_time_ratio']:.3f}"
+                         if "predicted_peak_bytes" in r else "| ")
+            lines.append(f"| {r['method']} | {_mib(r['peak_bytes'])} | {r['peak_ratio']:.1%} | "
+                         f"x{r['step_time_ratio']:.3f} | {r['setup_s']:.1f} | {predicted} |")
+        for r in model_rows:
+            if r["status"] == "infeasible":
+                smallest = r.get("smallest_feasible_bytes")
+                share = (f"; smallest feasible {smallest / r['store_all_predicted_peak_bytes']:.1%} "
+                         "of store-everything" if smallest else "")
+                lines.append(f"| {r['method']} | infeasible{share} | | | {r['planning_s']:.1f} | | |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def picture(rows: list[dict], path: Path) -> None:
+    """Step-time ratio against peak memory (share of eager's) for every method of one
+    model: the lower left is better; the Pareto front is what a user can choose from."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for family, (marker, colour) in FAMILY_STYLE.items():
+        points = [r for r in ok if r["family"] == family]
+        if points:
+            ax.scatter([100 * r["peak_ratio"] for r in points], [r["step_time_ratio"] for r in points],
+                       marker=marker, color=colour, label=family, s=50, zorder=3)
+    for r in ok:
+        label = r["method"].replace("remat-ir ", "").replace("torch.compile budget", "compile")
+        ax.annotate(label, (100 * r["peak_ratio"], r["step_time_ratio"]), fontsize=7,
+                    xytext=(4, 3), textcoords="offset points")
+    front, best = [], float("inf")
+    for r in sorted(ok, key=lambda r: (r["peak_ratio"], r["step_time_ratio"])):
+        if r["step_time_ratio"] < best:
+            front.append(r)
+            best = r["step_time_ratio"]
+    ax.step([100 * r["peak_ratio"] for r in front], [r["step_time_ratio"] for r in front],
+            where="post", color="grey", linewidth=0.8, linestyle="--", label="Pareto front", zorder=1)
+    first = rows[0]
+    ax.set_title(f"{first['model_description']} ({first['device']})", fontsize=9)
+    ratios = [r["step_time_ratio"] for r in ok]
+    if max(ratios) > 4 * min(ratios):  # one extreme plan would flatten all the others
+        ax.set_yscale("log")
+    ax.set_xlabel("peak memory of a training step, % of eager")
+    ax.set_ylabel("step time / eager step time")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(jsonl: Path) -> tuple[Path, list[Path]]:
+    """Write the table and the pictures next to `jsonl`; return their paths."""
+    jsonl = Path(jsonl)
+    rows = read_jsonl(jsonl)
+    md = jsonl.with_suffix(".md")
+    md.write_text(table(rows) + "\n")
+    pictures = []
+    for model, model_rows in _by_model(rows).items():
+        path = jsonl.with_name(f"{jsonl.stem}-{model}.png")
+        picture(model_rows, path)
+        pictures.append(path)
+    return md, pictures
+
+
+def update_readme(readme: Path, md: Path, pictures: list[Path]) -> None:
+    """Replace what lies between README's benchmark markers with the table and pictures."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme}: the markers {README_BEGIN!r} and {README_END!r} are missing")
+    root = readme.resolve().parent
+    images = " ".join(f"![{p.stem}]({p.resolve().relative_to(root).as_posix()})" for p in pictures)
+    body = (f"From `{md.resolve().relative_to(root).as_posix()}` (and its `.jsonl`):\n\n"
+            f"{md.read_text().strip()}\n\n{images}")
+    pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.S)
+    readme.write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{body}\n{README_END}", text))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", help="a benchmarks/results/training_step/*.jsonl file")
+    parser.add_argument("--readme", action="store_true", help="put the table and pictures into README.md")
+    args = parser.parse_args(argv)
+    md, pictures = write(Path(args.results))
+    print(f"wrote {md} and {len(pictures)} pictures")
+    if args.readme:
+        update_readme(Path(__file__).resolve().parent.parent / "README.md", md, pictures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Peak memory, step time and planning time of a training step, method against method.
+
+    python benchmarks/training_step.py [--mode quick|full] [--models gpt2,cnn]
+                                       [--device cpu|cuda] [--rounds N] [--readme]
+
+For each model (`bench_models.py`) this builds every method (`bench_methods.py`):
+eager; `torch.utils.checkpoint` on every block; `torch.compile` with an activation
+memory budget of 0.5 and 0.1; remat-ir's store-everything schedule, `hiremate` at
+50%, 30% and its smallest feasible budget, `rotor` at 50% and 30%, and `checkmate`
+at 50% on graphs small enough for its MILP. remat-ir's budgets are shares of the
+store-everything peak its simulator predicts.
+
+Then, for each method: two warm-up steps; the peak memory of one step (CPU: the
+profiler's allocator events; CUDA: max_memory_allocated), above what was allocated
+before it; and step times measured interleaved, every method once per round, so
+that machine noise hits all alike. Figures are ratios to eager's measured peak and
+to eager's median step time, from the same run. A step is forward + backward of the
+loss (the optimizer's update is the same for every method and left out).
+
+Writes `benchmarks/results/training_step/RUN.jsonl` (one line per model and method,
+each with the machine, device, versions and commit), `RUN.md` (the table) and
+`RUN-MODEL.png` (step-time ratio against peak memory, per model); `--readme` puts
+the table and pictures into README.md between its benchmark markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench_methods as methods  # noqa: E402
+import bench_report as report  # noqa: E402
+from bench_models import FACTORIES, BenchModel  # noqa: E402
+from remat_ir.runtimes.memory import measure_peak  # noqa: E402
+
+#: What each mode runs. quick: `make bench`, about 10 minutes on 2 CPU cores.
+MODES = {
+    "quick": dict(models=["gpt2", "cnn"], rounds=7, compile_budgets=[0.5, 0.1],
+                  checkmate_max_nodes=300, time_limit_s=60),
+    "full": dict(models=["gpt2", "bert", "unet", "cnn"], rounds=10, compile_budgets=[1.0, 0.5, 0.1],
+                 checkmate_max_nodes=600, time_limit_s=120),
+}
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def run_context(device: torch.device, mode: str) -> dict:
+    """What a result depends on besides the code: machine, device, versions, commit."""
+    import diffusers
+    import mip
+    import transformers
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "mode": mode,
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "commit_dirty": bool(dirty) if dirty is not None else None,
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "diffusers": diffusers.__version__,
+                     "mip": mip.__version__},
+    }
+
+
+def build_methods(bm: BenchModel, settings: dict) -> tuple[list[methods.Method], list[methods.Method]]:
+    """(methods to measure, remat-ir plans that were infeasible)."""
+    built = [methods.eager(bm), methods.checkpoint_every_block(bm)]
+    for budget in settings["compile_budgets"]:
+        say(f"  compiling with activation_memory_budget={budget:g}...")
+        built.append(methods.compiled(bm, budget))
+        say(f"  compiled in {built[-1].setup_s:.0f} s")
+    planner = methods.RematPlanner(bm, say)
+    plans = [("autograd", None), ("hiremate", "50%"), ("hiremate", "30%"), ("hiremate", "smallest"),
+             ("rotor", "50%"), ("rotor", "30%")]
+    if len(planner.graph.nodes) <= settings["checkmate_max_nodes"]:
+        plans.append(("checkmate", "50%"))
+    remat = [planner.method(solver, budget, time_limit_s=settings["time_limit_s"]) for solver, budget in plans]
+    return built + [m for m in remat if m.step], [m for m in remat if not m.step]
+
+
+def measure(built: list[methods.Method], device: torch.device, rounds: int) -> dict[str, dict]:
+    """Peak bytes of one step per method, then `rounds` interleaved timed steps each."""
+    # Lowering, planning and compiling leave millions of Python objects behind; a full
+    # collection walking them would land in whichever step triggers it. Freeze them out of
+    # the collector's reach (objects the steps create are still collected).
+    gc.collect()
+    gc.freeze()
+    figures = {}
+    for method in built:
+        for _ in range(2):
+            method.step()
+        measured = measure_peak(method.step, device)
+        figures[method.name] = {"peak_bytes": measured.peak_bytes, "loss": measured.result, "times": []}
+    for r in range(rounds):
+        order = built[r % len(built):] + built[:r % len(built)]  # rotate who runs first
+        for method in order:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            method.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            figures[method.name]["times"].append(time.perf_counter() - started)
+        say(f"  timing round {r + 1}/{rounds}")
+    return figures
+
+
+def records(bm: BenchModel, built, infeasible, figures, context: dict) -> list[dict]:
+    eager = figures["eager"]
+    eager_median = statistics.median(eager["times"])
+    rows = []
+    for method in built:
+        f = figures[method.name]
+        median = statistics.median(f["times"])
+        rows.append({**context, "model": bm.name, "model_description": bm.description,
+                     "method": method.name, "family": method.family, "status": "ok",
+                     "peak_bytes": f["peak_bytes"], "peak_ratio": round(f["peak_bytes"] / eager["peak_bytes"], 4),
+                     "median_step_s": round(median, 5), "step_time_ratio": round(median / eager_median, 4),
+                     "rounds": len(f["times"]), "setup_s": round(method.setup_s, 2), "loss": f["loss"],
+                     **method.info})
+    for method in infeasible:
+        rows.append({**context, "model": bm.name, "model_description": bm.description,
+                     "method": method.name, "family": method.family, **method.info})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=sorted(MODES), default="quick")
+    parser.add_argument("--models", help=f"comma-separated subset of {','.join(FACTORIES)}")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rounds", type=int, help="timed steps per method (default: by mode)")
+    parser.add_argument("--compile-budgets", help="torch.compile activation budgets, comma-separated "
+                        "(default: by mode; '' for none)")
+    parser.add_argument("--output-dir", default=str(HERE / "results" / "training_step"))
+    parser.add_argument("--readme", action="store_true", help="put the table and pictures into README.md")
+    args = parser.parse_args(argv)
+    settings = dict(MODES[args.mode])
+    models = args.models.split(",") if args.models else settings["models"]
+    unknown = [m for m in models if m not in FACTORIES]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
+    rounds = args.rounds or settings["rounds"]
+    if args.compile_budgets is not None:
+        settings["compile_budgets"] = [float(b) for b in args.compile_budgets.split(",") if b.strip()]
+    context = run_context(device, args.mode)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run = f"{stamp}-{args.mode}-{'cpu' if device.type == 'cpu' else 'cuda'}"
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / f"{run}.jsonl"
+    context["run"] = run
+    started = time.perf_counter()
+    for index, name in enumerate(models, 1):
+        say(f"[{index}/{len(models)}] {name} ({args.mode}) on {context['device']}")
+        bm = FACTORIES[name](args.mode)
+        bm.module.to(device)
+        bm.inputs = tuple(x.to(device) for x in bm.inputs)
+        say(f"  {bm.description}")
+        built, infeasible = build_methods(bm, settings)
+        figures = measure(built, device, rounds)
+        rows = records(bm, built, infeasible, figures, context)
+        report.append_jsonl(jsonl, rows)
+        for row in rows:
+            if row["status"] == "ok":
+                say(f"  {row['method']:<40} peak {row['peak_ratio']:7.1%}  time x{row['step_time_ratio']:.3f}")
+        del built, figures
+        gc.unfreeze()
+    say(f"all models in {time.perf_counter() - started:.0f} s; results in {jsonl}")
+    table, pictures = report.write(jsonl)
+    say(f"table {table}; pictures {', '.join(str(p) for p in pictures)}")
+    if args.readme:
+        report.update_readme(ROOT / "README.md", table, pictures)
+        say("README.md updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The training-step benchmark's pieces: its baselines compute what eager computes, and its
+report shows exactly what its results file holds."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_methods  # noqa: E402
+import bench_report  # noqa: E402
+from bench_models import FACTORIES  # noqa: E402
+
+
+def gradients_after_step(module, inputs):
+    torch.manual_seed(0)
+    loss = module(*inputs)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in module.named_parameters()}
+
+
+def test_checkpoint_every_block_wraps_every_block_and_trains_like_eager():
+    bm = FACTORIES["gpt2"]("quick")
+    reference = copy.deepcopy(bm.module).train()
+    method = bench_methods.checkpoint_every_block(bm)
+    assert method.info["blocks_checkpointed"] == 4  # one per GPT-2 layer
+    loss_e, grads_e = gradients_after_step(reference, bm.inputs)
+    loss_c, grads_c = gradients_after_step(method.module, bm.inputs)
+    assert torch.equal(loss_e, loss_c)  # dropout masks replayed on recomputation
+    assert grads_e.keys() == grads_c.keys()
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_checkpoint_every_block_refuses_a_model_without_blocks():
+    bm = FACTORIES["gpt2"]("quick")
+    bm.blocks = (torch.nn.Conv3d,)
+    with pytest.raises(ValueError, match="no module of"):
+        bench_methods.checkpoint_every_block(bm)
+
+
+def test_compiled_variants_get_their_own_code_objects():
+    a = bench_methods._own_code(bench_methods._call_model, "step_budget_0_5")
+    b = bench_methods._own_code(bench_methods._call_model, "step_budget_0_1")
+    assert a.__code__ is not b.__code__ and a.__code__ is not bench_methods._call_model.__code__
+    assert a(lambda x: x + 1, 1) == b(lambda x: x + 1, 1) == 2
+
+
+def _rows():
+    context = {"run": "20260101-000000-quick-cpu", "mode": "quick", "device": "cpu", "commit": "abc1234",
+               "commit_dirty": False, "machine": {"cpus": 2, "platform": "Linux"},
+               "versions": {"torch": "2.13.0"}}
+    model = {"model": "gpt2", "model_description": "GPT-2 tiny"}
+    return [
+        {**context, **model, "method": "eager", "family": "eager", "status": "ok", "peak_bytes": 100 * 2**20,
+         "peak_ratio": 1.0, "step_time_ratio": 1.0, "setup_s": 0.0},
+        {**context, **model, "method": "remat-ir hiremate 50%", "family": "remat-ir", "status": "ok",
+         "peak_bytes": 48 * 2**20, "peak_ratio": 0.48, "step_time_ratio": 1.123, "setup_s": 7.5,
+         "predicted_peak_bytes": 47 * 2**20, "predicted_time_ratio": 1.1, "graph_nodes": 662},
+        {**context, **model, "method": "remat-ir rotor 30%", "family": "remat-ir", "status": "infeasible",
+         "smallest_feasible_bytes": 36, "store_all_predicted_peak_bytes": 100, "planning_s": 3.0,
+         "graph_nodes": 662},
+    ]
+
+
+def test_report_table_and_picture_come_from_the_results_file(tmp_path):
+    results = tmp_path / "run.jsonl"
+    bench_report.append_jsonl(results, _rows())
+    assert [json.loads(line)["method"] for line in results.read_text().splitlines()] == \
+        ["eager", "remat-ir hiremate 50%", "remat-ir rotor 30%"]
+    md, pictures = bench_report.write(results)
+    table = md.read_text()
+    assert "| remat-ir hiremate 50% | 48.0 | 48.0% | x1.123 | 7.5 | 47.0 | x1.100 |" in table
+    assert "| remat-ir rotor 30% | infeasible; smallest feasible 36.0% of store-everything |" in table
+    assert "662 IR nodes" in table and "commit `abc1234`" in table
+    assert [p.name for p in pictures] == ["run-gpt2.png"]
+    assert pictures[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_update_replaces_only_what_lies_between_the_markers(tmp_path):
+    results = tmp_path / "results" / "run.jsonl"
+    results.parent.mkdir()
+    bench_report.append_jsonl(results, _rows())
+    md, pictures = bench_report.write(results)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{bench_report.README_BEGIN}\nold table\n{bench_report.README_END}\nafter\n")
+    for _ in range(2):  # a second update replaces the first
+        bench_report.update_readme(readme, md, pictures)
+    text = readme.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
+    assert text.count("| remat-ir hiremate 50% |") == 1
+    assert "![run-gpt2](results/run-gpt2.png)" in text
+
+
+def test_the_project_readme_has_the_benchmark_markers():
+    text = (BENCHMARKS.parent / "README.md").read_text()
+    assert text.index(bench_report.README_BEGIN) < text.index(bench_report.README_END)
