@@ -49,6 +49,11 @@ from .options import Option, PartShape
 from .sequences import walk_memory
 from .structure import TrainingGraph
 
+#: The largest memory coefficient of a level's model (or its limit) in the MILP's unit.
+MEMORY_SCALE = 1e4
+#: The level's time (every part's slowest option once) in the MILP's time unit.
+TIME_SCALE = 1e4
+
 
 @dataclass
 class Part:
@@ -228,6 +233,17 @@ class LevelModel:
         self.level = level
         self.model = milp.new_model("h-ilp")
         m, L = self.model, level
+        # Memory and time are scaled to units keeping the coefficients near 1..1e4, as in
+        # `CheckmateModel`: raw bytes (up to 1e10) and seconds defeat the solvers'
+        # absolute tolerances and slow CBC down.
+        sizes = [peak or 0, saved or 0, max(L.base, default=0)]
+        for k, p in enumerate(L.parts):
+            sizes += [p.out_bytes, p.recompute_peak, p.plain_forward_peak]
+            sizes += [max(o.saved, o.forward_peak) for o in p.options]
+            sizes += L.backward_peaks.get(k, [])
+        self.unit = max(1.0, max(sizes) / MEMORY_SCALE)
+        total = sum(max(o.time for o in p.options) for p in L.parts if p.options)
+        self.time_unit = total / TIME_SCALE if total > 0 else 1.0
         self.X: dict[tuple[int, int], mip.Var] = {}
         for k, p in enumerate(L.parts):
             if len(p.options) > 1:
@@ -256,17 +272,19 @@ class LevelModel:
             self.peak = m.add_var(lb=0.0)
             m.objective = mip.minimize(self.peak)
         else:
-            self.peak = peak
+            self.peak = None if peak is None else peak / self.unit
             m.objective = mip.minimize(
-                mip.xsum(L.parts[k].options[o].time * x for (k, o), x in self.X.items())
-                + mip.xsum(L.parts[k].recompute_time * r for (t, k), r in self.R.items())
-                + mip.xsum(L.parts[k].options[o].forward_time * z
+                mip.xsum(L.parts[k].options[o].time / self.time_unit * x
+                         for (k, o), x in self.X.items())
+                + mip.xsum(L.parts[k].recompute_time / self.time_unit * r
+                           for (t, k), r in self.R.items())
+                + mip.xsum(L.parts[k].options[o].forward_time / self.time_unit * z
                            for (k, o, t), z in self.Z.items()))
         if self.peak is not None:
             self._memory()
         if saved is not None and L.backward_order:
             t = L.first_backward
-            m.add_constr(self.held(t) - L.base[t] <= saved)
+            m.add_constr(self.held(t) - L.base[t] / self.unit <= saved / self.unit)
 
     # ------------------------------------------------------------ helpers
 
@@ -330,19 +348,20 @@ class LevelModel:
         self.model.add_constr(lhs <= rhs)
 
     def held(self, t: int):
-        L = self.level
-        terms = [L.parts[k].out_bytes * self.s(t, k) for k in L.forward_order
+        """Bytes held entering stage t, in the model's unit (`self.unit` bytes)."""
+        L, u = self.level, self.unit
+        terms = [L.parts[k].out_bytes / u * self.s(t, k) for k in L.forward_order
                  if k not in L.exported or t < L.first_backward]
         for k in L.f:
             if L.f[k] < t <= L.b.get(k, -1):
                 # Saved results kept from the forward or from a rerun before t.
                 later = range(t, L.b[k] + 1)
-                terms += [o.saved * (self.x(k, i) - mip.xsum(self.reruns(k, later, i)))
+                terms += [o.saved / u * (self.x(k, i) - mip.xsum(self.reruns(k, later, i)))
                           for i, o in enumerate(L.parts[k].options)]
-        return mip.xsum(terms) + L.base[t]
+        return mip.xsum(terms) + L.base[t] / u
 
     def _memory(self) -> None:
-        m, L = self.model, self.level
+        m, L, u = self.model, self.level, self.unit
         add = m.add_constr
         for t, (kind, k) in enumerate(L.stages):
             options = L.parts[k].options
@@ -350,25 +369,25 @@ class LevelModel:
                 # Keeping option i's saved results, or only the outputs when a rerun will.
                 later = [mip.xsum(self.reruns(k, L.rerun_stages.get(k, ()), i))
                          for i in range(len(options))]
-                add(self.held(t) + mip.xsum(o.forward_peak * (self.x(k, i) - later[i])
-                                            + L.parts[k].plain_forward_peak * later[i]
+                add(self.held(t) + mip.xsum(o.forward_peak / u * (self.x(k, i) - later[i])
+                                            + L.parts[k].plain_forward_peak / u * later[i]
                                             for i, o in enumerate(options)) <= self.peak)
                 continue
             recomputed = [(p, r) for (s, p), r in self.R.items() if s == t]
-            extra = mip.xsum(L.parts[p].out_bytes * r for p, r in recomputed)
+            extra = mip.xsum(L.parts[p].out_bytes / u * r for p, r in recomputed)
             if recomputed:
                 during = m.add_var(lb=0.0)
                 for p, r in recomputed:
-                    add(during >= max(0, L.parts[p].recompute_peak - L.parts[p].out_bytes) * r)
+                    add(during >= max(0, L.parts[p].recompute_peak - L.parts[p].out_bytes) / u * r)
                 add(self.held(t) + extra + during <= self.peak)
             reruns = [(L.parts[q], L.parts[q].options[i], z)
-                      for (q, i, u), z in self.Z.items() if u == t]
+                      for (q, i, stage), z in self.Z.items() if stage == t]
             if reruns:
-                add(self.held(t) + extra + mip.xsum(o.forward_peak * z for _, o, z in reruns)
+                add(self.held(t) + extra + mip.xsum(o.forward_peak / u * z for _, o, z in reruns)
                     <= self.peak)
-            produced = mip.xsum((p.out_bytes + o.saved) * z for p, o, z in reruns)
+            produced = mip.xsum((p.out_bytes + o.saved) / u * z for p, o, z in reruns)
             add(self.held(t) + extra + produced
-                + mip.xsum(peak * self.x(k, i) for i, peak in enumerate(L.backward_peaks[k]))
+                + mip.xsum(peak / u * self.x(k, i) for i, peak in enumerate(L.backward_peaks[k]))
                 <= self.peak)
 
     # ------------------------------------------------------------ solving
@@ -379,6 +398,22 @@ class LevelModel:
         if outcome.status not in ("optimal", "feasible"):
             return None
         return self.sequences()
+
+    def variables(self) -> dict[tuple, mip.Var]:
+        """The binaries by name, the same for every model of a level."""
+        named: dict[tuple, mip.Var] = {}
+        for prefix, table in (("X", self.X), ("S", self.S), ("R", self.R), ("Z", self.Z)):
+            named.update(((prefix, *key), var) for key, var in table.items())
+        return named
+
+    def solution(self) -> dict[tuple, float]:
+        """The values of the binaries in the solution found (to start another model)."""
+        return {key: round(var.x or 0.0) for key, var in self.variables().items()}
+
+    def start_from(self, values: dict[tuple, float]) -> None:
+        """Warm start from another model's solution of the same level."""
+        named = self.variables()
+        self.model.start = [(var, values.get(key, 0.0)) for key, var in named.items()]
 
     def sequences(self) -> tuple[list[int], list[int]]:
         L = self.level
@@ -403,7 +438,18 @@ class LevelModel:
 
 
 def solve_level(level: Level, peak: int | None, saved: int | None, deadline: Deadline,
-                seconds: float, progress=quiet, label: str = "h-ilp", least_memory: bool = False):
-    """Sequences of the level's best plan within the limits, or None (none found in time)."""
+                seconds: float, progress=quiet, label: str = "h-ilp", least_memory: bool = False,
+                solved: list[tuple[int, dict]] | None = None):
+    """Sequences of the level's best plan within the limits, or None (none found in time).
+    `solved` lists (peak limit, solution) of earlier solves of the level: the search
+    starts from the solution found under the highest limit at most `peak` (one within
+    `peak` in the model), and the new solution joins the list."""
     model = LevelModel(level, peak, saved, least_memory)
-    return model.solve(max(0.5, min(seconds, deadline.remaining(seconds))), progress, label)
+    if solved and peak is not None:
+        below = [(limit, values) for limit, values in solved if limit <= peak]
+        if below:
+            model.start_from(max(below, key=lambda s: s[0])[1])
+    found = model.solve(max(0.5, min(seconds, deadline.remaining(seconds))), progress, label)
+    if found is not None and solved is not None and peak is not None:
+        solved.append((peak, model.solution()))
+    return found

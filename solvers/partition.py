@@ -42,6 +42,10 @@ from .structure import TrainingGraph
 
 MAX_CLUSTER = 20   # M_l: parts per cluster
 MAX_TOP = 30       # M_t: parts at the top
+#: A round whose candidates make fewer clusters than this, leaving the top above `max_top`,
+#: cuts the top into intervals instead: else a nested graph (a U-Net's skip connections)
+#: grows one cluster a part per round, each level cutting its choices to a few options.
+MIN_ROUND_CLUSTERS = 2
 
 
 @dataclass
@@ -123,9 +127,14 @@ class _Partitioner:
         rounds = 0
         while self.level_graph.number_of_nodes() > self.max_top:
             rounds += 1
-            merged = self._round(self._candidates())
+            candidates = self._candidates()
+            taken, removed = self._round(candidates, dry=True)
+            still = self.level_graph.number_of_nodes() - removed
+            merged = 0
+            if taken >= MIN_ROUND_CLUSTERS or still <= self.max_top:
+                merged = self._round(candidates)[0]
             if not merged:
-                merged = self._round(self._intervals())
+                merged = self._round(self._intervals())[0]
             self.progress(f"partition: round {rounds}, {merged} clusters made, "
                           f"{self.level_graph.number_of_nodes()} parts at the top")
         top = list(nx.topological_sort(self.level_graph))
@@ -139,17 +148,21 @@ class _Partitioner:
             c.signature = self._signature(c)
         return Partition(root, rounds)
 
-    def _round(self, candidates: list[tuple[float, list]]) -> int:
-        """Merge the best non-overlapping candidates that keep the graph acyclic."""
+    def _round(self, candidates: list[tuple[float, list]], dry: bool = False) -> tuple[int, int]:
+        """Merge the best non-overlapping candidates that keep the graph acyclic: the
+        clusters made and the parts removed from the top (`dry`: only count them,
+        each group checked against the graph as it is)."""
         taken: set = set()
-        merged = 0
+        merged = removed = 0
         for _, group in sorted(candidates, key=lambda c: -c[0]):
             if taken.intersection(group) or not self._convex(group):
                 continue
             taken.update(group)
-            self._contract(group)
+            if not dry:
+                self._contract(group)
             merged += 1
-        return merged
+            removed += len(group) - 1
+        return merged, removed
 
     # ------------------------------------------------------------ candidates
 
@@ -262,7 +275,7 @@ class _Partitioner:
     def _intervals(self) -> list[tuple[float, list]]:
         """The top's topological order cut into intervals of at most `max_cluster`
         parts, as few as the top needs (an interval never closes a cycle)."""
-        order = list(nx.topological_sort(self.level_graph))
+        order = list(nx.lexicographical_topological_sort(self.level_graph, key=self._first_position))
         size = min(self.max_cluster, max(2, math.ceil(len(order) / self.max_top)))
         return [(0.0, order[i:i + size]) for i in range(0, len(order), size) if len(order[i:i + size]) > 1]
 
