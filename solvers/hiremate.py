@@ -111,6 +111,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
                         "hiremate least-memory H-ILP", least_memory=True)
     if found is not None:
         made.append(planner.schedule(*found))
+        progress(f"hiremate: no H-ILP plan within the budget; its least-memory plan peaks at "
+                 f"{made[-1].predicted_peak_bytes} bytes")
     made += [recompute_everything(tg), sqrt_schedule(tg)]
     fitting = [s for s in made if s.predicted_peak_bytes <= budget]
     if fitting:  # the H-ILP's memory model is cautious, or a heuristic fits
