@@ -92,10 +92,16 @@ def picture(rows: list[dict], path: Path) -> None:
         if points:
             ax.scatter([100 * r["peak_ratio"] for r in points], [r["step_time_ratio"] for r in points],
                        marker=marker, color=colour, label=family, s=50, zorder=3)
-    for r in ok:
+    placed: list[tuple[float, float]] = []
+    for r in sorted(ok, key=lambda r: r["peak_ratio"]):
         label = r["method"].replace("remat-ir ", "").replace("torch.compile budget", "compile")
-        ax.annotate(label, (100 * r["peak_ratio"], r["step_time_ratio"]), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")
+        x, y = 100 * r["peak_ratio"], r["step_time_ratio"]
+        # A point within 12 points of peak and 15% of time of one labelled already gets its
+        # label below the marker, so that the two labels do not overprint.
+        near = any(abs(x - px) < 12 and abs(y / py - 1) < 0.15 for px, py in placed)
+        ax.annotate(label, (x, y), fontsize=7, xytext=(4, -9 if near else 3),
+                    textcoords="offset points")
+        placed.append((x, y))
     front, best = [], float("inf")
     for r in sorted(ok, key=lambda r: (r["peak_ratio"], r["step_time_ratio"])):
         if r["step_time_ratio"] < best:
