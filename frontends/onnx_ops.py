@@ -428,13 +428,18 @@ def _global_max_pool(node, x):
 
 @op("LRN")
 def _lrn(node, x):
+    """Local response normalization across channels. The window sums come from one
+    average pool over the padded squares (as `F.local_response_norm` does, but with
+    ONNX's padding, which differs for even sizes): one op whose backward is one op. An
+    unfold-and-sum formulation made several first-layer-sized temporaries in the
+    backward, which kept AlexNet and ZFNet above half their store-everything peak."""
     size = node.attr("size")
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
     front, back = (size - 1) // 2, size - 1 - (size - 1) // 2
-    squares = (x * x).unsqueeze(1)                    # (N, 1, C, *spatial)
-    squares = F.pad(squares, [0, 0] * (x.dim() - 2) + [front, back])
-    windows = squares.unfold(2, size, 1).sum(-1).squeeze(1)  # sum over the channel window
-    return x / (bias + (alpha / size) * windows) ** beta
+    squares = (x * x).reshape(x.shape[0], 1, x.shape[1], -1, 1)     # (N, 1, C, rest, 1)
+    squares = F.pad(squares, [0, 0, 0, 0, front, back])
+    means = F.avg_pool3d(squares, (size, 1, 1), stride=1).reshape(x.shape)
+    return x / (bias + alpha * means) ** beta
 
 
 # ---------------------------------------------------------------- normalization
