@@ -93,8 +93,7 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
 
     def plan_at(target: int) -> pb.Schedule | None:
         found = solve_level(top, target, None, deadline, TOP_SOLVE_SHARE * deadline.remaining(),
-                            planner.progress,
-                            "hiremate top H-ILP", solved=solved)
+                            planner.progress, "hiremate top H-ILP", solved=solved)
         if found is None:
             return None
         made.append(planner.schedule(*found))
