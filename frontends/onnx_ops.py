@@ -431,8 +431,8 @@ def _lrn(node, x):
     """Local response normalization across channels. The window sums come from one
     average pool over the padded squares (as `F.local_response_norm` does, but with
     ONNX's padding, which differs for even sizes): one op whose backward is one op. An
-    unfold-and-sum formulation made several first-layer-sized temporaries in the
-    backward, which kept AlexNet and ZFNet above half their store-everything peak."""
+    unfold-and-sum formulation made more first-layer-sized temporaries in the backward,
+    which kept AlexNet above half its store-everything peak at every batch."""
     size = node.attr("size")
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
     front, back = (size - 1) // 2, size - 1 - (size - 1) // 2
