@@ -9,6 +9,7 @@ searches), and says whether the answer is proven optimal, merely feasible
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import threading
@@ -31,7 +32,20 @@ def solver_name() -> str:
         return mip.CBC if chosen == "cbc" else mip.HIGHS
     if chosen:
         raise BadRequest(f"${BACKEND_VARIABLE} must be 'cbc' or 'highs', not {chosen!r}")
-    return mip.HIGHS if importlib.util.find_spec("highspy") else mip.CBC
+    return mip.HIGHS if _highs_loads() else mip.CBC
+
+
+@functools.cache
+def _highs_loads() -> bool:
+    """Whether mip can drive the installed HiGHS (mip 2.0 cannot load it from highspy
+    1.16, and says so only when a model is created)."""
+    if importlib.util.find_spec("highspy") is None:
+        return False
+    try:
+        mip.Model(solver_name=mip.HIGHS)
+    except Exception:  # noqa: BLE001 - any failure to load means: use CBC
+        return False
+    return True
 
 
 def new_model(name: str) -> mip.Model:
