@@ -16,12 +16,22 @@ from collections.abc import Sequence
 
 from . import remat_ir_pb2 as pb
 from .graph import Graph
-from .simulator import check
+from .simulator import SimulationResult, check
 
 
 def from_compute_sequence(graph: Graph, sequence: Sequence[int], forward_length: int, *,
                           name: str, solver: str = "", rng_replay: bool = False) -> pb.Schedule:
     """Schedule that computes `sequence` in order and frees each value after its last use.
+    See `simulated_compute_sequence`."""
+    return simulated_compute_sequence(graph, sequence, forward_length, name=name, solver=solver,
+                                      rng_replay=rng_replay)[0]
+
+
+def simulated_compute_sequence(graph: Graph, sequence: Sequence[int], forward_length: int, *,
+                               name: str, solver: str = "", rng_replay: bool = False,
+                               ) -> tuple[pb.Schedule, SimulationResult]:
+    """Schedule that computes `sequence` in order and frees each value after its last use,
+    with the simulation that checked it (for callers that read its memory curve).
 
     A node may appear more than once (a recomputation). Each computation of a
     value lives until its last use before the next computation of the same
@@ -60,7 +70,7 @@ def from_compute_sequence(graph: Graph, sequence: Sequence[int], forward_length:
     result = check(graph, schedule)
     schedule.predicted_peak_bytes = result.peak_bytes
     schedule.predicted_time_s = result.total_time_s
-    return schedule
+    return schedule, result
 
 
 def store_all(graph: Graph) -> pb.Schedule:

@@ -43,6 +43,7 @@ from .checkmate import binaries, solve_exact
 from .hilp import Level, Part, solve_level
 from .options import Option, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy
+from .refine import drop_recomputations
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
 
@@ -62,6 +63,9 @@ REPLANS = 6
 #: Share of the time left that one solve of the top H-ILP may take: CBC rarely proves
 #: the top optimal, and a plan over the budget needs time left for the re-plans.
 TOP_SOLVE_SHARE = 1 / 3
+#: Share of the time limit kept for dropping the recomputations the plan can do
+#: without (`refine.py`); the U-Net at 30% needs about 6 s of it.
+REFINE_SHARE = 0.15
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
@@ -77,7 +81,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     everything.name = "hiremate"
     if budget is None or everything.predicted_peak_bytes <= budget:
         return everything
-    deadline = Deadline(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
+    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    deadline = Deadline(limit * (1 - REFINE_SHARE))
     tg = TrainingGraph(graph)
     tree = partition(graph, max_cluster=max_cluster, max_top=max_top, progress=progress)
     store_hierarchy(graph, tree)
@@ -104,8 +109,18 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if tree.rounds == 0 or binaries(tg) <= EXACT_BINARIES:
         made += prefix_schedules(tg)
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
-    if best is not None:
-        return best
+    if best is None:
+        best = _fallback(tg, top, planner, budget, made, deadline, progress)
+    refined = drop_recomputations(tg, best, budget, Deadline(max(0.0, limit - deadline.elapsed())),
+                                  progress, "hiremate")
+    return _named(refined)
+
+
+def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
+              made: list[pb.Schedule], deadline: Deadline, progress) -> pb.Schedule:
+    """When no plan of the H-ILP under the budget fits: its least-memory plan or a
+    heuristic if one fits (the H-ILP's memory model is cautious), else
+    InfeasibleBudget naming the lowest peak of every schedule made."""
     found = solve_level(top, None, None, deadline, deadline.remaining(10.0), planner.progress,
                         "hiremate least-memory H-ILP", least_memory=True)
     if found is not None:
@@ -114,8 +129,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
                  f"{made[-1].predicted_peak_bytes} bytes")
     made += [recompute_everything(tg), sqrt_schedule(tg)]
     fitting = [s for s in made if s.predicted_peak_bytes <= budget]
-    if fitting:  # the H-ILP's memory model is cautious, or a heuristic fits
-        return _named(min(fitting, key=lambda s: s.predicted_time_s))
+    if fitting:
+        return min(fitting, key=lambda s: s.predicted_time_s)
     smallest = min(s.predicted_peak_bytes for s in made)
     raise InfeasibleBudget(budget, smallest, " (by hiremate)")
 
@@ -139,7 +154,7 @@ def _with_checkmate(tg: TrainingGraph, budget: int, best: pb.Schedule | None,
     except SolverError:
         return best
     if best is None or exact.predicted_time_s < best.predicted_time_s:
-        return _named(exact)
+        return exact
     return best
 
 

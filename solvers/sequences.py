@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from remat_ir.ir import from_compute_sequence, pb
+from remat_ir.ir import SimulationResult, pb, simulated_compute_sequence
 
 from .base import Progress
 from .structure import TrainingGraph
@@ -22,12 +22,18 @@ from .structure import TrainingGraph
 def to_schedule(tg: TrainingGraph, sequence: Sequence[int], forward_length: int, *,
                 name: str, status: int = pb.HEURISTIC) -> pb.Schedule:
     """The checked schedule computing `sequence` (frees after last uses)."""
+    return simulated_schedule(tg, sequence, forward_length, name=name, status=status)[0]
+
+
+def simulated_schedule(tg: TrainingGraph, sequence: Sequence[int], forward_length: int, *,
+                       name: str, status: int = pb.HEURISTIC) -> tuple[pb.Schedule, SimulationResult]:
+    """`to_schedule`, with the simulation that checked it."""
     counts = Counter(sequence)
     replay = any(counts[n] > 1 and tg.graph.node(n).random for n in counts)
-    schedule = from_compute_sequence(tg.graph, sequence, forward_length, name=name, solver=name,
-                                     rng_replay=replay)
+    schedule, result = simulated_compute_sequence(tg.graph, sequence, forward_length, name=name,
+                                                  solver=name, rng_replay=replay)
     schedule.status = status
-    return schedule
+    return schedule, result
 
 
 class OnDemand:

@@ -13,6 +13,10 @@ from test_properties import training_graphs
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
 from remat_ir.solvers import InfeasibleBudget, UnknownSolver
+from remat_ir.solvers.base import Deadline
+from remat_ir.solvers.baselines import recompute_everything
+from remat_ir.solvers.refine import drop_recomputations
+from remat_ir.solvers.structure import TrainingGraph
 
 HEURISTICS = ("autograd", "recompute-all", "sqrt", "rotor")
 ALL = HEURISTICS + ("checkmate", "hiremate")
@@ -94,6 +98,45 @@ def test_hiremate_within_three_percent_of_checkmates_optimum_on_chains(n):
         assert ours.predicted_time_s <= 1.03 * exact.predicted_time_s, (n, share)
         compared += 1
     assert compared >= 2
+
+
+@SETTINGS
+@given(graph=training_graphs(), share=st.floats(0.0, 1.2))
+def test_dropping_recomputations_stays_valid_within_the_budget_and_never_slows(graph, share):
+    """From recompute-all (the most recomputation) at budgets between its peak and
+    beyond store-all's: a valid schedule within the budget, never slower."""
+    tg = TrainingGraph(graph)
+    start = recompute_everything(tg)
+    least, most = start.predicted_peak_bytes, ir.store_all(graph).predicted_peak_bytes
+    budget = int(least + share * max(0, most - least))
+    refined = drop_recomputations(tg, start, budget, Deadline(30))
+    result = ir.simulate(graph, refined)
+    assert result.valid, result.violation
+    assert result.peak_bytes == refined.predicted_peak_bytes <= budget
+    assert result.total_time_s == pytest.approx(refined.predicted_time_s)
+    assert refined.predicted_time_s <= start.predicted_time_s
+
+
+@pytest.mark.parametrize("n", [4, 9])
+def test_dropping_recomputations_on_a_chain(n):
+    """A chain's recompute-all plan, given store-all's peak, drops every recomputation
+    (store-all's time); given a little less, it still drops some and fits."""
+    graph, _ = chain(n, f_time=1.0, b_time=2.0)
+    tg = TrainingGraph(graph)
+    start, store = recompute_everything(tg), ir.store_all(graph)
+    refined = drop_recomputations(tg, start, store.predicted_peak_bytes, Deadline(30))
+    assert refined.predicted_time_s == store.predicted_time_s == 3.0 * n
+    budget = (start.predicted_peak_bytes + store.predicted_peak_bytes) // 2
+    refined = drop_recomputations(tg, start, budget, Deadline(30))
+    assert refined.predicted_peak_bytes <= budget
+    assert store.predicted_time_s < refined.predicted_time_s < start.predicted_time_s
+
+
+def test_dropping_recomputations_stops_at_its_deadline():
+    graph, _ = chain(9)
+    tg = TrainingGraph(graph)
+    start = recompute_everything(tg)
+    assert drop_recomputations(tg, start, 10**9, Deadline(0)).predicted_time_s == start.predicted_time_s
 
 
 def test_recompute_all_and_sqrt_trade_time_for_memory_on_a_chain():
