@@ -43,7 +43,7 @@ from .checkmate import binaries, solve_exact
 from .hilp import Level, Part, solve_level
 from .options import Option, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy
-from .refine import drop_recomputations
+from .trim import trim_recomputations
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
 
@@ -63,9 +63,9 @@ REPLANS = 6
 #: Share of the time left that one solve of the top H-ILP may take: CBC rarely proves
 #: the top optimal, and a plan over the budget needs time left for the re-plans.
 TOP_SOLVE_SHARE = 1 / 3
-#: Share of the time limit kept for dropping the recomputations the plan can do
-#: without (`refine.py`); the U-Net at 30% needs about 6 s of it.
-REFINE_SHARE = 0.15
+#: Share of the time limit kept for trimming the plan's recomputations (`trim.py`):
+#: the U-Net of benchmarks/hiremate.py at 30% needs about 8 s.
+REFINE_SHARE = 0.2
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
@@ -111,9 +111,9 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
     if best is None:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
-    refined = drop_recomputations(tg, best, budget, Deadline(max(0.0, limit - deadline.elapsed())),
+    trimmed = trim_recomputations(tg, best, budget, Deadline(max(0.0, limit - deadline.elapsed())),
                                   progress, "hiremate")
-    return _named(refined)
+    return _named(trimmed)
 
 
 def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,

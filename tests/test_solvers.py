@@ -15,7 +15,8 @@ from remat_ir.ir import pb
 from remat_ir.solvers import InfeasibleBudget, UnknownSolver
 from remat_ir.solvers.base import Deadline
 from remat_ir.solvers.baselines import recompute_everything
-from remat_ir.solvers.refine import drop_recomputations
+from remat_ir.solvers.trim import trim_recomputations
+from remat_ir.solvers.sequences import keep_set_schedule
 from remat_ir.solvers.structure import TrainingGraph
 
 HEURISTICS = ("autograd", "recompute-all", "sqrt", "rotor")
@@ -102,14 +103,14 @@ def test_hiremate_within_three_percent_of_checkmates_optimum_on_chains(n):
 
 @SETTINGS
 @given(graph=training_graphs(), share=st.floats(0.0, 1.2))
-def test_dropping_recomputations_stays_valid_within_the_budget_and_never_slows(graph, share):
-    """From recompute-all (the most recomputation) at budgets between its peak and
-    beyond store-all's: a valid schedule within the budget, never slower."""
+def test_trimming_recomputations_stays_valid_within_the_budget_and_never_slows(graph, share):
+    """From recompute-all (the most recomputation) at budgets from its peak to beyond
+    store-all's: a valid schedule within the budget, never slower."""
     tg = TrainingGraph(graph)
     start = recompute_everything(tg)
     least, most = start.predicted_peak_bytes, ir.store_all(graph).predicted_peak_bytes
     budget = int(least + share * max(0, most - least))
-    refined = drop_recomputations(tg, start, budget, Deadline(30))
+    refined = trim_recomputations(tg, start, budget, Deadline(30))
     result = ir.simulate(graph, refined)
     assert result.valid, result.violation
     assert result.peak_bytes == refined.predicted_peak_bytes <= budget
@@ -118,25 +119,43 @@ def test_dropping_recomputations_stays_valid_within_the_budget_and_never_slows(g
 
 
 @pytest.mark.parametrize("n", [4, 9])
-def test_dropping_recomputations_on_a_chain(n):
+def test_trimming_recomputations_on_a_chain(n):
     """A chain's recompute-all plan, given store-all's peak, drops every recomputation
     (store-all's time); given a little less, it still drops some and fits."""
     graph, _ = chain(n, f_time=1.0, b_time=2.0)
     tg = TrainingGraph(graph)
     start, store = recompute_everything(tg), ir.store_all(graph)
-    refined = drop_recomputations(tg, start, store.predicted_peak_bytes, Deadline(30))
+    refined = trim_recomputations(tg, start, store.predicted_peak_bytes, Deadline(30))
     assert refined.predicted_time_s == store.predicted_time_s == 3.0 * n
     budget = (start.predicted_peak_bytes + store.predicted_peak_bytes) // 2
-    refined = drop_recomputations(tg, start, budget, Deadline(30))
+    refined = trim_recomputations(tg, start, budget, Deadline(30))
     assert refined.predicted_peak_bytes <= budget
     assert store.predicted_time_s < refined.predicted_time_s < start.predicted_time_s
 
 
-def test_dropping_recomputations_stops_at_its_deadline():
+def test_trimming_swaps_an_expensive_recomputation_for_a_cheap_one():
+    """Chain of 6 whose second link costs 10 (the others 1), planned to keep every
+    result but the second link's: at that plan's peak, keeping it too does not fit,
+    but recomputing the cheap first link (idle between its forward and backward
+    reads, its input always there) makes the room."""
+    graph, ids = chain(6)
+    graph.node(ids["f2"]).cost.time_s = 10.0
+    tg = TrainingGraph(graph)
+    start = keep_set_schedule(tg, set(tg.forward) - {ids["f2"]}, name="plan")
+    assert start.predicted_time_s == ir.store_all(graph).predicted_time_s + 10.0
+    trimmed = trim_recomputations(tg, start, start.predicted_peak_bytes, Deadline(30))
+    assert trimmed.predicted_peak_bytes <= start.predicted_peak_bytes
+    assert trimmed.predicted_time_s == start.predicted_time_s - 10.0 + 1.0
+    recomputed = [s.compute for s in trimmed.steps[trimmed.backward_start:]
+                  if s.WhichOneof("action") == "compute" and s.compute in tg.forward]
+    assert recomputed == [ids["f1"]]
+
+
+def test_trimming_recomputations_stops_at_its_deadline():
     graph, _ = chain(9)
     tg = TrainingGraph(graph)
     start = recompute_everything(tg)
-    assert drop_recomputations(tg, start, 10**9, Deadline(0)).predicted_time_s == start.predicted_time_s
+    assert trim_recomputations(tg, start, 10**9, Deadline(0)).predicted_time_s == start.predicted_time_s
 
 
 def test_recompute_all_and_sqrt_trade_time_for_memory_on_a_chain():
