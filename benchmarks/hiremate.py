@@ -10,6 +10,9 @@
 - GPT-2: the peak of checkpointing every transformer block (what
   torch.utils.checkpoint per block does: keep each block's input, recompute
   the block in its backward), and hiremate's time at that peak. Target: lower.
+- The same runs with `leaf_solvers="checkmate"` (Checkmate's plans of the
+  smallest clusters pooled with the H-ILP's options): whether the default,
+  the H-ILP's options alone, is the right one.
 - Chains small enough for checkmate to prove its optimum (10 to 36 nodes) at
   budgets from 90% to 40%: hiremate's time / checkmate's. Target: <= 1.03.
 
@@ -48,11 +51,12 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def plan(graph: ir.Graph, budget: int, reference: ir.pb.Schedule) -> dict:
+def plan(graph: ir.Graph, budget: int, reference: ir.pb.Schedule, **options) -> dict:
     started = time.monotonic()
     try:
         s = solvers.solve(graph, budget, "hiremate", time_limit_s=TIME_LIMIT_S,
-                          progress=lambda m: say("    " + m) if "structures solved" not in m else None)
+                          progress=lambda m: say("    " + m) if "structures solved" not in m else None,
+                          **options)
     except InfeasibleBudget as refused:
         return dict(seconds=round(time.monotonic() - started, 2), feasible=False,
                     smallest_feasible_share=round(refused.smallest_feasible
@@ -91,6 +95,13 @@ def model_rows(name: str, factory) -> dict:
         say(f"{name}: hiremate at {share:.0%}")
         row["runs"][f"{share:.0%}"] = plan(graph, int(reference.predicted_peak_bytes * share), reference)
         say(f"  -> {row['runs'][f'{share:.0%}']}")
+    row["runs_with_checkmate_leaves"] = {}
+    for share in SHARES:
+        say(f"{name}: hiremate at {share:.0%}, leaf_solvers=checkmate")
+        found = plan(graph, int(reference.predicted_peak_bytes * share), reference,
+                     leaf_solvers="checkmate")
+        row["runs_with_checkmate_leaves"][f"{share:.0%}"] = found
+        say(f"  -> {found}")
     if name == "gpt2":
         checkpoint = per_block_checkpoint(graph)
         share = checkpoint.predicted_peak_bytes / reference.predicted_peak_bytes

@@ -5,11 +5,13 @@
 2. Options, bottom to top: every cluster offers its base options (store
    what its backward reads; keep nothing and recompute in its backward) and
    the solutions of its level's H-ILP (`hilp.py`) under a grid of limits on
-   the bytes it keeps for its backward. A node is a part with its own two
-   base options. Clusters with the same structural signature (the blocks of
-   a transformer) are solved once: the others take the same options with
-   their own nodes. A level's parts share at most `max_options` options, in
-   proportion to their size, keeping the most diverse saved-memory values.
+   the bytes it keeps for its backward; with `leaf_solvers`, the smallest
+   clusters also get the plans other solvers make of them (`leaves.py`).
+   A node is a part with its own two base options. Clusters with the same
+   structural signature (the blocks of a transformer) are solved once: the
+   others take the same options with their own nodes. A level's parts share
+   at most `max_options` options, in proportion to their size, keeping the
+   most diverse saved-memory values.
 3. The top level's H-ILP under the budget gives the whole training step. As
    the model is approximate, its memory limit is fitted to the simulator
    (down by a plan's excess over the budget, up by its slack), and the
@@ -41,11 +43,12 @@ from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
 from .baselines import prefix_schedules, recompute_everything, sqrt_schedule
 from .checkmate import binaries, solve_exact
 from .hilp import Level, Part, solve_level
+from .leaves import leaf_options, leaf_solver_names
 from .options import Option, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy
-from .trim import trim_recomputations
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
+from .trim import trim_recomputations
 
 DEFAULT_TIME_LIMIT_S = 60.0
 #: N_o: options one level's H-ILP chooses among, over all its parts. 100 left U-Net's
@@ -55,7 +58,10 @@ MAX_OPTIONS = 400
 #: store-everything option's peak and of the bytes it keeps for the backward
 #: (None: no peak limit). Each solution is one of the cluster's options.
 BUDGET_GRID = tuple((None, saved) for saved in (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75))
-#: Seconds per H-ILP below the top.
+#: Solvers whose plans of the smallest clusters join their options (`leaves.py`); the
+#: H-ILP's own options are always there.
+LEAF_SOLVERS = ""
+#: Seconds per H-ILP below the top (and per leaf solver's plan).
 CLUSTER_SECONDS = 2.0
 #: Share of the time limit the options may use before the top is solved.
 OPTIONS_SHARE = 0.5
@@ -73,10 +79,12 @@ EXACT_BINARIES = 10_000
 
 def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
              progress=quiet, max_cluster: int = MAX_CLUSTER, max_top: int = MAX_TOP,
-             max_options: int = MAX_OPTIONS) -> pb.Schedule:
-    """Hierarchical partition, options per cluster, H-ILP at every level."""
+             max_options: int = MAX_OPTIONS, leaf_solvers: str = LEAF_SOLVERS) -> pb.Schedule:
+    """Hierarchical partition, options per cluster, H-ILP at every level; `leaf_solvers`
+    (comma-separated solver names) add their plans of the smallest clusters to the options."""
     if isinstance(max_options, bool) or not isinstance(max_options, int) or max_options < 2:
         raise BadRequest(f"max_options must be an integer of at least 2, not {max_options!r}")
+    leaves = leaf_solver_names(leaf_solvers)
     everything = store_all(graph)
     everything.name = "hiremate"
     if budget is None or everything.predicted_peak_bytes <= budget:
@@ -86,7 +94,7 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     tg = TrainingGraph(graph)
     tree = partition(graph, max_cluster=max_cluster, max_top=max_top, progress=progress)
     store_hierarchy(graph, tree)
-    planner = _Planner(tg, max_options, deadline, progress)
+    planner = _Planner(tg, max_options, leaves, deadline, progress)
     top = planner.level(tree.root)
     planner.progress(f"hiremate: top level of {len(top.parts)} parts, "
                      f"{sum(len(p.options) for p in top.parts)} options")
@@ -166,8 +174,10 @@ def _named(schedule: pb.Schedule) -> pb.Schedule:
 class _Planner:
     """Options of every cluster, bottom to top, each structure solved once."""
 
-    def __init__(self, tg: TrainingGraph, max_options: int, deadline: Deadline, progress):
+    def __init__(self, tg: TrainingGraph, max_options: int, leaves: tuple[str, ...],
+                 deadline: Deadline, progress):
         self.tg, self.max_options, self.deadline, self.progress = tg, max_options, deadline, progress
+        self.leaves = leaves
         #: signature -> (forward nodes, backward nodes, options) of the first cluster solved.
         self.solved: dict[str, tuple[list[int], list[int], list[Option]]] = {}
         self.count = 0
@@ -217,13 +227,16 @@ class _Planner:
             store = options[0]
             peak = max(store.forward_peak, store.saved + store.backward_peak)
             for peak_share, saved_share in BUDGET_GRID:
-                if self.deadline.elapsed() > OPTIONS_SHARE * (self.deadline.seconds or float("inf")):
+                if self.options_deadline().expired():
                     break
                 found = solve_level(level, None if peak_share is None else int(peak_share * peak),
                                     int(saved_share * store.saved), self.deadline,
                                     CLUSTER_SECONDS, quiet)
                 if found is not None:
                     options.append(shape.measure(*found))
+            if self.leaves and not cluster.children:
+                options += leaf_options(shape, self.leaves, CLUSTER_SECONDS, self.options_deadline(),
+                                        f"cluster {cluster.id}", self.progress)
         options = pareto(options)
         self.count += 1
         self.progress(f"hiremate: cluster {cluster.id} (level {cluster.level}, "
@@ -231,6 +244,12 @@ class _Planner:
                       f"{self.count} structures solved")
         self.solved.setdefault(cluster.signature, (forward, backward, options))
         return options
+
+    def options_deadline(self) -> Deadline:
+        """What is left of the options' share of the time limit."""
+        if self.deadline.seconds is None:
+            return Deadline(None)
+        return Deadline(max(0.0, OPTIONS_SHARE * self.deadline.seconds - self.deadline.elapsed()))
 
     # ------------------------------------------------------------ schedule
 

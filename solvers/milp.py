@@ -67,7 +67,11 @@ class Outcome:
 
 def optimize(model: mip.Model, seconds: float, progress: Progress, label: str,
              relax: bool = False) -> Outcome:
-    """Solve `model` within `seconds`, telling `progress` how long it has been running."""
+    """Solve `model` within `seconds`, telling `progress` how long it has been running.
+    A model without variables (every decision fixed, as in a small cluster cut out for a
+    leaf solver) has nothing to search: "none", without mip's warning on stderr."""
+    if model.num_cols == 0:
+        return Outcome("none", None, 0.0)
     started = time.monotonic()
     done = threading.Event()
 

@@ -148,19 +148,6 @@ def run_cli(*args, pythonpath: Path | None = None):
                           capture_output=True, text=True, env=env, timeout=120)
 
 
-def _cli_has(command: str) -> bool:
-    """Whether `remat-ir COMMAND` exists (read from the parser, without a subprocess)."""
-    import argparse
-
-    from remat_ir import cli
-    return any(command in action.choices for action in cli.build_parser()._actions
-               if isinstance(action, argparse._SubParsersAction))
-
-
-cli_solve = pytest.mark.xfail(not (_cli_has("solve") and _cli_has("solvers")),
-                              reason="CLI solve not written yet", strict=False)
-
-
 def solve_with_cli(tmp_path, graph, solver: str, pythonpath: Path | None = None) -> pb.Schedule:
     """`remat-ir solve IN --budget 100% --solver SOLVER -o OUT`; the one schedule it adds."""
     source, planned = tmp_path / "in.rir", tmp_path / "out.rir"
@@ -176,7 +163,6 @@ def solve_with_cli(tmp_path, graph, solver: str, pythonpath: Path | None = None)
     return added
 
 
-@cli_solve
 def test_cli_lists_and_uses_a_plugin(tmp_path):
     folder = write_plugin(tmp_path / "site")
     listed = run_cli("solvers", pythonpath=folder)
@@ -237,7 +223,6 @@ def test_c_solver_over_budget_is_refused_by_the_simulator(c_solver, graphs):
     assert f"over the budget of {budget} bytes" in str(info.value)
 
 
-@cli_solve
 def test_c_solver_through_the_cli(c_solver, tmp_path):
     graph = mlp(layers=3, batch=32, width=16)
     added = solve_with_cli(tmp_path, graph, f"exec:{c_solver}")
