@@ -37,6 +37,8 @@ options allow.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from remat_ir.ir import Graph, InvalidSchedule, pb, store_all
 
 from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
@@ -79,9 +81,11 @@ EXACT_BINARIES = 10_000
 
 def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
              progress=quiet, max_cluster: int = MAX_CLUSTER, max_top: int = MAX_TOP,
-             max_options: int = MAX_OPTIONS, leaf_solvers: str = LEAF_SOLVERS) -> pb.Schedule:
+             max_options: int = MAX_OPTIONS,
+             leaf_solvers: str | Sequence[str] = LEAF_SOLVERS) -> pb.Schedule:
     """Hierarchical partition, options per cluster, H-ILP at every level; `leaf_solvers`
-    (comma-separated solver names) add their plans of the smallest clusters to the options."""
+    (solver names, comma-separated or a sequence) add their plans of the smallest
+    clusters to the options."""
     if isinstance(max_options, bool) or not isinstance(max_options, int) or max_options < 2:
         raise BadRequest(f"max_options must be an integer of at least 2, not {max_options!r}")
     leaves = leaf_solver_names(leaf_solvers)

@@ -42,8 +42,8 @@ def leaf_solver_names(value: str | Sequence[str] | None) -> tuple[str, ...]:
     each must name a solver (UnknownSolver lists the known ones), not hiremate itself."""
     if value is None or value == "":
         return ()
-    names = value.split(",") if isinstance(value, str) else list(value)
-    if not all(isinstance(n, str) for n in names):
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise BadRequest(f"leaf_solvers must be solver names, e.g. 'checkmate,rotor'; got {value!r}")
     names = [n.strip() for n in names if n.strip()]
     for name in names:

@@ -146,6 +146,8 @@ def test_leaf_solver_names_are_checked_up_front():
     assert leaf_solver_names("") == ()
     with pytest.raises(UnknownSolver, match="unknown solver 'rotr'"):
         leaf_solver_names("rotr")
+    with pytest.raises(BadRequest, match="leaf_solvers must be solver names, e.g. 'checkmate,rotor'; got 3"):
+        leaf_solver_names(3)
     with pytest.raises(BadRequest, match="leaf_solvers cannot name hiremate itself"):
         leaf_solver_names("hiremate")
     graph, _ = chain(4)
