@@ -47,15 +47,11 @@ def part_graph(graph: Graph, forward: Sequence[int], backward: Sequence[int], na
     kept = set(forward) | set(backward)
     nodes = [n for n in graph.proto.nodes if n.id in kept]
     produced = {v for n in nodes for v in n.outputs}
-    value_ids: list[int] = []
-    for n in nodes:
-        for v in (*n.inputs, *n.outputs, *referenced_value_ids(n)):
-            if v not in value_ids:
-                value_ids.append(v)
+    value_ids = list(dict.fromkeys(v for n in nodes
+                                   for v in (*n.inputs, *n.outputs, *referenced_value_ids(n))))
 
     proto = pb.Graph(name=name)
     proto.version.CopyFrom(graph.proto.version)
-    storages = []
     for v in value_ids:
         value = proto.values.add()
         value.CopyFrom(graph.value(v))
@@ -63,9 +59,7 @@ def part_graph(graph: Graph, forward: Sequence[int], backward: Sequence[int], na
             p = graph.producer(v)
             backward_result = p is not None and graph.node(p).phase == pb.BACKWARD
             value.kind = pb.GRADIENT if backward_result else pb.USER_INPUT
-        if value.storage_id not in storages:
-            storages.append(value.storage_id)
-    for s in storages:
+    for s in dict.fromkeys(graph.value(v).storage_id for v in value_ids):
         proto.storages.add(id=s, size_bytes=graph.storage_bytes(s))
     for n in nodes:
         node = proto.nodes.add()
@@ -80,7 +74,7 @@ def part_graph(graph: Graph, forward: Sequence[int], backward: Sequence[int], na
         entry = proto.inputs.add(value_id=v, name=graph.value(v).name)
         if v in entries:
             entry.CopyFrom(entries[v])
-            if entry.gradient_of not in graph.values or entry.gradient_of not in value_ids:
+            if entry.gradient_of not in value_ids:
                 entry.ClearField("gradient_of")
     outputs: dict[int, list[pb.GraphOutput]] = {}
     for o in graph.proto.outputs:
