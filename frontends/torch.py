@@ -18,17 +18,45 @@ import operator
 from collections.abc import Sequence
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.arguments import TensorRef
 
+from .autograd_functions import FunctionError, preserving_functions
 from .costs import estimate_costs
 from .torch_types import ir_dtype, op_name, to_ir_argument
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
                "aten.sym_constrain_range_for_size")
+
+
+#: Random ops whose draws from the generator depend only on shapes, dtypes, strides and
+#: non-tensor arguments (IR `Node.rng_shape_only`): the runtime may advance the generator
+#: past them with a run on placeholder inputs. Checked op by op in tests/test_rng.py.
+#: Left out: multinomial, poisson, _standard_gamma, rrelu_with_noise (draws depend on values).
+SHAPE_ONLY_RANDOM_OPS = frozenset({
+    "native_dropout", "_fused_dropout", "bernoulli", "rand", "rand_like", "randn",
+    "randn_like", "randint", "randint_like", "randperm", "normal", "uniform", "exponential",
+    "cauchy", "log_normal", "geometric", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+    "_efficient_attention_forward",
+})
+
+
+def _draws_random(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether the op draws from the generator: tagged nondeterministic_seeded, and not an
+    attention kernel called with dropout_p=0 (the common case, which draws nothing)."""
+    if torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    for i, argument in enumerate(target._schema.arguments):
+        if argument.name == "dropout_p":
+            p = args[i] if i < len(args) else kwargs.get("dropout_p", argument.default_value)
+            return p != 0
+    return True
 
 
 class LoweringError(RematIRError):
@@ -46,12 +74,19 @@ def _source(node: torch.fx.Node) -> str:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+    errors: list = []
     try:
-        return torch.export.export(model, args, kwargs, strict=False)
+        with preserving_functions(errors):
+            exported = torch.export.export(model, args, kwargs, strict=False)
+    except FunctionError as exc:
+        raise LoweringError(f"{exc} (in {type(model).__name__})") from None
     except Exception as exc:  # export's own errors name the construct; keep its first lines
         first = "\n".join(str(exc).strip().splitlines()[:6])
         raise LoweringError(f"torch.export could not trace {type(model).__name__} (data-dependent "
                             f"control flow or an unsupported construct):\n{first}") from exc
+    if errors:
+        raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
+    return exported
 
 
 class _Lowering:
@@ -117,6 +152,24 @@ class _Lowering:
                                 f"handle yet: {desc}")
         self.value_of[node] = vid
 
+    def constant(self, node: torch.fx.Node, module: torch.nn.Module) -> None:
+        """A tensor constant lifted by torch.export (`torch.tensor(...)` built inside forward,
+        such as T5's `_shift_right` start token): its bytes go into the graph, row-major."""
+        tensor = getattr(module, node.target, None)
+        if not isinstance(tensor, torch.Tensor):
+            raise LoweringError(f"FX node {node.name!r} reads attribute {node.target!r}, which is "
+                                f"a {type(tensor).__name__}, not a tensor constant")
+        try:
+            dtype = ir_dtype(tensor.dtype)
+        except ValueError as exc:
+            raise LoweringError(f"tensor constant {node.target!r}: {exc}") from None
+        with unset_fake_temporarily():  # a real tensor, read while AOTAutograd's fake mode is on
+            tensor = tensor.detach().to("cpu").contiguous()
+            raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        vid = self.g.add_value(node.name, dtype, tuple(tensor.shape), kind="constant", constant=raw)
+        self.g.value(vid).stride.extend(tensor.stride())
+        self.value_of[node] = vid
+
     def call(self, node: torch.fx.Node) -> None:
         target = node.target
         if target is operator.getitem:
@@ -158,10 +211,12 @@ class _Lowering:
         source = _source(node)
         if phase == "backward" and forward_node is not None:
             source = source or self.g.node(forward_node).source
+        random = _draws_random(target, node.args, node.kwargs)
         nid = self.g.add_node(
             name, inputs, outputs, phase=phase, name=node.name, args=args, kwargs=kwargs,
-            forward_node_id=forward_node, random=torch.Tag.nondeterministic_seeded in target.tags,
+            forward_node_id=forward_node, random=random,
             mutating=target._schema.is_mutable, source=source)
+        self.g.node(nid).rng_shape_only = random and name.split(".")[1] in SHAPE_ONLY_RANDOM_OPS
         self.g.node(nid).output_indices.extend(indices)
         if phase == "forward" and seq is not None:
             # Backward nodes link to the first forward node of their sequence number that
@@ -203,11 +258,13 @@ class _Lowering:
             self.g.add_input(vid, f"grad_output{desc.output.idx}",
                              gradient_of=user_outputs.get(desc.output.idx))
 
-    def run(self, fx_graph: torch.fx.Graph) -> Graph:
+    def run(self, module: torch.fx.GraphModule) -> Graph:
         self.pending_tangents = []
-        for node in fx_graph.nodes:
+        for node in module.graph.nodes:
             if node.op == "placeholder":
                 self.placeholder(node)
+            elif node.op == "get_attr":
+                self.constant(node, module)
             elif node.op == "call_function":
                 self.call(node)
             elif node.op == "output":
@@ -248,7 +305,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | torch.Tensor, *,
         except Exception as exc:
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
-        graph = _Lowering(type(model).__name__).run(joint.graph_module.graph)
+        graph = _Lowering(type(model).__name__).run(joint.graph_module)
     # How user inputs flatten (PlainAOTInput indices count these leaves) and outputs nest.
     for key, spec in (("torch.in_spec", exported.call_spec.in_spec),
                       ("torch.out_spec", exported.call_spec.out_spec)):

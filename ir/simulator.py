@@ -21,6 +21,10 @@ runtime's measured peak is compared with its prediction. The rules (DESIGN.md,
   recomputed while its old copy is live holds both until the step ends (a user
   output's old copy, which the caller holds, until the end). The peak is the
   maximum during any step; it is what the budget bounds.
+- Random nodes follow `rng.plan_rng`: a run out of graph order first skips the
+  random nodes eager would have run before it, each costing its time and, while
+  it runs, its placeholders, outputs and workspace on top of the live bytes;
+  only nodes flagged `rng_shape_only` can be skipped.
 - A free step drops a live value; resident values and graph outputs are never
   freed. Offload moves a live value to host memory (its device bytes are
   released) and prefetch brings it back; transfer time is not modelled yet.
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field
 from . import remat_ir_pb2 as pb
 from .errors import InvalidSchedule
 from .graph import FORWARD_OUTPUT_ROLES, Graph
+from .rng import plan_rng, skip_bytes
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Violation:
 VIOLATION_KINDS = (
     "input_not_live", "gradient_before_backward", "free_not_live", "free_resident",
     "free_output", "offload_not_live", "prefetch_not_offloaded", "recompute_forbidden",
-    "random_recompute", "budget_exceeded", "output_missing", "bad_step",
+    "random_recompute", "random_order", "budget_exceeded", "output_missing", "bad_step",
 )
 
 
@@ -164,6 +169,8 @@ class _Run:
                                 if graph.value(i.value_id).kind == pb.GRADIENT}
         self.user_outputs = {o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT}
         self.result = SimulationResult(violation=None, resident_bytes=graph.resident_bytes())
+        self.rng = plan_rng(graph, schedule)
+        self.skip_during = 0
 
     def fail(self, step: int, kind: str, message: str, node_id=None, value_id=None) -> SimulationResult:
         self.result.violation = Violation(step, kind, message, node_id, value_id)
@@ -174,14 +181,31 @@ class _Run:
         if self.schedule.backward_start > len(steps):
             return self.fail(len(steps), "bad_step", f"backward starts at step "
                              f"{self.schedule.backward_start} but there are only {len(steps)} steps")
+        bs = self.schedule.backward_start
         for k, step in enumerate(steps):
-            if k == self.schedule.backward_start and (v := self.end_of_forward(k)):
+            self.skip_during = 0
+            if k == bs:
+                if v := self.end_of_forward(k):
+                    return v
+                if v := self.skips(k, self.rng.forward_end, forward=True):
+                    return v
+            if v := self.skips(k, self.rng.skips.get(k, ()), forward=k < bs):
                 return v
-            violation = self.execute(k, step)
-            if violation:
-                return violation
-        if self.schedule.backward_start == len(steps) and (v := self.end_of_forward(len(steps))):
+            if v := self.execute(k, step):
+                return v
+        self.skip_during = 0
+        if bs == len(steps):
+            if v := self.end_of_forward(len(steps)):
+                return v
+            if v := self.skips(len(steps), self.rng.forward_end, forward=True):
+                return v
+        if v := self.skips(len(steps), self.rng.step_end, forward=False):
             return v
+        if self.skip_during > self.result.peak_bytes:  # after the last step: no record follows
+            self.result.peak_bytes = self.skip_during
+            if self.budget is not None and self.skip_during > self.budget:
+                return self.fail(len(steps), "budget_exceeded", f"RNG skips after the last step "
+                                 f"reach {self.skip_during} bytes, over the budget of {self.budget} bytes")
         missing = [o for o in self.g.proto.outputs
                    if o.value_id not in self.mem.live and o.value_id not in self.g.resident_value_ids]
         if missing:
@@ -203,7 +227,26 @@ class _Run:
         self.result.saved_bytes = sum(self.mem.size.get(a, 0) for a in allocations)
         return None
 
+    def skips(self, k: int, entries, *, forward: bool) -> SimulationResult | None:
+        """Count RNG skips (`rng.RngPlan`) that run before step `k`: their time, and the
+        most memory one of them takes above the live bytes (they run one at a time), which
+        the step's record includes. Only `rng_shape_only` nodes can be skipped."""
+        for n, missing in entries:
+            if not self.g.node(n).rng_shape_only:
+                return self.fail(k, "random_order", f"{self.g.describe_node(n)} draws random "
+                                 "numbers that may depend on its inputs' values, and the schedule "
+                                 "does not run it first where eager does (in graph order among random "
+                                 "nodes, in its own segment), so its draws cannot be reproduced; "
+                                 "run it in that order", node_id=n)
+            self.skip_during = max(self.skip_during, self.mem.bytes + skip_bytes(self.g, n, missing))
+            if forward:
+                self.result.forward_time_s += self.g.node(n).cost.time_s
+            else:
+                self.result.backward_time_s += self.g.node(n).cost.time_s
+        return None
+
     def record(self, k: int, during: int) -> SimulationResult | None:
+        during = max(during, self.skip_during)
         self.result.memory_during.append(during)
         self.result.memory_after.append(self.mem.bytes)
         if during > self.result.peak_bytes or self.result.peak_step < 0:

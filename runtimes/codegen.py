@@ -13,8 +13,10 @@ constants and the device are bound as globals of the generated code.
 R holds the resident tensors (parameters, buffers, user inputs, constants) in
 `SegmentPlan.resident` order, S the list forward saved (emptied on entry so
 that each saved tensor dies at its last use), T the output gradients.
-Random nodes that run more than once capture the RNG state before their first
-run and replay it for later runs, so a recomputed dropout draws the same mask.
+Random nodes follow `ir.rng`: whatever the order the schedule runs them in,
+each run draws the numbers eager would draw (states saved where eager draws,
+replayed on recomputation, placeholder runs to advance the generator past a
+node run out of order), and the generator ends the step where eager's does.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
 
-from remat_ir.frontends.torch_types import resolve_op, to_torch_argument
+from remat_ir.ir.rng import plan_rng
+
+from remat_ir.frontends.torch_types import resolve_op, to_torch_argument, torch_dtype
 
 
 class UnsupportedOp(Exception):
@@ -138,24 +142,26 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
     saved = sorted(v for v in live - set(user_outputs) if v in backward_reads | backward_results)
     outputs_read = [v for v in user_outputs if v in live and v in backward_reads]
 
-    # RNG: random nodes computed more than once replay the state of their first run.
-    counts: dict[int, int] = {}
-    for s in steps:
-        if s.HasField("compute"):
-            counts[s.compute] = counts.get(s.compute, 0) + 1
-    replayed = {n for n, c in counts.items() if c > 1 and graph.node(n).random}
-    first_run_in_forward = {s.compute for s in forward_steps if s.HasField("compute")}
-    rng_carried = sorted(n for n in replayed if n in first_run_in_forward)
+    # RNG (ir.rng): each run of a random node draws eager's numbers, whatever the order.
+    rng = plan_rng(graph, schedule)
+    captured_in_forward = {s.compute for s in forward_steps if s.HasField("compute")}
+    captured_in_forward.update(n for k in range(bs) for n, _ in rng.skips.get(k, ()))
+    captured_in_forward.update(n for n, _ in rng.forward_end)
+    rng_carried = sorted(rng.saved & captured_in_forward)
 
     writer = _Writer(device)
     writer.globals["_get_rng"], writer.globals["_replay"] = _rng_functions(device)
+    writer.globals["_placeholder"] = _placeholder_function(graph, device)
     resident_index = {v: i for i, v in enumerate(resident)}
 
-    computed: set[int] = set()  # across both segments: later runs of random nodes replay
-
-    def segment_body(segment, reads_saved: bool):
+    def segment_body(first: int, segment, end_skips, reads_saved: bool):
         body = []
         used = touched(segment)
+        for k in range(first, first + len(segment)):
+            for n, _ in rng.skips.get(k, ()):
+                used.update(graph.node(n).inputs)
+        for n, _ in end_skips:
+            used.update(graph.node(n).inputs)
         for v in sorted(used & set(resident)):
             body.append(f"{_tensor_name(v)} = R[{resident_index[v]}]")
         if reads_saved:
@@ -170,19 +176,23 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
                 t = tangent_inputs.get(v)
                 if t is not None and t in used:
                     body.append(f"{_tensor_name(t)} = T[{i}]")
-        for s in segment:
+        for k, s in enumerate(segment, start=first):
+            for n, missing in rng.skips.get(k, ()):
+                body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
             action = s.WhichOneof("action")
             if action == "compute":
-                body.extend(_call_lines(graph, writer, s.compute, computed, replayed))
-                computed.add(s.compute)
+                mode = "replay" if k in rng.replays else "save" if s.compute in rng.saved else ""
+                body.extend(_call_lines(graph, writer, s.compute, mode))
             elif action == "free":
                 body.append(f"del {_tensor_name(s.free)}")
             else:
                 raise UnsupportedOp(f"the PyTorch runtime does not execute {action} steps yet "
                                     f"(schedule {schedule.name!r})")
+        for n, missing in end_skips:
+            body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
         return body
 
-    fwd_body = segment_body(forward_steps, reads_saved=False)
+    fwd_body = segment_body(0, forward_steps, rng.forward_end, reads_saved=False)
     fwd_body.append("return ((" + "".join(f"{_tensor_name(v)}, " for v in user_outputs) + "), ("
                     + "".join(f"{_tensor_name(v)}, " for _, v in buffer_updates) + "), ["
                     + ", ".join([_tensor_name(v) for v in saved] + [f"_rng{n}" for n in rng_carried])
@@ -195,7 +205,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
             gradient_of.setdefault(o.name, o.value_id)
     name_of = {e.value_id: e.name for e in g.inputs}
     grads = [gradient_of.get(name_of.get(v)) for v in resident]
-    bwd_body = segment_body(backward_steps, reads_saved=True)
+    bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True)
     bwd_body.append("return (" + "".join((f"{_tensor_name(v)}, " if v is not None else "None, ")
                                          for v in grads) + ")")
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T", bwd_body)
@@ -210,7 +220,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
     return forward_fn, backward_fn, plan
 
 
-def _call_lines(graph: Graph, writer: _Writer, node_id: int, computed: set, replayed: set) -> list[str]:
+def _op_global(graph: Graph, writer: _Writer, node_id: int):
+    """(global name, OpOverload) of the node's op, bound in the generated code."""
     node = graph.node(node_id)
     try:
         op = resolve_op(node.op)
@@ -219,21 +230,47 @@ def _call_lines(graph: Graph, writer: _Writer, node_id: int, computed: set, repl
                             f"({graph.describe_node(node_id)})") from None
     op_global = "op_" + node.op.replace(".", "_")
     writer.globals[op_global] = getattr(op, "_op", op)
+    return op_global, op
+
+
+def _arguments(graph: Graph, writer: _Writer, node_id: int, placeholders=()) -> list[str]:
+    """The node's arguments as source; values in `placeholders` as placeholder tensors."""
+    node = graph.node(node_id)
 
     def tensor(ref: TensorRef):
+        if ref.value_id in placeholders:
+            return _Marker(f"_placeholder({ref.value_id})")
         return _Marker(_tensor_name(ref.value_id))
 
     device = writer.globals["_device"]
     args = [writer.expression(to_torch_argument(decode(a), tensor, device)) for a in node.args]
     args += [f"{kw.name}={writer.expression(to_torch_argument(decode(kw.value), tensor, device))}"
              for kw in node.kwargs]
+    return args
+
+
+def _skip_lines(graph: Graph, writer: _Writer, node_id: int, missing, save: bool) -> list[str]:
+    """Advance the generator past a random node as eager's run would (`ir.rng`): save the
+    state first if a later run replays it, run the op on placeholders for the inputs that
+    are not at hand, and drop the result at once."""
+    op_global, _ = _op_global(graph, writer, node_id)
+    lines = [f"_rng{node_id} = _get_rng()"] if save else []
+    lines.append(f"{op_global}({', '.join(_arguments(graph, writer, node_id, set(missing)))})")
+    return lines
+
+
+def _call_lines(graph: Graph, writer: _Writer, node_id: int, mode: str) -> list[str]:
+    """One compute step. `mode`: "replay" runs from the node's saved RNG state, "save"
+    saves the state before a drawing run that a later run replays, "" just runs."""
+    node = graph.node(node_id)
+    op_global, op = _op_global(graph, writer, node_id)
+    args = _arguments(graph, writer, node_id)
     call = f"{op_global}({', '.join(args)})"
     lines = []
-    if node_id in replayed:
-        if node_id in computed:
-            call = f"_replay(_rng{node_id}, {op_global}, {', '.join(args)})"
-        else:
-            lines.append(f"_rng{node_id} = _get_rng()")
+    if mode == "replay":
+        call = f"_replay(_rng{node_id}, {op_global}, {', '.join(args)})"
+    elif mode == "save":
+        lines.append(f"_rng{node_id} = _get_rng()")
     outputs = [_tensor_name(v) for v in node.outputs]
     indices = list(node.output_indices)
     schema_returns = op._schema.returns
@@ -246,6 +283,18 @@ def _call_lines(graph: Graph, writer: _Writer, node_id: int, computed: set, repl
             lines.append(f"{name} = _r[{index}]")
         lines.append("del _r")
     return lines
+
+
+def _placeholder_function(graph: Graph, device: torch.device):
+    """`_placeholder(value_id)`: an uninitialized tensor with the value's shape, strides and
+    dtype, standing in for an input a skipped random op does not have at hand."""
+    def placeholder(value_id: int) -> torch.Tensor:
+        value = graph.value(value_id)
+        dtype = torch_dtype(value.dtype)
+        if value.stride:
+            return torch.empty_strided(list(value.shape), list(value.stride), dtype=dtype, device=device)
+        return torch.empty(list(value.shape), dtype=dtype, device=device)
+    return placeholder
 
 
 def _rng_functions(device: torch.device):

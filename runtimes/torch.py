@@ -207,7 +207,11 @@ class ScheduledModule(torch.nn.Module):
     def _constant(self, value: pb.Value, device) -> torch.Tensor:
         key = (value.id, device)
         if key not in self._constants:
-            flat = torch.frombuffer(bytearray(value.constant.raw), dtype=torch_dtype(value.dtype))
+            dtype = torch_dtype(value.dtype)
+            if value.constant.raw:
+                flat = torch.frombuffer(bytearray(value.constant.raw), dtype=dtype)
+            else:  # zero elements: frombuffer refuses an empty buffer
+                flat = torch.empty(0, dtype=dtype)
             self._constants[key] = flat.reshape(list(value.shape)).to(device)
         return self._constants[key]
 

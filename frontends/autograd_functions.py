@@ -1,0 +1,169 @@
+"""Custom `torch.autograd.Function`s keep their own backward through lowering.
+
+`torch.export` inlines a Function's forward ops and drops its `backward`, so
+AOTAutograd would differentiate the forward ops instead: a straight-through
+estimator (forward rounds, backward passes the gradient on) would train with
+round's derivative, zero. While the frontend traces, `preserving_functions()`
+routes every call of a user-defined Function through a custom op of its own
+(`remat_ir_fn::<name>_<n>`), opaque to export, whose registered autograd
+formula runs the Function's `backward`; AOTAutograd then traces that backward
+into the joint graph, so what the Function's `backward` computes is what runs.
+
+How: the op's forward runs `Function.forward` with a stand-in context. The
+autograd formula's `setup_context` runs the forward again with another
+stand-in to collect what it saves (`save_for_backward`, attributes), so a
+Function that saves tensors computes its forward twice in the graph (the
+solver may free the first copy early). Refused with a `LoweringError` naming
+the Function: keyword arguments to `apply`, `mark_dirty` (in-place outputs),
+and outputs other than tensors. Functions defined in torch itself are left to
+torch. The ops are registered in this process only: a graph that uses one runs
+in the process that lowered it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+
+import torch
+
+_LIBRARY = "remat_ir_fn"
+_counter = itertools.count()
+
+
+class FunctionError(Exception):
+    """A custom Function that cannot be preserved (the frontend turns it into a LoweringError)."""
+
+
+class _Context:
+    """Stands in for the `ctx` a Function's forward and backward receive."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...], function: str):
+        self.needs_input_grad = needs_input_grad
+        self.materialize_grads = True
+        self._saved: tuple = ()
+        self._function = function
+
+    def save_for_backward(self, *tensors) -> None:
+        self._saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple:
+        return self._saved
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize_grads = value
+
+    def mark_dirty(self, *tensors) -> None:
+        raise FunctionError(f"autograd.Function {self._function} marks inputs dirty (modifies them "
+                            "in place); remat-ir cannot preserve it: return new tensors instead")
+
+
+def _uses_setup_context(cls) -> bool:
+    return cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context
+
+
+def _run_forward(cls, ctx: _Context, args: list):
+    if _uses_setup_context(cls):
+        output = cls.forward(*args)
+        cls.setup_context(ctx, tuple(args), output)
+        return output
+    return cls.forward(ctx, *args)
+
+
+def _as_list(output, name: str) -> list[torch.Tensor]:
+    outputs = list(output) if isinstance(output, (tuple, list)) else [output]
+    if not all(isinstance(o, torch.Tensor) for o in outputs):
+        raise FunctionError(f"autograd.Function {name} returns {type(output).__name__} with "
+                            "non-tensor items; remat-ir preserves Functions that return tensors")
+    return outputs
+
+
+def _wrap(cls, args: tuple):
+    """(custom op, tensor positions, facts) for one call; `facts["sequence"]`, set when the
+    op runs, says whether the Function returned a tuple or list rather than one tensor."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    constants = list(args)
+    facts = {"sequence": False}
+
+    def full_args(tensors):
+        full = list(constants)
+        for i, t in zip(positions, tensors):
+            full[i] = t
+        return full
+
+    def forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            output = _run_forward(cls, _Context((False,) * len(args), name), full_args(tensors))
+        facts["sequence"] = isinstance(output, (tuple, list))
+        outputs = _as_list(output, name)
+        # A custom op's outputs may not alias its inputs.
+        return [o.clone() if any(o is t for t in tensors) else o for o in outputs]
+
+    op_name = f"{re.sub(r'[^0-9a-zA-Z]+', '_', cls.__name__).lower()}_{next(_counter)}"
+    op = torch.library.custom_op(f"{_LIBRARY}::{op_name}", forward, mutates_args=())
+    op.register_fake(forward)
+
+    def setup_context(ctx, inputs, output):
+        (tensors,) = inputs
+        needs = tuple(i in positions and tensors[positions.index(i)].requires_grad
+                      for i in range(len(args)))
+        fctx = _Context(needs, name)
+        with torch.no_grad():
+            _run_forward(cls, fctx, full_args(tensors))
+        ctx.function_context = fctx
+        ctx.input_meta = [(t.shape, t.dtype, t.device) for t in tensors]
+        ctx.output_meta = [(t.shape, t.dtype, t.device) for t in output]
+
+    def backward(ctx, grads):
+        fctx = ctx.function_context
+        if fctx.materialize_grads:
+            grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                     for g, (shape, dtype, device) in zip(grads, ctx.output_meta)]
+        result = cls.backward(fctx, *grads)
+        result = list(result) if isinstance(result, (tuple, list)) else [result]
+        out = []
+        for i, (shape, dtype, device) in zip(positions, ctx.input_meta):
+            g = result[i] if i < len(result) else None
+            out.append(g if g is not None else torch.zeros(shape, dtype=dtype, device=device))
+        return out
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op, positions, facts
+
+
+@contextlib.contextmanager
+def preserving_functions(errors: list):
+    """Route user-defined `autograd.Function.apply` calls through custom ops (see module
+    docstring) while the block traces. A Function that cannot be preserved appends its
+    `FunctionError` to `errors` and runs as torch would (the caller then refuses)."""
+    function_class = torch.autograd.Function
+    original = function_class.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        if cls.__module__.startswith("torch.") or cls.__module__ == "torch":
+            return original.__func__(cls, *args, **kwargs)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if kwargs:
+            errors.append(FunctionError(f"autograd.Function {name} is called with keyword "
+                                        "arguments; remat-ir preserves positional calls only"))
+            return original.__func__(cls, *args, **kwargs)
+        try:
+            op, positions, facts = _wrap(cls, args)
+            outputs = op([args[i] for i in positions])
+        except FunctionError as exc:
+            errors.append(exc)
+            return original.__func__(cls, *args, **kwargs)
+        return tuple(outputs) if facts["sequence"] else outputs[0]
+
+    function_class.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        function_class.apply = original
+

@@ -1,0 +1,184 @@
+"""Random ops draw eager's numbers under every schedule (ir/rng.py, runtimes/codegen.py).
+
+The regression: PEFT LoRA puts one dropout per adapted projection on the same
+hidden states; hiremate ran the second layer's v_proj dropout before its
+q_proj dropout, so the two drew each other's masks (gradients 15-48% off).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from remat_ir import ir
+from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS, lower
+from remat_ir.ir import pb
+from remat_ir.ir.rng import plan_rng
+from remat_ir.runtimes.torch import ScheduledModule
+
+from exactness import side_by_side
+
+
+class TwoDropouts(torch.nn.Module):
+    """x -> dropout_a -> Linear, x -> dropout_b -> Linear: LoRA's q_proj and v_proj adapters."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.drop_a, self.drop_b = torch.nn.Dropout(0.5), torch.nn.Dropout(0.3)
+
+    def forward(self, x):
+        return (self.a(self.drop_a(x)) * self.b(self.drop_b(x))).sum()
+
+
+def _dropouts(graph):
+    return [n.id for n in graph.proto.nodes if n.random]
+
+
+def _schedule(graph, order_key, recompute_in_backward=False):
+    """Forward in dependency order with random nodes ordered by `order_key`; optionally
+    every dropout run again at the start of backward."""
+    forward = graph.phase_order(pb.FORWARD)
+    drops = _dropouts(graph)
+    first = sorted(drops, key=order_key)
+    rest = [n for n in forward if n not in drops]
+    sequence = first + rest
+    replays = list(reversed(drops)) if recompute_in_backward else []
+    backward = graph.phase_order(pb.BACKWARD)
+    return ir.from_compute_sequence(graph, sequence + replays + backward, len(sequence),
+                                    name="reordered", rng_replay=True)
+
+
+@pytest.fixture(scope="module")
+def two_dropouts():
+    torch.manual_seed(0)
+    model = TwoDropouts()
+    x = torch.randn(4, 8)
+    graph = lower(model, (x,), cost_model="flops")
+    assert len(_dropouts(graph)) == 2
+    assert all(graph.node(n).rng_shape_only for n in _dropouts(graph))
+    return model, x, graph
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["graph-order", "swapped"])
+@pytest.mark.parametrize("recompute", [False, True], ids=["once", "recomputed"])
+def test_dropouts_in_any_order_draw_eagers_masks(two_dropouts, reverse, recompute):
+    model, x, graph = two_dropouts
+    schedule = _schedule(graph, (lambda n: -n) if reverse else (lambda n: n), recompute)
+    errors = side_by_side(copy.deepcopy(model), lambda m: ScheduledModule(m, graph, schedule),
+                          (x,), {}, lambda out: out, steps=3)
+    assert errors == {}
+
+
+def _graph_with_backward_only_random():
+    """x -> f (random) -> out; r (random, forward phase) reads x and only backward reads it."""
+    g = ir.Graph(name="backward-only-random")
+    x = g.add_value("x", "float32", (4,), kind="user_input")
+    g.add_input(x)
+    out = g.add_value("out", "float32", (4,), kind="output")
+    f = g.add_node("test.f", [x], [out], phase="forward", random=True)
+    noise = g.add_value("noise", "float32", (4,))
+    r = g.add_node("test.r", [x], [noise], phase="forward", random=True, time_s=1.0)
+    g.add_output(out, "user_output", "out")
+    grad = g.add_value("grad", "float32", (4,), kind="gradient")
+    g.add_input(grad, gradient_of=out)
+    gx = g.add_value("gx", "float32", (4,), kind="gradient")
+    b = g.add_node("test.b", [grad, noise], [gx], phase="backward")
+    g.add_output(gx, "input_gradient", "x")
+    for n in (f, r):
+        g.node(n).rng_shape_only = True
+    return g, f, r, b
+
+
+def _compute_steps(schedule, node):
+    return {k for k, s in enumerate(schedule.steps) if s.HasField("compute") and s.compute == node}
+
+
+def test_random_node_first_run_in_backward_is_skipped_at_the_end_of_forward():
+    g, f, r, b = _graph_with_backward_only_random()
+    schedule = ir.from_compute_sequence(g, [f, r, b], 1, name="deferred", rng_replay=True)
+    plan = plan_rng(g, schedule)
+    # r is skipped at the end of forward (where eager draws it: code between forward and
+    # backward sees eager's generator), its state saved, and its backward run replays.
+    assert [n for n, _ in plan.forward_end] == [r]
+    assert plan.forward_end[0][1] == ()  # x is resident: no placeholder
+    assert r in plan.saved and f not in plan.saved
+    assert plan.replays == _compute_steps(schedule, r)
+    result = ir.simulate(g, schedule)
+    assert result.valid and result.forward_time_s == pytest.approx(g.node(f).cost.time_s + 1.0)
+
+
+def test_random_nodes_out_of_order_skip_what_eager_draws_first():
+    g, f, r, b = _graph_with_backward_only_random()
+    schedule = ir.from_compute_sequence(g, [r, f, r, b], 3, name="swapped", rng_replay=True)
+    plan = plan_rng(g, schedule)
+    assert plan.skips == {0: [(f, ())]}  # f is skipped before r draws
+    # f's real run and r's recomputation replay
+    assert plan.replays == _compute_steps(schedule, f) | (_compute_steps(schedule, r) - {0})
+    assert plan.saved == {f, r}
+    assert plan.forward_end == [] and plan.step_end == []
+
+
+def test_skips_are_priced_by_the_simulator(two_dropouts):
+    """Running the second dropout first makes the runtime advance the generator past the
+    first one on a placeholder: the simulator counts that run's time and memory."""
+    _, _, graph = two_dropouts
+    in_order = ir.simulate(graph, _schedule(graph, lambda n: n))
+    swapped = ir.simulate(graph, _schedule(graph, lambda n: -n))
+    assert in_order.valid and swapped.valid
+    first = _dropouts(graph)[0]
+    assert swapped.total_time_s == pytest.approx(in_order.total_time_s + graph.node(first).cost.time_s)
+    assert swapped.peak_bytes >= in_order.peak_bytes
+
+
+def test_value_dependent_random_op_out_of_order_is_refused(two_dropouts):
+    _, _, graph = two_dropouts
+    g = ir.Graph()
+    g.proto.CopyFrom(graph.proto)
+    g = ir.Graph(g.proto)
+    g.node(_dropouts(g)[0]).rng_shape_only = False
+    with pytest.raises(ir.InvalidSchedule) as raised:
+        _schedule(g, lambda n: -n)
+    assert raised.value.violation.kind == "random_order"
+    assert "graph order" in str(raised.value)
+
+
+# Random ops with a CPU kernel, as the frontend sees them, with inputs of two different
+# value sets: a run must leave the generator in the same state for both.
+_CASES = {
+    "native_dropout": lambda t: torch.ops.aten.native_dropout(t, 0.3, True),
+    "bernoulli": lambda t: torch.ops.aten.bernoulli(t.sigmoid()),
+    "rand_like": lambda t: torch.ops.aten.rand_like(t),
+    "randn_like": lambda t: torch.ops.aten.randn_like(t),
+    "randint_like": lambda t: torch.ops.aten.randint_like(t, 10),
+    "normal": lambda t: torch.ops.aten.normal(t, t.abs() + 1),
+    "uniform": lambda t: torch.ops.aten.uniform(t),
+    "exponential": lambda t: torch.ops.aten.exponential(t),
+    "cauchy": lambda t: torch.ops.aten.cauchy(t),
+    "log_normal": lambda t: torch.ops.aten.log_normal(t),
+    "geometric": lambda t: torch.ops.aten.geometric(t, 0.3),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_CASES))
+@pytest.mark.parametrize("shape", [(7,), (64, 33), (3, 5, 17)])
+def test_shape_only_random_ops_draw_the_same_count_whatever_the_values(op, shape):
+    assert op in SHAPE_ONLY_RANDOM_OPS
+    states = []
+    for values in (torch.zeros(shape), torch.randn(shape) * 100):
+        torch.manual_seed(7)
+        _CASES[op](values)
+        states.append(torch.get_rng_state())
+    assert torch.equal(*states)
+
+
+def test_attention_without_dropout_draws_nothing():
+    """SDPA kernels are tagged random for their dropout; with dropout_p=0 the frontend
+    marks them deterministic (no replay, no skip), which holds only if they draw nothing."""
+    q = torch.randn(2, 2, 8, 4)
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, is_causal=True)
+    assert torch.equal(before, torch.get_rng_state())
