@@ -14,6 +14,7 @@ are views; memory is counted once per storage).
 from __future__ import annotations
 
 import contextlib
+import json
 import operator
 from collections.abc import Sequence
 
@@ -73,10 +74,44 @@ def _source(node: torch.fx.Node) -> str:
     return ""
 
 
-def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+#: Attribute types whose value tracing bakes into the graph (a branch on a flag).
+_PLAIN_TYPES = (bool, int, float, str, type(None))
+
+
+@contextlib.contextmanager
+def _recording_attributes(model: torch.nn.Module, reads: dict):
+    """Record the plain attributes (flags, sizes, modes) of `model`'s modules that the
+    block reads: {(module path, name): value at first read}. The runtime compares them at
+    every call, since the lowered graph took the branches they chose."""
+    paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
+    module_class = torch.nn.Module
+    original = module_class.__dict__.get("__getattribute__")
+    lookup = original or object.__getattribute__
+
+    def getattribute(self, name):
+        value = lookup(self, name)
+        if type(value) in _PLAIN_TYPES and not name.startswith("__"):
+            path = paths.get(id(self))
+            if (path is not None and name in object.__getattribute__(self, "__dict__")
+                    and value == value):  # NaN never compares equal: not recorded
+                reads.setdefault((path, name), value)
+        return value
+
+    module_class.__getattribute__ = getattribute
+    try:
+        yield
+    finally:
+        if original is None:
+            del module_class.__getattribute__
+        else:
+            module_class.__getattribute__ = original
+
+
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
+            attribute_reads: dict) -> torch.export.ExportedProgram:
     errors: list = []
     try:
-        with preserving_functions(errors):
+        with preserving_functions(errors), _recording_attributes(model, attribute_reads):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except FunctionError as exc:
         raise LoweringError(f"{exc} (in {type(model).__name__})") from None
@@ -296,7 +331,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | torch.Tensor, *,
         raise ValueError(f"cost_model must be 'profile' or 'flops', not {cost_model!r}")
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     kwargs = dict(example_kwargs or {})
-    exported = _export(model, args, kwargs)
+    attribute_reads: dict = {}
+    exported = _export(model, args, kwargs, attribute_reads)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     with contextlib.ExitStack() as stack:
@@ -313,6 +349,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | torch.Tensor, *,
             graph.proto.metadata[key] = pytree.treespec_dumps(spec)
         except Exception:  # a class without a serialized pytree name: outputs stay flat
             pass
+    graph.proto.metadata["torch.module_attributes"] = json.dumps(
+        [[path, name, value] for (path, name), value in sorted(attribute_reads.items())])
     prov = graph.proto.provenance
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"

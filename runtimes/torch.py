@@ -18,6 +18,8 @@ inputs are, whatever device it was lowered on.
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -53,6 +55,11 @@ class _ScheduledStep(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs):
         runner = ctx.runner
+        if ctx.resident is None:
+            raise RematIRError("backward ran a second time through a remat-ir step: the schedule "
+                               "frees what it saved as its backward segment runs, so the graph "
+                               "cannot be kept (retain_graph=True); call the module again for "
+                               "another backward")
         grad_outputs = [g if g is not None else torch.zeros((), dtype=dtype, device=device).expand(shape)
                         for g, (shape, dtype, device) in zip(grad_outputs, ctx.output_meta)]
         stash, ctx.stash = ctx.stash, []  # the segment empties the list as it takes the tensors
@@ -87,6 +94,13 @@ class _Runner:
         return tuple(backward_resident)
 
 
+def _traced_attributes(graph: pb.Graph) -> list[tuple[str, str, object]]:
+    """(module path, attribute, value) of the plain attributes tracing read (frontend
+    metadata "torch.module_attributes")."""
+    text = graph.metadata.get("torch.module_attributes")
+    return [tuple(entry) for entry in json.loads(text)] if text else []
+
+
 def _load_spec(graph: pb.Graph, key: str):
     """A pytree spec the frontend stored, or None (then inputs/outputs are taken flat)."""
     text = graph.metadata.get(key)
@@ -112,8 +126,8 @@ class ScheduledModule(torch.nn.Module):
         self.__dict__["_runners"] = {}
         self.training = model.training
         g = graph.proto
-        self._user_inputs = []  # (flat index, value) in graph order
-        self._bindings = []     # per resident slot: ("param"|"buffer", name) or ("input", index) or ("const", value)
+        self._user_inputs = []  # (flat index, value id) in graph order
+        self._bindings = []     # per resident slot: ("param"|"buffer", name), ("input", index) or ("const", value id)
         kinds = {pb.PARAMETER: "param", pb.BUFFER: "buffer"}
         names = {e.value_id: e.name for e in g.inputs}
         for v in resident_order(graph):
@@ -124,14 +138,37 @@ class ScheduledModule(torch.nn.Module):
             elif value.kind == pb.USER_INPUT:
                 index = int(names[v].removeprefix("input"))
                 self._bindings.append(("input", index))
-                self._user_inputs.append((index, value))
+                self._user_inputs.append((index, v))
             else:
-                self._bindings.append(("const", value))
+                self._bindings.append(("const", v))
         self.__dict__["_in_spec"] = _load_spec(g, "torch.in_spec")
         self.__dict__["_out_spec"] = _load_spec(g, "torch.out_spec")
         self._lowered_keywords = (list(self._in_spec.child(1).context)
                                   if self._in_spec is not None else [])
-        self._constants: dict = {}
+        self.__dict__["_constants"] = {}
+        self._traced_attributes = _traced_attributes(g)
+
+    # -------------------------------------------------------------- copying and saving
+
+    def __getstate__(self):
+        """Picklable state (torch.save, copy.deepcopy): graph and schedule as protobuf bytes;
+        compiled segments, constants and input/output specs are rebuilt on first use."""
+        state = self.__dict__.copy()
+        state["_graph"] = self._graph.proto.SerializeToString()
+        state["_schedule"] = self._schedule.SerializeToString()
+        for derived in ("_runners", "_constants", "_in_spec", "_out_spec"):
+            state.pop(derived, None)
+        return state
+
+    def __setstate__(self, state):
+        graph, schedule = pb.Graph(), pb.Schedule()
+        graph.ParseFromString(state.pop("_graph"))
+        schedule.ParseFromString(state.pop("_schedule"))
+        self.__dict__.update(state)
+        self.__dict__["_graph"], self.__dict__["_schedule"] = Graph(graph), schedule
+        self.__dict__["_runners"], self.__dict__["_constants"] = {}, {}
+        self.__dict__["_in_spec"] = _load_spec(graph, "torch.in_spec")
+        self.__dict__["_out_spec"] = _load_spec(graph, "torch.out_spec")
 
     def _check_bound(self, kind: str, name: str, value: pb.Value) -> None:
         try:
@@ -175,7 +212,8 @@ class ScheduledModule(torch.nn.Module):
         if self._in_spec is not None and spec != self._in_spec:
             raise RuntimeInputError(f"the inputs are structured as {spec}, but the graph was lowered "
                                     f"for {self._in_spec}; lower again with these inputs")
-        for index, value in self._user_inputs:
+        for index, value_id in self._user_inputs:
+            value = self._graph.value(value_id)
             if index >= len(leaves) or not isinstance(leaves[index], torch.Tensor):
                 raise RuntimeInputError(f"input {index} should be a tensor of shape "
                                         f"{list(value.shape)}; lower again with these inputs")
@@ -199,14 +237,15 @@ class ScheduledModule(torch.nn.Module):
             else:
                 t = self._constant(what, device)
             if t.device != device:
-                raise RuntimeInputError(f"{what if kind != 'const' else what.name!r} is on {t.device} "
+                raise RuntimeInputError(f"{what if kind != 'const' else self._graph.value(what).name!r} is on {t.device} "
                                         f"but the inputs are on {device}; move the model with .to()")
             resident.append(t)
         return tuple(resident)
 
-    def _constant(self, value: pb.Value, device) -> torch.Tensor:
-        key = (value.id, device)
+    def _constant(self, value_id: int, device) -> torch.Tensor:
+        key = (value_id, device)
         if key not in self._constants:
+            value = self._graph.value(value_id)
             dtype = torch_dtype(value.dtype)
             if value.constant.raw:
                 flat = torch.frombuffer(bytearray(value.constant.raw), dtype=dtype)
@@ -215,9 +254,26 @@ class ScheduledModule(torch.nn.Module):
             self._constants[key] = flat.reshape(list(value.shape)).to(device)
         return self._constants[key]
 
+    def _check_attributes(self) -> None:
+        """Module attributes the trace read (a flag in `forward`) decide which code was
+        lowered: a change since lowering would silently run the old branch."""
+        for path, name, lowered in self._traced_attributes:
+            try:
+                now = getattr(self._model.get_submodule(path), name)
+            except AttributeError:
+                now = "<missing>"
+            if now != lowered or type(now) is not type(lowered):
+                where = f"{path}.{name}" if path else name
+                raise RuntimeInputError(
+                    f"module attribute {where!r} of {type(self._model).__name__} was {lowered!r} "
+                    f"when the model was lowered and is {now!r} now; forward read it while "
+                    "tracing, so the lowered graph may take another branch: call remat_ir.remat "
+                    "(or lower) again after changing it")
+
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
             return self._model(*args, **kwargs)
+        self._check_attributes()
         leaves = self._flat_inputs(args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else next(self._model.parameters()).device

@@ -1,0 +1,32 @@
+"""The model zoo at a sweep of budgets: two optimizer steps through each plan equal eager's.
+
+Sixteen architectures from configs (tiny sizes; `benchmarks/zoo.py` runs larger
+ones): Llama, Mistral, Qwen2, GPT-NeoX, GPT-2, BERT, DistilBERT with a padded
+mask, ViT, T5 and Whisper with labels, a conditioned diffusers U-Net, PEFT LoRA
+with dropout on Llama and GPT-2, custom autograd Functions, a CNN with
+BatchNorm, an MLP with dropout. Each is planned at store-everything, 50% (where
+the planner reaches it; the benchmark adds 70% and 35%) and its smallest
+feasible budget; loss,
+gradients, buffers and the generator state after every step must be bitwise
+equal to eager's, or, for a model `zoo.REASONS` names, within 1e-6 relative.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import zoo
+import zoo_models
+
+
+@pytest.mark.parametrize("name", list(zoo_models.ZOO))
+def test_zoo_model_is_exact_at_every_budget_it_reaches(name):
+    rows = zoo.sweep(name, "tiny", cost_model="flops", shares=("50%",), time_limit_s=5,
+                     progress=lambda _: None)
+    budgets = [r["budget"] for r in rows]
+    assert budgets[0] == "store-everything" and budgets[-1] == "smallest feasible", budgets
+    reached = [r for r in rows if r["reached"]]
+    assert reached[-1]["peak_bytes"] <= min(r["peak_bytes"] for r in reached)
+    for row in reached:
+        if name not in zoo.REASONS:
+            assert row["bitwise"], f"{name} at {row['budget']}: {row['max_relative_error']:.3g}"
