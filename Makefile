@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-full proto example clean
+.PHONY: demo test bench bench-full zoo proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -39,6 +39,10 @@ bench-full: $(STAMP)
 	$(BIN)/python benchmarks/torch_overhead.py
 	$(BIN)/python benchmarks/checkmate_chains.py
 	$(BIN)/python benchmarks/hiremate.py
+
+# Exactness over the model zoo at a sweep of budgets (larger configs than the tests').
+zoo: $(STAMP)
+	$(BIN)/python benchmarks/zoo.py --readme
 
 # Regenerate ir/remat_ir_pb2.py(.pyi) after editing schemas/remat_ir.proto.
 proto: $(STAMP)

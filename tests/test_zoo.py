@@ -28,5 +28,6 @@ def test_zoo_model_is_exact_at_every_budget_it_reaches(name):
     reached = [r for r in rows if r["reached"]]
     assert reached[-1]["peak_bytes"] <= min(r["peak_bytes"] for r in reached)
     for row in reached:
+        assert not row["failure"], f"{name} at {row['budget']}: {row['failure']}"
         if name not in zoo.REASONS:
             assert row["bitwise"], f"{name} at {row['budget']}: {row['max_relative_error']:.3g}"
