@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import remat_ir  # noqa: E402
 from remat_ir import ir  # noqa: E402
-from remat_ir.cli import human_bytes  # noqa: E402
+from remat_ir.ir.units import human_bytes  # noqa: E402
 from remat_ir.runtimes.memory import measure_peak  # noqa: E402
 from models import gpt2  # noqa: E402
 

@@ -219,6 +219,19 @@ class Graph:
         """Bytes of parameters, buffers, inputs and constants (counted apart)."""
         return sum(self.storage_bytes(s) for s in self.resident_storage_ids)
 
+    def output_bytes(self) -> dict[int, int]:
+        """Bytes of the step's outputs per role (`pb.OutputRole`), each storage counted once
+        under the first role holding it. Every schedule holds all of them at its end, so
+        their sum is a floor under any peak: no rematerialization lowers it."""
+        seen = set(self.resident_storage_ids)
+        by_role: dict[int, int] = {}
+        for output in self.proto.outputs:
+            storage = self._values[output.value_id].storage_id
+            if storage not in seen:
+                seen.add(storage)
+                by_role[output.role] = by_role.get(output.role, 0) + self.storage_bytes(storage)
+        return by_role
+
     def dependency_graph(self) -> nx.DiGraph:
         """Node-level DAG: an edge producer -> user for every value passed."""
         dag = nx.DiGraph()

@@ -25,25 +25,9 @@ from .ir import RematIRError, load, pb, simulate
 from .ir.dtypes import dtype_name
 from .ir.errors import InvalidGraph
 from .ir.graph import Graph
+from .ir.units import human_bytes, human_time
 
 EXIT_USER_ERROR = 2
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.50 KiB': binary units, three significant figures."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.3f} us"
 
 
 def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -316,10 +300,7 @@ def cmd_solve(args) -> int:
                          time_limit_s=args.time_limit, progress=status, **options)
     except InfeasibleBudget as exc:
         status.done()
-        raise RematIRError(f"budget {args.budget} is infeasible for {args.solver}: the smallest "
-                           f"feasible budget it knows is "
-                           + (f"{exc.smallest_feasible} bytes ({human_bytes(exc.smallest_feasible)})"
-                              if exc.smallest_feasible is not None else "unknown")) from None
+        raise RematIRError(f"budget {args.budget} is infeasible for {args.solver}: {exc}") from None
     status.done()
     print("\n".join(solve_summary(graph, schedule, store_all(graph))))
     path = save(graph, args.output)

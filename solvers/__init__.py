@@ -15,14 +15,24 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections import OrderedDict
 
 from remat_ir.ir import Graph, pb, simulate, store_all
+from remat_ir.ir.fingerprint import structure_fingerprint
 
-from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, parse_budget, quiet
+from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, quiet
+from .budgets import describe, is_share, parse_budget, refusal
 from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver, available, find
 
-__all__ = ["solve", "available", "find", "parse_budget", "InfeasibleBudget", "SolverError", "BadRequest",
-           "UnknownSolver", "SolverInfo", "Progress", "Deadline", "ENTRY_POINT_GROUP", "EXEC_PREFIX"]
+__all__ = ["solve", "available", "find", "parse_budget", "is_share", "describe", "InfeasibleBudget",
+           "SolverError", "BadRequest", "UnknownSolver", "SolverInfo", "Progress", "Deadline",
+           "ENTRY_POINT_GROUP", "EXEC_PREFIX", "remember_floor", "known_floor"]
+
+#: (structure fingerprint, solver) -> the lowest-peak schedule a refusal named, so that
+#: the smallest feasible budget named is feasible when asked for, also with another
+#: lowering of the same model (whose profiled times, which steer the solver, differ).
+_FLOORS: OrderedDict[tuple[str, str], pb.Schedule] = OrderedDict()
+_FLOORS_KEPT = 64
 
 
 def _check_options(name: str, function, options: dict) -> None:
@@ -50,11 +60,18 @@ def solve(graph: Graph, budget=None, solver: str = "rotor", *, time_limit_s: flo
     info = find(solver)
     function = info.load()
     _check_options(solver, function, options)
-    percentage = isinstance(budget, str) and budget.strip().endswith("%")
-    limit = parse_budget(budget, store_all(graph).predicted_peak_bytes if percentage else 0)
+    peak = store_all(graph).predicted_peak_bytes
+    limit = parse_budget(budget, peak)
     progress = progress or quiet
     started = time.monotonic()
-    schedule = function(graph, limit, time_limit_s=time_limit_s, progress=progress, **options)
+    try:
+        schedule = function(graph, limit, time_limit_s=time_limit_s, progress=progress, **options)
+    except InfeasibleBudget as refused:
+        schedule = _floor_within(graph, solver, limit, refused)
+        if schedule is None:
+            raise refusal(graph, refused, peak, solver) from None
+        progress(f"{solver}: refused {describe(limit, peak)}; using the smallest-feasible plan "
+                 f"named for this graph before ({describe(schedule.predicted_peak_bytes, peak)})")
     elapsed = time.monotonic() - started
     if not isinstance(schedule, pb.Schedule):
         raise SolverError(f"solver {solver!r} returned {type(schedule).__name__}, not a Schedule")
@@ -74,3 +91,47 @@ def solve(graph: Graph, budget=None, solver: str = "rotor", *, time_limit_s: flo
     for key, value in options.items():
         schedule.solver_params[key] = str(value)
     return graph.add_schedule(schedule)
+
+
+def remember_floor(graph: Graph, solver: str, schedule: pb.Schedule) -> None:
+    """Keep `schedule` as the lowest-peak plan known for graphs structured like `graph`."""
+    key = (structure_fingerprint(graph), solver)
+    known = _FLOORS.get(key)
+    if known is None or schedule.predicted_peak_bytes < known.predicted_peak_bytes:
+        kept = pb.Schedule()
+        kept.CopyFrom(schedule)
+        _FLOORS[key] = kept
+    _FLOORS.move_to_end(key)
+    while len(_FLOORS) > _FLOORS_KEPT:
+        _FLOORS.popitem(last=False)
+
+
+def known_floor(graph: Graph, solver: str) -> pb.Schedule | None:
+    """The lowest-peak plan remembered for graphs structured like `graph`, re-simulated on
+    `graph` (its times; its peak is the same by the fingerprint's definition)."""
+    known = _FLOORS.get((structure_fingerprint(graph), solver))
+    if known is None:
+        return None
+    schedule = pb.Schedule()
+    schedule.CopyFrom(known)
+    schedule.ClearField("budget_bytes")
+    result = simulate(graph, schedule)
+    if not result.valid:
+        return None
+    schedule.predicted_peak_bytes, schedule.predicted_time_s = result.peak_bytes, result.total_time_s
+    return schedule
+
+
+def _floor_within(graph: Graph, solver: str, limit: int, refused: InfeasibleBudget) -> pb.Schedule | None:
+    """After `solver` refused `limit`: the remembered floor if it fits `limit`; else None,
+    after remembering the refusal's own floor and naming the lower of the two in it."""
+    known = known_floor(graph, solver)
+    if known is not None and known.predicted_peak_bytes <= limit:
+        return known
+    if refused.schedule is not None and simulate(graph, refused.schedule).valid:
+        remember_floor(graph, solver, refused.schedule)
+        known = known_floor(graph, solver)
+    if known is not None and (refused.smallest_feasible is None
+                              or known.predicted_peak_bytes < refused.smallest_feasible):
+        refused.smallest_feasible, refused.schedule = known.predicted_peak_bytes, known
+    return None

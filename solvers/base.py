@@ -17,7 +17,6 @@ or the budget, so no solver has to be trusted.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 
@@ -25,9 +24,6 @@ from remat_ir.ir import RematIRError
 
 #: Receives one-line status messages while a solver works ("rotor: 40/120 stages").
 Progress = Callable[[str], None]
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 class InfeasibleBudget(RematIRError):
@@ -38,6 +34,7 @@ class InfeasibleBudget(RematIRError):
     def __init__(self, budget: int, smallest_feasible: int | None, detail: str = "",
                  schedule=None):
         self.budget, self.smallest_feasible, self.schedule = budget, smallest_feasible, schedule
+        self.detail = detail  # who found the floor: " (by rotor)"
         known = ("no schedule at all was found" if smallest_feasible is None else
                  f"the smallest feasible budget found is {smallest_feasible} bytes")
         super().__init__(f"no schedule fits a budget of {budget} bytes; {known}{detail}")
@@ -49,37 +46,6 @@ class BadRequest(RematIRError, ValueError):
 
 class SolverError(RematIRError):
     """A solver failed for a reason other than the budget (crash, bad output, no time)."""
-
-
-def parse_budget(budget, store_all_peak: int) -> int | None:
-    """Bytes from `budget`: None, a number of bytes, "2GiB"/"500 MB", or "50%" of the
-    store-everything peak. BadRequest (a ValueError) with the accepted forms otherwise."""
-    if budget is None:
-        return None
-    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
-        raise BadRequest(f"budget must be bytes, a size like '2GiB', or a percentage like '50%'; "
-                         f"got {budget!r}")
-    if isinstance(budget, (int, float)):
-        if budget <= 0:
-            raise BadRequest(f"budget must be positive, got {budget}")
-        return int(budget)
-    text = budget.strip()
-    if text.endswith("%"):
-        try:
-            percent = float(text[:-1])
-        except ValueError:
-            raise BadRequest(f"budget {budget!r} is not a percentage like '50%'") from None
-        if percent <= 0:
-            raise BadRequest(f"budget must be positive, got {budget!r}")
-        return int(store_all_peak * percent / 100)
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?", text, flags=re.IGNORECASE)
-    if not match:
-        raise BadRequest(f"budget {budget!r} is not a size; use bytes (1000000), a size "
-                         "('500MB', '2GiB') or a percentage of the store-everything peak ('50%')")
-    number, unit = float(match.group(1)), (match.group(2) or "").upper()
-    if number <= 0:
-        raise BadRequest(f"budget must be positive, got {budget!r}")
-    return int(number * _UNITS[unit])
 
 
 def quiet(message: str) -> None:

@@ -27,7 +27,8 @@ def within(schedule: pb.Schedule, budget: int | None, solver: str) -> pb.Schedul
     """`schedule` if it fits `budget`, else InfeasibleBudget naming its peak."""
     if budget is not None and schedule.predicted_peak_bytes > budget:
         raise InfeasibleBudget(budget, schedule.predicted_peak_bytes,
-                               f" ({solver} has a single schedule; try another solver)")
+                               f" ({solver} has a single schedule; try another solver)",
+                               schedule=schedule)
     return schedule
 
 

@@ -400,8 +400,9 @@ def _rounded(tg: TrainingGraph, model: CheckmateModel, budget: int, baselines,
                 candidates.append(keep_set_schedule(tg, kept, name="checkmate"))
     fitting = [s for s in candidates if s.predicted_peak_bytes <= budget]
     if not fitting:
-        raise InfeasibleBudget(budget, min(s.predicted_peak_bytes for s in candidates),
-                               " (by LP rounding; mode='exact' may find lower)")
+        frugal = min(candidates, key=lambda s: s.predicted_peak_bytes)
+        raise InfeasibleBudget(budget, frugal.predicted_peak_bytes,
+                               " (by LP rounding; mode='exact' may find lower)", schedule=frugal)
     best = min(fitting, key=lambda s: s.predicted_time_s)
     best.name, best.status = "checkmate", pb.HEURISTIC
     return best

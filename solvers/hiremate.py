@@ -143,8 +143,8 @@ def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
     fitting = [s for s in made if s.predicted_peak_bytes <= budget]
     if fitting:
         return min(fitting, key=lambda s: s.predicted_time_s)
-    smallest = min(s.predicted_peak_bytes for s in made)
-    raise InfeasibleBudget(budget, smallest, " (by hiremate)")
+    smallest = _named(min(made, key=lambda s: s.predicted_peak_bytes))
+    raise InfeasibleBudget(budget, smallest.predicted_peak_bytes, " (by hiremate)", schedule=smallest)
 
 
 def _with_checkmate(tg: TrainingGraph, budget: int, best: pb.Schedule | None,

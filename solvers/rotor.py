@@ -306,7 +306,7 @@ def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None
     frugal = _least_memory(chain, everything, progress)
     if frugal.predicted_peak_bytes <= budget:  # the DP's memory model was too cautious
         return frugal
-    raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by rotor)")
+    raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by rotor)", schedule=frugal)
 
 
 def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None:

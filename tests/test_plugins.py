@@ -372,10 +372,13 @@ def test_exit_3_means_infeasible_budget(tmp_path, graphs, smallest):
     with pytest.raises(InfeasibleBudget) as info:
         solvers.solve(graph := graphs["chain"], 1000, name)
     assert (info.value.budget, info.value.smallest_feasible) == (1000, smallest)
+    peak = ir.store_all(graph).predicted_peak_bytes
     known = ("no schedule at all was found" if smallest is None else
-             "the smallest feasible budget found is 12345 bytes")
-    assert str(info.value) == (f"no schedule fits a budget of 1000 bytes; {known} "
-                               f"(says external solver {name[5:]!r})")
+             f"the smallest feasible budget found is 12,345 bytes (12.06 KiB, {12345 / peak:.1%} "
+             "of the store-everything peak)")
+    assert str(info.value).startswith(
+        f"no schedule fits a budget of 1,000 bytes (1000 B, {1000 / peak:.1%} of the "
+        f"store-everything peak); {known} (says external solver {name[5:]!r}); of any peak, ")
     assert len(graph.schedules) == 0
 
 

@@ -208,12 +208,18 @@ def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):
     import sys
     graph, _ = chain(4)
     path = ir.save(graph, tmp_path / "chain.rir")
-    for extra, message in ((["--budget", "lots"], "remat-ir: error: budget 'lots' is not a size"),
+    for extra, message in ((["--budget", "lots"], "remat-ir: error: budget 'lots' is not understood"),
+                           (["--budget", "40"], "remat-ir: error: budget '40' has no unit: write "
+                            "'40%' for a share of the store-everything peak"),
                            (["--budget", "50%", "--option", "mode=lp"],
                             "remat-ir: error: solver 'hiremate' has no option 'mode'"),
                            (["--budget", "10%", "--solver", "checkmate"],
-                            "remat-ir: error: budget 10% is infeasible for checkmate: the smallest "
-                            "feasible budget it knows is 4000 bytes")):
+                            "remat-ir: error: budget 10% is infeasible for checkmate: no schedule "
+                            "fits a budget of 500 bytes (500 B, 10.0% of the store-everything "
+                            "peak); the smallest feasible budget found is 4,000 bytes (3.91 KiB, "
+                            "80.0% of the store-everything peak) (by the checkmate MILP); of any "
+                            "peak, 2,000 bytes (1.95 KiB, 40.0% of the store-everything peak) are "
+                            "the step's outputs")):
         done = subprocess.run([sys.executable, "-m", "remat_ir", "solve", str(path), *extra,
                                "-o", str(tmp_path / "out.rir")], capture_output=True, text=True)
         assert done.returncode == 2, done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 import textwrap
@@ -109,15 +110,26 @@ def test_budget_forms_and_infeasible_budget():
     from remat_ir.api import InfeasibleBudget, parse_budget
     assert parse_budget("2GiB", 0) == 2 * 2**30
     assert parse_budget("500 MB", 0) == 500 * 10**6
+    assert parse_budget("40B", 0) == 40
     assert parse_budget("50%", 1000) == 500
     assert parse_budget(12345, 0) == 12345
-    for bad in ("lots", "-5%", 0, "12 parsecs"):
+    # Floats in (0, 1] are shares, as torch.compile's activation_memory_budget.
+    assert parse_budget(0.5, 1000) == 500 and parse_budget(1.0, 1000) == 1000
+    assert parse_budget(2e9, 1000) == 2 * 10**9
+    for bad in ("lots", "-5%", 0, -0.5, "12 parsecs", True):
         with pytest.raises(ValueError, match="budget"):
             parse_budget(bad, 1000)
+    with pytest.raises(ValueError, match="budget '40' has no unit: write '40%' for a share"):
+        parse_budget("40", 1000)
     model, args, kwargs, _ = gpt2(n_layer=1)
-    with pytest.raises(InfeasibleBudget, match=r"no schedule fits a budget of 1000 bytes; the smallest "
-                                               r"feasible budget found is \d+ bytes"):
+    with pytest.raises(InfeasibleBudget) as info:
         remat_ir.remat(model, args, example_kwargs=kwargs, budget=1000, cost_model="flops")
+    message = str(info.value)
+    assert re.fullmatch(r"no schedule fits a budget of 1,000 bytes \(1000 B, 0\.\d% of the "
+                        r"store-everything peak\); the smallest feasible budget found is [\d,]+ bytes "
+                        r"\(.*, \d+\.\d% of the store-everything peak\) \(by hiremate\); of any peak, "
+                        r"[\d,]+ bytes \(.*\) are the step's outputs, which no schedule frees "
+                        r"\(gradients .*, model outputs and buffer updates .*\)", message), message
 
 
 def test_keyword_inputs_in_any_order():

@@ -1,0 +1,33 @@
+"""What makes two lowerings of a model the same step: a digest of the graph without costs.
+
+Lowering the same model with the same inputs twice gives the same nodes, values,
+storages and arguments, but profiled times differ from run to run. The
+fingerprint hashes everything that decides what a schedule does and what
+memory it needs (ops, arguments, shapes, strides, storages with their bytes,
+workspace bytes, inputs, outputs, frontend metadata) and leaves out what only
+prices time (`Cost` times, FLOPs, bytes moved, their source) and what a solver
+wrote (schedules, hierarchy). A schedule of one lowering is therefore valid on
+another with the same fingerprint, at the same peak: the plan cache and the
+remembered smallest-feasible plans rely on this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from . import remat_ir_pb2 as pb
+
+
+def structure_fingerprint(graph) -> str:
+    """Hex SHA-256 of `graph` (an `ir.Graph` or `pb.Graph`) without times and plans."""
+    proto = graph.proto if hasattr(graph, "proto") else graph
+    stripped = pb.Graph()
+    stripped.CopyFrom(proto)
+    del stripped.schedules[:]
+    stripped.ClearField("hierarchy")
+    stripped.ClearField("provenance")
+    for node in stripped.nodes:
+        workspace = node.cost.workspace_bytes
+        node.ClearField("cost")
+        node.cost.workspace_bytes = workspace
+    return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()

@@ -1,0 +1,96 @@
+"""Budgets as people write them, and what a refusal tells them.
+
+- `parse_budget`: None, bytes (an int, or a float above 1), a share of the
+  store-everything peak (a float in (0, 1], as torch.compile's
+  `activation_memory_budget`, or "50%"), or a size with its unit ("2GiB",
+  "500 MB", "40B"). A string that is a bare number is refused: "40" could mean
+  bytes or percent, and guessing wrong plans for the wrong budget.
+- `describe`: bytes with their share of the store-everything peak, for every
+  message that names a budget.
+- `refusal`: the `InfeasibleBudget` a user reads, naming the budget and the
+  smallest feasible one in bytes and share, and how much of any peak is the
+  step's own outputs (parameter gradients, model outputs), which no schedule
+  can free: why the floor is where it is.
+"""
+
+from __future__ import annotations
+
+import re
+
+from remat_ir.ir import Graph, pb
+from remat_ir.ir.units import human_bytes
+
+from .base import BadRequest, InfeasibleBudget
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+_FORMS = ("bytes (an integer), a share of the store-everything peak (0.5 or '50%'), or a "
+          "size with its unit ('500MB', '2GiB', '40B')")
+
+
+def is_share(budget) -> bool:
+    """Whether `budget` is relative to the store-everything peak (then each graph, each
+    input shape, gets its own limit)."""
+    if isinstance(budget, float):
+        return 0 < budget <= 1
+    return isinstance(budget, str) and budget.strip().endswith("%")
+
+
+def parse_budget(budget, store_all_peak: int) -> int | None:
+    """Bytes from `budget` (forms in the module docstring); BadRequest (a ValueError)
+    naming the accepted forms otherwise."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise BadRequest(f"budget must be {_FORMS}; got {budget!r}")
+    if isinstance(budget, (int, float)):
+        if not budget > 0:
+            raise BadRequest(f"budget must be positive, got {budget}")
+        if isinstance(budget, float) and budget <= 1:
+            return max(1, int(store_all_peak * budget))
+        return int(budget)
+    text = budget.strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise BadRequest(f"budget {budget!r} is not a percentage like '50%'") from None
+        if not percent > 0:
+            raise BadRequest(f"budget must be positive, got {budget!r}")
+        return max(1, int(store_all_peak * percent / 100))
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?", text, flags=re.IGNORECASE)
+    if not match:
+        raise BadRequest(f"budget {budget!r} is not understood; use {_FORMS}")
+    number, unit = float(match.group(1)), (match.group(2) or "").upper()
+    if not unit:
+        raise BadRequest(f"budget {budget!r} has no unit: write '{text}%' for a share of the "
+                         f"store-everything peak or '{text}MB', '{text}GiB', '{text}B' for a size")
+    if number <= 0:
+        raise BadRequest(f"budget must be positive, got {budget!r}")
+    return int(number * _UNITS[unit])
+
+
+def describe(n_bytes: int, store_all_peak: int) -> str:
+    """'9,070,596 bytes (8.65 MiB, 41.3% of the store-everything peak)'."""
+    share = f", {n_bytes / store_all_peak:.1%} of the store-everything peak" if store_all_peak else ""
+    return f"{n_bytes:,} bytes ({human_bytes(n_bytes)}{share})"
+
+
+def refusal(graph: Graph, refused: InfeasibleBudget, store_all_peak: int,
+            solver: str) -> InfeasibleBudget:
+    """`refused` (from `solver`) with a message in bytes and shares and the outputs' floor."""
+    outputs = graph.output_bytes()
+    gradients = outputs.get(pb.PARAMETER_GRADIENT, 0) + outputs.get(pb.INPUT_GRADIENT, 0)
+    others = sum(outputs.values()) - gradients
+    found = ("no schedule at all was found" if refused.smallest_feasible is None else
+             f"the smallest feasible budget found is {describe(refused.smallest_feasible, store_all_peak)}")
+    floor = (f"; of any peak, {describe(gradients + others, store_all_peak)} are the step's "
+             f"outputs, which no schedule frees (gradients {human_bytes(gradients)}, "
+             f"model outputs and buffer updates {human_bytes(others)})")
+    result = InfeasibleBudget(refused.budget, refused.smallest_feasible,
+                              refused.detail or f" (by {solver})", schedule=refused.schedule)
+    result.args = (f"no schedule fits a budget of {describe(refused.budget, store_all_peak)}; "
+                   f"{found}{result.detail}{floor}",)
+    result.store_all_peak = store_all_peak
+    return result

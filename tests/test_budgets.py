@@ -1,0 +1,70 @@
+"""The smallest feasible budget a refusal names is feasible when asked for: with the same
+lowering, and with another lowering whose times differ (profiling noise steers solvers)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from remat_ir import ir, solvers
+from remat_ir.frontends.torch import lower
+from torch_models import gpt2
+
+
+def _noisy_copy(graph: ir.Graph, seed: int) -> ir.Graph:
+    """Another lowering of the same model as profiling noise makes it: same structure,
+    every node's time scaled by a random factor in [0.01, 100]."""
+    copy = ir.Graph(ir.loads(ir.dumps(graph)).proto)
+    del copy.proto.schedules[:]
+    rng = random.Random(seed)
+    for node in copy.proto.nodes:
+        node.cost.time_s *= 10 ** rng.uniform(-2, 2)
+    return copy
+
+
+@pytest.mark.parametrize("solver", ["hiremate", "rotor"])
+def test_named_floor_is_feasible_when_asked_for(solver):
+    model, args, kwargs, _ = gpt2(n_layer=1, n_embd=32, seq=16, batch=2)
+    graph = lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    options = dict(time_limit_s=5) if solver != "rotor" else {}
+    with pytest.raises(solvers.InfeasibleBudget) as refused:
+        solvers.solve(graph, 1, solver, **options)
+    floor = refused.value.smallest_feasible
+    assert floor is not None and floor > 1
+    assert ir.simulate(graph, refused.value.schedule).peak_bytes == floor
+    for seed in (None, 1, 2):
+        other = graph if seed is None else _noisy_copy(graph, seed)
+        schedule = solvers.solve(other, floor, solver, **options)
+        assert ir.simulate(other, schedule, budget=floor).valid
+        assert ir.simulate(other, schedule).peak_bytes <= floor
+        # Below the floor, the refusal names the same floor (or a lower one just found).
+        with pytest.raises(solvers.InfeasibleBudget) as again:
+            solvers.solve(other, 1, solver, **options)
+        assert again.value.smallest_feasible <= floor
+
+
+def test_fingerprint_ignores_times_but_not_memory():
+    from remat_ir.ir.fingerprint import structure_fingerprint
+    model, args, kwargs, _ = gpt2(n_layer=1, n_embd=32, seq=16, batch=2)
+    graph = lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    assert structure_fingerprint(_noisy_copy(graph, 0)) == structure_fingerprint(graph)
+    grown = _noisy_copy(graph, 0)
+    grown.proto.nodes[3].cost.workspace_bytes += 1
+    assert structure_fingerprint(grown) != structure_fingerprint(graph)
+    grown = _noisy_copy(graph, 0)
+    grown.proto.storages[0].size_bytes += 4
+    assert structure_fingerprint(grown) != structure_fingerprint(graph)
+
+
+def test_profiled_memory_figures_do_not_depend_on_the_run():
+    """Two profiled lowerings of one model (a convolution with oneDNN workspace, attention,
+    layer norms) measure the same storages and workspaces: only times differ."""
+    from remat_ir.ir.fingerprint import structure_fingerprint
+    from torch_models import unet
+    for make in (lambda: gpt2(n_layer=1, n_embd=32, seq=16, batch=2), unet):
+        model, args, kwargs, _ = make()
+        first, second = (lower(model, args, example_kwargs=kwargs, cost_model="profile")
+                         for _ in range(2))
+        assert structure_fingerprint(first) == structure_fingerprint(second)
+        assert [n.cost.time_s for n in first.proto.nodes] != [n.cost.time_s for n in second.proto.nodes]
