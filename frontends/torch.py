@@ -27,7 +27,7 @@ from remat_ir.ir.arguments import TensorRef
 
 from .autograd_functions import FunctionError, preserving_functions
 from .costs import estimate_costs
-from .torch_types import ir_dtype, op_name, to_ir_argument
+from .torch_types import autocast_state, describe_input, ir_dtype, op_name, to_ir_argument
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -317,20 +317,45 @@ def _device_of(example_inputs) -> torch.device:
     return torch.device("cpu")
 
 
-def lower(model: torch.nn.Module, example_inputs: Sequence | torch.Tensor, *,
-          example_kwargs: dict | None = None, cost_model: str = "profile",
+def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tuple[tuple, dict]:
+    """(args, kwargs) from example inputs as users hold them: a tuple or list of positional
+    arguments, a dict of keyword arguments (`model(**batch)`), or one tensor."""
+    if isinstance(example_inputs, torch.Tensor):
+        args, kwargs = (example_inputs,), {}
+    elif isinstance(example_inputs, dict) or (hasattr(example_inputs, "keys")
+                                              and hasattr(example_inputs, "__getitem__")):
+        args, kwargs = (), {key: example_inputs[key] for key in example_inputs.keys()}
+    elif isinstance(example_inputs, (tuple, list)):
+        args, kwargs = tuple(example_inputs), {}
+    elif example_inputs is None:
+        args, kwargs = (), {}
+    else:
+        raise LoweringError(f"example_inputs must be a tuple of positional arguments, a dict of "
+                            f"keyword arguments or one tensor, not {type(example_inputs).__name__}")
+    for key, value in (example_kwargs or {}).items():
+        if key in kwargs:
+            raise LoweringError(f"keyword input {key!r} is given both in example_inputs and in "
+                                "example_kwargs; give it once")
+        kwargs[key] = value
+    return args, kwargs
+
+
+def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
+          example_kwargs: dict | None = None, cost_model: str | None = "profile",
           device: str | torch.device | None = None) -> Graph:
     """The joint forward+backward graph of one training step of `model`, as IR.
 
-    `example_inputs` fix the shapes (a tuple of positional arguments, or one
-    tensor). `cost_model` is "profile" (each distinct op measured on `device`,
-    by default the inputs' device) or "flops" (estimated from FLOPs and bytes).
+    `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
+    keyword arguments (a Hugging Face batch) or one tensor; `example_kwargs` add
+    keyword arguments. The autocast state active now is traced into the graph
+    (its casts) and recorded. `cost_model` is "profile" (each distinct op
+    measured on `device`, by default the inputs' device), "flops" (estimated
+    from FLOPs and bytes) or None (no costs yet: `estimate_costs` later).
     Raises `LoweringError` naming the op and module that cannot be lowered.
     """
-    if cost_model not in ("profile", "flops"):
+    if cost_model not in ("profile", "flops", None):
         raise ValueError(f"cost_model must be 'profile' or 'flops', not {cost_model!r}")
-    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    kwargs = dict(example_kwargs or {})
+    args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
     exported = _export(model, args, kwargs, attribute_reads)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
@@ -351,10 +376,17 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | torch.Tensor, *,
             pass
     graph.proto.metadata["torch.module_attributes"] = json.dumps(
         [[path, name, value] for (path, name), value in sorted(attribute_reads.items())])
+    # The signature a call must match to run this graph (runtimes/signatures.py): every
+    # input leaf described (tensor shapes and dtypes, non-tensor values the trace baked in),
+    # and the autocast state whose casts the trace holds.
+    graph.proto.metadata["torch.inputs"] = json.dumps(
+        [describe_input(leaf) for leaf in pytree.tree_leaves((args, kwargs))])
+    graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     prov = graph.proto.provenance
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"
-    run_device = torch.device(device) if device is not None else _device_of(args)
-    estimate_costs(graph, cost_model, run_device)
+    run_device = torch.device(device) if device is not None else _device_of((args, kwargs))
     prov.cost_device = str(run_device)
+    if cost_model is not None:
+        estimate_costs(graph, cost_model, run_device)
     return graph

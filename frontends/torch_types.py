@@ -100,3 +100,22 @@ def resolve_op(name: str):
 def op_name(op) -> str:
     """IR name of an OpOverload: 'aten.mm.default'."""
     return f"{op.namespace}.{op._schema.name.split('::')[1]}.{op._overloadname}"
+
+
+#: Device types whose autocast state a lowering records (graph metadata "torch.autocast")
+#: and a call is compared against: the casts autocast inserts are traced into the graph.
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple[tuple[str, str], ...]:
+    """((device type, dtype name), ...) of the autocast contexts active now."""
+    return tuple((device, _IR_DTYPES[torch.get_autocast_dtype(device)])
+                 for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device))
+
+
+def describe_input(leaf) -> str:
+    """How a signature names one input leaf: 'tensor [2, 16] int64', else the value's repr
+    (a flag such as use_cache=False is baked into the trace)."""
+    if isinstance(leaf, torch.Tensor):
+        return f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
+    return repr(leaf)

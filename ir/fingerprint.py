@@ -18,8 +18,12 @@ import hashlib
 from . import remat_ir_pb2 as pb
 
 
-def structure_fingerprint(graph) -> str:
-    """Hex SHA-256 of `graph` (an `ir.Graph` or `pb.Graph`) without times and plans."""
+def structure_fingerprint(graph, *, measured_memory: bool = True) -> str:
+    """Hex SHA-256 of `graph` (an `ir.Graph` or `pb.Graph`) without times and plans.
+
+    `measured_memory=False` also leaves out what profiling measures (workspace bytes,
+    storages grown to the kernel's real size): the fingerprint of a trace, equal before
+    and after its costs are estimated."""
     proto = graph.proto if hasattr(graph, "proto") else graph
     stripped = pb.Graph()
     stripped.CopyFrom(proto)
@@ -27,7 +31,10 @@ def structure_fingerprint(graph) -> str:
     stripped.ClearField("hierarchy")
     stripped.ClearField("provenance")
     for node in stripped.nodes:
-        workspace = node.cost.workspace_bytes
+        workspace = node.cost.workspace_bytes if measured_memory else 0
         node.ClearField("cost")
         node.cost.workspace_bytes = workspace
+    if not measured_memory:
+        for storage in stripped.storages:
+            storage.ClearField("size_bytes")
     return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()

@@ -8,10 +8,11 @@ PyTorch runtime returns a module that trains as usual.
 
 from __future__ import annotations
 
-from remat_ir.ir import Graph, pb
-from remat_ir.solvers import InfeasibleBudget, Progress, parse_budget, solve
+from remat_ir.ir import Graph, pb, store_all
+from remat_ir.solvers import InfeasibleBudget, Progress, parse_budget, remember_floor, solve
 
-__all__ = ["remat", "remat_onnx", "scheduled_onnx_module", "plan", "parse_budget", "InfeasibleBudget", "DEFAULT_SOLVER"]
+__all__ = ["remat", "remat_onnx", "scheduled_onnx_module", "plan", "parse_budget", "InfeasibleBudget",
+           "DEFAULT_SOLVER", "Planner"]
 
 #: What plans a budget when the caller names no solver: fast and budget-aware.
 DEFAULT_SOLVER = "hiremate"
@@ -29,20 +30,91 @@ def plan(graph: Graph, budget=None, solver: str | None = None, *,
 
 def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           example_kwargs: dict | None = None, cost_model: str = "profile",
-          time_limit_s: float | None = None, progress: Progress | None = None, **options):
-    """A module that trains like `model` within `budget` bytes of activation memory.
+          time_limit_s: float | None = None, progress: Progress | None = None,
+          max_plans: int | None = None, cache_dir=None, **options):
+    """A module that trains like `model` within `budget` of activation memory.
 
-    `budget`: None (no limit), bytes, a size ("2GiB"), or a share of the
-    store-everything peak ("50%"). `solver`: any name `remat-ir solvers` lists
-    (default: hiremate when there is a budget). The returned module shares
-    `model`'s parameters and buffers; its `.graph` and `.schedule` say what it runs.
+    `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
+    Hugging Face batch) or one tensor. `budget`: None (no limit), bytes, a size
+    ("2GiB"), or a share of the store-everything peak (0.5 or "50%": each input
+    shape gets that share of its own peak). `solver`: any name `remat-ir
+    solvers` lists (default: hiremate when there is a budget). The returned
+    module shares `model`'s parameters and buffers; a call with inputs of a new
+    signature (shapes, dtypes, non-tensor arguments, autocast state, device)
+    is lowered and planned once more, with a notice on stderr, and up to
+    `max_plans` plans are kept (default 8). `cache_dir` (or the environment
+    variable REMAT_IR_CACHE_DIR; False: none) keeps profiled graphs and plans on
+    disk, so that another process skips profiling and planning
+    (`remat_ir.plan_cache`). Its `.graph` and `.schedule` say what it ran last.
     """
-    from remat_ir.frontends.torch import lower
-    from remat_ir.runtimes.torch import ScheduledModule
+    from remat_ir.frontends.torch import example_arguments
+    from remat_ir.runtimes.torch import MAX_PLANS, ScheduledModule
 
-    graph = lower(model, example_inputs, example_kwargs=example_kwargs, cost_model=cost_model)
-    schedule = plan(graph, budget, solver, time_limit_s=time_limit_s, progress=progress, **options)
-    return ScheduledModule(model, graph, schedule)  # checks it in the simulator
+    planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
+                      progress=progress, options=options, cache_dir=cache_dir)
+    args, kwargs = example_arguments(example_inputs, example_kwargs)
+    graph, schedule = planner(model, args, kwargs)
+    return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
+                           max_plans=MAX_PLANS if max_plans is None else max_plans)
+
+
+class Planner:
+    """Lowers and plans `model` for one call's inputs, under the autocast state active
+    when it is called: what `remat` does first and what its module does for each new
+    input signature. Picklable (the progress callback is not kept)."""
+
+    def __init__(self, budget, solver: str | None, *, cost_model: str, time_limit_s: float | None,
+                 progress: Progress | None, options: dict, cache_dir=None):
+        parse_budget(budget, 1)  # a malformed budget fails before the model is traced
+        self.budget, self.cost_model = budget, cost_model
+        self.solver = solver or ("autograd" if budget is None else DEFAULT_SOLVER)
+        self.time_limit_s, self.progress, self.options = time_limit_s, progress, dict(options)
+        self.cache_dir = cache_dir
+
+    def __getstate__(self):
+        return {**self.__dict__, "progress": None}
+
+    def __call__(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
+        import torch
+
+        from remat_ir.frontends.costs import estimate_costs
+        from remat_ir.frontends.torch import lower
+        from remat_ir.plan_cache import PlanCache
+        from remat_ir.runtimes.torch import notify_stderr
+
+        cache = PlanCache.from_setting(self.cache_dir, warn=notify_stderr)
+        graph = lower(model, args, example_kwargs=kwargs, cost_model=None)
+        graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__)
+        cached = cache and cache.load_graph(graph_key, graph)
+        if cached:
+            graph = cached
+        else:
+            estimate_costs(graph, self.cost_model, torch.device(graph.proto.provenance.cost_device))
+            if cache:
+                cache.store_graph(graph_key, graph)
+        if not cache:
+            return graph, self._plan(graph)
+        options = dict(self.options, time_limit_s=self.time_limit_s)
+        limit = parse_budget(self.budget, store_all(graph).predicted_peak_bytes)
+        plan_key, floor_key = cache.plan_key(limit, self.solver, options), cache.floor_key(self.solver, options)
+        schedule = cache.load_schedule(graph_key, plan_key, graph)
+        if schedule is not None:
+            return graph, graph.add_schedule(schedule)
+        floor = cache.load_schedule(graph_key, floor_key, graph)
+        if floor is not None:
+            remember_floor(graph, self.solver, floor)
+        try:
+            schedule = self._plan(graph)
+        except InfeasibleBudget as refused:
+            if refused.schedule is not None:
+                cache.store_schedule(graph_key, floor_key, refused.schedule)
+            raise
+        cache.store_schedule(graph_key, plan_key, schedule)
+        return graph, schedule
+
+    def _plan(self, graph: Graph) -> pb.Schedule:
+        return plan(graph, self.budget, self.solver, time_limit_s=self.time_limit_s,
+                    progress=self.progress, **self.options)
 
 
 def remat_onnx(model_or_path, example_inputs=None, budget=None, *, solver: str | None = None,

@@ -19,6 +19,9 @@ inputs are, whatever device it was lowered on.
 from __future__ import annotations
 
 import json
+import sys
+from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -29,6 +32,7 @@ from remat_ir.ir.simulator import check
 from remat_ir.frontends.torch_types import torch_dtype
 
 from .codegen import UnsupportedOp, generate, resident_order
+from .signatures import Signature, argument_names, autocast_from_json, call_signature
 
 
 class RuntimeInputError(RematIRError):
@@ -40,7 +44,8 @@ class _ScheduledStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, runner: "_Runner", *resident):
-        outputs, updates, saved = runner.forward_fn(resident)
+        with _segments_without_autocast(runner.device):
+            outputs, updates, saved = runner.forward_fn(resident)
         backward_resident = runner.apply_buffer_updates(resident, updates)
         ctx.runner, ctx.resident, ctx.stash = runner, backward_resident, saved
         read = runner.outputs_read_positions
@@ -63,7 +68,8 @@ class _ScheduledStep(torch.autograd.Function):
         grad_outputs = [g if g is not None else torch.zeros((), dtype=dtype, device=device).expand(shape)
                         for g, (shape, dtype, device) in zip(grad_outputs, ctx.output_meta)]
         stash, ctx.stash = ctx.stash, []  # the segment empties the list as it takes the tensors
-        grads = runner.backward_fn(ctx.resident, stash, ctx.saved_tensors, grad_outputs)
+        with _segments_without_autocast(runner.device):
+            grads = runner.backward_fn(ctx.resident, stash, ctx.saved_tensors, grad_outputs)
         ctx.resident = None
         return (None, *grads)
 
@@ -112,108 +118,74 @@ def _load_spec(graph: pb.Graph, key: str):
         return None
 
 
-class ScheduledModule(torch.nn.Module):
-    """`model`, trained through `schedule` of its lowered `graph` (see module docstring)."""
+def _segments_without_autocast(device: torch.device):
+    """The graph already holds the casts autocast made while it was traced: running its
+    segments under the caller's autocast would cast a second time."""
+    return torch.autocast(device.type, enabled=False)
+
+
+class _Lowered:
+    """One lowered graph and its schedule, for the calls of one input signature: how to
+    bind a call's tensors, the model's parameters and the graph's constants to it, and
+    its compiled segments per device."""
 
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: pb.Schedule):
-        super().__init__()
         check(graph, schedule)  # never run a schedule the simulator rejects
-        for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
-            self.__dict__[shared] = model.__dict__[shared]
-        self.__dict__["_model"] = model
-        self.__dict__["_graph"] = graph
-        self.__dict__["_schedule"] = schedule
-        self.__dict__["_runners"] = {}
-        self.training = model.training
+        self.graph, self.schedule = graph, schedule
         g = graph.proto
-        self._user_inputs = []  # (flat index, value id) in graph order
-        self._bindings = []     # per resident slot: ("param"|"buffer", name), ("input", index) or ("const", value id)
+        self.user_inputs = []  # (flat index, value id) in graph order
+        self.bindings = []     # per resident slot: ("param"|"buffer", name), ("input", index) or ("const", value id)
         kinds = {pb.PARAMETER: "param", pb.BUFFER: "buffer"}
         names = {e.value_id: e.name for e in g.inputs}
         for v in resident_order(graph):
             value = graph.value(v)
             if value.kind in kinds:
-                self._bindings.append((kinds[value.kind], names[v]))
-                self._check_bound(kinds[value.kind], names[v], value)
+                self.bindings.append((kinds[value.kind], names[v]))
+                _check_bound(model, kinds[value.kind], names[v], value)
             elif value.kind == pb.USER_INPUT:
                 index = int(names[v].removeprefix("input"))
-                self._bindings.append(("input", index))
-                self._user_inputs.append((index, v))
+                self.bindings.append(("input", index))
+                self.user_inputs.append((index, v))
             else:
-                self._bindings.append(("const", v))
-        self.__dict__["_in_spec"] = _load_spec(g, "torch.in_spec")
-        self.__dict__["_out_spec"] = _load_spec(g, "torch.out_spec")
-        self._lowered_keywords = (list(self._in_spec.child(1).context)
-                                  if self._in_spec is not None else [])
-        self.__dict__["_constants"] = {}
-        self._traced_attributes = _traced_attributes(g)
+                self.bindings.append(("const", v))
+        self.in_spec = _load_spec(g, "torch.in_spec")
+        self.out_spec = _load_spec(g, "torch.out_spec")
+        self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
+        self.traced_attributes = _traced_attributes(g)
+        self.signature = self._signature()
+        self.runners: dict[torch.device, _Runner] = {}
+        self.constants: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-    # -------------------------------------------------------------- copying and saving
-
-    def __getstate__(self):
-        """Picklable state (torch.save, copy.deepcopy): graph and schedule as protobuf bytes;
-        compiled segments, constants and input/output specs are rebuilt on first use."""
-        state = self.__dict__.copy()
-        state["_graph"] = self._graph.proto.SerializeToString()
-        state["_schedule"] = self._schedule.SerializeToString()
-        for derived in ("_runners", "_constants", "_in_spec", "_out_spec"):
-            state.pop(derived, None)
-        return state
-
-    def __setstate__(self, state):
-        graph, schedule = pb.Graph(), pb.Schedule()
-        graph.ParseFromString(state.pop("_graph"))
-        schedule.ParseFromString(state.pop("_schedule"))
-        self.__dict__.update(state)
-        self.__dict__["_graph"], self.__dict__["_schedule"] = Graph(graph), schedule
-        self.__dict__["_runners"], self.__dict__["_constants"] = {}, {}
-        self.__dict__["_in_spec"] = _load_spec(graph, "torch.in_spec")
-        self.__dict__["_out_spec"] = _load_spec(graph, "torch.out_spec")
-
-    def _check_bound(self, kind: str, name: str, value: pb.Value) -> None:
-        try:
-            tensor = self._model.get_parameter(name) if kind == "param" else self._model.get_buffer(name)
-        except AttributeError:
-            what = "parameter" if kind == "param" else "buffer"
-            raise RuntimeInputError(f"the graph needs {what} {name!r}, which "
-                                    f"{type(self._model).__name__} does not have") from None
-        if tuple(tensor.shape) != tuple(value.shape) or tensor.dtype != torch_dtype(value.dtype):
-            raise RuntimeInputError(f"{name!r} is {tuple(tensor.shape)} {tensor.dtype} in the model but "
-                                    f"{tuple(value.shape)} {torch_dtype(value.dtype)} in the graph")
-
-    # -------------------------------------------------------------- running
-
-    @property
-    def graph(self) -> Graph:
-        return self._graph
-
-    @property
-    def schedule(self) -> pb.Schedule:
-        return self._schedule
-
-    def train(self, mode: bool = True):
-        self._model.train(mode)
-        self.training = mode
-        return self
+    def _signature(self) -> Signature | None:
+        """The signature the graph was lowered for (None without the frontend's input spec
+        and descriptions: then calls are checked input by input)."""
+        g = self.graph.proto
+        if self.in_spec is None or "torch.inputs" not in g.metadata:
+            return None
+        names, described = argument_names(self.in_spec), json.loads(g.metadata["torch.inputs"])
+        arguments = tuple(sorted(zip(names, described)))
+        device = torch.device(g.provenance.cost_device or "cpu").type
+        return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device)
 
     def runner(self, device: torch.device) -> _Runner:
         """Compiled segments for `device` (compiled on first use there)."""
-        if device not in self._runners:
+        if device not in self.runners:
             try:
-                self._runners[device] = _Runner(self._graph, self._schedule, device)
+                self.runners[device] = _Runner(self.graph, self.schedule, device)
             except UnsupportedOp as exc:
                 raise RematIRError(str(exc)) from None
-        return self._runners[device]
+        return self.runners[device]
 
-    def _flat_inputs(self, args, kwargs) -> list:
-        if self._in_spec is not None and set(kwargs) == set(self._lowered_keywords):
-            kwargs = {k: kwargs[k] for k in self._lowered_keywords}  # the order they were lowered in
+    def flat_inputs(self, args, kwargs) -> list:
+        """The call's leaves in the order the graph numbers them (keywords as lowered)."""
+        if self.in_spec is not None and set(kwargs) == set(self.keywords):
+            kwargs = {k: kwargs[k] for k in self.keywords}
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        if self._in_spec is not None and spec != self._in_spec:
-            raise RuntimeInputError(f"the inputs are structured as {spec}, but the graph was lowered "
-                                    f"for {self._in_spec}; lower again with these inputs")
-        for index, value_id in self._user_inputs:
-            value = self._graph.value(value_id)
+        if self.in_spec is not None and spec != self.in_spec:
+            raise RuntimeInputError("the inputs are structured otherwise than at lowering; "
+                                    "lower again with these inputs")
+        for index, value_id in self.user_inputs:
+            value = self.graph.value(value_id)
             if index >= len(leaves) or not isinstance(leaves[index], torch.Tensor):
                 raise RuntimeInputError(f"input {index} should be a tensor of shape "
                                         f"{list(value.shape)}; lower again with these inputs")
@@ -221,64 +193,203 @@ class ScheduledModule(torch.nn.Module):
             if list(t.shape) != list(value.shape) or t.dtype != torch_dtype(value.dtype):
                 raise RuntimeInputError(
                     f"input {index} is {list(t.shape)} {t.dtype}, but the graph was lowered for "
-                    f"{list(value.shape)} {torch_dtype(value.dtype)}; shapes are fixed at lowering: "
-                    "call remat_ir.remat (or lower) again with inputs of this shape")
+                    f"{list(value.shape)} {torch_dtype(value.dtype)}; lower again with inputs "
+                    "of this shape")
         return leaves
 
-    def _resident(self, leaves, device) -> tuple:
+    def resident(self, model: torch.nn.Module, leaves, device) -> tuple:
         resident = []
-        for kind, what in self._bindings:
+        for kind, what in self.bindings:
             if kind == "param":
-                t = self._model.get_parameter(what)
+                t = model.get_parameter(what)
             elif kind == "buffer":
-                t = self._model.get_buffer(what)
+                t = model.get_buffer(what)
             elif kind == "input":
                 t = leaves[what]
             else:
-                t = self._constant(what, device)
+                t = self.constant(what, device)
             if t.device != device:
-                raise RuntimeInputError(f"{what if kind != 'const' else self._graph.value(what).name!r} is on {t.device} "
+                raise RuntimeInputError(f"{what if kind != 'const' else self.graph.value(what).name!r} is on {t.device} "
                                         f"but the inputs are on {device}; move the model with .to()")
             resident.append(t)
         return tuple(resident)
 
-    def _constant(self, value_id: int, device) -> torch.Tensor:
+    def constant(self, value_id: int, device) -> torch.Tensor:
         key = (value_id, device)
-        if key not in self._constants:
-            value = self._graph.value(value_id)
+        if key not in self.constants:
+            value = self.graph.value(value_id)
             dtype = torch_dtype(value.dtype)
             if value.constant.raw:
                 flat = torch.frombuffer(bytearray(value.constant.raw), dtype=dtype)
             else:  # zero elements: frombuffer refuses an empty buffer
                 flat = torch.empty(0, dtype=dtype)
-            self._constants[key] = flat.reshape(list(value.shape)).to(device)
-        return self._constants[key]
+            self.constants[key] = flat.reshape(list(value.shape)).to(device)
+        return self.constants[key]
 
-    def _check_attributes(self) -> None:
+    def check_attributes(self, model: torch.nn.Module) -> None:
         """Module attributes the trace read (a flag in `forward`) decide which code was
         lowered: a change since lowering would silently run the old branch."""
-        for path, name, lowered in self._traced_attributes:
+        for path, name, lowered in self.traced_attributes:
             try:
-                now = getattr(self._model.get_submodule(path), name)
+                now = getattr(model.get_submodule(path), name)
             except AttributeError:
                 now = "<missing>"
             if now != lowered or type(now) is not type(lowered):
                 where = f"{path}.{name}" if path else name
                 raise RuntimeInputError(
-                    f"module attribute {where!r} of {type(self._model).__name__} was {lowered!r} "
+                    f"module attribute {where!r} of {type(model).__name__} was {lowered!r} "
                     f"when the model was lowered and is {now!r} now; forward read it while "
                     "tracing, so the lowered graph may take another branch: call remat_ir.remat "
                     "(or lower) again after changing it")
 
+    def run(self, model: torch.nn.Module, args, kwargs):
+        self.check_attributes(model)
+        leaves = self.flat_inputs(args, kwargs)
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        device = tensors[0].device if tensors else next(model.parameters()).device
+        runner = self.runner(device)
+        outputs = _ScheduledStep.apply(runner, *self.resident(model, leaves, device))
+        if self.out_spec is not None:
+            return pytree.tree_unflatten(list(outputs), self.out_spec)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) -> None:
+    try:
+        tensor = model.get_parameter(name) if kind == "param" else model.get_buffer(name)
+    except AttributeError:
+        what = "parameter" if kind == "param" else "buffer"
+        raise RuntimeInputError(f"the graph needs {what} {name!r}, which "
+                                f"{type(model).__name__} does not have") from None
+    if tuple(tensor.shape) != tuple(value.shape) or tensor.dtype != torch_dtype(value.dtype):
+        raise RuntimeInputError(f"{name!r} is {tuple(tensor.shape)} {tensor.dtype} in the model but "
+                                f"{tuple(value.shape)} {torch_dtype(value.dtype)} in the graph")
+
+
+#: Plans a `ScheduledModule` keeps by default, one per input signature, least recently
+#: used dropped first.
+MAX_PLANS = 8
+
+#: Makes the (graph, schedule) for a call of a new signature: `planner(model, args, kwargs)`.
+Planner = Callable[[torch.nn.Module, tuple, dict], "tuple[Graph, pb.Schedule]"]
+
+
+class ScheduledModule(torch.nn.Module):
+    """`model`, trained through `schedule` of its lowered `graph` (see module docstring).
+
+    With a `planner`, a call whose signature (`signatures.py`) no plan has is lowered
+    and planned again, once, with a one-line notice through `notify`; up to
+    `max_plans` plans are kept. Without one, such a call raises `RuntimeInputError`
+    naming the argument that differs.
+    """
+
+    def __init__(self, model: torch.nn.Module, graph: Graph, schedule: pb.Schedule, *,
+                 planner: Planner | None = None, max_plans: int = MAX_PLANS,
+                 notify: Callable[[str], None] | None = None):
+        super().__init__()
+        if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
+            raise ValueError(f"max_plans must be a positive integer, not {max_plans!r}")
+        for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+            self.__dict__[shared] = model.__dict__[shared]
+        self.__dict__["_model"] = model
+        first = _Lowered(model, graph, schedule)
+        self.__dict__["_plans"] = OrderedDict([(first.signature, first)])
+        self.__dict__["_planner"] = planner
+        self.__dict__["_notify"] = notify
+        self.max_plans = max_plans
+        self.training = model.training
+
+    # -------------------------------------------------------------- copying and saving
+
+    def __getstate__(self):
+        """Picklable state (torch.save, copy.deepcopy): graphs and schedules as protobuf
+        bytes; compiled segments, constants and specs are rebuilt on first use."""
+        state = self.__dict__.copy()
+        state["_plans"] = [(p.graph.proto.SerializeToString(), p.schedule.SerializeToString())
+                           for p in self._plans.values()]
+        state.pop("_notify", None)
+        return state
+
+    def __setstate__(self, state):
+        saved = state.pop("_plans")
+        self.__dict__.update(state)
+        self.__dict__["_notify"] = None
+        self.__dict__["_plans"] = OrderedDict()
+        for graph_bytes, schedule_bytes in saved:
+            graph, schedule = pb.Graph(), pb.Schedule()
+            graph.ParseFromString(graph_bytes)
+            schedule.ParseFromString(schedule_bytes)
+            plan = _Lowered(self._model, Graph(graph), schedule)
+            self._plans[plan.signature] = plan
+
+    # -------------------------------------------------------------- running
+
+    @property
+    def graph(self) -> Graph:
+        """The graph of the plan used last (the first one before any call)."""
+        return next(reversed(self._plans.values())).graph
+
+    @property
+    def schedule(self) -> pb.Schedule:
+        """The schedule of the plan used last (the first one before any call)."""
+        return next(reversed(self._plans.values())).schedule
+
+    @property
+    def plans(self) -> list[tuple[Graph, pb.Schedule]]:
+        """Every (graph, schedule) kept, least recently used first."""
+        return [(p.graph, p.schedule) for p in self._plans.values()]
+
+    def train(self, mode: bool = True):
+        self._model.train(mode)
+        self.training = mode
+        return self
+
+    def runner(self, device: torch.device) -> _Runner:
+        """Compiled segments of the current plan for `device`."""
+        return next(reversed(self._plans.values())).runner(device)
+
+    def _plan_for(self, args, kwargs) -> _Lowered:
+        """The plan for this call's signature: kept, planned now, or an error naming what
+        differs."""
+        last = next(reversed(self._plans.values()))
+        if last.signature is None:  # no input spec (hand-built IR): checked input by input
+            return last
+        signature = call_signature(args, kwargs)
+        plan = self._plans.get(signature)
+        if plan is None and self._planner is None:
+            # Device follows the inputs: a plan lowered on another device runs there too.
+            plan = next((p for p in reversed(self._plans.values())
+                         if p.signature.same_but_device(signature)), None)
+        if plan is not None:
+            self._plans.move_to_end(plan.signature)
+            return plan
+        difference = signature.difference(last.signature)
+        if self._planner is None:
+            raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "
+                                    "call remat_ir.remat with inputs like these (it lowers and "
+                                    "plans each new signature by itself)")
+        (self._notify or notify_stderr)(
+            f"remat-ir: new input signature ({difference}): lowering and planning again "
+            f"(plan {len(self._plans) + 1}, at most {self.max_plans} kept)")
+        devices = [t.device for t in pytree.tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
+        with torch.random.fork_rng(devices=devices):  # planning never moves the generator
+            graph, schedule = self._planner(self._model, args, kwargs)
+        plan = _Lowered(self._model, graph, schedule)
+        if plan.signature != signature:
+            raise RematIRError(f"the graph planned for this call was lowered for another "
+                               f"signature ({signature.difference(plan.signature)})")
+        self._plans[signature] = plan
+        while len(self._plans) > self.max_plans:
+            self._plans.popitem(last=False)
+        return plan
+
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
             return self._model(*args, **kwargs)
-        self._check_attributes()
-        leaves = self._flat_inputs(args, kwargs)
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        device = tensors[0].device if tensors else next(self._model.parameters()).device
-        runner = self.runner(device)
-        outputs = _ScheduledStep.apply(runner, *self._resident(leaves, device))
-        if self._out_spec is not None:
-            return pytree.tree_unflatten(list(outputs), self._out_spec)
-        return outputs[0] if len(outputs) == 1 else outputs
+        return self._plan_for(args, kwargs).run(self._model, args, kwargs)
+
+
+def notify_stderr(message: str) -> None:
+    """The default sink of one-line notices (a new input signature planned)."""
+    print(message, file=sys.stderr, flush=True)

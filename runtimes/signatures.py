@@ -1,0 +1,83 @@
+"""Input signatures: what a call must share with a lowering to run its graph.
+
+A lowered graph is one training step for one structure of inputs (which
+positional and keyword arguments), one shape and dtype per tensor, one value
+per non-tensor argument (a flag such as `use_cache=False` is baked into the
+trace), one autocast state (its casts are in the graph) and one device type
+(its costs were measured there). `Signature` holds these, argument by
+argument, so that a call that differs can be described in one line: the
+argument that is extra, missing, or of another shape, dtype or value.
+
+Keyword arguments are compared by name, not by the order they were passed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+
+from remat_ir.frontends.torch_types import autocast_state, describe_input
+
+@dataclass(frozen=True)
+class Signature:
+    """Arguments as (name, description) in a canonical order, autocast state, device type."""
+    arguments: tuple[tuple[str, str], ...]
+    autocast: tuple[tuple[str, str], ...]
+    device: str
+
+    def difference(self, lowered: "Signature") -> str:
+        """What this call has that `lowered` (a signature a graph was made for) has not:
+        one phrase naming the first differing argument, or the autocast state or device."""
+        mine, theirs = dict(self.arguments), dict(lowered.arguments)
+        for name in theirs:
+            if name not in mine:
+                return f"argument {name} ({theirs[name]}) is missing"
+        for name in mine:
+            if name not in theirs:
+                return f"argument {name} ({mine[name]}) was not given at lowering"
+        for name in mine:
+            if mine[name] != theirs[name]:
+                return f"argument {name} is {mine[name]}, lowered for {theirs[name]}"
+        if self.autocast != lowered.autocast:
+            return (f"autocast is {_autocast_text(self.autocast)}, lowered under "
+                    f"{_autocast_text(lowered.autocast)}")
+        if self.device != lowered.device:
+            return f"inputs are on {self.device}, lowered on {lowered.device}"
+        return "nothing differs"
+
+    def same_but_device(self, other: "Signature") -> bool:
+        return self.arguments == other.arguments and self.autocast == other.autocast
+
+
+def _autocast_text(state: tuple[tuple[str, str], ...]) -> str:
+    return ", ".join(f"{device} {dtype}" for device, dtype in state) or "off"
+
+
+def autocast_from_json(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(json.loads(text).items())) if text else ()
+
+
+def _name(path) -> str:
+    """'input_ids', 'pixel_values[0]', or 'args[1]' for positional argument 1."""
+    (top, *rest) = path[1:]  # path[0] picks args or kwargs
+    head = f"args[{top.idx}]" if path[0].idx == 0 else top.key
+    return head + "".join(pytree.keystr((k,)) for k in rest)
+
+
+def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
+    """The signature of a call (under the autocast state active now, unless given)."""
+    with_paths, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    arguments = tuple(sorted((_name(path), describe_input(leaf)) for path, leaf in with_paths))
+    tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
+    device = tensors[0].device.type if tensors else "cpu"
+    return Signature(arguments, autocast_state() if autocast is None else autocast, device)
+
+
+def argument_names(spec: pytree.TreeSpec) -> list[str]:
+    """The name of each flat leaf of (args, kwargs) structured as `spec`, in flat order."""
+    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    with_paths, _ = pytree.tree_flatten_with_path(tree)
+    return [_name(path) for path, _ in with_paths]

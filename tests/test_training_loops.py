@@ -1,0 +1,186 @@
+"""Real training loops: shapes that change, inputs as users pass them, plans cached on disk."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import remat_ir
+from remat_ir import ir
+from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
+from torch_models import gpt2
+
+
+def _batch(ids: torch.Tensor) -> dict:
+    return dict(input_ids=ids, labels=ids, use_cache=False)
+
+
+def _train_side_by_side(model, scheduled, batches, loss_of):
+    """Train a deep copy of `model` eagerly beside `scheduled`; assert every loss and every
+    gradient bitwise equal and the generator where eager leaves it, at every step."""
+    eager = copy.deepcopy(model)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_s = torch.optim.SGD(scheduled.parameters(), lr=0.1)
+    for step, batch in enumerate(batches):
+        torch.manual_seed(step)
+        loss_e = loss_of(eager(**batch))
+        loss_e.backward()
+        state_e = torch.get_rng_state()
+        torch.manual_seed(step)
+        loss_s = loss_of(scheduled(**batch))
+        loss_s.backward()
+        assert torch.equal(loss_e, loss_s), (step, loss_e, loss_s)
+        assert torch.equal(state_e, torch.get_rng_state()), step
+        for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
+            assert torch.equal(p_e.grad, p_s.grad), (step, name)
+        opt_e.step(), opt_s.step(), opt_e.zero_grad(), opt_s.zero_grad()
+
+
+def test_new_shapes_are_lowered_and_planned_once_each(capsys):
+    model, _, kwargs, loss_of = gpt2(n_layer=1)
+    ids = kwargs["input_ids"]
+    scheduled = remat_ir.remat(model, _batch(ids), solver="recompute-all", cost_model="flops")
+    batches = [_batch(ids), _batch(ids[:, :8]), _batch(ids), _batch(ids[:1, :12]), _batch(ids[:, :8])]
+    _train_side_by_side(model, scheduled, batches, loss_of)
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert notices == [
+        "remat-ir: new input signature (argument input_ids is tensor [2, 8] int64, lowered for "
+        "tensor [2, 16] int64): lowering and planning again (plan 2, at most 8 kept)",
+        "remat-ir: new input signature (argument input_ids is tensor [1, 12] int64, lowered for "
+        "tensor [2, 16] int64): lowering and planning again (plan 3, at most 8 kept)"]
+    assert [list(g.value(g.proto.inputs[-1].value_id).shape) for g, _ in scheduled.plans] \
+        or len(scheduled.plans) == 3
+    assert len(scheduled.plans) == 3
+    # Pickling keeps every plan.
+    assert len(copy.deepcopy(scheduled).plans) == 3
+
+
+def test_plans_are_bounded_least_recently_used_first(capsys):
+    model, _, kwargs, loss_of = gpt2(n_layer=1)
+    ids = kwargs["input_ids"]
+    scheduled = remat_ir.remat(model, _batch(ids), cost_model="flops", max_plans=2)
+    for length in (8, 16, 12, 16, 8):
+        loss_of(scheduled(**_batch(ids[:, :length]))).backward()
+    lengths = [[v.shape for v in g.proto.values if v.name == "input0"][0][1] for g, _ in scheduled.plans]
+    assert lengths == [16, 8]
+    # 8 was dropped when 12 came (16 had been used since), so it was planned again.
+    assert capsys.readouterr().err.count("new input signature") == 3
+    with pytest.raises(ValueError, match="max_plans must be a positive integer"):
+        remat_ir.remat(model, _batch(ids), cost_model="flops", max_plans=0)
+
+
+class _Deep(torch.nn.Module):
+    """Activations dominate its step's memory, at any batch size."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(32, 32), torch.nn.Tanh())])
+
+    def forward(self, x):
+        return self.layers(x).square().mean()
+
+
+@pytest.mark.parametrize("budget", [0.5, "50%"])
+def test_share_budget_is_a_share_of_each_shapes_own_peak(budget):
+    torch.manual_seed(0)
+    model = _Deep()
+    scheduled = remat_ir.remat(model, torch.randn(512, 32), budget=budget, solver="rotor",
+                               cost_model="flops")
+    scheduled(torch.randn(256, 32)).backward()
+    assert len(scheduled.plans) == 2
+    for graph, schedule in scheduled.plans:
+        peak = ir.store_all(graph).predicted_peak_bytes
+        assert schedule.budget_bytes == int(peak * 0.5)
+        assert ir.simulate(graph, schedule).peak_bytes <= schedule.budget_bytes
+    fixed = remat_ir.remat(model, torch.randn(512, 32), budget=scheduled.plans[0][1].budget_bytes,
+                           solver="rotor", cost_model="flops")
+    fixed(torch.randn(256, 32)).backward()
+    assert {s.budget_bytes for _, s in fixed.plans} == {scheduled.plans[0][1].budget_bytes}
+
+
+def test_example_inputs_as_users_hold_them():
+    from transformers import BatchEncoding
+    model, _, kwargs, loss_of = gpt2(n_layer=1)
+    reference = None
+    for example in (kwargs, BatchEncoding(kwargs)):
+        scheduled = remat_ir.remat(model, example, cost_model="flops")
+        torch.manual_seed(0)
+        loss = loss_of(scheduled(**example))
+        reference = loss if reference is None else reference
+        assert torch.equal(loss, reference)
+    torch.manual_seed(0)
+    mlp = _Deep()
+    x = torch.randn(8, 32)
+    for example in (x, (x,), [x]):
+        assert torch.equal(remat_ir.remat(mlp, example, cost_model="flops")(x), mlp(x))
+    with pytest.raises(remat_ir.ir.RematIRError, match="keyword input 'labels' is given both"):
+        remat_ir.remat(model, kwargs, example_kwargs=dict(labels=kwargs["labels"]))
+    with pytest.raises(remat_ir.ir.RematIRError, match="example_inputs must be a tuple of positional"):
+        remat_ir.remat(model, 3)
+
+
+def test_a_call_that_does_not_match_names_the_argument():
+    model, _, kwargs, _ = gpt2(n_layer=1)
+    first = remat_ir.remat(model, kwargs, cost_model="flops")
+    plain = ScheduledModule(model, first.graph, first.schedule)  # no planner: refuses
+    ids = kwargs["input_ids"]
+    cases = [
+        (dict(kwargs, output_attentions=False),
+         "argument output_attentions (False) was not given at lowering"),
+        ({k: v for k, v in kwargs.items() if k != "labels"}, "argument labels (tensor [2, 16] int64) is missing"),
+        (dict(kwargs, input_ids=ids[:, :4]), "argument input_ids is tensor [2, 4] int64, lowered for tensor [2, 16] int64"),
+        (dict(kwargs, use_cache=True), "argument use_cache is True, lowered for False"),
+    ]
+    for call, difference in cases:
+        with pytest.raises(RuntimeInputError) as info:
+            plain(**call)
+        assert str(info.value) == (f"this call does not match the lowered graph: {difference}; call "
+                                   "remat_ir.remat with inputs like these (it lowers and plans each "
+                                   "new signature by itself)")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeInputError,
+                                                                     match="autocast is cpu bfloat16, lowered under off"):
+        plain(**kwargs)
+
+
+def test_plan_cache_skips_profiling_and_planning(tmp_path, capsys):
+    model, _, kwargs, _ = gpt2(n_layer=1)
+    first = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
+    second = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
+    # Re-profiling would never measure the same times to the bit; re-planning would record
+    # its own planning time.
+    assert [n.cost.time_s for n in second.graph.proto.nodes] == [n.cost.time_s for n in first.graph.proto.nodes]
+    assert second.schedule.solve_time_s == first.schedule.solve_time_s
+    assert list(second.schedule.steps) == list(first.schedule.steps)
+    # Another budget plans again on the cached profile.
+    third = remat_ir.remat(model, kwargs, budget=None, cache_dir=tmp_path)
+    assert [n.cost.time_s for n in third.graph.proto.nodes] == [n.cost.time_s for n in first.graph.proto.nodes]
+    assert third.schedule.solver == "autograd"
+    # Corrupt entries are reported and planned again, never trusted.
+    for entry in tmp_path.glob("*/*.plan"):
+        entry.write_bytes(b"\x08garbage")
+    capsys.readouterr()
+    again = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
+    assert "remat-ir: ignoring cache entry" in capsys.readouterr().err
+    assert again.schedule.solve_time_s != first.schedule.solve_time_s
+    for entry in tmp_path.glob("*/graph.rir"):
+        entry.write_bytes(entry.read_bytes()[:-20])
+    fresh = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
+    assert "remat-ir: ignoring cache entry" in capsys.readouterr().err
+    assert [n.cost.time_s for n in fresh.graph.proto.nodes] != [n.cost.time_s for n in first.graph.proto.nodes]
+
+
+def test_plan_cache_refuses_another_graph_under_the_key(tmp_path, capsys, monkeypatch):
+    small, _, kwargs, _ = gpt2(n_layer=1)
+    remat_ir.remat(small, kwargs, cache_dir=tmp_path)
+    (entry,) = tmp_path.glob("*/graph.rir")
+    other, _, other_kwargs, _ = gpt2(n_layer=2)
+    monkeypatch.setenv("REMAT_IR_CACHE_DIR", str(tmp_path))
+    bigger = remat_ir.remat(other, other_kwargs)  # the environment names the cache
+    (key,) = {p.parent.name for p in tmp_path.glob("*/graph.rir")} - {entry.parent.name}
+    (tmp_path / key / "graph.rir").write_bytes(entry.read_bytes())  # a stale, wrong entry
+    capsys.readouterr()
+    again = remat_ir.remat(other, other_kwargs)
+    assert "it holds another graph" in capsys.readouterr().err
+    assert len(again.graph.proto.nodes) == len(bigger.graph.proto.nodes)
