@@ -361,6 +361,10 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     with contextlib.ExitStack() as stack:
+        # Eager's backward runs outside autocast (as PyTorch recommends calling it), in the
+        # dtypes of the forward's casts; AOTAutograd would otherwise trace it under the
+        # forward's autocast and cast again inside regions the model ran with autocast off.
+        stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
         try:
             joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs)
         except Exception as exc:

@@ -18,6 +18,7 @@ inputs are, whatever device it was lowered on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections import OrderedDict
@@ -118,10 +119,14 @@ def _load_spec(graph: pb.Graph, key: str):
         return None
 
 
+@contextlib.contextmanager
 def _segments_without_autocast(device: torch.device):
     """The graph already holds the casts autocast made while it was traced: running its
     segments under the caller's autocast would cast a second time."""
-    return torch.autocast(device.type, enabled=False)
+    with contextlib.ExitStack() as stack:
+        for device_type in dict.fromkeys(("cpu", device.type)):
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
 
 
 class _Lowered:

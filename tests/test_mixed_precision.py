@@ -1,0 +1,103 @@
+"""Mixed precision: the scheduled module follows the autocast state of each call, with
+gradients bitwise equal to eager's under the same autocast (backward called outside
+autocast, as PyTorch recommends). CUDA cases run where a GPU is present."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat_ir
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+class _Fp32Region(nn.Module):
+    """A trainable layer the model runs with autocast off (an fp32 router or head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.r, self.b = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+        self.norm = nn.LayerNorm(32)
+        self.drop = nn.Dropout(0.0)  # CPU dropout in bf16/fp16: see the README
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.a(x)))
+        with torch.autocast(x.device.type, enabled=False):
+            h = self.r(h.float()).tanh()
+        return self.b(self.norm(h)).float().pow(2).mean()
+
+
+def _llama(device):
+    """Llama without grouped-query attention (see the README on GQA under export)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=72, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                         use_cache=False, attention_dropout=0.1)
+    model = LlamaForCausalLM(config).train().to(device)
+    ids = torch.randint(0, 128, (2, 16), device=device)
+    return model, dict(input_ids=ids, labels=ids), lambda out: out.loss
+
+
+def _mlp(device):
+    torch.manual_seed(0)
+    model = _Fp32Region().to(device)
+    return model, dict(x=torch.randn(8, 16, device=device)), lambda out: out
+
+
+def _step(model, batch, loss_of, autocast, seed, scaler=None):
+    torch.manual_seed(seed)
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+        out = model(**batch)
+        loss = loss_of(out)
+    (scaler.scale(loss) if scaler else loss).backward()
+    return out, loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("make", [_mlp, _llama], ids=["fp32_region", "llama"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autocast_follows_each_call_and_matches_eager(make, dtype, device, capsys):
+    model, batch, loss_of = make(device)
+    eager = copy.deepcopy(model)
+    # Lowered in fp32; then called under autocast, then outside it again.
+    scheduled = remat_ir.remat(model, batch, budget=None, solver="recompute-all", cost_model="flops")
+    for step, autocast in enumerate((dtype, None, dtype)):
+        out_e, loss_e = _step(eager, batch, loss_of, autocast, step)
+        out_s, loss_s = _step(scheduled, batch, loss_of, autocast, step)
+        assert loss_s.dtype == loss_e.dtype and torch.equal(loss_e, loss_s), (step, loss_e, loss_s)
+        for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
+            assert torch.equal(p_e.grad, p_s.grad), (step, name)
+            p_e.grad = p_s.grad = None
+    assert len(scheduled.plans) == 2
+    assert capsys.readouterr().err.count(f"autocast is {device} {str(dtype)[6:]}, lowered under off") == 1
+
+
+def test_fp16_with_grad_scaler_trains_like_eager():
+    model, batch, loss_of = _mlp("cpu")
+    eager = copy.deepcopy(model)
+    with torch.autocast("cpu", dtype=torch.float16):
+        scheduled = remat_ir.remat(model, batch, budget=None, solver="recompute-all", cost_model="flops")
+    runs = []
+    for m in (eager, scheduled):
+        optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        losses = []
+        for step in range(3):
+            _, loss = _step(m, batch, loss_of, torch.float16, step, scaler)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            losses.append(loss.detach())
+        runs.append((losses, [p.detach().clone() for p in m.parameters()], scaler.get_scale()))
+    (losses_e, params_e, scale_e), (losses_s, params_s, scale_s) = runs
+    assert all(torch.equal(a, b) for a, b in zip(losses_e, losses_s))
+    assert all(torch.equal(a, b) for a, b in zip(params_e, params_s))
+    assert scale_e == scale_s
