@@ -304,6 +304,16 @@ class ScheduledModule(torch.nn.Module):
         self.max_plans = max_plans
         self.training = model.training
 
+    def __getattr__(self, name: str):
+        """Attributes of the model itself (`config`, `accepts_loss_kwargs`, methods): what
+        training tools such as Hugging Face's Trainer read from the module they are given."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__") or "_model" not in self.__dict__:
+                raise
+            return getattr(self.__dict__["_model"], name)
+
     # -------------------------------------------------------------- copying and saving
 
     def __getstate__(self):
