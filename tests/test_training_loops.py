@@ -50,8 +50,6 @@ def test_new_shapes_are_lowered_and_planned_once_each(capsys):
         "tensor [2, 16] int64): lowering and planning again (plan 2, at most 8 kept)",
         "remat-ir: new input signature (argument input_ids is tensor [1, 12] int64, lowered for "
         "tensor [2, 16] int64): lowering and planning again (plan 3, at most 8 kept)"]
-    assert [list(g.value(g.proto.inputs[-1].value_id).shape) for g, _ in scheduled.plans] \
-        or len(scheduled.plans) == 3
     assert len(scheduled.plans) == 3
     # Pickling keeps every plan.
     assert len(copy.deepcopy(scheduled).plans) == 3
