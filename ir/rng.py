@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from . import remat_ir_pb2 as pb
 from .dtypes import ITEMSIZE
 from .graph import Graph
+from .memory import allocated_bytes
 
 
 @dataclass
@@ -147,7 +148,5 @@ def skip_bytes(graph: Graph, node_id: int, missing: tuple[int, ...]) -> int:
     """Memory a skip of the node allocates while it runs: placeholders for `missing`
     inputs, the storages of outputs that are not views of an input, workspace."""
     node = graph.node(node_id)
-    inputs = {graph.value(v).storage_id for v in node.inputs}
-    outputs = {graph.value(v).storage_id for v in node.outputs} - inputs
     return (sum(placeholder_bytes(graph.value(v)) for v in missing)
-            + sum(graph.storage_bytes(s) for s in outputs) + node.cost.workspace_bytes)
+            + allocated_bytes(graph, node) + node.cost.workspace_bytes)

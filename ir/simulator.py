@@ -1,8 +1,8 @@
 """The simulator: the single definition of what a schedule does to memory and time.
 
 Every solver's output goes through `simulate` before anyone uses it, and the
-runtime's measured peak is compared with its prediction. The rules (DESIGN.md,
-"Schedule semantics"):
+runtime's measured peak is compared with its prediction. The rules
+(docs/schedules.md):
 
 - Graph inputs (user inputs, parameters, buffers) and constants are resident:
   always available, never computed or freed, and counted apart
@@ -12,15 +12,9 @@ runtime's measured peak is compared with its prediction. The rules (DESIGN.md,
   node again is a recomputation; a node flagged mutating or non-recomputable
   may run only once, a random one more than once only if the schedule
   replays RNG state (`rng_replay`).
-- Memory is counted per allocation of a storage: computing an output that is
-  not a view of one of the node's inputs allocates its storage's bytes (again,
-  on a recomputation, even while an older copy is still held through a view);
-  a view shares the allocation of the input it views. An allocation counts
-  while any value holding it is live. Memory *during* a compute step is the
-  live bytes with the new outputs allocated, plus its workspace; an output
-  recomputed while its old copy is live holds both until the step ends (a user
-  output's old copy, which the caller holds, until the end). The peak is the
-  maximum during any step; it is what the budget bounds.
+- Memory follows the memory model (`memory.py`: allocations per storage,
+  views, workspace, recomputed outputs). The peak is the maximum of the
+  bytes live during any step; it is what the budget bounds.
 - Random nodes follow `rng.plan_rng`: a run out of graph order first skips the
   random nodes eager would have run before it, each costing its time and, while
   it runs, its placeholders, outputs and workspace on top of the live bytes;
@@ -44,6 +38,7 @@ from dataclasses import dataclass, field
 from . import remat_ir_pb2 as pb
 from .errors import InvalidSchedule
 from .graph import FORWARD_OUTPUT_ROLES, Graph
+from .memory import Allocations
 from .rng import plan_rng, skip_bytes
 
 
@@ -58,14 +53,6 @@ class Violation:
 
     def __str__(self) -> str:
         return f"step {self.step}: {self.message}"
-
-
-#: Violation kinds, for callers that branch on them.
-VIOLATION_KINDS = (
-    "input_not_live", "gradient_before_backward", "free_not_live", "free_resident",
-    "free_output", "offload_not_live", "prefetch_not_offloaded", "recompute_forbidden",
-    "random_recompute", "random_order", "budget_exceeded", "output_missing", "bad_step",
-)
 
 
 @dataclass
@@ -101,61 +88,6 @@ class SimulationResult:
         return sum(c - 1 for c in self.compute_counts.values())
 
 
-class _Memory:
-    """Live values and the allocations they hold, with byte accounting.
-
-    An allocation is one instance of a storage: every computation of an output
-    that is not a view of one of the node's inputs allocates a new one (so a
-    recomputation allocates again even while an older copy is still held
-    through a view), and a view joins the allocation of the input it views.
-    Resident storages are one allocation that is never counted.
-    """
-
-    RESIDENT = 0
-
-    def __init__(self, graph: Graph):
-        self.graph = graph
-        self.live: dict[int, int] = {}    # value id -> allocation
-        self.refs: Counter = Counter()    # allocation -> live values holding it
-        self.size: dict[int, int] = {}    # allocation -> bytes
-        self.bytes = 0
-
-    def storage_of(self, value_id: int) -> int:
-        return self.graph.value(value_id).storage_id
-
-    def allocation_of(self, value_id: int) -> int:
-        """Allocation a resident value belongs to, or that a live value holds."""
-        return self.live[value_id] if self.counted(value_id) else self.RESIDENT
-
-    def allocate(self, storage_id: int) -> int:
-        allocation = len(self.size) + 1
-        self.size[allocation] = self.graph.storage_bytes(storage_id)
-        self.bytes += self.size[allocation]
-        return allocation
-
-    def bind(self, value_id: int, allocation: int) -> None:
-        """Make a value live, holding `allocation` (dropping what it held before)."""
-        if value_id in self.live:
-            self.drop(value_id)
-        self.live[value_id] = allocation
-        self.refs[allocation] += 1
-
-    def pin(self, value_id: int) -> None:
-        """Keep the allocation a value holds counted until the end, whatever happens to the value."""
-        self.refs[self.live[value_id]] += 1
-
-    def drop(self, value_id: int) -> None:
-        allocation = self.live.pop(value_id)
-        self.refs[allocation] -= 1
-        if self.refs[allocation] == 0:
-            del self.refs[allocation]
-            self.bytes -= self.size.get(allocation, 0)
-
-    def counted(self, value_id: int) -> bool:
-        """Whether the value's bytes count (it is not a view of a resident storage)."""
-        return self.storage_of(value_id) not in self.graph.resident_storage_ids
-
-
 class _Run:
     """One simulation: walks the steps, stops at the first violation."""
 
@@ -163,7 +95,7 @@ class _Run:
         self.g = graph
         self.schedule = schedule
         self.budget = budget
-        self.mem = _Memory(graph)
+        self.mem = Allocations(graph)
         self.offloaded: set[int] = set()
         self.gradient_inputs = {i.value_id for i in graph.proto.inputs
                                 if graph.value(i.value_id).kind == pb.GRADIENT}
@@ -223,8 +155,7 @@ class _Run:
                              "is not live when backward starts", value_id=v)
         saved = sorted(set(self.mem.live) - forward_outputs)
         self.result.saved_value_ids = saved
-        allocations = {self.mem.live[v] for v in saved}
-        self.result.saved_bytes = sum(self.mem.size.get(a, 0) for a in allocations)
+        self.result.saved_bytes = self.mem.held_bytes(saved)
         return None
 
     def skips(self, k: int, entries, *, forward: bool) -> SimulationResult | None:
@@ -287,7 +218,7 @@ class _Run:
             return self.fail(k, "prefetch_not_offloaded", f"prefetch of {what}, which is not "
                              "offloaded", value_id=value_id)
         self.offloaded.discard(value_id)
-        self.mem.bind(value_id, self.mem.allocate(self.mem.storage_of(value_id)))
+        self.mem.restore(value_id)
         return self.record(k, self.mem.bytes)
 
     def compute(self, k: int, node_id: int) -> SimulationResult | None:
@@ -319,25 +250,8 @@ class _Run:
                 return self.fail(k, "random_recompute", f"{what} draws random numbers and is "
                                  "recomputed, but the schedule does not replay RNG state "
                                  "(set rng_replay)", node_id=node_id)
-        # Views join the allocation of the input they view; other outputs allocate anew.
-        # An output recomputed while its old copy is live holds both until the step ends.
-        viewed = {self.mem.storage_of(v): self.mem.allocation_of(v) for v in node.inputs}
-        bindings = []
-        for v in node.outputs:
-            storage = self.mem.storage_of(v)
-            if not self.mem.counted(v):
-                allocation = self.mem.RESIDENT
-            elif storage in viewed:
-                allocation = viewed[storage]
-            else:
-                allocation = viewed[storage] = self.mem.allocate(storage)
-            bindings.append((v, allocation))
-        during = self.mem.bytes + node.cost.workspace_bytes
-        for v, allocation in bindings:
-            self.offloaded.discard(v)
-            if v in self.user_outputs and v in self.mem.live:
-                self.mem.pin(v)  # the caller holds the copy it was handed
-            self.mem.bind(v, allocation)
+        self.offloaded.difference_update(node.outputs)
+        during = self.mem.compute(node_id, pinned=self.user_outputs)
         if k < self.schedule.backward_start:
             self.result.forward_time_s += node.cost.time_s
         else:

@@ -46,7 +46,6 @@ import networkx as nx
 from . import milp
 from .base import Deadline, SolverError, quiet
 from .options import Option, PartShape
-from .sequences import walk_memory
 from .structure import TrainingGraph
 
 #: The largest memory coefficient of a level's model (or its limit) in the MILP's unit.
@@ -89,12 +88,12 @@ class Part:
         part.recompute_time = sum(tg.time[n] for n in part.recompute)
         part.can_recompute = bool(part.recompute) and all(n in tg.recomputable for n in part.recompute)
         if part.can_recompute:
-            part.recompute_peak = walk_memory(tg, set(), list(part.recompute), set(shape.outputs),
-                                              shape.outside)[0]
+            part.recompute_peak = tg.walk(set(), list(part.recompute), set(shape.outputs),
+                                      shape.outside)[0]
         part.can_rerun = (len(shape.forward) > 1 and bool(shape.backward)
                           and all(n in tg.recomputable for n in shape.forward))
-        part.plain_forward_peak = walk_memory(tg, set(), list(shape.forward), set(shape.outputs),
-                                              shape.outside)[0]
+        part.plain_forward_peak = tg.walk(set(), list(shape.forward), set(shape.outputs),
+                                      shape.outside)[0]
         return part
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .sequences import OnDemand, walk_memory
+from .sequences import OnDemand
 from .structure import TrainingGraph
 
 
@@ -80,8 +80,8 @@ class PartShape:
         # the parent must hold it, so the backward reads it.
         reads = (read_before - saved_nodes) | {root(n) for n in saved_nodes
                                                if root(n) not in saved_roots}
-        forward_peak, _ = walk_memory(tg, set(), list(forward), set(self.outputs),
-                                      self.outside, kept)
+        forward_peak, _ = tg.walk(set(), list(forward), set(self.outputs),
+                                  self.outside, kept)
         backward_peak = self.backward_peak(backward, kept)
         return Option(tuple(forward), tuple(backward), sum(tg.time[n] for n in forward),
                       sum(tg.time[n] for n in backward), saved, forward_peak,
@@ -103,8 +103,8 @@ class PartShape:
         read = {root(p) for n in backward for p in tg.node_inputs(n) if p not in produced}
         dying = frozenset(dying & read) - saved_roots.keys()
         apart = frozenset(read - saved_roots.keys() - dying)
-        peak, _ = walk_memory(tg, set(saved_roots) | dying, list(backward), leaving, apart,
-                              saved_roots)
+        peak, _ = tg.walk(set(saved_roots) | dying, list(backward), leaving, apart,
+                          saved_roots)
         return peak - sum(tg.memory[r] for r in dying)
 
     def base_options(self) -> list[Option]:

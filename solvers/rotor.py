@@ -38,7 +38,7 @@ import numpy as np
 from remat_ir.ir import Graph, pb, store_all
 
 from .base import InfeasibleBudget, quiet
-from .sequences import OnDemand, fit_to_budget, to_schedule, walk_memory
+from .sequences import OnDemand, fit_to_budget, to_schedule
 from .structure import Segment, TrainingGraph
 
 SLOTS = 400
@@ -89,8 +89,8 @@ class Chain:
                                                       for u in tg.node_users[n])}
             stage = Stage(seg, sum(tg.time[n] for n in seg.forward),
                           sum(tg.time[n] for n in seg.backward), boundary=seg.boundary_bytes)
-            stage.nostore_peak = walk_memory(tg, set(), list(seg.forward), escaping | self.pinned,
-                                       self.pinned)[0]
+            stage.nostore_peak = tg.walk(set(), list(seg.forward), escaping | self.pinned,
+                                         self.pinned)[0]
             seg_bwd = set(seg.backward)
             grads_in = frozenset(p for b in seg.backward for p in tg.node_inputs(b)
                                  if p in backward and p not in seg_bwd)
@@ -150,8 +150,8 @@ class Chain:
         recompute = [n for n in sequence if n not in set(seg.backward)]
         option = Option(kept, recompute, sum(tg.time[n] for n in recompute))
         stored = {n for n in kept if n in tg.needed_by_backward} | escaping
-        option.forward_peak, option.hist = walk_memory(tg, set(), list(seg.forward),
-                                                 stored | self.pinned, self.pinned)
+        option.forward_peak, option.hist = tg.walk(set(), list(seg.forward),
+                                                   stored | self.pinned, self.pinned)
         # What only later stages read (the next stage's input) is gone by this backward.
         read = {p for n in sequence for p in tg.node_inputs(n)}
         held = {n for n in stored if n in read or tg.view_root.get(n) in read}
@@ -159,7 +159,7 @@ class Chain:
         held &= set(seg.forward)  # the stage's input is held by the caller
         option.backward_hist = sum(tg.memory[n] for n in held - self.pinned)
         # The gradients it reads are freed after their last use (counted in `gradient`).
-        peak, _ = walk_memory(tg, held | grads_in, sequence, grads_out | tg.output_nodes, self.pinned)
+        peak, _ = tg.walk(held | grads_in, sequence, grads_out | tg.output_nodes, self.pinned)
         gradient = sum(tg.memory[p] for p in grads_in)
         option.backward_peak = max(0, peak - option.backward_hist - gradient)
         return option

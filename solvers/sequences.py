@@ -11,7 +11,7 @@ marking the schedule for RNG replay when a random node runs twice.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from remat_ir.ir import SimulationResult, pb, simulated_compute_sequence
 
@@ -98,54 +98,6 @@ def keep_set_schedule(tg: TrainingGraph, kept: Iterable[int], *, name: str,
         if forget_each_step:
             builder.forget(list(builder.fresh))
     return to_schedule(tg, sequence, len(tg.forward), name=name)
-
-
-def walk_memory(tg: TrainingGraph, live: set[int], sequence: list[int],
-                keep: Iterable[int] | Mapping[int, int], counted_apart: frozenset[int],
-                saved: Mapping[int, int] | None = None) -> tuple[int, int]:
-    """Peak and final bytes running `sequence` from `live`, freeing results after their
-    last use in the sequence unless in `keep` (a local, approximate simulation).
-    A view keeps its allocation root alive. Results in `counted_apart` cost nothing
-    here (they are held all along).
-
-    The simulator frees per storage, so a node can outlive its last use in part:
-    `keep` may map results to the bytes of them that stay (a gradient's node also
-    returning a parameter gradient), and `saved` maps results kept for a backward
-    to the bytes of them it reads (`tg.bytes_read`), which stay from the start if
-    they are live, after their last use in the sequence otherwise."""
-    def root(n: int) -> int:
-        return tg.view_root.get(n, n)
-
-    def size(n: int) -> int:
-        return 0 if n in counted_apart else tg.memory[n]
-
-    saved = {root(n): b for n, b in (saved or {}).items()}
-    partly = dict(saved)
-    if isinstance(keep, Mapping):
-        partly.update((root(n), b) for n, b in keep.items())
-        keep = set()
-    keep = {root(n) for n in keep}
-    last: dict[int, int] = {}
-    for i, n in enumerate(sequence):
-        for p in tg.node_inputs(n):
-            last[root(p)] = i
-    holding = {r: min(size(r), saved.get(r, size(r))) for r in map(root, live)}
-    current = sum(holding.values())
-    peak = current
-    for i, n in enumerate(sequence):
-        peak = max(peak, current + size(n) + tg.workspace[n])
-        if root(n) not in holding:
-            holding[root(n)] = size(root(n))
-            current += holding[root(n)]
-        for p in {root(p) for p in tg.node_inputs(n)} | {root(n)}:
-            if p in holding and last.get(p, -1) <= i and p not in keep:
-                left = min(holding[p], partly.get(p, 0))
-                current -= holding[p] - left
-                if left:
-                    holding[p] = left
-                else:
-                    del holding[p]
-    return peak, current
 
 
 def fit_to_budget(plan_at: Callable[[int], pb.Schedule | None], budget: int, *, step: int,

@@ -1,8 +1,8 @@
 """Facts about a training graph that several solvers share, computed once.
 
-Solvers think in nodes: a node's *memory* is the bytes it allocates (its
-outputs that are not views of its inputs or of resident tensors), and a view
-node keeps alive the allocation of the node it views (its *allocation root*).
+Solvers think in nodes: the node-level memory model (`remat_ir.ir.memory.
+NodeMemory`) says what each node allocates and which node's allocation a view
+node keeps alive (its *root*).
 The forward pass is cut into *segments* at its articulation points: positions
 of the forward order where the only activations crossing to later forward
 nodes are the outputs of the node just computed (small side values such as an
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from remat_ir.ir import Graph, pb
+from remat_ir.ir.memory import NodeMemory
 
 #: A cut tolerates side values crossing it up to this share of its own crossing bytes.
 SIDE_VALUE_SHARE = 0.25
@@ -32,125 +33,18 @@ class Segment:
     inputs: frozenset[int] = frozenset()
 
 
-class TrainingGraph:
-    """A graph seen as a solver sees it: forward and backward orders, node memory,
-    what may be recomputed, and the segment structure of the forward pass."""
+class TrainingGraph(NodeMemory):
+    """A graph seen as a solver sees it: the node-level memory model over the
+    forward-then-backward order (`NodeMemory`), what may be recomputed, and the
+    segment structure of the forward pass."""
 
     def __init__(self, graph: Graph):
-        self.graph = graph
         self.forward = graph.phase_order(pb.FORWARD)
         self.backward = graph.phase_order(pb.BACKWARD)
-        self.order = self.forward + self.backward
-        self.position = {n: i for i, n in enumerate(self.order)}
+        super().__init__(graph, self.forward + self.backward)
         self.time = {n: graph.node(n).cost.time_s for n in self.order}
 
     # ------------------------------------------------------------------ nodes
-
-    def node_inputs(self, n: int) -> list[int]:
-        """Producer nodes of `n`'s inputs (resident values have none), in order, once each."""
-        seen = []
-        for v in self.graph.node(n).inputs:
-            p = self.graph.producer(v)
-            if p is not None and p not in seen:
-                seen.append(p)
-        return seen
-
-    @cached_property
-    def node_users(self) -> dict[int, list[int]]:
-        users: dict[int, list[int]] = {n: [] for n in self.order}
-        for n in self.order:
-            for p in self.node_inputs(n):
-                users[p].append(n)
-        return users
-
-    @cached_property
-    def _allocations(self) -> tuple[dict[int, int], dict[int, int]]:
-        g = self.graph
-        resident = g.resident_storage_ids
-        allocator: dict[int, int] = {}  # storage -> node that allocates it
-        for n in self.order:
-            read = {g.value(v).storage_id for v in g.node(n).inputs}
-            for v in g.node(n).outputs:
-                s = g.value(v).storage_id
-                if s not in resident and s not in read:
-                    allocator.setdefault(s, n)
-        # A storage nothing reads (through any of its values) and that holds no graph
-        # output is freed as soon as its node has run: it counts as workspace.
-        read = {g.value(v).storage_id for n in self.order for v in g.node(n).inputs}
-        read |= {g.value(v).storage_id for v in g.output_value_ids}
-        memory = {n: 0 for n in self.order}
-        self.transient = {n: 0 for n in self.order}
-        for s, n in allocator.items():
-            (memory if s in read else self.transient)[n] += g.storage_bytes(s)
-        self.allocator = allocator
-        roots: dict[int, int] = {}
-        for n in self.order:
-            read = {g.value(v).storage_id for v in g.node(n).inputs}
-            for v in g.node(n).outputs:
-                s = g.value(v).storage_id
-                if s in read and s in allocator and allocator[s] != n:
-                    roots[n] = allocator[s]
-        return memory, roots
-
-    @cached_property
-    def allocations(self) -> dict[int, list[tuple[int, int]]]:
-        """Per node, the storages it allocates that outlive it, with their bytes."""
-        g, allocations = self.graph, {n: [] for n in self.order}
-        for s, n in self.allocator.items():
-            if self.memory[n]:
-                allocations[n].append((s, g.storage_bytes(s)))
-        return allocations
-
-    def bytes_read(self, n: int, readers) -> int:
-        """Bytes of `n`'s allocations that the `readers` nodes read: what holding `n`
-        for them costs (a dropout's backward reads its mask, not its output; the
-        simulator frees per storage)."""
-        g = self.graph
-        read = {g.value(v).storage_id for r in readers for v in g.node(r).inputs}
-        return sum(b for s, b in self.allocations[n] if s in read)
-
-    @property
-    def memory(self) -> dict[int, int]:
-        """Bytes each node allocates that outlive it (some later node reads them)."""
-        return self._allocations[0]
-
-    @cached_property
-    def workspace(self) -> dict[int, int]:
-        """Bytes a node holds only while it runs: its workspace and the outputs nothing reads."""
-        self._allocations  # noqa: B018 - fills self.transient
-        return {n: self.graph.node(n).cost.workspace_bytes + self.transient[n] for n in self.order}
-
-    @property
-    def view_root(self) -> dict[int, int]:
-        """For a node whose output views another node's allocation: that node."""
-        return self._allocations[1]
-
-    @cached_property
-    def _output_storages(self) -> tuple[dict[int, int], dict[int, int]]:
-        self._allocations  # noqa: B018 - fills self.allocator
-        held = {n: 0 for n in self.order}
-        pinned_by: dict[int, int] = {}
-        for v in self.graph.output_value_ids:
-            s, producer = self.graph.value(v).storage_id, self.graph.producer(v)
-            if s not in self.allocator or producer is None:
-                continue
-            root = self.allocator[s]
-            if producer == root:
-                held[root] += self.graph.storage_bytes(s)
-            elif self.position[producer] < self.position.get(pinned_by.get(root), len(self.order)):
-                pinned_by[root] = producer
-        return held, {r: n for r, n in pinned_by.items() if not held[r]}
-
-    @property
-    def output_bytes(self) -> dict[int, int]:
-        """Per node, the bytes it allocates that hold a graph output it returns (live to the end)."""
-        return self._output_storages[0]
-
-    @property
-    def kept_by_output_view(self) -> dict[int, int]:
-        """Allocating node -> the node whose graph-output view keeps that allocation live
-        to the end, from when it runs (e.g. a gradient returned as a view)."""
-        return self._output_storages[1]
 
     @cached_property
     def output_nodes(self) -> frozenset[int]:
