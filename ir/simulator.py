@@ -1,8 +1,8 @@
 """The simulator: the single definition of what a schedule does to memory and time.
 
 Every solver's output goes through `simulate` before anyone uses it, and the
-runtime's measured peak is compared with its prediction. The rules
-(docs/schedules.md):
+runtime's measured peak is compared with its prediction. The rules (docs/schedules.md
+explains them with an example):
 
 - Graph inputs (user inputs, parameters, buffers) and constants are resident:
   always available, never computed or freed, and counted apart

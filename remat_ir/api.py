@@ -1,6 +1,6 @@
 """`remat_ir.remat` and `remat_ir.remat_onnx`: lower, plan and wrap a model in one call.
 
-This facade is the only place that wires the layers together (DESIGN.md):
+This facade is the only place that wires the layers together (docs/architecture.md):
 a frontend (PyTorch, or ONNX through its imported module) lowers the model,
 a solver plans it within the budget (`remat_ir.solvers.solve`), and the
 PyTorch runtime returns a module that trains as usual.

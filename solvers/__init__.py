@@ -8,7 +8,7 @@
 runs it, replays its schedule in the simulator (a schedule that breaks a rule
 or the budget is refused, never used), records the budget, solver, options,
 predictions and planning time in it, and stores it in the graph.
-Solvers read and write the IR only; none of them imports torch (DESIGN.md).
+Solvers read and write the IR only; none of them imports torch (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -30,6 +30,6 @@ def test_stale_code_is_detected(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("module", ["remat_ir.ir", "remat_ir.solvers", "remat_ir.cli"])
 def test_layers_import_without_torch(module):
-    """The IR, solver and CLI layers never pull in torch (DESIGN.md: no solver imports torch)."""
+    """The IR, solver and CLI layers never pull in torch (docs/architecture.md, "Layers")."""
     code = f"import sys, {module}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
