@@ -1,7 +1,8 @@
 """`hiremate`: hierarchical rematerialization (Gusak et al., ICML 2025).
 
 1. H-Partition (`partition.py`) groups the forward graph into a tree of small
-   clusters, bottom to top; the tree is stored in the graph's hierarchy.
+   clusters, bottom to top; the tree is stored in the graph's hierarchy, and a
+   tree already stored there (`remat-ir partition`, an earlier run) is used.
 2. Options, bottom to top: every cluster offers its base options (store
    what its backward reads; keep nothing and recompute in its backward) and
    the solutions of its level's H-ILP (`hilp.py`) under a grid of limits on
@@ -47,7 +48,7 @@ from .checkmate import binaries, solve_exact
 from .hilp import Level, Part, solve_level
 from .leaves import leaf_options, leaf_solver_names
 from .options import Option, PartShape, pareto, spread
-from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy
+from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy, stored_partition
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
 from .trim import trim_recomputations
@@ -82,10 +83,15 @@ EXACT_BINARIES = 10_000
 def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
              progress=quiet, max_cluster: int = MAX_CLUSTER, max_top: int = MAX_TOP,
              max_options: int = MAX_OPTIONS,
-             leaf_solvers: str | Sequence[str] = LEAF_SOLVERS) -> pb.Schedule:
+             leaf_solvers: str | Sequence[str] = LEAF_SOLVERS,
+             repartition: bool = False) -> pb.Schedule:
     """Hierarchical partition, options per cluster, H-ILP at every level; `leaf_solvers`
     (solver names, comma-separated or a sequence) add their plans of the smallest
-    clusters to the options."""
+    clusters to the options.
+
+    The partition tree stored in the graph (`remat-ir partition`, an earlier run)
+    is used when there is one, unless `repartition` or `max_cluster`/`max_top`
+    are given; otherwise the tree made is stored in the graph."""
     if isinstance(max_options, bool) or not isinstance(max_options, int) or max_options < 2:
         raise BadRequest(f"max_options must be an integer of at least 2, not {max_options!r}")
     leaves = leaf_solver_names(leaf_solvers)
@@ -96,8 +102,14 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     deadline = Deadline(limit * (1 - REFINE_SHARE))
     tg = TrainingGraph(graph)
-    tree = partition(graph, max_cluster=max_cluster, max_top=max_top, progress=progress)
-    store_hierarchy(graph, tree)
+    explicit = repartition or (max_cluster, max_top) != (MAX_CLUSTER, MAX_TOP)
+    tree = None if explicit else stored_partition(graph)
+    if tree is None:
+        tree = partition(graph, max_cluster=max_cluster, max_top=max_top, progress=progress)
+        store_hierarchy(graph, tree)
+    else:
+        progress(f"hiremate: using the partition tree stored in the graph "
+                 f"({len(tree.clusters())} clusters; repartition=True partitions it again)")
     planner = _Planner(tg, max_options, leaves, deadline, progress)
     top = planner.level(tree.root)
     planner.progress(f"hiremate: top level of {len(top.parts)} parts, "

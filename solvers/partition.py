@@ -98,6 +98,20 @@ def partition(graph: Graph, *, max_cluster: int = MAX_CLUSTER, max_top: int = MA
     return _Partitioner(TrainingGraph(graph), max_cluster, max_top, progress).run()
 
 
+def stored_partition(graph: Graph) -> Partition | None:
+    """The partition tree stored in the graph's hierarchy (by `remat-ir partition`,
+    an earlier hiremate run or by hand), or None when it has none.
+
+    Only the grouping of forward nodes is read: constants' readers, backward
+    nodes and signatures are attached again as `partition` attaches them, so a
+    stored tree gives the same clusters as the run that stored it. Raises
+    BadRequest when the tree does not partition the forward graph into convex
+    clusters."""
+    if not graph.proto.hierarchy.clusters:
+        return None
+    return _Partitioner(TrainingGraph(graph), MAX_CLUSTER, MAX_TOP, quiet).rebuild(graph.proto.hierarchy)
+
+
 class _Partitioner:
     def __init__(self, tg: TrainingGraph, max_cluster: int, max_top: int, progress):
         self.tg, self.max_cluster, self.max_top, self.progress = tg, max_cluster, max_top, progress
@@ -147,6 +161,78 @@ class _Partitioner:
         for c in root.walk():
             c.signature = self._signature(c)
         return Partition(root, rounds)
+
+    def rebuild(self, hierarchy: pb.Hierarchy) -> Partition:
+        """`run`'s result for a tree of forward nodes read from `hierarchy`."""
+        stored = {c.id: c for c in hierarchy.clusters}
+
+        def bad(problem: str) -> BadRequest:
+            return BadRequest(f"the hierarchy stored in graph {self.tg.graph.name!r} {problem}; "
+                              "run `remat-ir partition` again, or clear the graph's hierarchy "
+                              "to let hiremate partition it")
+
+        if not hierarchy.HasField("root_id") or hierarchy.root_id not in stored:
+            raise bad("names no root cluster among its clusters")
+        forward = set(self.tg.forward)
+        parent: dict[int, int] = {}
+        home: dict[int, int] = {}
+        for c in hierarchy.clusters:
+            for k in c.children:
+                if k not in stored or k in parent or k == hierarchy.root_id:
+                    raise bad(f"gives cluster {c.name or c.id} a child {k} that does not exist "
+                              "or has another parent")
+                parent[k] = c.id
+            for n in c.node_ids:
+                if n in forward and n not in self.sources:
+                    if n in home:
+                        raise bad(f"puts {self.tg.graph.describe_node(n)} in two clusters")
+                    home[n] = c.id
+        if missing := [n for n in self.tg.forward if n not in home and n not in self.sources]:
+            raise bad(f"leaves {self.tg.graph.describe_node(missing[0])} "
+                      f"(and {len(missing) - 1} more forward nodes) out")
+
+        def build(cluster_id: int, depth: int) -> Cluster:
+            if depth > len(stored):
+                raise bad("has a cycle of children")
+            c = stored[cluster_id]
+            children = [build(k, depth + 1) for k in c.children]
+            nodes = sorted((n for n in c.node_ids if home.get(n) == c.id), key=self.position.__getitem__)
+            if not nodes and not children:
+                raise bad(f"has an empty cluster {c.name or c.id}")
+            cluster = Cluster(c.id, 1 + max((k.level for k in children), default=-1), nodes, children)
+            cluster.children.sort(key=lambda k: min(self.position[n] for n in k.forward_nodes()))
+            return cluster
+
+        root = build(hierarchy.root_id, 0)
+        if unreachable := set(stored) - {c.id for c in root.walk()}:
+            raise bad(f"has clusters that are not under the root ({sorted(unreachable)[:5]})")
+        for c in root.walk():
+            if not self._convex_nodes(set(c.forward_nodes())):
+                raise bad(f"has a cluster ({c.id}) that a path leaves and re-enters: "
+                          "a cluster must be convex")
+        self._attach_sources(root)
+        self._attach_backward(root)
+        for c in root.walk():
+            c.signature = self._signature(c)
+        # A tree with no cluster below the root is what a graph small enough for one
+        # flat level gives (no round ran).
+        return Partition(root, root.level)
+
+    def _convex_nodes(self, inside: set[int]) -> bool:
+        """No forward path leaves `inside` and comes back."""
+        users = self.tg.node_users
+        last = max(self.position[n] for n in inside)
+        stack = [u for n in inside for u in users[n] if u in self.position and u not in inside]
+        seen = set(stack)
+        while stack:
+            x = stack.pop()
+            for y in users[x]:
+                if y in inside:
+                    return False
+                if y in self.position and y not in seen and self.position[y] < last:
+                    seen.add(y)
+                    stack.append(y)
+        return True
 
     def _round(self, candidates: list[tuple[float, list]], dry: bool = False) -> tuple[int, int]:
         """Merge the best non-overlapping candidates that keep the graph acyclic: the
