@@ -96,6 +96,8 @@ class Allocations:
         self.refs: Counter = Counter()    # allocation -> live values holding it
         self.size: dict[int, int] = {}    # allocation -> bytes
         self.bytes = 0
+        #: The caller holds the copy of a user output it was handed, even if it is recomputed.
+        self.user_outputs = {o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT}
 
     def storage_of(self, value_id: int) -> int:
         return self.graph.value(value_id).storage_id
@@ -144,11 +146,11 @@ class Allocations:
                 by_storage[storage] = self.allocate(storage)
             self.bind(v, by_storage[storage])
 
-    def compute(self, node_id: int, *, pinned: frozenset[int] | set[int] = frozenset()) -> int:
+    def compute(self, node_id: int) -> int:
         """Run `node_id` (its inputs must be live or resident): bind its outputs
         and return the bytes live while it runs (new outputs and workspace
-        included). Outputs in `pinned` that are already live keep their old
-        copy counted to the end (the caller holds a user output it was handed)."""
+        included). A user output computed again keeps its old copy counted to
+        the end: the caller holds the one it was handed."""
         node = self.graph.node(node_id)
         allocating = new_storages(self.graph, node)
         viewed = {self.storage_of(v): self.allocation_of(v) for v in node.inputs}
@@ -162,7 +164,7 @@ class Allocations:
                 allocation = viewed[storage]
             else:
                 allocation = self.RESIDENT
-            if v in pinned and v in self.live:
+            if v in self.user_outputs and v in self.live:
                 self.pin(v)
             self.bind(v, allocation)
         return during

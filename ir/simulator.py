@@ -99,7 +99,6 @@ class _Run:
         self.offloaded: set[int] = set()
         self.gradient_inputs = {i.value_id for i in graph.proto.inputs
                                 if graph.value(i.value_id).kind == pb.GRADIENT}
-        self.user_outputs = {o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT}
         self.result = SimulationResult(violation=None, resident_bytes=graph.resident_bytes())
         self.rng = plan_rng(graph, schedule)
         self.skip_during = 0
@@ -251,7 +250,7 @@ class _Run:
                                  "recomputed, but the schedule does not replay RNG state "
                                  "(set rng_replay)", node_id=node_id)
         self.offloaded.difference_update(node.outputs)
-        during = self.mem.compute(node_id, pinned=self.user_outputs)
+        during = self.mem.compute(node_id)
         if k < self.schedule.backward_start:
             self.result.forward_time_s += node.cost.time_s
         else:

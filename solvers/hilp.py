@@ -45,7 +45,7 @@ import networkx as nx
 
 from . import milp
 from .base import Deadline, SolverError, quiet
-from .options import Option, PartShape
+from .options import PartOption, PartShape
 from .structure import TrainingGraph
 
 #: The largest memory coefficient of a level's model (or its limit) in the MILP's unit.
@@ -58,7 +58,7 @@ TIME_SCALE = 1e4
 class Part:
     """A node or a child cluster of a level, with its options."""
     shape: PartShape
-    options: list[Option]
+    options: list[PartOption]
     out_bytes: int = 0          # bytes of its outputs (graph outputs excepted)
     pinned_bytes: int = 0       # bytes of graph outputs it computes (live to the end)
     recompute: tuple[int, ...] = ()   # the forward nodes producing its outputs
@@ -71,7 +71,7 @@ class Part:
     plain_forward_peak: int = 0
 
     @classmethod
-    def of(cls, tg: TrainingGraph, shape: PartShape, options: list[Option]) -> Part:
+    def of(cls, tg: TrainingGraph, shape: PartShape, options: list[PartOption]) -> Part:
         root = shape.root
         pinned = shape.outputs & tg.output_nodes
         roots = {root(n) for n in shape.outputs - pinned if root(n) in shape.own}
@@ -119,8 +119,9 @@ class Level:
         self.stages = ([("forward", k) for k in self.forward_order]
                        + [("backward", k) for k in self.backward_order])
         self.first_backward = len(self.forward_order)
-        self.f = {k: t for t, (kind, k) in enumerate(self.stages) if kind == "forward"}
-        self.b = {k: t for t, (kind, k) in enumerate(self.stages) if kind == "backward"}
+        #: Stage index of each part's forward and of its backward.
+        self.forward_stage = {k: t for t, (kind, k) in enumerate(self.stages) if kind == "forward"}
+        self.backward_stage = {k: t for t, (kind, k) in enumerate(self.stages) if kind == "backward"}
         self.reads = [[{self.part_of[n] for n in o.reads if n in self.part_of} for o in p.options]
                       for p in parts]
         #: Parts whose forward may run again in a backward stage for their own backward.
@@ -130,8 +131,8 @@ class Level:
         self.backward_peaks = self._backward_peaks()
         #: Where a part's forward may run again: its own backward stage, or an earlier
         #: one whose backward reads its outputs (it then serves both).
-        self.rerun_stages = {k: sorted({self.b[k]} | {
-            self.b[q] for q in self.b if self.first_backward <= self.b[q] < self.b[k]
+        self.rerun_stages = {k: sorted({self.backward_stage[k]} | {
+            self.backward_stage[q] for q in self.backward_stage if self.first_backward <= self.backward_stage[q] < self.backward_stage[k]
             and any(k in r for r in self.reads[q])}) for k in self.rerun}
 
     @staticmethod
@@ -147,12 +148,16 @@ class Level:
 
     def _constant_memory(self, backward_of: dict[int, int]) -> list[int]:
         """Per stage: graph outputs already computed, and gradients produced by earlier
-        backward stages that a later stage (or something outside the level) still reads."""
+        backward stages that a later stage (or something outside the level) still reads.
+
+        Node-level (`NodeMemory`): a gradient's bytes are its root's `memory`, the
+        graph-output part of them (`output_bytes`) held to the end and the rest
+        until the stage of its last reader, where the simulator frees per value."""
         tg, T = self.tg, len(self.stages)
         base = [0] * T
         for k, p in enumerate(self.parts):
-            if p.pinned_bytes and k in self.f:
-                for t in range(self.f[k] + 1, T):
+            if p.pinned_bytes and k in self.forward_stage:
+                for t in range(self.forward_stage[k] + 1, T):
                     base[t] += p.pinned_bytes
         root = lambda n: tg.view_root.get(n, n)  # noqa: E731
         last: dict[int, int] = {}
@@ -164,7 +169,7 @@ class Level:
                 last[r] = T
             for u in tg.node_users[b]:
                 if u in backward_of:
-                    last[r] = max(last.get(r, -1), self.b[backward_of[u]])
+                    last[r] = max(last.get(r, -1), self.backward_stage[backward_of[u]])
         #: Gradients whose last reader in the level is a backward stage, by stage.
         self.consumed: dict[int, set[int]] = {}
         for r, t in last.items():
@@ -176,7 +181,7 @@ class Level:
             until = [(T - 1, tg.output_bytes[r]),
                      (min(last.get(r, -1), T - 1), tg.memory[r] - tg.output_bytes[r])]
             for end, nbytes in until:
-                for t in range(self.b[k] + 1, end + 1):
+                for t in range(self.backward_stage[k] + 1, end + 1):
                     base[t] += nbytes
         return base
 
@@ -193,9 +198,9 @@ class Level:
                 last_needed.setdefault(t, set()).update(
                     shape.root(n) for n in shape.outputs - tg.output_nodes
                     if shape.root(n) in shape.own)
-        for k in self.b:
+        for k in self.backward_stage:
             part = self.parts[k]
-            dying = self.consumed.get(self.b[k], set()) | last_needed.get(self.b[k], set())
+            dying = self.consumed.get(self.backward_stage[k], set()) | last_needed.get(self.backward_stage[k], set())
             peaks[k] = [max(0, part.shape.backward_peak(o.backward, dict(o.saved_roots),
                                                         frozenset(dying)) - o.saved)
                         if dying else o.backward_peak for o in part.options]
@@ -212,14 +217,14 @@ class Level:
                     if i in self.part_of and self.part_of[i] != k:
                         readers[self.part_of[i]].add(k)
         for k in reversed(self.forward_order):
-            stages = [self.f[q] for q in readers[k]]
-            stages += [self.b[q] for q in range(len(self.parts)) if q in self.b
+            stages = [self.forward_stage[q] for q in readers[k]]
+            stages += [self.backward_stage[q] for q in range(len(self.parts)) if q in self.backward_stage
                        and any(k in r for r in self.reads[q])]
             stages += [need[q] for q in readers[k] if self.parts[q].can_recompute and q in need]
-            stages += [self.b[q] for q in readers[k] if q in self.rerun]
+            stages += [self.backward_stage[q] for q in readers[k] if q in self.rerun]
             if k in self.exported:
                 stages.append(self.first_backward - 1)
-            need[k] = max(stages, default=self.f[k])
+            need[k] = max(stages, default=self.forward_stage[k])
         return need
 
 
@@ -253,7 +258,7 @@ class LevelModel:
         self.R: dict[tuple[int, int], mip.Var] = {}
         for k in L.forward_order:
             last = L.need[k] if k not in L.exported else min(L.need[k], L.first_backward - 1)
-            for t in range(L.f[k] + 1, last + 1):
+            for t in range(L.forward_stage[k] + 1, last + 1):
                 self.S[t, k] = m.add_var(var_type=mip.BINARY)
             if L.parts[k].can_recompute and k not in L.exported:
                 for t in range(L.first_backward, L.need[k] + 1):
@@ -311,7 +316,7 @@ class LevelModel:
         m, L = self.model, self.level
         add = m.add_constr
         for (t, k), var in self.S.items():
-            if t > L.f[k] + 1:
+            if t > L.forward_stage[k] + 1:
                 add(var <= self.have(t - 1, k))
         for t, (kind, k) in enumerate(L.stages):
             if kind == "forward":
@@ -351,10 +356,10 @@ class LevelModel:
         L, u = self.level, self.unit
         terms = [L.parts[k].out_bytes / u * self.s(t, k) for k in L.forward_order
                  if k not in L.exported or t < L.first_backward]
-        for k in L.f:
-            if L.f[k] < t <= L.b.get(k, -1):
+        for k in L.forward_stage:
+            if L.forward_stage[k] < t <= L.backward_stage.get(k, -1):
                 # Saved results kept from the forward or from a rerun before t.
-                later = range(t, L.b[k] + 1)
+                later = range(t, L.backward_stage[k] + 1)
                 terms += [o.saved / u * (self.x(k, i) - mip.xsum(self.reruns(k, later, i)))
                           for i, o in enumerate(L.parts[k].options)]
         return mip.xsum(terms) + L.base[t] / u

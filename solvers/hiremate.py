@@ -47,7 +47,7 @@ from .baselines import prefix_schedules, recompute_everything, sqrt_schedule
 from .checkmate import binaries, solve_exact
 from .hilp import Level, Part, solve_level
 from .leaves import leaf_options, leaf_solver_names
-from .options import Option, PartShape, pareto, spread
+from .options import PartOption, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy, stored_partition
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
@@ -74,7 +74,7 @@ REPLANS = 6
 TOP_SOLVE_SHARE = 1 / 3
 #: Share of the time limit kept for trimming the plan's recomputations (`trim.py`):
 #: the U-Net of benchmarks/hiremate.py at 30% needs about 8 s.
-REFINE_SHARE = 0.2
+TRIM_SHARE = 0.2
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
@@ -100,7 +100,7 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if budget is None or everything.predicted_peak_bytes <= budget:
         return everything
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-    deadline = Deadline(limit * (1 - REFINE_SHARE))
+    deadline = Deadline(limit * (1 - TRIM_SHARE))
     tg = TrainingGraph(graph)
     explicit = repartition or (max_cluster, max_top) != (MAX_CLUSTER, MAX_TOP)
     tree = None if explicit else stored_partition(graph)
@@ -195,7 +195,7 @@ class _Planner:
         self.tg, self.max_options, self.deadline, self.progress = tg, max_options, deadline, progress
         self.leaves = leaves
         #: signature -> (forward nodes, backward nodes, options) of the first cluster solved.
-        self.solved: dict[str, tuple[list[int], list[int], list[Option]]] = {}
+        self.solved: dict[str, tuple[list[int], list[int], list[PartOption]]] = {}
         self.count = 0
 
     # -------------------------------------------------------------- levels
@@ -204,7 +204,7 @@ class _Planner:
         """The H-ILP level of `cluster`: its nodes, its child clusters (with their options,
         solved first), and at the root the backward nodes no forward node owns."""
         tg = self.tg
-        pieces: list[tuple[list[int], list[int], list[Option] | None]] = []
+        pieces: list[tuple[list[int], list[int], list[PartOption] | None]] = []
         owned: dict[int, list[int]] = {n: [] for n in cluster.nodes + cluster.attached}
         loose = []
         for b in cluster.backward:
@@ -228,7 +228,7 @@ class _Planner:
         exported = PartShape(tg, forward, backward).outputs - tg.output_nodes
         return Level(tg, parts, exported)
 
-    def cluster_options(self, cluster: Cluster) -> list[Option]:
+    def cluster_options(self, cluster: Cluster) -> list[PartOption]:
         tg = self.tg
         forward, backward = _nodes_of(tg, cluster)
         shape = PartShape(tg, forward, backward)
@@ -283,7 +283,7 @@ def _nodes_of(tg: TrainingGraph, cluster: Cluster) -> tuple[list[int], list[int]
 
 
 def _mapped(tg: TrainingGraph, known, forward: list[int], backward: list[int],
-            shape: PartShape) -> list[Option] | None:
+            shape: PartShape) -> list[PartOption] | None:
     """The options of a structurally identical cluster, on this cluster's nodes
     (None if the two differ after all, e.g. in their backward nodes)."""
     their_forward, their_backward, options = known

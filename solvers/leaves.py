@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from remat_ir.ir import RematIRError, store_all
 
 from .base import BadRequest, Deadline, InfeasibleBudget, quiet
-from .options import Option, PartShape
+from .options import PartOption, PartShape
 from .registry import find
 from .subgraph import compute_sequences, part_graph
 
@@ -55,7 +55,7 @@ def leaf_solver_names(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def leaf_options(shape: PartShape, names: Sequence[str], seconds: float, deadline: Deadline,
-                 name: str, progress=quiet) -> list[Option]:
+                 name: str, progress=quiet) -> list[PartOption]:
     """Options of the cluster `shape` from each solver in `names` at every budget of
     `SAVED_SHARES` (`seconds` each, none past `deadline`). A solver that fails is
     named in `progress` and skipped: the cluster keeps its other options."""
@@ -68,7 +68,7 @@ def leaf_options(shape: PartShape, names: Sequence[str], seconds: float, deadlin
     graph = part_graph(tg.graph, shape.forward, shape.backward, name, context_bytes=context)
     peak = store_all(graph).predicted_peak_bytes
     saved = shape.measure(shape.forward, shape.backward).saved
-    options: list[Option] = []
+    options: list[PartOption] = []
     for solver in names:
         tried: set[int] = set()
         budgets = [peak - int((1 - share) * saved) for share in SAVED_SHARES]

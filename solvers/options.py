@@ -16,6 +16,12 @@ H-ILP solution, a leaf solver) are described the same way:
   highest point (recomputed results, gradients it produces);
 - `reads`: forward results its backward reads that are not its own saved
   results (its inputs, its own outputs): the parent must have them there.
+
+The peaks come from the node-level memory model (`NodeMemory.walk` in
+`remat_ir.ir.memory`): a node's results are held or freed together through
+their root, where the simulator frees per storage; `saved` and the partial
+keeps follow the storages backward reads. The top-level plan is then fitted
+to the simulator (`fit_to_budget`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from .structure import TrainingGraph
 
 
 @dataclass(frozen=True)
-class Option:
+class PartOption:
     forward: tuple[int, ...]
     backward: tuple[int, ...]
     forward_time: float
@@ -63,7 +69,7 @@ class PartShape:
         #: Allocations outside the part that its nodes reach through views.
         self.outside = frozenset(self.root(n) for n in forward if self.root(n) not in self.own)
 
-    def measure(self, forward: Sequence[int], backward: Sequence[int]) -> Option:
+    def measure(self, forward: Sequence[int], backward: Sequence[int]) -> PartOption:
         tg, root = self.tg, self.root
         forward_nodes = set(tg.forward)
         computed: set[int] = set()
@@ -83,7 +89,7 @@ class PartShape:
         forward_peak, _ = tg.walk(set(), list(forward), set(self.outputs),
                                   self.outside, kept)
         backward_peak = self.backward_peak(backward, kept)
-        return Option(tuple(forward), tuple(backward), sum(tg.time[n] for n in forward),
+        return PartOption(tuple(forward), tuple(backward), sum(tg.time[n] for n in forward),
                       sum(tg.time[n] for n in backward), saved, forward_peak,
                       max(0, backward_peak - saved), frozenset(reads), tuple(kept.items()))
 
@@ -107,7 +113,7 @@ class PartShape:
                           saved_roots)
         return peak - sum(tg.memory[r] for r in dying)
 
-    def base_options(self) -> list[Option]:
+    def base_options(self) -> list[PartOption]:
         """Store what the backward reads (autograd); and keep nothing, recomputing
         in the backward what it reads (outputs are the parent's to hold)."""
         store = self.measure(self.forward, self.backward)
@@ -119,14 +125,14 @@ class PartShape:
         return [store] if nothing.saved >= store.saved else [store, nothing]
 
 
-def pareto(options: list[Option]) -> list[Option]:
+def pareto(options: list[PartOption]) -> list[PartOption]:
     """Options no other option beats on time, saved bytes and both peaks at once."""
-    def key(o: Option):
+    def key(o: PartOption):
         return (o.time, o.saved, o.forward_peak, o.backward_peak)
 
     unique = {key(o): o for o in sorted(options, key=key, reverse=True)}
     ordered = sorted(unique.values(), key=key)
-    kept: list[Option] = []
+    kept: list[PartOption] = []
     for o in ordered:
         if not any(k.time <= o.time and k.saved <= o.saved and k.forward_peak <= o.forward_peak
                    and k.backward_peak <= o.backward_peak for k in kept):
@@ -134,7 +140,7 @@ def pareto(options: list[Option]) -> list[Option]:
     return kept
 
 
-def spread(options: list[Option], cap: int) -> list[Option]:
+def spread(options: list[PartOption], cap: int) -> list[PartOption]:
     """At most `cap` options with saved bytes as diverse as possible: the most and
     least saving always, then the ones filling the widest gaps in saved bytes."""
     if len(options) <= cap:

@@ -47,7 +47,7 @@ REPLANS = 8
 
 
 @dataclass
-class Option:
+class StageOption:
     """One way to run a segment when its results are stored for its backward."""
     kept: frozenset[int]
     recompute: list[int]            # forward nodes recomputed just before the backward
@@ -63,10 +63,10 @@ class Stage:
     segment: Segment
     forward_time: float
     backward_time: float
-    options: list[Option] = field(default_factory=list)
+    options: list[StageOption] = field(default_factory=list)
     #: The backward run from the stage's input alone, skipping its forward (the last
     #: stage of a solve needs no forward when its backward recomputes what it reads).
-    direct: Option | None = None
+    direct: StageOption | None = None
     nostore_peak: int = 0           # bytes during its forward when keeping only its output
     boundary: int = 0               # bytes of its output (input of the next stage)
     gradient: int = 0               # bytes of gradients its backward reads from later ones
@@ -140,7 +140,10 @@ class Chain:
         return sets
 
     def _option(self, seg: Segment, kept: frozenset[int], escaping, grads_in,
-                grads_out) -> Option:
+                grads_out) -> StageOption:
+        """The stage's costs when its forward keeps `kept`: forward and backward peaks
+        by `NodeMemory.walk` (node granularity: a node's results held or freed
+        together through their root), its backward recomputing on demand."""
         tg = self.tg
         outside = set(tg.forward) - set(seg.forward)
         sequence: list[int] = []
@@ -148,7 +151,7 @@ class Chain:
         for b in seg.backward:
             builder.run(b)
         recompute = [n for n in sequence if n not in set(seg.backward)]
-        option = Option(kept, recompute, sum(tg.time[n] for n in recompute))
+        option = StageOption(kept, recompute, sum(tg.time[n] for n in recompute))
         stored = {n for n in kept if n in tg.needed_by_backward} | escaping
         option.forward_peak, option.hist = tg.walk(set(), list(seg.forward),
                                                    stored | self.pinned, self.pinned)
@@ -165,7 +168,7 @@ class Chain:
         return option
 
 
-class _Plan:
+class _Tables:
     """The DP tables for one memory scale."""
 
     def __init__(self, chain: Chain, capacity: int, progress):
@@ -284,7 +287,7 @@ def _sequence(chain: Chain, ops: list[tuple]) -> tuple[list[int], int]:
     return sequence, len(sequence) if forward_length is None else forward_length
 
 
-def _schedule(chain: Chain, plan: _Plan, m: int) -> pb.Schedule:
+def _schedule(chain: Chain, plan: _Tables, m: int) -> pb.Schedule:
     sequence, forward_length = _sequence(chain, plan.operations(m))
     return to_schedule(chain.tg, sequence, forward_length, name="rotor")
 
@@ -314,7 +317,7 @@ def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None
     unit = max(1, math.ceil(max(0, budget - chain.pinned_bytes) / SLOTS))
 
     def plan_at(target: int) -> pb.Schedule | None:
-        plan = _Plan(chain, target, progress)
+        plan = _Tables(chain, target, progress)
         return _schedule(chain, plan, plan.M) if plan.feasible(plan.M) else None
 
     return fit_to_budget(plan_at, budget, step=unit, replans=REPLANS, progress=progress,
@@ -323,7 +326,7 @@ def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None
 
 def _least_memory(chain: Chain, everything: pb.Schedule, progress) -> pb.Schedule:
     """The plan the DP finds for the least memory it allows (store-everything if none)."""
-    plan = _Plan(chain, everything.predicted_peak_bytes, progress)
+    plan = _Tables(chain, everything.predicted_peak_bytes, progress)
     m = plan.smallest()
     frugal = everything if m is None else _schedule(chain, plan, m)
     return min(frugal, everything, key=lambda s: s.predicted_peak_bytes)

@@ -60,7 +60,7 @@ def trim_recomputations(tg: TrainingGraph, schedule: pb.Schedule, budget: int,
         return schedule
     if made[0].predicted_time_s > schedule.predicted_time_s or made[0].predicted_peak_bytes > budget:
         return schedule
-    plan = _Plan(tg, sequence, forward_length, *made)
+    plan = _Curve(tg, sequence, forward_length, *made)
     start_time, moves, rejected, said = plan.schedule.predicted_time_s, 0, 0, time.monotonic()
     while not deadline.expired():
         for trial in plan.moves(budget):
@@ -74,7 +74,7 @@ def trim_recomputations(tg: TrainingGraph, schedule: pb.Schedule, budget: int,
                 continue
             if (made[0].predicted_peak_bytes <= budget
                     and made[0].predicted_time_s < plan.schedule.predicted_time_s):
-                plan = _Plan(tg, trial, forward_length, *made)
+                plan = _Curve(tg, trial, forward_length, *made)
                 moves += 1
                 break
             rejected += 1
@@ -109,7 +109,7 @@ class _Idle:
     before: int
 
 
-class _Plan:
+class _Curve:
     """A compute sequence with the simulator's memory curve, and the moves it allows."""
 
     def __init__(self, tg: TrainingGraph, sequence: list[int], forward_length: int,
