@@ -32,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
+from remat_ir.ir.memory import new_storages
 from remat_ir.runtimes.memory import measure_peak
 
 from .torch_types import resolve_op, to_torch_argument, torch_dtype
@@ -100,18 +101,6 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
     return overhead + max(flops / rate, moved / bandwidth), flops, moved
 
 
-def _new_storages(graph: Graph, node: pb.Node) -> dict[int, list[int]]:
-    """Storages the node's outputs allocate (views of inputs allocate none): storage id ->
-    positions in `node.outputs` of the outputs that hold it."""
-    inputs = {graph.value(v).storage_id for v in node.inputs}
-    storages: dict[int, list[int]] = {}
-    for position, v in enumerate(node.outputs):
-        storage = graph.value(v).storage_id
-        if storage not in inputs:
-            storages.setdefault(storage, []).append(position)
-    return storages
-
-
 def _output_tensors(node: pb.Node, result) -> list:
     """The op's result per `node.outputs` position, as the runtime binds them
     (`output_indices` pick from a tuple result; without them a lone output is the result)."""
@@ -132,14 +121,14 @@ def _real_storage_bytes(node: pb.Node, result, positions: list[int]) -> int:
 
 def _measure(graph: Graph, node: pb.Node, device: torch.device,
              repeats: int) -> tuple[float, int, tuple[int, ...]]:
-    """(median seconds, workspace bytes, real bytes per new storage in `_new_storages`
+    """(median seconds, workspace bytes, real bytes per new storage in `new_storages`
     order): the workspace is the op's allocation peak beyond its outputs' storages."""
     op = resolve_op(node.op)
     tensors = {v: _make_tensor(graph.value(v), device) for v in node.inputs}
     args, kwargs = _call_args(graph, node, tensors, device)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
     measured = measure_peak(lambda: op(*args, **kwargs), device)
-    new = _new_storages(graph, node)
+    new = new_storages(graph, node)
     real = tuple(max(graph.storage_bytes(s), _real_storage_bytes(node, measured.result, positions))
                  for s, positions in new.items())
     del measured.result
@@ -178,7 +167,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device, *, repeats: i
                     except OP_ERRORS:  # cannot run on synthetic inputs: estimate instead
                         measured[key] = (_analytic(graph, node, device)[0], 0, (), pb.ANALYTIC)
                 seconds, workspace, real, source = measured[key]
-                for storage, size in zip(_new_storages(graph, node), real):
+                for storage, size in zip(new_storages(graph, node), real):
                     storages[storage].size_bytes = max(storages[storage].size_bytes, size)
             node.cost.time_s, node.cost.source = seconds, source
             node.cost.flops, node.cost.bytes_accessed = flops, moved

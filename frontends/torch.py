@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.arguments import TensorRef
+from remat_ir.ir.memory import is_view
 
 from .autograd_functions import FunctionError, preserving_functions
 from .costs import estimate_costs
@@ -261,10 +262,7 @@ class _Lowering:
                 self.forward_by_seq[seq] = nid
 
     def _is_view(self, nid: int) -> bool:
-        """Whether every output of the node shares storage with one of its inputs."""
-        node = self.g.node(nid)
-        inputs = {self.g.value(v).storage_id for v in node.inputs}
-        return all(self.g.value(o).storage_id in inputs for o in node.outputs)
+        return is_view(self.g, self.g.node(nid))
 
     def output(self, node: torch.fx.Node) -> None:
         results, descs = node.args[0], node.meta["desc"]
