@@ -100,7 +100,7 @@ def recompute_all(graph: Graph) -> pb.Schedule:
         producer = graph.producer(frontier.pop())
         if producer in recomputable and producer not in needed:
             needed.add(producer)
-            frontier.extend(graph.node(producer).inputs)
+            frontier.extend(v for v in graph.node(producer).inputs if v not in kept)
     replay = [n for n in forward if n in needed]
     return from_compute_sequence(graph, forward + replay + backward, len(forward),
                                  name="recompute_all",

@@ -72,8 +72,8 @@ REPLANS = 6
 #: Share of the time left that one solve of the top H-ILP may take: CBC rarely proves
 #: the top optimal, and a plan over the budget needs time left for the re-plans.
 TOP_SOLVE_SHARE = 1 / 3
-#: Share of the time limit kept for trimming the plan's recomputations (`trim.py`):
-#: the U-Net of benchmarks/hiremate.py at 30% needs about 8 s.
+#: Share of the time limit kept for trimming the plan's recomputations (`trim.py`),
+#: which simulates the plan once per move it tries.
 TRIM_SHARE = 0.2
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.

@@ -108,8 +108,14 @@ def test_store_all_is_valid_and_its_peak_is_the_lifetime_peak(g):
 @SETTINGS
 @given(training_graphs())
 def test_recompute_all_is_valid_and_saves_nothing(g):
-    result = ir.check(g, ir.recompute_all(g))
+    schedule = ir.recompute_all(g)
+    result = ir.check(g, schedule)
     assert result.saved_value_ids == []
+    # The caller holds the user outputs: recomputing a node that makes only those gains nothing.
+    user_outputs = {o.value_id for o in g.proto.outputs if o.role == pb.USER_OUTPUT}
+    user_output_nodes = {n for n in g.nodes if set(g.node(n).outputs) <= user_outputs}
+    recomputed = {s.compute for s in schedule.steps[schedule.backward_start:] if s.HasField("compute")}
+    assert not (user_output_nodes & recomputed & set(g.phase_order(pb.FORWARD)))
 
 
 @SETTINGS

@@ -243,3 +243,28 @@ def test_recomputed_user_output_keeps_the_callers_copy():
     # a2 is the output: its first copy stays with the caller after the recomputation.
     assert result.memory_after[:3] == [M, 2 * M, 3 * M]
     assert result.memory_after[-1] == 3 * M  # a2 (twice) and g0
+
+
+def test_recompute_all_keeps_the_user_outputs_the_caller_holds():
+    """x -> f0 -> y (returned) -> f1 -> z; backward reads z. Backward recomputes f1
+    from the y the caller holds, not f0 too."""
+    g = ir.Graph()
+    x = g.add_value("x", "float32", (250,), kind="user_input")
+    g.add_input(x)
+    y = g.add_value("y", "float32", (250,), kind="output")
+    z = g.add_value("z", "float32", (250,))
+    out = g.add_value("out", "float32", (), kind="output")
+    f0 = g.add_node("test.f0", [x], [y], phase="forward")
+    f1 = g.add_node("test.f1", [y], [z], phase="forward")
+    f2 = g.add_node("test.sum", [z], [out], phase="forward")
+    g.add_output(y, "user_output", "y")
+    g.add_output(out, "user_output", "out")
+    tangent = g.add_value("tangent", "float32", (), kind="gradient")
+    g.add_input(tangent, gradient_of=out)
+    gz = g.add_value("gz", "float32", (250,), kind="gradient")
+    g.add_node("test.b", [tangent, z], [gz], phase="backward", forward_node_id=f2)
+    g.add_output(gz, "input_gradient", "z")
+    sched = ir.recompute_all(g)
+    backward = [s.compute for s in sched.steps[sched.backward_start:] if s.HasField("compute")]
+    assert f1 in backward and f0 not in backward
+    assert ir.check(g, sched).recomputations == 1
