@@ -101,18 +101,21 @@ class Graph:
                  workspace_bytes: int = 0, cost_source: str | int = "user",
                  forward_node_id: int | None = None, random: bool = False,
                  mutating: bool = False, non_recomputable: bool = False,
-                 source: str = "") -> int:
+                 rng_shape_only: bool = False, source: str = "") -> int:
         """Add an op and return its id.
 
         `args` are Python objects (see `remat_ir.ir.arguments`); when omitted the
-        op is called with its inputs as positional tensors.
+        op is called with its inputs as positional tensors. `rng_shape_only`: a
+        random op whose draws depend only on its inputs' shapes (dropout), which
+        a schedule may skip to replay eager's random stream (docs/schedules.md).
         """
         if args is None:
             args = [TensorRef(v) for v in inputs]
         node = self.proto.nodes.add(
             id=_next_id(self._nodes), op=op, inputs=list(inputs),
             outputs=list(outputs), phase=_enum(pb.Phase, phase), random=random,
-            mutating=mutating, non_recomputable=non_recomputable, source=source)
+            mutating=mutating, non_recomputable=non_recomputable,
+            rng_shape_only=rng_shape_only, source=source)
         node.name = name or f"{op.split('.')[1] if op.count('.') else op}_{node.id}"
         node.args.extend(encode(a) for a in args)
         for key, val in (kwargs or {}).items():
