@@ -60,7 +60,7 @@ class Graph:
     def _changed(self) -> None:
         """Drop derived indices after a structural change."""
         for attr in ("_producers", "_users", "topological_order", "resident_value_ids",
-                     "resident_storage_ids", "output_value_ids"):
+                     "resident_storage_ids", "output_value_ids", "derived"):
             self.__dict__.pop(attr, None)
 
     def add_storage(self, size_bytes: int) -> int:
@@ -202,6 +202,12 @@ class Graph:
     def users(self, value_id: int) -> list[int]:
         """Ids of the nodes reading this value, in file order."""
         return self._users.get(value_id, [])
+
+    @cached_property
+    def derived(self) -> dict:
+        """Facts other modules derive from the structure (the memory model's per-node
+        storages), cached here so that they are dropped with it on a structural change."""
+        return {}
 
     @cached_property
     def resident_value_ids(self) -> frozenset[int]:

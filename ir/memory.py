@@ -49,18 +49,24 @@ from .graph import Graph
 # ----------------------------------------------------------------- the storage rules
 
 
-def new_storages(graph: Graph, node: pb.Node) -> dict[int, list[int]]:
+def new_storages(graph: Graph, node: pb.Node) -> dict[int, tuple[int, ...]]:
     """Storages that computing `node` allocates, each with the positions in
     `node.outputs` of the outputs holding it (in output order). The one answer
     to "does this node allocate?": an output allocates unless its storage is
-    resident or is the storage of one of the node's inputs (a view)."""
-    kept = {graph.value(v).storage_id for v in node.inputs} | graph.resident_storage_ids
+    resident or is the storage of one of the node's inputs (a view).
+    Cached per node in the graph (the simulator asks at every step)."""
+    cache = graph.derived.setdefault("new_storages", {})
+    if (known := cache.get(node.id)) is not None:
+        return known
+    viewed = {graph.value(v).storage_id for v in node.inputs}
+    resident = graph.resident_storage_ids
     storages: dict[int, list[int]] = {}
     for position, v in enumerate(node.outputs):
         storage = graph.value(v).storage_id
-        if storage not in kept:
+        if storage not in viewed and storage not in resident:
             storages.setdefault(storage, []).append(position)
-    return storages
+    cache[node.id] = {s: tuple(p) for s, p in storages.items()}
+    return cache[node.id]
 
 
 def is_view(graph: Graph, node: pb.Node) -> bool:
@@ -152,18 +158,16 @@ class Allocations:
         included). A user output computed again keeps its old copy counted to
         the end: the caller holds the one it was handed."""
         node = self.graph.node(node_id)
-        allocating = new_storages(self.graph, node)
-        viewed = {self.storage_of(v): self.allocation_of(v) for v in node.inputs}
-        fresh = {s: self.allocate(s) for s in allocating}
+        fresh = {s: self.allocate(s) for s in new_storages(self.graph, node)}
         during = self.bytes + node.cost.workspace_bytes
+        viewed: dict[int, int] | None = None     # storage -> allocation, of the inputs
         for v in node.outputs:
             storage = self.storage_of(v)
-            if storage in fresh:
-                allocation = fresh[storage]
-            elif storage in viewed:
-                allocation = viewed[storage]
-            else:
-                allocation = self.RESIDENT
+            allocation = fresh.get(storage)
+            if allocation is None:
+                if viewed is None:
+                    viewed = {self.storage_of(i): self.allocation_of(i) for i in node.inputs}
+                allocation = viewed.get(storage, self.RESIDENT)
             if v in self.user_outputs and v in self.live:
                 self.pin(v)
             self.bind(v, allocation)
