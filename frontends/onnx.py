@@ -610,10 +610,10 @@ def to_torch(model_or_path, example_inputs=None, *, trainable="initializers") ->
     return module.to(device), examples
 
 
-def lower_module(module: OnnxModule, example_inputs: tuple, *, cost_model: str = "profile",
-                 device: str | torch.device | None = None) -> Graph:
-    """The joint training graph of an imported model, with ONNX node names as sources."""
-    graph = torch_lower(module, tuple(example_inputs), cost_model=cost_model, device=device)
+def lower_module(module: OnnxModule, example_inputs: tuple) -> Graph:
+    """The joint training graph of an imported model, with ONNX node names as sources
+    (no costs: `remat_ir.lowering.lower_onnx_module` adds them)."""
+    graph = torch_lower(module, tuple(example_inputs))
     prefix = _NODES + "."
     for node in graph.proto.nodes:
         path = node.source.split(" (", 1)[0]
@@ -636,17 +636,14 @@ def lower_module(module: OnnxModule, example_inputs: tuple, *, cost_model: str =
     return graph
 
 
-def lower(model_or_path, example_inputs=None, *, cost_model: str = "profile",
-          device: str | torch.device | None = None, trainable="initializers") -> Graph:
-    """The joint forward+backward graph of one training step of an ONNX model, as IR.
+def lower(model_or_path, example_inputs=None, *, trainable="initializers") -> Graph:
+    """The joint forward+backward graph of one training step of an ONNX model, as IR,
+    without costs (`remat_ir.lowering.lower_onnx` adds them).
 
-    See `to_torch` for `example_inputs` and `trainable`; `cost_model` and `device` are
-    the torch lowering's ("profile" measures each op, "flops" estimates).
+    See `to_torch` for `example_inputs` and `trainable`.
     """
-    if cost_model not in ("profile", "flops"):
-        raise ValueError(f"cost_model must be 'profile' or 'flops', not {cost_model!r}")
     module, examples = to_torch(model_or_path, example_inputs, trainable=trainable)
-    return lower_module(module, examples, cost_model=cost_model, device=device)
+    return lower_module(module, examples)
 
 
 __all__ = ["lower", "to_torch", "OPS", "lower_module", "load_model", "check_ops", "OnnxModule",

@@ -31,7 +31,7 @@ from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
 
 from remat_ir.ir.rng import plan_rng
 
-from remat_ir.frontends.torch_types import resolve_op, to_torch_argument, torch_dtype
+from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
 
 class UnsupportedOp(Exception):
@@ -289,11 +289,7 @@ def _placeholder_function(graph: Graph, device: torch.device):
     """`_placeholder(value_id)`: an uninitialized tensor with the value's shape, strides and
     dtype, standing in for an input a skipped random op does not have at hand."""
     def placeholder(value_id: int) -> torch.Tensor:
-        value = graph.value(value_id)
-        dtype = torch_dtype(value.dtype)
-        if value.stride:
-            return torch.empty_strided(list(value.shape), list(value.stride), dtype=dtype, device=device)
-        return torch.empty(list(value.shape), dtype=dtype, device=device)
+        return empty_tensor(graph.value(value_id), device)
     return placeholder
 
 

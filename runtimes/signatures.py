@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from remat_ir.frontends.torch_types import autocast_state, describe_input
+from remat_ir.torchlib.types import autocast_state, describe_input
 
 @dataclass(frozen=True)
 class Signature:

@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.simulator import check
 
-from remat_ir.frontends.torch_types import torch_dtype
+from remat_ir.torchlib.types import torch_dtype
 
 from .codegen import UnsupportedOp, generate, resident_order
 from .signatures import Signature, argument_names, autocast_from_json, call_signature

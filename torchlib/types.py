@@ -2,8 +2,10 @@
 
 The frontend uses it to write dtypes and op arguments into the IR; the PyTorch
 runtime uses it to turn them back into torch objects when it executes a graph
-read from a file. Keeping both directions here means a dtype or argument kind
-added on one side cannot be forgotten on the other.
+read from a file, and profiling uses it to run single ops. Keeping both
+directions here means a dtype or argument kind added on one side cannot be
+forgotten on the other, and it lets frontends and runtimes share it without
+importing each other (it imports only `remat_ir.ir` and torch).
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ def ir_dtype(dtype: torch.dtype) -> int:
 
 def torch_dtype(dtype: int) -> torch.dtype:
     return _TORCH_DTYPES[dtype_name(dtype)]
+
+
+def empty_tensor(value, device: torch.device | str) -> torch.Tensor:
+    """An uninitialized tensor with an IR value's shape, strides and dtype on `device`.
+
+    Profiling builds its synthetic op inputs from it, and the runtime its placeholders
+    (inputs a skipped random op does not have at hand): both must match the value's
+    layout exactly, since an op's kernel, cost and random draws may depend on strides.
+    """
+    dtype = torch_dtype(value.dtype)
+    if value.stride:
+        return torch.empty_strided(list(value.shape), list(value.stride), dtype=dtype, device=device)
+    return torch.empty(list(value.shape), dtype=dtype, device=device)
 
 
 def to_ir_argument(obj, tensor_id):
