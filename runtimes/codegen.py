@@ -46,7 +46,6 @@ class SegmentPlan:
     buffer_updates: list[tuple[str, int]]     # (buffer name, value id)
     tangents: list[int | None]                # tangent value id per user output (None: no gradient)
     forward_outputs_read_in_backward: list[int]
-    gradient_of_resident: list[int | None]    # per R position: value id of its gradient
     buffers_read_in_backward: set[str] = field(default_factory=set)
     forward_source: str = ""
     backward_source: str = ""
@@ -214,7 +213,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
     read_in_backward = {name_of[v] for v in touched(backward_steps) if v in name_of} & mutated
     plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
                        tangents=[tangent_inputs.get(v) for v in user_outputs],
-                       forward_outputs_read_in_backward=outputs_read, gradient_of_resident=grads,
+                       forward_outputs_read_in_backward=outputs_read,
                        buffers_read_in_backward=read_in_backward,
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
