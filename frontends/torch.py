@@ -26,7 +26,7 @@ from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.arguments import TensorRef
 
 from .autograd_functions import FunctionError, preserving_functions
-from remat_ir.torchlib.types import autocast_state, describe_input, ir_dtype, op_name, to_ir_argument
+from remat_ir.torchlib.types import argument_names, autocast_state, describe_input, ir_dtype, op_name, to_ir_argument
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -176,8 +176,9 @@ class _Lowering:
             vid = self.new_value(desc.target, fake, "buffer")
             self.g.add_input(vid, desc.target)
         elif kind_name == "PlainAOTInput":
+            # desc.idx counts the leaves of (args, kwargs) flattened: the caller's position.
             vid = self.new_value(f"input{desc.idx}", fake, "user_input")
-            self.g.add_input(vid, f"input{desc.idx}")
+            self.g.add_input(vid, f"input{desc.idx}", position=desc.idx)
         elif kind_name == "TangentAOTInput":
             vid = self.new_value(f"grad_{node.name}", fake, "gradient")
             self.pending_tangents.append((vid, desc))
@@ -368,6 +369,11 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
+    # Each user input's argument, by the name a call gives it ('input_ids', 'args[0]').
+    names = argument_names(exported.call_spec.in_spec)
+    for entry in graph.proto.inputs:
+        if entry.HasField("user_input_position") and entry.user_input_position < len(names):
+            entry.argument_name = names[entry.user_input_position]
     # How user inputs flatten (PlainAOTInput indices count these leaves) and outputs nest.
     for key, spec in (("torch.in_spec", exported.call_spec.in_spec),
                       ("torch.out_spec", exported.call_spec.out_spec)):

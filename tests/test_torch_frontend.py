@@ -123,3 +123,21 @@ def test_unknown_cost_model_is_refused_before_tracing():
     model, args, _, _ = mlp()
     with pytest.raises(ValueError, match="not 'FLOPS'"):
         estimate_costs(lower_torch(model, args, cost_model=None), "FLOPS", torch.device("cpu"))
+
+
+def test_user_inputs_record_the_callers_positions_and_argument_names():
+    """Positions count every flat argument, the non-tensor flag the trace baked in too."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x, double, target, *, mask):
+            y = self.linear(x) * (2 if double else 1)
+            return ((y - target) ** 2 * mask).mean()
+
+    x, target, mask = torch.randn(2, 4), torch.randn(2, 4), torch.ones(2, 4)
+    g = lower_torch(Scaled(), (x, True, target), example_kwargs={"mask": mask}, cost_model=None)
+    assert [(e.user_input_position, e.argument_name) for e in g.user_inputs()] == [
+        (0, "args[0]"), (2, "args[2]"), (3, "mask")]
+    ir.validate(g)

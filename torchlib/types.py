@@ -11,6 +11,7 @@ importing each other (it imports only `remat_ir.ir` and torch).
 from __future__ import annotations
 
 import torch
+from torch.utils import _pytree as pytree
 
 from remat_ir.ir import arguments
 from remat_ir.ir.dtypes import dtype_from_name, dtype_name
@@ -134,3 +135,19 @@ def describe_input(leaf) -> str:
     if isinstance(leaf, torch.Tensor):
         return f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
     return repr(leaf)
+
+
+def argument_name(path) -> str:
+    """The caller's name for the leaf at pytree key `path` of (args, kwargs): 'input_ids',
+    'pixel_values[0]', or 'args[1]' for positional argument 1. Signatures name arguments
+    with it, and the frontend writes it into the IR (`GraphInput.argument_name`)."""
+    (top, *rest) = path[1:]  # path[0] picks args or kwargs
+    head = f"args[{top.idx}]" if path[0].idx == 0 else top.key
+    return head + "".join(pytree.keystr((k,)) for k in rest)
+
+
+def argument_names(spec: pytree.TreeSpec) -> list[str]:
+    """The name of each flat leaf of (args, kwargs) structured as `spec`, in flat order."""
+    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    with_paths, _ = pytree.tree_flatten_with_path(tree)
+    return [argument_name(path) for path, _ in with_paths]
