@@ -53,7 +53,7 @@ def _bad(tmp_path, data: bytes, name="bad.rir") -> Path:
 def test_bad_files_give_one_clear_error(tmp_path, command):
     data = ir.dumps(mlp(layers=2, batch=4, width=4))
     newer = pb.Graph.FromString(data[20:])
-    newer.version.major = 3
+    newer.version.major, newer.version.minor = 3, 0
     cases = {
         "truncated": (data[:-3], "is truncated: the header announces"),
         "corrupt": (data[:30] + bytes([data[30] ^ 0xFF]) + data[31:], "is corrupt: its checksum"),
