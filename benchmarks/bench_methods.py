@@ -109,12 +109,12 @@ class RematPlanner:
     """Lowers a model once and plans it with any solver at any budget."""
 
     def __init__(self, bm: BenchModel, say: Callable[[str], None]):
-        from remat_ir.frontends.torch import lower
+        from remat_ir.lowering import lower_torch
 
         self.bm, self.say = bm, say
         self.model = copy.deepcopy(bm.module).train()
         started = time.perf_counter()
-        self.graph = lower(self.model, bm.inputs, cost_model="profile")
+        self.graph = lower_torch(self.model, bm.inputs, cost_model="profile")
         self.lowering_s = time.perf_counter() - started
         reference = ir.store_all(self.graph)
         self.store_all_peak = reference.predicted_peak_bytes

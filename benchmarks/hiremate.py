@@ -37,7 +37,7 @@ import models  # noqa: E402
 from builders import chain  # noqa: E402
 
 from remat_ir import ir, solvers  # noqa: E402
-from remat_ir.frontends.torch import lower  # noqa: E402
+from remat_ir.lowering import lower_torch  # noqa: E402
 from remat_ir.solvers import InfeasibleBudget  # noqa: E402
 from remat_ir.solvers.sequences import keep_set_schedule  # noqa: E402
 from remat_ir.solvers.structure import TrainingGraph  # noqa: E402
@@ -86,7 +86,7 @@ def model_rows(name: str, factory) -> dict:
     model, inputs = factory()
     say(f"{name}: lowering...")
     started = time.monotonic()
-    graph = lower(model, inputs, cost_model="flops")
+    graph = lower_torch(model, inputs, cost_model="flops")
     lowering = time.monotonic() - started
     reference = ir.store_all(graph)
     row = dict(nodes=len(graph.nodes), forward_nodes=len(graph.phase_order(ir.pb.FORWARD)),

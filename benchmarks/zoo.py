@@ -45,7 +45,7 @@ def sweep(name: str, size: str, *, cost_model: str = "profile", steps: int = 2,
     import torch
 
     from remat_ir.api import plan
-    from remat_ir.frontends.torch import lower
+    from remat_ir.lowering import lower_torch
     from remat_ir.ir import simulate
     from remat_ir.runtimes.torch import ScheduledModule
     from remat_ir.solvers import InfeasibleBudget
@@ -55,7 +55,7 @@ def sweep(name: str, size: str, *, cost_model: str = "profile", steps: int = 2,
 
     model, args, kwargs, loss_of = zoo_models.ZOO[name](size)
     start = time.perf_counter()
-    graph = lower(model, args, example_kwargs=kwargs, cost_model=cost_model)
+    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=cost_model)
     lowering_s = time.perf_counter() - start
     store_all = plan(graph, None)
     full = simulate(graph, store_all).peak_bytes

@@ -1,626 +1,45 @@
 """ONNX frontend: an ONNX model -> a trainable torch module -> the joint training graph in the IR.
 
 ONNX has no backward, so the frontend does not lower ONNX nodes to IR nodes
-itself. It imports the graph into an `nn.Module` (`OnnxModule`) whose forward
-runs each ONNX node through this project's op table (`onnx_ops.OPS`), then
-hands that module to the PyTorch lowering (`frontends/torch.py`): the
-backward, the exact tensor sizes and the storage aliasing are then PyTorch's.
+itself. Two steps, in two modules:
 
-Import, in order:
+- `onnx_importer.to_torch` imports the graph into an `nn.Module`
+  (`onnx_module.OnnxModule`) whose forward runs each ONNX node through this
+  project's op table (`onnx_ops.OPS`), with static shapes (see that module for
+  the import's rules: op check, opset conversion, constant folding, which
+  initializers become parameters);
+- `lower_module` (here) hands that module to the PyTorch lowering
+  (`frontends/torch.py`): the backward, the exact tensor sizes and the storage
+  aliasing are then PyTorch's. Each ONNX node ran inside its own submodule, so
+  the IR node's `source` is rewritten to the ONNX node's name and op type
+  ("node_MatMul_12 (MatMul)"), for forward and backward nodes alike.
 
-1. every op type is checked against the table, and one error lists all the
-   unsupported ones with their node names, before anything else is done;
-   opsets below 13 are first converted to 13 (`onnx.version_converter`),
-   opsets above 21 are refused;
-2. example inputs fix every dimension (dynamic ones like batch and sequence
-   need them; a model without dynamic dimensions gets generated inputs);
-3. nodes whose inputs are all constants, and `Shape`/`Size` of any tensor,
-   are evaluated once, now: shape arithmetic (`Shape` -> `Gather` -> `Concat`
-   -> `Reshape`), `Constant`, `ConstantOfShape` become Python values, so the
-   traced graph has static shapes only; the other nodes run on meta tensors to
-   learn their output shapes, which are checked against ONNX shape inference;
-4. float initializers that feed a differentiable input of some node (a
-   `MatMul` or `Add` operand, a `Conv` weight, a `LayerNormalization` scale;
-   not a `BatchNormalization` mean or a `Gather` index) become parameters, by
-   their ONNX name; other float initializers become buffers, and integer
-   tensors, scalars and folded values stay constants (non-persistent buffers).
-
-Each ONNX node runs inside its own submodule, so `torch.export` records the
-node in every aten op's module stack; the IR node's `source` is then rewritten
-to the ONNX node's name and op type ("node_MatMul_12 (MatMul)"), for forward
-and backward nodes alike.
+This module is the frontend's public face: the names below stay importable from
+`remat_ir.frontends.onnx`. Costs are not added here (`remat_ir.lowering.lower_onnx`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping, Sequence
 
-import torch
-from torch import nn
+from remat_ir.ir import Graph
 
-from remat_ir.ir import Graph, RematIRError
-
-from .onnx_ops import DTYPES, OPS, NodeInfo, OpError, torch_dtype
+from .onnx_importer import (MAX_OPSET, MIN_OPSET, TRAINABLE_MODES, UnsupportedOps, check_ops,
+                            load_model, tensor_of, to_torch)
+from .onnx_module import OnnxInputError, OnnxModule, OnnxNode
+from .onnx_ops import OPS
 from .torch import LoweringError
 from .torch import lower as torch_lower
 
-#: Opsets whose semantics the op table follows; older models are converted to MIN_OPSET.
-MIN_OPSET, MAX_OPSET = 13, 21
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-_FLOAT_TYPES = (1, 10, 11, 16)  # float, float16, double, bfloat16
-#: How `trainable` may be given besides a collection of names.
-TRAINABLE_MODES = ("initializers", "constants")
-_NODES, _CONSTANTS, _RENAMED = "_onnx_nodes", "_onnx_constants", "_onnx_renamed"
 
-
-class OnnxInputError(RematIRError):
-    """Inputs that do not match the ONNX graph's inputs (names, count, dtype, shape)."""
-
-
-class UnsupportedOps(LoweringError):
-    """Op types the table lacks; `ops` maps each to the names of the nodes that use it."""
-
-    def __init__(self, source: str, ops: dict[str, list[str]]):
-        self.ops = ops
-        listed = "; ".join(f"{op} (node{'s' if len(names) > 1 else ''} "
-                           + ", ".join(repr(n) for n in names[:5])
-                           + (f" and {len(names) - 5} more" if len(names) > 5 else "") + ")"
-                           for op, names in sorted(ops.items()))
-        super().__init__(f"{source}: {len(ops)} op type{'s' if len(ops) > 1 else ''} not supported by "
-                         f"the ONNX frontend: {listed}. Supported ops are the keys of "
-                         "remat_ir.frontends.onnx_ops.OPS")
-
-
-# ---------------------------------------------------------------- reading the model
-
-def load_model(model_or_path):
-    """(ModelProto, a name for messages) from a path, bytes, or a ModelProto."""
-    import onnx
-
-    if isinstance(model_or_path, onnx.ModelProto):
-        return model_or_path, model_or_path.graph.name or "ONNX model"
-    if isinstance(model_or_path, (bytes, bytearray)):
-        try:
-            return onnx.load_from_string(bytes(model_or_path)), "ONNX model"
-        except Exception as exc:
-            raise LoweringError(f"the bytes given are not an ONNX model: {_first_line(exc)}") from None
-    if isinstance(model_or_path, (str, os.PathLike)):
-        path = os.fspath(model_or_path)
-        if not os.path.isfile(path):
-            raise LoweringError(f"{path}: no such ONNX file")
-        try:
-            return onnx.load(path), path
-        except Exception as exc:
-            raise LoweringError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
-    raise LoweringError(f"expected an ONNX model (a path, bytes or onnx.ModelProto), "
-                        f"got {type(model_or_path).__name__}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _node_label(node, index: int) -> str:
-    """The node's name, or '<OpType #index>' for the unnamed (names are optional in ONNX)."""
-    return node.name or f"<{node.op_type} #{index}>"
-
-
-def check_ops(model, source: str = "ONNX model") -> None:
-    """Raise `UnsupportedOps` naming every op type (and its nodes) the table lacks."""
-    missing: dict[str, list[str]] = {}
-    for index, node in enumerate(model.graph.node):
-        if node.domain in _DEFAULT_DOMAINS and node.op_type in OPS:
-            continue
-        key = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
-        missing.setdefault(key, []).append(_node_label(node, index))
-    if missing:
-        raise UnsupportedOps(source, missing)
-
-
-def _opset(model, source: str) -> int:
-    versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
-    if not versions:
-        raise LoweringError(f"{source}: the model imports no default-domain opset")
-    return versions[0]
-
-
-def _prepared(model, source: str):
-    """The model with local functions inlined, its ops checked, and its opset in range."""
-    if len(model.functions):
-        from onnx import inliner
-        model = inliner.inline_local_functions(model)
-    check_ops(model, source)
-    opset = _opset(model, source)
-    if opset > MAX_OPSET:
-        raise LoweringError(f"{source}: opset {opset} is newer than the ONNX frontend's op table "
-                            f"(opsets {MIN_OPSET} to {MAX_OPSET}); export with opset {MAX_OPSET} or older")
-    if opset < MIN_OPSET:
-        from onnx import version_converter
-        try:
-            model = version_converter.convert_version(model, MIN_OPSET)
-        except Exception as exc:
-            raise LoweringError(f"{source}: opset {opset} could not be converted to opset {MIN_OPSET} "
-                                f"(onnx.version_converter: {_first_line(exc)}); export with opset "
-                                f"{MIN_OPSET} to {MAX_OPSET}") from None
-        check_ops(model, source)
-    return model
-
-
-def tensor_of(proto) -> torch.Tensor:
-    """An ONNX TensorProto as a CPU torch tensor (external data already loaded)."""
-    from onnx import numpy_helper
-
-    if proto.data_type == 16:  # bfloat16: numpy has no such dtype; reinterpret the bits
-        bits = numpy_helper.to_array(proto).view("uint16").astype("int32")
-        return torch.from_numpy(bits).to(torch.int16).view(torch.bfloat16).clone()
-    try:
-        dtype = torch_dtype(proto.data_type)
-    except OpError as exc:
-        raise LoweringError(f"tensor {proto.name!r}: {exc}") from None
-    array = numpy_helper.to_array(proto)
-    return torch.from_numpy(array.copy()).to(dtype)
-
-
-def _attributes(node) -> dict:
-    import onnx
-
-    out = {}
-    for a in node.attribute:
-        value = onnx.helper.get_attribute_value(a)
-        if isinstance(value, bytes):
-            value = value.decode()
-        elif isinstance(value, list) and value and isinstance(value[0], bytes):
-            value = [v.decode() for v in value]
-        elif isinstance(value, onnx.TensorProto):
-            value = tensor_of(value)
-        out[a.name] = value
-    return out
-
-
-# ---------------------------------------------------------------- inputs
-
-def _dims(value_info) -> list:
-    """Each dimension as an int, its symbolic name, or None when unnamed and unknown."""
-    shape = value_info.type.tensor_type.shape
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in shape.dim]
-
-
-def _example_tensors(inputs, example_inputs, source: str) -> tuple[torch.Tensor, ...]:
-    """The example tensors in graph order, checked against each input's type and static dims."""
-    names = [vi.name for vi in inputs]
-    for vi in inputs:
-        if not vi.type.HasField("tensor_type"):
-            raise LoweringError(f"{source}: input {vi.name!r} is not a tensor (sequences, maps and "
-                                "optionals are not supported)")
-    if example_inputs is None:
-        dynamic = [(vi.name, _dims(vi)) for vi in inputs
-                   if not vi.type.tensor_type.HasField("shape") or not all(isinstance(d, int) for d in _dims(vi))]
-        if dynamic:
-            listed = ", ".join(f"{name!r} {dims}" for name, dims in dynamic)
-            raise LoweringError(f"{source}: inputs with dynamic dimensions need example inputs to fix "
-                                f"them: {listed}; pass example_inputs (a tuple in graph order or a dict "
-                                "by input name; on the command line --shape NAME=2x16)")
-        generator = torch.Generator().manual_seed(0)
-        made = []
-        for vi in inputs:
-            dtype = torch_dtype(vi.type.tensor_type.elem_type)
-            shape = _dims(vi)
-            made.append(torch.randn(shape, generator=generator, dtype=dtype) if dtype.is_floating_point
-                        else torch.zeros(shape, dtype=dtype))
-        return tuple(made)
-    if isinstance(example_inputs, Mapping):
-        unknown = [k for k in example_inputs if k not in names]
-        missing = [n for n in names if n not in example_inputs]
-        if unknown or missing:
-            raise LoweringError(f"{source}: example inputs by name must name each graph input once: "
-                                + (f"unknown {unknown}; " if unknown else "")
-                                + (f"missing {missing}; " if missing else "") + f"the inputs are {names}")
-        given = [example_inputs[n] for n in names]
-    else:
-        one = isinstance(example_inputs, torch.Tensor) or (
-            hasattr(example_inputs, "__array__") and not isinstance(example_inputs, (list, tuple)))
-        given = [example_inputs] if one else list(example_inputs)
-        if len(given) != len(names):
-            raise LoweringError(f"{source}: {len(given)} example inputs given, but the graph has "
-                                f"{len(names)} inputs: {names}")
-    tensors = []
-    for vi, value in zip(inputs, given):
-        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-        expected = torch_dtype(vi.type.tensor_type.elem_type)
-        if t.dtype != expected:
-            raise LoweringError(f"{source}: example input {vi.name!r} is {t.dtype}, but the graph "
-                                f"declares {expected}")
-        if vi.type.tensor_type.HasField("shape"):
-            dims = _dims(vi)
-            if len(dims) != t.dim() or any(isinstance(d, int) and d != s for d, s in zip(dims, t.shape)):
-                raise LoweringError(f"{source}: example input {vi.name!r} has shape {list(t.shape)}, "
-                                    f"but the graph declares {dims}")
-        tensors.append(t)
-    return tuple(tensors)
-
-
-# ---------------------------------------------------------------- the module
-
-class OnnxNode(nn.Module):
-    """One ONNX node: runs its op-table entry. Static inputs are bound at import."""
-
-    def __init__(self, info: NodeInfo, slots: list):
-        super().__init__()
-        self.info = info
-        self.slots = slots  # per input: ("runtime",), ("static", python value) or ("none",)
-
-    def forward(self, *tensors):
-        given = iter(tensors)
-        args = [next(given) if s[0] == "runtime" else s[1] if s[0] == "static" else None
-                for s in self.slots]
-        while args and args[-1] is None and self.slots[len(args) - 1][0] == "none":
-            args.pop()  # trailing omitted optional inputs: the function's defaults
-        out = OPS[self.info.op_type].fn(self.info, *args)
-        return out if isinstance(out, tuple) else (out,)
-
-    def extra_repr(self) -> str:
-        return f"{self.info.op_type} {self.info.name!r}"
-
-
-_NODE_CLASSES: dict[str, type] = {}
-
-
-def _node_class(op_type: str) -> type:
-    """A subclass named after the op type, so module stacks read 'Conv', 'MatMul'."""
-    if op_type not in _NODE_CLASSES:
-        _NODE_CLASSES[op_type] = type(op_type, (OnnxNode,), {"__module__": __name__})
-    return _NODE_CLASSES[op_type]
-
-
-class OnnxModule(nn.Module):
-    """An imported ONNX graph: forward takes the graph inputs (in graph order, or by name)
-    and returns its outputs (the tensor when there is one, else a tuple).
-
-    Parameters are the trainable float initializers, under their ONNX names (dotted
-    names become nested modules, so "h.0.attn.weight" is `model.h[0].attn.weight`);
-    `onnx_names` maps each parameter's and buffer's qualified name to its ONNX name.
-    """
-
-    def __init__(self, name: str):
-        super().__init__()
-        self.onnx_graph_name = name
-        self.input_names: list[str] = []
-        self.output_names: list[str] = []
-        self.onnx_names: dict[str, str] = {}
-        self.node_labels: dict[str, tuple[str, str]] = {}  # submodule key -> (ONNX name, op type)
-        self._resident: list[tuple[str, str, bool]] = []   # (ONNX value, qualified name, is parameter)
-        self._steps: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
-        self.add_module(_NODES, nn.ModuleDict())
-        self.add_module(_CONSTANTS, nn.Module())
-
-    def positional_inputs(self, args: Sequence, kwargs: Mapping) -> tuple:
-        """The inputs in graph order, from positional arguments and/or names."""
-        names = self.input_names
-        if len(args) > len(names):
-            raise OnnxInputError(f"{len(args)} inputs given, but the ONNX graph has {len(names)}: {names}")
-        unknown = [k for k in kwargs if k not in names]
-        twice = [k for k in kwargs if k in names[:len(args)]]
-        missing = [n for n in names[len(args):] if n not in kwargs]
-        if unknown or twice or missing:
-            raise OnnxInputError("inputs do not match the ONNX graph's inputs "
-                                 f"{names}: " + "; ".join(
-                                     p for p in (f"unknown {unknown}" if unknown else "",
-                                                 f"given twice {twice}" if twice else "",
-                                                 f"missing {missing}" if missing else "") if p))
-        return tuple(args) + tuple(kwargs[n] for n in names[len(args):])
-
-    def forward(self, *args, **kwargs):
-        env = dict(zip(self.input_names, self.positional_inputs(args, kwargs)))
-        for value, qualified, is_parameter in self._resident:
-            env[value] = self.get_parameter(qualified) if is_parameter else self.get_buffer(qualified)
-        nodes = self._modules[_NODES]
-        for key, inputs, outputs in self._steps:
-            results = nodes[key](*[env[n] for n in inputs])
-            for name, result in zip(outputs, results):
-                if name:
-                    env[name] = result
-        results = tuple(env[n] for n in self.output_names)
-        return results[0] if len(results) == 1 else results
-
-    # -------------------------------------------------------------- building
-
-    def _slot(self, qualified: str):
-        """(module, attribute) where `qualified` would live, or None if it cannot."""
-        *path, leaf = qualified.split(".")
-        if not leaf or not all(path):
-            return None
-        module = self
-        for part in path:
-            child = module._modules.get(part)
-            if child is None:
-                if hasattr(module, part) or part in module._parameters or part in module._buffers:
-                    return None
-                return module, None  # free from here on: containers are created
-            module = child
-        if hasattr(module, leaf) or leaf in module._modules:
-            return None
-        return module, leaf
-
-    def _place(self, name: str) -> tuple[nn.Module, str, str]:
-        """The module and attribute for the ONNX tensor `name` (nested by dots), created."""
-        qualified = name
-        if name.startswith(("_onnx_",)) or self._slot(name) is None:
-            qualified = f"{_RENAMED}." + _safe(name)
-            base, n = qualified, 1
-            while self._slot(qualified) is None:
-                n += 1
-                qualified = f"{base}_{n}"
-        *path, leaf = qualified.split(".")
-        module = self
-        for part in path:
-            if part not in module._modules:
-                module.add_module(part, nn.Module())
-            module = module._modules[part]
-        return module, leaf, qualified
-
-    def add_tensor(self, name: str, tensor: torch.Tensor, kind: str) -> str:
-        """Register an ONNX tensor as 'parameter', 'buffer' or 'constant'; its qualified name."""
-        if kind == "constant":
-            holder = self._modules[_CONSTANTS]
-            leaf = _safe(name)
-            base, n = leaf, 1
-            while hasattr(holder, leaf):
-                n += 1
-                leaf = f"{base}_{n}"
-            holder.register_buffer(leaf, tensor, persistent=False)
-            qualified = f"{_CONSTANTS}.{leaf}"
-        else:
-            module, leaf, qualified = self._place(name)
-            if kind == "parameter":
-                module.register_parameter(leaf, nn.Parameter(tensor))
-            else:
-                module.register_buffer(leaf, tensor)
-        self.onnx_names[qualified] = name
-        self._resident.append((name, qualified, kind == "parameter"))
-        return qualified
-
-
-def _safe(name: str) -> str:
-    """An attribute name for any ONNX name (no dots, not empty, no leading digit trouble)."""
-    cleaned = "".join(c if c.isalnum() or c in "_/-:" else "_" for c in name) or "unnamed"
-    return cleaned
-
-
-# ---------------------------------------------------------------- import
-
-class _Importer:
-    """Walks the (topologically ordered) ONNX graph once: folds, infers shapes, builds steps."""
-
-    def __init__(self, model, examples: tuple, inputs, trainable, source: str, opset: int):
-        self.model, self.graph, self.source, self.opset = model, model.graph, source, opset
-        self.const: dict[str, torch.Tensor] = {}   # values known at import (CPU tensors)
-        self.meta: dict[str, torch.Tensor] = {}    # every value's shape and dtype (meta tensors)
-        self.params: set[str] = set()
-        self.float_initializers: set[str] = set()
-        self.input_names = [vi.name for vi in inputs]
-        for name, t in zip(self.input_names, examples):
-            self.meta[name] = t.to("meta")
-        for init in self.graph.initializer:
-            t = tensor_of(init)
-            self.const[init.name] = t
-            self.meta[init.name] = t.to("meta")
-            if init.data_type in _FLOAT_TYPES and t.dim() >= 1:
-                self.float_initializers.add(init.name)
-        self.trainable = self._trainable_names(trainable)
-        for name in self.trainable & set(self.const):  # initializers; folded values join as computed
-            if self._can_train(name, self.const[name]):
-                self.params.add(name)
-
-    def _trainable_names(self, trainable) -> set[str]:
-        if not isinstance(trainable, str):
-            names = set(trainable)
-            self.explicit = names
-            return names
-        self.explicit = None
-        if trainable not in TRAINABLE_MODES:
-            raise LoweringError(f"trainable must be one of {TRAINABLE_MODES} or a collection of "
-                                f"tensor names, not {trainable!r}")
-        candidates = set(self.float_initializers)
-        if trainable == "constants":
-            candidates |= {o for n in self.graph.node if n.op_type in ("Constant", "ConstantOfShape")
-                           for o in n.output}
-        fed = {name for node in self.graph.node for pos, name in enumerate(node.input)
-               if name and OPS[node.op_type].differentiable(pos)}
-        return candidates & fed
-
-    def is_constant(self, name: str) -> bool:
-        return name in self.const and name not in self.params
-
-    def _fail(self, node, index: int, message: str) -> LoweringError:
-        return LoweringError(f"{self.source}: node {_node_label(node, index)!r} ({node.op_type}): {message}")
-
-    def _call(self, node, index, info, args, on_meta: bool):
-        try:
-            out = OPS[node.op_type].fn(info, *args)
-        except OpError as exc:
-            raise self._fail(node, index, f"{exc} is not supported by the ONNX frontend") from None
-        except Exception as exc:
-            shapes = [list(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
-            hint = ("; its output shape may depend on runtime data, which a static training graph "
-                    "cannot hold" if on_meta else "")
-            raise self._fail(node, index, f"failed on inputs {shapes}: {_first_line(exc)}{hint}") from None
-        return out if isinstance(out, tuple) else (out,)
-
-    def run(self, module: OnnxModule) -> OnnxModule:
-        needed: list[str] = []  # constants and parameters the runtime nodes read, in order
-        for index, node in enumerate(self.graph.node):
-            spec = OPS[node.op_type]
-            names = list(node.input)
-            for pos, name in enumerate(names):
-                if name and name not in self.meta:
-                    raise self._fail(node, index, f"input {pos} {name!r} is produced by no earlier node "
-                                                  "(the graph is not topologically sorted, or it is missing)")
-            info = NodeInfo(_node_label(node, index), node.op_type, _attributes(node), self.opset, node.output)
-            fold = not spec.random and all(
-                not n or self.is_constant(n) or (spec.shape_only and n in self.meta) for n in names)
-            if fold:
-                args = []
-                for pos, name in enumerate(names):
-                    if not name:
-                        args.append(None)
-                    elif spec.shape_only:
-                        args.append(self.meta[name])
-                    elif pos in spec.static:
-                        args.append(self.const[name].tolist())
-                    else:
-                        args.append(self.const[name])
-                outs = self._call(node, index, info, _trim(args), on_meta=False)
-                for name, value in zip(node.output, outs):
-                    if name and value is not None:
-                        self.const[name] = value
-                        self.meta[name] = value.to("meta")
-                        if name in self.trainable and self._can_train(name, value):
-                            self.params.add(name)
-                continue
-            slots, runtime, meta_args = [], [], []
-            for pos, name in enumerate(names):
-                if not name:
-                    slots.append(("none",))
-                    meta_args.append(None)
-                elif pos in spec.static:
-                    if not self.is_constant(name):
-                        raise self._fail(node, index, f"input {pos} {name!r} sets a shape, axis or "
-                                                      "size, so it must be computable when the model is "
-                                                      "imported (from constants and shapes), but it "
-                                                      "depends on runtime data")
-                    value = self.const[name].tolist()
-                    slots.append(("static", value))
-                    meta_args.append(value)
-                else:
-                    slots.append(("runtime",))
-                    runtime.append(name)
-                    meta_args.append(self.meta[name])
-                    if name in self.const:
-                        needed.append(name)
-            outs = self._call(node, index, info, _trim(meta_args), on_meta=True)
-            for name, value in zip(node.output, outs):
-                if name and value is not None:
-                    self.meta[name] = value
-            key = f"n{index}"
-            module._modules[_NODES][key] = _node_class(node.op_type)(info, slots)
-            module.node_labels[key] = (info.name, node.op_type)
-            module._steps.append((key, tuple(runtime), tuple(node.output)))
-        for out in self.graph.output:
-            if out.name not in self.meta:
-                raise LoweringError(f"{self.source}: graph output {out.name!r} is produced by no node")
-            if out.name in self.const:
-                needed.append(out.name)
-        if self.explicit is not None:
-            odd = sorted(self.explicit - self.params)
-            if odd:
-                raise LoweringError(f"{self.source}: trainable names {odd} are not float tensors (rank >= 1) "
-                                    "that the graph computes from constants alone")
-        for name in dict.fromkeys(needed):
-            value = self.const[name]
-            kind = ("parameter" if name in self.params
-                    else "buffer" if name in self.float_initializers else "constant")
-            module.add_tensor(name, value, kind)
-        module.input_names = list(self.input_names)
-        module.output_names = [o.name for o in self.graph.output]
-        return module
-
-    def _can_train(self, name: str, value: torch.Tensor) -> bool:
-        if value.is_floating_point() and value.dim() >= 1:
-            return True
-        if self.explicit is not None:
-            raise LoweringError(f"{self.source}: trainable tensor {name!r} is {value.dtype} of shape "
-                                f"{list(value.shape)}; only float tensors of rank >= 1 can be trained")
-        return False
-
-
-def _trim(args: list) -> list:
-    """Drop trailing omitted optional inputs so the op's defaults apply."""
-    args = list(args)
-    while args and args[-1] is None:
-        args.pop()
-    return args
-
-
-def _check_shapes(model, examples, importer: _Importer, source: str) -> None:
-    """Each output shape and dtype the op table produced, against ONNX shape inference."""
-    import onnx
-
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    inits = {i.name for i in fixed.graph.initializer}
-    user = [vi for vi in fixed.graph.input if vi.name not in inits]
-    for vi, t in zip(user, examples):
-        shape = vi.type.tensor_type.shape
-        del shape.dim[:]
-        for size in t.shape:
-            shape.dim.add().dim_value = size
-    # Shapes recorded in the file were written for the export's inputs: infer them afresh.
-    del fixed.graph.value_info[:]
-    for out in fixed.graph.output:
-        out.type.tensor_type.ClearField("shape")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(fixed, strict_mode=False, data_prop=True)
-    except Exception:
-        return  # shape inference itself failed: nothing to compare with
-    producer = {o: (i, n) for i, n in enumerate(model.graph.node) for o in n.output}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-        ours = importer.meta.get(vi.name)
-        tt = vi.type.tensor_type
-        if ours is None or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
-            continue
-        dims = _dims(vi)
-        if not all(isinstance(d, int) for d in dims):
-            continue
-        problem = None
-        if list(ours.shape) != dims:
-            problem = f"shape {list(ours.shape)}, but ONNX shape inference gives {dims}"
-        elif tt.elem_type in DTYPES and torch_dtype(tt.elem_type) != ours.dtype:
-            problem = f"dtype {ours.dtype}, but ONNX shape inference gives {torch_dtype(tt.elem_type)}"
-        if problem and vi.name in producer:
-            index, node = producer[vi.name]
-            raise LoweringError(f"{source}: node {_node_label(node, index)!r} ({node.op_type}) output "
-                                f"{vi.name!r}: the op table gives {problem} (a bug in the op table: "
-                                "please report it)")
-
-
-def to_torch(model_or_path, example_inputs=None, *, trainable="initializers") -> tuple[OnnxModule, tuple]:
-    """Import an ONNX model: (`OnnxModule`, example inputs in graph order).
-
-    `example_inputs` (a tuple in graph order, a dict by input name, or one tensor) fix
-    dynamic dimensions; without them every dimension must be static. `trainable`:
-    "initializers" (float initializers of rank >= 1 feeding a differentiable input),
-    "constants" (also `Constant`/`ConstantOfShape` outputs that do: the weight-stripped
-    model-zoo graphs in the `onnx` package store every weight that way), or a
-    collection of tensor names. Raises `LoweringError` naming the node or input at fault.
-    """
-    model, source = load_model(model_or_path)
-    model = _prepared(model, source)
-    opset = _opset(model, source)
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [vi for vi in model.graph.input if vi.name not in inits]  # IR < 4 lists initializers too
-    examples = _example_tensors(inputs, example_inputs, source)
-    importer = _Importer(model, examples, inputs, trainable, source, opset)
-    module = importer.run(OnnxModule(model.graph.name or "onnx"))
-    _check_shapes(model, examples, importer, source)
-    module.onnx_source, module.onnx_opset = source, opset
-    device = next((t.device for t in examples), torch.device("cpu"))
-    return module.to(device), examples
-
-
-def lower_module(module: OnnxModule, example_inputs: tuple, *, cost_model: str = "profile",
-                 device: str | torch.device | None = None) -> Graph:
-    """The joint training graph of an imported model, with ONNX node names as sources."""
-    graph = torch_lower(module, tuple(example_inputs), cost_model=cost_model, device=device)
-    prefix = _NODES + "."
+def lower_module(module: OnnxModule, example_inputs: tuple) -> Graph:
+    """The joint training graph of an imported model, with ONNX node names as sources
+    (no costs: `remat_ir.lowering.lower_onnx_module` adds them)."""
+    graph = torch_lower(module, tuple(example_inputs))
     for node in graph.proto.nodes:
-        path = node.source.split(" (", 1)[0]
-        if path.startswith(prefix):
-            label = module.node_labels.get(path[len(prefix):].split(".", 1)[0])
-            if label is not None:
-                node.source = f"{label[0]} ({label[1]})"
+        label = module.label_of(node.source.split(" (", 1)[0])
+        if label is not None:
+            node.source = f"{label[0]} ({label[1]})"
     import onnx
 
     g = graph.proto
@@ -630,24 +49,22 @@ def lower_module(module: OnnxModule, example_inputs: tuple, *, cost_model: str =
     g.metadata["onnx.opset"] = str(getattr(module, "onnx_opset", ""))
     g.metadata["onnx.input_names"] = json.dumps(module.input_names)
     g.metadata["onnx.output_names"] = json.dumps(module.output_names)
-    renamed = {q: n for q, n in module.onnx_names.items() if q != n and not q.startswith(_CONSTANTS)}
+    renamed = module.renamed_tensors()
     if renamed:
         g.metadata["onnx.renamed_tensors"] = json.dumps(renamed)
     return graph
 
 
-def lower(model_or_path, example_inputs=None, *, cost_model: str = "profile",
-          device: str | torch.device | None = None, trainable="initializers") -> Graph:
-    """The joint forward+backward graph of one training step of an ONNX model, as IR.
+def lower(model_or_path, example_inputs=None, *, trainable="initializers") -> Graph:
+    """The joint forward+backward graph of one training step of an ONNX model, as IR,
+    without costs (`remat_ir.lowering.lower_onnx` adds them).
 
-    See `to_torch` for `example_inputs` and `trainable`; `cost_model` and `device` are
-    the torch lowering's ("profile" measures each op, "flops" estimates).
+    See `to_torch` for `example_inputs` and `trainable`.
     """
-    if cost_model not in ("profile", "flops"):
-        raise ValueError(f"cost_model must be 'profile' or 'flops', not {cost_model!r}")
     module, examples = to_torch(model_or_path, example_inputs, trainable=trainable)
-    return lower_module(module, examples, cost_model=cost_model, device=device)
+    return lower_module(module, examples)
 
 
 __all__ = ["lower", "to_torch", "OPS", "lower_module", "load_model", "check_ops", "OnnxModule",
-           "OnnxInputError", "UnsupportedOps", "LoweringError", "MIN_OPSET", "MAX_OPSET"]
+           "OnnxNode", "OnnxInputError", "UnsupportedOps", "LoweringError", "MIN_OPSET", "MAX_OPSET",
+           "TRAINABLE_MODES", "tensor_of"]

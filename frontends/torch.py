@@ -27,8 +27,7 @@ from remat_ir.ir.arguments import TensorRef
 from remat_ir.ir.memory import is_view
 
 from .autograd_functions import FunctionError, preserving_functions
-from .costs import estimate_costs
-from .torch_types import autocast_state, describe_input, ir_dtype, op_name, to_ir_argument
+from remat_ir.torchlib.types import argument_names, autocast_state, describe_input, ir_dtype, op_name, to_ir_argument
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -178,8 +177,9 @@ class _Lowering:
             vid = self.new_value(desc.target, fake, "buffer")
             self.g.add_input(vid, desc.target)
         elif kind_name == "PlainAOTInput":
+            # desc.idx counts the leaves of (args, kwargs) flattened: the caller's position.
             vid = self.new_value(f"input{desc.idx}", fake, "user_input")
-            self.g.add_input(vid, f"input{desc.idx}")
+            self.g.add_input(vid, f"input{desc.idx}", position=desc.idx)
         elif kind_name == "TangentAOTInput":
             vid = self.new_value(f"grad_{node.name}", fake, "gradient")
             self.pending_tangents.append((vid, desc))
@@ -339,20 +339,18 @@ def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tup
 
 
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
-          example_kwargs: dict | None = None, cost_model: str | None = "profile",
-          device: str | torch.device | None = None) -> Graph:
-    """The joint forward+backward graph of one training step of `model`, as IR.
+          example_kwargs: dict | None = None) -> Graph:
+    """The joint forward+backward graph of one training step of `model`, as IR, without costs.
 
     `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
     keyword arguments (a Hugging Face batch) or one tensor; `example_kwargs` add
     keyword arguments. The autocast state active now is traced into the graph
-    (its casts) and recorded. `cost_model` is "profile" (each distinct op
-    measured on `device`, by default the inputs' device), "flops" (estimated
-    from FLOPs and bytes) or None (no costs yet: `estimate_costs` later).
-    Raises `LoweringError` naming the op and module that cannot be lowered.
+    (its casts) and recorded. Every node's cost is left empty and
+    `provenance.cost_device` names the inputs' device: costs come from executing
+    ops, which is the runtimes' business (`remat_ir.runtimes.profiling.estimate_costs`;
+    `remat_ir.lowering.lower_torch` does both). Raises `LoweringError` naming the op
+    and module that cannot be lowered.
     """
-    if cost_model not in ("profile", "flops", None):
-        raise ValueError(f"cost_model must be 'profile' or 'flops', not {cost_model!r}")
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
     exported = _export(model, args, kwargs, attribute_reads)
@@ -369,6 +367,11 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
+    # Each user input's argument, by the name a call gives it ('input_ids', 'args[0]').
+    names = argument_names(exported.call_spec.in_spec)
+    for entry in graph.proto.inputs:
+        if entry.HasField("user_input_position") and entry.user_input_position < len(names):
+            entry.argument_name = names[entry.user_input_position]
     # How user inputs flatten (PlainAOTInput indices count these leaves) and outputs nest.
     for key, spec in (("torch.in_spec", exported.call_spec.in_spec),
                       ("torch.out_spec", exported.call_spec.out_spec)):
@@ -387,8 +390,6 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     prov = graph.proto.provenance
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"
-    run_device = torch.device(device) if device is not None else _device_of((args, kwargs))
-    prov.cost_device = str(run_device)
-    if cost_model is not None:
-        estimate_costs(graph, cost_model, run_device)
+    # Where the graph was traced: profiling measures there unless told otherwise.
+    prov.cost_device = str(_device_of((args, kwargs)))
     return graph

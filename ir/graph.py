@@ -19,7 +19,9 @@ from .arguments import TensorRef, encode, tensor_ids
 from .dtypes import dtype_from_name, nbytes
 
 #: The IR format version this library writes and reads (see schemas/README.md).
-FORMAT_VERSION = (1, 0)
+#: 1.1 added `GraphInput.user_input_position` and `argument_name`; 1.0 files are still
+#: read (`ir.serialization` fills the positions).
+FORMAT_VERSION = (1, 1)
 
 #: Graph-input value kinds; they are always live and counted apart from activations.
 RESIDENT_KINDS = frozenset({pb.USER_INPUT, pb.PARAMETER, pb.BUFFER, pb.CONSTANT, pb.GRADIENT})
@@ -130,12 +132,33 @@ class Graph:
         return node.id
 
     def add_input(self, value_id: int, name: str | None = None, *,
-                  gradient_of: int | None = None) -> None:
+                  gradient_of: int | None = None, position: int | None = None,
+                  argument_name: str = "") -> None:
+        """Declare a graph input. A user input gets `position`, where the caller passes it
+        among its flattened arguments (`GraphInput.user_input_position`); by default the
+        next one after the user inputs declared so far, so that a graph built by hand
+        takes its user inputs in the order they were added."""
         entry = self.proto.inputs.add(value_id=value_id,
                                       name=name if name is not None else self._values[value_id].name)
         if gradient_of is not None:
             entry.gradient_of = gradient_of
+        if self._values[value_id].kind == pb.USER_INPUT:
+            if position is None:
+                taken = [i.user_input_position for i in self.proto.inputs
+                         if i.HasField("user_input_position")]
+                position = max(taken) + 1 if taken else 0
+            entry.user_input_position = position
+            entry.argument_name = argument_name
+        elif position is not None or argument_name:
+            raise ValueError(f"value {self._values[value_id].name!r} is not a user input: "
+                             "only user inputs take a position and an argument name")
         self._changed()
+
+    def user_inputs(self) -> list[pb.GraphInput]:
+        """The user inputs' graph-input entries, by `user_input_position`."""
+        kinds = {v: self._values[v].kind for v in (i.value_id for i in self.proto.inputs)}
+        return sorted((i for i in self.proto.inputs if kinds.get(i.value_id) == pb.USER_INPUT),
+                      key=lambda i: i.user_input_position)
 
     def add_output(self, value_id: int, role: str | int, name: str = "") -> None:
         self.proto.outputs.add(value_id=value_id, role=_enum(pb.OutputRole, role), name=name)

@@ -276,14 +276,18 @@ class Node(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[int]] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[NamedArgument, _Mapping]]] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_node_id: _Optional[int] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., random: _Optional[bool] = ..., mutating: _Optional[bool] = ..., non_recomputable: _Optional[bool] = ..., source: _Optional[str] = ..., output_indices: _Optional[_Iterable[int]] = ..., rng_shape_only: _Optional[bool] = ...) -> None: ...
 
 class GraphInput(_message.Message):
-    __slots__ = ("value_id", "name", "gradient_of")
+    __slots__ = ("value_id", "name", "gradient_of", "user_input_position", "argument_name")
     VALUE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_OF_FIELD_NUMBER: _ClassVar[int]
+    USER_INPUT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENT_NAME_FIELD_NUMBER: _ClassVar[int]
     value_id: int
     name: str
     gradient_of: int
-    def __init__(self, value_id: _Optional[int] = ..., name: _Optional[str] = ..., gradient_of: _Optional[int] = ...) -> None: ...
+    user_input_position: int
+    argument_name: str
+    def __init__(self, value_id: _Optional[int] = ..., name: _Optional[str] = ..., gradient_of: _Optional[int] = ..., user_input_position: _Optional[int] = ..., argument_name: _Optional[str] = ...) -> None: ...
 
 class GraphOutput(_message.Message):
     __slots__ = ("value_id", "role", "name")

@@ -17,6 +17,17 @@ protobuf JSON mapping of `Graph` (its `version` field is checked first), for
 people and tools that prefer text.
 
 `load` validates the graph's structure before returning it.
+
+Older files of the same major version are read and upgraded in memory to the
+current format (`_upgrade`), so a reader never sees the older layout:
+
+- 1.0 -> 1.1: graph inputs gained `user_input_position` (where the caller
+  passes each user input) and `argument_name`. A 1.0 file gets positions from
+  the naming convention the PyTorch frontend used then, user inputs named
+  "input<N>" for the N-th flat argument, when every user input follows it;
+  otherwise (a graph built by hand, like `examples/mlp.rir` with inputs "x" and
+  "target") from the order of its user inputs among the graph inputs. Argument
+  names stay empty (unknown).
 """
 
 from __future__ import annotations
@@ -108,6 +119,23 @@ def _parse_json(text: str, where: str) -> pb.Graph:
     return graph
 
 
+def _upgrade(proto: pb.Graph) -> pb.Graph:
+    """Bring a graph of an older minor version of this major up to FORMAT_VERSION (see the
+    module docstring for what each step fills in)."""
+    if (proto.version.major, proto.version.minor) >= FORMAT_VERSION:
+        return proto
+    if proto.version.minor < 1:
+        kinds = {v.id: v.kind for v in proto.values}
+        user = [i for i in proto.inputs if kinds.get(i.value_id) == pb.USER_INPUT]
+        numbers = [i.name.removeprefix("input") for i in user]
+        by_name = (all(i.name.startswith("input") and n.isdigit() for i, n in zip(user, numbers))
+                   and len(set(map(int, numbers))) == len(numbers))
+        for index, (entry, number) in enumerate(zip(user, numbers)):
+            entry.user_input_position = int(number) if by_name else index
+    proto.version.major, proto.version.minor = FORMAT_VERSION
+    return proto
+
+
 def loads(data: bytes, *, where: str = "input", check: bool = True) -> Graph:
     """Graph from bytes in either encoding; `check` validates its structure."""
     stripped = data.lstrip()
@@ -119,6 +147,7 @@ def loads(data: bytes, *, where: str = "input", check: bool = True) -> Graph:
         proto = _parse_json(text, where)
     else:
         proto = _parse_binary(data, where)
+    proto = _upgrade(proto)
     return validate(proto) if check else Graph(proto)
 
 

@@ -139,6 +139,7 @@ def _input_output_problems(g: pb.Graph, values: dict) -> list[str]:
         if i.HasField("gradient_of") and i.gradient_of not in values:
             problems.append(f"graph input {i.name!r} is the gradient of value id {i.gradient_of}, "
                             "which does not exist")
+    problems += _user_input_position_problems(g, values)
     for n in g.nodes:
         for v in n.inputs:
             if v in values and v not in produced and v not in inputs and values[v].kind != pb.CONSTANT:
@@ -151,6 +152,33 @@ def _input_output_problems(g: pb.Graph, values: dict) -> list[str]:
             problems.append(f"graph output {o.name!r} (value id {o.value_id}) is never computed")
         if o.role == pb.OUTPUT_ROLE_UNSPECIFIED:
             problems.append(f"graph output {o.name!r} (value id {o.value_id}) has no role")
+    return problems
+
+
+def _user_input_position_problems(g: pb.Graph, values: dict) -> list[str]:
+    """Each user input says where the caller passes it (`user_input_position`), and no two
+    say the same place: a runtime binds the caller's arguments by these positions alone."""
+    problems = []
+    by_position: dict[int, list[str]] = {}
+    for i in g.inputs:
+        v = values.get(i.value_id)
+        if v is None:
+            continue
+        if v.kind == pb.USER_INPUT:
+            if not i.HasField("user_input_position"):
+                problems.append(f"user input {i.name!r} (value id {v.id}) has no user_input_position; "
+                                "set it to where the caller passes this tensor among its flattened "
+                                "arguments (Graph.add_input(..., position=...))")
+            else:
+                by_position.setdefault(i.user_input_position, []).append(repr(i.name))
+        elif i.HasField("user_input_position") or i.argument_name:
+            problems.append(f"graph input {i.name!r} (value id {v.id}) is a "
+                            f"{pb.ValueKind.Name(v.kind).lower()}, not a user input, but has a "
+                            "user_input_position or argument_name; only user inputs take them")
+    for position, names in sorted(by_position.items()):
+        if len(names) > 1:
+            problems.append(f"user inputs {', '.join(names)} all have user_input_position {position}; "
+                            "each position is one argument of the caller, so give each its own")
     return problems
 
 

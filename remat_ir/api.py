@@ -65,7 +65,10 @@ class Planner:
 
     def __init__(self, budget, solver: str | None, *, cost_model: str, time_limit_s: float | None,
                  progress: Progress | None, options: dict, cache_dir=None):
+        from remat_ir.lowering import check_cost_model
+
         parse_budget(budget, 1)  # a malformed budget fails before the model is traced
+        check_cost_model(cost_model, allow_none=False)  # and so does an unknown cost model
         self.budget, self.cost_model = budget, cost_model
         self.solver = solver or ("autograd" if budget is None else DEFAULT_SOLVER)
         self.time_limit_s, self.progress, self.options = time_limit_s, progress, dict(options)
@@ -77,19 +80,18 @@ class Planner:
     def __call__(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         import torch
 
-        from remat_ir.frontends.costs import estimate_costs
-        from remat_ir.frontends.torch import lower
+        from remat_ir.lowering import add_costs, lower_torch
         from remat_ir.plan_cache import PlanCache
         from remat_ir.runtimes.torch import notify_stderr
 
         cache = PlanCache.from_setting(self.cache_dir, warn=notify_stderr)
-        graph = lower(model, args, example_kwargs=kwargs, cost_model=None)
+        graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
         graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__)
         cached = cache and cache.load_graph(graph_key, graph)
         if cached:
             graph = cached
         else:
-            estimate_costs(graph, self.cost_model, torch.device(graph.proto.provenance.cost_device))
+            add_costs(graph, self.cost_model)
             if cache:
                 cache.store_graph(graph_key, graph)
         if not cache:
@@ -130,17 +132,19 @@ def remat_onnx(model_or_path, example_inputs=None, budget=None, *, solver: str |
     the graph outputs (the tensor when there is one, else a tuple). `budget` and `solver`
     are as for `remat`.
     """
-    from remat_ir.frontends.onnx import lower_module, to_torch
+    from remat_ir.frontends.onnx import to_torch
+    from remat_ir.lowering import check_cost_model, lower_onnx_module
 
+    check_cost_model(cost_model, allow_none=False)
     module, examples = to_torch(model_or_path, example_inputs, trainable=trainable)
-    graph = lower_module(module, examples, cost_model=cost_model)
+    graph = lower_onnx_module(module, examples, cost_model=cost_model)
     schedule = plan(graph, budget, solver, time_limit_s=time_limit_s, progress=progress, **options)
     return scheduled_onnx_module(module, graph, schedule)
 
 
 def scheduled_onnx_module(module, graph: Graph, schedule: pb.Schedule):
     """An imported ONNX module (`frontends.onnx.to_torch`) trained through `schedule` of its
-    lowered `graph` (`frontends.onnx.lower_module`): what `remat_onnx` returns, for callers
+    lowered `graph` (`remat_ir.lowering.lower_onnx_module`): what `remat_onnx` returns, for callers
     that lower once and plan themselves."""
     return _onnx_scheduled_class()(module, graph, schedule)
 

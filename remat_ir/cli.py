@@ -186,7 +186,7 @@ def cmd_convert(args) -> int:
 def _convert_torch(args) -> Graph:
     import torch
 
-    from .frontends.torch import lower
+    from .lowering import lower_torch
 
     if args.shape or args.trainable != "initializers":
         raise RematIRError("--shape and --trainable apply to ONNX files, not to --torch factories")
@@ -202,7 +202,7 @@ def _convert_torch(args) -> Graph:
     model.train()
     print(f"lowering {type(model).__name__} (torch.export, joint graph, {args.cost_model} costs)...",
           file=sys.stderr)
-    return lower(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model)
+    return lower_torch(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model)
 
 
 def _shape_arg(text: str) -> tuple[str, list[int]]:
@@ -220,8 +220,9 @@ def _shape_arg(text: str) -> tuple[str, list[int]]:
 def _convert_onnx(args) -> Graph:
     import torch
 
-    from .frontends.onnx import load_model, lower
+    from .frontends.onnx import load_model
     from .frontends.onnx_ops import torch_dtype
+    from .lowering import lower_onnx
 
     shapes = dict(_shape_arg(text) for text in args.shape)
     example = None
@@ -242,7 +243,7 @@ def _convert_onnx(args) -> Graph:
                              else torch.zeros(shape, dtype=dtype))
     print(f"lowering {args.model} (ONNX import, torch.export, joint graph, {args.cost_model} costs)...",
           file=sys.stderr)
-    return lower(args.model, example, cost_model=args.cost_model, trainable=args.trainable)
+    return lower_onnx(args.model, example, cost_model=args.cost_model, trainable=args.trainable)
 
 
 #: Schedules `convert` stores with every graph: the two ends solvers are measured against.

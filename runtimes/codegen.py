@@ -31,7 +31,7 @@ from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
 
 from remat_ir.ir.rng import plan_rng
 
-from remat_ir.frontends.torch_types import resolve_op, to_torch_argument, torch_dtype
+from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
 
 class UnsupportedOp(Exception):
@@ -46,7 +46,6 @@ class SegmentPlan:
     buffer_updates: list[tuple[str, int]]     # (buffer name, value id)
     tangents: list[int | None]                # tangent value id per user output (None: no gradient)
     forward_outputs_read_in_backward: list[int]
-    gradient_of_resident: list[int | None]    # per R position: value id of its gradient
     buffers_read_in_backward: set[str] = field(default_factory=set)
     forward_source: str = ""
     backward_source: str = ""
@@ -214,7 +213,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
     read_in_backward = {name_of[v] for v in touched(backward_steps) if v in name_of} & mutated
     plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
                        tangents=[tangent_inputs.get(v) for v in user_outputs],
-                       forward_outputs_read_in_backward=outputs_read, gradient_of_resident=grads,
+                       forward_outputs_read_in_backward=outputs_read,
                        buffers_read_in_backward=read_in_backward,
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
@@ -289,11 +288,7 @@ def _placeholder_function(graph: Graph, device: torch.device):
     """`_placeholder(value_id)`: an uninitialized tensor with the value's shape, strides and
     dtype, standing in for an input a skipped random op does not have at hand."""
     def placeholder(value_id: int) -> torch.Tensor:
-        value = graph.value(value_id)
-        dtype = torch_dtype(value.dtype)
-        if value.stride:
-            return torch.empty_strided(list(value.shape), list(value.stride), dtype=dtype, device=device)
-        return torch.empty(list(value.shape), dtype=dtype, device=device)
+        return empty_tensor(graph.value(value_id), device)
     return placeholder
 
 

@@ -18,11 +18,9 @@ import torch
 
 @dataclass
 class Measured:
-    """What one call did: its result, the peak bytes allocated above the start, and
-    the bytes still allocated at the end (what the call left alive)."""
+    """What one call did: its result and the peak bytes allocated above the start."""
     result: object
     peak_bytes: int
-    retained_bytes: int
 
 
 def _cpu_allocations(prof) -> list[tuple[int, int, int]]:
@@ -49,8 +47,7 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str) -> Measur
         torch.cuda.reset_peak_memory_stats(device)
         result = fn()
         torch.cuda.synchronize(device)
-        return Measured(result, torch.cuda.max_memory_allocated(device) - start,
-                        torch.cuda.memory_allocated(device) - start)
+        return Measured(result, torch.cuda.max_memory_allocated(device) - start)
     from torch.profiler import ProfilerActivity, profile
 
     # Kineto prints two "USDT" lines on stderr per profiling session (profiled lowering
@@ -61,10 +58,9 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str) -> Measur
         result = fn()
     events = _cpu_allocations(prof)
     if not events:
-        return Measured(result, 0, 0)
+        return Measured(result, 0)
     # The running total carries over from earlier profiling sessions: measure from the
     # total just before this session's first event.
     _, first_size, first_total = events[0]
     start = first_total - first_size
-    return Measured(result, max(0, max(total for *_, total in events) - start),
-                    events[-1][2] - start)
+    return Measured(result, max(0, max(total for *_, total in events) - start))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from remat_ir.frontends.torch_types import autocast_state, describe_input
+from remat_ir.torchlib.types import argument_name, argument_names, autocast_state, describe_input
 
 @dataclass(frozen=True)
 class Signature:
@@ -60,24 +60,10 @@ def autocast_from_json(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(json.loads(text).items())) if text else ()
 
 
-def _name(path) -> str:
-    """'input_ids', 'pixel_values[0]', or 'args[1]' for positional argument 1."""
-    (top, *rest) = path[1:]  # path[0] picks args or kwargs
-    head = f"args[{top.idx}]" if path[0].idx == 0 else top.key
-    return head + "".join(pytree.keystr((k,)) for k in rest)
-
-
 def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     """The signature of a call (under the autocast state active now, unless given)."""
     with_paths, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
-    arguments = tuple(sorted((_name(path), describe_input(leaf)) for path, leaf in with_paths))
+    arguments = tuple(sorted((argument_name(path), describe_input(leaf)) for path, leaf in with_paths))
     tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device)
-
-
-def argument_names(spec: pytree.TreeSpec) -> list[str]:
-    """The name of each flat leaf of (args, kwargs) structured as `spec`, in flat order."""
-    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
-    with_paths, _ = pytree.tree_flatten_with_path(tree)
-    return [_name(path) for path, _ in with_paths]

@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.simulator import check
 
-from remat_ir.frontends.torch_types import torch_dtype
+from remat_ir.torchlib.types import torch_dtype
 
 from .codegen import UnsupportedOp, generate, resident_order
 from .signatures import Signature, argument_names, autocast_from_json, call_signature
@@ -138,19 +138,21 @@ class _Lowered:
         check(graph, schedule)  # never run a schedule the simulator rejects
         self.graph, self.schedule = graph, schedule
         g = graph.proto
-        self.user_inputs = []  # (flat index, value id) in graph order
+        self.user_inputs = []  # (flat index, value id, argument name) in graph order
         self.bindings = []     # per resident slot: ("param"|"buffer", name), ("input", index) or ("const", value id)
         kinds = {pb.PARAMETER: "param", pb.BUFFER: "buffer"}
-        names = {e.value_id: e.name for e in g.inputs}
+        entries = {e.value_id: e for e in g.inputs}
         for v in resident_order(graph):
             value = graph.value(v)
             if value.kind in kinds:
-                self.bindings.append((kinds[value.kind], names[v]))
-                _check_bound(model, kinds[value.kind], names[v], value)
+                self.bindings.append((kinds[value.kind], entries[v].name))
+                _check_bound(model, kinds[value.kind], entries[v].name, value)
             elif value.kind == pb.USER_INPUT:
-                index = int(names[v].removeprefix("input"))
+                # Where the caller passes it, as the IR says (validated: present and unique).
+                entry = entries[v]
+                index = entry.user_input_position
                 self.bindings.append(("input", index))
-                self.user_inputs.append((index, v))
+                self.user_inputs.append((index, v, entry.argument_name or f"input {index}"))
             else:
                 self.bindings.append(("const", v))
         self.in_spec = _load_spec(g, "torch.in_spec")
@@ -189,15 +191,15 @@ class _Lowered:
         if self.in_spec is not None and spec != self.in_spec:
             raise RuntimeInputError("the inputs are structured otherwise than at lowering; "
                                     "lower again with these inputs")
-        for index, value_id in self.user_inputs:
+        for index, value_id, name in self.user_inputs:
             value = self.graph.value(value_id)
             if index >= len(leaves) or not isinstance(leaves[index], torch.Tensor):
-                raise RuntimeInputError(f"input {index} should be a tensor of shape "
+                raise RuntimeInputError(f"{name} should be a tensor of shape "
                                         f"{list(value.shape)}; lower again with these inputs")
             t = leaves[index]
             if list(t.shape) != list(value.shape) or t.dtype != torch_dtype(value.dtype):
                 raise RuntimeInputError(
-                    f"input {index} is {list(t.shape)} {t.dtype}, but the graph was lowered for "
+                    f"{name} is {list(t.shape)} {t.dtype}, but the graph was lowered for "
                     f"{list(value.shape)} {torch_dtype(value.dtype)}; lower again with inputs "
                     "of this shape")
         return leaves

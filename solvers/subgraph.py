@@ -76,6 +76,16 @@ def part_graph(graph: Graph, forward: Sequence[int], backward: Sequence[int], na
             entry.CopyFrom(entries[v])
             if entry.gradient_of not in value_ids:
                 entry.ClearField("gradient_of")
+    # A part is called by nobody: its user inputs (the model's, and the values cut from
+    # the rest of it) are numbered in input order, only to keep the graph valid.
+    kinds = {v.id: v.kind for v in proto.values}
+    user = [i for i in proto.inputs if kinds[i.value_id] == pb.USER_INPUT]
+    for position, entry in enumerate(user):
+        entry.user_input_position = position
+    for entry in proto.inputs:
+        if kinds[entry.value_id] != pb.USER_INPUT:
+            entry.ClearField("user_input_position")
+            entry.argument_name = ""
     outputs: dict[int, list[pb.GraphOutput]] = {}
     for o in graph.proto.outputs:
         outputs.setdefault(o.value_id, []).append(o)

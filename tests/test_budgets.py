@@ -8,7 +8,7 @@ import random
 import pytest
 
 from remat_ir import ir, solvers
-from remat_ir.frontends.torch import lower
+from remat_ir.lowering import lower_torch
 from torch_models import gpt2
 
 
@@ -26,7 +26,7 @@ def _noisy_copy(graph: ir.Graph, seed: int) -> ir.Graph:
 @pytest.mark.parametrize("solver", ["hiremate", "rotor"])
 def test_named_floor_is_feasible_when_asked_for(solver):
     model, args, kwargs, _ = gpt2(n_layer=1, n_embd=32, seq=16, batch=2)
-    graph = lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
     options = dict(time_limit_s=5) if solver != "rotor" else {}
     with pytest.raises(solvers.InfeasibleBudget) as refused:
         solvers.solve(graph, 1, solver, **options)
@@ -47,7 +47,7 @@ def test_named_floor_is_feasible_when_asked_for(solver):
 def test_fingerprint_ignores_times_but_not_memory():
     from remat_ir.ir.fingerprint import structure_fingerprint
     model, args, kwargs, _ = gpt2(n_layer=1, n_embd=32, seq=16, batch=2)
-    graph = lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
     assert structure_fingerprint(_noisy_copy(graph, 0)) == structure_fingerprint(graph)
     grown = _noisy_copy(graph, 0)
     grown.proto.nodes[3].cost.workspace_bytes += 1
@@ -64,7 +64,7 @@ def test_profiled_memory_figures_do_not_depend_on_the_run():
     from torch_models import unet
     for make in (lambda: gpt2(n_layer=1, n_embd=32, seq=16, batch=2), unet):
         model, args, kwargs, _ = make()
-        first, second = (lower(model, args, example_kwargs=kwargs, cost_model="profile")
+        first, second = (lower_torch(model, args, example_kwargs=kwargs, cost_model="profile")
                          for _ in range(2))
         assert structure_fingerprint(first) == structure_fingerprint(second)
         assert [n.cost.time_s for n in first.proto.nodes] != [n.cost.time_s for n in second.proto.nodes]

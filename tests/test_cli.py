@@ -25,7 +25,7 @@ def test_inspect_shipped_example():
     result = remat_ir("inspect", EXAMPLE)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "graph 'mlp4x128', IR format 1.0" in out
+    assert "graph 'mlp4x128', IR format 1.1" in out
     assert "nodes: 37 (15 forward, 22 backward); 3 random" in out
     assert "aten.addmm.default                          4         0" in out
     assert "biggest tensors (top 10):" in out
@@ -53,7 +53,7 @@ def _bad(tmp_path, data: bytes, name="bad.rir") -> Path:
 def test_bad_files_give_one_clear_error(tmp_path, command):
     data = ir.dumps(mlp(layers=2, batch=4, width=4))
     newer = pb.Graph.FromString(data[20:])
-    newer.version.major = 3
+    newer.version.major, newer.version.minor = 3, 0
     cases = {
         "truncated": (data[:-3], "is truncated: the header announces"),
         "corrupt": (data[:30] + bytes([data[30] ^ 0xFF]) + data[31:], "is corrupt: its checksum"),

@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from remat_ir.frontends.torch import lower
+from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
 import zoo_models
@@ -36,7 +36,7 @@ MODELS = ("mlp_dropout", "gpt2", "cnn_batchnorm", "straight_through", "lora_llam
 @functools.cache
 def _lowered(name: str):
     model, args, kwargs, _ = zoo_models.ZOO[name]()
-    return lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -123,7 +123,7 @@ def test_random_networks_under_random_schedules_match_eager(program, seed):
     torch.manual_seed(0)
     model = RandomNet(program, width)
     x = torch.randn(3, width, requires_grad=False)
-    graph = lower(model, (x,), cost_model="flops")
+    graph = lower_torch(model, (x,), cost_model="flops")
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     torch.manual_seed(0)
     fresh = RandomNet(program, width)

@@ -36,6 +36,7 @@ from remat_ir.api import scheduled_onnx_module
 from remat_ir.frontends import onnx as onnx_frontend
 from remat_ir.frontends.onnx import OnnxInputError, UnsupportedOps
 from remat_ir.frontends.torch import LoweringError
+from remat_ir.lowering import lower_onnx, lower_onnx_module
 from remat_ir.solvers import InfeasibleBudget, solve
 
 ort = pytest.importorskip("onnxruntime")
@@ -158,7 +159,7 @@ def test_bert_and_resnet_lower_solve_and_train(exported, name):
     for o, r, t in zip(ours, run_ort(path, args), theirs):
         assert relative_error(o, torch.from_numpy(r)) < 1e-5
         assert relative_error(o, t) < 1e-5
-    graph = onnx_frontend.lower_module(module, examples, cost_model="flops")
+    graph = lower_onnx_module(module, examples, cost_model="flops")
     # At these CI sizes half the peak is below what any plan reaches (BERT: hiremate takes a
     # minute at seq 64; the tiny ResNet's peak is its parameter gradients): recompute all.
     schedule = remat_ir.plan(graph, solver="recompute-all")
@@ -204,7 +205,7 @@ def test_inputs_by_position_or_name_and_outputs(exported):
 
 def test_ir_nodes_keep_their_onnx_node_names(exported):
     path, _, args, _ = exported("gpt2")
-    graph = onnx_frontend.lower(path, args, cost_model="flops")
+    graph = lower_onnx(path, args, cost_model="flops")
     proto = onnx.load(path)
     labels = {f"{n.name} ({n.op_type})" for n in proto.graph.node}
     forward = [n for n in graph.proto.nodes if n.phase == ir.pb.FORWARD]
@@ -314,7 +315,7 @@ def test_every_unsupported_op_is_named_in_one_error_before_any_work():
                                              helper.make_opsetid("com.microsoft", 1)])
     # No example inputs for a dynamic batch either: the op check comes first.
     with pytest.raises(UnsupportedOps) as info:
-        onnx_frontend.lower(model)
+        lower_onnx(model)
     message = str(info.value)
     assert "\n" not in message
     assert info.value.ops == {"Resize": ["resize_1", "resize_2"], "com.microsoft.FusedGemm": ["fused"],
@@ -412,7 +413,7 @@ def test_zoo_graph_lowers_and_solves(name):
     batch = ZOO_BATCH.get(name, 64)
     module, examples = onnx_frontend.to_torch(om.rebatched(ZOO[name], batch), trainable="constants")
     assert module.onnx_opset == 13 and len(list(module.parameters())) > 10
-    graph = onnx_frontend.lower_module(module, examples, cost_model="flops")
+    graph = lower_onnx_module(module, examples, cost_model="flops")
     reference = ir.store_all(graph)
     limit = ZOO_TIME_LIMIT.get(name)
     if name in ZOO_AT_HALF:
@@ -438,7 +439,7 @@ def test_zoo_graph_with_weights_matches_onnxruntime_and_trains(name):
     (reference,) = run_ort(model, (x,))
     assert relative_error(ours, torch.from_numpy(reference)) < 1e-4
     assert ours.std() > 1e-4  # the classes differ: random weights, not the shipped constants
-    graph = onnx_frontend.lower_module(module, (x,), cost_model="flops")
+    graph = lower_onnx_module(module, (x,), cost_model="flops")
     schedule = solve(graph, None, "sqrt")  # sqrt(k) checkpoints, the rest recomputed in backward
     assert ir.simulate(graph, schedule).recomputations > 0
     scheduled = scheduled_onnx_module(module, graph, schedule)

@@ -45,9 +45,9 @@ def check_tree(graph: ir.Graph, tree, max_cluster: int, max_top: int) -> None:
 def gpt2_graph():
     from torch_models import gpt2
 
-    from remat_ir.frontends.torch import lower
+    from remat_ir.lowering import lower_torch
     model, args, kwargs, _ = gpt2(n_layer=3, n_embd=32, seq=16, batch=2)
-    return lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
 def test_gpt2_partition_is_a_valid_tree_and_recognises_the_blocks(gpt2_graph, tmp_path):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from remat_ir import ir
-from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS, lower
+from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS
+from remat_ir.lowering import lower_torch
 from remat_ir.ir import pb
 from remat_ir.ir.rng import plan_rng
 from remat_ir.runtimes.torch import ScheduledModule
@@ -56,7 +57,7 @@ def two_dropouts():
     torch.manual_seed(0)
     model = TwoDropouts()
     x = torch.randn(4, 8)
-    graph = lower(model, (x,), cost_model="flops")
+    graph = lower_torch(model, (x,), cost_model="flops")
     assert len(_dropouts(graph)) == 2
     assert all(graph.node(n).rng_shape_only for n in _dropouts(graph))
     return model, x, graph

@@ -115,11 +115,11 @@ def test_not_an_ir_file(tmp_path):
 def test_newer_major_version_is_refused(graph, tmp_path):
     newer = pb.Graph()
     newer.CopyFrom(graph.proto)
-    newer.version.major = 2
+    newer.version.major, newer.version.minor = 2, 0
     with pytest.raises(ir.FormatError, match=r"IR format 2\.0, newer than the 1\.x this remat-ir reads"):
         ir.load(_write(tmp_path, ir.dumps(newer)))
     raw = json.loads(ir.dumps_json(graph))
-    raw["version"]["major"] = 7
+    raw["version"]["major"], raw["version"]["minor"] = 7, 0
     with pytest.raises(ir.FormatError, match=r"IR format 7\.0, newer"):
         ir.load(_write(tmp_path, json.dumps(raw).encode(), "newer.json"))
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from remat_ir import ir
-from remat_ir.frontends.torch import lower
+from remat_ir.lowering import lower_torch
 from remat_ir.ir import pb
 from torch_models import gpt2, mlp, resnet
 
@@ -16,7 +16,7 @@ from torch_models import gpt2, mlp, resnet
 @pytest.fixture(scope="module")
 def gpt2_graph():
     model, args, kwargs, _ = gpt2()
-    return model, lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    return model, lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
 def test_gpt2_structure(gpt2_graph):
@@ -47,7 +47,7 @@ def test_gpt2_structure(gpt2_graph):
 
 def test_batchnorm_running_statistics_are_buffer_updates():
     model, args, kwargs, _ = resnet()
-    g = lower(model, args, example_kwargs=kwargs, cost_model="flops")
+    g = lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
     updates = Counter(o.name.rsplit(".", 1)[1] for o in g.proto.outputs if o.role == pb.BUFFER_UPDATE)
     n_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     assert updates == {"running_mean": n_bn, "running_var": n_bn, "num_batches_tracked": n_bn}
@@ -55,7 +55,7 @@ def test_batchnorm_running_statistics_are_buffer_updates():
 
 def test_profiled_costs_are_measured_once_per_distinct_op():
     model, args, _, _ = mlp()
-    g = lower(model, args)  # cost_model="profile"
+    g = lower_torch(model, args)  # cost_model="profile"
     assert all(n.cost.source == pb.PROFILED and n.cost.time_s > 0 for n in g.proto.nodes)
     signatures = {}
     for n in g.proto.nodes:  # equal op and input shapes share one measurement
@@ -83,7 +83,7 @@ def test_profiled_costs_record_what_the_allocator_holds():
     real = torch.nn.functional.mse_loss(model.conv(args[0]), args[1]).untyped_storage().nbytes()
     loss_storage = {}
     for cost_model in ("profile", "flops"):
-        g = lower(model, args, cost_model=cost_model)
+        g = lower_torch(model, args, cost_model=cost_model)
         loss = next(o.value_id for o in g.proto.outputs if o.role == pb.USER_OUTPUT)
         loss_storage[cost_model] = g.storage_bytes(g.value(loss).storage_id)
         workspace = {n.op: n.cost.workspace_bytes for n in g.proto.nodes}
@@ -92,3 +92,52 @@ def test_profiled_costs_record_what_the_allocator_holds():
         elif torch.backends.mkldnn.is_available():
             assert workspace["aten.convolution_backward.default"] > 0
     assert loss_storage == {"profile": max(real, 4), "flops": 4}
+
+
+def test_frontend_lowers_without_costs_and_the_facade_adds_them():
+    """The frontend does not execute ops (profiling belongs to the runtimes): its graph has
+    no costs, and `lower_torch` gives exactly what `estimate_costs` then adds."""
+    from remat_ir.frontends.torch import lower
+    from remat_ir.runtimes.profiling import estimate_costs
+
+    model, args, _, _ = mlp()
+    bare = lower(model, args)
+    assert all(n.cost.time_s == 0 and n.cost.flops == 0 and n.cost.bytes_accessed == 0
+               for n in bare.proto.nodes)
+    assert bare.proto.provenance.cost_device == "cpu"
+    estimate_costs(bare, "flops", torch.device("cpu"))
+    facade = lower_torch(model, args, cost_model="flops")
+    assert [(n.cost.time_s, n.cost.flops) for n in bare.proto.nodes] == \
+        [(n.cost.time_s, n.cost.flops) for n in facade.proto.nodes]
+
+
+def test_unknown_cost_model_is_refused_before_tracing():
+    class Untraceable(torch.nn.Module):
+        def forward(self, x):
+            raise AssertionError("traced although the cost model is unknown")
+
+    with pytest.raises(ValueError, match=r"cost_model must be 'profile' .* or 'flops' .*'flop'"):
+        lower_torch(Untraceable(), (torch.randn(2),), cost_model="flop")
+    from remat_ir.runtimes.profiling import estimate_costs
+
+    model, args, _, _ = mlp()
+    with pytest.raises(ValueError, match="not 'FLOPS'"):
+        estimate_costs(lower_torch(model, args, cost_model=None), "FLOPS", torch.device("cpu"))
+
+
+def test_user_inputs_record_the_callers_positions_and_argument_names():
+    """Positions count every flat argument, the non-tensor flag the trace baked in too."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x, double, target, *, mask):
+            y = self.linear(x) * (2 if double else 1)
+            return ((y - target) ** 2 * mask).mean()
+
+    x, target, mask = torch.randn(2, 4), torch.randn(2, 4), torch.ones(2, 4)
+    g = lower_torch(Scaled(), (x, True, target), example_kwargs={"mask": mask}, cost_model=None)
+    assert [(e.user_input_position, e.argument_name) for e in g.user_inputs()] == [
+        (0, "args[0]"), (2, "args[2]"), (3, "mask")]
+    ir.validate(g)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import remat_ir
-from remat_ir.frontends.torch import LoweringError, lower
+from remat_ir.frontends.torch import LoweringError
+from remat_ir.lowering import lower_torch
 from remat_ir.ir import RematIRError, pb
 from remat_ir.runtimes.torch import RuntimeInputError
 
@@ -61,7 +62,7 @@ class _UsesInPlace(torch.nn.Module):
 
 def test_custom_function_that_cannot_be_preserved_is_refused_by_name():
     with pytest.raises(LoweringError, match=r"_InPlace marks inputs dirty.*\(in _UsesInPlace\)"):
-        lower(_UsesInPlace(), (torch.randn(2, 4),), cost_model="flops")
+        lower_torch(_UsesInPlace(), (torch.randn(2, 4),), cost_model="flops")
 
 
 class _Constants(torch.nn.Module):
@@ -81,7 +82,7 @@ class _Constants(torch.nn.Module):
 def test_lifted_and_zero_element_constants():
     model = _Constants()
     x = torch.randn(2, 3)
-    graph = lower(model, (x,), cost_model="flops")
+    graph = lower_torch(model, (x,), cost_model="flops")
     constants = [v for v in graph.proto.values if v.kind == pb.CONSTANT]
     assert sorted(len(v.constant.raw) for v in constants) == [0, 12]
     errors = side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},

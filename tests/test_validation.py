@@ -148,3 +148,46 @@ def test_invalid_graph_error_lists_all_problems():
         ir.validate(g.proto)
     assert len(info.value.problems) == 2
     assert "(and 1 more problems)" in str(info.value)
+
+
+def _two_user_inputs() -> ir.Graph:
+    g = ir.Graph()
+    x = g.add_value("x", "float32", (2,), kind="user_input")
+    y = g.add_value("y", "float32", (2,), kind="user_input")
+    g.add_input(x)
+    g.add_input(y)
+    out = g.add_value("out", "float32", (2,), kind="output")
+    g.add_node("aten.add.Tensor", [x, y], [out], phase="forward")
+    g.add_output(out, "user_output")
+    return g
+
+
+def test_user_inputs_take_positions_in_the_order_they_are_added():
+    g = _two_user_inputs()
+    assert ir.find_problems(g) == []
+    assert [(i.name, i.user_input_position) for i in g.user_inputs()] == [("x", 0), ("y", 1)]
+
+
+def test_user_input_positions_must_be_present_and_unique():
+    g = _two_user_inputs()
+    g.proto.inputs[1].user_input_position = 0
+    assert ir.find_problems(g) == [
+        "user inputs 'x', 'y' all have user_input_position 0; each position is one argument "
+        "of the caller, so give each its own"]
+    g.proto.inputs[0].ClearField("user_input_position")
+    assert ir.find_problems(g) == [
+        "user input 'x' (value id 0) has no user_input_position; set it to where the caller "
+        "passes this tensor among its flattened arguments (Graph.add_input(..., position=...))"]
+    with pytest.raises(ir.InvalidGraph, match="no user_input_position"):
+        ir.validate(g)
+
+
+def test_only_user_inputs_take_a_position():
+    g, ids = chain(3)
+    parameter = g.add_value("w", "float32", (2,), kind="parameter")
+    with pytest.raises(ValueError, match="'w' is not a user input"):
+        g.add_input(parameter, position=3)
+    gradient = next(i for i in g.proto.inputs if g.value(i.value_id).kind == pb.GRADIENT)
+    gradient.user_input_position = 1
+    (problem,) = ir.find_problems(g)
+    assert "is a gradient, not a user input, but has a user_input_position" in problem

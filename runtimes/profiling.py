@@ -1,5 +1,9 @@
 """Cost models: how long each IR node takes, written into `node.cost`.
 
+Profiling executes ops, so it lives with execution (next to `memory.measure_peak`,
+which it uses), not in the frontends: a frontend lowers a model without costs,
+and the facade (`remat_ir.lowering`) adds them with `estimate_costs`.
+
 - "profile": every distinct (op, input shapes/strides/dtypes, other arguments)
   is run on the target device with synthetic inputs (floats normal, integers
   and booleans zero, so indices stay in range): one warm-up, then the median of
@@ -33,9 +37,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import new_storages
-from remat_ir.runtimes.memory import measure_peak
+from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
-from .torch_types import resolve_op, to_torch_argument, torch_dtype
+from .memory import measure_peak
+
+#: The cost models `estimate_costs` knows.
+COST_MODELS = ("profile", "flops")
 
 #: What an op raises when synthetic inputs do not suit it (not our own bugs).
 OP_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
@@ -44,17 +51,9 @@ OP_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedErro
 RATES = {"cpu": (5e10, 1e10, 2e-6), "cuda": (5e13, 1.5e12, 5e-6)}
 
 
-def _empty(value: pb.Value, device: torch.device | str) -> torch.Tensor:
-    """An uninitialized tensor with the value's shape, strides and dtype."""
-    dtype = torch_dtype(value.dtype)
-    if value.stride:
-        return torch.empty_strided(list(value.shape), list(value.stride), dtype=dtype, device=device)
-    return torch.empty(list(value.shape), dtype=dtype, device=device)
-
-
 def _make_tensor(value: pb.Value, device: torch.device) -> torch.Tensor:
     """Synthetic input: floats normal, integers and booleans zero (indices stay in range)."""
-    t = _empty(value, device)
+    t = empty_tensor(value, device)
     if t.dtype.is_floating_point:
         t.normal_()
     else:
@@ -90,7 +89,7 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
     try:
         op = resolve_op(node.op)
         meta = torch.device("meta")
-        tensors = {v: _empty(graph.value(v), meta) for v in node.inputs}
+        tensors = {v: empty_tensor(graph.value(v), meta) for v in node.inputs}
         args, kwargs = _call_args(graph, node, tensors, meta)
         with FlopCounterMode(display=False) as counter:
             op(*args, **kwargs)
@@ -150,8 +149,23 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device,
     return statistics.median(times), workspace, real
 
 
-def estimate_costs(graph: Graph, model: str, device: torch.device, *, repeats: int = 5) -> None:
-    """Fill `cost` of every node of `graph` with the chosen model ("profile" or "flops")."""
+def check_cost_model(model, *, allow_none: bool = False) -> None:
+    """ValueError naming the cost models there are, unless `model` is one of them (or None,
+    "no costs yet", where the caller allows it)."""
+    if model is None and allow_none:
+        return
+    if model not in COST_MODELS:
+        raise ValueError(f"cost_model must be 'profile' (measure each op) or 'flops' (estimate "
+                         f"from FLOPs and bytes){' or None (no costs)' if allow_none else ''}, "
+                         f"not {model!r}")
+
+
+def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repeats: int = 5) -> None:
+    """Fill `cost` of every node of `graph` with the chosen model ("profile" or "flops"),
+    for `device`, which is recorded as the graph's `provenance.cost_device`."""
+    check_cost_model(model)
+    device = torch.device(device)
+    graph.proto.provenance.cost_device = str(device)
     measured: dict[tuple, tuple[float, int, tuple[int, ...], int]] = {}
     storages = {s.id: s for s in graph.proto.storages}
     devices = [device] if device.type == "cuda" else []

@@ -2,13 +2,16 @@
 
 The frontend uses it to write dtypes and op arguments into the IR; the PyTorch
 runtime uses it to turn them back into torch objects when it executes a graph
-read from a file. Keeping both directions here means a dtype or argument kind
-added on one side cannot be forgotten on the other.
+read from a file, and profiling uses it to run single ops. Keeping both
+directions here means a dtype or argument kind added on one side cannot be
+forgotten on the other, and it lets frontends and runtimes share it without
+importing each other (it imports only `remat_ir.ir` and torch).
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils import _pytree as pytree
 
 from remat_ir.ir import arguments
 from remat_ir.ir.dtypes import dtype_from_name, dtype_name
@@ -41,6 +44,19 @@ def ir_dtype(dtype: torch.dtype) -> int:
 
 def torch_dtype(dtype: int) -> torch.dtype:
     return _TORCH_DTYPES[dtype_name(dtype)]
+
+
+def empty_tensor(value, device: torch.device | str) -> torch.Tensor:
+    """An uninitialized tensor with an IR value's shape, strides and dtype on `device`.
+
+    Profiling builds its synthetic op inputs from it, and the runtime its placeholders
+    (inputs a skipped random op does not have at hand): both must match the value's
+    layout exactly, since an op's kernel, cost and random draws may depend on strides.
+    """
+    dtype = torch_dtype(value.dtype)
+    if value.stride:
+        return torch.empty_strided(list(value.shape), list(value.stride), dtype=dtype, device=device)
+    return torch.empty(list(value.shape), dtype=dtype, device=device)
 
 
 def to_ir_argument(obj, tensor_id):
@@ -119,3 +135,19 @@ def describe_input(leaf) -> str:
     if isinstance(leaf, torch.Tensor):
         return f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
     return repr(leaf)
+
+
+def argument_name(path) -> str:
+    """The caller's name for the leaf at pytree key `path` of (args, kwargs): 'input_ids',
+    'pixel_values[0]', or 'args[1]' for positional argument 1. Signatures name arguments
+    with it, and the frontend writes it into the IR (`GraphInput.argument_name`)."""
+    (top, *rest) = path[1:]  # path[0] picks args or kwargs
+    head = f"args[{top.idx}]" if path[0].idx == 0 else top.key
+    return head + "".join(pytree.keystr((k,)) for k in rest)
+
+
+def argument_names(spec: pytree.TreeSpec) -> list[str]:
+    """The name of each flat leaf of (args, kwargs) structured as `spec`, in flat order."""
+    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    with_paths, _ = pytree.tree_flatten_with_path(tree)
+    return [argument_name(path) for path, _ in with_paths]

@@ -1,0 +1,74 @@
+"""Lowering with costs: a frontend's graph, then the costs profiling gives it.
+
+Frontends only lower (`remat_ir.frontends.torch.lower`, `remat_ir.frontends.onnx.lower`):
+costs come from executing ops, which belongs to the runtimes
+(`remat_ir.runtimes.profiling.estimate_costs`), and the two layers do not import each
+other. This facade module joins them, so that callers keep one call per model:
+
+    graph = lower_torch(model, example_inputs, cost_model="flops")
+
+`cost_model` is "profile" (each distinct op measured on `device`, by default the
+inputs' device), "flops" (estimated from FLOPs and bytes, nothing runs) or None (no
+costs yet: `add_costs` later, as `remat_ir.remat` does after checking its plan cache).
+"""
+
+from __future__ import annotations
+
+from remat_ir.ir import Graph
+
+__all__ = ["lower_torch", "lower_onnx", "lower_onnx_module", "add_costs", "check_cost_model"]
+
+
+def check_cost_model(cost_model, *, allow_none: bool = True) -> None:
+    """ValueError naming the cost models there are (`runtimes.profiling.COST_MODELS`)
+    unless `cost_model` is one of them (or None, when `allow_none`); called before
+    tracing, so that a typo fails at once rather than after a minute of lowering."""
+    from remat_ir.runtimes.profiling import check_cost_model as check
+
+    check(cost_model, allow_none=allow_none)
+
+
+def add_costs(graph: Graph, cost_model: str, device=None) -> Graph:
+    """Fill every node's cost with `cost_model` on `device` (by default the device the
+    graph was lowered on, its `provenance.cost_device`); returns `graph`."""
+    import torch
+
+    from remat_ir.runtimes.profiling import estimate_costs
+
+    check_cost_model(cost_model, allow_none=False)
+    run_device = torch.device(device if device is not None
+                              else graph.proto.provenance.cost_device or "cpu")
+    estimate_costs(graph, cost_model, run_device)
+    return graph
+
+
+def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
+                cost_model: str | None = "profile", device=None) -> Graph:
+    """`frontends.torch.lower(model, example_inputs, example_kwargs=...)` with costs from
+    `cost_model` measured on `device` (see the module docstring)."""
+    from remat_ir.frontends.torch import lower
+
+    check_cost_model(cost_model)
+    graph = lower(model, example_inputs, example_kwargs=example_kwargs)
+    return graph if cost_model is None else add_costs(graph, cost_model, device)
+
+
+def lower_onnx_module(module, example_inputs: tuple, *, cost_model: str | None = "profile",
+                      device=None) -> Graph:
+    """`frontends.onnx.lower_module` (an imported `OnnxModule`) with costs."""
+    from remat_ir.frontends.onnx import lower_module
+
+    check_cost_model(cost_model)
+    graph = lower_module(module, example_inputs)
+    return graph if cost_model is None else add_costs(graph, cost_model, device)
+
+
+def lower_onnx(model_or_path, example_inputs=None, *, cost_model: str | None = "profile",
+               device=None, trainable="initializers") -> Graph:
+    """`frontends.onnx.lower` (a path, bytes or `onnx.ModelProto`) with costs; see
+    `frontends.onnx.to_torch` for `example_inputs` and `trainable`."""
+    from remat_ir.frontends.onnx import lower
+
+    check_cost_model(cost_model)
+    graph = lower(model_or_path, example_inputs, trainable=trainable)
+    return graph if cost_model is None else add_costs(graph, cost_model, device)
