@@ -28,6 +28,8 @@ from .ir.errors import InvalidGraph
 from .ir.graph import Graph
 from .ir.units import human_bytes
 from .reports import inspect_lines, partition_lines, solve_summary, solvers_lines, validate_lines
+from .solvers import DEFAULT_SOLVER
+from .solvers.partition import MAX_CLUSTER, MAX_TOP
 
 EXIT_USER_ERROR = 2
 
@@ -280,8 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="none",
                    help="activation-memory budget: bytes, a size like 2GiB, a share of the "
                         "store-everything peak like 50%%, or none (default)")
-    p.add_argument("--solver", default="hiremate", help="solver name (see `remat-ir solvers`), "
-                                                      "or exec:COMMAND (default: hiremate)")
+    p.add_argument("--solver", default=DEFAULT_SOLVER, help="solver name (see `remat-ir solvers`), "
+                                                          "or exec:COMMAND (default: %(default)s)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="planning time limit in seconds (the solver's own default otherwise)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -295,10 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("partition", help="group the forward graph into HiRemate's partition tree "
                                          "and store it in the IR")
     p.add_argument("file", help="IR file (.rir binary or .json)")
-    p.add_argument("--max-cluster", type=int, default=20, metavar="N",
-                   help="most parts (nodes or clusters) in one cluster, M_l (default 20)")
-    p.add_argument("--max-top", type=int, default=30, metavar="N",
-                   help="most parts at the top, M_t (default 30)")
+    p.add_argument("--max-cluster", type=int, default=MAX_CLUSTER, metavar="N",
+                   help="most parts (nodes or clusters) in one cluster, M_l (default %(default)s)")
+    p.add_argument("--max-top", type=int, default=MAX_TOP, metavar="N",
+                   help="most parts at the top, M_t (default %(default)s)")
     p.add_argument("-o", "--output", required=True, help="IR file to write, with the tree")
     p.set_defaults(run=cmd_partition)
     p = sub.add_parser("plot", help="plot memory over a schedule's steps (against store-everything) "
