@@ -8,7 +8,7 @@ import pytest
 from builders import chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_properties import training_graphs
+from strategies import training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb

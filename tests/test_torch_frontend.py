@@ -14,13 +14,13 @@ from torch_models import gpt2, mlp, resnet
 
 
 @pytest.fixture(scope="module")
-def gpt2_graph():
+def gpt2_model_and_graph():
     model, args, kwargs, _ = gpt2()
     return model, lower(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
-def test_gpt2_structure(gpt2_graph):
-    model, g = gpt2_graph
+def test_gpt2_structure(gpt2_model_and_graph):
+    model, g = gpt2_model_and_graph
     ir.validate(g)
     params = {e.name for e in g.proto.inputs if g.value(e.value_id).kind == pb.PARAMETER}
     # Parameters are bound by name, GPT-2's tied embedding under both of its names ...
