@@ -74,11 +74,17 @@ class Violation:
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
-    """Installed package name -> its folder, from pyproject's [tool.setuptools.package-dir]."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())
-    mapping = config["tool"]["setuptools"]["package-dir"]
-    return {name: (root / folder).resolve() for name, folder in mapping.items()
-            if name == TOP or name.startswith(TOP + ".")}
+    """Installed package name -> its folder: remat_ir and each `remat_ir.X` that pyproject's
+    [tool.setuptools] maps in `package-dir` or lists in `packages` (unmapped: remat_ir/X)."""
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapping = setuptools.get("package-dir", {})
+    folders = {name: (root / folder).resolve() for name, folder in mapping.items()
+               if name == TOP or name.startswith(TOP + ".")}
+    folders.setdefault(TOP, (root / TOP).resolve())
+    for name in setuptools.get("packages", []):
+        if name.count(".") == 1 and name.startswith(TOP + "."):
+            folders.setdefault(name, folders[TOP] / name.split(".")[1])
+    return folders
 
 
 def layer_of(module: str, packages: dict[str, Path]) -> str | None:
@@ -170,14 +176,22 @@ def test_every_package_file_is_checked():
     assert {"remat_ir.ir.simulator", "remat_ir.solvers.rotor", "remat_ir.cli"} <= modules
 
 
-def _tree(tmp_path: Path, files: dict[str, str], *, torch_types_folder: str | None = None) -> Path:
-    """A throwaway repository: the same package-dir layout as ours, with `files` in it."""
+def _tree(tmp_path: Path, files: dict[str, str], *, torch_types_folder: str | None = None,
+          listed_only: bool = False) -> Path:
+    """A throwaway repository: the same package-dir layout as ours, with `files` in it.
+    `torch_types_folder`: where remat_ir.torchlib lives, mapped in package-dir, or, with
+    `listed_only`, only listed in `packages` (then it must be remat_ir/torchlib)."""
     layers = ["ir", "frontends", "solvers", "runtimes"]
     mapping = [f'"{TOP}" = "{TOP}"'] + [f'"{TOP}.{name}" = "{name}"' for name in layers]
+    packages = [TOP] + [f"{TOP}.{name}" for name in layers]
     if torch_types_folder:
-        mapping.append(f'"{TOP}.{TORCH_TYPES}" = "{torch_types_folder}"')
+        packages.append(f"{TOP}.{TORCH_TYPES}")
+        if not listed_only:
+            mapping.append(f'"{TOP}.{TORCH_TYPES}" = "{torch_types_folder}"')
         layers.append(torch_types_folder)
-    (tmp_path / "pyproject.toml").write_text("[tool.setuptools.package-dir]\n" + "\n".join(mapping) + "\n")
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.setuptools]\npackages = [" + ", ".join(f'"{p}"' for p in packages) + "]\n\n"
+        "[tool.setuptools.package-dir]\n" + "\n".join(mapping) + "\n")
     for folder in [TOP, *layers]:
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / folder / "__init__.py").write_text("")
@@ -209,17 +223,20 @@ def test_the_check_catches_injected_violations(tmp_path):
     assert "ir/y.py:2: ir imports remat_ir.solvers (solvers); ir may import only itself" in message
 
 
-def test_the_shared_torch_types_package_is_read_from_pyproject(tmp_path):
+@pytest.mark.parametrize("folder, listed_only", [("torchlib", False), ("remat_ir/torchlib", False),
+                                                 ("remat_ir/torchlib", True)],
+                         ids=["own-folder", "mapped-inside-facade", "listed-inside-facade"])
+def test_the_shared_torch_types_package_is_read_from_pyproject(tmp_path, folder, listed_only):
     """Wherever pyproject puts `remat_ir.torchlib`, frontends and runtimes may import it, and
     it may import only ir and torch."""
     root = _tree(tmp_path, {
-        "remat_ir/torchlib/types.py": "import torch\nfrom remat_ir.ir import pb\n"
-                                      "from remat_ir.frontends import torch as lowering\n",
+        f"{folder}/types.py": "import torch\nfrom remat_ir.ir import pb\n"
+                              "from remat_ir.frontends import torch as lowering\n",
         "runtimes/codegen.py": "from remat_ir.torchlib.types import dtype\n",
         "frontends/torch.py": "from ..torchlib import types\n",
-    }, torch_types_folder="remat_ir/torchlib")
-    assert [(v.path, v.imported) for v in violations(root)] == [
-        ("remat_ir/torchlib/types.py", "remat_ir.frontends.torch")]
+    }, torch_types_folder=folder, listed_only=listed_only)
+    assert [(v.path, v.layer, v.imported) for v in violations(root)] == [
+        (f"{folder}/types.py", TORCH_TYPES, "remat_ir.frontends.torch")]
 
 
 def test_a_package_without_a_rule_is_named(tmp_path):
