@@ -9,13 +9,11 @@ PyTorch runtime returns a module that trains as usual.
 from __future__ import annotations
 
 from remat_ir.ir import Graph, pb, store_all
-from remat_ir.solvers import InfeasibleBudget, Progress, parse_budget, remember_floor, solve
+from remat_ir.solvers import (DEFAULT_SOLVER, InfeasibleBudget, Progress, parse_budget, remember_floor,
+                              solve)
 
 __all__ = ["remat", "remat_onnx", "scheduled_onnx_module", "plan", "parse_budget", "InfeasibleBudget",
            "DEFAULT_SOLVER", "Planner"]
-
-#: What plans a budget when the caller names no solver: fast and budget-aware.
-DEFAULT_SOLVER = "hiremate"
 
 
 def plan(graph: Graph, budget=None, solver: str | None = None, *,

@@ -11,130 +11,27 @@
 
 User mistakes (a bad file, an invalid graph or schedule) print one clear
 message and exit with status 2; there is no traceback for them.
+
+This module parses arguments and runs the commands; the text they print is
+built in `remat_ir.reports`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from collections.abc import Sequence
 
 from . import __version__
-from .ir import RematIRError, load, pb, simulate
-from .ir.dtypes import dtype_name
+from .ir import RematIRError, load
 from .ir.errors import InvalidGraph
 from .ir.graph import Graph
-from .ir.units import human_bytes, human_time
+from .ir.units import human_bytes
+from .reports import inspect_lines, partition_lines, solve_summary, solvers_lines, validate_lines
+from .solvers import DEFAULT_SOLVER
+from .solvers.partition import MAX_CLUSTER, MAX_TOP
 
 EXIT_USER_ERROR = 2
-
-
-def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    """Left-align the first column, right-align the rest."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-            for r in rows]
-
-
-def _kind(value: pb.Value) -> str:
-    return pb.ValueKind.Name(value.kind).lower()
-
-
-def inspect_lines(graph: Graph, path: str, top: int = 10) -> list[str]:
-    """The report `remat-ir inspect` prints."""
-    g = graph.proto
-    prov = g.provenance
-    lines = [f"{path}: graph {g.name!r}, IR format {g.version.major}.{g.version.minor}"
-             + (f", from {prov.frontend}" if prov.frontend else "")
-             + (f" ({prov.source_model})" if prov.source_model else "")]
-    if prov.cost_device:
-        lines.append(f"costs measured on {prov.cost_device}")
-    n_fwd, n_bwd = graph.count_nodes(pb.FORWARD), graph.count_nodes(pb.BACKWARD)
-    lines.append(f"nodes: {len(g.nodes)} ({n_fwd} forward, {n_bwd} backward); "
-                 f"{sum(1 for n in g.nodes if n.random)} random")
-    kinds = Counter(_kind(v) for v in g.values)
-    lines.append(f"values: {len(g.values)} (" + ", ".join(f"{c} {k}" for k, c in sorted(kinds.items()))
-                 + f") in {len(g.storages)} storages")
-    computed = {s for s in (graph.value(v).storage_id for n in g.nodes for v in n.outputs)
-                if s not in graph.resident_storage_ids}
-    lines.append(f"resident (inputs, parameters, buffers, constants): "
-                 f"{human_bytes(graph.resident_bytes())}; computed storages: "
-                 f"{human_bytes(sum(graph.storage_bytes(s) for s in computed))} in {len(computed)}")
-    time_fwd = sum(n.cost.time_s for n in g.nodes if n.phase == pb.FORWARD)
-    time_bwd = sum(n.cost.time_s for n in g.nodes if n.phase == pb.BACKWARD)
-    sources = sorted({pb.CostSource.Name(n.cost.source).lower() for n in g.nodes})
-    lines.append(f"cost of one pass: forward {human_time(time_fwd)}, backward {human_time(time_bwd)} "
-                 f"({', '.join(sources) or 'no costs'})")
-
-    ops = Counter((n.op, n.phase) for n in g.nodes)
-    rows = [("op", "forward", "backward")]
-    for op in sorted({op for op, _ in ops}, key=lambda o: (-(ops[o, pb.FORWARD] + ops[o, pb.BACKWARD]), o)):
-        rows.append((op, str(ops[op, pb.FORWARD]), str(ops[op, pb.BACKWARD])))
-    lines += ["ops:"] + _table(rows)
-
-    biggest = sorted(g.values, key=lambda v: (-v.size_bytes, v.id))[:top]
-    rows = [("tensor", "kind", "dtype", "shape", "bytes")]
-    rows += [(v.name, _kind(v), dtype_name(v.dtype), "x".join(map(str, v.shape)) or "scalar",
-              human_bytes(v.size_bytes)) for v in biggest]
-    lines += [f"biggest tensors (top {len(biggest)}):"] + _table(rows)
-
-    clusters = g.hierarchy.clusters
-    if clusters:
-        levels = Counter(c.level for c in clusters)
-        lines.append(f"hierarchy: {len(clusters)} clusters, " + ", ".join(
-            f"{levels[lv]} at level {lv}" for lv in sorted(levels))
-            + f", {sum(len(c.options) for c in clusters)} options")
-    if g.schedules:
-        rows = [("schedule", "solver", "budget", "steps", "fwd steps", "predicted peak", "predicted time")]
-        for s in g.schedules:
-            rows.append((s.name, s.solver or "-",
-                         human_bytes(s.budget_bytes) if s.HasField("budget_bytes") else "none",
-                         str(len(s.steps)), str(s.backward_start),
-                         human_bytes(s.predicted_peak_bytes) if s.HasField("predicted_peak_bytes") else "-",
-                         human_time(s.predicted_time_s) if s.HasField("predicted_time_s") else "-"))
-        lines += ["schedules:"] + _table(rows)
-    else:
-        lines.append("schedules: none")
-    return lines
-
-
-def prediction_mismatches(schedule: pb.Schedule, result) -> list[str]:
-    """Where a schedule's stored predictions disagree with the simulator."""
-    problems = []
-    if schedule.HasField("predicted_peak_bytes") and schedule.predicted_peak_bytes != result.peak_bytes:
-        problems.append(f"predicted peak {schedule.predicted_peak_bytes} bytes but the simulator "
-                        f"gives {result.peak_bytes}")
-    if schedule.HasField("predicted_time_s") and abs(schedule.predicted_time_s - result.total_time_s) \
-            > 1e-9 * max(1.0, abs(result.total_time_s)) + 1e-12:
-        problems.append(f"predicted time {schedule.predicted_time_s} s but the simulator gives "
-                        f"{result.total_time_s} s")
-    return problems
-
-
-def validate_lines(graph: Graph, path: str) -> tuple[list[str], bool]:
-    """The report `remat-ir validate` prints, and whether everything passed."""
-    g = graph.proto
-    lines = [f"{path}: structure ok ({len(g.nodes)} nodes, {len(g.values)} values, "
-             f"{len(g.schedules)} schedules)"]
-    ok = True
-    for s in g.schedules:
-        result = simulate(graph, s)
-        if not result.valid:
-            ok = False
-            lines.append(f"  schedule {s.name!r}: INVALID at {result.violation}")
-            continue
-        mismatches = prediction_mismatches(s, result)
-        ok &= not mismatches
-        budget = f" within budget {human_bytes(s.budget_bytes)}" if s.HasField("budget_bytes") else ""
-        lines.append(f"  schedule {s.name!r}: {'valid' if not mismatches else 'INCONSISTENT'}{budget}, "
-                     f"peak {human_bytes(result.peak_bytes)} at step {result.peak_step}, "
-                     f"saved for backward {human_bytes(result.saved_bytes)}, "
-                     f"time {human_time(result.total_time_s)}, "
-                     f"{result.recomputations} recomputations")
-        lines += [f"    {m}" for m in mismatches]
-    return lines, ok
 
 
 def cmd_inspect(args) -> int:
@@ -272,23 +169,6 @@ class StatusLine:
             self.stream.flush()
 
 
-def solve_summary(graph: Graph, schedule: pb.Schedule, reference: pb.Schedule) -> list[str]:
-    """Peak, time and overhead of a schedule against store-everything."""
-    result = simulate(graph, schedule)
-    status = pb.SolveStatus.Name(schedule.status).lower()
-    peak_share = result.peak_bytes / reference.predicted_peak_bytes if reference.predicted_peak_bytes else 1
-    overhead = (result.total_time_s / reference.predicted_time_s - 1) if reference.predicted_time_s else 0
-    budget = human_bytes(schedule.budget_bytes) if schedule.HasField("budget_bytes") else "none"
-    return [
-        f"{schedule.solver}: {status} in {schedule.solve_time_s:.2f} s (budget {budget})",
-        f"  peak  {human_bytes(result.peak_bytes)} = {peak_share:.1%} of store-everything "
-        f"({human_bytes(reference.predicted_peak_bytes)})",
-        f"  time  {human_time(result.total_time_s)} = {overhead:+.1%} versus store-everything "
-        f"({human_time(reference.predicted_time_s)}), {result.recomputations} recomputations",
-        f"  saved for backward {human_bytes(result.saved_bytes)}",
-    ]
-
-
 def cmd_solve(args) -> int:
     from .ir import save, store_all
     from .solvers import InfeasibleBudget, solve
@@ -333,13 +213,7 @@ def _option(text: str) -> tuple[str, object]:
 def cmd_solvers(args) -> int:
     from .solvers import available
 
-    rows = [("solver", "origin", "description")]
-    rows += [(info.name, info.origin, info.description) for info in available()]
-    rows.append(("exec:COMMAND", "exec", "an external program reading the IR on stdin "
-                                         "and writing a schedule (see solvers/README.md)"))
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    for r in rows:
-        print(f"  {r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}".rstrip())
+    print("\n".join(solvers_lines(available())))
     return 0
 
 
@@ -352,12 +226,7 @@ def cmd_partition(args) -> int:
     tree = partition(graph, max_cluster=args.max_cluster, max_top=args.max_top, progress=status)
     status.done()
     store_hierarchy(graph, tree)
-    clusters = tree.clusters()
-    levels = Counter(c.level for c in clusters)
-    print(f"{len(clusters)} clusters in {tree.rounds} rounds (" + ", ".join(
-        f"{levels[lv]} at level {lv}" for lv in sorted(levels)) + f"); "
-        f"{len(tree.root.children) + len(tree.root.nodes)} parts at the top; "
-        f"{len({c.signature for c in clusters})} distinct")
+    print("\n".join(partition_lines(tree)))
     print(f"wrote {save(graph, args.output)}")
     return 0
 
@@ -414,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="none",
                    help="activation-memory budget: bytes, a size like 2GiB, a share of the "
                         "store-everything peak like 50%%, or none (default)")
-    p.add_argument("--solver", default="hiremate", help="solver name (see `remat-ir solvers`), "
-                                                      "or exec:COMMAND (default: hiremate)")
+    p.add_argument("--solver", default=DEFAULT_SOLVER, help="solver name (see `remat-ir solvers`), "
+                                                          "or exec:COMMAND (default: %(default)s)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="planning time limit in seconds (the solver's own default otherwise)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -429,10 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("partition", help="group the forward graph into HiRemate's partition tree "
                                          "and store it in the IR")
     p.add_argument("file", help="IR file (.rir binary or .json)")
-    p.add_argument("--max-cluster", type=int, default=20, metavar="N",
-                   help="most parts (nodes or clusters) in one cluster, M_l (default 20)")
-    p.add_argument("--max-top", type=int, default=30, metavar="N",
-                   help="most parts at the top, M_t (default 30)")
+    p.add_argument("--max-cluster", type=int, default=MAX_CLUSTER, metavar="N",
+                   help="most parts (nodes or clusters) in one cluster, M_l (default %(default)s)")
+    p.add_argument("--max-top", type=int, default=MAX_TOP, metavar="N",
+                   help="most parts at the top, M_t (default %(default)s)")
     p.add_argument("-o", "--output", required=True, help="IR file to write, with the tree")
     p.set_defaults(run=cmd_partition)
     p = sub.add_parser("plot", help="plot memory over a schedule's steps (against store-everything) "

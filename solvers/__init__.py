@@ -26,7 +26,11 @@ from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver,
 
 __all__ = ["solve", "available", "find", "parse_budget", "is_share", "describe", "InfeasibleBudget",
            "SolverError", "BadRequest", "UnknownSolver", "SolverInfo", "Progress", "Deadline",
-           "ENTRY_POINT_GROUP", "EXEC_PREFIX", "remember_floor", "known_floor"]
+           "ENTRY_POINT_GROUP", "EXEC_PREFIX", "remember_floor", "known_floor", "DEFAULT_SOLVER"]
+
+#: The solver `solve()` uses when none is named, and the one `remat()` and the `remat-ir`
+#: command plan a budget with: fast and budget-aware. Defined here once so they all agree.
+DEFAULT_SOLVER = "hiremate"
 
 #: (structure fingerprint, solver) -> the lowest-peak schedule a refusal named, so that
 #: the smallest feasible budget named is feasible when asked for, also with another
@@ -48,7 +52,7 @@ def _check_options(name: str, function, options: dict) -> None:
                              f"{', '.join(accepted) or 'none'}")
 
 
-def solve(graph: Graph, budget=None, solver: str = "rotor", *, time_limit_s: float | None = None,
+def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit_s: float | None = None,
           progress: Progress | None = None, **options) -> pb.Schedule:
     """Plan `graph` within `budget` with `solver`; return the schedule stored in the graph.
 

@@ -23,10 +23,22 @@ def _noisy_copy(graph: ir.Graph, seed: int) -> ir.Graph:
     return copy
 
 
-@pytest.mark.parametrize("solver", ["hiremate", "rotor"])
-def test_named_floor_is_feasible_when_asked_for(solver):
+@pytest.fixture(scope="module")
+def lowered_gpt2():
+    """GPT-2 with one block and FLOP costs, lowered once for the module (tracing is most of
+    these tests' time); each test plans on its own copy (`gpt2_graph`)."""
     model, args, kwargs, _ = gpt2(n_layer=1, n_embd=32, seq=16, batch=2)
-    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
+    return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
+
+
+@pytest.fixture
+def gpt2_graph(lowered_gpt2):
+    return ir.loads(ir.dumps(lowered_gpt2))
+
+
+@pytest.mark.parametrize("solver", ["hiremate", "rotor"])
+def test_named_floor_is_feasible_when_asked_for(solver, gpt2_graph):
+    graph = gpt2_graph
     options = dict(time_limit_s=5) if solver != "rotor" else {}
     with pytest.raises(solvers.InfeasibleBudget) as refused:
         solvers.solve(graph, 1, solver, **options)
@@ -44,10 +56,9 @@ def test_named_floor_is_feasible_when_asked_for(solver):
         assert again.value.smallest_feasible <= floor
 
 
-def test_fingerprint_ignores_times_but_not_memory():
+def test_fingerprint_ignores_times_but_not_memory(gpt2_graph):
     from remat_ir.ir.fingerprint import structure_fingerprint
-    model, args, kwargs, _ = gpt2(n_layer=1, n_embd=32, seq=16, batch=2)
-    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
+    graph = gpt2_graph
     assert structure_fingerprint(_noisy_copy(graph, 0)) == structure_fingerprint(graph)
     grown = _noisy_copy(graph, 0)
     grown.proto.nodes[3].cost.workspace_bytes += 1
@@ -58,13 +69,19 @@ def test_fingerprint_ignores_times_but_not_memory():
 
 
 def test_profiled_memory_figures_do_not_depend_on_the_run():
-    """Two profiled lowerings of one model (a convolution with oneDNN workspace, attention,
-    layer norms) measure the same storages and workspaces: only times differ."""
+    """Two profiling runs of one model (a convolution with oneDNN workspace, attention,
+    layer norms) measure the same storages and workspaces: only times differ. The model
+    is traced once (tracing measures nothing) and each copy profiled, as `remat` does."""
+    import torch
+
+    from remat_ir.runtimes.profiling import estimate_costs
     from remat_ir.ir.fingerprint import structure_fingerprint
     from torch_models import unet
     for make in (lambda: gpt2(n_layer=1, n_embd=32, seq=16, batch=2), unet):
         model, args, kwargs, _ = make()
-        first, second = (lower_torch(model, args, example_kwargs=kwargs, cost_model="profile")
-                         for _ in range(2))
+        traced = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
+        first, second = ir.loads(ir.dumps(traced)), ir.loads(ir.dumps(traced))
+        for graph in (first, second):
+            estimate_costs(graph, "profile", torch.device(graph.proto.provenance.cost_device))
         assert structure_fingerprint(first) == structure_fingerprint(second)
         assert [n.cost.time_s for n in first.proto.nodes] != [n.cost.time_s for n in second.proto.nodes]

@@ -141,3 +141,20 @@ def test_convert_bad_factory(tmp_path, spec, message):
                             cwd=Path(__file__).parent)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_one_default_solver_for_solve_remat_and_the_command():
+    """`solvers.solve()`, `remat()` and `remat-ir solve` plan a budget with the same solver
+    when none is named, and `remat-ir partition` has hiremate's own limits as defaults."""
+    import inspect
+
+    from remat_ir import api, cli, solvers
+    from remat_ir.solvers.partition import MAX_CLUSTER, MAX_TOP
+
+    assert inspect.signature(solvers.solve).parameters["solver"].default == solvers.DEFAULT_SOLVER
+    planner = api.Planner("50%", None, cost_model="flops", time_limit_s=None, progress=None, options={})
+    assert planner.solver == solvers.DEFAULT_SOLVER
+    parser = cli.build_parser()
+    assert parser.parse_args(["solve", "in.rir", "-o", "out.rir"]).solver == solvers.DEFAULT_SOLVER
+    partition = parser.parse_args(["partition", "in.rir", "-o", "out.rir"])
+    assert (partition.max_cluster, partition.max_top) == (MAX_CLUSTER, MAX_TOP)

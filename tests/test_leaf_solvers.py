@@ -8,8 +8,7 @@ import pytest
 from builders import chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_partition import gpt2_graph  # noqa: F401 - the fixture
-from test_properties import training_graphs
+from strategies import training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
@@ -90,7 +89,7 @@ def test_random_clusters_cut_out_are_valid_graphs_and_their_plans_options(graph,
             assert sorted(set(option.backward) - set(forward)) == sorted(backward)
 
 
-def test_checkmate_leaf_options_add_trade_offs_on_gpt2_blocks(gpt2_graph):  # noqa: F811
+def test_checkmate_leaf_options_add_trade_offs_on_gpt2_blocks(gpt2_graph):
     """Checkmate on a GPT-2 leaf cluster: its plans at the budget grid are options that
     keep less than storing everything, and every one runs the cluster's forward once."""
     found = 0

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
-from test_properties import training_graphs
+from strategies import training_graphs
 
 from remat_ir import ir
 from remat_ir.ir import memory, pb

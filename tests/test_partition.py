@@ -10,7 +10,7 @@ import pytest
 from builders import chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_properties import training_graphs
+from strategies import training_graphs
 
 from remat_ir import ir
 from remat_ir.ir import pb
@@ -39,15 +39,6 @@ def check_tree(graph: ir.Graph, tree, max_cluster: int, max_top: int) -> None:
         leaving = {s for n in inside for s in deps.successors(n) if s not in inside}
         reached = set().union(*(nx.descendants(deps, s) for s in leaving))
         assert not inside & reached, c.id
-
-
-@pytest.fixture(scope="module")
-def gpt2_graph():
-    from torch_models import gpt2
-
-    from remat_ir.lowering import lower_torch
-    model, args, kwargs, _ = gpt2(n_layer=3, n_embd=32, seq=16, batch=2)
-    return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
 def test_gpt2_partition_is_a_valid_tree_and_recognises_the_blocks(gpt2_graph, tmp_path):

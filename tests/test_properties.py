@@ -9,65 +9,12 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from strategies import training_graphs
 
 from remat_ir import ir
 from remat_ir.ir import pb
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@st.composite
-def training_graphs(draw, single_outputs: bool = False) -> ir.Graph:
-    """A random joint graph: resident inputs, forward nodes, an output gradient, backward nodes.
-
-    `single_outputs`: every node returns one new tensor (no views, no second
-    output), the setting in which Checkmate's node-level model is exact."""
-    g = ir.Graph(name="random")
-    forward_pool = []
-    for i in range(draw(st.integers(1, 3))):
-        v = g.add_value(f"in{i}", "float32", (draw(st.integers(1, 64)),),
-                        kind=draw(st.sampled_from(["user_input", "parameter"])))
-        g.add_input(v)
-        forward_pool.append(v)
-    computed = []
-
-    def add_nodes(count, phase, pool, first_reads=None):
-        for i in range(count):
-            k = draw(st.integers(1, min(3, len(pool))))
-            inputs = draw(st.lists(st.sampled_from(pool), min_size=k, max_size=k, unique=True))
-            if first_reads is not None and i == 0 and first_reads not in inputs:
-                inputs.append(first_reads)
-            outputs = []
-            for j in range(1 if single_outputs else draw(st.integers(1, 2))):
-                base = (draw(st.sampled_from(inputs))
-                        if not single_outputs and draw(st.integers(0, 4)) == 0 else None)
-                if base is not None:  # a view of one of its inputs
-                    v = g.add_value(f"{phase[0]}{len(computed)}_{j}", "float32", g.value(base).shape,
-                                    alias_of=base)
-                else:
-                    v = g.add_value(f"{phase[0]}{len(computed)}_{j}", "float32",
-                                    (draw(st.integers(1, 256)),))
-                outputs.append(v)
-            g.add_node("test.op", inputs, outputs, phase=phase, time_s=draw(st.integers(1, 9)) / 8,
-                       workspace_bytes=draw(st.sampled_from([0, 0, 0, 16, 1000])))
-            pool.extend(outputs)
-            computed.extend(outputs)
-
-    add_nodes(draw(st.integers(1, 10)), "forward", forward_pool)
-    forward_out = forward_pool[-1]
-    g.value(forward_out).kind = pb.OUTPUT
-    g.add_output(forward_out, "user_output", "out")
-    tangent = g.add_value("tangent", "float32", g.value(forward_out).shape, kind="gradient")
-    g.add_input(tangent, gradient_of=forward_out)
-    backward_pool = forward_pool + [tangent]
-    add_nodes(draw(st.integers(1, 10)), "backward", backward_pool, first_reads=tangent)
-    g.add_output(backward_pool[-1], "parameter_gradient", "in0")
-    for v in draw(st.lists(st.sampled_from(computed), max_size=2, unique=True)):
-        if v not in g.output_value_ids and g.producer(v) is not None \
-                and g.node(g.producer(v)).phase == pb.BACKWARD:
-            g.add_output(v, "input_gradient", g.value(v).name)
-    ir.validate(g)
-    return g
 
 
 def lifetime_peak(g: ir.Graph, order: list[int]) -> tuple[int, list[int]]:

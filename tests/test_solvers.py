@@ -8,7 +8,7 @@ import pytest
 from builders import chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_properties import training_graphs
+from strategies import training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
@@ -90,7 +90,9 @@ def test_hiremate_within_three_percent_of_checkmates_optimum_on_chains(n):
     graph, _ = chain(n, f_time=1.0, b_time=2.0)
     reference = ir.store_all(graph).predicted_peak_bytes
     compared = 0
-    for share in (0.9, 0.7, 0.6, 0.5, 0.45):
+    # Not 45% for 12 links: Checkmate cannot prove that optimum within its 30 s (it stops at
+    # FEASIBLE and the share is skipped below), so it cost 54 s and compared nothing.
+    for share in (0.9, 0.7, 0.6, 0.5) + ((0.45,) if n < 12 else ()):
         budget = int(reference * share)
         exact, ours = attempt(graph, budget, "checkmate"), attempt(graph, budget, "hiremate")
         if isinstance(exact, InfeasibleBudget) or exact.status != pb.OPTIMAL:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from builders import chain
 from hypothesis import HealthCheck, given, settings
-from test_properties import training_graphs
+from strategies import training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.solvers.base import BadRequest

@@ -14,13 +14,13 @@ from torch_models import gpt2, mlp, resnet
 
 
 @pytest.fixture(scope="module")
-def gpt2_graph():
+def gpt2_model_and_graph():
     model, args, kwargs, _ = gpt2()
     return model, lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
-def test_gpt2_structure(gpt2_graph):
-    model, g = gpt2_graph
+def test_gpt2_structure(gpt2_model_and_graph):
+    model, g = gpt2_model_and_graph
     ir.validate(g)
     params = {e.name for e in g.proto.inputs if g.value(e.value_id).kind == pb.PARAMETER}
     # Parameters are bound by name, GPT-2's tied embedding under both of its names ...
@@ -57,11 +57,15 @@ def test_profiled_costs_are_measured_once_per_distinct_op():
     model, args, _, _ = mlp()
     g = lower_torch(model, args)  # cost_model="profile"
     assert all(n.cost.source == pb.PROFILED and n.cost.time_s > 0 for n in g.proto.nodes)
-    signatures = {}
-    for n in g.proto.nodes:  # equal op and input shapes share one measurement
-        key = (n.op, tuple(tuple(g.value(v).shape) for v in n.inputs), tuple(str(a) for a in n.args[1:]))
+    signatures, nodes = {}, Counter()
+    for n in g.proto.nodes:  # equal op and input shapes, strides and dtypes share one measurement
+        inputs = tuple((tuple(g.value(v).shape), tuple(g.value(v).stride), g.value(v).dtype) for v in n.inputs)
+        key = (n.op, inputs, tuple(str(a) for a in n.args[1:]))
         signatures.setdefault(key, set()).add(n.cost.time_s)
-    assert any(len(times) == 1 for times in signatures.values())
+        nodes[key] += 1
+    assert any(count > 1 for count in nodes.values())  # some op does repeat, so sharing is tested
+    assert all(len(times) == 1 for times in signatures.values()), \
+        {key: times for key, times in signatures.items() if len(times) > 1}
 
 
 class _ConvMSE(torch.nn.Module):
