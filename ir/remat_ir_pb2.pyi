@@ -313,45 +313,21 @@ class Provenance(_message.Message):
     producer: str
     def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ...) -> None: ...
 
-class ClusterOption(_message.Message):
-    __slots__ = ("id", "solver", "forward_time_s", "backward_time_s", "saved_bytes", "forward_peak_bytes", "backward_peak_bytes", "forward_steps", "backward_steps")
-    ID_FIELD_NUMBER: _ClassVar[int]
-    SOLVER_FIELD_NUMBER: _ClassVar[int]
-    FORWARD_TIME_S_FIELD_NUMBER: _ClassVar[int]
-    BACKWARD_TIME_S_FIELD_NUMBER: _ClassVar[int]
-    SAVED_BYTES_FIELD_NUMBER: _ClassVar[int]
-    FORWARD_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
-    BACKWARD_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
-    FORWARD_STEPS_FIELD_NUMBER: _ClassVar[int]
-    BACKWARD_STEPS_FIELD_NUMBER: _ClassVar[int]
-    id: int
-    solver: str
-    forward_time_s: float
-    backward_time_s: float
-    saved_bytes: int
-    forward_peak_bytes: int
-    backward_peak_bytes: int
-    forward_steps: _containers.RepeatedCompositeFieldContainer[Step]
-    backward_steps: _containers.RepeatedCompositeFieldContainer[Step]
-    def __init__(self, id: _Optional[int] = ..., solver: _Optional[str] = ..., forward_time_s: _Optional[float] = ..., backward_time_s: _Optional[float] = ..., saved_bytes: _Optional[int] = ..., forward_peak_bytes: _Optional[int] = ..., backward_peak_bytes: _Optional[int] = ..., forward_steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., backward_steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ...) -> None: ...
-
 class Cluster(_message.Message):
-    __slots__ = ("id", "name", "level", "node_ids", "children", "signature", "options")
+    __slots__ = ("id", "name", "level", "node_ids", "children", "signature")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
-    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     level: int
     node_ids: _containers.RepeatedScalarFieldContainer[int]
     children: _containers.RepeatedScalarFieldContainer[int]
     signature: str
-    options: _containers.RepeatedCompositeFieldContainer[ClusterOption]
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., children: _Optional[_Iterable[int]] = ..., signature: _Optional[str] = ..., options: _Optional[_Iterable[_Union[ClusterOption, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., children: _Optional[_Iterable[int]] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class Hierarchy(_message.Message):
     __slots__ = ("clusters", "root_id")

@@ -70,8 +70,7 @@ def inspect_lines(graph: Graph, path: str, top: int = 10) -> list[str]:
     if clusters:
         levels = Counter(c.level for c in clusters)
         lines.append(f"hierarchy: {len(clusters)} clusters, " + ", ".join(
-            f"{levels[lv]} at level {lv}" for lv in sorted(levels))
-            + f", {sum(len(c.options) for c in clusters)} options")
+            f"{levels[lv]} at level {lv}" for lv in sorted(levels)))
     if g.schedules:
         rows = [("schedule", "solver", "budget", "steps", "fwd steps", "predicted peak", "predicted time")]
         for s in g.schedules:
