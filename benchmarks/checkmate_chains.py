@@ -1,6 +1,6 @@
 """Checkmate MILP solve time on chains of 17, 33, 49 and 65 nodes.
 
-Reference (ALGORITHMS.md, flat Checkmate in CBC on this stack): 0.2 s, 2 s,
+Reference (the project's first measurements, flat Checkmate in CBC on this stack): 0.2 s, 2 s,
 17 s, nothing in 90 s. tests/builders.chain(n) has n forward and n backward
 nodes, so each size runs as the next even count (18, 34, 50, 66 nodes).
 Budget: 60% of store-everything. Writes benchmarks/results/checkmate_chains.json.

@@ -4,8 +4,8 @@ Stage t computes node t of the fixed order (forward then backward) for the
 first time, after recomputing whatever it chooses. Variables: R[t,i] (node i
 computed in stage t), S[t,i] (node i's results kept entering stage t),
 FREE[t,i,k] (i's results released right after computing k in stage t) and
-U (memory after each computation). ALGORITHMS.md has the formulation; what
-this version adds, to stay small and to match the simulator:
+U (memory after each computation), as in the paper; what this version
+adds, to stay small and to match the simulator:
 
 - Only forward nodes that may be recomputed get R variables; backward nodes,
   graph outputs and non-recomputable nodes have constant R and S (a node's
