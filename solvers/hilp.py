@@ -159,7 +159,7 @@ class Level:
             if p.pinned_bytes and k in self.forward_stage:
                 for t in range(self.forward_stage[k] + 1, T):
                     base[t] += p.pinned_bytes
-        root = lambda n: tg.view_root.get(n, n)  # noqa: E731
+        root = tg.root
         last: dict[int, int] = {}
         for b, k in backward_of.items():
             r = root(b)

@@ -63,7 +63,7 @@ class PartShape:
         inside = self.own | set(backward)
         self.outputs = frozenset(n for n in forward if n in tg.output_nodes
                                  or any(u not in inside for u in tg.node_users[n]))
-        self.root = lambda n: tg.view_root.get(n, n)
+        self.root = tg.root
         #: Allocations of its outputs (the parent holds them, even through a view).
         self.output_roots = frozenset(self.root(n) for n in self.outputs)
         #: Allocations outside the part that its nodes reach through views.

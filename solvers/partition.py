@@ -117,7 +117,7 @@ class _Partitioner:
         self.tg, self.max_cluster, self.max_top, self.progress = tg, max_cluster, max_top, progress
         self.position = {n: i for i, n in enumerate(tg.forward)}
         # Interface bytes of a node's results: the allocation they live in.
-        self.bytes = {n: tg.memory[tg.view_root.get(n, n)] for n in tg.forward}
+        self.bytes = {n: tg.memory[tg.root(n)] for n in tg.forward}
         self.next_id = 0
         self.clusters: dict[int, Cluster] = {}
         # Parts are keyed by ("n", node) or ("c", cluster id).

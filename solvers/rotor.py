@@ -117,7 +117,7 @@ class Chain:
             for b in seg.backward:
                 pinned.update(p for p in tg.node_inputs(b)
                               if p in segment_of and segment_of[p] != seg.index
-                              and tg.view_root.get(p, p) not in seg.inputs)
+                              and tg.root(p) not in seg.inputs)
         pinned.update(tg.view_root[n] for n in list(pinned) if n in tg.view_root)
         return frozenset(pinned)
 

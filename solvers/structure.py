@@ -95,7 +95,7 @@ class TrainingGraph(NodeMemory):
         """Allocating nodes of the forward results computed at or before forward
         position i and read after it."""
         later = set(self.forward[i + 1:])
-        return frozenset(self.view_root.get(p, p) for p in self.forward[:i + 1]
+        return frozenset(self.root(p) for p in self.forward[:i + 1]
                          if any(u in later for u in self.node_users[p]))
 
     def crossing_bytes(self, i: int) -> int:
@@ -129,7 +129,7 @@ class TrainingGraph(NodeMemory):
             limit = min((bwd_seg[p] for p in preds if p in bwd_seg), default=last)
             reads = [p for p in preds if p in seg_of]
             k = max((seg_of[p] for p in reads), default=limit)
-            if k < limit and all(seg_of[p] < k or self.view_root.get(p, p) in entering[k + 1]
+            if k < limit and all(seg_of[p] < k or self.root(p) in entering[k + 1]
                                  for p in reads):
                 k += 1
             bwd_seg[b] = min(k, limit)

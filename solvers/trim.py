@@ -140,7 +140,7 @@ class _Curve:
         self.drops.sort(key=lambda d: (-d.time, d.position))
 
     def bytes_of(self, n: int) -> int:
-        return self.tg.memory[self.tg.view_root.get(n, n)]
+        return self.tg.memory[self.tg.root(n)]
 
     def excess(self, drop: _Drop, budget: int) -> int:
         """Bytes over the budget the drop makes at its worst step (<= 0: it fits)."""

@@ -94,14 +94,7 @@ def test_forward_may_not_depend_on_backward():
 
 
 def test_arguments_must_match_inputs():
-    g = ir.Graph()
-    x = g.add_value("x", "float32", (2,), kind="user_input")
-    y = g.add_value("y", "float32", (2,), kind="user_input")
-    g.add_input(x)
-    g.add_input(y)
-    out = g.add_value("out", "float32", (2,), kind="output")
-    g.add_node("aten.add.Tensor", [x, y], [out], phase="forward", args=[ir.TensorRef(x), 2])
-    g.add_output(out, "user_output")
+    g = _two_user_inputs(args=[ir.TensorRef(0), 2])
     (problem,) = ir.find_problems(g)
     assert "the values its arguments refer to [0] are not its inputs [0, 1]" in problem
 
@@ -150,14 +143,15 @@ def test_invalid_graph_error_lists_all_problems():
     assert "(and 1 more problems)" in str(info.value)
 
 
-def _two_user_inputs() -> ir.Graph:
+def _two_user_inputs(args=None) -> ir.Graph:
+    """x + y = out, x and y user inputs; `args`: the add node's arguments (default: its inputs)."""
     g = ir.Graph()
     x = g.add_value("x", "float32", (2,), kind="user_input")
     y = g.add_value("y", "float32", (2,), kind="user_input")
     g.add_input(x)
     g.add_input(y)
     out = g.add_value("out", "float32", (2,), kind="output")
-    g.add_node("aten.add.Tensor", [x, y], [out], phase="forward")
+    g.add_node("aten.add.Tensor", [x, y], [out], phase="forward", args=args)
     g.add_output(out, "user_output")
     return g
 
