@@ -34,6 +34,8 @@ BUILTINS = {
                   "exact MILP (Checkmate) in python-mip; mode='lp' rounds the LP relaxation"),
     "rotor": ("remat_ir.solvers.rotor:rotor",
               "chain dynamic program over the segments between articulation points"),
+    "fastsa": ("remat_ir.solvers.fastsa:fastsa",
+               "simulated annealing over compute sequences (Fast SA): groups, then single nodes"),
     "hiremate": ("remat_ir.solvers.hiremate:hiremate",
                  "HiRemate: hierarchical partition, options per cluster, H-ILP at every level"),
 }

@@ -1,0 +1,334 @@
+"""`fastsa`: simulated annealing over compute sequences (Imanishi et al., NeurIPS 2023).
+
+A schedule is a sequence in which a recomputation is one more occurrence of a
+node (`anneal.py` holds the compiled kernel: moves, exact peak by segment
+tree). The objective is max(budget, peak) x time: the search first pushes the
+peak under the budget, then cuts time. Two stages, as in the paper:
+
+1. *Groups*: a forward node whose only reader is one node, and whose inputs
+   take no more bytes than its outputs, is merged with that reader (keeping
+   its inputs never costs more than keeping it, so it is recomputed with its
+   reader). Annealing moves whole groups, which makes the large moves that
+   matter early cheap; it stops once the peak fits.
+2. *Nodes*: the groups' sequence, expanded, is annealed node by node.
+
+What may move: forward nodes that may be recomputed (`TrainingGraph.recomputable`).
+Backward nodes, graph outputs, in-place and non-recomputable nodes keep their one
+occurrence where the start sequence has it; a random node's first run stays first
+(its RNG state is replayed only for later runs).
+
+`start="hiremate"` (or any solver name) starts stage 2 from that solver's plan
+instead (stage 1 is skipped): annealing polishes a hierarchical plan.
+Temperatures fall geometrically from 0.1% of the start objective to 0.01% of
+that; the same seed and iteration counts give the same schedule. With a time
+limit the moves run in chunks and stop when it is reached; the best schedule
+within the budget seen at a chunk's end is returned, or InfeasibleBudget with
+the lowest peak seen.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from remat_ir.ir import Graph, pb, store_all
+from remat_ir.ir.memory import new_storages
+
+from . import anneal
+from .base import Deadline, InfeasibleBudget, quiet
+from .sequences import simulated_schedule
+from .structure import TrainingGraph
+
+#: Slots per occurrence of the start sequence: room for recomputations between nodes.
+SPREAD = 8
+#: Moves per compiled call between two looks at the clock.
+CHUNK = 100_000
+#: Start and end temperatures, as shares of the start objective (the paper's).
+T_FIRST, T_LAST = 1e-3, 1e-7
+
+
+@dataclass
+class Problem:
+    """The kernel's arrays for one partition of the nodes into scheduling units."""
+    arrays: tuple
+    members: list[list[int]]        # unit -> graph nodes, in order
+    unit_of: dict[int, int]         # graph node -> unit
+    candidates: np.ndarray          # units whose occurrences may move
+
+    def expand(self, units: list[int]) -> list[int]:
+        return [n for u in units for n in self.members[u]]
+
+
+def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(x) for x in lists])
+    idx = np.asarray([v for x in lists for v in x], dtype=np.int64)
+    return ptr, idx
+
+
+def build(tg: TrainingGraph, members: list[list[int]]) -> Problem:
+    """The kernel's description of `tg` scheduled in units of `members` (each a list
+    of graph nodes in execution order; every node in exactly one unit)."""
+    g = tg.graph
+    unit_of = {n: u for u, nodes in enumerate(members) for n in nodes}
+    resident = {g.value(v).storage_id for v in g.resident_value_ids}
+    count = len(members)
+    cost = np.asarray([sum(tg.time[n] for n in nodes) for nodes in members], dtype=np.float64)
+    work = np.asarray([sum(g.node(n).cost.workspace_bytes for n in nodes) for nodes in members],
+                      dtype=np.int64)
+    inputs: list[list[int]] = [[] for _ in range(count)]
+    for u, nodes in enumerate(members):
+        for n in nodes:
+            for p in tg.node_inputs(n):
+                if unit_of[p] != u and unit_of[p] not in inputs[u]:
+                    inputs[u].append(unit_of[p])
+    users: list[list[int]] = [[] for _ in range(count)]
+    for u, ins in enumerate(inputs):
+        for i in ins:
+            users[i].append(u)
+
+    # Storage units: (unit, storage) for every non-resident storage a unit's nodes output.
+    key: dict[tuple[int, int], int] = {}
+    allocates: list[bool] = []
+    storage_bytes: list[int] = []
+    for u, nodes in enumerate(members):
+        for n in nodes:
+            node = g.node(n)
+            fresh = new_storages(g, node)
+            for v in node.outputs:
+                s = g.value(v).storage_id
+                if s in resident:
+                    continue
+                k = key.setdefault((u, s), len(key))
+                if k == len(allocates):
+                    allocates.append(False)
+                    storage_bytes.append(g.storage_bytes(s))
+                allocates[k] = allocates[k] or s in fresh
+    readers: list[list[tuple[int, int]]] = [[] for _ in key]
+    parent = [-1] * len(key)
+    reads: list[list[int]] = [[] for _ in range(count)]
+    for r, nodes in enumerate(members):
+        for n in nodes:
+            for v in g.node(n).inputs:
+                s = g.value(v).storage_id
+                producer = g.producer(v)
+                if s in resident or producer is None or unit_of[producer] == r:
+                    continue
+                k = key[(unit_of[producer], s)]
+                child = key.get((r, s), -1)
+                if child >= 0 and allocates[child]:
+                    child = -1
+                if child >= 0 and parent[child] < 0:
+                    parent[child] = k
+                if all(reader != r for reader, _ in readers[k]):
+                    readers[k].append((r, child))
+                if k not in reads[r]:
+                    reads[r].append(k)
+    pinned = np.zeros(len(key), dtype=np.bool_)
+    for v in g.output_value_ids:
+        s, producer = g.value(v).storage_id, g.producer(v)
+        if producer is not None and s not in resident:
+            pinned[key[(unit_of[producer], s)]] = True
+    unit_node = np.zeros(len(key), dtype=np.int64)
+    own: list[list[int]] = [[] for _ in range(count)]
+    for (u, _), k in key.items():
+        unit_node[k] = u
+        own[u].append(k)
+
+    recomputable = tg.recomputable
+    movable = np.asarray([all(n in recomputable for n in nodes) for nodes in members], dtype=np.bool_)
+    pin_first = np.asarray([any(g.node(n).random for n in nodes) for nodes in members],
+                           dtype=np.bool_)
+    in_ptr, in_idx = _csr(inputs)
+    us_ptr, us_idx = _csr(users)
+    nu_ptr, nu_idx = _csr(own)
+    ru_ptr, ru_idx = _csr(reads)
+    rd_ptr = np.zeros(len(key) + 1, dtype=np.int64)
+    rd_ptr[1:] = np.cumsum([len(x) for x in readers])
+    rd_node = np.asarray([r for x in readers for r, _ in x], dtype=np.int64)
+    rd_child = np.asarray([c for x in readers for _, c in x], dtype=np.int64)
+    unit_bytes = np.asarray([b if a else 0 for a, b in zip(allocates, storage_bytes)],
+                            dtype=np.int64)
+    arrays = (cost, work, movable, pin_first, in_ptr, in_idx, us_ptr, us_idx, nu_ptr, nu_idx,
+              ru_ptr, ru_idx, unit_node, unit_bytes, pinned, np.asarray(parent, dtype=np.int64),
+              rd_ptr, rd_node, rd_child)
+    return Problem(arrays, members, unit_of, np.flatnonzero(movable).astype(np.int64))
+
+
+def groups(tg: TrainingGraph) -> list[list[int]]:
+    """Stage 1's units: each forward node merged into its only reader when its inputs
+    take no more bytes than its outputs (the paper's rule); every other node alone.
+    Merging into a node's only reader never makes a cycle (every path out of it goes
+    through that reader)."""
+    g = tg.graph
+    resident = g.resident_value_ids
+    head = {n: n for n in tg.order}
+
+    def find(n: int) -> int:
+        while head[n] != n:
+            head[n] = head[head[n]]
+            n = head[n]
+        return n
+
+    for n in tg.forward:
+        readers = set(tg.node_users[n])
+        if n not in tg.recomputable or len(readers) != 1:
+            continue
+        (reader,) = readers
+        if reader not in tg.recomputable:
+            continue
+        storages = {g.value(v).storage_id for v in g.node(n).inputs if v not in resident}
+        inputs = sum(g.storage_bytes(s) for s in storages)
+        if inputs <= tg.memory[n]:
+            head[find(n)] = find(reader)
+    members: dict[int, list[int]] = {}
+    for n in tg.order:
+        members.setdefault(find(n), []).append(n)
+    return sorted(members.values(), key=lambda nodes: tg.position[nodes[-1]])
+
+
+def _placement(problem: Problem, units: list[int]) -> tuple[int, list[tuple[int, int]]]:
+    size = 1
+    while size < SPREAD * max(1, len(units)):
+        size *= 2
+    step = size // max(1, len(units))
+    return size, [(u, i * step + step // 2) for i, u in enumerate(units)]
+
+
+def _units_of(problem: Problem, sequence: list[int]) -> list[int]:
+    """A node sequence as unit occurrences (a unit's nodes must come together, in order)."""
+    units, i = [], 0
+    while i < len(sequence):
+        u = problem.unit_of[sequence[i]]
+        size = len(problem.members[u])
+        if sequence[i:i + size] != problem.members[u]:
+            raise ValueError(f"node {sequence[i]} does not start its unit {problem.members[u]}")
+        units.append(u)
+        i += size
+    return units
+
+
+class _Search:
+    """One annealing stage: runs the kernel in chunks, keeps the best sequences seen."""
+
+    def __init__(self, problem: Problem, sequence: list[int], budget: int, weight: float,
+                 deadline: Deadline, progress, label: str):
+        self.problem, self.budget, self.weight, self.deadline = problem, budget, weight, deadline
+        self.progress, self.label = progress, label
+        size, placement = _placement(problem, _units_of(problem, sequence))
+        self.state = anneal.new_state(problem.arrays, size, placement)
+        self.best: tuple[float, list[int]] | None = None       # (time, node sequence) within budget
+        self.lowest: tuple[int, list[int]] | None = None       # (peak, node sequence)
+        self.moves = 0
+        self.seconds = 0.0
+        self.look()
+
+    @property
+    def peak(self) -> int:
+        return int(self.state[4][1])
+
+    def look(self) -> None:
+        peak, seconds = self.peak, float(self.state[6][0])
+        if self.best is not None and peak <= self.budget and seconds >= self.best[0]:
+            return
+        if self.lowest is not None and peak >= self.lowest[0] and peak > self.budget:
+            return
+        nodes = self.problem.expand(anneal.sequence(self.state))
+        if peak <= self.budget and (self.best is None or seconds < self.best[0]):
+            self.best = (seconds, nodes)
+        if self.lowest is None or peak < self.lowest[0]:
+            self.lowest = (peak, nodes)
+
+    def run(self, iterations: int, *, seed: int, stop_when_fits: bool) -> None:
+        if iterations <= 0 or len(self.problem.candidates) == 0:
+            return
+        anneal.seed(seed)
+        objective = anneal.objective(self.peak, float(self.state[6][0]), self.budget, self.weight)
+        t_first, t_last = T_FIRST * objective, T_FIRST * T_LAST * objective
+        done = 0
+        started = time.monotonic()
+        while done < iterations and not self.deadline.expired():
+            chunk = min(CHUNK, iterations - done)
+            tried, _ = anneal.anneal(self.problem.arrays, self.state, self.problem.candidates,
+                                     chunk, done, iterations, t_first, t_last, self.budget,
+                                     self.weight, stop_when_fits)
+            done += tried
+            self.look()
+            if stop_when_fits and self.peak <= self.budget:
+                break
+            if tried < chunk:
+                break
+        self.moves += done
+        self.seconds += time.monotonic() - started
+        rate = done / max(1e-9, time.monotonic() - started)
+        self.progress(f"fastsa: {self.label}: {done} moves ({rate:,.0f}/s), peak {self.peak} "
+                      f"bytes, time {float(self.state[6][0]):.6g} s")
+
+
+def fastsa(graph: Graph, budget: int | None, *, time_limit_s: float | None = None, progress=quiet,
+           seed: int = 0, iterations: int | None = None, start: str = "",
+           grouping: bool = True, weight: float = 8.0) -> pb.Schedule:
+    """Simulated annealing over compute sequences (Fast SA): groups, then single nodes.
+
+    `iterations`: moves in all (default 300 per node, at most 6 million); `start`: a
+    solver whose plan stage 2 starts from (stage 1 is then skipped); `seed`: the
+    random moves' seed; `grouping=False` skips stage 1."""
+    everything = store_all(graph)
+    if budget is None or everything.predicted_peak_bytes <= budget:
+        everything.name = "fastsa"
+        return everything
+    deadline = Deadline(time_limit_s)
+    tg = TrainingGraph(graph)
+    total = iterations if iterations is not None else min(6_000_000, 300 * len(tg.order))
+    singles = build(tg, [[n] for n in tg.order])
+    if start:
+        sequence = _start_plan(graph, budget, start, deadline, progress)
+        stage1_moves = 0
+    elif grouping:
+        problem = build(tg, groups(tg))
+        progress(f"fastsa: {len(tg.order)} nodes in {len(problem.members)} groups, "
+                 f"{len(problem.candidates)} movable")
+        search = _Search(problem, problem.expand(range(len(problem.members))), budget, weight,
+                         deadline, progress, "groups")
+        search.run(total * 2 // 3, seed=seed, stop_when_fits=True)
+        sequence = search.best[1] if search.best else search.lowest[1]
+        stage1_moves = search.moves
+    else:
+        sequence, stage1_moves = everything_sequence(everything), 0
+    search = _Search(singles, sequence, budget, weight, deadline, progress, "nodes")
+    search.run(total - stage1_moves, seed=seed + 1, stop_when_fits=False)
+    return _result(tg, search, budget)
+
+
+def everything_sequence(schedule: pb.Schedule) -> list[int]:
+    """The nodes a schedule computes, in order."""
+    return [s.compute for s in schedule.steps if s.WhichOneof("action") == "compute"]
+
+
+def _start_plan(graph: Graph, budget: int, solver: str, deadline: Deadline, progress) -> list[int]:
+    from . import solve  # the facade of this package: any solver, checked by the simulator
+    limit = deadline.remaining(None) if deadline.seconds is not None else None
+    try:
+        plan = solve(graph, budget, solver, time_limit_s=limit and limit / 2, progress=progress)
+    except InfeasibleBudget as refused:
+        if refused.schedule is None:
+            raise
+        plan = refused.schedule
+    return everything_sequence(plan)
+
+
+def _result(tg: TrainingGraph, search: _Search, budget: int) -> pb.Schedule:
+    """The best sequence within the budget, checked by the simulator."""
+    if search.best is None:
+        schedule = _schedule(tg, search.lowest[1])
+        raise InfeasibleBudget(budget, schedule.predicted_peak_bytes, " (by fastsa)",
+                               schedule=schedule)
+    return _schedule(tg, search.best[1])   # the kernel's peak is the simulator's (tested)
+
+
+def _schedule(tg: TrainingGraph, sequence: list[int]) -> pb.Schedule:
+    backward = set(tg.backward)
+    forward_length = next((i for i, n in enumerate(sequence) if n in backward), len(sequence))
+    return simulated_schedule(tg, sequence, forward_length, name="fastsa")[0]
