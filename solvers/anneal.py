@@ -350,31 +350,47 @@ def anneal(P, S, candidates, iterations, start, total, t_first, t_last, budget, 
 
 
 @njit(cache=True)
-def _chain(n, s, depth, chain_slots, P, S):
-    """Recompute, before the occurrence of `n` at slot `s`, one of its inputs, one of
-    that one's inputs, ... up to `depth` nodes, each in the nearest empty slot
-    before the last (the multi-node move that lets a recomputation read fresh
-    copies, so the old ones can die: single moves would each cost time without
-    lowering the peak). Returns how many were inserted (their slots in `chain_slots`)."""
+def _chain(n, s, size, chain_slots, P, S):
+    """Recompute, before the occurrence of `n` at slot `s`, what it reads, and what
+    that reads, ... (each input with probability 3/4, up to `size` nodes), each
+    in the nearest empty slot below the last one placed, so every node lands
+    before its readers. The multi-node move lets a recomputation read fresh copies
+    so that the old ones can die: one node at a time, each step would cost time
+    without lowering the peak. Returns how many were inserted (their slots in
+    `chain_slots`, in insertion order)."""
     slot = S[3]
     movable, in_ptr, in_idx = P[2], P[4], P[5]
+    size = min(size, chain_slots.shape[0])
     done = 0
-    for _ in range(min(depth, chain_slots.shape[0])):
-        width = in_ptr[n + 1] - in_ptr[n]
-        if width == 0:
+    lowest = s
+    head = -1                      # chain_slots[head] is the node whose inputs come next
+    current = n
+    while done < size:
+        for q in range(in_ptr[current], in_ptr[current + 1]):
+            if done >= size:
+                break
+            i = in_idx[q]
+            if not movable[i] or np.random.random() < 0.25:
+                continue
+            fresh = False
+            for c in range(done):
+                if slot[chain_slots[c]] == i:
+                    fresh = True
+            if fresh:
+                continue
+            s2 = lowest - 1
+            while s2 >= 0 and s2 > lowest - 64 and slot[s2] >= 0:
+                s2 -= 1
+            if s2 < 0 or slot[s2] >= 0 or not can_insert(i, s2, P, S):
+                continue
+            insert(i, s2, P, S)
+            chain_slots[done] = s2
+            done += 1
+            lowest = s2
+        head += 1
+        if head >= done:
             break
-        i = in_idx[in_ptr[n] + np.random.randint(width)]
-        if not movable[i]:
-            break
-        s2 = s - 1
-        while s2 >= 0 and s2 > s - 64 and slot[s2] >= 0:
-            s2 -= 1
-        if s2 < 0 or slot[s2] >= 0 or not can_insert(i, s2, P, S):
-            break
-        insert(i, s2, P, S)
-        chain_slots[done] = s2
-        done += 1
-        n, s = i, s2
+        current = slot[chain_slots[head]]
     return done
 
 

@@ -45,6 +45,7 @@ from remat_ir.ir import Graph, InvalidSchedule, pb, store_all
 from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
 from .baselines import prefix_schedules, recompute_everything, sqrt_schedule
 from .checkmate import binaries, solve_exact
+from .fastsa import polish
 from .hilp import Level, Part, solve_level
 from .leaves import leaf_options, leaf_solver_names
 from .options import PartOption, PartShape, pareto, spread
@@ -75,6 +76,10 @@ TOP_SOLVE_SHARE = 1 / 3
 #: Share of the time limit kept for trimming the plan's recomputations (`trim.py`),
 #: which simulates the plan once per move it tries.
 TRIM_SHARE = 0.2
+#: Share of the time limit kept for annealing the plan node by node (`fastsa.polish`),
+#: from the best of every plan made (the fastest within the budget, or a faster one
+#: a little over it); with annealing, trimming is not run.
+ANNEAL_SHARE = 0.3
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
@@ -84,14 +89,16 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
              progress=quiet, max_cluster: int = MAX_CLUSTER, max_top: int = MAX_TOP,
              max_options: int = MAX_OPTIONS,
              leaf_solvers: str | Sequence[str] = LEAF_SOLVERS,
-             repartition: bool = False) -> pb.Schedule:
+             repartition: bool = False, anneal: bool = True) -> pb.Schedule:
     """Hierarchical partition, options per cluster, H-ILP at every level; `leaf_solvers`
     (solver names, comma-separated or a sequence) add their plans of the smallest
     clusters to the options.
 
     The partition tree stored in the graph (`remat-ir partition`, an earlier run)
     is used when there is one, unless `repartition` or `max_cluster`/`max_top`
-    are given; otherwise the tree made is stored in the graph."""
+    are given; otherwise the tree made is stored in the graph. `anneal`: polish the
+    plan by simulated annealing (`fastsa.polish`) in the last `ANNEAL_SHARE` of
+    the time limit."""
     if isinstance(max_options, bool) or not isinstance(max_options, int) or max_options < 2:
         raise BadRequest(f"max_options must be an integer of at least 2, not {max_options!r}")
     leaves = leaf_solver_names(leaf_solvers)
@@ -100,7 +107,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if budget is None or everything.predicted_peak_bytes <= budget:
         return everything
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-    deadline = Deadline(limit * (1 - TRIM_SHARE))
+    whole = Deadline(limit)
+    deadline = Deadline(limit * (1 - (ANNEAL_SHARE if anneal else TRIM_SHARE)))
     tg = TrainingGraph(graph)
     explicit = repartition or (max_cluster, max_top) != (MAX_CLUSTER, MAX_TOP)
     tree = None if explicit else stored_partition(graph)
@@ -135,16 +143,26 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
     if best is None:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
-    trimmed = trim_recomputations(tg, best, budget, Deadline(max(0.0, limit - deadline.elapsed())),
-                                  progress, "hiremate")
-    return _named(trimmed)
+    if best is not None and not anneal:
+        best = trim_recomputations(tg, best, budget, Deadline(whole.remaining()), progress,
+                                   "hiremate")
+    if anneal:
+        polished = polish(tg, made + ([best] if best is not None else []), budget,
+                          deadline=Deadline(whole.remaining()), progress=progress)
+        if polished is not None and (best is None or polished.predicted_time_s < best.predicted_time_s):
+            best = polished
+    if best is None:
+        smallest = _named(min(made, key=lambda s: s.predicted_peak_bytes))
+        raise InfeasibleBudget(budget, smallest.predicted_peak_bytes, " (by hiremate)",
+                               schedule=smallest)
+    return _named(best)
 
 
 def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
-              made: list[pb.Schedule], deadline: Deadline, progress) -> pb.Schedule:
+              made: list[pb.Schedule], deadline: Deadline, progress) -> pb.Schedule | None:
     """When no plan of the H-ILP under the budget fits: its least-memory plan or a
-    heuristic if one fits (the H-ILP's memory model is cautious), else
-    InfeasibleBudget naming the lowest peak of every schedule made."""
+    heuristic if one fits (the H-ILP's memory model is cautious), else None (the
+    lowest peak of every schedule made, now in `made`, is the floor to name)."""
     found = solve_level(top, None, None, deadline, deadline.remaining(10.0), planner.progress,
                         "hiremate least-memory H-ILP", least_memory=True)
     if found is not None:
@@ -153,10 +171,7 @@ def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
                  f"{made[-1].predicted_peak_bytes} bytes")
     made += [recompute_everything(tg), sqrt_schedule(tg)]
     fitting = [s for s in made if s.predicted_peak_bytes <= budget]
-    if fitting:
-        return min(fitting, key=lambda s: s.predicted_time_s)
-    smallest = _named(min(made, key=lambda s: s.predicted_peak_bytes))
-    raise InfeasibleBudget(budget, smallest.predicted_peak_bytes, " (by hiremate)", schedule=smallest)
+    return min(fitting, key=lambda s: s.predicted_time_s) if fitting else None
 
 
 def _with_checkmate(tg: TrainingGraph, budget: int, best: pb.Schedule | None,
