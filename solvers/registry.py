@@ -34,6 +34,8 @@ BUILTINS = {
                   "exact MILP (Checkmate) in python-mip; mode='lp' rounds the LP relaxation"),
     "rotor": ("remat_ir.solvers.rotor:rotor",
               "chain dynamic program over the segments between articulation points"),
+    "twremat": ("remat_ir.solvers.twremat:twremat",
+                "TW-remat: recursion on balanced separators of a tree decomposition, leaf size fitted to the budget"),
     "hiremate": ("remat_ir.solvers.hiremate:hiremate",
                  "HiRemate: hierarchical partition, options per cluster, H-ILP at every level"),
 }
