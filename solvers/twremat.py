@@ -257,6 +257,18 @@ class Hierarchy:
             region.first = min(steps, default=None)
             region.last = max(ends, default=None)
 
+    def starts(self, index: int) -> bool:
+        """Whether region `index` is active when the backward first reads its connected
+        component of the forward graph (each is a problem of its own)."""
+        first = self.regions[index].first
+        return first is not None and first == self.regions[self.component[index]].first
+
+    def roots(self, index: int, plan: Plan) -> set[int]:
+        """Allocating nodes whose results region `index` keeps from the forward pass in
+        `plan` (its separator if divided, its results if a leaf)."""
+        nodes = self.regions[index].nodes if index in plan.leaves else self.regions[index].separator
+        return {self.tg.root(v) for v in nodes}
+
     def bytes(self, nodes) -> int:
         """Bytes of the distinct allocations the results of `nodes` hold."""
         return sum(self.tg.memory[r] for r in {self.tg.root(v) for v in nodes})
@@ -294,7 +306,9 @@ class Hierarchy:
                  ) -> tuple[list[int], list[int], dict[int, tuple[int, int]]]:
         """The compute sequence (forward, then backward with recomputations) of the plan
         whose leaf regions are `leaves` (topmost regions not divided further) and whose
-        divided regions in `kept` keep their separators from the forward pass; with the
+        regions in `kept` keep their results from the forward pass (a divided region
+        its separator, a leaf all of its results) rather than compute them when they
+        become active; with the
         position of each backward node in it and, for each divided region, the span of
         the sequence its activation computes (the recomputation that keeping its
         separator from the forward pass would save). Cached: structure only."""
@@ -322,12 +336,10 @@ class Hierarchy:
         for i in live:
             activate[regions[i].first].append(i)
             deactivate[regions[i].last].append(i)
-        # Each connected component of the forward graph is a problem of its own: the
-        # regions active when the backward first reads it keep their results from the
-        # forward pass (recomputing them then would gain nothing).
-        active = {i for i in live if regions[i].first == regions[self.component[i]].first}
-        fresh = {v for v, o in owner.items() if o in active}
-        fresh.update(v for i in kept if i in divided for v in regions[i].separator)
+        active: set[int] = set()
+        # Kept from the forward pass: a divided region's separator, a leaf's results.
+        fresh = {v for i in kept if i in divided for v in regions[i].separator}
+        fresh.update(v for v, o in owner.items() if o in kept and o not in divided)
         pinned = self.pinned
         sequence = list(tg.forward)
         inputs = self.inputs
@@ -491,7 +503,14 @@ class _Search:
         return low, high
 
     def plan(self, leaves: frozenset[int], keep_all: bool) -> Plan:
-        return Plan(leaves, frozenset(self.h.divided(leaves)) if keep_all else frozenset())
+        """The plan of these leaves that keeps from the forward pass the results of the
+        regions active when the backward first reads their component (computing them
+        again then would gain nothing), and with `keep_all` every divided region's
+        separator."""
+        h = self.h
+        kept = {i for i in h.divided(leaves) if keep_all or h.starts(i)}
+        kept.update(i for i in leaves if h.starts(i))
+        return Plan(leaves, frozenset(kept))
 
     def descend(self, plan: Plan, trials: int) -> Plan | None:
         """From a plan over the budget, divide where the peak is until it fits: each step
@@ -513,14 +532,18 @@ class _Search:
             moves = []
             for leaf in plan.leaves:
                 region = h.regions[leaf]
-                if region.children and region.first is not None and _active(h, leaf, trial.peak_at):
-                    moves.append(Plan((plan.leaves - {leaf}) | set(region.children), plan.kept))
-                    moves.append(Plan((plan.leaves - {leaf}) | set(region.children),
-                                      plan.kept | {leaf}))
+                if region.children and region.first is not None \
+                        and _holds(h, plan, leaf, trial.peak_at):
+                    moves.append(_split(h, plan, leaf, keep_separator=False))
+                    moves.append(_split(h, plan, leaf, keep_separator=True))
             splits = len(moves)
             waiting = [i for i in plan.kept if trial.peak_at < 0 or h.regions[i].first > trial.peak_at]
             waiting.sort(key=lambda i: -h.regions[i].first)
-            moves += [Plan(plan.leaves, plan.kept - {i}) for i in waiting[:4]]
+            for i in waiting[:4]:
+                # Views hold their root's allocation: what shares one goes together.
+                roots = h.roots(i, plan)
+                moves.append(Plan(plan.leaves, frozenset(j for j in plan.kept
+                                                         if j != i and not roots & h.roots(j, plan))))
             chosen, score = None, None
             for k, move in enumerate(moves):
                 if self.trials <= stop or self.out_of_time:
@@ -650,6 +673,12 @@ def twremat(graph: Graph, budget: int | None, *, time_limit_s: float | None = No
     for keep_all in (False, True):
         fitting, over = search.bisect(leaf_sets, keep_all=keep_all, low=low)
         if fitting is None:
+            if not keep_all:
+                # Not even the finest plan fits: try recomputing all it keeps, and less.
+                least = Plan(leaf_sets[0])
+                if not search.evaluate(least).excess:
+                    starts.append(least)
+                overs.append(search.plan(leaf_sets[0], keep_all=False))
             break
         starts.append(search.plan(leaf_sets[fitting], keep_all))
         if over is not None:
@@ -678,21 +707,38 @@ def twremat(graph: Graph, budget: int | None, *, time_limit_s: float | None = No
 
 
 def _moved(h: Hierarchy, plan: Plan, move: str, index: int) -> Plan:
-    """`plan` with region `index`'s separator kept from the forward pass ("keep") or
-    with the region a leaf ("leaf")."""
+    """`plan` with divided region `index`'s separator kept from the forward pass
+    ("keep"), or with the region a leaf ("leaf"; kept from the forward pass if it is
+    active when the backward starts on its component and what it replaces was)."""
     if move == "keep":
         return Plan(plan.leaves, plan.kept | {index})
-    below = _below(h, index)
-    return Plan((plan.leaves - below) | {index}, plan.kept - below - {index})
+    merged = _below(h, index) | {index}
+    kept = plan.kept - merged
+    if h.starts(index) and any(i in plan.kept for i in merged if h.starts(i)):
+        kept = kept | {index}
+    return Plan((plan.leaves - merged) | {index}, kept)
 
 
-def _active(h: Hierarchy, index: int, step: int) -> bool:
-    """Whether region `index` is active at backward step `step` (-1: the forward pass,
-    where the regions active when the backward first reads their component are)."""
+def _split(h: Hierarchy, plan: Plan, leaf: int, keep_separator: bool) -> Plan:
+    """`plan` with `leaf` divided, its children leaves; its separator kept from the
+    forward pass or not; the children kept if the leaf was and they are active when
+    the backward starts on their component (the results it kept that they own)."""
+    children = h.regions[leaf].children
+    kept = plan.kept - {leaf}
+    if keep_separator:
+        kept = kept | {leaf}
+    if leaf in plan.kept:
+        kept = kept | {c for c in children if h.starts(c)}
+    return Plan((plan.leaves - {leaf}) | set(children), kept)
+
+
+def _holds(h: Hierarchy, plan: Plan, index: int, step: int) -> bool:
+    """Whether leaf `index` holds results at backward step `step` (-1: the forward
+    pass, where kept leaves do)."""
     region = h.regions[index]
     if step < 0:
-        return region.first == h.regions[h.component[index]].first
-    return region.first <= step <= region.last
+        return index in plan.kept
+    return region.first <= step <= region.last or (index in plan.kept and step < region.first)
 
 
 def _under_leaf(h: Hierarchy, index: int, leaves: frozenset[int]) -> bool:
