@@ -160,8 +160,11 @@ class Hierarchy:
 
     def _split(self, nodes: frozenset[int]) -> tuple[set[int], list[frozenset[int]]]:
         """The region's separator and the components it leaves (each connected)."""
-        if len(nodes) <= 2:
+        if len(nodes) == 1:
             return set(nodes), []
+        if len(nodes) == 2:     # one bag: hold the smaller result, the other below it
+            first, second = sorted(nodes, key=lambda v: (self.bytes([v]), self.position[v]))
+            return {first}, [frozenset([second])]
         separator = self._separator(nodes)
         left = nodes - separator
         components, seen = [], set()
@@ -303,7 +306,7 @@ class Hierarchy:
         return found
 
     def sequence(self, leaves: frozenset[int], kept: frozenset[int] = frozenset()
-                 ) -> tuple[list[int], list[int], dict[int, tuple[int, int]]]:
+                 ) -> tuple[list[int], list[int], dict[int, tuple[int, int]], dict[int, int]]:
         """The compute sequence (forward, then backward with recomputations) of the plan
         whose leaf regions are `leaves` (topmost regions not divided further) and whose
         regions in `kept` keep their results from the forward pass (a divided region
@@ -311,7 +314,9 @@ class Hierarchy:
         become active; with the
         position of each backward node in it and, for each divided region, the span of
         the sequence its activation computes (the recomputation that keeping its
-        separator from the forward pass would save). Cached: structure only."""
+        separator from the forward pass would save), and the region owning each forward
+        node (the leaf it lies in, or the divided region whose separator holds it).
+        Cached: structure only."""
         known = self.plans.get((leaves, kept))
         if known is not None:
             return known
@@ -392,8 +397,8 @@ class Hierarchy:
                 fresh.difference_update(regions[i].separator if i in divided else regions[i].nodes)
         if len(self.plans) >= CACHED_PLANS:
             self.plans.pop(next(iter(self.plans)))
-        self.plans[leaves, kept] = sequence, placed, spans
-        return sequence, placed, spans
+        self.plans[leaves, kept] = sequence, placed, spans, owner
+        return sequence, placed, spans, owner
 
 
 def pinned_nodes(tg: TrainingGraph) -> frozenset[int]:
@@ -459,9 +464,13 @@ class _Search:
         if known is not None:
             return known
         h = self.h
-        sequence, placed, spans = h.sequence(plan.leaves, plan.kept)
+        sequence, placed, spans, owner = h.sequence(plan.leaves, plan.kept)
         time = h.tg.time
         spent = {i: sum(time[n] for n in sequence[a:b]) for i, (a, b) in spans.items()}
+        for n in sequence[len(h.tg.forward):]:     # leaves' recomputations
+            leaf = owner.get(n)
+            if leaf in plan.leaves:
+                spent[leaf] = spent.get(leaf, 0.0) + time[n]
         schedule, result = simulated_schedule(h.tg, sequence, len(h.tg.forward), name="twremat")
         budget = self.budget
         excess = sum(m - budget for m in result.memory_during if m > budget)
@@ -570,9 +579,10 @@ class _Search:
         """Greedy moves from `plan` (within the budget), kept when the simulator finds
         them within the budget and faster, in passes until one changes nothing:
 
-        - keep a divided region's separator from the forward pass instead of
-          recomputing it when the region becomes active: its bytes are added to the
-          memory curve from the forward pass to that activation;
+        - keep a divided region's separator, or a leaf's results, from the forward
+          pass instead of recomputing them when the region becomes active: their
+          bytes are added to the memory curve from the forward pass to that
+          activation;
         - make a divided region whose children are leaves a leaf: its bytes read by
           the backward, less its largest child's, are added over its activity.
 
@@ -618,6 +628,10 @@ class _Search:
             candidates = [i for i in h.divided(plan.leaves)
                           if i not in plan.kept and spent.get(i) and h.regions[i].separator]
             added = {i: h.bytes(h.regions[i].separator) for i in candidates}
+            leaves = [i for i in plan.leaves if i not in plan.kept and spent.get(i)
+                      and h.regions[i].first is not None]
+            added.update((i, h.regions[i].weight) for i in leaves)
+            candidates += leaves
         else:
             candidates = [i for i in h.divided(plan.leaves)
                           if h.regions[i].first is not None and spent.get(i)
@@ -633,7 +647,8 @@ class _Search:
                 continue
             region = h.regions[index]
             if move == "keep":
-                start = min(h.position[v] for v in region.separator)
+                held = region.nodes if index in plan.leaves else region.separator
+                start = min(h.position[v] for v in held)
                 end = current.placed[region.first]
             else:
                 start, end = current.placed[region.first], current.placed[region.last] + 1
