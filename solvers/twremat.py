@@ -23,32 +23,42 @@ it:
    bag intersections (the separators of the decomposition's edges, often a
    single tensor on a chain) that leaves no component with more than 2/3 of
    its nodes and holds the fewest bytes; the components are the child
-   regions. Every forward node is in the separator of exactly one region (its
-   home), and what a region's nodes read from outside it lies in the
-   separators of its ancestors, held while it is worked on.
-2. **A plan** is a choice of leaf regions (not divided further; everything
-   below a leaf belongs to it). A region is *active* from the first backward
-   step that reads a forward result of it to the last. When a region becomes
-   active, the separator of a divided region is computed (recomputing on
-   demand, from the ancestors' separators, what it reads) and held to the end
-   of the region's activity; a leaf computes its results on demand when its
-   backward reads them and holds them to its end (its plain order). Results
+   regions, down to single nodes. Every forward node is in the separator of
+   exactly one region, and what a region's nodes read from outside it lies in
+   the separators of its ancestors, held while it is worked on.
+2. **A plan** (`Plan`) chooses the *leaf* regions (not divided further; what
+   lies below a leaf belongs to it) and the *kept* regions, whose results the
+   forward pass keeps (a divided region's separator, a leaf's results). A
+   region is *active* from the first backward step that reads a result of it
+   to the last. When a region becomes active, a divided region's separator is
+   computed unless kept (recomputing on demand what it reads, from the
+   ancestors' separators) and held to the end of the region's activity; a
+   leaf computes its results on demand when the backward reads them, unless
+   kept, and holds them to its end (the sub-problem's plain order). Results
    computed for the moment only, whose region is not active, are forgotten
-   after the step that needed them. Results of the regions active when the
-   backward first reads a forward result are kept from the forward pass rather
-   than recomputed. The components are thus visited in the order in which the
-   backward needs them, which respects every backward dependency by
-   construction. The frees follow the last uses (`to_schedule`).
-3. **Budget.** With every region a leaf the plan is store-everything; dividing
-   everything gives TW-remat's least memory. A region stops being divided when
-   it holds at most a threshold of bytes read by the backward, and the
-   threshold is bisected against the simulated peak (peaks grow with the
-   threshold, recomputation shrinks). Then, while time allows, divided
-   regions are made leaves one at a time, smallest first, wherever the
-   simulator says the budget still holds: the budget is followed where the
-   memory curve leaves room rather than by one global leaf size. The fastest
-   schedule within the budget wins; when none fits, `InfeasibleBudget` names
-   the lowest simulated peak found, with its schedule.
+   after the step that needed them. The components are thus visited in the
+   order in which the backward needs them, which respects every backward
+   dependency by construction, and the frees follow the last uses
+   (`to_schedule`). Every region divided, nothing kept: TW-remat's schedule,
+   with the separators along one path of the recursion (and the gradients)
+   held, O(log n) of them on a chain, each level recomputed once, O(n log n)
+   recomputations; every region a leaf and kept: store-everything.
+3. **The budget** is followed by search, every plan judged by the simulator:
+   a bisection on a leaf size (a region is a leaf when it holds at most that
+   many bytes that the backward reads; the peak grows with it), once with the
+   separators recomputed (TW-remat) and once with all of them kept (they are
+   then checkpoints, as in Chen et al.'s scheme), the regions active when the
+   backward first reads their component kept in both (recomputing them at once
+   would gain nothing). Then greedy moves from the finest plan and from the
+   bisections' plans: keep a separator or a leaf's results from the forward
+   pass, make a divided region a leaf, in order of the recomputation they
+   save per byte they add, screened on the current plan's memory curve and
+   simulated in batches; and from the bisections' first plans over the
+   budget, divide where the simulated peak is until the plan fits. The
+   fastest schedule within the budget wins; when none fits, `InfeasibleBudget`
+   names the lowest simulated peak found, with its schedule, which a budget
+   there gets again. At most `refine` plans are simulated beyond the
+   bisections, within the time limit.
 """
 
 from __future__ import annotations
@@ -123,9 +133,9 @@ class Hierarchy:
                 self.node_bags[v].append(t)
         self.regions = [Region(-1, 0, frozenset(fwd), ())]
         self.home: dict[int, int] = {}
-        stack = [(frozenset(c), 0) for c in sorted(nx.connected_components(undirected),
-                                                      key=lambda c: min(self.position[n] for n in c),
-                                                      reverse=True)]
+        components = sorted(nx.connected_components(undirected),
+                            key=lambda c: min(self.position[n] for n in c), reverse=True)
+        stack = [(frozenset(c), 0) for c in components]
         while stack:
             nodes, parent = stack.pop()
             index = len(self.regions)
@@ -189,7 +199,8 @@ class Hierarchy:
         Component sizes are read off the decomposition tree: rooted anywhere, each node
         is counted at the bag nearest the root that holds it, so that the subtree below
         a bag holds exactly the nodes on that side of it."""
-        bag_ids = list(dict.fromkeys(t for v in nodes for t in self.node_bags[v]))
+        bag_ids = list(dict.fromkeys(t for v in sorted(nodes, key=self.position.__getitem__)
+                                     for t in self.node_bags[v]))
         in_region = set(bag_ids)
         root = bag_ids[0]
         parent = {root: -1}
@@ -423,7 +434,8 @@ def hierarchy(graph: Graph, tg: TrainingGraph, heuristic: str) -> Hierarchy:
 
 @dataclass(frozen=True)
 class Plan:
-    """Leaf regions, and the divided regions whose separators the forward pass keeps."""
+    """Leaf regions (the topmost not divided), and the regions whose results the forward
+    pass keeps: a divided region its separator, a leaf all of its results."""
     leaves: frozenset[int]
     kept: frozenset[int] = frozenset()
 
@@ -440,7 +452,8 @@ class _Trial:
     during: list[int]
     #: Position in the sequence of each backward node.
     placed: list[int]
-    #: Divided region -> time its activation spends recomputing its separator.
+    #: Region -> time spent recomputing for it: a divided region's separator when it
+    #: becomes active, a leaf's results (what keeping them from the forward would save).
     spent: dict[int, float]
 
 
@@ -531,7 +544,8 @@ class _Search:
         stop = self.trials - trials
         while True:
             # The root holds no separator: dividing it changes nothing to simulate.
-            virtual = [i for i in plan.leaves if not h.regions[i].separator and h.regions[i].children]
+            virtual = [i for i in plan.leaves
+                       if not h.regions[i].separator and h.regions[i].children]
             if not virtual:
                 break
             plan = Plan((plan.leaves - set(virtual))
@@ -546,13 +560,14 @@ class _Search:
                     moves.append(_split(h, plan, leaf, keep_separator=False))
                     moves.append(_split(h, plan, leaf, keep_separator=True))
             splits = len(moves)
-            waiting = [i for i in plan.kept if trial.peak_at < 0 or h.regions[i].first > trial.peak_at]
+            waiting = [i for i in plan.kept
+                       if trial.peak_at < 0 or h.regions[i].first > trial.peak_at]
             waiting.sort(key=lambda i: -h.regions[i].first)
             for i in waiting[:4]:
                 # Views hold their root's allocation: what shares one goes together.
                 roots = h.roots(i, plan)
-                moves.append(Plan(plan.leaves, frozenset(j for j in plan.kept
-                                                         if j != i and not roots & h.roots(j, plan))))
+                kept = frozenset(j for j in plan.kept if j != i and not roots & h.roots(j, plan))
+                moves.append(Plan(plan.leaves, kept))
             chosen, score = None, None
             for k, move in enumerate(moves):
                 if self.trials <= stop or self.out_of_time:
@@ -682,6 +697,7 @@ def twremat(graph: Graph, budget: int | None, *, time_limit_s: float | None = No
     progress(f"twremat: {len(h.home)} recomputable forward nodes, tree decomposition of width "
              f"{h.width}, {len(h.regions) - 1} regions, depth {h.depth}")
     search = _Search(h, budget, deadline, progress, refine)
+    search.lowest = everything     # a floor above store-everything's would be no floor
     thresholds = sorted({r.weight for r in h.regions})
     leaf_sets = list(dict.fromkeys(h.leaves_at(t) for t in thresholds))
     starts, overs, low = [], [], 0

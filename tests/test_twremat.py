@@ -55,7 +55,8 @@ def check_step(graph: ir.Graph, schedule: pb.Schedule, budget: int | None) -> ir
 
 
 @SETTINGS
-@given(graph=training_graphs(), share=st.floats(0.0, 1.0), heuristic=st.sampled_from(sorted(HEURISTICS)))
+@given(graph=training_graphs(), share=st.floats(0.0, 1.0),
+       heuristic=st.sampled_from(sorted(HEURISTICS)))
 def test_random_graphs_valid_within_budget_or_a_feasible_budget_named(graph, share, heuristic):
     """Asked for no memory at all, twremat names the lowest peak it found, with a
     schedule peaking there that it plans again when asked for that budget; any budget
@@ -168,8 +169,10 @@ def test_a_part_in_its_context_recomputes_what_it_saves():
     peak = ir.store_all(part).predicted_peak_bytes
     planned = solvers.solve(part, peak - 1000, "twremat")
     check_step(part, planned, peak - 1000)
-    assert compute_sequences(planned, forward, backward) == (forward, [ids["f2"], ids["b3"], ids["b2"]])
-    counts = Counter(step.compute for step in planned.steps if step.WhichOneof("action") == "compute")
+    recomputing = [ids["f2"], ids["b3"], ids["b2"]]
+    assert compute_sequences(planned, forward, backward) == (forward, recomputing)
+    counts = Counter(step.compute for step in planned.steps
+                     if step.WhichOneof("action") == "compute")
     assert [counts[n] for n in part.nodes if part.node(n).op in CONTEXT_OPS] == [1, 1]
 
 
@@ -188,6 +191,7 @@ def test_hiremate_takes_twremats_plans_of_its_clusters_as_options():
     assert not messages
     budget = ir.store_all(graph).predicted_peak_bytes // 2
     messages.clear()
-    schedule = solvers.solve(graph, "50%", "hiremate", leaf_solvers="twremat", progress=messages.append)
+    schedule = solvers.solve(graph, "50%", "hiremate", leaf_solvers="twremat",
+                             progress=messages.append)
     check_step(graph, schedule, budget)
     assert not [m for m in messages if "failed" in m]
