@@ -35,7 +35,7 @@ BUILTINS = {
     "rotor": ("remat_ir.solvers.rotor:rotor",
               "chain dynamic program over the segments between articulation points"),
     "twremat": ("remat_ir.solvers.twremat:twremat",
-                "TW-remat: recursion on balanced separators of a tree decomposition, leaf size fitted to the budget"),
+                "TW-remat: recursion on tree-decomposition separators, fitted to the budget"),
     "hiremate": ("remat_ir.solvers.hiremate:hiremate",
                  "HiRemate: hierarchical partition, options per cluster, H-ILP at every level"),
 }
