@@ -530,7 +530,8 @@ class _Search:
         again then would gain nothing), and with `keep_all` every divided region's
         separator."""
         h = self.h
-        kept = {i for i in h.divided(leaves) if keep_all or h.starts(i)}
+        kept = {i for i in h.divided(leaves)
+                if h.starts(i) or (keep_all and h.regions[i].first is not None)}
         kept.update(i for i in leaves if h.starts(i))
         return Plan(leaves, frozenset(kept))
 
@@ -560,8 +561,8 @@ class _Search:
                     moves.append(_split(h, plan, leaf, keep_separator=False))
                     moves.append(_split(h, plan, leaf, keep_separator=True))
             splits = len(moves)
-            waiting = [i for i in plan.kept
-                       if trial.peak_at < 0 or h.regions[i].first > trial.peak_at]
+            waiting = [i for i in plan.kept if h.regions[i].first is not None
+                       and (trial.peak_at < 0 or h.regions[i].first > trial.peak_at)]
             waiting.sort(key=lambda i: -h.regions[i].first)
             for i in waiting[:4]:
                 # Views hold their root's allocation: what shares one goes together.
