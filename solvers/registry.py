@@ -36,6 +36,8 @@ BUILTINS = {
               "chain dynamic program over the segments between articulation points"),
     "fastsa": ("remat_ir.solvers.fastsa:fastsa",
                "simulated annealing over compute sequences (Fast SA): groups, then single nodes"),
+    "twremat": ("remat_ir.solvers.twremat:twremat",
+                "TW-remat: recursion on tree-decomposition separators, fitted to the budget"),
     "hiremate": ("remat_ir.solvers.hiremate:hiremate",
                  "HiRemate: hierarchical partition, options per cluster, H-ILP at every level"),
 }
