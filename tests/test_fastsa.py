@@ -136,3 +136,13 @@ def test_polishing_a_start_plan_never_makes_it_slower(gpt2_graph):
     polished = solvers.solve(gpt2_graph, "60%", "fastsa", start="rotor", iterations=50_000)
     assert polished.predicted_peak_bytes <= start.budget_bytes
     assert polished.predicted_time_s <= start.predicted_time_s
+
+
+def test_fastsa_plans_hiremates_smallest_clusters(gpt2_graph):
+    """As a leaf solver, annealing plans clusters (with their context nodes) for hiremate."""
+    said: list[str] = []
+    schedule = solvers.solve(gpt2_graph, "60%", "hiremate", leaf_solvers="fastsa",
+                             repartition=True, time_limit_s=60, progress=said.append)
+    assert not [m for m in said if "leaf solver 'fastsa' failed" in m]
+    result = ir.simulate(gpt2_graph, schedule, budget=schedule.budget_bytes)
+    assert result.valid and result.peak_bytes <= schedule.budget_bytes

@@ -39,7 +39,7 @@ def train_and_compare(model, args, kwargs, loss_of, cost_model="flops", **remat_
     return scheduled, measured.peak_bytes
 
 
-@pytest.mark.parametrize("solver", ["hiremate", "rotor", "sqrt", "twremat"])
+@pytest.mark.parametrize("solver", ["hiremate", "rotor", "sqrt", "twremat", "fastsa"])
 def test_gpt2_at_half_the_memory_trains_like_eager(solver):
     model, args, kwargs, loss_of = gpt2(n_layer=2, n_embd=32, seq=64, batch=4)
     scheduled, measured = train_and_compare(model, args, kwargs, loss_of, budget="50%", solver=solver)
