@@ -173,8 +173,6 @@ def groups(tg: TrainingGraph) -> list[list[int]]:
     take no more bytes than its outputs (the paper's rule); every other node alone.
     Merging into a node's only reader never makes a cycle (every path out of it goes
     through that reader)."""
-    g = tg.graph
-    resident = g.resident_value_ids
     head = {n: n for n in tg.order}
 
     def find(n: int) -> int:
@@ -190,8 +188,7 @@ def groups(tg: TrainingGraph) -> list[list[int]]:
         (reader,) = readers
         if reader not in tg.recomputable:
             continue
-        storages = {g.value(v).storage_id for v in g.node(n).inputs if v not in resident}
-        inputs = sum(g.storage_bytes(s) for s in storages)
+        inputs = sum(tg.memory[r] for r in {tg.root(p) for p in tg.node_inputs(n)})
         if inputs <= tg.memory[n]:
             head[find(n)] = find(reader)
     members: dict[int, list[int]] = {}

@@ -146,3 +146,23 @@ def test_fastsa_plans_hiremates_smallest_clusters(gpt2_graph):
     assert not [m for m in said if "leaf solver 'fastsa' failed" in m]
     result = ir.simulate(gpt2_graph, schedule, budget=schedule.budget_bytes)
     assert result.valid and result.peak_bytes <= schedule.budget_bytes
+
+
+@SETTINGS
+@given(graph=training_graphs(), share=st.sampled_from([0.9, 0.6, 0.4]))
+def test_polishing_never_leaves_the_budget_and_never_slows_the_fastest_fitting_start(graph, share):
+    from remat_ir.solvers.base import Deadline
+    from remat_ir.solvers.baselines import recompute_everything, sqrt_schedule
+
+    tg = TrainingGraph(graph)
+    budget = max(1, int(ir.store_all(graph).predicted_peak_bytes * share))
+    starts = [ir.store_all(graph), recompute_everything(tg), sqrt_schedule(tg)]
+    polished = fastsa.polish(tg, starts, budget, deadline=Deadline(None), iterations=3000)
+    fitting = [s for s in starts if s.predicted_peak_bytes <= budget]
+    if polished is None:
+        assert not fitting
+        return
+    result = ir.simulate(graph, polished, budget=budget)
+    assert result.valid, result.violation
+    if fitting:
+        assert result.total_time_s <= min(s.predicted_time_s for s in fitting) + 1e-12
