@@ -147,14 +147,19 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         best = trim_recomputations(tg, best, budget, Deadline(whole.remaining()), progress,
                                    "hiremate")
     if anneal:
+        share = 1.0 if best is not None else 0.5    # nothing fits: keep time for the floor
         polished = polish(tg, made + ([best] if best is not None else []), budget,
-                          deadline=Deadline(whole.remaining()), progress=progress)
+                          deadline=Deadline(whole.remaining() * share), progress=progress)
         if polished is not None and (best is None or polished.predicted_time_s < best.predicted_time_s):
             best = polished
     if best is None:
-        smallest = _named(min(made, key=lambda s: s.predicted_peak_bytes))
+        smallest = min(made, key=lambda s: s.predicted_peak_bytes)
+        if anneal:   # the plan named with the floor is used as it is (remat(), the zoo): speed it up
+            floor = smallest.predicted_peak_bytes
+            smallest = polish(tg, [smallest], floor, deadline=Deadline(whole.remaining()),
+                              progress=progress) or smallest
         raise InfeasibleBudget(budget, smallest.predicted_peak_bytes, " (by hiremate)",
-                               schedule=smallest)
+                               schedule=_named(smallest))
     return _named(best)
 
 
@@ -198,7 +203,7 @@ def _with_checkmate(tg: TrainingGraph, budget: int, best: pb.Schedule | None,
 
 
 def _named(schedule: pb.Schedule) -> pb.Schedule:
-    schedule.name = "hiremate"
+    schedule.name = schedule.solver = "hiremate"
     return schedule
 
 
