@@ -40,7 +40,9 @@ solver names), the plan's predicted peak as a share of the store-everything peak
 predicted overhead: predicted time / store-everything's predicted time - 1. Each solve
 gets a fresh copy of the graph (no partition tree or schedule of an earlier solve in it)
 and `solve`'s memory of earlier refusals' floors is cleared first: every figure is a
-solver planning from scratch.
+solver planning from scratch. Each solve runs in a forked child process killed after
+--kill-after seconds (default 5 x the time limit: rotor's dynamic program has no deadline);
+its row then says so.
 
 Reference: checkmate's proven optimum (status OPTIMAL) on graphs it solves exactly:
 chains (tests/builders.py) of 10, 16, 24 and 36 nodes and examples/mlp.rir (37 nodes;
@@ -61,6 +63,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -81,6 +84,9 @@ OUT = ROOT / "benchmarks" / "results" / "solvers.json"
 QUICK_OUT = ROOT / "build" / "solvers-quick.json"
 CACHE = ROOT / "build" / "bench-graphs"
 TIME_LIMIT_S = 60.0
+#: A solve still running after this many time limits is killed (not every solver has a
+#: deadline: rotor's dynamic program runs to its end).
+KILL_AFTER_LIMITS = 5
 SHARES = (0.5, 0.3, 0.25)
 SMALLEST = "smallest"
 DEFAULT_SOLVERS = ("hiremate", "rotor", "sqrt", "checkmate", "twremat", "fastsa", "fastsa:start=hiremate")
@@ -306,9 +312,54 @@ def fresh(data: bytes) -> ir.Graph:
     return ir.loads(data, check=False)
 
 
+def run_limited(function, kill_after: float | None):
+    """`function()` in a forked child killed after `kill_after` seconds (None: here, in
+    this process); its result, or None when it was killed."""
+    if kill_after is None:
+        return function()
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+
+    def child():
+        try:
+            result = function()
+        except BaseException as error:  # noqa: BLE001 - reported by the parent as a row
+            result = dict(feasible=False, error=f"{type(error).__name__}: {str(error)[:300]}")
+        writer.send(result)
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    writer.close()
+    try:
+        if reader.poll(kill_after):
+            return reader.recv()
+        return None
+    except EOFError:  # the child died without an answer
+        return dict(feasible=False, error=f"the solving process died (exit code {process.exitcode})")
+    finally:
+        if process.is_alive():
+            process.kill()
+        process.join()
+        reader.close()
+
+
 def measure(data: bytes, spec: Spec, budget: int, reference: ir.pb.Schedule, time_limit_s: float,
-            progress=None) -> dict:
-    """One solve of a fresh copy of the graph: seconds, feasible, peak share, overhead."""
+            progress=None, kill_after: float | None = None) -> dict:
+    """One solve of a fresh copy of the graph: seconds, feasible, peak share, overhead.
+    With `kill_after`, in a child process killed after that many seconds (a solver that
+    overruns its time limit): then `timed_out`."""
+    started = time.monotonic()
+    row = run_limited(lambda: _measure(data, spec, budget, reference, time_limit_s, progress),
+                      kill_after)
+    if row is None:
+        return dict(seconds=round(time.monotonic() - started, 2), feasible=False, timed_out=True)
+    if "seconds" not in row:
+        row["seconds"] = round(time.monotonic() - started, 2)
+    return row
+
+
+def _measure(data: bytes, spec: Spec, budget: int, reference: ir.pb.Schedule, time_limit_s: float,
+             progress=None) -> dict:
     graph = fresh(data)
     solvers._FLOORS.clear()  # no floor remembered from an earlier solve: plan from scratch
     peak, base_time = reference.predicted_peak_bytes, reference.predicted_time_s
@@ -337,6 +388,8 @@ def describe_row(row: dict) -> str:
         return f"skipped: {row['skipped']}"
     if row.get("error"):
         return f"error after {row['seconds']} s: {row['error']}"
+    if row.get("timed_out"):
+        return f"killed after {row['seconds']} s (time limit ignored)"
     if not row["feasible"]:
         floor = row.get("smallest_feasible_share")
         return (f"infeasible (smallest it names: {'none' if floor is None else f'{floor:.1%}'}) "
@@ -344,26 +397,31 @@ def describe_row(row: dict) -> str:
     return (f"overhead {row['overhead']:.1%}, peak {row['peak_share']:.1%} in {row['seconds']} s")
 
 
-def smallest_feasible(data: bytes, time_limit_s: float) -> dict:
+def smallest_feasible(data: bytes, time_limit_s: float, kill_after: float | None = None) -> dict:
     """The smallest budget hiremate names for the graph (asked for 1 byte)."""
-    solvers._FLOORS.clear()
+    def probe():
+        solvers._FLOORS.clear()
+        try:
+            return solvers.solve(fresh(data), 1, "hiremate", time_limit_s=time_limit_s).predicted_peak_bytes
+        except InfeasibleBudget as refused:
+            return refused.smallest_feasible
+
     started = time.monotonic()
-    try:
-        s = solvers.solve(fresh(data), 1, "hiremate", time_limit_s=time_limit_s)
-        found = s.predicted_peak_bytes  # a graph that fits in one byte: nothing to save
-    except InfeasibleBudget as refused:
-        found = refused.smallest_feasible
-    return dict(bytes=found, seconds=round(time.monotonic() - started, 2))
+    found = run_limited(probe, kill_after)
+    return dict(bytes=found if isinstance(found, int) else None,
+                seconds=round(time.monotonic() - started, 2))
 
 
 def graph_rows(name: str, graph: ir.Graph, specs: list[Spec], budgets: list, *,
                time_limit_s: float = TIME_LIMIT_S, checkmate_max_nodes: int = CHECKMATE_MAX_NODES,
-               smallest: dict | None = None, verbose: bool = False, on_row=None) -> dict:
+               smallest: dict | None = None, verbose: bool = False, on_row=None,
+               kill_after: float | None = None) -> dict:
     """Every spec at every budget on `graph`: its record with `rows`.
 
     `budgets`: shares (floats) and/or SMALLEST. `smallest`: an earlier probe's
     {bytes, seconds} to reuse (else probed now when SMALLEST is asked for).
-    `on_row(record)` is called after each row (to write results as they come)."""
+    `on_row(record)` is called after each row (to write results as they come).
+    `kill_after`: seconds after which a solve (in a child process) is killed."""
     data = ir.dumps(graph)
     reference = ir.store_all(fresh(data))
     peak = reference.predicted_peak_bytes
@@ -374,7 +432,7 @@ def graph_rows(name: str, graph: ir.Graph, specs: list[Spec], budgets: list, *,
         if budget == SMALLEST:
             if smallest is None or smallest.get("bytes") is None:
                 say(f"{name}: the smallest budget hiremate names...")
-                smallest = smallest_feasible(data, time_limit_s)
+                smallest = smallest_feasible(data, time_limit_s, kill_after)
             record["smallest_feasible"] = dict(smallest, share=None if smallest["bytes"] is None
                                                else round(smallest["bytes"] / peak, 4))
             say(f"{name}: smallest feasible {record['smallest_feasible']}")
@@ -391,7 +449,7 @@ def graph_rows(name: str, graph: ir.Graph, specs: list[Spec], budgets: list, *,
                 row["skipped"] = f"{len(graph.nodes)} nodes > {checkmate_max_nodes}"
             else:
                 progress = (lambda m: say("    " + m)) if verbose else None
-                row.update(measure(data, spec, budget, reference, time_limit_s, progress))
+                row.update(measure(data, spec, budget, reference, time_limit_s, progress, kill_after))
             say(f"{name} {spec.text} {label}: {describe_row(row)}")
             record["rows"].append(row)
             if on_row is not None:
@@ -411,7 +469,7 @@ def reference_graphs(quick: bool = False):
 
 
 def reference_rows(name: str, graph: ir.Graph, specs: list[Spec], shares, *,
-                   time_limit_s: float = TIME_LIMIT_S) -> list[dict]:
+                   time_limit_s: float = TIME_LIMIT_S, kill_after: float | None = None) -> list[dict]:
     """At each share where checkmate proves its optimum: every spec's predicted time / it."""
     data = ir.dumps(graph)
     reference = ir.store_all(fresh(data))
@@ -420,7 +478,7 @@ def reference_rows(name: str, graph: ir.Graph, specs: list[Spec], shares, *,
     rows = []
     for share in shares:
         budget = int(peak * share)
-        exact = measure(data, exact_spec, budget, reference, time_limit_s)
+        exact = measure(data, exact_spec, budget, reference, time_limit_s, kill_after=kill_after)
         head = dict(graph=name, nodes=len(graph.nodes), budget=share_label(share), budget_bytes=budget,
                     checkmate_seconds=exact["seconds"], checkmate_status=exact.get("status"))
         if not exact["feasible"] or exact.get("status") != "OPTIMAL":
@@ -432,7 +490,8 @@ def reference_rows(name: str, graph: ir.Graph, specs: list[Spec], shares, *,
         for spec in specs:
             if spec.name == "checkmate":
                 continue
-            row = dict(head, solver=spec.text, **measure(data, spec, budget, reference, time_limit_s))
+            row = dict(head, solver=spec.text, **measure(data, spec, budget, reference, time_limit_s,
+                                                        kill_after=kill_after))
             if row["feasible"]:
                 row["ratio"] = round(row["predicted_time_s"] / exact["predicted_time_s"], 4)
             say(f"{name} {share_label(share)} {spec.text}: "
@@ -524,6 +583,8 @@ def _cell(row: dict) -> str:
         return "—"
     if row.get("error"):
         return f"error ({row['seconds']:.1f} s)"
+    if row.get("timed_out"):
+        return f"killed after {row['seconds']:.0f} s"
     if not row["feasible"]:
         floor = row.get("smallest_feasible_share")
         return f"infeasible, names {floor:.1%} ({row['seconds']:.1f} s)" if floor is not None \
@@ -620,6 +681,9 @@ def main(argv=None) -> int:
     parser.add_argument("--solvers", help=f"solver specs, default {','.join(DEFAULT_SOLVERS)}")
     parser.add_argument("--budgets", help="shares and/or 'smallest', default 50%%,30%%,25%%,smallest")
     parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, help="seconds per solve")
+    parser.add_argument("--kill-after", type=float, default=None,
+                        help="seconds after which a solve is killed (it runs in a child process); "
+                             "default 5 x --time-limit; 0: never, in this process")
     parser.add_argument("--checkmate-max-nodes", type=int, default=CHECKMATE_MAX_NODES)
     parser.add_argument("--no-reference", action="store_true", help="skip the small graphs vs checkmate")
     parser.add_argument("--reference-only", action="store_true", help="only the small graphs vs checkmate")
@@ -639,6 +703,8 @@ def main(argv=None) -> int:
         return 0
     if args.milp:
         os.environ["REMAT_IR_MILP"] = args.milp
+    kill_after = (KILL_AFTER_LIMITS * args.time_limit if args.kill_after is None
+                  else args.kill_after or None)
     graph_names = (args.graphs.split(",") if args.graphs else ["gpt2-4"] if args.quick else FULL_GRAPHS)
     graph_names = [] if graph_names == ["none"] or args.reference_only else graph_names
     unknown = [g for g in graph_names if g not in GRAPHS]
@@ -648,7 +714,7 @@ def main(argv=None) -> int:
     budgets = parse_budgets(args.budgets or ("50%,30%" if args.quick else "50%,30%,25%,smallest"))
     results = load_results(out)
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else "")
-    results["runs"][run_id] = run_context(args.time_limit)
+    results["runs"][run_id] = dict(run_context(args.time_limit), kill_after_s=kill_after)
     say(f"run {run_id}: graphs {graph_names}, solvers {[s.text for s in specs]}, budgets {budgets}, "
         f"MILP {results['runs'][run_id]['milp_backend']}, time limit {args.time_limit} s")
     for name in graph_names:
@@ -660,7 +726,7 @@ def main(argv=None) -> int:
             smallest = {k: known["smallest_feasible"][k] for k in ("bytes", "seconds")}
         graph_rows(name, graph, specs, budgets, time_limit_s=args.time_limit,
                    checkmate_max_nodes=args.checkmate_max_nodes, smallest=smallest,
-                   verbose=args.verbose,
+                   verbose=args.verbose, kill_after=kill_after,
                    on_row=lambda record, name=name, meta=meta: (
                        merge_graph(results, name, meta, json.loads(json.dumps(record)), run_id),
                        write(results, out)))
@@ -668,7 +734,8 @@ def main(argv=None) -> int:
     if not args.no_reference:
         shares = (0.7, 0.5) if args.quick else REFERENCE_SHARES
         for name, graph in reference_graphs(args.quick):
-            rows = reference_rows(name, graph, specs, shares, time_limit_s=args.time_limit)
+            rows = reference_rows(name, graph, specs, shares, time_limit_s=args.time_limit,
+                                  kill_after=kill_after)
             merge_reference(results, rows, run_id)
             write(results, out)
     md = write(results, out)

@@ -162,3 +162,15 @@ def test_solver_benchmark_rows_on_a_chain_and_their_table(tmp_path, capsys):
     assert "| chain16 | 50% | 62.5% (" in table and "infeasible, names 66.7%" in table
     assert f"| chain16 | smallest ({record['smallest_feasible']['share']:.1%}) |" in table
     assert "| hiremate | 1 | x1.0000 | x1.0000 | 0 |" in table
+
+
+def test_solver_benchmark_kills_a_solve_past_its_limit_and_reports_a_crash():
+    import time
+
+    bench = _solvers_benchmark()
+    started = time.monotonic()
+    assert bench.run_limited(lambda: time.sleep(30), 0.5) is None
+    assert time.monotonic() - started < 5
+    assert bench.run_limited(lambda: dict(feasible=True), 10) == dict(feasible=True)
+    failed = bench.run_limited(lambda: 1 / 0, 10)
+    assert not failed["feasible"] and failed["error"].startswith("ZeroDivisionError")
