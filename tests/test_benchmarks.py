@@ -102,3 +102,75 @@ def test_readme_update_replaces_only_what_lies_between_the_markers(tmp_path):
 def test_the_project_readme_has_the_benchmark_markers():
     text = (BENCHMARKS.parent / "README.md").read_text()
     assert text.index(bench_report.README_BEGIN) < text.index(bench_report.README_END)
+
+
+def _solvers_benchmark():
+    """benchmarks/solvers.py under another name (`solvers` is also the solvers' source folder)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_solvers", BENCHMARKS / "solvers.py")
+    module = sys.modules["bench_solvers"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_solver_benchmark_rows_on_a_chain_and_their_table(tmp_path, capsys):
+    from builders import chain
+
+    bench = _solvers_benchmark()
+    specs = bench.parse_specs("hiremate,rotor,sqrt,checkmate,no-such-solver:start=hiremate,steps=3")
+    assert [s.text for s in specs][-1] == "no-such-solver:start=hiremate,steps=3"
+    assert specs[-1].options == (("start", "hiremate"), ("steps", 3))
+    specs = bench.present(specs)
+    assert [s.name for s in specs] == ["hiremate", "rotor", "sqrt", "checkmate"]
+    assert "'no-such-solver' is not available" in capsys.readouterr().out
+
+    graph = chain(8)[0]
+    record = bench.graph_rows("chain16", graph, specs, [0.7, 0.5, bench.SMALLEST], time_limit_s=20)
+    assert record["nodes"] == 16 and 0 < record["smallest_feasible"]["share"] < 0.5
+    assert len(record["rows"]) == 4 * 3
+    for row in record["rows"]:
+        assert {"solver", "budget", "budget_bytes", "budget_share", "seconds", "feasible"} <= row.keys()
+        assert 0 <= row["seconds"] < 20
+        if row["feasible"]:
+            assert row["peak_bytes"] <= row["budget_bytes"]
+            assert row["peak_share"] <= row["budget_share"] + 1e-4
+            assert row["overhead"] >= -1e-9  # store-everything is the fastest
+        else:
+            assert row["smallest_feasible_share"] > row["budget_share"]
+    by = {(r["solver"], r["budget"]): r for r in record["rows"]}
+    assert by[("hiremate", "smallest")]["feasible"]  # every solver is asked hiremate's smallest
+    assert by[("checkmate", "smallest")]["budget_bytes"] == record["smallest_feasible"]["bytes"]
+    assert not by[("sqrt", "50%")]["feasible"]  # sqrt's one plan peaks at 2/3 of a chain's
+
+    reference = bench.reference_rows("chain10", chain(5)[0], specs, (0.7,), time_limit_s=20)
+    assert [r["solver"] for r in reference] == ["hiremate", "rotor", "sqrt"]
+    assert all(r["checkmate_status"] == "OPTIMAL" for r in reference)
+    assert reference[0]["ratio"] >= 1 - 1e-9  # checkmate's optimum is the fastest within the budget
+
+    results = bench.load_results(tmp_path / "solvers.json")
+    results["runs"]["r1"] = bench.run_context(20)
+    bench.merge_graph(results, "chain16", dict(key="k", description="chain", lowering_seconds=0),
+                      record, "r1")
+    bench.merge_reference(results, reference, "r1")
+    again = bench.graph_rows("chain16", graph, specs[:1], [0.7], time_limit_s=20)
+    bench.merge_graph(results, "chain16", dict(key="k"), again, "r2")  # replaces one row, keeps the rest
+    assert len(results["graphs"]["chain16"]["rows"]) == 12
+    assert [r["run"] for r in results["graphs"]["chain16"]["rows"]].count("r2") == 1
+    table = bench.write(results, tmp_path / "solvers.json").read_text()
+    assert json.loads((tmp_path / "solvers.json").read_text())["graphs"]["chain16"]["nodes"] == 16
+    assert "| graph | budget | hiremate | rotor | sqrt | checkmate |" in table
+    assert "| chain16 | 50% | 62.5% (" in table and "infeasible, names 66.7%" in table
+    assert f"| chain16 | smallest ({record['smallest_feasible']['share']:.1%}) |" in table
+    assert "| hiremate | 1 | x1.0000 | x1.0000 | 0 |" in table
+
+
+def test_solver_benchmark_kills_a_solve_past_its_limit_and_reports_a_crash():
+    import time
+
+    bench = _solvers_benchmark()
+    started = time.monotonic()
+    assert bench.run_limited(lambda: time.sleep(30), 0.5) is None
+    assert time.monotonic() - started < 5
+    assert bench.run_limited(lambda: dict(feasible=True), 10) == dict(feasible=True)
+    failed = bench.run_limited(lambda: 1 / 0, 10)
+    assert not failed["feasible"] and failed["error"].startswith("ZeroDivisionError")
