@@ -28,6 +28,38 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+#: The problem tuple P (built by `fastsa.build`), by position; numba reads these
+#: module constants as literals. Per scheduling unit (a node or a group): its time,
+#: workspace, whether its occurrences may move, whether its first run stays first;
+#: CSR lists of the units it reads (IN), that read it (US), its storage units (NU)
+#: and the storage units it reads (RU). Per storage unit: its scheduling unit, bytes,
+#: whether it is a graph output (pinned), the storage unit it views (PARENT, -1: none)
+#: and a CSR list of its readers (RD_NODE) with, for a reader that views it, the
+#: reader's own storage unit (RD_CHILD, else -1).
+COST = 0
+WORK = 1
+MOVABLE = 2
+PIN_FIRST = 3
+IN_PTR = 4
+IN_IDX = 5
+US_PTR = 6
+US_IDX = 7
+NU_PTR = 8
+NU_IDX = 9
+RU_PTR = 10
+RU_IDX = 11
+UNIT_NODE = 12
+UNIT_BYTES = 13
+UNIT_PINNED = 14
+UNIT_PARENT = 15
+RD_PTR = 16
+RD_NODE = 17
+RD_CHILD = 18
+#: The state tuple S: occurrence slots per unit (sorted), their count, each storage
+#: unit's end per occurrence, the slots (unit or -1), the segment tree and its pending
+#: additions, and [total time].
+OCC, CNT, UEND, SLOT, TREE, PENDING, TIME = 0, 1, 2, 3, 4, 5, 6
+
 #: Most occurrences a unit may have (its first computation included), unless the start
 #: sequence has more.
 MAX_OCCURRENCES = 8
@@ -118,7 +150,7 @@ def _end(u, k, P, S):
 def _set_end(u, k, e, P, S):
     """Move the end of occurrence k of unit u to `e` (pos - 1: not held)."""
     occ, cnt, uend, slot, t, d, acc = S
-    unit_bytes = P[13]
+    unit_bytes = P[UNIT_BYTES]
     old = uend[u, k]
     if old == e:
         return False
@@ -135,8 +167,8 @@ def _set_end(u, k, e, P, S):
 @njit(cache=True)
 def _refresh(u, k, P, S):
     """Recompute a lifetime, and those of the allocations it holds through views."""
-    occ, cnt = S[0], S[1]
-    unit_node, unit_parent = P[12], P[15]
+    occ, cnt = S[OCC], S[CNT]
+    unit_node, unit_parent = P[UNIT_NODE], P[UNIT_PARENT]
     while True:
         if not _set_end(u, k, _end(u, k, P, S), P, S):
             return
@@ -152,8 +184,8 @@ def _refresh(u, k, P, S):
 @njit(cache=True)
 def _refresh_inputs(n, pos, P, S):
     """Lifetimes of what the node at `pos` reads (a read appeared or went)."""
-    occ, cnt = S[0], S[1]
-    ru_ptr, ru_idx, unit_node = P[10], P[11], P[12]
+    occ, cnt = S[OCC], S[CNT]
+    ru_ptr, ru_idx, unit_node = P[RU_PTR], P[RU_IDX], P[UNIT_NODE]
     for q in range(ru_ptr[n], ru_ptr[n + 1]):
         v = ru_idx[q]
         j = _current(occ, cnt, unit_node[v], pos)
@@ -165,8 +197,8 @@ def _refresh_inputs(n, pos, P, S):
 
 @njit(cache=True)
 def can_insert(n, s, P, S):
-    occ, cnt, uend, slot = S[0], S[1], S[2], S[3]
-    pin_first, in_ptr, in_idx = P[3], P[4], P[5]
+    occ, cnt, uend, slot = S[OCC], S[CNT], S[UEND], S[SLOT]
+    pin_first, in_ptr, in_idx = P[PIN_FIRST], P[IN_PTR], P[IN_IDX]
     if slot[s] >= 0 or cnt[n] >= occ.shape[1]:
         return False
     if pin_first[n] and (cnt[n] == 0 or s < occ[n, 0]):
@@ -182,7 +214,7 @@ def can_insert(n, s, P, S):
 def insert(n, s, P, S):
     """Add an occurrence of `n` at empty slot `s` (checked by `can_insert`)."""
     occ, cnt, uend, slot, t, d, acc = S
-    cost, work, nu_ptr, nu_idx = P[0], P[1], P[8], P[9]
+    cost, work, nu_ptr, nu_idx = P[COST], P[WORK], P[NU_PTR], P[NU_IDX]
     k = 0
     while k < cnt[n] and occ[n, k] < s:
         k += 1
@@ -207,8 +239,8 @@ def insert(n, s, P, S):
 
 @njit(cache=True)
 def can_remove(n, k, P, S):
-    occ, cnt = S[0], S[1]
-    pin_first, us_ptr, us_idx = P[3], P[6], P[7]
+    occ, cnt = S[OCC], S[CNT]
+    pin_first, us_ptr, us_idx = P[PIN_FIRST], P[US_PTR], P[US_IDX]
     if cnt[n] < 2:
         return False
     if k > 0:
@@ -228,7 +260,7 @@ def can_remove(n, k, P, S):
 def remove(n, k, P, S):
     """Remove occurrence k of `n` (checked by `can_remove`)."""
     occ, cnt, uend, slot, t, d, acc = S
-    cost, work, nu_ptr, nu_idx = P[0], P[1], P[8], P[9]
+    cost, work, nu_ptr, nu_idx = P[COST], P[WORK], P[NU_PTR], P[NU_IDX]
     s = occ[n, k]
     for q in range(nu_ptr[n], nu_ptr[n + 1]):
         _set_end(nu_idx[q], k, s - 1, P, S)
@@ -276,7 +308,7 @@ def anneal(P, S, candidates, iterations, start, total, t_first, t_last, budget, 
     geometric temperature between `t_first` and `t_last`). Objective:
     `objective`. Returns (moves tried, moves accepted)."""
     occ, cnt, uend, slot, t, d, acc = S
-    in_ptr, in_idx, us_ptr, us_idx = P[4], P[5], P[6], P[7]
+    in_ptr, in_idx, us_ptr, us_idx = P[IN_PTR], P[IN_IDX], P[US_PTR], P[US_IDX]
     size = slot.shape[0]
     peak = t[1]
     current = objective(peak, acc[0], budget, weight)
@@ -358,8 +390,8 @@ def _chain(n, s, size, chain_slots, P, S):
     so that the old ones can die: one node at a time, each step would cost time
     without lowering the peak. Returns how many were inserted (their slots in
     `chain_slots`, in insertion order)."""
-    slot = S[3]
-    movable, in_ptr, in_idx = P[2], P[4], P[5]
+    slot = S[SLOT]
+    movable, in_ptr, in_idx = P[MOVABLE], P[IN_PTR], P[IN_IDX]
     size = min(size, chain_slots.shape[0])
     done = 0
     lowest = s

@@ -2,8 +2,10 @@
 
 A schedule is a sequence in which a recomputation is one more occurrence of a
 node (`anneal.py` holds the compiled kernel: moves, exact peak by segment
-tree). The objective is max(budget, peak) x time: the search first pushes the
-peak under the budget, then cuts time. Two stages, as in the paper:
+tree). The objective is time x (max(budget, peak) / budget)^weight: the search
+first pushes the peak under the budget, then cuts time (weight 1 is the paper's
+max(budget, peak) x time; the default 8 prices an excess higher, and once a
+plan fits no move past the budget is accepted). Two stages, as in the paper:
 
 1. *Groups*: a forward node whose only reader is one node, and whose inputs
    take no more bytes than its outputs, is merged with that reader (keeping
@@ -18,12 +20,13 @@ occurrence where the start sequence has it; a random node's first run stays firs
 (its RNG state is replayed only for later runs).
 
 `start="hiremate"` (or any solver name) starts stage 2 from that solver's plan
-instead (stage 1 is skipped): annealing polishes a hierarchical plan.
-Temperatures fall geometrically from 0.1% of the start objective to 0.01% of
-that; the same seed and iteration counts give the same schedule. With a time
-limit the moves run in chunks and stop when it is reached; the best schedule
-within the budget seen at a chunk's end is returned, or InfeasibleBudget with
-the lowest peak seen.
+instead (stage 1 is skipped); `polish` does the same from given plans, and is
+how hiremate anneals its own. Temperatures fall geometrically from 0.1% of the
+start objective to 0.01% of that; the same seed and iteration counts give the
+same schedule (unless a time limit cuts the moves). With a time limit the
+moves run in chunks and stop when it is reached; the best schedule within the
+budget seen at a chunk's end is returned, or InfeasibleBudget with the lowest
+peak seen.
 """
 
 from __future__ import annotations
