@@ -84,91 +84,94 @@ def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def build(tg: TrainingGraph, members: list[list[int]]) -> Problem:
     """The kernel's description of `tg` scheduled in units of `members` (each a list
-    of graph nodes in execution order; every node in exactly one unit)."""
+    of graph nodes in execution order; every node in exactly one unit), laid out as
+    `anneal.py`'s problem tuple."""
     g = tg.graph
     unit_of = {n: u for u, nodes in enumerate(members) for n in nodes}
-    resident = {g.value(v).storage_id for v in g.resident_value_ids}
-    count = len(members)
     cost = np.asarray([sum(tg.time[n] for n in nodes) for nodes in members], dtype=np.float64)
     work = np.asarray([sum(g.node(n).cost.workspace_bytes for n in nodes) for nodes in members],
                       dtype=np.int64)
-    inputs: list[list[int]] = [[] for _ in range(count)]
+    inputs: list[list[int]] = [[] for _ in members]
     for u, nodes in enumerate(members):
         for n in nodes:
             for p in tg.node_inputs(n):
                 if unit_of[p] != u and unit_of[p] not in inputs[u]:
                     inputs[u].append(unit_of[p])
-    users: list[list[int]] = [[] for _ in range(count)]
+    users: list[list[int]] = [[] for _ in members]
     for u, ins in enumerate(inputs):
         for i in ins:
             users[i].append(u)
-
-    # Storage units: (unit, storage) for every non-resident storage a unit's nodes output.
-    key: dict[tuple[int, int], int] = {}
-    allocates: list[bool] = []
-    storage_bytes: list[int] = []
-    for u, nodes in enumerate(members):
-        for n in nodes:
-            node = g.node(n)
-            fresh = new_storages(g, node)
-            for v in node.outputs:
-                s = g.value(v).storage_id
-                if s in resident:
-                    continue
-                k = key.setdefault((u, s), len(key))
-                if k == len(allocates):
-                    allocates.append(False)
-                    storage_bytes.append(g.storage_bytes(s))
-                allocates[k] = allocates[k] or s in fresh
-    readers: list[list[tuple[int, int]]] = [[] for _ in key]
-    parent = [-1] * len(key)
-    reads: list[list[int]] = [[] for _ in range(count)]
-    for r, nodes in enumerate(members):
-        for n in nodes:
-            for v in g.node(n).inputs:
-                s = g.value(v).storage_id
-                producer = g.producer(v)
-                if s in resident or producer is None or unit_of[producer] == r:
-                    continue
-                k = key[(unit_of[producer], s)]
-                child = key.get((r, s), -1)
-                if child >= 0 and allocates[child]:
-                    child = -1
-                if child >= 0 and parent[child] < 0:
-                    parent[child] = k
-                if all(reader != r for reader, _ in readers[k]):
-                    readers[k].append((r, child))
-                if k not in reads[r]:
-                    reads[r].append(k)
-    pinned = np.zeros(len(key), dtype=np.bool_)
-    for v in g.output_value_ids:
-        s, producer = g.value(v).storage_id, g.producer(v)
-        if producer is not None and s not in resident:
-            pinned[key[(unit_of[producer], s)]] = True
-    unit_node = np.zeros(len(key), dtype=np.int64)
-    own: list[list[int]] = [[] for _ in range(count)]
-    for (u, _), k in key.items():
-        unit_node[k] = u
-        own[u].append(k)
-
-    recomputable = tg.recomputable
-    movable = np.asarray([all(n in recomputable for n in nodes) for nodes in members], dtype=np.bool_)
+    storages = _Storages(g, members, unit_of)
+    movable = np.asarray([all(n in tg.recomputable for n in nodes) for nodes in members],
+                         dtype=np.bool_)
     pin_first = np.asarray([any(g.node(n).random for n in nodes) for nodes in members],
                            dtype=np.bool_)
-    in_ptr, in_idx = _csr(inputs)
-    us_ptr, us_idx = _csr(users)
-    nu_ptr, nu_idx = _csr(own)
-    ru_ptr, ru_idx = _csr(reads)
-    rd_ptr = np.zeros(len(key) + 1, dtype=np.int64)
+    readers = storages.readers
+    rd_ptr = np.zeros(len(readers) + 1, dtype=np.int64)
     rd_ptr[1:] = np.cumsum([len(x) for x in readers])
-    rd_node = np.asarray([r for x in readers for r, _ in x], dtype=np.int64)
-    rd_child = np.asarray([c for x in readers for _, c in x], dtype=np.int64)
-    unit_bytes = np.asarray([b if a else 0 for a, b in zip(allocates, storage_bytes)],
-                            dtype=np.int64)
-    arrays = (cost, work, movable, pin_first, in_ptr, in_idx, us_ptr, us_idx, nu_ptr, nu_idx,
-              ru_ptr, ru_idx, unit_node, unit_bytes, pinned, np.asarray(parent, dtype=np.int64),
-              rd_ptr, rd_node, rd_child)
+    arrays = (cost, work, movable, pin_first, *_csr(inputs), *_csr(users),
+              *_csr(storages.own), *_csr(storages.reads),
+              np.asarray(storages.unit, dtype=np.int64),
+              np.asarray(storages.bytes, dtype=np.int64),
+              np.asarray(storages.pinned, dtype=np.bool_),
+              np.asarray(storages.parent, dtype=np.int64), rd_ptr,
+              np.asarray([r for x in readers for r, _ in x], dtype=np.int64),
+              np.asarray([c for x in readers for _, c in x], dtype=np.int64))
     return Problem(arrays, members, unit_of, np.flatnonzero(movable).astype(np.int64))
+
+
+class _Storages:
+    """The storage units of a partition into scheduling units: one per (scheduling unit,
+    non-resident storage its nodes output), with the bytes it allocates (none for a
+    view of another unit's storage, whose allocation, its *parent*, it holds), whether
+    it is a graph output, and who reads it from outside its scheduling unit (a read
+    inside it ends with the unit's own run)."""
+
+    def __init__(self, g: Graph, members: list[list[int]], unit_of: dict[int, int]):
+        resident = {g.value(v).storage_id for v in g.resident_value_ids}
+        key: dict[tuple[int, int], int] = {}
+        self.unit: list[int] = []                       # storage unit -> scheduling unit
+        self.bytes: list[int] = []
+        self.own: list[list[int]] = [[] for _ in members]
+        for u, nodes in enumerate(members):
+            for n in nodes:
+                node = g.node(n)
+                fresh = new_storages(g, node)
+                for v in node.outputs:
+                    s = g.value(v).storage_id
+                    if s in resident:
+                        continue
+                    k = key.setdefault((u, s), len(key))
+                    if k == len(self.unit):
+                        self.unit.append(u)
+                        self.bytes.append(0)
+                        self.own[u].append(k)
+                    if s in fresh:
+                        self.bytes[k] = g.storage_bytes(s)
+        self.readers: list[list[tuple[int, int]]] = [[] for _ in key]
+        self.parent = [-1] * len(key)
+        self.reads: list[list[int]] = [[] for _ in members]     # scheduling unit -> storage units
+        for r, nodes in enumerate(members):
+            for n in nodes:
+                for v in g.node(n).inputs:
+                    s, producer = g.value(v).storage_id, g.producer(v)
+                    if s in resident or producer is None or unit_of[producer] == r:
+                        continue
+                    k = key[(unit_of[producer], s)]
+                    child = key.get((r, s), -1)
+                    if child >= 0 and self.bytes[child]:
+                        child = -1                      # r allocates s anew: not a view
+                    if child >= 0 and self.parent[child] < 0:
+                        self.parent[child] = k
+                    if all(reader != r for reader, _ in self.readers[k]):
+                        self.readers[k].append((r, child))
+                    if k not in self.reads[r]:
+                        self.reads[r].append(k)
+        self.pinned = [False] * len(key)
+        for v in g.output_value_ids:
+            s, producer = g.value(v).storage_id, g.producer(v)
+            if producer is not None and s not in resident:
+                self.pinned[key[(unit_of[producer], s)]] = True
 
 
 def groups(tg: TrainingGraph) -> list[list[int]]:
