@@ -105,15 +105,23 @@ def _range_add(t, d, size, lo, hi, value):
 # -------------------------------------------------------------------- lifetimes
 
 @njit(cache=True)
+def _first_from(occ, cnt, n, pos):
+    """Index of `n`'s first occurrence at or after slot `pos` (cnt[n]: none); binary
+    search, as a node recomputed often has many occurrences."""
+    lo, hi = 0, cnt[n]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if occ[n, mid] < pos:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
 def _current(occ, cnt, n, pos):
     """Index of `n`'s latest occurrence before slot `pos` (-1: none)."""
-    k = -1
-    for j in range(cnt[n]):
-        if occ[n, j] < pos:
-            k = j
-        else:
-            break
-    return k
+    return _first_from(occ, cnt, n, pos) - 1
 
 
 @njit(cache=True)
@@ -132,17 +140,16 @@ def _end(u, k, P, S):
     for q in range(rd_ptr[u], rd_ptr[u + 1]):
         r = rd_node[q]
         c = rd_child[q]
-        for j in range(cnt[r]):
-            p = occ[r, j]
-            if p <= pos:
-                continue
-            if p >= nxt:
-                break
-            if c < 0:
-                if p > e:
-                    e = p
-            elif uend[c, j] > e:
+        j = _first_from(occ, cnt, r, pos + 1)        # the reads of this occurrence start here
+        if c < 0:                                    # a plain read: the last one counts
+            last = _first_from(occ, cnt, r, nxt) - 1
+            if last >= j and occ[r, last] > e:
+                e = occ[r, last]
+            continue
+        while j < cnt[r] and occ[r, j] < nxt:        # a view: held as long as it is
+            if uend[c, j] > e:
                 e = uend[c, j]
+            j += 1
     return e
 
 
@@ -215,9 +222,7 @@ def insert(n, s, P, S):
     """Add an occurrence of `n` at empty slot `s` (checked by `can_insert`)."""
     occ, cnt, uend, slot, t, d, acc = S
     cost, work, nu_ptr, nu_idx = P[COST], P[WORK], P[NU_PTR], P[NU_IDX]
-    k = 0
-    while k < cnt[n] and occ[n, k] < s:
-        k += 1
+    k = _first_from(occ, cnt, n, s)
     for j in range(cnt[n], k, -1):
         occ[n, j] = occ[n, j - 1]
         for q in range(nu_ptr[n], nu_ptr[n + 1]):
@@ -280,10 +285,8 @@ def remove(n, k, P, S):
 
 @njit(cache=True)
 def _index_at(occ, cnt, n, s):
-    for j in range(cnt[n]):
-        if occ[n, j] == s:
-            return j
-    return -1
+    j = _first_from(occ, cnt, n, s)
+    return j if j < cnt[n] and occ[n, j] == s else -1
 
 
 # ---------------------------------------------------------------------- the loop

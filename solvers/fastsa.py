@@ -231,20 +231,31 @@ class _Search:
                  deadline: Deadline, progress, label: str):
         self.problem, self.budget, self.weight, self.deadline = problem, budget, weight, deadline
         self.progress, self.label = progress, label
-        size, placement = _placement(problem, _units_of(problem, sequence))
-        self.state = anneal.new_state(problem.arrays, size, placement)
+        self.place(_units_of(problem, sequence))
         self.best: tuple[float, list[int]] | None = None       # (time, node sequence) within budget
         self.lowest: tuple[int, list[int]] | None = None       # (peak, node sequence)
         self.moves = 0
         self.seconds = 0.0
         self.look()
 
+    def place(self, units: list[int]) -> None:
+        size, placement = _placement(self.problem, units)
+        self.state = anneal.new_state(self.problem.arrays, size, placement)
+
+    def compact(self) -> None:
+        """Spread the occurrences over fewer slots once most recomputations of the start
+        are gone (from recompute-everything, 95% of them): a smaller segment tree stays
+        in cache, and moves run several times faster."""
+        units = anneal.sequence(self.state)
+        if len(units) * SPREAD * 4 <= len(self.state[anneal.SLOT]):
+            self.place(units)
+
     @property
     def peak(self) -> int:
-        return int(self.state[4][1])
+        return int(self.state[anneal.TREE][1])
 
     def look(self) -> None:
-        peak, seconds = self.peak, float(self.state[6][0])
+        peak, seconds = self.peak, float(self.state[anneal.TIME][0])
         if self.best is not None and peak <= self.budget and seconds >= self.best[0]:
             return
         if self.lowest is not None and peak >= self.lowest[0] and peak > self.budget:
@@ -259,7 +270,8 @@ class _Search:
         if iterations <= 0 or len(self.problem.candidates) == 0:
             return
         anneal.seed(seed)
-        objective = anneal.objective(self.peak, float(self.state[6][0]), self.budget, self.weight)
+        objective = anneal.objective(self.peak, float(self.state[anneal.TIME][0]), self.budget,
+                                     self.weight)
         t_first, t_last = T_FIRST * objective, T_LAST * objective
         done = 0
         started = time.monotonic()
@@ -270,6 +282,7 @@ class _Search:
                                      self.weight, stop_when_fits)
             done += tried
             self.look()
+            self.compact()
             if stop_when_fits and self.peak <= self.budget:
                 break
             if tried < chunk:
@@ -278,7 +291,7 @@ class _Search:
         self.seconds += time.monotonic() - started
         rate = done / max(1e-9, time.monotonic() - started)
         self.progress(f"fastsa: {self.label}: {done} moves ({rate:,.0f}/s), peak {self.peak} "
-                      f"bytes, time {float(self.state[6][0]):.6g} s")
+                      f"bytes, time {float(self.state[anneal.TIME][0]):.6g} s")
 
 
 def fastsa(graph: Graph, budget: int | None, *, time_limit_s: float | None = None, progress=quiet,

@@ -84,6 +84,12 @@ TRIM_SHARE = 0.2
 #: U-Net at 30% 12.9% (annealing alone 16.6%, trimming alone 14.4%); GPT-2 12 layers at
 #: 50% 6.4% (annealing alone 5.5%, trimming alone 7.2%), at 30% 17.6% (19.1% trimming alone).
 ANNEAL_SHARE = 0.3
+#: A plan slower than this many times store-everything (only recompute-everything fits,
+#: near the smallest feasible budget) is annealed alone, neither trimmed first nor
+#: joined by a run from the plans over the budget: trimming simulates the whole plan per
+#: move (tens of thousands of steps), and annealing, which turns such a plan on GPT-2
+#: from 29x into 1.4x store-everything's time, needs all the time left.
+SLOW_PLAN = 2.0
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
@@ -147,14 +153,16 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
     if best is None:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
-    if best is not None:
+    slow = best is not None and best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s
+    if best is not None and not (anneal and slow):
         trim_seconds = limit * (1 - (ANNEAL_SHARE if anneal else 0.0)) - whole.elapsed()
         best = trim_recomputations(tg, best, budget, Deadline(max(0.0, trim_seconds)), progress,
                                    "hiremate")
     if anneal:
         share = 1.0 if best is not None else 0.5    # nothing fits: keep time for the floor
-        polished = polish(tg, made + ([best] if best is not None else []), budget,
-                          deadline=Deadline(whole.remaining() * share), progress=progress)
+        starts = [best] if slow else made + ([best] if best is not None else [])
+        polished = polish(tg, starts, budget, deadline=Deadline(whole.remaining() * share),
+                          progress=progress)
         if polished is not None and (best is None or polished.predicted_time_s < best.predicted_time_s):
             best = polished
     if best is None:
