@@ -51,6 +51,9 @@ CHUNK = 100_000
 #: Moves when none are asked for: per node of the graph, and (polishing a start plan
 #: that recomputes much) per occurrence of the start; at most MAX_ITERATIONS.
 MOVES_PER_NODE, MOVES_PER_OCCURRENCE, MAX_ITERATIONS = 300, 40, 6_000_000
+#: Plans running more nodes than this (recompute-everything on a 7,000-node graph:
+#: 800,000) are not annealed: placing them takes longer than a time limit allows.
+MAX_START_OCCURRENCES = 200_000
 #: Start and end temperatures, as shares of the start objective (the paper's).
 T_FIRST, T_LAST = 1e-3, 1e-7
 #: The price of an excess over the budget (`anneal.objective`); the paper's objective,
@@ -163,6 +166,8 @@ class _Storages:
                         child = -1                      # r allocates s anew: not a view
                     if child >= 0 and self.parent[child] < 0:
                         self.parent[child] = k
+                    elif child >= 0 and self.parent[child] != k:
+                        child = -1      # a view holds one parent; other reads of s are reads
                     if all(reader != r for reader, _ in self.readers[k]):
                         self.readers[k].append((r, child))
                     if k not in self.reads[r]:
@@ -357,6 +362,11 @@ def polish(tg: TrainingGraph, starts: list[pb.Schedule], budget: int, *, deadlin
     29x to 1.5x store-everything's time); and, when the start with the best
     objective is over the budget (a fast plan just over it), from that one with
     the budget priced by `weight`."""
+    starts = [s for s in starts if _occurrences(s) <= MAX_START_OCCURRENCES]
+    if not starts:
+        progress(f"fastsa: every start plan runs more than {MAX_START_OCCURRENCES} nodes; "
+                 "not annealed")
+        return None
     fitting = [s for s in starts if s.predicted_peak_bytes <= budget]
     runs = []
     if fitting:
@@ -380,6 +390,10 @@ def polish(tg: TrainingGraph, starts: list[pb.Schedule], budget: int, *, deadlin
         if search.best is not None:
             found.append(search.best)
     return _schedule(tg, min(found)[1]) if found else None
+
+
+def _occurrences(schedule: pb.Schedule) -> int:
+    return sum(1 for s in schedule.steps if s.WhichOneof("action") == "compute")
 
 
 def everything_sequence(schedule: pb.Schedule) -> list[int]:
