@@ -70,7 +70,6 @@ import json
 import multiprocessing
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,6 +80,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import provenance  # noqa: E402
 from remat_ir import ir, solvers  # noqa: E402
 from remat_ir.solvers import InfeasibleBudget  # noqa: E402
 
@@ -513,14 +513,6 @@ def run_context(time_limit_s: float) -> dict:
 
     from remat_ir.solvers import milp
 
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    dirty = git("status", "--porcelain", "--untracked-files=no")
     versions = {"python": platform.python_version(), "mip": mip.__version__}
     for module in ("torch", "transformers", "diffusers", "numba"):
         try:
@@ -528,8 +520,7 @@ def run_context(time_limit_s: float) -> dict:
         except ImportError:
             pass
     return dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                commit=git("rev-parse", "--short", "HEAD"),
-                commit_dirty=bool(dirty) if dirty is not None else None,
+                **provenance.commit(ROOT),
                 machine=dict(platform=platform.platform(),
                              processor=platform.processor() or platform.machine(),
                              cpus=os.cpu_count()),

@@ -31,7 +31,6 @@ import gc
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_methods as methods  # noqa: E402
 import bench_report as report  # noqa: E402
+import provenance  # noqa: E402
 from bench_models import FACTORIES, BenchModel  # noqa: E402
 from remat_ir.runtimes.memory import measure_peak  # noqa: E402
 
@@ -68,18 +68,9 @@ def run_context(device: torch.device, mode: str) -> dict:
     import mip
     import transformers
 
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    dirty = git("status", "--porcelain", "--untracked-files=no")
     return {
         "mode": mode,
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "commit_dirty": bool(dirty) if dirty is not None else None,
+        **provenance.commit(ROOT),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
