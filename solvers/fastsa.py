@@ -382,8 +382,9 @@ def polish(tg: TrainingGraph, starts: list[pb.Schedule], budget: int, *, deadlin
     found: list[tuple[float, list[int]]] = []
     for k, (start, run_weight) in enumerate(runs):
         sequence = everything_sequence(start)
-        total = iterations if iterations is not None else min(
-            MAX_ITERATIONS, max(default_iterations(tg), MOVES_PER_OCCURRENCE * len(sequence)))
+        total = iterations if iterations is not None else min(   # a start needs no minimum
+            MAX_ITERATIONS, max(MOVES_PER_NODE * len(tg.order),
+                                MOVES_PER_OCCURRENCE * len(sequence)))
         part = HARD_SHARE if len(runs) - k > 1 else 1.0
         share = Deadline(deadline.remaining() * part if deadline.seconds is not None else None)
         search = _Search(build(tg, [[n] for n in tg.order]), sequence, budget,
