@@ -39,6 +39,7 @@ bench-full: $(STAMP)
 	$(BIN)/python benchmarks/torch_overhead.py
 	$(BIN)/python benchmarks/checkmate_chains.py
 	$(BIN)/python benchmarks/hiremate.py
+	$(BIN)/python benchmarks/solvers.py
 
 # Exactness over the model zoo at a sweep of budgets (larger configs than the tests').
 zoo: $(STAMP)
