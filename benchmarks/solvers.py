@@ -74,7 +74,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +93,8 @@ TIME_LIMIT_S = 60.0
 #: deadline: rotor's dynamic program runs to its end).
 KILL_AFTER_LIMITS = 5
 SHARES = (0.5, 0.3, 0.25)
+QUICK_SHARES = (0.5, 0.3)
+QUICK_REFERENCE_SHARES = (0.7, 0.5)
 SMALLEST = "smallest"
 DEFAULT_SOLVERS = ("hiremate", "rotor", "sqrt", "checkmate", "twremat", "fastsa", "fastsa:start=hiremate")
 #: The solvers that only run on graphs of at most --checkmate-max-nodes nodes.
@@ -721,7 +723,8 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown graphs {unknown}; known: {', '.join(GRAPHS)}")
     specs = present(parse_specs(args.solvers or ",".join(DEFAULT_SOLVERS)))
-    budgets = parse_budgets(args.budgets or ("50%,30%" if args.quick else "50%,30%,25%,smallest"))
+    budgets = (parse_budgets(args.budgets) if args.budgets
+               else list(QUICK_SHARES) if args.quick else [*SHARES, SMALLEST])
     results = load_results(out)
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else "")
     results["runs"][run_id] = dict(run_context(args.time_limit), kill_after_s=kill_after)
@@ -742,7 +745,7 @@ def main(argv=None) -> int:
                        write(results, out)))
         del graph
     if not args.no_reference:
-        shares = (0.7, 0.5) if args.quick else REFERENCE_SHARES
+        shares = QUICK_REFERENCE_SHARES if args.quick else REFERENCE_SHARES
         for name, graph in reference_graphs(args.quick):
             rows = reference_rows(name, graph, specs, shares, time_limit_s=args.time_limit,
                                   kill_after=kill_after)
