@@ -664,8 +664,8 @@ def table(results: dict) -> str:
             best, worst = (f"x{min(ratios):.4f}", f"x{max(ratios):.4f}") if ratios else ("", "")
             mean = f"x{sum(ratios) / len(ratios):.4f}" if ratios else ""
             lines.append(f"| {s} | {len(mine)} | {best} | {worst} | {mean} | {len(mine) - len(ratios)} |")
-        lines += ["", "Checkmate's optimum is the optimum of its MILP, whose memory model is coarser "
-                      "than the simulator's: a ratio below 1 is a plan the MILP cannot express."]
+        lines += ["", "Checkmate's optimum is its MILP's: a ratio below 1 is a plan within the budget "
+                      "(by the simulator) that the MILP's model leaves out or prices higher."]
     return "\n".join(lines)
 
 
