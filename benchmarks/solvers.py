@@ -2,27 +2,28 @@
 
     python benchmarks/solvers.py                      # everything (hours on 2 CPU cores)
     python benchmarks/solvers.py --graphs gpt2,llama32 --solvers hiremate,rotor,sqrt
-    python benchmarks/solvers.py --quick              # GPT-2 4 layers and two chains, minutes
+    python benchmarks/solvers.py --quick              # GPT-2 4 layers and two chains, a minute
     python benchmarks/solvers.py --table              # only redraw solvers.md from solvers.json
 
 Graphs, lowered with FLOP costs (`lower_torch(..., cost_model="flops")`), random
-weights, no downloads; node counts and lowering seconds on 2 CPU cores as measured
-(results/solvers.md has them per run):
+weights, no downloads; nodes and lowering seconds (2 shared CPU cores) as measured
+(results/solvers.md has them per graph):
 
 | graph | model | nodes | lowering |
-|---|---|---|---|
-| gpt2 | GPT-2 12 layers, d=768, 12 heads, seq 512, batch 8 (benchmarks/hiremate.py's) | 1,828 | 7 s |
-| llama32 | Llama 32 layers, hidden 256, 4 heads, 2 key/value heads (GQA), MLP 688, vocab 8192, seq 256, batch 4, no KV cache | 7,108 | 25 s |
-| gpt2-48 | GPT-2 48 layers, d=256, 4 heads, vocab 8192, seq 256, batch 4 | 6,860 | 18 s |
-| unet | diffusers UNet2DModel, 4 levels, 32-128 channels, 64x64, batch 8 (benchmarks/hiremate.py's) | 1,801 | 8 s |
-| resnet50 | transformers ResNet-50 (bottleneck 3-4-6-3, 256-2048 channels), 128x128, batch 16 | 1,063 | 10 s |
-| bert | BERT-base: 12 layers, d=768, 12 heads, seq 512, batch 2, masked-LM loss | 1,814 | 8 s |
-| t5 | T5-small: 6+6 layers, d=512, d_ff 2048, 8 heads, input 256, labels 64, batch 4 | 2,622 | 13 s |
-| gpt2-4 | GPT-2 4 layers, d=128, seq 128, batch 4 (--quick only) | 640 | 3 s |
+|---|---|---:|---:|
+| gpt2 | GPT-2 12 layers, d=768, 12 heads, vocab 50257, seq 512, batch 8 (benchmarks/hiremate.py's) | 1,828 | 3 s |
+| llama32 | Llama 32 layers, hidden 256, 4 heads, 2 key/value heads (GQA), MLP 688, vocab 8192, seq 256, batch 4, no KV cache | 7,136 | 13 s |
+| gpt2-48 | GPT-2 48 layers, d=256, 4 heads, vocab 8192, seq 256, batch 4 | 7,084 | 12 s |
+| unet | diffusers UNet2DModel, 4 levels, 32-128 channels, attention at 8x8, 64x64, batch 8 (benchmarks/hiremate.py's) | 1,801 | 4 s |
+| resnet50 | transformers ResNet-50 (bottleneck 3-4-6-3, 256-2048 channels), 128x128, batch 16 | 516 | 2 s |
+| bert | BERT-base: 12 layers, d=768, 12 heads, vocab 30522, seq 512, batch 8, masked-LM loss | 2,082 | 8 s |
+| t5 | T5-small: 6+6 layers, d=512, d_ff 2048, 8 heads, vocab 32128, input 256, labels 64, batch 16 | 3,543 | 5 s |
+| gpt2-4 | GPT-2 4 layers, d=128, 4 heads, vocab 2048, seq 128, batch 4 (--quick only) | 660 | 2 s |
 
-The 32- and 48-layer graphs have a vocabulary of 8,192: with 32,000 their loss alone
+The 32- and 48-layer graphs have a vocabulary of 8,192: with 32,000 the Llama's loss alone
 (logits, their log-softmax and its gradient, 3 x 131 MB) holds 35% of the store-everything
-peak, and no solver could go below it.
+peak, and no solver could go below it. BERT and T5 run batches (8, 16) at which 30% and
+25% can be reached: at batch 2 and 4 no solver went below 37% and 56%.
 
 Each lowered graph is cached as `GRAPH-KEY.rir` (KEY: a digest of the model's config,
 shapes and cost model) with a `.json` beside it (config, nodes, lowering seconds) under
@@ -72,7 +73,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,8 @@ TIME_LIMIT_S = 30.0
 #: deadline: rotor's dynamic program runs to its end).
 KILL_AFTER_LIMITS = 5
 SHARES = (0.5, 0.3, 0.25)
+QUICK_SHARES = (0.5, 0.3)
+QUICK_REFERENCE_SHARES = (0.7, 0.5)
 SMALLEST = "smallest"
 DEFAULT_SOLVERS = ("hiremate", "rotor", "sqrt", "checkmate", "twremat", "fastsa", "fastsa:start=hiremate")
 #: The solvers that only run on graphs of at most --checkmate-max-nodes nodes.
@@ -258,15 +261,15 @@ GRAPHS = {g.name: g for g in (
               dict(config=dict(embedding_size=64, hidden_sizes=[256, 512, 1024, 2048],
                                depths=[3, 4, 6, 3], layer_type="bottleneck", num_labels=1000),
                    image=128, batch=16), _resnet),
-    GraphSpec("bert", "BERT-base, 12 layers, d=768, seq 512, batch 2",
+    GraphSpec("bert", "BERT-base, 12 layers, d=768, seq 512, batch 8",
               dict(config=dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
                                intermediate_size=3072, vocab_size=30522, max_position_embeddings=512),
-                   seq=512, batch=2), _bert),
-    GraphSpec("t5", "T5-small, 6+6 layers, d=512, input 256, labels 64, batch 4",
+                   seq=512, batch=8), _bert),
+    GraphSpec("t5", "T5-small, 6+6 layers, d=512, input 256, labels 64, batch 16",
               dict(config=dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
                                num_heads=8, decoder_start_token_id=0, pad_token_id=0,
                                use_cache=False),
-                   seq=256, label_seq=64, batch=4), _t5),
+                   seq=256, label_seq=64, batch=16), _t5),
     GraphSpec("gpt2-4", "GPT-2 4 layers, d=128, 4 heads, seq 128, batch 4",
               _gpt2_config(4, 128, 4, 128, 4, vocab=2048), _gpt2, quick=True),
 )}
@@ -644,14 +647,16 @@ def table(results: dict) -> str:
         lines += ["", f"Against checkmate's proven optimum on small graphs ({small}), at the "
                       f"{len(exact)} graph x budget pairs (of 90% to 40%) where checkmate proves "
                       "it: predicted time / checkmate's.", "",
-                  "| solver | budgets | worst | mean | infeasible where checkmate is not |",
-                  "|---|---:|---:|---:|---:|"]
+                  "| solver | budgets | best | worst | mean | infeasible where checkmate is not |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for s in dict.fromkeys(r["solver"] for r in compared):
             mine = [r for r in compared if r["solver"] == s]
             ratios = [r["ratio"] for r in mine if "ratio" in r]
-            worst = f"x{max(ratios):.4f}" if ratios else ""
+            best, worst = (f"x{min(ratios):.4f}", f"x{max(ratios):.4f}") if ratios else ("", "")
             mean = f"x{sum(ratios) / len(ratios):.4f}" if ratios else ""
-            lines.append(f"| {s} | {len(mine)} | {worst} | {mean} | {len(mine) - len(ratios)} |")
+            lines.append(f"| {s} | {len(mine)} | {best} | {worst} | {mean} | {len(mine) - len(ratios)} |")
+        lines += ["", "Checkmate's optimum is its MILP's: a ratio below 1 is a plan within the budget "
+                      "(by the simulator) that the MILP's model leaves out or prices higher."]
     return "\n".join(lines)
 
 
@@ -709,7 +714,8 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown graphs {unknown}; known: {', '.join(GRAPHS)}")
     specs = present(parse_specs(args.solvers or ",".join(DEFAULT_SOLVERS)))
-    budgets = parse_budgets(args.budgets or ("50%,30%" if args.quick else "50%,30%,25%,smallest"))
+    budgets = (parse_budgets(args.budgets) if args.budgets
+               else list(QUICK_SHARES) if args.quick else [*SHARES, SMALLEST])
     results = load_results(out)
     run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else "")
     results["runs"][run_id] = dict(run_context(args.time_limit), kill_after_s=kill_after)
@@ -730,7 +736,7 @@ def main(argv=None) -> int:
                        write(results, out)))
         del graph
     if not args.no_reference:
-        shares = (0.7, 0.5) if args.quick else REFERENCE_SHARES
+        shares = QUICK_REFERENCE_SHARES if args.quick else REFERENCE_SHARES
         for name, graph in reference_graphs(args.quick):
             rows = reference_rows(name, graph, specs, shares, time_limit_s=args.time_limit,
                                   kill_after=kill_after)

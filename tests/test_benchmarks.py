@@ -161,7 +161,7 @@ def test_solver_benchmark_rows_on_a_chain_and_their_table(tmp_path, capsys):
     assert "| graph | budget | hiremate | rotor | sqrt | checkmate |" in table
     assert "| chain16 | 50% | 62.5% (" in table and "infeasible, names 66.7%" in table
     assert f"| chain16 | smallest ({record['smallest_feasible']['share']:.1%}) |" in table
-    assert "| hiremate | 1 | x1.0000 | x1.0000 | 0 |" in table
+    assert "| hiremate | 1 | x1.0000 | x1.0000 | x1.0000 | 0 |" in table
 
 
 def test_solver_benchmark_kills_a_solve_past_its_limit_and_reports_a_crash():
