@@ -90,6 +90,9 @@ ANNEAL_SHARE = 0.3
 #: move (tens of thousands of steps), and annealing, which turns such a plan on GPT-2
 #: from 29x into 1.4x store-everything's time, needs all the time left.
 SLOW_PLAN = 2.0
+#: Of the time left, the share twremat may take when hiremate's plan is that slow or
+#: none fits (`_with_twremat`).
+TWREMAT_SHARE = 0.25
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
@@ -153,6 +156,9 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
     if best is None:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
+    if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
+        best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * TWREMAT_SHARE),
+                             progress)
     slow = best is not None and best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s
     if best is not None and not (anneal and slow):
         trim_seconds = limit * (1 - (ANNEAL_SHARE if anneal else 0.0)) - whole.elapsed()
@@ -190,6 +196,29 @@ def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
     made += [recompute_everything(tg), sqrt_schedule(tg)]
     fitting = [s for s in made if s.predicted_peak_bytes <= budget]
     return min(fitting, key=lambda s: s.predicted_time_s) if fitting else None
+
+
+def _with_twremat(graph: Graph, budget: int, best: pb.Schedule | None, made: list[pb.Schedule],
+                  deadline: Deadline, progress) -> pb.Schedule | None:
+    """Near the smallest feasible budget the H-ILP's plans do not fit and recompute-everything
+    (quadratic) may be the only one that does; TW-remat's recursion recomputes O(n log n)
+    there (U-Net at 25%: 27% overhead where recompute-everything costs 722%). Its plan,
+    or its lowest-peak one when it refuses, joins `made`; the faster fitting plan wins."""
+    from .twremat import twremat
+
+    try:
+        plan = twremat(graph, budget, time_limit_s=max(1.0, deadline.remaining()), progress=progress)
+    except InfeasibleBudget as refused:
+        if refused.schedule is not None:
+            made.append(refused.schedule)
+        return best
+    made.append(plan)
+    if best is None or plan.predicted_time_s < best.predicted_time_s:
+        progress(f"hiremate: twremat's plan is faster near the floor "
+                 f"({plan.predicted_time_s:.4g} s against "
+                 f"{'none' if best is None else f'{best.predicted_time_s:.4g} s'})")
+        return plan
+    return best
 
 
 def _with_checkmate(tg: TrainingGraph, budget: int, best: pb.Schedule | None,
