@@ -204,13 +204,16 @@ def _with_twremat(graph: Graph, budget: int, best: pb.Schedule | None, made: lis
     (quadratic) may be the only one that does; TW-remat's recursion recomputes O(n log n)
     there (U-Net at 25%: 27% overhead where recompute-everything costs 722%). Its plan,
     or its lowest-peak one when it refuses, joins `made`; the faster fitting plan wins."""
-    from .twremat import twremat
+    from .twremat import twremat   # networkx's tree decompositions, needed only here
 
     try:
         plan = twremat(graph, budget, time_limit_s=max(1.0, deadline.remaining()), progress=progress)
     except InfeasibleBudget as refused:
         if refused.schedule is not None:
             made.append(refused.schedule)
+        return best
+    except SolverError as error:      # a failing helper must not fail hiremate
+        progress(f"hiremate: twremat failed near the floor: {error}")
         return best
     made.append(plan)
     if best is None or plan.predicted_time_s < best.predicted_time_s:
