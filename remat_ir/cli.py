@@ -198,10 +198,14 @@ def parse_budget_arg(text: str):
 
 
 def _option(text: str) -> tuple[str, object]:
-    """KEY=VALUE with VALUE as int, float or string."""
+    """KEY=VALUE with VALUE as a boolean (true/false, any case), int, float or string: a
+    solver's switch such as hiremate's `anneal=false` must not arrive as the string
+    "false", which Python takes for true."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise RematIRError(f"--option {text!r}: expected KEY=VALUE, e.g. mode=lp")
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
     for cast in (int, float):
         try:
             return key, cast(value)

@@ -158,3 +158,13 @@ def test_one_default_solver_for_solve_remat_and_the_command():
     assert parser.parse_args(["solve", "in.rir", "-o", "out.rir"]).solver == solvers.DEFAULT_SOLVER
     partition = parser.parse_args(["partition", "in.rir", "-o", "out.rir"])
     assert (partition.max_cluster, partition.max_top) == (MAX_CLUSTER, MAX_TOP)
+
+
+def test_solver_options_read_booleans_numbers_and_words():
+    from remat_ir.cli import _option
+
+    assert _option("anneal=false") == ("anneal", False)
+    assert _option("repartition=True") == ("repartition", True)
+    assert _option("iterations=2000") == ("iterations", 2000)
+    assert _option("weight=1.5") == ("weight", 1.5)
+    assert _option("start=hiremate") == ("start", "hiremate")
