@@ -311,7 +311,7 @@ def anneal(P, S, candidates, iterations, start, total, t_first, t_last, budget, 
     geometric temperature between `t_first` and `t_last`). Objective:
     `objective`. Returns (moves tried, moves accepted)."""
     occ, cnt, uend, slot, t, d, acc = S
-    in_ptr, in_idx, us_ptr, us_idx = P[IN_PTR], P[IN_IDX], P[US_PTR], P[US_IDX]
+    us_ptr, us_idx = P[US_PTR], P[US_IDX]
     size = slot.shape[0]
     peak = t[1]
     current = objective(peak, acc[0], budget, weight)
