@@ -40,7 +40,7 @@ from remat_ir.ir import Graph, pb, store_all
 from remat_ir.ir.memory import new_storages
 
 from . import anneal
-from .base import Deadline, InfeasibleBudget, quiet
+from .base import BadRequest, Deadline, InfeasibleBudget, quiet
 from .sequences import simulated_schedule
 from .structure import TrainingGraph
 
@@ -312,6 +312,7 @@ def fastsa(graph: Graph, budget: int | None, *, time_limit_s: float | None = Non
     start solver gets half of it); `seed`: the random moves' seed;
     `grouping=False` skips stage 1; `weight`: how an excess over the budget is
     priced (`anneal.objective`)."""
+    _check_options(seed, iterations, weight)
     everything = store_all(graph)
     if budget is None or everything.predicted_peak_bytes <= budget:
         everything.name = "fastsa"
@@ -349,6 +350,18 @@ def fastsa(graph: Graph, budget: int | None, *, time_limit_s: float | None = Non
     return found
 
 
+def _check_options(seed, iterations, weight) -> None:
+    """Bad options are named here, not as a type error from inside the compiled kernel."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise BadRequest(f"fastsa: seed must be a non-negative integer, not {seed!r}")
+    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)
+                                   or iterations < 0):
+        raise BadRequest(f"fastsa: iterations must be a non-negative integer, not {iterations!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 1:
+        raise BadRequest(f"fastsa: weight must be a number of at least 1 (1 is the paper's "
+                         f"objective), not {weight!r}")
+
+
 def default_iterations(tg: TrainingGraph) -> int:
     """Moves when none are asked for: `MOVES_PER_NODE` per node, within
     [`MIN_ITERATIONS`, `MAX_ITERATIONS`]."""
@@ -380,6 +393,7 @@ def polish(tg: TrainingGraph, starts: list[pb.Schedule], budget: int, *, deadlin
         s.predicted_peak_bytes, s.predicted_time_s, budget, weight))
     if best_objective.predicted_peak_bytes > budget:
         runs.append((best_objective, weight))
+    singles = build(tg, [[n] for n in tg.order])   # the same problem for both runs
     found: list[tuple[float, list[int]]] = []
     for k, (start, run_weight) in enumerate(runs):
         sequence = everything_sequence(start)
@@ -388,9 +402,8 @@ def polish(tg: TrainingGraph, starts: list[pb.Schedule], budget: int, *, deadlin
                                 MOVES_PER_OCCURRENCE * len(sequence)))
         part = HARD_SHARE if len(runs) - k > 1 else 1.0
         share = Deadline(deadline.remaining() * part if deadline.seconds is not None else None)
-        search = _Search(build(tg, [[n] for n in tg.order]), sequence, budget,
-                         run_weight, share, progress, "nodes" if run_weight == HARD else
-                         "nodes, over the budget at first")
+        label = "nodes" if run_weight == HARD else "nodes, over the budget at first"
+        search = _Search(singles, sequence, budget, run_weight, share, progress, label)
         moves = total if len(runs) == 1 else int(total * (HARD_SHARE if k == 0 else 1 - HARD_SHARE))
         search.run(moves, seed=seed + k, stop_when_fits=False)
         if search.best is not None:
