@@ -67,6 +67,7 @@ class CostSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROFILED: _ClassVar[CostSource]
     ANALYTIC: _ClassVar[CostSource]
     USER: _ClassVar[CostSource]
+    TIMED_IN_STEP: _ClassVar[CostSource]
 
 class OutputRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -125,6 +126,7 @@ COST_SOURCE_UNSPECIFIED: CostSource
 PROFILED: CostSource
 ANALYTIC: CostSource
 USER: CostSource
+TIMED_IN_STEP: CostSource
 OUTPUT_ROLE_UNSPECIFIED: OutputRole
 USER_OUTPUT: OutputRole
 PARAMETER_GRADIENT: OutputRole
@@ -300,18 +302,34 @@ class GraphOutput(_message.Message):
     def __init__(self, value_id: _Optional[int] = ..., role: _Optional[_Union[OutputRole, str]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Provenance(_message.Message):
-    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer")
+    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer", "cost_model")
     FRONTEND_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_MODEL_FIELD_NUMBER: _ClassVar[int]
     COST_DEVICE_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    COST_MODEL_FIELD_NUMBER: _ClassVar[int]
     frontend: str
     frontend_version: str
     source_model: str
     cost_device: str
     producer: str
-    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ...) -> None: ...
+    cost_model: CostModel
+    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ...) -> None: ...
+
+class CostModel(_message.Message):
+    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TIMED_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    timed_schedule: str
+    timed_steps: int
+    step_overhead_s: float
+    note: str
+    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "name", "level", "node_ids", "children", "signature")

@@ -28,6 +28,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
   otherwise (a graph built by hand, like `examples/mlp.rir` with inputs "x" and
   "target") from the order of its user inputs among the graph inputs. Argument
   names stay empty (unknown).
+- 1.1 -> 1.2: the provenance gained `cost_model` (with the per-step overhead the
+  simulator adds); an older file has none, which means no overhead: nothing to fill.
 """
 
 from __future__ import annotations

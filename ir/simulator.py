@@ -22,6 +22,9 @@ explains them with an example):
 - A free step drops a live value; resident values and graph outputs are never
   freed. Offload moves a live value to host memory (its device bytes are
   released) and prefetch brings it back; transfer time is not modelled yet.
+- A step's time is the sum of its compute steps' `cost.time_s` (skipped random
+  runs included) plus the graph's per-step overhead outside ops
+  (`Provenance.cost_model.step_overhead_s`, 0 for hand-made costs).
 - At `backward_start` the forward outputs (user outputs, buffer updates) must
   be live; the other live values are what the step saves for backward. At the
   end every graph output must be live.
@@ -63,6 +66,8 @@ class SimulationResult:
     peak_step: int = -1
     forward_time_s: float = 0.0
     backward_time_s: float = 0.0
+    #: Per step, time outside every op (`Provenance.cost_model.step_overhead_s`).
+    overhead_time_s: float = 0.0
     #: Activation bytes live after each step (excluding resident bytes).
     memory_after: list[int] = field(default_factory=list)
     #: Activation bytes while each step runs (what the peak is taken over).
@@ -80,7 +85,7 @@ class SimulationResult:
 
     @property
     def total_time_s(self) -> float:
-        return self.forward_time_s + self.backward_time_s
+        return self.forward_time_s + self.backward_time_s + self.overhead_time_s
 
     @property
     def recomputations(self) -> int:
@@ -99,7 +104,9 @@ class _Run:
         self.offloaded: set[int] = set()
         self.gradient_inputs = {i.value_id for i in graph.proto.inputs
                                 if graph.value(i.value_id).kind == pb.GRADIENT}
-        self.result = SimulationResult(violation=None, resident_bytes=graph.resident_bytes())
+        self.result = SimulationResult(
+            violation=None, resident_bytes=graph.resident_bytes(),
+            overhead_time_s=graph.proto.provenance.cost_model.step_overhead_s)
         self.rng = plan_rng(graph, schedule)
         self.skip_during = 0
 

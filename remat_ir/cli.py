@@ -279,8 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ONNX: which float tensors become parameters: initializers (default), or also "
                         "Constant/ConstantOfShape outputs (weight-stripped graphs)")
     p.add_argument("-o", "--output", required=True, help="IR file to write (.rir, or .json)")
-    p.add_argument("--cost-model", choices=("profile", "flops"), default="profile",
-                   help="measure each op on the inputs' device, or estimate from FLOPs")
+    p.add_argument("--cost-model", choices=("profile", "isolated", "flops"), default="profile",
+                   help="profile: time each op inside whole store-everything steps on the inputs' "
+                        "device (default); isolated: time each op alone; flops: estimate from "
+                        "FLOPs and bytes (coarse, nothing runs)")
     p.set_defaults(run=cmd_convert)
     p = sub.add_parser("solve", help="plan a graph within a memory budget and store the schedule")
     p.add_argument("file", help="IR file (.rir binary or .json)")

@@ -7,9 +7,11 @@ other. This facade module joins them, so that callers keep one call per model:
 
     graph = lower_torch(model, example_inputs, cost_model="flops")
 
-`cost_model` is "profile" (each distinct op measured on `device`, by default the
-inputs' device), "flops" (estimated from FLOPs and bytes, nothing runs) or None (no
-costs yet: `add_costs` later, as `remat_ir.remat` does after checking its plan cache).
+`cost_model` is "profile" (each op timed inside whole store-everything steps on
+`device`, by default the inputs' device), "isolated" (each distinct op timed alone),
+"flops" (estimated from FLOPs and bytes, nothing runs: coarse) or None (no costs yet:
+`add_costs` later, as `remat_ir.remat` does after checking its plan cache); see
+`runtimes.profiling`.
 """
 
 from __future__ import annotations
@@ -28,17 +30,24 @@ def check_cost_model(cost_model, *, allow_none: bool = True) -> None:
     check(cost_model, allow_none=allow_none)
 
 
-def add_costs(graph: Graph, cost_model: str, device=None) -> Graph:
+def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example=None) -> Graph:
     """Fill every node's cost with `cost_model` on `device` (by default the device the
-    graph was lowered on, its `provenance.cost_device`); returns `graph`."""
+    graph was lowered on, its `provenance.cost_device`); returns `graph`. "profile" times
+    whole steps on `model`'s tensors and the `example` call's inputs, `(args, kwargs)`
+    (without them it keeps isolated times, and `provenance.cost_model.note` says so)."""
     import torch
 
     from remat_ir.runtimes.profiling import estimate_costs
+    from remat_ir.runtimes.torch import resident_values
 
     check_cost_model(cost_model, allow_none=False)
     run_device = torch.device(device if device is not None
                               else graph.proto.provenance.cost_device or "cpu")
-    estimate_costs(graph, cost_model, run_device)
+    values = None
+    if cost_model == "profile" and model is not None and example is not None:
+        args, kwargs = example
+        values = resident_values(model, graph, args, kwargs)
+    estimate_costs(graph, cost_model, run_device, values=values)
     return graph
 
 
@@ -46,11 +55,14 @@ def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
                 cost_model: str | None = "profile", device=None) -> Graph:
     """`frontends.torch.lower(model, example_inputs, example_kwargs=...)` with costs from
     `cost_model` measured on `device` (see the module docstring)."""
-    from remat_ir.frontends.torch import lower
+    from remat_ir.frontends.torch import example_arguments, lower
 
     check_cost_model(cost_model)
     graph = lower(model, example_inputs, example_kwargs=example_kwargs)
-    return graph if cost_model is None else add_costs(graph, cost_model, device)
+    if cost_model is None:
+        return graph
+    return add_costs(graph, cost_model, device, model=model,
+                     example=example_arguments(example_inputs, example_kwargs))
 
 
 def lower_onnx_module(module, example_inputs: tuple, *, cost_model: str | None = "profile",
@@ -60,15 +72,17 @@ def lower_onnx_module(module, example_inputs: tuple, *, cost_model: str | None =
 
     check_cost_model(cost_model)
     graph = lower_module(module, example_inputs)
-    return graph if cost_model is None else add_costs(graph, cost_model, device)
+    if cost_model is None:
+        return graph
+    return add_costs(graph, cost_model, device, model=module, example=(tuple(example_inputs), {}))
 
 
 def lower_onnx(model_or_path, example_inputs=None, *, cost_model: str | None = "profile",
                device=None, trainable="initializers") -> Graph:
     """`frontends.onnx.lower` (a path, bytes or `onnx.ModelProto`) with costs; see
     `frontends.onnx.to_torch` for `example_inputs` and `trainable`."""
-    from remat_ir.frontends.onnx import lower
+    from remat_ir.frontends.onnx import to_torch
 
     check_cost_model(cost_model)
-    graph = lower(model_or_path, example_inputs, trainable=trainable)
-    return graph if cost_model is None else add_costs(graph, cost_model, device)
+    module, examples = to_torch(model_or_path, example_inputs, trainable=trainable)
+    return lower_onnx_module(module, examples, cost_model=cost_model, device=device)

@@ -104,8 +104,13 @@ def resident_order(graph: Graph) -> list[int]:
     return resident + sorted(v.id for v in g.values if v.kind == pb.CONSTANT and v.id not in resident)
 
 
-def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
-    """(forward function, backward function, plan) for `schedule` on `device`."""
+def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=None):
+    """(forward function, backward function, plan) for `schedule` on `device`.
+
+    With `tick` (`timing.Timeline.tick`), each segment calls `tick(-1)` on entry and
+    `tick(node_id)` after each compute step, so that a step can be timed op by op in
+    the order and context it runs (`timing.time_schedule`); the functions a training
+    step runs are generated without it."""
     g = graph.proto
     bs = schedule.backward_start
     steps = list(schedule.steps)
@@ -150,11 +155,13 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
 
     writer = _Writer(device)
     writer.globals["_get_rng"], writer.globals["_replay"] = _rng_functions(device)
+    if tick is not None:
+        writer.globals["_tick"] = tick
     writer.globals["_placeholder"] = _placeholder_function(graph, device)
     resident_index = {v: i for i, v in enumerate(resident)}
 
     def segment_body(first: int, segment, end_skips, reads_saved: bool):
-        body = []
+        body = ["_tick(-1)"] if tick is not None else []
         used = touched(segment)
         for k in range(first, first + len(segment)):
             for n, _ in rng.skips.get(k, ()):
@@ -182,6 +189,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device):
             if action == "compute":
                 mode = "replay" if k in rng.replays else "save" if s.compute in rng.saved else ""
                 body.extend(_call_lines(graph, writer, s.compute, mode))
+                if tick is not None:
+                    body.append(f"_tick({s.compute})")
             elif action == "free":
                 body.append(f"del {_tensor_name(s.free)}")
             else:

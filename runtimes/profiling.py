@@ -4,23 +4,36 @@ Profiling executes ops, so it lives with execution (next to `memory.measure_peak
 which it uses), not in the frontends: a frontend lowers a model without costs,
 and the facade (`remat_ir.lowering`) adds them with `estimate_costs`.
 
-- "profile": every distinct (op, input shapes/strides/dtypes, other arguments)
+- "profile" (the default): first every distinct op is run alone, as "isolated"
+  does, which gives the memory facts below; then the store-everything schedule
+  runs as the runtime runs it, and each node's time is what it took inside those
+  steps (`timing.time_schedule`: median of a few steps after a warm-up), with the
+  time outside ops recorded as the step's overhead
+  (`Provenance.cost_model.step_overhead_s`). Measured on CPU (GPT-2 4 layers,
+  `benchmarks/training_step.py`): isolated times put recomputation at about 1.4x
+  what it costs in the step; times taken in the step predict a plan's step time
+  to a few percent. If the step cannot run (out of memory, an op that refuses
+  synthetic inputs), the isolated times stay and `cost_model.note` says why.
+- "isolated": every distinct (op, input shapes/strides/dtypes, other arguments)
   is run on the target device with synthetic inputs (floats normal, integers
   and booleans zero, so indices stay in range): one warm-up, then the median of
-  `repeats` runs, timed with CUDA events on a GPU. One run under the allocator
-  gives its workspace: the peak it allocates beyond its outputs (CPU oneDNN
-  convolutions and their backward: up to 120 KB on a U-Net with 1 MB of
-  activations). The same run gives the bytes each new output's storage really
-  holds: a kernel may return a small tensor in a bigger storage than its meta
-  kernel says (CPU `mse_loss` with mean reduction returns its 0-dim loss in
-  the storage of the unreduced tensor), and the graph's storage is grown to
-  that size. Nodes that cannot run on synthetic data fall back to the
-  analytic estimate, and say so (`cost.source`).
+  `repeats` runs, timed with CUDA events on a GPU.
 - "flops": FLOPs counted by torch's FlopCounterMode on meta tensors, and bytes
-  moved; time = overhead + max(FLOPs / rate, bytes / bandwidth). Nothing runs,
-  so no workspace is recorded and storages keep their meta sizes: a schedule
+  moved; time = overhead + max(FLOPs / rate, bytes / bandwidth), with rates set
+  per device type, not measured: coarse, for graphs that cannot run here. Nothing
+  runs, so no workspace is recorded and storages keep their meta sizes: a schedule
   planned on these costs can measure above its simulated peak wherever kernels
-  use workspace. Plan with "profile" when the measured peak must meet the budget.
+  use workspace.
+
+Memory comes from the isolated runs only, never from timing, so the same graph
+lowered twice gets the same bytes: one run under the allocator gives an op's
+workspace, the peak it allocates beyond its outputs (CPU oneDNN convolutions and
+their backward: up to 120 KB on a U-Net with 1 MB of activations), and the bytes
+each new output's storage really holds: a kernel may return a small tensor in a
+bigger storage than its meta kernel says (CPU `mse_loss` with mean reduction
+returns its 0-dim loss in the storage of the unreduced tensor), and the graph's
+storage is grown to that size. Nodes that cannot run on synthetic data fall back
+to the analytic estimate, and say so (`cost.source`).
 
 Profiling draws random numbers (dropout); the caller's RNG state is restored
 so that lowering a model does not change the masks training will draw.
@@ -30,19 +43,22 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from remat_ir.ir import Graph, pb
+from remat_ir.ir.schedules import store_all
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import new_storages
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
 from .memory import measure_peak
+from .timing import time_schedule
 
 #: The cost models `estimate_costs` knows.
-COST_MODELS = ("profile", "flops")
+COST_MODELS = ("profile", "isolated", "flops")
 
 #: What an op raises when synthetic inputs do not suit it (not our own bugs).
 OP_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
@@ -155,17 +171,23 @@ def check_cost_model(model, *, allow_none: bool = False) -> None:
     if model is None and allow_none:
         return
     if model not in COST_MODELS:
-        raise ValueError(f"cost_model must be 'profile' (measure each op) or 'flops' (estimate "
-                         f"from FLOPs and bytes){' or None (no costs)' if allow_none else ''}, "
-                         f"not {model!r}")
+        raise ValueError(f"cost_model must be 'profile' (time each op inside whole steps), "
+                         f"'isolated' (time each op alone) or 'flops' (estimate from FLOPs and "
+                         f"bytes){' or None (no costs)' if allow_none else ''}, not {model!r}")
 
 
-def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repeats: int = 5) -> None:
-    """Fill `cost` of every node of `graph` with the chosen model ("profile" or "flops"),
-    for `device`, which is recorded as the graph's `provenance.cost_device`."""
+def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repeats: int = 5,
+                   values: Mapping[int, torch.Tensor] | None = None) -> None:
+    """Fill `cost` of every node of `graph` with the chosen model (`COST_MODELS`), for
+    `device`, which is recorded as the graph's `provenance.cost_device`, and the model
+    as its `provenance.cost_model`. "profile" times the step on `values`, the model's
+    resident tensors by value id (`runtimes.torch.resident_values`); without them it
+    keeps the isolated times and says so in `cost_model.note`."""
     check_cost_model(model)
     device = torch.device(device)
     graph.proto.provenance.cost_device = str(device)
+    graph.proto.provenance.ClearField("cost_model")
+    graph.proto.provenance.cost_model.name = model
     measured: dict[tuple, tuple[float, int, tuple[int, ...], int]] = {}
     storages = {s.id: s for s in graph.proto.storages}
     devices = [device] if device.type == "cuda" else []
@@ -173,7 +195,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
         for node in graph.proto.nodes:
             seconds, flops, moved = _analytic(graph, node, device) if model == "flops" else (0.0, 0.0, 0)
             source, workspace = pb.ANALYTIC, 0
-            if model == "profile":
+            if model != "flops":
                 key = _signature(graph, node)
                 if key not in measured:
                     try:
@@ -186,3 +208,27 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
             node.cost.time_s, node.cost.source = seconds, source
             node.cost.flops, node.cost.bytes_accessed = flops, moved
             node.cost.workspace_bytes = workspace
+    if model == "profile":
+        _time_in_step(graph, device, values)
+
+
+def _time_in_step(graph: Graph, device: torch.device, values) -> None:
+    """Replace the isolated times by the times the nodes take inside store-everything
+    steps (see the module docstring); keep them, saying why, if the step cannot run."""
+    record = graph.proto.provenance.cost_model
+    if values is None:
+        record.note = ("no model tensors were given to time the step with; each op's time "
+                       "is its isolated one")
+        return
+    try:
+        timing = time_schedule(graph, store_all(graph), values, device)
+    except (*OP_ERRORS, KeyError) as exc:  # out of memory is a RuntimeError too
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        record.note = (f"the store-everything step could not run on {device} "
+                       f"({type(exc).__name__}: {reason}); each op's time is its isolated one")
+        return
+    for node_id, seconds in timing.node_seconds().items():
+        cost = graph.node(node_id).cost
+        cost.time_s, cost.source = seconds, pb.TIMED_IN_STEP
+    record.timed_schedule, record.timed_steps = "store_all", timing.steps
+    record.step_overhead_s = timing.overhead_s

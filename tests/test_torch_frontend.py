@@ -53,9 +53,9 @@ def test_batchnorm_running_statistics_are_buffer_updates():
     assert updates == {"running_mean": n_bn, "running_var": n_bn, "num_batches_tracked": n_bn}
 
 
-def test_profiled_costs_are_measured_once_per_distinct_op():
+def test_isolated_costs_are_measured_once_per_distinct_op():
     model, args, _, _ = mlp()
-    g = lower_torch(model, args)  # cost_model="profile"
+    g = lower_torch(model, args, cost_model="isolated")
     assert all(n.cost.source == pb.PROFILED and n.cost.time_s > 0 for n in g.proto.nodes)
     signatures, nodes = {}, Counter()
     for n in g.proto.nodes:  # equal op and input shapes, strides and dtypes share one measurement

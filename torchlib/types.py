@@ -59,6 +59,16 @@ def empty_tensor(value, device: torch.device | str) -> torch.Tensor:
     return torch.empty(list(value.shape), dtype=dtype, device=device)
 
 
+def constant_tensor(value, device: torch.device | str) -> torch.Tensor:
+    """An IR constant (a lifted tensor the graph holds by value) as a tensor on `device`."""
+    dtype = torch_dtype(value.dtype)
+    if value.constant.raw:
+        flat = torch.frombuffer(bytearray(value.constant.raw), dtype=dtype)
+    else:  # zero elements: frombuffer refuses an empty buffer
+        flat = torch.empty(0, dtype=dtype)
+    return flat.reshape(list(value.shape)).to(device)
+
+
 def to_ir_argument(obj, tensor_id):
     """An FX argument as an IR argument object; `tensor_id(node)` maps graph nodes to value ids."""
     if isinstance(obj, torch.fx.Node):

@@ -1,0 +1,161 @@
+"""Timing a whole step op by op, in the order and context the runtime runs it.
+
+Why not time each op alone: on CPU an op timed by itself (`profiling`'s isolated
+runs) costs what it costs with a fresh output allocation, warm inputs and nothing
+around it. Inside a step the same op costs differently, and not by a constant
+factor: GPT-2's elementwise ops (`mul`, `add`, `pow`, `log_softmax`) cost about
+twice as much alone as in the step, its matrix products about the same. A plan
+priced on isolated times overrates recomputing cheap elementwise chains, which
+is what rematerialization recomputes most.
+
+So `time_schedule` runs a schedule's generated segments, as the runtime does
+(same code, same order, same frees), with a `Timeline` tick after every compute
+step, for a few steps after a warm-up, on the model's own tensors (parameters,
+buffers, the example inputs; constants as the graph holds them). Not on synthetic
+ones: GPT-2 with standard-normal weights computes gradients small enough to be
+subnormal, and a CPU matrix product on subnormal floats is 200x slower (290 ms
+instead of 1.5 ms for 1024x128 by 128x2048), which put GPT-2's matrix products at
+7x their real time in the step. Each compute step gets
+the median over those steps of the time since the previous tick; what is not
+inside an op (segment entry, handing the saved tensors over, returning) is the
+step's `overhead_s`. On CUDA the ticks are events, so an op's time is when the
+GPU finished it after the previous one (launch gaps included), and nothing
+synchronizes between ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from remat_ir.ir import Graph, pb
+from remat_ir.torchlib.types import constant_tensor, empty_tensor
+
+from .codegen import generate
+
+#: Timed steps after the warm-up, and the wall-clock seconds after which no further
+#: step starts (at least two are always timed).
+STEPS = 5
+MAX_SECONDS = 20.0
+
+
+@dataclass
+class ScheduleTiming:
+    """What one schedule measured, step by step (medians over `steps` timed steps)."""
+    #: (node id, seconds) per compute step, in schedule order.
+    occurrences: list[tuple[int, float]]
+    #: Per step, the time outside ops: segment entry and exit, the stash, tangents.
+    overhead_s: float
+    #: The whole step (forward segment + backward segment).
+    step_s: float
+    steps: int
+
+    def node_seconds(self) -> dict[int, float]:
+        """Seconds per node: the mean over its occurrences in the timed schedule."""
+        total: dict[int, list[float]] = {}
+        for node, seconds in self.occurrences:
+            total.setdefault(node, []).append(seconds)
+        return {node: sum(times) / len(times) for node, times in total.items()}
+
+
+class Timeline:
+    """Marks (node id, when) as a step runs; `tick` is what generated code calls."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[int, object]] = []
+
+    def tick(self, node_id: int) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((node_id, event))
+        else:
+            self.marks.append((node_id, time.perf_counter()))
+
+    def op_seconds(self) -> list[tuple[int, float]]:
+        """(node, seconds since the previous mark) for each compute mark (segment entry
+        marks, node -1, only open a segment: what precedes them is overhead)."""
+        out = []
+        for (_, before), (node, after) in zip(self.marks, self.marks[1:]):
+            if node >= 0:
+                out.append((node, before.elapsed_time(after) / 1e3 if self.cuda else after - before))
+        return out
+
+
+def _resident(graph: Graph, value_ids: list[int], values: Mapping[int, torch.Tensor],
+              device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The resident tensors in `value_ids` order: constants from the graph, the rest from
+    `values`; a tensor a node mutates in place is copied first (timing never changes
+    the model)."""
+    mutated = {v for node in graph.proto.nodes if node.mutating for v in node.inputs}
+    out = []
+    for v in value_ids:
+        value = graph.value(v)
+        if value.kind == pb.CONSTANT:
+            out.append(constant_tensor(value, device))
+            continue
+        if v not in values:
+            raise KeyError(f"no tensor for {value.name!r} (value {v}) to time the step with")
+        t = values[v].detach()
+        out.append(t.clone() if v in mutated else t)
+    return tuple(out)
+
+
+def _output_gradient(value: pb.Value, device: torch.device) -> torch.Tensor:
+    """A gradient for a user output (ones: the loss's own gradient)."""
+    return empty_tensor(value, device).fill_(1)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_schedule(graph: Graph, schedule: pb.Schedule, values: Mapping[int, torch.Tensor],
+                  device: torch.device | str, *, steps: int = STEPS,
+                  max_seconds: float = MAX_SECONDS) -> ScheduleTiming:
+    """Run `schedule` of `graph` on `device` for one warm-up and up to `steps` timed steps
+    (see the module docstring), reading the resident tensors from `values` (value id ->
+    tensor: parameters, buffers, user inputs). Raises what running raises (out of
+    memory among others); the caller's RNG state is restored."""
+    device = torch.device(device)
+    timeline = Timeline(device)
+    forward, backward, plan = generate(graph, schedule, device, tick=timeline.tick)
+    resident = _resident(graph, plan.resident, values, device)
+    position = {v: i for i, v in enumerate(plan.user_outputs)}
+    read = [position[v] for v in plan.forward_outputs_read_in_backward]
+    tangents = [_output_gradient(graph.value(t), device) if t is not None
+                else torch.zeros((), device=device) for t in plan.tangents]
+    runs: list[tuple[list[tuple[int, float]], float]] = []
+    devices = [device] if device.type == "cuda" else []
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=devices))
+        stack.enter_context(torch.no_grad())
+        for device_type in dict.fromkeys(("cpu", device.type)):
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+        for k in range(1 + steps):
+            if k > 2 and time.perf_counter() - started > max_seconds:
+                break
+            timeline.marks.clear()
+            _synchronize(device)
+            t0 = time.perf_counter()
+            outputs, _, saved = forward(resident)
+            backward(resident, saved, [outputs[i] for i in read], tangents)
+            del outputs, saved
+            _synchronize(device)
+            wall = time.perf_counter() - t0
+            if k:
+                runs.append((timeline.op_seconds(), wall))
+    first = runs[0][0]
+    occurrences = [(node, statistics.median(run[i][1] for run, _ in runs))
+                   for i, (node, _) in enumerate(first)]
+    step_s = statistics.median(wall for _, wall in runs)
+    overhead = statistics.median(wall - sum(s for _, s in run) for run, wall in runs)
+    return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs))

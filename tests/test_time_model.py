@@ -1,0 +1,114 @@
+"""The time model: ops timed inside whole steps ("profile"), the step's overhead, and
+memory that never depends on timing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from remat_ir import ir
+from remat_ir.ir import pb
+from remat_ir.lowering import lower_torch
+from remat_ir.runtimes.timing import time_schedule
+from remat_ir.runtimes.torch import ScheduledModule, resident_values
+from torch_models import gpt2, mlp
+
+
+def _memory(graph: ir.Graph) -> tuple:
+    """Every byte the memory model reads: storage sizes and workspaces."""
+    return (tuple((s.id, s.size_bytes) for s in graph.proto.storages),
+            tuple((n.id, n.cost.workspace_bytes) for n in graph.proto.nodes))
+
+
+@pytest.fixture(scope="module")
+def small_gpt2():
+    model, args, kwargs, loss_of = gpt2()
+    model.train()
+    return model, args, kwargs, loss_of, lower_torch(model, args, example_kwargs=kwargs)
+
+
+def test_profile_times_every_op_inside_the_step_and_records_how(small_gpt2):
+    model, args, kwargs, _, graph = small_gpt2
+    record = graph.proto.provenance.cost_model
+    assert (record.name, record.timed_schedule, record.note) == ("profile", "store_all", "")
+    assert record.timed_steps >= 2 and record.step_overhead_s > 0
+    assert all(n.cost.source == pb.TIMED_IN_STEP and n.cost.time_s >= 0 for n in graph.proto.nodes)
+    # The simulator prices a schedule with the overhead included, once per step.
+    store = ir.simulate(graph, ir.store_all(graph))
+    assert store.overhead_time_s == record.step_overhead_s
+    assert store.total_time_s == pytest.approx(
+        sum(n.cost.time_s for n in graph.proto.nodes) + record.step_overhead_s)
+
+
+def test_memory_is_the_same_whatever_the_timing(small_gpt2):
+    """Timing noise never reaches the bytes: lowering again, or with isolated times,
+    gives the same storages and workspaces (and so the same simulated peaks)."""
+    model, args, kwargs, _, graph = small_gpt2
+    again = lower_torch(model, args, example_kwargs=kwargs)
+    isolated = lower_torch(model, args, example_kwargs=kwargs, cost_model="isolated")
+    assert _memory(graph) == _memory(again) == _memory(isolated)
+    assert isolated.proto.provenance.cost_model.name == "isolated"
+    assert {n.cost.source for n in isolated.proto.nodes} <= {pb.PROFILED, pb.ANALYTIC}
+
+
+def test_time_schedule_times_each_compute_step_and_leaves_the_model_and_generator_alone(small_gpt2):
+    model, args, kwargs, _, graph = small_gpt2
+    schedule = ir.recompute_all(graph)  # random nodes recomputed with RNG replay
+    parameters = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = torch.get_rng_state()
+    timing = time_schedule(graph, schedule, resident_values(model, graph, args, kwargs), "cpu", steps=2)
+    computed = [s.compute for s in schedule.steps if s.HasField("compute")]
+    assert [n for n, _ in timing.occurrences] == computed
+    assert len(computed) > len(set(computed))  # recomputations are timed one by one
+    assert all(seconds >= 0 for _, seconds in timing.occurrences)
+    assert timing.steps == 2 and timing.step_s >= sum(s for _, s in timing.occurrences)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(parameters[k], v) for k, v in model.state_dict().items())
+
+
+def test_without_model_tensors_profile_keeps_isolated_times_and_says_so():
+    from remat_ir.lowering import add_costs
+
+    model, args, _, _ = mlp()
+    graph = lower_torch(model, args, cost_model=None)
+    add_costs(graph, "profile")
+    record = graph.proto.provenance.cost_model
+    assert record.name == "profile" and "no model tensors" in record.note
+    assert record.step_overhead_s == 0 and not record.timed_schedule
+    assert all(n.cost.source == pb.PROFILED for n in graph.proto.nodes)
+
+
+def test_training_through_a_profiled_plan_is_still_exact(small_gpt2):
+    """In-step timing runs the model's own tensors: training afterwards draws the same
+    dropout masks and gives eager's gradients bitwise."""
+    model, args, kwargs, loss_of, graph = small_gpt2
+    eager = copy.deepcopy(model)
+    scheduled = ScheduledModule(model, graph, ir.recompute_all(graph))
+    torch.manual_seed(3)
+    loss_of(eager(*args, **kwargs)).backward()
+    torch.manual_seed(3)
+    loss_of(scheduled(*args, **kwargs)).backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_a_parameter_replaced_after_planning_is_the_one_trained():
+    """The runtime looks parameters up at every call (through the modules' dictionaries,
+    not once for all): a parameter or submodule replaced since lowering is used."""
+    model, args, _, _ = mlp()
+    graph = lower_torch(model, args, cost_model=None)
+    scheduled = ScheduledModule(model, graph, ir.store_all(graph))
+    first = next(name for name, _ in model.named_parameters())
+    path, _, leaf = first.rpartition(".")
+    owner = model.get_submodule(path)
+    replacement = torch.nn.Parameter(getattr(owner, leaf).detach() * 2)
+    setattr(owner, leaf, replacement)
+    expected = copy.deepcopy(model)
+    torch.manual_seed(1)
+    scheduled(*args).backward()
+    torch.manual_seed(1)
+    expected(*args).backward()
+    assert replacement.grad is not None
+    assert torch.equal(replacement.grad, expected.get_parameter(first).grad)
