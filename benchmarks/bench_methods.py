@@ -106,15 +106,18 @@ def compiled(bm: BenchModel, budget: float) -> Method:
 
 
 class RematPlanner:
-    """Lowers a model once and plans it with any solver at any budget."""
+    """Lowers a model once, with costs from `cost_model`, and plans it with any solver at
+    any budget. Plans made on another cost model than "profile" (the default) are named
+    with it: "remat-ir hiremate 50% (isolated costs)"."""
 
-    def __init__(self, bm: BenchModel, say: Callable[[str], None]):
+    def __init__(self, bm: BenchModel, say: Callable[[str], None], cost_model: str = "profile"):
         from remat_ir.lowering import lower_torch
 
-        self.bm, self.say = bm, say
+        self.bm, self.say, self.cost_model = bm, say, cost_model
+        self.suffix = "" if cost_model == "profile" else f" ({cost_model} costs)"
         self.model = copy.deepcopy(bm.module).train()
         started = time.perf_counter()
-        self.graph = lower_torch(self.model, bm.inputs, cost_model="profile")
+        self.graph = lower_torch(self.model, bm.inputs, cost_model=cost_model)
         self.lowering_s = time.perf_counter() - started
         reference = ir.store_all(self.graph)
         self.store_all_peak = reference.predicted_peak_bytes
@@ -128,8 +131,8 @@ class RematPlanner:
         from remat_ir.runtimes.torch import ScheduledModule
 
         label = {None: "store-everything", "smallest": "smallest feasible"}.get(budget, budget)
-        name = "remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}"
-        info = {"solver": solver, "budget": label, "graph_nodes": len(self.graph.nodes),
+        name = ("remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}") + self.suffix
+        info = {"solver": solver, "budget": label, "cost_model": self.cost_model, "graph_nodes": len(self.graph.nodes),
                 "lowering_s": round(self.lowering_s, 2), "store_all_predicted_peak_bytes": self.store_all_peak}
         started = time.perf_counter()
         try:
