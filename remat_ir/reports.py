@@ -28,6 +28,17 @@ def _kind(value: pb.Value) -> str:
     return pb.ValueKind.Name(value.kind).lower()
 
 
+def _cost_model_text(model: pb.CostModel) -> str:
+    """How the costs were obtained, as `provenance.cost_model` records it."""
+    if not model.name:
+        return ""
+    text = f", cost model {model.name!r}"
+    if model.timed_schedule:
+        text += (f" (ops timed inside {model.timed_steps} {model.timed_schedule} steps; "
+                 f"{human_time(model.step_overhead_s)} per step outside ops)")
+    return text + (f"; {model.note}" if model.note else "")
+
+
 def inspect_lines(graph: Graph, path: str, top: int = 10) -> list[str]:
     """The report `remat-ir inspect` prints."""
     g = graph.proto
@@ -36,7 +47,7 @@ def inspect_lines(graph: Graph, path: str, top: int = 10) -> list[str]:
              + (f", from {prov.frontend}" if prov.frontend else "")
              + (f" ({prov.source_model})" if prov.source_model else "")]
     if prov.cost_device:
-        lines.append(f"costs measured on {prov.cost_device}")
+        lines.append(f"costs measured on {prov.cost_device}" + _cost_model_text(prov.cost_model))
     n_fwd, n_bwd = graph.count_nodes(pb.FORWARD), graph.count_nodes(pb.BACKWARD)
     lines.append(f"nodes: {len(g.nodes)} ({n_fwd} forward, {n_bwd} backward); "
                  f"{sum(1 for n in g.nodes if n.random)} random")

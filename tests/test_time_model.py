@@ -36,6 +36,8 @@ def test_profile_times_every_op_inside_the_step_and_records_how(small_gpt2):
     assert record.timed_steps >= 2 and record.step_overhead_s > 0
     assert all(n.cost.source == pb.TIMED_IN_STEP and n.cost.time_s >= 0 for n in graph.proto.nodes)
     # The simulator prices a schedule with the overhead included, once per step.
+    from remat_ir.reports import inspect_lines
+    assert "cost model 'profile' (ops timed inside" in "\n".join(inspect_lines(graph, "gpt2.rir"))
     store = ir.simulate(graph, ir.store_all(graph))
     assert store.overhead_time_s == record.step_overhead_s
     assert store.total_time_s == pytest.approx(
