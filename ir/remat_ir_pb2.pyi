@@ -318,18 +318,22 @@ class Provenance(_message.Message):
     def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ...) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note")
+    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TIMED_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
     STEP_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    PEAK_BYTE_S_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     name: str
     timed_schedule: str
     timed_steps: int
     step_overhead_s: float
     note: str
-    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
+    peak_byte_s: float
+    calibration_schedule: str
+    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ..., peak_byte_s: _Optional[float] = ..., calibration_schedule: _Optional[str] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "name", "level", "node_ids", "children", "signature")

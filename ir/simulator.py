@@ -23,8 +23,10 @@ explains them with an example):
   freed. Offload moves a live value to host memory (its device bytes are
   released) and prefetch brings it back; transfer time is not modelled yet.
 - A step's time is the sum of its compute steps' `cost.time_s` (skipped random
-  runs included) plus the graph's per-step overhead outside ops
-  (`Provenance.cost_model.step_overhead_s`, 0 for hand-made costs).
+  runs included), plus the graph's per-step overhead outside ops
+  (`Provenance.cost_model.step_overhead_s`), plus `cost_model.peak_byte_s` x the
+  schedule's peak (holding more memory makes every op slower; both are 0 for
+  hand-made costs; `runtimes/calibration.py` says how they are measured).
 - At `backward_start` the forward outputs (user outputs, buffer updates) must
   be live; the other live values are what the step saves for backward. At the
   end every graph output must be live.
@@ -68,6 +70,8 @@ class SimulationResult:
     backward_time_s: float = 0.0
     #: Per step, time outside every op (`Provenance.cost_model.step_overhead_s`).
     overhead_time_s: float = 0.0
+    #: Per step, the cost of the memory the schedule holds: `cost_model.peak_byte_s` x peak.
+    footprint_time_s: float = 0.0
     #: Activation bytes live after each step (excluding resident bytes).
     memory_after: list[int] = field(default_factory=list)
     #: Activation bytes while each step runs (what the peak is taken over).
@@ -85,7 +89,7 @@ class SimulationResult:
 
     @property
     def total_time_s(self) -> float:
-        return self.forward_time_s + self.backward_time_s + self.overhead_time_s
+        return self.forward_time_s + self.backward_time_s + self.overhead_time_s + self.footprint_time_s
 
     @property
     def recomputations(self) -> int:
@@ -152,6 +156,8 @@ class _Run:
                              f"graph output {o.name or pb.OutputRole.Name(o.role).lower()} "
                              f"({self.g.describe_value(o.value_id)}) is not live at the end",
                              value_id=o.value_id)
+        self.result.footprint_time_s = (self.g.proto.provenance.cost_model.peak_byte_s
+                                        * self.result.peak_bytes)
         return self.result
 
     def end_of_forward(self, k: int) -> SimulationResult | None:

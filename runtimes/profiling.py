@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -54,8 +54,9 @@ from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import new_storages
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
+from .calibration import fit_peak_byte_cost
 from .memory import measure_peak
-from .timing import time_schedule
+from .timing import time_schedule, time_schedules
 
 #: The cost models `estimate_costs` knows.
 COST_MODELS = ("profile", "isolated", "flops")
@@ -177,12 +178,16 @@ def check_cost_model(model, *, allow_none: bool = False) -> None:
 
 
 def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repeats: int = 5,
-                   values: Mapping[int, torch.Tensor] | None = None) -> None:
+                   values: Mapping[int, torch.Tensor] | None = None,
+                   low_memory: Callable[[Graph], pb.Schedule] | None = None) -> None:
     """Fill `cost` of every node of `graph` with the chosen model (`COST_MODELS`), for
     `device`, which is recorded as the graph's `provenance.cost_device`, and the model
     as its `provenance.cost_model`. "profile" times the step on `values`, the model's
-    resident tensors by value id (`runtimes.torch.resident_values`); without them it
-    keeps the isolated times and says so in `cost_model.note`."""
+    resident tensors by value id (`runtimes.torch.resident_values`), then calibrates
+    the footprint term on `low_memory(graph)`, a schedule holding much less memory
+    (`calibration.py`; the facade passes Chen's sqrt schedule). Without values it keeps
+    the isolated times, without a low-memory schedule it leaves the footprint term
+    out; `cost_model.note` says so."""
     check_cost_model(model)
     device = torch.device(device)
     graph.proto.provenance.cost_device = str(device)
@@ -209,26 +214,56 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
             node.cost.flops, node.cost.bytes_accessed = flops, moved
             node.cost.workspace_bytes = workspace
     if model == "profile":
-        _time_in_step(graph, device, values)
+        _time_in_step(graph, device, values, low_memory)
 
 
-def _time_in_step(graph: Graph, device: torch.device, values) -> None:
+def _time_in_step(graph: Graph, device: torch.device, values, low_memory) -> None:
     """Replace the isolated times by the times the nodes take inside store-everything
-    steps (see the module docstring); keep them, saying why, if the step cannot run."""
+    steps, timed beside a low-memory schedule that calibrates the footprint term (see the
+    module docstring and `calibration.py`); keep the isolated times, or leave the
+    footprint term out, saying why in `cost_model.note`, where that cannot be done."""
     record = graph.proto.provenance.cost_model
     if values is None:
         record.note = ("no model tensors were given to time the step with; each op's time "
                        "is its isolated one")
         return
+    store, low, left_out = store_all(graph), None, ""
+    if low_memory is None:
+        left_out = "no low-memory schedule was given"
+    else:
+        try:
+            low = low_memory(graph)
+        except Exception as exc:  # noqa: BLE001 - only the footprint term is lost, and said
+            left_out = f"building the low-memory schedule failed ({_reason(exc)})"
     try:
-        timing = time_schedule(graph, store_all(graph), values, device)
+        try:
+            timings = time_schedules(graph, [store] + ([low] if low else []), values, device)
+        except (*OP_ERRORS, KeyError) as exc:
+            if low is None:
+                raise
+            left_out = f"the low-memory schedule {low.name!r} could not run ({_reason(exc)})"
+            low, timings = None, [time_schedule(graph, store, values, device)]
     except (*OP_ERRORS, KeyError) as exc:  # out of memory is a RuntimeError too
-        reason = (str(exc).strip().splitlines() or [""])[0][:200]
-        record.note = (f"the store-everything step could not run on {device} "
-                       f"({type(exc).__name__}: {reason}); each op's time is its isolated one")
+        record.note = (f"the store-everything step could not run on {device} ({_reason(exc)}); "
+                       "each op's time is its isolated one")
         return
-    for node_id, seconds in timing.node_seconds().items():
+    costs = timings[0].node_seconds()
+    if low is not None:
+        fit = fit_peak_byte_cost(graph, store, timings[0], low, timings[1])
+        if fit is None:
+            left_out = (f"the low-memory schedule {low.name!r} holds too much of "
+                        "store-everything's peak to calibrate on")
+        else:
+            (record.peak_byte_s, costs), record.calibration_schedule = fit, low.name
+    for node_id, seconds in costs.items():
         cost = graph.node(node_id).cost
         cost.time_s, cost.source = seconds, pb.TIMED_IN_STEP
-    record.timed_schedule, record.timed_steps = "store_all", timing.steps
-    record.step_overhead_s = timing.overhead_s
+    record.timed_schedule, record.timed_steps = "store_all", timings[0].steps
+    record.step_overhead_s = timings[0].overhead_s
+    if left_out:
+        record.note = f"{left_out}: the footprint term is left out"
+
+
+def _reason(exc: Exception) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"

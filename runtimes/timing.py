@@ -55,6 +55,12 @@ class ScheduleTiming:
     step_s: float
     steps: int
 
+    @property
+    def robust_step_s(self) -> float:
+        """The step as the sum of its ops' medians plus the overhead: steadier than the
+        median step, since a pause inside one step spoils one op's sample, not the step's."""
+        return self.overhead_s + sum(seconds for _, seconds in self.occurrences)
+
     def node_seconds(self) -> dict[int, float]:
         """Seconds per node: the mean over its occurrences in the timed schedule."""
         total: dict[int, list[float]] = {}
@@ -117,22 +123,54 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_schedule(graph: Graph, schedule: pb.Schedule, values: Mapping[int, torch.Tensor],
-                  device: torch.device | str, *, steps: int = STEPS,
-                  max_seconds: float = MAX_SECONDS) -> ScheduleTiming:
-    """Run `schedule` of `graph` on `device` for one warm-up and up to `steps` timed steps
-    (see the module docstring), reading the resident tensors from `values` (value id ->
-    tensor: parameters, buffers, user inputs). Raises what running raises (out of
+class _Step:
+    """One schedule's generated segments, wired to its resident tensors, timed per step."""
+
+    def __init__(self, graph: Graph, schedule: pb.Schedule, values: Mapping[int, torch.Tensor],
+                 device: torch.device):
+        self.device = device
+        self.timeline = Timeline(device)
+        self.forward, self.backward, plan = generate(graph, schedule, device, tick=self.timeline.tick)
+        self.resident = _resident(graph, plan.resident, values, device)
+        position = {v: i for i, v in enumerate(plan.user_outputs)}
+        self.read = [position[v] for v in plan.forward_outputs_read_in_backward]
+        self.tangents = [_output_gradient(graph.value(t), device) if t is not None
+                         else torch.zeros((), device=device) for t in plan.tangents]
+        self.runs: list[tuple[list[tuple[int, float]], float]] = []
+
+    def run(self, timed: bool) -> None:
+        self.timeline.marks.clear()
+        _synchronize(self.device)
+        started = time.perf_counter()
+        outputs, _, saved = self.forward(self.resident)
+        self.backward(self.resident, saved, [outputs[i] for i in self.read], self.tangents)
+        del outputs, saved
+        _synchronize(self.device)
+        wall = time.perf_counter() - started
+        if timed:
+            self.runs.append((self.timeline.op_seconds(), wall))
+
+    def timing(self) -> ScheduleTiming:
+        runs = self.runs
+        occurrences = [(node, statistics.median(run[i][1] for run, _ in runs))
+                       for i, (node, _) in enumerate(runs[0][0])]
+        step_s = statistics.median(wall for _, wall in runs)
+        overhead = statistics.median(wall - sum(s for _, s in run) for run, wall in runs)
+        return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs))
+
+
+def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[int, torch.Tensor],
+                   device: torch.device | str, *, steps: int = STEPS,
+                   max_seconds: float = MAX_SECONDS) -> list[ScheduleTiming]:
+    """Time each of `schedules` of `graph` on `device` (see the module docstring), reading
+    the resident tensors from `values` (value id -> tensor: parameters, buffers, user
+    inputs). Rounds interleave the schedules, so that drift in the machine's speed hits
+    all alike; in a round each runs one untimed step, then a timed one, so that its timed
+    step starts from its own allocator state. After a warm-up round, up to `steps` rounds
+    (at least two; no new round after `max_seconds`). Raises what running raises (out of
     memory among others); the caller's RNG state is restored."""
     device = torch.device(device)
-    timeline = Timeline(device)
-    forward, backward, plan = generate(graph, schedule, device, tick=timeline.tick)
-    resident = _resident(graph, plan.resident, values, device)
-    position = {v: i for i, v in enumerate(plan.user_outputs)}
-    read = [position[v] for v in plan.forward_outputs_read_in_backward]
-    tangents = [_output_gradient(graph.value(t), device) if t is not None
-                else torch.zeros((), device=device) for t in plan.tangents]
-    runs: list[tuple[list[tuple[int, float]], float]] = []
+    prepared = [_Step(graph, schedule, values, device) for schedule in schedules]
     devices = [device] if device.type == "cuda" else []
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -140,22 +178,18 @@ def time_schedule(graph: Graph, schedule: pb.Schedule, values: Mapping[int, torc
         stack.enter_context(torch.no_grad())
         for device_type in dict.fromkeys(("cpu", device.type)):
             stack.enter_context(torch.autocast(device_type, enabled=False))
-        for k in range(1 + steps):
-            if k > 2 and time.perf_counter() - started > max_seconds:
+        for step in prepared:
+            step.run(timed=False)
+        for k in range(steps):
+            if k >= 2 and time.perf_counter() - started > max_seconds:
                 break
-            timeline.marks.clear()
-            _synchronize(device)
-            t0 = time.perf_counter()
-            outputs, _, saved = forward(resident)
-            backward(resident, saved, [outputs[i] for i in read], tangents)
-            del outputs, saved
-            _synchronize(device)
-            wall = time.perf_counter() - t0
-            if k:
-                runs.append((timeline.op_seconds(), wall))
-    first = runs[0][0]
-    occurrences = [(node, statistics.median(run[i][1] for run, _ in runs))
-                   for i, (node, _) in enumerate(first)]
-    step_s = statistics.median(wall for _, wall in runs)
-    overhead = statistics.median(wall - sum(s for _, s in run) for run, wall in runs)
-    return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs))
+            for step in prepared:
+                step.run(timed=False)
+                step.run(timed=True)
+    return [step.timing() for step in prepared]
+
+
+def time_schedule(graph: Graph, schedule: pb.Schedule, values: Mapping[int, torch.Tensor],
+                  device: torch.device | str, **limits) -> ScheduleTiming:
+    """`time_schedules` for one schedule."""
+    return time_schedules(graph, [schedule], values, device, **limits)[0]

@@ -7,6 +7,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from remat_ir import ir
 from remat_ir.ir import pb
@@ -32,16 +34,18 @@ def small_gpt2():
 def test_profile_times_every_op_inside_the_step_and_records_how(small_gpt2):
     model, args, kwargs, _, graph = small_gpt2
     record = graph.proto.provenance.cost_model
-    assert (record.name, record.timed_schedule, record.note) == ("profile", "store_all", "")
+    assert (record.name, record.timed_schedule, record.note) == ("profile", "store_all", ""), record
     assert record.timed_steps >= 2 and record.step_overhead_s > 0
+    assert record.calibration_schedule == "sqrt" and record.peak_byte_s >= 0
     assert all(n.cost.source == pb.TIMED_IN_STEP and n.cost.time_s >= 0 for n in graph.proto.nodes)
     # The simulator prices a schedule with the overhead included, once per step.
     from remat_ir.reports import inspect_lines
     assert "cost model 'profile' (ops timed inside" in "\n".join(inspect_lines(graph, "gpt2.rir"))
     store = ir.simulate(graph, ir.store_all(graph))
     assert store.overhead_time_s == record.step_overhead_s
+    assert store.footprint_time_s == record.peak_byte_s * store.peak_bytes
     assert store.total_time_s == pytest.approx(
-        sum(n.cost.time_s for n in graph.proto.nodes) + record.step_overhead_s)
+        sum(n.cost.time_s for n in graph.proto.nodes) + record.step_overhead_s + store.footprint_time_s)
 
 
 def test_memory_is_the_same_whatever_the_timing(small_gpt2):
@@ -114,3 +118,56 @@ def test_a_parameter_replaced_after_planning_is_the_one_trained():
     expected(*args).backward()
     assert replacement.grad is not None
     assert torch.equal(replacement.grad, expected.get_parameter(first).grad)
+
+
+# ----------------------------------------------------------------- the footprint fit
+
+@pytest.fixture(scope="module")
+def graph_and_schedules():
+    from remat_ir import solvers
+    from builders import chain
+
+    graph, _ = chain(12)
+    store, low = ir.store_all(graph), solvers.solve(graph, None, "sqrt")
+    assert ir.simulate(graph, low).peak_bytes < 0.8 * ir.simulate(graph, store).peak_bytes
+    return graph, store, low
+
+
+def _timing(graph, schedule, seconds: dict, overhead: float):
+    from remat_ir.runtimes.timing import ScheduleTiming
+
+    computed = [s.compute for s in schedule.steps if s.HasField("compute")]
+    return ScheduleTiming([(n, seconds[n]) for n in computed], overhead, 0.0, 5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(peak_byte_s=st.floats(1e-12, 1e-8), overhead=st.floats(0.0, 1e-3),
+       seconds=st.lists(st.floats(1e-6, 1e-2), min_size=64, max_size=64))
+def test_the_footprint_fit_recovers_the_price_that_made_the_timings(graph_and_schedules, peak_byte_s,
+                                                                     overhead, seconds):
+    """Timings made by the model itself (net op times c(n), a price per byte of peak) are
+    what the fit must invert: it returns that price and those net times."""
+    from remat_ir.runtimes.calibration import fit_peak_byte_cost, high_water_increments
+
+    graph, store, low = graph_and_schedules
+    net = {node.id: seconds[i % len(seconds)] for i, node in enumerate(graph.proto.nodes)}
+    computed = [s.compute for s in store.steps if s.HasField("compute")]
+    raised = dict(zip(computed, high_water_increments(graph, store)))
+    in_store = {n: net[n] + peak_byte_s * raised[n] for n in net}
+    low_peak = ir.simulate(graph, low).peak_bytes
+    fitted = fit_peak_byte_cost(graph, store, _timing(graph, store, in_store, overhead),
+                                low, _timing(graph, low, net, overhead + peak_byte_s * low_peak))
+    assert fitted is not None
+    price, costs = fitted
+    assert price == pytest.approx(peak_byte_s, rel=1e-6)
+    assert all(costs[n] == pytest.approx(net[n], rel=1e-6, abs=1e-12) for n in net)
+
+
+def test_a_low_memory_step_no_faster_than_predicted_gives_no_footprint_price(graph_and_schedules):
+    from remat_ir.runtimes.calibration import fit_peak_byte_cost
+
+    graph, store, low = graph_and_schedules
+    seconds = {node.id: 1e-3 for node in graph.proto.nodes}
+    slower = _timing(graph, low, {n: 2e-3 for n in seconds}, 0.0)
+    price, costs = fit_peak_byte_cost(graph, store, _timing(graph, store, seconds, 0.0), low, slower)
+    assert price == 0.0 and costs == seconds

@@ -1,0 +1,103 @@
+"""The memory-footprint term of the time model, calibrated on a second timed schedule.
+
+Why: ops timed inside the store-everything step (`timing.py`) carry the cost of
+that step's footprint. A schedule that holds less memory runs its *other* ops
+faster too. Measured on CPU (GPT-2 4 layers, d=128, one process): at half of
+store-everything's peak, forward first runs take 5-10% less time and backward
+ops 10-15% less, because what they read was written more recently and what they
+write reuses memory just freed instead of memory last touched a step ago (or
+paged in anew). Priced on store-everything's op times alone, hiremate's 50% plan
+was predicted at 1.12x store-everything's step and measured at 1.03x-1.06x.
+
+The model: a schedule's step takes
+
+    overhead + sum over compute steps of c(n) + peak_byte_s x peak
+
+where c(n) = max(0, t(n) - peak_byte_s x g(n)), t(n) is node n's time inside the
+store-everything step and g(n) the bytes by which it raises that step's
+high-water mark (the g(n) sum to store-everything's peak), so that
+store-everything is predicted as it was timed and a recomputation costs what the
+op costs without store-everything's footprint. `peak_byte_s` is the one value
+for which the model predicts a second, low-memory schedule's timed step (Chen's
+sqrt checkpoints: cheap to build, its peak well below store-everything's) as
+measured relative to store-everything's: a single-parameter fit on one schedule,
+judged on the plans of other solvers (`benchmarks/training_step.py`).
+"""
+
+from __future__ import annotations
+
+from remat_ir.ir import Graph, pb, simulate
+
+from .timing import ScheduleTiming
+
+#: A low-memory schedule whose peak is above this share of store-everything's tells too
+#: little about the footprint's cost: no calibration then.
+MIN_PEAK_REDUCTION = 0.2
+
+
+def high_water_increments(graph: Graph, schedule: pb.Schedule) -> list[int]:
+    """Per compute step of `schedule`, the bytes by which it raises the step's memory
+    above every earlier step's (their sum is the schedule's peak)."""
+    during = simulate(graph, schedule).memory_during
+    out, high = [], 0
+    for k, step in enumerate(schedule.steps):
+        if step.HasField("compute"):
+            out.append(max(0, during[k] - high))
+        high = max(high, during[k])
+    return out
+
+
+class _Model:
+    """The step-time model of the module docstring for one value of peak_byte_s."""
+
+    def __init__(self, graph: Graph, store: pb.Schedule, timing: ScheduleTiming):
+        self.seconds = timing.node_seconds()
+        self.raised = {}
+        computed = [s.compute for s in store.steps if s.HasField("compute")]
+        for node, raised in zip(computed, high_water_increments(graph, store)):
+            self.raised[node] = self.raised.get(node, 0) + raised
+        self.overhead = timing.overhead_s
+
+    def node_costs(self, peak_byte_s: float) -> dict[int, float]:
+        return {n: max(0.0, t - peak_byte_s * self.raised.get(n, 0)) for n, t in self.seconds.items()}
+
+    def step(self, peak_byte_s: float, computed: list[int], peak: int) -> float:
+        costs = self.node_costs(peak_byte_s)
+        return self.overhead + sum(costs[n] for n in computed) + peak_byte_s * peak
+
+
+def fit_peak_byte_cost(graph: Graph, store: pb.Schedule, store_timing: ScheduleTiming,
+                       low: pb.Schedule, low_timing: ScheduleTiming) -> tuple[float, dict[int, float]] | None:
+    """(peak_byte_s, node costs) that make the model predict `low`'s timed step relative
+    to `store`'s timed one; None when `low` does not hold enough less memory to tell.
+    A low-memory step measured no faster than the op times predict gives 0."""
+    store_peak, low_peak = simulate(graph, store).peak_bytes, simulate(graph, low).peak_bytes
+    if low_peak > (1 - MIN_PEAK_REDUCTION) * store_peak:
+        return None
+    model = _Model(graph, store, store_timing)
+    store_computed = [s.compute for s in store.steps if s.HasField("compute")]
+    low_computed = [s.compute for s in low.steps if s.HasField("compute")]
+    target = low_timing.robust_step_s / store_timing.robust_step_s
+
+    def excess(peak_byte_s: float) -> float:
+        """Predicted minus measured ratio of the low-memory step to store-everything's."""
+        return (model.step(peak_byte_s, low_computed, low_peak)
+                / model.step(peak_byte_s, store_computed, store_peak) - target)
+
+    if excess(0.0) <= 0:
+        return 0.0, model.node_costs(0.0)
+    # The predicted ratio falls as peak_byte_s grows (the low schedule holds less): bracket
+    # the root, then bisect. At one second per byte every op cost is clamped to 0.
+    high = 1e-12
+    while excess(high) > 0:
+        high *= 2
+        if high > 1.0:
+            return None
+    low_end = 0.0
+    for _ in range(60):
+        middle = (low_end + high) / 2
+        if excess(middle) > 0:
+            low_end = middle
+        else:
+            high = middle
+    return low_end, model.node_costs(low_end)
