@@ -125,6 +125,40 @@ def picture(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def time_model_picture(rows: list[dict], path: Path) -> None:
+    """Predicted against measured step time (both relative to remat-ir's store-everything)
+    for every remat-ir plan of the run, one colour per cost model: the time model is good
+    where points lie in the band around the diagonal."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for r in rows if "measured_time_ratio" in r]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    models = sorted({r.get("cost_model", "profile") for r in points})
+    for model, colour in zip(models, ("tab:blue", "tab:orange", "tab:green")):
+        mine = [r for r in points if r.get("cost_model", "profile") == model]
+        ax.scatter([r["measured_time_ratio"] for r in mine], [r["predicted_time_ratio"] for r in mine],
+                   color=colour, label=f"{model} costs", s=40, zorder=3)
+        for r in mine:
+            label = f"{r['model']} {r['method'].replace('remat-ir ', '').split(' (')[0]}"
+            ax.annotate(label, (r["measured_time_ratio"], r["predicted_time_ratio"]), fontsize=6,
+                        xytext=(4, 2), textcoords="offset points")
+    ends = [min(min(r["measured_time_ratio"], r["predicted_time_ratio"]) for r in points) * 0.97,
+            max(max(r["measured_time_ratio"], r["predicted_time_ratio"]) for r in points) * 1.03]
+    ax.plot(ends, ends, color="grey", linewidth=0.8)
+    ax.fill_between(ends, [e * 0.97 for e in ends], [e * 1.03 for e in ends], color="grey", alpha=0.15,
+                    label="within 3%")
+    ax.set_xlabel("measured step time / store-everything's")
+    ax.set_ylabel("predicted step time / store-everything's")
+    ax.set_title(f"time model, run {rows[0]['run']} ({rows[0]['device']})", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write(jsonl: Path) -> tuple[Path, list[Path]]:
     """Write the table and the pictures next to `jsonl`; return their paths."""
     jsonl = Path(jsonl)
@@ -135,6 +169,10 @@ def write(jsonl: Path) -> tuple[Path, list[Path]]:
     for model, model_rows in _by_model(rows).items():
         path = jsonl.with_name(f"{jsonl.stem}-{model}.png")
         picture(model_rows, path)
+        pictures.append(path)
+    if any("measured_time_ratio" in r for r in rows):
+        path = jsonl.with_name(f"{jsonl.stem}-time-model.png")
+        time_model_picture(rows, path)
         pictures.append(path)
     return md, pictures
 

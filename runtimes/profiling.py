@@ -6,14 +6,19 @@ and the facade (`remat_ir.lowering`) adds them with `estimate_costs`.
 
 - "profile" (the default): first every distinct op is run alone, as "isolated"
   does, which gives the memory facts below; then the store-everything schedule
-  runs as the runtime runs it, and each node's time is what it took inside those
-  steps (`timing.time_schedule`: median of a few steps after a warm-up), with the
-  time outside ops recorded as the step's overhead
-  (`Provenance.cost_model.step_overhead_s`). Measured on CPU (GPT-2 4 layers,
-  `benchmarks/training_step.py`): isolated times put recomputation at about 1.4x
-  what it costs in the step; times taken in the step predict a plan's step time
-  to a few percent. If the step cannot run (out of memory, an op that refuses
-  synthetic inputs), the isolated times stay and `cost_model.note` says why.
+  runs as the runtime runs it, on the model's own tensors, and each node's time is
+  what it took inside those steps (`timing.py`: medians over a few steps after a
+  warm-up), with the time outside ops recorded as the step's overhead
+  (`Provenance.cost_model.step_overhead_s`). A low-memory schedule (Chen's sqrt,
+  given by the facade) is timed beside it, interleaved, to price the memory a step
+  holds (`calibration.py`: `cost_model.peak_byte_s`; node times become net of
+  store-everything's footprint). Measured on CPU (GPT-2 4 layers, the quick
+  benchmark): isolated times put recomputation at about 1.4x its cost in the step,
+  and in-step times alone still predicted plans 7-13% slower than measured, since
+  a step holding less memory runs all its ops faster; with the footprint term,
+  predictions fall within a few percent. If the step cannot run (out of memory),
+  the isolated times stay, and `cost_model.note` says why; so it does when the
+  footprint term is left out.
 - "isolated": every distinct (op, input shapes/strides/dtypes, other arguments)
   is run on the target device with synthetic inputs (floats normal, integers
   and booleans zero, so indices stay in range): one warm-up, then the median of

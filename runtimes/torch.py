@@ -239,7 +239,7 @@ class _Lowered:
             if now != lowered or type(now) is not type(lowered):
                 where = f"{path}.{name}" if path else name
                 raise RuntimeInputError(
-                    f"module attribute {where!r} of {type(model).__name__} was {lowered!r} "
+                    f"module attribute {where!r} of {type(modules.at('')).__name__} was {lowered!r} "
                     f"when the model was lowered and is {now!r} now; forward read it while "
                     "tracing, so the lowered graph may take another branch: call remat_ir.remat "
                     "(or lower) again after changing it")

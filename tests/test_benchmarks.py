@@ -63,7 +63,8 @@ def _rows():
          "peak_ratio": 1.0, "step_time_ratio": 1.0, "setup_s": 0.0},
         {**context, **model, "method": "remat-ir hiremate 50%", "family": "remat-ir", "status": "ok",
          "peak_bytes": 48 * 2**20, "peak_ratio": 0.48, "step_time_ratio": 1.123, "setup_s": 7.5,
-         "predicted_peak_bytes": 47 * 2**20, "predicted_time_ratio": 1.1, "graph_nodes": 662},
+         "predicted_peak_bytes": 47 * 2**20, "predicted_time_ratio": 1.1, "graph_nodes": 662,
+         "measured_time_ratio": 1.08, "cost_model": "profile"},
         {**context, **model, "method": "remat-ir rotor 30%", "family": "remat-ir", "status": "infeasible",
          "smallest_feasible_bytes": 36, "store_all_predicted_peak_bytes": 100, "planning_s": 3.0,
          "graph_nodes": 662},
@@ -77,11 +78,11 @@ def test_report_table_and_picture_come_from_the_results_file(tmp_path):
         ["eager", "remat-ir hiremate 50%", "remat-ir rotor 30%"]
     md, pictures = bench_report.write(results)
     table = md.read_text()
-    assert "| remat-ir hiremate 50% | 48.0 | 48.0% | x1.123 | 7.5 | 47.0 | x1.100 |" in table
+    assert "| remat-ir hiremate 50% | 48.0 | 48.0% | x1.123 | 7.5 | 47.0 | x1.100 | x1.080 |" in table
     assert "| remat-ir rotor 30% | infeasible; smallest feasible 36.0% of store-everything |" in table
     assert "662 IR nodes" in table and "commit `abc1234`" in table
-    assert [p.name for p in pictures] == ["run-gpt2.png"]
-    assert pictures[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in pictures] == ["run-gpt2.png", "run-time-model.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pictures)
 
 
 def test_readme_update_replaces_only_what_lies_between_the_markers(tmp_path):
