@@ -133,7 +133,8 @@ def time_model_picture(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [r for r in rows if "measured_time_ratio" in r]
+    # Store-everything is 1.0 against itself by definition: left out.
+    points = [r for r in rows if "measured_time_ratio" in r and r.get("budget") != "store-everything"]
     fig, ax = plt.subplots(figsize=(6, 5))
     models = sorted({r.get("cost_model", "profile") for r in points})
     for model, colour in zip(models, ("tab:blue", "tab:orange", "tab:green")):

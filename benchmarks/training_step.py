@@ -28,7 +28,8 @@ times (`cost_model="isolated"`, the model before in-step timing), in the same ru
 
 Writes `benchmarks/results/training_step/RUN.jsonl` (one line per model and method,
 each with the machine, device, versions and commit), `RUN.md` (the table) and
-`RUN-MODEL.png` (step-time ratio against peak memory, per model); `--readme` puts
+`RUN-MODEL.png` (step-time ratio against peak memory, per model), `RUN-time-model.png`
+(predicted against measured step time of every remat-ir plan); `--readme` puts
 the table and pictures into README.md between its benchmark markers.
 """
 
