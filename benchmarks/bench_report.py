@@ -50,7 +50,8 @@ def table(rows: list[dict]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in first["versions"].items())
     lines = [f"Run `{first['run']}` ({first['mode']} mode) on {first['device']} "
              f"({first['machine']['cpus']} CPUs, {first['machine']['platform']}), commit "
-             f"`{first['commit']}`{' with local changes' if first['commit_dirty'] else ''}; {versions}. "
+             f"`{first['commit']}`{' with local changes' if first['commit_dirty'] else ''}; {versions}; "
+             f"allocator: {first.get('allocator', 'default')}. "
              "Peak: allocator peak of one forward + backward step above what was allocated before it. "
              "Time: median step time over interleaved rounds, as a ratio to eager's in the same run. "
              "remat-ir's predicted figures come from its simulator; the last two columns are step time "

@@ -21,6 +21,14 @@ that moved by 10% between runs). Figures are ratios to eager's measured peak and
 to eager's median step time, from the same run. A step is forward + backward of the
 loss (the optimizer's update is the same for every method and left out).
 
+On CPU, glibc's allocator thresholds are fixed first (`steady_allocator`): by default
+glibc moves its mmap threshold as large blocks are freed, so whether a step's large
+tensors are paged in afresh at every step depends on what the process did before, and
+the same plan's step-time ratio moved by up to 15% between processes (GPT-2 quick,
+hiremate at the smallest budget: 2.10x to 2.46x store-everything's step). Fixed
+thresholds keep freed memory, as CUDA's caching allocator does; every method runs
+under them. `--default-allocator` measures with glibc's defaults instead.
+
 remat-ir rows also give their step time relative to remat-ir's own store-everything
 schedule, measured and as the simulator predicts it, which is what the time model
 (`cost_model`) is judged by; hiremate at 50% and 30% is also planned on isolated op
@@ -77,6 +85,27 @@ COMPARED_PLANS = [("hiremate", "50%"), ("hiremate", "30%")]
 
 def say(message: str) -> None:
     print(message, flush=True)
+
+
+#: glibc's mallopt parameters (malloc.h) and the values `steady_allocator` sets: large
+#: blocks up to 32 MiB come from the heap, and up to 256 MiB of freed heap stays mapped.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+STEADY_MMAP_THRESHOLD, STEADY_TRIM_THRESHOLD = 32 * 2**20, 256 * 2**20
+
+
+def steady_allocator() -> str:
+    """Fix glibc's allocator thresholds (see the module docstring); returns what was done,
+    for the results' context."""
+    import ctypes
+    import ctypes.util
+
+    if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
+        return "default (not glibc)"
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if not (libc.mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD)
+            and libc.mallopt(M_TRIM_THRESHOLD, STEADY_TRIM_THRESHOLD)):
+        return "default (mallopt refused)"
+    return f"glibc mmap threshold {STEADY_MMAP_THRESHOLD >> 20} MiB, trim threshold {STEADY_TRIM_THRESHOLD >> 20} MiB"
 
 
 def run_context(device: torch.device, mode: str) -> dict:
@@ -183,6 +212,8 @@ def main(argv=None) -> int:
                         "for every model (default: by mode; '' for none)")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "training_step"))
     parser.add_argument("--readme", action="store_true", help="put the table and pictures into README.md")
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="CPU: keep glibc's dynamic allocator thresholds (see the module docstring)")
     args = parser.parse_args(argv)
     settings = dict(MODES[args.mode])
     models = args.models.split(",") if args.models else settings["models"]
@@ -197,6 +228,9 @@ def main(argv=None) -> int:
         settings["compile_budgets"] = [float(b) for b in args.compile_budgets.split(",") if b.strip()]
         settings["compile_models"] = models
     context = run_context(device, args.mode)
+    context["allocator"] = ("default" if args.default_allocator or device.type != "cpu"
+                            else steady_allocator())
+    say(f"allocator: {context['allocator']}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run = f"{stamp}-{args.mode}-{'cpu' if device.type == 'cpu' else 'cuda'}"
     out = Path(args.output_dir)
