@@ -22,6 +22,13 @@ for which the model predicts a second, low-memory schedule's timed step (Chen's
 sqrt checkpoints: cheap to build, its peak well below store-everything's) as
 measured relative to store-everything's: a single-parameter fit on one schedule,
 judged on the plans of other solvers (`benchmarks/training_step.py`).
+
+On CPU the price depends on the allocator: with glibc's default dynamic mmap
+threshold, large tensors are paged in afresh at every step or not depending on
+the process's history, and the price calibrated on GPT-2 ranged 0.10-0.15 ms per
+MiB of peak between lowerings; with fixed thresholds (as the benchmark sets
+them) 0.04-0.06. On CUDA the caching allocator keeps memory, and the price is
+what the cache makes of the footprint.
 """
 
 from __future__ import annotations
