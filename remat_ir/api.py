@@ -89,7 +89,7 @@ class Planner:
         if cached:
             graph = cached
         else:
-            add_costs(graph, self.cost_model, model=model, example=(args, kwargs))
+            add_costs(graph, self.cost_model, model=model, example=(args, kwargs), progress=self.progress)
             if cache:
                 cache.store_graph(graph_key, graph)
         if not cache:

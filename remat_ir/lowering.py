@@ -30,11 +30,13 @@ def check_cost_model(cost_model, *, allow_none: bool = True) -> None:
     check(cost_model, allow_none=allow_none)
 
 
-def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example=None) -> Graph:
+def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example=None,
+              progress=None) -> Graph:
     """Fill every node's cost with `cost_model` on `device` (by default the device the
     graph was lowered on, its `provenance.cost_device`); returns `graph`. "profile" times
     whole steps on `model`'s tensors and the `example` call's inputs, `(args, kwargs)`
-    (without them it keeps isolated times, and `provenance.cost_model.note` says so)."""
+    (without them it keeps isolated times, and `provenance.cost_model.note` says so).
+    `progress` (a callable taking one line) hears how far profiling got."""
     import torch
 
     from remat_ir.runtimes.profiling import estimate_costs
@@ -47,7 +49,8 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
     if cost_model == "profile" and model is not None and example is not None:
         args, kwargs = example
         values = resident_values(model, graph, args, kwargs)
-    estimate_costs(graph, cost_model, run_device, values=values, low_memory=_sqrt_schedule)
+    estimate_costs(graph, cost_model, run_device, values=values, low_memory=_sqrt_schedule,
+                   progress=progress)
     return graph
 
 

@@ -184,7 +184,8 @@ def check_cost_model(model, *, allow_none: bool = False) -> None:
 
 def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repeats: int = 5,
                    values: Mapping[int, torch.Tensor] | None = None,
-                   low_memory: Callable[[Graph], pb.Schedule] | None = None) -> None:
+                   low_memory: Callable[[Graph], pb.Schedule] | None = None,
+                   progress: Callable[[str], None] | None = None) -> None:
     """Fill `cost` of every node of `graph` with the chosen model (`COST_MODELS`), for
     `device`, which is recorded as the graph's `provenance.cost_device`, and the model
     as its `provenance.cost_model`. "profile" times the step on `values`, the model's
@@ -192,7 +193,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     the footprint term on `low_memory(graph)`, a schedule holding much less memory
     (`calibration.py`; the facade passes Chen's sqrt schedule). Without values it keeps
     the isolated times, without a low-memory schedule it leaves the footprint term
-    out; `cost_model.note` says so."""
+    out; `cost_model.note` says so. `progress` hears how far profiling got."""
     check_cost_model(model)
     device = torch.device(device)
     graph.proto.provenance.cost_device = str(device)
@@ -218,11 +219,13 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
             node.cost.time_s, node.cost.source = seconds, source
             node.cost.flops, node.cost.bytes_accessed = flops, moved
             node.cost.workspace_bytes = workspace
+    if progress is not None and model != "flops":
+        progress(f"profiling: {len(measured)} distinct ops timed alone")
     if model == "profile":
-        _time_in_step(graph, device, values, low_memory)
+        _time_in_step(graph, device, values, low_memory, progress)
 
 
-def _time_in_step(graph: Graph, device: torch.device, values, low_memory) -> None:
+def _time_in_step(graph: Graph, device: torch.device, values, low_memory, progress) -> None:
     """Replace the isolated times by the times the nodes take inside store-everything
     steps, timed beside a low-memory schedule that calibrates the footprint term (see the
     module docstring and `calibration.py`); keep the isolated times, or leave the
@@ -242,12 +245,13 @@ def _time_in_step(graph: Graph, device: torch.device, values, low_memory) -> Non
             left_out = f"building the low-memory schedule failed ({_reason(exc)})"
     try:
         try:
-            timings = time_schedules(graph, [store] + ([low] if low else []), values, device)
+            timings = time_schedules(graph, [store] + ([low] if low else []), values, device,
+                                     progress=progress)
         except (*OP_ERRORS, KeyError) as exc:
             if low is None:
                 raise
             left_out = f"the low-memory schedule {low.name!r} could not run ({_reason(exc)})"
-            low, timings = None, [time_schedule(graph, store, values, device)]
+            low, timings = None, [time_schedule(graph, store, values, device, progress=progress)]
     except (*OP_ERRORS, KeyError) as exc:  # out of memory is a RuntimeError too
         record.note = (f"the store-everything step could not run on {device} ({_reason(exc)}); "
                        "each op's time is its isolated one")

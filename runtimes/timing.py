@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -162,15 +162,18 @@ class _Step:
 
 def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[int, torch.Tensor],
                    device: torch.device | str, *, steps: int = STEPS,
-                   max_seconds: float = MAX_SECONDS) -> list[ScheduleTiming]:
+                   max_seconds: float = MAX_SECONDS,
+                   progress: Callable[[str], None] | None = None) -> list[ScheduleTiming]:
     """Time each of `schedules` of `graph` on `device` (see the module docstring), reading
     the resident tensors from `values` (value id -> tensor: parameters, buffers, user
     inputs). Rounds interleave the schedules, so that drift in the machine's speed hits
     all alike; in a round each runs one untimed step, then a timed one, so that its timed
     step starts from its own allocator state. After a warm-up round, up to `steps` rounds
     (at least two; no new round after `max_seconds`). Raises what running raises (out of
-    memory among others); the caller's RNG state is restored."""
+    memory among others); the caller's RNG state is restored. `progress` hears of each
+    round."""
     device = torch.device(device)
+    names = " and ".join(s.name or "a schedule" for s in schedules)
     prepared = [_Step(graph, schedule, values, device) for schedule in schedules]
     devices = [device] if device.type == "cuda" else []
     started = time.perf_counter()
@@ -187,6 +190,8 @@ def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[i
             for step in prepared:
                 step.run(timed=False)
                 step.run(timed=True)
+            if progress is not None:
+                progress(f"timing {names} op by op: round {k + 1} of at most {steps}")
     return [step.timing() for step in prepared]
 
 

@@ -171,3 +171,15 @@ def test_a_low_memory_step_no_faster_than_predicted_gives_no_footprint_price(gra
     slower = _timing(graph, low, {n: 2e-3 for n in seconds}, 0.0)
     price, costs = fit_peak_byte_cost(graph, store, _timing(graph, store, seconds, 0.0), low, slower)
     assert price == 0.0 and costs == seconds
+
+
+def test_remat_reports_profiling_progress():
+    """Timing whole steps takes a while on a big model: `progress` hears each round."""
+    import remat_ir
+
+    model, args, _, _ = mlp()
+    messages: list[str] = []
+    remat_ir.remat(model, args, progress=messages.append, cache_dir=False)
+    assert any(m.startswith("profiling: ") and "distinct ops timed alone" in m for m in messages)
+    rounds = [m for m in messages if m.startswith("timing store_all and sqrt op by op: round ")]
+    assert rounds and rounds[0].endswith("round 1 of at most 10"), messages
