@@ -34,6 +34,7 @@ what the cache makes of the footprint.
 from __future__ import annotations
 
 from remat_ir.ir import Graph, pb, simulate
+from remat_ir.ir.simulator import SimulationResult
 
 from .timing import ScheduleTiming
 
@@ -42,26 +43,25 @@ from .timing import ScheduleTiming
 MIN_PEAK_REDUCTION = 0.2
 
 
-def high_water_increments(graph: Graph, schedule: pb.Schedule) -> list[int]:
-    """Per compute step of `schedule`, the bytes by which it raises the step's memory
-    above every earlier step's (their sum is the schedule's peak)."""
-    during = simulate(graph, schedule).memory_during
+def high_water_increments(schedule: pb.Schedule, simulated: SimulationResult) -> list[int]:
+    """Per compute step of `schedule` (simulated as `simulated`), the bytes by which it
+    raises the step's memory above every earlier step's (their sum is the peak)."""
     out, high = [], 0
-    for k, step in enumerate(schedule.steps):
+    for during, step in zip(simulated.memory_during, schedule.steps):
         if step.HasField("compute"):
-            out.append(max(0, during[k] - high))
-        high = max(high, during[k])
+            out.append(max(0, during - high))
+        high = max(high, during)
     return out
 
 
 class _Model:
     """The step-time model of the module docstring for one value of peak_byte_s."""
 
-    def __init__(self, graph: Graph, store: pb.Schedule, timing: ScheduleTiming):
+    def __init__(self, store: pb.Schedule, simulated: SimulationResult, timing: ScheduleTiming):
         self.seconds = timing.node_seconds()
         self.raised = {}
         computed = [s.compute for s in store.steps if s.HasField("compute")]
-        for node, raised in zip(computed, high_water_increments(graph, store)):
+        for node, raised in zip(computed, high_water_increments(store, simulated)):
             self.raised[node] = self.raised.get(node, 0) + raised
         self.overhead = timing.overhead_s
 
@@ -78,10 +78,11 @@ def fit_peak_byte_cost(graph: Graph, store: pb.Schedule, store_timing: ScheduleT
     """(peak_byte_s, node costs) that make the model predict `low`'s timed step relative
     to `store`'s timed one; None when `low` does not hold enough less memory to tell.
     A low-memory step measured no faster than the op times predict gives 0."""
-    store_peak, low_peak = simulate(graph, store).peak_bytes, simulate(graph, low).peak_bytes
+    simulated = simulate(graph, store)
+    store_peak, low_peak = simulated.peak_bytes, simulate(graph, low).peak_bytes
     if low_peak > (1 - MIN_PEAK_REDUCTION) * store_peak:
         return None
-    model = _Model(graph, store, store_timing)
+    model = _Model(store, simulated, store_timing)
     store_computed = [s.compute for s in store.steps if s.HasField("compute")]
     low_computed = [s.compute for s in low.steps if s.HasField("compute")]
     target = low_timing.robust_step_s / store_timing.robust_step_s

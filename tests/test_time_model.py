@@ -152,7 +152,7 @@ def test_the_footprint_fit_recovers_the_price_that_made_the_timings(graph_and_sc
     graph, store, low = graph_and_schedules
     net = {node.id: seconds[i % len(seconds)] for i, node in enumerate(graph.proto.nodes)}
     computed = [s.compute for s in store.steps if s.HasField("compute")]
-    raised = dict(zip(computed, high_water_increments(graph, store)))
+    raised = dict(zip(computed, high_water_increments(store, ir.simulate(graph, store))))
     in_store = {n: net[n] + peak_byte_s * raised[n] for n in net}
     low_peak = ir.simulate(graph, low).peak_bytes
     fitted = fit_peak_byte_cost(graph, store, _timing(graph, store, in_store, overhead),
