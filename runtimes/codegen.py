@@ -21,6 +21,7 @@ node run out of order), and the generator ends the step where eager's does.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -226,6 +227,16 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        buffers_read_in_backward=read_in_backward,
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
+
+
+@contextlib.contextmanager
+def segments_without_autocast(device: torch.device):
+    """The graph already holds the casts autocast made while it was traced: running its
+    segments under the caller's autocast would cast a second time."""
+    with contextlib.ExitStack() as stack:
+        for device_type in dict.fromkeys(("cpu", device.type)):
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
 
 
 def _op_global(graph: Graph, writer: _Writer, node_id: int):

@@ -36,7 +36,7 @@ import torch
 from remat_ir.ir import Graph, pb
 from remat_ir.torchlib.types import constant_tensor, empty_tensor
 
-from .codegen import generate
+from .codegen import generate, segments_without_autocast
 
 #: Timed rounds after the warm-up, and the wall-clock seconds after which no further
 #: round starts (at least two are always timed). Ten rounds: with five, the footprint
@@ -180,8 +180,7 @@ def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[i
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.random.fork_rng(devices=devices))
         stack.enter_context(torch.no_grad())
-        for device_type in dict.fromkeys(("cpu", device.type)):
-            stack.enter_context(torch.autocast(device_type, enabled=False))
+        stack.enter_context(segments_without_autocast(device))
         for step in prepared:
             step.run(timed=False)
         for k in range(steps):

@@ -18,7 +18,6 @@ inputs are, whatever device it was lowered on.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections import OrderedDict
@@ -33,7 +32,7 @@ from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.types import constant_tensor, torch_dtype
 
-from .codegen import UnsupportedOp, generate, resident_order
+from .codegen import UnsupportedOp, generate, resident_order, segments_without_autocast
 from .signatures import Signature, argument_names, autocast_from_json, call_signature
 
 
@@ -46,7 +45,7 @@ class _ScheduledStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, runner: "_Runner", *resident):
-        with _segments_without_autocast(runner.device):
+        with segments_without_autocast(runner.device):
             outputs, updates, saved = runner.forward_fn(resident)
         backward_resident = runner.apply_buffer_updates(resident, updates)
         ctx.runner, ctx.resident, ctx.stash = runner, backward_resident, saved
@@ -70,7 +69,7 @@ class _ScheduledStep(torch.autograd.Function):
         grad_outputs = [g if g is not None else torch.zeros((), dtype=dtype, device=device).expand(shape)
                         for g, (shape, dtype, device) in zip(grad_outputs, ctx.output_meta)]
         stash, ctx.stash = ctx.stash, []  # the segment empties the list as it takes the tensors
-        with _segments_without_autocast(runner.device):
+        with segments_without_autocast(runner.device):
             grads = runner.backward_fn(ctx.resident, stash, ctx.saved_tensors, grad_outputs)
         ctx.resident = None
         return (None, *grads)
@@ -120,14 +119,6 @@ def _load_spec(graph: pb.Graph, key: str):
         return None
 
 
-@contextlib.contextmanager
-def _segments_without_autocast(device: torch.device):
-    """The graph already holds the casts autocast made while it was traced: running its
-    segments under the caller's autocast would cast a second time."""
-    with contextlib.ExitStack() as stack:
-        for device_type in dict.fromkeys(("cpu", device.type)):
-            stack.enter_context(torch.autocast(device_type, enabled=False))
-        yield
 
 
 class _Lowered:
