@@ -19,6 +19,12 @@ from .graph import Graph
 from .simulator import SimulationResult, check
 
 
+def compute_sequence(schedule: pb.Schedule) -> list[int]:
+    """The nodes `schedule` computes, in order (recomputations included): the inverse of
+    `from_compute_sequence`, where frees follow from the sequence."""
+    return [step.compute for step in schedule.steps if step.HasField("compute")]
+
+
 def from_compute_sequence(graph: Graph, sequence: Sequence[int], forward_length: int, *,
                           name: str, solver: str = "", rng_replay: bool = False) -> pb.Schedule:
     """Schedule that computes `sequence` in order and frees each value after its last use.

@@ -33,7 +33,7 @@ what the cache makes of the footprint.
 
 from __future__ import annotations
 
-from remat_ir.ir import Graph, pb, simulate
+from remat_ir.ir import Graph, compute_sequence, pb, simulate
 from remat_ir.ir.simulator import SimulationResult
 
 from .timing import ScheduleTiming
@@ -60,8 +60,7 @@ class _Model:
     def __init__(self, store: pb.Schedule, simulated: SimulationResult, timing: ScheduleTiming):
         self.seconds = timing.node_seconds()
         self.raised = {}
-        computed = [s.compute for s in store.steps if s.HasField("compute")]
-        for node, raised in zip(computed, high_water_increments(store, simulated)):
+        for node, raised in zip(compute_sequence(store), high_water_increments(store, simulated)):
             self.raised[node] = self.raised.get(node, 0) + raised
         self.overhead = timing.overhead_s
 
@@ -83,8 +82,7 @@ def fit_peak_byte_cost(graph: Graph, store: pb.Schedule, store_timing: ScheduleT
     if low_peak > (1 - MIN_PEAK_REDUCTION) * store_peak:
         return None
     model = _Model(store, simulated, store_timing)
-    store_computed = [s.compute for s in store.steps if s.HasField("compute")]
-    low_computed = [s.compute for s in low.steps if s.HasField("compute")]
+    store_computed, low_computed = compute_sequence(store), compute_sequence(low)
     target = low_timing.robust_step_s / store_timing.robust_step_s
 
     def excess(peak_byte_s: float) -> float:

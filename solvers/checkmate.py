@@ -35,7 +35,7 @@ from collections import defaultdict
 
 import mip
 
-from remat_ir.ir import Graph, pb
+from remat_ir.ir import Graph, compute_sequence, pb
 
 from . import milp
 from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
@@ -299,10 +299,6 @@ def _baselines(tg: TrainingGraph, budget: int | None) -> list[pb.Schedule]:
     return found
 
 
-def _sequence_of(schedule: pb.Schedule) -> list[int]:
-    return [s.compute for s in schedule.steps if s.WhichOneof("action") == "compute"]
-
-
 def checkmate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
               progress=quiet, mode: str = "exact") -> pb.Schedule:
     """Exact MILP (Checkmate) in python-mip; mode='lp' rounds the LP relaxation."""
@@ -336,7 +332,7 @@ def solve_exact(tg: TrainingGraph, budget: int, deadline: Deadline, progress=qui
     progress(f"checkmate: {model.model.num_cols} variables, {model.model.num_rows} constraints")
     best_start = fitting[0] if fitting else None
     for start in fitting:  # the fastest that the model can take as a start
-        if model.start_from(_sequence_of(start)):
+        if model.start_from(compute_sequence(start)):
             break
     outcome = milp.optimize(model.model, deadline.remaining(), progress, "checkmate")
     if outcome.status in ("optimal", "feasible"):
@@ -370,7 +366,7 @@ def _least_memory(tg: TrainingGraph, candidates, deadline: Deadline, progress) -
     if not deadline.expired():
         model = CheckmateModel(tg, None)
         for start in sorted(candidates, key=lambda s: (s.predicted_peak_bytes, s.predicted_time_s)):
-            if model.start_from(_sequence_of(start)):
+            if model.start_from(compute_sequence(start)):
                 break
         outcome = milp.optimize(model.model, deadline.remaining(), progress, "checkmate (min peak)")
         if outcome.status in ("optimal", "feasible"):

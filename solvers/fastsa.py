@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from remat_ir.ir import Graph, pb, store_all
+from remat_ir.ir import Graph, compute_sequence, pb, store_all
 from remat_ir.ir.memory import new_storages
 
 from . import anneal
@@ -329,7 +329,7 @@ def fastsa(graph: Graph, budget: int | None, *, time_limit_s: float | None = Non
             raise InfeasibleBudget(budget, lowest.predicted_peak_bytes, " (by fastsa)",
                                    schedule=lowest)
         return found
-    sequence, stage1_moves = everything_sequence(everything), 0
+    sequence, stage1_moves = compute_sequence(everything), 0
     if grouping:
         problem = build(tg, groups(tg))
         progress(f"fastsa: {len(tg.order)} nodes in {len(problem.members)} groups, "
@@ -396,7 +396,7 @@ def polish(tg: TrainingGraph, starts: list[pb.Schedule], budget: int, *, deadlin
     singles = build(tg, [[n] for n in tg.order])   # the same problem for both runs
     found: list[tuple[float, list[int]]] = []
     for k, (start, run_weight) in enumerate(runs):
-        sequence = everything_sequence(start)
+        sequence = compute_sequence(start)
         total = iterations if iterations is not None else min(   # a start needs no minimum
             MAX_ITERATIONS, max(MOVES_PER_NODE * len(tg.order),
                                 MOVES_PER_OCCURRENCE * len(sequence)))
@@ -425,11 +425,6 @@ def _checked(tg: TrainingGraph, found: list[tuple[float, list[int]]], budget: in
 
 def _occurrences(schedule: pb.Schedule) -> int:
     return sum(1 for s in schedule.steps if s.WhichOneof("action") == "compute")
-
-
-def everything_sequence(schedule: pb.Schedule) -> list[int]:
-    """The nodes a schedule computes, in order."""
-    return [s.compute for s in schedule.steps if s.WhichOneof("action") == "compute"]
 
 
 def _start_plans(graph: Graph, budget: int, solver: str, deadline: Deadline,

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from remat_ir.ir import InvalidSchedule, SimulationResult, pb
+from remat_ir.ir import InvalidSchedule, SimulationResult, compute_sequence, pb
 
 from .base import Deadline, quiet
 from .sequences import simulated_schedule
@@ -50,7 +50,7 @@ def trim_recomputations(tg: TrainingGraph, schedule: pb.Schedule, budget: int,
     actions = {step.WhichOneof("action") for step in schedule.steps}
     if actions - {"compute", "free"} or schedule.predicted_peak_bytes > budget:
         return schedule
-    sequence = [step.compute for step in schedule.steps if step.WhichOneof("action") == "compute"]
+    sequence = compute_sequence(schedule)
     forward_length = sum(1 for step in schedule.steps[:schedule.backward_start]
                          if step.WhichOneof("action") == "compute")
     try:

@@ -65,7 +65,7 @@ def test_time_schedule_times_each_compute_step_and_leaves_the_model_and_generato
     parameters = {k: v.detach().clone() for k, v in model.state_dict().items()}
     state = torch.get_rng_state()
     timing = time_schedule(graph, schedule, resident_values(model, graph, args, kwargs), "cpu", steps=2)
-    computed = [s.compute for s in schedule.steps if s.HasField("compute")]
+    computed = ir.compute_sequence(schedule)
     assert [n for n, _ in timing.occurrences] == computed
     assert len(computed) > len(set(computed))  # recomputations are timed one by one
     assert all(seconds >= 0 for _, seconds in timing.occurrences)
@@ -136,7 +136,7 @@ def graph_and_schedules():
 def _timing(graph, schedule, seconds: dict, overhead: float):
     from remat_ir.runtimes.timing import ScheduleTiming
 
-    computed = [s.compute for s in schedule.steps if s.HasField("compute")]
+    computed = ir.compute_sequence(schedule)
     return ScheduleTiming([(n, seconds[n]) for n in computed], overhead, 0.0, 5)
 
 
@@ -151,7 +151,7 @@ def test_the_footprint_fit_recovers_the_price_that_made_the_timings(graph_and_sc
 
     graph, store, low = graph_and_schedules
     net = {node.id: seconds[i % len(seconds)] for i, node in enumerate(graph.proto.nodes)}
-    computed = [s.compute for s in store.steps if s.HasField("compute")]
+    computed = ir.compute_sequence(store)
     raised = dict(zip(computed, high_water_increments(store, ir.simulate(graph, store))))
     in_store = {n: net[n] + peak_byte_s * raised[n] for n in net}
     low_peak = ir.simulate(graph, low).peak_bytes
