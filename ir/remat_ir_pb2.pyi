@@ -302,20 +302,34 @@ class GraphOutput(_message.Message):
     def __init__(self, value_id: _Optional[int] = ..., role: _Optional[_Union[OutputRole, str]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Provenance(_message.Message):
-    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer", "cost_model")
+    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer", "cost_model", "host_link")
     FRONTEND_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_MODEL_FIELD_NUMBER: _ClassVar[int]
     COST_DEVICE_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
     COST_MODEL_FIELD_NUMBER: _ClassVar[int]
+    HOST_LINK_FIELD_NUMBER: _ClassVar[int]
     frontend: str
     frontend_version: str
     source_model: str
     cost_device: str
     producer: str
     cost_model: CostModel
-    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ...) -> None: ...
+    host_link: HostLink
+    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ..., host_link: _Optional[_Union[HostLink, _Mapping]] = ...) -> None: ...
+
+class HostLink(_message.Message):
+    __slots__ = ("bandwidth_bytes_per_s", "latency_s", "overlapped", "source")
+    BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    OVERLAPPED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    overlapped: bool
+    source: str
+    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., overlapped: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
 
 class CostModel(_message.Message):
     __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule")
@@ -372,7 +386,7 @@ class Step(_message.Message):
     def __init__(self, compute: _Optional[int] = ..., free: _Optional[int] = ..., offload: _Optional[int] = ..., prefetch: _Optional[int] = ...) -> None: ...
 
 class Schedule(_message.Message):
-    __slots__ = ("name", "budget_bytes", "steps", "backward_start", "solver", "solver_params", "status", "predicted_peak_bytes", "predicted_time_s", "solve_time_s", "rng_replay")
+    __slots__ = ("name", "budget_bytes", "steps", "backward_start", "solver", "solver_params", "status", "predicted_peak_bytes", "predicted_time_s", "solve_time_s", "rng_replay", "host_budget_bytes", "predicted_host_peak_bytes")
     class SolverParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +405,8 @@ class Schedule(_message.Message):
     PREDICTED_TIME_S_FIELD_NUMBER: _ClassVar[int]
     SOLVE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     RNG_REPLAY_FIELD_NUMBER: _ClassVar[int]
+    HOST_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_HOST_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     budget_bytes: int
     steps: _containers.RepeatedCompositeFieldContainer[Step]
@@ -402,7 +418,9 @@ class Schedule(_message.Message):
     predicted_time_s: float
     solve_time_s: float
     rng_replay: bool
-    def __init__(self, name: _Optional[str] = ..., budget_bytes: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., backward_start: _Optional[int] = ..., solver: _Optional[str] = ..., solver_params: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[SolveStatus, str]] = ..., predicted_peak_bytes: _Optional[int] = ..., predicted_time_s: _Optional[float] = ..., solve_time_s: _Optional[float] = ..., rng_replay: _Optional[bool] = ...) -> None: ...
+    host_budget_bytes: int
+    predicted_host_peak_bytes: int
+    def __init__(self, name: _Optional[str] = ..., budget_bytes: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., backward_start: _Optional[int] = ..., solver: _Optional[str] = ..., solver_params: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[SolveStatus, str]] = ..., predicted_peak_bytes: _Optional[int] = ..., predicted_time_s: _Optional[float] = ..., solve_time_s: _Optional[float] = ..., rng_replay: _Optional[bool] = ..., host_budget_bytes: _Optional[int] = ..., predicted_host_peak_bytes: _Optional[int] = ...) -> None: ...
 
 class Graph(_message.Message):
     __slots__ = ("version", "name", "provenance", "storages", "values", "nodes", "inputs", "outputs", "hierarchy", "schedules", "metadata")

@@ -133,8 +133,8 @@ def plan_rng(graph: Graph, schedule: pb.Schedule) -> RngPlan:
                         plan.saved.add(n)
             if k < bs and n in graph.nodes:
                 live.update(graph.node(n).outputs)
-        elif k < bs and action in ("free", "offload"):
-            live.discard(getattr(s, action))
+        elif k < bs and action == "free":
+            live.discard(s.free)
         elif k < bs and action == "prefetch":
             live.add(s.prefetch)
     if bs >= len(steps):

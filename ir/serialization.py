@@ -30,6 +30,10 @@ current format (`_upgrade`), so a reader never sees the older layout:
   names stay empty (unknown).
 - 1.1 -> 1.2: the provenance gained `cost_model` (with the per-step overhead the
   simulator adds); an older file has none, which means no overhead: nothing to fill.
+- 1.2 -> 1.3: the provenance gained `host_link` and schedules `host_budget_bytes`.
+  An offload no longer releases the device copy (a later free does, once the copy
+  to host has completed), so each offload step of a stored schedule gets a free of
+  the same value right after it: what the older file meant.
 """
 
 from __future__ import annotations
@@ -134,6 +138,20 @@ def _upgrade(proto: pb.Graph) -> pb.Graph:
                    and len(set(map(int, numbers))) == len(numbers))
         for index, (entry, number) in enumerate(zip(user, numbers)):
             entry.user_input_position = int(number) if by_name else index
+    if proto.version.minor < 3:
+        # Before 1.3 an offload released the device copy at once: it is now a free's job.
+        for schedule in proto.schedules:
+            steps = list(schedule.steps)
+            if not any(s.HasField("offload") for s in steps):
+                continue
+            backward_start = schedule.backward_start
+            del schedule.steps[:]
+            for k, step in enumerate(steps):
+                schedule.steps.append(step)
+                if step.HasField("offload"):
+                    schedule.steps.add(free=step.offload)
+                    backward_start += k < schedule.backward_start
+            schedule.backward_start = backward_start
     proto.version.major, proto.version.minor = FORMAT_VERSION
     return proto
 

@@ -19,18 +19,27 @@ explains them with an example):
   random nodes eager would have run before it, each costing its time and, while
   it runs, its placeholders, outputs and workspace on top of the live bytes;
   only nodes flagged `rng_shape_only` can be skipped.
-- A free step drops a live value; resident values and graph outputs are never
-  freed. Offload moves a live value to host memory (its device bytes are
-  released) and prefetch brings it back; transfer time is not modelled yet.
-- A step's time is the sum of its compute steps' `cost.time_s` (skipped random
-  runs included), plus the graph's per-step overhead outside ops
+- A free step drops a live value; resident values are never freed, nor are graph
+  outputs unless a copy of them is on the host (they must be prefetched before the
+  end).
+- Transfers (the graph's `Provenance.host_link`): an **offload** starts copying a
+  live value's storage to host memory; the device copy stays live and counted
+  until a later **free** of it, which waits for the copy to complete. The host
+  copy counts against the host budget (`Schedule.host_budget_bytes`) from the
+  offload until its **prefetch**, which allocates the value on the device again
+  at once and starts copying it back; the first step that reads it (or frees it)
+  waits for that copy. A value whose offload has not been freed yet cannot be
+  computed again. A transfer of b bytes takes `latency_s + b / bandwidth`;
+  transfers queue on one channel in schedule order, beside compute when the link
+  is `overlapped` (a CUDA copy stream: a transfer starts once compute has reached
+  its step and the channel is free), on the compute timeline otherwise (a CPU
+  copy). Without a described link transfers take no time.
+- A step's time is the end of its compute timeline: compute steps' `cost.time_s`
+  (skipped random runs included) one after another, with waits for transfers
+  (`stall_s`), plus the graph's per-step overhead outside ops
   (`Provenance.cost_model.step_overhead_s`), plus `cost_model.peak_byte_s` x the
   schedule's peak (holding more memory makes every op slower; both are 0 for
   hand-made costs; `runtimes/calibration.py` says how they are measured).
-- At `backward_start` the forward outputs (user outputs, buffer updates) must
-  be live; the other live values are what the step saves for backward. At the
-  end every graph output must be live.
-
 The first rule broken stops the simulation and is reported as a `Violation`
 naming the step, the node and the value.
 """
@@ -76,12 +85,22 @@ class SimulationResult:
     memory_after: list[int] = field(default_factory=list)
     #: Activation bytes while each step runs (what the peak is taken over).
     memory_during: list[int] = field(default_factory=list)
+    #: When compute reaches each step, in seconds from the start of the step (before any
+    #: wait for a transfer): where solvers place transfers.
+    start_s: list[float] = field(default_factory=list)
     #: Values live at the end of forward that backward needs (not outputs).
     saved_value_ids: list[int] = field(default_factory=list)
     saved_bytes: int = 0
     resident_bytes: int = 0
     #: How many times each node was computed.
     compute_counts: Counter = field(default_factory=Counter)
+    #: Seconds compute waited for transfers (included in the forward and backward times).
+    stall_s: float = 0.0
+    #: Seconds the host link was busy, and the bytes it moved (offloads and prefetches).
+    transfer_s: float = 0.0
+    transferred_bytes: int = 0
+    #: Most bytes of offloaded copies held in host memory at once.
+    host_peak_bytes: int = 0
 
     @property
     def valid(self) -> bool:
@@ -105,7 +124,15 @@ class _Run:
         self.schedule = schedule
         self.budget = budget
         self.mem = Allocations(graph)
-        self.offloaded: set[int] = set()
+        self.host_budget = (schedule.host_budget_bytes if schedule.HasField("host_budget_bytes")
+                            else None)
+        self.link = graph.proto.provenance.host_link
+        self.clock = 0.0                      # when compute reaches the current step
+        self.channel = 0.0                    # when the host link is free again
+        self.host: dict[int, int] = {}        # value -> bytes of its copy in host memory
+        self.host_bytes = 0
+        self.offloading: dict[int, float] = {}  # value -> end of its offload (device copy live)
+        self.arriving: dict[int, float] = {}    # value -> end of its prefetch, not waited for yet
         self.gradient_inputs = {i.value_id for i in graph.proto.inputs
                                 if graph.value(i.value_id).kind == pb.GRADIENT}
         self.result = SimulationResult(
@@ -118,6 +145,25 @@ class _Run:
         self.result.violation = Violation(step, kind, message, node_id, value_id)
         return self.result
 
+    def wait(self, until: float) -> None:
+        """Compute waits for a transfer that ends at `until`."""
+        if until > self.clock:
+            self.result.stall_s += until - self.clock
+            self.clock = until
+
+    def transfer(self, value_id: int) -> float:
+        """Queue a copy of the value's storage on the host link; return when it ends."""
+        size = self.g.storage_bytes(self.g.value(value_id).storage_id)
+        seconds = (self.link.latency_s + size / self.link.bandwidth_bytes_per_s
+                   if self.link.bandwidth_bytes_per_s > 0 else 0.0)
+        self.result.transfer_s += seconds
+        self.result.transferred_bytes += size
+        if not self.link.overlapped:
+            self.clock += seconds
+            return self.clock
+        self.channel = max(self.channel, self.clock) + seconds
+        return self.channel
+
     def run(self) -> SimulationResult:
         steps = self.schedule.steps
         if self.schedule.backward_start > len(steps):
@@ -129,9 +175,10 @@ class _Run:
             if k == bs:
                 if v := self.end_of_forward(k):
                     return v
-                if v := self.skips(k, self.rng.forward_end, forward=True):
+                if v := self.skips(k, self.rng.forward_end):
                     return v
-            if v := self.skips(k, self.rng.skips.get(k, ()), forward=k < bs):
+                self.result.forward_time_s = self.clock
+            if v := self.skips(k, self.rng.skips.get(k, ())):
                 return v
             if v := self.execute(k, step):
                 return v
@@ -139,9 +186,10 @@ class _Run:
         if bs == len(steps):
             if v := self.end_of_forward(len(steps)):
                 return v
-            if v := self.skips(len(steps), self.rng.forward_end, forward=True):
+            if v := self.skips(len(steps), self.rng.forward_end):
                 return v
-        if v := self.skips(len(steps), self.rng.step_end, forward=False):
+            self.result.forward_time_s = self.clock
+        if v := self.skips(len(steps), self.rng.step_end):
             return v
         if self.skip_during > self.result.peak_bytes:  # after the last step: no record follows
             self.result.peak_bytes = self.skip_during
@@ -156,6 +204,7 @@ class _Run:
                              f"graph output {o.name or pb.OutputRole.Name(o.role).lower()} "
                              f"({self.g.describe_value(o.value_id)}) is not live at the end",
                              value_id=o.value_id)
+        self.result.backward_time_s = self.clock - self.result.forward_time_s
         self.result.footprint_time_s = (self.g.proto.provenance.cost_model.peak_byte_s
                                         * self.result.peak_bytes)
         return self.result
@@ -170,7 +219,7 @@ class _Run:
         self.result.saved_bytes = self.mem.held_bytes(saved)
         return None
 
-    def skips(self, k: int, entries, *, forward: bool) -> SimulationResult | None:
+    def skips(self, k: int, entries) -> SimulationResult | None:
         """Count RNG skips (`rng.RngPlan`) that run before step `k`: their time, and the
         most memory one of them takes above the live bytes (they run one at a time), which
         the step's record includes. Only `rng_shape_only` nodes can be skipped."""
@@ -182,10 +231,7 @@ class _Run:
                                  "nodes, in its own segment), so its draws cannot be reproduced; "
                                  "run it in that order", node_id=n)
             self.skip_during = max(self.skip_during, self.mem.bytes + skip_bytes(self.g, n, missing))
-            if forward:
-                self.result.forward_time_s += self.g.node(n).cost.time_s
-            else:
-                self.result.backward_time_s += self.g.node(n).cost.time_s
+            self.clock += self.g.node(n).cost.time_s
         return None
 
     def record(self, k: int, during: int) -> SimulationResult | None:
@@ -200,6 +246,7 @@ class _Run:
         return None
 
     def execute(self, k: int, step: pb.Step) -> SimulationResult | None:
+        self.result.start_s.append(self.clock)
         action = step.WhichOneof("action")
         self.current_node = None
         if action == "compute":
@@ -211,25 +258,46 @@ class _Run:
             return self.fail(k, "bad_step", f"{action} of value id {value_id}, which does not exist",
                              value_id=value_id)
         what = self.g.describe_value(value_id)
-        if action in ("free", "offload"):
-            if value_id in self.g.resident_value_ids:
-                return self.fail(k, "free_resident", f"{action} of graph input {what}, which is "
-                                 "resident and cannot be released", value_id=value_id)
-            if action == "free" and value_id in self.g.output_value_ids:
-                return self.fail(k, "free_output", f"free of graph output {what}", value_id=value_id)
+        if value_id in self.g.resident_value_ids:
+            return self.fail(k, "free_resident", f"{action} of graph input {what}, which is "
+                             "resident and cannot be released", value_id=value_id)
+        if action == "free":
+            if value_id in self.g.output_value_ids and value_id not in self.host:
+                return self.fail(k, "free_output", f"free of graph output {what}, which has no "
+                                 "copy in host memory", value_id=value_id)
             if value_id not in self.mem.live:
-                kind = "free_not_live" if action == "free" else "offload_not_live"
-                return self.fail(k, kind, f"{action} of {what}, which is not live", value_id=value_id)
+                return self.fail(k, "free_not_live", f"free of {what}, which is not live",
+                                 value_id=value_id)
             during = self.mem.bytes
+            self.wait(max(self.offloading.pop(value_id, 0.0), self.arriving.pop(value_id, 0.0)))
             self.mem.drop(value_id)
-            if action == "offload":
-                self.offloaded.add(value_id)
             return self.record(k, during)
+        if action == "offload":
+            if value_id not in self.mem.live:
+                return self.fail(k, "offload_not_live", f"offload of {what}, which is not live",
+                                 value_id=value_id)
+            if value_id in self.host:
+                return self.fail(k, "already_offloaded", f"offload of {what}, which already has "
+                                 "a copy in host memory", value_id=value_id)
+            self.wait(self.arriving.pop(value_id, 0.0))
+            self.offloading[value_id] = self.transfer(value_id)
+            self.host[value_id] = self.g.storage_bytes(self.g.value(value_id).storage_id)
+            self.host_bytes += self.host[value_id]
+            self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
+            if self.host_budget is not None and self.host_bytes > self.host_budget:
+                return self.fail(k, "host_budget_exceeded", f"offloaded copies reach "
+                                 f"{self.host_bytes} bytes of host memory, over the host budget "
+                                 f"of {self.host_budget} bytes", value_id=value_id)
+            return self.record(k, self.mem.bytes)
         # prefetch: the value comes back into a fresh allocation
-        if value_id not in self.offloaded:
+        if value_id not in self.host:
             return self.fail(k, "prefetch_not_offloaded", f"prefetch of {what}, which is not "
                              "offloaded", value_id=value_id)
-        self.offloaded.discard(value_id)
+        if value_id in self.mem.live:
+            return self.fail(k, "prefetch_live", f"prefetch of {what}, which is still live on "
+                             "the device (free it after its offload first)", value_id=value_id)
+        self.host_bytes -= self.host.pop(value_id)
+        self.arriving[value_id] = self.transfer(value_id)
         self.mem.restore(value_id)
         return self.record(k, self.mem.bytes)
 
@@ -249,7 +317,7 @@ class _Run:
                                      node_id=node_id, value_id=v)
                 continue
             if v not in self.mem.live:
-                where = " (it is offloaded; prefetch it first)" if v in self.offloaded else ""
+                where = " (it is offloaded; prefetch it first)" if v in self.host else ""
                 return self.fail(k, "input_not_live", f"{what} reads {g.describe_value(v)}, "
                                  f"which is not live{where}", node_id=node_id, value_id=v)
         counts = self.result.compute_counts
@@ -262,12 +330,18 @@ class _Run:
                 return self.fail(k, "random_recompute", f"{what} draws random numbers and is "
                                  "recomputed, but the schedule does not replay RNG state "
                                  "(set rng_replay)", node_id=node_id)
-        self.offloaded.difference_update(node.outputs)
+        for v in node.outputs:
+            if v in self.offloading:
+                return self.fail(k, "offload_pending", f"{what} computes {g.describe_value(v)} "
+                                 "again while its offload is under way (free it first)",
+                                 node_id=node_id, value_id=v)
+            if v in self.host:  # a fresh copy replaces the one in host memory
+                self.host_bytes -= self.host.pop(v)
+        for v in node.inputs:
+            if v in self.arriving:
+                self.wait(self.arriving.pop(v))
         during = self.mem.compute(node_id)
-        if k < self.schedule.backward_start:
-            self.result.forward_time_s += node.cost.time_s
-        else:
-            self.result.backward_time_s += node.cost.time_s
+        self.clock += node.cost.time_s
         return self.record(k, during)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from remat_ir.ir import Graph, pb, store_all
 from remat_ir.solvers import (DEFAULT_SOLVER, InfeasibleBudget, Progress, parse_budget, remember_floor,
                               solve)
+from remat_ir.solvers.budgets import parse_bandwidth
+from remat_ir.solvers.offload import describe_link
 
 __all__ = ["remat", "remat_onnx", "scheduled_onnx_module", "plan", "parse_budget", "InfeasibleBudget",
            "DEFAULT_SOLVER", "Planner"]
@@ -29,7 +31,8 @@ def plan(graph: Graph, budget=None, solver: str | None = None, *,
 def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           example_kwargs: dict | None = None, cost_model: str = "profile",
           time_limit_s: float | None = None, progress: Progress | None = None,
-          max_plans: int | None = None, cache_dir=None, **options):
+          max_plans: int | None = None, cache_dir=None, offload: bool = False,
+          host_bandwidth=None, host_budget=None, **options):
     """A module that trains like `model` within `budget` of activation memory.
 
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
@@ -44,12 +47,21 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     variable REMAT_IR_CACHE_DIR; False: none) keeps profiled graphs and plans on
     disk, so that another process skips profiling and planning
     (`remat_ir.plan_cache`). Its `.graph` and `.schedule` say what it ran last.
+
+    `offload=True` also moves idle activations to host memory and back, on a copy
+    stream beside compute (`solvers.offload`), where that is cheaper than recomputing
+    them, and reaches budgets below rematerialization's floor. The host link is
+    measured on the device, or given as `host_bandwidth` ("25GB/s"); `host_budget`
+    (bytes or a size) bounds the host memory the copies take.
     """
     from remat_ir.frontends.torch import example_arguments
     from remat_ir.runtimes.torch import MAX_PLANS, ScheduledModule
 
+    if offload:
+        options.update(offload=True, host_budget=host_budget)
     planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
-                      progress=progress, options=options, cache_dir=cache_dir)
+                      progress=progress, options=options, cache_dir=cache_dir,
+                      host_bandwidth=host_bandwidth)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     graph, schedule = planner(model, args, kwargs)
     return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
@@ -62,10 +74,14 @@ class Planner:
     input signature. Picklable (the progress callback is not kept)."""
 
     def __init__(self, budget, solver: str | None, *, cost_model: str, time_limit_s: float | None,
-                 progress: Progress | None, options: dict, cache_dir=None):
+                 progress: Progress | None, options: dict, cache_dir=None, host_bandwidth=None):
         from remat_ir.lowering import check_cost_model
 
         parse_budget(budget, 1)  # a malformed budget fails before the model is traced
+        parse_budget(options.get("host_budget"), 1)
+        if host_bandwidth is not None:
+            parse_bandwidth(host_bandwidth)
+        self.host_bandwidth = host_bandwidth
         check_cost_model(cost_model, allow_none=False)  # and so does an unknown cost model
         self.budget, self.cost_model = budget, cost_model
         self.solver = solver or ("autograd" if budget is None else DEFAULT_SOLVER)
@@ -92,9 +108,11 @@ class Planner:
             add_costs(graph, self.cost_model, model=model, example=(args, kwargs), progress=self.progress)
             if cache:
                 cache.store_graph(graph_key, graph)
+        if self.host_bandwidth is not None:
+            describe_link(graph, self.host_bandwidth)
         if not cache:
             return graph, self._plan(graph)
-        options = dict(self.options, time_limit_s=self.time_limit_s)
+        options = dict(self.options, time_limit_s=self.time_limit_s, host_bandwidth=self.host_bandwidth)
         limit = parse_budget(self.budget, store_all(graph).predicted_peak_bytes)
         plan_key, floor_key = cache.plan_key(limit, self.solver, options), cache.floor_key(self.solver, options)
         schedule = cache.load_schedule(graph_key, plan_key, graph)

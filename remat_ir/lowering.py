@@ -36,11 +36,13 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
     graph was lowered on, its `provenance.cost_device`); returns `graph`. "profile" times
     whole steps on `model`'s tensors and the `example` call's inputs, `(args, kwargs)`
     (without them it keeps isolated times, and `provenance.cost_model.note` says so).
-    `progress` (a callable taking one line) hears how far profiling got."""
+    `progress` (a callable taking one line) hears how far profiling got. Unless
+    `cost_model` is "flops", the host link offloading plans with is measured too."""
     import torch
 
     from remat_ir.runtimes.profiling import estimate_costs
     from remat_ir.runtimes.torch import resident_values
+    from remat_ir.runtimes.transfers import measure_link
 
     check_cost_model(cost_model, allow_none=False)
     run_device = torch.device(device if device is not None
@@ -51,6 +53,9 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
         values = resident_values(model, graph, args, kwargs)
     estimate_costs(graph, cost_model, run_device, values=values, low_memory=_sqrt_schedule,
                    progress=progress)
+    if cost_model != "flops":  # "flops" runs nothing
+        for field, value in measure_link(run_device).items():
+            setattr(graph.proto.provenance.host_link, field, value)
     return graph
 
 

@@ -5,7 +5,9 @@ cannot afford to interpret steps: each segment of the schedule is written once
 as Python source, one line per step, and compiled. A compute step is a call
 of the op (a recomputation is simply a second call), a free is `del`, so that
 the tensor's last reference goes exactly where the schedule says. Ops,
-constants and the device are bound as globals of the generated code.
+constants and the device are bound as globals of the generated code. Offload and
+prefetch steps call the runtime's `transfers.Transfers` (copy stream, host buffer
+pool), with waits where the schedule frees or reads a value in transit.
 
     forward(R)        -> (user outputs, buffer updates, saved)
     backward(R, S, T) -> gradients, one per resident input
@@ -33,6 +35,8 @@ from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
 from remat_ir.ir.rng import plan_rng
 
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
+
+from .transfers import Transfers
 
 
 class UnsupportedOp(Exception):
@@ -136,9 +140,9 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     for s in forward_steps:
         if s.HasField("compute"):
             live.update(graph.node(s.compute).outputs)
-        elif s.HasField("free") or s.HasField("offload"):
-            live.discard(getattr(s, s.WhichOneof("action")))
-        else:
+        elif s.HasField("free"):
+            live.discard(s.free)
+        elif s.HasField("prefetch"):
             live.add(s.prefetch)
     # Backward gets the user outputs it reads through autograd (save_for_backward); every
     # other value it reads or must return (buffer updates included) through the stash.
@@ -159,6 +163,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     if tick is not None:
         writer.globals["_tick"] = tick
     writer.globals["_placeholder"] = _placeholder_function(graph, device)
+    copies = _CopyLines(writer, device) if any(s.HasField("offload") for s in steps) else None
     resident_index = {v: i for i, v in enumerate(resident)}
 
     def segment_body(first: int, segment, end_skips, reads_saved: bool):
@@ -176,6 +181,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 body.append(f"{_tensor_name(v)} = S[{i}]")
             for i, n in enumerate(rng_carried):
                 body.append(f"_rng{n} = S[{len(saved) + i}]")
+            for i, v in enumerate(carried_copies):
+                body.append(f"{_copy_name(v)} = S[{len(saved) + len(rng_carried) + i}]")
             body.append("S.clear()")
             for i, v in enumerate(outputs_read):
                 body.append(f"{_tensor_name(v)} = O[{i}]")
@@ -188,23 +195,31 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
             action = s.WhichOneof("action")
             if action == "compute":
+                if copies is not None:
+                    body.extend(copies.before_compute(graph.node(s.compute)))
                 mode = "replay" if k in rng.replays else "save" if s.compute in rng.saved else ""
                 body.extend(_call_lines(graph, writer, s.compute, mode))
                 if tick is not None:
                     body.append(f"_tick({s.compute})")
             elif action == "free":
+                if copies is not None:
+                    body.extend(copies.before_free(s.free))
                 body.append(f"del {_tensor_name(s.free)}")
             else:
-                raise UnsupportedOp(f"the PyTorch runtime does not execute {action} steps yet "
-                                    f"(schedule {schedule.name!r})")
+                body.extend(copies.step(action, getattr(s, action)))
         for n, missing in end_skips:
             body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
         return body
 
+    carried_copies: list[int] = []
     fwd_body = segment_body(0, forward_steps, rng.forward_end, reads_saved=False)
+    if copies is not None:
+        fwd_body.extend(copies.end_of_forward(user_outputs + [v for _, v in buffer_updates]))
+        carried_copies = copies.carried()
     fwd_body.append("return ((" + "".join(f"{_tensor_name(v)}, " for v in user_outputs) + "), ("
                     + "".join(f"{_tensor_name(v)}, " for _, v in buffer_updates) + "), ["
-                    + ", ".join([_tensor_name(v) for v in saved] + [f"_rng{n}" for n in rng_carried])
+                    + ", ".join([_tensor_name(v) for v in saved] + [f"_rng{n}" for n in rng_carried]
+                                + [_copy_name(v) for v in carried_copies])
                     + "])")
     forward_fn, forward_source = _compile(writer, "forward_segment", "R", fwd_body)
 
@@ -215,6 +230,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     name_of = {e.value_id: e.name for e in g.inputs}
     grads = [gradient_of.get(name_of.get(v)) for v in resident]
     bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True)
+    if copies is not None:
+        bwd_body.extend(copies.end_of_step())
     bwd_body.append("return (" + "".join((f"{_tensor_name(v)}, " if v is not None else "None, ")
                                          for v in grads) + ")")
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T", bwd_body)
@@ -227,6 +244,74 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        buffers_read_in_backward=read_in_backward,
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
+
+
+def _copy_name(value_id: int) -> str:
+    return f"_h{value_id}"
+
+
+class _CopyLines:
+    """The lines of offload and prefetch steps (`transfers.Transfers`), and the waits they
+    call for, following which values have a host copy or a transfer compute has not
+    waited for, through both segments in order. The simulator forbids what is not handled
+    here (prefetching a live value, recomputing one whose offload is under way)."""
+
+    def __init__(self, writer: _Writer, device: torch.device):
+        writer.globals["_transfers"] = Transfers(device)
+        self.host: set[int] = set()       # values with a host copy (_h<v> holds its buffer)
+        self.leaving: set[int] = set()    # offloaded, device copy still live, not waited for
+        self.arriving: set[int] = set()   # prefetched, not waited for
+
+    def _wait(self, v: int) -> list[str]:
+        lines = []
+        if v in self.leaving or v in self.arriving:
+            lines.append(f"_transfers.wait({_copy_name(v)})")
+        if v in self.arriving and v not in self.host:
+            lines.append(f"del {_copy_name(v)}")
+        self.leaving.discard(v)
+        self.arriving.discard(v)
+        return lines
+
+    def step(self, action: str, v: int) -> list[str]:
+        if action == "offload":
+            lines = self._wait(v)
+            self.host.add(v)
+            self.leaving.add(v)
+            return lines + [f"{_copy_name(v)} = _transfers.offload({_tensor_name(v)})"]
+        self.host.discard(v)
+        self.arriving.add(v)
+        return [f"{_tensor_name(v)} = _transfers.prefetch({_copy_name(v)})"]
+
+    def before_compute(self, node: pb.Node) -> list[str]:
+        lines = []
+        for v in node.inputs:
+            if v in self.arriving:
+                lines += self._wait(v)
+        for v in node.outputs:   # a fresh copy replaces the one in host memory
+            if v in self.host:
+                self.host.discard(v)
+                lines += [f"_transfers.release({_copy_name(v)})", f"del {_copy_name(v)}"]
+        return lines
+
+    def before_free(self, v: int) -> list[str]:
+        return self._wait(v)
+
+    def end_of_forward(self, returned: list[int]) -> list[str]:
+        """The caller gets forward outputs once their copies have arrived."""
+        return [line for v in dict.fromkeys(returned) if v in self.arriving for line in self._wait(v)]
+
+    def carried(self) -> list[int]:
+        """Values whose host copy or pending transfer the backward segment takes over."""
+        return sorted(self.host | self.leaving | self.arriving)
+
+    def end_of_step(self) -> list[str]:
+        """Nothing may go while a transfer still reads or writes it; host copies nobody
+        prefetched give their buffers back."""
+        lines = [line for v in sorted(self.leaving | self.arriving) for line in self._wait(v)]
+        for v in sorted(self.host):
+            lines += [f"_transfers.release({_copy_name(v)})", f"del {_copy_name(v)}"]
+        self.host.clear()
+        return lines
 
 
 @contextlib.contextmanager

@@ -21,12 +21,14 @@ from remat_ir.ir import Graph, pb, simulate, store_all
 from remat_ir.ir.fingerprint import structure_fingerprint
 
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, quiet
+from .offload import add_offloads, plan_with_offload
 from .budgets import describe, is_share, parse_budget, refusal
 from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver, available, find
 
 __all__ = ["solve", "available", "find", "parse_budget", "is_share", "describe", "InfeasibleBudget",
            "SolverError", "BadRequest", "UnknownSolver", "SolverInfo", "Progress", "Deadline",
-           "ENTRY_POINT_GROUP", "EXEC_PREFIX", "remember_floor", "known_floor", "DEFAULT_SOLVER"]
+           "ENTRY_POINT_GROUP", "EXEC_PREFIX", "remember_floor", "known_floor", "DEFAULT_SOLVER",
+           "add_offloads"]
 
 #: The solver `solve()` uses when none is named, and the one `remat()` and the `remat-ir`
 #: command plan a budget with: fast and budget-aware. Defined here once so they all agree.
@@ -53,23 +55,34 @@ def _check_options(name: str, function, options: dict) -> None:
 
 
 def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit_s: float | None = None,
-          progress: Progress | None = None, **options) -> pb.Schedule:
+          progress: Progress | None = None, offload: bool = False, host_budget=None,
+          **options) -> pb.Schedule:
     """Plan `graph` within `budget` with `solver`; return the schedule stored in the graph.
 
     `budget`: None (no limit), bytes, a size ("2GiB") or a share of the
-    store-everything peak ("50%"). Raises InfeasibleBudget (with the smallest
-    feasible budget the solver knows), UnknownSolver, or SolverError when the
-    solver fails or returns a schedule the simulator refuses.
+    store-everything peak ("50%"). With `offload`, the solver's plans at a ladder
+    of budgets are offloaded down to `budget` over the graph's host link and the
+    fastest is kept (`offload.plan_with_offload`), within `host_budget` (bytes or a
+    size) of host memory. Raises InfeasibleBudget (with the smallest feasible budget
+    the solver knows), UnknownSolver, or SolverError when the solver fails or
+    returns a schedule the simulator refuses.
     """
     info = find(solver)
     function = info.load()
     _check_options(solver, function, options)
     peak = store_all(graph).predicted_peak_bytes
     limit = parse_budget(budget, peak)
+    host_limit = parse_budget(host_budget, peak)
     progress = progress or quiet
     started = time.monotonic()
     try:
-        schedule = function(graph, limit, time_limit_s=time_limit_s, progress=progress, **options)
+        if offload and limit is not None:
+            schedule = plan_with_offload(
+                graph, limit, lambda b: function(graph, b, time_limit_s=time_limit_s,
+                                                 progress=progress, **options),
+                host_budget=host_limit, progress=progress)
+        else:
+            schedule = function(graph, limit, time_limit_s=time_limit_s, progress=progress, **options)
     except InfeasibleBudget as refused:
         schedule = _floor_within(graph, solver, limit, refused)
         if schedule is None:
@@ -79,14 +92,19 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     elapsed = time.monotonic() - started
     if not isinstance(schedule, pb.Schedule):
         raise SolverError(f"solver {solver!r} returned {type(schedule).__name__}, not a Schedule")
+    if host_limit is not None:
+        schedule.host_budget_bytes = host_limit
     result = simulate(graph, schedule, budget=limit)
     if not result.valid:
         raise SolverError(f"solver {solver!r} ({info.origin}) returned a schedule the simulator "
                           f"refuses: {result.violation}")
     schedule.solver = solver
     schedule.name = schedule.name or solver
+    schedule.predicted_host_peak_bytes = result.host_peak_bytes
     if limit is not None:
         schedule.budget_bytes = limit
+    if offload:
+        schedule.solver_params["offload"] = "true"
     schedule.predicted_peak_bytes = result.peak_bytes
     schedule.predicted_time_s = result.total_time_s
     schedule.solve_time_s = elapsed

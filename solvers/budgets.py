@@ -5,6 +5,7 @@
   `activation_memory_budget`, or "50%"), or a size with its unit ("2GiB",
   "500 MB", "40B"). A string that is a bare number is refused: "40" could mean
   bytes or percent, and guessing wrong plans for the wrong budget.
+- `parse_bandwidth`: the host link's bytes per second from "25GB/s".
 - `describe`: bytes with their share of the store-everything peak, for every
   message that names a budget.
 - `refusal`: the `InfeasibleBudget` a user reads, naming the budget and the
@@ -69,6 +70,19 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
     if number <= 0:
         raise BadRequest(f"budget must be positive, got {budget!r}")
     return int(number * _UNITS[unit])
+
+
+def parse_bandwidth(bandwidth) -> float:
+    """Bytes per second from a number or a size per second ("25GB/s", "900 MiB/s"), for
+    the host link offloading plans with; BadRequest otherwise."""
+    if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool) and bandwidth > 0:
+        return float(bandwidth)
+    match = (re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)/s", bandwidth.strip(), flags=re.IGNORECASE)
+             if isinstance(bandwidth, str) else None)
+    if not match or float(match.group(1)) <= 0:
+        raise BadRequest(f"host bandwidth must be bytes per second (a positive number) or a "
+                         f"size per second like '25GB/s'; got {bandwidth!r}")
+    return float(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
 def describe(n_bytes: int, store_all_peak: int) -> str:

@@ -16,6 +16,7 @@ as the simulator allows (`ir.from_compute_sequence`).
 from __future__ import annotations
 
 import copy
+import functools
 import random
 
 import torch
@@ -23,6 +24,17 @@ from torch.utils import _pytree as pytree
 
 from remat_ir import ir
 from remat_ir.ir import pb
+
+
+@functools.cache
+def lowered(name: str) -> ir.Graph:
+    """A zoo model (tiny) lowered with FLOP costs, once per test session."""
+    from remat_ir.lowering import lower_torch
+
+    import zoo_models
+
+    model, args, kwargs, _ = zoo_models.ZOO[name]()
+    return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

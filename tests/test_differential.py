@@ -11,7 +11,6 @@ be bitwise equal (these models' ops are deterministic on CPU).
 
 from __future__ import annotations
 
-import functools
 import random
 
 import pytest
@@ -23,7 +22,7 @@ from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
 import zoo_models
-from exactness import random_schedule, side_by_side
+from exactness import lowered, random_schedule, side_by_side
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -33,18 +32,12 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
 MODELS = ("mlp_dropout", "gpt2", "cnn_batchnorm", "straight_through", "lora_llama")
 
 
-@functools.cache
-def _lowered(name: str):
-    model, args, kwargs, _ = zoo_models.ZOO[name]()
-    return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
-
-
 @pytest.mark.parametrize("name", MODELS)
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from([0.0, 0.3, 0.8]),
        defer=st.sampled_from([0.0, 0.5, 1.0]))
 def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defer):
-    graph = _lowered(name)
+    graph = lowered(name)
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute,
                                defer_share=defer)
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()

@@ -148,3 +148,20 @@ def test_load_validates_structure(graph, tmp_path):
     with pytest.raises(ir.InvalidGraph, match="value id 999, which does not exist"):
         ir.load(_write(tmp_path, ir.dumps(broken)))
     assert len(ir.load(_write(tmp_path, ir.dumps(broken)), check=False).nodes) == len(graph.nodes)
+
+
+def test_a_1_2_offload_gets_the_free_it_meant(tmp_path):
+    """Before 1.3 an offload also released the device copy: on load a free follows it."""
+    from builders import chain, schedule
+    g, ids = chain(2)
+    old = schedule([("compute", ids["f1"]), ("compute", ids["f2"]), ("offload", ids["a1"]),
+                    ("prefetch", ids["a1"]), ("compute", ids["b2"]), ("free", ids["a1"]),
+                    ("compute", ids["b1"]), ("free", ids["g1"])], 3)
+    g.proto.schedules.append(old)
+    g.proto.version.major, g.proto.version.minor = 1, 2
+    loaded = ir.load(_write(tmp_path, ir.dumps(g.proto)))
+    upgraded = loaded.proto.schedules[0]
+    assert [s.WhichOneof("action") for s in upgraded.steps[:5]] == [
+        "compute", "compute", "offload", "free", "prefetch"]
+    assert upgraded.backward_start == 4
+    assert ir.check(loaded, upgraded).peak_bytes == 3 * 1000

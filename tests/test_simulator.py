@@ -197,16 +197,75 @@ def test_mutating_and_random_nodes():
     assert (v.step, v.kind, v.node_id) == (1, "recompute_forbidden", ids["f1"])
 
 
+def linked(g, *, overlapped=True, bandwidth=1000.0, latency=0.5):
+    """`g` with a host link: a 1000-byte tensor (M) takes 1.5 s to move by default."""
+    link = g.proto.provenance.host_link
+    link.bandwidth_bytes_per_s, link.latency_s, link.overlapped = bandwidth, latency, overlapped
+    return g
+
+
 def test_offload_and_prefetch():
-    g, ids = chain(2)
-    base = [("compute", ids["f1"]), ("compute", ids["f2"]), ("offload", ids["a1"])]
-    tail = [("compute", ids["b2"]), ("free", ids["a1"]), ("compute", ids["b1"]), ("free", ids["g1"])]
-    result = ir.check(g, schedule(base + [("prefetch", ids["a1"])] + tail, 3))
-    assert result.memory_after[2] == M and result.peak_bytes == 3 * M
-    v = first_violation(g, schedule(base + tail, 3))
+    """Offload a1 after forward, free it, prefetch it for b2: by hand, with a 1.5 s link."""
+    g, ids = chain(2, f_time=1.0, b_time=2.0)
+    linked(g)
+    fwd = [("compute", ids["f1"]), ("compute", ids["f2"]), ("offload", ids["a1"]),
+           ("free", ids["a1"])]
+    bwd = [("compute", ids["b2"]), ("free", ids["a1"]), ("compute", ids["b1"]), ("free", ids["g1"])]
+    result = ir.check(g, schedule(fwd + [("prefetch", ids["a1"])] + bwd, 4))
+    # Memory: the offload keeps a1 on the device until its free; the prefetch allocates it.
+    assert result.memory_after[:5] == [M, 2 * M, 2 * M, M, 2 * M]
+    assert result.peak_bytes == 3 * M and result.host_peak_bytes == M
+    # Time: the offload runs 2 -> 3.5 and the free waits for it; the prefetch runs 3.5 -> 5
+    # and b2 waits for it: 1.5 s of stall each.
+    assert result.forward_time_s == 3.5 and result.backward_time_s == 5.5
+    assert result.stall_s == 3.0 and result.transfer_s == 3.0 and result.transferred_bytes == 2 * M
+    v = first_violation(g, schedule(fwd + bwd, 4))
     assert v.kind == "input_not_live" and "offloaded; prefetch it first" in v.message
     v = first_violation(g, schedule([("prefetch", ids["a1"])], 1))
     assert v.kind == "prefetch_not_offloaded"
+
+
+def test_transfers_overlap_compute_only_on_an_overlapped_link():
+    """Offloading a1 while f2 runs hides the transfer on a copy stream, not on a CPU copy."""
+    g, ids = chain(2, f_time=1.0, b_time=2.0)
+    steps = [("compute", ids["f1"]), ("offload", ids["a1"]), ("compute", ids["f2"]),
+             ("free", ids["a1"]), ("prefetch", ids["a1"]), ("compute", ids["b2"]),
+             ("free", ids["a1"]), ("compute", ids["b1"]), ("free", ids["g1"])]
+    overlapped = ir.check(linked(g), schedule(steps, 4))
+    assert (overlapped.forward_time_s, overlapped.stall_s) == (2.5, 0.5 + 1.5)
+    serial = ir.check(linked(g, overlapped=False), schedule(steps, 4))
+    assert (serial.forward_time_s, serial.stall_s) == (3.5, 0.0)
+    assert serial.total_time_s == 3.5 + 1.5 + 4.0
+    # Without a described link transfers take no time.
+    g.proto.provenance.ClearField("host_link")
+    assert ir.check(g, schedule(steps, 4)).total_time_s == 6.0
+
+
+def test_transfer_rules():
+    g, ids = chain(2)
+    a1, a2 = ids["a1"], ids["a2"]
+    f1, f2 = ("compute", ids["f1"]), ("compute", ids["f2"])
+    cases = [
+        ([f1, ("offload", a1), ("prefetch", a1)], "prefetch_live"),
+        ([f1, ("offload", a1), ("offload", a1)], "already_offloaded"),
+        ([f1, f2, ("free", a2)], "free_output"),
+        ([f1, ("offload", a1), f1], "offload_pending"),
+        ([("offload", a1)], "offload_not_live"),
+    ]
+    for steps, kind in cases:
+        assert first_violation(g, schedule(steps, len(steps))).kind == kind, kind
+    # A graph output may leave the device once a copy is on the host, and must be back
+    # when it is due (a forward output when backward starts).
+    out = [f1, f2, ("offload", a2), ("free", a2)]
+    assert first_violation(g, schedule(out, 4)).kind == "output_missing"
+    tail = [("compute", ids["b2"]), ("free", a1), ("compute", ids["b1"]), ("free", ids["g1"])]
+    assert ir.check(g, schedule(out + [("prefetch", a2)] + tail, 5)).host_peak_bytes == M
+    # Recomputing a value whose offload was freed drops its host copy.
+    steps = [f1, ("offload", a1), ("free", a1), f1, f2]
+    assert first_violation(g, schedule(steps + [("prefetch", a1)], 5)).kind == "prefetch_not_offloaded"
+    v = first_violation(g, schedule([f1, ("offload", a1), f2, ("offload", a2)], 4,
+                                    host_budget_bytes=M + M // 2))
+    assert (v.kind, v.step, v.value_id) == ("host_budget_exceeded", 3, a2)
 
 
 def test_backward_start_out_of_range():

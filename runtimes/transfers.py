@@ -1,0 +1,144 @@
+"""Offload and prefetch steps at run time: copies between device memory and host buffers.
+
+The simulator's rules (docs/schedules.md) are what this follows:
+
+- A value's whole storage is copied, and a prefetched value is rebuilt with the
+  same sizes, strides and offset in a fresh storage of the same bytes: the memory
+  model counts a prefetch as a fresh allocation of the value's storage, and a
+  bytewise copy leaves every gradient unchanged.
+- The device copy of an offloaded value stays where it is until the schedule frees
+  it; the free waits for the copy (`wait`) before the last reference goes.
+- Host buffers come from a pool that lives as long as the runtime: each is
+  allocated on first use (pinned on CUDA) and reused by every later step, never
+  allocated per step.
+
+On CUDA copies run on one transfer stream, in schedule order, so that they overlap
+compute and one buffer is never written before an earlier copy has read it:
+
+- offload: the transfer stream waits for compute to reach the step (the value is
+  written), copies into a host buffer and records an event. The schedule's free of
+  the value makes compute wait for that event before the tensor's last reference
+  goes, so the caching allocator hands its block to later kernels only after the
+  copy has read it (no `record_stream`).
+- prefetch: the device block is allocated on the compute stream; the transfer
+  stream waits for compute to reach the step (earlier kernels may still use that
+  block), copies and records an event; compute waits for it before the first step
+  that reads, offloads or frees the value. Its host buffer goes back to the pool at
+  once: the next copy into it is queued behind this one on the same stream.
+
+On CPU a copy is a synchronous memcpy: the device and the host are the same memory,
+so offloading saves nothing there, but the code path and its exactness are tested.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class HostCopy:
+    """A value's copy in a host buffer, with what rebuilds the tensor, and the event of
+    the latest copy in either direction that compute has not waited for."""
+
+    __slots__ = ("buffer", "dtype", "size", "stride", "offset", "done")
+
+    def __init__(self, buffer: torch.Tensor, tensor: torch.Tensor, done):
+        self.buffer = buffer
+        self.dtype, self.size, self.stride = tensor.dtype, tensor.size(), tensor.stride()
+        self.offset = tensor.storage_offset()
+        self.done = done
+
+
+class Transfers:
+    """The transfer stream and host buffer pool of one runtime on one device."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.idle: dict[int, list[torch.Tensor]] = {}   # bytes -> host buffers not in use
+        self.allocated_bytes = 0                         # host bytes the pool ever allocated
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        idle = self.idle.get(nbytes)
+        if idle:
+            return idle.pop()
+        self.allocated_bytes += nbytes
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.cuda)
+
+    def _copy(self, destination: torch.Tensor, source: torch.Tensor):
+        """Copy bytes; on CUDA on the transfer stream once compute has reached this point,
+        returning the event that marks the end of the copy."""
+        if not self.cuda:
+            destination.copy_(source)
+            return None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            destination.copy_(source, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return done
+
+    def offload(self, tensor: torch.Tensor) -> HostCopy:
+        """Start copying `tensor`'s storage into a host buffer."""
+        storage = torch.empty(0, dtype=torch.uint8, device=self.device).set_(tensor.untyped_storage())
+        buffer = self._buffer(storage.numel())
+        return HostCopy(buffer, tensor, self._copy(buffer, storage))
+
+    def prefetch(self, copy: HostCopy) -> torch.Tensor:
+        """A fresh device tensor that the copy is being written back into (wait before use)."""
+        storage = torch.empty(copy.buffer.numel(), dtype=torch.uint8, device=self.device)
+        copy.done = self._copy(storage, copy.buffer)
+        self.release(copy)
+        return torch.empty(0, dtype=copy.dtype, device=self.device).set_(
+            storage.untyped_storage(), copy.offset, copy.size, copy.stride)
+
+    def wait(self, copy: HostCopy) -> None:
+        """Compute waits for the copy's latest transfer (nothing to do on CPU, or twice)."""
+        if copy.done is not None:
+            torch.cuda.current_stream(self.device).wait_event(copy.done)
+            copy.done = None
+
+    def release(self, copy: HostCopy) -> None:
+        """The host copy is no longer needed: its buffer goes back to the pool."""
+        if copy.buffer is not None:
+            self.idle.setdefault(copy.buffer.numel(), []).append(copy.buffer)
+            copy.buffer = None
+
+
+def measure_link(device: torch.device, *, nbytes: int = 32 << 20, repeats: int = 5) -> dict:
+    """The host link as the runtime uses it, timed on `device`: bandwidth (bytes per
+    second, the slower direction) and latency (a 4 KiB copy), as `pb.HostLink` fields.
+    On CUDA from pinned buffers, overlapped with compute; on CPU a memcpy on the compute
+    timeline (what `Transfers` does there)."""
+    import statistics
+    import time
+
+    cuda = device.type == "cuda"
+
+    def seconds(destination, source) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                destination.copy_(source, non_blocking=True)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                began = time.perf_counter()
+                destination.copy_(source)
+                times.append(time.perf_counter() - began)
+        return statistics.median(times[1:])
+
+    def pair(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(n, dtype=torch.uint8, pin_memory=cuda),
+                torch.empty(n, dtype=torch.uint8, device=device))
+
+    host, on_device = pair(nbytes)
+    big = max(seconds(on_device, host), seconds(host, on_device))
+    small_host, small_device = pair(4096)
+    latency = min(seconds(small_device, small_host), seconds(small_host, small_device))
+    bandwidth = nbytes / max(big - latency, 1e-9)
+    return {"bandwidth_bytes_per_s": bandwidth, "latency_s": latency, "overlapped": cuda,
+            "source": "measured"}

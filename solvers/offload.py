@@ -1,0 +1,271 @@
+"""Offloading: bring a schedule under a budget by moving idle values to host memory.
+
+Rematerialization pays for memory with compute; offloading pays with transfers
+over the host link (`Provenance.host_link`), which a CUDA copy stream overlaps with
+compute (paper 003, POFO). Two pieces, both on the simulator's rules
+(docs/schedules.md):
+
+- `add_offloads` takes any valid schedule and, while its peak is over the budget,
+  picks a value that is live but idle at the peak step (between two of its uses)
+  and offloads it there: offload right after the use before the gap, free once
+  the copy is predicted complete, prefetch early enough that the copy is back
+  before the next use. Each round re-simulates, so channel queueing, stalls and
+  shared storages are counted exactly; it stops when the peak fits or no idle
+  value covers the peak step.
+- `plan_with_offload` runs a rematerialization solver at a ladder of budgets
+  between the target and the store-everything peak (and at the solver's floor
+  when the target is below it), offloads each plan down to the target, and keeps
+  the fastest: less recomputation bought with transfers where that is cheaper.
+  Budgets below rematerialization's least peak become feasible this way.
+
+A value is offloaded only over a gap where no other value holding its storage is live
+(a view would keep the storage on the device, and the prefetch allocate it again);
+graph outputs and resident values never are.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from remat_ir.ir import Graph, pb, simulate, store_all
+from remat_ir.ir.simulator import SimulationResult
+
+from .base import BadRequest, InfeasibleBudget, Progress, quiet
+from .budgets import parse_bandwidth
+
+#: Ratio between successive rematerialization budgets `plan_with_offload` tries.
+LADDER_STEP = 1.5
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """One offload of a value over an idle gap of a base schedule (`idle_gaps`):
+    move `value` out after base step `after`, free it before base step `free_at`,
+    prefetch it before base step `prefetch_at` (its next use is at or after it)."""
+    value: int
+    after: int
+    free_at: int
+    prefetch_at: int
+    size: int
+
+
+def link_of(graph: Graph) -> pb.HostLink:
+    """The graph's host link, or a clear error when offloading cannot be planned."""
+    link = graph.proto.provenance.host_link
+    if link.bandwidth_bytes_per_s <= 0:
+        raise BadRequest("offloading needs the host link's bandwidth, and this graph describes "
+                         "none: lower the model with host_bandwidth='25GB/s' (or the CLI's "
+                         "--host-bandwidth), or let the profiler measure it on the device")
+    return link
+
+
+def describe_link(graph: Graph, bandwidth, *, latency_s: float = 1e-5) -> pb.HostLink:
+    """Record a user-given host link in the graph (`bandwidth`: bytes per second or
+    "25GB/s"): a link to a device's host, whose transfers overlap compute (the PyTorch
+    runtime on CPU copies synchronously whatever the graph says)."""
+    link = graph.proto.provenance.host_link
+    link.bandwidth_bytes_per_s = parse_bandwidth(bandwidth)
+    link.latency_s, link.overlapped, link.source = latency_s, True, "given"
+    return link
+
+
+def _movable_values(graph: Graph) -> set[int]:
+    """Values an offload may move: counted activations that are not graph outputs."""
+    resident = graph.resident_storage_ids
+    return {v.id for v in graph.proto.values if v.storage_id not in resident
+            and v.id not in graph.resident_value_ids and v.id not in graph.output_value_ids}
+
+
+def idle_gaps(graph: Graph, schedule: pb.Schedule, base: SimulationResult | None = None,
+              link: pb.HostLink | None = None) -> list[RoundTrip]:
+    """Every idle gap of every movable value in the base schedule where an offload, free,
+    prefetch round trip fits: the free after the offload's predicted end, the prefetch
+    early enough that its copy ends before the next use (one transfer's time of margin
+    on an overlapped link, so that a queued copy is rarely late), and no other value
+    holding the same storage live from the free to the prefetch (a view would keep the
+    storage on the device, and the prefetch allocate it again)."""
+    steps = list(schedule.steps)
+    base = base or simulate(graph, schedule)
+    link = link or link_of(graph)
+    movable = _movable_values(graph)
+    times = base.start_s + [base.forward_time_s + base.backward_time_s]
+    ends = times[1:]
+    uses: dict[int, list[int]] = {}     # value -> positions that make it live or read it
+    lives: dict[int, list[tuple[int, int, int]]] = {}   # storage -> (value, first, last step)
+    gaps: list[RoundTrip] = []
+
+    def close(v: int, last: int) -> None:
+        positions = uses.pop(v, [])
+        if not positions:
+            return
+        storage = graph.value(v).storage_id
+        lives.setdefault(storage, []).append((v, positions[0], last))
+        size = graph.storage_bytes(storage)
+        seconds = link.latency_s + size / link.bandwidth_bytes_per_s
+        for a, b in zip(positions, positions[1:]):
+            if not link.overlapped:
+                free_at, prefetch_at = a + 1, b
+            else:
+                free_at = bisect.bisect_left(times, ends[a] + seconds, lo=a + 1)
+                prefetch_at = bisect.bisect_right(times, times[b] - 2 * seconds, hi=b) - 1
+            if free_at < prefetch_at <= b:
+                gaps.append(RoundTrip(v, a, free_at, prefetch_at, size))
+
+    for k, step in enumerate(steps):
+        if step.HasField("compute"):
+            node = graph.node(step.compute)
+            for v in node.inputs:
+                if v in uses:
+                    uses[v].append(k)
+            for v in node.outputs:
+                if v in movable:
+                    close(v, k)
+                    uses[v] = [k]
+        elif step.HasField("free") and step.free in uses:
+            close(step.free, k)
+    for v in list(uses):
+        close(v, len(steps))
+
+    def alone(o: RoundTrip) -> bool:
+        return all(other == o.value or last < o.free_at or first > o.prefetch_at
+                   for other, first, last in lives[graph.value(o.value).storage_id])
+    return [o for o in gaps if alone(o)]
+
+
+def with_round_trips(schedule: pb.Schedule, chosen: list[RoundTrip]) -> tuple[pb.Schedule, list[int]]:
+    """The schedule with the chosen round trips, and the base step each of its steps
+    belongs to (inserted steps belong to the step they come before or after)."""
+    steps = list(schedule.steps)
+    before: dict[int, list[pb.Step]] = {}
+    after: dict[int, list[pb.Step]] = {}
+    for o in chosen:
+        after.setdefault(o.after, []).append(pb.Step(offload=o.value))
+        before.setdefault(o.free_at, []).append(pb.Step(free=o.value))
+        before.setdefault(o.prefetch_at, []).append(pb.Step(prefetch=o.value))
+    out = pb.Schedule()
+    out.CopyFrom(schedule)
+    del out.steps[:]
+    owner: list[int] = []
+    for k in range(len(steps) + 1):
+        if k == schedule.backward_start:
+            out.backward_start = len(out.steps)
+        # frees before prefetches: memory goes before more comes
+        for s in sorted(before.get(k, ()), key=lambda s: s.HasField("prefetch")):
+            out.steps.append(s)
+            owner.append(min(k, len(steps) - 1))
+        if k == len(steps):
+            break
+        out.steps.append(steps[k])
+        owner.append(k)
+        for s in after.get(k, ()):
+            out.steps.append(s)
+            owner.append(k)
+    return out, owner
+
+
+def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
+                 host_budget: int | None = None, progress: Progress = quiet) -> pb.Schedule:
+    """`schedule` with offloads that bring its peak within `budget` (see the module
+    docstring); raises InfeasibleBudget with the lowest peak it reached otherwise."""
+    link = link_of(graph)
+    steps = list(schedule.steps)
+    if any(s.HasField("offload") or s.HasField("prefetch") for s in steps):
+        raise BadRequest(f"schedule {schedule.name!r} already moves values to the host")
+    base = simulate(graph, schedule)
+    if not base.valid:
+        raise BadRequest(f"schedule {schedule.name!r} is invalid: {base.violation}")
+    gaps = idle_gaps(graph, schedule, base, link)
+    chosen: list[RoundTrip] = []
+    refused: set[RoundTrip] = set()
+    current, result = schedule, base
+    while True:
+        if result.peak_bytes <= budget:
+            break
+        built_owner = owner if chosen else list(range(len(steps)))
+        k = built_owner[result.peak_step]
+        during = result.memory_during
+        over = {built_owner[i] for i, m in enumerate(during) if m > budget}
+        taken = {(o.value, o.after) for o in chosen}
+        fits = [o for o in gaps if o.free_at <= k < o.prefetch_at and o not in refused
+                and (o.value, o.after) not in taken]
+        if not fits:
+            current.predicted_peak_bytes = result.peak_bytes
+            raise InfeasibleBudget(budget, result.peak_bytes, " (by offloading)", schedule=current)
+        # The best-scoring gaps that together cover the excess at the peak step: bytes
+        # freed there x over-budget steps covered, per second of transfer.
+        excess = result.peak_bytes - budget
+        fits.sort(key=lambda o: -(min(o.size, excess)
+                                  * sum(1 for i in range(o.free_at, o.prefetch_at) if i in over)
+                                  / (link.latency_s + o.size / link.bandwidth_bytes_per_s)))
+        batch, covered = [], 0
+        while covered < excess and len(batch) < len(fits):
+            batch.append(fits[len(batch)])
+            covered += batch[-1].size
+        trial, owner_trial = with_round_trips(schedule, chosen + batch)
+        if host_budget is not None:
+            trial.host_budget_bytes = host_budget
+        trial_result = simulate(graph, trial)
+        if not trial_result.valid:      # over the host budget: fewer values, or another one
+            if len(batch) == 1:
+                refused.add(batch[0])
+            else:
+                refused.update(batch[len(batch) // 2:])
+            continue
+        chosen.extend(batch)
+        current, result, owner = trial, trial_result, owner_trial
+        if len(chosen) % 25 < len(batch):
+            progress(f"offload: {len(chosen)} values moved, peak {result.peak_bytes} bytes "
+                     f"(budget {budget})")
+    if chosen:
+        current.name = f"{schedule.name}+offload"
+        current.predicted_peak_bytes = result.peak_bytes
+        current.predicted_time_s = result.total_time_s
+        current.predicted_host_peak_bytes = result.host_peak_bytes
+    return current
+
+
+def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Schedule], *,
+                      host_budget: int | None = None, progress: Progress = quiet) -> pb.Schedule:
+    """The fastest of: `remat(b)` offloaded down to `budget`, for b on a ladder from
+    `budget` up to the store-everything peak (module docstring). `remat` raises
+    InfeasibleBudget below its floor, whose schedule is then one more starting point."""
+    link_of(graph)
+    peak = store_all(graph).predicted_peak_bytes
+    rungs = []
+    b = float(budget)
+    while b < peak:
+        rungs.append(int(b))
+        b *= LADDER_STEP
+    starts: list[pb.Schedule] = [store_all(graph)]
+    lowest, lowest_peak = None, None     # the lowest-peak plan met (and its peak), for a refusal
+
+    def note(refused: InfeasibleBudget) -> None:
+        nonlocal lowest, lowest_peak
+        if refused.schedule is not None and (lowest is None or refused.smallest_feasible < lowest_peak):
+            lowest, lowest_peak = refused.schedule, refused.smallest_feasible
+
+    for rung in rungs:
+        try:
+            starts.append(remat(rung))
+        except InfeasibleBudget as refused:
+            note(refused)
+            if refused.schedule is not None:
+                starts.append(refused.schedule)
+    best, best_time = None, float("inf")
+    for start in starts:
+        try:
+            planned = add_offloads(graph, start, budget, host_budget=host_budget)
+        except InfeasibleBudget as refused:
+            note(refused)
+            continue
+        time_s = simulate(graph, planned).total_time_s
+        progress(f"offload: from {start.name or 'a plan'} at {simulate(graph, start).peak_bytes} "
+                 f"bytes: {time_s:.4g} s predicted")
+        if time_s < best_time:
+            best, best_time = planned, time_s
+    if best is None:
+        raise InfeasibleBudget(budget, lowest_peak, " (by rematerialization with offloading)",
+                               schedule=lowest)
+    return best
