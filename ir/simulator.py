@@ -30,10 +30,11 @@ explains them with an example):
   at once and starts copying it back; the first step that reads it (or frees it)
   waits for that copy. A value whose offload has not been freed yet cannot be
   computed again. A transfer of b bytes takes `latency_s + b / bandwidth`;
-  transfers queue on one channel in schedule order, beside compute when the link
-  is `overlapped` (a CUDA copy stream: a transfer starts once compute has reached
-  its step and the channel is free), on the compute timeline otherwise (a CPU
-  copy). Without a described link transfers take no time.
+  transfers queue in schedule order on one channel per direction (PCIe is full
+  duplex), beside compute when the link is `overlapped` (CUDA copy streams: a
+  transfer starts once compute has reached its step and its channel is free), on
+  the compute timeline otherwise (a CPU copy). Without a described link transfers
+  take no time.
 - A step's time is the end of its compute timeline: compute steps' `cost.time_s`
   (skipped random runs included) one after another, with waits for transfers
   (`stall_s`), plus the graph's per-step overhead outside ops
@@ -128,7 +129,7 @@ class _Run:
                             else None)
         self.link = graph.proto.provenance.host_link
         self.clock = 0.0                      # when compute reaches the current step
-        self.channel = 0.0                    # when the host link is free again
+        self.channels = {"offload": 0.0, "prefetch": 0.0}  # when each direction is free again
         self.host: dict[int, int] = {}        # value -> bytes of its copy in host memory
         self.host_bytes = 0
         self.offloading: dict[int, float] = {}  # value -> end of its offload (device copy live)
@@ -151,8 +152,9 @@ class _Run:
             self.result.stall_s += until - self.clock
             self.clock = until
 
-    def transfer(self, value_id: int) -> float:
-        """Queue a copy of the value's storage on the host link; return when it ends."""
+    def transfer(self, value_id: int, direction: str) -> float:
+        """Queue a copy of the value's storage on the host link's channel for `direction`
+        ("offload": device to host, "prefetch": back); return when it ends."""
         size = self.g.storage_bytes(self.g.value(value_id).storage_id)
         seconds = (self.link.latency_s + size / self.link.bandwidth_bytes_per_s
                    if self.link.bandwidth_bytes_per_s > 0 else 0.0)
@@ -161,8 +163,8 @@ class _Run:
         if not self.link.overlapped:
             self.clock += seconds
             return self.clock
-        self.channel = max(self.channel, self.clock) + seconds
-        return self.channel
+        self.channels[direction] = max(self.channels[direction], self.clock) + seconds
+        return self.channels[direction]
 
     def run(self) -> SimulationResult:
         steps = self.schedule.steps
@@ -280,7 +282,7 @@ class _Run:
                 return self.fail(k, "already_offloaded", f"offload of {what}, which already has "
                                  "a copy in host memory", value_id=value_id)
             self.wait(self.arriving.pop(value_id, 0.0))
-            self.offloading[value_id] = self.transfer(value_id)
+            self.offloading[value_id] = self.transfer(value_id, "offload")
             self.host[value_id] = self.g.storage_bytes(self.g.value(value_id).storage_id)
             self.host_bytes += self.host[value_id]
             self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
@@ -297,7 +299,7 @@ class _Run:
             return self.fail(k, "prefetch_live", f"prefetch of {what}, which is still live on "
                              "the device (free it after its offload first)", value_id=value_id)
         self.host_bytes -= self.host.pop(value_id)
-        self.arriving[value_id] = self.transfer(value_id)
+        self.arriving[value_id] = self.transfer(value_id, "prefetch")
         self.mem.restore(value_id)
         return self.record(k, self.mem.bytes)
 

@@ -4,7 +4,7 @@
     remat-ir convert MODEL.onnx [--shape NAME=2x16] -o FILE   lower an ONNX model
     remat-ir inspect FILE    what is in an IR file: nodes, ops, tensors, schedules
     remat-ir validate FILE   structure, then every schedule through the simulator
-    remat-ir solve FILE --budget 50% [--solver hiremate] -o OUT   plan within a budget
+    remat-ir solve FILE --budget 50% [--solver hiremate] [--offload] -o OUT   plan within a budget
     remat-ir solvers         every solver that can be named, and where it comes from
     remat-ir partition FILE -o OUT   HiRemate's partition tree, stored in the IR
     remat-ir plot FILE -o PREFIX     memory over a schedule's steps; the partition tree
@@ -172,13 +172,17 @@ class StatusLine:
 def cmd_solve(args) -> int:
     from .ir import save, store_all
     from .solvers import InfeasibleBudget, solve
+    from .solvers.offload import describe_link
 
     graph = load(args.file)
     options = dict(_option(text) for text in args.option)
+    if args.host_bandwidth:
+        describe_link(graph, args.host_bandwidth)
     status = StatusLine()
     try:
         schedule = solve(graph, parse_budget_arg(args.budget), args.solver,
-                         time_limit_s=args.time_limit, progress=status, **options)
+                         time_limit_s=args.time_limit, progress=status, offload=args.offload,
+                         host_budget=args.host_budget, **options)
     except InfeasibleBudget as exc:
         status.done()
         raise RematIRError(f"budget {args.budget} is infeasible for {args.solver}: {exc}") from None
@@ -295,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="planning time limit in seconds (the solver's own default otherwise)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver option, e.g. --option mode=lp for checkmate (repeatable)")
+    p.add_argument("--offload", action="store_true",
+                   help="also move idle activations to host memory and back over the graph's host "
+                        "link, where that is cheaper than recomputing them")
+    p.add_argument("--host-bandwidth", metavar="RATE",
+                   help="the host link to plan offloading with, e.g. 25GB/s (default: the one "
+                        "measured when the graph was profiled)")
+    p.add_argument("--host-budget", metavar="SIZE", help="host memory the offloaded copies may "
+                                                        "take, e.g. 64GiB (default: no limit)")
     p.add_argument("-o", "--output", required=True, help="IR file to write, with the schedule added")
     p.add_argument("--plot", metavar="PNG", help="also plot memory over the steps, against "
                                                  "store-everything (needs matplotlib)")

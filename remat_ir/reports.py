@@ -39,6 +39,13 @@ def _cost_model_text(model: pb.CostModel) -> str:
     return text + (f"; {model.note}" if model.note else "")
 
 
+def _host_link_text(link: pb.HostLink) -> str:
+    """The host link offloading plans with."""
+    return (f"host link ({link.source or 'given'}): {human_bytes(link.bandwidth_bytes_per_s)}/s, "
+            f"latency {human_time(link.latency_s)}, "
+            + ("overlapping compute" if link.overlapped else "on the compute timeline"))
+
+
 def inspect_lines(graph: Graph, path: str, top: int = 10) -> list[str]:
     """The report `remat-ir inspect` prints."""
     g = graph.proto
@@ -48,6 +55,8 @@ def inspect_lines(graph: Graph, path: str, top: int = 10) -> list[str]:
              + (f" ({prov.source_model})" if prov.source_model else "")]
     if prov.cost_device:
         lines.append(f"costs measured on {prov.cost_device}" + _cost_model_text(prov.cost_model))
+    if prov.host_link.bandwidth_bytes_per_s > 0:
+        lines.append(_host_link_text(prov.host_link))
     n_fwd, n_bwd = graph.count_nodes(pb.FORWARD), graph.count_nodes(pb.BACKWARD)
     lines.append(f"nodes: {len(g.nodes)} ({n_fwd} forward, {n_bwd} backward); "
                  f"{sum(1 for n in g.nodes if n.random)} random")
@@ -147,7 +156,10 @@ def solve_summary(graph: Graph, schedule: pb.Schedule, reference: pb.Schedule) -
         f"  time  {human_time(result.total_time_s)} = {overhead:+.1%} versus store-everything "
         f"({human_time(reference.predicted_time_s)}), {result.recomputations} recomputations",
         f"  saved for backward {human_bytes(result.saved_bytes)}",
-    ]
+    ] + ([f"  offloaded {human_bytes(result.transferred_bytes)} over the host link "
+          f"({human_time(result.transfer_s)} of transfers, compute waits "
+          f"{human_time(result.stall_s)}); host memory {human_bytes(result.host_peak_bytes)}"]
+         if result.transferred_bytes else [])
 
 
 def partition_lines(tree) -> list[str]:

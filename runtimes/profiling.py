@@ -118,8 +118,15 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
         flops = float(counter.get_total_flops())
     except Exception:  # no meta kernel or FLOP formula: bytes alone decide
         pass
-    rate, bandwidth, overhead = RATES.get(device.type, RATES["cpu"])
-    return overhead + max(flops / rate, moved / bandwidth), flops, moved
+    return analytic_seconds(flops, moved, device.type), flops, moved
+
+
+def analytic_seconds(flops: float, moved: float, device_type: str) -> float:
+    """The "flops" model's time of an op: launch overhead + max(FLOPs / rate, bytes moved /
+    bandwidth) at `RATES[device_type]` (also how a benchmark prices a graph for a GPU it
+    does not have, from the FLOPs and bytes its nodes record)."""
+    rate, bandwidth, overhead = RATES.get(device_type, RATES["cpu"])
+    return overhead + max(flops / rate, moved / bandwidth)
 
 
 def _output_tensors(node: pb.Node, result) -> list:

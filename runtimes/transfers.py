@@ -12,19 +12,19 @@ The simulator's rules (docs/schedules.md) are what this follows:
   allocated on first use (pinned on CUDA) and reused by every later step, never
   allocated per step.
 
-On CUDA copies run on one transfer stream, in schedule order, so that they overlap
-compute and one buffer is never written before an earlier copy has read it:
+On CUDA copies run on one stream per direction, in schedule order, so that they
+overlap compute and each other (a GPU has a copy engine each way):
 
-- offload: the transfer stream waits for compute to reach the step (the value is
-  written), copies into a host buffer and records an event. The schedule's free of
+- offload: the device-to-host stream waits for compute to reach the step (the value
+  is written), copies into a host buffer and records an event. The schedule's free of
   the value makes compute wait for that event before the tensor's last reference
   goes, so the caching allocator hands its block to later kernels only after the
   copy has read it (no `record_stream`).
-- prefetch: the device block is allocated on the compute stream; the transfer
+- prefetch: the device block is allocated on the compute stream; the host-to-device
   stream waits for compute to reach the step (earlier kernels may still use that
   block), copies and records an event; compute waits for it before the first step
   that reads, offloads or frees the value. Its host buffer goes back to the pool at
-  once: the next copy into it is queued behind this one on the same stream.
+  once with that event, which the next offload into it waits for.
 
 On CPU a copy is a synchronous memcpy: the device and the host are the same memory,
 so offloading saves nothing there, but the code path and its exactness are tested.
@@ -49,46 +49,53 @@ class HostCopy:
 
 
 class Transfers:
-    """The transfer stream and host buffer pool of one runtime on one device."""
+    """The copy streams and host buffer pool of one runtime on one device."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.idle: dict[int, list[torch.Tensor]] = {}   # bytes -> host buffers not in use
-        self.allocated_bytes = 0                         # host bytes the pool ever allocated
+        self.outward = torch.cuda.Stream(device) if self.cuda else None   # device to host
+        self.inward = torch.cuda.Stream(device) if self.cuda else None    # host to device
+        #: bytes -> host buffers not in use, each with the event of the last copy reading it
+        self.idle: dict[int, list[tuple[torch.Tensor, object]]] = {}
+        self.allocated_bytes = 0     # host bytes the pool ever allocated
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
+        """A host buffer to offload into; on CUDA the offload stream first waits for the
+        prefetch that last read it."""
         idle = self.idle.get(nbytes)
         if idle:
-            return idle.pop()
+            buffer, read = idle.pop()
+            if read is not None:
+                self.outward.wait_event(read)
+            return buffer
         self.allocated_bytes += nbytes
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.cuda)
 
-    def _copy(self, destination: torch.Tensor, source: torch.Tensor):
-        """Copy bytes; on CUDA on the transfer stream once compute has reached this point,
-        returning the event that marks the end of the copy."""
+    def _copy(self, stream, destination: torch.Tensor, source: torch.Tensor):
+        """Copy bytes; on CUDA on `stream` once compute has reached this point, returning
+        the event that marks the end of the copy."""
         if not self.cuda:
             destination.copy_(source)
             return None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
             destination.copy_(source, non_blocking=True)
             done = torch.cuda.Event()
-            done.record(self.stream)
+            done.record(stream)
         return done
 
     def offload(self, tensor: torch.Tensor) -> HostCopy:
         """Start copying `tensor`'s storage into a host buffer."""
         storage = torch.empty(0, dtype=torch.uint8, device=self.device).set_(tensor.untyped_storage())
         buffer = self._buffer(storage.numel())
-        return HostCopy(buffer, tensor, self._copy(buffer, storage))
+        return HostCopy(buffer, tensor, self._copy(self.outward, buffer, storage))
 
     def prefetch(self, copy: HostCopy) -> torch.Tensor:
         """A fresh device tensor that the copy is being written back into (wait before use)."""
         storage = torch.empty(copy.buffer.numel(), dtype=torch.uint8, device=self.device)
-        copy.done = self._copy(storage, copy.buffer)
-        self.release(copy)
+        copy.done = self._copy(self.inward, storage, copy.buffer)
+        self.release(copy, read=copy.done)
         return torch.empty(0, dtype=copy.dtype, device=self.device).set_(
             storage.untyped_storage(), copy.offset, copy.size, copy.stride)
 
@@ -98,10 +105,12 @@ class Transfers:
             torch.cuda.current_stream(self.device).wait_event(copy.done)
             copy.done = None
 
-    def release(self, copy: HostCopy) -> None:
-        """The host copy is no longer needed: its buffer goes back to the pool."""
+    def release(self, copy: HostCopy, read=None) -> None:
+        """The host copy is no longer needed: its buffer goes back to the pool, with the
+        event of the prefetch still reading it (None: only offloads, on the offload
+        stream, ever wrote it, and the next one is queued behind them)."""
         if copy.buffer is not None:
-            self.idle.setdefault(copy.buffer.numel(), []).append(copy.buffer)
+            self.idle.setdefault(copy.buffer.numel(), []).append((copy.buffer, read))
             copy.buffer = None
 
 

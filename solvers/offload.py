@@ -6,12 +6,14 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
 (docs/schedules.md):
 
 - `add_offloads` takes any valid schedule and, while its peak is over the budget,
-  picks a value that is live but idle at the peak step (between two of its uses)
-  and offloads it there: offload right after the use before the gap, free once
+  picks values that are live but idle at the peak step (between two of their uses)
+  and offloads them there: offload right after the use before the gap, free once
   the copy is predicted complete, prefetch early enough that the copy is back
-  before the next use. Each round re-simulates, so channel queueing, stalls and
-  shared storages are counted exactly; it stops when the peak fits or no idle
-  value covers the peak step.
+  before the next use, with the copies queued on the link's channels (`_place`).
+  Each round re-simulates, so queueing, stalls and shared storages are counted
+  exactly, and is kept only if it lowers the bytes over the budget summed over the
+  steps without raising the peak; it stops when the peak fits or no idle value
+  covers the peak step.
 - `plan_with_offload` runs a rematerialization solver at a ladder of budgets
   between the target and the store-everything peak (and at the solver's floor
   when the target is below it), offloads each plan down to the target, and keeps
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from remat_ir.ir import Graph, pb, simulate, store_all
 from remat_ir.ir.simulator import SimulationResult
@@ -37,18 +39,58 @@ from .budgets import parse_bandwidth
 
 #: Ratio between successive rematerialization budgets `plan_with_offload` tries.
 LADDER_STEP = 1.5
+#: A prefetch is placed to end this many of its own transfer times before the use (a
+#: little slack for stalls that shift compute).
+PREFETCH_MARGIN = 1.1
 
 
 @dataclass(frozen=True)
 class RoundTrip:
     """One offload of a value over an idle gap of a base schedule (`idle_gaps`):
     move `value` out after base step `after`, free it before base step `free_at`,
-    prefetch it before base step `prefetch_at` (its next use is at or after it)."""
+    prefetch it before base step `prefetch_at`; its next use is base step `use`. `late`:
+    the prefetch comes too late for its copy to end before the use: compute will wait."""
     value: int
     after: int
     free_at: int
     prefetch_at: int
+    use: int
     size: int
+    late: bool = False
+
+
+def _seconds(link: pb.HostLink, size: int) -> float:
+    return link.latency_s + size / link.bandwidth_bytes_per_s
+
+
+def _place(trips: list[RoundTrip], times: list[float], link: pb.HostLink) -> list[RoundTrip]:
+    """The round trips with frees and prefetches placed for the transfers queued together:
+    offloads in order on the device-to-host channel, each freed at the first step after
+    its copy ends; prefetches placed latest first on the host-to-device channel (each ends
+    before its use and before the next prefetch starts). A trip left with no step between
+    its free and its prefetch is dropped."""
+    if not link.overlapped:
+        return trips
+    channel, free_at = 0.0, {}
+    for o in sorted(trips, key=lambda o: (o.after, o.value)):
+        channel = max(channel, times[o.after + 1]) + _seconds(link, o.size)
+        free_at[o] = max(o.free_at, bisect.bisect_left(times, channel, lo=o.after + 1))
+    placed, start = [], float("inf")
+    for o in sorted(trips, key=lambda o: (-o.use, o.value)):
+        if o.late:   # brought back right before its use on purpose
+            placed.append(replace(o, free_at=min(free_at[o], o.use - 1)))
+            continue
+        start = min(start, times[o.use]) - PREFETCH_MARGIN * _seconds(link, o.size)
+        prefetch_at = min(o.prefetch_at, bisect.bisect_right(times, start, hi=o.use) - 1)
+        free = min(free_at[o], o.use - 1)
+        placed.append(replace(o, free_at=free, prefetch_at=max(prefetch_at, free + 1)))
+    return placed
+
+
+def _excess(result: SimulationResult, budget: int) -> int:
+    """Bytes over the budget, summed over the steps: what each round must lower (the peak
+    alone may stay where it is while it moves to another step)."""
+    return sum(m - budget for m in result.memory_during if m > budget)
 
 
 def link_of(graph: Graph) -> pb.HostLink:
@@ -81,17 +123,18 @@ def _movable_values(graph: Graph) -> set[int]:
 def idle_gaps(graph: Graph, schedule: pb.Schedule, base: SimulationResult | None = None,
               link: pb.HostLink | None = None) -> list[RoundTrip]:
     """Every idle gap of every movable value in the base schedule where an offload, free,
-    prefetch round trip fits: the free after the offload's predicted end, the prefetch
-    early enough that its copy ends before the next use (one transfer's time of margin
-    on an overlapped link, so that a queued copy is rarely late), and no other value
-    holding the same storage live from the free to the prefetch (a view would keep the
-    storage on the device, and the prefetch allocate it again)."""
+    prefetch round trip fits alone: the free after the offload's predicted end, the
+    prefetch early enough that its copy ends before the next use (`PREFETCH_MARGIN`);
+    and the same gap with the prefetch right before the use (`late`: the value stays off
+    the device longer, and compute waits for its copy),
+    and no other value holding the same storage live from the free to the prefetch (a
+    view would keep the storage on the device, and the prefetch allocate it again).
+    Transfers queued together only narrow these windows (`_place`)."""
     steps = list(schedule.steps)
     base = base or simulate(graph, schedule)
     link = link or link_of(graph)
     movable = _movable_values(graph)
     times = base.start_s + [base.forward_time_s + base.backward_time_s]
-    ends = times[1:]
     uses: dict[int, list[int]] = {}     # value -> positions that make it live or read it
     lives: dict[int, list[tuple[int, int, int]]] = {}   # storage -> (value, first, last step)
     gaps: list[RoundTrip] = []
@@ -103,15 +146,20 @@ def idle_gaps(graph: Graph, schedule: pb.Schedule, base: SimulationResult | None
         storage = graph.value(v).storage_id
         lives.setdefault(storage, []).append((v, positions[0], last))
         size = graph.storage_bytes(storage)
-        seconds = link.latency_s + size / link.bandwidth_bytes_per_s
+        seconds = _seconds(link, size)
         for a, b in zip(positions, positions[1:]):
             if not link.overlapped:
                 free_at, prefetch_at = a + 1, b
             else:
-                free_at = bisect.bisect_left(times, ends[a] + seconds, lo=a + 1)
-                prefetch_at = bisect.bisect_right(times, times[b] - 2 * seconds, hi=b) - 1
-            if free_at < prefetch_at <= b:
-                gaps.append(RoundTrip(v, a, free_at, prefetch_at, size))
+                free_at = bisect.bisect_left(times, times[a + 1] + seconds, lo=a + 1)
+                prefetch_at = bisect.bisect_right(times, times[b] - PREFETCH_MARGIN * seconds, hi=b) - 1
+            free_at = min(free_at, b - 1)
+            if not a + 1 <= free_at < b:
+                continue
+            if free_at < prefetch_at:
+                gaps.append(RoundTrip(v, a, free_at, prefetch_at, b, size))
+            if prefetch_at < b:  # back just when needed: longer off the device, compute waits
+                gaps.append(RoundTrip(v, a, free_at, b, b, size, late=True))
 
     for k, step in enumerate(steps):
         if step.HasField("compute"):
@@ -143,6 +191,8 @@ def with_round_trips(schedule: pb.Schedule, chosen: list[RoundTrip]) -> tuple[pb
     for o in chosen:
         after.setdefault(o.after, []).append(pb.Step(offload=o.value))
         before.setdefault(o.free_at, []).append(pb.Step(free=o.value))
+    # frees before prefetches (memory goes before more comes); prefetches by use
+    for o in sorted(chosen, key=lambda o: (o.use, o.value)):
         before.setdefault(o.prefetch_at, []).append(pb.Step(prefetch=o.value))
     out = pb.Schedule()
     out.CopyFrom(schedule)
@@ -151,8 +201,7 @@ def with_round_trips(schedule: pb.Schedule, chosen: list[RoundTrip]) -> tuple[pb
     for k in range(len(steps) + 1):
         if k == schedule.backward_start:
             out.backward_start = len(out.steps)
-        # frees before prefetches: memory goes before more comes
-        for s in sorted(before.get(k, ()), key=lambda s: s.HasField("prefetch")):
+        for s in before.get(k, ()):
             out.steps.append(s)
             owner.append(min(k, len(steps) - 1))
         if k == len(steps):
@@ -177,6 +226,7 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
     if not base.valid:
         raise BadRequest(f"schedule {schedule.name!r} is invalid: {base.violation}")
     gaps = idle_gaps(graph, schedule, base, link)
+    times = base.start_s + [base.forward_time_s + base.backward_time_s]
     chosen: list[RoundTrip] = []
     refused: set[RoundTrip] = set()
     current, result = schedule, base
@@ -187,33 +237,42 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
         k = built_owner[result.peak_step]
         during = result.memory_during
         over = {built_owner[i] for i, m in enumerate(during) if m > budget}
-        taken = {(o.value, o.after) for o in chosen}
+        # A gap offloaded on time may be taken again late (off the device longer).
+        taken = set(chosen)
         fits = [o for o in gaps if o.free_at <= k < o.prefetch_at and o not in refused
-                and (o.value, o.after) not in taken]
+                and o not in taken]
         if not fits:
             current.predicted_peak_bytes = result.peak_bytes
             raise InfeasibleBudget(budget, result.peak_bytes, " (by offloading)", schedule=current)
         # The best-scoring gaps that together cover the excess at the peak step: bytes
-        # freed there x over-budget steps covered, per second of transfer.
+        # freed there x over-budget steps covered, per second of transfer; gaps where
+        # compute would wait for the copies last.
         excess = result.peak_bytes - budget
-        fits.sort(key=lambda o: -(min(o.size, excess)
-                                  * sum(1 for i in range(o.free_at, o.prefetch_at) if i in over)
-                                  / (link.latency_s + o.size / link.bandwidth_bytes_per_s)))
-        batch, covered = [], 0
-        while covered < excess and len(batch) < len(fits):
-            batch.append(fits[len(batch)])
-            covered += batch[-1].size
-        trial, owner_trial = with_round_trips(schedule, chosen + batch)
+        fits.sort(key=lambda o: (o.late, -(min(o.size, excess)
+                                           * sum(1 for i in range(o.free_at, o.prefetch_at) if i in over)
+                                           / _seconds(link, o.size))))
+        batch, covered, gaps_in_batch = [], 0, set()
+        for o in fits:
+            if covered >= excess:
+                break
+            if (o.value, o.after) not in gaps_in_batch:
+                batch.append(o)
+                gaps_in_batch.add((o.value, o.after))
+                covered += o.size
+        kept = [o for o in chosen if (o.value, o.after) not in gaps_in_batch]
+        trial, owner_trial = with_round_trips(schedule, _place(kept + batch, times, link))
         if host_budget is not None:
             trial.host_budget_bytes = host_budget
         trial_result = simulate(graph, trial)
-        if not trial_result.valid:      # over the host budget: fewer values, or another one
+        if (not trial_result.valid or trial_result.peak_bytes > result.peak_bytes
+                or _excess(trial_result, budget) >= _excess(result, budget)):
+            # over the host budget, or queued transfers leave no room: fewer, or others
             if len(batch) == 1:
                 refused.add(batch[0])
             else:
                 refused.update(batch[len(batch) // 2:])
             continue
-        chosen.extend(batch)
+        chosen = kept + batch
         current, result, owner = trial, trial_result, owner_trial
         if len(chosen) % 25 < len(batch):
             progress(f"offload: {len(chosen)} values moved, peak {result.peak_bytes} bytes "

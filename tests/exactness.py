@@ -26,6 +26,11 @@ from remat_ir import ir
 from remat_ir.ir import pb
 
 
+#: Zoo models for schedule searches: every kind of node the runtime treats apart
+#: (random, buffer updates, a preserved custom Function, views, tuple outputs).
+SEARCH_MODELS = ("mlp_dropout", "gpt2", "cnn_batchnorm", "straight_through", "lora_llama")
+
+
 @functools.cache
 def lowered(name: str) -> ir.Graph:
     """A zoo model (tiny) lowered with FLOP costs, once per test session."""

@@ -25,7 +25,7 @@ def test_inspect_shipped_example():
     result = remat_ir("inspect", EXAMPLE)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "graph 'mlp4x128', IR format 1.2" in out
+    assert "graph 'mlp4x128', IR format 1.3" in out
     assert "nodes: 37 (15 forward, 22 backward); 3 random" in out
     assert "aten.addmm.default                          4         0" in out
     assert "biggest tensors (top 10):" in out
@@ -168,3 +168,23 @@ def test_solver_options_read_booleans_numbers_and_words():
     assert _option("iterations=2000") == ("iterations", 2000)
     assert _option("weight=1.5") == ("weight", 1.5)
     assert _option("start=hiremate") == ("start", "hiremate")
+
+
+def test_solve_with_offloading(tmp_path):
+    """`remat-ir solve --offload` needs a link, plans over the given one (transfers of
+    1000 bytes are nothing next to 1 s ops: the store-everything order offloaded beats
+    recomputing), says what moves, and stores the link."""
+    graph, _ = chain(6)
+    path = ir.save(graph, tmp_path / "chain.rir")
+    out = remat_ir("solve", path, "--budget", "30%", "--offload", "-o", tmp_path / "x.rir")
+    assert out.returncode == 2 and "host link's bandwidth" in out.stderr
+    out = remat_ir("solve", path, "--budget", "60%", "--offload", "--host-bandwidth", "1MB/s",
+                   "-o", tmp_path / "moved.rir")
+    assert out.returncode == 0, out.stderr
+    assert "over the host link" in out.stdout and "host memory" in out.stdout
+    moved = ir.load(tmp_path / "moved.rir")
+    assert moved.proto.provenance.host_link.bandwidth_bytes_per_s == 1e6
+    schedule = moved.proto.schedules[-1]
+    assert any(s.HasField("offload") for s in schedule.steps)
+    assert ir.check(moved, schedule).peak_bytes <= 0.6 * ir.store_all(moved).predicted_peak_bytes
+    assert "host link (given)" in remat_ir("inspect", tmp_path / "moved.rir").stdout

@@ -22,14 +22,11 @@ from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
 import zoo_models
-from exactness import lowered, random_schedule, side_by_side
+from exactness import SEARCH_MODELS as MODELS, lowered, random_schedule, side_by_side
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
-#: Models for the schedule search: every kind of node the runtime treats apart
-#: (random, buffer updates, a preserved custom Function, views, tuple outputs).
-MODELS = ("mlp_dropout", "gpt2", "cnn_batchnorm", "straight_through", "lora_llama")
 
 
 @pytest.mark.parametrize("name", MODELS)

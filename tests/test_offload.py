@@ -29,9 +29,8 @@ from remat_ir.solvers.offload import describe_link, idle_gaps, with_round_trips
 
 import zoo
 import zoo_models
-from exactness import lowered, random_schedule, side_by_side
+from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
 from strategies import training_graphs
-from test_differential import MODELS
 
 #: A link on which every idle gap is wide open: transfers on the compute timeline, instant.
 INSTANT = pb.HostLink(bandwidth_bytes_per_s=1e18, latency_s=0.0, overlapped=False)
@@ -54,7 +53,7 @@ def random_round_trips(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Rando
     return moved
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SEARCH_MODELS)
 @settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), share=st.sampled_from([0.1, 0.5, 1.0]))
