@@ -172,7 +172,12 @@ def picture(rows: list[dict], path: Path) -> Path | None:
                      if r["link"] == link and r["offload"]["reached"]]
             ax.plot([s * 100 for s, _ in moved], [o * 100 for _, o in moved], "s--",
                     label=f"with offloading, {LINKS[link][0]}")
-        ax.set_title(name)
+        least = {key: min((r[key]["least_share"] for r in mine if not r[key]["reached"]), default=None)
+                 for key in ("remat", "offload")}
+        ax.set_title(name + "".join(f"\nleast peak {label}: {least[key]:.1%}"
+                                    for key, label in (("remat", "remat alone"),
+                                                       ("offload", "with offloading"))
+                                    if least[key] is not None), fontsize=9)
         ax.set_xlabel("budget, % of the store-everything peak")
         ax.set_ylabel("predicted overhead, %")
         ax.invert_xaxis()

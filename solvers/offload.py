@@ -13,7 +13,9 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
   Each round re-simulates, so queueing, stalls and shared storages are counted
   exactly, and is kept only if it lowers the bytes over the budget summed over the
   steps without raising the peak; it stops when the peak fits or no idle value
-  covers the peak step.
+  covers the peak step. Where compute then waits for copies, round trips the budget
+  does not need are dropped again (rounds overshoot: they cover the excess at one
+  step with whole values).
 - `plan_with_offload` runs a rematerialization solver at a ladder of budgets
   between the target and the store-everything peak (and at the solver's floor
   when the target is below it), offloads each plan down to the target, and keeps
@@ -38,10 +40,13 @@ from .base import BadRequest, InfeasibleBudget, Progress, quiet
 from .budgets import parse_bandwidth
 
 #: Ratio between successive rematerialization budgets `plan_with_offload` tries.
-LADDER_STEP = 1.5
+LADDER_STEP = 1.25
 #: A prefetch is placed to end this many of its own transfer times before the use (a
 #: little slack for stalls that shift compute).
 PREFETCH_MARGIN = 1.1
+#: Round trips (the largest first) `add_offloads` tries to drop again once the budget is
+#: met, where compute waits for copies.
+TRIM_TRIES = 40
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,15 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
         if len(chosen) % 25 < len(batch):
             progress(f"offload: {len(chosen)} values moved, peak {result.peak_bytes} bytes "
                      f"(budget {budget})")
+    if result.stall_s > 0:   # copies queue up: drop the round trips the budget does not need
+        for o in sorted(chosen, key=lambda o: -o.size)[:TRIM_TRIES]:
+            kept = [c for c in chosen if c != o]
+            trial, _ = with_round_trips(schedule, _place(kept, times, link))
+            if host_budget is not None:
+                trial.host_budget_bytes = host_budget
+            trial_result = simulate(graph, trial, budget=budget)
+            if trial_result.valid and trial_result.total_time_s < result.total_time_s:
+                chosen, current, result = kept, trial, trial_result
     if chosen:
         current.name = f"{schedule.name}+offload"
         current.predicted_peak_bytes = result.peak_bytes
