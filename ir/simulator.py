@@ -35,6 +35,10 @@ explains them with an example):
   transfer starts once compute has reached its step and its channel is free), on
   the compute timeline otherwise (a CPU copy). Without a described link transfers
   take no time.
+- At `backward_start` the forward outputs (user outputs, buffer updates) must
+  be live (the caller gets them once any prefetch of them has ended); the other
+  live values are what the step saves for backward. At the end every graph
+  output must be live.
 - A step's time is the end of its compute timeline: compute steps' `cost.time_s`
   (skipped random runs included) one after another, with waits for transfers
   (`stall_s`), plus the graph's per-step overhead outside ops
@@ -216,6 +220,8 @@ class _Run:
         for v in sorted(forward_outputs - set(self.mem.live) - self.g.resident_value_ids):
             return self.fail(k, "output_missing", f"forward output {self.g.describe_value(v)} "
                              "is not live when backward starts", value_id=v)
+        for v in sorted(forward_outputs & set(self.arriving)):
+            self.wait(self.arriving.pop(v))
         saved = sorted(set(self.mem.live) - forward_outputs)
         self.result.saved_value_ids = saved
         self.result.saved_bytes = self.mem.held_bytes(saved)

@@ -6,7 +6,7 @@ as Python source, one line per step, and compiled. A compute step is a call
 of the op (a recomputation is simply a second call), a free is `del`, so that
 the tensor's last reference goes exactly where the schedule says. Ops,
 constants and the device are bound as globals of the generated code. Offload and
-prefetch steps call the runtime's `transfers.Transfers` (copy stream, host buffer
+prefetch steps call the runtime's `transfers.Transfers` (copy streams, host buffer
 pool), with waits where the schedule frees or reads a value in transit.
 
     forward(R)        -> (user outputs, buffer updates, saved)
