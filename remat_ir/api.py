@@ -110,6 +110,10 @@ class Planner:
                 cache.store_graph(graph_key, graph)
         if self.host_bandwidth is not None:
             describe_link(graph, self.host_bandwidth)
+        if self.options.get("offload") and not graph.proto.provenance.cost_device.startswith("cuda"):
+            notify_stderr(f"remat-ir: offloading on {graph.proto.provenance.cost_device or 'cpu'} "
+                          "copies activations into host buffers in the same memory: the plan "
+                          "runs, exactly, but saves no memory there (offload on a CUDA device)")
         if not cache:
             return graph, self._plan(graph)
         options = dict(self.options, time_limit_s=self.time_limit_s, host_bandwidth=self.host_bandwidth)

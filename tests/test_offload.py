@@ -126,6 +126,17 @@ def test_offloading_is_never_predicted_slower_than_rematerialization(graph, shar
         assert result.total_time_s <= remat.predicted_time_s * (1 + 1e-9)
 
 
+def test_host_budget_bounds_the_copies():
+    graph = ir.Graph(lowered("gpt2").proto)
+    describe_link(graph, "1TB/s")
+    free_hand = solvers.solve(graph, "60%", "rotor", offload=True)
+    held = ir.simulate(graph, free_hand).host_peak_bytes
+    assert held > 0
+    bounded = solvers.solve(graph, "60%", "rotor", offload=True, host_budget=held // 2)
+    assert bounded.host_budget_bytes == held // 2
+    assert ir.check(graph, bounded).host_peak_bytes <= held // 2
+
+
 def test_offloading_needs_a_link_and_says_so():
     graph = ir.Graph(lowered("mlp_dropout").proto)
     graph.proto.provenance.ClearField("host_link")
@@ -140,7 +151,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_offloaded_training_on_device(device):
+def test_offloaded_training_on_device(device, capfd):
     """`remat(..., offload=True)` on the device: exact against eager there, with the link
     measured; on CUDA the measured peak is within 5% of the simulated one."""
     from remat_ir import remat
@@ -150,6 +161,8 @@ def test_offloaded_training_on_device(device):
     kwargs = {k: v.to(device) for k, v in kwargs.items()}
     scheduled = remat(model, args, example_kwargs=kwargs, budget="60%", offload=True,
                       cost_model="isolated")
+    if device == "cpu":
+        assert "saves no memory there" in capfd.readouterr().err
     link = scheduled.graph.proto.provenance.host_link
     assert link.source == "measured" and link.bandwidth_bytes_per_s > 0
     assert link.overlapped == (device == "cuda")
