@@ -20,7 +20,8 @@ default planner alone (`solve(graph, budget)`) and with offloading
 computed once per graph and shared by the links): predicted overhead (time /
 store-everything's - 1), where compute waits for transfers, host memory, planning
 seconds; or the smallest budget each reaches. "ratio" is offloading's overhead over
-rematerialization's: the paper (POFO, 003) reports about 2/3.
+rematerialization's: the paper (POFO, 003) reports about 2/3. The `pofo` solver (rotor's
+chain DP with an offload move) is planned beside it on the same graph and link.
 
 Nothing here is measured on a device: on a GPU, `make gpu-check` runs the offloading
 tests (measured peak against simulated). Writes benchmarks/results/offload.json (rows,
@@ -122,12 +123,13 @@ def rows_for(name: str, cache: Path) -> list[dict]:
             link.bandwidth_bytes_per_s, link.latency_s, link.overlapped = bandwidth, latency, True
             link.source = "given"
             moved, seconds = _plan(plan_with_offload, graph, budget, remat)
+            pofo, pofo_seconds = _plan(lambda: solvers.solve(graph, budget, "pofo"))
             row = {"graph": name, "link": link_name, "share": share, "remat": alone_row,
-                   "offload": describe(moved, seconds)}
+                   "offload": describe(moved, seconds), "pofo": describe(pofo, pofo_seconds)}
             if row["remat"]["reached"] and row["offload"]["reached"] and row["remat"]["overhead"] > 0:
                 row["ratio"] = row["offload"]["overhead"] / row["remat"]["overhead"]
             say(f"  {share:.0%} {link_name}: remat {_cell(row['remat'])}; with offloading "
-                f"{_cell(row['offload'])}")
+                f"{_cell(row['offload'])}; pofo {_cell(row['pofo'])}")
             rows.append(row)
     return rows
 
@@ -140,15 +142,18 @@ def _cell(d: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| graph | link | budget | remat alone: overhead (peak) | with offloading: overhead (peak) "
-             "| ratio | compute waits | moved | host memory | planning s (alone / offload) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| ratio | compute waits | moved | host memory | pofo: overhead (peak) "
+             "| planning s (alone / offload / pofo) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         a, o = r["remat"], r["offload"]
+        p = r.get("pofo")
         extra = (f"{o['stall_share']:.1%} | {o['transferred_mib']:.0f} MiB | {o['host_peak_mib']:.0f} MiB"
                  if o["reached"] else "| |")
         ratio = f"{r['ratio']:.2f}" if "ratio" in r else ""
         lines.append(f"| {r['graph']} | {r['link']} | {r['share']:.0%} | {_cell(a)} | {_cell(o)} | {ratio} "
-                     f"| {extra} | {a['planning_s']} / {o['planning_s']} |")
+                     f"| {extra} | {_cell(p) if p else ''} | {a['planning_s']} / {o['planning_s']}"
+                     f"{' / ' + str(p['planning_s']) if p else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -170,8 +175,12 @@ def picture(rows: list[dict], path: Path) -> Path | None:
         for link in LINKS:
             moved = [(r["share"], r["offload"]["overhead"]) for r in mine
                      if r["link"] == link and r["offload"]["reached"]]
-            ax.plot([s * 100 for s, _ in moved], [o * 100 for _, o in moved], "s--",
-                    label=f"with offloading, {LINKS[link][0]}")
+            line, = ax.plot([s * 100 for s, _ in moved], [o * 100 for _, o in moved], "s--",
+                            label=f"with offloading, {LINKS[link][0]}")
+            dp = [(r["share"], r["pofo"]["overhead"]) for r in mine
+                  if r["link"] == link and r.get("pofo", {}).get("reached")]
+            ax.plot([s * 100 for s, _ in dp], [o * 100 for _, o in dp], "^:", color=line.get_color(),
+                    label=f"pofo, {LINKS[link][0]}")
         least = {key: min((r[key]["least_share"] for r in mine if not r[key]["reached"]), default=None)
                  for key in ("remat", "offload")}
         ax.set_title(name + "".join(f"\nleast peak {label}: {least[key]:.1%}"

@@ -34,6 +34,8 @@ BUILTINS = {
                   "exact MILP (Checkmate) in python-mip; mode='lp' rounds the LP relaxation"),
     "rotor": ("remat_ir.solvers.rotor:rotor",
               "chain dynamic program over the segments between articulation points"),
+    "pofo": ("remat_ir.solvers.pofo:pofo",
+             "rotor's chain DP with offloading over the host link (POFO); needs a described link"),
     "fastsa": ("remat_ir.solvers.fastsa:fastsa",
                "simulated annealing over compute sequences (Fast SA): groups, then single nodes"),
     "twremat": ("remat_ir.solvers.twremat:twremat",

@@ -169,10 +169,13 @@ class Chain:
 
 
 class _Tables:
-    """The DP tables for one memory scale."""
+    """The DP tables for one memory scale. With `round_trip` (seconds to offload and
+    prefetch so many bytes; `pofo`), a stored stage may also be offloaded while the
+    rest of the chain runs (`offload_move`)."""
 
-    def __init__(self, chain: Chain, capacity: int, progress):
+    def __init__(self, chain: Chain, capacity: int, progress, round_trip=None, overlapped=True):
         self.chain = chain
+        self.round_trip = round_trip
         capacity = max(0, capacity - chain.pinned_bytes)
         self.unit = max(1, math.ceil(capacity / SLOTS))
         self.M = capacity // self.unit
@@ -208,6 +211,19 @@ class _Tables:
                     else:
                         cand = cost + self.shift(self.opt[s + 1, t], u(opt.hist))
                     consider(cand, need, o)
+                    if round_trip is not None and s < t:
+                        # POFO's move: the stage's saved results leave the device while
+                        # stages s+1..t run and come back for its backward; the middle
+                        # runs without them, and the step waits for the longer of the two.
+                        middle, seconds = self.opt[s + 1, t], round_trip(opt.hist)
+                        cand = cost + (np.maximum(middle, seconds) if overlapped else middle + seconds)
+                        # Its results are on the device again while stage s+1's backward
+                        # runs (the prefetch overlaps it) and before they leave.
+                        nxt = stages[s + 1].options[0]
+                        back = (u(opt.hist) + u(nxt.backward_hist + nxt.backward_peak + grad[s + 1]
+                                                + after[s + 1]) - u(grad[t]))
+                        consider(cand, max(need, u(opt.hist + stages[s + 1].boundary), back),
+                                 self.offload_code(s) + o)
                 n_opts = len(st.options)
                 if s == t and st.direct is not None:
                     opt = st.direct
@@ -223,6 +239,10 @@ class _Tables:
                             + self.shift(self.opt[s, s2 - 1], u(grad[s2 - 1]) - u(grad[t])))
                     consider(cand, need, n_opts + s2)
                 self.opt[s, t], self.arg[s, t] = best, arg
+
+    def offload_code(self, s: int) -> int:
+        """Codes from here on are `offload_move`s of stage s (option = code - this)."""
+        return len(self.chain.stages[s].options) + len(self.chain.stages) + 1
 
     def units(self, nbytes: int) -> int:
         return -(-int(nbytes) // self.unit)
@@ -242,7 +262,8 @@ class _Tables:
         return int(finite[0]) if finite.size else None
 
     def operations(self, m: int) -> list[tuple]:
-        """The plan as ("forward", stage, option|None) / ("backward", stage, option) steps."""
+        """The plan as ("forward", stage, option|None) / ("backward", stage, option) steps,
+        with ("offload", stage, option) after the forward of a stage offloaded."""
         ops: list[tuple] = []
         todo = [("solve", 0, len(self.chain.stages) - 1, m)]
         stages, u = self.chain.stages, self.units
@@ -254,7 +275,11 @@ class _Tables:
             _, s, t, m = item
             code = int(self.arg[s, t][m])
             n_opts = len(stages[s].options)
-            if code == n_opts:
+            if code >= self.offload_code(s):
+                o = code - self.offload_code(s)
+                then = [("forward", s, o), ("offload", s, o), ("solve", s + 1, t, m),
+                        ("backward", s, o)]
+            elif code == n_opts:
                 then = [("backward", s, None)]
             elif code < n_opts:
                 opt = stages[s].options[code]
@@ -272,23 +297,31 @@ class _Tables:
         return ops
 
 
-def _sequence(chain: Chain, ops: list[tuple]) -> tuple[list[int], int]:
+def sequence_of(chain: Chain, ops: list[tuple]) -> tuple[list[int], int, dict[int, tuple[int, int]]]:
+    """(compute sequence, forward length, offloaded stages): for each stage an "offload"
+    op names, the position in the sequence where its forward ends and where its
+    backward (recomputations first) begins."""
     sequence: list[int] = []
     forward_length = None
+    offloaded: dict[int, tuple[int, int]] = {}
     for kind, s, o in ops:
         stage = chain.stages[s]
         if kind == "forward":
             sequence.extend(stage.segment.forward)
+        elif kind == "offload":
+            offloaded[s] = (len(sequence), -1)
         else:
             if forward_length is None:
                 forward_length = len(sequence)
+            if s in offloaded:
+                offloaded[s] = (offloaded[s][0], len(sequence))
             sequence.extend((stage.direct if o is None else stage.options[o]).recompute)
             sequence.extend(stage.segment.backward)
-    return sequence, len(sequence) if forward_length is None else forward_length
+    return sequence, len(sequence) if forward_length is None else forward_length, offloaded
 
 
 def _schedule(chain: Chain, plan: _Tables, m: int) -> pb.Schedule:
-    sequence, forward_length = _sequence(chain, plan.operations(m))
+    sequence, forward_length, _ = sequence_of(chain, plan.operations(m))
     return to_schedule(chain.tg, sequence, forward_length, name="rotor")
 
 

@@ -6,8 +6,9 @@ training exactly like eager.
   CPU, where an offload is a copy into a host buffer.
 - The zoo at 30% (or the lowest peak reached) planned with offloading, and offloaded
   alone: exact, within the budget.
-- On random graphs and links: rematerialization with offloading is never predicted
-  slower than rematerialization alone at the same budget, and reaches at least as low.
+- On random graphs and links: rematerialization with offloading (and pofo) is never
+  predicted slower than rematerialization alone at the same budget, and reaches at
+  least as low.
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ def test_offloading_is_never_predicted_slower_than_rematerialization(graph, shar
     assert result.peak_bytes <= budget
     if remat is not None:
         assert result.total_time_s <= remat.predicted_time_s * (1 + 1e-9)
+        pofo = ir.check(graph, solvers.solve(graph, budget, "pofo"))
+        assert pofo.peak_bytes <= budget
+        assert pofo.total_time_s <= remat.predicted_time_s * (1 + 1e-9)
 
 
 def test_host_budget_bounds_the_copies():
@@ -185,3 +189,18 @@ def test_offloaded_training_on_device(device, capfd):
 def test_measured_cpu_link_is_a_memcpy():
     link = measure_link(torch.device("cpu"), nbytes=1 << 20, repeats=2)
     assert link["bandwidth_bytes_per_s"] > 0 and link["latency_s"] >= 0 and not link["overlapped"]
+
+
+def test_pofo_offloads_exactly_and_is_never_slower_than_rotor():
+    graph = ir.Graph(lowered("gpt2").proto)
+    describe_link(graph, "1TB/s")
+    budget = int(0.7 * ir.store_all(graph).predicted_peak_bytes)
+    alone = solvers.solve(graph, budget, "rotor")
+    schedule = solvers.solve(graph, budget, "pofo")
+    result = ir.check(graph, schedule)
+    assert result.peak_bytes <= budget and result.total_time_s <= alone.predicted_time_s
+    assert any(s.HasField("offload") for s in schedule.steps)
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
+    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, kwargs,
+                          loss_of, steps=2)
+    assert errors == {}, errors
