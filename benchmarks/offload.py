@@ -207,15 +207,14 @@ def main(argv=None) -> int:
     if args.table:
         record = json.loads(out.read_text())
     else:
-        rows = []
-        for name in QUICK_GRAPHS if args.quick else GRAPHS:
-            rows += rows_for(name, args.cache)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, cwd=ROOT).stdout.strip()
         record = {"run": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
-                  "machine": platform.platform(), "links": LINKS, "rows": rows}
+                  "machine": platform.platform(), "links": LINKS, "rows": []}
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1) + "\n")
+        for name in QUICK_GRAPHS if args.quick else GRAPHS:
+            record["rows"] += rows_for(name, args.cache)
+            out.write_text(json.dumps(record, indent=1) + "\n")  # each graph as it is done
     out.with_suffix(".md").write_text(table(record["rows"]))
     drawn = picture(record["rows"], out.with_suffix(".png"))
     say(f"wrote {out}, {out.with_suffix('.md')}" + (f", {drawn}" if drawn else ""))
