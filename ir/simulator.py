@@ -121,6 +121,14 @@ class SimulationResult:
         return sum(c - 1 for c in self.compute_counts.values())
 
 
+def transfer_seconds(link: pb.HostLink, nbytes: int) -> float:
+    """One copy of `nbytes` over the host link: latency + bytes / bandwidth (no time
+    without a described link)."""
+    if link.bandwidth_bytes_per_s <= 0:
+        return 0.0
+    return link.latency_s + nbytes / link.bandwidth_bytes_per_s
+
+
 class _Run:
     """One simulation: walks the steps, stops at the first violation."""
 
@@ -160,8 +168,7 @@ class _Run:
         """Queue a copy of the value's storage on the host link's channel for `direction`
         ("offload": device to host, "prefetch": back); return when it ends."""
         size = self.g.storage_bytes(self.g.value(value_id).storage_id)
-        seconds = (self.link.latency_s + size / self.link.bandwidth_bytes_per_s
-                   if self.link.bandwidth_bytes_per_s > 0 else 0.0)
+        seconds = transfer_seconds(self.link, size)
         self.result.transfer_s += seconds
         self.result.transferred_bytes += size
         if not self.link.overlapped:

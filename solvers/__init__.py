@@ -21,8 +21,8 @@ from remat_ir.ir import Graph, pb, simulate, store_all
 from remat_ir.ir.fingerprint import structure_fingerprint
 
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, quiet
-from .offload import add_offloads, plan_with_offload
 from .budgets import describe, is_share, parse_budget, refusal
+from .offload import add_offloads, plan_with_offload
 from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver, available, find
 
 __all__ = ["solve", "available", "find", "parse_budget", "is_share", "describe", "InfeasibleBudget",

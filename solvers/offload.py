@@ -9,7 +9,7 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
   picks values that are live but idle at the peak step (between two of their uses)
   and offloads them there: offload right after the use before the gap, free once
   the copy is predicted complete, prefetch early enough that the copy is back
-  before the next use, with the copies queued on the link's channels (`_place`).
+  before the next use, with the copies queued on the link's channels (`place_round_trips`).
   Each round re-simulates, so queueing, stalls and shared storages are counted
   exactly, and is kept only if it lowers the bytes over the budget summed over the
   steps without raising the peak; it stops when the peak fits or no idle value
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from remat_ir.ir import Graph, pb, simulate, store_all
-from remat_ir.ir.simulator import SimulationResult
+from remat_ir.ir.simulator import SimulationResult, transfer_seconds
 
 from .base import BadRequest, InfeasibleBudget, Progress, quiet
 from .budgets import parse_bandwidth
@@ -64,28 +64,25 @@ class RoundTrip:
     late: bool = False
 
 
-def _seconds(link: pb.HostLink, size: int) -> float:
-    return link.latency_s + size / link.bandwidth_bytes_per_s
-
-
-def _place(trips: list[RoundTrip], times: list[float], link: pb.HostLink) -> list[RoundTrip]:
+def place_round_trips(trips: list[RoundTrip], times: list[float], link: pb.HostLink) -> list[RoundTrip]:
     """The round trips with frees and prefetches placed for the transfers queued together:
     offloads in order on the device-to-host channel, each freed at the first step after
     its copy ends; prefetches placed latest first on the host-to-device channel (each ends
-    before its use and before the next prefetch starts). A trip left with no step between
-    its free and its prefetch is dropped."""
+    before its use and before the next prefetch starts), late ones right before their use.
+    Where the channel cannot bring a value back in time its prefetch comes right after
+    its free, and compute will wait: the simulation prices that against what it saves."""
     if not link.overlapped:
         return trips
     channel, free_at = 0.0, {}
     for o in sorted(trips, key=lambda o: (o.after, o.value)):
-        channel = max(channel, times[o.after + 1]) + _seconds(link, o.size)
+        channel = max(channel, times[o.after + 1]) + transfer_seconds(link, o.size)
         free_at[o] = max(o.free_at, bisect.bisect_left(times, channel, lo=o.after + 1))
     placed, start = [], float("inf")
     for o in sorted(trips, key=lambda o: (-o.use, o.value)):
         if o.late:   # brought back right before its use on purpose
             placed.append(replace(o, free_at=min(free_at[o], o.use - 1)))
             continue
-        start = min(start, times[o.use]) - PREFETCH_MARGIN * _seconds(link, o.size)
+        start = min(start, times[o.use]) - PREFETCH_MARGIN * transfer_seconds(link, o.size)
         prefetch_at = min(o.prefetch_at, bisect.bisect_right(times, start, hi=o.use) - 1)
         free = min(free_at[o], o.use - 1)
         placed.append(replace(o, free_at=free, prefetch_at=max(prefetch_at, free + 1)))
@@ -134,7 +131,7 @@ def idle_gaps(graph: Graph, schedule: pb.Schedule, base: SimulationResult | None
     the device longer, and compute waits for its copy),
     and no other value holding the same storage live from the free to the prefetch (a
     view would keep the storage on the device, and the prefetch allocate it again).
-    Transfers queued together only narrow these windows (`_place`)."""
+    Transfers queued together only narrow these windows (`place_round_trips`)."""
     steps = list(schedule.steps)
     base = base or simulate(graph, schedule)
     link = link or link_of(graph)
@@ -151,7 +148,7 @@ def idle_gaps(graph: Graph, schedule: pb.Schedule, base: SimulationResult | None
         storage = graph.value(v).storage_id
         lives.setdefault(storage, []).append((v, positions[0], last))
         size = graph.storage_bytes(storage)
-        seconds = _seconds(link, size)
+        seconds = transfer_seconds(link, size)
         for a, b in zip(positions, positions[1:]):
             if not link.overlapped:
                 free_at, prefetch_at = a + 1, b
@@ -255,7 +252,7 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
         excess = result.peak_bytes - budget
         fits.sort(key=lambda o: (o.late, -(min(o.size, excess)
                                            * sum(1 for i in range(o.free_at, o.prefetch_at) if i in over)
-                                           / _seconds(link, o.size))))
+                                           / transfer_seconds(link, o.size))))
         batch, covered, gaps_in_batch = [], 0, set()
         for o in fits:
             if covered >= excess:
@@ -265,7 +262,7 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
                 gaps_in_batch.add((o.value, o.after))
                 covered += o.size
         kept = [o for o in chosen if (o.value, o.after) not in gaps_in_batch]
-        trial, owner_trial = with_round_trips(schedule, _place(kept + batch, times, link))
+        trial, owner_trial = with_round_trips(schedule, place_round_trips(kept + batch, times, link))
         if host_budget is not None:
             trial.host_budget_bytes = host_budget
         trial_result = simulate(graph, trial)
@@ -285,7 +282,7 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
     if result.stall_s > 0:   # copies queue up: drop the round trips the budget does not need
         for o in sorted(chosen, key=lambda o: -o.size)[:TRIM_TRIES]:
             kept = [c for c in chosen if c != o]
-            trial, _ = with_round_trips(schedule, _place(kept, times, link))
+            trial, _ = with_round_trips(schedule, place_round_trips(kept, times, link))
             if host_budget is not None:
                 trial.host_budget_bytes = host_budget
             trial_result = simulate(graph, trial, budget=budget)
@@ -329,7 +326,7 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Sched
     best, best_time = None, float("inf")
     for start in starts:
         try:
-            planned = add_offloads(graph, start, budget, host_budget=host_budget)
+            planned = add_offloads(graph, start, budget, host_budget=host_budget, progress=progress)
         except InfeasibleBudget as refused:
             note(refused)
             continue

@@ -15,7 +15,7 @@ The DP's plan becomes a schedule as rotor's does; then each offloaded stage's ke
 values are given round trips over their idle gap into the stage's backward, or across
 the forward/backward boundary when a later stage's backward reads them first
 (`offload.idle_gaps`), placed for the queued copies
-(`offload._place`). The simulator prices the result exactly, and, as for rotor,
+(`offload.place_round_trips`). The simulator prices the result exactly, and, as for rotor,
 the DP's memory target is fitted until the simulated peak is within the budget.
 rotor's plan (the DP without the move) is returned instead where it is faster: the
 DP prices offloads without the channel's queue, so its plans can be slower than
@@ -27,9 +27,10 @@ from __future__ import annotations
 import math
 
 from remat_ir.ir import Graph, pb, simulate, store_all
+from remat_ir.ir.simulator import transfer_seconds
 
 from .base import InfeasibleBudget, quiet
-from .offload import _place, _seconds, idle_gaps, link_of, with_round_trips
+from .offload import idle_gaps, link_of, place_round_trips, with_round_trips
 from .rotor import REPLANS, SLOTS, Chain, _Tables, rotor, sequence_of
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
@@ -49,7 +50,7 @@ def pofo(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
              f"{sum(len(s.options) for s in chain.stages)} options")
 
     def round_trip(nbytes: int) -> float:
-        return 2 * _seconds(link, nbytes) if nbytes else 0.0
+        return 2 * transfer_seconds(link, nbytes) if nbytes else 0.0
 
     def plan_at(target: int, least: bool = False) -> pb.Schedule | None:
         tables = _Tables(chain, target, progress, round_trip, link.overlapped)
@@ -101,7 +102,7 @@ def _with_transfers(graph: Graph, chain: Chain, ops: list[tuple], link: pb.HostL
                 trips.append(o)   # on time comes before late in idle_gaps' order
                 seen.add((o.value, o.after))
         times = result.start_s + [result.forward_time_s + result.backward_time_s]
-        base, _ = with_round_trips(base, _place(trips, times, link))
+        base, _ = with_round_trips(base, place_round_trips(trips, times, link))
     checked = simulate(graph, base)
     base.predicted_peak_bytes, base.predicted_time_s = checked.peak_bytes, checked.total_time_s
     base.predicted_host_peak_bytes = checked.host_peak_bytes
