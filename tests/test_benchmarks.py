@@ -175,3 +175,24 @@ def test_solver_benchmark_kills_a_solve_past_its_limit_and_reports_a_crash():
     assert bench.run_limited(lambda: dict(feasible=True), 10) == dict(feasible=True)
     failed = bench.run_limited(lambda: 1 / 0, 10)
     assert not failed["feasible"] and failed["error"].startswith("ZeroDivisionError")
+
+
+def test_offload_benchmark_table():
+    """benchmarks/offload.py's table: a reached row with its ratio and transfers, and a
+    row where both refuse, with the floors they name."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_offload", BENCHMARKS / "offload.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    reached = {"reached": True, "peak_share": 0.3, "overhead": 0.2, "stall_share": 0.01,
+               "transferred_mib": 512.4, "host_peak_mib": 256.2, "recomputations": 3,
+               "planning_s": 1.5}
+    moved = dict(reached, overhead=0.1)
+    floor = {"reached": False, "least_share": 0.259, "planning_s": 2.0}
+    rows = [{"graph": "g", "link": "pcie4", "share": 0.3, "remat": reached, "offload": moved,
+             "pofo": floor, "ratio": 0.5},
+            {"graph": "g", "link": "h100", "share": 0.15, "remat": floor, "offload": floor}]
+    table = bench.table(rows).splitlines()
+    assert table[2] == ("| g | pcie4 | 30% | +20.0% at 30.0% | +10.0% at 30.0% | 0.50 | 1.0% | 512 MiB "
+                        "| 256 MiB | not reached (least 25.9%) | 1.5 / 1.5 / 2.0 |")
+    assert table[3].startswith("| g | h100 | 15% | not reached (least 25.9%) | not reached (least 25.9%) |  |")
