@@ -11,7 +11,7 @@ from __future__ import annotations
 from remat_ir.ir import Graph, pb, store_all
 from remat_ir.solvers import (DEFAULT_SOLVER, InfeasibleBudget, Progress, parse_budget, remember_floor,
                               solve)
-from remat_ir.solvers.budgets import parse_bandwidth
+from remat_ir.solvers.budgets import parse_bandwidth, parse_host_budget
 from remat_ir.solvers.offload import describe_link
 
 __all__ = ["remat", "remat_onnx", "scheduled_onnx_module", "plan", "parse_budget", "InfeasibleBudget",
@@ -78,7 +78,7 @@ class Planner:
         from remat_ir.lowering import check_cost_model
 
         parse_budget(budget, 1)  # a malformed budget fails before the model is traced
-        parse_budget(options.get("host_budget"), 1)
+        parse_host_budget(options.get("host_budget"), 1)
         if host_bandwidth is not None:
             parse_bandwidth(host_bandwidth)
         self.host_bandwidth = host_bandwidth

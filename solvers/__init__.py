@@ -21,7 +21,7 @@ from remat_ir.ir import Graph, pb, simulate, store_all
 from remat_ir.ir.fingerprint import structure_fingerprint
 
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, quiet
-from .budgets import describe, is_share, parse_budget, refusal
+from .budgets import describe, is_share, parse_budget, parse_host_budget, refusal
 from .offload import add_offloads, plan_with_offload
 from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver, available, find
 
@@ -72,7 +72,7 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     _check_options(solver, function, options)
     peak = store_all(graph).predicted_peak_bytes
     limit = parse_budget(budget, peak)
-    host_limit = parse_budget(host_budget, peak)
+    host_limit = parse_host_budget(host_budget, peak)
     progress = progress or quiet
     started = time.monotonic()
     try:

@@ -72,6 +72,14 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
     return int(number * _UNITS[unit])
 
 
+def parse_host_budget(host_budget, store_all_peak: int) -> int | None:
+    """`parse_budget` for the host memory offloaded copies may take, its errors saying so."""
+    try:
+        return parse_budget(host_budget, store_all_peak)
+    except BadRequest as error:
+        raise BadRequest(f"host_budget: {error}") from None
+
+
 def parse_bandwidth(bandwidth) -> float:
     """Bytes per second from a number or a size per second ("25GB/s", "900 MiB/s"), for
     the host link offloading plans with; BadRequest otherwise."""
