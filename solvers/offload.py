@@ -232,6 +232,14 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
     chosen: list[RoundTrip] = []
     refused: set[RoundTrip] = set()
     current, result = schedule, base
+
+    def build(trips: list[RoundTrip]) -> tuple[pb.Schedule, list[int]]:
+        """The base schedule with `trips` placed together, under the host budget."""
+        built, owner = with_round_trips(schedule, place_round_trips(trips, times, link))
+        if host_budget is not None:
+            built.host_budget_bytes = host_budget
+        return built, owner
+
     while True:
         if result.peak_bytes <= budget:
             break
@@ -262,9 +270,7 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
                 gaps_in_batch.add((o.value, o.after))
                 covered += o.size
         kept = [o for o in chosen if (o.value, o.after) not in gaps_in_batch]
-        trial, owner_trial = with_round_trips(schedule, place_round_trips(kept + batch, times, link))
-        if host_budget is not None:
-            trial.host_budget_bytes = host_budget
+        trial, owner_trial = build(kept + batch)
         trial_result = simulate(graph, trial)
         if (not trial_result.valid or trial_result.peak_bytes > result.peak_bytes
                 or _excess(trial_result, budget) >= _excess(result, budget)):
@@ -282,9 +288,7 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
     if result.stall_s > 0:   # copies queue up: drop the round trips the budget does not need
         for o in sorted(chosen, key=lambda o: -o.size)[:TRIM_TRIES]:
             kept = [c for c in chosen if c != o]
-            trial, _ = with_round_trips(schedule, place_round_trips(kept, times, link))
-            if host_budget is not None:
-                trial.host_budget_bytes = host_budget
+            trial, _ = build(kept)
             trial_result = simulate(graph, trial, budget=budget)
             if trial_result.valid and trial_result.total_time_s < result.total_time_s:
                 chosen, current, result = kept, trial, trial_result
@@ -302,13 +306,13 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Sched
     `budget` up to the store-everything peak (module docstring). `remat` raises
     InfeasibleBudget below its floor, whose schedule is then one more starting point."""
     link_of(graph)
-    peak = store_all(graph).predicted_peak_bytes
+    everything = store_all(graph)
     rungs = []
     b = float(budget)
-    while b < peak:
+    while b < everything.predicted_peak_bytes:
         rungs.append(int(b))
         b *= LADDER_STEP
-    starts: list[pb.Schedule] = [store_all(graph)]
+    starts: list[pb.Schedule] = [everything]
     lowest, lowest_peak = None, None     # the lowest-peak plan met (and its peak), for a refusal
 
     def note(refused: InfeasibleBudget) -> None:
@@ -331,8 +335,7 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Sched
             note(refused)
             continue
         time_s = simulate(graph, planned).total_time_s
-        progress(f"offload: from {start.name or 'a plan'} at {simulate(graph, start).peak_bytes} "
-                 f"bytes: {time_s:.4g} s predicted")
+        progress(f"offload: from {start.name or 'a plan'}: {time_s:.4g} s predicted")
         if time_s < best_time:
             best, best_time = planned, time_s
     if best is None:

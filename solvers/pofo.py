@@ -26,28 +26,22 @@ from __future__ import annotations
 
 import math
 
-from remat_ir.ir import Graph, pb, simulate, store_all
+from remat_ir.ir import Graph, pb, simulate
 from remat_ir.ir.simulator import transfer_seconds
 
 from .base import InfeasibleBudget, quiet
 from .offload import idle_gaps, link_of, place_round_trips, with_round_trips
-from .rotor import REPLANS, SLOTS, Chain, _Tables, rotor, sequence_of
+from .rotor import REPLANS, SLOTS, Chain, _Tables, chain_to_plan, rotor, sequence_of
 from .sequences import fit_to_budget, to_schedule
-from .structure import TrainingGraph
 
 
 def pofo(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
          progress=quiet) -> pb.Schedule:
     """Chain dynamic program with rematerialization and offloading (module docstring)."""
     link = link_of(graph)
-    everything = store_all(graph)
-    if budget is None or everything.predicted_peak_bytes <= budget:
-        everything.name = "pofo"
+    everything, chain = chain_to_plan(graph, budget, "pofo", progress)
+    if chain is None:
         return everything
-    tg = TrainingGraph(graph)
-    chain = Chain(tg)
-    progress(f"pofo: {len(chain.stages)} segments, "
-             f"{sum(len(s.options) for s in chain.stages)} options")
 
     def round_trip(nbytes: int) -> float:
         return 2 * transfer_seconds(link, nbytes) if nbytes else 0.0

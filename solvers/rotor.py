@@ -325,17 +325,26 @@ def _schedule(chain: Chain, plan: _Tables, m: int) -> pb.Schedule:
     return to_schedule(chain.tg, sequence, forward_length, name="rotor")
 
 
+def chain_to_plan(graph: Graph, budget: int | None, name: str, progress
+                  ) -> tuple[pb.Schedule, Chain | None]:
+    """(store-everything, the chain to plan): no chain when store-everything fits the
+    budget (it is then the plan, named `name`). Where rotor and pofo start."""
+    everything = store_all(graph)
+    if budget is None or everything.predicted_peak_bytes <= budget:
+        everything.name = name
+        return everything, None
+    chain = Chain(TrainingGraph(graph))
+    progress(f"{name}: {len(chain.stages)} segments, "
+             f"{sum(len(s.options) for s in chain.stages)} options")
+    return everything, chain
+
+
 def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
           progress=quiet) -> pb.Schedule:
     """Chain dynamic program over the segments between articulation points."""
-    everything = store_all(graph)
-    if budget is None or everything.predicted_peak_bytes <= budget:
-        everything.name = "rotor"
+    everything, chain = chain_to_plan(graph, budget, "rotor", progress)
+    if chain is None:
         return everything
-    tg = TrainingGraph(graph)
-    chain = Chain(tg)
-    progress(f"rotor: {len(chain.stages)} segments, "
-             f"{sum(len(s.options) for s in chain.stages)} options")
     best = _fit_memory_model(chain, budget, progress)
     if best is not None:
         return best
