@@ -92,6 +92,15 @@ class Planner:
         return {**self.__dict__, "progress": None}
 
     def __call__(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
+        """Lower and plan; under torch.distributed rank 0 does it for every rank
+        (`remat_ir.distributed.plan_once`)."""
+        from remat_ir.distributed import plan_once, world_size
+
+        if world_size() > 1:
+            return plan_once(self._lower_and_plan, model, args, kwargs)
+        return self._lower_and_plan(model, args, kwargs)
+
+    def _lower_and_plan(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         import torch
 
         from remat_ir.lowering import add_costs, lower_torch

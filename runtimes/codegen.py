@@ -9,12 +9,21 @@ constants and the device are bound as globals of the generated code. Offload and
 prefetch steps call the runtime's `transfers.Transfers` (copy streams, host buffer
 pool), with waits where the schedule frees or reads a value in transit.
 
-    forward(R)        -> (user outputs, buffer updates, saved)
-    backward(R, S, T) -> gradients, one per resident input
+    forward(R)           -> (user outputs, buffer updates, saved)
+    backward(R, S, O, T) -> generator: one list of gradients per gradient group
 
 R holds the resident tensors (parameters, buffers, user inputs, constants) in
 `SegmentPlan.resident` order, S the list forward saved (emptied on entry so
-that each saved tensor dies at its last use), T the output gradients.
+that each saved tensor dies at its last use), O the user outputs backward reads,
+T the output gradients.
+
+The backward segment is a generator so that gradients leave it as soon as they
+are final (`gradient_groups`): it yields the gradients of one group (resident
+slots in `SegmentPlan.gradient_groups`) right after the step that last touches
+them, and runs on when asked for the next. The runtime hands each group to
+autograd from its own node, so that hooks on parameters' gradients (DDP's
+bucket all-reduce, FSDP's reduce-scatter, optimizers in backward) run while
+the rest of the backward segment computes.
 Random nodes follow `ir.rng`: whatever the order the schedule runs them in,
 each run draws the numbers eager would draw (states saved where eager draws,
 replayed on recomputation, placeholder runs to advance the generator past a
@@ -30,6 +39,7 @@ import torch
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
+from remat_ir.ir.dtypes import nbytes
 from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
 
 from remat_ir.ir.rng import plan_rng
@@ -52,6 +62,9 @@ class SegmentPlan:
     tangents: list[int | None]                # tangent value id per user output (None: no gradient)
     forward_outputs_read_in_backward: list[int]
     buffers_read_in_backward: set[str] = field(default_factory=set)
+    gradient_groups: list[list[int]] = field(default_factory=list)  # resident slots, in yield order
+    # per resident slot, the group during whose run the backward last reads it (-1: never)
+    last_read_group: list[int] = field(default_factory=list)
     forward_source: str = ""
     backward_source: str = ""
 
@@ -109,13 +122,21 @@ def resident_order(graph: Graph) -> list[int]:
     return resident + sorted(v.id for v in g.values if v.kind == pb.CONSTANT and v.id not in resident)
 
 
-def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=None):
-    """(forward function, backward function, plan) for `schedule` on `device`.
+#: Most gradient groups a backward segment yields when gradients are awaited (DDP,
+#: FSDP): enough that the first buckets reduce while most of the backward still runs,
+#: few enough that the nodes (two small autograd nodes a group) cost little.
+GRADIENT_GROUPS = 16
+
+
+def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=None,
+             gradient_groups: int = GRADIENT_GROUPS):
+    """(forward function, backward generator function, plan) for `schedule` on `device`.
 
     With `tick` (`timing.Timeline.tick`), each segment calls `tick(-1)` on entry and
     `tick(node_id)` after each compute step, so that a step can be timed op by op in
     the order and context it runs (`timing.time_schedule`); the functions a training
-    step runs are generated without it."""
+    step runs are generated without it. `gradient_groups` bounds how many groups the
+    backward yields its gradients in (`release_points`)."""
     g = graph.proto
     bs = schedule.backward_start
     steps = list(schedule.steps)
@@ -166,7 +187,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     copies = _CopyLines(writer, device) if any(s.HasField("offload") for s in steps) else None
     resident_index = {v: i for i, v in enumerate(resident)}
 
-    def segment_body(first: int, segment, end_skips, reads_saved: bool):
+    def segment_body(first: int, segment, end_skips, reads_saved: bool, after=None):
         body = ["_tick(-1)"] if tick is not None else []
         used = touched(segment)
         for k in range(first, first + len(segment)):
@@ -207,6 +228,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 body.append(f"del {_tensor_name(s.free)}")
             else:
                 body.extend(copies.step(action, getattr(s, action)))
+            if after and k in after:
+                body.extend(after[k])
         for n, missing in end_skips:
             body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
         return body
@@ -229,11 +252,14 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
             gradient_of.setdefault(o.name, o.value_id)
     name_of = {e.value_id: e.name for e in g.inputs}
     grads = [gradient_of.get(name_of.get(v)) for v in resident]
-    bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True)
+    points = release_points(graph, schedule, grads, gradient_groups)
+    groups = [slots for _, slots in points]
+    last_read_group = _last_read_groups(graph, schedule, rng, resident, [k for k, _ in points])
+    after = {k: _yield_lines(grads, slots) for k, slots in points if k is not None}
+    bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True, after=after)
     if copies is not None:
         bwd_body.extend(copies.end_of_step())
-    bwd_body.append("return (" + "".join((f"{_tensor_name(v)}, " if v is not None else "None, ")
-                                         for v in grads) + ")")
+    bwd_body.extend(_yield_lines(grads, points[-1][1]))
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T", bwd_body)
 
     mutated = {name for name, _ in buffer_updates}
@@ -241,9 +267,91 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
                        tangents=[tangent_inputs.get(v) for v in user_outputs],
                        forward_outputs_read_in_backward=outputs_read,
-                       buffers_read_in_backward=read_in_backward,
+                       buffers_read_in_backward=read_in_backward, gradient_groups=groups,
+                       last_read_group=last_read_group,
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
+
+
+def release_points(graph: Graph, schedule: pb.Schedule, grads: list[int | None],
+                   most: int) -> list[tuple[int | None, list[int]]]:
+    """Where the backward segment yields gradients: (step index, resident slots) per
+    group, in order; the last group (step None) is yielded once the segment has ended
+    and holds every slot not yielded before, slots without a gradient included.
+
+    A gradient can leave right after the compute step that touches it last, once no
+    later step reads, frees or moves it. Groups close when they hold at least 1/`most`
+    of all gradient bytes, so a model gets at most `most` groups however many
+    parameters it has, and the first group leaves as soon as that share is final."""
+    steps = schedule.steps
+    last: dict[int, int] = {}
+    moved: set[int] = set()
+    for k in range(schedule.backward_start, len(steps)):
+        s = steps[k]
+        action = s.WhichOneof("action")
+        if action == "compute":
+            node = graph.node(s.compute)
+            for v in (*node.inputs, *node.outputs):
+                last[v] = k
+        else:
+            last[getattr(s, action)] = k
+            if action != "free":
+                moved.add(getattr(s, action))
+    ready = sorted({v for v in grads if v is not None and v in last and v not in moved
+                    and steps[last[v]].HasField("compute")}, key=lambda v: last[v])
+    size = {v: nbytes(graph.value(v).dtype, graph.value(v).shape) for v in set(grads) if v is not None}
+    share = sum(size.values()) / max(1, most)
+    points, pending, held = [], [], 0
+    for i, v in enumerate(ready):
+        pending.append(v)
+        held += size[v]
+        closes = i + 1 == len(ready) or last[ready[i + 1]] != last[v]
+        if closes and held >= share and held > 0:
+            points.append((last[v], pending))
+            pending, held = [], 0
+    out: list[tuple[int | None, list[int]]] = []
+    taken: set[int] = set()
+    for k, values in points[: max(0, most - 1)]:
+        slots = [i for i, g in enumerate(grads) if g in values]
+        taken.update(slots)
+        out.append((k, slots))
+    out.append((None, [i for i in range(len(grads)) if i not in taken]))
+    return out
+
+
+def _last_read_groups(graph: Graph, schedule: pb.Schedule, rng, resident: list[int],
+                      ends: list[int | None]) -> list[int]:
+    """Per resident value, the gradient group during whose run (the steps up to its
+    yield, `ends`) the backward segment last reads it; -1 if it never does. What may be
+    freed after a group, such as an FSDP unit's gathered parameters, follows from it."""
+    steps, end = schedule.steps, len(schedule.steps)
+    last: dict[int, int] = {}
+    for k in range(schedule.backward_start, end):
+        if steps[k].HasField("compute"):
+            for v in graph.node(steps[k].compute).inputs:
+                last[v] = k
+        for n, _ in rng.skips.get(k, ()):
+            for v in graph.node(n).inputs:
+                last[v] = k
+    for n, _ in rng.step_end:
+        for v in graph.node(n).inputs:
+            last[v] = end
+
+    def group(k: int) -> int:
+        return next(i for i, e in enumerate(ends) if e is None or e >= k)
+
+    return [group(last[v]) if v in last else -1 for v in resident]
+
+
+def _yield_lines(grads: list[int | None], slots: list[int]) -> list[str]:
+    """Hand the gradients of `slots` out and drop the segment's references, so that
+    autograd can take them over (`AccumulateGrad` steals a tensor nobody else holds)."""
+    names = [_tensor_name(grads[i]) if grads[i] is not None else "None" for i in slots]
+    held = sorted({_tensor_name(grads[i]) for i in slots if grads[i] is not None})
+    lines = [f"_out = [{', '.join(names)}]"]
+    if held:
+        lines.append(f"del {', '.join(held)}")
+    return lines + ["yield _out", "del _out"]
 
 
 def _copy_name(value_id: int) -> str:

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
+import torch.distributed
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
@@ -32,7 +33,8 @@ from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.types import constant_tensor, torch_dtype
 
-from .codegen import UnsupportedOp, generate, resident_order, segments_without_autocast
+from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
+from .fsdp import Units, check_gathered
 from .signatures import Signature, argument_names, autocast_from_json, call_signature
 
 
@@ -40,17 +42,93 @@ class RuntimeInputError(RematIRError):
     """Inputs that do not match the graph (count, shape, dtype, device)."""
 
 
-class _ScheduledStep(torch.autograd.Function):
-    """One training step: forward segment in `forward`, backward segment in `backward`."""
+class _Step:
+    """One call's training step: the forward segment runs when it is made; its backward
+    segment (a generator, `codegen`) runs group by group from the autograd nodes
+    `_Outputs` and `_Gradients`, each handing one group of gradients to autograd.
+
+    The nodes form a chain that autograd must run in order: `_Outputs` (the user
+    outputs' node, so the first the loss's gradient reaches) takes the first group,
+    and each `_Gradients` node the next, reached through an empty "token" tensor each
+    node returns and the next takes. A group's gradients thus reach the parameters'
+    `AccumulateGrad` (and DDP's or FSDP's hooks on it) as soon as the segment has
+    them, while the rest of the segment still runs; `torch.autograd.grad` gets them as
+    from any node."""
+
+    def __init__(self, runner: "_Runner", resident: tuple, sharding: "_Sharding | None" = None):
+        self.runner, self.device, self.sharding = runner, runner.device, sharding
+        with torch.no_grad(), segments_without_autocast(runner.device):
+            outputs, updates, saved = runner.forward_fn(resident)
+        if sharding is not None:
+            sharding.units.release()
+        self.resident = runner.apply_buffer_updates(resident, updates)
+        self.stash, self.outputs = saved, outputs
+        self.segment = None     # the backward generator, once started
+        self.yielded = 0        # groups the generator has yielded
+        self.finished = False
+
+    def begin(self, outputs_read: tuple, grad_outputs: list) -> None:
+        """Start the backward segment (from the outputs' node)."""
+        if self.finished or self.segment is not None:
+            raise RematIRError("backward ran a second time through a remat-ir step: the schedule "
+                               "frees what it saved as its backward segment runs, so the graph "
+                               "cannot be kept (retain_graph=True); call the module again for "
+                               "another backward")
+        stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
+        if self.sharding is not None:
+            self.sharding.units.gather()
+        self.segment = self.runner.backward_fn(self.resident, stash, outputs_read, grad_outputs)
+
+    def group(self, index: int, last: bool) -> tuple:
+        """The gradients of group `index`, running the segment up to where it yields them
+        (groups before it that no node takes are dropped: nothing there needs a
+        gradient). The `last` node of the chain runs the segment to its end."""
+        if self.segment is None or self.finished:
+            self.begin((), [])  # raises: started and finished already
+        if self.sharding is not None:
+            self.sharding.reduce_before(index)
+        with segments_without_autocast(self.device):
+            while self.yielded <= index:
+                handed = next(self.segment)
+                self.yielded += 1
+            grads = tuple(handed)
+            handed.clear()  # only autograd holds them now
+            if last:
+                for _ in self.segment:
+                    pass
+                self.finished, self.segment, self.resident = True, None, None
+        return grads
+
+
+class _Gradients(torch.autograd.Function):
+    """A node of the chain (`_Step`): backward hands group `index` to autograd."""
 
     @staticmethod
-    def forward(ctx, runner: "_Runner", *resident):
-        with segments_without_autocast(runner.device):
-            outputs, updates, saved = runner.forward_fn(resident)
-        backward_resident = runner.apply_buffer_updates(resident, updates)
-        ctx.runner, ctx.resident, ctx.stash = runner, backward_resident, saved
-        read = runner.outputs_read_positions
-        ctx.save_for_backward(*(outputs[i] for i in read))
+    def forward(ctx, step: _Step, index: int, last: bool, token, *tensors):
+        ctx.step, ctx.index, ctx.last, ctx.took_token = step, index, last, token is not None
+        return torch.empty(0, device=step.device)
+
+    @staticmethod
+    def backward(ctx, _token_grad):
+        grads = ctx.step.group(ctx.index, ctx.last)
+        token = torch.empty(0, device=ctx.step.device) if ctx.took_token else None
+        return (None, None, None, token, *grads)
+
+
+class _Outputs(torch.autograd.Function):
+    """The user outputs' node: backward starts the backward segment and hands the first
+    group of gradients to autograd."""
+
+    @staticmethod
+    def forward(ctx, step: _Step, index: int, last: bool, token, *tensors):
+        runner = step.runner
+        resident = {id(t) for t in step.resident}
+        # An output that is a resident tensor (a parameter returned as is) leaves as a view,
+        # as autograd returns an input a Function gives back.
+        outputs = tuple(o.view_as(o) if id(o) in resident else o for o in step.outputs)
+        step.outputs = None
+        ctx.step, ctx.index, ctx.last, ctx.took_token = step, index, last, token is not None
+        ctx.save_for_backward(*(outputs[i] for i in runner.outputs_read_positions))
         ctx.mark_non_differentiable(*(o for o, t in zip(outputs, runner.plan.tangents) if t is None))
         # Outputs that get no gradient (logits beside a loss) would otherwise receive a
         # full-size zeros tensor; backward uses a broadcast zero scalar instead.
@@ -60,27 +138,87 @@ class _ScheduledStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        runner = ctx.runner
-        if ctx.resident is None:
-            raise RematIRError("backward ran a second time through a remat-ir step: the schedule "
-                               "frees what it saved as its backward segment runs, so the graph "
-                               "cannot be kept (retain_graph=True); call the module again for "
-                               "another backward")
+        step = ctx.step
         grad_outputs = [g if g is not None else torch.zeros((), dtype=dtype, device=device).expand(shape)
                         for g, (shape, dtype, device) in zip(grad_outputs, ctx.output_meta)]
-        stash, ctx.stash = ctx.stash, []  # the segment empties the list as it takes the tensors
-        with segments_without_autocast(runner.device):
-            grads = runner.backward_fn(ctx.resident, stash, ctx.saved_tensors, grad_outputs)
-        ctx.resident = None
-        return (None, *grads)
+        step.begin(ctx.saved_tensors, grad_outputs)
+        grads = step.group(ctx.index, ctx.last)
+        token = torch.empty(0, device=step.device) if ctx.took_token else None
+        return (None, None, None, token, *grads)
+
+
+class _Sharding:
+    """The FSDP2 units a step runs through (`fsdp.Units`), and after which gradient
+    group each unit is done with: its gradients handed over and its parameters no
+    longer read, so that its reduce-scatter can start."""
+
+    def __init__(self, units: Units, owners: list[int | None], runner: "_Runner"):
+        self.units = units
+        plan = runner.plan
+        group_of = {s: i for i, slots in enumerate(plan.gradient_groups) for s in slots}
+        self.done = [-1] * len(units.units)
+        for slot, unit in enumerate(owners):
+            if unit is not None:
+                self.done[unit] = max(self.done[unit], group_of[slot], plan.last_read_group[slot])
+        self.reduced: set[int] = set()
+
+    def reduce_before(self, index: int) -> None:
+        """Start the reduce-scatter of every unit done before group `index` (autograd has
+        accumulated those groups' gradients: its `AccumulateGrad` nodes run first)."""
+        for unit, done in enumerate(self.done):
+            if done < index and unit not in self.reduced:
+                self.reduced.add(unit)
+                self.units.reduce(unit)
+
+
+def gradient_nodes(output: torch.Tensor) -> list:
+    """The autograd nodes that hand a scheduled step's gradient groups over, in the order
+    backward runs them (`_Step`), found from `output` (a loss); empty if it does not come
+    from a scheduled step. For measuring when gradients leave (a hook on the last node
+    fires when the backward segment has ended)."""
+    names = ("_OutputsBackward", "_GradientsBackward")
+    seen, queue, first = set(), [output.grad_fn], None
+    while queue and first is None:
+        node = queue.pop(0)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.name().endswith(names[0]):
+            first = node
+        queue.extend(n for n, _ in node.next_functions)
+    chain = []
+    while first is not None:
+        chain.append(first)
+        first = next((n for n, _ in first.next_functions
+                      if n is not None and n.name().endswith(names[1])), None)
+    return chain
+
+
+def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = None) -> tuple:
+    """Run a training step's forward segment and wire its backward (`_Step`)."""
+    step = _Step(runner, resident, sharding)
+    groups = runner.plan.gradient_groups
+    taking = [i for i, slots in enumerate(groups)
+              if any(resident[s].requires_grad for s in slots)]
+    if not taking:  # nothing needs a gradient: no backward
+        outputs, step.outputs = step.outputs, None
+        return tuple(outputs)
+    token = None
+    for i in reversed(taking[1:]):  # made last-first: autograd runs them first-last
+        token = _Gradients.apply(step, i, i == taking[-1], token, *(step.resident[s] for s in groups[i]))
+    first = taking[0]
+    return _Outputs.apply(step, first, first == taking[-1], token,
+                          *(step.resident[s] for s in groups[first]))
 
 
 class _Runner:
     """The compiled segments for one (graph, schedule, device), and how to feed them."""
 
-    def __init__(self, graph: Graph, schedule: pb.Schedule, device: torch.device):
+    def __init__(self, graph: Graph, schedule: pb.Schedule, device: torch.device,
+                 gradient_groups: int = GRADIENT_GROUPS):
         self.graph, self.device = graph, device
-        self.forward_fn, self.backward_fn, self.plan = generate(graph, schedule, device)
+        self.forward_fn, self.backward_fn, self.plan = generate(graph, schedule, device,
+                                                                gradient_groups=gradient_groups)
         position = {v: i for i, v in enumerate(self.plan.user_outputs)}
         self.outputs_read_positions = [position[v] for v in self.plan.forward_outputs_read_in_backward]
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
@@ -152,7 +290,7 @@ class _Lowered:
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
         self.traced_attributes = _traced_attributes(g)
         self.signature = self._signature()
-        self.runners: dict[torch.device, _Runner] = {}
+        self.runners: dict[tuple[torch.device, int], _Runner] = {}
         self.constants: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def _signature(self) -> Signature | None:
@@ -166,14 +304,15 @@ class _Lowered:
         device = torch.device(g.provenance.cost_device or "cpu").type
         return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device)
 
-    def runner(self, device: torch.device) -> _Runner:
+    def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS) -> _Runner:
         """Compiled segments for `device` (compiled on first use there)."""
-        if device not in self.runners:
+        key = (device, gradient_groups)
+        if key not in self.runners:
             try:
-                self.runners[device] = _Runner(self.graph, self.schedule, device)
+                self.runners[key] = _Runner(self.graph, self.schedule, device, gradient_groups)
             except UnsupportedOp as exc:
                 raise RematIRError(str(exc)) from None
-        return self.runners[device]
+        return self.runners[key]
 
     def flat_inputs(self, args, kwargs) -> list:
         """The call's leaves in the order the graph numbers them (keywords as lowered)."""
@@ -235,14 +374,28 @@ class _Lowered:
                     "tracing, so the lowered graph may take another branch: call remat_ir.remat "
                     "(or lower) again after changing it")
 
-    def run(self, model: torch.nn.Module, args, kwargs):
+    def run(self, model: torch.nn.Module, args, kwargs, gradient_groups: int = GRADIENT_GROUPS,
+            scheduled: torch.nn.Module | None = None):
+        """One call: the outputs of a training step through this plan (`scheduled`, the
+        module the user called, is where FSDP2 may have been applied: `fsdp.Units`)."""
         modules = _Submodules(model)
         self.check_attributes(modules)
         leaves = self.flat_inputs(args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else next(model.parameters()).device
-        runner = self.runner(device)
-        outputs = _ScheduledStep.apply(runner, *self.resident(model, leaves, device, modules))
+        runner = self.runner(device, gradient_groups)
+        units = Units.of(scheduled, model) if scheduled is not None else None
+        if units is None:
+            outputs = _run_step(runner, self.resident(model, leaves, device, modules))
+        else:
+            units.gather()
+            resident = self.resident(model, leaves, device, modules)
+            for (kind, name), v, t in zip(self.bindings, resident_order(self.graph), resident):
+                if kind == "param":
+                    check_gathered(name, t, torch_dtype(self.graph.value(v).dtype))
+            owners = units.owners(model, [name if kind == "param" else "" for kind, name in self.bindings])
+            owners = [o if kind == "param" else None for o, (kind, _) in zip(owners, self.bindings)]
+            outputs = _run_step(runner, resident, _Sharding(units, owners, runner))
         if self.out_spec is not None:
             return pytree.tree_unflatten(list(outputs), self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
@@ -315,14 +468,25 @@ class ScheduledModule(torch.nn.Module):
     and planned again, once, with a one-line notice through `notify`; up to
     `max_plans` plans are kept. Without one, such a call raises `RuntimeInputError`
     naming the argument that differs.
+
+    The backward hands parameters' gradients to autograd in up to `gradient_groups`
+    groups, each as soon as it is final (`codegen.release_points`), so that DDP's
+    all-reduce and FSDP's reduce-scatter overlap the rest of the backward; 1 hands
+    them all at its end. None (the default) chooses per call: `GRADIENT_GROUPS` when
+    torch.distributed runs more than one process, else 1 (in one process nothing
+    waits for gradients, and each group costs a few percent of a small CPU step).
     """
 
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: pb.Schedule, *,
                  planner: Planner | None = None, max_plans: int = MAX_PLANS,
-                 notify: Callable[[str], None] | None = None):
+                 notify: Callable[[str], None] | None = None,
+                 gradient_groups: int | None = None):
         super().__init__()
-        if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
-            raise ValueError(f"max_plans must be a positive integer, not {max_plans!r}")
+        for name, number in (("max_plans", max_plans), ("gradient_groups", gradient_groups)):
+            if number is None and name == "gradient_groups":
+                continue
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise ValueError(f"{name} must be a positive integer, not {number!r}")
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             self.__dict__[shared] = model.__dict__[shared]
         self.__dict__["_model"] = model
@@ -330,7 +494,7 @@ class ScheduledModule(torch.nn.Module):
         self.__dict__["_plans"] = OrderedDict([(first.signature, first)])
         self.__dict__["_planner"] = planner
         self.__dict__["_notify"] = notify
-        self.max_plans = max_plans
+        self.max_plans, self.gradient_groups = max_plans, gradient_groups
         self.training = model.training
 
     def __getattr__(self, name: str):
@@ -356,6 +520,7 @@ class ScheduledModule(torch.nn.Module):
 
     def __setstate__(self, state):
         saved = state.pop("_plans")
+        state.setdefault("gradient_groups", None)  # pickled before it existed
         self.__dict__.update(state)
         self.__dict__["_notify"] = None
         self.__dict__["_plans"] = OrderedDict()
@@ -390,7 +555,7 @@ class ScheduledModule(torch.nn.Module):
 
     def runner(self, device: torch.device) -> _Runner:
         """Compiled segments of the current plan for `device`."""
-        return next(reversed(self._plans.values())).runner(device)
+        return next(reversed(self._plans.values())).runner(device, self._groups())
 
     def _plan_for(self, args, kwargs) -> _Lowered:
         """The plan for this call's signature: kept, planned now, or an error naming what
@@ -431,7 +596,14 @@ class ScheduledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if not (self.training and torch.is_grad_enabled()):
             return self._model(*args, **kwargs)
-        return self._plan_for(args, kwargs).run(self._model, args, kwargs)
+        return self._plan_for(args, kwargs).run(self._model, args, kwargs, self._groups(), self)
+
+    def _groups(self) -> int:
+        """How many groups the backward hands gradients in (see the class docstring)."""
+        if self.gradient_groups is not None:
+            return self.gradient_groups
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        return GRADIENT_GROUPS if distributed and torch.distributed.get_world_size() > 1 else 1
 
 
 def notify_stderr(message: str) -> None:

@@ -32,14 +32,14 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
 @pytest.mark.parametrize("name", MODELS)
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from([0.0, 0.3, 0.8]),
-       defer=st.sampled_from([0.0, 0.5, 1.0]))
-def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defer):
+       defer=st.sampled_from([0.0, 0.5, 1.0]), groups=st.sampled_from([1, 3, 64]))
+def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defer, groups):
     graph = lowered(name)
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute,
                                defer_share=defer)
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()
-    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, kwargs,
-                          loss_of, steps=2)
+    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
+                          args, kwargs, loss_of, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
@@ -107,8 +107,8 @@ def programs(draw):
 
 @settings(max_examples=15, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(program=programs(), seed=st.integers(0, 2**32 - 1))
-def test_random_networks_under_random_schedules_match_eager(program, seed):
+@given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 2, 64]))
+def test_random_networks_under_random_schedules_match_eager(program, seed, groups):
     width = 6
     torch.manual_seed(0)
     model = RandomNet(program, width)
@@ -117,6 +117,6 @@ def test_random_networks_under_random_schedules_match_eager(program, seed):
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     torch.manual_seed(0)
     fresh = RandomNet(program, width)
-    errors = side_by_side(fresh, lambda m: ScheduledModule(m, graph, schedule), (x,), {},
-                          lambda out: out, steps=2)
+    errors = side_by_side(fresh, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
+                          (x,), {}, lambda out: out, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"

@@ -57,15 +57,16 @@ def random_round_trips(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Rando
 @pytest.mark.parametrize("name", SEARCH_MODELS)
 @settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), share=st.sampled_from([0.1, 0.5, 1.0]))
-def test_random_offloads_in_random_schedules_match_eager(name, seed, share):
+@given(seed=st.integers(0, 2**32 - 1), share=st.sampled_from([0.1, 0.5, 1.0]),
+       groups=st.sampled_from([1, 64]))
+def test_random_offloads_in_random_schedules_match_eager(name, seed, share, groups):
     graph = lowered(name)
     rnd = random.Random(seed)
     schedule = random_round_trips(graph, random_schedule(graph, rnd), rnd, share)
     assert any(s.HasField("offload") for s in schedule.steps)
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()
-    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, kwargs,
-                          loss_of, steps=2)
+    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
+                          args, kwargs, loss_of, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 

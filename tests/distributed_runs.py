@@ -1,0 +1,153 @@
+"""Two-process training runs (gloo, CPU) for tests/test_distributed.py.
+
+`run_all` is what each spawned rank runs: every case in turn, under DDP or FSDP2,
+against a reference computed in the same process by eager PyTorch over the
+global batch, shard by shard (gradients accumulated with the loss divided by
+the world size: what DDP and FSDP compute, BatchNorm statistics per shard
+included). Each case's worst relative gradient error and what went wrong are
+written by rank 0 to a JSON file the test reads.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+
+STEPS = 2
+SEED = 1234
+BUDGET = 0.7  # of the store-everything peak: below it for both models, above their floors
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gpt2():
+    from torch_models import gpt2
+
+    model, _, kwargs, loss_of = gpt2(n_layer=2, n_embd=32, seq=16, batch=4)
+    ids = kwargs["input_ids"]
+    return model, (lambda shard: ((), dict(input_ids=shard, labels=shard, use_cache=False))), ids, loss_of, \
+        lambda m: list(m.transformer.h)
+
+
+def _cnn():
+    from zoo_models import cnn_batchnorm
+
+    model, (x, labels), _, loss_of = cnn_batchnorm()
+    batch = torch.cat([x, labels.float()[:, None, None, None].expand(-1, 1, *x.shape[2:])], 1)
+
+    def split(shard):
+        return (shard[:, :3].contiguous(), shard[:, 3, 0, 0].long()), {}
+    return model, split, batch, loss_of, lambda m: [m.body[0], m.body[4], m.body[-1]]
+
+
+CASES = {"gpt2": _gpt2, "cnn": _cnn}
+
+
+def _reference(model, split, batch, loss_of, world: int) -> list[dict[str, torch.Tensor]]:
+    """Gradients per step of eager training over the global batch, shard by shard."""
+    eager = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    grads = []
+    for step in range(STEPS):
+        for rank, shard in enumerate(batch.chunk(world)):
+            torch.manual_seed(SEED + 100 * step + rank)
+            args, kwargs = split(shard)
+            (loss_of(eager(*args, **kwargs)) / world).backward()
+        grads.append({n: p.grad.clone() for n, p in eager.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad()
+    return grads
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = max(a.abs().max().item(), b.abs().max().item(), 1e-30)
+    return (a.double() - b.double()).abs().max().item() / scale
+
+
+def _train_case(name: str, wrapper: str, rank: int, world: int) -> dict:
+    import remat_ir
+    from remat_ir.runtimes.torch import gradient_nodes
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    model, split, batch, loss_of, units_of = CASES[name]()
+    reference = _reference(model, split, batch, loss_of, world)
+    shard = batch.chunk(world)[rank]
+    args, kwargs = split(shard)
+    scheduled = remat_ir.remat(model, args, budget=BUDGET, example_kwargs=kwargs, cost_model="flops")
+    schedules: list = [None] * world
+    dist.all_gather_object(schedules, scheduled.schedule.SerializeToString())
+    if wrapper == "ddp":
+        trained = DistributedDataParallel(scheduled)
+    else:
+        for unit in units_of(model):
+            fully_shard(unit)
+        trained = fully_shard(scheduled)
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.05, momentum=0.9)
+    names = [n for n, _ in model.named_parameters()]
+    worst, early = 0.0, []
+    for step in range(STEPS):
+        at_rest = list(trained.parameters())  # under FSDP, the shards (gathered ones differ)
+        torch.manual_seed(SEED + 100 * step + rank)
+        loss = loss_of(trained(*args, **kwargs))
+        # Gradients reduced (DDP: accumulated; FSDP: reduce-scattered into the shards)
+        # before the last group's node runs: they left the backward segment early.
+        last = gradient_nodes(loss)[-1]
+        last.register_prehook(lambda _: early.append(
+            sum(p.grad is not None for p in at_rest)))
+        loss.backward()
+        for n, p in zip(names, trained.parameters()):
+            grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            worst = max(worst, _relative(grad, reference[step][n]))
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"worst_relative_error": worst, "same_schedule_on_all_ranks": len(set(schedules)) == 1,
+            "groups": len(scheduled.runner(shard.device).plan.gradient_groups),
+            "reduced_before_last_group": early, "parameters": len(names)}
+
+
+def _mismatch(rank: int, world: int) -> dict:
+    """Rank 1 calls with a batch of another size: every rank must get the same error."""
+    import remat_ir
+
+    model, split, batch, _, _ = CASES["gpt2"]()
+    shard = batch[: 2 + rank]
+    args, kwargs = split(shard)
+    try:
+        remat_ir.remat(model, args, budget=BUDGET, example_kwargs=kwargs, cost_model="flops")
+    except remat_ir.ir.RematIRError as error:
+        return {"error": str(error), "type": type(error).__name__}
+    return {"error": None}
+
+
+def run_all(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    try:
+        for name in CASES:
+            for wrapper in ("ddp", "fsdp"):
+                try:
+                    results[f"{name}-{wrapper}"] = _train_case(name, wrapper, rank, world)
+                except Exception:
+                    results[f"{name}-{wrapper}"] = {"failure": traceback.format_exc()}
+        results["mismatch"] = _mismatch(rank, world)
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, results)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(gathered, f)
+    finally:
+        dist.barrier()  # a rank that leaves first would cut the other's gloo work short
+        dist.destroy_process_group()
