@@ -32,7 +32,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           example_kwargs: dict | None = None, cost_model: str = "profile",
           time_limit_s: float | None = None, progress: Progress | None = None,
           max_plans: int | None = None, cache_dir=None, offload: bool = False,
-          host_bandwidth=None, host_budget=None, **options):
+          host_bandwidth=None, host_budget=None, gradient_groups: int | None = None, **options):
     """A module that trains like `model` within `budget` of activation memory.
 
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
@@ -53,10 +53,18 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     them, and reaches budgets below rematerialization's floor. The host link is
     measured on the device, or given as `host_bandwidth` ("25GB/s"); `host_budget`
     (bytes or a size) bounds the host memory the copies take.
+
+    Under torch.distributed (DDP, FSDP2: docs/distributed.md) this is a collective:
+    rank 0 lowers and plans, every rank gets its plan, and ranks whose inputs differ
+    all raise `RankMismatch`. `gradient_groups`: how many groups the backward hands
+    gradients over in (None: 1 in one process, 16 under torch.distributed, so that
+    the reductions overlap the backward).
     """
     from remat_ir.frontends.torch import example_arguments
-    from remat_ir.runtimes.torch import MAX_PLANS, ScheduledModule
+    from remat_ir.runtimes.torch import MAX_PLANS, ScheduledModule, check_count
 
+    if gradient_groups is not None:  # before minutes of planning
+        check_count("gradient_groups", gradient_groups)
     if offload:
         options.update(offload=True, host_budget=host_budget)
     planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
@@ -65,7 +73,8 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     graph, schedule = planner(model, args, kwargs)
     return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
-                           max_plans=MAX_PLANS if max_plans is None else max_plans)
+                           max_plans=MAX_PLANS if max_plans is None else max_plans,
+                           gradient_groups=gradient_groups)
 
 
 class Planner:

@@ -482,11 +482,9 @@ class ScheduledModule(torch.nn.Module):
                  notify: Callable[[str], None] | None = None,
                  gradient_groups: int | None = None):
         super().__init__()
-        for name, number in (("max_plans", max_plans), ("gradient_groups", gradient_groups)):
-            if number is None and name == "gradient_groups":
-                continue
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"{name} must be a positive integer, not {number!r}")
+        check_count("max_plans", max_plans)
+        if gradient_groups is not None:
+            check_count("gradient_groups", gradient_groups)
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             self.__dict__[shared] = model.__dict__[shared]
         self.__dict__["_model"] = model
@@ -604,6 +602,12 @@ class ScheduledModule(torch.nn.Module):
             return self.gradient_groups
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         return GRADIENT_GROUPS if distributed and torch.distributed.get_world_size() > 1 else 1
+
+
+def check_count(name: str, number) -> None:
+    """`number` must be a positive integer (an argument called `name`)."""
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ValueError(f"{name} must be a positive integer, not {number!r}")
 
 
 def notify_stderr(message: str) -> None:

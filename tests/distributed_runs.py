@@ -11,6 +11,7 @@ written by rank 0 to a JSON file the test reads.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import os
 import socket
@@ -130,6 +131,43 @@ def _mismatch(rank: int, world: int) -> dict:
     return {"error": None}
 
 
+def _fsdp_misuse(rank: int, world: int) -> dict:
+    """FSDP applied where the scheduled step cannot reduce or run: one error each."""
+    import remat_ir
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def attempt(shard_them):
+        model, split, batch, loss_of, units_of = CASES["gpt2"]()
+        args, kwargs = split(batch.chunk(world)[rank])
+        scheduled = remat_ir.remat(model, args, budget=BUDGET, example_kwargs=kwargs,
+                                   cost_model="flops")
+        trained = shard_them(model, scheduled, units_of(model))
+        try:
+            loss_of(trained(*args, **kwargs)).backward()
+        except remat_ir.ir.RematIRError as error:
+            return {"type": type(error).__name__, "error": str(error)}
+        return {"error": None}
+
+    def root_is_model(model, scheduled, units):
+        for unit in units:
+            fully_shard(unit)
+        fully_shard(model)
+        return scheduled
+
+    def no_root(model, scheduled, units):
+        for unit in units:
+            fully_shard(unit)
+        return scheduled
+
+    def param_dtype(model, scheduled, units):
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        for unit in units:
+            fully_shard(unit, mp_policy=policy)
+        return fully_shard(scheduled, mp_policy=policy)
+
+    return {f.__name__: attempt(f) for f in (root_is_model, no_root, param_dtype)}
+
+
 def run_all(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -143,11 +181,16 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
                 except Exception:
                     results[f"{name}-{wrapper}"] = {"failure": traceback.format_exc()}
         results["mismatch"] = _mismatch(rank, world)
+        results["fsdp_misuse"] = _fsdp_misuse(rank, world)
         gathered: list = [None] * world
         dist.all_gather_object(gathered, results)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(gathered, f)
     finally:
-        dist.barrier()  # a rank that leaves first would cut the other's gloo work short
+        # DDP and FSDP objects sit in reference cycles: collected later, after the process
+        # group is gone, their destructors abort the process. Collect them now; and a rank
+        # that leaves first would cut the other's gloo work short.
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()

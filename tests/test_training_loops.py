@@ -67,6 +67,8 @@ def test_plans_are_bounded_least_recently_used_first(capsys):
     assert capsys.readouterr().err.count("new input signature") == 3
     with pytest.raises(ValueError, match="max_plans must be a positive integer"):
         remat_ir.remat(model, _batch(ids), cost_model="flops", max_plans=0)
+    with pytest.raises(ValueError, match="gradient_groups must be a positive integer, not 0"):
+        remat_ir.remat(model, _batch(ids), cost_model="flops", gradient_groups=0)
 
 
 class _Deep(torch.nn.Module):
