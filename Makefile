@@ -40,6 +40,7 @@ bench-full: $(STAMP)
 	$(BIN)/python benchmarks/checkmate_chains.py
 	$(BIN)/python benchmarks/hiremate.py
 	$(BIN)/python benchmarks/solvers.py
+	$(BIN)/python benchmarks/distributed.py
 
 # Exactness over the model zoo at a sweep of budgets (larger configs than the tests').
 zoo: $(STAMP)

@@ -24,6 +24,7 @@ around it, never inside.
 from __future__ import annotations
 
 import torch
+import torch.distributed
 
 from remat_ir.ir import RematIRError
 
@@ -52,7 +53,7 @@ class Units:
         """The units of `scheduled`, None without FSDP; raises `FSDPUsageError` where
         FSDP was applied so that the units' gradients would never be reduced."""
         fsdp = _fsdp_module_class()
-        if fsdp is None:
+        if fsdp is None or not torch.distributed.is_initialized():  # FSDP needs a process group
             return None
         if isinstance(model, fsdp):
             raise FSDPUsageError(

@@ -4,10 +4,12 @@
 buffers and submodules *are* the original model's (the same dictionaries), so
 optimizers, `state_dict` keys, `.grad` accumulation, `.to()` and
 `train()`/`eval()` behave as on the model itself. In training mode with
-gradients enabled, a call runs the schedule's forward segment inside one
-`torch.autograd.Function`, and `backward()` runs its backward segment; in
-eval mode or under `no_grad` it calls the original model (the graph is a
-training step, traced with dropout and batch statistics on).
+gradients enabled, a call runs the schedule's forward segment, and `backward()`
+runs its backward segment from a chain of autograd nodes that hand the
+gradients over in groups as they become final (`_Step`; FSDP2 units are driven
+around the segments: `fsdp.py`); in eval mode or under `no_grad` it calls the
+original model (the graph is a training step, traced with dropout and batch
+statistics on).
 
 Buffer updates (BatchNorm running statistics) are copied into the buffers
 once, at the end of the forward segment, never on recomputation; a buffer that
