@@ -9,13 +9,14 @@ constants and the device are bound as globals of the generated code. Offload and
 prefetch steps call the runtime's `transfers.Transfers` (copy streams, host buffer
 pool), with waits where the schedule frees or reads a value in transit.
 
-    forward(R)           -> (user outputs, buffer updates, saved)
-    backward(R, S, O, T) -> generator: one list of gradients per gradient group
+    forward(R, U=None)           -> (user outputs, buffer updates, saved)
+    backward(R, S, O, T, U=None) -> generator: one list of gradients per gradient group
 
 R holds the resident tensors (parameters, buffers, user inputs, constants) in
 `SegmentPlan.resident` order, S the list forward saved (emptied on entry so
 that each saved tensor dies at its last use), O the user outputs backward reads,
-T the output gradients.
+T the output gradients, U the step's FSDP2 units when some of R's parameters are
+sharded (`fsdp.StepUnits`: gathered inside the segments, unit by unit).
 
 The backward segment is a generator so that gradients leave it as soon as they
 are final (`gradient_groups`): it yields the gradients of one group (resident
@@ -129,14 +130,17 @@ GRADIENT_GROUPS = 16
 
 
 def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=None,
-             gradient_groups: int = GRADIENT_GROUPS):
+             gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None):
     """(forward function, backward generator function, plan) for `schedule` on `device`.
 
     With `tick` (`timing.Timeline.tick`), each segment calls `tick(-1)` on entry and
     `tick(node_id)` after each compute step, so that a step can be timed op by op in
     the order and context it runs (`timing.time_schedule`); the functions a training
     step runs are generated without it. `gradient_groups` bounds how many groups the
-    backward yields its gradients in (`release_points`)."""
+    backward yields its gradients in (`release_points`). `gathered` maps the resident
+    slots of parameters an FSDP2 unit shards to the unit's index: each segment then
+    gathers a unit before its first read and the forward frees it after its last
+    (`_GatherLines`; U, the segments' last argument, is `fsdp.StepUnits`)."""
     g = graph.proto
     bs = schedule.backward_start
     steps = list(schedule.steps)
@@ -186,6 +190,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     writer.globals["_placeholder"] = _placeholder_function(graph, device)
     copies = _CopyLines(writer, device) if any(s.HasField("offload") for s in steps) else None
     resident_index = {v: i for i, v in enumerate(resident)}
+    units = _GatherLines(graph, rng, resident, gathered, user_outputs) if gathered else None
 
     def segment_body(first: int, segment, end_skips, reads_saved: bool, after=None):
         body = ["_tick(-1)"] if tick is not None else []
@@ -195,8 +200,11 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 used.update(graph.node(n).inputs)
         for n, _ in end_skips:
             used.update(graph.node(n).inputs)
+        gather_before, gather_after = (units.lines(first, segment, end_skips, used, not reads_saved)
+                                       if units is not None else ({}, {}))
         for v in sorted(used & set(resident)):
-            body.append(f"{_tensor_name(v)} = R[{resident_index[v]}]")
+            if units is None or resident_index[v] not in gathered:
+                body.append(f"{_tensor_name(v)} = R[{resident_index[v]}]")
         if reads_saved:
             for i, v in enumerate(saved):
                 body.append(f"{_tensor_name(v)} = S[{i}]")
@@ -212,6 +220,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 if t is not None and t in used:
                     body.append(f"{_tensor_name(t)} = T[{i}]")
         for k, s in enumerate(segment, start=first):
+            body.extend(gather_before.get(k, ()))
             for n, missing in rng.skips.get(k, ()):
                 body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
             action = s.WhichOneof("action")
@@ -228,10 +237,14 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 body.append(f"del {_tensor_name(s.free)}")
             else:
                 body.extend(copies.step(action, getattr(s, action)))
+            body.extend(gather_after.get(k, ()))
             if after and k in after:
                 body.extend(after[k])
+        end = first + len(segment)
+        body.extend(gather_before.get(end, ()))
         for n, missing in end_skips:
             body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
+        body.extend(gather_after.get(end, ()))
         return body
 
     carried_copies: list[int] = []
@@ -244,7 +257,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                     + ", ".join([_tensor_name(v) for v in saved] + [f"_rng{n}" for n in rng_carried]
                                 + [_copy_name(v) for v in carried_copies])
                     + "])")
-    forward_fn, forward_source = _compile(writer, "forward_segment", "R", fwd_body)
+    forward_fn, forward_source = _compile(writer, "forward_segment", "R, U=None", fwd_body)
 
     gradient_of = {}
     for o in g.outputs:
@@ -255,12 +268,13 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     points = release_points(graph, schedule, grads, gradient_groups)
     groups = [slots for _, slots in points]
     last_read_group = _last_read_groups(graph, schedule, rng, resident, [k for k, _ in points])
-    after = {k: _yield_lines(grads, slots) for k, slots in points if k is not None}
+    drops = _aliases_to_drop(graph, schedule, points, grads)
+    after = {k: _yield_lines(grads, slots, drops[k]) for k, slots in points if k is not None}
     bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True, after=after)
     if copies is not None:
         bwd_body.extend(copies.end_of_step())
     bwd_body.extend(_yield_lines(grads, points[-1][1]))
-    backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T", bwd_body)
+    backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T, U=None", bwd_body)
 
     mutated = {name for name, _ in buffer_updates}
     read_in_backward = {name_of[v] for v in touched(backward_steps) if v in name_of} & mutated
@@ -322,36 +336,149 @@ def release_points(graph: Graph, schedule: pb.Schedule, grads: list[int | None],
 def _last_read_groups(graph: Graph, schedule: pb.Schedule, rng, resident: list[int],
                       ends: list[int | None]) -> list[int]:
     """Per resident value, the gradient group during whose run (the steps up to its
-    yield, `ends`) the backward segment last reads it; -1 if it never does. What may be
+    yield, `ends`) the backward segment last reads its storage (itself or a view of it,
+    such as a transposed weight saved by the forward); -1 if it never does. What may be
     freed after a group, such as an FSDP unit's gathered parameters, follows from it."""
     steps, end = schedule.steps, len(schedule.steps)
-    last: dict[int, int] = {}
+    last: dict[int, int] = {}  # storage id -> last step reading it
+
+    def read(node_id: int, k: int) -> None:
+        for v in graph.node(node_id).inputs:
+            last[graph.value(v).storage_id] = k
+
     for k in range(schedule.backward_start, end):
         if steps[k].HasField("compute"):
-            for v in graph.node(steps[k].compute).inputs:
-                last[v] = k
+            read(steps[k].compute, k)
         for n, _ in rng.skips.get(k, ()):
-            for v in graph.node(n).inputs:
-                last[v] = k
+            read(n, k)
     for n, _ in rng.step_end:
-        for v in graph.node(n).inputs:
-            last[v] = end
+        read(n, end)
 
     def group(k: int) -> int:
         return next(i for i, e in enumerate(ends) if e is None or e >= k)
 
-    return [group(last[v]) if v in last else -1 for v in resident]
+    storages = [graph.value(v).storage_id for v in resident]
+    return [group(last[s]) if s in last else -1 for s in storages]
 
 
-def _yield_lines(grads: list[int | None], slots: list[int]) -> list[str]:
-    """Hand the gradients of `slots` out and drop the segment's references, so that
-    autograd can take them over (`AccumulateGrad` steals a tensor nobody else holds)."""
+def _aliases_to_drop(graph: Graph, schedule: pb.Schedule, points, grads: list[int | None]
+                     ) -> dict[int, list[int]]:
+    """Per yield point (step index), the values still bound in the backward segment that
+    share a storage with a gradient yielded there and that no later step touches (the
+    matmul result a transposed weight gradient is a view of, which the schedule need
+    not free: the gradient keeps the storage anyway). Dropping them with the gradient
+    lets the storage go when its new owner does (FSDP frees a unit's gradient once
+    reduce-scattered)."""
+    steps = schedule.steps
+    last: dict[int, int] = {}
+    for k in range(schedule.backward_start, len(steps)):
+        s = steps[k]
+        if s.HasField("compute"):
+            node = graph.node(s.compute)
+            for v in (*node.inputs, *node.outputs):
+                last[v] = k
+        else:
+            last[getattr(s, s.WhichOneof("action"))] = k
+    storage = {}
+
+    def storage_of(v: int) -> int:
+        if v not in storage:
+            storage[v] = graph.value(v).storage_id
+        return storage[v]
+
+    at = {k: slots for k, slots in points if k is not None}
+    bound: set[int] = set()
+    drops: dict[int, list[int]] = {}
+    for k in range(schedule.backward_start, len(steps)):
+        s = steps[k]
+        action = s.WhichOneof("action")
+        if action == "compute":
+            bound.update(graph.node(s.compute).outputs)
+        elif action == "free":
+            bound.discard(s.free)
+        elif action == "prefetch":
+            bound.add(s.prefetch)
+        if k in at:
+            values = {grads[i] for i in at[k] if grads[i] is not None}
+            shared = {storage_of(v) for v in values}
+            drops[k] = sorted(a for a in bound - values
+                              if storage_of(a) in shared and last.get(a, -1) <= k)
+            bound -= values | set(drops[k])
+    return drops
+
+
+def _yield_lines(grads: list[int | None], slots: list[int], aliases=()) -> list[str]:
+    """Hand the gradients of `slots` out and drop the segment's references (and those of
+    `aliases`, `_aliases_to_drop`), so that autograd can take them over (`AccumulateGrad`
+    steals a tensor nobody else holds)."""
     names = [_tensor_name(grads[i]) if grads[i] is not None else "None" for i in slots]
-    held = sorted({_tensor_name(grads[i]) for i in slots if grads[i] is not None})
+    held = sorted({_tensor_name(grads[i]) for i in slots if grads[i] is not None}
+                  | {_tensor_name(a) for a in aliases})
     lines = [f"_out = [{', '.join(names)}]"]
     if held:
         lines.append(f"del {', '.join(held)}")
     return lines + ["yield _out", "del _out"]
+
+
+class _GatherLines:
+    """Where each segment gathers and frees the FSDP2 units (`fsdp.StepUnits`, U in the
+    generated code): a unit is gathered before the first step that reads a value of its
+    parameters' storages (views such as a transposed weight saved for backward
+    included, and random nodes run to advance the generator), and the forward frees it
+    after the last such step. The backward never frees: a unit's reduce-scatter, which
+    frees it, starts once its gradients are handed over (`torch._Sharding`). A unit
+    whose storage a user output shares stays gathered to the end of the forward."""
+
+    def __init__(self, graph: Graph, rng, resident: list[int], gathered: dict[int, int],
+                 user_outputs: list[int]):
+        self.graph, self.rng, self.resident = graph, rng, resident
+        self.slots: dict[int, list[int]] = {}
+        for slot, unit in sorted(gathered.items()):
+            self.slots.setdefault(unit, []).append(slot)
+        self.unit_of_storage = {graph.value(resident[slot]).storage_id: unit
+                                for slot, unit in gathered.items()}
+        self.kept = {self.unit_of_storage[graph.value(v).storage_id] for v in user_outputs
+                     if graph.value(v).storage_id in self.unit_of_storage}
+
+    def _units_read(self, node_ids, missing=()) -> set[int]:
+        units = set()
+        for n in node_ids:
+            for v in self.graph.node(n).inputs:
+                unit = self.unit_of_storage.get(self.graph.value(v).storage_id)
+                if unit is not None and v not in missing:
+                    units.add(unit)
+        return units
+
+    def lines(self, first: int, segment, end_skips, used: set[int], forward: bool):
+        """({position: lines before it}, {position: lines after it}); position
+        first + len(segment) stands for the random nodes run at the segment's end."""
+        reads: dict[int, set[int]] = {}
+        for k, s in enumerate(segment, start=first):
+            units = set()
+            for n, missing in self.rng.skips.get(k, ()):
+                units |= self._units_read([n], set(missing))
+            if s.HasField("compute"):
+                units |= self._units_read([s.compute])
+            reads[k] = units
+        reads[first + len(segment)] = set().union(*(self._units_read([n], set(m)) for n, m in end_skips))
+        first_read, last_read = {}, {}
+        for k in sorted(reads):
+            for unit in reads[k]:
+                first_read.setdefault(unit, k)
+                last_read[unit] = k
+        before: dict[int, list[str]] = {}
+        after: dict[int, list[str]] = {}
+        for unit, k in first_read.items():
+            lines = before.setdefault(k, [])
+            lines.append(f"_G = U.gather({unit})")
+            lines += [f"{_tensor_name(self.resident[slot])} = _G[{slot}]" for slot in self.slots[unit]
+                      if self.resident[slot] in used]
+            lines.append("del _G")
+        if forward:
+            for unit, k in last_read.items():
+                if unit not in self.kept:
+                    after.setdefault(k, []).append(f"U.release({unit})")
+        return before, after
 
 
 def _copy_name(value_id: int) -> str:

@@ -9,16 +9,19 @@ through FSDP's public `unshard()`/`reshard()` (docs/distributed.md):
   own hooks run as for any root, gathering the parameters no unit owns, and
   queue the end-of-backward callback that reduce-scatters every unit's
   gradients;
-- the inner units are gathered before the forward segment and freed after it,
-  and gathered again before the backward segment; their gradients accumulate
-  into the gathered parameters (the chain of gradient groups, `torch._Step`),
-  and each unit's reduce-scatter starts as soon as its last gradient group has
-  been handed over (`post_backward`), overlapping the rest of the backward.
+- inside each segment, an inner unit is gathered before the first step that
+  reads its parameters' storage and, in the forward, freed after the last
+  (`codegen._GatherLines`, `StepUnits`): one unit's parameters at a time, as
+  FSDP's hooks would, wherever the schedule runs (or recomputes) its ops;
+- gradients accumulate into the gathered parameters (the chain of gradient
+  groups, `torch._Step`), and each unit's reduce-scatter, which frees it, starts
+  once its last gradient group has been handed over and the backward no longer
+  reads it (FSDP's `post_backward`), overlapping the rest of the backward.
 
-The memory model needs no change for this: the IR holds every parameter, full
-size, for the whole step, which is what is gathered while a segment runs.
-Recomputation never repeats a collective: gathers happen once per segment,
-around it, never inside.
+Recomputation never repeats a collective: a unit is gathered once per segment,
+and a recomputation inside the segment reads it gathered. The IR still counts
+every parameter, full size, for the whole step: predicted peaks are an upper
+bound of what runs (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -71,18 +74,6 @@ class Units:
                 "gradients)")
         return Units(units)
 
-    def gather(self) -> None:
-        """All-gather every unit's parameters (all launched, then waited for)."""
-        handles = [u.unshard(async_op=True) for u in self.units]
-        for handle in handles:
-            if handle is not None:
-                handle.wait()
-
-    def release(self) -> None:
-        """Free the gathered parameters (the sharded ones are registered again)."""
-        for u in self.units:
-            u.reshard()
-
     def reduce(self, unit: int) -> None:
         """Start the reduce-scatter of `unit`'s gradients and free its gathered
         parameters: FSDP's post-backward for the unit, which its module hooks would
@@ -101,6 +92,38 @@ class Units:
             matching = [(len(p), i) for p, i in prefixes if name.startswith(p)]
             owners.append(max(matching)[1] if matching else None)
         return owners
+
+
+class StepUnits:
+    """One step's units as the generated segments see them (U in `codegen`): `gather(u)`
+    all-gathers unit u and returns its parameters as gathered, by resident slot (and
+    records them: autograd's gradient nodes take these tensors, so that gradients
+    accumulate where FSDP reduce-scatters them from); `release(u)` frees them."""
+
+    def __init__(self, units: Units, slots: dict[int, list[tuple[int, torch.nn.Module, str, str, torch.dtype]]]):
+        self.units = units
+        self.slots = slots  # unit -> [(slot, owning module, name, qualified name, lowered dtype)]
+        self.objects: dict[int, torch.Tensor] = {}
+
+    def gather(self, unit: int) -> dict[int, torch.Tensor]:
+        self.units.units[unit].unshard()
+        gathered = {}
+        for slot, module, name, qualified, dtype in self.slots[unit]:
+            tensor = module._parameters[name]
+            check_gathered(qualified, tensor, dtype)
+            gathered[slot] = self.objects[slot] = tensor
+        return gathered
+
+    def release(self, unit: int) -> None:
+        self.units.units[unit].reshard()
+
+    def after_forward(self) -> None:
+        """Every unit sharded again, and every gathered parameter recorded (a unit the
+        forward never read is gathered once here, for its tensors)."""
+        for unit, slots in self.slots.items():
+            if any(slot not in self.objects for slot, *_ in slots):
+                self.gather(unit)
+            self.release(unit)
 
 
 def check_gathered(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:

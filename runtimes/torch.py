@@ -36,7 +36,7 @@ from remat_ir.ir.simulator import check
 from remat_ir.torchlib.types import constant_tensor, torch_dtype
 
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
-from .fsdp import Units, check_gathered
+from .fsdp import StepUnits, Units
 from .signatures import Signature, argument_names, autocast_from_json, call_signature
 
 
@@ -59,10 +59,13 @@ class _Step:
 
     def __init__(self, runner: "_Runner", resident: tuple, sharding: "_Sharding | None" = None):
         self.runner, self.device, self.sharding = runner, runner.device, sharding
+        step_units = sharding.step_units if sharding is not None else None
         with torch.no_grad(), segments_without_autocast(runner.device):
-            outputs, updates, saved = runner.forward_fn(resident)
-        if sharding is not None:
-            sharding.units.release()
+            outputs, updates, saved = runner.forward_fn(resident, step_units)
+        if step_units is not None:
+            step_units.after_forward()
+            # Backward reads, and autograd accumulates into, the parameters as gathered.
+            resident = tuple(step_units.objects.get(i, t) for i, t in enumerate(resident))
         self.resident = runner.apply_buffer_updates(resident, updates)
         self.stash, self.outputs = saved, outputs
         self.segment = None     # the backward generator, once started
@@ -77,9 +80,9 @@ class _Step:
                                "cannot be kept (retain_graph=True); call the module again for "
                                "another backward")
         stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
-        if self.sharding is not None:
-            self.sharding.units.gather()
-        self.segment = self.runner.backward_fn(self.resident, stash, outputs_read, grad_outputs)
+        step_units = self.sharding.step_units if self.sharding is not None else None
+        self.segment = self.runner.backward_fn(self.resident, stash, outputs_read, grad_outputs,
+                                               step_units)
 
     def group(self, index: int, last: bool) -> tuple:
         """The gradients of group `index`, running the segment up to where it yields them
@@ -154,8 +157,9 @@ class _Sharding:
     group each unit is done with: its gradients handed over and its parameters no
     longer read, so that its reduce-scatter can start."""
 
-    def __init__(self, units: Units, owners: list[int | None], runner: "_Runner"):
-        self.units = units
+    def __init__(self, units: Units, owners: list[int | None], runner: "_Runner",
+                 step_units: StepUnits):
+        self.units, self.step_units = units, step_units
         plan = runner.plan
         group_of = {s: i for i, slots in enumerate(plan.gradient_groups) for s in slots}
         self.done = [-1] * len(units.units)
@@ -217,10 +221,10 @@ class _Runner:
     """The compiled segments for one (graph, schedule, device), and how to feed them."""
 
     def __init__(self, graph: Graph, schedule: pb.Schedule, device: torch.device,
-                 gradient_groups: int = GRADIENT_GROUPS):
+                 gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None):
         self.graph, self.device = graph, device
-        self.forward_fn, self.backward_fn, self.plan = generate(graph, schedule, device,
-                                                                gradient_groups=gradient_groups)
+        self.forward_fn, self.backward_fn, self.plan = generate(
+            graph, schedule, device, gradient_groups=gradient_groups, gathered=gathered)
         position = {v: i for i, v in enumerate(self.plan.user_outputs)}
         self.outputs_read_positions = [position[v] for v in self.plan.forward_outputs_read_in_backward]
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
@@ -306,12 +310,14 @@ class _Lowered:
         device = torch.device(g.provenance.cost_device or "cpu").type
         return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device)
 
-    def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS) -> _Runner:
-        """Compiled segments for `device` (compiled on first use there)."""
-        key = (device, gradient_groups)
+    def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
+               gathered: dict[int, int] | None = None) -> _Runner:
+        """Compiled segments for `device` (compiled on first use there), gathering FSDP2
+        units where `gathered` (resident slot -> unit) says."""
+        key = (device, gradient_groups, tuple(sorted((gathered or {}).items())))
         if key not in self.runners:
             try:
-                self.runners[key] = _Runner(self.graph, self.schedule, device, gradient_groups)
+                self.runners[key] = _Runner(self.graph, self.schedule, device, gradient_groups, gathered)
             except UnsupportedOp as exc:
                 raise RematIRError(str(exc)) from None
         return self.runners[key]
@@ -385,19 +391,25 @@ class _Lowered:
         leaves = self.flat_inputs(args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else next(model.parameters()).device
-        runner = self.runner(device, gradient_groups)
         units = Units.of(scheduled, model) if scheduled is not None else None
         if units is None:
+            runner = self.runner(device, gradient_groups)
             outputs = _run_step(runner, self.resident(model, leaves, device, modules))
         else:
-            units.gather()
-            resident = self.resident(model, leaves, device, modules)
-            for (kind, name), v, t in zip(self.bindings, resident_order(self.graph), resident):
-                if kind == "param":
-                    check_gathered(name, t, torch_dtype(self.graph.value(v).dtype))
             owners = units.owners(model, [name if kind == "param" else "" for kind, name in self.bindings])
             owners = [o if kind == "param" else None for o, (kind, _) in zip(owners, self.bindings)]
-            outputs = _run_step(runner, resident, _Sharding(units, owners, runner))
+            gathered = {slot: unit for slot, unit in enumerate(owners) if unit is not None}
+            runner = self.runner(device, gradient_groups, gathered)
+            slots: dict[int, list] = {}
+            for slot, unit in gathered.items():
+                name = self.bindings[slot][1]
+                path, _, attribute = name.rpartition(".")
+                dtype = torch_dtype(self.graph.value(runner.plan.resident[slot]).dtype)
+                slots.setdefault(unit, []).append((slot, modules.at(path), attribute, name, dtype))
+            # The units' own parameters are sharded here; the segments gather them (U).
+            resident = self.resident(model, leaves, device, modules)
+            step_units = StepUnits(units, slots)
+            outputs = _run_step(runner, resident, _Sharding(units, owners, runner, step_units))
         if self.out_spec is not None:
             return pytree.tree_unflatten(list(outputs), self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs

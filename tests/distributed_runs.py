@@ -168,8 +168,59 @@ def _fsdp_misuse(rank: int, world: int) -> dict:
     return {f.__name__: attempt(f) for f in (root_is_model, no_root, param_dtype)}
 
 
+class _Layers(torch.nn.Module):
+    """Six FSDP units: linear layers of 256 x 256 and GELU."""
+
+    def __init__(self, width: int = 256):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
+                                          for _ in range(6))
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, x, y):
+        for layer in self.layers:
+            x = layer(x)
+        return torch.nn.functional.mse_loss(self.head(x), y)
+
+
+def _fsdp_gathered_at_once(rank: int, world: int) -> dict:
+    """The most units holding gathered parameters at any gather, through a training step
+    with recomputation, observed on the modules themselves (a gathered parameter is a
+    plain tensor, a sharded one a DTensor)."""
+    import remat_ir
+    from remat_ir.ir import pb
+    from remat_ir.runtimes import fsdp
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = _Layers()
+    x, y = torch.randn(512, 256), torch.randn(512, 1)
+    scheduled = remat_ir.remat(model, (x, y), budget=0.5, cost_model="flops")
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(scheduled)
+    counts = []
+    gather = fsdp.StepUnits.gather
+
+    def observed(self, unit):
+        result = gather(self, unit)
+        counts.append(sum(not isinstance(layer[0].weight, DTensor) for layer in model.layers))
+        return result
+    fsdp.StepUnits.gather = observed
+    try:
+        loss = scheduled(x, y)
+        forward = len(counts)
+        loss.backward()
+    finally:
+        fsdp.StepUnits.gather = gather
+    recomputed = sum(1 for s in scheduled.schedule.steps[scheduled.schedule.backward_start:]
+                     if s.HasField("compute") and scheduled.graph.node(s.compute).phase == pb.FORWARD)
+    return {"forward": counts[:forward], "backward": counts[forward:], "recomputations": recomputed}
+
+
 def run_all(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KINETO_LOG_LEVEL="6")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = {}
@@ -182,6 +233,7 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
                     results[f"{name}-{wrapper}"] = {"failure": traceback.format_exc()}
         results["mismatch"] = _mismatch(rank, world)
         results["fsdp_misuse"] = _fsdp_misuse(rank, world)
+        results["fsdp_gathers"] = _fsdp_gathered_at_once(rank, world)
         gathered: list = [None] * world
         dist.all_gather_object(gathered, results)
         if rank == 0:

@@ -60,6 +60,18 @@ def test_fsdp_applied_where_the_step_cannot_run_is_one_clear_error(runs, misuse,
         assert words in result["error"], result
 
 
+def test_fsdp_units_are_gathered_unit_by_unit(runs):
+    """Six FSDP units, a plan at 50% that recomputes: each segment gathers each unit once;
+    the forward holds one unit at a time, the backward the units whose ops (recomputed
+    or not) are still to run, never all six."""
+    for results in runs:
+        seen = results["fsdp_gathers"]
+        assert seen["recomputations"] > 0, seen
+        assert len(seen["forward"]) == len(seen["backward"]) == 6, seen
+        assert max(seen["forward"]) == 1, seen
+        assert max(seen["backward"]) < 6, seen
+
+
 def test_fsdp_example_trains_on_two_processes():
     """`torchrun --nproc_per_node 2 examples/train_fsdp.py`, as the README says."""
     import subprocess
