@@ -49,7 +49,6 @@ class Units:
 
     def __init__(self, units: list[torch.nn.Module]):
         self.units = units
-        self.names = [type(u).__name__ for u in units]
 
     @staticmethod
     def of(scheduled: torch.nn.Module, model: torch.nn.Module) -> "Units | None":

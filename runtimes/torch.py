@@ -296,7 +296,8 @@ class _Lowered:
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
         self.traced_attributes = _traced_attributes(g)
         self.signature = self._signature()
-        self.runners: dict[tuple[torch.device, int], _Runner] = {}
+        self.runners: dict[tuple, _Runner] = {}
+        self.fsdp_owners: tuple = (None, [])  # (units' ids, unit per resident slot)
         self.constants: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def _signature(self) -> Signature | None:
@@ -396,8 +397,12 @@ class _Lowered:
             runner = self.runner(device, gradient_groups)
             outputs = _run_step(runner, self.resident(model, leaves, device, modules))
         else:
-            owners = units.owners(model, [name if kind == "param" else "" for kind, name in self.bindings])
-            owners = [o if kind == "param" else None for o, (kind, _) in zip(owners, self.bindings)]
+            key = tuple(id(u) for u in units.units)
+            if self.fsdp_owners[0] != key:  # module paths walked once per set of units
+                owners = units.owners(model, [name if kind == "param" else "" for kind, name in self.bindings])
+                self.fsdp_owners = (key, [o if kind == "param" else None
+                                          for o, (kind, _) in zip(owners, self.bindings)])
+            owners = self.fsdp_owners[1]
             gathered = {slot: unit for slot, unit in enumerate(owners) if unit is not None}
             runner = self.runner(device, gradient_groups, gathered)
             slots: dict[int, list] = {}
