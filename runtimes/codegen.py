@@ -424,7 +424,8 @@ class _GatherLines:
     """Where each segment gathers and frees the FSDP2 units (`fsdp.StepUnits`, U in the
     generated code): a unit is gathered before the first step that reads a value of its
     parameters' storages (views such as a transposed weight saved for backward
-    included, and random nodes run to advance the generator), and the forward frees it
+    included, and random nodes run to advance the generator), the all-gather of the unit
+    gathered next is started then (as FSDP prefetches), and the forward frees a unit
     after the last such step. The backward never frees: a unit's reduce-scatter, which
     frees it, starts once its gradients are handed over (`torch._Sharding`). A unit
     whose storage a user output shares stays gathered to the end of the forward."""
@@ -468,9 +469,11 @@ class _GatherLines:
                 last_read[unit] = k
         before: dict[int, list[str]] = {}
         after: dict[int, list[str]] = {}
-        for unit, k in first_read.items():
-            lines = before.setdefault(k, [])
-            lines.append(f"_G = U.gather({unit})")
+        order = sorted(first_read, key=lambda unit: (first_read[unit], unit))
+        for i, unit in enumerate(order):
+            lines = before.setdefault(first_read[unit], [])
+            following = order[i + 1] if i + 1 < len(order) else None
+            lines.append(f"_G = U.gather({unit}, {following})")
             lines += [f"{_tensor_name(self.resident[slot])} = _G[{slot}]" for slot in self.slots[unit]
                       if self.resident[slot] in used]
             lines.append("del _G")

@@ -97,15 +97,21 @@ class StepUnits:
     """One step's units as the generated segments see them (U in `codegen`): `gather(u)`
     all-gathers unit u and returns its parameters as gathered, by resident slot (and
     records them: autograd's gradient nodes take these tensors, so that gradients
-    accumulate where FSDP reduce-scatters them from); `release(u)` frees them."""
+    accumulate where FSDP reduce-scatters them from), and prefetches the next unit;
+    `release(u)` frees them."""
 
     def __init__(self, units: Units, slots: dict[int, list[tuple[int, torch.nn.Module, str, str, torch.dtype]]]):
         self.units = units
         self.slots = slots  # unit -> [(slot, owning module, name, qualified name, lowered dtype)]
         self.objects: dict[int, torch.Tensor] = {}
 
-    def gather(self, unit: int) -> dict[int, torch.Tensor]:
+    def gather(self, unit: int, following: int | None = None) -> dict[int, torch.Tensor]:
+        """Unit `unit` gathered (waiting for its all-gather, started here or by an earlier
+        prefetch), with the all-gather of the unit the segment gathers next (`following`)
+        started without waiting: it runs while this unit's ops do."""
         self.units.units[unit].unshard()
+        if following is not None:
+            self.units.units[following].unshard(async_op=True)
         gathered = {}
         for slot, module, name, qualified, dtype in self.slots[unit]:
             tensor = module._parameters[name]

@@ -203,8 +203,8 @@ def _fsdp_gathered_at_once(rank: int, world: int) -> dict:
     counts = []
     gather = fsdp.StepUnits.gather
 
-    def observed(self, unit):
-        result = gather(self, unit)
+    def observed(self, unit, following=None):
+        result = gather(self, unit, following)
         counts.append(sum(not isinstance(layer[0].weight, DTensor) for layer in model.layers))
         return result
     fsdp.StepUnits.gather = observed
