@@ -125,7 +125,7 @@ def resident_order(graph: Graph) -> list[int]:
 
 #: Most gradient groups a backward segment yields when gradients are awaited (DDP,
 #: FSDP): enough that the first buckets reduce while most of the backward still runs,
-#: few enough that the nodes (two small autograd nodes a group) cost little.
+#: few enough that the nodes (an autograd node a group) cost little.
 GRADIENT_GROUPS = 16
 
 

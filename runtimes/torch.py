@@ -493,7 +493,7 @@ class ScheduledModule(torch.nn.Module):
     all-reduce and FSDP's reduce-scatter overlap the rest of the backward; 1 hands
     them all at its end. None (the default) chooses per call: `GRADIENT_GROUPS` when
     torch.distributed runs more than one process, else 1 (in one process nothing
-    waits for gradients, and each group costs a few percent of a small CPU step).
+    waits for gradients, and 13 groups cost 4% of a small CPU step).
     """
 
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: pb.Schedule, *,
