@@ -18,13 +18,15 @@ interleaved step by step (the machine is shared and noisy):
 - `fsdp remat`: the same plan, then fully_shard on the blocks and the scheduled module.
 
 DDP's buckets are an eighth of the model's parameter bytes each (its default 25 MiB
-would put these models' gradients in one bucket). Figures: median step time (forward and backward, gradients reduced) as a ratio to
-`ddp eager` in the same run; the peak bytes a step allocates above what was
-allocated before it (the profiler's allocator events, `runtimes.memory`) as a ratio
-to `ddp eager`'s; for DDP, the share of the all-reduce time (per bucket, launch to
-completion, through a comm hook) that elapses before the last bucket is launched,
-that is while the backward still computes. Rank 0 writes
-benchmarks/results/distributed.json and distributed.md.
+would put these models' gradients in one bucket). Figures: median step time (forward
+and backward, gradients reduced) as a ratio to `ddp eager` in the same run; the peak
+bytes a step allocates above what was allocated before it (the profiler's allocator
+events, `runtimes.memory`; under FSDP this can drift upward, as FSDP frees during a step
+buffers it allocated in the previous one) as a ratio to `ddp eager`'s; for DDP, the
+share of the all-reduce time (per bucket, launch to completion, through a comm hook)
+that elapses before the backward's compute ends (remat-ir: when its last gradient node
+returns, `runtimes.torch.gradient_nodes`; eager: when the last bucket is launched).
+Rank 0 writes benchmarks/results/distributed.json and distributed.md.
 """
 
 from __future__ import annotations
@@ -208,8 +210,8 @@ def run_model(name: str, quick: bool, rank: int) -> list[dict]:
     rows = []
     for m in methods:
         rows.append({"model": name, "method": m, "rank": rank, "nodes": built["nodes"],
-                     "gradient_groups": built["groups"] if m not in ("ddp eager", "fsdp eager") and
-                     m != "ddp remat, 1 group" else None,
+                     "gradient_groups": {"ddp remat": built["groups"], "fsdp remat": built["groups"],
+                                         "ddp remat, 1 group": 1}.get(m),
                      "step_s": statistics.median(times[m]),
                      "time_ratio": round(statistics.median(times[m]) / reference_time, 4),
                      "peak_bytes": peaks[m], "peak_ratio": round(peaks[m] / reference_peak, 4),
