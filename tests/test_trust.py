@@ -90,13 +90,32 @@ def test_lifted_and_zero_element_constants():
     assert errors == {}
 
 
-def test_second_backward_is_a_clear_error():
+@pytest.mark.parametrize("groups", [1, 64])
+def test_second_backward_is_a_clear_error(groups):
     model, args, _, loss_of = zoo_models.mlp_dropout()
-    scheduled = _remat(model, args)
+    scheduled = _remat(model, args, gradient_groups=groups)
     loss = loss_of(scheduled(*args))
     loss.backward(retain_graph=True)
     with pytest.raises(RematIRError, match="retain_graph=True"):
         loss.backward()
+
+
+@pytest.mark.parametrize("groups", [1, 64])
+def test_autograd_grad_of_some_parameters_equals_eager(groups):
+    """`torch.autograd.grad` for the first layer's weight alone (the last group the
+    backward hands over) and for the last layer's (the first): the gradients eager
+    computes, and no `.grad` is written."""
+    model, args, _, loss_of = zoo_models.mlp_dropout()
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, args, solver="recompute-all", gradient_groups=groups)
+    first, last = model.body[0].weight, model.body[-1].weight
+    for wanted, eager_wanted in ((first, eager.body[0].weight), (last, eager.body[-1].weight)):
+        torch.manual_seed(3)
+        (ours,) = torch.autograd.grad(loss_of(scheduled(*args)), [wanted])
+        torch.manual_seed(3)
+        (theirs,) = torch.autograd.grad(loss_of(eager(*args)), [eager_wanted])
+        assert torch.equal(ours, theirs)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_scheduled_module_pickles_and_copies_quietly():
