@@ -75,10 +75,7 @@ class _Step:
     def begin(self, outputs_read: tuple, grad_outputs: list) -> None:
         """Start the backward segment (from the outputs' node)."""
         if self.finished or self.segment is not None:
-            raise RematIRError("backward ran a second time through a remat-ir step: the schedule "
-                               "frees what it saved as its backward segment runs, so the graph "
-                               "cannot be kept (retain_graph=True); call the module again for "
-                               "another backward")
+            raise _second_backward()
         stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
         step_units = self.sharding.step_units if self.sharding is not None else None
         self.segment = self.runner.backward_fn(self.resident, stash, outputs_read, grad_outputs,
@@ -89,7 +86,7 @@ class _Step:
         (groups before it that no node takes are dropped: nothing there needs a
         gradient). The `last` node of the chain runs the segment to its end."""
         if self.segment is None or self.finished:
-            self.begin((), [])  # raises: started and finished already
+            raise _second_backward()
         if self.sharding is not None:
             self.sharding.reduce_before(index)
         with segments_without_autocast(self.device):
@@ -103,6 +100,12 @@ class _Step:
                     pass
                 self.finished, self.segment, self.resident = True, None, None
         return grads
+
+
+def _second_backward() -> RematIRError:
+    return RematIRError("backward ran a second time through a remat-ir step: the schedule frees "
+                        "what it saved as its backward segment runs, so the graph cannot be kept "
+                        "(retain_graph=True); call the module again for another backward")
 
 
 class _Gradients(torch.autograd.Function):
