@@ -103,7 +103,8 @@ class Planner:
     def __call__(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         """Lower and plan; under torch.distributed rank 0 does it for every rank
         (`remat_ir.distributed.plan_once`)."""
-        from remat_ir.distributed import plan_once, world_size
+        from remat_ir.distributed import plan_once
+        from remat_ir.runtimes.torch import world_size
 
         if world_size() > 1:
             return plan_once(self._lower_and_plan, model, args, kwargs)

@@ -23,15 +23,6 @@ class RankMismatch(RematIRError):
     """Ranks called with inputs of different signatures, or planning failed on rank 0."""
 
 
-def world_size() -> int:
-    """Processes in torch.distributed's default group (1 when it is not running)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size()
-
-
 def plan_once(plan: Callable[[object, tuple, dict], tuple[Graph, pb.Schedule]], model,
               args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
     """`plan(model, args, kwargs)` run on rank 0 only, its result on every rank (a

@@ -622,8 +622,14 @@ class ScheduledModule(torch.nn.Module):
         """How many groups the backward hands gradients in (see the class docstring)."""
         if self.gradient_groups is not None:
             return self.gradient_groups
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        return GRADIENT_GROUPS if distributed and torch.distributed.get_world_size() > 1 else 1
+        return GRADIENT_GROUPS if world_size() > 1 else 1
+
+
+def world_size() -> int:
+    """Processes in torch.distributed's default group (1 when it is not running)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return 1
+    return torch.distributed.get_world_size()
 
 
 def check_count(name: str, number) -> None:
