@@ -298,19 +298,7 @@ def release_points(graph: Graph, schedule: pb.Schedule, grads: list[int | None],
     of all gradient bytes, so a model gets at most `most` groups however many
     parameters it has, and the first group leaves as soon as that share is final."""
     steps = schedule.steps
-    last: dict[int, int] = {}
-    moved: set[int] = set()
-    for k in range(schedule.backward_start, len(steps)):
-        s = steps[k]
-        action = s.WhichOneof("action")
-        if action == "compute":
-            node = graph.node(s.compute)
-            for v in (*node.inputs, *node.outputs):
-                last[v] = k
-        else:
-            last[getattr(s, action)] = k
-            if action != "free":
-                moved.add(getattr(s, action))
+    last, moved = _backward_touches(graph, schedule)
     ready = sorted({v for v in grads if v is not None and v in last and v not in moved
                     and steps[last[v]].HasField("compute")}, key=lambda v: last[v])
     size = {v: nbytes(graph.value(v).dtype, graph.value(v).shape) for v in set(grads) if v is not None}
@@ -331,6 +319,26 @@ def release_points(graph: Graph, schedule: pb.Schedule, grads: list[int | None],
         out.append((k, slots))
     out.append((None, [i for i in range(len(grads)) if i not in taken]))
     return out
+
+
+def _backward_touches(graph: Graph, schedule: pb.Schedule) -> tuple[dict[int, int], set[int]]:
+    """(value -> index of the last backward step that reads, writes, frees or moves it;
+    values the backward offloads or prefetches)."""
+    steps = schedule.steps
+    last: dict[int, int] = {}
+    moved: set[int] = set()
+    for k in range(schedule.backward_start, len(steps)):
+        s = steps[k]
+        action = s.WhichOneof("action")
+        if action == "compute":
+            node = graph.node(s.compute)
+            for v in (*node.inputs, *node.outputs):
+                last[v] = k
+        else:
+            last[getattr(s, action)] = k
+            if action != "free":
+                moved.add(getattr(s, action))
+    return last, moved
 
 
 def _last_read_groups(graph: Graph, schedule: pb.Schedule, rng, resident: list[int],
@@ -370,15 +378,7 @@ def _aliases_to_drop(graph: Graph, schedule: pb.Schedule, points, grads: list[in
     lets the storage go when its new owner does (FSDP frees a unit's gradient once
     reduce-scattered)."""
     steps = schedule.steps
-    last: dict[int, int] = {}
-    for k in range(schedule.backward_start, len(steps)):
-        s = steps[k]
-        if s.HasField("compute"):
-            node = graph.node(s.compute)
-            for v in (*node.inputs, *node.outputs):
-                last[v] = k
-        else:
-            last[getattr(s, s.WhichOneof("action"))] = k
+    last, _ = _backward_touches(graph, schedule)
     storage = {}
 
     def storage_of(v: int) -> int:

@@ -81,14 +81,15 @@ class Units:
         for group in state._fsdp_param_groups:
             group.post_backward()
 
-    def owners(self, model: torch.nn.Module, names: list[str]) -> list[int | None]:
+    def owners(self, model: torch.nn.Module, names: list[str | None]) -> list[int | None]:
         """For each qualified parameter name, the index of the unit that shards it
-        (the innermost unit whose path prefixes the name), None for the root's own."""
+        (the innermost unit whose path prefixes the name); None for the root's own
+        parameters and where the name is None (not a parameter)."""
         paths = {id(m): path for path, m in model.named_modules()}
         prefixes = [(paths[id(u)] + "." if paths[id(u)] else "", i) for i, u in enumerate(self.units)]
         owners = []
         for name in names:
-            matching = [(len(p), i) for p, i in prefixes if name.startswith(p)]
+            matching = [(len(p), i) for p, i in prefixes if name is not None and name.startswith(p)]
             owners.append(max(matching)[1] if matching else None)
         return owners
 

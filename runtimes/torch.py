@@ -300,7 +300,8 @@ class _Lowered:
         self.traced_attributes = _traced_attributes(g)
         self.signature = self._signature()
         self.runners: dict[tuple, _Runner] = {}
-        self.fsdp_owners: tuple = (None, [])  # (units' ids, unit per resident slot)
+        # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
+        self.fsdp_owners: tuple = (None, [], {})
         self.constants: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def _signature(self) -> Signature | None:
@@ -402,11 +403,11 @@ class _Lowered:
         else:
             key = tuple(id(u) for u in units.units)
             if self.fsdp_owners[0] != key:  # module paths walked once per set of units
-                owners = units.owners(model, [name if kind == "param" else "" for kind, name in self.bindings])
-                self.fsdp_owners = (key, [o if kind == "param" else None
-                                          for o, (kind, _) in zip(owners, self.bindings)])
-            owners = self.fsdp_owners[1]
-            gathered = {slot: unit for slot, unit in enumerate(owners) if unit is not None}
+                owners = units.owners(model, [name if kind == "param" else None
+                                              for kind, name in self.bindings])
+                self.fsdp_owners = (key, owners, {slot: unit for slot, unit in enumerate(owners)
+                                                  if unit is not None})
+            _, owners, gathered = self.fsdp_owners
             runner = self.runner(device, gradient_groups, gathered)
             slots: dict[int, list] = {}
             for slot, unit in gathered.items():
