@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-full zoo proto example clean
+.PHONY: demo test gpu-check bench bench-full zoo proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -26,6 +26,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# On a machine with a CUDA GPU (and a CUDA build of torch 2.13 in the venv): the test
+# suite, whose device-parametrized tests then run on CUDA too, and the quick benchmark
+# on the GPU (results under benchmarks/results/training_step/).
+gpu-check: $(STAMP)
+	$(BIN)/python -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "gpu-check needs a CUDA GPU: torch.cuda.is_available() is False")'
+	$(BIN)/python -m pytest -q
+	$(BIN)/python benchmarks/training_step.py --mode quick --device cuda
 
 # Speed and memory figures; each benchmark writes its results under benchmarks/results/.
 # bench: eager vs torch.utils.checkpoint vs torch.compile's activation budget vs remat-ir,

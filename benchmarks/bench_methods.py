@@ -125,15 +125,20 @@ class RematPlanner:
         say(f"  lowered: {len(self.graph.nodes)} nodes in {self.lowering_s:.1f} s, "
             f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated)")
 
-    def method(self, solver: str, budget: str | None, *, time_limit_s: float | None = None) -> Method:
-        """Plan at `budget` ("50%", None for store-everything, "smallest" for the lowest
-        budget the solver reaches); an infeasible budget returns a Method without a step."""
+    def method(self, solver: str, budget: str | int | None, *, time_limit_s: float | None = None,
+               backend: str = "eager", label: str | None = None, info: dict | None = None) -> Method:
+        """Plan at `budget` ("50%", bytes, None for store-everything, "smallest" for the
+        lowest budget the solver reaches) and run with `backend`; an infeasible budget
+        returns a Method without a step. `label` names the budget in the method's name;
+        `info` is recorded with it."""
         from remat_ir.runtimes.torch import ScheduledModule
 
-        label = {None: "store-everything", "smallest": "smallest feasible"}.get(budget, budget)
-        name = ("remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}") + self.suffix
+        label = label or {None: "store-everything", "smallest": "smallest feasible"}.get(budget, budget)
+        name = (("remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}") + self.suffix
+                + ("" if backend == "eager" else f" [{backend}]"))
         info = {"solver": solver, "budget": label, "cost_model": self.cost_model, "graph_nodes": len(self.graph.nodes),
-                "lowering_s": round(self.lowering_s, 2), "store_all_predicted_peak_bytes": self.store_all_peak}
+                "lowering_s": round(self.lowering_s, 2), "store_all_predicted_peak_bytes": self.store_all_peak,
+                "backend": backend, **(info or {})}
         started = time.perf_counter()
         try:
             if budget == "smallest":
@@ -158,7 +163,7 @@ class RematPlanner:
                     predicted_peak_share=round(simulated.peak_bytes / self.store_all_peak, 4),
                     predicted_time_ratio=round(simulated.total_time_s / self.store_all_time, 4),
                     recomputations=simulated.recomputations)
-        scheduled = ScheduledModule(self.model, self.graph, schedule)
+        scheduled = ScheduledModule(self.model, self.graph, schedule, backend=backend)
         self.say(f"  {name}: planned in {planning_s:.1f} s, predicted peak "
                  f"{info['predicted_peak_share']:.1%} of store-everything, time x{info['predicted_time_ratio']:.3f}")
         return Method(name, "remat-ir", _stepper(self.model, self.bm.inputs, scheduled), scheduled,

@@ -78,7 +78,42 @@ def table(rows: list[dict]) -> str:
                          "of store-everything" if smallest else "")
                 lines.append(f"| {r['method']} | infeasible{share} | | | {r['planning_s']:.1f} | | | |")
         lines.append("")
+        lines += peer_points(model_rows)
     return "\n".join(lines)
+
+
+def peer_points(model_rows: list[dict]) -> list[str]:
+    """Lines of the table that sets each peer (checkpointing, torch.compile at a budget)
+    beside remat-ir planned at the peer's measured peak, per backend, from one run."""
+    ok = {r["method"]: r for r in model_rows if r["status"] == "ok"}
+    at = {}
+    for r in model_rows:
+        if "peer" in r:
+            at.setdefault(r["peer"], {})[r.get("backend", "eager")] = r
+    if not at:
+        return []
+    backends = sorted({b for by in at.values() for b in by}, key=lambda b: b != "eager")
+    lines = ["At each peer's measured peak (step time vs eager; remat-ir planned with that peak "
+             "as its byte budget):", "",
+             "| peer | peer peak vs eager | peer time | " + " | ".join(f"remat-ir {b}: peak, time"
+                                                                   for b in backends) + " | best remat-ir / peer |",
+             "|---|---:|---:|" + "---:|" * len(backends) + "---:|"]
+    for peer, by in at.items():
+        p = ok.get(peer)
+        if p is None:
+            continue
+        cells, best = [], None
+        for b in backends:
+            r = by.get(b)
+            if r is None or r["status"] != "ok":
+                cells.append("infeasible" if r is not None else "")
+                continue
+            cells.append(f"{r['peak_ratio']:.1%}, x{r['step_time_ratio']:.3f}")
+            best = min(best or r["step_time_ratio"], r["step_time_ratio"])
+        ratio = f"{best / p['step_time_ratio']:.3f}" if best else ""
+        lines.append(f"| {peer} | {p['peak_ratio']:.1%} | x{p['step_time_ratio']:.3f} | "
+                     + " | ".join(cells) + f" | {ratio} |")
+    return lines + [""]
 
 
 def picture(rows: list[dict], path: Path) -> None:

@@ -67,17 +67,20 @@ from remat_ir.runtimes.memory import measure_peak  # noqa: E402
 
 #: What each mode runs. quick: `make bench`, about 10 minutes on 2 CPU cores.
 MODES = {
-    # Inductor compiles the CNN's many distinct kernels for over 3 minutes per variant on 2
-    # cores: the quick mode compiles GPT-2 only.
-    "quick": dict(models=["gpt2", "cnn"], rounds=7, compile_budgets=[0.5, 0.1], compile_models=["gpt2"],
+    # Inductor compiles the CNN's many distinct kernels for minutes per variant on 2 cores
+    # (the first run; its cache serves the next ones).
+    "quick": dict(models=["gpt2", "cnn"], rounds=7, compile_budgets=[0.5, 0.1, 0.0], compile_models=["gpt2", "cnn"],
                   checkmate_max_nodes=300, time_limit_s=60, other_cost_models=["isolated"]),
-    "full": dict(models=["gpt2", "bert", "unet", "cnn"], rounds=10, compile_budgets=[1.0, 0.5, 0.1],
+    "full": dict(models=["gpt2", "bert", "unet", "cnn"], rounds=10, compile_budgets=[1.0, 0.5, 0.1, 0.0],
                  compile_models=["gpt2", "bert", "unet", "cnn"], checkmate_max_nodes=600, time_limit_s=120,
                  other_cost_models=["isolated"]),
 }
 
 #: Timed steps per method and round, each round after one untimed step (see above).
 TIMED_PER_ROUND = 2
+
+#: Backends remat-ir runs its plans at the peers' peaks with.
+BACKENDS = ("eager", "inductor")
 
 #: The remat-ir plans also made on each of the mode's `other_cost_models`.
 COMPARED_PLANS = [("hiremate", "50%"), ("hiremate", "30%")]
@@ -139,11 +142,29 @@ def build_methods(bm: BenchModel, settings: dict) -> tuple[list[methods.Method],
     if len(planner.graph.nodes) <= settings["checkmate_max_nodes"]:
         plans.append(("checkmate", "50%"))
     remat = [planner.method(solver, budget, time_limit_s=settings["time_limit_s"]) for solver, budget in plans]
+    remat.append(planner.method("autograd", None, backend="inductor"))
+    remat += at_peer_peaks(planner, built[1:], settings)
     for cost_model in settings["other_cost_models"]:
         other = methods.RematPlanner(bm, say, cost_model)
         remat += [other.method(solver, budget, time_limit_s=settings["time_limit_s"])
                   for solver, budget in COMPARED_PLANS]
     return built + [m for m in remat if m.step], [m for m in remat if not m.step]
+
+
+def at_peer_peaks(planner: methods.RematPlanner, peers: list[methods.Method], settings: dict
+                  ) -> list[methods.Method]:
+    """remat-ir (the default planner) at each peer's measured peak, as a byte budget, run
+    with each backend: the points of remat-ir's front to set beside the peers' own."""
+    found = []
+    for peer in peers:
+        for _ in range(2):
+            peer.step()
+        peak = measure_peak(peer.step, planner.bm.inputs[0].device).peak_bytes
+        peer.info["peer_peak_bytes"] = peak
+        for backend in BACKENDS:
+            found.append(planner.method("hiremate", peak, time_limit_s=settings["time_limit_s"], backend=backend,
+                                        label=f"at {peer.name}'s peak", info={"peer": peer.name}))
+    return found
 
 
 def measure(built: list[methods.Method], device: torch.device, rounds: int) -> dict[str, dict]:

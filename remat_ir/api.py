@@ -32,7 +32,8 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           example_kwargs: dict | None = None, cost_model: str = "profile",
           time_limit_s: float | None = None, progress: Progress | None = None,
           max_plans: int | None = None, cache_dir=None, offload: bool = False,
-          host_bandwidth=None, host_budget=None, gradient_groups: int | None = None, **options):
+          host_bandwidth=None, host_budget=None, gradient_groups: int | None = None,
+          backend: str = "eager", **options):
     """A module that trains like `model` within `budget` of activation memory.
 
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
@@ -59,10 +60,16 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     all raise `RankMismatch`. `gradient_groups`: how many groups the backward hands
     gradients over in (None: 1 in one process, 16 under torch.distributed, so that
     the reductions overlap the backward).
+
+    `backend`: "eager" (default) runs the planned segments op by op; "inductor"
+    compiles them with Inductor (fused kernels) while keeping what the plan decided:
+    recomputations, frees and random draws (`runtimes/compiled.py`).
     """
     from remat_ir.frontends.torch import example_arguments
+    from remat_ir.runtimes.compiled import check_backend
     from remat_ir.runtimes.torch import MAX_PLANS, ScheduledModule, check_count
 
+    check_backend(backend)
     if gradient_groups is not None:  # before minutes of planning
         check_count("gradient_groups", gradient_groups)
     if offload:
@@ -74,7 +81,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     graph, schedule = planner(model, args, kwargs)
     return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
                            max_plans=MAX_PLANS if max_plans is None else max_plans,
-                           gradient_groups=gradient_groups)
+                           gradient_groups=gradient_groups, backend=backend)
 
 
 class Planner:

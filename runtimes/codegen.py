@@ -47,6 +47,7 @@ from remat_ir.ir.rng import plan_rng
 
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
+from .compiled import Region, check_backend
 from .transfers import Transfers
 
 
@@ -68,6 +69,7 @@ class SegmentPlan:
     last_read_group: list[int] = field(default_factory=list)
     forward_source: str = ""
     backward_source: str = ""
+    regions: list = field(default_factory=list)  # compiled.Region, backend "inductor"
 
 
 class _Writer:
@@ -130,7 +132,8 @@ GRADIENT_GROUPS = 16
 
 
 def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=None,
-             gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None):
+             gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None,
+             backend: str = "eager"):
     """(forward function, backward generator function, plan) for `schedule` on `device`.
 
     With `tick` (`timing.Timeline.tick`), each segment calls `tick(-1)` on entry and
@@ -140,8 +143,12 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     backward yields its gradients in (`release_points`). `gathered` maps the resident
     slots of parameters an FSDP2 unit shards to the unit's index: each segment then
     gathers a unit before its first read and the forward frees it after its last
-    (`_GatherLines`; U, the segments' last argument, is `fsdp.StepUnits`)."""
+    (`_GatherLines`; U, the segments' last argument, is `fsdp.StepUnits`). With
+    `backend="inductor"`, runs of plain compute and free steps are Inductor-compiled
+    regions (`compiled.py`; listed in `SegmentPlan.regions`); timing (`tick`) always
+    runs op by op."""
     g = graph.proto
+    regions = [] if check_backend(backend) == "inductor" else None
     bs = schedule.backward_start
     steps = list(schedule.steps)
     tangent_inputs = {e.gradient_of: e.value_id for e in g.inputs
@@ -219,32 +226,48 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 t = tangent_inputs.get(v)
                 if t is not None and t in used:
                     body.append(f"{_tensor_name(t)} = T[{i}]")
+        runs = _Runs(graph, writer, device, regions) if regions is not None and tick is None else None
+
+        def emit(lines) -> None:
+            """Append Python lines, ending the pending region first (nothing may move
+            across a line that is not a plain compute or free step)."""
+            lines = list(lines)
+            if lines and runs is not None:
+                body.extend(runs.flush())
+            body.extend(lines)
+
         for k, s in enumerate(segment, start=first):
-            body.extend(gather_before.get(k, ()))
+            emit(gather_before.get(k, ()))
             for n, missing in rng.skips.get(k, ()):
-                body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
+                emit(_skip_lines(graph, writer, n, missing, n in rng.saved))
             action = s.WhichOneof("action")
             if action == "compute":
-                if copies is not None:
-                    body.extend(copies.before_compute(graph.node(s.compute)))
+                waits = copies.before_compute(graph.node(s.compute)) if copies is not None else []
                 mode = "replay" if k in rng.replays else "save" if s.compute in rng.saved else ""
-                body.extend(_call_lines(graph, writer, s.compute, mode))
-                if tick is not None:
-                    body.append(f"_tick({s.compute})")
+                if runs is not None and not waits and not mode and not graph.node(s.compute).random:
+                    runs.compute(s.compute)
+                else:
+                    emit(waits + _call_lines(graph, writer, s.compute, mode))
+                    if tick is not None:
+                        body.append(f"_tick({s.compute})")
             elif action == "free":
-                if copies is not None:
-                    body.extend(copies.before_free(s.free))
-                body.append(f"del {_tensor_name(s.free)}")
+                waits = copies.before_free(s.free) if copies is not None else []
+                if runs is not None and not waits:
+                    runs.free(s.free)
+                else:
+                    emit(waits + [f"del {_tensor_name(s.free)}"])
             else:
-                body.extend(copies.step(action, getattr(s, action)))
-            body.extend(gather_after.get(k, ()))
+                emit(copies.step(action, getattr(s, action)))
+            emit(gather_after.get(k, ()))
             if after and k in after:
-                body.extend(after[k])
+                emit(after[k])
         end = first + len(segment)
-        body.extend(gather_before.get(end, ()))
+        emit(gather_before.get(end, ()))
         for n, missing in end_skips:
-            body.extend(_skip_lines(graph, writer, n, missing, n in rng.saved))
-        body.extend(gather_after.get(end, ()))
+            emit(_skip_lines(graph, writer, n, missing, n in rng.saved))
+        emit(gather_after.get(end, ()))
+        if runs is not None:
+            body.extend(runs.flush())
         return body
 
     carried_copies: list[int] = []
@@ -282,7 +305,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        tangents=[tangent_inputs.get(v) for v in user_outputs],
                        forward_outputs_read_in_backward=outputs_read,
                        buffers_read_in_backward=read_in_backward, gradient_groups=groups,
-                       last_read_group=last_read_group,
+                       last_read_group=last_read_group, regions=regions or [],
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
 
@@ -482,6 +505,59 @@ class _GatherLines:
                 if unit not in self.kept:
                     after.setdefault(k, []).append(f"U.release({unit})")
         return before, after
+
+
+class _Runs:
+    """The pending run of plain compute and free steps of a segment, and the lines that
+    call it as one compiled region (`compiled.Region`) once something else comes. A run
+    of fewer than `MIN_REGION_OPS` ops, or one whose values are all freed in it, is
+    written as eager lines: compiling it would gain nothing."""
+
+    MIN_REGION_OPS = 2
+
+    def __init__(self, graph: Graph, writer: _Writer, device: torch.device, regions: list):
+        self.graph, self.writer, self.device, self.regions = graph, writer, device, regions
+        self.steps: list[tuple[str, int]] = []
+
+    def compute(self, node_id: int) -> None:
+        self.steps.append(("compute", node_id))
+
+    def free(self, value_id: int) -> None:
+        self.steps.append(("free", value_id))
+
+    def flush(self) -> list[str]:
+        steps, self.steps = self.steps, []
+        nodes = [n for kind, n in steps if kind == "compute"]
+        inputs, dropped, live, produced = {}, [], {}, set()
+        for kind, x in steps:
+            if kind == "compute":
+                for v in self.graph.node(x).inputs:
+                    if v not in produced:
+                        inputs.setdefault(v, None)
+                for v in self.graph.node(x).outputs:
+                    produced.add(v)
+                    live.pop(v, None)
+                    live[v] = None
+            elif x in live:
+                del live[x]
+            else:  # a value bound before the run: its name goes before the call
+                dropped.append(x)
+        outputs = list(live)
+        if len(nodes) < self.MIN_REGION_OPS or not outputs:
+            lines = []
+            for kind, x in steps:
+                lines += (_call_lines(self.graph, self.writer, x, "") if kind == "compute"
+                          else [f"del {_tensor_name(x)}"])
+            return lines
+        name = f"_region{len(self.regions)}"
+        region = Region(self.graph, nodes, list(inputs), outputs, self.device, name)
+        self.regions.append(region)
+        self.writer.globals[name] = region
+        lines = [f"_in = [{', '.join(_tensor_name(v) for v in inputs)}]"]
+        if dropped:
+            lines.append(f"del {', '.join(_tensor_name(v) for v in dropped)}")
+        targets = "".join(f"{_tensor_name(v)}, " for v in outputs)
+        return lines + [f"({targets}) = {name}(_in)", "del _in"]
 
 
 def _copy_name(value_id: int) -> str:

@@ -35,6 +35,7 @@ from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.types import constant_tensor, torch_dtype
 
+from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .fsdp import StepUnits, Units
 from .signatures import Signature, argument_names, autocast_from_json, call_signature
@@ -224,10 +225,12 @@ class _Runner:
     """The compiled segments for one (graph, schedule, device), and how to feed them."""
 
     def __init__(self, graph: Graph, schedule: pb.Schedule, device: torch.device,
-                 gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None):
+                 gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None,
+                 backend: str = "eager"):
         self.graph, self.device = graph, device
         self.forward_fn, self.backward_fn, self.plan = generate(
-            graph, schedule, device, gradient_groups=gradient_groups, gathered=gathered)
+            graph, schedule, device, gradient_groups=gradient_groups, gathered=gathered,
+            backend=backend)
         position = {v: i for i, v in enumerate(self.plan.user_outputs)}
         self.outputs_read_positions = [position[v] for v in self.plan.forward_outputs_read_in_backward]
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
@@ -316,13 +319,14 @@ class _Lowered:
         return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device)
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
-               gathered: dict[int, int] | None = None) -> _Runner:
+               gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:
         """Compiled segments for `device` (compiled on first use there), gathering FSDP2
         units where `gathered` (resident slot -> unit) says."""
-        key = (device, gradient_groups, tuple(sorted((gathered or {}).items())))
+        key = (device, gradient_groups, tuple(sorted((gathered or {}).items())), backend)
         if key not in self.runners:
             try:
-                self.runners[key] = _Runner(self.graph, self.schedule, device, gradient_groups, gathered)
+                self.runners[key] = _Runner(self.graph, self.schedule, device, gradient_groups,
+                                            gathered, backend)
             except UnsupportedOp as exc:
                 raise RematIRError(str(exc)) from None
         return self.runners[key]
@@ -388,7 +392,7 @@ class _Lowered:
                     "(or lower) again after changing it")
 
     def run(self, model: torch.nn.Module, args, kwargs, gradient_groups: int = GRADIENT_GROUPS,
-            scheduled: torch.nn.Module | None = None):
+            scheduled: torch.nn.Module | None = None, backend: str = "eager"):
         """One call: the outputs of a training step through this plan (`scheduled`, the
         module the user called, is where FSDP2 may have been applied: `fsdp.Units`)."""
         modules = _Submodules(model)
@@ -398,7 +402,7 @@ class _Lowered:
         device = tensors[0].device if tensors else next(model.parameters()).device
         units = Units.of(scheduled, model) if scheduled is not None else None
         if units is None:
-            runner = self.runner(device, gradient_groups)
+            runner = self.runner(device, gradient_groups, backend=backend)
             outputs = _run_step(runner, self.resident(model, leaves, device, modules))
         else:
             key = tuple(id(u) for u in units.units)
@@ -408,7 +412,7 @@ class _Lowered:
                 self.fsdp_owners = (key, owners, {slot: unit for slot, unit in enumerate(owners)
                                                   if unit is not None})
             _, owners, gathered = self.fsdp_owners
-            runner = self.runner(device, gradient_groups, gathered)
+            runner = self.runner(device, gradient_groups, gathered, backend)
             slots: dict[int, list] = {}
             for slot, unit in gathered.items():
                 name = self.bindings[slot][1]
@@ -498,14 +502,19 @@ class ScheduledModule(torch.nn.Module):
     them all at its end. None (the default) chooses per call: `GRADIENT_GROUPS` when
     torch.distributed runs more than one process, else 1 (in one process nothing
     waits for gradients, and 13 groups cost 4% of a small CPU step).
+
+    `backend`: "eager" (default) runs the segments op by op; "inductor" compiles their
+    runs of plain steps with Inductor on first use (`compiled.py`), keeping what the
+    schedule decided.
     """
 
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: pb.Schedule, *,
                  planner: Planner | None = None, max_plans: int = MAX_PLANS,
                  notify: Callable[[str], None] | None = None,
-                 gradient_groups: int | None = None):
+                 gradient_groups: int | None = None, backend: str = "eager"):
         super().__init__()
         check_count("max_plans", max_plans)
+        check_backend(backend)
         if gradient_groups is not None:
             check_count("gradient_groups", gradient_groups)
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
@@ -515,7 +524,7 @@ class ScheduledModule(torch.nn.Module):
         self.__dict__["_plans"] = OrderedDict([(first.signature, first)])
         self.__dict__["_planner"] = planner
         self.__dict__["_notify"] = notify
-        self.max_plans, self.gradient_groups = max_plans, gradient_groups
+        self.max_plans, self.gradient_groups, self.backend = max_plans, gradient_groups, backend
         self.training = model.training
 
     def __getattr__(self, name: str):
@@ -541,7 +550,8 @@ class ScheduledModule(torch.nn.Module):
 
     def __setstate__(self, state):
         saved = state.pop("_plans")
-        state.setdefault("gradient_groups", None)  # pickled before it existed
+        state.setdefault("gradient_groups", None)  # pickled before they existed
+        state.setdefault("backend", "eager")
         self.__dict__.update(state)
         self.__dict__["_notify"] = None
         self.__dict__["_plans"] = OrderedDict()
@@ -576,7 +586,7 @@ class ScheduledModule(torch.nn.Module):
 
     def runner(self, device: torch.device) -> _Runner:
         """Compiled segments of the current plan for `device`."""
-        return next(reversed(self._plans.values())).runner(device, self._groups())
+        return next(reversed(self._plans.values())).runner(device, self._groups(), backend=self.backend)
 
     def _plan_for(self, args, kwargs) -> _Lowered:
         """The plan for this call's signature: kept, planned now, or an error naming what
@@ -615,9 +625,25 @@ class ScheduledModule(torch.nn.Module):
         return plan
 
     def forward(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return self._under_torch_compile(*args, **kwargs)
         if not (self.training and torch.is_grad_enabled()):
             return self._model(*args, **kwargs)
-        return self._plan_for(args, kwargs).run(self._model, args, kwargs, self._groups(), self)
+        return self._plan_for(args, kwargs).run(self._model, args, kwargs, self._groups(), self,
+                                                self.backend)
+
+    @torch.compiler.disable
+    def _under_torch_compile(self, *args, **kwargs):
+        """`torch.compile(scheduled)`: Dynamo cannot trace the planned segments (they are
+        generated code run from autograd nodes), so it hands the whole call over here, one
+        graph break, and the step runs as planned. Said once, with what to use instead."""
+        if self.backend == "eager" and not self.__dict__.get("_told_compile"):
+            self.__dict__["_told_compile"] = True
+            (self._notify or notify_stderr)(
+                "remat-ir: torch.compile runs a remat-ir module as planned but does not compile "
+                "its segments; pass backend=\"inductor\" to remat_ir.remat (or ScheduledModule) "
+                "to compile them with Inductor")
+        return self.forward(*args, **kwargs)
 
     def _groups(self) -> int:
         """How many groups the backward hands gradients in (see the class docstring)."""

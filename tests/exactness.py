@@ -42,10 +42,11 @@ def lowered(name: str) -> ir.Graph:
     return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
+    """max |a - b| over the larger of max |a|, max |b| and `floor`."""
     a, b = a.double(), b.double()
     scale = max(a.abs().max().item() if a.numel() else 0.0, b.abs().max().item() if b.numel() else 0.0,
-                1e-30)
+                floor)
     return (a - b).abs().max().item() / scale if a.numel() else 0.0
 
 
@@ -54,22 +55,29 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
-                 steps: int = 2, seed: int = 100) -> dict[str, float]:
+                 steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
+                 model_scale: bool = False) -> dict[str, float]:
     """Train `model` (a deep copy, eagerly) and `make_scheduled(model)` side by side.
 
     Returns {what: relative error} for every output, gradient and buffer that is not
     bitwise equal; raises AssertionError if the generator state after a step differs,
     if a gradient is missing on one side only, or if the two drift (relative error
-    above 1e-6 anywhere)."""
+    above `tolerance` anywhere; compiled kernels round differently from eager ones).
+
+    `model_scale`: a gradient's error is relative to the largest gradient of the step
+    (the whole gradient as one vector), not to its own largest entry. Kernels that
+    round differently give gradients that are zero in exact arithmetic (a key
+    projection's bias under softmax: about 1e-9 here) values that differ wholly, which
+    says nothing about the step; compiled backends are compared this way."""
     eager = copy.deepcopy(model)
     scheduled = make_scheduled(model)
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9)
     opt_s = torch.optim.SGD(scheduled.parameters(), lr=0.01, momentum=0.9)
     errors: dict[str, float] = {}
 
-    def compare(a, b, what):
+    def compare(a, b, what, floor=1e-30):
         if not torch.equal(a, b):
-            errors[what] = relative_error(a, b)
+            errors[what] = relative_error(a, b, floor)
 
     for step in range(steps):
         torch.manual_seed(seed + step)
@@ -85,16 +93,18 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         assert len(flat_e) == len(flat_s), f"step {step}: {len(flat_s)} outputs, eager {len(flat_e)}"
         for i, (a, b) in enumerate(zip(flat_e, flat_s)):
             compare(a.detach(), b.detach(), f"step {step} output {i}")
+        grads = [p.grad.abs().max().item() for p in eager.parameters() if p.grad is not None and p.numel()]
+        floor = max(grads, default=0.0) if model_scale else 1e-30
         for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
             assert (p_e.grad is None) == (p_s.grad is None), f"step {step}: gradient of {name}"
             if p_e.grad is not None:
-                compare(p_e.grad, p_s.grad, f"step {step} grad {name}")
+                compare(p_e.grad, p_s.grad, f"step {step} grad {name}", floor)
         for (name, b_e), b_s in zip(eager.named_buffers(), scheduled.buffers()):
             compare(b_e, b_s, f"step {step} buffer {name}")
         opt_e.step(), opt_s.step()
         opt_e.zero_grad(), opt_s.zero_grad()
     worst = max(errors.values(), default=0.0)
-    assert worst < 1e-6, f"drifts from eager: {max(errors, key=errors.get)} relative error {worst:.3g}"
+    assert worst < tolerance, f"drifts from eager: {max(errors, key=errors.get)} relative error {worst:.3g}"
     return errors
 
 

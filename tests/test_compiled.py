@@ -1,0 +1,165 @@
+"""The Inductor backend (`backend="inductor"`, `runtimes/compiled.py`).
+
+Runs of plain steps become regions compiled by Inductor; what the schedule decided
+must survive: every compute step runs exactly once where the schedule puts it
+(recomputations included), random nodes stay outside regions and draw eager's
+numbers, and the step stays within its budget. Compiled kernels round differently
+from eager ones, so gradients are compared within 1e-5 of the model's largest
+gradient (`exactness.side_by_side(model_scale=True)`); with the regions run op by op
+instead of compiled, random schedules must stay bitwise equal to eager.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import remat_ir
+from remat_ir.api import plan
+from remat_ir.ir import simulate
+from remat_ir.lowering import lower_torch
+from remat_ir.runtimes import compiled
+from remat_ir.runtimes.memory import measure_peak
+from remat_ir.runtimes.torch import ScheduledModule
+from remat_ir.solvers import InfeasibleBudget
+
+import zoo_models
+from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
+
+#: Random nodes (dropout), buffer updates (BatchNorm), a preserved custom Function.
+MODELS = ("gpt2", "cnn_batchnorm", "straight_through")
+
+
+def _plan_at_half(graph):
+    try:
+        return plan(graph, "50%", time_limit_s=5)
+    except InfeasibleBudget as exc:
+        return exc.schedule or plan(graph, exc.smallest_feasible, time_limit_s=5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_inductor_backend_trains_like_eager_within_its_budget(name):
+    model, args, kwargs, loss_of = zoo_models.ZOO[name]("tiny")
+    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="profile")
+    schedule = _plan_at_half(graph)
+    made = []
+
+    def make(m):
+        made.append(ScheduledModule(m, graph, schedule, backend="inductor"))
+        return made[-1]
+
+    side_by_side(model, make, args, kwargs, loss_of, tolerance=1e-5, model_scale=True)
+
+    runner = made[0].runner(torch.device("cpu"))
+    regions = runner.plan.regions
+    assert regions, "nothing was compiled"
+    # Every compute step runs once, in a region or as an eager line: no step merged away.
+    in_regions = sum(len(r.node_ids) for r in regions)
+    source = runner.plan.forward_source + runner.plan.backward_source
+    eager_steps = len(re.findall(r"^\s*(?:v\d+|_r) = (?:op_\w+|_replay)\(", source, re.MULTILINE))
+    computes = sum(1 for s in schedule.steps if s.HasField("compute"))
+    assert in_regions + eager_steps == computes
+    assert not any(graph.node(n).random for r in regions for n in r.node_ids)
+    ops = [n for r in regions for n in r.module.graph.nodes
+           if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    assert len(ops) == in_regions
+
+
+
+@pytest.mark.parametrize("name", [
+    "gpt2", "straight_through",
+    pytest.param("cnn_batchnorm", marks=pytest.mark.xfail(strict=True, reason=(
+        "known gap: Inductor inlines pointwise ops into later kernels, which keeps their "
+        "inputs alive longer than the schedule says (7% above the plan here)")))])
+def test_inductor_backend_peak_is_within_5_percent_of_the_plan(name):
+    model, args, kwargs, loss_of = zoo_models.ZOO[name]("tiny")
+    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="profile")
+    schedule = _plan_at_half(graph)
+    scheduled = ScheduledModule(model, graph, schedule, backend="inductor")
+    for _ in range(2):  # the first step compiles; the second is measured
+        model.zero_grad(set_to_none=True)
+        peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
+    predicted = simulate(graph, schedule).peak_bytes
+    assert peak <= 1.05 * predicted, f"measured {peak} bytes, planned {predicted}"
+
+
+def test_inductor_backend_matches_torch_compile():
+    """Gradients of the compiled segments equal those of `torch.compile(model)` (dropout
+    off: Inductor's own random numbers are not eager's)."""
+    model, args, kwargs, loss_of = zoo_models.ZOO["cnn_batchnorm"]("tiny")
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    reference = torch.compile(copy.deepcopy(model))
+    scheduled = remat_ir.remat(model, args, "70%", cost_model="flops", time_limit_s=5,
+                               backend="inductor")
+    loss_of(reference(*args, **kwargs)).backward()
+    loss_of(scheduled(*args, **kwargs)).backward()
+    largest = max(p.grad.abs().max().item() for p in reference.parameters())
+    for (name, a), b in zip(reference.named_parameters(), scheduled.parameters()):
+        error = (a.grad - b.grad).abs().max().item() / largest
+        assert error <= 1e-5, f"{name}: {error:.3g}"
+
+
+SETTINGS = settings(max_examples=8, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@pytest.mark.parametrize("name", SEARCH_MODELS)
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from([0.0, 0.3, 0.8]),
+       defer=st.sampled_from([0.0, 0.5, 1.0]), groups=st.sampled_from([1, 3, 64]))
+def test_regions_of_random_schedules_run_op_by_op_are_exact(monkeypatch, name, seed, recompute, defer,
+                                                            groups):
+    """How segments are cut into regions (inputs, values freed inside, recomputations in
+    one region, outputs) is checked bitwise: the regions' graphs run op by op."""
+    monkeypatch.setattr(compiled.Region, "_compile", lambda region, tensors: region.eager)
+    graph = lowered(name)
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=defer)
+    model, args, kwargs, loss_of = zoo_models.ZOO[name]()
+    made = []
+
+    def make(m):
+        made.append(ScheduledModule(m, graph, schedule, gradient_groups=groups, backend="inductor"))
+        return made[-1]
+
+    errors = side_by_side(model, make, args, kwargs, loss_of, steps=2)
+    assert errors == {}, f"not bitwise equal to eager: {errors}"
+
+
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_schedules_compiled_by_inductor_match_eager(seed):
+    graph = lowered("mlp_dropout")
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
+    model, args, kwargs, loss_of = zoo_models.ZOO["mlp_dropout"]()
+    side_by_side(model, lambda m: ScheduledModule(m, graph, schedule, backend="inductor"),
+                 args, kwargs, loss_of, tolerance=1e-5, model_scale=True)
+
+
+def test_torch_compile_of_a_scheduled_module_says_once_to_use_the_inductor_backend():
+    model, args, kwargs, loss_of = zoo_models.ZOO["mlp_dropout"]("tiny")
+    told = []
+    scheduled = ScheduledModule(model, lowered("mlp_dropout"), _plan_at_half(lowered("mlp_dropout")),
+                                notify=told.append)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    step = torch.compile(scheduled)
+    for _ in range(2):
+        loss_of(step(*args, **kwargs)).backward()
+    assert len(told) == 1 and 'backend="inductor"' in told[0], told
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    assert breaks <= 1, dict(torch._dynamo.utils.counters["graph_break"])
+
+
+def test_an_unknown_backend_is_refused_before_planning():
+    model, args, kwargs, _ = zoo_models.ZOO["mlp_dropout"]("tiny")
+    with pytest.raises(ValueError, match="backend must be one of 'eager', 'inductor', not 'tvm'"):
+        remat_ir.remat(model, args, "50%", backend="tvm")
