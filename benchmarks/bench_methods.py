@@ -119,11 +119,40 @@ class RematPlanner:
         started = time.perf_counter()
         self.graph = lower_torch(self.model, bm.inputs, cost_model=cost_model)
         self.lowering_s = time.perf_counter() - started
+        self.plans: dict[tuple, tuple | InfeasibleBudget] = {}
         reference = ir.store_all(self.graph)
         self.store_all_peak = reference.predicted_peak_bytes
         self.store_all_time = ir.simulate(self.graph, reference).total_time_s
         say(f"  lowered: {len(self.graph.nodes)} nodes in {self.lowering_s:.1f} s, "
             f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated)")
+
+    def _plan(self, solver: str, budget, time_limit_s: float | None):
+        """(schedule, planning seconds) at `budget`, planned once per (solver, budget) so
+        that every backend runs the same plan; InfeasibleBudget (with `planning_s`) if
+        the budget is out of reach."""
+        key = (solver, budget)
+        if key not in self.plans:
+            started = time.perf_counter()
+            try:
+                if budget == "smallest":
+                    try:
+                        schedule = remat_ir.plan(self.graph, 1, solver, time_limit_s=time_limit_s)
+                    except InfeasibleBudget as exc:
+                        if exc.smallest_feasible is None:
+                            raise
+                        schedule = remat_ir.plan(self.graph, exc.smallest_feasible, solver,
+                                                 time_limit_s=time_limit_s)
+                else:
+                    schedule = remat_ir.plan(self.graph, budget, solver if budget else "autograd",
+                                             time_limit_s=time_limit_s)
+                self.plans[key] = (schedule, time.perf_counter() - started)
+            except InfeasibleBudget as exc:
+                exc.planning_s = time.perf_counter() - started
+                self.plans[key] = exc
+        found = self.plans[key]
+        if isinstance(found, InfeasibleBudget):
+            raise found
+        return found
 
     def method(self, solver: str, budget: str | int | None, *, time_limit_s: float | None = None,
                backend: str = "eager", label: str | None = None, info: dict | None = None) -> Method:
@@ -139,24 +168,13 @@ class RematPlanner:
         info = {"solver": solver, "budget": label, "cost_model": self.cost_model, "graph_nodes": len(self.graph.nodes),
                 "lowering_s": round(self.lowering_s, 2), "store_all_predicted_peak_bytes": self.store_all_peak,
                 "backend": backend, **(info or {})}
-        started = time.perf_counter()
         try:
-            if budget == "smallest":
-                try:
-                    schedule = remat_ir.plan(self.graph, 1, solver, time_limit_s=time_limit_s)
-                except InfeasibleBudget as exc:
-                    if exc.smallest_feasible is None:
-                        raise
-                    schedule = remat_ir.plan(self.graph, exc.smallest_feasible, solver, time_limit_s=time_limit_s)
-            else:
-                schedule = remat_ir.plan(self.graph, budget, solver if budget else "autograd",
-                                         time_limit_s=time_limit_s)
+            schedule, planning_s = self._plan(solver, budget, time_limit_s)
         except InfeasibleBudget as exc:
             info.update(status="infeasible", smallest_feasible_bytes=exc.smallest_feasible,
-                        planning_s=round(time.perf_counter() - started, 2))
+                        planning_s=round(exc.planning_s, 2))
             self.say(f"  {name}: infeasible (smallest feasible {exc.smallest_feasible} bytes)")
             return Method(name, "remat-ir", None, info=info)
-        planning_s = time.perf_counter() - started
         simulated = ir.simulate(self.graph, schedule)
         info.update(planning_s=round(planning_s, 2), budget_bytes=schedule.budget_bytes or None,
                     predicted_peak_bytes=simulated.peak_bytes,
