@@ -47,7 +47,7 @@ from remat_ir.ir.rng import plan_rng
 
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
-from .compiled import Region, check_backend
+from .compiled import Region, check_backend, output_positions
 from .transfers import Transfers
 
 
@@ -709,14 +709,12 @@ def _call_lines(graph: Graph, writer: _Writer, node_id: int, mode: str) -> list[
     elif mode == "save":
         lines.append(f"_rng{node_id} = _get_rng()")
     outputs = [_tensor_name(v) for v in node.outputs]
-    indices = list(node.output_indices)
-    schema_returns = op._schema.returns
-    single = len(schema_returns) == 1 and str(schema_returns[0].type) == "Tensor"
-    if single and not indices and len(outputs) == 1:
+    positions = output_positions(node, op)
+    if positions is None:
         lines.append(f"{outputs[0]} = {call}")
     else:
         lines.append(f"_r = {call}")
-        for name, index in zip(outputs, indices or range(len(outputs)), strict=True):
+        for name, index in zip(outputs, positions, strict=True):
             lines.append(f"{name} = _r[{index}]")
         lines.append("del _r")
     return lines

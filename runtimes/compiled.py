@@ -100,6 +100,16 @@ class Region:
         return torch.fx.Interpreter(self.module).boxed_run(boxed)
 
 
+def output_positions(node, op) -> list[int] | None:
+    """Where the node's outputs are in what the op returns: None when the op returns one
+    tensor and that is the node's only output, else a position per output."""
+    returns = op._schema.returns
+    indices = list(node.output_indices)
+    if len(returns) == 1 and str(returns[0].type) == "Tensor" and not indices and len(node.outputs) == 1:
+        return None
+    return indices or list(range(len(node.outputs)))
+
+
 def _graph_module(graph: Graph, node_ids: list[int], inputs: list[int], outputs: list[int],
                   device: torch.device) -> torch.fx.GraphModule:
     """The FX graph of a run: one list placeholder (stolen by the compiled function),
@@ -118,13 +128,11 @@ def _graph_module(graph: Graph, node_ids: list[int], inputs: list[int], outputs:
         args = [to_torch_argument(decode(a), tensor, device) for a in node.args]
         kwargs = {kw.name: to_torch_argument(decode(kw.value), tensor, device) for kw in node.kwargs}
         result = fx.call_function(op, tuple(args), kwargs)
-        returns = op._schema.returns
-        single = len(returns) == 1 and str(returns[0].type) == "Tensor"
-        indices = list(node.output_indices)
-        if single and not indices and len(node.outputs) == 1:
+        positions = output_positions(node, op)
+        if positions is None:
             env[node.outputs[0]] = result
         else:
-            for v, index in zip(node.outputs, indices or range(len(node.outputs)), strict=True):
+            for v, index in zip(node.outputs, positions, strict=True):
                 env[v] = fx.call_function(operator.getitem, (result, index))
     fx.output(tuple(env[v] for v in outputs))
     return torch.fx.GraphModule(torch.nn.Module(), fx)
