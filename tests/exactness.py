@@ -19,12 +19,18 @@ import copy
 import functools
 import random
 
+from hypothesis import strategies as st
 import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir import ir
 from remat_ir.ir import pb
 
+
+#: What the random-schedule property tests draw (`random_schedule`'s shares and the
+#: runtime's gradient groups), as keyword strategies for `hypothesis.given`.
+SCHEDULE_DRAWS = dict(seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from([0.0, 0.3, 0.8]),
+                      defer=st.sampled_from([0.0, 0.5, 1.0]), groups=st.sampled_from([1, 3, 64]))
 
 #: Zoo models for schedule searches: every kind of node the runtime treats apart
 #: (random, buffer updates, a preserved custom Function, views, tuple outputs).
@@ -93,8 +99,8 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         assert len(flat_e) == len(flat_s), f"step {step}: {len(flat_s)} outputs, eager {len(flat_e)}"
         for i, (a, b) in enumerate(zip(flat_e, flat_s)):
             compare(a.detach(), b.detach(), f"step {step} output {i}")
-        grads = [p.grad.abs().max().item() for p in eager.parameters() if p.grad is not None and p.numel()]
-        floor = max(grads, default=0.0) if model_scale else 1e-30
+        floor = (max((p.grad.abs().max().item() for p in eager.parameters()
+                      if p.grad is not None and p.numel()), default=0.0) if model_scale else 1e-30)
         for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
             assert (p_e.grad is None) == (p_s.grad is None), f"step {step}: gradient of {name}"
             if p_e.grad is not None:

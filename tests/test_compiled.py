@@ -30,7 +30,7 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
-from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
+from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
 
 #: Random nodes (dropout), buffer updates (BatchNorm), a preserved custom Function.
 MODELS = ("gpt2", "cnn_batchnorm", "straight_through")
@@ -109,8 +109,7 @@ SETTINGS = settings(max_examples=8, deadline=None, derandomize=True,
 
 @pytest.mark.parametrize("name", SEARCH_MODELS)
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from([0.0, 0.3, 0.8]),
-       defer=st.sampled_from([0.0, 0.5, 1.0]), groups=st.sampled_from([1, 3, 64]))
+@given(**SCHEDULE_DRAWS)
 def test_regions_of_random_schedules_run_op_by_op_are_exact(monkeypatch, name, seed, recompute, defer,
                                                             groups):
     """How segments are cut into regions (inputs, values freed inside, recomputations in

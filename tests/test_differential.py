@@ -22,7 +22,7 @@ from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
 import zoo_models
-from exactness import SEARCH_MODELS as MODELS, lowered, random_schedule, side_by_side
+from exactness import SCHEDULE_DRAWS, SEARCH_MODELS as MODELS, lowered, random_schedule, side_by_side
 
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -31,8 +31,7 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
 
 @pytest.mark.parametrize("name", MODELS)
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from([0.0, 0.3, 0.8]),
-       defer=st.sampled_from([0.0, 0.5, 1.0]), groups=st.sampled_from([1, 3, 64]))
+@given(**SCHEDULE_DRAWS)
 def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defer, groups):
     graph = lowered(name)
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute,
