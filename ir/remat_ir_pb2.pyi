@@ -302,7 +302,7 @@ class GraphOutput(_message.Message):
     def __init__(self, value_id: _Optional[int] = ..., role: _Optional[_Union[OutputRole, str]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Provenance(_message.Message):
-    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer", "cost_model", "host_link")
+    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer", "cost_model", "host_link", "rng_replay_bytes")
     FRONTEND_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +310,7 @@ class Provenance(_message.Message):
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
     COST_MODEL_FIELD_NUMBER: _ClassVar[int]
     HOST_LINK_FIELD_NUMBER: _ClassVar[int]
+    RNG_REPLAY_BYTES_FIELD_NUMBER: _ClassVar[int]
     frontend: str
     frontend_version: str
     source_model: str
@@ -317,7 +318,8 @@ class Provenance(_message.Message):
     producer: str
     cost_model: CostModel
     host_link: HostLink
-    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ..., host_link: _Optional[_Union[HostLink, _Mapping]] = ...) -> None: ...
+    rng_replay_bytes: int
+    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ..., host_link: _Optional[_Union[HostLink, _Mapping]] = ..., rng_replay_bytes: _Optional[int] = ...) -> None: ...
 
 class HostLink(_message.Message):
     __slots__ = ("bandwidth_bytes_per_s", "latency_s", "overlapped", "source")

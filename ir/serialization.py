@@ -34,6 +34,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
   An offload no longer releases the device copy (a later free does, once the copy
   to host has completed), so each offload step of a stored schedule gets a free of
   the same value right after it: what the older file meant.
+- 1.3 -> 1.4: the provenance gained `rng_replay_bytes`; an older file has none,
+  which counts no memory for a replay's generator state, as before: nothing to fill.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ explains them with an example):
 - Random nodes follow `rng.plan_rng`: a run out of graph order first skips the
   random nodes eager would have run before it, each costing its time and, while
   it runs, its placeholders, outputs and workspace on top of the live bytes;
-  only nodes flagged `rng_shape_only` can be skipped.
+  only nodes flagged `rng_shape_only` can be skipped. A replaying run holds the
+  generator's state beside its outputs for a moment (`Provenance.rng_replay_bytes`).
 - A free step drops a live value; resident values are never freed, nor are graph
   outputs unless a copy of them is on the host (they must be prefetched before the
   end).
@@ -356,6 +357,8 @@ class _Run:
             if v in self.arriving:
                 self.wait(self.arriving.pop(v))
         during = self.mem.compute(node_id)
+        if k in self.rng.replays:  # the generator is set back while the outputs exist
+            during = max(during, self.mem.bytes + g.proto.provenance.rng_replay_bytes)
         self.clock += node.cost.time_s
         return self.record(k, during)
 

@@ -197,6 +197,25 @@ def test_mutating_and_random_nodes():
     assert (v.step, v.kind, v.node_id) == (1, "recompute_forbidden", ids["f1"])
 
 
+def test_a_replay_holds_the_generator_state_beside_its_outputs():
+    """chain(2), 1,000-byte values, f1 random and recomputed after a free: the replay at
+    step 3 sets the generator back while its output exists, so with 300 replay bytes
+    that step's memory is a2 and a1 (2,000) + 300; the first run (step 0) draws, no replay."""
+    g, ids = chain(2, elements=250)
+    g.node(ids["f1"]).random = True
+    steps = [("compute", ids["f1"]), ("compute", ids["f2"]), ("free", ids["a1"]),
+             ("compute", ids["f1"]), ("compute", ids["b2"]), ("free", ids["a1"]),
+             ("compute", ids["b1"])]
+    hand = schedule(steps, 4, rng_replay=True)
+    before = ir.simulate(g, hand)
+    g.proto.provenance.rng_replay_bytes = 300
+    after = ir.simulate(g, hand)
+    assert before.valid and after.valid
+    assert after.memory_during[3] == before.memory_after[3] + 300 == 1000 + 1000 + 300
+    assert after.memory_during[0] == before.memory_during[0] == 1000
+    assert after.peak_bytes == max(before.peak_bytes, 2300)
+
+
 def linked(g, *, overlapped=True, bandwidth=1000.0, latency=0.5):
     """`g` with a host link: a 1000-byte tensor (M) takes 1.5 s to move by default."""
     link = g.proto.provenance.host_link

@@ -161,3 +161,13 @@ def argument_names(spec: pytree.TreeSpec) -> list[str]:
     tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
     with_paths, _ = pytree.tree_flatten_with_path(tree)
     return [argument_name(path) for path, _ in with_paths]
+
+
+def rng_replay_bytes(device: torch.device | str) -> int:
+    """Device bytes the runtime's RNG replay allocates for a moment (IR
+    `Provenance.rng_replay_bytes`): setting the CPU generator's state goes through a
+    state tensor made for the call (`runtimes/codegen.py`, `_rng_functions`); a CUDA
+    generator's state is a host tensor, which takes no device memory."""
+    if torch.device(device).type != "cpu":
+        return 0
+    return torch.default_generator.get_state().nbytes
