@@ -55,7 +55,8 @@ def table(rows: list[dict]) -> str:
              "Peak: allocator peak of one forward + backward step above what was allocated before it. "
              "Time: median step time over interleaved rounds, as a ratio to eager's in the same run. "
              "remat-ir's predicted figures come from its simulator; the last two columns are step time "
-             "relative to remat-ir's own store-everything schedule, predicted and measured (what the "
+             "relative to remat-ir's own store-everything schedule run with the same backend, predicted "
+             "(from op times measured on the eager backend) and measured (what the "
              "time model is judged by); its budgets are shares of the simulated store-everything peak.", ""]
     for model, model_rows in _by_model(rows).items():
         ok = [r for r in model_rows if r["status"] == "ok"]

@@ -30,7 +30,8 @@ thresholds keep freed memory, as CUDA's caching allocator does; every method run
 under them. `--default-allocator` measures with glibc's defaults instead.
 
 remat-ir rows also give their step time relative to remat-ir's own store-everything
-schedule, measured and as the simulator predicts it, which is what the time model
+schedule run with the same backend, measured and as the simulator predicts it (from op
+times measured on the eager backend), which is what the time model
 (`cost_model`) is judged by; hiremate at 50% and 30% is also planned on isolated op
 times (`cost_model="isolated"`, the model before in-step timing), in the same run.
 
@@ -199,15 +200,20 @@ def measure(built: list[methods.Method], device: torch.device, rounds: int) -> d
 def records(bm: BenchModel, built, infeasible, figures, context: dict) -> list[dict]:
     eager = figures["eager"]
     eager_median = statistics.median(eager["times"])
-    store = figures.get("remat-ir store-everything")
-    store_median = statistics.median(store["times"]) if store else None
+    # remat-ir's store-everything step per backend: a plan run compiled is measured against
+    # store-everything run compiled, as its prediction is made against the same schedule.
+    store_medians = {backend: statistics.median(figures[name]["times"])
+                     for backend in BACKENDS
+                     for name in ["remat-ir store-everything" + ("" if backend == "eager" else f" [{backend}]")]
+                     if name in figures}
     rows = []
     for method in built:
         f = figures[method.name]
         median = statistics.median(f["times"])
+        store_median = store_medians.get(method.info.get("backend", "eager"), store_medians.get("eager"))
         if method.family == "remat-ir" and store_median:
             # What the time model is judged by: measured against predicted, both relative to
-            # remat-ir's own store-everything schedule.
+            # remat-ir's own store-everything schedule run with the same backend.
             measured = median / store_median
             method.info.update(measured_time_ratio=round(measured, 4),
                                prediction_error=round(method.info["predicted_time_ratio"] / measured - 1, 4))
