@@ -85,6 +85,29 @@ def test_report_table_and_picture_come_from_the_results_file(tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pictures)
 
 
+def test_a_plan_is_measured_against_store_everything_on_its_own_backend():
+    """The time model's measured ratio divides a plan's step by store-everything's step
+    run with the same backend (its prediction is made against that schedule)."""
+    import training_step
+
+    def method(name, family="remat-ir", backend=None, predicted=1.0):
+        info = {} if backend is None else {"backend": backend, "predicted_time_ratio": predicted}
+        return bench_methods.Method(name, family, lambda: 0.0, info=info)
+
+    built = [method("eager", "eager"), method("remat-ir store-everything", backend="eager"),
+             method("remat-ir store-everything [inductor]", backend="inductor"),
+             method("remat-ir plan", backend="eager", predicted=1.1),
+             method("remat-ir plan [inductor]", backend="inductor", predicted=1.1)]
+    times = {"eager": 1.0, "remat-ir store-everything": 1.0, "remat-ir store-everything [inductor]": 0.8,
+             "remat-ir plan": 1.2, "remat-ir plan [inductor]": 1.0}
+    figures = {name: {"times": [t], "peak_bytes": 1, "loss": 0.0} for name, t in times.items()}
+    model = type("BenchModel", (), {"name": "m", "description": "a model"})()
+    rows = training_step.records(model, built, [], figures, {})
+    measured = {r["method"]: r.get("measured_time_ratio") for r in rows}
+    assert measured["remat-ir plan"] == 1.2 and measured["remat-ir plan [inductor]"] == 1.25
+    assert measured["remat-ir store-everything [inductor]"] == 1.0
+
+
 def test_readme_update_replaces_only_what_lies_between_the_markers(tmp_path):
     results = tmp_path / "results" / "run.jsonl"
     results.parent.mkdir()
