@@ -48,6 +48,19 @@ def lowered(name: str) -> ir.Graph:
     return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
+@functools.cache
+def with_memory_facts(name: str) -> ir.Graph:
+    """A zoo model (tiny) lowered with its real storage sizes and workspaces (each op run
+    once, timed alone: profiling's memory facts without its in-step timing), so that a
+    measured peak can be held to the simulated one. Once per test session."""
+    from remat_ir.lowering import lower_torch
+
+    import zoo_models
+
+    model, args, kwargs, _ = zoo_models.ZOO[name]()
+    return lower_torch(model, args, example_kwargs=kwargs, cost_model="isolated")
+
+
 def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
     """max |a - b| over the larger of max |a|, max |b| and `floor`."""
     a, b = a.double(), b.double()

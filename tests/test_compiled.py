@@ -12,7 +12,6 @@ instead of compiled, random schedules must stay bitwise equal to eager.
 from __future__ import annotations
 
 import copy
-import functools
 import random
 import re
 
@@ -32,7 +31,7 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
-from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
+from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side, with_memory_facts
 
 #: Random nodes (dropout), buffer updates (BatchNorm), a preserved custom Function.
 MODELS = ("gpt2", "cnn_batchnorm", "straight_through")
@@ -156,19 +155,11 @@ def _assert_room_for_hoisting(graph, schedule, region):
             computed.update(node.outputs)
 
 
-@functools.cache
-def _with_memory_facts(name: str):
-    """A zoo model lowered with its real storage sizes (ops run once each), so that a
-    measured peak can be held to the simulated one."""
-    model, args, kwargs, _ = zoo_models.ZOO[name]()
-    return lower_torch(model, args, example_kwargs=kwargs, cost_model="isolated")
-
-
 @settings(max_examples=3, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_schedules_compiled_by_inductor_match_eager_within_their_planned_peak(seed):
-    graph = _with_memory_facts("mlp_dropout")
+    graph = with_memory_facts("mlp_dropout")
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     model, args, kwargs, loss_of = zoo_models.ZOO["mlp_dropout"]()
     made = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import random
 import re
 import subprocess
@@ -14,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import remat_ir
 from remat_ir import ir
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
-from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, random_schedule
+from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, random_schedule, with_memory_facts
 from torch_models import gpt2, resnet, unet
 
 import zoo_models
@@ -53,16 +51,6 @@ def test_measured_peak_within_5_percent_of_simulated(make, solver, profiled_grap
     assert abs(measured - simulated) <= 0.05 * simulated, (measured, simulated)
 
 
-@functools.cache
-def _with_memory_facts(name: str) -> ir.Graph:
-    """A zoo model (tiny) lowered with its real storage sizes and workspaces (ops run
-    once each, timed alone: the memory facts of profiling without the in-step timing)."""
-    from remat_ir.lowering import lower_torch
-
-    model, args, kwargs, _ = zoo_models.ZOO[name]()
-    return lower_torch(model, args, example_kwargs=kwargs, cost_model="isolated")
-
-
 @pytest.mark.parametrize("name", SEARCH_MODELS)
 @settings(max_examples=5, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -72,7 +60,7 @@ def test_random_schedules_measure_the_peak_they_simulate(name, seed, recompute, 
     a custom Function) peaks where the simulator says, to the byte but for op workspaces
     that vary from run to run (0.5%). The simulator may count more, never much more: user
     outputs the caller drops (GPT-2's logits) stay counted to the end of the step."""
-    graph = _with_memory_facts(name)
+    graph = with_memory_facts(name)
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=defer)
     simulated = ir.simulate(graph, schedule).peak_bytes
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()
