@@ -202,10 +202,9 @@ def records(bm: BenchModel, built, infeasible, figures, context: dict) -> list[d
     eager_median = statistics.median(eager["times"])
     # remat-ir's store-everything step per backend: a plan run compiled is measured against
     # store-everything run compiled, as its prediction is made against the same schedule.
-    store_medians = {backend: statistics.median(figures[name]["times"])
-                     for backend in BACKENDS
-                     for name in ["remat-ir store-everything" + ("" if backend == "eager" else f" [{backend}]")]
-                     if name in figures}
+    store_medians = {m.info["backend"]: statistics.median(figures[m.name]["times"]) for m in built
+                     if m.family == "remat-ir" and m.info.get("budget") == "store-everything"
+                     and m.info.get("cost_model") == "profile"}
     rows = []
     for method in built:
         f = figures[method.name]

@@ -28,7 +28,7 @@ from remat_ir.ir.memory import is_view
 
 from .autograd_functions import FunctionError, preserving_functions
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
-                                     rng_replay_bytes, to_ir_argument)
+                                     record_device, to_ir_argument)
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -392,6 +392,5 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"
     # Where the graph was traced: profiling measures there unless told otherwise.
-    prov.cost_device = str(_device_of((args, kwargs)))
-    prov.rng_replay_bytes = rng_replay_bytes(prov.cost_device)
+    record_device(prov, _device_of((args, kwargs)))
     return graph

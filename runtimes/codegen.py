@@ -542,7 +542,7 @@ class _Runs:
         self._reset()
 
     def _reset(self) -> None:
-        self.steps: list[tuple[str, int]] = []
+        self.steps: list[tuple[str, int, int]] = []  # (compute|free, node|value, step)
         self.produced: set[int] = set()  # values the pending run computes
         self.high = 0                    # the plan's most memory during the pending run
         self.side: set[int] = set()      # values of chains started after the run's first

@@ -57,7 +57,7 @@ from remat_ir.ir import Graph, pb
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import new_storages
-from remat_ir.torchlib.types import empty_tensor, resolve_op, rng_replay_bytes, to_torch_argument
+from remat_ir.torchlib.types import empty_tensor, record_device, resolve_op, to_torch_argument
 
 from .calibration import fit_peak_byte_cost
 from .memory import measure_peak
@@ -203,8 +203,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     out; `cost_model.note` says so. `progress` hears how far profiling got."""
     check_cost_model(model)
     device = torch.device(device)
-    graph.proto.provenance.cost_device = str(device)
-    graph.proto.provenance.rng_replay_bytes = rng_replay_bytes(device)
+    record_device(graph.proto.provenance, device)
     graph.proto.provenance.ClearField("cost_model")
     graph.proto.provenance.cost_model.name = model
     measured: dict[tuple, tuple[float, int, tuple[int, ...], int]] = {}

@@ -90,12 +90,14 @@ def test_a_plan_is_measured_against_store_everything_on_its_own_backend():
     run with the same backend (its prediction is made against that schedule)."""
     import training_step
 
-    def method(name, family="remat-ir", backend=None, predicted=1.0):
-        info = {} if backend is None else {"backend": backend, "predicted_time_ratio": predicted}
+    def method(name, family="remat-ir", backend=None, predicted=1.0, budget="50%"):
+        info = {} if backend is None else {"backend": backend, "predicted_time_ratio": predicted,
+                                           "budget": budget, "cost_model": "profile"}
         return bench_methods.Method(name, family, lambda: 0.0, info=info)
 
-    built = [method("eager", "eager"), method("remat-ir store-everything", backend="eager"),
-             method("remat-ir store-everything [inductor]", backend="inductor"),
+    built = [method("eager", "eager"),
+             method("remat-ir store-everything", backend="eager", budget="store-everything"),
+             method("remat-ir store-everything [inductor]", backend="inductor", budget="store-everything"),
              method("remat-ir plan", backend="eager", predicted=1.1),
              method("remat-ir plan [inductor]", backend="inductor", predicted=1.1)]
     times = {"eager": 1.0, "remat-ir store-everything": 1.0, "remat-ir store-everything [inductor]": 0.8,

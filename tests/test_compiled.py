@@ -31,7 +31,7 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
-from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side, with_memory_facts
+from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
 
 #: Random nodes (dropout), buffer updates (BatchNorm), a preserved custom Function.
 MODELS = ("gpt2", "cnn_batchnorm", "straight_through")
@@ -70,7 +70,6 @@ def test_inductor_backend_trains_like_eager_within_its_budget(name):
     ops = [n for r in regions for n in r.module.graph.nodes
            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
     assert len(ops) == in_regions
-
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -159,7 +158,7 @@ def _assert_room_for_hoisting(graph, schedule, region):
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_schedules_compiled_by_inductor_match_eager_within_their_planned_peak(seed):
-    graph = with_memory_facts("mlp_dropout")
+    graph = lowered("mlp_dropout", "isolated")
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     model, args, kwargs, loss_of = zoo_models.ZOO["mlp_dropout"]()
     made = []
@@ -196,4 +195,3 @@ def test_an_unknown_backend_is_refused_before_planning():
     model, args, kwargs, _ = zoo_models.ZOO["mlp_dropout"]("tiny")
     with pytest.raises(ValueError, match="backend must be one of 'eager', 'inductor', not 'tvm'"):
         remat_ir.remat(model, args, "50%", backend="tvm")
-

@@ -18,7 +18,7 @@ import remat_ir
 from remat_ir import ir
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
-from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, random_schedule, with_memory_facts
+from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule
 from torch_models import gpt2, resnet, unet
 
 import zoo_models
@@ -60,7 +60,7 @@ def test_random_schedules_measure_the_peak_they_simulate(name, seed, recompute, 
     a custom Function) peaks where the simulator says, to the byte but for op workspaces
     that vary from run to run (0.5%). The simulator may count more, never much more: user
     outputs the caller drops (GPT-2's logits) stay counted to the end of the step."""
-    graph = with_memory_facts(name)
+    graph = lowered(name, "isolated")
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=defer)
     simulated = ir.simulate(graph, schedule).peak_bytes
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()

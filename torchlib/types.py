@@ -163,11 +163,12 @@ def argument_names(spec: pytree.TreeSpec) -> list[str]:
     return [argument_name(path) for path, _ in with_paths]
 
 
-def rng_replay_bytes(device: torch.device | str) -> int:
-    """Device bytes the runtime's RNG replay allocates for a moment (IR
-    `Provenance.rng_replay_bytes`): setting the CPU generator's state goes through a
-    state tensor made for the call (`runtimes/codegen.py`, `_rng_functions`); a CUDA
-    generator's state is a host tensor, which takes no device memory."""
-    if torch.device(device).type != "cpu":
-        return 0
-    return torch.default_generator.get_state().nbytes
+def record_device(provenance, device: torch.device | str) -> None:
+    """Record in a graph's `Provenance` the device it is described for: `cost_device`,
+    and the bytes a random node's replay holds there for a moment (`rng_replay_bytes`:
+    setting the CPU generator's state goes through a state tensor made for the call,
+    `runtimes/codegen.py`, `_rng_functions`; a CUDA generator's state is a host tensor,
+    which takes no device memory)."""
+    device = torch.device(device)
+    provenance.cost_device = str(device)
+    provenance.rng_replay_bytes = torch.default_generator.get_state().nbytes if device.type == "cpu" else 0
