@@ -49,6 +49,11 @@ solver planning from scratch. Each solve runs in a forked child process killed a
 --kill-after seconds (default 5 x the time limit: rotor's dynamic program has no deadline);
 its row then says so.
 
+Lower bound: the spec `bound` (options `time_limit_s`, default 300, and `moments`) is not a
+solver. Its row is what `solvers.bounds.lower_bound` proves within its time: no schedule
+within the budget (without offloading) is faster than that overhead, or none fits at all.
+It tells a solver's gap to what is possible, and an overhead target from an impossible one.
+
 Reference: checkmate's proven optimum (status OPTIMAL) on graphs it solves exactly:
 chains (tests/builders.py) of 10, 16, 24 and 36 nodes and examples/mlp.rir (37 nodes;
 the models of examples/models.py have hundreds of nodes) at 90% to 40%: every other
@@ -93,6 +98,10 @@ TIME_LIMIT_S = 30.0
 #: deadline: rotor's dynamic program runs to its end).
 KILL_AFTER_LIMITS = 5
 SHARES = (0.5, 0.3, 0.25)
+#: The pseudo-solver whose rows are the proven lower bound (`solvers.bounds`), not a plan:
+#: `bound` or `bound:time_limit_s=300,moments=24`.
+BOUND = "bound"
+BOUND_TIME_LIMIT_S = 300.0
 QUICK_SHARES = (0.5, 0.3)
 QUICK_REFERENCE_SHARES = (0.7, 0.5)
 SMALLEST = "smallest"
@@ -131,7 +140,14 @@ class Spec:
         return cls(text, name.strip(), options)
 
     def exists(self) -> bool:
-        return self.name.startswith(solvers.EXEC_PREFIX) or self.name in {i.name for i in solvers.available()}
+        return (self.name == BOUND or self.name.startswith(solvers.EXEC_PREFIX)
+                or self.name in {i.name for i in solvers.available()})
+
+    def kill_after(self, kill_after: float | None) -> float | None:
+        """A bound searches for its own time limit, not the solvers': kill it later."""
+        if self.name != BOUND or kill_after is None:
+            return kill_after
+        return max(kill_after, 2 * dict(self.options).get("time_limit_s", BOUND_TIME_LIMIT_S) + 120)
 
 
 def parse_specs(text: str | list[str]) -> list[Spec]:
@@ -368,6 +384,8 @@ def measure(data: bytes, spec: Spec, budget: int, reference: ir.pb.Schedule, tim
 def _measure(data: bytes, spec: Spec, budget: int, reference: ir.pb.Schedule, time_limit_s: float,
              progress=None) -> dict:
     graph = fresh(data)
+    if spec.name == BOUND:
+        return _bound(graph, spec, budget, reference)
     solvers._FLOORS.clear()  # no floor remembered from an earlier solve: plan from scratch
     peak, base_time = reference.predicted_peak_bytes, reference.predicted_time_s
     started = time.monotonic()
@@ -390,6 +408,18 @@ def _measure(data: bytes, spec: Spec, budget: int, reference: ir.pb.Schedule, ti
                 status=ir.pb.SolveStatus.Name(s.status))
 
 
+def _bound(graph: ir.Graph, spec: Spec, budget: int, reference: ir.pb.Schedule) -> dict:
+    """The least overhead any schedule within `budget` can have, as proven in the time given."""
+    from remat_ir.solvers import bounds
+    options = {"time_limit_s": BOUND_TIME_LIMIT_S, **dict(spec.options)}
+    found = bounds.lower_bound(graph, budget, **options)
+    row = dict(seconds=round(found.seconds, 2), feasible=found.feasible, bound=True, moments=found.moments)
+    if found.feasible:
+        row.update(predicted_time_s=found.time_s,
+                   overhead=round(found.time_s / reference.predicted_time_s - 1, 4))
+    return row
+
+
 def describe_row(row: dict) -> str:
     if row.get("skipped"):
         return f"skipped: {row['skipped']}"
@@ -397,6 +427,9 @@ def describe_row(row: dict) -> str:
         return f"error after {row['seconds']} s: {row['error']}"
     if row.get("timed_out"):
         return f"killed after {row['seconds']} s (time limit ignored)"
+    if row.get("bound"):
+        return (f"no schedule is faster than overhead {row['overhead']:.1%} (proven in {row['seconds']} s)"
+                if row["feasible"] else f"no schedule fits (proven in {row['seconds']} s)")
     if not row["feasible"]:
         floor = row.get("smallest_feasible_share")
         return (f"infeasible (smallest it names: {'none' if floor is None else f'{floor:.1%}'}) "
@@ -456,7 +489,8 @@ def graph_rows(name: str, graph: ir.Graph, specs: list[Spec], budgets: list, *,
                 row["skipped"] = f"{len(graph.nodes)} nodes > {checkmate_max_nodes}"
             else:
                 progress = (lambda m: say("    " + m)) if verbose else None
-                row.update(measure(data, spec, budget, reference, time_limit_s, progress, kill_after))
+                row.update(measure(data, spec, budget, reference, time_limit_s, progress,
+                                   spec.kill_after(kill_after)))
             say(f"{name} {spec.text} {label}: {describe_row(row)}")
             record["rows"].append(row)
             if on_row is not None:
@@ -498,7 +532,7 @@ def reference_rows(name: str, graph: ir.Graph, specs: list[Spec], shares, *,
             if spec.name == "checkmate":
                 continue
             row = dict(head, solver=spec.text, **measure(data, spec, budget, reference, time_limit_s,
-                                                        kill_after=kill_after))
+                                                        kill_after=spec.kill_after(kill_after)))
             if row["feasible"]:
                 row["ratio"] = round(row["predicted_time_s"] / exact["predicted_time_s"], 4)
             say(f"{name} {share_label(share)} {spec.text}: "
@@ -586,6 +620,9 @@ def _cell(row: dict) -> str:
         return f"error ({row['seconds']:.1f} s)"
     if row.get("timed_out"):
         return f"killed after {row['seconds']:.0f} s"
+    if row.get("bound"):
+        return (f">= {row['overhead']:.1%} ({row['seconds']:.0f} s)" if row["feasible"]
+                else f"none fits, proven ({row['seconds']:.0f} s)")
     if not row["feasible"]:
         floor = row.get("smallest_feasible_share")
         return f"infeasible, names {floor:.1%} ({row['seconds']:.1f} s)" if floor is not None \
@@ -607,7 +644,10 @@ def table(results: dict) -> str:
              "- 1) and planning seconds; *infeasible, names X* when the solver refuses the budget "
              "and names X (share of the store-everything peak) as its smallest; — not run. "
              "Budgets are shares of the store-everything peak; *smallest* is the smallest budget "
-             "hiremate names for the graph (its share in brackets), asked of every solver.", ""]
+             "hiremate names for the graph (its share in brackets), asked of every solver. "
+             "Column *bound* (`--solvers ...,bound`): the least overhead any schedule within the "
+             "budget can have, proven by `solvers/bounds.py` in the seconds shown (*>= X*), or "
+             "*none fits* when it proves that no schedule fits the budget.", ""]
     runs = results.get("runs", {})
     used = sorted({row["run"] for entry in graphs.values() for row in entry["rows"]}
                   | {row["run"] for row in results.get("reference", {}).get("rows", [])})

@@ -190,6 +190,28 @@ def test_solver_benchmark_rows_on_a_chain_and_their_table(tmp_path, capsys):
     assert "| hiremate | 1 | x1.0000 | x1.0000 | x1.0000 | 0 |" in table
 
 
+def test_solver_benchmark_bound_rows_lie_below_every_plan(tmp_path):
+    from builders import chain
+
+    bench = _solvers_benchmark()
+    specs = bench.present(bench.parse_specs("hiremate,bound:time_limit_s=20"))
+    assert [s.name for s in specs] == ["hiremate", "bound"]
+    assert specs[1].kill_after(150) == 2 * 20 + 120 and specs[0].kill_after(150) == 150
+    record = bench.graph_rows("chain16", chain(8)[0], specs, [0.7, 0.5, 0.1], time_limit_s=20)
+    by = {(r["solver"], r["budget"]): r for r in record["rows"]}
+    for label in ("70%", "50%"):
+        plan, bound = by[("hiremate", label)], by[("bound:time_limit_s=20", label)]
+        assert plan["feasible"] and bound["feasible"] and bound["bound"]
+        assert 0 <= bound["overhead"] <= plan["overhead"] + 1e-9
+    assert not by[("bound:time_limit_s=20", "10%")]["feasible"]  # below what backward reads
+    results = bench.load_results(tmp_path / "solvers.json")
+    results["runs"]["r1"] = bench.run_context(20)
+    bench.merge_graph(results, "chain16", dict(key="k"), record, "r1")
+    table = bench.write(results, tmp_path / "solvers.json").read_text()
+    assert "| chain16 | 10% | infeasible, names" in table and "none fits, proven (" in table
+    assert f"| >= {by[('bound:time_limit_s=20', '50%')]['overhead']:.1%} (" in table
+
+
 def test_solver_benchmark_kills_a_solve_past_its_limit_and_reports_a_crash():
     import time
 
