@@ -186,7 +186,9 @@ class GraphSpec:
 
     @property
     def key(self) -> str:
-        text = json.dumps({"name": self.name, **self.config, "cost_model": "flops"}, sort_keys=True)
+        from remat_ir.runtimes.profiling import ANALYTIC_REVISION
+        text = json.dumps({"name": self.name, **self.config, "cost_model": "flops",
+                           "flops_revision": ANALYTIC_REVISION}, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 

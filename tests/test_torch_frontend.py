@@ -10,6 +10,8 @@ import torch
 from remat_ir import ir
 from remat_ir.lowering import lower_torch
 from remat_ir.ir import pb
+from remat_ir.ir.memory import is_view
+from remat_ir.runtimes.profiling import RATES
 from torch_models import gpt2, mlp, resnet
 
 
@@ -43,6 +45,13 @@ def test_gpt2_structure(gpt2_model_and_graph):
     assert sum(bool(n.source) for n in g.proto.nodes) > 0.9 * len(g.proto.nodes)
     assert all(n.cost.source == pb.ANALYTIC and n.cost.time_s > 0 for n in g.proto.nodes)
     assert g.proto.provenance.frontend == "torch" and g.proto.provenance.cost_device == "cpu"
+    # A view moves no bytes: it costs the fixed overhead of an op, a copy costs more.
+    views = [n for n in g.proto.nodes if is_view(g, n) and not n.mutating]
+    overhead = RATES["cpu"][2]
+    assert len(views) > 50 and all(n.cost.bytes_accessed == 0 and n.cost.time_s == overhead
+                                   for n in views)
+    copies = [n for n in g.proto.nodes if n.op == "aten.clone.default"]
+    assert copies and all(n.cost.bytes_accessed > 0 and n.cost.time_s > overhead for n in copies)
 
 
 def test_batchnorm_running_statistics_are_buffer_updates():
