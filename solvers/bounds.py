@@ -2,35 +2,35 @@
 
 Why: a solver's "predicted overhead" says how good a plan is only next to what is
 possible. Checkmate proves optima on graphs of tens of nodes; on thousands of nodes
-nothing did, so an overhead target (5% at 50% of the peak, say) could not be told
-apart from an impossible one. This bound answers that, and a budget it cannot meet
-is proven infeasible for every schedule (without offloading).
+nothing did, so an overhead target (12% at 30% of the peak, say) could not be told
+apart from an impossible one. This bound answers that, and a budget it cannot meet is
+proven infeasible for every schedule (without offloading).
 
-The relaxation looks at a few *moments*: the first computation of chosen backward
-nodes `b`. At such a moment everything the rest of the step reads must either be
-live (its storage is counted in memory, which must fit the budget) or be computed
-again afterwards — and a node that `b` depends on was necessarily computed before
-`b` too, so computing it afterwards is a recomputation, paid at its cost. Per
-moment, over 0/1 variables relaxed to [0, 1]:
+The program looks at *moments*: the first runs of chosen backward nodes m_0, m_1, ...,
+each a descendant of the one before, so that every schedule meets them in this order.
+Per moment j, over 0/1 variables:
 
-- `S[s]`: storage `s` holds a live value during `b` (its bytes count);
-- `C[n]`: node `n` runs after `b` (its inputs then must be live or run after `b` too);
-- for every node that must run after `b` (the descendants of `b`) and every input
-  it reads from elsewhere: `S[storage] + C[producer] >= 1`; `b`'s own inputs and
-  the graph outputs already computed are live (`S = 1`);
-- memory: bytes of the live storages + `b`'s new outputs and workspace <= budget.
+- `live[j, s]`: storage `s` holds a live value while m_j runs; those bytes, m_j's new
+  outputs and its workspace fit the budget (and are at most the variable `peak`);
+- `runs[j, n]`: node `n`, which allocates, runs between m_j and m_j+1 (after the last
+  moment: to the end);
+- a node that must run after m_j (a descendant) finds each storage it reads live at m_j
+  or allocated since, before the first later moment it is known to precede; a node
+  running between m_j and m_j+1 finds its inputs likewise; a storage live at m_j+1 was
+  live at m_j or allocated since; m_j's inputs and the graph outputs already computed
+  are live;
+- a node that ran before m_0 (an ancestor) pays its time for every interval it runs in:
+  each is a recomputation (`paid[n]`); another node pays for all but one.
 
-Across moments, `r[n] >= C[n]` for each ancestor `n` of `b` (a recomputation of
-`n`), and the objective is the time of every node once, the step overhead, the
-recomputations `sum(time[n] * r[n])` and the footprint price times a variable
-`P >=` every moment's memory. Every real schedule gives a feasible point (take its
-state at each moment), so the linear program's optimum is at most any schedule's
-time: a lower bound, exact for no schedule in particular. It is weakest where a
-recomputation serves several moments (one `r[n]` pays for every moment's `C[n]`),
-which is how a recomputed block's transient memory escapes it.
+The objective is the time of every node once, the step overhead, the recomputations and
+the footprint price times `peak`. Every real schedule gives a point of the program (its
+state at each moment; `tests/test_bounds.py` checks it on random schedules), so the
+program's optimum is at most any schedule's time. Counting per storage rather than per
+allocation, and views (which allocate nothing) as free, only lower the bound.
 
-Counting per storage (not per allocation) and treating a live storage as making
-every value in it available are relaxations too: both only lower the bound.
+The linear relaxation is weak: a fraction of a stored tensor supports a fraction of a
+recomputation in every interval. So the 0/1 program is searched for a time limit and the
+dual bound HiGHS proves is returned; it only rises with more time.
 """
 
 from __future__ import annotations
