@@ -79,6 +79,11 @@ def allocated_bytes(graph: Graph, node: pb.Node) -> int:
     return sum(graph.storage_bytes(s) for s in new_storages(graph, node))
 
 
+def activation_storages(graph: Graph, value_ids: Iterable[int]) -> set[int]:
+    """The storages of `value_ids` that count as activation memory (not resident)."""
+    return {graph.value(v).storage_id for v in value_ids if counted(graph, v)}
+
+
 def counted(graph: Graph, value_id: int) -> bool:
     """Whether a value's bytes count as activation memory (it is not in a resident storage)."""
     return graph.value(value_id).storage_id not in graph.resident_storage_ids

@@ -42,7 +42,7 @@ import mip
 import numpy as np
 
 from remat_ir.ir import Graph, pb, simulate, store_all
-from remat_ir.ir.memory import counted, new_storages
+from remat_ir.ir.memory import activation_storages, counted, new_storages
 
 from . import milp
 from .base import BadRequest, Progress, SolverError, quiet
@@ -126,8 +126,7 @@ def _closure(start: int, edges: dict[int, set[int]]) -> set[int]:
 def _weight(graph: Graph, n: int) -> int:
     """Bytes a node's operands, outputs and workspace take while it runs."""
     node = graph.node(n)
-    storages = {graph.value(v).storage_id for v in list(node.inputs) + list(node.outputs)
-                if counted(graph, v)}
+    storages = activation_storages(graph, list(node.inputs) + list(node.outputs))
     return sum(graph.storage_bytes(s) for s in storages) + node.cost.workspace_bytes
 
 
@@ -172,8 +171,7 @@ def relaxation(graph: Graph, budget_bytes: int, moments: list[int]):
 
     def storages(n: int) -> set[int]:
         """Activation storages `n` reads that nodes of the graph allocate."""
-        return {graph.value(v).storage_id for v in graph.node(n).inputs
-                if counted(graph, v) and graph.value(v).storage_id in allocators}
+        return {s for s in activation_storages(graph, graph.node(n).inputs) if s in allocators}
 
     columns, rows = _Columns(), _Rows()
     peak = columns.add(("peak",), upper=np.inf, cost=cost_model.peak_byte_s)
