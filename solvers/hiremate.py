@@ -24,11 +24,14 @@ it and any graph whose Checkmate MILP is small (`EXACT_BINARIES`) are solved by
 that MILP too, started from the fastest fitting of the H-ILP's plans and the
 heuristics (among them `prefix_schedules`: recompute the forward up to a cut on
 demand, which the H-ILP's options cannot express within a cluster), and the
-fastest plan wins.
+fastest plan wins. Every graph also gets the density plans
+(`baselines.density_schedules`: keep the results that cost the most time per byte to
+recompute), which keep the same kind of results in every layer, a plan the H-ILP's
+per-cluster grid of options can miss; the fastest fitting plan goes on to trimming.
 
 When no plan fits, the smallest feasible budget reported is the lowest peak of
-every schedule made: the top H-ILP's plans, its least-memory plan, the
-recompute-all and sqrt heuristics, and for a small graph Checkmate's min-peak
+every schedule made: the top H-ILP's plans, its least-memory plan, the density
+plans, the recompute-all and sqrt heuristics, and for a small graph Checkmate's min-peak
 MILP started from the lowest of those; a budget at that peak is then planned.
 
 Every MILP has a time limit; a cluster whose H-ILP finds nothing in time keeps
@@ -43,7 +46,7 @@ from collections.abc import Sequence
 from remat_ir.ir import Graph, InvalidSchedule, pb, store_all
 
 from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
-from .baselines import prefix_schedules, recompute_everything, sqrt_schedule
+from .baselines import density_schedules, prefix_schedules, recompute_everything, sqrt_schedule
 from .checkmate import binaries, solve_exact
 from .fastsa import polish
 from .hilp import Level, Part, solve_level
@@ -84,6 +87,9 @@ TRIM_SHARE = 0.2
 #: U-Net at 30% 12.9% (annealing alone 16.6%, trimming alone 14.4%); GPT-2 12 layers at
 #: 50% 6.4% (annealing alone 5.5%, trimming alone 7.2%), at 30% 17.6% (19.1% trimming alone).
 ANNEAL_SHARE = 0.3
+#: Share of the time left after the top H-ILP that the density plans may take
+#: (`baselines.density_schedules`; a few seconds on 7,000 nodes).
+DENSITY_SHARE = 0.15
 #: A plan slower than this many times store-everything (only recompute-everything fits,
 #: near the smallest feasible budget) is annealed alone, neither trimmed first nor
 #: joined by a run from the plans over the budget: trimming simulates the whole plan per
@@ -151,6 +157,9 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
 
     best = fit_to_budget(plan_at, budget, step=max(1, budget // 400), replans=REPLANS,
                          progress=progress, label="hiremate")
+    density = density_schedules(tg, deadline=Deadline(whole.remaining() * DENSITY_SHARE))
+    made += density
+    best = _fastest_within([best, *density], budget)
     if tree.rounds == 0 or binaries(tg) <= EXACT_BINARIES:
         made += prefix_schedules(tg)
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
@@ -180,6 +189,11 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         raise InfeasibleBudget(budget, smallest.predicted_peak_bytes, " (by hiremate)",
                                schedule=_named(smallest))
     return _named(best)
+
+
+def _fastest_within(schedules: list[pb.Schedule | None], budget: int) -> pb.Schedule | None:
+    fitting = [s for s in schedules if s is not None and s.predicted_peak_bytes <= budget]
+    return min(fitting, key=lambda s: s.predicted_time_s, default=None)
 
 
 def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,

@@ -14,7 +14,7 @@ from remat_ir import ir, solvers
 from remat_ir.ir import pb
 from remat_ir.solvers import InfeasibleBudget, UnknownSolver
 from remat_ir.solvers.base import Deadline
-from remat_ir.solvers.baselines import recompute_everything
+from remat_ir.solvers.baselines import density_schedules, recompute_everything
 from remat_ir.solvers.trim import trim_recomputations
 from remat_ir.solvers.sequences import keep_set_schedule
 from remat_ir.solvers.structure import TrainingGraph
@@ -151,6 +151,30 @@ def test_trimming_swaps_an_expensive_recomputation_for_a_cheap_one():
     recomputed = [s.compute for s in trimmed.steps[trimmed.backward_start:]
                   if s.WhichOneof("action") == "compute" and s.compute in tg.forward]
     assert recomputed == [ids["f1"]]
+
+
+def test_density_plans_keep_what_is_expensive_per_byte():
+    """Chain of 12 whose odd links cost 10 and even ones 1 (same bytes): the density plans
+    range from keeping everything to keeping nothing, and the one keeping only the
+    expensive links recomputes cheap links alone; hiremate is never slower than it."""
+    graph, ids = chain(12)
+    expensive = {ids[f"f{i}"] for i in range(1, 13, 2)}
+    for n in expensive:
+        graph.node(n).cost.time_s = 10.0
+    tg = TrainingGraph(graph)
+    plans = density_schedules(tg)
+    assert all(ir.simulate(graph, p).valid for p in plans)
+    everything = ir.store_all(graph)
+    assert plans[0].predicted_time_s == everything.predicted_time_s
+    assert plans[-1].predicted_peak_bytes < everything.predicted_peak_bytes
+    middle = [p for p in plans if p.predicted_peak_bytes < everything.predicted_peak_bytes
+              and all(s.compute not in expensive for s in p.steps[p.backward_start:]
+                      if s.WhichOneof("action") == "compute")]
+    assert middle, "no plan recomputes the cheap links only"
+    plan = min(middle, key=lambda p: p.predicted_peak_bytes)
+    assert plan.predicted_time_s <= everything.predicted_time_s + 6 * 1.0
+    planned = solvers.solve(graph, plan.predicted_peak_bytes, "hiremate", time_limit_s=20)
+    assert planned.predicted_time_s <= plan.predicted_time_s
 
 
 def test_trimming_recomputations_stops_at_its_deadline():
