@@ -150,8 +150,9 @@ def choose_moments(graph: Graph, count: int = DEFAULT_MOMENTS) -> list[int]:
 
 
 def relaxation(graph: Graph, budget_bytes: int, moments: list[int]):
-    """The linear program: (columns, rows, seconds of every node once plus the step
-    overhead, the store-everything simulation). It reasons per storage: a value is
+    """The program of the module docstring, its 0/1 columns not yet marked integral:
+    (columns, rows, seconds of every node once plus the step overhead, the
+    store-everything simulation). It reasons per storage: a value is
     available while its storage is live, or once a node allocating that storage ran
     again (views and in-place results allocate nothing, so they need no variable)."""
     order = graph.phase_order(pb.FORWARD) + graph.phase_order(pb.BACKWARD)
