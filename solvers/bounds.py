@@ -42,7 +42,7 @@ import mip
 import numpy as np
 
 from remat_ir.ir import Graph, pb, simulate, store_all
-from remat_ir.ir.memory import activation_storages, counted, new_storages
+from remat_ir.ir.memory import NodeMemory, activation_storages, counted, new_storages
 
 from . import milp
 from .base import BadRequest, Progress, SolverError, quiet
@@ -102,15 +102,10 @@ class _Rows:
 
 
 def _edges(graph: Graph) -> tuple[dict, dict]:
-    """Per node, the producers of its inputs and the readers of its outputs."""
-    order = graph.phase_order(pb.FORWARD) + graph.phase_order(pb.BACKWARD)
-    inputs = {n: {p for v in graph.node(n).inputs if (p := graph.producer(v)) is not None}
-              for n in order}
-    readers = {n: set() for n in order}
-    for n in order:
-        for p in inputs[n]:
-            readers[p].add(n)
-    return inputs, readers
+    """Per node, the producers of its inputs and the readers of its outputs, as sets."""
+    nodes = NodeMemory(graph, graph.phase_order(pb.FORWARD) + graph.phase_order(pb.BACKWARD))
+    return ({n: set(nodes.node_inputs(n)) for n in nodes.order},
+            {n: set(users) for n, users in nodes.node_users.items()})
 
 
 def _closure(start: int, edges: dict[int, set[int]]) -> set[int]:

@@ -208,8 +208,7 @@ def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
         progress(f"hiremate: no H-ILP plan within the budget; its least-memory plan peaks at "
                  f"{made[-1].predicted_peak_bytes} bytes")
     made += [recompute_everything(tg), sqrt_schedule(tg)]
-    fitting = [s for s in made if s.predicted_peak_bytes <= budget]
-    return min(fitting, key=lambda s: s.predicted_time_s) if fitting else None
+    return _fastest_within(made, budget)
 
 
 def _with_twremat(graph: Graph, budget: int, best: pb.Schedule | None, made: list[pb.Schedule],
