@@ -46,6 +46,7 @@ from remat_ir.ir.memory import NodeMemory, activation_storages, counted, new_sto
 
 from . import milp
 from .base import BadRequest, Progress, SolverError, quiet
+from .budgets import parse_budget
 
 #: How many backward nodes the bound looks at, by default.
 DEFAULT_MOMENTS = 24
@@ -241,19 +242,32 @@ def relaxation(graph: Graph, budget_bytes: int, moments: list[int]):
     return columns, rows, once_s, base
 
 
-def lower_bound(graph: Graph, budget_bytes: int, *, moments: list[int] | int = DEFAULT_MOMENTS,
+def lower_bound(graph: Graph, budget_bytes, *, moments: list[int] | int = DEFAULT_MOMENTS,
                 time_limit_s: float = 60.0, integral: bool = True,
                 progress: Progress = quiet) -> LowerBound:
     """The least step time any rematerialization schedule (no offloading) can have within
-    `budget_bytes` of activation memory, proven by the relaxation in the module docstring.
-    `moments`: how many, or which backward nodes (each a descendant of the one before).
+    `budget_bytes` of activation memory (any form `solve` accepts: bytes, "2GiB", "30%",
+    a share), proven by the relaxation in the module docstring. `moments`: how many, or which backward nodes (each a descendant of the one before).
     `integral`: search the 0/1 program for `time_limit_s` and return the bound it proved
     (much tighter: the linear relaxation lets a fraction of a stored tensor support a
     fraction of a recomputation in every interval), else solve the linear relaxation."""
     started = time.perf_counter()
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+        # 0 bytes is a budget too here (a graph whose activations are all resident)
+        budget_bytes = parse_budget(budget_bytes, simulate(graph, store_all(graph)).peak_bytes)
+    if budget_bytes is None:
+        raise BadRequest("lower bound: give a budget (bytes, '2GiB', '30%' or a share like 0.3)")
+    if isinstance(moments, bool) or not isinstance(moments, (int, list, tuple)) or (
+            isinstance(moments, int) and moments < 1):
+        raise BadRequest(f"lower bound: moments must be a positive count or a list of backward "
+                         f"node ids, not {moments!r}")
     if isinstance(moments, int):
         moments = choose_moments(graph, moments)
-    columns, rows, once_s, base = relaxation(graph, budget_bytes, moments)
+    backward = set(graph.phase_order(pb.BACKWARD))
+    if strays := [m for m in moments if m not in backward]:
+        raise BadRequest(f"lower bound: moments must be backward nodes of {graph.name!r}; "
+                         f"{strays[:5]} are not")
+    columns, rows, once_s, base = relaxation(graph, budget_bytes, list(moments))
     feasible, extra = _solve(columns, rows, time_limit_s, integral, progress)
     return LowerBound(budget_bytes=int(budget_bytes), feasible=feasible, time_s=once_s + extra,
                       store_all_time_s=base.total_time_s, moments=len(moments),

@@ -141,8 +141,17 @@ def test_a_budget_below_what_the_loss_step_holds_is_proven_infeasible():
         solvers.solve(graph, held - 1, "checkmate", time_limit_s=30)
 
 
-def test_moments_must_follow_each_other():
+def test_bad_moments_and_budgets_get_one_clear_error():
     graph, _ = chain(6)
     backward = graph.phase_order(pb.BACKWARD)
     with pytest.raises(BadRequest, match="does not depend on"):
         bounds.lower_bound(graph, 10**9, moments=[backward[-1], backward[0]])
+    with pytest.raises(BadRequest, match="must be backward nodes"):
+        bounds.lower_bound(graph, 10**9, moments=[graph.phase_order(pb.FORWARD)[0]])
+    for moments in (0, "abc", True):
+        with pytest.raises(BadRequest, match="moments must be a positive count"):
+            bounds.lower_bound(graph, 10**9, moments=moments)
+    for budget in ("lots", -5, None):
+        with pytest.raises(BadRequest, match="budget"):
+            bounds.lower_bound(graph, budget)
+    assert bounds.lower_bound(graph, "60%").budget_bytes == bounds.lower_bound(graph, 0.6).budget_bytes
