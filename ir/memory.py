@@ -336,7 +336,9 @@ class NodeMemory:
              counted_apart: frozenset[int], saved: Mapping[int, int] | None = None) -> tuple[int, int]:
         """Peak and final bytes running `sequence` from the `live` nodes' results,
         freeing results after their last use in the sequence unless in `keep`:
-        `measure_sequence` at node granularity, for solvers' inner loops.
+        `measure_sequence` at node granularity, for solvers' inner loops. A node
+        appearing again (a recomputation) starts a new life of its results, as in
+        `from_compute_sequence`: the earlier one ends at its last use before it.
 
         How it differs from the exact rules: a node's results are held or freed
         together, through its root; results in `counted_apart` cost nothing here
@@ -356,10 +358,16 @@ class NodeMemory:
             partly.update((root(n), b) for n, b in keep.items())
             keep = set()
         keep = {root(n) for n in keep}
-        last: dict[int, int] = {}
+        ends: list[list[int]] = [[] for _ in sequence]   # results whose life ends there
+        seen: dict[int, int] = {}                        # root -> latest use or computation
         for i, n in enumerate(sequence):
-            for p in self.node_inputs(n):
-                last[root(p)] = i
+            for p in {root(p) for p in self.node_inputs(n)}:
+                seen[p] = i
+            if root(n) == n and n in seen:               # computed again: the old life ends
+                ends[seen[n]].append(n)
+            seen[root(n)] = i
+        for r, i in seen.items():
+            ends[i].append(r)
         holding = {r: min(size(r), saved.get(r, size(r))) for r in map(root, live)}
         current = sum(holding.values())
         peak = current
@@ -368,8 +376,8 @@ class NodeMemory:
             if root(n) not in holding:
                 holding[root(n)] = size(root(n))
                 current += holding[root(n)]
-            for p in {root(p) for p in self.node_inputs(n)} | {root(n)}:
-                if p in holding and last.get(p, -1) <= i and p not in keep:
+            for p in ends[i]:
+                if p in holding and p not in keep:
                     left = min(holding[p], partly.get(p, 0))
                     current -= holding[p] - left
                     if left:

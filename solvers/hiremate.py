@@ -29,10 +29,13 @@ fastest plan wins. Every graph also gets the density plans
 recompute), which keep the same kind of results in every layer, a plan the H-ILP's
 per-cluster grid of options can miss; the fastest fitting plan goes on to trimming.
 
-When no plan fits, the smallest feasible budget reported is the lowest peak of
-every schedule made: the top H-ILP's plans, its least-memory plan, the density
-plans, the recompute-all and sqrt heuristics, and for a small graph Checkmate's min-peak
-MILP started from the lowest of those; a budget at that peak is then planned.
+When no plan fits, or the fastest that fits is slower than `SLOW_PLAN` times
+store-everything, rotor's chain plan (`_with_rotor`) and then TW-remat's are tried.
+The smallest feasible budget reported is the lowest peak of every schedule made: the
+top H-ILP's plans, its least-memory plan, the density plans, the recompute-all and
+sqrt heuristics, rotor's and TW-remat's least-memory plans, and for a small graph
+Checkmate's min-peak MILP started from the lowest of those; a budget at that peak is
+then planned.
 
 Every MILP has a time limit; a cluster whose H-ILP finds nothing in time keeps
 its base options, so a plan always exists down to the least memory the
@@ -53,6 +56,7 @@ from .hilp import Level, Part, solve_level
 from .leaves import leaf_options, leaf_solver_names
 from .options import PartOption, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy, stored_partition
+from .rotor import rotor
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
 from .trim import trim_recomputations
@@ -166,6 +170,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if best is None:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
+        best = _with_rotor(graph, budget, best, made, progress)
+    if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * TWREMAT_SHARE),
                              progress)
     slow = best is not None and best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s
@@ -209,6 +215,28 @@ def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
                  f"{made[-1].predicted_peak_bytes} bytes")
     made += [recompute_everything(tg), sqrt_schedule(tg)]
     return _fastest_within(made, budget)
+
+
+def _with_rotor(graph: Graph, budget: int, best: pb.Schedule | None, made: list[pb.Schedule],
+                progress) -> pb.Schedule | None:
+    """Near the smallest feasible budget the parameter gradients made so far fill the end
+    of the backward, and the H-ILP's plans either do not fit or recompute quadratically;
+    rotor's chain plans re-run the forward from checkpoints it can place after the loss,
+    and recompute node by node in the last stages (Llama 32 layers at 13.5% of its peak:
+    1.42x store-everything's time where the H-ILP's plan costs 110x). Its plan, or its
+    least-memory one when it refuses, joins `made`; the faster fitting plan wins."""
+    try:
+        plan = rotor(graph, budget, progress=progress)
+    except InfeasibleBudget as refused:
+        if refused.schedule is not None:
+            made.append(refused.schedule)
+        return best
+    made.append(plan)
+    if best is None or plan.predicted_time_s < best.predicted_time_s:
+        progress(f"hiremate: rotor's plan is faster near the floor ({plan.predicted_time_s:.4g} s "
+                 f"against {'none' if best is None else f'{best.predicted_time_s:.4g} s'})")
+        return plan
+    return best
 
 
 def _with_twremat(graph: Graph, budget: int, best: pb.Schedule | None, made: list[pb.Schedule],

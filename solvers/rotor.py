@@ -12,7 +12,16 @@ Moves at stage s:
 - *checkpoint*: run s..s'-1 keeping nothing but the input of s', solve
   s'..t, then solve s..s'-1 again from the held input of s;
 - *direct* (s = t only): skip s's forward and run its backward from the
-  held input, recomputing what it reads.
+  held input, recomputing what it reads: either every result its backward
+  reads, held until its last reader, or (*frugal*) only what each backward
+  node reads, dropped right after it (recompute-all within the stage, the
+  least memory a stage can take, for where the parameter gradients already
+  made fill the budget: the end of the backward near the smallest budget).
+
+A stage's input is held by the caller until the stage's backward has run,
+except what no backward reads (an option's `input_freed`): the rest of
+the chain and the stage's backward have its bytes too (the logits, 4% of
+the Llama's peak, need not sit beside the loss's backward).
 
 Options per segment (HiRemate's "several options"): keep every result its
 backward reads, or only the results that are most expensive to recompute per
@@ -50,12 +59,19 @@ REPLANS = 8
 class StageOption:
     """One way to run a segment when its results are stored for its backward."""
     kept: frozenset[int]
-    recompute: list[int]            # forward nodes recomputed just before the backward
+    recompute: list[int]            # forward nodes recomputed for the backward
     recompute_time: float
+    #: The backward's nodes with the recomputations, each just before the first backward
+    #: node reading it (the order the memory model measured).
+    steps: list[int] = field(default_factory=list)
     hist: int = 0                   # bytes kept after the forward (for this and later stages)
     forward_peak: int = 0           # bytes during the forward of the segment
     backward_hist: int = 0          # of `hist`, the bytes still held when its backward starts
     backward_peak: int = 0          # bytes during its backward beyond `backward_hist`
+    #: Bytes of the stage's input that die with its forward: no backward and none of its
+    #: recomputations read them (the logits, which only the log-softmax reads). They
+    #: count for the later stages and its own backward.
+    input_freed: int = 0
 
 
 @dataclass
@@ -65,8 +81,10 @@ class Stage:
     backward_time: float
     options: list[StageOption] = field(default_factory=list)
     #: The backward run from the stage's input alone, skipping its forward (the last
-    #: stage of a solve needs no forward when its backward recomputes what it reads).
-    direct: StageOption | None = None
+    #: stage of a solve needs no forward when its backward recomputes what it reads):
+    #: recomputed results held until their last reader, then, if it takes less memory,
+    #: each dropped after the backward node reading it.
+    directs: list[StageOption] = field(default_factory=list)
     nostore_peak: int = 0           # bytes during its forward when keeping only its output
     boundary: int = 0               # bytes of its output (input of the next stage)
     gradient: int = 0               # bytes of gradients its backward reads from later ones
@@ -79,29 +97,37 @@ class Chain:
     def __init__(self, tg: TrainingGraph):
         self.tg = tg
         forward, backward = set(tg.forward), set(tg.backward)
+        self.segments = _without_view_stages(tg)
         self.pinned = self._pinned()
         #: Bytes held all along, outside the chain model: pinned results and forward outputs.
         self.pinned_bytes = sum(tg.memory[n] for n in self.pinned)
         self.stages: list[Stage] = []
-        for seg in tg.segments:
+        for seg in self.segments:
             nodes = set(seg.forward)
+            apart = self.pinned | {tg.root(n) for n in seg.inputs}  # held by the caller
             escaping = {n for n in seg.forward if any(u in forward and u not in nodes
                                                       for u in tg.node_users[n])}
             stage = Stage(seg, sum(tg.time[n] for n in seg.forward),
                           sum(tg.time[n] for n in seg.backward), boundary=seg.boundary_bytes)
             stage.nostore_peak = tg.walk(set(), list(seg.forward), escaping | self.pinned,
-                                         self.pinned)[0]
+                                         apart)[0]
             seg_bwd = set(seg.backward)
             grads_in = frozenset(p for b in seg.backward for p in tg.node_inputs(b)
                                  if p in backward and p not in seg_bwd)
             grads_out = {b for b in seg.backward if any(u in backward and u not in seg_bwd
                                                         for u in tg.node_users[b])}
             stage.gradient = sum(tg.memory[p] for p in grads_in)
-            stage.outputs = sum(tg.memory[b] for b in seg.backward if b in tg.output_nodes)
+            # A parameter's gradient is often a view (t() of a mm): count what it keeps alive.
+            stage.outputs = sum(tg.memory[r] for r in {tg.root(b) for b in seg.backward
+                                                       if b in tg.output_nodes})
             for kept in self._keep_sets(seg):
                 stage.options.append(self._option(seg, kept, escaping, grads_in, grads_out))
             if all(n in tg.recomputable and n not in self.pinned for n in seg.forward):
-                stage.direct = self._option(seg, frozenset(), frozenset(), grads_in, grads_out)
+                for forget in (False, True):
+                    direct = self._option(seg, frozenset(), frozenset(), grads_in, grads_out,
+                                          forget=forget)
+                    if not stage.directs or direct.backward_peak < stage.directs[0].backward_peak:
+                        stage.directs.append(direct)
             self.stages.append(stage)
 
     def _pinned(self) -> frozenset[int]:
@@ -111,9 +137,9 @@ class Chain:
         segment's input read by its own backward is not one: the chain holds
         a stage's input until the stage's backward has run."""
         tg = self.tg
-        segment_of = {n: seg.index for seg in tg.segments for n in seg.forward}
+        segment_of = {n: seg.index for seg in self.segments for n in seg.forward}
         pinned = {n for n in tg.output_nodes if n in segment_of}
-        for seg in tg.segments:
+        for seg in self.segments:
             for b in seg.backward:
                 pinned.update(p for p in tg.node_inputs(b)
                               if p in segment_of and segment_of[p] != seg.index
@@ -140,21 +166,32 @@ class Chain:
         return sets
 
     def _option(self, seg: Segment, kept: frozenset[int], escaping, grads_in,
-                grads_out) -> StageOption:
+                grads_out, forget: bool = False) -> StageOption:
         """The stage's costs when its forward keeps `kept`: forward and backward peaks
         by `NodeMemory.walk` (node granularity: a node's results held or freed
-        together through their root), its backward recomputing on demand."""
+        together through their root), its backward recomputing on demand (with
+        `forget`, again for every backward node)."""
         tg = self.tg
         outside = set(tg.forward) - set(seg.forward)
         sequence: list[int] = []
         builder = OnDemand(tg, kept | escaping | outside, sequence)
         for b in seg.backward:
             builder.run(b)
+            if forget:
+                builder.forget(list(builder.fresh))
         recompute = [n for n in sequence if n not in set(seg.backward)]
-        option = StageOption(kept, recompute, sum(tg.time[n] for n in recompute))
+        option = StageOption(kept, recompute, sum(tg.time[n] for n in recompute), sequence)
+        # Not freed: what a backward or a recomputation reads, what a later stage's forward
+        # reads (also through a view this stage makes of its input).
+        later = tg.forward[tg.position[seg.forward[-1]] + 1:]
+        entering = {tg.root(n) for n in seg.inputs}
+        apart = self.pinned | entering          # the caller holds the stage's input
+        entering -= ({tg.root(p) for n in [*sequence, *later] for p in tg.node_inputs(n)}
+                     | {tg.root(p) for p in tg.needed_by_backward} | self.pinned)
+        option.input_freed = sum(tg.memory[r] for r in entering)
         stored = {n for n in kept if n in tg.needed_by_backward} | escaping
         option.forward_peak, option.hist = tg.walk(set(), list(seg.forward),
-                                                   stored | self.pinned, self.pinned)
+                                                   stored | self.pinned, apart)
         # What only later stages read (the next stage's input) is gone by this backward.
         read = {p for n in sequence for p in tg.node_inputs(n)}
         held = {n for n in stored if n in read or tg.view_root.get(n) in read}
@@ -162,10 +199,28 @@ class Chain:
         held &= set(seg.forward)  # the stage's input is held by the caller
         option.backward_hist = sum(tg.memory[n] for n in held - self.pinned)
         # The gradients it reads are freed after their last use (counted in `gradient`).
-        peak, _ = tg.walk(held | grads_in, sequence, grads_out | tg.output_nodes, self.pinned)
+        peak, _ = tg.walk(held | grads_in, sequence, grads_out | tg.output_nodes, apart)
         gradient = sum(tg.memory[p] for p in grads_in)
         option.backward_peak = max(0, peak - option.backward_hist - gradient)
         return option
+
+
+def _without_view_stages(tg: TrainingGraph) -> list[Segment]:
+    """The segments, each run of segments that only make views (the reshapes of the
+    logits) merged into the next: such a stage's output is its input, which the chain
+    would count twice (held for the stage and as its output)."""
+    merged: list[Segment] = []
+    pending: list[Segment] = []
+    for seg in tg.segments:
+        pending.append(seg)
+        if seg is not tg.segments[-1] and not any(tg.memory[n] for n in seg.forward):
+            continue
+        backward = {b for p in pending for b in p.backward}
+        merged.append(Segment(len(merged), tuple(n for p in pending for n in p.forward),
+                              tuple(b for b in tg.backward if b in backward),
+                              seg.boundary_bytes, pending[0].inputs))
+        pending = []
+    return merged
 
 
 class _Tables:
@@ -176,6 +231,8 @@ class _Tables:
     def __init__(self, chain: Chain, capacity: int, progress, round_trip=None, overlapped=True):
         self.chain = chain
         self.round_trip = round_trip
+        #: What the chain holds all along does not fit: no plan does.
+        self.short = capacity < chain.pinned_bytes
         capacity = max(0, capacity - chain.pinned_bytes)
         self.unit = max(1, math.ceil(capacity / SLOTS))
         self.M = capacity // self.unit
@@ -202,14 +259,15 @@ class _Tables:
                     best[better], arg[better] = cand[better], code
 
                 for o, opt in enumerate(st.options):
+                    freed = opt.input_freed // self.unit      # rounded down: cautious
                     need = max(u(opt.forward_peak + after[t]),
                                u(opt.backward_hist + opt.backward_peak + grad[s] + after[s])
-                               - u(grad[t]))
+                               - u(grad[t]) - freed)
                     cost = st.forward_time + opt.recompute_time + st.backward_time
                     if s == t:
                         cand = np.full(self.M + 1, float(cost))
                     else:
-                        cand = cost + self.shift(self.opt[s + 1, t], u(opt.hist))
+                        cand = cost + self.shift(self.opt[s + 1, t], u(opt.hist) - freed)
                     consider(cand, need, o)
                     if round_trip is not None and s < t:
                         # POFO's move: the stage's saved results leave the device while
@@ -225,11 +283,11 @@ class _Tables:
                         consider(cand, max(need, u(opt.hist + stages[s + 1].boundary), back),
                                  self.offload_code(s) + o)
                 n_opts = len(st.options)
-                if s == t and st.direct is not None:
-                    opt = st.direct
+                for d, opt in enumerate(st.directs if s == t else ()):
                     need = u(opt.backward_peak + grad[s] + after[s]) - u(grad[t])
                     cand = np.full(self.M + 1, float(opt.recompute_time + st.backward_time))
-                    consider(cand, need, n_opts)  # code n_opts: direct
+                    consider(cand, need, n_opts + d)
+                base = self.checkpoint_code(s)
                 for s2 in range(s + 1, t + 1):
                     need = max(u(stages[k].nostore_peak + after[t]
                                  + (stages[k - 1].boundary if k > s else 0)) for k in range(s, s2))
@@ -237,12 +295,19 @@ class _Tables:
                     cost = sum(stages[k].forward_time for k in range(s, s2))
                     cand = (cost + self.shift(self.opt[s2, t], x)
                             + self.shift(self.opt[s, s2 - 1], u(grad[s2 - 1]) - u(grad[t])))
-                    consider(cand, need, n_opts + s2)
+                    consider(cand, need, base + s2)
                 self.opt[s, t], self.arg[s, t] = best, arg
+
+    # Move codes at stage s: its options (0..), its direct runs, a checkpoint before
+    # stage s2 (checkpoint_code + s2), its options offloaded (offload_code + option).
+
+    def checkpoint_code(self, s: int) -> int:
+        stage = self.chain.stages[s]
+        return len(stage.options) + len(stage.directs)
 
     def offload_code(self, s: int) -> int:
         """Codes from here on are `offload_move`s of stage s (option = code - this)."""
-        return len(self.chain.stages[s].options) + len(self.chain.stages) + 1
+        return self.checkpoint_code(s) + len(self.chain.stages) + 1
 
     def units(self, nbytes: int) -> int:
         return -(-int(nbytes) // self.unit)
@@ -255,15 +320,18 @@ class _Tables:
         return out
 
     def feasible(self, m: int) -> bool:
-        return bool(np.isfinite(self.opt[0, len(self.chain.stages) - 1][m]))
+        return not self.short and bool(np.isfinite(self.opt[0, len(self.chain.stages) - 1][m]))
 
     def smallest(self) -> int | None:
+        if self.short:
+            return None
         finite = np.flatnonzero(np.isfinite(self.opt[0, len(self.chain.stages) - 1]))
         return int(finite[0]) if finite.size else None
 
     def operations(self, m: int) -> list[tuple]:
         """The plan as ("forward", stage, option|None) / ("backward", stage, option) steps,
-        with ("offload", stage, option) after the forward of a stage offloaded."""
+        with ("offload", stage, option) after the forward of a stage offloaded; a direct
+        backward's option is ("direct", index)."""
         ops: list[tuple] = []
         todo = [("solve", 0, len(self.chain.stages) - 1, m)]
         stages, u = self.chain.stages, self.units
@@ -279,16 +347,17 @@ class _Tables:
                 o = code - self.offload_code(s)
                 then = [("forward", s, o), ("offload", s, o), ("solve", s + 1, t, m),
                         ("backward", s, o)]
-            elif code == n_opts:
-                then = [("backward", s, None)]
+            elif n_opts <= code < self.checkpoint_code(s):
+                then = [("backward", s, ("direct", code - n_opts))]
             elif code < n_opts:
                 opt = stages[s].options[code]
                 then = [("forward", s, code)]
                 if s < t:
-                    then.append(("solve", s + 1, t, m - u(opt.hist)))
+                    freed = opt.input_freed // self.unit
+                    then.append(("solve", s + 1, t, min(self.M, m - u(opt.hist) + freed)))
                 then.append(("backward", s, code))
             else:
-                s2 = code - n_opts
+                s2 = code - self.checkpoint_code(s)
                 then = [("forward", k, None) for k in range(s, s2)]
                 then.append(("solve", s2, t, m - u(stages[s2 - 1].boundary)))
                 then.append(("solve", s, s2 - 1, min(self.M, m - u(stages[s2 - 1].gradient)
@@ -315,8 +384,8 @@ def sequence_of(chain: Chain, ops: list[tuple]) -> tuple[list[int], int, dict[in
                 forward_length = len(sequence)
             if s in offloaded:
                 offloaded[s] = (offloaded[s][0], len(sequence))
-            sequence.extend((stage.direct if o is None else stage.options[o]).recompute)
-            sequence.extend(stage.segment.backward)
+            option = stage.directs[o[1]] if isinstance(o, tuple) else stage.options[o]
+            sequence.extend(option.steps)
     return sequence, len(sequence) if forward_length is None else forward_length, offloaded
 
 
@@ -366,9 +435,27 @@ def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None
                          label="rotor")
 
 
+#: Rounds of `_least_memory`: each solves the DP again with the capacity its last round
+#: found, so slots shrink with it (from 1/400 of the store-everything peak, to within a
+#: few 1/400 of the floor).
+LEAST_MEMORY_ROUNDS = 3
+
+
 def _least_memory(chain: Chain, everything: pb.Schedule, progress) -> pb.Schedule:
-    """The plan the DP finds for the least memory it allows (store-everything if none)."""
-    plan = _Tables(chain, everything.predicted_peak_bytes, progress)
-    m = plan.smallest()
-    frugal = everything if m is None else _schedule(chain, plan, m)
-    return min(frugal, everything, key=lambda s: s.predicted_peak_bytes)
+    """The plan the DP finds for the least memory it allows (store-everything if none),
+    with its memory counted in ever finer slots: near the floor a slot of 1/400 of the
+    store-everything peak is a few percent of the budget."""
+    frugal, capacity = everything, everything.predicted_peak_bytes
+    for _ in range(LEAST_MEMORY_ROUNDS):
+        plan = _Tables(chain, capacity, progress)
+        m = plan.smallest()
+        if m is None:
+            break
+        found = _schedule(chain, plan, m)
+        if found.predicted_peak_bytes < frugal.predicted_peak_bytes:
+            frugal = found
+        smaller = chain.pinned_bytes + m * plan.unit
+        if smaller >= capacity:
+            break
+        capacity = smaller
+    return frugal
