@@ -100,6 +100,9 @@ DENSITY_SHARE = 0.15
 #: move (tens of thousands of steps), and annealing, which turns such a plan on GPT-2
 #: from 29x into 1.4x store-everything's time, needs all the time left.
 SLOW_PLAN = 2.0
+#: Of the time left, the share rotor may take when hiremate's plan is that slow or none
+#: fits (`_with_rotor`; its program over 80-130 stages takes 1-3 s per memory target).
+ROTOR_SHARE = 0.3
 #: Of the time left, the share twremat may take when hiremate's plan is that slow or
 #: none fits (`_with_twremat`).
 TWREMAT_SHARE = 0.25
@@ -170,7 +173,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if best is None:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
-        best = _with_rotor(graph, budget, best, made, progress)
+        best = _with_rotor(graph, budget, best, made, Deadline(whole.remaining() * ROTOR_SHARE),
+                           progress)
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * TWREMAT_SHARE),
                              progress)
@@ -218,7 +222,7 @@ def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
 
 
 def _with_rotor(graph: Graph, budget: int, best: pb.Schedule | None, made: list[pb.Schedule],
-                progress) -> pb.Schedule | None:
+                deadline: Deadline, progress) -> pb.Schedule | None:
     """Near the smallest feasible budget the parameter gradients made so far fill the end
     of the backward, and the H-ILP's plans either do not fit or recompute quadratically;
     rotor's chain plans re-run the forward from checkpoints it can place after the loss,
@@ -226,10 +230,13 @@ def _with_rotor(graph: Graph, budget: int, best: pb.Schedule | None, made: list[
     1.42x store-everything's time where the H-ILP's plan costs 110x). Its plan, or its
     least-memory one when it refuses, joins `made`; the faster fitting plan wins."""
     try:
-        plan = rotor(graph, budget, progress=progress)
+        plan = rotor(graph, budget, time_limit_s=max(1.0, deadline.remaining()), progress=progress)
     except InfeasibleBudget as refused:
         if refused.schedule is not None:
             made.append(refused.schedule)
+        return best
+    except SolverError as error:      # out of time: a helper must not fail hiremate
+        progress(f"hiremate: rotor gave no plan near the floor: {error}")
         return best
     made.append(plan)
     if best is None or plan.predicted_time_s < best.predicted_time_s:

@@ -46,11 +46,15 @@ import numpy as np
 
 from remat_ir.ir import Graph, pb, store_all
 
-from .base import InfeasibleBudget, quiet
+from .base import Deadline, InfeasibleBudget, SolverError, quiet
 from .sequences import OnDemand, fit_to_budget, to_schedule
 from .structure import Segment, TrainingGraph
 
 SLOTS = 400
+#: A frugal direct backward (node by node) is offered where its recomputations take at
+#: most this many times the stage's forward: a transformer layer's stages take 2.5x, a
+#: 400-node U-Net stage 63x, whose least-memory plans then cost 20x store-everything.
+FRUGAL_LIMIT = 8.0
 KEEP_SHARES = (1.0, 0.75, 0.5, 0.25, 0.0)
 REPLANS = 8
 
@@ -97,7 +101,7 @@ class Chain:
     def __init__(self, tg: TrainingGraph):
         self.tg = tg
         forward, backward = set(tg.forward), set(tg.backward)
-        self.segments = _without_view_stages(tg)
+        self.segments = _chain_segments(tg)
         self.pinned = self._pinned()
         #: Bytes held all along, outside the chain model: pinned results and forward outputs.
         self.pinned_bytes = sum(tg.memory[n] for n in self.pinned)
@@ -126,7 +130,9 @@ class Chain:
                 for forget in (False, True):
                     direct = self._option(seg, frozenset(), frozenset(), grads_in, grads_out,
                                           forget=forget)
-                    if not stage.directs or direct.backward_peak < stage.directs[0].backward_peak:
+                    if not stage.directs or (
+                            direct.backward_peak < stage.directs[0].backward_peak
+                            and direct.recompute_time <= FRUGAL_LIMIT * stage.forward_time):
                         stage.directs.append(direct)
             self.stages.append(stage)
 
@@ -205,30 +211,46 @@ class Chain:
         return option
 
 
-def _without_view_stages(tg: TrainingGraph) -> list[Segment]:
-    """The segments, each run of segments that only make views (the reshapes of the
-    logits) merged into the next: such a stage's output is its input, which the chain
-    would count twice (held for the stage and as its output)."""
-    merged: list[Segment] = []
-    pending: list[Segment] = []
+#: Most stages of the chain: the program's work grows with the cube of its length (a
+#: table over GPT-2's 117 stages takes 3 s, over the 48-layer GPT-2's 391 two minutes);
+#: longer chains have runs of consecutive segments merged into one stage.
+MAX_STAGES = 128
+
+
+def _chain_segments(tg: TrainingGraph) -> list[Segment]:
+    """The segments as the chain's stages: each run of segments that only make views (the
+    reshapes of the logits) merged into the next, since such a stage's output is its input,
+    which the chain would count twice (held for the stage and as its output); then, past
+    `MAX_STAGES`, runs of consecutive segments merged."""
+    runs: list[list[Segment]] = [[]]
     for seg in tg.segments:
-        pending.append(seg)
-        if seg is not tg.segments[-1] and not any(tg.memory[n] for n in seg.forward):
-            continue
-        backward = {b for p in pending for b in p.backward}
-        merged.append(Segment(len(merged), tuple(n for p in pending for n in p.forward),
-                              tuple(b for b in tg.backward if b in backward),
-                              seg.boundary_bytes, pending[0].inputs))
-        pending = []
-    return merged
+        runs[-1].append(seg)
+        if seg is tg.segments[-1] or any(tg.memory[n] for n in seg.forward):
+            runs.append([])
+    runs.pop()
+    size = math.ceil(len(runs) / MAX_STAGES)
+    runs = [[seg for run in runs[k:k + size] for seg in run] for k in range(0, len(runs), size)]
+    return [_merged(tg, run, index) for index, run in enumerate(runs)]
+
+
+def _merged(tg: TrainingGraph, run: list[Segment], index: int) -> Segment:
+    backward = {b for seg in run for b in seg.backward}
+    return Segment(index, tuple(n for seg in run for n in seg.forward),
+                   tuple(b for b in tg.backward if b in backward), run[-1].boundary_bytes,
+                   run[0].inputs)
+
+
+class OutOfTime(SolverError):
+    """The dynamic program did not finish within the time limit."""
 
 
 class _Tables:
     """The DP tables for one memory scale. With `round_trip` (seconds to offload and
     prefetch so many bytes; `pofo`), a stored stage may also be offloaded while the
-    rest of the chain runs (`offload_move`)."""
+    rest of the chain runs (`offload_move`). Past `deadline` it raises `OutOfTime`."""
 
-    def __init__(self, chain: Chain, capacity: int, progress, round_trip=None, overlapped=True):
+    def __init__(self, chain: Chain, capacity: int, progress, round_trip=None, overlapped=True,
+                 deadline: Deadline | None = None):
         self.chain = chain
         self.round_trip = round_trip
         #: What the chain holds all along does not fit: no plan does.
@@ -287,16 +309,29 @@ class _Tables:
                     need = u(opt.backward_peak + grad[s] + after[s]) - u(grad[t])
                     cand = np.full(self.M + 1, float(opt.recompute_time + st.backward_time))
                     consider(cand, need, n_opts + d)
-                base = self.checkpoint_code(s)
-                for s2 in range(s + 1, t + 1):
-                    need = max(u(stages[k].nostore_peak + after[t]
-                                 + (stages[k - 1].boundary if k > s else 0)) for k in range(s, s2))
-                    x = u(stages[s2 - 1].boundary)
-                    cost = sum(stages[k].forward_time for k in range(s, s2))
-                    cand = (cost + self.shift(self.opt[s2, t], x)
-                            + self.shift(self.opt[s, s2 - 1], u(grad[s2 - 1]) - u(grad[t])))
-                    consider(cand, need, base + s2)
+                if s < t:
+                    # Checkpoint moves, every s2 in s+1..t at once: run s..s2-1 keeping
+                    # only the input of s2, solve s2..t, then s..s2-1 again.
+                    ks = np.arange(s, t)
+                    need = np.maximum.accumulate(
+                        [u(stages[k].nostore_peak + after[t] + (stages[k - 1].boundary if k > s else 0))
+                         for k in ks])
+                    cost = np.cumsum([stages[k].forward_time for k in ks])
+                    later = self.shifted(np.stack([self.opt[s2, t] for s2 in ks + 1]),
+                                         np.array([u(stages[k].boundary) for k in ks]))
+                    again = self.shifted(np.stack([self.opt[s, k] for k in ks]),
+                                         np.array([u(grad[k]) - u(grad[t]) for k in ks]))
+                    cands = cost[:, None] + later + again
+                    cands[slots[None, :] < need[:, None]] = np.inf
+                    first = np.argmin(cands, axis=0)     # the earliest s2 among equals
+                    cand = cands[first, slots]
+                    better = cand < best
+                    best[better] = cand[better]
+                    arg[better] = self.checkpoint_code(s) + s + 1 + first[better]
                 self.opt[s, t], self.arg[s, t] = best, arg
+            if deadline is not None and deadline.expired():
+                raise OutOfTime(f"rotor: the dynamic program over {L} stages did not finish "
+                                f"within the time limit")
 
     # Move codes at stage s: its options (0..), its direct runs, a checkpoint before
     # stage s2 (checkpoint_code + s2), its options offloaded (offload_code + option).
@@ -314,8 +349,12 @@ class _Tables:
 
     def shift(self, table: np.ndarray, d: int) -> np.ndarray:
         """out[m] = table[m - d] (inf below zero; beyond the table, its last entry)."""
-        index = np.arange(self.M + 1) - d
-        out = table[np.clip(index, 0, self.M)]
+        return self.shifted(table[None, :], np.array([d]))[0]
+
+    def shifted(self, tables: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """`shift` of each row of `tables` by its own `d`."""
+        index = np.arange(self.M + 1)[None, :] - d[:, None]
+        out = np.take_along_axis(tables, np.clip(index, 0, self.M), axis=1)
         out[index < 0] = np.inf
         return out
 
@@ -410,25 +449,38 @@ def chain_to_plan(graph: Graph, budget: int | None, name: str, progress
 
 def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
           progress=quiet) -> pb.Schedule:
-    """Chain dynamic program over the segments between articulation points."""
+    """Chain dynamic program over the segments between articulation points. The program
+    grows with the cube of the chain's length (seconds for 100 stages); `time_limit_s`
+    stops the re-plans, the fastest plan within the budget so far winning, and raises
+    `OutOfTime` if none was found."""
     everything, chain = chain_to_plan(graph, budget, "rotor", progress)
     if chain is None:
         return everything
-    best = _fit_memory_model(chain, budget, progress)
+    deadline = Deadline(time_limit_s)
+    best = _fit_memory_model(chain, budget, progress, deadline)
     if best is not None:
         return best
-    frugal = _least_memory(chain, everything, progress)
+    try:
+        frugal = _least_memory(chain, everything, progress, deadline)
+    except OutOfTime as late:
+        raise OutOfTime(f"{late} of {time_limit_s} s and found no plan within the budget; "
+                        f"give it more time (time_limit_s; --time-limit on the command line)") from None
     if frugal.predicted_peak_bytes <= budget:  # the DP's memory model was too cautious
         return frugal
     raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by rotor)", schedule=frugal)
 
 
-def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None:
-    """The fastest plan within `budget`, the DP's memory target fitted to the simulator."""
+def _fit_memory_model(chain: Chain, budget: int, progress,
+                      deadline: Deadline | None = None) -> pb.Schedule | None:
+    """The fastest plan within `budget`, the DP's memory target fitted to the simulator
+    (the plans made before `deadline`)."""
     unit = max(1, math.ceil(max(0, budget - chain.pinned_bytes) / SLOTS))
 
     def plan_at(target: int) -> pb.Schedule | None:
-        plan = _Tables(chain, target, progress)
+        try:
+            plan = _Tables(chain, target, progress, deadline=deadline)
+        except OutOfTime:
+            return None
         return _schedule(chain, plan, plan.M) if plan.feasible(plan.M) else None
 
     return fit_to_budget(plan_at, budget, step=unit, replans=REPLANS, progress=progress,
@@ -441,13 +493,19 @@ def _fit_memory_model(chain: Chain, budget: int, progress) -> pb.Schedule | None
 LEAST_MEMORY_ROUNDS = 3
 
 
-def _least_memory(chain: Chain, everything: pb.Schedule, progress) -> pb.Schedule:
+def _least_memory(chain: Chain, everything: pb.Schedule, progress,
+                  deadline: Deadline | None = None) -> pb.Schedule:
     """The plan the DP finds for the least memory it allows (store-everything if none),
     with its memory counted in ever finer slots: near the floor a slot of 1/400 of the
     store-everything peak is a few percent of the budget."""
     frugal, capacity = everything, everything.predicted_peak_bytes
-    for _ in range(LEAST_MEMORY_ROUNDS):
-        plan = _Tables(chain, capacity, progress)
+    for round_ in range(LEAST_MEMORY_ROUNDS):
+        try:
+            plan = _Tables(chain, capacity, progress, deadline=deadline)
+        except OutOfTime:
+            if round_ == 0:
+                raise
+            break
         m = plan.smallest()
         if m is None:
             break

@@ -125,6 +125,14 @@ def test_rotors_program_is_cautious_on_lowered_models(gpt2_graph):
         assert _assert_rotor_cautious(graph, [int(floor * (1 + k / 20)) for k in range(12)]) >= 3
 
 
+def test_rotor_out_of_time_before_any_plan_says_so(gpt2_graph):
+    """The program grows with the cube of the chain's length: a time limit that passes
+    before any plan is one clear error naming the option, not a hang or a wrong floor."""
+    with pytest.raises(rotor_module.OutOfTime, match="time_limit_s"):
+        solvers.solve(gpt2_graph, "60%", "rotor", time_limit_s=0.0)
+    assert ir.simulate(gpt2_graph, solvers.solve(gpt2_graph, "60%", "rotor")).valid
+
+
 @pytest.mark.parametrize("n", [5, 8, 12])
 def test_hiremate_within_three_percent_of_checkmates_optimum_on_chains(n):
     graph, _ = chain(n, f_time=1.0, b_time=2.0)
