@@ -30,7 +30,8 @@ recompute), which keep the same kind of results in every layer, a plan the H-ILP
 per-cluster grid of options can miss; the fastest fitting plan goes on to trimming.
 
 When no plan fits, or the fastest that fits is slower than `SLOW_PLAN` times
-store-everything, rotor's chain plan (`_with_rotor`) and then TW-remat's are tried.
+store-everything, rotor's chain plan (`_with_rotor`), then (if none fits) the H-ILP's
+least-memory plan and the heuristics (`_fallback`), then TW-remat's are tried.
 The smallest feasible budget reported is the lowest peak of every schedule made: the
 top H-ILP's plans, its least-memory plan, the density plans, the recompute-all and
 sqrt heuristics, rotor's and TW-remat's least-memory plans, and for a small graph
@@ -101,8 +102,10 @@ DENSITY_SHARE = 0.15
 #: from 29x into 1.4x store-everything's time, needs all the time left.
 SLOW_PLAN = 2.0
 #: Of the time left, the share rotor may take when hiremate's plan is that slow or none
-#: fits (`_with_rotor`; its program over 80-130 stages takes 1-3 s per memory target).
-ROTOR_SHARE = 0.3
+#: fits (`_with_rotor`, before the fallback, whose recompute-all plan of the 32-layer Llama
+#: has 2 million steps to simulate; rotor's program over 80-130 stages takes 1-3 s per
+#: memory target).
+ROTOR_SHARE = 0.4
 #: Of the time left, the share twremat may take when hiremate's plan is that slow or
 #: none fits (`_with_twremat`).
 TWREMAT_SHARE = 0.25
@@ -170,11 +173,11 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if tree.rounds == 0 or binaries(tg) <= EXACT_BINARIES:
         made += prefix_schedules(tg)
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
-    if best is None:
-        best = _fallback(tg, top, planner, budget, made, deadline, progress)
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_rotor(graph, budget, best, made, Deadline(whole.remaining() * ROTOR_SHARE),
                            progress)
+    if best is None:
+        best = _fallback(tg, top, planner, budget, made, deadline, progress)
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * TWREMAT_SHARE),
                              progress)
