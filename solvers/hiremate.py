@@ -57,7 +57,7 @@ from .hilp import Level, Part, solve_level
 from .leaves import leaf_options, leaf_solver_names
 from .options import PartOption, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy, stored_partition
-from .rotor import rotor
+from .rotor import plan_near_floor
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
 from .trim import trim_recomputations
@@ -105,7 +105,7 @@ SLOW_PLAN = 2.0
 #: fits (`_with_rotor`, before the fallback, whose recompute-all plan of the 32-layer Llama
 #: has 2 million steps to simulate; rotor's program over 80-130 stages takes 1-3 s per
 #: memory target).
-ROTOR_SHARE = 0.4
+ROTOR_SHARE = 0.25
 #: Of the time left, the share twremat may take when hiremate's plan is that slow or
 #: none fits (`_with_twremat`).
 TWREMAT_SHARE = 0.25
@@ -230,47 +230,44 @@ def _with_rotor(graph: Graph, budget: int, best: pb.Schedule | None, made: list[
     of the backward, and the H-ILP's plans either do not fit or recompute quadratically;
     rotor's chain plans re-run the forward from checkpoints it can place after the loss,
     and recompute node by node in the last stages (Llama 32 layers at 13.5% of its peak:
-    1.42x store-everything's time where the H-ILP's plan costs 110x). Its plan, or its
-    least-memory one when it refuses, joins `made`; the faster fitting plan wins."""
-    try:
-        plan = rotor(graph, budget, time_limit_s=max(1.0, deadline.remaining()), progress=progress)
-    except InfeasibleBudget as refused:
-        if refused.schedule is not None:
-            made.append(refused.schedule)
-        return best
-    except SolverError as error:      # out of time: a helper must not fail hiremate
-        progress(f"hiremate: rotor gave no plan near the floor: {error}")
-        return best
-    made.append(plan)
-    if best is None or plan.predicted_time_s < best.predicted_time_s:
-        progress(f"hiremate: rotor's plan is faster near the floor ({plan.predicted_time_s:.4g} s "
-                 f"against {'none' if best is None else f'{best.predicted_time_s:.4g} s'})")
-        return plan
-    return best
+    1.38x store-everything's time where the H-ILP's plan costs 110x). It is skipped in a
+    second where its chain cannot come near the budget (`rotor.plan_near_floor`)."""
+    return _with_helper("rotor", lambda: plan_near_floor(graph, budget, deadline, progress),
+                        best, made, progress)
 
 
 def _with_twremat(graph: Graph, budget: int, best: pb.Schedule | None, made: list[pb.Schedule],
                   deadline: Deadline, progress) -> pb.Schedule | None:
     """Near the smallest feasible budget the H-ILP's plans do not fit and recompute-everything
     (quadratic) may be the only one that does; TW-remat's recursion recomputes O(n log n)
-    there (U-Net at 25%: 27% overhead where recompute-everything costs 722%). Its plan,
-    or its lowest-peak one when it refuses, joins `made`; the faster fitting plan wins."""
+    there (U-Net at 25%: 27% overhead where recompute-everything costs 722%)."""
     from .twremat import twremat   # networkx's tree decompositions, needed only here
 
+    return _with_helper("twremat", lambda: twremat(graph, budget, progress=progress,
+                                                   time_limit_s=max(1.0, deadline.remaining())),
+                        best, made, progress)
+
+
+def _with_helper(name: str, attempt, best: pb.Schedule | None, made: list[pb.Schedule],
+                 progress) -> pb.Schedule | None:
+    """Another solver's plan near the floor: `attempt()` returns a plan within the budget
+    (or None), or refuses with its lowest-peak plan, which joins `made`; the faster
+    fitting plan wins, and a failing helper does not fail hiremate."""
     try:
-        plan = twremat(graph, budget, time_limit_s=max(1.0, deadline.remaining()), progress=progress)
+        plan = attempt()
     except InfeasibleBudget as refused:
         if refused.schedule is not None:
             made.append(refused.schedule)
         return best
-    except SolverError as error:      # a failing helper must not fail hiremate
-        progress(f"hiremate: twremat failed near the floor: {error}")
+    except SolverError as error:
+        progress(f"hiremate: {name} failed near the floor: {error}")
+        return best
+    if plan is None:
         return best
     made.append(plan)
     if best is None or plan.predicted_time_s < best.predicted_time_s:
-        progress(f"hiremate: twremat's plan is faster near the floor "
-                 f"({plan.predicted_time_s:.4g} s against "
-                 f"{'none' if best is None else f'{best.predicted_time_s:.4g} s'})")
+        progress(f"hiremate: {name}'s plan is faster near the floor ({plan.predicted_time_s:.4g} s "
+                 f"against {'none' if best is None else f'{best.predicted_time_s:.4g} s'})")
         return plan
     return best
 

@@ -136,6 +136,24 @@ class Chain:
                         stage.directs.append(direct)
             self.stages.append(stage)
 
+    @property
+    def least_need(self) -> int:
+        """Bytes no plan of the program goes below: the pinned results, and the largest
+        least need of a stage's forward (with its input held) or of its backward (with its
+        input unless freed, its stored results and peak, the gradients it reads and the
+        parameter gradients made before it)."""
+        after = 0
+        worst = 0
+        for k in reversed(range(len(self.stages))):
+            stage = self.stages[k]
+            held = self.stages[k - 1].boundary if k else 0
+            forward = min([stage.nostore_peak] + [o.forward_peak for o in stage.options])
+            backward = min([o.backward_hist + o.backward_peak + held - o.input_freed
+                            for o in stage.options] + [d.backward_peak + held for d in stage.directs])
+            worst = max(worst, forward + held, backward + stage.gradient + after)
+            after += stage.outputs
+        return self.pinned_bytes + worst
+
     def _pinned(self) -> frozenset[int]:
         """Forward results that break the chain: read by the backward of another
         segment (the loss path, attention masks), or graph outputs. They are
@@ -456,18 +474,49 @@ def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None
     everything, chain = chain_to_plan(graph, budget, "rotor", progress)
     if chain is None:
         return everything
-    deadline = Deadline(time_limit_s)
-    best = _fit_memory_model(chain, budget, progress, deadline)
-    if best is not None:
-        return best
     try:
-        frugal = _least_memory(chain, everything, progress, deadline)
+        plan = _within_or_least(chain, everything, budget, Deadline(time_limit_s), progress)
     except OutOfTime as late:
         raise OutOfTime(f"{late} of {time_limit_s} s and found no plan within the budget; "
                         f"give it more time (time_limit_s; --time-limit on the command line)") from None
-    if frugal.predicted_peak_bytes <= budget:  # the DP's memory model was too cautious
-        return frugal
-    raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by rotor)", schedule=frugal)
+    if plan.predicted_peak_bytes <= budget:
+        return plan
+    raise InfeasibleBudget(budget, plan.predicted_peak_bytes, " (by rotor)", schedule=plan)
+
+
+#: `plan_near_floor` gives up where the chain's least need, or a round of the least-memory
+#: search, is over this many times the budget: the program's memory model is cautious by
+#: under 1% there (the 32-layer Llama's least-memory plan peaks at 13.47% of the
+#: store-everything peak, its program's floor is 13.56%), and GPT-2 12 layers' program
+#: needs 28% at hiremate's 25.9% floor.
+FLOOR_SLACK = 1.05
+
+
+def plan_near_floor(graph: Graph, budget: int, deadline: Deadline, progress) -> pb.Schedule | None:
+    """For hiremate near the smallest budget: rotor's plan within `budget`, or None when the
+    chain cannot come near it (least need over `FLOOR_SLACK` times the budget: known in a
+    second, before any table) or nothing is found before `deadline`."""
+    everything, chain = chain_to_plan(graph, budget, "rotor", progress)
+    if chain is None:
+        return everything
+    if chain.least_need > FLOOR_SLACK * budget:
+        progress(f"rotor: its chain needs {chain.least_need} bytes, over the budget")
+        return None
+    try:
+        plan = _within_or_least(chain, everything, budget, deadline, progress,
+                                enough=int(FLOOR_SLACK * budget))
+    except OutOfTime:
+        return None
+    return plan if plan.predicted_peak_bytes <= budget else None
+
+
+def _within_or_least(chain: Chain, everything: pb.Schedule, budget: int, deadline: Deadline,
+                     progress, enough: int | None = None) -> pb.Schedule:
+    """The fastest plan within `budget`, else the least-memory plan (which may still fit:
+    the program's memory model is cautious; `_least_memory`'s `enough`). No fitting is
+    tried where the chain's least need is over the budget."""
+    best = _fit_memory_model(chain, budget, progress, deadline) if chain.least_need <= budget else None
+    return best if best is not None else _least_memory(chain, everything, progress, deadline, enough)
 
 
 def _fit_memory_model(chain: Chain, budget: int, progress,
@@ -494,26 +543,33 @@ LEAST_MEMORY_ROUNDS = 3
 
 
 def _least_memory(chain: Chain, everything: pb.Schedule, progress,
-                  deadline: Deadline | None = None) -> pb.Schedule:
+                  deadline: Deadline | None = None, enough: int | None = None) -> pb.Schedule:
     """The plan the DP finds for the least memory it allows (store-everything if none),
     with its memory counted in ever finer slots: near the floor a slot of 1/400 of the
-    store-everything peak is a few percent of the budget."""
-    frugal, capacity = everything, everything.predicted_peak_bytes
-    for round_ in range(LEAST_MEMORY_ROUNDS):
+    store-everything peak is a few percent of the budget. The first round is at twice
+    the chain's least need (one round at the store-everything peak more if that fails).
+    With `enough` bytes (a plan above them is not wanted), the search starts there and
+    stops when a round's floor is above them."""
+    frugal, peak = everything, everything.predicted_peak_bytes
+    capacity = min(peak, 2 * chain.least_need if enough is None else enough)
+    for round_ in range(LEAST_MEMORY_ROUNDS + 1):
         try:
             plan = _Tables(chain, capacity, progress, deadline=deadline)
         except OutOfTime:
-            if round_ == 0:
+            if frugal is everything:
                 raise
             break
         m = plan.smallest()
         if m is None:
-            break
+            if round_ or capacity == peak or enough is not None:
+                break
+            capacity = peak          # nothing within twice the least need: from the top
+            continue
         found = _schedule(chain, plan, m)
         if found.predicted_peak_bytes < frugal.predicted_peak_bytes:
             frugal = found
         smaller = chain.pinned_bytes + m * plan.unit
-        if smaller >= capacity:
+        if smaller >= capacity or (enough is not None and smaller > enough):
             break
         capacity = smaller
     return frugal
