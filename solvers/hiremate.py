@@ -34,9 +34,9 @@ store-everything, rotor's chain plan (`_with_rotor`), then (if none fits) the H-
 least-memory plan and the heuristics (`_fallback`), then TW-remat's are tried.
 The smallest feasible budget reported is the lowest peak of every schedule made: the
 top H-ILP's plans, its least-memory plan, the density plans, the recompute-all and
-sqrt heuristics, rotor's and TW-remat's least-memory plans, and for a small graph
-Checkmate's min-peak MILP started from the lowest of those; a budget at that peak is
-then planned.
+sqrt heuristics, rotor's plan where it fits, TW-remat's least-memory plan, and for a
+small graph Checkmate's min-peak MILP started from the lowest of those; a budget at
+that peak is then planned.
 
 Every MILP has a time limit; a cluster whose H-ILP finds nothing in time keeps
 its base options, so a plan always exists down to the least memory the
