@@ -174,8 +174,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         made += prefix_schedules(tg)
         best = _with_checkmate(tg, budget, best, made, deadline, progress)
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
-        best = _with_rotor(graph, budget, best, made, Deadline(whole.remaining() * ROTOR_SHARE),
-                           progress)
+        best = _with_rotor(tg, everything, budget, best, made,
+                           Deadline(whole.remaining() * ROTOR_SHARE), progress)
     if best is None:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
@@ -224,15 +224,15 @@ def _fallback(tg: TrainingGraph, top: Level, planner: _Planner, budget: int,
     return _fastest_within(made, budget)
 
 
-def _with_rotor(graph: Graph, budget: int, best: pb.Schedule | None, made: list[pb.Schedule],
-                deadline: Deadline, progress) -> pb.Schedule | None:
+def _with_rotor(tg: TrainingGraph, everything: pb.Schedule, budget: int, best: pb.Schedule | None,
+                made: list[pb.Schedule], deadline: Deadline, progress) -> pb.Schedule | None:
     """Near the smallest feasible budget the parameter gradients made so far fill the end
     of the backward, and the H-ILP's plans either do not fit or recompute quadratically;
     rotor's chain plans re-run the forward from checkpoints it can place after the loss,
     and recompute node by node in the last stages (Llama 32 layers at 13.5% of its peak:
     1.38x store-everything's time where the H-ILP's plan costs 110x). It is skipped in a
     second where its chain cannot come near the budget (`rotor.plan_near_floor`)."""
-    return _with_helper("rotor", lambda: plan_near_floor(graph, budget, deadline, progress),
+    return _with_helper("rotor", lambda: plan_near_floor(tg, everything, budget, deadline, progress),
                         best, made, progress)
 
 

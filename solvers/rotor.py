@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -105,16 +106,20 @@ class Chain:
         self.pinned = self._pinned()
         #: Bytes held all along, outside the chain model: pinned results and forward outputs.
         self.pinned_bytes = sum(tg.memory[n] for n in self.pinned)
+        #: Results a backward node reads, and the last forward position reading each result
+        #: (through its root): what a stage's input may not free.
+        self.read_by_backward = frozenset(tg.root(p) for p in tg.needed_by_backward)
+        self.last_forward_read = {tg.root(p): tg.position[n] for n in tg.forward
+                                  for p in tg.node_inputs(n)}
         self.stages: list[Stage] = []
         for seg in self.segments:
             nodes = set(seg.forward)
-            apart = self.pinned | {tg.root(n) for n in seg.inputs}  # held by the caller
             escaping = {n for n in seg.forward if any(u in forward and u not in nodes
                                                       for u in tg.node_users[n])}
             stage = Stage(seg, sum(tg.time[n] for n in seg.forward),
                           sum(tg.time[n] for n in seg.backward), boundary=seg.boundary_bytes)
             stage.nostore_peak = tg.walk(set(), list(seg.forward), escaping | self.pinned,
-                                         apart)[0]
+                                         self._held_apart(seg))[0]
             seg_bwd = set(seg.backward)
             grads_in = frozenset(p for b in seg.backward for p in tg.node_inputs(b)
                                  if p in backward and p not in seg_bwd)
@@ -136,22 +141,34 @@ class Chain:
                         stage.directs.append(direct)
             self.stages.append(stage)
 
-    @property
+    def _held_apart(self, seg: Segment) -> frozenset[int]:
+        """What a stage's memory walks count apart: the pinned results and the stage's
+        input, which the caller holds."""
+        return self.pinned | {self.tg.root(n) for n in seg.inputs}
+
+    @cached_property
+    def outputs_after(self) -> list[int]:
+        """Per stage, the bytes of graph outputs (parameter gradients) the backward of the
+        later stages makes: live whenever this stage's backward runs."""
+        after, total = [], 0
+        for stage in reversed(self.stages):
+            after.append(total)
+            total += stage.outputs
+        return after[::-1]
+
+    @cached_property
     def least_need(self) -> int:
         """Bytes no plan of the program goes below: the pinned results, and the largest
         least need of a stage's forward (with its input held) or of its backward (with its
         input unless freed, its stored results and peak, the gradients it reads and the
         parameter gradients made before it)."""
-        after = 0
         worst = 0
-        for k in reversed(range(len(self.stages))):
-            stage = self.stages[k]
+        for k, (stage, after) in enumerate(zip(self.stages, self.outputs_after)):
             held = self.stages[k - 1].boundary if k else 0
             forward = min([stage.nostore_peak] + [o.forward_peak for o in stage.options])
             backward = min([o.backward_hist + o.backward_peak + held - o.input_freed
                             for o in stage.options] + [d.backward_peak + held for d in stage.directs])
             worst = max(worst, forward + held, backward + stage.gradient + after)
-            after += stage.outputs
         return self.pinned_bytes + worst
 
     def _pinned(self) -> frozenset[int]:
@@ -207,12 +224,12 @@ class Chain:
         option = StageOption(kept, recompute, sum(tg.time[n] for n in recompute), sequence)
         # Not freed: what a backward or a recomputation reads, what a later stage's forward
         # reads (also through a view this stage makes of its input).
-        later = tg.forward[tg.position[seg.forward[-1]] + 1:]
-        entering = {tg.root(n) for n in seg.inputs}
-        apart = self.pinned | entering          # the caller holds the stage's input
-        entering -= ({tg.root(p) for n in [*sequence, *later] for p in tg.node_inputs(n)}
-                     | {tg.root(p) for p in tg.needed_by_backward} | self.pinned)
-        option.input_freed = sum(tg.memory[r] for r in entering)
+        end = tg.position[seg.forward[-1]]
+        entering = {tg.root(n) for n in seg.inputs} - self.read_by_backward - self.pinned
+        entering -= {tg.root(p) for n in sequence for p in tg.node_inputs(n)}
+        option.input_freed = sum(tg.memory[r] for r in entering
+                                 if self.last_forward_read.get(r, -1) <= end)
+        apart = self._held_apart(seg)
         stored = {n for n in kept if n in tg.needed_by_backward} | escaping
         option.forward_peak, option.hist = tg.walk(set(), list(seg.forward),
                                                    stored | self.pinned, apart)
@@ -279,7 +296,7 @@ class _Tables:
         stages = chain.stages
         L = len(stages)
         u = self.units
-        after = [sum(st.outputs for st in stages[k + 1:]) for k in range(L)]
+        after = chain.outputs_after
         grad = [st.gradient for st in stages]
         self.opt: dict[tuple[int, int], np.ndarray] = {}
         self.arg: dict[tuple[int, int], np.ndarray] = {}
@@ -492,13 +509,13 @@ def rotor(graph: Graph, budget: int | None, *, time_limit_s: float | None = None
 FLOOR_SLACK = 1.05
 
 
-def plan_near_floor(graph: Graph, budget: int, deadline: Deadline, progress) -> pb.Schedule | None:
-    """For hiremate near the smallest budget: rotor's plan within `budget`, or None when the
-    chain cannot come near it (least need over `FLOOR_SLACK` times the budget: known in a
-    second, before any table) or nothing is found before `deadline`."""
-    everything, chain = chain_to_plan(graph, budget, "rotor", progress)
-    if chain is None:
-        return everything
+def plan_near_floor(tg: TrainingGraph, everything: pb.Schedule, budget: int, deadline: Deadline,
+                    progress) -> pb.Schedule | None:
+    """For hiremate near the smallest budget (over `everything`'s peak): rotor's plan within
+    `budget`, or None when the chain cannot come near it (least need over `FLOOR_SLACK`
+    times the budget: known in a second, before any table) or nothing is found before
+    `deadline`. Takes hiremate's training graph and store-everything plan."""
+    chain = Chain(tg)
     if chain.least_need > FLOOR_SLACK * budget:
         progress(f"rotor: its chain needs {chain.least_need} bytes, over the budget")
         return None
