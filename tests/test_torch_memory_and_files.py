@@ -74,7 +74,12 @@ def test_random_schedules_measure_the_peak_they_simulate(name, seed, recompute, 
 
 def test_gpt2_file_is_self_contained(tmp_path):
     """Lower GPT-2, save the IR; a new process rebuilds the model from its config (same seed),
-    loads the file and trains one step: its gradients equal eager's here."""
+    loads the file and trains one step: its gradients equal eager's in that process, bitwise,
+    and the parent's eager gradients to float32 rounding.
+
+    Bitwise equality holds within a process, not across processes: MKL's threaded `tanh`
+    (GPT-2's GELU) gives other last bits in about one process in ten with two threads (none
+    in 40 with MKL_NUM_THREADS=1), eager against eager, whatever remat-ir does."""
     model, _, kwargs, loss_of = gpt2()
     eager = copy.deepcopy(model)
     scheduled = remat_ir.remat(model, (), example_kwargs=kwargs, solver="recompute-all",
@@ -82,27 +87,34 @@ def test_gpt2_file_is_self_contained(tmp_path):
     path = ir.save(scheduled.graph, tmp_path / "gpt2.rir")
     torch.save(kwargs, tmp_path / "inputs.pt")
     script = textwrap.dedent(f"""
-        import sys, torch
+        import copy, sys, torch
         sys.path.insert(0, {str(HERE)!r})
         from remat_ir import ir
         from remat_ir.runtimes.torch import ScheduledModule
         from torch_models import gpt2
-        model, _, _, _ = gpt2()
+        model, _, _, loss_of = gpt2()
+        eager = copy.deepcopy(model)
         graph = ir.load({str(path)!r})
         (schedule,) = [s for s in graph.schedules if s.name == "recompute-all"]
         module = ScheduledModule(model, graph, schedule)
         kwargs = torch.load({str(tmp_path / 'inputs.pt')!r})
         torch.manual_seed(7)
         module(**kwargs).loss.backward()
-        torch.save({{n: p.grad for n, p in module.named_parameters()}}, {str(tmp_path / 'grads.pt')!r})
+        torch.manual_seed(7)
+        loss_of(eager(**kwargs)).backward()
+        torch.save({{"scheduled": {{n: p.grad for n, p in module.named_parameters()}},
+                     "eager": {{n: p.grad for n, p in eager.named_parameters()}}}},
+                   {str(tmp_path / 'grads.pt')!r})
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     torch.manual_seed(7)
     loss_of(eager(**kwargs)).backward()
-    grads = torch.load(tmp_path / "grads.pt")
+    there = torch.load(tmp_path / "grads.pt")
     for name, p in eager.named_parameters():
-        assert torch.equal(p.grad, grads[name]), name
+        assert torch.equal(there["scheduled"][name], there["eager"][name]), name
+        torch.testing.assert_close(there["eager"][name], p.grad,
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_data_dependent_control_flow_is_named():
