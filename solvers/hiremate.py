@@ -176,9 +176,12 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_rotor(tg, everything, budget, best, made,
                            Deadline(whole.remaining() * ROTOR_SHARE), progress)
-    if best is None:
+    # Nothing the H-ILP planned under the budget fits: what the fallback finds (its
+    # least-memory plan, the heuristics) is a floor plan, and TW-remat is tried beside it.
+    near_floor = best is None
+    if near_floor:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)
-    if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
+    if near_floor or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * TWREMAT_SHARE),
                              progress)
     slow = best is not None and best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s
