@@ -31,7 +31,9 @@ per-cluster grid of options can miss; the fastest fitting plan goes on to trimmi
 
 When no plan fits, or the fastest that fits is slower than `SLOW_PLAN` times
 store-everything, rotor's chain plan (`_with_rotor`), then (if none fits) the H-ILP's
-least-memory plan and the heuristics (`_fallback`), then TW-remat's are tried.
+least-memory plan and the heuristics (`_fallback`), then TW-remat's are tried; TW-remat
+also whenever the fallback was needed, however fast its plan (U-Net at 27.5%, GPU rates:
+the fallback's plan trimmed 1.52x store-everything, TW-remat's 1.32x).
 The smallest feasible budget reported is the lowest peak of every schedule made: the
 top H-ILP's plans, its least-memory plan, the density plans, the recompute-all and
 sqrt heuristics, rotor's plan where it fits, TW-remat's least-memory plan, and for a
