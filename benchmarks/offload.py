@@ -63,13 +63,10 @@ def gpu_costed(name: str, cache: Path) -> ir.Graph:
     """The benchmark graph with op times re-estimated for a GPU (module docstring)."""
     import solvers as bench_solvers  # benchmarks/solvers.py
 
-    from remat_ir.runtimes.profiling import analytic_seconds
+    from remat_ir.runtimes.profiling import priced_for
 
     graph, _ = bench_solvers.lowered(bench_solvers.GRAPHS[name], cache)
-    for node in graph.proto.nodes:
-        node.cost.time_s = analytic_seconds(node.cost.flops, node.cost.bytes_accessed, "cuda")
-    graph.proto.provenance.cost_device = "cuda (FLOP-model rates, not measured)"
-    return graph
+    return priced_for(graph, "cuda")
 
 
 def _plan(function, *args):

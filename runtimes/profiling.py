@@ -136,6 +136,16 @@ def analytic_seconds(flops: float, moved: float, device_type: str) -> float:
     return overhead + max(flops / rate, moved / bandwidth)
 
 
+def priced_for(graph: Graph, device_type: str) -> Graph:
+    """`graph` with every node's time re-priced by the "flops" model at `device_type`'s
+    rates from the FLOPs and bytes its nodes record (memory untouched): how a benchmark or
+    a test plans for a GPU that is not there."""
+    for node in graph.proto.nodes:
+        node.cost.time_s = analytic_seconds(node.cost.flops, node.cost.bytes_accessed, device_type)
+    graph.proto.provenance.cost_device = f"{device_type} (FLOP-model rates, not measured)"
+    return graph
+
+
 def _output_tensors(node: pb.Node, result) -> list:
     """The op's result per `node.outputs` position, as the runtime binds them
     (`output_indices` pick from a tuple result; without them a lone output is the result)."""
