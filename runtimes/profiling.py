@@ -137,9 +137,12 @@ def analytic_seconds(flops: float, moved: float, device_type: str) -> float:
 
 
 def priced_for(graph: Graph, device_type: str) -> Graph:
-    """`graph` with every node's time re-priced by the "flops" model at `device_type`'s
-    rates from the FLOPs and bytes its nodes record (memory untouched): how a benchmark or
-    a test plans for a GPU that is not there."""
+    """`graph`, changed in place and returned, with every node's time re-priced by the
+    "flops" model at `device_type`'s rates from the FLOPs and bytes its nodes record
+    (memory untouched): how a benchmark or a test plans for a GPU that is not there."""
+    if device_type not in RATES:
+        raise ValueError(f"no FLOP-model rates for device type {device_type!r}; "
+                         f"known: {', '.join(sorted(RATES))}")
     for node in graph.proto.nodes:
         node.cost.time_s = analytic_seconds(node.cost.flops, node.cost.bytes_accessed, device_type)
     graph.proto.provenance.cost_device = f"{device_type} (FLOP-model rates, not measured)"

@@ -178,8 +178,9 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_rotor(tg, everything, budget, best, made,
                            Deadline(whole.remaining() * ROTOR_SHARE), progress)
-    # Nothing the H-ILP planned under the budget fits: what the fallback finds (its
-    # least-memory plan, the heuristics) is a floor plan, and TW-remat is tried beside it.
+    # Nothing planned so far fits (the H-ILP, the density plans, checkmate, rotor): what the
+    # fallback finds (the H-ILP's least-memory plan, the heuristics) is a floor plan, and
+    # TW-remat is tried beside it however fast that plan is.
     near_floor = best is None
     if near_floor:
         best = _fallback(tg, top, planner, budget, made, deadline, progress)

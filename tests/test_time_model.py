@@ -183,3 +183,21 @@ def test_remat_reports_profiling_progress():
     assert any(m.startswith("profiling: ") and "distinct ops timed alone" in m for m in messages)
     rounds = [m for m in messages if m.startswith("timing store_all and sqrt op by op: round ")]
     assert rounds and rounds[0].endswith("round 1 of at most 10"), messages
+
+
+def test_pricing_for_a_device_keeps_memory_and_names_unknown_devices():
+    """`priced_for` (how benchmarks plan for a GPU that is not there) re-prices every node
+    from its recorded FLOPs and bytes, leaves memory alone, and refuses a device type it
+    has no rates for in one line instead of pricing it at CPU rates."""
+    from remat_ir.ir.examples import mlp as mlp_graph
+    from remat_ir.runtimes.profiling import RATES, analytic_seconds, priced_for
+
+    graph = mlp_graph()
+    peak = ir.store_all(graph).predicted_peak_bytes
+    priced = priced_for(graph, "cuda")
+    assert all(n.cost.time_s == analytic_seconds(n.cost.flops, n.cost.bytes_accessed, "cuda")
+               for n in priced.proto.nodes)
+    assert ir.store_all(priced).predicted_peak_bytes == peak
+    assert "gpu" not in RATES
+    with pytest.raises(ValueError, match="no FLOP-model rates for device type 'gpu'; known: cpu, cuda"):
+        priced_for(graph, "gpu")
