@@ -27,6 +27,7 @@ from remat_ir.ir.arguments import TensorRef
 from remat_ir.ir.memory import is_view
 
 from .autograd_functions import FunctionError, preserving_functions
+from .buffer_reuse import reuse_dying_inputs
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
                                      record_device, to_ir_argument)
 
@@ -340,7 +341,7 @@ def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tup
 
 
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
-          example_kwargs: dict | None = None) -> Graph:
+          example_kwargs: dict | None = None, reuse_buffers: bool = True) -> Graph:
     """The joint forward+backward graph of one training step of `model`, as IR, without costs.
 
     `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
@@ -349,8 +350,10 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     (its casts) and recorded. Every node's cost is left empty and
     `provenance.cost_device` names the inputs' device: costs come from executing
     ops, which is the runtimes' business (`remat_ir.runtimes.profiling.estimate_costs`;
-    `remat_ir.lowering.lower_torch` does both). Raises `LoweringError` naming the op
-    and module that cannot be lowered.
+    `remat_ir.lowering.lower_torch` does both). With `reuse_buffers` (the default),
+    backward ops that can write their result into an input read by them alone do
+    (`buffer_reuse`): one buffer where eager holds two. Raises `LoweringError` naming
+    the op and module that cannot be lowered.
     """
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
@@ -368,6 +371,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
+    if reuse_buffers:
+        reuse_dying_inputs(graph)
     # Each user input's argument, by the name a call gives it ('input_ids', 'args[0]').
     names = argument_names(exported.call_spec.in_spec)
     for entry in graph.proto.inputs:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 STEPS = 2
 SEED = 1234
-BUDGET = 0.7  # of the store-everything peak: below it for both models, above their floors
+BUDGET = 0.75  # of the store-everything peak: below it for both models, above their floors (the CNN shard: 73.9%)
 
 
 def free_port() -> int:

@@ -70,6 +70,11 @@ def test_random_offloads_in_random_schedules_match_eager(name, seed, share, grou
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
+#: Models whose store-everything peak no offload lowers: the straight-through model's is a
+#: backward matmul (with buffer reuse) while every live activation is read there or next.
+NOTHING_IDLE_AT_PEAK = {"straight_through"}
+
+
 @pytest.mark.parametrize("name", list(zoo_models.ZOO))
 def test_zoo_offloaded_at_30_percent_is_exact(name):
     """Two plans per model at 30%: rematerialization with offloading (rotor, the fastest
@@ -91,7 +96,7 @@ def test_zoo_offloaded_at_30_percent_is_exact(name):
 
     planned = lowest(lambda: solvers.solve(graph, budget, "rotor", offload=True))
     moved = lowest(lambda: add_offloads(graph, ir.store_all(graph), budget))
-    assert any(s.HasField("offload") for s in moved.steps)
+    assert any(s.HasField("offload") for s in moved.steps) or name in NOTHING_IDLE_AT_PEAK
     for schedule in (planned, moved):
         result = ir.check(graph, schedule)
         assert result.peak_bytes <= max(budget, schedule.predicted_peak_bytes)
