@@ -35,6 +35,7 @@ import torch
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, encode
+from remat_ir.ir.rng import contiguous_strides
 
 from remat_ir.torchlib.types import resolve_op
 
@@ -68,18 +69,10 @@ def out_overload(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str]
     return None
 
 
-def _contiguous_strides(shape) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return strides[::-1]
-
-
 def _whole_contiguous(graph: Graph, value: pb.Value) -> bool:
     """The value is its storage's only view, contiguous from offset 0."""
     return (value.storage_offset == 0 and graph.storage_bytes(value.storage_id) == value.size_bytes
-            and list(value.stride) == _contiguous_strides(value.shape))
+            and list(value.stride) == contiguous_strides(value.shape))
 
 
 def reuse_dying_inputs(graph: Graph) -> int:

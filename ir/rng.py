@@ -68,12 +68,13 @@ def placeholder_bytes(value: pb.Value) -> int:
     """Bytes a placeholder with the value's shape and strides allocates."""
     if any(d == 0 for d in value.shape):
         return 0
-    strides = list(value.stride) or _contiguous_strides(list(value.shape))
+    strides = list(value.stride) or contiguous_strides(list(value.shape))
     extent = 1 + sum((d - 1) * s for d, s in zip(value.shape, strides))
     return extent * ITEMSIZE[value.dtype]
 
 
-def _contiguous_strides(shape: list[int]) -> list[int]:
+def contiguous_strides(shape) -> list[int]:
+    """The strides of a contiguous (row-major) tensor of `shape`, in elements."""
     strides, step = [], 1
     for d in reversed(shape):
         strides.append(step)
