@@ -37,7 +37,7 @@ from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, encode
 from remat_ir.ir.rng import contiguous_strides
 
-from remat_ir.torchlib.types import resolve_op
+from remat_ir.torchlib.types import op_name, resolve_op
 
 #: Ops whose `out=` overload may be given one of the inputs (same shape and dtype, contiguous)
 #: and computes the same bits: each element of the input is read before that element of the
@@ -106,7 +106,7 @@ def reuse_dying_inputs(graph: Graph) -> int:
         for value in values_of.pop(old, []):      # the result and every view of it
             value.storage_id = target.storage_id
             values_of[target.storage_id].append(value)
-        node.op = f"{overload.namespace}.{node.op.split('.')[1]}.{overload._overloadname}"
+        node.op = op_name(overload)
         node.kwargs.add(name=out_name).value.CopyFrom(encode(TensorRef(target.id)))
         node.mutating = True
         readers[target.storage_id] |= readers.pop(old, set())
