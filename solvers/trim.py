@@ -31,6 +31,7 @@ import bisect
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 from remat_ir.ir import InvalidSchedule, SimulationResult, compute_sequence, pb
 
@@ -63,7 +64,7 @@ def trim_recomputations(tg: TrainingGraph, schedule: pb.Schedule, budget: int,
     plan = _Curve(tg, sequence, forward_length, *made)
     start_time, moves, rejected, said = plan.schedule.predicted_time_s, 0, 0, time.monotonic()
     while not deadline.expired():
-        for trial in plan.moves(budget):
+        for trial in plan.moves(budget, deadline):
             if deadline.expired():
                 break
             try:
@@ -149,9 +150,10 @@ class _Curve:
         added = self.bytes_of(self.sequence[drop.position])
         return max(self.during[drop.start:drop.position]) + added - budget
 
-    def moves(self, budget: int) -> Iterator[list[int]]:
+    def moves(self, budget: int, deadline: Deadline) -> Iterator[list[int]]:
         """Trial sequences, the likeliest gains first: the drops that fit together, each
-        drop that fits, then the swaps."""
+        drop that fits, then the swaps. Searching for a swap can take seconds on a plan
+        of thousands of recomputations without yielding one: it stops at the deadline."""
         fitting = [d for d in self.drops if self.excess(d, budget) <= 0]
         together = _disjoint(fitting)
         if len(together) > 1:
@@ -160,6 +162,8 @@ class _Curve:
             yield self.changed(removed=[drop])
         idle = None
         for drop in self.drops:
+            if deadline.expired():
+                return
             if self.excess(drop, budget) > 0:
                 idle = self.idle_copies() if idle is None else idle
                 inserted = self.swap_for(drop, budget, idle)
@@ -180,13 +184,17 @@ class _Curve:
             if freed >= need:
                 break
             # A chosen copy read by another's recomputation would no longer lie idle.
-            if any(c.node in self.tg.node_inputs(o.node) or o.node in self.tg.node_inputs(c.node)
-                   for o in chosen):
+            if any(c.node in self.inputs[o.node] or o.node in self.inputs[c.node] for o in chosen):
                 continue
             chosen.append(c)
             freed += self.bytes_of(c.node)
             cost += self.tg.time[c.node]
         return chosen if freed >= need and cost < drop.time else []
+
+    @cached_property
+    def inputs(self) -> dict[int, frozenset[int]]:
+        """Per node of the sequence, the nodes whose results it reads."""
+        return {n: frozenset(self.tg.node_inputs(n)) for n in set(self.sequence)}
 
     def idle_copies(self) -> list[_Idle]:
         """Copies of forward results lying unread between their making or a read and a
