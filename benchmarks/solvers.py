@@ -598,10 +598,13 @@ def merge_graph(results: dict, name: str, meta: dict, record: dict, run_id: str)
 
 
 def merge_reference(results: dict, rows: list[dict], run_id: str) -> None:
+    """Rows of a run replace those of the same graph, budget and solver (a run of some
+    solvers keeps the others' rows)."""
     for row in rows:
         row["run"] = run_id
-    replaced = {(r["graph"], r["budget"]) for r in rows}
-    kept = [r for r in results["reference"]["rows"] if (r["graph"], r["budget"]) not in replaced]
+    replaced = {(r["graph"], r["budget"], r["solver"]) for r in rows}
+    kept = [r for r in results["reference"]["rows"]
+            if (r["graph"], r["budget"], r["solver"]) not in replaced]
     results["reference"]["rows"] = sorted(kept + rows, key=lambda r: (r["nodes"], r["graph"],
                                                                       -float(r["budget"][:-1]),
                                                                       r["solver"] or ""))

@@ -178,6 +178,10 @@ def test_solver_benchmark_rows_on_a_chain_and_their_table(tmp_path, capsys):
     bench.merge_graph(results, "chain16", dict(key="k", description="chain", lowering_seconds=0),
                       record, "r1")
     bench.merge_reference(results, reference, "r1")
+    hiremate_again = bench.reference_rows("chain10", chain(5)[0], specs[:1], (0.7,), time_limit_s=20)
+    bench.merge_reference(results, hiremate_again, "r2")  # replaces hiremate's row, keeps the others'
+    assert sorted(r["solver"] for r in results["reference"]["rows"]) == ["hiremate", "rotor", "sqrt"]
+    assert [r["run"] for r in results["reference"]["rows"] if r["solver"] == "hiremate"] == ["r2"]
     again = bench.graph_rows("chain16", graph, specs[:1], [0.7], time_limit_s=20)
     bench.merge_graph(results, "chain16", dict(key="k"), again, "r2")  # replaces one row, keeps the rest
     assert len(results["graphs"]["chain16"]["rows"]) == 12
