@@ -6,8 +6,8 @@ recomputation needs*. The H-ILP chooses among a grid of options per cluster, and
 clusters need not align with layers; the density plans (`baselines.density_schedules`)
 rank results by their own time per byte and ignore that recomputing a result needs its
 inputs. On the 32-layer Llama at 30% of its peak (FLOP costs) the H-ILP, trimmed and
-annealed, reached 15.8% overhead; this program's plan 12.9%, where `bounds.py` proves
-that no schedule is below 12.3%.
+annealed, reached 15.8% overhead; this program's plan alone 12.9% (12.7% once hiremate
+has trimmed and annealed it), where `bounds.py` proves that no schedule is below 12.3%.
 
 The program, over the forward nodes (`keep[n]`, `again[n]` binary):
 
@@ -38,9 +38,9 @@ from .base import Deadline, Progress, quiet
 from .sequences import keep_set_schedule
 from .structure import TrainingGraph
 
-#: Solves of the program per budget (the first under the budget itself, then the cap
-#: moved by each plan's excess or slack): the peak is the cap plus a nearly constant
-#: working set, so two or three land within the budget.
+#: Solves of the program per budget (the first under the budget itself, then the caps
+#: `next_cap` proposes); on the benchmark's transformers two or three land within 0.25%
+#: of the budget.
 REPLANS = 5
 #: Plans within 1% of the program's bound are as good as proven here: its times are
 #: estimates and its memory a proxy; the Llama's solves take 1-2 s at this gap.
@@ -107,11 +107,13 @@ def next_cap(tried: list[tuple[int, int]], budget: int, step: int) -> int | None
     """The next cap to try after the (cap, simulated peak) pairs `tried`, or None when the
     caps that fit and those that do not are within `step` bytes of each other.
 
-    The peak grows with the cap, but by less than the cap (a smaller keep set means more
-    recomputed results live in the backward; on the Llama about half as much), so a step
-    of the excess converges slowly: the step follows the slope of the last two pairs
-    (a secant), kept between the largest cap that fit and the smallest that did not,
-    and halves that bracket when the secant leaves it (the peak is not monotone)."""
+    The peak is the cap plus what the cap leaves out (recomputed results live in the
+    backward, gradients, workspace), which changes with the keep set: where a smaller
+    set leaves more recomputed results live, the peak falls by less than the cap and a
+    step of the excess creeps towards the budget. So the step follows the slope of the
+    last two pairs (a secant), kept between the largest cap that fit and the smallest
+    that did not, and halves that bracket when the secant leaves it (the peak is not
+    monotone in the cap)."""
     fits = [c for c, peak in tried if peak <= budget]
     over = [c for c, peak in tried if peak > budget]
     low, high = max(fits, default=None), min(over, default=None)
