@@ -75,10 +75,11 @@ class Graph:
     def drop_unused_storages(self) -> None:
         """Remove the storages no value is in (after a pass moved values to other storages)."""
         used = {v.storage_id for v in self.proto.values}
-        kept = [pb.Storage(id=s.id, size_bytes=s.size_bytes) for s in self.proto.storages if s.id in used]
-        del self.proto.storages[:]
-        self.proto.storages.extend(kept)
-        self._storages = {s.id: s for s in self.proto.storages}
+        storages = self.proto.storages
+        for i in reversed(range(len(storages))):
+            if storages[i].id not in used:
+                del storages[i]
+        self._storages = {s.id: s for s in storages}
         self._changed()
 
     def add_value(self, name: str, dtype: str | int, shape: Sequence[int], *,

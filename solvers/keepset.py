@@ -51,7 +51,6 @@ class KeepSetProgram:
     """The program above for one graph, built once and solved under several caps."""
 
     def __init__(self, tg: TrainingGraph):
-        self.tg = tg
         forward = set(tg.forward)
         model = milp.new_model("keep-set")
         model.max_mip_gap = GAP
