@@ -202,7 +202,8 @@ def test_hiremate_where_no_h_ilp_plan_fits_is_no_slower_than_twremat():
     plan, the heuristics) gives a floor plan, even when that plan is not slow: TW-remat's
     is tried beside it. The benchmarks' diffusers U-Net priced at GPU rates at 27.5% of
     its peak: the fallback's plan, trimmed, cost 1.52x store-everything, TW-remat's 1.32x,
-    and hiremate used to keep the first."""
+    and hiremate used to keep the first. hiremate's default 30 s: with 20 s on CI's
+    shared cores TW-remat inside hiremate was cut short at its bisections (0.4% slower)."""
     from examples.models import unet
 
     from remat_ir.lowering import lower_torch
@@ -212,6 +213,6 @@ def test_hiremate_where_no_h_ilp_plan_fits_is_no_slower_than_twremat():
     graph = priced_for(lower_torch(model, args, cost_model="flops"), "cuda")
     budget = int(0.275 * ir.store_all(graph).predicted_peak_bytes)
     alone = twremat(graph, budget)
-    planned = solvers.solve(graph, budget, "hiremate", anneal=False, time_limit_s=20)
+    planned = solvers.solve(graph, budget, "hiremate", anneal=False)
     assert ir.simulate(graph, planned).peak_bytes <= budget
     assert planned.predicted_time_s <= alone.predicted_time_s
