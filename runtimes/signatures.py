@@ -1,7 +1,8 @@
 """Input signatures: what a call must share with a lowering to run its graph.
 
 A lowered graph is one training step for one structure of inputs (which
-positional and keyword arguments), one shape and dtype per tensor, one value
+positional and keyword arguments), one shape, dtype and layout (strides, when
+not contiguous: `types.describe_layout`) per tensor, one value
 per non-tensor argument (a flag such as `use_cache=False` is baked into the
 trace), one autocast state (its casts are in the graph) and one device type
 (its costs were measured there). `Signature` holds these, argument by

@@ -33,7 +33,7 @@ from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 
-from remat_ir.torchlib.types import constant_tensor, torch_dtype
+from remat_ir.torchlib.types import constant_tensor, describe_layout, same_layout, torch_dtype
 
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
@@ -284,8 +284,12 @@ class _Lowered:
         self.bindings = []     # per resident slot: ("param"|"buffer", name), ("input", index) or ("const", value id)
         kinds = {pb.PARAMETER: "param", pb.BUFFER: "buffer"}
         entries = {e.value_id: e for e in g.inputs}
+        #: Per resident slot, the strides the graph was traced with (None for constants,
+        #: which the runtime makes itself): `resident` checks every bound tensor against them.
+        self.strides: list[tuple[int, ...] | None] = []
         for v in resident_order(graph):
             value = graph.value(v)
+            self.strides.append(None if value.kind == pb.CONSTANT else _traced_strides(value))
             if value.kind in kinds:
                 self.bindings.append((kinds[value.kind], entries[v].name))
                 _check_bound(model, kinds[value.kind], entries[v].name, value)
@@ -354,7 +358,7 @@ class _Lowered:
 
     def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules") -> tuple:
         resident = []
-        for kind, what in self.bindings:
+        for slot, ((kind, what), strides) in enumerate(zip(self.bindings, self.strides)):
             if kind == "param":
                 t = modules.member(what, "_parameters")
                 t = t if t is not None else model.get_parameter(what)
@@ -368,8 +372,31 @@ class _Lowered:
             if t.device != device:
                 raise RuntimeInputError(f"{what if kind != 'const' else self.graph.value(what).name!r} is on {t.device} "
                                         f"but the inputs are on {device}; move the model with .to()")
+            if strides is not None and t.stride() != strides:
+                self._check_layout(slot, t)
             resident.append(t)
         return tuple(resident)
+
+    def _check_layout(self, slot: int, tensor: torch.Tensor) -> None:
+        """A bound tensor laid out otherwise than at lowering (a model moved to
+        channels_last after `remat`): the graph's views and copies were traced for the
+        old layout, so running it could fail deep inside or compute on the wrong
+        elements. Strides of dimensions of size 1 never matter."""
+        kind, what = self.bindings[slot]
+        value = self.graph.value(resident_order(self.graph)[slot])
+        if same_layout(tensor, value.shape, value.stride):
+            return
+        traced = describe_layout(torch.empty_strided(list(value.shape), list(self.strides[slot]),
+                                                     device="meta"))
+        if kind == "input":
+            name = next(name for index, _, name in self.user_inputs if index == what)
+            where, fix = f"argument {name}", "pass it laid out as at lowering"
+        else:
+            where = f"{'parameter' if kind == 'param' else 'buffer'} {what!r}"
+            fix = ("change the model's memory format before calling remat_ir.remat, or call "
+                   "it again after changing it")
+        raise RuntimeInputError(f"{where} is {describe_layout(tensor)} but was {traced} when the "
+                                f"graph was lowered, and its views and copies hold that layout: {fix}")
 
     def constant(self, value_id: int, device) -> torch.Tensor:
         key = (value_id, device)
@@ -466,6 +493,17 @@ def resident_values(model: torch.nn.Module, graph: Graph, args: tuple,
     device = tensors[0].device if tensors else next(model.parameters()).device
     bound = lowered.resident(model, leaves, device, _Submodules(model))
     return dict(zip(resident_order(graph), bound))
+
+
+def _traced_strides(value: pb.Value) -> tuple[int, ...]:
+    """The strides a value was traced with (an IR value without strides is contiguous)."""
+    if value.stride:
+        return tuple(value.stride)
+    strides, step = [], 1
+    for size in reversed(value.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) -> None:

@@ -140,11 +140,39 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
 
 
 def describe_input(leaf) -> str:
-    """How a signature names one input leaf: 'tensor [2, 16] int64', else the value's repr
-    (a flag such as use_cache=False is baked into the trace)."""
+    """How a signature names one input leaf: 'tensor [2, 16] int64' (with its layout when
+    it is not contiguous: 'tensor [8, 3, 64, 64] float32 channels_last'), else the value's
+    repr (a flag such as use_cache=False is baked into the trace). The layout belongs to
+    the signature because the trace holds it: a `view` lowered for one layout fails on
+    another, and the plan's copies and costs were made for it."""
     if isinstance(leaf, torch.Tensor):
-        return f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
+        layout = describe_layout(leaf)
+        return (f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
+                + (f" {layout}" if layout != "contiguous" else ""))
     return repr(leaf)
+
+
+def describe_layout(tensor: torch.Tensor) -> str:
+    """'contiguous', 'channels_last', 'channels_last_3d' or 'strides (…)': how error
+    messages and signatures name a tensor's layout."""
+    if tensor.layout != torch.strided or tensor.is_contiguous():
+        return "contiguous"
+    for name in ("channels_last", "channels_last_3d"):
+        if tensor.dim() == (4 if name == "channels_last" else 5) and tensor.is_contiguous(
+                memory_format=_MEMORY_FORMATS[name]):
+            return name
+    return f"strides {tuple(tensor.stride())}"
+
+
+def same_layout(tensor: torch.Tensor, shape, stride) -> bool:
+    """Whether `tensor` (of `shape`) is laid out as an IR value with strides `stride`
+    (empty: contiguous). Strides of dimensions of size 1 never matter."""
+    if tensor.layout != torch.strided:
+        return True
+    if not stride:
+        return tensor.is_contiguous()
+    actual = tensor.stride()
+    return all(a == s for a, s, n in zip(actual, stride, shape) if n > 1)
 
 
 def argument_name(path) -> str:

@@ -1,0 +1,153 @@
+"""Memory layouts: a model trained channels_last (PyTorch's recipe for fast convolutions
+on CPU and GPU) runs as it was lowered, and a tensor whose layout changed after lowering
+never runs through a graph traced for the old one (its `view`s fail deep inside, or read
+the wrong elements)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import remat_ir
+from remat_ir import ir
+from remat_ir.runtimes.memory import measure_peak
+from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
+
+CL = torch.channels_last
+
+
+class SmallCNN(torch.nn.Module):
+    """Convolutions, batch norm and a flatten (a `view` that holds the layout it was traced
+    with) into a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+        self.conv2, self.bn2 = torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+        self.conv3 = torch.nn.Conv2d(16, 8, 3, stride=4, padding=1)
+        self.head = torch.nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, pixels, labels):
+        x = F.relu(self.bn1(self.conv1(pixels)))
+        x = self.conv3(F.relu(self.bn2(self.conv2(x))))
+        return F.cross_entropy(self.head(x.flatten(1)), labels)
+
+
+def _cnn(channels_last: bool):
+    torch.manual_seed(0)
+    model = SmallCNN()
+    pixels, labels = torch.randn(8, 3, 16, 16), torch.randint(0, 5, (8,))
+    if channels_last:
+        model, pixels = model.to(memory_format=CL), pixels.contiguous(memory_format=CL)
+    return model, (pixels, labels)
+
+
+def _step_equals_eager(eager, scheduled, args) -> int:
+    """One step each: loss and gradients bitwise equal; returns the scheduled step's peak."""
+    loss_e = eager(*args)
+    loss_e.backward()
+
+    def step():
+        loss = scheduled(*args)
+        loss.backward()
+        return loss
+
+    measured = measure_peak(step, "cpu")
+    assert torch.equal(loss_e.detach(), measured.result.detach())
+    for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
+        assert torch.equal(p_e.grad, p_s.grad), name
+    eager.zero_grad(set_to_none=True), scheduled.zero_grad(set_to_none=True)
+    return measured.peak_bytes
+
+
+def test_channels_last_model_trains_like_eager_within_its_budget():
+    """The graph holds the channels_last strides it was traced with, the plan recomputes,
+    and two steps are bitwise eager's (eager channels_last) within the budget."""
+    model, args = _cnn(channels_last=True)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, args, budget="90%")
+    graph, schedule = scheduled.graph, scheduled.schedule
+    pixels = next(v for v in graph.proto.values if v.kind == ir.pb.USER_INPUT and len(v.shape) == 4)
+    assert list(pixels.stride) == list(args[0].stride())
+    assert ir.simulate(graph, schedule).recomputations > 0
+    for _ in range(2):
+        peak = _step_equals_eager(eager, scheduled, args)
+        assert peak <= schedule.budget_bytes * 1.05, (peak, schedule.budget_bytes)
+
+
+def test_input_in_another_layout_is_lowered_again(capsys):
+    """`remat` lowered on a contiguous batch: a channels_last batch is a new signature,
+    lowered and planned once with a notice naming the layout, and trains like eager."""
+    model, args = _cnn(channels_last=False)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, args, budget=None, cost_model="flops")
+    _step_equals_eager(eager, scheduled, args)
+    assert "new input signature" not in capsys.readouterr().err
+    moved = (args[0].contiguous(memory_format=CL), args[1])
+    _step_equals_eager(eager, scheduled, moved)
+    said = capsys.readouterr().err
+    assert "new input signature (argument args[0] is tensor [8, 3, 16, 16] float32 channels_last" in said
+    assert len(scheduled._plans) == 2
+
+
+def test_scheduled_module_names_the_argument_in_another_layout():
+    """Without a planner a call in another layout is refused before anything runs."""
+    model, args = _cnn(channels_last=False)
+    lowered = remat_ir.remat(model, args, budget=None, cost_model="flops")
+    scheduled = ScheduledModule(model, lowered.graph, lowered.schedule)
+    with pytest.raises(RuntimeInputError, match=r"argument args\[0\] is tensor \[8, 3, 16, 16\] "
+                                                r"float32 channels_last, lowered for tensor"):
+        scheduled(args[0].contiguous(memory_format=CL), args[1])
+
+
+def test_model_moved_to_channels_last_after_lowering_is_refused():
+    """Parameters are the model's own, read at every step: converting the model after
+    `remat` is named (parameter, both layouts, what to do) instead of failing in a view."""
+    model, args = _cnn(channels_last=False)
+    scheduled = remat_ir.remat(model, args, budget=None, cost_model="flops")
+    scheduled(*args).backward()
+    scheduled.to(memory_format=CL)
+    with pytest.raises(RuntimeInputError, match=r"parameter 'conv1\.weight' is channels_last but "
+                                                r"was contiguous when the graph was lowered.*"
+                                                r"memory format before calling remat_ir\.remat"):
+        scheduled(*args)
+
+
+class Mixer(torch.nn.Module):
+    """Reads its input through a transpose and a `view`, whose validity depends on strides."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.outer = torch.nn.Linear(3 * 4, 2)
+
+    def forward(self, x):
+        y = torch.tanh(self.inner(x.transpose(1, 2)))       # [2, 3, 4]
+        return self.outer(y.reshape(2, -1)).square().sum()
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.permutations(range(3)), st.permutations(range(3)))
+def test_inputs_of_any_layout_train_like_eager(lowered_order, called_order):
+    """Hypothesis: an input laid out by a random permutation of its dimensions, lowered in
+    one layout and called in another, gives eager's loss and gradients bitwise."""
+    torch.manual_seed(0)
+    model = Mixer()
+    base = torch.randn(2, 4, 3)
+
+    def laid_out(order):
+        shape = [base.shape[d] for d in order]
+        storage = torch.empty(shape).permute(*[order.index(d) for d in range(3)])
+        return storage.copy_(base)
+
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (laid_out(lowered_order),), budget=None, cost_model="flops",
+                               progress=None)
+    x = laid_out(called_order)
+    assert torch.equal(x, base)
+    _step_equals_eager(eager, scheduled, (x,))
