@@ -45,7 +45,10 @@ def _plan_at_half(graph):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_inductor_backend_trains_like_eager_within_its_budget(name):
+def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name):
+    """Gradients within 1e-5 of eager's, every compute step run once (in a region or as an
+    eager line), no random node compiled, and the compiled step's measured peak within 5%
+    of the plan's (one test: lowering on profiled costs and compiling is most of its time)."""
     model, args, kwargs, loss_of = zoo_models.ZOO[name]("tiny")
     graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="profile")
     schedule = _plan_at_half(graph)
@@ -57,7 +60,8 @@ def test_inductor_backend_trains_like_eager_within_its_budget(name):
 
     side_by_side(model, make, args, kwargs, loss_of, tolerance=1e-5, model_scale=True)
 
-    runner = made[0].runner(torch.device("cpu"))
+    scheduled = made[0]
+    runner = scheduled.runner(torch.device("cpu"))
     regions = runner.plan.regions
     assert regions, "nothing was compiled"
     # Every compute step runs once, in a region or as an eager line: no step merged away.
@@ -71,15 +75,8 @@ def test_inductor_backend_trains_like_eager_within_its_budget(name):
            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
     assert len(ops) == in_regions
 
-
-@pytest.mark.parametrize("name", MODELS)
-def test_inductor_backend_peak_is_within_5_percent_of_the_plan(name):
-    model, args, kwargs, loss_of = zoo_models.ZOO[name]("tiny")
-    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="profile")
-    schedule = _plan_at_half(graph)
-    scheduled = ScheduledModule(model, graph, schedule, backend="inductor")
-    for _ in range(2):  # the first step compiles; the second is measured
-        model.zero_grad(set_to_none=True)
+    for _ in range(2):  # compiled already: the second step is measured after a settling one
+        scheduled.zero_grad(set_to_none=True)
         peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
     predicted = simulate(graph, schedule).peak_bytes
     assert peak <= 1.05 * predicted, f"measured {peak} bytes, planned {predicted}"
