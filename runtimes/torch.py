@@ -30,6 +30,7 @@ import torch.distributed
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
+from remat_ir.ir.rng import contiguous_strides
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 
@@ -497,13 +498,7 @@ def resident_values(model: torch.nn.Module, graph: Graph, args: tuple,
 
 def _traced_strides(value: pb.Value) -> tuple[int, ...]:
     """The strides a value was traced with (an IR value without strides is contiguous)."""
-    if value.stride:
-        return tuple(value.stride)
-    strides, step = [], 1
-    for size in reversed(value.shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+    return tuple(value.stride) or tuple(contiguous_strides(list(value.shape)))
 
 
 def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) -> None:

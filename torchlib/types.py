@@ -157,10 +157,10 @@ def describe_layout(tensor: torch.Tensor) -> str:
     messages and signatures name a tensor's layout."""
     if tensor.layout != torch.strided or tensor.is_contiguous():
         return "contiguous"
-    for name in ("channels_last", "channels_last_3d"):
-        if tensor.dim() == (4 if name == "channels_last" else 5) and tensor.is_contiguous(
-                memory_format=_MEMORY_FORMATS[name]):
-            return name
+    if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    if tensor.dim() == 5 and tensor.is_contiguous(memory_format=torch.channels_last_3d):
+        return "channels_last_3d"
     return f"strides {tuple(tensor.stride())}"
 
 
