@@ -288,7 +288,9 @@ class _Lowered:
         #: Per resident slot, the strides the graph was traced with (None for constants,
         #: which the runtime makes itself): `resident` checks every bound tensor against them.
         self.strides: list[tuple[int, ...] | None] = []
-        for v in resident_order(graph):
+        #: Per resident slot, its value id.
+        self.slot_values = resident_order(graph)
+        for v in self.slot_values:
             value = graph.value(v)
             self.strides.append(None if value.kind == pb.CONSTANT else _traced_strides(value))
             if value.kind in kinds:
@@ -384,8 +386,8 @@ class _Lowered:
         old layout, so running it could fail deep inside or compute on the wrong
         elements. Strides of dimensions of size 1 never matter."""
         kind, what = self.bindings[slot]
-        value = self.graph.value(resident_order(self.graph)[slot])
-        if same_layout(tensor, value.shape, value.stride):
+        value = self.graph.value(self.slot_values[slot])
+        if same_layout(tensor, value.shape, self.strides[slot]):
             return
         traced = describe_layout(torch.empty_strided(list(value.shape), list(self.strides[slot]),
                                                      device="meta"))

@@ -165,12 +165,10 @@ def describe_layout(tensor: torch.Tensor) -> str:
 
 
 def same_layout(tensor: torch.Tensor, shape, stride) -> bool:
-    """Whether `tensor` (of `shape`) is laid out as an IR value with strides `stride`
-    (empty: contiguous). Strides of dimensions of size 1 never matter."""
+    """Whether `tensor` (of `shape`) has strides `stride`, where dimensions of size 1 have
+    any stride (they never change which element an index reads)."""
     if tensor.layout != torch.strided:
         return True
-    if not stride:
-        return tensor.is_contiguous()
     actual = tensor.stride()
     return all(a == s for a, s, n in zip(actual, stride, shape) if n > 1)
 
