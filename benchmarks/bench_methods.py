@@ -124,7 +124,8 @@ class RematPlanner:
         self.store_all_peak = reference.predicted_peak_bytes
         self.store_all_time = ir.simulate(self.graph, reference).total_time_s
         say(f"  lowered: {len(self.graph.nodes)} nodes in {self.lowering_s:.1f} s, "
-            f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated)")
+            f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated), footprint price "
+            f"{self.graph.proto.provenance.cost_model.peak_byte_s * 2**20 * 1e3:.3f} ms per MiB of peak")
 
     def _plan(self, solver: str, budget, time_limit_s: float | None):
         """(schedule, planning seconds) at `budget`, planned once per (solver, budget) so
@@ -167,7 +168,8 @@ class RematPlanner:
                 + ("" if backend == "eager" else f" [{backend}]"))
         info = {"solver": solver, "budget": label, "cost_model": self.cost_model, "graph_nodes": len(self.graph.nodes),
                 "lowering_s": round(self.lowering_s, 2), "store_all_predicted_peak_bytes": self.store_all_peak,
-                "backend": backend, **(info or {})}
+                "backend": backend,
+                "peak_byte_s": self.graph.proto.provenance.cost_model.peak_byte_s, **(info or {})}
         try:
             schedule, planning_s = self._plan(solver, budget, time_limit_s)
         except InfeasibleBudget as exc:

@@ -57,7 +57,8 @@ def table(rows: list[dict]) -> str:
              "remat-ir's predicted figures come from its simulator; the last two columns are step time "
              "relative to remat-ir's own store-everything schedule run with the same backend, predicted "
              "(from op times measured on the eager backend) and measured (what the "
-             "time model is judged by); its budgets are shares of the simulated store-everything peak.", ""]
+             "time model is judged by, with the 95% interval that resampling the run's rounds gives it); "
+             "its budgets are shares of the simulated store-everything peak.", ""]
     for model, model_rows in _by_model(rows).items():
         ok = [r for r in model_rows if r["status"] == "ok"]
         nodes = next((r["graph_nodes"] for r in model_rows if "graph_nodes" in r), None)
@@ -67,7 +68,7 @@ def table(rows: list[dict]) -> str:
                   "remat-ir predicted peak MiB | time vs store-everything: predicted | measured |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in ok:
-            measured = f"x{r['measured_time_ratio']:.3f}" if "measured_time_ratio" in r else ""
+            measured = _measured_cell(r)
             predicted = (f"{_mib(r['predicted_peak_bytes'])} | x{r['predicted_time_ratio']:.3f} | {measured}"
                          if "predicted_peak_bytes" in r else "| | ")
             lines.append(f"| {r['method']} | {_mib(r['peak_bytes'])} | {r['peak_ratio']:.1%} | "
@@ -79,8 +80,31 @@ def table(rows: list[dict]) -> str:
                          "of store-everything" if smallest else "")
                 lines.append(f"| {r['method']} | infeasible{share} | | | {r['planning_s']:.1f} | | | |")
         lines.append("")
+        lines += time_model_summary(ok)
         lines += peer_points(model_rows)
     return "\n".join(lines)
+
+
+def _measured_cell(r: dict) -> str:
+    """The measured ratio, with the interval the run's rounds give it where recorded."""
+    if "measured_time_ratio" not in r:
+        return ""
+    interval = r.get("measured_time_interval")
+    return f"x{r['measured_time_ratio']:.3f}" + (f" ({interval[0]:.3f}-{interval[1]:.3f})" if interval else "")
+
+
+def time_model_summary(ok_rows: list[dict]) -> list[str]:
+    """One line: how many remat-ir plans' predictions lie within the tolerance of the
+    interval of their measured ratio, naming those that do not (store-everything, 1.0
+    against itself, left out)."""
+    judged = [r for r in ok_rows if "prediction_within_tolerance" in r and r.get("budget") != "store-everything"]
+    if not judged:
+        return []
+    off = [f"{r['method'].replace('remat-ir ', '')} (predicted x{r['predicted_time_ratio']:.3f})"
+           for r in judged if not r["prediction_within_tolerance"]]
+    return [f"Time model: {len(judged) - len(off)} of {len(judged)} plans predicted within 3% of the "
+            "95% interval of their measured ratio (rounds resampled)"
+            + (f"; not: {', '.join(off)}." if off else "."), ""]
 
 
 def peer_points(model_rows: list[dict]) -> list[str]:
@@ -178,6 +202,12 @@ def time_model_picture(rows: list[dict], path: Path) -> None:
         mine = [r for r in points if r.get("cost_model", "profile") == model]
         ax.scatter([r["measured_time_ratio"] for r in mine], [r["predicted_time_ratio"] for r in mine],
                    color=colour, label=f"{model} costs", s=40, zorder=3)
+        spans = [r for r in mine if "measured_time_interval" in r]
+        if spans:  # the interval the run's rounds give each measured ratio
+            ax.errorbar([r["measured_time_ratio"] for r in spans], [r["predicted_time_ratio"] for r in spans],
+                        xerr=[[r["measured_time_ratio"] - r["measured_time_interval"][0] for r in spans],
+                              [r["measured_time_interval"][1] - r["measured_time_ratio"] for r in spans]],
+                        fmt="none", ecolor=colour, alpha=0.5, linewidth=1, zorder=2)
         for r in mine:
             label = f"{r['model']} {r['method'].replace('remat-ir ', '').split(' (')[0]}"
             ax.annotate(label, (r["measured_time_ratio"], r["predicted_time_ratio"]), fontsize=6,

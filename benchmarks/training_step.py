@@ -65,12 +65,13 @@ import bench_report as report  # noqa: E402
 import provenance  # noqa: E402
 from bench_models import FACTORIES, BenchModel  # noqa: E402
 from remat_ir.runtimes.memory import measure_peak  # noqa: E402
+from remat_ir.runtimes.timing import ratio_interval  # noqa: E402
 
 #: What each mode runs. quick: `make bench`, about 10 minutes on 2 CPU cores.
 MODES = {
     # Inductor compiles the CNN's many distinct kernels for minutes per variant on 2 cores
     # (the first run; its cache serves the next ones).
-    "quick": dict(models=["gpt2", "cnn"], rounds=7, compile_budgets=[0.5, 0.1, 0.0], compile_models=["gpt2", "cnn"],
+    "quick": dict(models=["gpt2", "cnn"], rounds=10, compile_budgets=[0.5, 0.1, 0.0], compile_models=["gpt2", "cnn"],
                   checkmate_max_nodes=300, time_limit_s=60, other_cost_models=["isolated"]),
     "full": dict(models=["gpt2", "bert", "unet", "cnn"], rounds=10, compile_budgets=[1.0, 0.5, 0.1, 0.0],
                  compile_models=["gpt2", "bert", "unet", "cnn"], checkmate_max_nodes=600, time_limit_s=120,
@@ -79,6 +80,11 @@ MODES = {
 
 #: Timed steps per method and round, each round after one untimed step (see above).
 TIMED_PER_ROUND = 2
+
+#: How far a prediction may be from the measured ratio's interval and still count as
+#: right (issue 25's target), and the interval's level.
+PREDICTION_TOLERANCE = 0.03
+INTERVAL_LEVEL = 0.95
 
 #: Backends remat-ir runs its plans at the peers' peaks with.
 BACKENDS = ("eager", "inductor")
@@ -197,25 +203,37 @@ def measure(built: list[methods.Method], device: torch.device, rounds: int) -> d
     return figures
 
 
+def judge_prediction(predicted: float, interval: tuple[float, float],
+                     tolerance: float = PREDICTION_TOLERANCE) -> bool:
+    """Whether `predicted` lies within `tolerance` of the measured ratio's interval."""
+    low, high = interval
+    return low * (1 - tolerance) <= predicted <= high * (1 + tolerance)
+
+
 def records(bm: BenchModel, built, infeasible, figures, context: dict) -> list[dict]:
     eager = figures["eager"]
     eager_median = statistics.median(eager["times"])
     # remat-ir's store-everything step per backend: a plan run compiled is measured against
     # store-everything run compiled, as its prediction is made against the same schedule.
-    store_medians = {m.info["backend"]: statistics.median(figures[m.name]["times"]) for m in built
-                     if m.family == "remat-ir" and m.info.get("budget") == "store-everything"
-                     and m.info.get("cost_model") == "profile"}
+    store_times = {m.info["backend"]: figures[m.name]["times"] for m in built
+                   if m.family == "remat-ir" and m.info.get("budget") == "store-everything"
+                   and m.info.get("cost_model") == "profile"}
     rows = []
     for method in built:
         f = figures[method.name]
         median = statistics.median(f["times"])
-        store_median = store_medians.get(method.info.get("backend", "eager"), store_medians.get("eager"))
-        if method.family == "remat-ir" and store_median:
+        store = store_times.get(method.info.get("backend", "eager"), store_times.get("eager"))
+        if method.family == "remat-ir" and store:
             # What the time model is judged by: measured against predicted, both relative to
-            # remat-ir's own store-everything schedule run with the same backend.
-            measured = median / store_median
+            # remat-ir's own store-everything schedule run with the same backend, with the
+            # interval the run's rounds give the measured ratio.
+            measured = median / statistics.median(store)
+            interval = ratio_interval(f["times"], store, per_round=TIMED_PER_ROUND, level=INTERVAL_LEVEL)
+            predicted = method.info["predicted_time_ratio"]
             method.info.update(measured_time_ratio=round(measured, 4),
-                               prediction_error=round(method.info["predicted_time_ratio"] / measured - 1, 4))
+                               measured_time_interval=[round(x, 4) for x in interval],
+                               prediction_error=round(predicted / measured - 1, 4),
+                               prediction_within_tolerance=judge_prediction(predicted, interval))
         rows.append({**context, "model": bm.name, "model_description": bm.description,
                      "method": method.name, "family": method.family, "status": "ok",
                      "peak_bytes": f["peak_bytes"], "peak_ratio": round(f["peak_bytes"] / eager["peak_bytes"], 4),
@@ -277,7 +295,9 @@ def main(argv=None) -> int:
         for row in rows:
             if row["status"] == "ok":
                 model_figures = (f"  vs store-everything: predicted x{row['predicted_time_ratio']:.3f}, "
-                                 f"measured x{row['measured_time_ratio']:.3f}" if "measured_time_ratio" in row else "")
+                                 f"measured x{row['measured_time_ratio']:.3f} "
+                                 f"({row['measured_time_interval'][0]:.3f}-{row['measured_time_interval'][1]:.3f})"
+                                 if "measured_time_ratio" in row else "")
                 say(f"  {row['method']:<40} peak {row['peak_ratio']:7.1%}  time x{row['step_time_ratio']:.3f}"
                     + model_figures)
         del built, figures

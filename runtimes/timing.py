@@ -29,7 +29,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,6 +55,9 @@ class ScheduleTiming:
     #: The whole step (forward segment + backward segment).
     step_s: float
     steps: int
+    #: Each timed round's whole step, in round order. Schedules timed together interleave
+    #: their rounds, so the k-th entries of their timings ran side by side.
+    round_s: list[float] = field(default_factory=list)
 
     @property
     def robust_step_s(self) -> float:
@@ -158,7 +161,32 @@ class _Step:
                        for i, (node, _) in enumerate(runs[0][0])]
         step_s = statistics.median(wall for _, wall in runs)
         overhead = statistics.median(wall - sum(s for _, s in run) for run, wall in runs)
-        return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs))
+        return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs),
+                              [wall for _, wall in runs])
+
+
+def ratio_interval(times: list[float], reference: list[float], per_round: int = 1, level: float = 0.95,
+                   draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The `level` interval of median(times) / median(reference) when rounds are resampled
+    (with replacement, `draws` times; the same seed gives the same interval).
+
+    Why: on a shared CPU one schedule's step moves by 10-20% from step to step and by
+    5-10% between the halves of one run (the quick GPT-2, 2 cores), so one ratio of two
+    medians can be several percent off. Rounds are drawn whole, a schedule's and its
+    reference's steps of one round together, so that what hit both in that round stays
+    paired: drift of the machine's speed between rounds cancels, noise within a round
+    widens the interval. Both lists hold `per_round` steps per round, in round order."""
+    import numpy as np
+
+    a = np.asarray(times, dtype=float).reshape(-1, per_round)
+    b = np.asarray(reference, dtype=float).reshape(-1, per_round)
+    rounds = min(len(a), len(b))
+    picks = np.random.default_rng(seed).integers(0, rounds, size=(draws, rounds))
+    ratios = (np.median(a[picks].reshape(draws, -1), axis=1)
+              / np.median(b[picks].reshape(draws, -1), axis=1))
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[int, torch.Tensor],

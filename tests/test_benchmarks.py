@@ -64,7 +64,8 @@ def _rows():
         {**context, **model, "method": "remat-ir hiremate 50%", "family": "remat-ir", "status": "ok",
          "peak_bytes": 48 * 2**20, "peak_ratio": 0.48, "step_time_ratio": 1.123, "setup_s": 7.5,
          "predicted_peak_bytes": 47 * 2**20, "predicted_time_ratio": 1.1, "graph_nodes": 662,
-         "measured_time_ratio": 1.08, "cost_model": "profile"},
+         "measured_time_ratio": 1.08, "measured_time_interval": [1.05, 1.12], "prediction_within_tolerance": True,
+         "cost_model": "profile", "budget": "50%"},
         {**context, **model, "method": "remat-ir rotor 30%", "family": "remat-ir", "status": "infeasible",
          "smallest_feasible_bytes": 36, "store_all_predicted_peak_bytes": 100, "planning_s": 3.0,
          "graph_nodes": 662},
@@ -78,7 +79,8 @@ def test_report_table_and_picture_come_from_the_results_file(tmp_path):
         ["eager", "remat-ir hiremate 50%", "remat-ir rotor 30%"]
     md, pictures = bench_report.write(results)
     table = md.read_text()
-    assert "| remat-ir hiremate 50% | 48.0 | 48.0% | x1.123 | 7.5 | 47.0 | x1.100 | x1.080 |" in table
+    assert "| remat-ir hiremate 50% | 48.0 | 48.0% | x1.123 | 7.5 | 47.0 | x1.100 | x1.080 (1.050-1.120) |" in table
+    assert "Time model: 1 of 1 plans predicted within 3% of the 95% interval" in table
     assert "| remat-ir rotor 30% | infeasible; smallest feasible 36.0% of store-everything |" in table
     assert "662 IR nodes" in table and "commit `abc1234`" in table
     assert [p.name for p in pictures] == ["run-gpt2.png", "run-time-model.png"]
@@ -102,12 +104,38 @@ def test_a_plan_is_measured_against_store_everything_on_its_own_backend():
              method("remat-ir plan [inductor]", backend="inductor", predicted=1.1)]
     times = {"eager": 1.0, "remat-ir store-everything": 1.0, "remat-ir store-everything [inductor]": 0.8,
              "remat-ir plan": 1.2, "remat-ir plan [inductor]": 1.0}
-    figures = {name: {"times": [t], "peak_bytes": 1, "loss": 0.0} for name, t in times.items()}
+    figures = {name: {"times": [t] * training_step.TIMED_PER_ROUND, "peak_bytes": 1, "loss": 0.0}
+               for name, t in times.items()}
     model = type("BenchModel", (), {"name": "m", "description": "a model"})()
     rows = training_step.records(model, built, [], figures, {})
     measured = {r["method"]: r.get("measured_time_ratio") for r in rows}
     assert measured["remat-ir plan"] == 1.2 and measured["remat-ir plan [inductor]"] == 1.25
     assert measured["remat-ir store-everything [inductor]"] == 1.0
+    judged = {r["method"]: r.get("prediction_within_tolerance") for r in rows}
+    assert judged["remat-ir plan"] is False and judged["remat-ir plan [inductor]"] is False  # 1.1 vs 1.2, 1.25
+    assert [r["measured_time_interval"] for r in rows if r["method"] == "remat-ir plan"] == [[1.2, 1.2]]
+
+
+def test_the_measured_ratio_interval_keeps_a_round_paired_and_shows_the_noise():
+    """Rounds are resampled with both methods' steps: drift that hits a plan and its
+    reference in the same round cancels (the interval closes on the true ratio), while
+    noise apart from it widens the interval around that ratio."""
+    import numpy as np
+
+    import training_step
+
+    per = training_step.TIMED_PER_ROUND
+    rng = np.random.default_rng(1)
+    drift = np.repeat(rng.uniform(0.8, 1.3, size=12), per)  # the machine's speed per round
+    reference = list(0.1 * drift)
+    low, high = training_step.ratio_interval(list(0.1 * 1.15 * drift), reference, per_round=per)
+    assert low == pytest.approx(1.15) and high == pytest.approx(1.15)
+    noisy = list(0.1 * 1.15 * drift * rng.uniform(0.9, 1.1, size=len(drift)))
+    low, high = training_step.ratio_interval(noisy, reference, per_round=per)
+    assert low < 1.15 < high and high - low > 0.01
+    assert training_step.judge_prediction(1.15 * 1.02, (1.15, 1.15))
+    assert not training_step.judge_prediction(1.15 * 1.04, (1.15, 1.15))
+    assert training_step.judge_prediction(low * 0.975, (low, high))
 
 
 def test_readme_update_replaces_only_what_lies_between_the_markers(tmp_path):

@@ -163,6 +163,39 @@ def test_the_footprint_fit_recovers_the_price_that_made_the_timings(graph_and_sc
     assert all(costs[n] == pytest.approx(net[n], rel=1e-6, abs=1e-12) for n in net)
 
 
+def test_the_footprint_price_is_the_least_the_timed_rounds_demand(graph_and_schedules):
+    """With timed rounds, the fit aims at the top of the measured ratio's interval: rounds
+    that agree (drift of the machine hitting both schedules alike) give the price that
+    made the timings; rounds that scatter give less, and none once the op times alone
+    predict the low-memory step within the scatter."""
+    import numpy as np
+
+    from remat_ir.runtimes.calibration import fit_peak_byte_cost, high_water_increments
+
+    graph, store, low = graph_and_schedules
+    net = {node.id: 1e-3 * (1 + i % 5) for i, node in enumerate(graph.proto.nodes)}
+    computed = ir.compute_sequence(store)
+    raised = dict(zip(computed, high_water_increments(store, ir.simulate(graph, store))))
+    price = 0.5 * min(net.values()) / max(raised.values())  # no net cost clamped at 0
+    in_store = {n: net[n] + price * raised[n] for n in net}
+    store_timing = _timing(graph, store, in_store, 0.0)
+    low_timing = _timing(graph, low, net, price * ir.simulate(graph, low).peak_bytes)
+    drift = np.random.default_rng(0).uniform(0.8, 1.3, size=10)
+
+    def fitted(scatter: float) -> float:
+        noise = np.random.default_rng(1).uniform(1 - scatter, 1 + scatter, size=10)
+        store_timing.round_s = list(store_timing.robust_step_s * drift)
+        low_timing.round_s = list(low_timing.robust_step_s * drift * noise)
+        return fit_peak_byte_cost(graph, store, store_timing, low, low_timing)[0]
+
+    raw_excess = (sum(in_store[n] for n in ir.compute_sequence(low)) / sum(in_store[n] for n in computed)
+                  / (low_timing.robust_step_s / store_timing.robust_step_s) - 1)
+    assert 0.005 < raw_excess < 0.5  # the footprint made the low-memory step measurably faster
+    assert fitted(0.0) == pytest.approx(price, rel=1e-6)
+    assert 0 < fitted(raw_excess / 4) < price
+    assert fitted(3 * raw_excess) == 0.0
+
+
 def test_a_low_memory_step_no_faster_than_predicted_gives_no_footprint_price(graph_and_schedules):
     from remat_ir.runtimes.calibration import fit_peak_byte_cost
 
