@@ -275,3 +275,23 @@ def test_offload_benchmark_table():
     assert table[2] == ("| g | pcie4 | 30% | +20.0% at 30.0% | +10.0% at 30.0% | 0.50 | 1.0% | 512 MiB "
                         "| 256 MiB | not reached (least 25.9%) | 1.5 / 1.5 / 2.0 |")
     assert table[3].startswith("| g | h100 | 15% | not reached (least 25.9%) | not reached (least 25.9%) |  |")
+
+
+def test_the_time_model_table_judges_each_plan_against_its_interval():
+    import time_model
+
+    context = {"run": "r", "device": "cpu", "machine": {"cpus": 2}, "commit": "abc1234", "timing_rounds": 50}
+    model = {"model": "gpt2", "model_description": "GPT-2 tiny", "status": "ok", "peak_byte_s": 0.0}
+    plan = {**context, **model, "solver": "hiremate", "predicted_peak_share": 0.5, "predicted_time_ratio": 1.10}
+    rows = [{**context, **model, "method": "eager", "family": "eager"},
+            {**plan, "method": "remat-ir hiremate 50%", "budget": "50%", "measured_time_ratio": 1.12, "measured_time_interval": [1.10, 1.14],
+             "prediction_error": 1.10 / 1.12 - 1, "prediction_within_tolerance": True},
+            {**plan, "method": "remat-ir hiremate 30%", "budget": "30%", "predicted_time_ratio": 1.2, "measured_time_ratio": 1.3,
+             "measured_time_interval": [1.28, 1.32], "prediction_error": 1.2 / 1.3 - 1,
+             "prediction_within_tolerance": False},
+            {**context, **model, "solver": "rotor", "budget": "30%", "status": "infeasible"}]
+    text = time_model.table(rows)
+    assert "| hiremate 50% | 50.0% | x1.100 | x1.120 | 1.100-1.140 | 0.982 | yes |" in text
+    assert "| hiremate 30% | 50.0% | x1.200 | x1.300 | 1.280-1.320 | 0.923 | no |" in text
+    assert "| rotor 30% | infeasible |" in text and "50 rounds of 2 timed steps" in text
+    assert "Time model: 1 of 2 plans predicted within 3%" in text and "not: hiremate 30% (predicted x1.200)" in text

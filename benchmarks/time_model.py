@@ -1,0 +1,135 @@
+"""The time model judged with enough rounds to tell 3%: predicted against measured step time.
+
+    python benchmarks/time_model.py [--models gpt2,cnn] [--rounds 100] [--device cpu|cuda]
+
+Why a benchmark of its own: `training_step.py` times every method (torch.compile
+variants, checkpointing, remat-ir at the peers' peaks) for 10 rounds, and on a
+shared 2-core CPU the 95% interval of a plan's step-time ratio to store-everything
+is then 13-32% wide (one step moves by 10-20% from the next; quick run
+20261126-070303, commit fa26776), so a prediction within 3% cannot be told from one
+that is not. Here only remat-ir runs: each model is lowered once (profiled costs,
+as `remat` does) and planned at a sweep of budgets, and every plan steps beside
+store-everything and eager for `--rounds` interleaved rounds (one untimed step, then
+two timed ones each, as `training_step.measure` does), so that the interval shrinks
+with the square root of the rounds.
+
+Each plan's row gives its predicted ratio to store-everything (the simulator on the
+graph's costs), the measured one (ratio of median steps) and its 95% interval from
+resampled rounds (`remat_ir.runtimes.timing.ratio_interval`), and whether the
+prediction lies within 3% of that interval. Writes
+`benchmarks/results/time_model/RUN.jsonl`, `RUN.md` and `RUN.png` (predicted against
+measured, with the intervals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_methods as methods  # noqa: E402
+import bench_report as report  # noqa: E402
+import training_step  # noqa: E402
+from bench_models import FACTORIES  # noqa: E402
+
+#: Budgets each model's plans are made at (shares of the simulated store-everything peak;
+#: "smallest" is the least hiremate reaches), per solver. Budgets below a model's floor
+#: are reported as infeasible.
+PLANS = [("hiremate", share) for share in ("95%", "85%", "70%", "60%", "50%", "30%", "smallest")] + \
+        [("rotor", "50%"), ("rotor", "30%")]
+
+
+def plan_methods(bm, time_limit_s: float) -> tuple[list[methods.Method], list[methods.Method]]:
+    """(eager, store-everything and every feasible plan of `PLANS`; the infeasible ones)."""
+    planner = methods.RematPlanner(bm, training_step.say)
+    built = [methods.eager(bm), planner.method("autograd", None)]
+    for solver, budget in PLANS:
+        built.append(planner.method(solver, budget, time_limit_s=time_limit_s))
+    return [m for m in built if m.step], [m for m in built if not m.step]
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table of a run: one line per plan, and per model how many predictions
+    lie within 3% of their measured interval."""
+    first = rows[0]
+    lines = [f"Run `{first['run']}` on {first['device']} ({first['machine']['cpus']} CPUs), commit "
+             f"`{first['commit']}`, {first['timing_rounds']} rounds of {training_step.TIMED_PER_ROUND} timed steps per "
+             "method. Step time relative to remat-ir's store-everything schedule: predicted by the simulator "
+             "on the graph's profiled costs, measured (ratio of median steps) with its 95% interval from "
+             "resampled rounds; a prediction counts as right within 3% of that interval.", ""]
+    for model, model_rows in report._by_model(rows).items():
+        price = next(r["peak_byte_s"] for r in model_rows if "peak_byte_s" in r)
+        lines += [f"**{model}**: {model_rows[0]['model_description']}; footprint price "
+                  f"{price * 2**20 * 1e3:.3f} ms per MiB of peak.", "",
+                  "| plan | peak vs store-everything (predicted) | predicted | measured | 95% interval | "
+                  "prediction / measured | within 3% |", "|---|---:|---:|---:|---|---:|---|"]
+        judged = [r for r in model_rows if "measured_time_interval" in r and r["budget"] != "store-everything"]
+        for r in judged:
+            low, high = r["measured_time_interval"]
+            lines.append(f"| {r['solver']} {r['budget']} | {r['predicted_peak_share']:.1%} | "
+                         f"x{r['predicted_time_ratio']:.3f} | x{r['measured_time_ratio']:.3f} | "
+                         f"{low:.3f}-{high:.3f} | {1 + r['prediction_error']:.3f} | "
+                         f"{'yes' if r['prediction_within_tolerance'] else 'no'} |")
+        for r in model_rows:
+            if r.get("status") == "infeasible":
+                lines.append(f"| {r['solver']} {r['budget']} | infeasible | | | | | |")
+        lines.append("")
+        lines += report.time_model_summary(judged)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gpt2,cnn", help=f"comma-separated subset of {','.join(FACTORIES)}")
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per plan")
+    parser.add_argument("--output-dir", default=str(HERE / "results" / "time_model"))
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in FACTORIES]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (an interval needs rounds to resample)")
+    device = torch.device(args.device)
+    context = training_step.run_context(device, "time-model")
+    context["allocator"] = training_step.steady_allocator() if device.type == "cpu" else "default"
+    run = f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{'cpu' if device.type == 'cpu' else 'cuda'}"
+    context.update(run=run, timing_rounds=args.rounds)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / f"{run}.jsonl"
+    started = time.perf_counter()
+    for index, name in enumerate(models, 1):
+        training_step.say(f"[{index}/{len(models)}] {name} on {context['device']}")
+        bm = FACTORIES[name]("quick")
+        bm.module.to(device)
+        bm.inputs = tuple(x.to(device) for x in bm.inputs)
+        built, infeasible = plan_methods(bm, args.time_limit)
+        figures = training_step.measure(built, device, args.rounds)
+        rows = training_step.records(bm, built, infeasible, figures, context)
+        report.append_jsonl(jsonl, rows)
+        for r in rows:
+            if "measured_time_interval" in r:
+                training_step.say(f"  {r['method']:<40} predicted x{r['predicted_time_ratio']:.3f}  measured "
+                                  f"x{r['measured_time_ratio']:.3f} ({r['measured_time_interval'][0]:.3f}-"
+                                  f"{r['measured_time_interval'][1]:.3f})")
+    rows = report.read_jsonl(jsonl)
+    md = jsonl.with_suffix(".md")
+    md.write_text(table(rows) + "\n")
+    picture = jsonl.with_suffix(".png")
+    report.time_model_picture(rows, picture)
+    training_step.say(f"all models in {time.perf_counter() - started:.0f} s; {md}, {picture}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
