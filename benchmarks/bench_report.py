@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from remat_ir.runtimes.timing import ratio_interval
+
 README_BEGIN = "<!-- training-step results: begin (written by benchmarks/training_step.py --readme) -->"
 README_END = "<!-- training-step results: end -->"
 
@@ -121,7 +123,8 @@ def peer_points(model_rows: list[dict]) -> list[str]:
     lines = ["At each peer's measured peak (step time vs eager; remat-ir planned with that peak "
              "as its byte budget):", "",
              "| peer | peer peak vs eager | peer time | " + " | ".join(f"remat-ir {b}: peak, time"
-                                                                   for b in backends) + " | best remat-ir / peer |",
+                                                                   for b in backends)
+             + " | best remat-ir / peer (95% interval, rounds resampled) |",
              "|---|---:|---:|" + "---:|" * len(backends) + "---:|"]
     for peer, by in at.items():
         p = ok.get(peer)
@@ -134,8 +137,12 @@ def peer_points(model_rows: list[dict]) -> list[str]:
                 cells.append("infeasible" if r is not None else "")
                 continue
             cells.append(f"{r['peak_ratio']:.1%}, x{r['step_time_ratio']:.3f}")
-            best = min(best or r["step_time_ratio"], r["step_time_ratio"])
-        ratio = f"{best / p['step_time_ratio']:.3f}" if best else ""
+            if best is None or r["step_time_ratio"] < best["step_time_ratio"]:
+                best = r
+        ratio = f"{best['step_time_ratio'] / p['step_time_ratio']:.3f}" if best else ""
+        if best and "step_times_s" in best and "step_times_s" in p:
+            low, high = ratio_interval(best["step_times_s"], p["step_times_s"], per_round=best["timed_per_round"])
+            ratio += f" ({low:.3f}-{high:.3f})"
         lines.append(f"| {peer} | {p['peak_ratio']:.1%} | x{p['step_time_ratio']:.3f} | "
                      + " | ".join(cells) + f" | {ratio} |")
     return lines + [""]

@@ -239,6 +239,8 @@ def records(bm: BenchModel, built, infeasible, figures, context: dict) -> list[d
                      "peak_bytes": f["peak_bytes"], "peak_ratio": round(f["peak_bytes"] / eager["peak_bytes"], 4),
                      "median_step_s": round(median, 5), "step_time_ratio": round(median / eager_median, 4),
                      "rounds": len(f["times"]), "setup_s": round(method.setup_s, 2), "loss": f["loss"],
+                     # every timed step, in round order: intervals of any two methods' ratio
+                     "step_times_s": [round(t, 6) for t in f["times"]], "timed_per_round": TIMED_PER_ROUND,
                      **method.info})
     for method in infeasible:
         rows.append({**context, "model": bm.name, "model_description": bm.description,

@@ -295,3 +295,15 @@ def test_the_time_model_table_judges_each_plan_against_its_interval():
     assert "| hiremate 30% | 50.0% | x1.200 | x1.300 | 1.280-1.320 | 0.923 | no |" in text
     assert "| rotor 30% | infeasible |" in text and "50 rounds of 2 timed steps" in text
     assert "Time model: 1 of 2 plans predicted within 3%" in text and "not: hiremate 30% (predicted x1.200)" in text
+
+
+def test_each_peer_is_set_beside_the_fastest_remat_ir_backend_with_the_ratios_interval():
+    base = {"model": "m", "status": "ok", "timed_per_round": 2}
+    peer = {**base, "method": "checkpoint every block", "peak_ratio": 0.3, "step_time_ratio": 1.5,
+            "step_times_s": [1.5, 1.5, 3.0, 3.0, 1.5, 1.5]}
+    plans = [{**base, "method": f"remat-ir at peak [{b}]", "peer": peer["method"], "backend": b,
+              "peak_ratio": 0.29, "step_time_ratio": t, "step_times_s": [t * x for x in (1, 1, 2, 2, 1, 1)]}
+             for b, t in (("eager", 1.2), ("inductor", 1.05))]
+    lines = bench_report.peer_points([peer, *plans])
+    assert "| checkpoint every block | 30.0% | x1.500 | 29.0%, x1.200 | 29.0%, x1.050 | 0.700 (0.700-0.700) |" \
+        in lines, lines
