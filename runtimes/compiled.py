@@ -26,6 +26,11 @@ compilation because of how a region is cut and called:
   joins a region only where the plan's memory over the steps before it leaves room
   for what such steps allocate (`codegen._Runs`).
 
+- a step that writes into a value from before its region (buffer reuse's `out=`
+  into a dying gradient) is an eager line between regions (`codegen._Runs`): in a
+  region Inductor would hold that input to the region's end, to copy the result into
+  it, and compute the result into a fresh buffer.
+
 What is not kept: a fused kernel holds its inputs and outputs at once, where the
 plan may free an input between two of its ops.
 """

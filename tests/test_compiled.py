@@ -192,3 +192,36 @@ def test_an_unknown_backend_is_refused_before_planning():
     model, args, kwargs, _ = zoo_models.ZOO["mlp_dropout"]("tiny")
     with pytest.raises(ValueError, match="backend must be one of 'eager', 'inductor', not 'tvm'"):
         remat_ir.remat(model, args, "50%", backend="tvm")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "straight_through"])
+def test_a_step_writing_into_a_value_from_before_its_region_runs_eagerly(name):
+    """Buffer reuse writes a backward result into a dying input (`mul.out(..., out=g)`).
+    Inside a region Inductor keeps such an input to the region's end and computes into a
+    fresh buffer, two buffers where the plan holds one; so a step writing into a value
+    its region did not compute is an eager line, and regions hold only steps writing into
+    their own values."""
+    from remat_ir.ir import store_all
+    from remat_ir.runtimes.codegen import mutated_inputs
+
+    model, args, kwargs, _ = zoo_models.ZOO[name]("tiny")
+    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
+    writers = [n.id for n in graph.proto.nodes if n.mutating and mutated_inputs(graph, n)]
+    assert writers, "buffer reuse rewrote nothing: the test checks nothing"
+    runner = ScheduledModule(model, graph, store_all(graph), backend="inductor").runner(torch.device("cpu"))
+    placed = 0
+    for region in runner.plan.regions:
+        produced: set[int] = set()
+        for n in region.node_ids:
+            node = graph.node(n)
+            if node.mutating:
+                assert mutated_inputs(graph, node) <= produced, f"{graph.describe_node(n)} in {region.name}"
+                placed += 1
+            produced.update(node.outputs)
+    source = runner.plan.forward_source + runner.plan.backward_source
+    in_regions = {n for region in runner.plan.regions for n in region.node_ids}
+    eager = [n for n in writers if n not in in_regions]
+    assert eager and placed + len(eager) == len(writers)
+    for n in eager:  # each as its own line, writing into the value it was given
+        assert re.search(rf"^\s*v{graph.node(n).outputs[0]} = op_\w+\(", source, re.MULTILINE), \
+            graph.describe_node(n)
