@@ -120,11 +120,12 @@ def peer_points(model_rows: list[dict]) -> list[str]:
     if not at:
         return []
     backends = sorted({b for by in at.values() for b in by}, key=lambda b: b != "eager")
+    kept = all("step_times_s" in r for r in model_rows if r["status"] == "ok")  # older runs did not
     lines = ["At each peer's measured peak (step time vs eager; remat-ir planned with that peak "
              "as its byte budget):", "",
              "| peer | peer peak vs eager | peer time | " + " | ".join(f"remat-ir {b}: peak, time"
                                                                    for b in backends)
-             + " | best remat-ir / peer (95% interval, rounds resampled) |",
+             + (" | best remat-ir / peer (95% interval, rounds resampled) |" if kept else " | best remat-ir / peer |"),
              "|---|---:|---:|" + "---:|" * len(backends) + "---:|"]
     for peer, by in at.items():
         p = ok.get(peer)

@@ -1,6 +1,7 @@
 """The time model judged with enough rounds to tell 3%: predicted against measured step time.
 
     python benchmarks/time_model.py [--models gpt2,cnn] [--rounds 100] [--device cpu|cuda]
+                                    [--backend eager|inductor]
 
 Why a benchmark of its own: `training_step.py` times every method (torch.compile
 variants, checkpointing, remat-ir at the peers' peaks) for 10 rounds, and on a
@@ -46,12 +47,14 @@ PLANS = [("hiremate", share) for share in ("95%", "85%", "70%", "60%", "50%", "3
         [("rotor", "50%"), ("rotor", "30%")]
 
 
-def plan_methods(bm, time_limit_s: float) -> tuple[list[methods.Method], list[methods.Method]]:
-    """(eager, store-everything and every feasible plan of `PLANS`; the infeasible ones)."""
+def plan_methods(bm, time_limit_s: float, backend: str = "eager"
+                 ) -> tuple[list[methods.Method], list[methods.Method]]:
+    """(eager, store-everything and every feasible plan of `PLANS`, run with `backend`; the
+    infeasible ones)."""
     planner = methods.RematPlanner(bm, training_step.say)
-    built = [methods.eager(bm), planner.method("autograd", None)]
+    built = [methods.eager(bm), planner.method("autograd", None, backend=backend)]
     for solver, budget in PLANS:
-        built.append(planner.method(solver, budget, time_limit_s=time_limit_s))
+        built.append(planner.method(solver, budget, time_limit_s=time_limit_s, backend=backend))
     return [m for m in built if m.step], [m for m in built if not m.step]
 
 
@@ -66,7 +69,8 @@ def table(rows: list[dict]) -> str:
              "resampled rounds; a prediction counts as right within 3% of that interval.", ""]
     for model, model_rows in report._by_model(rows).items():
         price = next(r["peak_byte_s"] for r in model_rows if "peak_byte_s" in r)
-        lines += [f"**{model}**: {model_rows[0]['model_description']}; footprint price "
+        backend = next(r["backend"] for r in model_rows if "backend" in r)
+        lines += [f"**{model}**: {model_rows[0]['model_description']}; backend {backend}; footprint price "
                   f"{price * 2**20 * 1e3:.3f} ms per MiB of peak.", "",
                   "| plan | peak vs store-everything (predicted) | predicted | measured | 95% interval | "
                   "prediction / measured | within 3% |", "|---|---:|---:|---:|---|---:|---|"]
@@ -91,6 +95,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per plan")
+    parser.add_argument("--backend", choices=("eager", "inductor"), default="eager",
+                        help="how remat-ir runs the plans (predictions come from eager op times either way)")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "time_model"))
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -102,7 +108,8 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     context = training_step.run_context(device, "time-model")
     context["allocator"] = training_step.steady_allocator() if device.type == "cpu" else "default"
-    run = f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{'cpu' if device.type == 'cpu' else 'cuda'}"
+    run = (f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{'cpu' if device.type == 'cpu' else 'cuda'}"
+           + ("" if args.backend == "eager" else f"-{args.backend}"))
     context.update(run=run, timing_rounds=args.rounds)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +120,7 @@ def main(argv=None) -> int:
         bm = FACTORIES[name]("quick")
         bm.module.to(device)
         bm.inputs = tuple(x.to(device) for x in bm.inputs)
-        built, infeasible = plan_methods(bm, args.time_limit)
+        built, infeasible = plan_methods(bm, args.time_limit, args.backend)
         figures = training_step.measure(built, device, args.rounds)
         rows = training_step.records(bm, built, infeasible, figures, context)
         report.append_jsonl(jsonl, rows)

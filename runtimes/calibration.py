@@ -30,9 +30,10 @@ step is no faster than its op times predict by more than that spread. Why: fitte
 to the one measured ratio, the price is decided by a difference of a few percent
 between two timed steps, which is what a shared CPU's noise moves them by; it
 ranged 0-0.15 ms per MiB between lowerings of the same GPT-2, and so did the plans.
-On the quick benchmark's models in one session, op times timed inside the step
-with no footprint term predicted plans no slower than measured (GPT-2 and CNN, 9
-and 7 plans, `python benchmarks/training_step.py`).
+Measured with enough rounds to tell (`python benchmarks/time_model.py`, run
+20261126-073151: 100 interleaved rounds), lowerings whose price came out 0 on both
+quick models predicted every plan within 2.4% of its measured step (GPT-2: 9 plans
+from 95% of store-everything's peak to 19%; the CNN: 5 plans, 95% to 57%).
 
 On CPU the price depends on the allocator: with glibc's default dynamic mmap
 threshold, large tensors are paged in afresh at every step or not depending on

@@ -554,8 +554,8 @@ class _Runs:
             # It writes into a value from before the run (buffer reuse's `mul.out` into a
             # dying gradient). Inside a region Inductor would keep that input to the
             # region's end, to copy the result into it, and compute the result into a
-            # fresh buffer: two buffers held where the plan holds one (the tiny
-            # straight-through model: 15% above its plan). Eagerly it writes in place.
+            # fresh buffer: two buffers held where the plan holds one (tiny DistilBERT
+            # at its smallest budget: 12% above its plan, 6% as an eager line).
             self.flush()
             self.body.extend(_call_lines(self.graph, self.writer, node_id, ""))
             return

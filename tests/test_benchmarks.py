@@ -282,7 +282,7 @@ def test_the_time_model_table_judges_each_plan_against_its_interval():
 
     context = {"run": "r", "device": "cpu", "machine": {"cpus": 2}, "commit": "abc1234", "timing_rounds": 50}
     model = {"model": "gpt2", "model_description": "GPT-2 tiny", "status": "ok", "peak_byte_s": 0.0}
-    plan = {**context, **model, "solver": "hiremate", "predicted_peak_share": 0.5, "predicted_time_ratio": 1.10}
+    plan = {**context, **model, "backend": "eager", "solver": "hiremate", "predicted_peak_share": 0.5, "predicted_time_ratio": 1.10}
     rows = [{**context, **model, "method": "eager", "family": "eager"},
             {**plan, "method": "remat-ir hiremate 50%", "budget": "50%", "measured_time_ratio": 1.12, "measured_time_interval": [1.10, 1.14],
              "prediction_error": 1.10 / 1.12 - 1, "prediction_within_tolerance": True},
