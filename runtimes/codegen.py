@@ -550,7 +550,7 @@ class _Runs:
 
     def compute(self, node_id: int, k: int) -> None:
         node = self.graph.node(node_id)
-        if node.mutating and not self.produced.issuperset(mutated_inputs(self.graph, node)):
+        if node.mutating and not self.produced.issuperset(mutated_inputs(node)):
             # It writes into a value from before the run (buffer reuse's `mul.out` into a
             # dying gradient). Inside a region Inductor would keep that input to the
             # region's end, to copy the result into it, and compute the result into a
@@ -616,11 +616,11 @@ class _Runs:
         return lines + [f"({targets}) = {name}(_in)", "del _in"]
 
 
-def mutated_inputs(graph: Graph, node: pb.Node) -> set[int]:
+def mutated_inputs(node: pb.Node) -> set[int]:
     """The value ids a node's op writes into (its schema's written arguments: the `out` of
     an `out=` overload, the self of an in-place op)."""
-    written = {a.name for a in resolve_op(node.op)._schema.arguments
-               if a.alias_info is not None and a.alias_info.is_write}
+    arguments = resolve_op(node.op)._schema.arguments
+    written = {a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write}
     found: set[int] = set()
 
     def collect(obj) -> None:
@@ -630,8 +630,7 @@ def mutated_inputs(graph: Graph, node: pb.Node) -> set[int]:
             for item in obj:
                 collect(item)
 
-    names = [a.name for a in resolve_op(node.op)._schema.arguments]
-    for name, argument in zip(names, node.args):
+    for name, argument in zip((a.name for a in arguments), node.args):
         if name in written:
             collect(decode(argument))
     for kw in node.kwargs:

@@ -206,7 +206,7 @@ def test_a_step_writing_into_a_value_from_before_its_region_runs_eagerly(name):
 
     model, args, kwargs, _ = zoo_models.ZOO[name]("tiny")
     graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
-    writers = [n.id for n in graph.proto.nodes if n.mutating and mutated_inputs(graph, n)]
+    writers = [n.id for n in graph.proto.nodes if n.mutating and mutated_inputs(n)]
     assert writers, "buffer reuse rewrote nothing: the test checks nothing"
     runner = ScheduledModule(model, graph, store_all(graph), backend="inductor").runner(torch.device("cpu"))
     placed = 0
@@ -215,7 +215,7 @@ def test_a_step_writing_into_a_value_from_before_its_region_runs_eagerly(name):
         for n in region.node_ids:
             node = graph.node(n)
             if node.mutating:
-                assert mutated_inputs(graph, node) <= produced, f"{graph.describe_node(n)} in {region.name}"
+                assert mutated_inputs(node) <= produced, f"{graph.describe_node(n)} in {region.name}"
                 placed += 1
             produced.update(node.outputs)
     source = runner.plan.forward_source + runner.plan.backward_source
