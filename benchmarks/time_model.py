@@ -106,6 +106,8 @@ def main(argv=None) -> int:
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs rounds to resample)")
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
     context = training_step.run_context(device, "time-model")
     context["allocator"] = training_step.steady_allocator() if device.type == "cpu" else "default"
     run = (f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{'cpu' if device.type == 'cpu' else 'cuda'}"
