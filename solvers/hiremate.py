@@ -118,10 +118,10 @@ ROTOR_SHARE = 0.25
 #: Of the time left, the share twremat may take when hiremate's plan is that slow
 #: (`_with_twremat`).
 TWREMAT_SHARE = 0.25
-#: ... and when nothing but the fallback fits: there TW-remat's plan is usually the one
-#: kept, and its tree decomposition alone takes 2 s of the 3.4 s it needs on the U-Net
-#: at 27.5%. With a quarter of a 20 s limit it stopped at its bisections: locally 1.38x
-#: store-everything's time against 1.32x alone, on CI 0.4% slower even after trimming.
+#: ... and when nothing else fits, where it runs before the fallback: there TW-remat's
+#: plan is usually the one kept, and its tree decomposition alone takes 2-4 s of the 3.4-5 s
+#: it needs on the U-Net at 27.5%. Run after the fallback it started at 25 s of a 30 s
+#: limit and stopped at its bisections: 1.8% slower than alone on a loaded 2-core machine.
 NEAR_FLOOR_TWREMAT_SHARE = 0.6
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
@@ -191,15 +191,16 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
     if best is None or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_rotor(tg, everything, budget, best, made,
                            Deadline(whole.remaining() * ROTOR_SHARE), progress)
-    # Nothing planned so far fits (the H-ILP, the density plans, checkmate, rotor): what the
-    # fallback finds (the H-ILP's least-memory plan, the heuristics) is a floor plan, and
-    # TW-remat is tried beside it however fast that plan is.
+    # Nothing planned so far fits (the H-ILP, the density plans, checkmate, rotor): TW-remat's
+    # plan, usually the one kept there, goes first, while most of the time is left; then
+    # what the fallback finds (the H-ILP's least-memory plan, the heuristics) beside it.
     near_floor = best is None
     if near_floor:
-        best = _fallback(tg, top, planner, budget, made, deadline, progress)
-    if near_floor or best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
-        share = NEAR_FLOOR_TWREMAT_SHARE if near_floor else TWREMAT_SHARE
-        best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * share),
+        best = _with_twremat(graph, budget, best, made,
+                             Deadline(whole.remaining() * NEAR_FLOOR_TWREMAT_SHARE), progress)
+        best = _fallback(tg, top, planner, budget, made, deadline, progress)   # made has TW-remat's
+    elif best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
+        best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * TWREMAT_SHARE),
                              progress)
     slow = best is not None and best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s
     if best is not None and not (anneal and slow):
