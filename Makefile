@@ -27,13 +27,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# On a machine with a CUDA GPU (and a CUDA build of torch 2.13 in the venv): the test
-# suite, whose device-parametrized tests then run on CUDA too, and the quick benchmark
-# on the GPU (results under benchmarks/results/training_step/).
-gpu-check: $(STAMP)
-	$(BIN)/python -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "gpu-check needs a CUDA GPU: torch.cuda.is_available() is False")'
-	$(BIN)/python -m pytest -q
-	$(BIN)/python benchmarks/training_step.py --mode quick --device cuda
+# On a machine with a CUDA GPU: the test suite, whose device-parametrized tests then run
+# on CUDA too (GPU_TESTS: pytest's arguments, e.g. GPU_TESTS='-k cuda tests' for those
+# alone), the time model with offloading measured on the GPU (results under
+# benchmarks/results/time_model/) and the quick benchmark there (training_step/).
+# GPU_PYTHON: a Python whose torch has CUDA and where remat-ir is installed
+# (`pip install --no-deps -e .`); by default the venv's, which then needs a CUDA torch.
+GPU_PYTHON ?= $(BIN)/python
+GPU_TESTS ?= tests
+gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
+	$(GPU_PYTHON) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "gpu-check needs a CUDA GPU: torch.cuda.is_available() is False")'
+	$(GPU_PYTHON) -m pytest -q $(GPU_TESTS)
+	$(GPU_PYTHON) benchmarks/time_model.py --device cuda --offload --rounds 30
+	$(GPU_PYTHON) benchmarks/training_step.py --mode quick --device cuda
 
 # Speed and memory figures; each benchmark writes its results under benchmarks/results/.
 # bench: eager vs torch.utils.checkpoint vs torch.compile's activation budget vs remat-ir,

@@ -127,25 +127,26 @@ class RematPlanner:
             f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated), footprint price "
             f"{self.graph.proto.provenance.cost_model.peak_byte_s * 2**20 * 1e3:.3f} ms per MiB of peak")
 
-    def _plan(self, solver: str, budget, time_limit_s: float | None):
-        """(schedule, planning seconds) at `budget`, planned once per (solver, budget) so
-        that every backend runs the same plan; InfeasibleBudget (with `planning_s`) if
-        the budget is out of reach."""
-        key = (solver, budget)
+    def _plan(self, solver: str, budget, time_limit_s: float | None, offload: bool = False):
+        """(schedule, planning seconds) at `budget`, planned once per (solver, budget,
+        offload) so that every backend runs the same plan; InfeasibleBudget (with
+        `planning_s`) if the budget is out of reach. `offload`: over the host link the
+        lowering measured (`solvers.offload.plan_with_offload`)."""
+        key = (solver, budget, offload)
+        options = {"time_limit_s": time_limit_s, **({"offload": True} if offload else {})}
         if key not in self.plans:
             started = time.perf_counter()
             try:
                 if budget == "smallest":
                     try:
-                        schedule = remat_ir.plan(self.graph, 1, solver, time_limit_s=time_limit_s)
+                        schedule = remat_ir.plan(self.graph, 1, solver, **options)
                     except InfeasibleBudget as exc:
                         if exc.smallest_feasible is None:
                             raise
-                        schedule = remat_ir.plan(self.graph, exc.smallest_feasible, solver,
-                                                 time_limit_s=time_limit_s)
+                        schedule = remat_ir.plan(self.graph, exc.smallest_feasible, solver, **options)
                 else:
                     schedule = remat_ir.plan(self.graph, budget, solver if budget else "autograd",
-                                             time_limit_s=time_limit_s)
+                                             **options)
                 self.plans[key] = (schedule, time.perf_counter() - started)
             except InfeasibleBudget as exc:
                 exc.planning_s = time.perf_counter() - started
@@ -156,22 +157,24 @@ class RematPlanner:
         return found
 
     def method(self, solver: str, budget: str | int | None, *, time_limit_s: float | None = None,
-               backend: str = "eager", label: str | None = None, info: dict | None = None) -> Method:
+               backend: str = "eager", label: str | None = None, info: dict | None = None,
+               offload: bool = False) -> Method:
         """Plan at `budget` ("50%", bytes, None for store-everything, "smallest" for the
-        lowest budget the solver reaches) and run with `backend`; an infeasible budget
-        returns a Method without a step. `label` names the budget in the method's name;
-        `info` is recorded with it."""
+        lowest budget the solver reaches), with offloading if `offload`, and run with
+        `backend`; an infeasible budget returns a Method without a step. `label` names the
+        budget in the method's name; `info` is recorded with it."""
         from remat_ir.runtimes.torch import ScheduledModule
 
         label = label or {None: "store-everything", "smallest": "smallest feasible"}.get(budget, budget)
-        name = (("remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}") + self.suffix
+        name = (("remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}")
+                + (" + offload" if offload else "") + self.suffix
                 + ("" if backend == "eager" else f" [{backend}]"))
         info = {"solver": solver, "budget": label, "cost_model": self.cost_model, "graph_nodes": len(self.graph.nodes),
                 "lowering_s": round(self.lowering_s, 2), "store_all_predicted_peak_bytes": self.store_all_peak,
-                "backend": backend,
+                "backend": backend, "offload": offload,
                 "peak_byte_s": self.graph.proto.provenance.cost_model.peak_byte_s, **(info or {})}
         try:
-            schedule, planning_s = self._plan(solver, budget, time_limit_s)
+            schedule, planning_s = self._plan(solver, budget, time_limit_s, offload)
         except InfeasibleBudget as exc:
             info.update(status="infeasible", smallest_feasible_bytes=exc.smallest_feasible,
                         planning_s=round(exc.planning_s, 2))
@@ -183,6 +186,10 @@ class RematPlanner:
                     predicted_peak_share=round(simulated.peak_bytes / self.store_all_peak, 4),
                     predicted_time_ratio=round(simulated.total_time_s / self.store_all_time, 4),
                     recomputations=simulated.recomputations)
+        if offload:
+            info.update(offloads=sum(1 for s in schedule.steps if s.HasField("offload")),
+                        transferred_bytes=simulated.transferred_bytes,
+                        predicted_stall_s=simulated.stall_s)
         scheduled = ScheduledModule(self.model, self.graph, schedule, backend=backend)
         self.say(f"  {name}: planned in {planning_s:.1f} s, predicted peak "
                  f"{info['predicted_peak_share']:.1%} of store-everything, time x{info['predicted_time_ratio']:.3f}")

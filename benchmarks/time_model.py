@@ -45,17 +45,29 @@ from bench_models import FACTORIES  # noqa: E402
 #: are reported as infeasible.
 PLANS = [("hiremate", share) for share in ("95%", "85%", "70%", "60%", "50%", "30%", "smallest")] + \
         [("rotor", "50%"), ("rotor", "30%")]
+#: With --offload (issue 22's budgets): hiremate with offloading over the measured host
+#: link at each, and hiremate alone where `PLANS` has no plan.
+OFFLOAD_SHARES = ("50%", "30%", "25%", "15%")
 
 
-def plan_methods(bm, time_limit_s: float, backend: str = "eager"
+def plan_methods(bm, time_limit_s: float, backend: str = "eager", offload: bool = False
                  ) -> tuple[list[methods.Method], list[methods.Method]]:
     """(eager, store-everything and every feasible plan of `PLANS`, run with `backend`; the
-    infeasible ones)."""
+    infeasible ones). `offload`: the plans of `OFFLOAD_SHARES` too."""
     planner = methods.RematPlanner(bm, training_step.say)
     built = [methods.eager(bm), planner.method("autograd", None, backend=backend)]
-    for solver, budget in PLANS:
-        built.append(planner.method(solver, budget, time_limit_s=time_limit_s, backend=backend))
+    plans = [(solver, budget, False) for solver, budget in PLANS]
+    if offload:
+        plans += [("hiremate", share, False) for share in OFFLOAD_SHARES if ("hiremate", share) not in PLANS]
+        plans += [("hiremate", share, True) for share in OFFLOAD_SHARES]
+    for solver, budget, offloaded in plans:
+        built.append(planner.method(solver, budget, time_limit_s=time_limit_s, backend=backend,
+                                    offload=offloaded))
     return [m for m in built if m.step], [m for m in built if not m.step]
+
+
+def _plan_name(row: dict) -> str:
+    return f"{row['solver']} {row['budget']}" + (" + offload" if row.get("offload") else "")
 
 
 def table(rows: list[dict]) -> str:
@@ -72,18 +84,20 @@ def table(rows: list[dict]) -> str:
         backend = next(r["backend"] for r in model_rows if "backend" in r)
         lines += [f"**{model}**: {model_rows[0]['model_description']}; backend {backend}; footprint price "
                   f"{price * 2**20 * 1e3:.3f} ms per MiB of peak.", "",
-                  "| plan | peak vs store-everything (predicted) | predicted | measured | 95% interval | "
-                  "prediction / measured | within 3% |", "|---|---:|---:|---:|---|---:|---|"]
+                  "| plan | peak vs store-everything (predicted) | measured / predicted peak | predicted | "
+                  "measured | 95% interval | prediction / measured | within 3% |",
+                  "|---|---:|---:|---:|---:|---|---:|---|"]
         judged = [r for r in model_rows if "measured_time_interval" in r and r["budget"] != "store-everything"]
         for r in judged:
             low, high = r["measured_time_interval"]
-            lines.append(f"| {r['solver']} {r['budget']} | {r['predicted_peak_share']:.1%} | "
+            lines.append(f"| {_plan_name(r)} | {r['predicted_peak_share']:.1%} | "
+                         f"{r['peak_bytes'] / r['predicted_peak_bytes']:.3f} | "
                          f"x{r['predicted_time_ratio']:.3f} | x{r['measured_time_ratio']:.3f} | "
                          f"{low:.3f}-{high:.3f} | {1 + r['prediction_error']:.3f} | "
                          f"{'yes' if r['prediction_within_tolerance'] else 'no'} |")
         for r in model_rows:
             if r.get("status") == "infeasible":
-                lines.append(f"| {r['solver']} {r['budget']} | infeasible | | | | | |")
+                lines.append(f"| {_plan_name(r)} | infeasible | | | | | | |")
         lines.append("")
         lines += report.time_model_summary(judged)
     return "\n".join(lines)
@@ -97,6 +111,8 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per plan")
     parser.add_argument("--backend", choices=("eager", "inductor"), default="eager",
                         help="how remat-ir runs the plans (predictions come from eager op times either way)")
+    parser.add_argument("--offload", action="store_true",
+                        help=f"also hiremate with offloading at {', '.join(OFFLOAD_SHARES)} (and alone there)")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "time_model"))
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -122,7 +138,7 @@ def main(argv=None) -> int:
         bm = FACTORIES[name]("quick")
         bm.module.to(device)
         bm.inputs = tuple(x.to(device) for x in bm.inputs)
-        built, infeasible = plan_methods(bm, args.time_limit, args.backend)
+        built, infeasible = plan_methods(bm, args.time_limit, args.backend, args.offload)
         figures = training_step.measure(built, device, args.rounds)
         rows = training_step.records(bm, built, infeasible, figures, context)
         report.append_jsonl(jsonl, rows)
@@ -130,7 +146,8 @@ def main(argv=None) -> int:
             if "measured_time_interval" in r:
                 training_step.say(f"  {r['method']:<40} predicted x{r['predicted_time_ratio']:.3f}  measured "
                                   f"x{r['measured_time_ratio']:.3f} ({r['measured_time_interval'][0]:.3f}-"
-                                  f"{r['measured_time_interval'][1]:.3f})")
+                                  f"{r['measured_time_interval'][1]:.3f}); peak measured/predicted "
+                                  f"{r['peak_bytes'] / r['predicted_peak_bytes']:.3f}")
     rows = report.read_jsonl(jsonl)
     md = jsonl.with_suffix(".md")
     md.write_text(table(rows) + "\n")

@@ -44,12 +44,19 @@ def _plan_at_half(graph):
         return exc.schedule or plan(graph, exc.smallest_feasible, time_limit_s=5)
 
 
+#: On a CUDA machine (`make gpu-check`) Inductor's Triton kernels are checked too.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", MODELS)
-def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name):
+def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name, device):
     """Gradients within 1e-5 of eager's, every compute step run once (in a region or as an
     eager line), no random node compiled, and the compiled step's measured peak within 5%
     of the plan's (one test: lowering on profiled costs and compiling is most of its time)."""
     model, args, kwargs, loss_of = zoo_models.ZOO[name]("tiny")
+    model, args = model.to(device), tuple(a.to(device) for a in args)
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
     graph = lower_torch(model, args, example_kwargs=kwargs, cost_model="profile")
     schedule = _plan_at_half(graph)
     made = []
@@ -61,7 +68,7 @@ def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name):
     side_by_side(model, make, args, kwargs, loss_of, tolerance=1e-5, model_scale=True)
 
     scheduled = made[0]
-    runner = scheduled.runner(torch.device("cpu"))
+    runner = scheduled.runner(args[0].device)
     regions = runner.plan.regions
     assert regions, "nothing was compiled"
     # Every compute step runs once, in a region or as an eager line: no step merged away.
@@ -77,7 +84,7 @@ def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name):
 
     for _ in range(2):  # compiled already: the second step is measured after a settling one
         scheduled.zero_grad(set_to_none=True)
-        peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
+        peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), device).peak_bytes
     predicted = simulate(graph, schedule).peak_bytes
     assert peak <= 1.05 * predicted, f"measured {peak} bytes, planned {predicted}"
 
@@ -168,7 +175,7 @@ def test_random_schedules_compiled_by_inductor_match_eager_within_their_planned_
     scheduled = made[0]
     for _ in range(2):
         scheduled.zero_grad(set_to_none=True)
-        peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
+        peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), device).peak_bytes
     planned = simulate(graph, schedule).peak_bytes
     assert peak <= 1.05 * planned, f"measured {peak} bytes compiled, {planned} planned"
 
