@@ -133,6 +133,11 @@ class _Lowering:
         self.g = Graph(name=name)
         self.value_of: dict[torch.fx.Node, int] = {}          # single-tensor FX node -> value
         self.items_of: dict[torch.fx.Node, dict[int, int]] = {}  # tuple FX node -> position -> value
+        # A plain number among a tuple's items (cuDNN attention's max_q and max_k on CUDA,
+        # fixed by the shapes): tuple FX node -> position -> number, and the getitem
+        # nodes reading one, whose users take the number as a constant argument.
+        self.numbers_of: dict[torch.fx.Node, dict[int, int | float | bool]] = {}
+        self.number_of: dict[torch.fx.Node, int | float | bool] = {}
         self.storage_of: dict[int, int] = {}                   # fake storage cdata -> IR storage
         self.forward_by_seq: dict[int, int] = {}
 
@@ -213,6 +218,9 @@ class _Lowering:
         if target is operator.getitem:
             parent, index = node.args
             items = self.items_of.get(parent)
+            if index in self.numbers_of.get(parent, {}):
+                self.number_of[node] = self.numbers_of[parent][index]
+                return
             if items is None or index not in items:
                 raise LoweringError(f"{node.name!r} takes item {index} of {parent.name!r}, "
                                     "which has no such tensor")
@@ -229,16 +237,19 @@ class _Lowering:
         val = node.meta.get("val")
         kind = "activation" if phase == "forward" else "gradient"
         if isinstance(val, (tuple, list)):
+            self.numbers_of[node] = {i: v for i, v in enumerate(val) if type(v) in (int, float, bool)}
             items = {i: self.new_value(f"{node.name}_{i}", v, kind)
-                     for i, v in enumerate(val) if v is not None}
+                     for i, v in enumerate(val) if v is not None and i not in self.numbers_of[node]}
             outputs, indices = list(items.values()), list(items)
             self.items_of[node] = items
         else:
             outputs, indices = [self.new_value(node.name, val, kind)], []
             self.value_of[node] = outputs[0]
+        fx_args, fx_kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
+                                                   lambda n: self.number_of.get(n, n))
         try:
-            args = [to_ir_argument(a, self.tensor_id) for a in node.args]
-            kwargs = {k: to_ir_argument(v, self.tensor_id) for k, v in node.kwargs.items()}
+            args = [to_ir_argument(a, self.tensor_id) for a in fx_args]
+            kwargs = {k: to_ir_argument(v, self.tensor_id) for k, v in fx_kwargs.items()}
         except TypeError as exc:
             raise LoweringError(f"op {name} from {_source(node) or 'an unknown module'} takes {exc}, "
                                 "which the IR cannot store") from None

@@ -154,3 +154,46 @@ def test_user_inputs_record_the_callers_positions_and_argument_names():
     assert [(e.user_input_position, e.argument_name) for e in g.user_inputs()] == [
         (0, "args[0]"), (2, "args[2]"), (3, "mask")]
     ir.validate(g)
+
+
+@torch.library.custom_op("remat_test::scaled_with_count", mutates_args=())
+def _scaled_with_count(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return x * 2, x.shape[-1]
+
+
+@_scaled_with_count.register_fake
+def _(x):
+    return x * 2, x.shape[-1]
+
+
+_scaled_with_count.register_autograd(lambda ctx, grad, _count: grad * 2,
+                                     setup_context=lambda ctx, inputs, output: None)
+
+
+class _CountingModel(torch.nn.Module):
+    """Reads a number an op returns beside its tensor, as cuDNN attention's backward reads
+    its forward's max_q and max_k on CUDA (bf16 SDPA on an H100)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y, n = torch.ops.remat_test.scaled_with_count(self.lin(x).tanh())
+        return (self.out(y.tanh()).tanh() * n).sum()
+
+
+def test_a_number_an_op_returns_beside_its_tensors_lowers_as_a_constant():
+    """The number gets no IR value (only tensors are values); the ops reading it take it
+    as a constant argument, and training through remat-ir is bitwise eager's."""
+    from exactness import side_by_side
+
+    from remat_ir import remat
+
+    model, x = _CountingModel(), torch.randn(256, 8)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    (op,) = [n for n in graph.proto.nodes if n.op == "remat_test.scaled_with_count.default"]
+    assert len(op.outputs) == 1 and list(op.output_indices) == [0]
+    errors = side_by_side(model, lambda m: remat(m, (x,), budget="80%", cost_model="flops",
+                                                 time_limit_s=5), (x,), {}, lambda out: out)
+    assert errors == {}, errors
