@@ -71,7 +71,7 @@ def out_overload(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str]
 
 def _whole_contiguous(graph: Graph, value: pb.Value) -> bool:
     """The value is its storage's only view, contiguous from offset 0."""
-    return (value.storage_offset == 0 and graph.storage_bytes(value.storage_id) == value.size_bytes
+    return (value.storage_offset == 0 and graph.storage_data_bytes(value.storage_id) == value.size_bytes
             and list(value.stride) == contiguous_strides(value.shape))
 
 

@@ -22,7 +22,7 @@ from .dtypes import dtype_from_name, nbytes
 #: 1.1 added `GraphInput.user_input_position` and `argument_name`; 1.0 files are still
 #: read (`ir.serialization` fills the positions). 1.2 added `Provenance.cost_model` and
 #: the cost source TIMED_IN_STEP (nothing to fill: an older file has no step overhead).
-FORMAT_VERSION = (1, 4)
+FORMAT_VERSION = (1, 5)
 
 #: Graph-input value kinds; they are always live and counted apart from activations.
 RESIDENT_KINDS = frozenset({pb.USER_INPUT, pb.PARAMETER, pb.BUFFER, pb.CONSTANT, pb.GRADIENT})
@@ -206,7 +206,19 @@ class Graph:
         return self._nodes[node_id]
 
     def storage_bytes(self, storage_id: int) -> int:
+        """Device bytes allocating the storage takes: its data's bytes rounded up to the
+        allocator's granularity (`Provenance.allocation_granularity_bytes`), what every
+        memory figure counts."""
+        return self.allocation_bytes(self._storages[storage_id].size_bytes)
+
+    def storage_data_bytes(self, storage_id: int) -> int:
+        """The bytes of the storage's data (`untyped_storage().nbytes()`), unrounded."""
         return self._storages[storage_id].size_bytes
+
+    def allocation_bytes(self, nbytes: int) -> int:
+        """What an allocation of `nbytes` takes on the graph's device."""
+        granularity = self.proto.provenance.allocation_granularity_bytes
+        return -(-nbytes // granularity) * granularity if granularity > 1 else nbytes
 
     def describe_node(self, node_id: int) -> str:
         """'name (op, id N)' for messages; tolerates unknown ids."""

@@ -177,10 +177,11 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device,
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
     measured = measure_peak(lambda: op(*args, **kwargs), device)
     new = new_storages(graph, node)
-    real = tuple(max(graph.storage_bytes(s), _real_storage_bytes(node, measured.result, positions))
+    real = tuple(max(graph.storage_data_bytes(s), _real_storage_bytes(node, measured.result, positions))
                  for s, positions in new.items())
     del measured.result
-    workspace = max(0, measured.peak_bytes - sum(real))
+    # The measured peak holds the outputs at their allocated (rounded) sizes.
+    workspace = max(0, measured.peak_bytes - sum(graph.allocation_bytes(r) for r in real))
     times = []
     if device.type == "cuda":
         for _ in range(repeats):

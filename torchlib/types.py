@@ -189,12 +189,20 @@ def argument_names(spec: pytree.TreeSpec) -> list[str]:
     return [argument_name(path) for path, _ in with_paths]
 
 
+#: PyTorch's CUDA caching allocator rounds every block up to a multiple of 512 bytes
+#: (`kMinBlockSize`); `torch.cuda.memory_allocated` counts the rounded sizes. Measured on
+#: an H100: the tiny GPT-2's store-everything step 2.6% above its unrounded prediction.
+CUDA_ALLOCATION_GRANULARITY = 512
+
+
 def record_device(provenance, device: torch.device | str) -> None:
     """Record in a graph's `Provenance` the device it is described for: `cost_device`,
-    and the bytes a random node's replay holds there for a moment (`rng_replay_bytes`:
+    the bytes a random node's replay holds there for a moment (`rng_replay_bytes`:
     setting the CPU generator's state goes through a state tensor made for the call,
     `runtimes/codegen.py`, `_rng_functions`; a CUDA generator's state is a host tensor,
-    which takes no device memory)."""
+    which takes no device memory), and what its allocator rounds allocations up to
+    (`allocation_granularity_bytes`; the CPU allocator's sizes are exact)."""
     device = torch.device(device)
     provenance.cost_device = str(device)
     provenance.rng_replay_bytes = torch.default_generator.get_state().nbytes if device.type == "cpu" else 0
+    provenance.allocation_granularity_bytes = CUDA_ALLOCATION_GRANULARITY if device.type == "cuda" else 0
