@@ -68,7 +68,7 @@ def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name, d
     side_by_side(model, make, args, kwargs, loss_of, tolerance=1e-5, model_scale=True)
 
     scheduled = made[0]
-    runner = scheduled.runner(args[0].device)
+    runner = scheduled.runner(next(model.parameters()).device)
     regions = runner.plan.regions
     assert regions, "nothing was compiled"
     # Every compute step runs once, in a region or as an eager line: no step merged away.
