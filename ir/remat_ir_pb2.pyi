@@ -324,16 +324,18 @@ class Provenance(_message.Message):
     def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ..., host_link: _Optional[_Union[HostLink, _Mapping]] = ..., rng_replay_bytes: _Optional[int] = ..., allocation_granularity_bytes: _Optional[int] = ...) -> None: ...
 
 class HostLink(_message.Message):
-    __slots__ = ("bandwidth_bytes_per_s", "latency_s", "overlapped", "source")
+    __slots__ = ("bandwidth_bytes_per_s", "latency_s", "overlapped", "source", "issue_s")
     BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     OVERLAPPED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ISSUE_S_FIELD_NUMBER: _ClassVar[int]
     bandwidth_bytes_per_s: float
     latency_s: float
     overlapped: bool
     source: str
-    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., overlapped: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+    issue_s: float
+    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., overlapped: _Optional[bool] = ..., source: _Optional[str] = ..., issue_s: _Optional[float] = ...) -> None: ...
 
 class CostModel(_message.Message):
     __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule")

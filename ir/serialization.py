@@ -36,8 +36,9 @@ current format (`_upgrade`), so a reader never sees the older layout:
   the same value right after it: what the older file meant.
 - 1.3 -> 1.4: the provenance gained `rng_replay_bytes`; an older file has none,
   which counts no memory for a replay's generator state, as before: nothing to fill.
-- 1.4 -> 1.5: the provenance gained `allocation_granularity_bytes`; an older file has
-  none, which counts every storage at its exact bytes, as before: nothing to fill.
+- 1.4 -> 1.5: the provenance gained `allocation_granularity_bytes` and the host link
+  `issue_s`; an older file has neither, which counts every storage at its exact bytes
+  and no host time per transfer, as before: nothing to fill.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ explains them with an example):
   transfers queue in schedule order on one channel per direction (PCIe is full
   duplex), beside compute when the link is `overlapped` (CUDA copy streams: a
   transfer starts once compute has reached its step and its channel is free), on
-  the compute timeline otherwise (a CPU copy). Without a described link transfers
-  take no time.
+  the compute timeline otherwise (a CPU copy). Starting a transfer and waiting for it
+  costs the compute timeline the link's `issue_s` either way (the host's work). Without
+  a described link transfers take no time.
 - At `backward_start` the forward outputs (user outputs, buffer updates) must
   be live (the caller gets them once any prefetch of them has ended); the other
   live values are what the step saves for backward. At the end every graph
@@ -172,6 +173,7 @@ class _Run:
         seconds = transfer_seconds(self.link, size)
         self.result.transfer_s += seconds
         self.result.transferred_bytes += size
+        self.clock += self.link.issue_s     # the host starting it, on the compute timeline
         if not self.link.overlapped:
             self.clock += seconds
             return self.clock

@@ -43,6 +43,7 @@ def _host_link_text(link: pb.HostLink) -> str:
     """The host link offloading plans with."""
     return (f"host link ({link.source or 'given'}): {human_bytes(link.bandwidth_bytes_per_s)}/s, "
             f"latency {human_time(link.latency_s)}, "
+            + (f"{human_time(link.issue_s)} of host time per transfer, " if link.issue_s else "")
             + ("overlapping compute" if link.overlapped else "on the compute timeline"))
 
 

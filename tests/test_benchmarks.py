@@ -282,19 +282,24 @@ def test_the_time_model_table_judges_each_plan_against_its_interval():
 
     context = {"run": "r", "device": "cpu", "machine": {"cpus": 2}, "commit": "abc1234", "timing_rounds": 50}
     model = {"model": "gpt2", "model_description": "GPT-2 tiny", "status": "ok", "peak_byte_s": 0.0}
-    plan = {**context, **model, "backend": "eager", "solver": "hiremate", "predicted_peak_share": 0.5, "predicted_time_ratio": 1.10}
+    plan = {**context, **model, "backend": "eager", "solver": "hiremate", "predicted_peak_share": 0.5, "predicted_time_ratio": 1.10,
+            "predicted_peak_bytes": 1000, "peak_bytes": 1000}
     rows = [{**context, **model, "method": "eager", "family": "eager"},
             {**plan, "method": "remat-ir hiremate 50%", "budget": "50%", "measured_time_ratio": 1.12, "measured_time_interval": [1.10, 1.14],
              "prediction_error": 1.10 / 1.12 - 1, "prediction_within_tolerance": True},
             {**plan, "method": "remat-ir hiremate 30%", "budget": "30%", "predicted_time_ratio": 1.2, "measured_time_ratio": 1.3,
              "measured_time_interval": [1.28, 1.32], "prediction_error": 1.2 / 1.3 - 1,
              "prediction_within_tolerance": False},
+            {**plan, "method": "remat-ir hiremate 30% + offload", "budget": "30%", "offload": True, "peak_bytes": 1100,
+             "measured_time_ratio": 1.1, "measured_time_interval": [1.0, 1.2], "prediction_error": 0.0,
+             "prediction_within_tolerance": True},
             {**context, **model, "solver": "rotor", "budget": "30%", "status": "infeasible"}]
     text = time_model.table(rows)
-    assert "| hiremate 50% | 50.0% | x1.100 | x1.120 | 1.100-1.140 | 0.982 | yes |" in text
-    assert "| hiremate 30% | 50.0% | x1.200 | x1.300 | 1.280-1.320 | 0.923 | no |" in text
+    assert "| hiremate 50% | 50.0% | 1.000 | x1.100 | x1.120 | 1.100-1.140 | 0.982 | yes |" in text
+    assert "| hiremate 30% | 50.0% | 1.000 | x1.200 | x1.300 | 1.280-1.320 | 0.923 | no |" in text
+    assert "| hiremate 30% + offload | 50.0% | 1.100 | x1.100 | x1.100 | 1.000-1.200 | 1.000 | yes |" in text
     assert "| rotor 30% | infeasible |" in text and "50 rounds of 2 timed steps" in text
-    assert "Time model: 1 of 2 plans predicted within 3%" in text and "not: hiremate 30% (predicted x1.200)" in text
+    assert "Time model: 2 of 3 plans predicted within 3%" in text and "not: hiremate 30% (predicted x1.200)" in text
 
 
 def test_each_peer_is_set_beside_the_fastest_remat_ir_backend_with_the_ratios_interval():

@@ -111,11 +111,12 @@ def test_zoo_offloaded_at_30_percent_is_exact(name):
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(graph=training_graphs(), share=st.floats(0.2, 1.0), bandwidth=st.sampled_from([10.0, 1e3, 1e6]),
-       overlapped=st.booleans())
+       overlapped=st.booleans(), issue=st.sampled_from([0.0, 0.3]))
 def test_offloading_is_never_predicted_slower_than_rematerialization(graph, share, bandwidth,
-                                                                     overlapped):
+                                                                     overlapped, issue):
     link = graph.proto.provenance.host_link
     link.bandwidth_bytes_per_s, link.latency_s, link.overlapped = bandwidth, 1e-3, overlapped
+    link.issue_s = issue
     budget = max(1, int(share * ir.store_all(graph).predicted_peak_bytes))
     try:
         remat = solvers.solve(graph, budget, "rotor")
@@ -194,9 +195,28 @@ def test_offloaded_training_on_device(device, capfd):
         assert abs(measured - result.peak_bytes) <= 0.05 * result.peak_bytes, (measured, result)
 
 
+@pytest.mark.parametrize("overlapped", [True, False])
+def test_each_transfer_costs_the_compute_timeline_its_issue_time(overlapped):
+    """On a link with no latency and endless bandwidth, a schedule's time with offloads is
+    its time without them plus the host's `issue_s` per transfer, on either kind of link."""
+    graph = ir.Graph(lowered("gpt2").proto)
+    rnd = random.Random(7)
+    schedule = random_round_trips(graph, random_schedule(graph, rnd), rnd, 0.5)
+    transfers = sum(s.HasField("offload") or s.HasField("prefetch") for s in schedule.steps)
+    link = graph.proto.provenance.host_link
+    link.CopyFrom(INSTANT)
+    link.overlapped = overlapped
+    plain = ir.simulate(graph, schedule)
+    link.issue_s = 1e-3
+    issued = ir.simulate(graph, schedule)
+    assert transfers and max(issued.stall_s, plain.stall_s) < 1e-9
+    assert issued.total_time_s == pytest.approx(plain.total_time_s + transfers * 1e-3, abs=1e-9)
+
+
 def test_measured_cpu_link_is_a_memcpy():
     link = measure_link(torch.device("cpu"), nbytes=1 << 20, repeats=2)
     assert link["bandwidth_bytes_per_s"] > 0 and link["latency_s"] >= 0 and not link["overlapped"]
+    assert link["issue_s"] > 0
 
 
 def test_pofo_offloads_exactly_and_is_never_slower_than_rotor():
