@@ -1,7 +1,8 @@
 """The time model judged with enough rounds to tell 3%: predicted against measured step time.
 
     python benchmarks/time_model.py [--models gpt2,cnn] [--rounds 100] [--device cpu|cuda]
-                                    [--backend eager|inductor]
+                                    [--backend eager|inductor] [--offload]
+                                    [--plans hiremate@50%,hiremate@30%+offload]
 
 Why a benchmark of its own: `training_step.py` times every method (torch.compile
 variants, checkpointing, remat-ir at the peers' peaks) for 10 rounds, and on a
@@ -50,16 +51,38 @@ PLANS = [("hiremate", share) for share in ("95%", "85%", "70%", "60%", "50%", "3
 OFFLOAD_SHARES = ("50%", "30%", "25%", "15%")
 
 
-def plan_methods(bm, time_limit_s: float, backend: str = "eager", offload: bool = False
-                 ) -> tuple[list[methods.Method], list[methods.Method]]:
-    """(eager, store-everything and every feasible plan of `PLANS`, run with `backend`; the
-    infeasible ones). `offload`: the plans of `OFFLOAD_SHARES` too."""
-    planner = methods.RematPlanner(bm, training_step.say)
-    built = [methods.eager(bm), planner.method("autograd", None, backend=backend)]
+def parse_plans(text: str) -> list[tuple[str, str, bool]]:
+    """'hiremate@50%,hiremate@30%+offload' -> [(solver, budget, offload), ...]."""
+    plans = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        solver, at, budget = item.partition("@")
+        if not at or not solver or not budget:
+            raise ValueError(f"plan {item!r}: write SOLVER@BUDGET or SOLVER@BUDGET+offload, "
+                             "e.g. hiremate@50% or hiremate@30%+offload")
+        budget, plus, extra = budget.partition("+")
+        if plus and extra != "offload":
+            raise ValueError(f"plan {item!r}: only '+offload' may follow the budget")
+        plans.append((solver, budget, bool(plus)))
+    return plans
+
+
+def default_plans(offload: bool) -> list[tuple[str, str, bool]]:
+    """`PLANS`, and with `offload` the plans of `OFFLOAD_SHARES` alone and offloaded."""
     plans = [(solver, budget, False) for solver, budget in PLANS]
     if offload:
         plans += [("hiremate", share, False) for share in OFFLOAD_SHARES if ("hiremate", share) not in PLANS]
         plans += [("hiremate", share, True) for share in OFFLOAD_SHARES]
+    return plans
+
+
+def plan_methods(bm, time_limit_s: float, backend: str = "eager",
+                 plans: list[tuple[str, str, bool]] | None = None
+                 ) -> tuple[list[methods.Method], list[methods.Method]]:
+    """(eager, store-everything and every feasible plan of `plans` (solver, budget,
+    offload; default `default_plans(False)`), run with `backend`; the infeasible ones)."""
+    planner = methods.RematPlanner(bm, training_step.say)
+    built = [methods.eager(bm), planner.method("autograd", None, backend=backend)]
+    plans = default_plans(False) if plans is None else plans
     for solver, budget, offloaded in plans:
         built.append(planner.method(solver, budget, time_limit_s=time_limit_s, backend=backend,
                                     offload=offloaded))
@@ -113,12 +136,18 @@ def main(argv=None) -> int:
                         help="how remat-ir runs the plans (predictions come from eager op times either way)")
     parser.add_argument("--offload", action="store_true",
                         help=f"also hiremate with offloading at {', '.join(OFFLOAD_SHARES)} (and alone there)")
+    parser.add_argument("--plans", help="comma-separated SOLVER@BUDGET[+offload] instead of the default sweep, "
+                        "e.g. hiremate@50%%,hiremate@30%%+offload")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "time_model"))
     args = parser.parse_args(argv)
     models = args.models.split(",")
     unknown = [m for m in models if m not in FACTORIES]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
+    try:
+        plans = parse_plans(args.plans) if args.plans else default_plans(args.offload)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs rounds to resample)")
     device = torch.device(args.device)
@@ -138,7 +167,7 @@ def main(argv=None) -> int:
         bm = FACTORIES[name]("quick")
         bm.module.to(device)
         bm.inputs = tuple(x.to(device) for x in bm.inputs)
-        built, infeasible = plan_methods(bm, args.time_limit, args.backend, args.offload)
+        built, infeasible = plan_methods(bm, args.time_limit, args.backend, plans)
         figures = training_step.measure(built, device, args.rounds)
         rows = training_step.records(bm, built, infeasible, figures, context)
         report.append_jsonl(jsonl, rows)

@@ -312,3 +312,15 @@ def test_each_peer_is_set_beside_the_fastest_remat_ir_backend_with_the_ratios_in
     lines = bench_report.peer_points([peer, *plans])
     assert "| checkpoint every block | 30.0% | x1.500 | 29.0%, x1.200 | 29.0%, x1.050 | 0.700 (0.700-0.700) |" \
         in lines, lines
+
+
+def test_time_model_plans_are_read_from_the_command_line_or_refused_in_one_line():
+    import time_model
+
+    assert time_model.parse_plans("hiremate@50%, rotor@30%+offload,") == [
+        ("hiremate", "50%", False), ("rotor", "30%", True)]
+    assert ("hiremate", "15%", True) in time_model.default_plans(offload=True)
+    assert not any(offload for *_, offload in time_model.default_plans(offload=False))
+    for bad, says in (("hiremate", "write SOLVER@BUDGET"), ("hiremate@50%+fast", "only '\\+offload'")):
+        with pytest.raises(ValueError, match=says):
+            time_model.parse_plans(bad)
