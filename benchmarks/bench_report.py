@@ -25,6 +25,14 @@ FAMILY_STYLE = {  # matplotlib marker and colour per method family
 }
 
 
+#: How far a prediction may be from the measured ratio's interval and still count as
+#: right (issue 25's target), and the interval's level: `training_step.judge_prediction`
+#: judges by them and every table and picture here says them.
+PREDICTION_TOLERANCE = 0.03
+INTERVAL_LEVEL = 0.95
+TOLERANCE_TEXT, LEVEL_TEXT = f"{PREDICTION_TOLERANCE:.0%}", f"{INTERVAL_LEVEL:.0%}"
+
+
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "a") as f:
         for row in rows:
@@ -59,7 +67,7 @@ def table(rows: list[dict]) -> str:
              "remat-ir's predicted figures come from its simulator; the last two columns are step time "
              "relative to remat-ir's own store-everything schedule run with the same backend, predicted "
              "(from op times measured on the eager backend) and measured (what the "
-             "time model is judged by, with the 95% interval that resampling the run's rounds gives it); "
+             f"time model is judged by, with the {LEVEL_TEXT} interval that resampling the run's rounds gives it); "
              "its budgets are shares of the simulated store-everything peak.", ""]
     for model, model_rows in _by_model(rows).items():
         ok = [r for r in model_rows if r["status"] == "ok"]
@@ -104,8 +112,8 @@ def time_model_summary(ok_rows: list[dict]) -> list[str]:
         return []
     off = [f"{r['method'].replace('remat-ir ', '')} (predicted x{r['predicted_time_ratio']:.3f})"
            for r in judged if not r["prediction_within_tolerance"]]
-    return [f"Time model: {len(judged) - len(off)} of {len(judged)} plans predicted within 3% of the "
-            "95% interval of their measured ratio (rounds resampled)"
+    return [f"Time model: {len(judged) - len(off)} of {len(judged)} plans predicted within {TOLERANCE_TEXT} of "
+            f"the {LEVEL_TEXT} interval of their measured ratio (rounds resampled)"
             + (f"; not: {', '.join(off)}." if off else "."), ""]
 
 
@@ -125,7 +133,8 @@ def peer_points(model_rows: list[dict]) -> list[str]:
              "as its byte budget):", "",
              "| peer | peer peak vs eager | peer time | " + " | ".join(f"remat-ir {b}: peak, time"
                                                                    for b in backends)
-             + (" | best remat-ir / peer (95% interval, rounds resampled) |" if kept else " | best remat-ir / peer |"),
+             + (f" | best remat-ir / peer ({LEVEL_TEXT} interval, rounds resampled) |" if kept
+                else " | best remat-ir / peer |"),
              "|---|---:|---:|" + "---:|" * len(backends) + "---:|"]
     for peer, by in at.items():
         p = ok.get(peer)
@@ -223,8 +232,9 @@ def time_model_picture(rows: list[dict], path: Path) -> None:
     ends = [min(min(r["measured_time_ratio"], r["predicted_time_ratio"]) for r in points) * 0.97,
             max(max(r["measured_time_ratio"], r["predicted_time_ratio"]) for r in points) * 1.03]
     ax.plot(ends, ends, color="grey", linewidth=0.8)
-    ax.fill_between(ends, [e * 0.97 for e in ends], [e * 1.03 for e in ends], color="grey", alpha=0.15,
-                    label="within 3%")
+    ax.fill_between(ends, [e * (1 - PREDICTION_TOLERANCE) for e in ends],
+                    [e * (1 + PREDICTION_TOLERANCE) for e in ends], color="grey", alpha=0.15,
+                    label=f"within {TOLERANCE_TEXT}")
     ax.set_xlabel("measured step time / store-everything's")
     ax.set_ylabel("predicted step time / store-everything's")
     ax.set_title(f"time model, run {rows[0]['run']} ({rows[0]['device']})", fontsize=9)

@@ -100,15 +100,16 @@ def table(rows: list[dict]) -> str:
     lines = [f"Run `{first['run']}` on {first['device']} ({first['machine']['cpus']} CPUs), commit "
              f"`{first['commit']}`, {first['timing_rounds']} rounds of {training_step.TIMED_PER_ROUND} timed steps per "
              "method. Step time relative to remat-ir's store-everything schedule: predicted by the simulator "
-             "on the graph's profiled costs, measured (ratio of median steps) with its 95% interval from "
-             "resampled rounds; a prediction counts as right within 3% of that interval.", ""]
+             f"on the graph's profiled costs, measured (ratio of median steps) with its {report.LEVEL_TEXT} "
+             f"interval from resampled rounds; a prediction counts as right within {report.TOLERANCE_TEXT} of "
+             "that interval.", ""]
     for model, model_rows in report._by_model(rows).items():
         price = next(r["peak_byte_s"] for r in model_rows if "peak_byte_s" in r)
         backend = next(r["backend"] for r in model_rows if "backend" in r)
         lines += [f"**{model}**: {model_rows[0]['model_description']}; backend {backend}; footprint price "
                   f"{price * 2**20 * 1e3:.3f} ms per MiB of peak.", "",
                   "| plan | peak vs store-everything (predicted) | measured / predicted peak | predicted | "
-                  "measured | 95% interval | prediction / measured | within 3% |",
+                  f"measured | {report.LEVEL_TEXT} interval | prediction / measured | within {report.TOLERANCE_TEXT} |",
                   "|---|---:|---:|---:|---:|---|---:|---|"]
         judged = [r for r in model_rows if "measured_time_interval" in r and r["budget"] != "store-everything"]
         for r in judged:

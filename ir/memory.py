@@ -14,7 +14,9 @@ share one (views, in-place results). The rules:
 - **Allocations.** Every computation of an allocating output makes a new
   allocation of its storage's bytes, even while an older copy of the same
   storage is still held through a view (a recomputation). An allocation
-  counts while any value holding it is live (`Allocations`).
+  counts while any value holding it is live (`Allocations`). Its bytes are the
+  storage's rounded up to the device allocator's granularity
+  (`Provenance.allocation_granularity_bytes`, 512 on CUDA; `Graph.storage_bytes`).
 - **During a step** the live bytes include the new outputs and the node's
   workspace (`Cost.workspace_bytes`); an output recomputed while its old copy
   is live holds both until the step ends, and a user output's old copy, which
