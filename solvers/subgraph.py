@@ -60,7 +60,9 @@ def part_graph(graph: Graph, forward: Sequence[int], backward: Sequence[int], na
             backward_result = p is not None and graph.node(p).phase == pb.BACKWARD
             value.kind = pb.GRADIENT if backward_result else pb.USER_INPUT
     for s in dict.fromkeys(graph.value(v).storage_id for v in value_ids):
-        proto.storages.add(id=s, size_bytes=graph.storage_data_bytes(s))
+        # At the bytes the full graph counts (rounded to its allocator's granularity): the
+        # part carries no provenance, so its storages hold what allocating them takes.
+        proto.storages.add(id=s, size_bytes=graph.storage_bytes(s))
     for n in nodes:
         node = proto.nodes.add()
         node.CopyFrom(n)

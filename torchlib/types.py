@@ -191,7 +191,8 @@ def argument_names(spec: pytree.TreeSpec) -> list[str]:
 
 #: PyTorch's CUDA caching allocator rounds every block up to a multiple of 512 bytes
 #: (`kMinBlockSize`); `torch.cuda.memory_allocated` counts the rounded sizes. Measured on
-#: an H100: the tiny GPT-2's store-everything step 2.6% above its unrounded prediction.
+#: an H100: the tiny CNN with BatchNorm, compiled, 41% above its unrounded plan and
+#: within 5% of the rounded one; the offloaded tiny GPT-2 9.9% above, then 6.4%.
 CUDA_ALLOCATION_GRANULARITY = 512
 
 
