@@ -47,7 +47,8 @@ def pofo(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
         return 2 * transfer_seconds(link, nbytes) if nbytes else 0.0
 
     def plan_at(target: int, least: bool = False) -> pb.Schedule | None:
-        tables = _Tables(chain, target, progress, round_trip, link.overlapped)
+        tables = _Tables(chain, target, progress, round_trip, link.overlapped,
+                         round_trip_host_s=2 * link.issue_s)
         m = tables.smallest() if least else tables.M
         if m is None or not tables.feasible(m):
             return None

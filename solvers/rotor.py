@@ -282,10 +282,12 @@ class OutOfTime(SolverError):
 class _Tables:
     """The DP tables for one memory scale. With `round_trip` (seconds to offload and
     prefetch so many bytes; `pofo`), a stored stage may also be offloaded while the
-    rest of the chain runs (`offload_move`). Past `deadline` it raises `OutOfTime`."""
+    rest of the chain runs (`offload_move`), which also costs the compute timeline
+    `round_trip_host_s` (the host issuing the two transfers). Past `deadline` it raises
+    `OutOfTime`."""
 
     def __init__(self, chain: Chain, capacity: int, progress, round_trip=None, overlapped=True,
-                 deadline: Deadline | None = None):
+                 deadline: Deadline | None = None, round_trip_host_s: float = 0.0):
         self.chain = chain
         self.round_trip = round_trip
         #: What the chain holds all along does not fit: no plan does.
@@ -331,7 +333,8 @@ class _Tables:
                         # stages s+1..t run and come back for its backward; the middle
                         # runs without them, and the step waits for the longer of the two.
                         middle, seconds = self.opt[s + 1, t], round_trip(opt.hist)
-                        cand = cost + (np.maximum(middle, seconds) if overlapped else middle + seconds)
+                        cand = (cost + round_trip_host_s
+                                + (np.maximum(middle, seconds) if overlapped else middle + seconds))
                         # Its results are on the device again while stage s+1's backward
                         # runs (the prefetch overlaps it) and before they leave.
                         nxt = stages[s + 1].options[0]
