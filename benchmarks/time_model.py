@@ -40,6 +40,8 @@ import bench_methods as methods  # noqa: E402
 import bench_report as report  # noqa: E402
 import training_step  # noqa: E402
 from bench_models import FACTORIES  # noqa: E402
+from remat_ir.solvers import BadRequest, UnknownSolver, parse_budget  # noqa: E402
+from remat_ir.solvers import find as find_solver  # noqa: E402
 
 #: Budgets each model's plans are made at (shares of the simulated store-everything peak;
 #: "smallest" is the least hiremate reaches), per solver. Budgets below a model's floor
@@ -147,7 +149,11 @@ def main(argv=None) -> int:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
     try:
         plans = parse_plans(args.plans) if args.plans else default_plans(args.offload)
-    except ValueError as exc:
+        for solver, budget, _ in plans:   # refused before minutes of lowering
+            find_solver(solver)
+            if budget != "smallest":
+                parse_budget(budget, 1)
+    except (ValueError, UnknownSolver, BadRequest) as exc:
         parser.error(str(exc))
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs rounds to resample)")
