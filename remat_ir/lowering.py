@@ -61,10 +61,12 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
 
 def _sqrt_schedule(graph: Graph):
     """Chen's sqrt checkpoints: the low-memory schedule "profile" calibrates its footprint
-    term on (`runtimes/calibration.py`); cheap to build, about 1.4x a step to run."""
-    from remat_ir.solvers import solve
+    term on (`runtimes/calibration.py`); cheap to build, about 1.4x a step to run. Not
+    stored in the graph (as `solve` would): its predicted time is made on the isolated
+    costs the calibration then replaces, and a stored copy would go stale."""
+    from remat_ir.solvers.baselines import sqrt
 
-    return solve(graph, None, "sqrt")
+    return sqrt(graph, None)
 
 
 def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
