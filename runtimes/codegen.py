@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.ir import Graph, pb, simulate
-from remat_ir.ir.arguments import TensorRef, decode
+from remat_ir.ir.arguments import TensorRef, decode, tensor_ids
 from remat_ir.ir.dtypes import nbytes
 from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
 from remat_ir.ir.memory import allocated_bytes
@@ -621,22 +621,9 @@ def mutated_inputs(node: pb.Node) -> set[int]:
     an `out=` overload, the self of an in-place op)."""
     arguments = resolve_op(node.op)._schema.arguments
     written = {a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write}
-    found: set[int] = set()
-
-    def collect(obj) -> None:
-        if isinstance(obj, TensorRef):
-            found.add(obj.value_id)
-        elif isinstance(obj, (list, tuple)):
-            for item in obj:
-                collect(item)
-
-    for name, argument in zip((a.name for a in arguments), node.args):
-        if name in written:
-            collect(decode(argument))
-    for kw in node.kwargs:
-        if kw.name in written:
-            collect(decode(kw.value))
-    return found
+    found = {v for a, argument in zip(arguments, node.args) if a.name in written
+             for v in tensor_ids(argument)}
+    return found | {v for kw in node.kwargs if kw.name in written for v in tensor_ids(kw.value)}
 
 
 def _copy_name(value_id: int) -> str:
