@@ -53,9 +53,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CUDA_PEAK_GAP = {"gpt2": 1.23, "straight_through": 1.10}
 
 
-def _known_gap(name: str, device: str) -> bool:
-    """Only the peak check gives way (xfail), after the gradients and regions passed."""
-    return device == "cuda" and name in CUDA_PEAK_GAP
+def _known_gap(name: str, device: str) -> float:
+    """How far over its plan the peak may be and xfail rather than fail (0: not at all);
+    only the peak check gives way, after the gradients and regions passed."""
+    return CUDA_PEAK_GAP.get(name, 0.0) if device == "cuda" else 0.0
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -96,7 +97,7 @@ def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name, d
         scheduled.zero_grad(set_to_none=True)
         peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), device).peak_bytes
     predicted = simulate(graph, schedule).peak_bytes
-    if 1.05 * predicted < peak <= CUDA_PEAK_GAP.get(name, 0) * predicted and _known_gap(name, device):
+    if 1.05 * predicted < peak <= _known_gap(name, device) * predicted:
         pytest.xfail(f"known CUDA peak gap: measured {peak} bytes, planned {predicted}")
     assert peak <= 1.05 * predicted, f"measured {peak} bytes, planned {predicted}"
 
