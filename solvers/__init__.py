@@ -61,7 +61,7 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
 
     `budget`: None (no limit), bytes, a size ("2GiB") or a share of the
     store-everything peak ("50%"). With `offload`, the solver's plans at a ladder
-    of budgets are offloaded down to `budget` over the graph's host link and the
+    of budgets (refined around its fastest rung) are offloaded down to `budget` over the graph's host link and the
     fastest is kept (`offload.plan_with_offload`), within `host_budget` (bytes or a
     size) of host memory. Raises InfeasibleBudget (with the smallest feasible budget
     the solver knows), UnknownSolver, or SolverError when the solver fails or

@@ -26,7 +26,9 @@ from remat_ir.ir import pb
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.runtimes.transfers import measure_link
-from remat_ir.solvers.offload import add_offloads, describe_link, idle_gaps, with_round_trips
+from remat_ir.runtimes.profiling import priced_for
+from remat_ir.solvers.offload import (LADDER_STEP, REFINE_LEVELS, add_offloads, describe_link, idle_gaps,
+                                     plan_with_offload, with_round_trips)
 
 import zoo
 import zoo_models
@@ -240,3 +242,70 @@ def test_pofo_offloads_exactly_and_is_never_slower_than_rotor():
     errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, kwargs,
                           loss_of, steps=2)
     assert errors == {}, errors
+
+
+def _offloaded_from_every_start(graph: ir.Graph, budget: int, refine_levels: int):
+    """plan_with_offload on rotor's plans, with each budget it asked rotor for and each
+    rotor plan it started from."""
+    asked, starts = [], [ir.store_all(graph)]
+
+    def remat(b: int) -> pb.Schedule:
+        asked.append(b)
+        try:
+            starts.append(solvers.solve(graph, b, "rotor"))
+        except solvers.InfeasibleBudget as refused:
+            if refused.schedule is not None:
+                starts.append(refused.schedule)
+            raise
+        return starts[-1]
+
+    planned = plan_with_offload(graph, budget, remat, refine_levels=refine_levels)
+    return planned, asked, starts
+
+
+def test_the_ladder_is_refined_around_its_fastest_rung_and_the_fastest_plan_is_kept():
+    """Tiny Llama priced for a GPU, at 80% over a link that moves three store-everything
+    peaks per step: the coarse ladder's best rung is not the best budget; the rungs
+    halfway to its neighbours find a faster plan. Whatever the levels, the plan is the
+    fastest of every start offloaded down to the budget."""
+    graph = priced_for(ir.Graph(lowered("llama").proto), "cuda")
+    everything = ir.store_all(graph)
+    describe_link(graph, 3 * everything.predicted_peak_bytes / everything.predicted_time_s)
+    budget = int(0.8 * everything.predicted_peak_bytes)
+    times = {}
+    for levels in (0, REFINE_LEVELS):
+        planned, asked, starts = _offloaded_from_every_start(graph, budget, levels)
+        result = ir.check(graph, planned)
+        assert result.peak_bytes <= budget
+        times[levels] = result.total_time_s
+        fastest = float("inf")
+        for start in starts:
+            try:
+                fastest = min(fastest, ir.simulate(graph, add_offloads(graph, start, budget)).total_time_s)
+            except solvers.InfeasibleBudget:
+                pass
+        assert result.total_time_s == fastest
+        coarse = [int(budget * LADDER_STEP ** i) for i in range(len(asked))
+                  if budget * LADDER_STEP ** i < everything.predicted_peak_bytes]
+        assert asked[:len(coarse)] == coarse
+        assert len(asked) > len(coarse) if levels else asked == coarse
+    assert times[REFINE_LEVELS] < times[0] * (1 - 1e-3)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(graph=training_graphs(), share=st.floats(0.3, 0.95), bandwidth=st.sampled_from([10.0, 1e3, 1e6]))
+def test_refining_the_ladder_never_plans_slower(graph, share, bandwidth):
+    link = graph.proto.provenance.host_link
+    link.bandwidth_bytes_per_s, link.latency_s, link.overlapped = bandwidth, 1e-3, True
+    budget = max(1, int(share * ir.store_all(graph).predicted_peak_bytes))
+    planned = {}
+    for levels in (0, REFINE_LEVELS):
+        try:
+            planned[levels] = ir.check(graph, _offloaded_from_every_start(graph, budget, levels)[0])
+        except solvers.InfeasibleBudget:
+            planned[levels] = None
+    if planned[0] is not None:
+        assert planned[REFINE_LEVELS] is not None
+        assert planned[REFINE_LEVELS].total_time_s <= planned[0].total_time_s
+    for result in planned.values():
+        assert result is None or result.peak_bytes <= budget
