@@ -35,6 +35,14 @@ import zoo_models
 from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
 from strategies import training_graphs
 
+def own_copy(name: str) -> ir.Graph:
+    """The session's lowered zoo model as a graph of its own: the links, prices and plans
+    a test sets stay out of the graph other tests share (`lowered` is cached)."""
+    proto = pb.Graph()
+    proto.CopyFrom(lowered(name).proto)
+    return ir.Graph(proto)
+
+
 #: A link on which every idle gap is wide open: transfers on the compute timeline, instant.
 INSTANT = pb.HostLink(bandwidth_bytes_per_s=1e18, latency_s=0.0, overlapped=False)
 
@@ -85,7 +93,7 @@ def test_zoo_offloaded_at_30_percent_is_exact(name):
     and store-everything offloaded alone. Tiny models hold much of their peak in
     gradients, so 30% is often below any plan: then the lowest-peak plan reached is
     trained instead."""
-    graph = ir.Graph(lowered(name).proto)
+    graph = own_copy(name)
     describe_link(graph, "25GB/s")
     budget = int(0.3 * ir.store_all(graph).predicted_peak_bytes)
 
@@ -140,7 +148,7 @@ def test_offloading_is_never_predicted_slower_than_rematerialization(graph, shar
 
 
 def test_host_budget_bounds_the_copies():
-    graph = ir.Graph(lowered("gpt2").proto)
+    graph = own_copy("gpt2")
     describe_link(graph, "1TB/s")
     free_hand = solvers.solve(graph, "60%", "rotor", offload=True)
     held = ir.simulate(graph, free_hand).host_peak_bytes
@@ -151,7 +159,7 @@ def test_host_budget_bounds_the_copies():
 
 
 def test_offloading_needs_a_link_and_says_so():
-    graph = ir.Graph(lowered("mlp_dropout").proto)
+    graph = own_copy("mlp_dropout")
     graph.proto.provenance.ClearField("host_link")
     with pytest.raises(solvers.BadRequest, match="host link's bandwidth.*host_bandwidth='25GB/s'"):
         solvers.solve(graph, "50%", offload=True)
@@ -207,9 +215,7 @@ def test_offloaded_training_on_device(device, capfd):
 def test_each_transfer_costs_the_compute_timeline_its_issue_time(overlapped):
     """On a link with no latency and endless bandwidth, a schedule's time with offloads is
     its time without them plus the host's `issue_s` per transfer, on either kind of link."""
-    proto = pb.Graph()
-    proto.CopyFrom(lowered("gpt2").proto)    # a copy: the session's lowered graph stays as it is
-    graph = ir.Graph(proto)
+    graph = own_copy("gpt2")
     rnd = random.Random(7)
     schedule = random_round_trips(graph, random_schedule(graph, rnd), rnd, 0.5)
     transfers = sum(s.HasField("offload") or s.HasField("prefetch") for s in schedule.steps)
@@ -230,7 +236,7 @@ def test_measured_cpu_link_is_a_memcpy():
 
 
 def test_pofo_offloads_exactly_and_is_never_slower_than_rotor():
-    graph = ir.Graph(lowered("gpt2").proto)
+    graph = own_copy("gpt2")
     describe_link(graph, "1TB/s")
     budget = int(0.7 * ir.store_all(graph).predicted_peak_bytes)
     alone = solvers.solve(graph, budget, "rotor")
@@ -268,7 +274,7 @@ def test_the_ladder_is_refined_around_its_fastest_rung_and_the_fastest_plan_is_k
     peaks per step: the coarse ladder's best rung is not the best budget; the rungs
     halfway to its neighbours find a faster plan. Whatever the levels, the plan is the
     fastest of every start offloaded down to the budget."""
-    graph = priced_for(ir.Graph(lowered("llama").proto), "cuda")
+    graph = priced_for(own_copy("llama"), "cuda")
     everything = ir.store_all(graph)
     describe_link(graph, 3 * everything.predicted_peak_bytes / everything.predicted_time_s)
     budget = int(0.8 * everything.predicted_peak_bytes)
