@@ -25,8 +25,9 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
   can hide is bounded by the bytes it moves while the forward runs, so the best
   rematerialization budget is the highest one whose excess the link still clears
   without stalls, and on a slow link that lies between two coarse rungs (GPT-2 12
-  layers at 25% over PCIe 4: the coarse ladder's best rung is 31%, the refined one
-  33%, 0.75 -> 0.69 of rematerialization's overhead).
+  layers at 25% over PCIe 4, GPU-priced: 0.75 of rematerialization's overhead from
+  the coarse ladder, 0.65 refined; benchmarks/results/offload.md). A floor plan the
+  solver refused is offloaded too, but not refined around.
 
 A value is offloaded only over a gap where no other value holding its storage is live
 (a view would keep the storage on the device, and the prefetch allocate it again);
@@ -329,7 +330,10 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Sched
         if refused.schedule is not None and (lowest is None or refused.smallest_feasible < lowest_peak):
             lowest, lowest_peak = refused.schedule, refused.smallest_feasible
 
-    def offloaded(start: pb.Schedule, rung: int) -> None:
+    def offloaded(start: pb.Schedule, rung: int | None) -> None:
+        """Offload `start` down to the budget; keep it if fastest. `rung`: the budget it
+        was planned at, None for a plan the solver refused to call within its budget
+        (its floor plan: rungs around one below the floor would give floor plans again)."""
         nonlocal best, best_time, best_rung
         try:
             planned = add_offloads(graph, start, budget, host_budget=host_budget, progress=progress)
@@ -337,7 +341,8 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Sched
             note(refused)
             return
         time_s = simulate(graph, planned).total_time_s
-        progress(f"offload: from {start.name or 'a plan'} at {rung} bytes: {time_s:.4g} s predicted")
+        progress(f"offload: from {start.name or 'a plan'}{f' at {rung} bytes' if rung else ''}: "
+                 f"{time_s:.4g} s predicted")
         if time_s < best_time:
             best, best_time, best_rung = planned, time_s, rung
 
@@ -347,9 +352,9 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Sched
             start = remat(rung)
         except InfeasibleBudget as refused:
             note(refused)
-            if refused.schedule is None:
-                return
-            start = refused.schedule
+            if refused.schedule is not None:   # a start, but not a rung to refine around
+                offloaded(refused.schedule, None)
+            return
         offloaded(start, rung)
 
     offloaded(everything, ceiling)
