@@ -17,7 +17,8 @@ it runs here. Links:
 Per (graph, link, budget in 50%, 30%, 25%, 15% of the store-everything peak): the
 default planner alone (`solve(graph, budget)`) and with offloading
 (`offload.plan_with_offload` on the same planner, its plans at each ladder budget
-computed once per graph and shared by the links): predicted overhead (time /
+computed once per graph and shared by the links; the rungs of the refinement differ
+per link, so a link's planning seconds count the plans it asked for first): predicted overhead (time /
 store-everything's - 1), where compute waits for transfers, host memory, planning
 seconds; or the smallest budget each reaches. "ratio" is offloading's overhead over
 rematerialization's: the paper (POFO, 003) reports about 2/3. The `pofo` solver (rotor's
