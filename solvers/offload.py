@@ -311,6 +311,16 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
     return current
 
 
+def coarse_rungs(budget: int, ceiling: int) -> list[int]:
+    """The ladder's budgets: from `budget` up by `LADDER_STEP`, below `ceiling` (the
+    store-everything peak)."""
+    rungs, b = [], float(budget)
+    while b < ceiling:
+        rungs.append(int(b))
+        b *= LADDER_STEP
+    return rungs
+
+
 def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Schedule], *,
                       host_budget: int | None = None, refine_levels: int = REFINE_LEVELS,
                       progress: Progress = quiet) -> pb.Schedule:
@@ -358,10 +368,8 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[[int], pb.Sched
         offloaded(start, rung)
 
     offloaded(everything, ceiling)
-    b = float(budget)
-    while b < ceiling:
-        start_at(int(b))
-        b *= LADDER_STEP
+    for rung in coarse_rungs(budget, ceiling):
+        start_at(rung)
     for level in range(1, refine_levels + 1):
         if best_rung is None:
             break

@@ -27,13 +27,14 @@ from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.runtimes.transfers import measure_link
 from remat_ir.runtimes.profiling import priced_for
-from remat_ir.solvers.offload import (LADDER_STEP, REFINE_LEVELS, add_offloads, describe_link, idle_gaps,
+from remat_ir.solvers.offload import (REFINE_LEVELS, add_offloads, coarse_rungs, describe_link, idle_gaps,
                                      plan_with_offload, with_round_trips)
 
 import zoo
 import zoo_models
 from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
 from strategies import training_graphs
+
 
 def own_copy(name: str) -> ir.Graph:
     """The session's lowered zoo model as a graph of its own: the links, prices and plans
@@ -291,8 +292,7 @@ def test_the_ladder_is_refined_around_its_fastest_rung_and_the_fastest_plan_is_k
             except solvers.InfeasibleBudget:
                 pass
         assert result.total_time_s == fastest
-        coarse = [int(budget * LADDER_STEP ** i) for i in range(len(asked))
-                  if budget * LADDER_STEP ** i < everything.predicted_peak_bytes]
+        coarse = coarse_rungs(budget, everything.predicted_peak_bytes)
         assert asked[:len(coarse)] == coarse
         assert len(asked) > len(coarse) if levels else asked == coarse
     assert times[REFINE_LEVELS] < times[0] * (1 - 1e-3)
@@ -307,7 +307,8 @@ def test_refining_the_ladder_never_plans_slower(graph, share, bandwidth):
     planned = {}
     for levels in (0, REFINE_LEVELS):
         try:
-            planned[levels] = ir.check(graph, _offloaded_from_every_start(graph, budget, levels)[0])
+            planned[levels] = ir.check(graph, plan_with_offload(
+                graph, budget, lambda b: solvers.solve(graph, b, "rotor"), refine_levels=levels))
         except solvers.InfeasibleBudget:
             planned[levels] = None
     if planned[0] is not None:
