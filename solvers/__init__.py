@@ -63,7 +63,8 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     store-everything peak ("50%"). With `offload`, the solver's plans at a ladder
     of budgets (refined around its fastest rung) are offloaded down to `budget` over the graph's host link and the
     fastest is kept (`offload.plan_with_offload`), within `host_budget` (bytes or a
-    size) of host memory. Raises InfeasibleBudget (with the smallest feasible budget
+    size) of host memory; `time_limit_s` then bounds the whole ladder, each plan
+    getting a share of it. Raises InfeasibleBudget (with the smallest feasible budget
     the solver knows), UnknownSolver, or SolverError when the solver fails or
     returns a schedule the simulator refuses.
     """
@@ -78,9 +79,9 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     try:
         if offload and limit is not None:
             schedule = plan_with_offload(
-                graph, limit, lambda b: function(graph, b, time_limit_s=time_limit_s,
-                                                 progress=progress, **options),
-                host_budget=host_limit, progress=progress)
+                graph, limit, lambda b, time_limit_s=None: function(graph, b, time_limit_s=time_limit_s,
+                                                                    progress=progress, **options),
+                host_budget=host_limit, time_limit_s=time_limit_s, progress=progress)
         else:
             schedule = function(graph, limit, time_limit_s=time_limit_s, progress=progress, **options)
     except InfeasibleBudget as refused:

@@ -298,6 +298,40 @@ def test_the_ladder_is_refined_around_its_fastest_rung_and_the_fastest_plan_is_k
     assert times[REFINE_LEVELS] < times[0] * (1 - 1e-3)
 
 
+def test_a_time_limit_bounds_the_whole_ladder_not_each_plan():
+    """With a time limit, each plan is asked for with a share of the time left and a
+    plan that spends its whole share (here: rotor, then a sleep to the end of its share)
+    leaves the ladder within the limit; with no time left, no plan is asked for."""
+    import time
+
+    graph = priced_for(own_copy("llama"), "cuda")
+    everything = ir.store_all(graph)
+    describe_link(graph, 3 * everything.predicted_peak_bytes / everything.predicted_time_s)
+    budget = int(0.8 * everything.predicted_peak_bytes)
+    limit, shares = 1.0, []
+
+    def remat(b: int, *, time_limit_s: float) -> pb.Schedule:
+        started = time.monotonic()
+        shares.append(time_limit_s)
+        schedule = solvers.solve(graph, b, "rotor")
+        time.sleep(max(0.0, time_limit_s - (time.monotonic() - started)))
+        return schedule
+
+    started = time.monotonic()
+    planned = plan_with_offload(graph, budget, remat, time_limit_s=limit)
+    elapsed = time.monotonic() - started
+    assert ir.check(graph, planned).peak_bytes <= budget
+    assert len(shares) > len(coarse_rungs(budget, everything.predicted_peak_bytes))  # refined too
+    assert all(0 < share < limit for share in shares) and sum(shares) <= limit
+    assert elapsed <= limit + 0.5, f"{elapsed:.2f} s under a {limit} s limit"
+    shares.clear()
+    try:
+        plan_with_offload(graph, budget, remat, time_limit_s=0.0)
+    except solvers.InfeasibleBudget:
+        pass
+    assert shares == []
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(graph=training_graphs(), share=st.floats(0.3, 0.95), bandwidth=st.sampled_from([10.0, 1e3, 1e6]))
 def test_refining_the_ladder_never_plans_slower(graph, share, bandwidth):
