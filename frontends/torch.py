@@ -9,6 +9,16 @@ op and all non-tensor arguments, so a runtime can execute the file with only
 the parameters and buffers bound by name. Fake-tensor metadata gives exact
 shapes, dtypes and the storage each value views (about 40% of GPT-2's nodes
 are views; memory is counted once per storage).
+
+The joint graph holds the kernels eager runs where tracing would otherwise
+replace them (`_eager_kernels`): AOTAutograd traces under PyTorch's Python
+dispatcher, where Python decompositions registered for the Autograd key take
+the place of eager's C++ kernels. For upsampling they compute other bits: the
+bilinear, bicubic, linear and trilinear decompositions (`_unsafe_index` with
+weights computed in Python) gave gradients up to 3e-8 off eager's, and the
+nearest-neighbour one, equal in value, returns its backward contiguous where
+eager's kernel keeps channels-last, so that a convolution downstream reduced in
+another order (the U-Net with one intra-op thread: a bias gradient 1.4e-9 off).
 """
 
 from __future__ import annotations
@@ -107,6 +117,41 @@ def _recording_attributes(model: torch.nn.Module, reads: dict):
             del module_class.__getattribute__
         else:
             module_class.__getattribute__ = original
+
+
+#: Ops traced as eager's kernels rather than as their Python decompositions (see the module
+#: docstring): every aten overload whose name holds one of these (the upsampling family,
+#: each with a backward kernel the runtime calls as eager does). Checked mode by mode, bit
+#: for bit against eager, in tests/test_torch_training.py.
+EAGER_KERNEL_OPS = ("upsample",)
+
+
+@contextlib.contextmanager
+def _eager_kernels():
+    """While tracing, `EAGER_KERNEL_OPS` dispatch to eager's C++ kernels: their Python
+    kernels for the Autograd and CompositeImplicitAutograd keys are set aside, and put
+    back on exit."""
+    from torch._C import DispatchKey
+
+    keys = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
+    taken = []
+    for name in dir(torch.ops.aten):
+        if not any(part in name for part in EAGER_KERNEL_OPS):
+            continue
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            for key in keys:
+                kernel = op.py_kernels.pop(key, None)
+                if kernel is not None:
+                    taken.append((op, key, kernel))
+                    op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, kernel in taken:
+            op.py_kernels[key] = kernel
+            op._dispatch_cache.clear()
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
@@ -376,6 +421,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         # dtypes of the forward's casts; AOTAutograd would otherwise trace it under the
         # forward's autocast and cast again inside regions the model ran with autocast off.
         stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
+        stack.enter_context(_eager_kernels())
         try:
             joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs)
         except Exception as exc:

@@ -99,6 +99,21 @@ def test_mlp_planned_by_checkmate_trains_like_eager():
     assert measured <= scheduled.schedule.budget_bytes * 1.05, (measured, scheduled.schedule.budget_bytes)
 
 
+def test_unet_at_one_thread_trains_like_eager():
+    """The U-Net's store-everything step beside eager with `torch.set_num_threads(1)` (a
+    usual setting under torchrun or with OMP_NUM_THREADS=1). With the upsampling traced as
+    its decomposition, its backward came out contiguous where eager's kernel keeps
+    channels-last, and a convolution downstream reduced its bias gradient in another order
+    (1.4e-9 off eager's): a layout eager's kernels choose must survive lowering."""
+    model, args, kwargs, loss_of = unet()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_and_compare(model, args, kwargs, loss_of)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_unet_planned_by_hiremate_by_default_trains_like_eager():
     """`remat` with a budget and no solver named plans with hiremate. Costs are `remat`'s
     default, profiled: they carry what the simulator needs to predict the allocator, oneDNN
