@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/train.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # On a machine with a CUDA GPU: the test suite, whose device-parametrized tests then run
 # on CUDA too (GPU_TESTS: pytest's arguments, e.g. GPU_TESTS='-k cuda tests' for those

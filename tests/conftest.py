@@ -21,3 +21,17 @@ def gpt2_graph():
     from remat_ir.lowering import lower_torch
     model, args, kwargs, _ = gpt2(n_layer=3, n_embd=32, seq=16, batch=2)
     return lower_torch(model, args, example_kwargs=kwargs, cost_model="flops")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs a worker per core), each worker's torch takes
+    its share of the cores, one thread on a 2-core machine: workers each running torch on
+    every core would contend. Bitwise checks then also hold at one intra-op thread (the
+    U-Net's did not until upsampling was lowered to eager's kernels)."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
