@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
-from remat_ir.ir.arguments import TensorRef
+from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import is_view
 
 from .autograd_functions import FunctionError, preserving_functions
@@ -152,6 +152,30 @@ def _eager_kernels():
         for op, key, kernel in taken:
             op.py_kernels[key] = kernel
             op._dispatch_cache.clear()
+
+
+def _check_rnn_workspaces(graph: Graph) -> None:
+    """LoweringError where the trace holds a oneDNN LSTM layer run in inference mode whose
+    backward reads the workspace only training mode makes.
+
+    Why: PyTorch's Python decomposition of `aten.lstm` (which tracing uses on CPU when
+    oneDNN is on) calls `mkldnn_rnn_layer` with `train=False`, and its backward then gets
+    no workspace: training would fail at the first backward, deep inside the runtime.
+    With oneDNN off the LSTM is traced as plain ops and trains like eager (bitwise, eager
+    run with oneDNN off too)."""
+    readers = {v for node in graph.proto.nodes for v in node.inputs}
+    for node in graph.proto.nodes:
+        if node.op != "aten.mkldnn_rnn_layer.default" or len(node.outputs) < 4:
+            continue
+        train = decode(node.args[-1]) if node.args else True
+        if train is False and node.outputs[3] in readers:
+            where = node.source or "the model"
+            raise LoweringError(
+                f"torch.nn.LSTM at {where}: PyTorch traces it on CPU as oneDNN LSTM layers in "
+                "inference mode (aten.mkldnn_rnn_layer, train=False), whose backward needs a "
+                "workspace only training mode makes, so it cannot be trained from the trace. "
+                "Lower and train with oneDNN off: `with torch.backends.mkldnn.flags(enabled=False):` "
+                "around remat(...) and the training loop")
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
@@ -428,6 +452,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
+    _check_rnn_workspaces(graph)
     if reuse_buffers:
         reuse_dying_inputs(graph)
     # Each user input's argument, by the name a call gives it ('input_ids', 'args[0]').

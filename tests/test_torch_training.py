@@ -107,3 +107,42 @@ def test_upsampling_trains_bitwise_like_eager(dims, interpolate):
         loss_s.backward()
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(a.grad, b.grad), f"{name}: {(a.grad - b.grad).abs().max().item():.3g} off eager's"
+
+
+class _Lstm(torch.nn.Module):
+    def __init__(self, **options):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(8, 8, batch_first=True, **options)
+
+    def forward(self, x):
+        return self.rnn(x)[0].pow(2).mean()
+
+
+def test_an_lstm_traced_for_inference_is_refused_with_what_to_do():
+    """On CPU with oneDNN on, PyTorch traces an LSTM as inference-mode oneDNN layers whose
+    backward has no workspace: one error at lowering, naming the module and the way out,
+    not a failure inside the first backward."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not in this build: the LSTM is traced as plain ops")
+    from remat_ir.frontends.torch import LoweringError
+
+    with pytest.raises(LoweringError,
+                       match=r"torch.nn.LSTM at rnn .*train=False.*mkldnn.flags\(enabled=False\)"):
+        remat_ir.remat(_Lstm(), (torch.randn(3, 6, 8),), cost_model="flops", cache_dir=False)
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+@pytest.mark.parametrize("options", [{}, {"num_layers": 2, "bidirectional": True}], ids=["1-layer", "2-layers-bi"])
+def test_an_lstm_trains_bitwise_like_eager_with_onednn_off(options, solver):
+    torch.manual_seed(0)
+    model, x = _Lstm(**options), torch.randn(3, 6, 8)
+    eager = copy.deepcopy(model)
+    with torch.backends.mkldnn.flags(enabled=False):
+        scheduled = remat_ir.remat(model, (x,), solver=solver, cost_model="flops", cache_dir=False)
+        for _ in range(2):
+            loss_e, loss_s = eager(x), scheduled(x)
+            assert torch.equal(loss_e, loss_s)
+            loss_e.backward()
+            loss_s.backward()
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), f"{name}: {(a.grad - b.grad).abs().max().item():.3g} off eager's"
