@@ -103,11 +103,11 @@ def test_upsampling_trains_bitwise_like_eager(dims, interpolate):
     _two_steps_bitwise(eager, model, scheduled, x)
 
 
-def _two_steps_bitwise(eager, model, scheduled, x) -> None:
-    """Two steps of `eager` and of `scheduled` (which trains `model`): losses and the
-    accumulated gradients bitwise equal."""
+def _two_steps_bitwise(eager, model, scheduled, *inputs) -> None:
+    """Two steps of `eager` and of `scheduled` (which trains `model`) on `inputs`: losses
+    and the accumulated gradients bitwise equal."""
     for _ in range(2):
-        loss_e, loss_s = eager(x), scheduled(x)
+        loss_e, loss_s = eager(*inputs), scheduled(*inputs)
         assert torch.equal(loss_e, loss_s)
         loss_e.backward()
         loss_s.backward()
@@ -146,3 +146,25 @@ def test_an_lstm_trains_bitwise_like_eager_with_onednn_off(options, solver):
     with torch.backends.mkldnn.flags(enabled=False):
         scheduled = remat_ir.remat(model, (x,), solver=solver, cost_model="flops", cache_dir=False)
         _two_steps_bitwise(eager, model, scheduled, x)
+
+
+class _MultilabelMargin(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 5)
+
+    def forward(self, x, target):
+        return torch.nn.functional.multilabel_margin_loss(self.linear(x), target)
+
+
+def test_multilabel_margin_loss_trains_bitwise_like_eager():
+    """Lowered to eager's kernel: the decomposition tracing would use computes another
+    loss, and so other gradients (this test fails on its first loss without it)."""
+    torch.manual_seed(0)
+    model, x = _MultilabelMargin(), torch.randn(18, 8)
+    target = torch.full((18, 5), -1, dtype=torch.long)
+    target[:, 0], target[:, 1] = 1, 3
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x, target), cost_model="flops", cache_dir=False)
+    assert any("multilabel_margin_loss" in node.op for node in scheduled.graph.proto.nodes)
+    _two_steps_bitwise(eager, model, scheduled, x, target)
