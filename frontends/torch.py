@@ -41,7 +41,7 @@ from remat_ir.ir.memory import is_view
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
-                                     record_device, to_ir_argument)
+                                     record_device, resolve_op, to_ir_argument)
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -171,8 +171,7 @@ def _check_rnn_workspaces(graph: Graph) -> None:
     for node in graph.proto.nodes:
         if node.op != "aten.mkldnn_rnn_layer.default" or len(node.outputs) < 4:
             continue
-        train = decode(node.args[-1]) if node.args else True
-        if train is False and node.outputs[3] in readers:
+        if _argument(node, "train") is False and node.outputs[3] in readers:
             where = node.source or "the model"
             raise LoweringError(
                 f"torch.nn.LSTM at {where}: PyTorch traces it on CPU as oneDNN LSTM layers in "
@@ -180,6 +179,17 @@ def _check_rnn_workspaces(graph: Graph) -> None:
                 "workspace only training mode makes, so it cannot be trained from the trace. "
                 "Lower and train with oneDNN off: `with torch.backends.mkldnn.flags(enabled=False):` "
                 "around remat(...) and the training loop")
+
+
+def _argument(node: pb.Node, name: str):
+    """The decoded value of the op's argument `name` in `node` (positional or keyword),
+    None where the node does not pass it."""
+    for kw in node.kwargs:
+        if kw.name == name:
+            return decode(kw.value)
+    names = [a.name for a in resolve_op(node.op)._schema.arguments]
+    position = names.index(name) if name in names else len(node.args)
+    return decode(node.args[position]) if position < len(node.args) else None
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
