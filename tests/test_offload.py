@@ -28,7 +28,7 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.runtimes.transfers import measure_link
 from remat_ir.runtimes.profiling import priced_for
 from remat_ir.solvers.offload import (REFINE_LEVELS, add_offloads, coarse_rungs, describe_link, idle_gaps,
-                                     plan_with_offload, with_round_trips)
+                                     idle_recomputations, plan_with_offload, with_round_trips)
 
 import zoo
 import zoo_models
@@ -78,6 +78,42 @@ def test_random_offloads_in_random_schedules_match_eager(name, seed, share, grou
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()
     errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
                           args, kwargs, loss_of, steps=2)
+    assert errors == {}, f"not bitwise equal to eager: {errors}"
+
+
+def random_recomputations(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Random):
+    """A random share of the schedule's idle recomputations (at least one) that do not
+    free each other's inputs where they run."""
+    found = idle_recomputations(graph, schedule)
+    rnd.shuffle(found)
+    picked = []
+    for r in found:
+        reads = set(graph.node(r.node).inputs)
+        if all(not (c.value in reads and c.after < r.use <= c.use)
+               and not (r.value in graph.node(c.node).inputs and r.after < c.use <= r.use)
+               for c in picked) and (not picked or rnd.random() < 0.5):
+            picked.append(r)
+    return picked
+
+
+@pytest.mark.parametrize("name", SEARCH_MODELS)
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_recomputations_of_idle_values_match_eager(name, seed):
+    """`add_offloads`' other move: an idle value freed after a read and computed again
+    before the next. Random ones in random schedules are valid and train bitwise like
+    eager (multi-output producers' other outputs freed at once)."""
+    graph = lowered(name)
+    rnd = random.Random(seed)
+    schedule = random_schedule(graph, rnd)
+    picked = random_recomputations(graph, schedule, rnd)
+    assert picked, "a random schedule of a real model keeps values it could recompute"
+    moved, _ = with_round_trips(schedule, [], picked)
+    before, after = ir.check(graph, schedule), ir.check(graph, moved)
+    assert after.recomputations == before.recomputations + len(picked)
+    model, args, kwargs, loss_of = zoo_models.ZOO[name]()
+    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, moved), args, kwargs, loss_of, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
@@ -301,14 +337,17 @@ def test_the_ladder_is_refined_around_its_fastest_rung_and_the_fastest_plan_is_k
 def test_a_time_limit_bounds_the_whole_ladder_not_each_plan():
     """With a time limit, each plan is asked for with a share of the time left and a
     plan that spends its whole share (here: rotor, then a sleep to the end of its share)
-    leaves the ladder within the limit; with no time left, no plan is asked for."""
+    leaves the ladder within the limit; with no time left, no plan is asked for. The
+    offloading between plans is not bounded by the limit: on a loaded 2-core machine it
+    added up to 0.8 s, so the ladder may take twice the limit, where a limit handed
+    whole to each of its (at least three) plans would take three times it."""
     import time
 
     graph = priced_for(own_copy("llama"), "cuda")
     everything = ir.store_all(graph)
     describe_link(graph, 3 * everything.predicted_peak_bytes / everything.predicted_time_s)
     budget = int(0.8 * everything.predicted_peak_bytes)
-    limit, shares = 1.0, []
+    limit, shares = 2.0, []
 
     def remat(b: int, *, time_limit_s: float) -> pb.Schedule:
         started = time.monotonic()
@@ -322,8 +361,9 @@ def test_a_time_limit_bounds_the_whole_ladder_not_each_plan():
     elapsed = time.monotonic() - started
     assert ir.check(graph, planned).peak_bytes <= budget
     assert len(shares) > len(coarse_rungs(budget, everything.predicted_peak_bytes))  # refined too
+    assert len(shares) >= 3
     assert all(0 < share < limit for share in shares) and sum(shares) <= limit
-    assert elapsed <= limit + 0.5, f"{elapsed:.2f} s under a {limit} s limit"
+    assert elapsed <= 2 * limit, f"{elapsed:.2f} s under a {limit} s limit"
     shares.clear()
     try:
         plan_with_offload(graph, budget, remat, time_limit_s=0.0)
