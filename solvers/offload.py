@@ -13,9 +13,18 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
   Each round re-simulates, so queueing, stalls and shared storages are counted
   exactly, and is kept only if it lowers the bytes over the budget summed over the
   steps without raising the peak; it stops when the peak fits or no idle value
-  covers the peak step. Where compute then waits for copies, round trips the budget
-  does not need are dropped again (rounds overshoot: they cover the excess at one
-  step with whole values).
+  covers the peak step. Its other move is a recomputation (`idle_recomputations`):
+  free an idle value after a read and compute it again before the next, where its
+  producer's inputs are still there. Copies that come back in time go first (they
+  cost no compute), then recomputations (per second of compute), then copies that
+  come back late (compute waits). Why: late in the backward everything offloaded
+  early must come back over one channel, and the values read there pile up on the
+  device waiting for their reads; a plan from a higher rematerialization budget
+  then stalls at its last percent of excess, where recomputing a few cheap results
+  does not (the U-Net at 25% over PCIe 4: 0.76 of rematerialization's overhead with
+  copies alone, 0.71 with both; benchmarks/results/offload.md). Rounds overshoot
+  (they cover the excess at one step with whole values): recomputations the budget
+  does not need are dropped again, and so are round trips where compute waits.
 - `plan_with_offload` runs a rematerialization solver at a ladder of budgets
   between the target and the store-everything peak (and at the solver's floor
   when the target is below it), offloads each plan down to the target, and keeps
@@ -73,6 +82,23 @@ class RoundTrip:
     use: int
     size: int
     late: bool = False
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Instead of keeping `value` over an idle gap of a base schedule, free it before base
+    step `after` + 1 and compute its producer `node` again right before base step `use`
+    (its next read), freeing the node's `others` outputs at once (they are not live
+    there in the base). What offloading cannot reach it covers with compute: late in the
+    backward, where no copy could come back in time, a cheap result whose inputs are
+    still there costs `time_s` and frees `size` bytes over the gap."""
+    value: int
+    node: int
+    after: int
+    use: int
+    size: int
+    time_s: float
+    others: tuple[int, ...] = ()
 
 
 def place_round_trips(trips: list[RoundTrip], times: list[float], link: pb.HostLink) -> list[RoundTrip]:
@@ -133,6 +159,45 @@ def _movable_values(graph: Graph) -> set[int]:
             and v.id not in graph.resident_value_ids and v.id not in graph.output_value_ids}
 
 
+def _idle_spans(graph: Graph, steps: list[pb.Step], values: set[int]):
+    """The idle spans of `values` in a schedule without transfers: (value, a, b) for
+    every two consecutive steps a < b that make a copy of the value live or read it; and
+    per storage the (value, first, last step) of each copy of those values."""
+    uses: dict[int, list[int]] = {}     # value -> positions that make it live or read it
+    lives: dict[int, list[tuple[int, int, int]]] = {}   # storage -> (value, first, last step)
+    spans: list[tuple[int, int, int]] = []
+
+    def close(v: int, last: int) -> None:
+        positions = uses.pop(v, [])
+        if positions:
+            lives.setdefault(graph.value(v).storage_id, []).append((v, positions[0], last))
+            spans.extend((v, a, b) for a, b in zip(positions, positions[1:]))
+
+    for k, step in enumerate(steps):
+        if step.HasField("compute"):
+            node = graph.node(step.compute)
+            for v in node.inputs:
+                if v in uses:
+                    uses[v].append(k)
+            for v in node.outputs:
+                if v in values:
+                    close(v, k)
+                    uses[v] = [k]
+        elif step.HasField("free") and step.free in uses:
+            close(step.free, k)
+    for v in list(uses):
+        close(v, len(steps))
+    return spans, lives
+
+
+def _alone(graph: Graph, lives, value: int, first: int, last: int) -> bool:
+    """No other value holding `value`'s storage is live from step `first` to `last` (a
+    view would keep the storage on the device, and bringing the value back allocate it
+    again)."""
+    return all(other == value or end < first or start > last
+               for other, start, end in lives[graph.value(value).storage_id])
+
+
 def idle_gaps(graph: Graph, schedule: pb.Schedule, base: SimulationResult | None = None,
               link: pb.HostLink | None = None) -> list[RoundTrip]:
     """Every idle gap of every movable value in the base schedule where an offload, free,
@@ -146,67 +211,89 @@ def idle_gaps(graph: Graph, schedule: pb.Schedule, base: SimulationResult | None
     steps = list(schedule.steps)
     base = base or simulate(graph, schedule)
     link = link or link_of(graph)
-    movable = _movable_values(graph)
     times = base.start_s + [base.forward_time_s + base.backward_time_s]
-    uses: dict[int, list[int]] = {}     # value -> positions that make it live or read it
-    lives: dict[int, list[tuple[int, int, int]]] = {}   # storage -> (value, first, last step)
+    spans, lives = _idle_spans(graph, steps, _movable_values(graph))
     gaps: list[RoundTrip] = []
-
-    def close(v: int, last: int) -> None:
-        positions = uses.pop(v, [])
-        if not positions:
-            return
-        storage = graph.value(v).storage_id
-        lives.setdefault(storage, []).append((v, positions[0], last))
-        size = graph.storage_bytes(storage)
+    for v, a, b in spans:
+        size = graph.storage_bytes(graph.value(v).storage_id)
         seconds = transfer_seconds(link, size)
-        for a, b in zip(positions, positions[1:]):
-            if not link.overlapped:
-                free_at, prefetch_at = a + 1, b
-            else:
-                free_at = bisect.bisect_left(times, times[a + 1] + seconds, lo=a + 1)
-                prefetch_at = bisect.bisect_right(times, times[b] - PREFETCH_MARGIN * seconds, hi=b) - 1
-            free_at = min(free_at, b - 1)
-            if not a + 1 <= free_at < b:
-                continue
-            if free_at < prefetch_at:
-                gaps.append(RoundTrip(v, a, free_at, prefetch_at, b, size))
-            if prefetch_at < b:  # back just when needed: longer off the device, compute waits
-                gaps.append(RoundTrip(v, a, free_at, b, b, size, late=True))
+        if not link.overlapped:
+            free_at, prefetch_at = a + 1, b
+        else:
+            free_at = bisect.bisect_left(times, times[a + 1] + seconds, lo=a + 1)
+            prefetch_at = bisect.bisect_right(times, times[b] - PREFETCH_MARGIN * seconds, hi=b) - 1
+        free_at = min(free_at, b - 1)
+        if not a + 1 <= free_at < b:
+            continue
+        if free_at < prefetch_at:
+            gaps.append(RoundTrip(v, a, free_at, prefetch_at, b, size))
+        if prefetch_at < b:  # back just when needed: longer off the device, compute waits
+            gaps.append(RoundTrip(v, a, free_at, b, b, size, late=True))
+    return [o for o in gaps if _alone(graph, lives, o.value, o.free_at, o.prefetch_at)]
 
+
+def idle_recomputations(graph: Graph, schedule: pb.Schedule) -> list[Recompute]:
+    """Every idle gap of every movable value in the base schedule that a recomputation
+    can bridge: the value's producer may run again (not random, mutating or flagged
+    non-recomputable), each of its inputs is resident or live in the base at the next
+    read, its other outputs are movable and not live there (they are freed right
+    after), and no other value holding the value's storage is live over the gap."""
+    steps = list(schedule.steps)
+    movable = _movable_values(graph)
+    spans, lives = _idle_spans(graph, steps, movable)
+    resident = graph.resident_value_ids
+    live: dict[int, list[tuple[int, int]]] = {}    # every value -> (computed at, freed at)
+    started: dict[int, int] = {}
     for k, step in enumerate(steps):
         if step.HasField("compute"):
-            node = graph.node(step.compute)
-            for v in node.inputs:
-                if v in uses:
-                    uses[v].append(k)
-            for v in node.outputs:
-                if v in movable:
-                    close(v, k)
-                    uses[v] = [k]
-        elif step.HasField("free") and step.free in uses:
-            close(step.free, k)
-    for v in list(uses):
-        close(v, len(steps))
+            for v in graph.node(step.compute).outputs:
+                started.setdefault(v, k)    # computed again while live: one copy on
+        elif step.HasField("free") and step.free in started:
+            live.setdefault(step.free, []).append((started.pop(step.free), k))
+    for v, k in started.items():
+        live.setdefault(v, []).append((k, len(steps)))
 
-    def alone(o: RoundTrip) -> bool:
-        return all(other == o.value or last < o.free_at or first > o.prefetch_at
-                   for other, first, last in lives[graph.value(o.value).storage_id])
-    return [o for o in gaps if alone(o)]
+    def live_at(v: int, k: int) -> bool:
+        return v in resident or any(s < k < e for s, e in live.get(v, ()))
+
+    found = []
+    for v, a, b in spans:
+        n = graph.producer(v)
+        if n is None or b - a < 2:
+            continue
+        node = graph.node(n)
+        if node.random or node.mutating or node.non_recomputable:
+            continue
+        others = tuple(w for w in node.outputs if w != v)
+        if (any(not live_at(u, b) for u in node.inputs)
+                or any(w not in movable or live_at(w, b) for w in others)
+                or not _alone(graph, lives, v, a + 1, b)):
+            continue
+        found.append(Recompute(v, n, a, b, graph.storage_bytes(graph.value(v).storage_id),
+                               node.cost.time_s, others))
+    return found
 
 
-def with_round_trips(schedule: pb.Schedule, chosen: list[RoundTrip]) -> tuple[pb.Schedule, list[int]]:
-    """The schedule with the chosen round trips, and the base step each of its steps
-    belongs to (inserted steps belong to the step they come before or after)."""
+def with_round_trips(schedule: pb.Schedule, chosen: list[RoundTrip],
+                     recomputes: list[Recompute] = ()) -> tuple[pb.Schedule, list[int]]:
+    """The schedule with the chosen round trips and recomputations, and the base step
+    each of its steps belongs to (inserted steps belong to the step they come before or
+    after)."""
     steps = list(schedule.steps)
     before: dict[int, list[pb.Step]] = {}
     after: dict[int, list[pb.Step]] = {}
     for o in chosen:
         after.setdefault(o.after, []).append(pb.Step(offload=o.value))
         before.setdefault(o.free_at, []).append(pb.Step(free=o.value))
-    # frees before prefetches (memory goes before more comes); prefetches by use
+    for r in recomputes:
+        before.setdefault(r.after + 1, []).append(pb.Step(free=r.value))
+    # frees before prefetches (memory goes before more comes); prefetches by use;
+    # recomputations last (an input may be arriving)
     for o in sorted(chosen, key=lambda o: (o.use, o.value)):
         before.setdefault(o.prefetch_at, []).append(pb.Step(prefetch=o.value))
+    for r in sorted(recomputes, key=lambda r: (r.use, r.value)):
+        before.setdefault(r.use, []).extend([pb.Step(compute=r.node)]
+                                            + [pb.Step(free=w) for w in r.others])
     out = pb.Schedule()
     out.CopyFrom(schedule)
     del out.steps[:]
@@ -228,8 +315,10 @@ def with_round_trips(schedule: pb.Schedule, chosen: list[RoundTrip]) -> tuple[pb
 
 
 def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
-                 host_budget: int | None = None, progress: Progress = quiet) -> pb.Schedule:
-    """`schedule` with offloads that bring its peak within `budget` (see the module
+                 host_budget: int | None = None, recompute: bool = True,
+                 progress: Progress = quiet) -> pb.Schedule:
+    """`schedule` with offloads (and, with `recompute`, recomputations of idle values
+    where no copy comes back in time) that bring its peak within `budget` (see the module
     docstring); raises InfeasibleBudget with the lowest peak it reached otherwise."""
     link = link_of(graph)
     steps = list(schedule.steps)
@@ -238,18 +327,35 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
     base = simulate(graph, schedule)
     if not base.valid:
         raise BadRequest(f"schedule {schedule.name!r} is invalid: {base.violation}")
-    gaps = idle_gaps(graph, schedule, base, link)
+    gaps: list[RoundTrip | Recompute] = idle_gaps(graph, schedule, base, link)
+    if recompute:
+        gaps += idle_recomputations(graph, schedule)
     times = base.start_s + [base.forward_time_s + base.backward_time_s]
-    chosen: list[RoundTrip] = []
-    refused: set[RoundTrip] = set()
+    chosen: list[RoundTrip | Recompute] = []
+    refused: set[RoundTrip | Recompute] = set()
     current, result = schedule, base
 
-    def build(trips: list[RoundTrip]) -> tuple[pb.Schedule, list[int]]:
-        """The base schedule with `trips` placed together, under the host budget."""
-        built, owner = with_round_trips(schedule, place_round_trips(trips, times, link))
+    def build(moves: list[RoundTrip | Recompute]) -> tuple[pb.Schedule, list[int]]:
+        """The base schedule with `moves` placed together, under the host budget."""
+        trips = [o for o in moves if isinstance(o, RoundTrip)]
+        built, owner = with_round_trips(schedule, place_round_trips(trips, times, link),
+                                        [r for r in moves if isinstance(r, Recompute)])
         if host_budget is not None:
             built.host_budget_bytes = host_budget
         return built, owner
+
+    def span(o: RoundTrip | Recompute) -> range:
+        """The base steps over which the move frees the value's bytes."""
+        return range(o.after + 1, o.use) if isinstance(o, Recompute) else range(o.free_at, o.prefetch_at)
+
+    def order(o: RoundTrip | Recompute, excess: int, over: set[int]) -> tuple[int, float]:
+        """Copies that come back in time first (they cost no compute), then
+        recomputations, then late copies (compute waits); within each, bytes freed at
+        the peak step x over-budget steps covered, per second of transfer or compute."""
+        covered = min(o.size, excess) * sum(1 for i in span(o) if i in over)
+        if isinstance(o, Recompute):
+            return 1, -covered / max(o.time_s, 1e-9)
+        return (2 if o.late else 0), -covered / transfer_seconds(link, o.size)
 
     while True:
         if result.peak_bytes <= budget:
@@ -260,18 +366,13 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
         over = {built_owner[i] for i, m in enumerate(during) if m > budget}
         # A gap offloaded on time may be taken again late (off the device longer).
         taken = set(chosen)
-        fits = [o for o in gaps if o.free_at <= k < o.prefetch_at and o not in refused
-                and o not in taken]
+        fits = [o for o in gaps if k in span(o) and o not in refused and o not in taken]
         if not fits:
             current.predicted_peak_bytes = result.peak_bytes
             raise InfeasibleBudget(budget, result.peak_bytes, " (by offloading)", schedule=current)
-        # The best-scoring gaps that together cover the excess at the peak step: bytes
-        # freed there x over-budget steps covered, per second of transfer; gaps where
-        # compute would wait for the copies last.
+        # The best-ordered moves that together cover the excess at the peak step.
         excess = result.peak_bytes - budget
-        fits.sort(key=lambda o: (o.late, -(min(o.size, excess)
-                                           * sum(1 for i in range(o.free_at, o.prefetch_at) if i in over)
-                                           / transfer_seconds(link, o.size))))
+        fits.sort(key=lambda o: order(o, excess, over))
         batch, covered, gaps_in_batch = [], 0, set()
         for o in fits:
             if covered >= excess:
@@ -285,7 +386,8 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
         trial_result = simulate(graph, trial)
         if (not trial_result.valid or trial_result.peak_bytes > result.peak_bytes
                 or _excess(trial_result, budget) >= _excess(result, budget)):
-            # over the host budget, or queued transfers leave no room: fewer, or others
+            # over the host budget, an input moved away, or queued transfers leave no
+            # room: fewer, or others
             if len(batch) == 1:
                 refused.add(batch[0])
             else:
