@@ -21,8 +21,10 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
   early must come back over one channel, and the values read there pile up on the
   device waiting for their reads; a plan from a higher rematerialization budget
   then stalls at its last percent of excess, where recomputing a few cheap results
-  does not (the U-Net at 25% over PCIe 4: 0.76 of rematerialization's overhead with
-  copies alone, 0.71 with both; benchmarks/results/offload.md). Rounds overshoot
+  does not (the U-Net at 25% over PCIe 4, GPU-priced: 0.76 of rematerialization's
+  overhead with copies alone, 0.61 with both; benchmarks/results/offload.md). A round
+  takes no move that would take away an input of a recomputation where it runs
+  (`_clash`): one such move makes the whole round invalid. Rounds overshoot
   (they cover the excess at one step with whole values): recomputations the budget
   does not need are dropped again, and so are round trips where compute waits.
 - `plan_with_offload` runs a rematerialization solver at a ladder of budgets
@@ -314,6 +316,19 @@ def with_round_trips(schedule: pb.Schedule, chosen: list[RoundTrip],
     return out, owner
 
 
+def _clash(graph: Graph, a: RoundTrip | Recompute, b: RoundTrip | Recompute) -> bool:
+    """Whether one of two moves takes away a value the other's recomputation reads
+    where it runs (right before its `use`)."""
+    def takes(m: RoundTrip | Recompute, r: Recompute) -> bool:
+        if m.value not in graph.node(r.node).inputs:
+            return False
+        if isinstance(m, Recompute):   # computed again right before m.use, maybe after r
+            return m.after < r.use <= m.use
+        return m.free_at <= r.use < m.prefetch_at
+    return ((isinstance(b, Recompute) and takes(a, b))
+            or (isinstance(a, Recompute) and takes(b, a)))
+
+
 def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
                  host_budget: int | None = None, recompute: bool = True,
                  progress: Progress = quiet) -> pb.Schedule:
@@ -377,10 +392,14 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
         for o in fits:
             if covered >= excess:
                 break
-            if (o.value, o.after) not in gaps_in_batch:
+            if (o.value, o.after) not in gaps_in_batch and not any(
+                    _clash(graph, o, c) for c in batch + chosen if (c.value, c.after) != (o.value, o.after)):
                 batch.append(o)
                 gaps_in_batch.add((o.value, o.after))
                 covered += o.size
+        if not batch:   # every fitting move clashes with one taken
+            refused.update(fits)
+            continue
         kept = [o for o in chosen if (o.value, o.after) not in gaps_in_batch]
         trial, owner_trial = build(kept + batch)
         trial_result = simulate(graph, trial)
