@@ -60,11 +60,13 @@ def gpt_neox(size="tiny"):
     return model, (), dict(input_ids=ids, labels=ids), lambda out: out.loss
 
 
-def gpt2(size="tiny"):
+def gpt2(size="tiny", layers=None):
+    """`layers`: another depth than the size's (fewer blocks: fewer regions to compile)."""
     from transformers import GPT2Config, GPT2LMHeadModel
     _quiet_transformers()
     torch.manual_seed(0)
-    embd, layers, seq, batch = (32, 2, 16, 2) if size == "tiny" else (128, 4, 128, 4)
+    embd, depth, seq, batch = (32, 2, 16, 2) if size == "tiny" else (128, 4, 128, 4)
+    layers = layers or depth
     config = GPT2Config(n_layer=layers, n_head=2, n_embd=embd, vocab_size=128, n_positions=seq,
                         resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False,
                         bos_token_id=0, eos_token_id=0)
