@@ -3,6 +3,7 @@
     python benchmarks/offload.py            # GPT-2 12 layers and the U-Net (tens of minutes)
     python benchmarks/offload.py --quick    # GPT-2 4 layers, a few minutes
     python benchmarks/offload.py --table    # only redraw offload.md from offload.json
+    python benchmarks/offload.py --graphs unet   # plan these again, keep the others' rows
 
 Graphs: benchmarks/solvers.py's (`gpt2`: GPT-2 12 layers, d=768, seq 512, batch 8;
 `unet`: the diffusers U-Net; `gpt2-4` for --quick), lowered with FLOP costs and cached
@@ -152,6 +153,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['graph']} | {r['link']} | {r['share']:.0%} | {_cell(a)} | {_cell(o)} | {ratio} "
                      f"| {extra} | {_cell(p) if p else ''} | {a['planning_s']} / {o['planning_s']}"
                      f"{' / ' + str(p['planning_s']) if p else ''} |")
+    runs = {r["graph"]: (r["run"], r["commit"]) for r in rows if "run" in r}
+    lines += [""] + [f"{graph}: run {run}, commit `{commit}`" for graph, (run, commit) in runs.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -200,18 +203,30 @@ def main(argv=None) -> int:
     parser.add_argument("--table", action="store_true", help="only redraw the table and picture")
     parser.add_argument("--cache", type=Path, default=ROOT / "build" / "bench-graphs")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--graphs", help=f"comma-separated, of {', '.join(GRAPHS)}: plan only these "
+                        "again and keep the other graphs' rows of the results file (each row "
+                        "records the run and commit that made it)")
     args = parser.parse_args(argv)
     out = args.out or (QUICK_OUT if args.quick else OUT)
+    names = args.graphs.split(",") if args.graphs else QUICK_GRAPHS if args.quick else GRAPHS
+    if unknown := [n for n in names if n not in GRAPHS + QUICK_GRAPHS]:
+        parser.error(f"unknown graphs {unknown}; known: {', '.join(GRAPHS + QUICK_GRAPHS)}")
     if args.table:
         record = json.loads(out.read_text())
     else:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, cwd=ROOT).stdout.strip()
-        record = {"run": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
-                  "machine": platform.platform(), "links": LINKS, "rows": []}
+        run = datetime.datetime.now().isoformat(timespec="seconds")
+        kept = []
+        if args.graphs and out.exists():
+            earlier = json.loads(out.read_text())
+            kept = [{"run": earlier["run"], "commit": earlier["commit"], **r}
+                    for r in earlier["rows"] if r["graph"] not in names]
+        record = {"run": run, "commit": commit, "machine": platform.platform(), "links": LINKS,
+                  "rows": kept}
         out.parent.mkdir(parents=True, exist_ok=True)
-        for name in QUICK_GRAPHS if args.quick else GRAPHS:
-            record["rows"] += rows_for(name, args.cache)
+        for name in names:
+            record["rows"] += [{"run": run, "commit": commit, **r} for r in rows_for(name, args.cache)]
             out.write_text(json.dumps(record, indent=1) + "\n")  # each graph as it is done
     out.with_suffix(".md").write_text(table(record["rows"]))
     drawn = picture(record["rows"], out.with_suffix(".png"))
