@@ -22,7 +22,8 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
   device waiting for their reads; a plan from a higher rematerialization budget
   then stalls at its last percent of excess, where recomputing a few cheap results
   does not (the U-Net at 25% over PCIe 4, GPU-priced: 0.76 of rematerialization's
-  overhead with copies alone, 0.61 with both; benchmarks/results/offload.md). A round
+  overhead with copies alone, 0.61 to 0.71 with both over three runs, as plans at the
+  rungs differ; benchmarks/results/offload.md). A round
   takes no move that would take away an input of a recomputation where it runs
   (`_clash`): one such move makes the whole round invalid. Rounds overshoot
   (they cover the excess at one step with whole values): recomputations the budget
