@@ -25,7 +25,9 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
   overhead with copies alone, 0.61 to 0.71 with both over three runs, as plans at the
   rungs differ; benchmarks/results/offload.md). A round
   takes no move that would take away an input of a recomputation where it runs
-  (`_clash`): one such move makes the whole round invalid. Rounds overshoot
+  (`_clash`): one such move makes the whole round invalid. The rounds also run with
+  copies alone, and the faster result is kept: a recomputation taken early can hold
+  on the device an input that a later round had to move. Rounds overshoot
   (they cover the excess at one step with whole values): recomputations the budget
   does not need are dropped again, and so are round trips where compute waits.
 - `plan_with_offload` runs a rematerialization solver at a ladder of budgets
