@@ -344,32 +344,32 @@ def add_offloads(graph: Graph, schedule: pb.Schedule, budget: int, *,
     device that a later round needed to move (a chain of six at 60% over a slow link:
     copies alone fit, both moves got stuck 800 bytes over), so both moves are never
     worse than copies alone."""
-    found, refusals = [], []
-    for moves in ((True, False) if recompute else (False,)):
-        try:
-            found.append(_offload_rounds(graph, schedule, budget, host_budget=host_budget,
-                                         recompute=moves, progress=progress))
-        except InfeasibleBudget as refused:
-            refusals.append(refused)
-    if not found:
-        raise min(refusals, key=lambda r: r.smallest_feasible)
-    return min(found, key=lambda s: (s.predicted_time_s if s is not schedule
-                                     else simulate(graph, s).total_time_s))
-
-
-def _offload_rounds(graph: Graph, schedule: pb.Schedule, budget: int, *,
-                    host_budget: int | None, recompute: bool, progress: Progress) -> pb.Schedule:
-    """One run of `add_offloads`' rounds, with recomputations or copies alone."""
     link = link_of(graph)
-    steps = list(schedule.steps)
-    if any(s.HasField("offload") or s.HasField("prefetch") for s in steps):
+    if any(s.HasField("offload") or s.HasField("prefetch") for s in schedule.steps):
         raise BadRequest(f"schedule {schedule.name!r} already moves values to the host")
     base = simulate(graph, schedule)
     if not base.valid:
         raise BadRequest(f"schedule {schedule.name!r} is invalid: {base.violation}")
-    gaps: list[RoundTrip | Recompute] = idle_gaps(graph, schedule, base, link)
-    if recompute:
-        gaps += idle_recomputations(graph, schedule)
+    copies: list[RoundTrip | Recompute] = idle_gaps(graph, schedule, base, link)
+    move_sets = [copies + idle_recomputations(graph, schedule), copies] if recompute else [copies]
+    found, refusals = [], []
+    for gaps in move_sets:
+        try:
+            found.append(_offload_rounds(graph, schedule, budget, base, gaps, link,
+                                         host_budget=host_budget, progress=progress))
+        except InfeasibleBudget as refused:
+            refusals.append(refused)
+    if not found:
+        raise min(refusals, key=lambda r: r.smallest_feasible)
+    return min(found, key=lambda s: (s.predicted_time_s if s is not schedule else base.total_time_s))
+
+
+def _offload_rounds(graph: Graph, schedule: pb.Schedule, budget: int, base: SimulationResult,
+                    gaps: list[RoundTrip | Recompute], link: pb.HostLink, *,
+                    host_budget: int | None, progress: Progress) -> pb.Schedule:
+    """One run of `add_offloads`' rounds over the moves `gaps` (with recomputations or
+    copies alone), from the base schedule's simulation `base`."""
+    steps = list(schedule.steps)
     times = base.start_s + [base.forward_time_s + base.backward_time_s]
     chosen: list[RoundTrip | Recompute] = []
     refused: set[RoundTrip | Recompute] = set()
