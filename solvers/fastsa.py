@@ -15,9 +15,10 @@ plan fits no move past the budget is accepted). Two stages, as in the paper:
 2. *Nodes*: the groups' sequence, expanded, is annealed node by node.
 
 What may move: forward nodes that may be recomputed (`TrainingGraph.recomputable`).
-Backward nodes, graph outputs, in-place and non-recomputable nodes keep their one
-occurrence where the start sequence has it; a random node's first run stays first
-(its RNG state is replayed only for later runs).
+Backward nodes, in-place and non-recomputable nodes keep their one occurrence
+where the start sequence has it; a random node's first run stays first (its RNG
+state is replayed only for later runs), and so does that of a node producing a
+graph output (a buffer update: the forward must hand it over).
 
 `start="hiremate"` (or any solver name) starts stage 2 from that solver's plan
 instead (stage 1 is skipped); `polish` does the same from given plans, and is
@@ -110,8 +111,10 @@ def build(tg: TrainingGraph, members: list[list[int]]) -> Problem:
     storages = _Storages(g, members, unit_of)
     movable = np.asarray([all(n in tg.recomputable for n in nodes) for nodes in members],
                          dtype=np.bool_)
-    pin_first = np.asarray([any(g.node(n).random for n in nodes) for nodes in members],
-                           dtype=np.bool_)
+    # A random node's first run draws the numbers later runs replay; a graph output's
+    # producer must run in the forward, which hands its outputs over.
+    pin_first = np.asarray([any(g.node(n).random or n in tg.output_nodes for n in nodes)
+                            for nodes in members], dtype=np.bool_)
     readers = storages.readers
     rd_ptr = np.zeros(len(readers) + 1, dtype=np.int64)
     rd_ptr[1:] = np.cumsum([len(x) for x in readers])

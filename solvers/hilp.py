@@ -73,10 +73,13 @@ class Part:
     @classmethod
     def of(cls, tg: TrainingGraph, shape: PartShape, options: list[PartOption]) -> Part:
         root = shape.root
-        pinned = shape.outputs & tg.output_nodes
+        pinned = shape.outputs & tg.held_outputs
         roots = {root(n) for n in shape.outputs - pinned if root(n) in shape.own}
+        # A recomputable graph-output producer (BatchNorm) holds only its graph outputs
+        # (the running statistics) to the end; its other results come and go like any.
         part = cls(shape, options, sum(tg.memory[r] for r in roots),
-                   sum(tg.memory[n] for n in pinned))
+                   sum(tg.memory[n] for n in pinned)
+                   + sum(tg.output_bytes[n] for n in shape.own & tg.output_nodes if n not in pinned))
         needed, stack = set(), list(shape.outputs - pinned)
         while stack:
             n = stack.pop()
@@ -196,7 +199,7 @@ class Level:
             if p not in self.exported and t >= self.first_backward:
                 shape = self.parts[p].shape
                 last_needed.setdefault(t, set()).update(
-                    shape.root(n) for n in shape.outputs - tg.output_nodes
+                    shape.root(n) for n in shape.outputs - tg.held_outputs
                     if shape.root(n) in shape.own)
         for k in self.backward_stage:
             part = self.parts[k]

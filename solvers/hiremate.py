@@ -359,7 +359,7 @@ class _Planner:
             cap = max(2, round(self.max_options * size / sum(sizes)))
             parts.append(Part.of(tg, shape, spread(options, cap)))
         forward, backward = _nodes_of(tg, cluster)
-        exported = PartShape(tg, forward, backward).outputs - tg.output_nodes
+        exported = PartShape(tg, forward, backward).outputs - tg.held_outputs
         return Level(tg, parts, exported)
 
     def cluster_options(self, cluster: Cluster) -> list[PartOption]:

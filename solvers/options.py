@@ -61,7 +61,7 @@ class PartShape:
         self.backward = tuple(backward)
         self.own = frozenset(forward)
         inside = self.own | set(backward)
-        self.outputs = frozenset(n for n in forward if n in tg.output_nodes
+        self.outputs = frozenset(n for n in forward if n in tg.held_outputs
                                  or any(u not in inside for u in tg.node_users[n]))
         self.root = tg.root
         #: Allocations of its outputs (the parent holds them, even through a view).

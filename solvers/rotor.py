@@ -104,8 +104,10 @@ class Chain:
         forward, backward = set(tg.forward), set(tg.backward)
         self.segments = _chain_segments(tg)
         self.pinned = self._pinned()
-        #: Bytes held all along, outside the chain model: pinned results and forward outputs.
-        self.pinned_bytes = sum(tg.memory[n] for n in self.pinned)
+        #: Bytes held all along, outside the chain model: pinned results, forward outputs,
+        #: and the graph outputs of recomputable nodes (BatchNorm's running statistics).
+        self.pinned_bytes = (sum(tg.memory[n] for n in self.pinned)
+                             + sum(tg.output_bytes[n] for n in (tg.output_nodes & tg.recomputable) - self.pinned))
         #: Results a backward node reads, and the last forward position reading each result
         #: (through its root): what a stage's input may not free.
         self.read_by_backward = frozenset(tg.root(p) for p in tg.needed_by_backward)
@@ -126,9 +128,11 @@ class Chain:
             grads_out = {b for b in seg.backward if any(u in backward and u not in seg_bwd
                                                         for u in tg.node_users[b])}
             stage.gradient = sum(tg.memory[p] for p in grads_in)
-            # A parameter's gradient is often a view (t() of a mm): count what it keeps alive.
-            stage.outputs = sum(tg.memory[r] for r in {tg.root(b) for b in seg.backward
-                                                       if b in tg.output_nodes})
+            # A parameter's gradient is often a view (t() of a mm): count what it keeps
+            # alive; a node returning one beside other results (convolution_backward's
+            # weight gradient beside its input gradient) keeps only that to the end.
+            stage.outputs = sum(tg.output_bytes[r] or tg.memory[r]
+                                for r in {tg.root(b) for b in seg.backward if b in tg.output_nodes})
             for kept in self._keep_sets(seg):
                 stage.options.append(self._option(seg, kept, escaping, grads_in, grads_out))
             if all(n in tg.recomputable and n not in self.pinned for n in seg.forward):
@@ -179,7 +183,7 @@ class Chain:
         a stage's input until the stage's backward has run."""
         tg = self.tg
         segment_of = {n: seg.index for seg in self.segments for n in seg.forward}
-        pinned = {n for n in tg.output_nodes if n in segment_of}
+        pinned = {n for n in tg.held_outputs if n in segment_of}
         for seg in self.segments:
             for b in seg.backward:
                 pinned.update(p for p in tg.node_inputs(b)
@@ -240,7 +244,7 @@ class Chain:
         held &= set(seg.forward)  # the stage's input is held by the caller
         option.backward_hist = sum(tg.memory[n] for n in held - self.pinned)
         # The gradients it reads are freed after their last use (counted in `gradient`).
-        peak, _ = tg.walk(held | grads_in, sequence, grads_out | tg.output_nodes, apart)
+        peak, _ = tg.walk(held | grads_in, sequence, grads_out | tg.held_outputs, apart)
         gradient = sum(tg.memory[p] for p in grads_in)
         option.backward_peak = max(0, peak - option.backward_hist - gradient)
         return option

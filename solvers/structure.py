@@ -54,10 +54,36 @@ class TrainingGraph(NodeMemory):
 
     @cached_property
     def recomputable(self) -> frozenset[int]:
-        """Forward nodes that may run again in backward (random ones with RNG replay)."""
+        """Forward nodes that may run again in backward (random ones with RNG replay).
+
+        A node producing a graph output may when each such output is a buffer update
+        (BatchNorm's running statistics): run again, it gives the same values from
+        the same inputs (backward reads buffers as they were before the step updated
+        them), and what it returns stays live to the end anyway. It still runs in the
+        forward, which must hand its outputs over (a solver that may leave a node
+        out of the forward, as fastsa may, keeps it there). A node returning
+        a user output may not: the caller holds that copy, so running it again frees
+        nothing."""
+        graph = self.graph
         return frozenset(n for n in self.forward
-                         if not (self.graph.node(n).mutating or self.graph.node(n).non_recomputable)
-                         and n not in self.output_nodes)
+                         if not (graph.node(n).mutating or graph.node(n).non_recomputable)
+                         and (n not in self.output_nodes or n in self._buffer_updaters))
+
+    @cached_property
+    def held_outputs(self) -> frozenset[int]:
+        """Nodes producing a graph output that never run again: solvers hold all
+        their results to the end. (A recomputable one holds only its graph outputs,
+        `output_bytes`, to the end; the rest is freed and recomputed like any node's.)"""
+        return self.output_nodes - self.recomputable
+
+    @cached_property
+    def _buffer_updaters(self) -> frozenset[int]:
+        """Nodes all of whose graph outputs are buffer updates."""
+        roles: dict[int, set[int]] = {}
+        for o in self.graph.proto.outputs:
+            if (p := self.graph.producer(o.value_id)) is not None:
+                roles.setdefault(p, set()).add(o.role)
+        return frozenset(n for n, r in roles.items() if r == {pb.BUFFER_UPDATE})
 
     @cached_property
     def needed_by_backward(self) -> frozenset[int]:

@@ -264,7 +264,7 @@ def _without_dead(tg: TrainingGraph, sequence: list[int], forward_length: int,
                     read[made[p]] = True
             made[n] = i
         kept = [n for i, n in enumerate(sequence)
-                if i < forward_length or read[i] or n not in forward or n in tg.output_nodes]
+                if i < forward_length or read[i] or n not in forward or n in tg.held_outputs]
         if len(kept) == len(sequence):
             return sequence
         sequence = kept

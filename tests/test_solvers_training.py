@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 import pytest
 import torch
-from torch_models import MLPWithLoss, gpt2, llama, unet
+from torch_models import MLPWithLoss, conv_bn, gpt2, llama, unet
 
 import remat_ir
 from remat_ir import ir
@@ -35,6 +36,9 @@ def train_and_compare(model, args, kwargs, loss_of, cost_model="flops", **remat_
         assert torch.equal(loss_e.detach(), measured.result.detach())
         for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
             assert torch.equal(p_e.grad, p_s.grad), f"step {step}: gradient of {name} differs"
+        buffers = dict(scheduled.named_buffers())
+        for name, b_e in eager.named_buffers():   # BatchNorm's running statistics
+            assert torch.equal(b_e, buffers[name]), f"step {step}: buffer {name} differs"
         eager.zero_grad(set_to_none=True), scheduled.zero_grad(set_to_none=True)
     return scheduled, measured.peak_bytes
 
@@ -51,6 +55,27 @@ def test_gpt2_at_half_the_memory_trains_like_eager(solver):
     reference = ir.store_all(scheduled.graph)
     assert schedule.budget_bytes == int(reference.predicted_peak_bytes * percent / 100)
     assert ir.simulate(scheduled.graph, schedule).recomputations > 0
+    assert measured <= schedule.budget_bytes * 1.05, (measured, schedule.budget_bytes)
+
+
+@pytest.mark.parametrize("solver", ["hiremate", "fastsa", "twremat", "checkmate", "rotor"])
+def test_batchnorm_is_recomputed_below_what_storing_its_outputs_allows(solver):
+    """BatchNorm's node also returns the running statistics (graph outputs). Solvers
+    may run it again in backward (the forward still hands the statistics over), so
+    that its and the following ReLU's outputs need not be stored: while they could
+    not, each of these solvers got no lower than 62.9% of store-everything's peak on
+    this net (rotor 100%: it also held to the end the input gradient that
+    convolution_backward returns beside the weight's); their floors are 43-54% now.
+    At 55%: gradients and running statistics equal eager's bitwise, BatchNorm runs
+    again, the measured peak meets the budget."""
+    model, args, kwargs, loss_of = conv_bn()
+    scheduled, measured = train_and_compare(model, args, kwargs, loss_of, cost_model="profile",
+                                            budget="55%", solver=solver, time_limit_s=20)
+    graph, schedule = scheduled.graph, scheduled.schedule
+    runs = Counter(graph.node(s.compute).op for s in schedule.steps if s.HasField("compute"))
+    forward = Counter(graph.node(n).op for n in graph.phase_order(pb.FORWARD))
+    batch_norm = "aten._native_batch_norm_legit_functional.default"
+    assert forward[batch_norm] == 6 and runs[batch_norm] > 6, runs
     assert measured <= schedule.budget_bytes * 1.05, (measured, schedule.budget_bytes)
 
 

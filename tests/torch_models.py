@@ -92,6 +92,33 @@ def unet():
             {}, lambda out: out)
 
 
+class ConvBNNet(nn.Module):
+    """Residual conv-BatchNorm-ReLU blocks and a classifier: most of the activation memory
+    is BatchNorm's and ReLU's outputs, which only recomputing BatchNorm can free."""
+
+    def __init__(self, channels=16, blocks=3):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels),
+                          nn.ReLU(), nn.Conv2d(channels, channels, 3, padding=1),
+                          nn.BatchNorm2d(channels))
+            for _ in range(blocks))
+        self.head = nn.Linear(channels, 10)
+
+    def forward(self, x, labels):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = torch.relu(x + block(x))
+        return nn.functional.cross_entropy(self.head(x.mean((2, 3))), labels)
+
+
+def conv_bn(blocks=3):
+    torch.manual_seed(0)
+    return (ConvBNNet(blocks=blocks), (torch.randn(4, 3, 16, 16), torch.tensor([0, 3, 7, 9])), {},
+            lambda out: out)
+
+
 MODELS = {"mlp": mlp, "gpt2": gpt2, "resnet": resnet, "unet": unet}
 
 
