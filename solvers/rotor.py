@@ -107,7 +107,8 @@ class Chain:
         #: Bytes held all along, outside the chain model: pinned results, forward outputs,
         #: and the graph outputs of recomputable nodes (BatchNorm's running statistics).
         self.pinned_bytes = (sum(tg.memory[n] for n in self.pinned)
-                             + sum(tg.output_bytes[n] for n in (tg.output_nodes & tg.recomputable) - self.pinned))
+                             + sum(tg.output_bytes[n]
+                                   for n in (tg.output_nodes & tg.recomputable) - self.pinned))
         #: Results a backward node reads, and the last forward position reading each result
         #: (through its root): what a stage's input may not free.
         self.read_by_backward = frozenset(tg.root(p) for p in tg.needed_by_backward)

@@ -70,7 +70,7 @@ def test_batchnorm_is_recomputed_below_what_storing_its_outputs_allows(solver):
     again, the measured peak meets the budget."""
     model, args, kwargs, loss_of = conv_bn()
     scheduled, measured = train_and_compare(model, args, kwargs, loss_of, cost_model="profile",
-                                            budget="55%", solver=solver, time_limit_s=20)
+                                            budget="55%", solver=solver, time_limit_s=5)
     graph, schedule = scheduled.graph, scheduled.schedule
     runs = Counter(graph.node(s.compute).op for s in schedule.steps if s.HasField("compute"))
     forward = Counter(graph.node(n).op for n in graph.phase_order(pb.FORWARD))
