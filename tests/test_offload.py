@@ -368,8 +368,9 @@ def test_a_time_limit_bounds_the_whole_ladder_not_each_plan():
     plan that spends its whole share (here: rotor, then a sleep to the end of its share)
     leaves the ladder within the limit; with no time left, no plan is asked for. The
     offloading between plans is not bounded by the limit: on a loaded 2-core machine it
-    added up to 0.8 s, so the ladder may take twice the limit, where a limit handed
-    whole to each of its (at least three) plans would take three times it."""
+    added up to 0.8 s, so the ladder may take twice the limit. How many plans fit depends
+    on how long that offloading takes (CI once fitted only two), so what is checked is
+    the first share: the limit over every plan the ladder may make, not the whole limit."""
     import time
 
     graph = priced_for(own_copy("llama"), "cuda")
@@ -389,8 +390,8 @@ def test_a_time_limit_bounds_the_whole_ladder_not_each_plan():
     planned = plan_with_offload(graph, budget, remat, time_limit_s=limit)
     elapsed = time.monotonic() - started
     assert ir.check(graph, planned).peak_bytes <= budget
-    assert len(shares) > len(coarse_rungs(budget, everything.predicted_peak_bytes))  # refined too
-    assert len(shares) >= 3
+    plans = len(coarse_rungs(budget, everything.predicted_peak_bytes)) + 2 * REFINE_LEVELS
+    assert shares and shares[0] <= limit / plans
     assert all(0 < share < limit for share in shares) and sum(shares) <= limit
     assert elapsed <= 2 * limit, f"{elapsed:.2f} s under a {limit} s limit"
     shares.clear()
