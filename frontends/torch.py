@@ -40,6 +40,7 @@ from remat_ir.ir.memory import is_view
 
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
+from .dropout_masks import split_dropout
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
                                      record_device, resolve_op, to_ir_argument)
 
@@ -435,7 +436,8 @@ def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tup
 
 
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
-          example_kwargs: dict | None = None, reuse_buffers: bool = True) -> Graph:
+          example_kwargs: dict | None = None, reuse_buffers: bool = True,
+          split_dropouts: bool = True) -> Graph:
     """The joint forward+backward graph of one training step of `model`, as IR, without costs.
 
     `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
@@ -447,7 +449,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     `remat_ir.lowering.lower_torch` does both). With `reuse_buffers` (the default),
     backward ops that can write their result into an input read by them alone do
     (`buffer_reuse`): one buffer where eager holds two. Raises `LoweringError` naming
-    the op and module that cannot be lowered.
+    the op and module that cannot be lowered. With `split_dropouts` (the default), each
+    CPU training dropout becomes its drawn mask and a product (`dropout_masks`), so that a
+    plan can compute its output again without drawing.
     """
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
@@ -465,6 +469,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         except Exception as exc:
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        if split_dropouts:
+            split_dropout(joint.graph_module)
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
     _check_rnn_workspaces(graph)
     if reuse_buffers:

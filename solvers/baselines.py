@@ -6,7 +6,7 @@
   least memory without checkpoints, quadratic recomputation).
 - `sqrt`: Chen et al. (2016): keep only the outputs of about sqrt(k) of the k
   forward segments (cut at articulation points); backward recomputes one
-  segment at a time from its checkpoint.
+  segment at a time from its checkpoint (the lowest peak of a few spacings).
 - `prefix_schedules` (no solver of its own; starts and candidates for small
   graphs in `hiremate`): keep what backward reads after a cut, recompute the
   rest before it on demand.
@@ -65,19 +65,40 @@ def density_schedules(tg: TrainingGraph, steps: int = DENSITY_STEPS,
     return found
 
 
-def sqrt_checkpoints(tg: TrainingGraph) -> list[int]:
-    """Last nodes of about sqrt(k) evenly spaced segments out of k: the kept checkpoints."""
+def sqrt_checkpoints(tg: TrainingGraph, count: int, by_memory: bool = False) -> list[int]:
+    """Last nodes of `count` runs of the forward segments, evenly spaced by segment count
+    or (`by_memory`) by the bytes the segments' forward nodes allocate: the kept
+    checkpoints."""
     segments = tg.segments
-    count = max(1, round(math.sqrt(len(segments))))
-    stride = len(segments) / count
-    chosen = {min(len(segments) - 1, round((j + 1) * stride) - 1) for j in range(count)}
-    return [segments[k].forward[-1] for k in sorted(chosen)]
+    weights = [sum(tg.memory[n] for n in s.forward) if by_memory else 1 for s in segments]
+    if sum(weights) == 0:   # nothing allocates: space by count
+        weights = [1] * len(segments)
+    total, done, chosen = sum(weights), 0, []
+    for k, weight in enumerate(weights):
+        before, done = done, done + weight
+        # the segment where the running total crosses the next of count even shares
+        if done * count // total > before * count // total or k == len(segments) - 1:
+            chosen.append(k)
+    return [segments[k].forward[-1] for k in chosen]
 
 
 def sqrt_schedule(tg: TrainingGraph) -> pb.Schedule:
-    kept = set(sqrt_checkpoints(tg))
-    kept.update(tg.view_root[n] for n in list(kept) if n in tg.view_root)
-    return keep_set_schedule(tg, kept, name="sqrt")
+    """Chen et al.'s checkpoints, the lowest-peak plan of six: about sqrt(k) runs of the k
+    segments (one fewer, as many, one more), spaced by count or by memory. Why: where
+    the checkpoints fall decides the peak, and one spacing alone is fragile. On the test
+    GPT-2 (2 layers, d=32, seq 64), splitting each dropout into mask and product added
+    five cuts, and the count-spaced plan at sqrt(45) runs rose from 52% to 96% of
+    store-everything's peak (a checkpoint inside attention, the residual stream
+    recomputed from the embeddings); the best of six is 57%."""
+    segments = len(tg.segments)
+    centre = max(1, round(math.sqrt(segments)))
+    plans = []
+    for count in sorted({max(1, centre - 1), centre, min(segments, centre + 1)}):
+        for by_memory in (False, True):
+            kept = set(sqrt_checkpoints(tg, count, by_memory))
+            kept.update(tg.view_root[n] for n in list(kept) if n in tg.view_root)
+            plans.append(keep_set_schedule(tg, kept, name="sqrt"))
+    return min(plans, key=lambda s: (s.predicted_peak_bytes, s.predicted_time_s))
 
 
 def prefix_schedules(tg: TrainingGraph) -> list[pb.Schedule]:

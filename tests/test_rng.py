@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from remat_ir import ir
-from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS
+from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS, lower
 from remat_ir.lowering import lower_torch
 from remat_ir.ir import pb
 from remat_ir.ir.rng import plan_rng
@@ -43,10 +43,15 @@ def _schedule(graph, order_key, recompute_in_backward=False):
     every dropout run again at the start of backward."""
     forward = graph.phase_order(pb.FORWARD)
     drops = _dropouts(graph)
-    first = sorted(drops, key=order_key)
-    rest = [n for n in forward if n not in drops]
+
+    def with_inputs(n):  # a dropout's mask is drawn into a tensor made just before it
+        return [p for v in graph.node(n).inputs
+                if (p := graph.producer(v)) is not None and graph.node(p).phase == pb.FORWARD] + [n]
+
+    first = [m for n in sorted(drops, key=order_key) for m in with_inputs(n)]
+    rest = [n for n in forward if n not in first]
     sequence = first + rest
-    replays = list(reversed(drops)) if recompute_in_backward else []
+    replays = [m for n in reversed(drops) for m in with_inputs(n)] if recompute_in_backward else []
     backward = graph.phase_order(pb.BACKWARD)
     return ir.from_compute_sequence(graph, sequence + replays + backward, len(sequence),
                                     name="reordered", rng_replay=True)
@@ -183,3 +188,76 @@ def test_attention_without_dropout_draws_nothing():
     before = torch.get_rng_state()
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, is_causal=True)
     assert torch.equal(before, torch.get_rng_state())
+
+
+class DropoutBetweenLinears(torch.nn.Module):
+    """Linear -> Dropout -> Linear: the second layer's weight gradient reads the dropout's
+    output, so a plan that frees it must compute it again for the backward."""
+
+    def __init__(self, p: float, width: int = 24):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+        self.drop = torch.nn.Dropout(p)
+
+    def forward(self, x):
+        return self.b(self.drop(self.a(x))).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_output_computed_again_from_its_mask_is_eagers(dtype, p):
+    """frontends/dropout_masks.py: dropout is lowered as a drawn mask and a product, so
+    its output can be computed again without drawing; eager's masks, outputs, gradients
+    and generator state, bit for bit, over dtypes and odd sizes."""
+    torch.manual_seed(0)
+    model = DropoutBetweenLinears(p).to(dtype)
+    x = torch.randn(5, 7, 24, dtype=dtype)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    assert "aten.native_dropout.default" not in {n.op for n in graph.proto.nodes}
+    (draw,) = [n for n in graph.proto.nodes if n.random]
+    assert draw.op == "aten.bernoulli.p" and draw.rng_shape_only
+    product = [n.id for n in graph.proto.nodes
+               if n.op == "aten.mul.Tensor" and n.phase == pb.FORWARD]
+    assert len(product) == 2
+    forward = graph.phase_order(pb.FORWARD)
+    sequence = forward + product + graph.phase_order(pb.BACKWARD)
+    schedule = ir.from_compute_sequence(graph, sequence, len(forward), name="product-again")
+    draws = [s for s in schedule.steps if s.HasField("compute") and s.compute == draw.id]
+    assert len(draws) == 1 and not schedule.rng_replay
+    errors = side_by_side(copy.deepcopy(model), lambda m: ScheduledModule(m, graph, schedule),
+                          (x,), {}, lambda out: out, steps=3)
+    assert errors == {}
+
+
+def test_dropout_on_a_channels_last_input_keeps_eagers_op():
+    """Eager's mask follows a channels-last input's layout, which `bernoulli.p` would not:
+    such a dropout stays one `native_dropout` (drawn again when run again)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Dropout(0.2),
+                                torch.nn.Conv2d(4, 2, 1)).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 9, 9).contiguous(memory_format=torch.channels_last)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    assert [n.op for n in graph.proto.nodes if n.random] == ["aten.native_dropout.default"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dropout_split_computes_what_native_dropout_computes_in_half_precision(dtype):
+    """In 16-bit dtypes eager multiplies by the scale rounded to the dtype (1/0.9 is
+    1.109375 in bfloat16): the split graph and the graph keeping `native_dropout`, run
+    from the same seed, give the same loss, gradients and generator state, bit for bit.
+    (Half-precision training through the runtime is compared with eager elsewhere, at a
+    tolerance: tests/test_mixed_precision.py.)"""
+    torch.manual_seed(0)
+    model = DropoutBetweenLinears(0.1).to(dtype)
+    x = torch.randn(5, 7, 24, dtype=dtype)
+    results = []
+    for split in (True, False):
+        graph = lower(copy.deepcopy(model), (x,), split_dropouts=split)
+        scheduled = ScheduledModule(copy.deepcopy(model), graph, ir.store_all(graph))
+        torch.manual_seed(3)
+        loss = scheduled(x)
+        loss.backward()
+        results.append([loss.detach(), torch.get_rng_state()]
+                       + [p.grad for p in scheduled.parameters()])
+    assert len(results[0]) == len(results[1]) == 6
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

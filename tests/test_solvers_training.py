@@ -45,10 +45,10 @@ def train_and_compare(model, args, kwargs, loss_of, cost_model="flops", **remat_
 
 @pytest.mark.parametrize("solver", ["hiremate", "rotor", "sqrt", "twremat", "fastsa"])
 def test_gpt2_at_half_the_memory_trains_like_eager(solver):
-    """At 50% of the store-everything peak; sqrt, which has one plan (52.1% of this peak
-    since buffer reuse lowered store-everything's loss step), at 55%."""
+    """At 50% of the store-everything peak; sqrt, which has one plan (57.5% of this peak,
+    the best of its six spacings), at 60%."""
     model, args, kwargs, loss_of = gpt2(n_layer=2, n_embd=32, seq=64, batch=4)
-    percent = 55 if solver == "sqrt" else 50
+    percent = 60 if solver == "sqrt" else 50
     scheduled, measured = train_and_compare(model, args, kwargs, loss_of, budget=f"{percent}%",
                                             solver=solver)
     schedule = scheduled.schedule
@@ -121,8 +121,10 @@ def test_mlp_planned_by_checkmate_trains_like_eager():
     torch.manual_seed(0)  # wide enough that the CPU RNG replay's 5 KB transient is noise
     model, args, kwargs = MLPWithLoss(width=128), (torch.randn(256, 128), torch.randn(256, 1)), {}
     loss_of = lambda out: out  # noqa: E731
-    scheduled, measured = train_and_compare(model, args, kwargs, loss_of, budget="90%",
-                                            solver="checkmate", time_limit_s=60)
+    # Profiled costs: CPU dropout's backward (and the product computing its output) casts
+    # the boolean mask to a float temporary, a workspace "flops" costs do not record.
+    scheduled, measured = train_and_compare(model, args, kwargs, loss_of, cost_model="profile",
+                                            budget="90%", solver="checkmate", time_limit_s=60)
     assert scheduled.schedule.solver == "checkmate"
     assert measured <= scheduled.schedule.budget_bytes * 1.05, (measured, scheduled.schedule.budget_bytes)
 

@@ -1,0 +1,105 @@
+"""Dropout as a random mask and a product: recomputing its output draws nothing.
+
+Why: `aten.native_dropout` returns both the dropped-out tensor and its mask, so a
+plan that frees the output can only get it back by running the op again, which
+draws the mask again (RNG replay) at the cost of the draw: on CPU, Bernoulli
+sampling is most of the op (the quick GPT-2, 4 layers: 13 dropouts are 25% of the
+step; one over attention probabilities takes 6 ms where `native_dropout_backward`,
+the same product, takes 0.6 ms). torch.compile's partitioner recomputes dropout
+in the backward as a fused product from a saved seed; remat-ir can do the same with
+the mask it already has to keep for the backward (a boolean, a quarter of a float
+tensor).
+
+The rewrite, on the joint FX graph before lowering (`split_dropout`), for each
+`native_dropout(x, p, train)` of a training step on CPU:
+
+    empty = empty_like(x, dtype=bool)       # shape and layout only
+    mask  = bernoulli.p(empty, 1 - p)       # the one random node
+    kept  = mul.Tensor(x, mask)             # x or 0 (with x's sign), exactly
+    out   = mul.Tensor(kept, scale)         # scale = 1 / (1 - p) rounded to x's dtype
+
+which draws as eager's CPU kernel does (`native_dropout_cpu`: an empty boolean
+tensor filled by `bernoulli_(1 - p)`) and multiplies as it does in torch 2.13 (by
+the scale in the input's dtype: in bfloat16 1/0.9 is 1.109375, and multiplying by
+the double 1/0.9 gives other bits), so the mask, the output and the generator's
+state after it are eager's, bit for bit (tests/test_rng.py checks it over dtypes).
+The backward still calls `native_dropout_backward(grad, mask, scale)`.
+
+Left as it is: dropout on another device (CUDA's fused kernel draws with Philox in
+another order, so the same split would not give eager's mask), on an input that is
+not contiguous (`bernoulli.p` returns a contiguous result, where eager's mask follows
+the input's layout and so pairs draws with other elements), and `p` of 0 or 1 or
+`train=False` (nothing is drawn).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+_aten = torch.ops.aten
+
+#: Bumped when the rewrite changes the graphs it makes: benchmark caches of lowered graphs
+#: key on it (benchmarks/solvers.py).
+REVISION = 1
+
+
+def _splittable(node: torch.fx.Node) -> tuple[torch.fx.Node, float] | None:
+    """(input, p) where `node` is a native_dropout the rewrite applies to, else None."""
+    if node.op != "call_function" or node.target is not _aten.native_dropout.default:
+        return None
+    x, p = node.args[0], node.args[1]
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+    fake = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if (train is False or not isinstance(p, (int, float)) or not 0 < p < 1
+            or getattr(fake, "fake_mode", None) is None or fake.device.type != "cpu"
+            or not fake.dtype.is_floating_point or not fake.is_contiguous()):
+        return None
+    if any(user.target is not operator.getitem for user in node.users):
+        return None
+    return x, float(p)
+
+
+def _add(graph: torch.fx.Graph, meta: dict, target, args: tuple, kwargs: dict | None = None):
+    """A new call of `target` with the replaced node's metadata (module path, sequence
+    number) and its own fake result (run under the caller's fake mode)."""
+    kwargs = kwargs or {}
+    new = graph.call_function(target, args, kwargs)
+    new.meta.update(meta)
+    new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args],
+                             **kwargs)
+    return new
+
+
+def split_dropout(module: torch.fx.GraphModule) -> int:
+    """Rewrite every splittable `native_dropout` of `module`'s graph in place (module
+    docstring); returns how many were rewritten."""
+    graph = module.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        found = _splittable(node)
+        if found is None:
+            continue
+        x, p = found
+        fake_x = x.meta["val"]
+        meta = {k: v for k, v in node.meta.items() if k != "val"}
+        p1m = 1.0 - p
+        with unset_fake_temporarily():   # AOTAutograd's fake mode may still be on
+            scale = float(torch.tensor(1.0 / p1m, dtype=fake_x.dtype))
+        with fake_x.fake_mode, graph.inserting_before(node):
+            empty = _add(graph, meta, _aten.empty_like.default, (x,), {"dtype": torch.bool})
+            mask = _add(graph, meta, _aten.bernoulli.p, (empty, p1m))
+            kept = _add(graph, meta, _aten.mul.Tensor, (x, mask))
+            out = _add(graph, meta, _aten.mul.Tensor, (kept, scale))
+        for user in list(node.users):
+            user.replace_all_uses_with(out if user.args[1] == 0 else mask)
+            graph.erase_node(user)
+        graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.lint()
+        module.recompile()
+    return rewritten
