@@ -224,6 +224,7 @@ def test_dropout_output_computed_again_from_its_mask_is_eagers(dtype, p):
     schedule = ir.from_compute_sequence(graph, sequence, len(forward), name="product-again")
     draws = [s for s in schedule.steps if s.HasField("compute") and s.compute == draw.id]
     assert len(draws) == 1 and not schedule.rng_replay
+    assert ir.simulate(graph, schedule).recomputations == 2   # the product, computed again
     errors = side_by_side(copy.deepcopy(model), lambda m: ScheduledModule(m, graph, schedule),
                           (x,), {}, lambda out: out, steps=3)
     assert errors == {}
