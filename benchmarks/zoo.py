@@ -83,6 +83,11 @@ def sweep(name: str, size: str, *, cost_model: str = "profile", steps: int = 2,
         smallest = exc
     if smallest is not None and smallest.smallest_feasible is not None:
         least = smallest.schedule or plan(graph, smallest.smallest_feasible, time_limit_s=time_limit_s)
+        # Under a time limit on a loaded machine, a share's plan may peak below the floor
+        # the refusal names (tiny lora_gpt2 in CI: 133,140 bytes at 50%, floor 139,780):
+        # the smallest feasible is the lowest peak of every plan made.
+        made = [s for _, s, _ in plans if not isinstance(s, InfeasibleBudget)]
+        least = min([least, *made], key=lambda s: simulate(graph, s).peak_bytes)
         plans.append(("smallest feasible", least, time.perf_counter() - start))
 
     rows = []
