@@ -188,13 +188,16 @@ class GraphSpec:
     def key(self) -> str:
         from remat_ir.frontends.buffer_reuse import REUSING_OPS
         from remat_ir.frontends.dropout_masks import REVISION as DROPOUT_REVISION
+        from remat_ir.frontends.view_compaction import REVISION as VIEW_COPY_REVISION
         from remat_ir.runtimes.profiling import ANALYTIC_REVISION
-        # The lowering's buffer reuse and dropout split change the graph (storages, out=
-        # ops, nodes): graphs cached before them, or with other versions, are lowered again.
+        # The lowering's buffer reuse, dropout split and view copies change the graph
+        # (storages, out= ops, nodes): graphs cached before them, or with other versions,
+        # are lowered again.
         text = json.dumps({"name": self.name, **self.config, "cost_model": "flops",
                            "flops_revision": ANALYTIC_REVISION,
                            "buffer_reuse": sorted(REUSING_OPS),
-                           "dropout_split": DROPOUT_REVISION}, sort_keys=True)
+                           "dropout_split": DROPOUT_REVISION, "view_copies": VIEW_COPY_REVISION},
+                          sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 

@@ -41,6 +41,7 @@ from remat_ir.ir.memory import is_view
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
+from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
                                      record_device, resolve_op, to_ir_argument)
 
@@ -437,7 +438,7 @@ def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tup
 
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
           example_kwargs: dict | None = None, reuse_buffers: bool = True,
-          split_dropouts: bool = True) -> Graph:
+          split_dropouts: bool = True, copy_long_lived_views: bool = True) -> Graph:
     """The joint forward+backward graph of one training step of `model`, as IR, without costs.
 
     `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
@@ -451,7 +452,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     (`buffer_reuse`): one buffer where eager holds two. Raises `LoweringError` naming
     the op and module that cannot be lowered. With `split_dropouts` (the default), each
     CPU training dropout becomes its drawn mask and a product (`dropout_masks`), so that a
-    plan can compute its output again without drawing.
+    plan can compute its output again without drawing. With `copy_long_lived_views` (the
+    default), a small view read long after the rest of its storage (the skip connection's
+    slice of a `cat` gradient) is copied, so that the storage dies (`view_compaction`).
     """
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
@@ -471,6 +474,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
         if split_dropouts:
             split_dropout(joint.graph_module)
+        if copy_long_lived_views:
+            compact_views(joint.graph_module)
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
     _check_rnn_workspaces(graph)
     if reuse_buffers:

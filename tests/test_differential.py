@@ -43,7 +43,7 @@ def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defe
 
 
 _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", "sigmoid_mul")
-_BINARY = ("add", "mul", "matmul_t")
+_BINARY = ("add", "mul", "matmul_t", "cat_linear")
 
 
 class RandomNet(torch.nn.Module):
@@ -57,9 +57,15 @@ class RandomNet(torch.nn.Module):
                                            for op, _ in program if op == "linear")
         self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(width)
                                          for op, _ in program if op == "layer_norm")
+        # cat_linear: Linear over two results side by side. Its backward hands each its
+        # gradient as a slice of one tensor, which the lowering may copy out of it
+        # (frontends/view_compaction.py) when one is read long after the other.
+        self.cat_linears = torch.nn.ModuleList(torch.nn.Linear(2 * width, width)
+                                               for op, _ in program if op == "cat_linear")
 
     def forward(self, x):
         values, linears, norms = [x], iter(self.linears), iter(self.norms)
+        cat_linears = iter(self.cat_linears)
         for op, inputs in self.program:
             a = values[inputs[0]]
             b = values[inputs[-1]]
@@ -83,6 +89,8 @@ class RandomNet(torch.nn.Module):
                 y = a + b
             elif op == "mul":
                 y = a * b
+            elif op == "cat_linear":
+                y = next(cat_linears)(torch.cat([a, b], dim=-1))
             else:
                 y = a @ b.t() @ b / a.shape[-1]
             values.append(y)
