@@ -106,30 +106,33 @@ def compiled(bm: BenchModel, budget: float) -> Method:
 
 
 class RematPlanner:
-    """Lowers a model once, with costs from `cost_model`, and plans it with any solver at
-    any budget. Plans made on another cost model than "profile" (the default) are named
-    with it: "remat-ir hiremate 50% (isolated costs)"."""
+    """Lowers a model once, with costs from `cost_model` for the runtime `backend` its plans
+    run on, and plans it with any solver at any budget. Plans made on another cost model
+    than "profile" (the default) are named with it: "remat-ir hiremate 50% (isolated
+    costs)"; plans run compiled end in " [inductor]"."""
 
-    def __init__(self, bm: BenchModel, say: Callable[[str], None], cost_model: str = "profile"):
+    def __init__(self, bm: BenchModel, say: Callable[[str], None], cost_model: str = "profile",
+                 backend: str = "eager"):
         from remat_ir.lowering import lower_torch
 
-        self.bm, self.say, self.cost_model = bm, say, cost_model
+        self.bm, self.say, self.cost_model, self.backend = bm, say, cost_model, backend
         self.suffix = "" if cost_model == "profile" else f" ({cost_model} costs)"
         self.model = copy.deepcopy(bm.module).train()
         started = time.perf_counter()
-        self.graph = lower_torch(self.model, bm.inputs, cost_model=cost_model)
+        self.graph = lower_torch(self.model, bm.inputs, cost_model=cost_model, backend=backend)
         self.lowering_s = time.perf_counter() - started
         self.plans: dict[tuple, tuple | InfeasibleBudget] = {}
         reference = ir.store_all(self.graph)
         self.store_all_peak = reference.predicted_peak_bytes
         self.store_all_time = ir.simulate(self.graph, reference).total_time_s
-        say(f"  lowered: {len(self.graph.nodes)} nodes in {self.lowering_s:.1f} s, "
+        say(f"  lowered{'' if backend == 'eager' else f' for {backend}'}: {len(self.graph.nodes)} nodes "
+            f"in {self.lowering_s:.1f} s, "
             f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated), footprint price "
             f"{self.graph.proto.provenance.cost_model.peak_byte_s * 2**20 * 1e3:.3f} ms per MiB of peak")
 
     def _plan(self, solver: str, budget, time_limit_s: float | None, offload: bool = False):
         """(schedule, planning seconds) at `budget`, planned once per (solver, budget,
-        offload) so that every backend runs the same plan; InfeasibleBudget (with
+        offload); InfeasibleBudget (with
         `planning_s`) if the budget is out of reach. `offload`: over the host link the
         lowering measured (`solvers.offload.plan_with_offload`)."""
         key = (solver, budget, offload)
@@ -157,14 +160,14 @@ class RematPlanner:
         return found
 
     def method(self, solver: str, budget: str | int | None, *, time_limit_s: float | None = None,
-               backend: str = "eager", label: str | None = None, info: dict | None = None,
-               offload: bool = False) -> Method:
+               label: str | None = None, info: dict | None = None, offload: bool = False) -> Method:
         """Plan at `budget` ("50%", bytes, None for store-everything, "smallest" for the
-        lowest budget the solver reaches), with offloading if `offload`, and run with
-        `backend`; an infeasible budget returns a Method without a step. `label` names the
+        lowest budget the solver reaches), with offloading if `offload`, and run with the
+        planner's backend; an infeasible budget returns a Method without a step. `label` names the
         budget in the method's name; `info` is recorded with it."""
         from remat_ir.runtimes.torch import ScheduledModule
 
+        backend = self.backend
         label = label or {None: "store-everything", "smallest": "smallest feasible"}.get(budget, budget)
         name = (("remat-ir store-everything" if budget is None else f"remat-ir {solver} {label}")
                 + (" + offload" if offload else "") + self.suffix

@@ -81,13 +81,13 @@ def plan_methods(bm, time_limit_s: float, backend: str = "eager",
                  plans: list[tuple[str, str, bool]] | None = None
                  ) -> tuple[list[methods.Method], list[methods.Method]]:
     """(eager, store-everything and every feasible plan of `plans` (solver, budget,
-    offload; default `default_plans(False)`), run with `backend`; the infeasible ones)."""
-    planner = methods.RematPlanner(bm, training_step.say)
-    built = [methods.eager(bm), planner.method("autograd", None, backend=backend)]
+    offload; default `default_plans(False)`), planned on `backend`'s costs and run with it;
+    the infeasible ones)."""
+    planner = methods.RematPlanner(bm, training_step.say, backend=backend)
+    built = [methods.eager(bm), planner.method("autograd", None)]
     plans = default_plans(False) if plans is None else plans
     for solver, budget, offloaded in plans:
-        built.append(planner.method(solver, budget, time_limit_s=time_limit_s, backend=backend,
-                                    offload=offloaded))
+        built.append(planner.method(solver, budget, time_limit_s=time_limit_s, offload=offloaded))
     return [m for m in built if m.step], [m for m in built if not m.step]
 
 

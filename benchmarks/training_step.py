@@ -148,8 +148,10 @@ def build_methods(bm: BenchModel, settings: dict) -> tuple[list[methods.Method],
     if len(planner.graph.nodes) <= settings["checkmate_max_nodes"]:
         plans.append(("checkmate", "50%"))
     remat = [planner.method(solver, budget, time_limit_s=settings["time_limit_s"]) for solver, budget in plans]
-    remat.append(planner.method("autograd", None, backend="inductor"))
-    remat += at_peer_peaks(planner, built[1:], settings)
+    # Plans run compiled are made on compiled costs (runtimes/compiled_costs.py).
+    compiled = methods.RematPlanner(bm, say, backend="inductor")
+    remat.append(compiled.method("autograd", None))
+    remat += at_peer_peaks({"eager": planner, "inductor": compiled}, built[1:], settings)
     for cost_model in settings["other_cost_models"]:
         other = methods.RematPlanner(bm, say, cost_model)
         remat += [other.method(solver, budget, time_limit_s=settings["time_limit_s"])
@@ -157,19 +159,20 @@ def build_methods(bm: BenchModel, settings: dict) -> tuple[list[methods.Method],
     return built + [m for m in remat if m.step], [m for m in remat if not m.step]
 
 
-def at_peer_peaks(planner: methods.RematPlanner, peers: list[methods.Method], settings: dict
+def at_peer_peaks(planners: dict[str, methods.RematPlanner], peers: list[methods.Method], settings: dict
                   ) -> list[methods.Method]:
-    """remat-ir (the default planner) at each peer's measured peak, as a byte budget, run
-    with each backend: the points of remat-ir's front to set beside the peers' own."""
+    """remat-ir (the default planner) at each peer's measured peak, as a byte budget, with
+    each backend's planner (`planners`, by backend: each plans on its own backend's
+    costs): the points of remat-ir's front to set beside the peers' own."""
     found = []
     for peer in peers:
         for _ in range(2):
             peer.step()
-        peak = measure_peak(peer.step, planner.bm.inputs[0].device).peak_bytes
+        peak = measure_peak(peer.step, planners["eager"].bm.inputs[0].device).peak_bytes
         peer.info["peer_peak_bytes"] = peak
         for backend in BACKENDS:
-            found.append(planner.method("hiremate", peak, time_limit_s=settings["time_limit_s"], backend=backend,
-                                        label=f"at {peer.name}'s peak", info={"peer": peer.name}))
+            found.append(planners[backend].method("hiremate", peak, time_limit_s=settings["time_limit_s"],
+                                                  label=f"at {peer.name}'s peak", info={"peer": peer.name}))
     return found
 
 

@@ -338,7 +338,7 @@ class HostLink(_message.Message):
     def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., overlapped: _Optional[bool] = ..., source: _Optional[str] = ..., issue_s: _Optional[float] = ...) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule")
+    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule", "backend")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TIMED_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +346,7 @@ class CostModel(_message.Message):
     NOTE_FIELD_NUMBER: _ClassVar[int]
     PEAK_BYTE_S_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     name: str
     timed_schedule: str
     timed_steps: int
@@ -353,7 +354,8 @@ class CostModel(_message.Message):
     note: str
     peak_byte_s: float
     calibration_schedule: str
-    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ..., peak_byte_s: _Optional[float] = ..., calibration_schedule: _Optional[str] = ...) -> None: ...
+    backend: str
+    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ..., peak_byte_s: _Optional[float] = ..., calibration_schedule: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "name", "level", "node_ids", "children", "signature")

@@ -39,6 +39,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
 - 1.4 -> 1.5: the provenance gained `allocation_granularity_bytes` and the host link
   `issue_s`; an older file has neither, which counts every storage at its exact bytes
   and no host time per transfer, as before: nothing to fill.
+- 1.5 -> 1.6: the cost model gained `backend`; an older file has none, which means
+  its costs were timed op by op (eager), as they were: nothing to fill.
 """
 
 from __future__ import annotations

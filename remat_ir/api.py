@@ -63,7 +63,10 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
 
     `backend`: "eager" (default) runs the planned segments op by op; "inductor"
     compiles them with Inductor (fused kernels) while keeping what the plan decided:
-    recomputations, frees and random draws (`runtimes/compiled.py`).
+    recomputations, frees and random draws (`runtimes/compiled.py`). With "profile"
+    costs, the plan is then made on compiled times: profiling runs the store-everything
+    step compiled too and shares each region's time among its nodes
+    (`runtimes/compiled_costs.py`).
     """
     from remat_ir.frontends.torch import example_arguments
     from remat_ir.runtimes.compiled import check_backend
@@ -76,7 +79,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
         options.update(offload=True, host_budget=host_budget)
     planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
                       progress=progress, options=options, cache_dir=cache_dir,
-                      host_bandwidth=host_bandwidth)
+                      host_bandwidth=host_bandwidth, backend=backend)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     graph, schedule = planner(model, args, kwargs)
     return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
@@ -90,7 +93,8 @@ class Planner:
     input signature. Picklable (the progress callback is not kept)."""
 
     def __init__(self, budget, solver: str | None, *, cost_model: str, time_limit_s: float | None,
-                 progress: Progress | None, options: dict, cache_dir=None, host_bandwidth=None):
+                 progress: Progress | None, options: dict, cache_dir=None, host_bandwidth=None,
+                 backend: str = "eager"):
         from remat_ir.lowering import check_cost_model
 
         parse_budget(budget, 1)  # a malformed budget fails before the model is traced
@@ -102,7 +106,7 @@ class Planner:
         self.budget, self.cost_model = budget, cost_model
         self.solver = solver or ("autograd" if budget is None else DEFAULT_SOLVER)
         self.time_limit_s, self.progress, self.options = time_limit_s, progress, dict(options)
-        self.cache_dir = cache_dir
+        self.cache_dir, self.backend = cache_dir, backend
 
     def __getstate__(self):
         return {**self.__dict__, "progress": None}
@@ -126,12 +130,13 @@ class Planner:
 
         cache = PlanCache.from_setting(self.cache_dir, warn=notify_stderr)
         graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
-        graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__)
+        graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__, self.backend)
         cached = cache and cache.load_graph(graph_key, graph)
         if cached:
             graph = cached
         else:
-            add_costs(graph, self.cost_model, model=model, example=(args, kwargs), progress=self.progress)
+            add_costs(graph, self.cost_model, model=model, example=(args, kwargs), progress=self.progress,
+                      backend=self.backend)
             if cache:
                 cache.store_graph(graph_key, graph)
         if self.host_bandwidth is not None:

@@ -31,13 +31,15 @@ def check_cost_model(cost_model, *, allow_none: bool = True) -> None:
 
 
 def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example=None,
-              progress=None) -> Graph:
+              progress=None, backend: str = "eager") -> Graph:
     """Fill every node's cost with `cost_model` on `device` (by default the device the
     graph was lowered on, its `provenance.cost_device`); returns `graph`. "profile" times
     whole steps on `model`'s tensors and the `example` call's inputs, `(args, kwargs)`
     (without them it keeps isolated times, and `provenance.cost_model.note` says so).
     `progress` (a callable taking one line) hears how far profiling got. Unless
-    `cost_model` is "flops", the host link offloading plans with is measured too."""
+    `cost_model` is "flops", the host link offloading plans with is measured too.
+    `backend`: the runtime backend plans will run on ("inductor": "profile" shares
+    compiled regions' times among their nodes, `runtimes/compiled_costs.py`)."""
     import torch
 
     from remat_ir.runtimes.profiling import estimate_costs
@@ -52,7 +54,7 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
         args, kwargs = example
         values = resident_values(model, graph, args, kwargs)
     estimate_costs(graph, cost_model, run_device, values=values, low_memory=_sqrt_schedule,
-                   progress=progress)
+                   progress=progress, backend=backend)
     if cost_model != "flops":  # "flops" runs nothing
         for field, value in measure_link(run_device).items():
             setattr(graph.proto.provenance.host_link, field, value)
@@ -70,9 +72,10 @@ def _sqrt_schedule(graph: Graph):
 
 
 def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
-                cost_model: str | None = "profile", device=None) -> Graph:
+                cost_model: str | None = "profile", device=None, backend: str = "eager") -> Graph:
     """`frontends.torch.lower(model, example_inputs, example_kwargs=...)` with costs from
-    `cost_model` measured on `device` (see the module docstring)."""
+    `cost_model` measured on `device` for the runtime `backend` (see the module
+    docstring)."""
     from remat_ir.frontends.torch import example_arguments, lower
 
     check_cost_model(cost_model)
@@ -80,7 +83,7 @@ def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
     if cost_model is None:
         return graph
     return add_costs(graph, cost_model, device, model=model,
-                     example=example_arguments(example_inputs, example_kwargs))
+                     example=example_arguments(example_inputs, example_kwargs), backend=backend)
 
 
 def lower_onnx_module(module, example_inputs: tuple, *, cost_model: str | None = "profile",

@@ -60,10 +60,12 @@ class PlanCache:
 
     # -------------------------------------------------------------- keys
 
-    def graph_key(self, trace: Graph, cost_model: str, torch_version: str) -> str:
-        """The key of a trace (a graph lowered without costs) profiled with `cost_model`."""
+    def graph_key(self, trace: Graph, cost_model: str, torch_version: str, backend: str = "eager") -> str:
+        """The key of a trace (a graph lowered without costs) profiled with `cost_model` for
+        the runtime `backend` (compiled costs differ from op-by-op ones)."""
         return _digest(structure_fingerprint(trace, measured_memory=False), cost_model,
-                       trace.proto.provenance.cost_device, torch_version, __version__, FORMAT_VERSION)
+                       trace.proto.provenance.cost_device, torch_version, __version__, FORMAT_VERSION,
+                       *(() if backend == "eager" else (backend,)))
 
     @staticmethod
     def plan_key(budget_bytes: int | None, solver: str, options: dict) -> str:

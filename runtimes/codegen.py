@@ -146,8 +146,9 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     gathers a unit before its first read and the forward frees it after its last
     (`_GatherLines`; U, the segments' last argument, is `fsdp.StepUnits`). With
     `backend="inductor"`, runs of plain compute and free steps are Inductor-compiled
-    regions (`compiled.py`; listed in `SegmentPlan.regions`); timing (`tick`) always
-    runs op by op."""
+    regions (`compiled.py`; listed in `SegmentPlan.regions`); with `tick` too, region
+    i calls `tick(-2 - i)` after it runs (its ops cannot be timed one by one), and each
+    compute step outside regions `tick(node_id)`."""
     g = graph.proto
     regions = [] if check_backend(backend) == "inductor" else None
     simulated = simulate(graph, schedule) if regions is not None else None
@@ -228,8 +229,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 t = tangent_inputs.get(v)
                 if t is not None and t in used:
                     body.append(f"{_tensor_name(t)} = T[{i}]")
-        runs = (_Runs(graph, writer, device, regions, body, simulated)
-                if regions is not None and tick is None else None)
+        runs = (_Runs(graph, writer, device, regions, body, simulated, tick=tick is not None)
+                if regions is not None else None)
 
         def emit(lines) -> None:
             """Append Python lines, ending the pending region first (nothing may move
@@ -535,9 +536,9 @@ class _Runs:
     MIN_REGION_OPS = 2
 
     def __init__(self, graph: Graph, writer: _Writer, device: torch.device, regions: list,
-                 body: list[str], simulated):
+                 body: list[str], simulated, tick: bool = False):
         self.graph, self.writer, self.device, self.regions = graph, writer, device, regions
-        self.body = body
+        self.body, self.tick = body, tick
         self.during, self.peak = simulated.memory_during, simulated.peak_bytes
         self._reset()
 
@@ -558,6 +559,8 @@ class _Runs:
             # at its smallest budget: 12% above its plan, 6% as an eager line).
             self.flush()
             self.body.extend(_call_lines(self.graph, self.writer, node_id, ""))
+            if self.tick:
+                self.body.append(f"_tick({node_id})")
             return
         starts_chain = bool(self.produced) and not self.produced.intersection(node.inputs)
         if starts_chain or self.side.intersection(node.inputs):
@@ -603,6 +606,8 @@ class _Runs:
             for kind, x, _ in steps:
                 lines += (_call_lines(self.graph, self.writer, x, "") if kind == "compute"
                           else [f"del {_tensor_name(x)}"])
+                if self.tick and kind == "compute":
+                    lines.append(f"_tick({x})")
             return lines
         name = f"_region{len(self.regions)}"
         region = Region(self.graph, nodes, list(inputs), outputs, self.device, name,
@@ -613,7 +618,14 @@ class _Runs:
         if dropped:
             lines.append(f"del {', '.join(_tensor_name(v) for v in dropped)}")
         targets = "".join(f"{_tensor_name(v)}, " for v in outputs)
-        return lines + [f"({targets}) = {name}(_in)", "del _in"]
+        lines += [f"({targets}) = {name}(_in)", "del _in"]
+        return lines + ([f"_tick({region_tick(len(self.regions) - 1)})"] if self.tick else [])
+
+
+def region_tick(index: int) -> int:
+    """The id region `index` ticks with when a step is timed (`timing.Timeline`): negative,
+    apart from node ids and a segment's entry (-1)."""
+    return -2 - index
 
 
 def mutated_inputs(node: pb.Node) -> set[int]:

@@ -18,7 +18,9 @@ and the facade (`remat_ir.lowering`) adds them with `estimate_costs`.
   a step holding less memory runs all its ops faster; with the footprint term,
   predictions fall within a few percent. If the step cannot run (out of memory),
   the isolated times stay, and `cost_model.note` says why; so it does when the
-  footprint term is left out.
+  footprint term is left out. For plans run compiled (`backend="inductor"`), the
+  store-everything step then runs compiled too, and each region's time is shared
+  among its nodes (`compiled_costs.py`; `cost_model.backend` says which).
 - "isolated": every distinct (op, input shapes/strides/dtypes, other arguments)
   is run on the target device with synthetic inputs (floats normal, integers
   and booleans zero, so indices stay in range): one warm-up, then the median of
@@ -60,6 +62,8 @@ from remat_ir.ir.memory import is_view, new_storages
 from remat_ir.torchlib.types import empty_tensor, record_device, resolve_op, to_torch_argument
 
 from .calibration import fit_peak_byte_cost
+from .compiled import check_backend
+from .compiled_costs import share_region_times
 from .memory import measure_peak
 from .timing import time_schedule, time_schedules
 
@@ -213,7 +217,7 @@ def check_cost_model(model, *, allow_none: bool = False) -> None:
 def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repeats: int = 5,
                    values: Mapping[int, torch.Tensor] | None = None,
                    low_memory: Callable[[Graph], pb.Schedule] | None = None,
-                   progress: Callable[[str], None] | None = None) -> None:
+                   progress: Callable[[str], None] | None = None, backend: str = "eager") -> None:
     """Fill `cost` of every node of `graph` with the chosen model (`COST_MODELS`), for
     `device`, which is recorded as the graph's `provenance.cost_device`, and the model
     as its `provenance.cost_model`. "profile" times the step on `values`, the model's
@@ -221,8 +225,12 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     the footprint term on `low_memory(graph)`, a schedule holding much less memory
     (`calibration.py`; the facade passes Chen's sqrt schedule). Without values it keeps
     the isolated times, without a low-memory schedule it leaves the footprint term
-    out; `cost_model.note` says so. `progress` hears how far profiling got."""
+    out; `cost_model.note` says so. `progress` hears how far profiling got.
+    `backend`: the runtime backend plans will run on; with "inductor", "profile" then
+    runs the store-everything step compiled and shares each region's time among its
+    nodes (`compiled_costs.py`), recorded as `cost_model.backend`."""
     check_cost_model(model)
+    check_backend(backend)
     device = torch.device(device)
     record_device(graph.proto.provenance, device)
     graph.proto.provenance.ClearField("cost_model")
@@ -250,7 +258,32 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     if progress is not None and model != "flops":
         progress(f"profiling: {len(measured)} distinct ops timed alone")
     if model == "profile":
-        _time_in_step(graph, device, values, low_memory, progress)
+        compiled = backend == "inductor"  # op-by-op times first: they are shared by regions
+        _time_in_step(graph, device, values, None if compiled else low_memory, progress)
+        if compiled and graph.proto.provenance.cost_model.timed_schedule:
+            _time_compiled(graph, device, values, progress)
+
+
+def _time_compiled(graph: Graph, device: torch.device, values, progress) -> None:
+    """Replace the op-by-op times by the store-everything step's compiled regions' times,
+    shared among their nodes (`compiled_costs.py`); keep them, saying why in
+    `cost_model.note`, where the compiled step cannot run."""
+    record = graph.proto.provenance.cost_model
+    eager_seconds = {n.id: n.cost.time_s for n in graph.proto.nodes}
+    try:
+        timing = time_schedule(graph, store_all(graph), values, device, backend="inductor",
+                               progress=progress)
+    except (*OP_ERRORS, KeyError) as exc:
+        record.note = (f"{record.note + '; ' if record.note else ''}the store-everything step "
+                       f"could not run compiled ({_reason(exc)}): costs are op-by-op times")
+        return
+    costs = {**timing.node_seconds(),
+             **share_region_times(graph, timing.regions, timing.region_seconds(), eager_seconds)}
+    for node_id, seconds in costs.items():
+        graph.node(node_id).cost.time_s = seconds
+    record.backend, record.timed_steps = "inductor", timing.steps
+    record.step_overhead_s = timing.overhead_s
+    record.note = "the footprint term is not calibrated on compiled steps: it is left out"
 
 
 def _time_in_step(graph: Graph, device: torch.device, values, low_memory, progress) -> None:
@@ -295,7 +328,7 @@ def _time_in_step(graph: Graph, device: torch.device, values, low_memory, progre
     for node_id, seconds in costs.items():
         cost = graph.node(node_id).cost
         cost.time_s, cost.source = seconds, pb.TIMED_IN_STEP
-    record.timed_schedule, record.timed_steps = "store_all", timings[0].steps
+    record.timed_schedule, record.timed_steps, record.backend = "store_all", timings[0].steps, "eager"
     record.step_overhead_s = timings[0].overhead_s
     if left_out:
         record.note = f"{left_out}: the footprint term is left out"

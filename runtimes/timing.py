@@ -36,7 +36,7 @@ import torch
 from remat_ir.ir import Graph, pb
 from remat_ir.torchlib.types import constant_tensor, empty_tensor
 
-from .codegen import generate, segments_without_autocast
+from .codegen import generate, region_tick, segments_without_autocast
 
 #: Timed rounds after the warm-up, and the wall-clock seconds after which no further
 #: round starts (at least two are always timed). Ten rounds: with five, the footprint
@@ -58,6 +58,8 @@ class ScheduleTiming:
     #: Each timed round's whole step, in round order. Schedules timed together interleave
     #: their rounds, so the k-th entries of their timings ran side by side.
     round_s: list[float] = field(default_factory=list)
+    #: On the inductor backend, the node ids of each compiled region, by region index.
+    regions: list[list[int]] = field(default_factory=list)
 
     @property
     def robust_step_s(self) -> float:
@@ -66,11 +68,18 @@ class ScheduleTiming:
         return self.overhead_s + sum(seconds for _, seconds in self.occurrences)
 
     def node_seconds(self) -> dict[int, float]:
-        """Seconds per node: the mean over its occurrences in the timed schedule."""
+        """Seconds per node timed by itself: the mean over its occurrences in the timed
+        schedule (compiled regions, which tick as a whole, are not nodes)."""
         total: dict[int, list[float]] = {}
         for node, seconds in self.occurrences:
-            total.setdefault(node, []).append(seconds)
+            if node >= 0:
+                total.setdefault(node, []).append(seconds)
         return {node: sum(times) / len(times) for node, times in total.items()}
+
+    def region_seconds(self) -> dict[int, float]:
+        """Seconds per compiled region (by index in the plan's `regions`), where the step
+        ran on the inductor backend."""
+        return {region_tick(mark): seconds for mark, seconds in self.occurrences if mark <= -2}
 
 
 class Timeline:
@@ -89,11 +98,12 @@ class Timeline:
             self.marks.append((node_id, time.perf_counter()))
 
     def op_seconds(self) -> list[tuple[int, float]]:
-        """(node, seconds since the previous mark) for each compute mark (segment entry
-        marks, node -1, only open a segment: what precedes them is overhead)."""
+        """(mark, seconds since the previous mark) for each compute or region mark (a node
+        id, or `codegen.region_tick` of a compiled region; segment entry marks, -1, only
+        open a segment: what precedes them is overhead)."""
         out = []
         for (_, before), (node, after) in zip(self.marks, self.marks[1:]):
-            if node >= 0:
+            if node != -1:
                 out.append((node, before.elapsed_time(after) / 1e3 if self.cuda else after - before))
         return out
 
@@ -131,10 +141,12 @@ class _Step:
     """One schedule's generated segments, wired to its resident tensors, timed per step."""
 
     def __init__(self, graph: Graph, schedule: pb.Schedule, values: Mapping[int, torch.Tensor],
-                 device: torch.device):
+                 device: torch.device, backend: str = "eager"):
         self.device = device
         self.timeline = Timeline(device)
-        self.forward, self.backward, plan = generate(graph, schedule, device, tick=self.timeline.tick)
+        self.forward, self.backward, plan = generate(graph, schedule, device, tick=self.timeline.tick,
+                                                     backend=backend)
+        self.regions = [list(region.node_ids) for region in plan.regions]
         self.resident = _resident(graph, plan.resident, values, device)
         position = {v: i for i, v in enumerate(plan.user_outputs)}
         self.read = [position[v] for v in plan.forward_outputs_read_in_backward]
@@ -162,7 +174,7 @@ class _Step:
         step_s = statistics.median(wall for _, wall in runs)
         overhead = statistics.median(wall - sum(s for _, s in run) for run, wall in runs)
         return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs),
-                              [wall for _, wall in runs])
+                              [wall for _, wall in runs], self.regions)
 
 
 def ratio_interval(times: list[float], reference: list[float], per_round: int = 1, level: float = 0.95,
@@ -191,7 +203,7 @@ def ratio_interval(times: list[float], reference: list[float], per_round: int = 
 
 def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[int, torch.Tensor],
                    device: torch.device | str, *, steps: int = STEPS,
-                   max_seconds: float = MAX_SECONDS,
+                   max_seconds: float = MAX_SECONDS, backend: str = "eager",
                    progress: Callable[[str], None] | None = None) -> list[ScheduleTiming]:
     """Time each of `schedules` of `graph` on `device` (see the module docstring), reading
     the resident tensors from `values` (value id -> tensor: parameters, buffers, user
@@ -200,10 +212,11 @@ def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[i
     step starts from its own allocator state. After a warm-up round, up to `steps` rounds
     (at least two; no new round after `max_seconds`). Raises what running raises (out of
     memory among others); the caller's RNG state is restored. `progress` hears of each
-    round."""
+    round. `backend="inductor"` runs compiled regions (the warm-up round compiles them),
+    each timed as a whole (`ScheduleTiming.region_seconds`)."""
     device = torch.device(device)
     names = " and ".join(s.name or "a schedule" for s in schedules)
-    prepared = [_Step(graph, schedule, values, device) for schedule in schedules]
+    prepared = [_Step(graph, schedule, values, device, backend) for schedule in schedules]
     devices = [device] if device.type == "cuda" else []
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -212,6 +225,7 @@ def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[i
         stack.enter_context(segments_without_autocast(device))
         for step in prepared:
             step.run(timed=False)
+        started = time.perf_counter()  # the warm-up (compiling, on the inductor backend) is not timing
         for k in range(steps):
             if k >= 2 and time.perf_counter() - started > max_seconds:
                 break
