@@ -7,9 +7,11 @@
 
 Graphs: benchmarks/solvers.py's (`gpt2`: GPT-2 12 layers, d=768, seq 512, batch 8;
 `unet`: the diffusers U-Net; `gpt2-4` for --quick), lowered with FLOP costs and cached
-there. Their op times are then re-priced for a GPU from the FLOPs and bytes each node
-records (`runtimes.profiling.analytic_seconds` at the CUDA rates: 50 TFLOP/s, 1.5 TB/s,
-5 us per op): transfers are only worth comparing with a GPU's compute, and nothing of
+there, each dropout kept one op as a CUDA lowering keeps it (the CPU lowering's split
+into mask and product, `frontends/dropout_masks.py`, is not what a GPU runs). Their op
+times are then re-priced for a GPU from the FLOPs and bytes each node records
+(`runtimes.profiling.analytic_seconds` at the CUDA rates: 50 TFLOP/s, 1.5 TB/s, 5 us per
+op): transfers are only worth comparing with a GPU's compute, and nothing of
 it runs here. Links:
 
 - `pcie4`: PCIe 4.0 x16, 25 GB/s, 10 us per copy (an A100's host link);
@@ -62,12 +64,13 @@ def say(message: str) -> None:
 
 
 def gpu_costed(name: str, cache: Path) -> ir.Graph:
-    """The benchmark graph with op times re-estimated for a GPU (module docstring)."""
+    """The benchmark graph with op times re-estimated for a GPU (module docstring), each
+    dropout one op as on a GPU (CUDA's fused dropout is not split into mask and product)."""
     import solvers as bench_solvers  # benchmarks/solvers.py
 
     from remat_ir.runtimes.profiling import priced_for
 
-    graph, _ = bench_solvers.lowered(bench_solvers.GRAPHS[name], cache)
+    graph, _ = bench_solvers.lowered(bench_solvers.GRAPHS[name], cache, split_dropouts=False)
     return priced_for(graph, "cuda")
 
 

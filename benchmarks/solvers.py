@@ -303,9 +303,11 @@ GRAPHS = {g.name: g for g in (
 FULL_GRAPHS = [name for name, g in GRAPHS.items() if not g.quick]
 
 
-def lowered(spec: GraphSpec, cache: Path) -> tuple[ir.Graph, dict]:
-    """The graph of `spec` from the cache, or lowered now and cached; (graph, its record)."""
-    path = cache / f"{spec.name}-{spec.key}.rir"
+def lowered(spec: GraphSpec, cache: Path, *, split_dropouts: bool = True) -> tuple[ir.Graph, dict]:
+    """The graph of `spec` from the cache, or lowered now and cached; (graph, its record).
+    `split_dropouts=False` keeps each dropout one op, as a CUDA lowering does
+    (`frontends/dropout_masks.py` splits CPU dropouts only), for graphs priced for a GPU."""
+    path = cache / f"{spec.name}-{spec.key}{'' if split_dropouts else '-whole-dropout'}.rir"
     meta_path = path.with_suffix(".json")
     if path.exists() and meta_path.exists():
         try:
@@ -318,12 +320,13 @@ def lowered(spec: GraphSpec, cache: Path) -> tuple[ir.Graph, dict]:
         except (ir.RematIRError, OSError, ValueError, KeyError) as error:
             say(f"{spec.name}: cached graph unreadable ({error}); lowering again")
     import torch
-    from remat_ir.lowering import lower_torch
+    from remat_ir.frontends.torch import lower
+    from remat_ir.lowering import add_costs
 
     say(f"{spec.name}: lowering {spec.description}...")
     model, inputs = spec.build(spec.config)
     started = time.monotonic()
-    graph = lower_torch(model, inputs, cost_model="flops")
+    graph = add_costs(lower(model, inputs, split_dropouts=split_dropouts), "flops")
     seconds = time.monotonic() - started
     meta = dict(name=spec.name, description=spec.description, key=spec.key, config=spec.config,
                 nodes=len(graph.nodes), lowering_seconds=round(seconds, 1), torch=torch.__version__,
