@@ -77,8 +77,10 @@ def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
     `cost_model` measured on `device` for the runtime `backend` (see the module
     docstring)."""
     from remat_ir.frontends.torch import example_arguments, lower
+    from remat_ir.runtimes.compiled import check_backend
 
     check_cost_model(cost_model)
+    check_backend(backend)  # before the trace, as the cost model is
     graph = lower(model, example_inputs, example_kwargs=example_kwargs)
     if cost_model is None:
         return graph

@@ -96,3 +96,8 @@ def test_inductor_costs_are_recorded_and_cached_apart(tmp_path):
     assert eager.graph.proto.provenance.cost_model.backend == "eager"
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
     loss_of(compiled(*args, **kwargs)).backward()
+
+
+def test_lowering_for_an_unknown_backend_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="backend must be one of 'eager', 'inductor', not 'tvm'"):
+        lower_torch(torch.nn.Linear(2, 2), (torch.randn(1, 2),), backend="tvm")
