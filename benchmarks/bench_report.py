@@ -66,7 +66,8 @@ def table(rows: list[dict]) -> str:
              "Time: median step time over interleaved rounds, as a ratio to eager's in the same run. "
              "remat-ir's predicted figures come from its simulator; the last two columns are step time "
              "relative to remat-ir's own store-everything schedule run with the same backend, predicted "
-             "(from op times measured on the eager backend) and measured (what the "
+             "(from op times measured with that backend: compiled regions' times for [inductor] rows) "
+             "and measured (what the "
              f"time model is judged by, with the {LEVEL_TEXT} interval that resampling the run's rounds gives it); "
              "its budgets are shares of the simulated store-everything peak.", ""]
     for model, model_rows in _by_model(rows).items():
