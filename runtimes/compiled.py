@@ -21,18 +21,16 @@ compilation because of how a region is cut and called:
   live afterwards exactly as the schedule says;
 - random nodes never enter a region: they run eagerly with the RNG replay of
   `ir.rng`, so every draw is eager's;
-- Inductor orders a region's kernels by their dependencies alone, so a step that
-  depends on nothing the region computed before it may run at the region's start: it
-  joins a region only where the plan's memory over the steps before it leaves room
-  for what such steps allocate (`codegen._Runs`).
+- Inductor orders a region's kernels by their dependencies alone, and a fused kernel
+  allocates its outputs at its start and frees its inputs at its end: a region may
+  hold the plan's memory before it plus everything it allocates, so a step joins a
+  region only while that stays within the plan's peak (`codegen._Runs`).
 
 - a step that writes into a value from before its region (buffer reuse's `out=`
   into a dying gradient) is an eager line between regions (`codegen._Runs`): in a
   region Inductor would hold that input to the region's end, to copy the result into
   it, and compute the result into a fresh buffer.
 
-What is not kept: a fused kernel holds its inputs and outputs at once, where the
-plan may free an input between two of its ops.
 """
 
 from __future__ import annotations

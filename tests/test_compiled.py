@@ -148,31 +148,30 @@ def test_regions_of_random_schedules_run_op_by_op_are_exact(monkeypatch, name, s
     errors = side_by_side(model, make, args, kwargs, loss_of, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
     for region in made[0].runner(torch.device("cpu")).plan.regions:
-        _assert_room_for_hoisting(graph, schedule, region)
+        _assert_room_for_fusion(graph, schedule, region)
 
 
-def _assert_room_for_hoisting(graph, schedule, region):
-    """A region is contiguous steps of the schedule, and a step that reads nothing the
-    region computed before it, or one reading what such a step made, could run at the
-    region's start (Inductor orders by dependencies): the plan's memory over the steps
-    before it, plus what all such steps allocate, plus its workspace, stays within the
-    plan's peak."""
+def _assert_room_for_fusion(graph, schedule, region):
+    """A region is contiguous steps of the schedule, and what it can hold at once, the
+    plan's memory before its first compute step plus everything its steps allocate (a
+    fused kernel allocates its outputs at its start and frees its inputs at its end;
+    Inductor may run a step at the region's start where nothing it reads is computed
+    in the region), stays within the plan's peak at every step, with that step's
+    workspace."""
     simulated = simulate(graph, schedule)
     computes = [s.compute for s in schedule.steps[region.steps.start:region.steps.stop]
                 if s.HasField("compute")]
     assert computes == region.node_ids, f"{region.name} is not the steps {region.steps}"
-    computed, movable, moved_bytes = set(), set(), 0
+    held = None
     for k in region.steps:
         step = schedule.steps[k]
         if step.HasField("compute"):
             node = graph.node(step.compute)
-            if (computed and not computed.intersection(node.inputs)) or movable.intersection(node.inputs):
-                moved_bytes += allocated_bytes(graph, node)
-                movable.update(node.outputs)
-                before = max(simulated.memory_during[j] for j in range(region.steps.start, k))
-                assert before + moved_bytes + node.cost.workspace_bytes <= simulated.peak_bytes, \
-                    f"{region.name}: {graph.describe_node(node.id)} has no room to move"
-            computed.update(node.outputs)
+            if held is None:
+                held = simulated.memory_after[k - 1] if k else 0
+            held += allocated_bytes(graph, node)
+            assert held + node.cost.workspace_bytes <= simulated.peak_bytes, \
+                f"{region.name}: {graph.describe_node(node.id)} could take the region over the plan's peak"
 
 
 @settings(max_examples=3, deadline=None, derandomize=True,
@@ -194,7 +193,7 @@ def test_random_schedules_compiled_by_inductor_match_eager_within_their_planned_
         scheduled.zero_grad(set_to_none=True)
         peak = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
     planned = simulate(graph, schedule).peak_bytes
-    assert peak <= 1.05 * planned, f"measured {peak} bytes compiled, {planned} planned"
+    assert peak <= planned, f"measured {peak} bytes compiled, {planned} planned"
 
 
 def test_torch_compile_of_a_scheduled_module_says_once_to_use_the_inductor_backend():
