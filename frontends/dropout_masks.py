@@ -40,6 +40,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .fx_nodes import add_call
+
 _aten = torch.ops.aten
 
 #: Bumped when the rewrite changes the graphs it makes: benchmark caches of lowered graphs
@@ -63,17 +65,6 @@ def _splittable(node: torch.fx.Node) -> tuple[torch.fx.Node, float] | None:
     return x, float(p)
 
 
-def _add(graph: torch.fx.Graph, meta: dict, target, args: tuple, kwargs: dict | None = None):
-    """A new call of `target` with the replaced node's metadata (module path, sequence
-    number) and its own fake result (run under the caller's fake mode)."""
-    kwargs = kwargs or {}
-    new = graph.call_function(target, args, kwargs)
-    new.meta.update(meta)
-    new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args],
-                             **kwargs)
-    return new
-
-
 def split_dropout(module: torch.fx.GraphModule) -> int:
     """Rewrite every splittable `native_dropout` of `module`'s graph in place (module
     docstring); returns how many were rewritten."""
@@ -90,10 +81,10 @@ def split_dropout(module: torch.fx.GraphModule) -> int:
         with unset_fake_temporarily():   # AOTAutograd's fake mode may still be on
             scale = float(torch.tensor(1.0 / p1m, dtype=fake_x.dtype))
         with fake_x.fake_mode, graph.inserting_before(node):
-            empty = _add(graph, meta, _aten.empty_like.default, (x,), {"dtype": torch.bool})
-            mask = _add(graph, meta, _aten.bernoulli.p, (empty, p1m))
-            kept = _add(graph, meta, _aten.mul.Tensor, (x, mask))
-            out = _add(graph, meta, _aten.mul.Tensor, (kept, scale))
+            empty = add_call(graph, meta, _aten.empty_like.default, (x,), {"dtype": torch.bool})
+            mask = add_call(graph, meta, _aten.bernoulli.p, (empty, p1m))
+            kept = add_call(graph, meta, _aten.mul.Tensor, (x, mask))
+            out = add_call(graph, meta, _aten.mul.Tensor, (kept, scale))
         for user in list(node.users):
             user.replace_all_uses_with(out if user.args[1] == 0 else mask)
             graph.erase_node(user)

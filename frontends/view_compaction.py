@@ -33,6 +33,8 @@ import operator
 import torch
 import torch.fx
 
+from .fx_nodes import add_call
+
 _aten = torch.ops.aten
 
 #: Bumped when the rewrite changes the graphs it makes: benchmark caches of lowered graphs
@@ -111,14 +113,11 @@ def compact_views(module: torch.fx.GraphModule) -> int:
         after = nodes[others]
         late_users = [u for u in latest.users if position[u] > others]
         fake = latest.meta["val"]
+        meta = {k: v for k, v in latest.meta.items() if k != "partitioner_tag"}
+        if "partitioner_tag" in after.meta:  # the copy runs where `after` runs
+            meta["partitioner_tag"] = after.meta["partitioner_tag"]
         with fake.fake_mode, graph.inserting_after(after):
-            copy = graph.call_function(_aten.clone.default, (latest,))
-            copy.meta.update({k: v for k, v in latest.meta.items() if k != "val"})
-            if "partitioner_tag" in after.meta:
-                copy.meta["partitioner_tag"] = after.meta["partitioner_tag"]
-            else:
-                copy.meta.pop("partitioner_tag", None)
-            copy.meta["val"] = _aten.clone.default(fake)
+            copy = add_call(graph, meta, _aten.clone.default, (latest,))
         for user in late_users:
             user.replace_input_with(latest, copy)
         inserted += 1
