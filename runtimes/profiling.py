@@ -28,9 +28,10 @@ and the facade (`remat_ir.lowering`) adds them with `estimate_costs`.
 - "flops": FLOPs counted by torch's FlopCounterMode on meta tensors, and bytes
   moved; time = overhead + max(FLOPs / rate, bytes / bandwidth), with rates set
   per device type, not measured: coarse, for graphs that cannot run here. Nothing
-  runs, so no workspace is recorded and storages keep their meta sizes: a schedule
-  planned on these costs can measure above its simulated peak wherever kernels
-  use workspace.
+  runs, so storages keep their meta sizes and the only workspace recorded is the
+  one that can be told without running: CPU casts of mixed-dtype operands
+  (`cast_workspace`); a schedule planned on these costs can measure above its
+  simulated peak wherever kernels use other workspace (convolutions).
 
 Memory comes from the isolated runs only, never from timing, so the same graph
 lowered twice gets the same bytes: one run under the allocator gives an op's
@@ -77,17 +78,28 @@ OP_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedErro
 RATES = {"cpu": (5e10, 1e10, 2e-6), "cuda": (5e13, 1.5e12, 5e-6)}
 
 #: Revision of the "flops" model's formula, for caches of graphs lowered with it (the
-#: solver benchmark's key) to know when their costs are stale. 2: a view moves no bytes.
-ANALYTIC_REVISION = 2
+#: solver benchmark's key) to know when their costs are stale. 2: a view moves no bytes;
+#: 3: CPU casts of mixed-dtype operands are workspace (`cast_workspace`).
+ANALYTIC_REVISION = 3
+
+#: Pointwise ops whose CPU kernel casts operands of another dtype than their common one
+#: into temporary tensors first, as (first, second) argument names; `cast_workspace`.
+#: Other pointwise ops (`where`, `masked_fill`) read a boolean operand as it is.
+CASTING_OPERANDS = {("self", "other"), ("grad_output", "mask")}
 
 
 def _make_tensor(value: pb.Value, device: torch.device) -> torch.Tensor:
-    """Synthetic input: floats normal, integers and booleans zero (indices stay in range)."""
+    """Synthetic input: floats normal, integers and booleans zero (indices stay in range),
+    written through a flat view of the whole storage: an expanded value (stride 0, such
+    as the loss's gradient broadcast by a sum's backward) cannot be written through its
+    own view, and an op reading one used to go unmeasured (no workspace recorded)."""
     t = empty_tensor(value, device)
+    storage = t.untyped_storage()
+    flat = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
     if t.dtype.is_floating_point:
-        t.normal_()
+        flat.normal_()
     else:
-        t.zero_()
+        flat.zero_()
     return t
 
 
@@ -130,6 +142,31 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
     except Exception:  # no meta kernel or FLOP formula: bytes alone decide
         pass
     return analytic_seconds(flops, moved, device.type), flops, moved
+
+
+def cast_workspace(graph: Graph, node: pb.Node, device_type: str) -> int:
+    """Bytes of the temporary copies a CPU pointwise op makes of its operands that are not
+    of the operands' common dtype (TensorIterator casts them before the loop: `x * mask`
+    with a boolean mask allocates the mask as floats, one activation more than its
+    output). The "flops" model's workspace, since nothing runs; 0 on other devices, where
+    kernels cast as they read."""
+    if device_type != "cpu":
+        return 0
+    try:
+        op = resolve_op(node.op)
+    except Exception:
+        return 0
+    arguments = op._schema.arguments
+    if (torch.Tag.pointwise not in op.tags or len(arguments) < 2 or len(node.args) < 2
+            or (arguments[0].name, arguments[1].name) not in CASTING_OPERANDS):
+        return 0
+    operands = [decode(a) for a in node.args[:2]]
+    if not all(isinstance(x, TensorRef) for x in operands):
+        return 0
+    values = [graph.value(x.value_id) for x in operands]
+    meta = [empty_tensor(v, torch.device("meta")) for v in values]
+    common = meta[0].dtype if arguments[1].name == "mask" else torch.result_type(*meta)
+    return sum(t.numel() * common.itemsize for t in meta if t.dtype != common)
 
 
 def analytic_seconds(flops: float, moved: float, device_type: str) -> float:
@@ -241,7 +278,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         for node in graph.proto.nodes:
             seconds, flops, moved = _analytic(graph, node, device) if model == "flops" else (0.0, 0.0, 0)
-            source, workspace = pb.ANALYTIC, 0
+            source, workspace = pb.ANALYTIC, cast_workspace(graph, node, device.type)
             if model != "flops":
                 key = _signature(graph, node)
                 if key not in measured:

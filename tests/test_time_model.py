@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from remat_ir import ir
@@ -238,3 +238,52 @@ def test_pricing_for_a_device_keeps_memory_and_names_unknown_devices():
     assert "gpu" not in RATES
     with pytest.raises(ValueError, match="no FLOP-model rates for device type 'gpu'; known: cpu, cuda"):
         priced_for(graph, "gpu")
+
+
+class _MixedOperands(torch.nn.Module):
+    """`op(weight, other)` with `other` of any dtype and a broadcastable shape; the
+    dropout variant's backward reads the loss's gradient expanded (stride 0)."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(64, 32))
+        self.op = op
+
+    def forward(self, other):
+        if self.op == "dropout":
+            return torch.nn.functional.dropout(self.weight * other, 0.5).sum()
+        y = getattr(torch, self.op)(self.weight, other)
+        return (y if y.dtype.is_floating_point else y.float()).sum() + self.weight.square().sum()
+
+
+@settings(max_examples=10, deadline=None)
+@given(op=st.sampled_from(["mul", "add", "sub", "gt", "maximum", "dropout"]),
+       dtype=st.sampled_from([torch.bool, torch.float64, torch.bfloat16, torch.int64, torch.float32]),
+       shape=st.sampled_from([(64, 32), (32,), (1, 32), (64, 1)]))
+@example(op="dropout", dtype=torch.float32, shape=(64, 32))  # an expanded gradient, always
+@example(op="mul", dtype=torch.bool, shape=(32,))           # a broadcast mask, always
+def test_flops_costs_count_the_casts_cpu_kernels_make(op, dtype, shape):
+    """On CPU a pointwise op casts operands of another dtype than the common one into
+    temporaries first (`x * mask` allocates the mask as floats): the "flops" model, which
+    runs nothing, records that workspace as the isolated runs measure it, and every
+    node is measured in those runs (expanded inputs included)."""
+    from remat_ir.runtimes.profiling import CASTING_OPERANDS, cast_workspace
+    from remat_ir.torchlib.types import resolve_op
+
+    if dtype == torch.bool and op in ("sub", "dropout"):
+        dtype = torch.float64  # `-` refuses booleans; dropout's mask is the split's
+    other = (torch.rand(shape) > 0.5) if dtype == torch.bool else (torch.randn(shape) * 4).to(dtype)
+    model = _MixedOperands(op)
+    measured = lower_torch(model, (other,), cost_model="isolated")
+    estimated = lower_torch(model, (other,), cost_model="flops")
+    assert all(n.cost.source == pb.PROFILED for n in measured.proto.nodes)
+    casting = 0
+    for a, b in zip(measured.proto.nodes, estimated.proto.nodes, strict=True):
+        assert a.op == b.op
+        arguments = resolve_op(a.op)._schema.arguments
+        if len(arguments) > 1 and (arguments[0].name, arguments[1].name) in CASTING_OPERANDS:
+            assert b.cost.workspace_bytes == cast_workspace(estimated, b, "cpu")
+            # A wrapped scalar operand is cast too: a few bytes the model leaves out.
+            assert 0 <= a.cost.workspace_bytes - b.cost.workspace_bytes <= 16, measured.describe_node(a.id)
+            casting += b.cost.workspace_bytes > 0
+    assert casting or dtype == torch.float32
