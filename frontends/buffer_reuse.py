@@ -44,11 +44,14 @@ from remat_ir.torchlib.types import op_name, resolve_op
 #: output is written. Elementwise ops run on TensorIterator, which accepts an output that fully
 #: overlaps an input (what their in-place forms do); the softmax backwards read a whole row
 #: (their reduction) before writing any of it, on CPU and CUDA alike. Checked op by op, bit
-#: for bit, in tests/test_buffer_reuse.py.
+#: for bit, in tests/test_buffer_reuse.py. Left out: ops whose `out=` overload computes into a
+#: temporary and copies it (`mul.Scalar_out`, `div.Scalar_out`: a result-sized workspace on
+#: CPU, so writing into the input saves nothing and adds a copy); the same test checks that
+#: no op here allocates.
 REUSING_OPS = frozenset({
     "aten._log_softmax_backward_data.default", "aten._softmax_backward_data.default",
     "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor",
-    "aten.mul.Scalar", "aten.div.Scalar", "aten.neg.default", "aten.pow.Tensor_Scalar",
+    "aten.neg.default", "aten.pow.Tensor_Scalar",
     "aten.silu_backward.default", "aten.gelu_backward.default", "aten.tanh_backward.default",
     "aten.sigmoid_backward.default", "aten.threshold_backward.default",
 })
