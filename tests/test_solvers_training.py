@@ -65,15 +65,17 @@ def test_batchnorm_is_recomputed_below_what_storing_its_outputs_allows(solver):
     that its and the following ReLU's outputs need not be stored: while they could
     not, each of these solvers got no lower than 62.9% of store-everything's peak on
     this net (rotor 100%: it also held to the end the input gradient that
-    convolution_backward returns beside the weight's); their floors are 43-54% now.
-    At 55%: gradients and running statistics equal eager's bitwise, BatchNorm runs
+    convolution_backward returns beside the weight's); their floors are 43-55% now
+    (rotor's moves between 49.3% and 55.3% with the op times the lowering measures: its
+    DP keeps the cheapest plan per memory slot, and those plans' exact peaks differ).
+    At 58%: gradients and running statistics equal eager's bitwise, BatchNorm runs
     again, the measured peak meets the budget."""
     model, args, kwargs, loss_of = conv_bn()
     # checkmate and hiremate spend their limit (checkmate's MILP does not improve on its
     # warm start here within 5 s or 20 s); the others stop when done, in 2-3 s unloaded.
     limit = {"checkmate": 5, "hiremate": 10}.get(solver, 30)
     scheduled, measured = train_and_compare(model, args, kwargs, loss_of, cost_model="profile",
-                                            budget="55%", solver=solver, time_limit_s=limit)
+                                            budget="58%", solver=solver, time_limit_s=limit)
     graph, schedule = scheduled.graph, scheduled.schedule
     runs = Counter(graph.node(s.compute).op for s in schedule.steps if s.HasField("compute"))
     forward = Counter(graph.node(n).op for n in graph.phase_order(pb.FORWARD))
