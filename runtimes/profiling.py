@@ -278,7 +278,8 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         for node in graph.proto.nodes:
             seconds, flops, moved = _analytic(graph, node, device) if model == "flops" else (0.0, 0.0, 0)
-            source, workspace = pb.ANALYTIC, cast_workspace(graph, node, device.type)
+            source = pb.ANALYTIC
+            workspace = cast_workspace(graph, node, device.type) if model == "flops" else 0
             if model != "flops":
                 key = _signature(graph, node)
                 if key not in measured:
