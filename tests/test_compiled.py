@@ -178,9 +178,25 @@ def _assert_room_for_fusion(graph, schedule, region):
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_schedules_compiled_by_inductor_match_eager_within_their_planned_peak(seed):
-    graph = lowered("mlp_dropout", "isolated")
+    _compiled_within_planned_peak("mlp_dropout", seed)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_fused_kernels_keep_random_gpt2_schedules_within_their_planned_peak(seed):
+    """Inductor's fused kernels hold their inputs to their end and allocate their outputs
+    at their start: these two random schedules of tiny GPT-2 measured 1.0105 and 1.0041 of
+    their planned peak compiled (a GELU chain fused with the sum the plan frees first; the
+    quick benchmark's GPT-2 plans up to 1.05) before regions were bounded by all they
+    allocate (`codegen._Runs`); 0.9931 and 1.0000 after."""
+    _compiled_within_planned_peak("gpt2", seed)
+
+
+def _compiled_within_planned_peak(name, seed):
+    """A random schedule of zoo model `name` run compiled: gradients within 1e-5 of eager's,
+    and the measured peak at most the planned one."""
+    graph = lowered(name, "isolated")
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
-    model, args, kwargs, loss_of = zoo_models.ZOO["mlp_dropout"]()
+    model, args, kwargs, loss_of = zoo_models.ZOO[name]()
     made = []
 
     def make(m):
