@@ -181,14 +181,14 @@ def test_random_schedules_compiled_by_inductor_match_eager_within_their_planned_
     _compiled_within_planned_peak("mlp_dropout", seed)
 
 
-@pytest.mark.parametrize("seed", [1, 3])
-def test_fused_kernels_keep_random_gpt2_schedules_within_their_planned_peak(seed):
+def test_fused_kernels_keep_a_random_gpt2_schedule_within_its_planned_peak():
     """Inductor's fused kernels hold their inputs to their end and allocate their outputs
-    at their start: these two random schedules of tiny GPT-2 measured 1.0105 and 1.0041 of
-    their planned peak compiled (a GELU chain fused with the sum the plan frees first; the
-    quick benchmark's GPT-2 plans up to 1.05) before regions were bounded by all they
-    allocate (`codegen._Runs`); 0.9931 and 1.0000 after."""
-    _compiled_within_planned_peak("gpt2", seed)
+    at their start: this random schedule of tiny GPT-2 measured 1.0105 of its planned peak
+    compiled (a GELU chain fused with the sum the plan frees first; the quick benchmark's
+    GPT-2 plans up to 1.05) before regions were bounded by all they allocate
+    (`codegen._Runs`), 0.9931 after. (Its seed-3 twin, 1.0041 before, 1.0000 after, is
+    left out: each compiles about 60 regions, a minute on two cores.)"""
+    _compiled_within_planned_peak("gpt2", 1)
 
 
 def _compiled_within_planned_peak(name, seed):
