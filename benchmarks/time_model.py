@@ -136,9 +136,10 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per plan")
     parser.add_argument("--backend", choices=("eager", "inductor"), default="eager",
-                        help="how remat-ir runs the plans (predictions come from eager op times either way)")
+                        help="how remat-ir runs the plans; plans are made and predicted on that backend's costs "
+                        "(compiled regions' times for inductor)")
     parser.add_argument("--offload", action="store_true",
-                        help=f"also hiremate with offloading at {', '.join(OFFLOAD_SHARES)} (and alone there)")
+                        help=f"also hiremate with offloading at {', '.join(OFFLOAD_SHARES)} (and alone there)".replace("%", "%%"))
     parser.add_argument("--plans", help="comma-separated SOLVER@BUDGET[+offload] instead of the default sweep, "
                         "e.g. hiremate@50%%,hiremate@30%%+offload")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "time_model"))

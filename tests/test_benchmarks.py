@@ -324,3 +324,16 @@ def test_time_model_plans_are_read_from_the_command_line_or_refused_in_one_line(
     for bad, says in (("hiremate", "write SOLVER@BUDGET"), ("hiremate@50%+fast", "only '\\+offload'")):
         with pytest.raises(ValueError, match=says):
             time_model.parse_plans(bad)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")
+                                          if 'if __name__ == "__main__"' in p.read_text()))
+def test_every_benchmark_command_answers_help_without_running(script, monkeypatch, capsys):
+    """`--help` prints usage and exits 0: a `%` left unescaped in a help text made argparse
+    raise, and a script without a parser ran its whole benchmark on `--help`."""
+    import runpy
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+    assert exited.value.code == 0
+    assert "usage:" in capsys.readouterr().out
