@@ -78,9 +78,13 @@ def _whole_contiguous(graph: Graph, value: pb.Value) -> bool:
             and list(value.stride) == contiguous_strides(value.shape))
 
 
-def reuse_dying_inputs(graph: Graph) -> int:
+def reuse_dying_inputs(graph: Graph, *, pointwise: bool = True) -> int:
     """Rewrite, in place, the backward nodes that can write their result into an input read
-    by them alone (see the module docstring); return how many were rewritten."""
+    by them alone (see the module docstring); return how many were rewritten. With
+    `pointwise=False`, ops tagged pointwise keep their functional form: for a backend that
+    fuses pointwise chains (Inductor), an `out=` node would split the chain it is in (it
+    writes into a value from before its region: an eager line, `runtimes/codegen._Runs`)
+    where the fused kernel needs no buffer for it at all."""
     proto = graph.proto
     readers: dict[int, set[int]] = {}
     for node in proto.nodes:
@@ -93,6 +97,8 @@ def reuse_dying_inputs(graph: Graph) -> int:
     rewritten = 0
     for node in proto.nodes:
         if node.phase != pb.BACKWARD or node.op not in REUSING_OPS or len(node.outputs) != 1:
+            continue
+        if not pointwise and torch.Tag.pointwise in resolve_op(node.op).tags:
             continue
         result = graph.value(node.outputs[0])
         if result.storage_id in pinned or not _whole_contiguous(graph, result):

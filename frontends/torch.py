@@ -438,7 +438,8 @@ def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tup
 
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
           example_kwargs: dict | None = None, reuse_buffers: bool = True,
-          split_dropouts: bool = True, copy_long_lived_views: bool = True) -> Graph:
+          split_dropouts: bool = True, copy_long_lived_views: bool = True,
+          fusing: bool = False) -> Graph:
     """The joint forward+backward graph of one training step of `model`, as IR, without costs.
 
     `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
@@ -455,6 +456,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     plan can compute its output again without drawing. With `copy_long_lived_views` (the
     default), a small view read long after the rest of its storage (the skip connection's
     slice of a `cat` gradient) is copied, so that the storage dies (`view_compaction`).
+    `fusing`: the graph is for a backend that fuses pointwise chains (Inductor), so buffer
+    reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`).
     """
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
@@ -479,7 +482,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
     _check_rnn_workspaces(graph)
     if reuse_buffers:
-        reuse_dying_inputs(graph)
+        reuse_dying_inputs(graph, pointwise=not fusing)
     # Each user input's argument, by the name a call gives it ('input_ids', 'args[0]').
     names = argument_names(exported.call_spec.in_spec)
     for entry in graph.proto.inputs:

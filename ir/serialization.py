@@ -41,6 +41,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
   and no host time per transfer, as before: nothing to fill.
 - 1.5 -> 1.6: the cost model gained `backend`; an older file has none, which means
   its costs were timed op by op (eager), as they were: nothing to fill.
+- 1.6 -> 1.7: nodes gained `body` (fused nodes, `ir/fusion.py`); an older file has
+  none: nothing to fill.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import networkx as nx
 from . import remat_ir_pb2 as pb
 from .dtypes import ITEMSIZE, dtype_name, nbytes
 from .errors import InvalidGraph
+from .fusion import body_problems
 from .graph import FORWARD_OUTPUT_ROLES, FORMAT_VERSION, RESIDENT_KINDS, Graph, referenced_value_ids
 
 #: Value kinds that a graph input may have.
@@ -118,6 +119,7 @@ def _node_problems(g: pb.Graph, values: dict) -> list[str]:
                             f"are not its inputs {sorted(n.inputs)}")
         if n.cost.time_s < 0:
             problems.append(f"{label} has a negative time {n.cost.time_s}")
+        problems += body_problems(n, label)
     return problems
 
 

@@ -124,12 +124,12 @@ class Planner:
     def _lower_and_plan(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         import torch
 
-        from remat_ir.lowering import add_costs, lower_torch
+        from remat_ir.lowering import add_costs, for_backend, lower_torch
         from remat_ir.plan_cache import PlanCache
         from remat_ir.runtimes.torch import notify_stderr
 
         cache = PlanCache.from_setting(self.cache_dir, warn=notify_stderr)
-        graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
+        graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend)
         graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__, self.backend)
         cached = cache and cache.load_graph(graph_key, graph)
         if cached:
@@ -139,6 +139,7 @@ class Planner:
                       backend=self.backend)
             if cache:
                 cache.store_graph(graph_key, graph)
+        graph = for_backend(graph, self.backend)
         if self.host_bandwidth is not None:
             describe_link(graph, self.host_bandwidth)
         if self.options.get("offload") and not graph.proto.provenance.cost_device.startswith("cuda"):

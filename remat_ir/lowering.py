@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from remat_ir.ir import Graph
 
-__all__ = ["lower_torch", "lower_onnx", "lower_onnx_module", "add_costs", "check_cost_model"]
+__all__ = ["lower_torch", "lower_onnx", "lower_onnx_module", "add_costs", "check_cost_model", "for_backend"]
 
 
 def check_cost_model(cost_model, *, allow_none: bool = True) -> None:
@@ -71,21 +71,33 @@ def _sqrt_schedule(graph: Graph):
     return sqrt(graph, None)
 
 
+def for_backend(graph: Graph, backend: str) -> Graph:
+    """The graph plans for `backend` are made on: for "inductor", a copy with each
+    pointwise chain Inductor fuses as one node (`ir.fusion`: its intermediates are never
+    in memory, so the planner does not pay for them); for "eager", `graph` itself. Costs
+    first: profiling runs the unfused graph's ops."""
+    from remat_ir.runtimes.compiled import check_backend, fuse_for_inductor
+
+    return fuse_for_inductor(graph) if check_backend(backend) == "inductor" else graph
+
+
 def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
-                cost_model: str | None = "profile", device=None, backend: str = "eager") -> Graph:
+                cost_model: str | None = "profile", device=None, backend: str = "eager",
+                fuse: bool = True) -> Graph:
     """`frontends.torch.lower(model, example_inputs, example_kwargs=...)` with costs from
     `cost_model` measured on `device` for the runtime `backend` (see the module
-    docstring)."""
+    docstring), then, unless `fuse` is False, `for_backend(graph, backend)`."""
     from remat_ir.frontends.torch import example_arguments, lower
     from remat_ir.runtimes.compiled import check_backend
 
     check_cost_model(cost_model)
     check_backend(backend)  # before the trace, as the cost model is
-    graph = lower(model, example_inputs, example_kwargs=example_kwargs)
+    graph = lower(model, example_inputs, example_kwargs=example_kwargs, fusing=backend == "inductor")
     if cost_model is None:
         return graph
-    return add_costs(graph, cost_model, device, model=model,
-                     example=example_arguments(example_inputs, example_kwargs), backend=backend)
+    graph = add_costs(graph, cost_model, device, model=model,
+                      example=example_arguments(example_inputs, example_kwargs), backend=backend)
+    return for_backend(graph, backend) if fuse else graph
 
 
 def lower_onnx_module(module, example_inputs: tuple, *, cost_model: str | None = "profile",

@@ -41,6 +41,7 @@ import torch
 from remat_ir.ir import Graph, pb, simulate
 from remat_ir.ir.arguments import TensorRef, decode, tensor_ids
 from remat_ir.ir.dtypes import nbytes
+from remat_ir.ir.fusion import body_nodes, is_fused
 from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
 from remat_ir.ir.memory import allocated_bytes
 
@@ -48,7 +49,7 @@ from remat_ir.ir.rng import plan_rng
 
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
-from .compiled import Region, check_backend, output_positions
+from .compiled import EAGER_OPS, Region, check_backend, output_positions
 from .transfers import Transfers
 
 
@@ -557,12 +558,13 @@ class _Runs:
 
     def compute(self, node_id: int, k: int) -> None:
         node = self.graph.node(node_id)
-        if node.mutating and not self.produced.issuperset(mutated_inputs(node)):
+        if (node.mutating and not self.produced.issuperset(mutated_inputs(node))) or node.op in EAGER_OPS:
             # It writes into a value from before the run (buffer reuse's `mul.out` into a
             # dying gradient). Inside a region Inductor would keep that input to the
             # region's end, to copy the result into it, and compute the result into a
             # fresh buffer: two buffers held where the plan holds one (tiny DistilBERT
-            # at its smallest budget: 12% above its plan, 6% as an eager line).
+            # at its smallest budget: 12% above its plan, 6% as an eager line). Or Inductor
+            # would run it holding more than it does eagerly (`compiled.EAGER_OPS`).
             self.flush()
             self.body.extend(_call_lines(self.graph, self.writer, node_id, ""))
             if self.tick:
@@ -603,7 +605,8 @@ class _Runs:
             else:  # a value bound before the run: its name goes before the call
                 dropped.append(x)
         outputs = list(live)
-        if len(nodes) < self.MIN_REGION_OPS or not outputs:
+        ops = sum(len(body_nodes(self.graph.node(n))) for n in nodes)
+        if ops < self.MIN_REGION_OPS or not outputs:
             lines = []
             for kind, x, _ in steps:
                 lines += (_call_lines(self.graph, self.writer, x, "") if kind == "compute"
@@ -718,9 +721,10 @@ def segments_without_autocast(device: torch.device):
         yield
 
 
-def _op_global(graph: Graph, writer: _Writer, node_id: int):
-    """(global name, OpOverload) of the node's op, bound in the generated code."""
-    node = graph.node(node_id)
+def _op_global(graph: Graph, writer: _Writer, node_id: int, node: pb.Node | None = None):
+    """(global name, OpOverload) of the node's op (or of `node`, a member of fused node
+    `node_id`), bound in the generated code."""
+    node = graph.node(node_id) if node is None else node
     try:
         op = resolve_op(node.op)
     except LookupError as exc:
@@ -731,9 +735,11 @@ def _op_global(graph: Graph, writer: _Writer, node_id: int):
     return op_global, op
 
 
-def _arguments(graph: Graph, writer: _Writer, node_id: int, placeholders=()) -> list[str]:
-    """The node's arguments as source; values in `placeholders` as placeholder tensors."""
-    node = graph.node(node_id)
+def _arguments(graph: Graph, writer: _Writer, node_id: int, placeholders=(),
+               node: pb.Node | None = None) -> list[str]:
+    """The node's (or fused member `node`'s) arguments as source; values in `placeholders`
+    as placeholder tensors."""
+    node = graph.node(node_id) if node is None else node
 
     def tensor(ref: TensorRef):
         if ref.value_id in placeholders:
@@ -759,10 +765,27 @@ def _skip_lines(graph: Graph, writer: _Writer, node_id: int, missing, save: bool
 
 def _call_lines(graph: Graph, writer: _Writer, node_id: int, mode: str) -> list[str]:
     """One compute step. `mode`: "replay" runs from the node's saved RNG state, "save"
-    saves the state before a drawing run that a later run replays, "" just runs."""
+    saves the state before a drawing run that a later run replays, "" just runs. A fused
+    node outside a compiled region runs its members one by one, each intermediate
+    deleted after the last member reading it (more memory than its plan counts: the
+    inductor backend compiles fused nodes)."""
     node = graph.node(node_id)
-    op_global, op = _op_global(graph, writer, node_id)
-    args = _arguments(graph, writer, node_id)
+    if is_fused(node):
+        lines, outputs = [], set(node.outputs)
+        last_read = {v: i for i, m in enumerate(node.body) for v in m.inputs}
+        for i, member in enumerate(node.body):
+            lines += _member_lines(graph, writer, node_id, member)
+            dead = [v for m in node.body for v in m.outputs if last_read.get(v) == i and v not in outputs]
+            if dead:
+                lines.append(f"del {', '.join(_tensor_name(v) for v in dead)}")
+        return lines
+    return _member_lines(graph, writer, node_id, node, mode)
+
+
+def _member_lines(graph: Graph, writer: _Writer, node_id: int, node: pb.Node, mode: str = "") -> list[str]:
+    """The lines that run `node` (node `node_id`, or one member of fused node `node_id`)."""
+    op_global, op = _op_global(graph, writer, node_id, node)
+    args = _arguments(graph, writer, node_id, node=node)
     call = f"{op_global}({', '.join(args)})"
     lines = []
     if mode == "replay":

@@ -38,17 +38,18 @@ SEARCH_MODELS = ("mlp_dropout", "gpt2", "cnn_batchnorm", "straight_through", "lo
 
 
 @functools.cache
-def lowered(name: str, cost_model: str = "flops") -> ir.Graph:
+def lowered(name: str, cost_model: str = "flops", backend: str = "eager") -> ir.Graph:
     """A zoo model (tiny) lowered once per test session, with FLOP costs by default;
     `cost_model="isolated"` gives its real storage sizes and workspaces (each op run
     once, timed alone: profiling's memory facts without its in-step timing), so that a
-    measured peak can be held to the simulated one."""
+    measured peak can be held to the simulated one. `backend="inductor"`: the graph
+    plans for that backend are made on (pointwise chains fused, `lowering.for_backend`)."""
     from remat_ir.lowering import lower_torch
 
     import zoo_models
 
     model, args, kwargs, _ = zoo_models.ZOO[name]()
-    return lower_torch(model, args, example_kwargs=kwargs, cost_model=cost_model)
+    return lower_torch(model, args, example_kwargs=kwargs, cost_model=cost_model, backend=backend)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:

@@ -165,3 +165,22 @@ def test_the_language_model_loss_holds_two_vocab_buffers_not_three():
     assert [n.op for n in loss] == ["aten._log_softmax_backward_data.out"]
     result, gradient = graph.value(loss[0].outputs[0]), graph.value(loss[0].inputs[0])
     assert result.storage_id == gradient.storage_id
+
+
+def test_for_a_fusing_backend_pointwise_ops_stay_functional_and_the_loss_still_reuses():
+    """`lower(..., fusing=True)` (the inductor backend's graph): a pointwise op writing into
+    its input would split the chain Inductor fuses it into, so only the others are
+    rewritten; the loss's `_log_softmax_backward_data` still writes into its gradient."""
+    import zoo_models
+
+    model, args, kwargs, _ = zoo_models.ZOO["gpt2"]()
+    plain = lower(model, args, example_kwargs=kwargs, reuse_buffers=False)
+    reused = lower(model, args, example_kwargs=kwargs)
+    fusing = lower(model, args, example_kwargs=kwargs, fusing=True)
+
+    def pointwise(node):
+        return torch.Tag.pointwise in resolve_op(node.op).tags
+    assert any(pointwise(n) for n in _rewritten(plain, reused)), "the test checks nothing"
+    kept = _rewritten(plain, fusing)
+    assert kept and not any(pointwise(n) for n in kept)
+    assert "aten._log_softmax_backward_data.out" in [n.op for n in kept]

@@ -1,0 +1,83 @@
+"""Fused nodes (`ir.fusion`): pointwise chains a compiling backend runs as one kernel are
+one node for the planner, with the members' costs and no memory for intermediates."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from remat_ir import ir
+from remat_ir.ir import pb, simulate, store_all
+from remat_ir.ir.errors import InvalidGraph
+from remat_ir.ir.fusion import FUSED_OP, body_nodes, fuse, fusion_groups, is_fused
+
+from strategies import training_graphs
+from exactness import lowered
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=training_graphs(), data=st.data())
+def test_fusing_any_nodes_keeps_a_valid_graph_whose_groups_are_read_only_at_their_root(graph, data):
+    node_ids = [n.id for n in graph.proto.nodes]
+    fusable = data.draw(st.sets(st.sampled_from(node_ids)))
+    groups = fusion_groups(graph, fusable)
+    grouped = [n for group in groups for n in group]
+    assert len(grouped) == len(set(grouped)), "a node is in two groups"
+    for group in groups:
+        assert len(group) >= 2 and set(group) <= fusable
+        assert len({graph.node(n).phase for n in group}) == 1
+        for member in group[:-1]:  # only the root has readers outside the group, or is an output
+            for v in graph.node(member).outputs:
+                assert set(graph.users(v)) <= set(group)
+                assert v not in graph.output_value_ids
+    fused = fuse(graph, fusable)
+    ir.validate(fused)  # no cycle, every read produced before it is needed
+    assert len(fused.proto.nodes) == len(node_ids) - sum(len(g) - 1 for g in groups)
+    internal = {v for g in groups for m in g[:-1] for v in graph.node(m).outputs}
+    assert set(fused.values) == set(graph.values) - internal
+    assert sum(n.cost.time_s for n in fused.proto.nodes) == pytest.approx(
+        sum(n.cost.time_s for n in graph.proto.nodes))
+    for group in groups:
+        node = fused.node(group[-1])
+        assert is_fused(node) and [m.id for m in body_nodes(node)] == group
+        assert list(node.outputs) == list(graph.node(group[-1]).outputs)
+        assert node.cost.workspace_bytes == 0
+    result = simulate(fused, store_all(fused))
+    assert result.violation is None
+    # Round trip: the body survives serialization.
+    again = ir.loads(ir.dumps(fused))
+    assert [list(n.body) for n in again.proto.nodes] == [list(n.body) for n in fused.proto.nodes]
+
+
+def test_a_planned_graph_is_not_fused():
+    graph = lowered("mlp_dropout")
+    planned = ir.Graph(pb.Graph.FromString(graph.proto.SerializeToString()))
+    planned.add_schedule(store_all(planned))
+    with pytest.raises(InvalidGraph, match="fuse first, then plan"):
+        fuse(planned, [n.id for n in planned.proto.nodes])
+
+
+def test_a_fused_node_whose_member_reads_what_nothing_provides_is_invalid():
+    graph = lowered("gpt2", backend="inductor")
+    proto = pb.Graph.FromString(graph.proto.SerializeToString())
+    node = next(n for n in proto.nodes if n.op == FUSED_OP)
+    node.body[-1].inputs.append(10**9)
+    problems = ir.find_problems(proto)
+    assert any("which neither the fused node's inputs nor earlier members provide" in p for p in problems)
+
+
+def test_gpt2_gelu_chains_fuse_and_random_nodes_never_do():
+    """Tiny GPT-2 for the inductor backend: each GELU's tanh chain is one forward node and
+    its derivative one backward node; dropout, matrix products and views stay apart."""
+    plain, fused = lowered("gpt2"), lowered("gpt2", backend="inductor")
+    bodies = [[m.op.split(".")[1] for m in n.body] for n in fused.proto.nodes if is_fused(n)]
+    forward = [n for n in fused.proto.nodes if is_fused(n) and n.phase == pb.FORWARD]
+    backward = [n for n in fused.proto.nodes if is_fused(n) and n.phase == pb.BACKWARD]
+    assert any("tanh" in [m.op.split(".")[1] for m in n.body] for n in forward)
+    assert backward, bodies
+    members = [m for n in fused.proto.nodes for m in n.body]
+    assert not any(m.random or m.mutating for m in members)
+    assert not any(m.op.split(".")[1] in ("mm", "addmm", "bmm", "view") for m in members)
+    # The planner sees less memory: store-everything's peak does not rise.
+    assert simulate(fused, store_all(fused)).peak_bytes <= simulate(plain, store_all(plain)).peak_bytes
