@@ -436,6 +436,22 @@ def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tup
     return args, kwargs
 
 
+def _fusing_decompositions() -> dict:
+    """Forward ops decomposed in a graph for a fusing backend (`lower(..., fusing=True)`):
+    training BatchNorm into its statistics (a reduction) and a pointwise normalization from
+    them, so that a plan may keep the convolution's output and the statistics and compute
+    the normalized (and ReLU'd) activation again as one fused kernel, which is what
+    `torch.compile`'s partitioner does, where the whole op would compute its statistics
+    again. Its backward stays `native_batch_norm_backward`, reading the saved statistics."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    return {op: decomposition_table[op] for op in (aten._native_batch_norm_legit_functional.default,)}
+
+
+FUSING_DECOMPOSITIONS = _fusing_decompositions()
+
+
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
           example_kwargs: dict | None = None, reuse_buffers: bool = True,
           split_dropouts: bool = True, copy_long_lived_views: bool = True,
@@ -471,7 +487,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
         stack.enter_context(_eager_kernels())
         try:
-            joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs)
+            joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs,
+                                                      decompositions=FUSING_DECOMPOSITIONS if fusing else None)
         except Exception as exc:
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc

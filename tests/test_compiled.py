@@ -138,7 +138,9 @@ def test_regions_of_random_schedules_run_op_by_op_are_exact(monkeypatch, name, s
     """How segments are cut into regions (inputs, values freed inside, recomputations in
     one region, outputs) is checked bitwise: the regions' graphs run op by op."""
     monkeypatch.setattr(compiled.Region, "_compile", lambda region, tensors: region.eager)
-    graph = lowered(name, backend="inductor")
+    # Fused nodes as the inductor backend plans with them, on eager's ops (its graph also
+    # decomposes BatchNorm, whose bits differ from eager's kernel: checked within 1e-5 above).
+    graph = compiled.fuse_for_inductor(lowered(name))
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=defer)
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()
     made = []

@@ -81,3 +81,18 @@ def test_gpt2_gelu_chains_fuse_and_random_nodes_never_do():
     assert not any(m.op.split(".")[1] in ("mm", "addmm", "bmm", "view") for m in members)
     # The planner sees less memory: store-everything's peak does not rise.
     assert simulate(fused, store_all(fused)).peak_bytes <= simulate(plain, store_all(plain)).peak_bytes
+
+
+def test_batchnorm_normalization_fuses_with_its_relu_for_a_fusing_backend():
+    """For the inductor backend the training BatchNorm is its statistics and a pointwise
+    normalization (`frontends.torch.FUSING_DECOMPOSITIONS`): the normalization and the
+    ReLU after it are one fused node, which a plan can run again from the convolution's
+    output and the saved statistics; its backward is still `native_batch_norm_backward`."""
+    plain, fused = lowered("cnn_batchnorm"), lowered("cnn_batchnorm", backend="inductor")
+    ops = {n.op for n in fused.proto.nodes}
+    assert "aten._native_batch_norm_legit_functional.default" in {n.op for n in plain.proto.nodes}
+    assert "aten._native_batch_norm_legit_functional.default" not in ops
+    assert "aten.native_batch_norm_backward.default" in ops
+    bodies = [[m.op for m in n.body] for n in fused.proto.nodes if is_fused(n) and n.phase == pb.FORWARD]
+    normalizing = [b for b in bodies if "aten.sub.Tensor" in b and b[-1] == "aten.relu.default"]
+    assert len(normalizing) == 3, bodies  # one per convolution block of the zoo model
