@@ -472,8 +472,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     plan can compute its output again without drawing. With `copy_long_lived_views` (the
     default), a small view read long after the rest of its storage (the skip connection's
     slice of a `cat` gradient) is copied, so that the storage dies (`view_compaction`).
-    `fusing`: the graph is for a backend that fuses pointwise chains (Inductor), so buffer
-    reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`).
+    `fusing`: the graph is for a backend that fuses pointwise chains (Inductor): buffer
+    reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`) and the ops
+    of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
     """
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
@@ -487,8 +488,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
         stack.enter_context(_eager_kernels())
         try:
+            decompositions = FUSING_DECOMPOSITIONS if fusing else None
             joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs,
-                                                      decompositions=FUSING_DECOMPOSITIONS if fusing else None)
+                                                      decompositions=decompositions)
         except Exception as exc:
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
