@@ -96,3 +96,31 @@ def test_batchnorm_normalization_fuses_with_its_relu_for_a_fusing_backend():
     bodies = [[m.op for m in n.body] for n in fused.proto.nodes if is_fused(n) and n.phase == pb.FORWARD]
     normalizing = [b for b in bodies if "aten.sub.Tensor" in b and b[-1] == "aten.relu.default"]
     assert len(normalizing) == 3, bodies  # one per convolution block of the zoo model
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_eager_backend_runs_a_fused_graph_member_by_member_bitwise(seed):
+    """Outside compiled regions a fused node runs its members one by one (`codegen`), so a
+    fused graph run eagerly under a random schedule gives eager's bits."""
+    import random
+
+    import torch
+
+    import zoo_models
+    from exactness import random_schedule, side_by_side
+    from remat_ir.runtimes.compiled import fuse_for_inductor
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    graph = fuse_for_inductor(lowered("gpt2"))
+    assert any(is_fused(n) for n in graph.proto.nodes)
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
+    made = []
+
+    def make(m):
+        made.append(ScheduledModule(m, graph, schedule))
+        return made[-1]
+
+    assert side_by_side(model, make, args, kwargs, loss_of, steps=2) == {}
+    plan = made[0].runner(torch.device("cpu")).plan
+    assert "op_aten_tanh_default(" in plan.forward_source  # a fused member, called by itself
