@@ -84,6 +84,7 @@ def fuse(graph: Graph, fusable: Iterable[int]) -> Graph:
     groups = fusion_groups(graph, fusable)
     if not groups:
         return Graph(proto)
+    by_root = {group[-1]: group for group in groups}
     fused_into = {m: group[-1] for group in groups for m in group}
     internal = {v for group in groups for m in group[:-1] for v in graph.node(m).outputs}
     nodes = []
@@ -96,7 +97,7 @@ def fuse(graph: Graph, fusable: Iterable[int]) -> Graph:
                 copy.forward_node_id = fused_into[copy.forward_node_id]
             nodes.append(copy)
         elif root == node.id:
-            nodes.append(_fused_node(graph, next(g for g in groups if g[-1] == root)))
+            nodes.append(_fused_node(graph, by_root[root]))
     del proto.nodes[:]
     proto.nodes.extend(nodes)
     kept = [v for v in proto.values if v.id not in internal]
