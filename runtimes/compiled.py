@@ -83,8 +83,8 @@ INDUCTOR_OPTIONS = {"layout_optimization": False, "reorder_for_peak_memory": Fal
 #:   decomposes it into a contiguous zeroed buffer, int64 indices and values it
 #:   scatter-adds, then a copy into the output's layout (the CNN's 50% plan measured 7.4%
 #:   above its peak in that region). Contiguous and small inputs measured equal.
-#: - the CPU flash-attention backward (tiny U-Net: 10,112 bytes against 8,064): a library
-#:   call whose layout constraints copy an input first.
+#: - the CPU flash-attention backward (tiny U-Net: 10,112 bytes compiled against 8,064
+#:   eagerly; why was not looked into).
 EAGER_OPS = frozenset({
     "aten.max_pool2d_with_indices_backward.default",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
