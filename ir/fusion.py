@@ -100,9 +100,10 @@ def fuse(graph: Graph, fusable: Iterable[int]) -> Graph:
             nodes.append(_fused_node(graph, by_root[root]))
     del proto.nodes[:]
     proto.nodes.extend(nodes)
-    kept = [v for v in proto.values if v.id not in internal]
-    del proto.values[:]
-    proto.values.extend(kept)
+    values = proto.values
+    for i in reversed(range(len(values))):  # no reference to an element is held across a delete
+        if values[i].id in internal:
+            del values[i]
     fused = Graph(proto)
     fused.drop_unused_storages()
     return fused
