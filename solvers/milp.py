@@ -54,6 +54,13 @@ def new_model(name: str) -> mip.Model:
     model.threads = max(1, min(4, os.cpu_count() or 1))
     # Plans within 0.1% of the best bound are as good as proven: costs are estimates.
     model.max_mip_gap = 1e-3
+    if model.solver_name.upper() == "CBC":
+        # CBC's clique strengthening (before the root LP) aborts the whole process on some
+        # programs: SIGABRT in CglCliqueStrengthening::strengthenCliques on keep-set MILPs
+        # of small random graphs (tests/test_keepset.py::..._under_cbc_too). Off, as mip
+        # itself sets it for lazy constraints.
+        from mip.cbc import cbc_set_parameter
+        cbc_set_parameter(model.solver, "clqstr", "off")
     return model
 
 
