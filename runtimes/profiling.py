@@ -59,6 +59,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.arguments import TensorRef, decode
+from remat_ir.ir.fusion import is_fused
 from remat_ir.ir.memory import is_view, new_storages
 from remat_ir.torchlib.types import empty_tensor, record_device, resolve_op, to_torch_argument
 
@@ -268,6 +269,11 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     nodes (`compiled_costs.py`), recorded as `cost_model.backend`."""
     check_cost_model(model)
     check_backend(backend)
+    fused = next((n for n in graph.proto.nodes if is_fused(n)), None)
+    if fused is not None:
+        raise ValueError(f"{graph.describe_node(fused.id)} is a fused node: costs are measured on "
+                         "the graph before fusing (lower_torch(..., fuse=False), or the graph "
+                         "before lowering.for_backend), then fused")
     device = torch.device(device)
     record_device(graph.proto.provenance, device)
     graph.proto.provenance.ClearField("cost_model")

@@ -124,3 +124,10 @@ def test_the_eager_backend_runs_a_fused_graph_member_by_member_bitwise(seed):
     assert side_by_side(model, make, args, kwargs, loss_of, steps=2) == {}
     plan = made[0].runner(torch.device("cpu")).plan
     assert "op_aten_tanh_default(" in plan.forward_source  # a fused member, called by itself
+
+
+def test_costs_of_a_fused_graph_are_refused_in_one_line():
+    from remat_ir.lowering import add_costs
+
+    with pytest.raises(ValueError, match="is a fused node: costs are measured on the graph before fusing"):
+        add_costs(lowered("mlp_dropout", backend="inductor"), "isolated")
