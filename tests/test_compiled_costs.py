@@ -66,13 +66,14 @@ def test_a_region_time_is_shared_among_its_nodes(ops, eager, region_s, cut):
 def test_compiled_timing_ticks_every_region_and_every_step_outside_them():
     """The store-everything step of a model with dropout (random nodes stay outside
     regions) timed on the inductor backend: each compute step is timed once, either in
-    its region or by itself."""
+    its region or by itself, in the regions a single-process training step runs (one
+    gradient group: a group's yield would cut a region)."""
     model, args, kwargs, _ = zoo_models.gpt2(layers=1)
     graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
     store = ir.store_all(graph)
     timing = time_schedule(graph, store, resident_values(model, graph, args, kwargs), "cpu",
                            backend="inductor", steps=2)
-    _, _, plan = generate(graph, store, torch.device("cpu"), backend="inductor")
+    _, _, plan = generate(graph, store, torch.device("cpu"), backend="inductor", gradient_groups=1)
     assert [r.node_ids for r in plan.regions] == timing.regions and timing.regions
     in_regions = [n for nodes in timing.regions for n in nodes]
     alone = [n for n, _ in timing.occurrences if n >= 0]
