@@ -551,7 +551,13 @@ class _Runs:
     own memory timeline of its fused kernel order (a `_post_fusion_custom_pass`) went over
     the plan: 24 parts, no faster (x1.125 of eager's step against x1.112), and 2.6% over the
     plan in that run, where the check failed on one part (an index error in the prototype)
-    and the part ran eagerly."""
+    and the part ran eagerly. Also left: a tighter bound from how Inductor's scheduler
+    moves steps (a fused kernel runs where its first member was and pulls what it needs
+    before it; a pointwise result inlined into its readers holds its inputs): the CNN
+    plan in 9 to 11 regions instead of 26 (not timed), but the tiny straight-through
+    model's half-budget plan measured 3,212 bytes against 2,788 planned, only when the
+    recomputed first matmul joined the region of the backward's matmuls: the model misses
+    something Inductor does there (not found)."""
 
     MIN_REGION_OPS = 2
 

@@ -298,7 +298,7 @@ def _baselines(tg: TrainingGraph, budget: int | None, deadline: Deadline | None 
     simulator fits one, and the fastest fitting heuristic is returned. Without Fast SA that
     was recompute-all where autograd, sqrt and rotor did not fit: the quick CNN at 50% got
     a plan predicted at 17x the store-everything step (4,079 recomputations) where Fast SA
-    finds 1.11x in under a second (`tests/test_checkmate.py`)."""
+    finds 1.11x in under a second (`tests/test_solvers.py`)."""
     from remat_ir.ir import store_all
 
     from .fastsa import fastsa
