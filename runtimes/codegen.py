@@ -548,9 +548,9 @@ class _Runs:
     and 16.6 ms uncut (12.6% over the plan) and 15.8 ms for store-everything (one run, 40
     interleaved rounds, CPU). Tried and left: letting a region compile whole and split
     itself in halves where Inductor's own memory timeline of its fused kernel order (a
-    `_post_fusion_custom_pass`) went over the plan: 24 parts, no faster (x1.125 of eager's step against x1.112), and 2.6% over the
-    plan in that run, where the check failed on one part (an index error in the prototype)
-    and the part ran eagerly. Also left: a tighter bound from how Inductor's scheduler
+    `_post_fusion_custom_pass`) went over the plan: 24 parts, no faster (x1.125 of
+    eager's step against x1.112), and 2.6% over the plan in that run, where the check
+    failed on one part (an index error in the prototype) and the part ran eagerly. Also left: a tighter bound from how Inductor's scheduler
     moves steps (a fused kernel runs where its first member was and pulls what it needs
     before it; a result of Inductor's own kernels, decomposed ops included, may be
     computed inside each reader and holds its inputs to the last): every compiled test
