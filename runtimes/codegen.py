@@ -544,19 +544,20 @@ class _Runs:
 
     What the bound costs where a plan stays near its peak: the quick CNN's plan at
     torch.compile 0.5's peak (it recomputes only fused BatchNorm-normalize + ReLU nodes and
-    a max-pool, predicted +1.2%) runs in 26 regions, backward 18.3 ms, against 3 regions
-    and 16.6 ms uncut (12.6% over the plan) and 15.8 ms for store-everything (one run, 40
+    a max-pool, predicted +1.2%) runs in 26 regions, backward 18.3 ms, against 3 regions and
+    16.6 ms uncut (12.6% over the plan) and 15.8 ms for store-everything (one run, 40
     interleaved rounds, CPU). Tried and left: letting a region compile whole and split
     itself in halves where Inductor's own memory timeline of its fused kernel order (a
-    `_post_fusion_custom_pass`) went over the plan: 24 parts, no faster (x1.125 of
-    eager's step against x1.112), and 2.6% over the plan in that run, where the check
-    failed on one part (an index error in the prototype) and the part ran eagerly. Also left: a tighter bound from how Inductor's scheduler
-    moves steps (a fused kernel runs where its first member was and pulls what it needs
-    before it; a result of Inductor's own kernels, decomposed ops included, may be
-    computed inside each reader and holds its inputs to the last): every compiled test
-    within its plan's peak, the CNN plan's peak at its plan (1.0000), but 13 regions
-    instead of 18 and no faster (x1.059 of eager's step against x1.058, 40 interleaved
-    rounds; that run's plan, made under a time limit, was not the one above)."""
+    `_post_fusion_custom_pass`) went over the plan: 24 parts, no faster (x1.125 of eager's
+    step against x1.112), and 2.6% over the plan in that run, where the check failed on one
+    part (an index error in the prototype) and the part ran eagerly. Also left: a tighter
+    bound from how Inductor's scheduler moves steps (a fused kernel runs where its first
+    member was and pulls what it needs before it; a result of Inductor's own kernels,
+    decomposed ops included, may be computed inside each reader and holds its inputs to the
+    last): every compiled test within its plan's peak, the CNN plan's peak at its plan
+    (1.0000), but 13 regions instead of 18 and no faster (x1.059 of eager's step against
+    x1.058, 40 interleaved rounds; that run's plan, made under a time limit, was not the one
+    above)."""
 
     MIN_REGION_OPS = 2
 
