@@ -24,7 +24,7 @@ import remat_ir
 from remat_ir.api import plan
 from remat_ir.ir import simulate
 from remat_ir.ir.fusion import body_nodes
-from remat_ir.ir.memory import allocated_bytes
+from remat_ir.ir.memory import allocated_bytes, is_view
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes import compiled
 from remat_ir.runtimes.memory import measure_peak
@@ -157,26 +157,49 @@ def test_regions_of_random_schedules_run_op_by_op_are_exact(monkeypatch, name, s
 
 
 def _assert_room_for_fusion(graph, schedule, region):
-    """A region is contiguous steps of the schedule, and what it can hold at once, the
-    plan's memory before its first compute step plus everything its steps allocate (a
-    fused kernel allocates its outputs at its start and frees its inputs at its end;
-    Inductor may run a step at the region's start where nothing it reads is computed
-    in the region), stays within the plan's peak at every step, with that step's
-    workspace."""
+    """A region is contiguous steps of the schedule, less views of values from before it
+    that it would return (run eagerly before it: `codegen._Runs._escaping_views`), and
+    what it can hold at once, the plan's memory before its first compute step plus
+    everything its steps allocate (a fused kernel allocates its outputs at its start and
+    frees its inputs at its end; Inductor may run a step at the region's start where
+    nothing it reads is computed in the region), stays within the plan's peak at every
+    step, with that step's workspace. It returns no view of its inputs, which the
+    compiled function's wrapper would rebuild at every call, unless the value (or one it
+    views) was computed or freed before in the run (a recomputation stays in place)."""
     simulated = simulate(graph, schedule)
-    computes = [s.compute for s in schedule.steps[region.steps.start:region.steps.stop]
-                if s.HasField("compute")]
-    assert computes == region.node_ids, f"{region.name} is not the steps {region.steps}"
-    held = None
+    steps = [k for k in region.steps if schedule.steps[k].HasField("compute")]
+    members = iter(region.node_ids)
+    wanted, ran = next(members, None), []
+    for k in steps:
+        node = graph.node(schedule.steps[k].compute)
+        if node.id == wanted:
+            ran.append(k)
+            wanted = next(members, None)
+        else:
+            assert is_view(graph, node) and not node.mutating, \
+                f"{region.name} leaves out {graph.describe_node(node.id)}, not a view"
+    assert wanted is None and len(ran) == len(region.node_ids), f"{region.name} is not the steps {region.steps}"
+    of_inputs = set(region.inputs)  # values viewing the region's inputs, through views
+    named, renamed = set(), set()  # renamed: (views of) values recomputed after a free in the run
     for k in region.steps:
         step = schedule.steps[k]
-        if step.HasField("compute"):
+        if step.HasField("free"):
+            named.add(step.free)
+        elif k in ran:
             node = graph.node(step.compute)
-            if held is None:
-                held = simulated.memory_after[k - 1] if k else 0
-            held += allocated_bytes(graph, node)
-            assert held + node.cost.workspace_bytes <= simulated.peak_bytes, \
-                f"{region.name}: {graph.describe_node(node.id)} could take the region over the plan's peak"
+            viewing = is_view(graph, node) and not node.mutating and of_inputs.issuperset(node.inputs)
+            for v in node.outputs:
+                (of_inputs.add if viewing else of_inputs.discard)(v)
+                (renamed.add if v in named or not renamed.isdisjoint(node.inputs) else renamed.discard)(v)
+            named.update(node.outputs)
+    for v in region.outputs:
+        assert v in renamed or v not in of_inputs, f"{region.name} returns {graph.describe_value(v)}, a view of its input"
+    held = simulated.memory_after[ran[0] - 1] if ran[0] else 0
+    for k in ran:
+        node = graph.node(schedule.steps[k].compute)
+        held += allocated_bytes(graph, node)
+        assert held + node.cost.workspace_bytes <= simulated.peak_bytes, \
+            f"{region.name}: {graph.describe_node(node.id)} could take the region over the plan's peak"
 
 
 @settings(max_examples=3, deadline=None, derandomize=True,
@@ -303,7 +326,7 @@ def test_ops_kept_out_of_regions_hold_more_compiled_than_eagerly():
     fx.output((fx.call_function(op, (grad, inp, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)),))
     module = torch.fx.GraphModule(torch.nn.Module(), fx)
     inputs = [torch.randn_like(out), x, indices]
-    fused = torch._inductor.compile(module, [list(inputs)], options=compiled.INDUCTOR_OPTIONS)
+    fused = compiled.compile_boxed(module, inputs)  # as a region compiles
     eager_peak = _peak_alone(lambda xs: module(xs), inputs)
     assert _peak_alone(fused, inputs) >= 2 * eager_peak
     assert "aten.max_pool2d_with_indices_backward.default" in compiled.EAGER_OPS
