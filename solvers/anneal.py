@@ -317,7 +317,7 @@ def anneal(P, S, candidates, iterations, start, total, t_first, t_last, budget, 
     current = objective(peak, acc[0], budget, weight)
     ratio = t_last / t_first
     accepted = 0
-    log_size = 0
+    log_size = 1                               # randint(0) raises: one slot draws from 1
     while (1 << log_size) < size:
         log_size += 1
     chain_slots = np.empty(32, dtype=np.int64)
@@ -347,6 +347,8 @@ def anneal(P, S, candidates, iterations, start, total, t_first, t_last, budget, 
             if np.random.random() < 0.5:       # and what it reads, recomputed just before
                 chained = _chain(n, s, 1 + np.random.randint(1 << np.random.randint(5)),
                                  chain_slots, P, S)
+        elif cnt[n] == 0:                      # nothing to drop or shift: a start plan
+            continue                           # (trimmed) may never run a candidate
         elif kind == 1:                        # drop one occurrence
             k = np.random.randint(cnt[n])
             if not can_remove(n, k, P, S):
