@@ -347,8 +347,8 @@ def anneal(P, S, candidates, iterations, start, total, t_first, t_last, budget, 
             if np.random.random() < 0.5:       # and what it reads, recomputed just before
                 chained = _chain(n, s, 1 + np.random.randint(1 << np.random.randint(5)),
                                  chain_slots, P, S)
-        elif cnt[n] == 0:                      # nothing to drop or shift: a start plan
-            continue                           # (trimmed) may never run a candidate
+        elif cnt[n] == 0:                      # nothing to drop or shift (a candidate
+            continue                           # the state never runs)
         elif kind == 1:                        # drop one occurrence
             k = np.random.randint(cnt[n])
             if not can_remove(n, k, P, S):
