@@ -78,8 +78,7 @@ def per_block_checkpoint(graph: ir.Graph) -> ir.pb.Schedule:
     kept = {n for n in tg.forward if n not in block}
     kept |= {n for n in block if any(block.get(u) != block[n] for u in tg.node_users[n]
                                      if u in block or u in kept)}
-    kept |= {tg.view_root[n] for n in list(kept) if n in tg.view_root}
-    return keep_set_schedule(tg, kept, name="per-block checkpoint")
+    return keep_set_schedule(tg, tg.with_roots(kept), name="per-block checkpoint")
 
 
 def model_rows(name: str, factory) -> dict:

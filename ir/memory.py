@@ -276,20 +276,41 @@ class NodeMemory:
         return {n: self.graph.node(n).cost.workspace_bytes + transient[n] for n in self.order}
 
     @cached_property
-    def view_root(self) -> dict[int, int]:
-        """For a node whose output views another node's allocation: that node."""
+    def view_roots(self) -> dict[int, frozenset[int]]:
+        """For a node whose outputs view other nodes' allocations: those nodes (several
+        where its outputs view the allocations of several inputs)."""
         g, roots = self.graph, {}
         for n in self.order:
             read = {g.value(v).storage_id for v in g.node(n).inputs}
             for v in g.node(n).outputs:
                 s = g.value(v).storage_id
                 if s in read and s in self.allocator and self.allocator[s] != n:
-                    roots[n] = self.allocator[s]
-        return roots
+                    roots.setdefault(n, set()).add(self.allocator[s])
+        return {n: frozenset(r) for n, r in roots.items()}
+
+    @cached_property
+    def view_root(self) -> dict[int, int]:
+        """For a view node, the one root that node-granularity estimates charge it to (the
+        latest allocated of `view_roots`). Where a set of kept nodes must hold every
+        allocation it keeps alive, close it with `with_roots` instead."""
+        return {n: max(r, key=self.position.__getitem__) for n, r in self.view_roots.items()}
 
     def root(self, n: int) -> int:
         """The node whose allocation `n`'s results hold (itself unless a view)."""
         return self.view_root.get(n, n)
+
+    def with_roots(self, nodes) -> set[int]:
+        """`nodes` and every node whose allocation their results hold, transitively (a
+        root may itself view another allocation with its other outputs): what keeping
+        `nodes` keeps alive, at node granularity."""
+        closed = set(nodes)
+        stack = list(closed)
+        while stack:
+            for r in self.view_roots.get(stack.pop(), ()):
+                if r not in closed:
+                    closed.add(r)
+                    stack.append(r)
+        return closed
 
     @cached_property
     def allocations(self) -> dict[int, list[tuple[int, int]]]:

@@ -96,8 +96,7 @@ def sqrt_schedule(tg: TrainingGraph) -> pb.Schedule:
     for count in sorted({max(1, centre - 1), centre, min(segments, centre + 1)}):
         for by_memory in (False, True):
             kept = set(sqrt_checkpoints(tg, count, by_memory))
-            kept.update(tg.view_root[n] for n in list(kept) if n in tg.view_root)
-            plans.append(keep_set_schedule(tg, kept, name="sqrt"))
+            plans.append(keep_set_schedule(tg, tg.with_roots(kept), name="sqrt"))
     return min(plans, key=lambda s: (s.predicted_peak_bytes, s.predicted_time_s))
 
 
@@ -108,8 +107,7 @@ def prefix_schedules(tg: TrainingGraph) -> list[pb.Schedule]:
     Where early, full-resolution layers hold the peak (a CNN's first convolutions),
     these reach recompute-all's least memory for a fraction of its recomputation.
     Two schedules per cut, each a pass over the graph: meant for small graphs."""
-    needed = set(tg.needed_by_backward)
-    needed |= {tg.view_root[n] for n in needed if n in tg.view_root}
+    needed = tg.with_roots(tg.needed_by_backward)
     found = []
     for cut in tg.cuts[:-1]:
         kept = {n for n in needed if tg.position[n] > cut}

@@ -81,7 +81,7 @@ class CheckmateModel:
         self.time_unit = total / TIME_SCALE if total > 0 else 1.0
         self.cost = [tg.time[n] / self.time_unit for n in tg.order]
         self.deps = [[pos[p] for p in tg.node_inputs(n)] for n in tg.order]
-        self.root = {pos[v]: pos[r] for v, r in tg.view_root.items()}
+        self.roots = {pos[v]: sorted(pos[r] for r in rs) for v, rs in tg.view_roots.items()}
 
     def _variables(self) -> None:
         add = self.model.add_var
@@ -119,10 +119,10 @@ class CheckmateModel:
             add(s_var <= self.s(t - 1, i) + self.r(t - 1, i), name=f"keep_{t}_{i}")
             if i in self.kept_from and t > self.kept_from[i]:
                 add(s_var >= 1, name=f"output_view_{t}_{i}")
-            if i in self.root:
-                root = self.s(t, self.root[i])
+            for r in self.roots.get(i, ()):
+                root = self.s(t, r)
                 if not isinstance(root, int) or root == 0:
-                    add(s_var <= root, name=f"view_{t}_{i}")
+                    add(s_var <= root, name=f"view_{t}_{i}_{r}")
         for t in range(T):
             for k in self.points[t]:
                 for i in self.deps[k]:
@@ -180,7 +180,7 @@ class CheckmateModel:
 
     def _roots_read_through_views(self, k: int) -> list[int]:
         """Allocating nodes whose storage k reads through a view (k may be their last user)."""
-        return [self.root[i] for i in self.deps[k] if i in self.root]
+        return [r for i in self.deps[k] for r in self.roots.get(i, ())]
 
     # ------------------------------------------------------- to and from sequences
 
@@ -226,8 +226,7 @@ class CheckmateModel:
                     S_on.add((t, i))
                     break
         for (t, i) in list(S_on):
-            if i in self.root and (t, self.root[i]) in self.S:
-                S_on.add((t, self.root[i]))
+            S_on.update((t, r) for r in self.roots.get(i, ()) if (t, r) in self.S)
         self.model.start = ([(v, 1.0 if key in R_on else 0.0) for key, v in self.R.items()]
                             + [(v, 1.0 if key in S_on else 0.0) for key, v in self.S.items()])
         return True
@@ -259,8 +258,9 @@ def _ranges(tg: TrainingGraph):
     read i's results (directly, through a view, or to recompute a user)."""
     pos, T = tg.position, len(tg.order)
     users: dict[int, set[int]] = {n: set(tg.node_users[n]) for n in tg.order}
-    for view, root in tg.view_root.items():
-        users[root] |= users[view] | {view}
+    for view, roots in tg.view_roots.items():
+        for root in roots:
+            users[root] |= users[view] | {view}
     users_at = {pos[n]: sorted(pos[u] for u in us) for n, us in users.items()}
     recomputable = {pos[n] for n in tg.recomputable}
     need: dict[int, int] = {}

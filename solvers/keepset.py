@@ -13,7 +13,7 @@ The program, over the forward nodes (`keep[n]`, `again[n]` binary):
 
 - a result some backward node reads is kept or recomputed;
 - a recomputed node's forward inputs are kept or recomputed;
-- a view is kept only with the result it views (they share a storage, counted once);
+- a view is kept only with every result it views (they share a storage, counted once);
 - a node that may not run twice (mutating, non-recomputable, a graph output) is not
   recomputed;
 - the kept bytes are at most a cap; the time of the recomputed nodes is least.
@@ -63,9 +63,9 @@ class KeepSetProgram:
             for p in tg.node_inputs(n):
                 if p in forward:
                     model += keep[p] + again[p] >= again[n]
-            root = tg.view_root.get(n)
-            if root is not None and root in forward:
-                model += keep[n] <= keep[root]
+            for root in tg.view_roots.get(n, ()):
+                if root in forward:
+                    model += keep[n] <= keep[root]
         model.objective = mip.xsum(tg.time[n] * again[n] for n in tg.forward if tg.time[n])
         self.cap = model.add_constr(
             mip.xsum(tg.memory[n] * keep[n] for n in tg.forward if tg.memory[n]) <= 0)

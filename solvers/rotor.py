@@ -190,8 +190,7 @@ class Chain:
                 pinned.update(p for p in tg.node_inputs(b)
                               if p in segment_of and segment_of[p] != seg.index
                               and tg.root(p) not in seg.inputs)
-        pinned.update(tg.view_root[n] for n in list(pinned) if n in tg.view_root)
-        return frozenset(pinned)
+        return frozenset(tg.with_roots(pinned))
 
     def _keep_sets(self, seg: Segment) -> list[frozenset[int]]:
         tg = self.tg
@@ -206,9 +205,9 @@ class Chain:
                 if used + tg.memory[n] <= share * total:
                     chosen.add(n)
                     used += tg.memory[n]
-            chosen.update(tg.view_root[n] for n in list(chosen) if n in tg.view_root)
-            if frozenset(chosen) not in sets:
-                sets.append(frozenset(chosen))
+            chosen = frozenset(tg.with_roots(chosen))
+            if chosen not in sets:
+                sets.append(chosen)
         return sets
 
     def _option(self, seg: Segment, kept: frozenset[int], escaping, grads_in,
@@ -240,8 +239,7 @@ class Chain:
                                                    stored | self.pinned, apart)
         # What only later stages read (the next stage's input) is gone by this backward.
         read = {p for n in sequence for p in tg.node_inputs(n)}
-        held = {n for n in stored if n in read or tg.view_root.get(n) in read}
-        held.update(tg.view_root[n] for n in list(held) if n in tg.view_root)
+        held = tg.with_roots(n for n in stored if n in read or tg.view_roots.get(n, set()) & read)
         held &= set(seg.forward)  # the stage's input is held by the caller
         option.backward_hist = sum(tg.memory[n] for n in held - self.pinned)
         # The gradients it reads are freed after their last use (counted in `gradient`).
