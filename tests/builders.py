@@ -40,3 +40,14 @@ def schedule(steps: list[tuple[str, int]], backward_start: int, name: str = "han
     for action, target in steps:
         s.steps.add(**{action: target})
     return s
+
+
+def user_output(g: Graph, reads: list[int], name: str = "out") -> tuple[int, int]:
+    """A forward node reading `reads` whose one (4-byte) result is the user output, and the
+    output's gradient fed in: (output value, tangent value)."""
+    out = g.add_value(name, "float32", (1,), kind="output")
+    g.add_node("test.op", reads, [out], phase="forward", time_s=1)
+    g.add_output(out, "user_output", name)
+    tangent = g.add_value("tangent", "float32", (1,), kind="gradient")
+    g.add_input(tangent, gradient_of=out)
+    return out, tangent

@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+from builders import user_output
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import training_graphs
@@ -68,12 +69,7 @@ def test_a_node_viewing_two_allocations_is_kept_only_with_both():
     g.add_node("test.op", [x], [b], phase="forward", time_s=1)
     views = [g.add_value("va", "float32", (1,), alias_of=a), g.add_value("vb", "float32", (1,), alias_of=b)]
     g.add_node("test.op", [a, b], views, phase="forward", time_s=1)
-    out = g.add_value("out", "float32", (1,))
-    g.add_node("test.op", [x], [out], phase="forward", time_s=1)
-    g.value(out).kind = ir.pb.OUTPUT
-    g.add_output(out, "user_output", "out")
-    tangent = g.add_value("tangent", "float32", (1,), kind="gradient")
-    g.add_input(tangent, gradient_of=out)
+    _, tangent = user_output(g, [x])
     grad = g.add_value("grad", "float32", (1,))
     g.add_node("test.op", [tangent, *views], [grad], phase="backward", time_s=1)
     g.add_output(grad, "parameter_gradient", "x")

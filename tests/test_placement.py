@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from builders import user_output
 from exactness import random_schedule
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -84,12 +85,7 @@ def _chain(big: int):
     g.add_node("test.op", [inp], [x], phase="forward", time_s=1)
     r = g.add_value("r", "float32", (1,))
     g.add_node("test.op", [x], [r], phase="forward", time_s=1)
-    out = g.add_value("out", "float32", (1,))
-    g.add_node("test.op", [r], [out], phase="forward", time_s=1)
-    g.value(out).kind = ir.pb.OUTPUT
-    g.add_output(out, "user_output", "out")
-    tangent = g.add_value("tangent", "float32", (1,), kind="gradient")
-    g.add_input(tangent, gradient_of=out)
+    _, tangent = user_output(g, [r])
     y = g.add_value("y", "float32", (big // 4,))
     g.add_node("test.op", [tangent], [y], phase="backward", time_s=1)
     grad = g.add_value("grad", "float32", (1,))
