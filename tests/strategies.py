@@ -10,11 +10,13 @@ from remat_ir.ir import pb
 
 
 @st.composite
-def training_graphs(draw, single_outputs: bool = False) -> ir.Graph:
+def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5) -> ir.Graph:
     """A random joint graph: resident inputs, forward nodes, an output gradient, backward nodes.
 
     `single_outputs`: every node returns one new tensor (no views, no second
-    output), the setting in which Checkmate's node-level model is exact."""
+    output), the setting in which Checkmate's node-level model is exact. Otherwise one
+    output in `view_odds` views one of its node's inputs (2: half of them, so that nodes
+    viewing two inputs' allocations are common)."""
     g = ir.Graph(name="random")
     forward_pool = []
     for i in range(draw(st.integers(1, 3))):
@@ -33,7 +35,7 @@ def training_graphs(draw, single_outputs: bool = False) -> ir.Graph:
             outputs = []
             for j in range(1 if single_outputs else draw(st.integers(1, 2))):
                 base = (draw(st.sampled_from(inputs))
-                        if not single_outputs and draw(st.integers(0, 4)) == 0 else None)
+                        if not single_outputs and draw(st.integers(1, view_odds)) == 1 else None)
                 if base is not None:  # a view of one of its inputs
                     v = g.add_value(f"{phase[0]}{len(computed)}_{j}", "float32", g.value(base).shape,
                                     alias_of=base)

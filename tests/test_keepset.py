@@ -3,12 +3,13 @@ promises, and no keep set within its cap recomputes for less."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 
 import pytest
 from builders import user_output
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from strategies import training_graphs
 
@@ -55,6 +56,44 @@ def test_no_keep_set_within_the_cap_recomputes_for_less(graph, seed):
     assert result.saved_bytes <= cap
     assert extra_time(graph, ours) <= program.model.objective_value + 1e-9
     assert extra_time(graph, ours) <= extra_time(graph, theirs) * (1 + GAP) + 1e-9
+
+
+def _program_allows(tg: TrainingGraph, kept: set[int]) -> bool:
+    """Whether the keep-set program has a solution keeping exactly `kept`: every view kept
+    with all it views, and what backward reads that is not kept recomputable from what is
+    (the recomputed set is the least one the constraints force)."""
+    forward = set(tg.forward)
+    if any(r in forward and r not in kept for n in kept for r in tg.view_roots.get(n, ())):
+        return False
+    again: set[int] = set()
+    stack = [n for n in tg.needed_by_backward if n not in kept]
+    while stack:
+        n = stack.pop()
+        if n in again or n in kept:
+            continue
+        if n not in tg.recomputable:
+            return False
+        again.add(n)
+        stack.extend(p for p in tg.node_inputs(n) if p in forward)
+    return True
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=training_graphs(view_odds=2))
+def test_every_keep_set_the_program_allows_saves_at_most_its_bytes(graph):
+    """Every keep set of a small graph, not only the one the MILP happens to return (ties
+    are broken differently from run to run): what the program counts for a set it allows
+    bounds what that set's plan saves for the backward."""
+    tg = TrainingGraph(graph)
+    forward = list(tg.forward)
+    assume(len(forward) <= 8)
+    for size in range(len(forward) + 1):
+        for kept in itertools.combinations(forward, size):
+            if not _program_allows(tg, set(kept)):
+                continue
+            result = ir.simulate(graph, keep_set_schedule(tg, kept, name="all"))
+            assert result.valid, result.violation
+            assert result.saved_bytes <= kept_bytes(tg, kept), (kept, result.saved_value_ids)
 
 
 def test_a_node_viewing_two_allocations_is_kept_only_with_both():
