@@ -13,7 +13,7 @@ from . import remat_ir_pb2 as pb
 from .arguments import Device, DTypeArg, LayoutArg, MemoryFormatArg, TensorRef
 from .errors import FormatError, InvalidGraph, InvalidSchedule, RematIRError
 from .graph import FORMAT_VERSION, Graph
-from .schedules import (compute_sequence, from_compute_sequence, recompute_all,
+from .schedules import (compute_sequence, forward_length, from_compute_sequence, recompute_all,
                         simulated_compute_sequence, store_all)
 from .serialization import dumps, dumps_json, load, loads, save
 from .simulator import SimulationResult, Violation, check, simulate
@@ -25,7 +25,7 @@ __all__ = [
     "validate", "find_problems",
     "simulate", "check", "SimulationResult", "Violation",
     "store_all", "recompute_all", "from_compute_sequence", "simulated_compute_sequence",
-    "compute_sequence",
+    "compute_sequence", "forward_length",
     "TensorRef", "DTypeArg", "Device", "MemoryFormatArg", "LayoutArg",
     "RematIRError", "FormatError", "InvalidGraph", "InvalidSchedule",
 ]

@@ -25,6 +25,12 @@ def compute_sequence(schedule: pb.Schedule) -> list[int]:
     return [step.compute for step in schedule.steps if step.HasField("compute")]
 
 
+def forward_length(schedule: pb.Schedule) -> int:
+    """How many of `compute_sequence(schedule)` run in the forward segment: with it, the
+    `forward_length` that `from_compute_sequence` rebuilds the schedule from."""
+    return sum(1 for step in schedule.steps[:schedule.backward_start] if step.HasField("compute"))
+
+
 def from_compute_sequence(graph: Graph, sequence: Sequence[int], forward_length: int, *,
                           name: str, solver: str = "", rng_replay: bool = False) -> pb.Schedule:
     """Schedule that computes `sequence` in order and frees each value after its last use.

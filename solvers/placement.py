@@ -20,7 +20,7 @@ was.
 
 from __future__ import annotations
 
-from remat_ir.ir import InvalidSchedule, compute_sequence, pb, simulate
+from remat_ir.ir import InvalidSchedule, compute_sequence, forward_length, pb, simulate
 
 from .base import Deadline
 from .sequences import simulated_schedule
@@ -39,10 +39,9 @@ def sink_recomputations(tg: TrainingGraph, schedule: pb.Schedule,
     if {step.WhichOneof("action") for step in schedule.steps} - {"compute", "free"}:
         return schedule
     sequence = compute_sequence(schedule)
-    forward_length = sum(1 for step in schedule.steps[:schedule.backward_start]
-                         if step.HasField("compute"))
+    forward = forward_length(schedule)
     users = _readers(tg)
-    candidates = _candidates(users, sequence, forward_length)
+    candidates = _candidates(users, sequence, forward)
     every = _moved(users, sequence, candidates)
     if every == sequence:
         return schedule
@@ -51,7 +50,7 @@ def sink_recomputations(tg: TrainingGraph, schedule: pb.Schedule,
 
     def made(seq: list[int]) -> pb.Schedule | None:
         try:
-            candidate, result = simulated_schedule(tg, seq, forward_length, name=schedule.name,
+            candidate, result = simulated_schedule(tg, seq, forward, name=schedule.name,
                                                    status=schedule.status)
         except InvalidSchedule:
             return None

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from remat_ir.ir import InvalidSchedule, SimulationResult, compute_sequence, pb
+from remat_ir.ir import InvalidSchedule, SimulationResult, compute_sequence, forward_length, pb
 
 from .base import Deadline, quiet
 from .sequences import simulated_schedule
@@ -52,30 +52,29 @@ def trim_recomputations(tg: TrainingGraph, schedule: pb.Schedule, budget: int,
     if actions - {"compute", "free"} or schedule.predicted_peak_bytes > budget:
         return schedule
     sequence = compute_sequence(schedule)
-    forward_length = sum(1 for step in schedule.steps[:schedule.backward_start]
-                         if step.WhichOneof("action") == "compute")
+    forward = forward_length(schedule)
     try:
-        made = simulated_schedule(tg, sequence, forward_length, name=schedule.name,
+        made = simulated_schedule(tg, sequence, forward, name=schedule.name,
                                   status=schedule.status)
     except InvalidSchedule:
         return schedule
     if made[0].predicted_time_s > schedule.predicted_time_s or made[0].predicted_peak_bytes > budget:
         return schedule
-    plan = _Curve(tg, sequence, forward_length, *made)
+    plan = _Curve(tg, sequence, forward, *made)
     start_time, moves, rejected, said = plan.schedule.predicted_time_s, 0, 0, time.monotonic()
     while not deadline.expired():
         for trial in plan.moves(budget, deadline):
             if deadline.expired():
                 break
             try:
-                made = simulated_schedule(tg, trial, forward_length, name=schedule.name,
+                made = simulated_schedule(tg, trial, forward, name=schedule.name,
                                           status=schedule.status)
             except InvalidSchedule:
                 rejected += 1
                 continue
             if (made[0].predicted_peak_bytes <= budget
                     and made[0].predicted_time_s < plan.schedule.predicted_time_s):
-                plan = _Curve(tg, trial, forward_length, *made)
+                plan = _Curve(tg, trial, forward, *made)
                 moves += 1
                 break
             rejected += 1

@@ -18,10 +18,6 @@ from remat_ir.solvers.placement import sink_recomputations, sunk_order
 from remat_ir.solvers.structure import TrainingGraph
 
 
-def _forward_length(schedule) -> int:
-    return sum(1 for s in schedule.steps[:schedule.backward_start] if s.HasField("compute"))
-
-
 def _first_reader(tg: TrainingGraph, order: list[int], i: int) -> int | None:
     """Where the backward recomputation at `i` is first read (None: not one, or unread)."""
     if i < 0 or order[i] not in tg.forward:
@@ -57,7 +53,7 @@ def test_sinking_keeps_the_steps_and_never_raises_the_peak(graph, seed):
     assert Counter(compute_sequence(sunk)) == Counter(compute_sequence(schedule))
     assert after.total_time_s == before.total_time_s
 
-    start = _forward_length(schedule)
+    start = ir.forward_length(schedule)
     order = sunk_order(tg, compute_sequence(schedule), start)
     assert order[:start] == compute_sequence(schedule)[:start]
     # A recomputation no step reads (random schedules make some, solvers do not) may end
