@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test gpu-check bench bench-full zoo proto example clean
+.PHONY: demo test soak gpu-check bench bench-full zoo proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -26,6 +26,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
+
+# Search for bugs the suite's fixed samples miss: every property test (random graphs,
+# random schedules, random networks trained next to eager) draws SOAK times its examples,
+# new ones at every run. A failure prints its example; .hypothesis/ replays it first on
+# the next run. SOAK_TESTS: pytest's arguments (e.g. tests/test_differential.py).
+SOAK ?= 10
+SOAK_TESTS ?= tests
+soak: $(STAMP)
+	REMAT_SOAK=$(SOAK) $(BIN)/python -m pytest -q -n auto -m hypothesis $(SOAK_TESTS)
 
 # On a machine with a CUDA GPU: the test suite, whose device-parametrized tests then run
 # on CUDA too (GPU_TESTS: pytest's arguments, e.g. GPU_TESTS='-k cuda tests' for those

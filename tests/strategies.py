@@ -1,12 +1,32 @@
 """Hypothesis strategies for random training graphs, shared by the property tests
-of the simulator, the partition and the solvers."""
+of the simulator, the partition and the solvers, and the settings every property
+test runs under (`search`)."""
 
 from __future__ import annotations
 
+import os
+
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from remat_ir import ir
 from remat_ir.ir import pb
+
+#: `make soak` (REMAT_SOAK=k): every property test draws k times its examples.
+SOAK = int(os.environ.get("REMAT_SOAK") or 0)
+
+
+def search(max_examples: int, *, derandomize: bool = False) -> settings:
+    """Settings of a property test: `max_examples` examples, no deadline (a draw may lower
+    and train a model). `derandomize`: the same examples at every run, for tests too slow
+    to draw more than a handful each (end-to-end training, compiling); the suite then
+    checks a fixed sample and cannot fail at random. Under `make soak` (REMAT_SOAK=k)
+    every test draws k times as many examples, afresh at each run (never derandomized),
+    so that soaking searches cases no CI run has tried; hypothesis prints the failing
+    example and keeps it in .hypothesis/ to be replayed first."""
+    return settings(max_examples=max_examples * max(1, SOAK), deadline=None,
+                    derandomize=derandomize and not SOAK,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 @st.composite

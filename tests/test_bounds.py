@@ -13,7 +13,7 @@ import random
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from remat_ir import ir, solvers
@@ -24,7 +24,7 @@ from remat_ir.solvers.base import BadRequest
 
 from builders import chain
 from exactness import lowered, random_schedule
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 
 def _point(graph: ir.Graph, schedule: pb.Schedule, moments: list[int], keys: list[tuple]) -> list[float]:
@@ -87,7 +87,7 @@ def _assert_schedule_is_a_point(graph: ir.Graph, schedule: pb.Schedule, moments:
     return objective
 
 
-@settings(max_examples=60, deadline=None)
+@search(60)
 @given(graph=training_graphs(), seed=st.integers(0, 2**32 - 1), count=st.integers(1, 5),
        recompute=st.sampled_from([0.0, 0.3, 0.8]), defer=st.sampled_from([0.0, 0.5, 1.0]))
 def test_no_random_schedule_beats_the_bound(graph, seed, count, recompute, defer):

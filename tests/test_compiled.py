@@ -17,7 +17,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import remat_ir
@@ -33,6 +33,7 @@ from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
 from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
+from strategies import search
 
 #: Random nodes (dropout), buffer updates (BatchNorm), a preserved custom Function.
 MODELS = ("gpt2", "cnn_batchnorm", "straight_through")
@@ -126,8 +127,7 @@ def test_inductor_backend_matches_torch_compile():
         assert error <= 1e-5, f"{name}: {error:.3g}"
 
 
-SETTINGS = settings(max_examples=8, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = search(8, derandomize=True)
 
 
 @pytest.mark.parametrize("name", SEARCH_MODELS)
@@ -202,8 +202,7 @@ def _assert_room_for_fusion(graph, schedule, region):
             f"{region.name}: {graph.describe_node(node.id)} could take the region over the plan's peak"
 
 
-@settings(max_examples=3, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@search(3, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_schedules_compiled_by_inductor_match_eager_within_their_planned_peak(seed):
     _compiled_within_planned_peak("mlp_dropout", seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import remat_ir
@@ -18,6 +18,7 @@ from remat_ir.runtimes.timing import time_schedule
 from remat_ir.runtimes.torch import resident_values
 
 import zoo_models
+from strategies import search
 
 OPS = ("aten.mm.default", "aten.convolution.default", "aten.mul.Tensor", "aten.add.Tensor",
        "aten.native_layer_norm.default")
@@ -35,7 +36,7 @@ def _chain(ops: list[str]) -> ir.Graph:
     return g
 
 
-@settings(max_examples=200, deadline=None)
+@search(200)
 @given(ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=8),
        eager=st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 1.0)), min_size=8, max_size=8),
        region_s=st.floats(1e-6, 5.0), cut=st.integers(0, 8))

@@ -15,7 +15,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from remat_ir.lowering import lower_torch
@@ -23,9 +23,9 @@ from remat_ir.runtimes.torch import ScheduledModule
 
 import zoo_models
 from exactness import SCHEDULE_DRAWS, SEARCH_MODELS as MODELS, lowered, random_schedule, side_by_side
+from strategies import search
 
-SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = search(12, derandomize=True)
 
 
 
@@ -112,8 +112,7 @@ def programs(draw):
     return program
 
 
-@settings(max_examples=15, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@search(15, derandomize=True)
 @given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 2, 64]))
 def test_random_networks_under_random_schedules_match_eager(program, seed, groups):
     width = 6

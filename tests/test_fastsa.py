@@ -8,15 +8,15 @@ import random
 import numpy as np
 import pytest
 from builders import chain
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.solvers import anneal, fastsa
 from remat_ir.solvers.structure import TrainingGraph
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = search(60)
 
 
 def _random_sequence(tg: TrainingGraph, rng: random.Random, extra: int) -> list[int]:

@@ -4,7 +4,7 @@ one node for the planner, with the members' costs and no memory for intermediate
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from remat_ir import ir
@@ -12,11 +12,11 @@ from remat_ir.ir import pb, simulate, store_all
 from remat_ir.ir.errors import InvalidGraph
 from remat_ir.ir.fusion import FUSED_OP, body_nodes, fuse, fusion_groups, is_fused
 
-from strategies import training_graphs
+from strategies import search, training_graphs
 from exactness import lowered
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(150)
 @given(graph=training_graphs(), data=st.data())
 def test_fusing_any_nodes_keeps_a_valid_graph_whose_groups_are_read_only_at_their_root(graph, data):
     node_ids = [n.id for n in graph.proto.nodes]

@@ -9,9 +9,9 @@ import random
 
 import pytest
 from builders import user_output
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir
 from remat_ir.solvers.base import Deadline
@@ -19,7 +19,7 @@ from remat_ir.solvers.keepset import GAP, KeepSetProgram, keep_set_plans, next_c
 from remat_ir.solvers.sequences import keep_set_schedule
 from remat_ir.solvers.structure import TrainingGraph
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = search(60)
 
 
 def kept_bytes(tg: TrainingGraph, kept) -> int:
@@ -78,7 +78,7 @@ def _program_allows(tg: TrainingGraph, kept: set[int]) -> bool:
     return True
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(100)
 @given(graph=training_graphs(view_odds=2))
 def test_every_keep_set_the_program_allows_saves_at_most_its_bytes(graph):
     """Every keep set of a small graph, not only the one the MILP happens to return (ties
@@ -163,7 +163,7 @@ def test_the_fit_ends_with_a_narrow_bracket_where_the_peak_is_not_monotone_in_th
     assert 0 < high - low <= step and peak(low) <= budget
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@search(60, derandomize=True)
 @given(graph=training_graphs(), seed=st.integers(0, 2**16))
 def test_keep_set_programs_solve_under_cbc_too(graph, seed):
     """CBC (the MILP backend where HiGHS is not installed) aborted the whole process in its

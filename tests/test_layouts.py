@@ -10,13 +10,15 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import remat_ir
 from remat_ir import ir
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
+
+from strategies import search
 
 CL = torch.channels_last
 
@@ -131,7 +133,7 @@ class Mixer(torch.nn.Module):
         return self.outer(y.reshape(2, -1)).square().sum()
 
 
-@settings(max_examples=6, deadline=None)
+@search(6)
 @given(st.permutations(range(3)), st.permutations(range(3)))
 def test_inputs_of_any_layout_train_like_eager(lowered_order, called_order):
     """Hypothesis: an input laid out by a random permutation of its dimensions, lowered in

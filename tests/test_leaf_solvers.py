@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from builders import chain
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
@@ -72,7 +72,7 @@ def test_the_context_makes_a_peak_budget_bound_the_saved_bytes():
     assert min(o.saved for o in leaf_options(shape, ["checkmate"], 10, Deadline(30), "x")) == 0
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(40)
 @given(graph=training_graphs(), max_cluster=st.integers(2, 4))
 def test_random_clusters_cut_out_are_valid_graphs_and_their_plans_options(graph, max_cluster):
     for tg, forward, backward in leaf_clusters(graph, max_cluster=max_cluster, max_top=2):
@@ -110,7 +110,7 @@ def test_checkmate_leaf_options_add_trade_offs_on_gpt2_blocks(gpt2_graph):
     assert found == 2
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(15)
 @given(graph=training_graphs(), share=st.floats(0.2, 1.0))
 def test_hiremate_with_leaf_solvers_is_valid_within_budget(graph, share):
     budget = max(1, int(ir.store_all(graph).predicted_peak_bytes * share))

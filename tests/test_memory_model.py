@@ -8,16 +8,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir
 from remat_ir.ir import memory, pb
 from remat_ir.solvers.sequences import keep_set_schedule
 from remat_ir.solvers.structure import TrainingGraph
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = search(60)
 ROOT = Path(__file__).resolve().parents[1]
 
 

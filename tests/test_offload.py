@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from remat_ir import ir, solvers
@@ -34,7 +34,7 @@ import zoo
 import zoo_models
 from builders import chain
 from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 
 def own_copy(name: str) -> ir.Graph:
@@ -67,8 +67,7 @@ def random_round_trips(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Rando
 
 
 @pytest.mark.parametrize("name", SEARCH_MODELS)
-@settings(max_examples=6, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@search(6, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), share=st.sampled_from([0.1, 0.5, 1.0]),
        groups=st.sampled_from([1, 64]))
 def test_random_offloads_in_random_schedules_match_eager(name, seed, share, groups):
@@ -98,8 +97,7 @@ def random_recomputations(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Ra
 
 
 @pytest.mark.parametrize("name", SEARCH_MODELS)
-@settings(max_examples=4, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@search(4, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_recomputations_of_idle_values_match_eager(name, seed):
     """`add_offloads`' other move: an idle value freed after a read and computed again
@@ -118,7 +116,7 @@ def test_random_recomputations_of_idle_values_match_eager(name, seed):
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@search(30, derandomize=True)
 @given(graph=training_graphs(), share=st.floats(0.2, 0.9), bandwidth=st.sampled_from([10.0, 1e3, 1e6]))
 @example(graph=chain(6)[0], share=0.6, bandwidth=1e6)
 def test_recomputing_idle_values_is_never_worse_than_copies_alone(graph, share, bandwidth):
@@ -184,7 +182,7 @@ def test_zoo_offloaded_at_30_percent_is_exact(name):
             assert errors == {}, f"{schedule.name} not bitwise equal to eager: {errors}"
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@search(40, derandomize=True)
 @given(graph=training_graphs(), share=st.floats(0.2, 1.0), bandwidth=st.sampled_from([10.0, 1e3, 1e6]),
        overlapped=st.booleans(), issue=st.sampled_from([0.0, 0.3]))
 def test_offloading_is_never_predicted_slower_than_rematerialization(graph, share, bandwidth,
@@ -402,7 +400,7 @@ def test_a_time_limit_bounds_the_whole_ladder_not_each_plan():
     assert shares == []
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@search(25, derandomize=True)
 @given(graph=training_graphs(), share=st.floats(0.3, 0.95), bandwidth=st.sampled_from([10.0, 1e3, 1e6]))
 def test_refining_the_ladder_never_plans_slower(graph, share, bandwidth):
     link = graph.proto.provenance.host_link

@@ -8,9 +8,9 @@ from collections import Counter
 import networkx as nx
 import pytest
 from builders import chain
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir
 from remat_ir.ir import pb
@@ -61,7 +61,7 @@ def test_long_chain_needs_several_levels():
     assert tree.root.level >= 2 and len(tree.root.children) + len(tree.root.nodes) <= 3
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(60)
 @given(graph=training_graphs(), max_cluster=st.integers(2, 5), max_top=st.integers(2, 5))
 def test_random_graphs_partition_into_valid_trees(graph, max_cluster, max_top):
     check_tree(graph, partition(graph, max_cluster=max_cluster, max_top=max_top),

@@ -8,9 +8,9 @@ from collections import Counter
 
 from builders import user_output
 from exactness import random_schedule
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir
 from remat_ir.ir import compute_sequence
@@ -35,7 +35,7 @@ def _unread_recomputations(tg: TrainingGraph, order: list[int], start: int) -> b
                for i in range(start, len(order)))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(60)
 @given(graph=training_graphs(), seed=st.integers(0, 2**16))
 def test_sinking_keeps_the_steps_and_never_raises_the_peak(graph, seed):
     """Random valid schedules (random recomputations, placed anywhere before their

@@ -7,14 +7,14 @@ randomly broken schedules must be rejected with the violation predicted here.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir
 from remat_ir.ir import pb
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = search(150)
 
 
 def lifetime_peak(g: ir.Graph, order: list[int]) -> tuple[int, list[int]]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from builders import chain
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
@@ -22,7 +22,7 @@ from remat_ir.solvers.structure import TrainingGraph
 
 HEURISTICS = ("autograd", "recompute-all", "sqrt", "rotor")
 ALL = HEURISTICS + ("checkmate", "hiremate")
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = search(40)
 
 
 def attempt(graph: ir.Graph, budget: int, solver: str, **options) -> pb.Schedule | InfeasibleBudget:
@@ -71,7 +71,7 @@ def test_checkmate_is_never_slower_than_another_solver(graph, share):
             assert exact.predicted_time_s <= other.predicted_time_s + 1e-9, solver
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(25)
 @given(graph=training_graphs(), share=st.floats(0.2, 1.0))
 def test_checkmate_fits_wherever_fastsa_does_and_is_never_slower(graph, share):
     """Where nodes return several tensors the MILP counts their memory cautiously and may

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from builders import chain
-from hypothesis import HealthCheck, given, settings
-from strategies import training_graphs
+from hypothesis import given
+from strategies import search, training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.solvers.base import BadRequest
@@ -20,7 +20,7 @@ def _shape(tree):
                    c.signature) for c in tree.clusters())
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@search(40)
 @given(training_graphs())
 def test_a_stored_tree_reads_back_as_the_partitioner_made_it(g):
     tree = partition(g, max_cluster=3, max_top=3)

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from remat_ir import ir
@@ -16,6 +16,7 @@ from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.timing import time_schedule
 from remat_ir.runtimes.torch import ScheduledModule, resident_values
 from torch_models import gpt2, mlp
+from strategies import search
 
 
 def _memory(graph: ir.Graph) -> tuple:
@@ -144,7 +145,7 @@ def _timing(graph, schedule, seconds: dict, overhead: float):
     return ScheduleTiming([(n, seconds[n]) for n in computed], overhead, 0.0, 5)
 
 
-@settings(max_examples=40, deadline=None)
+@search(40)
 @given(peak_byte_s=st.floats(1e-12, 1e-8), overhead=st.floats(0.0, 1e-3),
        seconds=st.lists(st.floats(1e-6, 1e-2), min_size=64, max_size=64))
 def test_the_footprint_fit_recovers_the_price_that_made_the_timings(graph_and_schedules, peak_byte_s,
@@ -256,7 +257,7 @@ class _MixedOperands(torch.nn.Module):
         return (y if y.dtype.is_floating_point else y.float()).sum() + self.weight.square().sum()
 
 
-@settings(max_examples=10, deadline=None)
+@search(10)
 @given(op=st.sampled_from(["mul", "add", "sub", "gt", "maximum", "dropout"]),
        dtype=st.sampled_from([torch.bool, torch.float64, torch.bfloat16, torch.int64, torch.float32]),
        shape=st.sampled_from([(64, 32), (32,), (1, 32), (64, 1)]))

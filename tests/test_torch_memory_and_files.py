@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 import remat_ir
 from remat_ir import ir
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
 from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule
+from strategies import search
 from torch_models import gpt2, resnet, unet
 
 import zoo_models
@@ -52,8 +53,7 @@ def test_measured_peak_within_5_percent_of_simulated(make, solver, profiled_grap
 
 
 @pytest.mark.parametrize("name", SEARCH_MODELS)
-@settings(max_examples=5, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@search(5, derandomize=True)
 @given(seed=SCHEDULE_DRAWS["seed"], recompute=SCHEDULE_DRAWS["recompute"], defer=SCHEDULE_DRAWS["defer"])
 def test_random_schedules_measure_the_peak_they_simulate(name, seed, recompute, defer):
     """Any valid schedule (recomputations, deferred and replayed dropout, views, BatchNorm,

@@ -13,9 +13,9 @@ from collections import Counter
 
 import pytest
 from builders import chain
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from strategies import training_graphs
+from strategies import search, training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
@@ -28,7 +28,7 @@ from remat_ir.solvers.structure import TrainingGraph
 from remat_ir.solvers.subgraph import CONTEXT_OPS, compute_sequences, part_graph
 from remat_ir.solvers.twremat import HEURISTICS, Hierarchy, pinned_nodes, twremat
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = search(60)
 
 
 def check_step(graph: ir.Graph, schedule: pb.Schedule, budget: int | None) -> ir.SimulationResult:

@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from remat_ir import ir
 from remat_ir.frontends.torch import lower
@@ -20,6 +20,7 @@ from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
 from exactness import SCHEDULE_DRAWS, random_schedule, side_by_side
+from strategies import search
 
 
 class SkipNet(torch.nn.Module):
@@ -91,8 +92,7 @@ def test_skip_gradient_is_copied_and_its_storage_dies_early(cat_dim):
     assert saved >= (storage - view.size_bytes) * (span - 1), (saved, storage, view.size_bytes, span)
 
 
-@settings(max_examples=6, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@search(6, derandomize=True)
 @given(**SCHEDULE_DRAWS)
 def test_random_schedules_with_copies_train_like_eager(seed, recompute, defer, groups):
     x = _made()
