@@ -165,7 +165,8 @@ def _assert_room_for_fusion(graph, schedule, region):
     nothing it reads is computed in the region), stays within the plan's peak at every
     step, with that step's workspace. It returns no view of its inputs, which the
     compiled function's wrapper would rebuild at every call, unless the value (or one it
-    views) was computed or freed before in the run (a recomputation stays in place)."""
+    views) was computed or freed before in the run (a recomputation stays in place), or
+    is another output of a node computing such a value again."""
     simulated = simulate(graph, schedule)
     steps = [k for k in region.steps if schedule.steps[k].HasField("compute")]
     members = iter(region.node_ids)
@@ -188,9 +189,12 @@ def _assert_room_for_fusion(graph, schedule, region):
         elif k in ran:
             node = graph.node(step.compute)
             viewing = is_view(graph, node) and not node.mutating and of_inputs.issuperset(node.inputs)
+            # A node computing again an output the run freed stays in place with all its
+            # outputs (a split: hoisted, it would rebind every name it returns).
+            again = not named.isdisjoint(node.outputs) or not renamed.isdisjoint(node.inputs)
             for v in node.outputs:
                 (of_inputs.add if viewing else of_inputs.discard)(v)
-                (renamed.add if v in named or not renamed.isdisjoint(node.inputs) else renamed.discard)(v)
+                (renamed.add if again else renamed.discard)(v)
             named.update(node.outputs)
     for v in region.outputs:
         assert v in renamed or v not in of_inputs, f"{region.name} returns {graph.describe_value(v)}, a view of its input"
