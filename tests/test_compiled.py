@@ -33,6 +33,7 @@ from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
 from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
+from random_networks import RandomNet, programs
 from strategies import search
 
 #: Random nodes (dropout), buffer updates (BatchNorm), a preserved custom Function.
@@ -154,6 +155,31 @@ def test_regions_of_random_schedules_run_op_by_op_are_exact(monkeypatch, name, s
     for region in made[0].runner(torch.device("cpu")).plan.regions:
         _assert_room_for_fusion(graph, schedule, region)
         assert not any(graph.node(n).op in compiled.EAGER_OPS for n in region.node_ids)
+
+
+@search(10, derandomize=True)
+@given(program=programs(), seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from([0.2, 0.8]))
+def test_regions_of_random_networks_run_op_by_op_are_exact(program, seed, recompute):
+    """The same on random networks of random ops (`random_networks`: views, in-place
+    writes, several outputs, buffers, draws), cut into regions as Inductor would run them."""
+    width = 6
+    torch.manual_seed(0)
+    x = torch.randn(3, width)
+    graph = compiled.fuse_for_inductor(lower_torch(RandomNet(program, width), (x,), cost_model="flops"))
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=0.5)
+    made = []
+
+    def make(m):
+        made.append(ScheduledModule(m, graph, schedule, backend="inductor"))
+        return made[-1]
+
+    torch.manual_seed(0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled.Region, "_compile", lambda region, tensors: region.eager)
+        errors = side_by_side(RandomNet(program, width), make, (x,), {}, lambda out: out, steps=2)
+    assert errors == {}, f"not bitwise equal to eager: {errors}"
+    for region in made[0].runner(torch.device("cpu")).plan.regions:
+        _assert_room_for_fusion(graph, schedule, region)
 
 
 def _assert_room_for_fusion(graph, schedule, region):

@@ -1,0 +1,117 @@
+"""Random small networks of random ops over (batch, width) tensors, for the differential
+tests of both backends: elementwise ops, norms, matrix products, and the shapes that
+break rematerialization when something is wrong (views of one allocation read by
+several ops, in-place writes, nodes with several outputs, saved indices and masks,
+buffers updated in place, random draws)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+
+_UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", "sigmoid_mul",
+          # aliasing, mutation, several outputs, saved integers and masks, buffers, draws:
+          "chunk_mul", "slice_scale", "inplace_relu", "max_shift", "cumsum", "batch_norm",
+          "permute_columns", "rand_add", "detach_mul")
+_BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale")
+
+
+class RandomNet(torch.nn.Module):
+    """A random program over (batch, width) tensors: each step applies an op to earlier
+    results; the loss sums the squares of the results nothing else read."""
+
+    def __init__(self, program: list[tuple[str, tuple[int, ...]]], width: int):
+        super().__init__()
+        self.program = program
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(width, width)
+                                           for op, _ in program if op == "linear")
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(width)
+                                         for op, _ in program if op == "layer_norm")
+        # cat_linear: Linear over two results side by side. Its backward hands each its
+        # gradient as a slice of one tensor, which the lowering may copy out of it
+        # (frontends/view_compaction.py) when one is read long after the other.
+        self.cat_linears = torch.nn.ModuleList(torch.nn.Linear(2 * width, width)
+                                               for op, _ in program if op == "cat_linear")
+        # batch_norm: running statistics are buffers the step updates in place.
+        self.batch_norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(width)
+                                               for op, _ in program if op == "batch_norm")
+        # permute_columns: an index with a constant permutation (its backward scatters).
+        self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
+
+    def forward(self, x):
+        values, linears, norms = [x], iter(self.linears), iter(self.norms)
+        cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
+        half = x.shape[-1] // 2
+        for op, inputs in self.program:
+            a = values[inputs[0]]
+            b = values[inputs[-1]]
+            if op == "relu":
+                y = torch.relu(a)
+            elif op == "tanh":
+                y = torch.tanh(a)
+            elif op == "gelu":
+                y = torch.nn.functional.gelu(a)
+            elif op == "dropout":
+                y = torch.nn.functional.dropout(a, 0.3, training=True)
+            elif op == "layer_norm":
+                y = next(norms)(a)
+            elif op == "softmax":
+                y = torch.softmax(a, dim=-1)
+            elif op == "linear":
+                y = next(linears)(a)
+            elif op == "sigmoid_mul":
+                y = a * torch.sigmoid(a)
+            elif op == "add":
+                y = a + b
+            elif op == "mul":
+                y = a * b
+            elif op == "cat_linear":
+                y = next(cat_linears)(torch.cat([a, b], dim=-1))
+            elif op == "chunk_mul":  # one node, two views; each read by another op
+                p, q = a.chunk(2, dim=-1)
+                y = torch.cat([p * q, q.tanh()], dim=-1)
+            elif op == "slice_scale":  # slices of one tensor, each scaled
+                y = torch.cat([a[:, :half] * 2, a[:, half:] * 0.5], dim=-1)
+            elif op == "inplace_relu":  # in-place op on a fresh intermediate
+                y = a * 1.5
+                y.relu_()
+            elif op == "max_shift":  # two outputs, the indices saved for the backward
+                top, _ = a.max(dim=-1, keepdim=True)
+                y = a - top
+            elif op == "cumsum":
+                y = a.cumsum(dim=-1)
+            elif op == "batch_norm":
+                y = next(batch_norms)(a)
+            elif op == "permute_columns":
+                y = a[:, self.permutation] * a
+            elif op == "rand_add":  # a random op that is not dropout
+                y = a + torch.rand_like(a)
+            elif op == "detach_mul":
+                y = a * a.detach().sigmoid()
+            elif op == "where":  # a boolean mask saved for the backward
+                y = torch.where(a > 0, a, b * 0.5)
+            elif op == "slice_assign":  # a write into a slice of a copy
+                y = a.clone()
+                y[:, :half] = b[:, :half] * 3
+            elif op == "mean_scale":  # broadcast: the backward sums over the width
+                y = a * b.mean(dim=-1, keepdim=True)
+            else:
+                y = a @ b.t() @ b / a.shape[-1]
+            values.append(y)
+        read = {i for _, inputs in self.program for i in inputs}
+        return sum((v * v).sum() for i, v in enumerate(values) if i not in read and i > 0)
+
+
+@st.composite
+def programs(draw):
+    program = []
+    for i in range(draw(st.integers(2, 9))):
+        if draw(st.booleans()):
+            program.append((draw(st.sampled_from(_UNARY)), (draw(st.integers(0, i)),)))
+        else:
+            program.append((draw(st.sampled_from(_BINARY)),
+                            (draw(st.integers(0, i)), draw(st.integers(0, i)))))
+    if all(op != "linear" for op, _ in program):  # something to train
+        program.append(("linear", (len(program),)))
+    return program
