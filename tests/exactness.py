@@ -15,6 +15,7 @@ as the simulator allows (`ir.from_compute_sequence`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import random
@@ -66,7 +67,7 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
-                 model_scale: bool = False) -> dict[str, float]:
+                 model_scale: bool = False, forward_context=contextlib.nullcontext) -> dict[str, float]:
     """Train `model` (a deep copy, eagerly) and `make_scheduled(model)` side by side.
 
     Returns {what: relative error} for every output, gradient and buffer that is not
@@ -78,7 +79,10 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     (the whole gradient as one vector), not to its own largest entry. Kernels that
     round differently give gradients that are zero in exact arithmetic (a key
     projection's bias under softmax: about 1e-9 here) values that differ wholly, which
-    says nothing about the step; compiled backends are compared this way."""
+    says nothing about the step; compiled backends are compared this way.
+
+    `forward_context()`: entered around each forward and its loss, both sides (autocast;
+    the backward runs outside it, as PyTorch recommends)."""
     eager = copy.deepcopy(model)
     scheduled = make_scheduled(model)
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9)
@@ -91,12 +95,16 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
 
     for step in range(steps):
         torch.manual_seed(seed + step)
-        out_e = eager(*args, **kwargs)
-        loss_of(out_e).backward()
+        with forward_context():
+            out_e = eager(*args, **kwargs)
+            loss_e = loss_of(out_e)
+        loss_e.backward()
         state_e = torch.get_rng_state()
         torch.manual_seed(seed + step)
-        out_s = scheduled(*args, **kwargs)
-        loss_of(out_s).backward()
+        with forward_context():
+            out_s = scheduled(*args, **kwargs)
+            loss_s = loss_of(out_s)
+        loss_s.backward()
         state_s = torch.get_rng_state()
         assert torch.equal(state_e, state_s), f"step {step}: generator state differs from eager's"
         flat_e, flat_s = _tensors(out_e), _tensors(out_s)

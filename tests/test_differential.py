@@ -44,16 +44,24 @@ def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defe
 
 
 @search(15, derandomize=True)
-@given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 2, 64]))
-def test_random_networks_under_random_schedules_match_eager(program, seed, groups):
+@given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 2, 64]),
+       autocast=st.sampled_from([None, torch.bfloat16]))
+def test_random_networks_under_random_schedules_match_eager(program, seed, groups, autocast):
+    """Also under CPU autocast to bfloat16 (lowered and run under it; eager's bfloat16
+    kernels are deterministic on CPU, so still bitwise)."""
     width = 6
     torch.manual_seed(0)
     model = RandomNet(program, width)
     x = torch.randn(3, width, requires_grad=False)
-    graph = lower_torch(model, (x,), cost_model="flops")
+
+    def forward_context():
+        return torch.autocast("cpu", dtype=autocast, enabled=autocast is not None)
+
+    with forward_context():
+        graph = lower_torch(model, (x,), cost_model="flops")
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     torch.manual_seed(0)
     fresh = RandomNet(program, width)
     errors = side_by_side(fresh, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
-                          (x,), {}, lambda out: out, steps=2)
+                          (x,), {}, lambda out: out, steps=2, forward_context=forward_context)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
