@@ -76,6 +76,21 @@ def _draws_random(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> b
     return True
 
 
+def _masked_results(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> set[int]:
+    """Positions of the results an op's `output_mask` turns off (a norm's or a
+    convolution's backward not asked for the input's gradient): the kernel returns no
+    tensor there. Some fake kernels still describe one (native_batch_norm_backward's
+    grad_input, torch 2.13), which would be counted as memory no step ever holds: a
+    BatchNorm over an input needing no gradient (16x64 floats) made the simulator count
+    4 KiB the step never allocated."""
+    for i, argument in enumerate(target._schema.arguments):
+        if argument.name == "output_mask":
+            mask = args[i] if i < len(args) else kwargs.get("output_mask")
+            if isinstance(mask, (list, tuple)):
+                return {j for j, wanted in enumerate(mask) if wanted is False}
+    return set()
+
+
 class LoweringError(RematIRError):
     """The model cannot be lowered: the message names the op or construct and where."""
 
@@ -223,6 +238,7 @@ class _Lowering:
         # nodes reading one, whose users take the number as a constant argument.
         self.numbers_of: dict[torch.fx.Node, dict[int, int | float | bool]] = {}
         self.number_of: dict[torch.fx.Node, int | float | bool] = {}
+        self.masked_of: dict[torch.fx.Node, set[int]] = {}  # tuple FX node -> undefined positions
         self.storage_of: dict[int, int] = {}                   # fake storage cdata -> IR storage
         self.forward_by_seq: dict[int, int] = {}
 
@@ -306,6 +322,8 @@ class _Lowering:
             if index in self.numbers_of.get(parent, {}):
                 self.number_of[node] = self.numbers_of[parent][index]
                 return
+            if index in self.masked_of.get(parent, ()) and not node.users:
+                return  # an undefined result nothing reads (`_masked_results`)
             if items is None or index not in items:
                 raise LoweringError(f"{node.name!r} takes item {index} of {parent.name!r}, "
                                     "which has no such tensor")
@@ -323,8 +341,9 @@ class _Lowering:
         kind = "activation" if phase == "forward" else "gradient"
         if isinstance(val, (tuple, list)):
             self.numbers_of[node] = {i: v for i, v in enumerate(val) if type(v) in (int, float, bool)}
-            items = {i: self.new_value(f"{node.name}_{i}", v, kind)
-                     for i, v in enumerate(val) if v is not None and i not in self.numbers_of[node]}
+            masked = self.masked_of[node] = _masked_results(target, node.args, node.kwargs)
+            items = {i: self.new_value(f"{node.name}_{i}", v, kind) for i, v in enumerate(val)
+                     if v is not None and i not in self.numbers_of[node] and i not in masked}
             outputs, indices = list(items.values()), list(items)
             self.items_of[node] = items
         else:

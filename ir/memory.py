@@ -21,6 +21,11 @@ share one (views, in-place results). The rules:
   workspace (`Cost.workspace_bytes`); an output recomputed while its old copy
   is live holds both until the step ends, and a user output's old copy, which
   the caller holds, until the end.
+- **Buffer snapshots.** A buffer the step updates (BatchNorm's running
+  statistics: a `BUFFER_UPDATE` output of its name) takes its new value at the
+  end of the forward; a backward step that reads it (a recomputation) must see
+  the old one, so the old value is copied there and held to the end of the step
+  (`snapshot_buffers`).
 
 Two granularities answer from these rules:
 
@@ -91,6 +96,20 @@ def counted(graph: Graph, value_id: int) -> bool:
     return graph.value(value_id).storage_id not in graph.resident_storage_ids
 
 
+def snapshot_buffers(graph: Graph, schedule: pb.Schedule) -> list[int]:
+    """The buffers (resident value ids) copied at the end of `schedule`'s forward and
+    held to the end of the step: those the step updates that a backward step reads.
+    Store-everything reads none; a BatchNorm recomputed in the backward reads its
+    running statistics. The runtime takes the same copies (`runtimes.torch`)."""
+    updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
+    buffers = {e.value_id for e in graph.proto.inputs if e.name in updated}
+    read: set[int] = set()
+    for step in schedule.steps[schedule.backward_start:]:
+        if step.HasField("compute"):
+            read.update(v for v in graph.node(step.compute).inputs if v in buffers)
+    return sorted(read)
+
+
 # ------------------------------------------------------------------ exact accounting
 
 
@@ -143,6 +162,13 @@ class Allocations:
         if self.refs[allocation] == 0:
             del self.refs[allocation]
             self.bytes -= self.size.get(allocation, 0)
+
+    def hold(self, nbytes: int) -> None:
+        """Count `nbytes` held by no value until the end (buffer snapshots)."""
+        allocation = len(self.size) + 1
+        self.size[allocation] = nbytes
+        self.refs[allocation] += 1
+        self.bytes += nbytes
 
     def restore(self, value_id: int) -> None:
         """The value comes back (a prefetch) into a fresh allocation of its storage."""

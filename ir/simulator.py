@@ -39,8 +39,9 @@ explains them with an example):
   a described link transfers take no time.
 - At `backward_start` the forward outputs (user outputs, buffer updates) must
   be live (the caller gets them once any prefetch of them has ended); the other
-  live values are what the step saves for backward. At the end every graph
-  output must be live.
+  live values are what the step saves for backward; the buffers the forward
+  updated that backward reads are copied there and held to the end
+  (`memory.snapshot_buffers`). At the end every graph output must be live.
 - A step's time is the end of its compute timeline: compute steps' `cost.time_s`
   (skipped random runs included) one after another, with waits for transfers
   (`stall_s`), plus the graph's per-step overhead outside ops
@@ -59,7 +60,7 @@ from dataclasses import dataclass, field
 from . import remat_ir_pb2 as pb
 from .errors import InvalidSchedule
 from .graph import FORWARD_OUTPUT_ROLES, Graph
-from .memory import Allocations
+from .memory import Allocations, snapshot_buffers
 from .rng import plan_rng, skip_bytes
 
 
@@ -98,6 +99,9 @@ class SimulationResult:
     #: Values live at the end of forward that backward needs (not outputs).
     saved_value_ids: list[int] = field(default_factory=list)
     saved_bytes: int = 0
+    #: Bytes of the buffers copied at the end of forward and held to the end of the step
+    #: (`memory.snapshot_buffers`), included in `memory_after` from there.
+    snapshot_bytes: int = 0
     resident_bytes: int = 0
     #: How many times each node was computed.
     compute_counts: Counter = field(default_factory=Counter)
@@ -235,6 +239,9 @@ class _Run:
         saved = sorted(set(self.mem.live) - forward_outputs)
         self.result.saved_value_ids = saved
         self.result.saved_bytes = self.mem.held_bytes(saved)
+        storages = {self.g.value(v).storage_id for v in snapshot_buffers(self.g, self.schedule)}
+        self.result.snapshot_bytes = sum(self.g.storage_bytes(s) for s in storages)
+        self.mem.hold(self.result.snapshot_bytes)
         return None
 
     def skips(self, k: int, entries) -> SimulationResult | None:

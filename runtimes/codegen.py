@@ -43,7 +43,7 @@ from remat_ir.ir.arguments import TensorRef, decode, tensor_ids
 from remat_ir.ir.dtypes import nbytes
 from remat_ir.ir.fusion import body_nodes, is_fused
 from remat_ir.ir.graph import FORWARD_OUTPUT_ROLES
-from remat_ir.ir.memory import allocated_bytes, is_view
+from remat_ir.ir.memory import allocated_bytes, is_view, snapshot_buffers
 
 from remat_ir.ir.rng import plan_rng
 
@@ -230,8 +230,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 t = tangent_inputs.get(v)
                 if t is not None and t in used:
                     body.append(f"{_tensor_name(t)} = T[{i}]")
-        runs = (_Runs(graph, writer, device, regions, body, simulated, tick=tick is not None)
-                if regions is not None else None)
+        runs = (_Runs(graph, writer, device, regions, body, simulated, tick=tick is not None,
+                      backward_start=bs) if regions is not None else None)
 
         def emit(lines) -> None:
             """Append Python lines, ending the pending region first (nothing may move
@@ -304,8 +304,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     bwd_body.extend(_yield_lines(grads, points[-1][1]))
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T, U=None", bwd_body)
 
-    mutated = {name for name, _ in buffer_updates}
-    read_in_backward = {name_of[v] for v in touched(backward_steps) if v in name_of} & mutated
+    read_in_backward = {name_of[v] for v in snapshot_buffers(graph, schedule)}
     plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
                        tangents=[tangent_inputs.get(v) for v in user_outputs],
                        forward_outputs_read_in_backward=outputs_read,
@@ -562,11 +561,18 @@ class _Runs:
     MIN_REGION_OPS = 2
 
     def __init__(self, graph: Graph, writer: _Writer, device: torch.device, regions: list,
-                 body: list[str], simulated, tick: bool = False):
+                 body: list[str], simulated, tick: bool = False, backward_start: int = -1):
         self.graph, self.writer, self.device, self.regions = graph, writer, device, regions
         self.body, self.tick = body, tick
         self.after, self.peak = simulated.memory_after, simulated.peak_bytes
+        self.backward_start, self.snapshot_bytes = backward_start, simulated.snapshot_bytes
         self._reset()
+
+    def _before(self, k: int) -> int:
+        """The plan's memory before step `k`: what the step before left, and at the start
+        of the backward the buffer snapshots taken there (`ir.memory.snapshot_buffers`)."""
+        return ((self.after[k - 1] if k else 0)
+                + (self.snapshot_bytes if k == self.backward_start else 0))
 
     def _reset(self) -> None:
         self.steps: list[tuple[str, int, int]] = []  # (compute|free, node|value, step)
@@ -591,7 +597,7 @@ class _Runs:
         if self.produced and self.held + allocated + node.cost.workspace_bytes > self.peak:
             self.flush()
         if not self.produced:
-            self.held = self.after[k - 1] if k else 0
+            self.held = self._before(k)
         self.held += allocated
         self.steps.append(("compute", node_id, k))
         self.produced.update(node.outputs)

@@ -89,19 +89,26 @@ ANALYTIC_REVISION = 3
 CASTING_OPERANDS = {("self", "other"), ("grad_output", "mask")}
 
 
-def _make_tensor(value: pb.Value, device: torch.device) -> torch.Tensor:
+def _make_tensor(graph: Graph, value: pb.Value, device: torch.device) -> torch.Tensor:
     """Synthetic input: floats normal, integers and booleans zero (indices stay in range),
     written through a flat view of the whole storage: an expanded value (stride 0, such
     as the loss's gradient broadcast by a sum's backward) cannot be written through its
-    own view, and an op reading one used to go unmeasured (no workspace recorded)."""
+    own view, and an op reading one used to go unmeasured (no workspace recorded).
+
+    The storage is as large as the value's IR storage, with the value at its offset in
+    it, as in the step: a view's kernel may allocate after its whole storage (the
+    functional `copy` behind `y[:, :k] = ...` clones the slice's storage: 4 KiB for a
+    slice of a 16x64 float tensor, where a storage just holding the slice gives 3968
+    bytes, and the plan counted 128 bytes too few per such copy)."""
     t = empty_tensor(value, device)
-    storage = t.untyped_storage()
-    flat = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+    extent = value.storage_offset * t.element_size() + t.untyped_storage().nbytes()
+    elements = max(extent, graph.storage_data_bytes(value.storage_id)) // t.element_size()
+    flat = torch.empty(elements, dtype=t.dtype, device=device)
     if t.dtype.is_floating_point:
         flat.normal_()
     else:
         flat.zero_()
-    return t
+    return flat.as_strided(t.shape, t.stride(), value.storage_offset)
 
 
 def _call_args(graph: Graph, node: pb.Node, tensors: dict[int, torch.Tensor], device):
@@ -214,7 +221,7 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device,
     """(median seconds, workspace bytes, real bytes per new storage in `new_storages`
     order): the workspace is the op's allocation peak beyond its outputs' storages."""
     op = resolve_op(node.op)
-    tensors = {v: _make_tensor(graph.value(v), device) for v in node.inputs}
+    tensors = {v: _make_tensor(graph, graph.value(v), device) for v in node.inputs}
     args, kwargs = _call_args(graph, node, tensors, device)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
     measured = measure_peak(lambda: op(*args, **kwargs), device)

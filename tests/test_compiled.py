@@ -225,6 +225,8 @@ def _assert_room_for_fusion(graph, schedule, region):
     for v in region.outputs:
         assert v in renamed or v not in of_inputs, f"{region.name} returns {graph.describe_value(v)}, a view of its input"
     held = simulated.memory_after[ran[0] - 1] if ran[0] else 0
+    if ran[0] == schedule.backward_start:  # the buffer snapshots taken as the backward starts
+        held += simulated.snapshot_bytes
     for k in ran:
         node = graph.node(schedule.steps[k].compute)
         held += allocated_bytes(graph, node)
