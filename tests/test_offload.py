@@ -18,11 +18,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
+from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.runtimes.transfers import measure_link
@@ -34,6 +35,7 @@ import zoo
 import zoo_models
 from builders import chain
 from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
+from random_networks import RandomNet, programs
 from strategies import search, training_graphs
 
 
@@ -113,6 +115,33 @@ def test_random_recomputations_of_idle_values_match_eager(name, seed):
     assert after.recomputations == before.recomputations + len(picked)
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()
     errors = side_by_side(model, lambda m: ScheduledModule(m, graph, moved), args, kwargs, loss_of, steps=2)
+    assert errors == {}, f"not bitwise equal to eager: {errors}"
+
+
+@search(10, derandomize=True)
+@given(program=programs(), seed=st.integers(0, 2**32 - 1), share=st.sampled_from([0.1, 0.5, 1.0]),
+       recompute=st.booleans())
+def test_random_offloads_and_recomputations_in_random_networks_match_eager(program, seed, share,
+                                                                          recompute):
+    """Both moves of `add_offloads` in random schedules of random networks
+    (`random_networks`: views of one allocation, in-place writes, several outputs,
+    buffers, draws): valid and bitwise equal to eager."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 6)
+    graph = lower_torch(RandomNet(program, 6), (x,), cost_model="flops")
+    rnd = random.Random(seed)
+    schedule = random_schedule(graph, rnd, recompute_share=0.3, defer_share=0.5)
+    if recompute:
+        picked = random_recomputations(graph, schedule, rnd)
+        assume(picked)
+        schedule, _ = with_round_trips(schedule, [], picked)
+        ir.check(graph, schedule)
+    else:
+        assume(idle_gaps(graph, schedule, link=INSTANT))
+        schedule = random_round_trips(graph, schedule, rnd, share)
+    torch.manual_seed(0)
+    errors = side_by_side(RandomNet(program, 6), lambda m: ScheduledModule(m, graph, schedule), (x,), {},
+                          lambda out: out, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
