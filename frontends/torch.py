@@ -38,6 +38,7 @@ from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import is_view
 
+from .autocast_casts import share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
@@ -513,6 +514,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         except Exception as exc:
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        share_autocast_casts(joint.graph_module)
         if split_dropouts:
             split_dropout(joint.graph_module)
         if copy_long_lived_views:

@@ -93,19 +93,30 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         if not torch.equal(a, b):
             errors[what] = relative_error(a, b, floor)
 
+    # Inputs that need a gradient get one from each side: compared, then cleared.
+    leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad and t.is_leaf]
     for step in range(steps):
+        for t in leaves:
+            t.grad = None
         torch.manual_seed(seed + step)
         with forward_context():
             out_e = eager(*args, **kwargs)
             loss_e = loss_of(out_e)
         loss_e.backward()
         state_e = torch.get_rng_state()
+        input_grads_e = [t.grad for t in leaves]
+        for t in leaves:
+            t.grad = None
         torch.manual_seed(seed + step)
         with forward_context():
             out_s = scheduled(*args, **kwargs)
             loss_s = loss_of(out_s)
         loss_s.backward()
         state_s = torch.get_rng_state()
+        for i, (t, g_e) in enumerate(zip(leaves, input_grads_e)):
+            assert (g_e is None) == (t.grad is None), f"step {step}: gradient of input {i}"
+            if g_e is not None:
+                compare(g_e, t.grad, f"step {step} grad of input {i}")
         assert torch.equal(state_e, state_s), f"step {step}: generator state differs from eager's"
         flat_e, flat_s = _tensors(out_e), _tensors(out_s)
         assert len(flat_e) == len(flat_s), f"step {step}: {len(flat_s)} outputs, eager {len(flat_e)}"

@@ -12,10 +12,11 @@ be bitwise equal (these models' ops are deterministic on CPU).
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from remat_ir.lowering import lower_torch
@@ -45,20 +46,27 @@ def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defe
 
 @search(15, derandomize=True)
 @given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 2, 64]),
-       autocast=st.sampled_from([None, torch.bfloat16]))
-def test_random_networks_under_random_schedules_match_eager(program, seed, groups, autocast):
+       autocast=st.sampled_from([None, torch.bfloat16]), input_grad=st.booleans())
+def test_random_networks_under_random_schedules_match_eager(program, seed, groups, autocast, input_grad):
     """Also under CPU autocast to bfloat16 (lowered and run under it; eager's bfloat16
-    kernels are deterministic on CPU, so still bitwise)."""
+    kernels are deterministic on CPU, so still bitwise), and with an input that needs a
+    gradient (its gradient is a graph output too)."""
     width = 6
     torch.manual_seed(0)
     model = RandomNet(program, width)
-    x = torch.randn(3, width, requires_grad=False)
+    x = torch.randn(3, width, requires_grad=input_grad)
 
     def forward_context():
         return torch.autocast("cpu", dtype=autocast, enabled=autocast is not None)
 
-    with forward_context():
+    with forward_context(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         graph = lower_torch(model, (x,), cost_model="flops")
+    if any("also used otherwise" in str(w.message) for w in caught):
+        # An input read through several autocast casts and directly: the lowering says
+        # its gradient's last bits may differ from eager's (`autocast_casts`).
+        event("autocast cache not replicated (warned)")
+        return
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     torch.manual_seed(0)
     fresh = RandomNet(program, width)

@@ -101,3 +101,50 @@ def test_fp16_with_grad_scaler_trains_like_eager():
     assert all(torch.equal(a, b) for a, b in zip(losses_e, losses_s))
     assert all(torch.equal(a, b) for a, b in zip(params_e, params_s))
     assert scale_e == scale_s
+
+
+class _SharedWeight(nn.Module):
+    """One weight read by three matrix products (a weight shared between layers): cast
+    there by autocast, or by the program itself (`explicit`), or also read directly."""
+
+    def __init__(self, explicit: bool = False, direct: bool = False):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) / 3)
+        self.explicit, self.direct = explicit, direct
+
+    def forward(self, x):
+        w = (lambda: self.w.to(torch.get_autocast_dtype("cpu"))) if self.explicit else (lambda: self.w)
+        y = (((x @ w()).relu() @ w()).tanh() @ w()).float().square().sum()
+        return y + self.w.sum() if self.direct else y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("explicit", [False, True], ids=["autocast_casts", "explicit_casts"])
+def test_a_weight_cast_for_several_ops_gets_eagers_gradient(dtype, explicit):
+    """Eager casts the weight once (autocast's cache) and sums its readers' gradients in
+    the autocast dtype; the trace casts it per reader and sums in float32 (up to 0.06
+    off in bfloat16) unless the lowering shares the cast (`frontends/autocast_casts.py`).
+    Casts the program writes are not cached by eager and stay apart."""
+    torch.manual_seed(0)
+    model, x = _SharedWeight(explicit), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    with torch.autocast("cpu", dtype=dtype):
+        scheduled = remat_ir.remat(model, (x,), budget=None, solver="recompute-all", cost_model="flops")
+    casts = [n for n in scheduled.graph.proto.nodes if n.op == "aten._to_copy.default"
+             and scheduled.graph.value(n.inputs[0]).name == "w"]
+    assert len(casts) == (3 if explicit else 1)
+    for step in range(2):
+        for m in (eager, scheduled):
+            with torch.autocast("cpu", dtype=dtype):
+                loss = m(x)
+            loss.backward()
+        assert torch.equal(eager.w.grad, model.w.grad), (step, (eager.w.grad - model.w.grad).abs().max())
+        eager.w.grad = model.w.grad = None
+
+
+def test_a_weight_cast_by_autocast_and_read_directly_is_warned_about():
+    """Where the weight is also read directly, eager's sum order depends on when its
+    cached cast's gradient arrives: not replicated, and said so at lowering."""
+    model, x = _SharedWeight(direct=True), torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="parameter 'w' is cast by autocast"):
+        remat_ir.remat(model, (x,), budget=None, solver="recompute-all", cost_model="flops")

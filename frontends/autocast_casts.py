@@ -1,0 +1,140 @@
+"""Autocast's cast cache, replayed in the joint graph: a parameter cast once per forward.
+
+Why: under `torch.autocast`, eager casts a float32 leaf that needs a gradient (a
+parameter) to the autocast dtype once per autocast region and reuses that cast for
+every op that wants it (autocast's cache). A parameter used by several such ops (a
+weight shared between layers, or read twice by one layer) then has one cast whose
+gradient is the sum of its readers' gradients *in the autocast dtype*, cast to
+float32 once. AOTAutograd traces with the cache off (`make_fx`), so the joint graph
+casts the parameter once per reader and sums the readers' gradients in float32:
+other bits than eager's (a weight read by two matrix products under bfloat16: its
+gradient up to 0.06 off).
+
+The rewrite, on the joint FX graph, for each primal whose gradient is exactly a sum
+of the cast-backs of its autocast casts (nothing else reads it): the forward keeps
+its first cast and every reader reads that one; the gradient becomes the same sum
+(the same tree, so the same order autograd's accumulation gave) of the readers'
+gradients in the autocast dtype, cast to float32 once, as eager computes it. Casts a
+program writes itself (`w.to(torch.bfloat16)`) are not cached by eager and stay as
+they are. A primal read both through autocast casts and directly is left as traced,
+with a warning: eager's sum order there depends on when its cast's gradient arrives.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.fx
+
+from .fx_nodes import add_call
+
+_aten = torch.ops.aten
+_LOW = (torch.bfloat16, torch.float16)
+#: Origins (the exported graph's op a joint node comes from) of casts a program writes.
+_EXPLICIT = ("aten.to.", "aten._to_copy", "aten.type_as", "aten.type.")
+
+
+def _autocast_cast(node: torch.fx.Node, primal: torch.fx.Node) -> bool:
+    """Whether `node` is a forward cast of `primal` that autocast made (not the program)."""
+    if node.target is not _aten._to_copy.default or node.args[0] is not primal:
+        return False
+    if set(node.kwargs) != {"dtype"} or node.kwargs["dtype"] not in _LOW:
+        return False
+    if node.meta.get("partitioner_tag") == "is_backward":
+        return False
+    origin = (node.meta.get("from_node") or [None])[-1]
+    target = str(getattr(origin, "target", ""))
+    return bool(target) and not target.startswith(_EXPLICIT)
+
+
+def _sum_leaves(node: torch.fx.Node, leaves: list) -> bool:
+    """Collect the leaves of the add tree rooted at `node` (False if it is not one)."""
+    if node.target is _aten.add.Tensor and len(node.args) == 2 and not node.kwargs:
+        return all(_sum_leaves(a, leaves) if isinstance(a, torch.fx.Node) else False for a in node.args)
+    leaves.append(node)
+    return True
+
+
+def _rebuild(node: torch.fx.Node, graph: torch.fx.Graph, low: dict) -> torch.fx.Node:
+    """The add tree at `node` over the low-precision gradients (`low`: leaf -> gradient)."""
+    if node in low:
+        return low[node]
+    a, b = (_rebuild(x, graph, low) for x in node.args)
+    return add_call(graph, node.meta, _aten.add.Tensor, (a, b))
+
+
+def share_autocast_casts(module: torch.fx.GraphModule) -> int:
+    """Rewrite `module`'s joint graph in place (module docstring); returns how many
+    primals now have one autocast cast."""
+    graph = module.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    descs = output.meta.get("desc") or []
+    results = output.args[0]
+    primals = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    rewritten = 0
+    for position, desc in enumerate(descs):
+        grad_of = getattr(desc, "grad_of", None)
+        gradient = results[position] if position < len(results) else None
+        if grad_of is None or not isinstance(gradient, torch.fx.Node):
+            continue
+        primal = _primal_of(graph, primals, descs, results, grad_of)
+        if primal is None:
+            continue
+        casts = [u for u in primal.users if _autocast_cast(u, primal)]
+        if len(casts) < 2 or len({c.kwargs["dtype"] for c in casts}) != 1:
+            continue
+        leaves: list = []
+        seqs = {c.meta.get("seq_nr") for c in casts}
+        matched = (_sum_leaves(gradient, leaves) and len(leaves) == len(casts)
+                   and all(leaf.target is _aten._to_copy.default and leaf.kwargs.get("dtype") is torch.float32
+                           and leaf.meta.get("seq_nr") in seqs for leaf in leaves)
+                   and len({leaf.meta.get("seq_nr") for leaf in leaves}) == len(leaves))
+        if not matched or len(primal.users) != len(casts):
+            warnings.warn(f"{_name(desc)} is cast by autocast for several ops and also used "
+                          "otherwise: its gradient is summed in float32 where eager sums part of "
+                          "it in the autocast dtype (last bits may differ from eager's)", stacklevel=2)
+            continue
+        first = min(casts, key=lambda c: list(graph.nodes).index(c))
+        for cast in casts:
+            if cast is not first:
+                cast.replace_all_uses_with(first)
+                graph.erase_node(cast)
+        fake = gradient.meta["val"]
+        with fake.fake_mode, graph.inserting_before(gradient):
+            low = {leaf: leaf.args[0] for leaf in leaves}
+            total = _rebuild(gradient, graph, low)
+            cast_back = add_call(graph, gradient.meta, _aten._to_copy.default, (total,),
+                                 dict(leaves[0].kwargs))
+        gradient.replace_all_uses_with(cast_back)
+        _erase_tree(graph, gradient)
+        rewritten += 1
+    if rewritten:
+        graph.lint()
+        module.recompile()
+    return rewritten
+
+
+def _primal_of(graph, primals, descs, results, grad_of):
+    """The placeholder whose gradient `grad_of` describes: the joint graph's primals are
+    in the order of its inputs' descriptors (`placeholder` meta)."""
+    for node in primals.values():
+        if node.meta.get("desc") == grad_of:
+            return node
+    return None
+
+
+def _erase_tree(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Erase the old add tree and its cast-backs, from the root down, where now unused."""
+    if node.users:
+        return
+    inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+    graph.erase_node(node)
+    for a in inputs:
+        if a.target in (_aten.add.Tensor, _aten._to_copy.default) and a.meta.get("partitioner_tag") == "is_backward":
+            _erase_tree(graph, a)
+
+
+def _name(desc) -> str:
+    target = getattr(getattr(desc, "grad_of", None), "target", None)
+    return f"parameter {target!r}" if target else "an input"
