@@ -71,14 +71,14 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
     output = next(n for n in graph.nodes if n.op == "output")
     descs = output.meta.get("desc") or []
     results = output.args[0]
-    primals = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    primals = [n for n in graph.nodes if n.op == "placeholder"]
     rewritten = 0
     for position, desc in enumerate(descs):
         grad_of = getattr(desc, "grad_of", None)
         gradient = results[position] if position < len(results) else None
         if grad_of is None or not isinstance(gradient, torch.fx.Node):
             continue
-        primal = _primal_of(graph, primals, descs, results, grad_of)
+        primal = _primal_of(primals, grad_of)
         if primal is None:
             continue
         casts = [u for u in primal.users if _autocast_cast(u, primal)]
@@ -115,13 +115,10 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
     return rewritten
 
 
-def _primal_of(graph, primals, descs, results, grad_of):
-    """The placeholder whose gradient `grad_of` describes: the joint graph's primals are
-    in the order of its inputs' descriptors (`placeholder` meta)."""
-    for node in primals.values():
-        if node.meta.get("desc") == grad_of:
-            return node
-    return None
+def _primal_of(primals: list[torch.fx.Node], grad_of) -> torch.fx.Node | None:
+    """The placeholder that `grad_of` (a gradient output's descriptor) names: the one with
+    that input descriptor."""
+    return next((node for node in primals if node.meta.get("desc") == grad_of), None)
 
 
 def _erase_tree(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
