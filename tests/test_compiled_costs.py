@@ -88,17 +88,18 @@ def test_inductor_costs_are_recorded_and_cached_apart(tmp_path):
     """`remat(..., backend="inductor")` plans on compiled costs, recorded as such, and the
     plan cache keeps them apart from op-by-op costs of the same trace."""
     model, args, kwargs, loss_of = zoo_models.mlp_dropout()
-    # 98% of this graph's peak is reached only by hiremate's Checkmate MILP (the H-ILP's and
-    # keep-set plans peak at store-everything's); under a 5 s limit on a loaded CI machine
-    # that MILP once found nothing and the budget was refused. Planning ends in about 4 s
-    # here whatever the limit.
-    compiled = remat_ir.remat(model, args, example_kwargs=kwargs, budget="98%", backend="inductor",
+    # At 98% of this graph's peak, whether a plan is found depended on how the time limit's
+    # shares fell on a loaded machine (hiremate's Checkmate MILP, or its other plans with
+    # annealing off, found one at 88%; with annealing on and the MILP starved, none): the
+    # budget was refused twice in full-suite runs. At 90% every path finds that plan in
+    # under a second.
+    compiled = remat_ir.remat(model, args, example_kwargs=kwargs, budget="90%", backend="inductor",
                               cache_dir=tmp_path, time_limit_s=20)
     record = compiled.graph.proto.provenance.cost_model
     assert (record.name, record.backend, record.timed_schedule) == ("profile", "inductor", "store_all")
     assert record.peak_byte_s == 0 and "not calibrated on compiled steps" in record.note
     assert all(n.cost.source == pb.TIMED_IN_STEP for n in compiled.graph.proto.nodes)
-    eager = remat_ir.remat(model, args, example_kwargs=kwargs, budget="98%", cache_dir=tmp_path, time_limit_s=20)
+    eager = remat_ir.remat(model, args, example_kwargs=kwargs, budget="90%", cache_dir=tmp_path, time_limit_s=20)
     assert eager.graph.proto.provenance.cost_model.backend == "eager"
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
     loss_of(compiled(*args, **kwargs)).backward()
