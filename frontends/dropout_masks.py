@@ -23,7 +23,9 @@ tensor filled by `bernoulli_(1 - p)`) and multiplies as it does in torch 2.13 (b
 the scale in the input's dtype: in bfloat16 1/0.9 is 1.109375, and multiplying by
 the double 1/0.9 gives other bits), so the mask, the output and the generator's
 state after it are eager's, bit for bit (tests/test_rng.py checks it over dtypes).
-The backward still calls `native_dropout_backward(grad, mask, scale)`.
+The backward becomes the same two products on the gradient (`grad * mask * scale`),
+which is what eager's backward of its `input * noise` computes; `native_dropout_backward`
+multiplies by the unrounded scale instead (other bits in bfloat16).
 
 Left as it is: dropout on another device (CUDA's fused kernel draws with Philox in
 another order, so the same split would not give eager's mask), on an input that is
@@ -46,7 +48,7 @@ _aten = torch.ops.aten
 
 #: Bumped when the rewrite changes the graphs it makes: benchmark caches of lowered graphs
 #: key on it (benchmarks/solvers.py).
-REVISION = 2
+REVISION = 3
 
 
 def _splittable(node: torch.fx.Node) -> tuple[torch.fx.Node, float] | None:
@@ -77,6 +79,23 @@ def _takes_over(new: torch.fx.Node, old: torch.Tensor) -> None:
         new.meta["val"] = old
 
 
+def _as_products(graph: torch.fx.Graph, backward: torch.fx.Node, mask: torch.fx.Node,
+                 scale: float) -> None:
+    """Replace `native_dropout_backward(grad, mask, 1 / (1 - p))` by the products eager's
+    backward computes: eager's CPU dropout is `input * noise` with `noise` the mask
+    divided by 1 - p in the input's dtype, so its gradient is `grad * noise`, where the
+    kernel multiplies by the unrounded double scale. Equal in float32; in bfloat16 the
+    scale rounds (1/0.9 to 1.109375) and the two differ in the last bits (every
+    gradient below a dropout of the quick GPT-2 under bf16 autocast did)."""
+    grad = backward.args[0]
+    meta = {k: v for k, v in backward.meta.items() if k != "val"}
+    with grad.meta["val"].fake_mode, graph.inserting_before(backward):
+        kept = add_call(graph, meta, _aten.mul.Tensor, (grad, mask))
+        product = add_call(graph, meta, _aten.mul.Tensor, (kept, scale))
+    backward.replace_all_uses_with(product)
+    graph.erase_node(backward)
+
+
 def split_dropout(module: torch.fx.GraphModule) -> int:
     """Rewrite every splittable `native_dropout` of `module`'s graph in place (module
     docstring); returns how many were rewritten."""
@@ -103,6 +122,8 @@ def split_dropout(module: torch.fx.GraphModule) -> int:
             user.replace_all_uses_with(out if user.args[1] == 0 else mask)
             graph.erase_node(user)
         graph.erase_node(node)
+        for backward in [u for u in mask.users if u.target is _aten.native_dropout_backward.default]:
+            _as_products(graph, backward, mask, scale)
         rewritten += 1
     if rewritten:
         graph.lint()

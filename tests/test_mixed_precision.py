@@ -45,6 +45,14 @@ def _llama(device):
     return model, dict(input_ids=ids, labels=ids), lambda out: out.loss
 
 
+def _gpt2(device):
+    """Dropout 0.1 everywhere: 1/0.9 rounds in 16 bits, where eager's dropout backward
+    multiplies by the rounded scale (`frontends/dropout_masks.py`)."""
+    from torch_models import gpt2
+    model, _, kwargs, loss_of = gpt2(n_layer=1)
+    return model.to(device), {k: v.to(device) if torch.is_tensor(v) else v for k, v in kwargs.items()}, loss_of
+
+
 def _mlp(device):
     torch.manual_seed(0)
     model = _Fp32Region().to(device)
@@ -62,7 +70,7 @@ def _step(model, batch, loss_of, autocast, seed, scaler=None):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("make", [_mlp, _llama], ids=["fp32_region", "llama"])
+@pytest.mark.parametrize("make", [_mlp, _llama, _gpt2], ids=["fp32_region", "llama", "gpt2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_autocast_follows_each_call_and_matches_eager(make, dtype, device, capsys):
     model, batch, loss_of = make(device)

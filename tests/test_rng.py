@@ -241,24 +241,23 @@ def test_dropout_on_a_channels_last_input_keeps_eagers_op():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_dropout_split_computes_what_native_dropout_computes_in_half_precision(dtype):
-    """In 16-bit dtypes eager multiplies by the scale rounded to the dtype (1/0.9 is
-    1.109375 in bfloat16): the split graph and the graph keeping `native_dropout`, run
-    from the same seed, give the same loss, gradients and generator state, bit for bit.
-    (Half-precision training through the runtime is compared with eager elsewhere, at a
-    tolerance: tests/test_mixed_precision.py.)"""
+def test_dropout_split_computes_what_eager_computes_in_half_precision(dtype):
+    """In 16-bit dtypes eager's CPU dropout multiplies by the scale rounded to the dtype
+    (1/0.9 is 1.109375 in bfloat16), forward and backward: the split graph, run from the
+    same seed, gives eager's loss, gradients and generator state, bit for bit. Its
+    backward is that product too: `native_dropout_backward` multiplies by the unrounded
+    scale, and every gradient below the dropout came out other than eager's."""
     torch.manual_seed(0)
     model = DropoutBetweenLinears(0.1).to(dtype)
     x = torch.randn(5, 7, 24, dtype=dtype)
+    graph = lower(copy.deepcopy(model), (x,))
+    assert not any(n.op == "aten.native_dropout_backward.default" for n in graph.proto.nodes)
     results = []
-    for split in (True, False):
-        graph = lower(copy.deepcopy(model), (x,), split_dropouts=split)
-        scheduled = ScheduledModule(copy.deepcopy(model), graph, ir.store_all(graph))
+    for module in (copy.deepcopy(model), ScheduledModule(copy.deepcopy(model), graph, ir.store_all(graph))):
         torch.manual_seed(3)
-        loss = scheduled(x)
+        loss = module(x)
         loss.backward()
-        results.append([loss.detach(), torch.get_rng_state()]
-                       + [p.grad for p in scheduled.parameters()])
+        results.append([loss.detach(), torch.get_rng_state()] + [p.grad for p in module.parameters()])
     assert len(results[0]) == len(results[1]) == 6
     for a, b in zip(*results):
         assert torch.equal(a, b)
