@@ -83,10 +83,10 @@ def _as_products(graph: torch.fx.Graph, backward: torch.fx.Node, mask: torch.fx.
                  scale: float) -> None:
     """Replace `native_dropout_backward(grad, mask, 1 / (1 - p))` by the products eager's
     backward computes: eager's CPU dropout is `input * noise` with `noise` the mask
-    divided by 1 - p in the input's dtype, so its gradient is `grad * noise`, where the
-    kernel multiplies by the unrounded double scale. Equal in float32; in bfloat16 the
-    scale rounds (1/0.9 to 1.109375) and the two differ in the last bits (every
-    gradient below a dropout of the quick GPT-2 under bf16 autocast did)."""
+    divided by 1 - p in the input's dtype, so its gradient is `grad * noise`, while
+    `native_dropout_backward` multiplies by the unrounded double scale. Equal in float32;
+    in bfloat16 the scale rounds (1/0.9 to 1.109375) and the two differ in the last bits
+    (every gradient below a dropout of the tests' GPT-2 under bf16 autocast did)."""
     grad = backward.args[0]
     meta = {k: v for k, v in backward.meta.items() if k != "val"}
     with grad.meta["val"].fake_mode, graph.inserting_before(backward):

@@ -101,8 +101,13 @@ def snapshot_buffers(graph: Graph, schedule: pb.Schedule) -> list[int]:
     held to the end of the step: those the step updates that a backward step reads.
     Store-everything reads none; a BatchNorm recomputed in the backward reads its
     running statistics. The runtime takes the same copies (`runtimes.torch`)."""
-    updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
-    buffers = {e.value_id for e in graph.proto.inputs if e.name in updated}
+    buffers = graph.derived.get("updated_buffers")
+    if buffers is None:  # the simulator asks at every simulation
+        updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
+        buffers = graph.derived["updated_buffers"] = frozenset(
+            e.value_id for e in graph.proto.inputs if e.name in updated)
+    if not buffers:
+        return []
     read: set[int] = set()
     for step in schedule.steps[schedule.backward_start:]:
         if step.HasField("compute"):
