@@ -95,7 +95,8 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
                           "otherwise: its gradient is summed in float32 where eager sums part of "
                           "it in the autocast dtype (last bits may differ from eager's)", stacklevel=2)
             continue
-        first = min(casts, key=lambda c: list(graph.nodes).index(c))
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        first = min(casts, key=position.__getitem__)
         for cast in casts:
             if cast is not first:
                 cast.replace_all_uses_with(first)

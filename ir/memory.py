@@ -144,9 +144,13 @@ class Allocations:
         return self.live[value_id] if counted(self.graph, value_id) else self.RESIDENT
 
     def allocate(self, storage_id: int) -> int:
+        return self._new(self.graph.storage_bytes(storage_id))
+
+    def _new(self, nbytes: int) -> int:
+        """A new allocation of `nbytes`, counted from now."""
         allocation = len(self.size) + 1
-        self.size[allocation] = self.graph.storage_bytes(storage_id)
-        self.bytes += self.size[allocation]
+        self.size[allocation] = nbytes
+        self.bytes += nbytes
         return allocation
 
     def bind(self, value_id: int, allocation: int) -> None:
@@ -170,10 +174,7 @@ class Allocations:
 
     def hold(self, nbytes: int) -> None:
         """Count `nbytes` held by no value until the end (buffer snapshots)."""
-        allocation = len(self.size) + 1
-        self.size[allocation] = nbytes
-        self.refs[allocation] += 1
-        self.bytes += nbytes
+        self.refs[self._new(nbytes)] += 1
 
     def restore(self, value_id: int) -> None:
         """The value comes back (a prefetch) into a fresh allocation of its storage."""
