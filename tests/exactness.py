@@ -103,7 +103,7 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
             out_e = eager(*args, **kwargs)
             loss_e = loss_of(out_e)
         loss_e.backward()
-        state_e = torch.get_rng_state()
+        state_e = _generator_states()
         input_grads_e = [t.grad for t in leaves]
         for t in leaves:
             t.grad = None
@@ -112,12 +112,13 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
             out_s = scheduled(*args, **kwargs)
             loss_s = loss_of(out_s)
         loss_s.backward()
-        state_s = torch.get_rng_state()
+        state_s = _generator_states()
         for i, (t, g_e) in enumerate(zip(leaves, input_grads_e)):
             assert (g_e is None) == (t.grad is None), f"step {step}: gradient of input {i}"
             if g_e is not None:
                 compare(g_e, t.grad, f"step {step} grad of input {i}")
-        assert torch.equal(state_e, state_s), f"step {step}: generator state differs from eager's"
+        for (where, eager_state), (_, scheduled_state) in zip(state_e, state_s):
+            assert torch.equal(eager_state, scheduled_state), f"step {step}: the {where} generator's state differs from eager's"
         flat_e, flat_s = _tensors(out_e), _tensors(out_s)
         assert len(flat_e) == len(flat_s), f"step {step}: {len(flat_s)} outputs, eager {len(flat_e)}"
         for i, (a, b) in enumerate(zip(flat_e, flat_s)):
@@ -135,6 +136,15 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     worst = max(errors.values(), default=0.0)
     assert worst < tolerance, f"drifts from eager: {max(errors, key=errors.get)} relative error {worst:.3g}"
     return errors
+
+
+def _generator_states() -> list[tuple[str, torch.Tensor]]:
+    """The CPU generator's state, and the current CUDA device's where CUDA is in use (its
+    ops draw from that one: dropout on a CUDA tensor leaves the CPU generator alone)."""
+    states = [("CPU", torch.get_rng_state())]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.append(("CUDA", torch.cuda.get_rng_state()))
+    return states
 
 
 def random_schedule(graph: ir.Graph, rnd: random.Random, *, recompute_share: float = 0.3,

@@ -44,20 +44,26 @@ def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defe
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @search(15, derandomize=True)
 @given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 2, 64]),
        autocast=st.sampled_from([None, torch.bfloat16]), input_grad=st.booleans())
-def test_random_networks_under_random_schedules_match_eager(program, seed, groups, autocast, input_grad):
-    """Also under CPU autocast to bfloat16 (lowered and run under it; eager's bfloat16
-    kernels are deterministic on CPU, so still bitwise), and with an input that needs a
-    gradient (its gradient is a graph output too)."""
+def test_random_networks_under_random_schedules_match_eager(device, program, seed, groups, autocast, input_grad):
+    """Also under autocast to bfloat16 (lowered and run under it; eager's bfloat16 kernels
+    are deterministic on CPU, so still bitwise), and with an input that needs a gradient
+    (its gradient is a graph output too). On CUDA (where one is present) the same
+    networks, lowered and run there: the same kernels on the same inputs, so bitwise too,
+    the CUDA generator's state included."""
     width = 6
     torch.manual_seed(0)
-    model = RandomNet(program, width)
-    x = torch.randn(3, width, requires_grad=input_grad)
+    model = RandomNet(program, width).to(device)
+    x = torch.randn(3, width).to(device).requires_grad_(input_grad)
 
     def forward_context():
-        return torch.autocast("cpu", dtype=autocast, enabled=autocast is not None)
+        return torch.autocast(device, dtype=autocast, enabled=autocast is not None)
 
     with forward_context(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -69,7 +75,7 @@ def test_random_networks_under_random_schedules_match_eager(program, seed, group
         return
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     torch.manual_seed(0)
-    fresh = RandomNet(program, width)
+    fresh = RandomNet(program, width).to(device)
     errors = side_by_side(fresh, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
                           (x,), {}, lambda out: out, steps=2, forward_context=forward_context)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
