@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test soak gpu-check bench bench-full zoo proto example clean
+.PHONY: demo test soak gpu-check gpu-tests gpu-bench gpu-wheels bench bench-full zoo proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -36,19 +36,35 @@ SOAK_TESTS ?= tests
 soak: $(STAMP)
 	REMAT_SOAK=$(SOAK) $(BIN)/python -m pytest -q -n auto -m hypothesis $(SOAK_TESTS)
 
-# On a machine with a CUDA GPU: the test suite, whose device-parametrized tests then run
-# on CUDA too (GPU_TESTS: pytest's arguments, e.g. GPU_TESTS='-k cuda tests' for those
-# alone), the time model with offloading measured on the GPU (results under
-# benchmarks/results/time_model/) and the quick benchmark there (training_step/).
+# On a machine with a CUDA GPU: gpu-check = gpu-tests + gpu-bench.
+# gpu-tests: the tests, whose device-parametrized ones then run on CUDA too (GPU_TESTS:
+#   pytest's arguments; by default the CUDA ones alone, 15 tests: about 2 minutes on an
+#   H100 with 16 cores; GPU_TESTS=tests for the whole suite, 25 minutes or more).
+# gpu-bench: the time model with offloading measured on the GPU (results under
+#   benchmarks/results/time_model/; about 4 minutes) and the quick benchmark there
+#   (training_step/; torch.compile's three budgets alone take 3 minutes per model on an
+#   H100: GPU_MODELS=gpt2, then cnn, where one call must stay under 10 minutes).
 # GPU_PYTHON: a Python whose torch has CUDA and where remat-ir is installed
 # (`pip install --no-deps -e .`); by default the venv's, which then needs a CUDA torch.
+# gpu-wheels: the wheels a CUDA machine without package registries lacks (Python 3.12,
+#   the lent machines' image) into .whl/, for `pip install --no-index --target ...`.
 GPU_PYTHON ?= $(BIN)/python
-GPU_TESTS ?= tests
-gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
+GPU_TESTS ?= -n 8 -k cuda tests
+GPU_MODELS ?= gpt2,cnn
+gpu-check: gpu-tests gpu-bench
+
+gpu-tests: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
 	$(GPU_PYTHON) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "gpu-check needs a CUDA GPU: torch.cuda.is_available() is False")'
 	$(GPU_PYTHON) -m pytest -q $(GPU_TESTS)
-	$(GPU_PYTHON) benchmarks/time_model.py --device cuda --offload --rounds 30
-	$(GPU_PYTHON) benchmarks/training_step.py --mode quick --device cuda
+
+gpu-bench: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
+	$(GPU_PYTHON) benchmarks/time_model.py --device cuda --offload --rounds 20 --time-limit 10
+	$(GPU_PYTHON) benchmarks/training_step.py --mode quick --device cuda --rounds 20 --models $(GPU_MODELS)
+
+gpu-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl mip==2.0.0 cffi==2.1.1 pycparser highspy==1.15.1 protobuf==7.36.2 diffusers==0.42.1 importlib_metadata==10.2.0
 
 # Speed and memory figures; each benchmark writes its results under benchmarks/results/.
 # bench: eager vs torch.utils.checkpoint vs torch.compile's activation budget vs remat-ir,

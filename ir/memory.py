@@ -26,6 +26,12 @@ share one (views, in-place results). The rules:
   end of the forward; a backward step that reads it (a recomputation) must see
   the old one, so the old value is copied there and held to the end of the step
   (`snapshot_buffers`).
+- **Gradient seeds.** The output gradients (GRADIENT inputs) are resident, but where
+  the runtime makes them as the backward starts (`Provenance.runtime_makes_gradient_seeds`,
+  graphs lowered from PyTorch) they take memory from there: autograd's seed of a scalar
+  loss (`loss.backward()`), and for an output that gets no gradient the runtime's zero
+  scalar broadcast to its shape. One element each, held from the start of the backward to
+  the end of the step (`gradient_seed_bytes`); on CUDA one 512-byte block each.
 
 Two granularities answer from these rules:
 
@@ -50,6 +56,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 
 from . import remat_ir_pb2 as pb
+from .dtypes import ITEMSIZE
 from .graph import Graph
 
 
@@ -115,6 +122,22 @@ def snapshot_buffers(graph: Graph, schedule: pb.Schedule) -> list[int]:
     return sorted(read)
 
 
+def gradient_seed_bytes(graph: Graph) -> int:
+    """Bytes the backward's start allocates for the step's output gradients, where the
+    runtime makes them (`Provenance.runtime_makes_gradient_seeds`): one element of each
+    GRADIENT input's dtype, at the device's allocation size. Autograd makes the seed of
+    `loss.backward()` (a ones tensor like the loss) inside the step, and the PyTorch
+    runtime stands a broadcast zero scalar in for an output that gets no gradient (GPT-2's
+    logits beside its loss): each is a fresh allocation, 4 bytes on a CPU but a 512-byte
+    block on CUDA, where a tiny random network's measured peak was one block above its
+    plan without them (H100). A gradient the caller made before the step is counted too,
+    on the safe side."""
+    if not graph.proto.provenance.runtime_makes_gradient_seeds:
+        return 0
+    return sum(graph.allocation_bytes(ITEMSIZE[graph.value(i.value_id).dtype])
+               for i in graph.proto.inputs if graph.value(i.value_id).kind == pb.GRADIENT)
+
+
 # ------------------------------------------------------------------ exact accounting
 
 
@@ -173,7 +196,7 @@ class Allocations:
             self.bytes -= self.size.get(allocation, 0)
 
     def hold(self, nbytes: int) -> None:
-        """Count `nbytes` held by no value until the end (buffer snapshots)."""
+        """Count `nbytes` held by no value until the end (buffer snapshots, gradient seeds)."""
         self.refs[self._new(nbytes)] += 1
 
     def restore(self, value_id: int) -> None:

@@ -304,7 +304,7 @@ class GraphOutput(_message.Message):
     def __init__(self, value_id: _Optional[int] = ..., role: _Optional[_Union[OutputRole, str]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Provenance(_message.Message):
-    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer", "cost_model", "host_link", "rng_replay_bytes", "allocation_granularity_bytes")
+    __slots__ = ("frontend", "frontend_version", "source_model", "cost_device", "producer", "cost_model", "host_link", "rng_replay_bytes", "allocation_granularity_bytes", "runtime_makes_gradient_seeds")
     FRONTEND_FIELD_NUMBER: _ClassVar[int]
     FRONTEND_VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,7 @@ class Provenance(_message.Message):
     HOST_LINK_FIELD_NUMBER: _ClassVar[int]
     RNG_REPLAY_BYTES_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_GRANULARITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_MAKES_GRADIENT_SEEDS_FIELD_NUMBER: _ClassVar[int]
     frontend: str
     frontend_version: str
     source_model: str
@@ -323,7 +324,8 @@ class Provenance(_message.Message):
     host_link: HostLink
     rng_replay_bytes: int
     allocation_granularity_bytes: int
-    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ..., host_link: _Optional[_Union[HostLink, _Mapping]] = ..., rng_replay_bytes: _Optional[int] = ..., allocation_granularity_bytes: _Optional[int] = ...) -> None: ...
+    runtime_makes_gradient_seeds: bool
+    def __init__(self, frontend: _Optional[str] = ..., frontend_version: _Optional[str] = ..., source_model: _Optional[str] = ..., cost_device: _Optional[str] = ..., producer: _Optional[str] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ..., host_link: _Optional[_Union[HostLink, _Mapping]] = ..., rng_replay_bytes: _Optional[int] = ..., allocation_granularity_bytes: _Optional[int] = ..., runtime_makes_gradient_seeds: _Optional[bool] = ...) -> None: ...
 
 class HostLink(_message.Message):
     __slots__ = ("bandwidth_bytes_per_s", "latency_s", "overlapped", "source", "issue_s")

@@ -43,6 +43,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
   its costs were timed op by op (eager), as they were: nothing to fill.
 - 1.6 -> 1.7: nodes gained `body` (fused nodes, `ir/fusion.py`); an older file has
   none: nothing to fill.
+- 1.7 -> 1.8: the provenance gained `runtime_makes_gradient_seeds`; an older file has
+  it false, which counts no memory for the output gradients, as before: nothing to fill.
 """
 
 from __future__ import annotations

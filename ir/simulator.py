@@ -41,7 +41,9 @@ explains them with an example):
   be live (the caller gets them once any prefetch of them has ended); the other
   live values are what the step saves for backward; the buffers the forward
   updated that backward reads are copied there and held to the end
-  (`memory.snapshot_buffers`). At the end every graph output must be live.
+  (`memory.snapshot_buffers`), as are the output gradients' seeds the caller's
+  backward makes (`memory.gradient_seed_bytes`). At the end every graph output must
+  be live.
 - A step's time is the end of its compute timeline: compute steps' `cost.time_s`
   (skipped random runs included) one after another, with waits for transfers
   (`stall_s`), plus the graph's per-step overhead outside ops
@@ -60,7 +62,7 @@ from dataclasses import dataclass, field
 from . import remat_ir_pb2 as pb
 from .errors import InvalidSchedule
 from .graph import FORWARD_OUTPUT_ROLES, Graph
-from .memory import Allocations, snapshot_buffers
+from .memory import Allocations, gradient_seed_bytes, snapshot_buffers
 from .rng import plan_rng, skip_bytes
 
 
@@ -102,6 +104,9 @@ class SimulationResult:
     #: Bytes of the buffers copied at the end of forward and held to the end of the step
     #: (`memory.snapshot_buffers`), included in `memory_after` from there.
     snapshot_bytes: int = 0
+    #: Bytes of the output gradients' seeds, made when the backward starts and held to the
+    #: end of the step (`memory.gradient_seed_bytes`), included in `memory_after` from there.
+    seed_bytes: int = 0
     resident_bytes: int = 0
     #: How many times each node was computed.
     compute_counts: Counter = field(default_factory=Counter)
@@ -242,6 +247,8 @@ class _Run:
         storages = {self.g.value(v).storage_id for v in snapshot_buffers(self.g, self.schedule)}
         self.result.snapshot_bytes = sum(self.g.storage_bytes(s) for s in storages)
         self.mem.hold(self.result.snapshot_bytes)
+        self.result.seed_bytes = gradient_seed_bytes(self.g)
+        self.mem.hold(self.result.seed_bytes)
         return None
 
     def skips(self, k: int, entries) -> SimulationResult | None:

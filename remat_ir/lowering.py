@@ -37,13 +37,16 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
     whole steps on `model`'s tensors and the `example` call's inputs, `(args, kwargs)`
     (without them it keeps isolated times, and `provenance.cost_model.note` says so).
     `progress` (a callable taking one line) hears how far profiling got. Unless
-    `cost_model` is "flops", the host link offloading plans with is measured too.
+    `cost_model` is "flops", the host link offloading plans with is measured too, and
+    with "profile" on a device whose transfers overlap compute (CUDA) the host's time
+    per transfer is calibrated inside a step (`runtimes/transfer_calibration.py`).
     `backend`: the runtime backend plans will run on ("inductor": "profile" shares
     compiled regions' times among their nodes, `runtimes/compiled_costs.py`)."""
     import torch
 
     from remat_ir.runtimes.profiling import estimate_costs
     from remat_ir.runtimes.torch import resident_values
+    from remat_ir.runtimes.transfer_calibration import calibrate_issue_seconds
     from remat_ir.runtimes.transfers import measure_link
 
     check_cost_model(cost_model, allow_none=False)
@@ -56,8 +59,15 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
     estimate_costs(graph, cost_model, run_device, values=values, low_memory=_sqrt_schedule,
                    progress=progress, backend=backend)
     if cost_model != "flops":  # "flops" runs nothing
+        link = graph.proto.provenance.host_link
         for field, value in measure_link(run_device).items():
-            setattr(graph.proto.provenance.host_link, field, value)
+            setattr(link, field, value)
+        if values is not None and link.overlapped:
+            # A transfer costs the host more inside a step than alone (H100: about 155 us
+            # against the isolated measure): calibrated on a step with round trips.
+            fitted = calibrate_issue_seconds(graph, values, run_device, progress=progress)
+            if fitted is not None:
+                link.issue_s = max(link.issue_s, fitted)
     return graph
 
 

@@ -565,14 +565,16 @@ class _Runs:
         self.graph, self.writer, self.device, self.regions = graph, writer, device, regions
         self.body, self.tick = body, tick
         self.after, self.peak = simulated.memory_after, simulated.peak_bytes
-        self.backward_start, self.snapshot_bytes = backward_start, simulated.snapshot_bytes
+        self.backward_start = backward_start
+        self.held_from_backward = simulated.snapshot_bytes + simulated.seed_bytes
         self._reset()
 
     def _before(self, k: int) -> int:
         """The plan's memory before step `k`: what the step before left, and at the start
-        of the backward the buffer snapshots taken there (`ir.memory.snapshot_buffers`)."""
+        of the backward what is made there (`ir.memory.snapshot_buffers`, the gradient
+        seeds: `ir.memory.gradient_seed_bytes`)."""
         return ((self.after[k - 1] if k else 0)
-                + (self.snapshot_bytes if k == self.backward_start else 0))
+                + (self.held_from_backward if k == self.backward_start else 0))
 
     def _reset(self) -> None:
         self.steps: list[tuple[str, int, int]] = []  # (compute|free, node|value, step)

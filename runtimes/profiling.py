@@ -111,6 +111,26 @@ def _make_tensor(graph: Graph, value: pb.Value, device: torch.device) -> torch.T
     return flat.as_strided(t.shape, t.stride(), value.storage_offset)
 
 
+#: Arguments that fused attention kernels read on the host: the random state their
+#: forward returns as CPU scalars (outside CUDA graph capture) for the backward to replay
+#: its dropout. A synthetic one on the GPU would be dereferenced on the host by the
+#: backward's kernel launch: a segmentation fault, not an error (seen on an H100,
+#: torch 2.11: `_scaled_dot_product_efficient_attention_backward` under GPT-2's
+#: attention dropout).
+HOST_ARGUMENTS = frozenset({"philox_seed", "philox_offset"})
+
+
+def _on_host_where_read_there(op, args: list, kwargs: dict) -> None:
+    """Move the synthetic `HOST_ARGUMENTS` of `op` to the CPU, in place."""
+    for position, argument in enumerate(op._schema.arguments):
+        if argument.name not in HOST_ARGUMENTS:
+            continue
+        if position < len(args) and isinstance(args[position], torch.Tensor):
+            args[position] = args[position].cpu()
+        elif isinstance(kwargs.get(argument.name), torch.Tensor):
+            kwargs[argument.name] = kwargs[argument.name].cpu()
+
+
 def _call_args(graph: Graph, node: pb.Node, tensors: dict[int, torch.Tensor], device):
     def tensor(ref: TensorRef):
         return tensors[ref.value_id]
@@ -223,6 +243,7 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device,
     op = resolve_op(node.op)
     tensors = {v: _make_tensor(graph, graph.value(v), device) for v in node.inputs}
     args, kwargs = _call_args(graph, node, tensors, device)
+    _on_host_where_read_there(op, args, kwargs)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
     measured = measure_peak(lambda: op(*args, **kwargs), device)
     new = new_storages(graph, node)

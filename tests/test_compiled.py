@@ -54,10 +54,12 @@ ONE_BLOCK = {"gpt2": {"layers": 1}}
 #: On a CUDA machine (`make gpu-check`) Inductor's Triton kernels are checked too.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 #: Known on CUDA (H100, torch 2.11): gradients within 1e-5, but the compiled step's peak
-#: above the plan's on these tiny graphs: GPT-2 233,984 bytes against 190,464 planned,
-#: straight_through 5,632 against 5,120 (one 512-byte block). cnn_batchnorm is within 5%.
+#: above the plan's on this tiny graph: straight_through 5,632 bytes against 5,120 (one
+#: 512-byte block, as the loss's gradient seed was, uncounted until
+#: `ir.memory.gradient_seed_bytes`: not measured on a GPU since). GPT-2 (233,984 against
+#: 190,464 on 2026-11-26) and cnn_batchnorm measured within 5% on 2026-11-28.
 #: Model -> the most over its plan the test lets it be there (what the H100 measured).
-CUDA_PEAK_GAP = {"gpt2": 1.23, "straight_through": 1.10}
+CUDA_PEAK_GAP = {"straight_through": 1.10}
 
 
 def _known_gap(name: str, device: str) -> float:

@@ -23,9 +23,12 @@ from hypothesis import strategies as st
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
+from remat_ir.ir.schedules import store_all
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
-from remat_ir.runtimes.torch import ScheduledModule
+from remat_ir.runtimes.torch import ScheduledModule, resident_values
+from remat_ir.runtimes.transfer_calibration import (ROUND_TRIPS, calibrate_issue_seconds, fit_issue_seconds,
+                                                    round_trip_schedule)
 from remat_ir.runtimes.transfers import measure_link
 from remat_ir.runtimes.profiling import priced_for
 from remat_ir.solvers.offload import (REFINE_LEVELS, add_offloads, coarse_rungs, describe_link, idle_gaps,
@@ -274,8 +277,15 @@ def test_offloaded_training_on_device(device, capfd):
     model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
     model, args = model.to(device), tuple(a.to(device) for a in args)
     kwargs = {k: v.to(device) for k, v in kwargs.items()}
-    scheduled = remat(model, args, example_kwargs=kwargs, budget="60%", offload=True,
-                      cost_model="isolated")
+    try:
+        scheduled = remat(model, args, example_kwargs=kwargs, budget="60%", offload=True,
+                          cost_model="isolated")
+    except solvers.InfeasibleBudget as exc:
+        # CUDA's 512-byte blocks raise this tiny graph's floor (66.6% on an H100): plan at
+        # the floor the refusal names.
+        assert device == "cuda", exc
+        scheduled = remat(model, args, example_kwargs=kwargs, budget=exc.smallest_feasible,
+                          offload=True, cost_model="isolated")
     if device == "cpu":
         assert "saves no memory there" in capfd.readouterr().err
     link = scheduled.graph.proto.provenance.host_link
@@ -447,3 +457,50 @@ def test_refining_the_ladder_never_plans_slower(graph, share, bandwidth):
         assert planned[REFINE_LEVELS].total_time_s <= planned[0].total_time_s
     for result in planned.values():
         assert result is None or result.peak_bytes <= budget
+
+
+@pytest.mark.parametrize("name", ["gpt2", "cnn_batchnorm"])
+def test_the_calibration_step_with_round_trips_trains_like_eager(name):
+    """The step `transfer_calibration` times beside store-everything: its largest saved
+    values offloaded once computed and prefetched at the backward's start. A valid
+    schedule with two transfers per value, run bitwise like eager (on CPU a copy)."""
+    graph = lowered(name)
+    trips = round_trip_schedule(graph)
+    assert trips is not None and ir.simulate(graph, trips).valid
+    offloaded = [s.offload for s in trips.steps if s.HasField("offload")]
+    prefetched = [s.prefetch for s in trips.steps[trips.backward_start:] if s.HasField("prefetch")]
+    assert 0 < len(offloaded) <= ROUND_TRIPS and sorted(offloaded) == sorted(prefetched)
+    saved = ir.simulate(graph, store_all(graph)).saved_value_ids
+    assert set(offloaded) <= set(saved)
+    model, args, kwargs, loss_of = zoo_models.ZOO[name]()
+    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, trips), args, kwargs, loss_of, steps=2)
+    assert errors == {}, errors
+
+
+def test_the_host_time_per_transfer_is_what_the_step_measured_beyond_the_simulator():
+    """`fit_issue_seconds` on rounds whose difference is the simulated one plus 40 us per
+    transfer finds 40 us, whatever the link's own `issue_s` says; a difference below the
+    simulated one gives 0, never a negative time."""
+    graph = own_copy("gpt2")
+    describe_link(graph, "25GB/s")
+    graph.proto.provenance.host_link.issue_s = 1e-3
+    trips, store = round_trip_schedule(graph), store_all(graph)
+    transfers = sum(s.HasField("offload") or s.HasField("prefetch") for s in trips.steps)
+    graph.proto.provenance.host_link.issue_s = 0.0
+    simulated = ir.simulate(graph, trips).total_time_s - ir.simulate(graph, store).total_time_s
+    graph.proto.provenance.host_link.issue_s = 1e-3
+    store_rounds = [0.010, 0.012, 0.011, 0.013, 0.010]
+    trips_rounds = [s + simulated + transfers * 40e-6 for s in store_rounds]
+    assert fit_issue_seconds(graph, store, store_rounds, trips, trips_rounds) == pytest.approx(40e-6)
+    assert graph.proto.provenance.host_link.issue_s == 1e-3   # left as it was
+    assert fit_issue_seconds(graph, store, store_rounds, trips, store_rounds) == 0.0
+    assert fit_issue_seconds(graph, store, store_rounds[:1], trips, trips_rounds[:1]) is None
+
+
+def test_the_transfer_calibration_runs_on_a_step():
+    """End to end on the CPU (where `add_costs` does not use it: a CPU's copies are the
+    compute timeline's own): the two steps run on the model's tensors and give a time."""
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
+    graph = own_copy("gpt2")
+    fitted = calibrate_issue_seconds(graph, resident_values(model, graph, args, kwargs), "cpu")
+    assert fitted is not None and fitted >= 0.0

@@ -15,7 +15,7 @@ import torch
 from hypothesis import example, given
 
 import remat_ir
-from remat_ir import ir
+from remat_ir import ir, solvers
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
@@ -111,6 +111,28 @@ def test_random_networks_measure_the_peak_they_simulate(device, program, seed, r
         measured = measure_peak(lambda: scheduled(x).backward(), device).peak_bytes
     assert measured <= simulated + max(64, simulated // 200), (measured, simulated)
     assert measured >= 0.9 * simulated, (measured, simulated)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_loss_gradient_seed_is_counted_to_the_byte(device):
+    """`loss.backward()` makes the loss's gradient (a ones tensor) inside the step: one
+    element, 4 bytes on a CPU and a 512-byte block on CUDA, where this network measured
+    one block above its plan before `ir.memory.gradient_seed_bytes` (H100). A network
+    without workspace measures exactly its simulated peak, seed included."""
+    torch.manual_seed(0)
+    program = [("add", (0, 0)), ("add", (0, 0)), ("linear", (2,))]
+    model, x = RandomNet(program, 64).to(device), torch.randn(16, 64).to(device)
+    graph = lower_torch(model, (x,), cost_model="isolated")
+    schedule = solvers.solve(graph, None, solver="autograd")
+    simulated = ir.simulate(graph, schedule)
+    assert simulated.seed_bytes == (512 if device == "cuda" else 4)
+    scheduled = ScheduledModule(model, graph, schedule)
+    for _ in range(2):
+        scheduled.zero_grad(set_to_none=True)
+        measured = measure_peak(lambda: scheduled(x).backward(), device).peak_bytes
+    assert measured == simulated.peak_bytes
+    graph.proto.provenance.runtime_makes_gradient_seeds = False  # a 1.7 file's count
+    assert ir.simulate(graph, schedule).peak_bytes == measured - simulated.seed_bytes
 
 
 def test_gpt2_file_is_self_contained(tmp_path):

@@ -201,9 +201,12 @@ def record_device(provenance, device: torch.device | str) -> None:
     the bytes a random node's replay holds there for a moment (`rng_replay_bytes`:
     setting the CPU generator's state goes through a state tensor made for the call,
     `runtimes/codegen.py`, `_rng_functions`; a CUDA generator's state is a host tensor,
-    which takes no device memory), and what its allocator rounds allocations up to
-    (`allocation_granularity_bytes`; the CPU allocator's sizes are exact)."""
+    which takes no device memory), what its allocator rounds allocations up to
+    (`allocation_granularity_bytes`; the CPU allocator's sizes are exact), and that the
+    runtime makes the output gradients as the backward starts
+    (`runtime_makes_gradient_seeds`: `runtimes/torch.py`'s `_Outputs.backward`)."""
     device = torch.device(device)
     provenance.cost_device = str(device)
     provenance.rng_replay_bytes = torch.default_generator.get_state().nbytes if device.type == "cpu" else 0
     provenance.allocation_granularity_bytes = CUDA_ALLOCATION_GRANULARITY if device.type == "cuda" else 0
+    provenance.runtime_makes_gradient_seeds = True

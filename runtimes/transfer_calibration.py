@@ -1,0 +1,104 @@
+"""The host's time per transfer, calibrated inside a whole step.
+
+Why: `transfers.issue_seconds` times the runtime's own offload, prefetch and wait calls
+on a small value, alone. Inside a step a transfer costs the host more. Measured on an
+H100 (torch 2.11, the quick GPT-2, whose step the host bounds: 12.6 ms, the GPU busy
+about 3 ms of it): hiremate with offloading at 30% made 22 transfers, was predicted
+x1.249 of store-everything's step and measured x1.499, while hiremate alone there
+measured x1.226: the transfers cost the step 3.4 ms that the model did not see (about
+155 us each), and the planner offloaded where recomputing was faster
+(`benchmarks/results/time_model/20261128-012815-cuda.md`).
+
+So the store-everything step is timed beside the same step with its `ROUND_TRIPS`
+largest saved values sent to host memory and back: each offloaded once computed, freed
+at the end of the forward and prefetched at the start of the backward (as much slack
+as the step has, so that no copy is late on a fast link; a late one is a stall the
+simulator counts). Rounds interleave the two (`timing.time_schedules`). The host time
+per transfer is what makes the simulator's difference between the two steps match the
+measured one: (measured difference - simulated difference without host time) /
+transfers, the measured difference being the median of the rounds' differences.
+`remat_ir.lowering.add_costs` keeps the larger of it and the isolated measure, on
+devices whose transfers overlap compute (CUDA; a CPU's copies are the compute
+timeline's own, and the step measures them as such).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+import torch
+
+from remat_ir.ir import Graph, pb, simulate
+from remat_ir.ir.memory import counted
+from remat_ir.ir.schedules import store_all
+
+from .timing import time_schedules
+
+#: Saved values the calibration step sends to host memory and back.
+ROUND_TRIPS = 8
+
+
+def round_trip_schedule(graph: Graph, count: int = ROUND_TRIPS) -> pb.Schedule | None:
+    """Store-everything with its `count` largest saved values (each the only saved value
+    in its storage) offloaded after their compute, freed at the end of the forward and
+    prefetched at the start of the backward; None if it saves none or the simulator
+    refuses the result."""
+    store = store_all(graph)
+    saved = simulate(graph, store).saved_value_ids
+    holders: dict[int, list[int]] = {}
+    for v in saved:
+        if counted(graph, v):
+            holders.setdefault(graph.value(v).storage_id, []).append(v)
+    alone = [vs[0] for vs in holders.values() if len(vs) == 1]
+    chosen = sorted(alone, key=lambda v: (-graph.storage_bytes(graph.value(v).storage_id), v))[:count]
+    if not chosen:
+        return None
+    producer = {v: graph.producer(v) for v in chosen}
+    steps, start = list(store.steps), store.backward_start
+    schedule = pb.Schedule(name="store_all_round_trips", solver="calibration")
+    for k, step in enumerate(steps):
+        if k == start:
+            schedule.steps.extend(pb.Step(free=v) for v in chosen)
+            schedule.backward_start = len(schedule.steps)
+            schedule.steps.extend(pb.Step(prefetch=v) for v in chosen)
+        schedule.steps.append(step)
+        if step.HasField("compute"):
+            schedule.steps.extend(pb.Step(offload=v) for v in chosen
+                                  if producer[v] == step.compute)
+    if start == len(steps):
+        return None  # no backward to prefetch for
+    return schedule if simulate(graph, schedule).valid else None
+
+
+def fit_issue_seconds(graph: Graph, store: pb.Schedule, store_rounds: list[float],
+                      trips: pb.Schedule, trips_rounds: list[float]) -> float | None:
+    """Host seconds per transfer that make the simulator's time of `trips` minus that of
+    `store` match the measured difference (median over paired rounds); None without
+    two rounds of each. Never negative."""
+    rounds = min(len(store_rounds), len(trips_rounds))
+    if rounds < 2:
+        return None
+    measured = statistics.median(t - s for t, s in zip(trips_rounds[:rounds], store_rounds[:rounds]))
+    transfers = sum(s.HasField("offload") or s.HasField("prefetch") for s in trips.steps)
+    link = graph.proto.provenance.host_link
+    issue = link.issue_s
+    link.issue_s = 0.0
+    try:
+        simulated = simulate(graph, trips).total_time_s - simulate(graph, store).total_time_s
+    finally:
+        link.issue_s = issue
+    return max(0.0, (measured - simulated) / transfers)
+
+
+def calibrate_issue_seconds(graph: Graph, values: Mapping[int, torch.Tensor], device: torch.device | str,
+                            progress=None) -> float | None:
+    """Time store-everything beside `round_trip_schedule` on the model's tensors
+    (`values`, as `timing.time_schedules` takes them) and fit the host seconds per
+    transfer (`fit_issue_seconds`); None where no round trip can be made."""
+    trips = round_trip_schedule(graph)
+    if trips is None:
+        return None
+    store = store_all(graph)
+    store_timing, trips_timing = time_schedules(graph, [store, trips], values, device, progress=progress)
+    return fit_issue_seconds(graph, store, store_timing.round_s, trips, trips_timing.round_s)
