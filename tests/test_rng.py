@@ -57,11 +57,15 @@ def _schedule(graph, order_key, recompute_in_backward=False):
                                     name="reordered", rng_replay=True)
 
 
-@pytest.fixture(scope="module")
-def two_dropouts():
+#: On a CUDA machine the dropouts draw from the CUDA generator (Philox offsets): checked too.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def two_dropouts(request):
     torch.manual_seed(0)
-    model = TwoDropouts()
-    x = torch.randn(4, 8)
+    model = TwoDropouts().to(request.param)
+    x = torch.randn(4, 8).to(request.param)
     graph = lower_torch(model, (x,), cost_model="flops")
     assert len(_dropouts(graph)) == 2
     assert all(graph.node(n).rng_shape_only for n in _dropouts(graph))

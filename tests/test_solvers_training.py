@@ -172,18 +172,23 @@ def test_unet_planned_by_hiremate_by_default_trains_like_eager():
     assert abs(measured - simulated.peak_bytes) <= 0.01 * simulated.peak_bytes, (measured, simulated.peak_bytes)
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @search(8, derandomize=True)
 @given(program=programs(), solver=st.sampled_from(["hiremate", "checkmate", "fastsa", "rotor", "twremat"]),
        share=st.floats(0.3, 0.95))
-def test_solver_plans_of_random_networks_train_like_eager_within_their_budget(program, solver, share):
+def test_solver_plans_of_random_networks_train_like_eager_within_their_budget(device, program, solver, share):
     """Each solver's plan of a random network (`random_networks`: views of one
     allocation, in-place writes, saved indices and masks, buffers, draws) at a random
     budget, on the costs and sizes the ops really have ("isolated"): bitwise equal to
     eager, and measured within the budget in bytes (0.5% or 64 B for op workspaces that
     vary between runs), not within a tolerance of it. Below the solver's floor, the plan
-    it names with its refusal is checked at its own peak."""
+    it names with its refusal is checked at its own peak. On CUDA too where one is
+    present (lowered, planned and measured there: 512-byte blocks)."""
     torch.manual_seed(0)
-    model, x = RandomNet(program, 64), torch.randn(16, 64)
+    model, x = RandomNet(program, 64).to(device), torch.randn(16, 64).to(device)
     graph = lower_torch(model, (x,), cost_model="isolated")
     budget = int(share * ir.store_all(graph).predicted_peak_bytes)
     try:
@@ -195,11 +200,11 @@ def test_solver_plans_of_random_networks_train_like_eager_within_their_budget(pr
         schedule, budget = refused.schedule, refused.smallest_feasible
     assert schedule.predicted_peak_bytes <= budget
     torch.manual_seed(0)
-    errors = side_by_side(RandomNet(program, 64), lambda m: ScheduledModule(m, graph, schedule), (x,), {},
-                          lambda out: out, steps=2)
+    errors = side_by_side(RandomNet(program, 64).to(device), lambda m: ScheduledModule(m, graph, schedule),
+                          (x,), {}, lambda out: out, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
     scheduled = ScheduledModule(model, graph, schedule)
     for _ in range(2):
         scheduled.zero_grad(set_to_none=True)
-        measured = measure_peak(lambda: scheduled(x).backward(), "cpu").peak_bytes
+        measured = measure_peak(lambda: scheduled(x).backward(), device).peak_bytes
     assert measured <= budget + max(64, budget // 200), (measured, budget)
