@@ -58,8 +58,8 @@ gpu-tests: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
 	$(GPU_PYTHON) -m pytest -q $(GPU_TESTS)
 
 gpu-bench: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
-	$(GPU_PYTHON) benchmarks/time_model.py --device cuda --offload --rounds 20 --time-limit 10
-	$(GPU_PYTHON) benchmarks/training_step.py --mode quick --device cuda --rounds 20 --models $(GPU_MODELS)
+	$(GPU_PYTHON) benchmarks/time_model.py --device cuda --offload --rounds 20 --time-limit 10 --jobs 8
+	$(GPU_PYTHON) benchmarks/training_step.py --mode quick --device cuda --rounds 20 --jobs 8 --models $(GPU_MODELS)
 
 gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

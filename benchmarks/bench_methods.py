@@ -132,32 +132,46 @@ class RematPlanner:
 
     def _plan(self, solver: str, budget, time_limit_s: float | None, offload: bool = False):
         """(schedule, planning seconds) at `budget`, planned once per (solver, budget,
-        offload); InfeasibleBudget (with
-        `planning_s`) if the budget is out of reach. `offload`: over the host link the
-        lowering measured (`solvers.offload.plan_with_offload`)."""
+        offload); InfeasibleBudget (with `planning_s`) if the budget is out of reach.
+        `offload`: over the host link the lowering measured
+        (`solvers.offload.plan_with_offload`)."""
         key = (solver, budget, offload)
-        options = {"time_limit_s": time_limit_s, **({"offload": True} if offload else {})}
         if key not in self.plans:
-            started = time.perf_counter()
-            try:
-                if budget == "smallest":
-                    try:
-                        schedule = remat_ir.plan(self.graph, 1, solver, **options)
-                    except InfeasibleBudget as exc:
-                        if exc.smallest_feasible is None:
-                            raise
-                        schedule = remat_ir.plan(self.graph, exc.smallest_feasible, solver, **options)
-                else:
-                    schedule = remat_ir.plan(self.graph, budget, solver if budget else "autograd",
-                                             **options)
-                self.plans[key] = (schedule, time.perf_counter() - started)
-            except InfeasibleBudget as exc:
-                exc.planning_s = time.perf_counter() - started
-                self.plans[key] = exc
+            self.plans[key] = plan_once(self.graph, solver, budget, time_limit_s, offload)
         found = self.plans[key]
         if isinstance(found, InfeasibleBudget):
             raise found
         return found
+
+    def prepare(self, requests: list[tuple], time_limit_s: float | None, jobs: int) -> None:
+        """Make the plans of `requests` ((solver, budget) or (solver, budget, offload)) that
+        are not made yet, `jobs` at a time in processes of their own (each on a copy of the
+        graph), so that `method` finds them made. Why: planning is most of the quick
+        benchmark's setup (about 250 s of 2 CPU cores' time for two models), and a lent
+        GPU machine has 16 cores and minutes. With `jobs` 1 nothing is done ahead: each
+        solver then has the whole machine for its time limit."""
+        keys = list(dict.fromkeys((r[0], r[1], bool(r[2:] and r[2])) for r in requests))
+        keys = [k for k in keys if k not in self.plans]
+        if jobs <= 1 or len(keys) < 2:
+            return
+        import concurrent.futures
+        import multiprocessing
+
+        data = self.graph.proto.SerializeToString()
+        self.say(f"  planning {len(keys)} plans, {jobs} at a time...")
+        # spawn: the parent may hold CUDA, which a forked child cannot use
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {key: pool.submit(_plan_elsewhere, data, *key, time_limit_s) for key in keys}
+            for key, future in futures.items():
+                found = future.result()
+                if found[0] == "infeasible":
+                    _, budget_bytes, smallest, seconds = found
+                    self.plans[key] = InfeasibleBudget(budget_bytes, smallest)
+                    self.plans[key].planning_s = seconds
+                else:
+                    schedule = ir.pb.Schedule()
+                    schedule.ParseFromString(found[1])
+                    self.plans[key] = (schedule, found[2])
 
     def method(self, solver: str, budget: str | int | None, *, time_limit_s: float | None = None,
                label: str | None = None, info: dict | None = None, offload: bool = False) -> Method:
@@ -198,3 +212,36 @@ class RematPlanner:
                  f"{info['predicted_peak_share']:.1%} of store-everything, time x{info['predicted_time_ratio']:.3f}")
         return Method(name, "remat-ir", _stepper(self.model, self.bm.inputs, scheduled), scheduled,
                       planning_s, info)
+
+
+def plan_once(graph: ir.Graph, solver: str, budget, time_limit_s: float | None, offload: bool):
+    """(schedule, planning seconds) of `solver` at `budget` ("50%", bytes, None for
+    store-everything, "smallest" for the lowest budget the solver reaches), or the
+    InfeasibleBudget it raised, with `planning_s`."""
+    options = {"time_limit_s": time_limit_s, **({"offload": True} if offload else {})}
+    started = time.perf_counter()
+    try:
+        if budget == "smallest":
+            try:
+                schedule = remat_ir.plan(graph, 1, solver, **options)
+            except InfeasibleBudget as exc:
+                if exc.smallest_feasible is None:
+                    raise
+                schedule = remat_ir.plan(graph, exc.smallest_feasible, solver, **options)
+        else:
+            schedule = remat_ir.plan(graph, budget, solver if budget else "autograd", **options)
+        return schedule, time.perf_counter() - started
+    except InfeasibleBudget as exc:
+        exc.planning_s = time.perf_counter() - started
+        return exc
+
+
+def _plan_elsewhere(data: bytes, solver: str, budget, offload: bool, time_limit_s: float | None) -> tuple:
+    """`plan_once` in a worker process, on the graph's bytes: ("ok", schedule bytes,
+    seconds) or ("infeasible", budget bytes, smallest feasible, seconds)."""
+    proto = ir.pb.Graph()
+    proto.ParseFromString(data)
+    found = plan_once(ir.Graph(proto), solver, budget, time_limit_s, offload)
+    if isinstance(found, InfeasibleBudget):
+        return "infeasible", found.budget, found.smallest_feasible, found.planning_s
+    return "ok", found[0].SerializeToString(), found[1]

@@ -78,14 +78,15 @@ def default_plans(offload: bool) -> list[tuple[str, str, bool]]:
 
 
 def plan_methods(bm, time_limit_s: float, backend: str = "eager",
-                 plans: list[tuple[str, str, bool]] | None = None
+                 plans: list[tuple[str, str, bool]] | None = None, jobs: int = 1
                  ) -> tuple[list[methods.Method], list[methods.Method]]:
     """(eager, store-everything and every feasible plan of `plans` (solver, budget,
-    offload; default `default_plans(False)`), planned on `backend`'s costs and run with it;
-    the infeasible ones)."""
+    offload; default `default_plans(False)`), planned on `backend`'s costs, `jobs` at a
+    time (`RematPlanner.prepare`), and run with it; the infeasible ones)."""
     planner = methods.RematPlanner(bm, training_step.say, backend=backend)
     built = [methods.eager(bm), planner.method("autograd", None)]
     plans = default_plans(False) if plans is None else plans
+    planner.prepare(plans, time_limit_s, jobs)
     for solver, budget, offloaded in plans:
         built.append(planner.method(solver, budget, time_limit_s=time_limit_s, offload=offloaded))
     return [m for m in built if m.step], [m for m in built if not m.step]
@@ -142,6 +143,9 @@ def main(argv=None) -> int:
                         help=f"also hiremate with offloading at {', '.join(OFFLOAD_SHARES)} (and alone there)".replace("%", "%%"))
     parser.add_argument("--plans", help="comma-separated SOLVER@BUDGET[+offload] instead of the default sweep, "
                         "e.g. hiremate@50%%,hiremate@30%%+offload")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="plans made at once, in processes of their own (default 1: each solver has the "
+                        "machine for its time limit)")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "time_model"))
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -175,7 +179,7 @@ def main(argv=None) -> int:
         bm = FACTORIES[name]("quick")
         bm.module.to(device)
         bm.inputs = tuple(x.to(device) for x in bm.inputs)
-        built, infeasible = plan_methods(bm, args.time_limit, args.backend, plans)
+        built, infeasible = plan_methods(bm, args.time_limit, args.backend, plans, args.jobs)
         figures = training_step.measure(built, device, args.rounds)
         rows = training_step.records(bm, built, infeasible, figures, context)
         report.append_jsonl(jsonl, rows)

@@ -147,6 +147,7 @@ def build_methods(bm: BenchModel, settings: dict) -> tuple[list[methods.Method],
              ("rotor", "50%"), ("rotor", "30%")]
     if len(planner.graph.nodes) <= settings["checkmate_max_nodes"]:
         plans.append(("checkmate", "50%"))
+    planner.prepare(plans, settings["time_limit_s"], settings["jobs"])
     remat = [planner.method(solver, budget, time_limit_s=settings["time_limit_s"]) for solver, budget in plans]
     # Plans run compiled are made on compiled costs (runtimes/compiled_costs.py).
     compiled = methods.RematPlanner(bm, say, backend="inductor")
@@ -154,6 +155,7 @@ def build_methods(bm: BenchModel, settings: dict) -> tuple[list[methods.Method],
     remat += at_peer_peaks({"eager": planner, "inductor": compiled}, built[1:], settings)
     for cost_model in settings["other_cost_models"]:
         other = methods.RematPlanner(bm, say, cost_model)
+        other.prepare(COMPARED_PLANS, settings["time_limit_s"], settings["jobs"])
         remat += [other.method(solver, budget, time_limit_s=settings["time_limit_s"])
                   for solver, budget in COMPARED_PLANS]
     return built + [m for m in remat if m.step], [m for m in remat if not m.step]
@@ -164,16 +166,16 @@ def at_peer_peaks(planners: dict[str, methods.RematPlanner], peers: list[methods
     """remat-ir (the default planner) at each peer's measured peak, as a byte budget, with
     each backend's planner (`planners`, by backend: each plans on its own backend's
     costs): the points of remat-ir's front to set beside the peers' own."""
-    found = []
     for peer in peers:
         for _ in range(2):
             peer.step()
-        peak = measure_peak(peer.step, planners["eager"].bm.inputs[0].device).peak_bytes
-        peer.info["peer_peak_bytes"] = peak
-        for backend in BACKENDS:
-            found.append(planners[backend].method("hiremate", peak, time_limit_s=settings["time_limit_s"],
-                                                  label=f"at {peer.name}'s peak", info={"peer": peer.name}))
-    return found
+        peer.info["peer_peak_bytes"] = measure_peak(peer.step, planners["eager"].bm.inputs[0].device).peak_bytes
+    for backend in BACKENDS:
+        planners[backend].prepare([("hiremate", peer.info["peer_peak_bytes"]) for peer in peers],
+                                  settings["time_limit_s"], settings["jobs"])
+    return [planners[backend].method("hiremate", peer.info["peer_peak_bytes"], time_limit_s=settings["time_limit_s"],
+                                     label=f"at {peer.name}'s peak", info={"peer": peer.name})
+            for peer in peers for backend in BACKENDS]
 
 
 def measure(built: list[methods.Method], device: torch.device, rounds: int) -> dict[str, dict]:
@@ -260,10 +262,13 @@ def main(argv=None) -> int:
                         "for every model (default: by mode; '' for none)")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "training_step"))
     parser.add_argument("--readme", action="store_true", help="put the table and pictures into README.md")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="plans made at once, in processes of their own (default 1: each solver has the "
+                        "machine for its time limit; a machine with many cores plans in a fraction of the time)")
     parser.add_argument("--default-allocator", action="store_true",
                         help="CPU: keep glibc's dynamic allocator thresholds (see the module docstring)")
     args = parser.parse_args(argv)
-    settings = dict(MODES[args.mode])
+    settings = dict(MODES[args.mode], jobs=args.jobs)
     models = args.models.split(",") if args.models else settings["models"]
     unknown = [m for m in models if m not in FACTORIES]
     if unknown:
