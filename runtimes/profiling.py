@@ -111,19 +111,26 @@ def _make_tensor(graph: Graph, value: pb.Value, device: torch.device) -> torch.T
     return flat.as_strided(t.shape, t.stride(), value.storage_offset)
 
 
-#: Arguments that fused attention kernels read on the host: the random state their
-#: forward returns as CPU scalars (outside CUDA graph capture) for the backward to replay
-#: its dropout. A synthetic one on the GPU would be dereferenced on the host by the
-#: backward's kernel launch: a segmentation fault, not an error (seen on an H100,
-#: torch 2.11: `_scaled_dot_product_efficient_attention_backward` under GPT-2's
-#: attention dropout).
-HOST_ARGUMENTS = frozenset({"philox_seed", "philox_offset"})
+#: Arguments that an op's kernel reads on the host, by op: the random state the
+#: memory-efficient attention's forward returns as CPU scalars (outside CUDA graph
+#: capture) for its backward to replay the dropout. A synthetic one on the GPU is
+#: dereferenced on the host by the backward's launch: a segmentation fault, not an error
+#: (seen on an H100, torch 2.11, under GPT-2's attention dropout). Not the other
+#: attention kernels': flash attention's state is a device tensor of two 64-bit words,
+#: and cuDNN's seed and offset are device scalars (torch's meta kernels and CUDA code).
+HOST_ARGUMENTS = {
+    "aten._scaled_dot_product_efficient_attention_backward.default": frozenset({"philox_seed", "philox_offset"}),
+    "aten._efficient_attention_backward.default": frozenset({"philox_seed", "philox_offset"}),
+}
 
 
-def _on_host_where_read_there(op, args: list, kwargs: dict) -> None:
-    """Move the synthetic `HOST_ARGUMENTS` of `op` to the CPU, in place."""
+def _on_host_where_read_there(node: pb.Node, op, args: list, kwargs: dict) -> None:
+    """Move `node`'s synthetic `HOST_ARGUMENTS` to the CPU, in place."""
+    names = HOST_ARGUMENTS.get(node.op)
+    if not names:
+        return
     for position, argument in enumerate(op._schema.arguments):
-        if argument.name not in HOST_ARGUMENTS:
+        if argument.name not in names:
             continue
         if position < len(args) and isinstance(args[position], torch.Tensor):
             args[position] = args[position].cpu()
@@ -243,7 +250,7 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device,
     op = resolve_op(node.op)
     tensors = {v: _make_tensor(graph, graph.value(v), device) for v in node.inputs}
     args, kwargs = _call_args(graph, node, tensors, device)
-    _on_host_where_read_there(op, args, kwargs)
+    _on_host_where_read_there(node, op, args, kwargs)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
     measured = measure_peak(lambda: op(*args, **kwargs), device)
     new = new_storages(graph, node)

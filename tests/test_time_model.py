@@ -288,3 +288,15 @@ def test_flops_costs_count_the_casts_cpu_kernels_make(op, dtype, shape):
             assert 0 <= a.cost.workspace_bytes - b.cost.workspace_bytes <= 16, measured.describe_node(a.id)
             casting += b.cost.workspace_bytes > 0
     assert casting or dtype == torch.float32
+
+
+def test_the_arguments_profiling_makes_on_the_host_are_this_torchs():
+    """`profiling.HOST_ARGUMENTS` names ops and arguments of this torch: a rename would
+    leave the memory-efficient attention's random state on the GPU when profiling on CUDA,
+    where its backward dereferences it on the host (a segmentation fault on an H100)."""
+    from remat_ir.runtimes.profiling import HOST_ARGUMENTS
+    from remat_ir.torchlib.types import resolve_op
+
+    for name, arguments in HOST_ARGUMENTS.items():
+        schema = {a.name: str(a.type) for a in resolve_op(name)._schema.arguments}
+        assert all(schema.get(a) == "Tensor" for a in arguments), (name, schema)
