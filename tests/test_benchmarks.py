@@ -348,17 +348,23 @@ def test_plans_made_in_worker_processes_are_the_plans_made_here():
     the graph's bytes is the one `plan_once` makes here (rotor's dynamic program is
     deterministic), and a refusal comes back as the same InfeasibleBudget."""
     from exactness import lowered
+    from remat_ir import ir
     from remat_ir.solvers import InfeasibleBudget
 
+    def own_copy():  # planning stores the plan in the graph: not in the session's cached one
+        proto = ir.pb.Graph()
+        proto.CopyFrom(lowered("gpt2").proto)
+        return ir.Graph(proto)
+
     planner = bench_methods.RematPlanner.__new__(bench_methods.RematPlanner)
-    planner.graph, planner.plans, planner.say = lowered("gpt2"), {}, lambda line: None
+    planner.graph, planner.plans, planner.say = own_copy(), {}, lambda line: None
     planner.prepare([("rotor", "70%"), ("rotor", "1%")], None, jobs=2)
     made, seconds = planner.plans[("rotor", "70%", False)]
-    here, _ = bench_methods.plan_once(lowered("gpt2"), "rotor", "70%", None, False)
+    here, _ = bench_methods.plan_once(own_copy(), "rotor", "70%", None, False)
     assert seconds > 0 and made.solve_time_s > 0
     made.ClearField("solve_time_s"), here.ClearField("solve_time_s")   # how long it took: not the plan
     assert made.SerializeToString() == here.SerializeToString()
     refused = planner.plans[("rotor", "1%", False)]
-    expected = bench_methods.plan_once(lowered("gpt2"), "rotor", "1%", None, False)
+    expected = bench_methods.plan_once(own_copy(), "rotor", "1%", None, False)
     assert isinstance(refused, InfeasibleBudget) and isinstance(expected, InfeasibleBudget)
     assert (refused.budget, refused.smallest_feasible) == (expected.budget, expected.smallest_feasible)
