@@ -33,6 +33,7 @@ from remat_ir.ir import Graph, pb, simulate
 from remat_ir.ir.memory import counted
 from remat_ir.ir.schedules import store_all
 
+from .profiling import OP_ERRORS
 from .timing import time_schedules
 
 #: Saved values the calibration step sends to host memory and back.
@@ -95,10 +96,14 @@ def calibrate_issue_seconds(graph: Graph, values: Mapping[int, torch.Tensor], de
                             progress=None) -> float | None:
     """Time store-everything beside `round_trip_schedule` on the model's tensors
     (`values`, as `timing.time_schedules` takes them) and fit the host seconds per
-    transfer (`fit_issue_seconds`); None where no round trip can be made."""
+    transfer (`fit_issue_seconds`); None where no round trip can be made or the steps
+    cannot run (out of memory among others: the isolated measure then stands)."""
     trips = round_trip_schedule(graph)
     if trips is None:
         return None
     store = store_all(graph)
-    store_timing, trips_timing = time_schedules(graph, [store, trips], values, device, progress=progress)
+    try:
+        store_timing, trips_timing = time_schedules(graph, [store, trips], values, device, progress=progress)
+    except (*OP_ERRORS, KeyError):
+        return None
     return fit_issue_seconds(graph, store, store_timing.round_s, trips, trips_timing.round_s)

@@ -499,8 +499,11 @@ def test_the_host_time_per_transfer_is_what_the_step_measured_beyond_the_simulat
 
 def test_the_transfer_calibration_runs_on_a_step():
     """End to end on the CPU (where `add_costs` does not use it: a CPU's copies are the
-    compute timeline's own): the two steps run on the model's tensors and give a time."""
+    compute timeline's own): the two steps run on the model's tensors and give a time;
+    where they cannot run, no time (the lowering keeps the isolated measure)."""
     model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
     graph = own_copy("gpt2")
     fitted = calibrate_issue_seconds(graph, resident_values(model, graph, args, kwargs), "cpu")
     assert fitted is not None and fitted >= 0.0
+    # Steps that cannot run (here: no tensors to run them on) leave the isolated measure.
+    assert calibrate_issue_seconds(graph, {}, "cpu") is None
