@@ -12,8 +12,18 @@ from hypothesis import strategies as st
 from remat_ir import ir
 from remat_ir.ir import pb
 
+def _soak_factor(raw: str | None) -> int:
+    """REMAT_SOAK's value: how many times its examples each property test draws (0: unset)."""
+    if not raw:
+        return 0
+    if not raw.strip().isdigit():
+        raise ValueError(f"REMAT_SOAK must be a whole number of times each property test draws its "
+                         f"examples (as in `make soak SOAK=10`), not {raw!r}")
+    return int(raw)
+
+
 #: `make soak` (REMAT_SOAK=k): every property test draws k times its examples.
-SOAK = int(os.environ.get("REMAT_SOAK") or 0)
+SOAK = _soak_factor(os.environ.get("REMAT_SOAK"))
 
 
 def search(max_examples: int, *, derandomize: bool = False) -> settings:
