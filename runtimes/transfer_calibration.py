@@ -40,12 +40,13 @@ from .timing import time_schedules
 ROUND_TRIPS = 8
 
 
-def round_trip_schedule(graph: Graph, count: int = ROUND_TRIPS) -> pb.Schedule | None:
-    """Store-everything with its `count` largest saved values (each the only saved value
-    in its storage) offloaded after their compute, freed at the end of the forward and
-    prefetched at the start of the backward; None if it saves none or the simulator
-    refuses the result."""
-    store = store_all(graph)
+def round_trip_schedule(graph: Graph, store: pb.Schedule | None = None,
+                        count: int = ROUND_TRIPS) -> pb.Schedule | None:
+    """`store` (store-everything's schedule of `graph`, made if not given) with its
+    `count` largest saved values (each the only saved value in its storage) offloaded
+    after their compute, freed at the end of the forward and prefetched at the start of
+    the backward; None if it saves none or the simulator refuses the result."""
+    store = store or store_all(graph)
     saved = simulate(graph, store).saved_value_ids
     holders: dict[int, list[int]] = {}
     for v in saved:
@@ -98,10 +99,10 @@ def calibrate_issue_seconds(graph: Graph, values: Mapping[int, torch.Tensor], de
     (`values`, as `timing.time_schedules` takes them) and fit the host seconds per
     transfer (`fit_issue_seconds`); None where no round trip can be made or the steps
     cannot run (out of memory among others: the isolated measure then stands)."""
-    trips = round_trip_schedule(graph)
+    store = store_all(graph)
+    trips = round_trip_schedule(graph, store)
     if trips is None:
         return None
-    store = store_all(graph)
     try:
         store_timing, trips_timing = time_schedules(graph, [store, trips], values, device, progress=progress)
     except (*OP_ERRORS, KeyError):
