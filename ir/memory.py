@@ -134,8 +134,17 @@ def gradient_seed_bytes(graph: Graph) -> int:
     on the safe side."""
     if not graph.proto.provenance.runtime_makes_gradient_seeds:
         return 0
-    return sum(graph.allocation_bytes(ITEMSIZE[graph.value(i.value_id).dtype])
-               for i in graph.proto.inputs if graph.value(i.value_id).kind == pb.GRADIENT)
+    return sum(graph.allocation_bytes(ITEMSIZE[graph.value(v).dtype]) for v in gradient_inputs(graph))
+
+
+def gradient_inputs(graph: Graph) -> frozenset[int]:
+    """The value ids of the output gradients fed to the backward (GRADIENT inputs), kept
+    with the graph's derived facts: the simulator asks at every simulation."""
+    ids = graph.derived.get("gradient_inputs")
+    if ids is None:
+        ids = graph.derived["gradient_inputs"] = frozenset(
+            i.value_id for i in graph.proto.inputs if graph.value(i.value_id).kind == pb.GRADIENT)
+    return ids
 
 
 # ------------------------------------------------------------------ exact accounting

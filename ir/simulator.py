@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from . import remat_ir_pb2 as pb
 from .errors import InvalidSchedule
 from .graph import FORWARD_OUTPUT_ROLES, Graph
-from .memory import Allocations, gradient_seed_bytes, snapshot_buffers
+from .memory import Allocations, gradient_inputs, gradient_seed_bytes, snapshot_buffers
 from .rng import plan_rng, skip_bytes
 
 
@@ -157,8 +157,7 @@ class _Run:
         self.host_bytes = 0
         self.offloading: dict[int, float] = {}  # value -> end of its offload (device copy live)
         self.arriving: dict[int, float] = {}    # value -> end of its prefetch, not waited for yet
-        self.gradient_inputs = {i.value_id for i in graph.proto.inputs
-                                if graph.value(i.value_id).kind == pb.GRADIENT}
+        self.gradient_inputs = gradient_inputs(graph)
         self.result = SimulationResult(
             violation=None, resident_bytes=graph.resident_bytes(),
             overhead_time_s=graph.proto.provenance.cost_model.step_overhead_s)
