@@ -72,6 +72,9 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
     descs = output.meta.get("desc") or []
     results = output.args[0]
     primals = [n for n in graph.nodes if n.op == "placeholder"]
+    # Taken once: the rewrites erase and insert nodes, which leaves the order of the
+    # casts (nodes that were there before) as it was.
+    order = {n: i for i, n in enumerate(graph.nodes)}
     rewritten = 0
     for position, desc in enumerate(descs):
         grad_of = getattr(desc, "grad_of", None)
@@ -95,8 +98,7 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
                           "otherwise: its gradient is summed in float32 where eager sums part of "
                           "it in the autocast dtype (last bits may differ from eager's)", stacklevel=2)
             continue
-        position = {n: i for i, n in enumerate(graph.nodes)}
-        first = min(casts, key=position.__getitem__)
+        first = min(casts, key=order.__getitem__)
         for cast in casts:
             if cast is not first:
                 cast.replace_all_uses_with(first)
