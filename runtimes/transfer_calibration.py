@@ -47,6 +47,8 @@ def round_trip_schedule(graph: Graph, store: pb.Schedule | None = None,
     after their compute, freed at the end of the forward and prefetched at the start of
     the backward; None if it saves none or the simulator refuses the result."""
     store = store or store_all(graph)
+    if store.backward_start == len(store.steps):
+        return None  # no backward to prefetch for
     saved = simulate(graph, store).saved_value_ids
     holders: dict[int, list[int]] = {}
     for v in saved:
@@ -68,8 +70,6 @@ def round_trip_schedule(graph: Graph, store: pb.Schedule | None = None,
         if step.HasField("compute"):
             schedule.steps.extend(pb.Step(offload=v) for v in chosen
                                   if producer[v] == step.compute)
-    if start == len(steps):
-        return None  # no backward to prefetch for
     return schedule if simulate(graph, schedule).valid else None
 
 
