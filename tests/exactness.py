@@ -38,6 +38,11 @@ SCHEDULE_DRAWS = dict(seed=st.integers(0, 2**32 - 1), recompute=st.sampled_from(
 SEARCH_MODELS = ("mlp_dropout", "gpt2", "cnn_batchnorm", "straight_through", "lora_llama")
 
 
+#: The devices the device-parametrized tests run on: the CPU, and CUDA where a GPU is
+#: present (`make gpu-tests` selects those with `-k cuda`).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 @functools.cache
 def lowered(name: str, cost_model: str = "flops", backend: str = "eager") -> ir.Graph:
     """A zoo model (tiny) lowered once per test session, with FLOP costs by default;

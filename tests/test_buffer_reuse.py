@@ -22,7 +22,8 @@ from remat_ir.frontends.torch import lower
 from remat_ir.ir import pb, simulate, store_all
 from remat_ir.torchlib.types import resolve_op
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from exactness import DEVICES
+
 SHAPES = [(7,), (3, 37), (2, 5, 1031)]
 
 

@@ -32,7 +32,7 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
-from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
+from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
 from random_networks import RandomNet, programs
 from strategies import search
 
@@ -51,8 +51,7 @@ def _plan_at_half(graph):
 #: (each region is an Inductor compile of about 1.6 s on a CPU: 51 for two blocks).
 ONE_BLOCK = {"gpt2": {"layers": 1}}
 
-#: On a CUDA machine (`make gpu-check`) Inductor's Triton kernels are checked too.
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# On a CUDA machine (`make gpu-tests`) Inductor's Triton kernels are checked too (DEVICES).
 #: Known on CUDA (H100, torch 2.11): gradients within 1e-5, but the compiled step's peak
 #: above the plan's on this tiny graph: straight_through 5,632 bytes against 5,120 (one
 #: 512-byte block, as the loss's gradient seed was, uncounted until

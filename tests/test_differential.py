@@ -23,12 +23,11 @@ from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
 import zoo_models
-from exactness import SCHEDULE_DRAWS, SEARCH_MODELS as MODELS, lowered, random_schedule, side_by_side
+from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS as MODELS, lowered, random_schedule, side_by_side
 from random_networks import RandomNet, programs
 from strategies import search
 
 SETTINGS = search(12, derandomize=True)
-
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -42,9 +41,6 @@ def test_random_schedules_of_real_graphs_match_eager(name, seed, recompute, defe
     errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
                           args, kwargs, loss_of, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
-
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)

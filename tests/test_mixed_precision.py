@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import remat_ir
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from exactness import DEVICES
 
 
 class _Fp32Region(nn.Module):

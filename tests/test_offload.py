@@ -37,7 +37,7 @@ from remat_ir.solvers.offload import (REFINE_LEVELS, add_offloads, coarse_rungs,
 import zoo
 import zoo_models
 from builders import chain
-from exactness import SEARCH_MODELS, lowered, random_schedule, side_by_side
+from exactness import DEVICES, SEARCH_MODELS, lowered, random_schedule, side_by_side
 from random_networks import RandomNet, programs
 from strategies import search, training_graphs
 
@@ -263,9 +263,6 @@ def test_offloading_needs_a_link_and_says_so():
     assert describe_link(graph, "2 GiB/s").bandwidth_bytes_per_s == 2 * 2**30
     with pytest.raises(solvers.BadRequest, match="host_budget: budget '64' has no unit"):
         solvers.solve(graph, "50%", offload=True, host_budget="64")
-
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)

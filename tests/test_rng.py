@@ -19,7 +19,7 @@ from remat_ir.ir import pb
 from remat_ir.ir.rng import plan_rng
 from remat_ir.runtimes.torch import ScheduledModule
 
-from exactness import side_by_side
+from exactness import DEVICES, side_by_side
 
 
 class TwoDropouts(torch.nn.Module):
@@ -57,8 +57,7 @@ def _schedule(graph, order_key, recompute_in_backward=False):
                                     name="reordered", rng_replay=True)
 
 
-#: On a CUDA machine the dropouts draw from the CUDA generator (Philox offsets): checked too.
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# On a CUDA machine the dropouts draw from the CUDA generator (Philox offsets): checked too (DEVICES).
 
 
 @pytest.fixture(scope="module", params=DEVICES)

@@ -19,7 +19,7 @@ from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
-from exactness import side_by_side
+from exactness import DEVICES, side_by_side
 from random_networks import RandomNet, programs
 from strategies import search
 
@@ -170,9 +170,6 @@ def test_unet_planned_by_hiremate_by_default_trains_like_eager():
     assert simulated.recomputations > 0
     assert measured <= schedule.budget_bytes * 1.05, (measured, schedule.budget_bytes)
     assert abs(measured - simulated.peak_bytes) <= 0.01 * simulated.peak_bytes, (measured, simulated.peak_bytes)
-
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -19,7 +19,7 @@ from remat_ir import ir, solvers
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
-from exactness import SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule
+from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule
 from random_networks import RandomNet, programs
 from strategies import search
 from torch_models import gpt2, resnet, unet
@@ -72,9 +72,6 @@ def test_random_schedules_measure_the_peak_they_simulate(name, seed, recompute, 
         measured = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
     assert measured <= simulated + max(64, simulated // 200), (measured, simulated)
     assert measured >= 0.9 * simulated, (measured, simulated)
-
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
