@@ -228,18 +228,22 @@ class NamedArgument(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[_Union[Argument, _Mapping]] = ...) -> None: ...
 
 class Cost(_message.Message):
-    __slots__ = ("time_s", "source", "flops", "workspace_bytes", "bytes_accessed")
+    __slots__ = ("time_s", "source", "flops", "workspace_bytes", "bytes_accessed", "host_s", "device_s")
     TIME_S_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     FLOPS_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_ACCESSED_FIELD_NUMBER: _ClassVar[int]
+    HOST_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_S_FIELD_NUMBER: _ClassVar[int]
     time_s: float
     source: CostSource
     flops: float
     workspace_bytes: int
     bytes_accessed: int
-    def __init__(self, time_s: _Optional[float] = ..., source: _Optional[_Union[CostSource, str]] = ..., flops: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., bytes_accessed: _Optional[int] = ...) -> None: ...
+    host_s: float
+    device_s: float
+    def __init__(self, time_s: _Optional[float] = ..., source: _Optional[_Union[CostSource, str]] = ..., flops: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., bytes_accessed: _Optional[int] = ..., host_s: _Optional[float] = ..., device_s: _Optional[float] = ...) -> None: ...
 
 class Node(_message.Message):
     __slots__ = ("id", "name", "op", "inputs", "outputs", "args", "kwargs", "phase", "forward_node_id", "cost", "random", "mutating", "non_recomputable", "source", "output_indices", "rng_shape_only", "body")
@@ -342,7 +346,7 @@ class HostLink(_message.Message):
     def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., overlapped: _Optional[bool] = ..., source: _Optional[str] = ..., issue_s: _Optional[float] = ...) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule", "backend")
+    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule", "backend", "two_timelines")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TIMED_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +355,7 @@ class CostModel(_message.Message):
     PEAK_BYTE_S_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TWO_TIMELINES_FIELD_NUMBER: _ClassVar[int]
     name: str
     timed_schedule: str
     timed_steps: int
@@ -359,7 +364,8 @@ class CostModel(_message.Message):
     peak_byte_s: float
     calibration_schedule: str
     backend: str
-    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ..., peak_byte_s: _Optional[float] = ..., calibration_schedule: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    two_timelines: bool
+    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ..., peak_byte_s: _Optional[float] = ..., calibration_schedule: _Optional[str] = ..., backend: _Optional[str] = ..., two_timelines: _Optional[bool] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "name", "level", "node_ids", "children", "signature")

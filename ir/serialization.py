@@ -45,6 +45,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
   none: nothing to fill.
 - 1.7 -> 1.8: the provenance gained `runtime_makes_gradient_seeds`; an older file has
   it false, which counts no memory for the output gradients, as before: nothing to fill.
+- 1.8 -> 1.9: costs gained `host_s` and `device_s`, the cost model `two_timelines`; an
+  older file has it false, one timeline of `time_s`, as before: nothing to fill.
 """
 
 from __future__ import annotations

@@ -50,6 +50,16 @@ explains them with an example):
   (`Provenance.cost_model.step_overhead_s`), plus `cost_model.peak_byte_s` x the
   schedule's peak (holding more memory makes every op slower; both are 0 for
   hand-made costs; `runtimes/calibration.py` says how they are measured).
+- With `cost_model.two_timelines` (a GPU, whose kernels run asynchronously to the host
+  that issues them) the compute timeline is the device's, and a host timeline runs
+  beside it: a node (or skipped random run) takes `cost.host_s` of the host's time to
+  issue, then runs for `cost.device_s` on the device once issued and once the device
+  has finished what came before; starting a transfer (`issue_s`) is host time, and a
+  copy starts once the device has reached its step. Waits for transfers are the
+  device's (stream waits). The step ends when both timelines have, plus the overhead
+  and footprint terms. So a recomputation in a stretch the host bounds costs its host
+  time, the device's time hiding in the device's idle gaps (`runtimes/timing.py`
+  measures both).
 The first rule broken stops the simulation and is reported as a `Violation`
 naming the step, the node and the value.
 """
@@ -152,6 +162,9 @@ class _Run:
                             else None)
         self.link = graph.proto.provenance.host_link
         self.clock = 0.0                      # when compute reaches the current step
+        #: With two timelines, when the host has issued everything so far (else unused).
+        self.two_timelines = graph.proto.provenance.cost_model.two_timelines
+        self.issued = 0.0
         self.channels = {"offload": 0.0, "prefetch": 0.0}  # when each direction is free again
         self.host: dict[int, int] = {}        # value -> bytes of its copy in host memory
         self.host_bytes = 0
@@ -169,10 +182,12 @@ class _Run:
         return self.result
 
     def wait(self, until: float) -> None:
-        """Compute waits for a transfer that ends at `until`."""
-        if until > self.clock:
-            self.result.stall_s += until - self.clock
-            self.clock = until
+        """Compute waits for a transfer that ends at `until` (with two timelines the device
+        does, and the stall is only what the wait adds to waiting for the host)."""
+        ready = max(self.clock, self.issued) if self.two_timelines else self.clock
+        if until > ready:
+            self.result.stall_s += until - ready
+        self.clock = max(self.clock, until)
 
     def transfer(self, value_id: int, direction: str) -> float:
         """Queue a copy of the value's storage on the host link's channel for `direction`
@@ -181,12 +196,25 @@ class _Run:
         seconds = transfer_seconds(self.link, size)
         self.result.transfer_s += seconds
         self.result.transferred_bytes += size
-        self.clock += self.link.issue_s     # the host starting it, on the compute timeline
+        if self.two_timelines:
+            self.issued += self.link.issue_s  # the host's work; the copy waits for the device
+            reached = max(self.clock, self.issued)
+        else:
+            self.clock += self.link.issue_s  # the host starting it, on the compute timeline
+            reached = self.clock
         if not self.link.overlapped:
-            self.clock += seconds
+            self.clock = reached + seconds
             return self.clock
-        self.channels[direction] = max(self.channels[direction], self.clock) + seconds
+        self.channels[direction] = max(self.channels[direction], reached) + seconds
         return self.channels[direction]
+
+    def run_node(self, cost: pb.Cost) -> None:
+        """Advance the timelines by one run of a node (see the module docstring)."""
+        if self.two_timelines:
+            self.issued += cost.host_s
+            self.clock = max(self.clock, self.issued) + cost.device_s
+        else:
+            self.clock += cost.time_s
 
     def run(self) -> SimulationResult:
         steps = self.schedule.steps
@@ -228,7 +256,7 @@ class _Run:
                              f"graph output {o.name or pb.OutputRole.Name(o.role).lower()} "
                              f"({self.g.describe_value(o.value_id)}) is not live at the end",
                              value_id=o.value_id)
-        self.result.backward_time_s = self.clock - self.result.forward_time_s
+        self.result.backward_time_s = max(self.clock, self.issued) - self.result.forward_time_s
         self.result.footprint_time_s = (self.g.proto.provenance.cost_model.peak_byte_s
                                         * self.result.peak_bytes)
         return self.result
@@ -262,7 +290,7 @@ class _Run:
                                  "nodes, in its own segment), so its draws cannot be reproduced; "
                                  "run it in that order", node_id=n)
             self.skip_during = max(self.skip_during, self.mem.bytes + skip_bytes(self.g, n, missing))
-            self.clock += self.g.node(n).cost.time_s
+            self.run_node(self.g.node(n).cost)
         return None
 
     def record(self, k: int, during: int) -> SimulationResult | None:
@@ -374,7 +402,7 @@ class _Run:
         during = self.mem.compute(node_id)
         if k in self.rng.replays:  # the generator is set back while the outputs exist
             during = max(during, self.mem.bytes + g.proto.provenance.rng_replay_bytes)
-        self.clock += node.cost.time_s
+        self.run_node(node.cost)
         return self.record(k, during)
 
 

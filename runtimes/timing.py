@@ -21,6 +21,18 @@ inside an op (segment entry, handing the saved tensors over, returning) is the
 step's `overhead_s`. On CUDA the ticks are events, so an op's time is when the
 GPU finished it after the previous one (launch gaps included), and nothing
 synchronizes between ops.
+
+On CUDA each tick also notes the host's clock, which splits every op's time into
+the host's part and the GPU's (`split_timelines`): the host issued op k between
+ticks k-1 and k (host seconds: that gap, less what a tick itself costs the host),
+and the GPU ran it from when it was issued, or from when the GPU finished op k-1 if
+later, to when tick k's event completed (device seconds). Why: the GPU runs kernels
+asynchronously, and a small model's step is bound by the host issuing them (the
+quick GPT-2 on an H100: a 12.6 ms step, the GPU busy about 3 ms of it). An op's
+time in the step is then its host time where the GPU waits for the host and its GPU
+time where the host waits for the GPU; a recomputation moved from one stretch to
+the other costs the other. With both parts the simulator runs both timelines
+(`CostModel.two_timelines`, docs/schedules.md).
 """
 
 from __future__ import annotations
@@ -60,6 +72,9 @@ class ScheduleTiming:
     round_s: list[float] = field(default_factory=list)
     #: On the inductor backend, the node ids of each compiled region, by region index.
     regions: list[list[int]] = field(default_factory=list)
+    #: On CUDA, (node id or region mark, host seconds, device seconds) per compute step,
+    #: in schedule order (`split_timelines`, medians over the timed steps); empty elsewhere.
+    host_device: list[tuple[int, float, float]] = field(default_factory=list)
 
     @property
     def robust_step_s(self) -> float:
@@ -76,6 +91,16 @@ class ScheduleTiming:
                 total.setdefault(node, []).append(seconds)
         return {node: sum(times) / len(times) for node, times in total.items()}
 
+    def node_host_device(self) -> dict[int, tuple[float, float]]:
+        """On CUDA, (host seconds, device seconds) per node timed by itself: the means over
+        its occurrences, as `node_seconds`; empty elsewhere."""
+        total: dict[int, list[tuple[float, float]]] = {}
+        for node, host, device in self.host_device:
+            if node >= 0:
+                total.setdefault(node, []).append((host, device))
+        return {node: (statistics.fmean(h for h, _ in pairs), statistics.fmean(d for _, d in pairs))
+                for node, pairs in total.items()}
+
     def region_seconds(self) -> dict[int, float]:
         """Seconds per compiled region (by index in the plan's `regions`), where the step
         ran on the inductor backend."""
@@ -83,19 +108,50 @@ class ScheduleTiming:
 
 
 class Timeline:
-    """Marks (node id, when) as a step runs; `tick` is what generated code calls."""
+    """Marks (node id, when) as a step runs; `tick` is what generated code calls. On CUDA
+    "when" is an event, and the host's clock is noted beside it."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[int, object]] = []
+        self.host_marks: list[float] = []
 
     def tick(self, node_id: int) -> None:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.marks.append((node_id, event))
+            self.host_marks.append(time.perf_counter())
         else:
             self.marks.append((node_id, time.perf_counter()))
+
+    def clear(self) -> None:
+        self.marks.clear()
+        self.host_marks.clear()
+
+    def host_device(self, tick_s: float) -> list[tuple[int, float, float]]:
+        """On CUDA, `split_timelines` of this step's marks (events completed: call after
+        synchronizing), `tick_s` being what one tick costs the host."""
+        first_event, first_host = self.marks[0][1], self.host_marks[0]
+        marks = [(node, host - first_host, first_event.elapsed_time(event) / 1e3)
+                 for (node, event), host in zip(self.marks, self.host_marks)]
+        return split_timelines(marks, tick_s)
+
+    @staticmethod
+    def host_seconds_per_tick(device: torch.device, ticks: int = 200) -> float:
+        """The host's seconds per tick on `device` (the median of five batches): what the
+        timing itself adds to each op's host time. 0 off CUDA (not used there)."""
+        if device.type != "cuda":
+            return 0.0
+        probe, batches = Timeline(device), []
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(ticks):
+                probe.tick(0)
+            batches.append((time.perf_counter() - started) / ticks)
+            probe.clear()
+        torch.cuda.synchronize(device)
+        return statistics.median(batches)
 
     def op_seconds(self) -> list[tuple[int, float]]:
         """(mark, seconds since the previous mark) for each compute or region mark (a node
@@ -106,6 +162,27 @@ class Timeline:
             if node != -1:
                 out.append((node, before.elapsed_time(after) / 1e3 if self.cuda else after - before))
         return out
+
+
+def split_timelines(marks: list[tuple[int, float, float]], tick_s: float = 0.0
+                    ) -> list[tuple[int, float, float]]:
+    """(mark, host seconds, device seconds) for each compute or region mark of one step,
+    from its marks (mark, host clock, device clock), both clocks in seconds from the
+    first mark, which the device reached when the host made it (the step starts on an
+    idle device). The k-th op was issued by the host between marks k-1 and k, so its
+    host time is that gap less `tick_s` (a mark's own cost to the host); the device ran
+    it from max(when it was issued, when the device finished the previous mark) to
+    mark k: its device time. These are the costs for which two timelines (host issuing,
+    device running each op once issued and free) replay the marks as they were
+    measured, up to the marks' own host cost. Segment entry marks (-1) carry no op:
+    what precedes them is the step's overhead."""
+    out = []
+    for (_, host_before, device_before), (mark, host, device) in zip(marks, marks[1:]):
+        if mark == -1:
+            continue
+        out.append((mark, max(0.0, host - host_before - tick_s),
+                    max(0.0, device - max(device_before, host))))
+    return out
 
 
 def _resident(graph: Graph, value_ids: list[int], values: Mapping[int, torch.Tensor],
@@ -157,9 +234,11 @@ class _Step:
         self.tangents = [_output_gradient(graph.value(t), device) if t is not None
                          else torch.zeros((), device=device) for t in plan.tangents]
         self.runs: list[tuple[list[tuple[int, float]], float]] = []
+        self.tick_s = Timeline.host_seconds_per_tick(device)
+        self.host_device: list[list[tuple[int, float, float]]] = []
 
     def run(self, timed: bool) -> None:
-        self.timeline.marks.clear()
+        self.timeline.clear()
         _synchronize(self.device)
         started = time.perf_counter()
         outputs, _, saved = self.forward(self.resident)
@@ -170,6 +249,8 @@ class _Step:
         wall = time.perf_counter() - started
         if timed:
             self.runs.append((self.timeline.op_seconds(), wall))
+            if self.timeline.cuda:
+                self.host_device.append(self.timeline.host_device(self.tick_s))
 
     def timing(self) -> ScheduleTiming:
         runs = self.runs
@@ -177,8 +258,11 @@ class _Step:
                        for i, (node, _) in enumerate(runs[0][0])]
         step_s = statistics.median(wall for _, wall in runs)
         overhead = statistics.median(wall - sum(s for _, s in run) for run, wall in runs)
+        host_device = [(node, statistics.median(run[i][1] for run in self.host_device),
+                        statistics.median(run[i][2] for run in self.host_device))
+                       for i, (node, _, _) in enumerate(self.host_device[0])] if self.host_device else []
         return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs),
-                              [wall for _, wall in runs], self.regions)
+                              [wall for _, wall in runs], self.regions, host_device)
 
 
 def ratio_interval(times: list[float], reference: list[float], per_round: int = 1, level: float = 0.95,

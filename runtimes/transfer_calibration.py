@@ -15,8 +15,10 @@ at the end of the forward and prefetched at the start of the backward (as much s
 as the step has, so that no copy is late on a fast link; a late one is a stall the
 simulator counts). Rounds interleave the two (`timing.time_schedules`). The host time
 per transfer is what makes the simulator's difference between the two steps match the
-measured one: (measured difference - simulated difference without host time) /
-transfers, the measured difference being the median of the rounds' differences.
+measured one (the median of the rounds' differences): with one timeline, (measured
+difference - simulated difference without host time) / transfers; with two (a GPU's
+host and device, `timing.split_timelines`), found by bisection, since host time costs
+the step only where the host bounds it.
 `remat_ir.lowering.add_costs` keeps the larger of it and the isolated measure, on
 devices whose transfers overlap compute (CUDA; a CPU's copies are the compute
 timeline's own, and the step measures them as such).
@@ -77,20 +79,36 @@ def fit_issue_seconds(graph: Graph, store: pb.Schedule, store_rounds: list[float
                       trips: pb.Schedule, trips_rounds: list[float]) -> float | None:
     """Host seconds per transfer that make the simulator's time of `trips` minus that of
     `store` match the measured difference (median over paired rounds); None without
-    two rounds of each. Never negative."""
+    two rounds of each. Never negative. With one timeline every second of host time per
+    transfer adds one to the step per transfer; with two (`CostModel.two_timelines`) only
+    where the host bounds the step, so the value is found by bisection on the simulator."""
     rounds = min(len(store_rounds), len(trips_rounds))
     if rounds < 2:
         return None
     measured = statistics.median(t - s for t, s in zip(trips_rounds[:rounds], store_rounds[:rounds]))
-    transfers = sum(s.HasField("offload") or s.HasField("prefetch") for s in trips.steps)
     link = graph.proto.provenance.host_link
-    issue = link.issue_s
-    link.issue_s = 0.0
+    issue, base = link.issue_s, simulate(graph, store).total_time_s
+
+    def added(issue_s: float) -> float:
+        """The simulated difference between the two steps at `issue_s` per transfer."""
+        link.issue_s = issue_s
+        return simulate(graph, trips).total_time_s - base
+
     try:
-        simulated = simulate(graph, trips).total_time_s - simulate(graph, store).total_time_s
+        if added(0.0) >= measured:
+            return 0.0
+        high = 1e-6
+        while added(high) < measured:
+            high *= 2
+            if high > 1.0:  # a second per transfer does not account for it: not a host cost
+                return None
+        low = 0.0
+        for _ in range(50):
+            middle = (low + high) / 2
+            low, high = (middle, high) if added(middle) < measured else (low, middle)
+        return high
     finally:
         link.issue_s = issue
-    return max(0.0, (measured - simulated) / transfers)
 
 
 def calibrate_issue_seconds(graph: Graph, values: Mapping[int, torch.Tensor], device: torch.device | str,
