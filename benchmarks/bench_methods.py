@@ -130,6 +130,18 @@ class RematPlanner:
             f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated), footprint price "
             f"{self.graph.proto.provenance.cost_model.peak_byte_s * 2**20 * 1e3:.3f} ms per MiB of peak")
 
+    def one_timeline_ratio(self, schedule: ir.pb.Schedule) -> float:
+        """The time ratio of `schedule` to store-everything's that one timeline of the nodes'
+        `time_s` predicts on a graph costed with two (CUDA): what the model said before IR
+        1.9, reported beside the two timelines' figure so that one run compares them."""
+        record = self.graph.proto.provenance.cost_model
+        record.two_timelines = False
+        try:
+            return (ir.simulate(self.graph, schedule).total_time_s
+                    / ir.simulate(self.graph, ir.store_all(self.graph)).total_time_s)
+        finally:
+            record.two_timelines = True
+
     def _plan(self, solver: str, budget, time_limit_s: float | None, offload: bool = False):
         """(schedule, planning seconds) at `budget`, planned once per (solver, budget,
         offload); InfeasibleBudget (with `planning_s`) if the budget is out of reach.
@@ -203,6 +215,9 @@ class RematPlanner:
                     predicted_peak_share=round(simulated.peak_bytes / self.store_all_peak, 4),
                     predicted_time_ratio=round(simulated.total_time_s / self.store_all_time, 4),
                     recomputations=simulated.recomputations)
+        if self.graph.proto.provenance.cost_model.two_timelines:
+            info.update(two_timelines=True,
+                        predicted_time_ratio_one_timeline=round(self.one_timeline_ratio(schedule), 4))
         if offload:
             info.update(offloads=sum(1 for s in schedule.steps if s.HasField("offload")),
                         transferred_bytes=simulated.transferred_bytes,

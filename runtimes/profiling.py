@@ -417,7 +417,7 @@ def _time_in_step(graph: Graph, device: torch.device, values, low_memory, progre
         cost = graph.node(node_id).cost
         cost.time_s, cost.source = seconds, pb.TIMED_IN_STEP
         if two_timelines:
-            cost.host_s, cost.device_s = host_device[node_id]
+            cost.host_s, cost.device_s = host_device.get(node_id, (seconds, 0.0))
     record.two_timelines = two_timelines
     record.timed_schedule, record.timed_steps, record.backend = "store_all", timings[0].steps, "eager"
     record.step_overhead_s = timings[0].overhead_s

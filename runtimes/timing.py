@@ -133,8 +133,9 @@ class Timeline:
         """On CUDA, `split_timelines` of this step's marks (events completed: call after
         synchronizing), `tick_s` being what one tick costs the host."""
         first_event, first_host = self.marks[0][1], self.host_marks[0]
-        marks = [(node, host - first_host, first_event.elapsed_time(event) / 1e3)
-                 for (node, event), host in zip(self.marks, self.host_marks)]
+        marks = [(self.marks[0][0], 0.0, 0.0)]
+        marks += [(node, host - first_host, first_event.elapsed_time(event) / 1e3)
+                  for (node, event), host in zip(self.marks[1:], self.host_marks[1:])]
         return split_timelines(marks, tick_s)
 
     @staticmethod
