@@ -124,11 +124,16 @@ class RematPlanner:
         self.plans: dict[tuple, tuple | InfeasibleBudget] = {}
         reference = ir.store_all(self.graph)
         self.store_all_peak = reference.predicted_peak_bytes
-        self.store_all_time = ir.simulate(self.graph, reference).total_time_s
+        simulated = ir.simulate(self.graph, reference)
+        self.store_all_time = simulated.total_time_s
+        #: With two timelines (CUDA): store-everything's host and device busy seconds.
+        self.busy = (simulated.host_busy_s, simulated.device_busy_s) if simulated.host_busy_s else None
         say(f"  lowered{'' if backend == 'eager' else f' for {backend}'}: {len(self.graph.nodes)} nodes "
             f"in {self.lowering_s:.1f} s, "
             f"store-everything peak {self.store_all_peak / 2**20:.1f} MiB (simulated), footprint price "
-            f"{self.graph.proto.provenance.cost_model.peak_byte_s * 2**20 * 1e3:.3f} ms per MiB of peak")
+            f"{self.graph.proto.provenance.cost_model.peak_byte_s * 2**20 * 1e3:.3f} ms per MiB of peak"
+            + (f"; two timelines, store-everything's host busy {self.busy[0] * 1e3:.2f} ms, device "
+               f"{self.busy[1] * 1e3:.2f} ms of {self.store_all_time * 1e3:.2f} ms" if self.busy else ""))
 
     def one_timeline_ratio(self, schedule: ir.pb.Schedule) -> float:
         """The time ratio of `schedule` to store-everything's that one timeline of the nodes'
@@ -215,8 +220,8 @@ class RematPlanner:
                     predicted_peak_share=round(simulated.peak_bytes / self.store_all_peak, 4),
                     predicted_time_ratio=round(simulated.total_time_s / self.store_all_time, 4),
                     recomputations=simulated.recomputations)
-        if self.graph.proto.provenance.cost_model.two_timelines:
-            info.update(two_timelines=True,
+        if self.busy:
+            info.update(two_timelines=True, store_all_host_busy_s=self.busy[0], store_all_device_busy_s=self.busy[1],
                         predicted_time_ratio_one_timeline=round(self.one_timeline_ratio(schedule), 4))
         if offload:
             info.update(offloads=sum(1 for s in schedule.steps if s.HasField("offload")),

@@ -127,6 +127,11 @@ class SimulationResult:
     transferred_bytes: int = 0
     #: Most bytes of offloaded copies held in host memory at once.
     host_peak_bytes: int = 0
+    #: With two timelines: the seconds the host spent issuing nodes and transfers, and the
+    #: seconds the device spent running nodes (0 with one timeline). Their ratio says
+    #: which one bounds the step.
+    host_busy_s: float = 0.0
+    device_busy_s: float = 0.0
 
     @property
     def valid(self) -> bool:
@@ -213,6 +218,7 @@ class _Run:
         if self.two_timelines:
             self.issued += cost.host_s
             self.clock = max(self.clock, self.issued) + cost.device_s
+            self.result.device_busy_s += cost.device_s
         else:
             self.clock += cost.time_s
 
@@ -257,6 +263,7 @@ class _Run:
                              f"({self.g.describe_value(o.value_id)}) is not live at the end",
                              value_id=o.value_id)
         self.result.backward_time_s = max(self.clock, self.issued) - self.result.forward_time_s
+        self.result.host_busy_s = self.issued
         self.result.footprint_time_s = (self.g.proto.provenance.cost_model.peak_byte_s
                                         * self.result.peak_bytes)
         return self.result

@@ -301,9 +301,10 @@ def test_the_time_model_table_judges_each_plan_against_its_interval():
     assert "| rotor 30% | infeasible |" in text and "50 rounds of 2 timed steps" in text
     assert "Time model: 2 of 3 plans predicted within 3%" in text and "not: hiremate 30% (predicted x1.200)" in text
     # Costs on two timelines (CUDA): one timeline's prediction is set beside the two's.
-    two = [{**r, "two_timelines": True, "predicted_time_ratio_one_timeline": 1.25} if "measured_time_interval" in r else r
-           for r in rows]
+    two = [{**r, "two_timelines": True, "predicted_time_ratio_one_timeline": 1.25, "store_all_host_busy_s": 0.0126,
+            "store_all_device_busy_s": 0.003} if "measured_time_interval" in r else r for r in rows]
     text = time_model.table(two)
+    assert "host busy 12.60 ms and device busy 3.00 ms per step" in text
     assert "with one timeline's prediction beside it" in text
     assert "| hiremate 50% | 50.0% | 1.000 | x1.100 | x1.250 | x1.120 | 1.100-1.140 | 0.982 | yes |" in text
     assert "| rotor 30% | infeasible | | | | | | | |" in text

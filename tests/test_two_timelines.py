@@ -100,6 +100,8 @@ def test_a_step_takes_at_least_each_timeline_and_at_most_both(g, data):
     assert result.total_time_s == pytest.approx(marks[-1][2], abs=1e-12)
     assert max(sum(host[n] for n in order), sum(device[n] for n in order)) <= result.total_time_s + 1e-12
     assert result.total_time_s <= sum(host[n] + device[n] for n in order) + 1e-12
+    assert result.host_busy_s == pytest.approx(sum(host[n] for n in order))
+    assert result.device_busy_s == pytest.approx(sum(device[n] for n in order))
 
 
 def test_a_recomputation_where_the_host_bounds_the_step_costs_its_host_time():
