@@ -124,6 +124,8 @@ def _fused_node(graph: Graph, group: list[int]) -> pb.Node:
     if root.HasField("forward_node_id"):
         fused.forward_node_id = root.forward_node_id
     fused.cost.time_s = sum(m.cost.time_s for m in members)
+    fused.cost.host_s = sum(m.cost.host_s for m in members)
+    fused.cost.device_s = sum(m.cost.device_s for m in members)
     fused.cost.flops = sum(m.cost.flops for m in members)
     fused.cost.bytes_accessed = sum(m.cost.bytes_accessed for m in members)
     fused.cost.source = root.cost.source

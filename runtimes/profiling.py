@@ -225,6 +225,7 @@ def priced_for(graph: Graph, device_type: str) -> Graph:
     for node in graph.proto.nodes:
         node.cost.time_s = analytic_seconds(node.cost.flops, node.cost.bytes_accessed, device_type)
     graph.proto.provenance.cost_device = f"{device_type} (FLOP-model rates, not measured)"
+    graph.proto.provenance.cost_model.two_timelines = False  # host and device times were measured ones
     return graph
 
 
