@@ -103,7 +103,7 @@ def fit_issue_seconds(graph: Graph, store: pb.Schedule, store_rounds: list[float
             if high > 1.0:  # a second per transfer does not account for it: not a host cost
                 return None
         low = 0.0
-        for _ in range(50):
+        for _ in range(40):  # to a millionth of a microsecond, from under a second
             middle = (low + high) / 2
             low, high = (middle, high) if added(middle) < measured else (low, middle)
         return high

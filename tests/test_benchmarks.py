@@ -376,3 +376,16 @@ def test_plans_made_in_worker_processes_are_the_plans_made_here():
     expected = bench_methods.plan_once(own_copy(), "rotor", "1%", None, False)
     assert isinstance(refused, InfeasibleBudget) and isinstance(expected, InfeasibleBudget)
     assert (refused.budget, refused.smallest_feasible) == (expected.budget, expected.smallest_feasible)
+
+
+def test_the_prediction_spread_table_relates_the_spread_to_the_overhead():
+    """The spread of one plan's predictions over lowerings, against its median overhead:
+    what decides whether one run can judge "within a fifth of the overhead"."""
+    import prediction_spread
+
+    context = {"run": "r", "device": "cpu", "commit": "abc1234", "lowerings": 3}
+    rows = [{**context, "model": "cnn", "plan": "hiremate 50%", "predicted_where_planned": 1.11,
+             "predicted": [1.14, 1.10, 1.12]}]
+    text = prediction_spread.table(rows)
+    assert "| cnn | hiremate 50% | x1.110 | x1.100 | x1.120 | x1.140 | 33% |" in text
+    assert "each of 3 further lowerings" in text
