@@ -20,6 +20,9 @@ store-everything step is predicted as it ran compiled, and a recomputation costs
 what its node cost inside a compiled region: a fused elementwise op its fused share,
 a matrix product its full time.
 
+On CUDA a region's host seconds and device seconds (two timelines, `timing.py`) are
+shared among its nodes the same way, from their op-by-op host and device seconds.
+
 What this does not see: a recomputed node fuses with its new neighbours, not its
 old ones, so its share is the one its region gave it in store-everything; and the
 footprint term (`calibration.py`) is not calibrated on compiled steps (0).

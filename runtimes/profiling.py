@@ -21,9 +21,10 @@ and the facade (`remat_ir.lowering`) adds them with `estimate_costs`.
   footprint term is left out. For plans run compiled (`backend="inductor"`), the
   store-everything step then runs compiled too, and each region's time is shared
   among its nodes (`compiled_costs.py`; `cost_model.backend` says which). On CUDA
-  (op by op) each node also gets its host and device seconds (`timing.split_timelines`,
-  `cost.host_s`/`device_s`, `cost_model.two_timelines`), and the footprint term,
-  whose fit assumes one timeline, is left out.
+  each node also gets its host and device seconds (`timing.split_timelines`,
+  `cost.host_s`/`device_s`, `cost_model.two_timelines`; a compiled region's are shared
+  among its nodes as its time is), and the footprint term, whose fit assumes one
+  timeline, is left out.
 - "isolated": every distinct (op, input shapes/strides/dtypes, other arguments)
   is run on the target device with synthetic inputs (floats normal, integers
   and booleans zero, so indices stay in range): one warm-up, then the median of
@@ -364,9 +365,19 @@ def _time_compiled(graph: Graph, device: torch.device, values, progress) -> None
              **share_region_times(graph, timing.regions, timing.region_seconds(), eager_seconds)}
     for node_id, seconds in costs.items():
         graph.node(node_id).cost.time_s = seconds
+    if record.two_timelines:  # CUDA: the regions' host and device seconds, shared the same way
+        host, device = timing.region_host_device()
+        eager_host = {n.id: n.cost.host_s for n in graph.proto.nodes}
+        eager_device = {n.id: n.cost.device_s for n in graph.proto.nodes}
+        hosts = {**{n: h for n, (h, _) in timing.node_host_device().items()},
+                 **share_region_times(graph, timing.regions, host, eager_host)}
+        devices = {**{n: d for n, (_, d) in timing.node_host_device().items()},
+                   **share_region_times(graph, timing.regions, device, eager_device)}
+        for node_id, seconds in costs.items():
+            cost = graph.node(node_id).cost
+            cost.host_s, cost.device_s = hosts.get(node_id, seconds), devices.get(node_id, 0.0)
     record.backend, record.timed_steps = "inductor", timing.steps
     record.step_overhead_s = timing.overhead_s
-    record.two_timelines = False  # the op-by-op step's split does not hold for compiled regions
     record.note = "the footprint term is not calibrated on compiled steps: it is left out"
 
 

@@ -106,6 +106,12 @@ class ScheduleTiming:
         ran on the inductor backend."""
         return {region_tick(mark): seconds for mark, seconds in self.occurrences if mark <= -2}
 
+    def region_host_device(self) -> tuple[dict[int, float], dict[int, float]]:
+        """On CUDA and the inductor backend, each compiled region's host seconds and its
+        device seconds (by region index), as `region_seconds` has its time."""
+        marks = [(region_tick(mark), host, device) for mark, host, device in self.host_device if mark <= -2]
+        return {i: host for i, host, _ in marks}, {i: device for i, _, device in marks}
+
 
 class Timeline:
     """Marks (node id, when) as a step runs; `tick` is what generated code calls. On CUDA

@@ -173,3 +173,14 @@ def test_profiled_costs_replay_the_timed_step(device):
     predicted = ir.simulate(graph, store_all(graph)).total_time_s
     one = sum(n.cost.time_s for n in timed) + record.step_overhead_s
     assert 0.5 * one <= predicted <= 1.02 * one, (predicted, one)
+
+
+def test_a_timings_host_and_device_seconds_by_node_and_by_compiled_region():
+    """Per node, the mean over its occurrences (a recomputed node runs twice); per compiled
+    region (marks -2, -3, ...), its own split, by region index."""
+    from remat_ir.runtimes.timing import ScheduleTiming
+
+    timing = ScheduleTiming([], 0.0, 0.0, 1, host_device=[
+        (7, 1e-5, 3e-5), (-2, 4e-5, 9e-5), (7, 3e-5, 1e-5), (-3, 2e-5, 0.0), (8, 5e-6, 0.0)])
+    assert timing.node_host_device() == {7: pytest.approx((2e-5, 2e-5)), 8: (5e-6, 0.0)}
+    assert timing.region_host_device() == ({0: 4e-5, 1: 2e-5}, {0: 9e-5, 1: 0.0})
