@@ -166,9 +166,13 @@ def test_profiled_costs_replay_the_timed_step(device):
     assert timed, record.note
     if torch.device(device).type != "cuda":
         assert not record.two_timelines
+        from remat_ir.reports import inspect_lines
+        assert "two timelines" not in "\n".join(inspect_lines(graph, "gpt2.rir"))
         assert all(n.cost.host_s == 0 and n.cost.device_s == 0 for n in graph.proto.nodes)
         return
     assert record.two_timelines, record.note
+    from remat_ir.reports import inspect_lines
+    assert "two timelines: each op's host time" in "\n".join(inspect_lines(graph, "gpt2.rir"))
     assert all(n.cost.host_s > 0 for n in timed)
     predicted = ir.simulate(graph, store_all(graph)).total_time_s
     one = sum(n.cost.time_s for n in timed) + record.step_overhead_s
