@@ -75,3 +75,43 @@ def test_random_networks_under_random_schedules_match_eager(device, program, see
     errors = side_by_side(fresh, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
                           (x,), {}, lambda out: out, steps=2, forward_context=forward_context)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
+
+
+def test_a_step_that_diverges_in_eager_too_is_compared_where_it_is_finite():
+    """NaN is never equal to NaN: a network that reaches inf and then NaN gradients in
+    eager (soak, 2026-11-28: a layer norm's output multiplied by its own transpose twice,
+    in `test_random_offloads_and_recomputations_in_random_networks_match_eager`) counted
+    as wrong with NaNs in the same places on both sides. Agreement on every NaN and
+    infinity is agreement; a NaN or an infinity on one side only is an infinite error."""
+    from exactness import relative_error
+
+    nan, inf = float("nan"), float("inf")
+    a = torch.tensor([1.0, nan, inf, -2.0])
+    assert relative_error(a, a.clone()) == 0.0
+    assert relative_error(a, torch.tensor([1.0, 2.0, inf, -2.0])) == inf      # NaN on one side
+    assert relative_error(a, torch.tensor([1.0, nan, -inf, -2.0])) == inf     # opposite infinities
+    assert relative_error(a, torch.tensor([1.5, nan, inf, -2.0])) == pytest.approx(0.25)
+
+    class Diverging(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((4,), 1e30))
+
+        def forward(self, x):
+            return (x * self.weight).exp().sum() * 0.0   # NaN: 0 x inf, and NaN gradients
+
+    class Poisoned(torch.nn.Module):
+        """The same module, with a NaN in its output where eager has none."""
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) * torch.tensor(nan)
+
+    x = torch.tensor([1.0, 0.0, -1.0, 2.0])
+    diverging = Diverging()
+    assert side_by_side(diverging, lambda m: m, (x,), {}, lambda out: out) == {}
+    assert diverging.weight.isnan().any()   # its gradients were NaN, alike on both sides
+    with pytest.raises(AssertionError, match="relative error inf"):
+        side_by_side(torch.nn.Linear(4, 1), lambda m: Poisoned(m), (x,), {}, lambda out: out.sum())

@@ -124,6 +124,10 @@ def test_random_recomputations_of_idle_values_match_eager(name, seed):
 @search(10, derandomize=True)
 @given(program=programs(), seed=st.integers(0, 2**32 - 1), share=st.sampled_from([0.1, 0.5, 1.0]),
        recompute=st.booleans())
+# Soak, 2026-11-28: diverges in eager too (inf, then NaN gradients in the second step),
+# which the comparison counted as a mismatch (`exactness.relative_error`).
+@example(program=[("relu", (0,)), ("layer_norm", (0,)), ("relu", (0,)), ("matmul_t", (2, 2)),
+                  ("matmul_t", (4, 4)), ("linear", (5,))], seed=0, share=0.1, recompute=False)
 def test_random_offloads_and_recomputations_in_random_networks_match_eager(program, seed, share,
                                                                           recompute):
     """Both moves of `add_offloads` in random schedules of random networks
