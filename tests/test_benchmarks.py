@@ -383,9 +383,13 @@ def test_the_prediction_spread_table_relates_the_spread_to_the_overhead():
     what decides whether one run can judge "within a fifth of the overhead"."""
     import prediction_spread
 
-    context = {"run": "r", "device": "cpu", "commit": "abc1234", "lowerings": 3}
+    context = {"run": "r", "device": "cpu", "commit": "abc1234", "lowerings": 3, "rounds": 30}
     rows = [{**context, "model": "cnn", "plan": "hiremate 50%", "predicted_where_planned": 1.11,
-             "predicted": [1.14, 1.10, 1.12]}]
+             "predicted": [1.14, 1.10, 1.12], "measured": 1.11},
+            {**context, "model": "cnn", "plan": "hiremate 70%", "predicted_where_planned": 1.03,
+             "predicted": [1.03, 1.04, 1.02], "measured": None}]
     text = prediction_spread.table(rows)
-    assert "| cnn | hiremate 50% | x1.110 | x1.100 | x1.120 | x1.140 | 33% |" in text
-    assert "each of 3 further lowerings" in text
+    # overheads 14%, 10%, 12% against 11%: 10% and 12% within a fifth (8.8%-13.2%)
+    assert "| cnn | hiremate 50% | x1.110 | x1.110 | x1.100 | x1.120 | x1.140 | 33% | 1.09 | 2 of 3 |" in text
+    assert "| cnn | hiremate 70% |  | x1.030 | x1.020 | x1.030 | x1.040 | 67% |  | |" in text
+    assert "each of 3 further lowerings" in text and "30 interleaved rounds" in text
