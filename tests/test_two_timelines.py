@@ -65,8 +65,8 @@ def two_timeline_costs(g: ir.Graph, host: dict[int, float], device: dict[int, fl
 
 
 @search(60)
-@given(training_graphs(), st.data())
-def test_with_one_side_free_two_timelines_are_one(g, data):
+@given(training_graphs())
+def test_with_one_side_free_two_timelines_are_one(g):
     """A device that takes no time (host-bound throughout) or a host that takes none: the
     two timelines give the one timeline's step for store-everything and recompute-all."""
     times = {n.id: n.cost.time_s for n in g.proto.nodes}
