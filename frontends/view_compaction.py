@@ -16,9 +16,13 @@ storage was last read (the base, its other views), and covers at most half of th
 storage, a `clone` of the view is inserted just after that last other read, and
 the view's later readers read the clone instead. The storage then dies at the
 clone, and the clone (contiguous, the view's bytes only) lives on. A clone copies
-values exactly, so every reader computes the same bits (the readers of these
-slices in the zoo are additions and convolution backwards, which make their
-inputs contiguous themselves).
+values exactly, but not a strided view's strides, and a reader that reduces may sum
+in another order on another layout: only where the view is dense (the clone keeps its
+strides) or every later reader computes the same bits on any layout
+(`_reads_any_layout`: pointwise ops, and convolution backwards, which make their
+inputs contiguous themselves) is the copy made. Soak, 2026-11-28: a slice of a
+`cat`'s gradient read by a batch-norm backward, copied, gave its weight's gradient
+4e-8 off eager's, on store-everything.
 
 Left alone: views returned by the graph (a returned tensor keeps eager's layout),
 storages written in place, and graph inputs (parameters and buffers live anyway).
@@ -39,7 +43,11 @@ _aten = torch.ops.aten
 
 #: Bumped when the rewrite changes the graphs it makes: benchmark caches of lowered graphs
 #: key on it (benchmarks/solvers.py).
-REVISION = 1
+REVISION = 2
+
+#: Readers that are not pointwise but compute the same bits whatever their inputs'
+#: strides: convolution backwards make their gradient contiguous first.
+LAYOUT_FREE_READERS = frozenset({_aten.convolution_backward.default})
 
 #: How far after the storage's other last read a view must be read, as a share of the
 #: graph's ops, for a copy to be worth it.
@@ -68,6 +76,20 @@ def _storage_roots(graph: torch.fx.Graph) -> dict[torch.fx.Node, torch.fx.Node]:
         else:
             root[node] = node
     return root
+
+
+def _kept_by_clone(tensor: torch.Tensor) -> bool:
+    """Whether `clone` gives `tensor`'s own strides: a contiguous or channels-last dense
+    layout (others, which a copy may keep too, are counted out)."""
+    return tensor.is_contiguous() or (tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last))
+
+
+def _reads_any_layout(node: torch.fx.Node) -> bool:
+    """Whether `node` computes the same bits whatever the strides of the tensors it reads:
+    a pointwise op (each element alone: torch's `pointwise` tag) or one of
+    `LAYOUT_FREE_READERS`."""
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and (torch.Tag.pointwise in node.target.tags or node.target in LAYOUT_FREE_READERS))
 
 
 def _bytes(node: torch.fx.Node) -> tuple[int, int] | None:
@@ -113,6 +135,8 @@ def compact_views(module: torch.fx.GraphModule) -> int:
         after = nodes[others]
         late_users = [u for u in latest.users if position[u] > others]
         fake = latest.meta["val"]
+        if not (_kept_by_clone(fake) or all(_reads_any_layout(u) for u in late_users)):
+            continue  # the copy's layout would change what a later reader sums, and in which order
         meta = {k: v for k, v in latest.meta.items() if k != "partitioner_tag"}
         if "partitioner_tag" in after.meta:  # the copy runs where `after` runs
             meta["partitioner_tag"] = after.meta["partitioner_tag"]

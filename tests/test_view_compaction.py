@@ -104,3 +104,26 @@ def test_random_schedules_with_copies_train_like_eager(seed, recompute, defer, g
     errors = side_by_side(copy.deepcopy(model), lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
                           (x,), {}, lambda out: out, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
+
+
+def test_a_strided_view_read_by_a_reduction_keeps_eagers_layout():
+    """Soak, 2026-11-28: a slice of a `cat`'s gradient (3x6 of 3x12, strided) read late by
+    a batch-norm backward was copied into a contiguous tensor, and the reduction summed in
+    another order: its weight's gradient 4e-8 off eager's on store-everything. Such a view
+    is not copied (only pointwise readers and convolution backwards take a copy's layout),
+    and the step is bitwise eager's."""
+    from random_networks import RandomNet
+
+    program = [("relu", (0,)), ("add", (0, 0)), ("batch_norm", (0,)), ("relu", (0,)), ("layer_norm", (0,)),
+               ("add", (0, 0)), ("cat_linear", (0, 3)), ("linear", (7,))]
+    torch.manual_seed(0)
+    x = torch.randn(3, 6)
+    graph = lower_torch(RandomNet(program, 6), (x,), cost_model=None)
+    for node in graph.proto.nodes:
+        if node.op == "aten.clone.default":
+            readers = {graph.node(u).op for u in graph.users(node.outputs[0])}
+            assert "aten.native_batch_norm_backward.default" not in readers, readers
+    torch.manual_seed(0)
+    errors = side_by_side(RandomNet(program, 6), lambda m: ScheduledModule(m, graph, ir.store_all(graph)),
+                          (x,), {}, lambda out: out)
+    assert errors == {}, errors
