@@ -106,6 +106,8 @@ def main(argv=None) -> int:
         parser.error("--plans: offloading plans are not predicted here")
     if args.lowerings < 2:
         parser.error("--lowerings must be at least 2 (a spread needs two)")
+    if args.rounds < 0:
+        parser.error("--rounds must be 0 (predictions only) or more")
     device = torch.device(args.device)
     context = training_step.run_context(device, "prediction-spread")
     context["allocator"] = training_step.steady_allocator() if device.type == "cpu" else "default"
