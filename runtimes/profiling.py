@@ -369,9 +369,10 @@ def _time_compiled(graph: Graph, device: torch.device, values, progress) -> None
         host, device = timing.region_host_device()
         eager_host = {n.id: n.cost.host_s for n in graph.proto.nodes}
         eager_device = {n.id: n.cost.device_s for n in graph.proto.nodes}
-        hosts = {**{n: h for n, (h, _) in timing.node_host_device().items()},
+        outside = timing.node_host_device()  # steps outside regions, timed one by one
+        hosts = {**{n: h for n, (h, _) in outside.items()},
                  **share_region_times(graph, timing.regions, host, eager_host)}
-        devices = {**{n: d for n, (_, d) in timing.node_host_device().items()},
+        devices = {**{n: d for n, (_, d) in outside.items()},
                    **share_region_times(graph, timing.regions, device, eager_device)}
         for node_id, seconds in costs.items():
             cost = graph.node(node_id).cost
