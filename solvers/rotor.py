@@ -92,7 +92,10 @@ class Stage:
     directs: list[StageOption] = field(default_factory=list)
     nostore_peak: int = 0           # bytes during its forward when keeping only its output
     boundary: int = 0               # bytes of its output (input of the next stage)
-    gradient: int = 0               # bytes of gradients its backward reads from later ones
+    #: Bytes of gradients live when its backward starts, made by later stages' backwards:
+    #: those it reads and those passing it for earlier stages (a gradient the loss's stage
+    #: makes for the first stage's backward is held through every stage between).
+    gradient: int = 0
     outputs: int = 0                # bytes of graph outputs its backward produces
 
 
@@ -114,6 +117,11 @@ class Chain:
         self.read_by_backward = frozenset(tg.root(p) for p in tg.needed_by_backward)
         self.last_forward_read = {tg.root(p): tg.position[n] for n in tg.forward
                                   for p in tg.node_inputs(n)}
+        #: Per backward node, its stage and the earliest stage whose backward reads it (the
+        #: backwards run from the last stage to the first: it is live until that one's).
+        stage_of = {b: seg.index for seg in self.segments for b in seg.backward}
+        last_reader = {b: min([stage_of[u] for u in tg.node_users[b] if u in stage_of],
+                              default=stage_of[b]) for b in stage_of}
         self.stages: list[Stage] = []
         for seg in self.segments:
             nodes = set(seg.forward)
@@ -126,9 +134,13 @@ class Chain:
             seg_bwd = set(seg.backward)
             grads_in = frozenset(p for b in seg.backward for p in tg.node_inputs(b)
                                  if p in backward and p not in seg_bwd)
-            grads_out = {b for b in seg.backward if any(u in backward and u not in seg_bwd
-                                                        for u in tg.node_users[b])}
-            stage.gradient = sum(tg.memory[p] for p in grads_in)
+            # Held past its backward: what it makes for earlier stages, and what it reads
+            # that an earlier stage reads too.
+            grads_out = ({b for b in seg.backward if any(u in backward and u not in seg_bwd
+                                                         for u in tg.node_users[b])}
+                         | {p for p in grads_in if last_reader[p] < seg.index})
+            stage.gradient = sum(tg.memory[p] for p, first in last_reader.items()
+                                 if first <= seg.index < stage_of[p])
             # A parameter's gradient is often a view (t() of a mm): count what it keeps
             # alive; a node returning one beside other results (convolution_backward's
             # weight gradient beside its input gradient) keeps only that to the end.
