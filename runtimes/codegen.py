@@ -639,7 +639,7 @@ class _Runs:
             return self._eager_lines(steps)
         name = f"_region{len(self.regions)}"
         region = Region(self.graph, nodes, list(inputs), outputs, self.device, name,
-                        range(steps[0][2], steps[-1][2] + 1))
+                        [k for _, _, k in steps])
         self.regions.append(region)
         self.writer.globals[name] = region
         lines = [f"_in = [{', '.join(_tensor_name(v) for v in inputs)}]"]

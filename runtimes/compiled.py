@@ -128,10 +128,11 @@ class Region:
 
     `inputs`: value ids the run reads that it does not produce, in call order;
     `outputs`: value ids it produces and does not free, in return order; `steps`: the
-    schedule's steps it runs (contiguous)."""
+    schedule's steps it runs, computes and frees, in order: a contiguous run of the
+    schedule less the views that run eagerly before it (`codegen._Runs._escaping_views`)."""
 
     def __init__(self, graph: Graph, node_ids: list[int], inputs: list[int], outputs: list[int],
-                 device: torch.device, name: str, steps: range):
+                 device: torch.device, name: str, steps: list[int]):
         self.node_ids, self.inputs, self.outputs, self.name = node_ids, inputs, outputs, name
         self.steps = steps
         self.module = _graph_module(graph, node_ids, inputs, outputs, device)

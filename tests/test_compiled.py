@@ -17,7 +17,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import remat_ir
@@ -135,6 +135,10 @@ SETTINGS = search(8, derandomize=True)
 @pytest.mark.parametrize("name", SEARCH_MODELS)
 @SETTINGS
 @given(**SCHEDULE_DRAWS)
+# Soak, lora_llama: a view computed, freed and computed again in one run, its first copy
+# run before the region (`_escaping_views`) and its second in it (the region's steps were
+# a range then, which the check matched to the first).
+@example(seed=8876343, recompute=0.3, defer=0.0, groups=1)
 def test_regions_of_random_schedules_run_op_by_op_are_exact(monkeypatch, name, seed, recompute, defer,
                                                             groups):
     """How segments are cut into regions (inputs, values freed inside, recomputations in
@@ -195,21 +199,18 @@ def _assert_room_for_fusion(graph, schedule, region):
     views) was computed or freed before in the run (a recomputation stays in place), or
     is another output of a node computing such a value again."""
     simulated = simulate(graph, schedule)
-    steps = [k for k in region.steps if schedule.steps[k].HasField("compute")]
-    members = iter(region.node_ids)
-    wanted, ran = next(members, None), []
-    for k in steps:
+    ran = [k for k in region.steps if schedule.steps[k].HasField("compute")]
+    assert [schedule.steps[k].compute for k in ran] == list(region.node_ids), \
+        f"{region.name}'s nodes are not those of its steps {region.steps}"
+    run = range(region.steps[0], region.steps[-1] + 1)
+    for k in sorted(set(run) - set(region.steps)):
+        assert schedule.steps[k].HasField("compute"), f"{region.name} leaves out step {k}, a free"
         node = graph.node(schedule.steps[k].compute)
-        if node.id == wanted:
-            ran.append(k)
-            wanted = next(members, None)
-        else:
-            assert is_view(graph, node) and not node.mutating, \
-                f"{region.name} leaves out {graph.describe_node(node.id)}, not a view"
-    assert wanted is None and len(ran) == len(region.node_ids), f"{region.name} is not the steps {region.steps}"
+        assert is_view(graph, node) and not node.mutating, \
+            f"{region.name} leaves out {graph.describe_node(node.id)}, not a view"
     of_inputs = set(region.inputs)  # values viewing the region's inputs, through views
     named, renamed = set(), set()  # renamed: (views of) values recomputed after a free in the run
-    for k in region.steps:
+    for k in run:
         step = schedule.steps[k]
         if step.HasField("free"):
             named.add(step.free)
