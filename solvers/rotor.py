@@ -138,7 +138,7 @@ class Chain:
             # that an earlier stage reads too.
             grads_out = ({b for b in seg.backward if any(u in backward and u not in seg_bwd
                                                          for u in tg.node_users[b])}
-                         | {p for p in grads_in if last_reader[p] < seg.index})
+                         | {p for p in grads_in if last_reader.get(p, seg.index) < seg.index})
             stage.gradient = sum(tg.memory[p] for p, first in last_reader.items()
                                  if first <= seg.index < stage_of[p])
             # A parameter's gradient is often a view (t() of a mm): count what it keeps
