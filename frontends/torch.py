@@ -199,6 +199,38 @@ def _check_rnn_workspaces(graph: Graph) -> None:
                 "around remat(...) and the training loop")
 
 
+#: Stacked recurrent layers that apply dropout between layers in training mode.
+_RNN_OPS = {"gru": "GRU", "lstm": "LSTM", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
+
+
+def _check_rnn_dropout(exported: torch.export.ExportedProgram) -> None:
+    """LoweringError where the trace holds a stacked RNN with dropout between its layers
+    in training mode.
+
+    Why: PyTorch's decomposition of these ops (`torch._decomp.decompositions._rnn_helper`,
+    which building the joint graph applies) never applies that dropout, so the step would
+    train without it and silently differ from eager (loss, every gradient, and the
+    generator, which eager draws the masks from). `torch.nn.Dropout` between single-layer
+    RNNs computes what eager's stacked RNN computes and lowers exactly."""
+    for node in exported.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        kind = _RNN_OPS.get(node.target._schema.name.removeprefix("aten::"))
+        if kind is None:
+            continue
+        names = [a.name for a in node.target._schema.arguments]
+        bound = dict(zip(names, node.args)) | dict(node.kwargs)
+        layers, dropout, train = bound.get("num_layers", 1), bound.get("dropout", 0.0), bound.get("train")
+        if train and layers > 1 and dropout > 0:
+            where = _source(node) or "the model"
+            raise LoweringError(
+                f"torch.nn.{kind} at {where}: dropout={dropout:g} between its {layers} layers in "
+                f"training mode is lost when PyTorch decomposes the {kind} for tracing (its "
+                f"decomposition applies no dropout), so training through the trace would "
+                f"silently differ from eager. Stack single-layer {kind}s with torch.nn.Dropout("
+                f"{dropout:g}) between them (what eager computes), or set dropout=0")
+
+
 def _argument(node: pb.Node, name: str):
     """The decoded value of the op's argument `name` in `node` (positional or keyword),
     None where the node does not pass it."""
@@ -499,6 +531,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     attribute_reads: dict = {}
     exported = _export(model, args, kwargs, attribute_reads)
+    _check_rnn_dropout(exported)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     with contextlib.ExitStack() as stack:

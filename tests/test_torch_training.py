@@ -148,6 +148,50 @@ def test_an_lstm_trains_bitwise_like_eager_with_onednn_off(options, solver):
         _two_steps_bitwise(eager, model, scheduled, x)
 
 
+class _StackedRnn(torch.nn.Module):
+    """`kind` with dropout between its two layers: stacked by PyTorch (`stacked`), or as
+    two single-layer modules with torch.nn.Dropout between them, which computes the same."""
+
+    def __init__(self, kind: str, stacked: bool):
+        super().__init__()
+        rnn = getattr(torch.nn, kind)
+        if stacked:
+            self.rnn = rnn(8, 8, num_layers=2, dropout=0.25, batch_first=True)
+        else:
+            self.rnn = rnn(8, 8, batch_first=True)
+            self.drop = torch.nn.Dropout(0.25)
+            self.rnn2 = rnn(8, 8, batch_first=True)
+
+    def forward(self, x):
+        h = self.rnn(x)[0]
+        if hasattr(self, "rnn2"):
+            h = self.rnn2(self.drop(h))[0]
+        return h.pow(2).mean()
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "RNN"])
+def test_a_stacked_rnns_dropout_is_refused_and_single_layers_with_dropout_train_like_eager(kind):
+    """PyTorch's decomposition of a stacked RNN applies no dropout between its layers: the
+    trace would train without it (loss, gradients and generator off eager's, silently).
+    One error naming the module and the way out; the way out trains bitwise like eager,
+    masks and generator state included."""
+    from exactness import side_by_side
+
+    from remat_ir.frontends.torch import LoweringError
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 8)
+    with torch.backends.mkldnn.flags(enabled=False):  # the LSTM's oneDNN trace (above)
+        with pytest.raises(LoweringError, match=rf"torch.nn.{kind} at rnn .*dropout=0.25 between its 2 "
+                                                rf"layers.*torch.nn.Dropout\(0.25\)"):
+            remat_ir.remat(_StackedRnn(kind, stacked=True), (x,), cost_model="flops", cache_dir=False)
+        errors = side_by_side(_StackedRnn(kind, stacked=False),
+                              lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops",
+                                                       cache_dir=False),
+                              (x,), {}, lambda loss: loss)
+    assert errors == {}, errors
+
+
 class _MultilabelMargin(torch.nn.Module):
     def __init__(self):
         super().__init__()
