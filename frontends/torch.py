@@ -26,12 +26,18 @@ altogether.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import operator
+import os
+import re
+import sys
+import traceback
 from collections.abc import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
@@ -245,18 +251,60 @@ def _argument(node: pb.Node, name: str):
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             attribute_reads: dict) -> torch.export.ExportedProgram:
     errors: list = []
+    # A failed torch.export prints the graph traced so far to stderr (hundreds of lines
+    # above the error): kept out; whatever else it writes there goes through.
+    printed, failure = io.StringIO(), None
     try:
-        with preserving_functions(errors), _recording_attributes(model, attribute_reads):
+        with contextlib.redirect_stderr(printed), preserving_functions(errors), \
+                _recording_attributes(model, attribute_reads):
             exported = torch.export.export(model, args, kwargs, strict=False)
-    except FunctionError as exc:
-        raise LoweringError(f"{exc} (in {type(model).__name__})") from None
-    except Exception as exc:  # export's own errors name the construct; keep its first lines
-        first = "\n".join(str(exc).strip().splitlines()[:6])
-        raise LoweringError(f"torch.export could not trace {type(model).__name__} (data-dependent "
-                            f"control flow or an unsupported construct):\n{first}") from exc
+    except Exception as exc:
+        failure = exc
+    partial = getattr(failure, "partial_fx_graph", None)
+    sys.stderr.write(printed.getvalue().replace(f"{partial}\n", "") if partial else printed.getvalue())
+    if isinstance(failure, FunctionError):
+        raise LoweringError(f"{failure} (in {type(model).__name__})") from None
+    if failure is not None:
+        raise _export_failure(type(model).__name__, failure)
     if errors:
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     return exported
+
+
+def _model_line(exc: Exception) -> str | None:
+    """'file:line in function' of the innermost frame of `exc`'s traceback outside torch
+    and this frontend: the model's own line that export failed on."""
+    skipped = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if not os.path.abspath(frame.filename).startswith(skipped):
+            found = f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return found
+
+
+def _export_failure(model: str, exc: Exception) -> LoweringError:
+    """torch.export's error as one LoweringError: what, where, what to do. A branch on
+    tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
+    whole; other errors keep the first lines of export's message, which name the
+    construct, and export's error as their cause."""
+    text = str(exc).strip()
+    if isinstance(exc, GuardOnDataDependentSymNode):
+        where = _model_line(exc)
+        if where is None:
+            named = re.search(r"Caused by: \((.*?)\)\s*$", text, re.MULTILINE)
+            where = named.group(1) if named else "a line export did not name"
+        return LoweringError(
+            f"torch.export could not trace {model}: its forward branches on a value computed "
+            f"from tensor data ({text.splitlines()[0].strip()}) at {where}. remat-ir lowers one "
+            f"graph of the whole step, which cannot depend on tensor values: move that code out "
+            f"of the forward (a model computing its loss from labels: call it without labels "
+            f"and compute the loss outside it), or write it without the branch "
+            f"(torch.where, a fixed size)")
+    first = "\n".join(text.splitlines()[:6])
+    error = LoweringError(f"torch.export could not trace {model} (data-dependent control flow "
+                          f"or an unsupported construct):\n{first}")
+    error.__cause__ = exc
+    return error
 
 
 class _Lowering:
