@@ -204,7 +204,7 @@ def _refresh_inputs(n, pos, P, S):
 
 @njit(cache=True)
 def can_insert(n, s, P, S):
-    occ, cnt, uend, slot = S[OCC], S[CNT], S[UEND], S[SLOT]
+    occ, cnt, slot = S[OCC], S[CNT], S[SLOT]
     pin_first, in_ptr, in_idx = P[PIN_FIRST], P[IN_PTR], P[IN_IDX]
     if slot[s] >= 0 or cnt[n] >= occ.shape[1]:
         return False

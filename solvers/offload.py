@@ -374,6 +374,7 @@ def _offload_rounds(graph: Graph, schedule: pb.Schedule, budget: int, base: Simu
     chosen: list[RoundTrip | Recompute] = []
     refused: set[RoundTrip | Recompute] = set()
     current, result = schedule, base
+    owner = list(range(len(steps)))   # per step of `current`, the base step it stands for
 
     def build(moves: list[RoundTrip | Recompute]) -> tuple[pb.Schedule, list[int]]:
         """The base schedule with `moves` placed together, under the host budget."""
@@ -400,10 +401,9 @@ def _offload_rounds(graph: Graph, schedule: pb.Schedule, budget: int, base: Simu
     while True:
         if result.peak_bytes <= budget:
             break
-        built_owner = owner if chosen else list(range(len(steps)))
-        k = built_owner[result.peak_step]
+        k = owner[result.peak_step]
         during = result.memory_during
-        over = {built_owner[i] for i, m in enumerate(during) if m > budget}
+        over = {owner[i] for i, m in enumerate(during) if m > budget}
         # A gap offloaded on time may be taken again late (off the device longer).
         taken = set(chosen)
         fits = [o for o in gaps if k in span(o) and o not in refused and o not in taken]
