@@ -5,6 +5,7 @@ slower than another solver, rotor optimal on chains; and the errors users see.""
 from __future__ import annotations
 
 import pytest
+import torch
 from builders import chain
 from hypothesis import given
 from hypothesis import strategies as st
@@ -198,6 +199,32 @@ def test_rotor_out_of_time_before_any_plan_says_so(gpt2_graph):
     with pytest.raises(rotor_module.OutOfTime, match="time_limit_s"):
         solvers.solve(gpt2_graph, "60%", "rotor", time_limit_s=0.0)
     assert ir.simulate(gpt2_graph, solvers.solve(gpt2_graph, "60%", "rotor")).valid
+
+
+def test_hiremates_refusal_names_a_low_floor_with_a_fast_plan():
+    """Where nothing it plans fits, hiremate's refusal names the lowest plan it made, which
+    the caller then runs. On a 2-layer Llama whose activations fill its peak (seq 128) the
+    H-ILP's, rotor's and TW-remat's plans stopped at 57.7% of store-everything, the plan
+    named at 14x its time, where Fast SA's search reaches 50.3% at 1.27x (its share of the
+    time, asked for less than the budget: `hiremate._with_fastsa`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from remat_ir.lowering import lower_torch
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=72, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                         use_cache=False, attention_dropout=0.1)
+    ids = torch.randint(0, 128, (4, 128))
+    graph = lower_torch(LlamaForCausalLM(config).train(), (), example_kwargs=dict(input_ids=ids, labels=ids),
+                        cost_model="flops")
+    everything = ir.store_all(graph)
+    with pytest.raises(InfeasibleBudget) as refused:
+        solvers.solve(graph, int(0.3 * everything.predicted_peak_bytes), "hiremate")
+    named = refused.value.schedule
+    assert refused.value.smallest_feasible < 0.55 * everything.predicted_peak_bytes
+    assert ir.simulate(graph, named).peak_bytes == refused.value.smallest_feasible
+    assert named.predicted_time_s < 2 * everything.predicted_time_s
 
 
 @pytest.mark.parametrize("n", [5, 8, 12])
