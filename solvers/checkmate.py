@@ -38,7 +38,7 @@ import mip
 from remat_ir.ir import Graph, compute_sequence, pb
 
 from . import milp
-from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
+from .base import BadRequest, Deadline, InfeasibleBudget, quiet
 from .baselines import recompute_everything, sqrt_schedule
 from .sequences import keep_set_schedule, to_schedule
 from .structure import TrainingGraph
@@ -368,11 +368,16 @@ def solve_exact(tg: TrainingGraph, budget: int, deadline: Deadline, progress=qui
         best.status = pb.FEASIBLE
         best.name = "checkmate"
         return best
-    if outcome.status == "none" and deadline.expired():
-        raise SolverError(f"checkmate found no schedule within {budget} bytes in "
-                          f"{outcome.seconds:.0f} s; give it more time (time_limit_s) or use "
-                          f"mode='lp' on graphs of this size ({len(tg.order)} nodes)")
     frugal = _least_memory(tg, candidates, deadline, progress)
+    if outcome.status == "none" and deadline.expired():
+        # Out of time with nothing within the budget: refused with the lowest plan known
+        # (the heuristics'), so that a caller asking for that floor gets it (the facade
+        # remembers it) rather than the MILP running out of time again.
+        raise InfeasibleBudget(budget, frugal.predicted_peak_bytes,
+                               f" (by checkmate's starts: its MILP found no schedule within the "
+                               f"budget in {outcome.seconds:.0f} s; more time (time_limit_s), or "
+                               f"mode='lp' on graphs of this size ({len(tg.order)} nodes), may "
+                               f"find one)", schedule=frugal)
     if frugal.predicted_peak_bytes <= budget:  # the MILP counts some memory cautiously
         return frugal
     raise InfeasibleBudget(budget, frugal.predicted_peak_bytes, " (by the checkmate MILP)",
