@@ -129,11 +129,10 @@ TWREMAT_SHARE = 0.25
 #: it needs on the U-Net at 27.5%. Run after the fallback it started at 25 s of a 30 s
 #: limit and stopped at its bisections: 1.8% slower than alone on a loaded 2-core machine.
 NEAR_FLOOR_TWREMAT_SHARE = 0.6
-#: Where nothing else fits, Fast SA's own search (groups, then nodes) gets this share of the
-#: time left (`_with_fastsa`), asked for `FASTSA_TARGET` of the budget: its objective
-#: prices the excess over what it is asked, so a lower target pushes the peak further down.
+#: Where nothing else fits, Fast SA's own search (groups, then nodes; again asked for less
+#: where that finds nothing: `fastsa.DEEPER_TARGET`) gets this share of the time left
+#: (`_with_fastsa`).
 FASTSA_SHARE = 0.3
-FASTSA_TARGET = 0.6
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
@@ -287,22 +286,13 @@ def _with_fastsa(graph: Graph, budget: int, made: list[pb.Schedule], deadline: D
     """Where no plan made fits: Fast SA's search from store-everything, whose first stage
     moves groups of nodes and finds low peaks where the H-ILP's clusters, rotor's chain
     and TW-remat's tree do not (a 2-layer Llama at 50%: they stopped at 57.0-57.7% of
-    store-everything, Fast SA asked for 30% reached 50.3% at 1.27x its time). Asked for
-    `FASTSA_TARGET` of the budget; its lowest plan joins `made`, and is the plan where it
-    fits the budget (the polish after it speeds it up)."""
+    store-everything, Fast SA reached 50.3% at 1.27x its time). Its plan within the
+    budget is the plan (the polish after it speeds it up); else its lowest joins `made`."""
     from .fastsa import fastsa
 
-    def attempt() -> pb.Schedule | None:
-        try:
-            return fastsa(graph, max(1, int(budget * FASTSA_TARGET)), progress=progress,
-                          time_limit_s=max(1.0, deadline.remaining()))
-        except InfeasibleBudget as refused:
-            lowest = refused.schedule
-            if lowest is not None and lowest.predicted_peak_bytes <= budget:
-                return lowest
-            raise
-
-    return _with_helper("fastsa", attempt, None, made, progress)
+    return _with_helper("fastsa", lambda: fastsa(graph, budget, progress=progress,
+                                                 time_limit_s=max(1.0, deadline.remaining())),
+                        None, made, progress)
 
 
 def _with_helper(name: str, attempt, best: pb.Schedule | None, made: list[pb.Schedule],
