@@ -62,7 +62,7 @@ from remat_ir.ir import Graph, InvalidSchedule, pb, store_all
 from .base import BadRequest, Deadline, InfeasibleBudget, SolverError, quiet
 from .baselines import density_schedules, prefix_schedules, recompute_everything, sqrt_schedule
 from .checkmate import binaries, solve_exact
-from .fastsa import polish
+from .fastsa import fastsa, polish
 from .hilp import Level, Part, solve_level
 from .keepset import keep_set_plans
 from .leaves import leaf_options, leaf_solver_names
@@ -288,8 +288,6 @@ def _with_fastsa(graph: Graph, budget: int, made: list[pb.Schedule], deadline: D
     and TW-remat's tree do not (a 2-layer Llama at 50%: they stopped at 57.0-57.7% of
     store-everything, Fast SA reached 50.3% at 1.27x its time). Its plan within the
     budget is the plan (the polish after it speeds it up); else its lowest joins `made`."""
-    from .fastsa import fastsa
-
     return _with_helper("fastsa", lambda: fastsa(graph, budget, progress=progress,
                                                  time_limit_s=max(1.0, deadline.remaining())),
                         None, made, progress)
