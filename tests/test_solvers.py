@@ -234,6 +234,26 @@ def test_a_refusal_names_a_low_floor_with_a_fast_plan(long_llama_graph, solver, 
     assert named.predicted_time_s < 2 * everything.predicted_time_s
 
 
+def test_hiremates_refusal_names_no_more_than_rotors():
+    """Where nothing fits, rotor's own answer joins hiremate's plans: on a 512-row MLP with
+    dropout at 30% hiremate named 52.4% of store-everything where rotor names 45.0% (rotor's
+    near-floor plan is skipped there, its chain far from the budget)."""
+    import zoo_models
+
+    from remat_ir.lowering import lower_torch
+
+    torch.manual_seed(0)
+    model = zoo_models.MLPDropout(64, 4).train()
+    graph = lower_torch(model, (torch.randn(512, 64), torch.randn(512, 1)), cost_model="flops")
+    budget = int(0.3 * ir.store_all(graph).predicted_peak_bytes)
+    floors = {}
+    for solver in ("hiremate", "rotor"):
+        with pytest.raises(InfeasibleBudget) as refused:
+            solvers.solve(graph, budget, solver, time_limit_s=8)
+        floors[solver] = refused.value.smallest_feasible
+    assert floors["hiremate"] <= floors["rotor"]
+
+
 @pytest.mark.parametrize("n", [5, 8, 12])
 def test_hiremate_within_three_percent_of_checkmates_optimum_on_chains(n):
     graph, _ = chain(n, f_time=1.0, b_time=2.0)
