@@ -131,7 +131,7 @@ TWREMAT_SHARE = 0.25
 NEAR_FLOOR_TWREMAT_SHARE = 0.6
 #: Where nothing else fits, Fast SA's own search (groups, then nodes; again asked for less
 #: where that finds nothing: `fastsa.DEEPER_TARGET`) gets this share of the time left
-#: (`_with_fastsa`).
+#: (`_with_own_answer`).
 FASTSA_SHARE = 0.3
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
@@ -209,11 +209,17 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         best = _with_twremat(graph, budget, best, made,
                              Deadline(whole.remaining() * NEAR_FLOOR_TWREMAT_SHARE), progress)
         best = _fallback(tg, top, planner, budget, made, deadline, progress)   # made has TW-remat's
-        if best is None:
-            best = _with_fastsa(graph, budget, made, Deadline(whole.remaining() * FASTSA_SHARE), progress)
-        if best is None:
-            best = _with_least_rotor(graph, budget, made, Deadline(whole.remaining() * ROTOR_SHARE),
-                                     progress)
+        # Still nothing: Fast SA's search from store-everything, whose first stage moves
+        # groups of nodes and finds low peaks where the H-ILP's clusters, rotor's chain and
+        # TW-remat's tree do not (a 2-layer Llama at 50%: they stopped at 57.0-57.7% of
+        # store-everything, Fast SA reached 50.3% at 1.27x its time); then rotor's own
+        # answer, which `_with_rotor` skips where its chain cannot come near the budget and
+        # whose least-memory plan may still be the lowest made (a 512-row MLP with dropout
+        # at 30%: hiremate named 52.4% of store-everything, rotor 45.0%).
+        for name, solver, share in (("fastsa", fastsa, FASTSA_SHARE), ("rotor", rotor, ROTOR_SHARE)):
+            if best is None:
+                best = _with_own_answer(name, solver, graph, budget, made,
+                                        Deadline(whole.remaining() * share), progress)
     elif best.predicted_time_s > SLOW_PLAN * everything.predicted_time_s:
         best = _with_twremat(graph, budget, best, made, Deadline(whole.remaining() * TWREMAT_SHARE),
                              progress)
@@ -284,26 +290,12 @@ def _with_twremat(graph: Graph, budget: int, best: pb.Schedule | None, made: lis
                         best, made, progress)
 
 
-def _with_fastsa(graph: Graph, budget: int, made: list[pb.Schedule], deadline: Deadline,
-                 progress) -> pb.Schedule | None:
-    """Where no plan made fits: Fast SA's search from store-everything, whose first stage
-    moves groups of nodes and finds low peaks where the H-ILP's clusters, rotor's chain
-    and TW-remat's tree do not (a 2-layer Llama at 50%: they stopped at 57.0-57.7% of
-    store-everything, Fast SA reached 50.3% at 1.27x its time). Its plan within the
-    budget is the plan (the polish after it speeds it up); else its lowest joins `made`."""
-    return _with_helper("fastsa", lambda: fastsa(graph, budget, progress=progress,
-                                                 time_limit_s=max(1.0, deadline.remaining())),
-                        None, made, progress)
-
-
-def _with_least_rotor(graph: Graph, budget: int, made: list[pb.Schedule], deadline: Deadline,
-                      progress) -> pb.Schedule | None:
-    """Where still nothing fits: rotor's own answer, which `_with_rotor` skips where its
-    chain cannot come near the budget, and whose least-memory plan may still be the lowest
-    made (a 512-row MLP with dropout at 30%: hiremate named 52.4% of store-everything,
-    rotor 45.0%)."""
-    return _with_helper("rotor", lambda: rotor(graph, budget, progress=progress,
-                                               time_limit_s=max(1.0, deadline.remaining())),
+def _with_own_answer(name: str, solver, graph: Graph, budget: int, made: list[pb.Schedule],
+                     deadline: Deadline, progress) -> pb.Schedule | None:
+    """Where no plan made fits: another solver's own answer at the budget. Its plan within
+    the budget is the plan (the polish after it speeds it up); else its lowest joins `made`."""
+    return _with_helper(name, lambda: solver(graph, budget, progress=progress,
+                                             time_limit_s=max(1.0, deadline.remaining())),
                         None, made, progress)
 
 

@@ -222,7 +222,7 @@ def test_a_refusal_names_a_low_floor_with_a_fast_plan(long_llama_graph, solver, 
     """A refusal names the lowest plan made, which the caller then runs. On this Llama the
     H-ILP's, rotor's and TW-remat's plans stopped at 57.7% of store-everything, hiremate's
     plan named at 14x its time, where Fast SA's search reaches 50.3% at 1.27x
-    (`hiremate._with_fastsa`); Fast SA asked for 50% stopped at 58.1%, asked for 30% it
+    (`hiremate._with_own_answer`); Fast SA asked for 50% stopped at 58.1%, asked for 30% it
     reaches 50.3% (`fastsa.DEEPER_TARGET`)."""
     graph = long_llama_graph
     everything = ir.store_all(graph)
