@@ -42,14 +42,43 @@ def _highs_loads() -> bool:
     if importlib.util.find_spec("highspy") is None:
         return False
     try:
-        mip.Model(solver_name=mip.HIGHS)
+        probe = mip.Model(solver_name=mip.HIGHS)
     except Exception:  # noqa: BLE001 - any failure to load means: use CBC
         return False
+    _bind_finalizers(probe)
     return True
+
+
+#: The C functions mip's solver objects call in `__del__`, by backend module.
+FINALIZERS = {"highs": ("highslib", ("Highs_destroy",)),
+              "cbc": ("cbclib", ("Cbc_deleteModel", "Osi_deleteSolver"))}
+
+
+def _bind_finalizers(model: mip.Model) -> None:
+    """Looks up, now, the C functions that `model`'s backend calls when a model is freed.
+
+    mip frees a model's C side in `__del__` through a cffi library attribute, which cffi
+    binds on first use under a lock it also holds while it parses a C type, and mip parses
+    types as it builds a model (`ffi.new("int*")`). A model is freed by the garbage
+    collector (mip's objects refer to each other), which can run during such a parse: the
+    `__del__` then waits, in the same thread, for the lock its own thread holds, and the
+    process hangs. `remat()` of a 2-layer MLP hung that way, in the first model freed
+    (`tests/test_milp.py`). Bound in advance, the attribute is read without the lock."""
+    backend = model.solver_name.lower()
+    if backend not in FINALIZERS:
+        return
+    library, names = FINALIZERS[backend]
+    try:
+        lib = getattr(importlib.import_module(f"mip.{backend}"), library)
+    except (ImportError, AttributeError):   # another mip: nothing known to bind
+        return
+    for name in names:
+        getattr(lib, name, None)
 
 
 def new_model(name: str) -> mip.Model:
     model = mip.Model(name=name, sense=mip.MINIMIZE, solver_name=solver_name())
+    _bind_finalizers(model)
     model.verbose = 0
     model.threads = max(1, min(4, os.cpu_count() or 1))
     # Plans within 0.1% of the best bound are as good as proven: costs are estimates.
