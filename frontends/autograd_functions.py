@@ -5,7 +5,7 @@ AOTAutograd would differentiate the forward ops instead: a straight-through
 estimator (forward rounds, backward passes the gradient on) would train with
 round's derivative, zero. While the frontend traces, `preserving_functions()`
 routes every call of a user-defined Function through a custom op of its own
-(`remat_ir_fn::<name>_<n>`), opaque to export, whose registered autograd
+(`remat_ir_fn::<name>_<digest>`), opaque to export, whose registered autograd
 formula runs the Function's `backward`; AOTAutograd then traces that backward
 into the joint graph, so what the Function's `backward` computes is what runs.
 
@@ -17,19 +17,31 @@ solver may free the first copy early). Refused with a `LoweringError` naming
 the Function: keyword arguments to `apply`, `mark_dirty` (in-place outputs),
 and outputs other than tensors. Functions defined in torch itself are left to
 torch. The ops are registered in this process only: a graph that uses one runs
-in the process that lowered it.
+in a process that lowered the same model.
+
+An op's name is a digest of what it computes (the Function's qualified name, which
+arguments are tensors, the other arguments' values), so that lowering the same model
+in another process names the same ops (the plan cache finds its entry, a saved module
+runs there), and a graph never runs another Function's op under its name: a second
+class of the same qualified name in one process (a notebook cell run again) gets ops
+of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import hashlib
 import re
 
 import torch
 
-_LIBRARY = "remat_ir_fn"
-_counter = itertools.count()
+from remat_ir.torchlib.types import FUNCTION_NAMESPACE
+
+#: Ops registered in this process: name -> (Function class, arguments other than
+#: tensors, op, facts).
+_registered: dict[str, tuple[type, list, object, dict]] = {}
+#: Argument types whose equal values compute the same (others must be the same object).
+_VALUE_TYPES = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
 
 
 class FunctionError(Exception):
@@ -83,11 +95,42 @@ def _as_list(output, name: str) -> list[torch.Tensor]:
     return outputs
 
 
+def _same_constant(a, b) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(map(_same_constant, a, b))
+    return isinstance(a, _VALUE_TYPES) and a == b
+
+
+def _op_name(cls, positions: list[int], constants: list) -> str:
+    """`<class name>_<digest of what the op computes>`, with `_<k>` where an op of this
+    process already holds that name for another class or other arguments (a digest of
+    their `repr`, which may elide: numpy abbreviates long arrays)."""
+    described = repr((cls.__module__, cls.__qualname__, positions, constants))
+    digest = hashlib.sha256(described.encode()).hexdigest()[:16]
+    base = f"{re.sub(r'[^0-9a-zA-Z]+', '_', cls.__name__).lower()}_{digest}"
+    name, k = base, 0
+    while name in _registered and not (_registered[name][0] is cls
+                                       and _same_constant(_registered[name][1], constants)):
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
 def _wrap(cls, args: tuple):
     """(custom op, tensor positions, facts) for one call; `facts["sequence"]`, set when the
-    op runs, says whether the Function returned a tuple or list rather than one tensor."""
-    name = f"{cls.__module__}.{cls.__qualname__}"
+    op runs, says whether the Function returned a tuple or list rather than one tensor.
+    A call computing what an earlier one did (same class, same constants) shares its op."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    others = [None if i in positions else a for i, a in enumerate(args)]
+    op_name = _op_name(cls, positions, others)
+    if op_name in _registered:
+        _, _, op, facts = _registered[op_name]
+        return op, positions, facts
+    name = f"{cls.__module__}.{cls.__qualname__}"
     constants = list(args)
     facts = {"sequence": False}
 
@@ -105,8 +148,7 @@ def _wrap(cls, args: tuple):
         # A custom op's outputs may not alias its inputs.
         return [o.clone() if any(o is t for t in tensors) else o for o in outputs]
 
-    op_name = f"{re.sub(r'[^0-9a-zA-Z]+', '_', cls.__name__).lower()}_{next(_counter)}"
-    op = torch.library.custom_op(f"{_LIBRARY}::{op_name}", forward, mutates_args=())
+    op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", forward, mutates_args=())
     op.register_fake(forward)
 
     def setup_context(ctx, inputs, output):
@@ -134,6 +176,7 @@ def _wrap(cls, args: tuple):
         return out
 
     op.register_autograd(backward, setup_context=setup_context)
+    _registered[op_name] = (cls, others, op, facts)
     return op, positions, facts
 
 

@@ -145,3 +145,110 @@ def test_flipped_module_attribute_is_detected():
         scheduled(*args)
     model.body[2].p = 0.2
     scheduled(*args).backward()  # back as lowered: runs again
+
+
+def _grad_scaling_function(factor: float) -> type:
+    """A Function class named `GradScale` whose backward scales by `factor`: two such
+    classes in one process are what a notebook cell defining one and run twice leaves."""
+
+    class GradScale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, constant):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * factor, None
+
+    return GradScale
+
+
+class _ScaledGradients(torch.nn.Module):
+    def __init__(self, function: type, constant):
+        super().__init__()
+        self.linear, self.function, self.constant = torch.nn.Linear(4, 4), function, constant
+
+    def forward(self, x):
+        return self.function.apply(self.linear(x), self.constant).square().sum()
+
+
+def test_functions_alike_in_name_or_repr_keep_their_own_backwards():
+    """Each Function op's name digests its class's qualified name and its constants; a
+    second class of the same name, or constants whose `repr` is the same (numpy elides
+    long arrays), still gets an op of its own."""
+    import numpy as np
+    x = torch.randn(3, 4)
+    long_a, long_b = np.zeros(2000), np.zeros(2000)
+    long_b[1000] = 1.0
+    assert repr(long_a) == repr(long_b)
+    cases = [(_grad_scaling_function(2.0), long_a), (_grad_scaling_function(3.0), long_a)]
+    cases.append((cases[0][0], long_b))
+    ops = set()
+    for function, constant in cases:
+        model = _ScaledGradients(function, constant)
+        errors = side_by_side(model, lambda m: _remat(m, (x,)), (x,), {}, lambda out: out)
+        assert errors == {}
+        ops |= {n.op for n in _remat(model, (x,)).graph.proto.nodes if n.op.startswith("remat_ir_fn")}
+    assert len(ops) == 3, ops
+
+
+#: Run in a fresh process: a saved module whose graph holds Function ops runs where the
+#: same model was lowered, and nowhere else (not on another call's op of the same class).
+_LOAD_ELSEWHERE = """
+import sys, copy, torch, remat_ir, zoo_models
+from torch import nn
+saved = sys.argv[1]
+
+def step(module, seed):
+    torch.manual_seed(seed)
+    module.zero_grad(set_to_none=True)
+    module(*args).backward()
+    return [p.grad.clone() for p in module.parameters()]
+
+model, args, _, _ = zoo_models.straight_through()
+eager = copy.deepcopy(model)
+try:
+    torch.load(saved, weights_only=False)(*args)
+except remat_ir.ir.RematIRError as exc:
+    assert "custom torch.autograd.Function" in str(exc), exc
+    print("refused before lowering")
+
+class OtherConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+    def forward(self, x, target):
+        return zoo_models.ScaledTanh.apply(self.a(x), 3.0).sum()
+
+remat_ir.remat(OtherConstant(), args, cost_model="flops")
+try:
+    torch.load(saved, weights_only=False)(*args)
+except remat_ir.ir.RematIRError as exc:
+    print("refused beside another constant's op")
+
+remat_ir.remat(copy.deepcopy(model), args, cost_model="flops")
+loaded = torch.load(saved, weights_only=False)
+assert all(torch.equal(a, b) for a, b in zip(step(loaded, 1), step(eager, 1)))
+print("ran where lowered")
+"""
+
+
+def test_a_saved_module_with_function_ops_runs_only_where_they_were_lowered(tmp_path):
+    """Function ops exist in the process that lowered the model (their names are
+    deterministic): a saved module runs, with eager's gradients, in a process that lowered
+    the same model; elsewhere one clear error, never another Function's op run instead
+    (before, ops were numbered per process: `scaledtanh_0` in both)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    model, args, _, _ = zoo_models.straight_through()
+    saved = tmp_path / "scheduled.pt"
+    torch.save(_remat(model, args, budget=0.9), saved)
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _LOAD_ELSEWHERE, str(saved)], capture_output=True,
+                          text=True, timeout=300, cwd=tests,
+                          env={**__import__("os").environ,
+                               "PYTHONPATH": f"{tests.parent / 'benchmarks'}:{tests}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:3] == ["refused before lowering", "refused beside another "
+                                           "constant's op", "ran where lowered"], done.stdout

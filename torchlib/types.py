@@ -111,6 +111,11 @@ def to_torch_argument(obj, tensor, device: torch.device):
     return obj
 
 
+#: The namespace of the ops that stand for user-defined `torch.autograd.Function`s
+#: (`frontends/autograd_functions.py`), registered by the process that lowers the model.
+FUNCTION_NAMESPACE = "remat_ir_fn"
+
+
 def resolve_op(name: str):
     """The OpOverload for an IR op name like 'aten.mm.default'; LookupError if unknown."""
     parts = name.split(".")
@@ -120,7 +125,13 @@ def resolve_op(name: str):
     try:
         return getattr(getattr(getattr(torch.ops, namespace), op), overload)
     except (AttributeError, RuntimeError):
-        raise LookupError(f"PyTorch has no op {name!r}") from None
+        hint = ""
+        if namespace == FUNCTION_NAMESPACE:
+            hint = (" (a custom torch.autograd.Function, which lowering turns into an op that "
+                    "exists only in the process that lowered the model: in this process, call "
+                    "remat_ir.remat on the model instead of loading a saved one; cache_dir= "
+                    "makes that fast)")
+        raise LookupError(f"PyTorch has no op {name!r}{hint}") from None
 
 
 def op_name(op) -> str:
