@@ -48,7 +48,10 @@ from .autocast_casts import share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
+from .output_aliases import output_alias_problem
+from .tensor_hooks import recording_tensor_hooks
 from .view_compaction import compact_views
+from remat_ir.torchlib.hooks import backward_hooks
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
                                      record_device, resolve_op, to_ir_argument)
 
@@ -151,7 +154,7 @@ def _recording_attributes(model: torch.nn.Module, reads: dict):
 #: where eager's kernel gives 1.60 on the same inputs), each with a backward kernel the
 #: runtime calls as eager does. Checked bit for bit against eager in
 #: tests/test_torch_training.py.
-EAGER_KERNEL_OPS = ("upsample", "multilabel_margin_loss")
+EAGER_KERNEL_OPS = ("upsample", "multilabel_margin_loss", "multi_margin_loss")
 
 
 @contextlib.contextmanager
@@ -248,15 +251,41 @@ def _argument(node: pb.Node, name: str):
     return decode(node.args[position]) if position < len(node.args) else None
 
 
+def _check_backward_hooks(model: torch.nn.Module) -> None:
+    """LoweringError naming the model's module backward hooks, which torch.export does not
+    record (`torchlib/hooks.py`)."""
+    found = backward_hooks(model)
+    if found:
+        raise LoweringError(
+            f"{type(model).__name__} has a {found[0]}{' and more' if len(found) > 1 else ''}: "
+            f"torch.export records no backward hook, so the traced step would train as if it "
+            f"were not there. Remove it, or apply it inside the forward in a "
+            f"torch.autograd.Function's backward (remat-ir keeps those); a hook on the module "
+            f"remat_ir.remat returns runs as on any module")
+
+
+def _tensor_hook_error(model: str, calls: list[str]) -> LoweringError:
+    calls = list(dict.fromkeys(calls))    # export runs the forward more than once
+    return LoweringError(
+        f"{model}'s forward puts a gradient hook on a tensor ({calls[0]}"
+        f"{f', and {len(calls) - 1} more' if len(calls) > 1 else ''}): torch.export does not "
+        f"record it, so the traced step would train as if it were not there. Apply it in a "
+        f"torch.autograd.Function whose forward returns its input and whose backward changes "
+        f"the gradient (remat-ir keeps those); for retain_grad, return the tensor as an output "
+        f"and take its gradient with torch.autograd.grad")
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             attribute_reads: dict) -> torch.export.ExportedProgram:
+    _check_backward_hooks(model)
     errors: list = []
+    hook_calls: list[str] = []
     # A failed torch.export prints the graph traced so far to stderr (hundreds of lines
     # above the error): kept out; whatever else it writes there goes through.
     printed, failure = io.StringIO(), None
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
-                _recording_attributes(model, attribute_reads):
+                _recording_attributes(model, attribute_reads), recording_tensor_hooks(hook_calls):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -268,6 +297,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         raise _export_failure(type(model).__name__, failure)
     if errors:
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
+    if hook_calls:
+        raise _tensor_hook_error(type(model).__name__, hook_calls)
     return exported
 
 
@@ -307,6 +338,17 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
     return error
 
 
+def _constant_output(value, position: int):
+    """A user output that is not a tensor (`return y, None`, a dict with a count): kept
+    in the graph's metadata and returned as it is at every call; LoweringError for
+    values that cannot be stored."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise LoweringError(f"output {position} of the model is a {type(value).__name__} ({value!r}), "
+                        f"which a lowered graph cannot return; return tensors, numbers, strings "
+                        f"or None")
+
+
 class _Lowering:
     """Turns one joint FX graph into an IR `Graph`."""
 
@@ -322,6 +364,8 @@ class _Lowering:
         self.masked_of: dict[torch.fx.Node, set[int]] = {}  # tuple FX node -> undefined positions
         self.storage_of: dict[int, int] = {}                   # fake storage cdata -> IR storage
         self.forward_by_seq: dict[int, int] = {}
+        #: User outputs the trace fixed (None, a number, a string), by flat output position.
+        self.constant_outputs: dict[int, object] = {}
 
     # -------------------------------------------------------------- values
 
@@ -466,10 +510,15 @@ class _Lowering:
         results, descs = node.args[0], node.meta["desc"]
         user_outputs: dict[int, int] = {}
         for result, desc in zip(results, descs):
-            if result is None or desc is None:
+            if desc is None:
+                continue
+            kind_name = type(desc).__name__
+            if kind_name == "PlainAOTOutput" and not isinstance(result, torch.fx.Node):
+                self.constant_outputs[desc.idx] = _constant_output(result, desc.idx)
+                continue
+            if result is None:
                 continue
             vid = self.tensor_id(result)
-            kind_name = type(desc).__name__
             if kind_name == "PlainAOTOutput":
                 user_outputs[desc.idx] = vid
                 self.g.value(vid).kind = pb.OUTPUT
@@ -488,6 +537,8 @@ class _Lowering:
         for vid, desc in self.pending_tangents:
             self.g.add_input(vid, f"grad_output{desc.output.idx}",
                              gradient_of=user_outputs.get(desc.output.idx))
+        if self.constant_outputs:
+            self.g.proto.metadata["torch.constant_outputs"] = json.dumps(self.constant_outputs)
 
     def run(self, module: torch.fx.GraphModule) -> Graph:
         self.pending_tangents = []
@@ -593,8 +644,19 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs,
                                                       decompositions=decompositions)
         except Exception as exc:
+            first = str(exc).strip().splitlines()[0]
+            if "convert all Tensors to FakeTensors" in first:
+                raise LoweringError(
+                    f"{type(model).__name__}'s forward reads a tensor that is neither a parameter, "
+                    f"a buffer, an input nor an attribute of the model (a global variable or a "
+                    f"closure's), which tracing cannot follow ({first.split('Found in ')[-1]}): "
+                    f"register it as a buffer (module.register_buffer) or pass it as an "
+                    f"input") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
-                                f"{type(model).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+                                f"{type(model).__name__}: {first}") from exc
+        problem = output_alias_problem(joint, exported.call_spec.out_spec, type(model).__name__)
+        if problem is not None:
+            raise LoweringError(problem)
         share_autocast_casts(joint.graph_module)
         if split_dropouts:
             split_dropout(joint.graph_module)

@@ -53,6 +53,50 @@ from .compiled import EAGER_OPS, Region, check_backend, output_positions
 from .transfers import Transfers
 
 
+def _tangents(graph: Graph, user_outputs: list[int]) -> list[int | None]:
+    """The tangent input of each user output (None: it gets no gradient). A value returned
+    k times has k tangents (`return y, y`), given in output order: the k-th return of a
+    value gets the k-th tangent of it (keyed by value alone, the first was never bound)."""
+    pending: dict[int, list[int]] = {}
+    for entry in graph.proto.inputs:
+        if graph.value(entry.value_id).kind == pb.GRADIENT and entry.HasField("gradient_of"):
+            pending.setdefault(entry.gradient_of, []).append(entry.value_id)
+    return [pending[v].pop(0) if pending.get(v) else None for v in user_outputs]
+
+
+def _tangent_sources(graph: Graph, tangent_of: list[int | None]):
+    """`sources(v)`: the positions of the user outputs whose tangents value `v` is computed
+    from (empty for None). A gradient computed from none of the tangents a call's loss
+    gave is one eager's autograd never reaches, and so leaves None (`_Step.group`)."""
+    position = {t: i for i, t in enumerate(tangent_of) if t is not None}
+    found: dict[int, frozenset[int]] = {}
+
+    def sources(value: int | None) -> frozenset[int]:
+        if value is None:
+            return frozenset()
+        stack = [value]
+        while stack:
+            v = stack[-1]
+            if v in found:
+                stack.pop()
+                continue
+            if v in position:
+                found[v] = frozenset([position[v]])
+                stack.pop()
+                continue
+            node = graph.producer(v)
+            inputs = [] if node is None else list(graph.node(node).inputs)
+            pending = [i for i in inputs if i not in found]
+            if pending:
+                stack.extend(pending)
+                continue
+            found[v] = frozenset().union(*(found[i] for i in inputs))
+            stack.pop()
+        return found[value]
+
+    return sources
+
+
 class UnsupportedOp(Exception):
     """An IR op the PyTorch runtime cannot execute (named with the module it came from)."""
 
@@ -67,6 +111,8 @@ class SegmentPlan:
     forward_outputs_read_in_backward: list[int]
     buffers_read_in_backward: set[str] = field(default_factory=set)
     gradient_groups: list[list[int]] = field(default_factory=list)  # resident slots, in yield order
+    # per resident slot, the user outputs (positions) whose tangents its gradient reads
+    gradient_sources: list[frozenset[int]] = field(default_factory=list)
     # per resident slot, the group during whose run the backward last reads it (-1: never)
     last_read_group: list[int] = field(default_factory=list)
     forward_source: str = ""
@@ -155,10 +201,9 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     simulated = simulate(graph, schedule) if regions is not None else None
     bs = schedule.backward_start
     steps = list(schedule.steps)
-    tangent_inputs = {e.gradient_of: e.value_id for e in g.inputs
-                      if graph.value(e.value_id).kind == pb.GRADIENT and e.HasField("gradient_of")}
     resident = resident_order(graph)
     user_outputs = [o.value_id for o in g.outputs if o.role == pb.USER_OUTPUT]
+    tangent_of = _tangents(graph, user_outputs)
     buffer_updates = [(o.name, o.value_id) for o in g.outputs if o.role == pb.BUFFER_UPDATE]
 
     # Values each segment reads or frees, to know what crosses the boundary.
@@ -226,8 +271,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
             body.append("S.clear()")
             for i, v in enumerate(outputs_read):
                 body.append(f"{_tensor_name(v)} = O[{i}]")
-            for i, v in enumerate(user_outputs):
-                t = tangent_inputs.get(v)
+            for i, t in enumerate(tangent_of):
                 if t is not None and t in used:
                     body.append(f"{_tensor_name(t)} = T[{i}]")
         runs = (_Runs(graph, writer, device, regions, body, simulated, tick=tick is not None,
@@ -305,10 +349,12 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T, U=None", bwd_body)
 
     read_in_backward = {name_of[v] for v in snapshot_buffers(graph, schedule)}
+    sources = _tangent_sources(graph, tangent_of)
     plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
-                       tangents=[tangent_inputs.get(v) for v in user_outputs],
+                       tangents=tangent_of,
                        forward_outputs_read_in_backward=outputs_read,
                        buffers_read_in_backward=read_in_backward, gradient_groups=groups,
+                       gradient_sources=[sources(v) for v in grads],
                        last_read_group=last_read_group, regions=regions or [],
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan

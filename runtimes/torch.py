@@ -34,6 +34,7 @@ from remat_ir.ir.rng import contiguous_strides
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 
+from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.types import constant_tensor, describe_layout, same_layout, torch_dtype
 
 from .compiled import check_backend
@@ -71,13 +72,16 @@ class _Step:
         self.resident = runner.apply_buffer_updates(resident, updates)
         self.stash, self.outputs = saved, outputs
         self.segment = None     # the backward generator, once started
+        self.unused: set[int] = set()   # user outputs the loss gave no gradient
         self.yielded = 0        # groups the generator has yielded
         self.finished = False
 
-    def begin(self, outputs_read: tuple, grad_outputs: list) -> None:
-        """Start the backward segment (from the outputs' node)."""
+    def begin(self, outputs_read: tuple, grad_outputs: list, unused: set[int]) -> None:
+        """Start the backward segment (from the outputs' node); `unused`: the positions of
+        the outputs no gradient reached (their tangents are zeros)."""
         if self.finished or self.segment is not None:
             raise _second_backward()
+        self.unused = unused
         stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
         step_units = self.sharding.step_units if self.sharding is not None else None
         self.segment = self.runner.backward_fn(self.resident, stash, outputs_read, grad_outputs,
@@ -97,11 +101,23 @@ class _Step:
                 self.yielded += 1
             grads = tuple(handed)
             handed.clear()  # only autograd holds them now
+            if self.unused:
+                grads = self._unreached_as_none(index, grads)
             if last:
                 for _ in self.segment:
                     pass
                 self.finished, self.segment, self.resident = True, None, None
         return grads
+
+
+    def _unreached_as_none(self, index: int, grads: tuple) -> tuple:
+        """None for each gradient of group `index` computed from tangents of unused outputs
+        alone: eager's autograd never reaches those parameters (a head whose output the loss
+        left out) and leaves their `.grad` None, which optimizers skip; the graph computes
+        zeros, which weight decay and momentum would not skip."""
+        plan = self.runner.plan
+        return tuple(None if g is not None and plan.gradient_sources[slot] <= self.unused else g
+                     for slot, g in zip(plan.gradient_groups[index], grads))
 
 
 def _second_backward() -> RematIRError:
@@ -144,17 +160,38 @@ class _Outputs(torch.autograd.Function):
         # full-size zeros tensor; backward uses a broadcast zero scalar instead.
         ctx.set_materialize_grads(False)
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
+        ctx.tangent_strides = [None if t is None else _traced_strides(runner.graph.value(t))
+                               for t in runner.plan.tangents]
         return outputs
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        if torch.is_grad_enabled():   # backward(create_graph=True), torch.autograd.grad too
+            raise RematIRError(
+                "backward with create_graph=True (gradients of gradients: a gradient penalty, "
+                "MAML) through a remat-ir step: its backward runs as planned ops outside "
+                "autograd, which records no graph of them. Compute such a loss with the original "
+                "model (the one passed to remat_ir.remat), whose autograd graph supports it")
         step = ctx.step
-        grad_outputs = [g if g is not None else torch.zeros((), dtype=dtype, device=device).expand(shape)
-                        for g, (shape, dtype, device) in zip(grad_outputs, ctx.output_meta)]
-        step.begin(ctx.saved_tensors, grad_outputs)
+        unused = {i for i, g in enumerate(grad_outputs) if g is None}
+        grad_outputs = [_as_traced(g, strides) if g is not None
+                        else torch.zeros((), dtype=dtype, device=device).expand(shape)
+                        for g, strides, (shape, dtype, device)
+                        in zip(grad_outputs, ctx.tangent_strides, ctx.output_meta)]
+        step.begin(ctx.saved_tensors, grad_outputs, unused)
         grads = step.group(ctx.index, ctx.last)
         token = torch.empty(0, device=step.device) if ctx.took_token else None
         return (None, None, None, token, *grads)
+
+
+def _as_traced(grad: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
+    """An output's gradient laid out as the graph's tangent was traced: the backward's
+    views assume those strides (the gradient of a transposed output, `nn.MultiheadAttention`'s
+    with batch_first, arrives laid out like it, and the graph's `view` of it failed).
+    AOTAutograd's own runtime wrapper makes the same copy."""
+    if strides is None or same_layout(grad, grad.shape, strides):
+        return grad
+    return torch.empty_strided(grad.shape, strides, dtype=grad.dtype, device=grad.device).copy_(grad)
 
 
 class _Sharding:
@@ -304,8 +341,18 @@ class _Lowered:
                 self.user_inputs.append((index, v, entry.argument_name or f"input {index}"))
             else:
                 self.bindings.append(("const", v))
+        # Per resident slot, whether the graph computes its gradient (a parameter or input
+        # that required one when the model was lowered).
+        graded = {o.name for o in g.outputs
+                  if o.role in (pb.PARAMETER_GRADIENT, pb.INPUT_GRADIENT)}
+        self.graded = [(kind == "param" and what in graded)
+                       or (kind == "input" and f"input{what}" in graded)
+                       for kind, what in self.bindings]
         self.in_spec = _load_spec(g, "torch.in_spec")
         self.out_spec = _load_spec(g, "torch.out_spec")
+        #: Outputs the trace fixed (None, numbers, strings), by flat output position.
+        self.constant_outputs = {int(k): v for k, v in
+                                 json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
         self.traced_attributes = _traced_attributes(g)
         self.signature = self._signature()
@@ -360,7 +407,7 @@ class _Lowered:
         return leaves
 
     def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules") -> tuple:
-        resident = []
+        resident, ungraded = [], []
         for slot, ((kind, what), strides) in enumerate(zip(self.bindings, self.strides)):
             if kind == "param":
                 t = modules.member(what, "_parameters")
@@ -377,8 +424,30 @@ class _Lowered:
                                         f"but the inputs are on {device}; move the model with .to()")
             if strides is not None and t.stride() != strides:
                 self._check_layout(slot, t)
+            if t.requires_grad and not self.graded[slot] and kind in ("param", "input"):
+                ungraded.append(slot)
             resident.append(t)
+        if ungraded:
+            # A tied weight is bound at each of its names, its gradient handed at one.
+            graded = {id(resident[slot]) for slot, g in enumerate(self.graded) if g}
+            for slot in ungraded:
+                if id(resident[slot]) not in graded:
+                    self._refuse_new_gradient(slot)
         return tuple(resident)
+
+    def _refuse_new_gradient(self, slot: int) -> None:
+        """A parameter (or input) that needs a gradient now but did not when the graph was
+        lowered (a layer unfrozen since): the graph computes no gradient for it, so it
+        would silently not train. (Frozen since: autograd drops its gradient, as eager's.)"""
+        kind, what = self.bindings[slot]
+        if kind == "input":
+            name = next(name for index, _, name in self.user_inputs if index == what)
+            where, fix = f"argument {name}", "with inputs that require gradients as this one does"
+        else:
+            where, fix = f"parameter {what!r}", "after unfreezing parameters"
+        raise RuntimeInputError(f"{where} requires a gradient, but did not when the model was "
+                                f"lowered, so the graph computes none for it: call "
+                                f"remat_ir.remat again {fix}")
 
     def _check_layout(self, slot: int, tensor: torch.Tensor) -> None:
         """A bound tensor laid out otherwise than at lowering (a model moved to
@@ -453,8 +522,11 @@ class _Lowered:
             resident = self.resident(model, leaves, device, modules)
             step_units = StepUnits(units, slots)
             outputs = _run_step(runner, resident, _Sharding(units, owners, runner, step_units))
+        outputs = list(outputs)
+        for position in sorted(self.constant_outputs):
+            outputs.insert(position, self.constant_outputs[position])
         if self.out_spec is not None:
-            return pytree.tree_unflatten(list(outputs), self.out_spec)
+            return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
 
 
@@ -555,6 +627,7 @@ class ScheduledModule(torch.nn.Module):
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             self.__dict__[shared] = model.__dict__[shared]
         self.__dict__["_model"] = model
+        self.__dict__["_hooks"] = HookWatch(model)
         first = _Lowered(model, graph, schedule)
         self.__dict__["_plans"] = OrderedDict([(first.signature, first)])
         self.__dict__["_planner"] = planner
@@ -581,6 +654,7 @@ class ScheduledModule(torch.nn.Module):
         state["_plans"] = [(p.graph.proto.SerializeToString(), p.schedule.SerializeToString())
                            for p in self._plans.values()]
         state.pop("_notify", None)
+        state.pop("_hooks", None)
         return state
 
     def __setstate__(self, state):
@@ -589,6 +663,7 @@ class ScheduledModule(torch.nn.Module):
         state.setdefault("backend", "eager")
         self.__dict__.update(state)
         self.__dict__["_notify"] = None
+        self.__dict__["_hooks"] = HookWatch(self._model)
         self.__dict__["_plans"] = OrderedDict()
         for graph_bytes, schedule_bytes in saved:
             graph, schedule = pb.Graph(), pb.Schedule()
@@ -664,6 +739,13 @@ class ScheduledModule(torch.nn.Module):
             return self._under_torch_compile(*args, **kwargs)
         if not (self.training and torch.is_grad_enabled()):
             return self._model(*args, **kwargs)
+        changed = self._hooks.changed(self._model)
+        if changed is not None:
+            raise RuntimeInputError(
+                f"the model's hooks changed after it was lowered ({changed}): its graph runs "
+                f"what the hooks computed when it was traced, so a hook added since would not "
+                f"run and one removed would still run. Call remat_ir.remat again, with the "
+                f"hooks in place")
         return self._plan_for(args, kwargs).run(self._model, args, kwargs, self._groups(), self,
                                                 self.backend)
 

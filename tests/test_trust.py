@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 import warnings
 
 import pytest
@@ -252,3 +253,267 @@ def test_a_saved_module_with_function_ops_runs_only_where_they_were_lowered(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:3] == ["refused before lowering", "refused beside another "
                                            "constant's op", "ran where lowered"], done.stdout
+
+
+class _Returns(torch.nn.Module):
+    """Returns `y` and, per `kind`, something beside it."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.l1, self.l2, self.kind = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), kind
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x))
+        y = self.l2(h)
+        beside = {"view_of_output": lambda: y.t(), "parameter": lambda: self.l1.weight,
+                  "view_of_parameter": lambda: self.l1.weight.t(), "view_of_input": lambda: x.view(-1),
+                  "same_twice": lambda: y, "view_of_intermediate": lambda: h.t(),
+                  "detached_view": lambda: y.detach().t(), "none": lambda: None,
+                  "number": lambda: 3}[self.kind]()
+        return {"y": y, "beside": beside}
+
+
+def _loss_of_both(out):
+    beside = out["beside"]
+    if isinstance(beside, torch.Tensor):
+        return (out["y"] ** 2).mean() + (beside ** 3).sum() * 0.1
+    return (out["y"] ** 2).mean() * (beside if isinstance(beside, int) else 1)
+
+
+@pytest.mark.parametrize("kind, what", [
+    ("view_of_output", r"output\['beside'\], which is a view of output\['y'\], another output"),
+    ("parameter", r"output\['beside'\], which is an input of the step"),
+    ("view_of_parameter", r"output\['beside'\], which is a view of an input of the step"),
+    ("view_of_input", r"output\['beside'\], which is a view of an input of the step")])
+def test_an_output_sharing_storage_with_another_or_an_input_is_refused_by_name(kind, what):
+    """AOTAutograd rebuilds such outputs outside its graph; run from the graph alone,
+    `y.t()` beside `y` lost its gradient (parameter gradients 500x off eager's, silently)
+    and a returned parameter crashed."""
+    with pytest.raises(LoweringError, match=f"_Returns returns {what}.*Return a copy"):
+        _remat(_Returns(kind), (torch.randn(4, 8),))
+
+
+@pytest.mark.parametrize("kind", ["same_twice", "view_of_intermediate", "detached_view", "none",
+                                  "number"])
+def test_outputs_returned_twice_detached_or_not_tensors_train_like_eager(kind):
+    """One tensor returned twice, a view of a tensor no other output is (AOTAutograd
+    copies it), a detached view, None and a number (kept in the graph's metadata; a
+    crash inside the runtime before)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=kind != "number")
+    model = _Returns(kind)
+    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        _loss_of_both) == {}
+    out = _remat(_Returns(kind), (x,))(x)
+    assert out["beside"] is None if kind == "none" else True
+    assert out["beside"] == 3 if kind == "number" else True
+
+
+class _Hidden(torch.nn.Module):
+    """Three layers; `hook` says what the forward puts on its hidden state."""
+
+    def __init__(self, hook: str = ""):
+        super().__init__()
+        self.l1, self.l2, self.l3 = (torch.nn.Linear(8, 16), torch.nn.Linear(16, 16),
+                                     torch.nn.Linear(16, 4))
+        self.hook = hook
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x))
+        if self.hook == "register_hook":
+            h.register_hook(lambda g: g * 2)
+        if self.hook == "retain_grad":
+            h.retain_grad()
+        return self.l3(torch.tanh(self.l2(h))).square().mean()
+
+
+def _register(model, where: str, kind: str, handles: list):
+    module = model if where == "root" else model.l2
+    hook = {"full_backward_hook": lambda m, gi, go: (gi[0] * 3,),
+            "full_backward_pre_hook": lambda m, go: (go[0] * 0.5,),
+            "forward_hook": lambda m, i, o: o * 2,
+            "forward_pre_hook": lambda m, i: (i[0] + 1,)}[kind]
+    handles.append(getattr(module, f"register_{kind}")(hook))
+
+
+@pytest.mark.parametrize("method", ["register_hook", "retain_grad"])
+def test_a_gradient_hook_put_on_a_tensor_in_forward_is_refused_by_line(method):
+    """torch.export drops it: the step trained without it (a doubled gradient below the
+    hook: every gradient under it half of eager's), silently."""
+    with pytest.raises(LoweringError, match=rf"_Hidden's forward puts a gradient hook on a tensor "
+                                            rf"\(Tensor.{method} at .*test_trust.py:\d+ in forward\)"):
+        _remat(_Hidden(method), (torch.randn(4, 8),))
+
+
+@pytest.mark.parametrize("where", ["root", "l2"])
+@pytest.mark.parametrize("kind", ["full_backward_hook", "full_backward_pre_hook"])
+def test_a_module_backward_hook_is_refused_by_module(kind, where):
+    model, handles = _Hidden(), []
+    _register(model, where, kind, handles)
+    name = "<root> (_Hidden)" if where == "root" else "l2 (Linear)"
+    what = "backward pre-hook" if kind.endswith("pre_hook") else "backward hook"
+    with pytest.raises(LoweringError, match=rf"_Hidden has a {what} on {re.escape(name)}: "
+                                            r"torch.export records no backward hook"):
+        _remat(model, (torch.randn(4, 8),))
+
+
+def test_a_global_backward_hook_is_refused():
+    handle = torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None)
+    try:
+        with pytest.raises(LoweringError, match=r"backward hook on every module \(a global hook\)"):
+            _remat(_Hidden(), (torch.randn(4, 8),))
+    finally:
+        handle.remove()
+
+
+def test_hooks_that_train_like_eager():
+    """Forward hooks and pre-hooks present at lowering are traced; a full backward hook
+    on the module remat returns runs at its boundary; hooks on parameters (and after
+    their accumulation) run on the gradients the step hands autograd."""
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def build(scheduled: bool):
+        torch.manual_seed(0)
+        model, handles, seen = _Hidden(), [], []
+        _register(model, "l2", "forward_hook", handles)
+        _register(model, "root", "forward_pre_hook", handles)
+        model.l1.weight.register_hook(lambda g: g * 10)
+        model.l3.weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.sum()))
+        top = _remat(model, (x,), solver="recompute-all") if scheduled else model
+        top.register_full_backward_hook(lambda m, gi, go: (gi[0] * 3,))
+        return model, top, seen
+
+    grads, seen = [], []
+    for scheduled in (False, True):
+        model, top, hooked = build(scheduled)
+        x.grad = None
+        top(x).backward()
+        grads.append([x.grad] + [p.grad for p in model.parameters()])
+        seen.append(hooked)
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert len(seen[1]) == 1 and torch.equal(seen[0][0], seen[1][0])
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_a_call_after_the_models_hooks_changed_is_refused(change):
+    """The graph holds what the hooks computed at lowering: a forward hook added after it
+    would not run, one removed would still run."""
+    model, handles = _Hidden(), []
+    x = torch.randn(4, 8)
+    if change == "removed":
+        _register(model, "l2", "forward_hook", handles)
+    scheduled = _remat(model, (x,))
+    scheduled(x).backward()
+    if change == "added":
+        _register(model, "l2", "forward_hook", handles)
+    else:
+        handles[0].remove()
+    for _ in range(2):   # and again: the first refusal does not let the next call through
+        with pytest.raises(RuntimeInputError, match=rf"hooks changed after it was lowered \({change} "
+                                                    r"since: forward hook on l2 \(Linear\)\)"):
+            scheduled(x)
+    with torch.no_grad():   # outside training, the model itself runs, with its hooks
+        scheduled(x)
+
+
+def test_a_parameter_unfrozen_after_lowering_is_refused_and_one_frozen_trains_like_eager():
+    """Unfrozen: the graph computes no gradient for it, so it would silently not train
+    (gradual unfreezing); frozen: autograd drops the gradient handed to it, as eager."""
+    x = torch.randn(4, 8)
+
+    def build(frozen: bool):
+        torch.manual_seed(0)
+        model = _Hidden()
+        model.l2.weight.requires_grad_(not frozen)
+        return model
+
+    model = build(frozen=True)
+    scheduled = _remat(model, (x,))
+    model.l2.weight.requires_grad_(True)
+    with pytest.raises(RuntimeInputError, match=r"parameter 'l2.weight' requires a gradient, but "
+                                                r"did not when the model was lowered"):
+        scheduled(x)
+    leaf = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(RuntimeInputError, match=r"argument args\[0\] requires a gradient"):
+        _remat(build(frozen=False), (x,))(leaf)
+    model, eager = build(frozen=False), build(frozen=False)
+    scheduled = _remat(model, (x,))
+    for m in (model, eager):
+        m.l2.weight.requires_grad_(False)
+    scheduled(x).backward()
+    eager(x).backward()
+    assert model.l2.weight.grad is None
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters())
+               if a.requires_grad)
+
+
+def test_a_second_order_backward_is_refused():
+    x = torch.randn(4, 8)
+    scheduled = _remat(_Hidden(), (x,))
+    loss = scheduled(x)
+    with pytest.raises(RematIRError, match="create_graph=True"):
+        torch.autograd.grad(loss, list(scheduled.parameters()), create_graph=True)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(16, 2, dropout=0.1, batch_first=True, kdim=8,
+                                                     vdim=8)
+
+    def forward(self, q, kv):
+        return self.attention(q, kv, kv, need_weights=True, average_attn_weights=False)
+
+
+def test_an_output_gradient_laid_out_otherwise_than_traced_trains_like_eager():
+    """batch_first attention returns a transposed output, whose gradient (from a mean of
+    its squares) arrives laid out like it; the backward's views assume the traced
+    tangent's layout (a RuntimeError in the step's backward before)."""
+    torch.manual_seed(0)
+    args = (torch.randn(2, 6, 16), torch.randn(2, 5, 8))
+    errors = side_by_side(_Attention(), lambda m: _remat(m, args, solver="recompute-all"), args, {},
+                          lambda out: (out[0] ** 2).mean() + (out[1] ** 2).sum())
+    assert errors == {}
+
+
+class _TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4), torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return {"a": self.a(h), "b": self.b(h)}
+
+
+@pytest.mark.parametrize("head", ["a", "b"])
+def test_a_head_the_loss_leaves_out_keeps_no_gradient_as_in_eager(head):
+    """Eager's autograd never reaches the other head, whose `.grad` stays None (optimizers
+    skip it: no weight decay, no momentum step); the graph computes zeros for it, which
+    the step handed on as the head's gradient before."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    errors = side_by_side(_TwoHeads(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                          lambda out: (out[head] ** 2).mean())
+    assert errors == {}
+
+
+_GLOBAL_TARGET = torch.randn(4, 4)
+
+
+class _ReadsAGlobal(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return ((self.linear(x) - _GLOBAL_TARGET) ** 2).mean()
+
+
+def test_a_tensor_read_from_a_global_is_refused_with_what_to_do():
+    """AOTAutograd's own error ("Please convert all Tensors to FakeTensors first") named
+    no way out."""
+    with pytest.raises(LoweringError, match=r"_ReadsAGlobal's forward reads a tensor that is "
+                                            r"neither a parameter.*aten.sub.Tensor.*register it as a "
+                                            r"buffer"):
+        _remat(_ReadsAGlobal(), (torch.randn(4, 4),))

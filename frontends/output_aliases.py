@@ -1,0 +1,60 @@
+"""Outputs that share storage with another output, an input or a parameter: refused.
+
+AOTAutograd returns such an output from its compiled function and rebuilds it, in its
+runtime wrapper, as a view of its base outside the function, so that autograd sends
+the view's gradient into the base's. The joint graph therefore has no tangent for it,
+and a step run from the graph alone hands it over without a gradient path: the model
+`return y, y.t()` trained with a loss on both gave parameter gradients 500x off
+eager's, silently; returning a parameter or a view of an input crashed at the first
+call. What each output is comes from AOTAutograd's own analysis (`output_info`).
+Outputs that alias nothing, and views of intermediates AOTAutograd turns into
+copies (`unsafe_view_alias`), lower as before.
+"""
+
+from __future__ import annotations
+
+from torch.utils import _pytree as pytree
+
+#: AOTAutograd's output kinds that the joint graph computes as an output of its own.
+_OWN = {"non_alias", "unsafe_view_alias"}
+
+
+def _what(info, names: list[str]) -> str:
+    kind = info.output_type.name
+    if kind == "is_input":
+        return "is an input of the step (a parameter, buffer or input returned as it is)"
+    if kind == "alias_of_input":
+        return "is a view of an input of the step (a parameter, buffer or input)"
+    if kind == "alias_of_intermediate_base_is_user_output" and info.base_idx is not None:
+        base = names[info.base_idx] if info.base_idx < len(names) else f"output {info.base_idx}"
+        return f"is a view of {base}, another output"
+    return f"is a view of a tensor the forward computed ({kind})"
+
+
+def output_alias_problem(joint, out_spec, model: str) -> str | None:
+    """What is wrong with the first output of `joint` (AOTAutograd's joint graph with
+    descriptors) that is an input or shares storage with one or with another output;
+    None if none does. (The frontend raises it as its LoweringError.)"""
+    metadata = getattr(getattr(joint, "_aot_state", None), "fw_metadata", None)
+    infos = getattr(metadata, "output_info", None)
+    if not infos:
+        return None
+    names = _output_names(out_spec, len(infos))
+    for i, info in enumerate(infos):
+        if info.output_type.name in _OWN:
+            continue
+        return (
+            f"{model} returns {names[i]}, which {_what(info, names)}. remat-ir runs the step "
+            f"as one graph, whose outputs cannot share storage with each other or with its "
+            f"inputs and still pass their gradients on the way eager does. Return a copy "
+            f"(`.clone()`) or take the view outside the model")
+    return None
+
+
+def _output_names(out_spec, count: int) -> list[str]:
+    """'output[1]', "output['logits']" for each flat output (by position where the spec is
+    unknown or does not match)."""
+    if out_spec is not None and out_spec.num_leaves == count:
+        paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)), out_spec))
+        return [f"output{pytree.keystr(path)}" if path else "its output" for path, _ in paths]
+    return [f"output {i}" for i in range(count)]

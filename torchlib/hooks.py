@@ -1,0 +1,93 @@
+"""Module hooks, as a traced training step keeps or loses them.
+
+torch.export runs the forward with the model's forward hooks and pre-hooks and records
+what they compute, but no backward hook: a module's full backward hook or pre-hook (or
+a global one) leaves nothing in the joint graph, so a step run from it trains as if it
+were not there (a hook scaling a layer's input gradient by 3: every gradient below that
+layer off, silently, before lowering refused them). The frontend refuses backward hooks
+(`backward_hooks`); a scheduled module refuses a call once the model's hooks changed
+after lowering (`HookWatch`): a forward hook added later would not run, one removed
+would still run. torch.distributed's own hooks (FSDP2's, which `fully_shard` adds after
+lowering) are the runtime's business and not counted.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.modules import module as _module
+from torch.utils.hooks import RemovableHandle
+
+#: A module's hook tables, by the kind of hook they hold.
+TABLES = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+          "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+#: The tables of hooks torch.export does not trace.
+BACKWARD_TABLES = ("_backward_pre_hooks", "_backward_hooks")
+
+
+def _global_tables() -> dict[str, dict]:
+    """The hooks every module runs (`torch.nn.modules.module.register_module_*_hook`)."""
+    return {table: getattr(_module, f"_global{table}") for table in TABLES}
+
+
+def _ours(hook) -> bool:
+    """Whether `hook` is the user's (not torch.distributed's)."""
+    owner = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "")
+    return not (owner or "").startswith("torch.distributed")
+
+
+def _tables(model: torch.nn.Module):
+    """(where, table name, table) for every hook table of the model and the global ones."""
+    for table, hooks in _global_tables().items():
+        yield "every module (a global hook)", table, hooks
+    for path, module in model.named_modules():
+        for table in TABLES:
+            hooks = getattr(module, table, None)
+            if hooks:
+                yield f"{path or '<root>'} ({type(module).__name__})", table, hooks
+
+
+def backward_hooks(model: torch.nn.Module) -> list[str]:
+    """'backward hook on layer.1 (Linear)' for each backward hook or pre-hook that
+    `model`'s training step would run."""
+    return [f"{TABLES[table]} on {where}" for where, table, hooks in _tables(model)
+            if table in BACKWARD_TABLES for hook in hooks.values() if _ours(hook)]
+
+
+def hook_state(model: torch.nn.Module) -> dict[tuple[str, str], tuple[int, ...]]:
+    """The user's hooks of `model` and the global ones: (where, kind) -> handle ids."""
+    state = {}
+    for where, table, hooks in _tables(model):
+        ids = tuple(key for key, hook in hooks.items() if _ours(hook))
+        if ids:
+            state[(where, TABLES[table])] = ids
+    return state
+
+
+class HookWatch:
+    """The hooks a graph was traced with, and whether a call finds others.
+
+    Cheap when nothing changed: every hook registered anywhere (module or tensor) takes
+    a new handle id (`RemovableHandle.next_id`), and the hooks present at lowering are
+    looked up in their tables, so the module tree is walked again only after a hook was
+    registered or one of those removed."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.state = hook_state(model)
+        self.seen = RemovableHandle.next_id
+        self.present = [(hooks, key) for _, table, hooks in _tables(model)
+                        for key, hook in hooks.items() if _ours(hook)]
+
+    def changed(self, model: torch.nn.Module) -> str | None:
+        """What differs from the hooks at lowering, or None."""
+        if RemovableHandle.next_id == self.seen and all(key in hooks for hooks, key in self.present):
+            return None
+        now = hook_state(model)
+        if now == self.state:
+            self.seen = RemovableHandle.next_id
+            return None
+        added = [f"{kind} on {where}" for (where, kind), ids in now.items()
+                 if set(ids) - set(self.state.get((where, kind), ()))]
+        removed = [f"{kind} on {where}" for (where, kind), ids in self.state.items()
+                   if set(ids) - set(now.get((where, kind), ()))]
+        return "; ".join([f"added since: {', '.join(added)}"] * bool(added)
+                         + [f"removed since: {', '.join(removed)}"] * bool(removed))
