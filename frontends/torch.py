@@ -155,6 +155,19 @@ def _recording_attributes(model: torch.nn.Module, reads: dict):
 #: runtime calls as eager does. Checked bit for bit against eager in
 #: tests/test_torch_training.py.
 EAGER_KERNEL_OPS = ("upsample", "multilabel_margin_loss", "multi_margin_loss")
+#: Recurrent layers traced through eager's C++ implementation, which applies a stacked
+#: layer's dropout between its layers, where PyTorch's Python decomposition
+#: (`_rnn_helper`) applies none (a 2-layer GRU with dropout 0.25 trained without it,
+#: silently, before it was refused; now it trains with eager's masks). The LSTM only with
+#: oneDNN off: with it on, eager's kernel runs oneDNN layers whose backward the trace
+#: cannot feed, and the decomposition's path is refused by name (`_check_rnn_workspaces`).
+RNN_EAGER_KERNEL_OPS = ("gru", "rnn_tanh", "rnn_relu")
+
+
+def _eager_kernel_ops() -> tuple[str, ...]:
+    """`EAGER_KERNEL_OPS` and the recurrent layers traced as eager's now."""
+    lstm = () if torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled else ("lstm",)
+    return EAGER_KERNEL_OPS + RNN_EAGER_KERNEL_OPS + lstm
 
 
 @contextlib.contextmanager
@@ -165,9 +178,9 @@ def _eager_kernels():
     from torch._C import DispatchKey
 
     keys = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
-    taken = []
+    taken, parts = [], _eager_kernel_ops()
     for name in dir(torch.ops.aten):
-        if not any(part in name for part in EAGER_KERNEL_OPS):
+        if not any(part in name for part in parts):
             continue
         packet = getattr(torch.ops.aten, name)
         for overload in packet.overloads():
@@ -214,18 +227,21 @@ _RNN_OPS = {"gru": "GRU", "lstm": "LSTM", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
 
 def _check_rnn_dropout(exported: torch.export.ExportedProgram) -> None:
     """LoweringError where the trace holds a stacked RNN with dropout between its layers
-    in training mode.
+    in training mode that PyTorch's Python decomposition would lower (an LSTM with oneDNN
+    on: `RNN_EAGER_KERNEL_OPS`).
 
-    Why: PyTorch's decomposition of these ops (`torch._decomp.decompositions._rnn_helper`,
-    which building the joint graph applies) never applies that dropout, so the step would
-    train without it and silently differ from eager (loss, every gradient, and the
-    generator, which eager draws the masks from). `torch.nn.Dropout` between single-layer
-    RNNs computes what eager's stacked RNN computes and lowers exactly."""
+    Why: that decomposition (`torch._decomp.decompositions._rnn_helper`, which building
+    the joint graph applies) never applies that dropout, so the step would train without
+    it and silently differ from eager (loss, every gradient, and the generator, which
+    eager draws the masks from). `torch.nn.Dropout` between single-layer RNNs computes
+    what eager's stacked RNN computes and lowers exactly."""
+    eager = _eager_kernel_ops()
     for node in exported.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        kind = _RNN_OPS.get(node.target._schema.name.removeprefix("aten::"))
-        if kind is None:
+        op = node.target._schema.name.removeprefix("aten::")
+        kind = _RNN_OPS.get(op)
+        if kind is None or any(part in op for part in eager):
             continue
         names = [a.name for a in node.target._schema.arguments]
         bound = dict(zip(names, node.args)) | dict(node.kwargs)
@@ -234,10 +250,11 @@ def _check_rnn_dropout(exported: torch.export.ExportedProgram) -> None:
             where = _source(node) or "the model"
             raise LoweringError(
                 f"torch.nn.{kind} at {where}: dropout={dropout:g} between its {layers} layers in "
-                f"training mode is lost when PyTorch decomposes the {kind} for tracing (its "
-                f"decomposition applies no dropout), so training through the trace would "
-                f"silently differ from eager. Stack single-layer {kind}s with torch.nn.Dropout("
-                f"{dropout:g}) between them (what eager computes), or set dropout=0")
+                f"training mode would be lost: with oneDNN on, PyTorch decomposes the {kind} for "
+                f"tracing, and its decomposition applies no dropout, so training through the "
+                f"trace would silently differ from eager. Lower and train with oneDNN off "
+                f"(`with torch.backends.mkldnn.flags(enabled=False):` around remat(...) and the "
+                f"training loop): eager's {kind} is then traced, dropout included")
 
 
 def _argument(node: pb.Node, name: str):

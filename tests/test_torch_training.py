@@ -169,27 +169,37 @@ class _StackedRnn(torch.nn.Module):
         return h.pow(2).mean()
 
 
+@pytest.mark.parametrize("stacked", [True, False])
 @pytest.mark.parametrize("kind", ["GRU", "LSTM", "RNN"])
-def test_a_stacked_rnns_dropout_is_refused_and_single_layers_with_dropout_train_like_eager(kind):
-    """PyTorch's decomposition of a stacked RNN applies no dropout between its layers: the
-    trace would train without it (loss, gradients and generator off eager's, silently).
-    One error naming the module and the way out; the way out trains bitwise like eager,
-    masks and generator state included."""
+def test_a_stacked_rnns_dropout_trains_like_eager(kind, stacked):
+    """Stacked recurrent layers are traced through eager's implementation, which applies
+    the dropout between layers (PyTorch's Python decomposition applies none: the trace
+    trained without it, silently, before such models were refused). Bitwise like eager,
+    masks and generator state included, stacked or as single layers with torch.nn.Dropout
+    between them; the LSTM with oneDNN off (above)."""
     from exactness import side_by_side
-
-    from remat_ir.frontends.torch import LoweringError
 
     torch.manual_seed(0)
     x = torch.randn(3, 6, 8)
-    with torch.backends.mkldnn.flags(enabled=False):  # the LSTM's oneDNN trace (above)
-        with pytest.raises(LoweringError, match=rf"torch.nn.{kind} at rnn .*dropout=0.25 between its 2 "
-                                                rf"layers.*torch.nn.Dropout\(0.25\)"):
-            remat_ir.remat(_StackedRnn(kind, stacked=True), (x,), cost_model="flops", cache_dir=False)
-        errors = side_by_side(_StackedRnn(kind, stacked=False),
-                              lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops",
-                                                       cache_dir=False),
+    with torch.backends.mkldnn.flags(enabled=kind != "LSTM"):
+        errors = side_by_side(_StackedRnn(kind, stacked=stacked),
+                              lambda m: remat_ir.remat(m, (x,), solver="recompute-all",
+                                                       cost_model="flops", cache_dir=False),
                               (x,), {}, lambda loss: loss)
     assert errors == {}, errors
+
+
+def test_a_stacked_lstms_dropout_with_onednn_on_is_refused_with_the_way_out():
+    """With oneDNN on the LSTM is traced through PyTorch's decomposition, which drops the
+    dropout: one error naming the module and oneDNN off, which trains it (above)."""
+    from remat_ir.frontends.torch import LoweringError
+
+    x = torch.randn(3, 6, 8)
+    with torch.backends.mkldnn.flags(enabled=True):
+        with pytest.raises(LoweringError, match=r"torch.nn.LSTM at rnn .*dropout=0.25 between its 2 "
+                                                r"layers.*oneDNN off"):
+            remat_ir.remat(_StackedRnn("LSTM", stacked=True), (x,), cost_model="flops",
+                           cache_dir=False)
 
 
 class _MultilabelMargin(torch.nn.Module):
