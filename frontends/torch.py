@@ -268,6 +268,21 @@ def _argument(node: pb.Node, name: str):
     return decode(node.args[position]) if position < len(node.args) else None
 
 
+def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
+    """LoweringError naming an op with a side effect, which AOTAutograd threads through a
+    token (`with_effects`): the graph would need the token as an input, which a step of
+    remat-ir does not have (torch.linalg's checked ops raise on bad inputs this way)."""
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.higher_order.with_effects:
+            op = node.args[1]
+            raise LoweringError(
+                f"{model} calls {op} ({_source(node) or 'in its forward'}), an op with a side "
+                f"effect that tracing orders through a token, which remat-ir cannot lower. "
+                f"torch.linalg's checked ops do this (they raise on a singular input): use "
+                f"their unchecked forms (torch.linalg.cholesky_ex, inv_ex, solve_ex, ...) and "
+                f"check `info` outside the model")
+
+
 def _check_backward_hooks(model: torch.nn.Module) -> None:
     """LoweringError naming the model's module backward hooks, which torch.export does not
     record (`torchlib/hooks.py`)."""
@@ -355,6 +370,19 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
     return error
 
 
+def _mutation_error(mutated) -> str:
+    """What to say of a forward that writes into a parameter or an input in place (buffers
+    are updated as eager does)."""
+    if type(mutated).__name__ == "ParamAOTInput":
+        what = (f"parameter {mutated.target!r} (as nn.Embedding with max_norm does to the rows "
+                f"it looks up, or a clamp under torch.no_grad)")
+    else:
+        what = f"its input {getattr(mutated, 'idx', mutated)}"
+    return (f"the model's forward writes into {what} in place; remat-ir's step hands over "
+            f"only outputs, gradients and buffer updates, so the write would be lost. Do it "
+            f"outside the forward (a parameter: after optimizer.step(), under torch.no_grad)")
+
+
 def _constant_output(value, position: int):
     """A user output that is not a tensor (`return y, None`, a dict with a count): kept
     in the graph's metadata and returned as it is at every call; LoweringError for
@@ -390,6 +418,10 @@ class _Lowering:
         if not isinstance(fake, torch.Tensor):
             raise LoweringError(f"{name!r} is a {type(fake).__name__}, not a tensor; "
                                 "only static-shape tensor programs can be lowered")
+        if fake.layout != torch.strided:
+            raise LoweringError(f"{name!r} is a {fake.layout} tensor; remat-ir lowers dense "
+                                f"tensors only (sparse gradients: nn.Embedding or EmbeddingBag "
+                                f"with sparse=True; pass sparse=False)")
         key = fake.untyped_storage()._cdata
         if key not in self.storage_of:
             self.storage_of[key] = self.g.add_storage(fake.untyped_storage().nbytes())
@@ -548,6 +580,8 @@ class _Lowering:
                     self.g.add_output(vid, "input_gradient", f"input{of.idx}")
             elif kind_name == "InputMutationAOTOutput" and type(desc.mutated_input).__name__ == "BufferAOTInput":
                 self.g.add_output(vid, "buffer_update", desc.mutated_input.target)
+            elif kind_name == "InputMutationAOTOutput":
+                raise LoweringError(_mutation_error(desc.mutated_input))
             else:
                 raise LoweringError(f"the model returns {desc}, which this frontend does not handle "
                                     "(only user outputs, gradients and buffer updates)")
@@ -674,6 +708,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         problem = output_alias_problem(joint, exported.call_spec.out_spec, type(model).__name__)
         if problem is not None:
             raise LoweringError(problem)
+        _check_effects(joint.graph_module, type(model).__name__)
         share_autocast_casts(joint.graph_module)
         if split_dropouts:
             split_dropout(joint.graph_module)

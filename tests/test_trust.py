@@ -517,3 +517,31 @@ def test_a_tensor_read_from_a_global_is_refused_with_what_to_do():
                                             r"neither a parameter.*aten.sub.Tensor.*register it as a "
                                             r"buffer"):
         _remat(_ReadsAGlobal(), (torch.randn(4, 4),))
+
+
+class _Refused(torch.nn.Module):
+    """Constructs the trace cannot train, per `kind`."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.linear = torch.nn.Linear(4, 4)
+        self.embedding = torch.nn.Embedding(10, 4, sparse=kind == "sparse",
+                                            max_norm=1.0 if kind == "max_norm" else None)
+
+    def forward(self, x, ids):
+        h = self.linear(x) + self.embedding(ids)
+        if self.kind == "checked_linalg":
+            return torch.linalg.cholesky(h @ h.T + 4 * torch.eye(4)).sum()
+        return h.square().sum()
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("checked_linalg", r"_Refused calls aten._linalg_check_errors.default .*cholesky_ex"),
+    ("max_norm", r"writes into parameter 'embedding.weight' .* in place; .*outside the forward"),
+    ("sparse", r"is a torch.sparse_coo tensor; .*sparse=False")])
+def test_constructs_the_trace_cannot_train_are_refused_with_what_to_do(kind, message):
+    """Each raised an error from deep inside before, naming a graph input kind
+    (ForwardTokenAOTInput), an AOTAutograd output kind or a sparse tensor's storage."""
+    with pytest.raises(LoweringError, match=message):
+        _remat(_Refused(kind), (torch.randn(4, 4), torch.randint(0, 10, (4,))))
