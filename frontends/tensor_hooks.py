@@ -12,23 +12,14 @@ line that made it; the frontend refuses the model, pointing to a
 from __future__ import annotations
 
 import contextlib
-import os
 import traceback
 
 import torch
 
+from .model_lines import model_line
+
 #: The Tensor methods that put a gradient hook on a tensor.
 METHODS = ("register_hook", "retain_grad", "register_post_accumulate_grad_hook")
-
-
-def _model_line() -> str:
-    """'file:line in function' of the innermost frame outside torch and this package."""
-    skipped = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
-    found = "the model"
-    for frame in traceback.extract_stack():
-        if not os.path.abspath(frame.filename).startswith(skipped):
-            found = f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return found
 
 
 @contextlib.contextmanager
@@ -39,7 +30,7 @@ def recording_tensor_hooks(calls: list[str]):
 
     def recorded(name, original):
         def method(self, *args, **kwargs):
-            calls.append(f"Tensor.{name} at {_model_line()}")
+            calls.append(f"Tensor.{name} at {model_line(traceback.extract_stack()) or 'the model'}")
             return original(self, *args, **kwargs)
         return method
 

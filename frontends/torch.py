@@ -29,7 +29,6 @@ import contextlib
 import io
 import json
 import operator
-import os
 import re
 import sys
 import traceback
@@ -48,6 +47,7 @@ from .autocast_casts import share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
+from .model_lines import model_line
 from .output_aliases import output_alias_problem
 from .tensor_hooks import recording_tensor_hooks
 from .view_compaction import compact_views
@@ -334,17 +334,6 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     return exported
 
 
-def _model_line(exc: Exception) -> str | None:
-    """'file:line in function' of the innermost frame of `exc`'s traceback outside torch
-    and this frontend: the model's own line that export failed on."""
-    skipped = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
-    found = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if not os.path.abspath(frame.filename).startswith(skipped):
-            found = f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return found
-
-
 def _export_failure(model: str, exc: Exception) -> LoweringError:
     """torch.export's error as one LoweringError: what, where, what to do. A branch on
     tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
@@ -352,7 +341,7 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
     construct, and export's error as their cause."""
     text = str(exc).strip()
     if isinstance(exc, GuardOnDataDependentSymNode):
-        where = _model_line(exc)
+        where = model_line(traceback.extract_tb(exc.__traceback__))
         if where is None:
             named = re.search(r"Caused by: \((.*?)\)\s*$", text, re.MULTILINE)
             where = named.group(1) if named else "a line export did not name"
