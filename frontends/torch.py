@@ -463,6 +463,13 @@ class _Lowering:
         """A tensor constant lifted by torch.export (`torch.tensor(...)` built inside forward,
         such as T5's `_shift_right` start token): its bytes go into the graph, row-major."""
         tensor = getattr(module, node.target, None)
+        if isinstance(tensor, torch.Generator):
+            users = ", ".join(sorted({str(u.target) for u in node.users}))
+            raise LoweringError(
+                f"the model's forward draws random numbers from a torch.Generator of its own "
+                f"(generator= in {users or 'a random op'}); remat-ir replays the default "
+                f"generator's draws only, so a recomputation could not draw the same numbers. "
+                f"Draw from the default generator (seeded with torch.manual_seed)")
         if not isinstance(tensor, torch.Tensor):
             raise LoweringError(f"FX node {node.name!r} reads attribute {node.target!r}, which is "
                                 f"a {type(tensor).__name__}, not a tensor constant")

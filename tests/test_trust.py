@@ -528,18 +528,23 @@ class _Refused(torch.nn.Module):
         self.linear = torch.nn.Linear(4, 4)
         self.embedding = torch.nn.Embedding(10, 4, sparse=kind == "sparse",
                                             max_norm=1.0 if kind == "max_norm" else None)
+        self.generator = torch.Generator().manual_seed(0)
 
     def forward(self, x, ids):
         h = self.linear(x) + self.embedding(ids)
         if self.kind == "checked_linalg":
             return torch.linalg.cholesky(h @ h.T + 4 * torch.eye(4)).sum()
+        if self.kind == "own_generator":
+            return (h * torch.rand(h.shape, generator=self.generator)).sum()
         return h.square().sum()
 
 
 @pytest.mark.parametrize("kind, message", [
     ("checked_linalg", r"_Refused calls aten._linalg_check_errors.default .*cholesky_ex"),
     ("max_norm", r"writes into parameter 'embedding.weight' .* in place; .*outside the forward"),
-    ("sparse", r"is a torch.sparse_coo tensor; .*sparse=False")])
+    ("sparse", r"is a torch.sparse_coo tensor; .*sparse=False"),
+    ("own_generator", r"draws random numbers from a torch.Generator of its own \(generator= in "
+                      r"aten.rand.generator\)")])
 def test_constructs_the_trace_cannot_train_are_refused_with_what_to_do(kind, message):
     """Each raised an error from deep inside before, naming a graph input kind
     (ForwardTokenAOTInput), an AOTAutograd output kind or a sparse tensor's storage."""
