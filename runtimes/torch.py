@@ -71,6 +71,12 @@ class _Step:
             resident = tuple(step_units.objects.get(i, t) for i, t in enumerate(resident))
         self.resident = runner.apply_buffer_updates(resident, updates)
         self.stash, self.outputs = saved, outputs
+        # The version of each tensor the backward reads from the caller (an input, a
+        # parameter): one written in place before the backward runs is refused there.
+        owned = sharding.owned if sharding is not None else set()
+        self.versions = [(slot, self.resident[slot]._version)
+                         for slot, group in enumerate(runner.plan.last_read_group)
+                         if group >= 0 and slot not in owned and self.resident[slot] is resident[slot]]
         self.segment = None     # the backward generator, once started
         self.unused: set[int] = set()   # user outputs the loss gave no gradient
         self.yielded = 0        # groups the generator has yielded
@@ -81,6 +87,9 @@ class _Step:
         the outputs no gradient reached (their tangents are zeros)."""
         if self.finished or self.segment is not None:
             raise _second_backward()
+        for slot, version in self.versions:
+            if self.resident[slot]._version != version:
+                raise self._written_since(slot)
         self.unused = unused
         stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
         step_units = self.sharding.step_units if self.sharding is not None else None
@@ -109,6 +118,18 @@ class _Step:
                 self.finished, self.segment, self.resident = True, None, None
         return grads
 
+
+    def _written_since(self, slot: int) -> RematIRError:
+        """The error for a tensor of the caller's written in place between this step's
+        forward and its backward, which reads it again (to compute a value again, where eager
+        may have saved nothing from it): it would compute from the new values."""
+        value = self.runner.plan.resident[slot]
+        name = next((e.argument_name or e.name for e in self.runner.graph.proto.inputs
+                     if e.value_id == value), f"value {value}")
+        return RematIRError(f"{name} was written in place after the forward and before the "
+                            f"backward, which reads it again (the plan computes values from it "
+                            f"there), so the backward would compute from the new values: write "
+                            f"it after backward(), or pass the model a copy")
 
     def _unreached_as_none(self, index: int, grads: tuple) -> tuple:
         """None for each gradient of group `index` computed from tangents of unused outputs
@@ -204,6 +225,8 @@ class _Sharding:
         self.units, self.step_units = units, step_units
         plan = runner.plan
         group_of = {s: i for i, slots in enumerate(plan.gradient_groups) for s in slots}
+        #: Resident slots FSDP gathers (written by its all-gathers between forward and backward).
+        self.owned = {slot for slot, unit in enumerate(owners) if unit is not None}
         self.done = [-1] * len(units.units)
         for slot, unit in enumerate(owners):
             if unit is not None:
@@ -341,13 +364,10 @@ class _Lowered:
                 self.user_inputs.append((index, v, entry.argument_name or f"input {index}"))
             else:
                 self.bindings.append(("const", v))
-        # Per resident slot, whether the graph computes its gradient (a parameter or input
-        # that required one when the model was lowered).
-        graded = {o.name for o in g.outputs
-                  if o.role in (pb.PARAMETER_GRADIENT, pb.INPUT_GRADIENT)}
-        self.graded = [(kind == "param" and what in graded)
-                       or (kind == "input" and f"input{what}" in graded)
-                       for kind, what in self.bindings]
+        # The parameters that did not require a gradient when the graph was made for them:
+        # the graph computes none (inputs: their signature says whether they require one).
+        self.frozen = {what for kind, what in self.bindings
+                       if kind == "param" and not model.get_parameter(what).requires_grad}
         self.in_spec = _load_spec(g, "torch.in_spec")
         self.out_spec = _load_spec(g, "torch.out_spec")
         #: Outputs the trace fixed (None, numbers, strings), by flat output position.
@@ -407,7 +427,7 @@ class _Lowered:
         return leaves
 
     def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules") -> tuple:
-        resident, ungraded = [], []
+        resident = []
         for slot, ((kind, what), strides) in enumerate(zip(self.bindings, self.strides)):
             if kind == "param":
                 t = modules.member(what, "_parameters")
@@ -424,30 +444,19 @@ class _Lowered:
                                         f"but the inputs are on {device}; move the model with .to()")
             if strides is not None and t.stride() != strides:
                 self._check_layout(slot, t)
-            if t.requires_grad and not self.graded[slot] and kind in ("param", "input"):
-                ungraded.append(slot)
+            if kind == "param" and what in self.frozen and t.requires_grad:
+                self._refuse_unfrozen(what)
             resident.append(t)
-        if ungraded:
-            # A tied weight is bound at each of its names, its gradient handed at one.
-            graded = {id(resident[slot]) for slot, g in enumerate(self.graded) if g}
-            for slot in ungraded:
-                if id(resident[slot]) not in graded:
-                    self._refuse_new_gradient(slot)
         return tuple(resident)
 
-    def _refuse_new_gradient(self, slot: int) -> None:
-        """A parameter (or input) that needs a gradient now but did not when the graph was
-        lowered (a layer unfrozen since): the graph computes no gradient for it, so it
-        would silently not train. (Frozen since: autograd drops its gradient, as eager's.)"""
-        kind, what = self.bindings[slot]
-        if kind == "input":
-            name = next(name for index, _, name in self.user_inputs if index == what)
-            where, fix = f"argument {name}", "with inputs that require gradients as this one does"
-        else:
-            where, fix = f"parameter {what!r}", "after unfreezing parameters"
-        raise RuntimeInputError(f"{where} requires a gradient, but did not when the model was "
-                                f"lowered, so the graph computes none for it: call "
-                                f"remat_ir.remat again {fix}")
+    @staticmethod
+    def _refuse_unfrozen(name: str) -> None:
+        """A parameter that needs a gradient now but did not when the graph was made (a
+        layer unfrozen since): the graph computes no gradient for it, so it would silently
+        not train. (Frozen since: autograd drops its gradient, as eager's.)"""
+        raise RuntimeInputError(f"parameter {name!r} requires a gradient, but did not when the "
+                                f"model was lowered, so the graph computes none for it: call "
+                                f"remat_ir.remat again after unfreezing parameters")
 
     def _check_layout(self, slot: int, tensor: torch.Tensor) -> None:
         """A bound tensor laid out otherwise than at lowering (a model moved to

@@ -433,9 +433,14 @@ def test_a_parameter_unfrozen_after_lowering_is_refused_and_one_frozen_trains_li
     with pytest.raises(RuntimeInputError, match=r"parameter 'l2.weight' requires a gradient, but "
                                                 r"did not when the model was lowered"):
         scheduled(x)
-    leaf = torch.randn(4, 8, requires_grad=True)
-    with pytest.raises(RuntimeInputError, match=r"argument args\[0\] requires a gradient"):
-        _remat(build(frozen=False), (x,))(leaf)
+    # An input that requires a gradient now is another signature: planned again, with one.
+    leaf = x.clone().requires_grad_()
+    eager, model = build(frozen=False), build(frozen=False)
+    _remat(model, (x,))(leaf).backward()
+    expected = leaf.grad.clone()
+    leaf.grad = None
+    eager(leaf).backward()
+    assert torch.equal(expected, leaf.grad)
     model, eager = build(frozen=False), build(frozen=False)
     scheduled = _remat(model, (x,))
     for m in (model, eager):
@@ -445,6 +450,25 @@ def test_a_parameter_unfrozen_after_lowering_is_refused_and_one_frozen_trains_li
     assert model.l2.weight.grad is None
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters())
                if a.requires_grad)
+
+
+class _Unreached(torch.nn.Module):
+    """A parameter forward never reads, and one it reads only detached."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused, self.detached = (torch.nn.Linear(4, 4), torch.nn.Linear(4, 4),
+                                                 torch.nn.Linear(4, 4))
+
+    def forward(self, x):
+        return (self.used(x) * self.detached.weight.detach().sum()).square().mean()
+
+
+def test_parameters_the_loss_never_reaches_train_like_eager():
+    """They require a gradient and get none, in eager and in the graph (a check that
+    took them for parameters unfrozen since lowering refused them)."""
+    x = torch.randn(3, 4)
+    assert side_by_side(_Unreached(), lambda m: _remat(m, (x,)), (x,), {}, lambda out: out) == {}
 
 
 def test_a_second_order_backward_is_refused():
@@ -550,3 +574,20 @@ def test_constructs_the_trace_cannot_train_are_refused_with_what_to_do(kind, mes
     (ForwardTokenAOTInput), an AOTAutograd output kind or a sparse tensor's storage."""
     with pytest.raises(LoweringError, match=message):
         _remat(_Refused(kind), (torch.randn(4, 4), torch.randint(0, 10, (4,))))
+
+
+@pytest.mark.parametrize("written", ["input", "parameter"])
+def test_a_tensor_written_between_forward_and_backward_is_refused_where_the_backward_reads_it(written):
+    """`x * 2` saves nothing of x in eager, so eager's backward is unaffected by a write
+    into x after the forward; a plan computing values from x again in the backward would
+    use the new values (gradients 3x eager's, silently, before)."""
+    torch.manual_seed(0)
+    model, x = _Hidden(), torch.randn(4, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    loss = scheduled(x)
+    with torch.no_grad():
+        (x if written == "input" else model.l1.weight).mul_(3)
+    name = "args\\[0\\]" if written == "input" else "l1.weight"
+    with pytest.raises(RematIRError, match=rf"{name} was written in place after the forward and "
+                                           r"before the backward"):
+        loss.backward()

@@ -155,11 +155,14 @@ def describe_input(leaf) -> str:
     it is not contiguous: 'tensor [8, 3, 64, 64] float32 channels_last'), else the value's
     repr (a flag such as use_cache=False is baked into the trace). The layout belongs to
     the signature because the trace holds it: a `view` lowered for one layout fails on
-    another, and the plan's copies and costs were made for it."""
+    another, and the plan's copies and costs were made for it. So does whether the tensor
+    requires a gradient ('... requires_grad'): the graph computes a gradient for it only if
+    it did when traced."""
     if isinstance(leaf, torch.Tensor):
         layout = describe_layout(leaf)
         return (f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
-                + (f" {layout}" if layout != "contiguous" else ""))
+                + (f" {layout}" if layout != "contiguous" else "")
+                + (" requires_grad" if leaf.requires_grad else ""))
     return repr(leaf)
 
 
