@@ -10,6 +10,9 @@ import traceback
 import torch
 
 _SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
+#: PyTorch's own modules a model calls (its layers, distributions, functional ops).
+_LIBRARY = tuple(os.path.join(os.path.dirname(torch.__file__), part)
+                 for part in ("nn", "distributions", "functional.py"))
 
 
 def model_line(frames: list[traceback.FrameSummary]) -> str | None:
@@ -19,4 +22,19 @@ def model_line(frames: list[traceback.FrameSummary]) -> str | None:
     for frame in frames:
         if not os.path.abspath(frame.filename).startswith(_SKIPPED):
             found = f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return found
+
+
+def library_line(frames: list[traceback.FrameSummary]) -> str | None:
+    """'torch/nn/modules/batchnorm.py:193 in forward': the innermost of `frames` below the
+    model's own line that is in the PyTorch modules a model calls (its layers other than
+    `Module`'s call machinery, distributions, functional ops), or None."""
+    last = max((i for i, f in enumerate(frames)
+                if not os.path.abspath(f.filename).startswith(_SKIPPED)), default=-1)
+    found = None
+    for frame in frames[last + 1:]:
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_LIBRARY) and not path.endswith(os.path.join("modules", "module.py")):
+            shown = os.path.relpath(path, os.path.dirname(os.path.dirname(torch.__file__)))
+            found = f"{shown}:{frame.lineno} in {frame.name}"
     return found

@@ -47,9 +47,10 @@ from .autocast_casts import share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
-from .model_lines import model_line
+from .model_lines import library_line, model_line
 from .output_aliases import output_alias_problem
 from .tensor_hooks import recording_tensor_hooks
+from .trace_effects import refusing_trace_effects
 from .view_compaction import compact_views
 from remat_ir.torchlib.hooks import backward_hooks
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
@@ -312,12 +313,14 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     _check_backward_hooks(model)
     errors: list = []
     hook_calls: list[str] = []
+    effects: list[str] = []
     # A failed torch.export prints the graph traced so far to stderr (hundreds of lines
     # above the error): kept out; whatever else it writes there goes through.
     printed, failure = io.StringIO(), None
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
-                _recording_attributes(model, attribute_reads), recording_tensor_hooks(hook_calls):
+                _recording_attributes(model, attribute_reads), recording_tensor_hooks(hook_calls), \
+                refusing_trace_effects(model, effects):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -331,6 +334,15 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     if hook_calls:
         raise _tensor_hook_error(type(model).__name__, hook_calls)
+    if effects:
+        effects = list(dict.fromkeys(effects))
+        raise LoweringError(
+            f"{type(model).__name__}'s forward does what tracing runs once and the graph does "
+            f"not keep: {effects[0]}"
+            f"{f' (and {len(effects) - 1} more)' if len(effects) > 1 else ''}. Every step would "
+            f"repeat what tracing saw (a number drawn, a seed set, an attribute's value). Draw "
+            f"random numbers with torch's random ops on the default generator, keep counters "
+            f"and logs outside the forward, and return tensors (an auxiliary loss) as outputs")
     return exported
 
 
@@ -341,10 +353,14 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
     construct, and export's error as their cause."""
     text = str(exc).strip()
     if isinstance(exc, GuardOnDataDependentSymNode):
-        where = model_line(traceback.extract_tb(exc.__traceback__))
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = model_line(frames)
         if where is None:
             named = re.search(r"Caused by: \((.*?)\)\s*$", text, re.MULTILINE)
             where = named.group(1) if named else "a line export did not name"
+        inside = library_line(frames)
+        if inside is not None:   # a PyTorch layer branches (BatchNorm's momentum=None)
+            where = f"{where}, inside PyTorch at {inside} (an argument of that call may avoid it)"
         return LoweringError(
             f"torch.export could not trace {model}: its forward branches on a value computed "
             f"from tensor data ({text.splitlines()[0].strip()}) at {where}. remat-ir lowers one "

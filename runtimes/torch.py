@@ -118,7 +118,6 @@ class _Step:
                 self.finished, self.segment, self.resident = True, None, None
         return grads
 
-
     def _written_since(self, slot: int) -> RematIRError:
         """The error for a tensor of the caller's written in place between this step's
         forward and its backward, which reads it again (to compute a value again, where eager

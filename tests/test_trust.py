@@ -591,3 +591,74 @@ def test_a_tensor_written_between_forward_and_backward_is_refused_where_the_back
     with pytest.raises(RematIRError, match=rf"{name} was written in place after the forward and "
                                            r"before the backward"):
         loss.backward()
+
+
+class _Effects(torch.nn.Module):
+    """A forward doing, per `kind`, something besides computing tensors."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.linear, self.calls, self.log = kind, torch.nn.Linear(4, 4), 0, []
+
+    def forward(self, x):
+        import random
+
+        import numpy
+
+        h = self.linear(x)
+        if self.kind == "python_random" and random.random() < 0.5:
+            h = h * 2
+        if self.kind == "numpy_random":
+            h = h * float(numpy.random.rand())
+        if self.kind == "seed":
+            torch.manual_seed(123)
+            h = torch.nn.functional.dropout(h, 0.5)
+        if self.kind == "fork_rng":
+            with torch.random.fork_rng():
+                h = h + torch.randn(h.shape)
+        if self.kind == "counter":
+            self.calls += 1
+        if self.kind == "aux_loss":
+            self.aux_loss = h.abs().mean()
+        if self.kind == "log":
+            self.log.append(h.detach().mean())
+        if self.kind == "log_numbers":
+            self.log.append(h.shape[0])
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("python_random", "draws from Python's random generator"),
+    ("numpy_random", "draws from NumPy's random generator"),
+    ("seed", r"calls torch.manual_seed at .*test_trust.py:\d+"),
+    ("fork_rng", r"calls torch.fork_rng at .*test_trust.py:\d+"),
+    ("counter", r"assigns module attribute 'calls' of _Effects at .*test_trust.py:\d+"),
+    ("aux_loss", r"assigns module attribute 'aux_loss' of _Effects"),
+    ("log", r"changes module attribute 'log' of <root> \(and 1 more\)"),
+    ("log_numbers", r"changes module attribute 'log' of <root>")])
+def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said):
+    """Tracing runs it once and the graph keeps none of it: silently wrong before (a
+    branch drawn once for every step, a counter frozen, a seed set once, a tracing
+    placeholder left on the model as `aux_loss`, on which a loss trained "without error")."""
+    import random
+
+    import numpy
+
+    model, x = _Effects(kind), torch.randn(3, 4)
+    state = (random.getstate(), numpy.random.get_state()[1].copy(), torch.get_rng_state())
+    with pytest.raises(LoweringError, match=rf"_Effects's forward does what tracing runs once and "
+                                            rf"the graph does not keep: it {said}"):
+        _remat(model, (x,))
+    assert (model.calls, model.log, hasattr(model, "aux_loss")) == (0, [], False)
+    assert random.getstate() == state[0] and (numpy.random.get_state()[1] == state[1]).all()
+    assert torch.equal(torch.get_rng_state(), state[2])
+
+
+def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
+    """BatchNorm with momentum=None averages with 1 / num_batches_tracked, a number taken
+    from a tensor: the error named only the model's line, which looks innocent."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
+    with pytest.raises(LoweringError, match=r"branches on a value computed from tensor data .* "
+                                            r"at .*, inside PyTorch at torch/nn/modules/batchnorm.py:"
+                                            r"\d+ in forward"):
+        _remat(model, (torch.randn(3, 4),))

@@ -1,0 +1,164 @@
+"""What a forward does besides computing tensors: tracing runs it once, the graph keeps none
+of it, so the frontend refuses it by name.
+
+- Python's and NumPy's random generators: a number drawn while tracing is a constant of the
+  graph (a layer-drop branch on `random.random()` took, at every step, the branch drawn at
+  tracing: gradients 0.78 off eager's wherever eager took the other).
+- torch's generator set or read by the model's own code (`torch.manual_seed`,
+  `get_rng_state`/`set_rng_state`, `fork_rng`): the graph's random ops draw from the
+  generator as the step runs; the forward's seeding or restoring ran once, at tracing.
+  (torch's own callers, such as `torch.utils.checkpoint` saving the state, are left alone.)
+- Module attributes the forward assigns or appends to (a step counter, `self.aux_loss = ...`,
+  a list of logged values): the assignment ran once, while tracing; a tensor assigned was a
+  tracing placeholder, left on the model, on which a loss then "trained" without error.
+  They are put back as they were before tracing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import sys
+import warnings
+
+import torch
+
+#: torch's generator functions a forward may call, by module and name.
+_TORCH_RNG = [(torch, "manual_seed"), (torch, "seed"), (torch, "get_rng_state"),
+              (torch, "set_rng_state"), (torch.random, "manual_seed"), (torch.random, "seed"),
+              (torch.random, "get_rng_state"), (torch.random, "set_rng_state"),
+              (torch.random, "fork_rng")]
+_TORCH_DIR = os.path.dirname(torch.__file__)
+#: Attributes every `nn.Module` has for torch's own bookkeeping.
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+
+
+def _numpy_state():
+    numpy = sys.modules.get("numpy")
+    return None if numpy is None else numpy.random.get_state()
+
+
+def _same_numpy_state(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[0] == b[0] and (a[1] == b[1]).all() and tuple(a[2:]) == tuple(b[2:])
+
+
+def _attribute_state(model: torch.nn.Module) -> dict:
+    """(module path, attribute) -> (the value, a copy of a list's, dict's or set's items)."""
+    state = {}
+    for path, module in model.named_modules():
+        for key, value in vars(module).items():
+            if key in _MODULE_KEYS:
+                continue
+            items = value.copy() if isinstance(value, (list, dict, set)) else None
+            state[(path, key)] = (value, items)
+    return state
+
+
+def _changed(before: tuple, after) -> bool:
+    """Whether a list, dict or set attribute grew or shrank (a log appended to) since
+    before tracing. Values are not compared: an assignment is noted as the forward makes
+    it (`refusing_trace_effects`), and torch's own modules refresh internal ones (an RNN's
+    `_flat_weights`) as they trace."""
+    value, items = before
+    if items is None or after is not value:
+        return False
+    return (len(items) != len(after)
+            or (isinstance(items, dict) and items.keys() != after.keys()))
+
+
+def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
+    value, items = before
+    if items is not None:
+        value.clear()
+        (value.extend if isinstance(value, list) else value.update)(items)
+    object.__setattr__(module, key, value)
+
+
+@contextlib.contextmanager
+def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
+    """While the block traces `model`, note in `found` each effect the graph would not keep
+    (module docstring); module attributes are put back afterwards."""
+    python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
+    attributes = _attribute_state(model)
+    originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
+
+    def noted(name, function):
+        def call(*args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if not os.path.abspath(caller).startswith(_TORCH_DIR):
+                found.append(f"it calls torch.{name} at {caller}:{sys._getframe(1).f_lineno}")
+            return function(*args, **kwargs)
+        return call
+
+    for owner, name, function in originals:
+        setattr(owner, name, noted(name, function))
+    # torch.export puts back the attributes a forward assigned, so assignments are noted
+    # as they happen; in-place changes to lists and dicts are found by comparing after.
+    module_setattr = torch.nn.Module.__setattr__
+
+    def setattr_noted(module, key, value):
+        caller = sys._getframe(1).f_code.co_filename
+        if key not in _MODULE_KEYS and not os.path.abspath(caller).startswith(_TORCH_DIR):
+            found.append(f"it assigns module attribute {key!r} of {type(module).__name__} at "
+                         f"{caller}:{sys._getframe(1).f_lineno}")
+        module_setattr(module, key, value)
+
+    torch.nn.Module.__setattr__ = setattr_noted
+
+    def compare(module, inputs, output):
+        """At the end of the traced forward, before torch.export puts attributes back
+        (a list appended to is restored as a copy of its old items)."""
+        modules = dict(model.named_modules())
+        for (path, key), before in attributes.items():
+            if path in modules and key in vars(modules[path]) and _changed(before, vars(modules[path])[key]):
+                found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
+
+    handle = model.register_forward_hook(compare)
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        handle.remove()
+        torch.nn.Module.__setattr__ = module_setattr
+        for owner, name, function in originals:
+            setattr(owner, name, function)
+        for warning in said:
+            # torch.export's own finding: a tensor assigned into a module's attributes
+            # (appended to a list of them too), which it puts back and warns about.
+            assigned = re.match(r"The tensor attributes? (.*) (?:was|were) assigned during export",
+                                str(warning.message))
+            if assigned:
+                # Private attributes are torch's (an RNN refreshes its `_flat_weights`); the
+                # user's own are noted as they are assigned or appended to.
+                public = [path for path in assigned.group(1).split(", ")
+                          if not any(part.startswith("_") for part in path.split(".")[1:])]
+                if public:
+                    found.append(f"it assigns tensors to {', '.join(public)}")
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                       warning.lineno)
+        if not torch.equal(torch.get_rng_state(), generator):
+            found.append("it sets torch's generator state")
+            torch.set_rng_state(generator)
+        if random.getstate() != python:
+            found.append("it draws from Python's random generator (random.random and the like)")
+            random.setstate(python)
+        if not _same_numpy_state(_numpy_state(), numpy):
+            found.append("it draws from NumPy's random generator (np.random)")
+            sys.modules["numpy"].random.set_state(numpy)
+        modules = dict(model.named_modules())
+        added = {(path, key) for path, module in modules.items() for key in vars(module)
+                 if key not in _MODULE_KEYS and (path, key) not in attributes}
+        for path, key in sorted(added):
+            found.append(f"it assigns module attribute {key!r} of {path or '<root>'}")
+            delattr(modules[path], key)
+        for (path, key), before in attributes.items():
+            module = modules.get(path)
+            if module is not None and _changed(before, vars(module).get(key)):
+                found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
+                _restore(module, key, before)
