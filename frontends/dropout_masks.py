@@ -30,8 +30,10 @@ multiplies by the unrounded scale instead (other bits in bfloat16).
 Left as it is: dropout on another device (CUDA's fused kernel draws with Philox in
 another order, so the same split would not give eager's mask), on an input that is
 not contiguous (`bernoulli.p` returns a contiguous result, where eager's mask follows
-the input's layout and so pairs draws with other elements), and `p` of 0 or 1 or
-`train=False` (nothing is drawn).
+the input's layout and so pairs draws with other elements), and `p` of 0 or
+`train=False` (nothing is drawn). `p` of 1 gets a mask of zeros and scale 0, drawing
+nothing as eager's kernel does (returns the input times zero); PyTorch's decomposition
+draws a mask there, which left the generator elsewhere than eager.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ _aten = torch.ops.aten
 
 #: Bumped when the rewrite changes the graphs it makes: benchmark caches of lowered graphs
 #: key on it (benchmarks/solvers.py).
-REVISION = 3
+REVISION = 4
 
 
 def _splittable(node: torch.fx.Node) -> tuple[torch.fx.Node, float] | None:
@@ -58,7 +60,7 @@ def _splittable(node: torch.fx.Node) -> tuple[torch.fx.Node, float] | None:
     x, p = node.args[0], node.args[1]
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
     fake = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-    if (train is False or not isinstance(p, (int, float)) or not 0 < p < 1
+    if (train is False or not isinstance(p, (int, float)) or not 0 < p <= 1
             or getattr(fake, "fake_mode", None) is None or fake.device.type != "cpu"
             or not fake.dtype.is_floating_point or not fake.is_contiguous()):
         return None
@@ -110,10 +112,13 @@ def split_dropout(module: torch.fx.GraphModule) -> int:
         meta = {k: v for k, v in node.meta.items() if k != "val"}
         p1m = 1.0 - p
         with unset_fake_temporarily():   # AOTAutograd's fake mode may still be on
-            scale = float(torch.tensor(1.0 / p1m, dtype=fake_x.dtype))
+            scale = float(torch.tensor(1.0 / p1m, dtype=fake_x.dtype)) if p1m else 0.0
         with fake_x.fake_mode, graph.inserting_before(node):
-            empty = add_call(graph, meta, _aten.empty_like.default, (x,), {"dtype": torch.bool})
-            mask = add_call(graph, meta, _aten.bernoulli.p, (empty, p1m))
+            if p1m:
+                empty = add_call(graph, meta, _aten.empty_like.default, (x,), {"dtype": torch.bool})
+                mask = add_call(graph, meta, _aten.bernoulli.p, (empty, p1m))
+            else:   # p = 1: eager's CPU dropout multiplies by zero and draws nothing
+                mask = add_call(graph, meta, _aten.zeros_like.default, (x,), {"dtype": torch.bool})
             kept = add_call(graph, meta, _aten.mul.Tensor, (x, mask))
             out = add_call(graph, meta, _aten.mul.Tensor, (kept, scale))
         _takes_over(out, node.meta["val"][0])

@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 
+import remat_ir
 from remat_ir import ir
 from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS, lower
 from remat_ir.lowering import lower_torch
@@ -230,6 +231,21 @@ def test_dropout_output_computed_again_from_its_mask_is_eagers(dtype, p):
     assert ir.simulate(graph, schedule).recomputations == 2   # the product, computed again
     errors = side_by_side(copy.deepcopy(model), lambda m: ScheduledModule(m, graph, schedule),
                           (x,), {}, lambda out: out, steps=3)
+    assert errors == {}
+
+
+def test_a_dropout_of_p_one_draws_nothing_as_eager():
+    """Eager's CPU dropout returns its input times zero for p=1 without drawing; PyTorch's
+    decomposition draws a mask, which left the generator (and every later dropout's mask)
+    elsewhere than eager's. Lowered as a mask of zeros: no random node, eager's state."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(DropoutBetweenLinears(1.0), torch.nn.Dropout(0.5))
+    x = torch.randn(5, 24)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    assert [n.op for n in graph.proto.nodes if n.random] == ["aten.bernoulli.p"]   # the 0.5 one
+    errors = side_by_side(model, lambda m: remat_ir.remat(m, (x,), solver="recompute-all",
+                                                         cost_model="flops"),
+                          (x,), {}, lambda out: out.sum(), steps=2)
     assert errors == {}
 
 
