@@ -11,7 +11,9 @@ of it, so the frontend refuses it by name.
 - Module attributes the forward assigns or appends to (a step counter, `self.aux_loss = ...`,
   a list of logged values): the assignment ran once, while tracing; a tensor assigned was a
   tracing placeholder, left on the model, on which a loss then "trained" without error.
-  They are put back as they were before tracing.
+  They are put back as they were before tracing. Private attributes (`_name`) are left to
+  the libraries that keep them (transformers marks with one that it installed the hooks
+  that capture hidden states, once).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _attribute_state(model: torch.nn.Module) -> dict:
     state = {}
     for path, module in model.named_modules():
         for key, value in vars(module).items():
-            if key in _MODULE_KEYS:
+            if key.startswith("_") or key in _MODULE_KEYS:
                 continue
             items = value.copy() if isinstance(value, (list, dict, set)) else None
             state[(path, key)] = (value, items)
@@ -102,7 +104,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
 
     def setattr_noted(module, key, value):
         caller = sys._getframe(1).f_code.co_filename
-        if key not in _MODULE_KEYS and not os.path.abspath(caller).startswith(_TORCH_DIR):
+        if (not key.startswith("_") and key not in _MODULE_KEYS
+                and not os.path.abspath(caller).startswith(_TORCH_DIR)):
             found.append(f"it assigns module attribute {key!r} of {type(module).__name__} at "
                          f"{caller}:{sys._getframe(1).f_lineno}")
         module_setattr(module, key, value)
@@ -153,7 +156,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
             sys.modules["numpy"].random.set_state(numpy)
         modules = dict(model.named_modules())
         added = {(path, key) for path, module in modules.items() for key in vars(module)
-                 if key not in _MODULE_KEYS and (path, key) not in attributes}
+                 if not key.startswith("_") and key not in _MODULE_KEYS
+                 and (path, key) not in attributes}
         for path, key in sorted(added):
             found.append(f"it assigns module attribute {key!r} of {path or '<root>'}")
             delattr(modules[path], key)

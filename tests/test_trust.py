@@ -662,3 +662,15 @@ def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
                                             r"at .*, inside PyTorch at torch/nn/modules/batchnorm.py:"
                                             r"\d+ in forward"):
         _remat(model, (torch.randn(3, 4),))
+
+
+def test_hidden_states_captured_by_transformers_hooks_train_like_eager():
+    """transformers installs forward hooks that capture hidden states on the first call
+    that asks for them, and marks it in a private attribute: library bookkeeping that the
+    check of what a forward does besides tensor ops must leave alone."""
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
+    model.config.output_hidden_states = True
+    errors = side_by_side(model, lambda m: remat_ir.remat(m, args, example_kwargs=kwargs,
+                                                           cost_model="flops", solver="recompute-all"),
+                          args, kwargs, loss_of)
+    assert errors == {}
