@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
-from remat_ir.ir import Graph, RematIRError, pb
+from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import is_view
 
@@ -47,12 +47,14 @@ from .autocast_casts import share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
+from .errors import LoweringError
 from .model_lines import library_line, model_line
 from .output_aliases import output_alias_problem
+from .refusals import (check_backward_hooks, constant_output, mutation_error, tensor_hook_error,
+                       trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .trace_effects import refusing_trace_effects
 from .view_compaction import compact_views
-from remat_ir.torchlib.hooks import backward_hooks
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
                                      record_device, resolve_op, to_ir_argument)
 
@@ -100,10 +102,6 @@ def _masked_results(target: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
             if isinstance(mask, (list, tuple)):
                 return {j for j, wanted in enumerate(mask) if wanted is False}
     return set()
-
-
-class LoweringError(RematIRError):
-    """The model cannot be lowered: the message names the op or construct and where."""
 
 
 def _source(node: torch.fx.Node) -> str:
@@ -284,33 +282,9 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
                 f"check `info` outside the model")
 
 
-def _check_backward_hooks(model: torch.nn.Module) -> None:
-    """LoweringError naming the model's module backward hooks, which torch.export does not
-    record (`torchlib/hooks.py`)."""
-    found = backward_hooks(model)
-    if found:
-        raise LoweringError(
-            f"{type(model).__name__} has a {found[0]}{' and more' if len(found) > 1 else ''}: "
-            f"torch.export records no backward hook, so the traced step would train as if it "
-            f"were not there. Remove it, or apply it inside the forward in a "
-            f"torch.autograd.Function's backward (remat-ir keeps those); a hook on the module "
-            f"remat_ir.remat returns runs as on any module")
-
-
-def _tensor_hook_error(model: str, calls: list[str]) -> LoweringError:
-    calls = list(dict.fromkeys(calls))    # export runs the forward more than once
-    return LoweringError(
-        f"{model}'s forward puts a gradient hook on a tensor ({calls[0]}"
-        f"{f', and {len(calls) - 1} more' if len(calls) > 1 else ''}): torch.export does not "
-        f"record it, so the traced step would train as if it were not there. Apply it in a "
-        f"torch.autograd.Function whose forward returns its input and whose backward changes "
-        f"the gradient (remat-ir keeps those); for retain_grad, return the tensor as an output "
-        f"and take its gradient with torch.autograd.grad")
-
-
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             attribute_reads: dict) -> torch.export.ExportedProgram:
-    _check_backward_hooks(model)
+    check_backward_hooks(model)
     errors: list = []
     hook_calls: list[str] = []
     effects: list[str] = []
@@ -333,16 +307,9 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     if errors:
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     if hook_calls:
-        raise _tensor_hook_error(type(model).__name__, hook_calls)
+        raise tensor_hook_error(type(model).__name__, hook_calls)
     if effects:
-        effects = list(dict.fromkeys(effects))
-        raise LoweringError(
-            f"{type(model).__name__}'s forward does what tracing runs once and the graph does "
-            f"not keep: {effects[0]}"
-            f"{f' (and {len(effects) - 1} more)' if len(effects) > 1 else ''}. Every step would "
-            f"repeat what tracing saw (a number drawn, a seed set, an attribute's value). Draw "
-            f"random numbers with torch's random ops on the default generator, keep counters "
-            f"and logs outside the forward, and return tensors (an auxiliary loss) as outputs")
+        raise trace_effects_error(type(model).__name__, effects)
     return exported
 
 
@@ -373,30 +340,6 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
                           f"or an unsupported construct):\n{first}")
     error.__cause__ = exc
     return error
-
-
-def _mutation_error(mutated) -> str:
-    """What to say of a forward that writes into a parameter or an input in place (buffers
-    are updated as eager does)."""
-    if type(mutated).__name__ == "ParamAOTInput":
-        what = (f"parameter {mutated.target!r} (as nn.Embedding with max_norm does to the rows "
-                f"it looks up, or a clamp under torch.no_grad)")
-    else:
-        what = f"its input {getattr(mutated, 'idx', mutated)}"
-    return (f"the model's forward writes into {what} in place; remat-ir's step hands over "
-            f"only outputs, gradients and buffer updates, so the write would be lost. Do it "
-            f"outside the forward (a parameter: after optimizer.step(), under torch.no_grad)")
-
-
-def _constant_output(value, position: int):
-    """A user output that is not a tensor (`return y, None`, a dict with a count): kept
-    in the graph's metadata and returned as it is at every call; LoweringError for
-    values that cannot be stored."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise LoweringError(f"output {position} of the model is a {type(value).__name__} ({value!r}), "
-                        f"which a lowered graph cannot return; return tensors, numbers, strings "
-                        f"or None")
 
 
 class _Lowering:
@@ -575,7 +518,7 @@ class _Lowering:
                 continue
             kind_name = type(desc).__name__
             if kind_name == "PlainAOTOutput" and not isinstance(result, torch.fx.Node):
-                self.constant_outputs[desc.idx] = _constant_output(result, desc.idx)
+                self.constant_outputs[desc.idx] = constant_output(result, desc.idx)
                 continue
             if result is None:
                 continue
@@ -593,7 +536,7 @@ class _Lowering:
             elif kind_name == "InputMutationAOTOutput" and type(desc.mutated_input).__name__ == "BufferAOTInput":
                 self.g.add_output(vid, "buffer_update", desc.mutated_input.target)
             elif kind_name == "InputMutationAOTOutput":
-                raise LoweringError(_mutation_error(desc.mutated_input))
+                raise LoweringError(mutation_error(desc.mutated_input))
             else:
                 raise LoweringError(f"the model returns {desc}, which this frontend does not handle "
                                     "(only user outputs, gradients and buffer updates)")

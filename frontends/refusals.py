@@ -1,0 +1,72 @@
+"""What lowering refuses because the trace would lose it silently, each error saying what
+to do: backward hooks, gradient hooks put on in the forward, what a forward does besides
+computing tensors, in-place writes into parameters or inputs, outputs that are not
+tensors and cannot be kept (the checks themselves live where they look: `tensor_hooks`,
+`trace_effects`, `output_aliases`, `torchlib/hooks.py`, the lowering's output node)."""
+
+from __future__ import annotations
+
+import torch
+
+from remat_ir.torchlib.hooks import backward_hooks
+
+from .errors import LoweringError
+
+
+def check_backward_hooks(model: torch.nn.Module) -> None:
+    """LoweringError naming the model's module backward hooks, which torch.export does not
+    record (`torchlib/hooks.py`)."""
+    found = backward_hooks(model)
+    if found:
+        raise LoweringError(
+            f"{type(model).__name__} has a {found[0]}{' and more' if len(found) > 1 else ''}: "
+            f"torch.export records no backward hook, so the traced step would train as if it "
+            f"were not there. Remove it, or apply it inside the forward in a "
+            f"torch.autograd.Function's backward (remat-ir keeps those); a hook on the module "
+            f"remat_ir.remat returns runs as on any module")
+
+
+def tensor_hook_error(model: str, calls: list[str]) -> LoweringError:
+    calls = list(dict.fromkeys(calls))    # export runs the forward more than once
+    return LoweringError(
+        f"{model}'s forward puts a gradient hook on a tensor ({calls[0]}"
+        f"{f', and {len(calls) - 1} more' if len(calls) > 1 else ''}): torch.export does not "
+        f"record it, so the traced step would train as if it were not there. Apply it in a "
+        f"torch.autograd.Function whose forward returns its input and whose backward changes "
+        f"the gradient (remat-ir keeps those); for retain_grad, return the tensor as an output "
+        f"and take its gradient with torch.autograd.grad")
+
+
+def trace_effects_error(model: str, effects: list[str]) -> LoweringError:
+    effects = list(dict.fromkeys(effects))    # export runs the forward more than once
+    return LoweringError(
+        f"{model}'s forward does what tracing runs once and the graph does not keep: "
+        f"{effects[0]}{f' (and {len(effects) - 1} more)' if len(effects) > 1 else ''}. Every "
+        f"step would repeat what tracing saw (a number drawn, a seed set, an attribute's "
+        f"value). Draw random numbers with torch's random ops on the default generator, keep "
+        f"counters and logs outside the forward, and return tensors (an auxiliary loss) as "
+        f"outputs")
+
+
+def mutation_error(mutated) -> str:
+    """What to say of a forward that writes into a parameter or an input in place (buffers
+    are updated as eager does)."""
+    if type(mutated).__name__ == "ParamAOTInput":
+        what = (f"parameter {mutated.target!r} (as nn.Embedding with max_norm does to the rows "
+                f"it looks up, or a clamp under torch.no_grad)")
+    else:
+        what = f"its input {getattr(mutated, 'idx', mutated)}"
+    return (f"the model's forward writes into {what} in place; remat-ir's step hands over "
+            f"only outputs, gradients and buffer updates, so the write would be lost. Do it "
+            f"outside the forward (a parameter: after optimizer.step(), under torch.no_grad)")
+
+
+def constant_output(value, position: int):
+    """A user output that is not a tensor (`return y, None`, a dict with a count): kept
+    in the graph's metadata and returned as it is at every call; LoweringError for
+    values that cannot be stored."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise LoweringError(f"output {position} of the model is a {type(value).__name__} ({value!r}), "
+                        f"which a lowered graph cannot return; return tensors, numbers, strings "
+                        f"or None")
