@@ -31,24 +31,38 @@ def _what(info, names: list[str]) -> str:
     return f"is a view of a tensor the forward computed ({kind})"
 
 
-def output_alias_problem(joint, out_spec, model: str) -> str | None:
-    """What is wrong with the first output of `joint` (AOTAutograd's joint graph with
-    descriptors) that is an input or shares storage with one or with another output;
-    None if none does. (The frontend raises it as its LoweringError.)"""
+#: Output kinds that share storage with an input of the step: refused at lowering (the
+#: runtime cannot hand such an output over: a returned parameter crashed at the first call).
+_OF_INPUTS = {"is_input", "alias_of_input"}
+
+
+def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, str]]:
+    """(What is wrong with the first output of `joint`, AOTAutograd's joint graph with
+    descriptors, that is an input or a view of one, or None; {flat output position: what
+    to say if a gradient reaches it} for the outputs that are views of another output or
+    of a tensor the forward computed.) The frontend raises the first as its LoweringError
+    and keeps the second in the graph's metadata: such a view is refused only once a loss
+    uses it, since the runtime hands it no gradient (CLIP returns `logits_per_image` as
+    the transpose of `logits_per_text` beside the loss it computes from them, and trains
+    like eager)."""
     metadata = getattr(getattr(joint, "_aot_state", None), "fw_metadata", None)
     infos = getattr(metadata, "output_info", None)
     if not infos:
-        return None
+        return None, {}
     names = _output_names(out_spec, len(infos))
+    problem, views = None, {}
     for i, info in enumerate(infos):
         if info.output_type.name in _OWN:
             continue
-        return (
-            f"{model} returns {names[i]}, which {_what(info, names)}. remat-ir runs the step "
-            f"as one graph, whose outputs cannot share storage with each other or with its "
-            f"inputs and still pass their gradients on the way eager does. Return a copy "
-            f"(`.clone()`) or take the view outside the model")
-    return None
+        said = (f"{model} returns {names[i]}, which {_what(info, names)}. remat-ir runs the "
+                f"step as one graph, whose outputs cannot share storage with each other or "
+                f"with its inputs and still pass their gradients on the way eager does. Return "
+                f"a copy (`.clone()`) or take the view outside the model")
+        if info.output_type.name in _OF_INPUTS:
+            problem = problem or said
+        else:
+            views[i] = said
+    return problem, views
 
 
 def _output_names(out_spec, count: int) -> list[str]:

@@ -49,7 +49,7 @@ from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .errors import LoweringError
 from .model_lines import library_line, model_line
-from .output_aliases import output_alias_problem
+from .output_aliases import output_aliases
 from .refusals import (check_backward_hooks, constant_output, mutation_error, tensor_hook_error,
                        trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
@@ -660,7 +660,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                     f"input") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
-        problem = output_alias_problem(joint, exported.call_spec.out_spec, type(model).__name__)
+        problem, aliased = output_aliases(joint, exported.call_spec.out_spec, type(model).__name__)
         if problem is not None:
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)
@@ -685,6 +685,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             graph.proto.metadata[key] = pytree.treespec_dumps(spec)
         except Exception:  # a class without a serialized pytree name: outputs stay flat
             pass
+    if aliased:   # views among the outputs: refused at the backward if a gradient reaches one
+        graph.proto.metadata["torch.aliased_outputs"] = json.dumps(aliased)
     graph.proto.metadata["torch.module_attributes"] = json.dumps(
         [[path, name, value] for (path, name), value in sorted(attribute_reads.items())])
     # The signature a call must match to run this graph (runtimes/signatures.py): every

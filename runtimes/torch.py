@@ -175,7 +175,9 @@ class _Outputs(torch.autograd.Function):
         step.outputs = None
         ctx.step, ctx.index, ctx.last, ctx.took_token = step, index, last, token is not None
         ctx.save_for_backward(*(outputs[i] for i in runner.outputs_read_positions))
-        ctx.mark_non_differentiable(*(o for o, t in zip(outputs, runner.plan.tangents) if t is None))
+        ctx.mark_non_differentiable(*(o for i, (o, t) in enumerate(zip(outputs, runner.plan.tangents))
+                                      if t is None and i not in runner.aliased))
+        ctx.aliased = runner.aliased
         # Outputs that get no gradient (logits beside a loss) would otherwise receive a
         # full-size zeros tensor; backward uses a broadcast zero scalar instead.
         ctx.set_materialize_grads(False)
@@ -192,6 +194,9 @@ class _Outputs(torch.autograd.Function):
                 "MAML) through a remat-ir step: its backward runs as planned ops outside "
                 "autograd, which records no graph of them. Compute such a loss with the original "
                 "model (the one passed to remat_ir.remat), whose autograd graph supports it")
+        for i, message in ctx.aliased.items():
+            if grad_outputs[i] is not None:
+                raise RematIRError(f"{message} (the loss reads it)")
         step = ctx.step
         unused = {i for i, g in enumerate(grad_outputs) if g is None}
         grad_outputs = [_as_traced(g, strides) if g is not None
@@ -296,6 +301,12 @@ class _Runner:
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
                    if e.value_id in self.plan.resident}
         self.buffer_slots = [slot_of[name] for name, _ in self.plan.buffer_updates]
+        # Outputs that are views of another output (frontend metadata, by flat position in
+        # the output names): handed over without a gradient path, refused if one reaches them.
+        said = json.loads(graph.proto.metadata.get("torch.aliased_outputs", "{}"))
+        names = [o.name.removeprefix("output") for o in graph.proto.outputs
+                 if o.role == pb.USER_OUTPUT]
+        self.aliased = {i: said[name] for i, name in enumerate(names) if name in said}
         self.snapshot_slots = {slot_of[name] for name in self.plan.buffers_read_in_backward}
 
     def apply_buffer_updates(self, resident: tuple, updates: tuple) -> tuple:

@@ -281,16 +281,29 @@ def _loss_of_both(out):
 
 
 @pytest.mark.parametrize("kind, what", [
-    ("view_of_output", r"output\['beside'\], which is a view of output\['y'\], another output"),
     ("parameter", r"output\['beside'\], which is an input of the step"),
     ("view_of_parameter", r"output\['beside'\], which is a view of an input of the step"),
     ("view_of_input", r"output\['beside'\], which is a view of an input of the step")])
-def test_an_output_sharing_storage_with_another_or_an_input_is_refused_by_name(kind, what):
-    """AOTAutograd rebuilds such outputs outside its graph; run from the graph alone,
-    `y.t()` beside `y` lost its gradient (parameter gradients 500x off eager's, silently)
-    and a returned parameter crashed."""
+def test_an_output_sharing_storage_with_an_input_is_refused_by_name(kind, what):
+    """AOTAutograd rebuilds such outputs outside its graph; run from the graph alone, a
+    returned parameter crashed at the first call, and its views took wrong gradients."""
     with pytest.raises(LoweringError, match=f"_Returns returns {what}.*Return a copy"):
         _remat(_Returns(kind), (torch.randn(4, 8),))
+
+
+def test_a_view_of_another_output_is_refused_once_a_loss_reads_it():
+    """`y.t()` beside `y` has no gradient path in the graph (AOTAutograd rebuilds it
+    outside): a loss on it lost its gradient (parameter gradients 500x off eager's,
+    silently). Refused at the backward that reads it; unread (CLIP's logits_per_image
+    beside the loss it computes), the step trains like eager."""
+    x = torch.randn(4, 8)
+    scheduled = _remat(_Returns("view_of_output"), (x,))
+    with pytest.raises(RematIRError, match=r"_Returns returns output\['beside'\], which is a view "
+                                           r"of output\['y'\], another output.*\(the loss reads it\)"):
+        _loss_of_both(scheduled(x)).backward()
+    errors = side_by_side(_Returns("view_of_output"), lambda m: _remat(m, (x,), solver="recompute-all"),
+                          (x,), {}, lambda out: (out["y"] ** 2).mean())
+    assert errors == {}
 
 
 @pytest.mark.parametrize("kind", ["same_twice", "view_of_intermediate", "detached_view", "none",
