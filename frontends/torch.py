@@ -336,6 +336,16 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
             f"and compute the loss outside it), or write it without the branch "
             f"(torch.where, a fixed size)")
     first = "\n".join(text.splitlines()[:6])
+    output = re.search(r"Found <class '([\w.]+)'> in output|flatten_with_keys_fn for type "
+                       r"<class '([\w.]+)'>", text)
+    if output:   # a cache or an output class torch's pytree does not know
+        kind = output.group(1) or output.group(2)
+        hint = ("a training step needs no cache: call the model with use_cache=False"
+                if "cache" in kind.lower() else
+                "return plain tensors, tuples or dicts (return_dict=False), or register the "
+                "class with torch.utils._pytree.register_dataclass")
+        return LoweringError(f"{model} returns a {kind}, which torch.export cannot take apart "
+                             f"into tensors: {hint}")
     error = LoweringError(f"torch.export could not trace {model} (data-dependent control flow "
                           f"or an unsupported construct):\n{first}")
     error.__cause__ = exc

@@ -687,3 +687,13 @@ def test_hidden_states_captured_by_transformers_hooks_train_like_eager():
                                                            cost_model="flops", solver="recompute-all"),
                           args, kwargs, loss_of)
     assert errors == {}
+
+
+def test_a_cache_among_the_outputs_is_refused_with_use_cache_false_as_the_way_out():
+    """transformers' default use_cache=True returns a DynamicCache, which torch.export
+    cannot flatten: its own error named only the class."""
+    model, args, kwargs, _ = zoo_models.ZOO["gpt2"]()
+    model.config.use_cache = True
+    with pytest.raises(LoweringError, match=r"returns a transformers.cache_utils.DynamicCache, .*"
+                                            r"use_cache=False"):
+        remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops")
