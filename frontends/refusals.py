@@ -13,39 +13,41 @@ from remat_ir.torchlib.hooks import backward_hooks
 from .errors import LoweringError
 
 
+def _first_of(found: list[str]) -> str:
+    """The first of the distinct findings, and how many more there are (export runs the
+    forward more than once, so the same one may be noted twice)."""
+    distinct = list(dict.fromkeys(found))
+    return distinct[0] + (f" (and {len(distinct) - 1} more)" if len(distinct) > 1 else "")
+
+
 def check_backward_hooks(model: torch.nn.Module) -> None:
     """LoweringError naming the model's module backward hooks, which torch.export does not
     record (`torchlib/hooks.py`)."""
     found = backward_hooks(model)
     if found:
         raise LoweringError(
-            f"{type(model).__name__} has a {found[0]}{' and more' if len(found) > 1 else ''}: "
-            f"torch.export records no backward hook, so the traced step would train as if it "
-            f"were not there. Remove it, or apply it inside the forward in a "
-            f"torch.autograd.Function's backward (remat-ir keeps those); a hook on the module "
-            f"remat_ir.remat returns runs as on any module")
+            f"{type(model).__name__} has a {_first_of(found)}: torch.export records no backward "
+            f"hook, so the traced step would train as if it were not there. Remove it, or apply "
+            f"it inside the forward in a torch.autograd.Function's backward (remat-ir keeps "
+            f"those); a hook on the module remat_ir.remat returns runs as on any module")
 
 
 def tensor_hook_error(model: str, calls: list[str]) -> LoweringError:
-    calls = list(dict.fromkeys(calls))    # export runs the forward more than once
     return LoweringError(
-        f"{model}'s forward puts a gradient hook on a tensor ({calls[0]}"
-        f"{f', and {len(calls) - 1} more' if len(calls) > 1 else ''}): torch.export does not "
-        f"record it, so the traced step would train as if it were not there. Apply it in a "
-        f"torch.autograd.Function whose forward returns its input and whose backward changes "
-        f"the gradient (remat-ir keeps those); for retain_grad, return the tensor as an output "
-        f"and take its gradient with torch.autograd.grad")
+        f"{model}'s forward puts a gradient hook on a tensor ({_first_of(calls)}): torch.export "
+        f"does not record it, so the traced step would train as if it were not there. Apply it "
+        f"in a torch.autograd.Function whose forward returns its input and whose backward "
+        f"changes the gradient (remat-ir keeps those); for retain_grad, return the tensor as an "
+        f"output and take its gradient with torch.autograd.grad")
 
 
 def trace_effects_error(model: str, effects: list[str]) -> LoweringError:
-    effects = list(dict.fromkeys(effects))    # export runs the forward more than once
     return LoweringError(
         f"{model}'s forward does what tracing runs once and the graph does not keep: "
-        f"{effects[0]}{f' (and {len(effects) - 1} more)' if len(effects) > 1 else ''}. Every "
-        f"step would repeat what tracing saw (a number drawn, a seed set, an attribute's "
-        f"value). Draw random numbers with torch's random ops on the default generator, keep "
-        f"counters and logs outside the forward, and return tensors (an auxiliary loss) as "
-        f"outputs")
+        f"{_first_of(effects)}. Every step would repeat what tracing saw (a number drawn, a "
+        f"seed set, an attribute's value). Draw random numbers with torch's random ops on the "
+        f"default generator, keep counters and logs outside the forward, and return tensors "
+        f"(an auxiliary loss) as outputs")
 
 
 def mutation_error(mutated) -> str:
