@@ -15,12 +15,18 @@ _LIBRARY = tuple(os.path.join(os.path.dirname(torch.__file__), part)
                  for part in ("nn", "distributions", "functional.py"))
 
 
+def is_model_file(filename: str) -> bool:
+    """Whether code in `filename` is the model's (or its libraries'), not torch's or the
+    frontends'."""
+    return not os.path.abspath(filename).startswith(_SKIPPED)
+
+
 def model_line(frames: list[traceback.FrameSummary]) -> str | None:
     """'file:line in function' of the innermost of `frames` outside torch and the
     frontends, or None if every frame is theirs."""
     found = None
     for frame in frames:
-        if not os.path.abspath(frame.filename).startswith(_SKIPPED):
+        if is_model_file(frame.filename):
             found = f"{frame.filename}:{frame.lineno} in {frame.name}"
     return found
 
@@ -29,8 +35,7 @@ def library_line(frames: list[traceback.FrameSummary]) -> str | None:
     """'torch/nn/modules/batchnorm.py:193 in forward': the innermost of `frames` below the
     model's own line that is in the PyTorch modules a model calls (its layers other than
     `Module`'s call machinery, distributions, functional ops), or None."""
-    last = max((i for i, f in enumerate(frames)
-                if not os.path.abspath(f.filename).startswith(_SKIPPED)), default=-1)
+    last = max((i for i, f in enumerate(frames) if is_model_file(f.filename)), default=-1)
     found = None
     for frame in frames[last + 1:]:
         path = os.path.abspath(frame.filename)

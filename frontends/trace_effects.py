@@ -19,7 +19,6 @@ of it, so the frontend refuses it by name.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import re
 import sys
@@ -27,12 +26,13 @@ import warnings
 
 import torch
 
+from .model_lines import is_model_file
+
 #: torch's generator functions a forward may call, by module and name.
 _TORCH_RNG = [(torch, "manual_seed"), (torch, "seed"), (torch, "get_rng_state"),
               (torch, "set_rng_state"), (torch.random, "manual_seed"), (torch.random, "seed"),
               (torch.random, "get_rng_state"), (torch.random, "set_rng_state"),
               (torch.random, "fork_rng")]
-_TORCH_DIR = os.path.dirname(torch.__file__)
 #: Attributes every `nn.Module` has for torch's own bookkeeping.
 _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
 
@@ -91,7 +91,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
     def noted(name, function):
         def call(*args, **kwargs):
             caller = sys._getframe(1).f_code.co_filename
-            if not os.path.abspath(caller).startswith(_TORCH_DIR):
+            if is_model_file(caller):
                 found.append(f"it calls torch.{name} at {caller}:{sys._getframe(1).f_lineno}")
             return function(*args, **kwargs)
         return call
@@ -104,8 +104,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
 
     def setattr_noted(module, key, value):
         caller = sys._getframe(1).f_code.co_filename
-        if (not key.startswith("_") and key not in _MODULE_KEYS
-                and not os.path.abspath(caller).startswith(_TORCH_DIR)):
+        if not key.startswith("_") and key not in _MODULE_KEYS and is_model_file(caller):
             found.append(f"it assigns module attribute {key!r} of {type(module).__name__} at "
                          f"{caller}:{sys._getframe(1).f_lineno}")
         module_setattr(module, key, value)

@@ -74,9 +74,8 @@ class _Step:
         # The version of each tensor the backward reads from the caller (an input, a
         # parameter): one written in place before the backward runs is refused there.
         owned = sharding.owned if sharding is not None else set()
-        self.versions = [(slot, self.resident[slot]._version)
-                         for slot, group in enumerate(runner.plan.last_read_group)
-                         if group >= 0 and slot not in owned and self.resident[slot] is resident[slot]]
+        self.versions = [(slot, self.resident[slot]._version) for slot in runner.read_in_backward
+                         if slot not in owned and self.resident[slot] is resident[slot]]
         self.segment = None     # the backward generator, once started
         self.unused: set[int] = set()   # user outputs the loss gave no gradient
         self.yielded = 0        # groups the generator has yielded
@@ -182,8 +181,7 @@ class _Outputs(torch.autograd.Function):
         # full-size zeros tensor; backward uses a broadcast zero scalar instead.
         ctx.set_materialize_grads(False)
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
-        ctx.tangent_strides = [None if t is None else _traced_strides(runner.graph.value(t))
-                               for t in runner.plan.tangents]
+        ctx.tangent_strides = runner.tangent_strides
         return outputs
 
     @staticmethod
@@ -301,6 +299,12 @@ class _Runner:
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
                    if e.value_id in self.plan.resident}
         self.buffer_slots = [slot_of[name] for name, _ in self.plan.buffer_updates]
+        #: Resident slots the backward segment reads (`_Step.versions` watches them).
+        self.read_in_backward = [slot for slot, group in enumerate(self.plan.last_read_group)
+                                 if group >= 0]
+        #: Per user output, the strides its tangent was traced with (None: no tangent).
+        self.tangent_strides = [None if t is None else _traced_strides(graph.value(t))
+                                for t in self.plan.tangents]
         # Outputs that are views of another output (frontend metadata, by flat position in
         # the output names): handed over without a gradient path, refused if one reaches them.
         said = json.loads(graph.proto.metadata.get("torch.aliased_outputs", "{}"))
