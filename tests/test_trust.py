@@ -697,3 +697,25 @@ def test_a_cache_among_the_outputs_is_refused_with_use_cache_false_as_the_way_ou
     with pytest.raises(LoweringError, match=r"returns a transformers.cache_utils.DynamicCache, .*"
                                             r"use_cache=False"):
         remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops")
+
+
+class _Checkpointed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.3), torch.nn.Tanh())
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        import torch.utils.checkpoint as checkpoint
+
+        return self.head(checkpoint.checkpoint(self.block, x, use_reentrant=False)).square().mean()
+
+
+def test_torch_checkpoint_inside_forward_trains_like_eager():
+    """torch.utils.checkpoint saves and restores the generator state (its own calls of
+    get_rng_state, which the check of what a forward does besides tensor ops leaves to
+    torch): traced as the block's ops, with eager's dropout masks."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert side_by_side(_Checkpointed(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out) == {}
