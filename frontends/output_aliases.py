@@ -1,4 +1,5 @@
-"""Outputs that share storage with another output, an input or a parameter: refused.
+"""Outputs that share storage with an input or a parameter (refused at lowering), or with
+another output (refused once a backward reaches them: `output_aliases`).
 
 AOTAutograd returns such an output from its compiled function and rebuilds it, in its
 runtime wrapper, as a view of its base outside the function, so that autograd sends
