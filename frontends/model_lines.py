@@ -5,6 +5,7 @@ export failed on, a gradient hook put on in the forward)."""
 from __future__ import annotations
 
 import os
+import sysconfig
 import traceback
 
 import torch
@@ -19,6 +20,17 @@ def is_model_file(filename: str) -> bool:
     """Whether code in `filename` is the model's (or its libraries'), not torch's or the
     frontends'."""
     return not os.path.abspath(filename).startswith(_SKIPPED)
+
+
+#: Where installed packages and the standard library live: code there is a library's.
+_INSTALLED = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep
+                    for key in ("purelib", "platlib", "stdlib")})
+
+
+def is_users_file(filename: str) -> bool:
+    """Whether code in `filename` is the user's own, not an installed package's (a
+    library such as transformers keeps private bookkeeping on modules) nor torch's."""
+    return is_model_file(filename) and not os.path.abspath(filename).startswith(_INSTALLED)
 
 
 def model_line(frames: list[traceback.FrameSummary]) -> str | None:

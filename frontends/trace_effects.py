@@ -11,9 +11,10 @@ of it, so the frontend refuses it by name.
 - Module attributes the forward assigns or appends to (a step counter, `self.aux_loss = ...`,
   a list of logged values): the assignment ran once, while tracing; a tensor assigned was a
   tracing placeholder, left on the model, on which a loss then "trained" without error.
-  They are put back as they were before tracing. Private attributes (`_name`) are left to
-  the libraries that keep them (transformers marks with one that it installed the hooks
-  that capture hidden states, once).
+  They are put back as they were before tracing. Private attributes (`self._step += 1`)
+  are refused where the user's own code assigns them; installed libraries keep private
+  bookkeeping on modules that tracing may set (transformers marks with one that it
+  installed the hooks that capture hidden states, once), which is left to them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import warnings
 
 import torch
 
-from .model_lines import is_model_file
+from .model_lines import is_model_file, is_users_file
 
 #: torch's generator functions a forward may call, by module and name.
 _TORCH_RNG = [(torch, "manual_seed"), (torch, "seed"), (torch, "get_rng_state"),
@@ -61,15 +62,18 @@ def _attribute_state(model: torch.nn.Module) -> dict:
 
 
 def _changed(before: tuple, after) -> bool:
-    """Whether a list, dict or set attribute grew or shrank (a log appended to) since
-    before tracing. Values are not compared: an assignment is noted as the forward makes
-    it (`refusing_trace_effects`), and torch's own modules refresh internal ones (an RNN's
-    `_flat_weights`) as they trace."""
+    """Whether a public list, dict or set attribute was changed in place since before
+    tracing: grown or shrunk (a log appended to), or an item replaced (`self.log[0] = x`).
+    An attribute assigned anew is noted as the forward assigns it
+    (`refusing_trace_effects`)."""
     value, items = before
     if items is None or after is not value:
         return False
-    return (len(items) != len(after)
-            or (isinstance(items, dict) and items.keys() != after.keys()))
+    if len(items) != len(after) or (isinstance(items, dict) and items.keys() != after.keys()):
+        return True
+    if isinstance(items, list):
+        return any(a is not b for a, b in zip(items, after))
+    return isinstance(items, dict) and any(items[key] is not after[key] for key in items)
 
 
 def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
@@ -104,7 +108,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
 
     def setattr_noted(module, key, value):
         caller = sys._getframe(1).f_code.co_filename
-        if not key.startswith("_") and key not in _MODULE_KEYS and is_model_file(caller):
+        if key not in _MODULE_KEYS and (is_users_file(caller) if key.startswith("_")
+                                        else is_model_file(caller)):
             found.append(f"it assigns module attribute {key!r} of {type(module).__name__} at "
                          f"{caller}:{sys._getframe(1).f_lineno}")
         module_setattr(module, key, value)

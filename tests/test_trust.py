@@ -612,6 +612,7 @@ class _Effects(torch.nn.Module):
     def __init__(self, kind: str):
         super().__init__()
         self.kind, self.linear, self.calls, self.log = kind, torch.nn.Linear(4, 4), 0, []
+        self._steps, self.slots = 0, [None]
 
     def forward(self, x):
         import random
@@ -631,6 +632,12 @@ class _Effects(torch.nn.Module):
                 h = h + torch.randn(h.shape)
         if self.kind == "counter":
             self.calls += 1
+        if self.kind == "private_counter":
+            self._steps += 1
+            if self._steps > 1:
+                h = h * 2
+        if self.kind == "log_item":
+            self.slots[0] = h.detach().mean()
         if self.kind == "aux_loss":
             self.aux_loss = h.abs().mean()
         if self.kind == "log":
@@ -646,6 +653,8 @@ class _Effects(torch.nn.Module):
     ("seed", r"calls torch.manual_seed at .*test_trust.py:\d+"),
     ("fork_rng", r"calls torch.fork_rng at .*test_trust.py:\d+"),
     ("counter", r"assigns module attribute 'calls' of _Effects at .*test_trust.py:\d+"),
+    ("private_counter", r"assigns module attribute '_steps' of _Effects at .*test_trust.py:\d+"),
+    ("log_item", r"changes module attribute 'slots' of <root>"),
     ("aux_loss", r"assigns module attribute 'aux_loss' of _Effects"),
     ("log", r"changes module attribute 'log' of <root> \(and 1 more\)"),
     ("log_numbers", r"changes module attribute 'log' of <root>")])
@@ -662,7 +671,8 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
     with pytest.raises(LoweringError, match=rf"_Effects's forward does what tracing runs once and "
                                             rf"the graph does not keep: it {said}"):
         _remat(model, (x,))
-    assert (model.calls, model.log, hasattr(model, "aux_loss")) == (0, [], False)
+    assert (model.calls, model._steps, model.log, model.slots, hasattr(model, "aux_loss")) == (
+        0, 0, [], [None], False)
     assert random.getstate() == state[0] and (numpy.random.get_state()[1] == state[1]).all()
     assert torch.equal(torch.get_rng_state(), state[2])
 
