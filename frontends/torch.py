@@ -47,6 +47,7 @@ from .autocast_casts import share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
+from . import gru_kernels
 from .errors import LoweringError
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
@@ -189,9 +190,16 @@ def _eager_kernels():
                 if kernel is not None:
                     taken.append((op, key, kernel))
                     op._dispatch_cache.clear()
+    # The GRU's CPU code computes other bits once traced; its Python version does not.
+    for op, kernel in gru_kernels.KERNELS.items():
+        op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
+        op._dispatch_cache.clear()
     try:
         yield
     finally:
+        for op in gru_kernels.KERNELS:
+            op.py_kernels.pop(DispatchKey.CompositeImplicitAutograd, None)
+            op._dispatch_cache.clear()
         for op, key, kernel in taken:
             op.py_kernels[key] = kernel
             op._dispatch_cache.clear()
