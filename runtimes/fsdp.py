@@ -44,6 +44,13 @@ def _fsdp_module_class():
     return FSDPModule
 
 
+def is_sharded_class(now: type, before: type) -> bool:
+    """Whether `now` is the class FSDP2's `fully_shard` gives a module of class `before`
+    (a subclass of FSDPModule and it, adding nothing a forward computes)."""
+    fsdp = _fsdp_module_class()
+    return fsdp is not None and now.__bases__ == (fsdp, before)
+
+
 class Units:
     """The FSDP2 units inside a scheduled module (the root excluded), in module order."""
 

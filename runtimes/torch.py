@@ -39,7 +39,7 @@ from remat_ir.torchlib.types import constant_tensor, describe_layout, same_layou
 
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
-from .fsdp import StepUnits, Units
+from .fsdp import StepUnits, Units, check_gathered, is_sharded_class
 from .signatures import Signature, argument_names, autocast_from_json, call_signature
 
 
@@ -378,6 +378,12 @@ class _Lowered:
                 self.user_inputs.append((index, v, entry.argument_name or f"input {index}"))
             else:
                 self.bindings.append(("const", v))
+        #: Every submodule's class by path when the plan was made: a module swapped since
+        #: (an activation, a layer wrapped by an adapter) would not run (`check_modules`).
+        self.module_types = tuple((path, type(module)) for path, module in model.named_modules())
+        #: Per resident slot, the (shape, dtype) the graph was traced with.
+        self.metadata = [(torch.Size(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
+                         for v in self.slot_values]
         # The parameters that did not require a gradient when the graph was made for them:
         # the graph computes none (inputs: their signature says whether they require one).
         self.frozen = {what for kind, what in self.bindings
@@ -440,7 +446,10 @@ class _Lowered:
                     "of this shape")
         return leaves
 
-    def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules") -> tuple:
+    def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules",
+                 sharded: bool = False) -> tuple:
+        """The tensors a step binds, per resident slot; `sharded`: the model runs under
+        FSDP2, whose root gathers its own parameters (in its mixed-precision dtype, if set)."""
         resident = []
         for slot, ((kind, what), strides) in enumerate(zip(self.bindings, self.strides)):
             if kind == "param":
@@ -458,10 +467,38 @@ class _Lowered:
                                         f"but the inputs are on {device}; move the model with .to()")
             if strides is not None and t.stride() != strides:
                 self._check_layout(slot, t)
+            if kind in ("param", "buffer") and (t.shape, t.dtype) != self.metadata[slot]:
+                if sharded and kind == "param":
+                    check_gathered(what, t, self.metadata[slot][1])
+                self._refuse_changed(kind, what, t, *self.metadata[slot])
             if kind == "param" and what in self.frozen and t.requires_grad:
                 self._refuse_unfrozen(what)
             resident.append(t)
         return tuple(resident)
+
+    @staticmethod
+    def _refuse_changed(kind: str, name: str, tensor: torch.Tensor, shape, dtype) -> None:
+        """A parameter or buffer resized or converted since lowering (`resize_token_embeddings`,
+        `model.to(torch.bfloat16)` with integer inputs, whose signature did not change): the
+        graph's ops, casts and constants were traced for the old one."""
+        raise RuntimeInputError(
+            f"{'parameter' if kind == 'param' else 'buffer'} {name!r} is {list(tensor.shape)} "
+            f"{tensor.dtype} but was {list(shape)} {dtype} when the model was lowered, and the "
+            f"graph computes with that: call remat_ir.remat again after resizing or converting "
+            f"the model")
+
+    def check_modules(self, modules: "_Submodules") -> None:
+        """A submodule replaced since lowering by one of another class (`model.act =
+        nn.Sigmoid()`, a layer wrapped by a LoRA adapter or a parametrization): the graph
+        computes what the old one did, so the new one would silently not run."""
+        for path, kind in self.module_types:
+            module = modules.at(path)
+            if type(module) is not kind and not is_sharded_class(type(module), kind):
+                now = "gone" if module is None else f"a {type(module).__name__} now"
+                raise RuntimeInputError(
+                    f"submodule {path!r} of {type(modules.at('')).__name__} was a {kind.__name__} "
+                    f"when the model was lowered and is {now}: the lowered graph computes what the "
+                    f"old one did. Call remat_ir.remat again after changing the model's modules")
 
     @staticmethod
     def _refuse_unfrozen(name: str) -> None:
@@ -518,6 +555,7 @@ class _Lowered:
         """One call: the outputs of a training step through this plan (`scheduled`, the
         module the user called, is where FSDP2 may have been applied: `fsdp.Units`)."""
         modules = _Submodules(model)
+        self.check_modules(modules)
         self.check_attributes(modules)
         leaves = self.flat_inputs(args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
@@ -542,7 +580,7 @@ class _Lowered:
                 dtype = torch_dtype(self.graph.value(runner.plan.resident[slot]).dtype)
                 slots.setdefault(unit, []).append((slot, modules.at(path), attribute, name, dtype))
             # The units' own parameters are sharded here; the segments gather them (U).
-            resident = self.resident(model, leaves, device, modules)
+            resident = self.resident(model, leaves, device, modules, sharded=True)
             step_units = StepUnits(units, slots)
             outputs = _run_step(runner, resident, _Sharding(units, owners, runner, step_units))
         outputs = list(outputs)

@@ -729,3 +729,62 @@ def test_torch_checkpoint_inside_forward_trains_like_eager():
     x = torch.randn(4, 8)
     assert side_by_side(_Checkpointed(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                         lambda out: out) == {}
+
+
+class _Tokens(torch.nn.Module):
+    """Integer inputs (a call's signature does not follow the parameters' dtype) and a
+    dropout, whose scale the trace holds in the parameters' dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding, self.act = torch.nn.Embedding(20, 8), torch.nn.Tanh()
+        self.linear, self.drop = torch.nn.Linear(8, 8), torch.nn.Dropout(0.1)
+
+    def forward(self, ids):
+        return self.drop(self.linear(self.act(self.embedding(ids)))).pow(2).mean()
+
+
+class _Adapter(torch.nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        self.base, self.a = base, torch.nn.Parameter(torch.zeros(8, 8))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.a
+
+
+@pytest.mark.parametrize("change, said", [
+    ("activation", r"submodule 'act' of _Tokens was a Tanh when the model was lowered and is a "
+                   r"Sigmoid now"),
+    ("adapter", r"submodule 'linear' of _Tokens was a Linear when .* is a _Adapter now"),
+    ("parametrization", r"submodule 'linear' of _Tokens was a Linear when .* is a "
+                        r"ParametrizedLinear now"),
+    ("resized", r"parameter 'embedding.weight' is \[30, 8\] torch.float32 but was \[20, 8\] "
+                r"torch.float32 when the model was lowered"),
+    ("converted", r"parameter 'embedding.weight' is \[20, 8\] torch.float64 but was \[20, 8\] "
+                  r"torch.float32 when the model was lowered")])
+def test_a_call_after_the_models_modules_or_parameters_changed_is_refused(change, said):
+    """What the graph computes was traced from the modules and parameters at lowering: a
+    submodule swapped since (an activation, an adapter wrapped around a layer, a
+    parametrization) silently did not run (outputs 1.3 off eager's), a resized embedding
+    failed deep inside autograd, and parameters converted to another dtype with integer
+    inputs (the call's signature unchanged) trained with the old dtype's constants."""
+    model, ids = _Tokens(), torch.randint(0, 20, (4, 6))
+    scheduled = _remat(model, (ids,))
+    scheduled(ids).backward()
+    if change == "activation":
+        model.act = torch.nn.Sigmoid()
+    elif change == "adapter":
+        model.linear = _Adapter(model.linear)
+    elif change == "parametrization":
+        torch.nn.utils.parametrizations.weight_norm(model.linear)
+    elif change == "resized":
+        model.embedding = torch.nn.Embedding(30, 8)
+    else:
+        model.double()
+    with pytest.raises(RuntimeInputError, match=said + ".*[Cc]all remat_ir.remat again"):
+        scheduled(ids)
+    # Lowered again, it trains like eager.
+    model.zero_grad()
+    errors = side_by_side(model, lambda m: _remat(m, (ids,)), (ids,), {}, lambda loss: loss)
+    assert errors == {}
