@@ -55,6 +55,7 @@ from .refusals import (check_backward_hooks, constant_output, mutation_error, te
                        trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .trace_effects import refusing_trace_effects
+from .traced_reads import TracedReads, record_globals, recording_reads
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
                                      record_device, resolve_op, to_ir_argument)
@@ -113,39 +114,6 @@ def _source(node: torch.fx.Node) -> str:
         cls_name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
         return f"{path or '<root>'} ({cls_name})"
     return ""
-
-
-#: Attribute types whose value tracing bakes into the graph (a branch on a flag).
-_PLAIN_TYPES = (bool, int, float, str, type(None))
-
-
-@contextlib.contextmanager
-def _recording_attributes(model: torch.nn.Module, reads: dict):
-    """Record the plain attributes (flags, sizes, modes) of `model`'s modules that the
-    block reads: {(module path, name): value at first read}. The runtime compares them at
-    every call, since the lowered graph took the branches they chose."""
-    paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
-    module_class = torch.nn.Module
-    original = module_class.__dict__.get("__getattribute__")
-    lookup = original or object.__getattribute__
-
-    def getattribute(self, name):
-        value = lookup(self, name)
-        if type(value) in _PLAIN_TYPES and not name.startswith("__"):
-            path = paths.get(id(self))
-            if (path is not None and name in object.__getattribute__(self, "__dict__")
-                    and value == value):  # NaN never compares equal: not recorded
-                reads.setdefault((path, name), value)
-        return value
-
-    module_class.__getattribute__ = getattribute
-    try:
-        yield
-    finally:
-        if original is None:
-            del module_class.__getattribute__
-        else:
-            module_class.__getattribute__ = original
 
 
 #: Ops traced as eager's kernels rather than as their Python decompositions (see the module
@@ -291,7 +259,7 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
-            attribute_reads: dict) -> torch.export.ExportedProgram:
+            reads: TracedReads) -> torch.export.ExportedProgram:
     check_backward_hooks(model)
     errors: list = []
     hook_calls: list[str] = []
@@ -301,7 +269,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     printed, failure = io.StringIO(), None
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
-                _recording_attributes(model, attribute_reads), recording_tensor_hooks(hook_calls), \
+                recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
@@ -652,8 +620,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
     """
     args, kwargs = example_arguments(example_inputs, example_kwargs)
-    attribute_reads: dict = {}
-    exported = _export(model, args, kwargs, attribute_reads)
+    reads = TracedReads()
+    exported = _export(model, args, kwargs, reads)
+    record_globals(model, reads)
     _check_rnn_dropout(exported)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
@@ -705,8 +674,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             pass
     if aliased:   # views among the outputs: refused at the backward if a gradient reaches one
         graph.proto.metadata["torch.aliased_outputs"] = json.dumps(aliased)
-    graph.proto.metadata["torch.module_attributes"] = json.dumps(
-        [[path, name, value] for (path, name), value in sorted(attribute_reads.items())])
+    for key, rows in reads.metadata().items():
+        graph.proto.metadata[key] = json.dumps(rows)
     # The signature a call must match to run this graph (runtimes/signatures.py): every
     # input leaf described (tensor shapes and dtypes, non-tensor values the trace baked in),
     # and the autocast state whose casts the trace holds.

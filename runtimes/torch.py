@@ -41,6 +41,7 @@ from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .fsdp import StepUnits, Units, check_gathered, is_sharded_class
 from .signatures import Signature, argument_names, autocast_from_json, call_signature
+from .traced_reads import TracedReads
 
 
 class RuntimeInputError(RematIRError):
@@ -326,13 +327,6 @@ class _Runner:
         return tuple(backward_resident)
 
 
-def _traced_attributes(graph: pb.Graph) -> list[tuple[str, str, object]]:
-    """(module path, attribute, value) of the plain attributes tracing read (frontend
-    metadata "torch.module_attributes")."""
-    text = graph.metadata.get("torch.module_attributes")
-    return [tuple(entry) for entry in json.loads(text)] if text else []
-
-
 def _load_spec(graph: pb.Graph, key: str):
     """A pytree spec the frontend stored, or None (then inputs/outputs are taken flat)."""
     text = graph.metadata.get(key)
@@ -394,7 +388,7 @@ class _Lowered:
         self.constant_outputs = {int(k): v for k, v in
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
-        self.traced_attributes = _traced_attributes(g)
+        self.traced_reads = TracedReads(g)
         self.signature = self._signature()
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
@@ -537,18 +531,16 @@ class _Lowered:
         return self.constants[key]
 
     def check_attributes(self, modules: "_Submodules") -> None:
-        """Module attributes the trace read (a flag in `forward`) decide which code was
-        lowered: a change since lowering would silently run the old branch."""
-        for path, name, lowered in self.traced_attributes:
-            module = modules.at(path)
-            now = getattr(module, name, "<missing>") if module is not None else "<missing>"
-            if now != lowered or type(now) is not type(lowered):
-                where = f"{path}.{name}" if path else name
-                raise RuntimeInputError(
-                    f"module attribute {where!r} of {type(modules.at('')).__name__} was {lowered!r} "
-                    f"when the model was lowered and is {now!r} now; forward read it while "
-                    "tracing, so the lowered graph may take another branch: call remat_ir.remat "
-                    "(or lower) again after changing it")
+        """Plain values the trace read (a flag in `forward`, a config's attribute, a
+        global) decided what was lowered: a change since would silently run the old
+        branch or constant (`traced_reads.py`)."""
+        changed = self.traced_reads.changed(modules.at)
+        if changed is not None:
+            raise RuntimeInputError(
+                f"{changed}; forward read it while tracing, so the lowered graph computes with "
+                "the old value (or takes the old branch): call remat_ir.remat (or lower) again "
+                "after changing it, or pass a value that changes between steps to forward as a "
+                "tensor")
 
     def run(self, model: torch.nn.Module, args, kwargs, gradient_groups: int = GRADIENT_GROUPS,
             scheduled: torch.nn.Module | None = None, backend: str = "eager"):

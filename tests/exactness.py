@@ -43,8 +43,17 @@ SEARCH_MODELS = ("mlp_dropout", "gpt2", "cnn_batchnorm", "straight_through", "lo
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@functools.cache
 def lowered(name: str, cost_model: str = "flops", backend: str = "eager") -> ir.Graph:
+    """A copy of `_lowered`'s graph: solving adds schedules to the graph it is given, and a
+    graph shared by every test of a process made later tests depend on earlier ones (run
+    in one process, `fuse()` refused the GPT-2 graph another file had planned)."""
+    graph = ir.pb.Graph()
+    graph.CopyFrom(_lowered(name, cost_model, backend).proto)
+    return ir.Graph(graph)
+
+
+@functools.cache
+def _lowered(name: str, cost_model: str = "flops", backend: str = "eager") -> ir.Graph:
     """A zoo model (tiny) lowered once per test session, with FLOP costs by default;
     `cost_model="isolated"` gives its real storage sizes and workspaces (each op run
     once, timed alone: profiling's memory facts without its in-step timing), so that a

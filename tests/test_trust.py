@@ -4,8 +4,10 @@ or crash now trains like eager or gets one clear error."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import re
+import types
 import warnings
 
 import pytest
@@ -788,3 +790,76 @@ def test_a_call_after_the_models_modules_or_parameters_changed_is_refused(change
     model.zero_grad()
     errors = side_by_side(model, lambda m: _remat(m, (ids,)), (ids,), {}, lambda loss: loss)
     assert errors == {}
+
+
+#: Read by `_Configured`'s forward, as a module-level setting would be.
+SETTINGS = {"temperature": 0.5}
+SCALE = 1.0
+
+
+@dataclasses.dataclass
+class _Config:
+    temperature: float = 0.5
+    unread: int = 0
+
+
+class _Configured(torch.nn.Module):
+    """Plain values read from outside the module's own attributes, per `source`."""
+    OFFSET = 0.5
+
+    def __init__(self, source: str):
+        super().__init__()
+        self.source, self.linear = source, torch.nn.Linear(8, 8)
+        self.config, self.namespace = _Config(), types.SimpleNamespace(temperature=0.5)
+        self.options, self.steps = {"temperature": 0.5}, [0.5]
+
+    def forward(self, x):
+        temperature = {"dataclass": lambda: self.config.temperature,
+                       "namespace": lambda: self.namespace.temperature,
+                       "dict": lambda: self.options["temperature"],
+                       "list": lambda: self.steps[0],
+                       "class": lambda: self.OFFSET,
+                       "global": lambda: SETTINGS["temperature"],
+                       "global_class": lambda: _Configured.OFFSET * SCALE}[self.source]()
+        return (torch.tanh(self.linear(x)) / temperature).pow(2).mean()
+
+
+@pytest.mark.parametrize("source, change, said", [
+    ("dataclass", lambda m: setattr(m.config, "temperature", 2.0), r"config\.temperature of _Configured"),
+    ("namespace", lambda m: setattr(m.namespace, "temperature", 2.0), r"namespace\.temperature of"),
+    ("dict", lambda m: m.options.update(temperature=2.0), r"options\['temperature'\] of"),
+    ("list", lambda m: m.steps.__setitem__(0, 2.0), r"steps\[0\] of"),
+    ("class", lambda m: setattr(_Configured, "OFFSET", 2.0), r"module attribute 'OFFSET' of"),
+    ("global", lambda m: SETTINGS.update(temperature=2.0), r"global SETTINGS\['temperature'\] of test_trust"),
+    ("global_class", lambda m: setattr(_Configured, "OFFSET", 2.0), r"global _Configured\.OFFSET of")])
+def test_a_call_after_a_plain_value_the_forward_read_changed_is_refused(source, change, said, monkeypatch):
+    """A value the forward read while tracing is a constant of the graph: changed later
+    (a temperature schedule, `model.config.output_hidden_states = True`), the graph
+    trained with the old one, silently (loss 0.85 against eager's 0.053). A value it did
+    not read may change."""
+    monkeypatch.setattr(_Configured, "OFFSET", 0.5)
+    monkeypatch.setitem(SETTINGS, "temperature", 0.5)
+    model, x = _Configured(source), torch.randn(4, 8)
+    scheduled = _remat(model, (x,))
+    scheduled(x).backward()
+    model.config.unread = 3
+    scheduled(x).backward()
+    change(model)
+    with pytest.raises(RuntimeInputError, match=said + r".* was 0\.5 when the model was lowered and "
+                                                       r"is 2\.0 now; forward read it while tracing"):
+        scheduled(x)
+    # Lowered again, it trains like eager.
+    model.zero_grad()
+    assert side_by_side(model, lambda m: _remat(m, (x,)), (x,), {}, lambda loss: loss) == {}
+
+
+def test_transformers_config_changed_after_lowering_is_refused():
+    """`config.output_hidden_states = True` after `remat` left `hidden_states` None, and
+    `set_attn_implementation("eager")` still ran SDPA (gradients 3.8e-7 off eager's)."""
+    model, args, kwargs, _ = zoo_models.ZOO["gpt2"]()
+    scheduled = remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops",
+                               solver="recompute-all")
+    model.config.output_hidden_states = True
+    with pytest.raises(RuntimeInputError, match=r"config\.output_hidden_states of GPT2LMHeadModel "
+                                                r"was False when the model was lowered and is True"):
+        scheduled(*args, **kwargs)

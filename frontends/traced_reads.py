@@ -1,0 +1,230 @@
+"""The plain Python values a forward read while tracing: the graph holds what they chose.
+
+A flag decides a branch, a temperature becomes a constant of the graph: tracing runs the
+forward once, so a value changed later (a temperature schedule, `model.config.x = ...`,
+`set_attn_implementation`) would silently train with the value traced. The frontend
+records each one with its value in the graph's metadata, and the runtime compares them at
+every call (`runtimes/traced_reads.py`), refusing a call after one changed.
+
+Recorded, as the forward runs under tracing:
+- attributes of the model's modules (`self.use_extra`, a dropout's `p`, a class attribute
+  read through `self`), and the items of their public lists, tuples and dicts (a conv's
+  `stride`, `self.opts["temp"]`);
+- attributes of plain objects the modules hold (a config: `self.config.output_hidden_states`,
+  a dataclass, a `SimpleNamespace`). Where the object's class can be instrumented, the
+  attributes read; where not (builtin types such as `SimpleNamespace`), all its plain ones.
+
+Found in the code (the methods of the model's module classes in the user's own files,
+and the user's functions they call by name): globals of plain values, the plain items of
+global dicts, lists and tuples, and plain attributes of global classes and modules read
+as `Global.name`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from .model_lines import is_users_file
+
+#: Value types whose value tracing bakes into the graph (a branch on a flag).
+PLAIN_TYPES = (bool, int, float, str, type(None))
+#: Containers with more items than this are not recorded (their checks would cost more
+#: than a step's worth of bookkeeping); neither is code deeper than `_DEPTH` calls.
+_MAX_ITEMS, _DEPTH = 64, 4
+
+
+def _plain(value) -> bool:
+    return type(value) in PLAIN_TYPES and value == value   # NaN never compares equal
+
+
+def plain_items(container) -> list | None:
+    """[[key, value]] of a list's, tuple's or dict's plain items (None: not one, or too big)."""
+    if not isinstance(container, (list, tuple, dict)) or len(container) > _MAX_ITEMS:
+        return None
+    pairs = container.items() if isinstance(container, dict) else enumerate(container)
+    items = [[key, value] for key, value in pairs if _plain(key) and _plain(value)]
+    return items or None
+
+
+def _plain_object(value) -> bool:
+    """An object whose attributes configure a forward (a config, a dataclass)."""
+    return (hasattr(value, "__dict__") and not callable(value)
+            and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))
+
+
+@dataclass
+class TracedReads:
+    """What a forward read, keyed by where it lives; values as at the first read."""
+    #: (module path, attribute) -> value
+    modules: dict = field(default_factory=dict)
+    #: (module path, attribute) -> [[key, value]] of a container attribute
+    containers: dict = field(default_factory=dict)
+    #: (module path, attribute holding the object, its attribute) -> value
+    objects: dict = field(default_factory=dict)
+    #: (Python module, global name, None | ["item", key] | ["attr", name]) -> value
+    globals: dict = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, list]:
+        """JSON-ready lists for the graph's metadata, sorted."""
+        def rows(table):
+            return sorted(([*key, value] for key, value in table.items()), key=repr)
+        return {"torch.module_attributes": rows(self.modules),
+                "torch.module_containers": rows(self.containers),
+                "torch.object_attributes": rows(self.objects),
+                "torch.global_reads": [[module, name, list(where) if where else None, value]
+                                       for (module, name, where), value in
+                                       sorted(self.globals.items(), key=repr)]}
+
+
+def _instrument(cls: type, holders: dict, reads: TracedReads) -> None:
+    """Make `cls` record the plain attributes read from the objects in `holders`; raises
+    TypeError for a class that cannot be changed (builtin types)."""
+    lookup = cls.__getattribute__
+
+    def getattribute(self, name):
+        value = lookup(self, name)
+        holder = holders.get(id(self))
+        if holder is not None and not name.startswith("__") and _plain(value):
+            reads.objects.setdefault((*holder, name), value)
+        return value
+
+    cls.__getattribute__ = getattribute
+
+
+@contextlib.contextmanager
+def recording_reads(model: torch.nn.Module, reads: TracedReads):
+    """While the block traces `model`, record in `reads` the plain values it reads from
+    its modules and the objects they hold (module docstring)."""
+    paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
+    module_class = torch.nn.Module
+    original = module_class.__dict__.get("__getattribute__")
+    lookup = original or object.__getattribute__
+    holders: dict[int, tuple[str, str]] = {}
+    #: Classes instrumented, with the `__getattribute__` of their own to put back (None:
+    #: they had none); builtin classes, which cannot be, map to False.
+    originals: dict[type, object] = {}
+
+    def hold(path: str, name: str, value) -> None:
+        if id(value) in holders:
+            return
+        holders[id(value)] = (path, name)
+        cls = type(value)
+        if cls not in originals:
+            originals[cls] = cls.__dict__.get("__getattribute__")
+            try:
+                _instrument(cls, holders, reads)
+            except TypeError:
+                originals[cls] = False
+        if originals[cls] is False:   # every plain attribute, as it is now
+            for key, item in vars(value).items():
+                if not key.startswith("__") and _plain(item):
+                    reads.objects.setdefault((path, name, key), item)
+
+    def getattribute(self, name):
+        value = lookup(self, name)
+        if name.startswith("__"):
+            return value
+        path = paths.get(id(self))
+        if path is None:
+            return value
+        own = object.__getattribute__(self, "__dict__")
+        if _plain(value):
+            # Its own attributes, and public class attributes (`self.SCALE`).
+            if name in own or not name.startswith("_"):
+                reads.modules.setdefault((path, name), value)
+        elif not name.startswith("_") and name in own:
+            items = plain_items(value)
+            if items is not None:
+                reads.containers.setdefault((path, name), items)
+            elif _plain_object(value):
+                hold(path, name, value)
+        return value
+
+    module_class.__getattribute__ = getattribute
+    try:
+        yield
+    finally:
+        if original is None:
+            del module_class.__getattribute__
+        else:
+            module_class.__getattribute__ = original
+        for cls, own in originals.items():
+            if own is None:
+                del cls.__getattribute__
+            elif own is not False:
+                cls.__getattribute__ = own
+        _as_left(model, reads, holders)
+
+
+def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
+    """Each value recorded as tracing left it: a forward may set what it reads, once
+    (transformers' classification heads set `config.problem_type` on their first call),
+    and the calls after tracing read it so."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    objects = {holder: getattr(modules[holder[0]], holder[1], None) for holder in holders.values()}
+    for key in reads.modules:
+        value = getattr(modules[key[0]], key[1], None)
+        if _plain(value):
+            reads.modules[key] = value
+    for key in reads.containers:
+        items = plain_items(getattr(modules[key[0]], key[1], None))
+        if items is not None:
+            reads.containers[key] = items
+    for key in reads.objects:
+        value = getattr(objects.get(key[:2]), key[2], None)
+        if _plain(value):
+            reads.objects[key] = value
+
+
+def _record_global(reads: TracedReads, module: str, name: str, value, following) -> list:
+    """Record what reading global `name` (then `following`, the next instruction) takes
+    from it; returns the user's functions it leads to."""
+    if _plain(value):
+        reads.globals.setdefault((module, name, None), value)
+    elif (items := plain_items(value)) is not None:
+        for key, item in items:
+            reads.globals.setdefault((module, name, ("item", key)), item)
+    elif isinstance(value, (type, types.ModuleType)) and following is not None \
+            and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+        attribute = getattr(value, following.argval, None)
+        if _plain(attribute):
+            reads.globals.setdefault((module, name, ("attr", following.argval)), attribute)
+    elif isinstance(value, types.FunctionType) and is_users_file(value.__code__.co_filename):
+        return [value]
+    return []
+
+
+def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
+    """Record in `reads` the globals the code of `model`'s module classes reads, in the
+    user's own files, and the functions of those files it calls (module docstring)."""
+    seen: set = set()
+
+    def scan(code: types.CodeType, namespace: dict, depth: int) -> None:
+        if code in seen or depth > _DEPTH:
+            return
+        seen.add(code)
+        module = namespace.get("__name__", "")
+        instructions = list(dis.get_instructions(code))
+        for i, instruction in enumerate(instructions):
+            if instruction.opname != "LOAD_GLOBAL" or instruction.argval not in namespace:
+                continue
+            following = instructions[i + 1] if i + 1 < len(instructions) else None
+            for function in _record_global(reads, module, instruction.argval,
+                                           namespace[instruction.argval], following):
+                scan(function.__code__, function.__globals__, depth + 1)
+        for constant in code.co_consts:
+            if isinstance(constant, types.CodeType):
+                scan(constant, namespace, depth)
+
+    for cls in {type(module) for module in model.modules()}:
+        for klass in cls.__mro__:
+            for member in vars(klass).values():
+                function = getattr(member, "__func__", member)
+                code = getattr(function, "__code__", None)
+                if code is not None and is_users_file(code.co_filename):
+                    scan(code, function.__globals__, 0)

@@ -1,0 +1,80 @@
+"""The plain values a forward read while it was traced (`frontends/traced_reads.py`),
+compared at every training call: the graph computes with the values traced, so a call
+after one changed would silently train the old model."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from remat_ir.ir import pb
+
+_MISSING = "<missing>"
+
+
+def _same(now, lowered) -> bool:
+    return now == lowered and type(now) is type(lowered)
+
+
+def _items(container) -> dict:
+    if isinstance(container, dict):
+        return container
+    if isinstance(container, (list, tuple)):
+        return dict(enumerate(container))
+    return {}
+
+
+class TracedReads:
+    """The values recorded in a graph's metadata, and `changed`: the first that differs."""
+
+    def __init__(self, graph: pb.Graph):
+        def rows(key):
+            return json.loads(graph.metadata.get(key) or "[]")
+        self.modules = [tuple(row) for row in rows("torch.module_attributes")]
+        self.containers = [(path, name, [tuple(item) for item in items])
+                           for path, name, items in rows("torch.module_containers")]
+        self.objects = [tuple(row) for row in rows("torch.object_attributes")]
+        self.globals = [tuple(row) for row in rows("torch.global_reads")]
+
+    def changed(self, at) -> str | None:
+        """What differs from lowering, said for the user, or None. `at(path)`: the model's
+        submodule at a dotted path (None if it has none)."""
+        root = type(at("")).__name__
+        for path, name, lowered in self.modules:
+            module = at(path)
+            now = getattr(module, name, _MISSING) if module is not None else _MISSING
+            if not _same(now, lowered):
+                return (f"module attribute {f'{path}.{name}' if path else name!r} of {root} "
+                        f"was {lowered!r} when the model was lowered and is {now!r} now")
+        for path, name, items in self.containers:
+            module = at(path)
+            container = _items(getattr(module, name, None) if module is not None else None)
+            for key, lowered in items:
+                now = container.get(key, _MISSING)
+                if not _same(now, lowered):
+                    where = f"{path}.{name}" if path else name
+                    return (f"{where}[{key!r}] of {root} was {lowered!r} when the model was "
+                            f"lowered and is {now!r} now")
+        for path, holder, name, lowered in self.objects:
+            module = at(path)
+            owner = getattr(module, holder, None) if module is not None else None
+            now = getattr(owner, name, _MISSING)
+            if not _same(now, lowered):
+                where = f"{path}.{holder}" if path else holder
+                return (f"{where}.{name} of {root} was {lowered!r} when the model was lowered "
+                        f"and is {now!r} now")
+        for module_name, name, where, lowered in self.globals:
+            module = sys.modules.get(module_name)
+            if module is None:   # not imported in this process: nothing to compare with
+                continue
+            value = vars(module).get(name, _MISSING)
+            if where is None:
+                now, shown = value, name
+            elif where[0] == "item":
+                now, shown = _items(value).get(where[1], _MISSING), f"{name}[{where[1]!r}]"
+            else:
+                now, shown = getattr(value, where[1], _MISSING), f"{name}.{where[1]}"
+            if not _same(now, lowered):
+                return (f"global {shown} of {module_name} was {lowered!r} when the model was "
+                        f"lowered and is {now!r} now")
+        return None
