@@ -232,6 +232,16 @@ def _check_rnn_dropout(exported: torch.export.ExportedProgram) -> None:
                 f"training loop): eager's {kind} is then traced, dropout included")
 
 
+def _lstm_without_onednn(exported: torch.export.ExportedProgram) -> bool:
+    """Whether the trace holds an LSTM traced as eager's plain kernel because oneDNN is
+    off: eager computes other bits with oneDNN on, so the runtime holds calls to it
+    (`torch.lstm_without_onednn` in the graph's metadata)."""
+    if not torch.backends.mkldnn.is_available() or torch.backends.mkldnn.enabled:
+        return False
+    return any(node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+               and node.target._schema.name == "aten::lstm" for node in exported.graph.nodes)
+
+
 def _argument(node: pb.Node, name: str):
     """The decoded value of the op's argument `name` in `node` (positional or keyword),
     None where the node does not pass it."""
@@ -624,6 +634,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     exported = _export(model, args, kwargs, reads)
     record_globals(model, reads)
     _check_rnn_dropout(exported)
+    without_onednn = _lstm_without_onednn(exported)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     with contextlib.ExitStack() as stack:
@@ -676,6 +687,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         graph.proto.metadata["torch.aliased_outputs"] = json.dumps(aliased)
     for key, rows in reads.metadata().items():
         graph.proto.metadata[key] = json.dumps(rows)
+    if without_onednn:
+        graph.proto.metadata["torch.lstm_without_onednn"] = "true"
     # The signature a call must match to run this graph (runtimes/signatures.py): every
     # input leaf described (tensor shapes and dtypes, non-tensor values the trace baked in),
     # and the autocast state whose casts the trace holds.

@@ -33,6 +33,8 @@ from .model_lines import is_users_file
 
 #: Value types whose value tracing bakes into the graph (a branch on a flag).
 PLAIN_TYPES = (bool, int, float, str, type(None))
+#: A recorded value that may be either of a list's (`_as_left`): {ANY_OF: [first, second]}.
+ANY_OF = "any of"
 #: Containers with more items than this are not recorded (their checks would cost more
 #: than a step's worth of bookkeeping); neither is code deeper than `_DEPTH` calls.
 _MAX_ITEMS, _DEPTH = 64, 4
@@ -162,23 +164,22 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
 
 
 def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
-    """Each value recorded as tracing left it: a forward may set what it reads, once
-    (transformers' classification heads set `config.problem_type` on their first call),
-    and the calls after tracing read it so."""
+    """A value the forward set while tracing, after reading it, is recorded as either:
+    transformers' classification heads set `config.problem_type` on their first call,
+    from None to what they read again at every call after; the graph computes what either
+    leads to. (A model lowered again keeps what its first tracing set; another instance,
+    given a graph lowered from the first, has not set it yet.)"""
     modules = dict(model.named_modules(remove_duplicate=False))
     objects = {holder: getattr(modules[holder[0]], holder[1], None) for holder in holders.values()}
+
+    def settle(table: dict, key, value) -> None:
+        if _plain(value) and not (value == table[key] and type(value) is type(table[key])):
+            table[key] = {ANY_OF: [table[key], value]}
+
     for key in reads.modules:
-        value = getattr(modules[key[0]], key[1], None)
-        if _plain(value):
-            reads.modules[key] = value
-    for key in reads.containers:
-        items = plain_items(getattr(modules[key[0]], key[1], None))
-        if items is not None:
-            reads.containers[key] = items
+        settle(reads.modules, key, getattr(modules[key[0]], key[1], None))
     for key in reads.objects:
-        value = getattr(objects.get(key[:2]), key[2], None)
-        if _plain(value):
-            reads.objects[key] = value
+        settle(reads.objects, key, getattr(objects.get(key[:2]), key[2], None))
 
 
 def _record_global(reads: TracedReads, module: str, name: str, value, following) -> list:

@@ -337,7 +337,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
             gradient_of.setdefault(o.name, o.value_id)
     name_of = {e.value_id: e.name for e in g.inputs}
     grads = [gradient_of.get(name_of.get(v)) for v in resident]
-    points = release_points(graph, schedule, grads, gradient_groups)
+    points = release_points(graph, schedule, grads, gradient_groups, resident, rng)
     groups = [slots for _, slots in points]
     last_read_group = _last_read_groups(graph, schedule, rng, resident, [k for k, _ in points])
     drops = _aliases_to_drop(graph, schedule, points, grads)
@@ -361,28 +361,37 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
 
 
 def release_points(graph: Graph, schedule: pb.Schedule, grads: list[int | None],
-                   most: int) -> list[tuple[int | None, list[int]]]:
+                   most: int, resident: list[int], rng) -> list[tuple[int | None, list[int]]]:
     """Where the backward segment yields gradients: (step index, resident slots) per
     group, in order; the last group (step None) is yielded once the segment has ended
     and holds every slot not yielded before, slots without a gradient included.
 
     A gradient can leave right after the compute step that touches it last, once no
-    later step reads, frees or moves it. Groups close when they hold at least 1/`most`
-    of all gradient bytes, so a model gets at most `most` groups however many
-    parameters it has, and the first group leaves as soon as that share is final."""
+    later step reads, frees or moves it, and no later step reads the tensor it is the
+    gradient of (`resident`, per slot): what autograd runs on a gradient handed over may
+    write that tensor (an optimizer step in a post-accumulate hook, PyTorch's recipe for
+    fusing it into the backward), and eager never reads a parameter after its gradient
+    is accumulated; a recomputation reading it later computed from the updated values
+    (3.7e-2 off eager's). Groups close when they hold at least 1/`most` of all gradient
+    bytes, so a model gets at most `most` groups however many parameters it has, and the
+    first group leaves as soon as that share is final."""
     steps = schedule.steps
     last, moved = _backward_touches(graph, schedule)
-    ready = sorted({v for v in grads if v is not None and v in last and v not in moved
-                    and steps[last[v]].HasField("compute")}, key=lambda v: last[v])
+    reads = _storage_last_reads(graph, schedule, rng)
+    final = {v: max(last[v], reads.get(graph.value(p).storage_id, -1))
+             for v, p in zip(grads, resident) if v is not None and v in last}
+    ready = sorted({v for v, k in final.items() if v not in moved and k < len(steps)
+                    and steps[last[v]].HasField("compute") and steps[k].HasField("compute")},
+                   key=lambda v: final[v])
     size = {v: nbytes(graph.value(v).dtype, graph.value(v).shape) for v in set(grads) if v is not None}
     share = sum(size.values()) / max(1, most)
     points, pending, held = [], [], 0
     for i, v in enumerate(ready):
         pending.append(v)
         held += size[v]
-        closes = i + 1 == len(ready) or last[ready[i + 1]] != last[v]
+        closes = i + 1 == len(ready) or final[ready[i + 1]] != final[v]
         if closes and held >= share and held > 0:
-            points.append((last[v], pending))
+            points.append((final[v], pending))
             pending, held = [], 0
     out: list[tuple[int | None, list[int]]] = []
     taken: set[int] = set()
@@ -414,14 +423,11 @@ def _backward_touches(graph: Graph, schedule: pb.Schedule) -> tuple[dict[int, in
     return last, moved
 
 
-def _last_read_groups(graph: Graph, schedule: pb.Schedule, rng, resident: list[int],
-                      ends: list[int | None]) -> list[int]:
-    """Per resident value, the gradient group during whose run (the steps up to its
-    yield, `ends`) the backward segment last reads its storage (itself or a view of it,
-    such as a transposed weight saved by the forward); -1 if it never does. What may be
-    freed after a group, such as an FSDP unit's gathered parameters, follows from it."""
+def _storage_last_reads(graph: Graph, schedule: pb.Schedule, rng) -> dict[int, int]:
+    """Storage id -> the last backward step that reads it (itself or a view of it); the
+    number of steps for a read after the last step (a random op's generator skip)."""
     steps, end = schedule.steps, len(schedule.steps)
-    last: dict[int, int] = {}  # storage id -> last step reading it
+    last: dict[int, int] = {}
 
     def read(node_id: int, k: int) -> None:
         for v in graph.node(node_id).inputs:
@@ -434,6 +440,16 @@ def _last_read_groups(graph: Graph, schedule: pb.Schedule, rng, resident: list[i
             read(n, k)
     for n, _ in rng.step_end:
         read(n, end)
+    return last
+
+
+def _last_read_groups(graph: Graph, schedule: pb.Schedule, rng, resident: list[int],
+                      ends: list[int | None]) -> list[int]:
+    """Per resident value, the gradient group during whose run (the steps up to its
+    yield, `ends`) the backward segment last reads its storage (itself or a view of it,
+    such as a transposed weight saved by the forward); -1 if it never does. What may be
+    freed after a group, such as an FSDP unit's gathered parameters, follows from it."""
+    last = _storage_last_reads(graph, schedule, rng)
 
     def group(k: int) -> int:
         return next(i for i, e in enumerate(ends) if e is None or e >= k)

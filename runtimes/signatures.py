@@ -24,10 +24,14 @@ from remat_ir.torchlib.types import argument_name, argument_names, autocast_stat
 
 @dataclass(frozen=True)
 class Signature:
-    """Arguments as (name, description) in a canonical order, autocast state, device type."""
+    """Arguments as (name, description) in a canonical order, autocast state, device type,
+    and the containers that hold the arguments (`containers`: a list where a tuple was
+    lowered, or a dict's keys in another order, name the same arguments, but the forward
+    may tell them apart, and the graph's inputs are flattened in the lowered order)."""
     arguments: tuple[tuple[str, str], ...]
     autocast: tuple[tuple[str, str], ...]
     device: str
+    containers: str = ""
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -47,10 +51,19 @@ class Signature:
                     f"{_autocast_text(lowered.autocast)}")
         if self.device != lowered.device:
             return f"inputs are on {self.device}, lowered on {lowered.device}"
+        if self.containers != lowered.containers:
+            return ("the arguments are held in other containers than at lowering (a list for "
+                    "a tuple, or a dict's keys in another order)")
         return "nothing differs"
 
     def same_but_device(self, other: "Signature") -> bool:
-        return self.arguments == other.arguments and self.autocast == other.autocast
+        return (self.arguments == other.arguments and self.autocast == other.autocast
+                and self.containers == other.containers)
+
+
+def containers(args: tuple, kwargs: dict) -> str:
+    """The containers holding a call's arguments, keywords in name order (`Signature`)."""
+    return str(pytree.tree_structure((tuple(args), dict(sorted(kwargs.items())))))
 
 
 def _autocast_text(state: tuple[tuple[str, str], ...]) -> str:
@@ -67,4 +80,5 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     arguments = tuple(sorted((argument_name(path), describe_input(leaf)) for path, leaf in with_paths))
     tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
     device = tensors[0].device.type if tensors else "cpu"
-    return Signature(arguments, autocast_state() if autocast is None else autocast, device)
+    return Signature(arguments, autocast_state() if autocast is None else autocast, device,
+                     containers(args, kwargs))

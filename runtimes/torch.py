@@ -40,7 +40,7 @@ from remat_ir.torchlib.types import constant_tensor, describe_layout, same_layou
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .fsdp import StepUnits, Units, check_gathered, is_sharded_class
-from .signatures import Signature, argument_names, autocast_from_json, call_signature
+from .signatures import Signature, argument_names, autocast_from_json, call_signature, containers
 from .traced_reads import TracedReads
 
 
@@ -389,6 +389,8 @@ class _Lowered:
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
         self.traced_reads = TracedReads(g)
+        #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
+        self.without_onednn = g.metadata.get("torch.lstm_without_onednn") == "true"
         self.signature = self._signature()
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
@@ -404,7 +406,9 @@ class _Lowered:
         names, described = argument_names(self.in_spec), json.loads(g.metadata["torch.inputs"])
         arguments = tuple(sorted(zip(names, described)))
         device = torch.device(g.provenance.cost_device or "cpu").type
-        return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device)
+        args, kwargs = pytree.tree_unflatten([0] * self.in_spec.num_leaves, self.in_spec)
+        return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device,
+                         containers(args, kwargs))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:
@@ -546,6 +550,11 @@ class _Lowered:
             scheduled: torch.nn.Module | None = None, backend: str = "eager"):
         """One call: the outputs of a training step through this plan (`scheduled`, the
         module the user called, is where FSDP2 may have been applied: `fsdp.Units`)."""
+        if self.without_onednn and torch.backends.mkldnn.enabled:
+            raise RuntimeInputError(
+                "the model's LSTM was lowered with oneDNN off and oneDNN is on now, where eager "
+                "runs oneDNN's LSTM, which computes other bits: train under "
+                "`torch.backends.mkldnn.flags(enabled=False)` as at lowering")
         modules = _Submodules(model)
         self.check_modules(modules)
         self.check_attributes(modules)
@@ -788,6 +797,10 @@ class ScheduledModule(torch.nn.Module):
         return plan
 
     def forward(self, *args, **kwargs):
+        if torch.compiler.is_exporting():
+            # Lowered as part of a larger model (`remat` of a model holding this module):
+            # the model's own ops are traced, for the outer plan to schedule them all.
+            return self._model(*args, **kwargs)
         if torch.compiler.is_compiling():
             return self._under_torch_compile(*args, **kwargs)
         if not (self.training and torch.is_grad_enabled()):

@@ -10,10 +10,21 @@ import sys
 from remat_ir.ir import pb
 
 _MISSING = "<missing>"
+#: The key of a value recorded as either of two (frontends/traced_reads.py `ANY_OF`):
+#: one the forward set while it was traced, from the one it read.
+_ANY_OF = "any of"
 
 
 def _same(now, lowered) -> bool:
+    if isinstance(lowered, dict):
+        return any(_same(now, value) for value in lowered[_ANY_OF])
     return now == lowered and type(now) is type(lowered)
+
+
+def _shown(lowered) -> str:
+    if isinstance(lowered, dict):
+        return " or ".join(repr(value) for value in lowered[_ANY_OF])
+    return repr(lowered)
 
 
 def _items(container) -> dict:
@@ -45,7 +56,7 @@ class TracedReads:
             now = getattr(module, name, _MISSING) if module is not None else _MISSING
             if not _same(now, lowered):
                 return (f"module attribute {f'{path}.{name}' if path else name!r} of {root} "
-                        f"was {lowered!r} when the model was lowered and is {now!r} now")
+                        f"was {_shown(lowered)} when the model was lowered and is {now!r} now")
         for path, name, items in self.containers:
             module = at(path)
             container = _items(getattr(module, name, None) if module is not None else None)
@@ -53,7 +64,7 @@ class TracedReads:
                 now = container.get(key, _MISSING)
                 if not _same(now, lowered):
                     where = f"{path}.{name}" if path else name
-                    return (f"{where}[{key!r}] of {root} was {lowered!r} when the model was "
+                    return (f"{where}[{key!r}] of {root} was {_shown(lowered)} when the model was "
                             f"lowered and is {now!r} now")
         for path, holder, name, lowered in self.objects:
             module = at(path)
@@ -61,7 +72,7 @@ class TracedReads:
             now = getattr(owner, name, _MISSING)
             if not _same(now, lowered):
                 where = f"{path}.{holder}" if path else holder
-                return (f"{where}.{name} of {root} was {lowered!r} when the model was lowered "
+                return (f"{where}.{name} of {root} was {_shown(lowered)} when the model was lowered "
                         f"and is {now!r} now")
         for module_name, name, where, lowered in self.globals:
             module = sys.modules.get(module_name)
@@ -75,6 +86,6 @@ class TracedReads:
             else:
                 now, shown = getattr(value, where[1], _MISSING), f"{name}.{where[1]}"
             if not _same(now, lowered):
-                return (f"global {shown} of {module_name} was {lowered!r} when the model was "
+                return (f"global {shown} of {module_name} was {_shown(lowered)} when the model was "
                         f"lowered and is {now!r} now")
         return None

@@ -186,3 +186,33 @@ def test_plan_cache_refuses_another_graph_under_the_key(tmp_path, capsys, monkey
     again = remat_ir.remat(other, other_kwargs)
     assert "it holds another graph" in capsys.readouterr().err
     assert len(again.graph.proto.nodes) == len(bigger.graph.proto.nodes)
+
+
+class _Pair(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, batch):
+        first, second = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
+        return (self.a(first) * self.b(second)).pow(2).mean()
+
+
+@pytest.mark.parametrize("lowered, called", [
+    ("list", "tuple"), ("dict", "dict_reordered")])
+def test_arguments_in_other_containers_are_planned_again(lowered, called, capsys):
+    """The same tensors in another container (a tuple where a list was lowered, a dict's
+    keys in another order) were refused as "structured otherwise than at lowering",
+    although the module plans each new signature: the containers are part of it now."""
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    batches = {"list": [x, y], "tuple": (x, y), "dict": {"x": x, "y": y},
+               "dict_reordered": {"y": y, "x": x}}
+    model = _Pair()
+    scheduled = remat_ir.remat(model, {"batch": batches[lowered]}, solver="recompute-all",
+                               cost_model="flops")
+    _train_side_by_side(model, scheduled, [{"batch": batches[lowered]}, {"batch": batches[called]},
+                                           {"batch": batches[lowered]}], lambda loss: loss)
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert notices == ["remat-ir: new input signature (the arguments are held in other containers "
+                       "than at lowering (a list for a tuple, or a dict's keys in another order)): "
+                       "lowering and planning again (plan 2, at most 8 kept)"]
