@@ -803,7 +803,9 @@ class ScheduledModule(torch.nn.Module):
             return self._model(*args, **kwargs)
         if torch.compiler.is_compiling():
             return self._under_torch_compile(*args, **kwargs)
-        if not (self.training and torch.is_grad_enabled()):
+        if not (self._model.training and torch.is_grad_enabled()):
+            # The model's own mode decides (`model.eval()` on the model itself, not on this
+            # module, is evaluation too): outside training, the model runs as it is.
             return self._model(*args, **kwargs)
         changed = self._hooks.changed(self._model)
         if changed is not None:

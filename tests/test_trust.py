@@ -935,3 +935,20 @@ def test_remat_of_a_model_holding_a_scheduled_module_plans_the_whole():
     errors = side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                           lambda loss: loss)
     assert errors == {}
+
+
+def test_the_models_own_eval_mode_evaluates_through_the_scheduled_module():
+    """`model.eval()` on the model itself (not on the module `remat` returned, as a
+    training loop holding both may do) is evaluation: the model runs as it is. It was
+    refused, naming a BatchNorm's `training`."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5))
+    x = torch.randn(6, 8)
+    scheduled = _remat(model, (x,))
+    scheduled(x).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        expected = model(x)
+    assert torch.equal(scheduled(x), expected)
+    model.train()
+    scheduled(x).sum().backward()   # training again: the plan runs
