@@ -30,12 +30,13 @@ of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 
 import torch
 
-from remat_ir.torchlib.types import FUNCTION_NAMESPACE
+from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast
 
 #: Ops registered in this process: name -> (Function class, arguments other than
 #: tensors, op, facts).
@@ -120,12 +121,19 @@ def _op_name(cls, positions: list[int], constants: list) -> str:
     return name
 
 
-def _wrap(cls, args: tuple):
+def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     """(custom op, tensor positions, facts) for one call; `facts["sequence"]`, set when the
     op runs, says whether the Function returned a tuple or list rather than one tensor.
-    A call computing what an earlier one did (same class, same constants) shares its op."""
+    A call computing what an earlier one did (same class, same constants, same autocast
+    state) shares its op.
+
+    `autocast`: the autocast state the Function was called under, which its forward runs
+    under, as eager's does (the runtime runs segments without autocast, the casts being
+    in the graph; a Function's forward is opaque to tracing, so its casts are not):
+    under bf16 autocast its matmul ran in float32 (gradients 3e-3 off eager's), and
+    `torch.amp.custom_fwd(cast_inputs=...)` cast nothing, so mixed dtypes crashed."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    others = [None if i in positions else a for i, a in enumerate(args)]
+    others = [None if i in positions else a for i, a in enumerate(args)] + [autocast]
     op_name = _op_name(cls, positions, others)
     if op_name in _registered:
         _, _, op, facts = _registered[op_name]
@@ -133,6 +141,7 @@ def _wrap(cls, args: tuple):
     name = f"{cls.__module__}.{cls.__qualname__}"
     constants = list(args)
     facts = {"sequence": False}
+    autocasting = functools.partial(entered_autocast, autocast)
 
     def full_args(tensors):
         full = list(constants)
@@ -141,7 +150,7 @@ def _wrap(cls, args: tuple):
         return full
 
     def forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        with torch.no_grad():
+        with torch.no_grad(), autocasting():
             output = _run_forward(cls, _Context((False,) * len(args), name), full_args(tensors))
         facts["sequence"] = isinstance(output, (tuple, list))
         outputs = _as_list(output, name)
@@ -156,7 +165,7 @@ def _wrap(cls, args: tuple):
         needs = tuple(i in positions and tensors[positions.index(i)].requires_grad
                       for i in range(len(args)))
         fctx = _Context(needs, name)
-        with torch.no_grad():
+        with torch.no_grad(), autocasting():
             _run_forward(cls, fctx, full_args(tensors))
         ctx.function_context = fctx
         ctx.input_meta = [(t.shape, t.dtype, t.device) for t in tensors]
@@ -197,7 +206,7 @@ def preserving_functions(errors: list):
                                         "arguments; remat-ir preserves positional calls only"))
             return original.__func__(cls, *args, **kwargs)
         try:
-            op, positions, facts = _wrap(cls, args)
+            op, positions, facts = _wrap(cls, args, autocast_state())
             outputs = op([args[i] for i in positions])
         except FunctionError as exc:
             errors.append(exc)

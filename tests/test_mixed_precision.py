@@ -156,3 +156,76 @@ def test_a_weight_cast_by_autocast_and_read_directly_is_warned_about():
     model, x = _SharedWeight(direct=True), torch.randn(4, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="parameter 'w' is cast by autocast"):
         remat_ir.remat(model, (x,), budget=None, solver="recompute-all", cost_model="flops")
+
+
+class _CastToFloat(torch.autograd.Function):
+    """PyTorch's recipe for a Function that must run in float32 under autocast."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad @ w.t(), x.t() @ grad
+
+
+class _Undecorated(torch.autograd.Function):
+    """No decorator: eager runs its forward under the caller's autocast, its backward
+    outside it."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return torch.tanh(x @ w).float()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        y = torch.tanh(x @ w)
+        grad = grad * (1 - y * y)
+        return grad @ w.t(), x.t() @ grad
+
+
+class _WithFunction(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function, self.w = function, torch.nn.Parameter(torch.randn(16, 16) / 4)
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        # Under autocast the linear's output is bfloat16 and `w` float32: the Function that
+        # casts its inputs gets both; the other gets float32 inputs.
+        h = self.linear(x) if self.function is _CastToFloat else x
+        return self.linear(self.function.apply(h, self.w)).float().pow(2).mean()
+
+
+@pytest.mark.parametrize("function", [_CastToFloat, _Undecorated])
+def test_a_custom_function_under_autocast_trains_like_eager(function):
+    """A Function's forward is opaque to tracing, so the graph holds none of the casts
+    autocast makes in it, and the runtime runs segments without autocast: undecorated, its
+    matmul ran in float32 where eager's ran in bfloat16 (gradients 3e-3 off), and
+    `custom_fwd(cast_inputs=torch.float32)` cast nothing, so bfloat16 met float32 in the
+    matmul and the first step crashed. Its op now runs under the autocast state it was
+    called under."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    def lowered_under_autocast(model):
+        # Not around the training: eager's cast cache lives until the outermost autocast
+        # region ends, and would keep the first step's casts.
+        with autocast():
+            return remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+
+    errors = side_by_side(_WithFunction(function), lowered_under_autocast, (x,), {},
+                          lambda loss: loss, forward_context=autocast)
+    assert errors == {}

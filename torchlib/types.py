@@ -10,6 +10,8 @@ importing each other (it imports only `remat_ir.ir` and torch).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -148,6 +150,15 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
     """((device type, dtype name), ...) of the autocast contexts active now."""
     return tuple((device, _IR_DTYPES[torch.get_autocast_dtype(device)])
                  for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device))
+
+
+@contextlib.contextmanager
+def entered_autocast(state: tuple[tuple[str, str], ...]):
+    """The autocast contexts `state` (as `autocast_state` gives it) describes, entered."""
+    with contextlib.ExitStack() as stack:
+        for device, dtype in state:
+            stack.enter_context(torch.autocast(device, dtype=_TORCH_DTYPES[dtype]))
+        yield
 
 
 def describe_input(leaf) -> str:
