@@ -695,6 +695,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     graph.proto.metadata["torch.inputs"] = json.dumps(
         [describe_input(leaf) for leaf in pytree.tree_leaves((args, kwargs))])
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
+    graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     prov = graph.proto.provenance
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"

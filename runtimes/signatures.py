@@ -32,6 +32,9 @@ class Signature:
     autocast: tuple[tuple[str, str], ...]
     device: str
     containers: str = ""
+    #: `torch.get_default_dtype()`: factory ops (`arange`, `full`) and tensor literals in
+    #: a forward follow it, and casts to it that were no-ops when traced are not in the graph.
+    default_dtype: str = "torch.float32"
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -51,6 +54,9 @@ class Signature:
                     f"{_autocast_text(lowered.autocast)}")
         if self.device != lowered.device:
             return f"inputs are on {self.device}, lowered on {lowered.device}"
+        if self.default_dtype != lowered.default_dtype:
+            return (f"the default dtype is {self.default_dtype}, lowered under "
+                    f"{lowered.default_dtype}")
         if self.containers != lowered.containers:
             return ("the arguments are held in other containers than at lowering (a list for "
                     "a tuple, or a dict's keys in another order)")
@@ -58,7 +64,7 @@ class Signature:
 
     def same_but_device(self, other: "Signature") -> bool:
         return (self.arguments == other.arguments and self.autocast == other.autocast
-                and self.containers == other.containers)
+                and self.containers == other.containers and self.default_dtype == other.default_dtype)
 
 
 def containers(args: tuple, kwargs: dict) -> str:
@@ -81,4 +87,4 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
-                     containers(args, kwargs))
+                     containers(args, kwargs), str(torch.get_default_dtype()))

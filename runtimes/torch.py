@@ -408,7 +408,8 @@ class _Lowered:
         device = torch.device(g.provenance.cost_device or "cpu").type
         args, kwargs = pytree.tree_unflatten([0] * self.in_spec.num_leaves, self.in_spec)
         return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device,
-                         containers(args, kwargs))
+                         containers(args, kwargs),
+                         g.metadata.get("torch.default_dtype", "torch.float32"))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:

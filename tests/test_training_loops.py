@@ -216,3 +216,31 @@ def test_arguments_in_other_containers_are_planned_again(lowered, called, capsys
     assert notices == ["remat-ir: new input signature (the arguments are held in other containers "
                        "than at lowering (a list for a tuple, or a dict's keys in another order)): "
                        "lowering and planning again (plan 2, at most 8 kept)"]
+
+
+class _Ramp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        # A factory op follows the default dtype; `.float()` was a no-op when traced.
+        return self.b(self.a(x) + torch.linspace(0, 1, 8).float()).pow(2).mean()
+
+
+def test_a_call_under_another_default_dtype_is_planned_again(capsys):
+    """Lowered under float32 and trained under `torch.set_default_dtype(torch.float64)`:
+    the graph's `linspace` made float64 and the cast traced as a no-op was not there to
+    undo it, so the step crashed (or, elsewhere, trained 1.7e-7 off eager's). The default
+    dtype is part of the signature."""
+    x = torch.randn(4, 8)
+    model = _Ramp()
+    scheduled = remat_ir.remat(model, {"x": x}, solver="recompute-all", cost_model="flops")
+    torch.set_default_dtype(torch.float64)
+    try:
+        _train_side_by_side(model, scheduled, [{"x": x}, {"x": x}], lambda loss: loss)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert notices == ["remat-ir: new input signature (the default dtype is torch.float64, lowered "
+                       "under torch.float32): lowering and planning again (plan 2, at most 8 kept)"]
