@@ -57,8 +57,9 @@ from .tensor_hooks import recording_tensor_hooks
 from .trace_effects import refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .view_compaction import compact_views
-from remat_ir.torchlib.types import (argument_names, autocast_state, describe_input, ir_dtype, op_name,
-                                     record_device, resolve_op, to_ir_argument)
+from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
+                                     describe_input, ir_dtype, op_name, record_device,
+                                     resolve_op, to_ir_argument)
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -662,7 +663,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         if problem is not None:
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)
-        share_autocast_casts(joint.graph_module)
+        if torch.is_autocast_cache_enabled():   # off, eager casts once per reader, as traced
+            share_autocast_casts(joint.graph_module)
         if split_dropouts:
             split_dropout(joint.graph_module)
         if copy_long_lived_views:
@@ -696,6 +698,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         [describe_input(leaf) for leaf in pytree.tree_leaves((args, kwargs))])
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
+    graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
     prov = graph.proto.provenance
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"

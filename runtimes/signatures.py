@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from remat_ir.torchlib.types import argument_name, argument_names, autocast_state, describe_input
+from remat_ir.torchlib.types import argument_name, argument_names, autocast_cache, autocast_state, describe_input
 
 @dataclass(frozen=True)
 class Signature:
@@ -35,6 +35,8 @@ class Signature:
     #: `torch.get_default_dtype()`: factory ops (`arange`, `full`) and tensor literals in
     #: a forward follow it, and casts to it that were no-ops when traced are not in the graph.
     default_dtype: str = "torch.float32"
+    #: `autocast_cache()`: whether a parameter read by several ops is cast once or per op.
+    autocast_cache: bool = True
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -57,6 +59,9 @@ class Signature:
         if self.default_dtype != lowered.default_dtype:
             return (f"the default dtype is {self.default_dtype}, lowered under "
                     f"{lowered.default_dtype}")
+        if self.autocast_cache != lowered.autocast_cache:
+            return (f"autocast's cast cache is {'on' if self.autocast_cache else 'off'}, lowered "
+                    f"with it {'on' if lowered.autocast_cache else 'off'}")
         if self.containers != lowered.containers:
             return ("the arguments are held in other containers than at lowering (a list for "
                     "a tuple, or a dict's keys in another order)")
@@ -64,7 +69,8 @@ class Signature:
 
     def same_but_device(self, other: "Signature") -> bool:
         return (self.arguments == other.arguments and self.autocast == other.autocast
-                and self.containers == other.containers and self.default_dtype == other.default_dtype)
+                and self.containers == other.containers and self.default_dtype == other.default_dtype
+                and self.autocast_cache == other.autocast_cache)
 
 
 def containers(args: tuple, kwargs: dict) -> str:
@@ -87,4 +93,4 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
-                     containers(args, kwargs), str(torch.get_default_dtype()))
+                     containers(args, kwargs), str(torch.get_default_dtype()), autocast_cache())

@@ -409,7 +409,8 @@ class _Lowered:
         args, kwargs = pytree.tree_unflatten([0] * self.in_spec.num_leaves, self.in_spec)
         return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device,
                          containers(args, kwargs),
-                         g.metadata.get("torch.default_dtype", "torch.float32"))
+                         g.metadata.get("torch.default_dtype", "torch.float32"),
+                         json.loads(g.metadata.get("torch.autocast_cache", "true")))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:

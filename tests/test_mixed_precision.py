@@ -229,3 +229,33 @@ def test_a_custom_function_under_autocast_trains_like_eager(function):
     errors = side_by_side(_WithFunction(function), lowered_under_autocast, (x,), {},
                           lambda loss: loss, forward_context=autocast)
     assert errors == {}
+
+
+class _SharedWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.linear(torch.tanh(self.linear(x))).float().pow(2).mean()
+
+
+def test_training_with_autocasts_cache_off_is_planned_for_it(capsys):
+    """A weight read by two ops under autocast: with the cast cache on eager casts it once
+    and sums its gradient in bfloat16 (the graph shares one cast); with it off, once per
+    reader, summing in float32. A graph lowered with the cache on trained cache-off calls
+    3.4e-3 off eager's; the cache's state is now part of the signature."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+
+    def lowered(model):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+
+    errors = side_by_side(_SharedWeight(), lowered, (x,), {}, lambda loss: loss,
+                          forward_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16,
+                                                                 cache_enabled=False))
+    assert errors == {}
+    assert "autocast's cast cache is off, lowered with it on" in capsys.readouterr().err

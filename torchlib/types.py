@@ -152,6 +152,13 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
                  for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device))
 
 
+def autocast_cache() -> bool:
+    """Whether autocast's cast cache is on where autocast is (True outside autocast): with
+    it, eager casts a parameter once per region for all its readers (a graph lowered so
+    shares one cast, `frontends/autocast_casts.py`); without, once per reader."""
+    return not autocast_state() or torch.is_autocast_cache_enabled()
+
+
 @contextlib.contextmanager
 def entered_autocast(state: tuple[tuple[str, str], ...]):
     """The autocast contexts `state` (as `autocast_state` gives it) describes, entered."""
