@@ -61,7 +61,8 @@ def _plain_object(value) -> bool:
 
 @dataclass
 class TracedReads:
-    """What a forward read, keyed by where it lives; values as at the first read."""
+    """What a forward read, keyed by where it lives; values as at the first read (or
+    either of two, `_as_left`)."""
     #: (module path, attribute) -> value
     modules: dict = field(default_factory=dict)
     #: (module path, attribute) -> [[key, value]] of a container attribute

@@ -376,7 +376,7 @@ class _Lowered:
         #: (an activation, a layer wrapped by an adapter) would not run (`check_modules`).
         self.module_types = tuple((path, type(module)) for path, module in model.named_modules())
         #: Per resident slot, the (shape, dtype) the graph was traced with.
-        self.metadata = [(torch.Size(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
+        self.traced_meta = [(torch.Size(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
                          for v in self.slot_values]
         # The parameters that did not require a gradient when the graph was made for them:
         # the graph computes none (inputs: their signature says whether they require one).
@@ -467,10 +467,10 @@ class _Lowered:
                                         f"but the inputs are on {device}; move the model with .to()")
             if strides is not None and t.stride() != strides:
                 self._check_layout(slot, t)
-            if kind in ("param", "buffer") and (t.shape, t.dtype) != self.metadata[slot]:
+            if kind in ("param", "buffer") and (t.shape, t.dtype) != self.traced_meta[slot]:
                 if sharded and kind == "param":
-                    check_gathered(what, t, self.metadata[slot][1])
-                self._refuse_changed(kind, what, t, *self.metadata[slot])
+                    check_gathered(what, t, self.traced_meta[slot][1])
+                self._refuse_changed(kind, what, t, *self.traced_meta[slot])
             if kind == "param" and what in self.frozen and t.requires_grad:
                 self._refuse_unfrozen(what)
             resident.append(t)
