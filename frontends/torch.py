@@ -477,16 +477,22 @@ class _Lowering:
             self.value_of[node] = outputs[0]
         fx_args, fx_kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
                                                    lambda n: self.number_of.get(n, n))
+        seq = node.meta.get("seq_nr")
+        forward_node = self.forward_by_seq.get(seq) if phase == "backward" else None
         try:
             args = [to_ir_argument(a, self.tensor_id) for a in fx_args]
             kwargs = {k: to_ir_argument(v, self.tensor_id) for k, v in fx_kwargs.items()}
         except TypeError as exc:
-            raise LoweringError(f"op {name} from {_source(node) or 'an unknown module'} takes {exc}, "
-                                "which the IR cannot store") from None
+            # A backward op's argument comes from a derivative formula the user never wrote
+            # (`angle`'s multiplies by 1j): name the forward op it differentiates.
+            within = ""
+            if forward_node is not None:
+                forward = self.g.node(forward_node)
+                within = f", in the backward of {forward.op} from {forward.source or 'the model'},"
+            raise LoweringError(f"op {name} from {_source(node) or 'an unknown module'}{within} "
+                                f"takes {exc}, which the IR cannot store") from None
         inputs = list(dict.fromkeys(
             a.value_id for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorRef)))
-        seq = node.meta.get("seq_nr")
-        forward_node = self.forward_by_seq.get(seq) if phase == "backward" else None
         source = _source(node)
         if phase == "backward" and forward_node is not None:
             source = source or self.g.node(forward_node).source

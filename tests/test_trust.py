@@ -952,3 +952,20 @@ def test_the_models_own_eval_mode_evaluates_through_the_scheduled_module():
     assert torch.equal(scheduled(x), expected)
     model.train()
     scheduled(x).sum().backward()   # training again: the plan runs
+
+
+class _Angle(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.complex64))
+
+    def forward(self, x):
+        return (x.to(torch.complex64) @ self.w).angle().sum()
+
+
+def test_a_backward_argument_the_ir_cannot_store_names_the_forward_op():
+    """`angle`'s derivative multiplies by 1j, a complex scalar the IR cannot store: the
+    refusal named only `aten.mul.Scalar` and 1j, neither of which the user wrote."""
+    with pytest.raises(LoweringError, match=r"aten.mul.Scalar .*in the backward of "
+                                            r"aten.angle.default from <root> \(_Angle\).*complex"):
+        _remat(_Angle(), (torch.randn(4, 8),))
