@@ -63,6 +63,7 @@ def train(model, dataset, *, steps: int, batch_size: int, output_dir: str) -> li
     args = TrainingArguments(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size,
                              learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no",
                              use_cpu=True, disable_tqdm=True, remove_unused_columns=False,
+                             label_names=["labels"],
                              dataloader_num_workers=0, seed=0)
     losses: list[float] = []
 
