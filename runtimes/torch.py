@@ -788,7 +788,14 @@ class ScheduledModule(torch.nn.Module):
         devices = [t.device for t in pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
         with torch.random.fork_rng(devices=devices):  # planning never moves the generator
-            graph, schedule = self._planner(self._model, args, kwargs)
+            try:
+                graph, schedule = self._planner(self._model, args, kwargs)
+            except RematIRError as exc:
+                # Say which call failed to plan (a smaller last batch at a share budget),
+                # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
+                exc.args = (f"planning this call's new input signature ({difference}): {exc}",
+                            *exc.args[1:])
+                raise
         plan = _Lowered(self._model, graph, schedule)
         if plan.signature != signature:
             raise RematIRError(f"the graph planned for this call was lowered for another "

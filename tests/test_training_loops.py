@@ -244,3 +244,32 @@ def test_a_call_under_another_default_dtype_is_planned_again(capsys):
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
     assert notices == ["remat-ir: new input signature (the default dtype is torch.float64, lowered "
                        "under torch.float32): lowering and planning again (plan 2, at most 8 kept)"]
+
+
+class _TinyEncoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(32, 16)
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(16, 32)
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.embedding(ids)))
+
+
+def test_a_new_signature_that_cannot_be_planned_says_which_call():
+    """A share budget feasible for the full batches but not for the smaller last one: the
+    error came from the solver mid-epoch and said nothing of the call; it names the
+    argument that differs now, and keeps its type and the smallest feasible budget."""
+    from remat_ir.solvers import InfeasibleBudget
+
+    torch.manual_seed(0)
+    data = torch.randint(0, 32, (10, 8))
+    scheduled = remat_ir.remat(_TinyEncoder(), data[:4], budget=0.65, cost_model="flops")
+    scheduled(data[:4]).sum().backward()
+    with pytest.raises(InfeasibleBudget, match=r"^planning this call's new input signature \(argument "
+                                               r"args\[0\] is tensor \[2, 8\] int64, lowered for "
+                                               r"tensor \[4, 8\] int64\): no schedule fits") as raised:
+        scheduled(data[8:])
+    assert raised.value.smallest_feasible > raised.value.budget
