@@ -55,7 +55,9 @@ def _region(cast: torch.fx.Node):
     """The `torch.autocast` block inside the forward a cast was made in (the exported
     graph's `wrap_with_autocast` node), or None: the autocast the model was called under."""
     origin = (cast.meta.get("from_node") or [None])[-1]
-    return getattr(origin, "name", None) if "wrap_with_autocast" in str(getattr(origin, "target", "")) else None
+    if "wrap_with_autocast" not in str(getattr(origin, "target", "")):
+        return None
+    return origin.name
 
 
 def _sum_leaves(node: torch.fx.Node, leaves: list) -> bool:

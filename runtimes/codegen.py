@@ -337,9 +337,10 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
             gradient_of.setdefault(o.name, o.value_id)
     name_of = {e.value_id: e.name for e in g.inputs}
     grads = [gradient_of.get(name_of.get(v)) for v in resident]
-    points = release_points(graph, schedule, grads, gradient_groups, resident, rng)
+    reads = _storage_last_reads(graph, schedule, rng)
+    points = release_points(graph, schedule, grads, gradient_groups, resident, reads)
     groups = [slots for _, slots in points]
-    last_read_group = _last_read_groups(graph, schedule, rng, resident, [k for k, _ in points])
+    last_read_group = _last_read_groups(graph, reads, resident, [k for k, _ in points])
     drops = _aliases_to_drop(graph, schedule, points, grads)
     after = {k: _yield_lines(grads, slots, drops[k]) for k, slots in points if k is not None}
     bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True, after=after)
@@ -361,14 +362,15 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
 
 
 def release_points(graph: Graph, schedule: pb.Schedule, grads: list[int | None],
-                   most: int, resident: list[int], rng) -> list[tuple[int | None, list[int]]]:
+                   most: int, resident: list[int], reads: dict[int, int]
+                   ) -> list[tuple[int | None, list[int]]]:
     """Where the backward segment yields gradients: (step index, resident slots) per
     group, in order; the last group (step None) is yielded once the segment has ended
     and holds every slot not yielded before, slots without a gradient included.
 
     A gradient can leave right after the compute step that touches it last, once no
     later step reads, frees or moves it, and no later step reads the tensor it is the
-    gradient of (`resident`, per slot): what autograd runs on a gradient handed over may
+    gradient of (`resident`, per slot; `reads`: `_storage_last_reads`): what autograd runs on a gradient handed over may
     write that tensor (an optimizer step in a post-accumulate hook, PyTorch's recipe for
     fusing it into the backward), and eager never reads a parameter after its gradient
     is accumulated; a recomputation reading it later computed from the updated values
@@ -377,7 +379,6 @@ def release_points(graph: Graph, schedule: pb.Schedule, grads: list[int | None],
     first group leaves as soon as that share is final."""
     steps = schedule.steps
     last, moved = _backward_touches(graph, schedule)
-    reads = _storage_last_reads(graph, schedule, rng)
     final = {v: max(last[v], reads.get(graph.value(p).storage_id, -1))
              for v, p in zip(grads, resident) if v is not None and v in last}
     ready = sorted({v for v, k in final.items() if v not in moved and k < len(steps)
@@ -443,13 +444,13 @@ def _storage_last_reads(graph: Graph, schedule: pb.Schedule, rng) -> dict[int, i
     return last
 
 
-def _last_read_groups(graph: Graph, schedule: pb.Schedule, rng, resident: list[int],
+def _last_read_groups(graph: Graph, last: dict[int, int], resident: list[int],
                       ends: list[int | None]) -> list[int]:
     """Per resident value, the gradient group during whose run (the steps up to its
     yield, `ends`) the backward segment last reads its storage (itself or a view of it,
     such as a transposed weight saved by the forward); -1 if it never does. What may be
-    freed after a group, such as an FSDP unit's gathered parameters, follows from it."""
-    last = _storage_last_reads(graph, schedule, rng)
+    freed after a group, such as an FSDP unit's gathered parameters, follows from it.
+    `last`: `_storage_last_reads`."""
 
     def group(k: int) -> int:
         return next(i for i, e in enumerate(ends) if e is None or e >= k)

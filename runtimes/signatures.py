@@ -14,13 +14,15 @@ Keyword arguments are compared by name, not by the order they were passed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
 import torch
 from torch.utils import _pytree as pytree
 
-from remat_ir.torchlib.types import argument_name, argument_names, autocast_cache, autocast_state, describe_input
+from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
+                                     describe_input)
 
 @dataclass(frozen=True)
 class Signature:
@@ -68,14 +70,18 @@ class Signature:
         return "nothing differs"
 
     def same_but_device(self, other: "Signature") -> bool:
-        return (self.arguments == other.arguments and self.autocast == other.autocast
-                and self.containers == other.containers and self.default_dtype == other.default_dtype
-                and self.autocast_cache == other.autocast_cache)
+        return dataclasses.replace(self, device=other.device) == other
+
+
+def _canonical(args, kwargs) -> tuple:
+    """(args, kwargs) with the keywords in name order: the order they were passed in is
+    not the call's (`Signature.containers`)."""
+    return tuple(args), dict(sorted(kwargs.items()))
 
 
 def containers(args: tuple, kwargs: dict) -> str:
     """The containers holding a call's arguments, keywords in name order (`Signature`)."""
-    return str(pytree.tree_structure((tuple(args), dict(sorted(kwargs.items())))))
+    return str(pytree.tree_structure(_canonical(args, kwargs)))
 
 
 def _autocast_text(state: tuple[tuple[str, str], ...]) -> str:
@@ -88,9 +94,9 @@ def autocast_from_json(text: str) -> tuple[tuple[str, str], ...]:
 
 def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     """The signature of a call (under the autocast state active now, unless given)."""
-    with_paths, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    with_paths, spec = pytree.tree_flatten_with_path(_canonical(args, kwargs))
     arguments = tuple(sorted((argument_name(path), describe_input(leaf)) for path, leaf in with_paths))
     tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
-                     containers(args, kwargs), str(torch.get_default_dtype()), autocast_cache())
+                     str(spec), str(torch.get_default_dtype()), autocast_cache())
