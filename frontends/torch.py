@@ -47,6 +47,7 @@ from .autocast_casts import share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
+from .gradient_buffers import mark_input_gradient_sums
 from . import gru_kernels
 from .errors import LoweringError
 from .model_lines import library_line, model_line
@@ -503,6 +504,10 @@ class _Lowering:
             mutating=target._schema.is_mutable, source=source)
         self.g.node(nid).rng_shape_only = random and name.split(".")[1] in SHAPE_ONLY_RANDOM_OPS
         self.g.node(nid).output_indices.extend(indices)
+        # AOTAutograd's sum of a tensor's gradient contributions (its readers' backward):
+        # the runtime may hand them to autograd one by one, as eager's engine adds them.
+        self.g.node(nid).accumulates_gradient = (bool(node.meta.get("is_gradient_acc"))
+                                                 and name == "aten.add.Tensor")
         if phase == "forward" and seq is not None:
             # Backward nodes link to the first forward node of their sequence number that
             # computes something, or else to the first view of it.
@@ -676,6 +681,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         if copy_long_lived_views:
             compact_views(joint.graph_module)
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
+    mark_input_gradient_sums(graph)
     _check_rnn_workspaces(graph)
     if reuse_buffers:
         reuse_dying_inputs(graph, pointwise=not fusing)

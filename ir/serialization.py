@@ -47,6 +47,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
   it false, which counts no memory for the output gradients, as before: nothing to fill.
 - 1.8 -> 1.9: costs gained `host_s` and `device_s`, the cost model `two_timelines`; an
   older file has it false, one timeline of `time_s`, as before: nothing to fill.
+- 1.9 -> 1.10: nodes gained `accumulates_gradient`; an older file has none marked,
+  so a runtime runs every sum of a gradient's parts, as before: nothing to fill.
 """
 
 from __future__ import annotations

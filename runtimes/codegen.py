@@ -50,6 +50,7 @@ from remat_ir.ir.rng import plan_rng
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
 
 from .compiled import EAGER_OPS, Region, check_backend, output_positions
+from .gradient_parts import Handovers, handovers
 from .transfers import Transfers
 
 
@@ -110,9 +111,11 @@ class SegmentPlan:
     tangents: list[int | None]                # tangent value id per user output (None: no gradient)
     forward_outputs_read_in_backward: list[int]
     buffers_read_in_backward: set[str] = field(default_factory=set)
-    gradient_groups: list[list[int]] = field(default_factory=list)  # resident slots, in yield order
-    # per resident slot, the user outputs (positions) whose tangents its gradient reads
-    gradient_sources: list[frozenset[int]] = field(default_factory=list)
+    # resident slots, in yield order; a slot whose gradient leaves in parts
+    # (`gradient_parts`) appears once per part and once more, last, with None
+    gradient_groups: list[list[int]] = field(default_factory=list)
+    # per group, per entry, the user outputs (positions) whose tangents what it yields reads
+    gradient_sources: list[list[frozenset[int]]] = field(default_factory=list)
     # per resident slot, the group during whose run the backward last reads it (-1: never)
     last_read_group: list[int] = field(default_factory=list)
     forward_source: str = ""
@@ -248,7 +251,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     resident_index = {v: i for i, v in enumerate(resident)}
     units = _GatherLines(graph, rng, resident, gathered, user_outputs) if gathered else None
 
-    def segment_body(first: int, segment, end_skips, reads_saved: bool, after=None):
+    def segment_body(first: int, segment, end_skips, reads_saved: bool, after=None,
+                     parts: Handovers = Handovers()):
         body = ["_tick(-1)"] if tick is not None else []
         used = touched(segment)
         for k in range(first, first + len(segment)):
@@ -290,7 +294,9 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
             for n, missing in rng.skips.get(k, ()):
                 emit(_skip_lines(graph, writer, n, missing, n in rng.saved))
             action = s.WhichOneof("action")
-            if action == "compute":
+            if k in parts.skipped or (action == "free" and s.free in parts.unmade):
+                pass  # a gradient sum autograd makes from the parts handed to it
+            elif action == "compute":
                 waits = copies.before_compute(graph.node(s.compute)) if copies is not None else []
                 mode = "replay" if k in rng.replays else "save" if s.compute in rng.saved else ""
                 if runs is not None and not waits and not mode and not graph.node(s.compute).random:
@@ -339,14 +345,22 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     grads = [gradient_of.get(name_of.get(v)) for v in resident]
     reads = _storage_last_reads(graph, schedule, rng)
     points = release_points(graph, schedule, grads, gradient_groups, resident, reads)
-    groups = [slots for _, slots in points]
-    last_read_group = _last_read_groups(graph, reads, resident, [k for k, _ in points])
-    drops = _aliases_to_drop(graph, schedule, points, grads)
-    after = {k: _yield_lines(grads, slots, drops[k]) for k, slots in points if k is not None}
-    bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True, after=after)
+    # Timed or compiled steps keep the graph's sums (timing prices the add where the graph
+    # has it; Inductor regions make no bitwise promise).
+    parts = handovers(graph, schedule, grads) if tick is None and regions is None else Handovers()
+    whole = [None if slot in parts.slots else v for slot, v in enumerate(grads)]
+    drops = _aliases_to_drop(graph, schedule, points, whole)
+    yields = _yield_points(points, parts, whole)
+    groups = [[slot for slot, _ in entries] for _, entries in yields]
+    last_read_group = _last_read_groups(graph, reads, resident, [k for k, _ in yields])
+    handed = {v for entries in parts.at.values() for _, v in entries}
+    after = {k: _yield_lines([v for _, v in entries], drops.get(k, ()), kept=handed)
+             for k, entries in yields if k is not None}
+    bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True, after=after,
+                            parts=parts)
     if copies is not None:
         bwd_body.extend(copies.end_of_step())
-    bwd_body.extend(_yield_lines(grads, points[-1][1]))
+    bwd_body.extend(_yield_lines([v for _, v in yields[-1][1]], kept=handed))
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T, U=None", bwd_body)
 
     read_in_backward = {name_of[v] for v in snapshot_buffers(graph, schedule)}
@@ -355,7 +369,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        tangents=tangent_of,
                        forward_outputs_read_in_backward=outputs_read,
                        buffers_read_in_backward=read_in_backward, gradient_groups=groups,
-                       gradient_sources=[sources(v) for v in grads],
+                       gradient_sources=[[sources(v) for _, v in entries] for _, entries in yields],
                        last_read_group=last_read_group, regions=regions or [],
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
@@ -497,12 +511,28 @@ def _aliases_to_drop(graph: Graph, schedule: pb.Schedule, points, grads: list[in
     return drops
 
 
-def _yield_lines(grads: list[int | None], slots: list[int], aliases=()) -> list[str]:
-    """Hand the gradients of `slots` out and drop the segment's references (and those of
-    `aliases`, `_aliases_to_drop`), so that autograd can take them over (`AccumulateGrad`
-    steals a tensor nobody else holds)."""
-    names = [_tensor_name(grads[i]) if grads[i] is not None else "None" for i in slots]
-    held = sorted({_tensor_name(grads[i]) for i in slots if grads[i] is not None}
+def _yield_points(points, parts: Handovers, whole: list[int | None]
+                  ) -> list[tuple[int | None, list[tuple[int, int | None]]]]:
+    """The backward segment's yields: (step index or None for the end, [(resident slot,
+    value or None)]), in order: the release points' gradients (`whole`: None for a
+    gradient handed over in parts) and the parts' hand-overs, before the gradients
+    released at the same step."""
+    entries: dict[int | None, list[tuple[int, int | None]]] = {}
+    for k, handed in parts.at.items():
+        entries[k] = list(handed)
+    for k, slots in points:
+        entries.setdefault(k, []).extend((slot, whole[slot]) for slot in slots)
+    end = entries.pop(None)
+    return sorted(entries.items()) + [(None, end)]
+
+
+def _yield_lines(values: list[int | None], aliases=(), kept=()) -> list[str]:
+    """Yield `values` (a group's gradients, None for none) and drop the segment's
+    references to them (and to `aliases`, `_aliases_to_drop`), so that autograd can take
+    them over (`AccumulateGrad` steals a tensor nobody else holds); values in `kept`
+    (gradient parts, `gradient_parts`) stay bound until the schedule frees them."""
+    names = [_tensor_name(v) if v is not None else "None" for v in values]
+    held = sorted({_tensor_name(v) for v in values if v is not None and v not in kept}
                   | {_tensor_name(a) for a in aliases})
     lines = [f"_out = [{', '.join(names)}]"]
     if held:

@@ -136,8 +136,8 @@ class _Step:
         left out) and leaves their `.grad` None, which optimizers skip; the graph computes
         zeros, which weight decay and momentum would not skip."""
         plan = self.runner.plan
-        return tuple(None if g is not None and plan.gradient_sources[slot] <= self.unused else g
-                     for slot, g in zip(plan.gradient_groups[index], grads))
+        return tuple(None if g is not None and sources <= self.unused else g
+                     for sources, g in zip(plan.gradient_sources[index], grads))
 
 
 def _second_backward() -> RematIRError:

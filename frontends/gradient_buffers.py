@@ -1,0 +1,66 @@
+"""Which of AOTAutograd's gradient sums add into a graph input's own gradient.
+
+AOTAutograd marks every add its backward makes to sum a tensor's gradient contributions
+(`is_gradient_acc`), whichever tensor: a parameter, an input, an activation read twice.
+The runtime may hand the parts of an input's gradient to autograd instead of running its
+sums (`ir.gradient_sums`, `runtimes/gradient_parts.py`), which is right only for the
+sums of that input's own buffer. From the graph alone, that buffer's first sum cannot be
+told from the gradient of another tensor handed to it whole: where the forward computes
+`y = x + b` (or `x.clone()`), `y`'s summed gradient reaches `x` unchanged, and handing
+`y`'s parts to `x` one by one would add them otherwise than eager, which adds `y`'s sum.
+Eager's buffer of `x` adds once fewer times than autograd has edges into `x`, one per
+tensor argument of a differentiable forward op that reads it; so the walk back from
+`x`'s gradient keeps that many sums marked and unmarks every other."""
+
+from __future__ import annotations
+
+from remat_ir.ir import Graph, pb
+from remat_ir.ir.arguments import tensor_ids
+from remat_ir.ir.gradient_sums import GRADIENT_ROLES
+
+#: Result dtypes that carry a gradient.
+_DIFFERENTIABLE = frozenset({pb.FLOAT32, pb.FLOAT64, pb.FLOAT16, pb.BFLOAT16, pb.COMPLEX64,
+                             pb.COMPLEX128, pb.COMPLEX32})
+
+#: Ops whose result carries no gradient back to their tensor arguments.
+_NO_EDGE_OPS = frozenset({
+    "aten.detach.default", "aten.alias.default", "aten.sym_size.int", "aten.sym_stride.int",
+    "aten.sym_numel.default", "aten.sym_storage_offset.default", "aten.empty_like.default",
+    "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
+    "aten.rand_like.default", "aten.randn_like.default", "aten.randint_like.default",
+})
+
+
+def _edges(graph: Graph) -> dict[int, int]:
+    """Value id -> the edges autograd has into it from the forward's ops: each tensor
+    argument that reads it, of an op with a floating-point result."""
+    edges: dict[int, int] = {}
+    for node in graph.proto.nodes:
+        if node.phase != pb.FORWARD or node.op in _NO_EDGE_OPS:
+            continue
+        if not any(graph.value(v).dtype in _DIFFERENTIABLE for v in node.outputs):
+            continue
+        arguments = [*node.args, *(k.value for k in node.kwargs)]
+        for v in (v for a in arguments for v in tensor_ids(a)):
+            edges[v] = edges.get(v, 0) + 1
+    return edges
+
+
+def mark_input_gradient_sums(graph: Graph) -> None:
+    """Keep `accumulates_gradient` on the sums of each graph input's own gradient buffer
+    (the module docstring) and clear it everywhere else."""
+    names = {e.name: e.value_id for e in graph.proto.inputs}
+    edges = _edges(graph)
+    keep: set[int] = set()
+    for output in graph.proto.outputs:
+        if output.role not in GRADIENT_ROLES or output.name not in names:
+            continue
+        value, sums = output.value_id, edges.get(names[output.name], 0) - 1
+        while sums > 0:
+            producer = graph.producer(value)
+            if producer is None or not graph.node(producer).accumulates_gradient:
+                break
+            keep.add(producer)
+            value, sums = graph.node(producer).args[0].tensor, sums - 1
+    for node in graph.proto.nodes:
+        node.accumulates_gradient = node.id in keep

@@ -1,0 +1,59 @@
+"""Chains of sums that make a gradient output from its parts.
+
+Where a graph reads a tensor (a parameter, an input) more than once, its gradient is
+the sum of its readers' contributions. The PyTorch frontend marks the adds that make
+such sums `accumulates_gradient` (AOTAutograd's, in the order eager's autograd adds the
+contributions into its buffer: the first input is the sum so far, the second the part
+that arrives next). A runtime that hands gradients to an autograd engine may hand the
+parts over one by one instead of running the chain (`runtimes/gradient_parts.py`), so
+that the engine adds them to parts from outside the graph in eager's order; passes
+that rewrite nodes leave the chains' sums as they are (`frontends/buffer_reuse.py`)."""
+
+from __future__ import annotations
+
+from . import remat_ir_pb2 as pb
+from .graph import Graph
+
+#: The roles of the outputs that are gradients of graph inputs.
+GRADIENT_ROLES = (pb.PARAMETER_GRADIENT, pb.INPUT_GRADIENT)
+
+
+def _is_sum(node: pb.Node) -> bool:
+    return (node.accumulates_gradient and node.op == "aten.add.Tensor" and len(node.outputs) == 1
+            and len(node.args) == 2 and all(a.HasField("tensor") for a in node.args)
+            and not node.kwargs)
+
+
+def _chain(graph: Graph, gradient: int) -> tuple[list[int], list[int]] | None:
+    """(the sum nodes, first to last; the parts in arrival order) of a gradient made by a
+    chain of sums, or None. A running sum that something else reads too ends the chain
+    there (it must be made: it is then the first part)."""
+    nodes, arriving = [], []
+    value, reader = gradient, None
+    while True:
+        producer = graph.producer(value)
+        if producer is None or not _is_sum(graph.node(producer)):
+            break
+        if reader is not None and graph.users(value) != [reader]:
+            break
+        node = graph.node(producer)
+        nodes.append(producer)
+        arriving.append(node.args[1].tensor)
+        value, reader = node.args[0].tensor, producer
+    if not nodes:
+        return None
+    return nodes[::-1], [value] + arriving[::-1]
+
+
+def gradient_chains(graph: Graph) -> dict[int, tuple[list[int], list[int]]]:
+    """Gradient output value -> (its chain's sum nodes, first to last; its parts in
+    arrival order), for each gradient output that is made by such a chain, is output
+    once and read by no node."""
+    outputs = [o.value_id for o in graph.proto.outputs]
+    chains = {}
+    for o in graph.proto.outputs:
+        if o.role in GRADIENT_ROLES and outputs.count(o.value_id) == 1 and not graph.users(o.value_id):
+            found = _chain(graph, o.value_id)
+            if found is not None:
+                chains[o.value_id] = found
+    return chains
