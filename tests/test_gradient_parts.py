@@ -89,8 +89,9 @@ def test_contributions_from_outside_the_module_add_up_like_eager(how, dtype, sol
 
 def test_parts_are_handed_over_where_the_graph_adds_them():
     """The plan: the frontend marks the sums of three gradients (a.weight, a.bias and the
-    input, read twice each; an activation's sum is no gradient output); the backward runs none of them and yields their two parts at its step,
-    and each slot once more, as None, where its gradient would have left whole."""
+    input, read twice each; an activation's sum is no gradient output); the backward runs
+    none of them, yields their two parts at its step, and each slot once more, as None,
+    where its gradient would have left whole."""
     torch.manual_seed(0)
     graph = lower_torch(_ReadsTwice(), (torch.randn(4, 16, requires_grad=True),), cost_model="flops")
     chains = gradient_chains(graph)
