@@ -20,7 +20,17 @@ they are. A primal read both through autocast casts and directly is left as trac
 with a warning: eager's sum order there depends on when its cast's gradient arrives.
 So is a primal cast in several `torch.autocast` blocks inside the forward: eager's
 cache ends with each block, so it casts once per block and sums those in float32 (two
-blocks sharing one cast trained 2e-3 off eager's).
+blocks sharing one cast trained 2e-3 off eager's). An input that is not a leaf (`uncached`:
+hidden states from a layer outside the module) is not cached by eager: it keeps a cast
+per reader, as traced.
+
+Eager's cache also outlives the call: a module called twice in one block (two views of
+a batch, multi-crop training) reads one cast of each parameter in both calls and sums
+the two calls' gradients in the autocast dtype before the one cast back. So the cast
+back of each primal with one autocast cast (shared here or traced so) is marked
+(`CAST_BACK`, the IR's `Node.autocast_cast_back`): a runtime with autograd hands its
+low-precision input to one node per parameter and block that casts back once, as
+eager's cached cast does (`runtimes/autocast_anchors.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +44,9 @@ from .fx_nodes import add_call
 
 _aten = torch.ops.aten
 _LOW = (torch.bfloat16, torch.float16)
+#: Meta key of a cast back (the IR's `Node.autocast_cast_back`): the node casts the
+#: gradient of autocast's cached cast of a primal back to the primal's dtype.
+CAST_BACK = "remat_ir_autocast_cast_back"
 #: Origins (the exported graph's op a joint node comes from) of casts a program writes.
 _EXPLICIT = ("aten.to.", "aten._to_copy", "aten.type_as", "aten.type.")
 
@@ -76,9 +89,11 @@ def _rebuild(node: torch.fx.Node, graph: torch.fx.Graph, low: dict) -> torch.fx.
     return add_call(graph, node.meta, _aten.add.Tensor, (a, b))
 
 
-def share_autocast_casts(module: torch.fx.GraphModule) -> int:
-    """Rewrite `module`'s joint graph in place (module docstring); returns how many
-    primals now have one autocast cast."""
+def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] = frozenset()
+                         ) -> int:
+    """Rewrite `module`'s joint graph in place and mark the cast backs (module docstring);
+    returns how many primals now have one autocast cast instead of several. `uncached`:
+    the flat indices of user inputs that eager casts per reader (not leaves)."""
     graph = module.graph
     output = next(n for n in graph.nodes if n.op == "output")
     descs = output.meta.get("desc") or []
@@ -94,10 +109,11 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
         if grad_of is None or not isinstance(gradient, torch.fx.Node):
             continue
         primal = _primal_of(primals, grad_of)
-        if primal is None:
-            continue
+        if (primal is None or getattr(grad_of, "idx", None) in uncached
+                or getattr(primal.meta.get("val"), "dtype", None) is not torch.float32):
+            continue   # eager's cache keeps float32 leaves only
         casts = [u for u in primal.users if _autocast_cast(u, primal)]
-        if len(casts) < 2 or len({c.kwargs["dtype"] for c in casts}) != 1:
+        if not casts or len({c.kwargs["dtype"] for c in casts}) != 1:
             continue
         regions = [_region(c) for c in casts]
         if len(set(regions)) > 1:
@@ -116,9 +132,16 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
                            and leaf.meta.get("seq_nr") in seqs for leaf in leaves)
                    and len({leaf.meta.get("seq_nr") for leaf in leaves}) == len(leaves))
         if not matched or len(primal.users) != len(casts):
+            if len(casts) == 1:
+                continue
             warnings.warn(f"{_name(desc)} is cast by autocast for several ops and also used "
                           "otherwise: its gradient is summed in float32 where eager sums part of "
                           "it in the autocast dtype (last bits may differ from eager's)", stacklevel=2)
+            continue
+        if len(casts) == 1:
+            # Cast once already; its cast back is marked where the cache outlives the call
+            # (a cast inside a block of the forward ends with that block).
+            gradient.meta[CAST_BACK] = regions[0] is None
             continue
         first = min(casts, key=order.__getitem__)
         for cast in casts:
@@ -131,6 +154,7 @@ def share_autocast_casts(module: torch.fx.GraphModule) -> int:
             total = _rebuild(gradient, graph, low)
             cast_back = add_call(graph, gradient.meta, _aten._to_copy.default, (total,),
                                  dict(leaves[0].kwargs))
+        cast_back.meta[CAST_BACK] = regions[0] is None
         gradient.replace_all_uses_with(cast_back)
         _erase_tree(graph, gradient)
         rewritten += 1

@@ -10,7 +10,10 @@ told from the gradient of another tensor handed to it whole: where the forward c
 `y`'s parts to `x` one by one would add them otherwise than eager, which adds `y`'s sum.
 Eager's buffer of `x` adds once fewer times than autograd has edges into `x`, one per
 tensor argument of a differentiable forward op that reads it; so the walk back from
-`x`'s gradient keeps that many sums marked and unmarks every other."""
+`x`'s gradient keeps that many sums marked and unmarks every other. A gradient that is
+the cast back of autocast's cached cast of `x` (`Node.autocast_cast_back`) is summed in
+the cast's buffer: the walk starts at the cast back's input and counts the edges into the
+cast."""
 
 from __future__ import annotations
 
@@ -55,7 +58,13 @@ def mark_input_gradient_sums(graph: Graph) -> None:
     for output in graph.proto.outputs:
         if output.role not in GRADIENT_ROLES or output.name not in names:
             continue
-        value, sums = output.value_id, edges.get(names[output.name], 0) - 1
+        value, tensor = output.value_id, names[output.name]
+        back = graph.producer(value)
+        if back is not None and graph.node(back).autocast_cast_back:
+            value = graph.node(back).args[0].tensor
+            tensor = next((graph.node(n).outputs[0] for n in graph.users(tensor)
+                           if graph.node(n).phase == pb.FORWARD), tensor)
+        sums = edges.get(tensor, 0) - 1
         while sums > 0:
             producer = graph.producer(value)
             if producer is None or not graph.node(producer).accumulates_gradient:

@@ -43,7 +43,7 @@ from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import is_view
 
-from .autocast_casts import share_autocast_casts
+from .autocast_casts import CAST_BACK, share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
@@ -60,7 +60,7 @@ from .traced_reads import TracedReads, record_globals, recording_reads
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
                                      describe_input, ir_dtype, op_name, record_device,
-                                     resolve_op, to_ir_argument)
+                                     resolve_op, to_ir_argument, uncached_under_autocast)
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -508,6 +508,7 @@ class _Lowering:
         # the runtime may hand them to autograd one by one, as eager's engine adds them.
         self.g.node(nid).accumulates_gradient = (bool(node.meta.get("is_gradient_acc"))
                                                  and name == "aten.add.Tensor")
+        self.g.node(nid).autocast_cast_back = bool(node.meta.get(CAST_BACK))
         if phase == "forward" and seq is not None:
             # Backward nodes link to the first forward node of their sequence number that
             # computes something, or else to the first view of it.
@@ -675,7 +676,10 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)
         if torch.is_autocast_cache_enabled():   # off, eager casts once per reader, as traced
-            share_autocast_casts(joint.graph_module)
+            leaves = pytree.tree_leaves((args, kwargs))
+            share_autocast_casts(joint.graph_module, frozenset(
+                i for i, leaf in enumerate(leaves)
+                if isinstance(leaf, torch.Tensor) and uncached_under_autocast(leaf)))
         if split_dropouts:
             split_dropout(joint.graph_module)
         if copy_long_lived_views:

@@ -7,7 +7,11 @@ contributions into its buffer: the first input is the sum so far, the second the
 that arrives next). A runtime that hands gradients to an autograd engine may hand the
 parts over one by one instead of running the chain (`runtimes/gradient_parts.py`), so
 that the engine adds them to parts from outside the graph in eager's order; passes
-that rewrite nodes leave the chains' sums as they are (`frontends/buffer_reuse.py`)."""
+that rewrite nodes leave the chains' sums as they are (`frontends/buffer_reuse.py`).
+
+A gradient output may instead be the cast back of autocast's cached cast of the input
+(`Node.autocast_cast_back`): the chain then sums the cast's gradient, and ends in the
+cast back's input (`cast_backs`)."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ def _is_sum(node: pb.Node) -> bool:
             and not node.kwargs)
 
 
-def _chain(graph: Graph, gradient: int) -> tuple[list[int], list[int]] | None:
+def chain(graph: Graph, gradient: int) -> tuple[list[int], list[int]] | None:
     """(the sum nodes, first to last; the parts in arrival order) of a gradient made by a
     chain of sums, or None. A running sum that something else reads too ends the chain
     there (it must be made: it is then the first part)."""
@@ -53,7 +57,20 @@ def gradient_chains(graph: Graph) -> dict[int, tuple[list[int], list[int]]]:
     chains = {}
     for o in graph.proto.outputs:
         if o.role in GRADIENT_ROLES and outputs.count(o.value_id) == 1 and not graph.users(o.value_id):
-            found = _chain(graph, o.value_id)
+            found = chain(graph, o.value_id)
             if found is not None:
                 chains[o.value_id] = found
     return chains
+
+
+def cast_backs(graph: Graph) -> dict[int, int]:
+    """Gradient output value -> the cast back node that makes it, for each gradient output
+    made by one (`Node.autocast_cast_back`), output once and read by no node."""
+    outputs = [o.value_id for o in graph.proto.outputs]
+    found = {}
+    for o in graph.proto.outputs:
+        producer = graph.producer(o.value_id)
+        if (o.role in GRADIENT_ROLES and producer is not None and outputs.count(o.value_id) == 1
+                and not graph.users(o.value_id) and graph.node(producer).autocast_cast_back):
+            found[o.value_id] = producer
+    return found

@@ -246,7 +246,7 @@ class Cost(_message.Message):
     def __init__(self, time_s: _Optional[float] = ..., source: _Optional[_Union[CostSource, str]] = ..., flops: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., bytes_accessed: _Optional[int] = ..., host_s: _Optional[float] = ..., device_s: _Optional[float] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "op", "inputs", "outputs", "args", "kwargs", "phase", "forward_node_id", "cost", "random", "mutating", "non_recomputable", "source", "output_indices", "rng_shape_only", "body", "accumulates_gradient")
+    __slots__ = ("id", "name", "op", "inputs", "outputs", "args", "kwargs", "phase", "forward_node_id", "cost", "random", "mutating", "non_recomputable", "source", "output_indices", "rng_shape_only", "body", "accumulates_gradient", "autocast_cast_back")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class Node(_message.Message):
     RNG_SHAPE_ONLY_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     ACCUMULATES_GRADIENT_FIELD_NUMBER: _ClassVar[int]
+    AUTOCAST_CAST_BACK_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     op: str
@@ -283,7 +284,8 @@ class Node(_message.Message):
     rng_shape_only: bool
     body: _containers.RepeatedCompositeFieldContainer[Node]
     accumulates_gradient: bool
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[int]] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[NamedArgument, _Mapping]]] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_node_id: _Optional[int] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., random: _Optional[bool] = ..., mutating: _Optional[bool] = ..., non_recomputable: _Optional[bool] = ..., source: _Optional[str] = ..., output_indices: _Optional[_Iterable[int]] = ..., rng_shape_only: _Optional[bool] = ..., body: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., accumulates_gradient: _Optional[bool] = ...) -> None: ...
+    autocast_cast_back: bool
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[int]] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[NamedArgument, _Mapping]]] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_node_id: _Optional[int] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., random: _Optional[bool] = ..., mutating: _Optional[bool] = ..., non_recomputable: _Optional[bool] = ..., source: _Optional[str] = ..., output_indices: _Optional[_Iterable[int]] = ..., rng_shape_only: _Optional[bool] = ..., body: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., accumulates_gradient: _Optional[bool] = ..., autocast_cast_back: _Optional[bool] = ...) -> None: ...
 
 class GraphInput(_message.Message):
     __slots__ = ("value_id", "name", "gradient_of", "user_input_position", "argument_name")

@@ -49,6 +49,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
   older file has it false, one timeline of `time_s`, as before: nothing to fill.
 - 1.9 -> 1.10: nodes gained `accumulates_gradient`; an older file has none marked,
   so a runtime runs every sum of a gradient's parts, as before: nothing to fill.
+- 1.10 -> 1.11: nodes gained `autocast_cast_back`; an older file has none marked, so a
+  runtime runs every cast back of an autocast cast's gradient, as before: nothing to fill.
 """
 
 from __future__ import annotations

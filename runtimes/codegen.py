@@ -47,7 +47,7 @@ from remat_ir.ir.memory import allocated_bytes, is_view, snapshot_buffers
 
 from remat_ir.ir.rng import plan_rng
 
-from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument
+from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument, torch_dtype
 
 from .compiled import EAGER_OPS, Region, check_backend, output_positions
 from .gradient_parts import Handovers, handovers
@@ -116,6 +116,9 @@ class SegmentPlan:
     gradient_groups: list[list[int]] = field(default_factory=list)
     # per group, per entry, the user outputs (positions) whose tangents what it yields reads
     gradient_sources: list[list[frozenset[int]]] = field(default_factory=list)
+    # resident slot -> dtype of autocast's cached cast of it: the backward yields that
+    # cast's gradient for the slot (`gradient_parts`), to be handed to the block's cast
+    autocast_casts: dict[int, torch.dtype] = field(default_factory=dict)
     # per resident slot, the group during whose run the backward last reads it (-1: never)
     last_read_group: list[int] = field(default_factory=list)
     forward_source: str = ""
@@ -347,7 +350,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     points = release_points(graph, schedule, grads, gradient_groups, resident, reads)
     # Timed or compiled steps keep the graph's sums (timing prices the add where the graph
     # has it; Inductor regions make no bitwise promise).
-    parts = handovers(graph, schedule, grads) if tick is None and regions is None else Handovers()
+    parts = (handovers(graph, schedule, grads, casts=gathered is None)
+             if tick is None and regions is None else Handovers())
     whole = [None if slot in parts.slots else v for slot, v in enumerate(grads)]
     drops = _aliases_to_drop(graph, schedule, points, whole)
     yields = _yield_points(points, parts, whole)
@@ -371,6 +375,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        buffers_read_in_backward=read_in_backward, gradient_groups=groups,
                        gradient_sources=[[sources(v) for _, v in entries] for _, entries in yields],
                        last_read_group=last_read_group, regions=regions or [],
+                       autocast_casts={slot: torch_dtype(d) for slot, d in parts.casts.items()},
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
 

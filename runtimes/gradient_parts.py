@@ -16,14 +16,20 @@ eager. Memory is the graph's: the buffer holds the running sum the add would hav
 and the contributions are freed where the schedule frees them. The gradient's own slot
 is still handed over (as None) where the plain gradient would leave, so that autograd
 finishes the tensor's gradient (hooks, an optimizer step in a post-accumulate hook)
-only once the backward no longer reads the tensor (`codegen.release_points`)."""
+only once the backward no longer reads the tensor (`codegen.release_points`).
+
+A parameter's gradient that casts back the gradient of autocast's cached cast
+(`Node.autocast_cast_back`) is handed over before that cast: the cast back does not run,
+and its input (or the parts of its chain) goes to the node standing for the block's
+cached cast (`autocast_anchors`), which casts back once, after every call of the block
+has handed its parts, as eager's cache does (`Handovers.casts`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from remat_ir.ir import Graph, pb
-from remat_ir.ir.gradient_sums import gradient_chains
+from remat_ir.ir.gradient_sums import cast_backs, chain, gradient_chains
 
 
 @dataclass
@@ -38,15 +44,20 @@ class Handovers:
     unmade: set[int] = field(default_factory=set)
     #: Resident slots whose gradient leaves in parts (their own hand-over yields None).
     slots: set[int] = field(default_factory=set)
+    #: Resident slot -> IR dtype of autocast's cast whose gradient its parts are: the
+    #: runtime hands them to that cast's node, not to the tensor.
+    casts: dict[int, int] = field(default_factory=dict)
 
 
-def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None]) -> Handovers:
+def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
+              casts: bool = True) -> Handovers:
     """The hand-overs for `schedule` (`grads`: per resident slot, its gradient output
-    value or None). A chain is handed over in parts only where the schedule computes
-    each of its sums once in the backward and only frees (never moves) their results,
-    and nothing else reads them; otherwise its gradient leaves whole, as computed."""
+    value or None; `casts`: hand cast backs' inputs over too). A chain is handed over in
+    parts only where the schedule computes each of its sums (and the cast back) once in
+    the backward and only frees (never moves) their results, and nothing else reads
+    them; otherwise its gradient leaves whole, as computed."""
     result = Handovers()
-    outputs = graph.output_value_ids
+    outputs = set(graph.output_value_ids)
     steps = schedule.steps
     computed: dict[int, list[int]] = {}
     touched: dict[int, list[str]] = {}
@@ -56,21 +67,45 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None]) -> H
             computed.setdefault(s.compute, []).append(k)
         else:
             touched.setdefault(getattr(s, action), []).append(action)
-    chains = gradient_chains(graph)
-    for slot, gradient in enumerate(grads):
-        if gradient not in chains:
-            continue
-        nodes, parts = chains[gradient]
-        sums = [graph.node(n).outputs[0] for n in nodes]
+
+    def once(nodes: list[int], values: list[int]) -> list[int] | None:
+        """Each node's backward step, if each runs once there and its value is only freed."""
         where = [computed.get(n, []) for n in nodes]
         if (any(len(w) != 1 or w[0] < schedule.backward_start for w in where)
-                or any(a != "free" for v in sums for a in touched.get(v, []))
-                or any(v in outputs for v in sums[:-1])):
-            continue
+                or any(a != "free" for v in values for a in touched.get(v, []))):
+            return None
+        return [w[0] for w in where]
+
+    def hand(slot: int, nodes: list[int], parts: list[int], ks: list[int]) -> None:
         result.slots.add(slot)
-        result.unmade.update(sums)
-        for i, (k,) in enumerate(where):
+        result.unmade.update(graph.node(n).outputs[0] for n in nodes)
+        for i, k in enumerate(ks):
             result.skipped.add(k)
             arriving = parts[: 2] if i == 0 else [parts[i + 1]]
             result.at.setdefault(k, []).extend((slot, v) for v in arriving)
+
+    chains = gradient_chains(graph)
+    backs = cast_backs(graph) if casts else {}
+    for slot, gradient in enumerate(grads):
+        if gradient in backs:
+            back = backs[gradient]
+            low = graph.node(back).args[0].tensor
+            nodes, parts = chain(graph, low) or ([], [low])
+            sums = [graph.node(n).outputs[0] for n in nodes]
+            ks = once(nodes + [back], sums + [gradient])
+            if ks is None or graph.users(low) != [back] or outputs & {low, *sums}:
+                continue
+            hand(slot, nodes, parts, ks[:-1])
+            result.casts[slot] = graph.value(low).dtype
+            result.unmade.add(gradient)
+            result.skipped.add(ks[-1])
+            if not nodes:   # one reader: its gradient is the cast's, at the cast back's step
+                result.at.setdefault(ks[-1], []).append((slot, low))
+        elif gradient in chains:
+            nodes, parts = chains[gradient]
+            sums = [graph.node(n).outputs[0] for n in nodes]
+            ks = once(nodes, sums)
+            if ks is None or outputs & set(sums[:-1]):
+                continue
+            hand(slot, nodes, parts, ks)
     return result

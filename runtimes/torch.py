@@ -37,6 +37,7 @@ from remat_ir.ir.simulator import check
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.types import constant_tensor, describe_layout, same_layout, torch_dtype
 
+from . import autocast_anchors
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .fsdp import StepUnits, Units, check_gathered, is_sharded_class
@@ -277,12 +278,18 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
     if not taking:  # nothing needs a gradient: no backward
         outputs, step.outputs = step.outputs, None
         return tuple(outputs)
+    # What each slot's gradient is handed to: the tensor, or the block's autocast cast of it.
+    receivers = list(step.resident)
+    cast_slots = [s for s in runner.plan.autocast_casts if receivers[s].requires_grad]
+    for s, made in zip(cast_slots, autocast_anchors.casts(
+            [receivers[s] for s in cast_slots], [runner.plan.autocast_casts[s] for s in cast_slots])):
+        receivers[s] = made
     token = None
     for i in reversed(taking[1:]):  # made last-first: autograd runs them first-last
-        token = _Gradients.apply(step, i, i == taking[-1], token, *(step.resident[s] for s in groups[i]))
+        token = _Gradients.apply(step, i, i == taking[-1], token, *(receivers[s] for s in groups[i]))
     first = taking[0]
     return _Outputs.apply(step, first, first == taking[-1], token,
-                          *(step.resident[s] for s in groups[first]))
+                          *(receivers[s] for s in groups[first]))
 
 
 class _Runner:

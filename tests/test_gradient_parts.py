@@ -106,7 +106,7 @@ def test_parts_are_handed_over_where_the_graph_adds_them():
     assert all(f"v{n.outputs[0]} = " not in plan.backward_source for n in sums)
 
 
-@pytest.mark.parametrize("how", ["skip", "same"])
+@pytest.mark.parametrize("how", ["skip", "same", "hidden"])
 @search(10, derandomize=True)
 @given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 3, 64]),
        autocast=st.sampled_from([None, torch.bfloat16]))
@@ -114,11 +114,10 @@ def test_random_networks_read_outside_their_module_match_eager_under_random_sche
         how, program, seed, groups, autocast):
     """Random networks read their input in several ops: its gradient is a chain of sums,
     handed over in parts under random valid schedules and gradient groups, and added to
-    the contributions from outside (a read after the block, a second call) like eager's."""
-    if how == "same" and autocast is not None:
-        # Two calls in one autocast region: eager casts a weight once for both (its cache
-        # lives as long as the region), the module once per call: not replicated (README).
-        autocast = None
+    the contributions from outside (a read after the block, a second call) like eager's.
+    Under autocast, two calls read one cast of each weight and of the input (eager's cache
+    lives as long as the block), and hidden states that are not a leaf are cast per reader
+    (`runtimes/autocast_anchors.py`)."""
     width = 6
     torch.manual_seed(0)
     block = RandomNet(program, width)
@@ -129,7 +128,7 @@ def test_random_networks_read_outside_their_module_match_eager_under_random_sche
 
     with forward_context(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        graph = lower_torch(block, (x,), cost_model="flops")
+        graph = lower_torch(block, (torch.tanh(x) if how == "hidden" else x,), cost_model="flops")
     if any("also used otherwise" in str(w.message) for w in caught):
         event("autocast cache not replicated (warned)")  # as in test_differential
         return
@@ -143,6 +142,8 @@ def test_random_networks_read_outside_their_module_match_eager_under_random_sche
         def forward(self, x):
             if how == "same":
                 return self.block(x).sum() + self.block(x).pow(2).sum()
+            if how == "hidden":
+                return self.block(torch.tanh(x)).pow(2).sum()
             return (self.block(x) + x * 3).pow(2).sum()
 
     torch.manual_seed(0)

@@ -159,6 +159,23 @@ def autocast_cache() -> bool:
     return not autocast_state() or torch.is_autocast_cache_enabled()
 
 
+def autocast_caches(tensor: torch.Tensor) -> bool:
+    """Whether autocast's cache would keep `tensor`'s cast for the rest of the block, for
+    every reader: a float32 leaf (not a view) that requires a gradient, as eager's
+    `cached_cast` decides. Any other tensor is cast once per reader."""
+    return (tensor.dtype == torch.float32 and tensor.requires_grad and tensor.is_leaf
+            and not tensor._is_view())
+
+
+def uncached_under_autocast(tensor: torch.Tensor) -> bool:
+    """Whether autocast, active now with its cache on, would cast `tensor` (float32, needing
+    a gradient) once per reader where it casts a leaf once: one that is not a leaf (hidden
+    states from a layer outside the module). The trace must know it (a signature
+    difference): its gradient is summed otherwise."""
+    return (tensor.dtype == torch.float32 and tensor.requires_grad and bool(autocast_state())
+            and torch.is_autocast_cache_enabled() and not autocast_caches(tensor))
+
+
 @contextlib.contextmanager
 def entered_autocast(state: tuple[tuple[str, str], ...]):
     """The autocast contexts `state` (as `autocast_state` gives it) describes, entered."""
@@ -175,12 +192,14 @@ def describe_input(leaf) -> str:
     the signature because the trace holds it: a `view` lowered for one layout fails on
     another, and the plan's copies and costs were made for it. So does whether the tensor
     requires a gradient ('... requires_grad'): the graph computes a gradient for it only if
-    it did when traced."""
+    it did when traced; and, under autocast with its cache, whether autocast casts it once
+    or per reader ('... requires_grad non-leaf', `uncached_under_autocast`)."""
     if isinstance(leaf, torch.Tensor):
         layout = describe_layout(leaf)
         return (f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
                 + (f" {layout}" if layout != "contiguous" else "")
-                + (" requires_grad" if leaf.requires_grad else ""))
+                + (" requires_grad" if leaf.requires_grad else "")
+                + (" non-leaf" if uncached_under_autocast(leaf) else ""))
     return repr(leaf)
 
 
