@@ -280,10 +280,13 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
         return tuple(outputs)
     # What each slot's gradient is handed to: the tensor, or the block's autocast cast of it.
     receivers = list(step.resident)
-    cast_slots = [s for s in runner.plan.autocast_casts if receivers[s].requires_grad]
-    for s, made in zip(cast_slots, autocast_anchors.casts(
-            [receivers[s] for s in cast_slots], [runner.plan.autocast_casts[s] for s in cast_slots])):
-        receivers[s] = made
+    if runner.cast_groups:
+        dtypes = runner.plan.autocast_casts
+        slots = [[s for s in group if receivers[s].requires_grad] for group in runner.cast_groups]
+        made = autocast_anchors.casts([[(receivers[s], dtypes[s]) for s in group] for group in slots])
+        for group, casts in zip(slots, made):
+            for s, cast in zip(group, casts):
+                receivers[s] = cast
     token = None
     for i in reversed(taking[1:]):  # made last-first: autograd runs them first-last
         token = _Gradients.apply(step, i, i == taking[-1], token, *(receivers[s] for s in groups[i]))
@@ -310,6 +313,14 @@ class _Runner:
         #: Resident slots the backward segment reads (`_Step.versions` watches them).
         self.read_in_backward = [slot for slot, group in enumerate(self.plan.last_read_group)
                                  if group >= 0]
+        #: The slots whose gradient goes to the block's autocast cast of them
+        #: (`autocast_anchors`), grouped by the gradient group that finishes them: one
+        #: autograd node per group casts them back.
+        finished = {s: i for i, group in enumerate(self.plan.gradient_groups) for s in group}
+        by_group: dict[int, list[int]] = {}
+        for s in self.plan.autocast_casts:
+            by_group.setdefault(finished[s], []).append(s)
+        self.cast_groups = [by_group[i] for i in sorted(by_group)]
         #: Per user output, the strides its tangent was traced with (None: no tangent).
         self.tangent_strides = [None if t is None else _traced_strides(graph.value(t))
                                 for t in self.plan.tangents]
