@@ -89,11 +89,14 @@ def _rebuild(node: torch.fx.Node, graph: torch.fx.Graph, low: dict) -> torch.fx.
     return add_call(graph, node.meta, _aten.add.Tensor, (a, b))
 
 
-def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] = frozenset()
-                         ) -> int:
+def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] = frozenset(),
+                         mixed: list[str] | None = None) -> int:
     """Rewrite `module`'s joint graph in place and mark the cast backs (module docstring);
     returns how many primals now have one autocast cast instead of several. `uncached`:
-    the flat indices of user inputs that eager casts per reader (not leaves)."""
+    the flat indices of user inputs that eager casts per reader (not leaves). `mixed`
+    gets the graph input names of primals cast by the call's autocast and also read otherwise: their
+    cast back stays in the graph, so a second call in one block sums otherwise than
+    eager (the runtime warns then)."""
     graph = module.graph
     output = next(n for n in graph.nodes if n.op == "output")
     descs = output.meta.get("desc") or []
@@ -132,6 +135,8 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
                            and leaf.meta.get("seq_nr") in seqs for leaf in leaves)
                    and len({leaf.meta.get("seq_nr") for leaf in leaves}) == len(leaves))
         if not matched or len(primal.users) != len(casts):
+            if mixed is not None and regions[0] is None:
+                mixed.append(getattr(grad_of, "target", None) or f"input{grad_of.idx}")
             if len(casts) == 1:
                 continue
             warnings.warn(f"{_name(desc)} is cast by autocast for several ops and also used "

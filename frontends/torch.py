@@ -650,6 +650,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     without_onednn = _lstm_without_onednn(exported)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+    mixed: list[str] = []   # cast by autocast and read otherwise (`share_autocast_casts`)
     with contextlib.ExitStack() as stack:
         # Eager's backward runs outside autocast (as PyTorch recommends calling it), in the
         # dtypes of the forward's casts; AOTAutograd would otherwise trace it under the
@@ -679,7 +680,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             leaves = pytree.tree_leaves((args, kwargs))
             share_autocast_casts(joint.graph_module, frozenset(
                 i for i, leaf in enumerate(leaves)
-                if isinstance(leaf, torch.Tensor) and uncached_under_autocast(leaf)))
+                if isinstance(leaf, torch.Tensor) and uncached_under_autocast(leaf)), mixed)
         if split_dropouts:
             split_dropout(joint.graph_module)
         if copy_long_lived_views:
@@ -707,6 +708,10 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         graph.proto.metadata[key] = json.dumps(rows)
     if without_onednn:
         graph.proto.metadata["torch.lstm_without_onednn"] = "true"
+    if mixed:
+        # Cast by autocast and read otherwise: a second call in one autocast block is not
+        # summed like eager's (runtimes/autocast_anchors.py warns there).
+        graph.proto.metadata["torch.autocast_cast_and_read"] = json.dumps(mixed)
     # The signature a call must match to run this graph (runtimes/signatures.py): every
     # input leaf described (tensor shapes and dtypes, non-tensor values the trace baked in),
     # and the autocast state whose casts the trace holds.

@@ -30,6 +30,7 @@ between two of them is cast once per block, as in eager).
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 
 import torch
@@ -99,3 +100,29 @@ def casts(groups: list[list[tuple[torch.Tensor, torch.dtype]]]) -> list[list[tor
                     _BLOCK.casts[(id(tensor), dtype)] = (weakref.ref(tensor), cast)
         made.append(found)
     return made
+
+
+def warn_if_read_again(tensors: dict[str, torch.Tensor]) -> None:
+    """Warn if a call reads, in an autocast block where it was read before, a tensor that
+    autocast casts and the graph also reads otherwise (`tensors`: by graph input name; a
+    weight tied between an embedding and a head): its cast back stays in the graph, so
+    the calls' parts are summed in float32 where eager sums the cast's parts first, in
+    the autocast dtype (last bits may differ from eager's)."""
+    first = next(iter(tensors.values()), None)
+    if first is None:
+        return
+    _BLOCK.current(first.device)
+    again = []
+    for name, tensor in tensors.items():
+        held = _BLOCK.casts.get((id(tensor), None))
+        if held is not None and held[0]() is tensor:
+            again.append(name)
+        else:
+            _BLOCK.casts[(id(tensor), None)] = (weakref.ref(tensor), None)
+    if again:
+        warnings.warn(f"{', '.join(again[:3])}{' and more' if len(again) > 3 else ''}: read again "
+                      f"in one `torch.autocast` block (a scheduled module called again in "
+                      f"it) both through autocast's cast and directly, its gradient is summed "
+                      f"in float32 where eager sums the cast's parts in the autocast dtype "
+                      f"first (last bits may differ from eager's); one call per autocast block "
+                      f"is bitwise", stacklevel=7)  # the caller of the module

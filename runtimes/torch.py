@@ -283,10 +283,14 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
     if runner.cast_groups:
         dtypes = runner.plan.autocast_casts
         slots = [[s for s in group if receivers[s].requires_grad] for group in runner.cast_groups]
-        made = autocast_anchors.casts([[(receivers[s], dtypes[s]) for s in group] for group in slots])
+        made = autocast_anchors.casts([[(receivers[s], dtypes[s]) for s in group]
+                                       for group in slots])
         for group, casts in zip(slots, made):
             for s, cast in zip(group, casts):
                 receivers[s] = cast
+    if runner.cast_and_read:
+        autocast_anchors.warn_if_read_again({runner.graph.proto.inputs[i].name: receivers[s]
+                                             for i, s in runner.cast_and_read})
     token = None
     for i in reversed(taking[1:]):  # made last-first: autograd runs them first-last
         token = _Gradients.apply(step, i, i == taking[-1], token, *(receivers[s] for s in groups[i]))
@@ -321,6 +325,13 @@ class _Runner:
         for s in self.plan.autocast_casts:
             by_group.setdefault(finished[s], []).append(s)
         self.cast_groups = [by_group[i] for i in sorted(by_group)]
+        #: Tensors autocast casts but the graph also reads otherwise: their cast back stays
+        #: in the graph (a second call in one block is warned about).
+        #: (graph input index, resident slot) of each.
+        names = set(json.loads(graph.proto.metadata.get("torch.autocast_cast_and_read", "[]")))
+        self.cast_and_read = [(i, self.plan.resident.index(e.value_id))
+                              for i, e in enumerate(graph.proto.inputs)
+                              if e.name in names and e.value_id in self.plan.resident]
         #: Per user output, the strides its tangent was traced with (None: no tangent).
         self.tangent_strides = [None if t is None else _traced_strides(graph.value(t))
                                 for t in self.plan.tangents]
