@@ -289,7 +289,7 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
             for s, cast in zip(group, casts):
                 receivers[s] = cast
     if runner.cast_and_read:
-        autocast_anchors.warn_if_read_again({runner.graph.proto.inputs[i].name: receivers[s]
+        autocast_anchors.warn_if_read_again({runner.graph.proto.inputs[i].name: step.resident[s]
                                              for i, s in runner.cast_and_read})
     token = None
     for i in reversed(taking[1:]):  # made last-first: autograd runs them first-last
@@ -325,9 +325,9 @@ class _Runner:
         for s in self.plan.autocast_casts:
             by_group.setdefault(finished[s], []).append(s)
         self.cast_groups = [by_group[i] for i in sorted(by_group)]
-        #: Tensors autocast casts but the graph also reads otherwise: their cast back stays
-        #: in the graph (a second call in one block is warned about).
-        #: (graph input index, resident slot) of each.
+        #: (graph input index, resident slot) of each tensor autocast casts that the graph
+        #: also reads otherwise: its cast back stays in the graph (a second call in one
+        #: block is warned about).
         names = set(json.loads(graph.proto.metadata.get("torch.autocast_cast_and_read", "[]")))
         self.cast_and_read = [(i, self.plan.resident.index(e.value_id))
                               for i, e in enumerate(graph.proto.inputs)
