@@ -94,9 +94,9 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
     """Rewrite `module`'s joint graph in place and mark the cast backs (module docstring);
     returns how many primals now have one autocast cast instead of several. `uncached`:
     the flat indices of user inputs that eager casts per reader (not leaves). `mixed`
-    gets the graph input names of primals cast by the call's autocast and also read otherwise: their
-    cast back stays in the graph, so a second call in one block sums otherwise than
-    eager (the runtime warns then)."""
+    gets the graph input names of primals cast by the call's autocast and also read
+    otherwise: their cast back stays in the graph, so a second call in one block sums
+    otherwise than eager (the runtime warns then)."""
     graph = module.graph
     output = next(n for n in graph.nodes if n.op == "output")
     descs = output.meta.get("desc") or []

@@ -15,6 +15,8 @@ cast back's input (`cast_backs`)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from . import remat_ir_pb2 as pb
 from .graph import Graph
 
@@ -49,28 +51,29 @@ def chain(graph: Graph, gradient: int) -> tuple[list[int], list[int]] | None:
     return nodes[::-1], [value] + arriving[::-1]
 
 
+def _handed_whole(graph: Graph) -> list[int]:
+    """The gradient outputs a runtime may hand over otherwise than as computed: each output
+    once and read by no node."""
+    times = Counter(o.value_id for o in graph.proto.outputs)
+    return [o.value_id for o in graph.proto.outputs
+            if o.role in GRADIENT_ROLES and times[o.value_id] == 1 and not graph.users(o.value_id)]
+
+
 def gradient_chains(graph: Graph) -> dict[int, tuple[list[int], list[int]]]:
     """Gradient output value -> (its chain's sum nodes, first to last; its parts in
     arrival order), for each gradient output that is made by such a chain, is output
     once and read by no node."""
-    outputs = [o.value_id for o in graph.proto.outputs]
     chains = {}
-    for o in graph.proto.outputs:
-        if o.role in GRADIENT_ROLES and outputs.count(o.value_id) == 1 and not graph.users(o.value_id):
-            found = chain(graph, o.value_id)
-            if found is not None:
-                chains[o.value_id] = found
+    for value in _handed_whole(graph):
+        found = chain(graph, value)
+        if found is not None:
+            chains[value] = found
     return chains
 
 
 def cast_backs(graph: Graph) -> dict[int, int]:
     """Gradient output value -> the cast back node that makes it, for each gradient output
     made by one (`Node.autocast_cast_back`), output once and read by no node."""
-    outputs = [o.value_id for o in graph.proto.outputs]
-    found = {}
-    for o in graph.proto.outputs:
-        producer = graph.producer(o.value_id)
-        if (o.role in GRADIENT_ROLES and producer is not None and outputs.count(o.value_id) == 1
-                and not graph.users(o.value_id) and graph.node(producer).autocast_cast_back):
-            found[o.value_id] = producer
-    return found
+    producers = {value: graph.producer(value) for value in _handed_whole(graph)}
+    return {value: node for value, node in producers.items()
+            if node is not None and graph.node(node).autocast_cast_back}
