@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test soak gpu-check gpu-tests gpu-bench gpu-wheels bench bench-full zoo proto example clean
+.PHONY: demo test test-all soak gpu-check gpu-tests gpu-bench gpu-wheels bench bench-full zoo proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -24,7 +24,13 @@ demo: $(STAMP)
 	$(BIN)/remat-ir validate build/gpt2.rir
 	$(BIN)/python examples/train.py
 
+# test: what CI runs, near ten minutes on two cores. test-all adds the tests marked slow
+# (bigger models and more families for what test covers; tests/slow.py says which): run
+# it before a change to lowering, solvers or the runtime lands.
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
+
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # Search for bugs the suite's fixed samples miss: every property test (random graphs,

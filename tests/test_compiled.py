@@ -33,6 +33,7 @@ from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
 from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
+from slow import some_slow
 from random_networks import RandomNet, programs
 from strategies import search
 
@@ -68,7 +69,8 @@ def _known_gap(name: str, device: str) -> float:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", MODELS)
+#: GPT-2 compiled by Inductor stays in `make test` through the fused kernels' random schedule.
+@pytest.mark.parametrize("name", some_slow(MODELS, ["gpt2"]))
 def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name, device):
     """Gradients within 1e-5 of eager's, every compute step run once (in a region or as an
     eager line), no random node compiled, and the compiled step's measured peak within 5%

@@ -34,6 +34,7 @@ from remat_ir.runtimes.profiling import priced_for
 from remat_ir.solvers.offload import (REFINE_LEVELS, add_offloads, coarse_rungs, describe_link, idle_gaps,
                                      idle_recomputations, plan_with_offload, with_round_trips)
 
+from slow import some_slow
 import zoo
 import zoo_models
 from builders import chain
@@ -186,9 +187,12 @@ def test_recomputing_idle_values_is_never_worse_than_copies_alone(graph, share, 
 #: Models whose store-everything peak no offload lowers: the straight-through model's is a
 #: backward matmul (with buffer reuse) while every live activation is read there or next.
 NOTHING_IDLE_AT_PEAK = {"straight_through"}
+#: Swept at every budget in `make test` (`test_zoo.py`), so offloaded here only by
+#: `make test-all`.
+OFFLOADED_IN_TEST_ALL = ("whisper", "lora_gpt2", "llama", "vit", "bert")
 
 
-@pytest.mark.parametrize("name", list(zoo_models.ZOO))
+@pytest.mark.parametrize("name", some_slow(list(zoo_models.ZOO), OFFLOADED_IN_TEST_ALL))
 def test_zoo_offloaded_at_30_percent_is_exact(name):
     """Two plans per model at 30%: rematerialization with offloading (rotor, the fastest
     planner here; the default planner's plans are offloaded the same way,

@@ -38,6 +38,7 @@ from remat_ir.frontends.onnx import OnnxInputError, UnsupportedOps
 from remat_ir.frontends.torch import LoweringError
 from remat_ir.lowering import lower_onnx, lower_onnx_module
 from remat_ir.solvers import InfeasibleBudget, solve
+from slow import some_slow
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -409,7 +410,14 @@ def test_the_zoo_is_shipped_in_the_onnx_package():
     assert set(ZOO) == set(ZOO_AT_HALF) | set(ZOO_NOT_AT_HALF)
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
+#: Planned by `make test-all` alone: squeezenet, shufflenet and vgg19 stay in `make test`
+#: for the graphs planned at half, zfnet512 for those refused there.
+ZOO_PLANNED_IN_TEST_ALL = ("densenet121", "inception_v1", "inception_v2", "resnet50", "bvlc_alexnet")
+#: Trained by `make test-all` alone (squeezenet and shufflenet stay in `make test`).
+ZOO_TRAINED_IN_TEST_ALL = ("inception_v1", "resnet50")
+
+
+@pytest.mark.parametrize("name", some_slow(sorted(ZOO), ZOO_PLANNED_IN_TEST_ALL))
 def test_zoo_graph_lowers_and_solves(name):
     """The shipped weight-stripped graph (opset 9, each weight a ConstantOfShape, trained as
     a parameter), at batch 64 (vgg19: 1024): at batch 1, parameter gradients alone exceed
@@ -434,7 +442,7 @@ def test_zoo_graph_lowers_and_solves(name):
         assert result.peak_bytes <= reference.predicted_peak_bytes // 2 and result.recomputations > 0
 
 
-@pytest.mark.parametrize("name", ZOO_TRAINED)
+@pytest.mark.parametrize("name", some_slow(ZOO_TRAINED, ZOO_TRAINED_IN_TEST_ALL))
 def test_zoo_graph_with_weights_matches_onnxruntime_and_trains(name):
     model = om.with_random_weights(ZOO[name])
     module, (x,) = onnx_frontend.to_torch(model)

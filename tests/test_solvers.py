@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from builders import chain
+from slow import some_slow
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import search, training_graphs
@@ -174,6 +175,7 @@ def test_rotors_program_is_cautious_on_lowered_models(gpt2_graph):
         assert _assert_rotor_cautious(graph, [int(floor * (1 + k / 20)) for k in range(12)]) >= 3
 
 
+@pytest.mark.slow  # lowers and plans the quick benchmark's GPT-2
 def test_rotors_refusal_names_no_more_than_a_plan_it_makes():
     """A refusal names the smallest budget found, feasible when asked for. On the quick
     benchmark's GPT-2 the least-memory plan of rotor's program peaked at 32.8% of
@@ -254,7 +256,7 @@ def test_hiremates_refusal_names_no_more_than_rotors():
     assert floors["hiremate"] <= floors["rotor"]
 
 
-@pytest.mark.parametrize("n", [5, 8, 12])
+@pytest.mark.parametrize("n", some_slow([5, 8, 12], [12]))
 def test_hiremate_within_three_percent_of_checkmates_optimum_on_chains(n):
     graph, _ = chain(n, f_time=1.0, b_time=2.0)
     reference = ir.store_all(graph).predicted_peak_bytes

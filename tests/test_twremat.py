@@ -197,6 +197,7 @@ def test_hiremate_takes_twremats_plans_of_its_clusters_as_options():
     assert not [m for m in messages if "failed" in m]
 
 
+@pytest.mark.slow  # a 60 s plan of the benchmarks' U-Net: a regression test of one fallback
 def test_hiremate_where_no_h_ilp_plan_fits_is_no_slower_than_twremat():
     """Where no plan of the H-ILP fits the budget, hiremate's fallback (its least-memory
     plan, the heuristics) gives a floor plan, even when that plan is not slow: TW-remat's
