@@ -35,7 +35,7 @@ from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.hooks import HookWatch
-from remat_ir.torchlib.types import constant_tensor, describe_layout, same_layout, torch_dtype
+from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, same_layout, torch_dtype
 
 from . import autocast_anchors
 from .compiled import check_backend
@@ -213,8 +213,11 @@ def _as_traced(grad: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Ten
     """An output's gradient laid out as the graph's tangent was traced: the backward's
     views assume those strides (the gradient of a transposed output, `nn.MultiheadAttention`'s
     with batch_first, arrives laid out like it, and the graph's `view` of it failed).
-    AOTAutograd's own runtime wrapper makes the same copy."""
-    if strides is None or same_layout(grad, grad.shape, strides):
+    AOTAutograd's own runtime wrapper makes the same copy. Not into a layout that overlaps
+    (an output that is `Tensor.unfold(..., step < size)`): a copy there keeps one of the
+    gradients of the elements sharing memory (a bias gradient 1.35x off eager's, silently).
+    Its reader then gets the gradient as eager's backward does, as it arrives."""
+    if strides is None or same_layout(grad, grad.shape, strides) or overlaps(grad.shape, strides):
         return grad
     return torch.empty_strided(grad.shape, strides, dtype=grad.dtype, device=grad.device).copy_(grad)
 

@@ -224,6 +224,18 @@ def same_layout(tensor: torch.Tensor, shape, stride) -> bool:
     return all(a == s for a, s, n in zip(actual, stride, shape) if n > 1)
 
 
+def overlaps(shape, stride) -> bool:
+    """Whether a layout may map two indices to one element (`Tensor.unfold` with a step
+    below its size, `as_strided`, `expand`): a tensor laid out so cannot hold arbitrary
+    values. Conservative: a layout whose dimensions interleave counts as overlapping."""
+    extent = 0
+    for n, s in sorted(((n, s) for n, s in zip(shape, stride) if n > 1), key=lambda d: d[1]):
+        if s <= extent:
+            return True
+        extent += (n - 1) * s
+    return False
+
+
 def argument_name(path) -> str:
     """The caller's name for the leaf at pytree key `path` of (args, kwargs): 'input_ids',
     'pixel_values[0]', or 'args[1]' for positional argument 1. Signatures name arguments
