@@ -160,6 +160,14 @@ def _eager_kernels():
                 if kernel is not None:
                     taken.append((op, key, kernel))
                     op._dispatch_cache.clear()
+    onednn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    lstm = torch.ops.aten.lstm.input
+    if onednn:
+        for key in keys:
+            if (kernel := lstm.py_kernels.get(key)) is not None:
+                taken.append((lstm, key, kernel))
+                lstm.py_kernels[key] = _refusing_onednn_lstms(kernel)
+                lstm._dispatch_cache.clear()
     # The GRU's CPU code computes other bits once traced; its Python version does not.
     for op, kernel in gru_kernels.KERNELS.items():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
@@ -173,6 +181,33 @@ def _eager_kernels():
         for op, key, kernel in taken:
             op.py_kernels[key] = kernel
             op._dispatch_cache.clear()
+
+
+def _refusing_onednn_lstms(decomposition):
+    """`aten.lstm.input`'s Python kernel, raising `LoweringError` where eager runs oneDNN's
+    LSTM and the kernel would not: eager's CPU LSTM uses oneDNN whenever it is on (float32,
+    or bfloat16 where oneDNN supports it, no projections), and PyTorch's decomposition
+    takes its plain path when the input needs a gradient. The step then trained with
+    gradients about 2e-7 off eager's, silently (an op sweep found it). Where the input
+    needs none, the decomposition takes oneDNN's inference layer, refused after tracing
+    (`_check_rnn_workspaces`)."""
+    def kernel(input, hx, params, *rest):
+        tensors = [input, *hx, *params]
+        eager_onednn = (all(t.device.type == "cpu" for t in tensors) and input.numel() > 0
+                        and hx[0].size(2) == hx[1].size(2)
+                        and (input.dtype == torch.float32 or input.dtype == torch.bfloat16
+                             and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+        if eager_onednn and input.requires_grad:
+            stack = (torch.fx.traceback.get_current_meta() or {}).get("nn_module_stack") or {}
+            path = list(stack.values())[-1][0] if stack else ""
+            raise LoweringError(
+                f"torch.nn.LSTM{f' at {path}' if path else ''}: with oneDNN on, eager's CPU LSTM "
+                "runs oneDNN's kernels, while PyTorch traces an LSTM whose input needs a gradient "
+                "as plain ops, which compute other bits (gradients about 2e-7 off eager's). Lower "
+                "and train with oneDNN off: `with torch.backends.mkldnn.flags(enabled=False):` "
+                "around remat(...) and the training loop (then bitwise equal to eager run so)")
+        return decomposition(input, hx, params, *rest)
+    return kernel
 
 
 def _check_rnn_workspaces(graph: Graph) -> None:
@@ -661,6 +696,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             decompositions = FUSING_DECOMPOSITIONS if fusing else None
             joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs,
                                                       decompositions=decompositions)
+        except LoweringError:
+            raise
         except Exception as exc:
             first = str(exc).strip().splitlines()[0]
             if "convert all Tensors to FakeTensors" in first:

@@ -137,6 +137,21 @@ def test_an_lstm_traced_for_inference_is_refused_with_what_to_do():
         remat_ir.remat(_Lstm(), (torch.randn(3, 6, 8),), cost_model="flops", cache_dir=False)
 
 
+def test_an_lstm_whose_input_needs_a_gradient_with_onednn_on_is_refused_with_what_to_do():
+    """Eager runs oneDNN's LSTM; PyTorch's decomposition traces plain ops when the input
+    needs a gradient (a layer before it, an embedding): they trained 2e-7 off eager's,
+    silently. One error naming the module and oneDNN off."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not in this build: eager's LSTM runs the plain kernels too")
+    from remat_ir.frontends.torch import LoweringError
+
+    x = torch.randn(3, 6, 8, requires_grad=True)
+    with torch.backends.mkldnn.flags(enabled=True):
+        with pytest.raises(LoweringError, match=r"torch.nn.LSTM at rnn: .*input needs a gradient.*"
+                                                r"mkldnn.flags\(enabled=False\)"):
+            remat_ir.remat(_Lstm(), (x,), cost_model="flops", cache_dir=False)
+
+
 @pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
 @pytest.mark.parametrize("options", [{}, {"num_layers": 2, "bidirectional": True}], ids=["1-layer", "2-layers-bi"])
 def test_an_lstm_trains_bitwise_like_eager_with_onednn_off(options, solver):
