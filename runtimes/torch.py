@@ -209,6 +209,23 @@ class _Outputs(torch.autograd.Function):
         return (None, None, None, token, *grads)
 
 
+def _strides_to_keep(graph: Graph, tangent: int | None, backend: str) -> tuple[int, ...] | None:
+    """The strides an output's gradient must be copied to before the backward reads it, or
+    None where it is read as it arrives, as eager's backward reads it. Why: a gradient
+    laid out otherwise than traced (a plain `out.sum()` on a channels_last output arrives
+    contiguous, expanded) and copied to the traced layout sent the kernels reading it down
+    their other layout's path, which sums in another order (weight gradients 1e-7 to 3e-7
+    off eager's). Copied still: where a node views the gradient (its `view`s hold the
+    traced strides) and for compiled regions (Inductor's code is specialized to them)."""
+    if tangent is None:
+        return None
+    value = graph.value(tangent)
+    viewed = backend != "eager" or any(
+        graph.value(o).storage_id == value.storage_id
+        for node in graph.proto.nodes if tangent in node.inputs for o in node.outputs)
+    return _traced_strides(value) if viewed else None
+
+
 def _as_traced(grad: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
     """An output's gradient laid out as the graph's tangent was traced: the backward's
     views assume those strides (the gradient of a transposed output, `nn.MultiheadAttention`'s
@@ -335,9 +352,9 @@ class _Runner:
         self.cast_and_read = [(i, self.plan.resident.index(e.value_id))
                               for i, e in enumerate(graph.proto.inputs)
                               if e.name in names and e.value_id in self.plan.resident]
-        #: Per user output, the strides its tangent was traced with (None: no tangent).
-        self.tangent_strides = [None if t is None else _traced_strides(graph.value(t))
-                                for t in self.plan.tangents]
+        #: Per user output, the strides its tangent must have (None: no tangent, or it is
+        #: taken as it arrives: `_strides_to_keep`).
+        self.tangent_strides = [_strides_to_keep(graph, t, backend) for t in self.plan.tangents]
         # Outputs that are views of another output (frontend metadata, by flat position in
         # the output names): handed over without a gradient path, refused if one reaches them.
         said = json.loads(graph.proto.metadata.get("torch.aliased_outputs", "{}"))
