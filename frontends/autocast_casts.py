@@ -16,8 +16,10 @@ its first cast and every reader reads that one; the gradient becomes the same su
 (the same tree, so the same order autograd's accumulation gave) of the readers'
 gradients in the autocast dtype, cast to float32 once, as eager computes it. Casts a
 program writes itself (`w.to(torch.bfloat16)`) are not cached by eager and stay as
-they are. A primal read both through autocast casts and directly is left as traced,
-with a warning: eager's sum order there depends on when its cast's gradient arrives.
+they are. A primal read both through autocast casts and directly shares its casts too
+where the direct reads' gradient is one part (`_share_beside_one_direct_part`); with
+more parts it is left as traced, with a warning: eager's sum order there depends on
+when its cast's gradient arrives.
 So is a primal cast in several `torch.autocast` blocks inside the forward: eager's
 cache ends with each block, so it casts once per block and sums those in float32 (two
 blocks sharing one cast trained 2e-3 off eager's). An input that is not a leaf (`uncached`:
@@ -139,6 +141,9 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
                 mixed.append(getattr(grad_of, "target", None) or f"input{grad_of.idx}")
             if len(casts) == 1:
                 continue
+            if _share_beside_one_direct_part(graph, gradient, casts, seqs, order):
+                rewritten += 1
+                continue
             warnings.warn(f"{_name(desc)} is cast by autocast for several ops and also used "
                           "otherwise: its gradient is summed in float32 where eager sums part of "
                           "it in the autocast dtype (last bits may differ from eager's)", stacklevel=2)
@@ -167,6 +172,41 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
         graph.lint()
         module.recompile()
     return rewritten
+
+
+def _share_beside_one_direct_part(graph: torch.fx.Graph, gradient: torch.fx.Node, casts: list,
+                                  seqs: set, order: dict) -> bool:
+    """Share the casts of a primal also read directly, where its gradient is the sum of
+    its casts' cast backs and one part more (the direct reads'): eager sums the casts'
+    parts in the autocast dtype, casts back once and adds the direct part, and a sum of
+    two float32 terms is the same in either order, so this is eager's gradient bit for
+    bit wherever the direct part arrives. An input read by two products under bfloat16
+    and by `torch.cdist` (float32) had its gradient 3e-4 off eager's. Returns whether it
+    rewrote; with two direct parts or more their order against the cast's would matter."""
+    leaves: list = []
+    if not _sum_leaves(gradient, leaves):
+        return False
+    backs = [leaf for leaf in leaves if leaf.target is _aten._to_copy.default
+             and leaf.kwargs.get("dtype") is torch.float32 and leaf.meta.get("seq_nr") in seqs]
+    direct = [leaf for leaf in leaves if leaf not in backs]
+    if (len(backs) != len(casts) or len(direct) != 1
+            or len({leaf.meta.get("seq_nr") for leaf in backs}) != len(backs)):
+        return False
+    first = min(casts, key=order.__getitem__)
+    for cast in casts:
+        if cast is not first:
+            cast.replace_all_uses_with(first)
+            graph.erase_node(cast)
+    with gradient.meta["val"].fake_mode, graph.inserting_before(gradient):
+        total = backs[0].args[0]
+        for back in backs[1:]:   # in the order the trace accumulated them
+            total = add_call(graph, gradient.meta, _aten.add.Tensor, (total, back.args[0]))
+        cast_back = add_call(graph, gradient.meta, _aten._to_copy.default, (total,),
+                             dict(backs[0].kwargs))
+        whole = add_call(graph, gradient.meta, _aten.add.Tensor, (cast_back, direct[0]))
+    gradient.replace_all_uses_with(whole)
+    _erase_tree(graph, gradient)
+    return True
 
 
 def _primal_of(primals: list[torch.fx.Node], grad_of) -> torch.fx.Node | None:

@@ -113,9 +113,10 @@ def test_fp16_with_grad_scaler_trains_like_eager():
 
 class _SharedWeight(nn.Module):
     """One weight read by three matrix products (a weight shared between layers): cast
-    there by autocast, or by the program itself (`explicit`), or also read directly."""
+    there by autocast, or by the program itself (`explicit`), or also read directly
+    (`direct` reads in float32, each a part of its gradient)."""
 
-    def __init__(self, explicit: bool = False, direct: bool = False):
+    def __init__(self, explicit: bool = False, direct: int = 0):
         super().__init__()
         self.w = nn.Parameter(torch.randn(8, 8) / 3)
         self.explicit, self.direct = explicit, direct
@@ -123,18 +124,22 @@ class _SharedWeight(nn.Module):
     def forward(self, x):
         w = (lambda: self.w.to(torch.get_autocast_dtype("cpu"))) if self.explicit else (lambda: self.w)
         y = (((x @ w()).relu() @ w()).tanh() @ w()).float().square().sum()
-        return y + self.w.sum() if self.direct else y
+        reads = (self.w.sum(), self.w.square().sum())[:self.direct]
+        return y + sum(reads) if reads else y
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("explicit", [False, True], ids=["autocast_casts", "explicit_casts"])
-def test_a_weight_cast_for_several_ops_gets_eagers_gradient(dtype, explicit):
+@pytest.mark.parametrize("explicit, direct", [(False, 0), (True, 0), (False, 1)],
+                         ids=["autocast_casts", "explicit_casts", "and_read_directly"])
+def test_a_weight_cast_for_several_ops_gets_eagers_gradient(dtype, explicit, direct):
     """Eager casts the weight once (autocast's cache) and sums its readers' gradients in
     the autocast dtype; the trace casts it per reader and sums in float32 (up to 0.06
     off in bfloat16) unless the lowering shares the cast (`frontends/autocast_casts.py`).
-    Casts the program writes are not cached by eager and stay apart."""
+    Casts the program writes are not cached by eager and stay apart. A weight also read
+    directly once gets that part added after the cast back, in either order the same
+    bits (an input so read by two products and `torch.cdist`: 3e-4 off before)."""
     torch.manual_seed(0)
-    model, x = _SharedWeight(explicit), torch.randn(4, 8)
+    model, x = _SharedWeight(explicit, direct), torch.randn(4, 8)
     eager = copy.deepcopy(model)
     with torch.autocast("cpu", dtype=dtype):
         scheduled = remat_ir.remat(model, (x,), budget=None, solver="recompute-all", cost_model="flops")
@@ -150,10 +155,11 @@ def test_a_weight_cast_for_several_ops_gets_eagers_gradient(dtype, explicit):
         eager.w.grad = model.w.grad = None
 
 
-def test_a_weight_cast_by_autocast_and_read_directly_is_warned_about():
-    """Where the weight is also read directly, eager's sum order depends on when its
-    cached cast's gradient arrives: not replicated, and said so at lowering."""
-    model, x = _SharedWeight(direct=True), torch.randn(4, 8)
+def test_a_weight_cast_by_autocast_and_read_directly_twice_is_warned_about():
+    """Where the weight is also read directly for two parts of its gradient, eager's sum
+    order depends on when its cached cast's gradient arrives between them: not
+    replicated, and said so at lowering."""
+    model, x = _SharedWeight(direct=2), torch.randn(4, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="parameter 'w' is cast by autocast"):
         remat_ir.remat(model, (x,), budget=None, solver="recompute-all", cost_model="flops")
 
