@@ -5,8 +5,9 @@
 Two figures, written to benchmarks/results/autocast_casts.json:
 
 - time: per call, the runtime makes one zero-stride tensor per weight standing for the
-  block's bf16 cast (one autograd node per gradient group), and the backward casts the
-  summed gradient back through that node. Timed, interleaved round by round, against
+  block's bf16 cast (one autograd node per run of weights holding at most the largest
+  weight's bytes: with weights of one size, the worst case, a node per weight), and the
+  backward casts the summed gradient back through those nodes. Timed, interleaved round by round, against
   what the graph did before: cast each gradient back and hand it to the parameter.
   The difference is the cost of summing a module called twice in one block like eager.
   Both hand the gradients from one node, as the step's backward does (one group).
@@ -75,7 +76,8 @@ def _times(weights: int, size: int, rounds: int, calls: int) -> dict:
                 fn()
             seconds[name].append((time.perf_counter() - start) / calls)
     extra = [a - d for a, d in zip(seconds["anchored"], seconds["direct"])]
-    return {"weights": weights, "size": size, "rounds": rounds, "calls_per_round": calls,
+    nodes = len(autocast_anchors._chunks(list(range(weights)), [(p, torch.bfloat16) for p in params]))
+    return {"weights": weights, "nodes": nodes, "size": size, "rounds": rounds, "calls_per_round": calls,
             "anchored_ms": [s * 1e3 for s in seconds["anchored"]],
             "direct_ms": [s * 1e3 for s in seconds["direct"]],
             "extra_ms_median": statistics.median(extra) * 1e3,
