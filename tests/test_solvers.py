@@ -159,6 +159,7 @@ def test_rotors_program_is_cautious_on_a_graph_of_dead_ends():
     _assert_rotor_cautious(graph, [16])
 
 
+@pytest.mark.slow  # lowers a Llama; the random graphs above search the same property
 def test_rotors_program_is_cautious_on_lowered_models(gpt2_graph):
     """On lowered transformers (views, reshapes of the logits, parameter gradients returned
     as views), from recompute-all's least memory up, a plan found within a capacity peaks
