@@ -48,7 +48,7 @@ from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
-from . import gru_kernels
+from . import gru_kernels, prod_kernels
 from .errors import LoweringError
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
@@ -172,11 +172,19 @@ def _eager_kernels():
     for op, kernel in gru_kernels.KERNELS.items():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
         op._dispatch_cache.clear()
+    for op, kernel in prod_kernels.KERNELS.items():   # eager's prod backward, by value
+        if (old := op.py_kernels.get(prod_kernels.KEY)) is not None:
+            taken.append((op, prod_kernels.KEY, old))
+        op.py_kernels[prod_kernels.KEY] = kernel
+        op._dispatch_cache.clear()
     try:
         yield
     finally:
         for op in gru_kernels.KERNELS:
             op.py_kernels.pop(DispatchKey.CompositeImplicitAutograd, None)
+            op._dispatch_cache.clear()
+        for op in prod_kernels.KERNELS:
+            op.py_kernels.pop(prod_kernels.KEY, None)
             op._dispatch_cache.clear()
         for op, key, kernel in taken:
             op.py_kernels[key] = kernel
