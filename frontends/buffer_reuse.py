@@ -35,7 +35,7 @@ import torch
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, encode
-from remat_ir.ir.gradient_sums import gradient_chains
+from remat_ir.ir.gradient_sums import handed_sums
 from remat_ir.ir.rng import contiguous_strides
 
 from remat_ir.torchlib.types import op_name, resolve_op
@@ -97,7 +97,7 @@ def reuse_dying_inputs(graph: Graph, *, pointwise: bool = True) -> int:
         values_of.setdefault(value.storage_id, []).append(value)
     # The sums that make a gradient from its parts stay functional: the runtime may hand
     # the parts to autograd instead of running them (`ir.gradient_sums`).
-    sums = {n for nodes, _ in gradient_chains(graph).values() for n in nodes}
+    sums = handed_sums(graph)
     rewritten = 0
     for node in proto.nodes:
         if (node.phase != pb.BACKWARD or node.op not in REUSING_OPS or len(node.outputs) != 1

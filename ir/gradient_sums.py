@@ -71,6 +71,19 @@ def gradient_chains(graph: Graph) -> dict[int, tuple[list[int], list[int]]]:
     return chains
 
 
+def handed_sums(graph: Graph) -> set[int]:
+    """The sum nodes a runtime may hand over in parts instead of running: those of the
+    gradient outputs' chains and of the chains that end in a cast back's input. Passes
+    that rewrite nodes leave them as they are (an `out=` sum is no sum: the chain of a
+    weight that three products read under autocast broke there, and a module called
+    twice in one block summed its parts in another order, 7e-3 off eager's)."""
+    sums = {n for nodes, _ in gradient_chains(graph).values() for n in nodes}
+    for back in cast_backs(graph).values():
+        found = chain(graph, graph.node(back).args[0].tensor)
+        sums.update(found[0] if found else ())
+    return sums
+
+
 def cast_backs(graph: Graph) -> dict[int, int]:
     """Gradient output value -> the cast back node that makes it, for each gradient output
     made by one (`Node.autocast_cast_back`), output once and read by no node."""

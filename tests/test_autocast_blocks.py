@@ -20,20 +20,25 @@ from exactness import side_by_side
 
 
 class _Block(torch.nn.Module):
-    """Reads `b`'s weight twice (one cast for both) and its input in two products."""
+    """Reads `b`'s weight `reads` times (one cast for all) and its input in two products."""
 
-    def __init__(self, width: int = 16):
+    def __init__(self, width: int = 16, reads: int = 2):
         super().__init__()
         self.a, self.b = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+        self.reads = reads
 
     def forward(self, x):
         h = torch.tanh(self.a(x))
-        return torch.tanh(self.b(h)) + self.b(x)
+        for _ in range(self.reads - 1):
+            h = torch.tanh(self.b(h))
+        return h + self.b(x)
 
 
 class _Uses(torch.nn.Module):
     """Calls `block` as training loops do, `how`:
     "views": twice in one block (two augmented views, multi-crop);
+    "thrice": the same, `block` reading its weight three times (the sum of its parts then
+    wrote into its first part's buffer, which broke the chain of parts: 7e-3 off);
     "blocks": once in each of two autocast blocks, one backward (eager casts twice);
     "cleared": twice in one block with `torch.clear_autocast_cache()` between;
     "hidden": once, on hidden states from a layer outside (not a leaf: cast per reader);
@@ -41,7 +46,8 @@ class _Uses(torch.nn.Module):
 
     def __init__(self, how: str, width: int = 16):
         super().__init__()
-        self.how, self.block, self.embed = how, _Block(width), torch.nn.Linear(width, width)
+        self.how, self.embed = how, torch.nn.Linear(width, width)
+        self.block = _Block(width, reads=3 if how == "thrice" else 2)
         self.other = _Block(width)
         self.other.a.weight = self.block.a.weight
 
@@ -60,7 +66,7 @@ class _Uses(torch.nn.Module):
             return y + self.block(x2).float().sum()
 
 
-@pytest.mark.parametrize("how", ["views", "blocks", "cleared", "hidden", "tied"])
+@pytest.mark.parametrize("how", ["views", "thrice", "blocks", "cleared", "hidden", "tied"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
 def test_autocast_casts_a_weight_once_per_block_as_eager(how, dtype, solver):
