@@ -42,6 +42,7 @@ import warnings
 import torch
 import torch.fx
 
+from .errors import LoweringError
 from .fx_nodes import add_call
 
 _aten = torch.ops.aten
@@ -207,6 +208,31 @@ def _share_beside_one_direct_part(graph: torch.fx.Graph, gradient: torch.fx.Node
     gradient.replace_all_uses_with(whole)
     _erase_tree(graph, gradient)
     return True
+
+
+#: Ops traced whole whose eager kernel calls ops autocast casts (`_trilinear`, which
+#: `nn.Bilinear` runs: its products go through `bmm`): under autocast eager computes those
+#: in the autocast dtype, while the graph runs the op as one kernel, outside autocast.
+CAST_INSIDE = {_aten._trilinear.default: "torch.nn.Bilinear (aten._trilinear)"}
+
+
+def check_ops_cast_inside(module: torch.fx.GraphModule, model: str) -> None:
+    """LoweringError naming a forward op of `CAST_INSIDE` that runs under the call's
+    autocast (call under autocast only). Why: its output and gradients were 6e-3 relative
+    off eager's, silently (an op sweep under bfloat16 found `nn.Bilinear`)."""
+    for node in module.graph.nodes:
+        name = CAST_INSIDE.get(node.target)
+        if (name is None or node.meta.get("partitioner_tag") == "is_backward"
+                or _region(node) is not None):
+            continue
+        path = list((node.meta.get("nn_module_stack") or {"": ("", None)}).values())[-1][0]
+        where = f" at {path}" if path else ""
+        raise LoweringError(
+            f"{name}{where} in {model}: under autocast, eager computes the products inside this "
+            "op in the autocast dtype, and the traced graph runs it as one op outside autocast, "
+            "which gives other results. Run it with autocast off "
+            "(`with torch.autocast(device_type, enabled=False):` around the call, inputs cast "
+            "to float32), or outside the module given to remat")
 
 
 def _primal_of(primals: list[torch.fx.Node], grad_of) -> torch.fx.Node | None:

@@ -43,7 +43,7 @@ from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import is_view
 
-from .autocast_casts import CAST_BACK, share_autocast_casts
+from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .autograd_functions import FunctionError, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
@@ -721,6 +721,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         if problem is not None:
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)
+        if autocast_state():
+            check_ops_cast_inside(joint.graph_module, type(model).__name__)
         if torch.is_autocast_cache_enabled():   # off, eager casts once per reader, as traced
             leaves = pytree.tree_leaves((args, kwargs))
             share_autocast_casts(joint.graph_module, frozenset(
