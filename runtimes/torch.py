@@ -220,9 +220,8 @@ def _strides_to_keep(graph: Graph, tangent: int | None, backend: str) -> tuple[i
     if tangent is None:
         return None
     value = graph.value(tangent)
-    viewed = backend != "eager" or any(
-        graph.value(o).storage_id == value.storage_id
-        for node in graph.proto.nodes if tangent in node.inputs for o in node.outputs)
+    viewed = backend != "eager" or any(graph.value(o).storage_id == value.storage_id
+                                       for n in graph.users(tangent) for o in graph.node(n).outputs)
     return _traced_strides(value) if viewed else None
 
 
