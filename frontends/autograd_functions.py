@@ -16,7 +16,10 @@ Function that saves tensors computes its forward twice in the graph (the
 solver may free the first copy early). Refused with a `LoweringError` naming
 the Function: keyword arguments to `apply`, `mark_dirty` (in-place outputs),
 and outputs other than tensors. Functions defined in torch itself are left to
-torch. The ops are registered in this process only: a graph that uses one runs
+torch, but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`),
+refused: its forward runs under `no_grad` and its gradients come from a backward
+of its own, so the traced step lost every gradient through it, silently where
+another path reached the loss (2026-11-29 sweep: the parameters after it got none). The ops are registered in this process only: a graph that uses one runs
 in a process that lowered the same model.
 
 An op's name is a digest of what it computes (the Function's qualified name, which
@@ -33,10 +36,14 @@ import contextlib
 import functools
 import hashlib
 import re
+import traceback
 
 import torch
+from torch.utils.checkpoint import CheckpointFunction
 
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast
+
+from .model_lines import model_line
 
 #: Ops registered in this process: name -> (Function class, arguments other than
 #: tensors, op, facts).
@@ -189,6 +196,16 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     return op, positions, facts
 
 
+def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:
+    where = model_line(frames)
+    return (f"torch.utils.checkpoint with use_reentrant=True{f' at {where}' if where else ''}: "
+            "its forward runs under no_grad and its gradients come from a backward of its own, "
+            "which a traced graph does not keep, so the step would train without the gradients "
+            "through it. remat-ir plans recomputation itself: remove the checkpoint (Hugging "
+            "Face: skip gradient_checkpointing_enable()), or pass use_reentrant=False, which "
+            "remat-ir traces as plain ops")
+
+
 @contextlib.contextmanager
 def preserving_functions(errors: list):
     """Route user-defined `autograd.Function.apply` calls through custom ops (see module
@@ -198,6 +215,9 @@ def preserving_functions(errors: list):
     original = function_class.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
+        if cls is CheckpointFunction:
+            errors.append(FunctionError(_reentrant_checkpoint(traceback.extract_stack())))
+            return original.__func__(cls, *args, **kwargs)
         if cls.__module__.startswith("torch.") or cls.__module__ == "torch":
             return original.__func__(cls, *args, **kwargs)
         name = f"{cls.__module__}.{cls.__qualname__}"

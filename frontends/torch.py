@@ -52,8 +52,8 @@ from . import gru_kernels, prod_kernels
 from .errors import LoweringError
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
-from .refusals import (check_backward_hooks, constant_output, mutation_error, tensor_hook_error,
-                       trace_effects_error)
+from .refusals import (check_backward_hooks, check_hook_reparametrizations, constant_output,
+                       mutation_error, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .trace_effects import refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
@@ -316,6 +316,7 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             reads: TracedReads) -> torch.export.ExportedProgram:
     check_backward_hooks(model)
+    check_hook_reparametrizations(model)
     errors: list = []
     hook_calls: list[str] = []
     effects: list[str] = []

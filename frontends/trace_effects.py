@@ -108,6 +108,13 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
 
     def setattr_noted(module, key, value):
         caller = sys._getframe(1).f_code.co_filename
+        if key in module._buffers and module._buffers[key] is value:
+            # `self.count += 1` on a buffer adds in place, then assigns the same tensor back.
+            # The add is traced as the buffer's update; the assignment changes nothing, and
+            # passed on, torch.export adds a copy of the buffer onto itself after the ops
+            # that read it (AOTAutograd then refused a backward reading it: "modified by an
+            # inplace operation").
+            return
         if key not in _MODULE_KEYS and (is_users_file(caller) if key.startswith("_")
                                         else is_model_file(caller)):
             found.append(f"it assigns module attribute {key!r} of {type(module).__name__} at "

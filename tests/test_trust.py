@@ -733,6 +733,112 @@ def test_torch_checkpoint_inside_forward_trains_like_eager():
                         lambda out: out) == {}
 
 
+class _ReentrantCheckpoint(torch.nn.Module):
+    """A reentrant checkpoint, and in `aux` a loss term computed before it, through which
+    the backward still reached the loss: the traced step then trained without every
+    gradient through the checkpoint (the parameters after it got none), silently."""
+
+    def __init__(self, aux: bool, sequential: bool):
+        super().__init__()
+        self.first, self.block, self.head = torch.nn.Linear(8, 8), torch.nn.Sequential(
+            torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.nn.Linear(8, 1)
+        self.aux, self.sequential = aux, sequential
+
+    def forward(self, x):
+        import torch.utils.checkpoint as checkpoint
+
+        h = self.first(x)
+        if self.sequential:
+            out = checkpoint.checkpoint_sequential(self.block, 2, h, use_reentrant=True)
+        else:
+            out = checkpoint.checkpoint(self.block, h, use_reentrant=True)
+        loss = self.head(out).square().mean()
+        return loss + h.square().mean() if self.aux else loss
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+@pytest.mark.parametrize("aux", [False, True])
+def test_a_reentrant_checkpoint_is_refused_naming_its_line_and_the_way_out(aux, sequential):
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's own warning about inputs without gradients
+        with pytest.raises(LoweringError, match=r"torch.utils.checkpoint with use_reentrant=True at "
+                                                r".*test_trust.py:\d+ in forward: .* pass "
+                                                r"use_reentrant=False"):
+            _remat(_ReentrantCheckpoint(aux, sequential), (x,))
+
+
+class _Counted(torch.nn.Module):
+    """A step counter kept in a buffer with `+=` (an in-place add, then the same tensor
+    assigned back): refused as an attribute assignment before, where `add_` trained."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.steps += 1
+        return (self.linear(x) / self.steps).square().mean()
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_a_buffer_counted_with_plus_equals_trains_like_eager(solver):
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert side_by_side(_Counted(), lambda m: _remat(m, (x,), solver=solver), (x,), {},
+                        lambda out: out, steps=3) == {}
+
+
+class _Masked(torch.nn.Module):
+    def __init__(self, mask):
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, weight):
+        return weight * self.mask
+
+
+def _reparametrized(how: str, old: bool) -> torch.nn.Module:
+    from torch.nn.utils import parametrizations, parametrize, prune
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    layer = model[0]
+    if how == "prune":
+        if old:
+            prune.l1_unstructured(layer, "weight", 0.3)
+        else:
+            mask = (layer.weight.abs() > layer.weight.abs().flatten().kthvalue(19).values).float()
+            parametrize.register_parametrization(layer, "weight", _Masked(mask))
+    elif old:
+        getattr(torch.nn.utils, how)(layer)
+    else:
+        getattr(parametrizations, how)(layer)
+    return model
+
+
+@pytest.mark.parametrize("how, instead", [
+    ("weight_norm", "torch.nn.utils.parametrizations.weight_norm"),
+    ("spectral_norm", "torch.nn.utils.parametrizations.spectral_norm"),
+    ("prune", "torch.nn.utils.parametrize.register_parametrization with a module multiplying"),
+])
+def test_a_hook_reparametrization_is_refused_with_the_parametrization_that_trains(how, instead):
+    """`torch.nn.utils.weight_norm`, `spectral_norm` and `prune` assign the weight from a
+    forward pre-hook: refused naming the module and the parametrization to use (the
+    message was about random draws and counters), which trains bitwise like eager."""
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # weight_norm's deprecation
+        model = _reparametrized(how, old=True)
+    with pytest.raises(LoweringError, match=rf"module '0' of Sequential is reparametrized by "
+                                            rf"torch.nn.utils.{'prune' if how == 'prune' else how}, .*"
+                                            rf"Use {re.escape(instead)}"):
+        _remat(model, (x,))
+    assert side_by_side(_reparametrized(how, old=False), lambda m: _remat(m, (x,), solver="recompute-all"),
+                        (x,), {}, lambda out: out.square().mean(), steps=3) == {}
+
+
 class _Tokens(torch.nn.Module):
     """Integer inputs (a call's signature does not follow the parameters' dtype) and a
     dropout, whose scale the trace holds in the parameters' dtype."""
