@@ -122,6 +122,10 @@ class Chain:
         stage_of = {b: seg.index for seg in self.segments for b in seg.backward}
         last_reader = {b: min([stage_of[u] for u in tg.node_users[b] if u in stage_of],
                               default=stage_of[b]) for b in stage_of}
+        #: What the backwards of the stages built so far read, recomputations included
+        #: (through roots; any of their options): an earlier stage's backward runs after a
+        #: later one's, so a later stage may not free its input where this holds it.
+        self._read_by_earlier: set[int] = set()
         self.stages: list[Stage] = []
         for seg in self.segments:
             nodes = set(seg.forward)
@@ -157,6 +161,8 @@ class Chain:
                             and direct.recompute_time <= FRUGAL_LIMIT * stage.forward_time):
                         stage.directs.append(direct)
             self.stages.append(stage)
+            self._read_by_earlier.update(tg.root(p) for o in stage.options + stage.directs
+                                         for n in o.steps for p in tg.node_inputs(n))
 
     def _held_apart(self, seg: Segment) -> frozenset[int]:
         """What a stage's memory walks count apart: the pinned results and the stage's
@@ -241,7 +247,8 @@ class Chain:
         # Not freed: what a backward or a recomputation reads, what a later stage's forward
         # reads (also through a view this stage makes of its input).
         end = tg.position[seg.forward[-1]]
-        entering = {tg.root(n) for n in seg.inputs} - self.read_by_backward - self.pinned
+        entering = ({tg.root(n) for n in seg.inputs} - self.read_by_backward - self.pinned
+                    - self._read_by_earlier)
         entering -= {tg.root(p) for n in sequence for p in tg.node_inputs(n)}
         option.input_freed = sum(tg.memory[r] for r in entering
                                  if self.last_forward_read.get(r, -1) <= end)

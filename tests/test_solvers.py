@@ -123,11 +123,8 @@ def _assert_rotor_cautious(graph: ir.Graph, capacities) -> int:
 def test_rotors_program_is_cautious_on_random_graphs(graph, share):
     """rotor's memory model is approximate (the simulator is the judge), but where the
     node-level model is exact (one allocation per node) it must not promise memory a
-    plan lacks. A fixed sample in `make test`, fresh draws under `make soak`: a fresh
-    clone's run (2026-11-29) drew a graph where a plan promised within 24 bytes peaked at
-    28, a known gap of the program (`remat_ir.plan` checks every plan, so users get a
-    plan within the budget or a refusal); replay it with
-    `--hypothesis-seed=164130936608659412264656406436347519397`."""
+    plan lacks. A fixed sample in `make test`, fresh draws under `make soak` (a fresh
+    clone's run found the graph of `test_rotors_program_does_not_free_an_input_an_earlier_stage_recomputes_from`)."""
     _assert_rotor_cautious(graph, [int(share * ir.store_all(graph).predicted_peak_bytes)])
 
 
@@ -161,6 +158,32 @@ def test_rotors_program_is_cautious_on_a_graph_of_dead_ends():
     graph = _dead_end_graph()
     assert ir.store_all(graph).predicted_peak_bytes == 16
     _assert_rotor_cautious(graph, [16])
+
+
+def test_rotors_program_does_not_free_an_input_an_earlier_stage_recomputes_from():
+    """A fresh clone's draw of the random test (2026-11-29): `f0` enters the second stage
+    and the third; the second stage's cheapest option recomputes `f1` from it in its
+    backward, which runs after the third's, but the third counted `f0` freed by its
+    backward: the program promised 24 bytes, the plan peaked at 28."""
+    g = ir.Graph(name="held_input")
+    x = g.add_value("in0", "float32", (1,), kind="user_input")
+    g.add_input(x)
+    f0, f1, f3 = (g.add_value(n, "float32", (1,)) for n in ("f0", "f1", "f3"))
+    f2 = g.add_value("f2", "float32", (4,))
+    g.add_node("test.op", [x], [f0], phase="forward", time_s=0.125)
+    g.add_node("test.op", [x, f0], [f1], phase="forward", time_s=0.125)
+    g.add_node("test.op", [x], [f2], phase="forward", time_s=0.125)
+    g.add_node("test.op", [f2, x, f0], [f3], phase="forward", time_s=0.125)
+    g.add_output(f3, "user_output", "out")
+    tangent = g.add_value("tangent", "float32", (1,), kind="gradient")
+    g.add_input(tangent, gradient_of=f3)
+    dead, grad = g.add_value("b4", "float32", (1,)), g.add_value("b5", "float32", (1,))
+    g.add_node("test.op", [x, f2, tangent], [dead], phase="backward", time_s=0.125)
+    g.add_node("test.op", [f1], [grad], phase="backward", time_s=0.125)
+    g.add_output(grad, "parameter_gradient", "in0")
+    ir.validate(g)
+    assert ir.store_all(g).predicted_peak_bytes == 28
+    _assert_rotor_cautious(g, [24, 26, 28])
 
 
 @pytest.mark.slow  # lowers a Llama; the random graphs above search the same property
