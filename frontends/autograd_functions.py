@@ -19,8 +19,9 @@ and outputs other than tensors. Functions defined in torch itself are left to
 torch, but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`),
 refused: its forward runs under `no_grad` and its gradients come from a backward
 of its own, so the traced step lost every gradient through it, silently where
-another path reached the loss (2026-11-29 sweep: the parameters after it got none). The ops are registered in this process only: a graph that uses one runs
-in a process that lowered the same model.
+another path reached the loss (2026-11-29 sweep: the parameters after it got none).
+The ops are registered in this process only: a graph that uses one runs in a
+process that lowered the same model.
 
 An op's name is a digest of what it computes (the Function's qualified name, which
 arguments are tensors, the other arguments' values), so that lowering the same model

@@ -38,16 +38,18 @@ def check_hook_reparametrizations(model: torch.nn.Module) -> None:
     methods), with the parametrization to use instead: the assignment is an effect the
     graph does not keep, and the general message about it named neither the hook nor the
     way out."""
-    from torch.nn.utils import parametrize, prune
+    from torch.nn.utils import prune
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
     instead = {
         WeightNorm: ("torch.nn.utils.weight_norm", "torch.nn.utils.parametrizations.weight_norm"),
-        SpectralNorm: ("torch.nn.utils.spectral_norm", "torch.nn.utils.parametrizations.spectral_norm"),
-        prune.BasePruningMethod: ("torch.nn.utils.prune", f"{parametrize.__name__}.register_parametrization "
-                                  "with a module multiplying the weight by its mask (or prune.remove "
-                                  "before remat, if the mask need not hold while training)"),
+        SpectralNorm: ("torch.nn.utils.spectral_norm",
+                       "torch.nn.utils.parametrizations.spectral_norm"),
+        prune.BasePruningMethod: (
+            "torch.nn.utils.prune", "torch.nn.utils.parametrize.register_parametrization with a "
+            "module multiplying the weight by its mask (or prune.remove before remat, if the mask "
+            "need not hold while training)"),
     }
     for path, module in model.named_modules():
         for hook in module._forward_pre_hooks.values():
@@ -57,9 +59,9 @@ def check_hook_reparametrizations(model: torch.nn.Module) -> None:
                     where = f"module {path!r} of {type(model).__name__}" if path else type(model).__name__
                     raise LoweringError(
                         f"{where} is reparametrized by {old}, whose forward pre-hook assigns the "
-                        f"{name!r} it computes to the module "
-                        f"at every call, which the traced step cannot keep. Use {new}: remat-ir "
-                        f"traces parametrizations and trains them like eager")
+                        f"{name!r} it computes to the module at every call, which the traced "
+                        f"step cannot keep. Use {new}: remat-ir traces parametrizations and "
+                        f"trains them like eager")
 
 
 def tensor_hook_error(model: str, calls: list[str]) -> LoweringError:
