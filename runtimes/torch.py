@@ -866,11 +866,15 @@ class ScheduledModule(torch.nn.Module):
             return self._model(*args, **kwargs)
         changed = self._hooks.changed(self._model)
         if changed is not None:
+            # transformers' gradient_checkpointing_enable() adds one (on the embeddings).
+            checkpointing = (" transformers' gradient_checkpointing_enable() adds hooks, and "
+                             "remat-ir plans recomputation itself: it is not needed."
+                             if getattr(self._model, "is_gradient_checkpointing", False) else "")
             raise RuntimeInputError(
                 f"the model's hooks changed after it was lowered ({changed}): its graph runs "
                 f"what the hooks computed when it was traced, so a hook added since would not "
                 f"run and one removed would still run. Call remat_ir.remat again, with the "
-                f"hooks in place")
+                f"hooks in place.{checkpointing}")
         return self._plan_for(args, kwargs).run(self._model, args, kwargs, self._groups(), self,
                                                 self.backend)
 

@@ -431,6 +431,18 @@ def test_a_call_after_the_models_hooks_changed_is_refused(change):
         scheduled(x)
 
 
+def test_gradient_checkpointing_enabled_after_lowering_is_refused_saying_it_is_not_needed():
+    """transformers' `gradient_checkpointing_enable()` adds a forward hook on the
+    embeddings: refused as any hook added since, naming the call the user made."""
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
+    scheduled = _remat(model, args, solver="autograd", example_kwargs=kwargs)
+    model.gradient_checkpointing_enable()
+    with pytest.raises(RuntimeInputError, match=r"added since: forward hook on transformer.wte .* "
+                                                r"gradient_checkpointing_enable\(\) adds hooks, and "
+                                                r"remat-ir plans recomputation itself"):
+        scheduled(*args, **kwargs)
+
+
 def test_a_parameter_unfrozen_after_lowering_is_refused_and_one_frozen_trains_like_eager():
     """Unfrozen: the graph computes no gradient for it, so it would silently not train
     (gradual unfreezing); frozen: autograd drops the gradient handed to it, as eager."""
