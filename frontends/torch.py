@@ -313,6 +313,24 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
                 f"check `info` outside the model")
 
 
+def _check_something_trains(graph: Graph, model: str) -> None:
+    """LoweringError where the step computes no gradient: a forward returning None, a
+    number or only tensors without a gradient path (`detach()`, `no_grad`) was accepted
+    with an empty graph, or planned into a refusal that named the whole step's peak as
+    the smallest budget."""
+    roles = {pb.PARAMETER_GRADIENT, pb.INPUT_GRADIENT}
+    if any(o.role in roles for o in graph.proto.outputs):
+        return
+    returned = [graph.value(o.value_id) for o in graph.proto.outputs if o.role == pb.USER_OUTPUT]
+    what = (f"{len(returned)} tensor output(s), none of which depends with a gradient on a "
+            f"parameter or an input that requires one" if returned else "no tensor")
+    raise LoweringError(
+        f"{model} computes no gradient: its forward returns {what}, so a training step has "
+        f"nothing to compute in its backward and nothing to plan. Return the loss, or the "
+        f"tensors it is computed from, without detach() or torch.no_grad() around them, and "
+        f"with parameters that require gradients")
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             reads: TracedReads) -> torch.export.ExportedProgram:
     check_backward_hooks(model)
@@ -734,6 +752,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         if copy_long_lived_views:
             compact_views(joint.graph_module)
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
+    _check_something_trains(graph, type(model).__name__)
     mark_input_gradient_sums(graph)
     _check_rnn_workspaces(graph)
     if reuse_buffers:

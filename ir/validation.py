@@ -8,6 +8,7 @@ here only for references; whether they are *valid* is the simulator's job.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import networkx as nx
@@ -56,6 +57,10 @@ def find_problems(graph: pb.Graph | Graph) -> list[str]:
         problems += _dependency_problems(g, values)
     problems += _hierarchy_problems(g)
     problems += _schedule_reference_problems(g, values)
+    problems += _quantity_problems("the cost model", g.provenance.cost_model,
+                                   ("step_overhead_s", "peak_byte_s"))
+    problems += _quantity_problems("the host link", g.provenance.host_link,
+                                   ("bandwidth_bytes_per_s", "latency_s", "issue_s"))
     return problems
 
 
@@ -117,9 +122,20 @@ def _node_problems(g: pb.Graph, values: dict) -> list[str]:
         if (n.args or n.kwargs) and referenced != set(n.inputs):
             problems.append(f"{label}: the values its arguments refer to {sorted(referenced)} "
                             f"are not its inputs {sorted(n.inputs)}")
-        if n.cost.time_s < 0:
-            problems.append(f"{label} has a negative time {n.cost.time_s}")
+        problems += _quantity_problems(label, n.cost, ("time_s", "flops", "host_s", "device_s"))
         problems += body_problems(n, label)
+    return problems
+
+
+def _quantity_problems(label: str, message, fields: tuple[str, ...]) -> list[str]:
+    """Times, rates and counts must be finite and not negative: a NaN time passed the
+    old `< 0` check, then `hiremate` crashed in its MILP solver (a segmentation fault)
+    and `rotor` called a feasible budget infeasible."""
+    problems = []
+    for field in fields:
+        x = getattr(message, field)
+        if not math.isfinite(x) or x < 0:
+            problems.append(f"{label} has {field} = {x}; it must be a finite number, 0 or more")
     return problems
 
 

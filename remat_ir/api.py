@@ -9,8 +9,8 @@ PyTorch runtime returns a module that trains as usual.
 from __future__ import annotations
 
 from remat_ir.ir import Graph, pb, store_all
-from remat_ir.solvers import (DEFAULT_SOLVER, InfeasibleBudget, Progress, parse_budget, remember_floor,
-                              solve)
+from remat_ir.solvers import (DEFAULT_SOLVER, BadRequest, InfeasibleBudget, Progress, check_request,
+                              parse_budget, remember_floor, solve)
 from remat_ir.solvers.budgets import parse_bandwidth, parse_host_budget
 from remat_ir.solvers.offload import describe_link
 
@@ -72,6 +72,11 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     from remat_ir.runtimes.compiled import check_backend
     from remat_ir.runtimes.torch import MAX_PLANS, ScheduledModule, check_count
 
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise BadRequest(f"model must be a torch.nn.Module, not {type(model).__name__} (wrap a "
+                         f"function in a Module whose forward calls it)")
     check_backend(backend)
     if gradient_groups is not None:  # before minutes of planning
         check_count("gradient_groups", gradient_groups)
@@ -105,6 +110,8 @@ class Planner:
         check_cost_model(cost_model, allow_none=False)  # and so does an unknown cost model
         self.budget, self.cost_model = budget, cost_model
         self.solver = solver or ("autograd" if budget is None else DEFAULT_SOLVER)
+        check_request(self.solver, time_limit_s,   # and a bad solver, time limit or option
+                      {k: v for k, v in options.items() if k not in ("offload", "host_budget")})
         self.time_limit_s, self.progress, self.options = time_limit_s, progress, dict(options)
         self.cache_dir, self.backend = cache_dir, backend
 

@@ -394,6 +394,12 @@ class _Lowered:
     its compiled segments per device."""
 
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: pb.Schedule):
+        for name, given, kind in (("model", model, torch.nn.Module), ("graph", graph, Graph),
+                                  ("schedule", schedule, pb.Schedule)):
+            if not isinstance(given, kind):
+                raise TypeError(f"ScheduledModule's {name} must be a {kind.__module__}."
+                                f"{kind.__qualname__}, not {type(given).__name__} (remat_ir.plan "
+                                f"returns a schedule of the graph it is given)")
         check(graph, schedule)  # never run a schedule the simulator rejects
         self.graph, self.schedule = graph, schedule
         g = graph.proto

@@ -28,7 +28,7 @@ from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver,
 __all__ = ["solve", "available", "find", "parse_budget", "is_share", "describe", "InfeasibleBudget",
            "SolverError", "BadRequest", "UnknownSolver", "SolverInfo", "Progress", "Deadline",
            "ENTRY_POINT_GROUP", "EXEC_PREFIX", "remember_floor", "known_floor", "DEFAULT_SOLVER",
-           "add_offloads"]
+           "add_offloads", "check_request"]
 
 #: The solver `solve()` uses when none is named, and the one `remat()` and the `remat-ir`
 #: command plan a budget with: fast and budget-aware. Defined here once so they all agree.
@@ -48,10 +48,43 @@ def _check_options(name: str, function, options: dict) -> None:
         return
     accepted = [p for p, spec in parameters.items()
                 if spec.kind is spec.KEYWORD_ONLY and p not in ("time_limit_s", "progress")]
-    for option in options:
+    for option, value in options.items():
         if option not in accepted:
             raise BadRequest(f"solver {name!r} has no option {option!r}; its options: "
                              f"{', '.join(accepted) or 'none'}")
+        kind = _KINDS.get(str(parameters[option].annotation))
+        if kind is not None and (isinstance(value, bool) != (kind is bool)
+                                 or not isinstance(value, kind)):
+            raise BadRequest(f"option {option!r} of solver {name!r} must be "
+                             f"{_KIND_NAMES[kind]}, not {value!r}")
+
+
+#: Options whose annotation names one of these types get values of that type only: the
+#: string "no" given for `anneal` was true to Python, so hiremate annealed.
+_KINDS = {"bool": bool, "int": int, "float": (int, float)}
+_KIND_NAMES = {bool: "true or false", int: "an integer", (int, float): "a number"}
+
+
+def check_request(solver, time_limit_s, options: dict) -> SolverInfo:
+    """The solver `solver` names, after checking the request's types and options: what
+    `solve` checks first, and what `remat()` checks before tracing the model."""
+    if not isinstance(solver, str):
+        raise BadRequest(f"solver must be a name (`remat-ir solvers` lists them), not {solver!r}")
+    _check_time_limit(time_limit_s)
+    info = find(solver)
+    _check_options(solver, info.load(), options)
+    return info
+
+
+def _check_time_limit(time_limit_s) -> None:
+    """None or a positive number of seconds: a negative, zero or NaN limit planned anyway
+    (hiremate called its plan optimal) or killed an external solver at once."""
+    if time_limit_s is None:
+        return
+    if (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float))
+            or not time_limit_s > 0 or time_limit_s == float("inf")):
+        raise BadRequest(f"time_limit_s must be a positive number of seconds (or None for the "
+                         f"solver's default), not {time_limit_s!r}")
 
 
 def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit_s: float | None = None,
@@ -68,9 +101,11 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     the solver knows), UnknownSolver, or SolverError when the solver fails or
     returns a schedule the simulator refuses.
     """
-    info = find(solver)
+    if not isinstance(graph, Graph):
+        raise BadRequest(f"graph must be a remat_ir.ir.Graph (ir.load(path) reads a file, "
+                         f"ir.Graph(proto) wraps a message), not {type(graph).__module__}.{type(graph).__qualname__}")
+    info = check_request(solver, time_limit_s, options)
     function = info.load()
-    _check_options(solver, function, options)
     peak = store_all(graph).predicted_peak_bytes
     limit = parse_budget(budget, peak)
     host_limit = parse_host_budget(host_budget, peak)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from remat_ir.ir import Graph, pb
@@ -46,8 +47,8 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
         raise BadRequest(f"budget must be {_FORMS}; got {budget!r}")
     if isinstance(budget, (int, float)):
-        if not budget > 0:
-            raise BadRequest(f"budget must be positive, got {budget}")
+        if not 0 < budget < math.inf:
+            raise BadRequest(f"budget must be a positive finite number, got {budget}")
         if isinstance(budget, float) and budget <= 1:
             return max(1, int(store_all_peak * budget))
         return int(budget)
@@ -57,8 +58,8 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
             percent = float(text[:-1])
         except ValueError:
             raise BadRequest(f"budget {budget!r} is not a percentage like '50%'") from None
-        if not percent > 0:
-            raise BadRequest(f"budget must be positive, got {budget!r}")
+        if not 0 < percent < math.inf:
+            raise BadRequest(f"budget must be a positive finite share, got {budget!r}")
         return max(1, int(store_all_peak * percent / 100))
     match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?", text, flags=re.IGNORECASE)
     if not match:

@@ -14,7 +14,7 @@ from strategies import search, training_graphs
 
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
-from remat_ir.solvers import InfeasibleBudget, UnknownSolver
+from remat_ir.solvers import BadRequest, InfeasibleBudget, UnknownSolver
 from remat_ir.solvers import rotor as rotor_module
 from remat_ir.solvers.base import Deadline, quiet
 from remat_ir.solvers.baselines import density_schedules, recompute_everything
@@ -426,6 +426,34 @@ def test_unknown_solver_and_option_are_named():
         solvers.solve(graph, "50%", "checkmate", mode="fast")
     with pytest.raises(ValueError, match="max_options must be an integer of at least 2"):
         solvers.solve(graph, "50%", "hiremate", max_options=1)
+
+
+@pytest.mark.parametrize("request_, message", [
+    (dict(anneal="no"), r"option 'anneal' of solver 'hiremate' must be true or false, not 'no'"),
+    (dict(max_cluster=2.5), r"option 'max_cluster' of solver 'hiremate' must be an integer"),
+    (dict(time_limit_s=-1), r"time_limit_s must be a positive number of seconds"),
+    (dict(time_limit_s=float("nan")), r"time_limit_s must be a positive number of seconds"),
+    (dict(time_limit_s="10"), r"time_limit_s must be a positive number of seconds"),
+    (dict(solver=3), r"solver must be a name"),
+    (dict(budget=float("inf")), r"budget must be a positive finite number, got inf"),
+    (dict(budget="inf%"), r"budget must be a positive finite share, got 'inf%'"),
+])
+def test_a_request_of_the_wrong_type_is_refused_before_planning(request_, message):
+    """A string given for a switch was true to Python ("no" annealed), a negative or NaN
+    time limit planned anyway, an infinite budget overflowed converting to bytes: each is
+    now a BadRequest naming the argument."""
+    graph, _ = chain(3)
+    arguments = dict(budget="50%", solver="hiremate") | request_
+    with pytest.raises(BadRequest, match=message):
+        solvers.solve(graph, arguments.pop("budget"), arguments.pop("solver"), **arguments)
+
+
+def test_a_graph_that_is_not_one_is_named():
+    graph, _ = chain(3)
+    for given, named in ((graph.proto, "remat_ir_pb2.Graph"), ("chain.rir", "builtins.str")):
+        with pytest.raises(BadRequest, match=rf"graph must be a remat_ir.ir.Graph \(ir.load\(path\) "
+                                             rf"reads a file.*not {named}"):
+            solvers.solve(given, "50%", "rotor")
 
 
 def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):

@@ -1087,3 +1087,38 @@ def test_a_backward_argument_the_ir_cannot_store_names_the_forward_op():
     with pytest.raises(LoweringError, match=r"aten.mul.Scalar .*in the backward of "
                                             r"aten.angle.default from <root> \(_Angle\).*complex"):
         _remat(_Angle(), (torch.randn(4, 8),))
+
+
+class _Returns(torch.nn.Module):
+    def __init__(self, what: str):
+        super().__init__()
+        self.linear, self.what = torch.nn.Linear(8, 8), what
+
+    def forward(self, x):
+        h = self.linear(x)
+        return {"none": None, "number": 3.0, "detached": h.detach().sum()}[self.what]
+
+
+@pytest.mark.parametrize("what, said", [("none", "returns no tensor"), ("number", "returns no tensor"),
+                                        ("detached", "returns 1 tensor output.*none of which depends")])
+def test_a_forward_without_a_gradient_is_refused(what, said):
+    """A forward returning None or a number was accepted with an empty graph (the step
+    trained nothing, silently); a detached output was refused as an infeasible budget
+    naming the whole step's peak."""
+    with pytest.raises(LoweringError, match=rf"_Returns computes no gradient: its forward {said}.* "
+                                            r"without detach\(\) or torch.no_grad\(\)"):
+        _remat(_Returns(what), (torch.randn(4, 8),), budget=0.5)
+
+
+def test_arguments_of_the_wrong_kind_are_named_before_tracing(tmp_path):
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module, not function"):
+        _remat(lambda t: t.sum(), (x,))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"plan cache .*file is a file, not a directory"):
+        _remat(_Counted(), (x,), cache_dir=tmp_path / "file")
+    scheduled = _remat(_Counted(), (x,))
+    with pytest.raises(TypeError, match="ScheduledModule's schedule must be a .*Schedule, not NoneType"):
+        ScheduledModule(_Counted(), scheduled.graph, None)

@@ -185,3 +185,20 @@ def test_only_user_inputs_take_a_position():
     gradient.user_input_position = 1
     (problem,) = ir.find_problems(g)
     assert "is a gradient, not a user input, but has a user_input_position" in problem
+
+
+@pytest.mark.parametrize("where", ["time_s", "flops", "host_s", "device_s", "step_overhead_s",
+                                   "bandwidth_bytes_per_s"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_times_and_rates_must_be_finite_and_not_negative(where, bad):
+    """A NaN node time passed the old `< 0` check: hiremate then crashed in its MILP solver
+    (a segmentation fault), rotor called a feasible budget infeasible."""
+    def spoil(proto, ids):
+        if where in ("step_overhead_s",):
+            setattr(proto.provenance.cost_model, where, bad)
+        elif where == "bandwidth_bytes_per_s":
+            setattr(proto.provenance.host_link, where, bad)
+        else:
+            setattr(node(proto, ids["f1"]).cost, where, bad)
+    (problem,) = problems_after(spoil)
+    assert f"has {where} = {bad}; it must be a finite number, 0 or more" in problem
