@@ -182,9 +182,11 @@ def test_polishing_never_leaves_the_budget_and_never_slows_the_fastest_fitting_s
         assert result.total_time_s <= min(s.predicted_time_s for s in fitting) + 1e-12
 
 
-@pytest.mark.parametrize("option", [dict(weight="abc"), dict(weight=0.5), dict(iterations=-1),
-                                    dict(seed=1.5)])
-def test_bad_options_get_one_clear_error(option):
+@pytest.mark.parametrize("option, said", [
+    (dict(weight="abc"), "option 'weight' of solver 'fastsa' must be a number, not 'abc'"),
+    (dict(weight=0.5), "fastsa: "), (dict(iterations=-1), "fastsa: "),
+    (dict(seed=1.5), "option 'seed' of solver 'fastsa' must be an integer, not 1.5")])
+def test_bad_options_get_one_clear_error(option, said):
     graph, _ = chain(6)
-    with pytest.raises(solvers.BadRequest, match="fastsa: "):
+    with pytest.raises(solvers.BadRequest, match=said):
         solvers.solve(graph, "50%", "fastsa", **option)
