@@ -64,7 +64,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from . import remat_ir_pb2 as pb
-from .errors import FormatError
+from .errors import FormatError, RematIRError
 from .graph import FORMAT_VERSION, Graph
 from .validation import validate
 
@@ -126,6 +126,8 @@ def _parse_json(text: str, where: str) -> pb.Graph:
     except json.JSONDecodeError as exc:
         raise FormatError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno}, "
                           f"column {exc.colno}") from None
+    except RecursionError:
+        raise _too_deep(where) from None
     if not isinstance(raw, dict) or not isinstance(raw.get("version"), dict):
         raise FormatError(f"{where} has no IR format version (a top-level \"version\" object); "
                           "is it a remat IR file?")
@@ -139,7 +141,16 @@ def _parse_json(text: str, where: str) -> pb.Graph:
         json_format.ParseDict(raw, graph, ignore_unknown_fields=minor > FORMAT_VERSION[1])
     except json_format.ParseError as exc:
         raise FormatError(f"{where} does not match the IR schema: {exc}") from None
+    except RecursionError:
+        raise _too_deep(where) from None
     return graph
+
+
+def _too_deep(where: str) -> FormatError:
+    """Python's JSON reader recurses once per nested array or object, so a file nested
+    thousands deep exhausts the stack; no IR file nests more than a few levels."""
+    return FormatError(f"{where} is not a remat IR file: its JSON is nested deeper than "
+                       "Python can read (an IR file nests a few levels)")
 
 
 def _upgrade(proto: pb.Graph) -> pb.Graph:
@@ -204,8 +215,9 @@ def save(graph: Graph | pb.Graph, path: str | Path, *, format: str | None = None
     fmt = format or ("json" if path.suffix == ".json" else "binary")
     if fmt not in ("json", "binary"):
         raise ValueError(f"unknown IR file format {fmt!r}; use 'binary' or 'json'")
-    if fmt == "json":
-        path.write_text(dumps_json(graph))
-    else:
-        path.write_bytes(dumps(graph))
+    data = dumps_json(graph).encode("utf-8") if fmt == "json" else dumps(graph)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise RematIRError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path

@@ -19,12 +19,14 @@ built in `remat_ir.reports`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 from .ir import RematIRError, load
-from .ir.errors import InvalidGraph
+from .ir.errors import InvalidGraph, InvalidSchedule
 from .ir.graph import Graph
 from .ir.units import human_bytes
 from .reports import inspect_lines, partition_lines, solve_summary, solvers_lines, validate_lines
@@ -32,6 +34,42 @@ from .solvers import DEFAULT_SOLVER
 from .solvers.partition import MAX_CLUSTER, MAX_TOP
 
 EXIT_USER_ERROR = 2
+
+
+def check_writable(option: str, path) -> None:
+    """Refuse an output path that cannot be written before the work starts: a solve or a
+    lowering may take an hour, and its result would be lost at the end. Nothing that
+    exists is touched; a file that does not exist is created and removed again, which
+    also catches read-only and special file systems (/proc) that permissions do not."""
+    path = Path(path)
+    where = f"{option} {path}: cannot write there"
+    if path.is_dir():
+        raise RematIRError(f"{where}: it is a directory; name a file (in it, e.g. {path / 'out'})")
+    parent = path.parent
+    if not parent.exists():
+        raise RematIRError(f"{where}: no such directory {parent}; create it first")
+    if not parent.is_dir():
+        raise RematIRError(f"{where}: {parent} is not a directory")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise RematIRError(f"{where}: the file is not writable")
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError as exc:
+        raise RematIRError(f"{where}: {exc.strerror or exc}") from None
+    os.unlink(path)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def cmd_inspect(args) -> int:
@@ -68,6 +106,7 @@ def cmd_convert(args) -> int:
     if (args.model is None) == (args.torch is None):
         raise RematIRError("convert takes either an ONNX file (remat-ir convert model.onnx -o F) "
                            "or --torch MODULE:FACTORY, not both and not neither")
+    check_writable("-o", args.output)
     graph = _convert_onnx(args) if args.model is not None else _convert_torch(args)
     from .ir import save
     from .solvers import solve
@@ -133,14 +172,40 @@ def _convert_onnx(args) -> Graph:
             raise RematIRError(f"--shape: give one for each input of {source} ({sorted(inputs)})"
                                + (f"; unknown {unknown}" if unknown else "")
                                + (f"; missing {missing}" if missing else ""))
-        example = {}
-        for name, shape in shapes.items():
-            dtype = torch_dtype(inputs[name].type.tensor_type.elem_type)
-            example[name] = (torch.randn(shape, dtype=dtype) if dtype.is_floating_point
-                             else torch.zeros(shape, dtype=dtype))
+        example = {name: _example_input(name, shape, torch_dtype(inputs[name].type.tensor_type.elem_type))
+                   for name, shape in shapes.items()}
     print(f"lowering {args.model} (ONNX import, torch.export, joint graph, {args.cost_model} costs)...",
           file=sys.stderr)
     return lower_onnx(args.model, example, cost_model=args.cost_model, trainable=args.trainable)
+
+
+def _example_input(name: str, shape: list[int], dtype):
+    """Random data for one --shape; refused by name when it cannot be held in memory
+    (the lowering runs the model on it, and needs more besides)."""
+    import math
+
+    import torch
+
+    size = math.prod(shape) * dtype.itemsize
+    memory = _physical_memory()
+    what = f"--shape {name}={'x'.join(map(str, shape))}: the input takes {human_bytes(size)} ({dtype})"
+    if memory is not None and size > memory:
+        raise RematIRError(f"{what}, more than this machine's {human_bytes(memory)} of memory; "
+                           "give smaller dimensions")
+    try:
+        return (torch.randn(shape, dtype=dtype) if dtype.is_floating_point
+                else torch.zeros(shape, dtype=dtype))
+    except (RuntimeError, MemoryError) as exc:  # the allocator's refusal
+        raise RematIRError(f"{what}, which cannot be allocated ({str(exc).splitlines()[0]}); "
+                           "give smaller dimensions") from None
+
+
+def _physical_memory() -> int | None:
+    """Bytes of memory of this machine (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 #: Schedules `convert` stores with every graph: the two ends solvers are measured against.
@@ -176,6 +241,11 @@ def cmd_solve(args) -> int:
 
     graph = load(args.file)
     options = dict(_option(text) for text in args.option)
+    check_writable("-o", args.output)
+    if args.plot:
+        from .plots import require_matplotlib
+        check_writable("--plot", args.plot)
+        require_matplotlib()
     if args.host_bandwidth:
         describe_link(graph, args.host_bandwidth)
     status = StatusLine()
@@ -230,6 +300,7 @@ def cmd_partition(args) -> int:
     from .solvers.partition import partition, store_hierarchy
 
     graph = load(args.file)
+    check_writable("-o", args.output)
     status = StatusLine()
     tree = partition(graph, max_cluster=args.max_cluster, max_top=args.max_top, progress=status)
     status.done()
@@ -252,9 +323,17 @@ def cmd_plot(args) -> int:
         list(graph.schedules)[-1:]
     reference = store_all(graph)
     schedules = chosen if chosen and chosen[0].name == reference.name else [reference] + chosen
-    print(f"wrote {plot_memory(graph, schedules, f'{args.output}-memory.png')}")
+    memory, tree = f"{args.output}-memory.png", f"{args.output}-partition.png"
+    check_writable("-o", memory)
     if graph.proto.hierarchy.clusters:
-        print(f"wrote {plot_partition(graph, f'{args.output}-partition.png')}")
+        check_writable("-o", tree)
+    try:
+        print(f"wrote {plot_memory(graph, schedules, memory)}")
+    except InvalidSchedule as exc:
+        raise RematIRError(f"{args.file}: {exc}; not plotted (`remat-ir validate {args.file}` "
+                           "checks every schedule)") from None
+    if graph.proto.hierarchy.clusters:
+        print(f"wrote {plot_partition(graph, tree)}")
     return 0
 
 
@@ -265,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("inspect", help="summarize an IR file (nodes, ops, tensors, schedules)")
     p.add_argument("file", help="IR file (.rir binary or .json)")
-    p.add_argument("--top", type=int, default=10, help="how many of the biggest tensors to list")
+    p.add_argument("--top", type=positive_int, default=10, help="how many of the biggest tensors to list")
     p.set_defaults(run=cmd_inspect)
     p = sub.add_parser("validate", help="check structure and replay every schedule in the simulator")
     p.add_argument("file", help="IR file (.rir binary or .json)")

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from .ir import Graph, RematIRError, pb, simulate
+from .ir import Graph, RematIRError, check, pb
 
 
 def _pyplot():
@@ -20,21 +20,32 @@ def _pyplot():
     return plt
 
 
+def require_matplotlib() -> None:
+    """Say that matplotlib is missing now, before work whose plot could not be drawn."""
+    _pyplot()
+
+
 def _save(fig, path) -> Path:
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    fig.clf()
-    _pyplot().close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise RematIRError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        fig.clf()
+        _pyplot().close(fig)
     return path
 
 
 def plot_memory(graph: Graph, schedules: Sequence[pb.Schedule], path) -> Path:
-    """Activation memory during each step of each schedule, with its budget; one PNG."""
+    """Activation memory during each step of each schedule, with its budget; one PNG.
+    A schedule the simulator refuses raises `InvalidSchedule` before anything is drawn:
+    its memory up to the broken step would look like a plan that works."""
+    results = [check(graph, schedule) for schedule in schedules]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
-    for schedule in schedules:
-        result = simulate(graph, schedule)
+    for schedule, result in zip(schedules, results):
         steps = range(len(result.memory_during))
         label = f"{schedule.solver or schedule.name} (peak {result.peak_bytes / 2**20:.2f} MiB)"
         line, = ax.plot(steps, [b / 2**20 for b in result.memory_during], label=label, linewidth=1)

@@ -14,13 +14,14 @@ The protocol, all of it:
   `remat_ir.solve.time_limit_s` (decimal seconds; absent: none given). The same
   two are in the environment as REMAT_IR_BUDGET_BYTES and REMAT_IR_TIME_LIMIT_S
   (unset when absent).
-- stdout: one serialized `Schedule` message, bare (no header).
+- stdout: one serialized `Schedule` message, bare (no header); a program that
+  prints far more than any schedule of the graph takes (`_stdout_limit`) is stopped.
 - stderr: free text; every line is forwarded to the caller's `progress` as it
   arrives, and the first lines are quoted when the program fails.
 - Exit status 0: success. 3: the budget is infeasible; stdout then holds a
   `Schedule` whose `predicted_peak_bytes` is the smallest budget the program
-  knows to be feasible (the rest of it is ignored), or nothing if it knows
-  none; this becomes `InfeasibleBudget`. Anything else is a failure.
+  knows to be feasible (above the budget; the rest of it is ignored), or nothing
+  if it knows none; this becomes `InfeasibleBudget`. Anything else is a failure.
 - Time: the program should finish within the time limit it was given; it is
   killed (with everything it started) `GRACE_S` seconds after the limit, or
   after `DEFAULT_TIME_LIMIT_S` when the caller gave none.
@@ -61,6 +62,13 @@ DEFAULT_TIME_LIMIT_S = 600.0
 GRACE_S = 2.0
 #: Lines of stderr quoted in error messages.
 QUOTED_LINES = 5
+#: The cap on a program's stdout: STDOUT_BYTES_PER_PAIR bytes times nodes x (nodes +
+#: values), plus STDOUT_ALLOWANCE for names and parameters. A step encodes in at most 13
+#: bytes, so a schedule that computes every node and frees every value once for each
+#: node of the graph (more recomputation than recompute-everything on a chain) fits.
+#: Past it, the program is stopped rather than its output read into memory without end.
+STDOUT_BYTES_PER_PAIR = 16
+STDOUT_ALLOWANCE = 4 << 20
 
 
 def _request(graph: Graph, budget: int | None, time_limit_s: float | None) -> tuple[bytes, dict]:
@@ -129,8 +137,24 @@ def _read_lines(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def _read_all(stream, into: list) -> None:
-    into.append(stream.read())
+def _stdout_limit(graph: Graph) -> int:
+    nodes, values = len(graph.proto.nodes), len(graph.proto.values)
+    return STDOUT_ALLOWANCE + STDOUT_BYTES_PER_PAIR * nodes * (nodes + values)
+
+
+def _read_capped(stream, into: list, limit: int, overflow: Callable[[], None]) -> None:
+    """Read stdout whole, up to `limit` bytes; one byte more calls `overflow` (which stops
+    the program) and reads no further."""
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = stream.read(min(1 << 20, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        overflow()
+    into.append(b"".join(chunks))
 
 
 def _quote(stderr: list[str], total: int) -> str:
@@ -163,6 +187,26 @@ def _parse(command: str, data: bytes) -> pb.Schedule:
     return schedule
 
 
+def _smallest_feasible(command: str, output: bytes, budget: int, stderr: list[str],
+                       total: int) -> int | None:
+    """The floor an infeasible answer names (None: none). A floor within the budget the
+    program refused contradicts the refusal; repeating it would send the caller to
+    ask again for a budget the program already said nothing fits."""
+    if not output:
+        return None
+    answer = _parse(command, output)
+    if not answer.HasField("predicted_peak_bytes"):
+        return None
+    smallest = answer.predicted_peak_bytes
+    if smallest <= budget:
+        raise SolverError(f"external solver {command!r} exited with status {EXIT_INFEASIBLE} "
+                          f"(no schedule fits the budget of {budget:,} bytes) but names "
+                          f"{smallest:,} bytes, within that budget, as the smallest feasible "
+                          "one: a contradiction; its smallest feasible budget must exceed the "
+                          f"budget it refuses.{_quote(stderr, total)}")
+    return smallest
+
+
 def _exit_description(code: int) -> str:
     if code < 0:
         try:
@@ -174,7 +218,11 @@ def _exit_description(code: int) -> str:
 
 def external_solver(command: str) -> Callable[..., pb.Schedule]:
     """A solver (see `remat_ir.solvers.base`) that runs `command` with the module's protocol."""
-    argv = shlex.split(command)
+    try:
+        argv = shlex.split(command)
+    except ValueError as error:  # an unbalanced quote
+        raise SolverError(f"external solver {command!r}: cannot split the command into "
+                          f"arguments as a shell would ({error}); balance its quotes") from None
     if not argv:
         raise SolverError("an external solver needs a command, e.g. exec:./my_solver")
 
@@ -186,9 +234,16 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
         process = _start(argv, command, env)
         lines: queue.Queue = queue.Queue()
         stdout: list[bytes] = []
+        cap, overflowed = _stdout_limit(graph), threading.Event()
+
+        def overflow() -> None:
+            overflowed.set()
+            _kill(process)
+
         threads = [threading.Thread(target=_feed, args=(process.stdin, data), daemon=True),
                    threading.Thread(target=_read_lines, args=(process.stderr, lines), daemon=True),
-                   threading.Thread(target=_read_all, args=(process.stdout, stdout), daemon=True)]
+                   threading.Thread(target=_read_capped, args=(process.stdout, stdout, cap, overflow),
+                                    daemon=True)]
         for thread in threads:
             thread.start()
         stderr: list[str] = []  # the first lines, for error messages
@@ -217,6 +272,11 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
             _kill(process)  # leftovers it started; the program itself when `progress` raised
             for thread in threads:
                 thread.join(timeout=5)
+        if overflowed.is_set():
+            raise SolverError(f"external solver {command!r} printed more than {cap:,} bytes on "
+                              f"stdout, more than any schedule of this graph ({len(graph.nodes)} "
+                              "nodes) takes, and was stopped; it must print one serialized "
+                              f"remat_ir.Schedule.{_quote(stderr, total)}")
         output = stdout[0] if stdout else b""
         code = process.returncode
         if code == EXIT_INFEASIBLE:
@@ -224,12 +284,8 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
                 raise SolverError(f"external solver {command!r} exited with status "
                                   f"{EXIT_INFEASIBLE} (infeasible budget), but no budget was "
                                   f"given.{_quote(stderr, total)}")
-            smallest = None
-            if output:
-                answer = _parse(command, output)
-                if answer.HasField("predicted_peak_bytes"):
-                    smallest = answer.predicted_peak_bytes
-            raise InfeasibleBudget(budget, smallest, f" (says external solver {command!r})")
+            raise InfeasibleBudget(budget, _smallest_feasible(command, output, budget, stderr, total),
+                                   f" (says external solver {command!r})")
         if code != 0:
             raise SolverError(f"external solver {command!r} {_exit_description(code)}."
                               f"{_quote(stderr, total)}")

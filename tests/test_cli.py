@@ -189,3 +189,114 @@ def test_solve_with_offloading(tmp_path):
     assert any(s.HasField("offload") for s in schedule.steps)
     assert ir.check(moved, schedule).peak_bytes <= 0.6 * ir.store_all(moved).predicted_peak_bytes
     assert "host link (given)" in remat_ir("inspect", tmp_path / "moved.rir").stdout
+
+
+def test_deeply_nested_json_is_one_clear_error(tmp_path):
+    """Python's JSON reader recurses per level: a file nested 200,000 deep is refused like
+    any other undecodable file, not with a RecursionError traceback."""
+    path = tmp_path / "deep.json"
+    path.write_text('{"version": {"major": 1, "minor": 11}, "metadata": '
+                    + "[" * 200_000 + "]" * 200_000 + "}")
+    result = remat_ir("validate", path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"remat-ir: error: {path} is not a remat IR file: its JSON is nested "
+                             "deeper than Python can read (an IR file nests a few levels)\n")
+
+
+def test_unwritable_outputs_are_refused_before_the_work(tmp_path):
+    """Each command names the output it cannot write, and why, before it plans or lowers
+    (nothing printed on stdout: no summary of work that would be lost)."""
+    missing = tmp_path / "no" / "such"
+    cases = [
+        (("solve", EXAMPLE, "--budget", "80%", "--solver", "sqrt", "-o", missing / "o.rir"),
+         f"-o {missing / 'o.rir'}: cannot write there: no such directory {missing}; create it first"),
+        (("solve", EXAMPLE, "--budget", "80%", "--solver", "sqrt", "-o", tmp_path),
+         f"-o {tmp_path}: cannot write there: it is a directory; name a file"),
+        (("solve", EXAMPLE, "--solver", "sqrt", "-o", tmp_path / "o.rir", "--plot", missing / "p.png"),
+         f"--plot {missing / 'p.png'}: cannot write there: no such directory {missing}"),
+        (("partition", EXAMPLE, "-o", missing / "o.rir"),
+         f"-o {missing / 'o.rir'}: cannot write there: no such directory {missing}"),
+        (("plot", EXAMPLE, "-o", missing / "p"),
+         f"-o {missing / 'p'}-memory.png: cannot write there: no such directory {missing}"),
+        (("convert", "--torch", "torch_models:mlp_for_cli", "-o", EXAMPLE / "x.rir"),
+         f"-o {EXAMPLE / 'x.rir'}: cannot write there: {EXAMPLE} is not a directory"),
+    ]
+    for args, message in cases:
+        result = remat_ir(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith(f"remat-ir: error: {message}"), (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and result.stdout == "", (args, result.stdout)
+    assert not (tmp_path / "o.rir").exists()
+
+
+def test_a_failed_write_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    """A write that fails after the checks (a full disk) names the file and the reason."""
+    import errno
+    import pathlib
+
+    import matplotlib.figure
+
+    from remat_ir import cli
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", full)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    out = tmp_path / "o.rir"
+    assert cli.main(["partition", str(EXAMPLE), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == f"remat-ir: error: cannot write {out}: No space left on device\n"
+    assert cli.main(["plot", str(EXAMPLE), "-o", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err == (f"remat-ir: error: cannot write {tmp_path / 'p'}-memory.png: "
+                                       "No space left on device\n")
+
+
+def test_plot_refuses_a_schedule_the_simulator_refuses(tmp_path):
+    g, ids = chain(3)
+    s = g.add_schedule(ir.store_all(g))
+    s.steps.insert(1, pb.Step(free=ids["a1"]))
+    s.backward_start += 1
+    path = ir.save(g, tmp_path / "freed.rir")
+    result = remat_ir("plot", path, "--schedule", "store_all", "-o", tmp_path / "p")
+    assert result.returncode == 2
+    assert result.stderr == (f"remat-ir: error: {path}: schedule 'store_all' is invalid: step 2: node "
+                             "'f_1' (test.f, id 1) reads value 'a1' (id 1), which is not live; not "
+                             f"plotted (`remat-ir validate {path}` checks every schedule)\n")
+    assert not (tmp_path / "p-memory.png").exists()
+
+
+@pytest.mark.parametrize("top", ["-3", "0"])
+def test_inspect_refuses_a_count_below_one(top):
+    result = remat_ir("inspect", EXAMPLE, "--top", top)
+    assert result.returncode == 2
+    assert f"remat-ir inspect: error: argument --top: must be at least 1, got {top}" in result.stderr
+
+
+def test_convert_refuses_an_input_too_big_to_hold(tmp_path, monkeypatch):
+    """--shape with a huge dimension is refused by input name and size, whether the machine's
+    memory is known (checked before allocating) or not (the allocator's refusal)."""
+    onnx = pytest.importorskip("onnx")
+    import numpy as np
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    from remat_ir import cli
+    from remat_ir.ir import RematIRError
+
+    weight = numpy_helper.from_array(np.ones((8, 8), dtype=np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[weight])
+    model = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    result = remat_ir("convert", model, "--shape", "x=100000000000x8", "-o", tmp_path / "x.rir",
+                      "--cost-model", "flops")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("remat-ir: error: --shape x=100000000000x8: the input takes "
+                                    "2.91 TiB (torch.float32), more than this machine's ")
+    assert result.stderr.count("\n") == 1
+    monkeypatch.setattr(cli, "_physical_memory", lambda: None)
+    with pytest.raises(RematIRError, match=r"^--shape x=100000000000x8: the input takes 2.91 TiB "
+                                           r"\(torch.float32\), which cannot be allocated \("):
+        cli._example_input("x", [100_000_000_000, 8], torch.float32)

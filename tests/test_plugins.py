@@ -405,3 +405,60 @@ def test_missing_and_unrunnable_commands_are_named(tmp_path, graphs):
 def test_external_solver_takes_no_options(tmp_path, graphs):
     with pytest.raises(ValueError, match="has no option 'mode'; its options: none"):
         solvers.solve(graphs["chain"], None, "exec:true", mode="fast")
+
+
+def test_unbalanced_quote_in_the_command_is_named(tmp_path, graphs):
+    with pytest.raises(SolverError) as info:
+        solvers.solve(graphs["chain"], None, 'exec:foo "bar')
+    assert str(info.value) == ("external solver 'foo \"bar': cannot split the command into "
+                               "arguments as a shell would (No closing quotation); balance its quotes")
+    source = ir.save(graphs["chain"], tmp_path / "in.rir")
+    result = run_cli("solve", source, "--solver", 'exec:foo "bar', "-o", tmp_path / "out.rir")
+    assert result.returncode == 2
+    assert result.stderr == f"remat-ir: error: {info.value}\n"
+
+
+@pytest.mark.parametrize("floor", [1, 1000])
+def test_infeasible_with_a_floor_within_the_budget_is_a_contradiction(tmp_path, graphs, floor):
+    """Exit 3 says nothing fits the budget: a smallest feasible budget at or below it is the
+    program's error, not a floor to report."""
+    answer = pb.Schedule(predicted_peak_bytes=floor).SerializeToString()
+    name = script(tmp_path, "liar", f"""
+        import sys
+        sys.stdin.buffer.read()
+        sys.stdout.buffer.write({answer!r})
+        sys.exit(3)
+    """)
+    with pytest.raises(SolverError) as info:
+        solvers.solve(graph := graphs["chain"], 1000, name)
+    assert str(info.value) == (f"external solver {name[5:]!r} exited with status 3 (no schedule fits "
+                               f"the budget of 1,000 bytes) but names {floor:,} bytes, within that "
+                               "budget, as the smallest feasible one: a contradiction; its smallest "
+                               "feasible budget must exceed the budget it refuses. It wrote nothing "
+                               "on stderr.")
+    assert len(graph.schedules) == 0
+
+
+def test_output_beyond_any_schedule_stops_the_program(tmp_path, graphs):
+    """stdout is read up to a size no schedule of the graph reaches; past it the program is
+    killed at once (not at its time limit) and nothing more is held in memory."""
+    from remat_ir.solvers.external import _stdout_limit
+
+    graph = graphs["chain"]
+    limit = _stdout_limit(graph)
+    name = script(tmp_path, "flood", f"""
+        import sys, time
+        sys.stdout.buffer.write(bytes({limit} + (1 << 20)))
+        sys.stdout.buffer.flush()
+        print("flooded", file=sys.stderr, flush=True)
+        time.sleep(60)
+    """)
+    started = time.monotonic()
+    with pytest.raises(SolverError) as info:
+        solvers.solve(graph, None, name, time_limit_s=10)
+    assert time.monotonic() - started < 8
+    assert str(info.value).startswith(
+        f"external solver {name[5:]!r} printed more than {limit:,} bytes on stdout, more than any "
+        f"schedule of this graph ({len(graph.nodes)} nodes) takes, and was stopped; it must print "
+        "one serialized remat_ir.Schedule.")
+    assert limit < 8 << 20  # a small graph gets a small cap
