@@ -197,7 +197,12 @@ def _example_tensors(inputs, example_inputs, source: str) -> tuple[torch.Tensor,
         generator = torch.Generator().manual_seed(0)
         made = []
         for vi in inputs:
-            dtype = torch_dtype(vi.type.tensor_type.elem_type)
+            try:
+                dtype = torch_dtype(vi.type.tensor_type.elem_type)
+            except OpError as exc:
+                raise LoweringError(f"{source}: graph input {vi.name!r}: {exc}; remat-ir trains "
+                                    f"graphs of numeric tensors (preprocess strings outside the "
+                                    f"model)") from None
             shape = _dims(vi)
             made.append(torch.randn(shape, generator=generator, dtype=dtype) if dtype.is_floating_point
                         else torch.zeros(shape, dtype=dtype))

@@ -386,6 +386,15 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
             f"and compute the loss outside it), or write it without the branch "
             f"(torch.where, a fixed size)")
     first = "\n".join(text.splitlines()[:6])
+    where = model_line(traceback.extract_tb(exc.__traceback__))
+    if type(exc).__module__ == "builtins" and where is not None:
+        # A plain Python error from the model's own code (a bug, a shape mismatch): what
+        # eager would raise too, not something tracing cannot do.
+        error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "
+                              f"{text.splitlines()[0] if text else ''} (eager raises it too: "
+                              f"fix the forward for these inputs, then call remat again)")
+        error.__cause__ = exc
+        return error
     output = re.search(r"Found <class '([\w.]+)'> in output|flatten_with_keys_fn for type "
                        r"<class '([\w.]+)'>", text)
     if output:   # a cache or an output class torch's pytree does not know

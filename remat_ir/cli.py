@@ -126,7 +126,15 @@ def _convert_torch(args) -> Graph:
 
     if args.shape or args.trainable != "initializers":
         raise RematIRError("--shape and --trainable apply to ONNX files, not to --torch factories")
-    made = _load_factory(args.torch)()
+    factory = _load_factory(args.torch)
+    try:
+        made = factory()
+    except Exception as exc:  # the user's code: where it failed, in one line
+        import traceback
+
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise RematIRError(f"--torch {args.torch!r}: the factory raised {type(exc).__name__} at "
+                           f"{frame.filename}:{frame.lineno} in {frame.name}: {exc}") from exc
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
         raise RematIRError(f"--torch {args.torch!r}: the factory must return (model, example_inputs), "
                            f"got {type(made).__name__}")

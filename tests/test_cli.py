@@ -135,6 +135,7 @@ def test_convert_a_torch_model(tmp_path):
     ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
     ("torch_models:missing", "torch_models has no callable 'missing'"),
     ("torch_models:not_a_factory_result", "the factory must return (model, example_inputs), got int"),
+    ("torch_models:a_factory_that_raises", "the factory raised RuntimeError at "),
 ])
 def test_convert_bad_factory(tmp_path, spec, message):
     result = subprocess.run([str(Path(sys.executable).parent / "remat-ir"), "convert", "--torch", spec,

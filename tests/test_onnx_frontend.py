@@ -326,6 +326,18 @@ def test_every_unsupported_op_is_named_in_one_error_before_any_work():
         assert text in message
 
 
+def test_a_string_input_is_named():
+    """A graph input of strings ended in a traceback from the dtype table."""
+    X = helper.make_tensor_value_info("words", TensorProto.STRING, [2])
+    Y = helper.make_tensor_value_info("y", TensorProto.STRING, [2])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["words"], ["y"])],
+                                                "strings", [X], [Y]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(LoweringError, match=r"graph input 'words': element type STRING has no torch "
+                                            r"equivalent; .*preprocess strings outside the model"):
+        lower_onnx(model)
+
+
 def test_dynamic_dimensions_without_example_inputs_name_the_inputs(exported):
     path, *_ = exported("bert")
     with pytest.raises(LoweringError) as info:

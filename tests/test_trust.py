@@ -1122,3 +1122,20 @@ def test_arguments_of_the_wrong_kind_are_named_before_tracing(tmp_path):
     scheduled = _remat(_Counted(), (x,))
     with pytest.raises(TypeError, match="ScheduledModule's schedule must be a .*Schedule, not NoneType"):
         ScheduledModule(_Counted(), scheduled.graph, None)
+
+
+class _Buggy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(x[:, :5]).sum()   # a shape bug eager raises too
+
+
+def test_a_forward_that_raises_is_named_with_its_line_not_as_a_tracing_limit():
+    """A plain error of the model's own code was reported as "data-dependent control flow
+    or an unsupported construct", without the model's line."""
+    with pytest.raises(LoweringError, match=r"_Buggy's forward raised RuntimeError at .*test_trust.py:\d+ "
+                                            r"in forward: .*\(eager raises it too"):
+        _remat(_Buggy(), (torch.randn(4, 8),))

@@ -128,5 +128,10 @@ def mlp_for_cli():
     return model, args
 
 
+def a_factory_that_raises():
+    """`remat-ir convert --torch` names where a factory failed (it printed a traceback)."""
+    raise RuntimeError("the factory failed on purpose")
+
+
 def not_a_factory_result():
     return 42
