@@ -162,8 +162,6 @@ def _shape_arg(text: str) -> tuple[str, list[int]]:
 
 
 def _convert_onnx(args) -> Graph:
-    import torch
-
     from .frontends.onnx import load_model
     from .frontends.onnx_ops import torch_dtype
     from .lowering import lower_onnx

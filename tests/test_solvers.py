@@ -450,10 +450,10 @@ def test_a_request_of_the_wrong_type_is_refused_before_planning(request_, messag
 
 def test_a_graph_that_is_not_one_is_named():
     graph, _ = chain(3)
-    for given, named in ((graph.proto, "remat_ir_pb2.Graph"), ("chain.rir", "builtins.str")):
+    for wrong, named in ((graph.proto, "remat_ir_pb2.Graph"), ("chain.rir", "builtins.str")):
         with pytest.raises(BadRequest, match=rf"graph must be a remat_ir.ir.Graph \(ir.load\(path\) "
                                              rf"reads a file.*not {named}"):
-            solvers.solve(given, "50%", "rotor")
+            solvers.solve(wrong, "50%", "rotor")
 
 
 def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):

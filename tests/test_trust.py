@@ -1089,7 +1089,7 @@ def test_a_backward_argument_the_ir_cannot_store_names_the_forward_op():
         _remat(_Angle(), (torch.randn(4, 8),))
 
 
-class _Returns(torch.nn.Module):
+class _ReturnsNoGradient(torch.nn.Module):
     def __init__(self, what: str):
         super().__init__()
         self.linear, self.what = torch.nn.Linear(8, 8), what
@@ -1105,9 +1105,9 @@ def test_a_forward_without_a_gradient_is_refused(what, said):
     """A forward returning None or a number was accepted with an empty graph (the step
     trained nothing, silently); a detached output was refused as an infeasible budget
     naming the whole step's peak."""
-    with pytest.raises(LoweringError, match=rf"_Returns computes no gradient: its forward {said}.* "
+    with pytest.raises(LoweringError, match=rf"_ReturnsNoGradient computes no gradient: its forward {said}.* "
                                             r"without detach\(\) or torch.no_grad\(\)"):
-        _remat(_Returns(what), (torch.randn(4, 8),), budget=0.5)
+        _remat(_ReturnsNoGradient(what), (torch.randn(4, 8),), budget=0.5)
 
 
 def test_arguments_of_the_wrong_kind_are_named_before_tracing(tmp_path):
