@@ -386,15 +386,6 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
             f"and compute the loss outside it), or write it without the branch "
             f"(torch.where, a fixed size)")
     first = "\n".join(text.splitlines()[:6])
-    where = model_line(traceback.extract_tb(exc.__traceback__))
-    if type(exc).__module__ == "builtins" and where is not None:
-        # A plain Python error from the model's own code (a bug, a shape mismatch): what
-        # eager would raise too, not something tracing cannot do.
-        error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "
-                              f"{text.splitlines()[0] if text else ''} (eager raises it too: "
-                              f"fix the forward for these inputs, then call remat again)")
-        error.__cause__ = exc
-        return error
     output = re.search(r"Found <class '([\w.]+)'> in output|flatten_with_keys_fn for type "
                        r"<class '([\w.]+)'>", text)
     if output:   # a cache or an output class torch's pytree does not know
@@ -405,6 +396,16 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
                 "class with torch.utils._pytree.register_dataclass")
         return LoweringError(f"{model} returns a {kind}, which torch.export cannot take apart "
                              f"into tensors: {hint}")
+    where = model_line([f for f in traceback.extract_tb(exc.__traceback__)
+                        if not f.filename.startswith("<")])   # not code torch generates
+    if type(exc).__module__ == "builtins" and where is not None:
+        # A plain Python error from the model's own code (a bug, a shape mismatch): what
+        # eager would raise too, not something tracing cannot do.
+        error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "
+                              f"{text.splitlines()[0] if text else ''} (eager raises it too: "
+                              f"fix the forward for these inputs, then call remat again)")
+        error.__cause__ = exc
+        return error
     error = LoweringError(f"torch.export could not trace {model} (data-dependent control flow "
                           f"or an unsupported construct):\n{first}")
     error.__cause__ = exc

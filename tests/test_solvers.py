@@ -227,7 +227,7 @@ def test_rotor_out_of_time_before_any_plan_says_so(gpt2_graph):
     """The program grows with the cube of the chain's length: a time limit that passes
     before any plan is one clear error naming the option, not a hang or a wrong floor."""
     with pytest.raises(rotor_module.OutOfTime, match="time_limit_s"):
-        solvers.solve(gpt2_graph, "60%", "rotor", time_limit_s=0.0)
+        solvers.solve(gpt2_graph, "60%", "rotor", time_limit_s=1e-9)
     assert ir.simulate(gpt2_graph, solvers.solve(gpt2_graph, "60%", "rotor")).valid
 
 
