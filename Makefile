@@ -28,10 +28,10 @@ demo: $(STAMP)
 # (bigger models and more families for what test covers; tests/slow.py says which): run
 # it before a change to lowering, solvers or the runtime lands.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not slow"
+	$(BIN)/python -m pytest -q -n auto --dist load -m "not slow"
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup
+	$(BIN)/python -m pytest -q -n auto --dist load
 
 # Search for bugs the suite's fixed samples miss: every property test (random graphs,
 # random schedules, random networks trained next to eager) draws SOAK times its examples,

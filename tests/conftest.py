@@ -41,14 +41,3 @@ def pytest_configure(config):
 
         torch.set_num_threads(threads)
 
-
-def pytest_collection_modifyitems(config, items):
-    """`make test` hands tests to whichever worker is free (`--dist loadgroup`), so that
-    one big file no longer runs alone at the end (files whole, the zoo's went last). Tests
-    sharing a module-scoped fixture (the distributed spawn, a compiled C solver, profiled
-    graphs) stay together on one worker, as a group, so that it is set up once."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope == "module" for fixtures in defs for d in fixtures):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -16,14 +16,25 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory, worker_id):
+    """Every case's numbers, spawned once per test session: `make test` hands tests to
+    whichever worker is free, so the tests reading them may run on either worker; the
+    first to need them spawns the runs and the other waits for its file (a lock in the
+    session's temporary directory, which pytest-xdist's workers share). The spawn took
+    about a minute, once per worker before."""
+    from filelock import FileLock
     import torch.multiprocessing as mp
 
     import distributed_runs
 
-    out = tmp_path_factory.mktemp("distributed") / "results.json"
-    mp.spawn(distributed_runs.run_all, args=(2, distributed_runs.free_port(), str(out)), nprocs=2)
+    root = (tmp_path_factory.mktemp("distributed") if worker_id == "master"
+            else tmp_path_factory.getbasetemp().parent)
+    out = root / "distributed-results.json"
+    with FileLock(f"{out}.lock"):
+        if not out.exists():
+            mp.spawn(distributed_runs.run_all, args=(2, distributed_runs.free_port(), str(out)),
+                     nprocs=2)
     return json.loads(out.read_text())
 
 
