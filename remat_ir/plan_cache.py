@@ -56,7 +56,8 @@ class PlanCache:
         if cache_dir is False:
             return None
         chosen = cache_dir or os.environ.get(ENVIRONMENT_VARIABLE)
-        if chosen and Path(chosen).expanduser().exists() and not Path(chosen).expanduser().is_dir():
+        where = Path(chosen).expanduser() if chosen else None
+        if where is not None and where.exists() and not where.is_dir():
             raise ValueError(f"the plan cache {chosen} is a file, not a directory: name a "
                              f"directory (created if missing), or pass cache_dir=False")
         return cls(chosen, warn) if chosen else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from remat_ir.ir import Graph, pb, simulate, store_all
 from remat_ir.ir.fingerprint import structure_fingerprint
@@ -65,15 +66,16 @@ _KINDS = {"bool": bool, "int": int, "float": (int, float)}
 _KIND_NAMES = {bool: "true or false", int: "an integer", (int, float): "a number"}
 
 
-def check_request(solver, time_limit_s, options: dict) -> SolverInfo:
-    """The solver `solver` names, after checking the request's types and options: what
-    `solve` checks first, and what `remat()` checks before tracing the model."""
+def check_request(solver, time_limit_s, options: dict) -> tuple[SolverInfo, Callable]:
+    """The solver `solver` names and its function, after checking the request's types and
+    options: what `solve` checks first, and what `remat()` checks before tracing the model."""
     if not isinstance(solver, str):
         raise BadRequest(f"solver must be a name (`remat-ir solvers` lists them), not {solver!r}")
     _check_time_limit(time_limit_s)
     info = find(solver)
-    _check_options(solver, info.load(), options)
-    return info
+    function = info.load()
+    _check_options(solver, function, options)
+    return info, function
 
 
 def _check_time_limit(time_limit_s) -> None:
@@ -104,8 +106,7 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     if not isinstance(graph, Graph):
         raise BadRequest(f"graph must be a remat_ir.ir.Graph (ir.load(path) reads a file, "
                          f"ir.Graph(proto) wraps a message), not {type(graph).__module__}.{type(graph).__qualname__}")
-    info = check_request(solver, time_limit_s, options)
-    function = info.load()
+    info, function = check_request(solver, time_limit_s, options)
     peak = store_all(graph).predicted_peak_bytes
     limit = parse_budget(budget, peak)
     host_limit = parse_host_budget(host_budget, peak)
