@@ -240,6 +240,53 @@ class StatusLine:
             self.stream.flush()
 
 
+def drop_invalid_schedules(graph: Graph, path, output) -> list[str]:
+    """Remove from `graph` (read from `path`, to be written to `output` by `solve`) the
+    schedules the simulator refuses, and say for each, in the words `validate` uses, that
+    it is not copied: `solve` writes only schedules it has checked, as it checks the one
+    it adds, and a schedule the simulator refuses could not be run or plotted anyway."""
+    from .ir import simulate
+
+    notices, kept = [], []
+    for schedule in graph.schedules:
+        result = simulate(graph, schedule)
+        if result.valid:
+            kept.append(schedule)
+        else:
+            notices.append(f"remat-ir: {path}: schedule {schedule.name!r}: INVALID at "
+                           f"{result.violation}; not copied into {output} (`remat-ir validate "
+                           f"{path}` checks every schedule)")
+    if notices:
+        _keep_schedules(graph, kept)
+    return notices
+
+
+def replace_same_named(graph: Graph, schedule, path) -> list[str]:
+    """Remove from `graph` the schedules (read from `path`) named as `schedule`, which
+    `solve` just added last, and say which: a file holds one schedule per name (`plot
+    --schedule NAME` picks it by name), so a second solve with the same solver, or a
+    solver that names its schedule like one in the file, replaces that one."""
+    earlier = [s for s in list(graph.schedules)[:-1] if s.name == schedule.name]
+    notices = [f"remat-ir: replaced the schedule {s.name!r} of {path} (solver "
+               f"{s.solver or 'not named'}, "
+               + (f"budget {human_bytes(s.budget_bytes)}, " if s.HasField("budget_bytes") else "")
+               + f"peak {human_bytes(s.predicted_peak_bytes)}) with the new one" for s in earlier]
+    if notices:
+        _keep_schedules(graph, [s for s in graph.schedules if s.name != schedule.name] + [schedule])
+    return notices
+
+
+def _keep_schedules(graph: Graph, schedules) -> None:
+    """Make `schedules` (messages of `graph`, in this order) its only schedules."""
+    from .ir import pb
+
+    copies = [pb.Schedule() for _ in schedules]
+    for copy, schedule in zip(copies, schedules):
+        copy.CopyFrom(schedule)
+    del graph.proto.schedules[:]
+    graph.proto.schedules.extend(copies)
+
+
 def cmd_solve(args) -> int:
     from .ir import save, store_all
     from .solvers import InfeasibleBudget, solve
@@ -254,6 +301,8 @@ def cmd_solve(args) -> int:
         require_matplotlib()
     if args.host_bandwidth:
         describe_link(graph, args.host_bandwidth)
+    for notice in drop_invalid_schedules(graph, args.file, args.output):
+        print(notice, file=sys.stderr)
     status = StatusLine()
     try:
         schedule = solve(graph, parse_budget_arg(args.budget), args.solver,
@@ -263,9 +312,14 @@ def cmd_solve(args) -> int:
         status.done()
         raise RematIRError(f"budget {args.budget} is infeasible for {args.solver}: {exc}") from None
     status.done()
+    replaced = replace_same_named(graph, schedule, args.file)
+    for notice in replaced:
+        print(notice, file=sys.stderr)
+    schedule = graph.schedules[-1]
     print("\n".join(solve_summary(graph, schedule, store_all(graph))))
     path = save(graph, args.output)
-    print(f"wrote {path} (schedule {schedule.name!r} added, {len(graph.schedules)} in the file)")
+    print(f"wrote {path} (schedule {schedule.name!r} {'replaced' if replaced else 'added'}, "
+          f"{len(graph.schedules)} in the file)")
     if args.plot:
         from .plots import plot_memory
         print(f"wrote {plot_memory(graph, [store_all(graph), schedule], args.plot)}")
@@ -392,7 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "measured when the graph was profiled)")
     p.add_argument("--host-budget", metavar="SIZE", help="host memory the offloaded copies may "
                                                         "take, e.g. 64GiB (default: no limit)")
-    p.add_argument("-o", "--output", required=True, help="IR file to write, with the schedule added")
+    p.add_argument("-o", "--output", required=True,
+                   help="IR file to write, with the schedule added (replacing one of the same "
+                        "name) and without schedules the simulator refuses")
     p.add_argument("--plot", metavar="PNG", help="also plot memory over the steps, against "
                                                  "store-everything (needs matplotlib)")
     p.set_defaults(run=cmd_solve)

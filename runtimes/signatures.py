@@ -7,7 +7,10 @@ per non-tensor argument (a flag such as `use_cache=False` is baked into the
 trace), one autocast state (its casts are in the graph) and one device type
 (its costs were measured there). `Signature` holds these, argument by
 argument, so that a call that differs can be described in one line: the
-argument that is extra, missing, or of another shape, dtype or value.
+argument that is extra, missing, or of another shape, dtype or value. That line
+names a value by its description unless the description is long (a numpy array's
+repr holds every element): `shown_input`; the description itself stays the
+signature's identity.
 
 Keyword arguments are compared by name, not by the order they were passed.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils import _pytree as pytree
@@ -39,20 +42,26 @@ class Signature:
     default_dtype: str = "torch.float32"
     #: `autocast_cache()`: whether a parameter read by several ops is cast once or per op.
     autocast_cache: bool = True
+    #: (name, how messages show it) for the arguments whose description is too long to
+    #: quote (`shown_input`); not part of the identity, which the descriptions are.
+    shown: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
         one phrase naming the first differing argument, or the autocast state or device."""
         mine, theirs = dict(self.arguments), dict(lowered.arguments)
+        show_mine, show_theirs = self._shown(), lowered._shown()
         for name in theirs:
             if name not in mine:
-                return f"argument {name} ({theirs[name]}) is missing"
+                return f"argument {name} ({show_theirs[name]}) is missing"
         for name in mine:
             if name not in theirs:
-                return f"argument {name} ({mine[name]}) was not given at lowering"
+                return f"argument {name} ({show_mine[name]}) was not given at lowering"
         for name in mine:
             if mine[name] != theirs[name]:
-                return f"argument {name} is {mine[name]}, lowered for {theirs[name]}"
+                if show_mine[name] == show_theirs[name]:  # shown alike, of other values
+                    return f"argument {name} is {show_mine[name]} of another value than at lowering"
+                return f"argument {name} is {show_mine[name]}, lowered for {show_theirs[name]}"
         if self.autocast != lowered.autocast:
             return (f"autocast is {_autocast_text(self.autocast)}, lowered under "
                     f"{_autocast_text(lowered.autocast)}")
@@ -71,6 +80,40 @@ class Signature:
 
     def same_but_device(self, other: "Signature") -> bool:
         return dataclasses.replace(self, device=other.device) == other
+
+    def _shown(self) -> dict[str, str]:
+        """How messages name each argument: `shown` where the call gave it, else the
+        description, shortened (`shortened`: a signature read from a graph has no values)."""
+        return {name: shortened(description) for name, description in self.arguments} | dict(self.shown)
+
+
+#: The longest description of a value a message quotes whole.
+SHOWN_CHARACTERS = 80
+
+
+def shortened(description: str) -> str:
+    """`description` if it is short, else its first characters and its length: a value's
+    repr can run to thousands of characters (a long string, a container of arrays)."""
+    if len(description) <= SHOWN_CHARACTERS and "\n" not in description:
+        return description
+    head = description.splitlines()[0][:SHOWN_CHARACTERS - 20].rstrip()
+    return f"{head}... ({len(description):,} characters)"
+
+
+def shown_input(leaf, description: str) -> str:
+    """How a message names an input leaf whose signature description is `description`
+    (`describe_input`): the description itself where it is short, a flag such as
+    use_cache=False, whose value is what differs. A long one is the repr of a value
+    (a non-tensor leaf): a numpy array's, which holds every element and made a notice of
+    a page, is named by its type, shape and dtype ('numpy.ndarray [10, 10] float64'),
+    anything else `shortened`."""
+    if len(description) <= SHOWN_CHARACTERS and "\n" not in description:
+        return description
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if not isinstance(leaf, torch.Tensor) and isinstance(shape, tuple) and dtype is not None:
+        kind = type(leaf)
+        return f"{kind.__module__}.{kind.__qualname__} {list(shape)} {dtype}"
+    return shortened(description)
 
 
 def _canonical(args, kwargs) -> tuple:
@@ -95,8 +138,11 @@ def autocast_from_json(text: str) -> tuple[tuple[str, str], ...]:
 def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     """The signature of a call (under the autocast state active now, unless given)."""
     with_paths, spec = pytree.tree_flatten_with_path(_canonical(args, kwargs))
-    arguments = tuple(sorted((argument_name(path), describe_input(leaf)) for path, leaf in with_paths))
+    described = [(argument_name(path), describe_input(leaf), leaf) for path, leaf in with_paths]
+    arguments = tuple(sorted((name, description) for name, description, _ in described))
+    shown = tuple(sorted((name, text) for name, description, leaf in described
+                         if (text := shown_input(leaf, description)) != description))
     tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
-                     str(spec), str(torch.get_default_dtype()), autocast_cache())
+                     str(spec), str(torch.get_default_dtype()), autocast_cache(), shown)

@@ -40,6 +40,7 @@ from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, 
 from . import autocast_anchors
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
+from .dtype_errors import mixed_dtypes_message
 from .fsdp import StepUnits, Units, check_gathered, is_sharded_class
 from .signatures import Signature, argument_names, autocast_from_json, call_signature, containers
 from .traced_reads import TracedReads
@@ -66,7 +67,13 @@ class _Step:
         self.runner, self.device, self.sharding = runner, runner.device, sharding
         step_units = sharding.step_units if sharding is not None else None
         with torch.no_grad(), segments_without_autocast(runner.device):
-            outputs, updates, saved = runner.forward_fn(resident, step_units)
+            try:
+                outputs, updates, saved = runner.forward_fn(resident, step_units)
+            except RuntimeError as exc:
+                refused = mixed_dtypes_message(runner.graph, runner.plan.forward_source, exc)
+                if refused is None:
+                    raise
+                raise RuntimeInputError(refused) from None
         if step_units is not None:
             step_units.after_forward()
             # Backward reads, and autograd accumulates into, the parameters as gathered.

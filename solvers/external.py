@@ -22,6 +22,8 @@ The protocol, all of it:
   `Schedule` whose `predicted_peak_bytes` is the smallest budget the program
   knows to be feasible (above the budget; the rest of it is ignored), or nothing
   if it knows none; this becomes `InfeasibleBudget`. Anything else is a failure.
+- A program that does not exist or is not executable is refused when the solver is
+  named (`check_runnable`), before the graph is sent.
 - Time: the program should finish within the time limit it was given; it is
   killed (with everything it started) `GRACE_S` seconds after the limit, or
   after `DEFAULT_TIME_LIMIT_S` when the caller gave none.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import os
 import queue
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -88,21 +91,48 @@ def _request(graph: Graph, budget: int | None, time_limit_s: float | None) -> tu
     return dumps(proto), env
 
 
+def _cannot_run(command: str, program: str, why: str) -> SolverError:
+    return SolverError(f"external solver {command!r}: cannot run {program!r}: {why}")
+
+
+def _missing(program: str) -> str:
+    return ("there is no such file" if os.sep in program else
+            "it is not a file and not found on PATH")
+
+
+def _not_executable(program: str) -> str:
+    return ("it is not executable (chmod +x it, or name its interpreter first, "
+            f"e.g. 'exec:python3 {program}')")
+
+
+def check_runnable(argv: list[str], command: str) -> None:
+    """Refuse, before anything runs, a program that cannot start: one that does not exist
+    or is not executable, in the words `_start` uses when starting it fails. A caller that
+    runs the program many times (hiremate asks its leaf solvers once per cluster) would
+    otherwise meet the same failure each time, after work that was in vain."""
+    program = argv[0]
+    if os.sep not in program:
+        if shutil.which(program) is not None:  # as the exec family, the first executable one
+            return
+        found = shutil.which(program, mode=os.F_OK)
+    else:
+        found = program if os.path.exists(program) else None
+    if found is None:
+        raise _cannot_run(command, program, _missing(program))
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise _cannot_run(command, program, _not_executable(program))
+
+
 def _start(argv: list[str], command: str, env: dict) -> subprocess.Popen:
     try:
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, start_new_session=True)
     except FileNotFoundError:
-        where = ("there is no such file" if os.sep in argv[0] else
-                 "it is not a file and not found on PATH")
-        raise SolverError(f"external solver {command!r}: cannot run {argv[0]!r}: {where}") from None
+        raise _cannot_run(command, argv[0], _missing(argv[0])) from None
     except PermissionError:
-        raise SolverError(f"external solver {command!r}: cannot run {argv[0]!r}: it is not "
-                          "executable (chmod +x it, or name its interpreter first, "
-                          f"e.g. 'exec:python3 {argv[0]}')") from None
+        raise _cannot_run(command, argv[0], _not_executable(argv[0])) from None
     except OSError as error:
-        raise SolverError(f"external solver {command!r}: cannot run {argv[0]!r}: "
-                          f"{error.strerror or error}") from None
+        raise _cannot_run(command, argv[0], str(error.strerror or error)) from None
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -225,6 +255,7 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
                           f"arguments as a shell would ({error}); balance its quotes") from None
     if not argv:
         raise SolverError("an external solver needs a command, e.g. exec:./my_solver")
+    check_runnable(argv, command)
 
     def run(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
             progress: Progress = quiet) -> pb.Schedule:

@@ -358,6 +358,8 @@ class _Planner:
                  deadline: Deadline, progress):
         self.tg, self.max_options, self.deadline, self.progress = tg, max_options, deadline, progress
         self.leaves = leaves
+        #: Leaf solvers that failed on a cluster: said once, not asked again (`leaf_options`).
+        self.failed_leaves: set[str] = set()
         #: signature -> (forward nodes, backward nodes, options) of the first cluster solved.
         self.solved: dict[str, tuple[list[int], list[int], list[PartOption]]] = {}
         self.count = 0
@@ -416,7 +418,7 @@ class _Planner:
                     options.append(shape.measure(*found))
             if self.leaves and not cluster.children:
                 options += leaf_options(shape, self.leaves, CLUSTER_SECONDS, self.options_deadline(),
-                                        f"cluster {cluster.id}", self.progress)
+                                        f"cluster {cluster.id}", self.progress, self.failed_leaves)
         options = pareto(options)
         self.count += 1
         self.progress(f"hiremate: cluster {cluster.id} (level {cluster.level}, "

@@ -39,7 +39,10 @@ SAVED_SHARES = (0.75, 0.5, 0.25, 0.1, 0.0)
 
 def leaf_solver_names(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """The `leaf_solvers` option as names: a comma-separated string or a sequence;
-    each must name a solver (UnknownSolver lists the known ones), not hiremate itself."""
+    each must name a solver (UnknownSolver lists the known ones), not hiremate itself,
+    that loads: a plugin that fails to import or an `exec:` program that cannot start
+    (`external.check_runnable`) is refused here, before planning, rather than failing on
+    every cluster."""
     if value is None or value == "":
         return ()
     names = value.split(",") if isinstance(value, str) else value
@@ -50,15 +53,27 @@ def leaf_solver_names(value: str | Sequence[str] | None) -> tuple[str, ...]:
         if name == "hiremate":
             raise BadRequest("leaf_solvers cannot name hiremate itself: its clusters already "
                              "have hiremate's own H-ILP options; name other solvers, e.g. checkmate")
-        find(name)
+        info = find(name)
+        try:
+            info.load()
+        except RematIRError as error:
+            error.args = (f"leaf_solvers {name!r}: {error}", *error.args[1:])
+            raise
     return tuple(dict.fromkeys(names))
 
 
 def leaf_options(shape: PartShape, names: Sequence[str], seconds: float, deadline: Deadline,
-                 name: str, progress=quiet) -> list[PartOption]:
+                 name: str, progress=quiet, failed: set[str] | None = None) -> list[PartOption]:
     """Options of the cluster `shape` from each solver in `names` at every budget of
-    `SAVED_SHARES` (`seconds` each, none past `deadline`). A solver that fails is
-    named in `progress` and skipped: the cluster keeps its other options."""
+    `SAVED_SHARES` (`seconds` each, none past `deadline`). A solver that fails (an
+    error, not a refused budget) is named in `progress` and skipped: the cluster keeps
+    its other options. `failed`, shared by the clusters of one plan, holds the solvers
+    that failed: each is said once and not asked again (a broken program fails on every
+    cluster, and said once per cluster, its error filled the progress)."""
+    failed = set() if failed is None else failed
+    names = [solver for solver in names if solver not in failed]
+    if not names:
+        return []
     from . import solve  # the package imports this module's users lazily
 
     tg = shape.tg
@@ -86,7 +101,9 @@ def leaf_options(shape: PartShape, names: Sequence[str], seconds: float, deadlin
                     budgets = []
                 continue
             except RematIRError as error:
-                progress(f"hiremate: leaf solver {solver!r} failed on {name}: {error}")
+                failed.add(solver)
+                progress(f"hiremate: leaf solver {solver!r} failed on {name} and is not "
+                         f"asked again (the clusters plan with their other options): {error}")
                 break
             sequences = compute_sequences(schedule, shape.forward, shape.backward)
             if sequences is not None:

@@ -301,3 +301,51 @@ def test_convert_refuses_an_input_too_big_to_hold(tmp_path, monkeypatch):
     with pytest.raises(RematIRError, match=r"^--shape x=100000000000x8: the input takes 2.91 TiB "
                                            r"\(torch.float32\), which cannot be allocated \("):
         cli._example_input("x", [100_000_000_000, 8], torch.float32)
+
+
+def test_solve_replaces_a_schedule_of_the_same_name(tmp_path):
+    """Solving a file twice with one solver, or with a solver that names its schedule like
+    one in the file, stored both side by side under one name (`plot --schedule NAME`
+    then drew both). The new schedule replaces the old one, said in one line on stderr."""
+    first, second = tmp_path / "first.rir", tmp_path / "second.rir"
+    done = remat_ir("solve", EXAMPLE, "--solver", "sqrt", "--budget", "80%", "-o", first)
+    assert done.returncode == 0, done.stderr
+    done = remat_ir("solve", first, "--solver", "sqrt", "--budget", "90%", "-o", second)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"remat-ir: replaced the schedule 'sqrt' of {first} (solver sqrt, "
+                           "budget 896.00 KiB, peak 672.00 KiB) with the new one\n")
+    assert f"wrote {second} (schedule 'sqrt' replaced, 3 in the file)" in done.stdout
+    planned = ir.load(second)
+    assert [s.name for s in planned.schedules] == ["store_all", "recompute_all", "sqrt"]
+    assert planned.schedules[-1].budget_bytes == int(0.9 * ir.store_all(planned).predicted_peak_bytes)
+    # An external solver naming its plan 'store_all', like the file's reference schedule.
+    program = tmp_path / "named_store_all.py"
+    program.write_text("import sys\nfrom remat_ir import ir\n"
+                       "graph = ir.loads(sys.stdin.buffer.read())\n"
+                       "sys.stdout.buffer.write(ir.store_all(graph).SerializeToString())\n")
+    third = tmp_path / "third.rir"
+    done = remat_ir("solve", second, "--solver", f"exec:{sys.executable} {program}", "-o", third)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"remat-ir: replaced the schedule 'store_all' of {second} (solver "
+                           "store_all, peak 1.09 MiB) with the new one\n")
+    planned = ir.load(third)
+    assert [s.name for s in planned.schedules] == ["recompute_all", "sqrt", "store_all"]
+    assert planned.schedules[-1].solver == f"exec:{sys.executable} {program}"
+
+
+def test_solve_does_not_carry_over_a_schedule_the_simulator_refuses(tmp_path):
+    """A file holding a schedule the simulator refuses (`validate` says INVALID): `solve`
+    copied it into its output unchecked. It is left out, in `validate`'s words."""
+    g, ids = chain(3)
+    g.add_schedule(ir.recompute_all(g))
+    s = g.add_schedule(ir.store_all(g))
+    s.steps.insert(1, pb.Step(free=ids["a1"]))
+    s.backward_start += 1
+    path, out = ir.save(g, tmp_path / "freed.rir"), tmp_path / "out.rir"
+    done = remat_ir("solve", path, "--solver", "autograd", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"remat-ir: {path}: schedule 'store_all': INVALID at step 2: node 'f_1' "
+                           "(test.f, id 1) reads value 'a1' (id 1), which is not live; not copied "
+                           f"into {out} (`remat-ir validate {path}` checks every schedule)\n")
+    assert [s.name for s in ir.load(out).schedules] == ["recompute_all", "autograd"]
+    assert remat_ir("validate", out).returncode == 0

@@ -143,9 +143,11 @@ def test_leaf_solver_names_are_checked_up_front():
 
 def test_a_failing_leaf_solver_is_named_and_the_plan_goes_on(tmp_path):
     """An `exec:` leaf solver that crashes: hiremate says so in its progress and plans
-    with its other options."""
+    with its other options. Once: it was asked again, and said so again, on every
+    cluster (three here)."""
+    runs = tmp_path / "runs"
     crash = tmp_path / "crash.sh"
-    crash.write_text("#!/bin/sh\necho broken >&2\nexit 1\n")
+    crash.write_text(f"#!/bin/sh\necho run >> {runs}\necho broken >&2\nexit 1\n")
     crash.chmod(0o755)
     graph, _ = chain(12)
     messages = []
@@ -153,7 +155,33 @@ def test_a_failing_leaf_solver_is_named_and_the_plan_goes_on(tmp_path):
                              leaf_solvers=f"exec:{crash}", progress=messages.append)
     assert ir.simulate(graph, schedule).valid
     failed = [m for m in messages if "leaf solver" in m and "failed" in m]
-    assert failed and "broken" in failed[0], messages
+    assert len(failed) == 1 and "broken" in failed[0], messages
+    assert "is not asked again (the clusters plan with their other options)" in failed[0]
+    assert runs.read_text() == "run\n"
+    assert sum("options; " in m for m in messages) >= 3  # the other clusters planned on
+
+
+def test_a_leaf_solver_that_cannot_start_is_refused_up_front(tmp_path):
+    """A missing or unexecutable `exec:` program in `leaf_solvers` failed on every cluster,
+    each time said in the progress, while hiremate planned on: it is one error, before
+    planning, in the words `solve` uses for the program as a solver of its own."""
+    missing = tmp_path / "no-such-solver"
+    with pytest.raises(solvers.SolverError) as raised:
+        leaf_solver_names(f"rotor,exec:{missing} --fast")
+    assert str(raised.value) == (f"leaf_solvers 'exec:{missing} --fast': external solver "
+                                 f"'{missing} --fast': cannot run '{missing}': there is no such file")
+    plain = tmp_path / "solver.sh"
+    plain.write_text("#!/bin/sh\nexit 1\n")
+    plain.chmod(0o644)
+    with pytest.raises(solvers.SolverError, match=f"cannot run '{plain}': it is not executable"):
+        leaf_solver_names(f"exec:{plain}")
+    graph, _ = chain(12)
+    messages = []
+    with pytest.raises(solvers.SolverError, match="leaf_solvers 'exec:remat-no-such-leaf-solver'"
+                                                  ": .* it is not a file and not found on PATH"):
+        solvers.solve(graph, "50%", "hiremate", max_cluster=4, max_top=3,
+                      leaf_solvers="exec:remat-no-such-leaf-solver", progress=messages.append)
+    assert messages == []  # refused before any cluster was planned
 
 
 def test_cli_takes_leaf_solvers_as_an_option(tmp_path):

@@ -273,3 +273,64 @@ def test_a_new_signature_that_cannot_be_planned_says_which_call():
                                                r"tensor \[4, 8\] int64\): no schedule fits") as raised:
         scheduled(data[8:])
     assert raised.value.smallest_feasible > raised.value.budget
+
+
+def test_inputs_of_another_dtype_than_the_parameters_are_one_clear_error(capsys):
+    """float64 inputs into a model of float32 `nn.Linear`s: a new signature, lowered and
+    planned (the trace does not check the dtypes `addmm` is given), whose step then failed
+    inside the generated segment with torch's "mat1 and mat2 must have the same dtype",
+    naming no module. Eager refuses the call too; the error says which op of which module
+    met which dtypes, and what to change."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    scheduled = remat_ir.remat(model, x, solver="recompute-all", cost_model="flops")
+    with pytest.raises(RuntimeError, match="must have the same dtype"):
+        model(x.double())
+    with pytest.raises(RuntimeInputError) as raised:
+        scheduled(x.double())
+    assert str(raised.value) == (
+        "node 'addmm' (aten.addmm.default, id 1) in module 0 (Linear) read tensors of different "
+        "dtypes (float32 and float64) and failed (mat1 and mat2 must have the same dtype, but got "
+        "Double and Float): this call's args[0] is float64 while the model's parameters are "
+        "float32, which eager PyTorch refuses too: pass args[0] as float32 "
+        "(`.to(torch.float32)`), or convert the model (`model.to(torch.float64)`) and call "
+        "remat_ir.remat on it again")
+    assert raised.value.__suppress_context__  # one error, not torch's beneath it
+    scheduled(x).sum().backward()  # the float32 plan still trains
+    assert model[0].weight.grad is not None
+
+
+class _Table(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x, table=None):
+        return self.a(x).sum() * (1.0 if table is None else float(table.sum()))
+
+
+def test_a_numpy_array_is_named_by_its_type_shape_and_dtype(capsys):
+    """A numpy array where no argument was lowered: the notice (and the planning error
+    after it, torch.export takes no arrays) pasted the array's whole repr, 10 lines for a
+    10 x 10 array. They name it by type, shape and dtype; the signature still tells two
+    arrays apart by their values (a value that is not a tensor is baked into the trace)."""
+    import numpy as np
+
+    from remat_ir.runtimes.signatures import call_signature
+
+    x = torch.randn(3, 4)
+    scheduled = remat_ir.remat(_Table(), {"x": x}, solver="recompute-all", cost_model="flops")
+    table = np.arange(100.0).reshape(10, 10)
+    with pytest.raises(ir.RematIRError) as raised:
+        scheduled(x=x, table=table)
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    said = ("new input signature (argument table (numpy.ndarray [10, 10] float64) was not given "
+            "at lowering)")
+    assert notices == [f"remat-ir: {said}: lowering and planning again (plan 2, at most 8 kept)"]
+    assert str(raised.value).startswith(f"planning this call's {said}: ")
+    assert "array(" not in str(raised.value)
+    first, same, other = (call_signature((), {"table": t}) for t in (table, table.copy(), table + 1))
+    assert first == same and hash(first) == hash(same) and first != other
+    assert other.difference(first) == ("argument table is numpy.ndarray [10, 10] float64 of "
+                                       "another value than at lowering")
