@@ -55,6 +55,7 @@ from .output_aliases import output_aliases
 from .refusals import (check_backward_hooks, check_hook_reparametrizations, constant_output,
                        mutation_error, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
+from .inplace_draws import draw_in_layout
 from .trace_effects import refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .view_compaction import compact_views
@@ -74,7 +75,7 @@ _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._ass
 SHAPE_ONLY_RANDOM_OPS = frozenset({
     "native_dropout", "_fused_dropout", "bernoulli", "rand", "rand_like", "randn",
     "randn_like", "randint", "randint_like", "randperm", "normal", "uniform", "exponential",
-    "cauchy", "log_normal", "geometric", "_scaled_dot_product_flash_attention",
+    "cauchy", "log_normal", "geometric", "draw_in_layout", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
     "_efficient_attention_forward",
@@ -731,7 +732,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         stack.enter_context(_eager_kernels())
         try:
             decompositions = FUSING_DECOMPOSITIONS if fusing else None
-            joint = aot_export_joint_with_descriptors(stack, exported.module(), args, kwargs,
+            module = exported.module()
+            draw_in_layout(module, type(model).__name__)
+            joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
         except LoweringError:
             raise

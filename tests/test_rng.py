@@ -11,9 +11,11 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import remat_ir
 from remat_ir import ir
+from remat_ir.frontends.errors import LoweringError
 from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS, lower
 from remat_ir.lowering import lower_torch
 from remat_ir.ir import pb
@@ -280,3 +282,62 @@ def test_dropout_split_computes_what_eager_computes_in_half_precision(dtype):
     assert len(results[0]) == len(results[1]) == 6
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+class _DrawsIntoAView(torch.nn.Module):
+    """Linear -> `draw(h)` -> Linear, `draw` a random op on a view of `h` (or on a tensor
+    made like one) that is not contiguous."""
+
+    def __init__(self, draw):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+        self.draw = draw
+
+    def forward(self, x):
+        return self.b(self.draw(self.a(x) * 1.0))
+
+
+def _in_place(fill, view):
+    return lambda h: (fill(view(h)), h)[1]
+
+
+_TRANSPOSED, _COLUMNS = (lambda h: h.t()), (lambda h: h[:, :8])
+_PERMUTED = lambda h: h.view(8, 8, 32).permute(2, 0, 1)  # noqa: E731
+_BACK = lambda y: y.permute(1, 2, 0).reshape(64, 32)  # noqa: E731
+_DRAWS_INTO_VIEWS = {
+    "bernoulli_-transposed": _in_place(lambda v: v.bernoulli_(0.5), _TRANSPOSED),
+    "normal_-columns": _in_place(lambda v: v.normal_(), _COLUMNS),
+    "uniform_-permuted": _in_place(lambda v: v.uniform_(-1, 1), _PERMUTED),
+    "dropout_-transposed": _in_place(lambda v: F.dropout(v, 0.3, True, True), _TRANSPOSED),
+    "alpha_dropout-permuted": lambda h: _BACK(F.alpha_dropout(_PERMUTED(h), 0.3, True)),
+    "alpha_dropout_-transposed": _in_place(lambda v: F.alpha_dropout(v, 0.3, True, True), _TRANSPOSED),
+    "rrelu-transposed": lambda h: F.rrelu(h.t(), training=True).t(),
+    # gumbel_softmax's noise: -empty_like(logits).exponential_().log(), logits transposed.
+    "gumbel_softmax-transposed": lambda h: F.gumbel_softmax(h.t(), tau=0.5).t() * h,
+}
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+@pytest.mark.parametrize("case", sorted(_DRAWS_INTO_VIEWS))
+def test_random_draws_into_tensors_that_are_not_contiguous_train_like_eager(case, solver):
+    """Eager's in-place random fills (and dropout's noise, made `empty_like` its input)
+    draw in the tensor's own layout; their traced functional forms drew into a fresh
+    contiguous tensor: other masks and noise under every schedule, silently (outputs 1.2
+    to 1.9 off; after `normal_` on a column slice, the generator elsewhere), and rrelu's
+    result in another layout (1e-7 off). `frontends/inplace_draws.py` draws them in
+    eager's layout; recompute-all draws them again (RNG replay) in the backward."""
+    torch.manual_seed(0)
+    model = _DrawsIntoAView(_DRAWS_INTO_VIEWS[case])
+    x = torch.randn(64, 16)
+    make = lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops")  # noqa: E731
+    errors = side_by_side(model, make, (x,), {}, lambda y: y.sin().sum(), tolerance=1.0)
+    assert errors == {}, f"not bitwise equal to eager: {errors}"
+
+
+def test_bernoulli_with_probabilities_into_a_transposed_view_is_refused_naming_the_line():
+    """`bernoulli_(p)` with a tensor `p` pairs draws by both layouts, which the rewrite
+    does not reproduce: refused, naming the call and what to do."""
+    model = _DrawsIntoAView(_in_place(lambda v: v.bernoulli_(torch.full_like(v, 0.5)), _TRANSPOSED))
+    with pytest.raises(LoweringError, match=r"bernoulli_\.Tensor on a tensor that is not "
+                                                    r"contiguous \(File .*test_rng\.py.*contiguous"):
+        remat_ir.remat(model, (torch.randn(64, 16),), solver="autograd", cost_model="flops")

@@ -18,6 +18,8 @@ from torch.utils import _pytree as pytree
 from remat_ir.ir import arguments
 from remat_ir.ir.dtypes import dtype_from_name, dtype_name
 
+from . import layout_draws  # noqa: F401  registers remat_ir::draw_in_layout, which graphs name
+
 _TORCH_DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
     "bfloat16": torch.bfloat16, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
