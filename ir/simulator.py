@@ -323,16 +323,15 @@ class _Run:
         if value_id not in self.g.values:
             return self.fail(k, "bad_step", f"{action} of value id {value_id}, which does not exist",
                              value_id=value_id)
-        what = self.g.describe_value(value_id)
         if value_id in self.g.resident_value_ids:
-            return self.fail(k, "free_resident", f"{action} of graph input {what}, which is "
+            return self.fail(k, "free_resident", f"{action} of graph input {self.g.describe_value(value_id)}, which is "
                              "resident and cannot be released", value_id=value_id)
         if action == "free":
             if value_id in self.g.output_value_ids and value_id not in self.host:
-                return self.fail(k, "free_output", f"free of graph output {what}, which has no "
+                return self.fail(k, "free_output", f"free of graph output {self.g.describe_value(value_id)}, which has no "
                                  "copy in host memory", value_id=value_id)
             if value_id not in self.mem.live:
-                return self.fail(k, "free_not_live", f"free of {what}, which is not live",
+                return self.fail(k, "free_not_live", f"free of {self.g.describe_value(value_id)}, which is not live",
                                  value_id=value_id)
             during = self.mem.bytes
             self.wait(max(self.offloading.pop(value_id, 0.0), self.arriving.pop(value_id, 0.0)))
@@ -340,10 +339,10 @@ class _Run:
             return self.record(k, during)
         if action == "offload":
             if value_id not in self.mem.live:
-                return self.fail(k, "offload_not_live", f"offload of {what}, which is not live",
+                return self.fail(k, "offload_not_live", f"offload of {self.g.describe_value(value_id)}, which is not live",
                                  value_id=value_id)
             if value_id in self.host:
-                return self.fail(k, "already_offloaded", f"offload of {what}, which already has "
+                return self.fail(k, "already_offloaded", f"offload of {self.g.describe_value(value_id)}, which already has "
                                  "a copy in host memory", value_id=value_id)
             self.wait(self.arriving.pop(value_id, 0.0))
             self.offloading[value_id] = self.transfer(value_id, "offload")
@@ -357,10 +356,10 @@ class _Run:
             return self.record(k, self.mem.bytes)
         # prefetch: the value comes back into a fresh allocation
         if value_id not in self.host:
-            return self.fail(k, "prefetch_not_offloaded", f"prefetch of {what}, which is not "
+            return self.fail(k, "prefetch_not_offloaded", f"prefetch of {self.g.describe_value(value_id)}, which is not "
                              "offloaded", value_id=value_id)
         if value_id in self.mem.live:
-            return self.fail(k, "prefetch_live", f"prefetch of {what}, which is still live on "
+            return self.fail(k, "prefetch_live", f"prefetch of {self.g.describe_value(value_id)}, which is still live on "
                              "the device (free it after its offload first)", value_id=value_id)
         self.host_bytes -= self.host.pop(value_id)
         self.arriving[value_id] = self.transfer(value_id, "prefetch")
@@ -374,31 +373,30 @@ class _Run:
                              node_id=node_id)
         self.current_node = node_id
         node = g.node(node_id)
-        what = g.describe_node(node_id)
         for v in node.inputs:
             if v in g.resident_value_ids:
                 if v in self.gradient_inputs and k < self.schedule.backward_start:
-                    return self.fail(k, "gradient_before_backward", f"{what} reads output gradient "
+                    return self.fail(k, "gradient_before_backward", f"{g.describe_node(node_id)} reads output gradient "
                                      f"{g.describe_value(v)} before backward starts",
                                      node_id=node_id, value_id=v)
                 continue
             if v not in self.mem.live:
                 where = " (it is offloaded; prefetch it first)" if v in self.host else ""
-                return self.fail(k, "input_not_live", f"{what} reads {g.describe_value(v)}, "
+                return self.fail(k, "input_not_live", f"{g.describe_node(node_id)} reads {g.describe_value(v)}, "
                                  f"which is not live{where}", node_id=node_id, value_id=v)
         counts = self.result.compute_counts
         counts[node_id] += 1
         if counts[node_id] > 1:
             if node.mutating or node.non_recomputable:
-                return self.fail(k, "recompute_forbidden", f"{what} runs a second time but may run "
+                return self.fail(k, "recompute_forbidden", f"{g.describe_node(node_id)} runs a second time but may run "
                                  "only once per step", node_id=node_id)
             if node.random and not self.schedule.rng_replay:
-                return self.fail(k, "random_recompute", f"{what} draws random numbers and is "
+                return self.fail(k, "random_recompute", f"{g.describe_node(node_id)} draws random numbers and is "
                                  "recomputed, but the schedule does not replay RNG state "
                                  "(set rng_replay)", node_id=node_id)
         for v in node.outputs:
             if v in self.offloading:
-                return self.fail(k, "offload_pending", f"{what} computes {g.describe_value(v)} "
+                return self.fail(k, "offload_pending", f"{g.describe_node(node_id)} computes {g.describe_value(v)} "
                                  "again while its offload is under way (free it first)",
                                  node_id=node_id, value_id=v)
             if v in self.host:  # a fresh copy replaces the one in host memory

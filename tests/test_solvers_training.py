@@ -135,8 +135,10 @@ def test_mlp_planned_by_checkmate_trains_like_eager():
     loss_of = lambda out: out  # noqa: E731
     # Profiled costs: CPU dropout's backward (and the product computing its output) casts
     # the boolean mask to a float temporary, a workspace "flops" costs do not record.
+    # Within 10 s the MILP has a plan of its own or its warm start (it proves optimality in
+    # about 25 s on one core): what runs is checkmate's plan either way.
     scheduled, measured = train_and_compare(model, args, kwargs, loss_of, cost_model="profile",
-                                            budget="90%", solver="checkmate", time_limit_s=60)
+                                            budget="90%", solver="checkmate", time_limit_s=10)
     assert scheduled.schedule.solver == "checkmate"
     assert measured <= scheduled.schedule.budget_bytes * 1.05, (measured, scheduled.schedule.budget_bytes)
 
