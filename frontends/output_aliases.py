@@ -14,7 +14,12 @@ copies (`unsafe_view_alias`), lower as before.
 
 from __future__ import annotations
 
+import re
+import traceback
+
 from torch.utils import _pytree as pytree
+
+from .model_lines import model_line
 
 #: AOTAutograd's output kinds that the joint graph computes as an output of its own.
 _OWN = {"non_alias", "unsafe_view_alias"}
@@ -35,6 +40,10 @@ def _what(info, names: list[str]) -> str:
 #: Output kinds that share storage with an input of the step: refused at lowering (the
 #: runtime cannot hand such an output over: a returned parameter crashed at the first call).
 _OF_INPUTS = {"is_input", "alias_of_input"}
+#: Output kinds of two or more views of one tensor the forward computes and does not return
+#: (`return y[:, :4], y[:, 4:]`): AOTAutograd returns that tensor as an extra output of the
+#: graph, for its runtime wrapper to rebuild the views from, which a step cannot hand over.
+_OF_ONE_INTERMEDIATE = {"alias_of_intermediate_save_as_output", "alias_of_intermediate"}
 
 
 def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, str]]:
@@ -52,8 +61,12 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
         return None, {}
     names = _output_names(out_spec, len(infos))
     problem, views = None, {}
+    shared: dict[int, list[int]] = {}   # intermediate base: the outputs viewing it
     for i, info in enumerate(infos):
         if info.output_type.name in _OWN:
+            continue
+        if info.output_type.name in _OF_ONE_INTERMEDIATE:
+            shared.setdefault(info.base_idx, []).append(i)
             continue
         said = (f"{model} returns {names[i]}, which {_what(info, names)}. remat-ir runs the "
                 f"step as one graph, whose outputs cannot share storage with each other or "
@@ -63,7 +76,71 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
             problem = problem or said
         else:
             views[i] = said
+    if problem is None and shared:
+        problem = _views_of_one_tensor(joint, names, model, next(iter(shared.values())))
     return problem, views
+
+
+def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]) -> str:
+    """What to say of `outputs`, views of one tensor the forward computed and does not
+    return (two slices of it; one taken before an in-place op on it). AOTAutograd's own
+    word for it was all the error said before (`IntermediateBaseAOTOutput(...)`).
+    Supporting them would take rewriting the traced forward (a copy of each view but one)
+    before the joint graph is built; the ways out named here train bitwise like eager
+    (tests/test_trust.py)."""
+    listed = ", ".join(names[i] for i in outputs[:-1]) + f" and {names[outputs[-1]]}"
+    nodes = _output_nodes(joint)
+    base = nodes.get(("base", outputs[0]))
+    made = " ".join(p for p in (_module(base) and f"by {_module(base)}",
+                                 _line(base) and f"at {_line(base)}") if p)
+    # Views of a tensor written in place after them are replayed by tracing, with no line.
+    taken = next((line for i in outputs if (line := _line(nodes.get(("output", i))))), None)
+    where = "; ".join(p for p in (made and f"the tensor is last computed {made}",
+                                  taken and f"the views are taken at {taken}") if p)
+    return (f"{model} returns {listed}, views of one tensor that its forward computes and "
+            f"does not return{f' ({where})' if where else ''}. remat-ir runs the step "
+            f"as one graph, whose outputs cannot share storage with each other and still pass "
+            f"their gradients on the way eager does. Return a copy of all of them but one "
+            f"(`y[:, :4], y[:, 4:].clone()`), split the tensor with torch.split or "
+            f"torch.chunk (`return torch.split(y, 4, dim=1)`: each part then trains like "
+            f"eager), or return the tensor itself and take the views outside the model")
+
+
+def _output_nodes(joint) -> dict:
+    """{("output", i): the joint graph's node of user output i, ("base", i): the node of
+    the tensor AOTAutograd returns as the base of output i's views}."""
+    found: dict = {}
+    for node in joint.graph_module.graph.nodes:
+        if node.op != "output":
+            continue
+        for result, desc in zip(node.args[0], node.meta.get("desc") or ()):
+            kind = type(desc).__name__
+            if kind == "PlainAOTOutput":
+                found[("output", desc.idx)] = result
+            elif kind == "IntermediateBaseAOTOutput":
+                found[("base", getattr(desc.base_of, "idx", None))] = result
+    return found
+
+
+def _line(node) -> str | None:
+    """'file:line in function' of the model's own code that made `node` (its innermost
+    frame outside torch and the frontends), from the stack trace tracing recorded."""
+    text = getattr(node, "meta", {}).get("stack_trace") or ""
+    frames = [traceback.FrameSummary(f, int(line), name, lookup_line=False)
+              for f, line, name in re.findall(r'File "(.*?)", line (\d+), in (\S+)', text)]
+    return model_line(frames)
+
+
+def _module(node) -> str | None:
+    """'module 'sub.a' (Linear)': the innermost module that computed `node`."""
+    stack = getattr(node, "meta", {}).get("nn_module_stack")
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    if not path:
+        return None
+    name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
+    return f"module {path!r} ({name})"
 
 
 def _output_names(out_spec, count: int) -> list[str]:

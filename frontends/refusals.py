@@ -82,6 +82,27 @@ def trace_effects_error(model: str, effects: list[str]) -> LoweringError:
         f"(an auxiliary loss) as outputs")
 
 
+def data_error(model: str, uses: list[tuple[str, int, str]]) -> LoweringError:
+    """The error for a forward that uses `.data` (`trace_effects.data_uses`), which
+    torch.export failed on with "a fake tensor in the exported program constant's list
+    ... please file an issue", naming neither `.data` nor the line. The ways out given
+    train bitwise like eager's `.data` (tests/test_trust.py)."""
+    import linecache
+
+    file, line, function = uses[0]
+    code = linecache.getline(file, line).strip()
+    more = f" (and {len(uses) - 1} more)" if len(uses) > 1 else ""
+    return LoweringError(
+        f"{model}'s forward uses `.data` at {file}:{line} in {function}"
+        f"{f' (`{code}`)' if code else ''}{more}: `.data` hands out a tensor that tracing does "
+        f"not follow, so torch.export cannot trace the step. Use `.detach()` instead: "
+        f"`t.detach()` to read a tensor's values without a gradient, `h.detach().mul_(2)` or "
+        f"`h.detach().copy_(v)` to write into a tensor the forward computed (the same values; "
+        f"autograd then refuses a write into values a backward still needs, which `.data` "
+        f"hides). Write into a parameter outside the forward (before the call, under "
+        f"torch.no_grad)")
+
+
 def mutation_error(mutated) -> str:
     """What to say of a forward that writes into a parameter or an input in place (buffers
     are updated as eager does)."""

@@ -53,10 +53,10 @@ from .errors import LoweringError
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .refusals import (check_backward_hooks, check_hook_reparametrizations, constant_output,
-                       mutation_error, tensor_hook_error, trace_effects_error)
+                       data_error, mutation_error, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
-from .trace_effects import refusing_trace_effects
+from .trace_effects import data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
@@ -370,6 +370,11 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
     whole; other errors keep the first lines of export's message, which name the
     construct, and export's error as their cause."""
     text = str(exc).strip()
+    if data_uses(exc) and "fake tensor in the exported program constant" in text:
+        # `.data` hands export a tensor it did not trace, which it finds among constants.
+        error = data_error(model, data_uses(exc))
+        error.__cause__ = exc
+        return error
     if isinstance(exc, GuardOnDataDependentSymNode):
         frames = traceback.extract_tb(exc.__traceback__)
         where = model_line(frames)

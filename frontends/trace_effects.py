@@ -15,6 +15,12 @@ of it, so the frontend refuses it by name.
   are refused where the user's own code assigns them; installed libraries keep private
   bookkeeping on modules that tracing may set (transformers marks with one that it
   installed the hooks that capture hidden states, once), which is left to them.
+
+Where the model's own code uses `.data` while tracing (reading it, writing through it,
+assigning it), each use is noted on the error if torch.export then fails (`data_uses`):
+`.data` hands out a tensor that tracing does not follow, and export's own error for it
+("a fake tensor in the exported program constant's list ... file an issue") named
+neither `.data` nor the line.
 """
 
 from __future__ import annotations
@@ -84,6 +90,47 @@ def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
     object.__setattr__(module, key, value)
 
 
+#: The attribute of an error raised while tracing that lists the model's `.data` uses.
+_DATA_USES = "_remat_ir_data_uses"
+
+
+def data_uses(exc: BaseException) -> list[tuple[str, int, str]]:
+    """(file, line, function) of each place the model's own code used `.data` while the
+    trace that raised `exc` ran, first first (`refusing_trace_effects`)."""
+    return getattr(exc, _DATA_USES, [])
+
+
+@contextlib.contextmanager
+def _noting_data_uses(found: list[tuple[str, int, str]]):
+    """While the block runs, note in `found` where the model's own code reads or assigns
+    a tensor's `.data` (through `torch.Tensor`, shadowing TensorBase's descriptor, which
+    stays what the access runs)."""
+    descriptor = torch._C.TensorBase.data
+    own = vars(torch.Tensor).get("data")
+
+    def note():
+        frame = sys._getframe(2)
+        if is_model_file(frame.f_code.co_filename):
+            found.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+
+    def get(tensor):
+        note()
+        return descriptor.__get__(tensor)
+
+    def assign(tensor, value):
+        note()
+        descriptor.__set__(tensor, value)
+
+    torch.Tensor.data = property(get, assign, doc=descriptor.__doc__)
+    try:
+        yield
+    finally:
+        if own is None:
+            del torch.Tensor.data
+        else:
+            torch.Tensor.data = own
+
+
 @contextlib.contextmanager
 def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
     """While the block traces `model`, note in `found` each effect the graph would not keep
@@ -132,10 +179,15 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
 
     handle = model.register_forward_hook(compare)
+    uses: list[tuple[str, int, str]] = []
     try:
-        with warnings.catch_warnings(record=True) as said:
+        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses):
             warnings.simplefilter("always")
             yield
+    except Exception as exc:
+        if uses:   # export runs the forward more than once: each place once
+            setattr(exc, _DATA_USES, list(dict.fromkeys(uses)))
+        raise
     finally:
         handle.remove()
         torch.nn.Module.__setattr__ = module_setattr

@@ -183,6 +183,11 @@ class _Outputs(torch.autograd.Function):
         step.outputs = None
         ctx.step, ctx.index, ctx.last, ctx.took_token = step, index, last, token is not None
         ctx.save_for_backward(*(outputs[i] for i in runner.outputs_read_positions))
+        # Each output the backward reads, with its version now: one the caller modifies in
+        # place before the backward is refused by name (`_Runner.output_modified`). A
+        # detached alias shares the output's version counter and storage (saved anyway).
+        ctx.watched = [(i, outputs[i].detach(), outputs[i]._version)
+                       for i in runner.outputs_read_positions]
         ctx.mark_non_differentiable(*(o for i, (o, t) in enumerate(zip(outputs, runner.plan.tangents))
                                       if t is None and i not in runner.aliased))
         ctx.aliased = runner.aliased
@@ -205,6 +210,10 @@ class _Outputs(torch.autograd.Function):
             if grad_outputs[i] is not None:
                 raise RematIRError(f"{message} (the loss reads it)")
         step = ctx.step
+        watched, ctx.watched = ctx.watched, None
+        for i, alias, version in watched or ():
+            if alias._version != version:
+                raise step.runner.output_modified(i)
         unused = {i for i, g in enumerate(grad_outputs) if g is None}
         grad_outputs = [_as_traced(g, strides) if g is not None
                         else torch.zeros((), dtype=dtype, device=device).expand(shape)
@@ -369,6 +378,20 @@ class _Runner:
         self.aliased = {i: said[name] for i, name in enumerate(names) if name in said}
         self.snapshot_slots = {slot_of[name] for name in self.plan.buffers_read_in_backward}
 
+    def output_modified(self, position: int) -> RematIRError:
+        """The error for user output `position`, which the backward reads, modified in place
+        by the caller after the forward returned it. Eager's backward may never read it
+        (`tanh(p)` saves its result, not `p`), so eager trains, and so does store-everything;
+        a plan that recomputes from it would compute from the new values, which autograd
+        refused with a bare version-counter error naming "output 1 of _Outputs"."""
+        name = _user_output_name(self.graph, position)
+        return RematIRError(
+            f"{name} of the model was modified in place after the forward returned it and "
+            f"before the backward: this schedule keeps that output for its backward, which "
+            f"computes gradients from it again (eager's backward may not read it), so the "
+            f"gradients would come from the modified values. Modify a copy: clone the output "
+            f"before the in-place op (`out = out.clone()`), or modify it after backward()")
+
     def apply_buffer_updates(self, resident: tuple, updates: tuple) -> tuple:
         """Copy buffer updates in, once; return the resident tuple backward should see."""
         if not updates:
@@ -380,6 +403,23 @@ class _Runner:
             for slot, update in zip(self.buffer_slots, updates):
                 resident[slot].copy_(update)
         return tuple(backward_resident)
+
+
+def _user_output_name(graph: Graph, position: int) -> str:
+    """How the model's code names user output `position` (counting tensor outputs):
+    'output[1]', "output['logits']" from the frontend's output spec, else 'output 1'."""
+    names = [o.name for o in graph.proto.outputs if o.role == pb.USER_OUTPUT]
+    name = names[position] if position < len(names) else f"output{position}"
+    flat = name.removeprefix("output")
+    if not flat.isdigit():   # a name the frontend gave (an ONNX output's)
+        return f"output {name!r}"
+    spec = _load_spec(graph.proto, "torch.out_spec")
+    if spec is not None and int(flat) < spec.num_leaves:
+        paths, _ = pytree.tree_flatten_with_path(
+            pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
+        path = paths[int(flat)][0]
+        return f"output{pytree.keystr(path)}" if path else "the output"
+    return f"output {flat}"
 
 
 def _load_spec(graph: pb.Graph, key: str):

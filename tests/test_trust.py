@@ -324,6 +324,50 @@ def test_outputs_returned_twice_detached_or_not_tensors_train_like_eager(kind):
     assert out["beside"] == 3 if kind == "number" else True
 
 
+class _ReturnsViewsOfOne(torch.nn.Module):
+    """Returns, per `kind`, views of one tensor its forward does not return, or what the
+    refusal of that says to return instead."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.l1, self.l2 = kind, torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = self.l2(torch.tanh(self.l1(x)))
+        if self.kind == "two_slices":
+            return y[:, :4], y[:, 4:]
+        if self.kind == "view_then_base_written":
+            v = y[:, :4]
+            y.mul_(2)
+            return v, y[:, 4:]
+        if self.kind == "one_cloned":
+            return y[:, :4], y[:, 4:].clone()
+        return torch.split(y, 4, dim=1)
+
+
+@pytest.mark.parametrize("kind", ["two_slices", "view_then_base_written"])
+def test_views_of_one_tensor_among_the_outputs_are_refused_saying_what_to_return(kind):
+    """The refusal named only AOTAutograd's `IntermediateBaseAOTOutput(base_of=...)`: now
+    the outputs, the lines of the tensor and of the views, and ways out, which train
+    bitwise like eager (a copy of one of them; torch.split, whose parts AOTAutograd keeps)."""
+    line = r"test_trust.py:\d+ in forward"
+    # The tensor's line is where it is last written; views taken before that have none.
+    tensor_at = (rf"by module 'l2' \(Linear\) at .*{line}; the views are taken at"
+                 if kind == "two_slices" else "at")
+    with pytest.raises(LoweringError, match=rf"_ReturnsViewsOfOne returns output\[0\] and "
+                                            rf"output\[1\], views of one tensor that its forward "
+                                            rf"computes and does not return \(the tensor is last "
+                                            rf"computed {tensor_at}.*{line}[;)].*\.clone\(\).*"
+                                            rf"torch\.split"):
+        _remat(_ReturnsViewsOfOne(kind), (torch.randn(4, 8),))
+    for way_out in ("one_cloned", "split"):
+        torch.manual_seed(0)
+        x = torch.randn(4, 8)
+        assert side_by_side(_ReturnsViewsOfOne(way_out),
+                            lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                            lambda out: out[0].sin().sum() + (out[1] ** 2).sum()) == {}
+
+
 class _Hidden(torch.nn.Module):
     """Three layers; `hook` says what the forward puts on its hidden state."""
 
@@ -618,6 +662,94 @@ def test_a_tensor_written_between_forward_and_backward_is_refused_where_the_back
     with pytest.raises(RematIRError, match=rf"{name} was written in place after the forward and "
                                            r"before the backward"):
         loss.backward()
+
+
+class _ReturnsPreActivation(torch.nn.Module):
+    """Returns `p` beside `y`; eager's backward never reads `p` (tanh saves its result)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(8, 16), torch.nn.Linear(16, 16),
+                                  torch.nn.Linear(16, 4))
+
+    def forward(self, x):
+        p = self.b(torch.tanh(self.a(x)))
+        return self.c(torch.tanh(p)), p
+
+
+def _loss_after_negating_the_second_output(out):
+    y, p = out
+    p.mul_(-1.0)   # the caller edits a returned output in place before the backward
+    return y.sin().sum() + p.sum()
+
+
+def test_an_output_modified_by_the_caller_before_backward_is_refused_where_the_plan_reads_it():
+    """Eager's backward does not read `p`, so eager (and store-everything) train after the
+    caller negates it in place; a plan that computes `tanh(p)` again in the backward would
+    read the new values, which autograd refused with a bare version-counter error about
+    "output 1 of _Outputs" that said neither which output nor what to do."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert side_by_side(_ReturnsPreActivation(), lambda m: _remat(m, (x,), solver="autograd"),
+                        (x,), {}, _loss_after_negating_the_second_output) == {}
+    scheduled = _remat(_ReturnsPreActivation(), (x,), solver="recompute-all")
+    with pytest.raises(RematIRError, match=r"output\[1\] of the model was modified in place after "
+                                           r"the forward returned it and before the backward: this "
+                                           r"schedule keeps that output for its backward.*"
+                                           r"`out = out.clone\(\)`"):
+        _loss_after_negating_the_second_output(scheduled(x)).backward()
+
+
+class _UsesData(torch.nn.Module):
+    """Uses `.data` in its forward per `kind`, or `.detach()` where `kind` ends so."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.a, self.b, self.c = (torch.nn.Linear(8, 16), torch.nn.Linear(16, 16),
+                                  torch.nn.Linear(16, 4))
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.kind == "read_parameter":
+            h = h @ self.b.weight.data.t()
+        elif self.kind == "read_parameter_detach":
+            h = h @ self.b.weight.detach().t()
+        elif self.kind == "write":
+            h.data.mul_(2)
+        elif self.kind == "write_detach":
+            h.detach().mul_(2)
+        elif self.kind == "assign":
+            h.data = h.data * 2
+        elif self.kind == "assign_detach":
+            h.detach().copy_(h.detach() * 2)
+        elif self.kind == "write_parameter":
+            self.b.weight.data.mul_(0.5)
+        return self.c(torch.tanh(self.b(h)))
+
+
+@pytest.mark.parametrize("kind, code", [
+    ("read_parameter", r"h = h @ self\.b\.weight\.data\.t\(\)"), ("write", r"h\.data\.mul_\(2\)"),
+    ("assign", r"h\.data = h\.data \* 2"), ("write_parameter", r"self\.b\.weight\.data\.mul_\(0\.5\)")])
+def test_data_in_forward_is_refused_by_line_and_its_detach_form_trains_like_eager(kind, code):
+    """torch.export's error for `.data` ("a fake tensor in the exported program constant's
+    list ... please file an issue") named neither `.data` nor the line; now both, and
+    `.detach()`, whose forms train bitwise like eager with `.data` (a write into a
+    parameter is refused by name with `.detach()` too: it belongs outside the forward)."""
+    x = torch.randn(4, 8)
+    with pytest.raises(LoweringError, match=rf"_UsesData's forward uses `\.data` at .*test_trust.py:"
+                                            rf"\d+ in forward \(`{code}`\): .*Use `\.detach\(\)` "
+                                            rf"instead"):
+        _remat(_UsesData(kind), (x,))
+    if kind == "write_parameter":
+        return
+
+    def detached(model):
+        model.kind = f"{kind}_detach"
+        return _remat(model, (x,), solver="recompute-all")
+
+    torch.manual_seed(0)
+    assert side_by_side(_UsesData(kind), detached, (x,), {}, lambda out: (out ** 2).sum()) == {}
 
 
 class _Effects(torch.nn.Module):
