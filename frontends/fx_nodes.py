@@ -24,3 +24,21 @@ def add_call(graph: torch.fx.Graph, meta: dict, target, args: tuple, kwargs: dic
     new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args],
                              **kwargs)
     return new
+
+
+
+def node_module_path(node: torch.fx.Node) -> tuple[str, str] | None:
+    """(module path, class name) of the innermost module an FX node came from (path ''
+    for the model itself), or None where tracing recorded none."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    return path, getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
+
+
+def node_module(node: torch.fx.Node) -> str:
+    """Module path an FX node came from ('transformer.h.0.attn (GPT2Attention)'; '<root>
+    (M)' for the model itself), '' where tracing recorded none."""
+    found = node_module_path(node)
+    return f"{found[0] or '<root>'} ({found[1]})" if found else ""

@@ -31,6 +31,7 @@ from remat_ir.torchlib import layout_draws  # noqa: F401  registers the op
 
 from .errors import LoweringError
 from .fx_nodes import add_call
+from .model_lines import node_line
 
 _aten = torch.ops.aten
 _DRAW = torch.ops.remat_ir.draw_in_layout.default
@@ -92,14 +93,6 @@ def _memory_order(fake: torch.Tensor) -> list[int] | None:
     return order if fake.permute(order).is_contiguous() else None
 
 
-def _where(node: torch.fx.Node) -> str:
-    """The model's line that called the op ('File "m.py", line 12, in forward'), from
-    the trace's stack."""
-    trace = node.meta.get("stack_trace") or ""
-    lines = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
-    return lines[-1] if lines else "in its forward"
-
-
 def draw_in_layout(module: torch.fx.GraphModule, model: str) -> int:
     """Rewrite `module` (from `torch.export`, in place) as the docstring says; the number
     of fills rewritten."""
@@ -112,7 +105,7 @@ def draw_in_layout(module: torch.fx.GraphModule, model: str) -> int:
             continue
         if node.target in _REFUSED:
             raise LoweringError(
-                f"{model} calls {node.target} on a tensor that is not contiguous ({_where(node)}): "
+                f"{model} calls {node.target} on a tensor that is not contiguous ({node_line(node) or 'in its forward'}): "
                 f"eager pairs its draws with that layout, which remat-ir does not reproduce. "
                 f"Call it on a contiguous tensor (`.contiguous()`), or out of place")
         with graph.inserting_before(node), fake.fake_mode:
@@ -121,7 +114,7 @@ def draw_in_layout(module: torch.fx.GraphModule, model: str) -> int:
                 if any(a is None for a in arguments):   # random_(from, None): to the dtype's end
                     raise LoweringError(
                         f"{model} calls {node.target} with no upper end on a tensor that is "
-                        f"not contiguous ({_where(node)}), which remat-ir cannot draw in "
+                        f"not contiguous ({node_line(node) or 'in its forward'}), which remat-ir cannot draw in "
                         f"eager's layout: give the upper end, or call it on a contiguous tensor")
                 arguments = [float(a) for a in arguments]
                 draw = add_call(graph, node.meta, _DRAW,

@@ -5,6 +5,7 @@ export failed on, a gradient hook put on in the forward)."""
 from __future__ import annotations
 
 import os
+import re
 import sysconfig
 import traceback
 
@@ -55,3 +56,12 @@ def library_line(frames: list[traceback.FrameSummary]) -> str | None:
             shown = os.path.relpath(path, os.path.dirname(os.path.dirname(torch.__file__)))
             found = f"{shown}:{frame.lineno} in {frame.name}"
     return found
+
+
+def node_line(node) -> str | None:
+    """'file:line in function' of the model's own code that made FX `node` (its innermost
+    frame outside torch and the frontends), from the stack trace tracing recorded."""
+    text = getattr(node, "meta", {}).get("stack_trace") or ""
+    frames = [traceback.FrameSummary(f, int(line), name, lookup_line=False)
+              for f, line, name in re.findall(r'File "(.*?)", line (\d+), in (\S+)', text)]
+    return model_line(frames)

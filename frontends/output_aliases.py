@@ -14,12 +14,10 @@ copies (`unsafe_view_alias`), lower as before.
 
 from __future__ import annotations
 
-import re
-import traceback
-
 from torch.utils import _pytree as pytree
 
-from .model_lines import model_line
+from .fx_nodes import node_module_path
+from .model_lines import node_line
 
 #: AOTAutograd's output kinds that the joint graph computes as an output of its own.
 _OWN = {"non_alias", "unsafe_view_alias"}
@@ -91,10 +89,12 @@ def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]
     listed = ", ".join(names[i] for i in outputs[:-1]) + f" and {names[outputs[-1]]}"
     nodes = _output_nodes(joint)
     base = nodes.get(("base", outputs[0]))
-    made = " ".join(p for p in (_module(base) and f"by {_module(base)}",
-                                 _line(base) and f"at {_line(base)}") if p)
+    found = node_module_path(base) if base is not None else None
+    module = found and found[0] and f"module {found[0]!r} ({found[1]})"
+    made = " ".join(p for p in (module and f"by {module}",
+                                node_line(base) and f"at {node_line(base)}") if p)
     # Views of a tensor written in place after them are replayed by tracing, with no line.
-    taken = next((line for i in outputs if (line := _line(nodes.get(("output", i))))), None)
+    taken = next((line for i in outputs if (line := node_line(nodes.get(("output", i))))), None)
     where = "; ".join(p for p in (made and f"the tensor is last computed {made}",
                                   taken and f"the views are taken at {taken}") if p)
     return (f"{model} returns {listed}, views of one tensor that its forward computes and "
@@ -120,27 +120,6 @@ def _output_nodes(joint) -> dict:
             elif kind == "IntermediateBaseAOTOutput":
                 found[("base", getattr(desc.base_of, "idx", None))] = result
     return found
-
-
-def _line(node) -> str | None:
-    """'file:line in function' of the model's own code that made `node` (its innermost
-    frame outside torch and the frontends), from the stack trace tracing recorded."""
-    text = getattr(node, "meta", {}).get("stack_trace") or ""
-    frames = [traceback.FrameSummary(f, int(line), name, lookup_line=False)
-              for f, line, name in re.findall(r'File "(.*?)", line (\d+), in (\S+)', text)]
-    return model_line(frames)
-
-
-def _module(node) -> str | None:
-    """'module 'sub.a' (Linear)': the innermost module that computed `node`."""
-    stack = getattr(node, "meta", {}).get("nn_module_stack")
-    if not stack:
-        return None
-    path, cls = list(stack.values())[-1]
-    if not path:
-        return None
-    name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
-    return f"module {path!r} ({name})"
 
 
 def _output_names(out_spec, count: int) -> list[str]:

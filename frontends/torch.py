@@ -50,6 +50,7 @@ from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from . import gru_kernels, prod_kernels
 from .errors import LoweringError
+from .fx_nodes import node_module
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .refusals import (check_backward_hooks, check_hook_reparametrizations, constant_output,
@@ -107,16 +108,6 @@ def _masked_results(target: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
             if isinstance(mask, (list, tuple)):
                 return {j for j, wanted in enumerate(mask) if wanted is False}
     return set()
-
-
-def _source(node: torch.fx.Node) -> str:
-    """Module path an FX node came from ('transformer.h.0.attn (GPT2Attention)')."""
-    stack = node.meta.get("nn_module_stack")
-    if stack:
-        path, cls = list(stack.values())[-1]
-        cls_name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
-        return f"{path or '<root>'} ({cls_name})"
-    return ""
 
 
 #: Ops traced as eager's kernels rather than as their Python decompositions (see the module
@@ -268,7 +259,7 @@ def _check_rnn_dropout(exported: torch.export.ExportedProgram) -> None:
         bound = dict(zip(names, node.args)) | dict(node.kwargs)
         layers, dropout, train = bound.get("num_layers", 1), bound.get("dropout", 0.0), bound.get("train")
         if train and layers > 1 and dropout > 0:
-            where = _source(node) or "the model"
+            where = node_module(node) or "the model"
             raise LoweringError(
                 f"torch.nn.{kind} at {where}: dropout={dropout:g} between its {layers} layers in "
                 f"training mode would be lost: with oneDNN on, PyTorch decomposes the {kind} for "
@@ -307,7 +298,7 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
         if node.op == "call_function" and node.target is torch.ops.higher_order.with_effects:
             op = node.args[1]
             raise LoweringError(
-                f"{model} calls {op} ({_source(node) or 'in its forward'}), an op with a side "
+                f"{model} calls {op} ({node_module(node) or 'in its forward'}), an op with a side "
                 f"effect that tracing orders through a token, which remat-ir cannot lower. "
                 f"torch.linalg's checked ops do this (they raise on a singular input): use "
                 f"their unchecked forms (torch.linalg.cholesky_ex, inv_ex, solve_ex, ...) and "
@@ -536,7 +527,7 @@ class _Lowering:
             return
         if not isinstance(target, torch._ops.OpOverload):
             raise LoweringError(f"op {getattr(target, '__name__', target)!r} from "
-                                f"{_source(node) or 'an unknown module'} is not an aten-level op; "
+                                f"{node_module(node) or 'an unknown module'} is not an aten-level op; "
                                 "the runtime cannot execute it")
         name = op_name(target)
         if name.startswith(_ASSERT_OPS):
@@ -568,11 +559,11 @@ class _Lowering:
             if forward_node is not None:
                 forward = self.g.node(forward_node)
                 within = f", in the backward of {forward.op} from {forward.source or 'the model'},"
-            raise LoweringError(f"op {name} from {_source(node) or 'an unknown module'}{within} "
+            raise LoweringError(f"op {name} from {node_module(node) or 'an unknown module'}{within} "
                                 f"takes {exc}, which the IR cannot store") from None
         inputs = list(dict.fromkeys(
             a.value_id for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorRef)))
-        source = _source(node)
+        source = node_module(node)
         if phase == "backward" and forward_node is not None:
             source = source or self.g.node(forward_node).source
         random = _draws_random(target, node.args, node.kwargs)
