@@ -14,7 +14,7 @@ copies (`unsafe_view_alias`), lower as before.
 
 from __future__ import annotations
 
-from torch.utils import _pytree as pytree
+from remat_ir.torchlib.output_names import output_names
 
 from .fx_nodes import node_module_path
 from .model_lines import node_line
@@ -57,7 +57,7 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
     infos = getattr(metadata, "output_info", None)
     if not infos:
         return None, {}
-    names = _output_names(out_spec, len(infos))
+    names = output_names(out_spec, len(infos))
     problem, views = None, {}
     shared: dict[int, list[int]] = {}   # intermediate base: the outputs viewing it
     for i, info in enumerate(infos):
@@ -120,12 +120,3 @@ def _output_nodes(joint) -> dict:
             elif kind == "IntermediateBaseAOTOutput":
                 found[("base", getattr(desc.base_of, "idx", None))] = result
     return found
-
-
-def _output_names(out_spec, count: int) -> list[str]:
-    """'output[1]', "output['logits']" for each flat output (by position where the spec is
-    unknown or does not match)."""
-    if out_spec is not None and out_spec.num_leaves == count:
-        paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)), out_spec))
-        return [f"output{pytree.keystr(path)}" if path else "its output" for path, _ in paths]
-    return [f"output {i}" for i in range(count)]

@@ -35,6 +35,7 @@ from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.hooks import HookWatch
+from remat_ir.torchlib.output_names import output_names
 from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, same_layout, torch_dtype
 
 from . import autocast_anchors
@@ -415,10 +416,7 @@ def _user_output_name(graph: Graph, position: int) -> str:
         return f"output {name!r}"
     spec = _load_spec(graph.proto, "torch.out_spec")
     if spec is not None and int(flat) < spec.num_leaves:
-        paths, _ = pytree.tree_flatten_with_path(
-            pytree.tree_unflatten(list(range(spec.num_leaves)), spec))
-        path = paths[int(flat)][0]
-        return f"output{pytree.keystr(path)}" if path else "the output"
+        return output_names(spec, spec.num_leaves)[int(flat)]
     return f"output {flat}"
 
 

@@ -1,0 +1,22 @@
+"""How the model's own code names each flat output of a lowered module: 'output[1]',
+"output['logits']", 'output.loss'.
+
+The frontend names outputs in its lowering errors (two views of one tensor returned) and
+the runtime in its run-time errors (an output modified before backward); both read the
+same pytree spec, `torch.export`'s `call_spec.out_spec`, so one function words both and a
+user reads one name for one output.
+"""
+
+from __future__ import annotations
+
+from torch.utils import _pytree as pytree
+
+
+def output_names(out_spec, count: int) -> list[str]:
+    """The name of each of `count` flat outputs under `out_spec` ('the output' for a lone
+    tensor returned bare); 'output 0', 'output 1', ... where the spec is unknown or does
+    not have `count` leaves."""
+    if out_spec is not None and out_spec.num_leaves == count:
+        paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)), out_spec))
+        return [f"output{pytree.keystr(path)}" if path else "the output" for path, _ in paths]
+    return [f"output {i}" for i in range(count)]
