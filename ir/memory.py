@@ -147,6 +147,28 @@ def gradient_inputs(graph: Graph) -> frozenset[int]:
     return ids
 
 
+class Structure:
+    """A node's inputs and outputs, a value's storage and a node's new storages, read out
+    of the protobuf once into plain tuples and dicts: the simulator asks for them at every
+    step of every simulation, and reading repeated protobuf fields there was most of its
+    time. Cached with the graph's structure (`structure`); costs and a node's flags are
+    not here (profiling writes costs without a structural change)."""
+
+    def __init__(self, graph: Graph):
+        self.storage = {v.id: v.storage_id for v in graph.proto.values}
+        self.inputs = {n.id: tuple(n.inputs) for n in graph.proto.nodes}
+        self.outputs = {n.id: tuple(n.outputs) for n in graph.proto.nodes}
+        self.fresh = {n.id: tuple(new_storages(graph, n)) for n in graph.proto.nodes}
+
+
+def structure(graph: Graph) -> Structure:
+    """The graph's `Structure`, made once per structural change (`Graph.derived`)."""
+    known = graph.derived.get("structure")
+    if known is None:
+        known = graph.derived["structure"] = Structure(graph)
+    return known
+
+
 # ------------------------------------------------------------------ exact accounting
 
 
@@ -167,13 +189,17 @@ class Allocations:
         self.bytes = 0
         #: The caller holds the copy of a user output it was handed, even if it is recomputed.
         self.user_outputs = {o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT}
+        self.structure = structure(graph)
+        self.resident_storages = graph.resident_storage_ids
 
     def storage_of(self, value_id: int) -> int:
-        return self.graph.value(value_id).storage_id
+        return self.structure.storage[value_id]
 
     def allocation_of(self, value_id: int) -> int:
         """Allocation a resident value belongs to, or that a live value holds."""
-        return self.live[value_id] if counted(self.graph, value_id) else self.RESIDENT
+        if self.structure.storage[value_id] in self.resident_storages:
+            return self.RESIDENT
+        return self.live[value_id]
 
     def allocate(self, storage_id: int) -> int:
         return self._new(self.graph.storage_bytes(storage_id))
@@ -228,20 +254,23 @@ class Allocations:
         and return the bytes live while it runs (new outputs and workspace
         included). A user output computed again keeps its old copy counted to
         the end: the caller holds the one it was handed."""
-        node = self.graph.node(node_id)
-        fresh = {s: self.allocate(s) for s in new_storages(self.graph, node)}
-        during = self.bytes + node.cost.workspace_bytes
+        known, live = self.structure, self.live
+        fresh = {s: self.allocate(s) for s in known.fresh[node_id]}
+        during = self.bytes + self.graph.node(node_id).cost.workspace_bytes
         viewed: dict[int, int] | None = None     # storage -> allocation, of the inputs
-        for v in node.outputs:
-            storage = self.storage_of(v)
+        for v in known.outputs[node_id]:
+            storage = known.storage[v]
             allocation = fresh.get(storage)
             if allocation is None:
                 if viewed is None:
-                    viewed = {self.storage_of(i): self.allocation_of(i) for i in node.inputs}
+                    viewed = {known.storage[i]: self.allocation_of(i) for i in known.inputs[node_id]}
                 allocation = viewed.get(storage, self.RESIDENT)
-            if v in self.user_outputs and v in self.live:
-                self.pin(v)
-            self.bind(v, allocation)
+            if v in live:
+                if v in self.user_outputs:
+                    self.pin(v)
+                self.drop(v)
+            live[v] = allocation
+            self.refs[allocation] += 1
         return during
 
     def held_bytes(self, value_ids: Iterable[int]) -> int:

@@ -181,6 +181,8 @@ class _Run:
             overhead_time_s=graph.proto.provenance.cost_model.step_overhead_s)
         self.rng = plan_rng(graph, schedule)
         self.skip_during = 0
+        self.structure = self.mem.structure
+        self.resident = graph.resident_value_ids
 
     def fail(self, step: int, kind: str, message: str, node_id=None, value_id=None) -> SimulationResult:
         self.result.violation = Violation(step, kind, message, node_id, value_id)
@@ -320,10 +322,10 @@ class _Run:
         if action is None:
             return self.fail(k, "bad_step", "the step has no action")
         value_id = getattr(step, action)
-        if value_id not in self.g.values:
+        if value_id not in self.structure.storage:
             return self.fail(k, "bad_step", f"{action} of value id {value_id}, which does not exist",
                              value_id=value_id)
-        if value_id in self.g.resident_value_ids:
+        if value_id in self.resident:
             return self.fail(k, "free_resident", f"{action} of graph input {self.g.describe_value(value_id)}, which is "
                              "resident and cannot be released", value_id=value_id)
         if action == "free":
@@ -334,7 +336,8 @@ class _Run:
                 return self.fail(k, "free_not_live", f"free of {self.g.describe_value(value_id)}, which is not live",
                                  value_id=value_id)
             during = self.mem.bytes
-            self.wait(max(self.offloading.pop(value_id, 0.0), self.arriving.pop(value_id, 0.0)))
+            if self.offloading or self.arriving:
+                self.wait(max(self.offloading.pop(value_id, 0.0), self.arriving.pop(value_id, 0.0)))
             self.mem.drop(value_id)
             return self.record(k, during)
         if action == "offload":
@@ -368,19 +371,21 @@ class _Run:
 
     def compute(self, k: int, node_id: int) -> SimulationResult | None:
         g = self.g
-        if node_id not in g.nodes:
+        inputs = self.structure.inputs.get(node_id)
+        if inputs is None:
             return self.fail(k, "bad_step", f"compute of node id {node_id}, which does not exist",
                              node_id=node_id)
         self.current_node = node_id
         node = g.node(node_id)
-        for v in node.inputs:
-            if v in g.resident_value_ids:
+        resident, live = self.resident, self.mem.live
+        for v in inputs:
+            if v in resident:
                 if v in self.gradient_inputs and k < self.schedule.backward_start:
                     return self.fail(k, "gradient_before_backward", f"{g.describe_node(node_id)} reads output gradient "
                                      f"{g.describe_value(v)} before backward starts",
                                      node_id=node_id, value_id=v)
                 continue
-            if v not in self.mem.live:
+            if v not in live:
                 where = " (it is offloaded; prefetch it first)" if v in self.host else ""
                 return self.fail(k, "input_not_live", f"{g.describe_node(node_id)} reads {g.describe_value(v)}, "
                                  f"which is not live{where}", node_id=node_id, value_id=v)
@@ -394,16 +399,18 @@ class _Run:
                 return self.fail(k, "random_recompute", f"{g.describe_node(node_id)} draws random numbers and is "
                                  "recomputed, but the schedule does not replay RNG state "
                                  "(set rng_replay)", node_id=node_id)
-        for v in node.outputs:
-            if v in self.offloading:
-                return self.fail(k, "offload_pending", f"{g.describe_node(node_id)} computes {g.describe_value(v)} "
-                                 "again while its offload is under way (free it first)",
-                                 node_id=node_id, value_id=v)
-            if v in self.host:  # a fresh copy replaces the one in host memory
-                self.host_bytes -= self.host.pop(v)
-        for v in node.inputs:
-            if v in self.arriving:
-                self.wait(self.arriving.pop(v))
+        if self.offloading or self.host:
+            for v in self.structure.outputs[node_id]:
+                if v in self.offloading:
+                    return self.fail(k, "offload_pending", f"{g.describe_node(node_id)} computes "
+                                     f"{g.describe_value(v)} again while its offload is under way "
+                                     "(free it first)", node_id=node_id, value_id=v)
+                if v in self.host:  # a fresh copy replaces the one in host memory
+                    self.host_bytes -= self.host.pop(v)
+        if self.arriving:
+            for v in inputs:
+                if v in self.arriving:
+                    self.wait(self.arriving.pop(v))
         during = self.mem.compute(node_id)
         if k in self.rng.replays:  # the generator is set back while the outputs exist
             during = max(during, self.mem.bytes + g.proto.provenance.rng_replay_bytes)
