@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from . import remat_ir_pb2 as pb
 from .graph import Graph
+from .memory import structure
 from .simulator import SimulationResult, check
 
 
@@ -56,12 +57,12 @@ def simulated_compute_sequence(graph: Graph, sequence: Sequence[int], forward_le
     # For each position: values whose life ends right after it.
     ends: list[list[int]] = [[] for _ in sequence]
     last_seen: dict[int, int] = {}  # value -> position of its latest definition or use
+    known = structure(graph)
     for pos, node_id in enumerate(sequence):
-        node = graph.node(node_id)
-        for v in node.inputs:
+        for v in known.inputs[node_id]:
             if v not in keep:
                 last_seen[v] = pos
-        for v in node.outputs:
+        for v in known.outputs[node_id]:
             if v in last_seen and v not in keep:  # redefined: the previous life ends
                 ends[last_seen[v]].append(v)
             if v not in keep:
