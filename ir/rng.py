@@ -58,10 +58,15 @@ class RngPlan:
 
 
 def graph_order(graph: Graph) -> list[int]:
-    """Random nodes in the order eager execution runs them."""
-    nodes = graph.proto.nodes
-    return ([n.id for n in nodes if n.random and n.phase != pb.BACKWARD]
+    """Random nodes in the order eager execution runs them (cached with the structure:
+    the simulator asks at every simulation)."""
+    known = graph.derived.get("random_order")
+    if known is None:
+        nodes = graph.proto.nodes
+        known = graph.derived["random_order"] = (
+            [n.id for n in nodes if n.random and n.phase != pb.BACKWARD]
             + [n.id for n in nodes if n.random and n.phase == pb.BACKWARD])
+    return list(known)
 
 
 def placeholder_bytes(value: pb.Value) -> int:
