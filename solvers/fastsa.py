@@ -56,9 +56,10 @@ MOVES_PER_NODE, MOVES_PER_OCCURRENCE, MAX_ITERATIONS = 300, 40, 6_000_000
 #: above 60% of its peak, where 200,000 moves reach Checkmate's optimum at 50% ...
 MIN_ITERATIONS = 200_000
 #: ... or this many per node on a graph of fewer than 40 nodes, whose few orders it
-#: searches in far fewer moves: on 150 chains of 3-30 layers and random graphs of the
-#: tests (6-60 nodes, budgets at 20-100% of the peak) every plan and named floor was the
-#: one 200,000 moves gave, in a third of the time (3,300 per node lost 5% on one).
+#: searches in far fewer moves: of 270 cases (chains of 3-30 layers at 30-90% of their
+#: peak, the tests' random graphs at 20-100%), 267 got the plan or named floor that
+#: 200,000 moves gave, 2 a better one and 1 a higher floor, in a third of the time
+#: (`benchmarks/fastsa_small_graphs.py`; 10,000 per node: 269 equal, 1 worse).
 #: Checkmate and hiremate start from Fast SA on every call, and the tests call them on
 #: such graphs thousands of times.
 SMALL_GRAPH_MOVES_PER_NODE = 5_000
