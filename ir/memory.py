@@ -265,12 +265,9 @@ class Allocations:
                 if viewed is None:
                     viewed = {known.storage[i]: self.allocation_of(i) for i in known.inputs[node_id]}
                 allocation = viewed.get(storage, self.RESIDENT)
-            if v in live:
-                if v in self.user_outputs:
-                    self.pin(v)
-                self.drop(v)
-            live[v] = allocation
-            self.refs[allocation] += 1
+            if v in self.user_outputs and v in live:
+                self.pin(v)
+            self.bind(v, allocation)
         return during
 
     def held_bytes(self, value_ids: Iterable[int]) -> int:
