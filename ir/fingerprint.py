@@ -18,17 +18,22 @@ import hashlib
 from . import remat_ir_pb2 as pb
 
 
-def structure_fingerprint(graph, *, measured_memory: bool = True) -> str:
+def structure_fingerprint(graph, *, measured_memory: bool = True, costs: bool = False) -> str:
     """Hex SHA-256 of `graph` (an `ir.Graph` or `pb.Graph`) without times and plans.
 
     `measured_memory=False` also leaves out what profiling measures (workspace bytes,
     storages grown to the kernel's real size): the fingerprint of a trace, equal before
-    and after its costs are estimated."""
+    and after its costs are estimated. `costs=True` keeps the nodes' costs and the
+    provenance (cost model, host link): equal fingerprints then price every plan alike,
+    so that what a solver derives from the graph alone (rotor's chain) can be reused
+    for it."""
     proto = graph.proto if hasattr(graph, "proto") else graph
     stripped = pb.Graph()
     stripped.CopyFrom(proto)
     del stripped.schedules[:]
     stripped.ClearField("hierarchy")
+    if costs:
+        return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
     stripped.ClearField("provenance")
     for node in stripped.nodes:
         workspace = node.cost.workspace_bytes if measured_memory else 0

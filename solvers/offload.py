@@ -488,6 +488,10 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[..., pb.Schedul
     lowest, lowest_peak = None, None     # the lowest-peak plan met (and its peak), for a refusal
     best, best_time, best_rung = None, float("inf"), None
     tried: set[int] = set()
+    #: The steps of every plan offloaded so far: below the solver's floor every rung gets
+    #: the same least-memory plan (rotor's on the tiny U-Net at 30%: five rungs), whose
+    #: offloading, the same every time, was half the ladder's time.
+    offloaded_steps: set[bytes] = set()
 
     def note(refused: InfeasibleBudget) -> None:
         nonlocal lowest, lowest_peak
@@ -499,6 +503,10 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[..., pb.Schedul
         was planned at, None for a plan the solver refused to call within its budget
         (its floor plan: rungs around one below the floor would give floor plans again)."""
         nonlocal best, best_time, best_rung
+        steps = b"".join(step.SerializeToString(deterministic=True) for step in start.steps)
+        if steps in offloaded_steps:   # offloaded as fast before: best stays as it is
+            return
+        offloaded_steps.add(steps)
         try:
             planned = add_offloads(graph, start, budget, host_budget=host_budget, progress=progress)
         except InfeasibleBudget as refused:
