@@ -336,19 +336,46 @@ def test_time_model_plans_are_read_from_the_command_line_or_refused_in_one_line(
 
 def test_every_benchmark_command_answers_help_without_running():
     """`--help` prints usage and exits 0: a `%` left unescaped in a help text made argparse
-    raise, and a script without a parser ran its whole benchmark on `--help`. Each runs in
-    a process of its own (all at once): run in the test's process, scripts that set
+    raise, and a script without a parser ran its whole benchmark on `--help`. The scripts
+    run one after another in one process of their own (`_HELP_DRIVER`), which imports torch
+    once (3-4 s a process, twenty scripts): run in the test's process, scripts that set
     $REMAT_IR_MILP=cbc at import switched every later test of the worker to CBC."""
     import subprocess
 
-    scripts = sorted(p for p in BENCHMARKS.glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
+    scripts = sorted(str(p) for p in BENCHMARKS.glob("*.py")
+                     if 'if __name__ == "__main__"' in p.read_text())
     assert len(scripts) >= 10
-    running = {p.name: subprocess.Popen([sys.executable, str(p), "--help"], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True) for p in scripts}
-    for name, process in running.items():
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, f"{name} --help: {err.strip().splitlines()[-1:]}"
-        assert "usage:" in out, name
+    done = subprocess.run([sys.executable, "-c", _HELP_DRIVER, *scripts], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(answers) == sorted(Path(s).name for s in scripts)
+    for name, (code, usage) in answers.items():
+        assert code == 0 and usage.startswith("usage:"), f"{name} --help: exit {code!r}: {usage}"
+
+
+#: Runs each script given as `SCRIPT --help` as `python SCRIPT --help` would (as __main__,
+#: its folder first on sys.path), and prints one JSON line: name -> [exit code, the start of
+#: what it printed, or the error it raised].
+_HELP_DRIVER = """
+import contextlib, io, json, os, runpy, sys, traceback
+answers = {}
+for script in sys.argv[1:]:
+    out, code = io.StringIO(), None
+    sys.argv, saved_path = [script, "--help"], list(sys.path)
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+        code, text = "returned without exiting", out.getvalue()
+    except SystemExit as exit:
+        code, text = exit.code or 0, out.getvalue()
+    except BaseException:
+        code, text = "raised", traceback.format_exc()[-500:]
+    sys.path[:] = saved_path
+    answers[os.path.basename(script)] = [code, text.lstrip()[:200] if code in (0, None) else text]
+print(json.dumps(answers))
+"""
 
 
 def test_plans_made_in_worker_processes_are_the_plans_made_here():
