@@ -186,6 +186,29 @@ def test_rotors_program_does_not_free_an_input_an_earlier_stage_recomputes_from(
     _assert_rotor_cautious(g, [24, 26, 28])
 
 
+def test_rotors_chain_is_reused_only_for_a_graph_of_the_same_content_and_costs():
+    """Rotor keeps the chains it built (`rotor.chain_of`): a copy of the graph plans as
+    the graph did, and the same graph with other node times plans as a fresh process
+    would, not with the chain of the old times."""
+    def steps(schedule):
+        return [(s.WhichOneof("action"), getattr(s, s.WhichOneof("action"))) for s in schedule.steps]
+
+    graph, _ = chain(12)
+    budget = int(0.5 * ir.store_all(graph).predicted_peak_bytes)
+    rotor_module._CHAINS.clear()
+    first = rotor_module.rotor(graph, budget)
+    same = rotor_module.rotor(ir.Graph(pb.Graph.FromString(graph.proto.SerializeToString())), budget)
+    assert steps(same) == steps(first) and same.predicted_time_s == first.predicted_time_s
+    for k, node in enumerate(graph.proto.nodes):   # every other forward node 20 times dearer
+        if node.phase == pb.FORWARD and k % 2:
+            node.cost.time_s *= 20
+    reused = rotor_module.rotor(graph, budget)
+    rotor_module._CHAINS.clear()
+    fresh = rotor_module.rotor(graph, budget)
+    assert steps(fresh) != steps(first)   # the times change the plan
+    assert steps(reused) == steps(fresh) and reused.predicted_time_s == fresh.predicted_time_s
+
+
 @pytest.mark.slow  # lowers a Llama; the random graphs above search the same property
 def test_rotors_program_is_cautious_on_lowered_models(gpt2_graph):
     """On lowered transformers (views, reshapes of the logits, parameter gradients returned
