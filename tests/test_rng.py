@@ -341,3 +341,38 @@ def test_bernoulli_with_probabilities_into_a_transposed_view_is_refused_naming_t
     with pytest.raises(LoweringError, match=r"bernoulli_\.Tensor on a tensor that is not "
                                                     r"contiguous \(.*test_rng\.py:\d+ in forward\): .*\.contiguous\(\)"):
         remat_ir.remat(model, (torch.randn(64, 16),), solver="autograd", cost_model="flops")
+
+
+class _BoundedDraws(torch.nn.Module):
+    """Integer noise drawn between two bounds, in the activations' dtype or another, on a
+    tensor laid out transposed: `x.random_(low, high)`, which torch.export alone cannot
+    trace (`frontends/random_bounds.py`)."""
+
+    def __init__(self, low: int, high: int, dtype: torch.dtype):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.low, self.high, self.dtype = low, high, dtype
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        noise = torch.empty(h.shape[1], h.shape[0], dtype=self.dtype).t().random_(self.low, self.high)
+        return self.b(h * noise.to(h.dtype)) + torch.empty_like(x).random_(3, 5)
+
+
+@pytest.mark.parametrize("low, high, dtype", [(0, 7, torch.float32), (-3, 4, torch.int64),
+                                              (100, 120, torch.bfloat16)])
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_random_between_two_bounds_trains_like_eager(low, high, dtype, solver):
+    """Values, gradients and the generator after each step bitwise eager's, the draws
+    recomputed in the backward too."""
+    x = torch.randn(4, 8)
+    errors = side_by_side(_BoundedDraws(low, high, dtype),
+                          lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops"),
+                          (x,), {}, lambda y: y.square().sum())
+    assert errors == {}
+
+
+@pytest.mark.parametrize("low, high, dtype", [(1, 2 ** 25, torch.float32), (-1, 300, torch.bfloat16)])
+def test_random_between_bounds_a_dtype_cannot_add_exactly_is_refused_with_its_line(low, high, dtype):
+    with pytest.raises(LoweringError, match=r"random_\(-?1, \d+\)` at .*test_rng\.py:\d+.*torch\.randint"):
+        lower(_BoundedDraws(low, high, dtype), (torch.randn(4, 8),))
