@@ -49,7 +49,7 @@ from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from . import gru_kernels, prod_kernels
-from .random_bounds import drawing_random_bounds_as_eager
+from .export_draws import drawing_as_eager
 from .errors import LoweringError
 from .fx_nodes import node_module
 from .model_lines import library_line, model_line
@@ -337,7 +337,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
-                refusing_trace_effects(model, effects), drawing_random_bounds_as_eager():
+                refusing_trace_effects(model, effects), drawing_as_eager():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

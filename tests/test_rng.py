@@ -346,7 +346,7 @@ def test_bernoulli_with_probabilities_into_a_transposed_view_is_refused_naming_t
 class _BoundedDraws(torch.nn.Module):
     """Integer noise drawn between two bounds, in the activations' dtype or another, on a
     tensor laid out transposed: `x.random_(low, high)`, which torch.export alone cannot
-    trace (`frontends/random_bounds.py`)."""
+    trace (`frontends/export_draws.py`)."""
 
     def __init__(self, low: int, high: int, dtype: torch.dtype):
         super().__init__()
@@ -376,3 +376,24 @@ def test_random_between_two_bounds_trains_like_eager(low, high, dtype, solver):
 def test_random_between_bounds_a_dtype_cannot_add_exactly_is_refused_with_its_line(low, high, dtype):
     with pytest.raises(LoweringError, match=r"random_\(-?1, \d+\)` at .*test_rng\.py:\d+.*torch\.randint"):
         lower(_BoundedDraws(low, high, dtype), (torch.randn(4, 8),))
+
+
+class _NoiseLikeActivations(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.b(h * torch.randint_like(h, 0, 3)) + torch.randint_like(h, 5)[:, :8]
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_randint_like_of_a_tensor_that_needs_a_gradient_trains_like_eager(solver):
+    """AOTAutograd refused it ("derivative for aten::randint_like is not implemented"),
+    where eager's result needs no gradient (`frontends/export_draws.py`)."""
+    x = torch.randn(4, 8)
+    errors = side_by_side(_NoiseLikeActivations(),
+                          lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops"),
+                          (x,), {}, lambda y: y.square().sum())
+    assert errors == {}
