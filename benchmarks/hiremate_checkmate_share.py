@@ -18,14 +18,14 @@ benchmarks/results/hiremate_checkmate_share.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from plan_comparisons import answer, summarize, verdict  # noqa: E402
 
 from remat_ir import ir, solvers  # noqa: E402
 from remat_ir.solvers import hiremate as H  # noqa: E402
@@ -61,22 +61,7 @@ def graphs(quick: bool):
 def plan(graph: ir.Graph, budget: int, share: float, limit: float) -> tuple[dict, float]:
     H.CHECKMATE_SHARE = share
     own = ir.Graph(ir.pb.Graph.FromString(graph.proto.SerializeToString()))
-    started = time.perf_counter()
-    try:
-        s = solvers.solve(own, budget, "hiremate", time_limit_s=limit)
-        answer = {"fits": True, "time_s": s.predicted_time_s, "peak": s.predicted_peak_bytes}
-    except solvers.InfeasibleBudget as refused:
-        answer = {"fits": False, "floor": refused.smallest_feasible}
-    return answer, time.perf_counter() - started
-
-
-def verdict(old: dict, new: dict) -> str:
-    if old["fits"] and new["fits"]:
-        return ("worse" if new["time_s"] > old["time_s"] * (1 + 1e-9)
-                else "better" if new["time_s"] < old["time_s"] * (1 - 1e-9) else "same")
-    if old["fits"] != new["fits"]:
-        return "worse" if old["fits"] else "better"
-    return "worse" if new["floor"] > old["floor"] else "better" if new["floor"] < old["floor"] else "same"
+    return answer(lambda: solvers.solve(own, budget, "hiremate", time_limit_s=limit))
 
 
 def main() -> None:
@@ -98,16 +83,8 @@ def main() -> None:
                          "verdict": verdict(old, new)})
             print(f"{label:>14} {share_of_peak:.2f}: {rows[-1]['verdict']} "
                   f"({old_s:.1f} s -> {new_s:.1f} s)", flush=True)
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("same", "better", "worse")}
-    seconds = (sum(r["old_s"] for r in rows), sum(r["new_s"] for r in rows))
-    summary = {"share": args.share, "time_limit_s": args.time_limit, "cases": len(rows), **counts,
-               "seconds_old": seconds[0], "seconds_new": seconds[1]}
-    print(f"{len(rows)} cases, the MILP at {args.share} of the time left: {counts}; "
-          f"{seconds[0]:.0f} s with all of it, {seconds[1]:.0f} s now")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {OUT}")
-
+    summarize(rows, OUT, f"with the MILP at {args.share} of the time left", "with all of it",
+              share=args.share, time_limit_s=args.time_limit)
 
 if __name__ == "__main__":
     main()
