@@ -58,6 +58,9 @@ def drawing_as_eager():
             return original(self, *args, **kwargs)
         low = args[0] if args else kwargs.pop("from")
         high = args[1] if len(args) == 2 else kwargs.pop("to", None)
+        if high is not None and high <= low:   # the trace checks no bounds: eager's error
+            raise LoweringError(f"`Tensor.random_({low}, {high})` at {_caller()}: random_ expects "
+                                f"'from' to be less than 'to' (eager raises it too)")
         limit = _exact_up_to(self.dtype)
         if high is None or (low and limit is not None and max(abs(low), abs(high)) > limit):
             raise LoweringError(

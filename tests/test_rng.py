@@ -372,9 +372,11 @@ def test_random_between_two_bounds_trains_like_eager(low, high, dtype, solver):
     assert errors == {}
 
 
-@pytest.mark.parametrize("low, high, dtype", [(1, 2 ** 25, torch.float32), (-1, 300, torch.bfloat16)])
-def test_random_between_bounds_a_dtype_cannot_add_exactly_is_refused_with_its_line(low, high, dtype):
-    with pytest.raises(LoweringError, match=r"random_\(-?1, \d+\)` at .*test_rng\.py:\d+.*torch\.randint"):
+@pytest.mark.parametrize("low, high, dtype, says", [
+    (1, 2 ** 25, torch.float32, "torch.randint"), (-1, 300, torch.bfloat16, "torch.randint"),
+    (5, 2, torch.float32, "expects 'from' to be less than 'to'")])
+def test_random_between_bounds_a_dtype_cannot_add_exactly_is_refused_with_its_line(low, high, dtype, says):
+    with pytest.raises(LoweringError, match=rf"random_\({low}, {high}\)` at .*test_rng\.py:\d+.*{says}"):
         lower(_BoundedDraws(low, high, dtype), (torch.randn(4, 8),))
 
 
