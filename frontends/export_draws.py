@@ -21,12 +21,12 @@ and the model was refused. While tracing, it reads `t.detach()`: the same draws.
 from __future__ import annotations
 
 import contextlib
-import sys
+import traceback
 
 import torch
 
 from .errors import LoweringError
-from .model_lines import is_model_file
+from .model_lines import model_line
 
 
 def _exact_up_to(dtype: torch.dtype) -> int | None:
@@ -36,11 +36,8 @@ def _exact_up_to(dtype: torch.dtype) -> int | None:
 
 
 def _caller() -> str:
-    """'file:line' of the model's call."""
-    frame = sys._getframe(2)
-    while frame is not None and not is_model_file(frame.f_code.co_filename):
-        frame = frame.f_back
-    return "a line of the model" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    """'file:line in function' of the model's call."""
+    return model_line(traceback.extract_stack()) or "a line of the model"
 
 
 @contextlib.contextmanager

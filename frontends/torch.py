@@ -345,6 +345,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     sys.stderr.write(printed.getvalue().replace(f"{partial}\n", "") if partial else printed.getvalue())
     if isinstance(failure, FunctionError):
         raise LoweringError(f"{failure} (in {type(model).__name__})") from None
+    if isinstance(failure, LoweringError):   # a refusal of the tracing hooks, said whole
+        raise failure.with_traceback(None) from None
     if failure is not None:
         raise _export_failure(type(model).__name__, failure)
     if errors:
