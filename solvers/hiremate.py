@@ -47,10 +47,11 @@ Every MILP has a time limit; a cluster whose H-ILP finds nothing in time keeps
 its base options, so a plan always exists down to the least memory the
 options allow.
 
-Last, the plan's recomputations move to just before their first readers where the peak
-allows (`placement.py`): same time in the model, and run compiled a recomputation lands
-in its reader's region, where Inductor fuses it (the quick CNN at torch.compile 0.5's
-peak: 2.6% faster).
+Last, the plan's recomputations, then its forward steps, move to just before their first
+readers where the peak allows (`placement.py`): same time in the model, and run compiled
+a recomputation lands in its reader's region, where Inductor fuses it (the quick CNN at
+torch.compile 0.5's peak: 2.6% faster); the forward runs module by module as eager's
+does (FSDP gathers one unit at a time).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from .keepset import keep_set_plans
 from .leaves import leaf_options, leaf_solver_names
 from .options import PartOption, PartShape, pareto, spread
 from .partition import MAX_CLUSTER, MAX_TOP, Cluster, partition, store_hierarchy, stored_partition
-from .placement import sink_recomputations
+from .placement import sink_to_readers
 from .rotor import plan_near_floor, rotor
 from .sequences import fit_to_budget, to_schedule
 from .structure import TrainingGraph
@@ -242,8 +243,8 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
             smallest = polish(tg, [smallest], floor, deadline=Deadline(whole.remaining()),
                               progress=progress) or smallest
         raise InfeasibleBudget(budget, smallest.predicted_peak_bytes, " (by hiremate)",
-                               schedule=_named(sink_recomputations(tg, smallest, whole)))
-    return _named(sink_recomputations(tg, best, whole))
+                               schedule=_named(sink_to_readers(tg, smallest, whole)))
+    return _named(sink_to_readers(tg, best, whole))
 
 
 def _fastest_within(schedules: list[pb.Schedule | None], budget: int) -> pb.Schedule | None:
