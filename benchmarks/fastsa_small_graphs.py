@@ -16,20 +16,19 @@ refuses where the other plans. Writes benchmarks/results/fastsa_small_graphs.jso
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from builders import chain  # noqa: E402
+from plan_comparisons import answer, summarize, verdict  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from strategies import training_graphs  # noqa: E402
 
-from remat_ir import ir, solvers  # noqa: E402
+from remat_ir import ir  # noqa: E402
 from remat_ir.solvers import fastsa as F  # noqa: E402
 from remat_ir.solvers.structure import TrainingGraph  # noqa: E402
 
@@ -38,13 +37,7 @@ OLD_MOVES = 200_000
 
 
 def plan(graph: ir.Graph, budget: int, iterations: int) -> tuple[dict, float]:
-    started = time.perf_counter()
-    try:
-        s = F.fastsa(graph, budget, iterations=iterations)
-        answer = {"fits": True, "time_s": s.predicted_time_s, "peak": s.predicted_peak_bytes}
-    except solvers.InfeasibleBudget as refused:
-        answer = {"fits": False, "floor": refused.smallest_feasible}
-    return answer, time.perf_counter() - started
+    return answer(lambda: F.fastsa(graph, budget, iterations=iterations))
 
 
 def compare(rows: list, graph: ir.Graph, share: float, label: str, per_node: int) -> None:
@@ -53,17 +46,9 @@ def compare(rows: list, graph: ir.Graph, share: float, label: str, per_node: int
     moves = min(F.MAX_ITERATIONS, max(F.MOVES_PER_NODE * nodes, min(OLD_MOVES, per_node * nodes)))
     old, old_s = plan(graph, budget, max(OLD_MOVES, F.MOVES_PER_NODE * nodes))
     new, new_s = plan(graph, budget, moves)
-    if old["fits"] and new["fits"]:
-        verdict = ("worse" if new["time_s"] > old["time_s"] * (1 + 1e-9)
-                   else "better" if new["time_s"] < old["time_s"] * (1 - 1e-9) else "same")
-    elif old["fits"] != new["fits"]:
-        verdict = "worse" if old["fits"] else "better"
-    else:
-        verdict = ("worse" if new["floor"] > old["floor"]
-                   else "better" if new["floor"] < old["floor"] else "same")
     rows.append({"case": label, "nodes": nodes, "share": share, "moves": moves, "old": old,
-                 "new": new, "old_s": old_s, "new_s": new_s, "verdict": verdict})
-    print(f"{label:>8} {nodes:3d} nodes {share:.2f}: {verdict} ({old_s:.2f} s -> {new_s:.2f} s)",
+                 "new": new, "old_s": old_s, "new_s": new_s, "verdict": verdict(old, new)})
+    print(f"{label:>8} {nodes:3d} nodes {share:.2f}: {rows[-1]['verdict']} ({old_s:.2f} s -> {new_s:.2f} s)",
           flush=True)
 
 
@@ -85,16 +70,8 @@ def main() -> None:
         def random_graphs(graph, share):
             compare(rows, graph, share, "random", args.per_node)
         random_graphs()
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("same", "better", "worse")}
-    seconds = (sum(r["old_s"] for r in rows), sum(r["new_s"] for r in rows))
-    summary = {"per_node": args.per_node, "cases": len(rows), **counts,
-               "seconds_old": seconds[0], "seconds_new": seconds[1]}
-    print(f"{len(rows)} cases at {args.per_node} moves per node: {counts}; "
-          f"{seconds[0]:.0f} s with 200,000 moves, {seconds[1]:.0f} s now")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {OUT}")
-
+    summarize(rows, OUT, f"at {args.per_node} moves per node", "with 200,000 moves",
+              per_node=args.per_node)
 
 if __name__ == "__main__":
     main()

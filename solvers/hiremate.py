@@ -137,6 +137,16 @@ FASTSA_SHARE = 0.3
 #: A graph whose exact MILP has at most this many binaries (bvlc_alexnet: 6,000, vgg19:
 #: 8,600, squeezenet: 15,000, GPT-2: 1.2 million) goes through `checkmate` too.
 EXACT_BINARIES = 10_000
+#: Of the planning phase's time left, the share Checkmate's MILP may take on such a graph.
+#: It is warm-started from the fastest plan that fits and rarely proves optimality there
+#: (the 70-node MLP with dropout at 90%: a 32% gap after 8 s), so with all of it it ran
+#: to the phase's deadline, most of a small model's planning time. At a quarter, 36
+#: cases (chains of 12-60 layers, the zoo's small models, two ONNX zoo graphs, at 35-90%
+#: of their peaks; 20 s limit) got the same plan or floor in 190 s against 247 s
+#: (`benchmarks/hiremate_checkmate_share.py`). Its plans of the same figures may order
+#: steps otherwise (a forward out of module order, first); `placement.py` puts the
+#: forward in eager's order.
+CHECKMATE_SHARE = 0.25
 
 
 def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = None,
@@ -334,8 +344,8 @@ def _with_checkmate(tg: TrainingGraph, budget: int, best: pb.Schedule | None,
     wins. When no plan fits, its least-memory schedule (the min-peak MILP's, started
     from the lowest-peak plan known) joins `made`."""
     try:
-        exact = solve_exact(tg, budget, Deadline(max(1.0, deadline.remaining(30.0))), progress,
-                            known=made)
+        seconds = max(1.0, CHECKMATE_SHARE * deadline.remaining(30.0))
+        exact = solve_exact(tg, budget, Deadline(seconds), progress, known=made)
     except InfeasibleBudget as refused:
         if refused.schedule is not None:
             made.append(refused.schedule)
