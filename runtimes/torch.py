@@ -71,7 +71,8 @@ class _Step:
             try:
                 outputs, updates, saved = runner.forward_fn(resident, step_units)
             except RuntimeError as exc:
-                refused = mixed_dtypes_message(runner.graph, runner.plan.forward_source, exc)
+                refused = mixed_dtypes_message(runner.graph, runner.plan.forward_source, exc,
+                                               runner.plan.regions)
                 if refused is None:
                     raise
                 raise RuntimeInputError(refused) from None

@@ -275,16 +275,18 @@ def test_a_new_signature_that_cannot_be_planned_says_which_call():
     assert raised.value.smallest_feasible > raised.value.budget
 
 
-def test_inputs_of_another_dtype_than_the_parameters_are_one_clear_error(capsys):
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_inputs_of_another_dtype_than_the_parameters_are_one_clear_error(capsys, backend):
     """float64 inputs into a model of float32 `nn.Linear`s: a new signature, lowered and
     planned (the trace does not check the dtypes `addmm` is given), whose step then failed
     inside the generated segment with torch's "mat1 and mat2 must have the same dtype",
-    naming no module. Eager refuses the call too; the error says which op of which module
-    met which dtypes, and what to change."""
+    naming no module (on the inductor backend, from inside the compiled region holding
+    the `addmm`). Eager refuses the call too; the error says which op of which module met
+    which dtypes, and what to change."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     x = torch.randn(3, 4)
-    scheduled = remat_ir.remat(model, x, solver="recompute-all", cost_model="flops")
+    scheduled = remat_ir.remat(model, x, solver="recompute-all", cost_model="flops", backend=backend)
     with pytest.raises(RuntimeError, match="must have the same dtype"):
         model(x.double())
     with pytest.raises(RuntimeInputError) as raised:
