@@ -1,4 +1,5 @@
-"""Where a plan's steps run: just before the step that first reads them.
+"""Where a plan's steps run: recomputations just before their first readers, the forward
+in eager's order.
 
 Why: solvers place a recomputation anywhere between what it reads and its first reader,
 and where is free in their model (the same ops, the same time, a peak set elsewhere).
@@ -12,9 +13,10 @@ with its own.
 
 The forward's own order is just as free in the model, and just as real outside it. With
 its MILP stopped early, hiremate's plan for six FSDP units at 50% computed the
-transposes of units 3 and 5's weights and the head's (they read parameters alone) right
-after unit 0: the same predicted time and peak, but FSDP gathers a unit's parameters
-when its ops run, so that forward held three units at once where eager holds one.
+transposes of units 1, 3 and 5's weights and the head's (they read parameters alone)
+among unit 0's ops: the same predicted time and peak, but FSDP gathers a unit's
+parameters when its ops run, so that forward held three units at once where eager
+holds one.
 
 `sink_to_readers` moves every backward recomputation, latest first (so that a chain of
 recomputations follows its last member), to just before its first reader. Then it puts
