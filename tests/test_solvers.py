@@ -4,6 +4,9 @@ slower than another solver, rotor optimal on chains; and the errors users see.""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from builders import chain
@@ -102,6 +105,20 @@ def test_rotor_matches_checkmate_on_chains(n):
         assert exact.status == pb.OPTIMAL
         assert isinstance(dp, pb.Schedule), (n, share, dp)
         assert dp.predicted_time_s == pytest.approx(exact.predicted_time_s), (n, share)
+
+
+@search(200)
+@given(data=st.data(), size=st.integers(1, 40))
+def test_rotors_shift_is_its_definition(data, size):
+    """`_Tables.shift(table, d)[m]` is table[m - d]: inf below zero, the table's last
+    entry past its end (the DP's one hot primitive, written as two slices)."""
+    tables = rotor_module._Tables.__new__(rotor_module._Tables)
+    tables.M = size - 1
+    table = np.array(data.draw(st.lists(st.one_of(st.floats(0, 1e6), st.just(math.inf)),
+                                        min_size=size, max_size=size)))
+    d = data.draw(st.integers(-size - 2, size + 2))
+    expected = [math.inf if m - d < 0 else table[min(m - d, size - 1)] for m in range(size)]
+    assert rotor_module._Tables.shift(tables, table, d).tolist() == expected
 
 
 def _assert_rotor_cautious(graph: ir.Graph, capacities) -> int:
