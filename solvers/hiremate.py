@@ -47,11 +47,11 @@ Every MILP has a time limit; a cluster whose H-ILP finds nothing in time keeps
 its base options, so a plan always exists down to the least memory the
 options allow.
 
-Last, the plan's recomputations, then its forward steps, move to just before their first
-readers where the peak allows (`placement.py`): same time in the model, and run compiled
-a recomputation lands in its reader's region, where Inductor fuses it (the quick CNN at
-torch.compile 0.5's peak: 2.6% faster); the forward runs module by module as eager's
-does (FSDP gathers one unit at a time).
+Last, the plan's recomputations move to just before their first readers, and its
+forward into eager's order, where the peak allows (`placement.py`): same time in the
+model, and run compiled a recomputation lands in its reader's region, where Inductor
+fuses it (the quick CNN at torch.compile 0.5's peak: 2.6% faster); the forward runs
+module by module as eager's does (FSDP gathers one unit at a time).
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ EXACT_BINARIES = 10_000
 #: (the 70-node MLP with dropout at 90%: a 32% gap after 8 s), so with all of it it ran
 #: to the phase's deadline, most of a small model's planning time. At a quarter, 36
 #: cases (chains of 12-60 layers, the zoo's small models, two ONNX zoo graphs, at 35-90%
-#: of their peaks; 20 s limit) got the same plan or floor in 190 s against 247 s
+#: of their peaks; 20 s limit) got the same predicted time and peak, or floor, in 190 s
+#: against 247 s
 #: (`benchmarks/hiremate_checkmate_share.py`). Its plans of the same figures may order
 #: steps otherwise (a forward out of module order, first); `placement.py` puts the
 #: forward in eager's order.

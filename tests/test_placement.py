@@ -1,5 +1,6 @@
-"""Moving recomputations to their first readers (`solvers/placement.py`): the plan stays
-valid, computes the same steps, and its peak never rises."""
+"""Moving recomputations to their first readers and the forward into eager's order
+(`solvers/placement.py`): the plan stays valid, computes the same steps, and its peak
+never rises."""
 
 from __future__ import annotations
 
