@@ -143,10 +143,9 @@ EXACT_BINARIES = 10_000
 #: to the phase's deadline, most of a small model's planning time. At a quarter, 36
 #: cases (chains of 12-60 layers, the zoo's small models, two ONNX zoo graphs, at 35-90%
 #: of their peaks; 20 s limit) got the same predicted time and peak, or floor, in 190 s
-#: against 247 s
-#: (`benchmarks/hiremate_checkmate_share.py`). Its plans of the same figures may order
-#: steps otherwise (a forward out of module order, first); `placement.py` puts the
-#: forward in eager's order.
+#: against 247 s (`benchmarks/hiremate_checkmate_share.py`). Its plans of the same
+#: figures may order steps otherwise (a forward out of module order, first);
+#: `placement.py` puts the forward in eager's order.
 CHECKMATE_SHARE = 0.25
 
 
