@@ -164,3 +164,40 @@ def test_a_forward_step_computed_early_moves_to_its_place_in_eagers_order():
     assert sunk_order(tg, twice, 6) == [t1, h1, t2, t1, h2, out] + rest
     twice = [t2, t1, h1, t1, h2, out] + rest
     assert sunk_order(tg, twice, 6) == twice
+
+
+def test_a_forward_with_every_weight_transposed_first_runs_module_by_module():
+    """The FSDP test's six units (`distributed_runs._Layers`), lowered: a plan that computes
+    every weight's transpose (they read parameters alone) before anything else, as
+    hiremate's did for some of them at the same predicted time and peak as eager's order
+    (FSDP then held three units gathered at once), runs its forward module by module,
+    each once, as eager does."""
+    import torch
+    from distributed_runs import _Layers
+
+    from remat_ir.lowering import lower_torch
+
+    torch.manual_seed(0)
+    graph = lower_torch(_Layers(), (torch.randn(64, 256), torch.randn(64, 1)), cost_model="flops")
+    tg = TrainingGraph(graph)
+    everything = ir.store_all(graph)
+    sequence, start = compute_sequence(everything), ir.forward_length(everything)
+    resident = set(graph.resident_value_ids)
+    alone = [n for n in sequence[:start] if all(v in resident for v in graph.node(n).inputs)]
+    early = ir.from_compute_sequence(
+        graph, alone + [n for n in sequence[:start] if n not in alone] + sequence[start:], start,
+        name="early")
+
+    def modules(schedule):
+        runs = []
+        for step in schedule.steps[:schedule.backward_start]:
+            if step.HasField("compute"):
+                module = graph.node(step.compute).source.split(" (")[0]
+                if not runs or runs[-1] != module:
+                    runs.append(module)
+        return runs
+
+    assert len(alone) == 7 and len(modules(early)) > len(set(modules(early)))
+    sunk = sink_to_readers(tg, early)
+    assert len(modules(sunk)) == len(set(modules(sunk))), modules(sunk)
+    assert sunk.predicted_peak_bytes <= early.predicted_peak_bytes
