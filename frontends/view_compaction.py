@@ -19,10 +19,16 @@ clone, and the clone (contiguous, the view's bytes only) lives on. A clone copie
 values exactly, but not a strided view's strides, and a reader that reduces may sum
 in another order on another layout: only where the view is dense (the clone keeps its
 strides) or every later reader computes the same bits on any layout
-(`_reads_any_layout`: pointwise ops, and convolution backwards, which make their
+(`_reads_any_layout`: exact arithmetic, and convolution backwards, which make their
 inputs contiguous themselves) is the copy made. Soak, 2026-11-28: a slice of a
 `cat`'s gradient read by a batch-norm backward, copied, gave its weight's gradient
-4e-8 off eager's, on store-everything.
+4e-8 off eager's, on store-everything. Pointwise is not enough either: ATen runs an
+op's vectorized kernel over contiguous runs and its scalar one elsewhere (a stride
+other than 1, the tail of a run), and for a transcendental op (GELU's erf, exp, tanh)
+the two round differently. A probe, 2026-11-29: the real part of an FFT (a view with
+stride 2) read by a GELU and its backward, copied, gave gradients 2.4e-7 off eager's
+on store-everything. So the pointwise readers taken are those whose every element is
+one correctly rounded operation (`EXACT_POINTWISE`: the same bits on either kernel).
 
 Left alone: views returned by the graph (a returned tensor keeps eager's layout),
 storages written in place, and graph inputs (parameters and buffers live anyway).
@@ -43,11 +49,19 @@ _aten = torch.ops.aten
 
 #: Bumped when the rewrite changes the graphs it makes: benchmark caches of lowered graphs
 #: key on it (benchmarks/solvers.py).
-REVISION = 2
+REVISION = 3
 
 #: Readers that are not pointwise but compute the same bits whatever their inputs'
 #: strides: convolution backwards make their gradient contiguous first.
 LAYOUT_FREE_READERS = frozenset({_aten.convolution_backward.default})
+
+#: Pointwise ops each of whose elements is one correctly rounded IEEE operation (or a
+#: selection), so that ATen's vectorized and scalar kernels give the same bits: on any
+#: layout, the same result. `add` and `sub` only without an `alpha` (with one, a kernel
+#: may fuse the multiply and the add). The U-Net's copies are read by `add`.
+EXACT_POINTWISE = frozenset({
+    _aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.neg.default, _aten.relu.default,
+    _aten.threshold_backward.default, _aten.where.self, _aten.clone.default})
 
 #: How far after the storage's other last read a view must be read, as a share of the
 #: graph's ops, for a copy to be worth it.
@@ -86,10 +100,13 @@ def _kept_by_clone(tensor: torch.Tensor) -> bool:
 
 def _reads_any_layout(node: torch.fx.Node) -> bool:
     """Whether `node` computes the same bits whatever the strides of the tensors it reads:
-    a pointwise op (each element alone: torch's `pointwise` tag) or one of
+    one of `EXACT_POINTWISE` (`add` and `sub` without an alpha) or of
     `LAYOUT_FREE_READERS`."""
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and (torch.Tag.pointwise in node.target.tags or node.target in LAYOUT_FREE_READERS))
+    if node.op != "call_function":
+        return False
+    if node.target in EXACT_POINTWISE:
+        return node.kwargs.get("alpha", 1) == 1 and len(node.args) <= 2
+    return node.target in LAYOUT_FREE_READERS
 
 
 def _bytes(node: torch.fx.Node) -> tuple[int, int] | None:

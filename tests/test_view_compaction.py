@@ -127,3 +127,31 @@ def test_a_strided_view_read_by_a_reduction_keeps_eagers_layout():
     errors = side_by_side(RandomNet(program, 6), lambda m: ScheduledModule(m, graph, ir.store_all(graph)),
                           (x,), {}, lambda out: out)
     assert errors == {}, errors
+
+
+class _Spectral(torch.nn.Module):
+    """Linear -> a 2-D FFT's real part (a view with stride 2 of the complex result) ->
+    GELU -> Linear: the view is read by the GELU and, late, by its backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.outer = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        spectrum = torch.fft.fft(torch.fft.fft(self.inner(x), dim=-1), dim=-2)
+        return self.outer(torch.nn.functional.gelu(spectrum.real)).pow(2).mean()
+
+
+def test_a_strided_view_read_by_a_transcendental_op_keeps_eagers_layout():
+    """A probe, 2026-11-29: the real part of an FFT read by a GELU (and its backward) was
+    copied into a contiguous tensor, as pointwise readers took any layout; ATen's GELU
+    rounds its vectorized kernel (run on the copy) and its scalar one (run on eager's
+    stride-2 view) differently, and every gradient was up to 2.4e-7 off eager's on
+    store-everything. Only exact arithmetic takes a copy's layout now: bitwise."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    graph = lower_torch(_Spectral(), (x,), cost_model=None)
+    torch.manual_seed(0)
+    errors = side_by_side(_Spectral(), lambda m: ScheduledModule(m, graph, ir.store_all(graph)),
+                          (x,), {}, lambda out: out)
+    assert errors == {}, errors
