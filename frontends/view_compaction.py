@@ -61,7 +61,7 @@ LAYOUT_FREE_READERS = frozenset({_aten.convolution_backward.default})
 #: may fuse the multiply and the add). The U-Net's copies are read by `add`.
 EXACT_POINTWISE = frozenset({
     _aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.neg.default, _aten.relu.default,
-    _aten.threshold_backward.default, _aten.where.self, _aten.clone.default})
+    _aten.clone.default})
 
 #: How far after the storage's other last read a view must be read, as a share of the
 #: graph's ops, for a copy to be worth it.
@@ -104,8 +104,8 @@ def _reads_any_layout(node: torch.fx.Node) -> bool:
     `LAYOUT_FREE_READERS`."""
     if node.op != "call_function":
         return False
-    if node.target in EXACT_POINTWISE:
-        return node.kwargs.get("alpha", 1) == 1 and len(node.args) <= 2
+    if node.target in EXACT_POINTWISE:   # `alpha` is keyword-only in add's and sub's schema
+        return node.kwargs.get("alpha", 1) == 1
     return node.target in LAYOUT_FREE_READERS
 
 
