@@ -60,6 +60,7 @@ from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .trace_effects import data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
+from .value_dependent import value_dependent_error
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
                                      describe_input, ir_dtype, op_name, record_device,
@@ -369,6 +370,10 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
         error = data_error(model, data_uses(exc))
         error.__cause__ = exc
         return error
+    refused = value_dependent_error(model, exc)
+    if refused is not None:
+        refused.__cause__ = exc
+        return refused
     if isinstance(exc, GuardOnDataDependentSymNode):
         frames = traceback.extract_tb(exc.__traceback__)
         where = model_line(frames)
@@ -376,7 +381,12 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
             named = re.search(r"Caused by: \((.*?)\)\s*$", text, re.MULTILINE)
             where = named.group(1) if named else "a line export did not name"
         inside = library_line(frames)
-        if inside is not None:   # a PyTorch layer branches (BatchNorm's momentum=None)
+        if inside is not None and inside.startswith("torch/distributions/"):
+            # A distribution checks its arguments' values (`validate_args`, on by default).
+            where = (f"{where}, inside PyTorch at {inside} (the distribution checks its "
+                     f"arguments' values: pass validate_args=False to it, or call "
+                     f"torch.distributions.Distribution.set_default_validate_args(False))")
+        elif inside is not None:   # a PyTorch layer branches (BatchNorm's momentum=None)
             where = f"{where}, inside PyTorch at {inside} (an argument of that call may avoid it)"
         return LoweringError(
             f"torch.export could not trace {model}: its forward branches on a value computed "
@@ -738,6 +748,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         except LoweringError:
             raise
         except Exception as exc:
+            refused = value_dependent_error(type(model).__name__, exc, exported.graph)
+            if refused is not None:
+                raise refused from exc
             first = str(exc).strip().splitlines()[0]
             if "convert all Tensors to FakeTensors" in first:
                 raise LoweringError(

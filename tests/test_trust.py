@@ -833,6 +833,58 @@ def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
         _remat(model, (torch.randn(3, 4),))
 
 
+def test_a_distributions_value_check_is_named_with_validate_args_as_the_way_out():
+    """A distribution checks its arguments' values when made (validate_args, on by default):
+    the error said only "an argument of that call may avoid it"."""
+    class Sampled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 8)
+
+        def forward(self, x):
+            mu, log_var = self.linear(x).chunk(2, -1)
+            return torch.distributions.Normal(mu, (0.5 * log_var).exp()).rsample().square().mean()
+
+    with pytest.raises(LoweringError, match=r"inside PyTorch at torch/distributions/.*pass "
+                                            r"validate_args=False"):
+        _remat(Sampled(), (torch.randn(3, 4),))
+
+
+class _ValueShaped(torch.nn.Module):
+    """An op whose result's shape (or Python value) depends on tensor data, per `kind`."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, labels):
+        h = self.linear(x)
+        if self.kind == "boolean_mask":   # a loss over the labels that are not -100
+            return h[labels != -100].square().mean()
+        if self.kind == "item":
+            return h.square().mean() / h.abs().max().item()
+        if self.kind == "unique":
+            return h.square().mean() * torch.unique(labels).numel()
+        return torch.nn.functional.ctc_loss(h.log_softmax(-1).unsqueeze(1), labels[None, :2].abs() % 3 + 1,
+                                            torch.tensor([4]), torch.tensor([2]))
+
+
+@pytest.mark.parametrize("kind, op, instead", [
+    ("boolean_mask", "aten.nonzero", r"torch.where\(mask, x, 0\)"),
+    ("item", "aten._local_scalar_dense", r"keep it a tensor"),
+    ("unique", "aten._unique2", r"compute it outside the module"),
+    ("ctc_loss", "aten._ctc_loss", r"compute it outside the module")])
+def test_an_op_whose_shape_depends_on_tensor_data_is_refused_by_its_line(kind, op, instead):
+    """Fake tensors refuse these with the op's name alone, and the error said no more
+    ("AOTAutograd could not build the joint graph of M: aten.nonzero.default"); ctc_loss
+    fails while exporting, the others while building the joint graph."""
+    with pytest.raises(LoweringError, match=rf"_ValueShaped's forward calls {re.escape(op)}\.\w+ at "
+                                            rf".*test_trust.py:\d+ in forward, .*depends on tensor "
+                                            rf"data.*Instead, .*{instead}"):
+        _remat(_ValueShaped(kind), (torch.randn(4, 4), torch.tensor([1, -100, 3, 1])))
+
+
 def test_hidden_states_captured_by_transformers_hooks_train_like_eager():
     """transformers installs forward hooks that capture hidden states on the first call
     that asks for them, and marks it in a private attribute: library bookkeeping that the

@@ -1,0 +1,96 @@
+"""Ops whose result's shape or Python value depends on tensor data, refused by name.
+
+remat-ir lowers one graph of the whole step with fixed shapes, so tracing cannot take
+`x[mask]`, `masked_select`, `unique`, `bincount`, `repeat_interleave` with tensor
+counts, `ctc_loss` (its buffers are sized by the target lengths) or `.item()`. Fake
+tensors refuse each with the op's name alone, and that was all the error said
+("AOTAutograd could not build the joint graph of M: aten.nonzero.default"): no line of
+the model, nothing to do. Here the error names the op, the model's line and what to
+write instead; a boolean mask, the usual case (a loss over the tokens whose label is
+not -100), has a fixed-shape form that trains alike.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+from .errors import LoweringError
+from .model_lines import model_line, node_line
+
+#: Op name (without overload) -> what to write instead.
+_INSTEAD = {
+    "nonzero": "a boolean mask selects a number of elements known only from the data "
+               "(x[mask], or a loss over the tokens whose label is not -100): keep every "
+               "element and mask the values instead, e.g. torch.where(mask, x, 0).sum() / "
+               "mask.sum() for a masked mean, or pass ignore_index= to the loss",
+    "_local_scalar_dense": "a tensor's value is read as a Python number (.item(), float(), "
+                           "int(), bool(), .tolist()): keep it a tensor, or pass the number "
+                           "to the model as a Python argument",
+}
+_INSTEAD["masked_select"] = _INSTEAD["nonzero"]
+_OUTSIDE = ("compute it outside the module: return what it reads from the forward and call "
+            "it on the result (the gradient still flows back through the module's outputs)")
+
+
+def value_dependent_error(model: str, exc: BaseException,
+                          graph: torch.fx.Graph | None = None) -> LoweringError | None:
+    """The LoweringError for `exc` when it (or an exception it was raised from) is fake
+    tensors' refusal of a data-dependent op; else None. The model's line comes from the
+    traceback (a failure while exporting runs the model's code) or from the node of
+    `graph` (the exported program's, while building the joint graph) that calls the op."""
+    found = _refusal(exc)
+    if found is None:
+        return None
+    failure, func = found
+    where = model_line(traceback.extract_tb(failure.__traceback__))
+    name = _name(func)
+    if where is None and graph is not None:
+        where = next((line for node in graph.nodes if _calls(node, name)
+                      for line in [node_line(node)] if line is not None), None)
+    kind = ("whose value" if isinstance(failure, DataDependentOutputException)
+            else "whose result's shape")
+    return LoweringError(
+        f"{model}'s forward calls {func} at {where or 'a line tracing did not record'}, {kind} "
+        f"depends on tensor data; remat-ir lowers one graph of the whole step, with fixed "
+        f"shapes. Instead, {_INSTEAD.get(name, _OUTSIDE)}")
+
+
+#: The failing op -> the ops of the exported graph that run it inside their decomposition.
+_CALLED_BY = {"nonzero": {"index", "argwhere", "masked_select"},
+              "_local_scalar_dense": {"item"},
+              "repeat_interleave": {"repeat_interleave"}}
+
+
+def _name(func) -> str:
+    """'nonzero' for aten.nonzero.default."""
+    schema = getattr(func, "_schema", None)
+    return schema.name.split("::")[-1] if schema is not None else str(func)
+
+
+def _calls(node: torch.fx.Node, name: str) -> bool:
+    """Whether exported-graph `node` calls op `name` or runs it in its decomposition (an
+    index by a boolean mask)."""
+    called = _name(node.target) if node.op == "call_function" else None
+    if called == name:
+        return True
+    if called not in _CALLED_BY.get(name, ()):
+        return False
+    if called != "index":
+        return True
+    indices = node.args[1] if len(node.args) > 1 else ()
+    return any(isinstance(i, torch.fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool
+               for i in indices)
+
+
+def _refusal(exc: BaseException | None):
+    """(the exception, its op) of the first data-dependent refusal in `exc`'s chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
+            return exc, exc.func
+        exc = exc.__cause__ or exc.__context__
+    return None
