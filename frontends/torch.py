@@ -58,7 +58,7 @@ from .refusals import (check_backward_hooks, check_hook_reparametrizations, cons
                        data_error, mutation_error, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
-from .trace_effects import data_uses, refusing_trace_effects
+from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .value_dependent import value_dependent_error
 from .view_compaction import compact_views
@@ -327,8 +327,48 @@ def _check_something_trains(graph: Graph, model: str) -> None:
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             reads: TracedReads) -> torch.export.ExportedProgram:
+    """torch.export's program of `model`, or one LoweringError. Plain values the forward
+    assigns to module attributes (`trace_effects`) are left on the model, as eager's call
+    leaves them, and the model is traced again from them: the program is kept where the
+    forward then assigns the values they hold and the program is the same, so that every
+    call runs it, the first included (a window clamped to the input's shape before it is
+    used); else the attributes are put back and the forward refused (a counter, a value
+    used before it is assigned)."""
     check_backward_hooks(model)
     check_hook_reparametrizations(model)
+    assigned: dict = {}
+    exported = _trace(model, args, kwargs, reads, assigned)
+    if not assigned:
+        return exported
+    modules = dict(model.named_modules())
+    for (path, key), (value, _, _) in assigned.items():
+        setattr(modules[path], key, value)
+    again, first, before = {}, str(exported.graph), reads.copy()
+    reads.clear()
+    try:
+        exported = _trace(model, args, kwargs, reads, again)
+        said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at {where} "
+                f"({assigned[(path, key)][0] if (path, key) in assigned else was!r}, then "
+                f"{value!r} when traced again)" for (path, key), (value, where, was) in again.items()]
+        if not said and str(exported.graph) != first:
+            said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at "
+                    f"{where} after computing with it: eager's first call computes with {was!r}, "
+                    f"later ones with {value!r}" for (path, key), (value, where, was) in assigned.items()]
+        if said:
+            raise trace_effects_error(type(model).__name__, said)
+    except LoweringError:
+        for (path, key), (_, _, was) in assigned.items():
+            if was is MISSING:
+                delattr(modules[path], key)
+            else:
+                setattr(modules[path], key, was)
+        raise
+    reads.either(before)   # both traces made this program: the values either read lead to it
+    return exported
+
+
+def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
+           assigned: dict) -> torch.export.ExportedProgram:
     errors: list = []
     hook_calls: list[str] = []
     effects: list[str] = []
@@ -338,7 +378,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
-                refusing_trace_effects(model, effects), drawing_as_eager():
+                refusing_trace_effects(model, effects, assigned), drawing_as_eager():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

@@ -15,6 +15,12 @@ of it, so the frontend refuses it by name.
   are refused where the user's own code assigns them; installed libraries keep private
   bookkeeping on modules that tracing may set (transformers marks with one that it
   installed the hooks that capture hidden states, once), which is left to them.
+  A plain value (a number, a string, None) assigned is not refused yet: the frontend
+  traces again with it assigned (`assigned`), as eager's first call would leave it, and
+  refuses it only if the forward then assigns another value (a counter) or traces
+  another program (it computed with the value before assigning it). A value set from
+  shapes alone before it is used settles: transformers' Swin clamps its last stage's
+  window and shift to the input's resolution at every call, and was refused before.
 
 Where the model's own code uses `.data` while tracing (reading it, writing through it,
 assigning it), each use is noted on the error if torch.export then fails (`data_uses`):
@@ -34,6 +40,7 @@ import warnings
 import torch
 
 from .model_lines import is_model_file, is_users_file
+from .traced_reads import plain
 
 #: torch's generator functions a forward may call, by module and name.
 _TORCH_RNG = [(torch, "manual_seed"), (torch, "seed"), (torch, "get_rng_state"),
@@ -131,12 +138,21 @@ def _noting_data_uses(found: list[tuple[str, int, str]]):
             torch.Tensor.data = own
 
 
+#: An attribute the module did not have.
+MISSING = object()
+
+
 @contextlib.contextmanager
-def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
+def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None):
     """While the block traces `model`, note in `found` each effect the graph would not keep
-    (module docstring); module attributes are put back afterwards."""
+    (module docstring); module attributes are put back afterwards. With `assigned`, a plain
+    value the model's code assigns to one of its modules' attributes is not an effect
+    where it is the value the attribute had; otherwise it goes into `assigned`, as
+    (module path, attribute) -> (value, 'file:line', the value before or `MISSING`), for
+    the caller to trace again."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
+    paths = {id(module): path for path, module in model.named_modules()}
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
 
     def noted(name, function):
@@ -164,8 +180,14 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
             return
         if key not in _MODULE_KEYS and (is_users_file(caller) if key.startswith("_")
                                         else is_model_file(caller)):
-            found.append(f"it assigns module attribute {key!r} of {type(module).__name__} at "
-                         f"{caller}:{sys._getframe(1).f_lineno}")
+            where = f"{caller}:{sys._getframe(1).f_lineno}"
+            if assigned is not None and plain(value) and id(module) in paths:
+                at = (paths[id(module)], key)
+                before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
+                assigned[at] = (value, where, before)
+            else:
+                found.append(f"it assigns module attribute {key!r} of {type(module).__name__} "
+                             f"at {where}")
         module_setattr(module, key, value)
 
     torch.nn.Module.__setattr__ = setattr_noted
@@ -196,12 +218,12 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
         for warning in said:
             # torch.export's own finding: a tensor assigned into a module's attributes
             # (appended to a list of them too), which it puts back and warns about.
-            assigned = re.match(r"The tensor attributes? (.*) (?:was|were) assigned during export",
-                                str(warning.message))
-            if assigned:
+            tensors = re.match(r"The tensor attributes? (.*) (?:was|were) assigned during export",
+                               str(warning.message))
+            if tensors:
                 # Private attributes are torch's (an RNN refreshes its `_flat_weights`); the
                 # user's own are noted as they are assigned or appended to.
-                public = [path for path in assigned.group(1).split(", ")
+                public = [path for path in tensors.group(1).split(", ")
                           if not any(part.startswith("_") for part in path.split(".")[1:])]
                 if public:
                     found.append(f"it assigns tensors to {', '.join(public)}")
@@ -222,8 +244,12 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str]):
                  if not key.startswith("_") and key not in _MODULE_KEYS
                  and (path, key) not in attributes}
         for path, key in sorted(added):
-            found.append(f"it assigns module attribute {key!r} of {path or '<root>'}")
+            if (path, key) not in (assigned or {}):
+                found.append(f"it assigns module attribute {key!r} of {path or '<root>'}")
             delattr(modules[path], key)
+        for at, (value, _, before) in list((assigned or {}).items()):
+            if type(before) is type(value) and before == value:
+                del assigned[at]   # the value it had: nothing to keep
         for (path, key), before in attributes.items():
             module = modules.get(path)
             if module is not None and _changed(before, vars(module).get(key)):

@@ -40,7 +40,8 @@ ANY_OF = "any of"
 _MAX_ITEMS, _DEPTH = 64, 4
 
 
-def _plain(value) -> bool:
+def plain(value) -> bool:
+    """A value of `PLAIN_TYPES` that equals itself (NaN never does)."""
     return type(value) in PLAIN_TYPES and value == value   # NaN never compares equal
 
 
@@ -49,7 +50,7 @@ def plain_items(container) -> list | None:
     if not isinstance(container, (list, tuple, dict)) or len(container) > _MAX_ITEMS:
         return None
     pairs = container.items() if isinstance(container, dict) else enumerate(container)
-    items = [[key, value] for key, value in pairs if _plain(key) and _plain(value)]
+    items = [[key, value] for key, value in pairs if plain(key) and plain(value)]
     return items or None
 
 
@@ -72,6 +73,24 @@ class TracedReads:
     #: (Python module, global name, None | ["item", key] | ["attr", name]) -> value
     globals: dict = field(default_factory=dict)
 
+    def clear(self) -> None:
+        """Forget what was read (the frontend traces again)."""
+        for table in (self.modules, self.containers, self.objects, self.globals):
+            table.clear()
+
+    def copy(self) -> TracedReads:
+        return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
+                           dict(self.globals))
+
+    def either(self, other: TracedReads) -> None:
+        """Where `other`, read by another trace that made the same program, read another
+        plain value, record either (`ANY_OF`)."""
+        for mine, theirs in ((self.modules, other.modules), (self.objects, other.objects)):
+            for key, value in theirs.items():
+                if key in mine and plain(value) and plain(mine[key]) and not (
+                        value == mine[key] and type(value) is type(mine[key])):
+                    mine[key] = {ANY_OF: [value, mine[key]]}
+
     def metadata(self) -> dict[str, list]:
         """JSON-ready lists for the graph's metadata, sorted."""
         def rows(table):
@@ -92,7 +111,7 @@ def _instrument(cls: type, holders: dict, reads: TracedReads) -> None:
     def getattribute(self, name):
         value = lookup(self, name)
         holder = holders.get(id(self))
-        if holder is not None and not name.startswith("__") and _plain(value):
+        if holder is not None and not name.startswith("__") and plain(value):
             reads.objects.setdefault((*holder, name), value)
         return value
 
@@ -125,7 +144,7 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                 originals[cls] = False
         if originals[cls] is False:   # every plain attribute, as it is now
             for key, item in vars(value).items():
-                if not key.startswith("__") and _plain(item):
+                if not key.startswith("__") and plain(item):
                     reads.objects.setdefault((path, name, key), item)
 
     def getattribute(self, name):
@@ -136,7 +155,7 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         if path is None:
             return value
         own = object.__getattribute__(self, "__dict__")
-        if _plain(value):
+        if plain(value):
             # Its own attributes, and public class attributes (`self.SCALE`).
             if name in own or not name.startswith("_"):
                 reads.modules.setdefault((path, name), value)
@@ -174,7 +193,7 @@ def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
     objects = {holder: getattr(modules[holder[0]], holder[1], None) for holder in holders.values()}
 
     def settle(table: dict, key, value) -> None:
-        if _plain(value) and not (value == table[key] and type(value) is type(table[key])):
+        if plain(value) and not (value == table[key] and type(value) is type(table[key])):
             table[key] = {ANY_OF: [table[key], value]}
 
     for key in reads.modules:
@@ -186,7 +205,7 @@ def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
 def _record_global(reads: TracedReads, module: str, name: str, value, following) -> list:
     """Record what reading global `name` (then `following`, the next instruction) takes
     from it; returns the user's functions it leads to."""
-    if _plain(value):
+    if plain(value):
         reads.globals.setdefault((module, name, None), value)
     elif (items := plain_items(value)) is not None:
         for key, item in items:
@@ -194,7 +213,7 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
     elif isinstance(value, (type, types.ModuleType)) and following is not None \
             and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
         attribute = getattr(value, following.argval, None)
-        if _plain(attribute):
+        if plain(attribute):
             reads.globals.setdefault((module, name, ("attr", following.argval)), attribute)
     elif isinstance(value, types.FunctionType) and is_users_file(value.__code__.co_filename):
         return [value]

@@ -798,7 +798,8 @@ class _Effects(torch.nn.Module):
     ("numpy_random", "draws from NumPy's random generator"),
     ("seed", r"calls torch.manual_seed at .*test_trust.py:\d+"),
     ("fork_rng", r"calls torch.fork_rng at .*test_trust.py:\d+"),
-    ("counter", r"assigns module attribute 'calls' of _Effects at .*test_trust.py:\d+"),
+    ("counter", r"assigns module attribute 'calls' of _Effects at .*test_trust.py:\d+ \(1, then 2 "
+                r"when traced again\)"),
     ("private_counter", r"assigns module attribute '_steps' of _Effects at .*test_trust.py:\d+"),
     ("log_item", r"changes module attribute 'slots' of <root>"),
     ("aux_loss", r"assigns module attribute 'aux_loss' of _Effects"),
@@ -821,6 +822,80 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
         0, 0, [], [None], False)
     assert random.getstate() == state[0] and (numpy.random.get_state()[1] == state[1]).all()
     assert torch.equal(torch.get_rng_state(), state[2])
+
+
+class _Windowed(torch.nn.Module):
+    """Narrows its window to the input's rows at every call, as transformers' Swin clamps its
+    last stage's window and shift to the input's resolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.window, self.shift, self._rows = 8, 2, None
+
+    def forward(self, x):
+        if x.shape[0] <= self.window:
+            self.window, self.shift = x.shape[0], 0
+        self._rows = x.shape[0]
+        h = self.linear(x).unflatten(0, (-1, self.window)).roll(self.shift, 1)
+        return h.softmax(-1).square().mean()
+
+
+def test_attributes_a_forward_sets_from_shapes_train_like_eager_and_are_left_as_eager_leaves_them():
+    """Refused as effects before ("assigns module attribute 'window'"), which refused
+    transformers' Swin at its usual resolutions. Traced again with the values assigned, the
+    forward assigns them again: they depend on the shape alone."""
+    model = _Windowed()
+    errors = side_by_side(model, lambda m: _remat(m, (torch.randn(3, 4),), solver="recompute-all"),
+                          (torch.randn(3, 4),), {}, lambda out: out, tolerance=1e-30)
+    assert errors == {}
+    assert (model.window, model.shift, model._rows) == (3, 0, 3)
+    # The window it had before tracing made the same program: a model that holds it (another
+    # rank's, where rank 0 lowered) trains through the graph without a refusal.
+    model, x = _Windowed(), torch.randn(3, 4)
+    eager = copy.deepcopy(model)
+    expected = torch.autograd.grad(eager(x), eager.linear.weight)[0]
+    scheduled = _remat(model, (x,))
+    model.window = 8
+    assert torch.equal(torch.autograd.grad(scheduled(x), model.linear.weight)[0], expected)
+
+
+def test_transformers_swin_whose_last_window_clamps_to_the_resolution_trains_like_eager():
+    """56-pixel images, patches of 4 and windows of 7: the second stage's 7x7 resolution
+    is no larger than the window, so every call sets that stage's shift to 0 (refused
+    before, as an attribute assigned while tracing)."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    torch.manual_seed(0)
+    model = SwinForImageClassification(SwinConfig(
+        image_size=56, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=7,
+        num_labels=2, drop_path_rate=0.1, hidden_dropout_prob=0.1)).train()
+    batch = {"pixel_values": torch.randn(2, 3, 56, 56), "labels": torch.tensor([0, 1])}
+    errors = side_by_side(model, lambda m: _remat(m, batch, solver="recompute-all"), (), batch,
+                          lambda out: out.loss, tolerance=1e-30)
+    assert errors == {}
+
+
+class _ScaledThenSet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.scale = torch.nn.Linear(4, 4), 1
+
+    def forward(self, x):
+        h = self.linear(x) * self.scale
+        self.scale = x.shape[0]
+        return h.square().mean()
+
+
+def test_an_attribute_set_from_shapes_after_the_forward_computed_with_it_is_refused():
+    """Traced again, it assigns the same value, but eager's first call computes with the
+    value before: the program differs from the first trace's."""
+    model = _ScaledThenSet()
+    with pytest.raises(LoweringError, match=r"assigns module attribute 'scale' of _ScaledThenSet at "
+                                            r".*test_trust.py:\d+ after computing with it: eager's "
+                                            r"first call computes with 1, later ones with 3"):
+        _remat(model, (torch.randn(3, 4),))
+    assert model.scale == 1
 
 
 def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
