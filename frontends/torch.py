@@ -58,6 +58,7 @@ from .refusals import (check_backward_hooks, check_hook_reparametrizations, cons
                        data_error, mutation_error, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
+from .kernel_layouts import match_kernel_layouts
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .value_dependent import value_dependent_error
@@ -816,6 +817,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             split_dropout(joint.graph_module)
         if copy_long_lived_views:
             compact_views(joint.graph_module)
+        match_kernel_layouts(joint.graph_module)
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
     _check_something_trains(graph, type(model).__name__)
     mark_input_gradient_sums(graph)

@@ -246,3 +246,33 @@ def test_an_output_gradient_in_another_layout_than_traced_trains_like_eager(case
         backward(out_e), backward(out_s)
         for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
             assert torch.equal(p_e.grad, p_s.grad), name
+
+
+class _NormOverChannels(torch.nn.Module):
+    """BatchNorm1d over a (batch, length, channels) tensor transposed to channels first and
+    back, then flattened, as PatchTST normalizes its patches."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.norm = torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16)
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = self.norm(self.proj(x).transpose(1, 2)).transpose(1, 2)
+        return self.head(F.gelu(h).reshape(-1, 16)).square().mean()
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_a_kernel_laying_out_its_result_otherwise_than_traced_trains_like_eager(solver):
+    """Batch norm's meta kernel keeps a transposed input's strides, its CPU kernel returns a
+    contiguous result: the `view` traced for the flatten failed at the first step ("view
+    size is not compatible with input tensor's size and stride"). The traced layout is
+    restored after the kernel (`frontends/kernel_layouts.py`)."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8)
+    errors = side_by_side(_NormOverChannels().train(),
+                          lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops"),
+                          (x,), {}, lambda out: out, tolerance=1e-30)
+    assert errors == {}

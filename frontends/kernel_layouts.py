@@ -1,0 +1,181 @@
+"""Where a kernel lays out its result otherwise than its meta kernel says, the graph is
+laid out as the kernel runs, as eager runs it.
+
+Tracing computes every value's strides with fake (meta) kernels, and the graph's views
+are chosen for those strides: a `reshape` becomes a `view` where the traced layout allows
+it. A few kernels lay out their result otherwise: batch norm over a non-contiguous
+3-dimensional input (BatchNorm1d on a transposed (batch, length, channels) tensor, as
+PatchTST does) returns a contiguous result on CPU where its fake kernel keeps the input's
+strides. The `view` after the transpose back then failed at the first training step,
+from inside the generated code ("view size is not compatible with input tensor's size
+and stride"); eager's `reshape` had copied there. Copying the result back into the traced
+layout ran, but not as eager: the GELU after it read a contiguous tensor where eager's
+read a strided one, and ATen's vectorized and scalar GELU round differently (gradients
+2e-7 off).
+
+`match_kernel_layouts` runs once, at lowering, in graph order, each op whose result's
+layout may follow its inputs' (a tensor that is not contiguous among its inputs or
+results) on zero-filled inputs of the shapes and strides the graph gives them. Where a
+result's strides differ, the result takes the kernel's, and every op after it that reads
+a value laid out anew computes its own layout again with its fake kernel (and is itself
+run where its layout may follow). A `view` that the new layout does not allow becomes
+eager's `reshape`: a contiguous `clone`, then the view; an `as_strided` of such a value,
+whose strides are absolute, is refused. Random ops are not run (their draws would move
+the generator), nor recurrent kernels or ops outside aten (`_UNRUN`); an op that fails
+on zeros keeps its fake layout.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils import _pytree as pytree
+
+from .errors import LoweringError
+from .fx_nodes import add_call, node_module
+
+_aten = torch.ops.aten
+#: aten ops not run on zeros: recurrent kernels take workspaces and states of their own
+#: (oneDNN's LSTM traced for inference crashed the process), the rest have no layout to
+#: follow. Ops of other namespaces are not run either (a custom Function's op runs the
+#: user's Python code).
+_UNRUN = re.compile(r"mkldnn|rnn|lstm|gru|_local_scalar_dense|_assert|nonzero")
+#: Views whose strides are given, not derived from their input's.
+_ABSOLUTE = frozenset({_aten.as_strided.default, _aten.as_strided_copy.default})
+
+
+def match_kernel_layouts(module: torch.fx.GraphModule) -> int:
+    """Lay `module`'s graph out as its kernels run (module docstring), in place; returns
+    how many results took a kernel's layout."""
+    graph = module.graph
+    moved: set[torch.fx.Node] = set()   # nodes whose value is laid out anew
+    found = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if any(a in moved for a in node.all_input_nodes) and _relaid(node):
+            moved.add(node)
+        if not _audited(node):
+            continue
+        differing = _differing(node)
+        if differing:
+            node.meta["val"] = _with_strides(node.meta["val"], differing)
+            moved.add(node)
+            found += len(differing)
+    if moved:
+        graph.lint()
+        module.recompile()
+    return found
+
+
+def _relaid(node: torch.fx.Node) -> bool:
+    """Compute `node`'s value again from its inputs' (some laid out anew); a view the new
+    layout does not allow reads a contiguous clone. Whether its layout changed."""
+    if node.target in _ABSOLUTE:
+        raise LoweringError(
+            f"{node.target} in {node_module(node) or 'the model'} reads a value that a kernel "
+            f"lays out otherwise than tracing assumed, with strides fixed at tracing: "
+            f"remat-ir cannot run it as eager does. Make the tensor contiguous before that op")
+    before = node.meta.get("val")
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+    fake = next(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+    with fake.fake_mode:
+        try:
+            after = node.target(*args, **kwargs)
+        except (RuntimeError, ValueError):   # what a view the strides do not allow raises
+            if node.target is not _aten.view.default:
+                raise
+            with node.graph.inserting_before(node):
+                copy = add_call(node.graph, dict(node.args[0].meta), _aten.clone.default,
+                                (node.args[0],), dict(memory_format=torch.contiguous_format))
+            node.replace_input_with(node.args[0], copy)
+            after = node.target(copy.meta["val"], *args[1:], **kwargs)
+    node.meta["val"] = after
+    return not _same_values_layout(before, after)
+
+
+def _same_values_layout(a, b) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return _same_layout(a.shape, a.stride(), b.stride())
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
+        return all(_same_values_layout(x, y) for x, y in zip(a, b))
+    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
+
+
+def _with_strides(value, differing):
+    """`value` (a fake tensor or a tuple of them) with the differing results re-strided."""
+    def restrided(fake, strides):
+        with fake.fake_mode:
+            return torch.empty_strided(fake.shape, strides, dtype=fake.dtype, device=fake.device)
+    if isinstance(value, torch.Tensor):
+        return restrided(value, differing[0][2])
+    items = list(value)
+    for index, traced, strides in differing:
+        items[index] = restrided(traced, strides)
+    return type(value)(items) if isinstance(value, tuple) else items
+
+
+def _audited(node: torch.fx.Node) -> bool:
+    """A call whose results may be laid out after its inputs: not a view, not random, not
+    in place, with a tensor that is not contiguous among its inputs or results."""
+    target = node.target
+    if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
+            or target.namespace != "aten" or _UNRUN.search(target.__name__)):
+        return False
+    schema = target._schema
+    if (schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+            or any(r.alias_info is not None for r in schema.returns)):
+        return False
+    tensors = [*_inputs(node), *(t for _, t in _results(node))]
+    return any(not t.is_contiguous() and t.numel() > 1 for t in tensors)
+
+
+def _inputs(node: torch.fx.Node) -> list[torch.Tensor]:
+    found = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: found.append(a.meta.get("val")))
+    return [t for t in found if isinstance(t, torch.Tensor)]
+
+
+def _results(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor]]:
+    """(position in the returned tuple, or None for a single tensor; its traced value)."""
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return [(None, value)]
+    if isinstance(value, (tuple, list)):
+        return [(i, v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, tuple[int, ...]]]:
+    """(position, traced value, real strides) of each result the kernel lays out otherwise."""
+    with unset_fake_temporarily(), torch.no_grad():
+        try:
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _zeros)
+            real = node.target(*args, **kwargs)
+        except Exception:   # zeros the op refuses (a solver's singular matrix): as traced
+            return []
+    reals = [real] if isinstance(real, torch.Tensor) else list(real) if isinstance(real, (tuple, list)) else []
+    found = []
+    for index, traced in _results(node):
+        got = reals[0 if index is None else index] if (index or 0) < len(reals) else None
+        if isinstance(got, torch.Tensor) and not _same_layout(traced.shape, traced.stride(), got.stride()):
+            found.append((index, traced, got.stride()))
+    return found
+
+
+def _zeros(arg: torch.fx.Node):
+    """A real tensor of `arg`'s traced shape, strides, dtype and device, all zeros (a
+    non-tensor argument as traced)."""
+    fake = arg.meta.get("val")
+    if not isinstance(fake, torch.Tensor):
+        return fake
+    span = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()) if size > 0)
+    base = torch.zeros(span if fake.numel() else 0, dtype=fake.dtype, device=fake.device)
+    return base.as_strided(fake.shape, fake.stride())
+
+
+def _same_layout(shape, traced, real) -> bool:
+    """Strides agree on every dimension of more than one element (others are never stepped)."""
+    return all(a == b for size, a, b in zip(shape, traced, real) if size > 1)
