@@ -18,14 +18,21 @@ _LIBRARY = tuple(os.path.join(os.path.dirname(torch.__file__), part)
 
 
 def is_model_file(filename: str) -> bool:
-    """Whether code in `filename` is the model's (or its libraries'), not torch's or the
-    frontends'."""
-    return not os.path.abspath(filename).startswith(_SKIPPED)
+    """Whether code in `filename` is the model's (or its libraries'), not torch's, the
+    frontends' or Python's standard library's (torch.export entering a `contextlib`
+    context is no line of the model: a failure there was named as the model's own, "eager
+    raises it too")."""
+    path = os.path.abspath(filename)
+    return not path.startswith(_SKIPPED) and not (path.startswith(_STDLIB)
+                                                  and not path.startswith(_PACKAGES))
 
 
+#: Where installed packages live (inside the standard library's folder on some systems).
+_PACKAGES = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep
+                   for key in ("purelib", "platlib")})
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 #: Where installed packages and the standard library live: code there is a library's.
-_INSTALLED = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep
-                    for key in ("purelib", "platlib", "stdlib")})
+_INSTALLED = (*_PACKAGES, _STDLIB)
 
 
 def is_users_file(filename: str) -> bool:

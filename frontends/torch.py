@@ -400,6 +400,24 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     return exported
 
 
+def _unnamed_output_class(model: str, spec) -> str:
+    """The error for outputs whose pytree spec cannot be stored: a class registered with
+    torch's pytree without a serialized type name (the module returned its tensors flat,
+    where the model returns that class)."""
+    stack, kind = [spec], None
+    while stack and kind is None:
+        node = stack.pop()
+        named = pytree.SUPPORTED_SERIALIZED_TYPES.get(node.type)
+        if node.type in pytree.SUPPORTED_NODES and (
+                named is None or named.serialized_type_name == pytree.NO_SERIALIZED_TYPE_NAME_FOUND):
+            kind = f"{node.type.__module__}.{node.type.__qualname__}"
+        stack.extend(node.children())
+    return (f"{model} returns a {kind or 'class'} that torch's pytree knows without a serialized "
+            f"type name, so the graph cannot store how its outputs nest and the scheduled module "
+            f"would return them flat: pass serialized_type_name= to "
+            f"torch.utils._pytree.register_pytree_node for it, or return tensors, tuples or dicts")
+
+
 def _export_failure(model: str, exc: Exception) -> LoweringError:
     """torch.export's error as one LoweringError: what, where, what to do. A branch on
     tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
@@ -834,8 +852,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                       ("torch.out_spec", exported.call_spec.out_spec)):
         try:
             graph.proto.metadata[key] = pytree.treespec_dumps(spec)
-        except Exception:  # a class without a serialized pytree name: outputs stay flat
-            pass
+        except Exception:  # a class without a serialized pytree name
+            if key == "torch.out_spec":   # the module would return its tensors flat
+                raise LoweringError(_unnamed_output_class(type(model).__name__, spec)) from None
     if aliased:   # views among the outputs: refused at the backward if a gradient reaches one
         graph.proto.metadata["torch.aliased_outputs"] = json.dumps(aliased)
     for key, rows in reads.metadata().items():

@@ -171,17 +171,22 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
 
     def setattr_noted(module, key, value):
         caller = sys._getframe(1).f_code.co_filename
-        if key in module._buffers and module._buffers[key] is value:
+        # Read from the instance: a module whose __init__ assigns before Module.__init__ has
+        # none yet, and `module._buffers` went to its __getattr__, which raised (named as the
+        # model's own AttributeError, "eager raises it too").
+        buffers = vars(module).get("_buffers", {})
+        if key in buffers and buffers[key] is value:
             # `self.count += 1` on a buffer adds in place, then assigns the same tensor back.
             # The add is traced as the buffer's update; the assignment changes nothing, and
             # passed on, torch.export adds a copy of the buffer onto itself after the ops
             # that read it (AOTAutograd then refused a backward reading it: "modified by an
             # inplace operation").
             return
-        if key not in _MODULE_KEYS and (is_users_file(caller) if key.startswith("_")
-                                        else is_model_file(caller)):
+        # A module outside the model (one the forward makes and drops) keeps nothing of it.
+        if key not in _MODULE_KEYS and id(module) in paths and (
+                is_users_file(caller) if key.startswith("_") else is_model_file(caller)):
             where = f"{caller}:{sys._getframe(1).f_lineno}"
-            if assigned is not None and plain(value) and id(module) in paths:
+            if assigned is not None and plain(value):
                 at = (paths[id(module)], key)
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
                 assigned[at] = (value, where, before)

@@ -345,6 +345,58 @@ class _ReturnsViewsOfOne(torch.nn.Module):
         return torch.split(y, 4, dim=1)
 
 
+class _Output:
+    """An output class registered with torch's pytree without key paths, as diffusers
+    registers `UNet2DOutput`."""
+
+    def __init__(self, sample):
+        self.sample = sample
+
+
+torch.utils._pytree.register_pytree_node(_Output, lambda o: ([o.sample], None),
+                                         lambda leaves, _: _Output(leaves[0]),
+                                         serialized_type_name="test_trust._Output")
+
+
+class _Sampled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _Output(torch.tanh(self.linear(x)))
+
+
+class _Unnamed(_Output):
+    """Registered without a serialized type name."""
+
+
+torch.utils._pytree.register_pytree_node(_Unnamed, lambda o: ([o.sample], None),
+                                         lambda leaves, _: _Unnamed(leaves[0]))
+
+
+def test_an_output_class_without_a_serialized_pytree_name_is_refused_saying_how_to_name_it():
+    """The graph could not store how the outputs nest, and the module returned the tensor
+    flat where the model returns the class (`out.sample` then failed in the user's code)."""
+    class Unnamed(_Sampled):
+        def forward(self, x):
+            return _Unnamed(torch.tanh(self.linear(x)))
+
+    with pytest.raises(LoweringError, match=r"returns a test_trust._Unnamed that torch's pytree "
+                                            r"knows without a serialized type name.*pass "
+                                            r"serialized_type_name="):
+        _remat(Unnamed(), (torch.randn(3, 4),))
+
+
+def test_an_output_class_registered_without_key_paths_trains_like_eager():
+    """Naming the outputs asked for their key paths, which such a class has not: diffusers'
+    UNet2DModel and DiT raised "Did not find a flatten_with_keys_fn" out of `remat`."""
+    x = torch.randn(3, 4)
+    errors = side_by_side(_Sampled(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                          lambda out: out.sample.square().mean(), tolerance=1e-30)
+    assert errors == {}
+
+
 @pytest.mark.parametrize("kind", ["two_slices", "view_then_base_written"])
 def test_views_of_one_tensor_among_the_outputs_are_refused_saying_what_to_return(kind):
     """The refusal named only AOTAutograd's `IntermediateBaseAOTOutput(base_of=...)`: now
@@ -896,6 +948,44 @@ def test_an_attribute_set_from_shapes_after_the_forward_computed_with_it_is_refu
                                             r"first call computes with 1, later ones with 3"):
         _remat(model, (torch.randn(3, 4),))
     assert model.scale == 1
+
+
+class _AssignsBeforeInit(torch.nn.Module):
+    def __init__(self):
+        self.scale = 2.0   # before Module.__init__, as some libraries' modules do
+        super().__init__()
+
+
+class _MakesAModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.linear(x) * _AssignsBeforeInit().scale).square().mean()
+
+
+def test_a_module_the_forward_makes_trains_like_eager():
+    """Its __init__ assigned before Module.__init__: the check for a buffer assigned back
+    read `module._buffers`, which it had not yet (an AttributeError named as the model's,
+    "eager raises it too"); then its attribute counted as the model's, refused."""
+    x = torch.randn(3, 4)
+    errors = side_by_side(_MakesAModule(), lambda m: _remat(m, (x,)), (x,), {}, lambda out: out,
+                          tolerance=1e-30)
+    assert errors == {}
+
+
+def test_lines_of_the_standard_library_are_not_the_models():
+    """torch.export's own failure inside `contextlib` was named as the model's line."""
+    import contextlib
+
+    import transformers
+
+    from remat_ir.frontends.model_lines import is_model_file, is_users_file
+
+    assert not is_model_file(contextlib.__file__)
+    assert is_model_file(transformers.__file__) and not is_users_file(transformers.__file__)
+    assert is_model_file(__file__) and is_users_file(__file__)
 
 
 def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():

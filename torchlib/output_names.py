@@ -15,8 +15,15 @@ from torch.utils import _pytree as pytree
 def output_names(out_spec, count: int) -> list[str]:
     """The name of each of `count` flat outputs under `out_spec` ('the output' for a lone
     tensor returned bare); 'output 0', 'output 1', ... where the spec is unknown or does
-    not have `count` leaves."""
+    not have `count` leaves, or where a class in it was registered with torch's pytree
+    without key paths (diffusers' output classes: `UNet2DOutput`; asking for its paths
+    raised a ValueError out of `remat`)."""
     if out_spec is not None and out_spec.num_leaves == count:
-        paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)), out_spec))
-        return [f"output{pytree.keystr(path)}" if path else "the output" for path, _ in paths]
+        try:
+            paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)),
+                                                                           out_spec))
+        except ValueError:   # "Did not find a flatten_with_keys_fn for type ..."
+            paths = None
+        if paths is not None:
+            return [f"output{pytree.keystr(path)}" if path else "the output" for path, _ in paths]
     return [f"output {i}" for i in range(count)]
