@@ -16,13 +16,22 @@ read a strided one, and ATen's vectorized and scalar GELU round differently (gra
 `match_kernel_layouts` runs once, at lowering, in graph order, each op whose result's
 layout may follow its inputs' (a tensor that is not contiguous among its inputs or
 results) on zero-filled inputs of the shapes and strides the graph gives them. Where a
-result's strides differ, the result takes the kernel's, and every op after it that reads
-a value laid out anew computes its own layout again with its fake kernel (and is itself
-run where its layout may follow). A `view` that the new layout does not allow becomes
+result's strides or dtype differ (batch norm's saved statistics of a bfloat16 input are
+float32 on CPU), the result takes the kernel's, and every op after it that reads a value
+laid out anew computes its own layout again with its fake kernel (and is itself run
+where its layout may follow). A `view` that the new layout does not allow becomes
 eager's `reshape`: a contiguous `clone`, then the view; an `as_strided` of such a value,
 whose strides are absolute, is refused. Random ops are not run (their draws would move
 the generator), nor recurrent kernels or ops outside aten (`_UNRUN`); an op that fails
 on zeros keeps its fake layout.
+
+Not undone here: what tracing decided from a fake layout besides views. `linear` on a 3-d
+input becomes `addmm` where the input is contiguous and `matmul` plus `add` otherwise, and
+it was decided on the fake layout: after PatchTST's batch norm the graph adds the bias
+inside `addmm` where eager adds it apart. In float32 the two round alike (PatchTST trains
+bitwise); in bfloat16 they do not, once the biases are nonzero (gradients 1e-3 relative
+off from the second step). Only a fake kernel that gives the real layout while tracing
+would undo it.
 """
 
 from __future__ import annotations
@@ -98,22 +107,23 @@ def _relaid(node: torch.fx.Node) -> bool:
 
 def _same_values_layout(a, b) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return _same_layout(a.shape, a.stride(), b.stride())
+        return a.dtype == b.dtype and _same_layout(a.shape, a.stride(), b.stride())
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
         return all(_same_values_layout(x, y) for x, y in zip(a, b))
     return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
 
 
 def _with_strides(value, differing):
-    """`value` (a fake tensor or a tuple of them) with the differing results re-strided."""
-    def restrided(fake, strides):
+    """`value` (a fake tensor or a tuple of them) with the differing results laid out and
+    typed as the kernel made them."""
+    def relaid(fake, real):
         with fake.fake_mode:
-            return torch.empty_strided(fake.shape, strides, dtype=fake.dtype, device=fake.device)
+            return torch.empty_strided(fake.shape, real.stride(), dtype=real.dtype, device=fake.device)
     if isinstance(value, torch.Tensor):
-        return restrided(value, differing[0][2])
+        return relaid(value, differing[0][2])
     items = list(value)
-    for index, traced, strides in differing:
-        items[index] = restrided(traced, strides)
+    for index, traced, real in differing:
+        items[index] = relaid(traced, real)
     return type(value)(items) if isinstance(value, tuple) else items
 
 
@@ -148,8 +158,10 @@ def _results(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor]]:
     return []
 
 
-def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, tuple[int, ...]]]:
-    """(position, traced value, real strides) of each result the kernel lays out otherwise."""
+def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, torch.Tensor]]:
+    """(position, traced value, the kernel's result) of each result the kernel lays out or
+    types otherwise (batch norm's saved statistics of a bfloat16 input are float32 on CPU,
+    where its fake kernel says bfloat16, and its backward refused the bfloat16 zeros)."""
     with unset_fake_temporarily(), torch.no_grad():
         try:
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _zeros)
@@ -160,8 +172,8 @@ def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, tupl
     found = []
     for index, traced in _results(node):
         got = reals[0 if index is None else index] if (index or 0) < len(reals) else None
-        if isinstance(got, torch.Tensor) and not _same_layout(traced.shape, traced.stride(), got.stride()):
-            found.append((index, traced, got.stride()))
+        if isinstance(got, torch.Tensor) and not _same_values_layout(traced, got):
+            found.append((index, traced, got))
     return found
 
 

@@ -262,17 +262,24 @@ class _NormOverChannels(torch.nn.Module):
         return self.head(F.gelu(h).reshape(-1, 16)).square().mean()
 
 
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
 @pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
-def test_a_kernel_laying_out_its_result_otherwise_than_traced_trains_like_eager(solver):
-    """Batch norm's meta kernel keeps a transposed input's strides, its CPU kernel returns a
+def test_a_kernel_laying_out_its_result_otherwise_than_traced_trains_like_eager(solver, autocast):
+    """Batch norm's fake kernel keeps a transposed input's strides, its CPU kernel returns a
     contiguous result: the `view` traced for the flatten failed at the first step ("view
-    size is not compatible with input tensor's size and stride"). The traced layout is
-    restored after the kernel (`frontends/kernel_layouts.py`)."""
+    size is not compatible with input tensor's size and stride"). Under bfloat16 autocast
+    its saved statistics are also float32 where the fake kernel says bfloat16. The graph
+    takes the kernels' layouts and dtypes (`frontends/kernel_layouts.py`)."""
+    import contextlib
+
     from exactness import side_by_side
 
     torch.manual_seed(0)
     x = torch.randn(3, 5, 8)
+    context = ((lambda: torch.autocast("cpu", dtype=autocast)) if autocast is not None
+               else contextlib.nullcontext)
     errors = side_by_side(_NormOverChannels().train(),
                           lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops"),
-                          (x,), {}, lambda out: out, tolerance=1e-30)
+                          (x,), {}, lambda out: out, tolerance=1e-30, steps=3,
+                          forward_context=context)
     assert errors == {}
