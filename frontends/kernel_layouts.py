@@ -70,7 +70,7 @@ def match_kernel_layouts(module: torch.fx.GraphModule) -> int:
             continue
         differing = _differing(node)
         if differing:
-            node.meta["val"] = _with_strides(node.meta["val"], differing)
+            node.meta["val"] = _as_made(node.meta["val"], differing)
             moved.add(node)
             found += len(differing)
     if moved:
@@ -93,9 +93,12 @@ def _relaid(node: torch.fx.Node) -> bool:
     with fake.fake_mode:
         try:
             after = node.target(*args, **kwargs)
-        except (RuntimeError, ValueError):   # what a view the strides do not allow raises
+        except (RuntimeError, ValueError) as error:   # what a view the strides do not allow raises
             if node.target is not _aten.view.default:
-                raise
+                raise LoweringError(
+                    f"{node.target} in {node_module(node) or 'the model'} fails on the layout a "
+                    f"kernel before it gives its input, which tracing did not assume ({error}); "
+                    f"make that input contiguous before it") from error
             with node.graph.inserting_before(node):
                 copy = add_call(node.graph, dict(node.args[0].meta), _aten.clone.default,
                                 (node.args[0],), dict(memory_format=torch.contiguous_format))
@@ -113,7 +116,7 @@ def _same_values_layout(a, b) -> bool:
     return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
 
 
-def _with_strides(value, differing):
+def _as_made(value, differing):
     """`value` (a fake tensor or a tuple of them) with the differing results laid out and
     typed as the kernel made them."""
     def relaid(fake, real):
