@@ -666,6 +666,25 @@ def test_a_tensor_read_from_a_global_is_refused_with_what_to_do():
         _remat(_ReadsAGlobal(), (torch.randn(4, 4),))
 
 
+class _KeepsTokens(torch.nn.Module):
+    """Keeps the ids of its virtual tokens in a dict attribute, as peft's prompt tuning does."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding, self.tokens = torch.nn.Embedding(8, 4), {"default": torch.arange(4)}
+
+    def forward(self, x):
+        return (self.embedding(self.tokens["default"]) * x).square().sum()
+
+
+def test_a_tensor_kept_in_a_dict_attribute_is_named_where_it_is_kept():
+    """The error said "a global variable or a closure's", which sent a peft user looking
+    for a global."""
+    with pytest.raises(LoweringError, match=r"kept in a dict or list attribute such as "
+                                            r"tokens\['default'\]"):
+        _remat(_KeepsTokens(), (torch.randn(4, 4),))
+
+
 class _Refused(torch.nn.Module):
     """Constructs the trace cannot train, per `kind`."""
 
