@@ -1018,8 +1018,10 @@ def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
 
 
 def test_a_distributions_value_check_is_named_with_validate_args_as_the_way_out():
-    """A distribution checks its arguments' values when made (validate_args, on by default):
-    the error said only "an argument of that call may avoid it"."""
+    """A distribution checks its arguments' values when made (validate_args, on by default
+    until something in the process sets up TorchDynamo, which turns it off for every
+    distribution: asked for here): the error said only "an argument of that call may
+    avoid it"."""
     class Sampled(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -1027,7 +1029,8 @@ def test_a_distributions_value_check_is_named_with_validate_args_as_the_way_out(
 
         def forward(self, x):
             mu, log_var = self.linear(x).chunk(2, -1)
-            return torch.distributions.Normal(mu, (0.5 * log_var).exp()).rsample().square().mean()
+            return torch.distributions.Normal(mu, (0.5 * log_var).exp(),
+                                              validate_args=True).rsample().square().mean()
 
     with pytest.raises(LoweringError, match=r"inside PyTorch at torch/distributions/.*pass "
                                             r"validate_args=False"):
