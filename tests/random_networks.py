@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", "sigmoid_mul",
           # aliasing, mutation, several outputs, saved integers and masks, buffers, draws:
           "chunk_mul", "slice_scale", "inplace_relu", "max_shift", "cumsum", "batch_norm",
-          "permute_columns", "rand_add", "detach_mul")
+          "permute_columns", "rand_add", "detach_mul", "channel_norm")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale")
 
 
@@ -36,12 +36,19 @@ class RandomNet(torch.nn.Module):
         # batch_norm: running statistics are buffers the step updates in place.
         self.batch_norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(width)
                                                for op, _ in program if op == "batch_norm")
+        # channel_norm: BatchNorm1d over a (batch, length, channels) view transposed to
+        # channels first, as PatchTST normalizes; its CPU kernel lays out its result
+        # otherwise than its fake kernel (frontends/kernel_layouts.py).
+        self.channels = 2 if width % 2 == 0 else 1
+        self.channel_norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(self.channels)
+                                                 for op, _ in program if op == "channel_norm")
         # permute_columns: an index with a constant permutation (its backward scatters).
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
     def forward(self, x):
         values, linears, norms = [x], iter(self.linears), iter(self.norms)
         cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
+        channel_norms = iter(self.channel_norms)
         half = x.shape[-1] // 2
         for op, inputs in self.program:
             a = values[inputs[0]]
@@ -83,6 +90,9 @@ class RandomNet(torch.nn.Module):
                 y = a.cumsum(dim=-1)
             elif op == "batch_norm":
                 y = next(batch_norms)(a)
+            elif op == "channel_norm":
+                channels_first = a.unflatten(-1, (-1, self.channels)).transpose(1, 2)
+                y = next(channel_norms)(channels_first).transpose(1, 2).reshape(a.shape)
             elif op == "permute_columns":
                 y = a[:, self.permutation] * a
             elif op == "rand_add":  # a random op that is not dropout
