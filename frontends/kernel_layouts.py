@@ -42,6 +42,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
+from remat_ir.torchlib.types import same_layout
+
 from .errors import LoweringError
 from .fx_nodes import add_call, node_module
 
@@ -109,8 +111,9 @@ def _relaid(node: torch.fx.Node) -> bool:
 
 
 def _same_values_layout(a, b) -> bool:
+    """Same dtypes and strides (`same_layout`: dimensions of one element have any stride)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and _same_layout(a.shape, a.stride(), b.stride())
+        return a.dtype == b.dtype and same_layout(b, a.shape, a.stride())
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
         return all(_same_values_layout(x, y) for x, y in zip(a, b))
     return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
@@ -146,9 +149,7 @@ def _audited(node: torch.fx.Node) -> bool:
 
 
 def _inputs(node: torch.fx.Node) -> list[torch.Tensor]:
-    found = []
-    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: found.append(a.meta.get("val")))
-    return [t for t in found if isinstance(t, torch.Tensor)]
+    return [a.meta["val"] for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
 
 
 def _results(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor]]:
@@ -189,8 +190,3 @@ def _zeros(arg: torch.fx.Node):
     span = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()) if size > 0)
     base = torch.zeros(span if fake.numel() else 0, dtype=fake.dtype, device=fake.device)
     return base.as_strided(fake.shape, fake.stride())
-
-
-def _same_layout(shape, traced, real) -> bool:
-    """Strides agree on every dimension of more than one element (others are never stepped)."""
-    return all(a == b for size, a, b in zip(shape, traced, real) if size > 1)
