@@ -61,6 +61,7 @@ from .inplace_draws import draw_in_layout
 from .kernel_layouts import match_kernel_layouts
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
+from .tracing_paths import eager_runs, traced_only_message, tracing_check
 from .value_dependent import value_dependent_error
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
@@ -390,7 +391,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     if isinstance(failure, LoweringError):   # a refusal of the tracing hooks, said whole
         raise failure.with_traceback(None) from None
     if failure is not None:
-        raise _export_failure(type(model).__name__, failure)
+        raise _export_failure(type(model).__name__, failure, lambda: eager_runs(model, args, kwargs))
     if errors:
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     if hook_calls:
@@ -433,11 +434,13 @@ def _unnamed_output_class(model: str, spec) -> str:
             f"torch.utils._pytree.register_pytree_node for it, or return tensors, tuples or dicts")
 
 
-def _export_failure(model: str, exc: Exception) -> LoweringError:
+def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
     """torch.export's error as one LoweringError: what, where, what to do. A branch on
     tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
     whole; other errors keep the first lines of export's message, which name the
-    construct, and export's error as their cause."""
+    construct, and export's error as their cause. `runs_eagerly()`: whether an eager
+    forward runs, asked only of a plain Python error in the model's code, which is the
+    model's own unless eager runs (`tracing_paths`)."""
     text = str(exc).strip()
     if data_uses(exc) and "fake tensor in the exported program constant" in text:
         # `.data` hands export a tensor it did not trace, which it finds among constants.
@@ -484,10 +487,14 @@ def _export_failure(model: str, exc: Exception) -> LoweringError:
                         if not f.filename.startswith("<")])   # not code torch generates
     if type(exc).__module__ == "builtins" and where is not None:
         # A plain Python error from the model's own code (a bug, a shape mismatch): what
-        # eager would raise too, not something tracing cannot do.
-        error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "
-                              f"{text.splitlines()[0] if text else ''} (eager raises it too: "
-                              f"fix the forward for these inputs, then call remat again)")
+        # eager raises too, not something tracing cannot do; unless eager runs, where the
+        # forward took another path because it was traced.
+        if runs_eagerly():
+            error = LoweringError(traced_only_message(model, exc, where, tracing_check(exc.__traceback__)))
+        else:
+            error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "
+                                  f"{text.splitlines()[0] if text else ''} (eager raises it too: "
+                                  f"fix the forward for these inputs, then call remat again)")
         error.__cause__ = exc
         return error
     error = LoweringError(f"torch.export could not trace {model} (data-dependent control flow "

@@ -1510,3 +1510,39 @@ def test_a_forward_that_raises_is_named_with_its_line_not_as_a_tracing_limit():
     with pytest.raises(LoweringError, match=r"_Buggy's forward raised RuntimeError at .*test_trust.py:\d+ "
                                             r"in forward: .*\(eager raises it too"):
         _remat(_Buggy(), (torch.randn(4, 8),))
+
+
+class _MaskedWhenEager(torch.nn.Module):
+    """Builds its default mask only outside tracing, as transformers' LongT5 encoder does
+    (`if attention_mask is None and not is_torchdynamo_compiling()`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x, mask=None):
+        if mask is None and not torch.compiler.is_compiling():
+            mask = torch.ones(x.shape[0], 8)
+        return (self.norm(self.linear(x)) * mask.reshape(x.shape[0], 8)).sum()
+
+
+def test_an_error_raised_only_while_tracing_names_the_check_not_the_model():
+    """It was reported as the model's own ("eager raises it too"), where eager runs. The
+    check runs one eager forward, which leaves the BatchNorm's running statistics and the
+    generator as they were."""
+    model, x = _MaskedWhenEager(), torch.randn(4, 8)
+    model(x)
+    stats, state = model.norm.running_mean.clone(), torch.get_rng_state()
+    with pytest.raises(LoweringError, match=r"_MaskedWhenEager's forward raised AttributeError at "
+                                            r".*test_trust.py:\d+ in forward: .*while torch.export "
+                                            r"traced it; eager runs on these inputs: .*test_trust.py:"
+                                            r"\d+ calls is_compiling\(\), which takes another path.* "
+                                            r"Pass explicitly what eager computes"):
+        _remat(model, (x,))
+    assert torch.equal(model.norm.running_mean, stats) and torch.equal(torch.get_rng_state(), state)
+    assert model.norm.num_batches_tracked.item() == 1
+    ones = torch.ones(4, 8)
+    errors = side_by_side(model, lambda m: _remat(m, (x, ones), solver="autograd"),
+                          (x, ones), {}, lambda loss: loss, tolerance=1e-30)
+    assert errors == {}
