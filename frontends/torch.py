@@ -54,6 +54,7 @@ from .errors import LoweringError
 from .fx_nodes import node_module
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
+from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_hook_reparametrizations, constant_output,
                        data_error, mutation_error, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
@@ -62,6 +63,7 @@ from .kernel_layouts import match_kernel_layouts
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
+from .transformers_masks import eager_mask_decisions
 from .value_dependent import value_dependent_error
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
@@ -380,7 +382,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
-                refusing_trace_effects(model, effects, assigned), drawing_as_eager():
+                refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
+                eager_mask_decisions():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -465,6 +468,9 @@ def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
                      f"torch.distributions.Distribution.set_default_validate_args(False))")
         elif inside is not None:   # a PyTorch layer branches (BatchNorm's momentum=None)
             where = f"{where}, inside PyTorch at {inside} (an argument of that call may avoid it)"
+        elif drawn_branch(frames):
+            return LoweringError(f"torch.export could not trace {model}: its forward branches on "
+                                 f"a random draw at {where}: {RANDOM_BRANCH_HINT}")
         return LoweringError(
             f"torch.export could not trace {model}: its forward branches on a value computed "
             f"from tensor data ({text.splitlines()[0].strip()}) at {where}. remat-ir lowers one "

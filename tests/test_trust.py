@@ -1546,3 +1546,54 @@ def test_an_error_raised_only_while_tracing_names_the_check_not_the_model():
     errors = side_by_side(model, lambda m: _remat(m, (x, ones), solver="autograd"),
                           (x, ones), {}, lambda loss: loss, tolerance=1e-30)
     assert errors == {}
+
+
+def test_transformers_beit_with_its_relative_position_bias_trains_like_eager():
+    """transformers never skips building an all-True mask under torch.export, where eager
+    passes SDPA none; BEiT adds that mask to its relative position bias, so the trace put
+    +1.0 on every attention score (gradients 3.5e-7 off eager's). The decision is eager's
+    while tracing where no padding mask was given (`frontends/transformers_masks.py`), and
+    transformers is left as it was."""
+    from transformers import BeitConfig, BeitForImageClassification
+    from transformers import masking_utils
+
+    decisions = (masking_utils._ignore_bidirectional_mask_sdpa, masking_utils._ignore_causal_mask_sdpa)
+    torch.manual_seed(0)
+    model = BeitForImageClassification(BeitConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+        patch_size=8, num_labels=3, use_relative_position_bias=True, use_mean_pooling=True,
+        layer_scale_init_value=0.1, drop_path_rate=0.1, hidden_dropout_prob=0.1)).train()
+    batch = {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([0, 2])}
+    errors = side_by_side(model, lambda m: _remat(m, batch, solver="autograd"), (), batch,
+                          lambda out: out.loss, tolerance=1e-30)
+    assert errors == {}
+    assert (masking_utils._ignore_bidirectional_mask_sdpa, masking_utils._ignore_causal_mask_sdpa) == decisions
+
+
+class _LayerDrop(torch.nn.Module):
+    """Skips its second layer at random in training, as transformers' LayerDrop does."""
+
+    def __init__(self, layerdrop):
+        super().__init__()
+        self.layers, self.layerdrop = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2)), layerdrop
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and self.layerdrop > 0.0:
+                dropout_probability = torch.rand([])
+                if dropout_probability < self.layerdrop:
+                    continue
+            x = layer(x).relu()
+        return x.sum()
+
+
+def test_a_branch_on_a_random_draw_is_named_as_one_with_layerdrop_as_the_way_out():
+    """It was "a value computed from tensor data", with moving the loss out of the forward
+    as the way out; with the skip off it trains like eager."""
+    with pytest.raises(LoweringError, match=r"branches on a random draw at .*test_trust.py:\d+ in "
+                                            r"forward: .*layerdrop=0.0 in the config"):
+        _remat(_LayerDrop(0.1), (torch.randn(3, 4),))
+    x = torch.randn(3, 4)
+    errors = side_by_side(_LayerDrop(0.0), lambda m: _remat(m, (x,), solver="autograd"), (x,), {},
+                          lambda loss: loss, tolerance=1e-30)
+    assert errors == {}

@@ -1,0 +1,38 @@
+"""A branch decided by a random draw (LayerDrop), said as such.
+
+transformers' speech and time-series models skip whole layers at random in training
+(LayerDrop: `if torch.rand([]) < self.layerdrop`, 0.1 by default in Wav2Vec2's, HuBERT's
+and the time-series models' configs). torch.export cannot branch on the draw, and the
+error said "a value computed from tensor data" and to move the loss out of the forward,
+which does not help. One graph runs the same ops every step; what does help is turning
+the skip off or writing it as a product with a drawn mask, which the graph keeps.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import traceback
+
+from .model_lines import is_model_file
+
+#: Calls that draw random numbers into a tensor a branch could then read.
+_DRAWS = re.compile(r"\btorch\.(rand|rand_like|randn|randint|bernoulli)\s*\(|\.(uniform_|bernoulli_)\s*\(")
+#: How many lines above the branch a draw counts as what it reads.
+_ABOVE = 6
+
+HINT = ("a random draw decides whether code runs (LayerDrop, stochastic depth), and one "
+        "graph runs the same ops every step: turn the skip off in training (transformers: "
+        "layerdrop=0.0 in the config), or scale by a drawn mask instead of skipping, as "
+        "drop-path does, which the graph keeps and remat-ir replays with eager's numbers")
+
+
+def drawn_branch(frames: list[traceback.FrameSummary]) -> bool:
+    """Whether the model's innermost line among `frames` branches just below a random
+    draw in the same function (the draw at most `_ABOVE` lines above it)."""
+    frame = next((f for f in reversed(frames) if is_model_file(f.filename)), None)
+    if frame is None or frame.lineno is None:
+        return False
+    lines = [linecache.getline(frame.filename, n)
+             for n in range(max(1, frame.lineno - _ABOVE), frame.lineno + 1)]
+    return any(_DRAWS.search(line) for line in lines)
