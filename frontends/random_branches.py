@@ -23,8 +23,10 @@ _ABOVE = 6
 
 HINT = ("a random draw decides whether code runs (LayerDrop, stochastic depth), and one "
         "graph runs the same ops every step: turn the skip off in training (transformers: "
-        "layerdrop=0.0 in the config), or scale by a drawn mask instead of skipping, as "
-        "drop-path does, which the graph keeps and remat-ir replays with eager's numbers")
+        "layerdrop=0.0 in the config; peft's LoKr and LoHa draw and compare even with "
+        "module_dropout=0.0, so they cannot be traced in training), or scale by a drawn "
+        "mask instead of skipping, as drop-path does, which the graph keeps and remat-ir "
+        "replays with eager's numbers")
 
 
 def drawn_branch(frames: list[traceback.FrameSummary]) -> bool:

@@ -59,6 +59,7 @@ from .refusals import (check_backward_hooks, check_hook_reparametrizations, cons
                        data_error, mutation_error, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
+from .held_tensors import lift_held_tensors
 from .kernel_layouts import match_kernel_layouts
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
@@ -829,6 +830,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         try:
             decompositions = FUSING_DECOMPOSITIONS if fusing else None
             module = exported.module()
+            held = lift_held_tensors(exported, module, model)
             draw_in_layout(module, type(model).__name__)
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
@@ -840,12 +842,12 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                 raise refused from exc
             first = str(exc).strip().splitlines()[0]
             if "convert all Tensors to FakeTensors" in first:
-                held = _tensors_in_containers(model)
+                kept = _tensors_in_containers(model)
                 raise LoweringError(
                     f"{type(model).__name__}'s forward reads a tensor that is neither a parameter, "
-                    f"a buffer, an input nor an attribute of the model (a global variable, a "
-                    f"closure's, or one kept in a dict or list attribute"
-                    f"{f' such as {held}' if held else ''}), which tracing cannot follow "
+                    f"a buffer, an input nor one the model holds (a global variable, a "
+                    f"closure's"
+                    f"{f', or one kept where tracing did not find it, such as {kept}' if kept else ''}), which tracing cannot follow "
                     f"({first.split('Found in ')[-1]}): register it as a buffer "
                     f"(module.register_buffer) or pass it as an input") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
@@ -889,6 +891,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         graph.proto.metadata["torch.aliased_outputs"] = json.dumps(aliased)
     for key, rows in reads.metadata().items():
         graph.proto.metadata[key] = json.dumps(rows)
+    if held:   # tensors kept outside parameters and buffers, compared at every call
+        graph.proto.metadata["torch.held_tensors"] = json.dumps(held)
     if without_onednn:
         graph.proto.metadata["torch.lstm_without_onednn"] = "true"
     if mixed:

@@ -23,7 +23,8 @@ of it, so the frontend refuses it by name.
   window and shift to the input's resolution at every call, and was refused before.
 
 Where the model's own code uses `.data` while tracing (reading it, writing through it,
-assigning it), each use is noted on the error if torch.export then fails (`data_uses`):
+assigning it), each use is noted on the error if torch.export then fails (`data_uses`);
+a parameter's `.data` is handed out as its `.detach()` instead, which tracing follows:
 `.data` hands out a tensor that tracing does not follow, and export's own error for it
 ("a fake tensor in the exported program constant's list ... file an issue") named
 neither `.data` nor the line.
@@ -121,6 +122,11 @@ def _noting_data_uses(found: list[tuple[str, int, str]]):
             found.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
 
     def get(tensor):
+        if isinstance(tensor, torch.nn.Parameter):
+            # A parameter's `.data` read is its `.detach()`, which tracing follows (peft's HRA
+            # reads its frozen base weight so); a write through it is a parameter written
+            # in place, which lowering refuses by name.
+            return tensor.detach()
         note()
         return descriptor.__get__(tensor)
 

@@ -8,6 +8,8 @@ import json
 import sys
 
 from remat_ir.ir import pb
+from remat_ir.torchlib.held_tensors import digest, held_at
+from remat_ir.torchlib.held_tensors import shown as place
 
 _MISSING = "<missing>"
 #: The key of a value recorded as either of two (frontends/traced_reads.py `ANY_OF`):
@@ -46,6 +48,12 @@ class TracedReads:
                            for path, name, items in rows("torch.module_containers")]
         self.objects = [tuple(row) for row in rows("torch.object_attributes")]
         self.globals = [tuple(row) for row in rows("torch.global_reads")]
+        #: Tensors the model holds outside parameters and buffers, traced as constants
+        #: (frontends/held_tensors.py): (path, attribute, key or None, digest).
+        self.held = [tuple(row) for row in rows("torch.held_tensors")]
+        #: Per held place, (id, version) of the tensor last found equal to the digest:
+        #: an unchanged tensor is not hashed again (an in-place write bumps the version).
+        self._verified: dict[int, tuple[int, int]] = {}
 
     def changed(self, at) -> str | None:
         """What differs from lowering, said for the user, or None. `at(path)`: the model's
@@ -74,6 +82,18 @@ class TracedReads:
                 where = f"{path}.{holder}" if path else holder
                 return (f"{where}.{name} of {root} was {_shown(lowered)} when the model was lowered "
                         f"and is {now!r} now")
+        for index, (path, name, key, lowered) in enumerate(self.held):
+            now = held_at(at(path), name, key)
+            seen = (id(now), now._version) if now is not None else None
+            if seen is not None and self._verified.get(index) == seen:
+                continue
+            if now is None or digest(now) != lowered:
+                self._verified.pop(index, None)
+                state = "is gone" if now is None else "holds other values than it held"
+                return (f"tensor {place(path, name, key)} of {root}, which the graph holds as a "
+                        f"constant, {state} when the model was lowered (register it as a buffer "
+                        f"to have it read at every call)")
+            self._verified[index] = seen
         for module_name, name, where, lowered in self.globals:
             module = sys.modules.get(module_name)
             if module is None:   # not imported in this process: nothing to compare with
