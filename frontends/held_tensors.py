@@ -11,8 +11,10 @@ Here each one is traced as a constant (a `lift_fresh_copy` of it, as torch.expor
 a tensor built inside forward), and its place and the digest of its bytes go into the
 graph's metadata. The runtime compares the tensor there with the digest before a call
 (`runtimes/traced_reads.py`), so a call after it changed (a mask filled anew, another
-tensor assigned) is refused instead of training with the old values. A held tensor that
-requires a gradient is refused: eager would give it one, a constant cannot.
+tensor assigned) is refused instead of training with the old values. A tensor found
+unchanged is hashed again only once its version counter moves (every in-place op bumps
+it; a write through `.data` does not, and is not seen). A held tensor that requires a
+gradient is refused: eager would give it one, a constant cannot.
 """
 
 from __future__ import annotations

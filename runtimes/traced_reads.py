@@ -37,6 +37,14 @@ def _items(container) -> dict:
     return {}
 
 
+def _seen(tensor) -> tuple[int, int] | None:
+    """(id, version) of a held tensor, or None where it has no version counter (one made
+    under torch.inference_mode): such a tensor is hashed at every call."""
+    if tensor is None or tensor.is_inference():
+        return None
+    return id(tensor), tensor._version
+
+
 class TracedReads:
     """The values recorded in a graph's metadata, and `changed`: the first that differs."""
 
@@ -84,7 +92,7 @@ class TracedReads:
                         f"and is {now!r} now")
         for index, (path, name, key, lowered) in enumerate(self.held):
             now = held_at(at(path), name, key)
-            seen = (id(now), now._version) if now is not None else None
+            seen = _seen(now)
             if seen is not None and self._verified.get(index) == seen:
                 continue
             if now is None or digest(now) != lowered:
@@ -93,7 +101,8 @@ class TracedReads:
                 return (f"tensor {place(path, name, key)} of {root}, which the graph holds as a "
                         f"constant, {state} when the model was lowered (register it as a buffer "
                         f"to have it read at every call)")
-            self._verified[index] = seen
+            if seen is not None:
+                self._verified[index] = seen
         for module_name, name, where, lowered in self.globals:
             module = sys.modules.get(module_name)
             if module is None:   # not imported in this process: nothing to compare with
