@@ -78,6 +78,8 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
         raise BadRequest(f"model must be a torch.nn.Module, not {type(model).__name__} (wrap a "
                          f"function in a Module whose forward calls it)")
     check_backend(backend)
+    if backend == "eager":
+        _notice_compiled(model)
     if gradient_groups is not None:  # before minutes of planning
         check_count("gradient_groups", gradient_groups)
     if offload:
@@ -90,6 +92,24 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
                            max_plans=MAX_PLANS if max_plans is None else max_plans,
                            gradient_groups=gradient_groups, backend=backend)
+
+
+def _notice_compiled(model) -> None:
+    """Say, once per call of `remat`, that a `torch.compile` wrapper in `model` does not
+    compile what remat-ir runs: tracing goes through it to the module it wraps, and the
+    eager backend runs the plan op by op (gradients bitwise those of the uncompiled
+    model), which a user who compiled the model for speed would not guess."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from remat_ir.runtimes.torch import notify_stderr
+
+    compiled = next((path or f"the model ({type(module._orig_mod).__name__})"
+                     for path, module in model.named_modules()
+                     if isinstance(module, OptimizedModule)), None)
+    if compiled is not None:
+        notify_stderr(f"remat-ir: {compiled} is compiled with torch.compile; remat-ir traces the "
+                      f"module it wraps and the eager backend runs the plan op by op: pass "
+                      f"backend=\"inductor\" to compile the plan's segments")
 
 
 class Planner:

@@ -366,3 +366,36 @@ def test_ops_kept_out_of_regions_hold_more_compiled_than_eagerly():
     eager_peak = _peak_alone(lambda xs: module(xs), inputs)
     assert _peak_alone(fused, inputs) >= 2 * eager_peak
     assert "aten.max_pool2d_with_indices_backward.default" in compiled.EAGER_OPS
+
+
+class _TwoBlocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+                                          for _ in range(2))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x.square().mean()
+
+
+def test_a_model_wrapped_by_torch_compile_says_the_eager_backend_runs_it_op_by_op(capsys):
+    """Tracing goes through the wrapper: the plan trains bitwise like the uncompiled
+    model, op by op, which a user who compiled for speed would not guess (nothing said
+    before). With the Inductor backend nothing is said."""
+    x = torch.randn(4, 8)
+    torch.manual_seed(0)
+    errors = side_by_side(_TwoBlocks(), lambda m: remat_ir.remat(torch.compile(m), (x,), solver="autograd",
+                                                                 cost_model="flops"),
+                          (x,), {}, lambda loss: loss, tolerance=1e-30)
+    assert errors == {}
+    said = capsys.readouterr().err
+    assert said.count("remat-ir: the model (_TwoBlocks) is compiled with torch.compile; remat-ir traces the "
+                      "module it wraps and the eager backend runs the plan op by op") == 1
+    model = _TwoBlocks()
+    model.blocks[1] = torch.compile(model.blocks[1])
+    remat_ir.remat(model, (x,), solver="autograd", cost_model="flops")
+    assert "remat-ir: blocks.1 is compiled with torch.compile" in capsys.readouterr().err
+    remat_ir.remat(model, (x,), solver="autograd", cost_model="flops", backend="inductor")
+    assert "torch.compile" not in capsys.readouterr().err
