@@ -12,6 +12,16 @@ So while tracing, where no padding mask was given, the question is answered as e
 answers it (the same function with its export check off). With a padding mask eager
 reads its values (is every token kept?), which one graph cannot, and transformers' traced
 answer stays: README, grouped-query attention.
+
+Causal models ask one more question first: do the position ids pack several sequences
+in a row (`find_packed_sequence_indices`)? Eager reads their values; traced, the answer
+was always "maybe", so the mask was built, and with fewer key/value heads than query
+heads the keys and values were repeated to every head where eager calls SDPA with
+`enable_gqa` (Llama, Mistral, Qwen2, GPT-BigCode: gradients 1e-7 off in float32, a
+bfloat16 last bit under autocast). Where the model computed the position ids itself
+from shapes alone (an `arange`, when the caller passes none), their values are the
+same at every call: they are computed here from the ops that traced them, and eager's
+answer is given. Position ids the caller passes are data, and keep the traced answer.
 """
 
 from __future__ import annotations
@@ -20,8 +30,15 @@ import contextlib
 import functools
 import sys
 
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot
+from torch.utils import _pytree as pytree
+
 #: transformers' functions deciding whether SDPA may run without an explicit mask.
 _DECISIONS = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
+#: transformers' function finding sequences packed in a row from the position ids.
+_PACKED = "find_packed_sequence_indices"
 
 
 @contextlib.contextmanager
@@ -35,6 +52,9 @@ def eager_mask_decisions():
     originals = {name: getattr(masking, name) for name in _DECISIONS if hasattr(masking, name)}
     for name, original in originals.items():
         setattr(masking, name, _eager_when_unpadded(masking, original))
+    if hasattr(masking, _PACKED):
+        originals[_PACKED] = getattr(masking, _PACKED)
+        setattr(masking, _PACKED, _eager_when_computed(masking, originals[_PACKED]))
     try:
         yield
     finally:
@@ -54,3 +74,56 @@ def _eager_when_unpadded(masking, original):
         finally:
             masking.is_torchdynamo_exporting = exporting
     return decide
+
+
+def _eager_when_computed(masking, original):
+    @functools.wraps(original)
+    def find(position_ids):
+        values = shape_determined(position_ids)
+        if values is not None and hasattr(masking, "is_tracing"):
+            tracing = masking.is_tracing
+            masking.is_tracing = lambda *_: False   # real values, read as eager reads them
+            try:
+                with unset_fake_temporarily(), disable_proxy_modes_tracing():
+                    if original(values) is None:
+                        return None   # eager's answer: one sequence per row
+            finally:
+                masking.is_tracing = tracing
+        return original(position_ids)
+    return find
+
+
+def shape_determined(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The values of a traced tensor computed by ops that read no input, parameter,
+    buffer or constant and draw nothing (an `arange` of a length, offset and expanded):
+    the same at every call, so computed here, for real; else None."""
+    mode = get_proxy_mode()
+    if mode is None or not isinstance(tensor, torch.Tensor):
+        return None
+    proxy = get_proxy_slot(tensor, mode.tracer, None, lambda slot: slot.proxy)
+    if proxy is None:
+        return None
+    needed, stack = set(), [proxy.node]
+    while stack:
+        node = stack.pop()
+        if node in needed:
+            continue
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
+                torch.Tag.nondeterministic_seeded in node.target.tags:
+            return None
+        needed.add(node)
+        stack.extend(node.all_input_nodes)
+    computed: dict = {}
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        for node in node_order(needed):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), computed.__getitem__)
+            if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs))):
+                return None   # a symbolic size: not one value
+            computed[node] = node.target(*args, **kwargs)
+    return computed[proxy.node]
+
+
+def node_order(nodes: set) -> list:
+    """`nodes` in their graph's order (every input before its reader)."""
+    order = {node: index for index, node in enumerate(next(iter(nodes)).graph.nodes)}
+    return sorted(nodes, key=order.__getitem__)

@@ -109,7 +109,7 @@ def test_llama_at_the_least_memory_of_recompute_all_trains_like_eager_at_chain_s
     from remat_ir.solvers.baselines import recompute_everything
     from remat_ir.solvers.structure import TrainingGraph
 
-    model, args, kwargs, loss_of = llama(kv_heads=4)  # bitwise: see llama's docstring
+    model, args, kwargs, loss_of = llama()
     graph = lower_torch(copy.deepcopy(model), args, example_kwargs=kwargs, cost_model="flops")
     budget = int(recompute_everything(TrainingGraph(graph)).predicted_peak_bytes * 1.02)
     # Planned as `remat(..., budget=budget, solver="rotor")` would, on the graph lowered

@@ -44,11 +44,9 @@ def llama(n_layer=8, hidden=32, vocab=256, seq=32, batch=2, kv_heads=2):
     """A Llama shaped like the benchmark's 32-layer one in miniature: parameter gradients
     (a quarter of the store-everything peak) and the loss set its least memory.
 
-    `kv_heads=4` (one per attention head) for a bitwise comparison with eager: with
-    grouped ones, transformers (5.23 and later) calls SDPA with its native GQA when no
-    mask is materialized, which eager does and a trace does not, so the traced graph
-    repeats the keys and values and sums their gradients afterwards: the same step,
-    rounded differently (k/v projection gradients differ by about 1e-8)."""
+    `kv_heads=2`: grouped-query attention, which transformers runs through SDPA's
+    native GQA when it builds no mask, traced as eager runs it
+    (frontends/transformers_masks.py)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
     logging.set_verbosity_error()
