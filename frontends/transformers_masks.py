@@ -9,9 +9,12 @@ every attention score got +1.0 and every gradient before it was up to 3.5e-7 off
 on CUDA a mask also keeps SDPA off its flash kernel, which eager runs.
 
 So while tracing, where no padding mask was given, the question is answered as eager
-answers it (the same function with its export check off). With a padding mask eager
-reads its values (is every token kept?), which one graph cannot, and transformers' traced
-answer stays: README, grouped-query attention.
+answers it (the same function with its tracing checks off). So also where the model
+built the padding mask itself from shapes alone (Perceiver: `torch.ones` when the caller
+passes none; traced, it added a float32 mask of zeros to bfloat16 scores, and its
+softmax ran in float32 where eager's ran in bfloat16). A padding mask the caller passes
+is data, whose values eager reads (is every token kept?) and one graph cannot: there
+transformers' traced answer stays (README, grouped-query attention).
 
 Causal models ask one more question first: do the position ids pack several sequences
 in a row (`find_packed_sequence_indices`)? Eager reads their values; traced, the answer
@@ -65,30 +68,37 @@ def eager_mask_decisions():
 def _eager_when_unpadded(masking, original):
     @functools.wraps(original)
     def decide(padding_mask, *args, **kwargs):
-        if padding_mask is not None:
+        values = None if padding_mask is None else shape_determined(padding_mask)
+        if padding_mask is not None and values is None:
             return original(padding_mask, *args, **kwargs)
-        exporting = masking.is_torchdynamo_exporting
-        masking.is_torchdynamo_exporting = lambda: False
-        try:
-            return original(padding_mask, *args, **kwargs)
-        finally:
-            masking.is_torchdynamo_exporting = exporting
+        with _as_eager(masking), unset_fake_temporarily(), disable_proxy_modes_tracing():
+            return original(values, *args, **kwargs)
     return decide
+
+
+@contextlib.contextmanager
+def _as_eager(masking):
+    """transformers' tracing checks answered as eager answers them, for a decision on
+    values known here (none, or computed from shapes)."""
+    saved = {name: getattr(masking, name) for name in ("is_torchdynamo_exporting", "is_tracing")
+             if hasattr(masking, name)}
+    for name in saved:
+        setattr(masking, name, lambda *_: False)
+    try:
+        yield
+    finally:
+        for name, check in saved.items():
+            setattr(masking, name, check)
 
 
 def _eager_when_computed(masking, original):
     @functools.wraps(original)
     def find(position_ids):
         values = shape_determined(position_ids)
-        if values is not None and hasattr(masking, "is_tracing"):
-            tracing = masking.is_tracing
-            masking.is_tracing = lambda *_: False   # real values, read as eager reads them
-            try:
-                with unset_fake_temporarily(), disable_proxy_modes_tracing():
-                    if original(values) is None:
-                        return None   # eager's answer: one sequence per row
-            finally:
-                masking.is_tracing = tracing
+        if values is not None:
+            with _as_eager(masking), unset_fake_temporarily(), disable_proxy_modes_tracing():
+                if original(values) is None:
+                    return None   # eager's answer: one sequence per row
         return original(position_ids)
     return find
 

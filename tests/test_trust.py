@@ -1690,3 +1690,23 @@ def test_transformers_grouped_query_attention_trains_like_eager(make, packed, dt
     errors = side_by_side(model, lambda m: _remat(m, batch, solver="autograd"), (), batch,
                           lambda out: out.loss, tolerance=1e-30, forward_context=context)
     assert errors == {}
+
+
+def test_transformers_perceiver_whose_padding_mask_it_builds_from_shapes_trains_like_eager():
+    """Perceiver builds an all-ones padding mask when the caller passes none. Eager reads
+    it, finds every token kept and adds no mask; traced, transformers built one and added
+    float32 zeros to bfloat16 scores, so the cross-attention's softmax ran in float32
+    (gradients up to 0.6 relative off, at store-everything). The mask's values follow
+    from shapes alone: computed while tracing, eager's answer is given."""
+    from transformers import PerceiverConfig, PerceiverForMaskedLM
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = PerceiverForMaskedLM(PerceiverConfig(
+        num_latents=8, d_latents=32, d_model=32, num_blocks=1, num_self_attends_per_block=1,
+        num_self_attention_heads=2, num_cross_attention_heads=1, max_position_embeddings=32))
+    batch = {"inputs": torch.randint(0, 262, (2, 32)), "labels": torch.randint(0, 262, (2, 32))}
+    errors = side_by_side(model, lambda m: _remat(m, batch, solver="autograd"), (), batch,
+                          lambda out: out.loss, tolerance=1e-30,
+                          forward_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert errors == {}
