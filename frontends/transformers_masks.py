@@ -46,8 +46,9 @@ _PACKED = "find_packed_sequence_indices"
 
 @contextlib.contextmanager
 def eager_mask_decisions():
-    """Within: transformers' mask decisions without a padding mask are eager's. Does
-    nothing where transformers' masking module was not imported (a model without it)."""
+    """Within: transformers' mask decisions are eager's where they read no value the
+    caller passes (no padding mask, or one and position ids the model computed from
+    shapes). Does nothing where transformers' masking module was not imported."""
     masking = sys.modules.get("transformers.masking_utils")
     if masking is None or not hasattr(masking, "is_torchdynamo_exporting"):
         yield
