@@ -405,21 +405,6 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     return exported
 
 
-def _tensors_in_containers(model: torch.nn.Module) -> str | None:
-    """'prompt_tokens['default']' (with its module's path): the first tensor the model's
-    modules keep in a dict, list or tuple attribute, which torch.export does not lift as
-    a constant (peft's prompt tuning keeps its virtual tokens' ids so), or None."""
-    for path, module in model.named_modules():
-        for key, value in vars(module).items():
-            if key.startswith("_") or not isinstance(value, (dict, list, tuple)):
-                continue
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for item, tensor in items:
-                if isinstance(tensor, torch.Tensor):
-                    return f"{path + '.' if path else ''}{key}[{item!r}]"
-    return None
-
-
 def _unnamed_output_class(model: str, spec) -> str:
     """The error for outputs whose pytree spec cannot be stored: a class registered with
     torch's pytree without a serialized type name (the module returned its tensors flat,
@@ -842,12 +827,10 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                 raise refused from exc
             first = str(exc).strip().splitlines()[0]
             if "convert all Tensors to FakeTensors" in first:
-                kept = _tensors_in_containers(model)
                 raise LoweringError(
                     f"{type(model).__name__}'s forward reads a tensor that is neither a parameter, "
                     f"a buffer, an input nor one the model holds (a global variable, a "
-                    f"closure's"
-                    f"{f', or one kept where tracing did not find it, such as {kept}' if kept else ''}), which tracing cannot follow "
+                    f"closure's), which tracing cannot follow "
                     f"({first.split('Found in ')[-1]}): register it as a buffer "
                     f"(module.register_buffer) or pass it as an input") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "

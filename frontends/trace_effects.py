@@ -23,11 +23,12 @@ of it, so the frontend refuses it by name.
   window and shift to the input's resolution at every call, and was refused before.
 
 Where the model's own code uses `.data` while tracing (reading it, writing through it,
-assigning it), each use is noted on the error if torch.export then fails (`data_uses`);
-a parameter's `.data` is handed out as its `.detach()` instead, which tracing follows:
+assigning it), each use is noted on the error if torch.export then fails (`data_uses`):
 `.data` hands out a tensor that tracing does not follow, and export's own error for it
 ("a fake tensor in the exported program constant's list ... file an issue") named
-neither `.data` nor the line.
+neither `.data` nor the line. A parameter's `.data` is handed out as its `.detach()`
+instead, which tracing follows: the same values for a read (peft's HRA), and a write
+through it is a parameter written in place, which lowering refuses by name.
 """
 
 from __future__ import annotations
