@@ -53,17 +53,25 @@ def eager_mask_decisions():
     if masking is None or not hasattr(masking, "is_torchdynamo_exporting"):
         yield
         return
-    originals = {name: getattr(masking, name) for name in _DECISIONS if hasattr(masking, name)}
-    for name, original in originals.items():
-        setattr(masking, name, _eager_when_unpadded(masking, original))
+    wrapped = {name: _eager_when_unpadded(masking, getattr(masking, name))
+               for name in _DECISIONS if hasattr(masking, name)}
     if hasattr(masking, _PACKED):
-        originals[_PACKED] = getattr(masking, _PACKED)
-        setattr(masking, _PACKED, _eager_when_computed(masking, originals[_PACKED]))
+        wrapped[_PACKED] = _eager_when_computed(masking, getattr(masking, _PACKED))
+    with _replaced(masking, wrapped):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(module, replacements: dict):
+    """Within: `module`'s attributes named in `replacements` are those; put back after."""
+    saved = {name: getattr(module, name) for name in replacements}
+    for name, value in replacements.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
-        for name, original in originals.items():
-            setattr(masking, name, original)
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def _eager_when_unpadded(masking, original):
@@ -77,19 +85,11 @@ def _eager_when_unpadded(masking, original):
     return decide
 
 
-@contextlib.contextmanager
 def _as_eager(masking):
     """transformers' tracing checks answered as eager answers them, for a decision on
     values known here (none, or computed from shapes)."""
-    saved = {name: getattr(masking, name) for name in ("is_torchdynamo_exporting", "is_tracing")
-             if hasattr(masking, name)}
-    for name in saved:
-        setattr(masking, name, lambda *_: False)
-    try:
-        yield
-    finally:
-        for name, check in saved.items():
-            setattr(masking, name, check)
+    return _replaced(masking, {name: lambda *_: False for name in ("is_torchdynamo_exporting", "is_tracing")
+                               if hasattr(masking, name)})
 
 
 def _eager_when_computed(masking, original):
