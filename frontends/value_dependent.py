@@ -48,8 +48,18 @@ def value_dependent_error(model: str, exc: BaseException,
     where = model_line(traceback.extract_tb(failure.__traceback__))
     name = _name(func)
     if where is None and graph is not None:
-        where = next((line for node in graph.nodes if _calls(node, name)
-                      for line in [node_line(node)] if line is not None), None)
+        calls = [node for node in graph.nodes if _calls(node, name)]
+        where = next((line for node in calls for line in [node_line(node)] if line is not None), None)
+        check = next((node for node in calls if _is_value_check(node)), None)
+        if check is not None:
+            return LoweringError(
+                f"{model}'s forward checks a condition on tensor values at "
+                f"{node_line(check) or 'a line tracing did not record'} (torch._check_tensor_all; "
+                f"transformers' torch_compilable_check, such as the count of image tokens against "
+                f"image features): eager runs it at every call, and one graph of the step cannot. "
+                f"For transformers, set the environment variable TRANSFORMERS_DISABLE_TORCH_CHECK=1 "
+                f"before calling remat (the check then runs in neither; run a batch eagerly once "
+                f"to check your data); otherwise check it outside the module")
     kind = ("whose value" if isinstance(failure, DataDependentOutputException)
             else "whose result's shape")
     return LoweringError(
@@ -83,6 +93,14 @@ def _calls(node: torch.fx.Node, name: str) -> bool:
     indices = node.args[1] if len(node.args) > 1 else ()
     return any(isinstance(i, torch.fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool
                for i in indices)
+
+
+def _is_value_check(node: torch.fx.Node) -> bool:
+    """Whether exported-graph `node` reads a value for `torch._check_tensor_all`: an `item`
+    of `_is_all_true`, whose result only an `_assert_scalar` reads."""
+    source = node.args[0] if node.args else None
+    return (isinstance(source, torch.fx.Node) and source.op == "call_function"
+            and _name(source.target) == "_is_all_true")
 
 
 def _refusal(exc: BaseException | None):
