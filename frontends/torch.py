@@ -65,7 +65,7 @@ from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
 from .transformers_masks import eager_mask_decisions
-from .value_dependent import value_dependent_error
+from .value_dependent import data_sized_branch_error, value_dependent_error
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
                                      describe_input, ir_dtype, op_name, record_device,
@@ -822,7 +822,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         except LoweringError:
             raise
         except Exception as exc:
-            refused = value_dependent_error(type(model).__name__, exc, exported.graph)
+            refused = (value_dependent_error(type(model).__name__, exc, exported.graph)
+                       or data_sized_branch_error(type(model).__name__, exc, exported.graph))
             if refused is not None:
                 raise refused from exc
             first = str(exc).strip().splitlines()[0]

@@ -12,10 +12,12 @@ not -100), has a fixed-shape form that trains alike.
 
 from __future__ import annotations
 
+import re
 import traceback
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .errors import LoweringError
 from .model_lines import model_line, node_line
@@ -93,6 +95,28 @@ def _calls(node: torch.fx.Node, name: str) -> bool:
     indices = node.args[1] if len(node.args) > 1 else ()
     return any(isinstance(i, torch.fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool
                for i in indices)
+
+
+def data_sized_branch_error(model: str, exc: BaseException, graph: torch.fx.Graph) -> LoweringError | None:
+    """The LoweringError for AOTAutograd's refusal to branch on a size or value that an op
+    of exported `graph` computed from tensor data (a symbol `u0` of torch's: the rows a
+    boolean index keeps, an `.item()`), named by that op and the model's line; else None.
+    It said "AOTAutograd could not build the joint graph: Could not guard on data-dependent
+    expression Eq(u0, 1)" before, with no line (Idefics3 selects its real images so)."""
+    if not isinstance(exc, GuardOnDataDependentSymNode):
+        return None
+    symbols = set(re.findall(r"\bu\d+\b", str(exc).split("\n")[0]))
+    node = next((node for node in graph.nodes
+                 if any(str(symbol) in symbols for symbol in node.meta.get("unbacked_bindings") or {})), None)
+    if node is None:
+        return None
+    name = _name(node.target)
+    failing = next((op for op, callers in _CALLED_BY.items() if name in callers), name)
+    return LoweringError(
+        f"{model}'s forward calls {node.target} at {node_line(node) or 'a line tracing did not record'}, "
+        f"whose result's shape or value depends on tensor data, and later code branches on it; "
+        f"remat-ir lowers one graph of the whole step, with fixed shapes. Instead, "
+        f"{_INSTEAD.get(failing, _OUTSIDE)}")
 
 
 def _is_value_check(node: torch.fx.Node) -> bool:
