@@ -2,8 +2,7 @@
 
 A module may keep a tensor as a plain attribute (`self.scale = torch.tensor(2.0)`,
 without `register_buffer`) or inside a dict or list attribute (peft's prompt tuning keeps
-its virtual tokens' ids in `prompt_tokens['default']`, SHiRA and FourierFT their sparse
-indices). Eager reads them as they are at each call. torch.export lifts them as constant
+its virtual tokens' ids in `prompt_tokens['default']`, FourierFT its frequency indices). Eager reads them as they are at each call. torch.export lifts them as constant
 tensors, but hands them to AOTAutograd as real tensors, which refused them ("convert all
 Tensors to FakeTensors"), so such models were refused.
 

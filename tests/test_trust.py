@@ -849,8 +849,8 @@ def test_data_in_forward_is_refused_by_line_and_its_detach_form_trains_like_eage
 
 
 def test_a_parameters_data_read_in_forward_trains_like_eager_and_a_write_through_it_is_refused():
-    """A parameter's `.data` read is its `.detach()` (peft's HRA and SHiRA read their frozen
-    base weight so, and were refused); a write through it is refused naming the parameter."""
+    """A parameter's `.data` read is its `.detach()` (peft's HRA reads its frozen base weight
+    so, and was refused); a write through it is refused naming the parameter."""
     x = torch.randn(4, 8)
     torch.manual_seed(0)
     errors = side_by_side(_UsesData("read_parameter"),
