@@ -2,9 +2,10 @@
 
 A module may keep a tensor as a plain attribute (`self.scale = torch.tensor(2.0)`,
 without `register_buffer`) or inside a dict or list attribute (peft's prompt tuning keeps
-its virtual tokens' ids in `prompt_tokens['default']`, FourierFT its frequency indices). Eager reads them as they are at each call. torch.export lifts them as constant
-tensors, but hands them to AOTAutograd as real tensors, which refused them ("convert all
-Tensors to FakeTensors"), so such models were refused.
+its virtual tokens' ids in `prompt_tokens['default']`, FourierFT its frequency indices).
+Eager reads them as they are at each call. torch.export lifts them as constant tensors,
+but hands them to AOTAutograd as real tensors, which refused them ("convert all Tensors
+to FakeTensors"), so such models were refused.
 
 Here each one is traced as a constant (a `lift_fresh_copy` of it, as torch.export does for
 a tensor built inside forward), and its place and the digest of its bytes go into the
