@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from remat_ir.torchlib.held_tensors import digest, shown
+from remat_ir.torchlib.held_tensors import Place, digest, shown
 
 from .errors import LoweringError
 
@@ -29,10 +29,10 @@ from .errors import LoweringError
 _MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
 
 
-def held_tensors(model: torch.nn.Module) -> dict[int, tuple[str, str, object]]:
+def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
     """id(tensor) -> (module path, attribute, key or None) of every tensor the model's
     modules hold as a plain attribute, or as an item of a dict, list or tuple attribute."""
-    found: dict[int, tuple[str, str, object]] = {}
+    found: dict[int, Place] = {}
     for path, module in model.named_modules():
         for name, value in vars(module).items():
             if name in _MODULE_STATE:
@@ -68,6 +68,8 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 f"gradient, and remat-ir's graph would hold it as a constant. Make it an "
                 f"nn.Parameter (or detach it, if it should not train)")
         targets[spec.target] = [*place, digest(tensor)]
+    if not targets:   # the usual model: nothing to lift, the module is left as it is
+        return []
     for node in list(module.graph.nodes):
         if node.op != "get_attr" or node.target not in targets:
             continue

@@ -69,7 +69,7 @@ from .value_dependent import data_sized_branch_error, value_dependent_error
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
                                      describe_input, ir_dtype, op_name, record_device,
-                                     resolve_op, to_ir_argument, uncached_under_autocast)
+                                     raw_bytes, resolve_op, to_ir_argument, uncached_under_autocast)
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -591,7 +591,7 @@ class _Lowering:
             raise LoweringError(f"tensor constant {node.target!r}: {exc}") from None
         with unset_fake_temporarily():  # a real tensor, read while AOTAutograd's fake mode is on
             tensor = tensor.detach().to("cpu").contiguous()
-            raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+            raw = raw_bytes(tensor)
         vid = self.g.add_value(node.name, dtype, tuple(tensor.shape), kind="constant", constant=raw)
         self.g.value(vid).stride.extend(tensor.stride())
         self.value_of[node] = vid

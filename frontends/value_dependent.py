@@ -121,7 +121,7 @@ def data_sized_branch_error(model: str, exc: BaseException, graph: torch.fx.Grap
 
 def _is_value_check(node: torch.fx.Node) -> bool:
     """Whether exported-graph `node` reads a value for `torch._check_tensor_all`: an `item`
-    of `_is_all_true`, whose result only an `_assert_scalar` reads."""
+    of `_is_all_true` (torch.export asserts on the number it reads)."""
     source = node.args[0] if node.args else None
     return (isinstance(source, torch.fx.Node) and source.op == "call_function"
             and _name(source.target) == "_is_all_true")

@@ -9,15 +9,15 @@ import hashlib
 
 import torch
 
+from .types import raw_bytes
+
 #: A recorded place: module path, attribute, and the key of a dict or list item or None.
 Place = tuple[str, str, object]
 
 
 def digest(tensor: torch.Tensor) -> str:
     """sha256 of the tensor's shape, dtype and bytes (row-major)."""
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return hashlib.sha256(f"{list(tensor.shape)} {tensor.dtype}".encode() + raw).hexdigest()
+    return hashlib.sha256(f"{list(tensor.shape)} {tensor.dtype}".encode() + raw_bytes(tensor)).hexdigest()
 
 
 def shown(path: str, name: str, key) -> str:

@@ -73,6 +73,12 @@ def constant_tensor(value, device: torch.device | str) -> torch.Tensor:
     return flat.reshape(list(value.shape)).to(device)
 
 
+def raw_bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's elements as bytes, row-major (what `constant_tensor` reads back)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
 def to_ir_argument(obj, tensor_id):
     """An FX argument as an IR argument object; `tensor_id(node)` maps graph nodes to value ids."""
     if isinstance(obj, torch.fx.Node):
