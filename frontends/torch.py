@@ -70,6 +70,7 @@ from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
                                      describe_input, ir_dtype, op_name, record_device,
                                      raw_bytes, resolve_op, to_ir_argument, uncached_under_autocast)
+from remat_ir.torchlib.value_guards import ValueGuards
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
@@ -384,7 +385,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
-                eager_mask_decisions():
+                eager_mask_decisions(model, args, kwargs, reads.decisions):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -875,6 +876,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         graph.proto.metadata["torch.aliased_outputs"] = json.dumps(aliased)
     for key, rows in reads.metadata().items():
         graph.proto.metadata[key] = json.dumps(rows)
+    if reads.decisions:   # made from input values, made again at every call
+        graph.proto.metadata[ValueGuards.KEY] = json.dumps(reads.decisions)
     if held:   # tensors kept outside parameters and buffers, compared at every call
         graph.proto.metadata["torch.held_tensors"] = json.dumps(held)
     if without_onednn:

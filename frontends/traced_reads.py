@@ -72,15 +72,17 @@ class TracedReads:
     objects: dict = field(default_factory=dict)
     #: (Python module, global name, None | ["item", key] | ["attr", name]) -> value
     globals: dict = field(default_factory=dict)
+    #: Decisions made from the values of inputs (`torchlib.value_guards`), in trace order.
+    decisions: list = field(default_factory=list)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
-        for table in (self.modules, self.containers, self.objects, self.globals):
+        for table in (self.modules, self.containers, self.objects, self.globals, self.decisions):
             table.clear()
 
     def copy(self) -> TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
-                           dict(self.globals))
+                           dict(self.globals), list(self.decisions))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another

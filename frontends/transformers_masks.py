@@ -13,8 +13,10 @@ answers it (the same function with its tracing checks off). So also where the mo
 built the padding mask itself from shapes alone (Perceiver: `torch.ones` when the caller
 passes none; traced, it added a float32 mask of zeros to bfloat16 scores, and its
 softmax ran in float32 where eager's ran in bfloat16). A padding mask the caller passes
-is data, whose values eager reads (is every token kept?) and one graph cannot: there
-transformers' traced answer stays (README, grouped-query attention).
+is data, whose values eager reads (is every token kept?) and one graph cannot hold for
+every call: there the trace gets eager's answer for the example inputs, and the way to
+it is recorded (`torchlib/value_guards.py`), so that the runtime asks again at every
+call and plans another graph for a call whose answer differs.
 
 Causal models ask one more question first: do the position ids pack several sequences
 in a row (`find_packed_sequence_indices`)? Eager reads their values; traced, the answer
@@ -24,7 +26,9 @@ heads the keys and values were repeated to every head where eager calls SDPA wit
 bfloat16 last bit under autocast). Where the model computed the position ids itself
 from shapes alone (an `arange`, when the caller passes none), their values are the
 same at every call: they are computed here from the ops that traced them, and eager's
-answer is given. Position ids the caller passes are data, and keep the traced answer.
+answer is given. Position ids the caller passes are data, answered and recorded as a
+padding mask is. Where the way from the inputs cannot be recorded (an op reading a
+parameter), the traced answer stays: a mask, right for every call, not eager's bits.
 """
 
 from __future__ import annotations
@@ -38,27 +42,58 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot
 from torch.utils import _pytree as pytree
 
+from remat_ir.torchlib.value_guards import DECISIONS, Unrecordable, answer, encoded
+
 #: transformers' functions deciding whether SDPA may run without an explicit mask.
 _DECISIONS = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
 #: transformers' function finding sequences packed in a row from the position ids.
 _PACKED = "find_packed_sequence_indices"
 
 
+class _Inputs:
+    """The example inputs of one trace: their flat leaves (for the runtime, flat in the
+    order of torch.export's input spec), and the FX node tracing each tensor, found
+    when the model is called with the traced ones (a forward pre-hook)."""
+
+    def __init__(self, args: tuple, kwargs: dict):
+        with_paths, _ = pytree.tree_flatten_with_path((args, kwargs))
+        self.leaves = [leaf for _, leaf in with_paths]
+        self._index = {pytree.keystr(path): index for index, (path, _) in enumerate(with_paths)}
+        self.nodes: dict[torch.fx.Node, int] = {}
+
+    def hook(self, _module, args, kwargs):
+        mode = get_proxy_mode()
+        if mode is None:
+            return
+        for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
+            index = self._index.get(pytree.keystr(path))
+            proxy = (get_proxy_slot(leaf, mode.tracer, None, lambda slot: slot.proxy)
+                     if isinstance(leaf, torch.Tensor) else None)
+            if index is not None and proxy is not None:
+                self.nodes.setdefault(proxy.node, index)
+
+
 @contextlib.contextmanager
-def eager_mask_decisions():
-    """Within: transformers' mask decisions are eager's where they read no value the
-    caller passes (no padding mask, or one and position ids the model computed from
-    shapes). Does nothing where transformers' masking module was not imported."""
+def eager_mask_decisions(model: torch.nn.Module, args: tuple, kwargs: dict, guards: list):
+    """Within (a trace of `model` on `args`, `kwargs`): transformers' mask decisions are
+    eager's; those read from values the caller passes are appended to `guards`
+    (`torchlib.value_guards`). Does nothing where transformers' masking module was not
+    imported."""
     masking = sys.modules.get("transformers.masking_utils")
     if masking is None or not hasattr(masking, "is_torchdynamo_exporting"):
         yield
         return
-    wrapped = {name: _eager_when_unpadded(masking, getattr(masking, name))
+    inputs = _Inputs(args, kwargs)
+    wrapped = {name: _eager_when_unpadded(masking, getattr(masking, name), inputs, guards)
                for name in _DECISIONS if hasattr(masking, name)}
     if hasattr(masking, _PACKED):
-        wrapped[_PACKED] = _eager_when_computed(masking, getattr(masking, _PACKED))
-    with _replaced(masking, wrapped):
-        yield
+        wrapped[_PACKED] = _eager_when_computed(masking, getattr(masking, _PACKED), inputs, guards)
+    handle = model.register_forward_pre_hook(inputs.hook, with_kwargs=True, prepend=True)
+    try:
+        with _replaced(masking, wrapped):
+            yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager
@@ -74,12 +109,13 @@ def _replaced(module, replacements: dict):
             setattr(module, name, value)
 
 
-def _eager_when_unpadded(masking, original):
+def _eager_when_unpadded(masking, original, inputs: _Inputs, guards: list):
     @functools.wraps(original)
     def decide(padding_mask, *args, **kwargs):
         values = None if padding_mask is None else shape_determined(padding_mask)
         if padding_mask is not None and values is None:
-            return original(padding_mask, *args, **kwargs)
+            decided = _caller_decision(masking, original, padding_mask, args, kwargs, inputs, guards)
+            return original(padding_mask, *args, **kwargs) if decided is None else decided
         with _as_eager(masking), unset_fake_temporarily(), disable_proxy_modes_tracing():
             return original(values, *args, **kwargs)
     return decide
@@ -92,7 +128,7 @@ def _as_eager(masking):
                                if hasattr(masking, name)})
 
 
-def _eager_when_computed(masking, original):
+def _eager_when_computed(masking, original, inputs: _Inputs, guards: list):
     @functools.wraps(original)
     def find(position_ids):
         values = shape_determined(position_ids)
@@ -100,14 +136,66 @@ def _eager_when_computed(masking, original):
             with _as_eager(masking), unset_fake_temporarily(), disable_proxy_modes_tracing():
                 if original(values) is None:
                     return None   # eager's answer: one sequence per row
+        elif _caller_decision(masking, original, position_ids, (), {}, inputs, guards):
+            return None
         return original(position_ids)
     return find
 
 
-def shape_determined(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The values of a traced tensor computed by ops that read no input, parameter,
-    buffer or constant and draw nothing (an `arange` of a length, offset and expanded):
-    the same at every call, so computed here, for real; else None."""
+def _caller_decision(masking, original, tensor: torch.Tensor, args: tuple, kwargs: dict,
+                     inputs: _Inputs, guards: list) -> bool | None:
+    """Eager's answer of `original` for a `tensor` computed from the caller's inputs,
+    recorded in `guards` with the way to it; None where that way cannot be recorded, or
+    under torch.distributed: there each rank's batch would answer for itself, a rank
+    whose answer differs would plan alone, and planning is a collective of all ranks
+    (`remat_ir.distributed`), so the traced answer (a mask, right for every call) stays."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        return None
+    found = _ancestry(tensor, set(inputs.nodes))
+    if found is None:
+        return None
+    nodes, read = found
+    device = next(leaf.device for leaf in inputs.leaves if isinstance(leaf, torch.Tensor))
+    refs = {node: {"input": inputs.nodes[node]} for node in inputs.nodes}
+    ops = []
+    try:
+        for node in nodes:
+            ops.append([str(node.target), encoded(list(node.args), refs, device),
+                        {key: encoded(value, refs, device) for key, value in node.kwargs.items()}])
+            refs[node] = {"op": len(ops) - 1}
+        guard = {"decision": f"{original.__module__}.{original.__name__}",
+                 "inputs": sorted({refs[n]["input"] for n in refs if "input" in refs[n] and
+                                   _reaches(n, read)}),
+                 "ops": ops, "reads": refs[read], "args": encoded(list(args), {}, device),
+                 "kwargs": {key: encoded(value, {}, device) for key, value in kwargs.items()}}
+    except Unrecordable:
+        return None
+    if guard["decision"] not in DECISIONS or not guard["inputs"]:
+        return None
+    with _as_eager(masking), unset_fake_temporarily(), disable_proxy_modes_tracing():
+        guard["answer"] = answer(guard, inputs.leaves, original)
+    guards.append(guard)
+    return guard["answer"]
+
+
+def _reaches(node: torch.fx.Node, target: torch.fx.Node) -> bool:
+    """Whether `target` is `node` or computed from it."""
+    stack, seen = [target], set()
+    while stack:
+        current = stack.pop()
+        if current is node:
+            return True
+        if current not in seen:
+            seen.add(current)
+            stack.extend(current.all_input_nodes)
+    return False
+
+
+def _ancestry(tensor: torch.Tensor, leaves: set) -> tuple[list, torch.fx.Node] | None:
+    """The FX nodes computing a traced `tensor`, in graph order, and its own node, where
+    every one is an op that draws nothing, from `leaves` (nodes whose values are known)
+    or from none; else None (one reads a parameter, a buffer, another input)."""
     mode = get_proxy_mode()
     if mode is None or not isinstance(tensor, torch.Tensor):
         return None
@@ -117,21 +205,32 @@ def shape_determined(tensor: torch.Tensor) -> torch.Tensor | None:
     needed, stack = set(), [proxy.node]
     while stack:
         node = stack.pop()
-        if node in needed:
+        if node in needed or node in leaves:
             continue
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
                 torch.Tag.nondeterministic_seeded in node.target.tags:
             return None
         needed.add(node)
         stack.extend(node.all_input_nodes)
+    return (node_order(needed) if needed else []), proxy.node
+
+
+def shape_determined(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The values of a traced tensor computed by ops that read no input, parameter,
+    buffer or constant and draw nothing (an `arange` of a length, offset and expanded):
+    the same at every call, so computed here, for real; else None."""
+    found = _ancestry(tensor, set())
+    if found is None:
+        return None
+    nodes, read = found
     computed: dict = {}
     with unset_fake_temporarily(), disable_proxy_modes_tracing():
-        for node in node_order(needed):
+        for node in nodes:
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), computed.__getitem__)
             if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs))):
                 return None   # a symbolic size: not one value
             computed[node] = node.target(*args, **kwargs)
-    return computed[proxy.node]
+    return computed[read]
 
 
 def node_order(nodes: set) -> list:

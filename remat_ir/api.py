@@ -42,8 +42,10 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     shape gets that share of its own peak). `solver`: any name `remat-ir
     solvers` lists (default: hiremate when there is a budget). The returned
     module shares `model`'s parameters and buffers; a call with inputs of a new
-    signature (shapes, dtypes, layouts, non-tensor arguments, autocast state, device)
-    is lowered and planned once more, with a notice on stderr, and up to
+    signature (shapes, dtypes, layouts, non-tensor arguments, autocast state, device),
+    or whose `attention_mask` or `position_ids` answer transformers' decision whether
+    attention needs a mask otherwise (`torchlib.value_guards`), is lowered and planned
+    once more, with a notice on stderr, and up to
     `max_plans` plans are kept (default 8). `cache_dir` (or the environment
     variable REMAT_IR_CACHE_DIR; False: none) keeps profiled graphs and plans on
     disk, so that another process skips profiling and planning

@@ -37,6 +37,7 @@ from remat_ir.ir.simulator import check
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.output_names import output_names
 from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, same_layout, torch_dtype
+from remat_ir.torchlib.value_guards import ValueGuards
 
 from . import autocast_anchors
 from .compiled import check_backend
@@ -45,6 +46,10 @@ from .dtype_errors import mixed_dtypes_message
 from .fsdp import StepUnits, Units, check_gathered, is_sharded_class
 from .signatures import Signature, argument_names, autocast_from_json, call_signature, containers
 from .traced_reads import TracedReads
+
+#: How a call that does not match a plan, with no planner to make another, is told to go on.
+_LOWER_AGAIN = ("call remat_ir.remat with inputs like these (it lowers and plans each new "
+                "signature by itself)")
 
 
 class RuntimeInputError(RematIRError):
@@ -489,9 +494,14 @@ class _Lowered:
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
         self.traced_reads = TracedReads(g)
+        #: Decisions the trace made from input values (transformers' attention masks):
+        #: made again for every call (`values_differ`).
+        self.value_guards = ValueGuards(g.metadata)
         #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
         self.without_onednn = g.metadata.get("torch.lstm_without_onednn") == "true"
         self.signature = self._signature()
+        #: (signature, decisions): plans of one signature differ in what they decided.
+        self.key = (self.signature, self.value_guards.key)
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
         self.fsdp_owners: tuple = (None, [], {})
@@ -545,6 +555,14 @@ class _Lowered:
                     f"{list(value.shape)} {torch_dtype(value.dtype)}; lower again with inputs "
                     "of this shape")
         return leaves
+
+    def values_differ(self, args, kwargs, answers: dict) -> str | None:
+        """What a call's input values decide otherwise than the trace decided, said for
+        the user (`torchlib.value_guards`), or None; `answers` memoises within one call."""
+        if not self.value_guards.guards:
+            return None
+        return self.value_guards.mismatch(self.flat_inputs(args, kwargs),
+                                          lambda: argument_names(self.in_spec), answers)
 
     def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules",
                  sharded: bool = False) -> tuple:
@@ -649,9 +667,11 @@ class _Lowered:
                 "tensor")
 
     def run(self, model: torch.nn.Module, args, kwargs, gradient_groups: int = GRADIENT_GROUPS,
-            scheduled: torch.nn.Module | None = None, backend: str = "eager"):
+            scheduled: torch.nn.Module | None = None, backend: str = "eager",
+            answers: dict | None = None):
         """One call: the outputs of a training step through this plan (`scheduled`, the
-        module the user called, is where FSDP2 may have been applied: `fsdp.Units`)."""
+        module the user called, is where FSDP2 may have been applied: `fsdp.Units`).
+        `answers`: the call's value decisions, where the caller made them already."""
         if self.without_onednn and torch.backends.mkldnn.enabled:
             raise RuntimeInputError(
                 "the model's LSTM was lowered with oneDNN off and oneDNN is on now, where eager "
@@ -660,6 +680,10 @@ class _Lowered:
         modules = _Submodules(model)
         self.check_modules(modules)
         self.check_attributes(modules)
+        differs = self.values_differ(args, kwargs, {} if answers is None else answers)
+        if differs is not None:
+            raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
+                                    f"{_LOWER_AGAIN}")
         leaves = self.flat_inputs(args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else next(model.parameters()).device
@@ -793,7 +817,7 @@ class ScheduledModule(torch.nn.Module):
         self.__dict__["_model"] = model
         self.__dict__["_hooks"] = HookWatch(model)
         first = _Lowered(model, graph, schedule)
-        self.__dict__["_plans"] = OrderedDict([(first.signature, first)])
+        self.__dict__["_plans"] = OrderedDict([(first.key, first)])
         self.__dict__["_planner"] = planner
         self.__dict__["_notify"] = notify
         self.max_plans, self.gradient_groups, self.backend = max_plans, gradient_groups, backend
@@ -834,7 +858,7 @@ class ScheduledModule(torch.nn.Module):
             graph.ParseFromString(graph_bytes)
             schedule.ParseFromString(schedule_bytes)
             plan = _Lowered(self._model, Graph(graph), schedule)
-            self._plans[plan.signature] = plan
+            self._plans[plan.key] = plan
 
     # -------------------------------------------------------------- running
 
@@ -862,28 +886,33 @@ class ScheduledModule(torch.nn.Module):
         """Compiled segments of the current plan for `device`."""
         return next(reversed(self._plans.values())).runner(device, self._groups(), backend=self.backend)
 
-    def _plan_for(self, args, kwargs) -> _Lowered:
-        """The plan for this call's signature: kept, planned now, or an error naming what
-        differs."""
+    def _plan_for(self, args, kwargs) -> tuple[_Lowered, dict]:
+        """The plan for this call's signature and input values (`_Lowered.values_differ`):
+        kept, planned now, or an error naming what differs; with the call's value
+        decisions, made once."""
         last = next(reversed(self._plans.values()))
+        answers: dict = {}
         if last.signature is None:  # no input spec (hand-built IR): checked input by input
-            return last
+            return last, answers
         signature = call_signature(args, kwargs)
-        plan = self._plans.get(signature)
-        if plan is None and self._planner is None:
+        same = [p for p in reversed(self._plans.values()) if p.signature == signature]
+        if not same and self._planner is None:
             # Device follows the inputs: a plan lowered on another device runs there too.
-            plan = next((p for p in reversed(self._plans.values())
-                         if p.signature.same_but_device(signature)), None)
-        if plan is not None:
-            self._plans.move_to_end(plan.signature)
-            return plan
-        difference = signature.difference(last.signature)
+            same = [p for p in reversed(self._plans.values()) if p.signature.same_but_device(signature)]
+        difference = None
+        for plan in same:
+            differs = plan.values_differ(args, kwargs, answers)
+            if differs is None:
+                self._plans.move_to_end(plan.key)
+                return plan, answers
+            difference = difference or differs
+        new = "values" if difference is not None else "signature"
+        difference = difference or signature.difference(last.signature)
         if self._planner is None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "
-                                    "call remat_ir.remat with inputs like these (it lowers and "
-                                    "plans each new signature by itself)")
+                                    f"{_LOWER_AGAIN}")
         (self._notify or notify_stderr)(
-            f"remat-ir: new input signature ({difference}): lowering and planning again "
+            f"remat-ir: new input {new} ({difference}): lowering and planning again "
             f"(plan {len(self._plans) + 1}, at most {self.max_plans} kept)")
         devices = [t.device for t in pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
@@ -893,17 +922,21 @@ class ScheduledModule(torch.nn.Module):
             except RematIRError as exc:
                 # Say which call failed to plan (a smaller last batch at a share budget),
                 # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
-                exc.args = (f"planning this call's new input signature ({difference}): {exc}",
+                exc.args = (f"planning this call's new input {new} ({difference}): {exc}",
                             *exc.args[1:])
                 raise
         plan = _Lowered(self._model, graph, schedule)
         if plan.signature != signature:
             raise RematIRError(f"the graph planned for this call was lowered for another "
                                f"signature ({signature.difference(plan.signature)})")
-        self._plans[signature] = plan
+        differs = plan.values_differ(args, kwargs, answers)
+        if differs is not None:
+            raise RematIRError(f"the graph planned for this call was lowered for other input "
+                               f"values ({differs})")
+        self._plans[plan.key] = plan
         while len(self._plans) > self.max_plans:
             self._plans.popitem(last=False)
-        return plan
+        return plan, answers
 
     def forward(self, *args, **kwargs):
         if torch.compiler.is_exporting():
@@ -927,8 +960,8 @@ class ScheduledModule(torch.nn.Module):
                 f"what the hooks computed when it was traced, so a hook added since would not "
                 f"run and one removed would still run. Call remat_ir.remat again, with the "
                 f"hooks in place.{checkpointing}")
-        return self._plan_for(args, kwargs).run(self._model, args, kwargs, self._groups(), self,
-                                                self.backend)
+        plan, answers = self._plan_for(args, kwargs)
+        return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers)
 
     @torch.compiler.disable
     def _under_torch_compile(self, *args, **kwargs):

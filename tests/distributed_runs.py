@@ -56,7 +56,21 @@ def _cnn():
     return model, split, batch, loss_of, lambda m: [m.body[0], m.body[4], m.body[-1]]
 
 
-CASES = {"gpt2": _gpt2, "cnn": _cnn}
+def _llama():
+    """Grouped-query attention with an attention mask that pads rank 1's rows and not rank
+    0's: transformers decides from its values whether attention needs a mask, which one
+    process answers per batch (`torchlib.value_guards`) and ranks, planning together,
+    cannot: the traced answer (a mask) serves both."""
+    from torch_models import llama
+
+    model, _, kwargs, loss_of = llama(n_layer=2, seq=32, batch=4)
+    ids = kwargs["input_ids"].clamp(min=1)
+    ids[2:, 28:] = 0   # rank 1's shard: four padding tokens per row
+    return model, (lambda shard: ((), dict(input_ids=shard, labels=shard, attention_mask=(shard != 0).long()))), \
+        ids, loss_of, lambda m: list(m.model.layers)
+
+
+CASES = {"gpt2": _gpt2, "cnn": _cnn, "llama": _llama}
 
 
 def _reference(model, split, batch, loss_of, world: int) -> list[dict[str, torch.Tensor]]:
@@ -120,7 +134,8 @@ def _train_case(name: str, wrapper: str, rank: int, world: int) -> dict:
         optimizer.zero_grad()
     return {"worst_relative_error": worst, "same_schedule_on_all_ranks": len(set(schedules)) == 1,
             "groups": len(scheduled.runner(shard.device).plan.gradient_groups),
-            "reduced_before_last_group": early, "parameters": len(names)}
+            "reduced_before_last_group": early, "parameters": len(names),
+            "value_guards": [g.proto.metadata.get("torch.value_guards", "") for g, _ in scheduled.plans]}
 
 
 def _mismatch(rank: int, world: int) -> dict:

@@ -38,11 +38,14 @@ def runs(tmp_path_factory, worker_id):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("case", ["gpt2-ddp", "cnn-ddp", "gpt2-fsdp", "cnn-fsdp"])
+@pytest.mark.parametrize("case", ["gpt2-ddp", "cnn-ddp", "llama-ddp", "gpt2-fsdp", "cnn-fsdp", "llama-fsdp"])
 def test_gradients_equal_one_process_over_the_global_batch(runs, case):
+    """The Llama's attention mask pads rank 1's rows and not rank 0's: its plans record no
+    decision from values (each rank would answer for itself and plan alone)."""
     for rank, results in enumerate(runs):
         result = results[case]
         assert "failure" not in result, f"rank {rank}: {result.get('failure')}"
+        assert result["value_guards"] == [""], (rank, result["value_guards"])
         assert result["worst_relative_error"] <= 1e-6, (rank, result)
         assert result["same_schedule_on_all_ranks"], rank
         assert result["groups"] > 1, "under torch.distributed gradients leave in several groups"

@@ -274,9 +274,9 @@ def test_rotor_out_of_time_before_any_plan_says_so(gpt2_graph):
 @pytest.fixture(scope="module")
 def long_llama_graph():
     """A 2-layer Llama whose activations fill its peak (seq 128), with FLOP costs. Called
-    with an attention mask, so that transformers builds its causal mask (one graph must
-    read a padding mask): the graph these tests' figures were measured on; without one,
-    SDPA runs with no mask and the least peaks change (frontends/transformers_masks.py)."""
+    with an attention mask that pads one token, so that transformers builds its causal
+    mask: the graph these tests' figures were measured on; with no padding, SDPA runs
+    with no mask and the least peaks change (frontends/transformers_masks.py)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from remat_ir.lowering import lower_torch
@@ -286,8 +286,10 @@ def long_llama_graph():
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
                          use_cache=False, attention_dropout=0.1)
     ids = torch.randint(0, 128, (4, 128))
+    padded = torch.ones_like(ids)
+    padded[-1, -1] = 0
     return lower_torch(LlamaForCausalLM(config).train(), (),
-                       example_kwargs=dict(input_ids=ids, labels=ids, attention_mask=torch.ones_like(ids)),
+                       example_kwargs=dict(input_ids=ids, labels=ids, attention_mask=padded),
                        cost_model="flops")
 
 

@@ -1697,6 +1697,105 @@ def test_transformers_grouped_query_attention_trains_like_eager(make, packed, dt
     assert errors == {}
 
 
+def _gqa_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, use_cache=False)).train()
+
+
+def _random_mask(generator: torch.Generator, batch: int, seq: int) -> torch.Tensor:
+    """An attention mask: all ones, or rows padded on the right or the left at random."""
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if torch.rand((), generator=generator) < 0.5:
+        return mask
+    for row in range(batch):
+        kept = int(torch.randint(1, seq + 1, (), generator=generator))
+        left = bool(torch.rand((), generator=generator) < 0.5)
+        mask[row, :seq - kept] = 0 if left else 1
+        mask[row, kept:] = 0 if not left else 1
+    return mask
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_attention_masks_the_caller_passes_train_like_eager_call_after_call(seed, capsys):
+    """transformers reads the caller's attention mask to decide whether SDPA needs a mask
+    (does it keep every token?), and eager takes the answer afresh at every call. A graph
+    held the traced answer (a mask, always): with grouped-query attention, gradients 4.4e-7
+    off eager's when nothing was padded, as in most pretraining batches. The trace now
+    gets eager's answer and the runtime asks again at every call, planning another graph
+    where the answer differs. Random masks (all ones, or rows padded on either side), five
+    SGD steps, every gradient bitwise eager's; one plan per answer."""
+    model = _gqa_llama()
+    eager = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 64, (2, 12), generator=generator)
+    batches = [dict(input_ids=ids, labels=ids, attention_mask=_random_mask(generator, 2, 12))
+               for _ in range(5)]
+    batches[1]["attention_mask"] = torch.ones_like(ids)   # both answers, whatever the draws
+    batches[2]["attention_mask"][0, -3:] = 0
+    scheduled = _remat(model, batches[0], solver="autograd")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, scheduled)]
+    for step, batch in enumerate(batches):
+        for module, optimizer in zip((eager, scheduled), optimizers):
+            optimizer.zero_grad()
+            module(**batch).loss.backward()
+            optimizer.step()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad), (step, name, (p.grad - q.grad).abs().max())
+    answers = {bool(batch["attention_mask"].all()) for batch in batches}
+    assert len(scheduled.plans) == len(answers) == 2
+    said = capsys.readouterr().err
+    assert said.count("remat-ir: new input values (argument attention_mask") == 1
+    assert "where the one it was lowered with" in said
+
+
+def test_position_ids_the_caller_passes_train_like_eager_packed_or_not():
+    """Position ids decide too: several sequences packed in a row get a block mask, one
+    per row none (`find_packed_sequence_indices`). Both kinds, one after the other, each
+    bitwise eager's, with one notice naming the argument."""
+    model = _gqa_llama()
+    ids = torch.randint(0, 64, (2, 12))
+    one = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(12).repeat(2, 1)}
+    packed = dict(one, position_ids=torch.tensor([list(range(5)) + list(range(7))] * 2))
+    scheduled = _remat(model, one, solver="autograd")
+    eager = copy.deepcopy(model)
+    said = io.StringIO()
+    scheduled._notify = said.write
+    for batch in (one, packed, one, packed):
+        eager.zero_grad()
+        scheduled.zero_grad()
+        eager(**batch).loss.backward()
+        scheduled(**batch).loss.backward()
+        for p, q in zip(eager.parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    assert len(scheduled.plans) == 2
+    assert said.getvalue().startswith("remat-ir: new input values (argument position_ids packs "
+                                      "several sequences in a row, where the one it was lowered "
+                                      "with holds one sequence per row")
+
+
+def test_a_graph_lowered_without_padding_refuses_a_padded_call_by_name():
+    """Without a planner to make another graph, a call whose mask would need attention
+    masked is refused, naming the argument: its graph runs SDPA with no mask, which would
+    silently attend to the padding."""
+    from remat_ir.runtimes.torch import ScheduledModule
+    model = _gqa_llama()
+    ids = torch.randint(0, 64, (2, 12))
+    batch = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
+    lowered = _remat(model, batch, solver="autograd")
+    scheduled = ScheduledModule(model, lowered.graph, lowered.schedule)
+    scheduled(**batch).loss.backward()
+    padded = dict(batch, attention_mask=torch.tensor([[1] * 12, [1] * 9 + [0] * 3]))
+    with pytest.raises(RuntimeInputError, match="argument attention_mask masks some token "
+                       r"\(attention runs with a mask\), where the one it was lowered with keeps "
+                       "every token"):
+        scheduled(**padded)
+
+
 def test_transformers_perceiver_whose_padding_mask_it_builds_from_shapes_trains_like_eager():
     """Perceiver builds an all-ones padding mask when the caller passes none. Eager reads
     it, finds every token kept and adds no mask; traced, transformers built one and added

@@ -1,0 +1,134 @@
+"""Decisions a forward made from the values of its inputs, recorded as data so that the
+runtime can make them again for every call.
+
+transformers decides from an attention mask the caller passes whether SDPA may run
+without a mask (is every token kept?), and from position ids whether several sequences
+are packed in a row. Eager reads the values at every call; a graph holds one answer.
+The frontend (`frontends/transformers_masks.py`) gives the trace eager's answer for the
+example inputs and records here how it was reached: the ops from the inputs to the
+tensor the decision reads (the mask cast to bool, a slice), the decision by name, its
+other arguments and the answer. Before each call the runtime replays that (`answer`) on
+the call's inputs: a call whose answer differs needs another graph (`runtimes/torch.py`
+plans one, or refuses the call by name). The frontend computes its answer with the same
+`answer`, so the answer recorded and the one checked come from one computation.
+
+Only transformers' deciding functions named in `DECISIONS` are ever called by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import torch
+
+_MASKING = "transformers.masking_utils"
+#: The decisions that may be recorded, by qualified name, and how their result reads:
+#: "skip" (True: attention runs with no mask) or "packed" (None: one sequence per row).
+DECISIONS = {f"{_MASKING}._ignore_causal_mask_sdpa": "skip",
+             f"{_MASKING}._ignore_bidirectional_mask_sdpa": "skip",
+             f"{_MASKING}.find_packed_sequence_indices": "packed"}
+#: The recorded answer, said of the input whose values decided it.
+_SAID = {("skip", True): "keeps every token (attention runs without a mask)",
+         ("skip", False): "masks some token (attention runs with a mask)",
+         ("packed", True): "holds one sequence per row",
+         ("packed", False): "packs several sequences in a row"}
+
+
+class Unrecordable(Exception):
+    """An op or argument on the way from the inputs to the decision that cannot be
+    recorded as data (the decision then keeps the traced answer)."""
+
+
+def encoded(value, refs: dict, device: torch.device):
+    """`value`, an argument of an op, as JSON: `refs[node]` for an FX node (its recorded
+    reference), and the example inputs' device as "the call's device"."""
+    if isinstance(value, torch.fx.Node):
+        if value not in refs:
+            raise Unrecordable(value.name)
+        return refs[value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [encoded(item, refs, device) for item in value]
+    if isinstance(value, torch.device):
+        return {"device": None if value == device else str(value)}
+    for kind in (torch.dtype, torch.layout, torch.memory_format):
+        if isinstance(value, kind):
+            return {kind.__name__: str(value).removeprefix("torch.")}
+    raise Unrecordable(type(value).__name__)
+
+
+def _decoded(value, values: list, leaves: list, device: torch.device):
+    if isinstance(value, list):
+        return [_decoded(item, values, leaves, device) for item in value]
+    if not isinstance(value, dict):
+        return value
+    (kind, what), = value.items()
+    if kind == "input":
+        return leaves[what]
+    if kind == "op":
+        return values[what]
+    if kind == "device":
+        return device if what is None else torch.device(what)
+    return getattr(torch, what)
+
+
+def _op(name: str) -> torch._ops.OpOverload:
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def decider(name: str):
+    """The deciding function `name`, one of `DECISIONS` (a graph file names no other)."""
+    if name not in DECISIONS:
+        raise ValueError(f"{name!r} is not a decision remat-ir records")
+    module, _, function = name.rpartition(".")
+    return getattr(importlib.import_module(module), function)
+
+
+def answer(guard: dict, leaves: list, decide=None) -> bool:
+    """The decision of `guard` on a call's flat input `leaves`: its ops replayed, its
+    function (`decide`, else the one it names) called on their result (outside tracing:
+    eager's answer)."""
+    tensors = [leaves[i] for i in guard["inputs"]]
+    device = tensors[0].device
+    values: list = []
+    with torch.no_grad():
+        for name, args, kwargs in guard["ops"]:
+            values.append(_op(name)(*_decoded(args, values, leaves, device),
+                                    **{k: _decoded(v, values, leaves, device) for k, v in kwargs.items()}))
+    read = _decoded(guard["reads"], values, leaves, device)
+    result = (decide or decider(guard["decision"]))(read, *guard["args"], **guard["kwargs"])
+    if DECISIONS[guard["decision"]] == "packed":
+        return result is None
+    return bool(result)
+
+
+class ValueGuards:
+    """The decisions recorded in a graph's metadata (`torch.value_guards`)."""
+
+    KEY = "torch.value_guards"
+
+    def __init__(self, metadata):
+        self.guards = json.loads(metadata.get(self.KEY) or "[]")
+        #: The identity of each guard with its answer: plans of one signature differ here.
+        self.key = tuple(json.dumps(guard, sort_keys=True) for guard in self.guards)
+        #: Each guard without its answer: what a call is asked (the same for every plan).
+        self._questions = [json.dumps({k: v for k, v in guard.items() if k != "answer"}, sort_keys=True)
+                           for guard in self.guards]
+
+    def mismatch(self, leaves: list, names, answers: dict) -> str | None:
+        """What differs for a call with flat inputs `leaves` (`names()`: their names), said
+        for the user, or None. `answers` memoises answers within one call, by decision."""
+        for guard, question in zip(self.guards, self._questions):
+            if question not in answers:
+                answers[question] = answer(guard, leaves)
+            if answers[question] != guard["answer"]:
+                kind = DECISIONS[guard["decision"]]
+                argument = " and ".join(names()[i] for i in guard["inputs"])
+                return (f"argument {argument} {_SAID[kind, answers[question]]}, where the one it "
+                        f"was lowered with {_SAID[kind, guard['answer']]}: transformers decides "
+                        f"this from its values ({guard['decision'].rpartition('.')[2]}), and a "
+                        f"graph holds one decision")
+        return None
