@@ -470,7 +470,10 @@ def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
                        r"<class '([\w.]+)'>", text)
     if output:   # a cache or an output class torch's pytree does not know
         kind = output.group(1) or output.group(2)
-        hint = ("a training step needs no cache: call the model with use_cache=False"
+        hint = ("a training step needs no cache: call the model with use_cache=False; one "
+                "that returns a cache even so (peft's prefix tuning hands its virtual tokens "
+                "to the model as one) can be called from a Module whose forward returns only "
+                "what training reads (the loss, the logits)"
                 if "cache" in kind.lower() else
                 "return plain tensors, tuples or dicts (return_dict=False), or register the "
                 "class with torch.utils._pytree.register_dataclass")

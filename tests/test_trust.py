@@ -1660,6 +1660,47 @@ def test_peft_prompt_tuning_whose_token_ids_live_in_a_dict_trains_like_eager():
     assert errors == {}
 
 
+class _LossAndLogits(torch.nn.Module):
+    """What a training step reads of a causal LM's output, and nothing else."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch):
+        out = self.model(**batch)
+        return out.loss, out.logits
+
+
+def test_peft_prefix_tuning_returns_a_cache_even_without_use_cache_and_trains_wrapped():
+    """peft's prefix tuning hands its virtual tokens to the model as a DynamicCache, which
+    the model returns with use_cache=False too: the refusal said to pass use_cache=False,
+    which the caller had. It names the wrapper, with which the model trains bitwise, padded
+    or not."""
+    import peft
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+
+    def make():
+        torch.manual_seed(0)
+        return peft.get_peft_model(
+            LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, use_cache=False)),
+            peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    ids = torch.randint(0, 64, (2, 8))
+    batch = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+    with pytest.raises(LoweringError, match="use_cache=False; one that returns a cache even so "
+                                            r"\(peft's prefix tuning"):
+        _remat(make(), batch)
+    for mask in (torch.ones_like(ids), torch.tensor([[1] * 8, [1] * 5 + [0] * 3])):
+        batch["attention_mask"] = mask
+        errors = side_by_side(_LossAndLogits(make()), lambda m: _remat(m, batch, solver="recompute-all"),
+                              (), batch, lambda out: out[0], tolerance=1e-30)
+        assert errors == {}
+
+
 def _gqa_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
     return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -1697,16 +1738,6 @@ def test_transformers_grouped_query_attention_trains_like_eager(make, packed, dt
     assert errors == {}
 
 
-def _gqa_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.utils import logging
-    logging.set_verbosity_error()
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, use_cache=False)).train()
-
-
 def _random_mask(generator: torch.Generator, batch: int, seq: int) -> torch.Tensor:
     """An attention mask: all ones, or rows padded on the right or the left at random."""
     mask = torch.ones(batch, seq, dtype=torch.long)
@@ -1729,6 +1760,7 @@ def test_attention_masks_the_caller_passes_train_like_eager_call_after_call(seed
     gets eager's answer and the runtime asks again at every call, planning another graph
     where the answer differs. Random masks (all ones, or rows padded on either side), five
     SGD steps, every gradient bitwise eager's; one plan per answer."""
+    torch.manual_seed(0)
     model = _gqa_llama()
     eager = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(seed)
@@ -1757,6 +1789,7 @@ def test_position_ids_the_caller_passes_train_like_eager_packed_or_not():
     """Position ids decide too: several sequences packed in a row get a block mask, one
     per row none (`find_packed_sequence_indices`). Both kinds, one after the other, each
     bitwise eager's, with one notice naming the argument."""
+    torch.manual_seed(0)
     model = _gqa_llama()
     ids = torch.randint(0, 64, (2, 12))
     one = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(12).repeat(2, 1)}
@@ -1783,6 +1816,7 @@ def test_a_graph_lowered_without_padding_refuses_a_padded_call_by_name():
     masked is refused, naming the argument: its graph runs SDPA with no mask, which would
     silently attend to the padding."""
     from remat_ir.runtimes.torch import ScheduledModule
+    torch.manual_seed(0)
     model = _gqa_llama()
     ids = torch.randint(0, 64, (2, 12))
     batch = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
