@@ -84,7 +84,12 @@ def decider(name: str):
     if name not in DECISIONS:
         raise ValueError(f"{name!r} is not a decision remat-ir records")
     module, _, function = name.rpartition(".")
-    return getattr(importlib.import_module(module), function)
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError):
+        raise LookupError(f"the graph decides with {name}, which this process's transformers "
+                          f"does not have (lowered with another version?): lower the model "
+                          f"again") from None
 
 
 def answer(guard: dict, leaves: list, decide=None) -> bool:
