@@ -32,6 +32,7 @@ import operator
 import re
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -65,6 +66,7 @@ from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
 from .transformers_masks import eager_mask_decisions
+from .transformers_paths import eager_paths
 from .value_dependent import data_sized_branch_error, value_dependent_error
 from .view_compaction import compact_views
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
@@ -343,7 +345,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     check_backward_hooks(model)
     check_hook_reparametrizations(model)
     assigned: dict = {}
-    exported = _trace(model, args, kwargs, reads, assigned)
+    exported, paths = _trace_eager_paths(model, args, kwargs, reads, assigned)
     if not assigned:
         return exported
     modules = dict(model.named_modules())
@@ -352,7 +354,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     again, first, before = {}, str(exported.graph), reads.copy()
     reads.clear()
     try:
-        exported = _trace(model, args, kwargs, reads, again)
+        exported = _trace(model, args, kwargs, reads, again, paths)
         said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at {where} "
                 f"({assigned[(path, key)][0] if (path, key) in assigned else was!r}, then "
                 f"{value!r} when traced again)" for (path, key), (value, where, was) in again.items()]
@@ -363,18 +365,58 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         if said:
             raise trace_effects_error(type(model).__name__, said)
     except LoweringError:
-        for (path, key), (_, _, was) in assigned.items():
-            if was is MISSING:
-                delattr(modules[path], key)
-            else:
-                setattr(modules[path], key, was)
+        _put_back(model, assigned)
         raise
     reads.either(before)   # both traces made this program: the values either read lead to it
     return exported
 
 
+def _put_back(model: torch.nn.Module, assigned: dict) -> None:
+    """The module attributes a trace assigned (`trace_effects`) as they were before it."""
+    modules = dict(model.named_modules())
+    for (path, key), (_, _, was) in assigned.items():
+        if was is MISSING:
+            delattr(modules[path], key)
+        else:
+            setattr(modules[path], key, was)
+
+
+def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
+                       assigned: dict) -> tuple[torch.export.ExportedProgram, frozenset]:
+    """torch.export's program on eager's code path in transformers' models
+    (`transformers_paths`), and the call sites of the checks left to export's answer.
+    Where eager's path cannot be traced, the last call site whose answer changed keeps
+    export's, one more at each try; the sites kept are said in a warning."""
+    kept: frozenset = frozenset()
+    while True:
+        changed: list[str] = []
+        try:
+            exported = _trace(model, args, kwargs, reads, assigned, (changed, kept))
+        except LoweringError as refused:
+            if not changed:
+                raise
+            reads.clear()
+            _put_back(model, assigned)
+            assigned.clear()
+            kept |= {changed[-1]}
+            failure = str(refused).splitlines()[0]
+            failure = failure if len(failure) <= 240 else f"{failure[:240]}..."
+            continue
+        if kept:
+            warnings.warn(f"{type(model).__name__} takes other code paths under torch.export "
+                          f"than eager where {'; '.join(sorted(kept))}, and eager's could not "
+                          f"be traced ({failure}): the graph computes export's path there, "
+                          f"whose results may differ from eager's in the last bits", stacklevel=5)
+        return exported, kept
+
+
 def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
-           assigned: dict) -> torch.export.ExportedProgram:
+           assigned: dict, paths: tuple[list[str], frozenset] | frozenset
+           ) -> torch.export.ExportedProgram:
+    """torch.export's program, on eager's code path in transformers' models except at the
+    call sites kept on export's (`paths`: (changed, kept), or the kept sites alone; the
+    call sites whose answer changed are appended to `changed`)."""
+    changed, kept = paths if isinstance(paths, tuple) else ([], paths)
     errors: list = []
     hook_calls: list[str] = []
     effects: list[str] = []
@@ -385,7 +427,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
         with contextlib.redirect_stderr(printed), preserving_functions(errors), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
-                eager_mask_decisions(model, args, kwargs, reads.decisions):
+                eager_mask_decisions(model, args, kwargs, reads.decisions), \
+                eager_paths(changed, kept):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import io
 import re
+import sys
 import types
 import warnings
 
@@ -1658,6 +1659,85 @@ def test_peft_prompt_tuning_whose_token_ids_live_in_a_dict_trains_like_eager():
     errors = side_by_side(model, lambda m: _remat(m, batch, solver="recompute-all"), (), batch,
                           lambda out: out.loss, tolerance=1e-30)
     assert errors == {}
+
+
+def _qwen3_next():
+    """Qwen3-Next with one gated delta rule layer and one attention layer, dense MLPs."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    ids = torch.randint(2, 128, (2, 16))
+    return Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, mlp_only_layers=[0, 1],
+        layer_types=["linear_attention", "full_attention"], use_cache=False)), {"input_ids": ids, "labels": ids}
+
+
+def _longt5_without_a_mask():
+    """LongT5 builds its default attention mask only where `is_torchdynamo_compiling()` says
+    no: traced, it failed (stop 67 named the check and asked for a mask)."""
+    from transformers import LongT5Config, LongT5ForConditionalGeneration
+    ids = torch.randint(2, 128, (2, 16))
+    return LongT5ForConditionalGeneration(LongT5Config(
+        vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, use_cache=False,
+        decoder_start_token_id=0, local_radius=4, global_block_size=4,
+        encoder_attention_type="transient-global")), {"input_ids": ids, "labels": ids[:, :8].contiguous()}
+
+
+@pytest.mark.parametrize("make", [_qwen3_next, _longt5_without_a_mask])
+def test_transformers_models_are_traced_on_eagers_code_path(make):
+    """transformers' models ask `is_torchdynamo_exporting()` and `is_torchdynamo_compiling()`
+    to pick code export or torch.compile can run. Qwen3-Next's gated delta rule (also
+    Qwen3.5's and OLMo-hybrid's) then inverts a triangular system by forward substitution
+    where eager calls `torch.linalg.solve_triangular`: logits and every gradient up to
+    4.7e-6 off eager's, silently. Both checks now answer as eager's inside transformers'
+    models while tracing (`frontends/transformers_paths.py`)."""
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model, batch = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # eager's path was traced: nothing to say
+        errors = side_by_side(model, lambda m: _remat(m, batch, solver="autograd"), (), batch,
+                              lambda out: out.loss, tolerance=1e-30)
+    assert errors == {}
+
+
+_EXPORT_PATH_SOURCE = """
+from transformers.utils import is_torchdynamo_exporting
+
+
+def scale(x):
+    if not is_torchdynamo_exporting():
+        return x * (2.0 if x.abs().sum().item() > 0 else 3.0)
+    return x * 2.0
+"""
+
+
+class _ScaledByAModelFile(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.linear, self.scale = torch.nn.Linear(4, 4), scale
+
+    def forward(self, x):
+        return self.scale(self.linear(x)).square().sum()
+
+
+def test_where_eagers_path_cannot_be_traced_exports_is_kept_and_named(monkeypatch):
+    """A model file whose eager path reads a value (`.item()`), which no graph can hold:
+    traced again with export's answer at that call site, and a warning names it."""
+    module = types.ModuleType("transformers.models.remat_ir_export_path")
+    exec(compile(_EXPORT_PATH_SOURCE, "remat_ir_export_path.py", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    torch.manual_seed(0)
+    model, x = _ScaledByAModelFile(module.scale), torch.ones(2, 4)
+    with pytest.warns(UserWarning, match=r"_ScaledByAModelFile takes other code paths under "
+                      r"torch.export than eager where remat_ir_export_path.py:6 calls "
+                      r"is_torchdynamo_exporting\(\), and eager's could not be traced "
+                      r"\(torch.export could not trace _ScaledByAModelFile: its forward branches on a "
+                      r"value computed from tensor data .*\): the graph computes export's path there"):
+        scheduled = _remat(model, (x,), solver="autograd")
+    assert sys.modules[module.__name__].is_torchdynamo_exporting.__name__ == "is_torchdynamo_exporting"
+    assert torch.equal(scheduled(x), model(x))
 
 
 class _LossAndLogits(torch.nn.Module):
