@@ -345,7 +345,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     check_backward_hooks(model)
     check_hook_reparametrizations(model)
     assigned: dict = {}
-    exported, paths = _trace_eager_paths(model, args, kwargs, reads, assigned)
+    exported, kept = _trace_eager_paths(model, args, kwargs, reads, assigned)
     if not assigned:
         return exported
     modules = dict(model.named_modules())
@@ -354,7 +354,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     again, first, before = {}, str(exported.graph), reads.copy()
     reads.clear()
     try:
-        exported = _trace(model, args, kwargs, reads, again, paths)
+        exported = _trace(model, args, kwargs, reads, again, [], kept)
         said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at {where} "
                 f"({assigned[(path, key)][0] if (path, key) in assigned else was!r}, then "
                 f"{value!r} when traced again)" for (path, key), (value, where, was) in again.items()]
@@ -391,7 +391,7 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
     while True:
         changed: list[str] = []
         try:
-            exported = _trace(model, args, kwargs, reads, assigned, (changed, kept))
+            exported = _trace(model, args, kwargs, reads, assigned, changed, kept)
         except LoweringError as refused:
             if not changed:
                 raise
@@ -411,12 +411,10 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
 
 
 def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
-           assigned: dict, paths: tuple[list[str], frozenset] | frozenset
-           ) -> torch.export.ExportedProgram:
+           assigned: dict, changed: list[str], kept: frozenset) -> torch.export.ExportedProgram:
     """torch.export's program, on eager's code path in transformers' models except at the
-    call sites kept on export's (`paths`: (changed, kept), or the kept sites alone; the
-    call sites whose answer changed are appended to `changed`)."""
-    changed, kept = paths if isinstance(paths, tuple) else ([], paths)
+    call sites in `kept`; the call sites whose answer that changed are appended to
+    `changed` (`transformers_paths`)."""
     errors: list = []
     hook_calls: list[str] = []
     effects: list[str] = []
