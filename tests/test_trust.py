@@ -1831,8 +1831,15 @@ def _random_mask(generator: torch.Generator, batch: int, seq: int) -> torch.Tens
     return mask
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_attention_masks_the_caller_passes_train_like_eager_call_after_call(seed, capsys):
+def _bert_masked_lm():
+    """An encoder: transformers asks `_ignore_bidirectional_mask_sdpa` instead."""
+    from transformers import BertConfig, BertForMaskedLM
+    return BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4))
+
+
+@pytest.mark.parametrize("make, seed", [(_gqa_llama, 0), (_gqa_llama, 1), (_bert_masked_lm, 2)])
+def test_attention_masks_the_caller_passes_train_like_eager_call_after_call(make, seed, capsys):
     """transformers reads the caller's attention mask to decide whether SDPA needs a mask
     (does it keep every token?), and eager takes the answer afresh at every call. A graph
     held the traced answer (a mask, always): with grouped-query attention, gradients 4.4e-7
@@ -1840,8 +1847,10 @@ def test_attention_masks_the_caller_passes_train_like_eager_call_after_call(seed
     gets eager's answer and the runtime asks again at every call, planning another graph
     where the answer differs. Random masks (all ones, or rows padded on either side), five
     SGD steps, every gradient bitwise eager's; one plan per answer."""
+    from transformers.utils import logging
+    logging.set_verbosity_error()
     torch.manual_seed(0)
-    model = _gqa_llama()
+    model = make()
     eager = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 64, (2, 12), generator=generator)
@@ -1854,6 +1863,7 @@ def test_attention_masks_the_caller_passes_train_like_eager_call_after_call(seed
     for step, batch in enumerate(batches):
         for module, optimizer in zip((eager, scheduled), optimizers):
             optimizer.zero_grad()
+            torch.manual_seed(100 + step)   # BERT's dropouts draw alike on both sides
             module(**batch).loss.backward()
             optimizer.step()
         for (name, p), q in zip(eager.named_parameters(), model.parameters()):
