@@ -65,5 +65,4 @@ def _as_eager(check: str, original, changed: list[str], kept: frozenset):
         if where not in changed:
             changed.append(where)
         return False
-    answer.__wrapped__ = original
     return answer

@@ -556,12 +556,13 @@ class _Lowered:
                     "of this shape")
         return leaves
 
-    def values_differ(self, args, kwargs, answers: dict) -> str | None:
+    def values_differ(self, args, kwargs, answers: dict, leaves: list | None = None) -> str | None:
         """What a call's input values decide otherwise than the trace decided, said for
-        the user (`torchlib.value_guards`), or None; `answers` memoises within one call."""
+        the user (`torchlib.value_guards`), or None; `answers` memoises within one call,
+        `leaves` are the call's flat inputs where the caller has them already."""
         if not self.value_guards.guards:
             return None
-        return self.value_guards.mismatch(self.flat_inputs(args, kwargs),
+        return self.value_guards.mismatch(self.flat_inputs(args, kwargs) if leaves is None else leaves,
                                           lambda: argument_names(self.in_spec), answers)
 
     def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules",
@@ -680,11 +681,11 @@ class _Lowered:
         modules = _Submodules(model)
         self.check_modules(modules)
         self.check_attributes(modules)
-        differs = self.values_differ(args, kwargs, {} if answers is None else answers)
+        leaves = self.flat_inputs(args, kwargs)
+        differs = self.values_differ(args, kwargs, {} if answers is None else answers, leaves)
         if differs is not None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
                                     f"{_LOWER_AGAIN}")
-        leaves = self.flat_inputs(args, kwargs)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else next(model.parameters()).device
         units = Units.of(scheduled, model) if scheduled is not None else None
