@@ -108,7 +108,7 @@ class Chain:
 
     def __init__(self, tg: TrainingGraph):
         self.tg = tg
-        forward, backward = set(tg.forward), set(tg.backward)
+        forward = set(tg.forward)
         self.segments = _chain_segments(tg)
         self.pinned = self._pinned()
         #: Bytes held all along, outside the chain model: pinned results, forward outputs,
@@ -121,15 +121,23 @@ class Chain:
         self.read_by_backward = frozenset(tg.root(p) for p in tg.needed_by_backward)
         self.last_forward_read = {tg.root(p): tg.position[n] for n in tg.forward
                                   for p in tg.node_inputs(n)}
-        #: Per backward node, its stage and the earliest stage whose backward reads it (the
-        #: backwards run from the last stage to the first: it is live until that one's).
+        #: Per backward allocation (through roots: a parameter's gradient is often a view,
+        #: `t()` of a mm, and a view holds its root's bytes), its stage and the earliest
+        #: stage whose backward reads it or a view of it (the backwards run from the last
+        #: stage to the first: it is live until that one's).
+        root = tg.root
         stage_of = {b: seg.index for seg in self.segments for b in seg.backward}
-        last_reader = {b: min([stage_of[u] for u in tg.node_users[b] if u in stage_of],
-                              default=stage_of[b]) for b in stage_of}
+        last_reader: dict[int, int] = {}
+        for b in stage_of:
+            r = root(b)
+            if r in stage_of:
+                readers = [stage_of[u] for u in tg.node_users[b] if u in stage_of]
+                last_reader[r] = min(readers + [last_reader.get(r, stage_of[r])])
         #: What the backwards of the stages built so far read, recomputations included
         #: (through roots; any of their options): an earlier stage's backward runs after a
         #: later one's, so a later stage may not free its input where this holds it.
         self._read_by_earlier: set[int] = set()
+        self._forward_stage = {n: seg.index for seg in self.segments for n in seg.forward}
         self.stages: list[Stage] = []
         for seg in self.segments:
             nodes = set(seg.forward)
@@ -139,16 +147,16 @@ class Chain:
                           sum(tg.time[n] for n in seg.backward), boundary=seg.boundary_bytes)
             stage.nostore_peak = tg.walk(set(), list(seg.forward), escaping | self.pinned,
                                          self._held_apart(seg))[0]
-            seg_bwd = set(seg.backward)
-            grads_in = frozenset(p for b in seg.backward for p in tg.node_inputs(b)
-                                 if p in backward and p not in seg_bwd)
+            # The gradients made by other stages that its backward reads or views.
+            grads_in = frozenset(r for b in seg.backward
+                                 for r in [root(b)] + [root(p) for p in tg.node_inputs(b)]
+                                 if r in stage_of and stage_of[r] != seg.index)
             # Held past its backward: what it makes for earlier stages, and what it reads
             # that an earlier stage reads too.
-            grads_out = ({b for b in seg.backward if any(u in backward and u not in seg_bwd
-                                                         for u in tg.node_users[b])}
-                         | {p for p in grads_in if last_reader.get(p, seg.index) < seg.index})
-            stage.gradient = sum(tg.memory[p] for p, first in last_reader.items()
-                                 if first <= seg.index < stage_of[p])
+            grads_out = {r for r in grads_in | {root(b) for b in seg.backward}
+                         if last_reader.get(r, seg.index) < seg.index}
+            stage.gradient = sum(tg.memory[r] for r, first in last_reader.items()
+                                 if first <= seg.index < stage_of[r])
             # A parameter's gradient is often a view (t() of a mm): count what it keeps
             # alive; a node returning one beside other results (convolution_backward's
             # weight gradient beside its input gradient) keeps only that to the end.
@@ -254,8 +262,16 @@ class Chain:
         entering = ({tg.root(n) for n in seg.inputs} - self.read_by_backward - self.pinned
                     - self._read_by_earlier)
         entering -= {tg.root(p) for n in sequence for p in tg.node_inputs(n)}
-        option.input_freed = sum(tg.memory[r] for r in entering
-                                 if self.last_forward_read.get(r, -1) <= end)
+        freed = {r for r in entering if self.last_forward_read.get(r, -1) <= end}
+        option.input_freed = sum(tg.memory[r] for r in freed)
+        # The input its backward reads dies at its last reader there, where nothing after
+        # this backward reads it: no earlier stage's backward, and no forward run again
+        # (made by the previous stage, it is made again by any re-run reading it). The
+        # caller counts it to the end of the backward: the loss's backward would count the
+        # log-probabilities beside both gradients of the logits (the GPT-2's least plans
+        # 10% of store-everything over their simulated peak).
+        dies = ({tg.root(n) for n in seg.inputs} - self.pinned - self._read_by_earlier - freed)
+        dies = {r for r in dies if self._forward_stage.get(r) == seg.index - 1}
         apart = self._held_apart(seg)
         stored = {n for n in kept if n in tg.needed_by_backward} | escaping
         option.forward_peak, option.hist = tg.walk(set(), list(seg.forward),
@@ -266,9 +282,11 @@ class Chain:
         held &= set(seg.forward)  # the stage's input is held by the caller
         option.backward_hist = sum(tg.memory[n] for n in held - self.pinned)
         # The gradients it reads are freed after their last use (counted in `gradient`).
-        peak, _ = tg.walk(held | grads_in, sequence, grads_out | tg.held_outputs, apart)
+        peak, _ = tg.walk(held | grads_in | dies, sequence, grads_out | tg.held_outputs,
+                          apart - dies)
         gradient = sum(tg.memory[p] for p in grads_in)
-        option.backward_peak = max(0, peak - option.backward_hist - gradient)
+        option.backward_peak = max(0, peak - option.backward_hist - gradient
+                                   - sum(tg.memory[r] for r in dies))
         return option
 
 

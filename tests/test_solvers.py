@@ -232,7 +232,9 @@ def test_rotors_program_is_cautious_on_lowered_models(gpt2_graph):
     as views), from recompute-all's least memory up, a plan found within a capacity peaks
     within it. Two bugs broke this on the Llama by over 0.5% of the peak: a stage's input
     counted freed although a view of it lived on, and recomputations emitted before a
-    backward they were measured interleaved with."""
+    backward they were measured interleaved with. A third, on the tiny GPT-2 by 0.9%: a
+    gradient kept for an earlier stage through a view (the tied output embedding's
+    `t()`, read by the input embedding's backward) was counted as the view's zero bytes."""
     from torch_models import llama
 
     from remat_ir.lowering import lower_torch
@@ -245,10 +247,11 @@ def test_rotors_program_is_cautious_on_lowered_models(gpt2_graph):
 
 @pytest.mark.slow  # lowers and plans the quick benchmark's GPT-2
 def test_rotors_refusal_names_no_more_than_a_plan_it_makes():
-    """A refusal names the smallest budget found, feasible when asked for. On the quick
-    benchmark's GPT-2 the least-memory plan of rotor's program peaked at 32.8% of
-    store-everything while its plan fitted to 30% peaked at 29.3%: the refusal at 20%
-    named 32.8%."""
+    """A refusal names the smallest budget found, feasible when asked for, and no more
+    than what a plan for a larger budget peaks at. On the quick benchmark's GPT-2 the
+    least-memory plan of rotor's program once peaked at 32.8% of store-everything while
+    its plan fitted to 30% peaked at 29.3% (the program counted the log-probabilities
+    held to the end of the loss's backward, where they die at its first node)."""
     import bench_models
 
     from remat_ir.lowering import lower_torch
@@ -256,11 +259,13 @@ def test_rotors_refusal_names_no_more_than_a_plan_it_makes():
     bm = bench_models.gpt2("quick")
     graph = lower_torch(bm.module, bm.inputs, cost_model="flops")
     top = ir.store_all(graph).predicted_peak_bytes
-    at_30 = rotor_module.rotor(graph, int(0.3 * top))
     with pytest.raises(InfeasibleBudget) as refused:
-        rotor_module.rotor(graph, int(0.2 * top))
-    assert refused.value.smallest_feasible <= at_30.predicted_peak_bytes
-    assert ir.simulate(graph, refused.value.schedule).peak_bytes == refused.value.smallest_feasible
+        rotor_module.rotor(graph, int(0.1 * top))
+    least = refused.value.smallest_feasible
+    assert ir.simulate(graph, refused.value.schedule).peak_bytes == least
+    assert rotor_module.rotor(graph, least).predicted_peak_bytes <= least
+    for share in (0.2, 0.3):
+        assert least <= rotor_module.rotor(graph, int(share * top)).predicted_peak_bytes
 
 
 def test_rotor_out_of_time_before_any_plan_says_so(gpt2_graph):
