@@ -43,3 +43,21 @@ def structure_fingerprint(graph, *, measured_memory: bool = True, costs: bool = 
         for storage in stripped.storages:
             storage.ClearField("size_bytes")
     return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
+
+
+def wiring_fingerprint(graph) -> str:
+    """Hex SHA-256 of what a schedule names in `graph`: each node's op, phase, inputs and
+    outputs, each value's storage, the graph's inputs and outputs; not shapes, arguments,
+    bytes or costs. Lowerings of one model for inputs of other shapes (another sequence
+    length, a smaller last batch) are wired alike: a schedule of one names the same
+    nodes and values in the other, where the simulator is the judge of whether it is
+    valid and of the memory it takes (`solvers.solve`'s `reuse`)."""
+    proto = graph.proto if hasattr(graph, "proto") else graph
+    digest = hashlib.sha256()
+    for node in proto.nodes:
+        digest.update(repr((node.id, node.op, node.phase, tuple(node.inputs), tuple(node.outputs))).encode())
+    for value in proto.values:
+        digest.update(repr((value.id, value.storage_id)).encode())
+    digest.update(repr([(i.value_id, i.name) for i in proto.inputs]).encode())
+    digest.update(repr([(o.value_id, o.role) for o in proto.outputs]).encode())
+    return digest.hexdigest()

@@ -45,7 +45,8 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     signature (shapes, dtypes, layouts, non-tensor arguments, autocast state, device),
     or whose `attention_mask` or `position_ids` answer transformers' decision whether
     attention needs a mask otherwise (`torchlib.value_guards`), is lowered and planned
-    once more, with a notice on stderr, and up to
+    once more, with a notice on stderr (a plan made for another shape is taken where the
+    simulator finds it within the new shape's budget: `solvers.solve`'s `reuse`), and up to
     `max_plans` plans are kept (default 8). `cache_dir` (or the environment
     variable REMAT_IR_CACHE_DIR; False: none) keeps profiled graphs and plans on
     disk, so that another process skips profiling and planning
@@ -114,6 +115,10 @@ def _notice_compiled(model) -> None:
                       f"backend=\"inductor\" to compile the plan's segments")
 
 
+#: Plans a `Planner` keeps for calls of new shapes to reuse.
+REUSED_PLANS = 8
+
+
 class Planner:
     """Lowers and plans `model` for one call's inputs, under the autocast state active
     when it is called: what `remat` does first and what its module does for each new
@@ -136,9 +141,15 @@ class Planner:
                       {k: v for k, v in options.items() if k not in ("offload", "host_budget")})
         self.time_limit_s, self.progress, self.options = time_limit_s, progress, dict(options)
         self.cache_dir, self.backend = cache_dir, backend
+        #: The last `REUSED_PLANS` (graph, schedule) pairs its solver made: a call of a new
+        #: shape takes one that fits its own graph before planning (`solvers.solve`'s reuse).
+        self._solved: list[tuple[Graph, pb.Schedule]] = []
 
     def __getstate__(self):
-        return {**self.__dict__, "progress": None}
+        return {**self.__dict__, "progress": None, "_solved": []}
+
+    def __setstate__(self, state):
+        self.__dict__.update({"_solved": [], **state})  # pickled before it kept plans
 
     def __call__(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         """Lower and plan; under torch.distributed rank 0 does it for every rank
@@ -196,8 +207,11 @@ class Planner:
         return graph, schedule
 
     def _plan(self, graph: Graph) -> pb.Schedule:
-        return plan(graph, self.budget, self.solver, time_limit_s=self.time_limit_s,
-                    progress=self.progress, **self.options)
+        schedule = plan(graph, self.budget, self.solver, time_limit_s=self.time_limit_s,
+                        progress=self.progress, reuse=self._solved[::-1], **self.options)
+        if "reused_from" not in schedule.solver_params:
+            self._solved = (self._solved + [(graph, schedule)])[-REUSED_PLANS:]
+        return schedule
 
 
 def remat_onnx(model_or_path, example_inputs=None, budget=None, *, solver: str | None = None,

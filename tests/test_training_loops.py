@@ -102,6 +102,57 @@ def test_share_budget_is_a_share_of_each_shapes_own_peak(budget):
     assert {s.budget_bytes for _, s in fixed.plans} == {scheduled.plans[0][1].budget_bytes}
 
 
+def test_a_new_shape_takes_a_plan_made_for_another_that_fits_it_and_trains_like_eager(capsys):
+    """Dynamic padding lowers the model again for each new length; the plan made for one
+    length names the same nodes in the others and keeps its share of their peak, so it is
+    taken where the simulator finds it within the call's own budget, instead of planning
+    (most of a new shape's time). Dropout draws eager's numbers in every shape."""
+    from remat_ir.ir.fingerprint import wiring_fingerprint
+
+    model, _, kwargs, loss_of = gpt2(n_layer=2, seq=32, batch=4)
+    ids = kwargs["input_ids"]
+    scheduled = remat_ir.remat(model, _batch(ids), budget=0.6, solver="rotor", cost_model="flops")
+    # A shorter padded length, and a smaller last batch (of more than one row: export
+    # specializes a dimension of 1, and that graph is wired otherwise).
+    batches = [_batch(ids[:, :24].contiguous()), _batch(ids[:3].contiguous()),
+               _batch(ids[:, :24].contiguous()), _batch(ids)]
+    _train_side_by_side(model, scheduled, batches, loss_of)
+    assert len(scheduled.plans) == 3
+    (g32, s32), (g24, s24), (g3, s3) = sorted(
+        scheduled.plans, key=lambda p: -ir.store_all(p[0]).predicted_peak_bytes)
+    assert "reused_from" not in s32.solver_params
+    assert wiring_fingerprint(g24) == wiring_fingerprint(g3) == wiring_fingerprint(g32)
+    for graph, schedule in ((g24, s24), (g3, s3)):
+        assert schedule.solver_params["reused_from"] == "input_ids [4, 32], labels [4, 32]"
+        assert list(schedule.steps) == list(s32.steps)
+        assert schedule.budget_bytes == int(0.6 * ir.store_all(graph).predicted_peak_bytes)
+        assert ir.simulate(graph, schedule).peak_bytes <= schedule.budget_bytes
+    # Another model is wired otherwise.
+    other = remat_ir.remat(gpt2(n_layer=1, seq=32)[0], _batch(ids), cost_model="flops")
+    assert wiring_fingerprint(other.graph) != wiring_fingerprint(g32)
+
+
+def test_a_plan_that_does_not_fit_a_new_shape_is_not_taken():
+    """A byte budget of 95% of store-everything's peak at 512 rows: the plan made for 512
+    rows would take about twice the budget at 1,024, so that shape is planned itself; at
+    256 rows store-everything fits, and is the plan."""
+    torch.manual_seed(0)
+    model = _Deep()
+    graph = remat_ir.remat(model, torch.randn(512, 32), solver="autograd", cost_model="flops").graph
+    budget = int(0.95 * ir.store_all(graph).predicted_peak_bytes)
+    scheduled = remat_ir.remat(model, torch.randn(512, 32), budget=budget, solver="rotor",
+                               cost_model="flops")
+    scheduled(torch.randn(1024, 32)).backward()
+    scheduled(torch.randn(256, 32)).backward()
+    by_rows = {[v.shape[0] for v in g.proto.values if v.kind == ir.pb.USER_INPUT][0]: (g, s)
+               for g, s in scheduled.plans}
+    for rows, (g, s) in by_rows.items():
+        assert "reused_from" not in s.solver_params, rows
+        assert ir.simulate(g, s).peak_bytes <= budget, rows
+    g, s = by_rows[256]
+    assert s.predicted_time_s == ir.store_all(g).predicted_time_s
+
+
 def test_example_inputs_as_users_hold_them():
     from transformers import BatchEncoding
     model, _, kwargs, loss_of = gpt2(n_layer=1)
