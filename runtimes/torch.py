@@ -912,9 +912,13 @@ class ScheduledModule(torch.nn.Module):
         if self._planner is None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "
                                     f"{_LOWER_AGAIN}")
+        dropping = (f"; the least recently used is dropped, and planned again if its shape "
+                    f"comes back: pad batches to fewer lengths (pad_to_multiple_of in "
+                    f"transformers' collators) or keep more plans (max_plans)"
+                    if len(self._plans) >= self.max_plans else "")
         (self._notify or notify_stderr)(
             f"remat-ir: new input {new} ({difference}): lowering and planning again "
-            f"(plan {len(self._plans) + 1}, at most {self.max_plans} kept)")
+            f"(plan {len(self._plans) + 1}, at most {self.max_plans} kept{dropping})")
         devices = [t.device for t in pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
         with torch.random.fork_rng(devices=devices):  # planning never moves the generator
