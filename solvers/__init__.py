@@ -162,12 +162,18 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     return graph.add_schedule(schedule)
 
 
+#: How much larger a share of its store-everything peak a budget may leave a new shape
+#: than the reused plan's budget left its own (`_reused`).
+REUSE_SLACK = 0.05
+
+
 def _reused(graph: Graph, solver: str, limit: int | None, peak: int,
             known: Sequence[tuple[Graph, pb.Schedule]]) -> pb.Schedule | None:
     """A copy of the first schedule in `known`, made by `solver` for a graph wired like
-    `graph` (`wiring_fingerprint`), that the simulator finds valid on `graph` within
-    `limit`; those of the graphs whose store-everything peak is nearest to `peak` first.
-    None where store-everything fits (what the solvers return then) or none does.
+    `graph` (`wiring_fingerprint`) at a share of its store-everything peak no smaller than
+    `limit` is of `peak` (within `REUSE_SLACK`), that the simulator finds valid on `graph`
+    within `limit`; those of the graphs whose store-everything peak is nearest to `peak`
+    first. None where store-everything fits (what the solvers return then) or none does.
 
     Why: a model trained with dynamic padding is lowered again for each new sequence
     length, and planning took most of that (a 4-layer Llama on CPU: trace 1 s, profile
@@ -179,9 +185,16 @@ def _reused(graph: Graph, solver: str, limit: int | None, peak: int,
     if limit is None or peak <= limit or not known:
         return None
     wiring = wiring_fingerprint(graph)
-    alike = [(g, s) for g, s in known if s.solver == solver and wiring_fingerprint(g) == wiring]
-    alike.sort(key=lambda gs: abs(math.log(max(1, store_all(gs[0]).predicted_peak_bytes) / max(1, peak))))
-    for source, planned in alike:
+    alike = []
+    for source, planned in known:
+        if planned.solver != solver or wiring_fingerprint(source) != wiring:
+            continue
+        top = max(1, store_all(source).predicted_peak_bytes)
+        # A plan made for a smaller share of its peak than this budget allows here would
+        # recompute more than needed (a byte budget, a smaller shape): planned itself.
+        if limit / peak <= (1 + REUSE_SLACK) * planned.budget_bytes / top:
+            alike.append((abs(math.log(top / max(1, peak))), source, planned))
+    for _, source, planned in sorted(alike, key=lambda a: a[0]):
         schedule = pb.Schedule()
         schedule.CopyFrom(planned)
         schedule.ClearField("budget_bytes")

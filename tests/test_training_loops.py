@@ -137,24 +137,29 @@ def test_a_new_shape_takes_a_plan_made_for_another_that_fits_it_and_trains_like_
 
 
 def test_a_plan_that_does_not_fit_a_new_shape_is_not_taken():
-    """A byte budget of 95% of store-everything's peak at 512 rows: the plan made for 512
+    """Byte budgets. At 95% of store-everything's peak at 512 rows: the plan made for 512
     rows would take about twice the budget at 1,024, so that shape is planned itself; at
-    256 rows store-everything fits, and is the plan."""
+    256 rows store-everything fits, and is the plan. At 50%: the plan for 512 fits 384
+    rows, but the budget is two thirds of that shape's peak, and the plan made for half
+    would recompute more than needed: planned itself."""
     torch.manual_seed(0)
     model = _Deep()
     graph = remat_ir.remat(model, torch.randn(512, 32), solver="autograd", cost_model="flops").graph
-    budget = int(0.95 * ir.store_all(graph).predicted_peak_bytes)
-    scheduled = remat_ir.remat(model, torch.randn(512, 32), budget=budget, solver="rotor",
-                               cost_model="flops")
-    scheduled(torch.randn(1024, 32)).backward()
-    scheduled(torch.randn(256, 32)).backward()
-    by_rows = {[v.shape[0] for v in g.proto.values if v.kind == ir.pb.USER_INPUT][0]: (g, s)
-               for g, s in scheduled.plans}
-    for rows, (g, s) in by_rows.items():
-        assert "reused_from" not in s.solver_params, rows
-        assert ir.simulate(g, s).peak_bytes <= budget, rows
-    g, s = by_rows[256]
-    assert s.predicted_time_s == ir.store_all(g).predicted_time_s
+    top = ir.store_all(graph).predicted_peak_bytes
+    for share, calls in ((0.95, (1024, 256)), (0.5, (384,))):
+        budget = int(share * top)
+        scheduled = remat_ir.remat(model, torch.randn(512, 32), budget=budget, solver="rotor",
+                                   cost_model="flops")
+        for rows in calls:
+            scheduled(torch.randn(rows, 32)).backward()
+        by_rows = {[v.shape[0] for v in g.proto.values if v.kind == ir.pb.USER_INPUT][0]: (g, s)
+                   for g, s in scheduled.plans}
+        assert sorted(by_rows) == sorted((512, *calls))
+        for rows, (g, s) in by_rows.items():
+            assert "reused_from" not in s.solver_params, (share, rows)
+            assert ir.simulate(g, s).peak_bytes <= budget, (share, rows)
+    g, s = by_rows[384]
+    assert s.predicted_time_s < ir.simulate(g, by_rows[512][1]).total_time_s
 
 
 def test_example_inputs_as_users_hold_them():
