@@ -104,11 +104,12 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     the solver knows), UnknownSolver, or SolverError when the solver fails or
     returns a schedule the simulator refuses.
 
-    `reuse`: (graph, schedule) pairs `solver` planned before for graphs wired like this
-    one (`reused`: the same model lowered for inputs of other shapes). The first whose
-    schedule the simulator finds valid on this graph within the budget is the plan, and
-    the solver is not run; its `solver_params["reused_from"]` names the inputs it was
-    planned for. Not with `offload`, whose transfers are timed for one graph.
+    `reuse`: (graph, schedule) pairs planned before (by `remat`'s planner, for the same
+    model at other input shapes). The first made by `solver` for a graph wired like this
+    one, for a budget no smaller a share of its peak, that the simulator finds valid on
+    this graph within the budget is the plan (`_reused`), and the solver is not run; its
+    `solver_params["reused_from"]` names the inputs it was planned for. Not with
+    `offload`, whose transfers are timed for one graph.
     """
     if not isinstance(graph, Graph):
         raise BadRequest(f"graph must be a remat_ir.ir.Graph (ir.load(path) reads a file, "
