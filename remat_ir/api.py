@@ -193,7 +193,9 @@ class Planner:
         plan_key, floor_key = cache.plan_key(limit, self.solver, options), cache.floor_key(self.solver, options)
         schedule = cache.load_schedule(graph_key, plan_key, graph)
         if schedule is not None:
-            return graph, graph.add_schedule(schedule)
+            schedule = graph.add_schedule(schedule)
+            self._remember(graph, schedule)
+            return graph, schedule
         floor = cache.load_schedule(graph_key, floor_key, graph)
         if floor is not None:
             remember_floor(graph, self.solver, floor)
@@ -209,9 +211,14 @@ class Planner:
     def _plan(self, graph: Graph) -> pb.Schedule:
         schedule = plan(graph, self.budget, self.solver, time_limit_s=self.time_limit_s,
                         progress=self.progress, reuse=self._solved[::-1], **self.options)
+        self._remember(graph, schedule)
+        return schedule
+
+    def _remember(self, graph: Graph, schedule: pb.Schedule) -> None:
+        """Keep a plan the solver made (here or in an earlier process: the plan cache) for
+        new shapes to reuse; not one that was itself reused."""
         if "reused_from" not in schedule.solver_params:
             self._solved = (self._solved + [(graph, schedule)])[-REUSED_PLANS:]
-        return schedule
 
 
 def remat_onnx(model_or_path, example_inputs=None, budget=None, *, solver: str | None = None,

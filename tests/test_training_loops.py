@@ -215,6 +215,10 @@ def test_plan_cache_skips_profiling_and_planning(tmp_path, capsys):
     assert [n.cost.time_s for n in second.graph.proto.nodes] == [n.cost.time_s for n in first.graph.proto.nodes]
     assert second.schedule.solve_time_s == first.schedule.solve_time_s
     assert list(second.schedule.steps) == list(first.schedule.steps)
+    # A new shape takes the plan loaded from the cache where it fits it.
+    ids = kwargs["input_ids"][:, :12].contiguous()
+    second(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    assert second.schedule.solver_params["reused_from"] == "input_ids [2, 16], labels [2, 16]"
     # Another budget plans again on the cached profile.
     third = remat_ir.remat(model, kwargs, budget=None, cache_dir=tmp_path)
     assert [n.cost.time_s for n in third.graph.proto.nodes] == [n.cost.time_s for n in first.graph.proto.nodes]
