@@ -33,7 +33,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           time_limit_s: float | None = None, progress: Progress | None = None,
           max_plans: int | None = None, cache_dir=None, offload: bool = False,
           host_bandwidth=None, host_budget=None, gradient_groups: int | None = None,
-          backend: str = "eager", **options):
+          backend: str = "eager", reuse_plans: bool = True, **options):
     """A module that trains like `model` within `budget` of activation memory.
 
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
@@ -45,8 +45,9 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     signature (shapes, dtypes, layouts, non-tensor arguments, autocast state, device),
     or whose `attention_mask` or `position_ids` answer transformers' decision whether
     attention needs a mask otherwise (`torchlib.value_guards`), is lowered and planned
-    once more, with a notice on stderr (a plan made for another shape is taken where the
-    simulator finds it within the new shape's budget: `solvers.solve`'s `reuse`), and up to
+    once more, with a notice on stderr (with `reuse_plans`, a plan made for another shape
+    is taken where the simulator finds it within the new shape's budget: `solvers.solve`'s
+    `reuse`; False plans every shape itself), and up to
     `max_plans` plans are kept (default 8). `cache_dir` (or the environment
     variable REMAT_IR_CACHE_DIR; False: none) keeps profiled graphs and plans on
     disk, so that another process skips profiling and planning
@@ -87,9 +88,11 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
         check_count("gradient_groups", gradient_groups)
     if offload:
         options.update(offload=True, host_budget=host_budget)
+    if not isinstance(reuse_plans, bool):
+        raise BadRequest(f"reuse_plans must be True or False, not {reuse_plans!r}")
     planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
                       progress=progress, options=options, cache_dir=cache_dir,
-                      host_bandwidth=host_bandwidth, backend=backend)
+                      host_bandwidth=host_bandwidth, backend=backend, reuse_plans=reuse_plans)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     graph, schedule = planner(model, args, kwargs)
     return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
@@ -126,7 +129,7 @@ class Planner:
 
     def __init__(self, budget, solver: str | None, *, cost_model: str, time_limit_s: float | None,
                  progress: Progress | None, options: dict, cache_dir=None, host_bandwidth=None,
-                 backend: str = "eager"):
+                 backend: str = "eager", reuse_plans: bool = True):
         from remat_ir.lowering import check_cost_model
 
         parse_budget(budget, 1)  # a malformed budget fails before the model is traced
@@ -144,12 +147,14 @@ class Planner:
         #: The last `REUSED_PLANS` (graph, schedule) pairs its solver made: a call of a new
         #: shape takes one that fits its own graph before planning (`solvers.solve`'s reuse).
         self._solved: list[tuple[Graph, pb.Schedule]] = []
+        self.reuse_plans = reuse_plans
 
     def __getstate__(self):
         return {**self.__dict__, "progress": None, "_solved": []}
 
     def __setstate__(self, state):
-        self.__dict__.update({"_solved": [], **state})  # pickled before it kept plans
+        # Pickled before it kept plans.
+        self.__dict__.update({"_solved": [], "reuse_plans": True, **state})
 
     def __call__(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         """Lower and plan; under torch.distributed rank 0 does it for every rank
@@ -217,7 +222,7 @@ class Planner:
     def _remember(self, graph: Graph, schedule: pb.Schedule) -> None:
         """Keep a plan the solver made (here or in an earlier process: the plan cache) for
         new shapes to reuse; not one that was itself reused."""
-        if "reused_from" not in schedule.solver_params:
+        if self.reuse_plans and "reused_from" not in schedule.solver_params:
             self._solved = (self._solved + [(graph, schedule)])[-REUSED_PLANS:]
 
 

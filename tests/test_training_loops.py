@@ -135,6 +135,13 @@ def test_a_new_shape_takes_a_plan_made_for_another_that_fits_it_and_trains_like_
     # Another model is wired otherwise.
     other = remat_ir.remat(gpt2(n_layer=1, seq=32)[0], _batch(ids), cost_model="flops")
     assert wiring_fingerprint(other.graph) != wiring_fingerprint(g32)
+    # reuse_plans=False plans every shape itself.
+    own = remat_ir.remat(model, _batch(ids), budget=0.6, solver="rotor", cost_model="flops",
+                         reuse_plans=False)
+    loss_of(own(**_batch(ids[:, :24].contiguous()))).backward()
+    assert len(own.plans) == 2 and "reused_from" not in own.schedule.solver_params
+    with pytest.raises(ValueError, match="reuse_plans must be True or False, not 'no'"):
+        remat_ir.remat(model, _batch(ids), budget=0.6, reuse_plans="no")
 
 
 def test_a_plan_that_does_not_fit_a_new_shape_is_not_taken():
