@@ -182,7 +182,8 @@ def _reused(graph: Graph, solver: str, limit: int | None, peak: int,
     shapes alike for every node, so the plan of one length keeps its share of the peak
     at another: measured on that Llama at 60% and 40%, planned for 4 x 128 and reused
     at 4 x 64, 4 x 96, 4 x 256 and 2 x 512, every reused plan fitted, its predicted step
-    time from 0.2% under to 3.5% over the plan made for that shape."""
+    time from 0.2% under to 3.5% over the plan made for that shape, priced on the same
+    graph (`benchmarks/new_shapes.py`)."""
     if limit is None or peak <= limit or not known:
         return None
     wiring = wiring_fingerprint(graph)
