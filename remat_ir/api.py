@@ -197,6 +197,8 @@ class Planner:
         limit = parse_budget(self.budget, store_all(graph).predicted_peak_bytes)
         plan_key, floor_key = cache.plan_key(limit, self.solver, options), cache.floor_key(self.solver, options)
         schedule = cache.load_schedule(graph_key, plan_key, graph)
+        if schedule is not None and "reused_from" in schedule.solver_params and not self.reuse_plans:
+            schedule = None  # another shape's plan, stored by a process that reused plans
         if schedule is not None:
             schedule = graph.add_schedule(schedule)
             self._remember(graph, schedule)

@@ -227,6 +227,10 @@ def test_plan_cache_skips_profiling_and_planning(tmp_path, capsys):
     ids = kwargs["input_ids"][:, :12].contiguous()
     second(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     assert second.schedule.solver_params["reused_from"] == "input_ids [2, 16], labels [2, 16]"
+    # A process planning every shape itself does not take that plan from the cache.
+    own = remat_ir.remat(model, dict(input_ids=ids, labels=ids, use_cache=False), budget="95%",
+                         cache_dir=tmp_path, reuse_plans=False)
+    assert "reused_from" not in own.schedule.solver_params
     # Another budget plans again on the cached profile.
     third = remat_ir.remat(model, kwargs, budget=None, cache_dir=tmp_path)
     assert [n.cost.time_s for n in third.graph.proto.nodes] == [n.cost.time_s for n in first.graph.proto.nodes]
