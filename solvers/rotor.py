@@ -110,6 +110,8 @@ class Chain:
         self.tg = tg
         forward = set(tg.forward)
         self.segments = _chain_segments(tg)
+        #: The stage whose forward each forward node is in.
+        self._forward_stage = {n: seg.index for seg in self.segments for n in seg.forward}
         self.pinned = self._pinned()
         #: Bytes held all along, outside the chain model: pinned results, forward outputs,
         #: and the graph outputs of recomputable nodes (BatchNorm's running statistics).
@@ -137,7 +139,6 @@ class Chain:
         #: (through roots; any of their options): an earlier stage's backward runs after a
         #: later one's, so a later stage may not free its input where this holds it.
         self._read_by_earlier: set[int] = set()
-        self._forward_stage = {n: seg.index for seg in self.segments for n in seg.forward}
         self.stages: list[Stage] = []
         for seg in self.segments:
             nodes = set(seg.forward)
@@ -213,7 +214,7 @@ class Chain:
         segment's input read by its own backward is not one: the chain holds
         a stage's input until the stage's backward has run."""
         tg = self.tg
-        segment_of = {n: seg.index for seg in self.segments for n in seg.forward}
+        segment_of = self._forward_stage
         pinned = {n for n in tg.held_outputs if n in segment_of}
         for seg in self.segments:
             for b in seg.backward:
