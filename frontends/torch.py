@@ -938,6 +938,12 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
+    # The parameters it computes no gradient for because they needed none when traced
+    # (frozen): a call that trains one needs another graph (runtimes/torch.py). Recorded,
+    # not read from the model when the graph is run: by then they may be unfrozen.
+    graph.proto.metadata["torch.frozen_parameters"] = json.dumps(sorted(
+        e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER
+        and not model.get_parameter(e.name).requires_grad))
     prov = graph.proto.provenance
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"

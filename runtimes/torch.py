@@ -485,8 +485,12 @@ class _Lowered:
                          for v in self.slot_values]
         # The parameters that did not require a gradient when the graph was made for them:
         # the graph computes none (inputs: their signature says whether they require one).
-        self.frozen = {what for kind, what in self.bindings
-                       if kind == "param" and not model.get_parameter(what).requires_grad}
+        # As the lowering recorded them; a graph from before it did, as the model holds them
+        # now (wrong where one was unfrozen since: its call would not train it).
+        recorded = g.metadata.get("torch.frozen_parameters")
+        self.frozen = (set(json.loads(recorded)) if recorded is not None else
+                       {what for kind, what in self.bindings
+                        if kind == "param" and not model.get_parameter(what).requires_grad})
         self.in_spec = _load_spec(g, "torch.in_spec")
         self.out_spec = _load_spec(g, "torch.out_spec")
         #: Outputs the trace fixed (None, numbers, strings), by flat output position.
@@ -500,8 +504,9 @@ class _Lowered:
         #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
         self.without_onednn = g.metadata.get("torch.lstm_without_onednn") == "true"
         self.signature = self._signature()
-        #: (signature, decisions): plans of one signature differ in what they decided.
-        self.key = (self.signature, self.value_guards.key)
+        #: (signature, decisions, frozen parameters): plans of one signature differ in what
+        #: they decided and in which parameters they compute no gradient for.
+        self.key = (self.signature, self.value_guards.key, frozenset(self.frozen))
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
         self.fsdp_owners: tuple = (None, [], {})
@@ -564,6 +569,26 @@ class _Lowered:
             return None
         return self.value_guards.mismatch(self.flat_inputs(args, kwargs) if leaves is None else leaves,
                                           lambda: argument_names(self.in_spec), answers)
+
+    def trainable_difference(self, modules: "_Submodules") -> str | None:
+        """How the graph's parameters that require a gradient now differ from those that
+        did at lowering (layers frozen or unfrozen since: gradual unfreezing, a GAN's
+        discriminator frozen for the generator's step), said for the user, or None. A plan
+        for another set would compute gradients that autograd drops (memory and time a
+        plan for this set does not spend), or none where one is needed."""
+        unfrozen, frozen, seen = [], [], set()
+        for kind, what in self.bindings:
+            if kind != "param":
+                continue
+            t = modules.member(what, "_parameters")
+            if t is not None and t.requires_grad == (what in self.frozen) and id(t) not in seen:
+                seen.add(id(t))  # a tied weight is named once
+                (unfrozen if t.requires_grad else frozen).append(what)
+        if not (unfrozen or frozen):
+            return None
+        return "; ".join(_parameters_text(names, phrase) for names, phrase in (
+            (unfrozen, "require{s} a gradient, and did not when lowered"),
+            (frozen, "no longer require{s} a gradient")) if names)
 
     def resident(self, model: torch.nn.Module, leaves, device, modules: "_Submodules",
                  sharded: bool = False) -> tuple:
@@ -669,16 +694,17 @@ class _Lowered:
 
     def run(self, model: torch.nn.Module, args, kwargs, gradient_groups: int = GRADIENT_GROUPS,
             scheduled: torch.nn.Module | None = None, backend: str = "eager",
-            answers: dict | None = None):
+            answers: dict | None = None, modules: "_Submodules | None" = None):
         """One call: the outputs of a training step through this plan (`scheduled`, the
         module the user called, is where FSDP2 may have been applied: `fsdp.Units`).
-        `answers`: the call's value decisions, where the caller made them already."""
+        `answers`: the call's value decisions, where the caller made them already;
+        `modules`: the model's submodules as this call looks them up, likewise."""
         if self.without_onednn and torch.backends.mkldnn.enabled:
             raise RuntimeInputError(
                 "the model's LSTM was lowered with oneDNN off and oneDNN is on now, where eager "
                 "runs oneDNN's LSTM, which computes other bits: train under "
                 "`torch.backends.mkldnn.flags(enabled=False)` as at lowering")
-        modules = _Submodules(model)
+        modules = modules or _Submodules(model)
         self.check_modules(modules)
         self.check_attributes(modules)
         leaves = self.flat_inputs(args, kwargs)
@@ -717,6 +743,13 @@ class _Lowered:
         if self.out_spec is not None:
             return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _parameters_text(names: list[str], phrase: str) -> str:
+    """'parameter 'a' requires ...' or 'parameters 'a', 'b' and 3 more require ...'
+    (`phrase` holds {s} where the verb takes an s for one parameter)."""
+    shown = ", ".join(repr(n) for n in names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    return f"parameter{'s' if len(names) > 1 else ''} {shown} {phrase.format(s='' if len(names) > 1 else 's')}"
 
 
 class _Submodules:
@@ -787,10 +820,11 @@ Planner = Callable[[torch.nn.Module, tuple, dict], "tuple[Graph, pb.Schedule]"]
 class ScheduledModule(torch.nn.Module):
     """`model`, trained through `schedule` of its lowered `graph` (see module docstring).
 
-    With a `planner`, a call whose signature (`signatures.py`) no plan has is lowered
-    and planned again, once, with a one-line notice through `notify`; up to
-    `max_plans` plans are kept. Without one, such a call raises `RuntimeInputError`
-    naming the argument that differs.
+    With a `planner`, a call whose signature (`signatures.py`), value decisions or set of
+    parameters requiring a gradient no plan has is lowered and planned again, once, with
+    a one-line notice through `notify`; up to `max_plans` plans are kept. Without one,
+    such a call raises `RuntimeInputError` naming the argument (or parameter) that
+    differs.
 
     The backward hands parameters' gradients to autograd in up to `gradient_groups`
     groups, each as soon as it is final (`codegen.release_points`), so that DDP's
@@ -887,10 +921,13 @@ class ScheduledModule(torch.nn.Module):
         """Compiled segments of the current plan for `device`."""
         return next(reversed(self._plans.values())).runner(device, self._groups(), backend=self.backend)
 
-    def _plan_for(self, args, kwargs) -> tuple[_Lowered, dict]:
-        """The plan for this call's signature and input values (`_Lowered.values_differ`):
-        kept, planned now, or an error naming what differs; with the call's value
-        decisions, made once."""
+    def _plan_for(self, args, kwargs, modules: "_Submodules") -> tuple[_Lowered, dict]:
+        """The plan for this call's signature, input values (`_Lowered.values_differ`) and,
+        with a planner, the parameters that require a gradient now
+        (`_Lowered.trainable_difference`): kept, planned now, or an error naming what
+        differs; with the call's value decisions, made once. Without a planner a plan
+        made with more parameters trainable runs (autograd drops the extra gradients)
+        and one made with fewer refuses the call (`_Lowered.resident`)."""
         last = next(reversed(self._plans.values()))
         answers: dict = {}
         if last.signature is None:  # no input spec (hand-built IR): checked input by input
@@ -900,14 +937,19 @@ class ScheduledModule(torch.nn.Module):
         if not same and self._planner is None:
             # Device follows the inputs: a plan lowered on another device runs there too.
             same = [p for p in reversed(self._plans.values()) if p.signature.same_but_device(signature)]
-        difference = None
+        new = difference = None
         for plan in same:
             differs = plan.values_differ(args, kwargs, answers)
-            if differs is None:
-                self._plans.move_to_end(plan.key)
-                return plan, answers
-            difference = difference or differs
-        new = "values" if difference is not None else "signature"
+            if differs is not None:
+                new, difference = new or "new input values", difference or differs
+                continue
+            changed = plan.trainable_difference(modules) if self._planner is not None else None
+            if changed is not None:
+                new, difference = new or "other trainable parameters", difference or changed
+                continue
+            self._plans.move_to_end(plan.key)
+            return plan, answers
+        new = new or "new input signature"
         difference = difference or signature.difference(last.signature)
         if self._planner is None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "
@@ -917,7 +959,7 @@ class ScheduledModule(torch.nn.Module):
                     f"transformers' collators) or keep more plans (max_plans)"
                     if len(self._plans) >= self.max_plans else "")
         (self._notify or notify_stderr)(
-            f"remat-ir: new input {new} ({difference}): lowering and planning again "
+            f"remat-ir: {new} ({difference}): lowering and planning again "
             f"(plan {len(self._plans) + 1}, at most {self.max_plans} kept{dropping})")
         devices = [t.device for t in pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
@@ -927,7 +969,7 @@ class ScheduledModule(torch.nn.Module):
             except RematIRError as exc:
                 # Say which call failed to plan (a smaller last batch at a share budget),
                 # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
-                exc.args = (f"planning this call's new input {new} ({difference}): {exc}",
+                exc.args = (f"planning this call's {new} ({difference}): {exc}",
                             *exc.args[1:])
                 raise
         plan = _Lowered(self._model, graph, schedule)
@@ -965,8 +1007,9 @@ class ScheduledModule(torch.nn.Module):
                 f"what the hooks computed when it was traced, so a hook added since would not "
                 f"run and one removed would still run. Call remat_ir.remat again, with the "
                 f"hooks in place.{checkpointing}")
-        plan, answers = self._plan_for(args, kwargs)
-        return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers)
+        modules = _Submodules(self._model)
+        plan, answers = self._plan_for(args, kwargs, modules)
+        return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules)
 
     @torch.compiler.disable
     def _under_torch_compile(self, *args, **kwargs):

@@ -412,3 +412,76 @@ def test_a_numpy_array_is_named_by_its_type_shape_and_dtype(capsys):
     assert first == same and hash(first) == hash(same) and first != other
     assert other.difference(first) == ("argument table is numpy.ndarray [10, 10] float64 of "
                                        "another value than at lowering")
+
+
+def test_layers_frozen_or_unfrozen_between_steps_are_planned_for_and_train_like_eager(capsys):
+    """Gradual unfreezing (train the top first, then the layers below) and freezing a
+    part mid-run: each set of trainable parameters gets a plan made for it, which
+    computes exactly the gradients that set needs (a plan made with a layer frozen
+    computes none for it: the layer would silently not train; one made with it
+    trainable spends memory on gradients autograd drops). Every step bitwise eager's,
+    dropout included; a set seen before takes its plan again."""
+    model, _, kwargs, loss_of = gpt2(n_layer=2, seq=16, batch=2)
+    batch = _batch(kwargs["input_ids"])
+    eager = copy.deepcopy(model)
+    lower_half = ("transformer.wte", "transformer.wpe", "transformer.h.0")
+
+    def set_frozen(names):
+        for m in (model, eager):
+            for name, p in m.named_parameters():
+                p.requires_grad_(not name.startswith(names))
+
+    set_frozen(lower_half)
+    scheduled = remat_ir.remat(model, batch, budget=0.8, solver="rotor", cost_model="flops")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_s = torch.optim.SGD(scheduled.parameters(), lr=0.1)
+    stages = [lower_half, (), ("transformer.h.1",), lower_half, ()]
+    for step, frozen in enumerate(stages):
+        set_frozen(frozen)
+        torch.manual_seed(step)
+        loss_e = loss_of(eager(**batch))
+        loss_e.backward()
+        state_e = torch.get_rng_state()
+        torch.manual_seed(step)
+        loss_s = loss_of(scheduled(**batch))
+        loss_s.backward()
+        assert torch.equal(loss_e, loss_s), step
+        assert torch.equal(state_e, torch.get_rng_state()), step
+        for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
+            if name.startswith(frozen) and frozen:
+                assert p_e.grad is None and p_s.grad is None, (step, name)
+            else:
+                assert torch.equal(p_e.grad, p_s.grad), (step, name)
+        opt_e.step(), opt_s.step(), opt_e.zero_grad(), opt_s.zero_grad()
+        graph = scheduled.graph
+        computed = {id(model.get_parameter(o.name)) for o in graph.proto.outputs  # tied: one
+                    if o.role == ir.pb.PARAMETER_GRADIENT}
+        assert computed == {id(p) for p in model.parameters() if p.requires_grad}, step
+        assert ir.simulate(graph, scheduled.schedule).peak_bytes <= scheduled.schedule.budget_bytes
+    assert len(scheduled.plans) == 3
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert notices == [
+        "remat-ir: other trainable parameters (parameters 'transformer.wte.weight', "
+        "'transformer.wpe.weight' and 12 more require a gradient, and did not when lowered): "
+        "lowering and planning again (plan 2, at most 8 kept)",
+        "remat-ir: other trainable parameters (parameters 'transformer.h.1.ln_1.weight', "
+        "'transformer.h.1.ln_1.bias' and 10 more no longer require a gradient): lowering and "
+        "planning again (plan 3, at most 8 kept)"]
+    # Copied (deepcopy, torch.save) with every layer trainable, each plan keeps the set it
+    # was made for, and the copy trains every layer like eager.
+    set_frozen(())
+    copied = copy.deepcopy(scheduled)
+    for m in (copied, eager):
+        torch.manual_seed(9)
+        loss_of(m(**batch)).backward()
+    assert len(copied.plans) == 3
+    for (name, p_e), p_c in zip(eager.named_parameters(), copied.parameters()):
+        assert p_c.grad is not None and torch.equal(p_e.grad, p_c.grad), name
+    # Without a planner, a plan made with a parameter frozen refuses a call that trains
+    # it (one made with it trainable runs: autograd drops its gradient).
+    made_frozen = [(g, s) for g, s in scheduled.plans
+                   if "transformer.wte.weight" in g.proto.metadata["torch.frozen_parameters"]]
+    alone = ScheduledModule(model, *made_frozen[0])
+    with pytest.raises(RuntimeInputError, match=r"parameter 'transformer.wte.weight' requires a "
+                                                r"gradient, but did not when the model was lowered"):
+        alone(**batch)

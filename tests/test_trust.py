@@ -19,7 +19,7 @@ import remat_ir
 from remat_ir.frontends.torch import LoweringError
 from remat_ir.lowering import lower_torch
 from remat_ir.ir import RematIRError, pb
-from remat_ir.runtimes.torch import RuntimeInputError
+from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
 
 import zoo_models
 from exactness import side_by_side
@@ -543,7 +543,9 @@ def test_gradient_checkpointing_enabled_after_lowering_is_refused_saying_it_is_n
 
 def test_a_parameter_unfrozen_after_lowering_is_refused_and_one_frozen_trains_like_eager():
     """Unfrozen: the graph computes no gradient for it, so it would silently not train
-    (gradual unfreezing); frozen: autograd drops the gradient handed to it, as eager."""
+    (gradual unfreezing): refused without a planner (`remat` plans for the new set:
+    tests/test_training_loops.py); frozen: autograd drops the gradient handed to it, as
+    eager."""
     x = torch.randn(4, 8)
 
     def build(frozen: bool):
@@ -553,7 +555,7 @@ def test_a_parameter_unfrozen_after_lowering_is_refused_and_one_frozen_trains_li
         return model
 
     model = build(frozen=True)
-    scheduled = _remat(model, (x,))
+    scheduled = ScheduledModule(model, *_remat(model, (x,)).plans[0])
     model.l2.weight.requires_grad_(True)
     with pytest.raises(RuntimeInputError, match=r"parameter 'l2.weight' requires a gradient, but "
                                                 r"did not when the model was lowered"):
@@ -567,7 +569,7 @@ def test_a_parameter_unfrozen_after_lowering_is_refused_and_one_frozen_trains_li
     eager(leaf).backward()
     assert torch.equal(expected, leaf.grad)
     model, eager = build(frozen=False), build(frozen=False)
-    scheduled = _remat(model, (x,))
+    scheduled = ScheduledModule(model, *_remat(model, (x,)).plans[0])
     for m in (model, eager):
         m.l2.weight.requires_grad_(False)
     scheduled(x).backward()
