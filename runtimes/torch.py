@@ -480,6 +480,8 @@ class _Lowered:
         #: Every submodule's class by path when the plan was made: a module swapped since
         #: (an activation, a layer wrapped by an adapter) would not run (`check_modules`).
         self.module_types = tuple((path, type(module)) for path, module in model.named_modules())
+        #: The model's hooks when the plan was made (its graph runs what they computed).
+        self.hooks = HookWatch(model)
         #: Per resident slot, the (shape, dtype) the graph was traced with.
         self.traced_meta = [(torch.Size(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
                          for v in self.slot_values]
@@ -504,9 +506,10 @@ class _Lowered:
         #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
         self.without_onednn = g.metadata.get("torch.lstm_without_onednn") == "true"
         self.signature = self._signature()
-        #: (signature, decisions, frozen parameters): plans of one signature differ in what
-        #: they decided and in which parameters they compute no gradient for.
-        self.key = (self.signature, self.value_guards.key, frozenset(self.frozen))
+        #: (signature, decisions, frozen parameters, plain values read): plans of one
+        #: signature differ in what they decided from input values, in which parameters
+        #: they compute no gradient for, and in the model's values the forward read.
+        self.key = (self.signature, self.value_guards.key, frozenset(self.frozen), self.traced_reads.key)
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
         self.fsdp_owners: tuple = (None, [], {})
@@ -631,18 +634,59 @@ class _Lowered:
             f"graph computes with that: call remat_ir.remat again after resizing or converting "
             f"the model")
 
+    def check_hooks(self, model: torch.nn.Module) -> None:
+        """The model's hooks changed since this graph was lowered: the graph runs what the
+        hooks computed when it was traced (`torchlib.hooks`)."""
+        changed = self.hooks.changed(model)
+        if changed is not None:
+            raise RuntimeInputError(
+                f"the model's hooks changed after it was lowered ({changed}): its graph runs "
+                f"what the hooks computed when it was traced, so a hook added since would not "
+                f"run and one removed would still run. Call remat_ir.remat again, with the "
+                f"hooks in place.{_checkpointing_hint(model)}")
+
     def check_modules(self, modules: "_Submodules") -> None:
         """A submodule replaced since lowering by one of another class (`model.act =
         nn.Sigmoid()`, a layer wrapped by a LoRA adapter or a parametrization): the graph
         computes what the old one did, so the new one would silently not run."""
+        changed = self.modules_difference(modules)
+        if changed is not None:
+            raise RuntimeInputError(
+                f"{changed}: the lowered graph computes what the old one did. Call "
+                f"remat_ir.remat again after changing the model's modules")
+
+    def modules_difference(self, modules: "_Submodules") -> str | None:
+        """The first submodule of another class than at lowering, said for the user, or None."""
         for path, kind in self.module_types:
             module = modules.at(path)
             if type(module) is not kind and not is_sharded_class(type(module), kind):
                 now = "gone" if module is None else f"a {type(module).__name__} now"
-                raise RuntimeInputError(
-                    f"submodule {path!r} of {type(modules.at('')).__name__} was a {kind.__name__} "
-                    f"when the model was lowered and is {now}: the lowered graph computes what the "
-                    f"old one did. Call remat_ir.remat again after changing the model's modules")
+                return (f"submodule {path!r} of {type(modules.at('')).__name__} was a "
+                        f"{kind.__name__} when the model was lowered and is {now}")
+        return None
+
+    def model_difference(self, modules: "_Submodules") -> tuple[str, str, str | None] | None:
+        """(kind, what, where) for the first way the model differs from the one this graph
+        was lowered from that lowering it again follows: a submodule replaced, a plain
+        value its forward read changed (`where` names the value), the parameters that
+        require a gradient (`trainable_difference`); or None. What it does not cover is
+        refused when the plan runs (a held tensor changed, a parameter resized)."""
+        model = modules.at("")
+        changed = self.hooks.changed(model)
+        if changed is not None:
+            if _checkpointing_hint(model):
+                return None   # refused when it runs, saying that it is not needed
+            return "changed hooks", changed, None
+        changed = self.modules_difference(modules)
+        if changed is not None:
+            return "replaced submodule", changed, None
+        read = self.traced_reads.plain_changed(modules.at)
+        if read is not None:
+            return "new value read by forward", read[1], read[0]
+        changed = self.trainable_difference(modules)
+        if changed is not None:
+            return "other trainable parameters", changed, None
+        return None
 
     @staticmethod
     def _refuse_unfrozen(name: str) -> None:
@@ -705,6 +749,7 @@ class _Lowered:
                 "runs oneDNN's LSTM, which computes other bits: train under "
                 "`torch.backends.mkldnn.flags(enabled=False)` as at lowering")
         modules = modules or _Submodules(model)
+        self.check_hooks(model)
         self.check_modules(modules)
         self.check_attributes(modules)
         leaves = self.flat_inputs(args, kwargs)
@@ -743,6 +788,16 @@ class _Lowered:
         if self.out_spec is not None:
             return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _checkpointing_hint(model: torch.nn.Module) -> str:
+    """What to say of hooks that transformers' gradient checkpointing added: a new
+    lowering would not need them (empty where the model does not checkpoint)."""
+    if not getattr(model, "is_gradient_checkpointing", False):
+        return ""
+    # gradient_checkpointing_enable() adds one (on the embeddings).
+    return (" transformers' gradient_checkpointing_enable() adds hooks, and remat-ir plans "
+            "recomputation itself: it is not needed.")
 
 
 def _parameters_text(names: list[str], phrase: str) -> str:
@@ -813,6 +868,10 @@ def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) 
 #: used dropped first.
 MAX_PLANS = 8
 
+#: New values one of the model's plain values (a module attribute the forward reads) may
+#: take, each lowered and planned again, before a call with another is refused.
+VALUE_REPLANS = 4
+
 #: Makes the (graph, schedule) for a call of a new signature: `planner(model, args, kwargs)`.
 Planner = Callable[[torch.nn.Module, tuple, dict], "tuple[Graph, pb.Schedule]"]
 
@@ -850,7 +909,6 @@ class ScheduledModule(torch.nn.Module):
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             self.__dict__[shared] = model.__dict__[shared]
         self.__dict__["_model"] = model
-        self.__dict__["_hooks"] = HookWatch(model)
         first = _Lowered(model, graph, schedule)
         self.__dict__["_plans"] = OrderedDict([(first.key, first)])
         self.__dict__["_planner"] = planner
@@ -877,7 +935,6 @@ class ScheduledModule(torch.nn.Module):
         state["_plans"] = [(p.graph.proto.SerializeToString(), p.schedule.SerializeToString())
                            for p in self._plans.values()]
         state.pop("_notify", None)
-        state.pop("_hooks", None)
         return state
 
     def __setstate__(self, state):
@@ -886,7 +943,6 @@ class ScheduledModule(torch.nn.Module):
         state.setdefault("backend", "eager")
         self.__dict__.update(state)
         self.__dict__["_notify"] = None
-        self.__dict__["_hooks"] = HookWatch(self._model)
         self.__dict__["_plans"] = OrderedDict()
         for graph_bytes, schedule_bytes in saved:
             graph, schedule = pb.Graph(), pb.Schedule()
@@ -937,15 +993,17 @@ class ScheduledModule(torch.nn.Module):
         if not same and self._planner is None:
             # Device follows the inputs: a plan lowered on another device runs there too.
             same = [p for p in reversed(self._plans.values()) if p.signature.same_but_device(signature)]
-        new = difference = None
+        new = difference = where = None
         for plan in same:
             differs = plan.values_differ(args, kwargs, answers)
             if differs is not None:
-                new, difference = new or "new input values", difference or differs
+                if new is None:
+                    new, difference = "new input values", differs
                 continue
-            changed = plan.trainable_difference(modules) if self._planner is not None else None
+            changed = plan.model_difference(modules) if self._planner is not None else None
             if changed is not None:
-                new, difference = new or "other trainable parameters", difference or changed
+                if new is None:
+                    new, difference, where = changed
                 continue
             self._plans.move_to_end(plan.key)
             return plan, answers
@@ -954,6 +1012,8 @@ class ScheduledModule(torch.nn.Module):
         if self._planner is None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "
                                     f"{_LOWER_AGAIN}")
+        if where is not None:
+            self._count_value_change(where, difference)
         dropping = (f"; the least recently used is dropped, and planned again if its shape "
                     f"comes back: pad batches to fewer lengths (pad_to_multiple_of in "
                     f"transformers' collators) or keep more plans (max_plans)"
@@ -980,10 +1040,25 @@ class ScheduledModule(torch.nn.Module):
         if differs is not None:
             raise RematIRError(f"the graph planned for this call was lowered for other input "
                                f"values ({differs})")
+        self._plans.pop(plan.key, None)   # one for a model since changed otherwise (a module)
         self._plans[plan.key] = plan
         while len(self._plans) > self.max_plans:
             self._plans.popitem(last=False)
         return plan, answers
+
+    def _count_value_change(self, where: str, difference: str) -> None:
+        """A value the forward read (`where`) took a value no kept plan was made for: lowered
+        and planned again (a BatchNorm set to eval for fine-tuning, a flag toggled between
+        phases), up to `VALUE_REPLANS` times for one value; beyond, a value that changes at
+        every step, which would plan at every step, is refused with what to do."""
+        changes = self.__dict__.setdefault("_value_changes", {})
+        changes[where] = changes.get(where, 0) + 1
+        if changes[where] > VALUE_REPLANS:
+            raise RuntimeInputError(
+                f"{difference}; forward read it while tracing, and it has taken "
+                f"{changes[where] - 1} other values since lowering, each lowered and planned "
+                f"again: pass a value that changes between steps to forward as a tensor, or "
+                f"call remat_ir.remat again once it stays fixed")
 
     def forward(self, *args, **kwargs):
         if torch.compiler.is_exporting():
@@ -996,17 +1071,6 @@ class ScheduledModule(torch.nn.Module):
             # The model's own mode decides (`model.eval()` on the model itself, not on this
             # module, is evaluation too): outside training, the model runs as it is.
             return self._model(*args, **kwargs)
-        changed = self._hooks.changed(self._model)
-        if changed is not None:
-            # transformers' gradient_checkpointing_enable() adds one (on the embeddings).
-            checkpointing = (" transformers' gradient_checkpointing_enable() adds hooks, and "
-                             "remat-ir plans recomputation itself: it is not needed."
-                             if getattr(self._model, "is_gradient_checkpointing", False) else "")
-            raise RuntimeInputError(
-                f"the model's hooks changed after it was lowered ({changed}): its graph runs "
-                f"what the hooks computed when it was traced, so a hook added since would not "
-                f"run and one removed would still run. Call remat_ir.remat again, with the "
-                f"hooks in place.{checkpointing}")
         modules = _Submodules(self._model)
         plan, answers = self._plan_for(args, kwargs, modules)
         return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules)

@@ -48,9 +48,15 @@ def _seen(tensor) -> tuple[int, int] | None:
 class TracedReads:
     """The values recorded in a graph's metadata, and `changed`: the first that differs."""
 
+    #: The metadata of plain values (not held tensors): a planner lowers again for new ones.
+    PLAIN = ("torch.module_attributes", "torch.module_containers", "torch.object_attributes",
+             "torch.global_reads")
+
     def __init__(self, graph: pb.Graph):
         def rows(key):
             return json.loads(graph.metadata.get(key) or "[]")
+        #: The plain values as recorded: graphs traced with other values have another key.
+        self.key = tuple(graph.metadata.get(key, "") for key in self.PLAIN)
         self.modules = [tuple(row) for row in rows("torch.module_attributes")]
         self.containers = [(path, name, [tuple(item) for item in items])
                            for path, name, items in rows("torch.module_containers")]
@@ -66,30 +72,53 @@ class TracedReads:
     def changed(self, at) -> str | None:
         """What differs from lowering, said for the user, or None. `at(path)`: the model's
         submodule at a dotted path (None if it has none)."""
+        plain = self.plain_changed(at)
+        return plain[1] if plain is not None else self._held_changed(at)
+
+    def plain_changed(self, at) -> tuple[str, str] | None:
+        """(where, what) for the first plain value (a module's attribute, an item of its
+        container, an attribute of an object it holds, a global) that differs from
+        lowering: where it is read, and what differs, said for the user; or None."""
         root = type(at("")).__name__
         for path, name, lowered in self.modules:
             module = at(path)
             now = getattr(module, name, _MISSING) if module is not None else _MISSING
             if not _same(now, lowered):
-                return (f"module attribute {f'{path}.{name}' if path else name!r} of {root} "
-                        f"was {_shown(lowered)} when the model was lowered and is {now!r} now")
+                return _differs(f"module attribute {f'{path}.{name}' if path else name!r} of {root}",
+                                lowered, now)
         for path, name, items in self.containers:
             module = at(path)
             container = _items(getattr(module, name, None) if module is not None else None)
             for key, lowered in items:
                 now = container.get(key, _MISSING)
                 if not _same(now, lowered):
-                    where = f"{path}.{name}" if path else name
-                    return (f"{where}[{key!r}] of {root} was {_shown(lowered)} when the model was "
-                            f"lowered and is {now!r} now")
+                    return _differs(f"{f'{path}.{name}' if path else name}[{key!r}] of {root}",
+                                    lowered, now)
         for path, holder, name, lowered in self.objects:
             module = at(path)
             owner = getattr(module, holder, None) if module is not None else None
             now = getattr(owner, name, _MISSING)
             if not _same(now, lowered):
-                where = f"{path}.{holder}" if path else holder
-                return (f"{where}.{name} of {root} was {_shown(lowered)} when the model was lowered "
-                        f"and is {now!r} now")
+                return _differs(f"{f'{path}.{holder}' if path else holder}.{name} of {root}",
+                                lowered, now)
+        for module_name, name, where, lowered in self.globals:
+            module = sys.modules.get(module_name)
+            if module is None:   # not imported in this process: nothing to compare with
+                continue
+            value = vars(module).get(name, _MISSING)
+            if where is None:
+                now, shown = value, name
+            elif where[0] == "item":
+                now, shown = _items(value).get(where[1], _MISSING), f"{name}[{where[1]!r}]"
+            else:
+                now, shown = getattr(value, where[1], _MISSING), f"{name}.{where[1]}"
+            if not _same(now, lowered):
+                return _differs(f"global {shown} of {module_name}", lowered, now)
+        return None
+
+    def _held_changed(self, at) -> str | None:
+        """`changed` for the tensors the model holds outside parameters and buffers."""
+        root = type(at("")).__name__
         for index, (path, name, key, lowered) in enumerate(self.held):
             now = held_at(at(path), name, key)
             seen = _seen(now)
@@ -103,18 +132,8 @@ class TracedReads:
                         f"to have it read at every call)")
             if seen is not None:
                 self._verified[index] = seen
-        for module_name, name, where, lowered in self.globals:
-            module = sys.modules.get(module_name)
-            if module is None:   # not imported in this process: nothing to compare with
-                continue
-            value = vars(module).get(name, _MISSING)
-            if where is None:
-                now, shown = value, name
-            elif where[0] == "item":
-                now, shown = _items(value).get(where[1], _MISSING), f"{name}[{where[1]!r}]"
-            else:
-                now, shown = getattr(value, where[1], _MISSING), f"{name}.{where[1]}"
-            if not _same(now, lowered):
-                return (f"global {shown} of {module_name} was {_shown(lowered)} when the model was "
-                        f"lowered and is {now!r} now")
         return None
+
+
+def _differs(where: str, lowered, now) -> tuple[str, str]:
+    return where, f"{where} was {_shown(lowered)} when the model was lowered and is {now!r} now"

@@ -485,3 +485,28 @@ def test_layers_frozen_or_unfrozen_between_steps_are_planned_for_and_train_like_
     with pytest.raises(RuntimeInputError, match=r"parameter 'transformer.wte.weight' requires a "
                                                 r"gradient, but did not when the model was lowered"):
         alone(**batch)
+
+
+def test_batchnorm_set_to_eval_for_fine_tuning_is_planned_for_and_trains_like_eager(capsys):
+    """Fine-tuning a CNN often keeps BatchNorm's statistics fixed (`bn.eval()` inside a
+    training model). The graph traced in training mode normalizes by the batch and
+    updates the running statistics; the module reads each BatchNorm's `training`, so the
+    call is lowered and planned for eval-mode BatchNorm (which reads the running
+    statistics and updates none), and `model.train()` takes the first plan again. Every
+    gradient and buffer bitwise eager's."""
+    import zoo_models
+    from exactness import side_by_side
+
+    model, args, _, loss_of = zoo_models.cnn_batchnorm()
+    scheduled = remat_ir.remat(model, args, budget=0.7, cost_model="flops")
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    for frozen_statistics in (True, False, True):
+        for m in norms:
+            m.train(not frozen_statistics)
+        assert side_by_side(model, lambda m: scheduled, args, {}, loss_of, tolerance=1e-30) == {}
+        assert ir.simulate(scheduled.graph, scheduled.schedule).peak_bytes <= scheduled.schedule.budget_bytes
+        model.zero_grad()
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert len(notices) == 1 and "'body.1.training' of SmallCNN was True when the model was lowered " \
+                                 "and is False now" in notices[0], notices
+    assert len(scheduled.plans) == 2

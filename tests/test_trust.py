@@ -141,15 +141,51 @@ def test_scheduled_module_pickles_and_copies_quietly():
         assert errors == {}
 
 
-def test_flipped_module_attribute_is_detected():
-    model, args, _, _ = zoo_models.mlp_dropout()
+def test_flipped_module_attribute_is_planned_for_and_flipped_back_takes_its_plan(capsys):
+    """A dropout's `p` changed after lowering: the graph holds the old one (refused
+    without a planner); `remat` lowers and plans for the new value, and the old value
+    takes its own plan again."""
+    model, args, _, loss_of = zoo_models.mlp_dropout()
     scheduled = _remat(model, args)
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     scheduled(*args).backward()
     model.body[2].p = 0.5
     with pytest.raises(RuntimeInputError, match=r"'body\.2\.p' .* was 0\.2 .* is 0\.5"):
-        scheduled(*args)
+        alone(*args)
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, args, {}, loss_of, tolerance=1e-30) == {}
+    assert capsys.readouterr().err.count("remat-ir: new value read by forward (module attribute "
+                                         "'body.2.p' of MLPDropout was 0.2 when the model was "
+                                         "lowered and is 0.5 now)") == 1
     model.body[2].p = 0.2
-    scheduled(*args).backward()  # back as lowered: runs again
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, args, {}, loss_of, tolerance=1e-30) == {}
+    alone(*args).backward()  # back as lowered: runs again
+    assert len(scheduled.plans) == 2 and "remat-ir:" not in capsys.readouterr().err
+
+
+def test_a_value_read_by_forward_that_changes_at_every_step_is_refused_after_a_few_plans(capsys):
+    """Each new value is lowered and planned again (seconds): a value that changes at
+    every step (an annealed temperature held as a float) would plan at every step, so
+    after `VALUE_REPLANS` new values the call is refused with what to do."""
+    from remat_ir.runtimes.torch import VALUE_REPLANS
+
+    model, x = _Configured("dataclass"), torch.randn(4, 8)
+    scheduled = _remat(model, (x,))
+    for k in range(VALUE_REPLANS):
+        model.config.temperature = 1.0 + k
+        scheduled(x).backward()
+    model.config.temperature = 0.5   # a value planned for before is not a change
+    scheduled(x).backward()
+    assert len(scheduled.plans) == VALUE_REPLANS + 1
+    model.config.temperature = 9.0
+    with pytest.raises(RuntimeInputError, match=rf"config\.temperature of _Configured was 0\.5 when "
+                                                rf"the model was lowered and is 9\.0 now; forward read "
+                                                rf"it while tracing, and it has taken {VALUE_REPLANS} "
+                                                rf"other values since lowering, each lowered and "
+                                                rf"planned again: pass a value that changes between "
+                                                rf"steps to forward as a tensor"):
+        scheduled(x)
 
 
 def _grad_scaling_function(factor: float) -> type:
@@ -508,14 +544,16 @@ def test_hooks_that_train_like_eager():
 
 
 @pytest.mark.parametrize("change", ["added", "removed"])
-def test_a_call_after_the_models_hooks_changed_is_refused(change):
+def test_a_call_after_the_models_hooks_changed_is_planned_again_or_refused(change, capsys):
     """The graph holds what the hooks computed at lowering: a forward hook added after it
-    would not run, one removed would still run."""
+    would not run, one removed would still run. `remat` lowers and plans again with the
+    hooks as they are; without a planner the call is refused."""
     model, handles = _Hidden(), []
     x = torch.randn(4, 8)
     if change == "removed":
         _register(model, "l2", "forward_hook", handles)
     scheduled = _remat(model, (x,))
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     scheduled(x).backward()
     if change == "added":
         _register(model, "l2", "forward_hook", handles)
@@ -524,9 +562,14 @@ def test_a_call_after_the_models_hooks_changed_is_refused(change):
     for _ in range(2):   # and again: the first refusal does not let the next call through
         with pytest.raises(RuntimeInputError, match=rf"hooks changed after it was lowered \({change} "
                                                     r"since: forward hook on l2 \(Linear\)\)"):
-            scheduled(x)
+            alone(x)
     with torch.no_grad():   # outside training, the model itself runs, with its hooks
-        scheduled(x)
+        alone(x)
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+    assert (f"remat-ir: changed hooks ({change} since: forward hook on l2 (Linear)): lowering and "
+            f"planning again (plan 2, at most 8 kept)") in capsys.readouterr().err
 
 
 def test_gradient_checkpointing_enabled_after_lowering_is_refused_saying_it_is_not_needed():
@@ -1301,14 +1344,18 @@ class _Adapter(torch.nn.Module):
                 r"torch.float32 when the model was lowered"),
     ("converted", r"parameter 'embedding.weight' is \[20, 8\] torch.float64 but was \[20, 8\] "
                   r"torch.float32 when the model was lowered")])
-def test_a_call_after_the_models_modules_or_parameters_changed_is_refused(change, said):
+def test_a_call_after_the_models_modules_or_parameters_changed_is_planned_again_or_refused(change, said,
+                                                                                          capsys):
     """What the graph computes was traced from the modules and parameters at lowering: a
     submodule swapped since (an activation, an adapter wrapped around a layer, a
     parametrization) silently did not run (outputs 1.3 off eager's), a resized embedding
     failed deep inside autograd, and parameters converted to another dtype with integer
-    inputs (the call's signature unchanged) trained with the old dtype's constants."""
+    inputs (the call's signature unchanged) trained with the old dtype's constants. A
+    swapped submodule is lowered and planned again by `remat` (refused without a
+    planner); a resized or converted parameter is refused."""
     model, ids = _Tokens(), torch.randint(0, 20, (4, 6))
     scheduled = _remat(model, (ids,))
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     scheduled(ids).backward()
     if change == "activation":
         model.act = torch.nn.Sigmoid()
@@ -1321,11 +1368,17 @@ def test_a_call_after_the_models_modules_or_parameters_changed_is_refused(change
     else:
         model.double()
     with pytest.raises(RuntimeInputError, match=said + ".*[Cc]all remat_ir.remat again"):
-        scheduled(ids)
-    # Lowered again, it trains like eager.
+        alone(ids)
     model.zero_grad()
-    errors = side_by_side(model, lambda m: _remat(m, (ids,)), (ids,), {}, lambda loss: loss)
+    if change in ("resized", "converted"):
+        with pytest.raises(RuntimeInputError, match=said + ".*[Cc]all remat_ir.remat again"):
+            scheduled(ids)
+        scheduled = _remat(model, (ids,))   # lowered again, it trains like eager
+    errors = side_by_side(model, lambda m: scheduled, (ids,), {}, lambda loss: loss, tolerance=1e-30)
     assert errors == {}
+    if change not in ("resized", "converted"):
+        assert re.search(r"remat-ir: replaced submodule \(" + said + r"\): lowering and planning again",
+                         capsys.readouterr().err)
 
 
 #: Read by `_Configured`'s forward, as a module-level setting would be.
@@ -1368,37 +1421,47 @@ class _Configured(torch.nn.Module):
     ("class", lambda m: setattr(_Configured, "OFFSET", 2.0), r"module attribute 'OFFSET' of"),
     ("global", lambda m: SETTINGS.update(temperature=2.0), r"global SETTINGS\['temperature'\] of test_trust"),
     ("global_class", lambda m: setattr(_Configured, "OFFSET", 2.0), r"global _Configured\.OFFSET of")])
-def test_a_call_after_a_plain_value_the_forward_read_changed_is_refused(source, change, said, monkeypatch):
+def test_a_call_after_a_plain_value_the_forward_read_changed_is_planned_again(source, change, said,
+                                                                             monkeypatch, capsys):
     """A value the forward read while tracing is a constant of the graph: changed later
     (a temperature schedule, `model.config.output_hidden_states = True`), the graph
-    trained with the old one, silently (loss 0.85 against eager's 0.053). A value it did
-    not read may change."""
+    trained with the old one, silently (loss 0.85 against eager's 0.053). `remat` lowers
+    and plans again for the new value; without a planner the call is refused. A value
+    the forward did not read may change."""
     monkeypatch.setattr(_Configured, "OFFSET", 0.5)
     monkeypatch.setitem(SETTINGS, "temperature", 0.5)
     model, x = _Configured(source), torch.randn(4, 8)
     scheduled = _remat(model, (x,))
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     scheduled(x).backward()
     model.config.unread = 3
     scheduled(x).backward()
     change(model)
     with pytest.raises(RuntimeInputError, match=said + r".* was 0\.5 when the model was lowered and "
                                                        r"is 2\.0 now; forward read it while tracing"):
-        scheduled(x)
-    # Lowered again, it trains like eager.
+        alone(x)
     model.zero_grad()
-    assert side_by_side(model, lambda m: _remat(m, (x,)), (x,), {}, lambda loss: loss) == {}
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert re.search(r"remat-ir: new value read by forward \(.*" + said + r".* is 2\.0 now\): lowering",
+                     capsys.readouterr().err)
 
 
-def test_transformers_config_changed_after_lowering_is_refused():
+def test_transformers_config_changed_after_lowering_is_planned_for():
     """`config.output_hidden_states = True` after `remat` left `hidden_states` None, and
-    `set_attn_implementation("eager")` still ran SDPA (gradients 3.8e-7 off eager's)."""
-    model, args, kwargs, _ = zoo_models.ZOO["gpt2"]()
+    `set_attn_implementation("eager")` still ran SDPA (gradients 3.8e-7 off eager's): now
+    planned again (refused without a planner)."""
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
     scheduled = remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops",
                                solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     model.config.output_hidden_states = True
     with pytest.raises(RuntimeInputError, match=r"config\.output_hidden_states of GPT2LMHeadModel "
                                                 r"was False when the model was lowered and is True"):
-        scheduled(*args, **kwargs)
+        alone(*args, **kwargs)
+    assert len(scheduled(*args, **kwargs).hidden_states) == model.config.n_layer + 1
+    model.set_attn_implementation("eager")
+    assert side_by_side(model, lambda m: scheduled, args, kwargs, loss_of, tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 3
 
 
 class _Blocks(torch.nn.Module):
