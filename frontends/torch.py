@@ -315,6 +315,14 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
                 f"check `info` outside the model")
 
 
+def _tied_parameters(model: torch.nn.Module) -> list[list[str]]:
+    """The groups of names under which `model` holds one parameter tensor, each sorted."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return sorted(sorted(group) for group in names.values() if len(group) > 1)
+
+
 def _check_something_trains(graph: Graph, model: str) -> None:
     """LoweringError where the step computes no gradient: a forward returning None, a
     number or only tensors without a gradient path (`detach()`, `no_grad`) was accepted
@@ -941,6 +949,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     # The parameters it computes no gradient for because they needed none when traced
     # (frozen): a call that trains one needs another graph (runtimes/torch.py). Recorded,
     # not read from the model when the graph is run: by then they may be unfrozen.
+    # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
+    # under one of the names, so a call after they were untied is lowered again.
+    graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied_parameters(model))
     graph.proto.metadata["torch.frozen_parameters"] = json.dumps(sorted(
         e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER
         and not model.get_parameter(e.name).requires_grad))

@@ -489,6 +489,9 @@ class _Lowered:
         # the graph computes none (inputs: their signature says whether they require one).
         # As the lowering recorded them; a graph from before it did, as the model holds them
         # now (wrong where one was unfrozen since: its call would not train it).
+        #: Groups of parameter names that were one tensor at lowering (none recorded in a
+        #: graph from before they were).
+        self.tied = [tuple(group) for group in json.loads(g.metadata.get("torch.tied_parameters", "[]"))]
         recorded = g.metadata.get("torch.frozen_parameters")
         self.frozen = (set(json.loads(recorded)) if recorded is not None else
                        {what for kind, what in self.bindings
@@ -506,10 +509,12 @@ class _Lowered:
         #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
         self.without_onednn = g.metadata.get("torch.lstm_without_onednn") == "true"
         self.signature = self._signature()
-        #: (signature, decisions, frozen parameters, plain values read): plans of one
+        #: (signature, decisions, frozen parameters, plain values read, ties): plans of one
         #: signature differ in what they decided from input values, in which parameters
-        #: they compute no gradient for, and in the model's values the forward read.
-        self.key = (self.signature, self.value_guards.key, frozenset(self.frozen), self.traced_reads.key)
+        #: they compute no gradient for, in the model's values the forward read, and in
+        #: which parameters were one tensor.
+        self.key = (self.signature, self.value_guards.key, frozenset(self.frozen), self.traced_reads.key,
+                    tuple(self.tied))
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
         self.fsdp_owners: tuple = (None, [], {})
@@ -572,6 +577,19 @@ class _Lowered:
             return None
         return self.value_guards.mismatch(self.flat_inputs(args, kwargs) if leaves is None else leaves,
                                           lambda: argument_names(self.in_spec), answers)
+
+    def tied_difference(self, modules: "_Submodules") -> str | None:
+        """Parameters that were one tensor at lowering (an embedding tied to the output
+        head) and are not now, said for the user, or None: the graph reads the tensor
+        under one name for all, so untied, one would silently not be read nor trained.
+        (Tied since: the graph reads each name apart, and autograd sums their gradients.)"""
+        for group in self.tied:
+            tensors = {id(modules.member(name, "_parameters")) for name in group}
+            if len(tensors) > 1:
+                shown = ", ".join(repr(name) for name in group[:-1]) + f" and {group[-1]!r}"
+                return (f"parameters {shown} were one tensor (tied) when the model was lowered "
+                        f"and are {len(tensors)} now")
+        return None
 
     def trainable_difference(self, modules: "_Submodules") -> str | None:
         """How the graph's parameters that require a gradient now differ from those that
@@ -667,9 +685,10 @@ class _Lowered:
 
     def model_difference(self, modules: "_Submodules") -> tuple[str, str, str | None] | None:
         """(kind, what, where) for the first way the model differs from the one this graph
-        was lowered from that lowering it again follows: a submodule replaced, a plain
-        value its forward read changed (`where` names the value), the parameters that
-        require a gradient (`trainable_difference`); or None. What it does not cover is
+        was lowered from that lowering it again follows: its hooks, a submodule replaced,
+        a plain value its forward read changed (`where` names the value), parameters
+        untied (`tied_difference`), the parameters that require a gradient
+        (`trainable_difference`); or None. What it does not cover is
         refused when the plan runs (a held tensor changed, a parameter resized)."""
         model = modules.at("")
         changed = self.hooks.changed(model)
@@ -683,6 +702,9 @@ class _Lowered:
         read = self.traced_reads.plain_changed(modules.at)
         if read is not None:
             return "new value read by forward", read[1], read[0]
+        changed = self.tied_difference(modules)
+        if changed is not None:
+            return "untied parameters", changed, None
         changed = self.trainable_difference(modules)
         if changed is not None:
             return "other trainable parameters", changed, None
@@ -724,11 +746,13 @@ class _Lowered:
             self.constants[key] = constant_tensor(self.graph.value(value_id), device)
         return self.constants[key]
 
-    def check_attributes(self, modules: "_Submodules") -> None:
+    def check_attributes(self, modules: "_Submodules", plain: bool = True) -> None:
         """Plain values the trace read (a flag in `forward`, a config's attribute, a
         global) decided what was lowered: a change since would silently run the old
-        branch or constant (`traced_reads.py`)."""
-        changed = self.traced_reads.changed(modules.at)
+        branch or constant (`traced_reads.py`); so do tensors the model holds outside its
+        parameters and buffers (only those where not `plain`)."""
+        reads = self.traced_reads
+        changed = reads.changed(modules.at) if plain else reads.held_changed(modules.at)
         if changed is not None:
             raise RuntimeInputError(
                 f"{changed}; forward read it while tracing, so the lowered graph computes with "
@@ -738,20 +762,28 @@ class _Lowered:
 
     def run(self, model: torch.nn.Module, args, kwargs, gradient_groups: int = GRADIENT_GROUPS,
             scheduled: torch.nn.Module | None = None, backend: str = "eager",
-            answers: dict | None = None, modules: "_Submodules | None" = None):
+            answers: dict | None = None, modules: "_Submodules | None" = None,
+            model_checked: bool = False):
         """One call: the outputs of a training step through this plan (`scheduled`, the
         module the user called, is where FSDP2 may have been applied: `fsdp.Units`).
         `answers`: the call's value decisions, where the caller made them already;
-        `modules`: the model's submodules as this call looks them up, likewise."""
+        `modules`: the model's submodules as this call looks them up, likewise;
+        `model_checked`: the caller found the model as this plan was made for
+        (`model_difference`), so submodules, ties and plain values are not compared again."""
         if self.without_onednn and torch.backends.mkldnn.enabled:
             raise RuntimeInputError(
                 "the model's LSTM was lowered with oneDNN off and oneDNN is on now, where eager "
                 "runs oneDNN's LSTM, which computes other bits: train under "
                 "`torch.backends.mkldnn.flags(enabled=False)` as at lowering")
         modules = modules or _Submodules(model)
-        self.check_hooks(model)
-        self.check_modules(modules)
-        self.check_attributes(modules)
+        self.check_hooks(model)   # found changed and kept: gradient checkpointing's, refused
+        if not model_checked:
+            self.check_modules(modules)
+            untied = self.tied_difference(modules)
+            if untied is not None:
+                raise RuntimeInputError(f"{untied}: the lowered graph reads one tensor for all of "
+                                        f"them. Call remat_ir.remat again after untying them")
+        self.check_attributes(modules, plain=not model_checked)
         leaves = self.flat_inputs(args, kwargs)
         differs = self.values_differ(args, kwargs, {} if answers is None else answers, leaves)
         if differs is not None:
@@ -879,11 +911,11 @@ Planner = Callable[[torch.nn.Module, tuple, dict], "tuple[Graph, pb.Schedule]"]
 class ScheduledModule(torch.nn.Module):
     """`model`, trained through `schedule` of its lowered `graph` (see module docstring).
 
-    With a `planner`, a call whose signature (`signatures.py`), value decisions or set of
-    parameters requiring a gradient no plan has is lowered and planned again, once, with
-    a one-line notice through `notify`; up to `max_plans` plans are kept. Without one,
-    such a call raises `RuntimeInputError` naming the argument (or parameter) that
-    differs.
+    With a `planner`, a call whose signature (`signatures.py`), value decisions or model
+    (the parameters requiring a gradient, plain values its forward reads, submodules,
+    hooks: `_Lowered.model_difference`) no plan was made for is lowered and planned
+    again, once, with a one-line notice through `notify`; up to `max_plans` plans are
+    kept. Without one, such a call raises `RuntimeInputError` naming what differs.
 
     The backward hands parameters' gradients to autograd in up to `gradient_groups`
     groups, each as soon as it is final (`codegen.release_points`), so that DDP's
@@ -977,17 +1009,18 @@ class ScheduledModule(torch.nn.Module):
         """Compiled segments of the current plan for `device`."""
         return next(reversed(self._plans.values())).runner(device, self._groups(), backend=self.backend)
 
-    def _plan_for(self, args, kwargs, modules: "_Submodules") -> tuple[_Lowered, dict]:
+    def _plan_for(self, args, kwargs, modules: "_Submodules") -> tuple[_Lowered, dict, bool]:
         """The plan for this call's signature, input values (`_Lowered.values_differ`) and,
         with a planner, the parameters that require a gradient now
         (`_Lowered.trainable_difference`): kept, planned now, or an error naming what
         differs; with the call's value decisions, made once. Without a planner a plan
         made with more parameters trainable runs (autograd drops the extra gradients)
-        and one made with fewer refuses the call (`_Lowered.resident`)."""
+        and one made with fewer refuses the call (`_Lowered.resident`). The flag: the plan
+        is a kept one whose `model_difference` was found None."""
         last = next(reversed(self._plans.values()))
         answers: dict = {}
         if last.signature is None:  # no input spec (hand-built IR): checked input by input
-            return last, answers
+            return last, answers, False
         signature = call_signature(args, kwargs)
         same = [p for p in reversed(self._plans.values()) if p.signature == signature]
         if not same and self._planner is None:
@@ -1006,7 +1039,7 @@ class ScheduledModule(torch.nn.Module):
                     new, difference, where = changed
                 continue
             self._plans.move_to_end(plan.key)
-            return plan, answers
+            return plan, answers, self._planner is not None
         new = new or "new input signature"
         difference = difference or signature.difference(last.signature)
         if self._planner is None:
@@ -1044,7 +1077,7 @@ class ScheduledModule(torch.nn.Module):
         self._plans[plan.key] = plan
         while len(self._plans) > self.max_plans:
             self._plans.popitem(last=False)
-        return plan, answers
+        return plan, answers, False
 
     def _count_value_change(self, where: str, difference: str) -> None:
         """A value the forward read (`where`) took a value no kept plan was made for: lowered
@@ -1072,8 +1105,9 @@ class ScheduledModule(torch.nn.Module):
             # module, is evaluation too): outside training, the model runs as it is.
             return self._model(*args, **kwargs)
         modules = _Submodules(self._model)
-        plan, answers = self._plan_for(args, kwargs, modules)
-        return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules)
+        plan, answers, checked = self._plan_for(args, kwargs, modules)
+        return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
+                        model_checked=checked)
 
     @torch.compiler.disable
     def _under_torch_compile(self, *args, **kwargs):

@@ -73,7 +73,7 @@ class TracedReads:
         """What differs from lowering, said for the user, or None. `at(path)`: the model's
         submodule at a dotted path (None if it has none)."""
         plain = self.plain_changed(at)
-        return plain[1] if plain is not None else self._held_changed(at)
+        return plain[1] if plain is not None else self.held_changed(at)
 
     def plain_changed(self, at) -> tuple[str, str] | None:
         """(where, what) for the first plain value (a module's attribute, an item of its
@@ -116,7 +116,7 @@ class TracedReads:
                 return _differs(f"global {shown} of {module_name}", lowered, now)
         return None
 
-    def _held_changed(self, at) -> str | None:
+    def held_changed(self, at) -> str | None:
         """`changed` for the tensors the model holds outside parameters and buffers."""
         root = type(at("")).__name__
         for index, (path, name, key, lowered) in enumerate(self.held):

@@ -510,3 +510,41 @@ def test_batchnorm_set_to_eval_for_fine_tuning_is_planned_for_and_trains_like_ea
     assert len(notices) == 1 and "'body.1.training' of SmallCNN was True when the model was lowered " \
                                  "and is False now" in notices[0], notices
     assert len(scheduled.plans) == 2
+
+
+def test_an_accelerate_loop_trains_like_the_plain_model_in_it():
+    """Hugging Face Accelerate's loop (`prepare`, `accumulate`, `backward`, gradient
+    clipping, bf16 mixed precision, which wraps the module's forward in autocast) over
+    the module `remat` returns: every loss and every parameter after the run bitwise
+    those of the same loop over the plain model."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    def train(use_remat: bool):
+        model, _, kwargs, _ = gpt2(n_layer=2, seq=16, batch=4)
+        ids = kwargs["input_ids"]
+        if use_remat:
+            model = remat_ir.remat(model, _batch(ids[:2]), budget=0.7, solver="rotor", cost_model="flops")
+        AcceleratorState._reset_state(True)   # Accelerate keeps one state per process
+        GradientState._reset_state()
+        accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2, cpu=True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loader = torch.utils.data.DataLoader([_batch(ids[:2]), _batch(ids[2:])] * 2, batch_size=None)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        losses = []
+        torch.manual_seed(0)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+            losses.append(loss.detach())
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    (eager_losses, eager_params), (losses, params) = train(False), train(True)
+    assert all(torch.equal(a, b) for a, b in zip(eager_losses, losses))
+    assert all(torch.equal(a, b) for a, b in zip(eager_params, params))

@@ -2031,3 +2031,35 @@ def test_a_check_on_tensor_values_is_named_as_one_with_the_way_out():
     errors = side_by_side(_ChecksValues(False), lambda m: _remat(m, (ids, x), solver="autograd"), (ids, x),
                           {}, lambda loss: loss, tolerance=1e-30)
     assert errors == {}
+
+
+@pytest.mark.parametrize("change", ["untied", "tied"])
+def test_weights_untied_or_tied_after_lowering_train_like_eager(change, capsys):
+    """A head tied to the embedding is one tensor, which the graph reads under one name
+    for both: untied after lowering (a copy of the embedding made the head), the step
+    computed both from the head's weight and never trained the embedding (loss 4.8272
+    against eager's 4.8237), silently. `remat` lowers and plans again; without a planner
+    the call is refused. Tied after lowering, the graph reads each name apart and
+    autograd sums the two gradients of the one tensor: eager's step."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=8, use_cache=False,
+                        tie_word_embeddings=change == "untied")
+    model = GPT2LMHeadModel(config)
+    ids = torch.randint(0, 64, (2, 8))
+    kwargs = dict(input_ids=ids, labels=ids, use_cache=False)
+    scheduled = _remat(model, (), example_kwargs=kwargs)
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    if change == "untied":
+        model.lm_head.weight = torch.nn.Parameter(model.transformer.wte.weight.detach() * 1.5)
+        with pytest.raises(RuntimeInputError, match=r"parameters 'lm_head.weight' and "
+                                                    r"'transformer.wte.weight' were one tensor \(tied\) "
+                                                    r"when the model was lowered and are 2 now"):
+            alone(**kwargs)
+    else:
+        model.lm_head.weight = model.transformer.wte.weight
+    errors = side_by_side(model, lambda m: scheduled, (), kwargs, lambda out: out.loss, tolerance=1e-30)
+    assert errors == {}
+    said = "remat-ir: untied parameters" in capsys.readouterr().err
+    assert said == (change == "untied") and len(scheduled.plans) == 1 + said
