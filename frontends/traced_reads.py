@@ -12,7 +12,9 @@ Recorded, as the forward runs under tracing:
   `stride`, `self.opts["temp"]`);
 - attributes of plain objects the modules hold (a config: `self.config.output_hidden_states`,
   a dataclass, a `SimpleNamespace`). Where the object's class can be instrumented, the
-  attributes read; where not (builtin types such as `SimpleNamespace`), all its plain ones.
+  attributes read; where not (builtin types such as `SimpleNamespace`), all its plain ones;
+- functions the modules hold (`self.act = F.gelu`) and the `forward` each module ran,
+  described by `torchlib.callables` (a swap or a patched forward computes otherwise).
 
 Found in the code (the methods of the model's module classes in the user's own files,
 and the user's functions they call by name): globals of plain values, the plain items of
@@ -28,6 +30,8 @@ import types
 from dataclasses import dataclass, field
 
 import torch
+
+from remat_ir.torchlib.callables import describe, is_function
 
 from .model_lines import is_users_file
 
@@ -74,15 +78,19 @@ class TracedReads:
     globals: dict = field(default_factory=dict)
     #: Decisions made from the values of inputs (`torchlib.value_guards`), in trace order.
     decisions: list = field(default_factory=list)
+    #: (module path, attribute) -> `torchlib.callables.describe` of a function a module
+    #: holds (`self.act = F.gelu`) or its `forward`
+    callables: dict = field(default_factory=dict)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
-        for table in (self.modules, self.containers, self.objects, self.globals, self.decisions):
+        for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
+                      self.callables):
             table.clear()
 
     def copy(self) -> TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
-                           dict(self.globals), list(self.decisions))
+                           dict(self.globals), list(self.decisions), dict(self.callables))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -100,6 +108,7 @@ class TracedReads:
         return {"torch.module_attributes": rows(self.modules),
                 "torch.module_containers": rows(self.containers),
                 "torch.object_attributes": rows(self.objects),
+                "torch.module_callables": rows(self.callables),
                 "torch.global_reads": [[module, name, list(where) if where else None, value]
                                        for (module, name, where), value in
                                        sorted(self.globals.items(), key=repr)]}
@@ -161,6 +170,9 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
             # Its own attributes, and public class attributes (`self.SCALE`).
             if name in own or not name.startswith("_"):
                 reads.modules.setdefault((path, name), value)
+        elif (name in own or name == "forward") and is_function(value):
+            # A function it holds, or the forward it runs (its class's, or one assigned).
+            reads.callables.setdefault((path, name), describe(value))
         elif not name.startswith("_") and name in own:
             items = plain_items(value)
             if items is not None:

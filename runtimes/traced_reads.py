@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 
 from remat_ir.ir import pb
+from remat_ir.torchlib.callables import describe, is_function
 from remat_ir.torchlib.held_tensors import digest, held_at
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -50,7 +52,7 @@ class TracedReads:
 
     #: The metadata of plain values (not held tensors): a planner lowers again for new ones.
     PLAIN = ("torch.module_attributes", "torch.module_containers", "torch.object_attributes",
-             "torch.global_reads")
+             "torch.global_reads", "torch.module_callables")
 
     def __init__(self, graph: pb.Graph):
         def rows(key):
@@ -62,6 +64,11 @@ class TracedReads:
                            for path, name, items in rows("torch.module_containers")]
         self.objects = [tuple(row) for row in rows("torch.object_attributes")]
         self.globals = [tuple(row) for row in rows("torch.global_reads")]
+        #: Functions the modules held or ran as forward: (path, attribute, description).
+        self.callables = [tuple(row) for row in rows("torch.module_callables")]
+        #: Per function, the objects last found to match its description (`_parts`):
+        #: describing costs microseconds, and a model has one forward per module.
+        self._functions: dict[int, tuple] = {}
         #: Tensors the model holds outside parameters and buffers, traced as constants
         #: (frontends/held_tensors.py): (path, attribute, key or None, digest).
         self.held = [tuple(row) for row in rows("torch.held_tensors")]
@@ -94,6 +101,19 @@ class TracedReads:
                 if not _same(now, lowered):
                     return _differs(f"{f'{path}.{name}' if path else name}[{key!r}] of {root}",
                                     lowered, now)
+        for index, (path, name, lowered) in enumerate(self.callables):
+            module = at(path)
+            now = getattr(module, name, None) if module is not None else None
+            held = _parts(now)
+            last = self._functions.get(index)
+            if last is not None and len(last) == len(held) and all(a is b for a, b in zip(last, held)):
+                continue   # the objects described last time: not described again
+            if not is_function(now) or describe(now) != lowered:
+                self._functions.pop(index, None)
+                shown = describe(now) if is_function(now) else repr(now)
+                return _differs(f"function {f'{path}.{name}' if path else name!r} of {root}",
+                                lowered, shown, quoted=False)
+            self._functions[index] = held
         for path, holder, name, lowered in self.objects:
             module = at(path)
             owner = getattr(module, holder, None) if module is not None else None
@@ -135,5 +155,15 @@ class TracedReads:
         return None
 
 
-def _differs(where: str, lowered, now) -> tuple[str, str]:
+def _parts(function) -> tuple:
+    """What a function-like value is made of, compared by identity: a bound method is
+    made anew at every lookup, of the same function and object."""
+    if isinstance(function, types.MethodType):
+        return function.__func__, function.__self__
+    return (function,)
+
+
+def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str]:
+    if not quoted:   # descriptions, said as they are
+        return where, f"{where} was {lowered} when the model was lowered and is {now} now"
     return where, f"{where} was {_shown(lowered)} when the model was lowered and is {now!r} now"
