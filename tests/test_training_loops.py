@@ -548,3 +548,45 @@ def test_an_accelerate_loop_trains_like_the_plain_model_in_it():
     (eager_losses, eager_params), (losses, params) = train(False), train(True)
     assert all(torch.equal(a, b) for a, b in zip(eager_losses, losses))
     assert all(torch.equal(a, b) for a, b in zip(eager_params, params))
+
+
+def test_a_gan_loop_trains_both_networks_like_eager():
+    """A GAN's alternating steps: the discriminator trained on real and detached fake
+    batches, then frozen (`requires_grad_(False)`) while the generator trains through it.
+    The discriminator's module then needs a gradient for its input and none for its
+    parameters: another plan, made once. Losses, generator state and every parameter
+    after three rounds bitwise eager's."""
+    torch.manual_seed(0)
+    generator = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    critic = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LeakyReLU(0.2), torch.nn.Dropout(0.1),
+                                 torch.nn.Linear(32, 1))
+    z, real = torch.randn(64, 8), torch.randn(64, 16)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    ones, zeros = torch.ones(64, 1), torch.zeros(64, 1)
+
+    def train(g, d, run_g, run_d):
+        opt_g, opt_d = torch.optim.Adam(g.parameters(), 1e-3), torch.optim.Adam(d.parameters(), 1e-3)
+        seen = []
+        for k in range(3):
+            torch.manual_seed(k)
+            loss_d = bce(run_d(real), ones) + bce(run_d(run_g(z).detach()), zeros)
+            opt_d.zero_grad()
+            loss_d.backward()
+            opt_d.step()
+            d.requires_grad_(False)
+            loss_g = bce(run_d(run_g(z)), ones)
+            opt_g.zero_grad()
+            loss_g.backward()
+            opt_g.step()
+            d.requires_grad_(True)
+            seen.append((loss_d.detach(), loss_g.detach(), torch.get_rng_state()))
+        return seen, [p.detach().clone() for p in [*g.parameters(), *d.parameters()]]
+
+    g_e, d_e = copy.deepcopy(generator), copy.deepcopy(critic)
+    scheduled_g = remat_ir.remat(generator, (z,), cost_model="flops")
+    scheduled_d = remat_ir.remat(critic, (real,), cost_model="flops")
+    (seen_e, params_e), (seen, params) = (train(g_e, d_e, g_e, d_e),
+                                          train(generator, critic, scheduled_g, scheduled_d))
+    assert all(all(torch.equal(a, b) for a, b in zip(x, y)) for x, y in zip(seen_e, seen))
+    assert all(torch.equal(a, b) for a, b in zip(params_e, params))
+    assert len(scheduled_g.plans) == 1 and len(scheduled_d.plans) == 2
