@@ -12,7 +12,9 @@ shared: interleaving keeps the two under the same load), timing the call, which 
 profiles and plans (or reuses) before its forward and backward. For each length the
 predicted step time of the plan used, relative to store-everything on its own graph, is
 recorded for both, priced on the same graph (the planned module's): what reuse costs in
-plan quality. Writes
+plan quality; and where a plan was reused, its own prediction (on the source's in-step
+times scaled to the shape: no step is timed for it) against that plan on the shape's
+profile, and its peak there. Writes
 benchmarks/results/new_shapes.json and .md.
 """
 
@@ -99,6 +101,12 @@ def main(argv=None) -> int:
         row["reuse_predicted_vs_store_all"] = reused.total_time_s / everything.predicted_time_s
         row["own_predicted_vs_store_all"] = own.total_time_s / everything.predicted_time_s
         row["reuse_peak_vs_store_all"] = reused.peak_bytes / everything.predicted_peak_bytes
+        if row["reuse_reused_from"]:
+            # Its own prediction, on the source's in-step times scaled to this shape (no
+            # step timed), against the same plan on this shape's profile; and its peak there.
+            mine = modules[True].schedule
+            row["scaled_vs_profiled_prediction"] = mine.predicted_time_s / reused.total_time_s
+            row["scaled_vs_profiled_peak"] = mine.predicted_peak_bytes / reused.peak_bytes
         rows.append(row)
         print(f"length {length}: first call {row['reuse_first_call_s']:.1f} s with reuse "
               f"({row['reuse_reused_from'] or 'planned'}), {row['own_first_call_s']:.1f} s planning; "
@@ -119,13 +127,16 @@ def main(argv=None) -> int:
              "interleaved.", "",
              "| length | first call, reuse (s) | first call, planned (s) | ratio | predicted step vs "
              "store-everything (planned graph's costs): reused | planned | reused plan's peak "
-             "(share of store-everything) | reused from |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "(share of store-everything) | reused plan's prediction on scaled costs / on this "
+             "shape's profile (peak) | reused from |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
+        scaled = (f"{r['scaled_vs_profiled_prediction']:.3f} ({r['scaled_vs_profiled_peak']:.3f})"
+                  if "scaled_vs_profiled_prediction" in r else "")
         lines.append(f"| {r['length']} | {r['reuse_first_call_s']:.1f} | {r['own_first_call_s']:.1f} | "
                      f"{r['reuse_first_call_s'] / r['own_first_call_s']:.2f} | "
                      f"x{r['reuse_predicted_vs_store_all']:.4f} | x{r['own_predicted_vs_store_all']:.4f} | "
-                     f"{r['reuse_peak_vs_store_all']:.1%} | {r['reuse_reused_from'] or '(planned)'} |")
+                     f"{r['reuse_peak_vs_store_all']:.1%} | {scaled} | {r['reuse_reused_from'] or '(planned)'} |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return 0

@@ -180,6 +180,9 @@ class Planner:
         if cached:
             graph = cached
         else:
+            reused = self._reuse_before_timing(graph, model, args, kwargs)
+            if reused is not None:
+                return reused
             add_costs(graph, self.cost_model, model=model, example=(args, kwargs), progress=self.progress,
                       backend=self.backend)
             if cache:
@@ -214,6 +217,39 @@ class Planner:
             raise
         cache.store_schedule(graph_key, plan_key, schedule)
         return graph, schedule
+
+    def _reuse_before_timing(self, graph: Graph, model, args: tuple, kwargs: dict
+                             ) -> tuple[Graph, pb.Schedule] | None:
+        """(graph, plan) where a plan made for another shape fits this one by its memory
+        facts alone (`solvers.reusable`): the graph then gets the isolated runs' memory
+        facts and the source's in-step times scaled to its shapes
+        (`profiling.scale_profile`), and its store-everything step is not timed (most of
+        profiling). None where no plan fits (then `graph` is left without costs, to be
+        profiled as usual) or where this does not apply: other cost models, the inductor
+        backend (its costs are compiled regions'), offloading (transfers are timed per
+        graph), a planner that does not reuse plans."""
+        from remat_ir.lowering import add_costs
+        from remat_ir.runtimes.profiling import scale_profile
+        from remat_ir.solvers import reusable
+
+        if not (self.reuse_plans and self._solved and self.cost_model == "profile"
+                and self.backend == "eager" and not self.options.get("offload")):
+            return None
+        measured = pb.Graph()
+        measured.CopyFrom(graph.proto)
+        measured = Graph(measured)
+        add_costs(measured, "isolated", model=model, example=(args, kwargs), progress=self.progress)
+        peak = store_all(measured).predicted_peak_bytes
+        found = reusable(measured, self.solver, parse_budget(self.budget, peak), peak, self._solved[::-1])
+        if found is None:
+            return None
+        schedule, source = found
+        scale_profile(measured, source, schedule.solver_params["reused_from"])
+        if self.host_bandwidth is not None:
+            describe_link(measured, self.host_bandwidth)
+        planned = next(s for g, s in self._solved if g is source)
+        return measured, plan(measured, self.budget, self.solver, time_limit_s=self.time_limit_s,
+                              progress=self.progress, reuse=[(source, planned)], **self.options)
 
     def _plan(self, graph: Graph) -> pb.Schedule:
         schedule = plan(graph, self.budget, self.solver, time_limit_s=self.time_limit_s,

@@ -1047,9 +1047,9 @@ class ScheduledModule(torch.nn.Module):
                                     f"{_LOWER_AGAIN}")
         if where is not None:
             self._count_value_change(where, difference)
-        dropping = (f"; the least recently used is dropped, and planned again if its shape "
-                    f"comes back: pad batches to fewer lengths (pad_to_multiple_of in "
-                    f"transformers' collators) or keep more plans (max_plans)"
+        dropping = ("; the least recently used is dropped, and planned again if its shape "
+                    "comes back: pad batches to fewer lengths (pad_to_multiple_of in "
+                    "transformers' collators) or keep more plans (max_plans)"
                     if len(self._plans) >= self.max_plans else "")
         (self._notify or notify_stderr)(
             f"remat-ir: {new} ({difference}): lowering and planning again "

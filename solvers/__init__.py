@@ -107,7 +107,7 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     `reuse`: (graph, schedule) pairs planned before (by `remat`'s planner, for the same
     model at other input shapes). The first made by `solver` for a graph wired like this
     one, for a budget no smaller a share of its peak, that the simulator finds valid on
-    this graph within the budget is the plan (`_reused`), and the solver is not run; its
+    this graph within the budget is the plan (`reusable`), and the solver is not run; its
     `solver_params["reused_from"]` names the inputs it was planned for. Not with
     `offload`, whose transfers are timed for one graph.
     """
@@ -120,10 +120,10 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     host_limit = parse_host_budget(host_budget, peak)
     progress = progress or quiet
     started = time.monotonic()
-    reused = None if offload else _reused(graph, solver, limit, peak, reuse)
+    reused = None if offload else reusable(graph, solver, limit, peak, reuse)
     try:
         if reused is not None:
-            schedule = reused
+            schedule = reused[0]
         elif offload and limit is not None:
             schedule = plan_with_offload(
                 graph, limit, lambda b, time_limit_s=None: function(graph, b, time_limit_s=time_limit_s,
@@ -164,13 +164,14 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
 
 
 #: How much larger a share of its store-everything peak a budget may leave a new shape
-#: than the reused plan's budget left its own (`_reused`).
+#: than the reused plan's budget left its own (`reusable`).
 REUSE_SLACK = 0.05
 
 
-def _reused(graph: Graph, solver: str, limit: int | None, peak: int,
-            known: Sequence[tuple[Graph, pb.Schedule]]) -> pb.Schedule | None:
-    """A copy of the first schedule in `known`, made by `solver` for a graph wired like
+def reusable(graph: Graph, solver: str, limit: int | None, peak: int,
+             known: Sequence[tuple[Graph, pb.Schedule]]) -> tuple[pb.Schedule, Graph] | None:
+    """(a copy of the first schedule in `known`, the graph it was made for): made by
+    `solver` for a graph wired like
     `graph` (`wiring_fingerprint`) at a share of its store-everything peak no smaller than
     `limit` is of `peak` (within `REUSE_SLACK`), that the simulator finds valid on `graph`
     within `limit`; those of the graphs whose store-everything peak is nearest to `peak`
@@ -204,7 +205,7 @@ def _reused(graph: Graph, solver: str, limit: int | None, peak: int,
             schedule.solver_params["reused_from"] = ", ".join(
                 f"{i.argument_name or i.name} {list(source.value(i.value_id).shape)}"
                 for i in source.proto.inputs if source.value(i.value_id).kind == pb.USER_INPUT)
-            return schedule
+            return schedule, source
     return None
 
 

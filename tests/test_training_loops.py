@@ -17,13 +17,16 @@ def _batch(ids: torch.Tensor) -> dict:
     return dict(input_ids=ids, labels=ids, use_cache=False)
 
 
-def _train_side_by_side(model, scheduled, batches, loss_of):
-    """Train a deep copy of `model` eagerly beside `scheduled`; assert every loss and every
-    gradient bitwise equal and the generator where eager leaves it, at every step."""
-    eager = copy.deepcopy(model)
+def _train_side_by_side(model, scheduled, batches, loss_of, *, eager=None, before=None, after=None):
+    """Train `eager` (by default a deep copy of `model`) beside `scheduled`; assert every
+    loss and every gradient bitwise equal (or None on both sides) and the generator where
+    eager leaves it, at every step. `before(step)` and `after(step)` run around each."""
+    eager = copy.deepcopy(model) if eager is None else eager
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
     opt_s = torch.optim.SGD(scheduled.parameters(), lr=0.1)
     for step, batch in enumerate(batches):
+        if before is not None:
+            before(step)
         torch.manual_seed(step)
         loss_e = loss_of(eager(**batch))
         loss_e.backward()
@@ -34,8 +37,10 @@ def _train_side_by_side(model, scheduled, batches, loss_of):
         assert torch.equal(loss_e, loss_s), (step, loss_e, loss_s)
         assert torch.equal(state_e, torch.get_rng_state()), step
         for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
-            assert torch.equal(p_e.grad, p_s.grad), (step, name)
+            assert (p_e.grad is None and p_s.grad is None) or torch.equal(p_e.grad, p_s.grad), (step, name)
         opt_e.step(), opt_s.step(), opt_e.zero_grad(), opt_s.zero_grad()
+        if after is not None:
+            after(step)
 
 
 def test_new_shapes_are_lowered_and_planned_once_each(capsys):
@@ -433,31 +438,17 @@ def test_layers_frozen_or_unfrozen_between_steps_are_planned_for_and_train_like_
 
     set_frozen(lower_half)
     scheduled = remat_ir.remat(model, batch, budget=0.8, solver="rotor", cost_model="flops")
-    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
-    opt_s = torch.optim.SGD(scheduled.parameters(), lr=0.1)
     stages = [lower_half, (), ("transformer.h.1",), lower_half, ()]
-    for step, frozen in enumerate(stages):
-        set_frozen(frozen)
-        torch.manual_seed(step)
-        loss_e = loss_of(eager(**batch))
-        loss_e.backward()
-        state_e = torch.get_rng_state()
-        torch.manual_seed(step)
-        loss_s = loss_of(scheduled(**batch))
-        loss_s.backward()
-        assert torch.equal(loss_e, loss_s), step
-        assert torch.equal(state_e, torch.get_rng_state()), step
-        for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
-            if name.startswith(frozen) and frozen:
-                assert p_e.grad is None and p_s.grad is None, (step, name)
-            else:
-                assert torch.equal(p_e.grad, p_s.grad), (step, name)
-        opt_e.step(), opt_s.step(), opt_e.zero_grad(), opt_s.zero_grad()
+
+    def plan_computes_what_trains(step):
         graph = scheduled.graph
         computed = {id(model.get_parameter(o.name)) for o in graph.proto.outputs  # tied: one
                     if o.role == ir.pb.PARAMETER_GRADIENT}
         assert computed == {id(p) for p in model.parameters() if p.requires_grad}, step
         assert ir.simulate(graph, scheduled.schedule).peak_bytes <= scheduled.schedule.budget_bytes
+
+    _train_side_by_side(model, scheduled, [batch] * len(stages), loss_of, eager=eager,
+                        before=lambda step: set_frozen(stages[step]), after=plan_computes_what_trains)
     assert len(scheduled.plans) == 3
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
     assert notices == [
@@ -590,3 +581,41 @@ def test_a_gan_loop_trains_both_networks_like_eager():
     assert all(all(torch.equal(a, b) for a, b in zip(x, y)) for x, y in zip(seen_e, seen))
     assert all(torch.equal(a, b) for a, b in zip(params_e, params))
     assert len(scheduled_g.plans) == 1 and len(scheduled_d.plans) == 2
+
+
+def test_a_reused_plan_takes_its_sources_profile_scaled_and_times_no_step(monkeypatch):
+    """With profiled costs, a new shape whose plan is reused needs only its memory facts
+    (its isolated runs) to be checked: its step is not timed (most of profiling), and its
+    nodes get the source's in-step times scaled by the bytes they read and write. Training
+    stays bitwise eager's."""
+    from remat_ir.runtimes import profiling
+
+    model, _, kwargs, loss_of = gpt2(n_layer=2, seq=32, batch=4)
+    ids = kwargs["input_ids"]
+    scheduled = remat_ir.remat(model, _batch(ids), budget=0.7, solver="rotor")
+    source = scheduled.graph
+    timed = []
+    monkeypatch.setattr(profiling, "time_schedules", _counting(profiling.time_schedules, timed))
+    shorter = _batch(ids[:, :24].contiguous())
+    _train_side_by_side(model, scheduled, [shorter, _batch(ids)], loss_of)
+    graph, schedule = next((g, s) for g, s in scheduled.plans if g is not source)
+    assert timed == [] and schedule.solver_params["reused_from"] == "input_ids [4, 32], labels [4, 32]"
+    record = graph.proto.provenance.cost_model
+    assert record.name == "profile" and "scaled from the profile of input_ids [4, 32]" in record.note
+    assert record.peak_byte_s == source.proto.provenance.cost_model.peak_byte_s
+
+    def traffic(g, node):
+        return sum(g.value(v).size_bytes for v in (*node.inputs, *node.outputs))
+
+    for node in graph.proto.nodes:
+        there = source.node(node.id)
+        assert node.cost.time_s == pytest.approx(there.cost.time_s * traffic(graph, node)
+                                                 / max(1, traffic(source, there)), rel=1e-12)
+    assert schedule.predicted_time_s == pytest.approx(ir.simulate(graph, schedule).total_time_s)
+
+
+def _counting(function, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+    return counted
