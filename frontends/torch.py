@@ -946,12 +946,12 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
-    # The parameters it computes no gradient for because they needed none when traced
-    # (frozen): a call that trains one needs another graph (runtimes/torch.py). Recorded,
-    # not read from the model when the graph is run: by then they may be unfrozen.
     # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
     # under one of the names, so a call after they were untied is lowered again.
     graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied_parameters(model))
+    # The parameters it computes no gradient for because they needed none when traced
+    # (frozen): a call that trains one needs another graph (runtimes/torch.py). Recorded,
+    # not read from the model when the graph is run: by then they may be unfrozen.
     graph.proto.metadata["torch.frozen_parameters"] = json.dumps(sorted(
         e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER
         and not model.get_parameter(e.name).requires_grad))

@@ -4,7 +4,8 @@ A flag decides a branch, a temperature becomes a constant of the graph: tracing 
 forward once, so a value changed later (a temperature schedule, `model.config.x = ...`,
 `set_attn_implementation`) would silently train with the value traced. The frontend
 records each one with its value in the graph's metadata, and the runtime compares them at
-every call (`runtimes/traced_reads.py`), refusing a call after one changed.
+every call (`runtimes/traced_reads.py`): a call after one changed is lowered and planned
+again (`remat`), or refused (a graph run without a planner).
 
 Recorded, as the forward runs under tracing:
 - attributes of the model's modules (`self.use_extra`, a dropout's `p`, a class attribute

@@ -485,13 +485,13 @@ class _Lowered:
         #: Per resident slot, the (shape, dtype) the graph was traced with.
         self.traced_meta = [(torch.Size(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
                          for v in self.slot_values]
+        #: Groups of parameter names that were one tensor at lowering (none recorded in a
+        #: graph from before they were).
+        self.tied = [tuple(group) for group in json.loads(g.metadata.get("torch.tied_parameters", "[]"))]
         # The parameters that did not require a gradient when the graph was made for them:
         # the graph computes none (inputs: their signature says whether they require one).
         # As the lowering recorded them; a graph from before it did, as the model holds them
         # now (wrong where one was unfrozen since: its call would not train it).
-        #: Groups of parameter names that were one tensor at lowering (none recorded in a
-        #: graph from before they were).
-        self.tied = [tuple(group) for group in json.loads(g.metadata.get("torch.tied_parameters", "[]"))]
         recorded = g.metadata.get("torch.frozen_parameters")
         self.frozen = (set(json.loads(recorded)) if recorded is not None else
                        {what for kind, what in self.bindings
@@ -683,10 +683,11 @@ class _Lowered:
                         f"{kind.__name__} when the model was lowered and is {now}")
         return None
 
-    def model_difference(self, modules: "_Submodules") -> tuple[str, str, str | None] | None:
+    def model_difference(self, modules: "_Submodules") -> tuple[str, str, tuple | None] | None:
         """(kind, what, where) for the first way the model differs from the one this graph
         was lowered from that lowering it again follows: its hooks, a submodule replaced,
-        a plain value its forward read changed (`where` names the value), parameters
+        a plain value its forward read changed (`where`: the place it is read and the value
+        it has now, shown), parameters
         untied (`tied_difference`), the parameters that require a gradient
         (`trainable_difference`); or None. What it does not cover is
         refused when the plan runs (a held tensor changed, a parameter resized)."""
@@ -701,7 +702,7 @@ class _Lowered:
             return "replaced submodule", changed, None
         read = self.traced_reads.plain_changed(modules.at)
         if read is not None:
-            return "new value read by forward", read[1], read[0]
+            return "new value read by forward", read[1], (read[0], read[2])
         changed = self.tied_difference(modules)
         if changed is not None:
             return "untied parameters", changed, None
@@ -900,8 +901,9 @@ def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) 
 #: used dropped first.
 MAX_PLANS = 8
 
-#: New values one of the model's plain values (a module attribute the forward reads) may
-#: take, each lowered and planned again, before a call with another is refused.
+#: Values other than the lowered one that one of the model's plain values (a module
+#: attribute the forward reads) may take, each lowered and planned again, before a call
+#: with yet another is refused.
 VALUE_REPLANS = 4
 
 #: Makes the (graph, schedule) for a call of a new signature: `planner(model, args, kwargs)`.
@@ -1011,12 +1013,13 @@ class ScheduledModule(torch.nn.Module):
 
     def _plan_for(self, args, kwargs, modules: "_Submodules") -> tuple[_Lowered, dict, bool]:
         """The plan for this call's signature, input values (`_Lowered.values_differ`) and,
-        with a planner, the parameters that require a gradient now
-        (`_Lowered.trainable_difference`): kept, planned now, or an error naming what
-        differs; with the call's value decisions, made once. Without a planner a plan
-        made with more parameters trainable runs (autograd drops the extra gradients)
-        and one made with fewer refuses the call (`_Lowered.resident`). The flag: the plan
-        is a kept one whose `model_difference` was found None."""
+        with a planner, the model as it is now (`_Lowered.model_difference`: parameters
+        frozen or unfrozen, values and functions the forward reads, ties, submodules,
+        hooks): kept, planned now, or an error naming what differs; with the call's value
+        decisions, made once. Without a planner the model is checked when the plan runs
+        (a plan made with more parameters trainable runs, autograd dropping the extra
+        gradients; one made with fewer refuses the call). The flag: the plan is a kept one
+        whose `model_difference` was found None."""
         last = next(reversed(self._plans.values()))
         answers: dict = {}
         if last.signature is None:  # no input spec (hand-built IR): checked input by input
@@ -1079,19 +1082,22 @@ class ScheduledModule(torch.nn.Module):
             self._plans.popitem(last=False)
         return plan, answers, False
 
-    def _count_value_change(self, where: str, difference: str) -> None:
-        """A value the forward read (`where`) took a value no kept plan was made for: lowered
-        and planned again (a BatchNorm set to eval for fine-tuning, a flag toggled between
-        phases), up to `VALUE_REPLANS` times for one value; beyond, a value that changes at
-        every step, which would plan at every step, is refused with what to do."""
-        changes = self.__dict__.setdefault("_value_changes", {})
-        changes[where] = changes.get(where, 0) + 1
-        if changes[where] > VALUE_REPLANS:
+    def _count_value_change(self, where: tuple, difference: str) -> None:
+        """A value the forward reads (`where`: its place and its value now) took a value no
+        kept plan was made for: lowered and planned again (a BatchNorm set to eval for
+        fine-tuning, a flag toggled between phases), for up to `VALUE_REPLANS` values of one
+        place (values seen before count once, also when their plan was dropped since);
+        beyond, a value that changes at every step, which would plan at every step, is
+        refused with what to do."""
+        place, value = where
+        seen = self.__dict__.setdefault("_value_changes", {}).setdefault(place, set())
+        if value not in seen and len(seen) >= VALUE_REPLANS:
             raise RuntimeInputError(
-                f"{difference}; forward read it while tracing, and it has taken "
-                f"{changes[where] - 1} other values since lowering, each lowered and planned "
-                f"again: pass a value that changes between steps to forward as a tensor, or "
-                f"call remat_ir.remat again once it stays fixed")
+                f"{difference}; forward read it while tracing, and it has taken {len(seen)} "
+                f"other values since lowering, each lowered and planned again: pass a value "
+                f"that changes between steps to forward as a tensor, or call remat_ir.remat "
+                f"again once it stays fixed")
+        seen.add(value)
 
     def forward(self, *args, **kwargs):
         if torch.compiler.is_exporting():

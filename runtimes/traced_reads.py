@@ -82,10 +82,11 @@ class TracedReads:
         plain = self.plain_changed(at)
         return plain[1] if plain is not None else self.held_changed(at)
 
-    def plain_changed(self, at) -> tuple[str, str] | None:
-        """(where, what) for the first plain value (a module's attribute, an item of its
-        container, an attribute of an object it holds, a global) that differs from
-        lowering: where it is read, and what differs, said for the user; or None."""
+    def plain_changed(self, at) -> tuple[str, str, str] | None:
+        """(where, what, value) for the first plain value (a module's attribute, an item of
+        its container, an attribute of an object it holds, a function it holds or runs as
+        forward, a global) that differs from lowering: where it is read, what differs, said
+        for the user, and the value it has now, shown; or None."""
         root = type(at("")).__name__
         for path, name, lowered in self.modules:
             module = at(path)
@@ -163,7 +164,7 @@ def _parts(function) -> tuple:
     return (function,)
 
 
-def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str]:
-    if not quoted:   # descriptions, said as they are
-        return where, f"{where} was {lowered} when the model was lowered and is {now} now"
-    return where, f"{where} was {_shown(lowered)} when the model was lowered and is {now!r} now"
+def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
+    shown = now if not quoted else repr(now)   # descriptions are said as they are
+    return where, f"{where} was {lowered if not quoted else _shown(lowered)} when the model was " \
+                  f"lowered and is {shown} now", shown

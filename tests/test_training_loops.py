@@ -6,10 +6,13 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import remat_ir
 from remat_ir import ir
 from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
+from strategies import search
 from torch_models import gpt2
 
 
@@ -619,3 +622,54 @@ def _counting(function, calls: list):
         calls.append(args)
         return function(*args, **kwargs)
     return counted
+
+
+class _Changing(torch.nn.Module):
+    """What training loops change between steps: trainable layers, BatchNorm's mode, a
+    dropout's rate and a function the model holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0, self.norm = torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12)
+        self.l1, self.drop, self.l2 = torch.nn.Linear(12, 12), torch.nn.Dropout(0.1), torch.nn.Linear(12, 1)
+        self.act = torch.nn.functional.relu
+
+    def forward(self, x):
+        return self.l2(self.drop(self.act(self.l1(self.norm(self.l0(x)))))).square().mean()
+
+
+_CHANGES = st.sampled_from([
+    ("freeze", "l0"), ("freeze", "l1"), ("unfreeze", "l0"), ("unfreeze", "l1"),
+    ("norm", "eval"), ("norm", "train"), ("rate", 0.3), ("rate", 0.1),
+    ("act", "gelu"), ("act", "relu")])
+
+
+@search(6, derandomize=True)
+@given(steps=st.lists(st.lists(_CHANGES, max_size=2), min_size=2, max_size=4))
+def test_random_changes_to_the_model_between_steps_train_like_eager(steps):
+    """Random sequences of the changes above, made to the model and to its eager copy
+    between steps: each step's loss, every gradient, the BatchNorm buffers and the
+    generator state bitwise eager's (a new plan wherever the model changed)."""
+    torch.manual_seed(0)
+    model, x = _Changing(), torch.randn(8, 6)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, dict(x=x), solver="recompute-all", cost_model="flops")
+
+    def change(step):
+        for what, how in steps[step]:
+            for m in (model, eager):
+                if what in ("freeze", "unfreeze"):
+                    getattr(m, how).requires_grad_(what == "unfreeze")
+                elif what == "norm":
+                    m.norm.train(how == "train")
+                elif what == "rate":
+                    m.drop.p = how
+                else:
+                    m.act = getattr(torch.nn.functional, how)
+
+    def buffers_equal(step):
+        for (name, a), b in zip(eager.named_buffers(), model.buffers()):
+            assert torch.equal(a, b), (step, name)
+
+    _train_side_by_side(model, scheduled, [dict(x=x)] * len(steps), lambda loss: loss, eager=eager,
+                        before=change, after=buffers_equal)

@@ -5,9 +5,10 @@ what they compute, but no backward hook: a module's full backward hook or pre-ho
 a global one) leaves nothing in the joint graph, so a step run from it trains as if it
 were not there (a hook scaling a layer's input gradient by 3: every gradient below that
 layer off, silently, before lowering refused them). The frontend refuses backward hooks
-(`backward_hooks`); a scheduled module refuses a call once the model's hooks changed
-after lowering (`HookWatch`): a forward hook added later would not run, one removed
-would still run. torch.distributed's own hooks (FSDP2's, which `fully_shard` adds after
+(`backward_hooks`); a scheduled module finds a call's hooks changed since a plan was
+lowered (`HookWatch`, one per plan: a forward hook added later would not run, one
+removed would still run) and lowers and plans again (`remat`), or refuses the call
+(without a planner). torch.distributed's own hooks (FSDP2's, which `fully_shard` adds after
 lowering) are the runtime's business and not counted.
 """
 
