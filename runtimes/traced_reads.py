@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import describe, is_function
@@ -66,8 +65,8 @@ class TracedReads:
         self.globals = [tuple(row) for row in rows("torch.global_reads")]
         #: Functions the modules held or ran as forward: (path, attribute, description).
         self.callables = [tuple(row) for row in rows("torch.module_callables")]
-        #: Per function, the objects last found to match its description (`_parts`):
-        #: describing costs microseconds, and a model has one forward per module.
+        #: Per function, what it was looked up from when last found to match its description
+        #: (`_parts`): describing costs microseconds, and a model has one forward per module.
         self._functions: dict[int, tuple] = {}
         #: Tensors the model holds outside parameters and buffers, traced as constants
         #: (frontends/held_tensors.py): (path, attribute, key or None, digest).
@@ -104,11 +103,11 @@ class TracedReads:
                                     lowered, now)
         for index, (path, name, lowered) in enumerate(self.callables):
             module = at(path)
-            now = getattr(module, name, None) if module is not None else None
-            held = _parts(now)
+            held = _parts(module, name)
             last = self._functions.get(index)
-            if last is not None and len(last) == len(held) and all(a is b for a, b in zip(last, held)):
+            if last is not None and last[0] is held[0] and last[1] is held[1] and last[2] is held[2]:
                 continue   # the objects described last time: not described again
+            now = getattr(module, name, None) if module is not None else None
             if not is_function(now) or describe(now) != lowered:
                 self._functions.pop(index, None)
                 shown = describe(now) if is_function(now) else repr(now)
@@ -156,12 +155,15 @@ class TracedReads:
         return None
 
 
-def _parts(function) -> tuple:
-    """What a function-like value is made of, compared by identity: a bound method is
-    made anew at every lookup, of the same function and object."""
-    if isinstance(function, types.MethodType):
-        return function.__func__, function.__self__
-    return (function,)
+def _parts(module, name: str) -> tuple:
+    """What `module.name` is looked up from, compared by identity at the next call: the
+    module, what its own dictionary holds under `name` and, where it holds nothing, its
+    class's attribute (a method, which `getattr` would bind anew at every lookup, 1 us
+    per module and call)."""
+    if module is None:
+        return (None, None, None)
+    own = vars(module).get(name, _MISSING)
+    return module, own, getattr(type(module), name, None) if own is _MISSING else None
 
 
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
