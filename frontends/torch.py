@@ -62,6 +62,7 @@ from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .kernel_layouts import match_kernel_layouts
+from .grad_modes import inference_mode_as_grad_mode
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
@@ -434,7 +435,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
-                eager_paths(changed, kept):
+                eager_paths(changed, kept), inference_mode_as_grad_mode():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

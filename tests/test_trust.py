@@ -1206,6 +1206,49 @@ def test_torch_checkpoint_inside_forward_trains_like_eager():
                         lambda out: out) == {}
 
 
+class _InferenceModeTarget(torch.nn.Module):
+    """A target computed by a teacher under `torch.inference_mode`, as a `with`, as a
+    decorated method, or the student's prediction under `inference_mode(False)` inside
+    `no_grad` (which turns gradients back on, as in eager)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.student, self.teacher, self.how = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), how
+
+    @torch.inference_mode()
+    def target(self, x):
+        return self.teacher(x).tanh()
+
+    def forward(self, x):
+        if self.how == "decorator":
+            target = self.target(x)
+            prediction = self.student(x)
+        elif self.how == "with":
+            with torch.inference_mode():
+                target = self.teacher(x).tanh()
+            prediction = self.student(x)
+        else:
+            with torch.no_grad():
+                target = self.teacher(x).tanh()
+                with torch.inference_mode(False):
+                    prediction = self.student(x)
+        return (prediction - target).square().mean()
+
+
+@pytest.mark.parametrize("how", ["with", "decorator", "false_inside_no_grad"])
+def test_a_target_computed_under_inference_mode_trains_no_teacher_as_in_eager(how):
+    """torch.export drops inference mode: the teacher trained, silently, where eager gives it
+    no gradient (`grad_modes`)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    model = _InferenceModeTarget(how)
+    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out) == {}
+    scheduled = _remat(model, (x,))
+    scheduled(x).backward()
+    assert scheduled.teacher.weight.grad is None and scheduled.student.weight.grad is not None
+
+
 class _ReentrantCheckpoint(torch.nn.Module):
     """A reentrant checkpoint, and in `aux` a loss term computed before it, through which
     the backward still reached the loss: the traced step then trained without every
