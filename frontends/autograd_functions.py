@@ -15,7 +15,7 @@ stand-in to collect what it saves (`save_for_backward`, attributes), so a
 Function that saves tensors computes its forward twice in the graph (the
 solver may free the first copy early). Refused with a `LoweringError` naming
 the Function: keyword arguments to `apply`, `mark_dirty` (in-place outputs),
-and outputs other than tensors. Functions defined in torch itself are left to
+outputs other than tensors, and random draws in its forward (`_refusing_draws`). Functions defined in torch itself are left to
 torch, but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`),
 refused: its forward runs under `no_grad` and its gradients come from a backward
 of its own, so the traced step lost every gradient through it, silently where
@@ -40,11 +40,13 @@ import re
 import traceback
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointFunction
 
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast
 
 from .model_lines import model_line
+from .random_ops import draws_random
 
 #: Ops registered in this process: name -> (Function class, arguments other than
 #: tensors, op, facts).
@@ -165,8 +167,12 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         # A custom op's outputs may not alias its inputs.
         return [o.clone() if any(o is t for t in tensors) else o for o in outputs]
 
+    def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        with _refusing_draws(name):
+            return forward(tensors)
+
     op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", forward, mutates_args=())
-    op.register_fake(forward)
+    op.register_fake(traced_forward)
 
     def setup_context(ctx, inputs, output):
         (tensors,) = inputs
@@ -195,6 +201,31 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     op.register_autograd(backward, setup_context=setup_context)
     _registered[op_name] = (cls, others, op, facts)
     return op, positions, facts
+
+
+class _refusing_draws(TorchDispatchMode):
+    """Raises `FunctionError` at the first op of the block that draws from the generator.
+    Entered only while tracing (the op's fake kernel): a Function's forward runs as the
+    opaque op, which the runtime's generator replay does not see, and again traced into
+    the graph by `setup_context` to collect what it saves, so a draw in it was made twice:
+    the mask a Function saved for its backward was not the one its output used (gradients
+    silently off eager's, and the generator advanced twice: 2026-11-30)."""
+
+    def __init__(self, function: str):
+        super().__init__()
+        self.function = function
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if draws_random(func, args, kwargs):
+            where = model_line(traceback.extract_stack())
+            raise FunctionError(
+                f"autograd.Function {self.function} draws random numbers in its forward "
+                f"({func.name()}{f' at {where}' if where else ''}); remat-ir runs a Function's "
+                "forward again to collect what it saves, and may recompute it, so its draws "
+                "would not be the ones its output used. Draw the noise outside the Function "
+                "and pass it to apply() as a tensor argument")
+        return func(*args, **kwargs)
 
 
 def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:

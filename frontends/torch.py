@@ -55,6 +55,7 @@ from .errors import LoweringError
 from .fx_nodes import node_module
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
+from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_hook_reparametrizations, constant_output,
                        data_error, mutation_error, tensor_hook_error, trace_effects_error)
@@ -92,18 +93,6 @@ SHAPE_ONLY_RANDOM_OPS = frozenset({
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
     "_efficient_attention_forward",
 })
-
-
-def _draws_random(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
-    """Whether the op draws from the generator: tagged nondeterministic_seeded, and not an
-    attention kernel called with dropout_p=0 (the common case, which draws nothing)."""
-    if torch.Tag.nondeterministic_seeded not in target.tags:
-        return False
-    for i, argument in enumerate(target._schema.arguments):
-        if argument.name == "dropout_p":
-            p = args[i] if i < len(args) else kwargs.get("dropout_p", argument.default_value)
-            return p != 0
-    return True
 
 
 def _masked_results(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> set[int]:
@@ -706,7 +695,7 @@ class _Lowering:
         source = node_module(node)
         if phase == "backward" and forward_node is not None:
             source = source or self.g.node(forward_node).source
-        random = _draws_random(target, node.args, node.kwargs)
+        random = draws_random(target, node.args, node.kwargs)
         nid = self.g.add_node(
             name, inputs, outputs, phase=phase, name=node.name, args=args, kwargs=kwargs,
             forward_node_id=forward_node, random=random,

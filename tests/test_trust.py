@@ -70,6 +70,51 @@ def test_custom_function_that_cannot_be_preserved_is_refused_by_name():
         lower_torch(_UsesInPlace(), (torch.randn(2, 4),), cost_model="flops")
 
 
+class _DropoutFunction(torch.autograd.Function):
+    """Inverted dropout whose mask is drawn inside the Function (`apply(x)`) or by the
+    caller and passed in (`apply(x, keep)`)."""
+
+    @staticmethod
+    def forward(ctx, x, keep=None):
+        keep = (torch.rand_like(x) > 0.3).to(x.dtype) if keep is None else keep
+        ctx.save_for_backward(keep)
+        return x * keep / 0.7
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return grad * keep / 0.7, None
+
+
+class _DropsInFunction(torch.nn.Module):
+    def __init__(self, mask_passed_in: bool):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        self.mask_passed_in = mask_passed_in
+
+    def forward(self, x):
+        h = self.a(x).tanh()
+        if self.mask_passed_in:
+            return self.b(_DropoutFunction.apply(h, (torch.rand_like(h) > 0.3).to(h.dtype))).square().mean()
+        return self.b(_DropoutFunction.apply(h)).square().mean()
+
+
+def test_a_custom_function_drawing_in_its_forward_is_refused_by_line_and_its_mask_passed_in_trains():
+    """The Function's forward ran twice, once opaque and once traced for what it saves, so
+    the saved mask was not the one its output used: gradients off eager's, the generator
+    advanced twice, silently (`autograd_functions._refusing_draws`)."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    line = _DropoutFunction.forward.__code__.co_firstlineno + 2
+    with pytest.raises(LoweringError, match=rf"autograd.Function .*_DropoutFunction draws random numbers in "
+                                            rf"its forward \(aten::rand_like at .*test_trust.py:{line} "
+                                            rf"in forward\).*pass it to apply\(\) as a tensor argument"):
+        lower_torch(_DropsInFunction(False), (x,), cost_model="flops")
+    for solver in ("autograd", "recompute-all"):
+        assert side_by_side(_DropsInFunction(True), lambda m: _remat(m, (x,), solver=solver), (x,), {},
+                            lambda out: out) == {}
+
+
 class _Constants(torch.nn.Module):
     """Tensors built inside forward: torch.export lifts them as constants (T5's
     `_shift_right` start token; transformers' empty placeholders)."""
