@@ -63,7 +63,7 @@ from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .kernel_layouts import match_kernel_layouts
-from .grad_modes import inference_mode_as_grad_mode
+from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
@@ -71,6 +71,7 @@ from .transformers_masks import eager_mask_decisions
 from .transformers_paths import eager_paths
 from .value_dependent import data_sized_branch_error, value_dependent_error
 from .view_compaction import compact_views
+from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
                                      describe_input, ir_dtype, op_name, record_device,
                                      raw_bytes, resolve_op, to_ir_argument, uncached_under_autocast)
@@ -416,6 +417,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     errors: list = []
     hook_calls: list[str] = []
     effects: list[str] = []
+    saved_hooks: list[tuple[str, bool]] = []
     # A failed torch.export prints the graph traced so far to stderr (hundreds of lines
     # above the error): kept out; whatever else it writes there goes through.
     printed, failure = io.StringIO(), None
@@ -424,7 +426,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
-                eager_paths(changed, kept), inference_mode_as_grad_mode():
+                eager_paths(changed, kept), inference_mode_as_grad_mode(), \
+                noting_saved_tensor_hooks(saved_hooks):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -442,7 +445,24 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
         raise tensor_hook_error(type(model).__name__, hook_calls)
     if effects:
         raise trace_effects_error(type(model).__name__, effects)
+    _check_saved_tensor_hooks(type(model).__name__, saved_hooks)
     return exported
+
+
+def _check_saved_tensor_hooks(model: str, entered: list[tuple[str, bool]]) -> None:
+    """Refuses saved-tensor hooks the forward sets, which the graph does not keep
+    (`autograd_contexts`); `save_on_cpu` keeps values exactly and is warned about."""
+    changing = [where for where, exact in entered if not exact]
+    if changing:
+        raise LoweringError(
+            f"{model}'s forward sets saved-tensor hooks at {changing[0]}; the traced step keeps "
+            f"no trace of them, so a pack hook that changes what it keeps (a cast, a "
+            f"quantization) would train otherwise than eager. Remove them from the forward: "
+            f"{INSTEAD}")
+    if entered:
+        warnings.warn(f"{model}'s forward enters torch.autograd.graph.save_on_cpu at {entered[0][0]}, "
+                      f"which moves nothing of what a remat-ir step keeps (its gradients are "
+                      f"eager's): {INSTEAD}", stacklevel=7)
 
 
 def _unnamed_output_class(model: str, spec) -> str:

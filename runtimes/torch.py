@@ -36,6 +36,7 @@ from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.output_names import output_names
+from remat_ir.torchlib.saved_hooks import INSTEAD, active_pack_hook, hook_name, is_save_on_cpu
 from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, same_layout, torch_dtype
 from remat_ir.torchlib.value_guards import ValueGuards
 
@@ -1110,10 +1111,30 @@ class ScheduledModule(torch.nn.Module):
             # The model's own mode decides (`model.eval()` on the model itself, not on this
             # module, is evaluation too): outside training, the model runs as it is.
             return self._model(*args, **kwargs)
+        self._check_saved_tensor_hooks()
         modules = _Submodules(self._model)
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                         model_checked=checked)
+
+    def _check_saved_tensor_hooks(self) -> None:
+        """Saved-tensor hooks around the call see nothing the step keeps (`saved_hooks`):
+        `save_on_cpu` is said once to move nothing; other hooks are refused."""
+        pack = active_pack_hook()
+        if pack is None:
+            return
+        if not is_save_on_cpu(pack):
+            raise RuntimeInputError(
+                f"saved-tensor hooks are set around this call (pack hook {hook_name(pack)}); "
+                f"a remat-ir step keeps its tensors outside autograd's saved tensors, so the "
+                f"hooks would see none of them, and one that changes values (a cast, a "
+                f"quantization) would train otherwise than eager. Call the module outside "
+                f"them: {INSTEAD}")
+        if not self.__dict__.get("_told_save_on_cpu"):
+            self.__dict__["_told_save_on_cpu"] = True
+            (self._notify or notify_stderr)(
+                f"remat-ir: torch.autograd.graph.save_on_cpu around the call moves nothing of "
+                f"what a remat-ir step keeps (its gradients are eager's): {INSTEAD}")
 
     @torch.compiler.disable
     def _under_torch_compile(self, *args, **kwargs):

@@ -1283,7 +1283,7 @@ class _InferenceModeTarget(torch.nn.Module):
 @pytest.mark.parametrize("how", ["with", "decorator", "false_inside_no_grad"])
 def test_a_target_computed_under_inference_mode_trains_no_teacher_as_in_eager(how):
     """torch.export drops inference mode: the teacher trained, silently, where eager gives it
-    no gradient (`grad_modes`)."""
+    no gradient (`autograd_contexts`)."""
     torch.manual_seed(0)
     x = torch.randn(4, 8)
     model = _InferenceModeTarget(how)
@@ -1292,6 +1292,64 @@ def test_a_target_computed_under_inference_mode_trains_no_teacher_as_in_eager(ho
     scheduled = _remat(model, (x,))
     scheduled(x).backward()
     assert scheduled.teacher.weight.grad is None and scheduled.student.weight.grad is not None
+
+
+class _SavedTensorHooks(torch.nn.Module):
+    """A block whose saved tensors go through hooks set in the forward: `save_on_cpu`, or a
+    pack hook that keeps them in bfloat16."""
+
+    def __init__(self, hooks: str):
+        super().__init__()
+        self.a, self.b, self.hooks = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1), hooks
+
+    def forward(self, x):
+        with _saved_tensor_hooks(self.hooks):
+            h = self.a(x).tanh()
+        return self.b(h).square().mean()
+
+
+def _saved_tensor_hooks(kind: str):
+    if kind == "save_on_cpu":
+        return torch.autograd.graph.save_on_cpu()
+    if kind == "none":
+        return contextlib.nullcontext()
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: t.to(torch.bfloat16), lambda t: t.float())
+
+
+def test_saved_tensor_hooks_in_forward_are_refused_by_line_unless_save_on_cpu():
+    """torch.export drops them: a bfloat16 pack hook trained with exact saved tensors
+    (weight gradients 2e-4 off eager's), silently (`autograd_contexts`)."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    line = _SavedTensorHooks.forward.__code__.co_firstlineno + 1
+    with pytest.raises(LoweringError, match=rf"_SavedTensorHooks's forward sets saved-tensor hooks at "
+                                            rf".*test_trust.py:{line}; .*Remove them from the forward"):
+        lower_torch(_SavedTensorHooks("bfloat16"), (x,), cost_model="flops")
+    with pytest.warns(UserWarning, match=rf"enters torch.autograd.graph.save_on_cpu at .*:{line}, which "
+                                         r"moves nothing"):
+        assert side_by_side(_SavedTensorHooks("save_on_cpu"), lambda m: _remat(m, (x,), solver="recompute-all"),
+                            (x,), {}, lambda out: out) == {}
+
+
+def test_saved_tensor_hooks_around_the_call_are_refused_unless_save_on_cpu_which_is_said_once(capsys):
+    """The runtime keeps its tensors outside autograd's saved tensors: hooks around the call
+    saw none of them, and a bfloat16 pack hook trained otherwise than eager, silently."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    model = _SavedTensorHooks("none")
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    capsys.readouterr()
+    with _saved_tensor_hooks("bfloat16"), pytest.raises(RuntimeInputError, match=r"saved-tensor hooks are "
+                                                        r"set around this call \(pack hook .*<lambda>\)"):
+        scheduled(x)
+    eager = copy.deepcopy(model)
+    for module in (eager, scheduled, scheduled):
+        with _saved_tensor_hooks("save_on_cpu"):
+            loss = module(x)
+        loss.backward()
+    assert all(torch.equal(s.grad, 2 * e.grad) for s, e in zip(scheduled.parameters(), eager.parameters()))
+    said = capsys.readouterr().err
+    assert said.count("save_on_cpu around the call moves nothing") == 1, said
 
 
 class _ReentrantCheckpoint(torch.nn.Module):
