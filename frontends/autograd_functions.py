@@ -15,9 +15,9 @@ stand-in to collect what it saves (`save_for_backward`, attributes), so a
 Function that saves tensors computes its forward twice in the graph (the
 solver may free the first copy early). Refused with a `LoweringError` naming
 the Function: keyword arguments to `apply`, `mark_dirty` (in-place outputs),
-outputs other than tensors, and random draws in its forward (`_refusing_draws`). Functions defined in torch itself are left to
-torch, but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`),
-refused: its forward runs under `no_grad` and its gradients come from a backward
+outputs other than tensors, and, in its forward, random draws and writes into its
+arguments (`_refusing_effects`). Functions defined in torch itself are left to torch,
+but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`), refused: its forward runs under `no_grad` and its gradients come from a backward
 of its own, so the traced step lost every gradient through it, silently where
 another path reached the loss (2026-11-29 sweep: the parameters after it got none).
 The ops are registered in this process only: a graph that uses one runs in a
@@ -40,6 +40,7 @@ import re
 import traceback
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointFunction
 
@@ -168,7 +169,7 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         return [o.clone() if any(o is t for t in tensors) else o for o in outputs]
 
     def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        with _refusing_draws(name):
+        with _refusing_effects(name, dict(zip(positions, tensors))):
             return forward(tensors)
 
     op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", forward, mutates_args=())
@@ -203,29 +204,50 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     return op, positions, facts
 
 
-class _refusing_draws(TorchDispatchMode):
-    """Raises `FunctionError` at the first op of the block that draws from the generator.
-    Entered only while tracing (the op's fake kernel): a Function's forward runs as the
-    opaque op, which the runtime's generator replay does not see, and again traced into
-    the graph by `setup_context` to collect what it saves, so a draw in it was made twice:
-    the mask a Function saved for its backward was not the one its output used (gradients
-    silently off eager's, and the generator advanced twice: 2026-11-30)."""
+class _refusing_effects(TorchDispatchMode):
+    """Raises `FunctionError` at the first op of the block that draws from the generator or
+    writes into one of the Function's arguments (without `mark_dirty`, refused apart).
+    Entered only while tracing (the op's fake kernel). A Function's forward runs as the
+    opaque op, again traced into the graph by `setup_context` to collect what it saves, and
+    again wherever the plan recomputes it, and the runtime's generator replay does not
+    see into it: a draw was made twice, so the mask a Function saved for its backward was
+    not the one its output used (gradients off eager's, the generator advanced twice), and
+    a running statistic it updated was updated 2-3 times per step (0.47 off eager's after
+    one step), both silently (2026-11-30)."""
 
-    def __init__(self, function: str):
+    def __init__(self, function: str, arguments: dict[int, torch.Tensor]):
         super().__init__()
         self.function = function
+        self.arguments = {StorageWeakRef(t.untyped_storage()): i for i, t in arguments.items()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if draws_random(func, args, kwargs):
-            where = model_line(traceback.extract_stack())
-            raise FunctionError(
-                f"autograd.Function {self.function} draws random numbers in its forward "
-                f"({func.name()}{f' at {where}' if where else ''}); remat-ir runs a Function's "
-                "forward again to collect what it saves, and may recompute it, so its draws "
-                "would not be the ones its output used. Draw the noise outside the Function "
-                "and pass it to apply() as a tensor argument")
+            self._refuse(f"draws random numbers in its forward ({func.name()}{self._where()})",
+                         "Draw the noise outside the Function and pass it to apply() as a tensor "
+                         "argument")
+        if func._schema.is_mutable:
+            for i, argument in enumerate(func._schema.arguments):
+                value = args[i] if i < len(args) else kwargs.get(argument.name)
+                if (argument.alias_info is not None and argument.alias_info.is_write
+                        and isinstance(value, torch.Tensor)
+                        and StorageWeakRef(value.untyped_storage()) in self.arguments):
+                    self._refuse(
+                        f"writes into its argument {self.arguments[StorageWeakRef(value.untyped_storage())]} "
+                        f"in its forward ({func.name()}{self._where()})",
+                        "Return the new value and update the tensor outside the Function (a "
+                        "buffer: in the module's forward, under torch.no_grad)")
         return func(*args, **kwargs)
+
+    @staticmethod
+    def _where() -> str:
+        where = model_line(traceback.extract_stack())
+        return f" at {where}" if where else ""
+
+    def _refuse(self, what: str, instead: str):
+        raise FunctionError(f"autograd.Function {self.function} {what}; remat-ir runs a Function's "
+                            f"forward again to collect what it saves, and where it recomputes "
+                            f"it, so that would be done more than once per step. {instead}")
 
 
 def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:

@@ -115,6 +115,60 @@ def test_a_custom_function_drawing_in_its_forward_is_refused_by_line_and_its_mas
                             lambda out: out) == {}
 
 
+class _Observe(torch.autograd.Function):
+    """Fake quantization that updates the running maximum it is given (a QAT observer)."""
+
+    @staticmethod
+    def forward(ctx, x, running_max):
+        running_max.mul_(0.9).add_(0.1 * x.abs().amax())
+        scale = running_max / 127
+        return (x / scale).round().clamp(-127, 127) * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _Observed(torch.nn.Module):
+    def __init__(self, inside: bool):
+        super().__init__()
+        self.a, self.b, self.inside = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1), inside
+        self.register_buffer("running_max", torch.ones(()))
+
+    def forward(self, x):
+        h = self.a(x).tanh()
+        if not self.inside:   # the way out: the update in the forward, the Function pure
+            with torch.no_grad():
+                self.running_max.mul_(0.9).add_(0.1 * h.abs().amax())
+            return self.b(_FakeQuantize.apply(h, self.running_max / 127)).square().mean()
+        return self.b(_Observe.apply(h, self.running_max)).square().mean()
+
+
+class _FakeQuantize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        return (x / scale).round().clamp(-127, 127) * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def test_a_custom_function_writing_into_its_argument_is_refused_by_line_and_its_way_out_trains():
+    """The forward ran more than once per step (opaque, traced for what it saves, and where
+    recomputed): the running maximum was updated 2-3 times (0.47 off eager's), silently."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    line = _Observe.forward.__code__.co_firstlineno + 2
+    with pytest.raises(LoweringError, match=rf"autograd.Function .*_Observe writes into its argument 1 in "
+                                            rf"its forward \(aten::mul_.Tensor at .*test_trust.py:{line} "
+                                            rf"in forward\).*update the tensor outside the Function"):
+        lower_torch(_Observed(True), (x,), cost_model="flops")
+    for solver in ("autograd", "recompute-all"):
+        assert side_by_side(_Observed(False), lambda m: _remat(m, (x,), solver=solver), (x,), {},
+                            lambda out: out) == {}
+
+
 class _Constants(torch.nn.Module):
     """Tensors built inside forward: torch.export lifts them as constants (T5's
     `_shift_right` start token; transformers' empty placeholders)."""
