@@ -4,11 +4,13 @@ after one changed would silently train the old model."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+import types
 
 from remat_ir.ir import pb
-from remat_ir.torchlib.callables import describe, is_function
+from remat_ir.torchlib.callables import describe, filled as _filled, is_function
 from remat_ir.torchlib.held_tensors import digest, held_at
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -105,7 +107,8 @@ class TracedReads:
             module = at(path)
             held = _parts(module, name)
             last = self._functions.get(index)
-            if last is not None and last[0] is held[0] and last[1] is held[1] and last[2] is held[2]:
+            if last is not None and last[0] is held[0] and last[1] is held[1] and last[2] is held[2] \
+                    and (last[3] is None or _holding(last[3], last[4])):
                 continue   # the objects described last time: not described again
             now = getattr(module, name, None) if module is not None else None
             if not is_function(now) or describe(now) != lowered:
@@ -113,7 +116,8 @@ class TracedReads:
                 shown = describe(now) if is_function(now) else repr(now)
                 return _differs(f"function {f'{path}.{name}' if path else name!r} of {root}",
                                 lowered, shown, quoted=False)
-            self._functions[index] = held
+            cells = _closure(held[1] if held[2] is None else held[2])
+            self._functions[index] = (*held, cells, cells and _contents(cells))
         for path, holder, name, lowered in self.objects:
             module = at(path)
             owner = getattr(module, holder, None) if module is not None else None
@@ -159,11 +163,43 @@ def _parts(module, name: str) -> tuple:
     """What `module.name` is looked up from, compared by identity at the next call: the
     module, what its own dictionary holds under `name` and, where it holds nothing, its
     class's attribute (a method, which `getattr` would bind anew at every lookup, 1 us
-    per module and call)."""
+    per module and call). The same function object may compute otherwise when a closure
+    cell was rebound (`nonlocal scale; scale = 3.0`): compared by the function alone, the
+    step kept the traced value, silently (2026-11-30), so what the cells of a closure
+    hold is compared too (`_closure`, `_holding`)."""
     if module is None:
         return (None, None, None)
     own = vars(module).get(name, _MISSING)
     return module, own, getattr(type(module), name, None) if own is _MISSING else None
+
+
+def _closure(function) -> tuple | None:
+    """The cells of `function`'s closure (of a bound method's or a partial's function), or
+    None where it has none. A function's closure is fixed; what its cells hold is not."""
+    kind = type(function)
+    if kind is types.MethodType:
+        function, kind = function.__func__, type(function.__func__)
+    elif kind is functools.partial:
+        function, kind = function.func, type(function.func)
+    return function.__closure__ if kind is types.FunctionType else None
+
+
+def _contents(cells: tuple) -> tuple:
+    return tuple(cell.cell_contents if _filled(cell) else _MISSING for cell in cells)
+
+
+def _holding(cells: tuple, contents: tuple) -> bool:
+    """Whether each of `cells` holds the object it held when `contents` was read. A plain
+    loop: transformers' decorated forwards are closures, so this runs for most functions
+    of such a model at every call (a generator and a tuple per function cost 10-20 us per
+    call on the quick GPT-2)."""
+    try:
+        for cell, then in zip(cells, contents):
+            if cell.cell_contents is not then:
+                return False
+    except ValueError:   # a cell emptied since
+        return False
+    return True
 
 
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:

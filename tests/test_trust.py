@@ -2279,11 +2279,25 @@ def _scaled(scale: float):
     return lambda x: x * scale
 
 
+def _rescalable(scale: float):
+    """A closure, and a function that rebinds what it captured."""
+    def act(x):
+        return x * scale
+
+    def rescale(value: float):
+        nonlocal scale
+        scale = value
+    return act, rescale
+
+
 @pytest.mark.parametrize("change, said", [
     ("function", r"function 'act' of _HoldsFunction was torch._C._nn.gelu when the model was lowered "
                  r"and is torch.nn.functional.silu at .*functional.py:\d+ now"),
     ("closure", r"function 'act' of _HoldsFunction was .*_scaled.<locals>.<lambda> at .* with \[2.0\] "
                 r"when the model was lowered and is .* with \[3.0\] now"),
+    ("closure rebound", r"function 'act' of _HoldsFunction was .*_rescalable.<locals>.act at .* with "
+                        r"\[2.0\] when the model was lowered and is .*_rescalable.<locals>.act at .* "
+                        r"with \[3.0\] now"),
     ("forward", r"function 'forward' of _HoldsFunction was .*_HoldsFunction.forward at .*"
                 r"when the model was lowered and is .*<lambda> at .*test_trust.py:\d+ now"),
     ("submodule forward", r"function 'l1.forward' of _HoldsFunction was torch.nn.modules.linear."
@@ -2291,12 +2305,15 @@ def _scaled(scale: float):
                           r".*<lambda> at .*test_trust.py:\d+ now")])
 def test_a_function_the_model_holds_swapped_after_lowering_is_planned_for(change, said, capsys):
     """A function a module holds (`self.act = F.gelu`) or its forward, swapped after
-    lowering: the graph ran the old one (loss 0.135 against eager's 0.156), silently.
-    `remat` lowers and plans again; without a planner the call is refused."""
+    lowering: the graph ran the old one (loss 0.135 against eager's 0.156), silently; so
+    did a closure whose captured value was rebound, until the closure's cells were
+    compared too. `remat` lowers and plans again; without a planner the call is refused."""
     torch.manual_seed(0)
     model, x = _HoldsFunction(), torch.randn(4, 8)
     if change == "closure":
         model.act = _scaled(2.0)
+    elif change == "closure rebound":   # the same function object, computing otherwise
+        model.act, rescale = _rescalable(2.0)
     scheduled = _remat(model, (x,))
     alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     scheduled(x).backward()
@@ -2305,6 +2322,8 @@ def test_a_function_the_model_holds_swapped_after_lowering_is_planned_for(change
         model.act = torch.nn.functional.silu
     elif change == "closure":
         model.act = _scaled(3.0)
+    elif change == "closure rebound":
+        rescale(3.0)
     elif change == "forward":
         model.forward = types.MethodType(lambda self, x: self.l2(self.l1(x)).abs().mean(), model)
     else:

@@ -43,11 +43,11 @@ def describe(value) -> str:
     if code is None:
         return name
     captured = [cell.cell_contents for cell in (value.__closure__ or ())
-                if _filled(cell) and isinstance(cell.cell_contents, (bool, int, float, str, type(None)))]
+                if filled(cell) and isinstance(cell.cell_contents, (bool, int, float, str, type(None)))]
     return f"{name} at {code.co_filename}:{code.co_firstlineno}" + (f" with {_short(captured)}" if captured else "")
 
 
-def _filled(cell) -> bool:
+def filled(cell) -> bool:
     try:
         cell.cell_contents
     except ValueError:   # an empty cell
