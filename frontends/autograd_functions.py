@@ -15,11 +15,14 @@ stand-in to collect what it saves (`save_for_backward`, attributes), so a
 Function that saves tensors computes its forward twice in the graph (the
 solver may free the first copy early). Refused with a `LoweringError` naming
 the Function: keyword arguments to `apply`, `mark_dirty` (in-place outputs),
-outputs other than tensors, and, in its forward, random draws and writes into its
-arguments (`_refusing_effects`). Functions defined in torch itself are left to torch,
-but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`), refused: its forward runs under `no_grad` and its gradients come from a backward
-of its own, so the traced step lost every gradient through it, silently where
-another path reached the loss (2026-11-29 sweep: the parameters after it got none).
+outputs other than tensors, modules and tensors in containers among its arguments
+(`_unfollowed_argument`), and, in its forward, random draws, writes into its
+arguments and values read from tensors (`_refusing_effects`). Functions defined in
+torch itself are left to torch, but for the reentrant `torch.utils.checkpoint`
+(`use_reentrant=True`), refused: its forward runs under `no_grad` and its gradients
+come from a backward of its own, so the traced step lost every gradient through it,
+silently where another path reached the loss (2026-11-29 sweep: the parameters after
+it got none). An output that is an input or a view of one is returned as a copy.
 The ops are registered in this process only: a graph that uses one runs in a
 process that lowered the same model.
 
@@ -38,9 +41,11 @@ import functools
 import hashlib
 import re
 import traceback
+import types
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointFunction
 
@@ -165,8 +170,11 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             output = _run_forward(cls, _Context((False,) * len(args), name), full_args(tensors))
         facts["sequence"] = isinstance(output, (tuple, list))
         outputs = _as_list(output, name)
-        # A custom op's outputs may not alias its inputs.
-        return [o.clone() if any(o is t for t in tensors) else o for o in outputs]
+        # A custom op's outputs may not alias its inputs: an input returned, or a view of
+        # one (`x.t()`, which torch refused with a message about custom ops), is returned
+        # as a copy, the same values.
+        inputs = {StorageWeakRef(t.untyped_storage()) for t in tensors}
+        return [o.clone() if StorageWeakRef(o.untyped_storage()) in inputs else o for o in outputs]
 
     def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         with _refusing_effects(name, dict(zip(positions, tensors))):
@@ -204,16 +212,23 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     return op, positions, facts
 
 
+#: Why a Function's forward may not draw or write into its arguments.
+_AGAIN = ("remat-ir runs a Function's forward again to collect what it saves, and where it "
+          "recomputes it, so that would be done more than once per step")
+
+
 class _refusing_effects(TorchDispatchMode):
-    """Raises `FunctionError` at the first op of the block that draws from the generator or
-    writes into one of the Function's arguments (without `mark_dirty`, refused apart).
+    """Raises `FunctionError` at the first op of the block that draws from the generator,
+    writes into one of the Function's arguments (without `mark_dirty`, refused apart) or
+    reads a tensor's value.
     Entered only while tracing (the op's fake kernel). A Function's forward runs as the
     opaque op, again traced into the graph by `setup_context` to collect what it saves, and
     again wherever the plan recomputes it, and the runtime's generator replay does not
     see into it: a draw was made twice, so the mask a Function saved for its backward was
     not the one its output used (gradients off eager's, the generator advanced twice), and
     a running statistic it updated was updated 2-3 times per step (0.47 off eager's after
-    one step), both silently (2026-11-30)."""
+    one step), both silently (2026-11-30). A value read from a tensor (`.item()`) is
+    refused too: export failed on it with "pending unbacked symbols", naming no line."""
 
     def __init__(self, function: str, arguments: dict[int, torch.Tensor]):
         super().__init__()
@@ -224,8 +239,13 @@ class _refusing_effects(TorchDispatchMode):
         kwargs = kwargs or {}
         if draws_random(func, args, kwargs):
             self._refuse(f"draws random numbers in its forward ({func.name()}{self._where()})",
-                         "Draw the noise outside the Function and pass it to apply() as a tensor "
-                         "argument")
+                         f"{_AGAIN}. Draw the noise outside the Function and pass it to apply() "
+                         f"as a tensor argument")
+        if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
+            self._refuse(f"reads a tensor's value in its forward (`.item()`, `float(t)` or a "
+                         f"branch on a tensor{self._where()})",
+                         "a traced graph holds no value read from a tensor's data. Compute with "
+                         "the tensor instead (`x / x.abs().amax()`)")
         if func._schema.is_mutable:
             for i, argument in enumerate(func._schema.arguments):
                 value = args[i] if i < len(args) else kwargs.get(argument.name)
@@ -235,8 +255,8 @@ class _refusing_effects(TorchDispatchMode):
                     self._refuse(
                         f"writes into its argument {self.arguments[StorageWeakRef(value.untyped_storage())]} "
                         f"in its forward ({func.name()}{self._where()})",
-                        "Return the new value and update the tensor outside the Function (a "
-                        "buffer: in the module's forward, under torch.no_grad)")
+                        f"{_AGAIN}. Return the new value and update the tensor outside the "
+                        f"Function (a buffer: in the module's forward, under torch.no_grad)")
         return func(*args, **kwargs)
 
     @staticmethod
@@ -244,10 +264,33 @@ class _refusing_effects(TorchDispatchMode):
         where = model_line(traceback.extract_stack())
         return f" at {where}" if where else ""
 
-    def _refuse(self, what: str, instead: str):
-        raise FunctionError(f"autograd.Function {self.function} {what}; remat-ir runs a Function's "
-                            f"forward again to collect what it saves, and where it recomputes "
-                            f"it, so that would be done more than once per step. {instead}")
+    def _refuse(self, what: str, why: str):
+        raise FunctionError(f"autograd.Function {self.function} {what}: {why}")
+
+
+def _unfollowed_argument(name: str, args: tuple) -> str | None:
+    """Why a call of Function `name` cannot be preserved because it reaches tensors other
+    than through its tensor arguments, or None. Only tensor arguments are the custom op's
+    inputs; others are constants of the graph. A module passed in (a checkpoint Function as
+    latent diffusion's and guided diffusion's `checkpoint` write it: its backward runs the
+    module again under autograd) failed as a tensor read from a global, and tensors in a
+    list (`apply(x, [w0, w1])`) as 'Mixing fake modes NYI'."""
+    for i, argument in enumerate(args):
+        owner = getattr(argument, "__self__", None) if isinstance(argument, types.MethodType) else argument
+        if isinstance(owner, torch.nn.Module):
+            return (f"autograd.Function {name} is passed module {type(owner).__name__} (argument {i}), "
+                    f"whose parameters it reaches other than through its tensor arguments, which "
+                    f"are all remat-ir gives a Function's backward. If it is a checkpoint (its "
+                    f"backward runs the module again under autograd), turn it off (latent "
+                    f"diffusion, guided diffusion: use_checkpoint=False): remat-ir plans "
+                    f"recomputation itself")
+        if not isinstance(argument, torch.Tensor) and any(
+                isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(argument)):
+            return (f"autograd.Function {name} is passed tensors inside a "
+                    f"{type(argument).__name__} (argument {i}); remat-ir preserves Functions "
+                    f"whose tensors are arguments of apply() themselves: pass them one by one "
+                    f"(apply(x, *weights))")
+    return None
 
 
 def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:
@@ -279,6 +322,9 @@ def preserving_functions(errors: list):
             errors.append(FunctionError(f"autograd.Function {name} is called with keyword "
                                         "arguments; remat-ir preserves positional calls only"))
             return original.__func__(cls, *args, **kwargs)
+        unfollowed = _unfollowed_argument(name, args)
+        if unfollowed:
+            raise FunctionError(unfollowed)
         try:
             op, positions, facts = _wrap(cls, args, autocast_state())
             outputs = op([args[i] for i in positions])

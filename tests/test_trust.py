@@ -169,6 +169,101 @@ def test_a_custom_function_writing_into_its_argument_is_refused_by_line_and_its_
                             lambda out: out) == {}
 
 
+class _CheckpointFunction(torch.autograd.Function):
+    """A checkpoint as latent diffusion's `util.checkpoint` writes it: the module comes in as
+    an argument, its parameters after the inputs, and the backward runs it again."""
+
+    @staticmethod
+    def forward(ctx, run_function, length, *args):
+        ctx.run_function, ctx.inputs, ctx.params = run_function, list(args[:length]), list(args[length:])
+        with torch.no_grad():
+            return run_function(*ctx.inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = [x.detach().requires_grad_(True) for x in ctx.inputs]
+        with torch.enable_grad():
+            outputs = ctx.run_function(*[x.view_as(x) for x in inputs])
+        return (None, None, *torch.autograd.grad(outputs, inputs + ctx.params, grads, allow_unused=True))
+
+
+class _ListFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weights):
+        return x @ weights[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _ItemFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.m = x.abs().max().item()
+        return x / ctx.m
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.m
+
+
+class _TransposeFunction(torch.autograd.Function):
+    """Returns a view of its input, with a backward unlike the view's derivative."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.t() * 2
+
+
+class _CallsFunction(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.a, self.block, self.b = torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), \
+            torch.nn.Linear(8, 1)
+        self.kind = kind
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.kind == "module":
+            h = _CheckpointFunction.apply(self.block, 1, h, *self.block.parameters())
+        elif self.kind == "list":
+            h = _ListFunction.apply(h, [self.block[0].weight])
+        elif self.kind == "item":
+            h = _ItemFunction.apply(h)
+        else:
+            h = _TransposeFunction.apply(h).t()
+        return self.b(h.tanh()).square().mean()
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("module", r"_CheckpointFunction is passed module Sequential \(argument 0\), whose parameters it "
+               r"reaches other than through its tensor arguments.*use_checkpoint=False"),
+    ("list", r"_ListFunction is passed tensors inside a list \(argument 1\).*pass them one by one"),
+    ("item", r"_ItemFunction reads a tensor's value in its forward \(.* at .*test_trust.py:\d+ in "
+             r"forward\): .*Compute with the tensor instead")])
+def test_a_custom_function_reaching_tensors_tracing_cannot_follow_is_refused_with_what_to_do(kind, said):
+    """Each failed deep in torch.export or AOTAutograd: a module's parameters as 'a tensor
+    read from a global', tensors in a list as 'Mixing fake modes NYI', `.item()` as
+    'pending unbacked symbols'; none named the Function."""
+    with pytest.raises(LoweringError, match=said):
+        lower_torch(_CallsFunction(kind), (torch.randn(4, 8),), cost_model="flops")
+
+
+def test_a_custom_function_returning_a_view_of_its_input_trains_like_eager():
+    """torch refused it ('may not alias any inputs to this custom operator'); the op
+    returns a copy, the same values, and the Function's own backward runs."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    for solver in ("autograd", "recompute-all"):
+        assert side_by_side(_CallsFunction("view"), lambda m: _remat(m, (x,), solver=solver), (x,), {},
+                            lambda out: out) == {}
+
+
 class _Constants(torch.nn.Module):
     """Tensors built inside forward: torch.export lifts them as constants (T5's
     `_shift_right` start token; transformers' empty placeholders)."""
