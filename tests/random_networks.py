@@ -2,7 +2,8 @@
 tests of both backends: elementwise ops, norms, matrix products, and the shapes that
 break rematerialization when something is wrong (views of one allocation read by
 several ops, in-place writes, nodes with several outputs, saved indices and masks,
-buffers updated in place, random draws)."""
+buffers updated in place, random draws), regions under no_grad, enable_grad and
+inference_mode, and custom autograd Functions whose backward is not their derivative."""
 
 from __future__ import annotations
 
@@ -13,8 +14,36 @@ from hypothesis import strategies as st
 _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", "sigmoid_mul",
           # aliasing, mutation, several outputs, saved integers and masks, buffers, draws:
           "chunk_mul", "slice_scale", "inplace_relu", "max_shift", "cumsum", "batch_norm",
-          "permute_columns", "rand_add", "detach_mul", "channel_norm")
+          "permute_columns", "rand_add", "detach_mul", "channel_norm",
+          # grad modes inside the forward, custom Functions with backwards of their own:
+          "no_grad_mul", "inference_mul", "straight_through", "function_square")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale")
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Rounds to quarters; passes the gradient on unchanged (round's derivative is zero)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return (x * 4).round() / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _SquareTimesThree(torch.autograd.Function):
+    """Squares; its backward (3 g x) is not the square's derivative, and reads a saved input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * grad * x
 
 
 class RandomNet(torch.nn.Module):
@@ -99,6 +128,20 @@ class RandomNet(torch.nn.Module):
                 y = a + torch.rand_like(a)
             elif op == "detach_mul":
                 y = a * a.detach().sigmoid()
+            elif op == "no_grad_mul":  # a factor without a gradient, grad mode back on inside
+                with torch.no_grad():
+                    factor = a.sigmoid()
+                    with torch.enable_grad():
+                        y = a * 0.5
+                y = y * factor
+            elif op == "inference_mul":  # inference mode: no gradient, as no_grad
+                with torch.inference_mode():
+                    factor = a.tanh()
+                y = a * factor.clone()
+            elif op == "straight_through":
+                y = _StraightThrough.apply(a)
+            elif op == "function_square":
+                y = _SquareTimesThree.apply(a)
             elif op == "where":  # a boolean mask saved for the backward
                 y = torch.where(a > 0, a, b * 0.5)
             elif op == "slice_assign":  # a write into a slice of a copy
