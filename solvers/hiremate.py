@@ -201,7 +201,7 @@ def hiremate(graph: Graph, budget: int | None, *, time_limit_s: float | None = N
         return made[-1]
 
     best = fit_to_budget(plan_at, budget, step=max(1, budget // 400), replans=REPLANS,
-                         progress=progress, label="hiremate")
+                         progress=progress, label="hiremate", deadline=deadline)
     density = density_schedules(tg, deadline=Deadline(whole.remaining() * DENSITY_SHARE))
     kept = keep_set_plans(tg, budget, Deadline(whole.remaining() * KEEP_SET_SHARE), progress)
     made += density + kept

@@ -675,7 +675,7 @@ def _fit_memory_model(chain: Chain, budget: int, progress,
         return _schedule(chain, plan, plan.M) if plan.feasible(plan.M) else None
 
     return fit_to_budget(plan_at, budget, step=unit, replans=REPLANS, progress=progress,
-                         label="rotor")
+                         label="rotor", deadline=deadline)
 
 
 #: Rounds of `_least_memory`: each solves the DP again with the capacity its last round

@@ -11,7 +11,7 @@ import pytest
 import torch
 from builders import chain
 from slow import some_slow
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from strategies import search, training_graphs
 
@@ -529,3 +529,38 @@ def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().splitlines()[-1].startswith(message), done.stderr
         assert "Traceback" not in done.stderr
+
+
+@search(40)
+@example(peaks=[150, 150, 150, 50], expired=True)   # the target falls below zero first
+@given(peaks=st.lists(st.integers(50, 150), min_size=1, max_size=10), expired=st.booleans())
+def test_fit_to_budget_stops_at_its_first_fitting_plan_once_the_deadline_has_passed(peaks, expired):
+    """Each plan may take a solver's least time (hiremate's top H-ILP: about 0.4 s on the
+    quick GPT-2), and the search went on through all its replans past the deadline (a
+    time limit of 0.5 s took 2.8 s). Past the deadline it ends at the first plan within
+    the budget, which it returns; before it, it searches as without one. Plans are
+    stand-ins whose peaks are drawn, one per call."""
+    from remat_ir.solvers.sequences import fit_to_budget
+
+    def search_with(deadline):
+        calls = []
+
+        def plan_at(target):
+            schedule = pb.Schedule(predicted_peak_bytes=peaks[len(calls) % len(peaks)],
+                                   predicted_time_s=len(calls))
+            calls.append(target)
+            return schedule
+        best = fit_to_budget(plan_at, 100, step=1, replans=len(peaks), progress=quiet, label="test",
+                             deadline=deadline)
+        return best, calls
+
+    best, calls = search_with(Deadline(0.0 if expired else 3600.0))
+    unlimited, all_calls = search_with(None)
+    first_fit = next((i for i, peak in enumerate(peaks[:len(all_calls)]) if peak <= 100), None)
+    if not expired:
+        assert calls == all_calls and best == unlimited
+    elif first_fit is None:
+        assert best is None and calls == all_calls   # nothing fits: the search goes on
+    else:
+        assert len(calls) == first_fit + 1 and calls == all_calls[:first_fit + 1]
+        assert best.predicted_peak_bytes == peaks[first_fit]
