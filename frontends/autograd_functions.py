@@ -9,20 +9,23 @@ routes every call of a user-defined Function through a custom op of its own
 formula runs the Function's `backward`; AOTAutograd then traces that backward
 into the joint graph, so what the Function's `backward` computes is what runs.
 
-How: the op's forward runs `Function.forward` with a stand-in context. The
-autograd formula's `setup_context` runs the forward again with another
-stand-in to collect what it saves (`save_for_backward`, attributes), so a
-Function that saves tensors computes its forward twice in the graph (the
-solver may free the first copy early). Refused with a `LoweringError` naming
-the Function: keyword arguments to `apply`, `mark_dirty` (in-place outputs),
-outputs other than tensors, modules and tensors in containers among its arguments
-(`_unfollowed_argument`), and, in its forward, random draws, writes into its
-arguments and values read from tensors (`_refusing_effects`). Functions defined in
-torch itself are left to torch, but for the reentrant `torch.utils.checkpoint`
-(`use_reentrant=True`), refused: its forward runs under `no_grad` and its gradients
-come from a backward of its own, so the traced step lost every gradient through it,
-silently where another path reached the loss (2026-11-29 sweep: the parameters after
-it got none). An output that is an input or a view of one is returned as a copy.
+How: the op runs `Function.forward` once, with a stand-in context, and returns its
+outputs, then what it saved for the backward that is neither an input nor an output
+(`_Returns`); the autograd formula's `setup_context` builds the backward's context from
+the op's inputs and results. A forward that draws random numbers makes its op a random
+node of the graph, whose draw a recomputation replays (`random_ops`). (Until 2026-11-30
+`setup_context` ran the forward again, traced, for what it saves: a Function saving an
+intermediate computed it twice, and a drawing one drew twice, so its saved mask was not
+its output's, silently.) Refused with a `LoweringError` naming the Function: keyword
+arguments to `apply`, `mark_dirty` (in-place outputs), outputs other than tensors,
+modules and tensors in containers among its arguments (`_unfollowed_argument`), tensors
+in a container attribute of its context, and, in its forward, writes into its arguments
+and values read from tensors (`_refusing_effects`). Functions defined in torch itself are
+left to torch, but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`),
+refused: its forward runs under `no_grad` and its gradients come from a backward of its
+own, so the traced step lost every gradient through it, silently where another path
+reached the loss (2026-11-29 sweep: the parameters after it got none). An output that is
+an input or a view of one is returned as a copy.
 The ops are registered in this process only: a graph that uses one runs in a
 process that lowered the same model.
 
@@ -52,7 +55,7 @@ from torch.utils.checkpoint import CheckpointFunction
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast
 
 from .model_lines import model_line
-from .random_ops import draws_random
+from .random_ops import draws_random, note_function_op
 
 #: Ops registered in this process: name -> (Function class, arguments other than
 #: tensors, op, facts).
@@ -138,25 +141,37 @@ def _op_name(cls, positions: list[int], constants: list) -> str:
 
 
 def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
-    """(custom op, tensor positions, facts) for one call; `facts["sequence"]`, set when the
-    op runs, says whether the Function returned a tuple or list rather than one tensor.
-    A call computing what an earlier one did (same class, same constants, same autocast
-    state) shares its op.
+    """(custom op, tensor positions, facts) for one call. The op runs the Function's
+    forward once and returns its outputs, then what it saved for the backward that is
+    neither an input nor an output (`_Returns`); `facts["outputs"]`, set when the op runs,
+    says how many of its results are the Function's outputs, `facts["sequence"]` whether
+    the Function returned a tuple or list rather than one tensor, `facts["draws"]` whether
+    its forward draws from the generator (the graph's node is then random, replayed where
+    recomputed: `random_ops.draws_random`). A call computing what an earlier one did (same
+    class, same constants, same autocast state, the same inputs needing a gradient) shares
+    its op.
 
     `autocast`: the autocast state the Function was called under, which its forward runs
     under, as eager's does (the runtime runs segments without autocast, the casts being
     in the graph; a Function's forward is opaque to tracing, so its casts are not):
     under bf16 autocast its matmul ran in float32 (gradients 3e-3 off eager's), and
-    `torch.amp.custom_fwd(cast_inputs=...)` cast nothing, so mixed dtypes crashed."""
+    `torch.amp.custom_fwd(cast_inputs=...)` cast nothing, so mixed dtypes crashed.
+
+    Why one run: the op ran the forward for its outputs, and the autograd formula's
+    `setup_context` ran it again, traced, for what it saves. A Function that saved an
+    intermediate or its output computed it twice, and one that drew random numbers drew
+    twice: the mask it saved was not the one its output used (gradients off eager's, the
+    generator advanced twice, silently: 2026-11-30)."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    others = [None if i in positions else a for i, a in enumerate(args)] + [autocast]
+    needs = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    others = [None if i in positions else a for i, a in enumerate(args)] + [autocast, needs]
     op_name = _op_name(cls, positions, others)
     if op_name in _registered:
         _, _, op, facts = _registered[op_name]
         return op, positions, facts
     name = f"{cls.__module__}.{cls.__qualname__}"
     constants = list(args)
-    facts = {"sequence": False}
+    facts = {"sequence": False, "outputs": 0, "draws": False, "returns": None}
     autocasting = functools.partial(entered_autocast, autocast)
 
     def full_args(tensors):
@@ -166,36 +181,39 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         return full
 
     def forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        ctx = _Context(needs, name)
         with torch.no_grad(), autocasting():
-            output = _run_forward(cls, _Context((False,) * len(args), name), full_args(tensors))
+            output = _run_forward(cls, ctx, full_args(tensors))
         facts["sequence"] = isinstance(output, (tuple, list))
         outputs = _as_list(output, name)
-        # A custom op's outputs may not alias its inputs: an input returned, or a view of
-        # one (`x.t()`, which torch refused with a message about custom ops), is returned
-        # as a copy, the same values.
-        inputs = {StorageWeakRef(t.untyped_storage()) for t in tensors}
-        return [o.clone() if StorageWeakRef(o.untyped_storage()) in inputs else o for o in outputs]
+        returns = _Returns(name, tensors, outputs, ctx)
+        if facts["returns"] is None:
+            facts["returns"], facts["outputs"] = returns, len(outputs)
+        elif not returns.same_layout(facts["returns"]):
+            raise RuntimeError(f"autograd.Function {name} saved other tensors for its backward "
+                               f"than when it was lowered ({returns.describe()}, lowered: "
+                               f"{facts['returns'].describe()}); lower the model again")
+        return returns.tensors
 
     def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        with _refusing_effects(name, dict(zip(positions, tensors))):
-            return forward(tensors)
+        with _refusing_effects(name, dict(zip(positions, tensors))) as effects:
+            results = forward(tensors)
+        facts["draws"] = facts["draws"] or effects.drew
+        return results
 
     op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", forward, mutates_args=())
     op.register_fake(traced_forward)
 
     def setup_context(ctx, inputs, output):
         (tensors,) = inputs
-        needs = tuple(i in positions and tensors[positions.index(i)].requires_grad
-                      for i in range(len(args)))
-        fctx = _Context(needs, name)
-        with torch.no_grad(), autocasting():
-            _run_forward(cls, fctx, full_args(tensors))
-        ctx.function_context = fctx
+        returns: _Returns = facts["returns"]
+        ctx.function_context = returns.context(needs, list(tensors), list(output))
         ctx.input_meta = [(t.shape, t.dtype, t.device) for t in tensors]
-        ctx.output_meta = [(t.shape, t.dtype, t.device) for t in output]
+        ctx.output_meta = [(t.shape, t.dtype, t.device) for t in output[:facts["outputs"]]]
 
     def backward(ctx, grads):
         fctx = ctx.function_context
+        grads = list(grads[:len(ctx.output_meta)])   # none flows to what was saved
         if fctx.materialize_grads:
             grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                      for g, (shape, dtype, device) in zip(grads, ctx.output_meta)]
@@ -209,38 +227,104 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
 
     op.register_autograd(backward, setup_context=setup_context)
     _registered[op_name] = (cls, others, op, facts)
+    note_function_op(f"{FUNCTION_NAMESPACE}::{op_name}", facts)
     return op, positions, facts
 
 
-#: Why a Function's forward may not draw or write into its arguments.
-_AGAIN = ("remat-ir runs a Function's forward again to collect what it saves, and where it "
-          "recomputes it, so that would be done more than once per step")
+#: Attributes of the stand-in context that are its own, not the Function's.
+_OWN = frozenset(vars(_Context((), "")))
+
+
+class _Returns:
+    """What one run of a Function's forward hands the graph: its outputs (a copy of one
+    that is an input or a view of one: a custom op's results may not alias its inputs),
+    then each tensor it saved for the backward (`save_for_backward`, or assigned to the
+    context) that is neither an input nor an output, as a copy where it shares storage
+    with one. `layout` says where each saved tensor is found among the op's inputs and
+    results, so that `context` builds the backward's context from the graph's tensors."""
+
+    def __init__(self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], ctx: _Context):
+        storages = {StorageWeakRef(t.untyped_storage()) for t in inputs}
+        self.tensors = [o.clone() if StorageWeakRef(o.untyped_storage()) in storages else o for o in outputs]
+        storages |= {StorageWeakRef(t.untyped_storage()) for t in self.tensors}
+        found = {**{id(t): ("output", j) for j, t in enumerate(outputs)},
+                 **{id(t): ("input", i) for i, t in enumerate(inputs)}}
+
+        def place(tensor):
+            if tensor is None:
+                return ("none",)
+            if not isinstance(tensor, torch.Tensor):
+                raise FunctionError(f"autograd.Function {name} saves a {type(tensor).__name__} "
+                                    f"with save_for_backward; remat-ir preserves Functions that "
+                                    f"save tensors (keep other values as attributes of ctx)")
+            if id(tensor) not in found:
+                shared = StorageWeakRef(tensor.untyped_storage()) in storages
+                found[id(tensor)] = ("output", len(self.tensors))
+                self.tensors.append(tensor.clone() if shared else tensor)
+                storages.add(StorageWeakRef(self.tensors[-1].untyped_storage()))
+            return found[id(tensor)]
+
+        self.saved = [place(t) for t in ctx.saved_tensors]
+        self.attributes, self.tensor_attributes = {}, {}
+        for key, value in sorted(vars(ctx).items()):
+            if key in _OWN:
+                continue
+            if isinstance(value, torch.Tensor):
+                self.tensor_attributes[key] = place(value)
+            elif any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value)):
+                raise FunctionError(f"autograd.Function {name} keeps tensors inside ctx.{key}; "
+                                    f"remat-ir preserves tensors the forward saves with "
+                                    f"save_for_backward or assigns to ctx one by one")
+            else:
+                self.attributes[key] = value
+        self.materialize_grads = ctx.materialize_grads
+
+    def same_layout(self, other: _Returns) -> bool:
+        return (self.saved, self.tensor_attributes, len(self.tensors)) == \
+            (other.saved, other.tensor_attributes, len(other.tensors))
+
+    def describe(self) -> str:
+        return f"{len(self.saved)} saved, {len(self.tensors)} results"
+
+    def context(self, needs: tuple[bool, ...], inputs: list, results: list) -> _Context:
+        """The backward's context: this run's other attributes, the saved tensors found
+        among the graph's `inputs` and `results` of the op."""
+        def tensor(place):
+            return None if place[0] == "none" else (inputs if place[0] == "input" else results)[place[1]]
+
+        ctx = _Context(needs, "")
+        ctx.__dict__.update(self.attributes)
+        ctx._saved = tuple(tensor(p) for p in self.saved)
+        for key, place in self.tensor_attributes.items():
+            setattr(ctx, key, tensor(place))
+        ctx.materialize_grads = self.materialize_grads
+        return ctx
+
+
+#: Why a Function's forward may not write into its arguments.
+_AGAIN = ("remat-ir runs a Function's forward again wherever its plan recomputes it, so the "
+          "write would be done more than once per step")
 
 
 class _refusing_effects(TorchDispatchMode):
-    """Raises `FunctionError` at the first op of the block that draws from the generator,
-    writes into one of the Function's arguments (without `mark_dirty`, refused apart) or
-    reads a tensor's value.
-    Entered only while tracing (the op's fake kernel). A Function's forward runs as the
-    opaque op, again traced into the graph by `setup_context` to collect what it saves, and
-    again wherever the plan recomputes it, and the runtime's generator replay does not
-    see into it: a draw was made twice, so the mask a Function saved for its backward was
-    not the one its output used (gradients off eager's, the generator advanced twice), and
-    a running statistic it updated was updated 2-3 times per step (0.47 off eager's after
-    one step), both silently (2026-11-30). A value read from a tensor (`.item()`) is
-    refused too: export failed on it with "pending unbacked symbols", naming no line."""
+    """Notes in `drew` whether an op of the block draws from the generator; raises
+    `FunctionError` at the first that writes into one of the Function's arguments (without
+    `mark_dirty`, refused apart) or reads a tensor's value. Entered only while tracing
+    (the op's fake kernel). The op runs again wherever the plan recomputes it: a running
+    statistic the forward updated was updated 2-3 times per step (0.47 off eager's after
+    one step, silently, 2026-11-30, when `setup_context` also ran it). A value read from a
+    tensor (`.item()`): export failed on it with "pending unbacked symbols", naming no
+    line."""
 
     def __init__(self, function: str, arguments: dict[int, torch.Tensor]):
         super().__init__()
-        self.function = function
+        self.function, self.drew = function, False
         self.arguments = {StorageWeakRef(t.untyped_storage()): i for i, t in arguments.items()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if draws_random(func, args, kwargs):
-            self._refuse(f"draws random numbers in its forward ({func.name()}{self._where()})",
-                         f"{_AGAIN}. Draw the noise outside the Function and pass it to apply() "
-                         f"as a tensor argument")
+            self.drew = True
         if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
             self._refuse(f"reads a tensor's value in its forward (`.item()`, `float(t)` or a "
                          f"branch on a tensor{self._where()})",
@@ -331,6 +415,7 @@ def preserving_functions(errors: list):
         except FunctionError as exc:
             errors.append(exc)
             return original.__func__(cls, *args, **kwargs)
+        outputs = outputs[:facts["outputs"]]   # then what the forward saved
         return tuple(outputs) if facts["sequence"] else outputs[0]
 
     function_class.apply = classmethod(apply)

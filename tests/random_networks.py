@@ -3,7 +3,8 @@ tests of both backends: elementwise ops, norms, matrix products, and the shapes 
 break rematerialization when something is wrong (views of one allocation read by
 several ops, in-place writes, nodes with several outputs, saved indices and masks,
 buffers updated in place, random draws), regions under no_grad, enable_grad and
-inference_mode, and custom autograd Functions whose backward is not their derivative."""
+inference_mode, and custom autograd Functions whose backward is not their derivative or
+whose forward draws."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "chunk_mul", "slice_scale", "inplace_relu", "max_shift", "cumsum", "batch_norm",
           "permute_columns", "rand_add", "detach_mul", "channel_norm",
           # grad modes inside the forward, custom Functions with backwards of their own:
-          "no_grad_mul", "inference_mul", "straight_through", "function_square")
+          "no_grad_mul", "inference_mul", "straight_through", "function_square", "function_dropout")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale")
 
 
@@ -44,6 +45,21 @@ class _SquareTimesThree(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         return 3 * grad * x
+
+
+class _Dropout(torch.autograd.Function):
+    """Inverted dropout drawing its mask in its forward and saving it for its backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        keep = (torch.rand_like(x) > 0.3).to(x.dtype)
+        ctx.save_for_backward(keep)
+        return x * keep / 0.7
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return grad * keep / 0.7
 
 
 class RandomNet(torch.nn.Module):
@@ -142,6 +158,8 @@ class RandomNet(torch.nn.Module):
                 y = _StraightThrough.apply(a)
             elif op == "function_square":
                 y = _SquareTimesThree.apply(a)
+            elif op == "function_dropout":  # a draw inside a Function, its mask saved
+                y = _Dropout.apply(a)
             elif op == "where":  # a boolean mask saved for the backward
                 y = torch.where(a > 0, a, b * 0.5)
             elif op == "slice_assign":  # a write into a slice of a copy

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import dataclasses
 import io
+import random
 import re
 import sys
 import types
@@ -22,7 +23,7 @@ from remat_ir.ir import RematIRError, pb
 from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
 
 import zoo_models
-from exactness import side_by_side
+from exactness import random_schedule, side_by_side
 
 
 def _remat(model, args, **options):
@@ -99,20 +100,25 @@ class _DropsInFunction(torch.nn.Module):
         return self.b(_DropoutFunction.apply(h)).square().mean()
 
 
-def test_a_custom_function_drawing_in_its_forward_is_refused_by_line_and_its_mask_passed_in_trains():
-    """The Function's forward ran twice, once opaque and once traced for what it saves, so
-    the saved mask was not the one its output used: gradients off eager's, the generator
-    advanced twice, silently (`autograd_functions._refusing_draws`)."""
+@pytest.mark.parametrize("seed", range(4))
+def test_a_custom_function_drawing_in_its_forward_trains_like_eager_under_any_schedule(seed):
+    """The Function's forward ran twice, once as its op and once traced for what it saves,
+    so the saved mask was not the one its output used: gradients off eager's and the
+    generator advanced twice, silently. Its op now runs it once and returns the mask with
+    the output; the op is a random node, whose draw a recomputation replays."""
     torch.manual_seed(0)
     x = torch.randn(16, 8)
-    line = _DropoutFunction.forward.__code__.co_firstlineno + 2
-    with pytest.raises(LoweringError, match=rf"autograd.Function .*_DropoutFunction draws random numbers in "
-                                            rf"its forward \(aten::rand_like at .*test_trust.py:{line} "
-                                            rf"in forward\).*pass it to apply\(\) as a tensor argument"):
-        lower_torch(_DropsInFunction(False), (x,), cost_model="flops")
-    for solver in ("autograd", "recompute-all"):
-        assert side_by_side(_DropsInFunction(True), lambda m: _remat(m, (x,), solver=solver), (x,), {},
-                            lambda out: out) == {}
+    graph = lower_torch(_DropsInFunction(False), (x,), cost_model="flops")
+    ops = [graph.node(n) for n in graph.nodes]
+    drawing = [n for n in ops if n.op.startswith("remat_ir_fn._dropoutfunction_")]
+    assert len(drawing) == 1 and drawing[0].random and not drawing[0].rng_shape_only
+    assert not any(n.op.startswith("aten.rand") for n in ops)   # drawn once, in the op
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=0.8, defer_share=0.5)
+    for make in (lambda m: _remat(m, (x,), solver="autograd"), lambda m: _remat(m, (x,), solver="recompute-all"),
+                 lambda m: ScheduledModule(m, graph, schedule)):
+        assert side_by_side(_DropsInFunction(False), make, (x,), {}, lambda out: out) == {}
+    assert side_by_side(_DropsInFunction(True), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out) == {}
 
 
 class _Observe(torch.autograd.Function):
@@ -478,7 +484,7 @@ def test_a_saved_module_with_function_ops_runs_only_where_they_were_lowered(tmp_
     from pathlib import Path
     model, args, _, _ = zoo_models.straight_through()
     saved = tmp_path / "scheduled.pt"
-    torch.save(_remat(model, args, budget=0.9), saved)
+    torch.save(_remat(model, args, budget=1.0), saved)
     tests = Path(__file__).resolve().parent
     done = subprocess.run([sys.executable, "-c", _LOAD_ELSEWHERE, str(saved)], capture_output=True,
                           text=True, timeout=300, cwd=tests,
