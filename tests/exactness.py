@@ -25,6 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir import ir
+from remat_ir.ir import rng
 from remat_ir.ir import pb
 
 
@@ -208,6 +209,13 @@ def random_schedule(graph: ir.Graph, rnd: random.Random, *, recompute_share: flo
             if m is not None and m not in needed:
                 needed.add(m)
                 stack.extend(producer(v) for v in graph.node(m).inputs)
+    # A random node whose draws depend on values (multinomial, a custom Function's op that
+    # draws) cannot be skipped (`ir.rng`): it draws in its own segment, before any random
+    # node after it in graph order draws.
+    random_order = rng.graph_order(graph)
+    value_draws = [n for n in random_order if not graph.node(n).rng_shape_only]
+    needed |= {n for n in value_draws if graph.node(n).phase == pb.FORWARD}
+    position = {n: i for i, n in enumerate(random_order)}
     deferred: set[int] = set()  # with everything downstream of them (never a needed node)
     for n in forward:
         if n not in needed and (rnd.random() < defer_share
@@ -218,6 +226,8 @@ def random_schedule(graph: ir.Graph, rnd: random.Random, *, recompute_share: flo
     done: set[int] = set()
 
     def ready(n):
+        if n in position and any(m not in done for m in value_draws if position[m] < position[n]):
+            return False
         return all(producer(v) is None or producer(v) in done for v in graph.node(n).inputs)
 
     def run_in_random_order(nodes):

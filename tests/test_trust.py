@@ -121,6 +121,26 @@ def test_a_custom_function_drawing_in_its_forward_trains_like_eager_under_any_sc
                         lambda out: out) == {}
 
 
+def test_transformers_sew_d_whose_dropout_draws_in_a_function_trains_like_eager():
+    """SEW-D's StableDropout is a custom Function (XDropout) that draws its mask in its
+    forward and saves it: planned at half its peak, it trains bitwise like eager."""
+    from transformers import SEWDConfig, SEWDModel
+
+    torch.manual_seed(0)
+    model = SEWDModel(SEWDConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=4, squeeze_factor=2, max_position_embeddings=64,
+        position_buckets=16, hidden_dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,
+        feat_proj_dropout=0.1, layerdrop=0.0, mask_time_prob=0.0)).train()
+    batch = {"input_values": torch.randn(2, 800)}
+    scheduled = remat_ir.remat(model, batch, budget=0.5, cost_model="flops")
+    assert any(scheduled.graph.node(n).random and scheduled.graph.node(n).op.startswith("remat_ir_fn.xdropout_")
+               for n in scheduled.graph.nodes)
+    assert side_by_side(model, lambda m: scheduled, (), batch,
+                        lambda out: out.last_hidden_state.square().mean()) == {}
+
+
 class _Observe(torch.autograd.Function):
     """Fake quantization that updates the running maximum it is given (a QAT observer)."""
 
