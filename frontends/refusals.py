@@ -32,6 +32,20 @@ def check_backward_hooks(model: torch.nn.Module) -> None:
             f"those); a hook on the module remat_ir.remat returns runs as on any module")
 
 
+def check_script_modules(model: torch.nn.Module) -> None:
+    """LoweringError naming a TorchScript module in the model (`torch.jit.script`,
+    `torch.jit.trace`), which torch.export cannot trace: a scripted `nn.Sequential` failed
+    with "Sequential.forward() takes 2 positional arguments but 3 were given", named as an
+    error of the model's own forward taking another path while traced."""
+    for path, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            where = f"module {path!r} of {type(model).__name__}" if path else type(model).__name__
+            raise LoweringError(
+                f"{where} is a TorchScript module (torch.jit.script or torch.jit.trace), which "
+                f"torch.export cannot trace. Train the Python module it was made from (script or "
+                f"trace a copy after training, for deployment)")
+
+
 def check_hook_reparametrizations(model: torch.nn.Module) -> None:
     """LoweringError naming a module reparametrized by a forward pre-hook that assigns its
     weight at every call (`torch.nn.utils.weight_norm`, `spectral_norm`, `prune`'s

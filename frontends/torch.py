@@ -57,8 +57,9 @@ from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
-from .refusals import (check_backward_hooks, check_hook_reparametrizations, constant_output,
-                       data_error, mutation_error, tensor_hook_error, trace_effects_error)
+from .refusals import (check_backward_hooks, check_hook_reparametrizations, check_script_modules,
+                       constant_output, data_error, mutation_error, tensor_hook_error,
+                       trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
@@ -343,6 +344,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     used before it is assigned)."""
     check_backward_hooks(model)
     check_hook_reparametrizations(model)
+    check_script_modules(model)
     assigned: dict = {}
     exported, kept = _trace_eager_paths(model, args, kwargs, reads, assigned)
     if not assigned:

@@ -290,6 +290,25 @@ def test_a_custom_function_returning_a_view_of_its_input_trains_like_eager():
                             lambda out: out) == {}
 
 
+class _HoldsScripted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()))
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.block(x)).sum()
+
+
+def test_a_torchscript_module_is_refused_by_name_with_what_to_do():
+    """torch.export failed on a scripted submodule with "Sequential.forward() takes 2
+    positional arguments but 3 were given", said as the model's own forward taking
+    another path while traced."""
+    with pytest.raises(LoweringError, match=r"module 'block' of _HoldsScripted is a TorchScript module "
+                                            r".*Train the Python module it was made from"):
+        lower_torch(_HoldsScripted(), (torch.randn(4, 8),), cost_model="flops")
+
+
 class _Constants(torch.nn.Module):
     """Tensors built inside forward: torch.export lifts them as constants (T5's
     `_shift_right` start token; transformers' empty placeholders)."""
