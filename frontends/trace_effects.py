@@ -3,7 +3,9 @@ of it, so the frontend refuses it by name.
 
 - Python's and NumPy's random generators: a number drawn while tracing is a constant of the
   graph (a layer-drop branch on `random.random()` took, at every step, the branch drawn at
-  tracing: gradients 0.78 off eager's wherever eager took the other).
+  tracing: gradients 0.78 off eager's wherever eager took the other). The first draw of
+  the model's code is named by line (`_noting_draw`), with the config to change where it
+  is transformers' SpecAugment (speech models mask time steps with NumPy while training).
 - torch's generator set or read by the model's own code (`torch.manual_seed`,
   `get_rng_state`/`set_rng_state`, `fork_rng`): the graph's random ops draw from the
   generator as the step runs; the forward's seeding or restoring ran once, at tracing.
@@ -145,6 +147,45 @@ def _noting_data_uses(found: list[tuple[str, int, str]]):
             torch.Tensor.data = own
 
 
+def _drawing_functions() -> list[tuple[object, str, object, str]]:
+    """(module, name, function, 'python' or 'numpy') of the functions that draw from
+    Python's and NumPy's global generators (`random.random`, `np.random.rand`: methods of
+    the one generator instance each module keeps)."""
+    found = [(random, name, getattr(random, name), "python") for name in dir(random)
+             if getattr(getattr(random, name), "__self__", None) is random._inst
+             and name not in ("getstate", "setstate", "seed")]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state = numpy.random.mtrand._rand
+        found += [(numpy.random, name, getattr(numpy.random, name), "numpy") for name in dir(numpy.random)
+                  if getattr(getattr(numpy.random, name), "__self__", None) is state
+                  and name not in ("get_state", "set_state", "seed")]
+    return found
+
+
+#: Where a draw from NumPy's global generator comes from in transformers, and what to do.
+_LIBRARY_DRAWS = {
+    "_compute_mask_indices": "transformers' SpecAugment: set mask_time_prob=0.0 and "
+                             "mask_feature_prob=0.0 in the model's config",
+}
+
+
+def _noting_draw(function, name: str, generator: str, draws: dict[str, str]):
+    """`function`, noting in `draws[generator]` where the model's code first calls it: the
+    line of the draw, which comparing the generator's state afterwards cannot name
+    (transformers' speech models draw their SpecAugment masks with NumPy; the error said
+    "np.random" and no more)."""
+    def call(*args, **kwargs):
+        frame = sys._getframe(1)
+        if generator not in draws and is_model_file(frame.f_code.co_filename):
+            function_name = frame.f_code.co_name
+            hint = _LIBRARY_DRAWS.get(function_name)
+            draws[generator] = (f"{name} at {frame.f_code.co_filename}:{frame.f_lineno} in "
+                                f"{function_name}{f'; {hint}' if hint else ''}")
+        return function(*args, **kwargs)
+    return call
+
+
 #: An attribute the module did not have.
 MISSING = object()
 
@@ -172,6 +213,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
 
     for owner, name, function in originals:
         setattr(owner, name, noted(name, function))
+    draws: dict[str, str] = {}   # generator -> where the model's code first drew from it
+    drawing = _drawing_functions()
+    for owner, name, function, source in drawing:
+        setattr(owner, name, _noting_draw(function, f"{owner.__name__}.{name}", source, draws))
     # torch.export puts back the attributes a forward assigned, so assignments are noted
     # as they happen; in-place changes to lists and dicts are found by comparing after.
     module_setattr = torch.nn.Module.__setattr__
@@ -227,6 +272,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         torch.nn.Module.__setattr__ = module_setattr
         for owner, name, function in originals:
             setattr(owner, name, function)
+        for owner, name, function, _ in drawing:
+            setattr(owner, name, function)
         for warning in said:
             # torch.export's own finding: a tensor assigned into a module's attributes
             # (appended to a list of them too), which it puts back and warns about.
@@ -246,10 +293,11 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             found.append("it sets torch's generator state")
             torch.set_rng_state(generator)
         if random.getstate() != python:
-            found.append("it draws from Python's random generator (random.random and the like)")
+            found.append(f"it draws from Python's random generator "
+                         f"({draws.get('python', 'random.random and the like')})")
             random.setstate(python)
         if not _same_numpy_state(_numpy_state(), numpy):
-            found.append("it draws from NumPy's random generator (np.random)")
+            found.append(f"it draws from NumPy's random generator ({draws.get('numpy', 'np.random')})")
             sys.modules["numpy"].random.set_state(numpy)
         modules = dict(model.named_modules())
         added = {(path, key) for path, module in modules.items() for key in vars(module)

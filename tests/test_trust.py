@@ -1189,8 +1189,10 @@ class _Effects(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind, said", [
-    ("python_random", "draws from Python's random generator"),
-    ("numpy_random", "draws from NumPy's random generator"),
+    ("python_random", r"draws from Python's random generator \(random.random at .*test_trust.py:\d+ in "
+                      r"forward\)"),
+    ("numpy_random", r"draws from NumPy's random generator \(numpy.random.rand at .*test_trust.py:\d+ in "
+                     r"forward\)"),
     ("seed", r"calls torch.manual_seed at .*test_trust.py:\d+"),
     ("fork_rng", r"calls torch.fork_rng at .*test_trust.py:\d+"),
     ("counter", r"assigns module attribute 'calls' of _Effects at .*test_trust.py:\d+ \(1, then 2 "
@@ -1217,6 +1219,21 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
         0, 0, [], [None], False)
     assert random.getstate() == state[0] and (numpy.random.get_state()[1] == state[1]).all()
     assert torch.equal(torch.get_rng_state(), state[2])
+
+
+def test_transformers_specaugment_drawn_with_numpy_is_refused_naming_its_line_and_config():
+    """Wav2Vec2's default config masks time steps while training (mask_time_prob=0.05),
+    drawing the mask with NumPy: the error said "np.random" and no more."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    model = Wav2Vec2ForCTC(Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=4, vocab_size=16, layerdrop=0.0, mask_time_length=2)).train()
+    with pytest.raises(LoweringError, match=r"draws from NumPy's random generator \(numpy.random.\w+ at "
+                                            r".*modeling_wav2vec2.py:\d+ in _compute_mask_indices; "
+                                            r"transformers' SpecAugment: set mask_time_prob=0.0"):
+        lower_torch(model, (), example_kwargs={"input_values": torch.randn(2, 800)}, cost_model="flops")
 
 
 class _Windowed(torch.nn.Module):
