@@ -171,7 +171,7 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         return op, positions, facts
     name = f"{cls.__module__}.{cls.__qualname__}"
     constants = list(args)
-    facts = {"sequence": False, "outputs": 0, "draws": False, "returns": None}
+    facts = {"sequence": False, "outputs": 0, "draws": False, "returns": None, "last": None}
     autocasting = functools.partial(entered_autocast, autocast)
 
     def full_args(tensors):
@@ -193,20 +193,26 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             raise RuntimeError(f"autograd.Function {name} saved other tensors for its backward "
                                f"than when it was lowered ({returns.describe()}, lowered: "
                                f"{facts['returns'].describe()}); lower the model again")
-        return returns.tensors
+        return returns
+
+    def run(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return forward(tensors).take()
 
     def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         with _refusing_effects(name, dict(zip(positions, tensors))) as effects:
-            results = forward(tensors)
+            returns = facts["last"] = forward(tensors)
         facts["draws"] = facts["draws"] or effects.drew
-        return results
+        return returns.take()
 
-    op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", forward, mutates_args=())
+    op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", run, mutates_args=())
     op.register_fake(traced_forward)
 
     def setup_context(ctx, inputs, output):
         (tensors,) = inputs
-        returns: _Returns = facts["returns"]
+        # The run that made `output`, just before: the op is shared by lowerings of other
+        # shapes, and a `ctx.shape = x.shape` kept from the first one's run reshaped the
+        # next one's gradient to the first's shape.
+        returns: _Returns = facts["last"]
         ctx.function_context = returns.context(needs, list(tensors), list(output))
         ctx.input_meta = [(t.shape, t.dtype, t.device) for t in tensors]
         ctx.output_meta = [(t.shape, t.dtype, t.device) for t in output[:facts["outputs"]]]
@@ -240,8 +246,9 @@ class _Returns:
     that is an input or a view of one: a custom op's results may not alias its inputs),
     then each tensor it saved for the backward (`save_for_backward`, or assigned to the
     context) that is neither an input nor an output, as a copy where it shares storage
-    with one. `layout` says where each saved tensor is found among the op's inputs and
-    results, so that `context` builds the backward's context from the graph's tensors."""
+    with one. `saved` and `tensor_attributes` say where each saved tensor is found among
+    the op's inputs and results (("input", i), ("output", j) or ("none",)), so that
+    `context` builds the backward's context from the graph's tensors."""
 
     def __init__(self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], ctx: _Context):
         storages = {StorageWeakRef(t.untyped_storage()) for t in inputs}
@@ -278,13 +285,19 @@ class _Returns:
             else:
                 self.attributes[key] = value
         self.materialize_grads = ctx.materialize_grads
+        self.count = len(self.tensors)
+
+    def take(self) -> list[torch.Tensor]:
+        """The op's results, handed over once: kept facts hold no tensor of a step."""
+        tensors, self.tensors = self.tensors, None
+        return tensors
 
     def same_layout(self, other: _Returns) -> bool:
-        return (self.saved, self.tensor_attributes, len(self.tensors)) == \
-            (other.saved, other.tensor_attributes, len(other.tensors))
+        return (self.saved, self.tensor_attributes, self.count) == \
+            (other.saved, other.tensor_attributes, other.count)
 
     def describe(self) -> str:
-        return f"{len(self.saved)} saved, {len(self.tensors)} results"
+        return f"{len(self.saved)} saved, {self.count} results"
 
     def context(self, needs: tuple[bool, ...], inputs: list, results: list) -> _Context:
         """The backward's context: this run's other attributes, the saved tensors found

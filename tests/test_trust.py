@@ -141,6 +141,40 @@ def test_transformers_sew_d_whose_dropout_draws_in_a_function_trains_like_eager(
                         lambda out: out.last_hidden_state.square().mean()) == {}
 
 
+class _FlatSine(torch.autograd.Function):
+    """Keeps its input's shape and a count on its context, for its backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.shape, ctx.rows = x.shape, x.shape[0]
+        return x.reshape(-1).sin()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.reshape(ctx.shape) * 2 / ctx.rows
+
+
+class _FlattensInFunction(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _FlatSine.apply(self.linear(x)).square().sum()
+
+
+def test_what_a_custom_function_keeps_on_its_context_is_each_lowerings_own():
+    """One op serves lowerings of other shapes; the context of the first one's run, kept
+    for every backward, reshaped a longer batch's gradient to the first's shape (and a
+    count kept there would have scaled it silently)."""
+    torch.manual_seed(0)
+    model = _FlattensInFunction()
+    scheduled = _remat(model, (torch.randn(4, 8),))
+    for rows in (4, 6, 4):
+        x = torch.randn(rows, 8)
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out, steps=1) == {}
+
+
 class _Observe(torch.autograd.Function):
     """Fake quantization that updates the running maximum it is given (a QAT observer)."""
 
