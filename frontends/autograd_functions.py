@@ -18,14 +18,16 @@ node of the graph, whose draw a recomputation replays (`random_ops`). (Until 202
 intermediate computed it twice, and a drawing one drew twice, so its saved mask was not
 its output's, silently.) Refused with a `LoweringError` naming the Function: keyword
 arguments to `apply`, `mark_dirty` (in-place outputs), outputs other than tensors,
-modules and tensors in containers among its arguments (`_unfollowed_argument`), tensors
-in a container attribute of its context, and, in its forward, writes into its arguments
-and values read from tensors (`_refusing_effects`). Functions defined in torch itself are
-left to torch, but for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`),
-refused: its forward runs under `no_grad` and its gradients come from a backward of its
-own, so the traced step lost every gradient through it, silently where another path
-reached the loss (2026-11-29 sweep: the parameters after it got none). An output that is
-an input or a view of one is returned as a copy.
+tensors in containers among its arguments (`_unfollowed_argument`), tensors in a
+container attribute of its context, and, in its forward, writes into its arguments,
+values read from tensors, and parameters or buffers read from a module passed as an
+argument (`_refusing_effects`). Functions defined in torch itself are left to torch, but
+for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`), refused: its forward
+runs under `no_grad` and its gradients come from a backward of its own, so the traced
+step lost every gradient through it, silently where another path reached the loss
+(2026-11-29 sweep: the parameters after it got none). An output that is an input or a
+view of one is returned as a copy.
+
 The ops are registered in this process only: a graph that uses one runs in a
 process that lowered the same model.
 
@@ -199,7 +201,7 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         return forward(tensors).take()
 
     def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        with _refusing_effects(name, dict(zip(positions, tensors))) as effects:
+        with _refusing_effects(name, dict(zip(positions, tensors)), facts.get("modules", {})) as effects:
             returns = facts["last"] = forward(tensors)
         facts["draws"] = facts["draws"] or effects.drew
         return returns.take()
@@ -322,20 +324,33 @@ _AGAIN = ("remat-ir runs a Function's forward again wherever its plan recomputes
 class _refusing_effects(TorchDispatchMode):
     """Notes in `drew` whether an op of the block draws from the generator; raises
     `FunctionError` at the first that writes into one of the Function's arguments (without
-    `mark_dirty`, refused apart) or reads a tensor's value. Entered only while tracing
+    `mark_dirty`, refused apart), reads a tensor's value, or reads a parameter or buffer
+    of a module passed as an argument (a checkpoint Function as latent diffusion's and
+    guided diffusion's `checkpoint` write it: it failed as "a tensor read from a global"). Entered only while tracing
     (the op's fake kernel). The op runs again wherever the plan recomputes it: a running
     statistic the forward updated was updated 2-3 times per step (0.47 off eager's after
     one step, silently, 2026-11-30, when `setup_context` also ran it). A value read from a
     tensor (`.item()`): export failed on it with "pending unbacked symbols", naming no
     line."""
 
-    def __init__(self, function: str, arguments: dict[int, torch.Tensor]):
+    def __init__(self, function: str, arguments: dict[int, torch.Tensor], modules: dict):
         super().__init__()
-        self.function, self.drew = function, False
+        self.function, self.drew, self.modules = function, False, modules
         self.arguments = {StorageWeakRef(t.untyped_storage()): i for i, t in arguments.items()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        for tensor in pytree.tree_leaves((args, kwargs)):
+            reached = self.modules.get(StorageWeakRef(tensor.untyped_storage())) \
+                if isinstance(tensor, torch.Tensor) else None
+            if reached is not None:
+                self._refuse(
+                    f"is passed module {reached[1]} (argument {reached[0]}) and its forward reads "
+                    f"the module's parameters or buffers ({func.name()}{self._where()})",
+                    "remat-ir gives a Function's backward only its tensor arguments. If it is a "
+                    "checkpoint (its backward runs the module again under autograd), turn it "
+                    "off (latent diffusion, guided diffusion: use_checkpoint=False): remat-ir "
+                    "plans recomputation itself")
         if draws_random(func, args, kwargs):
             self.drew = True
         if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
@@ -366,21 +381,10 @@ class _refusing_effects(TorchDispatchMode):
 
 
 def _unfollowed_argument(name: str, args: tuple) -> str | None:
-    """Why a call of Function `name` cannot be preserved because it reaches tensors other
-    than through its tensor arguments, or None. Only tensor arguments are the custom op's
-    inputs; others are constants of the graph. A module passed in (a checkpoint Function as
-    latent diffusion's and guided diffusion's `checkpoint` write it: its backward runs the
-    module again under autograd) failed as a tensor read from a global, and tensors in a
-    list (`apply(x, [w0, w1])`) as 'Mixing fake modes NYI'."""
+    """Why a call of Function `name` cannot be preserved, or None: tensors inside a
+    container argument (`apply(x, [w0, w1])`), which failed as "Mixing fake modes NYI".
+    Only tensor arguments are the custom op's inputs; others are constants of the graph."""
     for i, argument in enumerate(args):
-        owner = getattr(argument, "__self__", None) if isinstance(argument, types.MethodType) else argument
-        if isinstance(owner, torch.nn.Module):
-            return (f"autograd.Function {name} is passed module {type(owner).__name__} (argument {i}), "
-                    f"whose parameters it reaches other than through its tensor arguments, which "
-                    f"are all remat-ir gives a Function's backward. If it is a checkpoint (its "
-                    f"backward runs the module again under autograd), turn it off (latent "
-                    f"diffusion, guided diffusion: use_checkpoint=False): remat-ir plans "
-                    f"recomputation itself")
         if not isinstance(argument, torch.Tensor) and any(
                 isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(argument)):
             return (f"autograd.Function {name} is passed tensors inside a "
@@ -388,6 +392,19 @@ def _unfollowed_argument(name: str, args: tuple) -> str | None:
                     f"whose tensors are arguments of apply() themselves: pass them one by one "
                     f"(apply(x, *weights))")
     return None
+
+
+def _module_tensors(args: tuple) -> dict:
+    """Storage -> (argument position, module class) of the parameters and buffers of the
+    modules among `args` (or of the module a bound method argument belongs to), which a
+    Function's forward reaches other than through its tensor arguments."""
+    found = {}
+    for i, argument in enumerate(args):
+        owner = argument.__self__ if isinstance(argument, types.MethodType) else argument
+        if isinstance(owner, torch.nn.Module):
+            for tensor in (*owner.parameters(), *owner.buffers()):
+                found.setdefault(StorageWeakRef(tensor.untyped_storage()), (i, type(owner).__name__))
+    return found
 
 
 def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:
@@ -424,6 +441,7 @@ def preserving_functions(errors: list):
             raise FunctionError(unfollowed)
         try:
             op, positions, facts = _wrap(cls, args, autocast_state())
+            facts["modules"] = _module_tensors(args)   # for this call's traced forward
             outputs = op([args[i] for i in positions])
         except FunctionError as exc:
             errors.append(exc)

@@ -439,10 +439,10 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
         raise LoweringError(f"{failure} (in {type(model).__name__})") from None
     if isinstance(failure, LoweringError):   # a refusal of the tracing hooks, said whole
         raise failure.with_traceback(None) from None
+    if errors:   # before export's own failure, which may follow from the Function run as is
+        raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     if failure is not None:
         raise _export_failure(type(model).__name__, failure, lambda: eager_runs(model, args, kwargs))
-    if errors:
-        raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     if hook_calls:
         raise tensor_hook_error(type(model).__name__, hook_calls)
     if effects:

@@ -301,8 +301,9 @@ class _CallsFunction(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind, said", [
-    ("module", r"_CheckpointFunction is passed module Sequential \(argument 0\), whose parameters it "
-               r"reaches other than through its tensor arguments.*use_checkpoint=False"),
+    ("module", r"_CheckpointFunction is passed module Sequential \(argument 0\) and its forward reads "
+               r"the module's parameters or buffers \(aten::\w+.* at .*test_trust.py:\d+ in "
+               r"forward\): .*use_checkpoint=False"),
     ("list", r"_ListFunction is passed tensors inside a list \(argument 1\).*pass them one by one"),
     ("item", r"_ItemFunction reads a tensor's value in its forward \(.* at .*test_trust.py:\d+ in "
              r"forward\): .*Compute with the tensor instead")])
@@ -312,6 +313,35 @@ def test_a_custom_function_reaching_tensors_tracing_cannot_follow_is_refused_wit
     'pending unbacked symbols'; none named the Function."""
     with pytest.raises(LoweringError, match=said):
         lower_torch(_CallsFunction(kind), (torch.randn(4, 8),), cost_model="flops")
+
+
+class _ScaledByModule(torch.autograd.Function):
+    """Reads a constant of the module it is passed, none of its tensors."""
+
+    @staticmethod
+    def forward(ctx, x, module):
+        ctx.scale = module.scale
+        return x * module.scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale * 2, None
+
+
+class _PassesItself(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.scale = torch.nn.Linear(8, 8), 3.0
+
+    def forward(self, x):
+        return _ScaledByModule.apply(self.linear(x), self).square().mean()
+
+
+def test_a_custom_function_passed_a_module_it_reads_no_tensor_of_trains_like_eager():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert side_by_side(_PassesItself(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out) == {}
 
 
 def test_a_custom_function_returning_a_view_of_its_input_trains_like_eager():
