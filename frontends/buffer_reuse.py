@@ -17,7 +17,9 @@ The rewrite, per backward node (`reuse_dying_inputs`):
   that input as `out=` gives the bits the functional op gives;
 - the input is an activation or gradient (not resident), read by this node and
   no other, not a graph output, contiguous and exactly as large as its storage,
-  with the result's shape and dtype;
+  with the result's shape and dtype; no input of the result's shape is laid out
+  otherwise (given its output, the kernel may iterate in another order and take
+  another code path: a complex product with a transposed operand was 1e-7 off);
 - the node becomes the op's `out=` overload with that input as `out`, flagged
   `mutating` (so it runs once, and timing copies the input first), and its result,
   with every view of it, moves to the input's storage: the memory model then
@@ -107,6 +109,12 @@ def reuse_dying_inputs(graph: Graph, *, pointwise: bool = True) -> int:
             continue
         result = graph.value(node.outputs[0])
         if result.storage_id in pinned or not _whole_contiguous(graph, result):
+            continue
+        if any(list(graph.value(v).shape) == list(result.shape)
+               and list(graph.value(v).stride) != contiguous_strides(result.shape) for v in node.inputs):
+            # An input of the result's shape laid out otherwise (a transposed gradient): the
+            # kernel, given the output, may iterate in another order and take another code
+            # path (a complex product, 1e-7 off eager's, fed a weight gradient's sum).
             continue
         target = next((graph.value(v) for v in node.inputs
                        if _overwritable(graph, node, graph.value(v), result, readers, pinned)), None)

@@ -185,3 +185,34 @@ def test_for_a_fusing_backend_pointwise_ops_stay_functional_and_the_loss_still_r
     kept = _rewritten(plain, fusing)
     assert kept and not any(pointwise(n) for n in kept)
     assert "aten._log_softmax_backward_data.out" in [n.op for n in kept]
+
+
+class _PolarOfTransposed(torch.nn.Module):
+    """A complex product in the backward (polar's) with a transposed operand."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(33, 33)
+
+    def forward(self, x, angle):
+        magnitude = self.linear(x).transpose(1, 2)
+        return torch.polar(magnitude, angle).abs().square().mean()
+
+
+def test_an_op_with_an_input_laid_out_otherwise_keeps_its_functional_form_and_eagers_bits():
+    """Given the output, the kernel iterated in another order: the complex product's
+    gradient fed the weight's sum 1e-7 off eager's (a short-time Fourier transform's
+    magnitude through a Linear, 2026-11-30 sweep)."""
+    from exactness import side_by_side
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    torch.manual_seed(0)
+    args = (torch.randn(2, 17, 33), torch.randn(2, 33, 17))
+    model = _PolarOfTransposed()
+    graph = lower(model, args)
+    transposed = [n for n in graph.nodes if graph.node(n).op == "aten.mul.Tensor"
+                  and any(list(graph.value(v).stride) == [561, 1, 33] for v in graph.node(n).inputs)]
+    assert transposed   # kept functional
+    schedule = store_all(graph)
+    assert side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, {}, lambda out: out,
+                        tolerance=1e-30) == {}
