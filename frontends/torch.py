@@ -70,7 +70,8 @@ from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
 from .transformers_masks import eager_mask_decisions
 from .transformers_paths import eager_paths
-from .value_dependent import data_sized_branch_error, value_dependent_error
+from .value_dependent import (data_sized_branch_error, refusing_packed_sequences,
+                              value_dependent_error)
 from .view_compaction import compact_views
 from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
@@ -429,7 +430,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
-                noting_saved_tensor_hooks(saved_hooks):
+                noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

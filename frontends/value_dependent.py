@@ -12,6 +12,7 @@ not -100), has a fixed-shape form that trains alike.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import traceback
 
@@ -136,3 +137,32 @@ def _refusal(exc: BaseException | None):
             return exc, exc.func
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+@contextlib.contextmanager
+def refusing_packed_sequences(model: str):
+    """While the block traces `model`, making a `PackedSequence` (`pack_padded_sequence`,
+    `pack_sequence`) raises one LoweringError naming the model's line: a packed batch's
+    layout (`batch_sizes`) comes from the lengths' values, and an RNN fed one failed deep
+    inside ("zeros(): argument 'size' ... got FakeTensor"), said as the forward taking
+    another path while traced."""
+    packed = torch.nn.utils.rnn.PackedSequence
+    new = packed.__new__
+
+    def refused(cls, *args, **kwargs):
+        where = model_line(traceback.extract_stack())
+        raise LoweringError(
+            f"{model}'s forward packs sequences (torch.nn.utils.rnn.PackedSequence"
+            f"{f' at {where}' if where else ''}): a packed batch's layout comes from the "
+            f"lengths' values, a shape known only from the data, and remat-ir lowers one graph "
+            f"of the whole step with fixed shapes. Run the RNN over the padded batch and mask "
+            f"what lies past each length (a packed RNN's last hidden state and its backward "
+            f"direction differ from a padded one's: take the outputs at each length with "
+            f"torch.gather)")
+
+    packed.__new__ = refused
+    try:
+        yield
+    finally:
+        packed.__new__ = new
+

@@ -373,6 +373,27 @@ def test_a_torchscript_module_is_refused_by_name_with_what_to_do():
         lower_torch(_HoldsScripted(), (torch.randn(4, 8),), cost_model="flops")
 
 
+class _Packed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.head = torch.nn.LSTM(8, 8, batch_first=True), torch.nn.Linear(8, 1)
+
+    def forward(self, x, lengths):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        return self.head(torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0]).square().mean()
+
+
+def test_a_packed_sequence_is_refused_by_line_with_the_padded_form():
+    """An RNN fed a packed batch failed with "zeros(): argument 'size' ... got FakeTensor",
+    said as the forward taking another path while traced."""
+    line = _Packed.forward.__code__.co_firstlineno + 1
+    with pytest.raises(LoweringError, match=rf"_Packed's forward packs sequences \(torch.nn.utils.rnn."
+                                            rf"PackedSequence at .*test_trust.py:{line} in forward\): .*"
+                                            rf"Run the RNN over the padded batch"):
+        lower_torch(_Packed(), (torch.randn(3, 5, 8), torch.tensor([5, 3, 2])), cost_model="flops")
+
+
 class _Constants(torch.nn.Module):
     """Tensors built inside forward: torch.export lifts them as constants (T5's
     `_shift_right` start token; transformers' empty placeholders)."""
