@@ -247,17 +247,22 @@ class _Returns:
     """What one run of a Function's forward hands the graph: its outputs (a copy of one
     that is an input or a view of one: a custom op's results may not alias its inputs),
     then each tensor it saved for the backward (`save_for_backward`, or assigned to the
-    context) that is neither an input nor an output, as a copy where it shares storage
-    with one. `saved` and `tensor_attributes` say where each saved tensor is found among
-    the op's inputs and results (("input", i), ("output", j) or ("none",)), so that
-    `context` builds the backward's context from the graph's tensors."""
+    context) that is neither an input, an output nor a view of either. `saved` and
+    `tensor_attributes` say where each saved tensor is found among the op's inputs and
+    results: ("input", i), ("output", j), ("none",), or ("view", base, shape, strides,
+    offset from the base's), so that `context` builds the backward's context from the
+    graph's tensors. A view is made again from its base, in its own layout: copied out,
+    a slice of the input was contiguous where eager's is not, and a reduction over it in
+    the backward summed in another order (weight gradients 2e-7 off eager's)."""
 
     def __init__(self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], ctx: _Context):
         storages = {StorageWeakRef(t.untyped_storage()) for t in inputs}
         self.tensors = [o.clone() if StorageWeakRef(o.untyped_storage()) in storages else o for o in outputs]
-        storages |= {StorageWeakRef(t.untyped_storage()) for t in self.tensors}
         found = {**{id(t): ("output", j) for j, t in enumerate(outputs)},
                  **{id(t): ("input", i) for i, t in enumerate(inputs)}}
+        bases = {StorageWeakRef(t.untyped_storage()): (("input", i), t) for i, t in enumerate(inputs)}
+        for j, t in enumerate(self.tensors):
+            bases.setdefault(StorageWeakRef(t.untyped_storage()), (("output", j), t))
 
         def place(tensor):
             if tensor is None:
@@ -266,11 +271,18 @@ class _Returns:
                 raise FunctionError(f"autograd.Function {name} saves a {type(tensor).__name__} "
                                     f"with save_for_backward; remat-ir preserves Functions that "
                                     f"save tensors (keep other values as attributes of ctx)")
-            if id(tensor) not in found:
-                shared = StorageWeakRef(tensor.untyped_storage()) in storages
+            if id(tensor) in found:
+                return found[id(tensor)]
+            storage = StorageWeakRef(tensor.untyped_storage())
+            base = bases.get(storage)
+            if base is not None and tensor.storage_offset() >= base[1].storage_offset():
+                found[id(tensor)] = ("view", base[0], tuple(tensor.shape), tuple(tensor.stride()),
+                                     tensor.storage_offset() - base[1].storage_offset())
+            else:
                 found[id(tensor)] = ("output", len(self.tensors))
-                self.tensors.append(tensor.clone() if shared else tensor)
-                storages.add(StorageWeakRef(self.tensors[-1].untyped_storage()))
+                self.tensors.append(tensor.clone() if base is not None else tensor)
+                bases.setdefault(StorageWeakRef(self.tensors[-1].untyped_storage()),
+                                 (found[id(tensor)], self.tensors[-1]))
             return found[id(tensor)]
 
         self.saved = [place(t) for t in ctx.saved_tensors]
@@ -295,8 +307,15 @@ class _Returns:
         return tensors
 
     def same_layout(self, other: _Returns) -> bool:
-        return (self.saved, self.tensor_attributes, self.count) == \
-            (other.saved, other.tensor_attributes, other.count)
+        """Whether both runs found their saved tensors in the same places (a view's shape,
+        strides and offset are each lowering's own)."""
+        return self._places() == other._places()
+
+    def _places(self) -> tuple:
+        def kind(place):
+            return place[:2] if place[0] == "view" else place
+        return ([kind(p) for p in self.saved], {k: kind(p) for k, p in self.tensor_attributes.items()},
+                self.count)
 
     def describe(self) -> str:
         return f"{len(self.saved)} saved, {self.count} results"
@@ -305,6 +324,9 @@ class _Returns:
         """The backward's context: this run's other attributes, the saved tensors found
         among the graph's `inputs` and `results` of the op."""
         def tensor(place):
+            if place[0] == "view":
+                base = tensor(place[1])
+                return base.as_strided(place[2], place[3], base.storage_offset() + place[4])
             return None if place[0] == "none" else (inputs if place[0] == "input" else results)[place[1]]
 
         ctx = _Context(needs, "")
