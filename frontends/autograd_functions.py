@@ -173,7 +173,8 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         return op, positions, facts
     name = f"{cls.__module__}.{cls.__qualname__}"
     constants = list(args)
-    facts = {"sequence": False, "outputs": 0, "draws": False, "returns": None, "last": None}
+    facts = {"sequence": False, "outputs": 0, "draws": False, "returns": None, "last": None,
+             "modules": {}}
     autocasting = functools.partial(entered_autocast, autocast)
 
     def full_args(tensors):
@@ -182,7 +183,7 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             full[i] = t
         return full
 
-    def forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def forward(tensors: list[torch.Tensor]) -> _Returns:
         ctx = _Context(needs, name)
         with torch.no_grad(), autocasting():
             output = _run_forward(cls, ctx, full_args(tensors))
@@ -201,7 +202,7 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         return forward(tensors).take()
 
     def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        with _refusing_effects(name, dict(zip(positions, tensors)), facts.get("modules", {})) as effects:
+        with _refusing_effects(name, dict(zip(positions, tensors)), facts["modules"]) as effects:
             returns = facts["last"] = forward(tensors)
         facts["draws"] = facts["draws"] or effects.drew
         return returns.take()
@@ -463,8 +464,13 @@ def preserving_functions(errors: list):
             raise FunctionError(unfollowed)
         try:
             op, positions, facts = _wrap(cls, args, autocast_state())
-            facts["modules"] = _module_tensors(args)   # for this call's traced forward
-            outputs = op([args[i] for i in positions])
+            # For this call's traced forward only: a later trace of the op (AOTAutograd's,
+            # from export's program) is not this call, and storages once freed are reused.
+            facts["modules"] = _module_tensors(args)
+            try:
+                outputs = op([args[i] for i in positions])
+            finally:
+                facts["modules"] = {}
         except FunctionError as exc:
             errors.append(exc)
             return original.__func__(cls, *args, **kwargs)
