@@ -19,8 +19,10 @@ intermediate computed it twice, and a drawing one drew twice, so its saved mask 
 its output's, silently.) Refused with a `LoweringError` naming the Function: keyword
 arguments to `apply`, `mark_dirty` (in-place outputs), outputs other than tensors,
 tensors in containers among its arguments (`_unfollowed_argument`), tensors in a
-container attribute of its context, and, in its forward, writes into its arguments,
-values read from tensors, and parameters or buffers read from a module passed as an
+container attribute of its context, and, in its forward, writes into its arguments or
+into any other tensor it did not make (a 0-dimensional class attribute counting calls
+passed for a constant while tracing, and counted recomputations too, silently), values
+read from tensors, and parameters or buffers read from a module passed as an
 argument (`_refusing_effects`). Functions defined in torch itself are left to torch, but
 for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`), refused: its forward
 runs under `no_grad` and its gradients come from a backward of its own, so the traced
@@ -339,7 +341,7 @@ class _Returns:
         return ctx
 
 
-#: Why a Function's forward may not write into its arguments.
+#: Why a Function's forward may not write into a tensor it did not make.
 _AGAIN = ("remat-ir runs a Function's forward again wherever its plan recomputes it, so the "
           "write would be done more than once per step")
 
@@ -347,7 +349,7 @@ _AGAIN = ("remat-ir runs a Function's forward again wherever its plan recomputes
 class _refusing_effects(TorchDispatchMode):
     """Notes in `drew` whether an op of the block draws from the generator; raises
     `FunctionError` at the first that writes into one of the Function's arguments (without
-    `mark_dirty`, refused apart), reads a tensor's value, or reads a parameter or buffer
+    `mark_dirty`, refused apart) or into any tensor its forward did not make, reads a tensor's value, or reads a parameter or buffer
     of a module passed as an argument (a checkpoint Function as latent diffusion's and
     guided diffusion's `checkpoint` write it: it failed as "a tensor read from a global"). Entered only while tracing
     (the op's fake kernel). The op runs again wherever the plan recomputes it: a running
@@ -360,6 +362,10 @@ class _refusing_effects(TorchDispatchMode):
         super().__init__()
         self.function, self.drew, self.modules = function, False, modules
         self.arguments = {StorageWeakRef(t.untyped_storage()): i for i, t in arguments.items()}
+        # Storages the forward's own ops made: the only ones it may write into. A write
+        # into any other (a class attribute, a tensor a closure holds) is done again by
+        # each recomputation, as a write into an argument is.
+        self.made: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -386,13 +392,25 @@ class _refusing_effects(TorchDispatchMode):
                 value = args[i] if i < len(args) else kwargs.get(argument.name)
                 if (argument.alias_info is not None and argument.alias_info.is_write
                         and isinstance(value, torch.Tensor)
-                        and StorageWeakRef(value.untyped_storage()) in self.arguments):
+                        and StorageWeakRef(value.untyped_storage()) not in self.made):
+                    position = self.arguments.get(StorageWeakRef(value.untyped_storage()))
                     self._refuse(
-                        f"writes into its argument {self.arguments[StorageWeakRef(value.untyped_storage())]} "
-                        f"in its forward ({func.name()}{self._where()})",
+                        (f"writes into its argument {position}" if position is not None else
+                         "writes into a tensor it did not make (a global, a class attribute, "
+                         "a closure's)") + f" in its forward ({func.name()}{self._where()})",
                         f"{_AGAIN}. Return the new value and update the tensor outside the "
                         f"Function (a buffer: in the module's forward, under torch.no_grad)")
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        # A result on a storage none of the op's tensors had is new (a view's or an in-place
+        # op's is not); a constant made in the forward (`torch.tensor([...])`) is lifted.
+        read = {StorageWeakRef(t.untyped_storage()) for t in pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)}
+        fresh = func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+        for tensor in pytree.tree_leaves(result):
+            if isinstance(tensor, torch.Tensor) and (
+                    fresh or StorageWeakRef(tensor.untyped_storage()) not in read):
+                self.made.add(StorageWeakRef(tensor.untyped_storage()))
+        return result
 
     @staticmethod
     def _where() -> str:

@@ -229,6 +229,40 @@ def test_a_custom_function_writing_into_its_argument_is_refused_by_line_and_its_
                             lambda out: out) == {}
 
 
+class _CountingFunction(torch.autograd.Function):
+    """Counts its calls in a class attribute, as a step counter for a schedule would."""
+    calls = torch.zeros(())
+
+    @staticmethod
+    def forward(ctx, x):
+        _CountingFunction.calls += 1
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class _CallCounted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.b(_CountingFunction.apply(self.a(x).tanh())).square().mean()
+
+
+def test_a_custom_function_writing_into_a_tensor_it_did_not_make_is_refused_by_line():
+    """A 0-dimensional class attribute passes for a constant while tracing: its count went
+    up once per run of the forward, recomputations included, silently (2026-11-30)."""
+    x = torch.randn(16, 8)
+    line = _CountingFunction.forward.__code__.co_firstlineno + 2
+    with pytest.raises(LoweringError, match=rf"autograd.Function .*_CountingFunction writes into a "
+                                            rf"tensor it did not make .* in its forward "
+                                            rf"\(aten::add_.Tensor at .*test_trust.py:{line} in forward\)"):
+        lower_torch(_CallCounted(), (x,), cost_model="flops")
+
+
 class _CheckpointFunction(torch.autograd.Function):
     """A checkpoint as latent diffusion's `util.checkpoint` writes it: the module comes in as
     an argument, its parameters after the inputs, and the backward runs it again."""
