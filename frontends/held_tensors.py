@@ -15,15 +15,27 @@ tensor assigned) is refused instead of training with the old values. A tensor fo
 unchanged is hashed again only once its version counter moves (every in-place op bumps
 it; a write through `.data` does not, and is not seen). A held tensor that requires a
 gradient is refused: eager would give it one, a constant cannot.
+
+The same holds for tensors held elsewhere that torch.export takes as constants: a class
+attribute (`calls = torch.zeros(())` in the class body, read as `self.calls`), and a
+global or a global class's attribute the model's code reads (`frontends/traced_reads.py`
+finds them: metadata `torch.global_tensors`). Only 0-dimensional ones get this far (a
+larger one was refused by AOTAutograd, "a tensor read from a global"); a 0-dimensional
+global read as a factor was traced as a constant and a change to it since went unseen:
+the step trained with the old value, silently (2026-11-30). A constant the model's
+forward did not make and that is found nowhere (a closure's, a default argument's) is
+refused, and so is a forward writing into one (a step counter), which AOTAutograd
+refused from inside ("expected to have an entirely functional graph").
 """
 
 from __future__ import annotations
 
 import torch
 
-from remat_ir.torchlib.held_tensors import Place, digest, shown
+from remat_ir.torchlib.held_tensors import Place, digest, shown, shown_global
 
 from .errors import LoweringError
+from .model_lines import node_line
 
 #: nn.Module's own bookkeeping in a module's `__dict__`, which holds no tensor of the model's.
 _MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
@@ -44,32 +56,97 @@ def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
                 for key, item in items:
                     if isinstance(item, torch.Tensor) and isinstance(key, (str, int)):
                         found.setdefault(id(item), (path, name, key))
+        for klass in type(module).__mro__:   # class attributes, read through `self`
+            for name, value in vars(klass).items():
+                if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
+                        and name not in vars(module):
+                    found.setdefault(id(value), (path, name, None))
     return found
 
 
+def _made_in_forward(placeholder: torch.fx.Node) -> bool:
+    """Whether an exported constant is a tensor the forward built (`torch.tensor(2.0)`),
+    which export reads through `lift_fresh_copy` only, rather than one it read."""
+    return all(user.target is torch.ops.aten.lift_fresh_copy.default for user in placeholder.users)
+
+
+def _written(placeholder: torch.fx.Node) -> torch.fx.Node | None:
+    """The first node writing into the constant `placeholder` (or a view of it), or None."""
+    pending, seen = [placeholder], set()
+    while pending:
+        node = pending.pop()
+        for user in node.users:
+            if user in seen or not isinstance(user.target, torch._ops.OpOverload):
+                continue
+            seen.add(user)
+            schema = user.target._schema
+            for i, argument in enumerate(schema.arguments):
+                value = user.args[i] if i < len(user.args) else user.kwargs.get(argument.name)
+                if value is node and argument.alias_info is not None:
+                    if argument.alias_info.is_write:
+                        return user
+                    pending.append(user)   # a view of it
+    return None
+
+
 def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.GraphModule,
-                      model: torch.nn.Module) -> list[list]:
-    """Make the constants of `exported` that `model` holds readable by AOTAutograd (in
-    `module`, `exported.module()`), and return their rows for the graph's metadata:
-    [module path, attribute, key or None, digest]."""
+                      model: torch.nn.Module, global_tensors: dict) -> tuple[list[list], list[list]]:
+    """Make the constants of `exported` that `model` holds, or that globals hold
+    (`global_tensors`, `TracedReads.tensors`), readable by AOTAutograd (in `module`,
+    `exported.module()`); return their rows for the graph's metadata: [module path,
+    attribute, key or None, digest] and [Python module, global, None or ["attr", name],
+    digest]. Raises `LoweringError` for one found nowhere, or written into."""
+    name = type(model).__name__
     held = held_tensors(model)
+    placeholders = {node.target: node for node in exported.graph.nodes if node.op == "placeholder"}
     targets: dict[str, list] = {}
+    globals_read: dict[str, list] = {}
     for spec in exported.graph_signature.input_specs:
         if spec.kind != torch.export.graph_signature.InputKind.CONSTANT_TENSOR:
             continue
         tensor = exported.constants.get(spec.target)
-        place = held.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
-        if place is None:
+        placeholder = placeholders.get(spec.arg.name)
+        if not isinstance(tensor, torch.Tensor) or placeholder is None:
             continue
+        place, found = held.get(id(tensor)), global_tensors.get(id(tensor))
+        shown_place = (f"{shown(*place)} of {name}" if place is not None
+                       else shown_global(*found) if found else None)
+        writer = _written(placeholder)
+        if writer is not None:
+            line = node_line(writer)
+            raise LoweringError(
+                f"{name}'s forward writes into a tensor that is neither a parameter nor a "
+                f"buffer ({shown_place or 'one it did not make'}; {writer.target.name()}"
+                f"{f' at {line}' if line else ''}): the graph would hold it as a constant. "
+                f"Register it as a buffer (module.register_buffer), or update it outside "
+                f"the forward")
+        if place is None and found is None:
+            if _made_in_forward(placeholder):
+                continue
+            user = next(iter(placeholder.users), None)
+            line = node_line(user) if user is not None else None
+            raise LoweringError(
+                f"{name}'s forward reads a tensor that is neither a parameter, a buffer, an "
+                f"input nor one the model or a global holds (a closure's, a default "
+                f"argument's: {tensor.dtype} {list(tensor.shape)}"
+                f"{f', read by {user.target} at {line}' if line and user is not None else ''}), "
+                f"which the graph would hold as a constant, blind to a change: register it "
+                f"as a buffer (module.register_buffer) or pass it as an input")
         if tensor.requires_grad:
             raise LoweringError(
-                f"{type(model).__name__} keeps a tensor that requires a gradient at "
-                f"{shown(*place)}, which is neither a parameter nor a buffer: eager gives it a "
+                f"{name} keeps a tensor that requires a gradient at "
+                f"{shown(*place) if place is not None else shown_global(*found)}, which is neither a parameter nor a buffer: eager gives it a "
                 f"gradient, and remat-ir's graph would hold it as a constant. Make it an "
                 f"nn.Parameter (or detach it, if it should not train)")
-        targets[spec.target] = [*place, digest(tensor)]
+        if place is not None:
+            targets[spec.target] = [*place, digest(tensor)]
+        else:
+            globals_read[spec.target] = [found[0], found[1], list(found[2]) if found[2] else None,
+                                         digest(tensor)]
+    rows = sorted(targets.values(), key=repr), sorted(globals_read.values(), key=repr)
+    targets.update(globals_read)
     if not targets:   # the usual model: nothing to lift, the module is left as it is
-        return []
+        return rows
     for node in list(module.graph.nodes):
         if node.op != "get_attr" or node.target not in targets:
             continue
@@ -82,4 +159,4 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
         for user in users:
             user.replace_input_with(node, fresh)
     module.recompile()
-    return sorted(targets.values(), key=repr)
+    return rows

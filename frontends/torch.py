@@ -881,7 +881,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         try:
             decompositions = FUSING_DECOMPOSITIONS if fusing else None
             module = exported.module()
-            held = lift_held_tensors(exported, module, model)
+            held, global_tensors = lift_held_tensors(exported, module, model, reads.tensors)
             draw_in_layout(module, type(model).__name__)
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
@@ -945,6 +945,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         graph.proto.metadata[ValueGuards.KEY] = json.dumps(reads.decisions)
     if held:   # tensors kept outside parameters and buffers, compared at every call
         graph.proto.metadata["torch.held_tensors"] = json.dumps(held)
+    if global_tensors:   # likewise, tensors of globals
+        graph.proto.metadata["torch.global_tensors"] = json.dumps(global_tensors)
     if without_onednn:
         graph.proto.metadata["torch.lstm_without_onednn"] = "true"
     if mixed:

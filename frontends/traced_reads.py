@@ -20,7 +20,8 @@ Recorded, as the forward runs under tracing:
 Found in the code (the methods of the model's module classes in the user's own files,
 and the user's functions they call by name): globals of plain values, the plain items of
 global dicts, lists and tuples, and plain attributes of global classes and modules read
-as `Global.name`.
+as `Global.name`; where those are tensors, where they are (`tensors`), for
+`frontends/held_tensors.py`, which checks the ones traced as constants by their bytes.
 """
 
 from __future__ import annotations
@@ -82,16 +83,20 @@ class TracedReads:
     #: (module path, attribute) -> `torchlib.callables.describe` of a function a module
     #: holds (`self.act = F.gelu`) or its `forward`
     callables: dict = field(default_factory=dict)
+    #: id(tensor) -> (Python module, global name, None | ["attr", name]) of the tensors the
+    #: code reads from globals (`frontends/held_tensors.py` keeps the ones traced as constants)
+    tensors: dict = field(default_factory=dict)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
-                      self.callables):
+                      self.callables, self.tensors):
             table.clear()
 
     def copy(self) -> TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
-                           dict(self.globals), list(self.decisions), dict(self.callables))
+                           dict(self.globals), list(self.decisions), dict(self.callables),
+                           dict(self.tensors))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -222,6 +227,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
     from it; returns the user's functions it leads to."""
     if plain(value):
         reads.globals.setdefault((module, name, None), value)
+    elif isinstance(value, torch.Tensor):
+        reads.tensors.setdefault(id(value), (module, name, None))
     elif (items := plain_items(value)) is not None:
         for key, item in items:
             reads.globals.setdefault((module, name, ("item", key)), item)
@@ -230,6 +237,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
         attribute = getattr(value, following.argval, None)
         if plain(attribute):
             reads.globals.setdefault((module, name, ("attr", following.argval)), attribute)
+        elif isinstance(attribute, torch.Tensor):
+            reads.tensors.setdefault(id(attribute), (module, name, ("attr", following.argval)))
     elif isinstance(value, types.FunctionType) and is_users_file(value.__code__.co_filename):
         return [value]
     return []

@@ -11,7 +11,7 @@ import types
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import describe, filled as _filled, is_function
-from remat_ir.torchlib.held_tensors import digest, held_at
+from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
 _MISSING = "<missing>"
@@ -73,6 +73,9 @@ class TracedReads:
         #: Tensors the model holds outside parameters and buffers, traced as constants
         #: (frontends/held_tensors.py): (path, attribute, key or None, digest).
         self.held = [tuple(row) for row in rows("torch.held_tensors")]
+        #: Tensors of globals traced as constants: (Python module, global, None or
+        #: ["attr", name], digest).
+        self.global_tensors = [tuple(row) for row in rows("torch.global_tensors")]
         #: Per held place, (id, version) of the tensor last found equal to the digest:
         #: an unchanged tensor is not hashed again (an in-place write bumps the version).
         self._verified: dict[int, tuple[int, int]] = {}
@@ -141,19 +144,22 @@ class TracedReads:
         return None
 
     def held_changed(self, at) -> str | None:
-        """`changed` for the tensors the model holds outside parameters and buffers."""
+        """`changed` for the tensors the model, or a global, holds outside parameters and
+        buffers."""
         root = type(at("")).__name__
-        for index, (path, name, key, lowered) in enumerate(self.held):
-            now = held_at(at(path), name, key)
+        places = [(held_at(at(path), name, key), f"tensor {place(path, name, key)} of {root}", lowered)
+                  for path, name, key, lowered in self.held]
+        places += [(global_at(module, name, where), f"tensor {shown_global(module, name, where)}",
+                    lowered) for module, name, where, lowered in self.global_tensors]
+        for index, (now, where, lowered) in enumerate(places):
             seen = _seen(now)
             if seen is not None and self._verified.get(index) == seen:
                 continue
             if now is None or digest(now) != lowered:
                 self._verified.pop(index, None)
                 state = "is gone" if now is None else "holds other values than it held"
-                return (f"tensor {place(path, name, key)} of {root}, which the graph holds as a "
-                        f"constant, {state} when the model was lowered (register it as a buffer "
-                        f"to have it read at every call)")
+                return (f"{where}, which the graph holds as a constant, {state} when the model "
+                        f"was lowered (register it as a buffer to have it read at every call)")
             if seen is not None:
                 self._verified[index] = seen
         return None

@@ -1050,25 +1050,93 @@ def test_a_head_the_loss_leaves_out_keeps_no_gradient_as_in_eager(head):
     assert errors == {}
 
 
-_GLOBAL_TARGET = torch.randn(4, 4)
+_GLOBAL_TARGET, _GLOBAL_SCALE = torch.randn(4, 4), torch.ones(())
 
 
-class _ReadsAGlobal(torch.nn.Module):
+class _ReadsGlobals(torch.nn.Module):
+    """Reads tensors held outside the model: a global target, a 0-dimensional global and a
+    0-dimensional class attribute, through `self` and through the class."""
+    temperature = torch.ones(())
+
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(4, 4)
 
     def forward(self, x):
-        return ((self.linear(x) - _GLOBAL_TARGET) ** 2).mean()
+        h = self.linear(x * _GLOBAL_SCALE) / self.temperature * _ReadsGlobals.temperature
+        return ((h - _GLOBAL_TARGET) ** 2).mean()
 
 
-def test_a_tensor_read_from_a_global_is_refused_with_what_to_do():
-    """AOTAutograd's own error ("Please convert all Tensors to FakeTensors first") named
-    no way out."""
-    with pytest.raises(LoweringError, match=r"_ReadsAGlobal's forward reads a tensor that is "
-                                            r"neither a parameter.*aten.sub.Tensor.*register it as a "
-                                            r"buffer"):
-        _remat(_ReadsAGlobal(), (torch.randn(4, 4),))
+@pytest.mark.parametrize("where", ["global", "global 0-d", "class 0-d"])
+def test_a_tensor_read_from_a_global_or_class_trains_like_eager_until_it_changes(where):
+    """A global was refused with AOTAutograd's error ("Please convert all Tensors to
+    FakeTensors first"), but for a 0-dimensional one, traced as a constant: after it
+    changed, the step trained with the old value, silently (2026-11-30). Now each is
+    traced as a constant whose bytes are compared at every call, as a held tensor's are."""
+    x = torch.randn(4, 4)
+    torch.manual_seed(0)
+    assert side_by_side(_ReadsGlobals(), lambda m: _remat(m, (x,), solver="recompute-all"),
+                        (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    model = _ReadsGlobals()
+    scheduled = _remat(model, (x,), solver="autograd")
+    expected = model(x)
+    tensor, shown = {"global": (_GLOBAL_TARGET, "global _GLOBAL_TARGET of test_trust"),
+                     "global 0-d": (_GLOBAL_SCALE, "global _GLOBAL_SCALE of test_trust"),
+                     "class 0-d": (_ReadsGlobals.temperature, "temperature of _ReadsGlobals")}[where]
+    kept = tensor.clone()
+    try:
+        tensor.add_(1.0)
+        with pytest.raises(RuntimeInputError, match=rf"tensor {shown}, which the graph holds as a "
+                                                    rf"constant, holds other values"):
+            scheduled(x)
+    finally:
+        tensor.copy_(kept)
+    assert torch.equal(scheduled(x), expected)
+
+
+_STEPS = torch.zeros(())
+
+
+def _distance_to(target: torch.Tensor):
+    def distance(h):
+        return ((h - target) ** 2).mean()
+    return distance
+
+
+class _ReadsUnseen(torch.nn.Module):
+    """Writes into a global (a step counter), or reads a tensor no call can compare: a
+    default argument's, a closure's."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.linear, self.where = torch.nn.Linear(4, 4), where
+        self.loss = _distance_to(torch.randn(4, 4))
+
+    def forward(self, x, offset=torch.zeros(())):
+        if self.where == "writes":
+            _STEPS.add_(1)
+        if self.where == "default":
+            x = x + offset
+        return self.loss(self.linear(x))
+
+
+def test_a_forward_writing_into_a_global_or_reading_a_tensor_found_nowhere_is_refused_by_line():
+    """The write failed inside AOTAutograd ("expected to have an entirely functional
+    graph"); a default argument's 0-dimensional tensor was traced as a constant, and a
+    closure's larger one failed there ("convert all Tensors to FakeTensors")."""
+    first = _ReadsUnseen.forward.__code__.co_firstlineno
+    with pytest.raises(LoweringError, match=rf"_ReadsUnseen's forward writes into a tensor that is neither "
+                                            rf"a parameter nor a buffer \(global _STEPS of test_trust; "
+                                            rf"aten::add_.Tensor at .*test_trust.py:{first + 2} in forward\)"
+                                            rf".*Register it as a buffer"):
+        lower_torch(_ReadsUnseen("writes"), (torch.randn(4, 4),), cost_model="flops")
+    for where, shape, op, line in (("default", r"\[\]", "add", first + 4),
+                                   ("closure", r"\[4, 4\]", "sub", first + 5)):
+        with pytest.raises(LoweringError, match=rf"_ReadsUnseen's forward reads a tensor that is neither .*"
+                                                rf"default argument's: torch.float32 {shape}, read by "
+                                                rf"aten.{op}.Tensor at .*test_trust.py:{line} in "
+                                                rf".*register it as a buffer"):
+            lower_torch(_ReadsUnseen(where), (torch.randn(4, 4),), cost_model="flops")
 
 
 class _KeepsTensors(torch.nn.Module):

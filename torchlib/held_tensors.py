@@ -6,6 +6,7 @@ bytes: the frontend records both for the tensors it traced as constants
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import torch
 
@@ -27,8 +28,9 @@ def shown(path: str, name: str, key) -> str:
 
 
 def held_at(module, name: str, key):
-    """The tensor at a recorded place of `module` (its submodule at the path), or None."""
-    value = vars(module).get(name) if module is not None else None
+    """The tensor at a recorded place of `module` (its submodule at the path), or None: its
+    own attribute, or else its class's (`calls = torch.zeros(())` in the class body)."""
+    value = vars(module).get(name, getattr(type(module), name, None)) if module is not None else None
     if key is not None:
         if isinstance(value, dict):
             value = value.get(key)
@@ -37,3 +39,19 @@ def held_at(module, name: str, key):
         else:
             value = None
     return value if isinstance(value, torch.Tensor) else None
+
+
+def global_at(module_name: str, name: str, where) -> torch.Tensor | None:
+    """The tensor global `name` of Python module `module_name` holds (`where` None), or its
+    attribute (`where` ["attr", attribute]: a class attribute read as `Class.attribute`);
+    None where the module is not imported or holds no tensor there."""
+    module = sys.modules.get(module_name)
+    value = vars(module).get(name) if module is not None else None
+    if where is not None:
+        value = getattr(value, where[1], None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def shown_global(module_name: str, name: str, where) -> str:
+    """'global COUNTER of train', 'global Scaler.calls of train'."""
+    return f"global {name if where is None else f'{name}.{where[1]}'} of {module_name}"
