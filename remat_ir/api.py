@@ -60,8 +60,10 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     (bytes or a size) bounds the host memory the copies take.
 
     Under torch.distributed (DDP, FSDP2: docs/distributed.md) this is a collective:
-    rank 0 lowers and plans, every rank gets its plan, and ranks whose inputs differ
-    all raise `RankMismatch`. `gradient_groups`: how many groups the backward hands
+    where the ranks' inputs agree, rank 0 lowers and plans and every rank gets its plan;
+    where they differ (dynamic padding), each rank plans its own, which DDP takes and
+    FSDP2 refuses at the first call. Later calls of a new shape are planned by their
+    rank alone under DDP, together under FSDP2. `gradient_groups`: how many groups the backward hands
     gradients over in (None: 1 in one process, 16 under torch.distributed, so that
     the reductions overlap the backward).
 
@@ -148,22 +150,33 @@ class Planner:
         #: shape takes one that fits its own graph before planning (`solvers.solve`'s reuse).
         self._solved: list[tuple[Graph, pb.Schedule]] = []
         self.reuse_plans = reuse_plans
+        #: Under torch.distributed: whether a plan was made by each rank for its own
+        #: inputs, which may differ across ranks (`remat_ir.distributed`).
+        self.per_rank = False
 
     def __getstate__(self):
         return {**self.__dict__, "progress": None, "_solved": []}
 
     def __setstate__(self, state):
-        # Pickled before it kept plans.
-        self.__dict__.update({"_solved": [], "reuse_plans": True, **state})
+        # Pickled before it kept plans, or before it said whether ranks plan alone.
+        self.__dict__.update({"_solved": [], "reuse_plans": True, "per_rank": False, **state})
 
-    def __call__(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
-        """Lower and plan; under torch.distributed rank 0 does it for every rank
-        (`remat_ir.distributed.plan_once`)."""
-        from remat_ir.distributed import plan_once
+    def __call__(self, model, args: tuple, kwargs: dict, *, alone: bool = False,
+                 same_plan: bool = False) -> tuple[Graph, pb.Schedule]:
+        """Lower and plan. Under torch.distributed, unless `alone`, a collective: rank 0
+        does it for every rank where the ranks' inputs agree, each rank for itself where
+        they differ, unless `same_plan` (FSDP2), which refuses that
+        (`remat_ir.distributed.plan_together`)."""
+        from remat_ir.distributed import plan_together
         from remat_ir.runtimes.torch import world_size
 
         if world_size() > 1:
-            return plan_once(self._lower_and_plan, model, args, kwargs)
+            self.per_rank = self.per_rank or alone
+            if not alone:
+                graph, schedule, per_rank = plan_together(self._lower_and_plan, model, args, kwargs,
+                                                          same_plan=same_plan)
+                self.per_rank = self.per_rank or per_rank
+                return graph, schedule
         return self._lower_and_plan(model, args, kwargs)
 
     def _lower_and_plan(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:

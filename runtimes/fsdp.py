@@ -36,7 +36,7 @@ class FSDPUsageError(RematIRError):
     """A scheduled module sharded with FSDP2 in a way its segments cannot run."""
 
 
-def _fsdp_module_class():
+def fsdp_module_class():
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # a build without distributed support
@@ -47,7 +47,7 @@ def _fsdp_module_class():
 def is_sharded_class(now: type, before: type) -> bool:
     """Whether `now` is the class FSDP2's `fully_shard` gives a module of class `before`
     (a subclass of FSDPModule and it, adding nothing a forward computes)."""
-    fsdp = _fsdp_module_class()
+    fsdp = fsdp_module_class()
     return fsdp is not None and now.__bases__ == (fsdp, before)
 
 
@@ -61,7 +61,7 @@ class Units:
     def of(scheduled: torch.nn.Module, model: torch.nn.Module) -> "Units | None":
         """The units of `scheduled`, None without FSDP; raises `FSDPUsageError` where
         FSDP was applied so that the units' gradients would never be reduced."""
-        fsdp = _fsdp_module_class()
+        fsdp = fsdp_module_class()
         if fsdp is None or not torch.distributed.is_initialized():  # FSDP needs a process group
             return None
         if isinstance(model, fsdp):

@@ -44,7 +44,7 @@ from . import autocast_anchors
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .dtype_errors import mixed_dtypes_message
-from .fsdp import StepUnits, Units, check_gathered, is_sharded_class
+from .fsdp import FSDPUsageError, StepUnits, Units, check_gathered, fsdp_module_class, is_sharded_class
 from .signatures import Signature, argument_names, autocast_from_json, call_signature, containers
 from .traced_reads import TracedReads
 
@@ -907,8 +907,11 @@ MAX_PLANS = 8
 #: with yet another is refused.
 VALUE_REPLANS = 4
 
-#: Makes the (graph, schedule) for a call of a new signature: `planner(model, args, kwargs)`.
-Planner = Callable[[torch.nn.Module, tuple, dict], "tuple[Graph, pb.Schedule]"]
+#: Makes the (graph, schedule) for a call of a new signature: `planner(model, args, kwargs,
+#: alone=..., same_plan=...)` (`remat_ir.api.Planner`): under torch.distributed, `alone`
+#: plans for this rank without waiting for the others (DDP), `same_plan` gives every rank
+#: one plan (FSDP2: the ranks meet the call together) and refuses ranks whose inputs differ.
+Planner = Callable[..., "tuple[Graph, pb.Schedule]"]
 
 
 class ScheduledModule(torch.nn.Module):
@@ -1061,8 +1064,10 @@ class ScheduledModule(torch.nn.Module):
         devices = [t.device for t in pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
         with torch.random.fork_rng(devices=devices):  # planning never moves the generator
+            sharded = self._sharded()
             try:
-                graph, schedule = self._planner(self._model, args, kwargs)
+                graph, schedule = self._planner(self._model, args, kwargs, alone=not sharded,
+                                                same_plan=sharded)
             except RematIRError as exc:
                 # Say which call failed to plan (a smaller last batch at a share budget),
                 # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
@@ -1112,6 +1117,13 @@ class ScheduledModule(torch.nn.Module):
             # module, is evaluation too): outside training, the model runs as it is.
             return self._model(*args, **kwargs)
         self._check_saved_tensor_hooks()
+        if getattr(self._planner, "per_rank", False) and self._sharded():
+            raise FSDPUsageError(
+                "the ranks planned this module for inputs of different shapes, each its own "
+                "plan, and FSDP2 needs one plan on every rank (its gathers and frees follow "
+                "the plan): call remat_ir.remat with inputs of the same shapes on every rank "
+                "(pad batches to a fixed length), and keep them so, or wrap with DDP, which "
+                "takes ranks of different shapes")
         modules = _Submodules(self._model)
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
@@ -1148,6 +1160,11 @@ class ScheduledModule(torch.nn.Module):
                 "its segments; pass backend=\"inductor\" to remat_ir.remat (or ScheduledModule) "
                 "to compile them with Inductor")
         return self.forward(*args, **kwargs)
+
+    def _sharded(self) -> bool:
+        """Whether FSDP2's `fully_shard` was applied to this module."""
+        fsdp = fsdp_module_class()
+        return fsdp is not None and isinstance(self, fsdp)
 
     def _groups(self) -> int:
         """How many groups the backward hands gradients in (see the class docstring)."""

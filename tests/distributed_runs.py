@@ -138,16 +138,66 @@ def _train_case(name: str, wrapper: str, rank: int, world: int) -> dict:
             "value_guards": [g.proto.metadata.get("torch.value_guards", "") for g, _ in scheduled.plans]}
 
 
-def _mismatch(rank: int, world: int) -> dict:
-    """Rank 1 calls with a batch of another size: every rank must get the same error."""
-    import remat_ir
+#: Dynamic padding: each rank's rows are padded to its own batch's longest, so lengths
+#: differ across ranks and a rank meets a new one at a step where the other does not.
+RAGGED_LENGTHS = [[16, 12, 12, 16], [12, 12, 16, 16]]
 
-    model, split, batch, _, _ = CASES["gpt2"]()
-    shard = batch[: 2 + rank]
-    args, kwargs = split(shard)
+
+def _ragged_ddp(rank: int, world: int) -> dict:
+    """GPT-2 under DDP, each rank's batches of its own lengths (`RAGGED_LENGTHS`), against
+    eager over the same shards. Every call of a new length on one rank was a collective
+    before, and ranks of different shapes were refused (`RankMismatch`)."""
+    import remat_ir
+    from torch.nn.parallel import DistributedDataParallel
+
+    model, split, ids, loss_of, _ = _gpt2()
+    steps = len(RAGGED_LENGTHS[0])
+
+    def shard(step, of_rank):
+        return split(ids.chunk(world)[of_rank][:, :RAGGED_LENGTHS[of_rank][step]].contiguous())
+
+    eager = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    reference = []
+    for step in range(steps):
+        for other in range(world):
+            torch.manual_seed(SEED + 100 * step + other)
+            args, kwargs = shard(step, other)
+            (loss_of(eager(*args, **kwargs)) / world).backward()
+        reference.append({n: p.grad.clone() for n, p in eager.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad()
+    args, kwargs = shard(0, rank)
+    scheduled = remat_ir.remat(model, args, budget=BUDGET, example_kwargs=kwargs, cost_model="flops")
+    trained = DistributedDataParallel(scheduled)
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.05, momentum=0.9)
+    worst = 0.0
+    for step in range(steps):
+        torch.manual_seed(SEED + 100 * step + rank)
+        args, kwargs = shard(step, rank)
+        loss_of(trained(*args, **kwargs)).backward()
+        for n, p in model.named_parameters():
+            worst = max(worst, _relative(p.grad, reference[step][n]))
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"worst_relative_error": worst, "plans": len(scheduled.plans),
+            "inputs": sorted({json.loads(g.proto.metadata["torch.inputs"])[0] for g, _ in scheduled.plans})}
+
+
+def _ragged_fsdp(rank: int, world: int) -> dict:
+    """Ranks that called `remat` with batches of different sizes each planned their own:
+    under FSDP2, which needs one plan, every rank gets one clear error at the first call."""
+    import remat_ir
+    from torch.distributed.fsdp import fully_shard
+
+    model, split, batch, _, units_of = _gpt2()
+    args, kwargs = split(batch[: 2 + rank])
+    scheduled = remat_ir.remat(model, args, budget=BUDGET, example_kwargs=kwargs, cost_model="flops")
+    for unit in units_of(model):
+        fully_shard(unit)
+    trained = fully_shard(scheduled)
     try:
-        remat_ir.remat(model, args, budget=BUDGET, example_kwargs=kwargs, cost_model="flops",
-                       cache_dir=_cache_dir)
+        trained(*args, **kwargs)
     except remat_ir.ir.RematIRError as error:
         return {"error": str(error), "type": type(error).__name__}
     return {"error": None}
@@ -255,7 +305,11 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
                     results[f"{name}-{wrapper}"] = _train_case(name, wrapper, rank, world)
                 except Exception:
                     results[f"{name}-{wrapper}"] = {"failure": traceback.format_exc()}
-        results["mismatch"] = _mismatch(rank, world)
+        for name, case in (("ragged_ddp", _ragged_ddp), ("ragged_fsdp", _ragged_fsdp)):
+            try:
+                results[name] = case(rank, world)
+            except Exception:
+                results[name] = {"failure": traceback.format_exc()}
         results["fsdp_misuse"] = _fsdp_misuse(rank, world)
         results["fsdp_gathers"] = _fsdp_gathered_at_once(rank, world)
         gathered: list = [None] * world

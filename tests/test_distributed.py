@@ -3,7 +3,8 @@
 One spawn runs every case (process start and imports dominate); each test reads
 its case's numbers: gradients of every step equal to eager's over the global
 batch within 1e-6 relative, the same schedule on both ranks (planned once, on
-rank 0), and one clear error on every rank when their input shapes differ.
+rank 0) where their inputs agree; under DDP, ranks of their own lengths (dynamic
+padding) train like eager, and under FSDP2 they get one clear error on every rank.
 """
 
 from __future__ import annotations
@@ -54,12 +55,22 @@ def test_gradients_equal_one_process_over_the_global_batch(runs, case):
         assert all(0 < n < result["parameters"] for n in result["reduced_before_last_group"]), result
 
 
-def test_ranks_with_different_shapes_get_one_clear_error(runs):
-    messages = [results["mismatch"] for results in runs]
+def test_ddp_ranks_padding_batches_to_their_own_lengths_train_like_eager(runs):
+    """Dynamic padding: each rank meets its own lengths, a new one at a step where the other
+    rank does not, and plans it alone (a collective before, and ranks of different shapes
+    were refused). Gradients after DDP's all-reduce equal eager's over the same shards."""
+    for rank, results in enumerate(runs):
+        result = results["ragged_ddp"]
+        assert "failure" not in result, f"rank {rank}: {result.get('failure')}"
+        assert result["worst_relative_error"] <= 1e-6, (rank, result)
+        assert result["inputs"] == ["tensor [2, 12] int64", "tensor [2, 16] int64"], (rank, result)
+
+
+def test_fsdp_ranks_planned_for_different_shapes_get_one_clear_error(runs):
+    messages = [results["ragged_fsdp"] for results in runs]
     for message in messages:
-        assert message["type"] == "RankMismatch", messages
-        assert "rank 1's inputs differ from rank 0's" in message["error"]
-        assert "input_ids" in message["error"] and "same shapes" in message["error"]
+        assert message.get("type") == "FSDPUsageError", messages
+        assert "inputs of different shapes" in message["error"] and "wrap with DDP" in message["error"]
 
 
 @pytest.mark.parametrize("misuse, words", [
