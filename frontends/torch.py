@@ -63,6 +63,7 @@ from .refusals import (check_backward_hooks, check_hook_reparametrizations, chec
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
+from .masked_assign import assign_through_masks
 from .kernel_layouts import match_kernel_layouts
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
@@ -883,6 +884,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             module = exported.module()
             held, global_tensors = lift_held_tensors(exported, module, model, reads.tensors)
             draw_in_layout(module, type(model).__name__)
+            assign_through_masks(module)
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
         except LoweringError:

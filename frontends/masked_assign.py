@@ -1,0 +1,92 @@
+"""`x[mask] = values` becomes `remat_ir::put_masked`, an op of fixed shapes.
+
+Eager's backward of a boolean-mask assignment gives the values the sum of
+`grad[mask]`, a tensor with as many rows as the mask has set elements: traced, the
+joint graph had no fixed shape there, and the model was refused ("calls aten.nonzero
+... whose result's shape depends on tensor data"). A masked autoencoder's
+`tokens[mask] = self.mask_token` and wav2vec2's SpecAugment in pretraining
+(`hidden_states[mask_time_indices] = self.masked_spec_embed`) do this.
+`torchlib/masked_assign.py` gives the assignment as one op of fixed shapes that runs
+eager's kernels forward and backward.
+
+`assign_through_masks`, on the module `torch.export` made (which still holds the
+in-place `index_put_`) before AOTAutograd functionalizes it, replaces each
+`index_put_(x, [None, ..., mask], values)` with one boolean mask. Where `x` is a fresh
+tensor (no view of another) read by nothing but the assignment, what read the
+assignment's result reads the op's; elsewhere (a view, whose base the write must reach)
+the op's result is copied into `x` in place, as `inplace_draws` does. Assignments of
+values needing no gradient (`x[mask] = 0`, `logits[mask] = -inf`), whose traced backward
+had fixed shapes, become the op too (the trace does not tell which values need one): it
+runs the same kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from remat_ir.torchlib import masked_assign  # noqa: F401  registers the op
+
+from .fx_nodes import add_call
+
+_aten = torch.ops.aten
+_PUT = torch.ops.remat_ir.put_masked.default
+
+
+def _val(node) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _mask_form(node: torch.fx.Node) -> tuple[int, torch.fx.Node] | None:
+    """(leading full dimensions, mask) where `node` assigns values through one boolean
+    mask, else None. Whether the values need a gradient is not asked: export's fake
+    values of tensors the forward computes say they need none."""
+    if node.target is not _aten.index_put_.default:
+        return None
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    indices, values = node.args[1], _val(node.args[2])
+    if accumulate or values is None or not indices:
+        return None
+    *leading, mask = indices
+    fake = _val(mask)
+    if any(index is not None for index in leading) or fake is None or fake.dtype != torch.bool:
+        return None
+    return len(leading), mask
+
+
+def _fresh(node) -> bool:
+    """Whether `node` makes a tensor of its own (no view of another, no input), read by
+    nothing but the one assignment after it."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or len(node.users) != 1:
+        return False
+    if node.target is _PUT:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return all(r.alias_info is None for r in node.target._schema.returns)
+
+
+def assign_through_masks(module: torch.fx.GraphModule) -> int:
+    """Rewrite `module` (from `torch.export`, in place) as the docstring says; the number
+    of assignments rewritten."""
+    graph, count = module.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        form = _mask_form(node)
+        if form is None:
+            continue
+        leading, mask = form
+        target, values = node.args[0], node.args[2]
+        fresh = _fresh(target)
+        with graph.inserting_before(node), _val(target).fake_mode:
+            put = add_call(graph, node.meta, _PUT, (target, mask, leading, values))
+            new = put if fresh else add_call(graph, node.meta, _aten.copy_.default, (target, put))
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        count += 1
+    if count:
+        graph.lint()
+        module.recompile()
+    return count

@@ -1,0 +1,78 @@
+"""`x[mask] = values` trains like eager (`frontends/masked_assign.py`,
+`torchlib/masked_assign.py`): values that need a gradient were refused before, since
+eager's backward sums `grad[mask]`, whose rows the mask's data decides."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import remat_ir
+from remat_ir.lowering import lower_torch
+from remat_ir.runtimes.torch import ScheduledModule
+
+from exactness import random_schedule, side_by_side
+
+
+class _Masked(torch.nn.Module):
+    """Assigns through a boolean mask, per `kind`: a parameter (a mask token), a computed
+    row after full dimensions (`h[:, mask]`), into a view (the write reaches its base),
+    chained assignments (a parameter, a function of one, a constant), a mask computed from
+    the activations, and values of shape (1, width) broadcast."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.inner, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        self.token, self.rows = torch.nn.Parameter(torch.randn(8)), torch.nn.Parameter(torch.randn(6, 8))
+
+    def forward(self, x, mask):
+        h = self.inner(x)
+        if self.kind == "token":
+            h[mask] = self.token
+        elif self.kind == "after_full_dims":
+            h[:, mask[0]] = self.rows[0] * 2
+        elif self.kind == "into_view":
+            view = h[:, 1:]
+            view[mask[:, 1:]] = self.token
+        elif self.kind == "chained":
+            h[mask] = self.token
+            h[~mask] = self.token.tanh()
+            h[mask & (x[..., 0] > 0)] = 0.0
+        elif self.kind == "mask_from_data":
+            h[h[..., 0] > 0] = self.token * 3
+        elif self.kind == "broadcast_row":
+            h[mask] = self.rows.mean(0, keepdim=True)
+        return self.out(h.tanh()).square().mean() + h.sum() * 1e-3
+
+
+@pytest.mark.parametrize("kind", ["token", "after_full_dims", "into_view", "chained", "mask_from_data",
+                                  "broadcast_row"])
+@pytest.mark.parametrize("schedule", ["recompute-all", "random"])
+def test_assigning_through_a_mask_trains_like_eager(kind, schedule):
+    """Bitwise, generator state included, over two steps, with every forward node
+    recomputed or 80% at random; the mask differs between calls (the op reads it)."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(4, 6, 8), torch.rand(4, 6) < 0.4
+
+    def make(model):
+        if schedule == "recompute-all":
+            return remat_ir.remat(model, (x, mask), solver="recompute-all", cost_model="flops")
+        graph = lower_torch(model, (x, mask), cost_model="flops")
+        return ScheduledModule(model, graph, random_schedule(graph, random.Random(3), recompute_share=0.8))
+
+    assert side_by_side(_Masked(kind), make, (x, mask), {}, lambda loss: loss, tolerance=1e-30) == {}
+    other = torch.rand(4, 6) < 0.6
+    assert side_by_side(_Masked(kind), make, (x, other), {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
+def test_a_mask_assignment_is_one_op_of_fixed_shapes():
+    """The graph holds the op and its backward, and no op whose shape the data decides."""
+    x, mask = torch.randn(4, 6, 8), torch.rand(4, 6) < 0.4
+    graph = lower_torch(_Masked("token"), (x, mask), cost_model="flops")
+    ops = [graph.node(n).op for n in graph.nodes]
+    assert ops.count("remat_ir.put_masked.default") == 1
+    assert ops.count("remat_ir.put_masked_backward.default") == 1
+    assert not any(op.startswith(("aten.nonzero", "aten.index_put")) for op in ops), ops
