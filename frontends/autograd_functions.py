@@ -349,10 +349,11 @@ _AGAIN = ("remat-ir runs a Function's forward again wherever its plan recomputes
 class _refusing_effects(TorchDispatchMode):
     """Notes in `drew` whether an op of the block draws from the generator; raises
     `FunctionError` at the first that writes into one of the Function's arguments (without
-    `mark_dirty`, refused apart) or into any tensor its forward did not make, reads a tensor's value, or reads a parameter or buffer
-    of a module passed as an argument (a checkpoint Function as latent diffusion's and
-    guided diffusion's `checkpoint` write it: it failed as "a tensor read from a global"). Entered only while tracing
-    (the op's fake kernel). The op runs again wherever the plan recomputes it: a running
+    `mark_dirty`, refused apart) or into any tensor its forward did not make, reads a
+    tensor's value, or reads a parameter or buffer of a module passed as an argument (a
+    checkpoint Function as latent diffusion's and guided diffusion's `checkpoint` write
+    it: it failed as "a tensor read from a global"). Entered only while tracing (the op's
+    fake kernel). The op runs again wherever the plan recomputes it: a running
     statistic the forward updated was updated 2-3 times per step (0.47 off eager's after
     one step, silently, 2026-11-30, when `setup_context` also ran it). A value read from a
     tensor (`.item()`): export failed on it with "pending unbacked symbols", naming no

@@ -19,10 +19,10 @@ gradient is refused: eager would give it one, a constant cannot.
 The same holds for tensors held elsewhere that torch.export takes as constants: a class
 attribute (`calls = torch.zeros(())` in the class body, read as `self.calls`), and a
 global or a global class's attribute the model's code reads (`frontends/traced_reads.py`
-finds them: metadata `torch.global_tensors`). Only 0-dimensional ones get this far (a
-larger one was refused by AOTAutograd, "a tensor read from a global"); a 0-dimensional
-global read as a factor was traced as a constant and a change to it since went unseen:
-the step trained with the old value, silently (2026-11-30). A constant the model's
+finds them: metadata `torch.global_tensors`). Before, a global was refused (AOTAutograd:
+"convert all Tensors to FakeTensors"), but for a 0-dimensional one, which tracing passed
+for a constant: read as a factor and changed since, the step trained with the old value,
+silently (2026-11-30). A constant the model's
 forward did not make and that is found nowhere (a closure's, a default argument's) is
 refused, and so is a forward writing into one (a step counter), which AOTAutograd
 refused from inside ("expected to have an entirely functional graph").
@@ -133,11 +133,12 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 f"which the graph would hold as a constant, blind to a change: register it "
                 f"as a buffer (module.register_buffer) or pass it as an input")
         if tensor.requires_grad:
+            where = shown(*place) if place is not None else shown_global(*found)
             raise LoweringError(
-                f"{name} keeps a tensor that requires a gradient at "
-                f"{shown(*place) if place is not None else shown_global(*found)}, which is neither a parameter nor a buffer: eager gives it a "
-                f"gradient, and remat-ir's graph would hold it as a constant. Make it an "
-                f"nn.Parameter (or detach it, if it should not train)")
+                f"{name} keeps a tensor that requires a gradient at {where}, which is neither "
+                f"a parameter nor a buffer: eager gives it a gradient, and remat-ir's graph "
+                f"would hold it as a constant. Make it an nn.Parameter (or detach it, if it "
+                f"should not train)")
         if place is not None:
             targets[spec.target] = [*place, digest(tensor)]
         else:

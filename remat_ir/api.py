@@ -63,9 +63,9 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     where the ranks' inputs agree, rank 0 lowers and plans and every rank gets its plan;
     where they differ (dynamic padding), each rank plans its own, which DDP takes and
     FSDP2 refuses at the first call. Later calls of a new shape are planned by their
-    rank alone under DDP, together under FSDP2. `gradient_groups`: how many groups the backward hands
-    gradients over in (None: 1 in one process, 16 under torch.distributed, so that
-    the reductions overlap the backward).
+    rank alone under DDP, together under FSDP2. `gradient_groups`: how many groups the
+    backward hands gradients over in (None: 1 in one process, 16 under
+    torch.distributed, so that the reductions overlap the backward).
 
     `backend`: "eager" (default) runs the planned segments op by op; "inductor"
     compiles them with Inductor (fused kernels) while keeping what the plan decided:

@@ -146,20 +146,23 @@ class TracedReads:
     def held_changed(self, at) -> str | None:
         """`changed` for the tensors the model, or a global, holds outside parameters and
         buffers."""
-        root = type(at("")).__name__
-        places = [(held_at(at(path), name, key), f"tensor {place(path, name, key)} of {root}", lowered)
-                  for path, name, key, lowered in self.held]
-        places += [(global_at(module, name, where), f"tensor {shown_global(module, name, where)}",
-                    lowered) for module, name, where, lowered in self.global_tensors]
-        for index, (now, where, lowered) in enumerate(places):
+        for index, row in enumerate(self.held + self.global_tensors):
+            if index < len(self.held):
+                path, name, key, lowered = row
+                now = held_at(at(path), name, key)
+            else:
+                module, name, where, lowered = row
+                now = global_at(module, name, where)
             seen = _seen(now)
             if seen is not None and self._verified.get(index) == seen:
                 continue
             if now is None or digest(now) != lowered:
                 self._verified.pop(index, None)
+                shown = (f"{place(path, name, key)} of {type(at('')).__name__}" if index < len(self.held)
+                         else shown_global(module, name, where))
                 state = "is gone" if now is None else "holds other values than it held"
-                return (f"{where}, which the graph holds as a constant, {state} when the model "
-                        f"was lowered (register it as a buffer to have it read at every call)")
+                return (f"tensor {shown}, which the graph holds as a constant, {state} when the "
+                        f"model was lowered (register it as a buffer to have it read at every call)")
             if seen is not None:
                 self._verified[index] = seen
         return None
