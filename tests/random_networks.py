@@ -2,7 +2,7 @@
 tests of both backends: elementwise ops, norms, matrix products, and the shapes that
 break rematerialization when something is wrong (views of one allocation read by
 several ops, in-place writes, nodes with several outputs, saved indices and masks,
-buffers updated in place, random draws), regions under no_grad, enable_grad and
+buffers updated in place, random draws, assignments through a mask of the data), regions under no_grad, enable_grad and
 inference_mode, and custom autograd Functions whose backward is not their derivative or
 whose forward draws."""
 
@@ -18,7 +18,8 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "permute_columns", "rand_add", "detach_mul", "channel_norm",
           # grad modes inside the forward, custom Functions with backwards of their own:
           "no_grad_mul", "inference_mul", "straight_through", "function_square", "function_dropout")
-_BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale")
+_BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
+           "mask_assign")
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -87,6 +88,10 @@ class RandomNet(torch.nn.Module):
         self.channels = 2 if width % 2 == 0 else 1
         self.channel_norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(self.channels)
                                                  for op, _ in program if op == "channel_norm")
+        # mask_assign: a trainable row put where a mask of the data says (`x[mask] = row`,
+        # whose backward sums the gradient's masked rows: frontends/masked_assign.py).
+        if any(op == "mask_assign" for op, _ in program):
+            self.mask_row = torch.nn.Parameter(torch.randn(width))
         # permute_columns: an index with a constant permutation (its backward scatters).
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
@@ -167,6 +172,9 @@ class RandomNet(torch.nn.Module):
                 y[:, :half] = b[:, :half] * 3
             elif op == "mean_scale":  # broadcast: the backward sums over the width
                 y = a * b.mean(dim=-1, keepdim=True)
+            elif op == "mask_assign":
+                y = a * 1.0
+                y[b[:, 0] > 0] = self.mask_row.to(y.dtype)
             else:
                 y = a @ b.t() @ b / a.shape[-1]
             values.append(y)
