@@ -21,7 +21,10 @@ def is_model_file(filename: str) -> bool:
     """Whether code in `filename` is the model's (or its libraries'), not torch's, the
     frontends' or Python's standard library's (torch.export entering a `contextlib`
     context is no line of the model: a failure there was named as the model's own, "eager
-    raises it too")."""
+    raises it too"), nor code made at run time (a BatchNorm with `momentum=None` failed
+    "at <string>:1 in <lambda>", a frame of torch's symbolic shapes)."""
+    if filename.startswith("<") and not filename.startswith("<ipython-input"):
+        return False   # code made at run time (`<string>`, FX's `<eval_with_key>.3`)
     path = os.path.abspath(filename)
     return not path.startswith(_SKIPPED) and not (path.startswith(_STDLIB)
                                                   and not path.startswith(_PACKAGES))

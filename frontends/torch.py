@@ -507,17 +507,20 @@ def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
     if isinstance(exc, GuardOnDataDependentSymNode):
         frames = traceback.extract_tb(exc.__traceback__)
         where = model_line(frames)
-        if where is None:
+        inside = library_line(frames)
+        if where is None and inside is None:
             named = re.search(r"Caused by: \((.*?)\)\s*$", text, re.MULTILINE)
             where = named.group(1) if named else "a line export did not name"
-        inside = library_line(frames)
+        # Where no line is the model's (a torch module lowered itself), PyTorch's line is
+        # said alone ("Caused by" named a frame of torch.export's own).
+        inside_at = f"PyTorch's {inside}" if where is None else f"{where}, inside PyTorch at {inside}"
         if inside is not None and inside.startswith("torch/distributions/"):
             # A distribution checks its arguments' values (`validate_args`, on by default).
-            where = (f"{where}, inside PyTorch at {inside} (the distribution checks its "
+            where = (f"{inside_at} (the distribution checks its "
                      f"arguments' values: pass validate_args=False to it, or call "
                      f"torch.distributions.Distribution.set_default_validate_args(False))")
         elif inside is not None:   # a PyTorch layer branches (BatchNorm's momentum=None)
-            where = f"{where}, inside PyTorch at {inside} (an argument of that call may avoid it)"
+            where = f"{inside_at} (an argument of that call may avoid it)"
         elif drawn_branch(frames):
             return LoweringError(f"torch.export could not trace {model}: its forward branches on "
                                  f"a random draw at {where}: {RANDOM_BRANCH_HINT}")

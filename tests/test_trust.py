@@ -1531,18 +1531,33 @@ def test_lines_of_the_standard_library_are_not_the_models():
     from remat_ir.frontends.model_lines import is_model_file, is_users_file
 
     assert not is_model_file(contextlib.__file__)
+    assert not is_model_file("<string>") and not is_model_file("<eval_with_key>.3")
     assert is_model_file(transformers.__file__) and not is_users_file(transformers.__file__)
     assert is_model_file(__file__) and is_users_file(__file__)
 
 
 def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
     """BatchNorm with momentum=None averages with 1 / num_batches_tracked, a number taken
-    from a tensor: the error named only the model's line, which looks innocent."""
+    from a tensor: the error named only the model's line, which looks innocent; and where
+    no line is the model's (a torch Sequential), a frame of code torch made at run time
+    ("at <string>:1 in <lambda>"), then one of torch.export's own."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
     with pytest.raises(LoweringError, match=r"branches on a value computed from tensor data .* "
-                                            r"at .*, inside PyTorch at torch/nn/modules/batchnorm.py:"
-                                            r"\d+ in forward"):
+                                            r"at PyTorch's torch/nn/modules/batchnorm.py:\d+ in "
+                                            r"forward \(an argument of that call may avoid it\)\. "):
         _remat(model, (torch.randn(3, 4),))
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return self.inner(x)
+
+    with pytest.raises(LoweringError, match=r"at .*test_trust.py:\d+ in forward, inside PyTorch at "
+                                            r"torch/nn/modules/batchnorm.py:\d+ in forward"):
+        _remat(Wrapped(), (torch.randn(3, 4),))
 
 
 def test_a_distributions_value_check_is_named_with_validate_args_as_the_way_out():
