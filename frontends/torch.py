@@ -487,6 +487,22 @@ def _unnamed_output_class(model: str, spec) -> str:
             f"torch.utils._pytree.register_pytree_node for it, or return tensors, tuples or dicts")
 
 
+#: PyTorch functions whose branch on tensor data an argument avoids: function -> which.
+_LAYER_BRANCHES = {
+    "_detect_is_causal_mask": "it compares the attention mask with a causal one: say which it "
+                              "is, is_causal=True or False (nn.Transformer: tgt_is_causal=, "
+                              "src_is_causal=, memory_is_causal=)",
+    "batchnorm.py:": "BatchNorm with momentum=None averages with 1 / num_batches_tracked, a "
+                     "number read from a tensor: give it a momentum (PyTorch's default is 0.1)",
+}
+
+
+def _layer_branch_hint(inside: str) -> str:
+    """What avoids the branch on tensor data at PyTorch's line `inside`."""
+    return next((hint for key, hint in _LAYER_BRANCHES.items() if key in inside),
+                "an argument of that call may avoid it")
+
+
 def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
     """torch.export's error as one LoweringError: what, where, what to do. A branch on
     tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
@@ -520,7 +536,7 @@ def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
                      f"arguments' values: pass validate_args=False to it, or call "
                      f"torch.distributions.Distribution.set_default_validate_args(False))")
         elif inside is not None:   # a PyTorch layer branches (BatchNorm's momentum=None)
-            where = f"{inside_at} (an argument of that call may avoid it)"
+            where = f"{inside_at} ({_layer_branch_hint(inside)})"
         elif drawn_branch(frames):
             return LoweringError(f"torch.export could not trace {model}: its forward branches on "
                                  f"a random draw at {where}: {RANDOM_BRANCH_HINT}")

@@ -1544,7 +1544,8 @@ def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
     with pytest.raises(LoweringError, match=r"branches on a value computed from tensor data .* "
                                             r"at PyTorch's torch/nn/modules/batchnorm.py:\d+ in "
-                                            r"forward \(an argument of that call may avoid it\)\. "):
+                                            r"forward \(BatchNorm with momentum=None .* give it a "
+                                            r"momentum"):
         _remat(model, (torch.randn(3, 4),))
 
     class Wrapped(torch.nn.Module):
@@ -1558,6 +1559,31 @@ def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
     with pytest.raises(LoweringError, match=r"at .*test_trust.py:\d+ in forward, inside PyTorch at "
                                             r"torch/nn/modules/batchnorm.py:\d+ in forward"):
         _remat(Wrapped(), (torch.randn(3, 4),))
+
+
+class _Seq2Seq(torch.nn.Module):
+    def __init__(self, say_causal: bool):
+        super().__init__()
+        self.say_causal = say_causal
+        self.transformer = torch.nn.Transformer(16, 2, 1, 1, 32, dropout=0.1, batch_first=True)
+
+    def forward(self, x):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(4)
+        extra = {"tgt_is_causal": True} if self.say_causal else {}
+        return self.transformer(x, x[:, :4], tgt_mask=mask, **extra).square().mean()
+
+
+def test_nn_transformer_asking_whether_its_mask_is_causal_is_told_to_say_it_and_trains_then():
+    """`_detect_is_causal_mask` compares the mask with a causal one, a branch on tensor
+    data; the error said "an argument of that call may avoid it", not which."""
+    x = torch.randn(2, 10, 16)
+    with pytest.raises(LoweringError, match=r"inside PyTorch at torch/nn/modules/transformer.py:\d+ in "
+                                            r"_detect_is_causal_mask \(.*is_causal=True or False "
+                                            r"\(nn.Transformer: tgt_is_causal="):
+        _remat(_Seq2Seq(False), (x,))
+    torch.manual_seed(0)
+    assert side_by_side(_Seq2Seq(True), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss, tolerance=1e-30) == {}
 
 
 def test_a_distributions_value_check_is_named_with_validate_args_as_the_way_out():
