@@ -7,7 +7,8 @@ records each one with its value in the graph's metadata, and the runtime compare
 every call (`runtimes/traced_reads.py`): a call after one changed is lowered and planned
 again (`remat`), or refused (a graph run without a planner).
 
-Recorded, as the forward runs under tracing:
+Recorded, as the forward runs under tracing (but for what the forward itself assigned
+before reading it, which depends on no state a call brings):
 - attributes of the model's modules (`self.use_extra`, a dropout's `p`, a class attribute
   read through `self`), and the items of their public lists, tuples and dicts (a conv's
   `stride`, `self.opts["temp"]`);
@@ -169,7 +170,7 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         if name.startswith("__"):
             return value
         path = paths.get(id(self))
-        if path is None:
+        if path is None or (path, name) in written:
             return value
         own = object.__getattribute__(self, "__dict__")
         if plain(value):
@@ -187,10 +188,25 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                 hold(path, name, value)
         return value
 
+    # What the forward assigned before it reads it is its own (Funnel sets its pooling
+    # factor at the start of every call): a copy of the model as it was before any call
+    # holds another value there, and such a call was refused ("was 1 or 2 when the model
+    # was lowered and is None now"). What it reads first and assigns after is recorded.
+    written: set[tuple[str, str]] = set()
+    module_setattr = module_class.__setattr__
+
+    def setattr_written(self, name, value):
+        path = paths.get(id(self))
+        if path is not None:
+            written.add((path, name))
+        module_setattr(self, name, value)
+
     module_class.__getattribute__ = getattribute
+    module_class.__setattr__ = setattr_written
     try:
         yield
     finally:
+        module_class.__setattr__ = module_setattr
         if original is None:
             del module_class.__getattribute__
         else:

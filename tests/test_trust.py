@@ -1998,6 +1998,49 @@ class _Configured(torch.nn.Module):
         return (torch.tanh(self.linear(x)) / temperature).pow(2).mean()
 
 
+class _ScratchState(torch.nn.Module):
+    """Sets a plain attribute at the start of every call and reads it after, as Funnel's
+    attention structure keeps its pooling factor."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.factor = torch.nn.Linear(4, 4), None
+
+    def forward(self, x):
+        self.factor = 1
+        h = self.linear(x)
+        self.factor *= 2
+        return (h * self.factor).square().mean()
+
+
+def test_an_attribute_the_forward_assigns_before_reading_it_is_not_a_value_a_call_must_match():
+    """Lowered on the model, run on a copy as it was before any call (factor None): the
+    call was refused ("was 1 or 2 when the model was lowered and is None now"), though
+    every call sets the factor before reading it."""
+    x = torch.randn(3, 4)
+    torch.manual_seed(0)
+    model = _ScratchState()
+    graph = lower_torch(copy.deepcopy(model), (x,), cost_model="flops")
+    schedule = remat_ir.plan(graph, None, "recompute-all")
+    assert side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), (x,), {}, lambda loss: loss,
+                        tolerance=1e-30) == {}
+
+
+def test_transformers_funnel_trains_like_eager_from_a_model_never_called():
+    from transformers import FunnelConfig, FunnelForMaskedLM
+
+    torch.manual_seed(0)
+    config = FunnelConfig(vocab_size=64, block_sizes=[1, 1], num_decoder_layers=1, d_model=16, n_head=2,
+                          d_head=8, d_inner=32, max_position_embeddings=32)
+    model = FunnelForMaskedLM(config)
+    ids = torch.randint(0, 64, (2, 8))
+    graph = lower_torch(copy.deepcopy(model), (), example_kwargs=dict(input_ids=ids, labels=ids),
+                        cost_model="flops")
+    schedule = random_schedule(graph, random.Random(1), recompute_share=0.8)
+    assert side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), (), dict(input_ids=ids, labels=ids),
+                        lambda out: out.loss, tolerance=1e-30) == {}
+
+
 @pytest.mark.parametrize("source, change, said", [
     ("dataclass", lambda m: setattr(m.config, "temperature", 2.0), r"config\.temperature of _Configured"),
     ("namespace", lambda m: setattr(m.namespace, "temperature", 2.0), r"namespace\.temperature of"),
