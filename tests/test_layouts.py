@@ -283,3 +283,53 @@ def test_a_kernel_laying_out_its_result_otherwise_than_traced_trains_like_eager(
                           (x,), {}, lambda out: out, tolerance=1e-30, steps=3,
                           forward_context=context)
     assert errors == {}
+
+
+class _TransposedPrediction(torch.nn.Module):
+    """Returns its loss and a prediction laid out transposed, which the loss also reads, as
+    PatchTST's head returns (batch, horizon, channels) from (batch, channels, horizon)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 6)
+
+    def forward(self, x, target):
+        prediction = self.head(self.proj(x).tanh()).transpose(1, 2)   # (batch, 6, channels)
+        return (prediction - target).square().mean(), prediction
+
+
+@pytest.mark.parametrize("loss_of", ["inner", "outer_sum"])
+def test_an_output_laid_out_otherwise_whose_gradient_arrives_broadcast_trains_like_eager(loss_of):
+    """Its gradient arrives as a broadcast zero (the caller trains on the returned loss) or
+    a broadcast one (`prediction.sum()`): the op adding it to the loss's gradient took the
+    other operand's layout, and the `view` traced after it for the prediction's layout
+    failed ("view size is not compatible"). Such a gradient now comes in the traced layout."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x, target = torch.randn(2, 3, 4), torch.randn(2, 6, 3)
+
+    def loss(out):
+        return out[0] if loss_of == "inner" else out[0] + out[1].sum()
+
+    for solver in ("autograd", "recompute-all"):
+        errors = side_by_side(_TransposedPrediction(), lambda m: remat_ir.remat(m, (x, target), solver=solver,
+                                                                               cost_model="flops"),
+                              (x, target), {}, loss, tolerance=1e-30)
+        assert errors == {}, solver
+
+
+def test_transformers_patchtst_for_prediction_trains_like_eager():
+    from transformers import PatchTSTConfig, PatchTSTForPrediction
+
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    config = PatchTSTConfig(num_input_channels=3, context_length=32, patch_length=8, patch_stride=8,
+                            prediction_length=8, d_model=16, num_attention_heads=2, num_hidden_layers=1,
+                            ffn_dim=32, dropout=0.1, path_dropout=0.1)
+    batch = dict(past_values=torch.randn(2, 32, 3), future_values=torch.randn(2, 8, 3))
+    errors = side_by_side(PatchTSTForPrediction(config), lambda m: remat_ir.remat(
+        m, (), example_kwargs=batch, solver="recompute-all", cost_model="flops"), (), batch,
+        lambda out: out.loss, tolerance=1e-30)
+    assert errors == {}
