@@ -64,6 +64,7 @@ from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .masked_assign import assign_through_masks
+from .module_casts import unchanged_module_casts
 from .kernel_layouts import match_kernel_layouts
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
@@ -431,7 +432,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
-                noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__):
+                noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
+                unchanged_module_casts(type(model).__name__):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

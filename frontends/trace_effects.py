@@ -17,6 +17,8 @@ of it, so the frontend refuses it by name.
   are refused where the user's own code assigns them; installed libraries keep private
   bookkeeping on modules that tracing may set (transformers marks with one that it
   installed the hooks that capture hidden states, once), which is left to them.
+  Assigning the object an attribute holds already is no effect (a module cast that
+  changes nothing, `self.classifier = self.classifier.to(self.dtype)`: `module_casts`).
   A plain value (a number, a string, None) assigned is not refused yet: the frontend
   traces again with it assigned (`assigned`), as eager's first call would leave it, and
   refuses it only if the forward then assigns another value (a counter) or traces
@@ -190,6 +192,16 @@ def _noting_draw(function, name: str, generator: str, draws: dict[str, str]):
 MISSING = object()
 
 
+def _held(module: torch.nn.Module, key: str):
+    """What `module.key` holds now (a submodule, parameter, buffer or plain attribute),
+    read without `__getattr__`; `MISSING` where nothing."""
+    own = vars(module)
+    for table in ("_modules", "_parameters", "_buffers"):
+        if key in own.get(table, {}):
+            return own[table][key]
+    return own.get(key, MISSING)
+
+
 @contextlib.contextmanager
 def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None):
     """While the block traces `model`, note in `found` each effect the graph would not keep
@@ -234,6 +246,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             # that read it (AOTAutograd then refused a backward reading it: "modified by an
             # inplace operation").
             return
+        if _held(module, key) is value:
+            # The object it holds already (`self.classifier = self.classifier.to(dtype)`,
+            # the cast changing nothing: `module_casts`): no effect.
+            return module_setattr(module, key, value)
         # A module outside the model (one the forward makes and drops) keeps nothing of it.
         if key not in _MODULE_KEYS and id(module) in paths and (
                 is_users_file(caller) if key.startswith("_") else is_model_file(caller)):

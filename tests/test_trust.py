@@ -2762,3 +2762,31 @@ def test_a_function_the_model_holds_swapped_after_lowering_is_planned_for(change
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
     assert re.search(r"remat-ir: new value read by forward \(" + said + r"\): lowering",
                      capsys.readouterr().err)
+
+
+class _CastsItsClassifier(torch.nn.Module):
+    """Casts a submodule to a dtype at every call, as transformers' mixture-of-experts
+    routers (SwitchTransformers, NLLB-MoE) cast their classifier to the router's dtype."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype_wanted = dtype
+        self.inner, self.classifier = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(self.dtype_wanted)
+        return self.classifier(self.inner(x).tanh().to(self.dtype_wanted)).square().mean()
+
+
+def test_a_module_cast_in_the_forward_that_changes_nothing_trains_and_one_that_would_is_refused_by_line():
+    """The cast failed inside torch.export ("Couldn't swap Linear.weight") and the error
+    blamed another line and advised passing an attention mask."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert side_by_side(_CastsItsClassifier(torch.float32), lambda m: _remat(m, (x,), solver="recompute-all"),
+                        (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    line = _CastsItsClassifier.forward.__code__.co_firstlineno + 1
+    with pytest.raises(LoweringError, match=rf"_CastsItsClassifier's forward casts module Linear with \.to\(\) "
+                                            rf"at .*test_trust.py:{line} in forward to another dtype.*Cast "
+                                            rf"the model before calling remat_ir.remat"):
+        _remat(_CastsItsClassifier(torch.float64), (x,))
