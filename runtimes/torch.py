@@ -223,7 +223,8 @@ class _Outputs(torch.autograd.Function):
             if alias._version != version:
                 raise step.runner.output_modified(i)
         unused = {i for i, g in enumerate(grad_outputs) if g is None}
-        grad_outputs = [_as_traced(g, strides) if g is not None else _zeros(shape, strides, dtype, device)
+        grad_outputs = [_as_traced(g, strides) if g is not None
+                        else torch.zeros((), dtype=dtype, device=device).expand(shape)
                         for g, strides, (shape, dtype, device)
                         in zip(grad_outputs, ctx.tangent_strides, ctx.output_meta)]
         step.begin(ctx.saved_tensors, grad_outputs, unused)
@@ -239,37 +240,13 @@ def _strides_to_keep(graph: Graph, tangent: int | None, backend: str) -> tuple[i
     contiguous, expanded) and copied to the traced layout sent the kernels reading it down
     their other layout's path, which sums in another order (weight gradients 1e-7 to 3e-7
     off eager's). Copied still: where a node views the gradient (its `view`s hold the
-    traced strides), where its layout decides a result's (`_layout_decided_by`), and for
-    compiled regions (Inductor's code is specialized to them). An output no loss reads
-    then gets zeros in that layout, not a broadcast zero scalar."""
+    traced strides) and for compiled regions (Inductor's code is specialized to them)."""
     if tangent is None:
         return None
     value = graph.value(tangent)
     viewed = backend != "eager" or any(graph.value(o).storage_id == value.storage_id
                                        for n in graph.users(tangent) for o in graph.node(n).outputs)
-    return _traced_strides(value) if viewed or _layout_decided_by(graph, tangent) else None
-
-
-def _layout_decided_by(graph: Graph, tangent: int) -> bool:
-    """Whether an op reading `tangent` also reads a tensor of its shape laid out otherwise:
-    its result took the tangent's layout when traced, and takes the other's where the
-    gradient arrives broadcast (an output no loss reads gets a zero scalar, `out.sum()` a
-    broadcast one). The views after it were traced for the tangent's layout: PatchTST's
-    prediction, an output laid out transposed that its own loss also reads, failed in
-    the backward ("view size is not compatible with input tensor's size and stride")."""
-    value = graph.value(tangent)
-    strides = _traced_strides(value)
-    return any(i != tangent and list(graph.value(i).shape) == list(value.shape)
-               and _traced_strides(graph.value(i)) != strides
-               for n in graph.users(tangent) for i in graph.node(n).inputs)
-
-
-def _zeros(shape, strides: tuple[int, ...] | None, dtype, device) -> torch.Tensor:
-    """The gradient of an output no loss reads: a broadcast zero scalar (no memory), or
-    zeros laid out in `strides` where the backward needs its layout (`_strides_to_keep`)."""
-    if strides is None:
-        return torch.zeros((), dtype=dtype, device=device).expand(shape)
-    return torch.empty_strided(shape, strides, dtype=dtype, device=device).zero_()
+    return _traced_strides(value) if viewed else None
 
 
 def _as_traced(grad: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
