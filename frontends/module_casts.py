@@ -30,8 +30,11 @@ _CASTS = {"to": None, "float": torch.float32, "double": torch.float64, "half": t
 def _changes(module: torch.nn.Module, device, dtype) -> bool:
     """Whether casting `module` to `device` and `dtype` would change a tensor it holds
     (dtype casts touch floating and complex tensors only, as `Module.to` does)."""
+    target = torch.device(device) if device is not None else None
     for tensor in (*module.parameters(), *module.buffers()):
-        if device is not None and tensor.device != torch.device(device):
+        # `.to("cuda")` leaves a tensor on cuda:0 where it is: no index means any.
+        if target is not None and (tensor.device.type != target.type or (
+                target.index is not None and tensor.device.index != target.index)):
             return True
         if dtype is not None and (tensor.is_floating_point() or tensor.is_complex()) and tensor.dtype != dtype:
             return True
