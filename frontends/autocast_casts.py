@@ -43,7 +43,7 @@ import torch
 import torch.fx
 
 from .errors import LoweringError
-from .fx_nodes import add_call
+from .fx_nodes import add_call, recompiled, replace
 
 _aten = torch.ops.aten
 _LOW = (torch.bfloat16, torch.float16)
@@ -157,8 +157,7 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
         first = min(casts, key=order.__getitem__)
         for cast in casts:
             if cast is not first:
-                cast.replace_all_uses_with(first)
-                graph.erase_node(cast)
+                replace(cast, first)
         fake = gradient.meta["val"]
         with fake.fake_mode, graph.inserting_before(gradient):
             low = {leaf: leaf.args[0] for leaf in leaves}
@@ -169,10 +168,7 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
         gradient.replace_all_uses_with(cast_back)
         _erase_tree(graph, gradient)
         rewritten += 1
-    if rewritten:
-        graph.lint()
-        module.recompile()
-    return rewritten
+    return recompiled(module, rewritten)
 
 
 def _share_beside_one_direct_part(graph: torch.fx.Graph, gradient: torch.fx.Node, casts: list,
@@ -196,8 +192,7 @@ def _share_beside_one_direct_part(graph: torch.fx.Graph, gradient: torch.fx.Node
     first = min(casts, key=order.__getitem__)
     for cast in casts:
         if cast is not first:
-            cast.replace_all_uses_with(first)
-            graph.erase_node(cast)
+            replace(cast, first)
     with gradient.meta["val"].fake_mode, graph.inserting_before(gradient):
         total = backs[0].args[0]
         for back in backs[1:]:   # in the order the trace accumulated them

@@ -46,7 +46,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .fx_nodes import add_call
+from .fx_nodes import add_call, recompiled, replace
 
 _aten = torch.ops.aten
 
@@ -104,8 +104,7 @@ def _as_products(graph: torch.fx.Graph, backward: torch.fx.Node, mask: torch.fx.
     with grad.meta["val"].fake_mode, graph.inserting_before(backward):
         kept = add_call(graph, meta, _aten.mul.Tensor, (grad, mask))
         product = add_call(graph, meta, _aten.mul.Tensor, (kept, scale))
-    backward.replace_all_uses_with(product)
-    graph.erase_node(backward)
+    replace(backward, product)
 
 
 def split_dropout(module: torch.fx.GraphModule) -> int:
@@ -140,13 +139,9 @@ def split_dropout(module: torch.fx.GraphModule) -> int:
         _takes_over(out, node.meta["val"][0])
         _takes_over(mask, node.meta["val"][1])
         for user in list(node.users):
-            user.replace_all_uses_with(out if user.args[1] == 0 else mask)
-            graph.erase_node(user)
+            replace(user, out if user.args[1] == 0 else mask)
         graph.erase_node(node)
         for backward in [u for u in mask.users if u.target is _aten.native_dropout_backward.default]:
             _as_products(graph, backward, mask, scale)
         rewritten += 1
-    if rewritten:
-        graph.lint()
-        module.recompile()
-    return rewritten
+    return recompiled(module, rewritten)

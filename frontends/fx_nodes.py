@@ -26,6 +26,20 @@ def add_call(graph: torch.fx.Graph, meta: dict, target, args: tuple, kwargs: dic
     return new
 
 
+def replace(node: torch.fx.Node, new: torch.fx.Node) -> None:
+    """`new` takes `node`'s place: its readers read `new`, and `node` leaves the graph."""
+    node.replace_all_uses_with(new)
+    node.graph.erase_node(node)
+
+
+def recompiled(module: torch.fx.GraphModule, changes: int) -> int:
+    """`changes`, once `module`'s code is made again from its graph where there were any
+    (the graph checked first: a rewrite's mistake fails here, not in a later pass)."""
+    if changes:
+        module.graph.lint()
+        module.recompile()
+    return changes
+
 
 def node_module_path(node: torch.fx.Node) -> tuple[str, str] | None:
     """(module path, class name) of the innermost module an FX node came from (path ''

@@ -30,7 +30,7 @@ import torch.fx
 from remat_ir.torchlib import layout_draws  # noqa: F401  registers the op
 
 from .errors import LoweringError
-from .fx_nodes import add_call
+from .fx_nodes import add_call, recompiled, replace
 from .model_lines import node_line
 
 _aten = torch.ops.aten
@@ -144,10 +144,6 @@ def draw_in_layout(module: torch.fx.GraphModule, model: str) -> int:
                 new = add_call(graph, node.meta, node.target, (dense, *node.args[1:]), node.kwargs)
             else:
                 continue
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace(node, new)
         count += 1
-    if count:
-        graph.lint()
-        module.recompile()
-    return count
+    return recompiled(module, count)

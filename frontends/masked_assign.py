@@ -27,7 +27,7 @@ import torch.fx
 
 from remat_ir.torchlib import masked_assign  # noqa: F401  registers the op
 
-from .fx_nodes import add_call
+from .fx_nodes import add_call, recompiled, replace
 
 _aten = torch.ops.aten
 _PUT = torch.ops.remat_ir.put_masked.default
@@ -83,10 +83,6 @@ def assign_through_masks(module: torch.fx.GraphModule) -> int:
         with graph.inserting_before(node), _val(target).fake_mode:
             put = add_call(graph, node.meta, _PUT, (target, mask, leading, values))
             new = put if fresh else add_call(graph, node.meta, _aten.copy_.default, (target, put))
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace(node, new)
         count += 1
-    if count:
-        graph.lint()
-        module.recompile()
-    return count
+    return recompiled(module, count)

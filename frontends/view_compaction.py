@@ -43,7 +43,7 @@ import operator
 import torch
 import torch.fx
 
-from .fx_nodes import add_call
+from .fx_nodes import add_call, recompiled
 
 _aten = torch.ops.aten
 
@@ -162,7 +162,4 @@ def compact_views(module: torch.fx.GraphModule) -> int:
         for user in late_users:
             user.replace_input_with(latest, copy)
         inserted += 1
-    if inserted:
-        graph.lint()
-        module.recompile()
-    return inserted
+    return recompiled(module, inserted)
