@@ -202,7 +202,9 @@ def groups(tg: TrainingGraph) -> list[list[int]]:
     """Stage 1's units: each forward node merged into its only reader when its inputs
     take no more bytes than its outputs (the paper's rule); every other node alone.
     Merging into a node's only reader never makes a cycle (every path out of it goes
-    through that reader)."""
+    through that reader). A random node whose draws depend on its inputs' values stays
+    alone: merged, it would run where its reader does, and another such node merged into
+    an earlier reader would draw before it, which no schedule may do (`ir/rng.py`)."""
     head = {n: n for n in tg.order}
 
     def find(n: int) -> int:
@@ -213,7 +215,8 @@ def groups(tg: TrainingGraph) -> list[list[int]]:
 
     for n in tg.forward:
         readers = set(tg.node_users[n])
-        if n not in tg.recomputable or len(readers) != 1:
+        node = tg.graph.node(n)
+        if n not in tg.recomputable or len(readers) != 1 or (node.random and not node.rng_shape_only):
             continue
         (reader,) = readers
         if reader not in tg.recomputable:

@@ -40,13 +40,16 @@ def search(max_examples: int, *, derandomize: bool = False) -> settings:
 
 
 @st.composite
-def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5) -> ir.Graph:
+def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5,
+                    random_nodes: bool = False) -> ir.Graph:
     """A random joint graph: resident inputs, forward nodes, an output gradient, backward nodes.
 
     `single_outputs`: every node returns one new tensor (no views, no second
     output), the setting in which Checkmate's node-level model is exact. Otherwise one
     output in `view_odds` views one of its node's inputs (2: half of them, so that nodes
-    viewing two inputs' allocations are common)."""
+    viewing two inputs' allocations are common). `random_nodes`: about one forward node
+    in three draws random numbers, half of them numbers that depend on their inputs'
+    values (a custom Function's draws), which no schedule may run out of eager's order."""
     g = ir.Graph(name="random")
     forward_pool = []
     for i in range(draw(st.integers(1, 3))):
@@ -73,8 +76,11 @@ def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5) -> i
                     v = g.add_value(f"{phase[0]}{len(computed)}_{j}", "float32",
                                     (draw(st.integers(1, 256)),))
                 outputs.append(v)
+            draws = (draw(st.sampled_from(["no", "no", "no", "no", "shape", "values"]))
+                     if random_nodes and phase == "forward" else "no")
             g.add_node("test.op", inputs, outputs, phase=phase, time_s=draw(st.integers(1, 9)) / 8,
-                       workspace_bytes=draw(st.sampled_from([0, 0, 0, 16, 1000])))
+                       workspace_bytes=draw(st.sampled_from([0, 0, 0, 16, 1000])),
+                       random=draws != "no", rng_shape_only=draws == "shape")
             pool.extend(outputs)
             computed.extend(outputs)
 
