@@ -2,7 +2,8 @@
 tests of both backends: elementwise ops, norms, matrix products, and the shapes that
 break rematerialization when something is wrong (views of one allocation read by
 several ops, in-place writes, nodes with several outputs, saved indices and masks,
-buffers updated in place, random draws, assignments through a mask of the data), regions under no_grad, enable_grad and
+buffers updated in place, random draws, assignments through a mask of the data, indices
+of the data saved for the backward, ties), regions under no_grad, enable_grad and
 inference_mode, and custom autograd Functions whose backward is not their derivative or
 whose forward draws."""
 
@@ -17,9 +18,12 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "chunk_mul", "slice_scale", "inplace_relu", "max_shift", "cumsum", "batch_norm",
           "permute_columns", "rand_add", "detach_mul", "channel_norm",
           # grad modes inside the forward, custom Functions with backwards of their own:
-          "no_grad_mul", "inference_mul", "straight_through", "function_square", "function_dropout")
+          "no_grad_mul", "inference_mul", "straight_through", "function_square", "function_dropout",
+          # saved indices of the data (ties, sorts, gathers), shifted and strided views:
+          "topk_scatter", "amax_ties", "sort_cummax", "logsumexp", "roll_flip", "var_scale",
+          "embed_argmax", "unfold_prod", "abs_pow")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
-           "mask_assign")
+           "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -92,13 +96,17 @@ class RandomNet(torch.nn.Module):
         # whose backward sums the gradient's masked rows: frontends/masked_assign.py).
         if any(op == "mask_assign" for op, _ in program):
             self.mask_row = torch.nn.Parameter(torch.randn(width))
+        # embed_argmax: an embedding looked up at indices of the data (its backward
+        # accumulates rows that the indices repeat).
+        self.embeds = torch.nn.ModuleList(torch.nn.Embedding(width, width)
+                                          for op, _ in program if op == "embed_argmax")
         # permute_columns: an index with a constant permutation (its backward scatters).
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
     def forward(self, x):
         values, linears, norms = [x], iter(self.linears), iter(self.norms)
         cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
-        channel_norms = iter(self.channel_norms)
+        channel_norms, embeds = iter(self.channel_norms), iter(self.embeds)
         half = x.shape[-1] // 2
         for op, inputs in self.program:
             a = values[inputs[0]]
@@ -175,6 +183,37 @@ class RandomNet(torch.nn.Module):
             elif op == "mask_assign":
                 y = a * 1.0
                 y[b[:, 0] > 0] = self.mask_row.to(y.dtype)
+            elif op == "topk_scatter":  # saved indices of the data, scattered back
+                top, where = a.topk(half, dim=-1)
+                y = torch.zeros_like(a).scatter_add(-1, where, top * 2)
+            elif op == "amax_ties":  # clamped: ties, among which amax shares its gradient
+                y = a * a.clamp(-0.5, 0.5).amax(dim=-1, keepdim=True)
+            elif op == "sort_cummax":
+                y = a.sort(dim=0, stable=True).values.cummax(dim=-1).values
+            elif op == "logsumexp":
+                y = a - a.logsumexp(dim=-1, keepdim=True)
+            elif op == "roll_flip":
+                y = a.roll(1, dims=-1).flip(0) * a
+            elif op == "var_scale":
+                y = a / (a.var(dim=-1, keepdim=True) + 1).sqrt()
+            elif op == "embed_argmax":
+                y = next(embeds)(a.argmax(dim=-1)) + a
+            elif op == "unfold_prod":  # overlapping windows: a strided view of one storage
+                y = torch.nn.functional.pad(a.unfold(-1, 2, 1).prod(-1), (0, 1))
+            elif op == "abs_pow":
+                y = a.abs().pow(1.5)
+            elif op == "view_inplace":  # an in-place product into a view of a fresh result
+                y = a * 1.0
+                y[:, half:].mul_(b[:, half:])
+            elif op == "clamp_between":  # bounds that are tensors needing gradients
+                y = a.clamp(min=b - 0.5, max=b + 0.5)
+            elif op == "attention":  # the fused kernel, its log-sum-exp saved
+                y = torch.nn.functional.scaled_dot_product_attention(a[None], b[None], b[None])[0]
+            elif op == "index_add":  # an in-place accumulation at constant indices
+                y = a.clone()
+                y.index_add_(1, self.permutation[:half], b[:, :half], alpha=0.5)
+            elif op == "cross_entropy":  # targets from the data
+                y = torch.nn.functional.cross_entropy(a, b.argmax(dim=-1), reduction="none")[:, None] * a
             else:
                 y = a @ b.t() @ b / a.shape[-1]
             values.append(y)
