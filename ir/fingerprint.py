@@ -18,7 +18,8 @@ import hashlib
 from . import remat_ir_pb2 as pb
 
 
-def structure_fingerprint(graph, *, measured_memory: bool = True, costs: bool = False) -> str:
+def structure_fingerprint(graph, *, measured_memory: bool = True, costs: bool = False,
+                          metadata: bool = True) -> str:
     """Hex SHA-256 of `graph` (an `ir.Graph` or `pb.Graph`) without times and plans.
 
     `measured_memory=False` also leaves out what profiling measures (workspace bytes,
@@ -26,12 +27,15 @@ def structure_fingerprint(graph, *, measured_memory: bool = True, costs: bool = 
     and after its costs are estimated. `costs=True` keeps the nodes' costs and the
     provenance (cost model, host link): equal fingerprints then price every plan alike,
     so that what a solver derives from the graph alone (rotor's chain) can be reused
-    for it."""
+    for it. `metadata=False` leaves out the graph's metadata: what the frontend records for
+    the runtime (attributes a call must match), which no plan's peak or time depends on."""
     proto = graph.proto if hasattr(graph, "proto") else graph
     stripped = pb.Graph()
     stripped.CopyFrom(proto)
     del stripped.schedules[:]
     stripped.ClearField("hierarchy")
+    if not metadata:
+        stripped.ClearField("metadata")
     if costs:
         return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
     stripped.ClearField("provenance")

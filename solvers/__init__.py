@@ -209,9 +209,16 @@ def reusable(graph: Graph, solver: str, limit: int | None, peak: int,
     return None
 
 
+def _floor_key(graph: Graph, solver: str) -> tuple[str, str]:
+    """Graphs alike but for their metadata share floors: transformers' classifiers set
+    `config.problem_type` in their first forward, so a model lowered again after one call
+    records another attribute, and was refused at the floor named for it before."""
+    return structure_fingerprint(graph, metadata=False), solver
+
+
 def remember_floor(graph: Graph, solver: str, schedule: pb.Schedule) -> None:
     """Keep `schedule` as the lowest-peak plan known for graphs structured like `graph`."""
-    key = (structure_fingerprint(graph), solver)
+    key = _floor_key(graph, solver)
     known = _FLOORS.get(key)
     if known is None or schedule.predicted_peak_bytes < known.predicted_peak_bytes:
         kept = pb.Schedule()
@@ -225,7 +232,7 @@ def remember_floor(graph: Graph, solver: str, schedule: pb.Schedule) -> None:
 def known_floor(graph: Graph, solver: str) -> pb.Schedule | None:
     """The lowest-peak plan remembered for graphs structured like `graph`, re-simulated on
     `graph` (its times; its peak is the same by the fingerprint's definition)."""
-    known = _FLOORS.get((structure_fingerprint(graph), solver))
+    known = _FLOORS.get(_floor_key(graph, solver))
     if known is None:
         return None
     schedule = pb.Schedule()
