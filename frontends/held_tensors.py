@@ -30,6 +30,8 @@ refused from inside ("expected to have an entirely functional graph").
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from remat_ir.torchlib.held_tensors import Place, digest, shown, shown_global
@@ -41,27 +43,47 @@ from .model_lines import node_line
 _MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
 
 
+#: What `held_tensors` does not look into: submodules (found as modules), classes,
+#: functions and Python modules.
+_NOT_HOLDERS = (torch.nn.Module, type, types.FunctionType, types.MethodType, types.ModuleType)
+#: How deep `held_tensors` looks through plain objects a module holds (one: a helper
+#: object's own attributes, as diffusers' Z-Image keeps its rotary tables' cache).
+_OBJECT_DEPTH = 1
+
+
 def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
     """id(tensor) -> (module path, attribute, key or None) of every tensor the model's
-    modules hold as a plain attribute, or as an item of a dict, list or tuple attribute."""
+    modules hold as a plain attribute, or as an item of a dict, list or tuple attribute,
+    directly or as an attribute of a plain object they hold (the attribute then dotted)."""
     found: dict[int, Place] = {}
     for path, module in model.named_modules():
-        for name, value in vars(module).items():
-            if name in _MODULE_STATE:
-                continue
-            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-                found.setdefault(id(value), (path, name, None))
-            elif isinstance(value, (dict, list, tuple)):
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                for key, item in items:
-                    if isinstance(item, torch.Tensor) and isinstance(key, (str, int)):
-                        found.setdefault(id(item), (path, name, key))
+        _attributes(path, "", vars(module), found, _OBJECT_DEPTH, {id(module)})
         for klass in type(module).__mro__:   # class attributes, read through `self`
             for name, value in vars(klass).items():
                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
                         and name not in vars(module):
                     found.setdefault(id(value), (path, name, None))
     return found
+
+
+def _attributes(path: str, prefix: str, attributes: dict, found: dict[int, Place], depth: int,
+                seen: set[int]) -> None:
+    """`held_tensors` over one object's attributes (a module's or a plain object's)."""
+    for name, value in attributes.items():
+        if name in _MODULE_STATE or not isinstance(name, str):
+            continue
+        dotted = prefix + name
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            found.setdefault(id(value), (path, dotted, None))
+        elif isinstance(value, (dict, list, tuple)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(item, torch.Tensor) and isinstance(key, (str, int)):
+                    found.setdefault(id(item), (path, dotted, key))
+        elif depth and hasattr(value, "__dict__") and id(value) not in seen \
+                and not isinstance(value, _NOT_HOLDERS):
+            seen.add(id(value))
+            _attributes(path, dotted + ".", vars(value), found, depth - 1, seen)
 
 
 def _made_in_forward(placeholder: torch.fx.Node) -> bool:

@@ -1139,6 +1139,50 @@ def test_a_forward_writing_into_a_global_or_reading_a_tensor_found_nowhere_is_re
             lower_torch(_ReadsUnseen(where), (torch.randn(4, 4),), cost_model="flops")
 
 
+class _Tables:
+    """A plain helper object (no module) caching a table at its first call, as diffusers'
+    Z-Image caches its rotary tables in its `RopeEmbedder`."""
+
+    def __init__(self):
+        self.cache = None
+
+    def __call__(self, n: int) -> torch.Tensor:
+        if self.cache is None:
+            self.cache = [torch.linspace(0.5, 1.5, n)]
+        return self.cache[0]
+
+
+class _CachesInAHelper(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.tables = torch.nn.Linear(4, 4), _Tables()
+
+    def forward(self, x):
+        return (self.linear(x) * self.tables(4)).square().sum()
+
+
+def test_a_tensor_a_helper_object_caches_trains_like_eager_until_it_changes():
+    """A model called once before `remat` (a first step, an evaluation) holds the table its
+    helper object cached, which lowering refused as a tensor "found nowhere"; it is found
+    through the helper's attributes now, trains bitwise like eager, and a call after it
+    changed is refused naming it."""
+    x = torch.randn(4, 4)
+    torch.manual_seed(0)
+    model = _CachesInAHelper()
+    model(x)   # the helper's cache is filled
+    errors = side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                          lambda loss: loss, tolerance=1e-30)
+    assert errors == {}
+    scheduled = _remat(model, (x,), solver="autograd")
+    expected = model(x)
+    model.tables.cache[0].mul_(2)
+    with pytest.raises(RuntimeInputError, match=r"tensor tables.cache\[0\] of _CachesInAHelper, which "
+                                                r"the graph holds as a constant, holds other values"):
+        scheduled(x)
+    model.tables.cache[0].div_(2)
+    assert torch.equal(scheduled(x), expected)
+
+
 class _KeepsTensors(torch.nn.Module):
     """Holds tensors outside its parameters and buffers: ids in a dict attribute (as peft's
     prompt tuning keeps its virtual tokens'), a scale as a plain attribute, offsets in a

@@ -13,6 +13,8 @@ import torch
 from .types import raw_bytes
 
 #: A recorded place: module path, attribute, and the key of a dict or list item or None.
+#: The attribute may be a dotted chain through plain objects the module holds
+#: ("rope_embedder.freqs_cis": diffusers' Z-Image caches its rotary tables there).
 Place = tuple[str, str, object]
 
 
@@ -29,8 +31,12 @@ def shown(path: str, name: str, key) -> str:
 
 def held_at(module, name: str, key):
     """The tensor at a recorded place of `module` (its submodule at the path), or None: its
-    own attribute, or else its class's (`calls = torch.zeros(())` in the class body)."""
-    value = vars(module).get(name, getattr(type(module), name, None)) if module is not None else None
+    own attribute, or else its class's (`calls = torch.zeros(())` in the class body), then
+    the attributes of plain objects along a dotted name."""
+    first, *rest = name.split(".")
+    value = vars(module).get(first, getattr(type(module), first, None)) if module is not None else None
+    for attribute in rest:
+        value = vars(value).get(attribute) if hasattr(value, "__dict__") else None
     if key is not None:
         if isinstance(value, dict):
             value = value.get(key)
