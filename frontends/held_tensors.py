@@ -43,12 +43,18 @@ from .model_lines import node_line
 _MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
 
 
-#: What `held_tensors` does not look into: submodules (found as modules), classes,
-#: functions and Python modules.
+#: What is no plain object holding state of its own: submodules (found as modules),
+#: classes, functions and Python modules.
 _NOT_HOLDERS = (torch.nn.Module, type, types.FunctionType, types.MethodType, types.ModuleType)
-#: How deep `held_tensors` looks through plain objects a module holds (one: a helper
-#: object's own attributes, as diffusers' Z-Image keeps its rotary tables' cache).
-_OBJECT_DEPTH = 1
+
+
+def held_objects(module: torch.nn.Module) -> list[tuple[str, object]]:
+    """(attribute, object) of the plain objects `module` holds as attributes: helpers with
+    attributes of their own, such as diffusers' Z-Image's `RopeEmbedder`, which caches its
+    rotary tables at its first call."""
+    return [(name, value) for name, value in vars(module).items()
+            if name not in _MODULE_STATE and hasattr(value, "__dict__")
+            and not isinstance(value, (torch.Tensor, *_NOT_HOLDERS))]
 
 
 def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
@@ -57,7 +63,9 @@ def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
     directly or as an attribute of a plain object they hold (the attribute then dotted)."""
     found: dict[int, Place] = {}
     for path, module in model.named_modules():
-        _attributes(path, "", vars(module), found, _OBJECT_DEPTH, {id(module)})
+        _tensors_in(path, "", vars(module), found)
+        for name, helper in held_objects(module):
+            _tensors_in(path, f"{name}.", vars(helper), found)
         for klass in type(module).__mro__:   # class attributes, read through `self`
             for name, value in vars(klass).items():
                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
@@ -66,24 +74,18 @@ def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
     return found
 
 
-def _attributes(path: str, prefix: str, attributes: dict, found: dict[int, Place], depth: int,
-                seen: set[int]) -> None:
+def _tensors_in(path: str, prefix: str, attributes: dict, found: dict[int, Place]) -> None:
     """`held_tensors` over one object's attributes (a module's or a plain object's)."""
     for name, value in attributes.items():
         if name in _MODULE_STATE or not isinstance(name, str):
             continue
-        dotted = prefix + name
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-            found.setdefault(id(value), (path, dotted, None))
+            found.setdefault(id(value), (path, prefix + name, None))
         elif isinstance(value, (dict, list, tuple)):
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 if isinstance(item, torch.Tensor) and isinstance(key, (str, int)):
-                    found.setdefault(id(item), (path, dotted, key))
-        elif depth and hasattr(value, "__dict__") and id(value) not in seen \
-                and not isinstance(value, _NOT_HOLDERS):
-            seen.add(id(value))
-            _attributes(path, dotted + ".", vars(value), found, depth - 1, seen)
+                    found.setdefault(id(item), (path, prefix + name, key))
 
 
 def _made_in_forward(placeholder: torch.fx.Node) -> bool:

@@ -45,6 +45,7 @@ import warnings
 
 import torch
 
+from .held_tensors import held_objects
 from .model_lines import is_model_file, is_users_file
 from .traced_reads import plain
 
@@ -192,6 +193,32 @@ def _noting_draw(function, name: str, generator: str, draws: dict[str, str]):
 MISSING = object()
 
 
+def _holds_tensor(value) -> bool:
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, torch.Tensor) or (
+        isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value))
+
+
+def _put_back_helpers(helpers: list, found: list[str]) -> None:
+    """Tensors the traced forward left on plain objects its modules hold (a helper's cache)
+    taken off again: they are tracing placeholders, which an eager call of the model
+    (evaluation runs it as it is) read and failed on (diffusers' Z-Image, whose
+    `RopeEmbedder` caches its rotary tables at its first call). A cache filled where there
+    was none is what the graph computes at every step; one replaced (state a call updates)
+    is an effect the graph would not keep."""
+    for where, helper, before in helpers:
+        now = vars(helper)
+        for key in [k for k, value in now.items() if value is not before.get(k, MISSING) and _holds_tensor(value)]:
+            if before.get(key) is not None:
+                found.append(f"it assigns tensors to attribute {key!r} of the "
+                             f"{type(helper).__name__} object at {where}")
+            if key in before:
+                now[key] = before[key]
+            else:
+                del now[key]
+
+
 def _held(module: torch.nn.Module, key: str):
     """What `module.key` holds now (a submodule, parameter, buffer or plain attribute),
     read without `__getattr__`; `MISSING` where nothing."""
@@ -212,6 +239,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     the caller to trace again."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
+    helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)))
+               for path, module in model.named_modules() for name, helper in held_objects(module)]
     paths = {id(module): path for path, module in model.named_modules()}
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
 
@@ -331,3 +360,4 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             if module is not None and _changed(before, vars(module).get(key)):
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
                 _restore(module, key, before)
+        _put_back_helpers(helpers, found)

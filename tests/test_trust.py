@@ -1183,6 +1183,47 @@ def test_a_tensor_a_helper_object_caches_trains_like_eager_until_it_changes():
     assert torch.equal(scheduled(x), expected)
 
 
+def test_a_cache_a_helper_object_fills_while_tracing_is_not_left_on_the_model():
+    """Lowered before any call, the helper's cache was filled with tracing's placeholders
+    and left there: evaluation, which runs the model as it is, then computed with them
+    (Z-Image: 1.3088 where eager gives 1.3472, silently). The cache is put back as it was;
+    the step computes the table itself, as eager's first call does."""
+    x = torch.randn(4, 4)
+    torch.manual_seed(0)
+    model = _CachesInAHelper()
+    expected = copy.deepcopy(model)(x)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    assert model.tables.cache is None
+    assert torch.equal(scheduled(x), expected)
+    with torch.no_grad():
+        assert torch.equal(scheduled.eval()(x), expected)
+
+
+class _Averages:
+    def __init__(self):
+        self.mean = torch.zeros(4)
+
+
+class _UpdatesAHelper(torch.nn.Module):
+    """Keeps a running mean in a plain object, replaced at every call: state the graph would
+    not update."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.averages = torch.nn.Linear(4, 4), _Averages()
+
+    def forward(self, x):
+        h = self.linear(x)
+        self.averages.mean = 0.9 * self.averages.mean + 0.1 * h.detach().mean(0)
+        return (h - self.averages.mean).square().sum()
+
+
+def test_a_tensor_a_forward_replaces_on_a_helper_object_is_refused_by_name():
+    with pytest.raises(LoweringError, match=r"it assigns tensors to attribute 'mean' of the _Averages "
+                                            r"object at averages"):
+        lower_torch(_UpdatesAHelper(), (torch.randn(4, 4),), cost_model="flops")
+
+
 class _KeepsTensors(torch.nn.Module):
     """Holds tensors outside its parameters and buffers: ids in a dict attribute (as peft's
     prompt tuning keeps its virtual tokens'), a scale as a plain attribute, offsets in a
