@@ -1,6 +1,7 @@
-"""Exactness across transformers' model families: each trains like eager or is refused.
+"""Exactness across model families: each trains like eager or is refused.
 
-For each family of `family_models.FAMILIES` (tiny configs, random weights), in a
+For each family of a library's factories (`--library transformers`: `family_models.FAMILIES`,
+`--library diffusers`: `diffusion_models.FAMILIES`; tiny configs, random weights), in a
 process of its own with a time limit: lower it, train two SGD-with-momentum steps next
 to eager under a random schedule that recomputes 80% of what it can (`tests/exactness.py`:
 outputs, every gradient, every buffer and the generator state compared), then the same
@@ -12,15 +13,19 @@ from deep inside, to fix). The model is lowered from a copy of itself that no ca
 run, as a model built again in another process would be (Funnel's refused call showed
 only so).
 
-    python benchmarks/families.py                       # every family (about 15 min on 2 cores)
+    python benchmarks/families.py                       # every transformers family (about 45 min)
     python benchmarks/families.py --families gpt-neo,patchtst   # their rows replaced
+    python benchmarks/families.py --library diffusers   # every diffusers model (about 20 min)
 
 Writes benchmarks/results/families.json (one row per family) and
-benchmarks/results/families.md (the table); prints a line per family as it goes.
-2026-11-30 (97 entries: 96 families, SwitchTransformers also with a mask): 81 bitwise in
-both modes, 16 refused by line in both, none NOT BITWISE or CRASH. A sweep before it
-found PatchTST's crash and Funnel's refused call; this one's first full run, CLIP 1.3e-7
-off from a first PatchTST fix. All three are fixed.
+benchmarks/results/families.md (the table), for diffusers families-diffusers.{json,md};
+prints a line per family as it goes.
+2026-11-30, transformers (160 entries: 159 families, SwitchTransformers also with a mask):
+127 bitwise in both modes, 33 refused by line in both, none NOT BITWISE or CRASH. diffusers
+(60 models): 56 bitwise in both modes, 4 refused by line. Earlier sweeps found PatchTST's
+crash, Funnel's refused call, CLIP 1.3e-7 off from a first PatchTST fix, hiremate refusing
+AST at the floor it had named, and Z-Image's helper cache (refused once the model had
+been called; tracing's placeholders left in it otherwise). All are fixed.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: library -> (module of its factories, name of its results files)
+LIBRARIES = {"transformers": ("family_models", "families"),
+             "diffusers": ("diffusion_models", "families-diffusers")}
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -66,11 +74,12 @@ def _errors(errors: dict) -> str:
     return "NOT BITWISE: " + ", ".join(f"{what} {error:.1e}" for what, error in worst)
 
 
-def run_family(name: str) -> dict:
+def run_family(library: str, name: str) -> dict:
     """One family's row: its class, parameters, and each mode's outcome and seconds."""
+    import importlib
+
     import torch
 
-    import family_models
     import remat_ir
     from exactness import random_schedule, side_by_side
     from remat_ir.lowering import lower_torch
@@ -78,14 +87,18 @@ def run_family(name: str) -> dict:
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    family_models.quiet()
+    factories = importlib.import_module(LIBRARIES[library][0])
+    factories.quiet()
 
     def build():
         torch.manual_seed(0)
-        return family_models.FAMILIES[name]()
+        return factories.FAMILIES[name]()
 
     model, args, kwargs, loss_of = build()
-    row = {"family": name, "class": type(model).__name__,
+    label = type(model).__name__
+    if type(model).__module__ == factories.__name__:   # a loss around the library's model
+        label = f"{type(next(model.children())).__name__} in {label}"
+    row = {"family": name, "class": label,
            "parameters": sum(p.numel() for p in model.parameters())}
 
     def random_plan(fresh):
@@ -134,25 +147,29 @@ def _table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    import family_models
+    import importlib
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--library", choices=sorted(LIBRARIES), default="transformers")
     parser.add_argument("--families", help="comma-separated names (default: all)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # the worker: one family, a JSON row out
     options = parser.parse_args()
     if options.one:
-        print(json.dumps(run_family(options.one)))
+        print(json.dumps(run_family(options.library, options.one)))
         return
-    names = options.families.split(",") if options.families else list(family_models.FAMILIES)
-    unknown = [n for n in names if n not in family_models.FAMILIES]
+    module, stem = LIBRARIES[options.library]
+    known = importlib.import_module(module).FAMILIES
+    names = options.families.split(",") if options.families else list(known)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        sys.exit(f"unknown families {unknown}; known: {', '.join(family_models.FAMILIES)}")
+        sys.exit(f"unknown families {unknown}; known: {', '.join(known)}")
     rows = []
     environment = dict(os.environ, OMP_NUM_THREADS="1")
     for i, name in enumerate(names, 1):
         start = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True,
+            done = subprocess.run([sys.executable, __file__, "--library", options.library, "--one", name],
+                                  capture_output=True, text=True,
                                   timeout=TIME_LIMIT_S, env=environment, cwd=ROOT)
             lines = done.stdout.strip().splitlines()
             row = json.loads(lines[-1]) if done.returncode == 0 and lines else {
@@ -164,14 +181,16 @@ def main() -> None:
         print(f"[{i}/{len(names)}] {name}: {row.get('random', row.get('failure', ''))[:100]} | "
               f"{row.get('planned', '')[:60]} ({time.perf_counter() - start:.0f} s)", flush=True)
     RESULTS.mkdir(exist_ok=True)
-    if options.families and (RESULTS / "families.json").exists():   # some again: the others kept
+    table = RESULTS / f"{stem}.json"
+    if options.families and table.exists():   # some again: the others kept
         again = {row["family"]: row for row in rows}
-        rows = [again.pop(row["family"], row) for row in json.loads((RESULTS / "families.json").read_text())]
+        rows = [again.pop(row["family"], row) for row in json.loads(table.read_text())]
         rows += list(again.values())
-    (RESULTS / "families.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (RESULTS / "families.md").write_text("# Exactness across transformers' families\n\n"
-                                         "`python benchmarks/families.py` (CPU, tiny configs)\n\n" + _table(rows))
-    print(f"wrote {RESULTS / 'families.md'}")
+    table.write_text(json.dumps(rows, indent=1) + "\n")
+    command = "python benchmarks/families.py" + ("" if options.library == "transformers" else f" --library {options.library}")
+    (RESULTS / f"{stem}.md").write_text(f"# Exactness across {options.library}' families\n\n"
+                                        f"`{command}` (CPU, tiny configs)\n\n" + _table(rows))
+    print(f"wrote {RESULTS / f'{stem}.md'}")
 
 
 if __name__ == "__main__":

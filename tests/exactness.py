@@ -121,7 +121,11 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
 
     `forward_context()`: entered around each forward and its loss, both sides (autocast;
     the backward runs outside it, as PyTorch recommends)."""
-    eager = copy.deepcopy(model)
+    try:
+        eager = copy.deepcopy(model)
+    except RuntimeError:   # one PyTorch cannot copy (hook-based weight_norm): remat-ir's verdict first
+        make_scheduled(model)
+        raise
     scheduled = make_scheduled(model)
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9)
     opt_s = torch.optim.SGD(scheduled.parameters(), lr=0.01, momentum=0.9)
