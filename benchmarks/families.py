@@ -6,7 +6,10 @@ process of its own with a time limit: lower it, train two SGD-with-momentum step
 to eager under a random schedule that recomputes 80% of what it can (`tests/exactness.py`:
 outputs, every gradient, every buffer and the generator state compared), then the same
 through `remat_ir.remat` at 50% of the store-everything peak (at the smallest feasible
-budget, in bytes, where 50% is below a tiny model's floor). Each mode ends as "bitwise",
+budget, in bytes, where 50% is below a tiny model's floor), then ("called") the random
+schedule again, lowered from a model a training step ran on first, as users run one (or
+an evaluation) before `remat`: what a first call leaves on a model (caches, statistics)
+is then lowered too (Z-Image's helper cache was refused only so). Each mode ends as "bitwise",
 "NOT BITWISE" (with the largest relative errors: a silent error to fix), "refused" (a
 remat-ir error, the first words of its message) or "CRASH" (any other error: an error
 from deep inside, to fix). The model is lowered from a copy of itself that no call has
@@ -15,6 +18,7 @@ only so).
 
     python benchmarks/families.py                       # every transformers family (about 45 min)
     python benchmarks/families.py --families gpt-neo,patchtst   # their rows replaced
+    python benchmarks/families.py --modes called        # one mode again, the others kept
     python benchmarks/families.py --library diffusers   # every diffusers model (about 20 min)
 
 Writes benchmarks/results/families.json (one row per family) and
@@ -74,7 +78,11 @@ def _errors(errors: dict) -> str:
     return "NOT BITWISE: " + ", ".join(f"{what} {error:.1e}" for what, error in worst)
 
 
-def run_family(library: str, name: str) -> dict:
+#: Each mode: how the scheduled side is made (`run_family`).
+MODES = ("random", "planned", "called")
+
+
+def run_family(library: str, name: str, modes=MODES) -> dict:
     """One family's row: its class, parameters, and each mode's outcome and seconds."""
     import importlib
 
@@ -117,11 +125,25 @@ def run_family(library: str, name: str) -> dict:
         row["budget"] = budget
         return scheduled
 
-    for mode, make in (("random", random_plan), ("planned", planned)):
+    def called(model):
+        """A model a training step ran on before (users run one, or an evaluation, before
+        `remat`): what its first call left on it (caches, counters, statistics) lowered."""
+        loss_of(model(*args, **kwargs)).backward()
+        model.zero_grad(set_to_none=True)
+
+    def after_a_call(fresh):
+        graph = lower_torch(fresh, args, example_kwargs=kwargs, cost_model="flops")
+        return ScheduledModule(fresh, graph, random_schedule(graph, random.Random(1), recompute_share=0.8))
+
+    makers = {"random": random_plan, "planned": planned, "called": after_a_call}
+    for mode in modes:
         start = time.perf_counter()
         model, args, kwargs, loss_of = build()
         try:
-            row[mode] = _errors(side_by_side(model, make, args, kwargs, loss_of, steps=2, tolerance=1.0))
+            if mode == "called":
+                called(model)
+            row[mode] = _errors(side_by_side(model, makers[mode], args, kwargs, loss_of, steps=2,
+                                             tolerance=1.0))
         except LookupError as missing:
             row[mode] = f"no plan: {missing}"
         except Exception as exc:  # noqa: BLE001  every outcome is a row
@@ -131,15 +153,18 @@ def run_family(library: str, name: str) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| family | class | random schedule (80% recomputed) | remat() | budget |",
-             "|---|---|---|---|---|"]
+    lines = ["| family | class | random schedule (80% recomputed) | remat() | budget | "
+             "random schedule, lowered after an eager step |",
+             "|---|---|---|---|---|---|"]
     for row in rows:
         cells = [row["family"], row.get("class", ""), row.get("random", row.get("failure", "")),
-                 row.get("planned", ""), str(row.get("budget", ""))]
+                 row.get("planned", ""), str(row.get("budget", "")), row.get("called", "")]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     counts: dict[str, int] = {}
     for row in rows:
-        for mode in ("random", "planned"):
+        for mode in MODES:
+            if mode not in row and "failure" not in row:
+                continue
             kind = row.get(mode, "CRASH").split(":")[0]
             counts[kind] = counts.get(kind, 0) + 1
     summary = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
@@ -152,10 +177,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--library", choices=sorted(LIBRARIES), default="transformers")
     parser.add_argument("--families", help="comma-separated names (default: all)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated, of " + ", ".join(MODES) + " (default: all; "
+                             "the others' outcomes are kept)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # the worker: one family, a JSON row out
     options = parser.parse_args()
     if options.one:
-        print(json.dumps(run_family(options.library, options.one)))
+        print(json.dumps(run_family(options.library, options.one, options.modes.split(","))))
         return
     module, stem = LIBRARIES[options.library]
     known = importlib.import_module(module).FAMILIES
@@ -168,7 +196,8 @@ def main() -> None:
     for i, name in enumerate(names, 1):
         start = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, __file__, "--library", options.library, "--one", name],
+            done = subprocess.run([sys.executable, __file__, "--library", options.library, "--one", name,
+                                   "--modes", options.modes],
                                   capture_output=True, text=True,
                                   timeout=TIME_LIMIT_S, env=environment, cwd=ROOT)
             lines = done.stdout.strip().splitlines()
@@ -178,13 +207,14 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             row = {"family": name, "failure": f"CRASH: over {TIME_LIMIT_S} s"}
         rows.append(row)
-        print(f"[{i}/{len(names)}] {name}: {row.get('random', row.get('failure', ''))[:100]} | "
-              f"{row.get('planned', '')[:60]} ({time.perf_counter() - start:.0f} s)", flush=True)
+        said = " | ".join(row.get(mode, "")[:80] for mode in options.modes.split(",")) or row.get("failure", "")
+        print(f"[{i}/{len(names)}] {name}: {said} ({time.perf_counter() - start:.0f} s)", flush=True)
     RESULTS.mkdir(exist_ok=True)
     table = RESULTS / f"{stem}.json"
-    if options.families and table.exists():   # some again: the others kept
+    if (options.families or options.modes != ",".join(MODES)) and table.exists():
+        # some families or modes again: the others kept
         again = {row["family"]: row for row in rows}
-        rows = [again.pop(row["family"], row) for row in json.loads(table.read_text())]
+        rows = [{**row, **again.pop(row["family"], {})} for row in json.loads(table.read_text())]
         rows += list(again.values())
     table.write_text(json.dumps(rows, indent=1) + "\n")
     command = "python benchmarks/families.py" + ("" if options.library == "transformers" else f" --library {options.library}")
