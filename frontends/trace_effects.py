@@ -191,6 +191,10 @@ def _noting_draw(function, name: str, generator: str, draws: dict[str, str]):
 
 #: An attribute the module did not have.
 MISSING = object()
+#: What a tensor assigned where there was none (a cache) is said with.
+_FIRST_CALL = (" where it held no tensor (a cache its first call fills? Run the model once "
+               "before remat: lowering then holds what it cached as a constant, compared "
+               "before every call)")
 
 
 def _holds_tensor(value) -> bool:
@@ -288,8 +292,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
                 assigned[at] = (value, where, before)
             else:
+                first = (_holds_tensor(value) and vars(module).get(key) is None
+                         and key not in vars(type(module)))
                 found.append(f"it assigns module attribute {key!r} of {type(module).__name__} "
-                             f"at {where}")
+                             f"at {where}" + (_FIRST_CALL if first else ""))
         module_setattr(module, key, value)
 
     torch.nn.Module.__setattr__ = setattr_noted

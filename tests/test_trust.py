@@ -1199,6 +1199,33 @@ def test_a_cache_a_helper_object_fills_while_tracing_is_not_left_on_the_model():
         assert torch.equal(scheduled.eval()(x), expected)
 
 
+class _CachesInItself(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.cache = torch.nn.Linear(4, 4), None
+
+    def forward(self, x):
+        if self.cache is None:
+            self.cache = torch.linspace(0.5, 1.5, 4)
+        return (self.linear(x) * self.cache).square().sum()
+
+
+def test_a_cache_a_module_fills_at_its_first_call_is_refused_saying_to_call_it_once_first():
+    """A tensor assigned to a module attribute while tracing is refused (the graph would
+    not keep the assignment); where the attribute held none, the error says that calling
+    the model once first is the way out, and that way trains bitwise like eager."""
+    x = torch.randn(4, 4)
+    torch.manual_seed(0)
+    with pytest.raises(LoweringError, match=r"attribute 'cache' of _CachesInItself at .* where it held "
+                                            r"no tensor \(a cache its first call fills\? Run the model "
+                                            r"once before remat"):
+        lower_torch(_CachesInItself(), (x,), cost_model="flops")
+    model = _CachesInItself()
+    model(x)
+    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss, tolerance=1e-30) == {}
+
+
 class _Averages:
     def __init__(self):
         self.mean = torch.zeros(4)
