@@ -206,9 +206,10 @@ def _holds_tensor(value) -> bool:
 
 def _put_back_helpers(helpers: list, found: list[str]) -> None:
     """Tensors the traced forward left on plain objects its modules hold (a helper's cache)
-    taken off again: they are tracing placeholders, which an eager call of the model
-    (evaluation runs it as it is) read and failed on (diffusers' Z-Image, whose
-    `RopeEmbedder` caches its rotary tables at its first call). A cache filled where there
+    taken off again: they are tracing placeholders, with which an eager call of the model
+    (evaluation runs it as it is) computed otherwise than eager, silently (diffusers'
+    Z-Image, whose `RopeEmbedder` caches its rotary tables at its first call: 1.3088
+    where eager gives 1.3472). A cache filled where there
     was none is what the graph computes at every step; one replaced (state a call updates)
     is an effect the graph would not keep."""
     for where, helper, before in helpers:
