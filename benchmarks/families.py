@@ -25,8 +25,9 @@ Writes benchmarks/results/families.json (one row per family) and
 benchmarks/results/families.md (the table), for diffusers families-diffusers.{json,md};
 prints a line per family as it goes.
 2026-11-30, transformers (160 entries: 159 families, SwitchTransformers also with a mask):
-127 bitwise in both modes, 33 refused by line in both, none NOT BITWISE or CRASH. diffusers
-(60 models): 56 bitwise in both modes, 4 refused by line. Earlier sweeps found PatchTST's
+127 bitwise in all three modes, 32 refused by line in all three, BigBird refused before a
+first call (a NumPy draw) and bitwise after it; none NOT BITWISE or CRASH. diffusers (60
+models): 56 bitwise in all three modes, 4 refused by line. Earlier sweeps found PatchTST's
 crash, Funnel's refused call, CLIP 1.3e-7 off from a first PatchTST fix, hiremate refusing
 AST at the floor it had named, and Z-Image's helper cache (refused once the model had
 been called; tracing's placeholders left in it otherwise). All are fixed.
@@ -168,7 +169,7 @@ def _table(rows: list[dict]) -> str:
             kind = row.get(mode, "CRASH").split(":")[0]
             counts[kind] = counts.get(kind, 0) + 1
     summary = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
-    return f"{len(rows)} families; outcomes over both modes: {summary}\n\n" + "\n".join(lines) + "\n"
+    return f"{len(rows)} families; outcomes over all modes: {summary}\n\n" + "\n".join(lines) + "\n"
 
 
 def main() -> None:
