@@ -16,10 +16,10 @@ from deep inside, to fix). The model is lowered from a copy of itself that no ca
 run, as a model built again in another process would be (Funnel's refused call showed
 only so).
 
-    python benchmarks/families.py                       # every transformers family (about 45 min)
+    python benchmarks/families.py                       # every transformers family (about an hour)
     python benchmarks/families.py --families gpt-neo,patchtst   # their rows replaced
     python benchmarks/families.py --modes called        # one mode again, the others kept
-    python benchmarks/families.py --library diffusers   # every diffusers model (about 20 min)
+    python benchmarks/families.py --library diffusers   # every diffusers model (about 30 min)
 
 Writes benchmarks/results/families.json (one row per family) and
 benchmarks/results/families.md (the table), for diffusers families-diffusers.{json,md};
