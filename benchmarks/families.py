@@ -183,6 +183,9 @@ def main() -> None:
                              "the others' outcomes are kept)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # the worker: one family, a JSON row out
     options = parser.parse_args()
+    wrong = [mode for mode in options.modes.split(",") if mode not in MODES]
+    if wrong:
+        sys.exit(f"unknown modes {wrong}; known: {', '.join(MODES)}")
     if options.one:
         print(json.dumps(run_family(options.library, options.one, options.modes.split(","))))
         return
