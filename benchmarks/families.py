@@ -110,9 +110,13 @@ def run_family(library: str, name: str, modes=MODES) -> dict:
     row = {"family": name, "class": label,
            "parameters": sum(p.numel() for p in model.parameters())}
 
-    def random_plan(fresh):
-        graph = lower_torch(build()[0], args, example_kwargs=kwargs, cost_model="flops")
+    def randomly(fresh, lowered):
+        """`fresh` under a random schedule recomputing 80%, of `lowered`'s graph."""
+        graph = lower_torch(lowered, args, example_kwargs=kwargs, cost_model="flops")
         return ScheduledModule(fresh, graph, random_schedule(graph, random.Random(1), recompute_share=0.8))
+
+    def random_plan(fresh):
+        return randomly(fresh, build()[0])
 
     def planned(fresh):
         budget = 0.5
@@ -133,8 +137,7 @@ def run_family(library: str, name: str, modes=MODES) -> dict:
         model.zero_grad(set_to_none=True)
 
     def after_a_call(fresh):
-        graph = lower_torch(fresh, args, example_kwargs=kwargs, cost_model="flops")
-        return ScheduledModule(fresh, graph, random_schedule(graph, random.Random(1), recompute_share=0.8))
+        return randomly(fresh, fresh)
 
     makers = {"random": random_plan, "planned": planned, "called": after_a_call}
     for mode in modes:

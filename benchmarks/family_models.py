@@ -463,8 +463,7 @@ def _small_vit(**extra):
 
 
 def _small_text(**extra):
-    return dict(vocab_size=V, hidden_size=H, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                max_position_embeddings=64, **extra)
+    return {**enc_common(), **extra}
 
 
 def _beit_mim():
