@@ -14,7 +14,8 @@ in-place `index_put_`) before AOTAutograd functionalizes it, replaces each
 `index_put_(x, [None, ..., mask], values)` with one boolean mask. Where `x` is a fresh
 tensor (no view of another) read by nothing but the assignment, what read the
 assignment's result reads the op's; elsewhere (a view, whose base the write must reach)
-the op's result is copied into `x` in place, as `inplace_draws` does. Assignments of
+the values are written into `x` in place by ops whose backward copies the gradient as
+eager's does (`_assign_in_place`). Assignments of
 values needing no gradient (`x[mask] = 0`, `logits[mask] = -inf`), whose traced backward
 had fixed shapes, become the op too (the trace does not tell which values need one): it
 runs the same kernels.
@@ -67,6 +68,33 @@ def _fresh(node) -> bool:
     return all(r.alias_info is None for r in node.target._schema.returns)
 
 
+def _assign_in_place(graph: torch.fx.Graph, meta: dict, target: torch.fx.Node,
+                     mask: torch.fx.Node, leading: int, values: torch.fx.Node) -> torch.fx.Node:
+    """`target[..., mask] = values` written into `target` (a view, or a tensor read
+    elsewhere too), with eager's bits forward and backward.
+
+    Why not `target.copy_(put_masked(target, ...))`: `target`'s old value then reaches
+    the gradient twice, through the op and, as zeros, through the copy, and the engine
+    adds the two: a gradient of -0.0 came out +0.0 (eager's `index_put_` backward copies,
+    never adds). Here `target`'s old value is read only by in-place ops whose backward
+    autograd applies by copying: `masked_fill_(mask, -0.0)`, then `add_` of the values
+    put into a tensor of -0.0 elsewhere. -0.0 + x is x for every x, -0.0 and NaN
+    included, so the forward writes eager's bits, and the backward gives `target` eager's
+    `grad` with zeros at the mask and the values eager's `grad[mask]` summed to their
+    shape (`put_masked`'s backward). A tensor of integers or complex numbers keeps the
+    copy: its zeros have no sign to lose, or two."""
+    if not _val(target).is_floating_point():
+        put = add_call(graph, meta, _PUT, (target, mask, leading, values))
+        return add_call(graph, meta, _aten.copy_.default, (target, put))
+    background = add_call(graph, meta, _aten.full_like.default, (target, -0.0))
+    put = add_call(graph, meta, _PUT, (background, mask, leading, values))
+    wide = mask
+    for _ in range(_val(target).dim() - leading - _val(mask).dim()):
+        wide = add_call(graph, meta, _aten.unsqueeze.default, (wide, -1))
+    cleared = add_call(graph, meta, _aten.masked_fill_.Scalar, (target, wide, -0.0))
+    return add_call(graph, meta, _aten.add_.Tensor, (cleared, put))
+
+
 def assign_through_masks(module: torch.fx.GraphModule) -> int:
     """Rewrite `module` (from `torch.export`, in place) as the docstring says; the number
     of assignments rewritten."""
@@ -79,10 +107,11 @@ def assign_through_masks(module: torch.fx.GraphModule) -> int:
             continue
         leading, mask = form
         target, values = node.args[0], node.args[2]
-        fresh = _fresh(target)
         with graph.inserting_before(node), _val(target).fake_mode:
-            put = add_call(graph, node.meta, _PUT, (target, mask, leading, values))
-            new = put if fresh else add_call(graph, node.meta, _aten.copy_.default, (target, put))
+            if _fresh(target):
+                new = add_call(graph, node.meta, _PUT, (target, mask, leading, values))
+            else:
+                new = _assign_in_place(graph, node.meta, target, mask, leading, values)
         replace(node, new)
         count += 1
     return recompiled(module, count)

@@ -90,13 +90,19 @@ def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> fl
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal element for element, a NaN counting as equal to a NaN in the same place (both
-    sides diverged alike: see `relative_error`)."""
-    if torch.equal(a, b):
-        return True
-    if not a.is_floating_point() or a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
+    """Equal element for element, the sign of a zero included (`torch.equal` counts -0.0
+    equal to +0.0, but `1 / x`, `copysign` and `atan2` tell them apart), a NaN counting as
+    equal to a NaN in the same place (both sides diverged alike: see `relative_error`)."""
+    if not (a.is_floating_point() or a.is_complex()):
+        return torch.equal(a, b)
+    if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return torch.equal(a.masked_fill(a.isnan(), 0), b.masked_fill(b.isnan(), 0))
+    a, b = (torch.view_as_real(a), torch.view_as_real(b)) if a.is_complex() else (a, b)
+    nan_a, nan_b = a.isnan(), b.isnan()
+    if not torch.equal(nan_a, nan_b):
+        return False
+    a, b = a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0)
+    return torch.equal(a, b) and torch.equal(a.signbit(), b.signbit())
 
 
 def _tensors(tree) -> list[torch.Tensor]:

@@ -76,3 +76,46 @@ def test_a_mask_assignment_is_one_op_of_fixed_shapes():
     assert ops.count("remat_ir.put_masked.default") == 1
     assert ops.count("remat_ir.put_masked_backward.default") == 1
     assert not any(op.startswith(("aten.nonzero", "aten.index_put")) for op in ops), ops
+
+
+class _SignedZeros(torch.nn.Module):
+    """A gradient of -0.0 reaches the input where it is positive (the loss multiplies by
+    -0.0 there), through a mask assignment into a tensor that is not fresh: a view
+    (the write reaches its base), or a tensor another op reads too."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.token = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x, mask):
+        h = x * 1.5
+        signs = -(x.detach() > 0).to(x.dtype)
+        extra = (h * signs).sum() if self.kind == "read_elsewhere" else 0.0
+        if self.kind == "into_view":
+            view = h[:, 1:]
+            view[mask[:, 1:]] = self.token
+        elif self.kind == "after_full_dims_view":
+            view = h[1:]
+            view[:, mask[0]] = self.token * 2
+        else:
+            h[mask] = self.token
+        return (h * signs).sum() + extra
+
+
+@pytest.mark.parametrize("kind", ["into_view", "after_full_dims_view", "read_elsewhere"])
+def test_a_gradient_of_minus_zero_keeps_its_sign_through_an_assignment_in_place(kind):
+    """Eager's `index_put_` backward copies the gradient; writing the op's result back
+    with `copy_` added zeros to it, and -0.0 + 0.0 is +0.0 (`torch.equal` does not tell,
+    `side_by_side` does)."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(4, 6, 8, requires_grad=True), torch.rand(4, 6) < 0.4
+    _SignedZeros(kind)(x, mask).backward()
+    assert bool((x.grad == 0).logical_and(x.grad.signbit()).any())   # eager's -0.0 is there to keep
+    x.grad = None
+
+    def make(model):
+        graph = lower_torch(model, (x, mask), cost_model="flops")
+        return ScheduledModule(model, graph, random_schedule(graph, random.Random(3), recompute_share=0.8))
+
+    assert side_by_side(_SignedZeros(kind), make, (x, mask), {}, lambda loss: loss, tolerance=1e-30) == {}
