@@ -25,17 +25,19 @@ whose strides are absolute, is refused. Random ops are not run (their draws woul
 the generator), nor recurrent kernels or ops outside aten (`_UNRUN`); an op that fails
 on zeros keeps its fake layout.
 
-Not undone here: what tracing decided from a fake layout besides views. `linear` on a 3-d
-input becomes `addmm` where the input is contiguous and `matmul` plus `add` otherwise, and
-it was decided on the fake layout: after PatchTST's batch norm the graph adds the bias
-inside `addmm` where eager adds it apart. In float32 the two round alike (PatchTST trains
-bitwise); in bfloat16 they do not, once the biases are nonzero (gradients 1e-3 relative
-off from the second step). Only a fake kernel that gives the real layout while tracing
-would undo it.
+What tracing decides from a fake layout besides views (`linear` on a 3-d input becomes
+`addmm` where the input is contiguous and `matmul` plus `add` otherwise; a dropout is
+split into a mask drawn contiguous only over a contiguous input) is decided on the
+kernels' layouts too: `traced_as_run` gives fake tensors each kernel's layout while
+tracing. After PatchTST's batch norm the graph added the bias inside `addmm` where eager
+adds it apart, which in bfloat16 rounds otherwise (gradients 1e-3 relative off from the
+second step), and a dropout there drew other masks. `match_kernel_layouts` stays as the
+check after tracing, and for the dtypes `traced_as_run` leaves as traced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -55,6 +57,105 @@ _aten = torch.ops.aten
 _UNRUN = re.compile(r"mkldnn|rnn|lstm|gru|_local_scalar_dense|_assert|nonzero")
 #: Views whose strides are given, not derived from their input's.
 _ABSOLUTE = frozenset({_aten.as_strided.default, _aten.as_strided_copy.default})
+
+
+@contextlib.contextmanager
+def traced_as_run():
+    """While tracing (torch.export, then AOTAutograd), each op `_audited` would run gets
+    the layout its kernel gives, run once on zeros per distinct signature: fake tensors
+    then carry eager's strides, and what tracing decides from them is decided as eager
+    decides it.
+
+    Why not `match_kernel_layouts` alone: it corrects the joint graph afterwards, and
+    rewrites before it decided from the fake layout. A dropout over BatchNorm1d's output
+    transposed back (contiguous traced, strided on CPU) was split into a mask drawn
+    contiguous where eager draws in the input's layout: other masks, 0.5 relative off in
+    every gradient, under every schedule, with the generator's state alike. Likewise an
+    in-place draw into the real layout (`inplace_draws`), a dropout after `torch.roll`
+    of a channels-last tensor (channels-last on CPU, contiguous traced), and `linear`'s
+    choice between `addmm` and `matmul` (the module docstring). Results of another dtype
+    than traced (batch norm's statistics of a bfloat16 input) are left to
+    `match_kernel_layouts`: a fake kernel after it may expect the traced one."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    original = FakeTensorMode.dispatch
+    made: dict = {}   # signature -> the kernel's strides of each result, None where it fails
+
+    def dispatch(mode, func, types, args=(), kwargs=None):
+        result = original(mode, func, types, args, kwargs)
+        try:
+            return _as_run(mode, func, args, kwargs or {}, result, made, FakeTensor)
+        except Exception:   # a signature zeros cannot stand for: as traced
+            return result
+
+    FakeTensorMode.dispatch = dispatch
+    try:
+        yield
+    finally:
+        FakeTensorMode.dispatch = original
+
+
+def _as_run(mode, func, args, kwargs, result, made: dict, fake_class):
+    """`result` with each tensor the kernel lays out otherwise re-made in its strides."""
+    if not _runs(func):
+        return result
+    inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    results = [result] if isinstance(result, torch.Tensor) else (
+        list(result) if isinstance(result, (tuple, list)) else [])
+    tensors = [*inputs, *(r for r in results if isinstance(r, torch.Tensor))]
+    if not any(not t.is_contiguous() and t.numel() > 1 for t in tensors):
+        return result
+    if any(isinstance(d, torch.SymInt) for t in tensors for d in (*t.shape, *t.stride())):
+        return result
+    key = (func, _signature(args), _signature(kwargs))
+    if key not in made:
+        made[key] = _kernel_strides(func, args, kwargs)
+    strides = made[key]
+    if strides is None:
+        return result
+    redone = []
+    for traced, made_as in zip(results, strides):
+        stride, dtype = made_as or (None, None)
+        if (isinstance(traced, torch.Tensor) and dtype == traced.dtype and stride != traced.stride()
+                and not same_layout(torch.empty_strided(traced.shape, stride, device="meta"),
+                                    traced.shape, traced.stride())):
+            meta = torch.empty_strided(traced.shape, stride, dtype=traced.dtype, device="meta")
+            traced = fake_class(mode, meta, traced.device)
+        redone.append(traced)
+    if isinstance(result, torch.Tensor):
+        return redone[0]
+    return type(result)(redone) if isinstance(result, tuple) else redone
+
+
+def _runs(func) -> bool:
+    """`_audited`'s test on the op alone (aten, not run on zeros by name, not random, no
+    result that is a view or written in place), except that an op may write into an
+    argument besides its results: export traces BatchNorm as
+    `_native_batch_norm_legit`, which updates the running statistics (of zeros, here)."""
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten" or _UNRUN.search(func.__name__):
+        return False
+    returns = func._schema.returns
+    return not (torch.Tag.nondeterministic_seeded in func.tags or not returns
+                or any(r.alias_info is not None for r in returns))
+
+
+def _signature(tree) -> tuple:
+    """What decides a kernel's result layout: each tensor's shape, strides, dtype and
+    device, every other argument as it is."""
+    return tuple((tuple(a.shape), a.stride(), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
+                 else repr(a) for a in pytree.tree_leaves(tree))
+
+
+def _kernel_strides(func, args, kwargs) -> list | None:
+    """(strides, dtype) of each result of `func` run on zeros laid out as `args`' fakes
+    (None for a result that is no tensor), or None where the op fails."""
+    with unset_fake_temporarily(), torch.no_grad():
+        try:
+            real = func(*pytree.tree_map(_zeros_as, args), **pytree.tree_map(_zeros_as, kwargs))
+        except Exception:
+            return None
+    reals = [real] if isinstance(real, torch.Tensor) else list(real) if isinstance(real, (tuple, list)) else []
+    return [(r.stride(), r.dtype) if isinstance(r, torch.Tensor) else None for r in reals]
 
 
 def match_kernel_layouts(module: torch.fx.GraphModule) -> int:
@@ -184,7 +285,12 @@ def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, torc
 def _zeros(arg: torch.fx.Node):
     """A real tensor of `arg`'s traced shape, strides, dtype and device, all zeros (a
     non-tensor argument as traced)."""
-    fake = arg.meta.get("val")
+    return _zeros_as(arg.meta.get("val"))
+
+
+def _zeros_as(fake):
+    """A real tensor of `fake`'s shape, strides, dtype and device, all zeros; anything
+    else as it is."""
     if not isinstance(fake, torch.Tensor):
         return fake
     span = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()) if size > 0)

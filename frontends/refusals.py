@@ -6,11 +6,15 @@ tensors and cannot be kept (the checks themselves live where they look: `tensor_
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 
 from remat_ir.torchlib.hooks import backward_hooks
 
 from .errors import LoweringError
+from .model_lines import is_model_file
 
 
 def _first_of(found: list[str]) -> str:
@@ -44,6 +48,53 @@ def check_script_modules(model: torch.nn.Module) -> None:
                 f"{where} is a TorchScript module (torch.jit.script or torch.jit.trace), which "
                 f"torch.export cannot trace. Train the Python module it was made from (script or "
                 f"trace a copy after training, for deployment)")
+
+
+def check_buffers_needing_gradients(model: torch.nn.Module) -> None:
+    """LoweringError naming a buffer that requires a gradient. Eager gives it one (in
+    `.grad`, which no optimizer given `model.parameters()` reads); the lowering crashed
+    from inside on it ("'BufferAOTInput' object has no attribute 'idx'")."""
+    for name, buffer in model.named_buffers():
+        if buffer.requires_grad:
+            raise LoweringError(
+                f"buffer {name!r} of {type(model).__name__} requires a gradient, which "
+                f"remat-ir hands over to parameters only. Make it an nn.Parameter if it is "
+                f"trained (optimizers see parameters only), or register it without "
+                f"requires_grad (`register_buffer(name, tensor.detach())`)")
+
+
+@contextlib.contextmanager
+def refusing_autograd_calls(model: str):
+    """While the block traces `model`, a call of `torch.autograd.grad` or
+    `torch.autograd.backward` from the model's code raises one
+    LoweringError naming its line. A gradient penalty (WGAN-GP, R1) differentiates inside
+    the forward, which one graph of a forward and its backward cannot hold; export failed
+    with its own words ("We found a fake tensor in the exported program constant's list
+    ... Please file an issue on github"), no line, nothing to do."""
+    originals = [(torch.autograd, "grad"), (torch.autograd, "backward")]
+    saved = [getattr(owner, name) for owner, name in originals]
+
+    def refusing(name, function):
+        def call(*args, **kwargs):
+            frame = sys._getframe(1)
+            if not is_model_file(frame.f_code.co_filename):
+                return function(*args, **kwargs)
+            raise LoweringError(
+                f"{model}'s forward calls torch.autograd.{name} at {frame.f_code.co_filename}:"
+                f"{frame.f_lineno} in {frame.f_code.co_name} (a gradient penalty?): remat-ir "
+                f"lowers one graph of a forward and its backward, and a gradient taken inside "
+                f"the forward is a second backward it cannot hold. Compute that term outside "
+                f"the module remat-ir runs (a penalty on a gradient through it: train that "
+                f"model without remat-ir)")
+        return call
+
+    for (owner, name), function in zip(originals, saved):
+        setattr(owner, name, refusing(name, function))
+    try:
+        yield
+    finally:
+        for (owner, name), function in zip(originals, saved):
+            setattr(owner, name, function)
 
 
 def check_hook_reparametrizations(model: torch.nn.Module) -> None:

@@ -57,7 +57,8 @@ from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
-from .refusals import (check_backward_hooks, check_hook_reparametrizations, check_script_modules,
+from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
+                       check_hook_reparametrizations, check_script_modules,
                        constant_output, data_error, mutation_error, tensor_hook_error,
                        trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
@@ -65,7 +66,7 @@ from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .masked_assign import assign_through_masks
 from .module_casts import unchanged_module_casts
-from .kernel_layouts import match_kernel_layouts
+from .kernel_layouts import match_kernel_layouts, traced_as_run
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
@@ -346,6 +347,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     used); else the attributes are put back and the forward refused (a counter, a value
     used before it is assigned)."""
     check_backward_hooks(model)
+    check_buffers_needing_gradients(model)
     check_hook_reparametrizations(model)
     check_script_modules(model)
     assigned: dict = {}
@@ -885,6 +887,13 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`) and the ops
     of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
     """
+    with traced_as_run():
+        return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
+                      copy_long_lived_views, fusing)
+
+
+def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
+           copy_long_lived_views, fusing) -> Graph:
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     reads = TracedReads()
     exported = _export(model, args, kwargs, reads)

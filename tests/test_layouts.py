@@ -360,3 +360,62 @@ def test_transformers_clip_whose_transposed_logits_no_loss_reads_trains_like_eag
     finally:
         torch.set_num_threads(threads)
     assert errors == {}
+
+
+class _DrawAfterRelaidKernel(torch.nn.Module):
+    """A draw over the result of a kernel that lays it out otherwise on CPU than its fake
+    kernel says: batch norm over a transposed (batch, length, channels) tensor (contiguous
+    on CPU, the input's strides traced), `torch.roll` and `channel_shuffle` of a
+    channels-last tensor (channels-last on CPU, contiguous traced), or a linear layer
+    there, whose `addmm` or `matmul` tracing picks by the layout."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.proj, self.norm = torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)
+        self.conv, self.head = torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if self.kind.startswith("norm"):
+            h = self.norm(self.proj(x).transpose(1, 2)).transpose(1, 2)
+        else:
+            h = self.conv(x.to(memory_format=CL))
+            h = torch.roll(h, 1, 2) if self.kind.startswith("roll") else F.channel_shuffle(h, 2)
+        if self.kind.endswith("alpha-dropout"):
+            h = F.alpha_dropout(h, 0.5, training=True)
+        elif self.kind.endswith("linear"):
+            h = self.head(h)
+        else:
+            h = F.dropout(h, 0.5)
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("kind", ["norm-dropout", "norm-alpha-dropout", "roll-dropout",
+                                  "shuffle-dropout", "norm-linear"])
+@pytest.mark.parametrize("schedule", ["autograd", "random"])
+def test_a_draw_after_a_kernel_laying_out_its_result_otherwise_than_traced_is_eagers(kind, schedule):
+    """Eager draws a dropout's mask in its input's memory layout. The mask was drawn in the
+    traced layout (rewrites decided on it before the graph took the kernel's), so every
+    gradient was 0.2-0.9 relative off eager's under every schedule, with the generator
+    left where eager's is. Fake tensors now take each kernel's layout while tracing
+    (`kernel_layouts.traced_as_run`). Bitwise over two steps, in float32 and under
+    bfloat16 autocast (where `addmm` and `matmul` round apart)."""
+    import contextlib
+
+    from exactness import random_schedule, side_by_side
+
+    from remat_ir.lowering import lower_torch
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8) if kind.startswith("norm") else torch.randn(2, 4, 6, 6)
+
+    for context in (contextlib.nullcontext, lambda: torch.autocast("cpu", dtype=torch.bfloat16)):
+        def make(model):
+            with context():
+                if schedule == "autograd":
+                    return remat_ir.remat(model, (x,), solver="autograd", cost_model="flops")
+                graph = lower_torch(model, (x,), cost_model="flops")
+            return ScheduledModule(model, graph, random_schedule(graph, random.Random(1), recompute_share=0.8))
+
+        assert side_by_side(_DrawAfterRelaidKernel(kind), make, (x,), {}, lambda out: out,
+                            tolerance=1e-30, forward_context=context) == {}

@@ -407,6 +407,24 @@ def test_a_torchscript_module_is_refused_by_name_with_what_to_do():
         lower_torch(_HoldsScripted(), (torch.randn(4, 8),), cost_model="flops")
 
 
+class _ScaleInABuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(8, requires_grad=True))
+
+    def forward(self, x):
+        return (self.proj(x) * self.scale).tanh().square().mean()
+
+
+def test_a_buffer_requiring_a_gradient_is_refused_by_name_with_what_to_do():
+    """The lowering crashed from inside on it ("'BufferAOTInput' object has no attribute
+    'idx'"); eager gives the buffer a `.grad`."""
+    with pytest.raises(LoweringError, match=r"buffer 'scale' of _ScaleInABuffer requires a gradient.*"
+                                            r"Make it an nn.Parameter"):
+        remat_ir.remat(_ScaleInABuffer(), (torch.randn(4, 8),), solver="autograd", cost_model="flops")
+
+
 class _Packed(torch.nn.Module):
     def __init__(self):
         super().__init__()
