@@ -59,8 +59,8 @@ from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_hook_reparametrizations, check_script_modules,
-                       constant_output, data_error, mutation_error, tensor_hook_error,
-                       trace_effects_error)
+                       constant_output, data_error, mutation_error, refusing_autograd_calls,
+                       tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
@@ -435,7 +435,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
                 noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
-                unchanged_module_casts(type(model).__name__):
+                refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

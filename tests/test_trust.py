@@ -425,6 +425,28 @@ def test_a_buffer_requiring_a_gradient_is_refused_by_name_with_what_to_do():
         remat_ir.remat(_ScaleInABuffer(), (torch.randn(4, 8),), solver="autograd", cost_model="flops")
 
 
+class _GradientPenalty(torch.nn.Module):
+    """WGAN-GP's penalty on the gradient of the critic's output with respect to its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.critic = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def forward(self, x):
+        x = x.detach().requires_grad_(True)
+        score = self.critic(x).sum()
+        grad, = torch.autograd.grad(score, x, create_graph=True)
+        return score + grad.square().sum()
+
+
+def test_a_gradient_taken_inside_the_forward_is_refused_by_line():
+    """Export failed with its own words ("We found a fake tensor in the exported program
+    constant's list ... Please file an issue on github"): no line, nothing to do."""
+    with pytest.raises(LoweringError, match=r"_GradientPenalty's forward calls torch.autograd.grad at "
+                                            r".*test_trust.py:\d+ in forward.*Compute that term outside"):
+        remat_ir.remat(_GradientPenalty(), (torch.randn(4, 8),), solver="autograd", cost_model="flops")
+
+
 class _Packed(torch.nn.Module):
     def __init__(self):
         super().__init__()
