@@ -2,7 +2,8 @@
 
 An op is re-executed from its IR node alone, so its non-tensor arguments must
 survive a round trip exactly: -inf in causal masks, NaN, integers beyond int64,
-dtypes, devices and memory formats. The IR does not import torch, so the
+complex numbers (derivative formulas of complex ops multiply by 1j), dtypes, devices
+and memory formats. The IR does not import torch, so the
 torch-specific kinds have small stand-in types here; the runtime maps them to
 torch objects.
 """
@@ -64,6 +65,8 @@ def encode(obj) -> pb.Argument:
             arg.big_int = str(obj)
     elif isinstance(obj, float):
         arg.float_value = obj
+    elif isinstance(obj, complex):
+        arg.complex_value.real, arg.complex_value.imag = obj.real, obj.imag
     elif isinstance(obj, str):
         arg.string_value = obj
     elif isinstance(obj, (list, tuple)):
@@ -98,6 +101,8 @@ def decode(arg: pb.Argument):
         return tuple(items) if arg.list.is_tuple else items
     if kind == "big_int":
         return int(arg.big_int)
+    if kind == "complex_value":
+        return complex(arg.complex_value.real, arg.complex_value.imag)
     if kind == "dtype":
         return DTypeArg(dtype_name(arg.dtype))
     if kind == "device":
@@ -123,6 +128,8 @@ def same(a, b) -> bool:
     """Equality of decoded arguments where NaN equals NaN (for round-trip checks)."""
     if isinstance(a, float) and isinstance(b, float):
         return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, complex) and isinstance(b, complex):
+        return same(a.real, b.real) and same(a.imag, b.imag)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b

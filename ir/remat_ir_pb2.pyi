@@ -191,8 +191,16 @@ class ArgumentList(_message.Message):
     is_tuple: bool
     def __init__(self, items: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., is_tuple: _Optional[bool] = ...) -> None: ...
 
+class ComplexValue(_message.Message):
+    __slots__ = ("real", "imag")
+    REAL_FIELD_NUMBER: _ClassVar[int]
+    IMAG_FIELD_NUMBER: _ClassVar[int]
+    real: float
+    imag: float
+    def __init__(self, real: _Optional[float] = ..., imag: _Optional[float] = ...) -> None: ...
+
 class Argument(_message.Message):
-    __slots__ = ("tensor", "list", "int_value", "float_value", "bool_value", "string_value", "none", "dtype", "device", "memory_format", "layout", "big_int")
+    __slots__ = ("tensor", "list", "int_value", "float_value", "bool_value", "string_value", "none", "dtype", "device", "memory_format", "layout", "big_int", "complex_value")
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     LIST_FIELD_NUMBER: _ClassVar[int]
     INT_VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +213,7 @@ class Argument(_message.Message):
     MEMORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     BIG_INT_FIELD_NUMBER: _ClassVar[int]
+    COMPLEX_VALUE_FIELD_NUMBER: _ClassVar[int]
     tensor: int
     list: ArgumentList
     int_value: int
@@ -217,7 +226,8 @@ class Argument(_message.Message):
     memory_format: MemoryFormat
     layout: Layout
     big_int: str
-    def __init__(self, tensor: _Optional[int] = ..., list: _Optional[_Union[ArgumentList, _Mapping]] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., none: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., memory_format: _Optional[_Union[MemoryFormat, str]] = ..., layout: _Optional[_Union[Layout, str]] = ..., big_int: _Optional[str] = ...) -> None: ...
+    complex_value: ComplexValue
+    def __init__(self, tensor: _Optional[int] = ..., list: _Optional[_Union[ArgumentList, _Mapping]] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., none: _Optional[bool] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., memory_format: _Optional[_Union[MemoryFormat, str]] = ..., layout: _Optional[_Union[Layout, str]] = ..., big_int: _Optional[str] = ..., complex_value: _Optional[_Union[ComplexValue, _Mapping]] = ...) -> None: ...
 
 class NamedArgument(_message.Message):
     __slots__ = ("name", "value")

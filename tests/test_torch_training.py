@@ -343,3 +343,47 @@ def test_a_product_trains_bitwise_like_eager_with_and_without_zeros(dim, keepdim
     scheduled = remat_ir.remat(model, (x,), solver=solver, cost_model="flops", cache_dir=False,
                                progress=None)
     _two_steps_bitwise(eager, model, scheduled, x)
+
+
+class _ComplexRotation(torch.nn.Module):
+    """A magnitude and a phase made complex (`torch.polar`, `angle` of a complex tensor, or
+    `exp(1j * phase)`): their backward formulas multiply by 1j."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.magnitude, self.phase = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        magnitude, phase = self.magnitude(x), self.phase(x)
+        if self.kind == "polar":
+            z = torch.polar(magnitude.abs() + 0.1, phase)
+        elif self.kind == "angle":
+            z = torch.complex(magnitude, phase)
+            z = torch.polar(z.abs(), z.angle() * 2)
+        else:
+            z = (magnitude + 0.5) * torch.exp(1j * phase)
+        return torch.view_as_real(z * z).square().mean()
+
+
+@pytest.mark.parametrize("kind", ["polar", "angle", "exp-1j"])
+def test_complex_numbers_an_op_takes_are_stored_and_train_bitwise_like_eager(kind, tmp_path):
+    """The IR could not store the 1j a derivative formula passes (IR 1.12's
+    `complex_value`), and such a model was refused. Under a random schedule that
+    recomputes 80% of what it can, read back from a file, and profiled."""
+    import random
+
+    from exactness import random_schedule, side_by_side
+
+    from remat_ir import ir
+    from remat_ir.lowering import lower_torch
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    x = torch.randn(4, 8)
+    graph = ir.load(ir.save(lower_torch(_ComplexRotation(kind), (x,), cost_model="profile"),
+                            tmp_path / "complex.rir"))
+    assert any(a.HasField("complex_value") for n in graph.nodes for a in graph.node(n).args)
+    schedule = random_schedule(graph, random.Random(0), recompute_share=0.8)
+    torch.manual_seed(0)
+    assert side_by_side(_ComplexRotation(kind), lambda m: ScheduledModule(m, graph, schedule),
+                        (x,), {}, lambda loss: loss, tolerance=1e-30) == {}

@@ -95,7 +95,7 @@ def to_ir_argument(obj, tensor_id):
         return arguments.MemoryFormatArg(_IR_MEMORY_FORMATS[obj])
     if isinstance(obj, torch.layout):
         return arguments.LayoutArg(_IR_LAYOUTS[obj])
-    if obj is None or isinstance(obj, (bool, int, float, str)):
+    if obj is None or isinstance(obj, (bool, int, float, complex, str)):
         return obj
     raise TypeError(f"an argument of type {type(obj).__name__} ({obj!r})")
 
