@@ -61,8 +61,9 @@ _ABSOLUTE = frozenset({_aten.as_strided.default, _aten.as_strided_copy.default})
 
 @contextlib.contextmanager
 def traced_as_run():
-    """While tracing (torch.export, then AOTAutograd), each op `_audited` would run gets
-    the layout its kernel gives, run once on zeros per distinct signature: fake tensors
+    """While tracing (torch.export, then AOTAutograd), each op `_runs` admits, with a
+    tensor that is not contiguous among its inputs or results, gets the layout its kernel
+    gives, run once on zeros per distinct signature: fake tensors
     then carry eager's strides, and what tracing decides from them is decided as eager
     decides it.
 
@@ -97,24 +98,22 @@ def traced_as_run():
 
 def _as_run(mode, func, args, kwargs, result, made: dict, fake_class):
     """`result` with each tensor the kernel lays out otherwise re-made in its strides."""
-    if not _runs(func):
-        return result
-    inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    results = [result] if isinstance(result, torch.Tensor) else (
-        list(result) if isinstance(result, (tuple, list)) else [])
-    tensors = [*inputs, *(r for r in results if isinstance(r, torch.Tensor))]
-    if not any(not t.is_contiguous() and t.numel() > 1 for t in tensors):
-        return result
+    if not _runs(func) or not isinstance(result, (torch.Tensor, tuple, list)):
+        return result   # a number or a flag (`is_pinned`) has no layout
+    results = [result] if isinstance(result, torch.Tensor) else list(result)
+    tensors = [a for a in pytree.tree_leaves((args, kwargs, results)) if isinstance(a, torch.Tensor)]
     if any(isinstance(d, torch.SymInt) for t in tensors for d in (*t.shape, *t.stride())):
+        return result   # zeros need sizes; asking a symbolic tensor would add guards
+    if not _strided(tensors):
         return result
-    key = (func, _signature(args), _signature(kwargs))
+    key = (func, _signature((args, kwargs)), _signature(results))
     if key not in made:
-        made[key] = _kernel_strides(func, args, kwargs)
-    strides = made[key]
-    if strides is None:
+        made[key] = _kernel_layouts(func, args, kwargs)
+    layouts = made[key]
+    if layouts is None:
         return result
     redone = []
-    for traced, made_as in zip(results, strides):
+    for traced, made_as in zip(results, layouts):
         stride, dtype = made_as or (None, None)
         if (isinstance(traced, torch.Tensor) and dtype == traced.dtype and stride != traced.stride()
                 and not same_layout(torch.empty_strided(traced.shape, stride, device="meta"),
@@ -128,10 +127,11 @@ def _as_run(mode, func, args, kwargs, result, made: dict, fake_class):
 
 
 def _runs(func) -> bool:
-    """`_audited`'s test on the op alone (aten, not run on zeros by name, not random, no
-    result that is a view or written in place), except that an op may write into an
-    argument besides its results: export traces BatchNorm as
-    `_native_batch_norm_legit`, which updates the running statistics (of zeros, here)."""
+    """Whether `func` may be run on zeros to read its results' layouts: an aten op, not
+    one of `_UNRUN`, not random, with results none of which is a view or written in
+    place. It may write into an argument besides its results (export traces BatchNorm
+    as `_native_batch_norm_legit`, which updates the running statistics: of zeros,
+    here); `_audited` leaves those out of the functional joint graph."""
     if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten" or _UNRUN.search(func.__name__):
         return False
     returns = func._schema.returns
@@ -139,16 +139,25 @@ def _runs(func) -> bool:
                 or any(r.alias_info is not None for r in returns))
 
 
+def _strided(tensors) -> bool:
+    """Whether a tensor of more than one element among `tensors` is not contiguous: only
+    then may a kernel lay its result out otherwise than its fake kernel says."""
+    return any(not t.is_contiguous() and t.numel() > 1 for t in tensors)
+
+
 def _signature(tree) -> tuple:
-    """What decides a kernel's result layout: each tensor's shape, strides, dtype and
-    device, every other argument as it is."""
-    return tuple((tuple(a.shape), a.stride(), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
-                 else repr(a) for a in pytree.tree_leaves(tree))
+    """What decides a kernel's result layout: how `tree` nests (`max_pool2d(x, 4, 2)` and
+    `max_pool2d(x, 4, padding=2)` flatten to the same numbers), each tensor's shape,
+    strides, dtype and device, every other leaf as it is."""
+    leaves, spec = pytree.tree_flatten(tree)
+    return (str(spec), *((tuple(a.shape), a.stride(), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
+                         else repr(a) for a in leaves))
 
 
-def _kernel_strides(func, args, kwargs) -> list | None:
+def _kernel_layouts(func, args, kwargs) -> list | None:
     """(strides, dtype) of each result of `func` run on zeros laid out as `args`' fakes
-    (None for a result that is no tensor), or None where the op fails."""
+    (None for a result that is no tensor), or None where the op fails on zeros (a
+    solver's singular matrix)."""
     with unset_fake_temporarily(), torch.no_grad():
         try:
             real = func(*pytree.tree_map(_zeros_as, args), **pytree.tree_map(_zeros_as, kwargs))
@@ -235,18 +244,11 @@ def _as_made(value, differing):
 
 
 def _audited(node: torch.fx.Node) -> bool:
-    """A call whose results may be laid out after its inputs: not a view, not random, not
-    in place, with a tensor that is not contiguous among its inputs or results."""
-    target = node.target
-    if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
-            or target.namespace != "aten" or _UNRUN.search(target.__name__)):
+    """A call whose results may be laid out after its inputs (`_runs`), not in place, with
+    a tensor that is not contiguous among its inputs or results."""
+    if node.op != "call_function" or not _runs(node.target) or node.target._schema.is_mutable:
         return False
-    schema = target._schema
-    if (schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
-            or any(r.alias_info is not None for r in schema.returns)):
-        return False
-    tensors = [*_inputs(node), *(t for _, t in _results(node))]
-    return any(not t.is_contiguous() and t.numel() > 1 for t in tensors)
+    return _strided([*_inputs(node), *(t for _, t in _results(node))])
 
 
 def _inputs(node: torch.fx.Node) -> list[torch.Tensor]:

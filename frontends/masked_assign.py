@@ -68,6 +68,12 @@ def _fresh(node) -> bool:
     return all(r.alias_info is None for r in node.target._schema.returns)
 
 
+#: Dtypes whose zeros carry a sign and whose CPU kernels take `masked_fill_` and `add_`
+#: (float8 has no CPU `masked_fill`): others keep the copy of `_assign_in_place`.
+_SIGNED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+           torch.complex128)
+
+
 def _assign_in_place(graph: torch.fx.Graph, meta: dict, target: torch.fx.Node,
                      mask: torch.fx.Node, leading: int, values: torch.fx.Node) -> torch.fx.Node:
     """`target[..., mask] = values` written into `target` (a view, or a tensor read
@@ -81,18 +87,30 @@ def _assign_in_place(graph: torch.fx.Graph, meta: dict, target: torch.fx.Node,
     put into a tensor of -0.0 elsewhere. -0.0 + x is x for every x, -0.0 and NaN
     included, so the forward writes eager's bits, and the backward gives `target` eager's
     `grad` with zeros at the mask and the values eager's `grad[mask]` summed to their
-    shape (`put_masked`'s backward). A tensor of integers or complex numbers keeps the
-    copy: its zeros have no sign to lose, or two."""
-    if not _val(target).is_floating_point():
+    shape (`put_masked`'s backward). A complex tensor is written through its real view
+    (each part's zero has its sign; complex addition gives (-0-0j) + (-0-0j) a real part
+    of +0.0). Integers and bools, whose zeros have no sign, and float8 keep the copy.
+    Not eager's bits with `torch.set_flush_denormal(True)`: the add then flushes
+    subnormals that eager's write leaves."""
+    fake = _val(target)
+    if fake.dtype not in _SIGNED:
         put = add_call(graph, meta, _PUT, (target, mask, leading, values))
         return add_call(graph, meta, _aten.copy_.default, (target, put))
-    background = add_call(graph, meta, _aten.full_like.default, (target, -0.0))
-    put = add_call(graph, meta, _PUT, (background, mask, leading, values))
     wide = mask
-    for _ in range(_val(target).dim() - leading - _val(mask).dim()):
+    if _val(mask).device != fake.device:   # eager indexes with a CPU mask on any device
+        wide = add_call(graph, meta, _aten._to_copy.default, (wide,), {"device": fake.device})
+    zero = complex(-0.0, -0.0) if fake.is_complex() else -0.0
+    background = add_call(graph, meta, _aten.full_like.default, (target, zero))
+    put = add_call(graph, meta, _PUT, (background, mask, leading, values))
+    written = target
+    if fake.is_complex():
+        written = add_call(graph, meta, _aten.view_as_real.default, (target,))
+        put = add_call(graph, meta, _aten.view_as_real.default, (put,))
+    for _ in range(_val(written).dim() - leading - _val(mask).dim()):
         wide = add_call(graph, meta, _aten.unsqueeze.default, (wide, -1))
-    cleared = add_call(graph, meta, _aten.masked_fill_.Scalar, (target, wide, -0.0))
-    return add_call(graph, meta, _aten.add_.Tensor, (cleared, put))
+    cleared = add_call(graph, meta, _aten.masked_fill_.Scalar, (written, wide, -0.0))
+    done = add_call(graph, meta, _aten.add_.Tensor, (cleared, put))
+    return done if written is target else target   # the complex tensor, its parts written
 
 
 def assign_through_masks(module: torch.fx.GraphModule) -> int:

@@ -125,9 +125,10 @@ def tensor_ids(arg: pb.Argument):
 
 
 def same(a, b) -> bool:
-    """Equality of decoded arguments where NaN equals NaN (for round-trip checks)."""
+    """Equality of decoded arguments where NaN equals NaN and -0.0 differs from 0.0 (for
+    round-trip checks)."""
     if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
+        return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (math.isnan(a) and math.isnan(b))
     if isinstance(a, complex) and isinstance(b, complex):
         return same(a.real, b.real) and same(a.imag, b.imag)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):

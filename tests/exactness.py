@@ -97,7 +97,8 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return torch.equal(a, b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    a, b = (torch.view_as_real(a), torch.view_as_real(b)) if a.is_complex() else (a, b)
+    if a.is_complex():   # each part's bits; a conjugate or negative view resolved first
+        a, b = (torch.view_as_real(t.resolve_conj().resolve_neg()) for t in (a, b))
     nan_a, nan_b = a.isnan(), b.isnan()
     if not torch.equal(nan_a, nan_b):
         return False

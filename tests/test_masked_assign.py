@@ -83,15 +83,16 @@ class _SignedZeros(torch.nn.Module):
     -0.0 there), through a mask assignment into a tensor that is not fresh: a view
     (the write reaches its base), or a tensor another op reads too."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, dtype=torch.float32):
         super().__init__()
         self.kind = kind
-        self.token = torch.nn.Parameter(torch.randn(8))
+        self.token = torch.nn.Parameter(torch.randn(8, dtype=dtype))
 
     def forward(self, x, mask):
         h = x * 1.5
-        signs = -(x.detach() > 0).to(x.dtype)
-        extra = (h * signs).sum() if self.kind == "read_elsewhere" else 0.0
+        parts = torch.view_as_real if x.is_complex() else (lambda t: t)   # each part's zero signed
+        signs = -(parts(x).detach() > 0).to(parts(x).dtype)
+        extra = (parts(h) * signs).sum() if self.kind == "read_elsewhere" else 0.0
         if self.kind == "into_view":
             view = h[:, 1:]
             view[mask[:, 1:]] = self.token
@@ -100,22 +101,24 @@ class _SignedZeros(torch.nn.Module):
             view[:, mask[0]] = self.token * 2
         else:
             h[mask] = self.token
-        return (h * signs).sum() + extra
+        return (parts(h) * signs).sum() + extra
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
 @pytest.mark.parametrize("kind", ["into_view", "after_full_dims_view", "read_elsewhere"])
-def test_a_gradient_of_minus_zero_keeps_its_sign_through_an_assignment_in_place(kind):
+def test_a_gradient_of_minus_zero_keeps_its_sign_through_an_assignment_in_place(kind, dtype):
     """Eager's `index_put_` backward copies the gradient; writing the op's result back
     with `copy_` added zeros to it, and -0.0 + 0.0 is +0.0 (`torch.equal` does not tell,
-    `side_by_side` does)."""
+    `side_by_side` does). A complex tensor's parts each keep theirs."""
     torch.manual_seed(0)
-    x, mask = torch.randn(4, 6, 8, requires_grad=True), torch.rand(4, 6) < 0.4
-    _SignedZeros(kind)(x, mask).backward()
-    assert bool((x.grad == 0).logical_and(x.grad.signbit()).any())   # eager's -0.0 is there to keep
+    x, mask = torch.randn(4, 6, 8, dtype=dtype, requires_grad=True), torch.rand(4, 6) < 0.4
+    _SignedZeros(kind, dtype)(x, mask).backward()
+    grad = torch.view_as_real(x.grad) if dtype.is_complex else x.grad
+    assert bool((grad == 0).logical_and(grad.signbit()).any())   # eager's -0.0 is there to keep
     x.grad = None
 
     def make(model):
         graph = lower_torch(model, (x, mask), cost_model="flops")
         return ScheduledModule(model, graph, random_schedule(graph, random.Random(3), recompute_share=0.8))
 
-    assert side_by_side(_SignedZeros(kind), make, (x, mask), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert side_by_side(_SignedZeros(kind, dtype), make, (x, mask), {}, lambda loss: loss, tolerance=1e-30) == {}

@@ -44,7 +44,7 @@ SPECIAL_ARGS = [
     True, False, None, "tanh", [], (), [1, [2, (3, None)]], (0.5, -math.inf),
     arguments.DTypeArg("bfloat16"), arguments.Device("cuda:1"),
     arguments.MemoryFormatArg("channels_last"), arguments.LayoutArg("strided"),
-    1j, complex(-0.0, math.inf), complex(math.nan, -2.5),
+    1j, complex(-0.0, math.inf), complex(math.nan, -2.5), complex(-0.0, -0.0),
 ]
 
 
