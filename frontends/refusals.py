@@ -7,6 +7,7 @@ tensors and cannot be kept (the checks themselves live where they look: `tensor_
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import torch
@@ -65,19 +66,25 @@ def check_buffers_needing_gradients(model: torch.nn.Module) -> None:
 
 @contextlib.contextmanager
 def refusing_autograd_calls(model: str):
-    """While the block traces `model`, a call of `torch.autograd.grad` or
-    `torch.autograd.backward` from the model's code raises one
-    LoweringError naming its line. A gradient penalty (WGAN-GP, R1) differentiates inside
-    the forward, which one graph of a forward and its backward cannot hold; export failed
-    with its own words ("We found a fake tensor in the exported program constant's list
-    ... Please file an issue on github"), no line, nothing to do."""
+    """While the block traces `model`, `torch.autograd.grad` or `torch.autograd.backward`
+    called with the model's code on the stack (directly, through `Tensor.backward`, or
+    through torch's helpers such as `torch.autograd.functional.vjp`) raises one
+    LoweringError naming the model's innermost line. A gradient penalty (WGAN-GP, R1)
+    differentiates inside the forward, which one graph of a forward and its backward
+    cannot hold; export failed with its own words ("We found a fake tensor in the
+    exported program constant's list ... Please file an issue on github"), no line,
+    nothing to do. Not caught: a name bound before tracing (`from torch.autograd import
+    grad`), which export's error then names as before."""
     originals = [(torch.autograd, "grad"), (torch.autograd, "backward")]
     saved = [getattr(owner, name) for owner, name in originals]
 
     def refusing(name, function):
+        @functools.wraps(function)
         def call(*args, **kwargs):
             frame = sys._getframe(1)
-            if not is_model_file(frame.f_code.co_filename):
+            while frame is not None and not is_model_file(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is None:
                 return function(*args, **kwargs)
             raise LoweringError(
                 f"{model}'s forward calls torch.autograd.{name} at {frame.f_code.co_filename}:"

@@ -308,7 +308,9 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
                 f"effect that tracing orders through a token, which remat-ir cannot lower. "
                 f"torch.linalg's checked ops do this (they raise on a singular input): use "
                 f"their unchecked forms (torch.linalg.cholesky_ex, inv_ex, solve_ex, ...) and "
-                f"check `info` outside the model")
+                f"check `info` outside the model; inside PyTorch's orthogonal parametrization "
+                f"(its 'cayley' map solves a system), take orthogonal_map='matrix_exp' or "
+                f"'householder'")
 
 
 def _tied_parameters(model: torch.nn.Module) -> list[list[str]]:
@@ -498,13 +500,20 @@ _LAYER_BRANCHES = {
                               "src_is_causal=, memory_is_causal=)",
     "batchnorm.py:": "BatchNorm with momentum=None averages with 1 / num_batches_tracked, a "
                      "number read from a tensor: give it a momentum (PyTorch's default is 0.1)",
+    "gaussian_nll_loss": "gaussian_nll_loss checks that the variance is not negative at every "
+                         "call, which no argument turns off: return the mean and variance "
+                         "from the forward and compute the loss on them outside the module",
+    "adaptive.py:": "AdaptiveLogSoftmaxWithLoss gathers each cluster's rows by the targets' "
+                    "values, which no argument avoids: return the hidden states from the "
+                    "forward and call it on them outside the module",
 }
 
 
 def _layer_branch_hint(inside: str) -> str:
     """What avoids the branch on tensor data at PyTorch's line `inside`."""
     return next((hint for key, hint in _LAYER_BRANCHES.items() if key in inside),
-                "an argument of that call may avoid it")
+                "an argument of that call may avoid it; if none does, call it outside the "
+                "module, on what the forward returns")
 
 
 def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:

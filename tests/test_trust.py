@@ -435,16 +435,22 @@ class _GradientPenalty(torch.nn.Module):
     def forward(self, x):
         x = x.detach().requires_grad_(True)
         score = self.critic(x).sum()
-        grad, = torch.autograd.grad(score, x, create_graph=True)
+        if self.how == "vjp":   # torch's helper calls autograd.grad from its own file
+            _, grad = torch.autograd.functional.vjp(lambda t: self.critic(t).sum(), x, create_graph=True)
+        else:
+            grad, = torch.autograd.grad(score, x, create_graph=True)
         return score + grad.square().sum()
 
 
-def test_a_gradient_taken_inside_the_forward_is_refused_by_line():
+@pytest.mark.parametrize("how", ["grad", "vjp"])
+def test_a_gradient_taken_inside_the_forward_is_refused_by_line(how):
     """Export failed with its own words ("We found a fake tensor in the exported program
     constant's list ... Please file an issue on github"): no line, nothing to do."""
+    model = _GradientPenalty()
+    model.how = how
     with pytest.raises(LoweringError, match=r"_GradientPenalty's forward calls torch.autograd.grad at "
-                                            r".*test_trust.py:\d+ in forward.*Compute that term outside"):
-        remat_ir.remat(_GradientPenalty(), (torch.randn(4, 8),), solver="autograd", cost_model="flops")
+                                            r".*test_trust.py:\d+ in (forward|<lambda>).*Compute that term outside"):
+        remat_ir.remat(model, (torch.randn(4, 8),), solver="autograd", cost_model="flops")
 
 
 class _Packed(torch.nn.Module):
@@ -1686,6 +1692,29 @@ def test_lines_of_the_standard_library_are_not_the_models():
     assert not is_model_file("<string>") and not is_model_file("<eval_with_key>.3")
     assert is_model_file(transformers.__file__) and not is_users_file(transformers.__file__)
     assert is_model_file(__file__) and is_users_file(__file__)
+
+
+class _LossInside(torch.nn.Module):
+    """A loss PyTorch computes with a branch on tensor data that no argument turns off."""
+
+    def __init__(self, loss: str):
+        super().__init__()
+        self.loss, self.proj = loss, torch.nn.Linear(8, 8)
+        self.adaptive = torch.nn.AdaptiveLogSoftmaxWithLoss(8, 10, [4])
+
+    def forward(self, x, target):
+        h = self.proj(x)
+        if self.loss == "gaussian_nll":
+            return torch.nn.functional.gaussian_nll_loss(h[:, 0], target.float(), h[:, 1].exp())
+        return self.adaptive(h, target).loss
+
+
+@pytest.mark.parametrize("loss, says", [("gaussian_nll", "checks that the variance is not negative"),
+                                        ("adaptive", "AdaptiveLogSoftmaxWithLoss gathers")])
+def test_a_loss_branching_on_tensor_data_says_to_compute_it_outside(loss, says):
+    """The hint said "an argument of that call may avoid it", where none does."""
+    with pytest.raises(LoweringError, match=says + r".*outside the module"):
+        _remat(_LossInside(loss), (torch.randn(4, 8), torch.randint(0, 10, (4,))))
 
 
 def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
