@@ -87,8 +87,9 @@ class RandomNet(torch.nn.Module):
         self.batch_norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(width)
                                                for op, _ in program if op == "batch_norm")
         # channel_norm: BatchNorm1d over a (batch, length, channels) view transposed to
-        # channels first, as PatchTST normalizes; its CPU kernel lays out its result
-        # otherwise than its fake kernel (frontends/kernel_layouts.py).
+        # channels first, as PatchTST normalizes, then a dropout over it transposed back:
+        # its CPU kernel lays out its result otherwise than its fake kernel, and eager
+        # draws the mask in that layout (frontends/kernel_layouts.py).
         self.channels = 2 if width % 2 == 0 else 1
         self.channel_norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(self.channels)
                                                  for op, _ in program if op == "channel_norm")
@@ -150,7 +151,8 @@ class RandomNet(torch.nn.Module):
                 y = next(batch_norms)(a)
             elif op == "channel_norm":
                 channels_first = a.unflatten(-1, (-1, self.channels)).transpose(1, 2)
-                y = next(channel_norms)(channels_first).transpose(1, 2).reshape(a.shape)
+                normed = next(channel_norms)(channels_first).transpose(1, 2)
+                y = torch.nn.functional.dropout(normed, 0.3, training=True).reshape(a.shape)
             elif op == "permute_columns":
                 y = a[:, self.permutation] * a
             elif op == "rand_add":  # a random op that is not dropout
@@ -210,8 +212,8 @@ class RandomNet(torch.nn.Module):
             elif op == "attention":  # the fused kernel, its log-sum-exp saved
                 y = torch.nn.functional.scaled_dot_product_attention(a[None], b[None], b[None])[0]
             elif op == "index_add":  # an in-place accumulation at constant indices
-                y = a.clone()
-                y.index_add_(1, self.permutation[:half], b[:, :half], alpha=0.5)
+                y = a.clone()   # of a's dtype: under autocast b may be another (a linear's)
+                y.index_add_(1, self.permutation[:half], b[:, :half].to(y.dtype), alpha=0.5)
             elif op == "cross_entropy":  # targets from the data
                 y = torch.nn.functional.cross_entropy(a, b.argmax(dim=-1), reduction="none")[:, None] * a
             else:
