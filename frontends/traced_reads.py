@@ -13,15 +13,20 @@ before reading it, which depends on no state a call brings):
   read through `self`), and the items of their public lists, tuples and dicts (a conv's
   `stride`, `self.opts["temp"]`);
 - attributes of plain objects the modules hold (a config: `self.config.output_hidden_states`,
-  a dataclass, a `SimpleNamespace`). Where the object's class can be instrumented, the
-  attributes read; where not (builtin types such as `SimpleNamespace`), all its plain ones;
+  a dataclass, a `SimpleNamespace`, a loss object called like a function), and of the
+  plain objects those hold (`self.cfg.inner.temp`, held as `cfg.inner`). Where the
+  object's class can be instrumented, the attributes read; where not (builtin types such
+  as `SimpleNamespace`), all its plain ones;
+- attributes the model's code looked up on a module or such an object and did not find
+  (`hasattr(self, "_loss_function")`, `getattr(self.cfg, "temp", 1.0)`), as `ABSENT`:
+  one set later changes what the forward does;
 - functions the modules hold (`self.act = F.gelu`) and the `forward` each module ran,
   described by `torchlib.callables` (a swap or a patched forward computes otherwise).
 
 Found in the code (the methods of the model's module classes in the user's own files,
 and the user's functions they call by name): globals of plain values, the plain items of
-global dicts, lists and tuples, and plain attributes of global classes and modules read
-as `Global.name`; where those are tensors, where they are (`tensors`), for
+global dicts, lists and tuples, and plain attributes of global classes, modules and plain
+objects read as `Global.name`; where those are tensors, where they are (`tensors`), for
 `frontends/held_tensors.py`, which checks the ones traced as constants by their bytes.
 """
 
@@ -29,19 +34,23 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import sys
 import types
 from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.torchlib.callables import describe, is_function
+from remat_ir.torchlib.callables import attribute_at, describe, is_function
 
-from .model_lines import is_users_file
+from .model_lines import is_model_file, is_users_file
 
 #: Value types whose value tracing bakes into the graph (a branch on a flag).
 PLAIN_TYPES = (bool, int, float, str, type(None))
 #: A recorded value that may be either of a list's (`_as_left`): {ANY_OF: [first, second]}.
 ANY_OF = "any of"
+#: The value recorded for an attribute the forward looked up and found missing; the
+#: runtime's `getattr(module, name, "<missing>")` gives it while it stays missing.
+ABSENT = "<missing>"
 #: Containers with more items than this are not recorded (their checks would cost more
 #: than a step's worth of bookkeeping); neither is code deeper than `_DEPTH` calls.
 _MAX_ITEMS, _DEPTH = 64, 4
@@ -62,8 +71,9 @@ def plain_items(container) -> list | None:
 
 
 def _plain_object(value) -> bool:
-    """An object whose attributes configure a forward (a config, a dataclass)."""
-    return (hasattr(value, "__dict__") and not callable(value)
+    """An object whose attributes configure a forward (a config, a dataclass, a loss
+    object called like a function: `self.loss = FocalLoss(gamma=2)`)."""
+    return (hasattr(value, "__dict__") and not is_function(value)
             and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))
 
 
@@ -121,16 +131,29 @@ class TracedReads:
                                        sorted(self.globals.items(), key=repr)]}
 
 
-def _instrument(cls: type, holders: dict, reads: TracedReads) -> None:
-    """Make `cls` record the plain attributes read from the objects in `holders`; raises
-    TypeError for a class that cannot be changed (builtin types)."""
+def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
+    """Make `cls` record the plain attributes read from the objects in `holders`, and
+    `hold` the plain objects read from them (a config's sub-config: `self.cfg.inner.temp`,
+    held as `cfg.inner`); raises TypeError for a class that cannot be changed (builtin
+    types)."""
     lookup = cls.__getattribute__
 
     def getattribute(self, name):
-        value = lookup(self, name)
+        try:
+            value = lookup(self, name)
+        except AttributeError:   # `getattr(self.config, "temp", 1.0)`: one set later counts
+            holder = holders.get(id(self))
+            if (holder is not None and not name.startswith("__")
+                    and getattr(type(self), "__getattr__", None) is None
+                    and is_model_file(sys._getframe(1).f_code.co_filename)):
+                reads.objects.setdefault((*holder, name), ABSENT)
+            raise
         holder = holders.get(id(self))
-        if holder is not None and not name.startswith("__") and plain(value):
-            reads.objects.setdefault((*holder, name), value)
+        if holder is not None and not name.startswith("__"):
+            if plain(value):
+                reads.objects.setdefault((*holder, name), value)
+            elif not name.startswith("_") and _plain_object(value) and holder[1].count(".") < _DEPTH:
+                hold(holder[0], f"{holder[1]}.{name}", value)
         return value
 
     cls.__getattribute__ = getattribute
@@ -157,7 +180,7 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         if cls not in originals:
             originals[cls] = cls.__dict__.get("__getattribute__")
             try:
-                _instrument(cls, holders, reads)
+                _instrument(cls, holders, reads, hold)
             except TypeError:
                 originals[cls] = False
         if originals[cls] is False:   # every plain attribute, as it is now
@@ -166,7 +189,11 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                     reads.objects.setdefault((path, name, key), item)
 
     def getattribute(self, name):
-        value = lookup(self, name)
+        try:
+            value = lookup(self, name)
+        except AttributeError:
+            _note_absent(self, name, paths, written, reads)
+            raise
         if name.startswith("__"):
             return value
         path = paths.get(id(self))
@@ -219,6 +246,27 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         _as_left(model, reads, holders)
 
 
+def _note_absent(module: torch.nn.Module, name: str, paths: dict, written: set,
+                 reads: TracedReads) -> None:
+    """Record that the model's code found no attribute `name` on `module` (`hasattr`,
+    `getattr` with a default), as `ABSENT`: one set later changes what the forward does.
+    transformers' `loss_function` returns `self._loss_function` where the user set one
+    (`model.loss_function = my_loss`), else the default loss: set after `remat`, the graph
+    went on training with the default, silently. Not recorded: what nn.Module's
+    `__getattr__` finds (parameters, buffers, submodules), lookups of a class with a
+    `__getattr__` of its own (which may find it), and torch's own probes."""
+    path = paths.get(id(module))
+    if path is None or name.startswith("__") or (path, name) in written:
+        return
+    if type(module).__getattr__ is not torch.nn.Module.__getattr__:
+        return
+    own = object.__getattribute__(module, "__dict__")
+    if any(name in own.get(table, ()) for table in ("_parameters", "_buffers", "_modules")):
+        return
+    if is_model_file(sys._getframe(2).f_code.co_filename):
+        reads.modules.setdefault((path, name), ABSENT)
+
+
 def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
     """A value the forward set while tracing, after reading it, is recorded as either:
     transformers' classification heads set `config.problem_type` on their first call,
@@ -226,14 +274,14 @@ def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
     leads to. (A model lowered again keeps what its first tracing set; another instance,
     given a graph lowered from the first, has not set it yet.)"""
     modules = dict(model.named_modules(remove_duplicate=False))
-    objects = {holder: getattr(modules[holder[0]], holder[1], None) for holder in holders.values()}
+    objects = {holder: attribute_at(modules[holder[0]], holder[1]) for holder in holders.values()}
 
     def settle(table: dict, key, value) -> None:
         if plain(value) and not (value == table[key] and type(value) is type(table[key])):
             table[key] = {ANY_OF: [table[key], value]}
 
     for key in reads.modules:
-        settle(reads.modules, key, getattr(modules[key[0]], key[1], None))
+        settle(reads.modules, key, getattr(modules[key[0]], key[1], ABSENT))
     for key in reads.objects:
         settle(reads.objects, key, getattr(objects.get(key[:2]), key[2], None))
 
@@ -248,7 +296,7 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
     elif (items := plain_items(value)) is not None:
         for key, item in items:
             reads.globals.setdefault((module, name, ("item", key)), item)
-    elif isinstance(value, (type, types.ModuleType)) and following is not None \
+    elif (isinstance(value, (type, types.ModuleType)) or _plain_object(value)) and following is not None \
             and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
         attribute = getattr(value, following.argval, None)
         if plain(attribute):

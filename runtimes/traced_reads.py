@@ -10,10 +10,12 @@ import sys
 import types
 
 from remat_ir.ir import pb
-from remat_ir.torchlib.callables import describe, filled as _filled, is_function
+from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
+#: What `getattr` gives for an attribute a module lacks; also the value recorded for one
+#: the forward looked up and did not find (frontends/traced_reads.py `ABSENT`).
 _MISSING = "<missing>"
 #: The key of a value recorded as either of two (frontends/traced_reads.py `ANY_OF`):
 #: one the forward set while it was traced, from the one it read.
@@ -28,8 +30,12 @@ def _same(now, lowered) -> bool:
 
 def _shown(lowered) -> str:
     if isinstance(lowered, dict):
-        return " or ".join(repr(value) for value in lowered[_ANY_OF])
-    return repr(lowered)
+        return " or ".join(_shown(value) for value in lowered[_ANY_OF])
+    return _value_shown(lowered)
+
+
+def _value_shown(value) -> str:
+    return "missing" if isinstance(value, str) and value == _MISSING else repr(value)
 
 
 def _items(container) -> dict:
@@ -123,7 +129,7 @@ class TracedReads:
             self._functions[index] = (*held, cells, cells and _contents(cells))
         for path, holder, name, lowered in self.objects:
             module = at(path)
-            owner = getattr(module, holder, None) if module is not None else None
+            owner = attribute_at(module, holder) if module is not None else None
             now = getattr(owner, name, _MISSING)
             if not _same(now, lowered):
                 return _differs(f"{f'{path}.{holder}' if path else holder}.{name} of {root}",
@@ -212,6 +218,6 @@ def _holding(cells: tuple, contents: tuple) -> bool:
 
 
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
-    shown = now if not quoted else repr(now)   # descriptions are said as they are
+    shown = now if not quoted else _value_shown(now)   # descriptions are said as they are
     return where, f"{where} was {lowered if not quoted else _shown(lowered)} when the model was " \
                   f"lowered and is {shown} now", shown

@@ -2273,6 +2273,93 @@ def test_transformers_config_changed_after_lowering_is_planned_for():
     assert len(scheduled.plans) == 3
 
 
+def _smoothed_loss(logits, labels, vocab_size, ignore_index=-100, **_):
+    logits, labels = logits[:, :-1].float().reshape(-1, vocab_size), labels[:, 1:].reshape(-1)
+    return torch.nn.functional.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=0.2)
+
+
+def test_a_loss_function_set_after_lowering_is_planned_for(capsys):
+    """transformers' `loss_function` returns `self._loss_function` where one was set
+    (`model.loss_function = my_loss`), else the default: set after `remat`, the graph went
+    on computing the default loss, silently (4.161517 where eager gives 4.162135). An
+    attribute the forward looked up and did not find is now recorded as missing."""
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
+    scheduled = remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops",
+                               solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    model.loss_function = _smoothed_loss
+    with pytest.raises(RuntimeInputError, match=r"module attribute '_loss_function' of GPT2LMHeadModel "
+                                                r"was missing when the model was lowered"):
+        alone(*args, **kwargs)
+    assert side_by_side(model, lambda m: scheduled, args, kwargs, loss_of, tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 2
+
+
+class _Settings:
+    """A plain settings object (a Hydra or dataclass config's shape)."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+#: A global settings object the forward reads (`OBJECT_SETTINGS.temp`).
+OBJECT_SETTINGS = _Settings(temp=1.0)
+
+
+class _FocalScale:
+    """A loss object called like a function, configured by its attribute."""
+
+    def __init__(self, gamma: float):
+        self.gamma = gamma
+
+    def __call__(self, h):
+        return h.square().mean() * self.gamma
+
+
+class _ReadsDeepSettings(torch.nn.Module):
+    """Reads a temperature from a sub-config, an attribute a config may lack
+    (`getattr` with a default), a global settings object, or a loss object it holds."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where, self.proj = where, torch.nn.Linear(8, 8)
+        self.cfg = _Settings(inner=_Settings(temp=1.0))
+        self.loss = _FocalScale(1.0)
+
+    def forward(self, x):
+        h = self.proj(x)
+        if self.where == "loss object":
+            return self.loss(h)
+        temp = {"sub-config": lambda: self.cfg.inner.temp,
+                "missing attribute": lambda: getattr(self.cfg, "temp", 1.0),
+                "global object": lambda: OBJECT_SETTINGS.temp}[self.where]()
+        return (h / temp).softmax(-1).square().sum()
+
+
+@pytest.mark.parametrize("where", ["sub-config", "missing attribute", "global object", "loss object"])
+def test_a_value_read_through_objects_and_changed_after_lowering_is_planned_for(where):
+    """Each was traced as a constant and not compared at later calls: a temperature
+    schedule trained on with the first temperature, silently."""
+    model, x = _ReadsDeepSettings(where), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    try:
+        if where == "sub-config":
+            model.cfg.inner.temp = 0.5
+        elif where == "missing attribute":
+            model.cfg.temp = 0.5
+        elif where == "global object":
+            OBJECT_SETTINGS.temp = 0.5
+        else:
+            model.loss.gamma = 0.5
+        with pytest.raises(RuntimeInputError, match="when the model was lowered"):
+            alone(x)
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert len(scheduled.plans) == 2
+    finally:
+        OBJECT_SETTINGS.temp = 1.0
+
+
 class _Blocks(torch.nn.Module):
     def __init__(self):
         super().__init__()

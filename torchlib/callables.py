@@ -58,3 +58,14 @@ def filled(cell) -> bool:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
+
+
+def attribute_at(owner, dotted: str, missing=None):
+    """`owner.a.b` for the dotted name 'a.b' (an object a module holds, or one that object
+    holds: `frontends/traced_reads.py` records a config's sub-config so), `missing` where a
+    step of it is not there."""
+    for name in dotted.split("."):
+        owner = getattr(owner, name, missing)
+        if owner is missing:
+            return missing
+    return owner
