@@ -25,8 +25,10 @@ before reading it, which depends on no state a call brings):
 
 Found in the code (the methods of the model's module classes in the user's own files,
 and the user's functions they call by name): globals of plain values, the plain items of
-global dicts, lists and tuples, and plain attributes of global classes, modules and plain
-objects read as `Global.name`; where those are tensors, where they are (`tensors`), for
+global dicts, lists and tuples, plain attributes of global classes, modules and plain
+objects read as `Global.name`, and the global functions called, by their description
+(in a library's module classes, transformers' included, only those: a function patched
+later, as liger-kernel rebinds `modeling_llama.apply_rotary_pos_emb`, computes otherwise); where those are tensors, where they are (`tensors`), for
 `frontends/held_tensors.py`, which checks the ones traced as constants by their bytes.
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import inspect
 import sys
 import types
 from dataclasses import dataclass, field
@@ -303,8 +306,12 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
             reads.globals.setdefault((module, name, ("attr", following.argval)), attribute)
         elif isinstance(attribute, torch.Tensor):
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", following.argval)))
-    elif isinstance(value, types.FunctionType) and is_users_file(value.__code__.co_filename):
-        return [value]
+    elif isinstance(value, types.FunctionType):
+        # Its code as it is now: a function patched later (liger-kernel rebinds
+        # `modeling_llama.apply_rotary_pos_emb`) computes otherwise than the graph.
+        reads.globals.setdefault((module, name, ("function",)), describe(value))
+        if is_users_file(value.__code__.co_filename):
+            return [value]
     return []
 
 
@@ -330,10 +337,31 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
             if isinstance(constant, types.CodeType):
                 scan(constant, namespace, depth)
 
+    def functions_called(code: types.CodeType, namespace: dict) -> None:
+        """In a library's code, only the global functions it calls (its constants and
+        tables are the library's own)."""
+        module = namespace.get("__name__", "")
+        for instruction in dis.get_instructions(code):
+            if instruction.opname == "LOAD_GLOBAL" and isinstance(namespace.get(instruction.argval),
+                                                                  types.FunctionType):
+                reads.globals.setdefault((module, instruction.argval, ("function",)),
+                                         describe(namespace[instruction.argval]))
+        for constant in code.co_consts:
+            if isinstance(constant, types.CodeType):
+                functions_called(constant, namespace)
+
     for cls in {type(module) for module in model.modules()}:
         for klass in cls.__mro__:
+            if klass.__module__.startswith("torch.") or klass is object:
+                continue
             for member in vars(klass).values():
                 function = getattr(member, "__func__", member)
+                # Decorated methods (transformers' `can_return_tuple`): the method's own code.
+                function = inspect.unwrap(function) if callable(function) else function
                 code = getattr(function, "__code__", None)
-                if code is not None and is_users_file(code.co_filename):
+                if code is None:
+                    continue
+                if is_users_file(code.co_filename):
                     scan(code, function.__globals__, 0)
+                elif is_model_file(code.co_filename):
+                    functions_called(code, function.__globals__)

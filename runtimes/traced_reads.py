@@ -141,6 +141,11 @@ class TracedReads:
             value = vars(module).get(name, _MISSING)
             if where is None:
                 now, shown = value, name
+            elif where[0] == "function":   # a function the code calls, by its description
+                now = describe(value) if is_function(value) else _value_shown(value)
+                if now != lowered:
+                    return _differs(f"global function {name} of {module_name}", lowered, now, quoted=False)
+                continue
             elif where[0] == "item":
                 now, shown = _items(value).get(where[1], _MISSING), f"{name}[{where[1]!r}]"
             else:

@@ -2360,6 +2360,31 @@ def test_a_value_read_through_objects_and_changed_after_lowering_is_planned_for(
         OBJECT_SETTINGS.temp = 1.0
 
 
+def test_a_library_function_patched_after_lowering_is_planned_for(monkeypatch):
+    """liger-kernel and custom attention code rebind functions of transformers' modeling
+    files (`modeling_llama.apply_rotary_pos_emb`); after `remat` the graph went on
+    computing with the old one, silently (loss 4.161517 where eager gives 4.161530). The
+    global functions the model's classes call are described and compared at every call."""
+    import transformers.models.llama.modeling_llama as modeling_llama
+
+    model, args, kwargs, loss_of = zoo_models.ZOO["llama"]()
+    scheduled = remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops",
+                               solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    rotate = modeling_llama.apply_rotary_pos_emb
+
+    def scaled(q, k, *rest, **options):
+        q, k = rotate(q, k, *rest, **options)
+        return q * 1.5, k
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", scaled)
+    with pytest.raises(RuntimeInputError, match=r"global function apply_rotary_pos_emb of "
+                                                r"transformers.models.llama.modeling_llama was"):
+        alone(*args, **kwargs)
+    assert side_by_side(model, lambda m: scheduled, args, kwargs, loss_of, tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 2
+
+
 class _Blocks(torch.nn.Module):
     def __init__(self):
         super().__init__()
