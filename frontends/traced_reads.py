@@ -28,7 +28,8 @@ and the user's functions they call by name): globals of plain values, the plain 
 global dicts, lists and tuples, plain attributes of global classes, modules and plain
 objects read as `Global.name`, and the global functions called, by their description
 (in a library's module classes, transformers' included, only those: a function patched
-later, as liger-kernel rebinds `modeling_llama.apply_rotary_pos_emb`, computes otherwise); where those are tensors, where they are (`tensors`), for
+later, as liger-kernel rebinds `modeling_llama.apply_rotary_pos_emb`, computes
+otherwise); where those are tensors, where they are (`tensors`), for
 `frontends/held_tensors.py`, which checks the ones traced as constants by their bytes.
 """
 
