@@ -396,7 +396,7 @@ class _DrawAfterRelaidKernel(torch.nn.Module):
 def test_a_draw_after_a_kernel_laying_out_its_result_otherwise_than_traced_is_eagers(kind, schedule):
     """Eager draws a dropout's mask in its input's memory layout. The mask was drawn in the
     traced layout (rewrites decided on it before the graph took the kernel's), so every
-    gradient was 0.2-0.9 relative off eager's under every schedule, with the generator
+    gradient was 0.2-1.7 relative off eager's under every schedule, with the generator
     left where eager's is. Fake tensors now take each kernel's layout while tracing
     (`kernel_layouts.traced_as_run`). Bitwise over two steps, in float32 and under
     bfloat16 autocast (where `addmm` and `matmul` round apart)."""
