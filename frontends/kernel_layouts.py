@@ -232,9 +232,9 @@ def _same_values_layout(a, b) -> bool:
 def _as_made(value, differing):
     """`value` (a fake tensor or a tuple of them) with the differing results laid out and
     typed as the kernel made them."""
-    def relaid(fake, real):
+    def relaid(fake, made):
         with fake.fake_mode:
-            return torch.empty_strided(fake.shape, real.stride(), dtype=real.dtype, device=fake.device)
+            return torch.empty_strided(fake.shape, made[0], dtype=made[1], device=fake.device)
     if isinstance(value, torch.Tensor):
         return relaid(value, differing[0][2])
     items = list(value)
@@ -265,29 +265,20 @@ def _results(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor]]:
     return []
 
 
-def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, torch.Tensor]]:
-    """(position, traced value, the kernel's result) of each result the kernel lays out or
-    types otherwise (batch norm's saved statistics of a bfloat16 input are float32 on CPU,
-    where its fake kernel says bfloat16, and its backward refused the bfloat16 zeros)."""
-    with unset_fake_temporarily(), torch.no_grad():
-        try:
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _zeros)
-            real = node.target(*args, **kwargs)
-        except Exception:   # zeros the op refuses (a solver's singular matrix): as traced
-            return []
-    reals = [real] if isinstance(real, torch.Tensor) else list(real) if isinstance(real, (tuple, list)) else []
+def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, tuple]]:
+    """(position, traced value, (strides, dtype) the kernel gives it) of each result the
+    kernel lays out or types otherwise (batch norm's saved statistics of a bfloat16 input
+    are float32 on CPU, where its fake kernel says bfloat16, and its backward refused the
+    bfloat16 zeros); none where the op fails on zeros (`_kernel_layouts`)."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta.get("val"))
+    layouts = _kernel_layouts(node.target, args, kwargs) or []
     found = []
     for index, traced in _results(node):
-        got = reals[0 if index is None else index] if (index or 0) < len(reals) else None
-        if isinstance(got, torch.Tensor) and not _same_values_layout(traced, got):
-            found.append((index, traced, got))
+        made = layouts[index or 0] if (index or 0) < len(layouts) else None
+        if made is not None and not _same_values_layout(
+                traced, torch.empty_strided(traced.shape, made[0], dtype=made[1], device="meta")):
+            found.append((index, traced, made))
     return found
-
-
-def _zeros(arg: torch.fx.Node):
-    """A real tensor of `arg`'s traced shape, strides, dtype and device, all zeros (a
-    non-tensor argument as traced)."""
-    return _zeros_as(arg.meta.get("val"))
 
 
 def _zeros_as(fake):
