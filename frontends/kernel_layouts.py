@@ -158,7 +158,7 @@ def _kernel_layouts(func, args, kwargs) -> list | None:
     """(strides, dtype) of each result of `func` run on zeros laid out as `args`' fakes
     (None for a result that is no tensor), or None where the op fails on zeros (a
     solver's singular matrix)."""
-    with unset_fake_temporarily(), torch.no_grad():
+    with unset_fake_temporarily(), torch.no_grad(), torch._C._DisableAutocast():
         try:
             real = func(*pytree.tree_map(_zeros_as, args), **pytree.tree_map(_zeros_as, kwargs))
         except Exception:
@@ -202,7 +202,9 @@ def _relaid(node: torch.fx.Node) -> bool:
     before = node.meta.get("val")
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
     fake = next(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
-    with fake.fake_mode:
+    # The graph's ops are autocast's result already: the caller's autocast (a module
+    # lowered at a call under `torch.autocast`) must not cast them again.
+    with fake.fake_mode, torch._C._DisableAutocast():
         try:
             after = node.target(*args, **kwargs)
         except (RuntimeError, ValueError) as error:   # what a view the strides do not allow raises

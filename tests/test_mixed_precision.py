@@ -296,6 +296,39 @@ def test_a_weight_cast_in_two_autocast_blocks_of_the_forward_trains_like_eager()
     assert errors == {}
 
 
+class _Rotary(nn.Module):
+    """Rotary tables computed with autocast off (transformers 5.17's Llama), their
+    product transposed: a result whose strides the kernel gives otherwise than traced."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.register_buffer("inv_freq", torch.rand(8), persistent=False)
+
+    def forward(self, x, positions):
+        with torch.autocast("cpu", enabled=False):
+            freqs = (self.inv_freq[None, :, None].expand(positions.shape[0], -1, 1)
+                     @ positions[:, None, :].float()).transpose(1, 2)
+            cos = freqs.cos()
+        return (self.proj(x) * cos).float().square().mean()
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_a_region_with_autocast_off_lowered_under_autocast_trains_like_eager(solver):
+    """Lowered under the caller's bfloat16 autocast, the layout check after tracing
+    (`kernel_layouts.match_kernel_layouts`) ran the graph's float32 product of the region
+    again under that autocast: it crashed inside torch ("Tensor dtype mismatch")."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x, positions = torch.randn(2, 16, 8), torch.arange(16).expand(2, 16) * 37
+    errors = side_by_side(_Rotary(), lambda m: remat_ir.remat(m, (x, positions), cost_model="flops",
+                                                              solver=solver),
+                          (x, positions), {}, lambda loss: loss,
+                          forward_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert errors == {}
+
+
 @pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
 @pytest.mark.parametrize("precision", ["bf16-autocast", "bf16", "fp16"])
 def test_dropout_over_a_transposed_tensor_in_16_bits_trains_like_eager(precision, solver):
