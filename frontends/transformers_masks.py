@@ -48,6 +48,8 @@ from remat_ir.torchlib.value_guards import DECISIONS, Unrecordable, answer, enco
 _DECISIONS = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
 #: transformers' function finding sequences packed in a row from the position ids.
 _PACKED = "find_packed_sequence_indices"
+#: transformers' checks for a trace, which eager answers False.
+_TRACING_CHECKS = ("is_torchdynamo_exporting", "is_tracing")
 
 
 class _Inputs:
@@ -80,7 +82,9 @@ def eager_mask_decisions(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     (`torchlib.value_guards`). Does nothing where transformers' masking module was not
     imported."""
     masking = sys.modules.get("transformers.masking_utils")
-    if masking is None or not hasattr(masking, "is_torchdynamo_exporting"):
+    # The tracing checks `_as_eager` answers: transformers 5.17 asks `is_tracing` alone,
+    # later versions `is_torchdynamo_exporting` too.
+    if masking is None or not any(hasattr(masking, name) for name in _TRACING_CHECKS):
         yield
         return
     inputs = _Inputs(args, kwargs)
@@ -124,8 +128,7 @@ def _eager_when_unpadded(masking, original, inputs: _Inputs, guards: list):
 def _as_eager(masking):
     """transformers' tracing checks answered as eager answers them, for a decision on
     values known here (none, or computed from shapes)."""
-    return _replaced(masking, {name: lambda *_: False for name in ("is_torchdynamo_exporting", "is_tracing")
-                               if hasattr(masking, name)})
+    return _replaced(masking, {name: lambda *_: False for name in _TRACING_CHECKS if hasattr(masking, name)})
 
 
 def _eager_when_computed(masking, original, inputs: _Inputs, guards: list):

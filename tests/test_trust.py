@@ -2807,6 +2807,49 @@ def test_transformers_grouped_query_attention_trains_like_eager(make, packed, dt
     assert errors == {}
 
 
+def _masking_asking_is_tracing_alone() -> types.ModuleType:
+    """A stand-in for transformers 5.17's `masking_utils`: its mask decision asks
+    `is_tracing` (True under torch.export, as transformers answers it) and the module has
+    no `is_torchdynamo_exporting`, which later versions ask too."""
+    masking = types.ModuleType("transformers.masking_utils")
+    masking.is_tracing = lambda tensor=None: torch.compiler.is_compiling()
+    exec("def _ignore_causal_mask_sdpa(padding_mask, q_length, kv_length, q_offset, kv_offset):\n"
+         "    return False if is_tracing(padding_mask) else padding_mask is None\n", masking.__dict__)
+    return masking
+
+
+class _MaskDecided(torch.nn.Module):
+    """Scores plus a mask of ones where transformers says SDPA needs an explicit mask
+    (as BEiT adds its mask to a position bias)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.proj(x)
+        scores = h @ h.transpose(-1, -2)
+        masking = sys.modules["transformers.masking_utils"]
+        if not masking._ignore_causal_mask_sdpa(None, x.shape[1], x.shape[1], 0, 0):
+            scores = scores + 1.0
+        return scores.square().mean()
+
+
+def test_a_mask_decision_asking_is_tracing_alone_is_eagers(monkeypatch):
+    """transformers 5.17's masking module asks `is_tracing` alone; remat-ir answered its
+    questions as eager does only where `is_torchdynamo_exporting` was there too (5.24),
+    so under 5.17 the trace built a mask eager does not: Llama's keys and values repeated
+    where eager runs SDPA with `enable_gqa`, bfloat16 gradients 0.8% off eager's (the
+    CUDA tests on the 2026-11-30 H200, and this CPU with 5.17). Here 1.0 was added to
+    every score: the loss 0.63 relative off eager's."""
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", _masking_asking_is_tracing_alone())
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8)
+    errors = side_by_side(_MaskDecided(), lambda m: _remat(m, (x,), solver="autograd"), (x,), {},
+                          lambda loss: loss)
+    assert errors == {}
+
+
 def _random_mask(generator: torch.Generator, batch: int, seq: int) -> torch.Tensor:
     """An attention mask: all ones, or rows padded on the right or the left at random."""
     mask = torch.ones(batch, seq, dtype=torch.long)
