@@ -420,3 +420,24 @@ def test_the_prediction_spread_table_relates_the_spread_to_the_overhead():
     assert "| cnn | hiremate 50% | x1.110 | x1.110 | x1.100 | x1.120 | x1.140 | 33% | 1.09 | 2 of 3 |" in text
     assert "| cnn | hiremate 70% |  | x1.030 | x1.020 | x1.030 | x1.040 | 67% |  | |" in text
     assert "each of 3 further lowerings" in text and "30 interleaved rounds" in text
+
+
+def test_recomputations_are_a_nodes_later_runs_priced_and_measured_per_op():
+    """`recompute_prices`: a node's first run in a step is its forward, later ones are
+    recomputations; each is set against its price and its first run, summed per op."""
+    import recompute_prices
+    from remat_ir import ir
+    from remat_ir.runtimes.timing import ScheduleTiming
+
+    graph = ir.load(str(BENCHMARKS.parent / "examples" / "mlp.rir"))
+    a, b = [n.id for n in graph.proto.nodes[:2]]
+    graph.node(a).cost.time_s, graph.node(b).cost.time_s = 3.0, 5.0
+    timing = ScheduleTiming(occurrences=[(a, 1.0), (b, 2.0), (-2, 9.0), (a, 0.5), (a, 0.25)],
+                            overhead_s=0.0, step_s=12.75, steps=1,
+                            host_device=[(a, 0.9, 0.1), (b, 1.0, 1.0), (-2, 9.0, 0.0), (a, 0.4, 0.1),
+                                         (a, 0.2, 0.05)])
+    per_op = recompute_prices.recomputations(graph, timing)
+    assert set(per_op) == {graph.node(a).op}
+    row = per_op[graph.node(a).op]
+    assert row["count"] == 2 and row["priced_s"] == 6.0 and row["measured_s"] == 0.75
+    assert row["measured_host_s"] == pytest.approx(0.6) and row["first_run_s"] == 2.0
