@@ -44,8 +44,9 @@ soak: $(STAMP)
 
 # On a machine with a CUDA GPU: gpu-check = gpu-tests + gpu-bench.
 # gpu-tests: the tests, whose device-parametrized ones then run on CUDA too (GPU_TESTS:
-#   pytest's arguments; by default the CUDA ones alone, 15 tests: about 2 minutes on an
-#   H100 with 16 cores; GPU_TESTS=tests for the whole suite, 25 minutes or more).
+#   pytest's arguments; by default the CUDA ones alone, 24 tests: over 4 minutes on an
+#   H200 with 16 cores, one of them past 3 minutes; GPU_TESTS=tests for the whole suite,
+#   25 minutes or more).
 # gpu-bench: the time model with offloading measured on the GPU (results under
 #   benchmarks/results/time_model/; about 4 minutes) and the quick benchmark there
 #   (training_step/; torch.compile's three budgets alone take 3 minutes per model on an
@@ -56,12 +57,16 @@ soak: $(STAMP)
 #   the lent machines' image) into .whl/, for `pip install --no-index --target ...`.
 GPU_PYTHON ?= $(BIN)/python
 GPU_TESTS ?= -n 8 -k cuda tests
+# Each test's start, end and failure text as they happen (tests/conftest.py): what a run
+# cut off by a lease's limit still tells.
+GPU_TEST_LOG ?= build/gpu-tests.log
 GPU_MODELS ?= gpt2,cnn
 gpu-check: gpu-tests gpu-bench
 
 gpu-tests: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
 	$(GPU_PYTHON) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "gpu-check needs a CUDA GPU: torch.cuda.is_available() is False")'
-	$(GPU_PYTHON) -m pytest -q $(GPU_TESTS)
+	mkdir -p $(dir $(GPU_TEST_LOG)) && rm -f $(GPU_TEST_LOG)
+	REMAT_TEST_PROGRESS=$(abspath $(GPU_TEST_LOG)) $(GPU_PYTHON) -m pytest -q -rfE $(GPU_TESTS)
 
 gpu-bench: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
 	$(GPU_PYTHON) benchmarks/time_model.py --device cuda --offload --rounds 20 --time-limit 10 --jobs 8

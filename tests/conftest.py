@@ -41,3 +41,26 @@ def pytest_configure(config):
 
         torch.set_num_threads(threads)
 
+
+
+def _progress(line: str) -> None:
+    """Append `line` to the file `REMAT_TEST_PROGRESS` names, at once. Why: on a lent GPU
+    machine the whole run has a hard limit; a run killed there prints no summary, and the
+    2026-11-30 lease learned which CUDA tests failed but not why, nor which one hung."""
+    import os
+
+    path = os.environ.get("REMAT_TEST_PROGRESS")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):   # the controller writes, once
+        with open(path, "a") as log:
+            log.write(line + "\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _progress(f"start {nodeid}")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        _progress(f"{report.outcome} {report.nodeid} ({report.when}, {report.duration:.1f} s)")
+        if report.failed:
+            _progress(report.longreprtext)
