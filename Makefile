@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all soak gpu-check gpu-tests gpu-bench gpu-wheels bench bench-full zoo proto example clean
+.PHONY: demo test test-all soak gpu-check gpu-lease gpu-tests gpu-bench gpu-wheels bench bench-full zoo proto example clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11) and "remat-ir needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
@@ -71,6 +71,14 @@ gpu-tests: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
 gpu-bench: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
 	$(GPU_PYTHON) benchmarks/time_model.py --device cuda --offload --rounds 20 --time-limit 10 --jobs 8
 	$(GPU_PYTHON) benchmarks/training_step.py --mode quick --device cuda --rounds 20 --jobs 8 --models $(GPU_MODELS)
+
+# gpu-lease: a lent machine's checks in priority order within one command's limit (the
+#   CUDA tests, recompute_prices, the full-size time model with offloading, the quick GPT-2
+#   benchmark), each step timed out, logs under GPU_OUT as they go: the command for a lease
+#   (benchmarks/gpu_lease.sh says why and what it takes).
+GPU_OUT ?= build/gpu-lease
+gpu-lease: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
+	OUT=$(GPU_OUT) PY=$(GPU_PYTHON) bash benchmarks/gpu_lease.sh
 
 gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
