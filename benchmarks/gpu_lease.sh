@@ -49,7 +49,7 @@ $PY -c "import torch, transformers, remat_ir; print('torch', torch.__version__, 
     2>&1 | tee -a "$OUT/steps.log"
 
 TIMEOUT=$($PY -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")
-export REMAT_TEST_PROGRESS=$OUT/tests-progress.log
+export REMAT_TEST_PROGRESS=$OUT/tests-progress.log REMAT_NO_SHRINK=1
 step 240 tests.log \
     $PY -m pytest -q -rfE -n 8 -k cuda -p no:cacheprovider $TIMEOUT tests
 step 150 recompute_prices.log $PY benchmarks/recompute_prices.py --device $DEVICE --models gpt2,cnn \

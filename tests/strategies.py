@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from remat_ir import ir
@@ -24,6 +24,10 @@ def _soak_factor(raw: str | None) -> int:
 
 #: `make soak` (REMAT_SOAK=k): every property test draws k times its examples.
 SOAK = _soak_factor(os.environ.get("REMAT_SOAK"))
+#: REMAT_NO_SHRINK=1 (`make gpu-lease`): a failing example is reported as found, not
+#: shrunk first. On a lent GPU a CUDA property test ran past its call's 225 s and said
+#: nothing (2026-11-30): shrinking an example that trains a model can take that long.
+NO_SHRINK = os.environ.get("REMAT_NO_SHRINK") == "1"
 
 
 def search(max_examples: int, *, derandomize: bool = False) -> settings:
@@ -36,6 +40,7 @@ def search(max_examples: int, *, derandomize: bool = False) -> settings:
     example and keeps it in .hypothesis/ to be replayed first."""
     return settings(max_examples=max_examples * max(1, SOAK), deadline=None,
                     derandomize=derandomize and not SOAK,
+                    phases=[phase for phase in Phase if not (NO_SHRINK and phase is Phase.shrink)],
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
