@@ -66,6 +66,7 @@ from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .masked_assign import assign_through_masks
 from .module_casts import unchanged_module_casts
+from .certain_draws import certain_draws
 from .kernel_layouts import match_kernel_layouts, traced_as_run
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
@@ -896,7 +897,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`) and the ops
     of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
     """
-    with traced_as_run():
+    with traced_as_run(), certain_draws():
         return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                       copy_long_lived_views, fusing)
 
