@@ -9,12 +9,12 @@ users had done. A number drawn in [0, 1) is never below 0.0: eager never skips, 
 every step runs the same ops, which is what one graph holds.
 
 So while tracing (torch.export, then AOTAutograd) the fake tensor of each uniform draw
-(`torch.rand`, `rand_like`, `uniform_`) keeps its range, a comparison of it with a
-number that the whole range answers alike keeps that answer, and reading such an answer
-(`bool()`, `.item()`) gives it instead of failing on data. The draw stays in the graph
-and is replayed as eager draws it, so the generator's state after a step is eager's. A
-comparison the range does not decide (`layerdrop=0.1`) is still refused by line
-(`random_branches`).
+(`torch.rand`, `rand_like`) keeps its range, a comparison of it with a
+number that the whole range answers alike keeps that answer (until either is written in
+place), and reading such an answer (`bool()`, `.item()`) gives it instead of failing on
+data. The draw stays in the graph and is replayed as eager draws it, so the generator's
+state after a step is eager's. A comparison the range does not decide (`layerdrop=0.1`)
+is still refused by line (`random_branches`).
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 _aten = torch.ops.aten
-#: Uniform draws and the positions of their (low, high) arguments; None: [0, 1).
-_UNIFORM = {_aten.rand.default: None, _aten.rand_like.default: None,
-            _aten.uniform.default: (1, 2), _aten.uniform_.default: (1, 2)}
+#: Draws of numbers in [0, 1). Not `uniform_`: an in-place op's version count moves after
+#: the dispatch returns, so what is known of it could not be told from a later write.
+_UNIFORM = (_aten.rand.default, _aten.rand_like.default)
 #: Comparisons of a tensor with a number, as (range low, range high, number) -> answer,
-#: None where the range does not decide it. A draw lies in [low, high).
+#: None where the range does not decide it. The range is taken closed, [low, high]: a
+#: draw may be `low` itself, and rounding may give `high` (`rand` in bfloat16).
 _COMPARISONS = {
-    _aten.lt.Scalar: lambda low, high, c: True if high <= c else False if low >= c else None,
+    _aten.lt.Scalar: lambda low, high, c: True if high < c else False if low >= c else None,
     _aten.le.Scalar: lambda low, high, c: True if high <= c else False if low > c else None,
-    _aten.gt.Scalar: lambda low, high, c: False if high <= c else True if low > c else None,
-    _aten.ge.Scalar: lambda low, high, c: False if high <= c else True if low >= c else None,
+    _aten.gt.Scalar: lambda low, high, c: True if low > c else False if high <= c else None,
+    _aten.ge.Scalar: lambda low, high, c: True if low >= c else False if high < c else None,
 }
 #: Tests of an answer against a number: `bool(t)` is `t != 0`, read on the host.
 _TESTS = {_aten.ne.Scalar: lambda answer, c: answer != c, _aten.eq.Scalar: lambda answer, c: answer == c}
@@ -49,30 +50,32 @@ def certain_draws():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     original = FakeTensorMode.dispatch
-    # By identity: a tensor's `==` compares values, which a fake tensor has none of.
-    ranges = WeakIdKeyDictionary()    # draw -> (low, high)
-    answers = WeakIdKeyDictionary()   # comparison -> bool
+    # By identity: a tensor's `==` compares values, which a fake tensor has none of. Each
+    # entry keeps the tensor's version: written in place since (itself or through a view),
+    # what it says no longer holds.
+    ranges = WeakIdKeyDictionary()    # draw -> ((low, high), version)
+    answers = WeakIdKeyDictionary()   # comparison -> (bool, version)
+
+    def known(table, tensor):
+        entry = table.get(tensor) if isinstance(tensor, torch.Tensor) else None
+        return entry[0] if entry is not None and entry[1] == tensor._version else None
 
     def dispatch(mode, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _READS and args and isinstance(args[0], torch.Tensor) and args[0] in answers:
-            return answers[args[0]]
+        first = args[0] if args else None
+        if func in _READS and known(answers, first) is not None:
+            return known(answers, first)
         result = original(mode, func, types, args, kwargs)
-        if func in _UNIFORM and isinstance(result, torch.Tensor):
-            where = _UNIFORM[func]
-            bounds = (0.0, 1.0) if where is None else tuple(
-                _number(args, kwargs, position, name, default)
-                for position, name, default in zip(where, ("from", "to"), (0.0, 1.0)))
-            if all(isinstance(b, (int, float)) for b in bounds):
-                ranges[result] = bounds
-        elif func in _COMPARISONS and isinstance(result, torch.Tensor) and len(args) >= 2 \
-                and isinstance(args[0], torch.Tensor) and args[0] in ranges and isinstance(args[1], (int, float)) and not isinstance(args[1], bool):
-            answer = _COMPARISONS[func](*ranges[args[0]], args[1])
+        if not isinstance(result, torch.Tensor):
+            return result
+        if func in _UNIFORM:
+            ranges[result] = ((0.0, 1.0), result._version)
+        elif func in _COMPARISONS and known(ranges, first) is not None and _number_argument(args):
+            answer = _COMPARISONS[func](*known(ranges, first), args[1])
             if answer is not None and result.numel() == 1:
-                answers[result] = answer
-        elif func in _TESTS and isinstance(result, torch.Tensor) and len(args) >= 2 \
-                and isinstance(args[0], torch.Tensor) and args[0] in answers:
-            answers[result] = _TESTS[func](answers[args[0]], args[1])   # bool(): `ne(answer, 0)`
+                answers[result] = (answer, result._version)
+        elif func in _TESTS and known(answers, first) is not None and _number_argument(args):
+            # bool(t) runs as `ne(t, 0)`, then reads that
+            answers[result] = (_TESTS[func](known(answers, first), args[1]), result._version)
         return result
 
     FakeTensorMode.dispatch = dispatch
@@ -82,8 +85,6 @@ def certain_draws():
         FakeTensorMode.dispatch = original
 
 
-def _number(args: tuple, kwargs: dict, position: int, name: str, default: float):
-    """An op's argument by position or name, its default where absent."""
-    if len(args) > position:
-        return args[position]
-    return kwargs.get(name, default)
+def _number_argument(args: tuple) -> bool:
+    """Whether an op's second argument is a plain number (not a bool, not a tensor)."""
+    return len(args) >= 2 and isinstance(args[1], (int, float)) and not isinstance(args[1], bool)

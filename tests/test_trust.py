@@ -2635,18 +2635,20 @@ def test_a_branch_on_a_random_draw_is_named_as_one_with_layerdrop_as_the_way_out
 
 class _LayerDropDrawingAlways(torch.nn.Module):
     """LayerDrop as transformers before 5.23 writes it: the number is drawn in training
-    whatever `layerdrop` is (`uniform`: drawn by `uniform_(0.5, 1.0)` instead)."""
+    whatever `layerdrop` is (`draw`: "rand"; "rand_like"; "shifted", `rand` less 0.5 in
+    place, whose range is no longer the draw's)."""
 
-    def __init__(self, layerdrop, uniform=False):
+    def __init__(self, layerdrop, draw="rand"):
         super().__init__()
         self.layers, self.layerdrop = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3)), layerdrop
-        self.uniform = uniform
+        self.draw = draw
 
     def forward(self, x):
         for layer in self.layers:
             to_drop = False
             if self.training:
-                dropout_probability = torch.empty([]).uniform_(0.5, 1.0) if self.uniform else torch.rand([])
+                dropout_probability = (torch.rand_like(x[0, 0]) if self.draw == "rand_like" else
+                                       torch.rand([]).sub_(0.5) if self.draw == "shifted" else torch.rand([]))
                 if dropout_probability < self.layerdrop:
                     to_drop = True
             if not to_drop:
@@ -2654,20 +2656,21 @@ class _LayerDropDrawingAlways(torch.nn.Module):
         return x.sum()
 
 
-@pytest.mark.parametrize("layerdrop, uniform", [(0.0, False), (0.5, True)], ids=["rand-0.0", "uniform-0.5"])
-def test_a_branch_on_a_draw_its_range_decides_trains_like_eager(layerdrop, uniform):
+@pytest.mark.parametrize("draw", ["rand", "rand_like"])
+def test_a_branch_on_a_draw_its_range_decides_trains_like_eager(draw):
     """transformers before 5.23 (5.17 is the lent GPU machines' image) draws LayerDrop's
     number also at layerdrop=0.0, then compares: refused as a branch on a draw, with
     `layerdrop=0.0` as the way out, which was already taken (Whisper, Wav2Vec2, HuBERT).
-    A number drawn in [0, 1) is never below 0.0 (nor one in [0.5, 1) below 0.5): the
-    answer is known while tracing, the draws are kept, and the generator's state after a
-    step is eager's. A comparison the range does not decide is refused as before."""
+    A number drawn in [0, 1) is never below 0.0: the answer is known while tracing, the draws are kept, and the generator's state after a
+    step is eager's. A comparison the range does not decide is refused as before, and so
+    is one of a draw changed in place since."""
     x = torch.randn(3, 4)
-    errors = side_by_side(_LayerDropDrawingAlways(layerdrop, uniform),
+    errors = side_by_side(_LayerDropDrawingAlways(0.0, draw),
                           lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {}, lambda loss: loss)
     assert errors == {}
-    with pytest.raises(LoweringError, match="branches on a random draw"):
-        _remat(_LayerDropDrawingAlways(layerdrop + 0.1, uniform), (x,))
+    for undecided in (_LayerDropDrawingAlways(0.1, draw), _LayerDropDrawingAlways(0.0, "shifted")):
+        with pytest.raises(LoweringError, match="branches on a random draw"):
+            _remat(undecided, (x,))
 
 
 def test_peft_prompt_tuning_whose_token_ids_live_in_a_dict_trains_like_eager():
