@@ -204,16 +204,19 @@ def picture(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def time_model_picture(rows: list[dict], path: Path) -> None:
+def time_model_picture(rows: list[dict], path: Path) -> bool:
     """Predicted against measured step time (both relative to remat-ir's store-everything)
     for every remat-ir plan of the run, one colour per cost model: the time model is good
-    where points lie in the band around the diagonal."""
+    where points lie in the band around the diagonal. Whether it was drawn: not where no
+    plan ran beside store-everything (every budget asked below the floor)."""
+    # Store-everything is 1.0 against itself by definition: left out.
+    points = [r for r in rows if "measured_time_ratio" in r and r.get("budget") != "store-everything"]
+    if not points:
+        return False
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # Store-everything is 1.0 against itself by definition: left out.
-    points = [r for r in rows if "measured_time_ratio" in r and r.get("budget") != "store-everything"]
     fig, ax = plt.subplots(figsize=(6, 5))
     models = sorted({r.get("cost_model", "profile") for r in points})
     for model, colour in zip(models, ("tab:blue", "tab:orange", "tab:green")):
@@ -244,6 +247,7 @@ def time_model_picture(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def write(jsonl: Path) -> tuple[Path, list[Path]]:
@@ -257,9 +261,8 @@ def write(jsonl: Path) -> tuple[Path, list[Path]]:
         path = jsonl.with_name(f"{jsonl.stem}-{model}.png")
         picture(model_rows, path)
         pictures.append(path)
-    if any("measured_time_ratio" in r for r in rows):
-        path = jsonl.with_name(f"{jsonl.stem}-time-model.png")
-        time_model_picture(rows, path)
+    path = jsonl.with_name(f"{jsonl.stem}-time-model.png")
+    if time_model_picture(rows, path):
         pictures.append(path)
     return md, pictures
 

@@ -209,8 +209,9 @@ def main(argv=None) -> int:
     md = jsonl.with_suffix(".md")
     md.write_text(table(rows) + "\n")
     picture = jsonl.with_suffix(".png")
-    report.time_model_picture(rows, picture)
-    training_step.say(f"all models in {time.perf_counter() - started:.0f} s; {md}, {picture}")
+    drawn = report.time_model_picture(rows, picture)
+    training_step.say(f"all models in {time.perf_counter() - started:.0f} s; {md}"
+                      + (f", {picture}" if drawn else " (no plan ran beside store-everything: no picture)"))
     return 0
 
 

@@ -310,6 +310,22 @@ def test_the_time_model_table_judges_each_plan_against_its_interval():
     assert "| rotor 30% | infeasible | | | | | | | |" in text
 
 
+def test_a_time_model_run_where_every_plan_was_infeasible_draws_no_picture(tmp_path):
+    """The full-size GPT-2 planned below its floor: only store-everything ran, and drawing
+    the picture raised from min() of nothing after every step had been timed."""
+    import bench_report
+
+    rows = [{"run": "r", "device": "cpu", "model": "gpt2", "method": "remat-ir store-everything",
+             "budget": "store-everything", "measured_time_ratio": 1.0, "predicted_time_ratio": 1.0},
+            {"run": "r", "device": "cpu", "model": "gpt2", "solver": "hiremate", "budget": "30%",
+             "status": "infeasible"}]
+    assert bench_report.time_model_picture(rows, tmp_path / "t.png") is False
+    assert not (tmp_path / "t.png").exists()
+    drawn = [*rows, {**rows[0], "budget": "50%", "method": "remat-ir hiremate 50%", "measured_time_ratio": 1.1,
+                     "predicted_time_ratio": 1.12}]
+    assert bench_report.time_model_picture(drawn, tmp_path / "t.png") is True and (tmp_path / "t.png").exists()
+
+
 def test_each_peer_is_set_beside_the_fastest_remat_ir_backend_with_the_ratios_interval():
     base = {"model": "m", "status": "ok", "timed_per_round": 2}
     peer = {**base, "method": "checkpoint every block", "peak_ratio": 0.3, "step_time_ratio": 1.5,
