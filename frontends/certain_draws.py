@@ -70,10 +70,11 @@ def certain_draws():
         if func in _UNIFORM:
             ranges[result] = ((0.0, 1.0), result._version)
         elif func in _COMPARISONS and known(ranges, first) is not None and _number_argument(args):
-            answer = _COMPARISONS[func](*known(ranges, first), args[1])
+            answer = _COMPARISONS[func](*known(ranges, first), _as_compared(args[1], first.dtype))
             if answer is not None and result.numel() == 1:
                 answers[result] = (answer, result._version)
-        elif func in _TESTS and known(answers, first) is not None and _number_argument(args):
+        elif func in _TESTS and known(answers, first) is not None and _number_argument(args) \
+                and args[1] in (0, 1):   # exact in any dtype the test may run in
             # bool(t) runs as `ne(t, 0)`, then reads that
             answers[result] = (_TESTS[func](known(answers, first), args[1]), result._version)
         return result
@@ -83,6 +84,15 @@ def certain_draws():
         yield
     finally:
         FakeTensorMode.dispatch = original
+
+
+def _as_compared(number: float, dtype: torch.dtype) -> float:
+    """`number` as a comparison with a tensor of `dtype` sees it: cast to that dtype (-1e-50
+    is -0.0 in float32, 1.001 is 1.0 in bfloat16, either of which a draw can equal)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return torch.tensor(number, dtype=dtype).item()
 
 
 def _number_argument(args: tuple) -> bool:

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import dataclasses
 import io
+import operator
 import random
 import re
 import sys
@@ -2671,6 +2672,32 @@ def test_a_branch_on_a_draw_its_range_decides_trains_like_eager(draw):
     for undecided in (_LayerDropDrawingAlways(0.1, draw), _LayerDropDrawingAlways(0.0, "shifted")):
         with pytest.raises(LoweringError, match="branches on a random draw"):
             _remat(undecided, (x,))
+
+
+class _DrawnBranch(torch.nn.Module):
+    """Branches on `torch.rand([], dtype=dtype) OP number`."""
+
+    def __init__(self, dtype, op, number):
+        super().__init__()
+        self.layer, self.dtype, self.op, self.number = torch.nn.Linear(4, 4), dtype, op, number
+
+    def forward(self, x):
+        if self.op(torch.rand([], dtype=self.dtype), self.number):
+            x = x * 2
+        return self.layer(x).sum()
+
+
+@pytest.mark.parametrize("dtype, op, number", [(torch.bfloat16, operator.gt, -1e-50),
+                                               (torch.float32, operator.le, -1e-50),
+                                               (torch.bfloat16, operator.lt, 1.001)],
+                         ids=["bf16-gt-tiny-negative", "f32-le-tiny-negative", "bf16-lt-just-above-1"])
+def test_a_branch_on_a_draw_is_judged_with_the_number_in_the_draws_dtype(dtype, op, number):
+    """The number is cast to the draw's dtype before eager compares: -1e-50 is -0.0, and
+    1.001 is 1.0 in bfloat16, values a draw can take (a CPU bfloat16 `rand` is 0.0 in
+    0.2% of draws, and rounds up to 1.0). Judged with the Python number, each branch was
+    answered for every draw (found in review); they are refused as undecided."""
+    with pytest.raises(LoweringError, match="branches on a random draw"):
+        _remat(_DrawnBranch(dtype, op, number), (torch.randn(3, 4),))
 
 
 def test_peft_prompt_tuning_whose_token_ids_live_in_a_dict_trains_like_eager():
