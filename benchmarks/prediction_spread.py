@@ -95,15 +95,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "prediction_spread"))
     args = parser.parse_args(argv)
-    unknown = [m for m in args.models.split(",") if m not in FACTORIES]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
-    try:
-        plans = time_model.parse_plans(args.plans)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if any(offload for *_, offload in plans):
-        parser.error("--plans: offloading plans are not predicted here")
+    _, plans = time_model.models_and_plans(parser, args.models, args.plans, "predicted here")
     if args.lowerings < 2:
         parser.error("--lowerings must be at least 2 (a spread needs two)")
     if args.rounds < 0:

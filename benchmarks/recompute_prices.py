@@ -129,15 +129,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "recompute_prices"))
     args = parser.parse_args(argv)
-    unknown = [m for m in args.models.split(",") if m not in FACTORIES]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
-    try:
-        plans = time_model.parse_plans(args.plans)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if any(offload for *_, offload in plans):
-        parser.error("--plans: offloading plans are not timed op by op here")
+    models, plans = time_model.models_and_plans(parser, args.models, args.plans, "timed op by op here")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2")
     device = torch.device(args.device)
@@ -150,7 +142,7 @@ def main(argv=None) -> int:
     jsonl = out / f"{context['run']}.jsonl"
     started = time.perf_counter()
     rows = []
-    for name in args.models.split(","):
+    for name in models:
         bm = FACTORIES[name](args.size)
         bm.module.to(device)
         bm.inputs = tuple(x.to(device) for x in bm.inputs)

@@ -53,6 +53,24 @@ PLANS = [("hiremate", share) for share in ("95%", "85%", "70%", "60%", "50%", "3
 OFFLOAD_SHARES = ("50%", "30%", "25%", "15%")
 
 
+def models_and_plans(parser: argparse.ArgumentParser, models: str, plans: str,
+                     offloading: str | None = None) -> tuple[list[str], list[tuple[str, str, bool]]]:
+    """`--models` and `--plans` of a benchmark that plans the bench models, each refused in
+    one line through `parser`; `offloading`: why plans with offloading are refused here
+    (None: they are allowed)."""
+    names = models.split(",")
+    unknown = [m for m in names if m not in FACTORIES]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
+    try:
+        parsed = parse_plans(plans)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if offloading and any(offload for *_, offload in parsed):
+        parser.error(f"--plans: offloading plans are not {offloading}")
+    return names, parsed
+
+
 def parse_plans(text: str) -> list[tuple[str, str, bool]]:
     """'hiremate@50%,hiremate@30%+offload' -> [(solver, budget, offload), ...]."""
     plans = []

@@ -24,6 +24,8 @@ import contextlib
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .fake_dispatch import wrapped_fake_dispatch
+
 _aten = torch.ops.aten
 #: Draws of numbers in [0, 1). Not `uniform_`: an in-place op's version count moves after
 #: the dispatch returns, so what is known of it could not be told from a later write.
@@ -47,9 +49,6 @@ _READS = (_aten._local_scalar_dense.default, _aten.is_nonzero.default)
 def certain_draws():
     """Within: comparisons of uniform draws that their range decides read as decided
     (module docstring)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    original = FakeTensorMode.dispatch
     # By identity: a tensor's `==` compares values, which a fake tensor has none of. Each
     # entry keeps the tensor's version: written in place since (itself or through a view),
     # what it says no longer holds.
@@ -60,30 +59,29 @@ def certain_draws():
         entry = table.get(tensor) if isinstance(tensor, torch.Tensor) else None
         return entry[0] if entry is not None and entry[1] == tensor._version else None
 
-    def dispatch(mode, func, types, args=(), kwargs=None):
-        first = args[0] if args else None
-        if func in _READS and known(answers, first) is not None:
-            return known(answers, first)
-        result = original(mode, func, types, args, kwargs)
-        if not isinstance(result, torch.Tensor):
+    def wrap(original):
+        def dispatch(mode, func, types, args=(), kwargs=None):
+            first = args[0] if args else None
+            if func in _READS and known(answers, first) is not None:
+                return known(answers, first)
+            result = original(mode, func, types, args, kwargs)
+            if not isinstance(result, torch.Tensor):
+                return result
+            if func in _UNIFORM:
+                ranges[result] = ((0.0, 1.0), result._version)
+            elif func in _COMPARISONS and known(ranges, first) is not None and _number_argument(args):
+                answer = _COMPARISONS[func](*known(ranges, first), _as_compared(args[1], first.dtype))
+                if answer is not None and result.numel() == 1:
+                    answers[result] = (answer, result._version)
+            elif func in _TESTS and known(answers, first) is not None and _number_argument(args) \
+                    and args[1] in (0, 1):   # exact in any dtype the test may run in
+                # bool(t) runs as `ne(t, 0)`, then reads that
+                answers[result] = (_TESTS[func](known(answers, first), args[1]), result._version)
             return result
-        if func in _UNIFORM:
-            ranges[result] = ((0.0, 1.0), result._version)
-        elif func in _COMPARISONS and known(ranges, first) is not None and _number_argument(args):
-            answer = _COMPARISONS[func](*known(ranges, first), _as_compared(args[1], first.dtype))
-            if answer is not None and result.numel() == 1:
-                answers[result] = (answer, result._version)
-        elif func in _TESTS and known(answers, first) is not None and _number_argument(args) \
-                and args[1] in (0, 1):   # exact in any dtype the test may run in
-            # bool(t) runs as `ne(t, 0)`, then reads that
-            answers[result] = (_TESTS[func](known(answers, first), args[1]), result._version)
-        return result
+        return dispatch
 
-    FakeTensorMode.dispatch = dispatch
-    try:
+    with wrapped_fake_dispatch(wrap):
         yield
-    finally:
-        FakeTensorMode.dispatch = original
 
 
 def _as_compared(number: float, dtype: torch.dtype) -> float:

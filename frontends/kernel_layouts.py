@@ -47,6 +47,7 @@ from torch.utils import _pytree as pytree
 from remat_ir.torchlib.types import same_layout
 
 from .errors import LoweringError
+from .fake_dispatch import wrapped_fake_dispatch
 from .fx_nodes import add_call, node_module
 
 _aten = torch.ops.aten
@@ -77,23 +78,21 @@ def traced_as_run():
     choice between `addmm` and `matmul` (the module docstring). Results of another dtype
     than traced (batch norm's statistics of a bfloat16 input) are left to
     `match_kernel_layouts`: a fake kernel after it may expect the traced one."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    original = FakeTensorMode.dispatch
     made: dict = {}   # signature -> the kernel's strides of each result, None where it fails
 
-    def dispatch(mode, func, types, args=(), kwargs=None):
-        result = original(mode, func, types, args, kwargs)
-        try:
-            return _as_run(mode, func, args, kwargs or {}, result, made, FakeTensor)
-        except Exception:   # a signature zeros cannot stand for: as traced
-            return result
+    def wrap(original):
+        def dispatch(mode, func, types, args=(), kwargs=None):
+            result = original(mode, func, types, args, kwargs)
+            try:
+                return _as_run(mode, func, args, kwargs or {}, result, made, FakeTensor)
+            except Exception:   # a signature zeros cannot stand for: as traced
+                return result
+        return dispatch
 
-    FakeTensorMode.dispatch = dispatch
-    try:
+    with wrapped_fake_dispatch(wrap):
         yield
-    finally:
-        FakeTensorMode.dispatch = original
 
 
 def _as_run(mode, func, args, kwargs, result, made: dict, fake_class):
