@@ -42,7 +42,6 @@ def pytest_configure(config):
         torch.set_num_threads(threads)
 
 
-
 def _progress(line: str) -> None:
     """Append `line` to the file `REMAT_TEST_PROGRESS` names, at once. Why: on a lent GPU
     machine the whole run has a hard limit; a run killed there prints no summary, and the
