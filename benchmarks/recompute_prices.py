@@ -132,9 +132,7 @@ def main(argv=None) -> int:
     models, plans = time_model.models_and_plans(parser, args.models, args.plans, "timed op by op here")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch.cuda.is_available() is False")
+    device = training_step.checked_device(parser, args.device)
     context = training_step.run_context(device, "recompute-prices")
     context.update(run=f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{device.type}", rounds=args.rounds)
     out = Path(args.output_dir)

@@ -58,10 +58,7 @@ def models_and_plans(parser: argparse.ArgumentParser, models: str, plans: str,
     """`--models` and `--plans` of a benchmark that plans the bench models, each refused in
     one line through `parser`; `offloading`: why plans with offloading are refused here
     (None: they are allowed)."""
-    names = models.split(",")
-    unknown = [m for m in names if m not in FACTORIES]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
+    names = training_step.checked_models(parser, models.split(","))
     try:
         parsed = parse_plans(plans)
     except ValueError as exc:
@@ -182,10 +179,7 @@ def main(argv=None) -> int:
                         "(GPT-2 12 layers d=768, ResNet-50) keep it busy, where offloading pays")
     parser.add_argument("--output-dir", default=str(HERE / "results" / "time_model"))
     args = parser.parse_args(argv)
-    models = args.models.split(",")
-    unknown = [m for m in models if m not in FACTORIES]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
+    models = training_step.checked_models(parser, args.models.split(","))
     try:
         plans = parse_plans(args.plans) if args.plans else default_plans(args.offload)
         for solver, budget, _ in plans:   # refused before minutes of lowering
@@ -196,9 +190,7 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs rounds to resample)")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda, but torch sees no CUDA device")
+    device = training_step.checked_device(parser, args.device)
     context = training_step.run_context(device, "time-model")
     context["allocator"] = training_step.steady_allocator() if device.type == "cpu" else "default"
     run = (f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{'cpu' if device.type == 'cpu' else 'cuda'}"

@@ -117,6 +117,22 @@ def steady_allocator() -> str:
     return f"glibc mmap threshold {STEADY_MMAP_THRESHOLD >> 20} MiB, trim threshold {STEADY_TRIM_THRESHOLD >> 20} MiB"
 
 
+def checked_models(parser: argparse.ArgumentParser, names: list[str]) -> list[str]:
+    """`names`, each a bench model, or one line through `parser` naming those that are not."""
+    unknown = [m for m in names if m not in FACTORIES]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
+    return names
+
+
+def checked_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    """`--device`, or one line through `parser` where it asks for CUDA torch does not see."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
+    return device
+
+
 def run_context(device: torch.device, mode: str) -> dict:
     """What a result depends on besides the code: machine, device, versions, commit."""
     import diffusers
@@ -269,13 +285,8 @@ def main(argv=None) -> int:
                         help="CPU: keep glibc's dynamic allocator thresholds (see the module docstring)")
     args = parser.parse_args(argv)
     settings = dict(MODES[args.mode], jobs=args.jobs)
-    models = args.models.split(",") if args.models else settings["models"]
-    unknown = [m for m in models if m not in FACTORIES]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose among {', '.join(FACTORIES)}")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda, but torch sees no CUDA device")
+    models = checked_models(parser, args.models.split(",") if args.models else settings["models"])
+    device = checked_device(parser, args.device)
     rounds = args.rounds or settings["rounds"]
     if args.compile_budgets is not None:
         settings["compile_budgets"] = [float(b) for b in args.compile_budgets.split(",") if b.strip()]
