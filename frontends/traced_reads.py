@@ -17,6 +17,10 @@ before reading it, which depends on no state a call brings):
   plain objects those hold (`self.cfg.inner.temp`, held as `cfg.inner`). Where the
   object's class can be instrumented, the attributes read; where not (builtin types such
   as `SimpleNamespace`), all its plain ones;
+- the items of the lists, tuples and dicts those objects hold (`self.cfg.sched["temp"]`,
+  held as the container `cfg.sched`);
+- environment variables the model's code reads (`os.environ.get`, `os.getenv`, `in`), as
+  items of the global `os.environ` (`_recording_environment`);
 - attributes the model's code looked up on a module or such an object and did not find
   (`hasattr(self, "_loss_function")`, `getattr(self.cfg, "temp", 1.0)`), as `ABSENT`:
   one set later changes what the forward does;
@@ -31,6 +35,10 @@ objects read as `Global.name`, and the global functions called, by their descrip
 later, as liger-kernel rebinds `modeling_llama.apply_rotary_pos_emb`, computes
 otherwise); where those are tensors, where they are (`tensors`), for
 `frontends/held_tensors.py`, which checks the ones traced as constants by their bytes.
+Also found in the code: the plain items of a dict a global module or class holds
+(`settings.D["temp"]`), and the plain class attributes the user's module classes name,
+recorded as attributes of the module's `__class__` (`type(self).T` is no lookup on the
+module).
 """
 
 from __future__ import annotations
@@ -38,8 +46,10 @@ from __future__ import annotations
 import contextlib
 import dis
 import inspect
+import os
 import sys
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -87,7 +97,8 @@ class TracedReads:
     either of two, `_as_left`)."""
     #: (module path, attribute) -> value
     modules: dict = field(default_factory=dict)
-    #: (module path, attribute) -> [[key, value]] of a container attribute
+    #: (module path, attribute) -> [[key, value]] of a container attribute, or of one an
+    #: object the module holds holds, by its dotted name (`cfg.sched`: `self.cfg.sched["temp"]`)
     containers: dict = field(default_factory=dict)
     #: (module path, attribute holding the object, its attribute) -> value
     objects: dict = field(default_factory=dict)
@@ -156,8 +167,11 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
         if holder is not None and not name.startswith("__"):
             if plain(value):
                 reads.objects.setdefault((*holder, name), value)
-            elif not name.startswith("_") and _plain_object(value) and holder[1].count(".") < _DEPTH:
-                hold(holder[0], f"{holder[1]}.{name}", value)
+            elif not name.startswith("_") and holder[1].count(".") < _DEPTH:
+                if _plain_object(value):
+                    hold(holder[0], f"{holder[1]}.{name}", value)
+                elif (items := plain_items(value)) is not None:   # `self.cfg.sched["temp"]`
+                    reads.containers.setdefault((holder[0], f"{holder[1]}.{name}"), items)
         return value
 
     cls.__getattribute__ = getattribute
@@ -189,8 +203,12 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                 originals[cls] = False
         if originals[cls] is False:   # every plain attribute, as it is now
             for key, item in vars(value).items():
-                if not key.startswith("__") and plain(item):
+                if key.startswith("__"):
+                    continue
+                if plain(item):
                     reads.objects.setdefault((path, name, key), item)
+                elif not key.startswith("_") and (items := plain_items(item)) is not None:
+                    reads.containers.setdefault((path, f"{name}.{key}"), items)
 
     def getattribute(self, name):
         try:
@@ -235,7 +253,8 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
     module_class.__getattribute__ = getattribute
     module_class.__setattr__ = setattr_written
     try:
-        yield
+        with _recording_environment(reads):
+            yield
     finally:
         module_class.__setattr__ = module_setattr
         if original is None:
@@ -248,6 +267,48 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
             elif own is not False:
                 cls.__getattribute__ = own
         _as_left(model, reads, holders)
+
+
+#: Where the code of `os.environ.get`, `os.getenv` and `key in os.environ` lives: the
+#: frames between the model's code and the environment's `__getitem__`.
+_ENVIRON_CODE = frozenset({os.getenv.__code__.co_filename, Mapping.get.__code__.co_filename})
+
+
+@contextlib.contextmanager
+def _recording_environment(reads: TracedReads):
+    """While the block runs, record the environment variables the model's code reads
+    (`os.environ.get("TEMP")`, `os.getenv`, `in`), as items of the global `os.environ`,
+    `ABSENT` where unset: tracing bakes what they chose into the graph, and one set after
+    `remat` went on training with the old value, silently."""
+    environ_class = type(os.environ)
+    getitem = environ_class.__getitem__
+
+    def record(environ, key, value) -> None:
+        if environ is os.environ and isinstance(key, str) and _read_by_model(sys._getframe(2)):
+            reads.globals.setdefault(("os", "environ", ("item", key)), value)
+
+    def recorded(self, key):
+        try:
+            value = getitem(self, key)
+        except KeyError:
+            record(self, key, ABSENT)
+            raise
+        record(self, key, value)
+        return value
+
+    environ_class.__getitem__ = recorded
+    try:
+        yield
+    finally:
+        environ_class.__getitem__ = getitem
+
+
+def _read_by_model(frame) -> bool:
+    """Whether the code that reads the environment at `frame` (through `os.getenv` or a
+    mapping's `get`) is the model's."""
+    while frame is not None and frame.f_code.co_filename in _ENVIRON_CODE:
+        frame = frame.f_back
+    return frame is not None and is_model_file(frame.f_code.co_filename)
 
 
 def _note_absent(module: torch.nn.Module, name: str, paths: dict, written: set,
@@ -307,6 +368,9 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
             reads.globals.setdefault((module, name, ("attr", following.argval)), attribute)
         elif isinstance(attribute, torch.Tensor):
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", following.argval)))
+        elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`
+            for key, item in items:
+                reads.globals.setdefault((module, name, ("attr", following.argval, key)), item)
     elif isinstance(value, types.FunctionType):
         # Its code as it is now: a function patched later (liger-kernel rebinds
         # `modeling_llama.apply_rotary_pos_emb`) computes otherwise than the graph.
@@ -352,17 +416,61 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
                 functions_called(constant, namespace)
 
     for cls in {type(module) for module in model.modules()}:
-        for klass in cls.__mro__:
-            if klass.__module__.startswith("torch.") or klass is object:
+        for function in _methods(cls):
+            code = function.__code__
+            if is_users_file(code.co_filename):
+                scan(code, function.__globals__, 0)
+            elif is_model_file(code.co_filename):
+                functions_called(code, function.__globals__)
+    _record_class_attributes(model, reads)
+
+
+def _own_classes(cls: type) -> list[type]:
+    """The classes of `cls`'s MRO that are not torch's (nor `object`)."""
+    return [klass for klass in cls.__mro__
+            if not klass.__module__.startswith("torch.") and klass is not object]
+
+
+def _methods(cls: type):
+    """The Python functions of `cls`'s own classes (`_own_classes`): methods, class and
+    static methods, decorated ones unwrapped (transformers' `can_return_tuple`: the
+    method's own code)."""
+    for klass in _own_classes(cls):
+        for member in vars(klass).values():
+            function = getattr(member, "__func__", member)
+            function = inspect.unwrap(function) if callable(function) else function
+            if isinstance(getattr(function, "__code__", None), types.CodeType):
+                yield function
+
+
+def _record_class_attributes(model: torch.nn.Module, reads: TracedReads) -> None:
+    """Record the plain class attributes of the user's module classes that their code
+    names, as attributes of the module's `__class__`: `type(self).T` and
+    `self.__class__.T` do not go through the module's `__getattribute__`, so a class
+    constant changed after `remat` (`Model.T = 0.5`) trained on with the value traced,
+    silently. Found by name in the methods' code (an attribute of another object with
+    that name is compared for nothing but a replanning)."""
+    named: dict[type, set[str]] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        cls = type(module)
+        if cls not in named:
+            named[cls] = set().union(*(_attribute_names(function.__code__) for function in _methods(cls)
+                                       if is_users_file(function.__code__.co_filename)))
+        for name in named[cls]:
+            if name.startswith("__"):
                 continue
-            for member in vars(klass).values():
-                function = getattr(member, "__func__", member)
-                # Decorated methods (transformers' `can_return_tuple`): the method's own code.
-                function = inspect.unwrap(function) if callable(function) else function
-                code = getattr(function, "__code__", None)
-                if code is None:
-                    continue
-                if is_users_file(code.co_filename):
-                    scan(code, function.__globals__, 0)
-                elif is_model_file(code.co_filename):
-                    functions_called(code, function.__globals__)
+            for klass in _own_classes(cls):
+                if name in vars(klass):
+                    if plain(vars(klass)[name]):
+                        reads.objects.setdefault((path, "__class__", name), vars(klass)[name])
+                    break
+
+
+def _attribute_names(code: types.CodeType) -> set[str]:
+    """The attribute names `code` (and the code it nests) looks up."""
+    names = {instruction.argval for instruction in dis.get_instructions(code)
+             if instruction.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _attribute_names(constant)
+    return names

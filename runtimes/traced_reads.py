@@ -8,6 +8,7 @@ import functools
 import json
 import sys
 import types
+from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
@@ -38,8 +39,8 @@ def _value_shown(value) -> str:
     return "missing" if isinstance(value, str) and value == _MISSING else repr(value)
 
 
-def _items(container) -> dict:
-    if isinstance(container, dict):
+def _items(container) -> Mapping:
+    if isinstance(container, Mapping):   # a dict, `os.environ`
         return container
     if isinstance(container, (list, tuple)):
         return dict(enumerate(container))
@@ -106,7 +107,7 @@ class TracedReads:
                                 lowered, now)
         for path, name, items in self.containers:
             module = at(path)
-            container = _items(getattr(module, name, None) if module is not None else None)
+            container = _items(attribute_at(module, name) if module is not None else None)
             for key, lowered in items:
                 now = container.get(key, _MISSING)
                 if not _same(now, lowered):
@@ -117,7 +118,8 @@ class TracedReads:
             held = _parts(module, name)
             last = self._functions.get(index)
             if last is not None and last[0] is held[0] and last[1] is held[1] and last[2] is held[2] \
-                    and (last[3] is None or _holding(last[3], last[4])):
+                    and (last[3] is None or _holding(last[3], last[4])) \
+                    and (last[5] is None or _binding(held[1] if held[2] is None else held[2], last[5])):
                 continue   # the objects described last time: not described again
             now = getattr(module, name, None) if module is not None else None
             if not is_function(now) or describe(now) != lowered:
@@ -125,13 +127,16 @@ class TracedReads:
                 shown = describe(now) if is_function(now) else repr(now)
                 return _differs(f"function {f'{path}.{name}' if path else name!r} of {root}",
                                 lowered, shown, quoted=False)
-            cells = _closure(held[1] if held[2] is None else held[2])
-            self._functions[index] = (*held, cells, cells and _contents(cells))
+            function = held[1] if held[2] is None else held[2]
+            cells = _closure(function)
+            self._functions[index] = (*held, cells, cells and _contents(cells), _bound(function))
         for path, holder, name, lowered in self.objects:
             module = at(path)
             owner = attribute_at(module, holder) if module is not None else None
             now = getattr(owner, name, _MISSING)
             if not _same(now, lowered):
+                if holder == "__class__":   # `type(self).T` (frontends/traced_reads.py)
+                    return _differs(f"class attribute {owner.__qualname__}.{name}", lowered, now)
                 return _differs(f"{f'{path}.{holder}' if path else holder}.{name} of {root}",
                                 lowered, now)
         for module_name, name, where, lowered in self.globals:
@@ -150,7 +155,11 @@ class TracedReads:
                 now, shown = _items(value).get(where[1], _MISSING), f"{name}[{where[1]!r}]"
             else:
                 now, shown = getattr(value, where[1], _MISSING), f"{name}.{where[1]}"
+                if len(where) == 3:   # an item of it (`settings.D["temp"]`)
+                    now, shown = _items(now).get(where[2], _MISSING), f"{shown}[{where[2]!r}]"
             if not _same(now, lowered):
+                if (module_name, name) == ("os", "environ"):
+                    return _differs(f"environment variable {where[1]}", lowered, now)
                 return _differs(f"global {shown} of {module_name}", lowered, now)
         return None
 
@@ -202,6 +211,30 @@ def _closure(function) -> tuple | None:
     elif kind is functools.partial:
         function, kind = function.func, type(function.func)
     return function.__closure__ if kind is types.FunctionType else None
+
+
+def _bound(function) -> tuple | None:
+    """What a `functools.partial` binds, its arguments and keyword items, or None for
+    another function. The partial object stays the same when its keywords are changed in
+    place (`model.act.keywords["negative_slope"] = 0.2`): compared by the object alone,
+    the step kept the traced value, silently (2026-11-30)."""
+    if type(function) is not functools.partial:
+        return None
+    return function.args, tuple(function.keywords.items())
+
+
+def _binding(function, bound: tuple) -> bool:
+    """Whether the partial `function` binds the objects `bound` (`_bound`) held."""
+    args, keywords = bound
+    if len(function.args) != len(args) or len(function.keywords) != len(keywords):
+        return False
+    for now, then in zip(function.args, args):
+        if now is not then:
+            return False
+    for (name, value), (then_name, then) in zip(function.keywords.items(), keywords):
+        if name != then_name or value is not then:
+            return False
+    return True
 
 
 def _contents(cells: tuple) -> tuple:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import io
 import operator
+import os
 import random
 import re
 import sys
@@ -2230,7 +2232,8 @@ def test_transformers_funnel_trains_like_eager_from_a_model_never_called():
     ("list", lambda m: m.steps.__setitem__(0, 2.0), r"steps\[0\] of"),
     ("class", lambda m: setattr(_Configured, "OFFSET", 2.0), r"module attribute 'OFFSET' of"),
     ("global", lambda m: SETTINGS.update(temperature=2.0), r"global SETTINGS\['temperature'\] of test_trust"),
-    ("global_class", lambda m: setattr(_Configured, "OFFSET", 2.0), r"global _Configured\.OFFSET of")])
+    # The module's own class, named in its code: compared as a class attribute first.
+    ("global_class", lambda m: setattr(_Configured, "OFFSET", 2.0), r"class attribute _Configured\.OFFSET")])
 def test_a_call_after_a_plain_value_the_forward_read_changed_is_planned_again(source, change, said,
                                                                              monkeypatch, capsys):
     """A value the forward read while tracing is a constant of the graph: changed later
@@ -2359,6 +2362,65 @@ def test_a_value_read_through_objects_and_changed_after_lowering_is_planned_for(
         assert len(scheduled.plans) == 2
     finally:
         OBJECT_SETTINGS.temp = 1.0
+
+
+#: A module of settings the forward reads (`settings.D["temp"]` of another file).
+SETTINGS_MODULE = types.ModuleType("remat_test_settings")
+SETTINGS_MODULE.D = {"temp": 1.0}
+
+
+class _ReadsOutOfSight(torch.nn.Module):
+    """Reads a temperature through paths the first recording missed: a dict in a config
+    object (and in a builtin namespace, which cannot be instrumented), a class attribute
+    through `type(self)` or `self.__class__`, a dict of a settings module, an environment
+    variable; or computes with a `functools.partial` whose keywords can be changed in place."""
+
+    T = 1.0
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where, self.proj = where, torch.nn.Linear(8, 8)
+        self.cfg = _Settings(sched={"temp": 1.0})
+        self.ns = types.SimpleNamespace(sched={"temp": 1.0})
+        self.act = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+
+    def forward(self, x):
+        h = self.proj(x)
+        if self.where == "partial keyword":
+            return self.act(h).square().sum()
+        temp = {"dict in config": lambda: self.cfg.sched["temp"],
+                "dict in namespace": lambda: self.ns.sched["temp"],
+                "type(self)": lambda: type(self).T,
+                "__class__": lambda: self.__class__.T,
+                "settings module": lambda: SETTINGS_MODULE.D["temp"],
+                "environment": lambda: float(os.environ.get("REMAT_TEST_TEMP", "1.0"))}[self.where]()
+        return (h / temp).softmax(-1).square().sum()
+
+
+@pytest.mark.parametrize("where", ["dict in config", "dict in namespace", "type(self)", "__class__",
+                                   "settings module", "environment", "partial keyword"])
+def test_a_value_read_out_of_a_modules_sight_and_changed_after_lowering_is_planned_for(where, monkeypatch):
+    """None of these reads was recorded, so a temperature changed after `remat` trained
+    on with the traced one, silently (0.631208 where eager gives 0.912608; a partial's
+    keyword changed in place after the first call kept its first value)."""
+    monkeypatch.delenv("REMAT_TEST_TEMP", raising=False)
+    model, x = _ReadsOutOfSight(where), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)   # a first call: what it found unchanged is not looked at again the same way
+    monkeypatch.setattr(SETTINGS_MODULE, "D", {"temp": 1.0})
+    monkeypatch.setattr(_ReadsOutOfSight, "T", 1.0)
+    {"dict in config": lambda: model.cfg.sched.__setitem__("temp", 0.5),
+     "dict in namespace": lambda: model.ns.sched.__setitem__("temp", 0.5),
+     "type(self)": lambda: setattr(_ReadsOutOfSight, "T", 0.5),
+     "__class__": lambda: setattr(_ReadsOutOfSight, "T", 0.5),
+     "settings module": lambda: SETTINGS_MODULE.D.__setitem__("temp", 0.5),
+     "environment": lambda: monkeypatch.setenv("REMAT_TEST_TEMP", "0.5"),
+     "partial keyword": lambda: model.act.keywords.__setitem__("negative_slope", 0.5)}[where]()
+    with pytest.raises(RuntimeInputError, match="when the model was lowered"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 2
 
 
 def test_a_library_function_patched_after_lowering_is_planned_for(monkeypatch):
