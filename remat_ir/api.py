@@ -9,6 +9,7 @@ PyTorch runtime returns a module that trains as usual.
 from __future__ import annotations
 
 from remat_ir.ir import Graph, pb, store_all
+from remat_ir.ir.units import human_bytes
 from remat_ir.solvers import (DEFAULT_SOLVER, BadRequest, InfeasibleBudget, Progress, check_request,
                               parse_budget, remember_floor, solve)
 from remat_ir.solvers.budgets import parse_bandwidth, parse_host_budget
@@ -39,7 +40,8 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
     Hugging Face batch) or one tensor. `budget`: None (no limit), bytes, a size
     ("2GiB"), or a share of the store-everything peak (0.5 or "50%": each input
-    shape gets that share of its own peak). `solver`: any name `remat-ir
+    shape gets that share of its own peak, or its smallest feasible budget where that is
+    more and within the bytes an earlier shape was planned at). `solver`: any name `remat-ir
     solvers` lists (default: hiremate when there is a budget). The returned
     module shares `model`'s parameters and buffers; a call with inputs of a new
     signature (shapes, dtypes, layouts, non-tensor arguments, autocast state, device),
@@ -153,13 +155,17 @@ class Planner:
         #: Under torch.distributed: whether a plan was made by each rank for its own
         #: inputs, which may differ across ranks (`remat_ir.distributed`).
         self.per_rank = False
+        #: The largest budget planned for, in bytes: a later shape's floor within it is
+        #: taken where a share budget is below that floor (`_floor_of_a_later_shape`).
+        self._largest_budget = 0
 
     def __getstate__(self):
         return {**self.__dict__, "progress": None, "_solved": []}
 
     def __setstate__(self, state):
         # Pickled before it kept plans, or before it said whether ranks plan alone.
-        self.__dict__.update({"_solved": [], "reuse_plans": True, "per_rank": False, **state})
+        self.__dict__.update({"_solved": [], "reuse_plans": True, "per_rank": False, "_largest_budget": 0,
+                              **state})
 
     def __call__(self, model, args: tuple, kwargs: dict, *, alone: bool = False,
                  same_plan: bool = False) -> tuple[Graph, pb.Schedule]:
@@ -172,12 +178,14 @@ class Planner:
 
         if world_size() > 1:
             self.per_rank = self.per_rank or alone
-            if not alone:
-                graph, schedule, per_rank = plan_together(self._lower_and_plan, model, args, kwargs,
-                                                          same_plan=same_plan)
-                self.per_rank = self.per_rank or per_rank
-                return graph, schedule
-        return self._lower_and_plan(model, args, kwargs)
+        if world_size() > 1 and not alone:
+            graph, schedule, per_rank = plan_together(self._lower_and_plan, model, args, kwargs,
+                                                      same_plan=same_plan)
+            self.per_rank = self.per_rank or per_rank
+        else:
+            graph, schedule = self._lower_and_plan(model, args, kwargs)
+        self._largest_budget = max(self._largest_budget, schedule.budget_bytes)
+        return graph, schedule
 
     def _lower_and_plan(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         import torch
@@ -265,9 +273,38 @@ class Planner:
                               progress=self.progress, reuse=[(source, planned)], **self.options)
 
     def _plan(self, graph: Graph) -> pb.Schedule:
-        schedule = plan(graph, self.budget, self.solver, time_limit_s=self.time_limit_s,
-                        progress=self.progress, reuse=self._solved[::-1], **self.options)
+        try:
+            schedule = plan(graph, self.budget, self.solver, time_limit_s=self.time_limit_s,
+                            progress=self.progress, reuse=self._solved[::-1], **self.options)
+        except InfeasibleBudget as refused:
+            schedule = self._floor_of_a_later_shape(graph, refused)
+            if schedule is None:
+                raise
         self._remember(graph, schedule)
+        return schedule
+
+    def _floor_of_a_later_shape(self, graph: Graph, refused: InfeasibleBudget) -> pb.Schedule | None:
+        """The smallest feasible plan of a shape met after the first, where a share budget
+        is below it and it peaks within the bytes an earlier shape was planned at; None
+        otherwise (a byte budget, the first call, a floor above what was planned).
+
+        Why: a share is of each shape's own peak, and a smaller batch's peak is mostly its
+        parameter gradients, which no schedule frees. The last batch of an epoch (a
+        DataLoader without `drop_last`, Hugging Face's default) was refused mid-training,
+        after the epoch's work, for a budget that every full batch met; taken at its floor,
+        it needs no more memory than the steps before it."""
+        from remat_ir.runtimes.torch import notify_stderr
+        from remat_ir.solvers.budgets import is_share
+
+        floor, planned = refused.smallest_feasible, self._largest_budget
+        if not (is_share(self.budget) and planned and floor is not None and floor <= planned):
+            return None
+        schedule = plan(graph, floor, self.solver, time_limit_s=self.time_limit_s,
+                        progress=self.progress, **self.options)
+        notify_stderr(f"remat-ir: {refused}; planned at that smallest budget instead, within the "
+                      f"{human_bytes(planned)} planned for an earlier shape (a share budget is of "
+                      f"each shape's own peak; bytes bound every shape alike, and are refused "
+                      f"where they do not fit)")
         return schedule
 
     def _remember(self, graph: Graph, schedule: pb.Schedule) -> None:

@@ -1069,7 +1069,7 @@ class ScheduledModule(torch.nn.Module):
                 graph, schedule = self._planner(self._model, args, kwargs, alone=not sharded,
                                                 same_plan=sharded)
             except RematIRError as exc:
-                # Say which call failed to plan (a smaller last batch at a share budget),
+                # Say which call failed to plan (a larger batch at a byte budget),
                 # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
                 exc.args = (f"planning this call's {new} ({difference}): {exc}",
                             *exc.args[1:])

@@ -343,20 +343,52 @@ class _TinyEncoder(torch.nn.Module):
 
 
 def test_a_new_signature_that_cannot_be_planned_says_which_call():
-    """A share budget feasible for the full batches but not for the smaller last one: the
-    error came from the solver mid-epoch and said nothing of the call; it names the
-    argument that differs now, and keeps its type and the smallest feasible budget."""
+    """A byte budget that the first batches meet and a larger batch cannot: the error came
+    from the solver mid-epoch and said nothing of the call; it names the argument that
+    differs now, and keeps its type and the smallest feasible budget."""
     from remat_ir.solvers import InfeasibleBudget
 
     torch.manual_seed(0)
     data = torch.randint(0, 32, (10, 8))
-    scheduled = remat_ir.remat(_TinyEncoder(), data[:4], budget=0.65, cost_model="flops")
+    planned = remat_ir.remat(_TinyEncoder(), data[:4], budget=0.65, cost_model="flops").schedule.budget_bytes
+    scheduled = remat_ir.remat(_TinyEncoder(), data[:4], budget=planned, cost_model="flops")
     scheduled(data[:4]).sum().backward()
     with pytest.raises(InfeasibleBudget, match=r"^planning this call's new input signature \(argument "
-                                               r"args\[0\] is tensor \[2, 8\] int64, lowered for "
+                                               r"args\[0\] is tensor \[10, 8\] int64, lowered for "
                                                r"tensor \[4, 8\] int64\): no schedule fits") as raised:
-        scheduled(data[8:])
-    assert raised.value.smallest_feasible > raised.value.budget
+        scheduled(data)
+    assert raised.value.smallest_feasible > raised.value.budget == planned
+
+
+def test_the_smaller_last_batch_below_a_share_budgets_floor_trains_at_its_floor(capsys):
+    """A share is of each shape's own peak, and the last batch's is mostly gradients: 65%
+    of it is below what any schedule reaches. That batch was refused at the end of the
+    epoch, after its work; it is planned at its smallest feasible budget, which is within
+    the bytes the full batches were planned at, with a notice, and trains like eager."""
+    from remat_ir.solvers import InfeasibleBudget
+
+    torch.manual_seed(0)
+    data = torch.randint(0, 32, (10, 8))
+    model = _TinyEncoder()
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, data[:4], budget=0.65, cost_model="flops")
+    full = scheduled.schedule.budget_bytes
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, scheduled)]
+    for step, batch in enumerate((data[:4], data[4:8], data[8:])):   # no drop_last
+        for module, optimizer in zip((eager, scheduled), optimizers):
+            torch.manual_seed(step)
+            module(batch).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+        assert all(torch.equal(p, q) for p, q in zip(eager.parameters(), model.parameters()))
+    last = scheduled.schedule
+    assert last.budget_bytes == last.predicted_peak_bytes < full
+    assert last.predicted_peak_bytes > 0.65 * ir.store_all(scheduled.graph).predicted_peak_bytes
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir: no schedule")]
+    assert len(notices) == 1 and "planned at that smallest budget instead" in notices[0]
+    # a byte budget is a bound, and so is the first call's share: refused as asked
+    with pytest.raises(InfeasibleBudget):
+        remat_ir.remat(_TinyEncoder(), data[8:], budget=0.65, cost_model="flops")
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
