@@ -416,7 +416,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
                 functions_called(constant, namespace)
 
     for cls in {type(module) for module in model.modules()}:
-        for function in _methods(cls):
+        for function in own_methods(cls):
             code = function.__code__
             if is_users_file(code.co_filename):
                 scan(code, function.__globals__, 0)
@@ -431,7 +431,7 @@ def _own_classes(cls: type) -> list[type]:
             if not klass.__module__.startswith("torch.") and klass is not object]
 
 
-def _methods(cls: type):
+def own_methods(cls: type):
     """The Python functions of `cls`'s own classes (`_own_classes`): methods, class and
     static methods, decorated ones unwrapped (transformers' `can_return_tuple`: the
     method's own code)."""
@@ -454,7 +454,7 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads) -> None
     for path, module in model.named_modules(remove_duplicate=False):
         cls = type(module)
         if cls not in named:
-            named[cls] = set().union(*(_attribute_names(function.__code__) for function in _methods(cls)
+            named[cls] = set().union(*(_attribute_names(function.__code__) for function in own_methods(cls)
                                        if is_users_file(function.__code__.co_filename)))
         for name in named[cls]:
             if name.startswith("__"):

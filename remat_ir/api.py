@@ -105,21 +105,19 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
 
 
 def _notice_compiled(model) -> None:
-    """Say, once per call of `remat`, that a `torch.compile` wrapper in `model` does not
-    compile what remat-ir runs: tracing goes through it to the module it wraps, and the
-    eager backend runs the plan op by op (gradients bitwise those of the uncompiled
-    model), which a user who compiled the model for speed would not guess."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
+    """Say, once per call of `remat`, where `torch.compile` applies in `model`: tracing goes
+    through its wrappers, and the eager backend runs the plan op by op (gradients bitwise
+    those of the uncompiled model), which a user who compiled the model for speed would
+    not guess (`frontends/compiled_parts.py`)."""
+    from remat_ir.frontends.compiled_parts import compiled_parts
     from remat_ir.runtimes.torch import notify_stderr
 
-    compiled = next((path or f"the model ({type(module._orig_mod).__name__})"
-                     for path, module in model.named_modules()
-                     if isinstance(module, OptimizedModule)), None)
-    if compiled is not None:
-        notify_stderr(f"remat-ir: {compiled} is compiled with torch.compile; remat-ir traces the "
-                      f"module it wraps and the eager backend runs the plan op by op: pass "
-                      f"backend=\"inductor\" to compile the plan's segments")
+    parts = compiled_parts(model)
+    if parts:
+        shown = ", ".join(parts[:3]) + (f" and {len(parts) - 3} more" if len(parts) > 3 else "")
+        notify_stderr(f"remat-ir: {shown} {'is' if len(parts) == 1 else 'are'} compiled with torch.compile; "
+                      f"remat-ir traces the code it wraps and the eager backend runs the plan op "
+                      f"by op: pass backend=\"inductor\" to compile the plan's segments")
 
 
 #: Plans a `Planner` keeps for calls of new shapes to reuse.
