@@ -15,7 +15,7 @@
 # OUT (default build/gpu-lease): logs and a tarball of the new result files.
 # DEADLINE (default 540): seconds this script may take in all.
 # DEVICE (default cuda; cpu for a dry run of the script).
-# STEPS (default "tests time_model_full recompute_prices bench"): the steps to run, in
+# STEPS (default "tests time_model_full torch_overhead recompute_prices bench"): the steps to run, in
 # that order whatever the order given; a lease after this one can pass STEPS=bench.
 # PY (default python3): a Python whose torch has CUDA. Wheels in .whl/ (`make gpu-wheels`
 # here) are installed first into /tmp/site where remat-ir is not importable.
@@ -24,7 +24,7 @@ OUT=$(mkdir -p "${OUT:-build/gpu-lease}" && cd "${OUT:-build/gpu-lease}" && pwd)
 DEADLINE=${DEADLINE:-540}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-STEPS=${STEPS:-tests time_model_full recompute_prices bench}
+STEPS=${STEPS:-tests time_model_full torch_overhead recompute_prices bench}
 export PYTHONUNBUFFERED=1
 STARTED=$(mktemp)
 T0=$(date +%s)
@@ -64,6 +64,9 @@ step tests 180 $PY -m pytest -q -rfE -n 8 -k cuda -p no:cacheprovider $TIMEOUT t
 # transfers reach. Lowering it took 88-102 s on a busy 2-core CPU.
 step time_model_full 200 $PY benchmarks/time_model.py --device "$DEVICE" --size full --models gpt2 --rounds 20 \
     --time-limit 10 --jobs 8 --plans hiremate@60%,hiremate@45%,hiremate@45%+offload,hiremate@35%+offload
+# The runtime's per-call overhead beyond the segments, which the time model leaves out
+# (issue 25: on a host-bound GPU step it dilutes every recomputation's share; 45 s).
+step torch_overhead 60 $PY benchmarks/torch_overhead.py --device "$DEVICE" --rounds 30
 step recompute_prices 120 $PY benchmarks/recompute_prices.py --device "$DEVICE" --models gpt2,cnn \
     --plans hiremate@30%,hiremate@smallest --rounds 10
 # torch.compile's rows alone took 3 minutes per model on an H100: a lease of its own

@@ -225,14 +225,15 @@ class _Step:
     """One schedule's generated segments, wired to its resident tensors, timed per step."""
 
     def __init__(self, graph: Graph, schedule: pb.Schedule, values: Mapping[int, torch.Tensor],
-                 device: torch.device, backend: str = "eager"):
+                 device: torch.device, backend: str = "eager", ticks: bool = True):
         self.device = device
         self.timeline = Timeline(device)
         # One gradient group, as a single-process step runs (`ScheduledModule`): on the
         # inductor backend each group's yield is a Python line that cuts a region, so
         # timing with DDP's 16 groups timed the quick CNN's store-everything backward in
         # 20 regions where training runs 16.
-        self.forward, self.backward, plan = generate(graph, schedule, device, tick=self.timeline.tick,
+        self.forward, self.backward, plan = generate(graph, schedule, device,
+                                                     tick=self.timeline.tick if ticks else None,
                                                      backend=backend, gradient_groups=1)
         self.regions = [list(region.node_ids) for region in plan.regions]
         self.resident = _resident(graph, plan.resident, values, device)
@@ -270,6 +271,23 @@ class _Step:
                        for i, (node, _, _) in enumerate(self.host_device[0])] if self.host_device else []
         return ScheduleTiming(occurrences, max(0.0, overhead), step_s, len(runs),
                               [wall for _, wall in runs], self.regions, host_device)
+
+
+def segments_step(graph: Graph, schedule: pb.Schedule, values: Mapping[int, torch.Tensor],
+                  device: torch.device | str) -> Callable[[], float]:
+    """A function running one step of `schedule`'s generated segments alone, as a
+    training step runs them but without ticks, autograd or the runtime's per-call checks,
+    and returning its wall seconds: what a `ScheduledModule` step costs beyond it is the
+    runtime's per-call overhead, which the time model does not price
+    (`benchmarks/torch_overhead.py`). The caller's RNG state is not restored."""
+    step = _Step(graph, schedule, values, torch.device(device), ticks=False)
+
+    def run() -> float:
+        with torch.no_grad(), segments_without_autocast(step.device):
+            started = time.perf_counter()
+            step.run(timed=False)
+            return time.perf_counter() - started
+    return run
 
 
 def ratio_interval(times: list[float], reference: list[float], per_round: int = 1, level: float = 0.95,

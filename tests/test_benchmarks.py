@@ -457,3 +457,18 @@ def test_recomputations_are_a_nodes_later_runs_priced_and_measured_per_op():
     row = per_op[graph.node(a).op]
     assert row["count"] == 2 and row["priced_s"] == 6.0 and row["measured_s"] == 0.75
     assert row["measured_host_s"] == pytest.approx(0.6) and row["first_run_s"] == 2.0
+
+
+def test_torch_overhead_runs_and_splits_the_runtimes_own_time_from_its_segments(tmp_path):
+    """`make bench-full` ran it with a solver name that no longer existed ('store_all'),
+    and failed. It now also times the plan's generated segments alone: the scheduled
+    step's time beyond them is the runtime's per-call overhead (issue 25)."""
+    import torch_overhead
+
+    out = tmp_path / "overhead.json"
+    assert torch_overhead.main(["--rounds", "3", "--device", "cpu", "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    medians = result["median_step_s"]
+    assert set(medians) == {"eager", "remat_store_all", "segments_alone"}
+    assert 0 < medians["segments_alone"] and result["call_overhead_s"] == pytest.approx(
+        medians["remat_store_all"] - medians["segments_alone"], abs=2e-6)
