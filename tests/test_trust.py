@@ -2448,6 +2448,50 @@ def test_a_library_function_patched_after_lowering_is_planned_for(monkeypatch):
     assert len(scheduled.plans) == 2
 
 
+def _scaler(factor: float):
+    def scale(h):
+        return h * factor
+    return scale
+
+
+#: A global function the forward calls, made with a captured value (`_scaler`).
+GLOBAL_SCALE = _scaler(1.5)
+
+
+class _CallsGlobalFunction(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return GLOBAL_SCALE(self.proj(x)).tanh().square().sum()
+
+
+@pytest.mark.parametrize("change", ["rebound", "code swapped", "cell rebound"])
+def test_a_global_function_changed_after_calls_is_planned_for(change, monkeypatch):
+    """Global functions are described once and then compared by identity (their code, the
+    objects their closure holds) at each call, not described again (most of the
+    runtime's own time per step): a function rebound, given other code, or whose
+    captured value was rebound after calls is still planned for."""
+    model, x = _CallsGlobalFunction(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    for _ in range(2):
+        alone(x)   # described at the first call, compared by identity at the second
+    function = _scaler(1.5)
+    monkeypatch.setattr(sys.modules[__name__], "GLOBAL_SCALE", function)
+    alone(x)   # the same description: taken, and remembered by its new identity
+    if change == "rebound":
+        monkeypatch.setattr(sys.modules[__name__], "GLOBAL_SCALE", _scaler(3.0))
+    elif change == "code swapped":   # the same object, other code (same free variables)
+        monkeypatch.setattr(function, "__code__", function.__code__.replace(co_firstlineno=1))
+    else:
+        function.__closure__[0].cell_contents = 3.0
+    with pytest.raises(RuntimeInputError, match="global function GLOBAL_SCALE of test_trust was"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
 class _Blocks(torch.nn.Module):
     def __init__(self):
         super().__init__()
