@@ -9,7 +9,8 @@ benchmarks/results/torch_overhead.json.
 
 A third row runs the plan's generated segments alone (`runtimes.timing.segments_step`:
 no autograd, no per-call checks, gradients dropped). The scheduled step's time beyond
-it is the runtime's per-call overhead, the same for every plan of the model and not in
+it is the runtime's per-call overhead (handing the gradients to `.grad` included), the
+same for every plan of the model and not in
 the time model (issue 25: a constant left out makes every recomputation look dearer
 relative to the step; on CPU about 4% of the quick GPT-2's step, and a step bound by the
 host, as small models on a GPU are, pays it in full).

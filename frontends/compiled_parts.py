@@ -6,8 +6,9 @@ backend runs those parts op by op: gradients bitwise those of the uncompiled mod
 A user who compiled them for speed, or who compares against the compiled model, would
 not guess either; `remat` says so (`remat_ir.api`). Found: a submodule wrapped by
 `torch.compile` (an `OptimizedModule`), one compiled in place (`module.compile()`), a
-compiled function a module holds (`self.act = torch.compile(fn)`), and a compiled
-global function the model's classes call (`@torch.compile def fused_gelu(x)`)."""
+compiled function a module holds (`self.act = torch.compile(fn)`), a compiled method
+of its classes, and a compiled global function they call (`@torch.compile def
+fused_gelu(x)`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
 from .model_lines import is_model_file
-from .traced_reads import own_methods
+from .traced_reads import own_classes, own_methods
 
 
 def _compiled(value) -> bool:
@@ -39,6 +40,9 @@ def compiled_parts(model: torch.nn.Module) -> list[str]:
                      if not name.startswith("_") and _compiled(value))
         if type(module) not in classes:
             classes.add(type(module))
+            found.extend(f"{klass.__qualname__}.{name}" for klass in own_classes(type(module))
+                         for name, member in vars(klass).items()
+                         if _compiled(getattr(member, "__func__", member)))   # `@torch.compile` on a method
             found.extend(_compiled_globals(type(module)))
     return list(dict.fromkeys(found))
 

@@ -48,6 +48,7 @@ import dis
 import inspect
 import os
 import sys
+import threading
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,7 +103,9 @@ class TracedReads:
     containers: dict = field(default_factory=dict)
     #: (module path, attribute holding the object, its attribute) -> value
     objects: dict = field(default_factory=dict)
-    #: (Python module, global name, None | ["item", key] | ["attr", name]) -> value
+    #: (Python module, global name, None | ["item", key] | ["attr", name] | ["attr", name,
+    #: key] | ["function"]) -> value (a function's `describe`); environment variables are
+    #: items of `os.environ`
     globals: dict = field(default_factory=dict)
     #: Decisions made from the values of inputs (`torchlib.value_guards`), in trace order.
     decisions: list = field(default_factory=list)
@@ -269,9 +272,9 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         _as_left(model, reads, holders)
 
 
-#: Where the code of `os.environ.get`, `os.getenv` and `key in os.environ` lives: the
-#: frames between the model's code and the environment's `__getitem__`.
-_ENVIRON_CODE = frozenset({os.getenv.__code__.co_filename, Mapping.get.__code__.co_filename})
+#: The code between the model's and the environment's `__getitem__` in a read of one
+#: variable: `os.environ.get`, `key in os.environ`, `os.getenv` (which calls `get`).
+_ONE_VARIABLE = (Mapping.get.__code__, Mapping.__contains__.__code__)
 
 
 @contextlib.contextmanager
@@ -282,9 +285,11 @@ def _recording_environment(reads: TracedReads):
     `remat` went on training with the old value, silently."""
     environ_class = type(os.environ)
     getitem = environ_class.__getitem__
+    tracing = threading.get_ident()   # not another thread's reads
 
     def record(environ, key, value) -> None:
-        if environ is os.environ and isinstance(key, str) and _read_by_model(sys._getframe(2)):
+        if environ is os.environ and isinstance(key, str) and threading.get_ident() == tracing \
+                and _read_by_model(sys._getframe(2)):
             reads.globals.setdefault(("os", "environ", ("item", key)), value)
 
     def recorded(self, key):
@@ -304,11 +309,27 @@ def _recording_environment(reads: TracedReads):
 
 
 def _read_by_model(frame) -> bool:
-    """Whether the code that reads the environment at `frame` (through `os.getenv` or a
-    mapping's `get`) is the model's."""
-    while frame is not None and frame.f_code.co_filename in _ENVIRON_CODE:
+    """Whether the environment's `__getitem__`, called from `frame`, reads one variable
+    for the model's code: `os.environ["X"]` there, or `get`, `in` or `os.getenv` called
+    there. Not a copy or a walk over every variable (`dict(os.environ)`, `.items()`): the
+    graph's metadata would hold them all (tokens among them), and a change of any would
+    plan again."""
+    if frame.f_code in _ONE_VARIABLE:
         frame = frame.f_back
+        if frame is not None and frame.f_code is os.getenv.__code__:
+            frame = frame.f_back
+    elif not _subscribing(frame):
+        return False
     return frame is not None and is_model_file(frame.f_code.co_filename)
+
+
+def _subscribing(frame) -> bool:
+    """Whether `frame` is at a subscript (`os.environ["X"]`), not at a call that reads
+    every item from C (`dict(os.environ)`)."""
+    for instruction in dis.get_instructions(frame.f_code):
+        if instruction.offset == frame.f_lasti:
+            return instruction.opname == "BINARY_SUBSCR"
+    return False
 
 
 def _note_absent(module: torch.nn.Module, name: str, paths: dict, written: set,
@@ -425,17 +446,17 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
     _record_class_attributes(model, reads)
 
 
-def _own_classes(cls: type) -> list[type]:
+def own_classes(cls: type) -> list[type]:
     """The classes of `cls`'s MRO that are not torch's (nor `object`)."""
     return [klass for klass in cls.__mro__
             if not klass.__module__.startswith("torch.") and klass is not object]
 
 
 def own_methods(cls: type):
-    """The Python functions of `cls`'s own classes (`_own_classes`): methods, class and
+    """The Python functions of `cls`'s own classes (`own_classes`): methods, class and
     static methods, decorated ones unwrapped (transformers' `can_return_tuple`: the
     method's own code)."""
-    for klass in _own_classes(cls):
+    for klass in own_classes(cls):
         for member in vars(klass).values():
             function = getattr(member, "__func__", member)
             function = inspect.unwrap(function) if callable(function) else function
@@ -451,19 +472,20 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads) -> None
     silently. Found by name in the methods' code (an attribute of another object with
     that name is compared for nothing but a replanning)."""
     named: dict[type, set[str]] = {}
-    for path, module in model.named_modules(remove_duplicate=False):
+    for path, module in model.named_modules():
         cls = type(module)
         if cls not in named:
             named[cls] = set().union(*(_attribute_names(function.__code__) for function in own_methods(cls)
                                        if is_users_file(function.__code__.co_filename)))
+        own = own_classes(cls)
         for name in named[cls]:
             if name.startswith("__"):
                 continue
-            for klass in _own_classes(cls):
-                if name in vars(klass):
-                    if plain(vars(klass)[name]):
-                        reads.objects.setdefault((path, "__class__", name), vars(klass)[name])
-                    break
+            # The class `getattr(type(module), name)` finds it in, torch's included: a
+            # mixin's value shadowed by nn.Module's would differ at every call.
+            klass = next((k for k in cls.__mro__ if name in vars(k)), None)
+            if klass in own and plain(vars(klass)[name]):
+                reads.objects.setdefault((path, "__class__", name), vars(klass)[name])
 
 
 def _attribute_names(code: types.CodeType) -> set[str]:

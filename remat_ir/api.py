@@ -120,6 +120,11 @@ def _notice_compiled(model) -> None:
                       f"by op: pass backend=\"inductor\" to compile the plan's segments")
 
 
+#: The `solver_params` key marking a shape's floor taken for its share budget
+#: (`Planner._floor_of_a_later_shape`): neither reused for other shapes nor stored in the
+#: plan cache, where another process would find it without the earlier shapes that allow it.
+AT_FLOOR = "at_floor"
+
 #: Plans a `Planner` keeps for calls of new shapes to reuse.
 REUSED_PLANS = 8
 
@@ -234,7 +239,8 @@ class Planner:
             if refused.schedule is not None:
                 cache.store_schedule(graph_key, floor_key, refused.schedule)
             raise
-        cache.store_schedule(graph_key, plan_key, schedule)
+        if AT_FLOOR not in schedule.solver_params:   # taken for this process's earlier shapes only
+            cache.store_schedule(graph_key, plan_key, schedule)
         return graph, schedule
 
     def _reuse_before_timing(self, graph: Graph, model, args: tuple, kwargs: dict
@@ -297,8 +303,12 @@ class Planner:
         floor, planned = refused.smallest_feasible, self._largest_budget
         if not (is_share(self.budget) and planned and floor is not None and floor <= planned):
             return None
-        schedule = plan(graph, floor, self.solver, time_limit_s=self.time_limit_s,
-                        progress=self.progress, **self.options)
+        try:
+            schedule = plan(graph, floor, self.solver, time_limit_s=self.time_limit_s,
+                            progress=self.progress, **self.options)
+        except InfeasibleBudget:
+            raise refused from None   # the user's budget, not the floor, is what was refused
+        schedule.solver_params[AT_FLOOR] = "true"
         notify_stderr(f"remat-ir: {refused}; planned at that smallest budget instead, within the "
                       f"{human_bytes(planned)} planned for an earlier shape (a share budget is of "
                       f"each shape's own peak; bytes bound every shape alike, and are refused "
@@ -307,8 +317,10 @@ class Planner:
 
     def _remember(self, graph: Graph, schedule: pb.Schedule) -> None:
         """Keep a plan the solver made (here or in an earlier process: the plan cache) for
-        new shapes to reuse; not one that was itself reused."""
-        if self.reuse_plans and "reused_from" not in schedule.solver_params:
+        new shapes to reuse; not one that was itself reused, nor a shape's floor taken for
+        its share budget (its budget in bytes, a large share, would let shapes of nearby
+        peaks reuse the plan that recomputes most)."""
+        if self.reuse_plans and not {"reused_from", AT_FLOOR} & set(schedule.solver_params):
             self._solved = (self._solved + [(graph, schedule)])[-REUSED_PLANS:]
 
 

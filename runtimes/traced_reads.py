@@ -4,6 +4,7 @@ after one changed would silently train the old model."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import sys
@@ -139,7 +140,7 @@ class TracedReads:
             owner = attribute_at(module, holder) if module is not None else None
             now = getattr(owner, name, _MISSING)
             if not _same(now, lowered):
-                if holder == "__class__":   # `type(self).T` (frontends/traced_reads.py)
+                if holder == "__class__" and owner is not None:   # `type(self).T` (frontends/traced_reads.py)
                     return _differs(f"class attribute {owner.__qualname__}.{name}", lowered, now)
                 return _differs(f"{f'{path}.{holder}' if path else holder}.{name} of {root}",
                                 lowered, now)
@@ -242,14 +243,21 @@ def _bound(function) -> tuple | None:
     another function. The partial object stays the same when its keywords are changed in
     place (`model.act.keywords["negative_slope"] = 0.2`): compared by the object alone,
     the step kept the traced value, silently (2026-11-30)."""
-    if type(function) is not functools.partial:
+    if not isinstance(function, functools.partial):
         return None
-    return function.args, tuple(function.keywords.items())
+    return (function.args, tuple(function.keywords.items()),
+            [_copied(value) for value in (*function.args, *function.keywords.values())])
+
+
+def _copied(value):
+    """A shallow copy of a list, dict or set (a bound value changed in place:
+    `keywords["pad"][0] = 2`, which `describe`'s text shows), else None."""
+    return copy.copy(value) if type(value) in (list, dict, set) else None
 
 
 def _binding(function, bound: tuple) -> bool:
     """Whether the partial `function` binds the objects `bound` (`_bound`) held."""
-    args, keywords = bound
+    args, keywords, copies = bound
     if len(function.args) != len(args) or len(function.keywords) != len(keywords):
         return False
     for now, then in zip(function.args, args):
@@ -258,7 +266,15 @@ def _binding(function, bound: tuple) -> bool:
     for (name, value), (then_name, then) in zip(function.keywords.items(), keywords):
         if name != then_name or value is not then:
             return False
-    return True
+    values = (*args, *(value for _, value in keywords))
+    return all(copied is None or _equal(value, copied) for value, copied in zip(values, copies))
+
+
+def _equal(value, copied) -> bool:
+    try:
+        return bool(value == copied)
+    except (RuntimeError, ValueError, TypeError):   # tensors inside: described again instead
+        return False
 
 
 def _contents(cells: tuple) -> tuple:

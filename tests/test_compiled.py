@@ -407,8 +407,8 @@ def _compiled_gelu(x):
 
 
 class _CompiledParts(torch.nn.Module):
-    """torch.compile applied three ways that do not wrap a module: in place, a function
-    held, a global function called."""
+    """torch.compile applied four ways that do not wrap a module: in place, a function
+    held, a global function called, a method decorated."""
 
     def __init__(self):
         super().__init__()
@@ -417,7 +417,11 @@ class _CompiledParts(torch.nn.Module):
         self.act = torch.compile(torch.tanh)
 
     def forward(self, x):
-        return self.act(self.second(_compiled_gelu(self.first(x)))).square().mean()
+        return self.act(self.second(_compiled_gelu(self.first(x)))).square().mean() + self.penalty(x)
+
+    @torch.compile
+    def penalty(self, x):
+        return x.abs().mean() * 0.1
 
 
 def test_parts_compiled_in_place_or_as_functions_are_said_too(capsys):
@@ -431,9 +435,13 @@ def test_parts_compiled_in_place_or_as_functions_are_said_too(capsys):
     uncompiled = copy.deepcopy(model)
     uncompiled.second._compiled_call_impl = None
     uncompiled.act = torch.tanh
+    from remat_ir.frontends.compiled_parts import compiled_parts
+
+    assert compiled_parts(model) == ["act", "_CompiledParts.penalty", "_compiled_gelu of test_compiled",
+                                     "second (compiled in place by .compile())"]
     scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
     said = capsys.readouterr().err
-    assert ("remat-ir: act, _compiled_gelu of test_compiled, second (compiled in place by .compile()) are "
+    assert ("remat-ir: act, _CompiledParts.penalty, _compiled_gelu of test_compiled and 1 more are "
             "compiled with torch.compile; remat-ir traces the code it wraps") in said
     scheduled(x).backward()
     with torch.compiler.set_stance("force_eager"):

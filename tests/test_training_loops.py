@@ -383,6 +383,7 @@ def test_the_smaller_last_batch_below_a_share_budgets_floor_trains_at_its_floor(
         assert all(torch.equal(p, q) for p, q in zip(eager.parameters(), model.parameters()))
     last = scheduled.schedule
     assert last.budget_bytes == last.predicted_peak_bytes < full
+    assert last.solver_params["at_floor"] == "true"   # not reused for other shapes, nor cached
     assert last.predicted_peak_bytes > 0.65 * ir.store_all(scheduled.graph).predicted_peak_bytes
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir: no schedule")]
     assert len(notices) == 1 and "planned at that smallest budget instead" in notices[0]

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import functools
 import io
+import json
 import operator
 import os
 import random
@@ -2446,6 +2447,88 @@ def test_a_library_function_patched_after_lowering_is_planned_for(monkeypatch):
         alone(*args, **kwargs)
     assert side_by_side(model, lambda m: scheduled, args, kwargs, loss_of, tolerance=1e-30) == {}
     assert len(scheduled.plans) == 2
+
+
+class _ReadsTheEnvironment(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how, self.proj = how, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        temp = {"get": lambda: float(os.environ.get("REMAT_TEST_TEMP", "1")),
+                "getenv": lambda: float(os.getenv("REMAT_TEST_TEMP", "1")),
+                "subscript": lambda: float(os.environ["REMAT_TEST_TEMP"]),
+                "in": lambda: 2.0 if "REMAT_TEST_TEMP" in os.environ else 1.0,
+                "copy": lambda: 1.0 + 0 * len(dict(os.environ)),
+                "items": lambda: 1.0 + 0 * len([k for k, _ in os.environ.items()])}[self.how]()
+        return (self.proj(x) / temp).sum()
+
+
+@pytest.mark.parametrize("how", ["get", "getenv", "subscript", "in", "copy", "items"])
+def test_only_the_environment_variables_a_model_reads_one_by_one_are_recorded(how, monkeypatch):
+    """A copy of the environment, or a walk over it, read every variable: all of them
+    (tokens among them) went into the graph's metadata, and a change of any planned
+    again. Only a variable read by name is recorded."""
+    monkeypatch.setenv("REMAT_TEST_TEMP", "1")
+    scheduled = remat_ir.remat(_ReadsTheEnvironment(how), (torch.randn(2, 4),), cost_model="flops",
+                               solver="recompute-all")
+    rows = [row for row in json.loads(scheduled.graph.proto.metadata["torch.global_reads"]) if row[0] == "os"]
+    assert rows == ([] if how in ("copy", "items") else [["os", "environ", ["item", "REMAT_TEST_TEMP"], "1"]])
+
+
+class _Mixin:
+    dump_patches = True   # shadowed by nn.Module's, which getattr finds first
+
+
+class _WithMixin(torch.nn.Module, _Mixin):
+    SCALE = 2.0
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.proj(x).sum() * type(self).SCALE * (1.0 if type(self).dump_patches else 1.0)
+
+
+def test_a_class_attribute_is_recorded_from_the_class_getattr_finds_it_in():
+    """Looked up in the user's classes only, a mixin's `dump_patches` was recorded where
+    `type(module).dump_patches` finds nn.Module's: the two differ at every call, which
+    planned again at every call."""
+    x = torch.randn(2, 4)
+    scheduled = remat_ir.remat(_WithMixin(), (x,), cost_model="flops", solver="recompute-all")
+    rows = json.loads(scheduled.graph.proto.metadata["torch.object_attributes"])
+    assert ["", "__class__", "SCALE", 2.0] in rows and not any(row[2] == "dump_patches" for row in rows)
+    for _ in range(2):
+        scheduled(x).backward()
+    assert len(scheduled.plans) == 1
+
+
+def _leaky(x, slopes):
+    return torch.nn.functional.leaky_relu(x, slopes[0])
+
+
+class _HoldsPartial(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.act = functools.partial(_leaky, slopes=[0.1])
+
+    def forward(self, x):
+        return self.act(self.proj(x)).square().sum()
+
+
+def test_a_partials_bound_list_changed_in_place_is_planned_for():
+    """The partial and the list it binds stay the same objects; the list's item changed
+    (`keywords["slopes"][0] = 0.5`): compared by identity, the step kept 0.1."""
+    model, x = _HoldsPartial(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    model.act.keywords["slopes"][0] = 0.5
+    with pytest.raises(RuntimeInputError, match="function 'act' of _HoldsPartial was"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
 
 
 def _scaler(factor: float):
