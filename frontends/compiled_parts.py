@@ -34,7 +34,8 @@ def compiled_parts(model: torch.nn.Module) -> list[str]:
         if isinstance(module, OptimizedModule):
             found.append(path or f"the model ({type(module._orig_mod).__name__})")
             continue
-        if getattr(module, "_compiled_call_impl", None) is not None:
+        routed = module.__dict__.get("_compiled_call_impl")
+        if routed is not None and not hasattr(routed, "route_calls"):   # not remat-ir's own routing
             found.append(f"{where} (compiled in place by .compile())")
         found.extend(f"{f'{path}.' if path else ''}{name}" for name, value in vars(module).items()
                      if not name.startswith("_") and _compiled(value))

@@ -34,7 +34,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           time_limit_s: float | None = None, progress: Progress | None = None,
           max_plans: int | None = None, cache_dir=None, offload: bool = False,
           host_bandwidth=None, host_budget=None, gradient_groups: int | None = None,
-          backend: str = "eager", reuse_plans: bool = True, **options):
+          backend: str = "eager", reuse_plans: bool = True, in_place: bool = False, **options):
     """A module that trains like `model` within `budget` of activation memory.
 
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
@@ -69,6 +69,12 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     backward hands gradients over in (None: 1 in one process, 16 under
     torch.distributed, so that the reductions overlap the backward).
 
+    `in_place=True` also makes `model(...)` itself run the plan, as `model.compile()` does
+    for torch.compile, so that the model stays what training tools are given: Hugging
+    Face's Trainer then saves checkpoints with `save_pretrained` (config included) and
+    finds label names and unused columns in its `forward`'s signature. Copies and pickles
+    of the model are the plain model; `model.compile()` replaces the routing.
+
     `backend`: "eager" (default) runs the planned segments op by op; "inductor"
     compiles them with Inductor (fused kernels) while keeping what the plan decided:
     recomputations, frees and random draws (`runtimes/compiled.py`). With "profile"
@@ -94,14 +100,19 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
         options.update(offload=True, host_budget=host_budget)
     if not isinstance(reuse_plans, bool):
         raise BadRequest(f"reuse_plans must be True or False, not {reuse_plans!r}")
+    if not isinstance(in_place, bool):
+        raise BadRequest(f"in_place must be True or False, not {in_place!r}")
     planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
                       progress=progress, options=options, cache_dir=cache_dir,
                       host_bandwidth=host_bandwidth, backend=backend, reuse_plans=reuse_plans)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     graph, schedule = planner(model, args, kwargs)
-    return ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
-                           max_plans=MAX_PLANS if max_plans is None else max_plans,
-                           gradient_groups=gradient_groups, backend=backend)
+    scheduled = ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
+                                max_plans=MAX_PLANS if max_plans is None else max_plans,
+                                gradient_groups=gradient_groups, backend=backend)
+    if in_place:
+        scheduled.route_calls()
+    return scheduled
 
 
 def _notice_compiled(model) -> None:

@@ -917,6 +917,8 @@ Planner = Callable[..., "tuple[Graph, pb.Schedule]"]
 class ScheduledModule(torch.nn.Module):
     """`model`, trained through `schedule` of its lowered `graph` (see module docstring).
 
+    `route_calls()` makes the model's own calls run it (`remat(..., in_place=True)`).
+
     With a `planner`, a call whose signature (`signatures.py`), value decisions or model
     (the parameters requiring a gradient, plain values its forward reads, submodules,
     hooks: `_Lowered.model_difference`) no plan was made for is lowered and planned
@@ -1107,15 +1109,15 @@ class ScheduledModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         if torch.compiler.is_exporting():
-            # Lowered as part of a larger model (`remat` of a model holding this module):
-            # the model's own ops are traced, for the outer plan to schedule them all.
-            return self._model(*args, **kwargs)
+            # Lowered as part of a larger model (`remat` of a model holding this module), or
+            # the model itself lowered again (`in_place`): the model's own ops are traced.
+            return self._call_model(*args, **kwargs)
         if torch.compiler.is_compiling():
             return self._under_torch_compile(*args, **kwargs)
         if not (self._model.training and torch.is_grad_enabled()):
             # The model's own mode decides (`model.eval()` on the model itself, not on this
             # module, is evaluation too): outside training, the model runs as it is.
-            return self._model(*args, **kwargs)
+            return self._call_model(*args, **kwargs)
         self._check_saved_tensor_hooks()
         if getattr(self._planner, "per_rank", False) and self._sharded():
             raise FSDPUsageError(
@@ -1128,6 +1130,26 @@ class ScheduledModule(torch.nn.Module):
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                         model_checked=checked)
+
+    def _call_model(self, *args, **kwargs):
+        """The model run as it is. Where this module is what the model's own calls run
+        (`route_calls`), its `_call_impl`, which calling it would route back here."""
+        model = self._model
+        if model.__dict__.get("_compiled_call_impl") is self:
+            return model._call_impl(*args, **kwargs)
+        return model(*args, **kwargs)
+
+    def route_calls(self) -> None:
+        """Make the model's own calls, `model(...)`, run this module, as `module.compile()`
+        makes them run the compiled module: the model stays what training tools are given
+        (a Hugging Face `PreTrainedModel`: Trainer then saves it with `save_pretrained`,
+        reads its `forward`'s signature for label names and unused columns). Through
+        nn.Module's `_compiled_call_impl`, which `module.compile()` sets too (so either
+        replaces the other) and which copies and pickles of the model leave out: a copy
+        is the plain model. Set in the model's dictionary, not as an attribute: nn.Module
+        would register this module as the model's submodule, a cycle (`model.to()`
+        recursed without end)."""
+        self._model.__dict__["_compiled_call_impl"] = self
 
     def _check_saved_tensor_hooks(self) -> None:
         """Saved-tensor hooks around the call see nothing the step keeps (`saved_hooks`):

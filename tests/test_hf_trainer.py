@@ -31,3 +31,33 @@ def test_trainer_with_dynamic_padding_matches_plain_trainer(tmp_path, capsys):
     assert len(lengths) >= 2  # batches were padded to different lengths, each planned
     notices = capsys.readouterr().err.count("remat-ir: new input signature")
     assert notices == len(scheduled.plans) - 1
+
+
+def test_trainer_given_the_model_remat_in_place_saves_checkpoints_from_pretrained_loads(tmp_path):
+    """Given the remat-ir module, Trainer saved checkpoints without `config.json`
+    (`from_pretrained` failed: "Unrecognized model") and needed `remove_unused_columns=False`
+    and `label_names`. With `in_place=True` it is given the model itself, with default
+    arguments: the losses are eager's, and its checkpoint loads as the model."""
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    dataset = token_dataset(12, 64, (5, 30))
+    losses, trained = {}, {}
+    for kind in ("plain", "remat"):
+        model = small_llama(hidden=32, vocab=64)
+        if kind == "remat":
+            scheduled = remat_ir.remat(model, _Collator()(dataset[:4]), budget=0.5, cost_model="flops",
+                                       in_place=True)
+        args = TrainingArguments(output_dir=str(tmp_path / kind), max_steps=3, per_device_train_batch_size=4,
+                                 learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no",
+                                 use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+        trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=_Collator())
+        losses[kind] = [entry["loss"] for entry in trainer.train() and trainer.state.log_history
+                        if "loss" in entry]
+        trained[kind] = [p.detach().clone() for p in model.parameters()]
+        trainer.save_model(str(tmp_path / kind / "final"))
+        if kind == "remat":
+            assert len(scheduled.plans) >= 2   # the calls went through the plan, new lengths planned
+            loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / kind / "final"))
+            assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
+    assert len(losses["plain"]) == 3 and losses["remat"] == losses["plain"]
+    assert all(torch.equal(a, b) for a, b in zip(trained["plain"], trained["remat"]))

@@ -706,3 +706,30 @@ def test_random_changes_to_the_model_between_steps_train_like_eager(steps):
 
     _train_side_by_side(model, scheduled, [dict(x=x)] * len(steps), lambda loss: loss, eager=eager,
                         before=change, after=buffers_equal)
+
+
+def test_a_model_remat_in_place_runs_its_plan_when_called_and_stays_the_model():
+    """`in_place=True`: `model(...)` runs the plan (gradients bitwise eager's, new shapes
+    planned), evaluation and copies run the plain model, `.to()` and `state_dict` are the
+    model's own (the routing is no submodule), and `remat` in place again replaces it."""
+    torch.manual_seed(0)
+    data = torch.randint(0, 32, (6, 8))
+    model = _TinyEncoder()
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, data[:4], budget=0.7, cost_model="flops", in_place=True)
+    assert list(model.state_dict()) == list(eager.state_dict()) and model.to("cpu") is model
+    for step, batch in enumerate((data[:4], data[4:])):
+        for module in (eager, model):
+            torch.manual_seed(step)
+            module(batch).square().mean().backward()
+        for p, q in zip(eager.parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    assert len(scheduled.plans) == 2   # model(...) went through the plan, the new shape planned
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(data), eager.eval()(data))
+    assert copy.deepcopy(model).__dict__.get("_compiled_call_impl") is None
+    again = remat_ir.remat(model.train(), data[:4], solver="recompute-all", cost_model="flops", in_place=True)
+    torch.manual_seed(0)
+    model(data[:4]).sum().backward()
+    assert again.schedule.solver == "recompute-all" and len(again.plans) == 1
