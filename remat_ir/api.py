@@ -73,7 +73,10 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     for torch.compile, so that the model stays what training tools are given: Hugging
     Face's Trainer then saves checkpoints with `save_pretrained` (config included) and
     finds label names and unused columns in its `forward`'s signature. Copies and pickles
-    of the model are the plain model; `model.compile()` replaces the routing.
+    of the model are the plain model (of the returned module, routed to it); `model.compile()`
+    replaces the routing. As past `model.compile()`, torch.compile of a parent module, or of
+    a model of torch's own classes (`nn.Sequential`), traces the model's forward without the
+    plan; `nn.DataParallel` replicas all route to the one module: give those the returned one.
 
     `backend`: "eager" (default) runs the planned segments op by op; "inductor"
     compiles them with Inductor (fused kernels) while keeping what the plan decided:

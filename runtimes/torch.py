@@ -975,6 +975,9 @@ class ScheduledModule(torch.nn.Module):
         state["_plans"] = [(p.graph.proto.SerializeToString(), p.schedule.SerializeToString())
                            for p in self._plans.values()]
         state.pop("_notify", None)
+        # nn.Module's own pickling drops the model's routing (`route_calls`): said here,
+        # so that a copy of this module routes its copy of the model to itself again.
+        state["_routed"] = self._model.__dict__.get("_compiled_call_impl") is self
         return state
 
     def __setstate__(self, state):
@@ -990,6 +993,8 @@ class ScheduledModule(torch.nn.Module):
             schedule.ParseFromString(schedule_bytes)
             plan = _Lowered(self._model, Graph(graph), schedule)
             self._plans[plan.key] = plan
+        if self.__dict__.pop("_routed", False):
+            self.route_calls()
 
     # -------------------------------------------------------------- running
 

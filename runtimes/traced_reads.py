@@ -217,14 +217,21 @@ def _snapshot(function) -> tuple:
     identity at the next call (`_unchanged`): its code (`f.__code__ = other.__code__`
     patches the same object), what its closure's cells hold and what a partial binds."""
     cells = _closure(function)
-    return getattr(function, "__code__", None), cells, cells and _contents(cells), _bound(function)
+    return _code(function), cells, cells and _contents(cells), _bound(function)
 
 
 def _unchanged(function, snapshot: tuple) -> bool:
     """Whether `function` computes with what `snapshot` (`_snapshot`) saw."""
     code, cells, contents, bound = snapshot
-    return (getattr(function, "__code__", None) is code and (cells is None or _holding(cells, contents))
+    return (_code(function) is code and (cells is None or _holding(cells, contents))
             and (bound is None or _binding(function, bound)))
+
+
+def _code(function):
+    """The code object of `function` (of a bound method's or a partial's function), or None."""
+    while isinstance(function, (types.MethodType, functools.partial)):
+        function = function.__func__ if isinstance(function, types.MethodType) else function.func
+    return getattr(function, "__code__", None)
 
 
 def _closure(function) -> tuple | None:

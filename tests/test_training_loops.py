@@ -729,6 +729,8 @@ def test_a_model_remat_in_place_runs_its_plan_when_called_and_stays_the_model():
     with torch.no_grad():
         assert torch.equal(model(data), eager.eval()(data))
     assert copy.deepcopy(model).__dict__.get("_compiled_call_impl") is None
+    copied = copy.deepcopy(scheduled)   # a copy of the module routes its copy of the model
+    assert copied._model.__dict__["_compiled_call_impl"] is copied and copied._model is not model
     again = remat_ir.remat(model.train(), data[:4], solver="recompute-all", cost_model="flops", in_place=True)
     torch.manual_seed(0)
     model(data[:4]).sum().backward()

@@ -2449,6 +2449,12 @@ def test_a_library_function_patched_after_lowering_is_planned_for(monkeypatch):
     assert len(scheduled.plans) == 2
 
 
+def _temperature_from_the_environment():
+    """Reads 20 variables with one subscript instruction, which Python 3.11 specializes
+    once warm: then `f_lasti` points past it."""
+    return sum(float(os.environ[f"REMAT_TEST_TEMP_{k}"]) for k in range(20)) / 20
+
+
 class _ReadsTheEnvironment(torch.nn.Module):
     def __init__(self, how: str):
         super().__init__()
@@ -2458,22 +2464,29 @@ class _ReadsTheEnvironment(torch.nn.Module):
         temp = {"get": lambda: float(os.environ.get("REMAT_TEST_TEMP", "1")),
                 "getenv": lambda: float(os.getenv("REMAT_TEST_TEMP", "1")),
                 "subscript": lambda: float(os.environ["REMAT_TEST_TEMP"]),
+                "warm subscript": _temperature_from_the_environment,
                 "in": lambda: 2.0 if "REMAT_TEST_TEMP" in os.environ else 1.0,
                 "copy": lambda: 1.0 + 0 * len(dict(os.environ)),
                 "items": lambda: 1.0 + 0 * len([k for k, _ in os.environ.items()])}[self.how]()
         return (self.proj(x) / temp).sum()
 
 
-@pytest.mark.parametrize("how", ["get", "getenv", "subscript", "in", "copy", "items"])
+@pytest.mark.parametrize("how", ["get", "getenv", "subscript", "warm subscript", "in", "copy", "items"])
 def test_only_the_environment_variables_a_model_reads_one_by_one_are_recorded(how, monkeypatch):
     """A copy of the environment, or a walk over it, read every variable: all of them
     (tokens among them) went into the graph's metadata, and a change of any planned
-    again. Only a variable read by name is recorded."""
+    again. Only a variable read by name is recorded, also by code Python has specialized
+    (a helper run many times before: its subscript was not recognized, and the variable
+    went unrecorded)."""
     monkeypatch.setenv("REMAT_TEST_TEMP", "1")
+    for k in range(20):
+        monkeypatch.setenv(f"REMAT_TEST_TEMP_{k}", "1")
     scheduled = remat_ir.remat(_ReadsTheEnvironment(how), (torch.randn(2, 4),), cost_model="flops",
                                solver="recompute-all")
     rows = [row for row in json.loads(scheduled.graph.proto.metadata["torch.global_reads"]) if row[0] == "os"]
-    assert rows == ([] if how in ("copy", "items") else [["os", "environ", ["item", "REMAT_TEST_TEMP"], "1"]])
+    names = ([] if how in ("copy", "items") else [f"REMAT_TEST_TEMP_{k}" for k in range(20)]
+             if how == "warm subscript" else ["REMAT_TEST_TEMP"])
+    assert rows == [["os", "environ", ["item", name], "1"] for name in sorted(names)]
 
 
 class _Mixin:
