@@ -4,7 +4,8 @@
     python examples/hf_trainer.py
 
 The only change to a Trainer script is one line: the model passed to `Trainer` is
-`remat_ir.remat(model, example_batch, budget=...)`. Batches of a new padded length are
+`remat_ir.remat(model, example_batch, budget=...)` (or, with `in_place=True`, the model
+itself, whose calls then run the plan: checkpoints `from_pretrained` loads, README). Batches of a new padded length are
 lowered once each (a notice says so) and planned, or take the plan made for another
 length where it fits them. Prints both runs' losses, which are equal, and the lengths
 that were planned.
