@@ -441,14 +441,17 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
             if isinstance(constant, types.CodeType):
                 functions_called(constant, namespace)
 
+    named: dict[type, set[str]] = {}   # per class, the attribute names its own code looks up
     for cls in {type(module) for module in model.modules()}:
+        named[cls] = set()
         for function in own_methods(cls):
             code = function.__code__
             if is_users_file(code.co_filename):
                 scan(code, function.__globals__, 0)
+                named[cls] |= _attribute_names(code)
             elif is_model_file(code.co_filename):
                 functions_called(code, function.__globals__)
-    _record_class_attributes(model, reads)
+    _record_class_attributes(model, reads, named)
 
 
 def own_classes(cls: type) -> list[type]:
@@ -469,19 +472,16 @@ def own_methods(cls: type):
                 yield function
 
 
-def _record_class_attributes(model: torch.nn.Module, reads: TracedReads) -> None:
+def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: dict[type, set[str]]) -> None:
     """Record the plain class attributes of the user's module classes that their code
     names, as attributes of the module's `__class__`: `type(self).T` and
     `self.__class__.T` do not go through the module's `__getattribute__`, so a class
     constant changed after `remat` (`Model.T = 0.5`) trained on with the value traced,
     silently. Found by name in the methods' code (an attribute of another object with
-    that name is compared for nothing but a replanning)."""
-    named: dict[type, set[str]] = {}
+    that name is compared for nothing but a replanning; `named`: per module class, the
+    names its methods in the user's files look up)."""
     for path, module in model.named_modules():
         cls = type(module)
-        if cls not in named:
-            named[cls] = set().union(*(_attribute_names(function.__code__) for function in own_methods(cls)
-                                       if is_users_file(function.__code__.co_filename)))
         own = own_classes(cls)
         for name in named[cls]:
             if name.startswith("__"):

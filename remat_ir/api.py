@@ -193,9 +193,10 @@ class Planner:
         from remat_ir.distributed import plan_together
         from remat_ir.runtimes.torch import world_size
 
-        if world_size() > 1:
+        distributed = world_size() > 1
+        if distributed:
             self.per_rank = self.per_rank or alone
-        if world_size() > 1 and not alone:
+        if distributed and not alone:
             graph, schedule, per_rank = plan_together(self._lower_and_plan, model, args, kwargs,
                                                       same_plan=same_plan)
             self.per_rank = self.per_rank or per_rank
