@@ -223,6 +223,10 @@ class RematPlanner:
                     predicted_peak_share=round(simulated.peak_bytes / self.store_all_peak, 4),
                     predicted_time_ratio=round(simulated.total_time_s / self.store_all_time, 4),
                     recomputations=simulated.recomputations)
+        call = self.graph.proto.provenance.cost_model.call_overhead_s
+        if call:  # the prediction as it was before the runtime's time per call was priced
+            info.update(call_overhead_s=call, predicted_time_ratio_without_call=round(
+                (simulated.total_time_s - call) / (self.store_all_time - call), 4))
         if self.busy:
             info.update(two_timelines=True, store_all_host_busy_s=self.busy[0], store_all_device_busy_s=self.busy[1],
                         predicted_time_ratio_one_timeline=round(self.one_timeline_ratio(schedule), 4))

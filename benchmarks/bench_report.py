@@ -113,9 +113,15 @@ def time_model_summary(ok_rows: list[dict]) -> list[str]:
         return []
     off = [f"{r['method'].replace('remat-ir ', '')} (predicted x{r['predicted_time_ratio']:.3f})"
            for r in judged if not r["prediction_within_tolerance"]]
-    return [f"Time model: {len(judged) - len(off)} of {len(judged)} plans predicted within {TOLERANCE_TEXT} of "
-            f"the {LEVEL_TEXT} interval of their measured ratio (rounds resampled)"
-            + (f"; not: {', '.join(off)}." if off else "."), ""]
+    lines = [f"Time model: {len(judged) - len(off)} of {len(judged)} plans predicted within {TOLERANCE_TEXT} of "
+             f"the {LEVEL_TEXT} interval of their measured ratio (rounds resampled)"
+             + (f"; not: {', '.join(off)}." if off else ".")]
+    before = [r for r in judged if "prediction_without_call_within_tolerance" in r]
+    if before:  # the same run judged without the runtime's time per call (cost_model.call_overhead_s)
+        right = sum(r["prediction_without_call_within_tolerance"] for r in before)
+        lines.append(f"Without the runtime's time per call in the model ({before[0]['call_overhead_s'] * 1e3:.2f} ms "
+                     f"measured at profiling): {right} of {len(before)}.")
+    return lines + [""]
 
 
 def peer_points(model_rows: list[dict]) -> list[str]:

@@ -254,6 +254,9 @@ def records(bm: BenchModel, built, infeasible, figures, context: dict) -> list[d
                                measured_time_interval=[round(x, 4) for x in interval],
                                prediction_error=round(predicted / measured - 1, 4),
                                prediction_within_tolerance=judge_prediction(predicted, interval))
+            if "predicted_time_ratio_without_call" in method.info:
+                method.info["prediction_without_call_within_tolerance"] = judge_prediction(
+                    method.info["predicted_time_ratio_without_call"], interval)
         rows.append({**context, "model": bm.name, "model_description": bm.description,
                      "method": method.name, "family": method.family, "status": "ok",
                      "peak_bytes": f["peak_bytes"], "peak_ratio": round(f["peak_bytes"] / eager["peak_bytes"], 4),

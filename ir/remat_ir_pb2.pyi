@@ -360,7 +360,7 @@ class HostLink(_message.Message):
     def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., overlapped: _Optional[bool] = ..., source: _Optional[str] = ..., issue_s: _Optional[float] = ...) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule", "backend", "two_timelines")
+    __slots__ = ("name", "timed_schedule", "timed_steps", "step_overhead_s", "note", "peak_byte_s", "calibration_schedule", "backend", "two_timelines", "call_overhead_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TIMED_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +370,7 @@ class CostModel(_message.Message):
     CALIBRATION_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TWO_TIMELINES_FIELD_NUMBER: _ClassVar[int]
+    CALL_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     timed_schedule: str
     timed_steps: int
@@ -379,7 +380,8 @@ class CostModel(_message.Message):
     calibration_schedule: str
     backend: str
     two_timelines: bool
-    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ..., peak_byte_s: _Optional[float] = ..., calibration_schedule: _Optional[str] = ..., backend: _Optional[str] = ..., two_timelines: _Optional[bool] = ...) -> None: ...
+    call_overhead_s: float
+    def __init__(self, name: _Optional[str] = ..., timed_schedule: _Optional[str] = ..., timed_steps: _Optional[int] = ..., step_overhead_s: _Optional[float] = ..., note: _Optional[str] = ..., peak_byte_s: _Optional[float] = ..., calibration_schedule: _Optional[str] = ..., backend: _Optional[str] = ..., two_timelines: _Optional[bool] = ..., call_overhead_s: _Optional[float] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("id", "name", "level", "node_ids", "children", "signature")

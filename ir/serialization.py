@@ -52,6 +52,8 @@ current format (`_upgrade`), so a reader never sees the older layout:
 - 1.10 -> 1.11: nodes gained `autocast_cast_back`; an older file has none marked, so a
   runtime runs every cast back of an autocast cast's gradient, as before: nothing to fill.
 - 1.11 -> 1.12: arguments gained `complex_value`; an older file has none: nothing to fill.
+- 1.12 -> 1.13: the cost model gained `call_overhead_s`; an older file has it 0, which
+  prices no runtime time per call, as before: nothing to fill.
 """
 
 from __future__ import annotations

@@ -47,9 +47,11 @@ explains them with an example):
 - A step's time is the end of its compute timeline: compute steps' `cost.time_s`
   (skipped random runs included) one after another, with waits for transfers
   (`stall_s`), plus the graph's per-step overhead outside ops
-  (`Provenance.cost_model.step_overhead_s`), plus `cost_model.peak_byte_s` x the
-  schedule's peak (holding more memory makes every op slower; both are 0 for
-  hand-made costs; `runtimes/calibration.py` says how they are measured).
+  (`Provenance.cost_model.step_overhead_s`, the segments', and `call_overhead_s`, the
+  runtime's per training call), plus `cost_model.peak_byte_s` x the
+  schedule's peak (holding more memory makes every op slower; all three are 0 for
+  hand-made costs; `runtimes/calibration.py` and `runtimes/call_overhead.py` say how
+  they are measured).
 - With `cost_model.two_timelines` (a GPU, whose kernels run asynchronously to the host
   that issues them) the compute timeline is the device's, and a host timeline runs
   beside it: a node (or skipped random run) takes `cost.host_s` of the host's time to
@@ -97,7 +99,8 @@ class SimulationResult:
     peak_step: int = -1
     forward_time_s: float = 0.0
     backward_time_s: float = 0.0
-    #: Per step, time outside every op (`Provenance.cost_model.step_overhead_s`).
+    #: Per step, time outside every op: the segments' (`cost_model.step_overhead_s`) and
+    #: the runtime's per call (`cost_model.call_overhead_s`).
     overhead_time_s: float = 0.0
     #: Per step, the cost of the memory the schedule holds: `cost_model.peak_byte_s` x peak.
     footprint_time_s: float = 0.0
@@ -178,7 +181,8 @@ class _Run:
         self.gradient_inputs = gradient_inputs(graph)
         self.result = SimulationResult(
             violation=None, resident_bytes=graph.resident_bytes(),
-            overhead_time_s=graph.proto.provenance.cost_model.step_overhead_s)
+            overhead_time_s=(graph.proto.provenance.cost_model.step_overhead_s
+                             + graph.proto.provenance.cost_model.call_overhead_s))
         self.rng = plan_rng(graph, schedule)
         self.skip_during = 0
         self.structure = self.mem.structure

@@ -58,7 +58,7 @@ def find_problems(graph: pb.Graph | Graph) -> list[str]:
     problems += _hierarchy_problems(g)
     problems += _schedule_reference_problems(g, values)
     problems += _quantity_problems("the cost model", g.provenance.cost_model,
-                                   ("step_overhead_s", "peak_byte_s"))
+                                   ("step_overhead_s", "peak_byte_s", "call_overhead_s"))
     problems += _quantity_problems("the host link", g.provenance.host_link,
                                    ("bandwidth_bytes_per_s", "latency_s", "issue_s"))
     return problems

@@ -58,6 +58,8 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
         values = resident_values(model, graph, args, kwargs)
     estimate_costs(graph, cost_model, run_device, values=values, low_memory=_sqrt_schedule,
                    progress=progress, backend=backend)
+    if values is not None:
+        _price_call_overhead(graph, model, example, run_device)
     if cost_model != "flops":  # "flops" runs nothing
         link = graph.proto.provenance.host_link
         for field, value in measure_link(run_device).items():
@@ -69,6 +71,24 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
             if fitted is not None:
                 link.issue_s = max(link.issue_s, fitted)
     return graph
+
+
+def _price_call_overhead(graph: Graph, model, example: tuple, device) -> None:
+    """Record the runtime's own time per training call outside its segments
+    (`runtimes/call_overhead.py`: the same for every plan, and left out it prices each
+    recomputation as a larger share of the step than it is), or say in
+    `cost_model.note` that it was not measured."""
+    from remat_ir.runtimes.call_overhead import measure_call_overhead
+
+    record = graph.proto.provenance.cost_model
+    args, kwargs = example
+    seconds = measure_call_overhead(graph, model, args, kwargs, device)
+    if seconds is None:
+        record.note = (f"{record.note + '; ' if record.note else ''}the runtime's time per call "
+                       f"was not measured (under torch.distributed, a parameter hook, a model in "
+                       f"eval mode or a failed call): it is left out")
+    else:
+        record.call_overhead_s = seconds
 
 
 def _sqrt_schedule(graph: Graph):

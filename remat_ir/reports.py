@@ -36,6 +36,8 @@ def _cost_model_text(model: pb.CostModel) -> str:
     if model.timed_schedule:
         text += (f" (ops timed inside {model.timed_steps} {model.timed_schedule} steps; "
                  f"{human_time(model.step_overhead_s)} per step outside ops)")
+    if model.call_overhead_s:
+        text += f"; {human_time(model.call_overhead_s)} per call in the runtime outside its segments"
     if model.two_timelines:
         text += "; two timelines: each op's host time (issuing it) and device time (running it)"
     return text + (f"; {model.note}" if model.note else "")

@@ -116,6 +116,35 @@ def test_a_plan_is_measured_against_store_everything_on_its_own_backend():
     assert [r["measured_time_interval"] for r in rows if r["method"] == "remat-ir plan"] == [[1.2, 1.2]]
 
 
+def test_the_prediction_without_the_runtimes_time_per_call_is_judged_beside_it():
+    """A plan priced with the runtime's time per call (`cost_model.call_overhead_s`) is also
+    judged as it was priced before that term, from the same run, and the summary counts both."""
+    import bench_methods
+    import bench_report
+    import training_step
+
+    def method(name, predicted, without=None, budget="50%"):
+        info = {"backend": "eager", "predicted_time_ratio": predicted, "budget": budget, "cost_model": "profile"}
+        if without is not None:
+            info.update(call_overhead_s=0.002, predicted_time_ratio_without_call=without)
+        return bench_methods.Method(name, "remat-ir", lambda: 0.0, info=info)
+
+    built = [bench_methods.Method("eager", "eager", lambda: 0.0, info={}),
+             method("remat-ir store-everything", 1.0, 1.0, budget="store-everything"),
+             method("remat-ir a", 1.21, 1.30), method("remat-ir b", 1.10, 1.11)]
+    times = {"eager": 1.0, "remat-ir store-everything": 1.0, "remat-ir a": 1.2, "remat-ir b": 1.1}
+    figures = {name: {"times": [t] * training_step.TIMED_PER_ROUND, "peak_bytes": 1, "loss": 0.0}
+               for name, t in times.items()}
+    model = type("BenchModel", (), {"name": "m", "description": "a model"})()
+    rows = {r["method"]: r for r in training_step.records(model, built, [], figures, {})}
+    assert rows["remat-ir a"]["prediction_within_tolerance"] is True       # 1.21 against 1.2
+    assert rows["remat-ir a"]["prediction_without_call_within_tolerance"] is False   # 1.30 against 1.2
+    assert rows["remat-ir b"]["prediction_without_call_within_tolerance"] is True
+    lines = bench_report.time_model_summary([{**r, "status": "ok"} for r in rows.values()])
+    assert lines[0].startswith("Time model: 2 of 2 plans predicted within 3%")
+    assert lines[1] == "Without the runtime's time per call in the model (2.00 ms measured at profiling): 1 of 2."
+
+
 def test_the_measured_ratio_interval_keeps_a_round_paired_and_shows_the_noise():
     """Rounds are resampled with both methods' steps: drift that hits a plan and its
     reference in the same round cancels (the interval closes on the true ratio), while

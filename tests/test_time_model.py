@@ -15,7 +15,7 @@ from remat_ir.ir import pb
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.timing import time_schedule
 from remat_ir.runtimes.torch import ScheduledModule, resident_values
-from torch_models import gpt2, mlp
+from torch_models import conv_bn, gpt2, mlp
 from strategies import search
 
 
@@ -36,7 +36,7 @@ def test_profile_times_every_op_inside_the_step_and_records_how(small_gpt2):
     model, args, kwargs, _, graph = small_gpt2
     record = graph.proto.provenance.cost_model
     assert (record.name, record.timed_schedule, record.note) == ("profile", "store_all", ""), record
-    assert record.timed_steps >= 2 and record.step_overhead_s > 0
+    assert record.timed_steps >= 2 and record.step_overhead_s > 0 and record.call_overhead_s > 0
     assert record.calibration_schedule == "sqrt" and record.peak_byte_s >= 0
     # No schedule is left in the file with a time priced on the isolated costs the
     # calibration replaced (its sqrt schedule was: `remat-ir validate` called it INCONSISTENT).
@@ -46,11 +46,13 @@ def test_profile_times_every_op_inside_the_step_and_records_how(small_gpt2):
     # The simulator prices a schedule with the overhead included, once per step.
     from remat_ir.reports import inspect_lines
     assert "cost model 'profile' (ops timed inside" in "\n".join(inspect_lines(graph, "gpt2.rir"))
+    assert "per call in the runtime outside its segments" in "\n".join(inspect_lines(graph, "gpt2.rir"))
     store = ir.simulate(graph, ir.store_all(graph))
-    assert store.overhead_time_s == record.step_overhead_s
+    assert store.overhead_time_s == record.step_overhead_s + record.call_overhead_s
     assert store.footprint_time_s == record.peak_byte_s * store.peak_bytes
     assert store.total_time_s == pytest.approx(
-        sum(n.cost.time_s for n in graph.proto.nodes) + record.step_overhead_s + store.footprint_time_s)
+        sum(n.cost.time_s for n in graph.proto.nodes) + record.step_overhead_s + record.call_overhead_s
+        + store.footprint_time_s)
 
 
 def test_memory_is_the_same_whatever_the_timing(small_gpt2):
@@ -77,6 +79,66 @@ def test_time_schedule_times_each_compute_step_and_leaves_the_model_and_generato
     assert timing.steps == 2 and timing.step_s >= sum(s for _, s in timing.occurrences)
     assert torch.equal(torch.get_rng_state(), state)
     assert all(torch.equal(parameters[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_calls_time_outside_its_segments_is_measured_in_real_calls_that_leave_no_trace():
+    """`call_overhead_s` comes from real training calls of the store-everything schedule:
+    the model's `.grad`, its buffers (BatchNorm's running statistics and batch count,
+    which a training call updates) and the generator are as the caller left them."""
+    from remat_ir.lowering import add_costs
+    from remat_ir.runtimes.call_overhead import measure_call_overhead
+
+    model, args, kwargs, loss_of = conv_bn(blocks=2)
+    model.train()
+    graph = lower_torch(model, args, cost_model=None)
+    loss_of(model(*args)).backward()          # a gradient the caller accumulates into
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    grad_objects = [p.grad for p in model.parameters()]
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    torch.manual_seed(11)
+    state = torch.get_rng_state()
+    add_costs(graph, "profile", model=model, example=(args, kwargs))
+    record = graph.proto.provenance.cost_model
+    assert record.call_overhead_s > 0 and "not measured" not in record.note, record
+    assert torch.equal(torch.get_rng_state(), state)
+    assert [p.grad for p in model.parameters()] == grad_objects
+    assert all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())
+    assert all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())
+    assert sum(n.endswith("num_batches_tracked") for n in buffers) > 0
+    # Where a call would not leave the model alone, or does not train, nothing is measured.
+    hook = next(model.parameters()).register_hook(lambda g: g)
+    assert measure_call_overhead(graph, model, args, kwargs, "cpu") is None
+    hook.remove()
+    model.eval()
+    assert measure_call_overhead(graph, model, args, kwargs, "cpu") is None
+    unmeasured = lower_torch(model, args, cost_model=None)
+    add_costs(unmeasured, "profile", model=model, example=(args, kwargs))
+    assert unmeasured.proto.provenance.cost_model.call_overhead_s == 0
+    assert "the runtime's time per call was not measured" in unmeasured.proto.provenance.cost_model.note
+
+
+def test_the_segment_clock_counts_every_segment_and_changes_no_result():
+    """The clock `call_overhead` puts on a runner's segments adds the time of the forward
+    segment and of each resumption of the backward segment, and the step computes what it
+    computes without it: bitwise the same loss and gradients."""
+    from remat_ir.runtimes.call_overhead import _time_segments
+
+    model, args, kwargs, loss_of = mlp()
+    graph = lower_torch(model, args, cost_model=None)
+    plain = ScheduledModule(copy.deepcopy(model), graph, ir.store_all(graph))
+    clocked = ScheduledModule(model, graph, ir.store_all(graph))
+    inside = [0.0]
+    _time_segments(clocked.runner(torch.device("cpu")), inside)
+    results = []
+    for module in (plain, clocked):
+        torch.manual_seed(5)   # the same dropout masks
+        loss = loss_of(module(*args))
+        before = inside[0]
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in module.parameters()], before, inside[0]))
+    (loss, grads, _, _), (clocked_loss, clocked_grads, forward_s, total_s) = results
+    assert torch.equal(loss, clocked_loss) and all(map(torch.equal, grads, clocked_grads))
+    assert 0 < forward_s < total_s
 
 
 def test_without_model_tensors_profile_keeps_isolated_times_and_says_so():

@@ -1,0 +1,113 @@
+"""The runtime's own time per training call, outside its generated segments: the time
+model's `CostModel.call_overhead_s`.
+
+Why: the time model sums a schedule's ops and what its segments spend outside them
+(`timing.py`, `step_overhead_s`), as the segments run alone. A training call through
+`ScheduledModule` also checks what the forward read and which plan fits, binds the
+inputs, runs autograd's nodes around the segments and hands the gradients over. That
+time is the same for every plan of a graph; left out, every recomputation is priced as
+a larger share of the step than it is, and deep plans are predicted slower than they
+run. On CPU it was 1-2 ms of the quick GPT-2's 40 ms step
+(`benchmarks/torch_overhead.py`); on a GPU whose step the host bounds (the quick GPT-2
+on an H200: 10.5 ms of host time per step) it is a larger share still.
+
+How: real calls of the store-everything schedule on the model's own tensors, forward
+and backward, each timed whole and, in the same call, inside its segments (the forward
+segment, and each resumption of the backward segment); the call's time outside them
+is its overhead, and the median over the rounds is kept. Pairing within one call
+matters on a shared machine: comparing real calls with separate segment-only steps
+gave 0.06 ms in one run and 25.8 ms in the next, against about 1 ms. On CUDA the
+times are the host's (no synchronization inside the call), which is where this work
+is done.
+
+The call leaves the caller's state as it found it: the parameters' `.grad`, the
+buffers (a step updates running statistics) and the random generators are put back.
+Not measured (None) under torch.distributed (a backward would reduce across ranks),
+where a parameter holds a hook (a user's, an optimizer stepping in the backward), for
+a model in eval mode (a call then runs the model as it is), or where a call fails."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch.utils import _pytree as pytree
+
+from remat_ir.ir import Graph, store_all
+
+from .timing import _synchronize
+
+#: Timed calls, after one warm-up call (which compiles the segments).
+ROUNDS = 5
+
+
+def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwargs: dict,
+                          device: torch.device | str, rounds: int = ROUNDS) -> float | None:
+    """Seconds a training call of `graph`'s store-everything schedule spends outside its
+    segments (module docstring), or None where it is not measured."""
+    from .torch import ScheduledModule, world_size
+
+    device = torch.device(device)
+    parameters = list(model.parameters())
+    if world_size() > 1 or not model.training or any(
+            p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in parameters):
+        return None
+    grads = [p.grad for p in parameters]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    inside = [0.0]
+    try:
+        scheduled = ScheduledModule(model, graph, store_all(graph))
+        _time_segments(scheduled.runner(device), inside)
+
+        def call() -> float:
+            for p in parameters:
+                p.grad = None
+            _synchronize(device)
+            inside[0] = 0.0
+            begun = time.perf_counter()
+            outputs = [t for t in pytree.tree_leaves(scheduled(*args, **kwargs))
+                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+            return time.perf_counter() - begun - inside[0]
+
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+                torch.enable_grad():
+            call()
+            outside = [call() for _ in range(rounds)]
+    except Exception:  # noqa: BLE001 - only this term is not priced, and the caller says so
+        return None
+    finally:
+        for p, grad in zip(parameters, grads):
+            p.grad = grad
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+    return max(0.0, statistics.median(outside))
+
+
+def _time_segments(runner, inside: list[float]) -> None:
+    """Make `runner`'s segments add the seconds they run to `inside[0]`: the forward
+    segment per call, the backward segment (a generator) per resumption."""
+    forward_fn, backward_fn = runner.forward_fn, runner.backward_fn
+
+    def timed_forward(*a):
+        begun = time.perf_counter()
+        try:
+            return forward_fn(*a)
+        finally:
+            inside[0] += time.perf_counter() - begun
+
+    def timed_backward(*a):
+        segment = backward_fn(*a)
+        while True:
+            begun = time.perf_counter()
+            try:
+                handed = next(segment)
+            except StopIteration:
+                inside[0] += time.perf_counter() - begun
+                return
+            inside[0] += time.perf_counter() - begun
+            yield handed
+
+    runner.forward_fn, runner.backward_fn = timed_forward, timed_backward
