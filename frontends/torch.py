@@ -72,6 +72,7 @@ from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
+from .input_branches import eager_input_branches
 from .transformers_masks import eager_mask_decisions
 from .transformers_paths import eager_paths
 from .value_dependent import (data_sized_branch_error, refusing_packed_sequences,
@@ -436,6 +437,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
+                eager_input_branches(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
                 noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
                 refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__):

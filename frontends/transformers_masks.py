@@ -38,7 +38,7 @@ import functools
 import sys
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot
 from torch.utils import _pytree as pytree
 
@@ -52,7 +52,7 @@ _PACKED = "find_packed_sequence_indices"
 _TRACING_CHECKS = ("is_torchdynamo_exporting", "is_tracing")
 
 
-class _Inputs:
+class CallInputs:
     """The example inputs of one trace: their flat leaves (for the runtime, flat in the
     order of torch.export's input spec), and the FX node tracing each tensor, found
     when the model is called with the traced ones (a forward pre-hook)."""
@@ -87,7 +87,7 @@ def eager_mask_decisions(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     if masking is None or not any(hasattr(masking, name) for name in _TRACING_CHECKS):
         yield
         return
-    inputs = _Inputs(args, kwargs)
+    inputs = CallInputs(args, kwargs)
     wrapped = {name: _eager_when_unpadded(masking, getattr(masking, name), inputs, guards)
                for name in _DECISIONS if hasattr(masking, name)}
     if hasattr(masking, _PACKED):
@@ -113,7 +113,7 @@ def _replaced(module, replacements: dict):
             setattr(module, name, value)
 
 
-def _eager_when_unpadded(masking, original, inputs: _Inputs, guards: list):
+def _eager_when_unpadded(masking, original, inputs: CallInputs, guards: list):
     @functools.wraps(original)
     def decide(padding_mask, *args, **kwargs):
         values = None if padding_mask is None else shape_determined(padding_mask)
@@ -131,7 +131,7 @@ def _as_eager(masking):
     return _replaced(masking, {name: lambda *_: False for name in _TRACING_CHECKS if hasattr(masking, name)})
 
 
-def _eager_when_computed(masking, original, inputs: _Inputs, guards: list):
+def _eager_when_computed(masking, original, inputs: CallInputs, guards: list):
     @functools.wraps(original)
     def find(position_ids):
         values = shape_determined(position_ids)
@@ -146,16 +146,28 @@ def _eager_when_computed(masking, original, inputs: _Inputs, guards: list):
 
 
 def _caller_decision(masking, original, tensor: torch.Tensor, args: tuple, kwargs: dict,
-                     inputs: _Inputs, guards: list) -> bool | None:
+                     inputs: CallInputs, guards: list) -> bool | None:
     """Eager's answer of `original` for a `tensor` computed from the caller's inputs,
-    recorded in `guards` with the way to it; None where that way cannot be recorded, or
-    under torch.distributed: there each rank's batch would answer for itself, a rank
-    whose answer differs would plan alone, and planning is a collective of all ranks
-    (`remat_ir.distributed`), so the traced answer (a mask, right for every call) stays."""
+    recorded in `guards` with the way to it; None where that way cannot be recorded
+    (`record_decision`)."""
+    with _as_eager(masking):
+        return record_decision(f"{original.__module__}.{original.__name__}", original, tensor, args,
+                               kwargs, inputs, guards)
+
+
+def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kwargs: dict,
+                    inputs: CallInputs, guards: list, **said) -> bool | None:
+    """Eager's answer of `decide(tensor, *args, **kwargs)` (the function `decision` of
+    `torchlib.value_guards.DECISIONS` names) for a traced `tensor` computed from the
+    caller's inputs, appended to `guards` with the way to it (`said`: more the guard
+    records for its message); None where that way cannot be recorded, or under
+    torch.distributed: there each rank's batch would answer for itself, a rank whose
+    answer differs would plan alone, and planning is a collective of all ranks
+    (`remat_ir.distributed`), so the caller keeps the traced answer (or export's refusal)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1:
         return None
-    found = _ancestry(tensor, set(inputs.nodes))
+    found = ancestry(tensor, set(inputs.nodes))
     if found is None:
         return None
     nodes, read = found
@@ -167,17 +179,17 @@ def _caller_decision(masking, original, tensor: torch.Tensor, args: tuple, kwarg
             ops.append([str(node.target), encoded(list(node.args), refs, device),
                         {key: encoded(value, refs, device) for key, value in node.kwargs.items()}])
             refs[node] = {"op": len(ops) - 1}
-        guard = {"decision": f"{original.__module__}.{original.__name__}",
+        guard = {"decision": decision,
                  "inputs": sorted({refs[n]["input"] for n in refs if "input" in refs[n] and
                                    _reaches(n, read)}),
                  "ops": ops, "reads": refs[read], "args": encoded(list(args), {}, device),
-                 "kwargs": {key: encoded(value, {}, device) for key, value in kwargs.items()}}
+                 "kwargs": {key: encoded(value, {}, device) for key, value in kwargs.items()}, **said}
     except Unrecordable:
         return None
     if guard["decision"] not in DECISIONS or not guard["inputs"]:
         return None
-    with _as_eager(masking), unset_fake_temporarily(), disable_proxy_modes_tracing():
-        guard["answer"] = answer(guard, inputs.leaves, original)
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        guard["answer"] = answer(guard, inputs.leaves, decide)
     guards.append(guard)
     return guard["answer"]
 
@@ -195,10 +207,11 @@ def _reaches(node: torch.fx.Node, target: torch.fx.Node) -> bool:
     return False
 
 
-def _ancestry(tensor: torch.Tensor, leaves: set) -> tuple[list, torch.fx.Node] | None:
+def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tuple[list, torch.fx.Node] | None:
     """The FX nodes computing a traced `tensor`, in graph order, and its own node, where
     every one is an op that draws nothing, from `leaves` (nodes whose values are known)
-    or from none; else None (one reads a parameter, a buffer, another input)."""
+    or from none (or, with `constants`, from tensor constants the trace made: `get_attr`
+    nodes); else None (one reads a parameter, a buffer, another input)."""
     mode = get_proxy_mode()
     if mode is None or not isinstance(tensor, torch.Tensor):
         return None
@@ -210,6 +223,9 @@ def _ancestry(tensor: torch.Tensor, leaves: set) -> tuple[list, torch.fx.Node] |
         node = stack.pop()
         if node in needed or node in leaves:
             continue
+        if constants and node.op == "get_attr":
+            needed.add(node)
+            continue
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
                 torch.Tag.nondeterministic_seeded in node.target.tags:
             return None
@@ -219,16 +235,24 @@ def _ancestry(tensor: torch.Tensor, leaves: set) -> tuple[list, torch.fx.Node] |
 
 
 def shape_determined(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The values of a traced tensor computed by ops that read no input, parameter,
-    buffer or constant and draw nothing (an `arange` of a length, offset and expanded):
-    the same at every call, so computed here, for real; else None."""
-    found = _ancestry(tensor, set())
+    """The values of a traced tensor computed by ops that read no input, parameter or
+    buffer and draw nothing (an `arange` of a length, offset and expanded; a mask of ones
+    the forward made, compared with a tensor constant it made too): the same at every
+    call, so computed here, for real; else None."""
+    found = ancestry(tensor, set(), constants=True)
     if found is None:
         return None
     nodes, read = found
+    root = get_proxy_mode().tracer.root
     computed: dict = {}
     with unset_fake_temporarily(), disable_proxy_modes_tracing():
         for node in nodes:
+            if node.op == "get_attr":
+                value = getattr(root, node.target, None)
+                if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+                    return None
+                computed[node] = value
+                continue
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), computed.__getitem__)
             if any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs))):
                 return None   # a symbolic size: not one value

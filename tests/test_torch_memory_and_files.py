@@ -184,10 +184,15 @@ def test_data_dependent_control_flow_is_named(capfd, test):
     the hundreds of lines of partial graph torch.export prints to stderr as it fails (a
     DeBERTa-v2 classifier called with labels: 880 lines above its error)."""
     class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
         def forward(self, x):
-            if test(x):
-                return x * 2
-            return x
+            h = x * self.w   # an activation: a branch on the inputs' own values is taken as eager's
+            if test(h):
+                return h * 2
+            return h
 
     with pytest.raises(remat_ir.ir.RematIRError,
                        match=r"torch.export could not trace Branchy: its forward branches on a value "

@@ -1758,17 +1758,35 @@ class _Seq2Seq(torch.nn.Module):
         return self.transformer(x, x[:, :4], tgt_mask=mask, **extra).square().mean()
 
 
-def test_nn_transformer_asking_whether_its_mask_is_causal_is_told_to_say_it_and_trains_then():
+@pytest.mark.parametrize("say_causal", [True, False])
+def test_nn_transformer_asking_whether_its_mask_is_causal_trains_as_eager(say_causal):
     """`_detect_is_causal_mask` compares the mask with a causal one, a branch on tensor
-    data; the error said "an argument of that call may avoid it", not which."""
+    data; the error said "an argument of that call may avoid it", not which, then named
+    `tgt_is_causal`. The mask made in the forward from a size alone is now compared for
+    real while tracing, as eager compares it (`frontends/input_branches.py`)."""
     x = torch.randn(2, 10, 16)
+    torch.manual_seed(0)
+    assert side_by_side(_Seq2Seq(say_causal), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss, tolerance=1e-30) == {}
+
+
+def test_nn_transformer_given_a_mask_it_asks_about_is_told_to_say_whether_it_is_causal():
+    """A mask computed from a parameter, which `_detect_is_causal_mask` compares with a
+    causal one: the branch is refused, naming the argument that avoids it."""
+    class Learned(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(4, 4))
+            self.transformer = torch.nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True)
+
+        def forward(self, x):
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(4) + self.bias
+            return self.transformer(x, x[:, :4], tgt_mask=mask).square().mean()
+
     with pytest.raises(LoweringError, match=r"inside PyTorch at torch/nn/modules/transformer.py:\d+ in "
                                             r"_detect_is_causal_mask \(.*is_causal=True or False "
                                             r"\(nn.Transformer: tgt_is_causal="):
-        _remat(_Seq2Seq(False), (x,))
-    torch.manual_seed(0)
-    assert side_by_side(_Seq2Seq(True), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
-                        lambda loss: loss, tolerance=1e-30) == {}
+        _remat(Learned(), (torch.randn(2, 10, 16),))
 
 
 def test_a_distributions_value_check_is_named_with_validate_args_as_the_way_out():
@@ -3250,23 +3268,32 @@ class _ChecksValues(torch.nn.Module):
         self.linear, self.check = torch.nn.Linear(4, 4), check
 
     def forward(self, ids, x):
-        if self.check:
+        h = self.linear(x)
+        if self.check == "inputs":
             torch._check_tensor_all((ids >= 0).sum() == ids.numel())
-        return self.linear(x).square().sum()
+        elif self.check == "activations":
+            torch._check_tensor_all((h > -1e30).all())
+        return h.square().sum()
 
 
 def test_a_check_on_tensor_values_is_named_as_one_with_the_way_out():
     """Refused before as a `.item()` to keep a tensor ("keep it a tensor"), which the user
     did not write: LLaVA and PaliGemma stopped there, and train bitwise with the check
-    off (`TRANSFORMERS_DISABLE_TORCH_CHECK=1`)."""
+    off (`TRANSFORMERS_DISABLE_TORCH_CHECK=1`). A check on the inputs' own values is taken
+    as eager's and checked at every call (`frontends/input_branches.py`); one on what the
+    forward computes is refused as such."""
     ids, x = torch.arange(6).view(2, 3), torch.randn(3, 4)
     with pytest.raises(LoweringError, match=r"_ChecksValues's forward checks a condition on tensor "
                                             r"values at .*test_trust.py:\d+ in forward \(torch._check_"
                                             r"tensor_all.*TRANSFORMERS_DISABLE_TORCH_CHECK=1"):
-        _remat(_ChecksValues(True), (ids, x))
-    errors = side_by_side(_ChecksValues(False), lambda m: _remat(m, (ids, x), solver="autograd"), (ids, x),
-                          {}, lambda loss: loss, tolerance=1e-30)
-    assert errors == {}
+        _remat(_ChecksValues("activations"), (ids, x))
+    for check in ("inputs", None):
+        errors = side_by_side(_ChecksValues(check), lambda m: _remat(m, (ids, x), solver="autograd"), (ids, x),
+                              {}, lambda loss: loss, tolerance=1e-30)
+        assert errors == {}
+    scheduled = _remat(_ChecksValues("inputs"), (ids, x), solver="autograd")
+    with pytest.raises(LoweringError, match=r"raised RuntimeError at .*test_trust.py:\d+ in forward"):
+        scheduled(ids - 3, x)   # eager's check fails too
 
 
 @pytest.mark.parametrize("change", ["untied", "tied"])

@@ -12,7 +12,9 @@ the call's inputs: a call whose answer differs needs another graph (`runtimes/to
 plans one, or refuses the call by name). The frontend computes its answer with the same
 `answer`, so the answer recorded and the one checked come from one computation.
 
-Only transformers' deciding functions named in `DECISIONS` are ever called by name.
+The forward's own branches on a tensor's truth computed from its inputs are recorded
+alike (`frontends/input_branches.py`), as the decision `bool`. Only the functions named
+in `DECISIONS` are ever called by name.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ _MASKING = "transformers.masking_utils"
 #: "skip" (True: attention runs with no mask) or "packed" (None: one sequence per row).
 DECISIONS = {f"{_MASKING}._ignore_causal_mask_sdpa": "skip",
              f"{_MASKING}._ignore_bidirectional_mask_sdpa": "skip",
-             f"{_MASKING}.find_packed_sequence_indices": "packed"}
+             f"{_MASKING}.find_packed_sequence_indices": "packed",
+             # A branch of the forward on a tensor's truth (`frontends/input_branches.py`).
+             "builtins.bool": "branch"}
 #: The recorded answer, said of the input whose values decided it.
 _SAID = {("skip", True): "keeps every token (attention runs without a mask)",
          ("skip", False): "masks some token (attention runs with a mask)",
@@ -132,6 +136,10 @@ class ValueGuards:
             if answers[question] != guard["answer"]:
                 kind = DECISIONS[guard["decision"]]
                 argument = " and ".join(names()[i] for i in guard["inputs"])
+                if kind == "branch":
+                    return (f"the values of argument {argument} make the condition at {guard['line']} "
+                            f"{answers[question]}, where those it was lowered with made it "
+                            f"{guard['answer']}: the forward branches on it, and a graph holds one branch")
                 return (f"argument {argument} {_SAID[kind, answers[question]]}, where the one it "
                         f"was lowered with {_SAID[kind, guard['answer']]}: transformers decides "
                         f"this from its values ({guard['decision'].rpartition('.')[2]}), and a "
