@@ -116,11 +116,14 @@ def time_model_summary(ok_rows: list[dict]) -> list[str]:
     lines = [f"Time model: {len(judged) - len(off)} of {len(judged)} plans predicted within {TOLERANCE_TEXT} of "
              f"the {LEVEL_TEXT} interval of their measured ratio (rounds resampled)"
              + (f"; not: {', '.join(off)}." if off else ".")]
-    before = [r for r in judged if "prediction_without_call_within_tolerance" in r]
-    if before:  # the same run judged without the runtime's time per call (cost_model.call_overhead_s)
-        right = sum(r["prediction_without_call_within_tolerance"] for r in before)
-        lines.append(f"Without the runtime's time per call in the model ({before[0]['call_overhead_s'] * 1e3:.2f} ms "
-                     f"measured at profiling): {right} of {len(before)}.")
+    priced = [r for r in judged if "prediction_without_call_within_tolerance" in r]
+    if priced:  # the same plans of the same run judged without the runtime's time per call
+        calls = sorted({r["call_overhead_s"] * 1e3 for r in priced})
+        measured = f"{calls[0]:.2f} ms" if len(calls) == 1 else f"{calls[0]:.2f}-{calls[-1]:.2f} ms"
+        with_it = sum(r["prediction_within_tolerance"] for r in priced)
+        without = sum(r["prediction_without_call_within_tolerance"] for r in priced)
+        lines.append(f"Of the {len(priced)} plans priced with the runtime's time per call ({measured} "
+                     f"measured at profiling): {with_it} within {TOLERANCE_TEXT} with it, {without} without it.")
     return lines + [""]
 
 

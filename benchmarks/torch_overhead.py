@@ -10,10 +10,12 @@ benchmarks/results/torch_overhead.json.
 A third row runs the plan's generated segments alone (`runtimes.timing.segments_step`:
 no autograd, no per-call checks, gradients dropped). The scheduled step's time beyond
 it is the runtime's per-call overhead (handing the gradients to `.grad` included), the
-same for every plan of the model and not in
-the time model (issue 25: a constant left out makes every recomputation look dearer
-relative to the step; on CPU about 4% of the quick GPT-2's step, and a step bound by the
-host, as small models on a GPU are, pays it in full).
+same for every plan of the model (issue 25: a constant left out makes every
+recomputation look dearer relative to the step; on CPU about 4% of the quick GPT-2's
+step, and a step bound by the host, as small models on a GPU are, pays it in full). The
+time model prices it since IR 1.13 (`cost_model.call_overhead_s`), measured at profiling
+within the same calls (`runtimes/call_overhead.py`); this benchmark measures it apart, from
+separate steps, as a check.
 """
 
 from __future__ import annotations

@@ -82,11 +82,10 @@ def _price_call_overhead(graph: Graph, model, example: tuple, device) -> None:
 
     record = graph.proto.provenance.cost_model
     args, kwargs = example
-    seconds = measure_call_overhead(graph, model, args, kwargs, device)
+    seconds, why = measure_call_overhead(graph, model, args, kwargs, device)
     if seconds is None:
         record.note = (f"{record.note + '; ' if record.note else ''}the runtime's time per call "
-                       f"was not measured (under torch.distributed, a parameter hook, a model in "
-                       f"eval mode or a failed call): it is left out")
+                       f"was not measured ({why}): it is left out")
     else:
         record.call_overhead_s = seconds
 

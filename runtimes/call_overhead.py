@@ -22,9 +22,19 @@ is done.
 
 The call leaves the caller's state as it found it: the parameters' `.grad`, the
 buffers (a step updates running statistics) and the random generators are put back.
-Not measured (None) under torch.distributed (a backward would reduce across ranks),
-where a parameter holds a hook (a user's, an optimizer stepping in the backward), for
-a model in eval mode (a call then runs the model as it is), or where a call fails."""
+Inputs that require a gradient are given to the calls as detached copies, so that
+theirs stays as it was. Not measured (None, with why) under torch.distributed (a
+backward would reduce across ranks), where a parameter holds a hook (a user's, an
+optimizer stepping in the backward; hooks on a gradient's accumulator are not seen and
+would run), for a model in eval mode (a call then runs the model as it is), or where a
+call fails.
+
+Priced in full, on either timeline: the checks before the forward run before the first
+op is issued, so they add to any step; the part during the backward (autograd's nodes,
+handing gradients over) overlaps device work on a GPU step the device bounds, which
+the constant then overprices. Measured on the eager runtime for either backend (the
+inductor runtime's call, whose regions hand gradients over otherwise, is not measured
+apart)."""
 
 from __future__ import annotations
 
@@ -43,22 +53,30 @@ ROUNDS = 5
 
 
 def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwargs: dict,
-                          device: torch.device | str, rounds: int = ROUNDS) -> float | None:
-    """Seconds a training call of `graph`'s store-everything schedule spends outside its
-    segments (module docstring), or None where it is not measured."""
+                          device: torch.device | str, rounds: int = ROUNDS) -> tuple[float | None, str]:
+    """(seconds a training call of `graph`'s store-everything schedule spends outside its
+    segments, "") as the module docstring says, or (None, why it was not measured)."""
     from .torch import ScheduledModule, world_size
 
     device = torch.device(device)
     parameters = list(model.parameters())
-    if world_size() > 1 or not model.training or any(
-            p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in parameters):
-        return None
+    if world_size() > 1:
+        return None, "under torch.distributed"
+    if not model.training:
+        return None, "the model is in eval mode"
+    if any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in parameters):
+        return None, "a parameter holds a hook"
+    # Inputs that require a gradient get one from each call: detached copies take them.
+    args, kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().requires_grad_() if t.requires_grad else t, (args, kwargs))
     grads = [p.grad for p in parameters]
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    buffers = list(model.buffers())
+    versions = [b._version for b in buffers]
+    saved: list = []
     inside = [0.0]
     try:
+        saved = [b.detach().clone() for b in buffers]
         scheduled = ScheduledModule(model, graph, store_all(graph))
-        _time_segments(scheduled.runner(device), inside)
 
         def call() -> float:
             for p in parameters:
@@ -66,24 +84,36 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
             _synchronize(device)
             inside[0] = 0.0
             begun = time.perf_counter()
-            outputs = [t for t in pytree.tree_leaves(scheduled(*args, **kwargs))
-                       if isinstance(t, torch.Tensor) and t.requires_grad]
-            torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-            return time.perf_counter() - begun - inside[0]
+            outputs = scheduled(*args, **kwargs)
+            forward_s = time.perf_counter() - begun
+            # What a training loop's backward starts from: the loss, where the model returns
+            # one beside other outputs (logits get no gradient in training), made untimed.
+            leaves = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+            losses = [t for t in leaves if t.dim() == 0] or leaves
+            seeds = [torch.ones((), dtype=t.dtype, device=t.device).expand_as(t) for t in losses]
+            begun = time.perf_counter()
+            torch.autograd.backward(losses, seeds)
+            return forward_s + time.perf_counter() - begun - inside[0]
 
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
                 torch.enable_grad():
-            call()
+            call()   # compiles the segments on the device the call runs on
+            for lowered in scheduled._plans.values():
+                for runner in lowered.runners.values():
+                    _time_segments(runner, inside)
             outside = [call() for _ in range(rounds)]
-    except Exception:  # noqa: BLE001 - only this term is not priced, and the caller says so
-        return None
+            if inside[0] <= 0:
+                return None, "no segment ran in a timed call"
+    except Exception as exc:  # noqa: BLE001 - only this term is not priced, and the caller says why
+        return None, f"a call failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]})"
     finally:
         for p, grad in zip(parameters, grads):
             p.grad = grad
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
-    return max(0.0, statistics.median(outside))
+        with torch.no_grad():   # only those a call wrote: a constant buffer's version stays
+            for buffer, version, copy in zip(buffers, versions, saved):
+                if buffer._version != version:
+                    buffer.copy_(copy)
+    return max(0.0, statistics.median(outside)), ""
 
 
 def _time_segments(runner, inside: list[float]) -> None:

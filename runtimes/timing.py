@@ -278,8 +278,9 @@ def segments_step(graph: Graph, schedule: pb.Schedule, values: Mapping[int, torc
     """A function running one step of `schedule`'s generated segments alone, as a
     training step runs them but without ticks, autograd or the runtime's per-call checks,
     and returning its wall seconds: what a `ScheduledModule` step costs beyond it is the
-    runtime's per-call overhead, which the time model does not price
-    (`benchmarks/torch_overhead.py`). The caller's RNG state is not restored."""
+    runtime's per-call overhead, compared separately by `benchmarks/torch_overhead.py`
+    (the time model measures it within the same calls: `call_overhead.py`). The caller's
+    RNG state is not restored."""
     step = _Step(graph, schedule, values, torch.device(device), ticks=False)
 
     def run() -> float:

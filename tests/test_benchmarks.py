@@ -142,7 +142,8 @@ def test_the_prediction_without_the_runtimes_time_per_call_is_judged_beside_it()
     assert rows["remat-ir b"]["prediction_without_call_within_tolerance"] is True
     lines = bench_report.time_model_summary([{**r, "status": "ok"} for r in rows.values()])
     assert lines[0].startswith("Time model: 2 of 2 plans predicted within 3%")
-    assert lines[1] == "Without the runtime's time per call in the model (2.00 ms measured at profiling): 1 of 2."
+    assert lines[1] == ("Of the 2 plans priced with the runtime's time per call (2.00 ms measured at "
+                        "profiling): 2 within 3% with it, 1 without it.")
 
 
 def test_the_measured_ratio_interval_keeps_a_round_paired_and_shows_the_noise():
