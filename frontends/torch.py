@@ -80,7 +80,7 @@ from .value_dependent import (data_sized_branch_error, refusing_packed_sequences
 from .view_compaction import compact_views
 from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
-                                     describe_input, ir_dtype, op_name, record_device,
+                                     describe_input, input_aliases, ir_dtype, op_name, record_device,
                                      raw_bytes, resolve_op, to_ir_argument, uncached_under_autocast)
 from remat_ir.torchlib.value_guards import ValueGuards
 
@@ -1002,6 +1002,9 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # and the autocast state whose casts the trace holds.
     graph.proto.metadata["torch.inputs"] = json.dumps(
         [describe_input(leaf) for leaf in pytree.tree_leaves((args, kwargs))])
+    # Arguments that were one tensor, which the trace reads once (runtimes/signatures.py).
+    graph.proto.metadata["torch.input_aliases"] = json.dumps(
+        input_aliases(pytree.tree_flatten_with_path(((args, kwargs)))[0]))
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())

@@ -25,7 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
-                                     describe_input)
+                                     describe_input, input_aliases)
 
 @dataclass(frozen=True)
 class Signature:
@@ -45,6 +45,10 @@ class Signature:
     #: (name, how messages show it) for the arguments whose description is too long to
     #: quote (`shown_input`); not part of the identity, which the descriptions are.
     shown: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    #: The names of tensor arguments that are one tensor (`m(a, a)`), in groups: the trace
+    #: reads such a tensor once, so a graph lowered so computes with the first one where a
+    #: call passes two (silently wrong before), and one lowered for two reads them apart.
+    aliases: tuple[tuple[str, ...], ...] = ()
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -73,6 +77,9 @@ class Signature:
         if self.autocast_cache != lowered.autocast_cache:
             return (f"autocast's cast cache is {'on' if self.autocast_cache else 'off'}, lowered "
                     f"with it {'on' if lowered.autocast_cache else 'off'}")
+        if self.aliases != lowered.aliases:
+            return (f"{_aliases_text(self.aliases) or 'no argument is another one'}, lowered "
+                    f"where {_aliases_text(lowered.aliases) or 'none was another'}")
         if self.containers != lowered.containers:
             return ("the arguments are held in other containers than at lowering (a list for "
                     "a tuple, or a dict's keys in another order)")
@@ -135,6 +142,10 @@ def autocast_from_json(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(json.loads(text).items())) if text else ()
 
 
+def _aliases_text(aliases: tuple[tuple[str, ...], ...]) -> str:
+    return "; ".join(f"arguments {' and '.join(group)} are one tensor" for group in aliases)
+
+
 def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     """The signature of a call (under the autocast state active now, unless given)."""
     with_paths, spec = pytree.tree_flatten_with_path(_canonical(args, kwargs))
@@ -145,4 +156,5 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     tensors = [leaf for _, leaf in with_paths if isinstance(leaf, torch.Tensor)]
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
-                     str(spec), str(torch.get_default_dtype()), autocast_cache(), shown)
+                     str(spec), str(torch.get_default_dtype()), autocast_cache(), shown,
+                     input_aliases(with_paths))

@@ -534,7 +534,9 @@ class _Lowered:
         return Signature(arguments, autocast_from_json(g.metadata.get("torch.autocast", "")), device,
                          containers(args, kwargs),
                          g.metadata.get("torch.default_dtype", "torch.float32"),
-                         json.loads(g.metadata.get("torch.autocast_cache", "true")))
+                         json.loads(g.metadata.get("torch.autocast_cache", "true")),
+                         aliases=tuple(tuple(group) for group in
+                                       json.loads(g.metadata.get("torch.input_aliases", "[]"))))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:

@@ -3425,3 +3425,33 @@ def test_a_module_cast_in_the_forward_that_changes_nothing_trains_and_one_that_w
                                             rf"at .*test_trust.py:{line} in forward to another dtype.*Cast "
                                             rf"the model before calling remat_ir.remat"):
         _remat(_CastsItsClassifier(torch.float64), (x,))
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, a, b):
+        return (self.linear(a) * b).sum()
+
+
+@pytest.mark.parametrize("lowered_as_one", [True, False])
+def test_arguments_that_are_one_tensor_are_part_of_the_signature(lowered_as_one):
+    """Lowered with `m(a, a)`, the trace reads one tensor for both arguments, and a call
+    `m(a, b)` ran on `a` twice: 1.06 in eager, -0.27 through remat-ir, silently. Which
+    arguments are one tensor is now part of the signature: planned again, with a notice;
+    without a planner, refused by name."""
+    torch.manual_seed(0)
+    model = _TwoInputs()
+    a, b = torch.rand(2, 4) + 0.1, -torch.rand(2, 4) - 0.1
+    example, call = ((a, a), (a, b)) if lowered_as_one else ((a, b), (a, a))
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, example, solver="autograd")
+    loss, eager_loss = scheduled(*call), eager(*call)
+    loss.backward(), eager_loss.backward()
+    assert torch.equal(loss, eager_loss) and len(scheduled.plans) == 2
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
+    fixed = ScheduledModule(model, *scheduled.plans[0])
+    with pytest.raises(RuntimeInputError, match=r"arguments args\[0\] and args\[1\] are one tensor"):
+        fixed(*call)

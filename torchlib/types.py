@@ -282,3 +282,13 @@ def record_device(provenance, device: torch.device | str) -> None:
     provenance.rng_replay_bytes = torch.default_generator.get_state().nbytes if device.type == "cpu" else 0
     provenance.allocation_granularity_bytes = CUDA_ALLOCATION_GRANULARITY if device.type == "cuda" else 0
     provenance.runtime_makes_gradient_seeds = True
+
+
+def input_aliases(with_paths) -> tuple[tuple[str, ...], ...]:
+    """Groups of the names of tensor leaves (`tree_flatten_with_path`'s) that are one
+    tensor object (`Signature.aliases`), each sorted, in order."""
+    groups: dict[int, list[str]] = {}
+    for path, leaf in with_paths:
+        if isinstance(leaf, torch.Tensor):
+            groups.setdefault(id(leaf), []).append(argument_name(path))
+    return tuple(sorted(tuple(sorted(names)) for names in groups.values() if len(names) > 1))
