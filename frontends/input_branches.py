@@ -53,12 +53,13 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     def eager_truth(tensor: torch.Tensor) -> bool | None:
         if get_proxy_mode() is None or tensor.numel() != 1:
             return None
-        where = model_line(traceback.extract_stack()[:-3])
         # Export's torch-function modes would trace the real tensors computed here as the
         # model's (a truth read from one is data-dependent to them): off while deciding.
         with torch._C.DisableTorchFunction():
-            decided = record_decision(DECISION, bool, tensor, (), {}, inputs, guards,
-                                      line=where or "a line of the forward")
+            recorded = len(guards)
+            decided = record_decision(DECISION, bool, tensor, (), {}, inputs, guards)
+            if len(guards) > recorded:   # the line, found only for what is recorded
+                guards[-1]["line"] = model_line(traceback.extract_stack()[:-3]) or "a line of the forward"
             if decided is None:
                 values = shape_determined(tensor)   # from shapes alone: the same at every call
                 if values is not None:

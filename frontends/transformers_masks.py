@@ -171,7 +171,9 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
     if found is None:
         return None
     nodes, read = found
-    device = next(leaf.device for leaf in inputs.leaves if isinstance(leaf, torch.Tensor))
+    device = next((leaf.device for leaf in inputs.leaves if isinstance(leaf, torch.Tensor)), None)
+    if device is None:   # no tensor input: nothing of the caller's to decide from
+        return None
     refs = {node: {"input": inputs.nodes[node]} for node in inputs.nodes}
     ops = []
     try:
@@ -209,9 +211,10 @@ def _reaches(node: torch.fx.Node, target: torch.fx.Node) -> bool:
 
 def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tuple[list, torch.fx.Node] | None:
     """The FX nodes computing a traced `tensor`, in graph order, and its own node, where
-    every one is an op that draws nothing, from `leaves` (nodes whose values are known)
-    or from none (or, with `constants`, from tensor constants the trace made: `get_attr`
-    nodes); else None (one reads a parameter, a buffer, another input)."""
+    every one is an op that draws nothing (and, with `leaves`, writes nothing), from
+    `leaves` (nodes whose values are known) or from none (or, with `constants`, from tensor constants the
+    forward built: `get_attr` nodes); else None (one reads a parameter, a buffer, another
+    input, a tensor the model holds)."""
     mode = get_proxy_mode()
     if mode is None or not isinstance(tensor, torch.Tensor):
         return None
@@ -223,12 +226,19 @@ def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tupl
         node = stack.pop()
         if node in needed or node in leaves:
             continue
-        if constants and node.op == "get_attr":
+        if constants and node.op == "get_attr" and node.users and all(
+                user.target is torch.ops.aten.lift_fresh_copy.default for user in node.users):
+            # A tensor the forward built (`torch.tensor(1.0)`), which the trace reads through
+            # a fresh copy (`held_tensors._made_in_forward`): the same at every call. One the
+            # model holds (a plain attribute, perhaps a `.data` alias of a parameter) is read
+            # directly and may change between calls, with nothing recorded to see it.
             needed.add(node)
             continue
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
                 torch.Tag.nondeterministic_seeded in node.target.tags:
             return None
+        if leaves and node.target._schema.is_mutable:
+            return None   # replayed on a call's inputs, it could write into the caller's tensors
         needed.add(node)
         stack.extend(node.all_input_nodes)
     return (node_order(needed) if needed else []), proxy.node

@@ -137,7 +137,8 @@ class ValueGuards:
                 kind = DECISIONS[guard["decision"]]
                 argument = " and ".join(names()[i] for i in guard["inputs"])
                 if kind == "branch":
-                    return (f"the values of argument {argument} make the condition at {guard['line']} "
+                    plural = "s" if len(guard["inputs"]) > 1 else ""
+                    return (f"the values of argument{plural} {argument} make the condition at {guard['line']} "
                             f"{answers[question]}, where those it was lowered with made it "
                             f"{guard['answer']}: the forward branches on it, and a graph holds one branch")
                 return (f"argument {argument} {_SAID[kind, answers[question]]}, where the one it "
