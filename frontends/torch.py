@@ -79,7 +79,7 @@ from .value_dependent import (data_sized_branch_error, refusing_packed_sequences
                               value_dependent_error)
 from .view_compaction import compact_views
 from remat_ir.torchlib.saved_hooks import INSTEAD
-from remat_ir.torchlib.types import (argument_names, autocast_cache, autocast_state,
+from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
                                      describe_input, input_aliases, ir_dtype, op_name, record_device,
                                      raw_bytes, resolve_op, to_ir_argument, uncached_under_autocast)
 from remat_ir.torchlib.value_guards import ValueGuards
@@ -1002,6 +1002,14 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # and the autocast state whose casts the trace holds.
     graph.proto.metadata["torch.inputs"] = json.dumps(
         [describe_input(leaf) for leaf in pytree.tree_leaves((args, kwargs))])
+    # Arguments that were the model's own parameters or buffers, which the trace reads as
+    # one tensor with them (runtimes/torch.py `values_differ`).
+    members = {id(t): name for name, t in (*model.named_parameters(remove_duplicate=False),
+                                           *model.named_buffers(remove_duplicate=False))}
+    graph.proto.metadata["torch.input_members"] = json.dumps(
+        [[argument_name(path), members[id(leaf)]]
+         for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]
+         if isinstance(leaf, torch.Tensor) and id(leaf) in members])
     # Arguments that were one tensor, which the trace reads once (runtimes/signatures.py).
     graph.proto.metadata["torch.input_aliases"] = json.dumps(
         input_aliases(pytree.tree_flatten_with_path(((args, kwargs)))[0]))

@@ -507,15 +507,20 @@ class _Lowered:
         #: Decisions the trace made from input values (transformers' attention masks):
         #: made again for every call (`values_differ`).
         self.value_guards = ValueGuards(g.metadata)
+        #: (flat index, argument, parameter or buffer name) of the inputs that were one of the
+        #: model's parameters or buffers at lowering (`values_differ`).
+        names = argument_names(self.in_spec) if self.in_spec is not None else []
+        self.input_members = [(names.index(argument), argument, member) for argument, member
+                              in json.loads(g.metadata.get("torch.input_members", "[]")) if argument in names]
         #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
         self.without_onednn = g.metadata.get("torch.lstm_without_onednn") == "true"
         self.signature = self._signature()
-        #: (signature, decisions, frozen parameters, plain values read, ties): plans of one
-        #: signature differ in what they decided from input values, in which parameters
-        #: they compute no gradient for, in the model's values the forward read, and in
-        #: which parameters were one tensor.
+        #: (signature, decisions, frozen parameters, plain values read, ties, inputs that were
+        #: parameters): plans of one signature differ in what they decided from input values,
+        #: in which parameters they compute no gradient for, in the model's values the
+        #: forward read, in which parameters were one tensor, and in which inputs were one.
         self.key = (self.signature, self.value_guards.key, frozenset(self.frozen), self.traced_reads.key,
-                    tuple(self.tied))
+                    tuple(self.tied), tuple(self.input_members))
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
         self.fsdp_owners: tuple = (None, [], {})
@@ -572,14 +577,27 @@ class _Lowered:
                     "of this shape")
         return leaves
 
-    def values_differ(self, args, kwargs, answers: dict, leaves: list | None = None) -> str | None:
+    def values_differ(self, args, kwargs, answers: dict, leaves: list | None = None,
+                      modules: "_Submodules | None" = None) -> str | None:
         """What a call's input values decide otherwise than the trace decided, said for
-        the user (`torchlib.value_guards`), or None; `answers` memoises within one call,
-        `leaves` are the call's flat inputs where the caller has them already."""
+        the user (`torchlib.value_guards`), or an input that was one of the model's
+        parameters or buffers at lowering and is another tensor now (with `modules`: the
+        trace read that one tensor for both, so the graph would compute the model's uses
+        of it with the input: a loss of 495.06 against eager's 46.43, silently), or None;
+        `answers` memoises within one call, `leaves` are the call's flat inputs where the
+        caller has them already."""
+        if not self.value_guards.guards and not (self.input_members and modules is not None):
+            return None
+        leaves = self.flat_inputs(args, kwargs) if leaves is None else leaves
+        for index, argument, member in self.input_members if modules is not None else ():
+            held = modules.member(member, "_parameters")
+            held = held if held is not None else modules.member(member, "_buffers")
+            if index >= len(leaves) or leaves[index] is not held:
+                return (f"argument {argument} is not the model's {member}, which it was at lowering "
+                        f"(the graph reads that one tensor for both)")
         if not self.value_guards.guards:
             return None
-        return self.value_guards.mismatch(self.flat_inputs(args, kwargs) if leaves is None else leaves,
-                                          lambda: argument_names(self.in_spec), answers)
+        return self.value_guards.mismatch(leaves, lambda: argument_names(self.in_spec), answers)
 
     def tied_difference(self, modules: "_Submodules") -> str | None:
         """Parameters that were one tensor at lowering (an embedding tied to the output
@@ -789,7 +807,7 @@ class _Lowered:
                                         f"them. Call remat_ir.remat again after untying them")
         self.check_attributes(modules, plain=not model_checked)
         leaves = self.flat_inputs(args, kwargs)
-        differs = self.values_differ(args, kwargs, {} if answers is None else answers, leaves)
+        differs = self.values_differ(args, kwargs, {} if answers is None else answers, leaves, modules)
         if differs is not None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
                                     f"{_LOWER_AGAIN}")
@@ -1044,7 +1062,7 @@ class ScheduledModule(torch.nn.Module):
             same = [p for p in reversed(self._plans.values()) if p.signature.same_but_device(signature)]
         new = difference = where = None
         for plan in same:
-            differs = plan.values_differ(args, kwargs, answers)
+            differs = plan.values_differ(args, kwargs, answers, modules=modules)
             if differs is not None:
                 if new is None:
                     new, difference = "new input values", differs
@@ -1087,7 +1105,7 @@ class ScheduledModule(torch.nn.Module):
         if plan.signature != signature:
             raise RematIRError(f"the graph planned for this call was lowered for another "
                                f"signature ({signature.difference(plan.signature)})")
-        differs = plan.values_differ(args, kwargs, answers)
+        differs = plan.values_differ(args, kwargs, answers, modules=_Submodules(self._model))
         if differs is not None:
             raise RematIRError(f"the graph planned for this call was lowered for other input "
                                f"values ({differs})")
