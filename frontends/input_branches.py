@@ -5,8 +5,9 @@ A forward that reads a truth value from its inputs' data (`if labels.max() >= vo
 raise`, `assert torch.all(ids >= 0).item()`, `if not padding_mask.any(): padding_mask =
 None`, `is_global = global_attention_mask.any().item()`) cannot be traced as one graph:
 fake tensors have no values, and export stopped there ("branches on a value computed
-from tensor data"). Seven of transformers' speech models, ProphetNet, FSMT, Longformer
-and LED were refused so before anything else.
+from tensor data"). ProphetNet, FSMT, Longformer, LED, LLaVA and PaliGemma were refused
+so (they train bitwise now), and seven of transformers' speech models at their label
+check (they stop at `ctc_loss` now, whose buffers are sized by the labels' lengths).
 
 Where the tensor is computed from the caller's inputs alone, by ops that draw nothing,
 its truth is what eager would read for the example inputs: it is computed on them, the
@@ -17,8 +18,8 @@ every call and plans another graph where a call's answer differs (or refuses the
 name), so a call never runs the branch the data would not take. A tensor computed from
 shapes alone (`torch.ones` of the input's shape, where the caller passed no mask) has the
 same truth at every call: it is computed, and nothing is recorded. Where the tensor reads a
-parameter, a buffer or an activation, nothing is recorded and export's refusal stands:
-that truth changes with training, at any step.
+parameter, a buffer, a tensor the model holds or an activation, nothing is recorded and
+export's refusal stands: that truth may change at any step.
 """
 
 from __future__ import annotations
