@@ -12,7 +12,7 @@ import types
 from collections.abc import Mapping
 
 from remat_ir.ir import pb
-from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function, is_plain
+from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -217,48 +217,14 @@ def _snapshot(function) -> tuple:
     identity at the next call (`_unchanged`): its code (`f.__code__ = other.__code__`
     patches the same object), what its closure's cells hold and what a partial binds."""
     cells = _closure(function)
-    contents = cells and _contents(cells)
-    copies = contents and [(i, copied) for i, value in enumerate(contents)
-                           if (copied := _deep_copied(value)) is not None]
-    return _code(function), cells, contents, _bound(function), _defaults(function), copies or None
+    return _code(function), cells, cells and _contents(cells), _bound(function)
 
 
 def _unchanged(function, snapshot: tuple) -> bool:
-    """Whether `function` computes with what `snapshot` (`_snapshot`) saw: the same code,
-    cells holding the same objects (and plain containers among them their values:
-    `cfg["scale"] = 3` in place), the same bindings, the same defaults."""
-    code, cells, contents, bound, defaults, copies = snapshot
-    if not (_code(function) is code and (cells is None or _holding(cells, contents))
-            and (bound is None or _binding(function, bound)) and _same_defaults(defaults)):
-        return False
-    if copies is not None:   # rare: a loop only where a cell holds a plain container
-        for i, copied in copies:
-            if not _equal(contents[i], copied):
-                return False
-    return True
-
-
-def _defaults(function) -> tuple:
-    """(the plain function, its positional defaults, a copy of its keyword-only ones):
-    positional ones are compared by identity (assigning `__defaults__` makes a new tuple),
-    keyword-only ones by value (a dict, changed in place)."""
-    while isinstance(function, (types.MethodType, functools.partial)):
-        function = function.__func__ if isinstance(function, types.MethodType) else function.func
-    keywords = getattr(function, "__kwdefaults__", None)
-    return function, getattr(function, "__defaults__", None), None if keywords is None else dict(keywords)
-
-
-def _same_defaults(defaults: tuple) -> bool:
-    """Whether the function `_defaults` saw has the defaults it saw (the caller found it
-    the same object)."""
-    function, positional, keywords = defaults
-    return (getattr(function, "__defaults__", None) is positional
-            and getattr(function, "__kwdefaults__", None) == keywords)
-
-
-def _deep_copied(value):
-    """A copy of a plain container a closure cell holds (`callables.is_plain`), else None."""
-    return copy.deepcopy(value) if isinstance(value, (list, dict, tuple)) and is_plain(value) else None
+    """Whether `function` computes with what `snapshot` (`_snapshot`) saw."""
+    code, cells, contents, bound = snapshot
+    return (_code(function) is code and (cells is None or _holding(cells, contents))
+            and (bound is None or _binding(function, bound)))
 
 
 def _code(function):

@@ -9,17 +9,14 @@ against eager's 0.156). The frontend records each such function read while traci
 another process is checked alike); the runtime describes what the module holds at every
 call and compares.
 
-The description names the function (module, qualified name, where its code starts), the
-plain values its closure captured (and lists, tuples and dicts of them) or a
-`functools.partial` binds, and its default arguments, so that a lambda re-made with another
-constant, a captured config dict changed in place or a default changed
-(`f.__defaults__ = (3.0,)`) reads as another function. A bound method is its function.
+The description names the function (module, qualified name, where its code starts) and
+the plain values its closure captured or a `functools.partial` binds, so that a lambda
+re-made with another constant reads as another function. A bound method is its function.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import types
 
 #: The longest `repr` of a bound argument or captured value kept in a description.
@@ -46,24 +43,8 @@ def describe(value) -> str:
     if code is None:
         return name
     captured = [cell.cell_contents for cell in (value.__closure__ or ())
-                if filled(cell) and is_plain(cell.cell_contents)]
-    defaults = (*(getattr(value, "__defaults__", None) or ()),
-                *sorted((getattr(value, "__kwdefaults__", None) or {}).items()))
-    return (f"{name} at {code.co_filename}:{code.co_firstlineno}" + (f" with {_short(captured)}" if captured else "")
-            + (f" defaults {_short(defaults)}" if defaults else ""))
-
-
-def is_plain(value, depth: int = 2) -> bool:
-    """A plain value, or a list, tuple or dict of them (nested `depth` deep): what a
-    description shows of a closure's cell, whose change (`cfg["scale"] = 3`, in place) the
-    step would not see otherwise."""
-    if isinstance(value, (bool, int, float, str, type(None))):
-        return True
-    if depth and isinstance(value, (list, tuple)):
-        return all(is_plain(item, depth - 1) for item in value)
-    if depth and isinstance(value, dict):
-        return all(isinstance(key, (str, int)) and is_plain(item, depth - 1) for key, item in value.items())
-    return False
+                if filled(cell) and isinstance(cell.cell_contents, (bool, int, float, str, type(None)))]
+    return f"{name} at {code.co_filename}:{code.co_firstlineno}" + (f" with {_short(captured)}" if captured else "")
 
 
 def filled(cell) -> bool:
@@ -75,12 +56,8 @@ def filled(cell) -> bool:
 
 
 def _short(value) -> str:
-    """`repr(value)`, cut to `_SHOWN` characters with a digest of the whole: a change past
-    the cut changes the description too."""
     text = repr(value)
-    if len(text) <= _SHOWN:
-        return text
-    return f"{text[:_SHOWN - 14]}...#{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
 
 
 def attribute_at(owner, dotted: str, missing=None):

@@ -18,8 +18,6 @@ import torch
 from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
 
-from .callables import describe, is_function
-
 #: A module's hook tables, by the kind of hook they hold.
 TABLES = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
           "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
@@ -79,31 +77,18 @@ class HookWatch:
         self.seen = RemovableHandle.next_id
         self.present = [(hooks, key) for _, table, hooks in _tables(model)
                         for key, hook in hooks.items() if _ours(hook)]
-        #: Each function hook with its description (`callables.describe`): the same hook
-        #: whose closure's dict changed in place (`state["s"] = 3`) computes otherwise, and
-        #: the graph ran what it computed when traced, silently.
-        self.described = [(hooks, key, where, describe(hooks[key])) for where, table, hooks in _tables(model)
-                          for key, hook in hooks.items() if _ours(hook) and is_function(hook)]
 
     def changed(self, model: torch.nn.Module) -> str | None:
         """What differs from the hooks at lowering, or None."""
         if RemovableHandle.next_id == self.seen and all(key in hooks for hooks, key in self.present):
-            return self._redescribed()
+            return None
         now = hook_state(model)
         if now == self.state:
             self.seen = RemovableHandle.next_id
-            return self._redescribed()
+            return None
         added = [f"{kind} on {where}" for (where, kind), ids in now.items()
                  if set(ids) - set(self.state.get((where, kind), ()))]
         removed = [f"{kind} on {where}" for (where, kind), ids in self.state.items()
                    if set(ids) - set(now.get((where, kind), ()))]
         return "; ".join([f"added since: {', '.join(added)}"] * bool(added)
                          + [f"removed since: {', '.join(removed)}"] * bool(removed))
-
-    def _redescribed(self) -> str | None:
-        """A function hook present at lowering that describes otherwise now, said, or None."""
-        for hooks, key, where, then in self.described:
-            hook = hooks.get(key)
-            if hook is not None and describe(hook) != then:
-                return f"a hook on {where} was {then} and is {describe(hook)}"
-        return None
