@@ -1000,19 +1000,17 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # The signature a call must match to run this graph (runtimes/signatures.py): every
     # input leaf described (tensor shapes and dtypes, non-tensor values the trace baked in),
     # and the autocast state whose casts the trace holds.
-    graph.proto.metadata["torch.inputs"] = json.dumps(
-        [describe_input(leaf) for leaf in pytree.tree_leaves((args, kwargs))])
+    with_paths = pytree.tree_flatten_with_path((args, kwargs))[0]
+    graph.proto.metadata["torch.inputs"] = json.dumps([describe_input(leaf) for _, leaf in with_paths])
     # Arguments that were the model's own parameters or buffers, which the trace reads as
     # one tensor with them (runtimes/torch.py `values_differ`).
     members = {id(t): name for name, t in (*model.named_parameters(remove_duplicate=False),
                                            *model.named_buffers(remove_duplicate=False))}
     graph.proto.metadata["torch.input_members"] = json.dumps(
-        [[argument_name(path), members[id(leaf)]]
-         for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]
+        [[argument_name(path), members[id(leaf)]] for path, leaf in with_paths
          if isinstance(leaf, torch.Tensor) and id(leaf) in members])
     # Arguments that were one tensor, which the trace reads once (runtimes/signatures.py).
-    graph.proto.metadata["torch.input_aliases"] = json.dumps(
-        input_aliases(pytree.tree_flatten_with_path(((args, kwargs)))[0]))
+    graph.proto.metadata["torch.input_aliases"] = json.dumps(input_aliases(with_paths))
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())

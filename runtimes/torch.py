@@ -1105,7 +1105,7 @@ class ScheduledModule(torch.nn.Module):
         if plan.signature != signature:
             raise RematIRError(f"the graph planned for this call was lowered for another "
                                f"signature ({signature.difference(plan.signature)})")
-        differs = plan.values_differ(args, kwargs, answers, modules=_Submodules(self._model))
+        differs = plan.values_differ(args, kwargs, answers, modules=modules)
         if differs is not None:
             raise RematIRError(f"the graph planned for this call was lowered for other input "
                                f"values ({differs})")
