@@ -1,0 +1,221 @@
+"""One straight-line check, generated per plan, of what every training call checks of the
+model: its submodules' classes, parameter ties, the plain values and functions its
+forward read while traced (`traced_reads.py`), and the parameters and buffers a step
+binds (looked up afresh, with the shape, dtype, layout, device and `requires_grad` they
+had when a call last passed the full checks).
+
+Why: the full checks walk rows of metadata with a Python call per row. On the quick
+ResNet (292 nodes, 178 bound tensors, about 550 recorded reads) they took about 0.5 ms of
+a 14 ms CPU step, most of remat-ir's store-everything overhead over eager (x1.10); the
+same checks written out as one function, with the rows' constants bound as its globals,
+cost a fraction. A guard is only a fast "nothing changed": where any of its tests fails
+(or raises) the call takes the full checks, which say what changed; a call that passes
+them arms the guard again with the tensors' properties then. So every test here must
+imply its full check's (never the reverse): each is the full check's own expression,
+or stricter.
+
+The model's hooks are compared first (`HookWatch`, already cheap). Not covered, and
+checked at every call as before: the tensors the model holds outside parameters and
+buffers, the call's inputs, and models sharded by FSDP2."""
+
+from __future__ import annotations
+
+import keyword
+import sys
+
+import torch
+
+from .traced_reads import _ANY_OF, _MISSING, TracedReads, _same, _unchanged
+
+
+def _attribute(expression: str, name: str, lowered=None) -> str:
+    """`expression.name` where `name` is written so, else getattr (same lookup); with a
+    default where the value recorded (`lowered`) is, or may be, that it was missing."""
+    if _may_be_missing(lowered):
+        return f"getattr({expression}, {name!r}, M)"
+    if name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("__"):
+        return f"{expression}.{name}"
+    return f"getattr({expression}, {name!r})"
+
+
+def _may_be_missing(lowered) -> bool:
+    if isinstance(lowered, dict):
+        return any(_may_be_missing(value) for value in lowered.get(_ANY_OF, ()))
+    return isinstance(lowered, str) and lowered == _MISSING
+
+
+class _Source:
+    """The generated function's lines and the constants it reads as globals."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.names: dict[str, object] = {"M": _MISSING, "SAME": _same, "UNCHANGED": _unchanged,
+                                         "SYS_MODULES": sys.modules}
+        self.modules: dict[str, str] = {"": "root"}   # path -> local name
+
+    def constant(self, value) -> str:
+        name = f"k{len(self.names)}"
+        self.names[name] = value
+        return name
+
+    def line(self, text: str, depth: int = 2) -> None:
+        self.lines.append("    " * depth + text)
+
+    def module(self, path: str) -> str:
+        """The local naming the submodule at `path`, looked up as `_Submodules.at` does
+        (through `_modules`; a missing one raises, and the full checks run)."""
+        if path not in self.modules:
+            parent, _, name = path.rpartition(".")
+            above = self.module(parent)
+            local = f"m{len(self.modules)}"
+            self.line(f"{local} = {above}._modules[{name!r}]")
+            self.modules[path] = local
+        return self.modules[path]
+
+    def same(self, value: str, lowered, depth: int = 2) -> None:
+        """Fail unless `value` is `lowered` by `traced_reads._same` (the type first, so
+        that `!=` compares values of the recorded type only)."""
+        if isinstance(lowered, dict):   # one of several values
+            self.line(f"if not SAME({value}, {self.constant(lowered)}): return None", depth)
+        else:
+            self.line(f"if type({value}) is not {self.constant(type(lowered))} or "
+                      f"{value} != {self.constant(lowered)}: return None", depth)
+
+
+def _plain_reads(src: _Source, reads: TracedReads) -> None:
+    """`TracedReads.plain_changed`'s rows, in its order, as tests."""
+    for path, name, lowered in reads.modules:
+        src.line(f"v = {_attribute(src.module(path), name, lowered)}")
+        src.same("v", lowered)
+    for path, name, items in reads.containers:
+        if not items:
+            continue
+        owner = src.module(path)
+        for part in name.split("."):
+            owner = _attribute(owner, part)
+        src.line(f"c = {owner}")
+        src.line("if type(c) is dict:")
+        for key, lowered in items:
+            src.line(f"v = c.get({src.constant(key)}, M)", 3)
+            src.same("v", lowered, 3)
+        indices = all(type(key) is int and key >= 0 for key, _ in items)
+        if indices:
+            src.line("elif type(c) is list or type(c) is tuple:")
+            for key, lowered in items:
+                src.line(f"v = c[{key}] if {key} < len(c) else M", 3)
+                src.same("v", lowered, 3)
+        src.line("else: return None")
+    for index, (path, name, _) in enumerate(reads.callables):
+        module = src.module(path)
+        src.line(f"s = FUNCTIONS.get({index})")
+        src.line(f"if s is None or s[0] is not {module}: return None")
+        src.line(f"own = {module}.__dict__.get({name!r}, M)")
+        src.line("if own is not s[1]: return None")
+        src.line("if own is M:")
+        src.line(f"f = getattr(type({module}), {name!r}, None)", 3)
+        src.line("if f is not s[2]: return None", 3)
+        src.line("else: f = own")
+        src.line("if not UNCHANGED(f, s[3]): return None")
+    for path, holder, name, lowered in reads.objects:
+        owner = src.module(path)
+        for part in holder.split("."):
+            owner = _attribute(owner, part)
+        src.line(f"v = {_attribute(owner, name, lowered)}")
+        src.same("v", lowered)
+    for index, (module_name, name, where, lowered) in enumerate(reads.globals):
+        src.line(f"g = SYS_MODULES.get({module_name!r})")
+        src.line("if g is not None:")   # not imported in this process: not compared
+        src.line(f"v = g.__dict__.get({name!r}, M)", 3)
+        if where is None:
+            src.same("v", lowered, 3)
+        elif where[0] == "function":
+            src.line(f"s = GLOBAL_FUNCTIONS.get({index})", 3)
+            src.line("if s is None or s[0] is not v or not UNCHANGED(v, s[1]): return None", 3)
+        else:   # an item, an attribute or an attribute's item: rare, the full check's reads
+            src.line(f"if not ROW_SAME(v, {src.constant(tuple(where))}, {src.constant(lowered)}): "
+                     f"return None", 3)
+
+
+def _global_row_same(value, where: tuple, lowered) -> bool:
+    """A global's item or attribute (or an attribute's item) is `lowered`, read as
+    `TracedReads.plain_changed` reads it."""
+    from .traced_reads import _items
+    if where[0] == "item":
+        now = _items(value).get(where[1], _MISSING)
+    else:
+        now = getattr(value, where[1], _MISSING)
+        if len(where) == 3:
+            now = _items(now).get(where[2], _MISSING)
+    return _same(now, lowered)
+
+
+class CallGuard:
+    """The generated check of one plan (`_Lowered`). `model_tensors(model)`: the model's
+    tensor per resident slot (None for the call's inputs and constants) where the model
+    is as a call last found it through the full checks, else None; `passed(model,
+    resident, device)` arms it after a call passed them (generating the check at the
+    first: plans made only to be profiled never pay for it); `device`: that call's."""
+
+    def __init__(self, hooks, module_types, tied, bindings, reads: TracedReads):
+        self._hooks = hooks
+        self._rows = (module_types, tied, bindings, reads)
+        self._find = None
+        self._slots = [slot for slot, (kind, _) in enumerate(bindings) if kind in ("param", "buffer")]
+        #: Per model slot, (shape, dtype, strides, requires_grad, device) at the last full
+        #: check; None until a call passed.
+        self._properties: list[tuple] | None = None
+        self.device: torch.device | None = None
+
+    def model_tensors(self, model: torch.nn.Module) -> tuple | None:
+        """The model's tensors by resident slot where nothing the full checks look at
+        changed since a call passed them, else None."""
+        if self._properties is None or self._hooks.changed(model) is not None:
+            return None
+        found = self._find(model)
+        if found is None:
+            return None
+        for slot, (shape, dtype, strides, grad, where) in zip(self._slots, self._properties):
+            t = found[slot]
+            if (type(t) is not torch.nn.Parameter and type(t) is not torch.Tensor) \
+                    or t.shape != shape or t.dtype is not dtype or t.requires_grad is not grad \
+                    or t.stride() != strides or t.device != where:
+                return None
+        return found
+
+    def passed(self, resident: tuple, device: torch.device) -> None:
+        """Arm the guard with the tensors of a call that passed the full checks."""
+        if self._find is None:
+            self._find = _generate(*self._rows)
+        self.device = device
+        self._properties = [(resident[slot].shape, resident[slot].dtype, resident[slot].stride(),
+                             resident[slot].requires_grad, resident[slot].device)
+                            for slot in self._slots]
+
+
+def _generate(module_types, tied, bindings, reads: TracedReads):
+    """The function `model_tensors(root)` of a plan's rows."""
+    src = _Source()
+    src.names.update(FUNCTIONS=reads._functions, GLOBAL_FUNCTIONS=reads._global_functions,
+                     ROW_SAME=_global_row_same)
+    for path, kind in module_types:
+        src.line(f"if type({src.module(path)}) is not {src.constant(kind)}: return None")
+    for group in tied:   # one tensor for every name of the group, as at lowering
+        looked = [f"{src.module(name.rpartition('.')[0])}._parameters[{name.rpartition('.')[2]!r}]"
+                  for name in group]
+        src.line(f"if not ({' is '.join(looked)}): return None")
+    _plain_reads(src, reads)
+    slots = []
+    for slot, (kind, what) in enumerate(bindings):
+        if kind in ("param", "buffer"):
+            path, _, name = what.rpartition(".")
+            table = "_parameters" if kind == "param" else "_buffers"
+            src.line(f"t{slot} = {src.module(path)}.{table}[{name!r}]")
+            slots.append(f"t{slot}")
+        else:
+            slots.append("None")
+    body = "\n".join(src.lines) or "        pass"
+    code = (f"def model_tensors(root):\n    try:\n{body}\n"
+            f"    except Exception:\n        return None\n"
+            f"    return ({', '.join(slots)}{',' if len(slots) == 1 else ''})\n")
+    exec(compile(code, "<remat-ir call guard>", "exec"), src.names)
+    return src.names["model_tensors"]

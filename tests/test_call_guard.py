@@ -1,0 +1,216 @@
+"""The generated per-call guard (`runtimes/call_guard.py`) against the full checks it
+short-cuts: searched over sequences of changes a user makes to a model between steps,
+the guard must never pass a model the full checks refuse, must hand over the very tensors
+they bind, and must pass again once a call has passed them."""
+
+import copy
+import functools
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import remat_ir
+from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule, _Submodules
+
+#: Read by the model's forward as globals of this module.
+FACTOR = 2.0
+SETTINGS = {"scale": 1.0}
+
+
+def _shift(h):
+    return h + 0.25
+
+
+class _Block(torch.nn.Module):
+    K = 1.0   # read as type(self).K
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn = torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6)
+        self.cfg = {"scale": 1.0, "on": True}
+        self.steps = [1.0, 2.0]
+        self.ns = types.SimpleNamespace(shift=0.5)
+        self.act = torch.sigmoid
+        self.leaky = functools.partial(F.leaky_relu, negative_slope=0.1)
+        self.flag, self.eps = True, 1e-3
+
+    def forward(self, x):
+        h = self.bn(self.lin(x))
+        if self.flag and self.cfg["on"]:
+            h = self.act(h)
+        h = self.leaky(h) * self.cfg["scale"] + self.steps[1] * self.ns.shift * type(self).K
+        return _shift(h) + self.eps
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(), _Block()])
+        self.head = torch.nn.Linear(6, 6)
+        self.head.weight = self.blocks[0].lin.weight   # tied
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return (self.head(x) * FACTOR * SETTINGS["scale"]).square().mean()
+
+
+def _set_global(name, value):
+    globals()[name] = value
+
+
+def _changes(m: _Net) -> dict:
+    """Changes between steps, by name: those that change nothing the graph computes with
+    (an equal value, a key the forward never reads) next to those that do."""
+    b0, b1 = m.blocks
+    return {
+        "nothing": lambda: None,
+        "flag to an equal value": lambda: setattr(b0, "flag", True),
+        "flag off": lambda: setattr(b0, "flag", False),
+        "eps equal, a new float": lambda: setattr(b0, "eps", float("1e-3")),
+        "eps changed": lambda: setattr(b1, "eps", 2e-3),
+        "eps as an int": lambda: setattr(b1, "eps", 0),
+        "eps removed": lambda: b1.__dict__.pop("eps", None),
+        "dict item changed": lambda: b0.cfg.__setitem__("scale", 3.0),
+        "dict item removed": lambda: b1.cfg.pop("on", None),
+        "dict key added": lambda: b1.cfg.__setitem__("unread", 1),
+        "dict replaced by a list": lambda: setattr(b0, "cfg", [1.0, 2.0]),
+        "list item changed": lambda: b0.steps.__setitem__(1, 5.0),
+        "list appended to": lambda: b1.steps.append(7.0),
+        "list shortened": lambda: b1.steps[1:] and b1.steps.pop(),
+        "namespace attribute": lambda: setattr(b1.ns, "shift", 0.75),
+        "activation swapped": lambda: setattr(b0, "act", torch.tanh),
+        "activation set again": lambda: setattr(b0, "act", torch.sigmoid),
+        "partial keyword": lambda: b1.leaky.keywords.__setitem__("negative_slope", 0.3),
+        "forward on the instance": lambda: setattr(b1, "forward", lambda x: x),
+        "class attribute": lambda: setattr(_Block, "K", 2.0),
+        "global number": lambda: _set_global("FACTOR", 3.0),
+        "global dict item": lambda: SETTINGS.__setitem__("scale", 0.5),
+        "global function": lambda: _set_global("_shift", lambda h: h - 0.25),
+        "submodule of another class": lambda: setattr(b1, "bn", torch.nn.LayerNorm(6)),
+        "submodule of the same class": lambda: setattr(b1, "bn", torch.nn.BatchNorm1d(6)),
+        "parameter replaced": lambda: setattr(b1.lin, "weight", torch.nn.Parameter(torch.randn(6, 6))),
+        "tie broken": lambda: setattr(m.head, "weight", torch.nn.Parameter(torch.randn(6, 6))),
+        "parameter resized through .data": lambda: setattr(b1.lin.bias, "data", torch.randn(1)),
+        "parameter transposed through .data": lambda: setattr(
+            b1.lin.weight, "data", torch.randn(6, 6).t()),
+        "parameter converted through .data": lambda: setattr(
+            b0.lin.bias, "data", b0.lin.bias.data.double()),
+        "parameter frozen": lambda: b1.lin.bias.requires_grad_(False),
+        "parameter unfrozen": lambda: b1.lin.bias.requires_grad_(True),
+        "buffer replaced": lambda: setattr(b0.bn, "running_var", torch.ones(6)),
+        "buffer converted": lambda: setattr(b0.bn, "running_mean", torch.zeros(6, dtype=torch.float64)),
+        "buffer written in place": lambda: b0.bn.running_mean.add_(1.0),
+        "hook added": lambda: b0.lin.register_forward_hook(lambda *a: None),
+    }
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    torch.manual_seed(0)
+    model, x = _Net(), torch.randn(5, 6)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    return model, x, scheduled.graph, scheduled.schedule
+
+
+def _full_checks(plan, model, x):
+    """The model's tensors by slot where every check a call makes passes (those of a call
+    without a planner, and `model_difference`, which a planner compares), else None."""
+    modules = _Submodules(model)
+    try:
+        plan.check_hooks(model)
+        plan.check_modules(modules)
+        if plan.tied_difference(modules) is not None:
+            return None
+        plan.check_attributes(modules)
+        if plan.model_difference(modules) is not None:
+            return None
+        leaves = plan.flat_inputs((x,), {})
+        return plan.resident(model, leaves, x.device, modules)
+    except RuntimeInputError:
+        return None
+
+
+@pytest.mark.parametrize("name", sorted(_changes(_Net())))
+def test_each_change_alone_passes_the_guard_only_where_the_full_checks_pass(lowered, name):
+    _guard_against_full_checks(lowered, [name])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(sorted(_changes(_Net()))), min_size=2, max_size=5))
+def test_the_guard_passes_only_models_the_full_checks_pass_with_their_tensors(lowered, names):
+    _guard_against_full_checks(lowered, names)
+
+
+def _guard_against_full_checks(lowered, names):
+    """Apply the changes `names` in turn to a copy of the lowered model, comparing the
+    guard with the full checks after each."""
+    original, x, graph, schedule = lowered
+    saved = (FACTOR, dict(SETTINGS), _shift, _Block.K)
+    model = copy.deepcopy(original)
+    plan = next(iter(ScheduledModule(model, graph, schedule)._plans.values()))
+    try:
+        first = _full_checks(plan, model, x)
+        assert first is not None
+        plan.guard.passed(first, x.device)
+        for name in names:
+            try:   # a change that does not apply after an earlier one (an item of a
+                _changes(model)[name]()   # dict replaced by a list) leaves the model as is
+            except (TypeError, AttributeError, KeyError, IndexError):
+                pass
+            fast, full = plan.guard.model_tensors(model), _full_checks(plan, model, x)
+            if fast is not None:
+                assert full is not None, f"the guard passed a model the checks refuse after {names}"
+                slots = [i for i, (kind, _) in enumerate(plan.bindings) if kind in ("param", "buffer")]
+                assert all(fast[i] is full[i] for i in slots)
+            if full is not None:   # a call passed: the guard is armed again, and passes
+                plan.guard.passed(full, x.device)
+                assert plan.guard.model_tensors(model) is not None, f"after {names}"
+    finally:
+        globals().update(FACTOR=saved[0], _shift=saved[2])
+        SETTINGS.clear()
+        SETTINGS.update(saved[1])
+        _Block.K = saved[3]
+
+
+def test_the_guard_reads_every_kind_of_recorded_value(lowered):
+    """The model above records each kind of read the guard writes a test for, and an
+    unchanged model passes it: a guard that never passed would make the search above
+    pass without testing anything."""
+    model, x, graph, schedule = lowered
+    plan = next(iter(ScheduledModule(model, graph, schedule)._plans.values()))
+    reads = plan.traced_reads
+    assert reads.modules and reads.containers and reads.objects and reads.callables and reads.globals
+    assert plan.tied and any(kind == "buffer" for kind, _ in plan.bindings)
+    assert {type(items[0][0]) for _, _, items in reads.containers} == {str, int}
+    assert {where[0] for _, _, where, _ in reads.globals if where} >= {"function", "item"}
+    assert plan.guard.model_tensors(model) is None   # not armed before a call passed
+    plan.guard.passed(_full_checks(plan, model, x), x.device)
+    assert plan.guard.model_tensors(model) is not None
+
+
+def test_a_training_call_takes_the_guard_and_trains_as_eager(lowered):
+    """Calls after the first run through the guard (the full checks are not made again),
+    with eager's gradients bitwise; a change between calls is still planned for."""
+    original, x, graph, schedule = lowered
+    model = copy.deepcopy(original)
+    eager = copy.deepcopy(original)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    plan = next(iter(scheduled._plans.values()))
+    full, step = [], 0
+    checks = plan.model_difference
+    plan.model_difference = lambda modules: full.append(step) or checks(modules)
+    for step in range(3):
+        if step == 2:
+            model.blocks[0].cfg["scale"] = eager.blocks[0].cfg["scale"] = 0.5
+        scheduled(x).backward()
+        eager(x).backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert torch.equal(p.grad, q.grad), (step, name)
+    # The first call armed the guard, the second took it, the third found the change.
+    assert full == [0, 2]
+    assert len(scheduled.plans) == 2
