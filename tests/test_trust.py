@@ -2467,6 +2467,62 @@ def test_a_library_function_patched_after_lowering_is_planned_for(monkeypatch):
     assert len(scheduled.plans) == 2
 
 
+class _LibraryLike(torch.nn.Module):
+    """Methods a forward reaches by attribute, by a string and through `__call__`, and
+    methods it never runs (saving, building)."""
+
+    def forward(self, x):
+        return self.helper(x) + getattr(self, "by_string")(x)
+
+    def helper(self, x):
+        return super().__getattribute__("nested")(x)
+
+    def nested(self, x):
+        return x
+
+    def by_string(self, x):
+        return x
+
+    def __call__(self, *args):
+        return self._called(*args)
+
+    def _called(self, *args):
+        return super().__call__(*args)
+
+    def save(self, path):
+        return self.serialize(path)
+
+    def serialize(self, path):
+        return path
+
+    def __init__(self):
+        super().__init__()
+        self.built = self.build()
+
+    def build(self):
+        return 1
+
+
+def test_only_the_library_methods_a_forward_may_reach_have_their_global_functions_compared():
+    """A library's base class has hundreds of methods no training step runs
+    (transformers' saving, loading, hub and parallelism): the global functions they call
+    were compared at every call (92 on a ResNet). Only those of `forward`, the special
+    methods a step may run and what they name are (the names a method looks up, as
+    attributes or strings, found transitively); a patched function a forward calls is still
+    planned for (`test_a_library_function_patched_after_lowering_is_planned_for`)."""
+    from remat_ir.frontends.traced_reads import _forward_reachable
+
+    reached = {code.co_name for code in _forward_reachable(_LibraryLike)}
+    assert reached == {"forward", "helper", "nested", "by_string", "__call__", "_called"}
+    model, args, kwargs, _ = zoo_models.ZOO["gpt2"]()
+    graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None)
+    called = {(module, name) for module, name, *_ in json.loads(graph.proto.metadata["torch.global_reads"])}
+    gpt2 = "transformers.models.gpt2.modeling_gpt2"
+    assert {(gpt2, "create_causal_mask"), (gpt2, "eager_attention_forward")} <= called
+    assert not {module for module, _ in called} & {"transformers.utils.hub", "transformers.distributed.mixin",
+                                                   "transformers.integrations.peft"}
+
+
 def _temperature_from_the_environment():
     """Reads 20 variables with one subscript instruction, which Python 3.11 specializes
     once warm: then `f_lasti` points past it."""
