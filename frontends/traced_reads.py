@@ -5,7 +5,10 @@ forward once, so a value changed later (a temperature schedule, `model.config.x 
 `set_attn_implementation`) would silently train with the value traced. The frontend
 records each one with its value in the graph's metadata, and the runtime compares them at
 every call (`runtimes/traced_reads.py`): a call after one changed is lowered and planned
-again (`remat`), or refused (a graph run without a planner).
+again (`remat`), or refused (a graph run without a planner). Besides plain values (bool,
+int, float, str, None), enum members, numpy scalars and dtypes read as such are recorded
+by a description (`recorded`, `torchlib/described_values.py`): `if self.mode is
+Mode.SUM` and `x.to(self.compute_dtype)` are baked in as surely.
 
 Recorded, as the forward runs under tracing (but for what the forward itself assigned
 before reading it, which depends on no state a call brings):
@@ -56,6 +59,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.torchlib.callables import attribute_at, describe, is_function
+from remat_ir.torchlib.described_values import DESCRIBED, described
 
 from .model_lines import is_model_file, is_users_file
 
@@ -74,6 +78,20 @@ _MAX_ITEMS, _DEPTH = 64, 4
 def plain(value) -> bool:
     """A value of `PLAIN_TYPES` that equals itself (NaN never does)."""
     return type(value) in PLAIN_TYPES and value == value   # NaN never compares equal
+
+
+#: What `recorded` gives for a value that is not recorded.
+UNRECORDED = object()
+
+
+def recorded(value):
+    """The form a scalar the forward read is recorded in: a plain value as it is; an enum
+    member, a numpy scalar or a dtype as {DESCRIBED: its text} (`torchlib.described_values`:
+    tracing bakes them in as surely); `UNRECORDED` for anything else."""
+    if plain(value):
+        return value
+    text = described(value)
+    return {DESCRIBED: text} if text is not None else UNRECORDED
 
 
 def plain_items(container) -> list | None:
@@ -168,8 +186,8 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
             raise
         holder = holders.get(id(self))
         if holder is not None and not name.startswith("__"):
-            if plain(value):
-                reads.objects.setdefault((*holder, name), value)
+            if (form := recorded(value)) is not UNRECORDED:
+                reads.objects.setdefault((*holder, name), form)
             elif not name.startswith("_") and holder[1].count(".") < _DEPTH:
                 if _plain_object(value):
                     hold(holder[0], f"{holder[1]}.{name}", value)
@@ -208,8 +226,8 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
             for key, item in vars(value).items():
                 if key.startswith("__"):
                     continue
-                if plain(item):
-                    reads.objects.setdefault((path, name, key), item)
+                if (form := recorded(item)) is not UNRECORDED:
+                    reads.objects.setdefault((path, name, key), form)
                 elif not key.startswith("_") and (items := plain_items(item)) is not None:
                     reads.containers.setdefault((path, f"{name}.{key}"), items)
 
@@ -225,10 +243,10 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         if path is None or (path, name) in written:
             return value
         own = object.__getattribute__(self, "__dict__")
-        if plain(value):
+        if (form := recorded(value)) is not UNRECORDED:
             # Its own attributes, and public class attributes (`self.SCALE`).
             if name in own or not name.startswith("_"):
-                reads.modules.setdefault((path, name), value)
+                reads.modules.setdefault((path, name), form)
         elif (name in own or name == "forward") and is_function(value):
             # A function it holds, or the forward it runs (its class's, or one assigned).
             reads.callables.setdefault((path, name), describe(value))
@@ -368,8 +386,9 @@ def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
     objects = {holder: attribute_at(modules[holder[0]], holder[1]) for holder in holders.values()}
 
     def settle(table: dict, key, value) -> None:
-        if plain(value) and not (value == table[key] and type(value) is type(table[key])):
-            table[key] = {ANY_OF: [table[key], value]}
+        form = recorded(value)
+        if form is not UNRECORDED and not (form == table[key] and type(form) is type(table[key])):
+            table[key] = {ANY_OF: [table[key], form]}
 
     for key in reads.modules:
         settle(reads.modules, key, getattr(modules[key[0]], key[1], ABSENT))
@@ -380,8 +399,8 @@ def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
 def _record_global(reads: TracedReads, module: str, name: str, value, following) -> list:
     """Record what reading global `name` (then `following`, the next instruction) takes
     from it; returns the user's functions it leads to."""
-    if plain(value):
-        reads.globals.setdefault((module, name, None), value)
+    if (form := recorded(value)) is not UNRECORDED:
+        reads.globals.setdefault((module, name, None), form)
     elif isinstance(value, torch.Tensor):
         reads.tensors.setdefault(id(value), (module, name, None))
     elif (items := plain_items(value)) is not None:
@@ -390,8 +409,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
     elif (isinstance(value, (type, types.ModuleType)) or _plain_object(value)) and following is not None \
             and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
         attribute = getattr(value, following.argval, None)
-        if plain(attribute):
-            reads.globals.setdefault((module, name, ("attr", following.argval)), attribute)
+        if (form := recorded(attribute)) is not UNRECORDED:
+            reads.globals.setdefault((module, name, ("attr", following.argval)), form)
         elif isinstance(attribute, torch.Tensor):
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", following.argval)))
         elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`
@@ -540,8 +559,8 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: 
             # The class `getattr(type(module), name)` finds it in, torch's included: a
             # mixin's value shadowed by nn.Module's would differ at every call.
             klass = next((k for k in cls.__mro__ if name in vars(k)), None)
-            if klass in own and plain(vars(klass)[name]):
-                reads.objects.setdefault((path, "__class__", name), vars(klass)[name])
+            if klass in own and (form := recorded(vars(klass)[name])) is not UNRECORDED:
+                reads.objects.setdefault((path, "__class__", name), form)
 
 
 def _attribute_names(code: types.CodeType) -> set[str]:

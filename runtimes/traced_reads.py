@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
+from remat_ir.torchlib.described_values import DESCRIBED, described
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -26,18 +27,25 @@ _ANY_OF = "any of"
 
 def _same(now, lowered) -> bool:
     if isinstance(lowered, dict):
+        if DESCRIBED in lowered:   # an enum member, a numpy scalar, a dtype
+            return described(now) == lowered[DESCRIBED]
         return any(_same(now, value) for value in lowered[_ANY_OF])
-    return now == lowered and type(now) is type(lowered)
+    return type(now) is type(lowered) and now == lowered
 
 
 def _shown(lowered) -> str:
     if isinstance(lowered, dict):
+        if DESCRIBED in lowered:
+            return lowered[DESCRIBED]
         return " or ".join(_shown(value) for value in lowered[_ANY_OF])
     return _value_shown(lowered)
 
 
 def _value_shown(value) -> str:
-    return "missing" if isinstance(value, str) and value == _MISSING else repr(value)
+    if isinstance(value, str) and value == _MISSING:
+        return "missing"
+    text = described(value)
+    return text if text is not None else repr(value)
 
 
 def _items(container) -> Mapping:

@@ -4,8 +4,11 @@ the guard must never pass a model the full checks refuse, must hand over the ver
 they bind, and must pass again once a call has passed them."""
 
 import copy
+import enum
 import functools
 import types
+
+import numpy as np
 
 import pytest
 import torch
@@ -25,6 +28,11 @@ def _shift(h):
     return h + 0.25
 
 
+class _Kind(enum.Enum):
+    A = 1
+    B = 2
+
+
 class _Block(torch.nn.Module):
     K = 1.0   # read as type(self).K
 
@@ -37,13 +45,16 @@ class _Block(torch.nn.Module):
         self.act = torch.sigmoid
         self.leaky = functools.partial(F.leaky_relu, negative_slope=0.1)
         self.flag, self.eps = True, 1e-3
+        self.kind, self.temperature = _Kind.A, np.float32(1.0)
 
     def forward(self, x):
         h = self.bn(self.lin(x))
         if self.flag and self.cfg["on"]:
             h = self.act(h)
         h = self.leaky(h) * self.cfg["scale"] + self.steps[1] * self.ns.shift * type(self).K
-        return _shift(h) + self.eps
+        if self.kind is _Kind.B:
+            h = h * 2.0
+        return _shift(h) * self.temperature + self.eps
 
 
 class _Net(torch.nn.Module):
@@ -75,6 +86,11 @@ def _changes(m: _Net) -> dict:
         "eps changed": lambda: setattr(b1, "eps", 2e-3),
         "eps as an int": lambda: setattr(b1, "eps", 0),
         "eps removed": lambda: b1.__dict__.pop("eps", None),
+        "enum changed": lambda: setattr(b0, "kind", _Kind.B),
+        "enum set again": lambda: setattr(b1, "kind", _Kind.A),
+        "numpy scalar equal, a new object": lambda: setattr(b0, "temperature", np.float32(1.0)),
+        "numpy scalar changed": lambda: setattr(b1, "temperature", np.float32(0.5)),
+        "numpy scalar to an equal float": lambda: setattr(b1, "temperature", 1.0),
         "dict item changed": lambda: b0.cfg.__setitem__("scale", 3.0),
         "dict item removed": lambda: b1.cfg.pop("on", None),
         "dict key added": lambda: b1.cfg.__setitem__("unread", 1),

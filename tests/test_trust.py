@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import enum
 import functools
 import io
 import json
@@ -17,6 +18,7 @@ import sys
 import types
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -2464,6 +2466,61 @@ def test_a_library_function_patched_after_lowering_is_planned_for(monkeypatch):
                                                 r"transformers.models.llama.modeling_llama was"):
         alone(*args, **kwargs)
     assert side_by_side(model, lambda m: scheduled, args, kwargs, loss_of, tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 2
+
+
+class _Mode(enum.Enum):
+    SUM = 1
+    MEAN = 2
+
+
+#: Read by `_ReadsDescribed.forward` as a global.
+_GLOBAL_MODE = _Mode.SUM
+
+
+class _ReadsDescribed(torch.nn.Module):
+    """Reads values that are not plain but that tracing bakes in all the same."""
+    KIND = _Mode.SUM   # read as type(self).KIND
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.mode, self.temperature, self.compute_dtype = _Mode.SUM, np.float32(1.0), torch.float32
+        self.cfg = types.SimpleNamespace(mode=_Mode.SUM)
+
+    def forward(self, x):
+        h = self.lin(x).to(self.compute_dtype) * self.temperature
+        if self.cfg.mode is _Mode.MEAN:
+            h = h * 0.5
+        if _GLOBAL_MODE is _Mode.MEAN:
+            h = h - 1.0
+        if type(self).KIND is _Mode.MEAN:
+            h = h * 3.0
+        return (h.sum() if self.mode is _Mode.SUM else h.mean()).float()
+
+
+@pytest.mark.parametrize("change", ["enum attribute", "numpy scalar", "dtype", "enum of a held object",
+                                    "global enum", "class attribute enum"])
+def test_an_enum_a_numpy_scalar_or_a_dtype_the_forward_read_changed_after_lowering_is_planned_for(
+        change, monkeypatch):
+    """Only plain values (bool, int, float, str, None) were recorded: a mode enum, a numpy
+    temperature or a cast's dtype changed after `remat` trained on with the traced one,
+    silently. They are recorded by a text that names them in any process."""
+    model, x = _ReadsDescribed(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    monkeypatch.setattr(_ReadsDescribed, "KIND", _Mode.SUM)
+    monkeypatch.setitem(globals(), "_GLOBAL_MODE", _Mode.SUM)
+    {"enum attribute": lambda: setattr(model, "mode", _Mode.MEAN),
+     "numpy scalar": lambda: setattr(model, "temperature", np.float32(0.5)),
+     "dtype": lambda: setattr(model, "compute_dtype", torch.float64),
+     "enum of a held object": lambda: setattr(model.cfg, "mode", _Mode.MEAN),
+     "global enum": lambda: globals().__setitem__("_GLOBAL_MODE", _Mode.MEAN),
+     "class attribute enum": lambda: setattr(_ReadsDescribed, "KIND", _Mode.MEAN)}[change]()
+    with pytest.raises(RuntimeInputError, match="when the model was lowered"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
     assert len(scheduled.plans) == 2
 
 
