@@ -47,7 +47,7 @@ import torch
 
 from .held_tensors import held_objects
 from .model_lines import is_model_file, is_users_file
-from .traced_reads import plain
+from .traced_reads import ModulesByDict, plain
 
 #: torch's generator functions a forward may call, by module and name.
 _TORCH_RNG = [(torch, "manual_seed"), (torch, "seed"), (torch, "get_rng_state"),
@@ -246,7 +246,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     attributes = _attribute_state(model)
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
-    paths = {id(module): path for path, module in model.named_modules()}
+    paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
 
     def noted(name, function):
@@ -285,11 +285,12 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             # the cast changing nothing: `module_casts`): no effect.
             return module_setattr(module, key, value)
         # A module outside the model (one the forward makes and drops) keeps nothing of it.
-        if key not in _MODULE_KEYS and id(module) in paths and (
+        path = paths.of(module)[0]
+        if key not in _MODULE_KEYS and path is not None and (
                 is_users_file(caller) if key.startswith("_") else is_model_file(caller)):
             where = f"{caller}:{sys._getframe(1).f_lineno}"
             if assigned is not None and plain(value):
-                at = (paths[id(module)], key)
+                at = (path, key)
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
                 assigned[at] = (value, where, before)
             else:

@@ -95,12 +95,32 @@ def recorded(value):
 
 
 def plain_items(container) -> list | None:
-    """[[key, value]] of a list's, tuple's or dict's plain items (None: not one, or too big)."""
+    """[[key, value as `recorded`]] of a list's, tuple's or dict's items with plain keys
+    and values recorded (None: not one, or too big)."""
     if not isinstance(container, (list, tuple, dict)) or len(container) > _MAX_ITEMS:
         return None
     pairs = container.items() if isinstance(container, dict) else enumerate(container)
-    items = [[key, value] for key, value in pairs if plain(key) and plain(value)]
+    items = [[key, form] for key, value in pairs
+             if plain(key) and (form := recorded(value)) is not UNRECORDED]
     return items or None
+
+
+class ModulesByDict:
+    """A model's modules and their paths (the first of a module at several), found from a
+    module or from a torch.export proxy of one. A model holding one module at two paths is
+    traced on `_ModuleStackTracer`'s proxies, other objects that share the module's
+    `__dict__`: looked up by object, none of such a model's reads was recorded (found by a
+    review: a flag turned off after `remat` trained on, 4.62 where eager gives 2.31) nor
+    its assignments noted (`trace_effects`). So they are looked up by their dictionary."""
+
+    def __init__(self, model: torch.nn.Module):
+        self._found: dict[int, tuple[str, torch.nn.Module]] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            self._found.setdefault(id(module.__dict__), (path, module))
+
+    def of(self, module) -> tuple[str, torch.nn.Module] | tuple[None, None]:
+        """(path, the module itself) of `module` or of the module it stands for."""
+        return self._found.get(id(object.__getattribute__(module, "__dict__")), (None, None))
 
 
 def _plain_object(value) -> bool:
@@ -202,7 +222,7 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
 def recording_reads(model: torch.nn.Module, reads: TracedReads):
     """While the block traces `model`, record in `reads` the plain values it reads from
     its modules and the objects they hold (module docstring)."""
-    paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
+    modules = ModulesByDict(model)
     module_class = torch.nn.Module
     original = module_class.__dict__.get("__getattribute__")
     lookup = original or object.__getattribute__
@@ -235,11 +255,11 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         try:
             value = lookup(self, name)
         except AttributeError:
-            _note_absent(self, name, paths, written, reads)
+            _note_absent(self, name, modules, written, reads)
             raise
         if name.startswith("__"):
             return value
-        path = paths.get(id(self))
+        path = modules.of(self)[0]
         if path is None or (path, name) in written:
             return value
         own = object.__getattribute__(self, "__dict__")
@@ -266,7 +286,7 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
     module_setattr = module_class.__setattr__
 
     def setattr_written(self, name, value):
-        path = paths.get(id(self))
+        path = modules.of(self)[0]
         if path is not None:
             written.add((path, name))
         module_setattr(self, name, value)
@@ -355,7 +375,7 @@ def _subscribing(frame) -> bool:
     return current is not None and current.opname == "BINARY_SUBSCR"
 
 
-def _note_absent(module: torch.nn.Module, name: str, paths: dict, written: set,
+def _note_absent(module: torch.nn.Module, name: str, modules: ModulesByDict, written: set,
                  reads: TracedReads) -> None:
     """Record that the model's code found no attribute `name` on `module` (`hasattr`,
     `getattr` with a default), as `ABSENT`: one set later changes what the forward does.
@@ -364,7 +384,7 @@ def _note_absent(module: torch.nn.Module, name: str, paths: dict, written: set,
     went on training with the default, silently. Not recorded: what nn.Module's
     `__getattr__` finds (parameters, buffers, submodules), lookups of a class with a
     `__getattr__` of its own (which may find it), and torch's own probes."""
-    path = paths.get(id(module))
+    path, module = modules.of(module)   # the module itself, not a proxy's class
     if path is None or name.startswith("__") or (path, name) in written:
         return
     if type(module).__getattr__ is not torch.nn.Module.__getattr__:

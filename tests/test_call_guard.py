@@ -63,10 +63,12 @@ class _Net(torch.nn.Module):
         self.blocks = torch.nn.ModuleList([_Block(), _Block()])
         self.head = torch.nn.Linear(6, 6)
         self.head.weight = self.blocks[0].lin.weight   # tied
+        self.act = torch.nn.LeakyReLU(0.2)
+        self.act_again = self.act   # one module at two paths
 
     def forward(self, x):
         for block in self.blocks:
-            x = block(x)
+            x = self.act_again(block(self.act(x)))
         return (self.head(x) * FACTOR * SETTINGS["scale"]).square().mean()
 
 
@@ -122,6 +124,10 @@ def _changes(m: _Net) -> dict:
         "buffer converted": lambda: setattr(b0.bn, "running_mean", torch.zeros(6, dtype=torch.float64)),
         "buffer written in place": lambda: b0.bn.running_mean.add_(1.0),
         "hook added": lambda: b0.lin.register_forward_hook(lambda *a: None),
+        "shared module's slope": lambda: setattr(m.act, "negative_slope", 0.3),
+        "second path of a shared module replaced": lambda: setattr(m, "act_again", torch.nn.LeakyReLU(0.2)),
+        "shared module replaced at both paths": lambda: (setattr(m, "act", torch.nn.LeakyReLU(0.2)),
+                                                         setattr(m, "act_again", m.act)),
     }
 
 
@@ -201,7 +207,8 @@ def test_the_guard_reads_every_kind_of_recorded_value(lowered):
     plan = next(iter(ScheduledModule(model, graph, schedule)._plans.values()))
     reads = plan.traced_reads
     assert reads.modules and reads.containers and reads.objects and reads.callables and reads.globals
-    assert plan.tied and any(kind == "buffer" for kind, _ in plan.bindings)
+    assert plan.tied and plan.module_aliases and any(kind == "buffer" for kind, _ in plan.bindings)
+    assert ("act", "negative_slope") in {row[:2] for row in reads.modules}   # read through export's proxy
     assert {type(items[0][0]) for _, _, items in reads.containers} == {str, int}
     assert {where[0] for _, _, where, _ in reads.globals if where} >= {"function", "item"}
     assert plan.guard.model_tensors(model) is None   # not armed before a call passed
@@ -230,3 +237,28 @@ def test_a_training_call_takes_the_guard_and_trains_as_eager(lowered):
     # The first call armed the guard, the second took it, the third found the change.
     assert full == [0, 2]
     assert len(scheduled.plans) == 2
+
+
+class _LookAlikeNames(torch.nn.Module):
+    """Attributes named "\ufb01" (one letter) and "fi": Python reads `m.\ufb01` written in
+    code as `m.fi` (names are NFKC-normalized), so a generated `m.<name>` read the other one."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        setattr(self, "\ufb01", 2.0)
+        self.fi = 1.0
+
+    def forward(self, x):
+        return (self.lin(x) * getattr(self, "\ufb01") * self.fi).sum()
+
+
+def test_the_guard_reads_a_non_ascii_attribute_by_its_own_name():
+    model, x = _LookAlikeNames(), torch.randn(3, 4)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    plan = next(iter(scheduled._plans.values()))
+    scheduled(x).backward()
+    assert plan.guard.model_tensors(model) is not None
+    setattr(model, "\ufb01", 5.0)
+    assert plan.guard.model_tensors(model) is None
+    assert _full_checks(plan, model, x) is None

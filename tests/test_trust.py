@@ -2524,6 +2524,68 @@ def test_an_enum_a_numpy_scalar_or_a_dtype_the_forward_read_changed_after_loweri
     assert len(scheduled.plans) == 2
 
 
+class _SharedModules(torch.nn.Module):
+    """One activation and one BatchNorm at two paths each, a forward hook, and a dict of
+    values that are not plain."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.act = torch.nn.LeakyReLU(0.1)
+        self.act_again = self.act
+        bn = torch.nn.BatchNorm1d(4, affine=False)
+        self.bn, self.bn_again = bn, bn
+        self.hooked = torch.nn.Linear(4, 4)
+        self.hooked.register_forward_hook(lambda module, args, out: out * 3.0)
+        self.cfg = {"mode": _Mode.SUM, "scale": np.float64(2.0), "dtype": torch.float32}
+        self.flag = True
+
+    def forward(self, x):
+        h = self.bn_again(self.lin(self.bn(self.act(x))))
+        h = self.act_again(self.hooked(h)).to(self.cfg["dtype"]) * self.cfg["scale"]
+        if self.flag:
+            h = h * 2.0
+        return (h.sum() if self.cfg["mode"] is _Mode.SUM else h.mean()).float()
+
+
+def _fresh_batch_norm():
+    bn = torch.nn.BatchNorm1d(4, affine=False)
+    bn.running_mean.fill_(3.0)
+    return bn.eval()
+
+
+@pytest.mark.parametrize("change", ["flag of a model sharing a module", "slope of a shared module",
+                                    "second path of a shared module replaced",
+                                    "hooked module swapped for one of its class",
+                                    "enum item", "numpy item", "dtype item"])
+def test_changes_the_checks_missed_on_models_sharing_modules_are_planned_for(change):
+    """Found by a review: a model holding one module at two paths was traced by
+    torch.export on proxies, and none of its plain values was recorded (a flag turned
+    off after `remat` trained on, 4.62 where eager gives 2.31); a second path given its
+    own module of the same class was never bound (89.99 against 971.53); a module with a
+    hook swapped for one of its class without it kept the hook (gradients 3x eager's);
+    and enum members, numpy scalars and dtypes held in a dict were not recorded."""
+    torch.manual_seed(0)
+    model, x = _SharedModules(), torch.randn(3, 4)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x).backward()
+    scheduled(x).backward()
+    model.zero_grad(set_to_none=True)   # side_by_side's eager copy starts without gradients
+    {"flag of a model sharing a module": lambda: setattr(model, "flag", False),
+     "slope of a shared module": lambda: setattr(model.act, "negative_slope", 0.3),
+     "second path of a shared module replaced": lambda: setattr(model, "bn_again", _fresh_batch_norm()),
+     "hooked module swapped for one of its class": lambda: setattr(model, "hooked", torch.nn.Linear(4, 4)),
+     "enum item": lambda: model.cfg.__setitem__("mode", _Mode.MEAN),
+     "numpy item": lambda: model.cfg.__setitem__("scale", np.float64(0.5)),
+     "dtype item": lambda: model.cfg.__setitem__("dtype", torch.float64)}[change]()
+    with pytest.raises(RuntimeInputError):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    # A plan for other hooks replaces the one kept (plans are told apart by what they read).
+    assert len(scheduled.plans) == (1 if change.startswith("hooked") else 2)
+
+
 class _LibraryLike(torch.nn.Module):
     """Methods a forward reaches by attribute, by a string and through `__call__`, and
     methods it never runs (saving, building)."""

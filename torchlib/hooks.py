@@ -64,6 +64,13 @@ def hook_state(model: torch.nn.Module) -> dict[tuple[str, str], tuple[int, ...]]
     return state
 
 
+def _at(model: torch.nn.Module, path: list[str]):
+    """The submodule at `path` (its names), through the modules' own dictionaries, or None."""
+    for name in path:
+        model = model._modules.get(name) if model is not None else None
+    return model
+
+
 class HookWatch:
     """The hooks a graph was traced with, and whether a call finds others.
 
@@ -77,10 +84,19 @@ class HookWatch:
         self.seen = RemovableHandle.next_id
         self.present = [(hooks, key) for _, table, hooks in _tables(model)
                         for key, hook in hooks.items() if _ours(hook)]
+        #: (path, module) of each module holding one of those hooks: one replaced since by
+        #: a module without it (`model.a = nn.Linear(...)`) registers nothing, and its
+        #: hook table still held the hook, so the graph kept running the hook (found by a
+        #: review: gradients 3x eager's).
+        holding = {id(hooks) for hooks, _ in self.present}
+        self.holders = [(path.split(".") if path else [], module)
+                        for path, module in model.named_modules()
+                        if any(id(getattr(module, table, None)) in holding for table in TABLES)]
 
     def changed(self, model: torch.nn.Module) -> str | None:
         """What differs from the hooks at lowering, or None."""
-        if RemovableHandle.next_id == self.seen and all(key in hooks for hooks, key in self.present):
+        if RemovableHandle.next_id == self.seen and all(key in hooks for hooks, key in self.present) \
+                and all(_at(model, path) is module for path, module in self.holders):
             return None
         now = hook_state(model)
         if now == self.state:
