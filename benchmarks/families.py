@@ -25,10 +25,11 @@ Writes benchmarks/results/families.json (one row per family) and
 benchmarks/results/families.md (the table), for diffusers families-diffusers.{json,md};
 prints a line per family as it goes.
 2026-12-01, transformers (160 entries: 159 families, SwitchTransformers also with a mask):
-133 bitwise in all three modes, 26 refused by line in all three, BigBird refused before a
+132 bitwise in all three modes, 27 refused by line in all three, BigBird refused before a
 first call (a NumPy draw) and bitwise after it; none NOT BITWISE or CRASH. Longformer, LED,
-ProphetNet, FSMT, LLaVA and PaliGemma were refused before branches on their inputs' values
-were taken as eager's (`frontends/input_branches.py`); the speech CTC heads now stop at
+FSMT, LLaVA and PaliGemma were refused before branches on their inputs' values were taken
+as eager's (`frontends/input_branches.py`); ProphetNet, counted with them before, computes
+its truth through writes and is refused (since 5726a3e); the speech CTC heads now stop at
 `ctc_loss` instead of their label check. diffusers (60
 models): 56 bitwise in all three modes, 4 refused by line. Earlier sweeps found PatchTST's
 crash, Funnel's refused call, CLIP 1.3e-7 off from a first PatchTST fix, hiremate refusing

@@ -5,9 +5,11 @@ A forward that reads a truth value from its inputs' data (`if labels.max() >= vo
 raise`, `assert torch.all(ids >= 0).item()`, `if not padding_mask.any(): padding_mask =
 None`, `is_global = global_attention_mask.any().item()`) cannot be traced as one graph:
 fake tensors have no values, and export stopped there ("branches on a value computed
-from tensor data"). ProphetNet, FSMT, Longformer, LED, LLaVA and PaliGemma were refused
-so (they train bitwise now), and seven of transformers' speech models at their label
-check (they stop at `ctc_loss` now, whose buffers are sized by the labels' lengths).
+from tensor data"). FSMT, Longformer, LED, LLaVA and PaliGemma were refused so (they
+train bitwise now), and seven of transformers' speech models at their label check (they
+stop at `ctc_loss` now, whose buffers are sized by the labels' lengths). ProphetNet stays
+refused: its truth is computed through writes (a slice copy, `masked_fill_`), which a
+chain replayed at every call would miss where made through views.
 
 Where the tensor is computed from the caller's inputs alone, by ops that draw nothing,
 its truth is what eager would read for the example inputs: it is computed on them, the

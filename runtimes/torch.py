@@ -41,12 +41,12 @@ from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, 
 from remat_ir.torchlib.value_guards import ValueGuards
 
 from . import autocast_anchors
+from .call_guard import CallGuard
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .dtype_errors import mixed_dtypes_message
 from .fsdp import FSDPUsageError, StepUnits, Units, check_gathered, fsdp_module_class, is_sharded_class
 from .signatures import Signature, argument_names, autocast_from_json, call_signature, containers
-from .call_guard import CallGuard
 from .traced_reads import TracedReads
 
 #: How a call that does not match a plan, with no planner to make another, is told to go on.
