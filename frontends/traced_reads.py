@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.torchlib.callables import attribute_at, describe, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, described
+from remat_ir.torchlib.described_values import CLASS, DESCRIBED, class_identity, described
 
 from .model_lines import is_model_file, is_users_file
 
@@ -91,17 +91,22 @@ def recorded(value):
     if plain(value):
         return value
     text = described(value)
-    return {DESCRIBED: text} if text is not None else UNRECORDED
+    if text is None:
+        return UNRECORDED
+    kind = class_identity(value)
+    return {DESCRIBED: text} if kind is None else {DESCRIBED: text, CLASS: kind}
 
 
 def plain_items(container) -> list | None:
-    """[[key, value as `recorded`]] of a list's, tuple's or dict's items with plain keys
-    and values recorded (None: not one, or too big)."""
+    """[[key, value], both as `recorded`] of a list's, tuple's or dict's items whose key
+    and value are recorded (None: not one, or too big). A key recorded by its description
+    (`{Mode.SUM: 1.0}`, `{torch.float32: 2.0}`: found by a review, changed after lowering
+    0.67 off eager, silently) is found again by it (`runtimes/traced_reads.py` `_item`)."""
     if not isinstance(container, (list, tuple, dict)) or len(container) > _MAX_ITEMS:
         return None
     pairs = container.items() if isinstance(container, dict) else enumerate(container)
-    items = [[key, form] for key, value in pairs
-             if plain(key) and (form := recorded(value)) is not UNRECORDED]
+    items = [[key_form, form] for key, value in pairs
+             if (key_form := recorded(key)) is not UNRECORDED and (form := recorded(value)) is not UNRECORDED]
     return items or None
 
 
@@ -425,7 +430,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
         reads.tensors.setdefault(id(value), (module, name, None))
     elif (items := plain_items(value)) is not None:
         for key, item in items:
-            reads.globals.setdefault((module, name, ("item", key)), item)
+            if not isinstance(key, dict):   # a global's item by a described key: not recorded
+                reads.globals.setdefault((module, name, ("item", key)), item)
     elif (isinstance(value, (type, types.ModuleType)) or _plain_object(value)) and following is not None \
             and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
         attribute = getattr(value, following.argval, None)
@@ -435,7 +441,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", following.argval)))
         elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`
             for key, item in items:
-                reads.globals.setdefault((module, name, ("attr", following.argval, key)), item)
+                if not isinstance(key, dict):
+                    reads.globals.setdefault((module, name, ("attr", following.argval, key)), item)
     elif isinstance(value, types.FunctionType):
         # Its code as it is now: a function patched later (liger-kernel rebinds
         # `modeling_llama.apply_rotary_pos_emb`) computes otherwise than the graph.

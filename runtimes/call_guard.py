@@ -98,6 +98,9 @@ def _plain_reads(src: _Source, reads: TracedReads) -> None:
         for part in name.split("."):
             owner = _attribute(owner, part)
         src.line(f"c = {owner}")
+        if any(isinstance(key, dict) for key, _ in items):   # keys by description: rare
+            src.line(f"if not ITEMS_SAME(c, {src.constant(items)}): return None")
+            continue
         src.line("if type(c) is dict:")
         for key, lowered in items:
             src.line(f"v = c.get({src.constant(key)}, M)", 3)
@@ -138,6 +141,14 @@ def _plain_reads(src: _Source, reads: TracedReads) -> None:
         else:   # an item, an attribute or an attribute's item: rare, the full check's reads
             src.line(f"if not ROW_SAME(v, {src.constant(tuple(where))}, {src.constant(lowered)}): "
                      f"return None", 3)
+
+
+def _items_same(container, items: list) -> bool:
+    """Each of `items` ([key, value] as recorded) is `container`'s, read as
+    `TracedReads.plain_changed` reads them."""
+    from .traced_reads import _item, _items
+    found = _items(container)
+    return all(_same(_item(found, key), lowered) for key, lowered in items)
 
 
 def _global_row_same(value, where: tuple, lowered) -> bool:
@@ -200,7 +211,7 @@ def _generate(module_types, module_aliases, tied, bindings, reads: TracedReads):
     """The function `model_tensors(root)` of a plan's rows."""
     src = _Source()
     src.names.update(FUNCTIONS=reads._functions, GLOBAL_FUNCTIONS=reads._global_functions,
-                     ROW_SAME=_global_row_same)
+                     ROW_SAME=_global_row_same, ITEMS_SAME=_items_same)
     for path, kind in module_types:
         src.line(f"if type({src.module(path)}) is not {src.constant(kind)}: return None")
     for paths in module_aliases:   # one module at each of the paths, as at lowering

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, described
+from remat_ir.torchlib.described_values import CLASS, DESCRIBED, described, same_class
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -28,7 +28,7 @@ _ANY_OF = "any of"
 def _same(now, lowered) -> bool:
     if isinstance(lowered, dict):
         if DESCRIBED in lowered:   # an enum member, a numpy scalar, a dtype
-            return described(now) == lowered[DESCRIBED]
+            return described(now) == lowered[DESCRIBED] and same_class(now, lowered.get(CLASS))
         return any(_same(now, value) for value in lowered[_ANY_OF])
     return type(now) is type(lowered) and now == lowered
 
@@ -46,6 +46,14 @@ def _value_shown(value) -> str:
         return "missing"
     text = described(value)
     return text if text is not None else repr(value)
+
+
+def _item(container: Mapping, key):
+    """`container`'s item at `key`, or `_MISSING`; a key recorded by its description
+    (`{DESCRIBED: text}`: an enum member, a dtype) is looked for among the keys."""
+    if isinstance(key, dict):
+        return next((value for now, value in container.items() if _same(now, key)), _MISSING)
+    return container.get(key, _MISSING)
 
 
 def _items(container) -> Mapping:
@@ -124,9 +132,9 @@ class TracedReads:
             module = at(path)
             container = _items(attribute_at(module, name) if module is not None else None)
             for key, lowered in items:
-                now = container.get(key, _MISSING)
+                now = _item(container, key)
                 if not _same(now, lowered):
-                    return _differs(f"{f'{path}.{name}' if path else name}[{key!r}] of {root}",
+                    return _differs(f"{f'{path}.{name}' if path else name}[{_shown(key)}] of {root}",
                                     lowered, now)
         for index, (path, name, lowered) in enumerate(self.callables):
             module = at(path)

@@ -46,6 +46,7 @@ class _Block(torch.nn.Module):
         self.leaky = functools.partial(F.leaky_relu, negative_slope=0.1)
         self.flag, self.eps = True, 1e-3
         self.kind, self.temperature = _Kind.A, np.float32(1.0)
+        self.by_kind = {_Kind.A: 1.0, _Kind.B: 2.0}
 
     def forward(self, x):
         h = self.bn(self.lin(x))
@@ -54,7 +55,7 @@ class _Block(torch.nn.Module):
         h = self.leaky(h) * self.cfg["scale"] + self.steps[1] * self.ns.shift * type(self).K
         if self.kind is _Kind.B:
             h = h * 2.0
-        return _shift(h) * self.temperature + self.eps
+        return _shift(h) * self.temperature * self.by_kind[_Kind.A] + self.eps
 
 
 class _Net(torch.nn.Module):
@@ -93,6 +94,8 @@ def _changes(m: _Net) -> dict:
         "numpy scalar equal, a new object": lambda: setattr(b0, "temperature", np.float32(1.0)),
         "numpy scalar changed": lambda: setattr(b1, "temperature", np.float32(0.5)),
         "numpy scalar to an equal float": lambda: setattr(b1, "temperature", 1.0),
+        "item of an enum key changed": lambda: b0.by_kind.__setitem__(_Kind.A, 4.0),
+        "item of another enum key changed": lambda: b1.by_kind.__setitem__(_Kind.B, 4.0),
         "dict item changed": lambda: b0.cfg.__setitem__("scale", 3.0),
         "dict item removed": lambda: b1.cfg.pop("on", None),
         "dict key added": lambda: b1.cfg.__setitem__("unread", 1),
@@ -209,7 +212,7 @@ def test_the_guard_reads_every_kind_of_recorded_value(lowered):
     assert reads.modules and reads.containers and reads.objects and reads.callables and reads.globals
     assert plan.tied and plan.module_aliases and any(kind == "buffer" for kind, _ in plan.bindings)
     assert ("act", "negative_slope") in {row[:2] for row in reads.modules}   # read through export's proxy
-    assert {type(items[0][0]) for _, _, items in reads.containers} == {str, int}
+    assert {type(items[0][0]) for _, _, items in reads.containers} == {str, int, dict}   # dict: an enum key
     assert {where[0] for _, _, where, _ in reads.globals if where} >= {"function", "item"}
     assert plan.guard.model_tensors(model) is None   # not armed before a call passed
     plan.guard.passed(_full_checks(plan, model, x), x.device)

@@ -2586,6 +2586,51 @@ def test_changes_the_checks_missed_on_models_sharing_modules_are_planned_for(cha
     assert len(scheduled.plans) == (1 if change.startswith("hooked") else 2)
 
 
+def _mode_class():
+    """An enum class as a notebook cell defines it: run again, another class of one name."""
+    class Mode(enum.Enum):
+        SUM = 1
+        MEAN = 2
+    return Mode
+
+
+#: Read by `_KeyedByValues.forward` as a global: defined again by the test.
+_CELL_MODE = _mode_class()
+
+
+class _KeyedByValues(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.kind = _CELL_MODE.SUM
+        self.scales = {_Mode.SUM: 1.0, _Mode.MEAN: 0.5}
+        self.by_dtype = {torch.float32: 2.0}
+
+    def forward(self, x):
+        h = self.lin(x) * self.scales[_Mode.SUM] * self.by_dtype[torch.float32]
+        return h.sum() if self.kind is _CELL_MODE.SUM else h.mean()
+
+
+@pytest.mark.parametrize("change", ["item of an enum key", "item of a dtype key", "enum class defined again"])
+def test_items_keyed_by_enums_or_dtypes_and_enum_classes_defined_again_are_planned_for(change, monkeypatch):
+    """Found by a review: items under an enum or dtype key were not recorded (0.67 off
+    eager after one changed, silently), and an enum class defined again (a notebook cell
+    run again) named its members as the old one did, so a forward comparing an old member
+    with the new class took eager's other branch while the check passed (0.92 off)."""
+    model, x = _KeyedByValues(), torch.randn(3, 4)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x).backward()
+    model.zero_grad(set_to_none=True)   # side_by_side's eager copy starts without gradients
+    {"item of an enum key": lambda: model.scales.__setitem__(_Mode.SUM, 3.0),
+     "item of a dtype key": lambda: model.by_dtype.__setitem__(torch.float32, 0.25),
+     "enum class defined again": lambda: monkeypatch.setitem(globals(), "_CELL_MODE", _mode_class())}[change]()
+    with pytest.raises(RuntimeInputError):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 2
+
+
 class _LibraryLike(torch.nn.Module):
     """Methods a forward reaches by attribute, by a string and through `__call__`, and
     methods it never runs (saving, building)."""
