@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.torchlib.callables import attribute_at, describe, is_function
-from remat_ir.torchlib.described_values import CLASS, DESCRIBED, class_identity, described
+from remat_ir.torchlib.described_values import DESCRIBED, described
 
 from .model_lines import is_model_file, is_users_file
 
@@ -91,10 +91,7 @@ def recorded(value):
     if plain(value):
         return value
     text = described(value)
-    if text is None:
-        return UNRECORDED
-    kind = class_identity(value)
-    return {DESCRIBED: text} if kind is None else {DESCRIBED: text, CLASS: kind}
+    return {DESCRIBED: text} if text is not None else UNRECORDED
 
 
 def plain_items(container) -> list | None:

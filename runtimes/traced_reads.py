@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
-from remat_ir.torchlib.described_values import CLASS, DESCRIBED, described, same_class
+from remat_ir.torchlib.described_values import DESCRIBED, described
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -28,7 +28,7 @@ _ANY_OF = "any of"
 def _same(now, lowered) -> bool:
     if isinstance(lowered, dict):
         if DESCRIBED in lowered:   # an enum member, a numpy scalar, a dtype
-            return described(now) == lowered[DESCRIBED] and same_class(now, lowered.get(CLASS))
+            return described(now) == lowered[DESCRIBED]
         return any(_same(now, value) for value in lowered[_ANY_OF])
     return type(now) is type(lowered) and now == lowered
 

@@ -10,20 +10,11 @@ from __future__ import annotations
 
 import enum
 import sys
-import uuid
 
 import torch
 
 #: The key of a recorded value given by its description: {DESCRIBED: text}.
 DESCRIBED = "described"
-#: The key of an enum member's class as this process knows it: {DESCRIBED: text, CLASS:
-#: `class_identity`}. A class defined again (a notebook cell run again, `importlib.reload`)
-#: names its members as the old one did, but `member is Mode.SUM` tells them apart: a
-#: forward holding an old member and comparing it with the new class's took the other
-#: branch in eager while the text matched (found by a review: 0.92 off, silently).
-CLASS = "class"
-#: This process: an identity recorded here means nothing in another one.
-_PROCESS = uuid.uuid4().hex
 
 
 def described(value) -> str | None:
@@ -39,13 +30,3 @@ def described(value) -> str | None:
         return f"numpy.{type(value).__name__}({value.item()!r})"
     return None
 
-
-def class_identity(value) -> str | None:
-    """For an enum member, its class as this process knows it (`CLASS`), else None."""
-    return f"{_PROCESS}:{id(type(value))}" if isinstance(value, enum.Enum) else None
-
-
-def same_class(value, recorded: str | None) -> bool:
-    """Whether `value`'s class is the one `recorded` (`class_identity`) names, where that
-    was recorded in this process (in another one, the text alone is compared)."""
-    return recorded is None or not recorded.startswith(_PROCESS) or class_identity(value) == recorded
