@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from .traced_reads import _ANY_OF, _MISSING, TracedReads, _same, _unchanged
+from .traced_reads import _ANY_OF, _MISSING, TracedReads, _item, _items, _same, _unchanged, global_part
 
 
 def _attribute(expression: str, name: str, lowered=None) -> str:
@@ -146,7 +146,6 @@ def _plain_reads(src: _Source, reads: TracedReads) -> None:
 def _items_same(container, items: list) -> bool:
     """Each of `items` ([key, value] as recorded) is `container`'s, read as
     `TracedReads.plain_changed` reads them."""
-    from .traced_reads import _item, _items
     found = _items(container)
     return all(_same(_item(found, key), lowered) for key, lowered in items)
 
@@ -154,21 +153,14 @@ def _items_same(container, items: list) -> bool:
 def _global_row_same(value, where: tuple, lowered) -> bool:
     """A global's item or attribute (or an attribute's item) is `lowered`, read as
     `TracedReads.plain_changed` reads it."""
-    from .traced_reads import _items
-    if where[0] == "item":
-        now = _items(value).get(where[1], _MISSING)
-    else:
-        now = getattr(value, where[1], _MISSING)
-        if len(where) == 3:
-            now = _items(now).get(where[2], _MISSING)
-    return _same(now, lowered)
+    return _same(global_part(value, where), lowered)
 
 
 class CallGuard:
     """The generated check of one plan (`_Lowered`). `model_tensors(model)`: the model's
     tensor per resident slot (None for the call's inputs and constants) where the model
-    is as a call last found it through the full checks, else None; `passed(model,
-    resident, device)` arms it after a call passed them (generating the check at the
+    is as a call last found it through the full checks, else None; `passed(resident,
+    device)` arms it after a call passed them (generating the check at the
     first: plans made only to be profiled never pay for it); `device`: that call's."""
 
     def __init__(self, hooks, module_types, module_aliases, tied, bindings, reads: TracedReads):

@@ -56,6 +56,16 @@ def _item(container: Mapping, key):
     return container.get(key, _MISSING)
 
 
+def global_part(value, where) -> object:
+    """What a global row (`TracedReads.globals`) reads of the global's `value`: its item
+    (["item", key]), its attribute (["attr", name]) or that attribute's item (["attr",
+    name, key]); `_MISSING` where there is none."""
+    if where[0] == "item":
+        return _items(value).get(where[1], _MISSING)
+    now = getattr(value, where[1], _MISSING)
+    return _items(now).get(where[2], _MISSING) if len(where) == 3 else now
+
+
 def _items(container) -> Mapping:
     if isinstance(container, Mapping):   # a dict, `os.environ`
         return container
@@ -177,12 +187,10 @@ class TracedReads:
                     return _differs(f"global function {name} of {module_name}", lowered, now, quoted=False)
                 self._global_functions[index] = (value, _snapshot(value))
                 continue
-            elif where[0] == "item":
-                now, shown = _items(value).get(where[1], _MISSING), f"{name}[{where[1]!r}]"
             else:
-                now, shown = getattr(value, where[1], _MISSING), f"{name}.{where[1]}"
-                if len(where) == 3:   # an item of it (`settings.D["temp"]`)
-                    now, shown = _items(now).get(where[2], _MISSING), f"{shown}[{where[2]!r}]"
+                now = global_part(value, where)
+                shown = (f"{name}[{where[1]!r}]" if where[0] == "item" else f"{name}.{where[1]}"
+                         + (f"[{where[2]!r}]" if len(where) == 3 else ""))   # `settings.D["temp"]`
             if not _same(now, lowered):
                 if (module_name, name) == ("os", "environ"):
                     return _differs(f"environment variable {where[1]}", lowered, now)
