@@ -158,3 +158,70 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
                      str(spec), str(torch.get_default_dtype()), autocast_cache(), shown,
                      input_aliases(with_paths))
+
+
+#: Leaf types a call's arguments may have to be taken without flattening (`flat_leaf`).
+_PLAIN_LEAVES = (bool, int, float, str, type(None))
+
+
+def flat_leaf(value) -> bool:
+    """Whether pytree takes `value` as one leaf, for the common types: a tensor (not a
+    registered container) or a plain value. Anything else takes the general path."""
+    if isinstance(value, torch.Tensor):
+        return type(value) not in pytree.SUPPORTED_NODES
+    return type(value) in _PLAIN_LEAVES
+
+
+def _flat_key(args, kwargs) -> tuple | None:
+    """What `call_signature(args, kwargs)` is a function of, where every argument is a
+    `flat_leaf` passed as is (a batch's `input_ids` and `labels`, `use_cache=False`),
+    else None. Per tensor: its class, shape, dtype, strides (which decide its layout's
+    name), whether it requires a gradient, is a leaf or a view (autocast's cache,
+    `uncached_under_autocast`), its device type and the first argument that is the same
+    tensor (`input_aliases`); per plain value: its class and repr (as described); and
+    the state every call's signature reads: autocast, its cache, the default dtype."""
+    if type(args) is not tuple or type(kwargs) is not dict:
+        return None
+    names = tuple(sorted(kwargs))
+    key: list = [len(args), names, autocast_state(), torch.get_default_dtype(), autocast_cache()]
+    first: dict[int, int] = {}
+    for index, leaf in enumerate((*args, *(kwargs[name] for name in names))):
+        if not flat_leaf(leaf):
+            return None
+        if isinstance(leaf, torch.Tensor):
+            if leaf.layout is not torch.strided:
+                return None
+            key.append((type(leaf), leaf.shape, leaf.dtype, leaf.stride(), leaf.requires_grad,
+                        leaf.is_leaf, leaf._is_view(), leaf.device.type,
+                        first.setdefault(id(leaf), index)))
+        else:
+            key.append((type(leaf), repr(leaf)))
+    return tuple(key)
+
+
+class SignatureMemo:
+    """`call_signature`, remembered for calls whose arguments are tensors and plain values
+    passed flat (`_flat_key`, what such a signature is made of); other calls are
+    described afresh. Why: flattening with paths, naming and describing each argument
+    cost 0.14 ms of the quick CNN's 13 ms CPU step (caches are cold between steps), a
+    sixth of remat-ir's store-everything overhead over eager, for the same answer at
+    every step of a training loop."""
+
+    def __init__(self, size: int = 64):
+        self._known: dict[tuple, Signature] = {}
+        self._size = size
+
+    def __call__(self, args: tuple, kwargs: dict) -> Signature:
+        key = _flat_key(args, kwargs)
+        if key is None:
+            return call_signature(args, kwargs)
+        found = self._known.get(key)
+        if found is None:
+            if len(self._known) >= self._size:
+                self._known.clear()
+            found = self._known[key] = call_signature(args, kwargs)
+        return found
+
+
+#: The signature of a call, remembered process-wide (a pure function of `_flat_key`).
+memoised_signature = SignatureMemo()

@@ -46,7 +46,7 @@ from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .dtype_errors import mixed_dtypes_message
 from .fsdp import FSDPUsageError, StepUnits, Units, check_gathered, fsdp_module_class, is_sharded_class
-from .signatures import Signature, argument_names, autocast_from_json, call_signature, containers
+from .signatures import Signature, argument_names, autocast_from_json, containers, flat_leaf, memoised_signature
 from .traced_reads import TracedReads
 
 #: How a call that does not match a plan, with no planner to make another, is told to go on.
@@ -466,6 +466,8 @@ class _Lowered:
         self.strides: list[tuple[int, ...] | None] = []
         #: Per resident slot, its value id.
         self.slot_values = resident_order(graph)
+        #: The resident slots a call brings (its inputs) or the runtime makes (constants).
+        self.call_slots: list[int] = []
         for v in self.slot_values:
             value = graph.value(v)
             self.strides.append(None if value.kind == pb.CONSTANT else _traced_strides(value))
@@ -480,6 +482,8 @@ class _Lowered:
                 self.user_inputs.append((index, v, entry.argument_name or f"input {index}"))
             else:
                 self.bindings.append(("const", v))
+            if self.bindings[-1][0] in ("input", "const"):
+                self.call_slots.append(len(self.bindings) - 1)
         #: Every submodule's class by path when the plan was made: a module swapped since
         #: (an activation, a layer wrapped by an adapter) would not run (`check_modules`).
         self.module_types = tuple((path, type(module)) for path, module in model.named_modules())
@@ -513,6 +517,12 @@ class _Lowered:
         self.constant_outputs = {int(k): v for k, v in
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
+        #: How many positional arguments the graph was lowered for where every argument
+        #: was a leaf (`flat_inputs` then takes a call's as they come), else None.
+        self.flat_positional = _flat_positional(self.in_spec)
+        #: Per user input: (flat index, argument name, shape, dtype) it was lowered for.
+        self.user_input_meta = [(index, name, list(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
+                                for index, v, name in self.user_inputs]
         self.traced_reads = TracedReads(g)
         #: Decisions the trace made from input values (transformers' attention masks):
         #: made again for every call (`values_differ`).
@@ -571,23 +581,32 @@ class _Lowered:
 
     def flat_inputs(self, args, kwargs) -> list:
         """The call's leaves in the order the graph numbers them (keywords as lowered)."""
-        if self.in_spec is not None and set(kwargs) == set(self.keywords):
-            kwargs = {k: kwargs[k] for k in self.keywords}
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if self.in_spec is not None and spec != self.in_spec:
-            raise RuntimeInputError("the inputs are structured otherwise than at lowering; "
-                                    "lower again with these inputs")
-        for index, value_id, name in self.user_inputs:
-            value = self.graph.value(value_id)
+        leaves = None
+        if (self.flat_positional == len(args) and len(kwargs) == len(self.keywords)
+                and type(args) is tuple and type(kwargs) is dict):
+            # Leaves passed flat, as lowered: the structure is the lowered one (no pytree).
+            try:
+                leaves = [*args, *(kwargs[k] for k in self.keywords)]
+            except KeyError:
+                pass
+            if leaves is not None and not all(map(flat_leaf, leaves)):
+                leaves = None
+        if leaves is None:
+            if self.in_spec is not None and set(kwargs) == set(self.keywords):
+                kwargs = {k: kwargs[k] for k in self.keywords}
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            if self.in_spec is not None and spec != self.in_spec:
+                raise RuntimeInputError("the inputs are structured otherwise than at lowering; "
+                                        "lower again with these inputs")
+        for index, name, shape, dtype in self.user_input_meta:
             if index >= len(leaves) or not isinstance(leaves[index], torch.Tensor):
                 raise RuntimeInputError(f"{name} should be a tensor of shape "
-                                        f"{list(value.shape)}; lower again with these inputs")
+                                        f"{shape}; lower again with these inputs")
             t = leaves[index]
-            if list(t.shape) != list(value.shape) or t.dtype != torch_dtype(value.dtype):
+            if list(t.shape) != shape or t.dtype != dtype:
                 raise RuntimeInputError(
                     f"{name} is {list(t.shape)} {t.dtype}, but the graph was lowered for "
-                    f"{list(value.shape)} {torch_dtype(value.dtype)}; lower again with inputs "
-                    "of this shape")
+                    f"{shape} {dtype}; lower again with inputs of this shape")
         return leaves
 
     def values_differ(self, args, kwargs, answers: dict, leaves: list | None = None,
@@ -651,34 +670,40 @@ class _Lowered:
         FSDP2, whose root gathers its own parameters (in its mixed-precision dtype, if set);
         `checked`: the model's tensors as the plan's guard found them, which it passed
         (`CallGuard.model_tensors`) on this call's device."""
-        resident = []
-        for slot, ((kind, what), strides) in enumerate(zip(self.bindings, self.strides)):
-            if checked is not None and checked[slot] is not None:
-                resident.append(checked[slot])
-                continue
-            if kind == "param":
-                t = modules.member(what, "_parameters")
-                t = t if t is not None else model.get_parameter(what)
-            elif kind == "buffer":
-                t = modules.member(what, "_buffers")
-                t = t if t is not None else model.get_buffer(what)
-            elif kind == "input":
-                t = leaves[what]
-            else:
-                t = self.constant(what, device)
-            if t.device != device:
-                raise RuntimeInputError(f"{what if kind != 'const' else self.graph.value(what).name!r} is on {t.device} "
-                                        f"but the inputs are on {device}; move the model with .to()")
-            if strides is not None and t.stride() != strides:
-                self._check_layout(slot, t)
-            if kind in ("param", "buffer") and (t.shape, t.dtype) != self.traced_meta[slot]:
-                if sharded and kind == "param":
-                    check_gathered(what, t, self.traced_meta[slot][1])
-                self._refuse_changed(kind, what, t, *self.traced_meta[slot])
-            if kind == "param" and what in self.frozen and t.requires_grad:
-                self._refuse_unfrozen(what)
-            resident.append(t)
-        return tuple(resident)
+        if checked is not None:   # the model's tensors as checked: bind the rest
+            resident = list(checked)
+            for slot in self.call_slots:
+                resident[slot] = self._bind(slot, model, leaves, device, modules, sharded)
+            return tuple(resident)
+        return tuple(self._bind(slot, model, leaves, device, modules, sharded)
+                     for slot in range(len(self.bindings)))
+
+    def _bind(self, slot: int, model: torch.nn.Module, leaves, device, modules: "_Submodules",
+              sharded: bool) -> torch.Tensor:
+        """The tensor of resident `slot` for this call, checked (`resident`)."""
+        (kind, what), strides = self.bindings[slot], self.strides[slot]
+        if kind == "param":
+            t = modules.member(what, "_parameters")
+            t = t if t is not None else model.get_parameter(what)
+        elif kind == "buffer":
+            t = modules.member(what, "_buffers")
+            t = t if t is not None else model.get_buffer(what)
+        elif kind == "input":
+            t = leaves[what]
+        else:
+            t = self.constant(what, device)
+        if t.device != device:
+            raise RuntimeInputError(f"{what if kind != 'const' else self.graph.value(what).name!r} is on {t.device} "
+                                    f"but the inputs are on {device}; move the model with .to()")
+        if strides is not None and t.stride() != strides:
+            self._check_layout(slot, t)
+        if kind in ("param", "buffer") and (t.shape, t.dtype) != self.traced_meta[slot]:
+            if sharded and kind == "param":
+                check_gathered(what, t, self.traced_meta[slot][1])
+            self._refuse_changed(kind, what, t, *self.traced_meta[slot])
+        if kind == "param" and what in self.frozen and t.requires_grad:
+            self._refuse_unfrozen(what)
+        return t
 
     @staticmethod
     def _refuse_changed(kind: str, name: str, tensor: torch.Tensor, shape, dtype) -> None:
@@ -875,6 +900,17 @@ class _Lowered:
         if self.out_spec is not None:
             return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _flat_positional(spec) -> int | None:
+    """The number of positional arguments of an (args, kwargs) spec whose arguments are
+    all leaves (a tuple and a dict of them), else None (`_Lowered.flat_positional`)."""
+    if spec is None or spec.child(0).type is not tuple or spec.child(1).type is not dict:
+        return None
+    parts = (spec.child(0), spec.child(1))
+    if all(part.child(i).is_leaf() for part in parts for i in range(part.num_children)):
+        return parts[0].num_children
+    return None
 
 
 def _checkpointing_hint(model: torch.nn.Module) -> str:
@@ -1089,7 +1125,7 @@ class ScheduledModule(torch.nn.Module):
         answers: dict = {}
         if last.signature is None:  # no input spec (hand-built IR): checked input by input
             return last, answers, False
-        signature = call_signature(args, kwargs)
+        signature = memoised_signature(args, kwargs)
         same = [p for p in reversed(self._plans.values()) if p.signature == signature]
         if not same and self._planner is None:
             # Device follows the inputs: a plan lowered on another device runs there too.

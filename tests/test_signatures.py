@@ -1,0 +1,129 @@
+"""The memoised call signature (`runtimes/signatures.py` `SignatureMemo`) and the flat
+inputs' fast path (`_Lowered.flat_inputs`) give what the general path gives, over
+sequences of calls drawn to look alike (the memo must never hand one call another's
+signature)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from remat_ir.runtimes.signatures import SignatureMemo, call_signature
+
+from strategies import search
+
+_BASE_SHAPES = ((2, 3), (3, 2), (2, 3, 4, 5), (1, 3))
+#: Ways a tensor argument may differ from the first call's: in one property at a time.
+_VARIANTS = ("same", "fresh", "transposed", "channels_last", "float64", "int64", "requires_grad",
+             "non-leaf", "view", "alias")
+#: Plain values that compare or hash alike but are described otherwise (0, 0.0, -0.0, False).
+_PLAIN = (0, 1, True, False, 1.0, 0.0, -0.0, float("nan"), "a", "1", None, 2 ** 70)
+
+
+def _variant(kind: str, shape: tuple, first: torch.Tensor, others: list) -> torch.Tensor:
+    """A tensor of `shape` (or `first`, or another argument's) as `kind` says."""
+    if kind == "same":
+        return first
+    if kind == "alias" and others:
+        return others[0]
+    if kind == "transposed" and len(shape) >= 2:
+        return torch.zeros(shape[1], shape[0], *shape[2:]).transpose(0, 1)
+    if kind == "channels_last" and len(shape) == 4:
+        return torch.zeros(shape).contiguous(memory_format=torch.channels_last)
+    if kind in ("float64", "int64"):
+        return torch.zeros(shape, dtype=getattr(torch, kind))
+    if kind == "requires_grad":
+        return torch.zeros(shape, requires_grad=True)
+    if kind == "non-leaf":
+        return torch.zeros(shape, requires_grad=True) * 1
+    if kind == "view":
+        return torch.zeros(shape).view(shape)
+    return torch.zeros(shape)
+
+
+@st.composite
+def _calls(draw) -> list:
+    """2-8 calls of one structure (one to three positional and keyword arguments), each
+    argument a tensor or a plain value that differs from the first call's in one way
+    (`_VARIANTS`, `_PLAIN`); at times one argument held in a list (the general path),
+    autocast on or another default dtype."""
+    slots = draw(st.lists(st.sampled_from(["tensor", "plain"]), min_size=1, max_size=3))
+    names = draw(st.lists(st.sampled_from(["x", "mask", "labels"]), max_size=len(slots) - 1,
+                          unique=True))
+    shapes = [draw(st.sampled_from(_BASE_SHAPES)) for _ in slots]
+    firsts = [torch.zeros(shape) for shape in shapes]
+    calls = []
+    for _ in range(draw(st.integers(2, 8))):
+        listed = draw(st.integers(0, 3)) == 0
+        values: list = []
+        for kind, shape, first in zip(slots, shapes, firsts):
+            if kind == "tensor":
+                others = [v for v in values if isinstance(v, torch.Tensor) and v.shape == shape]
+                values.append(_variant(draw(st.sampled_from(_VARIANTS)), shape, first, others))
+            else:
+                values.append(draw(st.sampled_from(_PLAIN)))
+        positional = values[:len(values) - len(names)]
+        args = tuple([v] if listed and i == 0 else v for i, v in enumerate(positional))
+        kwargs = dict(zip(names, values[len(positional):]))
+        calls.append((args, kwargs, draw(st.sampled_from(["plain", "autocast", "float64 default"]))))
+    return calls
+
+
+def _under(state: str, fn):
+    if state == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn()
+    if state == "float64 default":
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            return fn()
+        finally:
+            torch.set_default_dtype(before)
+    return fn()
+
+
+@search(200)
+@given(_calls())
+def test_the_memoised_signature_is_the_call_signature(calls):
+    memo = SignatureMemo(size=4)   # small: entries are also dropped and made again
+    for args, kwargs, state in calls * 2:
+        found = _under(state, lambda: memo(args, kwargs))
+        expected = _under(state, lambda: call_signature(args, kwargs))
+        assert found == expected and found.shown == expected.shown
+
+
+@search(100)
+@given(_calls(), st.data())
+def test_flat_inputs_take_the_leaves_the_general_path_takes(calls, data):
+    """A graph lowered for one call's inputs gets, from a call of that signature, the
+    leaves pytree flattens, and refuses a call structured otherwise as before."""
+    from torch.utils import _pytree as pytree
+
+    from remat_ir.runtimes import torch as runtime
+    for args, kwargs, _ in calls:
+        order = data.draw(st.permutations(list(kwargs)))
+        spec = pytree.tree_structure((args, {k: kwargs[k] for k in order}))
+        lowered = object.__new__(runtime._Lowered)
+        lowered.in_spec, lowered.keywords = spec, order
+        lowered.flat_positional = runtime._flat_positional(spec)
+        lowered.user_input_meta = []
+        shuffled = {k: kwargs[k] for k in data.draw(st.permutations(list(kwargs)))}
+        expected, _ = pytree.tree_flatten((args, {k: kwargs[k] for k in order}))
+        found = lowered.flat_inputs(args, shuffled)
+        assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected))
+        for other_args, other_kwargs, _ in calls:
+            try:
+                general, other_spec = pytree.tree_flatten(
+                    (other_args, {k: other_kwargs[k] for k in order} if set(other_kwargs) == set(order)
+                     else other_kwargs))
+            except KeyError:
+                continue
+            if other_spec != spec:
+                try:
+                    lowered.flat_inputs(other_args, other_kwargs)
+                except runtime.RuntimeInputError:
+                    continue
+                raise AssertionError("a call structured otherwise was taken")
+            assert all(a is b for a, b in zip(lowered.flat_inputs(other_args, other_kwargs), general))
