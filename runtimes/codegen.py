@@ -975,6 +975,8 @@ def _call_lines(graph: Graph, writer: _Writer, node_id: int, mode: str) -> list[
 
 def _member_lines(graph: Graph, writer: _Writer, node_id: int, node: pb.Node, mode: str = "") -> list[str]:
     """The lines that run `node` (node `node_id`, or one member of fused node `node_id`)."""
+    if mode == "" and _plain_detach(graph, node):
+        return [f"{_tensor_name(node.outputs[0])} = {_tensor_name(node.inputs[0])}"]
     op_global, op = _op_global(graph, writer, node_id, node)
     args = _arguments(graph, writer, node_id, node=node)
     call = f"{op_global}({', '.join(args)})"
@@ -993,6 +995,19 @@ def _member_lines(graph: Graph, writer: _Writer, node_id: int, node: pb.Node, mo
             lines.append(f"{name} = _r[{index}]")
         lines.append("del _r")
     return lines
+
+
+def _plain_detach(graph: Graph, node: pb.Node) -> bool:
+    """Whether `node` detaches a value a segment computed, into one no output is: the
+    segments run without autograd, so the value needs no gradient and its detached alias
+    (same storage, version counter, shape and strides) is the value itself. The joint
+    graph detaches each ReLU's output for its backward, twice: 52 dispatcher calls a
+    ResNet-18 step made for nothing (eager's autograd makes none)."""
+    if node.op != "aten.detach.default" or len(node.inputs) != 1 or len(node.outputs) != 1:
+        return False
+    source = node.inputs[0]
+    return (graph.producer(source) is not None
+            and source not in graph.output_value_ids and node.outputs[0] not in graph.output_value_ids)
 
 
 def _placeholder_function(graph: Graph, device: torch.device):
