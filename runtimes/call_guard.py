@@ -163,9 +163,10 @@ class CallGuard:
     device)` arms it after a call passed them (generating the check at the
     first: plans made only to be profiled never pay for it); `device`: that call's."""
 
-    def __init__(self, hooks, module_types, module_aliases, tied, bindings, reads: TracedReads):
+    def __init__(self, hooks, module_types, module_members, module_aliases, tied, bindings,
+                 reads: TracedReads):
         self._hooks = hooks
-        self._rows = (module_types, module_aliases, tied, bindings, reads)
+        self._rows = (module_types, module_members, module_aliases, tied, bindings, reads)
         self._find = None
         self._slots = [slot for slot, (kind, _) in enumerate(bindings) if kind in ("param", "buffer")]
         #: Per model slot, (shape, dtype, strides, requires_grad, device) at the last full
@@ -199,13 +200,17 @@ class CallGuard:
                             for slot in self._slots]
 
 
-def _generate(module_types, module_aliases, tied, bindings, reads: TracedReads):
+def _generate(module_types, module_members, module_aliases, tied, bindings, reads: TracedReads):
     """The function `model_tensors(root)` of a plan's rows."""
     src = _Source()
     src.names.update(FUNCTIONS=reads._functions, GLOBAL_FUNCTIONS=reads._global_functions,
                      ROW_SAME=_global_row_same, ITEMS_SAME=_items_same)
     for path, kind in module_types:
         src.line(f"if type({src.module(path)}) is not {src.constant(kind)}: return None")
+    for path, modules, parameters, buffers in module_members:   # none added since
+        m = src.module(path)
+        src.line(f"if len({m}._modules) != {len(modules)} or len({m}._parameters) != "
+                 f"{len(parameters)} or len({m}._buffers) != {len(buffers)}: return None")
     for paths in module_aliases:   # one module at each of the paths, as at lowering
         src.line(f"if not ({' is '.join(src.module(path) for path in paths)}): return None")
     for group in tied:   # one tensor for every name of the group, as at lowering

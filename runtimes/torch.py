@@ -487,6 +487,14 @@ class _Lowered:
         #: Every submodule's class by path when the plan was made: a module swapped since
         #: (an activation, a layer wrapped by an adapter) would not run (`check_modules`).
         self.module_types = tuple((path, type(module)) for path, module in model.named_modules())
+        #: Per module path, the names of the submodules, parameters and buffers its module
+        #: held: one added since is at a path the class check never looks at, and a forward
+        #: that iterates (a ModuleList grown, a parametrization stacked on a weight, found by
+        #: a review: the graph without the new layer trained on, 0.72 where eager gives
+        #: 0.97) would silently skip it. (One removed is a path gone, or an unbound name.)
+        self.module_members = tuple((path, tuple(module._modules), tuple(module._parameters),
+                                     tuple(module._buffers))
+                                    for path, module in model.named_modules())
         #: Paths that were one module when the plan was made (a block or a BatchNorm used at
         #: two places): the graph reads its parameters and buffers under the first path
         #: only, so a module given since to another of the paths would silently not be
@@ -546,7 +554,8 @@ class _Lowered:
         self.fsdp_owners: tuple = (None, [], {})
         self.constants: dict[tuple[int, torch.device], torch.Tensor] = {}
         #: The fast check of what every call checks of the model (`call_guard.py`).
-        self.guard = CallGuard(self.hooks, self.module_types, self.module_aliases, self.tied,
+        self.guard = CallGuard(self.hooks, self.module_types, self.module_members,
+                               self.module_aliases, self.tied,
                                self.bindings, self.traced_reads)
 
     def _signature(self) -> Signature | None:
@@ -730,11 +739,12 @@ class _Lowered:
     def check_modules(self, modules: "_Submodules") -> None:
         """A submodule replaced since lowering by one of another class (`model.act =
         nn.Sigmoid()`, a layer wrapped by a LoRA adapter or a parametrization): the graph
-        computes what the old one did, so the new one would silently not run."""
+        computes what the old one did, so the new one would silently not run; likewise a
+        module holding a submodule, parameter or buffer more (a ModuleList grown)."""
         changed = self.modules_difference(modules)
         if changed is not None:
             raise RuntimeInputError(
-                f"{changed}: the lowered graph computes what the old one did. Call "
+                f"{changed}: the lowered graph computes what the model did then. Call "
                 f"remat_ir.remat again after changing the model's modules")
 
     def modules_difference(self, modules: "_Submodules") -> str | None:
@@ -751,6 +761,23 @@ class _Lowered:
                 shown = ", ".join(repr(path) for path in paths[:-1]) + f" and {paths[-1]!r}"
                 return (f"submodules {shown} of {type(modules.at('')).__name__} were one module "
                         f"when the model was lowered and are not now")
+        return self.members_difference(modules)
+
+    def members_difference(self, modules: "_Submodules") -> str | None:
+        """A module holding more or fewer submodules, parameters or buffers than at lowering
+        (`module_members`; its paths all hold a module of their class), said for the user,
+        or None."""
+        for path, *then in self.module_members:
+            module = modules.at(path)
+            for kind, names, now in zip(("submodules", "parameters", "buffers"), then,
+                                        (module._modules, module._parameters, module._buffers)):
+                if len(now) != len(names):
+                    added = [name for name in now if name not in names]
+                    return (f"{'the model' if not path else f'submodule {path!r}'} of "
+                            f"{type(modules.at('')).__name__} holds {len(now)} "
+                            f"{kind[:-1] if len(now) == 1 else kind} now and held {len(names)} "
+                            f"when the model was lowered"
+                            + (f" (added: {', '.join(map(repr, added))})" if added else ""))
         return None
 
     def model_difference(self, modules: "_Submodules") -> tuple[str, str, tuple | None] | None:
@@ -769,7 +796,8 @@ class _Lowered:
             return "changed hooks", changed, None
         changed = self.modules_difference(modules)
         if changed is not None:
-            return "replaced submodule", changed, None
+            added = self.members_difference(modules) == changed
+            return "added module members" if added else "replaced submodule", changed, None
         read = self.traced_reads.plain_changed(modules.at)
         if read is not None:
             return "new value read by forward", read[1], (read[0], read[2])

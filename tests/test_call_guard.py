@@ -80,7 +80,7 @@ def _set_global(name, value):
 def _changes(m: _Net) -> dict:
     """Changes between steps, by name: those that change nothing the graph computes with
     (an equal value, a key the forward never reads) next to those that do."""
-    b0, b1 = m.blocks
+    b0, b1 = m.blocks[0], m.blocks[-1]
     return {
         "nothing": lambda: None,
         "flag to an equal value": lambda: setattr(b0, "flag", True),
@@ -127,6 +127,11 @@ def _changes(m: _Net) -> dict:
         "buffer converted": lambda: setattr(b0.bn, "running_mean", torch.zeros(6, dtype=torch.float64)),
         "buffer written in place": lambda: b0.bn.running_mean.add_(1.0),
         "hook added": lambda: b0.lin.register_forward_hook(lambda *a: None),
+        "block appended": lambda: m.blocks.append(_Block()),
+        "last block removed": lambda: len(m.blocks) > 2 and m.blocks.__delitem__(-1),
+        "submodule added": lambda: setattr(b1, "extra", torch.nn.Linear(6, 6)),
+        "parameter registered": lambda: b0.lin.register_parameter("extra", torch.nn.Parameter(torch.ones(1))),
+        "buffer registered": lambda: b1.bn.register_buffer("extra", torch.ones(1)),
         "shared module's slope": lambda: setattr(m.act, "negative_slope", 0.3),
         "second path of a shared module replaced": lambda: setattr(m, "act_again", torch.nn.LeakyReLU(0.2)),
         "shared module replaced at both paths": lambda: (setattr(m, "act", torch.nn.LeakyReLU(0.2)),

@@ -2171,6 +2171,65 @@ def test_a_call_after_the_models_modules_or_parameters_changed_is_planned_again_
                          capsys.readouterr().err)
 
 
+class _Grown(torch.nn.Module):
+    """A forward that iterates its containers and its own parameters and buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+        self.seq = torch.nn.Sequential(torch.nn.Linear(8, 8))
+        self.head = torch.nn.Linear(8, 1)
+        torch.nn.utils.parametrizations.weight_norm(self.head)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + torch.tanh(layer(x))
+        x = self.seq(x) + sum(b.sum() for b in self.buffers())
+        return self.head(x).square().mean() + sum(p.sum() for p in self.seq.parameters())
+
+
+@pytest.mark.parametrize("change, said", [
+    ("appended", r"submodule 'layers' of _Grown holds 3 submodules now and held 2 when the model "
+                 r"was lowered \(added: '2'\)"),
+    ("sequential", r"submodule 'seq' of _Grown holds 2 submodules now and held 1 .*\(added: '1'\)"),
+    ("stacked parametrization", r"submodule 'head.parametrizations.weight' of _Grown holds 2 "
+                                r"submodules now and held 1 .*\(added: '1'\)"),
+    ("parameter", r"submodule 'seq.0' of _Grown holds 3 parameters now and held 2 .*\(added: 'extra'\)"),
+    ("buffer", r"the model of _Grown holds 1 buffer now and held 0 .*\(added: 'extra'\)")])
+def test_a_call_after_a_module_member_was_added_is_planned_again_or_refused(change, said, capsys):
+    """A layer appended to a ModuleList or Sequential the forward iterates, a
+    parametrization stacked on a parametrized weight, a parameter or buffer registered
+    where the forward iterates them: found by a review, the graph without them trained
+    on (0.72 where eager gives 0.97), silently. The paths of a module's new members are
+    not among those compared at lowering: their number per module is."""
+    torch.manual_seed(0)
+    model, x = _Grown(), torch.randn(16, 8)
+    scheduled = _remat(model, (x,))
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    scheduled(x).backward()
+    model.zero_grad()
+    if change == "appended":
+        model.layers.append(torch.nn.Linear(8, 8))
+    elif change == "sequential":
+        model.seq.append(torch.nn.Linear(8, 8))
+    elif change == "stacked parametrization":
+        torch.nn.utils.parametrize.register_parametrization(model.head, "weight", _Halved())
+    elif change == "parameter":
+        model.seq[0].register_parameter("extra", torch.nn.Parameter(torch.full((2,), 0.5)))
+    else:
+        model.register_buffer("extra", torch.full((2,), 0.25))
+    with pytest.raises(RuntimeInputError, match=said + ".*[Cc]all remat_ir.remat again"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert re.search(r"remat-ir: added module members \(" + said + r"\): lowering and planning again",
+                     capsys.readouterr().err)
+
+
+class _Halved(torch.nn.Module):
+    def forward(self, weight):
+        return weight * 0.5
+
+
 #: Read by `_Configured`'s forward, as a module-level setting would be.
 SETTINGS = {"temperature": 0.5}
 SCALE = 1.0
