@@ -51,6 +51,7 @@ from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from . import gru_kernels, prod_kernels
 from .export_draws import drawing_as_eager
+from .unpreserved_checkpoints import unpreserved_checkpoints_refused
 from .errors import LoweringError
 from .fx_nodes import node_module
 from .model_lines import library_line, model_line
@@ -899,7 +900,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`) and the ops
     of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
     """
-    with traced_as_run(), certain_draws():
+    with traced_as_run(), certain_draws(), unpreserved_checkpoints_refused():
         return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                       copy_long_lived_views, fusing)
 
