@@ -82,7 +82,8 @@ from .view_compaction import compact_views
 from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
                                      describe_input, input_aliases, ir_dtype, op_name, record_device,
-                                     raw_bytes, resolve_op, to_ir_argument, uncached_under_autocast)
+                                     raw_bytes, resolve_op, sdpa_state, to_ir_argument,
+                                     uncached_under_autocast)
 from remat_ir.torchlib.value_guards import ValueGuards
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
@@ -1015,6 +1016,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
+    graph.proto.metadata["torch.sdpa"] = sdpa_state()
     # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
     # under one of the names, so a call after they were untied is lowered again.
     graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied_parameters(model))

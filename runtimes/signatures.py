@@ -25,7 +25,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
-                                     describe_input, input_aliases)
+                                     describe_input, input_aliases, sdpa_flags, sdpa_state)
+
+#: The attention kernels torch lets a call pick unless told otherwise.
+DEFAULT_SDPA = sdpa_state()
 
 @dataclass(frozen=True)
 class Signature:
@@ -49,6 +52,9 @@ class Signature:
     #: reads such a tensor once, so a graph lowered so computes with the first one where a
     #: call passes two (silently wrong before), and one lowered for two reads them apart.
     aliases: tuple[tuple[str, ...], ...] = ()
+    #: `sdpa_state()`: the attention kernels a call may pick (the trace holds the one it
+    #: picked); a graph that recorded none was lowered under torch's defaults.
+    sdpa: str = DEFAULT_SDPA
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -77,6 +83,9 @@ class Signature:
         if self.autocast_cache != lowered.autocast_cache:
             return (f"autocast's cast cache is {'on' if self.autocast_cache else 'off'}, lowered "
                     f"with it {'on' if lowered.autocast_cache else 'off'}")
+        if self.sdpa != lowered.sdpa:
+            return (f"scaled dot product attention may use {self.sdpa or 'no kernel'}, lowered "
+                    f"where it might use {lowered.sdpa or 'none'} (`torch.nn.attention.sdpa_kernel`)")
         if self.aliases != lowered.aliases:
             return (f"{_aliases_text(self.aliases) or 'no argument is another one'}, lowered "
                     f"where {_aliases_text(lowered.aliases) or 'none was another'}")
@@ -157,7 +166,7 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
                      str(spec), str(torch.get_default_dtype()), autocast_cache(), shown,
-                     input_aliases(with_paths))
+                     input_aliases(with_paths), sdpa_state())
 
 
 #: Leaf types a call's arguments may have to be taken without flattening (`flat_leaf`).
@@ -179,11 +188,13 @@ def _flat_key(args, kwargs) -> tuple | None:
     name), whether it requires a gradient, is a leaf or a view (autocast's cache,
     `uncached_under_autocast`), its device type and the first argument that is the same
     tensor (`input_aliases`); per plain value: its class and repr (as described); and
-    the state every call's signature reads: autocast, its cache, the default dtype."""
+    the state every call's signature reads: autocast, its cache, the default dtype, the
+    attention kernels."""
     if type(args) is not tuple or type(kwargs) is not dict:
         return None
     names = tuple(sorted(kwargs))
-    key: list = [len(args), names, autocast_state(), torch.get_default_dtype(), autocast_cache()]
+    key: list = [len(args), names, autocast_state(), torch.get_default_dtype(), autocast_cache(),
+                 sdpa_flags()]
     first: dict[int, int] = {}
     for index, leaf in enumerate((*args, *(kwargs[name] for name in names))):
         if not flat_leaf(leaf):

@@ -46,7 +46,8 @@ from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
 from .dtype_errors import mixed_dtypes_message
 from .fsdp import FSDPUsageError, StepUnits, Units, check_gathered, fsdp_module_class, is_sharded_class
-from .signatures import Signature, argument_names, autocast_from_json, containers, flat_leaf, memoised_signature
+from .signatures import (DEFAULT_SDPA, Signature, argument_names, autocast_from_json, containers, flat_leaf,
+                         memoised_signature)
 from .traced_reads import TracedReads
 
 #: How a call that does not match a plan, with no planner to make another, is told to go on.
@@ -573,7 +574,8 @@ class _Lowered:
                          g.metadata.get("torch.default_dtype", "torch.float32"),
                          json.loads(g.metadata.get("torch.autocast_cache", "true")),
                          aliases=tuple(tuple(group) for group in
-                                       json.loads(g.metadata.get("torch.input_aliases", "[]"))))
+                                       json.loads(g.metadata.get("torch.input_aliases", "[]"))),
+                         sdpa=g.metadata.get("torch.sdpa", DEFAULT_SDPA))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:

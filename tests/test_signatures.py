@@ -5,12 +5,20 @@ signature)."""
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import remat_ir
 from remat_ir.runtimes.signatures import SignatureMemo, call_signature
 
+from exactness import side_by_side
 from strategies import search
 
 _BASE_SHAPES = ((2, 3), (3, 2), (2, 3, 4, 5), (1, 3))
@@ -66,13 +74,17 @@ def _calls(draw) -> list:
         positional = values[:len(values) - len(names)]
         args = tuple([v] if listed and i == 0 else v for i, v in enumerate(positional))
         kwargs = dict(zip(names, values[len(positional):]))
-        calls.append((args, kwargs, draw(st.sampled_from(["plain", "autocast", "float64 default"]))))
+        calls.append((args, kwargs, draw(st.sampled_from(["plain", "autocast", "float64 default",
+                                                          "math attention"]))))
     return calls
 
 
 def _under(state: str, fn):
     if state == "autocast":
         with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn()
+    if state == "math attention":
+        with sdpa_kernel(SDPBackend.MATH):
             return fn()
     if state == "float64 default":
         before = torch.get_default_dtype()
@@ -127,3 +139,41 @@ def test_flat_inputs_take_the_leaves_the_general_path_takes(calls, data):
                     continue
                 raise AssertionError("a call structured otherwise was taken")
             assert all(a is b for a, b in zip(lowered.flat_inputs(other_args, other_kwargs), general))
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, d)).square().mean()
+
+
+@pytest.mark.parametrize("lowered_under, called_under", [(None, SDPBackend.MATH), (SDPBackend.MATH, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_call_under_other_attention_kernels_is_planned_for_them(lowered_under, called_under, dtype,
+                                                                   capsys):
+    """The trace holds the attention kernel it picked; eager picks per call, and
+    `sdpa_kernel(SDPBackend.MATH)` around a call (or around the lowering) made the
+    gradients differ from eager's, silently (found by a review: 9e-10 in float32, 6e-5
+    under bfloat16 autocast). The kernels a call may pick are part of its signature."""
+    def under(backend):
+        return sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is torch.bfloat16)
+
+    torch.manual_seed(0)
+    model, x = _Attention(), torch.randn(4, 64, 32)
+    with under(lowered_under), autocast():
+        scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops",
+                                   cache_dir=False)
+    with under(called_under):
+        errors = side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss,
+                              tolerance=1e-30, forward_context=autocast)
+    assert errors == {}
+    assert "remat-ir: new input signature (scaled dot product attention may use" in capsys.readouterr().err

@@ -168,6 +168,32 @@ def autocast_cache() -> bool:
     return not autocast_state() or torch.is_autocast_cache_enabled()
 
 
+#: The flag (`torch._C._get_<flag>_sdp_enabled`) of each scaled-dot-product-attention
+#: backend `sdpa_state` names, by `SDPBackend` name (FA3 is in no priority order).
+_SDPA_FLAGS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash",
+               "EFFICIENT_ATTENTION": "mem_efficient", "MATH": "math", "OVERRIDEABLE": "overrideable",
+               "FA3": "fa3"}
+
+
+def sdpa_state() -> str:
+    """The scaled-dot-product-attention kernels a call may pick, in their priority order,
+    and whether the math kernel may reduce in half precision: the trace holds the kernel
+    it picked (`_scaled_dot_product_flash_attention_for_cpu`), and eager picks per call
+    (`with sdpa_kernel(SDPBackend.MATH):`), whose gradients differ in the last bits (in
+    bfloat16, 6e-5: found by a review, silently)."""
+    order, enabled, reducing = sdpa_flags()
+    names = [name for name in [*(torch.nn.attention.SDPBackend(i).name for i in order), "FA3"]
+             if name in _SDPA_FLAGS and enabled[list(_SDPA_FLAGS).index(name)]]
+    return ", ".join(names + ["MATH reducing in half precision"] * reducing)
+
+
+def sdpa_flags() -> tuple:
+    """What `sdpa_state` describes, as read (a key: a few calls, no names)."""
+    return (tuple(torch._C._get_sdp_priority_order()),
+            tuple(getattr(torch._C, f"_get_{flag}_sdp_enabled", bool)() for flag in _SDPA_FLAGS.values()),
+            torch._C._get_math_sdp_allow_fp16_bf16_reduction())
+
+
 def autocast_caches(tensor: torch.Tensor) -> bool:
     """Whether autocast's cache would keep `tensor`'s cast for the rest of the block, for
     every reader: a float32 leaf (not a view) that requires a gradient, as eager's
