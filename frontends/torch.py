@@ -84,6 +84,7 @@ from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cac
                                      describe_input, input_aliases, ir_dtype, op_name, record_device,
                                      raw_bytes, resolve_op, sdpa_state, to_ir_argument,
                                      uncached_under_autocast)
+from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.value_guards import ValueGuards
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
@@ -901,6 +902,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`) and the ops
     of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
     """
+    refused = cached_parametrizations(model)
+    if refused is not None:
+        raise LoweringError(refused.replace("is called inside", "is lowered inside"))
     with traced_as_run(), certain_draws(), unpreserved_checkpoints_refused():
         return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                       copy_long_lived_views, fusing)

@@ -36,6 +36,7 @@ from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.output_names import output_names
+from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import INSTEAD, active_pack_hook, hook_name, is_save_on_cpu
 from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, same_layout, torch_dtype
 from remat_ir.torchlib.value_guards import ValueGuards
@@ -1247,6 +1248,9 @@ class ScheduledModule(torch.nn.Module):
             # module, is evaluation too): outside training, the model runs as it is.
             return self._call_model(*args, **kwargs)
         self._check_saved_tensor_hooks()
+        refused = cached_parametrizations(self._model)
+        if refused is not None:
+            raise RuntimeInputError(refused)
         if getattr(self._planner, "per_rank", False) and self._sharded():
             raise FSDPUsageError(
                 "the ranks planned this module for inputs of different shapes, each its own "

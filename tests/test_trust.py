@@ -1913,6 +1913,33 @@ def test_a_checkpoint_that_does_not_preserve_the_rng_state_is_refused_where_it_d
                         lambda out: out) == {}
 
 
+def test_calls_inside_parametrize_cached_are_refused_for_parametrized_models():
+    """Inside `parametrize.cached()` eager computes a parametrized weight once for every
+    call of the block (spectral norm's power iteration once for two calls): found by a
+    review, remat-ir computed it per call, `_u` 1.5e-2 off eager's, silently. Refused at
+    the call and at lowering; a model without parametrizations runs inside as outside."""
+    from torch.nn.utils import parametrizations, parametrize
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    model = torch.nn.Sequential(parametrizations.spectral_norm(torch.nn.Linear(8, 16)), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1))
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    with parametrize.cached():
+        with pytest.raises(RuntimeInputError, match=r"parametrized modules '0'\) is called inside "
+                                                    r"torch.nn.utils.parametrize.cached\(\).* Call it "
+                                                    r"outside cached\(\)"):
+            scheduled(x)
+        with pytest.raises(LoweringError, match=r"is lowered inside torch.nn.utils.parametrize.cached"):
+            _remat(model, (x,), solver="recompute-all")
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    with parametrize.cached():
+        assert side_by_side(plain, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                            lambda out: out.square().mean(), tolerance=1e-30) == {}
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+
+
 class _InferenceModeTarget(torch.nn.Module):
     """A target computed by a teacher under `torch.inference_mode`, as a `with`, as a
     decorated method, or the student's prediction under `inference_mode(False)` inside
