@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.torchlib.callables import attribute_at, describe, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, described
+from remat_ir.torchlib.described_values import DESCRIBED, LENGTH as LENGTH_KEY, NESTED, described
 
 from .model_lines import is_model_file, is_users_file
 
@@ -71,8 +71,11 @@ ANY_OF = "any of"
 #: runtime's `getattr(module, name, "<missing>")` gives it while it stays missing.
 ABSENT = "<missing>"
 #: Containers with more items than this are not recorded (their checks would cost more
-#: than a step's worth of bookkeeping); neither is code deeper than `_DEPTH` calls.
-_MAX_ITEMS, _DEPTH = 64, 4
+#: than a step's worth of bookkeeping); neither is code deeper than `_DEPTH` calls, nor
+#: containers held deeper than `_NESTING` in others.
+_MAX_ITEMS, _DEPTH, _NESTING = 64, 4, 3
+#: The key under which `plain_items` records a container's length.
+LENGTH = {LENGTH_KEY: None}
 
 
 def plain(value) -> bool:
@@ -94,17 +97,29 @@ def recorded(value):
     return {DESCRIBED: text} if text is not None else UNRECORDED
 
 
-def plain_items(container) -> list | None:
+def plain_items(container, depth: int = 0) -> list | None:
     """[[key, value], both as `recorded`] of a list's, tuple's or dict's items whose key
-    and value are recorded (None: not one, or too big). A key recorded by its description
-    (`{Mode.SUM: 1.0}`, `{torch.float32: 2.0}`: found by a review, changed after lowering
-    0.67 off eager, silently) is found again by it (`runtimes/traced_reads.py` `_item`)."""
+    and value are recorded (None: not one, or too big), and its length (`LENGTH`). A key
+    recorded by its description (`{Mode.SUM: 1.0}`, `{torch.float32: 2.0}`: found by a
+    review, changed after lowering 0.67 off eager, silently) is found again by it
+    (`runtimes/traced_reads.py` `_item`). An item that is itself such a container is
+    recorded as {NESTED: its items}, `_NESTING` deep (`self.cfg["attn"]["t"]`). Why the
+    length: a forward that iterates (`for s in self.scales`, `self.cfg.items()`) reads
+    every item, and one appended after lowering was silently skipped (150.4 where eager
+    gives 12.3)."""
     if not isinstance(container, (list, tuple, dict)) or len(container) > _MAX_ITEMS:
         return None
     pairs = container.items() if isinstance(container, dict) else enumerate(container)
-    items = [[key_form, form] for key, value in pairs
-             if (key_form := recorded(key)) is not UNRECORDED and (form := recorded(value)) is not UNRECORDED]
-    return items or None
+    items = []
+    for key, value in pairs:
+        if (key_form := recorded(key)) is UNRECORDED:
+            continue
+        form = recorded(value)
+        if form is UNRECORDED and depth < _NESTING and (inner := plain_items(value, depth + 1)) is not None:
+            form = {NESTED: inner}
+        if form is not UNRECORDED:
+            items.append([key_form, form])
+    return items + [[LENGTH, len(container)]] if items else None
 
 
 class ModulesByDict:
@@ -427,7 +442,9 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
         reads.tensors.setdefault(id(value), (module, name, None))
     elif (items := plain_items(value)) is not None:
         for key, item in items:
-            if not isinstance(key, dict):   # a global's item by a described key: not recorded
+            if key == LENGTH:
+                reads.globals.setdefault((module, name, ("length",)), item)
+            elif not isinstance(key, dict):   # a global's item by a described key: not recorded
                 reads.globals.setdefault((module, name, ("item", key)), item)
     elif (isinstance(value, (type, types.ModuleType)) or _plain_object(value)) and following is not None \
             and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):

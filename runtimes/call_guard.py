@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from .traced_reads import _ANY_OF, _MISSING, TracedReads, _item, _items, _same, _unchanged, global_part
+from .traced_reads import (_ANY_OF, _MISSING, TracedReads, _is_length, _same, _unchanged, global_part,
+                           items_same)
 
 
 def _attribute(expression: str, name: str, lowered=None) -> str:
@@ -98,16 +99,22 @@ def _plain_reads(src: _Source, reads: TracedReads) -> None:
         for part in name.split("."):
             owner = _attribute(owner, part)
         src.line(f"c = {owner}")
-        if any(isinstance(key, dict) for key, _ in items):   # keys by description: rare
-            src.line(f"if not ITEMS_SAME(c, {src.constant(items)}): return None")
-            continue
+        if any(isinstance(key, dict) and not _is_length(key) for key, _ in items):
+            src.line(f"if not ITEMS_SAME(c, {src.constant(items)}): return None")   # keys by
+            continue                                                                # description: rare
+        length = [lowered for key, lowered in items if _is_length(key)]
+        items = [(key, lowered) for key, lowered in items if not _is_length(key)]
         src.line("if type(c) is dict:")
+        for n in length:
+            src.line(f"if len(c) != {n}: return None", 3)
         for key, lowered in items:
             src.line(f"v = c.get({src.constant(key)}, M)", 3)
             src.same("v", lowered, 3)
         indices = all(type(key) is int and key >= 0 for key, _ in items)
         if indices:
             src.line("elif type(c) is list or type(c) is tuple:")
+            for n in length:
+                src.line(f"if len(c) != {n}: return None", 3)
             for key, lowered in items:
                 src.line(f"v = c[{key}] if {key} < len(c) else M", 3)
                 src.same("v", lowered, 3)
@@ -141,13 +148,6 @@ def _plain_reads(src: _Source, reads: TracedReads) -> None:
         else:   # an item, an attribute or an attribute's item: rare, the full check's reads
             src.line(f"if not ROW_SAME(v, {src.constant(tuple(where))}, {src.constant(lowered)}): "
                      f"return None", 3)
-
-
-def _items_same(container, items: list) -> bool:
-    """Each of `items` ([key, value] as recorded) is `container`'s, read as
-    `TracedReads.plain_changed` reads them."""
-    found = _items(container)
-    return all(_same(_item(found, key), lowered) for key, lowered in items)
 
 
 def _global_row_same(value, where: tuple, lowered) -> bool:
@@ -204,7 +204,7 @@ def _generate(module_types, module_members, module_aliases, tied, bindings, read
     """The function `model_tensors(root)` of a plan's rows."""
     src = _Source()
     src.names.update(FUNCTIONS=reads._functions, GLOBAL_FUNCTIONS=reads._global_functions,
-                     ROW_SAME=_global_row_same, ITEMS_SAME=_items_same)
+                     ROW_SAME=_global_row_same, ITEMS_SAME=items_same)
     for path, kind in module_types:
         src.line(f"if type({src.module(path)}) is not {src.constant(kind)}: return None")
     for path, modules, parameters, buffers in module_members:   # none added since

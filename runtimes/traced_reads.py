@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, described
+from remat_ir.torchlib.described_values import DESCRIBED, LENGTH, NESTED, described
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -29,16 +29,32 @@ def _same(now, lowered) -> bool:
     if isinstance(lowered, dict):
         if DESCRIBED in lowered:   # an enum member, a numpy scalar, a dtype
             return described(now) == lowered[DESCRIBED]
+        if NESTED in lowered:   # a container held in one: its items and length
+            return isinstance(now, (list, tuple, Mapping)) and items_same(now, lowered[NESTED])
         return any(_same(now, value) for value in lowered[_ANY_OF])
     return type(now) is type(lowered) and now == lowered
+
+
+def items_same(container, items: list) -> bool:
+    """Each of `items` ([key, value] as recorded, the length among them) is `container`'s."""
+    found = _items(container)
+    return all(_same(_item(found, key), lowered) for key, lowered in items)
 
 
 def _shown(lowered) -> str:
     if isinstance(lowered, dict):
         if DESCRIBED in lowered:
             return lowered[DESCRIBED]
+        if NESTED in lowered:
+            return "{" + ", ".join(f"{_shown(key)}: {_shown(value)}" for key, value in lowered[NESTED]
+                                   if not _is_length(key)) + ", ...}"
         return " or ".join(_shown(value) for value in lowered[_ANY_OF])
     return _value_shown(lowered)
+
+
+def _is_length(key) -> bool:
+    """Whether a recorded item's key is the container's length (`plain_items`)."""
+    return isinstance(key, dict) and LENGTH in key
 
 
 def _value_shown(value) -> str:
@@ -50,18 +66,23 @@ def _value_shown(value) -> str:
 
 def _item(container: Mapping, key):
     """`container`'s item at `key`, or `_MISSING`; a key recorded by its description
-    (`{DESCRIBED: text}`: an enum member, a dtype) is looked for among the keys."""
+    (`{DESCRIBED: text}`: an enum member, a dtype) is looked for among the keys; the
+    length key gives its number of items."""
     if isinstance(key, dict):
+        if LENGTH in key:
+            return len(container)
         return next((value for now, value in container.items() if _same(now, key)), _MISSING)
     return container.get(key, _MISSING)
 
 
 def global_part(value, where) -> object:
     """What a global row (`TracedReads.globals`) reads of the global's `value`: its item
-    (["item", key]), its attribute (["attr", name]) or that attribute's item (["attr",
-    name, key]); `_MISSING` where there is none."""
+    (["item", key]), its length (["length"]), its attribute (["attr", name]) or that
+    attribute's item (["attr", name, key]); `_MISSING` where there is none."""
     if where[0] == "item":
         return _items(value).get(where[1], _MISSING)
+    if where[0] == "length":
+        return len(value) if isinstance(value, (list, tuple, Mapping)) else _MISSING
     now = getattr(value, where[1], _MISSING)
     return _items(now).get(where[2], _MISSING) if len(where) == 3 else now
 
@@ -144,8 +165,9 @@ class TracedReads:
             for key, lowered in items:
                 now = _item(container, key)
                 if not _same(now, lowered):
-                    return _differs(f"{f'{path}.{name}' if path else name}[{_shown(key)}] of {root}",
-                                    lowered, now)
+                    where = f"{path}.{name}" if path else name
+                    where = f"len({where})" if _is_length(key) else f"{where}[{_shown(key)}]"
+                    return _differs(f"{where} of {root}", lowered, now)
         for index, (path, name, lowered) in enumerate(self.callables):
             module = at(path)
             held = _parts(module, name)
@@ -189,7 +211,8 @@ class TracedReads:
                 continue
             else:
                 now = global_part(value, where)
-                shown = (f"{name}[{where[1]!r}]" if where[0] == "item" else f"{name}.{where[1]}"
+                shown = (f"{name}[{where[1]!r}]" if where[0] == "item" else f"len({name})"
+                         if where[0] == "length" else f"{name}.{where[1]}"
                          + (f"[{where[2]!r}]" if len(where) == 3 else ""))   # `settings.D["temp"]`
             if not _same(now, lowered):
                 if (module_name, name) == ("os", "environ"):

@@ -47,6 +47,7 @@ class _Block(torch.nn.Module):
         self.flag, self.eps = True, 1e-3
         self.kind, self.temperature = _Kind.A, np.float32(1.0)
         self.by_kind = {_Kind.A: 1.0, _Kind.B: 2.0}
+        self.nested = {"inner": {"t": 1.0}, "rows": [[1.0], [2.0, 3.0]]}
 
     def forward(self, x):
         h = self.bn(self.lin(x))
@@ -55,6 +56,8 @@ class _Block(torch.nn.Module):
         h = self.leaky(h) * self.cfg["scale"] + self.steps[1] * self.ns.shift * type(self).K
         if self.kind is _Kind.B:
             h = h * 2.0
+        for row in self.nested["rows"]:
+            h = h * sum(row) * self.nested["inner"]["t"]
         return _shift(h) * self.temperature * self.by_kind[_Kind.A] + self.eps
 
 
@@ -102,6 +105,12 @@ def _changes(m: _Net) -> dict:
         "dict replaced by a list": lambda: setattr(b0, "cfg", [1.0, 2.0]),
         "list item changed": lambda: b0.steps.__setitem__(1, 5.0),
         "list appended to": lambda: b1.steps.append(7.0),
+        "nested item changed": lambda: b0.nested["inner"].__setitem__("t", 2.0),
+        "nested item set equal": lambda: b1.nested["inner"].__setitem__("t", 1.0),
+        "nested row appended to": lambda: b1.nested["rows"][0].append(1.0),
+        "nested row added": lambda: b0.nested["rows"].append([0.5]),
+        "nested key added": lambda: b1.nested["inner"].__setitem__("u", 0.0),
+        "nested dict replaced by a list": lambda: b0.nested.__setitem__("inner", [1.0]),
         "list shortened": lambda: b1.steps[1:] and b1.steps.pop(),
         "namespace attribute": lambda: setattr(b1.ns, "shift", 0.75),
         "activation swapped": lambda: setattr(b0, "act", torch.tanh),

@@ -2384,6 +2384,56 @@ def test_a_call_after_a_plain_value_the_forward_read_changed_is_planned_again(so
                      capsys.readouterr().err)
 
 
+#: Iterated by `_Iterating`'s forward, as a module-level list of settings would be.
+SCALES = [1.0, 2.0]
+
+
+class _Iterating(torch.nn.Module):
+    """A forward that iterates a list and a dict it holds and a global list, and reads an
+    item of a dict held in a dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.scales, self.offsets = [1.0, 0.5], {"a": 0.25}
+        self.nested = {"inner": {"t": 2.0}, "steps": [[1, 2], [3]]}
+
+    def forward(self, x):
+        h = self.linear(x)
+        for scale in [*self.scales, *SCALES]:
+            h = h * scale
+        for _, offset in self.offsets.items():
+            h = h + offset
+        return (h * self.nested["inner"]["t"] * len(self.nested["steps"][1])).square().mean()
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda m: m.scales.append(3.0), r"len\(scales\) of _Iterating was 2 when the model was lowered and is 3 now"),
+    (lambda m: m.offsets.update(b=1.0), r"len\(offsets\) of _Iterating was 1 .* is 2 now"),
+    (lambda m: SCALES.append(3.0), r"global len\(SCALES\) of test_trust was 2 .* is 3 now"),
+    (lambda m: m.nested["inner"].update(t=3.0), r"nested\['inner'\] of _Iterating was \{'t': 2\.0, \.\.\.\} "
+                                                r"when the model was lowered and is \{'t': 3\.0\} now"),
+    (lambda m: m.nested["steps"][1].append(4), r"nested\['steps'\] of _Iterating was")])
+def test_a_call_after_an_iterated_or_nested_container_changed_is_planned_again(change, said, monkeypatch,
+                                                                              capsys):
+    """Found by a review: an item appended to a list the forward iterates, a key added to
+    a dict it iterates, an item of a dict held in a dict changed: each trained on with
+    the traced items, silently (150.4 where eager gives 12.3). A container's length is
+    recorded with its items, and containers held in containers with theirs."""
+    monkeypatch.setattr(sys.modules[__name__], "SCALES", [1.0, 2.0])
+    torch.manual_seed(0)
+    model, x = _Iterating(), torch.randn(3, 4)
+    scheduled = _remat(model, (x,))
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    scheduled(x).backward()
+    model.zero_grad()
+    change(model)
+    with pytest.raises(RuntimeInputError, match=said + r".*; forward read it while tracing"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert re.search(r"remat-ir: new value read by forward \(.*" + said, capsys.readouterr().err)
+
+
 def test_transformers_config_changed_after_lowering_is_planned_for():
     """`config.output_hidden_states = True` after `remat` left `hidden_states` None, and
     `set_attn_implementation("eager")` still ran SDPA (gradients 3.8e-7 off eager's): now

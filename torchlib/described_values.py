@@ -15,6 +15,11 @@ import torch
 
 #: The key of a recorded value given by its description: {DESCRIBED: text}.
 DESCRIBED = "described"
+#: The key of a recorded container held in a container: {NESTED: [[key, value], ...]}
+#: (`frontends/traced_reads.py` `plain_items`).
+NESTED = "items"
+#: The key under which a container's length is recorded among its items.
+LENGTH = "length"
 
 
 def described(value) -> str | None:
