@@ -264,17 +264,28 @@ def _snapshot(function) -> tuple:
     identity at the next call (`_unchanged`): its code (`f.__code__ = other.__code__`
     patches the same object), what its closure's cells hold and what a partial binds."""
     cells = _closure(function)
-    return _code(function), cells, cells and _contents(cells), _bound(function)
+    contents = cells and _contents(cells)
+    # A list, dict or set a cell holds, changed in place (`cfg["scale"] = 2.0` on a dict a
+    # closure captured), is the same object: its copy tells (`_equal`).
+    copies = contents and tuple(_copied(value) for value in contents)
+    return _code(function), cells, contents, copies if copies and any(c is not None for c in copies) else None, \
+        _bound(function)
 
 
 def _unchanged(function, snapshot: tuple) -> bool:
     """Whether `function` computes with what `snapshot` (`_snapshot`) saw."""
-    code, cells, contents, bound = snapshot
+    code, cells, contents, copies, bound = snapshot
     if type(function) is types.FunctionType:   # most: a module class's forward (1 us less)
         return function.__code__ is code and (cells is None or _holding(cells, contents)) \
-            and bound is None
+            and (copies is None or _same_copies(contents, copies)) and bound is None
     return (_code(function) is code and (cells is None or _holding(cells, contents))
+            and (copies is None or _same_copies(contents, copies))
             and (bound is None or _binding(function, bound)))
+
+
+def _same_copies(contents: tuple, copies: tuple) -> bool:
+    """Whether the containers among a closure's `contents` still equal their `copies`."""
+    return all(copied is None or _equal(value, copied) for value, copied in zip(contents, copies))
 
 
 def _code(function):

@@ -3725,6 +3725,13 @@ def _rescalable(scale: float):
     return act, rescale
 
 
+def _configured(cfg: dict):
+    """A closure reading a dict it captured, and the dict."""
+    def act(x):
+        return x * cfg["scale"]
+    return act, cfg
+
+
 @pytest.mark.parametrize("change, said", [
     ("function", r"function 'act' of _HoldsFunction was torch._C._nn.gelu when the model was lowered "
                  r"and is torch.nn.functional.silu at .*functional.py:\d+ now"),
@@ -3733,6 +3740,9 @@ def _rescalable(scale: float):
     ("closure rebound", r"function 'act' of _HoldsFunction was .*_rescalable.<locals>.act at .* with "
                         r"\[2.0\] when the model was lowered and is .*_rescalable.<locals>.act at .* "
                         r"with \[3.0\] now"),
+    ("closure's dict", r"function 'act' of _HoldsFunction was .*_configured.<locals>.act at .* with "
+                       r"\[\{'scale': 2.0\}\] when the model was lowered and is .* with "
+                       r"\[\{'scale': 3.0\}\] now"),
     ("forward", r"function 'forward' of _HoldsFunction was .*_HoldsFunction.forward at .*"
                 r"when the model was lowered and is .*<lambda> at .*test_trust.py:\d+ now"),
     ("submodule forward", r"function 'l1.forward' of _HoldsFunction was torch.nn.modules.linear."
@@ -3749,6 +3759,8 @@ def test_a_function_the_model_holds_swapped_after_lowering_is_planned_for(change
         model.act = _scaled(2.0)
     elif change == "closure rebound":   # the same function object, computing otherwise
         model.act, rescale = _rescalable(2.0)
+    elif change == "closure's dict":   # changed in place: found by a review, silently
+        model.act, cfg = _configured({"scale": 2.0})
     scheduled = _remat(model, (x,))
     alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     scheduled(x).backward()
@@ -3759,6 +3771,8 @@ def test_a_function_the_model_holds_swapped_after_lowering_is_planned_for(change
         model.act = _scaled(3.0)
     elif change == "closure rebound":
         rescale(3.0)
+    elif change == "closure's dict":
+        cfg["scale"] = 3.0
     elif change == "forward":
         model.forward = types.MethodType(lambda self, x: self.l2(self.l1(x)).abs().mean(), model)
     else:

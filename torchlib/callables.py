@@ -17,6 +17,7 @@ re-made with another constant reads as another function. A bound method is its f
 from __future__ import annotations
 
 import functools
+import hashlib
 import types
 
 #: The longest `repr` of a bound argument or captured value kept in a description.
@@ -43,8 +44,23 @@ def describe(value) -> str:
     if code is None:
         return name
     captured = [cell.cell_contents for cell in (value.__closure__ or ())
-                if filled(cell) and isinstance(cell.cell_contents, (bool, int, float, str, type(None)))]
-    return f"{name} at {code.co_filename}:{code.co_firstlineno}" + (f" with {_short(captured)}" if captured else "")
+                if filled(cell) and (isinstance(cell.cell_contents, _PLAIN) or _plain_container(cell.cell_contents))]
+    text = repr(captured)
+    if len(text) > _SHOWN:   # whole, so that a change past what is shown tells
+        text = f"{text[:_SHOWN - 30]}... (sha1 {hashlib.sha1(text.encode()).hexdigest()[:12]})"
+    return f"{name} at {code.co_filename}:{code.co_firstlineno}" + (f" with {text}" if captured else "")
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain_container(value) -> bool:
+    """A list, tuple, dict or set of plain values (a closure's `cfg = {"scale": 1.0}`):
+    its repr names it in every process, and one changed in place computes otherwise."""
+    if type(value) not in (list, tuple, dict, set) or len(value) > 64:
+        return False
+    items = [*value.keys(), *value.values()] if type(value) is dict else value
+    return all(isinstance(item, _PLAIN) for item in items)
 
 
 def filled(cell) -> bool:
