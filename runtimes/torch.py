@@ -534,6 +534,7 @@ class _Lowered:
         self.user_input_meta = [(index, name, list(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
                                 for index, v, name in self.user_inputs]
         self.traced_reads = TracedReads(g)
+        self.traced_reads.pin_classes(_Submodules(model).at)
         #: Decisions the trace made from input values (transformers' attention masks):
         #: made again for every call (`values_differ`).
         self.value_guards = ValueGuards(g.metadata)

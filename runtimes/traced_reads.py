@@ -5,6 +5,7 @@ after one changed would silently train the old model."""
 from __future__ import annotations
 
 import copy
+import enum
 import functools
 import json
 import sys
@@ -25,10 +26,16 @@ _MISSING = "<missing>"
 _ANY_OF = "any of"
 
 
+#: The key of the class of an enum member recorded by its description, as found in this
+#: process when the plan was made (`TracedReads.pin_classes`).
+_CLASS = "class"
+
+
 def _same(now, lowered) -> bool:
     if isinstance(lowered, dict):
         if DESCRIBED in lowered:   # an enum member, a numpy scalar, a dtype
-            return described(now) == lowered[DESCRIBED]
+            return described(now) == lowered[DESCRIBED] and (
+                _CLASS not in lowered or type(now) is lowered[_CLASS])
         if NESTED in lowered:   # a container held in one: its items and length
             return isinstance(now, (list, tuple, Mapping)) and items_same(now, lowered[NESTED])
         return any(_same(now, value) for value in lowered[_ANY_OF])
@@ -140,6 +147,42 @@ class TracedReads:
         #: Per held place, (id, version) of the tensor last found equal to the digest:
         #: an unchanged tensor is not hashed again (an in-place write bumps the version).
         self._verified: dict[int, tuple[int, int]] = {}
+
+    def pin_classes(self, at) -> None:
+        """Pin the class of each enum member recorded by its description to the class the
+        model and the globals hold now (the plan is made for the model as it is): an enum
+        class defined again (a notebook cell run again, `importlib.reload`) names its members
+        as the old one did, and a forward comparing a member the model holds with the new
+        class (`self.kind is Mode.SUM`) takes another branch than traced; by text alone,
+        0.92 off eager, silently. Classes are objects of this process, kept here, never
+        in the graph (whose metadata keys the plan cache)."""
+        def pinned(lowered, now):
+            if isinstance(lowered, dict) and DESCRIBED in lowered and isinstance(now, enum.Enum) \
+                    and described(now) == lowered[DESCRIBED]:
+                return {**lowered, _CLASS: type(now)}
+            return lowered
+
+        def held(path, name):
+            module = at(path)
+            return getattr(module, name, _MISSING) if module is not None else _MISSING
+
+        self.modules = [(path, name, pinned(lowered, held(path, name))) for path, name, lowered in self.modules]
+        self.objects = [(path, holder, name, pinned(lowered, getattr(
+            attribute_at(at(path), holder) if at(path) is not None else None, name, _MISSING)))
+            for path, holder, name, lowered in self.objects]
+        containers = []
+        for path, name, items in self.containers:
+            found = _items(attribute_at(at(path), name) if at(path) is not None else None)
+            containers.append((path, name, [(key, pinned(lowered, _item(found, key))) for key, lowered in items]))
+        self.containers = containers
+        rows = []
+        for module_name, name, where, lowered in self.globals:
+            module = sys.modules.get(module_name)
+            if module is not None and (where is None or where[0] in ("item", "attr")):
+                value = vars(module).get(name, _MISSING)
+                lowered = pinned(lowered, value if where is None else global_part(value, where))
+            rows.append((module_name, name, where, lowered))
+        self.globals = rows
 
     def changed(self, at) -> str | None:
         """What differs from lowering, said for the user, or None. `at(path)`: the model's
@@ -365,5 +408,8 @@ def _holding(cells: tuple, contents: tuple) -> bool:
 
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
     shown = now if not quoted else _value_shown(now)   # descriptions are said as they are
+    if isinstance(lowered, dict) and _CLASS in lowered and type(now) is not lowered[_CLASS] \
+            and described(now) == lowered[DESCRIBED]:
+        shown += f" (of another class {type(now).__qualname__}, defined since)"
     return where, f"{where} was {lowered if not quoted else _shown(lowered)} when the model was " \
                   f"lowered and is {shown} now", shown

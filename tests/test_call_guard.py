@@ -94,6 +94,8 @@ def _changes(m: _Net) -> dict:
         "eps removed": lambda: b1.__dict__.pop("eps", None),
         "enum changed": lambda: setattr(b0, "kind", _Kind.B),
         "enum set again": lambda: setattr(b1, "kind", _Kind.A),
+        "enum class defined again": lambda: _set_global(
+            "_Kind", enum.Enum("_Kind", {"A": 1, "B": 2}, module=__name__, qualname="_Kind")),
         "numpy scalar equal, a new object": lambda: setattr(b0, "temperature", np.float32(1.0)),
         "numpy scalar changed": lambda: setattr(b1, "temperature", np.float32(0.5)),
         "numpy scalar to an equal float": lambda: setattr(b1, "temperature", 1.0),
@@ -189,7 +191,7 @@ def _guard_against_full_checks(lowered, names):
     """Apply the changes `names` in turn to a copy of the lowered model, comparing the
     guard with the full checks after each."""
     original, x, graph, schedule = lowered
-    saved = (FACTOR, dict(SETTINGS), _shift, _Block.K)
+    saved = (FACTOR, dict(SETTINGS), _shift, _Block.K, _Kind)
     model = copy.deepcopy(original)
     plan = next(iter(ScheduledModule(model, graph, schedule)._plans.values()))
     try:
@@ -210,7 +212,7 @@ def _guard_against_full_checks(lowered, names):
                 plan.guard.passed(full, x.device)
                 assert plan.guard.model_tensors(model) is not None, f"after {names}"
     finally:
-        globals().update(FACTOR=saved[0], _shift=saved[2])
+        globals().update(FACTOR=saved[0], _shift=saved[2], _Kind=saved[4])
         SETTINGS.clear()
         SETTINGS.update(saved[1])
         _Block.K = saved[3]

@@ -2678,6 +2678,25 @@ def test_an_enum_a_numpy_scalar_or_a_dtype_the_forward_read_changed_after_loweri
     assert len(scheduled.plans) == 2
 
 
+def test_an_enum_class_defined_again_after_lowering_is_planned_for(monkeypatch, capsys):
+    """A notebook cell defining the enum run again (or `importlib.reload`): the model holds
+    members of the old class, the forward compares them with the new one (`self.mode is
+    _Mode.SUM`), and eager takes the other branch. Recorded by text alone, both classes
+    name their members alike: 0.92 off eager, silently. The class is pinned per process."""
+    model, x = _ReadsDescribed(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    again = enum.Enum("_Mode", {"SUM": 1, "MEAN": 2}, module=__name__, qualname="_Mode")
+    monkeypatch.setitem(globals(), "_Mode", again)
+    with pytest.raises(RuntimeInputError, match=r"global _Mode.(SUM|MEAN) of test_trust was test_trust._Mode.\1 "
+                                                r"when the model was lowered and is test_trust._Mode.\1 "
+                                                r"\(of another class _Mode, defined since\) now"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert "(of another class _Mode, defined since) now): lowering and planning again" in capsys.readouterr().err
+
+
 class _SharedModules(torch.nn.Module):
     """One activation and one BatchNorm at two paths each, a forward hook, and a dict of
     values that are not plain."""
