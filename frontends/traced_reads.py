@@ -60,6 +60,7 @@ import torch
 
 from remat_ir.torchlib.callables import attribute_at, describe, is_function
 from remat_ir.torchlib.described_values import DESCRIBED, LENGTH as LENGTH_KEY, NESTED, described
+from remat_ir.torchlib.hooks import hook_functions
 
 from .model_lines import is_model_file, is_users_file
 
@@ -501,6 +502,10 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
             if isinstance(constant, types.CodeType):
                 functions_called(constant, namespace)
 
+    for function in hook_functions(model):   # its hooks run in its forward: its code too
+        code = getattr(function, "__code__", None)
+        if code is not None and is_users_file(code.co_filename):
+            scan(code, function.__globals__, 0)
     named: dict[type, set[str]] = {}   # per class, the attribute names its own code looks up
     for cls in {type(module) for module in model.modules()}:
         named[cls] = set()

@@ -4,17 +4,15 @@ after one changed would silently train the old model."""
 
 from __future__ import annotations
 
-import copy
 import enum
-import functools
 import json
 import sys
-import types
 from collections.abc import Mapping
 
 from remat_ir.ir import pb
-from remat_ir.torchlib.callables import attribute_at, describe, filled as _filled, is_function
+from remat_ir.torchlib.callables import attribute_at, describe, is_function
 from remat_ir.torchlib.described_values import DESCRIBED, LENGTH, NESTED, described
+from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
 
@@ -300,110 +298,6 @@ def _parts(module, name: str) -> tuple:
         return (None, None, None)
     own = vars(module).get(name, _MISSING)
     return module, own, getattr(type(module), name, None) if own is _MISSING else None
-
-
-def _snapshot(function) -> tuple:
-    """What a function found to match its description computes with, compared by
-    identity at the next call (`_unchanged`): its code (`f.__code__ = other.__code__`
-    patches the same object), what its closure's cells hold and what a partial binds."""
-    cells = _closure(function)
-    contents = cells and _contents(cells)
-    # A list, dict or set a cell holds, changed in place (`cfg["scale"] = 2.0` on a dict a
-    # closure captured), is the same object: its copy tells (`_equal`).
-    copies = contents and tuple(_copied(value) for value in contents)
-    return _code(function), cells, contents, copies if copies and any(c is not None for c in copies) else None, \
-        _bound(function)
-
-
-def _unchanged(function, snapshot: tuple) -> bool:
-    """Whether `function` computes with what `snapshot` (`_snapshot`) saw."""
-    code, cells, contents, copies, bound = snapshot
-    if type(function) is types.FunctionType:   # most: a module class's forward (1 us less)
-        return function.__code__ is code and (cells is None or _holding(cells, contents)) \
-            and (copies is None or _same_copies(contents, copies)) and bound is None
-    return (_code(function) is code and (cells is None or _holding(cells, contents))
-            and (copies is None or _same_copies(contents, copies))
-            and (bound is None or _binding(function, bound)))
-
-
-def _same_copies(contents: tuple, copies: tuple) -> bool:
-    """Whether the containers among a closure's `contents` still equal their `copies`."""
-    return all(copied is None or _equal(value, copied) for value, copied in zip(contents, copies))
-
-
-def _code(function):
-    """The code object of `function` (of a bound method's or a partial's function), or None."""
-    while isinstance(function, (types.MethodType, functools.partial)):
-        function = function.__func__ if isinstance(function, types.MethodType) else function.func
-    return getattr(function, "__code__", None)
-
-
-def _closure(function) -> tuple | None:
-    """The cells of `function`'s closure (of a bound method's or a partial's function), or
-    None where it has none. A function's closure is fixed; what its cells hold is not."""
-    kind = type(function)
-    if kind is types.MethodType:
-        function, kind = function.__func__, type(function.__func__)
-    elif kind is functools.partial:
-        function, kind = function.func, type(function.func)
-    return function.__closure__ if kind is types.FunctionType else None
-
-
-def _bound(function) -> tuple | None:
-    """What a `functools.partial` binds, its arguments and keyword items, or None for
-    another function. The partial object stays the same when its keywords are changed in
-    place (`model.act.keywords["negative_slope"] = 0.2`): compared by the object alone,
-    the step kept the traced value, silently (2026-11-30)."""
-    if not isinstance(function, functools.partial):
-        return None
-    return (function.args, tuple(function.keywords.items()),
-            [_copied(value) for value in (*function.args, *function.keywords.values())])
-
-
-def _copied(value):
-    """A shallow copy of a list, dict or set (a bound value changed in place:
-    `keywords["pad"][0] = 2`, which `describe`'s text shows), else None."""
-    return copy.copy(value) if type(value) in (list, dict, set) else None
-
-
-def _binding(function, bound: tuple) -> bool:
-    """Whether the partial `function` binds the objects `bound` (`_bound`) held."""
-    args, keywords, copies = bound
-    if len(function.args) != len(args) or len(function.keywords) != len(keywords):
-        return False
-    for now, then in zip(function.args, args):
-        if now is not then:
-            return False
-    for (name, value), (then_name, then) in zip(function.keywords.items(), keywords):
-        if name != then_name or value is not then:
-            return False
-    values = (*args, *(value for _, value in keywords))
-    return all(copied is None or _equal(value, copied) for value, copied in zip(values, copies))
-
-
-def _equal(value, copied) -> bool:
-    try:
-        return bool(value == copied)
-    except (RuntimeError, ValueError, TypeError):   # tensors inside: described again instead
-        return False
-
-
-def _contents(cells: tuple) -> tuple:
-    return tuple(cell.cell_contents if _filled(cell) else _MISSING for cell in cells)
-
-
-def _holding(cells: tuple, contents: tuple) -> bool:
-    """Whether each of `cells` holds the object it held when `contents` was read. A plain
-    loop: transformers' decorated forwards are closures, so this runs for most functions
-    of such a model at every call (a generator and a tuple per function cost 10-20 us per
-    call on the quick GPT-2)."""
-    try:
-        for cell, then in zip(cells, contents):
-            if cell.cell_contents is not then:
-                return False
-    except ValueError:   # a cell emptied since
-        return False
-    return True
 
 
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:

@@ -982,6 +982,61 @@ def test_a_call_after_the_models_hooks_changed_is_planned_again_or_refused(chang
             f"planning again (plan 2, at most 8 kept)") in capsys.readouterr().err
 
 
+#: Read by a forward hook of `test_a_call_after_what_a_hook_reads_changed_is_planned_again_or_refused`.
+HOOK_SCALE = {"scale": 1.0}
+HOOK_FACTOR = 1.0
+
+
+def _hook_reading_a_global(module, args, out):
+    return out * HOOK_FACTOR
+
+
+def _rescaling_hook(scale: float, cfg: dict):
+    """A forward hook reading a number and a dict it captured, and how to rebind the number."""
+    def hook(module, args, out):
+        return out * scale * cfg["shift"]
+
+    def rescale(value: float):
+        nonlocal scale
+        scale = value
+    return hook, rescale
+
+
+@pytest.mark.parametrize("change", ["global", "global dict", "captured", "captured dict"])
+def test_a_call_after_what_a_hook_reads_changed_is_planned_again_or_refused(change, monkeypatch, capsys):
+    """The graph holds what a forward hook computed: found by a review, a global the hook
+    reads, a value its closure captured rebound, or a dict it captured changed in place,
+    trained on with the traced value (0.066 where eager gives 0.63), silently. The
+    globals a hook's code reads are recorded as the model's own code's, and the hook's
+    closure is compared as a held function's."""
+    monkeypatch.setitem(HOOK_SCALE, "scale", 1.0)
+    monkeypatch.setitem(globals(), "HOOK_FACTOR", 1.0)
+    model, x, cfg = _Hidden(), torch.randn(4, 8), {"shift": 1.0}
+    hook, rescale = _rescaling_hook(1.0, cfg)
+    model.l2.register_forward_hook({"global": _hook_reading_a_global,
+                                    "global dict": lambda m, a, out: out * HOOK_SCALE["scale"]}.get(change, hook))
+    scheduled = _remat(model, (x,))
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    scheduled(x).square().mean().backward()
+    alone(x)
+    {"global": lambda: globals().__setitem__("HOOK_FACTOR", 3.0),
+     "global dict": lambda: HOOK_SCALE.__setitem__("scale", 3.0),
+     "captured": lambda: rescale(3.0),
+     "captured dict": lambda: cfg.__setitem__("shift", 3.0)}[change]()
+    said = (r"global (HOOK_FACTOR|HOOK_SCALE\['scale'\]) of test_trust was 1.0 when the model was lowered "
+            r"and is 3.0 now" if change.startswith("global") else
+            r"the forward hook on l2 \(Linear\) computes with other values \(was .*_rescaling_hook.<locals>"
+            r".hook at .* with \[\{'shift': 1.0\}, 1.0\], is .* with \[\{'shift': 1.0\}, 3.0\]\)"
+            if change == "captured" else r"the forward hook on l2 \(Linear\) computes with other values "
+            r"\(was .* with \[\{'shift': 1.0\}, 1.0\], is .* with \[\{'shift': 3.0\}, 1.0\]\)")
+    with pytest.raises(RuntimeInputError, match=said):
+        alone(x)
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+    assert re.search(said, capsys.readouterr().err)
+
+
 def test_gradient_checkpointing_enabled_after_lowering_is_refused_saying_it_is_not_needed():
     """transformers' `gradient_checkpointing_enable()` adds a forward hook on the
     embeddings: refused as any hook added since, naming the call the user made."""
