@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.torchlib.callables import attribute_at, describe, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, LENGTH as LENGTH_KEY, NESTED, described
+from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED, described
 from remat_ir.torchlib.hooks import hook_functions
 
 from .model_lines import is_model_file, is_users_file
@@ -452,6 +452,10 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
         attribute = getattr(value, following.argval, None)
         if (form := recorded(attribute)) is not UNRECORDED:
             reads.globals.setdefault((module, name, ("attr", following.argval)), form)
+        elif isinstance(attribute, types.MethodType) and _plain_object(value):
+            # A method of a global object (`ANN.scale(h)`), by its description, which holds
+            # what the object holds: `ANN.t = 3.0` computes otherwise.
+            reads.globals.setdefault((module, name, ("attr", following.argval)), {FUNCTION: describe(attribute)})
         elif isinstance(attribute, torch.Tensor):
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", following.argval)))
         elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`
@@ -502,7 +506,11 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
             if isinstance(constant, types.CodeType):
                 functions_called(constant, namespace)
 
-    for function in hook_functions(model):   # its hooks run in its forward: its code too
+    # Its hooks and the functions its modules hold (`self.act = lambda h: ANN.scale(h)`)
+    # run in its forward: their code is the model's too.
+    held = [value for module in model.modules() for value in vars(module).values()
+            if isinstance(value, types.FunctionType)]
+    for function in [*hook_functions(model), *held]:
         code = getattr(function, "__code__", None)
         if code is not None and is_users_file(code.co_filename):
             scan(code, function.__globals__, 0)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, LENGTH, NESTED, described
+from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH, NESTED, described
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
@@ -36,6 +36,8 @@ def _same(now, lowered) -> bool:
                 _CLASS not in lowered or type(now) is lowered[_CLASS])
         if NESTED in lowered:   # a container held in one: its items and length
             return isinstance(now, (list, tuple, Mapping)) and items_same(now, lowered[NESTED])
+        if FUNCTION in lowered:   # a global object's method, with what the object holds
+            return is_function(now) and describe(now) == lowered[FUNCTION]
         return any(_same(now, value) for value in lowered[_ANY_OF])
     return type(now) is type(lowered) and now == lowered
 
@@ -50,6 +52,8 @@ def _shown(lowered) -> str:
     if isinstance(lowered, dict):
         if DESCRIBED in lowered:
             return lowered[DESCRIBED]
+        if FUNCTION in lowered:
+            return lowered[FUNCTION]
         if NESTED in lowered:
             return "{" + ", ".join(f"{_shown(key)}: {_shown(value)}" for key, value in lowered[NESTED]
                                    if not _is_length(key)) + ", ...}"
@@ -65,6 +69,8 @@ def _is_length(key) -> bool:
 def _value_shown(value) -> str:
     if isinstance(value, str) and value == _MISSING:
         return "missing"
+    if is_function(value):
+        return describe(value)
     text = described(value)
     return text if text is not None else repr(value)
 

@@ -20,7 +20,11 @@ import functools
 import hashlib
 import types
 
-#: The longest `repr` of a bound argument or captured value kept in a description.
+import torch
+
+from .described_values import described
+
+#: The longest text of bound arguments or captured values kept whole in a description.
 _SHOWN = 80
 
 
@@ -31,24 +35,117 @@ def is_function(value) -> bool:
 
 
 def describe(value) -> str:
-    """`value` (a function-like object) as a string that changes when it does."""
+    """`value` (a function-like object, or an object called like one: a hook) as a string
+    that changes when it does."""
     if isinstance(value, functools.partial):
-        return (f"partial({describe(value.func)}, {_short(value.args)}, "
-                f"{_short(sorted(value.keywords.items()))})")
+        return (f"partial({describe(value.func)}, {_whole([_bound_text(a) for a in value.args])}, "
+                f"{_whole([f'{k}={_bound_text(v)}' for k, v in sorted(value.keywords.items())])})")
     if isinstance(value, types.MethodType):
         # Not the class of what it is bound to: FSDP2's `fully_shard` gives each unit a
-        # class of its own (FSDPLinear), whose forward is the same function.
-        return describe(value.__func__)
-    name = f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', None) or getattr(value, '__name__', '?')}"
+        # class of its own (FSDPLinear), whose forward is the same function. But what a
+        # plain object it is bound to holds (`self.act = annealer.scale`, then
+        # `annealer.t = 3.0`): found by a review, the step kept the traced value.
+        return describe(value.__func__) + _state(value.__self__)
     code = getattr(value, "__code__", None)
+    if code is None and callable(value) and plain_owner(value) \
+            and isinstance(getattr(type(value), "__call__", None), types.FunctionType):
+        # An object called like a function (a hook `register_forward_hook(annealer)`).
+        kind = type(value)
+        return f"{kind.__module__}.{kind.__qualname__} object calling {describe(kind.__call__)}" + _state(value)
+    name = f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', None) or getattr(value, '__name__', '?')}"
     if code is None:
         return name
-    captured = [cell.cell_contents for cell in (value.__closure__ or ())
-                if filled(cell) and (isinstance(cell.cell_contents, _PLAIN) or _plain_container(cell.cell_contents))]
-    text = repr(captured)
-    if len(text) > _SHOWN:   # whole, so that a change past what is shown tells
+    captured = [text for cell in (value.__closure__ or ()) if filled(cell)
+                and (text := _value_text(cell.cell_contents)) is not None]
+    # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
+    defaults = [text for default in (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
+                if (text := _value_text(default)) is not None]
+    return (f"{name} at {code.co_filename}:{code.co_firstlineno} #{code_digest(code)}"
+            + (f" with {_whole(captured)}" if captured else "")
+            + (f" defaults {_whole(defaults)}" if defaults else ""))
+
+
+def _value_text(value) -> str | None:
+    """How a description shows a captured or default value: plain values and containers of
+    them by repr, enum members, numpy scalars and dtypes by their description; None for
+    anything else (a tensor, a module: compared otherwise, or not at all)."""
+    if isinstance(value, _PLAIN) or _plain_container(value):
+        return repr(value)
+    return described(value)
+
+
+def _bound_text(value) -> str:
+    """How a partial's description shows a value it binds: as `_value_text` does, a plain
+    object by its class and plain attributes (`c=annealer`, whose `t` it computes with),
+    anything else by its class (never a repr holding an address, which differs per
+    process, nor a tensor's values)."""
+    text = _value_text(value)
+    if text is not None:
+        return text
+    return f"{type(value).__qualname__}{_state(value)}" if plain_owner(value) else f"a {type(value).__qualname__}"
+
+
+def _whole(texts: list[str]) -> str:
+    """`texts` as a list, whole: past `_SHOWN` characters shortened with a digest of the
+    whole, so that a change past what is shown tells."""
+    text = "[" + ", ".join(texts) + "]"
+    if len(text) > _SHOWN:
         text = f"{text[:_SHOWN - 30]}... (sha1 {hashlib.sha1(text.encode()).hexdigest()[:12]})"
-    return f"{name} at {code.co_filename}:{code.co_firstlineno}" + (f" with {text}" if captured else "")
+    return text
+
+
+def plain_owner(value) -> bool:
+    """Whether `value` is an object whose attributes a function bound to it may compute
+    with and nothing else compares: not a module (its attributes are recorded as read),
+    a class or a Python module."""
+    return hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.Tensor, type,
+                                                                 types.ModuleType, types.FunctionType))
+
+
+def owner_state(value) -> dict | None:
+    """The public plain attributes of a `plain_owner` (as `_value_text` shows them), else
+    None. Not its private ones: a global `logging.Logger`'s `_cache` fills as levels are
+    asked, and would make each call a new plan."""
+    if not plain_owner(value):
+        return None
+    return {name: text for name, item in vars(value).items()   # not private ones: a logger's
+            if not name.startswith("_") and (text := _value_text(item)) is not None}   # cache
+
+
+def _state(owner) -> str:
+    state = owner_state(owner)
+    if not state:
+        return ""
+    return f" of {type(owner).__qualname__} {_whole([f'{k}={v}' for k, v in sorted(state.items())])}"
+
+
+@functools.lru_cache(maxsize=4096)
+def code_digest(code: types.CodeType) -> str:
+    """A digest of what `code` computes (its instructions, names and constants, nested code
+    included), the same in every process: a saved module loaded after its model's file
+    was edited in place (a constant 2.0 made 3.0, lines unchanged) ran the old graph,
+    silently (found by a review). Sets among the constants are taken sorted (their order
+    follows string hashing, which differs per process)."""
+    digest = hashlib.sha1()
+
+    def feed(c: types.CodeType) -> None:
+        digest.update(c.co_code)
+        digest.update(repr((c.co_names, c.co_varnames, c.co_argcount, c.co_kwonlyargcount)).encode())
+        for constant in c.co_consts:
+            if isinstance(constant, types.CodeType):
+                feed(constant)
+            else:
+                digest.update(_stable(constant).encode())
+    feed(code)
+    return digest.hexdigest()[:12]
+
+
+def _stable(constant) -> str:
+    if isinstance(constant, frozenset):
+        return "frozenset(" + ", ".join(sorted(_stable(item) for item in constant)) + ")"
+    if isinstance(constant, tuple):
+        return "(" + ", ".join(_stable(item) for item in constant) + ")"
+    return repr(constant)
 
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -69,11 +166,6 @@ def filled(cell) -> bool:
     except ValueError:   # an empty cell
         return False
     return True
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
 
 
 def attribute_at(owner, dotted: str, missing=None):

@@ -20,6 +20,9 @@ DESCRIBED = "described"
 NESTED = "items"
 #: The key under which a container's length is recorded among its items.
 LENGTH = "length"
+#: The key of a recorded method of a global object: {FUNCTION: its description}
+#: (`torchlib.callables.describe`, which shows what the object holds).
+FUNCTION = "function"
 
 
 def described(value) -> str | None:

@@ -15,7 +15,7 @@ import copy
 import functools
 import types
 
-from .callables import filled as _filled
+from .callables import filled as _filled, plain_owner
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -24,25 +24,55 @@ _EMPTY = object()
 def snapshot(function) -> tuple:
     """What a function found to match its description computes with, compared by
     identity at the next call (`unchanged`): its code (`f.__code__ = other.__code__`
-    patches the same object), what its closure's cells hold and what a partial binds."""
+    patches the same object), what its closure's cells hold, what a partial binds, its
+    defaults and what the object it is bound to holds (`_extra`)."""
     cells = _closure(function)
     contents = cells and _contents(cells)
     # A list, dict or set a cell holds, changed in place (`cfg["scale"] = 2.0` on a dict a
     # closure captured), is the same object: its copy tells (`_equal`).
     copies = contents and tuple(_copied(value) for value in contents)
     return _code(function), cells, contents, copies if copies and any(c is not None for c in copies) else None, \
-        _bound(function)
+        _bound(function), _extra(function)
 
 
 def unchanged(function, snapshot: tuple) -> bool:
     """Whether `function` computes with what `snapshot` (`snapshot()`) saw."""
-    code, cells, contents, copies, bound = snapshot
+    code, cells, contents, copies, bound, extra = snapshot
     if type(function) is types.FunctionType:   # most: a module class's forward (1 us less)
         return function.__code__ is code and (cells is None or _holding(cells, contents)) \
-            and (copies is None or _same_copies(contents, copies)) and bound is None
+            and (copies is None or _same_copies(contents, copies)) and bound is None \
+            and (extra is None or _extra_same(extra))
     return (_code(function) is code and (cells is None or _holding(cells, contents))
             and (copies is None or _same_copies(contents, copies))
-            and (bound is None or _binding(function, bound)))
+            and (bound is None or _binding(function, bound))
+            and (extra is None or _extra_same(extra)))
+
+
+def _extra(function) -> tuple | None:
+    """What else a function computes with: its defaults (the tuple, which setting them
+    replaces, and a copy of the keyword defaults, a dict that may be changed in place),
+    and the plain objects a method is bound to, that is called like a function, or that a
+    partial binds (a copy of their attributes: `annealer.t = 3.0` after `self.act =
+    annealer.scale`); None where it has none of them. Found by a review: each trained on with the traced value."""
+    owners = ([function.__self__] if type(function) is types.MethodType else
+              [*function.args, *function.keywords.values()] if isinstance(function, functools.partial) else
+              [] if isinstance(function, (types.FunctionType, types.BuiltinFunctionType)) else [function])
+    owners = tuple(owner for owner in owners if plain_owner(owner))
+    base = function
+    while isinstance(base, (types.MethodType, functools.partial)):
+        base = base.__func__ if isinstance(base, types.MethodType) else base.func
+    defaults, keywords = getattr(base, "__defaults__", None), getattr(base, "__kwdefaults__", None)
+    if defaults is None and keywords is None and not owners:
+        return None
+    return (base, defaults, keywords, dict(keywords) if keywords else None,
+            owners, tuple(dict(vars(owner)) for owner in owners))
+
+
+def _extra_same(extra: tuple) -> bool:
+    base, defaults, keywords, keywords_copy, owners, states = extra
+    return (getattr(base, "__defaults__", None) is defaults and getattr(base, "__kwdefaults__", None) is keywords
+            and (keywords_copy is None or _equal(keywords, keywords_copy))
+            and all(_equal(vars(owner), state) for owner, state in zip(owners, states)))
 
 
 def _same_copies(contents: tuple, copies: tuple) -> bool:
