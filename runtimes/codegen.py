@@ -901,6 +901,15 @@ def _op_global(graph: Graph, writer: _Writer, node_id: int, node: pb.Node | None
     except LookupError as exc:
         raise UnsupportedOp(f"{exc}; it comes from {node.source or 'an unknown module'} "
                             f"({graph.describe_node(node_id)})") from None
+    if isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags \
+            and not graph.node(node_id).random \
+            and not any(argument.name == "dropout_p" for argument in op._schema.arguments):
+        # The plan keeps eager's draws only for nodes marked random (`ir.rng`): a graph
+        # whose flag was lost (a file edited or written by another tool) trained with other
+        # draws and another generator state, silently (found by a review).
+        raise UnsupportedOp(f"{node.op} draws random numbers but {graph.describe_node(node_id)} is not "
+                            f"marked random in the graph (Node.random), so no schedule can keep "
+                            f"eager's draws: lower the model again (the torch frontend marks them)")
     op_global = "op_" + node.op.replace(".", "_")
     if op is torch.ops.aten.view.default and node.phase == pb.BACKWARD:
         op_global = "_view_or_reshape"

@@ -19,6 +19,7 @@ from remat_ir.frontends.errors import LoweringError
 from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS, lower
 from remat_ir.lowering import lower_torch
 from remat_ir.ir import pb
+from remat_ir.ir.errors import RematIRError
 from remat_ir.ir.rng import plan_rng
 from remat_ir.runtimes.torch import ScheduledModule
 
@@ -399,3 +400,21 @@ def test_randint_like_of_a_tensor_that_needs_a_gradient_trains_like_eager(solver
                           lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops"),
                           (x,), {}, lambda y: y.square().sum())
     assert errors == {}
+
+
+def test_a_graph_whose_random_flags_were_lost_is_refused_naming_the_node():
+    """A file edited or written by another tool without `Node.random`: the plan keeps
+    eager's draws only for nodes marked random, so such a graph trained with other
+    draws and left the generator elsewhere, silently (found by a review: a gradient
+    5.6e-2 off). The runtime refuses it, naming the node."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1)), torch.randn(4, 8)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    assert any(node.random for node in graph.proto.nodes)
+    for node in graph.proto.nodes:
+        node.random = False
+    graph = ir.Graph(graph.proto)
+    scheduled = ScheduledModule(model, graph, remat_ir.plan(graph, None, "recompute-all"))
+    with pytest.raises(RematIRError, match=r"aten.bernoulli.p draws random numbers but node .* is not "
+                                                    r"marked random in the graph .* lower the model again"):
+        scheduled(x)
