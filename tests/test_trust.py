@@ -2272,6 +2272,16 @@ def test_a_call_after_the_models_modules_or_parameters_changed_is_planned_again_
                          capsys.readouterr().err)
 
 
+def _stepped_with_and_without_planner(model, x):
+    """`remat`'s module of `model` after one training step (gradients cleared), and a
+    `ScheduledModule` of its graph without a planner, which refuses what differs."""
+    scheduled = _remat(model, (x,))
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    scheduled(x).backward()
+    model.zero_grad()
+    return scheduled, alone
+
+
 class _Grown(torch.nn.Module):
     """A forward that iterates its containers and its own parameters and buffers."""
 
@@ -2305,10 +2315,7 @@ def test_a_call_after_a_module_member_was_added_is_planned_again_or_refused(chan
     not among those compared at lowering: their number per module is."""
     torch.manual_seed(0)
     model, x = _Grown(), torch.randn(16, 8)
-    scheduled = _remat(model, (x,))
-    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
-    scheduled(x).backward()
-    model.zero_grad()
+    scheduled, alone = _stepped_with_and_without_planner(model, x)
     if change == "appended":
         model.layers.append(torch.nn.Linear(8, 8))
     elif change == "sequential":
@@ -2479,10 +2486,7 @@ def test_a_call_after_an_iterated_or_nested_container_changed_is_planned_again(c
     monkeypatch.setattr(sys.modules[__name__], "SCALES", [1.0, 2.0])
     torch.manual_seed(0)
     model, x = _Iterating(), torch.randn(3, 4)
-    scheduled = _remat(model, (x,))
-    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
-    scheduled(x).backward()
-    model.zero_grad()
+    scheduled, alone = _stepped_with_and_without_planner(model, x)
     change(model)
     with pytest.raises(RuntimeInputError, match=said + r".*; forward read it while tracing"):
         alone(x)
