@@ -58,9 +58,7 @@ def _extra(function) -> tuple | None:
               [*function.args, *function.keywords.values()] if isinstance(function, functools.partial) else
               [] if isinstance(function, (types.FunctionType, types.BuiltinFunctionType)) else [function])
     owners = tuple(owner for owner in owners if plain_owner(owner))
-    base = function
-    while isinstance(base, (types.MethodType, functools.partial)):
-        base = base.__func__ if isinstance(base, types.MethodType) else base.func
+    base = underlying(function)
     defaults, keywords = getattr(base, "__defaults__", None), getattr(base, "__kwdefaults__", None)
     if defaults is None and keywords is None and not owners:
         return None
@@ -80,11 +78,16 @@ def _same_copies(contents: tuple, copies: tuple) -> bool:
     return all(copied is None or _equal(value, copied) for value, copied in zip(contents, copies))
 
 
-def _code(function):
-    """The code object of `function` (of a bound method's or a partial's function), or None."""
+def underlying(function):
+    """The function a bound method or a partial (of either, and so on) calls, else itself."""
     while isinstance(function, (types.MethodType, functools.partial)):
         function = function.__func__ if isinstance(function, types.MethodType) else function.func
-    return getattr(function, "__code__", None)
+    return function
+
+
+def _code(function):
+    """The code object of `function` (of a bound method's or a partial's function), or None."""
+    return getattr(underlying(function), "__code__", None)
 
 
 def _closure(function) -> tuple | None:

@@ -14,15 +14,12 @@ lowering) are the runtime's business and not counted.
 
 from __future__ import annotations
 
-import functools
-import types
-
 import torch
 from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
 
 from .callables import describe
-from .function_state import snapshot, unchanged
+from .function_state import snapshot, unchanged, underlying
 
 #: A module's hook tables, by the kind of hook they hold.
 TABLES = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
@@ -68,9 +65,7 @@ def hook_functions(model: torch.nn.Module) -> list:
         for hook in hooks.values():
             if table in BACKWARD_TABLES or not _ours(hook):
                 continue
-            while isinstance(hook, (functools.partial, types.MethodType)):
-                hook = hook.func if isinstance(hook, functools.partial) else hook.__func__
-            functions.append(hook)
+            functions.append(underlying(hook))
     return functions
 
 
