@@ -69,6 +69,8 @@ def _value_text(value) -> str | None:
     """How a description shows a captured or default value: plain values and containers of
     them by repr, enum members, numpy scalars and dtypes by their description; None for
     anything else (a tensor, a module: compared otherwise, or not at all)."""
+    if type(value) is set and _plain_container(value):   # in an order no process's hashing decides
+        return "{" + ", ".join(sorted(map(repr, value))) + "}"
     if isinstance(value, _PLAIN) or _plain_container(value):
         return repr(value)
     return described(value)
