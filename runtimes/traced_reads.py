@@ -172,11 +172,11 @@ class TracedReads:
 
         self.modules = [(path, name, pinned(lowered, held(path, name))) for path, name, lowered in self.modules]
         self.objects = [(path, holder, name, pinned(lowered, getattr(
-            attribute_at(at(path), holder) if at(path) is not None else None, name, _MISSING)))
+            attribute_at(at(path), holder), name, _MISSING)))
             for path, holder, name, lowered in self.objects]
         containers = []
         for path, name, items in self.containers:
-            found = _items(attribute_at(at(path), name) if at(path) is not None else None)
+            found = _items(attribute_at(at(path), name))
             containers.append((path, name, [(key, pinned(lowered, _item(found, key))) for key, lowered in items]))
         self.containers = containers
         rows = []
