@@ -162,7 +162,8 @@ class Planner:
         self.budget, self.cost_model = budget, cost_model
         self.solver = solver or ("autograd" if budget is None else DEFAULT_SOLVER)
         check_request(self.solver, time_limit_s,   # and a bad solver, time limit or option
-                      {k: v for k, v in options.items() if k not in ("offload", "host_budget")})
+                      {k: v for k, v in options.items() if k not in ("offload", "host_budget")},
+                      offload=bool(options.get("offload")))
         self.time_limit_s, self.progress, self.options = time_limit_s, progress, dict(options)
         self.cache_dir, self.backend = cache_dir, backend
         #: The last `REUSED_PLANS` (graph, schedule) pairs its solver made: a call of a new

@@ -25,7 +25,8 @@ from remat_ir.ir.fingerprint import structure_fingerprint, wiring_fingerprint
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, quiet
 from .budgets import describe, is_share, parse_budget, parse_host_budget, refusal
 from .offload import add_offloads, plan_with_offload
-from .registry import ENTRY_POINT_GROUP, EXEC_PREFIX, SolverInfo, UnknownSolver, available, find
+from .registry import (ENTRY_POINT_GROUP, EXEC_PREFIX, OFFLOADING_SOLVERS, SolverInfo, UnknownSolver,
+                       available, find)
 
 __all__ = ["solve", "available", "find", "parse_budget", "is_share", "describe", "InfeasibleBudget",
            "SolverError", "BadRequest", "UnknownSolver", "SolverInfo", "Progress", "Deadline",
@@ -67,12 +68,19 @@ _KINDS = {"bool": bool, "int": int, "float": (int, float)}
 _KIND_NAMES = {bool: "true or false", int: "an integer", (int, float): "a number"}
 
 
-def check_request(solver, time_limit_s, options: dict) -> tuple[SolverInfo, Callable]:
+def check_request(solver, time_limit_s, options: dict, *,
+                  offload: bool = False) -> tuple[SolverInfo, Callable]:
     """The solver `solver` names and its function, after checking the request's types and
     options: what `solve` checks first, and what `remat()` checks before tracing the model."""
     if not isinstance(solver, str):
         raise BadRequest(f"solver must be a name (`remat-ir solvers` lists them), not {solver!r}")
     _check_time_limit(time_limit_s)
+    if offload and solver in OFFLOADING_SOLVERS:
+        # Offloading moves values of a plan that moves none: one with its own moves was
+        # refused from inside the ladder, minutes in, and only where the plan had moves.
+        raise BadRequest(f"solver {solver!r} plans offloads itself; offload=True (--offload) adds "
+                         f"offloads to a rematerialization solver's plan: ask for solver={solver!r} "
+                         f"without offload, or for offload with another solver (hiremate by default)")
     info = find(solver)
     function = info.load()
     _check_options(solver, function, options)
@@ -114,7 +122,7 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     if not isinstance(graph, Graph):
         raise BadRequest(f"graph must be a remat_ir.ir.Graph (ir.load(path) reads a file, "
                          f"ir.Graph(proto) wraps a message), not {type(graph).__module__}.{type(graph).__qualname__}")
-    info, function = check_request(solver, time_limit_s, options)
+    info, function = check_request(solver, time_limit_s, options, offload=offload)
     peak = store_all(graph).predicted_peak_bytes
     limit = parse_budget(budget, peak)
     host_limit = parse_host_budget(host_budget, peak)

@@ -44,6 +44,10 @@ BUILTINS = {
                  "HiRemate: hierarchical partition, options per cluster, H-ILP at every level"),
 }
 
+#: Built-in solvers whose plans move values to the host themselves: `offload=True`, which
+#: adds moves to a plan that has none, is refused with them (`check_request`).
+OFFLOADING_SOLVERS = frozenset({"pofo"})
+
 
 class UnknownSolver(RematIRError, ValueError):
     """No solver of that name; the message lists the known ones."""

@@ -277,6 +277,23 @@ def test_offloading_needs_a_link_and_says_so():
         solvers.solve(graph, "50%", offload=True, host_budget="64")
 
 
+def test_offload_with_a_solver_that_offloads_itself_is_refused_before_planning():
+    """pofo's plans move values themselves: `offload=True` with it was refused from inside
+    the ladder (`schedule 'pofo' already moves values to the host`), and only at budgets
+    where its plan had moves. Now at once, from `solve` and from `remat`, saying what to do."""
+    from remat_ir import remat
+
+    graph = own_copy("gpt2")
+    describe_link(graph, "1TB/s")
+    with pytest.raises(solvers.BadRequest, match="solver 'pofo' plans offloads itself.*without offload"):
+        solvers.solve(graph, "70%", "pofo", offload=True)
+    assert all(s.solver != "pofo" for s in graph.proto.schedules)
+    alone = solvers.solve(graph, "70%", "pofo")   # alone, it plans, and its plan moves values
+    assert any(s.HasField("offload") for s in alone.steps)
+    with pytest.raises(solvers.BadRequest, match="solver 'pofo' plans offloads itself"):
+        remat(torch.nn.Linear(4, 4), (torch.randn(2, 4),), budget=0.5, solver="pofo", offload=True)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_offloaded_training_on_device(device, capfd):
     """`remat(..., offload=True)` on the device: exact against eager there, with the link
