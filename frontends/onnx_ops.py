@@ -341,8 +341,13 @@ def _conv_transpose(node, x, w, b=None):
         target = (list(output_shape)[-n:] if output_shape is not None
                   else [size * s for size, s in zip(x.shape[2:], strides)])
         total = [f + op_ - t for f, op_, t in zip(full, out_pad, target)]
-        upper = auto != "SAME_LOWER"
-        begin = [t // 2 if upper else t - t // 2 for t in total]
+        # The spec's split: the smaller half first for SAME_UPPER only, else (NOTSET with
+        # an output_shape, SAME_LOWER) the larger. A negative total (an output larger
+        # than the full one) is zeros at the end, as onnxruntime pads it in every mode.
+        # Unset was split as SAME_UPPER and negative totals halved: outputs one position
+        # off onnxruntime's, 6.4 apart (found by a review).
+        upper = auto == "SAME_UPPER"
+        begin = [0 if t < 0 else t // 2 if upper else t - t // 2 for t in total]
         end = [t - bg for t, bg in zip(total, begin)]
     elif auto == "VALID":
         begin, end = [0] * n, [0] * n
@@ -760,9 +765,13 @@ def _trilu(node, x, k=None):
 @op("TopK", static=(1,), diff=(0,))
 def _topk(node, x, k):
     k = int(_scalar(k))
-    values, indices = torch.topk(x, k, node.attr("axis", -1), bool(node.attr("largest", 1)),
-                                 bool(node.attr("sorted", 1)))
-    return values, indices
+    # ONNX puts the lower index first among equal values; torch.topk orders ties as its
+    # kernel finds them (indices [1, 7, 5] where onnxruntime gives [1, 2, 3], found by a
+    # review: a Gather of them, as MoE routing does, picks other rows). A stable sort
+    # keeps them in index order, and is sorted as `sorted=0` allows.
+    axis = node.attr("axis", -1)
+    values, indices = torch.sort(x, dim=axis, descending=bool(node.attr("largest", 1)), stable=True)
+    return values.narrow(axis, 0, k), indices.narrow(axis, 0, k)
 
 
 @op("OneHot", static=(1, 2), diff=())

@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_models as om
@@ -541,6 +543,12 @@ SINGLE_OPS = [
 @pytest.mark.parametrize("op, inputs, attrs, opset", SINGLE_OPS,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(SINGLE_OPS)])
 def test_single_op_matches_onnxruntime(op, inputs, attrs, opset):
+    assert_single_op_matches_onnxruntime(op, inputs, attrs, opset)
+
+
+def assert_single_op_matches_onnxruntime(op, inputs, attrs, opset=18):
+    """`op` over `inputs` with `attrs`, imported and run in torch, gives onnxruntime's
+    outputs: integers equal, floats within 1e-5 relative."""
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
     # Inputs the table needs at import (shapes, axes, pads), and Range's, are initializers;
     # the others are graph inputs.
@@ -566,3 +574,40 @@ def test_single_op_matches_onnxruntime(op, inputs, attrs, opset):
         assert o.dtype == t.dtype and o.shape == t.shape, (o.dtype, o.shape, t.dtype, t.shape)
         assert (torch.equal(o, t) if not o.is_floating_point()
                 else relative_error(o, t) < 1e-5), (o, t)
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(1, 5), kernel=st.integers(1, 4), stride=st.integers(1, 3),
+       dilation=st.integers(1, 2), out_pad=st.integers(0, 2), change=st.integers(-3, 3),
+       auto_pad=st.sampled_from(["NOTSET", "SAME_UPPER", "SAME_LOWER"]), dims=st.integers(1, 2))
+def test_transposed_convolution_to_an_output_shape_matches_onnxruntime(size, kernel, stride, dilation,
+                                                                       out_pad, change, auto_pad, dims):
+    """ConvTranspose asked for an `output_shape`: the padding it implies is split as the
+    spec says (the larger half first, but for SAME_UPPER; halves truncated toward zero).
+    Unset `auto_pad` was split as SAME_UPPER and a negative total rounded down: outputs
+    shifted by one position, 6.4 off onnxruntime's, silently."""
+    # onnxruntime takes an output up to stride - 1 larger than the full one without
+    # output padding (the convolution it inverts would have ignored that much input).
+    assume(out_pad < max(stride, dilation) and out_pad + change < stride)
+    full = (size - 1) * stride + (kernel - 1) * dilation + 1 + out_pad
+    target = full + change
+    assume(target > 0)
+    inputs = [_f(1, 2, *[size] * dims), _f(2, 3, *[kernel] * dims), _f(3)]
+    try:
+        assert_single_op_matches_onnxruntime("ConvTranspose", inputs, dict(
+            strides=[stride] * dims, dilations=[dilation] * dims, output_padding=[out_pad] * dims,
+            output_shape=[target] * dims, auto_pad=auto_pad))
+    except ort.capi.onnxruntime_pybind11_state.InvalidArgument as refused:   # no answer to compare with
+        assume("output_shape is inconsistent" not in str(refused))
+        raise
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(0, 2), min_size=5, max_size=5), min_size=1, max_size=3),
+       k=st.integers(1, 5), largest=st.integers(0, 1))
+def test_top_k_with_ties_gives_the_lower_index_first_as_onnxruntime(rows, k, largest):
+    """TopK over values with many ties: ONNX puts the lower index first; torch.topk
+    ordered ties as its kernel found them ([1, 7, 5] for onnxruntime's [1, 2, 3]).
+    (With `sorted=0` the spec leaves the order open.)"""
+    x = np.array(rows, np.float32)
+    assert_single_op_matches_onnxruntime("TopK", [x, _i(k)], dict(axis=-1, largest=largest))
