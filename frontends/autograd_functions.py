@@ -460,10 +460,11 @@ def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:
 
 
 @contextlib.contextmanager
-def preserving_functions(errors: list):
+def preserving_functions(errors: list, applied: set):
     """Route user-defined `autograd.Function.apply` calls through custom ops (see module
-    docstring) while the block traces. A Function that cannot be preserved appends its
-    `FunctionError` to `errors` and runs as torch would (the caller then refuses)."""
+    docstring) while the block traces, adding their classes to `applied`. A Function that
+    cannot be preserved appends its `FunctionError` to `errors` and runs as torch would
+    (the caller then refuses)."""
     function_class = torch.autograd.Function
     original = function_class.__dict__["apply"]
 
@@ -474,6 +475,7 @@ def preserving_functions(errors: list):
         if cls.__module__.startswith("torch.") or cls.__module__ == "torch":
             return original.__func__(cls, *args, **kwargs)
         name = f"{cls.__module__}.{cls.__qualname__}"
+        applied.add(cls)
         if kwargs:
             errors.append(FunctionError(f"autograd.Function {name} is called with keyword "
                                         "arguments; remat-ir preserves positional calls only"))

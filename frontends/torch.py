@@ -436,7 +436,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     # above the error): kept out; whatever else it writes there goes through.
     printed, failure = io.StringIO(), None
     try:
-        with contextlib.redirect_stderr(printed), preserving_functions(errors), \
+        with contextlib.redirect_stderr(printed), preserving_functions(errors, reads.functions), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \

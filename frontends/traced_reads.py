@@ -31,6 +31,7 @@ before reading it, which depends on no state a call brings):
   described by `torchlib.callables` (a swap or a patched forward computes otherwise).
 
 Found in the code (the methods of the model's module classes in the user's own files,
+of the custom autograd Functions it applies, whose backward is traced into the graph,
 and the user's functions they call by name): globals of plain values, the plain items of
 global dicts, lists and tuples, plain attributes of global classes, modules and plain
 objects read as `Global.name`, and the global functions called, by their description
@@ -171,17 +172,20 @@ class TracedReads:
     #: id(tensor) -> (Python module, global name, None | ["attr", name]) of the tensors the
     #: code reads from globals (`frontends/held_tensors.py` keeps the ones traced as constants)
     tensors: dict = field(default_factory=dict)
+    #: The user-defined `autograd.Function` classes the forward applied
+    #: (`autograd_functions.preserving_functions`): their code is the model's (`record_globals`).
+    functions: set = field(default_factory=set)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
-                      self.callables, self.tensors):
+                      self.callables, self.tensors, self.functions):
             table.clear()
 
     def copy(self) -> TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
                            dict(self.globals), list(self.decisions), dict(self.callables),
-                           dict(self.tensors))
+                           dict(self.tensors), set(self.functions))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -507,13 +511,23 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
                 functions_called(constant, namespace)
 
     # Its hooks and the functions its modules hold (`self.act = lambda h: ANN.scale(h)`)
-    # run in its forward: their code is the model's too.
+    # run in its forward: their code is the model's too. So is the code of the custom
+    # autograd Functions it applied: their backward is traced into the graph (and their
+    # forward's non-tensor results kept for it), so a global it reads (`g * SCALE`, a
+    # dict item, a helper's global) changed after `remat` trained on with the value
+    # traced: gradients 0.4x eager's, silently (found by a review).
     held = [value for module in model.modules() for value in vars(module).values()
             if isinstance(value, types.FunctionType)]
-    for function in [*hook_functions(model), *held]:
+    applied = [function for cls in sorted(reads.functions, key=lambda c: (c.__module__, c.__qualname__))
+               for function in own_methods(cls)]
+    for function in [*hook_functions(model), *held, *applied]:
         code = getattr(function, "__code__", None)
-        if code is not None and is_users_file(code.co_filename):
+        if code is None:
+            continue
+        if is_users_file(code.co_filename):
             scan(code, function.__globals__, 0)
+        elif function in applied and is_model_file(code.co_filename):
+            functions_called(code, function.__globals__)
     named: dict[type, set[str]] = {}   # per class, the attribute names its own code looks up
     for cls in {type(module) for module in model.modules()}:
         named[cls] = set()

@@ -1038,6 +1038,104 @@ def test_a_call_after_what_a_hook_reads_changed_is_planned_again_or_refused(chan
     assert re.search(said, capsys.readouterr().err)
 
 
+#: Read by the custom Functions of `test_what_a_custom_functions_code_reads_changed_after_lowering_is_planned_for`.
+FUNCTION_SCALE = 2.0
+FUNCTION_CFG = {"k": 2.0}
+
+
+def _function_scale(g):
+    return g * FUNCTION_SCALE
+
+
+class _GlobalBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * FUNCTION_SCALE
+
+
+class _KeptOnContext(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.k = FUNCTION_SCALE
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k
+
+
+class _ClassConstant(torch.autograd.Function):
+    K = 2.0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _ClassConstant.K
+
+
+class _DictItem(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * FUNCTION_CFG["k"]
+
+
+class _HelpersGlobal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return _function_scale(g)
+
+
+class _Applying(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.a, self.b, self.function = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4), function
+
+    def forward(self, x):
+        return self.b(self.function.apply(torch.tanh(self.a(x)))).square().mean()
+
+
+@pytest.mark.parametrize("function, said", [
+    (_GlobalBackward, r"global FUNCTION_SCALE of test_trust was 2.0 .* and is 5.0 now"),
+    (_KeptOnContext, r"global FUNCTION_SCALE of test_trust was 2.0 .* and is 5.0 now"),
+    (_ClassConstant, r"global _ClassConstant.K of test_trust was 2.0 .* and is 5.0 now"),
+    (_DictItem, r"global FUNCTION_CFG\['k'\] of test_trust was 2.0 .* and is 5.0 now"),
+    (_HelpersGlobal, r"global FUNCTION_SCALE of test_trust was 2.0 .* and is 5.0 now")])
+def test_what_a_custom_functions_code_reads_changed_after_lowering_is_planned_for(function, said, monkeypatch,
+                                                                                 capsys):
+    """A custom Function's backward is traced into the graph, and the plain values its
+    forward keeps on the context with it: found by a review, a global its backward reads
+    (or its forward keeps, or a helper it calls reads), its class's constant or a global
+    dict's item changed after `remat` trained on with the traced value (gradients 0.4x
+    eager's), silently. The code of the Functions a forward applies is scanned as the
+    model's own."""
+    monkeypatch.setitem(globals(), "FUNCTION_SCALE", 2.0)
+    monkeypatch.setitem(FUNCTION_CFG, "k", 2.0)
+    monkeypatch.setattr(_ClassConstant, "K", 2.0)
+    torch.manual_seed(0)
+    model, x = _Applying(function), torch.randn(4, 8)
+    scheduled, alone = _stepped_with_and_without_planner(model, x)
+    globals()["FUNCTION_SCALE"], FUNCTION_CFG["k"], _ClassConstant.K = 5.0, 5.0, 5.0
+    with pytest.raises(RuntimeInputError, match=said):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert re.search(said, capsys.readouterr().err)
+
+
 def test_gradient_checkpointing_enabled_after_lowering_is_refused_saying_it_is_not_needed():
     """transformers' `gradient_checkpointing_enable()` adds a forward hook on the
     embeddings: refused as any hook added since, naming the call the user made."""
