@@ -88,12 +88,28 @@ def _value_problems(g: pb.Graph, storages: dict) -> list[str]:
                             f"{dtype_name(v.dtype)} is {expected} bytes")
         if v.storage_id not in storages:
             problems.append(f"{label} aliases storage {v.storage_id}, which does not exist")
+        elif (reach := _bytes_reached(v)) > storages[v.storage_id].size_bytes:
+            # The simulator counts a storage's bytes: one smaller than its values (a file
+            # cut by 8) was simulated within a budget the run exceeded (found by a review).
+            problems.append(f"{label} reaches {reach} bytes into storage {v.storage_id} (shape "
+                            f"{list(v.shape)}, strides {list(v.stride) or 'contiguous'}, offset "
+                            f"{v.storage_offset}), which holds {storages[v.storage_id].size_bytes} bytes")
         if v.kind == pb.VALUE_KIND_UNSPECIFIED:
             problems.append(f"{label} has no kind")
         if v.kind == pb.CONSTANT and len(v.constant.raw) != v.size_bytes:
             problems.append(f"{label} is a constant with {len(v.constant.raw)} bytes of data "
                             f"for a {v.size_bytes}-byte tensor")
     return problems
+
+
+def _bytes_reached(v: pb.Value) -> int:
+    """The bytes of its storage value `v` spans, from the start: to one past its last
+    element at its offset and strides (contiguous ones where it records none)."""
+    if any(d == 0 for d in v.shape):
+        return 0
+    strides = list(v.stride) or [math.prod(v.shape[i + 1:]) for i in range(len(v.shape))]
+    last = v.storage_offset + sum((d - 1) * st for d, st in zip(v.shape, strides))
+    return (last + 1) * ITEMSIZE[v.dtype]
 
 
 def _node_problems(g: pb.Graph, values: dict) -> list[str]:

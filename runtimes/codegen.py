@@ -910,6 +910,13 @@ def _op_global(graph: Graph, writer: _Writer, node_id: int, node: pb.Node | None
         raise UnsupportedOp(f"{node.op} draws random numbers but {graph.describe_node(node_id)} is not "
                             f"marked random in the graph (Node.random), so no schedule can keep "
                             f"eager's draws: lower the model again (the torch frontend marks them)")
+    if isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable and not node.mutating:
+        # A node that writes into an input may run once (`Node.mutating`): a graph whose
+        # flag was lost let a schedule run `aten.mul.out` twice, the second time over the
+        # input its first run wrote (every gradient off, up to 0.14), silently (a review).
+        raise UnsupportedOp(f"{node.op} writes into one of its arguments but {graph.describe_node(node_id)} "
+                            f"is not marked mutating in the graph (Node.mutating), so a schedule may run it "
+                            f"twice: lower the model again (the torch frontend marks them)")
     op_global = "op_" + node.op.replace(".", "_")
     if op is torch.ops.aten.view.default and node.phase == pb.BACKWARD:
         op_global = "_view_or_reshape"

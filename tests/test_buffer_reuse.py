@@ -216,3 +216,27 @@ def test_an_op_with_an_input_laid_out_otherwise_keeps_its_functional_form_and_ea
     schedule = store_all(graph)
     assert side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, {}, lambda out: out,
                         tolerance=1e-30) == {}
+
+
+def test_a_graph_whose_mutating_flags_were_lost_is_refused_naming_the_node():
+    """A file edited or written by another tool without `Node.mutating`: a schedule ran
+    an op writing into its input twice, the second time over what the first wrote
+    (found by a review: every gradient off, up to 0.14, the simulator and `validate`
+    content). The runtime refuses it, naming the node."""
+    from remat_ir import ir, plan
+    from remat_ir.ir import RematIRError
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    graph = lower(model, (x,))
+    marked = [node for node in graph.proto.nodes if node.mutating]
+    assert marked and all(resolve_op(node.op)._schema.is_mutable for node in marked)
+    for node in marked:
+        node.mutating = False
+    graph = ir.Graph(graph.proto)
+    scheduled = ScheduledModule(model, graph, plan(graph, None, "recompute-all"))
+    with pytest.raises(RematIRError, match=rf"{marked[0].op} writes into one of its arguments but node .* "
+                                           r"is not marked mutating in the graph .* lower the model again"):
+        scheduled(x)

@@ -71,6 +71,30 @@ def test_alias_of_missing_storage():
     assert problems_after(bad_alias) == ["value 'a2' (id 2) aliases storage 999, which does not exist"]
 
 
+def test_a_storage_must_hold_the_values_it_stores():
+    """A storage smaller than its values (a file edited: cut by 8) was simulated within a
+    budget the run then exceeded (found by a review); strides and offsets count."""
+    def shrink(proto, ids):
+        storage = next(s for s in proto.storages if s.id == value(proto, ids["a1"]).storage_id)
+        storage.size_bytes //= 8
+    (problem,) = problems_after(shrink)
+    assert problem == ("value 'a1' (id 1) reaches 1000 bytes into storage 1 (shape [250], strides "
+                       "contiguous, offset 0), which holds 125 bytes")
+
+    def stride_past_the_end(proto, ids):   # every other element: 499 elements' reach
+        v = value(proto, ids["a1"])
+        v.stride.append(2)
+    (problem,) = problems_after(stride_past_the_end)
+    assert problem.startswith("value 'a1' (id 1) reaches 1996 bytes into storage 1 (shape [250], strides [2]")
+
+    def offset_view(proto, ids):   # the last 125 elements of 250: within
+        v = value(proto, ids["a1"])
+        del v.shape[:]
+        v.shape.append(125)
+        v.size_bytes, v.storage_offset = 500, 125
+    assert problems_after(offset_view) == []
+
+
 def test_value_read_but_never_computed():
     def orphan(proto, ids):
         proto.values.add(id=100, name="ghost", dtype=pb.FLOAT32, shape=[1], size_bytes=4,
