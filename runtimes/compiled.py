@@ -137,12 +137,22 @@ class Region:
         self.steps = steps
         self.module = _graph_module(graph, node_ids, inputs, outputs, device)
         self.ops = sorted({m.op for n in node_ids for m in body_nodes(graph.node(n))})
-        self._compiled = None
+        #: Positions among its inputs of the outputs' gradients and their views: the inputs
+        #: whose layout differs between calls (a loss that reads the output: the traced
+        #: strides; one that does not: a broadcast zero). Inductor's code is specialized to
+        #: the layouts of its first call: a step that left an output out of its loss after
+        #: one that read it failed in the compiled code's stride assertions (a review).
+        tangents = {graph.value(e.value_id).storage_id for e in graph.proto.inputs if e.HasField("gradient_of")}
+        self._tangents = [i for i, v in enumerate(inputs) if graph.value(v).storage_id in tangents]
+        #: Per layout of those gradients (their strides), the compiled function.
+        self._compiled: dict[tuple, object] = {}
 
     def __call__(self, tensors: list) -> tuple:
-        if self._compiled is None:
-            self._compiled = self._compile(tensors)
-        return self._compiled(tensors)
+        key = tuple(tensors[i].stride() for i in self._tangents)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = self._compile(tensors)
+        return compiled(tensors)
 
     def _compile(self, tensors: list):
         try:
