@@ -1248,6 +1248,8 @@ class ScheduledModule(torch.nn.Module):
             # The model's own mode decides (`model.eval()` on the model itself, not on this
             # module, is evaluation too): outside training, the model runs as it is.
             return self._call_model(*args, **kwargs)
+        if torch._C._are_functorch_transforms_active():
+            return self._under_torch_func(*args, **kwargs)
         self._check_saved_tensor_hooks()
         refused = cached_parametrizations(self._model)
         if refused is not None:
@@ -1302,6 +1304,20 @@ class ScheduledModule(torch.nn.Module):
             (self._notify or notify_stderr)(
                 f"remat-ir: torch.autograd.graph.save_on_cpu around the call moves nothing of "
                 f"what a remat-ir step keeps (its gradients are eager's): {INSTEAD}")
+
+    def _under_torch_func(self, *args, **kwargs):
+        """A call under a `torch.func` transform (`grad`, `vmap`, `jacrev`): the model runs
+        as it is, said once. A step's segments run outside autograd, from an autograd
+        Function without the `setup_context` the transforms need: such a call failed with
+        torch's error about `_Outputs`, after its forward segment had run (BatchNorm's
+        statistics updated, the generator advanced: found by a review)."""
+        if not self.__dict__.get("_told_torch_func"):
+            self.__dict__["_told_torch_func"] = True
+            (self._notify or notify_stderr)(
+                "remat-ir: called under a torch.func transform (grad, vmap, jacrev...): the model "
+                "runs as it is, with eager's memory (a remat-ir step runs outside autograd, which "
+                "the transforms build on)")
+        return self._call_model(*args, **kwargs)
 
     @torch.compiler.disable
     def _under_torch_compile(self, *args, **kwargs):

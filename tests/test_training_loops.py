@@ -735,3 +735,41 @@ def test_a_model_remat_in_place_runs_its_plan_when_called_and_stays_the_model():
     torch.manual_seed(0)
     model(data[:4]).sum().backward()
     assert again.schedule.solver == "recompute-all" and len(again.plans) == 1
+
+
+class _DroppingNet(torch.nn.Module):
+    """A dropout: a call that runs part of a step shows in the generator's state."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.norm, self.b = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        return self.b(self.drop(torch.relu(self.norm(self.a(x)))))
+
+
+def test_torch_func_transforms_run_the_model_as_it_is_and_say_so(capsys):
+    """`torch.func.grad` of a `functional_call`, `vmap` and `vjp` over a remat-ir module:
+    they failed with torch's error about `_Outputs`' setup_context, after the forward
+    segment had run (BatchNorm statistics updated, the generator advanced: found by a
+    review). The model runs as it is, said once: results and the generator as eager's."""
+    torch.manual_seed(0)
+    model, x = _DroppingNet(), torch.randn(64, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), budget=0.9, cost_model="flops")
+    capsys.readouterr()
+
+    def transformed(module):
+        params = {k: v.detach() for k, v in module.named_parameters()}
+        torch.manual_seed(3)
+        grads = torch.func.grad(lambda p: torch.func.functional_call(module, p, (x,)).square().mean())(params)
+        batched = torch.vmap(module, randomness="same")(x.unsqueeze(0).expand(2, -1, -1).clone())
+        out, pull = torch.func.vjp(module, x)
+        return [*grads.values(), batched, out, *pull(torch.ones_like(out)), torch.get_rng_state()]
+
+    ours, theirs = transformed(scheduled), transformed(eager)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+    assert capsys.readouterr().err.count("remat-ir: called under a torch.func transform") == 1
