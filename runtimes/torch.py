@@ -180,6 +180,23 @@ class _Gradients(torch.autograd.Function):
         return (None, None, None, token, *grads)
 
 
+def _unviewed(outputs: tuple, resident: set[int]) -> tuple:
+    """`outputs`, each view of a tensor the step made that no other output returns or views
+    as a plain alias of it (`_unsafe_view`, as eager's `F.linear` returns its 3-d result):
+    autograd refuses an in-place change of a view a Function returned, so `y.mul_(2)` on a
+    Linear's 3-d output (a view of the graph's `addmm`) failed with torch's "Output 0 of
+    _Outputs is a view" where eager's runs (found by a review)."""
+    bases = [o._base for o in outputs]
+    counts: dict[int, int] = {}
+    for base in bases:
+        if base is not None:
+            counts[id(base)] = counts.get(id(base), 0) + 1
+    returned = {id(o) for o in outputs}
+    return tuple(torch.ops.aten._unsafe_view(o, o.shape) if base is not None and counts[id(base)] == 1
+                 and id(base) not in resident and id(base) not in returned else o
+                 for o, base in zip(outputs, bases))
+
+
 class _Outputs(torch.autograd.Function):
     """The user outputs' node: backward starts the backward segment and hands the first
     group of gradients to autograd."""
@@ -190,7 +207,8 @@ class _Outputs(torch.autograd.Function):
         resident = {id(t) for t in step.resident}
         # An output that is a resident tensor (a parameter returned as is) leaves as a view,
         # as autograd returns an input a Function gives back.
-        outputs = tuple(o.view_as(o) if id(o) in resident else o for o in step.outputs)
+        outputs = _unviewed(tuple(o.view_as(o) if id(o) in resident else o for o in step.outputs),
+                            resident)
         step.outputs = None
         ctx.step, ctx.index, ctx.last, ctx.took_token = step, index, last, token is not None
         ctx.save_for_backward(*(outputs[i] for i in runner.outputs_read_positions))

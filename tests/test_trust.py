@@ -1590,6 +1590,20 @@ def test_an_output_modified_by_the_caller_before_backward_is_refused_where_the_p
         _loss_after_negating_the_second_output(scheduled(x)).backward()
 
 
+def test_an_output_a_linear_returns_for_3d_inputs_may_be_modified_in_place_as_eagers():
+    """A Linear's output for a 3-d input is a view of the graph's `addmm` (eager's
+    `F.linear` returns a plain alias): autograd refused the caller's in-place change of
+    it with torch's "Output 1 of _Outputs is a view and is being modified inplace"
+    (found by a review). It trains as eager's; a plan that reads it is refused by name."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8)
+    assert side_by_side(_ReturnsPreActivation(), lambda m: _remat(m, (x,), solver="autograd"),
+                        (x,), {}, _loss_after_negating_the_second_output, tolerance=1e-30) == {}
+    scheduled = _remat(_ReturnsPreActivation(), (x,), solver="recompute-all")
+    with pytest.raises(RematIRError, match=r"output\[1\] of the model was modified in place after "):
+        _loss_after_negating_the_second_output(scheduled(x)).backward()
+
+
 class _UsesData(torch.nn.Module):
     """Uses `.data` in its forward per `kind`, or `.detach()` where `kind` ends so."""
 
