@@ -123,12 +123,36 @@ def prediction_mismatches(schedule: pb.Schedule, result) -> list[str]:
     return problems
 
 
+#: Op problems `validate` lists before saying how many more there are.
+MAX_SHOWN_PROBLEMS = 10
+
+
+def _pytorch_op_problems(graph: Graph) -> list[str]:
+    """For a graph of PyTorch ops (one of them `aten`'s), what the PyTorch runtime would
+    refuse of its ops at the first call (`runtimes/op_checks.py`): an op it does not know,
+    one drawing random numbers or writing into an argument on a node not flagged so.
+    `validate` said such a file was valid, and the runtime then refused it (or, for the
+    flags, before they were checked there, trained silently otherwise than eager)."""
+    if not any(node.op.startswith("aten.") for node in graph.proto.nodes):
+        return []
+    from remat_ir.runtimes.op_checks import op_problems
+
+    return op_problems(graph)
+
+
 def validate_lines(graph: Graph, path: str) -> tuple[list[str], bool]:
     """The report `remat-ir validate` prints, and whether everything passed."""
     g = graph.proto
     lines = [f"{path}: structure ok ({len(g.nodes)} nodes, {len(g.values)} values, "
              f"{len(g.schedules)} schedules)"]
     ok = True
+    problems = _pytorch_op_problems(graph)
+    if problems:
+        ok = False
+        shown = problems[:MAX_SHOWN_PROBLEMS]
+        more = len(problems) - len(shown)
+        lines += [f"  ops INVALID for the PyTorch runtime: {p}" for p in shown]
+        lines += [f"  ... and {more} more op problems"] if more else []
     for s in g.schedules:
         result = simulate(graph, s)
         if not result.valid:

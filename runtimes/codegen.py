@@ -51,6 +51,7 @@ from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument,
 
 from .compiled import EAGER_OPS, Region, check_backend, output_positions
 from .gradient_parts import Handovers, handovers
+from .op_checks import checked_op
 from .transfers import Transfers
 
 
@@ -96,10 +97,6 @@ def _tangent_sources(graph: Graph, tangent_of: list[int | None]):
         return found[value]
 
     return sources
-
-
-class UnsupportedOp(Exception):
-    """An IR op the PyTorch runtime cannot execute (named with the module it came from)."""
 
 
 @dataclass
@@ -896,27 +893,7 @@ def _op_global(graph: Graph, writer: _Writer, node_id: int, node: pb.Node | None
     """(global name, OpOverload) of the node's op (or of `node`, a member of fused node
     `node_id`), bound in the generated code."""
     node = graph.node(node_id) if node is None else node
-    try:
-        op = resolve_op(node.op)
-    except LookupError as exc:
-        raise UnsupportedOp(f"{exc}; it comes from {node.source or 'an unknown module'} "
-                            f"({graph.describe_node(node_id)})") from None
-    if isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags \
-            and not graph.node(node_id).random \
-            and not any(argument.name == "dropout_p" for argument in op._schema.arguments):
-        # The plan keeps eager's draws only for nodes marked random (`ir.rng`): a graph
-        # whose flag was lost (a file edited or written by another tool) trained with other
-        # draws and another generator state, silently (found by a review).
-        raise UnsupportedOp(f"{node.op} draws random numbers but {graph.describe_node(node_id)} is not "
-                            f"marked random in the graph (Node.random), so no schedule can keep "
-                            f"eager's draws: lower the model again (the torch frontend marks them)")
-    if isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable and not node.mutating:
-        # A node that writes into an input may run once (`Node.mutating`): a graph whose
-        # flag was lost let a schedule run `aten.mul.out` twice, the second time over the
-        # input its first run wrote (every gradient off, up to 0.14), silently (a review).
-        raise UnsupportedOp(f"{node.op} writes into one of its arguments but {graph.describe_node(node_id)} "
-                            f"is not marked mutating in the graph (Node.mutating), so a schedule may run it "
-                            f"twice: lower the model again (the torch frontend marks them)")
+    op = checked_op(graph, node_id, node)
     op_global = "op_" + node.op.replace(".", "_")
     if op is torch.ops.aten.view.default and node.phase == pb.BACKWARD:
         op_global = "_view_or_reshape"

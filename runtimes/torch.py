@@ -44,9 +44,10 @@ from remat_ir.torchlib.value_guards import ValueGuards
 from . import autocast_anchors
 from .call_guard import CallGuard
 from .compiled import check_backend
-from .codegen import GRADIENT_GROUPS, UnsupportedOp, generate, resident_order, segments_without_autocast
+from .codegen import GRADIENT_GROUPS, generate, resident_order, segments_without_autocast
 from .dtype_errors import mixed_dtypes_message
 from .fsdp import FSDPUsageError, StepUnits, Units, check_gathered, fsdp_module_class, is_sharded_class
+from .op_checks import UnsupportedOp
 from .signatures import (DEFAULT_SDPA, Signature, argument_names, autocast_from_json, containers, flat_leaf,
                          memoised_signature)
 from .traced_reads import TracedReads

@@ -108,6 +108,24 @@ def test_wrong_prediction_is_flagged(tmp_path):
     assert "INCONSISTENT" in result.stdout and "predicted peak 4001 bytes but the simulator gives 4000" in result.stdout
 
 
+def test_ops_the_pytorch_runtime_would_refuse_are_invalid(tmp_path):
+    """A graph of PyTorch ops with an op PyTorch does not have, or whose random and
+    mutating flags deny the op's schema: `validate` said it was valid, and the runtime
+    refused it at the first call (the flags: trained otherwise than eager before that)."""
+    g = mlp()
+    assert remat_ir("validate", ir.save(g, tmp_path / "mlp.rir")).returncode == 0
+    relu = next(n for n in g.proto.nodes if n.op == "aten.relu.default")
+    relu.op = "aten.relu_twice.default"
+    dropout = next(n for n in g.proto.nodes if n.random)
+    dropout.random = False
+    result = remat_ir("validate", ir.save(g, tmp_path / "edited.rir"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    found = [line for line in result.stdout.splitlines() if "ops INVALID" in line]
+    assert len(found) == 2, result.stdout
+    assert "PyTorch has no op 'aten.relu_twice.default'" in found[0]
+    assert f"aten.native_dropout.default draws random numbers but node {dropout.name!r}" in found[1]
+
+
 def test_usage_errors():
     assert remat_ir().returncode == 2
     assert remat_ir("frobnicate", "x").returncode == 2

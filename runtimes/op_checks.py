@@ -1,0 +1,63 @@
+"""Whether the PyTorch runtime can run a node's op as the graph says it runs.
+
+A graph file is written by the torch frontend, by hand or by another tool: its op names
+and flags are claims the simulator and the solvers take on trust (the IR knows no ops).
+Three claims decide what the runtime computes, and each wrong one trained silently or
+failed at a later call, so they are checked against the op's schema before any code is
+generated (`codegen`), and by `remat-ir validate` for graphs of PyTorch ops:
+
+- the op exists in this process (`resolve_op`);
+- an op that draws random numbers is marked `Node.random`: the plan keeps eager's draws
+  only for nodes so marked (a file whose flags were lost trained with other draws and
+  left the generator elsewhere, a gradient 5.6e-2 off);
+- an op that writes into an argument is marked `Node.mutating`, which a schedule runs
+  once (a file whose flags were lost ran `aten.mul.out` twice, over the input its first
+  run wrote: every gradient off, up to 0.14).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from remat_ir.ir import Graph, pb
+from remat_ir.ir.fusion import body_nodes
+from remat_ir.torchlib.types import resolve_op
+
+
+class UnsupportedOp(Exception):
+    """An IR op the PyTorch runtime cannot execute (named with the module it came from)."""
+
+
+def checked_op(graph: Graph, node_id: int, node: pb.Node | None = None):
+    """The OpOverload of the node's op (or of `node`, a member of fused node `node_id`);
+    raises UnsupportedOp where the op is unknown or its node's flags deny its schema."""
+    node = graph.node(node_id) if node is None else node
+    try:
+        op = resolve_op(node.op)
+    except LookupError as exc:
+        raise UnsupportedOp(f"{exc}; it comes from {node.source or 'an unknown module'} "
+                            f"({graph.describe_node(node_id)})") from None
+    if not isinstance(op, torch._ops.OpOverload):
+        return op
+    if torch.Tag.nondeterministic_seeded in op.tags and not graph.node(node_id).random \
+            and not any(argument.name == "dropout_p" for argument in op._schema.arguments):
+        raise UnsupportedOp(f"{node.op} draws random numbers but {graph.describe_node(node_id)} is not "
+                            f"marked random in the graph (Node.random), so no schedule can keep "
+                            f"eager's draws: lower the model again (the torch frontend marks them)")
+    if op._schema.is_mutable and not node.mutating:
+        raise UnsupportedOp(f"{node.op} writes into one of its arguments but {graph.describe_node(node_id)} "
+                            f"is not marked mutating in the graph (Node.mutating), so a schedule may run it "
+                            f"twice: lower the model again (the torch frontend marks them)")
+    return op
+
+
+def op_problems(graph: Graph) -> list[str]:
+    """What `checked_op` refuses, for every node and fused member of `graph`."""
+    problems = []
+    for node in graph.proto.nodes:
+        for member in body_nodes(node):
+            try:
+                checked_op(graph, node.id, member)
+            except UnsupportedOp as refused:
+                problems.append(str(refused))
+    return problems
