@@ -169,35 +169,70 @@ class CallGuard:
         self._rows = (module_types, module_members, module_aliases, tied, bindings, reads)
         self._find = None
         self._slots = [slot for slot, (kind, _) in enumerate(bindings) if kind in ("param", "buffer")]
-        #: Per model slot, (shape, dtype, strides, requires_grad, device) at the last full
-        #: check; None until a call passed.
-        self._properties: list[tuple] | None = None
+        #: Whether the model's tensors (by `_slots`) are as at the last full check; None
+        #: until a call passed.
+        self._same_tensors = None
         self.device: torch.device | None = None
 
     def model_tensors(self, model: torch.nn.Module) -> tuple | None:
         """The model's tensors by resident slot where nothing the full checks look at
         changed since a call passed them, else None."""
-        if self._properties is None or self._hooks.changed(model) is not None:
+        if self._same_tensors is None or self._hooks.changed(model) is not None:
             return None
         found = self._find(model)
         if found is None:
             return None
-        for slot, (shape, dtype, strides, grad, where) in zip(self._slots, self._properties):
-            t = found[slot]
-            if (type(t) is not torch.nn.Parameter and type(t) is not torch.Tensor) \
-                    or t.shape != shape or t.dtype is not dtype or t.requires_grad is not grad \
-                    or t.stride() != strides or t.device != where:
-                return None
-        return found
+        try:
+            same = self._same_tensors([found[slot] for slot in self._slots])
+        except Exception:   # not tensors: the full checks say what they are
+            return None
+        return found if same else None
 
     def passed(self, resident: tuple, device: torch.device) -> None:
         """Arm the guard with the tensors of a call that passed the full checks."""
         if self._find is None:
             self._find = _generate(*self._rows)
         self.device = device
-        self._properties = [(resident[slot].shape, resident[slot].dtype, resident[slot].stride(),
-                             resident[slot].requires_grad, resident[slot].device)
-                            for slot in self._slots]
+        self._same_tensors = same_tensors([resident[slot] for slot in self._slots])
+
+
+def same_tensors(tensors: list):
+    """A test of a list of tensors: each of the class (a Parameter or a plain tensor),
+    shape, dtype, strides, `requires_grad` and device of `tensors`' (or stricter).
+
+    Dynamo's `TensorGuards` compares them in C++ (with the dispatch keys, which follow
+    from those: stricter): on 176 tensors about 11 us where the same comparisons in
+    Python took about 120 us, most of what was left of the guard's 0.3 ms per call of the
+    quick ResNet (x1.04 of eager's step). The Python comparisons where torch has none."""
+    if not all(type(t) is torch.nn.Parameter or type(t) is torch.Tensor for t in tensors):
+        return lambda now: False   # another class (FSDP's, a subclass): the full checks
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        TensorGuards = None
+    if TensorGuards is not None:
+        # Each tensor once (`TensorGuards` fails a tensor given twice: tied weights); a
+        # later position of one must hold the very tensor its first does.
+        first: dict[int, int] = {}
+        for i, t in enumerate(tensors):
+            first.setdefault(id(t), i)
+        distinct = sorted(first.values())
+        again = [(i, first[id(t)]) for i, t in enumerate(tensors) if first[id(t)] != i]
+        guards = TensorGuards(*(tensors[i] for i in distinct),
+                              dynamic_dims_sizes=[list(tensors[i].shape) for i in distinct],
+                              dynamic_dims_strides=[list(tensors[i].stride()) for i in distinct])
+        if not again:
+            return lambda now: guards.check(*now)
+        return lambda now: guards.check(*[now[i] for i in distinct]) and all(now[i] is now[j] for i, j in again)
+    properties = [(type(t), t.shape, t.dtype, t.stride(), t.requires_grad, t.device) for t in tensors]
+
+    def same(now: list) -> bool:
+        for t, (kind, shape, dtype, strides, grad, where) in zip(now, properties):
+            if type(t) is not kind or t.shape != shape or t.dtype is not dtype \
+                    or t.requires_grad is not grad or t.stride() != strides or t.device != where:
+                return False
+        return True
+    return same
 
 
 def _generate(module_types, module_members, module_aliases, tied, bindings, reads: TracedReads):

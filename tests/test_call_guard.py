@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import remat_ir
@@ -281,3 +281,70 @@ def test_the_guard_reads_a_non_ascii_attribute_by_its_own_name():
     setattr(model, "\ufb01", 5.0)
     assert plan.guard.model_tensors(model) is None
     assert _full_checks(plan, model, x) is None
+
+
+def _as(kind, tensor: torch.Tensor, grad: bool) -> torch.Tensor:
+    """`tensor` as a `kind` (Parameter or plain tensor) requiring a gradient or not."""
+    grad = grad and tensor.is_floating_point()
+    if kind is torch.nn.Parameter:
+        return torch.nn.Parameter(tensor, requires_grad=grad)
+    return tensor.requires_grad_(grad)
+
+
+#: Changes to a tensor between calls, each keeping what its name does not say it changes.
+_TENSOR_CHANGES = {
+    "none": lambda t: t,
+    "same properties, another tensor": lambda t: _as(type(t), t.detach().clone(), t.requires_grad),
+    "resized": lambda t: _as(type(t), torch.randn(3), t.requires_grad),
+    "transposed": lambda t: _as(type(t), torch.randn(t.shape[::-1]).t(), t.requires_grad)
+    if t.dim() == 2 else t,
+    "converted": lambda t: _as(type(t), t.detach().double(), t.requires_grad),
+    "frozen or unfrozen": lambda t: _as(type(t), t.detach().clone(), not t.requires_grad),
+    "other class": lambda t: _as(torch.Tensor if type(t) is torch.nn.Parameter else torch.nn.Parameter,
+                                 t.detach().clone(), t.requires_grad),
+    "not a tensor": lambda t: 1.0,
+}
+
+
+def _changes_something(before, after) -> bool:
+    return not (isinstance(after, torch.Tensor) and type(after) is type(before) and after.shape == before.shape
+                and after.dtype == before.dtype and after.stride() == before.stride()
+                and after.requires_grad == before.requires_grad and after.device == before.device)
+
+
+@settings(max_examples=60, deadline=None)
+@given(changes=st.lists(st.tuples(st.sampled_from(sorted(_TENSOR_CHANGES)), st.integers(0, 3)),
+                        min_size=1, max_size=4),
+       compiled=st.booleans())
+@example(changes=[("transposed", 1)], compiled=True)
+@example(changes=[("resized", 2)], compiled=True)
+def test_the_tensor_check_passes_exactly_the_tensors_of_the_same_class_and_properties(changes, compiled):
+    """`call_guard.same_tensors`, Dynamo's C++ `TensorGuards` or the Python comparisons
+    where torch has none: it passes a list of tensors exactly where each has the class,
+    shape, dtype, strides, `requires_grad` and device it had."""
+    import torch._C._dynamo.guards as guards
+    from remat_ir.runtimes import call_guard
+
+    with pytest.MonkeyPatch.context() as patch:
+        if not compiled:   # as in a torch without TensorGuards
+            patch.delattr(guards, "TensorGuards")
+        _check_tensor_changes(call_guard.same_tensors, changes)
+
+
+def _check_tensor_changes(same_tensors, changes):
+    tensors = [torch.nn.Parameter(torch.randn(4, 6)), torch.randn(4, 6), torch.nn.Parameter(torch.randn(6)),
+               torch.zeros(3, dtype=torch.int64)]
+    same = same_tensors(tensors)
+    assert same(list(tensors))
+    tied = tensors + [tensors[0]]   # one tensor at two positions (tied weights) passes too
+    assert same_tensors(tied)(list(tied))
+    now = list(tensors)
+    for change, slot in changes:
+        if isinstance(now[slot], torch.Tensor):
+            now[slot] = _TENSOR_CHANGES[change](now[slot])
+    expected = not any(_changes_something(a, b) for a, b in zip(tensors, now))
+    try:
+        passed = same(now)
+    except Exception:   # `model_tensors` takes a raise as a failed test
+        passed = False
+    assert passed == expected, (changes, passed)
