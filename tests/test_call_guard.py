@@ -76,6 +76,13 @@ class _Net(torch.nn.Module):
         return (self.head(x) * FACTOR * SETTINGS["scale"]).square().mean()
 
 
+_BLOCK_FORWARD, _BLOCK_FORWARD_CODE = _Block.forward, _Block.forward.__code__
+
+
+def _other_block_forward(self, x):
+    return self.bn(self.lin(x))
+
+
 def _set_global(name, value):
     globals()[name] = value
 
@@ -119,6 +126,10 @@ def _changes(m: _Net) -> dict:
         "activation set again": lambda: setattr(b0, "act", torch.sigmoid),
         "partial keyword": lambda: b1.leaky.keywords.__setitem__("negative_slope", 0.3),
         "forward on the instance": lambda: setattr(b1, "forward", lambda x: x),
+        "forward of the class replaced": lambda: setattr(_Block, "forward", _other_block_forward),
+        "forward of the class replaced by itself": lambda: setattr(_Block, "forward", _BLOCK_FORWARD),
+        "forward of the class patched": lambda: setattr(_Block.forward, "__code__",
+                                                        _other_block_forward.__code__),
         "class attribute": lambda: setattr(_Block, "K", 2.0),
         "global number": lambda: _set_global("FACTOR", 3.0),
         "global dict item": lambda: SETTINGS.__setitem__("scale", 0.5),
@@ -216,6 +227,8 @@ def _guard_against_full_checks(lowered, names):
         SETTINGS.clear()
         SETTINGS.update(saved[1])
         _Block.K = saved[3]
+        _Block.forward = _BLOCK_FORWARD
+        _BLOCK_FORWARD.__code__ = _BLOCK_FORWARD_CODE
 
 
 def test_the_guard_reads_every_kind_of_recorded_value(lowered):
