@@ -11,8 +11,11 @@ import functools
 import sys
 
 import torch
+from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.hooks import backward_hooks
+from remat_ir.torchlib.member_arguments import view_of_member
+from remat_ir.torchlib.types import argument_name
 
 from .errors import LoweringError
 from .model_lines import is_model_file
@@ -62,6 +65,21 @@ def check_buffers_needing_gradients(model: torch.nn.Module) -> None:
                 f"remat-ir hands over to parameters only. Make it an nn.Parameter if it is "
                 f"trained (optimizers see parameters only), or register it without "
                 f"requires_grad (`register_buffer(name, tensor.detach())`)")
+
+
+def check_member_views(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """LoweringError naming an argument that views one of the model's parameters or
+    buffers (`model(x, model.bn.running_mean[:])`, `model.l1.weight[:3]`): the graph
+    would read it as a tensor of its own, where eager's view follows the member (a buffer
+    the forward updates in place, a parameter's gradient). AOTAutograd failed on it from
+    inside ("'NoneType' object has no attribute 'size'", found by a review). The member
+    itself may be passed: the trace reads it as one tensor with the model's."""
+    members = {id(t): name for name, t in (*model.named_parameters(remove_duplicate=False),
+                                           *model.named_buffers(remove_duplicate=False))}
+    found = view_of_member(((argument_name(path), leaf) for path, leaf
+                            in pytree.tree_flatten_with_path((args, kwargs))[0]), members)
+    if found is not None:
+        raise LoweringError(f"{type(model).__name__}: {found}")
 
 
 @contextlib.contextmanager

@@ -59,7 +59,7 @@ from .output_aliases import output_aliases
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
-                       check_hook_reparametrizations, check_script_modules,
+                       check_hook_reparametrizations, check_member_views, check_script_modules,
                        constant_output, data_error, mutation_error, refusing_autograd_calls,
                        tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
@@ -80,6 +80,7 @@ from .value_dependent import (data_sized_branch_error, refusing_packed_sequences
                               value_dependent_error)
 from .view_compaction import compact_views
 from remat_ir.torchlib.saved_hooks import INSTEAD
+from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
                                      describe_input, input_aliases, ir_dtype, op_name, record_device,
                                      raw_bytes, resolve_op, sdpa_state, to_ir_argument,
@@ -355,6 +356,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     used before it is assigned)."""
     check_backward_hooks(model)
     check_buffers_needing_gradients(model)
+    check_member_views(model, args, kwargs)
     check_hook_reparametrizations(model)
     check_script_modules(model)
     assigned: dict = {}
@@ -1012,9 +1014,9 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # one tensor with them (runtimes/torch.py `values_differ`).
     members = {id(t): name for name, t in (*model.named_parameters(remove_duplicate=False),
                                            *model.named_buffers(remove_duplicate=False))}
+    named = [(argument_name(path), leaf) for path, leaf in with_paths]
     graph.proto.metadata["torch.input_members"] = json.dumps(
-        [[argument_name(path), members[id(leaf)]] for path, leaf in with_paths
-         if isinstance(leaf, torch.Tensor) and id(leaf) in members])
+        [[named[i][0], member] for i, member in member_arguments(named, members).items()])
     # Arguments that were one tensor, which the trace reads once (runtimes/signatures.py).
     graph.proto.metadata["torch.input_aliases"] = json.dumps(input_aliases(with_paths))
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))

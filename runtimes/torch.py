@@ -35,6 +35,7 @@ from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 
 from remat_ir.torchlib.hooks import HookWatch
+from remat_ir.torchlib.member_arguments import member_arguments, view_of_member
 from remat_ir.torchlib.output_names import output_names
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import INSTEAD, active_pack_hook, hook_name, is_save_on_cpu
@@ -560,6 +561,7 @@ class _Lowered:
         #: (flat index, argument, parameter or buffer name) of the inputs that were one of the
         #: model's parameters or buffers at lowering (`values_differ`).
         names = argument_names(self.in_spec) if self.in_spec is not None else []
+        self.argument_names = names
         self.input_members = [(names.index(argument), argument, member) for argument, member
                               in json.loads(g.metadata.get("torch.input_members", "[]")) if argument in names]
         #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
@@ -662,6 +664,29 @@ class _Lowered:
         if not self.value_guards.guards:
             return None
         return self.value_guards.mismatch(leaves, lambda: argument_names(self.in_spec), answers)
+
+    def member_arguments_differ(self, leaves: list, tensors: tuple) -> str | None:
+        """An argument of this call that is one of the model's parameters or buffers
+        (`tensors`: the model's, per resident slot) where the plan was lowered with another
+        tensor there, said for the user, or None (`torchlib/member_arguments.py`: the graph
+        reads the two apart); raises RuntimeInputError for an argument viewing one."""
+        members = {id(tensors[slot]): what for slot, (kind, what) in enumerate(self.bindings)
+                   if kind == "param" or kind == "buffer"}
+        named = list(zip(self.argument_names, leaves))
+        viewing = view_of_member(named, members)
+        if viewing is not None:
+            raise RuntimeInputError(viewing)
+        recorded = {index for index, _, _ in self.input_members}
+        for index, member in member_arguments(named, members).items():
+            if index not in recorded:
+                return (f"argument {self.argument_names[index]} is the model's {member}, which it was "
+                        f"not at lowering (the graph reads them as two tensors)")
+        return None
+
+    def model_members(self, modules: "_Submodules") -> tuple:
+        """The model's parameters and buffers per resident slot (None elsewhere)."""
+        return tuple(modules.member(what, "_parameters" if kind == "param" else "_buffers")
+                     if kind == "param" or kind == "buffer" else None for kind, what in self.bindings)
 
     def tied_difference(self, modules: "_Submodules") -> str | None:
         """Parameters that were one tensor at lowering (an embedding tied to the output
@@ -923,6 +948,11 @@ class _Lowered:
             if device != self.guard.device:
                 checked = None
             resident = self.resident(model, leaves, device, modules, checked=checked)
+            if not model_checked and self.argument_names:   # else the planner compared them
+                differs = self.member_arguments_differ(leaves, resident)
+                if differs is not None:
+                    raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
+                                            f"{_LOWER_AGAIN}")
             if checked is None:   # every check passed: the next call may take the guard
                 self.guard.passed(resident, device)
             outputs = _run_step(runner, resident)
@@ -1196,6 +1226,13 @@ class ScheduledModule(torch.nn.Module):
                 if new is None:
                     new, difference, where = changed
                 continue
+            if self._planner is not None and plan.argument_names:
+                differs = plan.member_arguments_differ(
+                    plan.flat_inputs(args, kwargs), checked if checked is not None else plan.model_members(modules))
+                if differs is not None:
+                    if new is None:
+                        new, difference = "new input values", differs
+                    continue
             self._plans.move_to_end(plan.key)
             return plan, answers, checked if checked is not None else self._planner is not None
         new = new or "new input signature"
