@@ -20,6 +20,7 @@ inputs are, whatever device it was lowered on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections import OrderedDict
@@ -1227,8 +1228,8 @@ class ScheduledModule(torch.nn.Module):
                     new, difference, where = changed
                 continue
             if self._planner is not None and plan.argument_names:
-                differs = plan.member_arguments_differ(
-                    plan.flat_inputs(args, kwargs), checked if checked is not None else plan.model_members(modules))
+                members = checked if checked is not None else plan.model_members(modules)
+                differs = plan.member_arguments_differ(plan.flat_inputs(args, kwargs), members)
                 if differs is not None:
                     if new is None:
                         new, difference = "new input values", differs
@@ -1242,6 +1243,8 @@ class ScheduledModule(torch.nn.Module):
                                     f"{_LOWER_AGAIN}")
         if where is not None:
             self._count_value_change(where, difference)
+        elif new == "new input signature":
+            self._count_argument_change(signature)
         dropping = ("; the least recently used is dropped, and planned again if its shape "
                     "comes back: pad batches to fewer lengths (pad_to_multiple_of in "
                     "transformers' collators) or keep more plans (max_plans)"
@@ -1292,6 +1295,35 @@ class ScheduledModule(torch.nn.Module):
                 f"that changes between steps to forward as a tensor, or call remat_ir.remat "
                 f"again once it stays fixed")
         seen.add(value)
+
+    def _count_argument_change(self, signature: Signature) -> None:
+        """A call differing from a kept plan's only in plain arguments (a temperature, a
+        step number: the trace bakes their values in) is lowered and planned again, for up
+        to `VALUE_REPLANS` values of one argument other than the first; beyond, one that changes at every step,
+        which planned at every step (found by a review), is refused with what to do. Not
+        counted: calls whose tensors differ too (a sequence length passed beside the
+        batch of that length: each bucket has its plan)."""
+        mine = dict(signature.arguments)
+        for plan in self._plans.values():
+            theirs = dict(plan.signature.arguments)
+            if theirs.keys() != mine.keys() or dataclasses.replace(
+                    plan.signature, arguments=signature.arguments, shown=signature.shown) != signature:
+                continue
+            differing = [name for name in mine if mine[name] != theirs[name]]
+            if not differing or any(mine[name].startswith("tensor ") for name in differing):
+                continue
+            changes = self.__dict__.setdefault("_argument_changes", {})
+            for name in differing:
+                seen = changes.setdefault(name, {theirs[name]})   # with the first one planned
+                if mine[name] not in seen and len(seen) > VALUE_REPLANS:
+                    raise RuntimeInputError(
+                        f"{signature.difference(plan.signature)}; its value is traced into the graph, "
+                        f"and it has taken {len(seen) - 1} other values since lowering, each lowered and "
+                        f"planned again: pass a value that changes between steps as a tensor "
+                        f"(`torch.tensor(value)`), which one plan computes with, or call "
+                        f"remat_ir.remat again once it stays fixed")
+                seen.add(mine[name])
+            return
 
     def forward(self, *args, **kwargs):
         if torch.compiler.is_exporting():

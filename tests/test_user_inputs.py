@@ -161,10 +161,53 @@ def test_an_argument_that_is_the_models_own_tensor_is_planned_for_after_another_
     torch.manual_seed(1)
     with pytest.raises(RuntimeInputError, match=rf"is the model's {member}, which it was not at lowering"):
         alone(x, *arguments(model))
-    viewed = (model.bn.running_mean[:], torch.randn(6, 6)) if passed == "buffer" else (torch.randn(6), model.l2.weight[:])
+    viewed = ((model.bn.running_mean[:], torch.randn(6, 6)) if passed == "buffer"
+              else (torch.randn(6), model.l2.weight[:]))
     with pytest.raises(RuntimeInputError, match=rf"argument args\[\d\] is a view of the model's {member}"):
         scheduled(x, *viewed)
     from remat_ir.frontends.torch import LoweringError
 
-    with pytest.raises(LoweringError, match=rf"_ReadsAnArgument: argument args\[\d\] is a view of the model's {member}"):
+    with pytest.raises(LoweringError, match=rf"_ReadsAnArgument: argument args\[\d\] is a view of the "
+                                            rf"model's {member}"):
         remat_ir.remat(model, (x, *viewed), cost_model="flops")
+
+
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x, temperature):
+        return (self.a(x) / temperature).square().mean()
+
+
+def test_a_plain_argument_changing_at_every_step_is_refused_after_a_few_plans(capsys):
+    """A float passed anew at every step (a temperature schedule) is traced into the
+    graph: each value was lowered and planned again, without end (found by a review).
+    Up to `VALUE_REPLANS` values of one argument besides the first are planned for,
+    bitwise like eager;
+    then the call is refused, saying to pass a tensor, which one plan serves; values seen
+    before and calls whose tensors differ too (one plan per shape) go on."""
+    import copy
+
+    import remat_ir
+    from remat_ir.runtimes.torch import VALUE_REPLANS
+
+    torch.manual_seed(0)
+    model, x = _Tempered(), torch.randn(3, 4)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x, 1.0), cost_model="flops")
+    values = [1.0 + 0.25 * i for i in range(VALUE_REPLANS + 1)] + [1.0, torch.randn(5, 4)]
+    for value in values:
+        inputs = (value, 2.0) if isinstance(value, torch.Tensor) else (x, value)
+        for m in (eager, scheduled):
+            m.zero_grad()
+            m(*inputs).backward()
+        assert torch.equal(eager.a.weight.grad, model.a.weight.grad)
+    with pytest.raises(RuntimeInputError, match=rf"argument args\[1\] is 9.0, lowered for .*taken "
+                                                rf"{VALUE_REPLANS} other values since lowering.*as a tensor"):
+        scheduled(x, 9.0)
+    scheduled(x, torch.tensor(9.0)).backward()   # a tensor: planned once, for every value
+    scheduled(x, torch.tensor(7.0)).backward()
+    # The other floats, the other shape, the tensor temperature.
+    assert capsys.readouterr().err.count("lowering and planning again") == VALUE_REPLANS + 2
