@@ -107,6 +107,10 @@ class SegmentPlan:
     buffer_updates: list[tuple[str, int]]     # (buffer name, value id)
     tangents: list[int | None]                # tangent value id per user output (None: no gradient)
     forward_outputs_read_in_backward: list[int]
+    #: The user outputs whose storage the backward reads, through them or another value
+    #: viewing it (`tanh(h).view(-1)` returned, `tanh`'s result read): the caller changing
+    #: one in place is refused (`_Runner.output_modified`), as eager's version counter does.
+    forward_outputs_sharing_read_storage: list[int] = field(default_factory=list)
     buffers_read_in_backward: set[str] = field(default_factory=set)
     # resident slots, in yield order; a slot whose gradient leaves in parts
     # (`gradient_parts`) appears once per part and once more, last, with None
@@ -234,6 +238,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     backward_results = {o.value_id for o in g.outputs if o.role not in FORWARD_OUTPUT_ROLES}
     saved = sorted(v for v in live - set(user_outputs) if v in backward_reads | backward_results)
     outputs_read = [v for v in user_outputs if v in live and v in backward_reads]
+    read_storages = {graph.value(v).storage_id for v in backward_reads}
+    outputs_sharing = [v for v in user_outputs if v in live and graph.value(v).storage_id in read_storages]
 
     # RNG (ir.rng): each run of a random node draws eager's numbers, whatever the order.
     rng = plan_rng(graph, schedule)
@@ -369,6 +375,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
                        tangents=tangent_of,
                        forward_outputs_read_in_backward=outputs_read,
+                       forward_outputs_sharing_read_storage=outputs_sharing,
                        buffers_read_in_backward=read_in_backward, gradient_groups=groups,
                        gradient_sources=[[sources(v) for _, v in entries] for _, entries in yields],
                        last_read_group=last_read_group, regions=regions or [],

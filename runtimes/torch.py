@@ -188,7 +188,9 @@ def _unviewed(outputs: tuple, resident: set[int]) -> tuple:
     as a plain alias of it (`_unsafe_view`, as eager's `F.linear` returns its 3-d result):
     autograd refuses an in-place change of a view a Function returned, so `y.mul_(2)` on a
     Linear's 3-d output (a view of the graph's `addmm`) failed with torch's "Output 0 of
-    _Outputs is a view" where eager's runs (found by a review)."""
+    _Outputs is a view" where eager's runs (found by a review). Where the backward reads
+    the base (`tanh(h).view(-1)`), a change is still refused: such outputs are watched
+    (`_Runner.outputs_watched_positions`), as eager's version counter refuses it."""
     bases = [o._base for o in outputs]
     counts: dict[int, int] = {}
     for base in bases:
@@ -219,7 +221,7 @@ class _Outputs(torch.autograd.Function):
         # place before the backward is refused by name (`_Runner.output_modified`). A
         # detached alias shares the output's version counter and storage (saved anyway).
         ctx.watched = [(i, outputs[i].detach(), outputs[i]._version)
-                       for i in runner.outputs_read_positions]
+                       for i in runner.outputs_watched_positions]
         ctx.mark_non_differentiable(*(o for i, (o, t) in enumerate(zip(outputs, runner.plan.tangents))
                                       if t is None and i not in runner.aliased))
         ctx.aliased = runner.aliased
@@ -378,6 +380,8 @@ class _Runner:
             backend=backend)
         position = {v: i for i, v in enumerate(self.plan.user_outputs)}
         self.outputs_read_positions = [position[v] for v in self.plan.forward_outputs_read_in_backward]
+        #: The user outputs whose storage the backward reads (`SegmentPlan`): watched.
+        self.outputs_watched_positions = [position[v] for v in self.plan.forward_outputs_sharing_read_storage]
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
                    if e.value_id in self.plan.resident}
         self.buffer_slots = [slot_of[name] for name, _ in self.plan.buffer_updates]

@@ -1604,6 +1604,35 @@ def test_an_output_a_linear_returns_for_3d_inputs_may_be_modified_in_place_as_ea
         _loss_after_negating_the_second_output(scheduled(x)).backward()
 
 
+class _ReturnsAViewOfWhatBackwardReads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.a(x)).view(-1)   # tanh's backward reads its result
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_an_output_viewing_what_the_backward_reads_is_refused_when_changed_in_place(solver):
+    """The output views `tanh`'s result, which the backward reads: eager refuses the
+    caller's in-place change at backward (a version counter). Returned as a plain alias
+    (above), its change went unwatched: gradients from the changed values, silently
+    (found while fixing the above); it is watched as the outputs the backward reads are."""
+    torch.manual_seed(0)
+    model, x = _ReturnsAViewOfWhatBackwardReads(), torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out = model(x)
+        out.mul_(2)
+        out.sum().backward()
+    scheduled = _remat(model, (x,), solver=solver)
+    out = scheduled(x)
+    out.mul_(2)
+    with pytest.raises(RematIRError, match=r"the output of the model was modified in place after the "
+                                           r"forward returned it and before the backward"):
+        out.sum().backward()
+
+
 class _UsesData(torch.nn.Module):
     """Uses `.data` in its forward per `kind`, or `.detach()` where `kind` ends so."""
 
