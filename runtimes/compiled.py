@@ -51,6 +51,7 @@ import torch.fx
 from remat_ir.ir import Graph
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.fusion import body_nodes, fuse
+from remat_ir.ir.memory import gradient_inputs
 
 from remat_ir.torchlib.types import resolve_op, to_torch_argument
 
@@ -142,7 +143,7 @@ class Region:
         #: strides; one that does not: a broadcast zero). Inductor's code is specialized to
         #: the layouts of its first call: a step that left an output out of its loss after
         #: one that read it failed in the compiled code's stride assertions (a review).
-        tangents = {graph.value(e.value_id).storage_id for e in graph.proto.inputs if e.HasField("gradient_of")}
+        tangents = {graph.value(v).storage_id for v in gradient_inputs(graph)}
         self._tangents = [i for i, v in enumerate(inputs) if graph.value(v).storage_id in tangents]
         #: Per layout of those gradients (their strides), the compiled function.
         self._compiled: dict[tuple, object] = {}
