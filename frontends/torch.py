@@ -79,8 +79,8 @@ from .transformers_paths import eager_paths
 from .value_dependent import (data_sized_branch_error, refusing_packed_sequences,
                               value_dependent_error)
 from .view_compaction import compact_views
-from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.member_arguments import member_arguments
+from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
                                      describe_input, input_aliases, ir_dtype, op_name, record_device,
                                      raw_bytes, resolve_op, sdpa_state, to_ir_argument,
