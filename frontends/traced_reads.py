@@ -74,8 +74,10 @@ ANY_OF = "any of"
 ABSENT = "<missing>"
 #: Containers with more items than this are not recorded (their checks would cost more
 #: than a step's worth of bookkeeping); neither is code deeper than `_DEPTH` calls, nor
-#: containers held deeper than `_NESTING` in others.
-_MAX_ITEMS, _DEPTH, _NESTING = 64, 4, 3
+#: containers held deeper than `_NESTING` in others. 256: a config's per-layer list
+#: (`layer_types` of an 80-layer model) is recorded; with 64 it was not, and a change of
+#: it after `remat` trained on with the traced items, silently.
+_MAX_ITEMS, _DEPTH, _NESTING = 256, 4, 3
 #: The key under which `plain_items` records a container's length.
 LENGTH = {LENGTH_KEY: None}
 

@@ -2635,6 +2635,36 @@ def test_a_call_after_an_iterated_or_nested_container_changed_is_planned_again(c
     assert re.search(r"remat-ir: new value read by forward \(.*" + said, capsys.readouterr().err)
 
 
+class _PerLayerTypes(torch.nn.Module):
+    """Reads its layers' kinds from a long per-layer list, as transformers' configs hold
+    `layer_types` (one per layer of a deep model)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.layer_types = ["full"] * 96
+
+    def forward(self, x):
+        h = self.linear(x)
+        for i in range(2):
+            h = torch.tanh(h) if self.layer_types[i] == "full" else h * 0.5
+        return h.square().mean()
+
+
+def test_a_long_per_layer_list_changed_after_lowering_is_planned_for(capsys):
+    """A list of more than 64 items was not recorded: one of its items changed after
+    `remat` trained on with the traced branch, silently. Up to 256 items are."""
+    torch.manual_seed(0)
+    model, x = _PerLayerTypes(), torch.randn(3, 4)
+    scheduled, alone = _stepped_with_and_without_planner(model, x)
+    model.layer_types[1] = "sliding"
+    said = r"layer_types\[1\] of _PerLayerTypes was 'full' when the model was lowered and is 'sliding' now"
+    with pytest.raises(RuntimeInputError, match=said):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert re.search(said, capsys.readouterr().err)
+
+
 def test_transformers_config_changed_after_lowering_is_planned_for():
     """`config.output_hidden_states = True` after `remat` left `hidden_states` None, and
     `set_attn_implementation("eager")` still ran SDPA (gradients 3.8e-7 off eager's): now
