@@ -211,3 +211,24 @@ def test_a_plain_argument_changing_at_every_step_is_refused_after_a_few_plans(ca
     scheduled(x, torch.tensor(7.0)).backward()
     # The other floats, the other shape, the tensor temperature.
     assert capsys.readouterr().err.count("lowering and planning again") == VALUE_REPLANS + 2
+
+
+def test_a_graph_edited_in_memory_is_validated_before_it_runs():
+    """A graph built or edited in memory (not read from a file, which `ir.load`
+    validates): a node whose argument names a value it does not list among its inputs
+    ran into a raw `UnboundLocalError` in the generated code (found by a review)."""
+    import remat_ir
+    from remat_ir.ir.errors import InvalidGraph
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    x = torch.randn(3, 4)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops")
+    proto = pb.Graph()
+    proto.CopyFrom(scheduled.graph.proto)
+    tanh = next(n for n in proto.nodes if n.op == "aten.tanh.default")
+    del tanh.inputs[:]
+    graph = ir.Graph(proto)
+    with pytest.raises(InvalidGraph, match=r"node 'tanh' \(aten.tanh.default, id \d+\): the values its "
+                                           r"arguments refer to \[\d+\] are not its inputs \[\]"):
+        ScheduledModule(model, graph, ir.store_all(graph))
