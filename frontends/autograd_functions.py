@@ -228,7 +228,11 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         if fctx.materialize_grads:
             grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                      for g, (shape, dtype, device) in zip(grads, ctx.output_meta)]
-        result = cls.backward(fctx, *grads)
+        try:
+            result = cls.backward(fctx, *grads)
+        except Exception as exc:   # said as the Function's by the frontend (`backward_of`)
+            exc.add_note(f"{_BACKWARD_NOTE}{name}")
+            raise
         result = list(result) if isinstance(result, (tuple, list)) else [result]
         out = []
         for i, (shape, dtype, device) in zip(positions, ctx.input_meta):
@@ -240,6 +244,25 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     _registered[op_name] = (cls, others, op, facts)
     note_function_op(f"{FUNCTION_NAMESPACE}::{op_name}", facts)
     return op, positions, facts
+
+
+#: The note a Function's backward adds to an error it raised while traced (`backward_of`).
+_BACKWARD_NOTE = "raised in the backward of autograd.Function "
+
+
+def backward_of(exc: BaseException) -> str | None:
+    """The qualified name of the custom Function whose backward raised `exc` (or the
+    error it caused) while AOTAutograd traced it, or None. The frontend's messages named
+    the model's forward for a global tensor the backward read, and passed on torch's
+    internal assertion for one it wrote into (found by a review)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for note in getattr(exc, "__notes__", ()):
+            if note.startswith(_BACKWARD_NOTE):
+                return note[len(_BACKWARD_NOTE):]
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 #: Attributes of the stand-in context that are its own, not the Function's.

@@ -45,7 +45,7 @@ from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import is_view
 
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
-from .autograd_functions import FunctionError, preserving_functions
+from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
@@ -912,6 +912,12 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                       copy_long_lived_views, fusing)
 
 
+def _reader(model: str, function: str | None) -> str:
+    """Who read or wrote what an error is about: the model's forward, or the backward of a
+    custom Function (`autograd_functions.backward_of`) in it."""
+    return f"the backward of autograd.Function {function} (in {model})" if function else f"{model}'s forward"
+
+
 def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
            copy_long_lived_views, fusing) -> Graph:
     args, kwargs = example_arguments(example_inputs, example_kwargs)
@@ -945,13 +951,22 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             if refused is not None:
                 raise refused from exc
             first = str(exc).strip().splitlines()[0]
+            function = backward_of(exc)
             if "convert all Tensors to FakeTensors" in first:
                 raise LoweringError(
-                    f"{type(model).__name__}'s forward reads a tensor that is neither a parameter, "
-                    f"a buffer, an input nor one the model holds (a global variable, a "
+                    f"{_reader(type(model).__name__, function)} reads a tensor that is neither a "
+                    f"parameter, a buffer, an input nor one the model holds (a global variable, a "
                     f"closure's), which tracing cannot follow "
                     f"({first.split('Found in ')[-1]}): register it as a buffer "
-                    f"(module.register_buffer) or pass it as an input") from exc
+                    f"(module.register_buffer) or pass it as an input"
+                    + (" (to the Function: `apply`'s argument, saved with ctx.save_for_backward)"
+                       if function else "")) from exc
+            if function is not None:
+                raise LoweringError(
+                    f"AOTAutograd could not trace {_reader(type(model).__name__, function)}: "
+                    f"{first.rstrip('.')}. Its backward is traced once into the graph: it may compute with its "
+                    f"arguments, what its forward saved and plain values, and write into no other "
+                    f"tensor (a global's, a module's: update such a statistic outside the model)") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
         problem, aliased = output_aliases(joint, exported.call_spec.out_spec, type(model).__name__)

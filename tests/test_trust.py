@@ -1136,6 +1136,47 @@ def test_what_a_custom_functions_code_reads_changed_after_lowering_is_planned_fo
     assert re.search(said, capsys.readouterr().err)
 
 
+FUNCTION_MASK = torch.ones(16)
+FUNCTION_STATISTIC = torch.zeros(())
+
+
+class _GlobalTensorBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * FUNCTION_MASK
+
+
+class _StatisticInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        FUNCTION_STATISTIC.add_(g.abs().sum())
+        return g
+
+
+@pytest.mark.parametrize("function, said", [
+    (_GlobalTensorBackward, r"the backward of autograd.Function test_trust._GlobalTensorBackward \(in "
+                            r"_Applying\) reads a tensor that is neither a parameter.*\(to the Function: "
+                            r"`apply`'s argument"),
+    (_StatisticInBackward, r"AOTAutograd could not trace the backward of autograd.Function "
+                           r"test_trust._StatisticInBackward \(in _Applying\): .* Its backward is traced "
+                           r"once into the graph.*write into no other tensor")])
+def test_a_custom_functions_backward_reading_or_writing_a_global_tensor_is_refused_as_its_own(function, said):
+    """Found by a review: a global tensor a Function's backward reads was refused as read
+    by the model's forward, and one it writes into (a statistic) with torch's internal
+    assertion; both are named as the Function's backward's, with what to do."""
+    torch.manual_seed(0)
+    with pytest.raises(LoweringError, match=said):
+        _remat(_Applying(function), (torch.randn(4, 8),))
+
+
 def test_gradient_checkpointing_enabled_after_lowering_is_refused_saying_it_is_not_needed():
     """transformers' `gradient_checkpointing_enable()` adds a forward hook on the
     embeddings: refused as any hook added since, naming the call the user made."""
