@@ -97,7 +97,7 @@ def fuse(graph: Graph, fusable: Iterable[int]) -> Graph:
                 copy.forward_node_id = fused_into[copy.forward_node_id]
             nodes.append(copy)
         elif root == node.id:
-            nodes.append(_fused_node(graph, by_root[root]))
+            nodes.append(_fused_node(graph, by_root[root], fused_into))
     del proto.nodes[:]
     proto.nodes.extend(nodes)
     values = proto.values
@@ -109,7 +109,11 @@ def fuse(graph: Graph, fusable: Iterable[int]) -> Graph:
     return fused
 
 
-def _fused_node(graph: Graph, group: list[int]) -> pb.Node:
+def _fused_node(graph: Graph, group: list[int], fused_into: dict[int, int]) -> pb.Node:
+    """The node standing for `group` (`fused_into`: each fused member's group's root, to
+    which the node's `forward_node_id` is carried as every other node's is: the root's
+    forward node fused away left it naming a node the graph no longer has, which
+    validation refuses)."""
     root = graph.node(group[-1])
     produced: set[int] = set()
     inputs: list[int] = []
@@ -122,7 +126,7 @@ def _fused_node(graph: Graph, group: list[int]) -> pb.Node:
     fused = pb.Node(id=root.id, name=root.name, op=FUSED_OP, inputs=inputs, outputs=list(root.outputs),
                     phase=root.phase, source=root.source)
     if root.HasField("forward_node_id"):
-        fused.forward_node_id = root.forward_node_id
+        fused.forward_node_id = fused_into.get(root.forward_node_id, root.forward_node_id)
     fused.cost.time_s = sum(m.cost.time_s for m in members)
     fused.cost.host_s = sum(m.cost.host_s for m in members)
     fused.cost.device_s = sum(m.cost.device_s for m in members)

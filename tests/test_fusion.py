@@ -84,6 +84,8 @@ def test_gpt2_gelu_chains_fuse_and_random_nodes_never_do():
     assert not any(m.op.split(".")[1] in ("mm", "addmm", "bmm", "view") for m in members)
     # The planner sees less memory: store-everything's peak does not rise.
     assert simulate(fused, store_all(fused)).peak_bytes <= simulate(plain, store_all(plain)).peak_bytes
+    # A fused node differentiating a node fused into another group names that group's node.
+    assert ir.find_problems(fused) == []
 
 
 def test_batchnorm_normalization_fuses_with_its_relu_for_a_fusing_backend():
@@ -99,6 +101,7 @@ def test_batchnorm_normalization_fuses_with_its_relu_for_a_fusing_backend():
     bodies = [[m.op for m in n.body] for n in fused.proto.nodes if is_fused(n) and n.phase == pb.FORWARD]
     normalizing = [b for b in bodies if "aten.sub.Tensor" in b and b[-1] == "aten.relu.default"]
     assert len(normalizing) == 3, bodies  # one per convolution block of the zoo model
+    assert ir.find_problems(fused) == []   # each backward names the fused node it differentiates
 
 
 @pytest.mark.parametrize("seed", [0, 1])
