@@ -1399,11 +1399,16 @@ class ScheduledModule(torch.nn.Module):
                 f"hooks would see none of them, and one that changes values (a cast, a "
                 f"quantization) would train otherwise than eager. Call the module outside "
                 f"them: {INSTEAD}")
-        if not self.__dict__.get("_told_save_on_cpu"):
-            self.__dict__["_told_save_on_cpu"] = True
-            (self._notify or notify_stderr)(
-                f"remat-ir: torch.autograd.graph.save_on_cpu around the call moves nothing of "
-                f"what a remat-ir step keeps (its gradients are eager's): {INSTEAD}")
+        self._tell_once("save_on_cpu", f"remat-ir: torch.autograd.graph.save_on_cpu around the call moves "
+                                       f"nothing of what a remat-ir step keeps (its gradients are eager's): "
+                                       f"{INSTEAD}")
+
+    def _tell_once(self, what: str, message: str) -> None:
+        """Say `message` at the first call that meets `what`, not at every step (kept in the
+        module's dictionary, not an attribute nn.Module would register)."""
+        if not self.__dict__.get(f"_told_{what}"):
+            self.__dict__[f"_told_{what}"] = True
+            (self._notify or notify_stderr)(message)
 
     def _under_torch_func(self, *args, **kwargs):
         """A call under a `torch.func` transform (`grad`, `vmap`, `jacrev`): the model runs
@@ -1411,12 +1416,9 @@ class ScheduledModule(torch.nn.Module):
         Function without the `setup_context` the transforms need: such a call failed with
         torch's error about `_Outputs`, after its forward segment had run (BatchNorm's
         statistics updated, the generator advanced: found by a review)."""
-        if not self.__dict__.get("_told_torch_func"):
-            self.__dict__["_told_torch_func"] = True
-            (self._notify or notify_stderr)(
-                "remat-ir: called under a torch.func transform (grad, vmap, jacrev...): the model "
-                "runs as it is, with eager's memory (a remat-ir step runs outside autograd, which "
-                "the transforms build on)")
+        self._tell_once("torch_func", "remat-ir: called under a torch.func transform (grad, vmap, jacrev...): "
+                                      "the model runs as it is, with eager's memory (a remat-ir step runs "
+                                      "outside autograd, which the transforms build on)")
         return self._call_model(*args, **kwargs)
 
     @torch.compiler.disable
@@ -1424,12 +1426,10 @@ class ScheduledModule(torch.nn.Module):
         """`torch.compile(scheduled)`: Dynamo cannot trace the planned segments (they are
         generated code run from autograd nodes), so it hands the whole call over here, one
         graph break, and the step runs as planned. Said once, with what to use instead."""
-        if self.backend == "eager" and not self.__dict__.get("_told_compile"):
-            self.__dict__["_told_compile"] = True
-            (self._notify or notify_stderr)(
-                "remat-ir: torch.compile runs a remat-ir module as planned but does not compile "
-                "its segments; pass backend=\"inductor\" to remat_ir.remat (or ScheduledModule) "
-                "to compile them with Inductor")
+        if self.backend == "eager":
+            self._tell_once("compile", "remat-ir: torch.compile runs a remat-ir module as planned but does "
+                                       "not compile its segments; pass backend=\"inductor\" to remat_ir.remat "
+                                       "(or ScheduledModule) to compile them with Inductor")
         return self.forward(*args, **kwargs)
 
     def _sharded(self) -> bool:
