@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.memory import is_view
+from remat_ir.ir.validation import mark_made_here
 
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .autograd_functions import FunctionError, backward_of, preserving_functions
@@ -1052,4 +1053,4 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"
     # Where the graph was traced: profiling measures there unless told otherwise.
     record_device(prov, _device_of((args, kwargs)))
-    return graph
+    return mark_made_here(graph)

@@ -72,6 +72,26 @@ def validate(graph: pb.Graph | Graph) -> Graph:
     return graph if isinstance(graph, Graph) else Graph(graph)
 
 
+#: `Graph.derived` keys: the graph was made by a frontend in this process (not read, built
+#: or edited by hand), and the graph's structure was validated.
+_MADE_HERE, _VALIDATED = "made by a frontend here", "validated"
+
+
+def mark_made_here(graph: Graph) -> Graph:
+    """Say that a frontend made `graph` in this process: `validate_once` takes it as it is
+    (its structure is the frontend's, tested there; a change through `Graph` drops the mark)."""
+    graph.derived[_MADE_HERE] = True
+    return graph
+
+
+def validate_once(graph: Graph) -> None:
+    """`validate` a graph given to run (built or edited in memory: `ir.load` validates a
+    file), once per structure; a graph a frontend made here is taken as it is."""
+    if not (graph.derived.get(_MADE_HERE) or graph.derived.get(_VALIDATED)):
+        validate(graph)
+        graph.derived[_VALIDATED] = True
+
+
 def _value_problems(g: pb.Graph, storages: dict) -> list[str]:
     problems = []
     for v in g.values:

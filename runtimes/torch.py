@@ -34,7 +34,7 @@ from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.rng import contiguous_strides
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
-from remat_ir.ir.validation import validate
+from remat_ir.ir.validation import validate_once
 
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import member_arguments, view_of_member
@@ -482,13 +482,10 @@ class _Lowered:
                 raise TypeError(f"ScheduledModule's {name} must be a {kind.__module__}."
                                 f"{kind.__qualname__}, not {type(given).__name__} (remat_ir.plan "
                                 f"returns a schedule of the graph it is given)")
-        if not graph.derived.get("validated"):
-            # A graph built or edited in memory, not read from a file (which `ir.load`
-            # validates): a node's argument naming a value not among its inputs ran into a
-            # raw `UnboundLocalError` in the generated code (found by a review). Once per
-            # graph structure (dropped with it on a change through `Graph`).
-            validate(graph)
-            graph.derived["validated"] = True
+        # A graph built or edited in memory, not read from a file (which `ir.load`
+        # validates): a node's argument naming a value not among its inputs ran into a raw
+        # `UnboundLocalError` in the generated code (found by a review).
+        validate_once(graph)
         check(graph, schedule)  # never run a schedule the simulator rejects
         self.graph, self.schedule = graph, schedule
         g = graph.proto
