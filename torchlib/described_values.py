@@ -8,7 +8,11 @@ every process, `{DESCRIBED: text}`, which the runtime compares (`runtimes/traced
 
 from __future__ import annotations
 
+import collections
+import decimal
 import enum
+import fractions
+import hashlib
 import sys
 
 import torch
@@ -27,14 +31,51 @@ FUNCTION = "function"
 
 def described(value) -> str | None:
     """The text naming `value` where it is of a kind above, else None: an enum member by
-    its class and name, a numpy scalar by its type and value, a dtype by its name."""
+    its class and name, a numpy scalar by its type and value, a dtype by its name; and the
+    values of builtin types that are not plain but that a forward decides or computes with
+    as surely (a review found each, changed after `remat`, trained on with the traced value,
+    silently): a set of flags (`"boost" in self.flags`), a `slice` it indexes with, a
+    `range`, a `deque` of recent values, bytes, a complex, a `Fraction` or `Decimal`, a
+    torch device, layout or memory format, and a numpy array (class weights passed to
+    `torch.tensor`, a gain read by `float(self.gain[0])`) by its dtype, shape and a digest
+    of its bytes (written in place, it is another value)."""
     if isinstance(value, enum.Enum):
         kind = type(value)
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
-    if isinstance(value, torch.dtype):
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return str(value)
+    kind = type(value)
+    if kind in (complex, bytes, range, fractions.Fraction, decimal.Decimal):
+        return f"{kind.__qualname__}({value!r})" if kind is not bytes or len(value) <= _INLINE_BYTES \
+            else f"bytes({len(value)} #{hashlib.blake2b(value, digest_size=12).hexdigest()})"
+    if kind is slice:
+        parts = [_part(value.start), _part(value.stop), _part(value.step)]
+        return None if None in parts else f"slice({', '.join(parts)})"
+    if kind in (set, frozenset, collections.deque):
+        parts = [_part(item) for item in value]
+        if None in parts:
+            return None
+        if kind is collections.deque:   # in order, with its bound (it drops the oldest)
+            return f"deque([{', '.join(parts)}], maxlen={value.maxlen})"
+        return f"{kind.__qualname__}({{{', '.join(sorted(parts))}}})"   # no process's hashing orders it
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic):
         return f"numpy.{type(value).__name__}({value.item()!r})"
+    if numpy is not None and kind is numpy.ndarray and not value.dtype.hasobject:
+        data = numpy.ascontiguousarray(value).tobytes()
+        return (f"numpy.ndarray({value.dtype}, {list(value.shape)} "
+                f"#{hashlib.blake2b(data, digest_size=12).hexdigest()})")
     return None
 
+
+#: Bytes longer than this are described by a digest (the metadata holds the text).
+_INLINE_BYTES = 64
+
+
+def _part(value) -> str | None:
+    """An item of a set, deque or slice as `described` shows it: a plain value by its repr
+    with its type (1, 1.0 and True are equal, and compute otherwise), else its own
+    description; None where neither (the whole is then not recorded)."""
+    if value is None or type(value) in (bool, int, float, str):
+        return repr(value) if type(value) is not float else f"float({value!r})"
+    return described(value)
