@@ -361,13 +361,14 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     groups = [[slot for slot, _ in entries] for _, entries in yields]
     last_read_group = _last_read_groups(graph, reads, resident, [k for k, _ in yields])
     handed = {v for entries in parts.at.values() for _, v in entries}
-    after = {k: _yield_lines([v for _, v in entries], drops.get(k, ()), kept=handed)
+    copied = _gradients_to_copy(graph, yields)
+    after = {k: _yield_lines([v for _, v in entries], drops.get(k, ()), kept=handed, copied=copied)
              for k, entries in yields if k is not None}
     bwd_body = segment_body(bs, backward_steps, rng.step_end, reads_saved=True, after=after,
                             parts=parts)
     if copies is not None:
         bwd_body.extend(copies.end_of_step())
-    bwd_body.extend(_yield_lines([v for _, v in yields[-1][1]], kept=handed))
+    bwd_body.extend(_yield_lines([v for _, v in yields[-1][1]], kept=handed, copied=copied))
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T, U=None", bwd_body)
 
     read_in_backward = {name_of[v] for v in snapshot_buffers(graph, schedule)}
@@ -535,12 +536,34 @@ def _yield_points(points, parts: Handovers, whole: list[int | None]
     return sorted(entries.items()) + [(None, end)]
 
 
-def _yield_lines(values: list[int | None], aliases=(), kept=()) -> list[str]:
+def _gradients_to_copy(graph: Graph, yields) -> frozenset[int]:
+    """The gradients handed over that share a storage with another one handed over before
+    them (in the order the segment yields): `W + delta.view(8, 8)` makes `delta`'s gradient
+    a view of `W`'s. `AccumulateGrad` steals a gradient nobody else holds, so both `.grad`s
+    were one memory, and an in-place update of the gradients (`clip_grad_norm_`,
+    accumulating micro-batches) applied twice to it: 1.8e-3 off eager after clipping, 0.12
+    after two micro-batches (found by a review). Eager's engine copies such a gradient;
+    these are handed over as copies too."""
+    first: dict[int, int] = {}
+    copied = set()
+    for _, entries in yields:
+        for _, v in entries:
+            if v is None:
+                continue
+            storage = graph.value(v).storage_id
+            if first.setdefault(storage, v) != v:
+                copied.add(v)
+    return frozenset(copied)
+
+
+def _yield_lines(values: list[int | None], aliases=(), kept=(), copied=frozenset()) -> list[str]:
     """Yield `values` (a group's gradients, None for none) and drop the segment's
     references to them (and to `aliases`, `_aliases_to_drop`), so that autograd can take
     them over (`AccumulateGrad` steals a tensor nobody else holds); values in `kept`
-    (gradient parts, `gradient_parts`) stay bound until the schedule frees them."""
-    names = [_tensor_name(v) if v is not None else "None" for v in values]
+    (gradient parts, `gradient_parts`) stay bound until the schedule frees them; those in
+    `copied` are handed over as copies (`_gradients_to_copy`)."""
+    names = [("None" if v is None else f"{_tensor_name(v)}.clone()" if v in copied else _tensor_name(v))
+             for v in values]
     held = sorted({_tensor_name(v) for v in values if v is not None and v not in kept}
                   | {_tensor_name(a) for a in aliases})
     lines = [f"_out = [{', '.join(names)}]"]

@@ -773,3 +773,35 @@ def test_torch_func_transforms_run_the_model_as_it_is_and_say_so(capsys):
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
     assert capsys.readouterr().err.count("remat-ir: called under a torch.func transform") == 1
+
+
+class _DeltaOnWeight(torch.nn.Module):
+    """`W + delta.view(8, 8)`: `delta`'s gradient is a view of `W`'s (diff pruning)."""
+
+    def __init__(self):
+        super().__init__()
+        self.delta = torch.nn.Parameter(torch.zeros(64))
+        self.weight = torch.nn.Parameter(torch.randn(8, 8) * 0.1)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x) @ (self.weight + self.delta.view(8, 8))).square().mean()
+
+
+@pytest.mark.parametrize("solver, groups", [("recompute-all", None), ("autograd", None),
+                                            ("recompute-all", 3)])
+def test_gradients_sharing_a_storage_are_separate_grads_as_in_eager(solver, groups):
+    """Each parameter's `.grad` is its own memory, as eager's: an in-place update of the
+    gradients (`clip_grad_norm_`, micro-batches accumulated) then applies to each once."""
+    torch.manual_seed(0)
+    model, x = _DeltaOnWeight(), torch.randn(8, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), solver=solver, cost_model="flops", gradient_groups=groups)
+    for m in (eager, scheduled):
+        m(x).backward()
+        m(2 * x).backward()   # accumulated
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.01)
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(storages) == 4
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert torch.equal(p.grad, q.grad), name
