@@ -264,10 +264,12 @@ def _generate(module_types, module_members, module_aliases, tied, bindings, read
                      ROW_SAME=_global_row_same, ITEMS_SAME=items_same)
     for path, kind in module_types:
         src.line(f"if type({src.module(path)}) is not {src.constant(kind)}: return None")
-    for path, modules, parameters, buffers in module_members:   # none added since
+    for path, modules, parameters, buffers, nones in module_members:   # none added since
         m = src.module(path)
         src.line(f"if len({m}._modules) != {len(modules)} or len({m}._parameters) != "
                  f"{len(parameters)} or len({m}._buffers) != {len(buffers)}: return None")
+        for table, name in sorted(nones):   # still None (one set to None fails at its binding
+            src.line(f"if {m}.{table}[{name!r}] is not None: return None")   # or class)
     for paths in module_aliases:   # one module at each of the paths, as at lowering
         src.line(f"if not ({' is '.join(src.module(path) for path in paths)}): return None")
     for group in tied:   # one tensor for every name of the group, as at lowering

@@ -48,9 +48,12 @@ class _Block(torch.nn.Module):
         self.kind, self.temperature = _Kind.A, np.float32(1.0)
         self.by_kind = {_Kind.A: 1.0, _Kind.B: 2.0}
         self.nested = {"inner": {"t": 1.0}, "rows": [[1.0], [2.0, 3.0]]}
+        self.register_buffer("gain", None)   # optional, set later
 
     def forward(self, x):
         h = self.bn(self.lin(x))
+        if self.gain is not None:
+            h = h * self.gain
         if self.flag and self.cfg["on"]:
             h = self.act(h)
         h = self.leaky(h) * self.cfg["scale"] + self.steps[1] * self.ns.shift * type(self).K
@@ -148,6 +151,8 @@ def _changes(m: _Net) -> dict:
         "buffer replaced": lambda: setattr(b0.bn, "running_var", torch.ones(6)),
         "buffer converted": lambda: setattr(b0.bn, "running_mean", torch.zeros(6, dtype=torch.float64)),
         "buffer written in place": lambda: b0.bn.running_mean.add_(1.0),
+        "optional buffer set": lambda: setattr(b0, "gain", torch.full((6,), 2.0)),
+        "optional buffer set to None again": lambda: setattr(b0, "gain", None),
         "hook added": lambda: b0.lin.register_forward_hook(lambda *a: None),
         "block appended": lambda: m.blocks.append(_Block()),
         "last block removed": lambda: len(m.blocks) > 2 and m.blocks.__delitem__(-1),
