@@ -37,10 +37,13 @@ through it is a parameter written in place, which lowering refuses by name.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
+import copy
 import random
 import re
 import sys
+import types
 import warnings
 
 import torch
@@ -197,6 +200,112 @@ _FIRST_CALL = (" where it held no tensor (a cache its first call fills? Run the 
                "before every call)")
 
 
+def _generators(model: torch.nn.Module) -> list[tuple[str, object, object]]:
+    """(where, generator, its state) of the random generators the model's modules and the
+    plain objects they hold keep as attributes (`self.rng = np.random.default_rng(0)`,
+    `random.Random(0)`, `np.random.RandomState(0)`): their own generators, not the global
+    ones `_drawing_functions` watches."""
+    numpy = sys.modules.get("numpy")
+    found = []
+    for path, module in model.named_modules():
+        holders = [(path, vars(module))] + [(f"{path}.{name}" if path else name, vars(helper))
+                                            for name, helper in held_objects(module)]
+        for where, attributes in holders:
+            for name, value in list(attributes.items()):
+                state = _generator_state(value, numpy)
+                if state is not None:
+                    found.append((f"{where}.{name}" if where else name, value, state))
+    return found
+
+
+def _generator_state(value, numpy):
+    """A copy of a Python or NumPy generator's state; None for anything else."""
+    if isinstance(value, random.Random):
+        return value.getstate()
+    if numpy is not None and isinstance(value, numpy.random.Generator):
+        return copy.deepcopy(value.bit_generator.state)
+    if numpy is not None and isinstance(value, numpy.random.RandomState):
+        return value.get_state(legacy=False)
+    if isinstance(value, collections.abc.Iterator) and not isinstance(value, types.GeneratorType):
+        try:   # `next(self.steps)` on an `itertools.count`: its position, as pickling sees it
+            return (_ITERATOR, repr(value.__reduce__()))
+        except Exception:
+            return None
+    return None
+
+
+#: Marks an iterator's state (which cannot be put back).
+_ITERATOR = "iterator"
+
+
+def _iterator_state(state) -> bool:
+    return isinstance(state, tuple) and state[:1] == (_ITERATOR,)
+
+
+def _restore_generator(generator, state) -> None:
+    if _iterator_state(state):
+        return
+    if isinstance(generator, random.Random):
+        generator.setstate(state)
+    elif hasattr(generator, "bit_generator"):
+        generator.bit_generator.state = state
+    else:
+        generator.set_state(state)
+
+
+def _same_state(a, b) -> bool:
+    """States as `_generator_state` gives them (tuples, dicts and numpy arrays nested)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same_state, a, b))
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        return hasattr(b, "shape") and a.shape == b.shape and bool((a == b).all())
+    return type(a) is type(b) and a == b
+
+
+def _python_state(model: torch.nn.Module) -> list[tuple[str, object, dict]]:
+    """(what, owner, its plain values) of the Python state a forward may change besides its
+    modules' attributes: the user's classes of the model's modules and the modules (files)
+    that define them, whose plain class attributes and globals a counter may live in
+    (`type(self).calls += 1`, `global COUNT; COUNT += 1`). One the forward computes with
+    advanced once, while tracing, and every step then computed with that one value,
+    silently (found by a review: losses 0.240, 0.240, 0.240 where eager gives 0.240,
+    0.413, 0.635)."""
+    found, seen = [], set()
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            if cls is torch.nn.Module or cls is object or id(cls) in seen:
+                continue
+            seen.add(id(cls))
+            namespace = sys.modules.get(cls.__module__)
+            file = getattr(namespace, "__file__", None)
+            if namespace is None or file is None or not is_users_file(file):
+                continue
+            found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
+            if id(namespace) not in seen:
+                seen.add(id(namespace))
+                found.append((f"global {{}} of {cls.__module__}", namespace, _plain_values(vars(namespace))))
+    return found
+
+
+def _plain_values(namespace) -> dict:
+    return {key: value for key, value in namespace.items()
+            if isinstance(key, str) and not key.startswith("__") and plain(value)}
+
+
+def _python_state_changed(state: list[tuple[str, object, dict]], found: list[str]) -> None:
+    """Note each plain value of `state` the traced forward changed, and put it back."""
+    for what, owner, before in state:
+        namespace = vars(owner)
+        for key, value in before.items():
+            now = namespace.get(key, MISSING)
+            if now is not value and not (type(now) is type(value) and now == value):
+                found.append(f"it changes {what.format(repr(key))} (from {value!r} to "
+                             f"{'nothing' if now is MISSING else repr(now)})")
+                setattr(owner, key, value)
+
+
 def _holds_tensor(value) -> bool:
     if isinstance(value, dict):
         value = list(value.values())
@@ -212,8 +321,15 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
     where eager gives 1.3472). A cache filled where there
     was none is what the graph computes at every step; one replaced (state a call updates)
     is an effect the graph would not keep."""
-    for where, helper, before in helpers:
+    for where, helper, before, users in helpers:
         now = vars(helper)
+        for key, value in list(now.items()):
+            then = before.get(key, MISSING)
+            if users and plain(then) and value is not then and not (type(value) is type(then) and value == then):
+                # A counter on an object the user's module holds (`self.state.step += 1`).
+                found.append(f"it changes attribute {key!r} of the {type(helper).__name__} object at "
+                             f"{where} (from {then!r} to {value!r})")
+                now[key] = then
         for key in [k for k, value in now.items() if value is not before.get(k, MISSING) and _holds_tensor(value)]:
             if before.get(key) is not None:
                 found.append(f"it assigns tensors to attribute {key!r} of the "
@@ -222,6 +338,13 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
                 now[key] = before[key]
             else:
                 del now[key]
+
+
+def _users_class(module: torch.nn.Module) -> bool:
+    """Whether `module`'s class is defined in the user's own files (not a library's,
+    whose modules' helpers keep bookkeeping of their own)."""
+    file = getattr(sys.modules.get(type(module).__module__), "__file__", None)
+    return file is not None and is_users_file(file)
 
 
 def _held(module: torch.nn.Module, key: str):
@@ -244,8 +367,9 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     the caller to trace again."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
-    helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)))
+    helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), _users_class(module))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
+    generators, python_state = _generators(model), _python_state(model)
     paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
 
@@ -369,3 +493,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
                 _restore(module, key, before)
         _put_back_helpers(helpers, found)
+        numpy_module = sys.modules.get("numpy")
+        for where, generator, state in generators:
+            if not _same_state(_generator_state(generator, numpy_module), state):
+                found.append(f"it draws from the {type(generator).__name__} at {where!r}, an "
+                             f"{'iterator' if _iterator_state(state) else 'own generator'} of the model's")
+                _restore_generator(generator, state)
+        _python_state_changed(python_state, found)

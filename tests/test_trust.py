@@ -1736,13 +1736,27 @@ def test_a_parameters_data_read_in_forward_trains_like_eager_and_a_write_through
         _remat(_UsesData("write_parameter"), (x,))
 
 
+#: A counter a forward advances outside its modules' attributes (`_Effects`).
+_EFFECT_CALLS = 0
+
+
 class _Effects(torch.nn.Module):
     """A forward doing, per `kind`, something besides computing tensors."""
 
+    calls_seen = 0   # a counter on the class
+
     def __init__(self, kind: str):
+        import itertools
+
+        import numpy
+
         super().__init__()
         self.kind, self.linear, self.calls, self.log = kind, torch.nn.Linear(4, 4), 0, []
         self._steps, self.slots = 0, [None]
+        self.state = types.SimpleNamespace(step=0)
+        self.rng = {"own_python": random.Random(0), "own_numpy": numpy.random.default_rng(0),
+                    "own_numpy_legacy": numpy.random.RandomState(0),
+                    "own_count": itertools.count(1)}.get(kind)
 
     def forward(self, x):
         import random
@@ -1774,6 +1788,22 @@ class _Effects(torch.nn.Module):
             self.log.append(h.detach().mean())
         if self.kind == "log_numbers":
             self.log.append(h.shape[0])
+        if self.kind == "global_counter":
+            global _EFFECT_CALLS
+            _EFFECT_CALLS += 1
+            h = h * _EFFECT_CALLS
+        if self.kind == "class_counter":
+            type(self).calls_seen += 1
+            h = h * type(self).calls_seen
+        if self.kind == "held_counter":
+            self.state.step += 1
+            h = h * self.state.step
+        if self.kind == "own_python":
+            h = h * self.rng.random()
+        if self.kind in ("own_numpy", "own_numpy_legacy"):
+            h = h * float(self.rng.uniform())
+        if self.kind == "own_count":
+            h = h * next(self.rng)
         return h.square().mean()
 
 
@@ -1790,7 +1820,14 @@ class _Effects(torch.nn.Module):
     ("log_item", r"changes module attribute 'slots' of <root>"),
     ("aux_loss", r"assigns module attribute 'aux_loss' of _Effects"),
     ("log", r"changes module attribute 'log' of <root> \(and 1 more\)"),
-    ("log_numbers", r"changes module attribute 'log' of <root>")])
+    ("log_numbers", r"changes module attribute 'log' of <root>"),
+    ("global_counter", r"changes global '_EFFECT_CALLS' of test_trust \(from 0 to 1\)"),
+    ("class_counter", r"changes class attribute 'calls_seen' of _Effects \(from 0 to 1\)"),
+    ("held_counter", r"changes attribute 'step' of the SimpleNamespace object at state \(from 0 to 1\)"),
+    ("own_python", r"draws from the Random at 'rng', an own generator of the model's"),
+    ("own_numpy", r"draws from the Generator at 'rng', an own generator of the model's"),
+    ("own_numpy_legacy", r"draws from the RandomState at 'rng', an own generator of the model's"),
+    ("own_count", r"draws from the count at 'rng', an iterator of the model's")])
 def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said):
     """Tracing runs it once and the graph keeps none of it: silently wrong before (a
     branch drawn once for every step, a counter frozen, a seed set once, a tracing
@@ -1801,11 +1838,18 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
 
     model, x = _Effects(kind), torch.randn(3, 4)
     state = (random.getstate(), numpy.random.get_state()[1].copy(), torch.get_rng_state())
+    own = copy.deepcopy(model.rng) if kind != "own_count" else None
     with pytest.raises(LoweringError, match=rf"_Effects's forward does what tracing runs once and "
                                             rf"the graph does not keep: it {said}"):
         _remat(model, (x,))
     assert (model.calls, model._steps, model.log, model.slots, hasattr(model, "aux_loss")) == (
         0, 0, [], [None], False)
+    # Counters outside the modules' attributes are put back too (a counter global to
+    # test_trust: Python reads a module's `global` through its functions' namespace).
+    assert (_EFFECT_CALLS, _Effects.calls_seen, model.state.step) == (0, 0, 0)
+    if kind in ("own_python", "own_numpy", "own_numpy_legacy"):   # where it was
+        assert repr(model.rng.random() if kind == "own_python" else model.rng.uniform()) == \
+            repr(own.random() if kind == "own_python" else own.uniform())
     assert random.getstate() == state[0] and (numpy.random.get_state()[1] == state[1]).all()
     assert torch.equal(torch.get_rng_state(), state[2])
 
@@ -4382,3 +4426,49 @@ def test_a_builtin_value_the_forward_reads_changed_after_lowering_is_planned_for
         assert torch.equal(loss, expected), step
         for (name, p), q in zip(model.named_parameters(), eager.parameters()):
             assert torch.equal(p.grad, q.grad), (step, name)
+
+
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.scale = torch.nn.Parameter(torch.ones(4))
+        self.temperature = 1.0
+
+    def forward(self, x):
+        return (self.fc(x) * self.scale / self.temperature).square().mean()
+
+
+def test_attributes_set_on_the_scheduled_module_and_apply_reach_the_model():
+    """As on `torch.compile`'s module: an attribute set on the returned module is the
+    model's (a schedule's `module.temperature = 3.0` stayed on the wrapper while the
+    model's forward read its own, silently: 0.043 where eager gives 0.005), and `apply`
+    reaches the model itself (an initialiser recognising its class never saw it)."""
+    torch.manual_seed(0)
+    model, x = _Tempered(), torch.randn(16, 8)
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, (x,))
+
+    def init(module):
+        if isinstance(module, _Tempered):
+            torch.nn.init.uniform_(module.scale, 1.0, 2.0)
+
+    for step in range(3):
+        torch.manual_seed(step)
+        eager.apply(init)
+        torch.manual_seed(step)
+        assert scheduled.apply(init) is scheduled
+        eager.temperature = scheduled.temperature = 3.0 + step
+        assert model.temperature == 3.0 + step and "temperature" not in vars(scheduled)
+        loss, expected = scheduled(x), eager(x)
+        loss.backward()
+        expected.backward()
+        assert torch.equal(loss, expected), step
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert torch.equal(p.data, q.data) and torch.equal(p.grad, q.grad), (step, name)
+    del scheduled.temperature
+    assert not hasattr(model, "temperature")
+    scheduled.max_plans = 3   # its own
+    assert scheduled.max_plans == 3 and "max_plans" not in vars(model)
+    scheduled.eval()
+    assert not model.training and not scheduled.training
