@@ -34,7 +34,7 @@ Found in the code (the methods of the model's module classes in the user's own f
 of the custom autograd Functions it applies, whose backward is traced into the graph,
 and the user's functions they call by name): globals of plain values, the plain items of
 global dicts, lists and tuples, plain attributes of global classes, modules and plain
-objects read as `Global.name`, and the global functions called, by their description
+objects read as `Global.name` (or deeper: `Global.inner.name`), and the global functions called, by their description
 (in a library's module classes, transformers' included, only those: a function patched
 later, as liger-kernel rebinds `modeling_llama.apply_rotary_pos_emb`, computes
 otherwise); where those are tensors, where they are (`tensors`), for
@@ -440,8 +440,26 @@ def _as_left(model: torch.nn.Module, reads: TracedReads, holders: dict) -> None:
         settle(reads.objects, key, getattr(objects.get(key[:2]), key[2], None))
 
 
-def _record_global(reads: TracedReads, module: str, name: str, value, following) -> list:
-    """Record what reading global `name` (then `following`, the next instruction) takes
+def _attribute_chain(value, following: list) -> tuple[str, object] | None:
+    """(dotted name, value) of the attributes `following` (the instructions after a global
+    is loaded) read from the global `value` through modules, classes and plain objects
+    (`CFG.inner.temp`, `cfgmod.sub.T`: recorded one attribute deep, a change of the
+    deeper one after `remat` trained on with the traced value, silently); None where the
+    first instruction reads no attribute."""
+    names, now = [], value
+    for instruction in following:
+        if instruction.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not (
+                isinstance(now, (type, types.ModuleType)) or _plain_object(now)):
+            break
+        names.append(instruction.argval)
+        now = getattr(now, instruction.argval, None)
+        if len(names) > _NESTING:
+            break
+    return (".".join(names), now) if names else None
+
+
+def _record_global(reads: TracedReads, module: str, name: str, value, following: list) -> list:
+    """Record what reading global `name` (then `following`, the instructions after) takes
     from it; returns the user's functions it leads to."""
     if (form := recorded(value)) is not UNRECORDED:
         reads.globals.setdefault((module, name, None), form)
@@ -453,21 +471,20 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following)
                 reads.globals.setdefault((module, name, ("length",)), item)
             elif not isinstance(key, dict):   # a global's item by a described key: not recorded
                 reads.globals.setdefault((module, name, ("item", key)), item)
-    elif (isinstance(value, (type, types.ModuleType)) or _plain_object(value)) and following is not None \
-            and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-        attribute = getattr(value, following.argval, None)
+    elif (chain := _attribute_chain(value, following)) is not None:
+        path, attribute = chain
         if (form := recorded(attribute)) is not UNRECORDED:
-            reads.globals.setdefault((module, name, ("attr", following.argval)), form)
-        elif isinstance(attribute, types.MethodType) and _plain_object(value):
+            reads.globals.setdefault((module, name, ("attr", path)), form)
+        elif isinstance(attribute, types.MethodType) and _plain_object(attribute.__self__):
             # A method of a global object (`ANN.scale(h)`), by its description, which holds
             # what the object holds: `ANN.t = 3.0` computes otherwise.
-            reads.globals.setdefault((module, name, ("attr", following.argval)), {FUNCTION: describe(attribute)})
+            reads.globals.setdefault((module, name, ("attr", path)), {FUNCTION: describe(attribute)})
         elif isinstance(attribute, torch.Tensor):
-            reads.tensors.setdefault(id(attribute), (module, name, ("attr", following.argval)))
+            reads.tensors.setdefault(id(attribute), (module, name, ("attr", path)))
         elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`
             for key, item in items:
                 if not isinstance(key, dict):
-                    reads.globals.setdefault((module, name, ("attr", following.argval, key)), item)
+                    reads.globals.setdefault((module, name, ("attr", path, key)), item)
     elif isinstance(value, types.FunctionType):
         # Its code as it is now: a function patched later (liger-kernel rebinds
         # `modeling_llama.apply_rotary_pos_emb`) computes otherwise than the graph.
@@ -491,7 +508,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
         for i, instruction in enumerate(instructions):
             if instruction.opname != "LOAD_GLOBAL" or instruction.argval not in namespace:
                 continue
-            following = instructions[i + 1] if i + 1 < len(instructions) else None
+            following = instructions[i + 1:i + 2 + _NESTING]
             for function in _record_global(reads, module, instruction.argval,
                                            namespace[instruction.argval], following):
                 scan(function.__code__, function.__globals__, depth + 1)

@@ -89,12 +89,17 @@ def _item(container: Mapping, key):
 def global_part(value, where) -> object:
     """What a global row (`TracedReads.globals`) reads of the global's `value`: its item
     (["item", key]), its length (["length"]), its attribute (["attr", name]) or that
-    attribute's item (["attr", name, key]); `_MISSING` where there is none."""
+    attribute's item (["attr", name, key]); `_MISSING` where there is none. The name may
+    be dotted, an attribute's attribute (`CFG.inner.temp`)."""
     if where[0] == "item":
         return _items(value).get(where[1], _MISSING)
     if where[0] == "length":
         return len(value) if isinstance(value, (list, tuple, Mapping)) else _MISSING
-    now = getattr(value, where[1], _MISSING)
+    now = value
+    for name in where[1].split("."):
+        now = getattr(now, name, _MISSING)
+        if now is _MISSING:
+            return _MISSING
     return _items(now).get(where[2], _MISSING) if len(where) == 3 else now
 
 

@@ -4472,3 +4472,41 @@ def test_attributes_set_on_the_scheduled_module_and_apply_reach_the_model():
     assert scheduled.max_plans == 3 and "max_plans" not in vars(model)
     scheduled.eval()
     assert not model.training and not scheduled.training
+
+
+#: A nested configuration the forward below reads two attributes deep.
+_NESTED_CONFIG = types.SimpleNamespace(model=types.SimpleNamespace(temperature=1.0, table={"gain": 1.0}))
+
+
+class _ReadsNestedConfig(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.fc(x) / _NESTED_CONFIG.model.temperature
+        return (h * _NESTED_CONFIG.model.table["gain"]).square().mean()
+
+
+@pytest.mark.parametrize("change", [
+    lambda: setattr(_NESTED_CONFIG.model, "temperature", 3.0),
+    lambda: _NESTED_CONFIG.model.table.__setitem__("gain", 0.5),
+    lambda: setattr(_NESTED_CONFIG, "model", types.SimpleNamespace(temperature=2.0, table={"gain": 1.0}))],
+    ids=["attribute", "item", "holder replaced"])
+def test_a_global_configs_nested_attribute_changed_after_lowering_is_planned_for(change, capsys):
+    """`CFG.model.temperature` (a config object or module two attributes deep) was recorded
+    one attribute deep only: changed after `remat`, the step trained on with the traced
+    value, silently (found by a review: loss 0.116 where eager gives 0.906)."""
+    saved = _NESTED_CONFIG.model
+    try:
+        torch.manual_seed(0)
+        model, x = _ReadsNestedConfig(), torch.randn(5, 6)
+        scheduled = _remat(model, (x,))
+        scheduled(x).backward()
+        model.zero_grad()
+        change()
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert "remat-ir: new value read by forward (global _NESTED_CONFIG.model." in capsys.readouterr().err
+    finally:
+        _NESTED_CONFIG.model = saved
+        saved.temperature, saved.table["gain"] = 1.0, 1.0

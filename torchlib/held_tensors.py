@@ -53,8 +53,9 @@ def global_at(module_name: str, name: str, where) -> torch.Tensor | None:
     None where the module is not imported or holds no tensor there."""
     module = sys.modules.get(module_name)
     value = vars(module).get(name) if module is not None else None
-    if where is not None:
-        value = getattr(value, where[1], None)
+    if where is not None:   # a dotted name reads an attribute's attribute (`CFG.inner.table`)
+        for part in where[1].split("."):
+            value = getattr(value, part, None)
     return value if isinstance(value, torch.Tensor) else None
 
 
