@@ -1039,6 +1039,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
     graph.proto.metadata["torch.sdpa"] = sdpa_state()
+    graph.proto.metadata["torch.deterministic"] = json.dumps(torch.are_deterministic_algorithms_enabled())
     # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
     # under one of the names, so a call after they were untied is lowered again.
     graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied_parameters(model))

@@ -55,6 +55,10 @@ class Signature:
     #: `sdpa_state()`: the attention kernels a call may pick (the trace holds the one it
     #: picked); a graph that recorded none was lowered under torch's defaults.
     sdpa: str = DEFAULT_SDPA
+    #: `torch.are_deterministic_algorithms_enabled()`: a forward may branch on it (a
+    #: deterministic scatter instead of `index_add_`), and the trace holds the branch it
+    #: took (found by a review: toggled after `remat`, trained on, silently).
+    deterministic: bool = False
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -86,6 +90,9 @@ class Signature:
         if self.sdpa != lowered.sdpa:
             return (f"scaled dot product attention may use {self.sdpa or 'no kernel'}, lowered "
                     f"where it might use {lowered.sdpa or 'none'} (`torch.nn.attention.sdpa_kernel`)")
+        if self.deterministic != lowered.deterministic:
+            return (f"torch.use_deterministic_algorithms is {'on' if self.deterministic else 'off'}, "
+                    f"lowered with it {'on' if lowered.deterministic else 'off'}")
         if self.aliases != lowered.aliases:
             return (f"{_aliases_text(self.aliases) or 'no argument is another one'}, lowered "
                     f"where {_aliases_text(lowered.aliases) or 'none was another'}")
@@ -166,7 +173,7 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
                      str(spec), str(torch.get_default_dtype()), autocast_cache(), shown,
-                     input_aliases(with_paths), sdpa_state())
+                     input_aliases(with_paths), sdpa_state(), torch.are_deterministic_algorithms_enabled())
 
 
 #: Leaf types a call's arguments may have to be taken without flattening (`flat_leaf`).
@@ -189,12 +196,12 @@ def _flat_key(args, kwargs) -> tuple | None:
     `uncached_under_autocast`), its device type and the first argument that is the same
     tensor (`input_aliases`); per plain value: its class and repr (as described); and
     the state every call's signature reads: autocast, its cache, the default dtype, the
-    attention kernels."""
+    attention kernels, deterministic algorithms."""
     if type(args) is not tuple or type(kwargs) is not dict:
         return None
     names = tuple(sorted(kwargs))
     key: list = [len(args), names, autocast_state(), torch.get_default_dtype(), autocast_cache(),
-                 sdpa_flags()]
+                 sdpa_flags(), torch.are_deterministic_algorithms_enabled()]
     first: dict[int, int] = {}
     for index, leaf in enumerate((*args, *(kwargs[name] for name in names))):
         if not flat_leaf(leaf):

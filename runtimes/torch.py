@@ -633,7 +633,8 @@ class _Lowered:
                          json.loads(g.metadata.get("torch.autocast_cache", "true")),
                          aliases=tuple(tuple(group) for group in
                                        json.loads(g.metadata.get("torch.input_aliases", "[]"))),
-                         sdpa=g.metadata.get("torch.sdpa", DEFAULT_SDPA))
+                         sdpa=g.metadata.get("torch.sdpa", DEFAULT_SDPA),
+                         deterministic=json.loads(g.metadata.get("torch.deterministic", "false")))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:

@@ -330,6 +330,34 @@ def test_a_call_under_another_default_dtype_is_planned_again(capsys):
                        "under torch.float32): lowering and planning again (plan 2, at most 8 kept)"]
 
 
+class _DeterministicBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        return (h * 3.0 if torch.are_deterministic_algorithms_enabled() else h).pow(2).mean()
+
+
+def test_a_call_with_deterministic_algorithms_toggled_is_planned_again(capsys):
+    """A forward branching on `torch.are_deterministic_algorithms_enabled()` (a
+    deterministic kernel where the default one is not): toggled after `remat`, the step
+    trained on with the branch traced, silently (found by a review). It is part of the
+    signature."""
+    x = torch.randn(4, 8)
+    model = _DeterministicBranch()
+    scheduled = remat_ir.remat(model, {"x": x}, solver="recompute-all", cost_model="flops")
+    torch.use_deterministic_algorithms(True)
+    try:
+        _train_side_by_side(model, scheduled, [{"x": x}, {"x": x}], lambda loss: loss)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert notices == ["remat-ir: new input signature (torch.use_deterministic_algorithms is on, lowered "
+                       "with it off): lowering and planning again (plan 2, at most 8 kept)"]
+
+
 class _TinyEncoder(torch.nn.Module):
     def __init__(self):
         super().__init__()
