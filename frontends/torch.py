@@ -71,6 +71,7 @@ from .module_casts import unchanged_module_casts
 from .certain_draws import certain_draws
 from .kernel_layouts import match_kernel_layouts, traced_as_run
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
+from .compared_values import keep_compared_values
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
@@ -988,6 +989,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         match_kernel_layouts(joint.graph_module)
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
     _check_something_trains(graph, type(model).__name__)
+    if fusing:   # a recomputation compiled elsewhere may differ in its last bits
+        keep_compared_values(graph)
     mark_input_gradient_sums(graph)
     _check_rnn_workspaces(graph)
     if reuse_buffers:
