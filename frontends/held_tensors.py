@@ -113,6 +113,36 @@ def _written(placeholder: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def _hidden_module_holding(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str, str] | None:
+    """(where, the tensor's name in it, its class) of a module the model holds outside its
+    submodules (an attribute set through `__dict__`, a module in a list attribute) whose
+    parameter or buffer `tensor` is; None where none holds it. Such a tensor was said to be
+    found nowhere, "a closure's", though the model holds it (found by two reviews)."""
+    for path, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute in _MODULE_STATE:
+                continue
+            held = (value.items() if isinstance(value, dict) else enumerate(value)
+                    if isinstance(value, (list, tuple)) else [(None, value)])
+            for key, item in held:
+                if not isinstance(item, torch.nn.Module):
+                    continue
+                for member, t in (*item.named_parameters(), *item.named_buffers()):
+                    if _same_memory(t, tensor):
+                        where = f"{path}.{attribute}" if path else attribute
+                        return (f"'{where}'" + (f"[{key!r}]" if key is not None else ""),
+                                f"{member!r}", type(item).__name__)
+    return None
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `b` is `a` or an alias of all of it (export keeps a detached alias of a
+    parameter it takes as a constant)."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+                      and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+                      and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
 def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.GraphModule,
                       model: torch.nn.Module, global_tensors: dict) -> tuple[list[list], list[list]]:
     """Make the constants of `exported` that `model` holds, or that globals hold
@@ -149,6 +179,15 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 continue
             user = next(iter(placeholder.users), None)
             line = node_line(user) if user is not None else None
+            hidden = _hidden_module_holding(model, tensor)
+            if hidden is not None:
+                raise LoweringError(
+                    f"{name}'s forward reads {hidden[1]} of a {hidden[2]} the model holds outside "
+                    f"its submodules, at {hidden[0]} (a teacher or EMA copy kept in __dict__ or "
+                    f"a list): its tensors are neither parameters nor buffers of the model, and "
+                    f"the graph would hold them as constants, blind to a change. Register it as "
+                    f"a submodule (frozen with requires_grad_(False) where it should not train), "
+                    f"or pass what it computes as an input")
             raise LoweringError(
                 f"{name}'s forward reads a tensor that is neither a parameter, a buffer, an "
                 f"input nor one the model or a global holds (a closure's, a default "

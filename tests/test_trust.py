@@ -1386,6 +1386,33 @@ def test_a_forward_writing_into_a_global_or_reading_a_tensor_found_nowhere_is_re
             lower_torch(_ReadsUnseen(where), (torch.randn(4, 4),), cost_model="flops")
 
 
+class _HidesATeacher(torch.nn.Module):
+    """Keeps a frozen module outside its submodules: in `__dict__`, or in a list."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.student = torch.nn.Linear(4, 4)
+        teacher = torch.nn.Linear(4, 4).requires_grad_(False)
+        if how == "dict":
+            self.__dict__["teacher"] = teacher
+        else:
+            self.teachers = [teacher]
+
+    def forward(self, x):
+        teacher = self.__dict__.get("teacher") or self.teachers[0]
+        return (self.student(x) - teacher(x)).square().mean()
+
+
+@pytest.mark.parametrize("how, where", [("dict", "'teacher'"), ("list", r"'teachers'\[0\]")])
+def test_a_module_held_outside_the_submodules_is_refused_naming_where(how, where):
+    """A teacher or EMA copy kept in `__dict__` or a list: its weight was said to be a
+    tensor "the model does not hold (a closure's, a default argument's)" (two reviews)."""
+    with pytest.raises(LoweringError, match=rf"_HidesATeacher's forward reads 'weight' of a Linear the model "
+                                            rf"holds outside its submodules, at {where} .*Register it as "
+                                            rf"a submodule"):
+        lower_torch(_HidesATeacher(how), (torch.randn(3, 4),), cost_model="flops")
+
+
 class _Tables:
     """A plain helper object (no module) caching a table at its first call, as diffusers'
     Z-Image caches its rotary tables in its `RopeEmbedder`."""
