@@ -29,6 +29,10 @@ HINT = ("a random draw decides whether code runs (LayerDrop, stochastic depth), 
         "replays with eager's numbers")
 
 
+#: A line starting a function (or method) definition.
+_DEF = re.compile(r"^\s*(?:async\s+)?def\s")
+
+
 def drawn_branch(frames: list[traceback.FrameSummary]) -> bool:
     """Whether the model's innermost line among `frames` branches just below a random
     draw in the same function (the draw at most `_ABOVE` lines above it)."""
@@ -37,4 +41,7 @@ def drawn_branch(frames: list[traceback.FrameSummary]) -> bool:
         return False
     lines = [linecache.getline(frame.filename, n)
              for n in range(max(1, frame.lineno - _ABOVE), frame.lineno + 1)]
-    return any(_DRAWS.search(line) for line in lines)
+    # Only the function's own lines: a helper or a module-level draw written just above it
+    # made a branch on an activation "a branch on a random draw" (found by a review).
+    starts = [i for i, line in enumerate(lines) if _DEF.match(line)]
+    return any(_DRAWS.search(line) for line in lines[starts[-1] + 1 if starts else 0:])

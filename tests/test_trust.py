@@ -3640,6 +3640,29 @@ def test_a_branch_on_a_random_draw_is_named_as_one_with_layerdrop_as_the_way_out
     assert errors == {}
 
 
+class _BranchBelowAHelperThatDraws(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def noise(self):
+        return torch.randn(3)   # never called
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.detach().sum() > 0:
+            h = h * 2
+        return h.sum()
+
+
+def test_a_branch_below_another_functions_draw_is_not_named_a_branch_on_a_draw():
+    """The draw looked for above a branch was any within 6 lines: a helper's just above the
+    forward made a branch on an activation "a branch on a random draw" (a review)."""
+    with pytest.raises(LoweringError, match="branches on a value computed from tensor data") as raised:
+        _remat(_BranchBelowAHelperThatDraws(), (torch.randn(3, 4),))
+    assert "random draw" not in str(raised.value)
+
+
 class _LayerDropDrawingAlways(torch.nn.Module):
     """LayerDrop as transformers before 5.23 writes it: the number is drawn in training
     whatever `layerdrop` is (`draw`: "rand"; "rand_like"; "shifted", `rand` less 0.5 in
