@@ -325,7 +325,7 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
         now = vars(helper)
         for key, value in list(now.items()):
             then = before.get(key, MISSING)
-            if users and plain(then) and value is not then and not (type(value) is type(then) and value == then):
+            if users and plain(then) and plain(value) and not (type(value) is type(then) and value == then):
                 # A counter on an object the user's module holds (`self.state.step += 1`).
                 found.append(f"it changes attribute {key!r} of the {type(helper).__name__} object at "
                              f"{where} (from {then!r} to {value!r})")
