@@ -43,7 +43,6 @@ import copy
 import random
 import re
 import sys
-import types
 import warnings
 
 import torch
@@ -226,7 +225,7 @@ def _generator_state(value, numpy):
         return copy.deepcopy(value.bit_generator.state)
     if numpy is not None and isinstance(value, numpy.random.RandomState):
         return value.get_state(legacy=False)
-    if isinstance(value, collections.abc.Iterator) and not isinstance(value, types.GeneratorType):
+    if type(value).__module__ == "itertools" and isinstance(value, collections.abc.Iterator):
         try:   # `next(self.steps)` on an `itertools.count`: its position, as pickling sees it
             return (_ITERATOR, repr(value.__reduce__()))
         except Exception:

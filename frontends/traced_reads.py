@@ -34,10 +34,10 @@ Found in the code (the methods of the model's module classes in the user's own f
 of the custom autograd Functions it applies, whose backward is traced into the graph,
 and the user's functions they call by name): globals of plain values, the plain items of
 global dicts, lists and tuples, plain attributes of global classes, modules and plain
-objects read as `Global.name` (or deeper: `Global.inner.name`), and the global functions called, by their description
-(in a library's module classes, transformers' included, only those: a function patched
-later, as liger-kernel rebinds `modeling_llama.apply_rotary_pos_emb`, computes
-otherwise); where those are tensors, where they are (`tensors`), for
+objects read as `Global.name` (or deeper: `Global.inner.name`), and the global functions
+called, by their description (in a library's module classes, transformers' included,
+only those: a function patched later, as liger-kernel rebinds
+`modeling_llama.apply_rotary_pos_emb`, computes otherwise); where those are tensors, where they are (`tensors`), for
 `frontends/held_tensors.py`, which checks the ones traced as constants by their bytes.
 Also found in the code: the plain items of a dict a global module or class holds
 (`settings.D["temp"]`), and the plain class attributes the user's module classes name,

@@ -861,8 +861,9 @@ class _Lowered:
         for path, *then, nones in self.module_members:
             module = modules.at(path)
             owner = f"{'the model' if not path else f'submodule {path!r}'} of {type(modules.at('')).__name__}"
-            if _none_members(module) != nones:
-                table, name = min(_none_members(module) ^ nones)
+            now_none = _none_members(module)
+            if now_none != nones:
+                table, name = min(now_none ^ nones)
                 kind = _MEMBER_KINDS[table]
                 return (f"{owner} holds None at {kind} {name!r} now and held a {kind} there when "
                         f"the model was lowered" if (table, name) not in nones else
