@@ -37,15 +37,19 @@ through it is a parameter written in place, which lowering refuses by name.
 
 from __future__ import annotations
 
+import collections
 import collections.abc
 import contextlib
 import copy
+import functools
 import random
 import re
 import sys
+import types
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .held_tensors import held_objects
 from .model_lines import is_model_file, is_users_file
@@ -305,6 +309,78 @@ def _python_state_changed(state: list[tuple[str, object, dict]], found: list[str
                 setattr(owner, key, value)
 
 
+def _hook_functions(model: torch.nn.Module) -> list[tuple[str, object]]:
+    """(module path, hook) of the forward hooks and pre-hooks the model's modules hold,
+    and the global ones."""
+    from torch.nn.modules import module as module_module
+
+    found = [(path, hook) for path, module in model.named_modules()
+             for table in (module._forward_hooks, module._forward_pre_hooks) for hook in table.values()]
+    return found + [("every module", hook) for table in (module_module._global_forward_hooks,
+                                                         module_module._global_forward_pre_hooks)
+                    for hook in table.values()]
+
+
+def _hook_holders(hook) -> list[tuple[str, object]]:
+    """(name, object) of what a hook can store into besides the modules: the cells of its
+    closure, its defaults, the globals its code names, a bound method's object, a
+    partial's arguments."""
+    if isinstance(hook, functools.partial):
+        return [("an argument of its partial", value) for value in (*hook.args, *hook.keywords.values())] \
+            + _hook_holders(hook.func)
+    if isinstance(hook, types.MethodType):
+        return [(f"its {type(hook.__self__).__name__} object", hook.__self__)] + _hook_holders(hook.__func__)
+    code = getattr(hook, "__code__", None)
+    if code is None:
+        return []
+    cells = zip(code.co_freevars, hook.__closure__ or ())
+    found = [(f"{name!r} of its closure", cell.cell_contents) for name, cell in cells
+             if cell.cell_contents is not None] if hook.__closure__ else []
+    found += [("a default argument", value) for value in hook.__defaults__ or ()]
+    return found + [(f"global {name!r}", hook.__globals__[name]) for name in code.co_names
+                    if name in hook.__globals__]
+
+
+def _holds_placeholder(value, depth: int = 0) -> bool:
+    """Whether `value` (a container or plain object, 3 deep) holds a tracing placeholder."""
+    if isinstance(value, FakeTensor):
+        return True
+    if depth >= 3 or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType,
+                                        types.FunctionType)):
+        return False
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+        items = list(value)
+    elif hasattr(value, "__dict__") and not callable(value):
+        items = list(vars(value).values())
+    else:
+        return False
+    return any(_holds_placeholder(item, depth + 1) for item in items[:_SEARCHED_ITEMS])
+
+
+#: Items of a container looked at for placeholders (a feature store holds a few).
+_SEARCHED_ITEMS = 256
+
+
+def _placeholders_kept_by_hooks(model: torch.nn.Module, found: list[str]) -> None:
+    """Note each forward hook that stored a tensor where the graph keeps no trace of it: a
+    dict its closure holds (a feature-matching or perceptual loss collecting activations).
+    The dict kept tracing's placeholder, no later step filled it, and the loss failed
+    inside torch or found nothing (found by a review)."""
+    for path, hook in _hook_functions(model):
+        code = getattr(getattr(getattr(hook, "func", hook), "__func__", hook), "__code__", None)
+        if code is None or not is_users_file(code.co_filename):
+            continue   # a library's hook (transformers' capturing hidden states) keeps its own
+        for name, holder in _hook_holders(hook):
+            if _holds_placeholder(holder):
+                where = f" at {code.co_filename}:{code.co_firstlineno}"
+                found.append(f"a forward hook on {path or '<root>'}{where} keeps a tensor in {name}, "
+                             f"which the graph does not fill (return what the loss needs from the "
+                             f"forward instead)")
+                break
+
+
 def _holds_tensor(value) -> bool:
     if isinstance(value, dict):
         value = list(value.values())
@@ -499,3 +575,4 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                              f"{'iterator' if _iterator_state(state) else 'own generator'} of the model's")
                 _restore_generator(generator, state)
         _python_state_changed(python_state, found)
+        _placeholders_kept_by_hooks(model, found)

@@ -4560,3 +4560,36 @@ def test_a_global_configs_nested_attribute_changed_after_lowering_is_planned_for
     finally:
         _NESTED_CONFIG.model = saved
         saved.temperature, saved.table["gain"] = 1.0, 1.0
+
+
+#: Activations a forward hook collects (a feature-matching loss), by layer.
+_FEATURES: dict = {}
+
+
+class _Collector:
+    def __init__(self):
+        self.features = {}
+
+    def keep(self, module, inputs, output):
+        self.features["fc"] = output
+
+
+@pytest.mark.parametrize("how, said", [
+    ("global", "global '_FEATURES'"), ("closure", "'store' of its closure"),
+    ("method", "its _Collector object")])
+def test_a_forward_hook_storing_activations_outside_the_model_is_refused_naming_where(how, said):
+    """A hook putting a layer's output into a dict for a loss outside the model: the trace
+    ran it once, the dict kept tracing's placeholder and no step filled it again (the loss
+    failed inside torch, or found nothing; a review)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    store: dict = {}
+    hook = {"global": lambda m, i, o: _FEATURES.__setitem__("fc", o),
+            "closure": lambda m, i, o: store.__setitem__("fc", o),
+            "method": _Collector().keep}[how]
+    model[0].register_forward_hook(hook)
+    try:
+        with pytest.raises(LoweringError, match=rf"a forward hook on 0 at .*test_trust.py:\d+ keeps a tensor "
+                                                rf"in {said}, which the graph does not fill"):
+            _remat(model, (torch.randn(3, 4),))
+    finally:
+        _FEATURES.clear()
