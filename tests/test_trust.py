@@ -4437,6 +4437,7 @@ def _in_place(array):
     (set(), lambda m, h: h * (3.0 if "boost" in m.value else 1.0), lambda m: m.value.add("boost")),
     (frozenset(), lambda m, h: h * (3.0 if "boost" in m.value else 1.0),
      lambda m: setattr(m, "value", frozenset({"boost"}))),
+    ({(0, 1)}, lambda m, h: h * (3.0 if (2, 3) in m.value else 1.0), lambda m: m.value.add((2, 3))),
     (slice(0, 8), lambda m, h: torch.nn.functional.pad(h[:, m.value], (0, 8 - h[:, m.value].shape[1])),
      lambda m: setattr(m, "value", slice(0, 3))),
     (range(1), lambda m, h: h * float(len(m.value)), lambda m: setattr(m, "value", range(3))),
@@ -4451,7 +4452,7 @@ def _in_place(array):
     (np.array([1.0, 2.0]), lambda m, h: h * float(m.value[0]), lambda m: _in_place(m.value)),
     (np.ones(8, dtype=np.float32), lambda m, h: h * torch.tensor(m.value),
      lambda m: setattr(m, "value", np.full(8, 3.0, dtype=np.float32))),
-], ids=["set added to", "frozenset replaced", "slice replaced", "range replaced", "deque appended to",
+], ids=["set added to", "frozenset replaced", "set of pairs added to", "slice replaced", "range replaced", "deque appended to",
         "bytes replaced", "complex replaced", "Fraction replaced", "Decimal replaced",
         "numpy array written in place", "numpy array replaced"])
 def test_a_builtin_value_the_forward_reads_changed_after_lowering_is_planned_for(value, use, change):

@@ -78,4 +78,7 @@ def _part(value) -> str | None:
     description; None where neither (the whole is then not recorded)."""
     if value is None or type(value) in (bool, int, float, str):
         return repr(value) if type(value) is not float else f"float({value!r})"
+    if type(value) is tuple:   # a set of pairs (`{(0, 1), (2, 3)}`)
+        parts = [_part(item) for item in value]
+        return None if None in parts else f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
     return described(value)
