@@ -51,6 +51,9 @@ import warnings
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from remat_ir.torchlib.function_state import underlying
+from remat_ir.torchlib.hooks import forward_hooks
+
 from .held_tensors import held_objects
 from .model_lines import is_model_file, is_users_file
 from .traced_reads import ModulesByDict, plain
@@ -309,18 +312,6 @@ def _python_state_changed(state: list[tuple[str, object, dict]], found: list[str
                 setattr(owner, key, value)
 
 
-def _hook_functions(model: torch.nn.Module) -> list[tuple[str, object]]:
-    """(module path, hook) of the forward hooks and pre-hooks the model's modules hold,
-    and the global ones."""
-    from torch.nn.modules import module as module_module
-
-    found = [(path, hook) for path, module in model.named_modules()
-             for table in (module._forward_hooks, module._forward_pre_hooks) for hook in table.values()]
-    return found + [("every module", hook) for table in (module_module._global_forward_hooks,
-                                                         module_module._global_forward_pre_hooks)
-                    for hook in table.values()]
-
-
 def _hook_holders(hook) -> list[tuple[str, object]]:
     """(name, object) of what a hook can store into besides the modules: the cells of its
     closure, its defaults, the globals its code names, a bound method's object, a
@@ -368,14 +359,14 @@ def _placeholders_kept_by_hooks(model: torch.nn.Module, found: list[str]) -> Non
     dict its closure holds (a feature-matching or perceptual loss collecting activations).
     The dict kept tracing's placeholder, no later step filled it, and the loss failed
     inside torch or found nothing (found by a review)."""
-    for path, hook in _hook_functions(model):
-        code = getattr(getattr(getattr(hook, "func", hook), "__func__", hook), "__code__", None)
+    for path, hook in forward_hooks(model):
+        code = getattr(underlying(hook), "__code__", None)
         if code is None or not is_users_file(code.co_filename):
             continue   # a library's hook (transformers' capturing hidden states) keeps its own
         for name, holder in _hook_holders(hook):
             if _holds_placeholder(holder):
                 where = f" at {code.co_filename}:{code.co_firstlineno}"
-                found.append(f"a forward hook on {path or '<root>'}{where} keeps a tensor in {name}, "
+                found.append(f"a forward hook on {path}{where} keeps a tensor in {name}, "
                              f"which the graph does not fill (return what the loss needs from the "
                              f"forward instead)")
                 break

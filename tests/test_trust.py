@@ -4589,7 +4589,7 @@ def test_a_forward_hook_storing_activations_outside_the_model_is_refused_naming_
             "method": _Collector().keep}[how]
     model[0].register_forward_hook(hook)
     try:
-        with pytest.raises(LoweringError, match=rf"a forward hook on 0 at .*test_trust.py:\d+ keeps a tensor "
+        with pytest.raises(LoweringError, match=rf"a forward hook on 0 \(Linear\) at .*test_trust.py:\d+ keeps a tensor "
                                                 rf"in {said}, which the graph does not fill"):
             _remat(model, (torch.randn(3, 4),))
     finally:

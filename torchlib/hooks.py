@@ -57,16 +57,16 @@ def backward_hooks(model: torch.nn.Module) -> list[str]:
             if table in BACKWARD_TABLES for hook in hooks.values() if _ours(hook)]
 
 
+def forward_hooks(model: torch.nn.Module) -> list[tuple[str, object]]:
+    """(where, hook) of the user's forward hooks and pre-hooks of `model` and the global ones."""
+    return [(where, hook) for where, table, hooks in _tables(model) if table not in BACKWARD_TABLES
+            for hook in hooks.values() if _ours(hook)]
+
+
 def hook_functions(model: torch.nn.Module) -> list:
     """The user's forward hooks and pre-hooks of `model` and the global ones, as functions
     (a bound method's or a partial's function): traced as the model's own code."""
-    functions = []
-    for _, table, hooks in _tables(model):
-        for hook in hooks.values():
-            if table in BACKWARD_TABLES or not _ours(hook):
-                continue
-            functions.append(underlying(hook))
-    return functions
+    return [underlying(hook) for _, hook in forward_hooks(model)]
 
 
 def hook_state(model: torch.nn.Module) -> dict[tuple[str, str], tuple[int, ...]]:
