@@ -33,12 +33,12 @@ view of one is returned as a copy.
 The ops are registered in this process only: a graph that uses one runs in a
 process that lowered the same model.
 
-An op's name is a digest of what it computes (the Function's qualified name, which
-arguments are tensors, the other arguments' values), so that lowering the same model
-in another process names the same ops (the plan cache finds its entry, a saved module
-runs there), and a graph never runs another Function's op under its name: a second
-class of the same qualified name in one process (a notebook cell run again) gets ops
-of its own.
+An op's name is a digest of what it computes (the Function's qualified name, its
+methods' code, which arguments are tensors, the other arguments' values), so that
+lowering the same model in another process names the same ops (the plan cache finds
+its entry, a saved module runs there), and a graph never runs another Function's op
+under its name: a second class of the same qualified name in one process (a notebook
+cell run again) gets ops of its own, and so does a Function edited between processes.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointFunction
 
+from remat_ir.torchlib.callables import code_digest
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast
 
 from .model_lines import model_line
@@ -129,11 +130,24 @@ def _same_constant(a, b) -> bool:
     return isinstance(a, _VALUE_TYPES) and a == b
 
 
+#: The methods of a Function whose code decides what its op computes and keeps.
+_METHODS = ("forward", "setup_context", "backward", "jvp")
+
+
+def _methods_code(cls) -> list[str]:
+    """A digest of each of the Function's methods' code (`callables.code_digest`): a
+    Function edited between two processes (a temporary added to its forward) kept its op's
+    name, so a plan cache handed the second process the graph profiled for the first, and
+    a plan 13.8x over its byte budget (found by a review)."""
+    return [code_digest(code) for name in _METHODS
+            if (code := getattr(getattr(cls, name, None), "__code__", None)) is not None]
+
+
 def _op_name(cls, positions: list[int], constants: list) -> str:
     """`<class name>_<digest of what the op computes>`, with `_<k>` where an op of this
     process already holds that name for another class or other arguments (a digest of
     their `repr`, which may elide: numpy abbreviates long arrays)."""
-    described = repr((cls.__module__, cls.__qualname__, positions, constants))
+    described = repr((cls.__module__, cls.__qualname__, _methods_code(cls), positions, constants))
     digest = hashlib.sha256(described.encode()).hexdigest()[:16]
     base = f"{re.sub(r'[^0-9a-zA-Z]+', '_', cls.__name__).lower()}_{digest}"
     name, k = base, 0

@@ -84,9 +84,9 @@ from .view_compaction import compact_views
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
-                                     describe_input, input_aliases, ir_dtype, op_name, record_device,
-                                     raw_bytes, resolve_op, sdpa_state, to_ir_argument,
-                                     uncached_under_autocast)
+                                     cpu_kernels_state, describe_input, input_aliases, ir_dtype,
+                                     op_name, record_device, raw_bytes, resolve_op, sdpa_state,
+                                     to_ir_argument, uncached_under_autocast)
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.value_guards import ValueGuards
 
@@ -281,16 +281,6 @@ def _check_rnn_dropout(exported: torch.export.ExportedProgram) -> None:
                 f"trace would silently differ from eager. Lower and train with oneDNN off "
                 f"(`with torch.backends.mkldnn.flags(enabled=False):` around remat(...) and the "
                 f"training loop): eager's {kind} is then traced, dropout included")
-
-
-def _lstm_without_onednn(exported: torch.export.ExportedProgram) -> bool:
-    """Whether the trace holds an LSTM traced as eager's plain kernel because oneDNN is
-    off: eager computes other bits with oneDNN on, so the runtime holds calls to it
-    (`torch.lstm_without_onednn` in the graph's metadata)."""
-    if not torch.backends.mkldnn.is_available() or torch.backends.mkldnn.enabled:
-        return False
-    return any(node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-               and node.target._schema.name == "aten::lstm" for node in exported.graph.nodes)
 
 
 def _argument(node: pb.Node, name: str):
@@ -927,7 +917,6 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     exported = _export(model, args, kwargs, reads)
     record_globals(model, reads)
     _check_rnn_dropout(exported)
-    without_onednn = _lstm_without_onednn(exported)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     mixed: list[str] = []   # cast by autocast and read otherwise (`share_autocast_casts`)
@@ -945,7 +934,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             assign_through_masks(module)
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
-        except LoweringError:
+        except LoweringError as refused:   # said whole, without FX's note of the node it ran
+            refused.args = (str(refused).split("\n\nWhile executing ")[0], *refused.args[1:])
             raise
         except Exception as exc:
             refused = (value_dependent_error(type(model).__name__, exc, exported.graph)
@@ -1018,8 +1008,6 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         graph.proto.metadata["torch.held_tensors"] = json.dumps(held)
     if global_tensors:   # likewise, tensors of globals
         graph.proto.metadata["torch.global_tensors"] = json.dumps(global_tensors)
-    if without_onednn:
-        graph.proto.metadata["torch.lstm_without_onednn"] = "true"
     if mixed:
         # Cast by autocast and read otherwise: a second call in one autocast block is not
         # summed like eager's (runtimes/autocast_anchors.py warns there).
@@ -1043,6 +1031,11 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
     graph.proto.metadata["torch.sdpa"] = sdpa_state()
     graph.proto.metadata["torch.deterministic"] = json.dumps(torch.are_deterministic_algorithms_enabled())
+    # The CPU kernels' setting the costs will be measured under (a call under another is
+    # planned again: signatures.py); it is part of the graph's fingerprint, so of the key
+    # a plan cache stores the profiled graph under.
+    if next((leaf.device.type for _, leaf in with_paths if isinstance(leaf, torch.Tensor)), "cpu") == "cpu":
+        graph.proto.metadata["torch.cpu_kernels"] = cpu_kernels_state()
     # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
     # under one of the names, so a call after they were untied is lowered again.
     graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied_parameters(model))

@@ -239,7 +239,7 @@ class Planner:
         options = dict(self.options, time_limit_s=self.time_limit_s, host_bandwidth=self.host_bandwidth)
         limit = parse_budget(self.budget, store_all(graph).predicted_peak_bytes)
         plan_key, floor_key = cache.plan_key(limit, self.solver, options), cache.floor_key(self.solver, options)
-        schedule = cache.load_schedule(graph_key, plan_key, graph)
+        schedule = cache.load_schedule(graph_key, plan_key, graph, limit)
         if schedule is not None and "reused_from" in schedule.solver_params and not self.reuse_plans:
             schedule = None  # another shape's plan, stored by a process that reused plans
         if schedule is not None:

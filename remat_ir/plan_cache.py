@@ -17,9 +17,10 @@ smallest feasible budget. The plan key adds the budget in bytes, the solver
 and its options (the time limit among them).
 
 Nothing read is trusted: a graph whose trace fingerprint is not its key's, or
-that does not validate, and a schedule the simulator refuses at its budget,
-are reported in one line and planned again (the entry is overwritten). Files
-are written to a temporary name and renamed, so a reader never sees half a file.
+that does not validate, and a schedule the simulator refuses at its budget, or
+planned for another budget than its key's, are reported in one line and planned
+again (the entry is overwritten). Files are written to a temporary name and
+renamed, so a reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -107,9 +108,12 @@ class PlanCache:
 
     # -------------------------------------------------------------- schedules
 
-    def load_schedule(self, key: str, name: str, graph: Graph) -> pb.Schedule | None:
+    def load_schedule(self, key: str, name: str, graph: Graph,
+                      budget_bytes: int | None = None) -> pb.Schedule | None:
         """Schedule `name` of the graph under `key`, if the simulator accepts it on `graph`
-        (within its own budget), else None."""
+        within its own budget, and that budget is `budget_bytes` where given (the one
+        `plan_key` was made of: a plan file copied under another budget's name was taken
+        at 1.27x the budget asked, found by a review), else None."""
         path = self.directory / key / f"{name}.plan"
         if not path.exists():
             return None
@@ -119,6 +123,10 @@ class PlanCache:
             check(graph, schedule)
         except Exception as exc:  # a protobuf DecodeError, or a schedule the simulator refuses
             self.warn(f"remat-ir: ignoring cache entry {path}: {str(exc).splitlines()[0] or type(exc).__name__}")
+            return None
+        if budget_bytes is not None and schedule.budget_bytes != budget_bytes:
+            self.warn(f"remat-ir: ignoring cache entry {path}: it was planned for a budget of "
+                      f"{schedule.budget_bytes:,} bytes, not this entry's {budget_bytes:,}")
             return None
         return schedule
 

@@ -5,6 +5,8 @@ allocated before. CPU: the profiler's allocator events (`profile_memory=True`)
 read from its raw event tree; their running `total_allocated` counts only what
 profiling saw, continuing from the previous session (process RSS would include
 the allocator's caches and the interpreter, and says nothing about one step).
+Not inside a profiler session of the caller's: sessions do not nest, and opening
+one ended the caller's, silently, and measured 0 bytes (found by a review).
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from remat_ir.ir import RematIRError
+
+
+class ProfilerActive(RematIRError):
+    """CPU memory cannot be measured inside a profiler session of the caller's."""
 
 
 @dataclass
@@ -50,6 +58,14 @@ def measure_peak(fn: Callable[[], object], device: torch.device | str) -> Measur
         return Measured(result, torch.cuda.max_memory_allocated(device) - start)
     from torch.profiler import ProfilerActivity, profile
 
+    if torch.autograd._profiler_enabled():
+        raise ProfilerActive(
+            "a profiler session is active (torch.profiler.profile or another): remat-ir "
+            "measures CPU memory with a profiler session of its own, and sessions do not nest: "
+            "yours would come back without its events and this measurement would read 0 bytes "
+            "(a plan made from it may exceed its budget). Measure outside the profiler; where "
+            "a call inside it meets a new input signature (profiled costs are measured then), "
+            "call the model on such a batch once before profiling")
     # Kineto prints two "USDT" lines on stderr per profiling session (profiled lowering
     # measures every distinct op: thousands of lines); level 6 silences them. Read when the
     # profiler first starts; a level the user set wins.

@@ -25,7 +25,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
-                                     describe_input, input_aliases, sdpa_flags, sdpa_state)
+                                     cpu_kernels_flags, cpu_kernels_state, describe_input,
+                                     input_aliases, sdpa_flags, sdpa_state)
 
 #: The attention kernels torch lets a call pick unless told otherwise.
 DEFAULT_SDPA = sdpa_state()
@@ -59,6 +60,9 @@ class Signature:
     #: deterministic scatter instead of `index_add_`), and the trace holds the branch it
     #: took (found by a review: toggled after `remat`, trained on, silently).
     deterministic: bool = False
+    #: `cpu_kernels_state()` for a call on CPU ("" elsewhere): the memory profiling
+    #: measured, and so the plan's peak, holds for this oneDNN setting and thread count.
+    cpu_kernels: str = ""
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -93,6 +97,10 @@ class Signature:
         if self.deterministic != lowered.deterministic:
             return (f"torch.use_deterministic_algorithms is {'on' if self.deterministic else 'off'}, "
                     f"lowered with it {'on' if lowered.deterministic else 'off'}")
+        if self.cpu_kernels != lowered.cpu_kernels:
+            return (f"CPU kernels run with {self.cpu_kernels or 'no recorded setting'}, lowered "
+                    f"and profiled with {lowered.cpu_kernels or 'no recorded setting'} (the memory "
+                    f"of oneDNN's kernels depends on both)")
         if self.aliases != lowered.aliases:
             return (f"{_aliases_text(self.aliases) or 'no argument is another one'}, lowered "
                     f"where {_aliases_text(lowered.aliases) or 'none was another'}")
@@ -173,7 +181,8 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     device = tensors[0].device.type if tensors else "cpu"
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
                      str(spec), str(torch.get_default_dtype()), autocast_cache(), shown,
-                     input_aliases(with_paths), sdpa_state(), torch.are_deterministic_algorithms_enabled())
+                     input_aliases(with_paths), sdpa_state(), torch.are_deterministic_algorithms_enabled(),
+                     cpu_kernels_state() if device == "cpu" else "")
 
 
 #: Leaf types a call's arguments may have to be taken without flattening (`flat_leaf`).
@@ -201,7 +210,7 @@ def _flat_key(args, kwargs) -> tuple | None:
         return None
     names = tuple(sorted(kwargs))
     key: list = [len(args), names, autocast_state(), torch.get_default_dtype(), autocast_cache(),
-                 sdpa_flags(), torch.are_deterministic_algorithms_enabled()]
+                 sdpa_flags(), torch.are_deterministic_algorithms_enabled(), cpu_kernels_flags()]
     first: dict[int, int] = {}
     for index, leaf in enumerate((*args, *(kwargs[name] for name in names))):
         if not flat_leaf(leaf):

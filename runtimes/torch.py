@@ -262,19 +262,45 @@ class _Outputs(torch.autograd.Function):
         return (None, None, None, token, *grads)
 
 
+#: View ops that take a tensor of any strides (their result is a view of whatever layout
+#: they are given): a gradient viewed only through these is read as it arrives.
+_LAYOUT_FREE_VIEWS = frozenset(f"aten.{name}" for name in (
+    "t.default", "transpose.int", "permute.default", "expand.default", "slice.Tensor",
+    "select.int", "narrow.default", "squeeze.default", "squeeze.dim", "squeeze.dims",
+    "unsqueeze.default", "diagonal.default", "alias.default", "detach.default", "unfold.default",
+    "split.Tensor", "split_with_sizes.default", "unbind.int", "movedim.int"))
+
+
+def _views_need_traced_strides(graph: Graph, value_id: int) -> bool:
+    """Whether a view of `value_id`'s storage, through any chain of views, is made by an
+    op that needs the traced strides (`view` of a shape that only they allow, `as_strided`),
+    rather than only by `_LAYOUT_FREE_VIEWS`."""
+    storage, todo, seen = graph.value(value_id).storage_id, [value_id], set()
+    while todo:
+        for n in graph.users(todo.pop()):
+            node = graph.node(n)
+            views = [o for o in node.outputs if graph.value(o).storage_id == storage]
+            if views and node.op not in _LAYOUT_FREE_VIEWS:
+                return True
+            todo.extend(o for o in views if o not in seen)
+            seen.update(views)
+    return False
+
+
 def _strides_to_keep(graph: Graph, tangent: int | None, backend: str) -> tuple[int, ...] | None:
     """The strides an output's gradient must be copied to before the backward reads it, or
     None where it is read as it arrives, as eager's backward reads it. Why: a gradient
     laid out otherwise than traced (a plain `out.sum()` on a channels_last output arrives
     contiguous, expanded) and copied to the traced layout sent the kernels reading it down
     their other layout's path, which sums in another order (weight gradients 1e-7 to 3e-7
-    off eager's). Copied still: where a node views the gradient (its `view`s hold the
-    traced strides) and for compiled regions (Inductor's code is specialized to them)."""
+    off eager's); a Linear head's output transposed by the loss (`ce(logits.t(), ...)`,
+    CLIP's symmetric loss) had its bias gradient summed over the copy (1.9e-6 off). Copied
+    still: where a view of the gradient needs the traced strides (a `view`) and for
+    compiled regions (Inductor's code is specialized to them)."""
     if tangent is None:
         return None
     value = graph.value(tangent)
-    viewed = backend != "eager" or any(graph.value(o).storage_id == value.storage_id
-                                       for n in graph.users(tangent) for o in graph.node(n).outputs)
+    viewed = backend != "eager" or _views_need_traced_strides(graph, tangent)
     return _traced_strides(value) if viewed else None
 
 
@@ -599,8 +625,6 @@ class _Lowered:
         self._pick_members = operator.itemgetter(*self._member_slots) if len(self._member_slots) > 1 else None
         self._member_names = [self.bindings[slot][1] for slot in self._member_slots]
         self._recorded_members = frozenset(index for index, _, _ in self.input_members)
-        #: An LSTM traced with oneDNN off: eager computes it otherwise with oneDNN on.
-        self.without_onednn = g.metadata.get("torch.lstm_without_onednn") == "true"
         self.signature = self._signature()
         #: (signature, decisions, frozen parameters, plain values read, ties, inputs that were
         #: parameters): plans of one signature differ in what they decided from input values,
@@ -634,7 +658,8 @@ class _Lowered:
                          aliases=tuple(tuple(group) for group in
                                        json.loads(g.metadata.get("torch.input_aliases", "[]"))),
                          sdpa=g.metadata.get("torch.sdpa", DEFAULT_SDPA),
-                         deterministic=json.loads(g.metadata.get("torch.deterministic", "false")))
+                         deterministic=json.loads(g.metadata.get("torch.deterministic", "false")),
+                         cpu_kernels=g.metadata.get("torch.cpu_kernels", "") if device == "cpu" else "")
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:
@@ -969,11 +994,6 @@ class _Lowered:
         `model_checked`: the caller found the model as this plan was made for
         (`model_difference`), so submodules, ties and plain values are not compared again;
         a tuple: found so by the plan's guard, the model's tensors it gave."""
-        if self.without_onednn and torch.backends.mkldnn.enabled:
-            raise RuntimeInputError(
-                "the model's LSTM was lowered with oneDNN off and oneDNN is on now, where eager "
-                "runs oneDNN's LSTM, which computes other bits: train under "
-                "`torch.backends.mkldnn.flags(enabled=False)` as at lowering")
         modules = modules or _Submodules(model)
         self.check_hooks(model)   # found changed and kept: gradient checkpointing's, refused
         units = Units.of(scheduled, model) if scheduled is not None else None
@@ -1133,6 +1153,15 @@ VALUE_REPLANS = 4
 #: plans for this rank without waiting for the others (DDP), `same_plan` gives every rank
 #: one plan (FSDP2: the ranks meet the call together) and refuses ranks whose inputs differ.
 Planner = Callable[..., "tuple[Graph, pb.Schedule]"]
+
+
+#: Said at the first call in eval mode with gradients on: a backward through it takes
+#: eager's memory, which fine-tuning in eval mode (dropout off) met silently (found by a review).
+_EVAL_WITH_GRADIENTS = (
+    "remat-ir: the model is in eval mode with gradients enabled: calls run the model as it is, "
+    "storing every activation (no plan, no budget), so a backward through them takes eager's "
+    "memory. To train within the budget call model.train() (set dropout's p to 0 for no "
+    "dropout; BatchNorm layers set to eval stay so); evaluate under torch.no_grad()")
 
 
 class ScheduledModule(torch.nn.Module):
@@ -1417,6 +1446,9 @@ class ScheduledModule(torch.nn.Module):
         if not (self._model.training and torch.is_grad_enabled()):
             # The model's own mode decides (`model.eval()` on the model itself, not on this
             # module, is evaluation too): outside training, the model runs as it is.
+            if torch.is_grad_enabled() and not self.__dict__.get("_told_eval_with_gradients") \
+                    and any(p.requires_grad for p in self._model.parameters()):
+                self._tell_once("eval_with_gradients", _EVAL_WITH_GRADIENTS)
             return self._call_model(*args, **kwargs)
         if torch._C._are_functorch_transforms_active():
             return self._under_torch_func(*args, **kwargs)

@@ -98,3 +98,65 @@ def test_random_functions_train_like_eager_under_random_schedules_at_two_shapes(
         errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), (x,), {},
                               lambda out: out, tolerance=1e-30)
         assert errors == {}, f"not bitwise equal to eager at {rows} rows: {errors}"
+
+
+_EDITED_FUNCTION = '''
+import torch
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+{body}
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+'''
+
+_TRAIN_WITH_A_CACHE = '''
+import json, sys, torch, remat_ir
+from remat_ir.runtimes.memory import measure_peak
+sys.path.insert(0, {here!r})
+from edited_function import Scale
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = Scale.apply(torch.tanh(layer(x)))
+        return x.pow(2).mean()
+
+torch.manual_seed(0)
+model, x = Model(), torch.randn(64, 32)
+scheduled = remat_ir.remat(model, (x,), budget="97%", cache_dir={cache!r})
+scheduled(x).backward()
+model.zero_grad(set_to_none=True)
+print(json.dumps([measure_peak(lambda: scheduled(x).backward(), "cpu").peak_bytes,
+                  scheduled.schedule.budget_bytes]))
+'''
+
+
+def test_a_function_edited_between_processes_is_profiled_again_not_taken_from_the_cache(tmp_path):
+    """A Function whose forward gained a large temporary between two processes sharing a
+    plan cache kept its op's name, so the second process took the graph profiled for the
+    first: measured 13.8x its byte budget (found by a review). The op's name holds a
+    digest of the Function's code."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(_TRAIN_WITH_A_CACHE).format(here=str(tmp_path), cache=str(tmp_path / "cache"))
+    bodies = ["        y = x * 2",
+              "        t = x.repeat(64, 1)\n        y = t.view(64, *x.shape).mean(0) * 2"]
+    for body in bodies:
+        (tmp_path / "edited_function.py").write_text(_EDITED_FUNCTION.format(body=body))
+        done = subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        peak, budget = json.loads(done.stdout.splitlines()[-1])
+        assert peak <= budget, (body, peak, budget)
+    assert len(list((tmp_path / "cache").glob("*/graph.rir"))) == 2

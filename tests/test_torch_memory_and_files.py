@@ -248,3 +248,26 @@ def test_keyword_inputs_in_any_order():
     a = loss_of(scheduled(**kwargs)).detach()
     torch.manual_seed(3)
     assert torch.equal(loss_of(scheduled(**reordered)).detach(), a)
+
+
+def test_a_call_planning_inside_the_users_profiler_is_refused_and_the_session_kept():
+    """A call that meets a new input signature measures its ops' memory with a profiler
+    session of remat-ir's: inside the user's, that ended the user's session (its profile
+    came back without events) and measured 0 bytes, silently (found by a review)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from remat_ir.runtimes.memory import ProfilerActive
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    scheduled = remat_ir.remat(model, (torch.randn(4, 8),), cache_dir=False)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.randn(32, 32).mm(torch.randn(32, 32))
+        with pytest.raises(ProfilerActive, match=r"^planning this call's new input signature .*a profiler "
+                                                 r"session is active.*call the model on such a batch once "
+                                                 r"before profiling$"):
+            scheduled(torch.randn(6, 8))
+        with pytest.raises(ProfilerActive):
+            measure_peak(lambda: torch.randn(8), "cpu")
+        scheduled(torch.randn(4, 8)).sum().backward()   # a planned signature runs as usual
+    assert "aten::mm" in {event.key for event in prof.key_averages()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -272,6 +273,22 @@ def test_plan_cache_refuses_another_graph_under_the_key(tmp_path, capsys, monkey
     assert len(again.graph.proto.nodes) == len(bigger.graph.proto.nodes)
 
 
+def test_plan_cache_refuses_a_plan_made_for_another_budget_under_the_key(tmp_path, capsys):
+    """A plan file copied under another budget's key (a stale or mixed-up entry) was taken
+    because it fit its own budget: 1.27x the budget asked (found by a review)."""
+    model, _, kwargs, _ = gpt2(n_layer=1)
+    remat_ir.remat(model, kwargs, budget="95%", cost_model="flops", cache_dir=tmp_path)
+    (larger,) = tmp_path.glob("*/*.plan")
+    asked = remat_ir.remat(model, kwargs, budget="75%", cost_model="flops", cache_dir=tmp_path)
+    (smaller,) = set(tmp_path.glob("*/*.plan")) - {larger}
+    smaller.write_bytes(larger.read_bytes())
+    capsys.readouterr()
+    again = remat_ir.remat(model, kwargs, budget="75%", cost_model="flops", cache_dir=tmp_path)
+    assert "it was planned for a budget of" in capsys.readouterr().err
+    assert again.schedule.budget_bytes == asked.schedule.budget_bytes
+    assert again.schedule.predicted_peak_bytes <= asked.schedule.budget_bytes
+
+
 class _Pair(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -356,6 +373,69 @@ def test_a_call_with_deterministic_algorithms_toggled_is_planned_again(capsys):
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
     assert notices == ["remat-ir: new input signature (torch.use_deterministic_algorithms is on, lowered "
                        "with it off): lowering and planning again (plan 2, at most 8 kept)"]
+
+
+class _Convolutions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(8, 8, 5, padding=2) for _ in range(4))
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return self.head(x.mean((2, 3))).pow(2).mean()
+
+
+@contextlib.contextmanager
+def _cpu_kernels(onednn: bool, threads: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.backends.mkldnn.flags(enabled=onednn):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("lowered, called, cached, budget", [
+    ((True, 2), (False, 2), False, "97%"), ((True, 1), (True, 2), False, "85%"),
+    ((True, 2), (False, 2), True, "97%")],
+    ids=["onednn-off", "more-threads", "onednn-off-cached"])
+def test_a_plan_holds_its_budget_under_the_cpu_kernels_a_call_runs(lowered, called, cached, budget, tmp_path,
+                                                                   capsys):
+    """oneDNN's convolutions take workspaces that depend on whether it is on and on the
+    thread count. A plan made under one setting ran under another with the memory
+    profiling measured under the first: four convolutions took 4.1x their byte budget with
+    oneDNN off, 1.14x planned with one thread and run with two, in one process and through
+    the plan cache (found by a review). The setting is part of a call's signature and of the
+    graph's fingerprint (the cache's key): such a call is profiled and planned again."""
+    from remat_ir.runtimes.memory import measure_peak
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16, 16)
+    model = _Convolutions()
+    eager = copy.deepcopy(model)
+    cache = tmp_path if cached else False
+    with _cpu_kernels(*lowered):
+        scheduled = remat_ir.remat(model, (x,), budget=budget, cache_dir=cache)
+    with _cpu_kernels(*called):
+        if cached:   # another process, the same cache
+            scheduled = remat_ir.remat(model, (x,), budget=budget, cache_dir=cache)
+            assert len(list(tmp_path.glob("*/graph.rir"))) == 2
+        loss_e, loss_s = eager(x), scheduled(x)
+        loss_e.backward(), loss_s.backward()
+        assert torch.equal(loss_e, loss_s)
+        for p_e, p_s in zip(eager.parameters(), model.parameters()):
+            assert torch.equal(p_e.grad, p_s.grad)
+        model.zero_grad(set_to_none=True)
+        peak = measure_peak(lambda: scheduled(x).backward(), "cpu").peak_bytes
+    assert peak <= scheduled.schedule.budget_bytes
+    if not cached:
+        onednn, threads = called
+        said = f"oneDNN {'on' if onednn else 'off'}, {threads} thread{'s' * (threads > 1)}"
+        assert f"remat-ir: new input signature (CPU kernels run with {said}, lowered and profiled " \
+               f"with oneDNN on, {lowered[1]} thread" in capsys.readouterr().err
 
 
 class _TinyEncoder(torch.nn.Module):
@@ -833,3 +913,25 @@ def test_gradients_sharing_a_storage_are_separate_grads_as_in_eager(solver, grou
     assert len(storages) == 4
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         assert torch.equal(p.grad, q.grad), name
+
+
+def test_a_call_in_eval_mode_with_gradients_on_says_once_that_it_runs_without_a_plan(capsys):
+    """In eval mode a call runs the model as it is; with gradients on, a backward through
+    it took eager's memory, past the budget, and nothing said so (fine-tuning in eval mode
+    to turn dropout off; found by a review). Evaluation under no_grad says nothing."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1))
+    x = torch.randn(64, 8)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    capsys.readouterr()
+    model.eval()
+    with torch.no_grad():
+        scheduled(x)
+    assert "remat-ir" not in capsys.readouterr().err
+    eager = copy.deepcopy(model)
+    for _ in range(2):
+        out_e, out_s = eager(x), scheduled(x)
+        assert torch.equal(out_e, out_s)
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert len(notices) == 1 and notices[0].startswith(
+        "remat-ir: the model is in eval mode with gradients enabled: calls run the model as it is")

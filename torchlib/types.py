@@ -194,6 +194,22 @@ def sdpa_flags() -> tuple:
             torch._C._get_math_sdp_allow_fp16_bf16_reduction())
 
 
+def cpu_kernels_state() -> str:
+    """Which CPU kernels a step runs, as far as they change its memory: whether oneDNN is
+    on, and the number of threads (oneDNN's convolutions take workspaces that depend on
+    both). Profiling measures what the kernels take under this state, and a plan is made
+    for those bytes: run under another, four convolutions took 4.1x their byte budget
+    (oneDNN off) or 1.14x (one thread planned, two run), silently (found by a review)."""
+    onednn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    threads = torch.get_num_threads()
+    return f"oneDNN {'on' if onednn else 'off'}, {threads} thread{'s' * (threads != 1)}"
+
+
+def cpu_kernels_flags() -> tuple:
+    """What `cpu_kernels_state` describes, as read (a key)."""
+    return torch.backends.mkldnn.enabled, torch.get_num_threads()
+
+
 def autocast_caches(tensor: torch.Tensor) -> bool:
     """Whether autocast's cache would keep `tensor`'s cast for the rest of the block, for
     every reader: a float32 leaf (not a view) that requires a gradient, as eager's
