@@ -1010,7 +1010,15 @@ def _member_lines(graph: Graph, writer: _Writer, node_id: int, node: pb.Node, mo
         lines.append(f"_rng{node_id} = _get_rng()")
     outputs = [_tensor_name(v) for v in node.outputs]
     positions = output_positions(node, op)
-    if positions is None:
+    reused = _reused_buffer(graph, node, op) if mode == "" else None
+    if reused is not None:
+        functional, out_name, laid_out = reused
+        writer.globals[f"{op_global}_f"] = getattr(functional, "_op", functional)
+        rest = [a for a in args if not a.startswith(f"{out_name}=")]
+        lines += [f"if {' and '.join(f'{_tensor_name(v)}.is_contiguous()' for v in laid_out)}:",
+                  f"    {outputs[0]} = {call}", "else:",
+                  f"    {outputs[0]} = {op_global}_f({', '.join(rest)})"]
+    elif positions is None:
         lines.append(f"{outputs[0]} = {call}")
     else:
         lines.append(f"_r = {call}")
@@ -1018,6 +1026,35 @@ def _member_lines(graph: Graph, writer: _Writer, node_id: int, node: pb.Node, mo
             lines.append(f"{name} = _r[{index}]")
         lines.append("del _r")
     return lines
+
+
+def _reused_buffer(graph: Graph, node: pb.Node, op) -> tuple[object, str, list[int]] | None:
+    """For a node buffer reuse made write into a dying input (`frontends/buffer_reuse.py`:
+    a backward op's `out=` overload, flagged mutating): its functional op, the out
+    argument's name, and the values that must be contiguous for the `out=` form to give the
+    functional op's bits: the buffer and every input of the result's shape, as they were
+    traced. Else None. Why: they arrive otherwise where an output's gradient is read as it
+    arrives (a loss reading a softmax output transposed): `_log_softmax_backward_data`
+    written into a transposed buffer gave gradients 0.11 off eager's 0.125 (found by a
+    review); the call then runs the functional op, as eager does."""
+    if not (node.mutating and node.phase == pb.BACKWARD and len(node.outputs) == 1
+            and isinstance(op, torch._ops.OpOverload)):
+        return None
+    outs = [a.name for a in op._schema.arguments if a.is_out]
+    if len(outs) != 1:
+        return None
+    rest = [(a.name, str(a.type)) for a in op._schema.arguments if not a.is_out]
+    packet = op.overloadpacket
+    functional = next((overload for overload in map(lambda name: getattr(packet, name), packet.overloads())
+                       if not overload._schema.is_mutable
+                       and [(a.name, str(a.type)) for a in overload._schema.arguments] == rest), None)
+    buffer = next((decode(kw.value) for kw in node.kwargs if kw.name == outs[0]), None)
+    if functional is None or not isinstance(buffer, TensorRef):
+        return None
+    shape = list(graph.value(node.outputs[0]).shape)
+    laid_out = [buffer.value_id] + [v for v in dict.fromkeys(node.inputs)
+                                    if v != buffer.value_id and list(graph.value(v).shape) == shape]
+    return functional, outs[0], laid_out
 
 
 def _plain_detach(graph: Graph, node: pb.Node) -> bool:

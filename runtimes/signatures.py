@@ -109,13 +109,25 @@ class Signature:
                     "a tuple, or a dict's keys in another order)")
         return "nothing differs"
 
-    def same_but_device(self, other: "Signature") -> bool:
-        return dataclasses.replace(self, device=other.device) == other
+    def same_but_where(self, other: "Signature") -> bool:
+        """The same but for where the call runs: the device, and on CPU the thread count.
+        Both change the memory the kernels take, not their bits, so a graph without a
+        planner (an IR file, a saved module's) runs there with the plan it has; one with a
+        planner plans again. oneDNN on or off is compared: it changes an LSTM's bits."""
+        if self.device != other.device:
+            return dataclasses.replace(self, device=other.device, cpu_kernels=other.cpu_kernels) == other
+        return dataclasses.replace(self, cpu_kernels=_onednn(self.cpu_kernels)) == \
+            dataclasses.replace(other, cpu_kernels=_onednn(other.cpu_kernels))
 
     def _shown(self) -> dict[str, str]:
         """How messages name each argument: `shown` where the call gave it, else the
         description, shortened (`shortened`: a signature read from a graph has no values)."""
         return {name: shortened(description) for name, description in self.arguments} | dict(self.shown)
+
+
+def _onednn(cpu_kernels: str) -> str:
+    """The oneDNN part of a `cpu_kernels_state()` description ("oneDNN on")."""
+    return cpu_kernels.split(",")[0]
 
 
 #: The longest description of a value a message quotes whole.

@@ -177,3 +177,19 @@ def test_a_call_under_other_attention_kernels_is_planned_for_them(lowered_under,
                               tolerance=1e-30, forward_context=autocast)
     assert errors == {}
     assert "remat-ir: new input signature (scaled dot product attention may use" in capsys.readouterr().err
+
+
+def test_a_plan_without_a_planner_runs_under_another_thread_count_not_another_onednn_setting():
+    """A graph loaded from a file (no planner to plan again) ran nowhere with another
+    thread count than it was profiled with: the thread count changes oneDNN's workspaces,
+    not its bits. oneDNN on or off does change bits (an LSTM's), so it is compared."""
+    import dataclasses
+
+    x = torch.randn(2, 3)
+    lowered = dataclasses.replace(call_signature((x,), {}), cpu_kernels="oneDNN on, 1 thread")
+    for kernels, runs in [("oneDNN on, 4 threads", True), ("oneDNN off, 1 thread", False)]:
+        call = dataclasses.replace(lowered, cpu_kernels=kernels)
+        assert call != lowered
+        assert lowered.same_but_where(call) is runs
+    on_cuda = dataclasses.replace(lowered, device="cuda", cpu_kernels="")
+    assert lowered.same_but_where(on_cuda)

@@ -700,7 +700,10 @@ def test_a_saved_module_with_function_ops_runs_only_where_they_were_lowered(tmp_
     done = subprocess.run([sys.executable, "-c", _LOAD_ELSEWHERE, str(saved)], capture_output=True,
                           text=True, timeout=300, cwd=tests,
                           env={**__import__("os").environ,
-                               "PYTHONPATH": f"{tests.parent / 'benchmarks'}:{tests}"})
+                               "PYTHONPATH": f"{tests.parent / 'benchmarks'}:{tests}",
+                               # the thread count of this process (a test worker's share):
+                               # under another, the module plans again (`Signature.cpu_kernels`)
+                               "OMP_NUM_THREADS": str(torch.get_num_threads())})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:3] == ["refused before lowering", "refused beside another "
                                            "constant's op", "ran where lowered"], done.stdout
