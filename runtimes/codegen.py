@@ -1049,8 +1049,8 @@ def _reused_buffer(graph: Graph, node: pb.Node, op) -> tuple[object, str, list[i
                        if not overload._schema.is_mutable
                        and [(a.name, str(a.type)) for a in overload._schema.arguments] == rest), None)
     buffer = next((decode(kw.value) for kw in node.kwargs if kw.name == outs[0]), None)
-    if functional is None or not isinstance(buffer, TensorRef):
-        return None
+    if functional is None or not isinstance(buffer, TensorRef) or set(graph.users(buffer.value_id)) != {node.id}:
+        return None   # not reuse's: a buffer read after it needs the write, whatever its layout
     shape = list(graph.value(node.outputs[0]).shape)
     laid_out = [buffer.value_id] + [v for v in dict.fromkeys(node.inputs)
                                     if v != buffer.value_id and list(graph.value(v).shape) == shape]
