@@ -25,6 +25,7 @@ altogether.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -473,6 +474,21 @@ def _check_saved_tensor_hooks(model: str, entered: list[tuple[str, bool]]) -> No
         warnings.warn(f"{model}'s forward enters torch.autograd.graph.save_on_cpu at {entered[0][0]}, "
                       f"which moves nothing of what a remat-ir step keeps (its gradients are "
                       f"eager's): {INSTEAD}", stacklevel=7)
+
+
+def _name_namedtuples(spec) -> None:
+    """Give each namedtuple class in `spec` torch's serialized pytree name for it, its
+    qualified name, where it has none: pytree takes namedtuples apart by itself, but
+    cannot store a spec holding one without that name, and a model returning a
+    namedtuple was refused. (A saved graph's spec then names the class; a process where
+    no model registered it takes the outputs flat, as for any class it cannot load.)"""
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        cls = node.context if node.type is collections.namedtuple else None
+        if isinstance(cls, type) and cls not in pytree.SUPPORTED_SERIALIZED_TYPES:
+            pytree._register_namedtuple(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+        stack.extend(node.children())
 
 
 def _unnamed_output_class(model: str, spec) -> str:
@@ -993,6 +1009,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # How user inputs flatten (PlainAOTInput indices count these leaves) and outputs nest.
     for key, spec in (("torch.in_spec", exported.call_spec.in_spec),
                       ("torch.out_spec", exported.call_spec.out_spec)):
+        _name_namedtuples(spec)
         try:
             graph.proto.metadata[key] = pytree.treespec_dumps(spec)
         except Exception:  # a class without a serialized pytree name

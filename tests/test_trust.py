@@ -840,6 +840,29 @@ def test_an_output_class_without_a_serialized_pytree_name_is_refused_saying_how_
         _remat(Unnamed(), (torch.randn(3, 4),))
 
 
+_Pair = __import__("collections").namedtuple("_Pair", "logits hidden")
+
+
+def test_a_namedtuple_output_trains_like_eager():
+    """A namedtuple, which torch's pytree takes apart by itself but cannot store without
+    a serialized name, was refused with advice for other classes (found by a review)."""
+    class Returning(_Sampled):
+        def forward(self, x):
+            hidden = torch.tanh(self.linear(x))
+            return _Pair(hidden * 2, hidden)
+
+    torch.manual_seed(0)
+    model, x = Returning(), torch.randn(3, 4)
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    out_e, out_s = eager(x), scheduled(x)
+    assert type(out_s) is _Pair and torch.equal(out_e.logits, out_s.logits)
+    for out in (out_e, out_s):
+        (out.logits.square().mean() + out.hidden.mean()).backward()
+    for p_e, p_s in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(p_e.grad, p_s.grad)
+
+
 def test_an_output_class_registered_without_key_paths_trains_like_eager():
     """Naming the outputs asked for their key paths, which such a class has not: diffusers'
     UNet2DModel and DiT raised "Did not find a flatten_with_keys_fn" out of `remat`."""
