@@ -40,6 +40,7 @@ from remat_ir.ir.arguments import TensorRef, encode
 from remat_ir.ir.gradient_sums import handed_sums
 from remat_ir.ir.rng import contiguous_strides
 
+from remat_ir.torchlib.overloads import out_overload
 from remat_ir.torchlib.types import op_name, resolve_op
 
 #: Ops whose `out=` overload may be given one of the inputs (same shape and dtype, contiguous)
@@ -58,21 +59,6 @@ REUSING_OPS = frozenset({
     "aten.silu_backward.default", "aten.gelu_backward.default", "aten.tanh_backward.default",
     "aten.sigmoid_backward.default", "aten.threshold_backward.default",
 })
-
-
-def out_overload(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str] | None:
-    """The `out=` overload of a functional op and the name of its one out argument, or None:
-    the overload of the same packet whose other arguments are the functional op's."""
-    arguments = [(a.name, str(a.type)) for a in op._schema.arguments]
-    packet = op.overloadpacket
-    for name in packet.overloads():
-        overload = getattr(packet, name)
-        schema = overload._schema
-        outs = [a.name for a in schema.arguments if a.is_out]
-        rest = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
-        if len(outs) == 1 and rest == arguments:
-            return overload, outs[0]
-    return None
 
 
 def _whole_contiguous(graph: Graph, value: pb.Value) -> bool:

@@ -47,6 +47,7 @@ from remat_ir.ir.memory import allocated_bytes, is_view, snapshot_buffers
 
 from remat_ir.ir.rng import plan_rng
 
+from remat_ir.torchlib.overloads import functional_overload
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument, torch_dtype
 
 from .compiled import EAGER_OPS, Region, check_backend, output_positions
@@ -1040,21 +1041,17 @@ def _reused_buffer(graph: Graph, node: pb.Node, op) -> tuple[object, str, list[i
     if not (node.mutating and node.phase == pb.BACKWARD and len(node.outputs) == 1
             and isinstance(op, torch._ops.OpOverload)):
         return None
-    outs = [a.name for a in op._schema.arguments if a.is_out]
-    if len(outs) != 1:
+    found = functional_overload(op)
+    if found is None:
         return None
-    rest = [(a.name, str(a.type)) for a in op._schema.arguments if not a.is_out]
-    packet = op.overloadpacket
-    functional = next((overload for overload in map(lambda name: getattr(packet, name), packet.overloads())
-                       if not overload._schema.is_mutable
-                       and [(a.name, str(a.type)) for a in overload._schema.arguments] == rest), None)
-    buffer = next((decode(kw.value) for kw in node.kwargs if kw.name == outs[0]), None)
-    if functional is None or not isinstance(buffer, TensorRef) or set(graph.users(buffer.value_id)) != {node.id}:
+    functional, out_name = found
+    buffer = next((decode(kw.value) for kw in node.kwargs if kw.name == out_name), None)
+    if not isinstance(buffer, TensorRef) or set(graph.users(buffer.value_id)) != {node.id}:
         return None   # not reuse's: a buffer read after it needs the write, whatever its layout
     shape = list(graph.value(node.outputs[0]).shape)
     laid_out = [buffer.value_id] + [v for v in dict.fromkeys(node.inputs)
                                     if v != buffer.value_id and list(graph.value(v).shape) == shape]
-    return functional, outs[0], laid_out
+    return functional, out_name, laid_out
 
 
 def _plain_detach(graph: Graph, node: pb.Node) -> bool:

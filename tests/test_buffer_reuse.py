@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remat_ir.frontends.buffer_reuse import REUSING_OPS, out_overload
+from remat_ir.frontends.buffer_reuse import REUSING_OPS
+from remat_ir.torchlib.overloads import functional_overload, out_overload
 from remat_ir.frontends.torch import lower
 from remat_ir.ir import pb, simulate, store_all
 from remat_ir.torchlib.types import resolve_op
@@ -62,6 +63,8 @@ def test_every_reusing_op_has_an_out_overload_taking_the_same_arguments():
         assert found is not None, f"{name} has no out= overload with its arguments"
         overload, out_name = found
         assert any(a.is_out and a.name == out_name for a in overload._schema.arguments)
+        # and back: the runtime runs the functional op where the buffer is laid out otherwise
+        assert functional_overload(overload) == (resolve_op(name), out_name)
 
 
 def test_the_cases_cover_every_reusing_op():
