@@ -532,6 +532,21 @@ def _layer_branch_hint(inside: str) -> str:
                 "module, on what the forward returns")
 
 
+def _looping_experts(tb) -> str | None:
+    """The class name of a transformers mixture-of-experts module whose forward is in the
+    traceback `tb`, running the "eager" implementation (a loop over the experts hit,
+    refused as a branch on tensor data with advice that did not fit: found by a review),
+    else None."""
+    while tb is not None:
+        module = tb.tb_frame.f_locals.get("self")
+        if (isinstance(module, torch.nn.Module) and type(module).__module__.startswith("transformers.")
+                and type(module).__name__.endswith("Experts")
+                and getattr(getattr(module, "config", None), "_experts_implementation", "eager") == "eager"):
+            return type(module).__name__
+        tb = tb.tb_next
+    return None
+
+
 def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
     """torch.export's error as one LoweringError: what, where, what to do. A branch on
     tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
@@ -569,6 +584,13 @@ def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
         elif drawn_branch(frames):
             return LoweringError(f"torch.export could not trace {model}: its forward branches on "
                                  f"a random draw at {where}: {RANDOM_BRANCH_HINT}")
+        elif (experts := _looping_experts(exc.__traceback__)) is not None:
+            return LoweringError(
+                f"torch.export could not trace {model}: {experts} at {where} runs transformers' "
+                f"\"eager\" experts implementation, which loops over the experts the router "
+                f"picked, a number read from tensor data. Pick one that computes every expert "
+                f"without that loop before remat: model.set_experts_implementation(\"grouped_mm\") "
+                f"(or \"batched_mm\")")
         return LoweringError(
             f"torch.export could not trace {model}: its forward branches on a value computed "
             f"from tensor data ({text.splitlines()[0].strip()}) at {where}. remat-ir lowers one "

@@ -4620,3 +4620,31 @@ def test_a_forward_hook_storing_activations_outside_the_model_is_refused_naming_
             _remat(model, (torch.randn(3, 4),))
     finally:
         _FEATURES.clear()
+
+
+def test_transformers_looping_experts_are_refused_naming_the_implementation_that_lowers():
+    """A mixture of experts in transformers' "eager" implementation loops over the experts
+    the router picked: refused as a branch on tensor data with advice for labels (found by
+    a review). The refusal names `set_experts_implementation`, and the model then lowers."""
+    import transformers
+
+    config = transformers.MixtralConfig(vocab_size=32, hidden_size=16, intermediate_size=24,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        num_local_experts=4, num_experts_per_tok=1, use_cache=False)
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    ids = torch.randint(0, 32, (2, 4))
+    batch = dict(input_ids=ids, labels=ids)
+    with pytest.raises(LoweringError, match=r"MixtralExperts at .*modeling_mixtral.py:\d+ in forward runs "
+                                            r"transformers' \"eager\" experts implementation.*"
+                                            r"set_experts_implementation\(\"grouped_mm\"\)"):
+        _remat(model, batch)
+    model.set_experts_implementation("grouped_mm")
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, batch, solver="recompute-all")
+    torch.manual_seed(1)
+    loss_e = eager(**batch).loss
+    torch.manual_seed(1)
+    loss_s = scheduled(**batch).loss
+    assert torch.equal(loss_e, loss_s)
