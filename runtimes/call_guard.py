@@ -20,10 +20,13 @@ buffers, the call's inputs, and models sharded by FSDP2."""
 
 from __future__ import annotations
 
+import ast
 import keyword
 import sys
 
 import torch
+
+from remat_ir.torchlib.described_values import DESCRIBED, described
 
 from .traced_reads import (_ANY_OF, _MISSING, TracedReads, _is_length, _same, _unchanged, global_part,
                            items_same)
@@ -80,11 +83,45 @@ class _Source:
     def same(self, value: str, lowered, depth: int = 2) -> None:
         """Fail unless `value` is `lowered` by `traced_reads._same` (the type first, so
         that `!=` compares values of the recorded type only)."""
-        if isinstance(lowered, dict):   # one of several values
+        strings = _set_of_strings(lowered)
+        if strings is not None:
+            # Equal sets whose items are all `str` are described alike, and no other value
+            # is described as a set. `_non_persistent_buffers_set`, which every module's
+            # forward reads, was half of the quick ResNet's guard through `described`.
+            kind, items = strings
+            if not items:
+                self.line(f"if type({value}) is not {kind.__name__} or {value}: return None", depth)
+            else:
+                self.line(f"if type({value}) is not {kind.__name__} or {value} != {self.constant(items)} or "
+                          f"not all(type(x) is str for x in {value}): return None", depth)
+        elif isinstance(lowered, dict):   # one of several values
             self.line(f"if not SAME({value}, {self.constant(lowered)}): return None", depth)
         else:
             self.line(f"if type({value}) is not {self.constant(type(lowered))} or "
                       f"{value} != {self.constant(lowered)}: return None", depth)
+
+
+def _set_of_strings(lowered) -> tuple[type, frozenset] | None:
+    """(set or frozenset, its items) where `lowered` records such a set of `str` items by
+    its description (`described`), else None; read back from the text and kept only where
+    describing it again gives the very text."""
+    if not (isinstance(lowered, dict) and set(lowered) == {DESCRIBED} and isinstance(lowered[DESCRIBED], str)):
+        return None
+    text = lowered[DESCRIBED]
+    for kind in (set, frozenset):
+        head = f"{kind.__qualname__}({{"
+        if text.startswith(head) and text.endswith("})"):
+            inside = text[len(head) - 1:-1]
+            try:
+                items = ast.literal_eval(inside) if inside != "{}" else set()
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return None
+            if not isinstance(items, set) or not all(type(item) is str for item in items):
+                return None
+            if described(kind(items)) != text:
+                return None
+            return kind, frozenset(items)
+    return None
 
 
 def _callables(src: _Source, reads: TracedReads, kinds: dict[str, type]) -> None:

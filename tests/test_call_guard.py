@@ -33,6 +33,10 @@ class _Kind(enum.Enum):
     B = 2
 
 
+class _Str(str):
+    """A flag that is equal to, and hashes as, the `str` it holds."""
+
+
 class _Block(torch.nn.Module):
     K = 1.0   # read as type(self).K
 
@@ -49,6 +53,7 @@ class _Block(torch.nn.Module):
         self.by_kind = {_Kind.A: 1.0, _Kind.B: 2.0}
         self.nested = {"inner": {"t": 1.0}, "rows": [[1.0], [2.0, 3.0]]}
         self.register_buffer("gain", None)   # optional, set later
+        self.flags = {"boost"}
 
     def forward(self, x):
         h = self.bn(self.lin(x))
@@ -59,6 +64,8 @@ class _Block(torch.nn.Module):
         h = self.leaky(h) * self.cfg["scale"] + self.steps[1] * self.ns.shift * type(self).K
         if self.kind is _Kind.B:
             h = h * 2.0
+        if "boost" in self.flags:
+            h = h * 1.5
         for row in self.nested["rows"]:
             h = h * sum(row) * self.nested["inner"]["t"]
         return _shift(h) * self.temperature * self.by_kind[_Kind.A] + self.eps
@@ -111,6 +118,12 @@ def _changes(m: _Net) -> dict:
         "numpy scalar to an equal float": lambda: setattr(b1, "temperature", 1.0),
         "item of an enum key changed": lambda: b0.by_kind.__setitem__(_Kind.A, 4.0),
         "item of another enum key changed": lambda: b1.by_kind.__setitem__(_Kind.B, 4.0),
+        "set equal, a new set": lambda: setattr(b0, "flags", {"boost"}),
+        "set emptied": lambda: b0.flags.clear(),
+        "set grown": lambda: b1.flags.add("other"),
+        "set to an equal frozenset": lambda: setattr(b1, "flags", frozenset({"boost"})),
+        "set holding a str subclass": lambda: setattr(b0, "flags", {_Str("boost")}),
+        "buffer made non-persistent": lambda: b0.bn._non_persistent_buffers_set.add("running_mean"),
         "dict item changed": lambda: b0.cfg.__setitem__("scale", 3.0),
         "dict item removed": lambda: b1.cfg.pop("on", None),
         "dict key added": lambda: b1.cfg.__setitem__("unread", 1),
