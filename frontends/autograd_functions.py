@@ -59,8 +59,9 @@ from torch.utils.checkpoint import CheckpointFunction
 from remat_ir.torchlib.callables import code_digest
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast
 
-from .model_lines import model_line
+from .model_lines import is_users_file, model_line
 from .random_ops import draws_random, note_function_op
+from .traced_reads import own_methods
 
 #: Ops registered in this process: name -> (Function class, arguments other than
 #: tensors, op, facts).
@@ -135,12 +136,44 @@ _METHODS = ("forward", "setup_context", "backward", "jvp")
 
 
 def _methods_code(cls) -> list[str]:
-    """A digest of each of the Function's methods' code (`callables.code_digest`): a
-    Function edited between two processes (a temporary added to its forward) kept its op's
-    name, so a plan cache handed the second process the graph profiled for the first, and
-    a plan 13.8x over its byte budget (found by a review)."""
-    return [code_digest(code) for name in _METHODS
-            if (code := getattr(getattr(cls, name, None), "__code__", None)) is not None]
+    """A digest of the code the Function runs (`callables.code_digest`): its class's
+    functions (`own_methods`: `forward`, `backward`, the helpers they call as
+    `Scale._helper(x)`) and, transitively, the functions of the user's files that code
+    names as globals. A Function edited between two processes (a temporary added to its
+    forward, or to a helper it calls) kept its op's name, so a plan cache handed the
+    second process the graph profiled for the first, and a plan 13.8x (7.4x through a
+    helper) over its byte budget (found by a review)."""
+    todo = [function for function in own_methods(cls) if is_users_file(function.__code__.co_filename)]
+    todo += [function for name in _METHODS if (function := getattr(cls, name, None)) is not None
+             and isinstance(getattr(function, "__code__", None), types.CodeType)]
+    seen: dict[types.CodeType, str] = {}
+    while todo and len(seen) < _MAX_FUNCTIONS:
+        function = todo.pop()
+        code = function.__code__
+        if code in seen:
+            continue
+        seen[code] = f"{function.__module__}.{function.__qualname__}:{code_digest(code)}"
+        for name in _global_names(code):
+            called = function.__globals__.get(name)
+            if isinstance(called, types.FunctionType) and is_users_file(called.__code__.co_filename):
+                todo.append(called)
+    return sorted(seen.values())
+
+
+#: How many functions a Function's digest follows at most (a helper calling into a large
+#: user library stops there; the op's name is then that of the first ones).
+_MAX_FUNCTIONS = 64
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names `code` (and the code it nests) loads as globals (among `co_names`, which
+    also holds attribute names: looked up in the globals, an attribute is found only where
+    a global has its name, a harmless extra)."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
 
 
 def _op_name(cls, positions: list[int], constants: list) -> str:

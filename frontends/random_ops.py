@@ -21,14 +21,75 @@ def note_function_op(name: str, facts: dict) -> None:
 def draws_random(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     """Whether the op draws from the generator: tagged nondeterministic_seeded, and not an
     attention kernel called with dropout_p=0 (the common case, which draws nothing); a
-    custom Function's op whose forward drew while it was traced."""
+    custom Function's op whose forward drew while it was traced; a user's custom op that
+    drew when run once (`custom_op_draws`). `args`/`kwargs`: the FX node's."""
     facts = _FUNCTION_OPS.get(target._schema.name)
     if facts is not None:
         return facts["draws"]
     if torch.Tag.nondeterministic_seeded not in target.tags:
-        return False
+        return custom_op_draws(target, args, kwargs)
     for i, argument in enumerate(target._schema.arguments):
         if argument.name == "dropout_p":
             p = args[i] if i < len(args) else kwargs.get("dropout_p", argument.default_value)
             return p != 0
     return True
+
+
+#: Namespaces whose ops say whether they draw by their tag: PyTorch's and remat-ir's own.
+_TAGGED_NAMESPACES = frozenset({"aten", "prims", "remat_ir"})
+#: A user's custom op (by its name and the shapes, dtypes and constants of one call) ->
+#: whether that call drew from the generator when it ran once.
+_CUSTOM_DRAWS: dict[tuple, bool] = {}
+
+
+def custom_op_draws(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether a user's custom op (`torch.library.custom_op` without the
+    `nondeterministic_seeded` tag: a fused dropout written as one op) draws from the
+    generator: it runs once on placeholder inputs of the traced call's shapes, and draws if
+    the default generator of its inputs' device moved. Taken as deterministic, such an op
+    was recomputed in the backward drawing new numbers: gradients 6e-3 off eager's and the
+    generator elsewhere after the step, silently (found by a review). `args`/`kwargs`: the
+    FX node's, whose tensors are nodes holding their fake value in `meta["val"]`. The
+    user's generator is left as it was; a call that raises counts as drawing (then
+    replayed where recomputed, which is exact either way)."""
+    if target.namespace in _TAGGED_NAMESPACES or torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    values = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
+    leaves, spec = torch.utils._pytree.tree_flatten(values)
+    key = (target._schema.name, target._overloadname, str(spec),
+           tuple((tuple(v.shape), tuple(v.stride()), v.dtype, str(v.device)) if isinstance(v, torch.Tensor)
+                 else repr(v) for v in leaves))
+    if key not in _CUSTOM_DRAWS:
+        # Lowering walks the graph under export's fake mode: the op must run for real.
+        with torch.utils._python_dispatch._disable_current_modes():
+            _CUSTOM_DRAWS[key] = _drew_once(target, leaves, spec)
+    return _CUSTOM_DRAWS[key]
+
+
+def _drew_once(target, leaves: list, spec) -> bool:
+    placeholder = torch.Generator().manual_seed(0)
+    devices = {v.device for v in leaves if isinstance(v, torch.Tensor)} or {torch.device("cpu")}
+    real = []
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="cpu")
+            if t.is_floating_point() or t.is_complex():
+                t.normal_(generator=placeholder)
+            else:
+                t.zero_()
+            v = t.to(v.device)
+        real.append(v)
+    args, kwargs = torch.utils._pytree.tree_unflatten(real, spec)
+    generators = [torch.default_generator if d.type == "cpu" else torch.cuda.default_generators[d.index or 0]
+                  for d in devices if d.type in ("cpu", "cuda")]
+    before = [g.get_state() for g in generators]
+    try:
+        with torch.no_grad():
+            target(*args, **kwargs)
+        moved = any(not torch.equal(g.get_state(), state) for g, state in zip(generators, before))
+    except Exception:
+        moved = True
+    finally:
+        for g, state in zip(generators, before):
+            g.set_state(state)
+    return moved

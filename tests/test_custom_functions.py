@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -100,7 +102,8 @@ def test_random_functions_train_like_eager_under_random_schedules_at_two_shapes(
         assert errors == {}, f"not bitwise equal to eager at {rows} rows: {errors}"
 
 
-_EDITED_FUNCTION = '''
+_EDITED_FUNCTION = {
+    "in its forward": '''
 import torch
 
 class Scale(torch.autograd.Function):
@@ -112,7 +115,45 @@ class Scale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g * 2
-'''
+''',
+    # the edit in a function of the file that its forward calls
+    "in a helper": '''
+import torch
+
+def _scaled(x):
+    if True:
+{body}
+    return y
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _scaled(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+''',
+    # the edit in another static method of the Function, which its forward calls
+    "in a static method": '''
+import torch
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def _scaled(x):
+        if True:
+{body}
+        return y
+
+    @staticmethod
+    def forward(ctx, x):
+        return Scale._scaled(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+''',
+}
 
 _TRAIN_WITH_A_CACHE = '''
 import json, sys, torch, remat_ir
@@ -140,11 +181,13 @@ print(json.dumps([measure_peak(lambda: scheduled(x).backward(), "cpu").peak_byte
 '''
 
 
-def test_a_function_edited_between_processes_is_profiled_again_not_taken_from_the_cache(tmp_path):
+@pytest.mark.parametrize("where", sorted(_EDITED_FUNCTION))
+def test_a_function_edited_between_processes_is_profiled_again_not_taken_from_the_cache(tmp_path, where):
     """A Function whose forward gained a large temporary between two processes sharing a
     plan cache kept its op's name, so the second process took the graph profiled for the
     first: measured 13.8x its byte budget (found by a review). The op's name holds a
-    digest of the Function's code."""
+    digest of the Function's code, and of the code it calls: its class's other functions
+    and the functions of the user's files its methods name."""
     import json
     import subprocess
     import sys
@@ -154,7 +197,8 @@ def test_a_function_edited_between_processes_is_profiled_again_not_taken_from_th
     bodies = ["        y = x * 2",
               "        t = x.repeat(64, 1)\n        y = t.view(64, *x.shape).mean(0) * 2"]
     for body in bodies:
-        (tmp_path / "edited_function.py").write_text(_EDITED_FUNCTION.format(body=body))
+        deeper = textwrap.indent(body, "    ") if where == "in a static method" else body
+        (tmp_path / "edited_function.py").write_text(_EDITED_FUNCTION[where].format(body=deeper))
         done = subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         peak, budget = json.loads(done.stdout.splitlines()[-1])

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import remat_ir
 from remat_ir import ir
+from remat_ir.frontends import random_ops
 from remat_ir.frontends.errors import LoweringError
 from remat_ir.frontends.torch import SHAPE_ONLY_RANDOM_OPS, lower
 from remat_ir.lowering import lower_torch
@@ -418,3 +419,71 @@ def test_a_graph_whose_random_flags_were_lost_is_refused_naming_the_node():
     with pytest.raises(RematIRError, match=r"aten.bernoulli.p draws random numbers but node .* is not "
                                                     r"marked random in the graph .* lower the model again"):
         scheduled(x)
+
+
+@torch.library.custom_op("remat_ir_tests::fused_dropout", mutates_args=())
+def _fused_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """A user's fused dropout as one op, without the `nondeterministic_seeded` tag."""
+    return x * (torch.rand_like(x) > p).to(x.dtype) / (1 - p)
+
+
+@_fused_dropout.register_fake
+def _(x, p):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("remat_ir_tests::scaled", mutates_args=())
+def _scaled(x: torch.Tensor, s: float) -> torch.Tensor:
+    """A deterministic custom op."""
+    return x * s
+
+
+@_scaled.register_fake
+def _(x, s):
+    return torch.empty_like(x)
+
+
+def _save_output(ctx, inputs, output):
+    ctx.p = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _dropout_backward(ctx, g):
+    y, = ctx.saved_tensors
+    return g * (y != 0).to(g.dtype) / (1 - ctx.p), None
+
+
+_fused_dropout.register_autograd(_dropout_backward, setup_context=_save_output)
+_scaled.register_autograd(lambda ctx, g: (g * 2.0, None), setup_context=lambda ctx, inputs, output: None)
+
+
+class _CustomOps(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            h = layer(x)
+            x = torch.tanh(_fused_dropout(_scaled(h, 2.0), 0.3)) * h + x
+        return x
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_a_custom_op_drawing_random_numbers_is_replayed_where_recomputed(solver):
+    """A user's `torch.library.custom_op` that draws (a fused dropout) without the
+    `nondeterministic_seeded` tag was taken as deterministic, and a plan recomputing it in
+    the backward drew another mask: gradients 6e-3 off eager's, the generator elsewhere,
+    silently (found by a review). It is found drawing by running it once; a deterministic
+    one is not marked random."""
+    x, model = torch.randn(8, 16), _CustomOps()
+    random_ops._CUSTOM_DRAWS.clear()   # each op runs once per process: here
+    state = torch.get_rng_state()
+    graph = lower_torch(model, (x,), cost_model="flops")
+    assert torch.equal(torch.get_rng_state(), state), "lowering moved the user's generator"
+    random = {node.op.split(".")[1]: node.random for node in graph.proto.nodes
+              if node.op.startswith("remat_ir_tests.")}
+    assert random == {"fused_dropout": True, "scaled": False}, random
+    errors = side_by_side(_CustomOps(), lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops"),
+                          (x,), {}, lambda y: y.square().sum())
+    assert errors == {}
