@@ -186,8 +186,9 @@ def test_a_plan_without_a_planner_runs_under_another_thread_count_not_another_on
     import dataclasses
 
     x = torch.randn(2, 3)
-    lowered = dataclasses.replace(call_signature((x,), {}), cpu_kernels="oneDNN on, 1 thread")
-    for kernels, runs in [("oneDNN on, 4 threads", True), ("oneDNN off, 1 thread", False)]:
+    lowered = dataclasses.replace(call_signature((x,), {}), cpu_kernels="oneDNN on, NNPACK on, 1 thread")
+    for kernels, runs in [("oneDNN on, NNPACK on, 4 threads", True), ("oneDNN on, NNPACK off, 1 thread", True),
+                          ("oneDNN off, NNPACK on, 1 thread", False)]:
         call = dataclasses.replace(lowered, cpu_kernels=kernels)
         assert call != lowered
         assert lowered.same_but_where(call) is runs

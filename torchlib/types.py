@@ -196,18 +196,22 @@ def sdpa_flags() -> tuple:
 
 def cpu_kernels_state() -> str:
     """Which CPU kernels a step runs, as far as they change its memory: whether oneDNN is
-    on, and the number of threads (oneDNN's convolutions take workspaces that depend on
-    both). Profiling measures what the kernels take under this state, and a plan is made
-    for those bytes: run under another, four convolutions took 4.1x their byte budget
-    (oneDNN off) or 1.14x (one thread planned, two run), silently (found by a review)."""
+    on, whether NNPACK is (the convolutions oneDNN does not take), and the number of
+    threads (oneDNN's convolutions take workspaces that depend on both). Profiling
+    measures what the kernels take under this state, and a plan is made for those bytes:
+    run under another, four convolutions took 4.1x their byte budget (oneDNN off) or
+    1.14x (one thread planned, two run), three 3.27x (NNPACK off, oneDNN off), silently
+    (found by reviews). oneDNN comes first: it alone changes which ops a trace holds."""
     onednn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    nnpack = torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()
     threads = torch.get_num_threads()
-    return f"oneDNN {'on' if onednn else 'off'}, {threads} thread{'s' * (threads != 1)}"
+    return (f"oneDNN {'on' if onednn else 'off'}, NNPACK {'on' if nnpack else 'off'}, "
+            f"{threads} thread{'s' * (threads != 1)}")
 
 
 def cpu_kernels_flags() -> tuple:
     """What `cpu_kernels_state` describes, as read (a key)."""
-    return torch.backends.mkldnn.enabled, torch.get_num_threads()
+    return torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled(), torch.get_num_threads()
 
 
 def autocast_caches(tensor: torch.Tensor) -> bool:
