@@ -142,7 +142,7 @@ def _on_host_where_read_there(node: pb.Node, op, args: list, kwargs: dict) -> No
             kwargs[argument.name] = kwargs[argument.name].cpu()
 
 
-def _call_args(graph: Graph, node: pb.Node, tensors: dict[int, torch.Tensor], device):
+def call_args(graph: Graph, node: pb.Node, tensors: dict[int, torch.Tensor], device):
     def tensor(ref: TensorRef):
         return tensors[ref.value_id]
     args = [to_torch_argument(decode(a), tensor, device) for a in node.args]
@@ -174,7 +174,7 @@ def _analytic(graph: Graph, node: pb.Node, device: torch.device) -> tuple[float,
         op = resolve_op(node.op)
         meta = torch.device("meta")
         tensors = {v: empty_tensor(graph.value(v), meta) for v in node.inputs}
-        args, kwargs = _call_args(graph, node, tensors, meta)
+        args, kwargs = call_args(graph, node, tensors, meta)
         with FlopCounterMode(display=False) as counter:
             op(*args, **kwargs)
         flops = float(counter.get_total_flops())
@@ -230,7 +230,7 @@ def priced_for(graph: Graph, device_type: str) -> Graph:
     return graph
 
 
-def _output_tensors(node: pb.Node, result) -> list:
+def output_tensors(node: pb.Node, result) -> list:
     """The op's result per `node.outputs` position, as the runtime binds them
     (`output_indices` pick from a tuple result; without them a lone output is the result)."""
     if not node.output_indices and len(node.outputs) == 1 and isinstance(result, torch.Tensor):
@@ -242,7 +242,7 @@ def _output_tensors(node: pb.Node, result) -> list:
 def _real_storage_bytes(node: pb.Node, result, positions: list[int]) -> int:
     """Bytes the real kernel's storage holds for the outputs at `positions` (0 if unknown)."""
     try:
-        outputs = _output_tensors(node, result)
+        outputs = output_tensors(node, result)
         return max(outputs[p].untyped_storage().nbytes() for p in positions)
     except (IndexError, TypeError, AttributeError, RuntimeError, NotImplementedError):
         return 0
@@ -254,7 +254,7 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device,
     order): the workspace is the op's allocation peak beyond its outputs' storages."""
     op = resolve_op(node.op)
     tensors = {v: _make_tensor(graph, graph.value(v), device) for v in node.inputs}
-    args, kwargs = _call_args(graph, node, tensors, device)
+    args, kwargs = call_args(graph, node, tensors, device)
     _on_host_where_read_there(node, op, args, kwargs)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
     measured = measure_peak(lambda: op(*args, **kwargs), device)

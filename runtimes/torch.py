@@ -43,10 +43,10 @@ from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import INSTEAD, active_pack_hook, hook_name, is_save_on_cpu
-from remat_ir.torchlib.types import constant_tensor, describe_layout, overlaps, same_layout, torch_dtype
+from remat_ir.torchlib.types import constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout, torch_dtype
 from remat_ir.torchlib.value_guards import ValueGuards
 
-from . import autocast_anchors
+from . import autocast_anchors, backward_settings
 from .call_guard import CallGuard
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, generate, resident_order, segments_without_autocast
@@ -102,6 +102,9 @@ class _Step:
         owned = sharding.owned if sharding is not None else set()
         self.versions = [(slot, self.resident[slot]._version) for slot in runner.read_in_backward
                          if slot not in owned and self.resident[slot] is resident[slot]]
+        #: The CPU kernels' setting the forward ran under, where the backward computes
+        #: forward nodes (`backward_settings`).
+        self.kernels = cpu_kernels_flags() if self.device.type == "cpu" and runner.forward_in_backward else None
         self.segment = None     # the backward generator, once started
         self.unused: set[int] = set()   # user outputs the loss gave no gradient
         self.yielded = 0        # groups the generator has yielded
@@ -115,6 +118,7 @@ class _Step:
         for slot, version in self.versions:
             if self.resident[slot]._version != version:
                 raise self._written_since(slot)
+        backward_settings.check(self.runner.graph, self.device, self.kernels, self.runner.backward_casts)
         self.unused = unused
         stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
         step_units = self.sharding.step_units if self.sharding is not None else None
@@ -411,6 +415,14 @@ class _Runner:
         self.forward_fn, self.backward_fn, self.plan = generate(
             graph, schedule, device, gradient_groups=gradient_groups, gathered=gathered,
             backend=backend)
+        #: Whether the backward segment computes forward nodes (again, or first there):
+        #: they run under the backward's CPU kernels (`backward_settings`).
+        forward_nodes = {n.id for n in graph.proto.nodes if n.phase == pb.FORWARD}
+        self.forward_in_backward = any(step.WhichOneof("action") == "compute" and step.compute in forward_nodes
+                                       for step in schedule.steps[schedule.backward_start:])
+        #: `backward_settings.first_cast` per autocast dtype, found at the first backward
+        #: run inside an autocast block.
+        self.backward_casts: dict = {}
         position = {v: i for i, v in enumerate(self.plan.user_outputs)}
         self.outputs_read_positions = [position[v] for v in self.plan.forward_outputs_read_in_backward]
         #: The user outputs whose storage the backward reads (`SegmentPlan`): watched.

@@ -112,7 +112,8 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
-                 model_scale: bool = False, forward_context=contextlib.nullcontext) -> dict[str, float]:
+                 model_scale: bool = False, forward_context=contextlib.nullcontext,
+                 backward_context=contextlib.nullcontext) -> dict[str, float]:
     """Train `model` (a deep copy, eagerly) and `make_scheduled(model)` side by side.
 
     Returns {what: relative error} for every output, gradient and buffer that is not
@@ -127,7 +128,8 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     says nothing about the step; compiled backends are compared this way.
 
     `forward_context()`: entered around each forward and its loss, both sides (autocast;
-    the backward runs outside it, as PyTorch recommends)."""
+    the backward runs outside it, as PyTorch recommends); `backward_context()`: around
+    each backward."""
     try:
         eager = copy.deepcopy(model)
     except RuntimeError:   # one PyTorch cannot copy (hook-based weight_norm): remat-ir's verdict first
@@ -151,7 +153,8 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         with forward_context():
             out_e = eager(*args, **kwargs)
             loss_e = loss_of(out_e)
-        loss_e.backward()
+        with backward_context():
+            loss_e.backward()
         state_e = _generator_states()
         input_grads_e = [t.grad for t in leaves]
         for t in leaves:
@@ -160,7 +163,8 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         with forward_context():
             out_s = scheduled(*args, **kwargs)
             loss_s = loss_of(out_s)
-        loss_s.backward()
+        with backward_context():
+            loss_s.backward()
         state_s = _generator_states()
         for i, (t, g_e) in enumerate(zip(leaves, input_grads_e)):
             assert (g_e is None) == (t.grad is None), f"step {step}: gradient of input {i}"

@@ -401,3 +401,48 @@ def test_a_bilinear_under_autocast_is_refused_with_the_way_out():
     errors = side_by_side(_Pairs(off=True), make, (x,), {}, lambda loss: loss,
                           forward_context=context)
     assert errors == {}, errors
+
+
+class _WhollyUnderAutocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        return torch.log_softmax(self.b(self.norm(torch.relu(self.a(x)))), -1).float().pow(2).mean()
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+@pytest.mark.parametrize("make, refused", [(_Fp32Region, True), (_WhollyUnderAutocast, False)],
+                         ids=["a-region-with-autocast-off", "wholly-under-autocast"])
+def test_backward_inside_the_autocast_block_trains_like_eager_or_is_refused(make, refused, solver):
+    """Eager's backward called inside the autocast block runs under autocast, which casts
+    the backward ops of a region the forward ran with autocast off (its matmuls in
+    bfloat16); remat-ir's segments run without autocast, so such a step gave gradients
+    1.2e-4 off eager's, silently (found by a review). It is refused before anything is
+    computed, naming the op and the way out; a model whose backward autocast leaves as it
+    is trains as eager's."""
+    from exactness import side_by_side
+    from remat_ir.ir.errors import RematIRError
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    if refused:
+        scheduled = remat_ir.remat(make(), (x,), cost_model="flops", solver=solver)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = scheduled(x)
+            with pytest.raises(RematIRError, match=r"^backward\(\) runs inside torch.autocast\('cpu', "
+                                                   r"dtype=torch.bfloat16\): eager's backward would then run "
+                                                   r"aten\.\w+\.default .*call backward\(\) after the autocast "
+                                                   r"block"):
+                loss.backward()
+        assert all(p.grad is None for p in scheduled.parameters())
+        return
+
+    def inside(m):
+        return remat_ir.remat(m, (x,), cost_model="flops", solver=solver)
+
+    errors = side_by_side(make(), inside, (x,), {}, lambda loss: loss, backward_context=lambda: torch.autocast(
+        "cpu", dtype=torch.bfloat16), forward_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert errors == {}

@@ -1,0 +1,82 @@
+"""What a step's backward checks of the settings it runs under, against its forward's.
+
+remat-ir's backward segment runs the backward ops the trace recorded and the forward ops
+the plan computes again, under the settings of the moment `backward()` is called. Eager's
+backward runs its ops under those settings too, but computes nothing again. Two settings
+change what the segment computes, and a training loop may change them between a forward
+and its backward:
+
+- **autocast**: eager's backward run inside an autocast block has autocast cast its ops
+  (a matmul of a region the forward ran with autocast off, `autocast(enabled=False)`
+  around a router or a loss head, runs in bfloat16); remat-ir's segments run without
+  autocast (the trace holds the forward's casts). Gradients 1.2e-4 off eager's, silently
+  (found by a review). Where autocast would cast none of the segment's backward ops (each
+  already runs in the dtype autocast picks: a model wholly under autocast), both compute
+  the same and the step runs; otherwise it is refused before anything is computed.
+- **the CPU kernels' setting** (`torch.backends.mkldnn.flags` around the forward only):
+  a convolution computed again in the backward ran under the backward's setting, not the
+  forward's (4.7e-9 off, and 1.22x the plan's budget, found by a review). Refused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from remat_ir.ir import Graph, pb
+from remat_ir.ir.errors import RematIRError
+from remat_ir.torchlib.types import cpu_kernels_flags, cpu_kernels_state, empty_tensor, resolve_op, torch_dtype
+
+from .profiling import call_args, output_tensors
+
+
+def check(graph: Graph, device: torch.device, forward_kernels: tuple | None, casts: dict) -> None:
+    """Refuse a backward whose settings make it compute otherwise than eager's would:
+    `forward_kernels`, the `cpu_kernels_flags()` the forward ran under (None off CPU);
+    `casts`, a memo of `first_cast` per autocast dtype, kept by the plan."""
+    if forward_kernels is not None and cpu_kernels_flags() != forward_kernels:
+        raise RematIRError(
+            f"the CPU kernels' setting changed between this step's forward and its backward "
+            f"(now {cpu_kernels_state()}): the plan computes forward values again in the "
+            f"backward, which would run under the backward's setting where eager's forward "
+            f"ran under the forward's, and it was profiled for one setting: call backward() "
+            f"inside the same torch.backends.mkldnn.flags(...) block as the forward, or "
+            f"outside both")
+    if not torch.is_autocast_enabled(device.type):
+        return
+    dtype = torch.get_autocast_dtype(device.type)
+    if dtype not in casts:
+        casts[dtype] = first_cast(graph, device, dtype)
+    node = casts[dtype]
+    if node is not None:
+        within = ""
+        if node.HasField("forward_node_id"):
+            forward = graph.node(node.forward_node_id)
+            within = f" (in the backward of {forward.op}{f' in {forward.source}' if forward.source else ''})"
+        raise RematIRError(
+            f"backward() runs inside torch.autocast({device.type!r}, dtype={dtype}): eager's "
+            f"backward would then run {node.op}{within} cast by autocast, where remat-ir's runs "
+            f"it in the dtypes the forward traced, so the gradients would differ: call "
+            f"backward() after the autocast block, as PyTorch recommends (scaler.scale(loss)"
+            f".backward() too)")
+
+
+def first_cast(graph: Graph, device: torch.device, dtype: torch.dtype) -> pb.Node | None:
+    """The first backward node whose result autocast (enabled for `device` with `dtype`)
+    would give in another dtype than the graph's, found by running each on fake tensors
+    under autocast; None if there is none."""
+    with FakeTensorMode(allow_non_fake_inputs=False), torch.autocast(device.type, dtype=dtype):
+        for node in graph.proto.nodes:
+            if node.phase != pb.BACKWARD or not node.outputs:
+                continue
+            try:
+                op = resolve_op(node.op)
+                tensors = {v: empty_tensor(graph.value(v), device) for v in node.inputs}
+                args, kwargs = call_args(graph, node, tensors, device)
+                results = output_tensors(node, op(*args, **kwargs))
+            except Exception:   # an op fake tensors cannot run: eager's casts are unknown there
+                continue
+            for value_id, result in zip(node.outputs, results):
+                if isinstance(result, torch.Tensor) and result.dtype != torch_dtype(graph.value(value_id).dtype):
+                    return node
+    return None
