@@ -109,7 +109,9 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
                       progress=progress, options=options, cache_dir=cache_dir,
                       host_bandwidth=host_bandwidth, backend=backend, reuse_plans=reuse_plans)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
-    graph, schedule = planner(model, args, kwargs)
+    with _for_training():
+        args, kwargs = _usable_in_training((args, kwargs))
+        graph, schedule = planner(model, args, kwargs)
     scheduled = ScheduledModule(model, graph, schedule, planner=planner,  # checks it in the simulator
                                 max_plans=MAX_PLANS if max_plans is None else max_plans,
                                 gradient_groups=gradient_groups, backend=backend)
@@ -133,6 +135,30 @@ def _notice_compiled(model) -> None:
                       f"remat-ir traces the code it wraps and the eager backend runs the plan op "
                       f"by op: pass backend=\"inductor\" to compile the plan's segments")
 
+
+
+def _for_training():
+    """Gradients on and inference mode off while the model is lowered: the plan is for the
+    training calls. `remat` called inside `torch.no_grad()` was refused as if the forward
+    detached everything, and inside `torch.inference_mode()` with export's "True != False"
+    (found by a review)."""
+    import contextlib
+
+    import torch
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))
+    stack.enter_context(torch.enable_grad())
+    return stack
+
+
+def _usable_in_training(arguments):
+    """`arguments` with each inference tensor (made under `torch.inference_mode()`, which
+    tracing cannot take) as a copy that is not one."""
+    import torch
+
+    return torch.utils._pytree.tree_map(
+        lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t, arguments)
 
 #: The `solver_params` key marking a shape's floor taken for its share budget
 #: (`Planner._floor_of_a_later_shape`): neither reused for other shapes nor stored in the

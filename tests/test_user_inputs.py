@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import remat_ir
 from remat_ir import ir
 from remat_ir.ir import pb
 from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
@@ -232,3 +233,21 @@ def test_a_graph_edited_in_memory_is_validated_before_it_runs():
     with pytest.raises(InvalidGraph, match=r"node 'tanh' \(aten.tanh.default, id \d+\): the values its "
                                            r"arguments refer to \[\d+\] are not its inputs \[\]"):
         ScheduledModule(model, graph, ir.store_all(graph))
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_remat_called_where_gradients_are_off_plans_for_training(context):
+    """`remat` inside `torch.no_grad()` was refused as if the forward detached everything,
+    and inside `torch.inference_mode()` with export's "True != False" (found by a review);
+    the plan is for training calls, so the model is lowered with gradients on (the example
+    inputs, inference tensors there, copied)."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def make(m):
+        with context():
+            return remat_ir.remat(m, (torch.randn(3, 4),), cost_model="flops", solver="recompute-all")
+
+    assert side_by_side(model, make, (torch.randn(3, 4),), {}, lambda y: y.square().sum()) == {}
