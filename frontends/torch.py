@@ -749,9 +749,18 @@ class _Lowering:
             self.value_of[node] = items[index]
             return
         if not isinstance(target, torch._ops.OpOverload):
+            where = node_module(node) or 'an unknown module'
+            if isinstance(target, torch._ops.HigherOrderOperator) and target.name().startswith("auto_functionalized"):
+                mutating = node.args[0] if node.args else None
+                shown = mutating.name() if isinstance(mutating, torch._ops.OpOverload) else mutating
+                raise LoweringError(
+                    f"custom op {shown} in {where} writes into its arguments "
+                    f"(mutates_args=...), which remat-ir cannot run again or plan around: "
+                    f"return the new value from the op instead (mutates_args=()) and write it "
+                    f"in the forward with a PyTorch op (`self.stat.copy_(new)` for a buffer, "
+                    f"lowered as a buffer update)")
             raise LoweringError(f"op {getattr(target, '__name__', target)!r} from "
-                                f"{node_module(node) or 'an unknown module'} is not an aten-level op; "
-                                "the runtime cannot execute it")
+                                f"{where} is not an aten-level op; the runtime cannot execute it")
         name = op_name(target)
         if name.startswith(_ASSERT_OPS):
             return

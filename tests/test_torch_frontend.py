@@ -198,3 +198,37 @@ def test_a_number_an_op_returns_beside_its_tensors_lowers_as_a_constant():
     errors = side_by_side(model, lambda m: remat(m, (x,), budget="80%", cost_model="flops",
                                                  time_limit_s=5), (x,), {}, lambda out: out)
     assert errors == {}, errors
+
+
+@torch.library.custom_op("remat_ir_tests::ema_", mutates_args=("stat",))
+def _ema_(stat: torch.Tensor, x: torch.Tensor) -> None:
+    """A custom op writing a running statistic into a buffer it is given."""
+    stat.mul_(0.9).add_(x.detach().mean(0), alpha=0.1)
+
+
+@_ema_.register_fake
+def _(stat, x):
+    return None
+
+
+class _RunningStatistic(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("stat", torch.zeros(4))
+
+    def forward(self, x):
+        h = self.lin(x)
+        _ema_(self.stat, h)
+        return h.sum()
+
+
+def test_a_custom_op_writing_into_its_arguments_is_refused_with_the_way_to_write_it():
+    """Export wraps such an op in `auto_functionalized`, which the message named (with
+    "not an aten-level op") instead of the user's op and what to do (found by a review)."""
+    from remat_ir.frontends.errors import LoweringError
+
+    with pytest.raises(LoweringError, match=r"^custom op remat_ir_tests::ema_ in .*_RunningStatistic.* writes "
+                                            r"into its arguments \(mutates_args=...\).*mutates_args=\(\)\) "
+                                            r"and write it in the forward with a PyTorch op"):
+        lower_torch(_RunningStatistic(), (torch.randn(3, 4),), cost_model="flops")
