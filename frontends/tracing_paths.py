@@ -42,15 +42,17 @@ def tracing_check(tb) -> str | None:
 
 
 def eager_runs(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-    """Whether one eager forward of `model` on these inputs runs without raising. Run
-    without gradients, with the generators forked and the buffers put back, so that the
-    check leaves the model and the random streams as they were (a BatchNorm's running
-    statistics, dropout's next draws)."""
+    """Whether one eager forward of `model` on these inputs runs without raising. Run with
+    gradients on, as a training call's (a custom op's `setup_context` runs only then: one
+    taking the wrong arguments raised in eager too, where the check, run without
+    gradients, said eager runs; found by a review), with no backward, the generators
+    forked and the buffers put back, so that the check leaves the model and the random
+    streams as they were (a BatchNorm's running statistics, dropout's next draws)."""
     buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     devices = sorted({b.device.index or 0 for b, _ in buffers if b.device.type == "cuda"} |
                      {p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.enable_grad(), torch.random.fork_rng(devices=devices):
             model(*args, **kwargs)
     except Exception:   # noqa: BLE001 - any error means eager fails as well
         return False

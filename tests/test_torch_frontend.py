@@ -232,3 +232,38 @@ def test_a_custom_op_writing_into_its_arguments_is_refused_with_the_way_to_write
                                             r"into its arguments \(mutates_args=...\).*mutates_args=\(\)\) "
                                             r"and write it in the forward with a PyTorch op"):
         lower_torch(_RunningStatistic(), (torch.randn(3, 4),), cost_model="flops")
+
+
+@torch.library.custom_op("remat_ir_tests::doubled", mutates_args=())
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_doubled.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+# setup_context takes (ctx, inputs, output) by name: this one fails in eager's training call
+_doubled.register_autograd(lambda ctx, g: g * 2, setup_context=lambda ctx, i, o: None)
+
+
+class _DoubledOutput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return _doubled(self.lin(x)).sum()
+
+
+def test_an_error_eager_raises_in_a_training_call_is_reported_as_the_models_own():
+    """A custom op's `setup_context` runs only with gradients on: the check of whether eager
+    runs the forward ran it without them, and the error was reported as one torch.export
+    alone meets ("eager runs on these inputs: the forward takes another path"), sending the
+    user to look for a tracing check that is not there (found by a review)."""
+    from remat_ir.frontends.errors import LoweringError
+
+    with pytest.raises(LoweringError, match=r"^_DoubledOutput's forward raised TypeError at .*unexpected keyword "
+                                            r"argument 'inputs' \(eager raises it too"):
+        lower_torch(_DoubledOutput(), (torch.randn(2, 3),), cost_model="flops")
