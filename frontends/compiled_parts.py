@@ -22,7 +22,11 @@ from .traced_reads import own_classes, own_methods
 
 
 def _compiled(value) -> bool:
-    return callable(value) and getattr(value, "_torchdynamo_orig_callable", None) is not None
+    """Whether `value` is a function torch.compile wraps (not one `torch.compiler.disable`
+    wraps, with the same attribute: remat-ir's own `_under_torch_compile` was said to be
+    compiled when a model held a remat-ir module, found by a review)."""
+    return callable(value) and getattr(value, "_torchdynamo_orig_callable", None) is not None \
+        and not getattr(value, "_torchdynamo_disable", False)
 
 
 def compiled_parts(model: torch.nn.Module) -> list[str]:

@@ -136,7 +136,6 @@ def _notice_compiled(model) -> None:
                       f"by op: pass backend=\"inductor\" to compile the plan's segments")
 
 
-
 def _for_training():
     """Gradients on and inference mode off while the model is lowered: the plan is for the
     training calls. `remat` called inside `torch.no_grad()` was refused as if the forward

@@ -532,3 +532,16 @@ def test_values_a_backward_compares_are_not_recomputed_in_another_region():
     side_by_side(model, lambda m: remat_ir.remat(m, (x, idx), solver="recompute-all", cost_model="flops",
                                                   backend="inductor"),
                  (x, idx), {}, lambda loss: loss, tolerance=1e-5, model_scale=True)   # raises beyond
+
+
+def test_a_model_holding_a_remat_module_is_not_said_to_be_compiled():
+    """remat-ir's module hands `torch.compile` calls to a `torch.compiler.disable`d method,
+    which carries the attribute compiled functions do: a model holding one (remat of a
+    model with a remat-ir submodule) was said to be "compiled with torch.compile" (found
+    by a review)."""
+    from remat_ir.frontends.compiled_parts import compiled_parts
+
+    x = torch.randn(2, 4)
+    model = torch.nn.Sequential(remat_ir.remat(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), (x,),
+                                               cost_model="flops"), torch.nn.Linear(4, 1))
+    assert compiled_parts(model) == []
