@@ -58,6 +58,7 @@ from .errors import LoweringError
 from .fx_nodes import node_module
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
+from .overlapping_writes import refusing_overlapping_writes
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
@@ -438,7 +439,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 eager_input_branches(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
                 noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
-                refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__):
+                refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__), \
+                refusing_overlapping_writes(type(model).__name__):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
