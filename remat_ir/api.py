@@ -65,7 +65,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     where the ranks' inputs agree, rank 0 lowers and plans and every rank gets its plan;
     where they differ (dynamic padding), each rank plans its own, which DDP takes and
     FSDP2 refuses at the first call. Later calls of a new shape are planned by their
-    rank alone under DDP, together under FSDP2. `gradient_groups`: how many groups the
+    rank alone under DDP, refused under FSDP2 (FSDPUsageError). `gradient_groups`: how many groups the
     backward hands gradients over in (None: 1 in one process, 16 under
     torch.distributed, so that the reductions overlap the backward).
 

@@ -1373,6 +1373,15 @@ class ScheduledModule(torch.nn.Module):
             self._count_value_change(where, difference)
         elif new == "new input signature":
             self._count_argument_change(signature)
+        if self._sharded():
+            # Lowering runs the model's forward, whose FSDP2 units gather their parameters
+            # in their hooks: a collective rank 0 alone (planning) would call, while the
+            # others wait in theirs. Found by a review: every rank hung.
+            raise FSDPUsageError(
+                f"a module sharded by FSDP2 met a {new} ({difference}), and it cannot be lowered "
+                f"again once sharded (tracing would gather the units on one rank): give every "
+                f"batch the shapes remat_ir.remat planned (drop_last=True in the DataLoader, "
+                f"padding='max_length'), or wrap with DDP, which plans new shapes")
         dropping = ("; the least recently used is dropped, and planned again if its shape "
                     "comes back: pad batches to fewer lengths (pad_to_multiple_of in "
                     "transformers' collators) or keep more plans (max_plans)"

@@ -240,6 +240,30 @@ def _fsdp_misuse(rank: int, world: int) -> dict:
     return {f.__name__: attempt(f) for f in (root_is_model, no_root, param_dtype)}
 
 
+def _fsdp_new_shape(rank: int, world: int) -> dict:
+    """A module sharded by FSDP2 meets a batch of another size (an epoch's last batch):
+    lowering it again would run its units' gathers on the planning rank alone, and every
+    rank hung (found by a review). Every rank gets one clear error instead."""
+    import remat_ir
+    from torch.distributed.fsdp import fully_shard
+
+    model, split, batch, loss_of, units_of = CASES["gpt2"]()
+    shard = batch.chunk(world)[rank]
+    args, kwargs = split(shard)
+    scheduled = remat_ir.remat(model, args, budget=BUDGET, example_kwargs=kwargs, cost_model="flops",
+                               cache_dir=_cache_dir)
+    for unit in units_of(model):
+        fully_shard(unit)
+    trained = fully_shard(scheduled)
+    loss_of(trained(*args, **kwargs)).backward()
+    args, kwargs = split(shard[:1])
+    try:
+        loss_of(trained(*args, **kwargs)).backward()
+    except remat_ir.ir.RematIRError as error:
+        return {"type": type(error).__name__, "error": str(error)}
+    return {"error": None}
+
+
 class _Layers(torch.nn.Module):
     """Six FSDP units: linear layers of 256 x 256 and GELU."""
 
@@ -311,6 +335,7 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
             except Exception:
                 results[name] = {"failure": traceback.format_exc()}
         results["fsdp_misuse"] = _fsdp_misuse(rank, world)
+        results["fsdp_new_shape"] = _fsdp_new_shape(rank, world)
         results["fsdp_gathers"] = _fsdp_gathered_at_once(rank, world)
         gathered: list = [None] * world
         dist.all_gather_object(gathered, results)

@@ -85,6 +85,15 @@ def test_fsdp_applied_where_the_step_cannot_run_is_one_clear_error(runs, misuse,
         assert words in result["error"], result
 
 
+def test_fsdp_meeting_a_new_shape_is_one_clear_error_on_every_rank(runs):
+    """Lowering a sharded module again ran its units' gathers on the planning rank alone:
+    every rank hung (found by a review)."""
+    for results in runs:
+        result = results["fsdp_new_shape"]
+        assert result.get("type") == "FSDPUsageError", result
+        assert "cannot be lowered again once sharded" in result["error"] and "drop_last=True" in result["error"]
+
+
 def test_fsdp_units_are_gathered_unit_by_unit(runs):
     """Six FSDP units, a plan at 50% that recomputes: each segment gathers each unit once;
     the forward holds one unit at a time, the backward the units whose ops (recomputed
