@@ -88,10 +88,43 @@ def _tensors_in(path: str, prefix: str, attributes: dict, found: dict[int, Place
                     found.setdefault(id(item), (path, prefix + name, key))
 
 
-def _made_in_forward(placeholder: torch.fx.Node) -> bool:
+def _made_in_forward(placeholder: torch.fx.Node, root: torch.fx.GraphModule) -> bool:
     """Whether an exported constant is a tensor the forward built (`torch.tensor(2.0)`),
-    which export reads through `lift_fresh_copy` only, rather than one it read."""
-    return all(user.target is torch.ops.aten.lift_fresh_copy.default for user in placeholder.users)
+    which export reads through `lift_fresh_copy` only, rather than one it read; also
+    where that read is inside a region export keeps as a submodule (a `no_grad` block:
+    `h[:, :3] = 0.` there makes the tensor of 0. in it, and was refused as a tensor found
+    nowhere, found by a review). `root`: the graph module holding the submodules."""
+    for user in placeholder.users:
+        if user.target is torch.ops.aten.lift_fresh_copy.default:
+            continue
+        inner = _region_placeholder(user, placeholder, root)
+        if inner is None or not _made_in_forward(*inner):
+            return False
+    return True
+
+
+#: Regions export keeps as submodules: the number of arguments before the submodule.
+_REGIONS = {torch.ops.higher_order.wrap_with_set_grad_enabled: 1,
+            torch.ops.higher_order.wrap_with_autocast: 4}
+
+
+def _region_placeholder(user: torch.fx.Node, node: torch.fx.Node, root: torch.fx.GraphModule
+                        ) -> tuple[torch.fx.Node, torch.fx.GraphModule] | None:
+    """(the placeholder standing for `node` inside region `user`'s submodule, that
+    submodule), or None where `user` is no such region or takes `node` otherwise."""
+    leading = _REGIONS.get(user.target)
+    if leading is None or len(user.args) <= leading or user.kwargs:
+        return None
+    holder, operands = user.args[leading], list(user.args[leading + 1:])
+    if getattr(holder, "op", None) != "get_attr" or operands.count(node) != 1 or node in user.args[:leading]:
+        return None
+    submodule = getattr(root, holder.target, None)
+    if not isinstance(submodule, torch.fx.GraphModule):
+        return None
+    placeholders = [n for n in submodule.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(operands):
+        return None
+    return placeholders[operands.index(node)], submodule
 
 
 def _written(placeholder: torch.fx.Node) -> torch.fx.Node | None:
@@ -175,7 +208,7 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 f"Register it as a buffer (module.register_buffer), or update it outside "
                 f"the forward")
         if place is None and found is None:
-            if _made_in_forward(placeholder):
+            if _made_in_forward(placeholder, exported.graph_module):
                 continue
             user = next(iter(placeholder.users), None)
             line = node_line(user) if user is not None else None

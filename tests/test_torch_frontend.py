@@ -322,3 +322,32 @@ def test_a_write_from_an_overlapping_part_of_itself_is_refused_and_others_train_
                           lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops"),
                           (x,), {}, lambda y: y.square().sum())
     assert errors == {}
+
+
+class _WritesUnderNoGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        with torch.no_grad():
+            h[:, :3] = 0.
+        g = h * 1
+        with torch.no_grad():
+            g[0] = 1.5
+        return g.exp()
+
+
+def test_a_number_written_under_no_grad_trains_like_eager():
+    """Under `no_grad`, `h[:, :3] = 0.` makes the tensor of 0. inside the region export
+    keeps as a submodule, and it was refused as a tensor "found nowhere (a closure's, a
+    default argument's)" (found by a review)."""
+    import remat_ir
+    from exactness import side_by_side
+
+    x = torch.randn(6, 8)
+    errors = side_by_side(_WritesUnderNoGrad(), lambda m: remat_ir.remat(m, (x,), solver="recompute-all",
+                                                                         cost_model="flops"),
+                          (x,), {}, lambda y: y.square().sum())
+    assert errors == {}
