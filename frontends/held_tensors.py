@@ -127,12 +127,19 @@ def _region_placeholder(user: torch.fx.Node, node: torch.fx.Node, root: torch.fx
     return placeholders[operands.index(node)], submodule
 
 
-def _written(placeholder: torch.fx.Node) -> torch.fx.Node | None:
-    """The first node writing into the constant `placeholder` (or a view of it), or None."""
-    pending, seen = [placeholder], set()
+def _written(placeholder: torch.fx.Node, root: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node writing into the constant `placeholder` (or a view of it), or None;
+    inside regions export keeps as submodules too (`self.count.add_(1)` under `no_grad`
+    was not seen: the graph held the count as it was traced, and trained on with it,
+    silently). `root`: the graph module holding the submodules."""
+    pending, seen = [(placeholder, root)], set()
     while pending:
-        node = pending.pop()
+        node, holder = pending.pop()
         for user in node.users:
+            inner = _region_placeholder(user, node, holder)
+            if inner is not None:
+                pending.append(inner)
+                continue
             if user in seen or not isinstance(user.target, torch._ops.OpOverload):
                 continue
             seen.add(user)
@@ -142,7 +149,7 @@ def _written(placeholder: torch.fx.Node) -> torch.fx.Node | None:
                 if value is node and argument.alias_info is not None:
                     if argument.alias_info.is_write:
                         return user
-                    pending.append(user)   # a view of it
+                    pending.append((user, holder))   # a view of it
     return None
 
 
@@ -198,7 +205,7 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
         place, found = held.get(id(tensor)), global_tensors.get(id(tensor))
         shown_place = (f"{shown(*place)} of {name}" if place is not None
                        else shown_global(*found) if found else None)
-        writer = _written(placeholder)
+        writer = _written(placeholder, exported.graph_module)
         if writer is not None:
             line = node_line(writer)
             raise LoweringError(

@@ -351,3 +351,27 @@ def test_a_number_written_under_no_grad_trains_like_eager():
                                                                          cost_model="flops"),
                           (x,), {}, lambda y: y.square().sum())
     assert errors == {}
+
+
+class _CountsUnderNoGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.count = torch.zeros(())   # a plain attribute, not a buffer
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.count.add_(1)
+        return (self.lin(x) * self.count).sum()
+
+
+def test_a_held_tensor_written_under_no_grad_is_refused_by_line():
+    """The write, inside the region export keeps as a submodule, was not seen: the graph
+    held the count as traced, and three steps left it at 1 where eager counts 3, the loss
+    scaled by it, silently (found while fixing the no_grad write above)."""
+    from remat_ir.frontends.errors import LoweringError
+
+    with pytest.raises(LoweringError, match=r"^_CountsUnderNoGrad's forward writes into a tensor that is neither a "
+                                            r"parameter nor a buffer \(count of _CountsUnderNoGrad; aten::add_.Tensor "
+                                            r"at .*test_torch_frontend\.py:\d+ in forward\).*register_buffer"):
+        lower_torch(_CountsUnderNoGrad(), (torch.randn(2, 4),), cost_model="flops")
