@@ -159,6 +159,7 @@ def _usable_in_training(arguments):
     return torch.utils._pytree.tree_map(
         lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t, arguments)
 
+
 #: The `solver_params` key marking a shape's floor taken for its share budget
 #: (`Planner._floor_of_a_later_shape`): neither reused for other shapes nor stored in the
 #: plan cache, where another process would find it without the earlier shapes that allow it.

@@ -43,7 +43,8 @@ from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import INSTEAD, active_pack_hook, hook_name, is_save_on_cpu
-from remat_ir.torchlib.types import constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout, torch_dtype
+from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout,
+                                     torch_dtype)
 from remat_ir.torchlib.value_guards import ValueGuards
 
 from . import autocast_anchors, backward_settings
