@@ -43,12 +43,18 @@ def _written_and_read(func, args: tuple, kwargs: dict) -> tuple[torch.Tensor, li
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
         if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in index):
             return None   # advanced indexing: its target is not a view
+        if not (isinstance(args[2], torch.Tensor) and _same_storage(args[0], args[2])):
+            return None   # (before indexing, which the trace records)
         return args[0][args[1]], [args[2]]
     in_place = name in _AUGMENTED or (name.endswith("_") and not name.startswith("_"))
     if not in_place or getattr(torch.Tensor, name, None) is not func:
         return None
     read = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, torch.Tensor)]
     return args[0], read
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
 
 
 def _extent(t: torch.Tensor) -> tuple[int, int]:
@@ -65,7 +71,7 @@ def overlaps_otherwise(written: torch.Tensor, read: torch.Tensor) -> bool:
     `written` that it does not map at the same index."""
     if written.numel() == 0 or read.numel() == 0 or written.element_size() != read.element_size():
         return False
-    if StorageWeakRef(written.untyped_storage()) != StorageWeakRef(read.untyped_storage()):
+    if not _same_storage(written, read):
         return False
     try:
         read = read.expand(written.shape)
