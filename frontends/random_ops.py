@@ -35,8 +35,10 @@ def draws_random(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bo
     return True
 
 
-#: Namespaces whose ops say whether they draw by their tag: PyTorch's and remat-ir's own.
-_TAGGED_NAMESPACES = frozenset({"aten", "prims", "remat_ir"})
+#: Namespaces whose ops say whether they draw by their tag: PyTorch's and remat-ir's own,
+#: and torch.distributed's, whose collectives must not run on one rank at lowering.
+_TAGGED_NAMESPACES = frozenset({"aten", "prims", "remat_ir", "_c10d_functional", "c10d", "c10d_functional",
+                                "_dtensor", "profiler"})
 #: A user's custom op (by its name and the shapes, dtypes and constants of one call) ->
 #: whether that call drew from the generator when it ran once.
 _CUSTOM_DRAWS: dict[tuple, bool] = {}
