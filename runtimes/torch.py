@@ -42,7 +42,8 @@ from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
-from remat_ir.torchlib.saved_hooks import INSTEAD, active_pack_hook, hook_name, is_save_on_cpu
+from remat_ir.torchlib.saved_hooks import (INSTEAD, active_pack_hook, allows_mutation_on_saved, hook_name,
+                                          is_save_on_cpu)
 from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout,
                                      torch_dtype)
 from remat_ir.torchlib.value_guards import ValueGuards
@@ -1521,6 +1522,15 @@ class ScheduledModule(torch.nn.Module):
         pack = active_pack_hook()
         if pack is None:
             return
+        if allows_mutation_on_saved(pack):
+            raise RuntimeInputError(
+                "torch.autograd.graph.allow_mutation_on_saved_tensors() is active around this "
+                "call: it keeps what autograd saved as it was when a tensor is written in place "
+                "before the backward, but a remat-ir step keeps its tensors outside autograd's "
+                "saved tensors and recomputes from the inputs and parameters it holds, so such a "
+                "write would reach its gradients. Call the module outside the context, and write "
+                "into a clone (`x = x.clone()`) where a tensor changes between the forward and "
+                "the backward")
         if not is_save_on_cpu(pack):
             raise RuntimeInputError(
                 f"saved-tensor hooks are set around this call (pack hook {hook_name(pack)}); "

@@ -2366,6 +2366,9 @@ def test_saved_tensor_hooks_around_the_call_are_refused_unless_save_on_cpu_which
     with _saved_tensor_hooks("bfloat16"), pytest.raises(RuntimeInputError, match=r"saved-tensor hooks are "
                                                         r"set around this call \(pack hook .*<lambda>\)"):
         scheduled(x)
+    with torch.autograd.graph.allow_mutation_on_saved_tensors(), pytest.raises(
+            RuntimeInputError, match=r"allow_mutation_on_saved_tensors\(\) is active around this call"):
+        scheduled(x)
     eager = copy.deepcopy(model)
     for module in (eager, scheduled, scheduled):
         with _saved_tensor_hooks("save_on_cpu"):

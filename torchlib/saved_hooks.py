@@ -27,6 +27,13 @@ def is_save_on_cpu(pack_hook) -> bool:
     return getattr(pack_hook, "__qualname__", "").startswith("save_on_cpu.")
 
 
+def allows_mutation_on_saved(pack_hook) -> bool:
+    """Whether `pack_hook` is `torch.autograd.graph.allow_mutation_on_saved_tensors()`'s, which
+    clones a saved tensor before an in-place write: named apart, since its hook's name
+    (`_swap_with_cloned`) does not say what the user wrote."""
+    return getattr(pack_hook, "__qualname__", "").startswith("_swap_with_cloned.")
+
+
 def active_pack_hook():
     """The innermost pack hook set around this point (None where none is)."""
     hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
