@@ -59,6 +59,7 @@ from .fx_nodes import node_module
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
+from .swapped_parameters import swapped_parameters_as_parameters
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
@@ -89,6 +90,7 @@ from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cac
                                      cpu_kernels_state, describe_input, input_aliases, ir_dtype,
                                      op_name, record_device, raw_bytes, resolve_op, sdpa_state,
                                      to_ir_argument, uncached_under_autocast)
+from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.value_guards import ValueGuards
 
@@ -440,7 +442,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
                 noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
                 refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__), \
-                refusing_overlapping_writes(type(model).__name__):
+                refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -1094,7 +1096,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # not read from the model when the graph is run: by then they may be unfrozen.
     graph.proto.metadata["torch.frozen_parameters"] = json.dumps(sorted(
         e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER
-        and not model.get_parameter(e.name).requires_grad))
+        and not parameter_slot(model, e.name).requires_grad))
     prov = graph.proto.provenance
     prov.frontend, prov.frontend_version = "torch", torch.__version__
     prov.source_model = f"{type(model).__module__}.{type(model).__qualname__}"

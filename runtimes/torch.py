@@ -41,6 +41,7 @@ from remat_ir.ir.validation import validate_once
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names
+from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import (INSTEAD, active_pack_hook, allows_mutation_on_saved, hook_name,
                                           is_save_on_cpu)
@@ -611,7 +612,7 @@ class _Lowered:
         recorded = g.metadata.get("torch.frozen_parameters")
         self.frozen = (set(json.loads(recorded)) if recorded is not None else
                        {what for kind, what in self.bindings
-                        if kind == "param" and not model.get_parameter(what).requires_grad})
+                        if kind == "param" and not parameter_slot(model, what).requires_grad})
         self.in_spec = _load_spec(g, "torch.in_spec")
         self.out_spec = _load_spec(g, "torch.out_spec")
         #: Outputs the trace fixed (None, numbers, strings), by flat output position.
@@ -827,7 +828,7 @@ class _Lowered:
         (kind, what), strides = self.bindings[slot], self.strides[slot]
         if kind == "param":
             t = modules.member(what, "_parameters")
-            t = t if t is not None else model.get_parameter(what)
+            t = t if t is not None else parameter_slot(model, what)
         elif kind == "buffer":
             t = modules.member(what, "_buffers")
             t = t if t is not None else model.get_buffer(what)
@@ -1147,7 +1148,7 @@ def _traced_strides(value: pb.Value) -> tuple[int, ...]:
 
 def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) -> None:
     try:
-        tensor = model.get_parameter(name) if kind == "param" else model.get_buffer(name)
+        tensor = parameter_slot(model, name) if kind == "param" else model.get_buffer(name)
     except AttributeError:
         what = "parameter" if kind == "param" else "buffer"
         raise RuntimeInputError(f"the graph needs {what} {name!r}, which "

@@ -914,6 +914,44 @@ def test_torch_func_transforms_run_the_model_as_it_is_and_say_so(capsys):
     assert capsys.readouterr().err.count("remat-ir: called under a torch.func transform") == 1
 
 
+class _TiedHead(torch.nn.Module):
+    """An embedding whose weight is the head's too (tied)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids))).logsumexp(-1).mean()
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_functional_call_with_plain_tensors_is_planned_again_for_a_new_shape(tie_weights):
+    """`functional_call` with fast weights (plain tensors made from the parameters, as MAML's
+    inner loop makes them) where the call needs another plan (a new batch shape; the tied
+    weight given apart with `tie_weights=False`): torch.export refused the swapped tensors
+    ("not an instance of torch.nn.Parameter"), though eager runs (`swapped_parameters`)."""
+    torch.manual_seed(0)
+    model = _TiedHead()
+    scheduled = remat_ir.remat(copy.deepcopy(model), (torch.randint(0, 10, (2, 3)),), solver="recompute-all",
+                               cost_model="flops")
+
+    def fast() -> dict:
+        weights = {"emb.weight": model.emb.weight * 0.5}
+        if not tie_weights:
+            weights["head.weight"] = model.emb.weight.detach() * 2 + 1
+        return weights
+
+    for ids in (torch.randint(0, 10, (2, 3)), torch.randint(0, 10, (3, 5))):
+        results = []
+        for module in (model, scheduled):
+            loss = torch.func.functional_call(module, fast(), (ids,), tie_weights=tie_weights)
+            results.append((loss, *torch.autograd.grad(loss, model.emb.weight)))
+        assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert len(scheduled.plans) == (2 if tie_weights else 3)   # the untied call of the first shape too
+
+
 class _DeltaOnWeight(torch.nn.Module):
     """`W + delta.view(8, 8)`: `delta`'s gradient is a view of `W`'s (diff pruning)."""
 
