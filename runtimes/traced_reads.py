@@ -291,10 +291,22 @@ class TracedReads:
                          else shown_global(module, name, where))
                 state = "is gone" if now is None else "holds other values than it held"
                 return (f"tensor {shown}, which the graph holds as a constant, {state} when the "
-                        f"model was lowered (register it as a buffer to have it read at every call)")
+                        f"model was lowered{_on_rank_zero()} (register it as a buffer to have it "
+                        f"read at every call)")
             if seen is not None:
                 self._verified[index] = seen
         return None
+
+
+def _on_rank_zero() -> str:
+    """Where the model was lowered, under torch.distributed: rank 0 lowers for every rank
+    whose inputs agree with its own, so on another rank a tensor that differs per rank
+    (a rank's seed, its shard of a table) "changed" though its rank never wrote it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return ""
+    return f" (on rank 0, which lowers the model for every rank; this is rank {dist.get_rank()})"
 
 
 def _parts(module, name: str) -> tuple:

@@ -264,6 +264,33 @@ def _fsdp_new_shape(rank: int, world: int) -> dict:
     return {"error": None}
 
 
+class _ScaledPerRank(torch.nn.Module):
+    """A plain tensor attribute (no buffer) of its own value on each rank."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.fc, self.scale = torch.nn.Linear(4, 4), torch.tensor(float(rank + 1))
+
+    def forward(self, x):
+        return (self.fc(x) * self.scale).square().mean()
+
+
+def _held_tensor_per_rank(rank: int, world: int) -> dict:
+    """Rank 0 lowers for every rank, so the graph holds rank 0's tensor: rank 1 was told
+    its tensor "holds other values than it held when the model was lowered", which it
+    never changed (found by a review). The message now says who lowered it."""
+    import remat_ir
+
+    torch.manual_seed(0)
+    model, x = _ScaledPerRank(rank), torch.randn(2, 4)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
+    try:
+        scheduled(x).backward()
+    except remat_ir.ir.RematIRError as error:
+        return {"type": type(error).__name__, "error": str(error)}
+    return {"error": None}
+
+
 class _Layers(torch.nn.Module):
     """Six FSDP units: linear layers of 256 x 256 and GELU."""
 
@@ -337,6 +364,7 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
         results["fsdp_misuse"] = _fsdp_misuse(rank, world)
         results["fsdp_new_shape"] = _fsdp_new_shape(rank, world)
         results["fsdp_gathers"] = _fsdp_gathered_at_once(rank, world)
+        results["held_per_rank"] = _held_tensor_per_rank(rank, world)
         gathered: list = [None] * world
         dist.all_gather_object(gathered, results)
         if rank == 0:
