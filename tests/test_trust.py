@@ -3421,6 +3421,37 @@ def test_a_global_function_changed_after_calls_is_planned_for(change, monkeypatc
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
 
 
+class _MixBase(torch.nn.Module):
+    def mix(self, h):
+        return h * 2.0
+
+
+class _CallsOwnMethod(_MixBase):
+    """A forward calling a helper method through `self`, one its base class defines."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.mix(self.proj(x)).tanh().square().sum()
+
+
+def test_a_method_the_forward_calls_replaced_after_lowering_is_planned_for(monkeypatch):
+    """Only `forward` and the functions a module held were compared: a helper method
+    replaced on its class after `remat` (or edited in its file before a saved module was
+    loaded) trained on with the code traced, silently (found by a review: 1.34 where
+    eager gives 3.01)."""
+    model, x = _CallsOwnMethod(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    monkeypatch.setattr(_MixBase, "mix", lambda self, h: h * 3.0)
+    with pytest.raises(RuntimeInputError, match="function 'mix' of _CallsOwnMethod was .*_MixBase.mix"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
 class _Blocks(torch.nn.Module):
     def __init__(self):
         super().__init__()
