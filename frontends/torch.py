@@ -90,6 +90,7 @@ from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cac
                                      cpu_kernels_state, describe_input, input_aliases, ir_dtype,
                                      op_name, record_device, raw_bytes, resolve_op, sdpa_state,
                                      to_ir_argument, uncached_under_autocast)
+from remat_ir.torchlib import model_structure
 from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.value_guards import ValueGuards
@@ -1091,6 +1092,9 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
     # under one of the names, so a call after they were untied is lowered again.
     graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied_parameters(model))
+    # Its modules, their members and its hooks as traced: a plan made again from this graph
+    # (a copy, a saved module loaded, a file) checks the model against them first.
+    graph.proto.metadata[model_structure.KEY] = json.dumps(model_structure.structure(model))
     # The parameters it computes no gradient for because they needed none when traced
     # (frozen): a call that trains one needs another graph (runtimes/torch.py). Recorded,
     # not read from the model when the graph is run: by then they may be unfrozen.

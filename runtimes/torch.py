@@ -41,6 +41,7 @@ from remat_ir.ir.validation import validate_once
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names
+from remat_ir.torchlib import model_structure
 from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import (INSTEAD, active_pack_hook, allows_mutation_on_saved, hook_name,
@@ -547,6 +548,12 @@ class _Lowered:
         check(graph, schedule)  # never run a schedule the simulator rejects
         self.graph, self.schedule = graph, schedule
         g = graph.proto
+        #: How the model differs from the one the graph was traced from (a plan made again
+        #: from its graph: a copy, a saved module loaded, a file), or None: the records
+        #: below are the model's now, so such a plan never runs (`model_structure`).
+        recorded = g.metadata.get(model_structure.KEY)
+        self.stale = (model_structure.difference(json.loads(recorded), model_structure.structure(model))
+                      if recorded is not None else None)
         self.user_inputs = []  # (flat index, value id, argument name) in graph order
         self.bindings = []     # per resident slot: ("param"|"buffer", name), ("input", index) or ("const", value id)
         kinds = {pb.PARAMETER: "param", pb.BUFFER: "buffer"}
@@ -563,7 +570,8 @@ class _Lowered:
             self.strides.append(None if value.kind == pb.CONSTANT else _traced_strides(value))
             if value.kind in kinds:
                 self.bindings.append((kinds[value.kind], entries[v].name))
-                _check_bound(model, kinds[value.kind], entries[v].name, value)
+                if self.stale is None:
+                    _check_bound(model, kinds[value.kind], entries[v].name, value)
             elif value.kind == pb.USER_INPUT:
                 # Where the caller passes it, as the IR says (validated: present and unique).
                 entry = entries[v]
@@ -1219,6 +1227,9 @@ class ScheduledModule(torch.nn.Module):
             self.__dict__[shared] = model.__dict__[shared]
         self.__dict__["_model"] = model
         first = _Lowered(model, graph, schedule)
+        if first.stale is not None:
+            raise RuntimeInputError(f"the model is not the one this graph was lowered from: {first.stale}. "
+                                    f"Lower it again (remat_ir.remat, or remat-ir convert)")
         self.__dict__["_plans"] = OrderedDict([(first.key, first)])
         self.__dict__["_planner"] = planner
         self.__dict__["_notify"] = notify
@@ -1345,6 +1356,10 @@ class ScheduledModule(torch.nn.Module):
             same = [p for p in reversed(self._plans.values()) if p.signature.same_but_where(signature)]
         new = difference = where = None
         for plan in same:
+            if plan.stale is not None:   # made again from its graph for a model changed since
+                if new is None:
+                    new, difference = "model changed since it was lowered", plan.stale
+                continue
             differs = plan.values_differ(args, kwargs, answers, modules=modules)
             if differs is not None:
                 if new is None:

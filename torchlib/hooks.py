@@ -33,13 +33,13 @@ def _global_tables() -> dict[str, dict]:
     return {table: getattr(_module, f"_global{table}") for table in TABLES}
 
 
-def _ours(hook) -> bool:
+def users_hook(hook) -> bool:
     """Whether `hook` is the user's (not torch.distributed's)."""
     owner = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "")
     return not (owner or "").startswith("torch.distributed")
 
 
-def _tables(model: torch.nn.Module):
+def hook_tables(model: torch.nn.Module):
     """(where, table name, table) for every hook table of the model and the global ones."""
     for table, hooks in _global_tables().items():
         yield "every module (a global hook)", table, hooks
@@ -53,14 +53,14 @@ def _tables(model: torch.nn.Module):
 def backward_hooks(model: torch.nn.Module) -> list[str]:
     """'backward hook on layer.1 (Linear)' for each backward hook or pre-hook that
     `model`'s training step would run."""
-    return [f"{TABLES[table]} on {where}" for where, table, hooks in _tables(model)
-            if table in BACKWARD_TABLES for hook in hooks.values() if _ours(hook)]
+    return [f"{TABLES[table]} on {where}" for where, table, hooks in hook_tables(model)
+            if table in BACKWARD_TABLES for hook in hooks.values() if users_hook(hook)]
 
 
 def forward_hooks(model: torch.nn.Module) -> list[tuple[str, object]]:
     """(where, hook) of the user's forward hooks and pre-hooks of `model` and the global ones."""
-    return [(where, hook) for where, table, hooks in _tables(model) if table not in BACKWARD_TABLES
-            for hook in hooks.values() if _ours(hook)]
+    return [(where, hook) for where, table, hooks in hook_tables(model) if table not in BACKWARD_TABLES
+            for hook in hooks.values() if users_hook(hook)]
 
 
 def hook_functions(model: torch.nn.Module) -> list:
@@ -72,8 +72,8 @@ def hook_functions(model: torch.nn.Module) -> list:
 def hook_state(model: torch.nn.Module) -> dict[tuple[str, str], tuple[int, ...]]:
     """The user's hooks of `model` and the global ones: (where, kind) -> handle ids."""
     state = {}
-    for where, table, hooks in _tables(model):
-        ids = tuple(key for key, hook in hooks.items() if _ours(hook))
+    for where, table, hooks in hook_tables(model):
+        ids = tuple(key for key, hook in hooks.items() if users_hook(hook))
         if ids:
             state[(where, TABLES[table])] = ids
     return state
@@ -97,15 +97,15 @@ class HookWatch:
     def __init__(self, model: torch.nn.Module):
         self.state = hook_state(model)
         self.seen = RemovableHandle.next_id
-        self.present = [(hooks, key) for _, table, hooks in _tables(model)
-                        for key, hook in hooks.items() if _ours(hook)]
+        self.present = [(hooks, key) for _, table, hooks in hook_tables(model)
+                        for key, hook in hooks.items() if users_hook(hook)]
         #: Per present hook, where it is, its description and what it computes with
         #: (`function_state`): the traced graph holds what the hook computed, so a value
         #: its closure captured, rebound or changed in place since (a scale in a dict)
         #: computes otherwise (found by a review: 0.63 where eager gives 0.066, silently).
         self.functions = [(f"{TABLES[table]} on {where}", describe(hooks[key]), snapshot(hooks[key]))
-                          for where, table, hooks in _tables(model) for key, hook in hooks.items()
-                          if _ours(hook)]
+                          for where, table, hooks in hook_tables(model) for key, hook in hooks.items()
+                          if users_hook(hook)]
         #: (path, module) of each module holding one of those hooks: one replaced since by
         #: a module without it (`model.a = nn.Linear(...)`) registers nothing, and its
         #: hook table still held the hook, so the graph kept running the hook (found by a
