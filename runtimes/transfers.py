@@ -39,12 +39,17 @@ class HostCopy:
     """A value's copy in a host buffer, with what rebuilds the tensor, and the event of
     the latest copy in either direction that compute has not waited for."""
 
-    __slots__ = ("buffer", "dtype", "size", "stride", "offset", "done")
+    __slots__ = ("buffer", "dtype", "size", "stride", "offset", "conj", "neg", "done")
 
     def __init__(self, buffer: torch.Tensor, tensor: torch.Tensor, done):
         self.buffer = buffer
         self.dtype, self.size, self.stride = tensor.dtype, tensor.size(), tensor.stride()
         self.offset = tensor.storage_offset()
+        # A lazy conjugate or negative view (`z.conj()`, `torch._neg_view`) reads its storage
+        # conjugated or negated: the bits are the tensor's, not its bytes', so the rebuilt
+        # tensor gets them again (found by a review: an offloaded `fft(h).conj()` came back
+        # unconjugated, a weight's gradient 24 off eager's).
+        self.conj, self.neg = tensor.is_conj(), tensor.is_neg()
         self.done = done
 
 
@@ -96,8 +101,13 @@ class Transfers:
         storage = torch.empty(copy.buffer.numel(), dtype=torch.uint8, device=self.device)
         copy.done = self._copy(self.inward, storage, copy.buffer)
         self.release(copy, read=copy.done)
-        return torch.empty(0, dtype=copy.dtype, device=self.device).set_(
+        rebuilt = torch.empty(0, dtype=copy.dtype, device=self.device).set_(
             storage.untyped_storage(), copy.offset, copy.size, copy.stride)
+        if copy.conj:
+            torch._C._set_conj(rebuilt, True)
+        if copy.neg:
+            torch._C._set_neg(rebuilt, True)
+        return rebuilt
 
     def wait(self, copy: HostCopy) -> None:
         """Compute waits for the copy's latest transfer (nothing to do on CPU, or twice)."""

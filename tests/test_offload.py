@@ -87,6 +87,31 @@ def test_random_offloads_in_random_schedules_match_eager(name, seed, share, grou
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
+class _LazyConjugate(torch.nn.Module):
+    """A value the backward reads that is a lazy view: `fft(h).conj()`, which `abs` saves."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        z = torch.fft.fft(self.a(x)).conj().abs()
+        return torch.tanh(self.b(z)).sum()
+
+
+def test_an_offloaded_lazy_conjugate_view_comes_back_conjugate():
+    """An offload copies a value's storage and rebuilds the tensor from it: the conjugate
+    bit of `fft(h).conj()` (the tensor's, not its bytes') was lost, and the backward read
+    the values unconjugated: the first layer's gradients 24 off eager's (found by a
+    review), silently. Every idle value of store-everything goes out and back."""
+    torch.manual_seed(0)
+    model, x = _LazyConjugate(), torch.randn(8, 16)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    schedule = random_round_trips(graph, store_all(graph), random.Random(0), 1.0)
+    assert side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), (x,), {},
+                        lambda loss: loss, steps=2) == {}
+
+
 def random_recomputations(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Random):
     """A random share of the schedule's idle recomputations (at least one) that do not
     free each other's inputs where they run."""
