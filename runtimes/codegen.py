@@ -123,6 +123,10 @@ class SegmentPlan:
     autocast_casts: dict[int, torch.dtype] = field(default_factory=dict)
     # per resident slot, the group during whose run the backward last reads it (-1: never)
     last_read_group: list[int] = field(default_factory=list)
+    #: Resident slots the graph computes no gradient for (a parameter the forward never
+    #: reads, or reads under no_grad): eager's backward never reaches them, so the runtime
+    #: gives autograd no edge to them (`_Runner.handed`), or it would run their hooks.
+    without_gradient: frozenset[int] = frozenset()
     forward_source: str = ""
     backward_source: str = ""
     regions: list = field(default_factory=list)  # compiled.Region, backend "inductor"
@@ -381,6 +385,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        buffers_read_in_backward=read_in_backward, gradient_groups=groups,
                        gradient_sources=[[sources(v) for _, v in entries] for _, entries in yields],
                        last_read_group=last_read_group, regions=regions or [],
+                       without_gradient=frozenset(slot for slot, v in enumerate(grads) if v is None),
                        autocast_casts={slot: torch_dtype(d) for slot, d in parts.casts.items()},
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan

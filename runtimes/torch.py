@@ -145,6 +145,7 @@ class _Step:
             handed.clear()  # only autograd holds them now
             if self.unused:
                 grads = self._unreached_as_none(index, grads)
+            grads = tuple(grads[k] for k in self.runner.handed[index])
             if last:
                 for _ in self.segment:
                     pass
@@ -260,6 +261,8 @@ class _Outputs(torch.autograd.Function):
             if alias._version != version:
                 raise step.runner.output_modified(i)
         unused = {i for i, g in enumerate(grad_outputs) if g is None}
+        if unused:
+            step.runner.check_unreached_hooks(step.resident, unused)
         grad_outputs = [_as_traced(g, strides) if g is not None
                         else torch.zeros((), dtype=dtype, device=device).expand(shape)
                         for g, strides, (shape, dtype, device)
@@ -382,7 +385,7 @@ def gradient_nodes(output: torch.Tensor) -> list:
 def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = None) -> tuple:
     """Run a training step's forward segment and wire its backward (`_Step`)."""
     step = _Step(runner, resident, sharding)
-    groups = runner.plan.gradient_groups
+    groups = [[slots[k] for k in entries] for slots, entries in zip(runner.plan.gradient_groups, runner.handed)]
     taking = [i for i, slots in enumerate(groups)
               if any(resident[s].requires_grad for s in slots)]
     if not taking:  # nothing needs a gradient: no backward
@@ -437,6 +440,10 @@ class _Runner:
         #: Resident slots the backward segment reads (`_Step.versions` watches them).
         self.read_in_backward = [slot for slot, group in enumerate(self.plan.last_read_group)
                                  if group >= 0]
+        #: Per gradient group, the positions of its entries handed to autograd: not those of
+        #: slots the graph has no gradient for, which autograd must not reach.
+        self.handed = [[k for k, slot in enumerate(group) if slot not in self.plan.without_gradient]
+                       for group in self.plan.gradient_groups]
         #: The slots whose gradient goes to the block's autocast cast of them
         #: (`autocast_anchors`), grouped by the gradient group that finishes them: one
         #: autograd node per group casts them back.
@@ -476,6 +483,38 @@ class _Runner:
             f"computes gradients from it again (eager's backward may not read it), so the "
             f"gradients would come from the modified values. Modify a copy: clone the output "
             f"before the in-place op (`out = out.clone()`), or modify it after backward()")
+
+    def check_unreached_hooks(self, resident: tuple, unused: set[int]) -> None:
+        """Refuse a backward whose loss leaves out every output a hooked tensor's gradient
+        comes from (a head the loss does not use this step). Eager's backward never
+        reaches such a parameter, so it never runs its tensor or post-accumulate hooks;
+        the step's nodes take every tensor they compute a gradient for as inputs (fixed at
+        forward time, before the loss is known), so autograd would run them with no
+        gradient: an optimizer step fused into a post-accumulate hook (PyTorch's recipe)
+        moved an unused head by momentum and weight decay (3.8e-2 off eager's), silently.
+        Found by a review."""
+        reached: dict[int, frozenset] = {}
+        for group, sources in zip(self.plan.gradient_groups, self.plan.gradient_sources):
+            for slot, of in zip(group, sources):
+                reached[slot] = reached.get(slot, frozenset()) | of
+        hooked = [slot for slot, of in reached.items()
+                  if of and of <= unused and resident[slot].requires_grad
+                  and (resident[slot]._backward_hooks or resident[slot]._post_accumulate_grad_hooks)]
+        if not hooked:
+            return
+        names = [e.argument_name or e.name for slot in hooked for e in self.graph.proto.inputs
+                 if e.value_id == self.plan.resident[slot]]
+        left_out = ", ".join(_user_output_name(self.graph, i) for i in sorted(unused))
+        raise RematIRError(
+            f"the loss leaves out {left_out} of the model, the only outputs that "
+            f"{', '.join(sorted(names))} get a gradient from, and they have hooks (register_hook, "
+            f"register_post_accumulate_grad_hook): eager's backward never reaches them and never "
+            f"calls those hooks, but a remat-ir step's backward reaches every tensor it computes a "
+            f"gradient for (its autograd nodes are made at forward time, before the loss is "
+            f"known), so it would call them with no gradient (an optimizer step in such a hook "
+            f"would step them). Have the model return only the outputs this loss uses (an "
+            f"argument that skips the unused head: each signature gets its own plan), or remove "
+            f"these hooks for such steps")
 
     def apply_buffer_updates(self, resident: tuple, updates: tuple) -> tuple:
         """Copy buffer updates in, once; return the resident tuple backward should see."""

@@ -1396,6 +1396,90 @@ def test_a_head_the_loss_leaves_out_keeps_no_gradient_as_in_eager(head):
     assert errors == {}
 
 
+class _Spares(torch.nn.Module):
+    """A layer the forward never reads, one it reads under no_grad only, and two heads
+    (the second skipped when `with_b` is False)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4), torch.nn.Linear(16, 2)
+        self.spare, self.teacher = torch.nn.Linear(8, 2), torch.nn.Linear(8, 16)
+
+    def forward(self, x, with_b: bool = True):
+        with torch.no_grad():
+            target = self.teacher(x)
+        h = torch.relu(self.body(x)) - target
+        return (self.a(h), self.b(h)) if with_b else (self.a(h),)
+
+
+def _hooks_and_step_in_backward(model, seen):
+    """Hooks on every parameter that record what autograd calls them with, and SGD with
+    momentum and weight decay stepped in the post-accumulate hook, with gradients zeroed
+    there, not set to None (PyTorch's optimizer-in-backward recipe)."""
+    optimizers = {p: torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=0.1) for p in model.parameters()}
+
+    def step(p):
+        seen.append(("post", names[p]))
+        optimizers[p].step()
+        optimizers[p].zero_grad(set_to_none=False)
+
+    names = {p: n for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.register_hook(lambda g, n=names[p]: seen.append(("tensor", n, None if g is None else tuple(g.shape))))
+        p.register_post_accumulate_grad_hook(step)
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_hooks_of_parameters_eager_never_reaches_are_not_called(solver):
+    """A layer the forward never reads and one read under no_grad get no gradient; eager's
+    backward never reaches them, so never calls their hooks. The step's nodes took every
+    trainable tensor as an input, so autograd called their tensor hooks with None and
+    their post-accumulate hooks (found by a review). They now have no edge to them."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    eager = _Spares()
+    model = copy.deepcopy(eager)
+    scheduled = _remat(model, (x,), solver=solver, gradient_groups=4)
+    calls = {}
+    for name, m in (("eager", eager), ("remat", scheduled)):
+        calls[name] = []
+        _hooks_and_step_in_backward(m, calls[name])
+        for _ in range(3):
+            a, b = m(x)
+            (a.square().mean() + b.square().mean()).backward()
+    assert sorted(calls["remat"]) == sorted(calls["eager"])
+    assert not any(n.startswith(("spare", "teacher")) for _, n, *_ in calls["eager"])
+    differ = [n for (n, p), q in zip(eager.named_parameters(), model.parameters()) if not torch.equal(p, q)]
+    assert differ == []
+
+
+def test_hooks_on_a_head_the_loss_leaves_out_are_refused_and_skipping_it_trains_like_eager():
+    """A step whose loss leaves out head b: eager never reaches b, so never calls its
+    hooks; the step's nodes (made before the loss is known) would call them with no
+    gradient, and the optimizer stepped in them moved b by momentum and weight decay
+    (3.8e-2 off eager's, silently). Refused, naming the head; the way out the message
+    gives, a forward that skips the head, trains like eager."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    eager = _Spares()
+    model = copy.deepcopy(eager)
+    scheduled = _remat(model, (x,), solver="autograd")
+    calls = {"eager": [], "remat": []}
+    _hooks_and_step_in_backward(eager, calls["eager"])
+    _hooks_and_step_in_backward(scheduled, calls["remat"])
+    loss = scheduled(x)[0].square().mean()
+    with pytest.raises(RematIRError, match=r"leaves out output\[1\] of the model, the only outputs "
+                                           r"that b.bias, b.weight get a gradient from"):
+        loss.backward()
+    assert calls["remat"] == []
+    assert all(torch.equal(p, q) for p, q in zip(eager.parameters(), model.parameters()))
+    for _ in range(2):
+        for m in (eager, scheduled):
+            m(x, with_b=False)[0].square().mean().backward()
+    assert sorted(calls["remat"]) == sorted(calls["eager"])
+    assert all(torch.equal(p, q) for p, q in zip(eager.parameters(), model.parameters()))
+
+
 _GLOBAL_TARGET, _GLOBAL_SCALE = torch.randn(4, 4), torch.ones(())
 
 
