@@ -24,6 +24,7 @@ import dataclasses
 import json
 import operator
 import sys
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import repeat
@@ -50,7 +51,7 @@ from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describ
                                      torch_dtype)
 from remat_ir.torchlib.value_guards import ValueGuards
 
-from . import autocast_anchors, backward_settings
+from . import autocast_anchors, backward_settings, gradient_routes
 from .call_guard import CallGuard
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, generate, resident_order, segments_without_autocast
@@ -73,7 +74,7 @@ class RuntimeInputError(RematIRError):
 class _Step:
     """One call's training step: the forward segment runs when it is made; its backward
     segment (a generator, `codegen`) runs group by group from the autograd nodes
-    `_Outputs` and `_Gradients`, each handing one group of gradients to autograd.
+    `_Outputs` and `_Gradients`, each handing a part of a group of gradients to autograd.
 
     The nodes form a chain that autograd must run in order: `_Outputs` (the user
     outputs' node, so the first the loss's gradient reaches) takes the first group,
@@ -81,7 +82,13 @@ class _Step:
     node returns and the next takes. A group's gradients thus reach the parameters'
     `AccumulateGrad` (and DDP's or FSDP's hooks on it) as soon as the segment has
     them, while the rest of the segment still runs; `torch.autograd.grad` gets them as
-    from any node."""
+    from any node. Tensors that only some outputs reach (a second head) are handed over
+    by "anchor" `_Gradients` nodes that only those outputs reach, through `_Output`
+    nodes of their own (`gradient_routes`), so that autograd reaches what eager's does.
+
+    Each node claims its part (`claim`); the node that claims last runs the segment to
+    its end. Nodes a backward does not run (the anchor of a head the loss leaves out,
+    nodes `torch.autograd.grad` does not need) claim nothing."""
 
     def __init__(self, runner: "_Runner", resident: tuple, sharding: "_Sharding | None" = None):
         self.runner, self.device, self.sharding = runner, runner.device, sharding
@@ -113,40 +120,92 @@ class _Step:
         self.unused: set[int] = set()   # user outputs the loss gave no gradient
         self.yielded = 0        # groups the generator has yielded
         self.finished = False
+        self.routes = runner.routes if sharding is None else runner.chain_routes
+        #: Node keys (`gradient_routes.Key`) whose part no node has claimed yet; the
+        #: parts the segment has yielded and their nodes not yet claimed.
+        self.outstanding: set = set()
+        self.pending: dict = {}
+        #: Weak references to the step's nodes (no cycle through autograd's graph):
+        #: per key, per user output returned by a node of its own, and `_Outputs`'.
+        self.nodes: dict = {}
+        self.output_nodes: dict[int, Callable] = {}
+        self.outputs_node: Callable | None = None
+        #: User outputs for `_Output` nodes to return, and the gradients those nodes got.
+        self.own_outputs: dict[int, torch.Tensor] = {}
+        self.tangents: dict[int, torch.Tensor | None] = {}
 
-    def begin(self, outputs_read: tuple, grad_outputs: list, unused: set[int]) -> None:
-        """Start the backward segment (from the outputs' node); `unused`: the positions of
-        the outputs no gradient reached (their tangents are zeros)."""
+    def begin(self, outputs, given: dict, claimant) -> None:
+        """Start the backward segment; `outputs`: `_Outputs`' ctx (it holds the outputs the
+        segment reads), `given`: the gradients its backward got, by output position (none
+        where an anchor starts the segment because `_Outputs` does not run); `claimant`:
+        the key of the node starting it (None: `_Outputs` hands nothing over). An output
+        whose node has not run gets zeros (`unused`): one the loss does not reach."""
+        if torch.is_grad_enabled():   # backward(create_graph=True), torch.autograd.grad too
+            raise RematIRError(
+                "backward with create_graph=True (gradients of gradients: a gradient penalty, "
+                "MAML) through a remat-ir step: its backward runs as planned ops outside "
+                "autograd, which records no graph of them. Compute such a loss with the original "
+                "model (the one passed to remat_ir.remat), whose autograd graph supports it")
         if self.finished or self.segment is not None:
             raise _second_backward()
+        watched, outputs.watched = outputs.watched, None
+        for i, alias, version in watched or ():
+            if alias._version != version:
+                raise self.runner.output_modified(i)
+        grads = []
+        for i in range(len(outputs.output_meta)):
+            if i in given or i in self.tangents:
+                grads.append(given[i] if i in given else self.tangents[i])
+                continue
+            if _will_run(self.output_nodes.get(i, self.outputs_node)):
+                raise _out_of_order()
+            grads.append(None)
+        unused = {i for i, g in enumerate(grads) if g is None}
+        grads = [_as_traced(g, strides) if g is not None
+                 else torch.zeros((), dtype=dtype, device=device).expand(shape)
+                 for g, strides, (shape, dtype, device)
+                 in zip(grads, outputs.tangent_strides, outputs.output_meta)]
         for slot, version in self.versions:
             if self.resident[slot]._version != version:
                 raise self._written_since(slot)
         backward_settings.check(self.runner.graph, self.device, self.kernels, self.runner.backward_casts)
         self.unused = unused
+        # A node this backward does not run would never claim its part. (Autograd does not
+        # count the root among the nodes it runs where it is the loss's own node.)
+        self.outstanding = {key for key in self.outstanding if key == claimant or _will_run(self.nodes[key])}
         stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
         step_units = self.sharding.step_units if self.sharding is not None else None
-        self.segment = self.runner.backward_fn(self.resident, stash, outputs_read, grad_outputs,
+        self.segment = self.runner.backward_fn(self.resident, stash, outputs.saved_tensors, grads,
                                                step_units)
 
-    def group(self, index: int, last: bool) -> tuple:
-        """The gradients of group `index`, running the segment up to where it yields them
-        (groups before it that no node takes are dropped: nothing there needs a
-        gradient). The `last` node of the chain runs the segment to its end."""
-        if self.segment is None or self.finished:
+    def claim(self, key) -> tuple:
+        """The gradients node `key` hands to autograd, running the segment up to where it
+        yields their group (parts of it other nodes claim are kept for them; parts no node
+        claims are dropped: nothing there needs a gradient). The node that claims last
+        runs the segment to its end. An anchor whose outputs' node has not run (autograd
+        does not need it: `torch.autograd.grad` of a head's parameters) starts it."""
+        if self.segment is None and not self.finished and self.outputs_node is not None:
+            self.begin(self.outputs_node(), {}, key)
+        if key not in self.outstanding or self.segment is None:
             raise _second_backward()
+        group = key[1] if key[0] == "chain" else self.routes.anchors[key[1]].group
         if self.sharding is not None:
-            self.sharding.reduce_before(index)
+            self.sharding.reduce_before(group)
         with segments_without_autocast(self.device):
-            while self.yielded <= index:
+            while key not in self.pending:
                 handed = next(self.segment)
-                self.yielded += 1
-            grads = tuple(handed)
-            handed.clear()  # only autograd holds them now
-            if self.unused:
-                grads = self._unreached_as_none(index, grads)
-            grads = tuple(grads[k] for k in self.runner.handed[index])
-            if last:
+                index, self.yielded = self.yielded, self.yielded + 1
+                grads = tuple(handed)
+                handed.clear()  # only autograd holds them now
+                if self.unused:
+                    grads = self._unreached_as_none(index, grads)
+                for k, entries in self.routes.handers[index]:
+                    if k in self.outstanding:
+                        self.pending[k] = tuple(grads[e] for e in entries)
+                del grads
+            grads = self.pending.pop(key)
+            self.outstanding.discard(key)
+            if not self.outstanding:
                 for _ in self.segment:
                     pass
                 self.finished, self.segment, self.resident = True, None, None
@@ -170,8 +229,23 @@ class _Step:
         left out) and leaves their `.grad` None, which optimizers skip; the graph computes
         zeros, which weight decay and momentum would not skip."""
         plan = self.runner.plan
-        return tuple(None if g is not None and sources <= self.unused else g
+        return tuple(None if g is not None and sources and sources <= self.unused else g
                      for sources, g in zip(plan.gradient_sources[index], grads))
+
+
+def _will_run(node: Callable | None) -> bool:
+    """Whether the running backward will run the node `node` (a weak reference) refers to."""
+    ctx = node() if node is not None else None
+    return ctx is not None and torch._C._will_engine_execute_node(ctx)
+
+
+def _out_of_order() -> RematIRError:
+    return RematIRError(
+        "the backward reached a part of a remat-ir step before the gradient of every output of "
+        "the step that the loss uses: the step's backward segment needs them all at once. "
+        "Autograd runs the nodes of one device in order; this happens where the loss moves "
+        "outputs to another device (`out.cpu()`) or a backward runs inside another: compute "
+        "the loss on the outputs' device")
 
 
 def _second_backward() -> RematIRError:
@@ -181,18 +255,42 @@ def _second_backward() -> RematIRError:
 
 
 class _Gradients(torch.autograd.Function):
-    """A node of the chain (`_Step`): backward hands group `index` to autograd."""
+    """A node of the chain, or an anchor (`_Step`): backward hands the part `key` of a
+    group to autograd (`tensors`: what it is the gradient of)."""
 
     @staticmethod
-    def forward(ctx, step: _Step, index: int, last: bool, token, *tensors):
-        ctx.step, ctx.index, ctx.last, ctx.took_token = step, index, last, token is not None
+    def forward(ctx, step: _Step, key, token, *tensors):
+        ctx.step, ctx.key, ctx.took_token = step, key, token is not None
+        step.nodes[key] = weakref.ref(ctx)
         return torch.empty(0, device=step.device)
 
     @staticmethod
     def backward(ctx, _token_grad):
-        grads = ctx.step.group(ctx.index, ctx.last)
+        grads = ctx.step.claim(ctx.key)
         token = torch.empty(0, device=ctx.step.device) if ctx.took_token else None
-        return (None, None, None, token, *grads)
+        return (None, None, token, *grads)
+
+
+class _Output(torch.autograd.Function):
+    """A user output returned by a node of its own, which takes the token of `_Outputs`
+    and of each anchor (`gradient_routes`) that reaches what this output is computed
+    from: the loss reaches those anchors only through the outputs it uses. Its backward
+    keeps the output's gradient for the segment (`_Step.begin`)."""
+
+    @staticmethod
+    def forward(ctx, step: _Step, position: int, token, *anchors):
+        ctx.step, ctx.position, ctx.anchors = step, position, len(anchors)
+        ctx.set_materialize_grads(False)
+        step.output_nodes[position] = weakref.ref(ctx)
+        return step.own_outputs.pop(position)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.step.tangents[ctx.position] = grad
+        # Defined (empty) tokens: a node given only undefined gradients runs on the CPU's
+        # queue, out of order with the step's device.
+        empty = torch.empty(0, device=ctx.step.device)
+        return (None, None, empty, *repeat(empty, ctx.anchors))
 
 
 def _unviewed(outputs: tuple, resident: set[int]) -> tuple:
@@ -219,7 +317,7 @@ class _Outputs(torch.autograd.Function):
     group of gradients to autograd."""
 
     @staticmethod
-    def forward(ctx, step: _Step, index: int, last: bool, token, *tensors):
+    def forward(ctx, step: _Step, key, own: tuple, token, *tensors):
         runner = step.runner
         resident = {id(t) for t in step.resident}
         # An output that is a resident tensor (a parameter returned as is) leaves as a view,
@@ -227,48 +325,42 @@ class _Outputs(torch.autograd.Function):
         outputs = _unviewed(tuple(o.view_as(o) if id(o) in resident else o for o in step.outputs),
                             resident)
         step.outputs = None
-        ctx.step, ctx.index, ctx.last, ctx.took_token = step, index, last, token is not None
-        ctx.save_for_backward(*(outputs[i] for i in runner.outputs_read_positions))
+        ctx.step, ctx.key, ctx.took_token = step, key, token is not None
+        step.outputs_node = weakref.ref(ctx)
+        if key is not None:
+            step.nodes[key] = weakref.ref(ctx)
+        # Outputs `_Output` nodes return are saved detached: saved as they are, they would
+        # hold those nodes, which hold this one (a cycle autograd's graph never frees).
+        ctx.save_for_backward(*(outputs[i].detach() if i in own else outputs[i]
+                                for i in runner.outputs_read_positions))
         # Each output the backward reads, with its version now: one the caller modifies in
         # place before the backward is refused by name (`_Runner.output_modified`). A
         # detached alias shares the output's version counter and storage (saved anyway).
         ctx.watched = [(i, outputs[i].detach(), outputs[i]._version)
                        for i in runner.outputs_watched_positions]
         ctx.mark_non_differentiable(*(o for i, (o, t) in enumerate(zip(outputs, runner.plan.tangents))
-                                      if t is None and i not in runner.aliased))
+                                      if t is None and i not in runner.aliased and i not in own))
         ctx.aliased = runner.aliased
         # Outputs that get no gradient (logits beside a loss) would otherwise receive a
         # full-size zeros tensor; backward uses a broadcast zero scalar instead.
         ctx.set_materialize_grads(False)
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
         ctx.tangent_strides = runner.tangent_strides
-        return outputs
+        ctx.positions = [i for i in range(len(outputs)) if i not in own]
+        step.own_outputs = {i: outputs[i] for i in own}
+        returned = tuple(outputs[i] for i in ctx.positions)
+        # A token for the `_Output` nodes: they reach this node, which must run after them.
+        return returned + (torch.empty(0, device=step.device),) if own else returned
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        if torch.is_grad_enabled():   # backward(create_graph=True), torch.autograd.grad too
-            raise RematIRError(
-                "backward with create_graph=True (gradients of gradients: a gradient penalty, "
-                "MAML) through a remat-ir step: its backward runs as planned ops outside "
-                "autograd, which records no graph of them. Compute such a loss with the original "
-                "model (the one passed to remat_ir.remat), whose autograd graph supports it")
+        given = dict(zip(ctx.positions, grad_outputs))
         for i, message in ctx.aliased.items():
-            if grad_outputs[i] is not None:
+            if given.get(i) is not None:
                 raise RematIRError(f"{message} (the loss reads it)")
         step = ctx.step
-        watched, ctx.watched = ctx.watched, None
-        for i, alias, version in watched or ():
-            if alias._version != version:
-                raise step.runner.output_modified(i)
-        unused = {i for i, g in enumerate(grad_outputs) if g is None}
-        if unused:
-            step.runner.check_unreached_hooks(step.resident, unused)
-        grad_outputs = [_as_traced(g, strides) if g is not None
-                        else torch.zeros((), dtype=dtype, device=device).expand(shape)
-                        for g, strides, (shape, dtype, device)
-                        in zip(grad_outputs, ctx.tangent_strides, ctx.output_meta)]
-        step.begin(ctx.saved_tensors, grad_outputs, unused)
-        grads = step.group(ctx.index, ctx.last)
+        step.begin(ctx, given, ctx.key)
+        grads = step.claim(ctx.key) if ctx.key is not None else (None,)
         token = torch.empty(0, device=step.device) if ctx.took_token else None
         return (None, None, None, token, *grads)
 
@@ -385,12 +477,13 @@ def gradient_nodes(output: torch.Tensor) -> list:
 def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = None) -> tuple:
     """Run a training step's forward segment and wire its backward (`_Step`)."""
     step = _Step(runner, resident, sharding)
-    groups = [[slots[k] for k in entries] for slots, entries in zip(runner.plan.gradient_groups, runner.handed)]
-    taking = [i for i, slots in enumerate(groups)
-              if any(resident[s].requires_grad for s in slots)]
+    groups, handers = runner.plan.gradient_groups, step.routes.handers
+    taking = {key for i, here in enumerate(handers) for key, entries in here
+              if any(resident[groups[i][k]].requires_grad for k in entries)}
     if not taking:  # nothing needs a gradient: no backward
         outputs, step.outputs = step.outputs, None
         return tuple(outputs)
+    step.outstanding = set(taking)
     # What each slot's gradient is handed to: the tensor, or the block's autocast cast of it.
     receivers = list(step.resident)
     if runner.cast_groups:
@@ -404,12 +497,38 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
     if runner.cast_and_read:
         autocast_anchors.warn_if_read_again({runner.graph.proto.inputs[i].name: step.resident[s]
                                              for i, s in runner.cast_and_read})
-    token = None
-    for i in reversed(taking[1:]):  # made last-first: autograd runs them first-last
-        token = _Gradients.apply(step, i, i == taking[-1], token, *(receivers[s] for s in groups[i]))
-    first = taking[0]
-    return _Outputs.apply(step, first, first == taking[-1], token,
-                          *(receivers[s] for s in groups[first]))
+
+    def inputs(group: int, entries: tuple) -> list:
+        return [receivers[groups[group][k]] for k in entries]
+
+    chain = [(i, key, entries) for i, here in enumerate(handers) for key, entries in here
+             if key in taking and key[0] == "chain"]
+    first = chain[0] if chain else None
+    token, tokens = None, {o: [] for o in step.routes.own_nodes}
+    # Made last-first: of the nodes ready together autograd runs the one made last first,
+    # so the chain runs in group order, each group's anchors just before its chain node.
+    for i in reversed(range(len(groups))):
+        for key, entries in handers[i]:
+            if key not in taking:
+                continue
+            if key[0] == "anchor":
+                made = _Gradients.apply(step, key, None, *inputs(i, entries))
+                for o in step.routes.anchors[key[1]].outputs:
+                    tokens[o].append(made)
+            elif (i, key, entries) != first:
+                token = _Gradients.apply(step, key, token, *inputs(i, entries))
+    own = tuple(o for o in step.routes.own_nodes if tokens[o])
+    # With no part of its own to hand over, the outputs' node takes a leaf of its own, so
+    # that autograd makes it a node (it starts the segment, holding what that reads).
+    made = _Outputs.apply(step, first[1] if first else None, own, token,
+                          *(inputs(first[0], first[2]) if first
+                            else (torch.empty(0, device=step.device, requires_grad=True),)))
+    if not own:
+        return made
+    outputs = dict(zip((i for i in range(len(made) - 1 + len(own)) if i not in own), made[:-1]))
+    for o in own:
+        outputs[o] = _Output.apply(step, o, made[-1], *tokens[o])
+    return tuple(outputs[i] for i in range(len(outputs)))
 
 
 class _Runner:
@@ -440,10 +559,6 @@ class _Runner:
         #: Resident slots the backward segment reads (`_Step.versions` watches them).
         self.read_in_backward = [slot for slot, group in enumerate(self.plan.last_read_group)
                                  if group >= 0]
-        #: Per gradient group, the positions of its entries handed to autograd: not those of
-        #: slots the graph has no gradient for, which autograd must not reach.
-        self.handed = [[k for k, slot in enumerate(group) if slot not in self.plan.without_gradient]
-                       for group in self.plan.gradient_groups]
         #: The slots whose gradient goes to the block's autocast cast of them
         #: (`autocast_anchors`), grouped by the gradient group that finishes them: one
         #: autograd node per group casts them back.
@@ -468,6 +583,13 @@ class _Runner:
         names = [o.name.removeprefix("output") for o in graph.proto.outputs
                  if o.role == pb.USER_OUTPUT]
         self.aliased = {i: said[name] for i, name in enumerate(names) if name in said}
+        #: Which node hands each gradient over (`gradient_routes`); under FSDP2, the chain.
+        differentiable = frozenset(i for i, t in enumerate(self.plan.tangents)
+                                   if t is not None and i not in self.aliased)
+        planned = (self.plan.gradient_groups, self.plan.gradient_sources, self.plan.without_gradient,
+                   differentiable)
+        self.routes = gradient_routes.routes(*planned)
+        self.chain_routes = gradient_routes.routes(*planned, chain_only=True)
         self.snapshot_slots = {slot_of[name] for name in self.plan.buffers_read_in_backward}
 
     def output_modified(self, position: int) -> RematIRError:
@@ -483,38 +605,6 @@ class _Runner:
             f"computes gradients from it again (eager's backward may not read it), so the "
             f"gradients would come from the modified values. Modify a copy: clone the output "
             f"before the in-place op (`out = out.clone()`), or modify it after backward()")
-
-    def check_unreached_hooks(self, resident: tuple, unused: set[int]) -> None:
-        """Refuse a backward whose loss leaves out every output a hooked tensor's gradient
-        comes from (a head the loss does not use this step). Eager's backward never
-        reaches such a parameter, so it never runs its tensor or post-accumulate hooks;
-        the step's nodes take every tensor they compute a gradient for as inputs (fixed at
-        forward time, before the loss is known), so autograd would run them with no
-        gradient: an optimizer step fused into a post-accumulate hook (PyTorch's recipe)
-        moved an unused head by momentum and weight decay (3.8e-2 off eager's), silently.
-        Found by a review."""
-        reached: dict[int, frozenset] = {}
-        for group, sources in zip(self.plan.gradient_groups, self.plan.gradient_sources):
-            for slot, of in zip(group, sources):
-                reached[slot] = reached.get(slot, frozenset()) | of
-        hooked = [slot for slot, of in reached.items()
-                  if of and of <= unused and resident[slot].requires_grad
-                  and (resident[slot]._backward_hooks or resident[slot]._post_accumulate_grad_hooks)]
-        if not hooked:
-            return
-        names = [e.argument_name or e.name for slot in hooked for e in self.graph.proto.inputs
-                 if e.value_id == self.plan.resident[slot]]
-        left_out = ", ".join(_user_output_name(self.graph, i) for i in sorted(unused))
-        raise RematIRError(
-            f"the loss leaves out {left_out} of the model, the only outputs that "
-            f"{', '.join(sorted(names))} get a gradient from, and they have hooks (register_hook, "
-            f"register_post_accumulate_grad_hook): eager's backward never reaches them and never "
-            f"calls those hooks, but a remat-ir step's backward reaches every tensor it computes a "
-            f"gradient for (its autograd nodes are made at forward time, before the loss is "
-            f"known), so it would call them with no gradient (an optimizer step in such a hook "
-            f"would step them). Have the model return only the outputs this loss uses (an "
-            f"argument that skips the unused head: each signature gets its own plan), or remove "
-            f"these hooks for such steps")
 
     def apply_buffer_updates(self, resident: tuple, updates: tuple) -> tuple:
         """Copy buffer updates in, once; return the resident tuple backward should see."""

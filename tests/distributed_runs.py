@@ -291,6 +291,87 @@ def _held_tensor_per_rank(rank: int, world: int) -> dict:
     return {"error": None}
 
 
+class _TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return self.a(h), self.b(h)
+
+
+def _ddp_head_left_out(rank: int, world: int) -> dict:
+    """A loss that reads head b at the first step only, under DDP with and without
+    `find_unused_parameters`, for eager and remat-ir: the step at which DDP raises (eager's
+    reducer waits for b's gradient hooks, which its backward never runs), or the weights
+    after 3 AdamW steps. The step's nodes took every parameter, so autograd ran b's hooks
+    with no gradient: DDP reduced zeros into b.grad, which AdamW's decay applied, where
+    eager raises (found by a review)."""
+    import remat_ir
+
+    results = {}
+    for find_unused in (False, True):
+        torch.manual_seed(0)
+        model, x = _TwoHeads(), torch.randn(4, 8) + rank
+        runs = {"eager": copy.deepcopy(model),
+                "remat": remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops",
+                                        cache_dir=_cache_dir)}
+        for name, module in runs.items():
+            ddp = torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused)
+            optimizer = torch.optim.AdamW(ddp.parameters(), lr=0.1, weight_decay=0.1)
+            raised = None
+            for step in range(3):
+                try:
+                    a, b = ddp(x)
+                except RuntimeError as error:
+                    raised = (step, "Expected to have finished reduction" in str(error))
+                    break
+                (a.square().mean() + (b.square().mean() if step == 0 else 0)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            results[f"{name}-{find_unused}"] = {
+                "raised": raised, "weights": [p.detach().flatten().tolist() for p in module.parameters()]}
+            del ddp
+            gc.collect()
+    return results
+
+
+def _fsdp_head_left_out_with_hooks(rank: int, world: int) -> dict:
+    """FSDP2 around eager and around remat-ir, post-accumulate hooks on every (sharded)
+    parameter: the parameters whose hooks run and whose gradient is None at a step whose
+    loss reads both heads, then at one that leaves head b out."""
+    import remat_ir
+    from torch.distributed.fsdp import fully_shard
+
+    results = {}
+    for name in ("eager", "remat"):
+        torch.manual_seed(0)
+        model, x = _TwoHeads(), torch.randn(4, 8) + rank
+        trained = model if name == "eager" else remat_ir.remat(model, (x,), solver="recompute-all",
+                                                                cost_model="flops", cache_dir=_cache_dir)
+        fully_shard(model.a)
+        fully_shard(model.b)
+        trained = fully_shard(trained)
+        calls = []
+        for n, p in model.named_parameters():
+            p.register_post_accumulate_grad_hook(lambda p, n=n: calls.append(n))
+        steps = []
+        for heads in (2, 1):
+            trained.zero_grad(set_to_none=True)
+            a, b = trained(x)
+            try:
+                (a.square().mean() + (b.square().mean() if heads == 2 else 0)).backward()
+            except Exception as error:
+                steps.append({"error": f"{type(error).__name__}: {error}"})
+                break
+            steps.append({"hooks": sorted(calls), "no_grad": sorted(n for n, p in model.named_parameters()
+                                                                     if p.grad is None)})
+            calls.clear()
+        results[name] = steps
+    return results
+
+
 class _Layers(torch.nn.Module):
     """Six FSDP units: linear layers of 256 x 256 and GELU."""
 
@@ -365,6 +446,8 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
         results["fsdp_new_shape"] = _fsdp_new_shape(rank, world)
         results["fsdp_gathers"] = _fsdp_gathered_at_once(rank, world)
         results["held_per_rank"] = _held_tensor_per_rank(rank, world)
+        results["ddp_head_left_out"] = _ddp_head_left_out(rank, world)
+        results["fsdp_head_left_out"] = _fsdp_head_left_out_with_hooks(rank, world)
         gathered: list = [None] * world
         dist.all_gather_object(gathered, results)
         if rank == 0:

@@ -69,11 +69,12 @@ class _Dropout(torch.autograd.Function):
 
 class RandomNet(torch.nn.Module):
     """A random program over (batch, width) tensors: each step applies an op to earlier
-    results; the loss sums the squares of the results nothing else read."""
+    results; the loss sums the squares of the results nothing else read (with `heads`,
+    the forward returns those results, one output each, for the caller's loss)."""
 
-    def __init__(self, program: list[tuple[str, tuple[int, ...]]], width: int):
+    def __init__(self, program: list[tuple[str, tuple[int, ...]]], width: int, heads: bool = False):
         super().__init__()
-        self.program = program
+        self.program, self.heads = program, heads
         self.linears = torch.nn.ModuleList(torch.nn.Linear(width, width)
                                            for op, _ in program if op == "linear")
         self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(width)
@@ -220,6 +221,8 @@ class RandomNet(torch.nn.Module):
                 y = a @ b.t() @ b / a.shape[-1]
             values.append(y)
         read = {i for _, inputs in self.program for i in inputs}
+        if self.heads:
+            return tuple(v for i, v in enumerate(values) if i not in read and i > 0)
         return sum((v * v).sum() for i, v in enumerate(values) if i not in read and i > 0)
 
 

@@ -77,6 +77,54 @@ def test_random_networks_under_random_schedules_match_eager(device, program, see
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
+@search(15, derandomize=True)
+@given(program=programs(), seed=st.integers(0, 2**32 - 1), groups=st.sampled_from([1, 3, 64]),
+       masks=st.lists(st.integers(1, 2**16), min_size=3, max_size=3))
+def test_random_networks_whose_loss_reads_some_outputs_reach_what_eager_reaches(program, seed, groups, masks):
+    """Random networks returning each result nothing else reads as an output of its own;
+    each step's loss reads a random subset of them. Eager's backward reaches only the
+    parameters those outputs are computed from, and runs only their hooks: tensor hooks
+    and post-accumulate hooks (an SGD step with momentum and weight decay in them, grads
+    zeroed, not set to None) must be called for the same parameters with bitwise the
+    same gradients as eager's, under random valid schedules, and the weights stay equal
+    (`gradient_routes`: a step's nodes took every parameter, whatever the loss read)."""
+    width = 6
+    torch.manual_seed(0)
+    graph = lower_torch(RandomNet(program, width, heads=True), (torch.randn(3, width),), cost_model="flops")
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
+    calls, weights = {}, {}
+    for name in ("eager", "remat"):
+        torch.manual_seed(0)
+        model = RandomNet(program, width, heads=True)
+        run = model if name == "eager" else ScheduledModule(model, graph, schedule, gradient_groups=groups)
+        seen, calls[name] = [], []
+        names = {p: n for n, p in model.named_parameters()}
+        optimizers = {p: torch.optim.SGD([p], lr=0.05, momentum=0.9, weight_decay=0.1) for p in names}
+
+        def step(p, optimizers=optimizers, names=names, seen=seen):
+            seen.append(("post", names[p], None))
+            optimizers[p].step()
+            optimizers[p].zero_grad(set_to_none=False)
+
+        for p, n in names.items():
+            p.register_hook(lambda g, n=n, seen=seen: seen.append(("tensor", n, None if g is None else g.clone())))
+            p.register_post_accumulate_grad_hook(step)
+        for k, mask in enumerate(masks):
+            torch.manual_seed(k)
+            outputs = run(torch.randn(3, width))
+            loss = sum((o * o).sum() for i, o in enumerate(outputs) if mask >> (i % 16) & 1 or i >= 16)
+            if torch.is_tensor(loss) and loss.requires_grad:
+                loss.backward()
+            calls[name].append(sorted(seen, key=lambda c: c[:2]))
+            seen.clear()
+        weights[name] = [p.detach().clone() for p in model.parameters()]
+    for eager, remat in zip(calls["eager"], calls["remat"]):
+        assert [c[:2] for c in remat] == [c[:2] for c in eager]
+        assert all(a is None and b is None or a is not None and b is not None and torch.equal(a, b)
+                   for (_, _, a), (_, _, b) in zip(eager, remat))
+    assert all(torch.equal(a, b) for a, b in zip(weights["eager"], weights["remat"]))
+
+
 def test_a_step_that_diverges_in_eager_too_is_compared_where_it_is_finite():
     """NaN is never equal to NaN: a network that reaches inf and then NaN gradients in
     eager (soak, 2026-11-28: a layer norm's output multiplied by its own transpose twice,

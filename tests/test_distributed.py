@@ -102,6 +102,23 @@ def test_a_tensor_held_per_rank_is_refused_saying_rank_0_lowered_it(runs):
     assert "register it as a buffer" in rank1["error"], rank1
 
 
+def test_ddp_with_a_head_the_loss_leaves_out_behaves_as_with_eager(runs):
+    """Without `find_unused_parameters` DDP raises at the step after the head was left out,
+    for remat-ir as for eager; with it, both train to the same weights."""
+    for results in runs:
+        cases = results["ddp_head_left_out"]
+        assert cases["eager-False"]["raised"] == [2, True], cases["eager-False"]["raised"]
+        assert cases["remat-False"]["raised"] == [2, True], cases["remat-False"]["raised"]
+        assert cases["eager-True"]["raised"] is None and cases["remat-True"]["raised"] is None
+        assert cases["remat-True"]["weights"] == cases["eager-True"]["weights"]
+
+
+def test_fsdp_with_a_head_the_loss_leaves_out_runs_the_hooks_eager_runs(runs):
+    for results in runs:
+        case = results["fsdp_head_left_out"]
+        assert case["remat"] == case["eager"], case
+
+
 def test_fsdp_units_are_gathered_unit_by_unit(runs):
     """Six FSDP units, a plan at 50% that recomputes: each segment gathers each unit once;
     the forward holds one unit at a time, the backward the units whose ops (recomputed

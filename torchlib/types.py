@@ -322,7 +322,7 @@ def record_device(provenance, device: torch.device | str) -> None:
     which takes no device memory), what its allocator rounds allocations up to
     (`allocation_granularity_bytes`; the CPU allocator's sizes are exact), and that the
     runtime makes the output gradients as the backward starts
-    (`runtime_makes_gradient_seeds`: `runtimes/torch.py`'s `_Outputs.backward`)."""
+    (`runtime_makes_gradient_seeds`: `runtimes/torch.py`'s `_Step.begin`)."""
     device = torch.device(device)
     provenance.cost_device = str(device)
     provenance.rng_replay_bytes = torch.default_generator.get_state().nbytes if device.type == "cpu" else 0
