@@ -647,17 +647,6 @@ def _load_spec(graph: pb.Graph, key: str):
 
 
 
-#: What a member of each of a module's tables is called, said for the user.
-_MEMBER_KINDS = {"_modules": "submodule", "_parameters": "parameter", "_buffers": "buffer"}
-
-
-def _none_members(module: torch.nn.Module) -> frozenset:
-    """(table, name) of the submodules, parameters and buffers `module` holds as None (a
-    Linear without bias, an optional buffer or adapter not set)."""
-    return frozenset((table, name) for table in _MEMBER_KINDS
-                     for name, value in vars(module)[table].items() if value is None)
-
-
 class _Lowered:
     """One lowered graph and its schedule, for the calls of one input signature: how to
     bind a call's tensors, the model's parameters and the graph's constants to it, and
@@ -724,7 +713,7 @@ class _Lowered:
         #: by a review: a bias added to a head, 0.035 where eager gives 0.315); one set to
         #: None where there was one failed inside the binding.
         self.module_members = tuple((path, tuple(module._modules), tuple(module._parameters),
-                                     tuple(module._buffers), _none_members(module))
+                                     tuple(module._buffers), model_structure.none_members(module))
                                     for path, module in model.named_modules())
         #: Paths that were one module when the plan was made (a block or a BatchNorm used at
         #: two places): the graph reads its parameters and buffers under the first path
@@ -1042,10 +1031,10 @@ class _Lowered:
         for path, *then, nones in self.module_members:
             module = modules.at(path)
             owner = f"{'the model' if not path else f'submodule {path!r}'} of {type(modules.at('')).__name__}"
-            now_none = _none_members(module)
+            now_none = model_structure.none_members(module)
             if now_none != nones:
                 table, name = min(now_none ^ nones)
-                kind = _MEMBER_KINDS[table]
+                kind = model_structure.MEMBER_KINDS[table]
                 return (f"{owner} holds None at {kind} {name!r} now and held a {kind} there when "
                         f"the model was lowered" if (table, name) not in nones else
                         f"{owner} holds a {kind} at {name!r} now and held None there when the model "

@@ -22,8 +22,15 @@ from .callables import describe
 from .hooks import TABLES, hook_tables, users_hook
 
 KEY = "torch.model_structure"
-_MEMBERS = ("_modules", "_parameters", "_buffers")
-_KINDS = {"_modules": "submodules", "_parameters": "parameters", "_buffers": "buffers"}
+#: What a member of each of a module's tables is called, said for the user.
+MEMBER_KINDS = {"_modules": "submodule", "_parameters": "parameter", "_buffers": "buffer"}
+
+
+def none_members(module: torch.nn.Module) -> frozenset:
+    """(table, name) of the submodules, parameters and buffers `module` holds as None (a
+    Linear without bias, an optional buffer or adapter not set)."""
+    return frozenset((table, name) for table in MEMBER_KINDS
+                     for name, value in vars(module)[table].items() if value is None)
 
 
 def _class_name(cls: type) -> str:
@@ -41,7 +48,7 @@ def structure(model: torch.nn.Module) -> dict:
     modules = []
     for path, module in model.named_modules():
         row = [path, _class_name(type(module))]
-        for table in _MEMBERS:
+        for table in MEMBER_KINDS:
             members = vars(module)[table]
             row.append([name for name, value in members.items() if value is not None])
             row.append([name for name, value in members.items() if value is None])
@@ -69,10 +76,10 @@ def difference(recorded: dict, now: dict) -> str | None:
         then, row = before[path], after[path]
         if then[1] != row[1]:
             return f"{where} was a {then[1]} and is a {row[1]} now"
-        for index, table in enumerate(_MEMBERS):
+        for index, table in enumerate(MEMBER_KINDS):
             held, nones = 2 + 2 * index, 3 + 2 * index
             if then[held] != row[held] or then[nones] != row[nones]:
-                return (f"{where} held {_KINDS[table]} {then[held]} (None at {then[nones]}) and holds "
+                return (f"{where} held {MEMBER_KINDS[table]}s {then[held]} (None at {then[nones]}) and holds "
                         f"{row[held]} (None at {row[nones]}) now")
     if sorted(recorded["aliases"]) != sorted(now["aliases"]):
         return f"the paths that are one module were {recorded['aliases']} and are {now['aliases']} now"
