@@ -221,7 +221,12 @@ class _Step:
         return RematIRError(f"{name} was written in place after the forward and before the "
                             f"backward, which reads it again (the plan computes values from it "
                             f"there), so the backward would compute from the new values: write "
-                            f"it after backward(), or pass the model a copy")
+                            f"it after backward(), or pass the model a copy. A hook of this "
+                            f"backward may have written it (an optimizer stepped in a "
+                            f"post-accumulate hook) where the loss also reads another call of the "
+                            f"model, or uses it outside the model, and gave it its whole gradient "
+                            f"before this call's backward ran (this call's loss leaves out what "
+                            f"it feeds): step the optimizer after backward() there")
 
     def _unreached_as_none(self, index: int, grads: tuple) -> tuple:
         """None for each gradient of group `index` computed from tangents of unused outputs
@@ -242,10 +247,11 @@ def _will_run(node: Callable | None) -> bool:
 def _out_of_order() -> RematIRError:
     return RematIRError(
         "the backward reached a part of a remat-ir step before the gradient of every output of "
-        "the step that the loss uses: the step's backward segment needs them all at once. "
-        "Autograd runs the nodes of one device in order; this happens where the loss moves "
-        "outputs to another device (`out.cpu()`) or a backward runs inside another: compute "
-        "the loss on the outputs' device")
+        "the step that the loss uses: the step's backward segment needs them all at once, and "
+        "autograd runs the nodes of one device and thread in the order they were made, and "
+        "this happens where the loss moves outputs to another device (`out.cpu()`), is built "
+        "in another thread than the model's call, or a backward runs inside another: compute "
+        "the loss on the outputs' device, in the thread that called the model")
 
 
 def _second_backward() -> RematIRError:
