@@ -41,6 +41,10 @@ class Routes:
     anchors: list[Anchor]
     #: The user outputs each returned by a node of their own (those some anchor's reach holds).
     own_nodes: tuple[int, ...]
+    #: Per resident slot handed to an anchor, the outputs that reach it (chain: absent).
+    #: What else stands between a slot and autograd (the node casting back autocast's
+    #: cast of it) must be shared only by slots of one reach.
+    reach: dict[int, frozenset[int]]
 
 
 def routes(groups: list[list[int]], sources: list[list[frozenset[int]]], without_gradient: frozenset[int],
@@ -73,4 +77,5 @@ def routes(groups: list[list[int]], sources: list[list[frozenset[int]]], without
             anchors.append(Anchor(i, outputs, tuple(entries)))
         handers.append(here)
     own = sorted(set().union(*(a.outputs for a in anchors))) if anchors else []
-    return Routes(handers, anchors, tuple(own))
+    anchored = {groups[a.group][k]: a.outputs for a in anchors for k in a.entries}
+    return Routes(handers, anchors, tuple(own), anchored)

@@ -492,9 +492,10 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
     step.outstanding = set(taking)
     # What each slot's gradient is handed to: the tensor, or the block's autocast cast of it.
     receivers = list(step.resident)
-    if runner.cast_groups:
+    cast_groups = runner.cast_groups if sharding is None else runner.chain_cast_groups
+    if cast_groups:
         dtypes = runner.plan.autocast_casts
-        slots = [[s for s in group if receivers[s].requires_grad] for group in runner.cast_groups]
+        slots = [[s for s in group if receivers[s].requires_grad] for group in cast_groups]
         made = autocast_anchors.casts([[(receivers[s], dtypes[s]) for s in group]
                                        for group in slots])
         for group, casts in zip(slots, made):
@@ -537,6 +538,16 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
     return tuple(outputs[i] for i in range(len(outputs)))
 
 
+def _cast_groups(plan, routes: gradient_routes.Routes) -> list[list[int]]:
+    """The slots autocast casts (`SegmentPlan.autocast_casts`), by the gradient group that
+    finishes them and the outputs that reach them (`Routes.reach`)."""
+    finished = {s: i for i, group in enumerate(plan.gradient_groups) for s in group}
+    by: dict[tuple, list[int]] = {}
+    for s in plan.autocast_casts:
+        by.setdefault((finished[s], tuple(sorted(routes.reach.get(s, ())))), []).append(s)
+    return [by[key] for key in sorted(by)]
+
+
 class _Runner:
     """The compiled segments for one (graph, schedule, device), and how to feed them."""
 
@@ -565,14 +576,6 @@ class _Runner:
         #: Resident slots the backward segment reads (`_Step.versions` watches them).
         self.read_in_backward = [slot for slot, group in enumerate(self.plan.last_read_group)
                                  if group >= 0]
-        #: The slots whose gradient goes to the block's autocast cast of them
-        #: (`autocast_anchors`), grouped by the gradient group that finishes them: one
-        #: autograd node per group casts them back.
-        finished = {s: i for i, group in enumerate(self.plan.gradient_groups) for s in group}
-        by_group: dict[int, list[int]] = {}
-        for s in self.plan.autocast_casts:
-            by_group.setdefault(finished[s], []).append(s)
-        self.cast_groups = [by_group[i] for i in sorted(by_group)]
         #: (graph input index, resident slot) of each tensor autocast casts that the graph
         #: also reads otherwise: its cast back stays in the graph (a second call in one
         #: block is warned about).
@@ -596,6 +599,13 @@ class _Runner:
                    differentiable)
         self.routes = gradient_routes.routes(*planned)
         self.chain_routes = gradient_routes.routes(*planned, chain_only=True)
+        #: The slots whose gradient goes to the block's autocast cast of them
+        #: (`autocast_anchors`), grouped by the gradient group that finishes them and by
+        #: the outputs that reach them (per routes): one autograd node per group casts them
+        #: back, and one reached from a head the loss reads ran the hooks of another's
+        #: parameters with no gradient (found by a review).
+        self.cast_groups = _cast_groups(self.plan, self.routes)
+        self.chain_cast_groups = _cast_groups(self.plan, self.chain_routes)
         self.snapshot_slots = {slot_of[name] for name in self.plan.buffers_read_in_backward}
 
     def output_modified(self, position: int) -> RematIRError:

@@ -1467,8 +1467,9 @@ class _Heads(torch.nn.Module):
         return {"a": a, "b": self.b(h), "c": self.c(torch.tanh(a)), "d": self.d(x)}
 
 
-@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
-def test_heads_the_loss_leaves_out_are_not_reached_as_in_eager(solver):
+@pytest.mark.parametrize("solver,autocast", [("autograd", None), ("recompute-all", None),
+                                             ("autograd", torch.bfloat16)])
+def test_heads_the_loss_leaves_out_are_not_reached_as_in_eager(solver, autocast):
     """Each step's loss reads another subset of the heads. Eager's backward never reaches
     the parameters of a head the loss leaves out, so never calls their hooks; the step's
     nodes, made before the loss is known, took every parameter, so autograd called those
@@ -1476,20 +1477,28 @@ def test_heads_the_loss_leaves_out_are_not_reached_as_in_eager(solver):
     weight decay (3.8e-2 off eager's, silently; found by a review). Now each head's
     parameters hang off a node that only its outputs reach (`gradient_routes`): the same
     hook calls, bitwise the same weights, `torch.autograd.grad` of one head's parameters
-    alone (the outputs' node does not run then) as eager's."""
+    alone (the outputs' node does not run then) as eager's. Under autocast, a node casting
+    back the casts of two heads' parameters ran both heads' hooks (a review): grouped by
+    reach too."""
     torch.manual_seed(0)
     x = torch.randn(4, 8)
     eager = _Heads()
     model = copy.deepcopy(eager)
-    scheduled = _remat(model, (x,), solver=solver, gradient_groups=3)
+
+    def block():
+        return torch.autocast("cpu", dtype=autocast, enabled=autocast is not None)
+
+    with block():
+        scheduled = _remat(model, (x,), solver=solver, gradient_groups=3)
     subsets = [("a",), ("b",), ("c",), ("d",), ("b", "d"), ("a", "c"), ("b", "c", "d"), ("a", "b", "c", "d")]
     calls = {}
     for name, m in (("eager", eager), ("remat", scheduled)):
         seen, calls[name] = [], []
         _hooks_and_step_in_backward(m, seen)
         for heads in subsets:
-            out = m(x)
-            sum(out[h].square().mean() for h in heads).backward()
+            with block():
+                out = m(x)
+            sum(out[h].float().square().mean() for h in heads).backward()
             calls[name].append(sorted(seen))
             seen.clear()
     assert calls["remat"] == calls["eager"]
@@ -1498,8 +1507,9 @@ def test_heads_the_loss_leaves_out_are_not_reached_as_in_eager(solver):
     for heads, wrt in ((("b",), "b"), (("c",), "c"), (("c", "d"), "d"), (("a",), "b")):
         per = {}
         for m in (eager, scheduled):
-            out = m(x)
-            loss = sum(out[h].square().mean() for h in heads)
+            with block():
+                out = m(x)
+            loss = sum(out[h].float().square().mean() for h in heads)
             params = [getattr(m, wrt).weight, getattr(m, wrt).bias]
             per[m is eager] = torch.autograd.grad(loss, params, allow_unused=True)
         assert all((g is None and e is None) or torch.equal(g, e) for g, e in zip(per[False], per[True]))
