@@ -519,9 +519,9 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
             if key not in taking:
                 continue
             if key[0] == "anchor":
-                made = _Gradients.apply(step, key, None, *inputs(i, entries))
+                anchor = _Gradients.apply(step, key, None, *inputs(i, entries))
                 for o in step.routes.anchors[key[1]].outputs:
-                    tokens[o].append(made)
+                    tokens[o].append(anchor)
             elif (i, key, entries) != first:
                 token = _Gradients.apply(step, key, token, *inputs(i, entries))
     own = tuple(o for o in step.routes.own_nodes if tokens[o])
@@ -532,10 +532,10 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
                             else (torch.empty(0, device=step.device, requires_grad=True),)))
     if not own:
         return made
-    outputs = dict(zip((i for i in range(len(made) - 1 + len(own)) if i not in own), made[:-1]))
-    for o in own:
-        outputs[o] = _Output.apply(step, o, made[-1], *tokens[o])
-    return tuple(outputs[i] for i in range(len(outputs)))
+    *returned, outputs_token = made
+    returned = iter(returned)
+    return tuple(_Output.apply(step, i, outputs_token, *tokens[i]) if i in own else next(returned)
+                 for i in range(len(made) - 1 + len(own)))
 
 
 def _cast_groups(plan, routes: gradient_routes.Routes) -> list[list[int]]:
