@@ -23,11 +23,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from interleaved import interleaved_seconds  # noqa: E402
 
 
 def _times(weights: int, size: int, rounds: int, calls: int) -> dict:
@@ -65,16 +67,11 @@ def _times(weights: int, size: int, rounds: int, calls: int) -> dict:
     def direct():
         Hand.apply(*params).sum().backward()
 
-    seconds: dict[str, list[float]] = {"anchored": [], "direct": []}
-    for _ in range(rounds):
-        for name, fn in (("anchored", anchored), ("direct", direct)):
-            for p in params:
-                p.grad = None
-            fn()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            seconds[name].append((time.perf_counter() - start) / calls)
+    def clear(_name):
+        for p in params:
+            p.grad = None
+
+    seconds = interleaved_seconds({"anchored": anchored, "direct": direct}, rounds, calls, before=clear)
     extra = [a - d for a, d in zip(seconds["anchored"], seconds["direct"])]
     nodes = len(autocast_anchors._chunks(list(range(weights)), [(p, torch.bfloat16) for p in params]))
     return {"weights": weights, "nodes": nodes, "size": size, "rounds": rounds, "calls_per_round": calls,
@@ -87,7 +84,6 @@ def _times(weights: int, size: int, rounds: int, calls: int) -> dict:
 def _peaks(size: str) -> list[dict]:
     import torch
 
-    sys.path.insert(0, str(HERE))
     import zoo_models
 
     import remat_ir

@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ sys.path.insert(0, str(HERE))
 
 import remat_ir  # noqa: E402
 from bench_models import FACTORIES  # noqa: E402
+from interleaved import interleaved_seconds  # noqa: E402
 
 
 class Heads(torch.nn.Module):
@@ -64,17 +64,11 @@ def measure(make, width: int, rounds: int, steps: int = 10) -> dict:
 
     step()
     runner = next(iter(next(reversed(scheduled._plans.values())).runners.values()))
-    routed, chain = runner.routes, runner.chain_routes
-    times: dict[str, list[float]] = {"routed": [], "chain": []}
-    for _ in range(rounds):
-        for name, routes in (("routed", routed), ("chain", chain)):
-            runner.routes = routes
-            step()
-            start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[name].append((time.perf_counter() - start) / steps)
-    runner.routes = routed
+    routes = {"routed": runner.routes, "chain": runner.chain_routes}
+    times = interleaved_seconds({"routed": step, "chain": step}, rounds, steps,
+                                before=lambda name: setattr(runner, "routes", routes[name]))
+    runner.routes = routes["routed"]
+    routed = routes["routed"]
     medians = {name: statistics.median(t) for name, t in times.items()}
     return {"model": description, "anchors": len(routed.anchors), "output_nodes": len(routed.own_nodes),
             "rounds": rounds, "routed_step_s": medians["routed"], "chain_step_s": medians["chain"],
