@@ -1468,7 +1468,7 @@ class ScheduledModule(torch.nn.Module):
         """Compiled segments of the current plan for `device`."""
         return next(reversed(self._plans.values())).runner(device, self._groups(), backend=self.backend)
 
-    def _plan_for(self, args, kwargs, modules: "_Submodules") -> tuple[_Lowered, dict, bool | tuple]:
+    def _plan_for(self, args, kwargs, modules: "_Submodules") -> tuple[_Lowered | None, dict, bool | tuple]:
         """The plan for this call's signature, input values (`_Lowered.values_differ`) and,
         with a planner, the model as it is now (`_Lowered.model_difference`: parameters
         frozen or unfrozen, values and functions the forward reads, ties, submodules,
@@ -1477,7 +1477,8 @@ class ScheduledModule(torch.nn.Module):
         (a plan made with more parameters trainable runs, autograd dropping the extra
         gradients; one made with fewer refuses the call). The flag: the plan is a kept one
         whose `model_difference` was found None, or the model's tensors where its guard found
-        so (`CallGuard`)."""
+        so (`CallGuard`). No plan (None) for a call nothing of which can have a gradient,
+        where no kept plan matches: the model runs as it is."""
         last = next(reversed(self._plans.values()))
         answers: dict = {}
         if last.signature is None:  # no input spec (hand-built IR): checked input by input
@@ -1521,6 +1522,12 @@ class ScheduledModule(torch.nn.Module):
         if self._planner is None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "
                                     f"{_LOWER_AGAIN}")
+        if not self._differentiable(args, kwargs):
+            # Every parameter frozen and no input requiring a gradient (BatchNorm statistics
+            # recalibrated in train mode, a frozen model's outputs as targets): eager's call
+            # saves nothing for a backward, so the model runs as it is, without a plan (was
+            # planned and refused as computing no gradient).
+            return None, answers, False
         if where is not None:
             self._count_value_change(where, difference)
         elif new == "new input signature":
@@ -1567,6 +1574,12 @@ class ScheduledModule(torch.nn.Module):
         while len(self._plans) > self.max_plans:
             self._plans.popitem(last=False)
         return plan, answers, False
+
+    def _differentiable(self, args, kwargs) -> bool:
+        """Whether this call's outputs can have a gradient: a parameter or an input tensor
+        requires one."""
+        return any(p.requires_grad for p in self._model.parameters()) or any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves((args, kwargs)))
 
     def _count_value_change(self, where: tuple, difference: str) -> None:
         """A value the forward reads (`where`: its place and its value now) took a value no
@@ -1643,6 +1656,8 @@ class ScheduledModule(torch.nn.Module):
                 "takes ranks of different shapes")
         modules = _Submodules(self._model)
         plan, answers, checked = self._plan_for(args, kwargs, modules)
+        if plan is None:
+            return self._call_model(*args, **kwargs)
         return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                         model_checked=checked)
 

@@ -847,6 +847,36 @@ def test_random_changes_to_the_model_between_steps_train_like_eager(steps):
                         before=change, after=buffers_equal)
 
 
+def test_a_call_with_every_parameter_frozen_runs_the_model_as_eager_does(capsys):
+    """Every parameter frozen, train mode, gradients on, no input requiring one (BatchNorm
+    statistics recalibrated on new data, a frozen model's outputs taken as targets): eager's
+    call computes the outputs, updates the running statistics and draws dropout's masks,
+    with nothing to keep for a backward. Found by a review: planned again and refused as a
+    forward computing no gradient. Now outputs, buffers and the generator are eager's
+    bitwise, no plan is made, and unfrozen the model trains on like eager."""
+    torch.manual_seed(0)
+    model, x = _Changing(), torch.randn(8, 6)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, dict(x=x), solver="recompute-all", cost_model="flops")
+    steps = [dict(x=x), dict(x=x + 1)]
+    _train_side_by_side(model, scheduled, steps[:1], lambda loss: loss, eager=eager)
+    for m in (model, eager):
+        m.requires_grad_(False)
+    for seed in (5, 6):
+        outputs = []
+        for m in (eager, scheduled):
+            torch.manual_seed(seed)
+            outputs.append((m(x=x * seed), torch.get_rng_state()))
+        (out_e, state_e), (out_s, state_s) = outputs
+        assert torch.equal(out_e, out_s) and not out_s.requires_grad and torch.equal(state_e, state_s)
+        for (name, a), b in zip(eager.named_buffers(), model.buffers()):
+            assert torch.equal(a, b), name
+    assert len(scheduled.plans) == 1 and "planning again" not in capsys.readouterr().err
+    for m in (model, eager):
+        m.requires_grad_(True)
+    _train_side_by_side(model, scheduled, steps, lambda loss: loss, eager=eager)
+
+
 def test_a_model_remat_in_place_runs_its_plan_when_called_and_stays_the_model():
     """`in_place=True`: `model(...)` runs the plan (gradients bitwise eager's, new shapes
     planned), evaluation and copies run the plain model, `.to()` and `state_dict` are the
