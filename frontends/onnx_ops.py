@@ -186,8 +186,15 @@ def _div(a, b):
     return torch.div(a, b, rounding_mode="trunc")  # ONNX integer division truncates
 
 
+def _pow(a, b):
+    """ONNX's Pow has its base's type; torch promotes (an int64 base with a float exponent
+    gave float32, refused by the shape check as an op table bug)."""
+    y = torch.pow(a, b)
+    return y if y.dtype == a.dtype else y.to(a.dtype)
+
+
 _BINARY = {
-    "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": _div, "Pow": torch.pow,
+    "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": _div, "Pow": _pow,
     "Equal": torch.eq, "Less": torch.lt, "LessOrEqual": torch.le, "Greater": torch.gt,
     "GreaterOrEqual": torch.ge, "And": torch.logical_and, "Or": torch.logical_or,
     "Xor": torch.logical_xor, "BitwiseAnd": torch.bitwise_and, "BitwiseOr": torch.bitwise_or,
@@ -341,6 +348,12 @@ def _conv_transpose(node, x, w, b=None):
         target = (list(output_shape)[-n:] if output_shape is not None
                   else [size * s for size, s in zip(x.shape[2:], strides)])
         total = [f + op_ - t for f, op_, t in zip(full, out_pad, target)]
+        if output_shape is None:
+            # SAME asks for input * stride where that is at most the full output; a kernel
+            # smaller than the stride gives less, which onnxruntime (and shape inference)
+            # leave unpadded: the output is the full one (was padded up, refused as an op
+            # table bug by the shape check).
+            total = [max(0, t) for t in total]
         # The spec's split: the smaller half first for SAME_UPPER only, else (NOTSET with
         # an output_shape, SAME_LOWER) the larger. A negative total (an output larger
         # than the full one) is zeros at the end, as onnxruntime pads it in every mode.
@@ -370,6 +383,32 @@ def _pool_geometry(node, x):
     return n, kernel, strides, dilations, begin, end
 
 
+def _pooled_sizes(spatial, kernel, strides, dilations, begin, end, ceil: bool) -> list[int]:
+    """The output's spatial sizes as ONNX defines them: with `ceil_mode`, a window that
+    would start in the right padding is left out (as torch does for its own symmetric
+    padding, which it takes to be `begin`)."""
+    sizes = []
+    for size, k, s, d, b, e in zip(spatial, kernel, strides, dilations, begin, end):
+        span = size + b + e - (k - 1) * d - 1
+        out = (-(-span // s) if ceil else span // s) + 1
+        if ceil and (out - 1) * s >= size + b:
+            out -= 1
+        sizes.append(out)
+    return sizes
+
+
+def _windows_in_the_input(y: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """`y`, pooled from an explicitly padded input with `ceil_mode`, without the windows
+    that start in the right padding. Pooling the padded tensor with no padding of its own,
+    torch kept them (its rule sees no padding): a max over padding alone was -inf, an
+    average 0/0 or over fewer values, where onnxruntime has no such window (found by a
+    review)."""
+    n = len(sizes)
+    for axis, size in enumerate(sizes):
+        y = y.narrow(y.dim() - n + axis, 0, size)
+    return y
+
+
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
@@ -390,6 +429,10 @@ def _max_pool(node, x):
     result = _MAX_POOL[n](x, kernel, strides, padding, dilations, ceil_mode=ceil,
                           return_indices=want_indices)
     if not want_indices:
+        if ceil and padding == 0:
+            return _windows_in_the_input(result, _pooled_sizes(
+                [size - b - e for size, b, e in zip(x.shape[2:], begin, end)],
+                kernel, strides, dilations, begin, end, ceil))
         return result
     y, indices = result
     if begin != end or any(begin):
@@ -415,10 +458,12 @@ def _average_pool(node, x):
         return pool(x, kernel, strides, begin, ceil_mode=ceil, count_include_pad=include)
     padded = F.pad(x, _torch_pad(begin, end))
     y = pool(padded, kernel, strides, 0, ceil_mode=ceil, count_include_pad=True)
-    if include:
+    if not include:
+        ones = F.pad(torch.ones((1, 1, *x.shape[2:]), dtype=x.dtype, device=x.device), _torch_pad(begin, end))
+        y = y / pool(ones, kernel, strides, 0, ceil_mode=ceil, count_include_pad=True)
+    if not ceil:
         return y
-    ones = F.pad(torch.ones((1, 1, *x.shape[2:]), dtype=x.dtype, device=x.device), _torch_pad(begin, end))
-    return y / pool(ones, kernel, strides, 0, ceil_mode=ceil, count_include_pad=True)
+    return _windows_in_the_input(y, _pooled_sizes(x.shape[2:], kernel, strides, dilations, begin, end, ceil))
 
 
 @op("GlobalAveragePool")
@@ -638,7 +683,11 @@ def _slice_bounds(size: int, start: int, end: int, step: int) -> tuple[int, int]
         end += size
     if step > 0:
         return min(max(start, 0), size), min(max(end, 0), size)
-    return min(max(start, -1), size - 1), min(max(end, -1), size - 1)
+    # Stepping back, start is clamped into [0, size - 1] and end into [-1, size - 1]. Start
+    # clamped to -1 too made a start before the first element (-100 on 5) an empty slice
+    # where onnxruntime takes the first (found by a review: silent where the starts are
+    # computed, as shape inference then cannot check them).
+    return min(max(start, 0), size - 1), min(max(end, -1), size - 1)
 
 
 @op("Slice", static=(1, 2, 3, 4), diff=(0,))
@@ -741,8 +790,39 @@ def _pad(node, x, pads, value=None, axes=None):
     first = next((a for a in range(x.dim()) if begin[a] or end[a]), x.dim())
     spec = _torch_pad(begin[first:], end[first:])
     if mode == "constant":
-        return F.pad(x, spec, value=0 if value is None else value)
-    return F.pad(x, spec, mode=_PAD_MODES[mode])
+        return F.pad(x, spec, value=0 if value is None else _scalar(value))
+    padded = x.dim() - first
+    if padded == 0:
+        return x
+    if mode == "reflect" and any(max(b, e) >= size - max(0, -b) - max(0, -e)
+                                 for b, e, size in zip(begin, end, x.shape) if b > 0 or e > 0):
+        raise OpError(f"Pad mode 'reflect' by {pads} on shape {list(x.shape)} (a reflection "
+                      f"reaches at most the axis's size - 1 positions)")
+    if padded <= 3 and x.dim() in (padded + 1, padded + 2) and min(begin + end) >= 0:
+        return F.pad(x, spec, mode=_PAD_MODES[mode])
+    # F.pad pads the last 1-3 axes of a tensor with 1-2 more in these modes: others (both
+    # axes of a matrix, the batch axis) take each axis's positions as an index (refused
+    # with F.pad's message and a wrong hint, found by a review). Negative pads crop
+    # first, and the axis is padded as cropped, as onnxruntime does.
+    for axis in range(first, x.dim()):
+        crop_begin, crop_end = max(0, -begin[axis]), max(0, -end[axis])
+        if crop_begin or crop_end:
+            x = x.narrow(axis, crop_begin, x.shape[axis] - crop_begin - crop_end)
+        if begin[axis] > 0 or end[axis] > 0:
+            x = x.index_select(axis, _pad_positions(mode, x.shape[axis], max(0, begin[axis]),
+                                                    max(0, end[axis]), x.device))
+    return x
+
+
+def _pad_positions(mode: str, size: int, begin: int, end: int, device) -> torch.Tensor:
+    """The input positions a `mode` pad (reflect, edge, wrap) reads along one axis, in
+    order, for pads of at least 0."""
+    where = torch.arange(-begin, size + end, device=device)
+    if mode == "edge":
+        return where.clamp(0, size - 1)
+    if mode == "wrap":
+        return where.remainder(size)
+    return torch.where(where < 0, -where, torch.where(where >= size, 2 * (size - 1) - where, where))
 
 
 @op("CumSum", static=(1,), diff=(0,))
@@ -777,7 +857,10 @@ def _topk(node, x, k):
 @op("OneHot", static=(1, 2), diff=())
 def _one_hot(node, indices, depth, values):
     depth = int(_scalar(depth))
-    hot = F.one_hot(_positive(indices.long(), depth), depth)
+    # An index outside [-depth, depth - 1] is a row of off values (F.one_hot raised).
+    indices = indices.long()
+    inside = (indices >= -depth) & (indices < depth)
+    hot = F.one_hot(torch.where(inside, _positive(indices, depth), 0), depth) * inside.unsqueeze(-1)
     off, on = values
     out = torch.where(hot == 1, on, off).to(torch.float32 if isinstance(on, float) else torch.int64)
     return out.movedim(-1, _axis(node.attr("axis", -1), indices.dim() + 1))
@@ -790,14 +873,18 @@ def _nonzero(node, x):
 
 # ---------------------------------------------------------------- reductions
 
-def _reduce(fn, multi_dim: bool = True):
-    """A Reduce* op: `axes` is an input from opset 18 (13 for ReduceSum), an attribute before."""
+def _reduce(fn, multi_dim: bool = True, elementwise=None):
+    """A Reduce* op: `axes` is an input from opset 18 (13 for ReduceSum), an attribute before.
+    `elementwise`: what the op computes over no axis (`noop_with_empty_axes` with none
+    given), where that is not `x` itself: a composite reduction still applies its
+    elementwise steps (ReduceSumSquare gives x * x). Returning `x` for every op was
+    silently wrong for those (found by a review)."""
     def run(node, x, axes=None):
         axes = axes if axes is not None else node.attr("axes")
         keep = bool(node.attr("keepdims", 1))
         if not axes:
             if node.attr("noop_with_empty_axes", 0):
-                return x
+                return x if elementwise is None else elementwise(x)
             axes = list(range(x.dim()))
         axes = sorted(_axis(a, x.dim()) for a in axes)
         if multi_dim:
@@ -809,19 +896,19 @@ def _reduce(fn, multi_dim: bool = True):
 
 
 _REDUCE = {
-    "ReduceSum": (lambda x, d, k: torch.sum(x, d, keepdim=k), True),
-    "ReduceMean": (lambda x, d, k: torch.mean(x, d, keepdim=k), True),
-    "ReduceMax": (lambda x, d, k: torch.amax(x, d, keepdim=k), True),
-    "ReduceMin": (lambda x, d, k: torch.amin(x, d, keepdim=k), True),
-    "ReduceProd": (lambda x, d, k: torch.prod(x, d, keepdim=k), False),
-    "ReduceL1": (lambda x, d, k: torch.linalg.vector_norm(x, 1, d, keepdim=k), True),
-    "ReduceL2": (lambda x, d, k: torch.linalg.vector_norm(x, 2, d, keepdim=k), True),
-    "ReduceSumSquare": (lambda x, d, k: torch.sum(x * x, d, keepdim=k), True),
-    "ReduceLogSum": (lambda x, d, k: torch.log(torch.sum(x, d, keepdim=k)), True),
-    "ReduceLogSumExp": (lambda x, d, k: torch.logsumexp(x, d, keepdim=k), True),
+    "ReduceSum": (lambda x, d, k: torch.sum(x, d, keepdim=k), True, None),
+    "ReduceMean": (lambda x, d, k: torch.mean(x, d, keepdim=k), True, None),
+    "ReduceMax": (lambda x, d, k: torch.amax(x, d, keepdim=k), True, None),
+    "ReduceMin": (lambda x, d, k: torch.amin(x, d, keepdim=k), True, None),
+    "ReduceProd": (lambda x, d, k: torch.prod(x, d, keepdim=k), False, None),
+    "ReduceL1": (lambda x, d, k: torch.linalg.vector_norm(x, 1, d, keepdim=k), True, torch.abs),
+    "ReduceL2": (lambda x, d, k: torch.linalg.vector_norm(x, 2, d, keepdim=k), True, torch.abs),
+    "ReduceSumSquare": (lambda x, d, k: torch.sum(x * x, d, keepdim=k), True, lambda x: x * x),
+    "ReduceLogSum": (lambda x, d, k: torch.log(torch.sum(x, d, keepdim=k)), True, torch.log),
+    "ReduceLogSumExp": (lambda x, d, k: torch.logsumexp(x, d, keepdim=k), True, None),
 }
-for _name, (_fn, _multi) in _REDUCE.items():
-    op(_name, static=(1,), diff=(0,))(_reduce(_fn, _multi))
+for _name, (_fn, _multi, _elementwise) in _REDUCE.items():
+    op(_name, static=(1,), diff=(0,))(_reduce(_fn, _multi, _elementwise))
 
 
 def _arg(fn):
