@@ -14,7 +14,7 @@ import torch
 _SKIPPED = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
 #: PyTorch's own modules a model calls (its layers, distributions, functional ops).
 _LIBRARY = tuple(os.path.join(os.path.dirname(torch.__file__), part)
-                 for part in ("nn", "distributions", "functional.py"))
+                 for part in ("nn", "distributions", "functional.py", "ao"))
 
 
 def is_model_file(filename: str) -> bool:

@@ -54,6 +54,20 @@ def check_script_modules(model: torch.nn.Module) -> None:
                 f"trace a copy after training, for deployment)")
 
 
+def check_lazy_modules(model: torch.nn.Module) -> None:
+    """LoweringError naming a lazy module (`nn.LazyLinear`) whose parameters are not made
+    yet: eager makes them at its first call, drawing their initial values from the
+    generator, which a trace cannot do. Export failed on the uninitialized parameter,
+    named as a construct of the model's own."""
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
+            where = f"module {path!r} of {type(model).__name__}" if path else type(model).__name__
+            raise LoweringError(
+                f"{where} is a lazy {type(module).__name__} whose parameters are not made yet: "
+                f"they are made at its first call. Call the model once on an example batch "
+                f"(under torch.no_grad()) before remat_ir.remat, as before building an optimizer")
+
+
 def check_buffers_needing_gradients(model: torch.nn.Module) -> None:
     """LoweringError naming a buffer that requires a gradient. Eager gives it one (in
     `.grad`, which no optimizer given `model.parameters()` reads); the lowering crashed

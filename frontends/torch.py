@@ -63,7 +63,8 @@ from .swapped_parameters import swapped_parameters_as_parameters
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
-                       check_hook_reparametrizations, check_member_views, check_script_modules,
+                       check_hook_reparametrizations, check_lazy_modules, check_member_views,
+                       check_script_modules,
                        constant_output, data_error, mutation_error, refusing_autograd_calls,
                        tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
@@ -356,6 +357,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     check_member_views(model, args, kwargs)
     check_hook_reparametrizations(model)
     check_script_modules(model)
+    check_lazy_modules(model)
     assigned: dict = {}
     exported, kept = _trace_eager_paths(model, args, kwargs, reads, assigned)
     if not assigned:
@@ -521,6 +523,12 @@ _LAYER_BRANCHES = {
                               "src_is_causal=, memory_is_causal=)",
     "batchnorm.py:": "BatchNorm with momentum=None averages with 1 / num_batches_tracked, a "
                      "number read from a tensor: give it a momentum (PyTorch's default is 0.1)",
+    "fake_quantize.py:": "torch.ao.quantization's FakeQuantize branches on its enable flags, "
+                         "tensors: use FusedMovingAvgObsFakeQuantize, which does the same in one "
+                         "op (get_default_qat_qconfig's default)",
+    "observer.py:": "torch.ao.quantization's observers branch on the min and max they hold: use "
+                    "FusedMovingAvgObsFakeQuantize, which observes in one op "
+                    "(get_default_qat_qconfig's default), or observe outside the module",
     "gaussian_nll_loss": "gaussian_nll_loss checks that the variance is not negative at every "
                          "call, which no argument turns off: return the mean and variance "
                          "from the forward and compute the loss on them outside the module",

@@ -2280,6 +2280,39 @@ def test_a_loss_branching_on_tensor_data_says_to_compute_it_outside(loss, says):
         _remat(_LossInside(loss), (torch.randn(4, 8), torch.randint(0, 10, (4,))))
 
 
+@pytest.mark.parametrize("make, says", [
+    (lambda: torch.ao.quantization.FakeQuantize(observer=torch.ao.quantization.MovingAverageMinMaxObserver),
+     r"torch/ao/quantization/fake_quantize.py:\d+ in forward \(torch.ao.quantization's FakeQuantize "
+     r"branches .* use FusedMovingAvgObsFakeQuantize"),
+    (lambda: torch.ao.quantization.MovingAverageMinMaxObserver(),
+     r"torch/ao/quantization/observer.py:\d+ in forward \(torch.ao.quantization's observers branch .* "
+     r"use FusedMovingAvgObsFakeQuantize")])
+def test_quantization_aware_modules_that_branch_name_the_fused_one_that_traces(make, says):
+    """Found by a review: a QAT model's FakeQuantize (its enable flags) and observers (the
+    min and max they hold) branch on tensors, refused naming only the model's line. The
+    fused module the hint names traces and trains bitwise eager's, its buffers included."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), make(), torch.nn.Linear(8, 2))
+    with pytest.raises(LoweringError, match=says):
+        _remat(model, (torch.randn(4, 8),))
+    fused = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.ao.quantization.FusedMovingAvgObsFakeQuantize(),
+                                torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    assert side_by_side(fused, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean(), tolerance=1e-30) == {}
+
+
+def test_a_lazy_module_not_called_yet_is_named_with_what_to_do():
+    """Export failed on the uninitialized parameter, named as a construct of the model's."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LazyLinear(4))
+    with pytest.raises(LoweringError, match=r"module '1' of Sequential is a lazy LazyLinear whose "
+                                            r"parameters are not made yet.* Call the model once"):
+        _remat(model, (torch.randn(4, 8),))
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    _remat(model, (torch.randn(4, 8),))
+
+
 def test_a_branch_on_tensor_data_inside_a_pytorch_layer_is_named_there_too():
     """BatchNorm with momentum=None averages with 1 / num_batches_tracked, a number taken
     from a tensor: the error named only the model's line, which looks innocent; and where
