@@ -1649,6 +1649,14 @@ class ScheduledModule(torch.nn.Module):
             return self._call_model(*args, **kwargs)
         if torch._C._are_functorch_transforms_active():
             return self._under_torch_func(*args, **kwargs)
+        if torch.autograd.forward_ad._current_level >= 0:
+            # Inside `forward_ad.dual_level()`: dual inputs carry tangents through the ops,
+            # which the step's segments (out= kernels, no jvp) cannot (torch's error about
+            # `tanh_backward_out`, after the forward segment had run: found by a review).
+            self._tell_once("forward_ad", "remat-ir: called inside torch.autograd.forward_ad.dual_level(): "
+                                          "the model runs as it is, with eager's memory (forward-mode "
+                                          "gradients need the model's own ops)")
+            return self._call_model(*args, **kwargs)
         self._check_saved_tensor_hooks()
         refused = cached_parametrizations(self._model)
         if refused is not None:

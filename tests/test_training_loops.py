@@ -944,6 +944,32 @@ def test_torch_func_transforms_run_the_model_as_it_is_and_say_so(capsys):
     assert capsys.readouterr().err.count("remat-ir: called under a torch.func transform") == 1
 
 
+def test_forward_mode_gradients_run_the_model_as_it_is_and_say_so(capsys):
+    """Inside `forward_ad.dual_level()`, a dual input failed with torch's error about
+    `tanh_backward_out` having no forward-mode formula, after the forward segment had run
+    (found by a review). The model runs as it is, said once: tangents, a backward through
+    the dual output, the buffers and the generator as eager's."""
+    import torch.autograd.forward_ad as forward_ad
+
+    torch.manual_seed(0)
+    model, x, tangent = _DroppingNet(), torch.randn(64, 8), torch.randn(64, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), budget=0.9, cost_model="flops")
+    capsys.readouterr()
+    results = []
+    for module, owner in ((scheduled, model), (eager, eager)):
+        torch.manual_seed(3)
+        with forward_ad.dual_level():
+            out = module(forward_ad.make_dual(x, tangent))
+            primal, derivative = forward_ad.unpack_dual(out)
+            out.square().mean().backward()
+        results.append([primal, derivative, *(p.grad for p in owner.parameters()), *owner.buffers(),
+                        torch.get_rng_state()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert capsys.readouterr().err.count("remat-ir: called inside torch.autograd.forward_ad.dual_level()") == 1
+
+
 class _TiedHead(torch.nn.Module):
     """An embedding whose weight is the head's too (tied)."""
 
