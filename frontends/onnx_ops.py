@@ -22,6 +22,7 @@ raises `OpError`; the frontend reports it with the node's name.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -924,3 +925,7 @@ def _arg(fn):
 
 op("ArgMax", diff=())(_arg(torch.argmax))
 op("ArgMin", diff=())(_arg(torch.argmin))
+
+
+# Resize registers itself from a module of its own (it imports this one).
+importlib.import_module(".onnx_resize", __package__)

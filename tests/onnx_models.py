@@ -10,6 +10,7 @@ exporter's deduplication of identical initializers cannot merge two parameters.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 
@@ -136,7 +137,32 @@ def cnn(batch=4):
             ({0: "batch"}, {0: "batch"}), lambda out: out)
 
 
-TORCH_MODELS = {"gpt2": gpt2, "cnn": cnn, "bert": bert, "resnet": resnet}
+class TinyUNet(nn.Module):
+    """Down by max pooling, up by `F.interpolate` (`mode`: exported as Resize), a skip
+    joined by concatenation: a U-Net's shape."""
+
+    def __init__(self, mode: str, width=8):
+        super().__init__()
+        self.mode = mode
+        self.down1, self.down2 = nn.Conv2d(3, width, 3, padding=1), nn.Conv2d(width, width, 3, padding=1)
+        self.up = nn.Conv2d(2 * width, 3, 3, padding=1)
+
+    def forward(self, x):
+        h = F.relu(self.down1(x))
+        d = F.relu(self.down2(F.max_pool2d(h, 2)))
+        options = {} if self.mode == "nearest" else {"align_corners": False}
+        u = F.interpolate(d, scale_factor=2, mode=self.mode, **options)
+        return self.up(torch.cat([u, h], 1))
+
+
+def unet(mode: str, batch=4):
+    torch.manual_seed(5)
+    return (_randomize(TinyUNet(mode)), (torch.randn(batch, 3, 32, 32),), ({0: "batch"},),
+            lambda out: out.square().mean())
+
+
+TORCH_MODELS = {"gpt2": gpt2, "cnn": cnn, "bert": bert, "resnet": resnet,
+                **{f"unet_{mode}": functools.partial(unet, mode) for mode in ("nearest", "bilinear", "bicubic")}}
 
 
 def export(model: nn.Module, args: tuple, dynamic_shapes, path: str) -> str:
