@@ -70,6 +70,9 @@ class OnnxModule(nn.Module):
         super().__init__()
         self.onnx_graph_name = name
         self.input_names: list[str] = []
+        #: (shape, dtype) of each input as imported: the import evaluates the graph's shape
+        #: computations (Shape -> Reshape targets) for them once (`check_inputs`).
+        self.input_specs: list[tuple[tuple[int, ...], torch.dtype]] = []
         self.output_names: list[str] = []
         self.onnx_names: dict[str, str] = {}
         self.node_labels: dict[str, tuple[str, str]] = {}  # submodule key -> (ONNX name, op type)
@@ -94,8 +97,26 @@ class OnnxModule(nn.Module):
                                                  f"missing {missing}" if missing else "") if p))
         return tuple(args) + tuple(kwargs[n] for n in names[len(args):])
 
+    def check_inputs(self, inputs: Sequence) -> None:
+        """OnnxInputError naming the first input whose shape or dtype is not the one the
+        graph was imported for. The import folds the graph's shape computations for the
+        example inputs (a Reshape to [batch, -1, 2] keeps the example's batch), so another
+        batch ran with the example's targets: outputs 0.5 off onnxruntime's, or of another
+        shape, silently in eval mode and under no_grad (found by a review)."""
+        for name, given, (shape, dtype) in zip(self.input_names, inputs, self.input_specs):
+            if not isinstance(given, torch.Tensor):
+                raise OnnxInputError(f"input {name!r} is a {type(given).__name__}, not a tensor")
+            if tuple(given.shape) != shape or given.dtype != dtype:
+                raise OnnxInputError(
+                    f"input {name!r} is a {given.dtype} tensor of shape {list(given.shape)}, but the "
+                    f"ONNX graph was imported for {dtype} of shape {list(shape)}: the import "
+                    f"evaluates the graph's shape computations for its example inputs. Import it "
+                    f"again with inputs like these (to_torch / remat_onnx(model, inputs))")
+
     def forward(self, *args, **kwargs):
-        env = dict(zip(self.input_names, self.positional_inputs(args, kwargs)))
+        inputs = self.positional_inputs(args, kwargs)
+        self.check_inputs(inputs)
+        env = dict(zip(self.input_names, inputs))
         for value, qualified, is_parameter in self._resident:
             env[value] = self.get_parameter(qualified) if is_parameter else self.get_buffer(qualified)
         nodes = self._modules[_NODES]

@@ -409,6 +409,11 @@ def _onnx_scheduled_class():
         class OnnxScheduledModule(ScheduledModule):
             """An ONNX model trained through a schedule; inputs in graph order or by name."""
 
+            #: The import evaluates the graph's shape computations for its example inputs,
+            #: so inputs of other shapes need the graph imported again.
+            lower_again = ("call remat_ir.remat_onnx with inputs like these (the import "
+                           "evaluates the graph's shape computations for its example inputs)")
+
             def forward(self, *args, **kwargs):
                 return super().forward(*self._model.positional_inputs(args, kwargs))
 

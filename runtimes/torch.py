@@ -67,6 +67,12 @@ _LOWER_AGAIN = ("call remat_ir.remat with inputs like these (it lowers and plans
                 "signature by itself)")
 
 
+def _lower_again(scheduled) -> str:
+    """What to do for a call the lowered graph does not match: the module's own advice
+    (`lower_again`: an imported ONNX graph is imported again), else `_LOWER_AGAIN`."""
+    return getattr(scheduled, "lower_again", None) or _LOWER_AGAIN
+
+
 class RuntimeInputError(RematIRError):
     """Inputs that do not match the graph (count, shape, dtype, device)."""
 
@@ -1178,7 +1184,7 @@ class _Lowered:
         differs = self.values_differ(args, kwargs, {} if answers is None else answers, leaves, modules)
         if differs is not None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
-                                    f"{_LOWER_AGAIN}")
+                                    f"{_lower_again(scheduled)}")
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else next(model.parameters()).device
         if units is None:
@@ -1190,7 +1196,7 @@ class _Lowered:
                 differs = self.member_arguments_differ(leaves, resident)
                 if differs is not None:
                     raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
-                                            f"{_LOWER_AGAIN}")
+                                            f"{_lower_again(scheduled)}")
             if checked is None:   # every check passed: the next call may take the guard
                 self.guard.passed(resident, device)
             outputs = _run_step(runner, resident)
@@ -1527,7 +1533,7 @@ class ScheduledModule(torch.nn.Module):
         difference = difference or signature.difference(last.signature)
         if self._planner is None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "
-                                    f"{_LOWER_AGAIN}")
+                                    f"{_lower_again(self)}")
         if not self._differentiable(args, kwargs):
             # Every parameter frozen and no input requiring a gradient (BatchNorm statistics
             # recalibrated in train mode, a frozen model's outputs as targets): eager's call

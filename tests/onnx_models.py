@@ -161,7 +161,31 @@ def unet(mode: str, batch=4):
             lambda out: out.square().mean())
 
 
-TORCH_MODELS = {"gpt2": gpt2, "cnn": cnn, "bert": bert, "resnet": resnet,
+class MaskedAttention(nn.Module):
+    """Self-attention with a causal mask and rotary-like tables from buffers: the exporter
+    folds them (and the Linear weights, transposed) into initializers of its own."""
+
+    def __init__(self, width=16, seq=8):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.register_buffer("mask", torch.full((seq, seq), float("-inf")).triu(1))
+        self.register_buffer("inv_freq", 1.0 / (100 ** (torch.arange(0, width, 2) / width)))
+
+    def forward(self, x):
+        angles = torch.arange(x.shape[1], dtype=x.dtype)[:, None] * self.inv_freq[None]
+        rotary = torch.cat([angles.cos(), angles.sin()], -1)
+        q, k, v = (x + rotary).matmul(self.qkv.weight.t()).add(self.qkv.bias).chunk(3, -1)
+        weights = (q @ k.transpose(1, 2) / 4 + self.mask).softmax(-1)
+        return self.out(weights @ v)
+
+
+def masked_attention(batch=2):
+    torch.manual_seed(7)
+    return (_randomize(MaskedAttention()), (torch.randn(batch, 8, 16),), ({0: "batch"},),
+            lambda out: out.square().mean())
+
+
+TORCH_MODELS = {"masked_attention": masked_attention, "gpt2": gpt2, "cnn": cnn, "bert": bert, "resnet": resnet,
                 **{f"unet_{mode}": functools.partial(unet, mode) for mode in ("nearest", "bilinear", "bicubic")}}
 
 
