@@ -661,6 +661,25 @@ def _transpose(node, x):
     return x.permute(perm)
 
 
+@op("DepthToSpace", diff=(0,))
+def _depth_to_space(node, x):
+    """Channels into blocks of space (`nn.PixelShuffle` exports as mode CRD)."""
+    b = node.attr("blocksize")
+    n, c, h, w = x.shape
+    if node.attr("mode", "DCR") == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+@op("SpaceToDepth", diff=(0,))
+def _space_to_depth(node, x):
+    b = node.attr("blocksize")
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)
+
+
 @op("Concat")
 def _concat(node, *xs):
     return torch.cat(xs, node.attr("axis"))

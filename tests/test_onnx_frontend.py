@@ -622,6 +622,9 @@ SINGLE_OPS = [
     ("Range", [np.array(1, np.int64), np.array(10, np.int64), np.array(3, np.int64)], {}, 18),
     ("OneHot", [_i(1, 0, -1), np.array(3, np.int64), np.array([0.0, 2.0], np.float32)], dict(axis=0), 18),
     ("OneHot", [_i(0, 5, 2, -7, -4), np.array(4, np.int64), np.array([0.0, 1.0], np.float32)], {}, 18),
+    ("DepthToSpace", [_f(2, 12, 2, 3)], dict(blocksize=2), 18),
+    ("DepthToSpace", [_f(2, 18, 2, 1)], dict(blocksize=3, mode="CRD"), 18),
+    ("SpaceToDepth", [_f(2, 3, 4, 6)], dict(blocksize=2), 18),
     ("Pow", [_i(2, 3, 4), np.array([0.5, 1.0, 2.0], np.float32)], {}, 15),
     ("Range", [np.array(-1e-9, np.float32), np.array(1, np.float32), np.array(0.5, np.float32)], {}, 18),
     # Composite reductions over no axis still apply their elementwise steps.
