@@ -113,11 +113,6 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
             for buffer, version, copy in zip(buffers, versions, saved):
                 if buffer._version != version:
                     buffer.copy_(copy)
-                elif not torch.equal(buffer, copy):
-                    # Written keeping its version, as eager's BatchNorm kernel writes its
-                    # statistics (`codegen.unversioned_updates`): put back the same way.
-                    buffer.copy_(copy)
-                    torch._C._autograd._unsafe_set_version_counter((buffer,), (version,))
     return max(0.0, statistics.median(outside)), ""
 
 

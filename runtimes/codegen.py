@@ -127,41 +127,9 @@ class SegmentPlan:
     #: reads, or reads under no_grad): eager's backward never reaches them, so the runtime
     #: gives autograd no edge to them (`_Runner.handed`), or it would run their hooks.
     without_gradient: frozenset[int] = frozenset()
-    #: Buffers whose update eager's kernel writes without bumping their version
-    #: (`unversioned_updates`): the runtime keeps their version as it was.
-    unversioned_updates: frozenset[str] = frozenset()
     forward_source: str = ""
     backward_source: str = ""
     regions: list = field(default_factory=list)  # compiled.Region, backend "inductor"
-
-
-#: Functional ops whose eager kernels write BatchNorm's running statistics in place inside
-#: the kernel, where autograd's version counter does not see it: the outputs that are the
-#: statistics' new values.
-_UNVERSIONED_WRITES = {
-    "aten._native_batch_norm_legit_functional.default": (3, 4),
-    "aten._batch_norm_with_update_functional.default": (4, 5),
-}
-
-
-def unversioned_updates(graph: Graph) -> frozenset[str]:
-    """The buffers whose update eager writes without a version bump: BatchNorm's running
-    statistics (its `num_batches_tracked += 1` is an in-place op, which bumps). Bumped by
-    the step's copy, they failed a backward of an eager graph that saved them (the same
-    model called eagerly and through remat-ir in one loss: "modified by an inplace
-    operation"), where eager's own second call leaves them unbumped."""
-    found = set()
-    for output in graph.proto.outputs:
-        if output.role != pb.BUFFER_UPDATE:
-            continue
-        node_id = graph.producer(output.value_id)
-        if node_id is None:
-            continue
-        node = graph.node(node_id)
-        written = _UNVERSIONED_WRITES.get(node.op, ())
-        if any(node.outputs[i] == output.value_id for i in written if i < len(node.outputs)):
-            found.add(output.name)
-    return frozenset(found)
 
 
 class _Writer:
@@ -418,7 +386,6 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        gradient_sources=[[sources(v) for _, v in entries] for _, entries in yields],
                        last_read_group=last_read_group, regions=regions or [],
                        without_gradient=frozenset(slot for slot, v in enumerate(grads) if v is None),
-                       unversioned_updates=unversioned_updates(graph),
                        autocast_casts={slot: torch_dtype(d) for slot, d in parts.casts.items()},
                        forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
