@@ -33,7 +33,6 @@ The module itself is `onnx_module.OnnxModule`; lowering it into the IR is
 
 from __future__ import annotations
 
-import ast
 import os
 from collections.abc import Mapping
 
@@ -239,39 +238,21 @@ def _example_tensors(inputs, example_inputs, source: str) -> tuple[torch.Tensor,
     return tuple(tensors)
 
 
-#: Metadata PyTorch's exporter (`torch.onnx.export(..., dynamo=True)`) writes on graph
-#: inputs and values: what each was in the exported program, and what a value its
-#: optimizer folded into an initializer was computed from.
+#: The metadata key under which PyTorch's exporter (`torch.onnx.export(..., dynamo=True)`)
+#: records what each graph input and initializer was in the exported program.
 _EXPORTED_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
-_FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 
 
-def _exported_parameters(graph) -> set[str] | None:
-    """The initializers that hold the torch model's parameters, where PyTorch's exporter
-    says so, else None (another exporter, `dynamo=False`: every float initializer a
-    differentiable input reads is trained). Those it marks PARAMETER, and those its
-    optimizer folded from one tensor alone (a Linear's weight transposed, named `val_110`,
-    the parameter's own initializer gone). The others are buffers, and values folded from
-    buffers and ops (a causal mask, rotary tables): trained as parameters they drifted
-    from the torch model (a Llama's loss 1.1e-2 off after 4 Adam steps, found by a
-    review)."""
-    marks = {vi.name: {e.key: e.value for e in vi.metadata_props}
-             for vi in list(graph.value_info) + list(graph.input)}
-    if not any(_EXPORTED_KIND in m for m in marks.values()):
-        return None
-    found = set()
-    for init in graph.initializer:
-        mark = marks.get(init.name, {})
-        if mark.get(_EXPORTED_KIND) == "PARAMETER":
-            found.add(init.name)
-        elif _FOLDED_FROM in mark:
-            try:
-                sources = ast.literal_eval(mark[_FOLDED_FROM])
-            except (ValueError, SyntaxError):
-                continue
-            if len(sources) == 1 and marks.get(sources[0], {}).get(_EXPORTED_KIND, "PARAMETER") == "PARAMETER":
-                found.add(init.name)
-    return found
+def _exported_buffers(graph) -> set[str]:
+    """The initializers PyTorch's exporter marks as something other than a parameter (a
+    buffer: a registered mask, BatchNorm's statistics): trained as parameters, they
+    drifted from the torch model (found by a review). Initializers its optimizer folded
+    (a Linear's transposed weight, a position table sliced to the sequence, but also
+    rotary tables computed from a buffer) carry no such mark, and which tensors they came
+    from cannot be told apart: they stay trainable, as they were (freezing them froze
+    sliced parameters too: found by a review)."""
+    return {vi.name for vi in list(graph.value_info) + list(graph.input)
+            for entry in vi.metadata_props if entry.key == _EXPORTED_KIND and entry.value != "PARAMETER"}
 
 
 # ---------------------------------------------------------------- import
@@ -314,9 +295,8 @@ class _Importer:
                            for o in n.output}
         fed = {name for node in self.graph.node for pos, name in enumerate(node.input)
                if name and OPS[node.op_type].differentiable(pos)}
-        exported = _exported_parameters(self.graph)
-        if exported is not None and trainable == "initializers":
-            candidates &= exported
+        if trainable == "initializers":
+            candidates -= _exported_buffers(self.graph)
         return candidates & fed
 
     def is_constant(self, name: str) -> bool:
@@ -507,9 +487,8 @@ def to_torch(model_or_path, example_inputs=None, *, trainable="initializers") ->
 
     `example_inputs` (a tuple in graph order, a dict by input name, or one tensor) fix
     dynamic dimensions; without them every dimension must be static. `trainable`:
-    "initializers" (float initializers of rank >= 1 feeding a differentiable input; of
-    those, where PyTorch's exporter marks the model's parameters, only the parameters:
-    `_exported_parameters`),
+    "initializers" (float initializers of rank >= 1 feeding a differentiable input, but
+    for those PyTorch's exporter marks as buffers: `_exported_buffers`),
     "constants" (also `Constant`/`ConstantOfShape` outputs that do: the weight-stripped
     model-zoo graphs in the `onnx` package store every weight that way), or a
     collection of tensor names. Raises `LoweringError` naming the node or input at fault.

@@ -162,20 +162,18 @@ def unet(mode: str, batch=4):
 
 
 class MaskedAttention(nn.Module):
-    """Self-attention with a causal mask and rotary-like tables from buffers: the exporter
-    folds them (and the Linear weights, transposed) into initializers of its own."""
+    """Self-attention with a causal mask and a scale held as buffers, which the exporter
+    marks as such (the Linear weights it folds, transposed, into initializers of its own)."""
 
     def __init__(self, width=16, seq=8):
         super().__init__()
         self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.register_buffer("mask", torch.full((seq, seq), float("-inf")).triu(1))
-        self.register_buffer("inv_freq", 1.0 / (100 ** (torch.arange(0, width, 2) / width)))
+        self.register_buffer("mask", torch.full((seq, seq), -1e4).triu(1))
+        self.register_buffer("scale", torch.full((width,), 0.25))
 
     def forward(self, x):
-        angles = torch.arange(x.shape[1], dtype=x.dtype)[:, None] * self.inv_freq[None]
-        rotary = torch.cat([angles.cos(), angles.sin()], -1)
-        q, k, v = (x + rotary).matmul(self.qkv.weight.t()).add(self.qkv.bias).chunk(3, -1)
-        weights = (q @ k.transpose(1, 2) / 4 + self.mask).softmax(-1)
+        q, k, v = (x * self.scale).matmul(self.qkv.weight.t()).add(self.qkv.bias).chunk(3, -1)
+        weights = (q @ k.transpose(1, 2) + self.mask).softmax(-1)
         return self.out(weights @ v)
 
 

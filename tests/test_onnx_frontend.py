@@ -158,16 +158,17 @@ def test_exported_unets_upsampling_with_resize_train_like_torch(exported, mode):
         opt_torch.zero_grad(), opt_onnx.zero_grad()
 
 
-def test_exported_buffers_and_what_is_folded_from_them_stay_constants(exported):
-    """Every float initializer a differentiable input reads was trained: a causal mask and
-    rotary tables the exporter folded from buffers got gradients, and Adam moved them (a
-    Llama's loss 1.1e-2 off the torch model's after 4 steps, found by a review). Where
-    PyTorch's exporter marks the parameters, those and the weights it folded from one
-    alone are the parameters: exactly the torch model's, and 3 Adam steps train like it."""
+def test_exported_buffers_stay_constants(exported):
+    """Every float initializer a differentiable input reads was trained: buffers (a causal
+    mask, a scale) got gradients, and Adam moved them, drifting from the torch model (found
+    by a review). Those PyTorch's exporter marks as buffers stay constants: the parameters
+    are the torch model's (its Linear weights as the exporter folded them, transposed),
+    and 3 Adam steps train like it."""
     path, model, args, loss_of = exported("masked_attention")
     module, _ = onnx_frontend.to_torch(path, args)
     counterparts = torch_counterparts(module, model)   # one torch parameter each, all of them
     assert len(counterparts) == len(list(model.parameters()))
+    assert {"mask", "scale"} <= set(module.onnx_names.values()) - {module.onnx_names[n] for n in counterparts}
     torch_params = dict(model.named_parameters())
     scheduled = remat_ir.remat_onnx(path, args, solver="recompute-all", cost_model="flops")
     opt_torch = torch.optim.Adam(model.parameters(), lr=1e-2)
