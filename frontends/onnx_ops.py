@@ -814,11 +814,16 @@ def _pad(node, x, pads, value=None, axes=None):
     padded = x.dim() - first
     if padded == 0:
         return x
+    # Crops come first: a mode that reads the input's values needs some left to read.
+    if any(size + min(b, 0) + min(e, 0) < (1 if mode != "constant" else 0) or size + b + e < 0
+           for size, b, e in zip(x.shape, begin, end)):
+        raise OpError(f"Pad by {pads} on shape {list(x.shape)}, which crops an axis to nothing")
     if mode == "reflect" and any(max(b, e) >= size - max(0, -b) - max(0, -e)
                                  for b, e, size in zip(begin, end, x.shape) if b > 0 or e > 0):
         raise OpError(f"Pad mode 'reflect' by {pads} on shape {list(x.shape)} (a reflection "
                       f"reaches at most the axis's size - 1 positions)")
-    if padded <= 3 and x.dim() in (padded + 1, padded + 2) and min(begin + end) >= 0:
+    if padded <= 3 and x.dim() in (padded + 1, padded + 2) and min(begin + end) >= 0 \
+            and all(max(b, e) <= size for size, b, e in zip(x.shape, begin, end)):
         return F.pad(x, spec, mode=_PAD_MODES[mode])
     # F.pad pads the last 1-3 axes of a tensor with 1-2 more in these modes: others (both
     # axes of a matrix, the batch axis) take each axis's positions as an index (refused
@@ -946,5 +951,6 @@ op("ArgMax", diff=())(_arg(torch.argmax))
 op("ArgMin", diff=())(_arg(torch.argmin))
 
 
-# Resize registers itself from a module of its own (it imports this one).
+# Resize, LSTM and GRU register themselves from modules of their own (they import this one).
 importlib.import_module(".onnx_resize", __package__)
+importlib.import_module(".onnx_recurrent", __package__)

@@ -23,12 +23,13 @@ _TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "alig
                "asymmetric", "tf_crop_and_resize")
 
 
-def _source(x: int, size: int, out: int, scale: float, how: str, roi: tuple[float, float]) -> float:
+def _source(x: int, size: int, out: int, scale: float, how: str, roi: tuple[float, float],
+            precision=np.float32) -> float:
     """The input coordinate of output position `x` (the spec's coordinate transformation),
     computed in float32 in onnxruntime's order of operations: where the exact value is a
     whole number, double precision can land just below it and nearest rounding then picks
     the position before onnxruntime's (a 0.6 scale read row 1 where onnxruntime reads 2)."""
-    f = np.float32
+    f = precision
     xr, scale, n, m = f(x), f(scale), f(size), f(out)
     if how == "half_pixel":
         return float((xr + f(0.5)) / scale - f(0.5))
@@ -136,7 +137,8 @@ def _output_sizes(node, x: torch.Tensor, axes: list[int], scales, sizes):
         return [int(math.floor(float(scale * np.float32(i)) + 0.5)) for i in spatial], [float(scale)] * len(axes)
     if not scales:
         raise OpError("Resize with neither scales nor sizes")
-    return [int(math.floor(i * f)) for i, f in zip(spatial, scales)], list(scales)
+    # In float32, as onnxruntime computes it (10 * 0.7 is 7 there, 6.999... in double).
+    return [int(math.floor(np.float32(i) * np.float32(f))) for i, f in zip(spatial, scales)], list(scales)
 
 
 def _boxes(roi, axes: list[int], rank: int, crop: bool) -> list[tuple[float, float]]:
@@ -173,7 +175,12 @@ def _resize(node, x, roi=None, scales=None, sizes=None):
         size = x.shape[axis]
         if out == 0 or size == 0:
             raise OpError(f"Resize of an axis of size {size} to {out}")
-        if out == size and factor == 1:
+        if out == size and factor != 1:
+            # onnxruntime returns such an axis as it is; the spec (and torch, which exported
+            # it) interpolates with the scale (found by a review: up to 1.7 apart).
+            raise OpError(f"Resize by scale {factor:g} of an axis of size {size} that keeps its "
+                          f"size (onnxruntime leaves it as it is, the spec interpolates)")
+        if out == size:
             if how == "tf_crop_and_resize" and box != (0.0, 1.0):
                 # onnxruntime leaves an unscaled axis as it is; the spec's reference crops it.
                 raise OpError(f"Resize tf_crop_and_resize with a region of interest {box} on "

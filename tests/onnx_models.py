@@ -183,7 +183,25 @@ def masked_attention(batch=2):
             lambda out: out.square().mean())
 
 
-TORCH_MODELS = {"masked_attention": masked_attention, "gpt2": gpt2, "cnn": cnn, "bert": bert, "resnet": resnet,
+class Recurrent(nn.Module):
+    """Two bidirectional batch-first layers of `kind` (nn.LSTM or nn.GRU) and a head."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.rnn = getattr(nn, kind)(4, 6, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def recurrent(kind: str, batch=3):
+    torch.manual_seed(9)
+    return Recurrent(kind), (torch.randn(batch, 5, 4),), ({0: "batch"},), lambda out: out.square().mean()
+
+
+TORCH_MODELS = {"lstm": functools.partial(recurrent, "LSTM"), "gru": functools.partial(recurrent, "GRU"),
+                "masked_attention": masked_attention, "gpt2": gpt2, "cnn": cnn, "bert": bert, "resnet": resnet,
                 **{f"unet_{mode}": functools.partial(unet, mode) for mode in ("nearest", "bilinear", "bicubic")}}
 
 

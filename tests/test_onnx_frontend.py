@@ -766,11 +766,10 @@ def test_padding_any_axes_in_any_mode_matches_onnxruntime(shape, data, mode):
     """Pad's modes on any axes of any rank, negative pads cropping. F.pad pads only the
     last 1-3 axes of a tensor of 1-2 more in reflect, edge and wrap modes: both axes of a
     matrix or the batch axis were refused with F.pad's message (found by a review)."""
-    low = {"reflect": 1, "wrap": 0}.get(mode)
-    pads = [data.draw(st.integers(-(size - 1), size - low if low is not None else 3))
-            for size in shape * 2]
+    top = {"reflect": lambda size: size - 1, "wrap": lambda size: 2 * size}.get(mode, lambda size: 3)
+    pads = [data.draw(st.integers(-(size - 1), top(size))) for size in shape * 2]
     kept = [size + min(b, 0) + min(e, 0) for size, b, e in zip(shape, pads[:len(shape)], pads[len(shape):])]
-    assume(all(size + b + e > 0 for size, b, e in zip(shape, pads[:len(shape)], pads[len(shape):])))
+    assume(all(size + b + e > 0 and k > 0 for size, b, e, k in zip(shape, pads[:len(shape)], pads[len(shape):], kept)))
     # A reflection reaches at most size - 1 positions of the axis as cropped (refused).
     assume(mode != "reflect" or all(max(b, e) < size for size, b, e in zip(kept, pads[:len(shape)],
                                                                           pads[len(shape):])))
@@ -792,7 +791,7 @@ def test_transposed_convolution_with_same_padding_matches_onnxruntime(size, kern
         strides=[stride] * dims, dilations=[dilation] * dims, output_padding=[out_pad] * dims, auto_pad=auto_pad))
 
 
-_RESIZE_SCALES = [0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0]
+_RESIZE_SCALES = [0.5, 0.6, 0.7, 0.75, 0.9, 1.0, 1.1, 1.3, 1.5, 2.0, 2.5, 3.0]
 
 
 @settings(max_examples=80, deadline=None)
@@ -805,7 +804,8 @@ def test_resize_in_every_mode_and_coordinate_transformation_matches_onnxruntime(
     coordinate transformation, nearest rounding, cubic coefficient and exclusion, by scales
     or by sizes, and tf_crop_and_resize's region (within the input, on scaled axes: on an
     unscaled one onnxruntime and the spec's reference disagree, refused) give
-    onnxruntime's outputs."""
+    onnxruntime's outputs. Sizes from scales are computed in float32 as onnxruntime does
+    (10 * 0.7 made 6 rows where onnxruntime makes 7: found by a review)."""
     attrs = dict(mode=mode, coordinate_transformation_mode=how)
     if mode == "nearest":
         attrs["nearest_mode"] = data.draw(st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]))
@@ -817,6 +817,9 @@ def test_resize_in_every_mode_and_coordinate_transformation_matches_onnxruntime(
         scales = [1.0, 1.0] + [data.draw(st.sampled_from(_RESIZE_SCALES)) for _ in spatial]
         outs = [int(np.floor(np.float32(i) * np.float32(f))) for i, f in zip(shape, scales)]
         given = [np.array(scales, np.float32), None]
+        # An axis scaled but keeping its size: onnxruntime leaves it, the spec interpolates
+        # (refused).
+        assume(not any(o == i and f != 1 for o, i, f in zip(outs, shape, scales)))
     else:
         outs = shape[:2] + [data.draw(st.integers(1, 9)) for _ in spatial]
         given = [None, np.array(outs, np.int64)]
@@ -826,5 +829,82 @@ def test_resize_in_every_mode_and_coordinate_transformation_matches_onnxruntime(
         assume(all(o != i for o, i in zip(outs[2:], spatial)))
         roi = np.array([0.0, 0.0] + [data.draw(st.sampled_from([0.0, 0.125, 0.25])) for _ in spatial]
                        + [1.0, 1.0] + [data.draw(st.sampled_from([0.75, 0.875, 1.0])) for _ in spatial], np.float32)
+    if mode == "nearest":
+        # A coordinate on a rounding boundary in exact arithmetic (0.5 / (1/3) - 0.5) goes
+        # either way by the last bit of a float (onnxruntime's kernels and the spec's
+        # reference differ there too): such ties are not compared.
+        from remat_ir.frontends.onnx_resize import _nearest, _source
+
+        factors = scales[2:] if given[0] is not None else [float(np.float32(o) / np.float32(i))
+                                                           for o, i in zip(outs[2:], spatial)]
+        boxes = [(0.0, 1.0)] * len(spatial) if roi is None else list(zip(roi[2:2 + len(spatial)], roi[-len(spatial):]))
+        assume(all(_nearest(_source(x, i, o, f, how, box), attrs["nearest_mode"])
+                   == _nearest(_source(x, i, o, f, how, box, np.float64), attrs["nearest_mode"])
+                   for i, o, f, box in zip(spatial, outs[2:], factors, boxes) for x in range(o)))
     inputs = [_f(*shape), roi, *given]
     _answered_by_onnxruntime("Resize", inputs if given[1] is not None else inputs[:3], attrs, 19)
+
+
+@pytest.mark.parametrize("first", [
+    helper.make_node("Resize", ["x", "", "scales"], ["h"], mode="linear"),
+    helper.make_node("MaxPool", ["x"], ["h"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)])
+def test_nodes_after_a_known_shape_inference_disagreement_import_and_match_onnxruntime(first):
+    """Where shape inference is known to disagree with onnxruntime (a Resize by 0.7 of 10
+    rows: 6 in double precision, 7 in onnxruntime's float32; a pool with ceil_mode), the
+    nodes after it inherit the disagreement: a Relu there was refused as an op table bug
+    (found by a review)."""
+    x = _f(1, 2, 10, 5)
+    graph = helper.make_graph(
+        [first, helper.make_node("Relu", ["h"], ["y"])], "after",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_empty_tensor_value_info("y")],
+        [numpy_helper.from_array(np.array([1, 1, 0.7, 1.3], np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=10)
+    given = (torch.from_numpy(x),)
+    module, _ = onnx_frontend.to_torch(model, given)
+    ours, theirs = module(*given), torch.from_numpy(run_ort(model, given)[0])
+    assert ours.shape == theirs.shape and relative_error(ours, theirs) < 1e-5
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["LSTM", "GRU"]), data=st.data(),
+       direction=st.sampled_from(["forward", "reverse", "bidirectional"]))
+def test_recurrent_layers_match_onnxruntime(kind, data, direction):
+    """LSTM and GRU (nn.LSTM's and nn.GRU's exports) were refused as unsupported: with
+    and without bias and initial states, peepholes, `input_forget`, `linear_before_reset`
+    and `clip`, their outputs and final states are onnxruntime's."""
+    hidden, size, steps, batch = (data.draw(st.integers(1, n)) for n in (4, 3, 4, 3))
+    directions, gates = (2 if direction == "bidirectional" else 1), (4 if kind == "LSTM" else 3)
+    inputs = [_f(steps, batch, size), _f(directions, gates * hidden, size), _f(directions, gates * hidden, hidden),
+              _f(directions, 2 * gates * hidden) if data.draw(st.booleans()) else None, None,
+              _f(directions, batch, hidden) if data.draw(st.booleans()) else None]
+    attrs = dict(hidden_size=hidden, direction=direction)
+    if data.draw(st.booleans()):
+        attrs["clip"] = 0.5
+    if kind == "LSTM":
+        inputs += [_f(directions, batch, hidden) if data.draw(st.booleans()) else None,
+                   _f(directions, 3 * hidden) if data.draw(st.booleans()) else None]
+        attrs["input_forget"] = data.draw(st.integers(0, 1))
+    else:
+        attrs["linear_before_reset"] = data.draw(st.integers(0, 1))
+    while inputs[-1] is None:
+        inputs.pop()
+    _answered_by_onnxruntime(kind, inputs, attrs, 14)
+
+
+@pytest.mark.parametrize("name", some_slow(["lstm", "gru"], ["gru"]))
+def test_exported_recurrent_models_train_like_torch(exported, name):
+    """nn.LSTM and nn.GRU, two bidirectional batch-first layers, exported: the losses of 3
+    SGD steps equal the torch model's within 1e-5 (the exporter packs each layer's weights
+    into one W, R and B, which an elementwise optimizer steps as the separate ones)."""
+    path, model, args, loss_of = exported(name)
+    with torch.backends.mkldnn.flags(enabled=False):   # eager's CPU LSTM runs oneDNN otherwise
+        scheduled = remat_ir.remat_onnx(path, args, solver="recompute-all", cost_model="flops")
+        opt_torch = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt_onnx = torch.optim.SGD(scheduled.parameters(), lr=0.1)
+        for step in range(3):
+            loss_torch, loss_onnx = loss_of(model(*args)), loss_of(scheduled(*args))
+            assert relative_error(loss_torch, loss_onnx) < 1e-5, step
+            loss_torch.backward(), loss_onnx.backward()
+            opt_torch.step(), opt_onnx.step()
+            opt_torch.zero_grad(), opt_onnx.zero_grad()
