@@ -815,8 +815,7 @@ def _pad(node, x, pads, value=None, axes=None):
     if padded == 0:
         return x
     # Crops come first: a mode that reads the input's values needs some left to read.
-    if any(size + min(b, 0) + min(e, 0) < (1 if mode != "constant" else 0) or size + b + e < 0
-           for size, b, e in zip(x.shape, begin, end)):
+    if any(size + min(b, 0) + min(e, 0) < 1 for size, b, e in zip(x.shape, begin, end)):
         raise OpError(f"Pad by {pads} on shape {list(x.shape)}, which crops an axis to nothing")
     if mode == "reflect" and any(max(b, e) >= size - max(0, -b) - max(0, -e)
                                  for b, e, size in zip(begin, end, x.shape) if b > 0 or e > 0):
