@@ -460,7 +460,7 @@ def _check_shapes(model, examples, importer: _Importer, source: str) -> None:
                 continue
             problem = None
             if list(ours.shape) != dims:
-                if _inference_known_wrong((index, node), ours, dims):
+                if _inference_known_wrong(node, ours, dims):
                     diverged.add(name)
                     continue
                 problem = f"shape {list(ours.shape)}, but ONNX shape inference gives {dims}"
@@ -472,7 +472,7 @@ def _check_shapes(model, examples, importer: _Importer, source: str) -> None:
                                     "please report it)")
 
 
-def _inference_known_wrong(produced, ours, dims) -> bool:
+def _inference_known_wrong(node, ours, dims) -> bool:
     """Whether ONNX shape inference is known to disagree with onnxruntime (and the spec)
     here, so that the comparison would refuse a valid model as a bug of the op table:
     - a ConvTranspose asked for an `output_shape` smaller than its input: it drops the
@@ -486,9 +486,6 @@ def _inference_known_wrong(produced, ours, dims) -> bool:
       (1 / 0.5: 2 elements where onnxruntime makes 3);
     - a Resize by scales: it multiplies in double precision, onnxruntime in float32
       (10 * 0.7: 6 rows where onnxruntime makes 7)."""
-    if produced is None:
-        return False
-    node = produced[1]
     attrs = {a.name: a for a in node.attribute}
     if node.op_type == "ConvTranspose" and "output_shape" in attrs and len(dims) < len(ours.shape):
         return True
