@@ -25,7 +25,8 @@ share one (views, in-place results). The rules:
   statistics: a `BUFFER_UPDATE` output of its name) takes its new value at the
   end of the forward; a backward step that reads it (a recomputation) must see
   the old one, so the old value is copied there and held to the end of the step
-  (`snapshot_buffers`).
+  (`snapshot_buffers`). So are the statistics an eval-mode BatchNorm recomputed in
+  the backward reads, which the runtime compares with the live ones there.
 - **Gradient seeds.** The output gradients (GRADIENT inputs) are resident, but where
   the runtime makes them as the backward starts (`Provenance.runtime_makes_gradient_seeds`,
   graphs lowered from PyTorch) they take memory from there: autograd's seed of a scalar
@@ -105,21 +106,36 @@ def counted(graph: Graph, value_id: int) -> bool:
 
 def snapshot_buffers(graph: Graph, schedule: pb.Schedule) -> list[int]:
     """The buffers (resident value ids) copied at the end of `schedule`'s forward and
-    held to the end of the step: those the step updates that a backward step reads.
-    Store-everything reads none; a BatchNorm recomputed in the backward reads its
-    running statistics. The runtime takes the same copies (`runtimes.torch`)."""
-    buffers = graph.derived.get("updated_buffers")
-    if buffers is None:  # the simulator asks at every simulation
+    held to the end of the step: those the step updates that a backward step reads, and
+    the running statistics a BatchNorm recomputed in the backward reads. Store-everything
+    reads none; a BatchNorm recomputed in the backward reads its running statistics.
+    Those the step does not update (an eval-mode BatchNorm) are copied to be compared:
+    another call's training-mode BatchNorm, eager's or a step's, writes them in place
+    without bumping their version, which the runtime's version check cannot see, and the
+    recomputation took the new statistics, silently (found by a review). The runtime
+    takes the same copies (`runtimes.torch`)."""
+    derived = graph.derived.get("snapshot_candidates")
+    if derived is None:  # the simulator asks at every simulation
         updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
-        buffers = graph.derived["updated_buffers"] = frozenset(
-            e.value_id for e in graph.proto.inputs if e.name in updated)
+        derived = graph.derived["snapshot_candidates"] = (
+            frozenset(e.value_id for e in graph.proto.inputs if e.name in updated),
+            frozenset(e.value_id for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.BUFFER))
+    updated, buffers = derived
     if not buffers:
         return []
     read: set[int] = set()
     for step in schedule.steps[schedule.backward_start:]:
         if step.HasField("compute"):
-            read.update(v for v in graph.node(step.compute).inputs if v in buffers)
+            node = graph.node(step.compute)
+            statistics = node.phase == pb.FORWARD and _RUNNING_STATISTICS_OP in node.op
+            read.update(v for v in node.inputs if v in updated or (statistics and v in buffers))
     return sorted(read)
+
+
+#: What the ops reading BatchNorm's running statistics have in their names
+#: (`_native_batch_norm_legit_no_training`, `_native_batch_norm_legit_functional`, ...);
+#: the only buffers they read are those statistics.
+_RUNNING_STATISTICS_OP = "batch_norm"
 
 
 def gradient_seed_bytes(graph: Graph) -> int:

@@ -113,6 +113,10 @@ class _Step:
             # Backward reads, and autograd accumulates into, the parameters as gathered.
             resident = tuple(step_units.objects.get(i, t) for i, t in enumerate(resident))
         self.resident = runner.apply_buffer_updates(resident, updates)
+        #: Running statistics the backward recomputes a BatchNorm from, which this step does
+        #: not update (an eval-mode BatchNorm): their copy, compared with the live tensor when
+        #: the backward starts (`_statistics_written`).
+        self.statistics = [(slot, resident[slot]) for slot in runner.compared_slots]
         self.stash, self.outputs = saved, outputs
         # The version of each tensor the backward reads from the caller (an input, a
         # parameter): one written in place before the backward runs is refused there.
@@ -174,6 +178,9 @@ class _Step:
         for slot, version in self.versions:
             if self.resident[slot]._version != version:
                 raise self._written_since(slot)
+        for slot, live in self.statistics:
+            if not torch.equal(live, self.resident[slot]):
+                raise self._statistics_written(slot)
         backward_settings.check(self.runner.graph, self.device, self.kernels, self.runner.backward_casts)
         self.unused = unused
         # A node this backward does not run would never claim its part. (Autograd does not
@@ -233,6 +240,21 @@ class _Step:
                             f"model, or uses it outside the model, and gave it its whole gradient "
                             f"before this call's backward ran (this call's loss leaves out what "
                             f"it feeds): step the optimizer after backward() there")
+
+    def _statistics_written(self, slot: int) -> RematIRError:
+        """The error for BatchNorm running statistics written between this step's forward
+        and its backward, which recomputes an eval-mode BatchNorm from them: a training-mode
+        call of the same BatchNorm (eager's or a step's) writes them in place without a
+        version bump. Read live, the recomputation took the new statistics, 0.2-0.3 off
+        eager's gradients, silently (found by a review)."""
+        value = self.runner.plan.resident[slot]
+        name = next((e.name for e in self.runner.graph.proto.inputs if e.value_id == value), f"value {value}")
+        return RematIRError(f"{name} was written after the forward and before the backward (a call of "
+                            f"its BatchNorm in training mode, which writes its statistics in place "
+                            f"without a version bump), and this plan's backward computes the "
+                            f"BatchNorm again from them, in eval mode: call backward() before the "
+                            f"next training-mode call, or plan without recomputing it "
+                            f"(solver=\"autograd\" keeps every activation)")
 
     def _unreached_as_none(self, index: int, grads: tuple) -> tuple:
         """None for each gradient of group `index` computed from tangents of unused outputs
@@ -613,6 +635,7 @@ class _Runner:
         self.cast_groups = _cast_groups(self.plan, self.routes)
         self.chain_cast_groups = _cast_groups(self.plan, self.chain_routes)
         self.snapshot_slots = {slot_of[name] for name in self.plan.buffers_read_in_backward}
+        self.compared_slots = sorted(self.snapshot_slots - set(self.buffer_slots))
 
     def output_modified(self, position: int) -> RematIRError:
         """The error for user output `position`, which the backward reads, modified in place
@@ -629,16 +652,18 @@ class _Runner:
             f"before the in-place op (`out = out.clone()`), or modify it after backward()")
 
     def apply_buffer_updates(self, resident: tuple, updates: tuple) -> tuple:
-        """Copy buffer updates in, once; return the resident tuple backward should see."""
-        if not updates:
+        """Copy buffer updates in, once; return the resident tuple backward should see
+        (`snapshot_slots` copied first: `ir.memory.snapshot_buffers`)."""
+        if not updates and not self.snapshot_slots:
             return resident
         backward_resident = list(resident)
         for slot in self.snapshot_slots:
             backward_resident[slot] = resident[slot].clone()
-        with torch.no_grad():
-            # One call for all (a ResNet's 29 BatchNorms update 87 buffers: 87 Python calls
-            # were 0.1 ms of a 14 ms CPU step); it copies as `copy_` does, dtypes included.
-            torch._foreach_copy_([resident[slot] for slot in self.buffer_slots], list(updates))
+        if updates:
+            with torch.no_grad():
+                # One call for all (a ResNet's 29 BatchNorms update 87 buffers: 87 Python calls
+                # were 0.1 ms of a 14 ms CPU step); it copies as `copy_` does, dtypes included.
+                torch._foreach_copy_([resident[slot] for slot in self.buffer_slots], list(updates))
         return tuple(backward_resident)
 
 

@@ -2691,6 +2691,44 @@ def test_a_buffer_counted_with_plus_equals_trains_like_eager(solver):
                         lambda out: out, steps=3) == {}
 
 
+@pytest.mark.parametrize("second", ["scheduled", "eager"])
+def test_statistics_written_before_a_backward_recomputing_an_eval_batchnorm_are_refused(second):
+    """A plan recomputing an eval-mode BatchNorm in its backward read the live running
+    statistics. A training-mode call of the same BatchNorm before that backward (eager's,
+    or through remat-ir) writes them in place without a version bump: the backward took
+    the new statistics, 0.2-0.3 off eager's gradients, silently where the second call was
+    eager's (found by a review). The statistics are copied at the forward's end (counted
+    by the simulator: the measured peak is the simulated one) and compared when the
+    backward starts. Without a call in between, every gradient is bitwise eager's."""
+    from remat_ir.runtimes.memory import measure_peak
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(),
+                                   torch.nn.Linear(6, 2))
+
+    x1, x2 = torch.randn(8, 4), torch.randn(8, 4) * 3 + 1
+    model, eager = make(), make()
+    for m in (model, eager):
+        m[1].eval()
+    scheduled = remat_ir.remat(model, (x1,), solver="recompute-all", cost_model="profile")
+    assert ir.memory.snapshot_buffers(scheduled.graph, scheduled.schedule)   # the statistics
+    for m in (scheduled, eager):
+        m(x1).square().sum().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
+    for _ in range(2):
+        scheduled.zero_grad(set_to_none=True)
+        measured = measure_peak(lambda: scheduled(x1).square().sum().backward(), "cpu").peak_bytes
+    simulated = ir.simulate(scheduled.graph, scheduled.schedule)
+    assert abs(measured - simulated.peak_bytes) < simulated.snapshot_bytes, (measured, simulated.peak_bytes)
+    out = scheduled(x1)
+    model[1].train()
+    (scheduled if second == "scheduled" else model)(x2)
+    with pytest.raises(RematIRError, match=r"1.running_mean was written after the forward and before "
+                                           r"the backward \(a call of its BatchNorm in training mode"):
+        out.square().sum().backward()
+
+
 class _Masked(torch.nn.Module):
     def __init__(self, mask):
         super().__init__()
