@@ -178,8 +178,8 @@ class _Step:
         for slot, version in self.versions:
             if self.resident[slot]._version != version:
                 raise self._written_since(slot)
-        for slot, live in self.statistics:
-            if not torch.equal(live, self.resident[slot]):
+        for slot, live in self.statistics:   # bit for bit, NaN equal to NaN (a diverged run)
+            if not torch.allclose(live, self.resident[slot], rtol=0, atol=0, equal_nan=True):
                 raise self._statistics_written(slot)
         backward_settings.check(self.runner.graph, self.device, self.kernels, self.runner.backward_casts)
         self.unused = unused
