@@ -6,12 +6,15 @@ Why not `F.interpolate`: it implements a few (mode, coordinate transformation) p
 the spec's dozens, each with its own rounding, so matching onnxruntime would mean a
 table of special cases; gathering along each axis with the weights the spec defines
 covers every pair with one formula, and its backward (a scatter-add of the weighted
-gradient) is PyTorch's. The positions and weights are computed once per node at import
-(shapes are static), in double precision as the spec's reference does.
+gradient) is PyTorch's. The positions and weights depend on shapes only, which are
+static: computed once per axis (`_taps`, cached: the module's own eager calls, in eval
+mode, ran the Python loop at every call), with coordinates in float32 as onnxruntime
+computes them (`_source`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -72,32 +75,36 @@ def _cubic_weights(t: float, a: float) -> list[float]:
 
 
 def _taps(node, size: int, out: int, scale: float, roi: tuple[float, float]):
-    """Per output position along one axis: [(input position, weight)], and whether it lies
-    outside the input (tf_crop_and_resize's extrapolation)."""
-    mode = node.attr("mode", "nearest")
-    how = node.attr("coordinate_transformation_mode", "half_pixel")
+    """Per output position along one axis: ((input position, weight), ...), and whether it
+    lies outside the input (tf_crop_and_resize's extrapolation)."""
+    return _axis_taps(node.attr("mode", "nearest"), node.attr("coordinate_transformation_mode", "half_pixel"),
+                      node.attr("nearest_mode", "round_prefer_floor"), node.attr("cubic_coeff_a", -0.75),
+                      bool(node.attr("exclude_outside", 0)), size, out, scale, roi)
+
+
+@functools.lru_cache(maxsize=256)
+def _axis_taps(mode: str, how: str, rounding: str, cubic_a: float, exclude_outside: bool,
+               size: int, out: int, scale: float, roi: tuple[float, float]):
     taps, outside = [], []
     for x in range(out):
         c = _source(x, size, out, scale, how, roi)
         outside.append(how == "tf_crop_and_resize" and not 0 <= c <= size - 1)
         if mode == "nearest":
-            taps.append([(min(max(_nearest(c, node.attr("nearest_mode", "round_prefer_floor")), 0), size - 1),
-                          1.0)])
+            taps.append(((min(max(_nearest(c, rounding), 0), size - 1), 1.0),))
             continue
         base = math.floor(c)
         t = float(np.float32(c) - np.float32(base))
         if mode == "linear":
             found = [(base, 1 - t), (base + 1, t)]
         else:
-            weights = _cubic_weights(t, node.attr("cubic_coeff_a", -0.75))
-            found = [(base - 1 + k, w) for k, w in enumerate(weights)]
-            if node.attr("exclude_outside", 0):
+            found = [(base - 1 + k, w) for k, w in enumerate(_cubic_weights(t, cubic_a))]
+            if exclude_outside:
                 found = [(p, w) for p, w in found if 0 <= p < size]
                 total = sum(w for _, w in found)
                 found = [(p, w / total) for p, w in found]
         # Positions beyond the input read its edge, as the spec's reference pads it.
-        taps.append([(min(max(p, 0), size - 1), w) for p, w in found])
-    return taps, outside
+        taps.append(tuple((min(max(p, 0), size - 1), w) for p, w in found))
+    return tuple(taps), tuple(outside)
 
 
 def _resize_axis(x: torch.Tensor, axis: int, taps, outside, extrapolation: float) -> torch.Tensor:
@@ -198,5 +205,5 @@ def _numbers(value) -> list | None:
         return None
     if isinstance(value, (int, float)):
         return [value]
-    return [float(v) if isinstance(v, float) else v for v in value] or None
+    return list(value) or None
 
