@@ -29,7 +29,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from remat_ir.ir import Graph, pb
+from remat_ir.ir.errors import RematIRError
 from remat_ir.ir.gradient_sums import cast_backs, chain, gradient_chains
+
+
+class MovedGradientSum(RematIRError):
+    """A schedule that offloads or recomputes a running sum of a gradient the runtime hands
+    to autograd in parts. Why refused: handed whole instead, that gradient rounds otherwise
+    than eager's wherever its tensor also gets gradient from outside the module (a second
+    call before one backward, a penalty on the weight: bfloat16 weights 4.9e-4 off), and
+    handed in parts the sum lives in autograd's buffer, where no offload can move it."""
 
 
 @dataclass
@@ -68,12 +77,16 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
         else:
             touched.setdefault(getattr(s, action), []).append(action)
 
-    def once(nodes: list[int], values: list[int]) -> list[int] | None:
-        """Each node's backward step, if each runs once there and its value is only freed."""
+    def once(nodes: list[int], values: list[int], gradient: int) -> list[int] | None:
+        """Each node's backward step, if each runs once there and its value is only freed;
+        refused where the schedule moves or recomputes one (`MovedGradientSum`)."""
         where = [computed.get(n, []) for n in nodes]
-        if (any(len(w) != 1 or w[0] < schedule.backward_start for w in where)
-                or any(a != "free" for v in values for a in touched.get(v, []))):
+        if any(not w or w[0] < schedule.backward_start for w in where):
             return None
+        for n, v, w in zip(nodes, values, where):
+            moved = sorted({a for a in touched.get(v, []) if a != "free"})
+            if len(w) > 1 or moved:
+                raise _moved(graph, schedule, v, gradient, moved or ["recompute"])
         return [w[0] for w in where]
 
     def hand(slot: int, nodes: list[int], parts: list[int], ks: list[int]) -> None:
@@ -92,7 +105,7 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
             low = graph.node(back).args[0].tensor
             nodes, parts = chain(graph, low) or ([], [low])
             sums = [graph.node(n).outputs[0] for n in nodes]
-            ks = once(nodes + [back], sums + [gradient])
+            ks = once(nodes + [back], sums + [gradient], gradient)
             if ks is None or graph.users(low) != [back] or outputs & {low, *sums}:
                 continue
             hand(slot, nodes, parts, ks[:-1])
@@ -104,8 +117,24 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
         elif gradient in chains:
             nodes, parts = chains[gradient]
             sums = [graph.node(n).outputs[0] for n in nodes]
-            ks = once(nodes, sums)
+            ks = once(nodes, sums, gradient)
             if ks is None or outputs & set(sums[:-1]):
                 continue
             hand(slot, nodes, parts, ks)
     return result
+
+
+_VERBS = {"offload": "offloads", "prefetch": "prefetches", "recompute": "recomputes"}
+
+
+def _moved(graph: Graph, schedule: pb.Schedule, value: int, gradient: int,
+           actions: list[str]) -> MovedGradientSum:
+    name = next((o.name for o in graph.proto.outputs if o.value_id == gradient), f"value {gradient}")
+    return MovedGradientSum(
+        f"schedule {schedule.name!r} ({schedule.solver or 'no solver named'}) "
+        f"{' and '.join(_VERBS[a] for a in actions)} value {value} "
+        f"({graph.value(value).name or 'unnamed'}), a running sum of the gradient of {name!r}: "
+        "the torch runtime hands such sums to autograd, which adds a tensor's gradient "
+        "contributions in eager's order, and cannot move or recompute them. Plan with a "
+        "built-in solver (none moves them), or leave the outputs of "
+        "`remat_ir.ir.gradient_sums.handed_sums(graph)` in place in this schedule")

@@ -45,7 +45,7 @@ compute (paper 003, POFO). Two pieces, both on the simulator's rules
 
 A value is offloaded only over a gap where no other value holding its storage is live
 (a view would keep the storage on the device, and the prefetch allocate it again);
-graph outputs and resident values never are.
+graph outputs, resident values and running gradient sums (`_movable_values`) never are.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from remat_ir.ir import Graph, pb, simulate, store_all
+from remat_ir.ir.gradient_sums import handed_sums
 from remat_ir.ir.simulator import SimulationResult, transfer_seconds
 
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, quiet
@@ -142,8 +143,9 @@ def link_of(graph: Graph) -> pb.HostLink:
     link = graph.proto.provenance.host_link
     if link.bandwidth_bytes_per_s <= 0:
         raise BadRequest("offloading needs the host link's bandwidth, and this graph describes "
-                         "none: lower the model with host_bandwidth='25GB/s' (or the CLI's "
-                         "--host-bandwidth), or let the profiler measure it on the device")
+                         "none: give it, as remat(..., host_bandwidth='25GB/s') or the CLI's "
+                         "--host-bandwidth 25GB/s, or let the profiler measure it on the device "
+                         "(cost_model='profile', remat()'s default)")
     return link
 
 
@@ -158,10 +160,16 @@ def describe_link(graph: Graph, bandwidth, *, latency_s: float = 1e-5) -> pb.Hos
 
 
 def _movable_values(graph: Graph) -> set[int]:
-    """Values an offload may move: counted activations that are not graph outputs."""
+    """Values an offload (or an idle recomputation) may move: counted activations that are
+    not graph outputs, nor running sums of a gradient that a runtime hands to autograd in
+    parts (`handed_sums`: it adds them in eager's order, with what the tensor gets from
+    outside the graph; moved, the sum would have to be made by the graph and would round
+    otherwise)."""
     resident = graph.resident_storage_ids
+    sums = {v for n in handed_sums(graph) for v in graph.node(n).outputs}
     return {v.id for v in graph.proto.values if v.storage_id not in resident
-            and v.id not in graph.resident_value_ids and v.id not in graph.output_value_ids}
+            and v.id not in graph.resident_value_ids and v.id not in graph.output_value_ids
+            and v.id not in sums}
 
 
 def _idle_spans(graph: Graph, steps: list[pb.Step], values: set[int]):

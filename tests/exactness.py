@@ -113,7 +113,7 @@ def _tensors(tree) -> list[torch.Tensor]:
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
                  model_scale: bool = False, forward_context=contextlib.nullcontext,
-                 backward_context=contextlib.nullcontext) -> dict[str, float]:
+                 backward_context=contextlib.nullcontext, outside: bool = False) -> dict[str, float]:
     """Train `model` (a deep copy, eagerly) and `make_scheduled(model)` side by side.
 
     Returns {what: relative error} for every output, gradient and buffer that is not
@@ -129,7 +129,14 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
 
     `forward_context()`: entered around each forward and its loss, both sides (autocast;
     the backward runs outside it, as PyTorch recommends); `backward_context()`: around
-    each backward."""
+    each backward.
+
+    `outside`: the loss also reads every trainable parameter outside the module (a small
+    L2 penalty, as weight decay written into the loss), so that each parameter's
+    gradient gets a contribution from outside too: where the module reads a parameter
+    more than once, its parts must reach autograd's buffer in eager's order around that
+    contribution (`runtimes/gradient_parts.py`), which a loss of the outputs alone does
+    not check (a gradient handed whole is then bitwise eager's too)."""
     try:
         eager = copy.deepcopy(model)
     except RuntimeError:   # one PyTorch cannot copy (hook-based weight_norm): remat-ir's verdict first
@@ -152,7 +159,7 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         torch.manual_seed(seed + step)
         with forward_context():
             out_e = eager(*args, **kwargs)
-            loss_e = loss_of(out_e)
+            loss_e = loss_of(out_e) + (_penalty(eager) if outside else 0)
         with backward_context():
             loss_e.backward()
         state_e = _generator_states()
@@ -162,7 +169,7 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         torch.manual_seed(seed + step)
         with forward_context():
             out_s = scheduled(*args, **kwargs)
-            loss_s = loss_of(out_s)
+            loss_s = loss_of(out_s) + (_penalty(scheduled) if outside else 0)
         with backward_context():
             loss_s.backward()
         state_s = _generator_states()
@@ -189,6 +196,11 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     worst = max(errors.values(), default=0.0)
     assert worst < tolerance, f"drifts from eager: {max(errors, key=errors.get)} relative error {worst:.3g}"
     return errors
+
+
+def _penalty(model: torch.nn.Module) -> torch.Tensor:
+    """1e-2 times the sum of squares of `model`'s trainable parameters, in float32."""
+    return 1e-2 * sum(p.float().square().sum() for p in model.parameters() if p.requires_grad)
 
 
 def _generator_states() -> list[tuple[str, torch.Tensor]]:
