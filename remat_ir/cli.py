@@ -430,8 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("solve", help="plan a graph within a memory budget and store the schedule")
     p.add_argument("file", help="IR file (.rir binary or .json)")
     p.add_argument("--budget", default="none",
-                   help="activation-memory budget: bytes, a size like 2GiB, a share of the "
-                        "store-everything peak like 50%%, or none (default)")
+                   help="activation-memory budget: a size with its unit like 600000B or 2GiB, "
+                        "a share of the store-everything peak like 50%%, or none (default)")
     p.add_argument("--solver", default=DEFAULT_SOLVER, help="solver name (see `remat-ir solvers`), "
                                                           "or exec:COMMAND (default: %(default)s)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
@@ -488,3 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RematIRError as exc:
         print(f"remat-ir: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:
+        # The reader went away (`remat-ir inspect big.rir | head`): stop quietly, as Unix
+        # tools do, rather than print a traceback; stdout goes to /dev/null so that the
+        # interpreter's own flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -34,6 +34,18 @@ def test_inspect_shipped_example():
     assert "store_all" in out and "recompute_all" in out
 
 
+def test_output_read_by_a_reader_that_stops_early_ends_quietly():
+    """`remat-ir inspect big.rir | head`: the pipe closes before the output is written.
+    The command printed a BrokenPipeError traceback; it now stops quietly."""
+    script = Path(sys.executable).parent / "remat-ir"
+    process = subprocess.Popen([str(script), "inspect", EXAMPLE, "--top", "1000"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()          # the reader has gone before the command writes
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert stderr == ""
+
+
 def test_validate_shipped_example():
     result = remat_ir("validate", EXAMPLE)
     assert result.returncode == 0, result.stderr
