@@ -62,9 +62,11 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
               casts: bool = True) -> Handovers:
     """The hand-overs for `schedule` (`grads`: per resident slot, its gradient output
     value or None; `casts`: hand cast backs' inputs over too). A chain is handed over in
-    parts only where the schedule computes each of its sums (and the cast back) once in
-    the backward and only frees (never moves) their results, and nothing else reads
-    them; otherwise its gradient leaves whole, as computed."""
+    parts where nothing else reads its sums and the schedule computes each of them (and
+    the cast back) in the backward; otherwise its gradient leaves whole, as computed. A
+    schedule that computes one twice or moves its result is refused (`MovedGradientSum`):
+    no built-in solver does, and handed whole, the gradient would round otherwise than
+    eager's."""
     result = Handovers()
     outputs = set(graph.output_value_ids)
     steps = schedule.steps
@@ -105,8 +107,10 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
             low = graph.node(back).args[0].tensor
             nodes, parts = chain(graph, low) or ([], [low])
             sums = [graph.node(n).outputs[0] for n in nodes]
+            if graph.users(low) != [back] or outputs & {low, *sums}:
+                continue
             ks = once(nodes + [back], sums + [gradient], gradient)
-            if ks is None or graph.users(low) != [back] or outputs & {low, *sums}:
+            if ks is None:
                 continue
             hand(slot, nodes, parts, ks[:-1])
             result.casts[slot] = graph.value(low).dtype
@@ -117,8 +121,10 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
         elif gradient in chains:
             nodes, parts = chains[gradient]
             sums = [graph.node(n).outputs[0] for n in nodes]
+            if outputs & set(sums[:-1]):
+                continue
             ks = once(nodes, sums, gradient)
-            if ks is None or outputs & set(sums[:-1]):
+            if ks is None:
                 continue
             hand(slot, nodes, parts, ks)
     return result
