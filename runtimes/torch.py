@@ -948,17 +948,33 @@ class _Lowered:
         return tuple(modules.member(what, "_parameters" if kind == "param" else "_buffers")
                      if kind == "param" or kind == "buffer" else None for kind, what in self.bindings)
 
-    def tied_difference(self, modules: "_Submodules") -> str | None:
-        """Parameters that were one tensor at lowering (an embedding tied to the output
-        head) and are not now, said for the user, or None: the graph reads the tensor
-        under one name for all, so untied, one would silently not be read nor trained.
-        (Tied since: the graph reads each name apart, and autograd sums their gradients.)"""
+    def tied_difference(self, modules: "_Submodules") -> tuple[str, str] | None:
+        """("untied parameters" or "tied parameters", what changed, said for the user), or
+        None. Untied: parameters that were one tensor at lowering (an embedding tied to the
+        output head) and are not now; the graph reads the tensor under one name for all,
+        so one would silently not be read nor trained. Tied: parameters that were apart at
+        lowering and are one tensor now; the graph reads each apart and hands each its
+        gradient whole, which autograd sums in another order than eager's engine adds the
+        readers' parts (2.4e-8 off eager's where the loss also reads the weight). Lowered
+        again, the graph sees the tie and hands the parts over in eager's order."""
+        def listed(names) -> str:
+            return ", ".join(repr(name) for name in names[:-1]) + f" and {names[-1]!r}"
+
         for group in self.tied:
             tensors = {id(modules.member(name, "_parameters")) for name in group}
             if len(tensors) > 1:
-                shown = ", ".join(repr(name) for name in group[:-1]) + f" and {group[-1]!r}"
-                return (f"parameters {shown} were one tensor (tied) when the model was lowered "
-                        f"and are {len(tensors)} now")
+                return "untied parameters", (f"parameters {listed(group)} were one tensor (tied) "
+                                             f"when the model was lowered and are {len(tensors)} now")
+        names_of: dict[int, list[str]] = {}
+        for kind, what in self.bindings:
+            tensor = modules.member(what, "_parameters") if kind == "param" else None
+            if tensor is not None:
+                names_of.setdefault(id(tensor), []).append(what)
+        tied = [set(group) for group in self.tied]
+        for names in names_of.values():
+            if len(names) > 1 and not any(set(names) <= group for group in tied):
+                return "tied parameters", (f"parameters {listed(names)} are one tensor (tied) now "
+                                           f"and were {len(names)} when the model was lowered")
         return None
 
     def trainable_difference(self, modules: "_Submodules") -> str | None:
@@ -1101,7 +1117,7 @@ class _Lowered:
         was lowered from that lowering it again follows: its hooks, a submodule replaced,
         a plain value its forward read changed (`where`: the place it is read and the value
         it has now, shown), parameters
-        untied (`tied_difference`), the parameters that require a gradient
+        tied or untied (`tied_difference`), the parameters that require a gradient
         (`trainable_difference`); or None. What it does not cover is
         refused when the plan runs (a held tensor changed, a parameter resized)."""
         model = modules.at("")
@@ -1119,7 +1135,7 @@ class _Lowered:
             return "new value read by forward", read[1], (read[0], read[2])
         changed = self.tied_difference(modules)
         if changed is not None:
-            return "untied parameters", changed, None
+            return (*changed, None)
         changed = self.trainable_difference(modules)
         if changed is not None:
             return "other trainable parameters", changed, None
@@ -1194,10 +1210,15 @@ class _Lowered:
             checked = self.guard.model_tensors(model)
         if checked is None and not model_checked:
             self.check_modules(modules)
-            untied = self.tied_difference(modules)
-            if untied is not None:
-                raise RuntimeInputError(f"{untied}: the lowered graph reads one tensor for all of "
-                                        f"them. Call remat_ir.remat again after untying them")
+            ties = self.tied_difference(modules)
+            if ties is not None:
+                kind, what = ties
+                raise RuntimeInputError(
+                    f"{what}: the lowered graph reads " + (
+                        "one tensor for all of them. Call remat_ir.remat again after untying them"
+                        if kind == "untied parameters" else
+                        "each apart, and autograd would sum their gradients in another order "
+                        "than eager's. Call remat_ir.remat again after tying them"))
         self.check_attributes(modules, plain=not (model_checked or checked is not None))
         leaves = self.flat_inputs(args, kwargs)
         differs = self.values_differ(args, kwargs, {} if answers is None else answers, leaves, modules)

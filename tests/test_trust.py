@@ -4463,9 +4463,12 @@ def test_weights_untied_or_tied_after_lowering_train_like_eager(change, capsys):
     """A head tied to the embedding is one tensor, which the graph reads under one name
     for both: untied after lowering (a copy of the embedding made the head), the step
     computed both from the head's weight and never trained the embedding (loss 4.8272
-    against eager's 4.8237), silently. `remat` lowers and plans again; without a planner
-    the call is refused. Tied after lowering, the graph reads each name apart and
-    autograd sums the two gradients of the one tensor: eager's step."""
+    against eager's 4.8237), silently. Tied after lowering, the graph read each name apart
+    and autograd summed the two whole gradients of the one tensor, in another order than
+    eager's engine adds the readers' parts: equal only while nothing else adds to that
+    gradient (with a penalty on the weights in the loss, 1.1e-7 relative; bfloat16
+    5.1e-3; found by a review). Either way `remat` lowers and plans again; without a
+    planner the call is refused."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -4478,16 +4481,18 @@ def test_weights_untied_or_tied_after_lowering_train_like_eager(change, capsys):
     alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     if change == "untied":
         model.lm_head.weight = torch.nn.Parameter(model.transformer.wte.weight.detach() * 1.5)
-        with pytest.raises(RuntimeInputError, match=r"parameters 'lm_head.weight' and "
-                                                    r"'transformer.wte.weight' were one tensor \(tied\) "
-                                                    r"when the model was lowered and are 2 now"):
-            alone(**kwargs)
+        refusal = (r"parameters 'lm_head.weight' and 'transformer.wte.weight' were one tensor "
+                   r"\(tied\) when the model was lowered and are 2 now.*after untying them")
     else:
         model.lm_head.weight = model.transformer.wte.weight
+        refusal = (r"parameters 'transformer.wte.weight' and 'lm_head.weight' are one tensor "
+                   r"\(tied\) now and were 2 when the model was lowered.*after tying them")
+    with pytest.raises(RuntimeInputError, match=refusal):
+        alone(**kwargs)
     errors = side_by_side(model, lambda m: scheduled, (), kwargs, lambda out: out.loss, tolerance=1e-30)
     assert errors == {}
-    said = "remat-ir: untied parameters" in capsys.readouterr().err
-    assert said == (change == "untied") and len(scheduled.plans) == 1 + said
+    assert f"remat-ir: {change} parameters" in capsys.readouterr().err
+    assert len(scheduled.plans) == 2
 
 
 class _HoldsFunction(torch.nn.Module):
