@@ -113,7 +113,7 @@ def _tensors(tree) -> list[torch.Tensor]:
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
                  model_scale: bool = False, forward_context=contextlib.nullcontext,
-                 backward_context=contextlib.nullcontext, outside: bool = False) -> dict[str, float]:
+                 backward_context=contextlib.nullcontext, outside: bool = True) -> dict[str, float]:
     """Train `model` (a deep copy, eagerly) and `make_scheduled(model)` side by side.
 
     Returns {what: relative error} for every output, gradient and buffer that is not
@@ -131,12 +131,14 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     the backward runs outside it, as PyTorch recommends); `backward_context()`: around
     each backward.
 
-    `outside`: the loss also reads every trainable parameter outside the module (a small
-    L2 penalty, as weight decay written into the loss), so that each parameter's
-    gradient gets a contribution from outside too: where the module reads a parameter
-    more than once, its parts must reach autograd's buffer in eager's order around that
-    contribution (`runtimes/gradient_parts.py`), which a loss of the outputs alone does
-    not check (a gradient handed whole is then bitwise eager's too)."""
+    `outside` (on unless a test turns it off): the loss also reads every trainable
+    parameter outside the module (a small L2 penalty, as weight decay written into the
+    loss), so that each parameter's gradient gets a contribution from outside too: where
+    the module reads a parameter more than once, its parts must reach autograd's buffer
+    in eager's order around that contribution (`runtimes/gradient_parts.py`), which a
+    loss of the outputs alone does not check (a gradient handed whole is then bitwise
+    eager's too: an offloaded running sum and weights tied after lowering were found so,
+    2026-12-02)."""
     try:
         eager = copy.deepcopy(model)
     except RuntimeError:   # one PyTorch cannot copy (hook-based weight_norm): remat-ir's verdict first

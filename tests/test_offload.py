@@ -84,7 +84,7 @@ def test_random_offloads_in_random_schedules_match_eager(name, seed, share, grou
     assert any(s.HasField("offload") for s in schedule.steps)
     model, args, kwargs, loss_of = zoo_models.ZOO[name]()
     errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
-                          args, kwargs, loss_of, steps=2, outside=True)
+                          args, kwargs, loss_of, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
@@ -135,7 +135,7 @@ def test_offloading_never_moves_a_running_gradient_sum(solver):
         assert not moved & sums, f"{share:.0%}: {schedule.name} moves running sums {moved & sums}"
         offloading += bool(moved)
         errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), (x,), {},
-                              lambda out: out.square().mean(), steps=2, outside=True)
+                              lambda out: out.square().mean(), steps=2)
         assert errors == {}, f"{share:.0%}: {schedule.name} not bitwise equal to eager: {errors}"
     assert offloading, "no plan offloads anything: the test checks nothing"
 
@@ -324,7 +324,7 @@ def test_zoo_offloaded_at_30_percent_is_exact(name):
         assert result.peak_bytes <= max(budget, schedule.predicted_peak_bytes)
         model, args, kwargs, loss_of = zoo_models.ZOO[name]()
         errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, kwargs,
-                              loss_of, steps=2, outside=True)
+                              loss_of, steps=2)
         if name in zoo.REASONS:
             assert max(errors.values(), default=0.0) <= 1e-6
         else:
