@@ -114,6 +114,35 @@ def test_inductor_backend_trains_like_eager_within_5_percent_of_its_plan(name, d
     assert peak <= 1.05 * predicted, f"measured {peak} bytes, planned {predicted}"
 
 
+class _SequenceBatchNorm(torch.nn.Module):
+    """BatchNorm1d over the features of a (B, T, C) sequence, through transposes, then
+    random draws into the normalized activation's layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.bn, self.out = torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.inp(x).transpose(1, 2)).transpose(1, 2))
+        h = torch.nn.functional.dropout(h, 0.3, self.training) * torch.rand_like(h)
+        return self.out(h + torch.randn_like(h)).square().mean()
+
+
+def test_draws_after_a_batchnorm_over_a_transposed_sequence_land_where_eagers_do():
+    """Eager's CPU BatchNorm kernel makes its result contiguous; the decomposed BatchNorm the
+    inductor backend runs kept the transposed input's layout, and the dropout's mask,
+    `rand_like` and `randn_like`, which draw in memory order, put eager's numbers in other
+    positions: outputs 1.5 off, gradients up to 29% of the largest, the generator state
+    still eager's (found by a review). The decomposition now lays its result out as the
+    kernel does. Two steps with dropout recomputed in the backward (recompute-all)."""
+    torch.manual_seed(0)
+    model, x = _SequenceBatchNorm(), torch.randn(4, 24, 16)
+    for solver in ("autograd", "recompute-all"):
+        side_by_side(model, lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops",
+                                                     backend="inductor"),
+                     (x,), {}, lambda loss: loss, tolerance=1e-5, model_scale=True)
+
+
 def test_inductor_backend_matches_torch_compile():
     """Gradients of the compiled segments equal those of `torch.compile(model)` (dropout
     off: Inductor's own random numbers are not eager's)."""
