@@ -317,11 +317,13 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
                 f"'householder'")
 
 
-def _tied_parameters(model: torch.nn.Module) -> list[list[str]]:
-    """The groups of names under which `model` holds one parameter tensor, each sorted."""
+def _tied(named) -> list[list[str]]:
+    """The groups of names under which `named` (`named_parameters` or `named_buffers`,
+    duplicates kept) holds one tensor, each sorted."""
     names: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), []).append(name)
+    for name, tensor in named:
+        if tensor is not None:
+            names.setdefault(id(tensor), []).append(name)
     return sorted(sorted(group) for group in names.values() if len(group) > 1)
 
 
@@ -1122,7 +1124,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         graph.proto.metadata["torch.cpu_kernels"] = cpu_kernels_state()
     # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
     # under one of the names, so a call after they were untied is lowered again.
-    graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied_parameters(model))
+    graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied(model.named_parameters(remove_duplicate=False)))
+    graph.proto.metadata["torch.tied_buffers"] = json.dumps(_tied(model.named_buffers(remove_duplicate=False)))
     # Its modules, their members and its hooks as traced: a plan made again from this graph
     # (a copy, a saved module loaded, a file) checks the model against them first.
     graph.proto.metadata[model_structure.KEY] = json.dumps(model_structure.structure(model))

@@ -90,3 +90,15 @@ def cast_backs(graph: Graph) -> dict[int, int]:
     producers = {value: graph.producer(value) for value in _handed_whole(graph)}
     return {value: node for value, node in producers.items()
             if node is not None and graph.node(node).autocast_cast_back}
+
+
+def moved_sums(graph: Graph, schedule: pb.Schedule) -> set[int]:
+    """The running sums of `handed_sums` that `schedule` offloads, prefetches or computes
+    more than once: no runtime can hand their chains over in parts (solvers never make
+    such plans; `solvers/offload.py` once did, before 2026-12-02)."""
+    sums = handed_sums(graph)
+    values = {v for n in sums for v in graph.node(n).outputs}
+    computed = Counter(s.compute for s in schedule.steps if s.HasField("compute") and s.compute in sums)
+    moved = {getattr(s, a) for s in schedule.steps for a in ("offload", "prefetch") if s.HasField(a)}
+    return (moved & values) | {v for n, times in computed.items() if times > 1
+                               for v in graph.node(n).outputs}

@@ -17,8 +17,9 @@ smallest feasible budget. The plan key adds the budget in bytes, the solver
 and its options (the time limit among them).
 
 Nothing read is trusted: a graph whose trace fingerprint is not its key's, or
-that does not validate, and a schedule the simulator refuses at its budget, or
-planned for another budget than its key's, are reported in one line and planned
+that does not validate, and a schedule the simulator refuses at its budget, that
+moves a running gradient sum (`ir.gradient_sums.moved_sums`: the runtime refuses it),
+or planned for another budget than its key's, are reported in one line and planned
 again (the entry is overwritten). Files are written to a temporary name and
 renamed, so a reader never sees half a file.
 """
@@ -33,6 +34,7 @@ from pathlib import Path
 from . import __version__
 from .ir import FORMAT_VERSION, Graph, RematIRError, check, dumps, loads, pb
 from .ir.fingerprint import structure_fingerprint
+from .ir.gradient_sums import moved_sums
 
 #: The environment variable naming a cache directory when `cache_dir` is not given.
 ENVIRONMENT_VARIABLE = "REMAT_IR_CACHE_DIR"
@@ -123,6 +125,11 @@ class PlanCache:
             check(graph, schedule)
         except Exception as exc:  # a protobuf DecodeError, or a schedule the simulator refuses
             self.warn(f"remat-ir: ignoring cache entry {path}: {str(exc).splitlines()[0] or type(exc).__name__}")
+            return None
+        if moved_sums(graph, schedule):
+            self.warn(f"remat-ir: ignoring cache entry {path}: it moves a running gradient sum "
+                      f"(planned by a remat-ir from before 2026-12-02, whose offloading could), "
+                      f"which the runtime refuses")
             return None
         if budget_bytes is not None and schedule.budget_bytes != budget_bytes:
             self.warn(f"remat-ir: ignoring cache entry {path}: it was planned for a budget of "

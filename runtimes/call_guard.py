@@ -284,14 +284,21 @@ def same_tensors(tensors: list):
             return lambda now: guards.check(*now)
         return lambda now: guards.check(*[now[i] for i in distinct]) and all(now[i] is now[j] for i, j in again)
     properties = [(type(t), t.shape, t.dtype, t.stride(), t.requires_grad, t.device) for t in tensors]
+    aliasing = _aliasing(tensors)
 
     def same(now: list) -> bool:
         for t, (kind, shape, dtype, strides, grad, where) in zip(now, properties):
             if type(t) is not kind or t.shape != shape or t.dtype is not dtype \
                     or t.requires_grad is not grad or t.stride() != strides or t.device != where:
                 return False
-        return True
+        return _aliasing(now) == aliasing   # the same tensors one (tied), the others apart
     return same
+
+
+def _aliasing(tensors: list) -> list[int]:
+    """Per position, the first position holding the same tensor."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(t), i) for i, t in enumerate(tensors)]
 
 
 def _generate(module_types, module_members, module_aliases, tied, bindings, reads: TracedReads):
@@ -309,8 +316,8 @@ def _generate(module_types, module_members, module_aliases, tied, bindings, read
             src.line(f"if {m}.{table}[{name!r}] is not None: return None")   # or class)
     for paths in module_aliases:   # one module at each of the paths, as at lowering
         src.line(f"if not ({' is '.join(src.module(path) for path in paths)}): return None")
-    for group in tied:   # one tensor for every name of the group, as at lowering
-        looked = [f"{src.module(name.rpartition('.')[0])}._parameters[{name.rpartition('.')[2]!r}]"
+    for table, group in tied:   # one tensor for every name of the group, as at lowering
+        looked = [f"{src.module(name.rpartition('.')[0])}.{table}[{name.rpartition('.')[2]!r}]"
                   for name in group]
         src.line(f"if not ({' is '.join(looked)}): return None")
     _plain_reads(src, reads, dict(module_types))

@@ -141,6 +141,6 @@ def _moved(graph: Graph, schedule: pb.Schedule, value: int, gradient: int,
         f"{' and '.join(_VERBS[a] for a in actions)} value {value} "
         f"({graph.value(value).name or 'unnamed'}), a running sum of the gradient of {name!r}: "
         "the torch runtime hands such sums to autograd, which adds a tensor's gradient "
-        "contributions in eager's order, and cannot move or recompute them. Plan with a "
-        "built-in solver (none moves them), or leave the outputs of "
-        "`remat_ir.ir.gradient_sums.handed_sums(graph)` in place in this schedule")
+        "contributions in eager's order, and cannot move or recompute them. Plan again with "
+        "a built-in solver (none moves them; offloading by remat-ir before 2026-12-02 could), "
+        "or leave the outputs of `remat_ir.ir.gradient_sums.handed_sums(graph)` in place")

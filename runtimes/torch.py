@@ -775,9 +775,10 @@ class _Lowered:
         #: Per resident slot, the (shape, dtype) the graph was traced with.
         self.traced_meta = [(torch.Size(graph.value(v).shape), torch_dtype(graph.value(v).dtype))
                          for v in self.slot_values]
-        #: Groups of parameter names that were one tensor at lowering (none recorded in a
-        #: graph from before they were).
-        self.tied = [tuple(group) for group in json.loads(g.metadata.get("torch.tied_parameters", "[]"))]
+        #: Per kind ("param", "buffer"), the groups of names that were one tensor at
+        #: lowering, or None in a graph from before they were recorded.
+        self.tied = {kind: None if key not in g.metadata else [tuple(group) for group in json.loads(g.metadata[key])]
+                     for kind, key in (("param", "torch.tied_parameters"), ("buffer", "torch.tied_buffers"))}
         # The parameters that did not require a gradient when the graph was made for them:
         # the graph computes none (inputs: their signature says whether they require one).
         # As the lowering recorded them; a graph from before it did, as the model holds them
@@ -823,14 +824,17 @@ class _Lowered:
         #: in which parameters they compute no gradient for, in the model's values the
         #: forward read, in which parameters were one tensor, and in which inputs were one.
         self.key = (self.signature, self.value_guards.key, frozenset(self.frozen), self.traced_reads.key,
-                    tuple(self.tied), tuple(self.input_members))
+                    tuple((kind, None if groups is None else tuple(groups)) for kind, groups in self.tied.items()),
+                    tuple(self.input_members))
         self.runners: dict[tuple, _Runner] = {}
         # (units' ids, unit per resident slot, {slot: unit} for the sharded ones)
         self.fsdp_owners: tuple = (None, [], {})
         self.constants: dict[tuple[int, torch.device], torch.Tensor] = {}
         #: The fast check of what every call checks of the model (`call_guard.py`).
         self.guard = CallGuard(self.hooks, self.module_types, self.module_members,
-                               self.module_aliases, self.tied,
+                               self.module_aliases,
+                               [("_parameters" if kind == "param" else "_buffers", group)
+                                for kind, groups in self.tied.items() for group in groups or ()],
                                self.bindings, self.traced_reads)
 
     def _signature(self) -> Signature | None:
@@ -949,32 +953,37 @@ class _Lowered:
                      if kind == "param" or kind == "buffer" else None for kind, what in self.bindings)
 
     def tied_difference(self, modules: "_Submodules") -> tuple[str, str] | None:
-        """("untied parameters" or "tied parameters", what changed, said for the user), or
-        None. Untied: parameters that were one tensor at lowering (an embedding tied to the
-        output head) and are not now; the graph reads the tensor under one name for all,
-        so one would silently not be read nor trained. Tied: parameters that were apart at
-        lowering and are one tensor now; the graph reads each apart and hands each its
-        gradient whole, which autograd sums in another order than eager's engine adds the
-        readers' parts (2.4e-8 off eager's where the loss also reads the weight). Lowered
-        again, the graph sees the tie and hands the parts over in eager's order."""
+        """("untied parameters", "tied buffers", ...: what changed, said for the user), or
+        None. Untied: parameters (or buffers) that were one tensor at lowering (an
+        embedding tied to the output head) and are not now; the graph reads the tensor
+        under one name for all, so one would silently not be read nor trained (nor
+        updated). Tied: ones that were apart at lowering and are one tensor now; the graph
+        reads each apart: it hands each parameter its gradient whole, which autograd sums
+        in another order than eager's engine adds the readers' parts (1.1e-7 relative off
+        eager's where the loss also reads the weight), and it updates each buffer apart,
+        where eager's second update reads the first (two BatchNorms given one running
+        mean: 0.06 off). Lowered again, the graph sees the tie."""
         def listed(names) -> str:
             return ", ".join(repr(name) for name in names[:-1]) + f" and {names[-1]!r}"
 
-        for group in self.tied:
-            tensors = {id(modules.member(name, "_parameters")) for name in group}
-            if len(tensors) > 1:
-                return "untied parameters", (f"parameters {listed(group)} were one tensor (tied) "
-                                             f"when the model was lowered and are {len(tensors)} now")
-        names_of: dict[int, list[str]] = {}
-        for kind, what in self.bindings:
-            tensor = modules.member(what, "_parameters") if kind == "param" else None
-            if tensor is not None:
-                names_of.setdefault(id(tensor), []).append(what)
-        tied = [set(group) for group in self.tied]
-        for names in names_of.values():
-            if len(names) > 1 and not any(set(names) <= group for group in tied):
-                return "tied parameters", (f"parameters {listed(names)} are one tensor (tied) now "
-                                           f"and were {len(names)} when the model was lowered")
+        for kind, slot, word in (("param", "_parameters", "parameters"), ("buffer", "_buffers", "buffers")):
+            groups = self.tied[kind]
+            for group in groups or ():
+                tensors = {id(modules.member(name, slot)) for name in group}
+                if len(tensors) > 1:
+                    return f"untied {word}", (f"{word} {listed(group)} were one tensor (tied) when "
+                                              f"the model was lowered and are {len(tensors)} now")
+            if groups is None:   # a graph from before ties were recorded: none to compare
+                continue
+            names_of: dict[int, list[str]] = {}
+            for bound, what in self.bindings:
+                tensor = modules.member(what, slot) if bound == kind else None
+                if tensor is not None:
+                    names_of.setdefault(id(tensor), []).append(what)
+            for names in names_of.values():
+                if len(names) > 1 and not any(set(names) <= set(group) for group in groups):
+                    return f"tied {word}", (f"{word} {listed(names)} are one tensor (tied) now "
+                                            f"and were {len(names)} when the model was lowered")
         return None
 
     def trainable_difference(self, modules: "_Submodules") -> str | None:
@@ -1215,10 +1224,9 @@ class _Lowered:
                 kind, what = ties
                 raise RuntimeInputError(
                     f"{what}: the lowered graph reads " + (
-                        "one tensor for all of them. Call remat_ir.remat again after untying them"
-                        if kind == "untied parameters" else
-                        "each apart, and autograd would sum their gradients in another order "
-                        "than eager's. Call remat_ir.remat again after tying them"))
+                        "one tensor for all of them. Call remat_ir.remat again now that they are "
+                        "untied" if kind.startswith("untied") else
+                        "each apart. Call remat_ir.remat again now that they are tied"))
         self.check_attributes(modules, plain=not (model_checked or checked is not None))
         leaves = self.flat_inputs(args, kwargs)
         differs = self.values_differ(args, kwargs, {} if answers is None else answers, leaves, modules)

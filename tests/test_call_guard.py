@@ -154,6 +154,9 @@ def _changes(m: _Net) -> dict:
         "submodule of the same class": lambda: setattr(b1, "bn", torch.nn.BatchNorm1d(6)),
         "parameter replaced": lambda: setattr(b1.lin, "weight", torch.nn.Parameter(torch.randn(6, 6))),
         "tie broken": lambda: setattr(m.head, "weight", torch.nn.Parameter(torch.randn(6, 6))),
+        "parameters tied": lambda: setattr(b1.lin, "bias", b0.lin.bias),
+        "buffers tied": lambda: setattr(b1.bn, "running_mean", b0.bn.running_mean),
+        "buffers tied within a module": lambda: setattr(b0.bn, "running_var", b0.bn.running_mean),
         "parameter resized through .data": lambda: setattr(b1.lin.bias, "data", torch.randn(1)),
         "parameter transposed through .data": lambda: setattr(
             b1.lin.weight, "data", torch.randn(6, 6).t()),
@@ -257,7 +260,7 @@ def test_the_guard_reads_every_kind_of_recorded_value(lowered):
     plan = next(iter(ScheduledModule(model, graph, schedule)._plans.values()))
     reads = plan.traced_reads
     assert reads.modules and reads.containers and reads.objects and reads.callables and reads.globals
-    assert plan.tied and plan.module_aliases and any(kind == "buffer" for kind, _ in plan.bindings)
+    assert plan.tied["param"] and plan.module_aliases and any(kind == "buffer" for kind, _ in plan.bindings)
     assert ("act", "negative_slope") in {row[:2] for row in reads.modules}   # read through export's proxy
     assert {type(items[0][0]) for _, _, items in reads.containers} == {str, int, dict}   # dict: an enum key
     assert {where[0] for _, _, where, _ in reads.globals if where} >= {"function", "item"}

@@ -21,9 +21,10 @@ import torch
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+import remat_ir
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
-from remat_ir.ir.gradient_sums import gradient_chains, handed_sums
+from remat_ir.ir.gradient_sums import gradient_chains, handed_sums, moved_sums
 from remat_ir.ir.schedules import store_all
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
@@ -140,6 +141,22 @@ def test_offloading_never_moves_a_running_gradient_sum(solver):
     assert offloading, "no plan offloads anything: the test checks nothing"
 
 
+def _moving_a_running_sum(graph: ir.Graph, schedule: pb.Schedule) -> pb.Schedule:
+    """`schedule` with a round trip of the running sum of `block.weight`'s first two parts."""
+    steps = list(schedule.steps)
+    gradient = next(o.value_id for o in graph.proto.outputs if o.name == "block.weight")
+    nodes, _ = gradient_chains(graph)[gradient]
+    value = graph.node(nodes[0]).outputs[0]
+    made = next(k for k, s in enumerate(steps) if s.HasField("compute") and s.compute == nodes[0])
+    read = next(k for k, s in enumerate(steps)
+                if s.HasField("compute") and value in graph.node(s.compute).inputs)
+    trip = RoundTrip(value, after=made, free_at=made + 1, prefetch_at=read, use=read,
+                     size=graph.storage_bytes(graph.value(value).storage_id))
+    moved, _ = with_round_trips(schedule, [trip])
+    ir.check(graph, moved)
+    return moved
+
+
 def test_a_schedule_moving_a_running_gradient_sum_is_refused_by_name():
     """A third party's schedule may offload a running sum (the simulator finds it valid):
     the runtime cannot hand that gradient to autograd in eager's order, and says so
@@ -149,22 +166,30 @@ def test_a_schedule_moving_a_running_gradient_sum_is_refused_by_name():
     torch.manual_seed(0)
     model, x = _SharedBlock(), torch.randn(2, 8, 16)
     graph = lower_torch(model, (x,), cost_model="flops")
-    base = store_all(graph)
-    steps = list(base.steps)
-    computed_at = {s.compute: k for k, s in enumerate(steps) if s.HasField("compute")}
-    gradient = next(o.value_id for o in graph.proto.outputs if o.name == "block.weight")
-    nodes, _ = gradient_chains(graph)[gradient]
-    value = graph.node(nodes[0]).outputs[0]     # the running sum of its first two parts
-    made = computed_at[graph.producer(value)]
-    read = next(k for k, s in enumerate(steps)
-                if s.HasField("compute") and value in graph.node(s.compute).inputs)
-    trip = RoundTrip(value, after=made, free_at=made + 1, prefetch_at=read, use=read,
-                     size=graph.storage_bytes(graph.value(value).storage_id))
-    moved, _ = with_round_trips(base, [trip])
-    ir.check(graph, moved)
+    moved = _moving_a_running_sum(graph, store_all(graph))
+    assert moved_sums(graph, moved)
     with pytest.raises(MovedGradientSum, match=r"offloads and prefetches value .* running sum of "
                        r"the gradient of 'block\.weight'.*built-in solver"):
         ScheduledModule(model, graph, moved)(x)
+
+
+def test_a_cached_plan_moving_a_running_gradient_sum_is_planned_again(tmp_path, capsys):
+    """A plan cached by a remat-ir whose offloading moved running sums (before this
+    version) is not taken: it would be refused at the first call. It is planned again."""
+    torch.manual_seed(0)
+    model, x = _SharedBlock(), torch.randn(2, 8, 16)
+    options = dict(budget=0.8, solver="rotor", cost_model="flops", offload=True,
+                   host_bandwidth="100GB/s", cache_dir=tmp_path)
+    first = remat_ir.remat(model, (x,), **options)
+    first(x).sum().backward()
+    [path] = [p for p in tmp_path.glob("*/*.plan") if not p.name.startswith("floor")]
+    stored = pb.Schedule.FromString(path.read_bytes())
+    path.write_bytes(_moving_a_running_sum(first.graph, stored).SerializeToString())
+    again = remat_ir.remat(model, (x,), **options)
+    again(x).sum().backward()
+    assert "it moves a running gradient sum" in capsys.readouterr().err
+    assert not moved_sums(again.graph, again.schedule)
+    assert not moved_sums(first.graph, pb.Schedule.FromString(path.read_bytes()))   # overwritten
 
 
 class _LazyConjugate(torch.nn.Module):
