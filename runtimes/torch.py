@@ -978,7 +978,8 @@ class _Lowered:
             names_of: dict[int, list[str]] = {}
             for bound, what in self.bindings:
                 tensor = modules.member(what, slot) if bound == kind else None
-                if tensor is not None:
+                # A frozen parameter gets no gradient, and the graph reads its values only.
+                if tensor is not None and (kind == "buffer" or tensor.requires_grad):
                     names_of.setdefault(id(tensor), []).append(what)
             for names in names_of.values():
                 if len(names) > 1 and not any(set(names) <= set(group) for group in groups):
