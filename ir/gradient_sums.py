@@ -93,10 +93,11 @@ def cast_backs(graph: Graph) -> dict[int, int]:
 
 
 def moved_sums(graph: Graph, schedule: pb.Schedule) -> set[int]:
-    """The running sums of `handed_sums` that `schedule` offloads, prefetches or computes
-    more than once: no runtime can hand their chains over in parts (solvers never make
-    such plans; `solvers/offload.py` once did, before 2026-12-02)."""
-    sums = handed_sums(graph)
+    """The results of `handed_sums` (and of the cast backs their chains end in) that
+    `schedule` offloads, prefetches or computes more than once: no runtime can hand
+    their chains over in parts (solvers never make such plans; `solvers/offload.py` once
+    did, before 2026-12-02)."""
+    sums = handed_sums(graph) | set(cast_backs(graph).values())
     values = {v for n in sums for v in graph.node(n).outputs}
     computed = Counter(s.compute for s in schedule.steps if s.HasField("compute") and s.compute in sums)
     moved = {getattr(s, a) for s in schedule.steps for a in ("offload", "prefetch") if s.HasField(a)}

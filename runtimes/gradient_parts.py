@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.errors import RematIRError
-from remat_ir.ir.gradient_sums import cast_backs, chain, gradient_chains
+from remat_ir.ir.gradient_sums import cast_backs, chain, gradient_chains, moved_sums
 
 
 class MovedGradientSum(RematIRError):
@@ -69,26 +69,21 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
     eager's."""
     result = Handovers()
     outputs = set(graph.output_value_ids)
-    steps = schedule.steps
     computed: dict[int, list[int]] = {}
-    touched: dict[int, list[str]] = {}
-    for k, s in enumerate(steps):
-        action = s.WhichOneof("action")
-        if action == "compute":
+    for k, s in enumerate(schedule.steps):
+        if s.HasField("compute"):
             computed.setdefault(s.compute, []).append(k)
-        else:
-            touched.setdefault(getattr(s, action), []).append(action)
+    moved = moved_sums(graph, schedule)
 
     def once(nodes: list[int], values: list[int], gradient: int) -> list[int] | None:
-        """Each node's backward step, if each runs once there and its value is only freed;
-        refused where the schedule moves or recomputes one (`MovedGradientSum`)."""
+        """Each node's backward step, if each runs there; refused where the schedule
+        moves or recomputes its value (`MovedGradientSum`)."""
         where = [computed.get(n, []) for n in nodes]
         if any(not w or w[0] < schedule.backward_start for w in where):
             return None
-        for n, v, w in zip(nodes, values, where):
-            moved = sorted({a for a in touched.get(v, []) if a != "free"})
-            if len(w) > 1 or moved:
-                raise _moved(graph, schedule, v, gradient, moved or ["recompute"])
+        for v in values:
+            if v in moved:
+                raise _moved(graph, schedule, v, gradient)
         return [w[0] for w in where]
 
     def hand(slot: int, nodes: list[int], parts: list[int], ks: list[int]) -> None:
@@ -130,15 +125,12 @@ def handovers(graph: Graph, schedule: pb.Schedule, grads: list[int | None], *,
     return result
 
 
-_VERBS = {"offload": "offloads", "prefetch": "prefetches", "recompute": "recomputes"}
-
-
-def _moved(graph: Graph, schedule: pb.Schedule, value: int, gradient: int,
-           actions: list[str]) -> MovedGradientSum:
+def _moved(graph: Graph, schedule: pb.Schedule, value: int, gradient: int) -> MovedGradientSum:
     name = next((o.name for o in graph.proto.outputs if o.value_id == gradient), f"value {gradient}")
+    offloaded = any(s.HasField("offload") and s.offload == value for s in schedule.steps)
     return MovedGradientSum(
         f"schedule {schedule.name!r} ({schedule.solver or 'no solver named'}) "
-        f"{' and '.join(_VERBS[a] for a in actions)} value {value} "
+        f"{'offloads and prefetches' if offloaded else 'recomputes'} value {value} "
         f"({graph.value(value).name or 'unnamed'}), a running sum of the gradient of {name!r}: "
         "the torch runtime hands such sums to autograd, which adds a tensor's gradient "
         "contributions in eager's order, and cannot move or recompute them. Plan again with "
