@@ -92,13 +92,20 @@ def cast_backs(graph: Graph) -> dict[int, int]:
             if node is not None and graph.node(node).autocast_cast_back}
 
 
+def handed_sum_values(graph: Graph) -> set[int]:
+    """The running sums `handed_sums` make: values a runtime may never make, which a
+    schedule must therefore neither move nor compute twice (`moved_sums`)."""
+    return {v for n in handed_sums(graph) for v in graph.node(n).outputs}
+
+
 def moved_sums(graph: Graph, schedule: pb.Schedule) -> set[int]:
     """The results of `handed_sums` (and of the cast backs their chains end in) that
     `schedule` offloads, prefetches or computes more than once: no runtime can hand
     their chains over in parts (solvers never make such plans; `solvers/offload.py` once
     did, before 2026-12-02)."""
-    sums = handed_sums(graph) | set(cast_backs(graph).values())
-    values = {v for n in sums for v in graph.node(n).outputs}
+    backs = set(cast_backs(graph).values())
+    sums = handed_sums(graph) | backs
+    values = handed_sum_values(graph) | {v for n in backs for v in graph.node(n).outputs}
     computed = Counter(s.compute for s in schedule.steps if s.HasField("compute") and s.compute in sums)
     moved = {getattr(s, a) for s in schedule.steps for a in ("offload", "prefetch") if s.HasField(a)}
     return (moved & values) | {v for n, times in computed.items() if times > 1

@@ -55,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from remat_ir.ir import Graph, pb, simulate, store_all
-from remat_ir.ir.gradient_sums import handed_sums
+from remat_ir.ir.gradient_sums import handed_sum_values
 from remat_ir.ir.simulator import SimulationResult, transfer_seconds
 
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, quiet
@@ -162,11 +162,11 @@ def describe_link(graph: Graph, bandwidth, *, latency_s: float = 1e-5) -> pb.Hos
 def _movable_values(graph: Graph) -> set[int]:
     """Values an offload (or an idle recomputation) may move: counted activations that are
     not graph outputs, nor running sums of a gradient that a runtime hands to autograd in
-    parts (`handed_sums`: it adds them in eager's order, with what the tensor gets from
+    parts (`handed_sum_values`: it adds them in eager's order, with what the tensor gets from
     outside the graph; moved, the sum would have to be made by the graph and would round
     otherwise)."""
     resident = graph.resident_storage_ids
-    sums = {v for n in handed_sums(graph) for v in graph.node(n).outputs}
+    sums = handed_sum_values(graph)
     return {v.id for v in graph.proto.values if v.storage_id not in resident
             and v.id not in graph.resident_value_ids and v.id not in graph.output_value_ids
             and v.id not in sums}

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import remat_ir
 from remat_ir import ir, solvers
 from remat_ir.ir import pb
-from remat_ir.ir.gradient_sums import gradient_chains, handed_sums, moved_sums
+from remat_ir.ir.gradient_sums import gradient_chains, handed_sum_values, moved_sums
 from remat_ir.ir.schedules import store_all
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
@@ -105,10 +105,6 @@ class _SharedBlock(torch.nn.Module):
         return self.out(h).mean(1)
 
 
-def _handed_sum_values(graph: ir.Graph) -> set[int]:
-    return {v for n in handed_sums(graph) for v in graph.node(n).outputs}
-
-
 @pytest.mark.parametrize("solver", some_slow(["rotor", "hiremate"], ["hiremate"]))
 def test_offloading_never_moves_a_running_gradient_sum(solver):
     """A shared weight's running gradient sum was offloaded (rotor with offloading at 37%):
@@ -122,7 +118,7 @@ def test_offloading_never_moves_a_running_gradient_sum(solver):
     model, x = _SharedBlock(), torch.randn(4, 64, 16)
     graph = lower_torch(model, (x,), cost_model="flops")
     describe_link(graph, "100GB/s")
-    sums = _handed_sum_values(graph)
+    sums = handed_sum_values(graph)
     assert sums, "the shared weight's gradient is a chain of sums"
     peak = ir.store_all(graph).predicted_peak_bytes
     offloading = 0
