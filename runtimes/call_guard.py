@@ -272,11 +272,9 @@ def same_tensors(tensors: list):
     if TensorGuards is not None:
         # Each tensor once (`TensorGuards` fails a tensor given twice: tied weights); a
         # later position of one must hold the very tensor its first does.
-        first: dict[int, int] = {}
-        for i, t in enumerate(tensors):
-            first.setdefault(id(t), i)
-        distinct = sorted(first.values())
-        again = [(i, first[id(t)]) for i, t in enumerate(tensors) if first[id(t)] != i]
+        first = _aliasing(tensors)
+        distinct = [i for i, j in enumerate(first) if i == j]
+        again = [(i, j) for i, j in enumerate(first) if i != j]
         guards = TensorGuards(*(tensors[i] for i in distinct),
                               dynamic_dims_sizes=[list(tensors[i].shape) for i in distinct],
                               dynamic_dims_strides=[list(tensors[i].stride()) for i in distinct])
