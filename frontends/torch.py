@@ -943,14 +943,11 @@ def _as_the_kernel_lays_out(decomposition):
     """`decomposition` of a BatchNorm op whose first result is made contiguous in its
     input's suggested memory format (channels-last where the input is, else plain), as
     the CPU and CUDA kernels allocate it."""
+    from torch._prims_common import suggest_memory_format
+
     def decomposed(x, *args, **kwargs):
         out = decomposition(x, *args, **kwargs)
-        layout = (torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
-                  and not x.is_contiguous() else
-                  torch.channels_last_3d if x.dim() == 5
-                  and x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
-                  else torch.contiguous_format)
-        return (out[0].contiguous(memory_format=layout), *out[1:])
+        return (out[0].contiguous(memory_format=suggest_memory_format(x)), *out[1:])
     return decomposed
 
 
@@ -1122,8 +1119,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     # a plan cache stores the profiled graph under.
     if next((leaf.device.type for _, leaf in with_paths if isinstance(leaf, torch.Tensor)), "cpu") == "cpu":
         graph.proto.metadata["torch.cpu_kernels"] = cpu_kernels_state()
-    # Parameters that were one tensor (a tied embedding and head): the graph reads it once,
-    # under one of the names, so a call after they were untied is lowered again.
+    # Parameters (and buffers) that were one tensor (a tied embedding and head): a call
+    # after they were untied, or others tied, is lowered again.
     graph.proto.metadata["torch.tied_parameters"] = json.dumps(_tied(model.named_parameters(remove_duplicate=False)))
     graph.proto.metadata["torch.tied_buffers"] = json.dumps(_tied(model.named_buffers(remove_duplicate=False)))
     # Its modules, their members and its hooks as traced: a plan made again from this graph
