@@ -110,10 +110,12 @@ class Signature:
         return "nothing differs"
 
     def same_but_where(self, other: "Signature") -> bool:
-        """The same but for where the call runs: the device, and on CPU the thread count.
-        Both change the memory the kernels take, not their bits, so a graph without a
-        planner (an IR file, a saved module's) runs there with the plan it has; one with a
-        planner plans again. oneDNN on or off is compared: it changes an LSTM's bits."""
+        """The same but for where the call runs: the device, and on CPU the thread count
+        and NNPACK on or off (a convolution's kernel is picked when it runs, as eager's is).
+        They change the memory the kernels take, not what the trace holds, so a graph
+        without a planner (an IR file, a saved module's) runs there with the plan it has;
+        one with a planner plans again. oneDNN on or off is compared: it changes an LSTM's
+        bits."""
         if self.device != other.device:
             return dataclasses.replace(self, device=other.device, cpu_kernels=other.cpu_kernels) == other
         return dataclasses.replace(self, cpu_kernels=_onednn(self.cpu_kernels)) == \
