@@ -121,7 +121,12 @@ class _Step:
         # The version of each tensor the backward reads from the caller (an input, a
         # parameter): one written in place before the backward runs is refused there.
         owned = sharding.owned if sharding is not None else set()
-        self.versions = [(slot, self.resident[slot]._version) for slot in runner.read_in_backward
+        # Its data pointer too: `p.data = new` swaps the storage under the same tensor
+        # without a version bump (`set_` bumps it), and eager's backward keeps what it saved of the
+        # old values where a recomputation would read the new ones (found by a review:
+        # 45% off, silently).
+        self.versions = [(slot, self.resident[slot]._version, _data_pointer(self.resident[slot]))
+                         for slot in runner.read_in_backward
                          if slot not in owned and self.resident[slot] is resident[slot]]
         #: The CPU kernels' setting the forward ran under, where the backward computes
         #: forward nodes (`backward_settings`).
@@ -175,9 +180,11 @@ class _Step:
                  else torch.zeros((), dtype=dtype, device=device).expand(shape)
                  for g, strides, (shape, dtype, device)
                  in zip(grads, outputs.tangent_strides, outputs.output_meta)]
-        for slot, version in self.versions:
+        for slot, version, pointer in self.versions:
             if self.resident[slot]._version != version:
                 raise self._written_since(slot)
+            if _data_pointer(self.resident[slot]) != pointer:
+                raise self._written_since(slot, replaced=True)
         for slot, live in self.statistics:   # bit for bit, NaN equal to NaN (a diverged run)
             if not torch.allclose(live, self.resident[slot], rtol=0, atol=0, equal_nan=True):
                 raise self._statistics_written(slot)
@@ -224,13 +231,20 @@ class _Step:
                 self.finished, self.segment, self.resident = True, None, None
         return grads
 
-    def _written_since(self, slot: int) -> RematIRError:
+    def _written_since(self, slot: int, replaced: bool = False) -> RematIRError:
         """The error for a tensor of the caller's written in place between this step's
         forward and its backward, which reads it again (to compute a value again, where eager
-        may have saved nothing from it): it would compute from the new values."""
+        may have saved nothing from it): it would compute from the new values. `replaced`:
+        its storage was swapped (`.data = `), which moves no version counter."""
         value = self.runner.plan.resident[slot]
         name = next((e.argument_name or e.name for e in self.runner.graph.proto.inputs
                      if e.value_id == value), f"value {value}")
+        if replaced:
+            return RematIRError(
+                f"{name} was given other storage (`.data = ...`) after the forward and "
+                f"before the backward, which reads it again (the plan computes values from it "
+                f"there), so the backward would compute from the new values where eager's "
+                f"keeps the old ones: assign it after backward(), or pass the model a copy")
         return RematIRError(f"{name} was written in place after the forward and before the "
                             f"backward, which reads it again (the plan computes values from it "
                             f"there), so the backward would compute from the new values: write "
@@ -280,6 +294,15 @@ def _out_of_order() -> RematIRError:
         "this happens where the loss moves outputs to another device (`out.cpu()`), is built "
         "in another thread than the model's call, or a backward runs inside another: compute "
         "the loss on the outputs' device, in the thread that called the model")
+
+
+def _data_pointer(tensor: torch.Tensor) -> int | None:
+    """Where `tensor`'s elements start, or None for a tensor without storage of its own
+    (a wrapper subclass): `_Step.versions`' check of a swapped storage."""
+    try:
+        return tensor.data_ptr()
+    except RuntimeError:
+        return None
 
 
 def _second_backward() -> RematIRError:
