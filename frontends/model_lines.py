@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import sysconfig
 import traceback
 
@@ -42,6 +43,13 @@ def is_users_file(filename: str) -> bool:
     """Whether code in `filename` is the user's own, not an installed package's (a
     library such as transformers keeps private bookkeeping on modules) nor torch's."""
     return is_model_file(filename) and not os.path.abspath(filename).startswith(_INSTALLED)
+
+
+def in_users_file(module_name: str) -> bool:
+    """Whether the Python module `module_name` (a class's or function's `__module__`) is
+    one of the user's own files: a library's objects keep bookkeeping of their own."""
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    return isinstance(file, str) and is_users_file(file)
 
 
 def model_line(frames: list[traceback.FrameSummary]) -> str | None:

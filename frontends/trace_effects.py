@@ -13,7 +13,9 @@ of it, so the frontend refuses it by name.
 - Module attributes the forward assigns or appends to (a step counter, `self.aux_loss = ...`,
   a list of logged values): the assignment ran once, while tracing; a tensor assigned was a
   tracing placeholder, left on the model, on which a loss then "trained" without error.
-  They are put back as they were before tracing. Private attributes (`self._step += 1`)
+  They are put back as they were before tracing, and so is the state outside the modules
+  that a forward may change (the user's globals, closures, the containers of the objects
+  modules hold: `outside_state`). Private attributes (`self._step += 1`)
   are refused where the user's own code assigns them; installed libraries keep private
   bookkeeping on modules that tracing may set (transformers marks with one that it
   installed the hooks that capture hidden states, once), which is left to them.
@@ -40,7 +42,6 @@ from __future__ import annotations
 import collections
 import collections.abc
 import contextlib
-import copy
 import functools
 import random
 import re
@@ -55,16 +56,18 @@ from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.hooks import forward_hooks
 
 from .held_tensors import held_objects
-from .model_lines import is_model_file, is_users_file
-from .traced_reads import ModulesByDict, plain
+from .model_lines import in_users_file, is_model_file, is_users_file
+from . import outside_state
+from .outside_state import generator_state, iterator_state, restore_generator, same_state
+from .traced_reads import MODULE_KEYS as _MODULE_KEYS, ModulesByDict, plain
 
 #: torch's generator functions a forward may call, by module and name.
+#: `initial_seed` too: a forward computing with it (a per-run salt) computed every step
+#: with the seed read at tracing, 0.27-0.39 off eager's after a reseed (review AF).
 _TORCH_RNG = [(torch, "manual_seed"), (torch, "seed"), (torch, "get_rng_state"),
-              (torch, "set_rng_state"), (torch.random, "manual_seed"), (torch.random, "seed"),
-              (torch.random, "get_rng_state"), (torch.random, "set_rng_state"),
-              (torch.random, "fork_rng")]
-#: Attributes every `nn.Module` has for torch's own bookkeeping.
-_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+              (torch, "set_rng_state"), (torch, "initial_seed"), (torch.random, "manual_seed"),
+              (torch.random, "seed"), (torch.random, "get_rng_state"), (torch.random, "set_rng_state"),
+              (torch.random, "initial_seed"), (torch.random, "fork_rng")]
 
 
 def _numpy_state():
@@ -79,11 +82,15 @@ def _same_numpy_state(a, b) -> bool:
 
 
 def _attribute_state(model: torch.nn.Module) -> dict:
-    """(module path, attribute) -> (the value, a copy of a list's, dict's or set's items)."""
+    """(module path, attribute) -> (the value, a copy of a list's, dict's or set's items),
+    of the public attributes, and of the private containers of the user's own classes
+    (`self._stats["n"] += 1`: 0.23 off eager's, silently, before; a library's modules
+    keep private bookkeeping of their own)."""
     state = {}
     for path, module in model.named_modules():
+        users = in_users_file(type(module).__module__)
         for key, value in vars(module).items():
-            if key.startswith("_") or key in _MODULE_KEYS:
+            if key in _MODULE_KEYS or (key.startswith("_") and not (users and isinstance(value, (list, dict, set)))):
                 continue
             items = value.copy() if isinstance(value, (list, dict, set)) else None
             state[(path, key)] = (value, items)
@@ -218,80 +225,27 @@ def _generators(model: torch.nn.Module) -> list[tuple[str, object, object]]:
                                             for name, helper in held_objects(module)]
         for where, attributes in holders:
             for name, value in list(attributes.items()):
-                state = _generator_state(value, numpy)
+                state = generator_state(value, numpy)
                 if state is not None:
                     found.append((f"{where}.{name}" if where else name, value, state))
     return found
 
 
-def _generator_state(value, numpy):
-    """A copy of a Python or NumPy generator's state; None for anything else."""
-    if isinstance(value, random.Random):
-        return value.getstate()
-    if numpy is not None and isinstance(value, numpy.random.Generator):
-        return copy.deepcopy(value.bit_generator.state)
-    if numpy is not None and isinstance(value, numpy.random.RandomState):
-        return value.get_state(legacy=False)
-    if type(value).__module__ == "itertools" and isinstance(value, collections.abc.Iterator):
-        try:   # `next(self.steps)` on an `itertools.count`: its position, as pickling sees it
-            return (_ITERATOR, repr(value.__reduce__()))
-        except Exception:
-            return None
-    return None
-
-
-#: Marks an iterator's state (which cannot be put back).
-_ITERATOR = "iterator"
-
-
-def _iterator_state(state) -> bool:
-    return isinstance(state, tuple) and state[:1] == (_ITERATOR,)
-
-
-def _restore_generator(generator, state) -> None:
-    if _iterator_state(state):
-        return
-    if isinstance(generator, random.Random):
-        generator.setstate(state)
-    elif hasattr(generator, "bit_generator"):
-        generator.bit_generator.state = state
-    else:
-        generator.set_state(state)
-
-
-def _same_state(a, b) -> bool:
-    """States as `_generator_state` gives them (tuples, dicts and numpy arrays nested)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_same_state, a, b))
-    if hasattr(a, "shape") and hasattr(a, "dtype"):
-        return hasattr(b, "shape") and a.shape == b.shape and bool((a == b).all())
-    return type(a) is type(b) and a == b
-
-
 def _python_state(model: torch.nn.Module) -> list[tuple[str, object, dict]]:
-    """(what, owner, its plain values) of the Python state a forward may change besides its
-    modules' attributes: the user's classes of the model's modules and the modules (files)
-    that define them, whose plain class attributes and globals a counter may live in
-    (`type(self).calls += 1`, `global COUNT; COUNT += 1`). One the forward computes with
-    advanced once, while tracing, and every step then computed with that one value,
-    silently (found by a review: losses 0.240, 0.240, 0.240 where eager gives 0.240,
-    0.413, 0.635)."""
+    """(what, owner, its plain values) of the user's classes of the model's modules, whose
+    plain class attributes a counter may live in (`type(self).calls += 1`; the globals of
+    the user's files, where `global COUNT; COUNT += 1` keeps one: `outside_state`). One the
+    forward computes with advanced once, while tracing, and every step then computed with
+    that one value, silently (found by a review: losses 0.240, 0.240, 0.240 where eager
+    gives 0.240, 0.413, 0.635)."""
     found, seen = [], set()
     for module in model.modules():
         for cls in type(module).__mro__:
             if cls is torch.nn.Module or cls is object or id(cls) in seen:
                 continue
             seen.add(id(cls))
-            namespace = sys.modules.get(cls.__module__)
-            file = getattr(namespace, "__file__", None)
-            if namespace is None or file is None or not is_users_file(file):
-                continue
-            found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
-            if id(namespace) not in seen:
-                seen.add(id(namespace))
-                found.append((f"global {{}} of {cls.__module__}", namespace, _plain_values(vars(namespace))))
+            if in_users_file(cls.__module__):
+                found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
     return found
 
 
@@ -406,13 +360,6 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
                 del now[key]
 
 
-def _users_class(module: torch.nn.Module) -> bool:
-    """Whether `module`'s class is defined in the user's own files (not a library's,
-    whose modules' helpers keep bookkeeping of their own)."""
-    file = getattr(sys.modules.get(type(module).__module__), "__file__", None)
-    return file is not None and is_users_file(file)
-
-
 def _held(module: torch.nn.Module, key: str):
     """What `module.key` holds now (a submodule, parameter, buffer or plain attribute),
     read without `__getattr__`; `MISSING` where nothing."""
@@ -433,9 +380,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     the caller to trace again."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
-    helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), _users_class(module))
+    helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
     generators, python_state = _generators(model), _python_state(model)
+    outside = outside_state.slots(model)
     paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
 
@@ -561,9 +509,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         _put_back_helpers(helpers, found)
         numpy_module = sys.modules.get("numpy")
         for where, generator, state in generators:
-            if not _same_state(_generator_state(generator, numpy_module), state):
+            if not same_state(generator_state(generator, numpy_module), state):
                 found.append(f"it draws from the {type(generator).__name__} at {where!r}, an "
-                             f"{'iterator' if _iterator_state(state) else 'own generator'} of the model's")
-                _restore_generator(generator, state)
+                             f"{'iterator' if iterator_state(state) else 'own generator'} of the model's")
+                restore_generator(generator, state)
         _python_state_changed(python_state, found)
-        _placeholders_kept_by_hooks(model, found)
+        _placeholders_kept_by_hooks(model, found)   # before their stores are put back
+        outside_state.changes(outside, found)

@@ -63,7 +63,7 @@ from remat_ir.torchlib.callables import attribute_at, describe, is_function
 from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED, described
 from remat_ir.torchlib.hooks import hook_functions
 
-from .model_lines import is_model_file, is_users_file
+from .model_lines import in_users_file, is_model_file, is_users_file
 
 #: Value types whose value tracing bakes into the graph (a branch on a flag).
 PLAIN_TYPES = (bool, int, float, str, type(None))
@@ -242,6 +242,10 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
     cls.__getattribute__ = getattribute
 
 
+#: Attributes every `nn.Module` has for torch's own bookkeeping (its hooks, parameters).
+MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+
+
 @contextlib.contextmanager
 def recording_reads(model: torch.nn.Module, reads: TracedReads):
     """While the block traces `model`, record in `reads` the plain values it reads from
@@ -294,7 +298,10 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         elif (name in own or name == "forward") and is_function(value):
             # A function it holds, or the forward it runs (its class's, or one assigned).
             reads.callables.setdefault((path, name), describe(value))
-        elif not name.startswith("_") and name in own:
+        elif name in own and (not name.startswith("_") or (
+                name not in MODULE_KEYS and in_users_file(type(self).__module__))):
+            # Private ones of the user's own classes too (`self._cfg.temp` set by a callback:
+            # 0.99 off eager's, silently, review AF); a library's keep bookkeeping there.
             items = plain_items(value)
             if items is not None:
                 reads.containers.setdefault((path, name), items)

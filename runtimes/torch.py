@@ -163,6 +163,13 @@ class _Step:
                 "model (the one passed to remat_ir.remat), whose autograd graph supports it")
         if self.finished or self.segment is not None:
             raise _second_backward()
+        if any(_batched(g) for g in given.values() if g is not None):
+            raise RematIRError(
+                "a batched backward (torch.autograd.grad(..., is_grads_batched=True), a Jacobian "
+                "with vectorize=True) through a remat-ir step: its backward runs planned ops "
+                "writing into buffers that vmap does not batch (it failed inside the step "
+                "before). Compute it with the original model (the one passed to "
+                "remat_ir.remat), or one gradient at a time (vectorize=False)")
         watched, outputs.watched = outputs.watched, None
         for i, alias, version in watched or ():
             if alias._version != version:
@@ -294,6 +301,13 @@ def _out_of_order() -> RematIRError:
         "this happens where the loss moves outputs to another device (`out.cpu()`), is built "
         "in another thread than the model's call, or a backward runs inside another: compute "
         "the loss on the outputs' device, in the thread that called the model")
+
+
+def _batched(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is batched by vmap: torch.func's (FuncTorchBatched) or the one
+    `torch.autograd.grad(is_grads_batched=True)` uses (Batched, which `DispatchKey` does
+    not name)."""
+    return "Batched" in str(torch._C._dispatch_keys(tensor))
 
 
 def _data_pointer(tensor: torch.Tensor) -> int | None:
@@ -683,11 +697,28 @@ class _Runner:
         for slot in self.snapshot_slots:
             backward_resident[slot] = resident[slot].clone()
         if updates:
+            buffers = [resident[slot] for slot in self.buffer_slots]
+            for slot, buffer, update in zip(self.buffer_slots, buffers, updates):
+                if buffer.shape != update.shape:
+                    raise self._resized_buffer(slot, buffer, update)
             with torch.no_grad():
                 # One call for all (a ResNet's 29 BatchNorms update 87 buffers: 87 Python calls
                 # were 0.1 ms of a 14 ms CPU step); it copies as `copy_` does, dtypes included.
-                torch._foreach_copy_([resident[slot] for slot in self.buffer_slots], list(updates))
+                torch._foreach_copy_(buffers, list(updates))
         return tuple(backward_resident)
+
+    def _resized_buffer(self, slot: int, buffer: torch.Tensor, update: torch.Tensor) -> RematIRError:
+        """A buffer update of another shape than the buffer: an op the trace sized from its
+        fake kernel resized the buffer when it ran (a fused per-channel fake-quant sizes
+        its scale and zero point at its first call), so the graph's shapes are not what
+        runs; `_foreach_copy_` failed with a broadcast error from inside (review AF)."""
+        value = self.plan.resident[slot]
+        name = next((e.name for e in self.graph.proto.inputs if e.value_id == value), f"value {value}")
+        return RematIRError(f"the step updated buffer {name!r} at shape {list(update.shape)} where it "
+                            f"has {list(buffer.shape)}, as lowered: an op of the forward resized it "
+                            f"when it ran (a first call that sizes it, as a fused per-channel "
+                            f"fake-quant does). Run the model once before remat_ir.remat, so that "
+                            f"it is lowered at its size")
 
 
 def _user_output_name(graph: Graph, position: int) -> str:
