@@ -232,7 +232,8 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
         if holder is not None and not name.startswith("__"):
             if (form := recorded(value)) is not UNRECORDED:
                 reads.objects.setdefault((*holder, name), form)
-            elif not name.startswith("_") and holder[1].count(".") < _DEPTH:
+            elif (not name.startswith("_") or in_users_file(type(self).__module__)) \
+                    and holder[1].count(".") < _DEPTH:   # the user's objects' private ones too
                 if _plain_object(value):
                     hold(holder[0], f"{holder[1]}.{name}", value)
                 elif (items := plain_items(value)) is not None:   # `self.cfg.sched["temp"]`
@@ -486,6 +487,13 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             # A method of a global object (`ANN.scale(h)`), by its description, which holds
             # what the object holds: `ANN.t = 3.0` computes otherwise.
             reads.globals.setdefault((module, name, ("attr", path)), {FUNCTION: describe(attribute)})
+        elif isinstance(attribute, types.FunctionType) and is_users_file(attribute.__code__.co_filename):
+            # A function of another of the user's files (`cfgmod.get_temp()`), by its
+            # description, its code scanned as one called by name is: a global it returns,
+            # changed after `remat`, trained on with the traced value (1.98 off eager's,
+            # silently; review AF, 2026-12-02).
+            reads.globals.setdefault((module, name, ("attr", path)), {FUNCTION: describe(attribute)})
+            return [attribute]
         elif isinstance(attribute, torch.Tensor):
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", path)))
         elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`

@@ -3339,6 +3339,25 @@ def test_a_value_read_through_objects_and_changed_after_lowering_is_planned_for(
 #: A module of settings the forward reads (`settings.D["temp"]` of another file).
 SETTINGS_MODULE = types.ModuleType("remat_test_settings")
 SETTINGS_MODULE.D = {"temp": 1.0}
+#: What a function the forward calls through that module returns (`cfgmod.get_temp()`).
+_HELPER_TEMP = 1.0
+
+
+def _helper_temperature():
+    return _HELPER_TEMP
+
+
+SETTINGS_MODULE.temperature = _helper_temperature
+
+
+class _LastRate:
+    """Stands for a scheduler a module holds, read through a method (`get_last_lr()`)."""
+
+    def __init__(self):
+        self._last = [1.0]
+
+    def get_last_lr(self):
+        return self._last
 
 
 class _ReadsOutOfSight(torch.nn.Module):
@@ -3355,6 +3374,7 @@ class _ReadsOutOfSight(torch.nn.Module):
         self.cfg = _Settings(sched={"temp": 1.0})
         self.ns = types.SimpleNamespace(sched={"temp": 1.0})
         self.act = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+        self.rate = _LastRate()
 
     def forward(self, x):
         h = self.proj(x)
@@ -3365,16 +3385,21 @@ class _ReadsOutOfSight(torch.nn.Module):
                 "type(self)": lambda: type(self).T,
                 "__class__": lambda: self.__class__.T,
                 "settings module": lambda: SETTINGS_MODULE.D["temp"],
+                "settings module function": lambda: SETTINGS_MODULE.temperature(),
+                "held object's private list": lambda: self.rate.get_last_lr()[0],
                 "environment": lambda: float(os.environ.get("REMAT_TEST_TEMP", "1.0"))}[self.where]()
         return (h / temp).softmax(-1).square().sum()
 
 
 @pytest.mark.parametrize("where", ["dict in config", "dict in namespace", "type(self)", "__class__",
-                                   "settings module", "environment", "partial keyword"])
+                                   "settings module", "settings module function",
+                                   "held object's private list", "environment", "partial keyword"])
 def test_a_value_read_out_of_a_modules_sight_and_changed_after_lowering_is_planned_for(where, monkeypatch):
     """None of these reads was recorded, so a temperature changed after `remat` trained
     on with the traced one, silently (0.631208 where eager gives 0.912608; a partial's
-    keyword changed in place after the first call kept its first value)."""
+    keyword changed in place after the first call kept its first value). A function of
+    another module, and a private attribute of the user's object read through its method,
+    were found so by review AF (2026-12-02: 1.98 off)."""
     monkeypatch.delenv("REMAT_TEST_TEMP", raising=False)
     model, x = _ReadsOutOfSight(where), torch.randn(4, 8)
     scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
@@ -3382,7 +3407,10 @@ def test_a_value_read_out_of_a_modules_sight_and_changed_after_lowering_is_plann
     alone(x)   # a first call: what it found unchanged is not looked at again the same way
     monkeypatch.setattr(SETTINGS_MODULE, "D", {"temp": 1.0})
     monkeypatch.setattr(_ReadsOutOfSight, "T", 1.0)
+    monkeypatch.setitem(globals(), "_HELPER_TEMP", 1.0)
     {"dict in config": lambda: model.cfg.sched.__setitem__("temp", 0.5),
+     "settings module function": lambda: globals().__setitem__("_HELPER_TEMP", 0.5),
+     "held object's private list": lambda: setattr(model.rate, "_last", [0.5]),
      "dict in namespace": lambda: model.ns.sched.__setitem__("temp", 0.5),
      "type(self)": lambda: setattr(_ReadsOutOfSight, "T", 0.5),
      "__class__": lambda: setattr(_ReadsOutOfSight, "T", 0.5),
