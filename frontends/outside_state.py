@@ -1,45 +1,38 @@
-"""Python state outside the model's modules that a forward may change: the globals of the
-user's files, the cells of their functions' closures, the attributes of the plain objects
-those globals hold, and the containers the model's modules keep in private attributes or
-in the plain objects they hold; and the state of Python's and NumPy's generators, wherever
-they are kept.
+"""Python state outside the model's modules that a forward may leave tracing's placeholders
+in, and the state of Python's and NumPy's generators, wherever they are kept.
 
 Tracing runs the forward once, and the graph keeps none of what it did there. A forward
-that advanced a counter kept there (`STATE["n"] += 1`, `next(COUNTER)`, a closure's
-`n[0] += 1`, `stepper.next_step()` in another of the user's files) computed every step
-with the value it had at tracing (0.15-0.47 off eager's, silently); one that appended a
-tensor to a list kept there (an MoE's auxiliary losses collected in a global list, a
-feature stash on a helper object) left a tracing placeholder in it, on which the user's
-loss "trained" without error while the optimizer step changed nothing, or, with the list
-cleared after `remat`, dropped the auxiliary term at every step (found by a review,
-2026-12-02). `trace_effects.refusing_trace_effects` refuses each such change by name and
-puts the slot back as it was.
+that appended a tensor to a list kept outside its modules (an MoE's auxiliary losses
+collected in a global list, a feature stash on a helper object) left a tracing
+placeholder in it, on which the user's loss "trained" without error while the optimizer
+step changed nothing, or, with the list cleared after `remat`, dropped the auxiliary term
+at every step (found by a review, 2026-12-02). `placeholders_left` finds such
+placeholders in the user's globals, their functions' closures, the objects they hold and
+the objects the model's modules hold, names where each was left, and takes them out
+again. Other changes there (a warn-once set, a lazy probe, a plugin's registry, another
+thread's log) are left alone: they are no tensors of the step, and putting them back
+broke the user's own state (review R4).
 """
-
 from __future__ import annotations
 
 import collections
 import collections.abc
 import copy
+import functools
 import os
 import random
 import sys
 import types
-from dataclasses import dataclass
-from typing import Callable
+import operator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .held_tensors import held_objects
 from .model_lines import in_users_file, is_users_file
 from .traced_reads import plain
 
-#: Containers whose items are copied before tracing, to be compared after it.
-CONTAINERS = (list, dict, set, collections.deque)
-#: A container with more items is not copied (a dataset's list): a forward rarely changes
-#: one, and copying it at every lowering would cost its size.
-LARGEST = 10_000
-#: What a slot that held nothing reads as.
+#: What a name that held nothing before tracing reads as.
 _MISSING = object()
 
 
@@ -59,8 +52,11 @@ def generator_state(value, numpy=None):
         frame = value.gi_frame
         return (_ITERATOR, None if frame is None else
                 (frame.f_lasti, [(k, v) for k, v in frame.f_locals.items() if plain(v)]))
-    if type(value).__module__ in ("itertools", "builtins") and isinstance(value, collections.abc.Iterator):
-        try:   # `next(self.steps)` on an `itertools.count` or `iter(a_list)`: its position, as pickling sees it
+    if type(value).__module__ == "builtins" and isinstance(value, collections.abc.Iterator):
+        # `iter(a_list)`: where it is, by what is left (its pickled form holds the whole list)
+        return (_ITERATOR, operator.length_hint(value, -1))
+    if type(value).__module__ == "itertools" and isinstance(value, collections.abc.Iterator):
+        try:   # `next(self.steps)` on an `itertools.count`: its position, as pickling sees it
             return (_ITERATOR, repr(value.__reduce__()))
         except Exception:
             return None
@@ -97,151 +93,176 @@ def same_state(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-# ---------------------------------------------------------------- slots
+# ---------------------------------------------------------------- placeholders
 
-@dataclass
-class Slot:
-    """One place (a global, a closure's cell, an attribute), what it held before tracing,
-    and a copy of that container's items or that generator's state."""
-    what: str
-    read: Callable[[], object]
-    write: Callable[[object], None]
-    value: object
-    items: object = None
-    state: object = None
-
-    def changed(self) -> str | None:
-        """How the traced forward changed the slot ('from 0 to 1', 'in place'), or None."""
-        now = self.read()
-        if now is not self.value:
-            if plain(self.value) and type(now) is type(self.value) and now == self.value:
-                return None
-            return f"from {_shown(self.value)} to {_shown(now)}"
-        if self.state is not None:
-            return None if same_state(generator_state(now), self.state) else "by drawing from it"
-        if self.items is None:
-            return None
-        if isinstance(self.items, dict):
-            same = self.items.keys() == now.keys() and all(self.items[k] is now[k] for k in self.items)
-        elif isinstance(self.items, set):
-            same = self.items == now
-        else:
-            same = len(self.items) == len(now) and all(a is b for a, b in zip(self.items, now))
-        if same:
-            return None
-        if len(self.items) == len(now):
-            return "an item replaced in place"
-        return f"in place: {len(self.items)} item{'s' * (len(self.items) != 1)}, then {len(now)}"
-
-    def put_back(self) -> None:
-        if self.read() is not self.value:
-            self.write(self.value)
-        elif self.state is not None:
-            restore_generator(self.value, self.state)
-        elif self.items is not None:
-            self.value.clear()
-            (self.value.update if isinstance(self.value, (dict, set)) else self.value.extend)(self.items)
-
-
-def _shown(value) -> str:
-    return "nothing" if value is _MISSING else repr(value) if plain(value) else f"a {type(value).__name__}"
-
-
-def _watched(what: str, read, write, value, containers_only: bool) -> list[Slot]:
-    """[the slot] where `value` is one a forward may change there, else []: a container,
-    and unless `containers_only` (where `trace_effects` compares the rest) a plain value
-    or a generator."""
-    if isinstance(value, CONTAINERS) and len(value) <= LARGEST:
-        items = dict(value) if isinstance(value, dict) else set(value) if isinstance(value, set) else list(value)
-        return [Slot(what, read, write, value, items=items)]
-    if containers_only:
-        return []
-    if plain(value):
-        return [Slot(what, read, write, value)]
-    state = generator_state(value)
-    return [Slot(what, read, write, value, state=state)] if state is not None else []
-
-
-def _item(what: str, namespace: dict, key: str, containers_only: bool = False) -> list[Slot]:
-    def write(new):
-        namespace[key] = new
-    return _watched(what, lambda: namespace.get(key, _MISSING), write, namespace[key], containers_only)
-
-
-def _cell(what: str, cell) -> list[Slot]:
-    def read():
-        try:
-            return cell.cell_contents
-        except ValueError:   # a cell not filled (yet, or any more)
-            return _MISSING
-
-    def write(new):
-        cell.cell_contents = new
-    value = read()
-    return [] if value is _MISSING else _watched(what, read, write, value, False)
-
-
-def _closure(where: str, function: types.FunctionType) -> list[Slot]:
-    """The slots of the cells of `function`'s closure (a counter's `n = [0]`)."""
-    cells = zip(function.__code__.co_freevars, function.__closure__ or ())
-    return [slot for name, cell in cells
-            for slot in _cell(f"{name!r} of the closure of {function.__qualname__} {where}", cell)]
+def _namespaces() -> list[tuple[str, dict]]:
+    """(name, globals) of the user's own files, and of `__main__` also without a file (a
+    notebook, `python -c`)."""
+    found, seen = [], set()
+    for name, namespace in list(sys.modules.items()):
+        file = getattr(namespace, "__file__", None)
+        users = name == "__main__" or (isinstance(file, str) and os.path.isfile(file)
+                                       and is_users_file(file))
+        if users and not name.startswith("remat_ir") and id(namespace) not in seen \
+                and isinstance(namespace, types.ModuleType):
+            seen.add(id(namespace))
+            found.append((name, vars(namespace)))
+    return found
 
 
 def _users_object(value) -> bool:
-    """A plain object of a class of the user's files (a collector, a step counter's holder),
-    not a module, tensor, class, function or a library's object."""
+    """A plain object of a class of the user's files (a collector, a settings holder), not
+    a module, tensor, class, function or a library's object."""
     if isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType,
                           types.MethodType)) or not hasattr(value, "__dict__"):
         return False
     return in_users_file(type(value).__module__)
 
 
-def slots(model: torch.nn.Module) -> list[Slot]:
-    """The slots a traced forward may change outside what `refusing_trace_effects` compares
-    on the modules themselves (their attributes, which torch.export puts back as copies
-    before this could compare them; plain values on the objects they hold; class
-    attributes of the user's classes)."""
-    found: list[Slot] = []
-    seen: set[int] = set()   # a script is `__main__` and `__mp_main__`
-    for name, namespace in list(sys.modules.items()):
-        file = getattr(namespace, "__file__", None)
-        # (`torch.ops` says its file is "_ops.py", which is no path)
-        if not isinstance(file, str) or not os.path.isfile(file) or name.startswith("remat_ir") \
-                or id(namespace) in seen or not is_users_file(file):
-            continue
-        seen.add(id(namespace))
-        names = vars(namespace)
+def holders(model: torch.nn.Module) -> list[tuple[str, dict]]:
+    """(where, a namespace) of what a forward may store tensors into outside its modules:
+    the globals of the user's files, their functions' closures, the attributes of the
+    user's objects they hold, and of the objects the model's modules hold. A snapshot of
+    each namespace's values (shallow) goes with it, to put back what was assigned."""
+    found = []
+    for name, names in _namespaces():
+        found.append((f"global {{}} of {name}", names))
+        for value in list(names.values()):
+            if isinstance(value, types.FunctionType) and value.__module__ == name and value.__closure__:
+                cells = {cell_name: cell for cell_name, cell in
+                         zip(value.__code__.co_freevars, value.__closure__)}
+                found.append((f"{{}} of the closure of {value.__qualname__} of {name}", _Cells(cells)))
         for key, value in list(names.items()):
-            if not isinstance(key, str) or key.startswith("__"):
-                continue
-            found += _item(f"global {key!r} of {name}", names, key)
-            if isinstance(value, types.FunctionType) and value.__module__ == name:
-                found += _closure(f"of {name}", value)
-            elif _users_object(value):
-                attributes = vars(value)
-                for attribute in list(attributes):
-                    found += _item(f"attribute {attribute!r} of global {key!r} of {name}", attributes,
-                                   attribute)
+            if isinstance(key, str) and not key.startswith("__") and _users_object(value):
+                found.append((f"attribute {{}} of global {key!r} of {name}", vars(value)))
     for path, module in model.named_modules():
-        if not in_users_file(type(module).__module__):
-            continue   # a library's modules keep bookkeeping of their own
-        for attribute, value in list(vars(module).items()):
-            if isinstance(value, types.FunctionType) and in_users_file(value.__module__):
-                found += _closure(f"held by {path or '<root>'} as {attribute!r}", value)
-        for attribute, helper in held_objects(module):   # their plain values, generators:
-            held = vars(helper)                          # `_put_back_helpers`, `_generators`
+        for attribute, helper in held_objects(module):
             where = f"{path}.{attribute}" if path else attribute
-            for name in list(held):
-                found += _item(f"attribute {name!r} of the {type(helper).__name__} object at {where}",
-                               held, name, containers_only=True)
-    return found
+            found.append((f"attribute {{}} of the {type(helper).__name__} object at {where}", vars(helper)))
+    return [(where, names, dict(names.items())) for where, names in found]
 
 
-def changes(watched: list[Slot], found: list[str]) -> None:
-    """Note in `found` each slot the traced forward changed, and put it back."""
-    for slot in watched:
-        how = slot.changed()
-        if how is not None:
-            found.append(f"it changes {slot.what} ({how})")
-            slot.put_back()
+class _Cells(dict):
+    """A closure's cells as a mapping of name -> contents (reads and writes go to the cells)."""
+
+    def __init__(self, cells: dict):
+        super().__init__()
+        self.cells = cells
+
+    def items(self):
+        return [(name, _contents(cell)) for name, cell in self.cells.items()]
+
+    def get(self, key, default=None):
+        return _contents(self.cells[key]) if key in self.cells else default
+
+    def __setitem__(self, key, value):
+        self.cells[key].cell_contents = value
+
+    def __delitem__(self, key):
+        del self.cells[key].cell_contents
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:   # a cell not filled (yet, or any more)
+        return None
+
+
+def placeholders_left(watched: list[tuple[str, dict, dict]], found: list[str]) -> None:
+    """Note in `found` each place of `watched` (`holders`) where the traced forward left a
+    tracing placeholder, and take it out: a container's items holding one are removed, a
+    name assigned one gets its value from before tracing back."""
+    for where, names, before in watched:
+        for key, value in list(names.items()):
+            if not isinstance(key, str) or key.startswith("__") or not holds_placeholder(value):
+                continue
+            found.append(f"it stores a tensor in {where.format(repr(key))}, which the graph does "
+                         f"not fill at each step, so what reads it there gets a tracing "
+                         f"placeholder (return the tensor from the forward, an auxiliary loss as "
+                         f"an output; a cache its first call fills: run the model once before "
+                         f"remat_ir.remat)")
+            if before.get(key, _MISSING) is not value:
+                if key in before:
+                    names[key] = before[key]
+                else:
+                    del names[key]
+            else:
+                _take_out(value)
+
+
+def holds_placeholder(value, depth: int = 0) -> bool:
+    """Whether `value` (a container or plain object, 3 deep) holds a tracing placeholder.
+    A container's items are read through the base class's methods: a subclass's own may
+    do anything (transformers' lazy auto-mappings import every model class)."""
+    if isinstance(value, FakeTensor):
+        return True
+    if depth >= 3:
+        return False
+    items = _items(value)
+    return any(holds_placeholder(item, depth + 1) for item in items[:_SEARCHED_ITEMS])
+
+
+#: Items of a container looked at for placeholders (a feature store holds a few).
+_SEARCHED_ITEMS = 256
+
+
+def _items(value) -> list:
+    if isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType)):
+        return []
+    if isinstance(value, dict):
+        return list(dict.values(value))
+    if isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+        return list(_iterate(value))
+    if hasattr(value, "__dict__") and not callable(value):
+        return list(vars(value).values())
+    return []
+
+
+def _iterate(value):
+    for base in (list, tuple, set, frozenset, collections.deque):
+        if isinstance(value, base):
+            return base.__iter__(value)
+    return iter(())
+
+
+def _take_out(value, depth: int = 0) -> None:
+    """Remove the items holding a placeholder from `value`'s containers, 3 deep."""
+    if depth >= 3:
+        return
+    if isinstance(value, dict):
+        for key, item in list(dict.items(value)):
+            if isinstance(item, FakeTensor):
+                dict.__delitem__(value, key)
+            else:
+                _take_out(item, depth + 1)
+    elif isinstance(value, (list, collections.deque, set)):
+        kept = [item for item in _iterate(value) if not isinstance(item, FakeTensor)]
+        if len(kept) != len(value):
+            type(value).clear(value)
+            (set.update if isinstance(value, set) else type(value).extend)(value, kept)
+        for item in kept:
+            _take_out(item, depth + 1)
+    elif not isinstance(value, (tuple, frozenset, torch.Tensor)) and hasattr(value, "__dict__") \
+            and not callable(value):
+        for key, item in list(vars(value).items()):
+            if isinstance(item, FakeTensor):
+                delattr(value, key)
+            else:
+                _take_out(item, depth + 1)
+
+
+def lru_caches() -> list[tuple[object, int]]:
+    """(function, entries) of the `functools.lru_cache`d functions of the user's files."""
+    return [(value, value.cache_info().currsize) for _, names in _namespaces()
+            for value in list(names.values()) if isinstance(value, functools._lru_cache_wrapper)]
+
+
+def clear_grown(caches: list[tuple[object, int]]) -> None:
+    """Empty each cache the traced forward filled: what it cached there were tracing
+    placeholders, which a later eager call of the model took (its loss a FakeTensor,
+    silently; review R4). The graph computes what the function computes at every step,
+    and an eager call fills the cache again."""
+    for function, entries in caches:
+        if function.cache_info().currsize > entries:
+            function.cache_clear()

@@ -13,9 +13,9 @@ of it, so the frontend refuses it by name.
 - Module attributes the forward assigns or appends to (a step counter, `self.aux_loss = ...`,
   a list of logged values): the assignment ran once, while tracing; a tensor assigned was a
   tracing placeholder, left on the model, on which a loss then "trained" without error.
-  They are put back as they were before tracing, and so is the state outside the modules
-  that a forward may change (the user's globals, closures, the containers of the objects
-  modules hold: `outside_state`). Private attributes (`self._step += 1`)
+  They are put back as they were before tracing; tracing placeholders the forward left
+  outside the modules (a global list of auxiliary losses) are taken out and named
+  (`outside_state`). Private attributes (`self._step += 1`)
   are refused where the user's own code assigns them; installed libraries keep private
   bookkeeping on modules that tracing may set (transformers marks with one that it
   installed the hooks that capture hidden states, once), which is left to them.
@@ -39,8 +39,6 @@ through it is a parameter written in place, which lowering refuses by name.
 
 from __future__ import annotations
 
-import collections
-import collections.abc
 import contextlib
 import functools
 import random
@@ -50,7 +48,6 @@ import types
 import warnings
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.hooks import forward_hooks
@@ -58,7 +55,7 @@ from remat_ir.torchlib.hooks import forward_hooks
 from .held_tensors import held_objects
 from .model_lines import in_users_file, is_model_file, is_users_file
 from . import outside_state
-from .outside_state import generator_state, iterator_state, restore_generator, same_state
+from .outside_state import generator_state, holds_placeholder, iterator_state, restore_generator, same_state
 from .traced_reads import MODULE_KEYS as _MODULE_KEYS, ModulesByDict, plain
 
 #: torch's generator functions a forward may call, by module and name.
@@ -97,19 +94,38 @@ def _attribute_state(model: torch.nn.Module) -> dict:
     return state
 
 
-def _changed(before: tuple, after) -> bool:
-    """Whether a public list, dict or set attribute was changed in place since before
-    tracing: grown or shrunk (a log appended to), or an item replaced (`self.log[0] = x`).
+def _changed(before: tuple, after, tensors: bool = True) -> bool:
+    """Whether a list, dict or set attribute was changed in place since before tracing:
+    grown or shrunk (a log appended to), or an item replaced (`self.log[0] = x`). Without
+    `tensors` (a private one), only a change of other items counts: a lazy cache of
+    tensors (`self._cache[n] = torch.cos(...)`) is what the graph computes at every step.
     An attribute assigned anew is noted as the forward assigns it
     (`refusing_trace_effects`)."""
     value, items = before
     if items is None or after is not value:
         return False
+    if not tensors:
+        return any(not isinstance(item, torch.Tensor) for item in _differing(items, after))
     if len(items) != len(after) or (isinstance(items, dict) and items.keys() != after.keys()):
         return True
     if isinstance(items, list):
         return any(a is not b for a, b in zip(items, after))
     return isinstance(items, dict) and any(items[key] is not after[key] for key in items)
+
+
+def _differing(items, after) -> list:
+    """The items of `after` (or of `items`, removed) that are not what `items` held."""
+    if isinstance(items, dict):
+        keys = set(items) | set(after)
+        return [after.get(k, items.get(k)) for k in keys if items.get(k, _ABSENT) is not after.get(k, _ABSENT)]
+    if isinstance(items, list):
+        longer = after if len(after) >= len(items) else items
+        return [longer[i] for i in range(len(longer))
+                if i >= min(len(items), len(after)) or items[i] is not after[i]]
+    return list(set(items) ^ set(after))
+
+
+_ABSENT = object()
 
 
 def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
@@ -232,20 +248,27 @@ def _generators(model: torch.nn.Module) -> list[tuple[str, object, object]]:
 
 
 def _python_state(model: torch.nn.Module) -> list[tuple[str, object, dict]]:
-    """(what, owner, its plain values) of the user's classes of the model's modules, whose
-    plain class attributes a counter may live in (`type(self).calls += 1`; the globals of
-    the user's files, where `global COUNT; COUNT += 1` keeps one: `outside_state`). One the
-    forward computes with advanced once, while tracing, and every step then computed with
-    that one value, silently (found by a review: losses 0.240, 0.240, 0.240 where eager
-    gives 0.240, 0.413, 0.635)."""
+    """(what, owner, its plain values) of the Python state a forward may change besides its
+    modules' attributes: the user's classes of the model's modules and the modules (files)
+    that define them, whose plain class attributes and globals a counter may live in
+    (`type(self).calls += 1`, `global COUNT; COUNT += 1`). One the forward computes with
+    advanced once, while tracing, and every step then computed with that one value,
+    silently (found by a review: losses 0.240, 0.240, 0.240 where eager gives 0.240,
+    0.413, 0.635)."""
     found, seen = [], set()
     for module in model.modules():
         for cls in type(module).__mro__:
             if cls is torch.nn.Module or cls is object or id(cls) in seen:
                 continue
             seen.add(id(cls))
-            if in_users_file(cls.__module__):
-                found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
+            namespace = sys.modules.get(cls.__module__)
+            file = getattr(namespace, "__file__", None)
+            if namespace is None or file is None or not is_users_file(file):
+                continue
+            found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
+            if id(namespace) not in seen:
+                seen.add(id(namespace))
+                found.append((f"global {{}} of {cls.__module__}", namespace, _plain_values(vars(namespace))))
     return found
 
 
@@ -286,28 +309,6 @@ def _hook_holders(hook) -> list[tuple[str, object]]:
                     if name in hook.__globals__]
 
 
-def _holds_placeholder(value, depth: int = 0) -> bool:
-    """Whether `value` (a container or plain object, 3 deep) holds a tracing placeholder."""
-    if isinstance(value, FakeTensor):
-        return True
-    if depth >= 3 or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType,
-                                        types.FunctionType)):
-        return False
-    if isinstance(value, dict):
-        items = list(value.values())
-    elif isinstance(value, (list, tuple, set, frozenset, collections.deque)):
-        items = list(value)
-    elif hasattr(value, "__dict__") and not callable(value):
-        items = list(vars(value).values())
-    else:
-        return False
-    return any(_holds_placeholder(item, depth + 1) for item in items[:_SEARCHED_ITEMS])
-
-
-#: Items of a container looked at for placeholders (a feature store holds a few).
-_SEARCHED_ITEMS = 256
-
-
 def _placeholders_kept_by_hooks(model: torch.nn.Module, found: list[str]) -> None:
     """Note each forward hook that stored a tensor where the graph keeps no trace of it: a
     dict its closure holds (a feature-matching or perceptual loss collecting activations).
@@ -318,7 +319,7 @@ def _placeholders_kept_by_hooks(model: torch.nn.Module, found: list[str]) -> Non
         if code is None or not is_users_file(code.co_filename):
             continue   # a library's hook (transformers' capturing hidden states) keeps its own
         for name, holder in _hook_holders(hook):
-            if _holds_placeholder(holder):
+            if holds_placeholder(holder):
                 where = f" at {code.co_filename}:{code.co_firstlineno}"
                 found.append(f"a forward hook on {path}{where} keeps a tensor in {name}, "
                              f"which the graph does not fill (return what the loss needs from the "
@@ -383,7 +384,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
     generators, python_state = _generators(model), _python_state(model)
-    outside = outside_state.slots(model)
+    outside, caches = outside_state.holders(model), outside_state.lru_caches()
     paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
 
@@ -445,7 +446,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         (a list appended to is restored as a copy of its old items)."""
         modules = dict(model.named_modules())
         for (path, key), before in attributes.items():
-            if path in modules and key in vars(modules[path]) and _changed(before, vars(modules[path])[key]):
+            if path in modules and key in vars(modules[path]) and _changed(
+                    before, vars(modules[path])[key], tensors=not key.startswith("_")):
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
 
     handle = model.register_forward_hook(compare)
@@ -503,7 +505,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 del assigned[at]   # the value it had: nothing to keep
         for (path, key), before in attributes.items():
             module = modules.get(path)
-            if module is not None and _changed(before, vars(module).get(key)):
+            if module is not None and _changed(before, vars(module).get(key), tensors=not key.startswith("_")):
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
                 _restore(module, key, before)
         _put_back_helpers(helpers, found)
@@ -515,4 +517,5 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 restore_generator(generator, state)
         _python_state_changed(python_state, found)
         _placeholders_kept_by_hooks(model, found)   # before their stores are put back
-        outside_state.changes(outside, found)
+        outside_state.placeholders_left(outside, found)
+        outside_state.clear_grown(caches)

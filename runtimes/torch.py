@@ -312,7 +312,11 @@ def _batched(tensor: torch.Tensor) -> bool:
 
 def _data_pointer(tensor: torch.Tensor) -> int | None:
     """Where `tensor`'s elements start, or None for a tensor without storage of its own
-    (a wrapper subclass): `_Step.versions`' check of a swapped storage."""
+    (a wrapper subclass) or one whose storage its library swaps with the same values
+    (DeepSpeed ZeRO-3 gathers a parameter, `ds_id`, again for the backward):
+    `_Step.versions`' check of a swapped storage."""
+    if hasattr(tensor, "ds_id"):
+        return None
     try:
         return tensor.data_ptr()
     except RuntimeError:

@@ -2039,24 +2039,28 @@ def test_a_parameters_data_read_in_forward_trains_like_eager_and_a_write_through
 
 #: A counter a forward advances outside its modules' attributes (`_Effects`).
 _EFFECT_CALLS = 0
-#: State outside the modules a forward may change (frontends/outside_state.py): an
-#: auxiliary loss collected in a global list, a counter in a global dict, a global
-#: iterator, a counter in a global function's closure.
+#: Where a forward may leave tensors outside the modules (frontends/outside_state.py): an
+#: auxiliary loss collected in a global list, or in a dict of lists, or in a closure's list.
 _EFFECT_AUX: list = []
-_EFFECT_STATE = {"n": 0}
-_EFFECT_COUNT = iter(range(1, 100))
+_EFFECT_STORE: dict = {"aux": []}
 
 
-def _effect_counter():
-    n = [0]
+def _effect_collector():
+    kept = []
 
-    def bump():
-        n[0] += 1
-        return n[0]
-    return bump
+    def keep(tensor):
+        kept.append(tensor)
+        return kept
+    return keep
 
 
-_EFFECT_BUMP = _effect_counter()
+_EFFECT_KEEP = _effect_collector()
+
+
+@functools.lru_cache(maxsize=None)
+def _effect_table(rows: int) -> torch.Tensor:
+    """A table a forward builds once per size and caches (rotary tables, masks)."""
+    return torch.linspace(0.5, 1.5, rows).unsqueeze(1)
 
 
 class _Effects(torch.nn.Module):
@@ -2071,7 +2075,7 @@ class _Effects(torch.nn.Module):
 
         super().__init__()
         self.kind, self.linear, self.calls, self.log = kind, torch.nn.Linear(4, 4), 0, []
-        self._steps, self.slots, self._hist = 0, [None], []
+        self._steps, self.slots, self._hist, self._cache = 0, [None], [], {}
         self.state = types.SimpleNamespace(step=0, log=[])
         self.rng = {"own_python": random.Random(0), "own_numpy": numpy.random.default_rng(0),
                     "own_numpy_legacy": numpy.random.RandomState(0),
@@ -2124,15 +2128,17 @@ class _Effects(torch.nn.Module):
         if self.kind == "private_log":
             self._hist.append(h.shape[0])
             h = h * len(self._hist)
+        if self.kind == "private_cache":   # a lazy cache of tensors: what the graph computes
+            self._cache.setdefault(h.shape[0], torch.ones(h.shape[0], 1))
+            h = h * self._cache[h.shape[0]]
+        if self.kind == "lru_cache":
+            h = h * _effect_table(h.shape[0])
         if self.kind == "global_aux":
             _EFFECT_AUX.append(h.abs().mean())
-        if self.kind == "global_dict_counter":
-            _EFFECT_STATE["n"] += 1
-            h = h * _EFFECT_STATE["n"]
-        if self.kind == "global_iterator":
-            h = h * next(_EFFECT_COUNT)
-        if self.kind == "closure_counter":
-            h = h * _EFFECT_BUMP()
+        if self.kind == "nested_global_aux":
+            _EFFECT_STORE["aux"].append(h.abs().mean())
+        if self.kind == "closure_aux":
+            _EFFECT_KEEP(h.abs().mean())
         if self.kind == "own_python":
             h = h * self.rng.random()
         if self.kind in ("own_numpy", "own_numpy_legacy"):
@@ -2160,13 +2166,15 @@ class _Effects(torch.nn.Module):
     ("global_counter", r"changes global '_EFFECT_CALLS' of test_trust \(from 0 to 1\)"),
     ("class_counter", r"changes class attribute 'calls_seen' of _Effects \(from 0 to 1\)"),
     ("held_counter", r"changes attribute 'step' of the SimpleNamespace object at state \(from 0 to 1\)"),
-    ("held_log", r"changes attribute 'log' of the SimpleNamespace object at state \(in place: 0 items, then 1\)"),
+    ("held_log", r"stores a tensor in attribute 'log' of the SimpleNamespace object at state, which "
+                 r"the graph does not fill"),
     ("private_log", r"changes module attribute '_hist' of <root>"),
-    ("global_aux", r"changes global '_EFFECT_AUX' of test_trust \(in place: 0 items, then 1\)"),
-    ("global_dict_counter", r"changes global '_EFFECT_STATE' of test_trust \(an item replaced in place\)"),
-    ("global_iterator", r"changes global '_EFFECT_COUNT' of test_trust \(by drawing from it\)"),
-    ("closure_counter", r"changes 'n' of the closure of _effect_counter.<locals>.bump of test_trust "
-                        r"\(an item replaced in place\)"),
+    ("global_aux", r"stores a tensor in global '_EFFECT_AUX' of test_trust, which the graph does not "
+                   r"fill at each step, so what reads it there gets a tracing placeholder \(return the "
+                   r"tensor from the forward"),
+    ("nested_global_aux", r"stores a tensor in global '_EFFECT_STORE' of test_trust"),
+    ("closure_aux", r"stores a tensor in 'kept' of the closure of _effect_collector.<locals>.keep of "
+                    r"test_trust"),
     ("own_python", r"draws from the Random at 'rng', an own generator of the model's"),
     ("own_numpy", r"draws from the Generator at 'rng', an own generator of the model's"),
     ("own_numpy_legacy", r"draws from the RandomState at 'rng', an own generator of the model's"),
@@ -2175,10 +2183,10 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
     """Tracing runs it once and the graph keeps none of it: silently wrong before (a
     branch drawn once for every step, a counter frozen, a seed set once, a tracing
     placeholder left on the model as `aux_loss`, on which a loss trained "without error").
-    Outside the modules' attributes (review AF, 2026-12-02): an auxiliary loss appended
-    to a global list left a placeholder there, on which the optimizer step changed
-    nothing; counters in a global dict, a global iterator, a closure or a private list
-    were frozen at their traced values (0.15-0.47 off eager's)."""
+    Review AF, 2026-12-02: an auxiliary loss appended to a global list (or a dict's list,
+    a closure's list, a helper object's list) left a placeholder there, on which the
+    optimizer step changed nothing; a private list the forward reads was frozen at its
+    traced length (0.27 off eager's)."""
     import random
 
     import numpy
@@ -2192,14 +2200,37 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
     assert (model.calls, model._steps, model.log, model.slots, hasattr(model, "aux_loss"),
             model._hist) == (0, 0, [], [None], False, [])
     # Counters outside the modules' attributes are put back too (a counter global to
-    # test_trust: Python reads a module's `global` through its functions' namespace).
+    # test_trust: Python reads a module's `global` through its functions' namespace), and
+    # the placeholders left outside are taken out.
     assert (_EFFECT_CALLS, _Effects.calls_seen, model.state.step, model.state.log, _EFFECT_AUX,
-            _EFFECT_STATE, _EFFECT_BUMP.__closure__[0].cell_contents) == (0, 0, 0, [], [], {"n": 0}, [0])
+            _EFFECT_STORE, _EFFECT_KEEP.__closure__[0].cell_contents) == (0, 0, 0, [], [], {"aux": []}, [])
     if kind in ("own_python", "own_numpy", "own_numpy_legacy"):   # where it was
         assert repr(model.rng.random() if kind == "own_python" else model.rng.uniform()) == \
             repr(own.random() if kind == "own_python" else own.uniform())
     assert random.getstate() == state[0] and (numpy.random.get_state()[1] == state[1]).all()
     assert torch.equal(torch.get_rng_state(), state[2])
+
+
+def test_a_cached_function_the_traced_forward_filled_is_emptied():
+    """Tracing cached a placeholder in an `lru_cache`d function of the user's; an eager call
+    of the model after `remat` then took it, and its loss was a FakeTensor (review R4)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    _effect_table.cache_clear()
+    model, x = _Effects("lru_cache"), torch.randn(3, 4)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    eager = model(x)
+    assert not isinstance(eager, FakeTensor) and not isinstance(_effect_table(3), FakeTensor)
+    assert torch.equal(scheduled(x), eager)
+
+
+def test_a_private_cache_of_tensors_the_forward_fills_is_no_effect():
+    """A lazy cache of tensors in a private dict (`self._cache[n] = ...`, filled at the
+    first call) is what the graph computes at every step: not refused (review R4 found
+    it refused for a while, 2026-12-02), and eager's copy trains alike."""
+    model, x = _Effects("private_cache"), torch.randn(3, 4)
+    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss) == {}
 
 
 def test_transformers_specaugment_drawn_with_numpy_is_refused_naming_its_line_and_config():
