@@ -119,11 +119,11 @@ def _users_object(value) -> bool:
     return in_users_file(type(value).__module__)
 
 
-def holders(model: torch.nn.Module) -> list[tuple[str, dict]]:
-    """(where, a namespace) of what a forward may store tensors into outside its modules:
-    the globals of the user's files, their functions' closures, the attributes of the
-    user's objects they hold, and of the objects the model's modules hold. A snapshot of
-    each namespace's values (shallow) goes with it, to put back what was assigned."""
+def holders(model: torch.nn.Module) -> list[tuple[str, dict, dict]]:
+    """(where, a namespace, a shallow copy of it) of what a forward may store tensors into
+    outside its modules: the globals of the user's files, their functions' closures, the
+    attributes of the user's objects they hold, and of the objects the model's modules
+    hold. The copy puts back a name the forward assigned a tensor to."""
     found = []
     for name, names in _namespaces():
         found.append((f"global {{}} of {name}", names))
