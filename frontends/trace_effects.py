@@ -117,15 +117,12 @@ def _differing(items, after) -> list:
     """The items of `after` (or of `items`, removed) that are not what `items` held."""
     if isinstance(items, dict):
         keys = set(items) | set(after)
-        return [after.get(k, items.get(k)) for k in keys if items.get(k, _ABSENT) is not after.get(k, _ABSENT)]
+        return [after.get(k, items.get(k)) for k in keys if items.get(k, MISSING) is not after.get(k, MISSING)]
     if isinstance(items, list):
         longer = after if len(after) >= len(items) else items
         return [longer[i] for i in range(len(longer))
                 if i >= min(len(items), len(after)) or items[i] is not after[i]]
     return list(set(items) ^ set(after))
-
-
-_ABSENT = object()
 
 
 def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
