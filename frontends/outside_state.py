@@ -95,14 +95,23 @@ def same_state(a, b) -> bool:
 
 # ---------------------------------------------------------------- placeholders
 
+#: (module name, file) -> whether it is one of the user's files: thousands of modules are
+#: looked at on each lowering, and a file's path does not change what it is (150 ms a
+#: lowering in the test suite before).
+_USERS_FILES: dict[tuple[str, object], bool] = {}
+
+
 def _namespaces() -> list[tuple[str, dict]]:
     """(name, globals) of the user's own files, and of `__main__` also without a file (a
     notebook, `python -c`)."""
     found, seen = [], set()
     for name, namespace in list(sys.modules.items()):
         file = getattr(namespace, "__file__", None)
-        users = name == "__main__" or (isinstance(file, str) and os.path.isfile(file)
-                                       and is_users_file(file))
+        if name == "__main__":
+            users = True
+        elif (users := _USERS_FILES.get((name, file))) is None:
+            users = _USERS_FILES[(name, file)] = (isinstance(file, str) and os.path.isfile(file)
+                                                  and is_users_file(file))
         if users and not name.startswith("remat_ir") and id(namespace) not in seen \
                 and isinstance(namespace, types.ModuleType):
             seen.add(id(namespace))
@@ -110,7 +119,7 @@ def _namespaces() -> list[tuple[str, dict]]:
     return found
 
 
-def _users_object(value) -> bool:
+def users_object(value) -> bool:
     """A plain object of a class of the user's files (a collector, a settings holder), not
     a module, tensor, class, function or a library's object."""
     if isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType,
@@ -119,11 +128,9 @@ def _users_object(value) -> bool:
     return in_users_file(type(value).__module__)
 
 
-def holders(model: torch.nn.Module) -> list[tuple[str, dict, dict]]:
-    """(where, a namespace, a shallow copy of it) of what a forward may store tensors into
-    outside its modules: the globals of the user's files, their functions' closures, the
-    attributes of the user's objects they hold, and of the objects the model's modules
-    hold. The copy puts back a name the forward assigned a tensor to."""
+def namespaces() -> list[tuple[str, dict]]:
+    """(where, as a format for a name in it; a mapping of names to values) of the user's
+    globals and their functions' closures."""
     found = []
     for name, names in _namespaces():
         found.append((f"global {{}} of {name}", names))
@@ -132,8 +139,18 @@ def holders(model: torch.nn.Module) -> list[tuple[str, dict, dict]]:
                 cells = {cell_name: cell for cell_name, cell in
                          zip(value.__code__.co_freevars, value.__closure__)}
                 found.append((f"{{}} of the closure of {value.__qualname__} of {name}", _Cells(cells)))
+    return found
+
+
+def holders(model: torch.nn.Module) -> list[tuple[str, dict, dict]]:
+    """(where, a namespace, a shallow copy of it) of what a forward may store tensors into
+    outside its modules: the globals of the user's files, their functions' closures, the
+    attributes of the user's objects they hold, and of the objects the model's modules
+    hold. The copy puts back a name the forward assigned a tensor to."""
+    found = namespaces()
+    for name, names in _namespaces():
         for key, value in list(names.items()):
-            if isinstance(key, str) and not key.startswith("__") and _users_object(value):
+            if isinstance(key, str) and not key.startswith("__") and users_object(value):
                 found.append((f"attribute {{}} of global {key!r} of {name}", vars(value)))
     for path, module in model.named_modules():
         for attribute, helper in held_objects(module):

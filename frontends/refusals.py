@@ -186,6 +186,17 @@ def trace_effects_error(model: str, effects: list[str]) -> LoweringError:
         f"(an auxiliary loss) as outputs")
 
 
+def backward_effects_error(model: str, effects: list[str]) -> LoweringError:
+    """The error for a custom autograd Function's backward that changes Python state (a
+    count of backward calls, a log of gradient norms): traced once into the graph, it ran
+    at lowering only, and no step of the graph does it again."""
+    return LoweringError(
+        f"the backward of a custom autograd Function {model} applies does what tracing runs "
+        f"once and the graph does not keep: {_first_of(effects)}. The graph computes the "
+        f"gradients the backward returns at every step, and nothing else it does: count or "
+        f"log outside it (after `backward()`, or in a hook on a tensor the forward returns)")
+
+
 def data_error(model: str, uses: list[tuple[str, int, str]]) -> LoweringError:
     """The error for a forward that uses `.data` (`trace_effects.data_uses`), which
     torch.export failed on with "a fake tensor in the exported program constant's list

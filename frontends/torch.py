@@ -51,7 +51,7 @@ from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
-from . import gru_kernels, prod_kernels
+from . import gru_kernels, outside_values, prod_kernels
 from .export_draws import drawing_as_eager
 from .unpreserved_checkpoints import unpreserved_checkpoints_refused
 from .errors import LoweringError
@@ -64,9 +64,8 @@ from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_hook_reparametrizations, check_lazy_modules, check_member_views,
-                       check_script_modules,
-                       constant_output, data_error, mutation_error, refusing_autograd_calls,
-                       tensor_hook_error, trace_effects_error)
+                       check_script_modules, backward_effects_error, constant_output, data_error,
+                       mutation_error, refusing_autograd_calls, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
@@ -361,8 +360,10 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     check_script_modules(model)
     check_lazy_modules(model)
     assigned: dict = {}
+    outside = outside_values.Snapshot()
     exported, kept = _trace_eager_paths(model, args, kwargs, reads, assigned)
-    if not assigned:
+    traced = outside_values.Snapshot()
+    if not assigned and not outside.changed(traced):
         return exported
     modules = dict(model.named_modules())
     for (path, key), (value, _, _) in assigned.items():
@@ -374,12 +375,17 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at {where} "
                 f"({assigned[(path, key)][0] if (path, key) in assigned else was!r}, then "
                 f"{value!r} when traced again)" for (path, key), (value, where, was) in again.items()]
-        if not said and str(exported.graph) != first:
+        counters = outside_values.counters(outside, traced, outside_values.Snapshot())
+        if said or counters:
+            outside.put_back(counters)
+            raise trace_effects_error(type(model).__name__, said + [text for _, text in counters])
+        if str(exported.graph) != first:
             said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at "
                     f"{where} after computing with it: eager's first call computes with {was!r}, "
                     f"later ones with {value!r}" for (path, key), (value, where, was) in assigned.items()]
-        if said:
-            raise trace_effects_error(type(model).__name__, said)
+            settled = outside_values.settled(outside, traced)
+            outside.put_back(settled)
+            raise trace_effects_error(type(model).__name__, said + [text for _, text in settled])
     except LoweringError:
         _put_back(model, assigned)
         raise
@@ -918,6 +924,15 @@ def example_arguments(example_inputs, example_kwargs: dict | None = None) -> tup
     return args, kwargs
 
 
+def _without_grad(tensor: torch.Tensor) -> torch.Tensor:
+    """An input tensor as tracing should see it: without the `.grad` a step before left on
+    it. AOTAutograd reads that too, and failed on a transposed one ("'NoneType' object has
+    no attribute 'size'", review AE); the graph's step accumulates into it as eager's."""
+    if not tensor.is_leaf or isinstance(tensor, torch.nn.Parameter) or tensor.grad is None:
+        return tensor
+    return tensor.detach().requires_grad_(tensor.requires_grad)
+
+
 def _fusing_decompositions() -> dict:
     """Forward ops decomposed in a graph for a fusing backend (`lower(..., fusing=True)`):
     training BatchNorm into its statistics (a reduction) and a pointwise normalization from
@@ -994,7 +1009,8 @@ def _reader(model: str, function: str | None) -> str:
 
 def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
            copy_long_lived_views, fusing) -> Graph:
-    args, kwargs = example_arguments(example_inputs, example_kwargs)
+    args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad,
+                                        example_arguments(example_inputs, example_kwargs))
     reads = TracedReads()
     exported = _export(model, args, kwargs, reads)
     record_globals(model, reads)
@@ -1014,8 +1030,12 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             held, global_tensors = lift_held_tensors(exported, module, model, reads.tensors)
             draw_in_layout(module, type(model).__name__)
             assign_through_masks(module)
+            outside = outside_values.Snapshot()
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
+            if said := outside_values.changes(outside, outside_values.Snapshot()):
+                outside.put_back(said)
+                raise backward_effects_error(type(model).__name__, [text for _, text in said])
         except LoweringError as refused:   # said whole, without FX's note of the node it ran
             refused.args = (str(refused).split("\n\nWhile executing ")[0], *refused.args[1:])
             raise

@@ -15,7 +15,9 @@ of it, so the frontend refuses it by name.
   tracing placeholder, left on the model, on which a loss then "trained" without error.
   They are put back as they were before tracing; tracing placeholders the forward left
   outside the modules (a global list of auxiliary losses) are taken out and named
-  (`outside_state`). Private attributes (`self._step += 1`)
+  (`outside_state`), and plain values it changed in the user's globals and closures are
+  told, by tracing again, a counter from a first call's setup (`outside_values`).
+  Private attributes (`self._step += 1`)
   are refused where the user's own code assigns them; installed libraries keep private
   bookkeeping on modules that tracing may set (transformers marks with one that it
   installed the hooks that capture hidden states, once), which is left to them.
@@ -244,28 +246,22 @@ def _generators(model: torch.nn.Module) -> list[tuple[str, object, object]]:
     return found
 
 
-def _python_state(model: torch.nn.Module) -> list[tuple[str, object, dict]]:
-    """(what, owner, its plain values) of the Python state a forward may change besides its
-    modules' attributes: the user's classes of the model's modules and the modules (files)
-    that define them, whose plain class attributes and globals a counter may live in
-    (`type(self).calls += 1`, `global COUNT; COUNT += 1`). One the forward computes with
-    advanced once, while tracing, and every step then computed with that one value,
-    silently (found by a review: losses 0.240, 0.240, 0.240 where eager gives 0.240,
-    0.413, 0.635)."""
+def _class_state(model: torch.nn.Module) -> list[tuple[str, object, dict]]:
+    """(what, class, its plain values) of the user's classes of the model's modules, whose
+    class attributes a counter may live in (`type(self).calls += 1`). One the forward
+    computes with advanced once, while tracing, and every step then computed with that
+    one value, silently (found by a review: losses 0.240, 0.240, 0.240 where eager gives
+    0.240, 0.413, 0.635). The globals of the user's files are `outside_values`' (a counter
+    there is told from a first call's setup by tracing again)."""
     found, seen = [], set()
     for module in model.modules():
         for cls in type(module).__mro__:
             if cls is torch.nn.Module or cls is object or id(cls) in seen:
                 continue
             seen.add(id(cls))
-            namespace = sys.modules.get(cls.__module__)
-            file = getattr(namespace, "__file__", None)
-            if namespace is None or file is None or not is_users_file(file):
-                continue
-            found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
-            if id(namespace) not in seen:
-                seen.add(id(namespace))
-                found.append((f"global {{}} of {cls.__module__}", namespace, _plain_values(vars(namespace))))
+            file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+            if file is not None and is_users_file(file):
+                found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
     return found
 
 
@@ -274,7 +270,7 @@ def _plain_values(namespace) -> dict:
             if isinstance(key, str) and not key.startswith("__") and plain(value)}
 
 
-def _python_state_changed(state: list[tuple[str, object, dict]], found: list[str]) -> None:
+def _class_state_changed(state: list[tuple[str, object, dict]], found: list[str]) -> None:
     """Note each plain value of `state` the traced forward changed, and put it back."""
     for what, owner, before in state:
         namespace = vars(owner)
@@ -380,7 +376,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     attributes = _attribute_state(model)
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
-    generators, python_state = _generators(model), _python_state(model)
+    generators, class_state = _generators(model), _class_state(model)
     outside, caches = outside_state.holders(model), outside_state.lru_caches()
     paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
@@ -512,7 +508,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it draws from the {type(generator).__name__} at {where!r}, an "
                              f"{'iterator' if iterator_state(state) else 'own generator'} of the model's")
                 restore_generator(generator, state)
-        _python_state_changed(python_state, found)
+        _class_state_changed(class_state, found)
         _placeholders_kept_by_hooks(model, found)   # before their stores are put back
         outside_state.placeholders_left(outside, found)
         outside_state.clear_grown(caches)

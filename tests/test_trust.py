@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import importlib
 import io
 import json
 import operator
@@ -36,6 +37,43 @@ from exactness import random_schedule, side_by_side
 
 def _remat(model, args, **options):
     return remat_ir.remat(model, args, cost_model="flops", **options)
+
+
+#: What a Function's backward logs (`_LoggingBackward`).
+_BACKWARD_LOG: list = []
+
+
+class _LoggingBackward(torch.autograd.Function):
+    """Negates gradients, logging each backward call (a count of calls, a gradient norm)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _BACKWARD_LOG.append(1)
+        return -grad
+
+
+class _LogsBackward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(_LoggingBackward.apply(torch.tanh(self.a(x)))).square().mean()
+
+
+def test_a_function_whose_backward_changes_python_state_is_refused_and_undone():
+    """Its backward is traced once into the graph: the log grew at lowering and never at a
+    step, silently (review AF, 2026-12-02); refused by name and put back."""
+    with pytest.raises(LoweringError, match=r"the backward of a custom autograd Function _LogsBackward "
+                                            r"applies does what tracing runs once and the graph does not "
+                                            r"keep: it changes global '_BACKWARD_LOG' of test_trust \(0 "
+                                            r"items, then 1 item\)"):
+        _remat(_LogsBackward(), (torch.randn(2, 4),))
+    assert _BACKWARD_LOG == []
 
 
 @pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
@@ -1023,6 +1061,27 @@ def test_a_global_backward_hook_is_refused():
             _remat(_Hidden(), (torch.randn(4, 8),))
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_an_input_holding_a_gradient_at_lowering_accumulates_into_it_like_eager(layout):
+    """An input keeping the `.grad` of an earlier step (a gradient accumulated over inputs,
+    an adversarial perturbation's) is lowered as one without, and the step adds into the
+    `.grad` there, in its layout, as eager's. A transposed one failed inside AOTAutograd
+    ("'NoneType' object has no attribute 'size'", review AE)."""
+    def step(scheduled: bool):
+        torch.manual_seed(0)
+        model = _Hidden()
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        earlier = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+        x.grad = earlier.t() if layout == "transposed" else earlier.t().contiguous()
+        top = _remat(model, (x,), solver="recompute-all") if scheduled else model
+        top(x).square().sum().backward()
+        return x.grad, [p.grad for p in model.parameters()]
+
+    (eager_input, eager), (input_grad, grads) = step(False), step(True)
+    assert input_grad.stride() == eager_input.stride() and torch.equal(input_grad, eager_input)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager, strict=True))
 
 
 def test_hooks_that_train_like_eager():
@@ -2055,6 +2114,31 @@ def _effect_collector():
 
 
 _EFFECT_KEEP = _effect_collector()
+#: Counters a forward may keep elsewhere outside its modules (frontends/outside_values.py):
+#: a global dict's item, a global object's attribute, a closure's list, a global
+#: generator or iterator, a global of another of the user's files (`_EFFECT_STEPPER`,
+#: written by the test).
+_EFFECT_STATE: dict = {"n": 0}
+_EFFECT_COUNTER = types.SimpleNamespace(n=0)
+_EFFECT_RNG = random.Random(0)
+_EFFECT_STEPPER = None
+
+
+def _effect_ticker():
+    count = [0]
+
+    def tick():
+        count[0] += 1
+        return count[0]
+    return tick
+
+
+_EFFECT_TICK = _effect_ticker()
+#: What a first call sets up outside the modules and later calls leave alone: a warn-once
+#: set, a lazy probe; and a flag a first call computes with before it clears it.
+_EFFECT_WARNED: set = set()
+_EFFECT_PROBE = None
+_EFFECT_FIRST = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -2146,6 +2230,31 @@ class _Effects(torch.nn.Module):
             h = h * float(self.rng.uniform())
         if self.kind in ("own_count", "own_list_iterator", "own_generator"):
             h = h * next(self.rng)
+        if self.kind == "global_dict_counter":
+            _EFFECT_STATE["n"] += 1
+            h = h * _EFFECT_STATE["n"]
+        if self.kind == "global_object_counter":
+            _EFFECT_COUNTER.n += 1
+            h = h * _EFFECT_COUNTER.n
+        if self.kind == "global_random":
+            h = h * _EFFECT_RNG.random()
+        if self.kind == "global_iterator":
+            h = h * next(_EFFECT_ITERATOR)
+        if self.kind == "closure_counter":
+            h = h * _EFFECT_TICK()
+        if self.kind == "other_file_counter":
+            h = h * _EFFECT_STEPPER.next_step()
+        if self.kind == "warn_once" and "once" not in _EFFECT_WARNED:
+            _EFFECT_WARNED.add("once")
+        if self.kind == "lazy_probe":
+            global _EFFECT_PROBE
+            if _EFFECT_PROBE is None:
+                _EFFECT_PROBE = h.shape[-1] % 2 == 0
+            h = h * 2 if _EFFECT_PROBE else h
+        if self.kind == "first_call_flag":
+            global _EFFECT_FIRST
+            h = h * 2 if _EFFECT_FIRST else h
+            _EFFECT_FIRST = False
         return h.square().mean()
 
 
@@ -2164,7 +2273,19 @@ class _Effects(torch.nn.Module):
     ("aux_loss", r"assigns module attribute 'aux_loss' of _Effects"),
     ("log", r"changes module attribute 'log' of <root> \(and 1 more\)"),
     ("log_numbers", r"changes module attribute 'log' of <root>"),
-    ("global_counter", r"changes global '_EFFECT_CALLS' of test_trust \(from 0 to 1\)"),
+    ("global_counter", r"changes global '_EFFECT_CALLS' of test_trust at each call \(0, then 1, then 2 "
+                       r"when traced again\)"),
+    # Review AF, 2026-12-02: frozen at the traced value before, 0.15-0.47 off eager's.
+    ("global_dict_counter", r"changes global '_EFFECT_STATE' of test_trust \(_EFFECT_STATE\['n'\]\) at "
+                            r"each call \(0, then 1, then 2 when traced again\)"),
+    ("global_object_counter", r"changes global '_EFFECT_COUNTER' of test_trust \(_EFFECT_COUNTER.n\) at "
+                              r"each call"),
+    ("global_random", r"draws from the Random in global '_EFFECT_RNG' of test_trust at each call"),
+    ("global_iterator", r"draws from the list_iterator in global '_EFFECT_ITERATOR' of test_trust at "
+                        r"each call"),
+    ("closure_counter", r"changes 'count' of the closure of _effect_ticker.<locals>.tick of test_trust "
+                        r"\(count\[0\]\) at each call"),
+    ("other_file_counter", r"changes global 'STEP' of remat_test_stepper at each call \(0, then 1, then 2"),
     ("class_counter", r"changes class attribute 'calls_seen' of _Effects \(from 0 to 1\)"),
     ("held_counter", r"changes attribute 'step' of the SimpleNamespace object at state \(from 0 to 1\)"),
     ("held_log", r"stores a tensor in attribute 'log' of the SimpleNamespace object at state, which "
@@ -2183,7 +2304,7 @@ class _Effects(torch.nn.Module):
     # Frozen at their traced items before (0.24 off eager's from step 1; review AF).
     ("own_list_iterator", r"draws from the list_iterator at 'rng', an iterator of the model's"),
     ("own_generator", r"draws from the generator at 'rng', an iterator of the model's")])
-def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said):
+def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said, tmp_path, monkeypatch):
     """Tracing runs it once and the graph keeps none of it: silently wrong before (a
     branch drawn once for every step, a counter frozen, a seed set once, a tracing
     placeholder left on the model as `aux_loss`, on which a loss trained "without error").
@@ -2196,6 +2317,14 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
     import numpy
 
     model, x = _Effects(kind), torch.randn(3, 4)
+    monkeypatch.setitem(globals(), "_EFFECT_ITERATOR", iter([1.0, 2.0, 3.0, 4.0]))
+    (tmp_path / "remat_test_stepper.py").write_text(
+        "STEP = 0\n\n\ndef next_step():\n    global STEP\n    STEP += 1\n    return STEP\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stepper = importlib.import_module("remat_test_stepper")
+    monkeypatch.setitem(globals(), "_EFFECT_STEPPER", stepper)
+    monkeypatch.setitem(sys.modules, "remat_test_stepper", stepper)
+    drawn = _EFFECT_RNG.getstate()
     state = (random.getstate(), numpy.random.get_state()[1].copy(), torch.get_rng_state())
     own = copy.deepcopy(model.rng) if kind in ("own_python", "own_numpy", "own_numpy_legacy") else None
     with pytest.raises(LoweringError, match=rf"_Effects's forward does what tracing runs once and "
@@ -2208,6 +2337,8 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
     # the placeholders left outside are taken out.
     assert (_EFFECT_CALLS, _Effects.calls_seen, model.state.step, model.state.log, _EFFECT_AUX,
             _EFFECT_STORE, _EFFECT_KEEP.__closure__[0].cell_contents) == (0, 0, 0, [], [], {"aux": []}, [])
+    assert (_EFFECT_STATE, _EFFECT_COUNTER.n, _EFFECT_TICK.__closure__[0].cell_contents, stepper.STEP,
+            _EFFECT_RNG.getstate() == drawn) == ({"n": 0}, 0, [0], 0, True)
     if kind in ("own_python", "own_numpy", "own_numpy_legacy"):   # where it was
         assert repr(model.rng.random() if kind == "own_python" else model.rng.uniform()) == \
             repr(own.random() if kind == "own_python" else own.uniform())
@@ -2226,6 +2357,31 @@ def test_a_cached_function_the_traced_forward_filled_is_emptied():
     eager = model(x)
     assert not isinstance(eager, FakeTensor) and not isinstance(_effect_table(3), FakeTensor)
     assert torch.equal(scheduled(x), eager)
+
+
+@pytest.mark.parametrize("kind", ["warn_once", "lazy_probe"])
+def test_what_a_first_call_sets_up_outside_the_modules_is_no_effect(kind, monkeypatch):
+    """A warn-once set or a lazy probe in the user's globals changes at the first call only:
+    the frontend traces again from what the first trace left, finds it settled, and
+    leaves it as eager's first call does; the graph trains as eager (it was refused while
+    every changed plain global of the model's file was, before 2026-12-02)."""
+    monkeypatch.setitem(globals(), "_EFFECT_WARNED", set())
+    monkeypatch.setitem(globals(), "_EFFECT_PROBE", None)
+    model, x = _Effects(kind), torch.randn(3, 4)
+    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss) == {}
+    assert (_EFFECT_WARNED, _EFFECT_PROBE) == (({"once"}, None) if kind == "warn_once" else (set(), True))
+
+
+def test_a_global_a_first_call_computes_with_before_changing_it_is_refused(monkeypatch):
+    """Eager's first call computes with the value before, its later ones with the value
+    after: one graph cannot be both, so the forward is refused and the global put back."""
+    monkeypatch.setitem(globals(), "_EFFECT_FIRST", True)
+    with pytest.raises(LoweringError, match=r"it changes global '_EFFECT_FIRST' of test_trust after "
+                                            r"computing with it: eager's first call computes with True, "
+                                            r"later ones with False"):
+        _remat(_Effects("first_call_flag"), (torch.randn(3, 4),))
+    assert _EFFECT_FIRST is True
 
 
 def test_a_private_cache_of_tensors_the_forward_fills_is_no_effect():
