@@ -4,6 +4,7 @@ export failed on, a gradient hook put on in the forward)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -42,7 +43,16 @@ _INSTALLED = (*_PACKAGES, _STDLIB)
 def is_users_file(filename: str) -> bool:
     """Whether code in `filename` is the user's own, not an installed package's (a
     library such as transformers keeps private bookkeeping on modules) nor torch's."""
+    if os.path.isabs(filename):
+        return _is_users_path(filename)
     return is_model_file(filename) and not os.path.abspath(filename).startswith(_INSTALLED)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_users_path(path: str) -> bool:
+    """`is_users_file` of an absolute path, which the working directory does not change:
+    each lowering asks it of every object in the user's globals."""
+    return is_model_file(path) and not os.path.abspath(path).startswith(_INSTALLED)
 
 
 def in_users_file(module_name: str) -> bool:

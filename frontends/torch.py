@@ -60,6 +60,7 @@ from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
 from .swapped_parameters import swapped_parameters_as_parameters
+from .inference_buffers import inference_buffers_as_normal
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
@@ -453,7 +454,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
                 noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
                 refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__), \
-                refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model):
+                refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model), \
+                inference_buffers_as_normal(model):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -1030,10 +1032,11 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             held, global_tensors = lift_held_tensors(exported, module, model, reads.tensors)
             draw_in_layout(module, type(model).__name__)
             assign_through_masks(module)
-            outside = outside_values.Snapshot()
+            # A custom Function's backward is Python that runs here, once (`changes`).
+            outside = outside_values.Snapshot() if reads.functions else None
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
-            if said := outside_values.changes(outside, outside_values.Snapshot()):
+            if outside is not None and (said := outside_values.changes(outside, outside_values.Snapshot())):
                 outside.put_back(said)
                 raise backward_effects_error(type(model).__name__, [text for _, text in said])
         except LoweringError as refused:   # said whole, without FX's note of the node it ran

@@ -125,9 +125,13 @@ class _Step:
         # without a version bump (`set_` bumps it), and eager's backward keeps what it saved of the
         # old values where a recomputation would read the new ones (found by a review:
         # 45% off, silently).
+        # An inference tensor (an input computed under `torch.inference_mode()`, features
+        # of a frozen encoder) has no version counter: reading it raised from inside this
+        # step (review AH); it can be written in place only inside inference mode.
         self.versions = [(slot, self.resident[slot]._version, _data_pointer(self.resident[slot]))
                          for slot in runner.read_in_backward
-                         if slot not in owned and self.resident[slot] is resident[slot]]
+                         if slot not in owned and self.resident[slot] is resident[slot]
+                         and not self.resident[slot].is_inference()]
         #: The CPU kernels' setting the forward ran under, where the backward computes
         #: forward nodes (`backward_settings`).
         self.kernels = cpu_kernels_flags() if self.device.type == "cpu" and runner.forward_in_backward else None

@@ -1084,6 +1084,43 @@ def test_an_input_holding_a_gradient_at_lowering_accumulates_into_it_like_eager(
     assert all(torch.equal(a, b) for a, b in zip(grads, eager, strict=True))
 
 
+class _FrozenFeatures(torch.nn.Module):
+    """A head over features, with a table registered as a buffer; neither is saved for
+    the backward by eager (which refuses to save an inference tensor)."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.register_buffer("table", table)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(torch.tanh(x * 2.0) + self.table)))
+
+
+@pytest.mark.parametrize("made", ["input", "buffer"])
+def test_tensors_made_under_inference_mode_train_like_eager(made):
+    """Features a frozen encoder computed under `torch.inference_mode()`, or a table made so
+    and registered as a buffer (review AH, 2026-12-02): the step raised "Inference tensors
+    do not track version counter" from inside, and lowering refused the buffer as
+    "data-dependent control flow ... True != False"."""
+    with torch.inference_mode():
+        frozen = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+        table = torch.randn(8, generator=torch.Generator().manual_seed(2))
+    x = frozen if made == "input" else frozen.clone()
+    if made == "input":
+        table = table.clone()
+    grads = []
+    for scheduled in (False, True):
+        torch.manual_seed(0)
+        model = _FrozenFeatures(table)
+        top = _remat(model, (x,), solver="recompute-all") if scheduled else model
+        for _ in range(2):
+            top(x).square().sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    assert model.table.is_inference() == (made == "buffer")
+
+
 def test_hooks_that_train_like_eager():
     """Forward hooks and pre-hooks present at lowering are traced; a full backward hook
     on the module remat returns runs at its boundary; hooks on parameters (and after
