@@ -21,6 +21,7 @@ inputs are, whatever device it was lowered on.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import operator
 import sys
@@ -65,6 +66,21 @@ from .traced_reads import TracedReads
 #: How a call that does not match a plan, with no planner to make another, is told to go on.
 _LOWER_AGAIN = ("call remat_ir.remat with inputs like these (it lowers and plans each new "
                 "signature by itself)")
+
+
+def _check_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Raise eager's TypeError for a call its forward does not take (an unexpected keyword,
+    a missing argument): it was met as a new input signature, said "lowering and planning
+    again" and then failed inside torch.export (review AH). A model whose pre-hooks may
+    change the arguments is left to lowering."""
+    if model._forward_pre_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{type(model).__name__}.forward() {exc}") from None
+    except ValueError:   # no signature to read (a builtin): left to lowering
+        return
 
 
 def _lower_again(scheduled) -> str:
@@ -1641,6 +1657,8 @@ class ScheduledModule(torch.nn.Module):
             self._plans.move_to_end(plan.key)
             return plan, answers, checked if checked is not None else self._planner is not None
         new = new or "new input signature"
+        if new == "new input signature":
+            _check_call(self._model, args, kwargs)
         difference = difference or signature.difference(last.signature)
         if self._planner is None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {difference}; "

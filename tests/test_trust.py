@@ -1121,6 +1121,19 @@ def test_tensors_made_under_inference_mode_train_like_eager(made):
     assert model.table.is_inference() == (made == "buffer")
 
 
+@pytest.mark.parametrize("call, said", [
+    (lambda scheduled, x: scheduled(x, mask=None), r"got an unexpected keyword argument 'mask'"),
+    (lambda scheduled, x: scheduled(), r"missing a required argument: 'x'")])
+def test_a_call_the_forward_does_not_take_raises_eagers_type_error(call, said, capfd):
+    """It was met as a new input signature: "lowering and planning again", then a
+    LoweringError from inside torch.export (review AH)."""
+    x = torch.randn(4, 8)
+    scheduled = _remat(_Hidden(), (x,), solver="recompute-all")
+    with pytest.raises(TypeError, match=rf"^_Hidden.forward\(\) {said}$"):
+        call(scheduled, x)
+    assert "planning again" not in capfd.readouterr().err
+
+
 def test_hooks_that_train_like_eager():
     """Forward hooks and pre-hooks present at lowering are traced; a full backward hook
     on the module remat returns runs at its boundary; hooks on parameters (and after
@@ -2158,6 +2171,7 @@ _EFFECT_KEEP = _effect_collector()
 _EFFECT_STATE: dict = {"n": 0}
 _EFFECT_COUNTER = types.SimpleNamespace(n=0)
 _EFFECT_RNG = random.Random(0)
+_EFFECT_ITERATOR = iter(())
 _EFFECT_STEPPER = None
 
 
