@@ -58,7 +58,10 @@ def _is_users_path(path: str) -> bool:
 def in_users_file(module_name: str) -> bool:
     """Whether the Python module `module_name` (a class's or function's `__module__`) is
     one of the user's own files: a library's objects keep bookkeeping of their own."""
-    file = getattr(sys.modules.get(module_name), "__file__", None)
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if module_name == "__main__" and module is not None and file is None:
+        return True   # a notebook's, `python -c`'s (its classes were taken for a library's: review R5)
     return isinstance(file, str) and is_users_file(file)
 
 

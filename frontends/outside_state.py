@@ -9,9 +9,9 @@ step changed nothing, or, with the list cleared after `remat`, dropped the auxil
 at every step (found by a review, 2026-12-02). `placeholders_left` finds such
 placeholders in the user's globals, their functions' closures, the objects they hold and
 the objects the model's modules hold, names where each was left, and takes them out
-again. Other changes there (a warn-once set, a lazy probe, a plugin's registry, another
-thread's log) are left alone: they are no tensors of the step, and putting them back
-broke the user's own state (review R4).
+again. Other changes there are `outside_values`': a counter is refused, and a first
+call's setup (a warn-once set, a lazy probe, a plugin's registry) left as it is; putting
+every change back broke the user's own state (review R4).
 """
 from __future__ import annotations
 

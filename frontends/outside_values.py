@@ -14,13 +14,16 @@ would start: a value changed again is a counter, refused by name and put back; o
 that settled is left as eager's first call leaves it (`frontends/torch.py` `_export`).
 
 A snapshot reads containers through their base classes' methods (a subclass's may do
-anything: transformers' lazy auto-mappings import every model when theirs run) and
-stops at `_BUDGET` values per global: a counter deeper in a big structure is not seen.
+anything: transformers' lazy auto-mappings import every model when theirs run), small
+numpy arrays by value (`STEPS[0] += 1`), and stops at `_BUDGET` values per global: a
+container bigger than what is left (a dataset's list) by its length alone, and a counter
+deeper in a big structure is not seen.
 Tensors are not compared: one the trace left is a placeholder, which `outside_state`
 refuses, and a cache of them is what the graph computes at every step.
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import sys
@@ -29,12 +32,15 @@ import types
 import torch
 
 from .outside_state import generator_state, namespaces, restore_generator, same_state, users_object
+from .model_lines import is_users_file
 from .traced_reads import plain
 
 #: Values of one global looked at, containers' items and objects' attributes together.
 _BUDGET = 2000
 #: How deep in containers and objects.
 _DEPTH = 3
+#: Numpy arrays up to this many elements are compared by value.
+_ARRAY = 256
 #: Globals compared by identity alone.
 _CODE = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, torch.nn.Module)
 
@@ -44,13 +50,17 @@ class _Value:
     """What a snapshot saw of one value: `kind` says how `items` holds it."""
 
     value: object
-    kind: str        # plain, state, tensor, other, list, tuple, deque, dict, set, object
+    kind: str   # plain, state, array, sized, tensor, other, list, tuple, deque, dict, set, object
     items: object = None
 
 
 def _seen(value, budget: list[int], depth: int = 0) -> _Value:
     budget[0] -= 1
     if isinstance(value, _CODE):   # most globals: by identity, quickly
+        if isinstance(value, types.FunctionType) and vars(value) and depth < _DEPTH and \
+                is_users_file(value.__code__.co_filename):   # `count.calls += 1`
+            return _Value(value, "object", [(key, _seen(item, budget, depth + 1))
+                                            for key, item in list(vars(value).items())])
         return _Value(value, "other")
     if plain(value):
         return _Value(value, "plain", value)
@@ -61,6 +71,14 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
         return _Value(value, "state", state)
     if depth >= _DEPTH or budget[0] <= 0:
         return _Value(value, "other")
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray) and value.size <= _ARRAY:
+        return _Value(value, "array", value.copy())   # `STEPS[0] += 1`
+    for base in (list, tuple, collections.deque, dict, set, frozenset):
+        if isinstance(value, base):
+            if base.__len__(value) > budget[0]:   # its length alone (a dataset's list)
+                return _Value(value, "sized", base.__len__(value))
+            break
     for base in (list, tuple, collections.deque):
         if isinstance(value, base):
             return _Value(value, base.__name__, [_seen(item, budget, depth + 1) for item in base.__iter__(value)])
@@ -76,67 +94,97 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
 
 def _holder(value) -> bool:
     """An object whose attributes are the user's values: one of the user's classes, a
-    `SimpleNamespace`, a dataclass (a library's other objects keep their own bookkeeping)."""
-    return users_object(value) or isinstance(value, types.SimpleNamespace) or (
+    `SimpleNamespace`, an `argparse.Namespace` (`ARGS.step += 1`), a dataclass (a library's other objects keep their own bookkeeping)."""
+    return users_object(value) or isinstance(value, (types.SimpleNamespace, argparse.Namespace)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type) and hasattr(value, "__dict__"))
 
 
-def _difference(a: _Value, b: _Value, path: str) -> tuple[str, _Value, _Value] | None:
+@dataclasses.dataclass
+class _Change:
+    """A global changed between two snapshots: `what` names it, `inside` the item or
+    attribute of it that changed (`STATE['n']`); `before` and `after` are what the
+    snapshots saw there, held at `key` of `parent` (a container's `_Value`; None: the
+    global itself, `key` of the mapping `names`)."""
+
+    what: str
+    inside: str
+    before: _Value
+    after: _Value
+    names: object
+    parent: _Value | None
+    key: object
+
+
+def _difference(a: _Value, b: _Value, path: str, parent: _Value | None = None,
+                key=None) -> tuple[str, _Value, _Value, _Value | None, object] | None:
     """(where in the value, as `path` and the items or attributes read from it; before;
-    after) of the first change from `a` to `b`; None if none."""
+    after; the container holding it and its key there) of the first change from `a` to
+    `b`; None if none."""
+    here = (path, a, b, parent, key)
     if a.kind != b.kind or a.kind == "other" and a.value is not b.value:
-        return path, a, b
+        return here
     if a.kind == "plain":
-        return None if type(a.value) is type(b.value) and a.value == b.value else (path, a, b)
+        return None if type(a.value) is type(b.value) and a.value == b.value else here
     if a.kind == "state":
-        return None if same_state(a.items, b.items) else (path, a, b)
+        return None if same_state(a.items, b.items) else here
+    if a.kind == "array":
+        import numpy
+
+        same = a.items.shape == b.items.shape and a.items.dtype == b.items.dtype and numpy.array_equal(
+            a.items, b.items, equal_nan=a.items.dtype.kind in "fc")
+        return None if same else here
+    if a.kind in ("sized", "set"):
+        return None if a.items == b.items else here
     if a.kind in ("tensor", "other"):   # a tensor: a placeholder or a cache (module docstring)
         return None
-    if a.kind == "set":
-        return None if a.items == b.items else (path, a, b)
     if a.kind in ("dict", "object"):
-        keys = [key for key, _ in a.items]
-        if keys != [key for key, _ in b.items]:
-            return path, a, b
-        for (key, x), (_, y) in zip(a.items, b.items):
-            inner = f"{path}.{key}" if a.kind == "object" else f"{path}[{key!r}]"
-            if (found := _difference(x, y, inner)) is not None:
+        keys = [name for name, _ in a.items]
+        if keys != [name for name, _ in b.items]:
+            return here
+        for (name, x), (_, y) in zip(a.items, b.items):
+            inner = f"{path}.{name}" if a.kind == "object" else f"{path}[{name!r}]"
+            if (found := _difference(x, y, inner, a, name)) is not None:
                 return found
         return None
     if len(a.items) != len(b.items):
-        return path, a, b
+        return here
     for i, (x, y) in enumerate(zip(a.items, b.items)):
-        if (found := _difference(x, y, f"{path}[{i}]")) is not None:
+        if (found := _difference(x, y, f"{path}[{i}]", a, i)) is not None:
             return found
     return None
 
 
 def _shown(seen: _Value) -> str:
-    count = len(seen.items) if seen.kind in ("list", "tuple", "deque", "dict", "set") else None
-    text = repr(seen.value) if seen.kind == "plain" else (
+    count = len(seen.items) if seen.kind in ("list", "tuple", "deque", "dict", "set") else (
+        seen.items if seen.kind == "sized" else None)
+    text = repr(seen.value) if seen.kind == "plain" else repr(seen.items.tolist()) if seen.kind == "array" else (
         f"{count} item{'' if count == 1 else 's'}" if count is not None else f"a {type(seen.value).__name__}")
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _put_back(seen: _Value):
-    """The value `seen` as it was: containers and objects refilled in place, generators
-    set back (an iterator cannot be)."""
-    value = seen.value
-    if seen.kind == "state":
-        restore_generator(value, seen.items)
-    elif seen.kind in ("list", "deque"):
-        items = [_put_back(item) for item in seen.items]
-        type(value).clear(value)
-        type(value).extend(value, items)
-    elif seen.kind == "dict":
-        items = [(key, _put_back(item)) for key, item in seen.items]
-        dict.clear(value)
-        dict.update(value, items)
-    elif seen.kind == "object":
-        attributes = vars(value)
-        attributes.clear()
-        attributes.update((key, _put_back(item)) for key, item in seen.items)
-    return value
+def put_back(changes: list[_Change]) -> None:
+    """Each changed value where it was: a number, string or None set back where it is
+    held, a generator's state set back, a small array refilled. A container that grew or
+    shrank is left as it is (another thread's log lost its lines when it was cut back,
+    review R5), and so is an iterator's position, which cannot be set."""
+    for change in changes:
+        before, parent, key = change.before, change.parent, change.key
+        if before.kind == "state":
+            restore_generator(before.value, before.items)
+        elif before.kind == "array" and before.value.shape == before.items.shape:
+            before.value[...] = before.items
+        elif before.kind != "plain":
+            continue
+        elif parent is None:
+            change.names[key] = before.value
+        elif parent.kind == "object":
+            vars(parent.value)[key] = before.value
+        elif parent.kind == "dict" and dict.__contains__(parent.value, key):
+            setter = (collections.OrderedDict.__setitem__ if isinstance(parent.value, collections.OrderedDict)
+                      else dict.__setitem__)
+            setter(parent.value, key, before.value)
+        elif parent.kind in ("list", "deque") and key < type(parent.value).__len__(parent.value):
+            type(parent.value).__setitem__(parent.value, key, before.value)
 
 
 class Snapshot:
@@ -150,59 +198,51 @@ class Snapshot:
                 if isinstance(key, str) and not key.startswith("__"):
                     self.values[(where, key)] = (names, _seen(value, [_BUDGET]))
 
-    def changed(self, now: Snapshot) -> list[tuple[str, str, _Value, _Value]]:
-        """(what, where in it, before, now) of each global changed from this snapshot to `now`."""
+    def changed(self, now: Snapshot) -> list[_Change]:
+        """Each global changed from this snapshot to `now`."""
         found = []
-        for at, (names, before) in self.values.items():
-            if at in now.values and (difference := _difference(before, now.values[at][1], at[1])) is not None:
-                found.append((at[0].format(repr(at[1])), *difference))
+        for (where, key), (names, before) in self.values.items():
+            if (where, key) in now.values and (
+                    difference := _difference(before, now.values[(where, key)][1], key)) is not None:
+                inside, was, then, parent, at = difference
+                found.append(_Change(where.format(repr(key)), inside, was, then, names, parent,
+                                     key if parent is None else at))
         return found
 
-    def put_back(self, said: list[tuple[str, str]]) -> None:
-        """The globals `said` names (`counters`, `settled`) as they were."""
-        what = {name for name, _ in said}
-        for (where, key), (names, before) in self.values.items():
-            if where.format(repr(key)) in what:
-                value = _put_back(before)
-                if names.get(key) is not value:
-                    names[key] = value
 
-
-def counters(first: Snapshot, traced: Snapshot, again: Snapshot) -> list[tuple[str, str]]:
-    """(the global, what the refusal says of it) for each global the first trace (from
+def counters(first: Snapshot, traced: Snapshot, again: Snapshot) -> list[tuple[_Change, str]]:
+    """(the change, what the refusal says of it) for each global the first trace (from
     `first` to `traced`) and the second (from `traced` to `again`) both changed: a counter."""
-    before = {what: (was, then) for what, _, was, then in first.changed(traced)}
+    before = {change.what: change for change in first.changed(traced)}
     said = []
-    for what, inside, then, now in traced.changed(again):
-        if what not in before:
+    for change in traced.changed(again):
+        if change.what not in before:
             continue
-        place = _place(what, inside)
-        if then.kind == "state":
-            said.append((what, f"it draws from the {type(then.value).__name__} in {place} at each call"))
+        place = _place(change)
+        if change.before.kind == "state":
+            said.append((before[change.what], f"it draws from the {type(change.before.value).__name__} "
+                                              f"in {place} at each call"))
         else:
-            was, first_then = before[what]
-            said.append((what, f"it changes {place} at each call ({_shown(was)}, then "
-                               f"{_shown(first_then)}, then {_shown(now)} when traced again)"))
+            first_change = before[change.what]
+            said.append((first_change, f"it changes {place} at each call ({_shown(first_change.before)}, "
+                                       f"then {_shown(change.before)}, then {_shown(change.after)} "
+                                       f"when traced again)"))
     return said
 
 
-def _place(what: str, inside: str) -> str:
+def _place(change: _Change) -> str:
     """The global, and the item or attribute of it that changed (`STATE['n']`)."""
-    return what if "[" not in inside and "." not in inside else f"{what} ({inside})"
+    inside = change.inside
+    return change.what if "[" not in inside and "." not in inside else f"{change.what} ({inside})"
 
 
-def settled(first: Snapshot, traced: Snapshot) -> list[tuple[str, str]]:
-    """(the global, what the refusal says of it) for each global the first trace changed,
-    where the second trace made another program: eager's first call computed with the
-    value before."""
-    return [(what, f"it changes {_place(what, inside)} after computing with "
-                   f"it: eager's first call computes with {_shown(was)}, later ones with {_shown(then)}")
-            for what, inside, was, then in first.changed(traced)]
-
-
-
-def changes(first: Snapshot, now: Snapshot) -> list[tuple[str, str]]:
-    """(the global, what the refusal says of it) for each global changed from `first` to
-    `now`: by a custom autograd Function's backward, which is traced once (`frontends/torch.py`)."""
-    return [(what, f"it changes {_place(what, inside)} ({_shown(was)}, then {_shown(then)})")
-            for what, inside, was, then in first.changed(now)]
+def changes(first: Snapshot, now: Snapshot, computed_with: bool = False) -> list[tuple[_Change, str]]:
+    """(the change, what the refusal says of it) for each global changed from `first` to
+    `now`: by a custom autograd Function's backward, which is traced once, or, with
+    `computed_with`, by a first trace whose forward computed with the value before
+    (the second made another program: `frontends/torch.py`)."""
+    return [(change, f"it changes {_place(change)} after computing with it: eager's first call "
+                     f"computes with {_shown(change.before)}, later ones with {_shown(change.after)}"
+             if computed_with else
+             f"it changes {_place(change)} ({_shown(change.before)}, then {_shown(change.after)})")
+            for change in first.changed(now)]

@@ -353,7 +353,9 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     forward then assigns the values they hold and the program is the same, so that every
     call runs it, the first included (a window clamped to the input's shape before it is
     used); else the attributes are put back and the forward refused (a counter, a value
-    used before it is assigned)."""
+    used before it is assigned). Plain values the forward changes in the user's globals and
+    closures are traced again alike (`outside_values`): a counter is refused, a first
+    call's setup kept."""
     check_backward_hooks(model)
     check_buffers_needing_gradients(model)
     check_member_views(model, args, kwargs)
@@ -369,7 +371,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     modules = dict(model.named_modules())
     for (path, key), (value, _, _) in assigned.items():
         setattr(modules[path], key, value)
-    again, first, before = {}, str(exported.graph), reads.copy()
+    again, first, before = {}, _program(exported), reads.copy()
     reads.clear()
     try:
         exported = _trace(model, args, kwargs, reads, again, [], kept)
@@ -378,20 +380,44 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
                 f"{value!r} when traced again)" for (path, key), (value, where, was) in again.items()]
         counters = outside_values.counters(outside, traced, outside_values.Snapshot())
         if said or counters:
-            outside.put_back(counters)
+            outside_values.put_back([change for change, _ in counters])
             raise trace_effects_error(type(model).__name__, said + [text for _, text in counters])
-        if str(exported.graph) != first:
+        if not _same_program(_program(exported), first):
             said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at "
                     f"{where} after computing with it: eager's first call computes with {was!r}, "
                     f"later ones with {value!r}" for (path, key), (value, where, was) in assigned.items()]
-            settled = outside_values.settled(outside, traced)
-            outside.put_back(settled)
+            settled = outside_values.changes(outside, traced, computed_with=True)
+            outside_values.put_back([change for change, _ in settled])
             raise trace_effects_error(type(model).__name__, said + [text for _, text in settled])
     except LoweringError:
         _put_back(model, assigned)
         raise
     reads.either(before)   # both traces made this program: the values either read lead to it
     return exported
+
+
+def _program(exported: torch.export.ExportedProgram) -> tuple[str, list]:
+    """What tells two traces' programs apart: the graph's text, and the values of the
+    constants it lifted (`torch.tensor([TAB["v"]])` is a constant, not in the text: a
+    value changed after the forward computed with it passed as settled, and the second
+    trace's constant trained from step 1, silently; review R5)."""
+    return str(exported.graph), [(name, value.detach().clone() if isinstance(value, torch.Tensor) else value)
+                                 for name, value in sorted(exported.constants.items())]
+
+
+def _same_program(a: tuple[str, list], b: tuple[str, list]) -> bool:
+    return a[0] == b[0] and len(a[1]) == len(b[1]) and all(
+        x[0] == y[0] and (_same_values(x[1], y[1]) if isinstance(x[1], torch.Tensor) else x[1] is y[1])
+        for x, y in zip(a[1], b[1]))
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, NaN equal to NaN."""
+    if not isinstance(b, torch.Tensor) or (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+    return torch.equal(a, b)
 
 
 def _put_back(model: torch.nn.Module, assigned: dict) -> None:
@@ -1037,7 +1063,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
             if outside is not None and (said := outside_values.changes(outside, outside_values.Snapshot())):
-                outside.put_back(said)
+                outside_values.put_back([change for change, _ in said])
                 raise backward_effects_error(type(model).__name__, [text for _, text in said])
         except LoweringError as refused:   # said whole, without FX's note of the node it ran
             refused.args = (str(refused).split("\n\nWhile executing ")[0], *refused.args[1:])

@@ -259,8 +259,7 @@ def _class_state(model: torch.nn.Module) -> list[tuple[str, object, dict]]:
             if cls is torch.nn.Module or cls is object or id(cls) in seen:
                 continue
             seen.add(id(cls))
-            file = getattr(sys.modules.get(cls.__module__), "__file__", None)
-            if file is not None and is_users_file(file):
+            if in_users_file(cls.__module__):
                 found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
     return found
 
