@@ -15,22 +15,19 @@ import contextlib
 
 import torch
 
+from .swapped_parameters import stand_ins
+
 
 @contextlib.contextmanager
 def inference_buffers_as_normal(model: torch.nn.Module):
     """Within: every buffer of `model` that is an inference tensor is a normal copy."""
     copies: dict[int, torch.Tensor] = {}
-    swapped: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    swaps = []
     for module in model.modules():
         for name, tensor in module._buffers.items():
             if tensor is not None and tensor.is_inference():
                 if id(tensor) not in copies:
                     copies[id(tensor)] = tensor.clone()
-                swapped.append((module, name, tensor))
-    for module, name, tensor in swapped:
-        module._buffers[name] = copies[id(tensor)]
-    try:
+                swaps.append((module._buffers, name, tensor, copies[id(tensor)]))
+    with stand_ins(swaps):
         yield
-    finally:
-        for module, name, tensor in swapped:
-            module._buffers[name] = tensor

@@ -23,19 +23,26 @@ def swapped_parameters_as_parameters(model: torch.nn.Module):
     """Within: every parameter slot of `model` holding a plain tensor holds an
     `nn.Parameter` aliasing it instead (same storage, strides and `requires_grad`)."""
     aliases: dict[int, torch.nn.Parameter] = {}
-    swapped: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    swaps = []
     for module in model.modules():
         for name, tensor in module._parameters.items():
             if tensor is None or isinstance(tensor, torch.nn.Parameter):
                 continue
             if id(tensor) not in aliases:
                 aliases[id(tensor)] = torch.nn.Parameter(tensor.detach(), tensor.requires_grad)
-            swapped.append((module, name, tensor))
-    for module, name, tensor in swapped:
-        module._parameters[name] = aliases[id(tensor)]
+            swaps.append((module._parameters, name, tensor, aliases[id(tensor)]))
+    with stand_ins(swaps):
+        yield
+
+
+@contextlib.contextmanager
+def stand_ins(swaps: list[tuple[dict, str, torch.Tensor, torch.Tensor]]):
+    """Within: each (table, name, tensor, stand-in) of `swaps` has the stand-in at
+    `table[name]`, for tracing; the tensor is put back after."""
+    for table, name, _, stand_in in swaps:
+        table[name] = stand_in
     try:
         yield
     finally:
-        for module, name, tensor in swapped:
-            module._parameters[name] = tensor
-
+        for table, name, tensor, _ in swaps:
+            table[name] = tensor
