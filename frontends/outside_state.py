@@ -128,10 +128,11 @@ def users_object(value) -> bool:
     return in_users_file(type(value).__module__)
 
 
-def namespaces() -> list[tuple[str, dict]]:
+def namespaces(model: torch.nn.Module | None = None) -> list[tuple[str, dict]]:
     """(where, as a format for a name in it; a mapping of names to values) of the user's
-    globals and their functions' closures."""
-    found = []
+    globals, their functions' closures, the attributes of their classes and of the user's
+    classes of `model`'s modules (defined in a function too: `type(self).calls += 1`)."""
+    found, classes = [], {}
     for name, names in _namespaces():
         found.append((f"global {{}} of {name}", names))
         for value in list(names.values()):
@@ -139,7 +140,35 @@ def namespaces() -> list[tuple[str, dict]]:
                 cells = {cell_name: cell for cell_name, cell in
                          zip(value.__code__.co_freevars, value.__closure__)}
                 found.append((f"{{}} of the closure of {value.__qualname__} of {name}", _Cells(cells)))
+            elif isinstance(value, type) and value.__module__ == name:
+                classes[id(value)] = value
+    for module in model.modules() if model is not None else ():
+        for cls in type(module).__mro__:
+            if id(cls) not in classes and in_users_file(cls.__module__):
+                classes[id(cls)] = cls
+    for cls in classes.values():
+        found.append((f"class attribute {{}} of {cls.__qualname__}", _ClassAttributes(cls)))
     return found
+
+
+class _ClassAttributes(dict):
+    """A class's own attributes as a mapping (writes set them on the class)."""
+
+    def __init__(self, cls: type):
+        super().__init__()
+        self.cls = cls
+
+    def items(self):
+        return list(vars(self.cls).items())
+
+    def get(self, key, default=None):
+        return vars(self.cls).get(key, default)
+
+    def __setitem__(self, key, value):
+        setattr(self.cls, key, value)
+
+    def __delitem__(self, key):
+        delattr(self.cls, key)
 
 
 def holders(model: torch.nn.Module) -> list[tuple[str, dict, dict]]:
@@ -147,7 +176,7 @@ def holders(model: torch.nn.Module) -> list[tuple[str, dict, dict]]:
     outside its modules: the globals of the user's files, their functions' closures, the
     attributes of the user's objects they hold, and of the objects the model's modules
     hold. The copy puts back a name the forward assigned a tensor to."""
-    found = namespaces()
+    found = namespaces(model)
     for name, names in _namespaces():
         for key, value in list(names.items()):
             if isinstance(key, str) and not key.startswith("__") and users_object(value):

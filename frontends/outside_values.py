@@ -188,12 +188,13 @@ def put_back(changes: list[_Change]) -> None:
 
 
 class Snapshot:
-    """The plain values of the user's globals and their functions' closures
-    (`outside_state.namespaces`), as `_seen` reads them."""
+    """The plain values of the user's globals, their functions' closures and their classes'
+    attributes, and of `model`'s module classes (`outside_state.namespaces`), as `_seen`
+    reads them."""
 
-    def __init__(self):
+    def __init__(self, model=None):
         self.values: dict[tuple[str, str], tuple[object, _Value]] = {}
-        for where, names in namespaces():
+        for where, names in namespaces(model):
             for key, value in list(names.items()):
                 if isinstance(key, str) and not key.startswith("__"):
                     self.values[(where, key)] = (names, _seen(value, [_BUDGET]))

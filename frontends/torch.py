@@ -363,9 +363,9 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     check_script_modules(model)
     check_lazy_modules(model)
     assigned: dict = {}
-    outside = outside_values.Snapshot()
+    outside = outside_values.Snapshot(model)
     exported, kept = _trace_eager_paths(model, args, kwargs, reads, assigned)
-    traced = outside_values.Snapshot()
+    traced = outside_values.Snapshot(model)
     if not assigned and not outside.changed(traced):
         return exported
     modules = dict(model.named_modules())
@@ -378,7 +378,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at {where} "
                 f"({assigned[(path, key)][0] if (path, key) in assigned else was!r}, then "
                 f"{value!r} when traced again)" for (path, key), (value, where, was) in again.items()]
-        counters = outside_values.counters(outside, traced, outside_values.Snapshot())
+        counters = outside_values.counters(outside, traced, outside_values.Snapshot(model))
         if said or counters:
             outside_values.put_back([change for change, _ in counters])
             raise trace_effects_error(type(model).__name__, said + [text for _, text in counters])
@@ -1059,10 +1059,10 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             draw_in_layout(module, type(model).__name__)
             assign_through_masks(module)
             # A custom Function's backward is Python that runs here, once (`changes`).
-            outside = outside_values.Snapshot() if reads.functions else None
+            outside = outside_values.Snapshot(model) if reads.functions else None
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                       decompositions=decompositions)
-            if outside is not None and (said := outside_values.changes(outside, outside_values.Snapshot())):
+            if outside is not None and (said := outside_values.changes(outside, outside_values.Snapshot(model))):
                 outside_values.put_back([change for change, _ in said])
                 raise backward_effects_error(type(model).__name__, [text for _, text in said])
         except LoweringError as refused:   # said whole, without FX's note of the node it ran

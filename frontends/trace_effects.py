@@ -246,41 +246,6 @@ def _generators(model: torch.nn.Module) -> list[tuple[str, object, object]]:
     return found
 
 
-def _class_state(model: torch.nn.Module) -> list[tuple[str, object, dict]]:
-    """(what, class, its plain values) of the user's classes of the model's modules, whose
-    class attributes a counter may live in (`type(self).calls += 1`). One the forward
-    computes with advanced once, while tracing, and every step then computed with that
-    one value, silently (found by a review: losses 0.240, 0.240, 0.240 where eager gives
-    0.240, 0.413, 0.635). The globals of the user's files are `outside_values`' (a counter
-    there is told from a first call's setup by tracing again)."""
-    found, seen = [], set()
-    for module in model.modules():
-        for cls in type(module).__mro__:
-            if cls is torch.nn.Module or cls is object or id(cls) in seen:
-                continue
-            seen.add(id(cls))
-            if in_users_file(cls.__module__):
-                found.append((f"class attribute {{}} of {cls.__qualname__}", cls, _plain_values(vars(cls))))
-    return found
-
-
-def _plain_values(namespace) -> dict:
-    return {key: value for key, value in namespace.items()
-            if isinstance(key, str) and not key.startswith("__") and plain(value)}
-
-
-def _class_state_changed(state: list[tuple[str, object, dict]], found: list[str]) -> None:
-    """Note each plain value of `state` the traced forward changed, and put it back."""
-    for what, owner, before in state:
-        namespace = vars(owner)
-        for key, value in before.items():
-            now = namespace.get(key, MISSING)
-            if now is not value and not (type(now) is type(value) and now == value):
-                found.append(f"it changes {what.format(repr(key))} (from {value!r} to "
-                             f"{'nothing' if now is MISSING else repr(now)})")
-                setattr(owner, key, value)
-
-
 def _hook_holders(hook) -> list[tuple[str, object]]:
     """(name, object) of what a hook can store into besides the modules: the cells of its
     closure, its defaults, the globals its code names, a bound method's object, a
@@ -375,7 +340,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     attributes = _attribute_state(model)
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
-    generators, class_state = _generators(model), _class_state(model)
+    generators = _generators(model)
     outside, caches = outside_state.holders(model), outside_state.lru_caches()
     paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
     originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
@@ -507,7 +472,6 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it draws from the {type(generator).__name__} at {where!r}, an "
                              f"{'iterator' if iterator_state(state) else 'own generator'} of the model's")
                 restore_generator(generator, state)
-        _class_state_changed(class_state, found)
         _placeholders_kept_by_hooks(model, found)   # before their stores are put back
         outside_state.placeholders_left(outside, found)
         outside_state.clear_grown(caches)

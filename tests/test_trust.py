@@ -2216,6 +2216,7 @@ class _Effects(torch.nn.Module):
     """A forward doing, per `kind`, something besides computing tensors."""
 
     calls_seen = 0   # a counter on the class
+    warned = False   # a warn-once flag on the class
 
     def __init__(self, kind: str):
         import itertools
@@ -2322,6 +2323,8 @@ class _Effects(torch.nn.Module):
             h = h * _EFFECT_STEPPER.next_step()
         if self.kind == "warn_once" and "once" not in _EFFECT_WARNED:
             _EFFECT_WARNED.add("once")
+        if self.kind == "class_warn_once" and not type(self).warned:
+            type(self).warned = True
         if self.kind == "lazy_probe":
             global _EFFECT_PROBE
             if _EFFECT_PROBE is None:
@@ -2368,7 +2371,8 @@ class _Effects(torch.nn.Module):
     ("closure_counter", r"changes 'count' of the closure of _effect_ticker.<locals>.tick of test_trust "
                         r"\(count\[0\]\) at each call"),
     ("other_file_counter", r"changes global 'STEP' of remat_test_stepper at each call \(0, then 1, then 2"),
-    ("class_counter", r"changes class attribute 'calls_seen' of _Effects \(from 0 to 1\)"),
+    ("class_counter", r"changes class attribute 'calls_seen' of _Effects at each call \(0, then 1, then 2 "
+                      r"when traced again\)"),
     ("held_counter", r"changes attribute 'step' of the SimpleNamespace object at state \(from 0 to 1\)"),
     ("held_log", r"stores a tensor in attribute 'log' of the SimpleNamespace object at state, which "
                  r"the graph does not fill"),
@@ -2442,18 +2446,22 @@ def test_a_cached_function_the_traced_forward_filled_is_emptied():
     assert torch.equal(scheduled(x), eager)
 
 
-@pytest.mark.parametrize("kind", ["warn_once", "lazy_probe"])
+@pytest.mark.parametrize("kind", ["warn_once", "lazy_probe", "class_warn_once"])
 def test_what_a_first_call_sets_up_outside_the_modules_is_no_effect(kind, monkeypatch):
-    """A warn-once set or a lazy probe in the user's globals changes at the first call only:
-    the frontend traces again from what the first trace left, finds it settled, and
+    """A warn-once set, a lazy probe or a class's warn-once flag changes at the first call
+    only: the frontend traces again from what the first trace left, finds it settled, and
     leaves it as eager's first call does; the graph trains as eager (it was refused while
-    every changed plain global of the model's file was, before 2026-12-02)."""
+    every changed plain global of the model's file and class attribute was, before
+    2026-12-02; review R5)."""
     monkeypatch.setitem(globals(), "_EFFECT_WARNED", set())
     monkeypatch.setitem(globals(), "_EFFECT_PROBE", None)
+    monkeypatch.setattr(_Effects, "warned", False)
     model, x = _Effects(kind), torch.randn(3, 4)
     assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                         lambda loss: loss) == {}
-    assert (_EFFECT_WARNED, _EFFECT_PROBE) == (({"once"}, None) if kind == "warn_once" else (set(), True))
+    assert (_EFFECT_WARNED, _EFFECT_PROBE, _Effects.warned) == (
+        {"warn_once": ({"once"}, None, False), "lazy_probe": (set(), True, False),
+         "class_warn_once": (set(), None, True)}[kind])
 
 
 @pytest.mark.parametrize("kind, said", [
