@@ -60,8 +60,8 @@ def in_users_file(module_name: str) -> bool:
     one of the user's own files: a library's objects keep bookkeeping of their own."""
     module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None)
-    if module_name == "__main__" and module is not None and file is None:
-        return True   # a notebook's, `python -c`'s (its classes were taken for a library's: review R5)
+    if module_name == "__main__" and module is not None and not (isinstance(file, str) and os.path.isfile(file)):
+        return True   # a notebook's, `python -c`'s, `python - < f`'s (taken for a library's: review R5)
     return isinstance(file, str) and is_users_file(file)
 
 

@@ -2433,6 +2433,42 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
     assert torch.equal(torch.get_rng_state(), state[2])
 
 
+_COUNTER_FROM_STDIN = """
+import torch, remat_ir
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+CTR = Counter()
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        CTR.n += 1
+        return (self.l(x) * CTR.n).square().mean()
+
+try:
+    remat_ir.remat(M(), (torch.randn(2, 4),), solver="recompute-all", cost_model="flops")
+except remat_ir.frontends.torch.LoweringError as refused:
+    print(refused, CTR.n)
+"""
+
+
+def test_a_counter_of_a_script_read_from_stdin_is_refused():
+    """`python - < script.py` names its `__main__` file "<stdin>" (a notebook names none):
+    its classes were taken for a library's, and a global object's counter trained with the
+    traced value, 0.39 off eager's at step 2, silently (review R5)."""
+    done = subprocess.run([sys.executable, "-"], input=_COUNTER_FROM_STDIN, capture_output=True, text=True,
+                          timeout=300)
+    assert "it changes global 'CTR' of __main__ (CTR.n) at each call (0, then 1, then 2" in done.stdout, \
+        done.stdout + done.stderr[-3000:]
+    assert done.stdout.strip().endswith(" 0")   # put back
+
+
 def test_a_cached_function_the_traced_forward_filled_is_emptied():
     """Tracing cached a placeholder in an `lru_cache`d function of the user's; an eager call
     of the model after `remat` then took it, and its loss was a FakeTensor (review R4)."""
