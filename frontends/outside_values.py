@@ -56,6 +56,7 @@ class _Value:
 
 def _seen(value, budget: list[int], depth: int = 0) -> _Value:
     budget[0] -= 1
+    numpy = sys.modules.get("numpy")
     if isinstance(value, _CODE):   # most globals: by identity, quickly
         if isinstance(value, types.FunctionType) and vars(value) and depth < _DEPTH and \
                 is_users_file(value.__code__.co_filename):   # `count.calls += 1`
@@ -66,12 +67,11 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
         return _Value(value, "plain", value)
     if isinstance(value, torch.Tensor):
         return _Value(value, "tensor")
-    state = generator_state(value, sys.modules.get("numpy"))
+    state = generator_state(value, numpy)
     if state is not None:
         return _Value(value, "state", state)
     if depth >= _DEPTH or budget[0] <= 0:
         return _Value(value, "other")
-    numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.ndarray) and value.size <= _ARRAY:
         return _Value(value, "array", value.copy())   # `STEPS[0] += 1`
     for base in (list, tuple, collections.deque, dict, set, frozenset):
@@ -94,7 +94,8 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
 
 def _holder(value) -> bool:
     """An object whose attributes are the user's values: one of the user's classes, a
-    `SimpleNamespace`, an `argparse.Namespace` (`ARGS.step += 1`), a dataclass (a library's other objects keep their own bookkeeping)."""
+    `SimpleNamespace`, an `argparse.Namespace` (`ARGS.step += 1`), a dataclass (a
+    library's other objects keep their own bookkeeping)."""
     return users_object(value) or isinstance(value, (types.SimpleNamespace, argparse.Namespace)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type) and hasattr(value, "__dict__"))
 
@@ -138,8 +139,7 @@ def _difference(a: _Value, b: _Value, path: str, parent: _Value | None = None,
     if a.kind in ("tensor", "other"):   # a tensor: a placeholder or a cache (module docstring)
         return None
     if a.kind in ("dict", "object"):
-        keys = [name for name, _ in a.items]
-        if keys != [name for name, _ in b.items]:
+        if len(a.items) != len(b.items) or not all(_same_key(x, y) for (x, _), (y, _) in zip(a.items, b.items)):
             return here
         for (name, x), (_, y) in zip(a.items, b.items):
             inner = f"{path}.{name}" if a.kind == "object" else f"{path}[{name!r}]"
@@ -152,6 +152,16 @@ def _difference(a: _Value, b: _Value, path: str, parent: _Value | None = None,
         if (found := _difference(x, y, f"{path}[{i}]", a, i)) is not None:
             return found
     return None
+
+
+def _same_key(a, b) -> bool:
+    """Whether two dict keys are one (a tensor key compared with `==` would raise)."""
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and not isinstance(a, torch.Tensor) and bool(a == b)
+    except Exception:
+        return False
 
 
 def _shown(seen: _Value) -> str:
