@@ -136,10 +136,8 @@ def namespaces(model: torch.nn.Module | None = None) -> list[tuple[str, dict]]:
     for name, names in _namespaces():
         found.append((f"global {{}} of {name}", names))
         for value in list(names.values()):
-            if isinstance(value, types.FunctionType) and value.__module__ == name and value.__closure__:
-                cells = {cell_name: cell for cell_name, cell in
-                         zip(value.__code__.co_freevars, value.__closure__)}
-                found.append((f"{{}} of the closure of {value.__qualname__} of {name}", _Cells(cells)))
+            if isinstance(value, types.FunctionType) and value.__module__ == name:
+                found.extend(_closure(value, name))
             elif isinstance(value, type) and value.__module__ == name:
                 classes[id(value)] = value
     for module in model.modules() if model is not None else ():
@@ -148,7 +146,17 @@ def namespaces(model: torch.nn.Module | None = None) -> list[tuple[str, dict]]:
                 classes[id(cls)] = cls
     for cls in classes.values():
         found.append((f"class attribute {{}} of {cls.__qualname__}", _ClassAttributes(cls)))
+        for value in list(vars(cls).values()):   # a class a function builds: its methods' cells
+            if isinstance(value, types.FunctionType):
+                found.extend(_closure(value, cls.__module__))
     return found
+
+
+def _closure(function: types.FunctionType, module: str) -> list[tuple[str, dict]]:
+    if not function.__closure__:
+        return []
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__))
+    return [(f"{{}} of the closure of {function.__qualname__} of {module}", _Cells(cells))]
 
 
 class _ClassAttributes(dict):

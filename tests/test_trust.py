@@ -2433,6 +2433,31 @@ def test_what_a_forward_does_besides_tensor_ops_is_refused_and_undone(kind, said
     assert torch.equal(torch.get_rng_state(), state[2])
 
 
+def _counting_class():
+    """A module class a function builds, counting its calls in the function's list."""
+    calls = [0]
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            calls[0] += 1
+            return (self.linear(x) * calls[0]).square().mean()
+    return Counting
+
+
+def test_a_counter_in_the_closure_of_a_class_a_function_builds_is_refused():
+    """It was recorded as a value the forward read, and the first step said "lowering and
+    planning again", then refused the lowering with "call remat again", which looped
+    (review R5)."""
+    with pytest.raises(LoweringError, match=r"it changes 'calls' of the closure of "
+                                            r"_counting_class.<locals>.Counting.forward of test_trust "
+                                            r"\(calls\[0\]\) at each call \(0, then 1, then 2"):
+        _remat(_counting_class()(), (torch.randn(2, 4),))
+
+
 _COUNTER_FROM_STDIN = """
 import torch, remat_ir
 
