@@ -101,6 +101,12 @@ def same_state(a, b) -> bool:
 _USERS_FILES: dict[tuple[str, object], bool] = {}
 
 
+#: Packages whose modules may load from outside the installed packages and are no user's:
+#: Inductor's generated kernels load from its cache folder (their globals change as it
+#: compiles: taken for a Function backward's effect, review of the CI run 2026-12-02).
+_NOT_USERS = ("remat_ir", "torch", "triton", "torchgen")
+
+
 def _namespaces() -> list[tuple[str, dict]]:
     """(name, globals) of the user's own files, and of `__main__` also without a file (a
     notebook, `python -c`)."""
@@ -112,7 +118,7 @@ def _namespaces() -> list[tuple[str, dict]]:
         elif (users := _USERS_FILES.get((name, file))) is None:
             users = _USERS_FILES[(name, file)] = (isinstance(file, str) and os.path.isfile(file)
                                                   and is_users_file(file))
-        if users and not name.startswith("remat_ir") and id(namespace) not in seen \
+        if users and name.split(".")[0] not in _NOT_USERS and id(namespace) not in seen \
                 and isinstance(namespace, types.ModuleType):
             seen.add(id(namespace))
             found.append((name, vars(namespace)))

@@ -207,7 +207,10 @@ class Snapshot:
         for where, names in namespaces(model):
             for key, value in list(names.items()):
                 if isinstance(key, str) and not key.startswith("__"):
-                    self.values[(where, key)] = (names, _seen(value, [_BUDGET]))
+                    try:
+                        self.values[(where, key)] = (names, _seen(value, [_BUDGET]))
+                    except RuntimeError:   # changed by another thread as it was read: not the forward's
+                        continue
 
     def changed(self, now: Snapshot) -> list[_Change]:
         """Each global changed from this snapshot to `now`."""
