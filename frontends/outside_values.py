@@ -15,15 +15,18 @@ that settled is left as eager's first call leaves it (`frontends/torch.py` `_exp
 
 A snapshot reads containers through their base classes' methods (a subclass's may do
 anything: transformers' lazy auto-mappings import every model when theirs run), small
-numpy arrays by value (`STEPS[0] += 1`), and stops at `_BUDGET` values per global: a
-container bigger than what is left (a dataset's list) by its length alone, and a counter
-deeper in a big structure is not seen.
+numpy arrays and `array.array`s by value (`STEPS[0] += 1`), the attributes and closure
+cells of the user's functions wherever they are held (a dict of callbacks, each counting in
+its closure), and stops at `_BUDGET` values per global: a container bigger than what is
+left (a dataset's list) by its length alone, and a counter deeper in a big structure is
+not seen.
 Tensors are not compared: one the trace left is a placeholder, which `outside_state`
 refuses, and a cache of them is what the graph computes at every step.
 """
 from __future__ import annotations
 
 import argparse
+import array
 import collections
 import dataclasses
 import sys
@@ -37,8 +40,10 @@ from .traced_reads import plain
 
 #: Values of one global looked at, containers' items and objects' attributes together.
 _BUDGET = 2000
-#: How deep in containers and objects.
-_DEPTH = 3
+#: How deep in containers and objects. The budget bounds the cost, so depth only stops a
+#: chain of nested containers: at 3, a counter 4 levels deep (`CFG["a"]["b"]["c"]["n"]`)
+#: or an object's attribute in `[[[obj]]]` trained frozen at its traced value (review R5).
+_DEPTH = 6
 #: Numpy arrays up to this many elements are compared by value.
 _ARRAY = 256
 #: Globals compared by identity alone.
@@ -50,7 +55,7 @@ class _Value:
     """What a snapshot saw of one value: `kind` says how `items` holds it."""
 
     value: object
-    kind: str   # plain, state, array, sized, tensor, other, list, tuple, deque, dict, set, object
+    kind: str   # plain, state, array, sized, tensor, other, list, tuple, deque, dict, set, object, function
     items: object = None
 
 
@@ -58,10 +63,13 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
     budget[0] -= 1
     numpy = sys.modules.get("numpy")
     if isinstance(value, _CODE):   # most globals: by identity, quickly
-        if isinstance(value, types.FunctionType) and vars(value) and depth < _DEPTH and \
-                is_users_file(value.__code__.co_filename):   # `count.calls += 1`
-            return _Value(value, "object", [(key, _seen(item, budget, depth + 1))
-                                            for key, item in list(vars(value).items())])
+        if isinstance(value, types.FunctionType) and (vars(value) or value.__closure__ and depth > 0) and \
+                depth < _DEPTH and is_users_file(value.__code__.co_filename):
+            # `count.calls += 1`; and its closure's cells where it is held in a container
+            # (`BUMPERS["f"]()`; a global function's own are a namespace of their own).
+            cells = _cells(value) if depth > 0 else {}
+            return _Value(value, "function", [(key, _seen(item, budget, depth + 1))
+                                              for key, item in [*list(vars(value).items()), *cells.items()]])
         return _Value(value, "other")
     if plain(value):
         return _Value(value, "plain", value)
@@ -74,6 +82,8 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
         return _Value(value, "other")
     if numpy is not None and isinstance(value, numpy.ndarray) and value.size <= _ARRAY:
         return _Value(value, "array", value.copy())   # `STEPS[0] += 1`
+    if isinstance(value, array.array) and len(value) <= _ARRAY:
+        return _Value(value, "array", array.array(value.typecode, value))
     for base in (list, tuple, collections.deque, dict, set, frozenset):
         if isinstance(value, base):
             if base.__len__(value) > budget[0]:   # its length alone (a dataset's list)
@@ -90,6 +100,21 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
     if _holder(value):
         return _Value(value, "object", [(key, _seen(item, budget, depth + 1)) for key, item in vars(value).items()])
     return _Value(value, "other")
+
+
+#: How a closure cell of a function is named among its items (no attribute is named so).
+_CELL = "<closure {}>"
+
+
+def _cells(function: types.FunctionType) -> dict[str, object]:
+    """The contents of `function`'s filled closure cells, by `_CELL` name."""
+    found = {}
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        try:
+            found[_CELL.format(name)] = cell.cell_contents
+        except ValueError:   # an empty cell
+            continue
+    return found
 
 
 def _holder(value) -> bool:
@@ -122,27 +147,31 @@ def _difference(a: _Value, b: _Value, path: str, parent: _Value | None = None,
     after; the container holding it and its key there) of the first change from `a` to
     `b`; None if none."""
     here = (path, a, b, parent, key)
-    if a.kind != b.kind or a.kind == "other" and a.value is not b.value:
+    if a.kind != b.kind or a.kind in ("other", "function") and a.value is not b.value:
         return here
     if a.kind == "plain":
         return None if type(a.value) is type(b.value) and a.value == b.value else here
     if a.kind == "state":
         return None if same_state(a.items, b.items) else here
+    if a.kind == "array" and isinstance(a.items, array.array):
+        return None if type(b.items) is array.array and a.items.typecode == b.items.typecode and \
+            a.items.tolist() == b.items.tolist() else here
     if a.kind == "array":
         import numpy
 
-        same = a.items.shape == b.items.shape and a.items.dtype == b.items.dtype and numpy.array_equal(
-            a.items, b.items, equal_nan=a.items.dtype.kind in "fc")
+        same = type(b.items) is type(a.items) and a.items.shape == b.items.shape and \
+            a.items.dtype == b.items.dtype and numpy.array_equal(a.items, b.items,
+                                                                 equal_nan=a.items.dtype.kind in "fc")
         return None if same else here
     if a.kind in ("sized", "set"):
         return None if a.items == b.items else here
     if a.kind in ("tensor", "other"):   # a tensor: a placeholder or a cache (module docstring)
         return None
-    if a.kind in ("dict", "object"):
+    if a.kind in ("dict", "object", "function"):
         if len(a.items) != len(b.items) or not all(_same_key(x, y) for (x, _), (y, _) in zip(a.items, b.items)):
             return here
         for (name, x), (_, y) in zip(a.items, b.items):
-            inner = f"{path}.{name}" if a.kind == "object" else f"{path}[{name!r}]"
+            inner = f"{path}[{name!r}]" if a.kind == "dict" else f"{path}.{name}"
             if (found := _difference(x, y, inner, a, name)) is not None:
                 return found
         return None
@@ -181,13 +210,19 @@ def put_back(changes: list[_Change]) -> None:
         before, parent, key = change.before, change.parent, change.key
         if before.kind == "state":
             restore_generator(before.value, before.items)
+        elif before.kind == "array" and isinstance(before.items, array.array):
+            if len(before.value) == len(before.items):
+                before.value[:] = before.items
         elif before.kind == "array" and before.value.shape == before.items.shape:
             before.value[...] = before.items
         elif before.kind != "plain":
             continue
         elif parent is None:
             change.names[key] = before.value
-        elif parent.kind == "object":
+        elif parent.kind == "function" and key.startswith("<closure "):
+            cells = dict(zip(parent.value.__code__.co_freevars, parent.value.__closure__))
+            cells[key[len("<closure "):-1]].cell_contents = before.value
+        elif parent.kind in ("object", "function"):
             vars(parent.value)[key] = before.value
         elif parent.kind == "dict" and dict.__contains__(parent.value, key):
             setter = (collections.OrderedDict.__setitem__ if isinstance(parent.value, collections.OrderedDict)

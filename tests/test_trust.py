@@ -3,6 +3,7 @@ or crash now trains like eager or gets one clear error."""
 
 from __future__ import annotations
 
+import array
 import contextlib
 import copy
 import dataclasses
@@ -2456,6 +2457,63 @@ def test_a_counter_in_the_closure_of_a_class_a_function_builds_is_refused():
                                             r"_counting_class.<locals>.Counting.forward of test_trust "
                                             r"\(calls\[0\]\) at each call \(0, then 1, then 2"):
         _remat(_counting_class()(), (torch.randn(2, 4),))
+
+
+def _deep_bumper():
+    """A callback counting in its closure, held in a dict of callbacks."""
+    count = [0]
+
+    def bump():
+        count[0] += 1
+        return count[0]
+    return bump
+
+
+class _DeepCounting(torch.nn.Module):
+    """A forward advancing, per `kind`, a counter deeper in the user's globals than the
+    first snapshot read (review R5: each trained frozen at its traced value, eager's
+    losses -1.12, -5.01, -9.89 against -1.12, -4.59, -8.06)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.linear = kind, torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.kind == "four_levels_deep":
+            _DEEP_CONFIG["a"]["b"]["c"]["n"] += 1
+            scale = _DEEP_CONFIG["a"]["b"]["c"]["n"]
+        elif self.kind == "object_three_deep":
+            _DEEP_OBJECTS[0][0][0].n += 1
+            scale = _DEEP_OBJECTS[0][0][0].n
+        elif self.kind == "array_module":
+            _DEEP_ARRAY[0] += 1.0
+            scale = _DEEP_ARRAY[0]
+        else:   # "callback_closure"
+            scale = _DEEP_CALLBACKS["bump"]()
+        return (self.linear(x) * scale).square().mean()
+
+
+_DEEP_CONFIG = {"a": {"b": {"c": {"n": 0}}}}
+_DEEP_OBJECTS = [[[types.SimpleNamespace(n=0)]]]
+_DEEP_ARRAY = array.array("d", [0.0])
+_DEEP_CALLBACKS = {"bump": _deep_bumper()}
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("four_levels_deep", r"changes global '_DEEP_CONFIG' of test_trust \(_DEEP_CONFIG\['a'\]\['b'\]\['c'\]\['n'\]\) "
+                         r"at each call \(0, then 1, then 2 when traced again\)"),
+    ("object_three_deep", r"changes global '_DEEP_OBJECTS' of test_trust \(_DEEP_OBJECTS\[0\]\[0\]\[0\].n\) at "
+                          r"each call \(0, then 1, then 2"),
+    ("array_module", r"changes global '_DEEP_ARRAY' of test_trust at each call \(\[0.0\], then \[1.0\], then "
+                     r"\[2.0\]"),
+    ("callback_closure", r"changes global '_DEEP_CALLBACKS' of test_trust "
+                         r"\(_DEEP_CALLBACKS\['bump'\].<closure count>\[0\]\) at each call \(0, then 1, then 2")])
+def test_a_counter_deep_in_the_users_globals_is_refused_and_put_back(kind, said):
+    with pytest.raises(LoweringError, match=rf"_DeepCounting's forward does what tracing runs once and the graph "
+                                            rf"does not keep: it {said}"):
+        _remat(_DeepCounting(kind), (torch.randn(2, 4),))
+    assert (_DEEP_CONFIG["a"]["b"]["c"]["n"], _DEEP_OBJECTS[0][0][0].n, _DEEP_ARRAY.tolist(),
+            _DEEP_CALLBACKS["bump"].__closure__[0].cell_contents) == (0, 0, [0.0], [0])
 
 
 _COUNTER_FROM_STDIN = """
