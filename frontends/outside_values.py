@@ -219,9 +219,9 @@ def put_back(changes: list[_Change]) -> None:
             continue
         elif parent is None:
             change.names[key] = before.value
-        elif parent.kind == "function" and key.startswith("<closure "):
-            cells = dict(zip(parent.value.__code__.co_freevars, parent.value.__closure__))
-            cells[key[len("<closure "):-1]].cell_contents = before.value
+        elif parent.kind == "function" and key in _cells(parent.value):
+            free = [_CELL.format(name) for name in parent.value.__code__.co_freevars]
+            parent.value.__closure__[free.index(key)].cell_contents = before.value
         elif parent.kind in ("object", "function"):
             vars(parent.value)[key] = before.value
         elif parent.kind == "dict" and dict.__contains__(parent.value, key):
