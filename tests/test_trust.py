@@ -2459,16 +2459,6 @@ def test_a_counter_in_the_closure_of_a_class_a_function_builds_is_refused():
         _remat(_counting_class()(), (torch.randn(2, 4),))
 
 
-def _deep_bumper():
-    """A callback counting in its closure, held in a dict of callbacks."""
-    count = [0]
-
-    def bump():
-        count[0] += 1
-        return count[0]
-    return bump
-
-
 class _DeepCounting(torch.nn.Module):
     """A forward advancing, per `kind`, a counter deeper in the user's globals than the
     first snapshot read (review R5: each trained frozen at its traced value, eager's
@@ -2496,7 +2486,7 @@ class _DeepCounting(torch.nn.Module):
 _DEEP_CONFIG = {"a": {"b": {"c": {"n": 0}}}}
 _DEEP_OBJECTS = [[[types.SimpleNamespace(n=0)]]]
 _DEEP_ARRAY = array.array("d", [0.0])
-_DEEP_CALLBACKS = {"bump": _deep_bumper()}
+_DEEP_CALLBACKS = {"bump": _effect_ticker()}   # a callback counting in its closure
 
 
 @pytest.mark.parametrize("kind, said", [
