@@ -59,6 +59,7 @@ from .fx_nodes import node_module
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
+from .paused_collection import paused_collection
 from .swapped_parameters import swapped_parameters_as_parameters
 from .inference_buffers import inference_buffers_as_normal
 from .random_ops import draws_random
@@ -1024,7 +1025,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     refused = cached_parametrizations(model)
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
-    with traced_as_run(), certain_draws(), unpreserved_checkpoints_refused():
+    with paused_collection(), traced_as_run(), certain_draws(), unpreserved_checkpoints_refused():
         return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                       copy_long_lived_views, fusing)
 
