@@ -46,7 +46,7 @@ def test_trainer_given_the_model_remat_in_place_saves_checkpoints_from_pretraine
         model = small_llama(hidden=32, vocab=64)
         if kind == "remat":
             scheduled = remat_ir.remat(model, _Collator()(dataset[:4]), budget=0.5, cost_model="flops",
-                                       in_place=True)
+                                       in_place=True, time_limit_s=5)
         args = TrainingArguments(output_dir=str(tmp_path / kind), max_steps=3, per_device_train_batch_size=4,
                                  learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no",
                                  use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)

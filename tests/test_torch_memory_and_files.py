@@ -231,7 +231,7 @@ def test_budget_forms_and_infeasible_budget():
         parse_budget("40", 1000)
     model, args, kwargs, _ = gpt2(n_layer=1)
     with pytest.raises(InfeasibleBudget) as info:
-        remat_ir.remat(model, args, example_kwargs=kwargs, budget=1000, cost_model="flops")
+        remat_ir.remat(model, args, example_kwargs=kwargs, budget=1000, cost_model="flops", time_limit_s=5)
     message = str(info.value)
     assert re.fullmatch(r"no schedule fits a budget of 1,000 bytes \(1000 B, 0\.\d% of the "
                         r"store-everything peak\); the smallest feasible budget found is [\d,]+ bytes "

@@ -225,8 +225,8 @@ def test_a_call_that_does_not_match_names_the_argument():
 
 def test_plan_cache_skips_profiling_and_planning(tmp_path, capsys):
     model, _, kwargs, _ = gpt2(n_layer=1)
-    first = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
-    second = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
+    first = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path, time_limit_s=5)
+    second = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path, time_limit_s=5)
     # Re-profiling would never measure the same times to the bit; re-planning would record
     # its own planning time.
     assert [n.cost.time_s for n in second.graph.proto.nodes] == [n.cost.time_s for n in first.graph.proto.nodes]
@@ -238,22 +238,22 @@ def test_plan_cache_skips_profiling_and_planning(tmp_path, capsys):
     assert second.schedule.solver_params["reused_from"] == "input_ids [2, 16], labels [2, 16]"
     # A process planning every shape itself does not take that plan from the cache.
     own = remat_ir.remat(model, dict(input_ids=ids, labels=ids, use_cache=False), budget="95%",
-                         cache_dir=tmp_path, reuse_plans=False)
+                         cache_dir=tmp_path, reuse_plans=False, time_limit_s=5)
     assert "reused_from" not in own.schedule.solver_params
     # Another budget plans again on the cached profile.
-    third = remat_ir.remat(model, kwargs, budget=None, cache_dir=tmp_path)
+    third = remat_ir.remat(model, kwargs, budget=None, cache_dir=tmp_path, time_limit_s=5)
     assert [n.cost.time_s for n in third.graph.proto.nodes] == [n.cost.time_s for n in first.graph.proto.nodes]
     assert third.schedule.solver == "autograd"
     # Corrupt entries are reported and planned again, never trusted.
     for entry in tmp_path.glob("*/*.plan"):
         entry.write_bytes(b"\x08garbage")
     capsys.readouterr()
-    again = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
+    again = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path, time_limit_s=5)
     assert "remat-ir: ignoring cache entry" in capsys.readouterr().err
     assert again.schedule.solve_time_s != first.schedule.solve_time_s
     for entry in tmp_path.glob("*/graph.rir"):
         entry.write_bytes(entry.read_bytes()[:-20])
-    fresh = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path)
+    fresh = remat_ir.remat(model, kwargs, budget="95%", cache_dir=tmp_path, time_limit_s=5)
     assert "remat-ir: ignoring cache entry" in capsys.readouterr().err
     assert [n.cost.time_s for n in fresh.graph.proto.nodes] != [n.cost.time_s for n in first.graph.proto.nodes]
 
@@ -277,13 +277,13 @@ def test_plan_cache_refuses_a_plan_made_for_another_budget_under_the_key(tmp_pat
     """A plan file copied under another budget's key (a stale or mixed-up entry) was taken
     because it fit its own budget: 1.27x the budget asked (found by a review)."""
     model, _, kwargs, _ = gpt2(n_layer=1)
-    remat_ir.remat(model, kwargs, budget="95%", cost_model="flops", cache_dir=tmp_path)
+    remat_ir.remat(model, kwargs, budget="95%", cost_model="flops", cache_dir=tmp_path, time_limit_s=5)
     (larger,) = tmp_path.glob("*/*.plan")
-    asked = remat_ir.remat(model, kwargs, budget="75%", cost_model="flops", cache_dir=tmp_path)
+    asked = remat_ir.remat(model, kwargs, budget="75%", cost_model="flops", cache_dir=tmp_path, time_limit_s=5)
     (smaller,) = set(tmp_path.glob("*/*.plan")) - {larger}
     smaller.write_bytes(larger.read_bytes())
     capsys.readouterr()
-    again = remat_ir.remat(model, kwargs, budget="75%", cost_model="flops", cache_dir=tmp_path)
+    again = remat_ir.remat(model, kwargs, budget="75%", cost_model="flops", cache_dir=tmp_path, time_limit_s=5)
     assert "it was planned for a budget of" in capsys.readouterr().err
     assert again.schedule.budget_bytes == asked.schedule.budget_bytes
     assert again.schedule.predicted_peak_bytes <= asked.schedule.budget_bytes
@@ -419,10 +419,10 @@ def test_a_plan_holds_its_budget_under_the_cpu_kernels_a_call_runs(lowered, call
     eager = copy.deepcopy(model)
     cache = tmp_path if cached else False
     with _cpu_kernels(*lowered):
-        scheduled = remat_ir.remat(model, (x,), budget=budget, cache_dir=cache)
+        scheduled = remat_ir.remat(model, (x,), budget=budget, cache_dir=cache, time_limit_s=5)
     with _cpu_kernels(*called):
         if cached:   # another process, the same cache
-            scheduled = remat_ir.remat(model, (x,), budget=budget, cache_dir=cache)
+            scheduled = remat_ir.remat(model, (x,), budget=budget, cache_dir=cache, time_limit_s=5)
             assert len(list(tmp_path.glob("*/graph.rir"))) == 2
         loss_e, loss_s = eager(x), scheduled(x)
         loss_e.backward(), loss_s.backward()
@@ -489,8 +489,9 @@ def test_a_new_signature_that_cannot_be_planned_says_which_call():
 
     torch.manual_seed(0)
     data = torch.randint(0, 32, (10, 8))
-    planned = remat_ir.remat(_TinyEncoder(), data[:4], budget=0.65, cost_model="flops").schedule.budget_bytes
-    scheduled = remat_ir.remat(_TinyEncoder(), data[:4], budget=planned, cost_model="flops")
+    planned = remat_ir.remat(_TinyEncoder(), data[:4], budget=0.65, cost_model="flops",
+                             time_limit_s=5).schedule.budget_bytes
+    scheduled = remat_ir.remat(_TinyEncoder(), data[:4], budget=planned, cost_model="flops", time_limit_s=5)
     scheduled(data[:4]).sum().backward()
     with pytest.raises(InfeasibleBudget, match=r"^planning this call's new input signature \(argument "
                                                r"args\[0\] is tensor \[10, 8\] int64, lowered for "
@@ -510,7 +511,7 @@ def test_the_smaller_last_batch_below_a_share_budgets_floor_trains_at_its_floor(
     data = torch.randint(0, 32, (10, 8))
     model = _TinyEncoder()
     eager = copy.deepcopy(model)
-    scheduled = remat_ir.remat(model, data[:4], budget=0.65, cost_model="flops")
+    scheduled = remat_ir.remat(model, data[:4], budget=0.65, cost_model="flops", time_limit_s=5)
     full = scheduled.schedule.budget_bytes
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, scheduled)]
     for step, batch in enumerate((data[:4], data[4:8], data[8:])):   # no drop_last
@@ -528,7 +529,7 @@ def test_the_smaller_last_batch_below_a_share_budgets_floor_trains_at_its_floor(
     assert len(notices) == 1 and "planned at that smallest budget instead" in notices[0]
     # a byte budget is a bound, and so is the first call's share: refused as asked
     with pytest.raises(InfeasibleBudget):
-        remat_ir.remat(_TinyEncoder(), data[8:], budget=0.65, cost_model="flops")
+        remat_ir.remat(_TinyEncoder(), data[8:], budget=0.65, cost_model="flops", time_limit_s=5)
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
@@ -885,7 +886,7 @@ def test_a_model_remat_in_place_runs_its_plan_when_called_and_stays_the_model():
     data = torch.randint(0, 32, (6, 8))
     model = _TinyEncoder()
     eager = copy.deepcopy(model)
-    scheduled = remat_ir.remat(model, data[:4], budget=0.7, cost_model="flops", in_place=True)
+    scheduled = remat_ir.remat(model, data[:4], budget=0.7, cost_model="flops", in_place=True, time_limit_s=5)
     assert list(model.state_dict()) == list(eager.state_dict()) and model.to("cpu") is model
     for step, batch in enumerate((data[:4], data[4:])):
         for module in (eager, model):

@@ -183,7 +183,7 @@ def test_transformers_sew_d_whose_dropout_draws_in_a_function_trains_like_eager(
         position_buckets=16, hidden_dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,
         feat_proj_dropout=0.1, layerdrop=0.0, mask_time_prob=0.0)).train()
     batch = {"input_values": torch.randn(2, 800)}
-    scheduled = remat_ir.remat(model, batch, budget=0.5, cost_model="flops")
+    scheduled = remat_ir.remat(model, batch, budget=0.5, cost_model="flops", time_limit_s=5)
     assert any(scheduled.graph.node(n).random and scheduled.graph.node(n).op.startswith("remat_ir_fn.xdropout_")
                for n in scheduled.graph.nodes)
     assert side_by_side(model, lambda m: scheduled, (), batch,
