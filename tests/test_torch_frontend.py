@@ -375,3 +375,39 @@ def test_a_held_tensor_written_under_no_grad_is_refused_by_line():
                                             r"parameter nor a buffer \(count of _CountsUnderNoGrad; aten::add_.Tensor "
                                             r"at .*test_torch_frontend\.py:\d+ in forward\).*register_buffer"):
         lower_torch(_CountsUnderNoGrad(), (torch.randn(2, 4),), cost_model="flops")
+
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_the_garbage_collector_waits_while_tracing_and_is_put_back_as_it_was(collector_on, monkeypatch):
+    """Lowering holds the collector off (`frontends/paused_collection.py`), as torch.export
+    traces, and leaves it as the caller had it, after a refused model too: left off, every
+    later reference cycle of the user's program would stay in memory."""
+    import gc
+
+    from remat_ir.frontends.torch import LoweringError, lower
+
+    export, seen = torch.export.export, []
+
+    def noting(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", noting)
+    was = gc.isenabled()
+    (gc.enable if collector_on else gc.disable)()
+    try:
+        lower(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+        assert seen and not any(seen)
+        assert gc.isenabled() == collector_on
+
+        class DataSized(torch.nn.Linear):
+            def forward(self, x):
+                y = super().forward(x)
+                return y[y > 0].sum()
+
+        with pytest.raises(LoweringError):
+            lower(DataSized(4, 4), (torch.randn(2, 4),))
+        assert gc.isenabled() == collector_on
+    finally:
+        (gc.enable if was else gc.disable)()
