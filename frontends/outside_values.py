@@ -63,7 +63,9 @@ class _Value:
 #: suite's or a notebook's globals is mostly these (this repository's tests: 9,000 values
 #: in 2,720 globals, read at least twice per lowering).
 _PLAIN = frozenset(PLAIN_TYPES)
-_SEQUENCES = {list: "list", tuple: "tuple"}
+#: Containers whose items are read, by the base class whose methods read them (a
+#: subclass's own `__len__`/`__iter__` is not called).
+_CONTAINERS = (list, tuple, collections.deque, dict)
 
 
 def _seen(value, budget: list[int], depth: int = 0) -> _Value:
@@ -71,14 +73,8 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
     cls = type(value)
     if cls in _PLAIN and value == value:   # `plain`, first: most values are
         return _Value(value, "plain", value)
-    if (kind := _SEQUENCES.get(cls)) is not None or cls is dict:   # no generator, array or holder
-        if depth >= _DEPTH or budget[0] <= 0:
-            return _Value(value, "other")
-        if len(value) > budget[0]:   # its length alone (a dataset's list)
-            return _Value(value, "sized", len(value))
-        if kind is None:
-            return _Value(value, "dict", [(key, _seen(item, budget, depth + 1)) for key, item in value.items()])
-        return _Value(value, kind, [_seen(item, budget, depth + 1) for item in value])
+    if cls is list or cls is tuple or cls is dict:   # exactly: no generator, array or holder
+        return _contained(value, cls, budget, depth)
     numpy = sys.modules.get("numpy")
     if isinstance(value, _CODE):   # most globals: by identity, quickly
         if isinstance(value, types.FunctionType) and (vars(value) or value.__closure__ and depth > 0) and \
@@ -102,22 +98,29 @@ def _seen(value, budget: list[int], depth: int = 0) -> _Value:
         return _Value(value, "array", value.copy())   # `STEPS[0] += 1`
     if isinstance(value, array.array) and len(value) <= _ARRAY:
         return _Value(value, "array", array.array(value.typecode, value))
-    for base in (list, tuple, collections.deque, dict, set, frozenset):
+    for base in _CONTAINERS:
         if isinstance(value, base):
-            if base.__len__(value) > budget[0]:   # its length alone (a dataset's list)
-                return _Value(value, "sized", base.__len__(value))
-            break
-    for base in (list, tuple, collections.deque):
-        if isinstance(value, base):
-            return _Value(value, base.__name__, [_seen(item, budget, depth + 1) for item in base.__iter__(value)])
-    if isinstance(value, dict):
-        return _Value(value, "dict", [(key, _seen(item, budget, depth + 1)) for key, item in dict.items(value)])
+            return _contained(value, base, budget, depth)
     if isinstance(value, (set, frozenset)):
-        items = (set if isinstance(value, set) else frozenset).__iter__(value)
-        return _Value(value, "set", frozenset(item if plain(item) else id(item) for item in items))
+        base = set if isinstance(value, set) else frozenset
+        if base.__len__(value) > budget[0]:   # its length alone
+            return _Value(value, "sized", base.__len__(value))
+        return _Value(value, "set", frozenset(item if plain(item) else id(item) for item in base.__iter__(value)))
     if _holder(value):
         return _Value(value, "object", [(key, _seen(item, budget, depth + 1)) for key, item in vars(value).items()])
     return _Value(value, "other")
+
+
+def _contained(value, base: type, budget: list[int], depth: int) -> _Value:
+    """A list's, tuple's, deque's or dict's items as `base` reads them; its length alone
+    where they would pass the budget (a dataset's list)."""
+    if depth >= _DEPTH or budget[0] <= 0:
+        return _Value(value, "other")
+    if base.__len__(value) > budget[0]:
+        return _Value(value, "sized", base.__len__(value))
+    if base is dict:
+        return _Value(value, "dict", [(key, _seen(item, budget, depth + 1)) for key, item in dict.items(value)])
+    return _Value(value, base.__name__, [_seen(item, budget, depth + 1) for item in base.__iter__(value)])
 
 
 #: How a closure cell of a function is named among its items (no attribute is named so).
