@@ -23,6 +23,7 @@ import os
 import random
 import sys
 import types
+import weakref
 import operator
 
 import torch
@@ -100,11 +101,12 @@ def same_state(a, b) -> bool:
 #: compiles: taken for a Function backward's effect, review of the CI run 2026-12-02).
 _NOT_USERS = ("remat_ir", "torch", "triton", "torchgen")
 
-#: Module name -> (the module, whether it is one of the user's files): thousands of
-#: modules are looked at, five times per lowering, and a module stays what it is; a name
-#: bound to another module (a reload, `runpy`'s `__main__`) is judged again. Judged by
-#: their file each time, they took 38 ms of a lowering in the test suite (3,243 modules).
-_USERS_MODULES: dict[str, tuple[object, bool]] = {}
+#: Module name -> (a weak reference to the module, whether it is one of the user's
+#: files): thousands of modules are looked at, five times per lowering, and a module stays
+#: what it is; a name bound to another module (a reload, `runpy`'s `__main__`) is judged
+#: again, and a module dropped from `sys.modules` is not kept alive by this cache. Judged
+#: by their file each time, they took 38 ms of a lowering in the test suite (3,243 modules).
+_USERS_MODULES: dict[str, tuple[weakref.ref, bool]] = {}
 
 
 def _namespaces() -> list[tuple[str, dict]]:
@@ -112,17 +114,19 @@ def _namespaces() -> list[tuple[str, dict]]:
     notebook, `python -c`)."""
     found, seen = [], set()
     for name, namespace in list(sys.modules.items()):
+        if not isinstance(namespace, types.ModuleType):   # a library's stand-in: no user's
+            continue
         known = _USERS_MODULES.get(name)
-        if known is None or known[0] is not namespace:
-            known = _USERS_MODULES[name] = (namespace, _users_module(name, namespace))
+        if known is None or known[0]() is not namespace:
+            known = _USERS_MODULES[name] = (weakref.ref(namespace), _users_module(name, namespace))
         if known[1] and id(namespace) not in seen:
             seen.add(id(namespace))
             found.append((name, vars(namespace)))
     return found
 
 
-def _users_module(name: str, namespace) -> bool:
-    if not isinstance(namespace, types.ModuleType) or name.split(".")[0] in _NOT_USERS:
+def _users_module(name: str, namespace: types.ModuleType) -> bool:
+    if name.split(".")[0] in _NOT_USERS:
         return False
     if name == "__main__":
         return True

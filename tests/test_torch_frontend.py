@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections import Counter
 
 import pytest
@@ -411,3 +412,37 @@ def test_the_garbage_collector_waits_while_tracing_and_is_put_back_as_it_was(col
         assert gc.isenabled() == collector_on
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_module_dropped_from_sys_modules_is_not_kept_alive_by_lowering(tmp_path, monkeypatch):
+    """Lowering remembers which modules are the user's (`outside_state._USERS_MODULES`)
+    but holds them weakly: a module a program drops (a plugin unloaded, a notebook's
+    reloaded file) is freed with its globals, and one bound again under its name is
+    judged again, so its globals are looked at."""
+    import gc
+    import importlib.util
+    import sys
+    import weakref
+
+    from remat_ir.frontends import outside_state
+    from remat_ir.frontends.torch import lower
+
+    file = tmp_path / "users_settings_module.py"
+    file.write_text("STEPS = [0]\n")
+    spec = importlib.util.spec_from_file_location("users_settings_module", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "users_settings_module", module)
+    monkeypatch.setattr(outside_state, "is_users_file", lambda path: path == str(file))
+    monkeypatch.setattr(outside_state, "_USERS_MODULES", {})   # judged under this stand-in
+    assert "users_settings_module" in dict(outside_state._namespaces())
+
+    lower(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    gone = weakref.ref(module)
+    del sys.modules["users_settings_module"], module
+    gc.collect()
+    assert gone() is None
+
+    again = types.ModuleType("users_settings_module")   # no file: not the user's
+    monkeypatch.setitem(sys.modules, "users_settings_module", again)
+    assert "users_settings_module" not in dict(outside_state._namespaces())
