@@ -51,7 +51,7 @@ from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
-from . import gru_kernels, outside_values, prod_kernels
+from . import gru_kernels, outside_values, prod_kernels, spectral_kernels
 from .export_draws import drawing_as_eager
 from .unpreserved_checkpoints import unpreserved_checkpoints_refused
 from .errors import LoweringError
@@ -185,20 +185,24 @@ def _eager_kernels():
     for op, kernel in gru_kernels.KERNELS.items():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
         op._dispatch_cache.clear()
-    for op, kernel in prod_kernels.KERNELS.items():   # eager's prod backward, by value
-        if (old := op.py_kernels.get(prod_kernels.KEY)) is not None:
-            taken.append((op, prod_kernels.KEY, old))
-        op.py_kernels[prod_kernels.KEY] = kernel
-        op._dispatch_cache.clear()
+    # eager's prod backward, by value; eager's istft, op for op
+    replaced = (prod_kernels, spectral_kernels)
+    for module in replaced:
+        for op, kernel in module.KERNELS.items():
+            if (old := op.py_kernels.get(module.KEY)) is not None:
+                taken.append((op, module.KEY, old))
+            op.py_kernels[module.KEY] = kernel
+            op._dispatch_cache.clear()
     try:
         yield
     finally:
         for op in gru_kernels.KERNELS:
             op.py_kernels.pop(DispatchKey.CompositeImplicitAutograd, None)
             op._dispatch_cache.clear()
-        for op in prod_kernels.KERNELS:
-            op.py_kernels.pop(prod_kernels.KEY, None)
-            op._dispatch_cache.clear()
+        for module in replaced:
+            for op in module.KERNELS:
+                op.py_kernels.pop(module.KEY, None)
+                op._dispatch_cache.clear()
         for op, key, kernel in taken:
             op.py_kernels[key] = kernel
             op._dispatch_cache.clear()
