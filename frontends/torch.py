@@ -92,14 +92,18 @@ from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cac
                                      cpu_kernels_state, describe_input, input_aliases, ir_dtype,
                                      op_name, record_device, raw_bytes, resolve_op, sdpa_state,
                                      to_ir_argument, uncached_under_autocast)
-from remat_ir.torchlib import model_structure
+from remat_ir.torchlib import model_structure, value_checks
 from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.value_guards import ValueGuards
 
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
-_ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
+_ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar",
                "aten.sym_constrain_range_for_size")
+#: Ops that check tensor values at every call (`F.one_hot`'s class range, a user's
+#: `torch._assert_async`): each becomes a `remat_ir.value_check` node
+#: (`torchlib/value_checks.py`), whose empty result is a VALUE_CHECK output.
+_VALUE_CHECK_OPS = ("aten._assert_async",)
 
 
 #: Random ops whose draws from the generator depend only on shapes, dtypes, strides and
@@ -206,6 +210,21 @@ def _eager_kernels():
         for op, key, kernel in taken:
             op.py_kernels[key] = kernel
             op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def _value_checks_kept():
+    """While AOTAutograd traces, `aten._assert_async.default` (`torch._assert_async(t)`
+    without a message) counts as an op with an effect, as its overload with a message does
+    in PyTorch: else the joint graph's dead-code pass drops it, and the step never checked."""
+    effects, op = torch.fx.node._side_effectful_functions, torch.ops.aten._assert_async.default
+    added = op not in effects
+    effects.add(op)
+    try:
+        yield
+    finally:
+        if added:
+            effects.discard(op)
 
 
 def _refusing_onednn_lstms(decomposition):
@@ -700,6 +719,7 @@ class _Lowering:
         self.number_of: dict[torch.fx.Node, int | float | bool] = {}
         self.masked_of: dict[torch.fx.Node, set[int]] = {}  # tuple FX node -> undefined positions
         self.storage_of: dict[int, int] = {}                   # fake storage cdata -> IR storage
+        self.checked: list[torch.Tensor] = []   # value checks' empty results (`value_check`)
         self.forward_by_seq: dict[int, int] = {}
         #: User outputs the trace fixed (None, a number, a string), by flat output position.
         self.constant_outputs: dict[int, object] = {}
@@ -728,6 +748,21 @@ class _Lowering:
             value.stride.extend(fake.stride())
             value.storage_offset = fake.storage_offset()
         return vid
+
+    def value_check(self, node: torch.fx.Node) -> None:
+        """`_assert_async(condition[, message])` as a `remat_ir.value_check` node in the
+        forward, its empty result a VALUE_CHECK output so that every schedule runs it
+        (a node whose result nothing reads would be left out of plans)."""
+        condition = node.args[0]
+        message = node.args[1] if len(node.args) > 1 else node.kwargs.get("assert_msg")
+        empty = condition.meta["val"].new_empty(0)
+        self.checked.append(empty)   # its storage's id stays its own (`new_value`)
+        output = self.new_value(node.name, empty, "activation")
+        phase = "backward" if node.meta.get("partitioner_tag") == "is_backward" else "forward"
+        self.g.add_node(value_checks.OP, [self.tensor_id(condition)], [output], phase=phase,
+                        name=node.name, args=[TensorRef(self.tensor_id(condition)), message],
+                        source=node_module(node))
+        self.g.add_output(output, "value_check", node.name)
 
     def tensor_id(self, node: torch.fx.Node) -> int:
         try:
@@ -816,6 +851,9 @@ class _Lowering:
             raise LoweringError(f"op {getattr(target, '__name__', target)!r} from "
                                 f"{where} is not an aten-level op; the runtime cannot execute it")
         name = op_name(target)
+        if name.startswith(_VALUE_CHECK_OPS):
+            self.value_check(node)
+            return
         if name.startswith(_ASSERT_OPS):
             return
         phase = "backward" if node.meta.get("partitioner_tag") == "is_backward" else "forward"
@@ -1057,6 +1095,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         # forward's autocast and cast again inside regions the model ran with autocast off.
         stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
         stack.enter_context(_eager_kernels())
+        stack.enter_context(_value_checks_kept())
         try:
             decompositions = FUSING_DECOMPOSITIONS if fusing else None
             module = exported.module()

@@ -22,13 +22,13 @@ from .dtypes import dtype_from_name, nbytes
 #: 1.1 added `GraphInput.user_input_position` and `argument_name`; 1.0 files are still
 #: read (`ir.serialization` fills the positions). 1.2 added `Provenance.cost_model` and
 #: the cost source TIMED_IN_STEP (nothing to fill: an older file has no step overhead).
-FORMAT_VERSION = (1, 13)
+FORMAT_VERSION = (1, 14)
 
 #: Graph-input value kinds; they are always live and counted apart from activations.
 RESIDENT_KINDS = frozenset({pb.USER_INPUT, pb.PARAMETER, pb.BUFFER, pb.CONSTANT, pb.GRADIENT})
 
 #: Output roles produced by the forward segment (the rest come from backward).
-FORWARD_OUTPUT_ROLES = frozenset({pb.USER_OUTPUT, pb.BUFFER_UPDATE})
+FORWARD_OUTPUT_ROLES = frozenset({pb.USER_OUTPUT, pb.BUFFER_UPDATE, pb.VALUE_CHECK})
 
 
 def _next_id(index: dict) -> int:

@@ -76,6 +76,7 @@ class OutputRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PARAMETER_GRADIENT: _ClassVar[OutputRole]
     INPUT_GRADIENT: _ClassVar[OutputRole]
     BUFFER_UPDATE: _ClassVar[OutputRole]
+    VALUE_CHECK: _ClassVar[OutputRole]
 
 class SolveStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -132,6 +133,7 @@ USER_OUTPUT: OutputRole
 PARAMETER_GRADIENT: OutputRole
 INPUT_GRADIENT: OutputRole
 BUFFER_UPDATE: OutputRole
+VALUE_CHECK: OutputRole
 SOLVE_STATUS_UNSPECIFIED: SolveStatus
 OPTIMAL: SolveStatus
 FEASIBLE: SolveStatus

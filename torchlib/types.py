@@ -20,6 +20,7 @@ from remat_ir.ir.dtypes import dtype_from_name, dtype_name
 
 from . import layout_draws  # noqa: F401  registers remat_ir::draw_in_layout, which graphs name
 from . import masked_assign  # noqa: F401  registers remat_ir::put_masked, which graphs name
+from . import value_checks  # noqa: F401  registers remat_ir::value_check, which graphs name
 
 _TORCH_DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,

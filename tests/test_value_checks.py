@@ -1,0 +1,99 @@
+"""Checks on tensor values a forward makes run at every step, as eager runs them.
+
+`F.one_hot` (traced through PyTorch's Python version) checks that the classes are in
+range with `_assert_async`, and so may a user's forward (`torch._assert_async`). Lowering
+dropped those ops, so a batch eager refuses trained on silently: a label 7 of 5 classes
+became an all-zero row of the target. Each is now a `remat_ir.value_check` node whose
+empty result is a VALUE_CHECK output (`torchlib/value_checks.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import remat_ir
+from remat_ir import ir
+from remat_ir.ir import pb
+
+
+class _OneHotTargets(torch.nn.Module):
+    """Label smoothing written by hand with `one_hot`, and a check of the inputs' range
+    (`torch._assert_async`, without a message and with one) on the input and on an
+    activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 16)
+        self.head = torch.nn.Linear(16, 5)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x, labels):
+        torch._assert_async((x.abs() < 100).all())
+        h = self.drop(torch.tanh(self.lin(x)))
+        torch._assert_async(torch.isfinite(h).all(), "hidden states are not finite")
+        target = torch.nn.functional.one_hot(labels, 5).float() * 0.9 + 0.02
+        return -(target * self.head(h).log_softmax(-1)).sum(-1).mean()
+
+
+def _step(model, *inputs):
+    torch.manual_seed(7)
+    loss = model(*inputs)
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("plan", [dict(solver="autograd"), dict(solver="recompute-all"),
+                                  dict(budget=0.9, time_limit_s=5)], ids=["autograd", "recompute-all", "hiremate"])
+def test_value_checks_raise_as_eagers_do_and_good_batches_train_bitwise(plan):
+    torch.manual_seed(0)
+    model, x = _OneHotTargets(), torch.randn(6, 8)
+    labels = torch.tensor([0, 1, 2, 3, 4, 0])
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x, labels), cost_model="flops", cache_dir=False, **plan)
+    checks = [o for o in scheduled.graph.proto.outputs if o.role == pb.VALUE_CHECK]
+    assert len(checks) == 4   # one_hot's two, and the forward's own two
+    assert ir.simulate(scheduled.graph, scheduled.schedule).valid
+
+    bad = [((x, torch.tensor([0, 1, 7, 3, 4, 0])), "Class values must be smaller than num_classes"),
+           ((x, torch.tensor([0, -1, 2, 3, 4, 0])), "Class values must be non-negative"),
+           ((x * 1e3, labels), "Expected Tensor with single nonzero value, but got zero"),
+           ((x.masked_fill(x > 1, float("nan")), labels), None)]   # nan: x.abs() < 100 is false too
+    for inputs, message in bad:
+        with pytest.raises(RuntimeError) as eager_error:
+            _step(eager, *inputs)
+        with pytest.raises(RuntimeError) as error:
+            _step(scheduled, *inputs)
+        assert message is None or message in str(eager_error.value) and message in str(error.value)
+    eager.zero_grad(), model.zero_grad()
+    for _ in range(2):   # a refused batch leaves nothing behind: the next steps are eager's
+        assert torch.equal(_step(eager, x, labels), _step(scheduled, x, labels))
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+def test_a_value_check_survives_a_file_and_every_schedule_keeps_it(tmp_path):
+    """The check's node and output are in the IR file as lowered, and plans of every
+    built-in solver that plans this graph run it in the forward, where it was."""
+    from remat_ir import solvers
+    from remat_ir.lowering import lower_torch
+
+    torch.manual_seed(0)
+    graph = lower_torch(_OneHotTargets(), (torch.randn(6, 8), torch.tensor([0, 1, 2, 3, 4, 0])),
+                        cost_model="flops")
+    path = tmp_path / "checked.rir"
+    ir.save(graph, path)
+    again = ir.load(path)
+    checkers = [n.id for n in again.proto.nodes if n.op == "remat_ir.value_check.default"]
+    assert len(checkers) == 4 and all(again.node(n).phase == pb.FORWARD for n in checkers)
+    peak = ir.store_all(again).predicted_peak_bytes
+    for solver in ("checkmate", "rotor", "twremat", "fastsa", "sqrt", "recompute-all"):
+        try:
+            schedule = solvers.solve(again, int(peak * 0.9), solver, time_limit_s=5)
+        except solvers.InfeasibleBudget as refused:
+            schedule = refused.schedule
+        forward = [s.compute for s in schedule.steps[:schedule.backward_start] if s.HasField("compute")]
+        assert all(n in forward for n in checkers), solver
+        assert ir.simulate(again, schedule).valid, solver

@@ -1,0 +1,40 @@
+"""`remat_ir::value_check`: a check on tensor values that the forward makes, run in
+every step as eager runs it.
+
+Why: eager's `_assert_async(condition, message)` raises when `condition` is false
+(on CPU at once, on CUDA as a device-side assert). PyTorch's traced `F.one_hot` makes two
+(the classes are not negative, and below `num_classes`), as does a user's
+`torch._assert_async`. The op returns nothing, so a graph of values had no place for it
+and lowering dropped it: `F.one_hot(labels, 5)` with a label 7 trained on silently with an
+all-zero row where eager raises "Class values must be smaller than num_classes".
+
+The op takes the condition and the message, runs `_assert_async` on them, and returns
+an empty tensor, which the graph hands out as a `VALUE_CHECK` output: every schedule then
+runs the check in the forward, and the runtime drops the empty tensor. Registered when
+`remat_ir.torchlib.types` is imported, which every frontend and runtime does
+(`frontends/torch.py` puts the op where a traced forward asserts).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAME = "remat_ir::value_check"
+#: The op as the IR names it.
+OP = "remat_ir.value_check.default"
+
+
+@torch.library.custom_op(NAME, mutates_args=())
+def value_check(condition: torch.Tensor, message: str | None) -> torch.Tensor:
+    """Eager's `_assert_async(condition, message)` (None: its overload without a message,
+    which says "Expected Tensor with single nonzero value, but got zero")."""
+    if message is None:
+        torch._assert_async(condition)
+    else:
+        torch._assert_async(condition, message)
+    return condition.new_empty(0)
+
+
+@value_check.register_fake
+def _(condition, message):
+    return condition.new_empty(0)
