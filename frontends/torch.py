@@ -324,21 +324,25 @@ def _argument(node: pb.Node, name: str):
     return decode(node.args[position]) if position < len(node.args) else None
 
 
+#: Ops with an effect that AOTAutograd threads through a token (`with_effects`) and the
+#: lowering turns into checks on values (`_Converter.effect`): `torch.linalg`'s checked
+#: ops (inv, solve, cholesky, ...) raise on a singular input through this one.
+_CHECKS_WITH_EFFECTS = (torch.ops.aten._linalg_check_errors.default,)
+
+
 def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
     """LoweringError naming an op with a side effect, which AOTAutograd threads through a
-    token (`with_effects`): the graph would need the token as an input, which a step of
-    remat-ir does not have (torch.linalg's checked ops raise on bad inputs this way)."""
+    token (`with_effects`), other than the checks lowered as such (`_CHECKS_WITH_EFFECTS`):
+    the graph would need the token as an input, which a step of remat-ir does not have."""
     for node in module.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.higher_order.with_effects:
             op = node.args[1]
+            if op in _CHECKS_WITH_EFFECTS and node.meta.get("partitioner_tag") != "is_backward":
+                continue
             raise LoweringError(
                 f"{model} calls {op} ({node_module(node) or 'in its forward'}), an op with a side "
-                f"effect that tracing orders through a token, which remat-ir cannot lower. "
-                f"torch.linalg's checked ops do this (they raise on a singular input): use "
-                f"their unchecked forms (torch.linalg.cholesky_ex, inv_ex, solve_ex, ...) and "
-                f"check `info` outside the model; inside PyTorch's orthogonal parametrization "
-                f"(its 'cayley' map solves a system), take orthogonal_map='matrix_exp' or "
-                f"'householder'")
+                f"effect that tracing orders through a token, which remat-ir cannot lower: "
+                f"call it outside the model")
 
 
 def _tied(named) -> list[list[str]]:
@@ -719,7 +723,8 @@ class _Lowering:
         self.number_of: dict[torch.fx.Node, int | float | bool] = {}
         self.masked_of: dict[torch.fx.Node, set[int]] = {}  # tuple FX node -> undefined positions
         self.storage_of: dict[int, int] = {}                   # fake storage cdata -> IR storage
-        self.checked: list[torch.Tensor] = []   # value checks' empty results (`value_check`)
+        self.checked: list[torch.Tensor] = []   # value checks' empty results (`add_check`)
+        self.tokens: set[torch.fx.Node] = set()   # effect tokens of checks (`effect`)
         self.forward_by_seq: dict[int, int] = {}
         #: User outputs the trace fixed (None, a number, a string), by flat output position.
         self.constant_outputs: dict[int, object] = {}
@@ -750,18 +755,33 @@ class _Lowering:
         return vid
 
     def value_check(self, node: torch.fx.Node) -> None:
-        """`_assert_async(condition[, message])` as a `remat_ir.value_check` node in the
-        forward, its empty result a VALUE_CHECK output so that every schedule runs it
-        (a node whose result nothing reads would be left out of plans)."""
-        condition = node.args[0]
+        """`_assert_async(condition[, message])` as a `remat_ir.value_check` node."""
         message = node.args[1] if len(node.args) > 1 else node.kwargs.get("assert_msg")
-        empty = condition.meta["val"].new_empty(0)
+        self.add_check(node, value_checks.OP, node.args[0], [message])
+
+    def effect(self, node: torch.fx.Node) -> None:
+        """`with_effects(token, op, *args)` of a check (`_CHECKS_WITH_EFFECTS`, the only
+        ones `_check_effects` lets through): `_linalg_check_errors(info, api_name,
+        is_matrix)` as a `remat_ir.linalg_check` node; its token is dropped."""
+        _, op, info, api_name, *rest = node.args
+        is_matrix = rest[0] if rest else node.kwargs.get("is_matrix")
+        self.add_check(node, value_checks.LINALG_OP, info, [api_name, is_matrix])
+        self.tokens.add(node)
+
+    def add_check(self, node: torch.fx.Node, op: str, tensor: torch.fx.Node, rest: list) -> None:
+        """A check on the values of `tensor` (`torchlib/value_checks.py`): a node in the
+        forward whose empty result is a VALUE_CHECK output, so that every schedule runs it
+        (a node whose result nothing reads would be left out of plans)."""
+        if node.meta.get("partitioner_tag") == "is_backward":
+            raise LoweringError(f"the backward checks values with {node.target} "
+                                f"({node_module(node) or 'an unknown module'}), which remat-ir "
+                                f"runs in the forward only: call it outside the model")
+        empty = tensor.meta["val"].new_empty(0)
         self.checked.append(empty)   # its storage's id stays its own (`new_value`)
         output = self.new_value(node.name, empty, "activation")
-        phase = "backward" if node.meta.get("partitioner_tag") == "is_backward" else "forward"
-        self.g.add_node(value_checks.OP, [self.tensor_id(condition)], [output], phase=phase,
-                        name=node.name, args=[TensorRef(self.tensor_id(condition)), message],
-                        source=node_module(node))
+        vid = self.tensor_id(tensor)
+        self.g.add_node(op, [vid], [output], phase="forward", name=node.name,
+                        args=[TensorRef(vid), *rest], source=node_module(node))
         self.g.add_output(output, "value_check", node.name)
 
     def tensor_id(self, node: torch.fx.Node) -> int:
@@ -792,6 +812,9 @@ class _Lowering:
         elif kind_name == "TangentAOTInput":
             vid = self.new_value(f"grad_{node.name}", fake, "gradient")
             self.pending_tangents.append((vid, desc))
+        elif kind_name == "ForwardTokenAOTInput":   # orders the checks' effects (`effect`)
+            self.tokens.add(node)
+            return
         else:
             raise LoweringError(f"graph input {node.name!r} has a kind this frontend does not "
                                 f"handle yet: {desc}")
@@ -826,6 +849,9 @@ class _Lowering:
         target = node.target
         if target is operator.getitem:
             parent, index = node.args
+            if parent in self.tokens:   # a check's new token (`effect`)
+                self.tokens.add(node)
+                return
             items = self.items_of.get(parent)
             if index in self.numbers_of.get(parent, {}):
                 self.number_of[node] = self.numbers_of[parent][index]
@@ -836,6 +862,9 @@ class _Lowering:
                 raise LoweringError(f"{node.name!r} takes item {index} of {parent.name!r}, "
                                     "which has no such tensor")
             self.value_of[node] = items[index]
+            return
+        if target is torch.ops.higher_order.with_effects:
+            self.effect(node)
             return
         if not isinstance(target, torch._ops.OpOverload):
             where = node_module(node) or 'an unknown module'
@@ -919,6 +948,8 @@ class _Lowering:
             if desc is None:
                 continue
             kind_name = type(desc).__name__
+            if kind_name == "ForwardTokenAOTOutput":   # the checks' last token (`effect`)
+                continue
             if kind_name == "PlainAOTOutput" and not isinstance(result, torch.fx.Node):
                 self.constant_outputs[desc.idx] = constant_output(result, desc.idx)
                 continue

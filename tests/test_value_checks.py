@@ -97,3 +97,46 @@ def test_a_value_check_survives_a_file_and_every_schedule_keeps_it(tmp_path):
         forward = [s.compute for s in schedule.steps[:schedule.backward_start] if s.HasField("compute")]
         assert all(n in forward for n in checkers), solver
         assert ir.simulate(again, schedule).valid, solver
+
+
+class _LinearAlgebra(torch.nn.Module):
+    """`torch.linalg`'s checked ops, which raise on a singular (or, for Cholesky, not
+    positive-definite) input: traced, each is its `_ex` form and `_linalg_check_errors`
+    on its `info`, an op AOTAutograd orders with an effect token; lowering refused them
+    ("use their unchecked forms"), and PyTorch's orthogonal parametrization with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.rotation = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(4, 4),
+                                                                   orthogonal_map="cayley")
+
+    def forward(self, x, shift):
+        a = self.lin(x).reshape(-1, 4, 4) + shift * torch.eye(4)
+        b = torch.linalg.inv(a)
+        c = torch.linalg.solve(a, self.rotation(b)[..., :1])
+        lower = torch.linalg.cholesky(a @ a.mT + shift * torch.eye(4))
+        return b.sum() + c.square().sum() + lower.sum()
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_checked_linear_algebra_trains_bitwise_and_raises_eagers_error(solver):
+    torch.manual_seed(0)
+    model, x, shift = _LinearAlgebra(), torch.randn(8, 4), torch.tensor(4.0)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x, shift), solver=solver, cost_model="flops", cache_dir=False)
+    assert sum(n.op == "remat_ir.linalg_check.default" for n in scheduled.graph.proto.nodes) >= 3
+    singular = (torch.zeros(8, 4), torch.tensor(0.0))   # a = the bias in every row: rank 1
+    with pytest.raises(torch.linalg.LinAlgError) as eager_error:
+        eager(*singular)
+    with pytest.raises(torch.linalg.LinAlgError) as error:
+        scheduled(*singular)
+    assert str(error.value) == str(eager_error.value)   # "linalg.inv: (Batch element 0): ..."
+    torch.manual_seed(0)
+    for p in (*model.parameters(), *eager.parameters()):
+        p.data.copy_(torch.randn_like(p) * 0.1)
+    eager.load_state_dict(model.state_dict())
+    for _ in range(2):
+        assert torch.equal(_step(eager, x, shift), _step(scheduled, x, shift))
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), name

@@ -9,7 +9,8 @@ and lowering dropped it: `F.one_hot(labels, 5)` with a label 7 trained on silent
 all-zero row where eager raises "Class values must be smaller than num_classes".
 
 The op takes the condition and the message, runs `_assert_async` on them, and returns
-an empty tensor, which the graph hands out as a `VALUE_CHECK` output: every schedule then
+an empty tensor (`linalg_check` does the same for `torch.linalg`'s checked ops, whose
+check AOTAutograd threads through an effect token, which lowering drops), which the graph hands out as a `VALUE_CHECK` output: every schedule then
 runs the check in the forward, and the runtime drops the empty tensor. Registered when
 `remat_ir.torchlib.types` is imported, which every frontend and runtime does
 (`frontends/torch.py` puts the op where a traced forward asserts).
@@ -20,8 +21,9 @@ from __future__ import annotations
 import torch
 
 NAME = "remat_ir::value_check"
-#: The op as the IR names it.
+#: The ops as the IR names them.
 OP = "remat_ir.value_check.default"
+LINALG_OP = "remat_ir.linalg_check.default"
 
 
 @torch.library.custom_op(NAME, mutates_args=())
@@ -38,3 +40,18 @@ def value_check(condition: torch.Tensor, message: str | None) -> torch.Tensor:
 @value_check.register_fake
 def _(condition, message):
     return condition.new_empty(0)
+
+
+@torch.library.custom_op("remat_ir::linalg_check", mutates_args=())
+def linalg_check(info: torch.Tensor, api_name: str, is_matrix: bool) -> torch.Tensor:
+    """Eager's `_linalg_check_errors(info, api_name, is_matrix)`: `torch.linalg`'s checked
+    ops (`inv`, `solve`, `cholesky`, ...) run their `_ex` form, then this on its `info`,
+    which raises eager's error for a singular or non-positive-definite input. Traced, it is
+    an op with an effect, ordered by a token; lowered, it is a check like `value_check`."""
+    torch._linalg_check_errors(info, api_name, is_matrix=is_matrix)
+    return info.new_empty(0)
+
+
+@linalg_check.register_fake
+def _(info, api_name, is_matrix):
+    return info.new_empty(0)
