@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode
 
 from .model_lines import model_line
+from .raising_checks import raising_branch
 from .transformers_masks import CallInputs, record_decision, shape_determined
 
 #: Per thread: a truth is being read through the replaced methods (`eager_input_branches`).
@@ -72,6 +73,8 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
 
     def branching(self):
         decided = eager_truth(self)
+        if decided is None and get_proxy_mode() is not None:
+            decided = raising_branch(self)   # PyTorch's raising-only branches: checks
         return truth(self) if decided is None else decided
 
     def reading(self):

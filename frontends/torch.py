@@ -216,15 +216,15 @@ def _eager_kernels():
 def _value_checks_kept():
     """While AOTAutograd traces, `aten._assert_async.default` (`torch._assert_async(t)`
     without a message) counts as an op with an effect, as its overload with a message does
-    in PyTorch: else the joint graph's dead-code pass drops it, and the step never checked."""
-    effects, op = torch.fx.node._side_effectful_functions, torch.ops.aten._assert_async.default
-    added = op not in effects
-    effects.add(op)
+    in PyTorch, and so does `remat_ir.value_check` (`raising_checks.py`): else the joint
+    graph's dead-code pass drops them, and the step never checked."""
+    effects = torch.fx.node._side_effectful_functions
+    added = {torch.ops.aten._assert_async.default, torch.ops.remat_ir.value_check.default} - effects
+    effects.update(added)
     try:
         yield
     finally:
-        if added:
-            effects.discard(op)
+        effects.difference_update(added)
 
 
 def _refusing_onednn_lstms(decomposition):
@@ -593,9 +593,6 @@ _LAYER_BRANCHES = {
     "observer.py:": "torch.ao.quantization's observers branch on the min and max they hold: use "
                     "FusedMovingAvgObsFakeQuantize, which observes in one op "
                     "(get_default_qat_qconfig's default), or observe outside the module",
-    "gaussian_nll_loss": "gaussian_nll_loss checks that the variance is not negative at every "
-                         "call, which no argument turns off: return the mean and variance "
-                         "from the forward and compute the loss on them outside the module",
     "adaptive.py:": "AdaptiveLogSoftmaxWithLoss gathers each cluster's rows by the targets' "
                     "values, which no argument avoids: return the hidden states from the "
                     "forward and call it on them outside the module",
@@ -882,6 +879,9 @@ class _Lowering:
         name = op_name(target)
         if name.startswith(_VALUE_CHECK_OPS):
             self.value_check(node)
+            return
+        if name == value_checks.OP:   # traced where a branch only raises (`raising_checks`)
+            self.add_check(node, name, node.args[0], list(node.args[1:]))
             return
         if name.startswith(_ASSERT_OPS):
             return

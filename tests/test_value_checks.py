@@ -140,3 +140,35 @@ def test_checked_linear_algebra_trains_bitwise_and_raises_eagers_error(solver):
         assert torch.equal(_step(eager, x, shift), _step(scheduled, x, shift))
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(a.grad, b.grad), name
+
+
+class _Heteroscedastic(torch.nn.Module):
+    """A regression head predicting a mean and a variance, trained by `nn.GaussianNLLLoss`,
+    whose check of the variance (`if torch.any(var < 0): raise ValueError`) is a branch on
+    values: refused before ("checks that the variance is not negative at every call")."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.1))
+        self.mean, self.var = torch.nn.Linear(16, 1), torch.nn.Linear(16, 1)
+        self.loss = torch.nn.GaussianNLLLoss()
+
+    def forward(self, x, y, shift):
+        h = self.body(x)
+        return self.loss(self.mean(h), y, torch.nn.functional.softplus(self.var(h)) - shift)
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_gaussian_nll_loss_of_a_learned_variance_trains_bitwise_and_raises_eagers_value_error(solver):
+    torch.manual_seed(0)
+    model, x, y, shift = _Heteroscedastic(), torch.randn(16, 8), torch.randn(16, 1), torch.tensor(0.0)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x, y, shift), solver=solver, cost_model="flops", cache_dir=False)
+    assert [n.op for n in scheduled.graph.proto.nodes if "check" in n.op] == ["remat_ir.value_check.default"]
+    for module in (eager, scheduled):   # a variance below zero
+        with pytest.raises(ValueError, match="var has negative entry/entries"):
+            module(x, y, torch.tensor(5.0))
+    for _ in range(2):
+        assert torch.equal(_step(eager, x, y, shift), _step(scheduled, x, y, shift))
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), name

@@ -26,11 +26,22 @@ OP = "remat_ir.value_check.default"
 LINALG_OP = "remat_ir.linalg_check.default"
 
 
+#: Exceptions a check may raise besides `_assert_async`'s RuntimeError, by name: those
+#: PyTorch's functions raise where a branch on values only raises
+#: (`frontends/raising_checks.py`).
+ERRORS = {"ValueError": ValueError}
+
+
 @torch.library.custom_op(NAME, mutates_args=())
-def value_check(condition: torch.Tensor, message: str | None) -> torch.Tensor:
+def value_check(condition: torch.Tensor, message: str | None, error: str = "RuntimeError") -> torch.Tensor:
     """Eager's `_assert_async(condition, message)` (None: its overload without a message,
-    which says "Expected Tensor with single nonzero value, but got zero")."""
-    if message is None:
+    which says "Expected Tensor with single nonzero value, but got zero"); with another
+    `error`, that exception when `condition` is false, as a Python `if` raises it (it
+    reads the value, as eager's branch does)."""
+    if error in ERRORS:
+        if not bool(condition):
+            raise ERRORS[error](message)
+    elif message is None:
         torch._assert_async(condition)
     else:
         torch._assert_async(condition, message)
@@ -38,7 +49,7 @@ def value_check(condition: torch.Tensor, message: str | None) -> torch.Tensor:
 
 
 @value_check.register_fake
-def _(condition, message):
+def _(condition, message, error="RuntimeError"):
     return condition.new_empty(0)
 
 
