@@ -10,13 +10,14 @@ strides, whose vector code rounds otherwise. An stft, a complex nonlinearity and
 istft trained 1e-7 to 2.3e-6 (relative) off eager's gradients, as under `torch.compile`.
 
 So while tracing, `aten.istft` runs `istft` below: eager's C++ composite (ATen's
-SpectralOps) op for op, less the one check eager makes on values (that the window's
-overlap-add has no zero), which a trace cannot read; eager's C++ version itself cannot be
-traced for that reason. A window breaking that condition (a `hop_length` longer than the
-window's non-zero part) divides by zero in the traced step, as under `torch.compile`,
-where eager raises. `torch.stft`'s Python version takes the same ops' bits as eager's
-(frames by `unfold` where eager's use `as_strided`; 58 configurations of n_fft 8-30,
-hops 1-5, centring and padding mode, with and without an istft after it, bitwise) and is kept.
+SpectralOps) op for op. Its one check on values (that the window's overlap-add has no
+zero, where eager reads `min() < 1e-11` and raises), which keeps eager's C++ version from
+being traced, is traced as a `remat_ir.value_check` raising eager's RuntimeError at every
+step (`torchlib/value_checks.py`); PyTorch's Python version leaves it out, and the step
+divided by zero where eager raises. `torch.stft`'s Python version takes the same ops'
+bits as eager's (frames by `unfold` where eager's use `as_strided`; 58 configurations of
+n_fft 8-30, hops 1-5, centring and padding mode, with and without an istft after it,
+bitwise) and is kept.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def istft(input: torch.Tensor, n_fft: int, hop_length: int | None = None,
           normalized: bool = False, onesided: bool | None = None, length: int | None = None,
           return_complex: bool = False) -> torch.Tensor:
     """ATen's `istft`, whose ops and their order it keeps (the argument checks raise what
-    eager's do, as `RuntimeError`s)."""
+    eager's do, as `RuntimeError`s; the check on the window's values runs at every step)."""
     hop = n_fft // 4 if hop_length is None else hop_length
     win = n_fft if win_length is None else win_length
     torch._check(window is None or window.device == input.device,
@@ -80,7 +81,11 @@ def istft(input: torch.Tensor, n_fft: int, hop_length: int | None = None,
     envelope = aten.unfold_backward(window_.pow(2).expand(1, frames, n_fft), [1, signal], 1, n_fft, hop)
     start = n_fft // 2 if center else 0
     end = start + length if length is not None else (-(n_fft // 2) if center else signal)
-    y = aten.slice(y, 1, start, end, 1) / aten.slice(envelope, 1, start, end, 1)
+    y, envelope = aten.slice(y, 1, start, end, 1), aten.slice(envelope, 1, start, end, 1)
+    torch.ops.remat_ir.value_check(torch.logical_not(envelope.abs().min().lt(1e-11)),
+                                   "istft: window overlap add min: 1 (the window's overlap-add has a "
+                                   "zero: a hop_length longer than the window's non-zero part)")
+    y = y / envelope
     if dims == 3:
         y = y.squeeze(0)
     if end > signal:

@@ -435,3 +435,16 @@ def test_stft_and_istft_train_bitwise_like_eager(window, win_length, stft, istft
     assert any("fft" in node.op for node in scheduled.graph.proto.nodes)
     _two_steps_bitwise(eager, model, scheduled, x)
     assert torch.ops.aten.istft.default.py_kernels   # PyTorch's own kernel is put back
+
+
+def test_istft_with_a_window_whose_overlap_add_has_a_zero_raises_as_eager():
+    """Eager's istft reads the window's overlap-add and raises where it has a zero; the
+    traced step runs that check too (a `remat_ir.value_check`), where it divided by zero."""
+    torch.manual_seed(0)
+    model, x = _Spectral(True, None, {}, dict(length=64), True), torch.randn(4, 64)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    model.window[2:] = 0   # two non-zero taps, a hop of 4: every fourth sample has no window
+    with pytest.raises(RuntimeError, match="window overlap add min: 1"):
+        copy.deepcopy(model)(x)
+    with pytest.raises(RuntimeError, match="window overlap add min: 1"):
+        scheduled(x)
