@@ -74,7 +74,7 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     def branching(self):
         decided = eager_truth(self)
         if decided is None and get_proxy_mode() is not None:
-            decided = raising_branch(self)   # PyTorch's raising-only branches: checks
+            decided = raising_branch(self)   # an `if` or `assert` that only raises: a check
         return truth(self) if decided is None else decided
 
     def reading(self):

@@ -1,47 +1,137 @@
-"""Branches of PyTorch's functions that only raise, traced as checks on values.
+"""Branches on tensor values that only raise, traced as checks on values.
 
-Why: `F.gaussian_nll_loss` (and `nn.GaussianNLLLoss`) checks its variance with
-`if torch.any(var < 0): raise ValueError(...)`, a branch on tensor data that a trace
-cannot take, and no argument turns it off. With a variance the model computes (a
-heteroscedastic regression head), lowering refused the model. Eager takes the raising
-branch only on bad data; the other branch is the computation. So while tracing, a truth
-read at such a site is answered False (the computing branch), and the condition is traced
-as a `remat_ir.value_check` that raises eager's exception with eager's message at every
-step (`torchlib/value_checks.py`).
+Why: a forward may guard its computation with a branch on tensor data whose one side
+raises: PyTorch's `F.gaussian_nll_loss` (`elif torch.any(var < 0): raise ValueError(...)`,
+which no argument turns off), a model's NaN guard (`if torch.isnan(loss): raise
+RuntimeError(...)`), an `assert (probs >= 0).all()`. A trace cannot take a branch on
+values, and the tensor read there comes from the model's parameters, so no call's inputs
+decide it either (`input_branches.py`): lowering refused such models. Eager takes the
+raising side only on bad data; the other side is the computation.
 
-Only the sites listed in `SITES` are answered so: elsewhere a branch may compute, and
-which side raises is not known.
+So while tracing, where the code reading a tensor's truth is an `if` whose body is one
+`raise` (an `elif` too), or an `assert`, and the tensor is its whole test (or `not` of it),
+the read is answered with the computing side, and the condition is traced as a
+`remat_ir.value_check` (`torchlib/value_checks.py`) that raises the same built-in
+exception at every step: with eager's message where the statement gives it as a literal,
+else naming where the check is and the statement eager runs there. The read must be the jump of the `if` or `assert` itself
+(not `bool(t)` passed on, nor one operand of `a or b`). Anything else (a branch that computes on both sides, a test
+combining the tensor with other values, an exception class of the user's) is left to
+the refusals.
+
+Raised by the check, the exception comes where the schedule runs the check, in the
+forward: before any gradient is written, but possibly after ops eager had not reached
+(their draws and buffer updates included), which only a failing step sees.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dis
+import functools
+import linecache
 import sys
 
 import torch
 
-#: (file of PyTorch, function) -> (the exception eager raises, its message), where the
-#: function's one truth read on tensor data guards that raise.
-SITES = {
-    ("torch/nn/functional.py", "gaussian_nll_loss"): ("ValueError", "var has negative entry/entries"),
-}
-
 #: Files of remat-ir between a truth read and the code that reads it.
 _OURS = ("input_branches.py", "raising_checks.py")
+#: Tests whose truth Python reads once, as a whole: a call, an attribute, a name, an item,
+#: one comparison (`a < b < c` reads the truth of `a < b` first).
+_WHOLE = (ast.Call, ast.Attribute, ast.Name, ast.Subscript, ast.Compare)
 
 
 def raising_branch(tensor: torch.Tensor) -> bool | None:
-    """False, with `tensor`'s truth traced as a check, where the code reading it is one of
-    `SITES`; else None (not decided here)."""
+    """The truth that keeps the code reading `tensor`'s truth from raising, with the
+    condition traced as a check raising what it would have raised; None where that code
+    is not such a guard."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.endswith(_OURS):
         frame = frame.f_back
-    if frame is None:
+    if frame is None or not _jumps(frame):
         return None
-    file = frame.f_code.co_filename.replace("\\", "/")
-    site = next((raised for (where, function), raised in SITES.items()
-                 if file.endswith(where) and frame.f_code.co_name == function), None)
-    if site is None:
+    file = frame.f_code.co_filename
+    linecache.checkcache(file)
+    source = "".join(linecache.getlines(file))
+    guard = _guard(source, frame.f_lineno)
+    if guard is None:
         return None
-    error, message = site
-    torch.ops.remat_ir.value_check(torch.logical_not(tensor), message, error)
-    return False
+    computing, error, message, statement = guard
+    if message is None:   # eager's own message where the statement gives it whole
+        message = (f"{frame.f_code.co_name}'s check on tensor values at {file}:{frame.f_lineno} "
+                   f"failed, where eager runs `{statement}`")
+    condition = tensor if computing else torch.logical_not(tensor)
+    torch.ops.remat_ir.value_check(condition, message, error)
+    return computing
+
+
+def _jumps(frame) -> bool:
+    """Whether `frame` reads the truth at a conditional jump (an `if`'s or an `assert`'s
+    test, `not` of it included), rather than as part of a longer expression (`bool(t)`
+    passed on, `a or b`)."""
+    at = next((i for i in dis.get_instructions(frame.f_code) if i.offset == frame.f_lasti), None)
+    return at is not None and at.opname.startswith("POP_JUMP") and "NONE" not in at.opname
+
+
+def _guard(source: str, line: int) -> tuple[bool, str, str | None, str] | None:
+    """(the test's truth on the computing side, the exception's name, its message where
+    the source gives it whole, the raising statement) of the guard whose test is at
+    `line` of `source`, or None."""
+    tree = _tree(source)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise):
+            wanted, raised, statement = False, _raised(node.body[0]), node.body[0]
+        elif isinstance(node, ast.Assert):
+            message = _literal(node.msg) if node.msg is not None else ""
+            wanted, raised, statement = True, ("AssertionError", message), node
+        else:
+            continue
+        test = node.test
+        if not (test.lineno <= line <= (test.end_lineno or test.lineno)) or raised is None:
+            continue
+        negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+        whole = test.operand if negated else test
+        if not isinstance(whole, _WHOLE) or isinstance(whole, ast.Compare) and len(whole.ops) > 1:
+            return None
+        error, message = raised
+        return wanted != negated, error, message, _source(statement, source)
+    return None
+
+
+def _raised(statement: ast.Raise) -> tuple[str, str | None] | None:
+    """(a built-in exception's name, its message: "" for none, None where computed) that
+    `statement` raises, or None."""
+    exc = statement.exc
+    call = exc if isinstance(exc, ast.Call) else None
+    name = call.func if call is not None else exc
+    if not isinstance(name, ast.Name) or not isinstance(getattr(builtins, name.id, None), type) \
+            or not issubclass(getattr(builtins, name.id), Exception):
+        return None
+    if call is None or not call.args:
+        return name.id, ""
+    return name.id, _literal(call.args[0]) if len(call.args) == 1 and not call.keywords else None
+
+
+def _literal(node: ast.expr) -> str | None:
+    """A string the source gives whole (constants, implicitly joined), else None."""
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _source(node: ast.AST, source: str) -> str:
+    """The statement as written, on one line, for a message eager computes."""
+    return " ".join((ast.get_source_segment(source, node) or "").split())
+
+
+@functools.lru_cache(maxsize=16)
+def _tree(source: str) -> ast.Module | None:
+    """`source` parsed, once per text (a file edited since is parsed again)."""
+    try:
+        return ast.parse(source) if source else None
+    except SyntaxError:
+        return None

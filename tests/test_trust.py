@@ -2845,24 +2845,33 @@ def test_nn_transformer_given_a_mask_it_asks_about_is_told_to_say_whether_it_is_
         _remat(Learned(), (torch.randn(2, 10, 16),))
 
 
-def test_a_distributions_value_check_is_named_with_validate_args_as_the_way_out():
+def test_a_distributions_value_check_runs_at_every_step_as_eagers_does():
     """A distribution checks its arguments' values when made (validate_args, on by default
     until something in the process sets up TorchDynamo, which turns it off for every
-    distribution: asked for here): the error said only "an argument of that call may
-    avoid it"."""
+    distribution: asked for here): `if not torch._is_all_true(valid): raise ValueError`.
+    It was refused (naming validate_args=False as the way out); it is a check on values
+    now (`frontends/raising_checks.py`): a scale below zero raises ValueError in both."""
     class Sampled(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.linear = torch.nn.Linear(4, 8)
 
-        def forward(self, x):
-            mu, log_var = self.linear(x).chunk(2, -1)
-            return torch.distributions.Normal(mu, (0.5 * log_var).exp(),
+        def forward(self, x, shift):
+            mu, scale = self.linear(x).chunk(2, -1)
+            return torch.distributions.Normal(mu, scale.square() + shift,
                                               validate_args=True).rsample().square().mean()
 
-    with pytest.raises(LoweringError, match=r"inside PyTorch at torch/distributions/.*pass "
-                                            r"validate_args=False"):
-        _remat(Sampled(), (torch.randn(3, 4),))
+    torch.manual_seed(0)
+    model, x = Sampled(), torch.randn(3, 4)
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, (x, torch.tensor(0.1)), solver="recompute-all")
+    for module in (eager, scheduled):
+        with pytest.raises(ValueError, match=r"check on tensor values at .*distribution.py:\d+ failed, where eager runs `raise ValueError\( f\"Expected parameter|Expected parameter scale"):
+            module(x, torch.tensor(-100.0))
+    torch.manual_seed(1)
+    expected = eager(x, torch.tensor(0.1))
+    torch.manual_seed(1)
+    assert torch.equal(scheduled(x, torch.tensor(0.1)), expected)
 
 
 class _ValueShaped(torch.nn.Module):

@@ -17,6 +17,7 @@ import torch
 import remat_ir
 from remat_ir import ir
 from remat_ir.ir import pb
+from torch_models import Guarded
 
 
 class _OneHotTargets(torch.nn.Module):
@@ -172,3 +173,35 @@ def test_gaussian_nll_loss_of_a_learned_variance_trains_bitwise_and_raises_eager
         assert torch.equal(_step(eager, x, y, shift), _step(scheduled, x, y, shift))
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         assert torch.equal(a.grad, b.grad), name
+
+
+@pytest.mark.parametrize("kind, bad, error, message", [
+    ("nan guard", float("nan"), RuntimeError, "the loss is NaN"),
+    ("assert", 1e4, AssertionError, "activations exploded"),
+    ("assert not", 1e4, AssertionError, None),
+    ("computed message", 1e4, ValueError, None)])
+def test_a_branch_that_only_raises_is_a_check_of_every_step(kind, bad, error, message):
+    """`frontends/raising_checks.py`: the trace takes the computing side; the step raises
+    eager's exception, with eager's message where the statement gives it whole. (The
+    model lives in `torch_models.py`, whose asserts pytest does not rewrite.)"""
+    torch.manual_seed(0)
+    model, x = Guarded(kind), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    for module in (eager, scheduled):
+        with pytest.raises(error) as raised:
+            module(x * bad)
+        if message is not None:
+            assert str(raised.value) == message
+    assert torch.equal(_step(eager, x), _step(scheduled, x))
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("kind", ["computes on both sides", "one operand of or"])
+def test_a_branch_on_values_that_is_not_only_a_raise_is_still_refused(kind):
+    from remat_ir.frontends.errors import LoweringError
+
+    with pytest.raises(LoweringError, match="branches on a value computed from tensor data"):
+        remat_ir.remat(Guarded(kind), (torch.randn(4, 8),), solver="autograd", cost_model="flops",
+                       cache_dir=False)

@@ -133,3 +133,33 @@ def a_factory_that_raises():
 
 def not_a_factory_result():
     return 42
+
+
+class Guarded(torch.nn.Module):
+    """A forward guarding its computation with a branch on its activations' values that
+    only raises: refused before ("branches on a value computed from tensor data")."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.lin, self.kind = torch.nn.Linear(8, 8), kind
+
+    def forward(self, x):
+        h = self.lin(x)
+        loss = h.square().mean()
+        if self.kind == "nan guard":
+            if torch.isnan(loss):
+                raise RuntimeError("the loss is NaN")
+        elif self.kind == "assert":
+            assert (h.abs() < 50).all(), "activations exploded"
+        elif self.kind == "assert not":
+            assert not (h.abs() >= 50).any()
+        elif self.kind == "computed message":
+            if h.amax() > 50:
+                raise ValueError(f"too big: {h.amax()}")
+        elif self.kind == "computes on both sides":
+            if loss > 1:
+                loss = loss * 2
+        elif self.kind == "one operand of or":
+            if torch.isnan(loss) or self.kind == "never":
+                raise RuntimeError("the loss is NaN")
+        return loss

@@ -18,6 +18,8 @@ runs the check in the forward, and the runtime drops the empty tensor. Registere
 
 from __future__ import annotations
 
+import builtins
+
 import torch
 
 NAME = "remat_ir::value_check"
@@ -26,21 +28,16 @@ OP = "remat_ir.value_check.default"
 LINALG_OP = "remat_ir.linalg_check.default"
 
 
-#: Exceptions a check may raise besides `_assert_async`'s RuntimeError, by name: those
-#: PyTorch's functions raise where a branch on values only raises
-#: (`frontends/raising_checks.py`).
-ERRORS = {"ValueError": ValueError}
-
-
 @torch.library.custom_op(NAME, mutates_args=())
 def value_check(condition: torch.Tensor, message: str | None, error: str = "RuntimeError") -> torch.Tensor:
     """Eager's `_assert_async(condition, message)` (None: its overload without a message,
     which says "Expected Tensor with single nonzero value, but got zero"); with another
-    `error`, that exception when `condition` is false, as a Python `if` raises it (it
-    reads the value, as eager's branch does)."""
-    if error in ERRORS:
+    `error` (a built-in exception's name: `frontends/raising_checks.py`), that exception
+    when `condition` is false, as the `if` or `assert` raised it (it reads the value, as
+    eager's branch does)."""
+    if error != "RuntimeError":
         if not bool(condition):
-            raise ERRORS[error](message)
+            raise getattr(builtins, error)(message)
     elif message is None:
         torch._assert_async(condition)
     else:
