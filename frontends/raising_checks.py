@@ -30,12 +30,14 @@ import builtins
 import dis
 import functools
 import linecache
+import os
 import sys
 
 import torch
 
 #: Files of remat-ir between a truth read and the code that reads it.
-_OURS = ("input_branches.py", "raising_checks.py")
+_OURS = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+              for name in ("input_branches.py", "raising_checks.py"))
 #: Tests whose truth Python reads once, as a whole: a call, an attribute, a name, an item,
 #: one comparison (`a < b < c` reads the truth of `a < b` first).
 _WHOLE = (ast.Call, ast.Attribute, ast.Name, ast.Subscript, ast.Compare)
@@ -46,7 +48,7 @@ def raising_branch(tensor: torch.Tensor) -> bool | None:
     condition traced as a check raising what it would have raised; None where that code
     is not such a guard."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.endswith(_OURS):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _OURS:
         frame = frame.f_back
     if frame is None or not _jumps(frame):
         return None
