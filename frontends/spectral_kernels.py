@@ -84,7 +84,8 @@ def istft(input: torch.Tensor, n_fft: int, hop_length: int | None = None,
     y, envelope = aten.slice(y, 1, start, end, 1), aten.slice(envelope, 1, start, end, 1)
     torch.ops.remat_ir.value_check(torch.logical_not(envelope.abs().min().lt(1e-11)),
                                    "istft: window overlap add min: 1 (the window's overlap-add has a "
-                                   "zero: a hop_length longer than the window's non-zero part)")
+                                   "zero: a hop_length longer than the window's non-zero part)",
+                                   "RuntimeError")   # read and raised, as eager's check is
     y = y / envelope
     if dims == 3:
         y = y.squeeze(0)

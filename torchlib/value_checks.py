@@ -1,5 +1,5 @@
-"""`remat_ir::value_check`: a check on tensor values that the forward makes, run in
-every step as eager runs it.
+"""`remat_ir::value_check` and `remat_ir::linalg_check`: checks on tensor values that the
+forward makes, run in every step as eager runs them.
 
 Why: eager's `_assert_async(condition, message)` raises when `condition` is false
 (on CPU at once, on CUDA as a device-side assert). PyTorch's traced `F.one_hot` makes two
@@ -8,12 +8,14 @@ Why: eager's `_assert_async(condition, message)` raises when `condition` is fals
 and lowering dropped it: `F.one_hot(labels, 5)` with a label 7 trained on silently with an
 all-zero row where eager raises "Class values must be smaller than num_classes".
 
-The op takes the condition and the message, runs `_assert_async` on them, and returns
-an empty tensor (`linalg_check` does the same for `torch.linalg`'s checked ops, whose
-check AOTAutograd threads through an effect token, which lowering drops), which the graph hands out as a `VALUE_CHECK` output: every schedule then
-runs the check in the forward, and the runtime drops the empty tensor. Registered when
-`remat_ir.torchlib.types` is imported, which every frontend and runtime does
-(`frontends/torch.py` puts the op where a traced forward asserts).
+`value_check` takes the condition and the message, runs `_assert_async` on them (or, for
+a branch on values that only raises, `frontends/raising_checks.py`, raises that built-in
+exception from Python, as the branch did), and returns an empty tensor. `linalg_check`
+does the same for `torch.linalg`'s checked ops, whose check AOTAutograd threads through
+an effect token, which lowering drops. The graph hands the empty tensor out as a
+`VALUE_CHECK` output: every schedule then runs the check in the forward, and the runtime
+drops it. Registered when `remat_ir.torchlib.types` is imported, which every frontend and
+runtime does (`frontends/torch.py` puts the ops where a traced forward checks).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ LINALG_OP = "remat_ir.linalg_check.default"
 
 
 @torch.library.custom_op(NAME, mutates_args=())
-def value_check(condition: torch.Tensor, message: str | None, error: str = "RuntimeError") -> torch.Tensor:
+def value_check(condition: torch.Tensor, message: str | None, error: str | None = None) -> torch.Tensor:
     """Eager's `_assert_async(condition, message)` (None: its overload without a message,
-    which says "Expected Tensor with single nonzero value, but got zero"); with another
-    `error` (a built-in exception's name: `frontends/raising_checks.py`), that exception
-    when `condition` is false, as the `if` or `assert` raised it (it reads the value, as
-    eager's branch does)."""
-    if error != "RuntimeError":
+    which says "Expected Tensor with single nonzero value, but got zero"); with `error`
+    (a built-in exception's name: `frontends/raising_checks.py`), that exception raised
+    from Python when `condition` is false, as the `if` or `assert` raised it: it reads
+    the value, as eager's branch does, where `_assert_async` on CUDA is a device-side
+    assert, which ends the process's use of the device."""
+    if error is not None:
         if not bool(condition):
             raise getattr(builtins, error)(message)
     elif message is None:
@@ -46,7 +49,7 @@ def value_check(condition: torch.Tensor, message: str | None, error: str = "Runt
 
 
 @value_check.register_fake
-def _(condition, message, error="RuntimeError"):
+def _(condition, message, error=None):
     return condition.new_empty(0)
 
 
