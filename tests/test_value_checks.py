@@ -4,7 +4,9 @@
 range with `_assert_async`, and so may a user's forward (`torch._assert_async`). Lowering
 dropped those ops, so a batch eager refuses trained on silently: a label 7 of 5 classes
 became an all-zero row of the target. Each is now a `remat_ir.value_check` node whose
-empty result is a VALUE_CHECK output (`torchlib/value_checks.py`).
+empty result is a VALUE_CHECK output (`torchlib/value_checks.py`). So are the checks of
+`torch.linalg`'s checked ops (refused before), and branches on values that only raise
+(`frontends/raising_checks.py`: refused before).
 """
 
 from __future__ import annotations
