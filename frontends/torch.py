@@ -61,6 +61,7 @@ from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .swapped_parameters import swapped_parameters_as_parameters
+from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
@@ -509,7 +510,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
                 refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__), \
                 refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model), \
-                inference_buffers_as_normal(model):
+                inference_buffers_as_normal(model), tensor_checks_as_value_checks(type(model).__name__):
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc

@@ -57,12 +57,11 @@ def value_dependent_error(model: str, exc: BaseException,
         if check is not None:
             return LoweringError(
                 f"{model}'s forward checks a condition on tensor values at "
-                f"{node_line(check) or 'a line tracing did not record'} (torch._check_tensor_all; "
-                f"transformers' torch_compilable_check, such as the count of image tokens against "
-                f"image features): eager runs it at every call, and one graph of the step cannot. "
-                f"For transformers, set the environment variable TRANSFORMERS_DISABLE_TORCH_CHECK=1 "
-                f"before calling remat (the check then runs in neither; run a batch eagerly once "
-                f"to check your data); otherwise check it outside the module")
+                f"{node_line(check) or 'a line tracing did not record'} through a reference to "
+                f"torch._check_tensor_all_with taken before remat was called (or by reading "
+                f"`_is_all_true().item()` itself), which one graph of the step cannot run. Call "
+                f"torch._check_tensor_all(cond, message) at the call site: remat-ir runs it at every "
+                f"step, as eager does (`frontends/tensor_checks.py`)")
     kind = ("whose value" if isinstance(failure, DataDependentOutputException)
             else "whose result's shape")
     return LoweringError(

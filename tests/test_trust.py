@@ -4929,43 +4929,6 @@ def test_transformers_perceiver_whose_padding_mask_it_builds_from_shapes_trains_
     assert errors == {}
 
 
-class _ChecksValues(torch.nn.Module):
-    """Checks a condition on tensor values, as transformers' vision-language models check
-    that the image tokens match the image features (`torch_compilable_check`)."""
-
-    def __init__(self, check: bool):
-        super().__init__()
-        self.linear, self.check = torch.nn.Linear(4, 4), check
-
-    def forward(self, ids, x):
-        h = self.linear(x)
-        if self.check == "inputs":
-            torch._check_tensor_all((ids >= 0).sum() == ids.numel())
-        elif self.check == "activations":
-            torch._check_tensor_all((h > -1e30).all())
-        return h.square().sum()
-
-
-def test_a_check_on_tensor_values_is_named_as_one_with_the_way_out():
-    """Refused before as a `.item()` to keep a tensor ("keep it a tensor"), which the user
-    did not write: LLaVA and PaliGemma stopped there, and train bitwise with the check
-    off (`TRANSFORMERS_DISABLE_TORCH_CHECK=1`). A check on the inputs' own values is taken
-    as eager's and checked at every call (`frontends/input_branches.py`); one on what the
-    forward computes is refused as such."""
-    ids, x = torch.arange(6).view(2, 3), torch.randn(3, 4)
-    with pytest.raises(LoweringError, match=r"_ChecksValues's forward checks a condition on tensor "
-                                            r"values at .*test_trust.py:\d+ in forward \(torch._check_"
-                                            r"tensor_all.*TRANSFORMERS_DISABLE_TORCH_CHECK=1"):
-        _remat(_ChecksValues("activations"), (ids, x))
-    for check in ("inputs", None):
-        errors = side_by_side(_ChecksValues(check), lambda m: _remat(m, (ids, x), solver="autograd"), (ids, x),
-                              {}, lambda loss: loss, tolerance=1e-30)
-        assert errors == {}
-    scheduled = _remat(_ChecksValues("inputs"), (ids, x), solver="autograd")
-    with pytest.raises(LoweringError, match=r"raised RuntimeError at .*test_trust.py:\d+ in forward"):
-        scheduled(ids - 3, x)   # eager's check fails too
-
-
 class _TwoNorms(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -6,7 +6,8 @@ dropped those ops, so a batch eager refuses trained on silently: a label 7 of 5 
 became an all-zero row of the target. Each is now a `remat_ir.value_check` node whose
 empty result is a VALUE_CHECK output (`torchlib/value_checks.py`). So are the checks of
 `torch.linalg`'s checked ops (refused before), and branches on values that only raise
-(`frontends/raising_checks.py`: refused before).
+(`frontends/raising_checks.py`: refused before), and PyTorch's `torch._check_tensor_all`
+on traced tensors (`frontends/tensor_checks.py`: refused before).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import copy
 
 import pytest
 import torch
+from torch import _check_tensor_all_with as _held_check   # a reference taken before lowering
 
 import remat_ir
 from remat_ir import ir
 from remat_ir.ir import pb
 from torch_models import Guarded
+from transformers.models.llava import modeling_llava
 
 
 class _OneHotTargets(torch.nn.Module):
@@ -207,3 +210,104 @@ def test_a_branch_on_values_that_is_not_only_a_raise_is_still_refused(kind):
     with pytest.raises(LoweringError, match="branches on a value computed from tensor data"):
         remat_ir.remat(Guarded(kind), (torch.randn(4, 8),), solver="autograd", cost_model="flops",
                        cache_dir=False)
+
+
+class _CheckedTensors(torch.nn.Module):
+    """PyTorch's tensor checks: on an activation (with a message, a message computed from
+    values, an exception type, none), on the inputs, and transformers' check."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.lin, self.kind = torch.nn.Linear(4, 4), kind
+
+    def forward(self, ids, x):
+        h = torch.nn.functional.dropout(self.lin(x), 0.3)
+        if self.kind == "message":
+            torch._check_tensor_all(h.abs() < 50, lambda: "activations exploded")
+        elif self.kind == "no message":
+            torch._check_tensor_all((h.abs() < 50).all())
+        elif self.kind == "computed message":
+            torch._check_tensor_all_with(ValueError, h.abs() < 50, lambda: f"max {h.abs().max()}")
+        elif self.kind == "not a callable":
+            torch._check_tensor_all(h.abs() < 50, "activations exploded")
+        elif self.kind == "inputs":
+            torch._check_tensor_all((ids >= 0).sum() == ids.numel(), lambda: "negative ids")
+        elif self.kind == "transformers":   # as LLaVA's models call it (imported with the model)
+            modeling_llava.torch_compilable_check(h.abs().amax() < 50, "activations exploded")
+        return h.square().sum()
+
+
+@pytest.mark.parametrize("kind, error, message", [
+    ("message", RuntimeError, "activations exploded"),
+    ("no message", RuntimeError, "Expected cond to be True, but got False"),
+    ("computed message", ValueError, "_CheckedTensors's check on tensor values at "),
+    ("not a callable", TypeError, "message must be a callable"),
+    ("inputs", RuntimeError, "negative ids"),
+    ("transformers", ValueError, "activations exploded")])
+def test_pytorchs_tensor_checks_run_at_every_step_as_eagers(kind, error, message):
+    """`frontends/tensor_checks.py`: `torch._check_tensor_all` on an activation was refused
+    (a value read), on the inputs alone taken as a decision of the call, so a failing call
+    was planned again and refused with a LoweringError; transformers' own check raised
+    PyTorch's RuntimeError where eager raises ValueError with the model's message."""
+    torch.manual_seed(0)
+    ids, x = torch.arange(6).view(2, 3), torch.randn(3, 4)
+    model = _CheckedTensors(kind)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (ids, x), solver="recompute-all", cost_model="flops", cache_dir=False)
+    assert [o.role for o in scheduled.graph.proto.outputs].count(pb.VALUE_CHECK) == 1
+    bad = (ids - 3, x) if kind == "inputs" else (ids, x * 1e3)
+    with pytest.raises(error) as eager_error:
+        _step(eager, *bad)
+    with pytest.raises(error) as raised:
+        _step(scheduled, *bad)
+    assert message in str(raised.value)
+    if kind != "computed message":   # eager's message word for word
+        assert str(raised.value) == str(eager_error.value)
+    eager.zero_grad(), model.zero_grad()
+    for _ in range(2):   # dropout draws as eager's after the refused batch
+        assert torch.equal(_step(eager, ids, x), _step(scheduled, ids, x))
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert len(scheduled.plans) == 1   # no call was planned again
+
+
+def test_a_tensor_check_raising_a_users_exception_is_refused_by_name():
+    from remat_ir.frontends.errors import LoweringError
+
+    class Unstable(Exception):
+        pass
+
+    class Checked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            torch._check_tensor_all_with(Unstable, h.isfinite(), lambda: "not finite")
+            return h.sum()
+
+    with pytest.raises(LoweringError, match=r"Checked's forward checks a tensor condition at "
+                                            r".*test_value_checks.py:\d+ in forward .*Unstable"):
+        remat_ir.remat(Checked(), (torch.randn(3, 4),), solver="autograd", cost_model="flops",
+                       cache_dir=False)
+
+
+def test_a_tensor_check_through_a_reference_taken_before_lowering_is_named_with_the_way_out():
+    """The one form `tensor_checks.py` cannot reach (it replaces the function in torch while
+    tracing): refused as a check on values, saying to call torch's at the call site."""
+    from remat_ir.frontends.errors import LoweringError
+
+    class Held(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            _held_check(RuntimeError, h.isfinite(), None)
+            return h.sum()
+
+    with pytest.raises(LoweringError, match=r"Held's forward checks a condition on tensor values at "
+                                            r".*test_value_checks.py:\d+ in forward through a reference"):
+        remat_ir.remat(Held(), (torch.randn(3, 4),), solver="autograd", cost_model="flops", cache_dir=False)
