@@ -222,9 +222,10 @@ def random_schedule(graph: ir.Graph, rnd: random.Random, *, recompute_share: flo
     producer = graph.producer
     once = {n for n in forward + backward
             if graph.node(n).mutating or graph.node(n).non_recomputable}
-    # Forward nodes the forward segment must run: those the forward outputs depend on.
+    # Forward nodes the forward segment must run: those the forward outputs (results,
+    # buffer updates, value checks: every output but gradients) depend on.
     forward_outputs = [o.value_id for o in graph.proto.outputs
-                       if o.role in (pb.USER_OUTPUT, pb.BUFFER_UPDATE)]
+                       if o.role not in (pb.PARAMETER_GRADIENT, pb.INPUT_GRADIENT)]
     needed, stack = set(once & set(forward)), [producer(v) for v in forward_outputs]
     while stack:
         n = stack.pop()

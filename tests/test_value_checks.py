@@ -105,6 +105,31 @@ def test_a_value_check_survives_a_file_and_every_schedule_keeps_it(tmp_path):
         assert ir.simulate(again, schedule).valid, solver
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_random_schedules_run_the_checks_and_train_bitwise(seed):
+    """Random valid schedules (the tests' `random_schedule`, which families.py also runs)
+    that defer and recompute what they may: the checks run in the forward and a bad batch
+    raises; the good steps are eager's bits. (The generator left value checks out of the
+    forward's outputs: its schedules of LLaVA were invalid.)"""
+    import random
+
+    from exactness import random_schedule, side_by_side
+    from remat_ir.lowering import lower_torch
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    torch.manual_seed(0)
+    x, labels = torch.randn(6, 8), torch.tensor([0, 1, 2, 3, 4, 0])
+    model = _OneHotTargets()
+    graph = lower_torch(copy.deepcopy(model), (x, labels), cost_model="flops")
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
+    assert ir.simulate(graph, schedule).valid
+    errors = side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), (x, labels), {},
+                          lambda loss: loss, steps=2)
+    assert errors == {}
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        ScheduledModule(copy.deepcopy(model), graph, schedule)(x, torch.tensor([0, 1, 7, 3, 4, 0]))
+
+
 class _LinearAlgebra(torch.nn.Module):
     """`torch.linalg`'s checked ops, which raise on a singular (or, for Cholesky, not
     positive-definite) input: traced, each is its `_ex` form and `_linalg_check_errors`
