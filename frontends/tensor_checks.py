@@ -28,6 +28,7 @@ import traceback
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
+from torch.overrides import TorchFunctionMode
 
 from .errors import LoweringError
 from .model_lines import model_line
@@ -110,7 +111,17 @@ def _message(message) -> str | None:
     if message is None:
         return DEFAULT_MESSAGE
     try:
-        text = str(message())
+        # Eager calls it only once the check failed: what it computes must enter neither
+        # the graph nor the decisions on the inputs, so any tensor op in it stops it.
+        with _NoTensorOps():
+            text = str(message())
     except Exception:   # a value read of a traced tensor (an f-string of a count)
         return None
     return None if "Tensor(" in text else text
+
+
+class _NoTensorOps(TorchFunctionMode):
+    """Within: any torch function (an op, a tensor method, formatting a tensor) raises."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"a message computed from tensors ({func})")

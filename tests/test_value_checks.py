@@ -257,6 +257,8 @@ class _CheckedTensors(torch.nn.Module):
             torch._check_tensor_all(h.abs() < 50, "activations exploded")
         elif self.kind == "inputs":
             torch._check_tensor_all((ids >= 0).sum() == ids.numel(), lambda: "negative ids")
+        elif self.kind == "message reading the inputs":   # a decision on them: a plan per call
+            torch._check_tensor_all(ids >= 0, lambda: "negative ids" if (ids < 0).any() else "?")
         elif self.kind == "transformers":   # as LLaVA's models call it (imported with the model)
             modeling_llava.torch_compilable_check(h.abs().amax() < 50, "activations exploded")
         return h.square().sum()
@@ -268,6 +270,7 @@ class _CheckedTensors(torch.nn.Module):
     ("computed message", ValueError, "_CheckedTensors's check on tensor values at "),
     ("not a callable", TypeError, "message must be a callable"),
     ("inputs", RuntimeError, "negative ids"),
+    ("message reading the inputs", RuntimeError, "_CheckedTensors's check on tensor values at "),
     ("transformers", ValueError, "activations exploded")])
 def test_pytorchs_tensor_checks_run_at_every_step_as_eagers(kind, error, message):
     """`frontends/tensor_checks.py`: `torch._check_tensor_all` on an activation was refused
@@ -280,13 +283,13 @@ def test_pytorchs_tensor_checks_run_at_every_step_as_eagers(kind, error, message
     eager = copy.deepcopy(model)
     scheduled = remat_ir.remat(model, (ids, x), solver="recompute-all", cost_model="flops", cache_dir=False)
     assert [o.role for o in scheduled.graph.proto.outputs].count(pb.VALUE_CHECK) == 1
-    bad = (ids - 3, x) if kind == "inputs" else (ids, x * 1e3)
+    bad = (ids - 3, x) if kind.startswith("inputs") or "inputs" in kind else (ids, x * 1e3)
     with pytest.raises(error) as eager_error:
         _step(eager, *bad)
     with pytest.raises(error) as raised:
         _step(scheduled, *bad)
     assert message in str(raised.value)
-    if kind != "computed message":   # eager's message word for word
+    if "message" not in kind or kind == "message":   # eager's message word for word
         assert str(raised.value) == str(eager_error.value)
     eager.zero_grad(), model.zero_grad()
     for _ in range(2):   # dropout draws as eager's after the refused batch
