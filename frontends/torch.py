@@ -1115,6 +1115,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad,
                                         example_arguments(example_inputs, example_kwargs))
     reads = TracedReads()
+    hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
     record_globals(model, reads)
     _check_rnn_dropout(exported)
@@ -1250,7 +1251,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     graph.proto.metadata["torch.tied_buffers"] = json.dumps(_tied(model.named_buffers(remove_duplicate=False)))
     # Its modules, their members and its hooks as traced: a plan made again from this graph
     # (a copy, a saved module loaded, a file) checks the model against them first.
-    graph.proto.metadata[model_structure.KEY] = json.dumps(model_structure.structure(model))
+    graph.proto.metadata[model_structure.KEY] = json.dumps(
+        model_structure.with_forwards_hooks(model_structure.structure(model), hooks_before))
     # The parameters it computes no gradient for because they needed none when traced
     # (frozen): a call that trains one needs another graph (runtimes/torch.py). Recorded,
     # not read from the model when the graph is run: by then they may be unfrozen.

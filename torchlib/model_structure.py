@@ -56,10 +56,23 @@ def structure(model: torch.nn.Module) -> dict:
     paths_of: dict[int, list[str]] = {}
     for path, module in model.named_modules(remove_duplicate=False):
         paths_of.setdefault(id(module), []).append(path)
-    hooks = sorted(f"{TABLES[table]} on {where}: {describe(hook)}" for where, table, table_hooks
-                   in hook_tables(model) for hook in table_hooks.values() if users_hook(hook))
     return {"modules": modules, "aliases": [paths for paths in paths_of.values() if len(paths) > 1],
-            "hooks": hooks}
+            "hooks": hooks(model)}
+
+
+def hooks(model: torch.nn.Module) -> list[str]:
+    """The user's hooks of `model` and the global ones, each with what it computes."""
+    return sorted(f"{TABLES[table]} on {where}: {describe(hook)}" for where, table, table_hooks
+                  in hook_tables(model) for hook in table_hooks.values() if users_hook(hook))
+
+
+def with_forwards_hooks(record: dict, before: list[str]) -> dict:
+    """`record` (the model's `structure` after lowering) noting the hooks its forward put on
+    while traced, absent from `before` (its `hooks` then): transformers' models install
+    output-capturing hooks at their first call that collects outputs (LLaVA's vision
+    tower), so a model built again in another process lacks them until its first call, and
+    a plan made from the graph for it was refused as "hooks removed"."""
+    return {**record, "forwards_hooks": sorted(set(record["hooks"]) - set(before))}
 
 
 def difference(recorded: dict, now: dict) -> str | None:
@@ -83,8 +96,9 @@ def difference(recorded: dict, now: dict) -> str | None:
                         f"{row[held]} (None at {row[nones]}) now")
     if sorted(recorded["aliases"]) != sorted(now["aliases"]):
         return f"the paths that are one module were {recorded['aliases']} and are {now['aliases']} now"
-    added = sorted(set(now["hooks"]) - set(recorded["hooks"]))
-    removed = sorted(set(recorded["hooks"]) - set(now["hooks"]))
+    own = set(recorded.get("forwards_hooks", ()))   # there or not, as the forward puts them on
+    added = sorted(set(now["hooks"]) - set(recorded["hooks"]) - own)
+    removed = sorted(set(recorded["hooks"]) - set(now["hooks"]) - own)
     if added or removed:
         return "; ".join([f"hooks added: {', '.join(added)}"] * bool(added)
                          + [f"hooks removed: {', '.join(removed)}"] * bool(removed))
