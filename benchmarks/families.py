@@ -35,6 +35,12 @@ models): 56 bitwise in all three modes, 4 refused by line. Earlier sweeps found 
 crash, Funnel's refused call, CLIP 1.3e-7 off from a first PatchTST fix, hiremate refusing
 AST at the floor it had named, and Z-Image's helper cache (refused once the model had
 been called; tracing's placeholders left in it otherwise). All are fixed.
+2026-12-03, the 11 families whose code calls transformers' tensor check (all modes) and 17
+whose code collects hidden states (random mode; llava and paligemma in both lists) run
+again: LLaVA's random mode was refused ("hooks removed": the output-capturing hooks its
+first call installs, recorded in its graph since 2026-12-01) and its schedule invalid
+(the tests' random schedule left its value check out of the forward); both fixed. Every
+row is as on 2026-12-01.
 """
 
 from __future__ import annotations
