@@ -39,8 +39,10 @@ been called; tracing's placeholders left in it otherwise). All are fixed.
 whose code collects hidden states (random mode; llava and paligemma in both lists) run
 again: LLaVA's random mode was refused ("hooks removed": the output-capturing hooks its
 first call installs, recorded in its graph since 2026-12-01) and its schedule invalid
-(the tests' random schedule left its value check out of the forward); both fixed. Every
-row is as on 2026-12-01.
+(the tests' random schedule left its value check out of the forward); both fixed. Then
+every family's random mode again: none changed but GroupViT, TimeSeriesTransformer and
+Informer, refused on 2026-12-01 and bitwise now (their checks on values run as value
+checks since 2026-12-02; their other two modes were not run again).
 """
 
 from __future__ import annotations
