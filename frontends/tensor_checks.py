@@ -45,9 +45,9 @@ def tensor_checks_as_value_checks(model: str):
     original = torch._check_tensor_all_with
 
     def checked(error_type, cond, message=None):
-        if not isinstance(cond, torch.Tensor) or not is_fake(cond):
-            return original(error_type, cond, message)
-        if cond.dtype != torch.bool:   # eager's argument check, before any value is read
+        # A tensor with values, or not a boolean tensor (eager's argument check raises
+        # before any value is read): as eager.
+        if not isinstance(cond, torch.Tensor) or not is_fake(cond) or cond.dtype != torch.bool:
             return original(error_type, cond, message)
         where = model_line(traceback.extract_stack()[:-1]) or "a line tracing did not record"
         name = getattr(error_type, "__name__", None)

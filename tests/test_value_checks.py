@@ -299,43 +299,36 @@ def test_pytorchs_tensor_checks_run_at_every_step_as_eagers(kind, error, message
     assert len(scheduled.plans) == 1   # no call was planned again
 
 
-def test_a_tensor_check_raising_a_users_exception_is_refused_by_name():
+class _Unstable(Exception):
+    pass
+
+
+class _ChecksWith(torch.nn.Module):
+    """A tensor check raising `error`, through torch's function or a reference to it taken
+    at import (`held`)."""
+
+    def __init__(self, held, error):
+        super().__init__()
+        self.lin, self.held, self.error = torch.nn.Linear(4, 4), held, error
+
+    def forward(self, x):
+        h = self.lin(x)
+        (_held_check if self.held else torch._check_tensor_all_with)(self.error, h.isfinite(), None)
+        return h.sum()
+
+
+@pytest.mark.parametrize("held, error, words", [
+    # The op raises built-in exceptions only: a user's class is refused by name.
+    (False, _Unstable,
+     r"checks a tensor condition at .*test_value_checks.py:\d+ in forward .*_Unstable"),
+    # The one form `tensor_checks.py` cannot reach (it replaces the function in torch while
+    # tracing): refused as a check on values, saying to call torch's at the call site.
+    (True, RuntimeError,
+     r"checks a condition on tensor values at .*test_value_checks.py:\d+ in forward through a reference")],
+    ids=["users exception", "reference taken before lowering"])
+def test_a_tensor_check_remat_ir_cannot_run_is_refused_by_name(held, error, words):
     from remat_ir.frontends.errors import LoweringError
 
-    class Unstable(Exception):
-        pass
-
-    class Checked(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            h = self.lin(x)
-            torch._check_tensor_all_with(Unstable, h.isfinite(), lambda: "not finite")
-            return h.sum()
-
-    with pytest.raises(LoweringError, match=r"Checked's forward checks a tensor condition at "
-                                            r".*test_value_checks.py:\d+ in forward .*Unstable"):
-        remat_ir.remat(Checked(), (torch.randn(3, 4),), solver="autograd", cost_model="flops",
+    with pytest.raises(LoweringError, match=rf"_ChecksWith's forward {words}"):
+        remat_ir.remat(_ChecksWith(held, error), (torch.randn(3, 4),), solver="autograd", cost_model="flops",
                        cache_dir=False)
-
-
-def test_a_tensor_check_through_a_reference_taken_before_lowering_is_named_with_the_way_out():
-    """The one form `tensor_checks.py` cannot reach (it replaces the function in torch while
-    tracing): refused as a check on values, saying to call torch's at the call site."""
-    from remat_ir.frontends.errors import LoweringError
-
-    class Held(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            h = self.lin(x)
-            _held_check(RuntimeError, h.isfinite(), None)
-            return h.sum()
-
-    with pytest.raises(LoweringError, match=r"Held's forward checks a condition on tensor values at "
-                                            r".*test_value_checks.py:\d+ in forward through a reference"):
-        remat_ir.remat(Held(), (torch.randn(3, 4),), solver="autograd", cost_model="flops", cache_dir=False)
