@@ -73,6 +73,7 @@ from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .masked_assign import assign_through_masks
+from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
 from .module_casts import unchanged_module_casts
 from .certain_draws import certain_draws
 from .kernel_layouts import match_kernel_layouts, traced_as_run
@@ -510,7 +511,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
                 refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__), \
                 refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model), \
-                inference_buffers_as_normal(model), tensor_checks_as_value_checks(type(model).__name__):
+                inference_buffers_as_normal(model), tensor_checks_as_value_checks(type(model).__name__), \
+                ctc_losses_as_one_op():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -1135,6 +1137,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             held, global_tensors = lift_held_tensors(exported, module, model, reads.tensors)
             draw_in_layout(module, type(model).__name__)
             assign_through_masks(module)
+            fold_target_selections(module)
             # A custom Function's backward is Python that runs here, once (`changes`).
             outside = outside_values.Snapshot(model) if reads.functions else None
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,

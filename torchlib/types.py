@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 from remat_ir.ir import arguments
 from remat_ir.ir.dtypes import dtype_from_name, dtype_name
 
+from . import ctc_loss  # noqa: F401  registers remat_ir::ctc_loss, which graphs name
 from . import layout_draws  # noqa: F401  registers remat_ir::draw_in_layout, which graphs name
 from . import masked_assign  # noqa: F401  registers remat_ir::put_masked, which graphs name
 from . import value_checks  # noqa: F401  registers remat_ir::value_check, which graphs name
