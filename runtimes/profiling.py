@@ -65,6 +65,7 @@ from remat_ir.ir.schedules import store_all
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.fusion import is_fused
 from remat_ir.ir.memory import is_view, new_storages
+from remat_ir.torchlib import ctc_loss
 from remat_ir.torchlib.types import empty_tensor, record_device, resolve_op, to_torch_argument
 
 from .calibration import fit_peak_byte_cost
@@ -208,6 +209,18 @@ def cast_workspace(graph: Graph, node: pb.Node, device_type: str) -> int:
     return sum(t.numel() * common.itemsize for t in meta if t.dtype != common)
 
 
+def declared_workspace(graph: Graph, node: pb.Node) -> int:
+    """The workspace an op of remat-ir's own declares from its arguments' shapes, where its
+    run on synthetic inputs cannot show it (the CTC loss's: `torchlib/ctc_loss.py`), for
+    every cost model; 0 for other ops."""
+    if node.op not in (ctc_loss.OP, ctc_loss.BACKWARD_OP):
+        return 0
+    args = [decode(a) for a in node.args]
+    meta = [empty_tensor(graph.value(a.value_id), torch.device("meta")) if isinstance(a, TensorRef) else a
+            for a in args]
+    return ctc_loss.workspace_bytes(node.op, meta)
+
+
 def analytic_seconds(flops: float, moved: float, device_type: str) -> float:
     """The "flops" model's time of an op: launch overhead + max(FLOPs / rate, bytes moved /
     bandwidth) at `RATES[device_type]` (also how a benchmark prices a graph for a GPU it
@@ -338,7 +351,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
                     storages[storage].size_bytes = max(storages[storage].size_bytes, size)
             node.cost.time_s, node.cost.source = seconds, source
             node.cost.flops, node.cost.bytes_accessed = flops, moved
-            node.cost.workspace_bytes = workspace
+            node.cost.workspace_bytes = max(workspace, declared_workspace(graph, node))
     if progress is not None and model != "flops":
         progress(f"profiling: {len(measured)} distinct ops timed alone")
     if model == "profile":

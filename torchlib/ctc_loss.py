@@ -19,7 +19,9 @@ division and mean of the reduction, the very kernels eager's backward runs on th
 tensors, so the gradient has eager's bits. The cost: the forward variables are computed
 twice (once per op) instead of kept from the forward to the backward, an O(T x S) pass
 per sequence, small beside the network; and the backward holds them only while it
-runs. Eager's choice of cuDNN's CTC (on CUDA, for int32 targets on the CPU) follows
+runs. They are each op's workspace (`workspace_bytes`), bounded by the longest target
+the shapes allow: profiling runs ops on synthetic inputs, whose zero lengths would
+measure none. Eager's choice of cuDNN's CTC (on CUDA, for int32 targets on the CPU) follows
 `torch.backends.cudnn.enabled` where the forward called the loss (transformers turns it
 off there), which the op is given. Registered when `remat_ir.torchlib.types` is
 imported, which every frontend and runtime does.
@@ -32,8 +34,13 @@ import contextlib
 import torch
 
 NAME = "remat_ir::ctc_loss"
-#: The op as the IR names it.
+#: The ops as the IR names them.
 OP = "remat_ir.ctc_loss.default"
+BACKWARD_OP = "remat_ir.ctc_loss_backward.default"
+#: Bytes the ops allocate beyond alpha (and beta) and the targets: per sequence (its
+#: lengths as int64, its loss), and once (the reduction's scalars); measured on CPU
+#: at most 2 x 8 x B + 150 over them, rounded up for an allocator's granularity.
+PER_SEQUENCE_BYTES, FIXED_BYTES = 64, 4096
 
 
 @contextlib.contextmanager
@@ -129,3 +136,18 @@ def _backward(ctx, grad):
 
 
 ctc_loss.register_autograd(_backward, setup_context=_setup)
+
+
+def workspace_bytes(op: str, args: list) -> int:
+    """Bytes `op` (`OP` or `BACKWARD_OP`), called on `args` (tensors of any device, meta
+    included, for tensor arguments), may allocate beyond its result: the forward
+    variables alpha, `2 S + 1` per frame and sequence with S the longest target the
+    shapes allow (a row of padded labels, or all the targets given concatenated), beta
+    beside them in the backward, and the targets made int64. Measured on CPU (T 10-400,
+    B 3-8, S 4-60): 700 bytes or more under this bound."""
+    log_probs, targets = args[:2] if op == OP else args[1:3]
+    sequences = log_probs.shape[1] if log_probs.dim() == 3 else 1
+    longest = targets.shape[-1] if targets.dim() == 2 else targets.numel()
+    alpha = sequences * log_probs.shape[0] * (2 * longest + 1) * log_probs.element_size()
+    return ((2 if op == BACKWARD_OP else 1) * alpha + targets.numel() * torch.int64.itemsize
+            + sequences * PER_SEQUENCE_BYTES + FIXED_BYTES)
