@@ -7,7 +7,7 @@ None`, `is_global = global_attention_mask.any().item()`) cannot be traced as one
 fake tensors have no values, and export stopped there ("branches on a value computed
 from tensor data"). FSMT, Longformer, LED, LLaVA and PaliGemma were refused so (they
 train bitwise now), and seven of transformers' speech models at their label check (they
-stop at `ctc_loss` now, whose buffers are sized by the labels' lengths). ProphetNet stays
+train bitwise too, their CTC loss one op since 2026-12-03: `ctc_losses.py`). ProphetNet stays
 refused: its truth is computed through writes (a slice copy, `masked_fill_`), which a
 chain replayed at every call would miss where made through views.
 

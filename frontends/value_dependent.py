@@ -2,7 +2,8 @@
 
 remat-ir lowers one graph of the whole step with fixed shapes, so tracing cannot take
 `x[mask]`, `masked_select`, `unique`, `bincount`, `repeat_interleave` with tensor
-counts, `ctc_loss` (its buffers are sized by the target lengths) or `.item()`. Fake
+counts or `.item()` (the CTC loss, whose buffers are sized by the target lengths, is one
+op of fixed shapes: `ctc_losses.py`). Fake
 tensors refuse each with the op's name alone, and that was all the error said
 ("AOTAutograd could not build the joint graph of M: aten.nonzero.default"): no line of
 the model, nothing to do. Here the error names the op, the model's line and what to
