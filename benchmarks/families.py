@@ -43,6 +43,14 @@ first call installs, recorded in its graph since 2026-12-01) and its schedule in
 every family's random mode again: none changed but GroupViT, TimeSeriesTransformer and
 Informer, refused on 2026-12-01 and bitwise now (their checks on values run as value
 checks since 2026-12-02; their other two modes were not run again).
+2026-12-03, later: the 8 speech families with a CTC head (`ForCTC`), refused at `ctc_loss`
+until then, run again (all modes) with the loss one op of fixed shapes
+(`frontends/ctc_losses.py`): HuBERT, WavLM, Data2VecAudio, UniSpeech, SEW, SEW-D and
+Wav2Vec2-BERT bitwise in all three modes; Wav2Vec2-Conformer bitwise after a first call,
+refused by line before it (its rotary embedding cache, filled at the first call). GroupViT,
+TimeSeriesTransformer and Informer run again in all modes: bitwise in all three. The table
+now: 142 bitwise in all three modes, 16 refused by line in all three, BigBird and
+Wav2Vec2-Conformer bitwise after a first call; 428 bitwise outcomes, 52 refused.
 """
 
 from __future__ import annotations
