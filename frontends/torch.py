@@ -701,6 +701,7 @@ def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
             error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "
                                   f"{text.splitlines()[0] if text else ''} (eager raises it too: "
                                   f"fix the forward for these inputs, then call remat again)")
+            error.eager_error = exc   # what a training call raises (`ScheduledModule`)
         error.__cause__ = exc
         return error
     error = LoweringError(f"torch.export could not trace {model} (data-dependent control flow "

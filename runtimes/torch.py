@@ -1697,6 +1697,14 @@ class ScheduledModule(torch.nn.Module):
                 graph, schedule = self._planner(self._model, args, kwargs, alone=not sharded,
                                                 same_plan=sharded)
             except RematIRError as exc:
+                eager = getattr(exc, "eager_error", None)
+                if eager is not None:
+                    # The forward itself raises on these inputs (transformers' check of the
+                    # labels' range): eager's exception, as eager's call raises it, so that
+                    # a training loop catching it behaves alike.
+                    eager.add_note(f"remat-ir: raised by {type(self._model).__name__}'s forward, "
+                                   f"traced to plan this call's {new} ({difference})")
+                    raise eager from None
                 # Say which call failed to plan (a larger batch at a byte budget),
                 # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
                 exc.args = (f"planning this call's {new} ({difference}): {exc}",
