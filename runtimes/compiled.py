@@ -205,6 +205,16 @@ def output_positions(node, op) -> list[int] | None:
     return indices or list(range(len(node.outputs)))
 
 
+#: Ops a region's FX graph takes in another form, for Inductor's trace of it. `view`:
+#: `reshape`, the same view wherever the strides allow one. Inductor lays a result out as
+#: its meta kernel does, which may differ from the kernel's layout the graph records
+#: (`frontends/kernel_layouts.py`: `_log_softmax_backward_data` of a transposed gradient,
+#: contiguous where its meta kernel keeps the gradient's strides), and the `view` after it
+#: failed to compile ("Cannot view a tensor with shape [3, 10, 6] and strides (6, 18, 1)"):
+#: the region ran eagerly, on every CTC model (a log-softmax, then `.transpose(0, 1)`).
+_AS_COMPILED = {"aten.view.default": torch.ops.aten.reshape.default}
+
+
 def _graph_module(graph: Graph, node_ids: list[int], inputs: list[int], outputs: list[int],
                   device: torch.device) -> torch.fx.GraphModule:
     """The FX graph of a run: one list placeholder (stolen by the compiled function),
@@ -218,7 +228,7 @@ def _graph_module(graph: Graph, node_ids: list[int], inputs: list[int], outputs:
         return env[ref.value_id]
 
     for node in (member for n in node_ids for member in body_nodes(graph.node(n))):
-        op = resolve_op(node.op)
+        op = _AS_COMPILED.get(node.op) or resolve_op(node.op)
         args = [to_torch_argument(decode(a), tensor, device) for a in node.args]
         kwargs = {kw.name: to_torch_argument(decode(kw.value), tensor, device) for kw in node.kwargs}
         result = fx.call_function(op, tuple(args), kwargs)

@@ -32,7 +32,8 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
-from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, side_by_side
+from exactness import (DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, relative_error,
+                       side_by_side)
 from slow import some_slow
 from random_networks import RandomNet, programs
 from strategies import search
@@ -577,3 +578,34 @@ def test_a_model_holding_a_remat_module_is_not_said_to_be_compiled():
     model = torch.nn.Sequential(remat_ir.remat(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), (x,),
                                                cost_model="flops"), torch.nn.Linear(4, 1))
     assert compiled_parts(model) == []
+
+
+class _TransposedLogSoftmax(torch.nn.Module):
+    """Log probabilities transposed to (time, batch, classes), as a CTC loss takes them,
+    then a loss read through a copy: the backward of the log-softmax gets a transposed
+    gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.out = torch.nn.Linear(8, 16), torch.nn.Linear(16, 6)
+
+    def forward(self, x, weights):
+        log_probs = torch.log_softmax(self.out(torch.tanh(self.inner(x))), dim=-1).transpose(0, 1)
+        return (log_probs.contiguous() * weights).sum()
+
+
+def test_every_region_of_a_transposed_log_softmax_compiles(capsys):
+    """The kernel of `_log_softmax_backward_data` lays a transposed gradient's result out
+    contiguously (the graph records that), its meta kernel as the gradient: Inductor's
+    trace of the region had a `view` it could not take, and the region ran eagerly."""
+    torch.manual_seed(0)
+    x, weights = torch.randn(3, 10, 8), torch.randn(10, 3, 6)
+    model = _TransposedLogSoftmax()
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x, weights), solver="recompute-all", cost_model="flops",
+                               backend="inductor")
+    scheduled(x, weights).backward()
+    eager(x, weights).backward()
+    assert "could not compile" not in capsys.readouterr().err
+    for ours, theirs in zip(model.parameters(), eager.parameters()):
+        assert relative_error(ours.grad, theirs.grad) <= 1e-5
