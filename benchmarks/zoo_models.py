@@ -106,6 +106,29 @@ def distilbert(size="tiny"):
     return model, (), dict(input_ids=ids, attention_mask=mask, labels=labels), lambda out: out.loss
 
 
+def wav2vec2_ctc(size="tiny"):
+    """Speech recognition fine-tuning: audio of two lengths (an attention mask), labels
+    padded with -100, the CTC loss (one op of fixed shapes: `frontends/ctc_losses.py`)."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+    _quiet_transformers()
+    torch.manual_seed(0)
+    hidden, layers, samples, batch = (16, 1, 800, 2) if size == "tiny" else (64, 4, 16000, 4)
+    config = Wav2Vec2Config(vocab_size=12, hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=2, intermediate_size=hidden * 2,
+                            conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+                            num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
+                            mask_time_prob=0.0, layerdrop=0.0, pad_token_id=0,
+                            feat_extract_norm="layer", ctc_loss_reduction="mean")
+    model = Wav2Vec2ForCTC(config).train()
+    audio = torch.randn(batch, samples)
+    mask = torch.ones(batch, samples, dtype=torch.long)
+    mask[1, samples * 3 // 4:] = 0
+    labels = torch.randint(1, 12, (batch, 6))
+    labels[1, 3:] = -100
+    kwargs = dict(input_values=audio, attention_mask=mask, labels=labels)
+    return model, (), kwargs, lambda out: out.loss
+
+
 def vit(size="tiny"):
     from transformers import ViTConfig, ViTForImageClassification
     _quiet_transformers()
@@ -289,5 +312,5 @@ def mlp_dropout(size="tiny"):
 
 
 ZOO = {f.__name__: f for f in (
-    llama, mistral, qwen2, gpt_neox, gpt2, bert, distilbert, vit, t5, whisper, unet_conditioned,
-    lora_llama, lora_gpt2, straight_through, cnn_batchnorm, mlp_dropout)}
+    llama, mistral, qwen2, gpt_neox, gpt2, bert, distilbert, vit, t5, whisper, wav2vec2_ctc,
+    unet_conditioned, lora_llama, lora_gpt2, straight_through, cnn_batchnorm, mlp_dropout)}

@@ -1,15 +1,15 @@
 """The model zoo at a sweep of budgets: two optimizer steps through each plan equal eager's.
 
-Sixteen architectures from configs (tiny sizes; `benchmarks/zoo.py` runs larger
+Seventeen architectures from configs (tiny sizes; `benchmarks/zoo.py` runs larger
 ones): Llama, Mistral, Qwen2, GPT-NeoX, GPT-2, BERT, DistilBERT with a padded
-mask, ViT, T5 and Whisper with labels, a conditioned diffusers U-Net, PEFT LoRA
+mask, ViT, T5 and Whisper with labels, Wav2Vec2 with a CTC loss, a conditioned diffusers U-Net, PEFT LoRA
 with dropout on Llama and GPT-2, custom autograd Functions, a CNN with
 BatchNorm, an MLP with dropout. Each is planned at store-everything, 50% (where
 the planner reaches it; the benchmark adds 70% and 35%) and its smallest
 feasible budget; loss,
 gradients, buffers and the generator state after every step must be bitwise
 equal to eager's, or, for a model `zoo.REASONS` names, within 1e-6 relative.
-`make test` sweeps nine of them; the other seven are trained offloaded at 30% there
+`make test` sweeps nine of them; the other eight are trained offloaded at 30% there
 (`test_offload.py`) and swept by `make test-all` (`slow.py`).
 """
 
@@ -24,7 +24,7 @@ import zoo_models
 #: Exact under offloading at 30% in `make test` (`test_offload.py`), so swept here only
 #: by `make test-all`.
 SWEPT_IN_TEST_ALL = ("unet_conditioned", "t5", "mistral", "qwen2", "gpt_neox", "distilbert",
-                     "lora_llama")
+                     "lora_llama", "wav2vec2_ctc")
 
 
 @pytest.mark.parametrize("name", some_slow(list(zoo_models.ZOO), SWEPT_IN_TEST_ALL))
