@@ -143,11 +143,13 @@ def workspace_bytes(op: str, args: list) -> int:
     included, for tensor arguments), may allocate beyond its result: the forward
     variables alpha, `2 S + 1` per frame and sequence with S the longest target the
     shapes allow (a row of padded labels, or all the targets given concatenated), beta
-    beside them in the backward, and the targets made int64. Measured on CPU (T 10-400,
-    B 3-8, S 4-60): 700 bytes or more under this bound."""
+    beside them in the backward, and the targets selected (in their dtype) and made
+    int64. Measured on CPU (T 10-400, B 3-8, S 4-60, int64 labels): 700 bytes or more
+    under this bound."""
     log_probs, targets = args[:2] if op == OP else args[1:3]
     sequences = log_probs.shape[1] if log_probs.dim() == 3 else 1
     longest = targets.shape[-1] if targets.dim() == 2 else targets.numel()
     alpha = sequences * log_probs.shape[0] * (2 * longest + 1) * log_probs.element_size()
-    return ((2 if op == BACKWARD_OP else 1) * alpha + targets.numel() * torch.int64.itemsize
-            + sequences * PER_SEQUENCE_BYTES + FIXED_BYTES)
+    selected = targets.numel() * (targets.element_size() + torch.int64.itemsize)
+    return ((2 if op == BACKWARD_OP else 1) * alpha + selected + sequences * PER_SEQUENCE_BYTES
+            + FIXED_BYTES)
