@@ -5,11 +5,14 @@ targets with `masked_select`."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 import remat_ir
 from remat_ir import ir
@@ -17,7 +20,8 @@ from remat_ir.frontends.errors import LoweringError
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
-from exactness import random_schedule, side_by_side
+from exactness import SCHEDULE_DRAWS, random_schedule, side_by_side
+from strategies import search
 
 
 class _Recognizer(torch.nn.Module):
@@ -87,6 +91,29 @@ def test_a_ctc_loss_trains_like_eager_under_a_random_schedule(kind, reduction):
         other = _batch(seed=1, target_lengths=[1, 4, 3], frame_lengths=[8, 10, 10])
         assert side_by_side(_Recognizer(kind, reduction), make, other, {}, lambda loss: loss,
                             tolerance=1e-30) == {}
+
+
+@functools.cache
+def _lowered_recognizer():
+    """The masked-select recognizer's graph, lowered once for the searches below (all its
+    batches have `_batch()`'s shapes)."""
+    return lower_torch(_Recognizer(), _batch(), cost_model="flops")
+
+
+@search(10, derandomize=True)
+@given(**SCHEDULE_DRAWS, target_lengths=st.lists(st.integers(0, 4), min_size=3, max_size=3),
+       frame_lengths=st.lists(st.integers(1, 10), min_size=3, max_size=3), labels_seed=st.integers(0, 99))
+def test_random_schedules_and_batches_train_like_eager(seed, recompute, defer, groups, target_lengths,
+                                                       frame_lengths, labels_seed):
+    """Searched: random valid schedules of one graph (recomputations anywhere, forward
+    nodes deferred to the backward, gradients handed in groups) and batches of any target
+    and frame lengths, empty targets and impossible alignments (an infinite loss)
+    included: bitwise, generator state included, over two steps."""
+    graph = _lowered_recognizer()
+    schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=defer)
+    args = _batch(labels_seed, target_lengths=target_lengths, frame_lengths=frame_lengths)
+    make = lambda model: ScheduledModule(model, graph, schedule, gradient_groups=groups)   # noqa: E731
+    assert side_by_side(_Recognizer(), make, args, {}, lambda loss: loss, tolerance=1e-30) == {}
 
 
 @pytest.mark.parametrize("zero_infinity", [False, True])
