@@ -14,8 +14,9 @@ it casts half-precision log probabilities to float32 first, as autocast does for
 `ctc_loss` (the op, PyTorch's own, has no autocast rule).
 `fold_target_selections`, on the module torch.export made, gives the op `labels` and
 `mask` where its targets are `labels.masked_select(mask)` (or `labels[mask]`, the mask
-of the labels' shape) and drops the selection, which nothing else reads but the checks
-torch.export adds on its size. A selection read elsewhere too stays, and the model is
+of the labels' shape), maybe followed by elementwise ops (a cast, a shift by a number:
+applied to every label first), and drops the selection, which nothing else reads but
+the checks torch.export adds on its size. A selection read elsewhere too stays, and the model is
 refused as before, where it reads it.
 """
 
@@ -30,14 +31,22 @@ from torch._subclasses.fake_tensor import is_fake
 
 from remat_ir.torchlib import ctc_loss as ctc_op
 
-from .fx_nodes import recompiled
+from .fx_nodes import add_call, recompiled
 
 _aten = torch.ops.aten
 _OP = torch.ops.remat_ir.ctc_loss.default
 #: ATen's `Reduction::Mean`, `torch.ctc_loss`'s default.
 _MEAN = 1
-#: Nodes that read a selection's size only: torch.export's checks that it is in range.
-_SIZE_READS = (_aten.sym_size.int, _aten.sym_numel.default, _aten._assert_scalar.default)
+#: Ops on the selected targets that give the same targets taken on every label first
+#: (`labels[mask].int()`, `- 1` to shift the classes). None of them can raise on a label
+#: the mask leaves out.
+_ELEMENTWISE = (_aten._to_copy.default, _aten.to.dtype, _aten.to.dtype_layout, _aten.to.device,
+                _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.sub.Scalar,
+                _aten.clamp.default, _aten.clamp_min.default, _aten.clamp_max.default)
+#: Nodes that read only a selection's size or metadata: torch.export's checks that its size
+#: is in range, and of its dtype before a `.to(...)`.
+_SIZE_READS = (_aten.sym_size.int, _aten.sym_numel.default, _aten._assert_scalar.default,
+               _aten._assert_tensor_metadata.default)
 
 
 @contextlib.contextmanager
@@ -73,21 +82,50 @@ def ctc_losses_as_one_op():
 def fold_target_selections(module: torch.fx.GraphModule) -> int:
     """Rewrite `module` (from torch.export, in place) as the docstring says; the number of
     selections folded into a loss."""
-    count = 0
-    for node in list(module.graph.nodes):
+    count, graph = 0, module.graph
+    for node in list(graph.nodes):
         if node.target is not _OP or node.args[2] is not None:
             continue
-        selection = node.args[1]
+        chain, selection = [], node.args[1]
+        while _elementwise(selection):   # outermost first: `labels[mask].int() - 1`
+            chain.append(selection)
+            selection = selection.args[0]
         selected = _selection(selection)
-        reads = None if selected is None else _size_reads(selection, besides=node)
-        if reads is None:   # no selection, or one read elsewhere too: kept
+        doomed = None if selected is None else _only_feeding(node, [*chain, selection])
+        if doomed is None:   # no selection, or one read elsewhere too: kept
             continue
-        node.args = (node.args[0], *selected, *node.args[3:])
-        for each in reversed(list(module.graph.nodes)):   # readers before what they read
-            if each is selection or each in reads:
-                module.graph.erase_node(each)
+        labels, mask = selected
+        with graph.inserting_before(node), labels.meta["val"].fake_mode:
+            for op in reversed(chain):   # the same elementwise ops, on every label
+                labels = add_call(graph, op.meta, op.target, (labels, *op.args[1:]), op.kwargs)
+        node.args = (node.args[0], labels, mask, *node.args[3:])
+        for each in reversed(list(graph.nodes)):   # readers before what they read
+            if each in doomed:
+                graph.erase_node(each)
         count += 1
     return recompiled(module, count)
+
+
+def _elementwise(node) -> bool:
+    """Whether `node` is one of `_ELEMENTWISE` on one tensor (its other arguments plain):
+    the same on the selected targets as on every label, then selected."""
+    return (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _ELEMENTWISE
+            and isinstance(node.args[0], torch.fx.Node)
+            and not any(isinstance(a, torch.fx.Node) for a in (*node.args[1:], *node.kwargs.values())))
+
+
+def _only_feeding(loss: torch.fx.Node, nodes: list[torch.fx.Node]) -> set[torch.fx.Node] | None:
+    """`nodes` (a chain, each read by the one before it, the first by `loss`) and the
+    checks torch.export reads their sizes and metadata with, where nothing else reads them;
+    else None."""
+    doomed, reader = set(nodes), loss
+    for node in nodes:
+        reads = _size_reads(node, besides=reader)
+        if reads is None:
+            return None
+        doomed |= reads
+        reader = node
+    return doomed
 
 
 def _selection(node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
@@ -109,8 +147,8 @@ def _selection(node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
 
 def _size_reads(node: torch.fx.Node, besides: torch.fx.Node) -> set[torch.fx.Node] | None:
     """Every node but `besides` reading `node` and, through them, what they compute, where
-    each only reads its size, compares it or checks the comparison; None where one does
-    more."""
+    each only reads its size, compares it, checks the comparison or checks its metadata;
+    None where one does more."""
     found, stack = set(), [user for user in node.users if user is not besides]
     while stack:
         user = stack.pop()

@@ -27,8 +27,9 @@ from strategies import search
 class _Recognizer(torch.nn.Module):
     """Frames -> log probabilities over 6 symbols (0 the blank), then a CTC loss whose
     targets come in the form `kind` names: selected from labels padded with -100 by a
-    mask (`masked_select`, as transformers' `ForCTCLoss`), by boolean indexing, padded
-    (2-D targets, through `nn.CTCLoss`), or padded with the lengths as Python lists;
+    mask (`masked_select`, as transformers' `ForCTCLoss`), by boolean indexing, selected
+    then shifted and cast (the blank last), padded (2-D targets, through `nn.CTCLoss`),
+    or padded with the lengths as Python lists;
     `reduction` and `zero_infinity` as `F.ctc_loss` takes them."""
 
     def __init__(self, kind: str = "masked_select", reduction: str = "mean", zero_infinity: bool = False):
@@ -47,6 +48,10 @@ class _Recognizer(torch.nn.Module):
             loss = self.ctc(log_probs, labels.clamp_min(1), frame_lengths, target_lengths)
         elif self.kind == "lists":
             loss = F.ctc_loss(log_probs, labels.clamp_min(1), LISTED[0], LISTED[1],
+                              reduction=self.reduction, zero_infinity=self.zero_infinity)
+        elif self.kind == "shifted":   # classes 1-5 as 0-4, int32, the blank last
+            targets = (labels.masked_select(mask) - 1).to(torch.int32)
+            loss = F.ctc_loss(log_probs, targets, frame_lengths, target_lengths, blank=5,
                               reduction=self.reduction, zero_infinity=self.zero_infinity)
         else:
             targets = labels.masked_select(mask) if self.kind == "masked_select" else labels[mask]
@@ -77,7 +82,7 @@ def _random_plan(args, *model_args):
     return lambda model: ScheduledModule(model, graph, schedule)
 
 
-@pytest.mark.parametrize("kind", ["masked_select", "indexing", "padded", "lists"])
+@pytest.mark.parametrize("kind", ["masked_select", "indexing", "shifted", "padded", "lists"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_a_ctc_loss_trains_like_eager_under_a_random_schedule(kind, reduction):
     """Bitwise, generator state included, over two steps with dropout, with 80% of the
