@@ -65,8 +65,8 @@ from remat_ir.ir.schedules import store_all
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.fusion import is_fused
 from remat_ir.ir.memory import is_view, new_storages
-from remat_ir.torchlib import ctc_loss
-from remat_ir.torchlib.types import empty_tensor, record_device, resolve_op, to_torch_argument
+from remat_ir.torchlib.types import (DECLARED_WORKSPACES, empty_tensor, record_device, resolve_op,
+                                     to_torch_argument)
 
 from .calibration import fit_peak_byte_cost
 from .compiled import check_backend
@@ -211,14 +211,14 @@ def cast_workspace(graph: Graph, node: pb.Node, device_type: str) -> int:
 
 def declared_workspace(graph: Graph, node: pb.Node) -> int:
     """The workspace an op of remat-ir's own declares from its arguments' shapes, where its
-    run on synthetic inputs cannot show it (the CTC loss's: `torchlib/ctc_loss.py`), for
+    run on synthetic inputs cannot show it (`DECLARED_WORKSPACES`: the CTC loss's), for
     every cost model; 0 for other ops."""
-    if node.op not in (ctc_loss.OP, ctc_loss.BACKWARD_OP):
+    declared = DECLARED_WORKSPACES.get(node.op)
+    if declared is None:
         return 0
     args = [decode(a) for a in node.args]
-    meta = [empty_tensor(graph.value(a.value_id), torch.device("meta")) if isinstance(a, TensorRef) else a
-            for a in args]
-    return ctc_loss.workspace_bytes(node.op, meta)
+    return declared([empty_tensor(graph.value(a.value_id), torch.device("meta"))
+                     if isinstance(a, TensorRef) else a for a in args])
 
 
 def analytic_seconds(flops: float, moved: float, device_type: str) -> float:

@@ -30,6 +30,7 @@ imported, which every frontend and runtime does.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -139,8 +140,8 @@ ctc_loss.register_autograd(_backward, setup_context=_setup)
 
 
 def workspace_bytes(op: str, args: list) -> int:
-    """Bytes `op` (`OP` or `BACKWARD_OP`), called on `args` (tensors of any device, meta
-    included, for tensor arguments), may allocate beyond its result: the forward
+    """Bytes `op` (`OP` or `BACKWARD_OP`: `WORKSPACES`), called on `args` (tensors of any
+    device, meta included, for tensor arguments), may allocate beyond its result: the forward
     variables alpha, `2 S + 1` per frame and sequence with S the longest target the
     shapes allow (a row of padded labels, or all the targets given concatenated), beta
     beside them in the backward, and the targets selected (in their dtype) and made
@@ -153,3 +154,7 @@ def workspace_bytes(op: str, args: list) -> int:
     selected = targets.numel() * (targets.element_size() + torch.int64.itemsize)
     return ((2 if op == BACKWARD_OP else 1) * alpha + selected + sequences * PER_SEQUENCE_BYTES
             + FIXED_BYTES)
+
+
+#: Both ops' workspaces, from their arguments (`types.DECLARED_WORKSPACES`).
+WORKSPACES = {op: functools.partial(workspace_bytes, op) for op in (OP, BACKWARD_OP)}

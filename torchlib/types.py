@@ -23,6 +23,10 @@ from . import layout_draws  # noqa: F401  registers remat_ir::draw_in_layout, wh
 from . import masked_assign  # noqa: F401  registers remat_ir::put_masked, which graphs name
 from . import value_checks  # noqa: F401  registers remat_ir::value_check, which graphs name
 
+#: remat-ir's own ops whose workspace their arguments' shapes tell, where a run on synthetic
+#: inputs does not (`runtimes/profiling.declared_workspace`): op -> bytes from its arguments.
+DECLARED_WORKSPACES = dict(ctc_loss.WORKSPACES)
+
 _TORCH_DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
     "bfloat16": torch.bfloat16, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
