@@ -32,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import LoweringError
 from .model_lines import model_line
+from .transformers_paths import swapped_globals
 
 #: PyTorch's message for a check called without one (`torch._check_with`).
 DEFAULT_MESSAGE = ("Expected cond to be True, but got False. (Could this error message be "
@@ -80,30 +81,23 @@ def _transformers_checks_as_eager():
     calls `torch._check_tensor_all(cond)`, without the model's message and raising
     RuntimeError where eager raises `error_type` (ValueError) with it."""
     import_utils = sys.modules.get("transformers.utils.import_utils")
-    original = getattr(import_utils, "torch_compilable_check", None)
-    if original is None:
+    if getattr(import_utils, "torch_compilable_check", None) is None:
         yield
         return
 
-    @functools.wraps(original)
-    def as_eager(*args, **kwargs):
-        tracing = import_utils.is_tracing
-        import_utils.is_tracing = lambda *_, **__: False
-        try:
-            return original(*args, **kwargs)
-        finally:
-            import_utils.is_tracing = tracing
+    def as_eager(name, original):
+        @functools.wraps(original)
+        def check(*args, **kwargs):
+            tracing = import_utils.is_tracing
+            import_utils.is_tracing = lambda *_, **__: False
+            try:
+                return original(*args, **kwargs)
+            finally:
+                import_utils.is_tracing = tracing
+        return check
 
-    holders = [module for name, module in list(sys.modules.items())
-               if module is not None and name.startswith("transformers.")
-               and vars(module).get("torch_compilable_check") is original]
-    for module in holders:
-        module.torch_compilable_check = as_eager
-    try:
+    with swapped_globals("transformers.", ("torch_compilable_check",), as_eager):
         yield
-    finally:
-        for module in holders:
-            module.torch_compilable_check = original
 
 
 def _message(message) -> str | None:

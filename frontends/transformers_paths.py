@@ -36,21 +36,31 @@ def eager_paths(changed: list[str], kept: frozenset = frozenset()):
     """Within: transformers' models see eager's answer to `CHECKS`, except at the call
     sites in `kept`; "file:line calls check()" is appended to `changed` for each call
     site whose answer that changed."""
+    with swapped_globals(_SCOPE, CHECKS, lambda check, function: _as_eager(check, function, changed, kept)):
+        yield
+
+
+@contextlib.contextmanager
+def swapped_globals(prefix: str, names, replacement):
+    """Within: in every loaded module whose name starts with `prefix`, each callable global
+    named in `names` is `replacement(name, function)`; put back after. Why per module: model
+    code calls the function it imported by name, so patching its home module alone misses
+    it (transformers' checks here, its `torch_compilable_check` in `tensor_checks.py`)."""
     originals = {}
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(_SCOPE):
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith(prefix):
             continue
-        for check in CHECKS:
-            function = vars(module).get(check)
+        for name in names:
+            function = vars(module).get(name)
             if callable(function):
-                originals[(module, check)] = function
+                originals[(module, name)] = function
     try:
-        for (module, check), function in originals.items():
-            setattr(module, check, _as_eager(check, function, changed, kept))
+        for (module, name), function in originals.items():
+            setattr(module, name, replacement(name, function))
         yield
     finally:
-        for (module, check), function in originals.items():
-            setattr(module, check, function)
+        for (module, name), function in originals.items():
+            setattr(module, name, function)
 
 
 def _as_eager(check: str, original, changed: list[str], kept: frozenset):
