@@ -215,7 +215,10 @@ class Chain:
         a stage's input until the stage's backward has run."""
         tg = self.tg
         segment_of = self._forward_stage
-        pinned = {n for n in tg.held_outputs if n in segment_of}
+        # A node that may run only once per step (`non_recomputable`, mutating) keeps its
+        # results from its one run: a stage's forward run again skips it (`sequence_of`).
+        # (Graph outputs that never run again, `held_outputs`, are among them.)
+        pinned = {n for n in set(tg.forward) - tg.recomputable if n in segment_of}
         for seg in self.segments:
             for b in seg.backward:
                 pinned.update(p for p in tg.node_inputs(b)
@@ -523,10 +526,13 @@ def sequence_of(chain: Chain, ops: list[tuple]) -> tuple[list[int], int, dict[in
     sequence: list[int] = []
     forward_length = None
     offloaded: dict[int, tuple[int, int]] = {}
+    once = set(chain.tg.forward) - chain.tg.recomputable   # pinned: their first run's results
+    ran: set[int] = set()
     for kind, s, o in ops:
         stage = chain.stages[s]
         if kind == "forward":
-            sequence.extend(stage.segment.forward)
+            sequence.extend(n for n in stage.segment.forward if n not in once or n not in ran)
+            ran.update(stage.segment.forward)
         elif kind == "offload":
             offloaded[s] = (len(sequence), -1)
         else:

@@ -46,7 +46,7 @@ def search(max_examples: int, *, derandomize: bool = False) -> settings:
 
 @st.composite
 def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5,
-                    random_nodes: bool = False) -> ir.Graph:
+                    random_nodes: bool = False, once_nodes: bool = False) -> ir.Graph:
     """A random joint graph: resident inputs, forward nodes, an output gradient, backward nodes.
 
     `single_outputs`: every node returns one new tensor (no views, no second
@@ -54,7 +54,9 @@ def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5,
     output in `view_odds` views one of its node's inputs (2: half of them, so that nodes
     viewing two inputs' allocations are common). `random_nodes`: about one forward node
     in three draws random numbers, half of them numbers that depend on their inputs'
-    values (a custom Function's draws), which no schedule may run out of eager's order."""
+    values (a custom Function's draws), which no schedule may run out of eager's order.
+    `once_nodes`: about one forward node in four may run only once per step
+    (`non_recomputable`: a SpecAugment mask drawn from NumPy's generator)."""
     g = ir.Graph(name="random")
     forward_pool = []
     for i in range(draw(st.integers(1, 3))):
@@ -83,9 +85,10 @@ def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5,
                 outputs.append(v)
             draws = (draw(st.sampled_from(["no", "no", "no", "no", "shape", "values"]))
                      if random_nodes and phase == "forward" else "no")
+            once = once_nodes and phase == "forward" and draw(st.integers(1, 4)) == 1
             g.add_node("test.op", inputs, outputs, phase=phase, time_s=draw(st.integers(1, 9)) / 8,
                        workspace_bytes=draw(st.sampled_from([0, 0, 0, 16, 1000])),
-                       random=draws != "no", rng_shape_only=draws == "shape")
+                       random=draws != "no", rng_shape_only=draws == "shape", non_recomputable=once)
             pool.extend(outputs)
             computed.extend(outputs)
 

@@ -76,6 +76,33 @@ def test_every_solver_runs_random_nodes_as_eagers_generator_allows(graph, share)
     _every_solver_answers(graph, share)
 
 
+@search(10)
+@given(graph=training_graphs(once_nodes=True), share=st.floats(0.2, 1.1))
+def test_every_solver_runs_a_node_that_may_run_once_once(graph, share):
+    """Nodes that may run only once per step (`non_recomputable`: a SpecAugment mask drawn
+    from NumPy's generator) beside recomputable ones: every solver's plan is valid, or its
+    refusal names a budget that works. Rotor's plans ran such a node again with the rest
+    of its stage's forward (found by the first SpecAugment model planned at 60%)."""
+    budget = max(1, int(ir.store_all(graph).predicted_peak_bytes * share))
+    for solver in ALL + ("fastsa", "twremat"):
+        check_answer(graph, budget, solver, attempt(graph, budget, solver))
+
+
+@pytest.mark.parametrize("solver", ALL + ("fastsa", "twremat"))
+def test_a_chain_link_that_may_run_once_runs_once_at_every_budget(solver):
+    """A link of a 10-layer chain that may run only once per step: each solver's plans at
+    the budgets between the floor and store-everything run it once and keep its result."""
+    graph, ids = chain(10)
+    graph.node(ids["f4"]).non_recomputable = True
+    peak = ir.store_all(graph).predicted_peak_bytes
+    for share in (0.3, 0.4, 0.5, 0.7):
+        answer = attempt(graph, int(peak * share), solver)
+        check_answer(graph, int(peak * share), solver, answer)
+        if isinstance(answer, pb.Schedule):
+            runs = [s.compute for s in answer.steps if s.WhichOneof("action") == "compute"]
+            assert runs.count(ids["f4"]) == 1
+
+
 @SETTINGS
 @given(graph=training_graphs(single_outputs=True), share=st.floats(0.3, 1.0))
 def test_checkmate_is_never_slower_than_another_solver(graph, share):
