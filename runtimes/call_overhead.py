@@ -45,6 +45,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, store_all
+from remat_ir.torchlib.generators import generators_kept
 
 from .timing import _synchronize
 
@@ -95,7 +96,7 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
             torch.autograd.backward(losses, seeds)
             return forward_s + time.perf_counter() - begun - inside[0]
 
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+        with generators_kept([device] if device.type == "cuda" else []), \
                 torch.enable_grad():
             call()   # compiles the segments on the device the call runs on
             for lowered in scheduled._plans.values():

@@ -65,6 +65,7 @@ from remat_ir.ir.schedules import store_all
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.fusion import is_fused
 from remat_ir.ir.memory import is_view, new_storages
+from remat_ir.torchlib.generators import generators_kept
 from remat_ir.torchlib.types import (DECLARED_WORKSPACES, empty_tensor, record_device, resolve_op,
                                      to_torch_argument)
 
@@ -334,7 +335,7 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
     measured: dict[tuple, tuple[float, int, tuple[int, ...], int]] = {}
     storages = {s.id: s for s in graph.proto.storages}
     devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
+    with generators_kept(devices), torch.no_grad():
         for node in graph.proto.nodes:
             seconds, flops, moved = _analytic(graph, node, device) if model == "flops" else (0.0, 0.0, 0)
             source = pb.ANALYTIC

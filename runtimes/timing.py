@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.ir import Graph, pb
+from remat_ir.torchlib.generators import generators_kept
 from remat_ir.torchlib.types import constant_tensor, empty_tensor
 
 from .codegen import generate, region_tick, segments_without_autocast
@@ -334,7 +335,7 @@ def time_schedules(graph: Graph, schedules: list[pb.Schedule], values: Mapping[i
     devices = [device] if device.type == "cuda" else []
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.random.fork_rng(devices=devices))
+        stack.enter_context(generators_kept(devices))
         stack.enter_context(torch.no_grad())
         stack.enter_context(segments_without_autocast(device))
         for step in prepared:

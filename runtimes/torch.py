@@ -40,6 +40,7 @@ from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 from remat_ir.ir.validation import validate_once
 
+from remat_ir.torchlib.generators import generators_kept
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names
@@ -1691,7 +1692,7 @@ class ScheduledModule(torch.nn.Module):
             f"(plan {len(self._plans) + 1}, at most {self.max_plans} kept{dropping})")
         devices = [t.device for t in pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
-        with torch.random.fork_rng(devices=devices):  # planning never moves the generator
+        with generators_kept(devices):  # planning never moves a generator
             sharded = self._sharded()
             try:
                 graph, schedule = self._planner(self._model, args, kwargs, alone=not sharded,
