@@ -1,8 +1,9 @@
 """Tiny random-weight transformers models of many families, for `benchmarks/families.py`.
 
 `FAMILIES`: family -> factory() returning (model, args, kwargs, loss_of), the model in
-training mode with its default dropouts (layer drop and SpecAugment off: a Python
-branch on a draw and NumPy draws, which remat-ir refuses by line). Each is a few
+training mode with its default dropouts and SpecAugment masks (NumPy's draws: the speech
+models' `mask_time_prob`, drawn at every step as eager draws them), layer drop off (a
+Python branch on a draw, which remat-ir refuses by line). Each is a few
 thousand parameters: the sweep looks for models that train otherwise than eager, not
 for speed. Families of `zoo_models` and `tests/torch_models.py` are left out, as are
 those whose tiny config fails in eager PyTorch itself (dbrx, zamba, bit, cvt at
@@ -95,8 +96,8 @@ def ctc(cfg_cls, model_cls, **extra):
         cfg = cfg_cls(**{**dict(vocab_size=32, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
                                  intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
                                  conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-                                 num_conv_pos_embedding_groups=2, mask_time_prob=0.0,
-                                 mask_feature_prob=0.0, layerdrop=0.0, pad_token_id=0,
+                                 num_conv_pos_embedding_groups=2, mask_feature_prob=0.1,
+                                 mask_feature_length=4, layerdrop=0.0, pad_token_id=0,
                                  ctc_loss_reduction="mean"), **extra})
         m = model_cls(cfg).train()
         audio = torch.randn(B, 1600)
@@ -133,7 +134,7 @@ def speecht5():
                            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
                            decoder_ffn_dim=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
-                           mask_time_prob=0.0, mask_feature_prob=0.0, encoder_layerdrop=0.0,
+                           encoder_layerdrop=0.0,
                            decoder_layerdrop=0.0, use_cache=False, speech_decoder_prenet_units=16,
                            speech_decoder_postnet_units=16, speaker_embedding_dim=16)
     m = T.SpeechT5ForSpeechToText(cfg).train()
@@ -652,8 +653,7 @@ def _vit_gpt2():
 def _speech_enc_dec():
     enc = T.Wav2Vec2Config(hidden_size=H, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-                           num_conv_pos_embedding_groups=2, mask_time_prob=0.0, mask_feature_prob=0.0,
-                           layerdrop=0.0)
+                           num_conv_pos_embedding_groups=2, layerdrop=0.0)
     dec = T.BertConfig(**_small_text(), is_decoder=True, add_cross_attention=True, use_cache=False)
     cfg = T.SpeechEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec, decoder_start_token_id=2,
                                                                     pad_token_id=0)
@@ -889,7 +889,7 @@ def _wav2vec2_bert():
     cfg = T.Wav2Vec2BertConfig(vocab_size=32, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
                                intermediate_size=64, feature_projection_input_dim=16, conv_depthwise_kernel_size=3,
                                left_max_position_embeddings=16, right_max_position_embeddings=4,
-                               apply_spec_augment=False, layerdrop=0.0, hidden_dropout=0.1, attention_dropout=0.1,
+                               layerdrop=0.0, hidden_dropout=0.1, attention_dropout=0.1,
                                ctc_loss_reduction="mean", pad_token_id=0)
     m = T.Wav2Vec2BertForCTC(cfg).train()
     return m, (), dict(input_features=torch.randn(B, 32, 16), labels=torch.randint(1, 32, (B, 5))), loss

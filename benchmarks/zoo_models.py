@@ -108,7 +108,9 @@ def distilbert(size="tiny"):
 
 def wav2vec2_ctc(size="tiny"):
     """Speech recognition fine-tuning: audio of two lengths (an attention mask), labels
-    padded with -100, the CTC loss (one op of fixed shapes: `frontends/ctc_losses.py`)."""
+    padded with -100, the CTC loss (one op of fixed shapes: `frontends/ctc_losses.py`),
+    SpecAugment's time masks as the default config draws them (NumPy, at every step:
+    `frontends/spec_augment.py`)."""
     from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
     _quiet_transformers()
     torch.manual_seed(0)
@@ -117,7 +119,7 @@ def wav2vec2_ctc(size="tiny"):
                             num_attention_heads=2, intermediate_size=hidden * 2,
                             conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
                             num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
-                            mask_time_prob=0.0, layerdrop=0.0, pad_token_id=0,
+                            layerdrop=0.0, pad_token_id=0,
                             feat_extract_norm="layer", ctc_loss_reduction="mean")
     model = Wav2Vec2ForCTC(config).train()
     audio = torch.randn(batch, samples)

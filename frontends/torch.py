@@ -74,6 +74,7 @@ from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .masked_assign import assign_through_masks
 from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
+from .spec_augment import spec_augment_as_ops
 from .module_casts import unchanged_module_casts
 from .certain_draws import certain_draws
 from .kernel_layouts import match_kernel_layouts, traced_as_run
@@ -90,7 +91,7 @@ from .value_dependent import (data_sized_branch_error, refusing_packed_sequences
 from .view_compaction import compact_views
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
-from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
+from remat_ir.torchlib.types import (ONCE_PER_STEP, argument_name, argument_names, autocast_cache, autocast_state,
                                      cpu_kernels_state, describe_input, input_aliases, ir_dtype,
                                      op_name, record_device, raw_bytes, resolve_op, sdpa_state,
                                      to_ir_argument, uncached_under_autocast)
@@ -489,6 +490,14 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
         return exported, kept
 
 
+@contextlib.contextmanager
+def _library_ops_as_ops():
+    """Within: library code that has no fixed shapes, or draws from a host generator, when
+    traced is traced as remat-ir's ops (the CTC loss, transformers' SpecAugment masks)."""
+    with ctc_losses_as_one_op(), spec_augment_as_ops():
+        yield
+
+
 def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
            assigned: dict, changed: list[str], kept: frozenset) -> torch.export.ExportedProgram:
     """torch.export's program, on eager's code path in transformers' models except at the
@@ -512,7 +521,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__), \
                 refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model), \
                 inference_buffers_as_normal(model), tensor_checks_as_value_checks(type(model).__name__), \
-                ctc_losses_as_one_op():
+                _library_ops_as_ops():
             exported = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:
         failure = exc
@@ -929,6 +938,7 @@ class _Lowering:
             forward_node_id=forward_node, random=random,
             mutating=target._schema.is_mutable, source=source)
         self.g.node(nid).rng_shape_only = random and name.split(".")[1] in SHAPE_ONLY_RANDOM_OPS
+        self.g.node(nid).non_recomputable = name in ONCE_PER_STEP
         self.g.node(nid).output_indices.extend(indices)
         # AOTAutograd's sum of a tensor's gradient contributions (its readers' backward):
         # the runtime may hand them to autograd one by one, as eager's engine adds them.

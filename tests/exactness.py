@@ -20,6 +20,7 @@ import copy
 import functools
 import random
 
+import numpy as np
 from hypothesis import strategies as st
 import torch
 from torch.utils import _pytree as pytree
@@ -158,7 +159,7 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     for step in range(steps):
         for t in leaves:
             t.grad = None
-        torch.manual_seed(seed + step)
+        _seed_all(seed + step)
         with forward_context():
             out_e = eager(*args, **kwargs)
             loss_e = loss_of(out_e) + (_penalty(eager) if outside else 0)
@@ -168,7 +169,7 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
         input_grads_e = [t.grad for t in leaves]
         for t in leaves:
             t.grad = None
-        torch.manual_seed(seed + step)
+        _seed_all(seed + step)
         with forward_context():
             out_s = scheduled(*args, **kwargs)
             loss_s = loss_of(out_s) + (_penalty(scheduled) if outside else 0)
@@ -180,7 +181,7 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
             if g_e is not None:
                 compare(g_e, t.grad, f"step {step} grad of input {i}")
         for (where, eager_state), (_, scheduled_state) in zip(state_e, state_s):
-            assert torch.equal(eager_state, scheduled_state), f"step {step}: the {where} generator's state differs from eager's"
+            assert _same_state(eager_state, scheduled_state), f"step {step}: the {where} generator's state differs from eager's"
         flat_e, flat_s = _tensors(out_e), _tensors(out_s)
         assert len(flat_e) == len(flat_s), f"step {step}: {len(flat_s)} outputs, eager {len(flat_e)}"
         for i, (a, b) in enumerate(zip(flat_e, flat_s)):
@@ -205,13 +206,30 @@ def _penalty(model: torch.nn.Module) -> torch.Tensor:
     return 1e-2 * sum(p.float().square().sum() for p in model.parameters() if p.requires_grad)
 
 
-def _generator_states() -> list[tuple[str, torch.Tensor]]:
+def _seed_all(seed: int) -> None:
+    """Seed torch's, NumPy's and Python's global generators, as a training script does."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _generator_states() -> list[tuple[str, object]]:
     """The CPU generator's state, and the current CUDA device's where CUDA is in use (its
-    ops draw from that one: dropout on a CUDA tensor leaves the CPU generator alone)."""
+    ops draw from that one: dropout on a CUDA tensor leaves the CPU generator alone); and
+    NumPy's and Python's global generators' (transformers' SpecAugment draws its masks
+    from NumPy's in the forward)."""
     states = [("CPU", torch.get_rng_state())]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states.append(("CUDA", torch.cuda.get_rng_state()))
-    return states
+    return states + [("NumPy", np.random.get_state()), ("Python", random.getstate())]
+
+
+def _same_state(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, tuple) and a and a[0] == "MT19937":   # NumPy's: key array, position, ...
+        return all(np.array_equal(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def random_schedule(graph: ir.Graph, rnd: random.Random, *, recompute_share: float = 0.3,
