@@ -63,3 +63,36 @@ def pytest_runtest_logreport(report):
         _progress(f"{report.outcome} {report.nodeid} ({report.when}, {report.duration:.1f} s)")
         if report.failed:
             _progress(report.longreprtext)
+
+
+def _global_state() -> dict:
+    """torch's process-wide modes a test could leave changed, and the functions remat-ir's
+    tracing patches for its duration. Why: `ScheduledModule` runs the model as it is (no
+    plan, no checks) under no-grad, inference mode, export or compile tracing, functorch
+    transforms and forward-mode AD; a test that leaked one of them made a later test in
+    the same worker see eager's behaviour (CI, 2026-12-03: "DID NOT RAISE" on a check
+    that passes alone and in file order)."""
+    import torch
+
+    return {"grad mode": torch.is_grad_enabled(),
+            "inference mode": torch.is_inference_mode_enabled(),
+            "exporting": torch.compiler.is_exporting(),
+            "compiling": torch.compiler.is_compiling(),
+            "forward-mode AD level": torch.autograd.forward_ad._current_level,
+            "functorch transforms": torch._C._are_functorch_transforms_active(),
+            "default dtype": torch.get_default_dtype(),
+            "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+            "CPU autocast": torch.is_autocast_enabled("cpu"),
+            "cuDNN enabled": torch.backends.cudnn.enabled,
+            "torch.tensor": torch.tensor, "torch.ctc_loss": torch.ctc_loss}
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_global_state():
+    """Fails the test that leaves torch's modes (`_global_state`) otherwise than it found
+    them, naming what changed."""
+    before = _global_state()
+    yield
+    after = _global_state()
+    changed = {key: (before[key], after[key]) for key in before if before[key] != after[key]}
+    assert not changed, f"the test left torch's global state changed (before, after): {changed}"
