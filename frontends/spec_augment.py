@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 
 import torch
 
@@ -40,12 +41,18 @@ def spec_augment_as_ops():
             return original
         if tuple(signature.parameters) != op.PARAMETERS:
             return original
-        module = original.__module__
 
         def traced(*args, **kwargs):
+            # The module whose global the forward called, where the op looks it up at every
+            # step (a function patched there after lowering is the traced reads' to see).
+            caller = sys._getframe(1).f_globals
+            module = caller["__name__"] if caller.get(op.FUNCTION) is traced else original.__module__
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             shape, prob, length, attention_mask, least = (bound.arguments[p] for p in op.PARAMETERS)
+            if not 1 <= length <= shape[-1]:
+                # Eager's ValueError, raised before any draw (a span longer than the frames).
+                return original(*args, **kwargs)
             # Without an attention mask, any device: a graph's `Device` arguments are its step's.
             device = attention_mask.device if attention_mask is not None else torch.device("cpu")
             mask = torch.ops.remat_ir.spec_augment_mask(

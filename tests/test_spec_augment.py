@@ -130,3 +130,17 @@ def test_random_schedules_train_like_eager(seed, recompute, defer, groups):
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=defer)
     make = lambda model: ScheduledModule(model, graph, schedule, gradient_groups=groups)   # noqa: E731
     assert side_by_side(_build(), make, (), _batch(), _loss, tolerance=1e-30) == {}
+
+
+def test_a_span_longer_than_the_clip_is_eagers_error_named_by_line():
+    """Eager raises ValueError before drawing where a span is longer than the frames: so
+    does lowering, naming the line, not a failure inside profiling at `remat`."""
+    from remat_ir.frontends.errors import LoweringError
+
+    model = _build(features=False)
+    model.config.mask_time_length = 500
+    with pytest.raises(ValueError, match="mask_length"):
+        model(**_batch())
+    with pytest.raises(LoweringError, match=r"ValueError at .*modeling_wav2vec2.py:\d+ in _compute_mask_indices.*"
+                                            r"eager raises it too"):
+        remat_ir.remat(model, (), example_kwargs=_batch(), cost_model="flops", solver="recompute-all")

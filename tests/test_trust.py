@@ -2621,11 +2621,21 @@ def test_a_private_cache_of_tensors_the_forward_fills_is_no_effect():
                         lambda loss: loss) == {}
 
 
-def test_transformers_specaugment_drawn_with_numpy_is_refused_naming_its_line_and_config():
+def test_a_specaugment_function_the_op_cannot_stand_for_is_refused_naming_its_line_and_config(monkeypatch):
     """Wav2Vec2's default config masks time steps while training (mask_time_prob=0.05),
-    drawing the mask with NumPy: the error said "np.random" and no more."""
+    drawing the mask with NumPy: the error said "np.random" and no more. Such masks train
+    like eager now (`test_spec_augment.py`); a `_compute_mask_indices` taking other
+    parameters than transformers' (here one more), which `remat_ir::spec_augment_mask`
+    cannot call for it, still draws while traced and is refused so."""
     from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+    import transformers.models.wav2vec2.modeling_wav2vec2 as modeling_wav2vec2
 
+    original = modeling_wav2vec2._compute_mask_indices
+
+    def _compute_mask_indices(shape, mask_prob, mask_length, attention_mask=None, min_masks=0, spans=None):
+        return original(shape, mask_prob, mask_length, attention_mask, min_masks)
+
+    monkeypatch.setattr(modeling_wav2vec2, "_compute_mask_indices", _compute_mask_indices)
     model = Wav2Vec2ForCTC(Wav2Vec2Config(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
