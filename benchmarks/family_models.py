@@ -229,7 +229,9 @@ FAMILIES = {
     "clip": clip_like(T.CLIPConfig, {}, {}),
     "siglip": clip_like(T.SiglipConfig, {}, {}),
     "hubert": ctc(T.HubertConfig, T.HubertForCTC),
-    "wavlm": ctc(T.WavLMConfig, T.WavLMForCTC, num_buckets=16, max_bucket_distance=32),
+    # No feature masks: WavLM's config has no `mask_feature_min_masks`, which its forward
+    # reads where `mask_feature_prob > 0` (eager fails, transformers 5.24).
+    "wavlm": ctc(T.WavLMConfig, T.WavLMForCTC, num_buckets=16, max_bucket_distance=32, mask_feature_prob=0.0),
     "data2vec-audio": ctc(T.Data2VecAudioConfig, T.Data2VecAudioForCTC, conv_pos_kernel_size=4,
                           num_conv_pos_embeddings=4),
     "speecht5": speecht5,
