@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.torchlib.callables import attribute_at, describe, is_function
+from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
 from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED, described
 from remat_ir.torchlib.hooks import hook_functions
 
@@ -536,10 +536,13 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
         tables are the library's own)."""
         module = namespace.get("__name__", "")
         for instruction in dis.get_instructions(code):
-            if instruction.opname == "LOAD_GLOBAL" and isinstance(namespace.get(instruction.argval),
-                                                                  types.FunctionType):
-                reads.globals.setdefault((module, instruction.argval, ("function",)),
-                                         describe(namespace[instruction.argval]))
+            if instruction.opname != "LOAD_GLOBAL":
+                continue
+            value = namespace.get(instruction.argval)
+            # A Python function, or a module called like one (`describe_called`).
+            if isinstance(value, (types.FunctionType, torch.nn.Module)) \
+                    and (text := describe_called(value)) is not None:
+                reads.globals.setdefault((module, instruction.argval, ("function",)), text)
         for constant in code.co_consts:
             if isinstance(constant, types.CodeType):
                 functions_called(constant, namespace)

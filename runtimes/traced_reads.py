@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from remat_ir.ir import pb
-from remat_ir.torchlib.callables import attribute_at, describe, is_function
+from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
 from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH, NESTED, described
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
@@ -255,7 +255,7 @@ class TracedReads:
                 last = self._global_functions.get(index)
                 if last is not None and last[0] is value and _unchanged(value, last[1]):
                     continue   # the function described last time: not described again
-                now = describe(value) if is_function(value) else _value_shown(value)
+                now = describe_called(value) or _value_shown(value)
                 if now != lowered:
                     self._global_functions.pop(index, None)
                     return _differs(f"global function {name} of {module_name}", lowered, now, quoted=False)

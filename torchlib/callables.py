@@ -65,6 +65,29 @@ def describe(value) -> str:
             + (f" defaults {_whole(defaults)}" if defaults else ""))
 
 
+def describe_called(value) -> str | None:
+    """How a global that a library's code calls is described, or None where it is neither
+    a function nor a module called like one: `describe` of a function; for a module, its
+    class, its `forward` and the functions that `forward`'s closure holds. Why modules:
+    transformers 5.25, with the `kernels` package it now requires, makes a function such as
+    `modeling_llama.apply_rotary_pos_emb` an `nn.Module` that calls the function its
+    closure holds (`use_kernel_forward_from_hub`); it was not described, and the function
+    rebound after lowering (liger-kernel, a custom rotary) trained on with the old one,
+    silently (found by CI, 2026-12-03)."""
+    if is_function(value):
+        return describe(value)
+    if not isinstance(value, torch.nn.Module):
+        return None
+    kind = type(value)
+    forward = getattr(kind, "forward", None)
+    if not isinstance(forward, types.FunctionType):
+        return None
+    held = [describe(cell.cell_contents) for cell in (forward.__closure__ or ())
+            if filled(cell) and is_function(cell.cell_contents)]
+    return (f"{kind.__module__}.{kind.__qualname__} module calling {describe(forward)}"
+            + (f" with {_whole(held)}" if held else ""))
+
+
 def _value_text(value) -> str | None:
     """How a description shows a captured or default value: plain values and containers of
     them by repr, enum members, numpy scalars and dtypes by their description; None for
