@@ -218,7 +218,7 @@ class Chain:
         # A node that may run only once per step (`non_recomputable`, mutating) keeps its
         # results from its one run: a stage's forward run again skips it (`sequence_of`).
         # (Graph outputs that never run again, `held_outputs`, are among them.)
-        pinned = {n for n in set(tg.forward) - tg.recomputable if n in segment_of}
+        pinned = {n for n in tg.run_once if n in segment_of}
         for seg in self.segments:
             for b in seg.backward:
                 pinned.update(p for p in tg.node_inputs(b)
@@ -526,7 +526,7 @@ def sequence_of(chain: Chain, ops: list[tuple]) -> tuple[list[int], int, dict[in
     sequence: list[int] = []
     forward_length = None
     offloaded: dict[int, tuple[int, int]] = {}
-    once = set(chain.tg.forward) - chain.tg.recomputable   # pinned: their first run's results
+    once = chain.tg.run_once   # pinned: their first run's results are kept
     ran: set[int] = set()
     for kind, s, o in ops:
         stage = chain.stages[s]

@@ -47,7 +47,7 @@ class OnDemand:
 
     def __init__(self, tg: TrainingGraph, kept: Iterable[int], sequence: list[int]):
         self.tg = tg
-        self.kept = set(kept) | (set(tg.forward) - tg.recomputable)
+        self.kept = set(kept) | tg.run_once
         self.fresh: set[int] = set()
         self.sequence = sequence
         self.is_forward = set(tg.forward)

@@ -70,6 +70,13 @@ class TrainingGraph(NodeMemory):
                          and (n not in self.output_nodes or n in self._buffer_updaters))
 
     @cached_property
+    def run_once(self) -> frozenset[int]:
+        """Forward nodes that may not run again (mutating, non-recomputable, graph outputs
+        other than buffer updates): a plan runs each once, in the forward, and keeps its
+        results."""
+        return frozenset(self.forward) - self.recomputable
+
+    @cached_property
     def held_outputs(self) -> frozenset[int]:
         """Nodes producing a graph output that never run again: solvers hold all
         their results to the end. (A recomputable one holds only its graph outputs,

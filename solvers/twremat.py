@@ -416,8 +416,7 @@ def pinned_nodes(tg: TrainingGraph) -> frozenset[int]:
     """Forward nodes that run once, in the forward, and stay: those that cannot be
     recomputed, and hiremate's context node (it stands for the rest of the network)."""
     graph = tg.graph
-    return frozenset(n for n in tg.forward if n not in tg.recomputable
-                     or graph.node(n).op in CONTEXT_OPS)
+    return tg.run_once | {n for n in tg.forward if graph.node(n).op in CONTEXT_OPS}
 
 
 def hierarchy(graph: Graph, tg: TrainingGraph, heuristic: str) -> Hierarchy:
