@@ -2,7 +2,7 @@
 
 A graph file is written by the torch frontend, by hand or by another tool: its op names
 and flags are claims the simulator and the solvers take on trust (the IR knows no ops).
-Three claims decide what the runtime computes, and each wrong one trained silently or
+Four claims decide what the runtime computes, and each wrong one trained silently or
 failed at a later call, so they are checked against the op's schema before any code is
 generated (`codegen`), and by `remat-ir validate` for graphs of PyTorch ops:
 
@@ -10,6 +10,8 @@ generated (`codegen`), and by `remat-ir validate` for graphs of PyTorch ops:
 - an op that draws random numbers is marked `Node.random`: the plan keeps eager's draws
   only for nodes so marked (a file whose flags were lost trained with other draws and
   left the generator elsewhere, a gradient 5.6e-2 off);
+- an op that must run once per step (`ONCE_PER_STEP`: SpecAugment's mask draw) is marked
+  `Node.non_recomputable`, and the module that draws its mask is there;
 - an op that writes into an argument is marked `Node.mutating`, which a schedule runs
   once (a file whose flags were lost ran `aten.mul.out` twice, over the input its first
   run wrote: every gradient off, up to 0.14).
@@ -21,7 +23,8 @@ import torch
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.fusion import body_nodes
-from remat_ir.torchlib.types import resolve_op
+from remat_ir.torchlib import spec_augment
+from remat_ir.torchlib.types import ONCE_PER_STEP, resolve_op
 
 
 class UnsupportedOp(Exception):
@@ -39,6 +42,14 @@ def checked_op(graph: Graph, node_id: int, node: pb.Node | None = None):
                             f"({graph.describe_node(node_id)})") from None
     if not isinstance(op, torch._ops.OpOverload):
         return op
+    if node.op in ONCE_PER_STEP and not graph.node(node_id).non_recomputable:
+        raise UnsupportedOp(f"{node.op} must run once per step but {graph.describe_node(node_id)} is not "
+                            f"marked non_recomputable in the graph (Node.non_recomputable), so a schedule "
+                            f"may run it twice: lower the model again (the torch frontend marks it)")
+    if node.op == spec_augment.OP and node.args and node.args[0].HasField("string_value"):
+        problem = spec_augment.missing(node.args[0].string_value)
+        if problem:
+            raise UnsupportedOp(f"{graph.describe_node(node_id)} draws transformers' SpecAugment mask, but {problem}")
     if torch.Tag.nondeterministic_seeded in op.tags and not graph.node(node_id).random \
             and not any(argument.name == "dropout_p" for argument in op._schema.arguments):
         raise UnsupportedOp(f"{node.op} draws random numbers but {graph.describe_node(node_id)} is not "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 
 import numpy as np
 import pytest
@@ -144,3 +145,32 @@ def test_a_span_longer_than_the_clip_is_eagers_error_named_by_line():
     with pytest.raises(LoweringError, match=r"ValueError at .*modeling_wav2vec2.py:\d+ in _compute_mask_indices.*"
                                             r"eager raises it too"):
         remat_ir.remat(model, (), example_kwargs=_batch(), cost_model="flops", solver="recompute-all")
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("module", r"cannot be imported here .*install the library"),
+    ("function", r"has no function _compute_mask_indices here"),
+    ("flag", r"must run once per step but node .* is not marked non_recomputable"),
+])
+def test_a_graph_file_whose_mask_cannot_be_drawn_as_lowered_is_one_clear_error(tmp_path, damage, message):
+    """A graph file names the module whose code draws each mask, and marks the draw as
+    run once per step: where the module is missing here (transformers not installed, or
+    another version) or the flag was lost, the first call says so naming the node, not a
+    ModuleNotFoundError from inside the step nor a mask drawn twice; `validate` too."""
+    from remat_ir.runtimes.op_checks import op_problems
+
+    loaded = ir.load(ir.save(_lowered(), tmp_path / "wav2vec2.rir"))
+    node = next(loaded.node(n) for n in loaded.nodes if loaded.node(n).op == spec_augment.OP)
+    if damage == "module":
+        node.args[0].string_value = "transformers.models.no_such_speech_model"
+    elif damage == "function":
+        node.args[0].string_value = "transformers.utils"
+    else:
+        node.non_recomputable = False
+    named = f"node '{node.name}' ({spec_augment.OP}, id {node.id})"
+    problems = [p for p in op_problems(loaded) if re.search(message, p)]
+    assert len(problems) == 1 and named in problems[0], op_problems(loaded)
+    scheduled = ScheduledModule(_build(), loaded, ir.recompute_all(loaded))
+    with pytest.raises(ir.RematIRError, match=message) as refused:
+        scheduled(**_batch())
+    assert named in str(refused.value)

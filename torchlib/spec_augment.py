@@ -34,6 +34,21 @@ FUNCTION = "_compute_mask_indices"
 PARAMETERS = ("shape", "mask_prob", "mask_length", "attention_mask", "min_masks")
 
 
+def missing(module: str) -> str | None:
+    """Why `module` cannot draw the mask in this process (not importable, or without
+    `_compute_mask_indices`), or None. A graph file names the module its mask comes from;
+    checked before a first step, so that a missing transformers is one clear error instead
+    of a ModuleNotFoundError from inside the step."""
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as exc:
+        return f"its module {module} cannot be imported here ({exc}): install the library the model came from"
+    if not callable(getattr(loaded, FUNCTION, None)):
+        return (f"its module {module} has no function {FUNCTION} here: the installed library differs "
+                f"from the one the graph was lowered with; lower the model again")
+    return None
+
+
 def draw(module: str, shape: list[int], mask_prob: float, mask_length: int, min_masks: int,
          attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     """The mask `module`'s `_compute_mask_indices` draws now, on `device`, as the forward
