@@ -235,6 +235,11 @@ def programs(draw):
         else:
             program.append((draw(st.sampled_from(_BINARY)),
                             (draw(st.integers(0, i)), draw(st.integers(0, i)))))
-    if all(op != "linear" for op, _ in program):  # something to train
+    # Something to train: a linear whose result nothing else reads is part of the output,
+    # so the step has a gradient. One read only by ops without a gradient did not (soak,
+    # 2026-12-03: [linear, cross_entropy] reads the linear's result through argmax alone,
+    # and lowering refused the network, rightly, as computing no gradient).
+    read = {i for _, inputs in program for i in inputs}
+    if not any(op == "linear" and k + 1 not in read for k, (op, _) in enumerate(program)):
         program.append(("linear", (len(program),)))
     return program
