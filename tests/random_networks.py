@@ -220,10 +220,17 @@ class RandomNet(torch.nn.Module):
             else:
                 y = a @ b.t() @ b / a.shape[-1]
             values.append(y)
-        read = {i for _, inputs in self.program for i in inputs}
+        returned = output_values(self.program)
         if self.heads:
-            return tuple(v for i, v in enumerate(values) if i not in read and i > 0)
-        return sum((v * v).sum() for i, v in enumerate(values) if i not in read and i > 0)
+            return tuple(values[i] for i in returned)
+        return sum((values[i] * values[i]).sum() for i in returned)
+
+
+def output_values(program: list) -> list[int]:
+    """Indices of the values the network returns (or sums into its loss): those no op of
+    `program` reads. Value 0 is the input; op k makes value k + 1."""
+    read = {i for _, inputs in program for i in inputs}
+    return [i for i in range(1, len(program) + 1) if i not in read]
 
 
 @st.composite
@@ -239,7 +246,6 @@ def programs(draw):
     # so the step has a gradient. One read only by ops without a gradient did not (soak,
     # 2026-12-03: [linear, cross_entropy] reads the linear's result through argmax alone,
     # and lowering refused the network, rightly, as computing no gradient).
-    read = {i for _, inputs in program for i in inputs}
-    if not any(op == "linear" and k + 1 not in read for k, (op, _) in enumerate(program)):
+    if not any(program[i - 1][0] == "linear" for i in output_values(program)):
         program.append(("linear", (len(program),)))
     return program
