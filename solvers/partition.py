@@ -22,8 +22,9 @@ lookups) are left out of the rounds and join the smallest cluster holding all
 their readers. Backward nodes join the cluster of the forward node they differentiate
 (or, unknown, of the latest forward node they read), so that a cluster names
 both halves of its training subgraph. Clusters with equal `signature` are
-structurally identical (same ops, shapes, costs and wiring; e.g. the blocks of
-a transformer): HiRemate solves one of them and reuses its options.
+structurally identical (same ops, arguments, shapes and wiring; e.g. the blocks of
+a transformer): HiRemate solves one of them and reuses its options, measured again
+with each copy's own costs.
 """
 
 from __future__ import annotations
@@ -539,8 +540,14 @@ class _Partitioner:
     # --------------------------------------------------------------- signature
 
     def _signature(self, cluster: Cluster) -> str:
-        """A digest of the cluster's ops, shapes, costs and internal wiring."""
-        g, tg = self.tg.graph, self.tg
+        """A digest of the cluster's ops, arguments, shapes and internal wiring.
+
+        Costs are left out: profiled costs are timed in the order the step runs, so
+        the same op on the same shapes differs from block to block (by 1.5x at the
+        median in a GPT-2, up to 4x for views), and with them no two blocks matched.
+        A copy's options are the recomputation choices made for the first; HiRemate
+        measures them again on the copy's own costs (`hiremate._mapped`)."""
+        g = self.tg.graph
         nodes = sorted(cluster.forward_nodes(), key=self.position.__getitem__)
         local = {n: i for i, n in enumerate(nodes)}
         digest = hashlib.sha1()
@@ -554,8 +561,7 @@ class _Partitioner:
             outputs = [_value_shape(g.value(v)) for v in node.outputs]
             arguments = [_argument_text(a, node.inputs) for a in node.args]
             arguments += [f"{k.name}={_argument_text(k.value, node.inputs)}" for k in node.kwargs]
-            digest.update(f"{node.op}|{arguments}|{inputs}|{outputs}|"
-                          f"{tg.time[n]:.3e}\n".encode())
+            digest.update(f"{node.op}|{arguments}|{inputs}|{outputs}\n".encode())
         digest.update(("children:" + ",".join(c.signature for c in cluster.children)).encode())
         return digest.hexdigest()[:16]
 
