@@ -107,3 +107,58 @@ def training_graphs(draw, single_outputs: bool = False, view_odds: int = 5,
             g.add_output(v, "input_gradient", g.value(v).name)
     ir.validate(g)
     return g
+
+
+@st.composite
+def repeated_block_graphs(draw) -> ir.Graph:
+    """A random block repeated 2-4 times, as a transformer's layers are: the same
+    forward and backward wiring, shapes and parameters in every copy, each copy's
+    nodes with times of their own (profiled times differ from block to block), so
+    that hiremate reuses one copy's options for the others (`hiremate._mapped`)."""
+    width = draw(st.integers(1, 64))
+    forward = []        # (local inputs: -1 is the block's input, -2 its parameter, j node j; size)
+    for j in range(draw(st.integers(2, 6))):
+        pool = [-1, -2] + list(range(j))
+        reads = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=min(2, len(pool)), unique=True))
+        forward.append((reads, draw(st.integers(1, 256))))
+    forward[-1] = ([len(forward) - 2], width)   # the block's output
+    backward = []       # (reads: "g" the incoming gradient, j forward node j, ("b", j) backward node j; differentiates)
+    for j in range(draw(st.integers(1, 4))):
+        pool = ["g"] + list(range(len(forward))) + [("b", i) for i in range(j)]
+        reads = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=min(3, len(pool)), unique=True))
+        if j == 0 and "g" not in reads:
+            reads.append("g")
+        backward.append((reads, draw(st.integers(0, len(forward) - 1))))
+    g = ir.Graph(name="blocks")
+    h = g.add_value("x", "float32", (width,), kind="user_input")
+    g.add_input(h)
+    blocks = []
+    for b in range(draw(st.integers(3, 4))):
+        w = g.add_value(f"w{b}", "float32", (width,), kind="parameter")
+        g.add_input(w)
+        values, nodes = [], []
+        for j, (reads, size) in enumerate(forward):
+            inputs = [h if r == -1 else w if r == -2 else values[r] for r in reads]
+            v = g.add_value(f"f{b}_{j}", "float32", (size,))
+            nodes.append(g.add_node("test.op", inputs, [v], phase="forward",
+                                    time_s=draw(st.integers(1, 9)) / 8))
+            values.append(v)
+        blocks.append((h, w, values, nodes))
+        h = values[-1]
+    g.value(h).kind = pb.OUTPUT
+    g.add_output(h, "user_output", "out")
+    grad = g.add_value("tangent", "float32", (width,), kind="gradient")
+    g.add_input(grad, gradient_of=h)
+    for b, (x, w, values, nodes) in reversed(list(enumerate(blocks))):
+        made = []
+        for j, (reads, of) in enumerate(backward):
+            inputs = [grad if r == "g" else made[r[1]] if isinstance(r, tuple) else values[r]
+                      for r in reads]
+            v = g.add_value(f"b{b}_{j}", "float32", (width,))
+            g.add_node("test.op", inputs, [v], phase="backward", forward_node_id=nodes[of],
+                       time_s=draw(st.integers(1, 9)) / 8)
+            made.append(v)
+        g.add_output(made[-1], "parameter_gradient", f"w{b}")
+        grad = made[-1]
+    ir.validate(g)
+    return g

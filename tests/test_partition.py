@@ -11,11 +11,11 @@ import pytest
 from builders import chain
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import search, training_graphs
+from strategies import repeated_block_graphs, search, training_graphs
 
-from remat_ir import ir
+from remat_ir import ir, solvers
 from remat_ir.ir import pb
-from remat_ir.solvers import BadRequest
+from remat_ir.solvers import BadRequest, InfeasibleBudget
 from remat_ir.solvers.baselines import store_all
 from remat_ir.solvers.hiremate import hiremate
 from remat_ir.solvers.partition import partition, store_hierarchy
@@ -84,6 +84,25 @@ def test_blocks_whose_timings_differ_are_still_recognised_and_solved_once(gpt2_g
     assert solved == structures_solved(flat_graph)[0] < len(below), (solved, len(below))
     budget = int(0.6 * store_all(noisy).predicted_peak_bytes)
     result = ir.simulate(noisy, plan)
+    assert result.valid, result.violation
+    assert result.peak_bytes <= budget
+
+
+@search(20)
+@given(graph=repeated_block_graphs(), share=st.floats(0.3, 1.0))
+def test_hiremate_reusing_a_blocks_options_on_copies_timed_apart_is_valid_within_budget(graph, share):
+    """Small clusters, so that repeated blocks make clusters of equal signature whose
+    nodes differ in time: the options hiremate maps onto a copy make a valid plan within
+    the budget, or a refusal whose named budget is met."""
+    budget = max(1, int(share * store_all(graph).predicted_peak_bytes))
+    options = dict(time_limit_s=30, max_cluster=3, max_top=3)
+    try:
+        plan = solvers.solve(graph, budget, "hiremate", **options)
+    except InfeasibleBudget as refused:
+        assert refused.smallest_feasible is not None and refused.smallest_feasible > budget
+        budget = refused.smallest_feasible
+        plan = solvers.solve(graph, budget, "hiremate", **options)
+    result = ir.simulate(graph, plan)
     assert result.valid, result.violation
     assert result.peak_bytes <= budget
 
