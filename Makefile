@@ -88,8 +88,8 @@ gpu-wheels:
 
 # Speed and memory figures; each benchmark writes its results under benchmarks/results/.
 # bench: eager vs torch.utils.checkpoint vs torch.compile's activation budget vs remat-ir,
-# quick subset (about 10 minutes on 2 CPU cores). bench-full: every model and the solver
-# benchmarks (an hour or more on 2 CPU cores).
+# quick subset (about 20 minutes on 2 CPU cores the first time: Inductor compiles).
+# bench-full: every model and the solver benchmarks (an hour or more on 2 CPU cores).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/training_step.py --mode quick
 

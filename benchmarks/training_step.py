@@ -67,7 +67,7 @@ from bench_models import FACTORIES, BenchModel  # noqa: E402
 from remat_ir.runtimes.memory import measure_peak  # noqa: E402
 from remat_ir.runtimes.timing import ratio_interval  # noqa: E402
 
-#: What each mode runs. quick: `make bench`, about 10 minutes on 2 CPU cores.
+#: What each mode runs. quick: `make bench`, about 20 minutes on 2 CPU cores the first time (README).
 MODES = {
     # Inductor compiles the CNN's many distinct kernels for minutes per variant on 2 cores
     # (the first run; its cache serves the next ones).

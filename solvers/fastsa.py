@@ -23,7 +23,7 @@ graph output (a buffer update: the forward must hand it over).
 `start="hiremate"` (or any solver name) starts stage 2 from that solver's plan
 instead (stage 1 is skipped); `polish` does the same from given plans, and is
 how hiremate anneals its own. Temperatures fall geometrically from 0.1% of the
-start objective to 0.01% of that; the same seed and iteration counts give the
+start objective to 0.00001% of it (`T_FIRST`, `T_LAST`); the same seed and iteration counts give the
 same schedule (unless a time limit cuts the moves). With a time limit the
 moves run in chunks and stop when it is reached; the best schedule within the
 budget seen at a chunk's end is returned, or InfeasibleBudget with the lowest

@@ -33,10 +33,12 @@ they took the 32-layer Llama at 30% from 15.8% to 12.7%, where no schedule is be
 12.3%); the fastest fitting plan goes on to trimming.
 
 When no plan fits, or the fastest that fits is slower than `SLOW_PLAN` times
-store-everything, rotor's chain plan (`_with_rotor`), then (if none fits) the H-ILP's
-least-memory plan and the heuristics (`_fallback`), then TW-remat's are tried; TW-remat
-also whenever the fallback was needed, however fast its plan (U-Net at 27.5%, GPU rates:
-the fallback's plan trimmed 1.52x store-everything, TW-remat's 1.32x).
+store-everything, rotor's chain plan (`_with_rotor`) is tried; then, if none fits,
+TW-remat's (with most of the time left: `NEAR_FLOOR_TWREMAT_SHARE`) and the H-ILP's
+least-memory plan and the heuristics (`_fallback`), or TW-remat's alone where the plan
+that fits is still that slow. TW-remat runs wherever the fallback is needed, however
+fast the fallback's plan (U-Net at 27.5%, GPU rates: the fallback's plan trimmed 1.52x
+store-everything, TW-remat's 1.32x).
 The smallest feasible budget reported is the lowest peak of every schedule made: the
 top H-ILP's plans, its least-memory plan, the density plans, the recompute-all and
 sqrt heuristics, rotor's plan where it fits, TW-remat's least-memory plan, and for a
