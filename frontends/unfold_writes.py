@@ -1,0 +1,136 @@
+"""Writes through `Tensor.unfold` windows keep eager's values and layout.
+
+Why: AOTAutograd functionalizes an in-place op on a view by computing the view's base
+again from the written view, through the view's inverse. For an `unfold` view that
+inverse is `unfold_backward`, which makes a new zero tensor and adds each window into
+it. Elements no window covers (a step larger than the size, or a tail after the last
+window) come out zero where eager keeps them, and the result is contiguous where eager's
+base keeps its own layout. `y.unfold(1, 2, 3).mul_(2.0)` returned values off by 1.0, and
+their gradients were lost (torch.compile's `aot_eager` backend computes the same);
+`y.t().unfold(0, 2, 2).mul_(2.0)`, every element covered, returned `y.t()` transposed
+where eager's is contiguous, and the loss and the bias gradient summed it in another
+order (gradients 1e-7 off).
+
+`write_through_unfold_views` rewrites each unfold that something writes through (the
+window view itself, or a view of it), in the module `torch.export` made, before
+AOTAutograd functionalizes it, as views whose inverses keep their base: a `narrow` to
+the windows' span, a `view` splitting it into (windows, step), a `narrow` of each to the
+size, and the window dimension moved last. They view the same elements with the same
+strides as the unfold, so every read gets eager's bits, and a write reaches the base
+through `slice_scatter`, which copies the base (its values and layout) and writes the
+windows in. Where the span is not a whole number of steps (a step larger than the size
+and a tail after the last window shorter than a step), a tensor that is its own base gets
+an `as_strided` view of the same strides instead; a view of another tensor cannot
+(AOTAutograd refuses a write through `as_strided` of a view) and is refused with what to
+do. Overlapping windows (size above step) are left: eager refuses writes through them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from .errors import LoweringError
+from .fx_nodes import add_call, recompiled, replace
+from .model_lines import node_line
+
+_aten = torch.ops.aten
+
+
+def _val(node) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """Whether `node` returns a view of its first argument (an op whose schema says its
+    result aliases an input without writing it)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    returns = node.target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
+def _written(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensors `node` writes in place (its arguments its schema marks written)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    found = []
+    for position, argument in enumerate(node.target._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = (node.args[position] if position < len(node.args)
+                 else node.kwargs.get(argument.name))
+        if isinstance(value, torch.fx.Node):
+            found.append(value)
+    return found
+
+
+def _written_through(unfold: torch.fx.Node) -> torch.fx.Node | None:
+    """The first node writing through `unfold`'s result or a view of it, or None."""
+    views, pending = {unfold}, [unfold]
+    while pending:
+        for user in pending.pop().users:
+            if any(w in views for w in _written(user)):
+                return user
+            if _is_view(user) and user.args and user.args[0] in views and user not in views:
+                views.add(user)
+                pending.append(user)
+    return None
+
+
+def _windows(unfold: torch.fx.Node, base: torch.Tensor, dim: int, size: int, step: int,
+             span: int) -> torch.fx.Node:
+    """The unfold's windows as narrow, view, narrow and permute of `unfold`'s input."""
+    graph, meta, source = unfold.graph, unfold.meta, unfold.args[0]
+    shape = list(base.shape)
+    count = span // step
+    part = add_call(graph, meta, _aten.slice.Tensor, (source, dim, 0, span))
+    split = add_call(graph, meta, _aten.view.default,
+                     (part, shape[:dim] + [count, step] + shape[dim + 1:]))
+    cut = add_call(graph, meta, _aten.slice.Tensor, (split, dim + 1, 0, size))
+    order = [d for d in range(len(shape) + 1) if d != dim + 1] + [dim + 1]
+    return add_call(graph, meta, _aten.permute.default, (cut, order))
+
+
+def write_through_unfold_views(module: torch.fx.GraphModule, model_name: str) -> int:
+    """Rewrite `module` (from `torch.export`, in place) as the docstring says; the number
+    of unfolds rewritten. Raises LoweringError where a write cannot keep eager's values."""
+    graph, count = module.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not _aten.unfold.default:
+            continue
+        base = _val(node.args[0])
+        writer = _written_through(node)
+        if base is None or writer is None:
+            continue
+        dim, size, step = node.args[1:4]
+        dim = dim % max(1, base.dim())
+        length = base.shape[dim] if base.dim() else 1
+        if size > step or base.dim() == 0:
+            continue   # overlapping windows: eager refuses the write itself
+        windows = (length - size) // step + 1
+        with graph.inserting_before(node), base.fake_mode:
+            if windows * step <= length:
+                new = _windows(node, base, dim, size, step, windows * step)
+            elif not _is_view(node.args[0]):
+                stride = base.stride()
+                new = add_call(graph, node.meta, _aten.as_strided.default, (
+                    node.args[0],
+                    list(base.shape[:dim]) + [windows] + list(base.shape[dim + 1:]) + [size],
+                    list(stride[:dim]) + [stride[dim] * step] + list(stride[dim + 1:]) + [stride[dim]],
+                    base.storage_offset()))
+            else:
+                where = node_line(writer) or node_line(node)
+                raise LoweringError(
+                    f"{model_name}'s forward writes in place ({writer.target}"
+                    f"{f' at {where}' if where else ''}) through Tensor.unfold({dim}, {size}, "
+                    f"{step}) of a tensor that views another, whose windows leave elements out "
+                    f"(dimension of {length}): the traced step would compute those elements as "
+                    f"zeros (PyTorch's functionalization writes an unfold view back so; "
+                    f"torch.compile does too). Unfold a tensor of its own (`.clone()` first, "
+                    f"writing the result back where eager's write lands), or compute the windows "
+                    f"out of place")
+        replace(node, new)
+        count += 1
+    return recompiled(module, count)
