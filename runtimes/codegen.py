@@ -50,6 +50,7 @@ from remat_ir.ir.rng import plan_rng
 from remat_ir.torchlib.overloads import functional_overload
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument, torch_dtype
 
+from . import absent_gradients
 from .compiled import EAGER_OPS, Region, check_backend, output_positions
 from .gradient_parts import Handovers, handovers
 from .op_checks import checked_op
@@ -130,6 +131,9 @@ class SegmentPlan:
     forward_source: str = ""
     backward_source: str = ""
     regions: list = field(default_factory=list)  # compiled.Region, backend "inductor"
+    #: Whether the backward takes None as the tangent of an output the loss leaves out and
+    #: runs nothing only such tangents reach (`absent_gradients`); else it takes zeros.
+    absent_tangents: bool = False
 
 
 class _Writer:
@@ -261,6 +265,21 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     copies = _CopyLines(writer, device) if any(s.HasField("offload") for s in steps) else None
     resident_index = {v: i for i, v in enumerate(resident)}
     units = _GatherLines(graph, rng, resident, gathered, user_outputs) if gathered else None
+    sources = _tangent_sources(graph, tangent_of)
+    # Gradients of outputs the loss leaves out are None, and what only they reach is not run.
+    absent = absent_gradients.applies(regions, copies, tick)
+    if absent:
+        written = absent_gradients.written_storages(graph, mutated_inputs)
+        writer.globals["_zeros"] = torch.zeros
+
+        def zeros(v: int) -> str:
+            value = graph.value(v)
+            return (f"_zeros({list(value.shape)}, dtype={writer.constant(torch_dtype(value.dtype))}, "
+                    f"device=_device)")
+
+        def absent_lines(node_id: int, call: list[str]) -> list[str]:
+            return absent_gradients.lines(graph, node_id, lambda v: bool(sources(v)), call,
+                                          _tensor_name, zeros, written)
 
     def segment_body(first: int, segment, end_skips, reads_saved: bool, after=None,
                      parts: Handovers = Handovers()):
@@ -313,7 +332,10 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 if runs is not None and not waits and not mode and not graph.node(s.compute).random:
                     runs.compute(s.compute, k)
                 else:
-                    emit(waits + _call_lines(graph, writer, s.compute, mode))
+                    call = _call_lines(graph, writer, s.compute, mode)
+                    if absent and k >= bs:
+                        call = absent_lines(s.compute, call)
+                    emit(waits + call)
                     if tick is not None:
                         body.append(f"_tick({s.compute})")
             elif action == "free":
@@ -377,7 +399,6 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     backward_fn, backward_source = _compile(writer, "backward_segment", "R, S, O, T, U=None", bwd_body)
 
     read_in_backward = {name_of[v] for v in snapshot_buffers(graph, schedule)}
-    sources = _tangent_sources(graph, tangent_of)
     plan = SegmentPlan(resident=resident, user_outputs=user_outputs, buffer_updates=buffer_updates,
                        tangents=tangent_of,
                        forward_outputs_read_in_backward=outputs_read,
@@ -387,7 +408,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        last_read_group=last_read_group, regions=regions or [],
                        without_gradient=frozenset(slot for slot, v in enumerate(grads) if v is None),
                        autocast_casts={slot: torch_dtype(d) for slot, d in parts.casts.items()},
-                       forward_source=forward_source, backward_source=backward_source)
+                       forward_source=forward_source, backward_source=backward_source,
+                       absent_tangents=absent)
     return forward_fn, backward_fn, plan
 
 
@@ -568,8 +590,8 @@ def _yield_lines(values: list[int | None], aliases=(), kept=(), copied=frozenset
     them over (`AccumulateGrad` steals a tensor nobody else holds); values in `kept`
     (gradient parts, `gradient_parts`) stay bound until the schedule frees them; those in
     `copied` are handed over as copies (`_gradients_to_copy`)."""
-    names = [("None" if v is None else f"{_tensor_name(v)}.clone()" if v in copied else _tensor_name(v))
-             for v in values]
+    names = [("None" if v is None else f"(None if {_tensor_name(v)} is None else {_tensor_name(v)}.clone())"
+              if v in copied else _tensor_name(v)) for v in values]
     held = sorted({_tensor_name(v) for v in values if v is not None and v not in kept}
                   | {_tensor_name(a) for a in aliases})
     lines = [f"_out = [{', '.join(names)}]"]

@@ -204,8 +204,9 @@ class _Step:
                 raise _out_of_order()
             grads.append(None)
         unused = {i for i, g in enumerate(grads) if g is None}
+        absent = self.runner.plan.absent_tangents   # None where the loss gave none (`absent_gradients`)
         grads = [_as_traced(g, strides) if g is not None
-                 else torch.zeros((), dtype=dtype, device=device).expand(shape)
+                 else None if absent else torch.zeros((), dtype=dtype, device=device).expand(shape)
                  for g, strides, (shape, dtype, device)
                  in zip(grads, outputs.tangent_strides, outputs.output_meta)]
         for slot, version, pointer in self.versions:

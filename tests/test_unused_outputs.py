@@ -1,0 +1,90 @@
+"""Outputs the loss leaves out (`runtimes/absent_gradients.py`): the backward runs none of
+what only they reach, as eager's autograd. Their gradients were zeros, and a zero
+through an infinite local derivative is NaN (every gradient of a layer), and a sum with
+zeros is a dense tensor where eager's gradient is an expanded one (a bias gradient 6e-8
+off). Both were found by a search (2026-12-03)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import remat_ir
+from remat_ir.lowering import lower_torch
+from remat_ir.runtimes.torch import ScheduledModule
+
+from exactness import random_schedule, side_by_side
+
+
+class _SqrtHead(torch.nn.Module):
+    """A layer's result and a metric of it the loss may leave out, whose backward divides
+    by its square root: 0 / 0 where the result is not positive."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.linear(x)
+        return h, torch.sqrt(h * (h > 0))
+
+
+class _SummedHead(torch.nn.Module):
+    """A normalized output the loss leaves out and a sum of the same activations it reads:
+    eager's gradient of `h` is the sum's expanded one."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+        self.dropout, self.norm = torch.nn.Dropout(0.2), torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        h = self.b(self.dropout(F.gelu(self.a(x))))
+        return self.norm(h + x), h.sum(-1)
+
+
+def _planned(solver: str | None, x, seed: int):
+    if solver is not None:
+        return lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops")
+
+    def scheduled(m):
+        graph = lower_torch(m, (x,), cost_model="flops")
+        return ScheduledModule(m, graph, random_schedule(graph, random.Random(seed), recompute_share=0.5))
+    return scheduled
+
+
+@pytest.mark.parametrize("solver", ["recompute-all", "sqrt", None])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_output_whose_zero_gradient_would_be_nan_is_left_out_as_eager_leaves_it(solver, seed):
+    torch.manual_seed(seed)
+    model, x = _SqrtHead(), torch.randn(8, 16)
+    errors = side_by_side(model, _planned(solver, x, seed), (x,), {}, lambda out: out[0].pow(2).mean(),
+                          seed=seed)
+    assert not errors, errors
+    assert model.linear.weight.grad is None or model.linear.weight.grad.isfinite().all()
+
+
+@pytest.mark.parametrize("solver", ["recompute-all", "sqrt", None])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_gradient_reached_also_from_a_left_out_output_is_eagers_tensor(solver, seed):
+    torch.manual_seed(seed)
+    model, x = _SummedHead(), torch.randn(8, 16)
+    errors = side_by_side(model, _planned(solver, x, seed), (x,), {}, lambda out: out[1].pow(2).sum(),
+                          seed=seed)
+    assert not errors, errors
+
+
+def test_the_same_step_reading_both_outputs_is_eagers_too():
+    """Both outputs read, then one: the plan serves both losses."""
+    torch.manual_seed(0)
+    model, x = _SummedHead(), torch.randn(8, 16)
+    losses, calls = [lambda out: out[0].sum() + out[1].pow(2).sum(), lambda out: out[1].pow(2).sum()], [0]
+
+    def loss(out):   # eager's step, then the plan's: each step's loss twice
+        calls[0] += 1
+        return losses[(calls[0] - 1) // 2](out)
+    errors = side_by_side(model, _planned("sqrt", x, 0), (x,), {}, loss, steps=2)
+    assert not errors, errors
