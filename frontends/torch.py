@@ -73,6 +73,7 @@ from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import lift_held_tensors
 from .masked_assign import assign_through_masks
+from .metadata_writes import reshape_in_place
 from .unfold_writes import write_through_unfold_views
 from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
 from .spec_augment import spec_augment_as_ops
@@ -1150,6 +1151,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             draw_in_layout(module, type(model).__name__)
             assign_through_masks(module)
             write_through_unfold_views(module, type(model).__name__)
+            reshape_in_place(module)
             fold_target_selections(module)
             # A custom Function's backward is Python that runs here, once (`changes`).
             outside = outside_values.Snapshot(model) if reads.functions else None
