@@ -56,25 +56,24 @@ def _planned(solver: str | None, x, seed: int):
     return scheduled
 
 
+def _trains_like_eager(model_class, loss_of, solver: str | None, seed: int) -> None:
+    torch.manual_seed(seed)
+    model, x = model_class(), torch.randn(8, 16)
+    errors = side_by_side(model, _planned(solver, x, seed), (x,), {}, loss_of, seed=seed)
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("solver", ["recompute-all", "sqrt", None])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_an_output_whose_zero_gradient_would_be_nan_is_left_out_as_eager_leaves_it(solver, seed):
-    torch.manual_seed(seed)
-    model, x = _SqrtHead(), torch.randn(8, 16)
-    errors = side_by_side(model, _planned(solver, x, seed), (x,), {}, lambda out: out[0].pow(2).mean(),
-                          seed=seed)
-    assert not errors, errors
-    assert model.linear.weight.grad is None or model.linear.weight.grad.isfinite().all()
+    """(NaN against eager's finite gradients is a drift `side_by_side` refuses.)"""
+    _trains_like_eager(_SqrtHead, lambda out: out[0].pow(2).mean(), solver, seed)
 
 
 @pytest.mark.parametrize("solver", ["recompute-all", "sqrt", None])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_gradient_reached_also_from_a_left_out_output_is_eagers_tensor(solver, seed):
-    torch.manual_seed(seed)
-    model, x = _SummedHead(), torch.randn(8, 16)
-    errors = side_by_side(model, _planned(solver, x, seed), (x,), {}, lambda out: out[1].pow(2).sum(),
-                          seed=seed)
-    assert not errors, errors
+    _trains_like_eager(_SummedHead, lambda out: out[1].pow(2).sum(), solver, seed)
 
 
 def test_the_same_step_reading_both_outputs_is_eagers_too():
