@@ -37,8 +37,9 @@ def applies(regions, copies, tick) -> bool:
 
 def _gradient_sum(graph: Graph, node: pb.Node, gradients: list[int]) -> bool:
     """A plain sum of two gradients of the result's shape (how the joint graph adds a
-    value's gradient contributions), not writing into either."""
-    if node.op != "aten.add.Tensor" or node.mutating or len(gradients) != 2 or len(node.outputs) != 1:
+    value's gradient contributions), or that sum written into one of them (`out=`,
+    `frontends/buffer_reuse.py`)."""
+    if node.op not in ("aten.add.Tensor", "aten.add.out") or len(gradients) != 2 or len(node.outputs) != 1:
         return False
     if any(kw.name == "alpha" for kw in node.kwargs) or len(node.args) > 2:
         return False
@@ -46,16 +47,23 @@ def _gradient_sum(graph: Graph, node: pb.Node, gradients: list[int]) -> bool:
     return all(list(graph.value(v).shape) == shape for v in gradients)
 
 
-def written_storages(graph: Graph, written: Callable[[pb.Node], set[int]]) -> frozenset[int]:
-    """The storages some node writes in place (`written(node)`: the values it writes), and
-    those of the graph's outputs (handed over or returned: one tensor must not be two)."""
-    found = {graph.value(w).storage_id for n in graph.proto.nodes if n.mutating for w in written(n)}
-    return frozenset(found | {graph.value(o.value_id).storage_id for o in graph.proto.outputs})
+def written_storages(graph: Graph, written: Callable[[pb.Node], set[int]]) -> dict[int, set[int]]:
+    """Per storage some node writes in place (`written(node)`: the values it writes), the
+    ids of those nodes; a graph output's storage counts as written by -1 (handed over or
+    returned: one tensor must not be two)."""
+    found: dict[int, set[int]] = {}
+    for n in graph.proto.nodes:
+        if n.mutating:
+            for w in written(n):
+                found.setdefault(graph.value(w).storage_id, set()).add(n.id)
+    for o in graph.proto.outputs:
+        found.setdefault(graph.value(o.value_id).storage_id, set()).add(-1)
+    return found
 
 
 def lines(graph: Graph, node_id: int, is_gradient: Callable[[int], bool], call: list[str],
           name: Callable[[int], str], zeros: Callable[[int], str],
-          written: frozenset[int]) -> list[str]:
+          written: dict[int, set[int]]) -> list[str]:
     """The lines running node `node_id` (`call`), with absent gradients as the module
     docstring says. `is_gradient(v)`: whether value `v` is computed from a tangent;
     `name(v)`: its variable; `zeros(v)`: an expression making zeros of its shape, dtype and
@@ -67,7 +75,8 @@ def lines(graph: Graph, node_id: int, is_gradient: Callable[[int], bool], call: 
     indented = ["    " + line for line in call]
     if _gradient_sum(graph, node, gradients):
         out, (a, b) = name(node.outputs[0]), gradients
-        copied = any(graph.value(v).storage_id in written for v in (a, b, node.outputs[0]))
+        copied = any(written.get(graph.value(v).storage_id, set()) - {node_id}
+                     for v in (a, b, node.outputs[0]))
 
         def other(v: int) -> str:
             return f"None if {name(v)} is None else {name(v)}.clone()" if copied else name(v)

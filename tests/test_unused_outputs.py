@@ -46,6 +46,21 @@ class _SummedHead(torch.nn.Module):
         return self.norm(h + x), h.sum(-1)
 
 
+class _TwoHeads(torch.nn.Module):
+    """Two heads of one layer: their gradients of `h` are dense, and the sum dies into
+    one of them (`add.out`, `frontends/buffer_reuse.py`). `scale`, one weight per element,
+    gets `h`'s gradient element by element (no sum loses a zero's sign on the way)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+        self.scale = torch.nn.Parameter(torch.rand(8, 16) + 0.5)
+
+    def forward(self, x):
+        h = self.linear(x) * self.scale
+        return F.gelu(h), torch.tanh(h) * 2
+
+
 def _planned(solver: str | None, x, seed: int):
     if solver is not None:
         return lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops")
@@ -56,10 +71,10 @@ def _planned(solver: str | None, x, seed: int):
     return scheduled
 
 
-def _trains_like_eager(model_class, loss_of, solver: str | None, seed: int) -> None:
+def _trains_like_eager(model_class, loss_of, solver: str | None, seed: int, **compare) -> None:
     torch.manual_seed(seed)
     model, x = model_class(), torch.randn(8, 16)
-    errors = side_by_side(model, _planned(solver, x, seed), (x,), {}, loss_of, seed=seed)
+    errors = side_by_side(model, _planned(solver, x, seed), (x,), {}, loss_of, seed=seed, **compare)
     assert not errors, errors
 
 
@@ -74,6 +89,19 @@ def test_an_output_whose_zero_gradient_would_be_nan_is_left_out_as_eager_leaves_
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_gradient_reached_also_from_a_left_out_output_is_eagers_tensor(solver, seed):
     _trains_like_eager(_SummedHead, lambda out: out[1].pow(2).sum(), solver, seed)
+
+
+@pytest.mark.parametrize("read", [0, 1])
+def test_a_sum_written_into_a_dying_gradient_takes_the_one_given(read):
+    """The loss weighs every other column by -0.0: eager's gradient of `h` there is -0.0,
+    which a sum with zeros makes +0.0 (`scale`'s gradient shows the sign, with no penalty
+    added to it outside the model)."""
+    torch.manual_seed(0)
+    graph = lower_torch(_TwoHeads(), (torch.randn(8, 16),), cost_model="flops")
+    assert any(n.op == "aten.add.out" for n in graph.proto.nodes)   # what this case is about
+    weights = -torch.arange(16).remainder(2).float()
+    for solver in ("recompute-all", None):
+        _trains_like_eager(_TwoHeads, lambda out: (out[read] * weights).sum(), solver, 0, outside=False)
 
 
 def test_the_same_step_reading_both_outputs_is_eagers_too():
