@@ -33,14 +33,18 @@ def _is_sum(node: pb.Node) -> bool:
 def chain(graph: Graph, gradient: int) -> tuple[list[int], list[int]] | None:
     """(the sum nodes, first to last; the parts in arrival order) of a gradient made by a
     chain of sums, or None. A running sum that something else reads too ends the chain
-    there (it must be made: it is then the first part)."""
+    there (it must be made: it is then the first part), as does one the next sum also adds
+    as its arriving part (`x + x`: the sum of a gradient with itself; with the chain run on
+    through it, the sum making it was left out and it was handed over unmade, a NameError
+    inside the step, found by a search)."""
     nodes, arriving = [], []
     value, reader = gradient, None
     while True:
         producer = graph.producer(value)
         if producer is None or not _is_sum(graph.node(producer)):
             break
-        if reader is not None and graph.users(value) != [reader]:
+        if reader is not None and (graph.users(value) != [reader]
+                                   or graph.node(reader).args[1].tensor == value):
             break
         node = graph.node(producer)
         nodes.append(producer)
