@@ -22,10 +22,15 @@ from .model_lines import is_model_file
 
 
 def _first_of(found: list[str]) -> str:
-    """The first of the distinct findings, and how many more there are (export runs the
-    forward more than once, so the same one may be noted twice)."""
+    """The first of the distinct findings, and the next two of the others (export runs the
+    forward more than once, so the same one may be noted twice). "(and 1 more)" alone
+    left a user to find the other call (a search, 2026-12-03)."""
     distinct = list(dict.fromkeys(found))
-    return distinct[0] + (f" (and {len(distinct) - 1} more)" if len(distinct) > 1 else "")
+    if len(distinct) == 1:
+        return distinct[0]
+    rest = distinct[1:]
+    return (f"{distinct[0]} (and {len(rest)} more: {'; '.join(rest[:2])}"
+            f"{'; ...' if len(rest) > 2 else ''})")
 
 
 def check_backward_hooks(model: torch.nn.Module) -> None:

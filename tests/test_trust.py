@@ -2373,7 +2373,7 @@ class _Effects(torch.nn.Module):
     ("private_counter", r"assigns module attribute '_steps' of _Effects at .*test_trust.py:\d+"),
     ("log_item", r"changes module attribute 'slots' of <root>"),
     ("aux_loss", r"assigns module attribute 'aux_loss' of _Effects"),
-    ("log", r"changes module attribute 'log' of <root> \(and 1 more\)"),
+    ("log", r"changes module attribute 'log' of <root> \(and 1 more: \S"),
     ("log_numbers", r"changes module attribute 'log' of <root>"),
     ("global_counter", r"changes global '_EFFECT_CALLS' of test_trust at each call \(0, then 1, then 2 "
                        r"when traced again\)"),
