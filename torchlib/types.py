@@ -25,8 +25,9 @@ from . import spec_augment  # noqa: F401  registers remat_ir::spec_augment_mask,
 from . import value_checks  # noqa: F401  registers remat_ir::value_check, which graphs name
 
 #: remat-ir's own ops whose workspace their arguments' shapes tell, where a run on synthetic
-#: inputs does not (`runtimes/profiling.declared_workspace`): op -> bytes from its arguments.
-DECLARED_WORKSPACES = dict(ctc_loss.WORKSPACES)
+#: inputs does not (the CTC loss's, the boolean-mask assignment's:
+#: `runtimes/profiling.declared_workspace`): op -> bytes from its arguments.
+DECLARED_WORKSPACES = {**ctc_loss.WORKSPACES, **masked_assign.WORKSPACES}
 #: remat-ir's own ops that must run exactly once per step (`Node.non_recomputable`): each run
 #: draws from a host generator the graph cannot replay.
 ONCE_PER_STEP = frozenset({spec_augment.OP})
