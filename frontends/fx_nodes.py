@@ -56,3 +56,54 @@ def node_module(node: torch.fx.Node) -> str:
     (M)' for the model itself), '' where tracing recorded none."""
     found = node_module_path(node)
     return f"{found[0] or '<root>'} ({found[1]})" if found else ""
+
+
+#: Regions export keeps as submodules: the number of arguments before the submodule.
+_REGIONS = {torch.ops.higher_order.wrap_with_set_grad_enabled: 1,
+            torch.ops.higher_order.wrap_with_autocast: 4}
+
+
+def region_placeholder(user: torch.fx.Node, node: torch.fx.Node, root: torch.fx.GraphModule
+                       ) -> tuple[torch.fx.Node, torch.fx.GraphModule] | None:
+    """(the placeholder standing for `node` inside region `user`'s submodule, that
+    submodule), or None where `user` is no such region or takes `node` otherwise."""
+    leading = _REGIONS.get(user.target)
+    if leading is None or len(user.args) <= leading or user.kwargs:
+        return None
+    holder, operands = user.args[leading], list(user.args[leading + 1:])
+    if getattr(holder, "op", None) != "get_attr" or operands.count(node) != 1 or node in user.args[:leading]:
+        return None
+    submodule = getattr(root, holder.target, None)
+    if not isinstance(submodule, torch.fx.GraphModule):
+        return None
+    placeholders = [n for n in submodule.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(operands):
+        return None
+    return placeholders[operands.index(node)], submodule
+
+
+def first_write(start: torch.fx.Node, root: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node writing into `start`'s tensor (or a view of it), or None; inside
+    regions export keeps as submodules too (a held tensor's `self.count.add_(1)` under
+    `no_grad` was not seen: the graph held the count as it was traced, and trained on with
+    it, silently; likewise a write through `unfold` windows there). `root`: the graph
+    module holding the submodules."""
+    pending, seen = [(start, root)], set()
+    while pending:
+        node, holder = pending.pop()
+        for user in node.users:
+            inner = region_placeholder(user, node, holder)
+            if inner is not None:
+                pending.append(inner)
+                continue
+            if user in seen or not isinstance(user.target, torch._ops.OpOverload):
+                continue
+            seen.add(user)
+            schema = user.target._schema
+            for i, argument in enumerate(schema.arguments):
+                value = user.args[i] if i < len(user.args) else user.kwargs.get(argument.name)
+                if value is node and argument.alias_info is not None:
+                    if argument.alias_info.is_write:
+                        return user
+                    pending.append((user, holder))   # a view of it
+    return None

@@ -37,6 +37,7 @@ import torch
 from remat_ir.torchlib.held_tensors import Place, digest, shown, shown_global
 
 from .errors import LoweringError
+from .fx_nodes import first_write, region_placeholder
 from .model_lines import node_line
 
 #: nn.Module's own bookkeeping in a module's `__dict__`, which holds no tensor of the model's.
@@ -97,60 +98,12 @@ def _made_in_forward(placeholder: torch.fx.Node, root: torch.fx.GraphModule) -> 
     for user in placeholder.users:
         if user.target is torch.ops.aten.lift_fresh_copy.default:
             continue
-        inner = _region_placeholder(user, placeholder, root)
+        inner = region_placeholder(user, placeholder, root)
         if inner is None or not _made_in_forward(*inner):
             return False
     return True
 
 
-#: Regions export keeps as submodules: the number of arguments before the submodule.
-_REGIONS = {torch.ops.higher_order.wrap_with_set_grad_enabled: 1,
-            torch.ops.higher_order.wrap_with_autocast: 4}
-
-
-def _region_placeholder(user: torch.fx.Node, node: torch.fx.Node, root: torch.fx.GraphModule
-                        ) -> tuple[torch.fx.Node, torch.fx.GraphModule] | None:
-    """(the placeholder standing for `node` inside region `user`'s submodule, that
-    submodule), or None where `user` is no such region or takes `node` otherwise."""
-    leading = _REGIONS.get(user.target)
-    if leading is None or len(user.args) <= leading or user.kwargs:
-        return None
-    holder, operands = user.args[leading], list(user.args[leading + 1:])
-    if getattr(holder, "op", None) != "get_attr" or operands.count(node) != 1 or node in user.args[:leading]:
-        return None
-    submodule = getattr(root, holder.target, None)
-    if not isinstance(submodule, torch.fx.GraphModule):
-        return None
-    placeholders = [n for n in submodule.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(operands):
-        return None
-    return placeholders[operands.index(node)], submodule
-
-
-def _written(placeholder: torch.fx.Node, root: torch.fx.GraphModule) -> torch.fx.Node | None:
-    """The first node writing into the constant `placeholder` (or a view of it), or None;
-    inside regions export keeps as submodules too (`self.count.add_(1)` under `no_grad`
-    was not seen: the graph held the count as it was traced, and trained on with it,
-    silently). `root`: the graph module holding the submodules."""
-    pending, seen = [(placeholder, root)], set()
-    while pending:
-        node, holder = pending.pop()
-        for user in node.users:
-            inner = _region_placeholder(user, node, holder)
-            if inner is not None:
-                pending.append(inner)
-                continue
-            if user in seen or not isinstance(user.target, torch._ops.OpOverload):
-                continue
-            seen.add(user)
-            schema = user.target._schema
-            for i, argument in enumerate(schema.arguments):
-                value = user.args[i] if i < len(user.args) else user.kwargs.get(argument.name)
-                if value is node and argument.alias_info is not None:
-                    if argument.alias_info.is_write:
-                        return user
-                    pending.append((user, holder))   # a view of it
-    return None
 
 
 def _hidden_module_holding(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str, str] | None:
@@ -205,7 +158,7 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
         place, found = held.get(id(tensor)), global_tensors.get(id(tensor))
         shown_place = (f"{shown(*place)} of {name}" if place is not None
                        else shown_global(*found) if found else None)
-        writer = _written(placeholder, exported.graph_module)
+        writer = first_write(placeholder, exported.graph_module)
         if writer is not None:
             line = node_line(writer)
             raise LoweringError(

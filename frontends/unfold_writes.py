@@ -12,8 +12,8 @@ where eager's is contiguous, and the loss and the bias gradient summed it in ano
 order (gradients 1e-7 off).
 
 `write_through_unfold_views` rewrites each unfold that something writes through (the
-window view itself, or a view of it), in the module `torch.export` made, before
-AOTAutograd functionalizes it, as views whose inverses keep their base: a `narrow` to
+window view itself, or a view of it, also inside a `no_grad` block: `fx_nodes.first_write`),
+in the module `torch.export` made, before AOTAutograd functionalizes it, as views whose inverses keep their base: a `narrow` to
 the windows' span, a `view` splitting it into (windows, step), a `narrow` of each to the
 size, and the window dimension moved last. They view the same elements with the same
 strides as the unfold, so every read gets eager's bits, and a write reaches the base
@@ -31,7 +31,7 @@ import torch
 import torch.fx
 
 from .errors import LoweringError
-from .fx_nodes import add_call, recompiled, replace
+from .fx_nodes import add_call, first_write, recompiled, replace
 from .model_lines import node_line
 
 _aten = torch.ops.aten
@@ -49,34 +49,6 @@ def _is_view(node: torch.fx.Node) -> bool:
         return False
     returns = node.target._schema.returns
     return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
-
-
-def _written(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The tensors `node` writes in place (its arguments its schema marks written)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return []
-    found = []
-    for position, argument in enumerate(node.target._schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        value = (node.args[position] if position < len(node.args)
-                 else node.kwargs.get(argument.name))
-        if isinstance(value, torch.fx.Node):
-            found.append(value)
-    return found
-
-
-def _written_through(unfold: torch.fx.Node) -> torch.fx.Node | None:
-    """The first node writing through `unfold`'s result or a view of it, or None."""
-    views, pending = {unfold}, [unfold]
-    while pending:
-        for user in pending.pop().users:
-            if any(w in views for w in _written(user)):
-                return user
-            if _is_view(user) and user.args and user.args[0] in views and user not in views:
-                views.add(user)
-                pending.append(user)
-    return None
 
 
 def _windows(unfold: torch.fx.Node, base: torch.Tensor, dim: int, size: int, step: int,
@@ -101,7 +73,7 @@ def write_through_unfold_views(module: torch.fx.GraphModule, model_name: str) ->
         if node.op != "call_function" or node.target is not _aten.unfold.default:
             continue
         base = _val(node.args[0])
-        writer = _written_through(node)
+        writer = first_write(node, module)
         if base is None or writer is None:
             continue
         dim, size, step = node.args[1:4]

@@ -42,6 +42,9 @@ class _Windows(torch.nn.Module):
         windows = y.unfold(self.dim, self.size, self.step)
         if self.op == "mul":
             windows.mul_(self.scale)
+        elif self.op == "no_grad":           # export keeps the block as a submodule
+            with torch.no_grad():
+                windows.mul_(2.0)
         elif self.op == "add_twice":
             windows.add_(1.5)
             windows.mul_(2.0)
@@ -59,10 +62,11 @@ def _refused(view: str, dim: int, length_at_dim: int, size: int, step: int) -> b
 @search(15)
 @given(length=st.integers(2, 9), view=st.sampled_from(["base", "transposed", "rows"]),
        dim=st.integers(0, 1), wide=st.integers(0, 3), step=st.integers(1, 5),
-       op=st.sampled_from(["mul", "add_twice", "first"]), seed=st.integers(0, 2**16))
+       op=st.sampled_from(["mul", "add_twice", "first", "no_grad"]), seed=st.integers(0, 2**16))
 @example(length=8, view="base", dim=1, wide=1, step=3, op="mul", seed=0)          # a gap: values
 @example(length=8, view="transposed", dim=0, wide=1, step=2, op="mul", seed=0)    # the layout
 @example(length=8, view="transposed", dim=0, wide=1, step=3, op="mul", seed=0)    # refused
+@example(length=8, view="base", dim=1, wide=1, step=3, op="no_grad", seed=0)      # under no_grad
 def test_writes_through_unfold_windows_train_like_eager(length, view, dim, wide, step, op, seed):
     """`wide` picks the window size: up to the step (wider windows overlap, and eager
     refuses to write through them) and the dimension's length."""
