@@ -34,6 +34,7 @@ node run out of order), and the generator ends the step where eager's does.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -131,9 +132,6 @@ class SegmentPlan:
     forward_source: str = ""
     backward_source: str = ""
     regions: list = field(default_factory=list)  # compiled.Region, backend "inductor"
-    #: Whether the backward takes None as the tangent of an output the loss leaves out and
-    #: runs nothing only such tangents reach (`absent_gradients`); else it takes zeros.
-    absent_tangents: bool = False
 
 
 class _Writer:
@@ -197,7 +195,7 @@ GRADIENT_GROUPS = 16
 
 def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=None,
              gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None,
-             backend: str = "eager"):
+             backend: str = "eager", absent_outputs: frozenset[int] = frozenset()):
     """(forward function, backward generator function, plan) for `schedule` on `device`.
 
     With `tick` (`timing.Timeline.tick`), each segment calls `tick(-1)` on entry and
@@ -211,7 +209,9 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     `backend="inductor"`, runs of plain compute and free steps are Inductor-compiled
     regions (`compiled.py`; listed in `SegmentPlan.regions`); with `tick` too, region
     i calls `tick(-2 - i)` after it runs (its ops cannot be timed one by one), and each
-    compute step outside regions `tick(node_id)`."""
+    compute step outside regions `tick(node_id)`. The backward is generated for a loss
+    that leaves out the user outputs (positions) in `absent_outputs`: their tangents are
+    None, and so is what only they reach (`absent_gradients`)."""
     g = graph.proto
     regions = [] if check_backend(backend) == "inductor" else None
     simulated = simulate(graph, schedule) if regions is not None else None
@@ -267,19 +267,17 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     units = _GatherLines(graph, rng, resident, gathered, user_outputs) if gathered else None
     sources = _tangent_sources(graph, tangent_of)
     # Gradients of outputs the loss leaves out are None, and what only they reach is not run.
-    absent = absent_gradients.applies(regions, copies, tick)
+    def zeros(v: int) -> str:
+        value = graph.value(v)
+        return (f"_zeros({list(value.shape)}, dtype={writer.constant(torch_dtype(value.dtype))}, "
+                f"device=_device)")
+
+    absent = absent_gradients.Absent(
+        graph, [tangent_of[i] for i in absent_outputs if tangent_of[i] is not None],
+        lambda v: bool(sources(v)), absent_gradients.written_storages(graph, mutated_inputs),
+        _tensor_name, zeros)
     if absent:
-        written = absent_gradients.written_storages(graph, mutated_inputs)
         writer.globals["_zeros"] = torch.zeros
-
-        def zeros(v: int) -> str:
-            value = graph.value(v)
-            return (f"_zeros({list(value.shape)}, dtype={writer.constant(torch_dtype(value.dtype))}, "
-                    f"device=_device)")
-
-        def absent_lines(node_id: int, call: list[str]) -> list[str]:
-            return absent_gradients.lines(graph, node_id, lambda v: bool(sources(v)), call,
-                                          _tensor_name, zeros, written)
 
     def segment_body(first: int, segment, end_skips, reads_saved: bool, after=None,
                      parts: Handovers = Handovers()):
@@ -329,13 +327,14 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
             elif action == "compute":
                 waits = copies.before_compute(graph.node(s.compute)) if copies is not None else []
                 mode = "replay" if k in rng.replays else "save" if s.compute in rng.saved else ""
-                if runs is not None and not waits and not mode and not graph.node(s.compute).random:
+                instead = (absent.lines(s.compute, functools.partial(_member_lines, graph, writer, s.compute,
+                                                                     mode=mode))
+                           if absent else None)
+                if (runs is not None and instead is None and not waits and not mode
+                        and not graph.node(s.compute).random):
                     runs.compute(s.compute, k)
                 else:
-                    call = _call_lines(graph, writer, s.compute, mode)
-                    if absent and k >= bs:
-                        call = absent_lines(s.compute, call)
-                    emit(waits + call)
+                    emit(waits + (_call_lines(graph, writer, s.compute, mode) if instead is None else instead))
                     if tick is not None:
                         body.append(f"_tick({s.compute})")
             elif action == "free":
@@ -344,6 +343,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                     runs.free(s.free, k)
                 else:
                     emit(waits + [f"del {_tensor_name(s.free)}"])
+            elif getattr(s, action) in absent.values:   # an absent value moves nowhere
+                emit([f"{_tensor_name(s.prefetch)} = None"] if action == "prefetch" else [])
             else:
                 emit(copies.step(action, getattr(s, action)))
             emit(gather_after.get(k, ()))
@@ -408,8 +409,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                        last_read_group=last_read_group, regions=regions or [],
                        without_gradient=frozenset(slot for slot, v in enumerate(grads) if v is None),
                        autocast_casts={slot: torch_dtype(d) for slot, d in parts.casts.items()},
-                       forward_source=forward_source, backward_source=backward_source,
-                       absent_tangents=absent)
+                       forward_source=forward_source, backward_source=backward_source)
     return forward_fn, backward_fn, plan
 
 

@@ -21,6 +21,7 @@ inputs are, whatever device it was lowered on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import operator
@@ -204,11 +205,9 @@ class _Step:
                 raise _out_of_order()
             grads.append(None)
         unused = {i for i, g in enumerate(grads) if g is None}
-        absent = self.runner.plan.absent_tangents   # None where the loss gave none (`absent_gradients`)
-        grads = [_as_traced(g, strides) if g is not None
-                 else None if absent else torch.zeros((), dtype=dtype, device=device).expand(shape)
-                 for g, strides, (shape, dtype, device)
-                 in zip(grads, outputs.tangent_strides, outputs.output_meta)]
+        # None where the loss gave none, for a backward generated so (`absent_gradients`)
+        grads = [None if g is None else _as_traced(g, strides)
+                 for g, strides in zip(grads, outputs.tangent_strides)]
         for slot, version, pointer in self.versions:
             if self.resident[slot]._version != version:
                 raise self._written_since(slot)
@@ -224,8 +223,8 @@ class _Step:
         self.outstanding = {key for key in self.outstanding if key == claimant or _will_run(self.nodes[key])}
         stash, self.stash = self.stash, []  # the segment empties the list as it takes the tensors
         step_units = self.sharding.step_units if self.sharding is not None else None
-        self.segment = self.runner.backward_fn(self.resident, stash, outputs.saved_tensors, grads,
-                                               step_units)
+        self.segment = self.runner.backward_for(unused)(self.resident, stash, outputs.saved_tensors,
+                                                        grads, step_units)
 
     def claim(self, key) -> tuple:
         """The gradients node `key` hands to autograd, running the segment up to where it
@@ -646,9 +645,11 @@ class _Runner:
                  gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None,
                  backend: str = "eager"):
         self.graph, self.device = graph, device
-        self.forward_fn, self.backward_fn, self.plan = generate(
-            graph, schedule, device, gradient_groups=gradient_groups, gathered=gathered,
-            backend=backend)
+        self._generate = functools.partial(generate, graph, schedule, device, gradient_groups=gradient_groups,
+                                           gathered=gathered, backend=backend)
+        self.forward_fn, self.backward_fn, self.plan = self._generate()
+        #: Backward segments for losses that leave outputs out, by those outputs' positions.
+        self._backward_without: dict[frozenset[int], object] = {}
         #: Whether the backward segment computes forward nodes (again, or first there):
         #: they run under the backward's CPU kernels (`backward_settings`).
         forward_nodes = {n.id for n in graph.proto.nodes if n.phase == pb.FORWARD}
@@ -699,6 +700,17 @@ class _Runner:
         self.chain_cast_groups = _cast_groups(self.plan, self.chain_routes)
         self.snapshot_slots = {slot_of[name] for name in self.plan.buffers_read_in_backward}
         self.compared_slots = sorted(self.snapshot_slots - set(self.buffer_slots))
+
+    def backward_for(self, unused: set[int]):
+        """The backward segment for a loss that gives no gradient to the user outputs
+        (positions) in `unused`: the plan's own where it gives one to each that takes one,
+        else one generated for that set at its first use (`absent_gradients`)."""
+        absent = frozenset(i for i in unused if self.plan.tangents[i] is not None)
+        if not absent:
+            return self.backward_fn
+        if absent not in self._backward_without:
+            self._backward_without[absent] = self._generate(absent_outputs=absent)[1]
+        return self._backward_without[absent]
 
     def output_modified(self, position: int) -> RematIRError:
         """The error for user output `position`, which the backward reads, modified in place

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import functools
 import random
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import strategies as st
@@ -28,6 +29,7 @@ from torch.utils import _pytree as pytree
 from remat_ir import ir
 from remat_ir.ir import rng
 from remat_ir.ir import pb
+from remat_ir.solvers.offload import idle_gaps, with_round_trips
 
 
 #: What the random-schedule property tests draw (`random_schedule`'s shares and the
@@ -300,3 +302,24 @@ def random_schedule(graph: ir.Graph, rnd: random.Random, *, recompute_share: flo
     has_random = any(graph.node(n).random for n in sequence)
     return ir.from_compute_sequence(graph, sequence, forward_length, name="random",
                                     solver="random", rng_replay=has_random)
+
+
+#: A link on which every idle gap is wide open: transfers on the compute timeline, instant.
+INSTANT = pb.HostLink(bandwidth_bytes_per_s=1e18, latency_s=0.0, overlapped=False)
+
+
+def random_round_trips(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Random,
+                       share: float) -> pb.Schedule:
+    """`schedule` with offload/free/prefetch round trips at random places inside a random
+    share of its values' idle gaps (at least one), checked by the simulator."""
+    gaps = idle_gaps(graph, schedule, link=INSTANT)
+    assert gaps, "a schedule of a real model has idle values between forward and backward"
+    picked = [o for o in gaps if rnd.random() < share] or [rnd.choice(gaps)]
+    trips = []
+    for o in picked:
+        free_at = rnd.randint(o.free_at, o.prefetch_at - 1)
+        trips.append(replace(o, after=rnd.randint(o.after, free_at - 1), free_at=free_at,
+                             prefetch_at=rnd.randint(free_at + 1, o.prefetch_at)))
+    moved, _ = with_round_trips(schedule, trips)
+    ir.check(graph, moved)
+    return moved

@@ -14,7 +14,6 @@ training exactly like eager.
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 import torch
@@ -40,7 +39,7 @@ from slow import some_slow
 import zoo
 import zoo_models
 from builders import chain
-from exactness import DEVICES, SEARCH_MODELS, lowered, random_schedule, side_by_side
+from exactness import DEVICES, INSTANT, SEARCH_MODELS, lowered, random_round_trips, random_schedule, side_by_side
 from random_networks import RandomNet, programs
 from strategies import search, training_graphs
 
@@ -51,27 +50,6 @@ def own_copy(name: str) -> ir.Graph:
     proto = pb.Graph()
     proto.CopyFrom(lowered(name).proto)
     return ir.Graph(proto)
-
-
-#: A link on which every idle gap is wide open: transfers on the compute timeline, instant.
-INSTANT = pb.HostLink(bandwidth_bytes_per_s=1e18, latency_s=0.0, overlapped=False)
-
-
-def random_round_trips(graph: ir.Graph, schedule: pb.Schedule, rnd: random.Random,
-                       share: float) -> pb.Schedule:
-    """`schedule` with offload/free/prefetch round trips at random places inside a random
-    share of its values' idle gaps (at least one), checked by the simulator."""
-    gaps = idle_gaps(graph, schedule, link=INSTANT)
-    assert gaps, "a schedule of a real model has idle values between forward and backward"
-    picked = [o for o in gaps if rnd.random() < share] or [rnd.choice(gaps)]
-    trips = []
-    for o in picked:
-        free_at = rnd.randint(o.free_at, o.prefetch_at - 1)
-        trips.append(replace(o, after=rnd.randint(o.after, free_at - 1), free_at=free_at,
-                             prefetch_at=rnd.randint(free_at + 1, o.prefetch_at)))
-    moved, _ = with_round_trips(schedule, trips)
-    ir.check(graph, moved)
-    return moved
 
 
 @pytest.mark.parametrize("name", SEARCH_MODELS)
