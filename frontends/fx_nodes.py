@@ -14,6 +14,23 @@ import torch
 import torch.fx
 
 
+def tensor_value(node) -> torch.Tensor | None:
+    """The traced (fake) tensor a node computes, from its `val` metadata; None for an
+    argument that is not a node, or a node whose value is not one tensor."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def views_first_argument(node: torch.fx.Node) -> bool:
+    """Whether `node` returns a view of its first argument, a node (every result a
+    non-writing alias in its schema: slice, view, transpose, split's list of views)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    returns = node.target._schema.returns
+    return (bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+            and bool(node.args) and isinstance(node.args[0], torch.fx.Node))
+
+
 def add_call(graph: torch.fx.Graph, meta: dict, target, args: tuple, kwargs: dict | None = None
              ) -> torch.fx.Node:
     """A call of `target` at the graph's insertion point, with `meta` (less any `val`) and

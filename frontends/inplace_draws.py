@@ -30,7 +30,7 @@ import torch.fx
 from remat_ir.torchlib import layout_draws  # noqa: F401  registers the op
 
 from .errors import LoweringError
-from .fx_nodes import add_call, recompiled, replace
+from .fx_nodes import add_call, recompiled, replace, tensor_value
 from .model_lines import node_line
 
 _aten = torch.ops.aten
@@ -56,11 +56,6 @@ _REFUSED = (_aten.bernoulli_.Tensor,)
 #: Ops whose noise is `empty_like(input)` filled in place (eager's `_dropout_impl`): in a
 #: dense input's own layout.
 _NOISE_LIKE_INPUT = (_aten.alpha_dropout.default, _aten.alpha_dropout_.default)
-
-
-def _fake(node) -> torch.Tensor | None:
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _arguments(node: torch.fx.Node) -> list:
@@ -100,7 +95,7 @@ def draw_in_layout(module: torch.fx.GraphModule, model: str) -> int:
     for node in list(graph.nodes):
         if node.op != "call_function" or not node.args:
             continue
-        fake = _fake(node.args[0])
+        fake = tensor_value(node.args[0])
         if fake is None or fake.is_contiguous():
             continue
         if node.target in _REFUSED:

@@ -28,15 +28,10 @@ import torch.fx
 
 from remat_ir.torchlib import masked_assign  # noqa: F401  registers the op
 
-from .fx_nodes import add_call, recompiled, replace
+from .fx_nodes import add_call, recompiled, replace, tensor_value
 
 _aten = torch.ops.aten
 _PUT = torch.ops.remat_ir.put_masked.default
-
-
-def _val(node) -> torch.Tensor | None:
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _mask_form(node: torch.fx.Node) -> tuple[int, torch.fx.Node] | None:
@@ -46,11 +41,11 @@ def _mask_form(node: torch.fx.Node) -> tuple[int, torch.fx.Node] | None:
     if node.target is not _aten.index_put_.default:
         return None
     accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
-    indices, values = node.args[1], _val(node.args[2])
+    indices, values = node.args[1], tensor_value(node.args[2])
     if accumulate or values is None or not indices:
         return None
     *leading, mask = indices
-    fake = _val(mask)
+    fake = tensor_value(mask)
     if any(index is not None for index in leading) or fake is None or fake.dtype != torch.bool:
         return None
     return len(leading), mask
@@ -92,12 +87,12 @@ def _assign_in_place(graph: torch.fx.Graph, meta: dict, target: torch.fx.Node,
     of +0.0). Integers and bools, whose zeros have no sign, and float8 keep the copy.
     Not eager's bits with `torch.set_flush_denormal(True)`: the add then flushes
     subnormals that eager's write leaves."""
-    fake = _val(target)
+    fake = tensor_value(target)
     if fake.dtype not in _SIGNED:
         put = add_call(graph, meta, _PUT, (target, mask, leading, values))
         return add_call(graph, meta, _aten.copy_.default, (target, put))
     wide = mask
-    if _val(mask).device != fake.device:   # eager indexes with a CPU mask on any device
+    if tensor_value(mask).device != fake.device:   # eager indexes with a CPU mask on any device
         wide = add_call(graph, meta, _aten._to_copy.default, (wide,), {"device": fake.device})
     zero = complex(-0.0, -0.0) if fake.is_complex() else -0.0
     background = add_call(graph, meta, _aten.full_like.default, (target, zero))
@@ -106,7 +101,7 @@ def _assign_in_place(graph: torch.fx.Graph, meta: dict, target: torch.fx.Node,
     if fake.is_complex():
         written = add_call(graph, meta, _aten.view_as_real.default, (target,))
         put = add_call(graph, meta, _aten.view_as_real.default, (put,))
-    for _ in range(_val(written).dim() - leading - _val(mask).dim()):
+    for _ in range(tensor_value(written).dim() - leading - tensor_value(mask).dim()):
         wide = add_call(graph, meta, _aten.unsqueeze.default, (wide, -1))
     cleared = add_call(graph, meta, _aten.masked_fill_.Scalar, (written, wide, -0.0))
     done = add_call(graph, meta, _aten.add_.Tensor, (cleared, put))
@@ -125,7 +120,7 @@ def assign_through_masks(module: torch.fx.GraphModule) -> int:
             continue
         leading, mask = form
         target, values = node.args[0], node.args[2]
-        with graph.inserting_before(node), _val(target).fake_mode:
+        with graph.inserting_before(node), tensor_value(target).fake_mode:
             if _fresh(target):
                 new = add_call(graph, node.meta, _PUT, (target, mask, leading, values))
             else:

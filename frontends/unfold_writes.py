@@ -31,24 +31,10 @@ import torch
 import torch.fx
 
 from .errors import LoweringError
-from .fx_nodes import add_call, first_write, recompiled, replace
+from .fx_nodes import add_call, first_write, recompiled, replace, tensor_value, views_first_argument
 from .model_lines import node_line
 
 _aten = torch.ops.aten
-
-
-def _val(node) -> torch.Tensor | None:
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
-
-
-def _is_view(node: torch.fx.Node) -> bool:
-    """Whether `node` returns a view of its first argument (an op whose schema says its
-    result aliases an input without writing it)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    returns = node.target._schema.returns
-    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
 def _windows(unfold: torch.fx.Node, base: torch.Tensor, dim: int, size: int, step: int,
@@ -72,7 +58,7 @@ def write_through_unfold_views(module: torch.fx.GraphModule, model_name: str) ->
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not _aten.unfold.default:
             continue
-        base = _val(node.args[0])
+        base = tensor_value(node.args[0])
         writer = first_write(node, module)
         if base is None or writer is None:
             continue
@@ -85,7 +71,7 @@ def write_through_unfold_views(module: torch.fx.GraphModule, model_name: str) ->
         with graph.inserting_before(node), base.fake_mode:
             if windows * step <= length:
                 new = _windows(node, base, dim, size, step, windows * step)
-            elif not _is_view(node.args[0]):
+            elif not views_first_argument(node.args[0]):
                 stride = base.stride()
                 new = add_call(graph, node.meta, _aten.as_strided.default, (
                     node.args[0],

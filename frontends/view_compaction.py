@@ -43,7 +43,7 @@ import operator
 import torch
 import torch.fx
 
-from .fx_nodes import add_call, recompiled
+from .fx_nodes import add_call, recompiled, views_first_argument
 
 _aten = torch.ops.aten
 
@@ -68,22 +68,12 @@ EXACT_POINTWISE = frozenset({
 MIN_SPAN = 0.05
 
 
-def _aliases_first_argument(node: torch.fx.Node) -> bool:
-    """Whether `node` returns a view of its first argument (a non-writing alias in its
-    schema: slice, view, transpose, split's list of views)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    returns = node.target._schema.returns
-    return (bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-            and bool(node.args) and isinstance(node.args[0], torch.fx.Node))
-
-
 def _storage_roots(graph: torch.fx.Graph) -> dict[torch.fx.Node, torch.fx.Node]:
     """Per node that returns a tensor view (or an item of a list of views), the node whose
     storage it aliases; per other node, itself."""
     root = {}
     for node in graph.nodes:
-        if _aliases_first_argument(node):
+        if views_first_argument(node):
             root[node] = root.get(node.args[0], node.args[0])
         elif node.target is operator.getitem and node.args[0] in root and root[node.args[0]] is not node.args[0]:
             root[node] = root[node.args[0]]  # an item of split's list: a view of split's input
