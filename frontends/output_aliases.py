@@ -44,21 +44,23 @@ _OF_INPUTS = {"is_input", "alias_of_input"}
 _OF_ONE_INTERMEDIATE = {"alias_of_intermediate_save_as_output", "alias_of_intermediate"}
 
 
-def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, str]]:
+def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, str], dict[int, int]]:
     """(What is wrong with the first output of `joint`, AOTAutograd's joint graph with
     descriptors, that is an input or a view of one, or None; {flat output position: what
     to say if a gradient reaches it} for the outputs that are views of another output or
-    of a tensor the forward computed.) The frontend raises the first as its LoweringError
-    and keeps the second in the graph's metadata: such a view is refused only once a loss
-    uses it, since the runtime hands it no gradient (CLIP returns `logits_per_image` as
-    the transpose of `logits_per_text` beside the loss it computes from them, and trains
-    like eager)."""
+    of a tensor the forward computed; {flat output position: its base's} for the views of
+    another output.) The frontend raises the first as its LoweringError and keeps the
+    others in the graph's metadata. The runtime takes a view of another output again on
+    the output it hands over, as AOTAutograd's wrapper does, so that autograd sends the
+    view's gradient into the base's (CLIP's `logits_per_image`, the transpose of
+    `logits_per_text`, both read by the usual symmetric contrastive loss); a view it cannot
+    take so is refused only once a loss uses it, since the graph gives it no gradient."""
     metadata = getattr(getattr(joint, "_aot_state", None), "fw_metadata", None)
     infos = getattr(metadata, "output_info", None)
     if not infos:
-        return None, {}
+        return None, {}, {}
     names = output_names(out_spec, len(infos))
-    problem, views = None, {}
+    problem, views, bases = None, {}, {}
     shared: dict[int, list[int]] = {}   # intermediate base: the outputs viewing it
     for i, info in enumerate(infos):
         if info.output_type.name in _OWN:
@@ -74,9 +76,11 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
             problem = problem or said
         else:
             views[i] = said
+            if info.output_type.name == "alias_of_intermediate_base_is_user_output" and info.base_idx is not None:
+                bases[i] = info.base_idx
     if problem is None and shared:
         problem = _views_of_one_tensor(joint, names, model, next(iter(shared.values())))
-    return problem, views
+    return problem, views, bases
 
 
 def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]) -> str:

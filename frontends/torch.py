@@ -1187,7 +1187,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"tensor (a global's, a module's: update such a statistic outside the model)") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
-        problem, aliased = output_aliases(joint, exported.call_spec.out_spec, type(model).__name__)
+        problem, aliased, view_bases = output_aliases(joint, exported.call_spec.out_spec, type(model).__name__)
         if problem is not None:
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)
@@ -1227,6 +1227,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                 raise LoweringError(_unnamed_output_class(type(model).__name__, spec)) from None
     if aliased:   # views among the outputs: refused at the backward if a gradient reaches one
         graph.proto.metadata["torch.aliased_outputs"] = json.dumps(aliased)
+    if view_bases:   # views of other outputs: taken again on the outputs handed over
+        graph.proto.metadata["torch.output_view_bases"] = json.dumps(view_bases)
     for key, rows in reads.metadata().items():
         graph.proto.metadata[key] = json.dumps(rows)
     if reads.decisions:   # made from input values, made again at every call

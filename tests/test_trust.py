@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import remat_ir
 from remat_ir.frontends.torch import LoweringError
@@ -884,18 +885,78 @@ def test_an_output_sharing_storage_with_an_input_is_refused_by_name(kind, what):
         _remat(_Returns(kind), (torch.randn(4, 8),))
 
 
-def test_a_view_of_another_output_is_refused_once_a_loss_reads_it():
+class _ReturnsViewsOfOutput(torch.nn.Module):
+    """Returns `y` and, per `kind`, a view of it (read inside the model again where
+    `kind` says so: `y`'s gradient then has a part from inside the graph too)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.l1, self.l2, self.kind = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), kind
+
+    def forward(self, x):
+        y = self.l2(torch.tanh(self.l1(x)))
+        view = {"t": lambda: y.t(), "slice": lambda: y[:, 2:6], "flat": lambda: y.view(-1),
+                "t_read_inside": lambda: y.t(), "expand": lambda: y[:, :1].expand(4, 8)}[self.kind]()
+        extra = (y.sin() * 2).sum() if self.kind == "t_read_inside" else torch.zeros(())
+        return y, view, extra
+
+
+def _loss_of_output_and_view(out):
+    y, view, extra = out
+    return (y ** 2).mean() + (view ** 3).sum() * 0.1 + extra
+
+
+@pytest.mark.parametrize("kind", ["t", "slice", "flat"])
+@pytest.mark.parametrize("solver", ["recompute-all", "sqrt", "autograd"])
+def test_a_view_of_another_output_read_by_the_loss_trains_like_eager(kind, solver):
     """`y.t()` beside `y` has no gradient path in the graph (AOTAutograd rebuilds it
     outside): a loss on it lost its gradient (parameter gradients 500x off eager's,
-    silently). Refused at the backward that reads it; unread (CLIP's logits_per_image
-    beside the loss it computes), the step trains like eager."""
+    silently), then was refused. The runtime takes the view again on the `y` it hands
+    over (`runtimes/torch.py: _views_taken_again`): CLIP's symmetric loss reads
+    `logits_per_text` and its transpose `logits_per_image`."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=True)
+    errors = side_by_side(_ReturnsViewsOfOutput(kind), lambda m: _remat(m, (x,), solver=solver), (x,), {},
+                          _loss_of_output_and_view)
+    assert errors == {}
+
+
+@pytest.mark.parametrize("kind", ["expand", "t_read_inside"])
+def test_a_view_of_another_output_that_cannot_be_taken_again_is_refused_once_a_loss_reads_it(kind):
+    """An expanded view's backward sums its elements' gradients, in an order a strided
+    view's does not keep; a view of an output the model also reads would add the three
+    parts of the output's gradient in another order than eager (1e-7 off). Both are still
+    refused where a loss reads them, and train like eager where none does."""
     x = torch.randn(4, 8)
-    scheduled = _remat(_Returns("view_of_output"), (x,))
-    with pytest.raises(RematIRError, match=r"_Returns returns output\['beside'\], which is a view "
-                                           r"of output\['y'\], another output.*\(the loss reads it\)"):
-        _loss_of_both(scheduled(x)).backward()
-    errors = side_by_side(_Returns("view_of_output"), lambda m: _remat(m, (x,), solver="recompute-all"),
-                          (x,), {}, lambda out: (out["y"] ** 2).mean())
+    scheduled = _remat(_ReturnsViewsOfOutput(kind), (x,))
+    with pytest.raises(RematIRError, match=r"_ReturnsViewsOfOutput returns output\[1\], which is a view "
+                                           r"of output\[0\], another output.*\(the loss reads it\)"):
+        _loss_of_output_and_view(scheduled(x)).backward()
+    errors = side_by_side(_ReturnsViewsOfOutput(kind), lambda m: _remat(m, (x,), solver="recompute-all"),
+                          (x,), {}, lambda out: (out[0] ** 2).mean())
+    assert errors == {}
+
+
+def test_clip_trained_on_its_symmetric_contrastive_loss_is_eagers():
+    """CLIP returns `logits_per_image` as the transpose of `logits_per_text`; the usual
+    loss reads both (transformers' own `clip_loss`, computed here outside the model)."""
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.CLIPConfig(
+        text_config=dict(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=16),
+        vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                           image_size=16, patch_size=8),
+        projection_dim=8)
+    model = transformers.CLIPModel(config).train()
+    kwargs = dict(input_ids=torch.randint(0, 64, (3, 7)), pixel_values=torch.randn(3, 3, 16, 16))
+
+    def loss_of(out):
+        labels = torch.arange(3)
+        return (F.cross_entropy(out.logits_per_text, labels) + F.cross_entropy(out.logits_per_image, labels)) / 2
+    errors = side_by_side(model, lambda m: remat_ir.remat(m, (), example_kwargs=kwargs, solver="sqrt",
+                                                          cost_model="flops"),
+                          (), kwargs, loss_of)
     assert errors == {}
 
 
