@@ -217,7 +217,9 @@ def test_random_recomputations_of_idle_values_match_eager(name, seed):
     rnd = random.Random(seed)
     schedule = random_schedule(graph, rnd)
     picked = random_recomputations(graph, schedule, rnd)
-    assert picked, "a random schedule of a real model keeps values it could recompute"
+    # A random schedule of the smallest models may recompute all there is (the soak found
+    # one of `straight_through`, 2026-12-04); hypothesis fails the test if none keeps any.
+    assume(picked)
     moved, _ = with_round_trips(schedule, [], picked)
     before, after = ir.check(graph, schedule), ir.check(graph, moved)
     assert after.recomputations == before.recomputations + len(picked)
