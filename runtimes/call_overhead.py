@@ -119,8 +119,9 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
 
 def _time_segments(runner, inside: list[float]) -> None:
     """Make `runner`'s segments add the seconds they run to `inside[0]`: the forward
-    segment per call, the backward segment (a generator) per resumption."""
-    forward_fn, backward_fn = runner.forward_fn, runner.backward_fn
+    segment per call, the backward segment (a generator) per resumption, whichever the
+    backward runs (`_Runner.backward_for`: the calls here leave the logits out)."""
+    forward_fn, backward_for = runner.forward_fn, runner.backward_for
 
     def timed_forward(*a):
         begun = time.perf_counter()
@@ -129,16 +130,20 @@ def _time_segments(runner, inside: list[float]) -> None:
         finally:
             inside[0] += time.perf_counter() - begun
 
-    def timed_backward(*a):
-        segment = backward_fn(*a)
-        while True:
-            begun = time.perf_counter()
-            try:
-                handed = next(segment)
-            except StopIteration:
-                inside[0] += time.perf_counter() - begun
-                return
-            inside[0] += time.perf_counter() - begun
-            yield handed
+    def timed_backward_for(unused):
+        backward_fn = backward_for(unused)
 
-    runner.forward_fn, runner.backward_fn = timed_forward, timed_backward
+        def timed_backward(*a):
+            segment = backward_fn(*a)
+            while True:
+                begun = time.perf_counter()
+                try:
+                    handed = next(segment)
+                except StopIteration:
+                    inside[0] += time.perf_counter() - begun
+                    return
+                inside[0] += time.perf_counter() - begun
+                yield handed
+        return timed_backward
+
+    runner.forward_fn, runner.backward_for = timed_forward, timed_backward_for

@@ -391,3 +391,34 @@ def test_the_arguments_profiling_makes_on_the_host_are_this_torchs():
     for name, arguments in HOST_ARGUMENTS.items():
         schema = {a.name: str(a.type) for a in resolve_op(name)._schema.arguments}
         assert all(schema.get(a) == "Tensor" for a in arguments), (name, schema)
+
+
+def test_the_segments_timed_in_a_call_include_a_backward_that_leaves_outputs_out():
+    """The overhead's calls leave a model's logits out of the backward, which then runs a
+    backward generated for that (`runtimes/absent_gradients.py`): it is timed as the
+    segment too, or its whole time would count as the call's overhead."""
+    from remat_ir.ir import store_all
+    from remat_ir.runtimes.call_overhead import _time_segments
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.linear(x)
+            return h, (h * h).mean()
+
+    torch.manual_seed(0)
+    model, x = TwoHeads(), torch.randn(8, 16)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    scheduled = ScheduledModule(model, graph, store_all(graph))
+    scheduled(x)[1].backward()
+    inside = [0.0]
+    _time_segments(scheduled.runner(torch.device("cpu")), inside)
+    loss = scheduled(x)[1]
+    after_forward = inside[0]
+    assert after_forward > 0
+    loss.backward()
+    assert inside[0] > after_forward
