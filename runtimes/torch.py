@@ -54,7 +54,7 @@ from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describ
                                      torch_dtype)
 from remat_ir.torchlib.value_guards import ValueGuards
 
-from . import autocast_anchors, backward_settings, gradient_routes
+from . import autocast_anchors, backward_settings, gradient_routes, output_views
 from .call_guard import CallGuard
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, generate, resident_order, segments_without_autocast
@@ -625,50 +625,7 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
         returned = iter(returned)
         made = tuple(_Output.apply(step, i, outputs_token, *tokens[i]) if i in own else next(returned)
                      for i in range(len(made) - 1 + len(own)))
-    return _views_taken_again(made, runner.view_bases)
-
-
-def _only_viewed(graph: Graph, value: int) -> bool:
-    """Whether the forward reads user output `value` only to return views of it. A view
-    taken again adds its gradient to the output's outside the graph, before the graph adds
-    what its own readers send (`y.sin()` inside the model), where eager's engine adds the
-    three parts in another order (1e-7 off): such a view stays refused once a loss reads it."""
-    returned = {o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT}
-    return all(set(graph.node(n).outputs) <= returned for n in graph.users(value)
-               if graph.node(n).phase == pb.FORWARD)
-
-
-def _without_overlap(view: torch.Tensor) -> bool:
-    """Whether no two elements of `view` share a place in its storage: its dimensions,
-    smallest stride first, each step past all the elements of those before it."""
-    extent = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(view.stride(), view.size()) if sz > 1):
-        if stride < extent:
-            return False
-        extent += (size - 1) * stride
-    return True
-
-
-def _views_taken_again(outputs: tuple, bases: dict[int, int]) -> tuple:
-    """`outputs` with each view of another output (`_Runner.view_bases`) taken again on
-    that output as handed over, as AOTAutograd's wrapper rebuilds such an output: a loss
-    reading the view then sends its gradient into the base's, which the graph, with no
-    tangent for the view, cannot (`frontends/output_aliases.py`). Taken as the strided
-    view of the base's storage the graph's view has: its backward places each element's
-    gradient where eager's view's backward does, bit for bit, where no two elements share
-    a place (`y.t()`, a slice). One of another dtype, or whose elements overlap (an
-    `expand`, whose backward sums), stays as it is: refused once a loss reads it."""
-    if not bases:
-        return outputs
-    outputs = list(outputs)
-    for i, b in bases.items():
-        view, base = outputs[i], outputs[b]
-        if (isinstance(view, torch.Tensor) and isinstance(base, torch.Tensor) and base.requires_grad
-                and view.dtype == base.dtype and view.device == base.device
-                and view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
-                and _without_overlap(view)):
-            outputs[i] = base.as_strided(view.size(), view.stride(), view.storage_offset())
-    return tuple(outputs)
+    return output_views.take_again(made, runner.view_chains, runner.device)
 
 
 def _cast_groups(plan, routes: gradient_routes.Routes) -> list[list[int]]:
@@ -727,11 +684,10 @@ class _Runner:
         names = [o.name.removeprefix("output") for o in graph.proto.outputs
                  if o.role == pb.USER_OUTPUT]
         self.aliased = {i: said[name] for i, name in enumerate(names) if name in said}
-        #: Of those, the views of another output that the runtime takes again on it
-        #: (`_views_taken_again`): output position -> its base's position.
+        #: Of those, the views of another output that the runtime takes again on it.
         bases = json.loads(graph.proto.metadata.get("torch.output_view_bases", "{}"))
-        self.view_bases = {i: bases[name] for i, name in enumerate(names)
-                           if name in bases and _only_viewed(graph, self.plan.user_outputs[bases[name]])}
+        self.view_chains = output_views.chains(graph, self.plan.user_outputs,
+                                               {i: bases[name] for i, name in enumerate(names) if name in bases})
         #: Which node hands each gradient over (`gradient_routes`); under FSDP2, the chain.
         differentiable = frozenset(i for i, t in enumerate(self.plan.tangents)
                                    if t is not None and i not in self.aliased)
