@@ -197,7 +197,7 @@ class _Step:
             if alias._version != version:
                 raise self.runner.output_modified(i)
         grads = []
-        for i in range(len(outputs.output_meta)):
+        for i in range(outputs.output_count):
             if i in given or i in self.tangents:
                 grads.append(given[i] if i in given else self.tangents[i])
                 continue
@@ -438,9 +438,9 @@ class _Outputs(torch.autograd.Function):
                                       if t is None and i not in runner.aliased and i not in own))
         ctx.aliased = runner.aliased
         # Outputs that get no gradient (logits beside a loss) would otherwise receive a
-        # full-size zeros tensor; backward uses a broadcast zero scalar instead.
+        # full-size zeros tensor; the backward takes None (`absent_gradients`).
         ctx.set_materialize_grads(False)
-        ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
+        ctx.output_count = len(outputs)
         ctx.tangent_strides = runner.tangent_strides
         ctx.positions = [i for i in range(len(outputs)) if i not in own]
         step.own_outputs = {i: outputs[i] for i in own}
