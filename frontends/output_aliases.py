@@ -1,13 +1,14 @@
 """Outputs that share storage with an input or a parameter (refused at lowering), or with
-another output (refused once a backward reaches them: `output_aliases`).
+another output (taken again on it by the runtime, `runtimes/output_views.py`; where it
+cannot be, refused once a backward reaches them: `output_aliases`).
 
 AOTAutograd returns such an output from its compiled function and rebuilds it, in its
 runtime wrapper, as a view of its base outside the function, so that autograd sends
 the view's gradient into the base's. The joint graph therefore has no tangent for it,
 and a step run from the graph alone hands it over without a gradient path: the model
 `return y, y.t()` trained with a loss on both gave parameter gradients 500x off
-eager's, silently; returning a parameter or a view of an input crashed at the first
-call. What each output is comes from AOTAutograd's own analysis (`output_info`).
+eager's, silently (now taken again, as AOTAutograd's wrapper does); returning a
+parameter or a view of an input crashed at the first call. What each output is comes from AOTAutograd's own analysis (`output_info`).
 Outputs that alias nothing, and views of intermediates AOTAutograd turns into
 copies (`unsafe_view_alias`), lower as before.
 """
