@@ -679,7 +679,8 @@ class _Runner:
         #: taken as it arrives: `_strides_to_keep`).
         self.tangent_strides = [_strides_to_keep(graph, t, backend) for t in self.plan.tangents]
         # Outputs that are views of another output (frontend metadata, by flat position in
-        # the output names): handed over without a gradient path, refused if one reaches them.
+        # the output names): the graph gives them no gradient path; those not taken again
+        # (`output_views`) are refused if a gradient reaches them.
         said = json.loads(graph.proto.metadata.get("torch.aliased_outputs", "{}"))
         names = [o.name.removeprefix("output") for o in graph.proto.outputs
                  if o.role == pb.USER_OUTPUT]
