@@ -80,9 +80,6 @@ class Absent:
         self.name, self.zeros = name, zeros
         self.values: set[int] = set(tangents)
 
-    def __bool__(self) -> bool:
-        return bool(self.values)
-
     def lines(self, node_id: int, call: Callable[[pb.Node], list[str]]) -> list[str] | None:
         """The lines running node `node_id` where it reads an absent gradient, as the
         module docstring says; None where it reads none (it runs as usual, in a region

@@ -272,11 +272,12 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
         return (f"_zeros({list(value.shape)}, dtype={writer.constant(torch_dtype(value.dtype))}, "
                 f"device=_device)")
 
-    absent = absent_gradients.Absent(
-        graph, [tangent_of[i] for i in absent_outputs if tangent_of[i] is not None],
-        lambda v: bool(sources(v)), absent_gradients.written_storages(graph, mutated_inputs),
-        _tensor_name, zeros)
-    if absent:
+    left_out = [tangent_of[i] for i in absent_outputs if tangent_of[i] is not None]
+    absent = (absent_gradients.Absent(graph, left_out, lambda v: bool(sources(v)),
+                                      absent_gradients.written_storages(graph, mutated_inputs),
+                                      _tensor_name, zeros)
+              if left_out else None)   # the usual backward: nothing to follow
+    if absent is not None:
         writer.globals["_zeros"] = torch.zeros
 
     def segment_body(first: int, segment, end_skips, reads_saved: bool, after=None,
@@ -329,7 +330,7 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                 mode = "replay" if k in rng.replays else "save" if s.compute in rng.saved else ""
                 instead = (absent.lines(s.compute, functools.partial(_member_lines, graph, writer, s.compute,
                                                                      mode=mode))
-                           if absent else None)
+                           if absent is not None else None)
                 if (runs is not None and instead is None and not waits and not mode
                         and not graph.node(s.compute).random):
                     runs.compute(s.compute, k)
@@ -343,7 +344,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
                     runs.free(s.free, k)
                 else:
                     emit(waits + [f"del {_tensor_name(s.free)}"])
-            elif getattr(s, action) in absent.values:   # an absent value moves nowhere
+            elif absent is not None and getattr(s, action) in absent.values:
+                # an absent value moves nowhere
                 emit([f"{_tensor_name(s.prefetch)} = None"] if action == "prefetch" else [])
             else:
                 emit(copies.step(action, getattr(s, action)))
