@@ -90,16 +90,15 @@ class Absent:
             return None
         if is_fused(node):
             return self._fused(node_id, node, call)
-        return self._one(node_id, node, self.values, self._graph_shape, call)
+        return self._one(node_id, node, call, self._graph_shape, self.is_gradient)
 
     def _graph_shape(self, v: int) -> list[int]:
         return list(self.graph.value(v).shape)
 
-    def _one(self, node_id: int, node: pb.Node, absent: set[int], shape, call,
-             is_gradient=None) -> list[str]:
-        """The lines of one op (a node, or a fused node's member) reading values of
-        `absent` (updated: what it makes absent, and what it makes zeros no longer is)."""
-        name, is_gradient = self.name, is_gradient or self.is_gradient
+    def _one(self, node_id: int, node: pb.Node, call, shape, is_gradient) -> list[str]:
+        """The lines of one op (a node, or a fused node's member) reading absent values
+        (`values` updated: what it makes absent, and what it makes zeros no longer is)."""
+        name, absent = self.name, self.values
         gradients = [v for v in dict.fromkeys(node.inputs) if is_gradient(v)]
         missing = [v for v in gradients if v in absent]
         if not missing:
@@ -141,7 +140,7 @@ class Absent:
         last_read = {v: i for i, m in enumerate(body) for v in m.inputs}
         lines: list[str] = []
         for i, member in enumerate(body):
-            lines += self._one(node_id, member, self.values, shape, call, is_gradient)
+            lines += self._one(node_id, member, call, shape, is_gradient)
             reads = [shape(v) for v in member.inputs]
             for v in member.outputs:
                 if any(is_gradient(u) for u in member.inputs):
