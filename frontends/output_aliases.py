@@ -8,9 +8,13 @@ the view's gradient into the base's. The joint graph therefore has no tangent fo
 and a step run from the graph alone hands it over without a gradient path: the model
 `return y, y.t()` trained with a loss on both gave parameter gradients 500x off
 eager's, silently (now taken again, as AOTAutograd's wrapper does); returning a
-parameter or a view of an input crashed at the first call. What each output is comes from AOTAutograd's own analysis (`output_info`).
-Outputs that alias nothing, and views of intermediates AOTAutograd turns into
-copies (`unsafe_view_alias`), lower as before.
+parameter or a view of an input crashed at the first call. Two or more views of one
+tensor the forward does not return (a Linear's 3-d result and its first token, as
+AltCLIP's text model returns) were refused at lowering: AOTAutograd returns that tensor
+as an extra output, which the frontend now keeps as a hidden user output for the runtime
+to take the views again on. What each output is comes from AOTAutograd's own analysis
+(`output_info`). Outputs that alias nothing, and views of intermediates AOTAutograd
+turns into copies (`unsafe_view_alias`), lower as before.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ def _what(info, names: list[str]) -> str:
 #: runtime cannot hand such an output over: a returned parameter crashed at the first call).
 _OF_INPUTS = {"is_input", "alias_of_input"}
 #: Output kinds of two or more views of one tensor the forward computes and does not return
-#: (`return y[:, :4], y[:, 4:]`): AOTAutograd returns that tensor as an extra output of the
-#: graph, for its runtime wrapper to rebuild the views from, which a step cannot hand over.
+#: (`return y[:, :4], y[:, 4:]`; a Linear's 3-d result and a slice of it, as AltCLIP's text
+#: model returns): AOTAutograd returns that tensor as an extra output of the graph, for its
+#: runtime wrapper to take the views again on; so does the runtime (a hidden user output).
 _OF_ONE_INTERMEDIATE = {"alias_of_intermediate_save_as_output", "alias_of_intermediate"}
 
 
@@ -50,8 +55,10 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
     descriptors, that is an input or a view of one, or None; {flat output position: what
     to say if a gradient reaches it} for the outputs that are views of another output or
     of a tensor the forward computed; {flat output position: its base's} for the views of
-    another output.) The frontend raises the first as its LoweringError and keeps the
-    others in the graph's metadata. The runtime takes a view of another output again on
+    another output, where the base of views of a tensor the forward does not return
+    counts after the model's own outputs, as the frontend adds it: a hidden user output.)
+    The frontend raises the first as its LoweringError and keeps the others in the
+    graph's metadata. The runtime takes a view of another output again on
     the output it hands over, as AOTAutograd's wrapper does, so that autograd sends the
     view's gradient into the base's (CLIP's `logits_per_image`, the transpose of
     `logits_per_text`, both read by the usual symmetric contrastive loss); a view it cannot
@@ -79,18 +86,18 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
             views[i] = said
             if info.output_type.name == "alias_of_intermediate_base_is_user_output" and info.base_idx is not None:
                 bases[i] = info.base_idx
-    if problem is None and shared:
-        problem = _views_of_one_tensor(joint, names, model, next(iter(shared.values())))
+    for base, outputs in shared.items():   # the base is a user output after the model's own
+        said = _views_of_one_tensor(joint, names, model, outputs)
+        views.update((i, said) for i in outputs)
+        bases.update((i, len(infos) + base) for i in outputs)
     return problem, views, bases
 
 
 def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]) -> str:
     """What to say of `outputs`, views of one tensor the forward computed and does not
-    return (two slices of it; one taken before an in-place op on it). AOTAutograd's own
-    word for it was all the error said before (`IntermediateBaseAOTOutput(...)`).
-    Supporting them would take rewriting the traced forward (a copy of each view but one)
-    before the joint graph is built; the ways out named here train bitwise like eager
-    (tests/test_trust.py)."""
+    return (two slices of it; one taken before an in-place op on it), where the runtime
+    cannot take them again on that tensor (`runtimes/output_views.py`: the forward reads
+    it otherwise too) and a loss reads one."""
     listed = ", ".join(names[i] for i in outputs[:-1]) + f" and {names[outputs[-1]]}"
     nodes = _output_nodes(joint)
     base = nodes.get(("base", outputs[0]))
@@ -102,10 +109,11 @@ def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]
     taken = next((line for i in outputs if (line := node_line(nodes.get(("output", i))))), None)
     where = "; ".join(p for p in (made and f"the tensor is last computed {made}",
                                   taken and f"the views are taken at {taken}") if p)
-    return (f"{model} returns {listed}, views of one tensor that its forward computes and "
-            f"does not return{f' ({where})' if where else ''}. remat-ir runs the step "
-            f"as one graph, whose outputs cannot share storage with each other and still pass "
-            f"their gradients on the way eager does. Return a copy of all of them but one "
+    return (f"{model} returns {listed}, views of one tensor that its forward computes, does "
+            f"not return, and reads otherwise too{f' ({where})' if where else ''}. remat-ir "
+            f"takes such views again on the tensor, as eager's autograd sees them, only where "
+            f"the forward reads it for nothing but views: here its gradient's parts would add "
+            f"up in another order than eager's. Return a copy of all of them but one "
             f"(`y[:, :4], y[:, 4:].clone()`), split the tensor with torch.split or "
             f"torch.chunk (`return torch.split(y, 4, dim=1)`: each part then trains like "
             f"eager), or return the tensor itself and take the views outside the model")

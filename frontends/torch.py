@@ -959,7 +959,12 @@ class _Lowering:
 
     def output(self, node: torch.fx.Node) -> None:
         results, descs = node.args[0], node.meta["desc"]
-        user_outputs: dict[int, int] = {}
+        user_outputs: dict = {}   # each differentiable output's descriptor: its value
+        # Tensors AOTAutograd returns for its wrapper to take views of returned outputs on
+        # (`output_aliases`): user outputs after the model's own, which the runtime takes
+        # those views again on and does not hand over (`runtimes/output_views.py`).
+        hidden: list[int] = []
+        returned = sum(type(desc).__name__ == "PlainAOTOutput" for desc in descs)
         for result, desc in zip(results, descs):
             if desc is None:
                 continue
@@ -973,9 +978,12 @@ class _Lowering:
                 continue
             vid = self.tensor_id(result)
             if kind_name == "PlainAOTOutput":
-                user_outputs[desc.idx] = vid
+                user_outputs[desc] = vid
                 self.g.value(vid).kind = pb.OUTPUT
                 self.g.add_output(vid, "user_output", f"output{desc.idx}")
+            elif kind_name == "IntermediateBaseAOTOutput":
+                user_outputs[desc] = vid
+                hidden.append(vid)
             elif kind_name == "GradAOTOutput":
                 of = desc.grad_of
                 if type(of).__name__ == "ParamAOTInput":
@@ -989,9 +997,16 @@ class _Lowering:
             else:
                 raise LoweringError(f"the model returns {desc}, which this frontend does not handle "
                                     "(only user outputs, gradients and buffer updates)")
+        for j, vid in enumerate(hidden):
+            self.g.value(vid).kind = pb.OUTPUT
+            self.g.add_output(vid, "user_output", f"output{returned + j}")
+        if hidden:
+            self.g.proto.metadata["torch.hidden_outputs"] = json.dumps(len(hidden))
         for vid, desc in self.pending_tangents:
-            self.g.add_input(vid, f"grad_output{desc.output.idx}",
-                             gradient_of=user_outputs.get(desc.output.idx))
+            of = desc.output
+            position = (of.idx if type(of).__name__ == "PlainAOTOutput"
+                        else returned + hidden.index(user_outputs[of]))
+            self.g.add_input(vid, f"grad_output{position}", gradient_of=user_outputs.get(of))
         if self.constant_outputs:
             self.g.proto.metadata["torch.constant_outputs"] = json.dumps(self.constant_outputs)
 

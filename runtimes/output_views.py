@@ -14,16 +14,23 @@ over (`take_again`), by replaying the graph's own view ops from the base to the 
 as eager's does (an `as_strided` of the same geometry handed the base a gradient of the
 base's strides where eager's `slice` backward makes a contiguous one, and a bias summed
 over it came out 8e-8 off: found by the property test in `tests/test_trust.py`).
+Views of one tensor the forward does not return (`return y[:, :4], y[:, 4:]`; AltCLIP's
+`last_hidden_state` and `pooler_output`) are taken again on that tensor, which the
+graph returns as a hidden user output (the last ones, `torch.hidden_outputs`) that the
+runtime does not hand over, as AOTAutograd's wrapper does.
 
 Not taken again, so refused once a loss reads the view (`runtimes/torch.py:
 _Outputs.backward`): a view of an output the model also reads itself (`y.sin()`
 inside): the output's gradient then has parts from the loss, from the view and from
 inside the graph, which the graph adds after autograd has added the first two, another
-order than eager's engine (1e-7 off); and a view the graph reaches otherwise than by
-view ops of one tensor each from the base.
+order than eager's engine (1e-7 off; `return y, y.t(), y.sin()` was taken again and
+trained so, silently, until the check looked past returned views); and a view the
+graph reaches otherwise than by view ops of one tensor each from the base.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -32,29 +39,41 @@ from remat_ir.ir.arguments import decode
 from remat_ir.ir.memory import is_view
 from remat_ir.torchlib.types import resolve_op, to_torch_argument
 
-#: Per view output's position: (its base output's position, the view ops from the base).
-Chains = dict[int, tuple[int, list[pb.Node]]]
+
+@dataclass(frozen=True)
+class Views:
+    """The views of other outputs that the runtime takes again (`chains`): the view ops
+    to replay, in the forward's order, each once."""
+    ops: list[pb.Node]                 # graph order: eager's order of making them
+    bases: dict[int, int]              # base value: its output position
+    views: dict[int, int]              # view output position: its value
 
 
-def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int]) -> Chains:
+def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int]) -> Views:
     """The views (`bases`: output position -> its base's, from the frontend's
-    `torch.output_view_bases`) that can be taken again, with the view ops that make each
-    from its base."""
-    found = {}
+    `torch.output_view_bases`) that can be taken again, with the view ops that make them
+    from their bases."""
+    ops: dict[int, pb.Node] = {}
+    found = Views([], {}, {})
     for i, b in bases.items():
-        if _only_viewed(graph, user_outputs[b], set(user_outputs)):
+        if _only_viewed(graph, user_outputs[b]):
             chain = _chain(graph, user_outputs[b], user_outputs[i])
             if chain is not None:
-                found[i] = (b, chain)
+                ops.update((node.id, node) for node in chain)
+                found.bases[user_outputs[b]] = b
+                found.views[i] = user_outputs[i]
+    found.ops.extend(ops[n] for n in sorted(ops))
     return found
 
 
-def _only_viewed(graph: Graph, value: int, returned: set[int]) -> bool:
-    """Whether the forward reads `value` only to return views of it (through views of
-    views: `y.t()[1:3]`)."""
+def _only_viewed(graph: Graph, value: int) -> bool:
+    """Whether the forward reads `value` only to take views of it, and those views only
+    to take views of them (`y.t()[1:3]`). A view read otherwise, returned or not
+    (`return y, y.t(), y.sin()`), adds a part of the base's gradient inside the graph: taken
+    again, that view trained 1e-7 off eager (its part added after autograd's)."""
     readers = [graph.node(n) for n in graph.users(value)]
-    return all(v in returned or (is_view(graph, node) and _only_viewed(graph, v, returned))
-               for node in readers if node.phase == pb.FORWARD for v in node.outputs)
+    return all(is_view(graph, node) and all(_only_viewed(graph, v) for v in node.outputs)
+               for node in readers if node.phase == pb.FORWARD)
 
 
 def _chain(graph: Graph, base: int, value: int) -> list[pb.Node] | None:
@@ -72,20 +91,23 @@ def _chain(graph: Graph, base: int, value: int) -> list[pb.Node] | None:
     return found[::-1]
 
 
-def take_again(outputs: tuple, found: Chains, device: torch.device) -> tuple:
+def take_again(outputs: tuple, found: Views, device: torch.device) -> tuple:
     """`outputs` with each view of `found` taken again on its base as handed over (a base
-    that takes no gradient leaves the view as it is)."""
-    if not found:
+    that takes no gradient leaves its views as they are). Each view op runs once, in the
+    forward's order, as eager ran them: views of views share their intermediate views
+    (`a = y.t(); return a, a[2:]`), and autograd then adds the parts of a base's gradient
+    in eager's order (a view made again per output, or the views made in output order,
+    trained 1e-7 off eager where three views overlap)."""
+    if not found.views:
         return outputs
-    outputs = list(outputs)
-    for i, (b, chain) in found.items():
-        view = outputs[b]
-        if not (isinstance(view, torch.Tensor) and view.requires_grad):
+    made = {v: outputs[b] for v, b in found.bases.items()
+            if isinstance(outputs[b], torch.Tensor) and outputs[b].requires_grad}
+    for node in found.ops:
+        if node.inputs[0] not in made:
             continue
-        for node in chain:
-            def argument(a, view=view):
-                return to_torch_argument(decode(a), lambda ref: view, device)
-            view = resolve_op(node.op)(*(argument(a) for a in node.args),
-                                       **{k.name: argument(k.value) for k in node.kwargs})
-        outputs[i] = view
-    return tuple(outputs)
+
+        def argument(a, base=made[node.inputs[0]]):
+            return to_torch_argument(decode(a), lambda ref: base, device)
+        made[node.outputs[0]] = resolve_op(node.op)(*(argument(a) for a in node.args),
+                                                    **{k.name: argument(k.value) for k in node.kwargs})
+    return tuple(made.get(found.views.get(i), o) for i, o in enumerate(outputs))

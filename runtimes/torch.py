@@ -625,7 +625,8 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
         returned = iter(returned)
         made = tuple(_Output.apply(step, i, outputs_token, *tokens[i]) if i in own else next(returned)
                      for i in range(len(made) - 1 + len(own)))
-    return output_views.take_again(made, runner.view_chains, runner.device)
+    made = output_views.take_again(made, runner.view_chains, runner.device)
+    return made[:len(made) - runner.hidden_outputs]
 
 
 def _cast_groups(plan, routes: gradient_routes.Routes) -> list[list[int]]:
@@ -687,8 +688,13 @@ class _Runner:
         self.aliased = {i: said[name] for i, name in enumerate(names) if name in said}
         #: Of those, the views of another output that the runtime takes again on it.
         bases = json.loads(graph.proto.metadata.get("torch.output_view_bases", "{}"))
+        position = {name: i for i, name in enumerate(names)}
         self.view_chains = output_views.chains(graph, self.plan.user_outputs,
-                                               {i: bases[name] for i, name in enumerate(names) if name in bases})
+                                               {i: position[str(bases[name])]
+                                                for i, name in enumerate(names) if name in bases})
+        #: The last user outputs are tensors AOTAutograd returns only for views of them to
+        #: be taken (`torch.hidden_outputs`): not handed over.
+        self.hidden_outputs = int(graph.proto.metadata.get("torch.hidden_outputs", "0"))
         #: Which node hands each gradient over (`gradient_routes`); under FSDP2, the chain.
         differentiable = frozenset(i for i, t in enumerate(self.plan.tangents)
                                    if t is not None and i not in self.aliased)
