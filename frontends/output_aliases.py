@@ -98,7 +98,9 @@ def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]
     return (two slices of it; one taken before an in-place op on it), where the runtime
     cannot take them again on that tensor (`runtimes/output_views.py`: the forward reads
     it otherwise too) and a loss reads one."""
-    listed = ", ".join(names[i] for i in outputs[:-1]) + f" and {names[outputs[-1]]}"
+    many = len(outputs) > 1   # one, where the tensor's other aliases take no gradient (`detach`)
+    listed = (f"{', '.join(names[i] for i in outputs[:-1])} and {names[outputs[-1]]}, views of one tensor"
+              if many else f"{names[outputs[0]]}, a view of a tensor")
     nodes = _output_nodes(joint)
     base = nodes.get(("base", outputs[0]))
     found = node_module_path(base) if base is not None else None
@@ -108,15 +110,16 @@ def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]
     # Views of a tensor written in place after them are replayed by tracing, with no line.
     taken = next((line for i in outputs if (line := node_line(nodes.get(("output", i))))), None)
     where = "; ".join(p for p in (made and f"the tensor is last computed {made}",
-                                  taken and f"the views are taken at {taken}") if p)
-    return (f"{model} returns {listed}, views of one tensor that its forward computes, does "
-            f"not return, and reads otherwise too{f' ({where})' if where else ''}. remat-ir "
-            f"takes such views again on the tensor, as eager's autograd sees them, only where "
-            f"the forward reads it for nothing but views: here its gradient's parts would add "
-            f"up in another order than eager's. Return a copy of all of them but one "
-            f"(`y[:, :4], y[:, 4:].clone()`), split the tensor with torch.split or "
-            f"torch.chunk (`return torch.split(y, 4, dim=1)`: each part then trains like "
-            f"eager), or return the tensor itself and take the views outside the model")
+                                  taken and f"the view{'s are' if many else ' is'} taken at {taken}") if p)
+    copies = ("a copy of all of them but one (`y[:, :4], y[:, 4:].clone()`), split the tensor "
+              "with torch.split or torch.chunk (`return torch.split(y, 4, dim=1)`: each part "
+              "then trains like eager)" if many else "a copy of it (`.clone()`)")
+    return (f"{model} returns {listed} that its forward computes, does not return, and reads "
+            f"otherwise too{f' ({where})' if where else ''}. remat-ir takes such views again on "
+            f"the tensor, as eager's autograd sees them, only where the forward reads it for "
+            f"nothing but views: here its gradient's parts would add up in another order than "
+            f"eager's. Return {copies}, or return the tensor itself and take the "
+            f"view{'s' if many else ''} outside the model")
 
 
 def _output_nodes(joint) -> dict:

@@ -1016,6 +1016,55 @@ def test_overlapping_views_of_an_output_add_their_gradients_in_eagers_order(case
         assert errors == {}
 
 
+#: What the model below may return: tensors it computes, views of them, its input, its
+#: parameters and buffers, views of those, a detached or cloned tensor.
+_RETURNABLE = {
+    "y": lambda m, x, h, y: y, "y_t": lambda m, x, h, y: y.t(), "y_columns": lambda m, x, h, y: y[:, 1:],
+    "y_flat": lambda m, x, h, y: y.view(-1), "y_sin": lambda m, x, h, y: y.sin(),
+    "y_detached": lambda m, x, h, y: y.detach(), "y_clone": lambda m, x, h, y: y.clone(),
+    "h": lambda m, x, h, y: h, "h_columns": lambda m, x, h, y: h[:, :4], "h_unsqueezed": lambda m, x, h, y: h[None],
+    "x": lambda m, x, h, y: x, "x_t": lambda m, x, h, y: x.t(), "weight": lambda m, x, h, y: m.l1.weight,
+    "weight_t": lambda m, x, h, y: m.l1.weight.t(), "buffer": lambda m, x, h, y: m.scale}
+
+
+class _Returning(torch.nn.Module):
+    def __init__(self, returned: list[str]):
+        super().__init__()
+        self.returned, self.l1, self.l2 = returned, torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x))
+        y = self.l2(h) * self.scale
+        return tuple(_RETURNABLE[name](self, x, h, y) for name in self.returned)
+
+
+@search(10, derandomize=True)
+@given(returned=st.lists(st.sampled_from(sorted(_RETURNABLE)), min_size=1, max_size=4),
+       weights=st.lists(st.sampled_from([0.0, 0.5, 3.0]), min_size=5, max_size=5),
+       input_grad=st.booleans())
+def test_random_outputs_train_like_eager_or_are_refused_by_name(returned, weights, input_grad):
+    """Whatever mix of tensors, views, inputs, parameters, detached and cloned tensors a
+    model returns, read by the loss with random weights: bitwise eager's, or refused with
+    our error naming the model (at lowering, or at the backward a view's gradient would
+    reach in another order than eager's); never a crash from inside, never other numbers.
+    Found a view of a tensor listed alone as " and output[2], views of one tensor"."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=input_grad)
+    returned = [*returned, "y_sin"]   # something the step computes with a gradient
+
+    def loss_of(out):
+        read = [o for o in out if o.requires_grad]
+        return (sum(w * (o.float() ** 2).sum() for w, o in zip(weights, read) if w)
+                + sum(0 * o.sum() for o in read))
+    try:
+        errors = side_by_side(_Returning(returned), lambda m: _remat(m, (x,), solver="sqrt"), (x,), {}, loss_of)
+    except (LoweringError, RematIRError) as refused:
+        assert str(refused).startswith("_Returning returns output["), refused
+        return
+    assert errors == {}
+
+
 def test_a_view_of_an_output_the_model_also_reads_is_refused_once_a_loss_reads_it():
     """Taken again, the view of an output the model also reads would add the three parts
     of the output's gradient in another order than eager (1e-7 off): still refused where
@@ -1090,6 +1139,10 @@ class _ReturnsViewsOfOne(torch.nn.Module):
             return y[:, :4], y[:, 4:].clone()
         if self.kind == "read_inside":
             return y[:, :4], y[:, 4:], y.sin().sum()
+        if self.kind == "view_beside_detached":   # AOTAutograd's one view of an intermediate
+            return y.view(-1), y.detach()
+        if self.kind == "view_beside_detached_read_inside":
+            return y.view(-1), y.detach(), y.sin().sum()
         return torch.split(y, 4, dim=1)
 
 
@@ -1168,7 +1221,8 @@ def test_an_output_class_registered_without_key_paths_trains_like_eager():
     assert errors == {}
 
 
-@pytest.mark.parametrize("kind", ["two_slices", "view_then_base_written", "one_cloned", "split"])
+@pytest.mark.parametrize("kind", ["two_slices", "view_then_base_written", "one_cloned", "split",
+                                  "view_beside_detached"])
 @pytest.mark.parametrize("solver", ["recompute-all", "sqrt"])
 def test_views_of_one_tensor_among_the_outputs_train_like_eager(kind, solver):
     """Views of a tensor the forward does not return were refused at lowering (AltCLIP's
@@ -1181,23 +1235,28 @@ def test_views_of_one_tensor_among_the_outputs_train_like_eager(kind, solver):
                         lambda out: out[0].sin().sum() + (out[1] ** 2).sum()) == {}
 
 
-def test_views_of_one_tensor_it_also_reads_are_refused_once_a_loss_reads_one_saying_what_to_return():
+@pytest.mark.parametrize("kind", ["read_inside", "view_beside_detached_read_inside"])
+def test_views_of_one_tensor_it_also_reads_are_refused_once_a_loss_reads_one_saying_what_to_return(kind):
     """Where the forward also reads the tensor, its gradient's parts would add up in
     another order than eager's: refused once a loss reads a view, naming the outputs, the
-    lines of the tensor and of the views, and ways out (which train bitwise like eager)."""
+    lines of the tensor and of the views, and ways out (which train bitwise like eager).
+    One view listed alone read " and output[0], views of one tensor" before."""
     line = r"test_trust.py:\d+ in forward"
+    said = (r"output\[0\] and output\[1\], views of one tensor" if kind == "read_inside"
+            else r"output\[0\], a view of a tensor")
+    views = r"views are" if kind == "read_inside" else r"view is"
+    way_out = r"\.clone\(\).*torch\.split" if kind == "read_inside" else r"a copy of it \(`\.clone\(\)`\)"
     x = torch.randn(4, 8)
-    scheduled = _remat(_ReturnsViewsOfOne("read_inside"), (x,))
-    with pytest.raises(RematIRError, match=rf"_ReturnsViewsOfOne returns output\[0\] and output\[1\], "
-                                           rf"views of one tensor that its forward computes, does not "
-                                           rf"return, and reads otherwise too \(the tensor is last "
-                                           rf"computed by module 'l2' \(Linear\) at .*{line}; the views "
-                                           rf"are taken at .*{line}\).*\.clone\(\).*torch\.split.*"
+    scheduled = _remat(_ReturnsViewsOfOne(kind), (x,))
+    with pytest.raises(RematIRError, match=rf"_ReturnsViewsOfOne returns {said} that its forward "
+                                           rf"computes, does not return, and reads otherwise too "
+                                           rf"\(the tensor is last computed by module 'l2' \(Linear\) at "
+                                           rf".*{line}; the {views} taken at .*{line}\).*{way_out}.*"
                                            rf"\(the loss reads it\)"):
         out = scheduled(x)
-        (out[0].sum() + out[2]).backward()
-    assert side_by_side(_ReturnsViewsOfOne("read_inside"), lambda m: _remat(m, (x,), solver="recompute-all"),
-                        (x,), {}, lambda out: out[2] * 2) == {}
+        (out[0].sum() + out[-1]).backward()
+    assert side_by_side(_ReturnsViewsOfOne(kind), lambda m: _remat(m, (x,), solver="recompute-all"),
+                        (x,), {}, lambda out: out[-1] * 2) == {}
 
 
 class _Hidden(torch.nn.Module):
