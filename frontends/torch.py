@@ -470,13 +470,18 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
     Where eager's path cannot be traced, the last call site whose answer changed keeps
     export's, one more at each try; the sites kept are said in a warning."""
     kept: frozenset = frozenset()
+    first: LoweringError | None = None   # eager's path's refusal
     while True:
         changed: list[str] = []
         try:
             exported = _trace(model, args, kwargs, reads, assigned, changed, kept)
         except LoweringError as refused:
             if not changed:
-                raise
+                # Export's paths failed too: what stops eager's, the one the model runs, is
+                # said (SwitchTransformers' experts loop over a count read from data; export's
+                # path then failed on a mask transformers leaves None there, which was said).
+                raise first or refused
+            first = first or refused
             reads.clear()
             _put_back(model, assigned)
             assigned.clear()

@@ -4944,6 +4944,20 @@ def test_where_eagers_path_cannot_be_traced_exports_is_kept_and_named(monkeypatc
     assert torch.equal(scheduled(x), model(x))
 
 
+def test_where_exports_path_fails_too_what_stops_eagers_is_said(monkeypatch):
+    """SwitchTransformers' experts loop over a count read from data on eager's path; on
+    export's, transformers leaves a mask None and indexes it: the refusal said that
+    TypeError, which eager never meets, instead of the loop."""
+    source = _EXPORT_PATH_SOURCE.replace("    return x * 2.0", "    mask = None\n    return x * mask[0]")
+    module = types.ModuleType("transformers.models.remat_ir_export_path_fails")
+    exec(compile(source, "remat_ir_export_path_fails.py", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(LoweringError, match=r"torch.export could not trace _ScaledByAModelFile: its forward "
+                                            r"branches on a value computed from tensor data .*at "
+                                            r"remat_ir_export_path_fails.py:7 in scale"):
+        _remat(_ScaledByAModelFile(module.scale), (torch.ones(2, 4),), solver="autograd")
+
+
 class _LossAndLogits(torch.nn.Module):
     """What a training step reads of a causal LM's output, and nothing else."""
 
