@@ -106,6 +106,14 @@ class RandomNet(torch.nn.Module):
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
     def forward(self, x):
+        values = self.values(x)
+        returned = output_values(self.program)
+        if self.heads:
+            return tuple(values[i] for i in returned)
+        return sum((values[i] * values[i]).sum() for i in returned)
+
+    def values(self, x) -> list:
+        """The input, then each op's result."""
         values, linears, norms = [x], iter(self.linears), iter(self.norms)
         cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
         channel_norms, embeds = iter(self.channel_norms), iter(self.embeds)
@@ -220,10 +228,7 @@ class RandomNet(torch.nn.Module):
             else:
                 y = a @ b.t() @ b / a.shape[-1]
             values.append(y)
-        returned = output_values(self.program)
-        if self.heads:
-            return tuple(values[i] for i in returned)
-        return sum((values[i] * values[i]).sum() for i in returned)
+        return values
 
 
 def output_values(program: list) -> list[int]:
