@@ -88,8 +88,8 @@ from .tracing_paths import eager_runs, traced_only_message, tracing_check
 from .input_branches import eager_input_branches
 from .transformers_masks import eager_mask_decisions
 from .transformers_paths import eager_paths
-from .value_dependent import (data_sized_branch_error, refusing_packed_sequences,
-                              value_dependent_error)
+from .value_dependent import (SYMBOLIC, data_sized_branch_error, symbolic_number_error,
+                              value_dependent_error, watching_data_values)
 from .view_compaction import compact_views
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
@@ -514,6 +514,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     hook_calls: list[str] = []
     effects: list[str] = []
     saved_hooks: list[tuple[str, bool]] = []
+    number_reads: list[str] = []
     # A failed torch.export prints the graph traced so far to stderr (hundreds of lines
     # above the error): kept out; whatever else it writes there goes through.
     printed, failure = io.StringIO(), None
@@ -524,7 +525,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_input_branches(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
-                noting_saved_tensor_hooks(saved_hooks), refusing_packed_sequences(type(model).__name__), \
+                noting_saved_tensor_hooks(saved_hooks), watching_data_values(type(model).__name__, number_reads), \
                 refusing_autograd_calls(type(model).__name__), unchanged_module_casts(type(model).__name__), \
                 refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model), \
                 inference_buffers_as_normal(model), tensor_checks_as_value_checks(type(model).__name__), \
@@ -541,7 +542,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     if errors:   # before export's own failure, which may follow from the Function run as is
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     if failure is not None:
-        raise _export_failure(type(model).__name__, failure, lambda: eager_runs(model, args, kwargs))
+        raise _export_failure(type(model).__name__, failure, lambda: eager_runs(model, args, kwargs),
+                              number_reads)
     if hook_calls:
         raise tensor_hook_error(type(model).__name__, hook_calls)
     if effects:
@@ -640,13 +642,14 @@ def _looping_experts(tb) -> str | None:
     return None
 
 
-def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
+def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list[str]) -> LoweringError:
     """torch.export's error as one LoweringError: what, where, what to do. A branch on
     tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
     whole; other errors keep the first lines of export's message, which name the
     construct, and export's error as their cause. `runs_eagerly()`: whether an eager
     forward runs, asked only of a plain Python error in the model's code, which is the
-    model's own unless eager runs (`tracing_paths`)."""
+    model's own unless eager runs (`tracing_paths`), or one on a number read from tensor
+    data, held as a symbol (`number_reads`: where the first was read)."""
     text = str(exc).strip()
     if data_uses(exc) and "fake tensor in the exported program constant" in text:
         # `.data` hands export a tensor it did not trace, which it finds among constants.
@@ -707,6 +710,10 @@ def _export_failure(model: str, exc: Exception, runs_eagerly) -> LoweringError:
                              f"into tensors: {hint}")
     where = model_line([f for f in traceback.extract_tb(exc.__traceback__)
                         if not f.filename.startswith("<")])   # not code torch generates
+    if type(exc).__module__ == "builtins" and where is not None and SYMBOLIC.search(text):
+        error = symbolic_number_error(model, exc, where, number_reads[0] if number_reads else None)
+        error.__cause__ = exc
+        return error
     if type(exc).__module__ == "builtins" and where is not None:
         # A plain Python error from the model's own code (a bug, a shape mismatch): what
         # eager raises too, not something tracing cannot do; unless eager runs, where the

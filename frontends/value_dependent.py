@@ -71,6 +71,51 @@ def value_dependent_error(model: str, exc: BaseException,
         f"shapes. Instead, {_INSTEAD.get(name, _OUTSIDE)}")
 
 
+def symbolic_number_error(model: str, exc: BaseException, where: str, read: str | None) -> LoweringError:
+    """The LoweringError for a plain Python error on a number torch.export holds as a
+    symbol (`len(set(lengths))` of `mask.sum(1).tolist()`: "unhashable type: non-nested
+    SymInt"), which was said as the forward taking another path while traced (Lumina2's
+    sequence lengths), naming where the number was read (`noting_number_reads`)."""
+    text = str(exc).strip()
+    return LoweringError(
+        f"{model}'s forward reads a number from tensor data{f' at {read}' if read else ''}, "
+        f"which torch.export holds as a symbol without a value, and uses it as a plain Python "
+        f"value at {where} ({type(exc).__name__}: {text.splitlines()[0] if text else ''}); "
+        f"remat-ir lowers one graph of the whole step, which cannot depend on tensor values. "
+        f"Instead, {_INSTEAD['_local_scalar_dense']}")
+
+
+#: What a plain Python error on a symbol torch.export holds for a number says.
+SYMBOLIC = re.compile(r"\bSym(Int|Float|Bool)\b")
+
+
+@contextlib.contextmanager
+def noting_number_reads(found: list[str]):
+    """Within (a trace): the model's line that first reads a traced tensor as Python
+    numbers (`.tolist()`, `.item()`) is appended to `found`; the error a later use of
+    such a number raises names it (`symbolic_number_error`)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "item")}
+
+    def noting(function):
+        def read(self, *args, **kwargs):
+            if not found and is_fake(self):
+                where = model_line(traceback.extract_stack()[:-1])
+                if where is not None:
+                    found.append(where)
+            return function(self, *args, **kwargs)
+        return read
+
+    for name, function in originals.items():
+        setattr(torch.Tensor, name, noting(function))
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(torch.Tensor, name, function)
+
+
 #: The failing op -> the ops of the exported graph that run it inside their decomposition.
 _CALLED_BY = {"nonzero": {"index", "argwhere", "masked_select"},
               "_local_scalar_dense": {"item"},
@@ -137,6 +182,14 @@ def _refusal(exc: BaseException | None):
             return exc, exc.func
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+@contextlib.contextmanager
+def watching_data_values(model: str, number_reads: list[str]):
+    """Within (a trace of `model`): packed sequences refused, numbers read from tensor data
+    noted in `number_reads` (`refusing_packed_sequences`, `noting_number_reads`)."""
+    with refusing_packed_sequences(model), noting_number_reads(number_reads):
+        yield
 
 
 @contextlib.contextmanager

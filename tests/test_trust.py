@@ -4708,6 +4708,32 @@ def test_an_error_raised_only_while_tracing_names_the_check_not_the_model():
     assert errors == {}
 
 
+class _LengthsAsNumbers(torch.nn.Module):
+    """Reads its rows' lengths as Python numbers, then uses them as Python values, as
+    diffusers' Lumina2 does with its sequence lengths."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        lengths = (x > 0).sum(1).tolist()
+        scale = 2.0 if len(set(lengths)) > 1 else 1.0
+        return (self.linear(x) * scale).sum()
+
+
+def test_a_number_read_from_tensor_data_and_used_as_a_python_value_is_named_as_such():
+    """"unhashable type: non-nested SymInt" was said as the forward taking another path
+    while traced (a check such as is_compiling()), which it does not: the number has no
+    value under tracing. Now the read and the use are named, with what to do."""
+    with pytest.raises(LoweringError, match=r"_LengthsAsNumbers's forward reads a number from tensor data "
+                                            r"at .*test_trust.py:\d+ in forward, which torch.export holds "
+                                            r"as a symbol without a value, and uses it as a plain Python "
+                                            r"value at .*test_trust.py:\d+ in forward \(TypeError: "
+                                            r"unhashable type: non-nested SymInt\).*keep it a tensor"):
+        _remat(_LengthsAsNumbers(), (torch.randn(3, 4),))
+
+
 def test_transformers_beit_with_its_relative_position_bias_trains_like_eager():
     """transformers never skips building an all-True mask under torch.export, where eager
     passes SDPA none; BEiT adds that mask to its relative position bias, so the trace put
