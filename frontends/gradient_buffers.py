@@ -20,19 +20,9 @@ from __future__ import annotations
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import tensor_ids
+from remat_ir.ir.dtypes import DIFFERENTIABLE
+from remat_ir.ir.gradient_edges import NO_EDGE_OPS
 from remat_ir.ir.gradient_sums import GRADIENT_ROLES
-
-#: Result dtypes that carry a gradient.
-_DIFFERENTIABLE = frozenset({pb.FLOAT32, pb.FLOAT64, pb.FLOAT16, pb.BFLOAT16, pb.COMPLEX64,
-                             pb.COMPLEX128, pb.COMPLEX32})
-
-#: Ops whose result carries no gradient back to their tensor arguments.
-_NO_EDGE_OPS = frozenset({
-    "aten.detach.default", "aten.alias.default", "aten.sym_size.int", "aten.sym_stride.int",
-    "aten.sym_numel.default", "aten.sym_storage_offset.default", "aten.empty_like.default",
-    "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
-    "aten.rand_like.default", "aten.randn_like.default", "aten.randint_like.default",
-})
 
 
 def _edges(graph: Graph) -> dict[int, int]:
@@ -45,17 +35,17 @@ def _edges(graph: Graph) -> dict[int, int]:
     Function passing its summed gradient on: 9e-8 off eager's under bf16, found by a search)."""
     edges: dict[int, int] = {}
     reaching = {o.value_id for o in graph.proto.outputs
-                if o.role == pb.USER_OUTPUT and graph.value(o.value_id).dtype in _DIFFERENTIABLE}
+                if o.role == pb.USER_OUTPUT and graph.value(o.value_id).dtype in DIFFERENTIABLE}
     for node in reversed(graph.proto.nodes):
         if node.phase != pb.FORWARD:
             continue
-        if not any(v in reaching and graph.value(v).dtype in _DIFFERENTIABLE for v in node.outputs):
+        if not any(v in reaching and graph.value(v).dtype in DIFFERENTIABLE for v in node.outputs):
             continue
         arguments = [v for a in [*node.args, *(k.value for k in node.kwargs)] for v in tensor_ids(a)]
         # Reached through every op, those without an edge too (an `alias` the lowering
         # makes of a value eager's graph reads on): at worst an edge counted as before.
         reaching.update(arguments)
-        if node.op not in _NO_EDGE_OPS:
+        if node.op not in NO_EDGE_OPS:
             for v in arguments:
                 edges[v] = edges.get(v, 0) + 1
     return edges

@@ -97,7 +97,7 @@ def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]
     """What to say of `outputs`, views of one tensor the forward computed and does not
     return (two slices of it; one taken before an in-place op on it), where the runtime
     cannot take them again on that tensor (`runtimes/output_views.py`: the forward reads
-    it otherwise too) and a loss reads one."""
+    it otherwise after making them, or reads them otherwise) and a loss reads one."""
     many = len(outputs) > 1   # one, where the tensor's other aliases take no gradient (`detach`)
     listed = (f"{', '.join(names[i] for i in outputs[:-1])} and {names[outputs[-1]]}, views of one tensor"
               if many else f"{names[outputs[0]]}, a view of a tensor")
@@ -115,11 +115,12 @@ def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]
               "with torch.split or torch.chunk (`return torch.split(y, 4, dim=1)`: each part "
               "then trains like eager)" if many else "a copy of it (`.clone()`)")
     return (f"{model} returns {listed} that its forward computes, does not return, and reads "
-            f"otherwise too{f' ({where})' if where else ''}. remat-ir takes such views again on "
-            f"the tensor, as eager's autograd sees them, only where the forward reads it for "
-            f"nothing but views: here its gradient's parts would add up in another order than "
-            f"eager's. Return {copies}, or return the tensor itself and take the "
-            f"view{'s' if many else ''} outside the model")
+            f"otherwise too{f' ({where})' if where else ''}: after making the "
+            f"view{'s' if many else ''}, or through {'them' if many else 'it'}. remat-ir takes such "
+            f"views again on the tensor, as eager's autograd sees them, only where the forward's "
+            f"other reads of the tensor come before the views and read none of them: here its "
+            f"gradient's parts would add up in another order than eager's. Return {copies}, or "
+            f"return the tensor itself and take the view{'s' if many else ''} outside the model")
 
 
 def _output_nodes(joint) -> dict:

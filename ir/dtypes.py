@@ -14,6 +14,11 @@ ITEMSIZE: dict[int, int] = {
 }
 
 
+#: Element types that carry a gradient.
+DIFFERENTIABLE = frozenset({pb.FLOAT32, pb.FLOAT64, pb.FLOAT16, pb.BFLOAT16, pb.COMPLEX64,
+                            pb.COMPLEX128, pb.COMPLEX32})
+
+
 def dtype_from_name(name: str | int) -> int:
     """Enum value of a dtype given as its IR name ("float32", "FLOAT32") or number."""
     if isinstance(name, int):

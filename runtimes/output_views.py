@@ -20,12 +20,14 @@ graph returns as a hidden user output (the last ones, `torch.hidden_outputs`) th
 runtime does not hand over, as AOTAutograd's wrapper does.
 
 Not taken again, so refused once a loss reads the view (`runtimes/torch.py:
-_Outputs.backward`): a view of an output the model also reads itself (`y.sin()`
-inside): the output's gradient then has parts from the loss, from the view and from
-inside the graph, which the graph adds after autograd has added the first two, another
-order than eager's engine (1e-7 off; `return y, y.t(), y.sin()` was taken again and
-trained so, silently, until the check looked past returned views); and a view the
-graph reaches otherwise than by view ops of one tensor each from the base.
+_Outputs.backward`): a view of an output the model also reads itself after taking the
+view (`y.t()`, then `y.sin()`): the output's gradient then has parts from the loss, from
+the view and from inside the graph, which the graph adds after autograd has added the
+first two, where eager's engine adds the later reader's first (1e-7 off; `return y, y.t(),
+y.sin()` was taken again and trained so, silently, until 2026-12-04); a view whose own
+result the forward reads otherwise; and a view the graph reaches otherwise than by view
+ops of one tensor each from the base. A reader made before the views adds its part
+after theirs in eager too: taken again (`_in_eagers_order`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import decode
+from remat_ir.ir.gradient_edges import passes_gradient
 from remat_ir.ir.memory import is_view
 from remat_ir.torchlib.types import resolve_op, to_torch_argument
 
@@ -52,28 +55,49 @@ class Views:
 def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int]) -> Views:
     """The views (`bases`: output position -> its base's, from the frontend's
     `torch.output_view_bases`) that can be taken again, with the view ops that make them
-    from their bases."""
+    from their bases: all views of a base, or none where autograd would add its
+    gradient's parts in another order than eager's (`_in_eagers_order`)."""
+    by_base: dict[int, dict[int, list[pb.Node]]] = {}
+    for i, b in bases.items():
+        chain = _chain(graph, user_outputs[b], user_outputs[i])
+        if chain is not None:
+            by_base.setdefault(b, {})[i] = chain
+    order = {node.id: k for k, node in enumerate(graph.proto.nodes)}
     ops: dict[int, pb.Node] = {}
     found = Views([], {}, {})
-    for i, b in bases.items():
-        if _only_viewed(graph, user_outputs[b]):
-            chain = _chain(graph, user_outputs[b], user_outputs[i])
-            if chain is not None:
-                ops.update((node.id, node) for node in chain)
-                found.bases[user_outputs[b]] = b
-                found.views[i] = user_outputs[i]
-    found.ops.extend(ops[n] for n in sorted(ops))
+    for b, views in by_base.items():
+        replayed = {node.id: node for chain in views.values() for node in chain}
+        if _in_eagers_order(graph, user_outputs[b], replayed, order):
+            ops.update(replayed)
+            found.bases[user_outputs[b]] = b
+            found.views.update((i, user_outputs[i]) for i in views)
+    found.ops.extend(sorted(ops.values(), key=lambda node: order[node.id]))
     return found
 
 
-def _only_viewed(graph: Graph, value: int) -> bool:
-    """Whether the forward reads `value` only to take views of it, and those views only
-    to take views of them (`y.t()[1:3]`). A view read otherwise, returned or not
-    (`return y, y.t(), y.sin()`), adds a part of the base's gradient inside the graph: taken
-    again, that view trained 1e-7 off eager (its part added after autograd's)."""
-    readers = [graph.node(n) for n in graph.users(value)]
-    return all(is_view(graph, node) and all(_only_viewed(graph, v) for v in node.outputs)
-               for node in readers if node.phase == pb.FORWARD)
+def _in_eagers_order(graph: Graph, base: int, replayed: dict[int, pb.Node], order: dict[int, int]) -> bool:
+    """Whether autograd, adding the parts of `base`'s gradient that come through the
+    `replayed` view ops (taken again on the output handed over), and then the graph,
+    adding the parts of the forward's other readers of `base` to what autograd handed
+    it, add them in eager's order.
+
+    Eager's engine runs the loss's backward nodes first, then the forward's, those made
+    last first among the ready ones: a view made after every other reader of `base`
+    hands its part over before theirs, as autograd does before the graph runs. So: every
+    other reader of `base` comes before the views in the forward (a head reads `h`, then
+    `h[:, 0]` is returned), and the views' own results are read by nothing else (`a =
+    y.t(); return a, a.sin()` sums `a`'s parts in a buffer of its own). `return y, y.t(),
+    y.sin()`, its `sin` made after the view, was taken again and trained 1e-7 off eager's,
+    silently, until 2026-12-04. A reader passing no gradient back (`detach`, `argmax`)
+    adds no part."""
+    def readers(value: int) -> list[pb.Node]:
+        return [node for node in map(graph.node, graph.users(value)) if node.phase == pb.FORWARD]
+    if any(reader.id not in replayed and passes_gradient(graph, reader)
+           for node in replayed.values() for v in node.outputs for reader in readers(v)):
+        return False
+    first = min(order[n] for n in replayed)
+    return all(order[reader.id] < first for reader in readers(base)
+               if reader.id not in replayed and passes_gradient(graph, reader))
 
 
 def _chain(graph: Graph, base: int, value: int) -> list[pb.Node] | None:
