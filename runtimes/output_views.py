@@ -95,9 +95,9 @@ def _in_eagers_order(graph: Graph, base: int, replayed: dict[int, pb.Node], orde
     if any(reader.id not in replayed and passes_gradient(graph, reader)
            for node in replayed.values() for v in node.outputs for reader in readers(v)):
         return False
-    first = min(order[n] for n in replayed)
-    return all(order[reader.id] < first for reader in readers(base)
-               if reader.id not in replayed and passes_gradient(graph, reader))
+    first = min((order[n] for n in replayed), default=None)   # none: the base returned twice
+    return first is None or all(order[reader.id] < first for reader in readers(base)
+                                if reader.id not in replayed and passes_gradient(graph, reader))
 
 
 def _chain(graph: Graph, base: int, value: int) -> list[pb.Node] | None:
