@@ -43,7 +43,7 @@ step() {
 
 rm -f "$OUT/steps.log" "$OUT/tests-progress.log"
 mark "start on $(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
-if ! $PY -c "import remat_ir" 2>/dev/null; then
+if ! $PY -c "import remat_ir.ir" 2>/dev/null; then   # the source tree's remat_ir/ alone imports
     if ls .whl/*.whl > /dev/null 2>&1; then
         timeout 90 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             .whl/*.whl > "$OUT/setup.log" 2>&1
