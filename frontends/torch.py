@@ -710,15 +710,14 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
                              f"into tensors: {hint}")
     where = model_line([f for f in traceback.extract_tb(exc.__traceback__)
                         if not f.filename.startswith("<")])   # not code torch generates
-    if type(exc).__module__ == "builtins" and where is not None and SYMBOLIC.search(text):
-        error = symbolic_number_error(model, exc, where, number_reads[0] if number_reads else None)
-        error.__cause__ = exc
-        return error
     if type(exc).__module__ == "builtins" and where is not None:
         # A plain Python error from the model's own code (a bug, a shape mismatch): what
-        # eager raises too, not something tracing cannot do; unless eager runs, where the
-        # forward took another path because it was traced.
-        if runs_eagerly():
+        # eager raises too, not something tracing cannot do; unless it is on a number read
+        # from tensor data (a symbol under tracing), or eager runs, where the forward took
+        # another path because it was traced.
+        if SYMBOLIC.search(text):
+            error = symbolic_number_error(model, exc, where, number_reads[0] if number_reads else None)
+        elif runs_eagerly():
             error = LoweringError(traced_only_message(model, exc, where, tracing_check(exc.__traceback__)))
         else:
             error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "

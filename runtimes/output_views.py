@@ -64,15 +64,15 @@ def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int]) -> View
             by_base.setdefault(b, {})[i] = chain
     order = {node.id: k for k, node in enumerate(graph.proto.nodes)}
     ops: dict[int, pb.Node] = {}
-    found = Views([], {}, {})
+    taken: dict[int, int] = {}
     for b, views in by_base.items():
         replayed = {node.id: node for chain in views.values() for node in chain}
         if _in_eagers_order(graph, user_outputs[b], replayed, order):
             ops.update(replayed)
-            found.bases[user_outputs[b]] = b
-            found.views.update((i, user_outputs[i]) for i in views)
-    found.ops.extend(sorted(ops.values(), key=lambda node: order[node.id]))
-    return found
+            taken.update((i, b) for i in views)
+    return Views(sorted(ops.values(), key=lambda node: order[node.id]),
+                 {user_outputs[b]: b for b in taken.values()},
+                 {i: user_outputs[i] for i in taken})
 
 
 def _in_eagers_order(graph: Graph, base: int, replayed: dict[int, pb.Node], order: dict[int, int]) -> bool:
