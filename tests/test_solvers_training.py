@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import Counter
 
@@ -211,8 +212,14 @@ def test_solver_plans_of_random_networks_train_like_eager_within_their_budget(de
         schedule, budget = refused.schedule, refused.smallest_feasible
     assert schedule.predicted_peak_bytes <= budget
     torch.manual_seed(0)
-    errors = side_by_side(RandomNet(program, 64).to(device), lambda m: ScheduledModule(m, graph, schedule),
-                          (x,), {}, lambda out: out, steps=2)
+    # On CUDA eager's `batch_norm` of a 3-d input runs cuDNN's kernels, which the graph's
+    # `_native_batch_norm_legit_functional` never calls (torch.compile's graphs neither):
+    # channel_norm's gradients were 1e-7 to 8e-7 off eager's on an H200 (2026-12-04).
+    # Without cuDNN both sides run the native kernels, and the order remat-ir runs them in
+    # is what is checked, bitwise.
+    with torch.backends.cudnn.flags(enabled=False) if device == "cuda" else contextlib.nullcontext():
+        errors = side_by_side(RandomNet(program, 64).to(device), lambda m: ScheduledModule(m, graph, schedule),
+                              (x,), {}, lambda out: out, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
     scheduled = ScheduledModule(model, graph, schedule)
     for _ in range(2):
