@@ -35,6 +35,7 @@ import types
 import torch
 
 from remat_ir.torchlib.held_tensors import Place, digest, shown, shown_global
+from remat_ir.torchlib.weight_norms import hook_weight_norms
 
 from .errors import LoweringError
 from .fx_nodes import first_write, region_placeholder
@@ -190,6 +191,14 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 f"as a buffer (module.register_buffer) or pass it as an input")
         if tensor.requires_grad:
             where = shown(*place) if place is not None else shown_global(*found)
+            if place is not None and place[2] is None and where in hook_weight_norms(model):
+                owner = place[0] or type(model).__name__
+                raise LoweringError(
+                    f"{name}'s forward reads {where} before {owner} runs: it is the weight "
+                    f"torch.nn.utils.weight_norm's hook computes at each call of {owner}, so eager "
+                    f"reads the one of the previous call, and remat-ir's graph would hold the one "
+                    f"it had at lowering. Read it after calling {owner}, or use "
+                    f"torch.nn.utils.parametrizations.weight_norm, which computes it at every read")
             raise LoweringError(
                 f"{name} keeps a tensor that requires a gradient at {where}, which is neither "
                 f"a parameter nor a buffer: eager gives it a gradient, and remat-ir's graph "

@@ -149,10 +149,8 @@ def check_hook_reparametrizations(model: torch.nn.Module) -> None:
     way out."""
     from torch.nn.utils import prune
     from torch.nn.utils.spectral_norm import SpectralNorm
-    from torch.nn.utils.weight_norm import WeightNorm
 
     instead = {
-        WeightNorm: ("torch.nn.utils.weight_norm", "torch.nn.utils.parametrizations.weight_norm"),
         SpectralNorm: ("torch.nn.utils.spectral_norm",
                        "torch.nn.utils.parametrizations.spectral_norm"),
         prune.BasePruningMethod: (

@@ -53,6 +53,7 @@ import torch
 
 from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.hooks import forward_hooks
+from remat_ir.torchlib.weight_norms import hook_weight_norms
 
 from .held_tensors import held_objects
 from .model_lines import in_users_file, is_model_file, is_users_file
@@ -408,6 +409,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
 
     handle = model.register_forward_hook(compare)
+    normalized = hook_weight_norms(model)   # assigned by a hook whose weight the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
         with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses):
@@ -433,7 +435,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 # Private attributes are torch's (an RNN refreshes its `_flat_weights`); the
                 # user's own are noted as they are assigned or appended to.
                 public = [path for path in tensors.group(1).split(", ")
-                          if not any(part.startswith("_") for part in path.split(".")[1:])]
+                          if not any(part.startswith("_") for part in path.split(".")[1:])
+                          and path.split(".", 1)[-1] not in normalized]
                 if public:
                     found.append(f"it assigns tensors to {', '.join(public)}")
             else:
@@ -475,3 +478,4 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         _placeholders_kept_by_hooks(model, found)   # before their stores are put back
         outside_state.placeholders_left(outside, found)
         outside_state.clear_grown(caches)
+

@@ -116,7 +116,8 @@ def _tensors(tree) -> list[torch.Tensor]:
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
                  model_scale: bool = False, forward_context=contextlib.nullcontext,
-                 backward_context=contextlib.nullcontext, outside: bool = True) -> dict[str, float]:
+                 backward_context=contextlib.nullcontext, outside: bool = True,
+                 eager_copy=None) -> dict[str, float]:
     """Train `model` (a deep copy, eagerly) and `make_scheduled(model)` side by side.
 
     Returns {what: relative error} for every output, gradient and buffer that is not
@@ -141,9 +142,12 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     in eager's order around that contribution (`runtimes/gradient_parts.py`), which a
     loss of the outputs alone does not check (a gradient handed whole is then bitwise
     eager's too: an offloaded running sum and weights tied after lowering were found so,
-    2026-12-02)."""
+    2026-12-02).
+
+    `eager_copy()`: the model built again, for eager's side, where PyTorch cannot deepcopy
+    it (a hook-based `weight_norm` holds a non-leaf weight)."""
     try:
-        eager = copy.deepcopy(model)
+        eager = copy.deepcopy(model) if eager_copy is None else eager_copy()
     except RuntimeError:   # one PyTorch cannot copy (hook-based weight_norm): remat-ir's verdict first
         make_scheduled(model)
         raise
