@@ -35,7 +35,7 @@ import types
 import torch
 
 from remat_ir.torchlib.held_tensors import Place, digest, shown, shown_global
-from remat_ir.torchlib.weight_norms import hook_weight_norms
+from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations, kind
 
 from .errors import LoweringError
 from .fx_nodes import first_write, region_placeholder
@@ -146,6 +146,7 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
     digest]. Raises `LoweringError` for one found nowhere, or written into."""
     name = type(model).__name__
     held = held_tensors(model)
+    hook_weights = hook_reparametrizations(model)
     placeholders = {node.target: node for node in exported.graph.nodes if node.op == "placeholder"}
     targets: dict[str, list] = {}
     globals_read: dict[str, list] = {}
@@ -189,16 +190,18 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 f"{f', read by {user.target} at {line}' if line and user is not None else ''}), "
                 f"which the graph would hold as a constant, blind to a change: register it "
                 f"as a buffer (module.register_buffer) or pass it as an input")
+        hooked = hook_weights.get(shown(*place)) if place is not None else None
+        if hooked is not None:
+            owner = place[0] or type(model).__name__
+            applied, instead, *_ = kind(hooked[1])
+            raise LoweringError(
+                f"{name}'s forward reads {shown(*place)} before {owner} runs: it is the weight "
+                f"{applied}'s hook computes at each call of {owner}, so eager reads the one of "
+                f"the previous call, and remat-ir's graph would hold the one it had at "
+                f"lowering. Read it after calling {owner}, or use {instead}, which computes it "
+                f"at every read")
         if tensor.requires_grad:
             where = shown(*place) if place is not None else shown_global(*found)
-            if place is not None and place[2] is None and where in hook_weight_norms(model):
-                owner = place[0] or type(model).__name__
-                raise LoweringError(
-                    f"{name}'s forward reads {where} before {owner} runs: it is the weight "
-                    f"torch.nn.utils.weight_norm's hook computes at each call of {owner}, so eager "
-                    f"reads the one of the previous call, and remat-ir's graph would hold the one "
-                    f"it had at lowering. Read it after calling {owner}, or use "
-                    f"torch.nn.utils.parametrizations.weight_norm, which computes it at every read")
             raise LoweringError(
                 f"{name} keeps a tensor that requires a gradient at {where}, which is neither "
                 f"a parameter nor a buffer: eager gives it a gradient, and remat-ir's graph "

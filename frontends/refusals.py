@@ -141,36 +141,6 @@ def refusing_autograd_calls(model: str):
             setattr(owner, name, function)
 
 
-def check_hook_reparametrizations(model: torch.nn.Module) -> None:
-    """LoweringError naming a module reparametrized by a forward pre-hook that assigns its
-    weight at every call (`torch.nn.utils.weight_norm`, `spectral_norm`, `prune`'s
-    methods), with the parametrization to use instead: the assignment is an effect the
-    graph does not keep, and the general message about it named neither the hook nor the
-    way out."""
-    from torch.nn.utils import prune
-    from torch.nn.utils.spectral_norm import SpectralNorm
-
-    instead = {
-        SpectralNorm: ("torch.nn.utils.spectral_norm",
-                       "torch.nn.utils.parametrizations.spectral_norm"),
-        prune.BasePruningMethod: (
-            "torch.nn.utils.prune", "torch.nn.utils.parametrize.register_parametrization with a "
-            "module multiplying the weight by its mask (or prune.remove before remat, if the mask "
-            "need not hold while training)"),
-    }
-    for path, module in model.named_modules():
-        for hook in module._forward_pre_hooks.values():
-            for kind, (old, new) in instead.items():
-                if isinstance(hook, kind):
-                    name = getattr(hook, "name", None) or getattr(hook, "_tensor_name", "weight")
-                    where = f"module {path!r} of {type(model).__name__}" if path else type(model).__name__
-                    raise LoweringError(
-                        f"{where} is reparametrized by {old}, whose forward pre-hook assigns the "
-                        f"{name!r} it computes to the module at every call, which the traced "
-                        f"step cannot keep. Use {new}: remat-ir traces parametrizations and "
-                        f"trains them like eager")
-
-
 def tensor_hook_error(model: str, calls: list[str]) -> LoweringError:
     return LoweringError(
         f"{model}'s forward puts a gradient hook on a tensor ({_first_of(calls)}): torch.export "

@@ -66,7 +66,7 @@ from .inference_buffers import inference_buffers_as_normal
 from .random_ops import draws_random
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
-                       check_hook_reparametrizations, check_lazy_modules, check_member_views,
+                       check_lazy_modules, check_member_views,
                        check_script_modules, backward_effects_error, constant_output, data_error,
                        mutation_error, refusing_autograd_calls, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
@@ -392,7 +392,6 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     check_backward_hooks(model)
     check_buffers_needing_gradients(model)
     check_member_views(model, args, kwargs)
-    check_hook_reparametrizations(model)
     check_script_modules(model)
     check_lazy_modules(model)
     assigned: dict = {}

@@ -53,7 +53,7 @@ import torch
 
 from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.hooks import forward_hooks
-from remat_ir.torchlib.weight_norms import hook_weight_norms
+from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 
 from .held_tensors import held_objects
 from .model_lines import in_users_file, is_model_file, is_users_file
@@ -409,7 +409,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
 
     handle = model.register_forward_hook(compare)
-    normalized = hook_weight_norms(model)   # assigned by a hook whose weight the graph computes
+    reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
         with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses):
@@ -436,7 +436,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 # user's own are noted as they are assigned or appended to.
                 public = [path for path in tensors.group(1).split(", ")
                           if not any(part.startswith("_") for part in path.split(".")[1:])
-                          and path.split(".", 1)[-1] not in normalized]
+                          and path.split(".", 1)[-1] not in reparametrized]
                 if public:
                     found.append(f"it assigns tensors to {', '.join(public)}")
             else:

@@ -53,7 +53,7 @@ from remat_ir.torchlib.saved_hooks import (INSTEAD, active_pack_hook, allows_mut
 from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout,
                                      torch_dtype)
 from remat_ir.torchlib.value_guards import ValueGuards
-from remat_ir.torchlib.weight_norms import assign_weights, hook_weight_norms
+from remat_ir.torchlib.hook_reparametrizations import assign_weights, hook_reparametrizations
 
 from . import autocast_anchors, backward_settings, gradient_routes, output_views
 from .call_guard import CallGuard
@@ -905,9 +905,10 @@ class _Lowered:
                                 for index, v, name in self.user_inputs]
         self.traced_reads = TracedReads(g)
         self.traced_reads.pin_classes(_Submodules(model).at)
-        #: Whether `torch.nn.utils.weight_norm` hooks assign weights the step must leave on
-        #: their modules as eager's call does (`torchlib.weight_norms`).
-        self.weight_norms = bool(hook_weight_norms(model))
+        #: Whether hooks (`torch.nn.utils.weight_norm`, `spectral_norm`, `prune`) assign weights
+        #: the step must leave on their modules as eager's call does
+        #: (`torchlib.hook_reparametrizations`).
+        self.hook_weights = bool(hook_reparametrizations(model))
         #: Decisions the trace made from input values (transformers' attention masks):
         #: made again for every call (`values_differ`).
         self.value_guards = ValueGuards(g.metadata)
@@ -1375,8 +1376,8 @@ class _Lowered:
             resident = self.resident(model, leaves, device, modules, sharded=True)
             step_units = StepUnits(units, slots)
             outputs = _run_step(runner, resident, _Sharding(units, owners, runner, step_units))
-        if self.weight_norms:
-            assign_weights(hook_weight_norms(model))
+        if self.hook_weights:
+            assign_weights(hook_reparametrizations(model))
         outputs = list(outputs)
         for position in sorted(self.constant_outputs):
             outputs.insert(position, self.constant_outputs[position])

@@ -148,7 +148,7 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     it (a hook-based `weight_norm` holds a non-leaf weight)."""
     try:
         eager = copy.deepcopy(model) if eager_copy is None else eager_copy()
-    except RuntimeError:   # one PyTorch cannot copy (hook-based weight_norm): remat-ir's verdict first
+    except RuntimeError:   # one PyTorch cannot copy (pass `eager_copy`): remat-ir's verdict first
         make_scheduled(model)
         raise
     scheduled = make_scheduled(model)

@@ -3491,40 +3491,39 @@ def _reparametrized(how: str, old: bool) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("how, instead", [
-    ("spectral_norm", "torch.nn.utils.parametrizations.spectral_norm"),
-    ("prune", "torch.nn.utils.parametrize.register_parametrization with a module multiplying"),
-])
-def test_a_hook_reparametrization_is_refused_with_the_parametrization_that_trains(how, instead):
-    """`torch.nn.utils.spectral_norm` and `prune` assign the weight from a forward
-    pre-hook (spectral_norm updating its vectors in place besides): refused naming the
-    module and the parametrization to use (the message was about random draws and
-    counters), which trains bitwise like eager. (`weight_norm`'s hook trains: below.)"""
+@pytest.mark.parametrize("how", ["weight_norm", "spectral_norm", "prune"])
+def test_parametrizations_train_bitwise_like_eager(how):
+    """`torch.nn.utils.parametrizations` (and a mask through `parametrize`) compute the
+    weight at every read: traced, and trained bitwise like eager."""
     x = torch.randn(4, 8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # weight_norm's deprecation
-        model = _reparametrized(how, old=True)
-    with pytest.raises(LoweringError, match=rf"module '0' of Sequential is reparametrized by "
-                                            rf"torch.nn.utils.{'prune' if how == 'prune' else how}, .*"
-                                            rf"Use {re.escape(instead)}"):
-        _remat(model, (x,))
     assert side_by_side(_reparametrized(how, old=False), lambda m: _remat(m, (x,), solver="recompute-all"),
                         (x,), {}, lambda out: out.square().mean(), steps=3) == {}
 
 
+#: How each hook is applied, and removed (the weight made a parameter again).
+_HOOKS = {
+    "weight_norm": (lambda m, **kw: torch.nn.utils.weight_norm(m, **kw), torch.nn.utils.remove_weight_norm),
+    "spectral_norm": (lambda m, **kw: torch.nn.utils.spectral_norm(m), torch.nn.utils.remove_spectral_norm),
+    "prune": (lambda m, **kw: torch.nn.utils.prune.l1_unstructured(m, "weight", 0.3),
+              lambda m: torch.nn.utils.prune.remove(m, "weight")),
+}
 
-class _WeightNormed(torch.nn.Module):
-    """Hook-based `torch.nn.utils.weight_norm` as audio models use it (HiFi-GAN, diffusers'
-    Oobleck): over a convolution's output channels, over a whole Linear (dim=None), and a
-    weight norm whose module is called twice (its hook computes the weight at each call)."""
 
-    def __init__(self, read_before: bool = False):
+class _HookReparametrized(torch.nn.Module):
+    """Forward pre-hooks that assign the weight at every call (`torch.nn.utils.weight_norm`
+    as audio models use it: HiFi-GAN, diffusers' Oobleck; `spectral_norm` in GAN
+    discriminators, its power iteration updating buffers in place; `prune`'s masks): on
+    a convolution, on a Linear called twice (its hook computes the weight at each call;
+    weight_norm over the whole weight there), and on a head."""
+
+    def __init__(self, how: str, read_before: bool = False):
         super().__init__()
+        apply = _HOOKS[how][0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # weight_norm's deprecation
-            self.conv = torch.nn.utils.weight_norm(torch.nn.Conv1d(4, 6, 3, padding=1))
-            self.mix = torch.nn.utils.weight_norm(torch.nn.Linear(6, 6), dim=None)
-            self.head = torch.nn.utils.weight_norm(torch.nn.Linear(6, 3))
+            self.conv = apply(torch.nn.Conv1d(4, 6, 3, padding=1))
+            self.mix = apply(torch.nn.Linear(6, 6), dim=None)
+            self.head = apply(torch.nn.Linear(6, 3))
         self.read_before = read_before
 
     def forward(self, x):
@@ -3535,38 +3534,41 @@ class _WeightNormed(torch.nn.Module):
         return self.head(h) + early
 
 
-def _weight_normed(read_before: bool = False) -> _WeightNormed:
+def _hooked(how: str, read_before: bool = False) -> _HookReparametrized:
     torch.manual_seed(0)
-    return _WeightNormed(read_before)
+    return _HookReparametrized(how, read_before)
 
 
-def test_hook_weight_norm_trains_bitwise_like_eager_under_random_schedules():
-    """`torch.nn.utils.weight_norm`'s forward pre-hook assigns the weight it computes from
-    `weight_g` and `weight_v` at every call; the graph computes it where the hook runs, so
-    any schedule trains bitwise like eager (it was refused: AutoencoderOobleck)."""
+@pytest.mark.parametrize("how", list(_HOOKS))
+def test_hook_reparametrizations_train_bitwise_like_eager_under_random_schedules(how):
+    """The hook's computation is traced into the graph where the hook runs (from the
+    hook's parameters and buffers; spectral_norm's vectors updated in place like any
+    buffer), so any schedule trains bitwise like eager (they were refused:
+    AutoencoderOobleck)."""
     x = torch.randn(2, 4, 8)
-    graph = lower_torch(_weight_normed(), (x,), cost_model="flops")
+    graph = lower_torch(_hooked(how), (x,), cost_model="flops")
     parameters = {entry.name for entry in graph.proto.inputs if graph.value(entry.value_id).kind == pb.PARAMETER}
-    assert parameters == {name for name, _ in _weight_normed().named_parameters()}   # weight_g, weight_v
+    assert parameters == {name for name, _ in _hooked(how).named_parameters()}   # weight_g, weight_orig...
     for seed in range(3):
         schedule = random_schedule(graph, random.Random(seed))
-        assert side_by_side(_weight_normed(), lambda m: ScheduledModule(m, graph, schedule), (x,), {},
-                            lambda out: out.square().mean(), steps=3, eager_copy=_weight_normed) == {}
+        assert side_by_side(_hooked(how), lambda m: ScheduledModule(m, graph, schedule), (x,), {},
+                            lambda out: out.square().mean(), steps=3, eager_copy=lambda: _hooked(how)) == {}
 
 
-def test_hook_weight_norm_leaves_the_weight_eagers_call_leaves():
-    """After each call the module holds the weight computed from the parameters the call
-    ran with, as after eager's: bitwise, with a gradient path (code reading
-    `module.weight` after a step, `remove_weight_norm`, finds eager's); removing the hook
-    between steps is planned for and trains like eager."""
+@pytest.mark.parametrize("how", list(_HOOKS))
+def test_hook_reparametrizations_leave_the_weight_eagers_call_leaves(how):
+    """After each call the module holds the weight computed from the parameters and
+    buffers the call ran with, as after eager's: bitwise, with a gradient path (code
+    reading `module.weight` after a step finds eager's); removing the hook between steps
+    (as before exporting a model) is planned for and trains like eager."""
     x = torch.randn(2, 4, 8)
-    eager, model = _weight_normed(), _weight_normed()
+    eager, model = _hooked(how), _hooked(how)
     scheduled = _remat(model, (x,), budget="80%")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, model)]
     for step in range(3):
-        if step == 2:   # as before exporting for inference: the weight becomes a parameter
+        if step == 2:   # the weight made a parameter again
             for m in (eager, model):
-                torch.nn.utils.remove_weight_norm(m.head)
+                _HOOKS[how][1](m.head)
             optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
         losses = [run(x).square().mean() for run in (eager, scheduled)]
         for loss in losses:
@@ -3577,20 +3579,27 @@ def test_hook_weight_norm_leaves_the_weight_eagers_call_leaves():
             assert torch.equal(*held) and held[1].requires_grad == held[0].requires_grad, (step, path)
         for (name, p), q in zip(eager.named_parameters(), model.parameters()):
             assert torch.equal(p.grad, q.grad), (step, name)
+        for (name, b), c in zip(eager.named_buffers(), model.buffers()):
+            assert torch.equal(b, c), (step, name)
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
 
 
-def test_hook_weight_norms_weight_read_before_its_module_runs_is_refused_by_name():
+@pytest.mark.parametrize("how, instead", [
+    ("weight_norm", "torch.nn.utils.parametrizations.weight_norm"),
+    ("spectral_norm", "torch.nn.utils.parametrizations.spectral_norm"),
+    ("prune", "a mask through torch.nn.utils.parametrize"),
+])
+def test_a_hooks_weight_read_before_its_module_runs_is_refused_by_name(how, instead):
     """Read before its module's hook runs, the weight is the previous call's in eager,
-    which no graph of one call holds: refused naming the weight and the way out (the
-    message advised making it a parameter)."""
+    which no graph of one call holds: refused naming the weight, the hook and the way
+    out (the message advised making it a parameter)."""
     x = torch.randn(2, 4, 8)
-    with pytest.raises(LoweringError, match=r"_WeightNormed's forward reads head.weight before head runs: "
-                                            r"it is the weight torch.nn.utils.weight_norm's hook computes.*"
-                                            r"Read it after calling head"):
-        _remat(_weight_normed(read_before=True), (x,))
+    with pytest.raises(LoweringError, match=rf"_HookReparametrized's forward reads head.weight before head "
+                                            rf"runs: it is the weight torch.nn.utils.{how}'s hook computes.*"
+                                            rf"Read it after calling head, or use {re.escape(instead)}"):
+        _remat(_hooked(how, read_before=True), (x,))
 
 class _Tokens(torch.nn.Module):
     """Integer inputs (a call's signature does not follow the parameters' dtype) and a
