@@ -56,6 +56,9 @@ def mark_input_gradient_sums(graph: Graph) -> None:
     (the module docstring) and clear it everywhere else."""
     names = {e.name: e.value_id for e in graph.proto.inputs}
     edges = _edges(graph)
+    # A parameter written in place under no_grad (`nn.Embedding(max_norm=...)`): its readers
+    # after the write read the new value in the graph, the parameter itself in eager.
+    written = {o.name: o.value_id for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
     keep: set[int] = set()
     for output in graph.proto.outputs:
         if output.role not in GRADIENT_ROLES or output.name not in names:
@@ -66,7 +69,7 @@ def mark_input_gradient_sums(graph: Graph) -> None:
             value = graph.node(back).args[0].tensor
             tensor = next((graph.node(n).outputs[0] for n in graph.users(tensor)
                            if graph.node(n).phase == pb.FORWARD), tensor)
-        sums = edges.get(tensor, 0) - 1
+        sums = edges.get(tensor, 0) + edges.get(written.get(output.name), 0) - 1
         while sums > 0:
             producer = graph.producer(value)
             if producer is None or not graph.node(producer).accumulates_gradient:

@@ -192,11 +192,12 @@ def data_error(model: str, uses: list[tuple[str, int, str]]) -> LoweringError:
 
 
 def mutation_error(mutated) -> str:
-    """What to say of a forward that writes into a parameter or an input in place (buffers
-    are updated as eager does)."""
+    """What to say of a forward that writes into a parameter or an input in place (buffers,
+    and parameters written under no_grad, are updated as eager does)."""
     if type(mutated).__name__ == "ParamAOTInput":
-        what = (f"parameter {mutated.target!r} (as nn.Embedding with max_norm does to the rows "
-                f"it looks up, or a clamp under torch.no_grad)")
+        # Under no_grad (nn.Embedding's max_norm, a clamp) the write is copied in after the
+        # forward, as a buffer's update; refused where a gradient would pass through it.
+        what = f"parameter {mutated.target!r}, with gradients through the write,"
     else:
         what = f"its input {getattr(mutated, 'idx', mutated)}"
     return (f"the model's forward writes into {what} in place; remat-ir's step hands over "

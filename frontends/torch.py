@@ -747,6 +747,8 @@ class _Lowering:
         self.storage_of: dict[int, int] = {}                   # fake storage cdata -> IR storage
         self.checked: list[torch.Tensor] = []   # value checks' empty results (`add_check`)
         self.tokens: set[torch.fx.Node] = set()   # effect tokens of checks (`effect`)
+        #: Tangents of parameters' new values, zero at every step (`placeholder`).
+        self.zero_tangents: set[torch.fx.Node] = set()
         self.forward_by_seq: dict[int, int] = {}
         #: User outputs the trace fixed (None, a number, a string), by flat output position.
         self.constant_outputs: dict[int, object] = {}
@@ -831,6 +833,16 @@ class _Lowering:
             # desc.idx counts the leaves of (args, kwargs) flattened: the caller's position.
             vid = self.new_value(f"input{desc.idx}", fake, "user_input")
             self.g.add_input(vid, f"input{desc.idx}", position=desc.idx)
+        elif kind_name == "TangentAOTInput" and type(desc.output).__name__ == "InputMutationAOTOutput":
+            # The gradient of a parameter's new value (written under no_grad). AOTAutograd adds
+            # it to the parameter's gradient as if the new value were an output, but nothing
+            # takes a gradient of it: zero, and the sum is the other term (eager's gradient;
+            # adding a zero would turn its -0.0s into +0.0s). Read otherwise, it would carry
+            # gradients through the write, which the step cannot give.
+            if any(not _adds_to_another(user, node) for user in node.users):
+                raise LoweringError(mutation_error(desc.output.mutated_input))
+            self.zero_tangents.add(node)
+            return
         elif kind_name == "TangentAOTInput":
             vid = self.new_value(f"grad_{node.name}", fake, "gradient")
             self.pending_tangents.append((vid, desc))
@@ -869,6 +881,10 @@ class _Lowering:
 
     def call(self, node: torch.fx.Node) -> None:
         target = node.target
+        zero = next((a for a in node.args if a in self.zero_tangents), None)
+        if zero is not None:   # `zero + gradient` (`placeholder`): the gradient itself
+            self.value_of[node] = self.tensor_id(next(a for a in node.args[:2] if a is not zero))
+            return
         if target is operator.getitem:
             parent, index = node.args
             if parent in self.tokens:   # a check's new token (`effect`)
@@ -1000,8 +1016,18 @@ class _Lowering:
                     self.g.add_output(vid, "parameter_gradient", of.target)
                 else:
                     self.g.add_output(vid, "input_gradient", f"input{of.idx}")
-            elif kind_name == "InputMutationAOTOutput" and type(desc.mutated_input).__name__ == "BufferAOTInput":
+            elif kind_name == "InputMutationAOTOutput" and type(desc.mutated_input).__name__ in (
+                    "BufferAOTInput", "ParamAOTInput"):
+                # A parameter written in place under no_grad (nn.Embedding's max_norm renorm,
+                # a clamp): its new value is copied in after the forward, as a buffer's. Its
+                # readers run in the forward only: read again in the backward (a copy of its
+                # old value), it took its gradient parts otherwise than eager's engine, 7e-8
+                # off where a loss reads the parameter too (found by random schedules).
                 self.g.add_output(vid, "buffer_update", desc.mutated_input.target)
+                if type(desc.mutated_input).__name__ == "ParamAOTInput":
+                    written = next(e.value_id for e in self.g.proto.inputs if e.name == desc.mutated_input.target)
+                    for reader in self.g.users(written):
+                        self.g.node(reader).non_recomputable = True
             elif kind_name == "InputMutationAOTOutput":
                 raise LoweringError(mutation_error(desc.mutated_input))
             else:
@@ -1035,6 +1061,16 @@ class _Lowering:
                 raise LoweringError(f"FX node {node.name!r} of kind {node.op!r} "
                                     f"({node.target}) is not supported")
         return self.g
+
+
+def _adds_to_another(node: torch.fx.Node, tangent: torch.fx.Node) -> bool:
+    """Whether `node` is `tangent + other` (either order) of `tangent`'s shape and dtype."""
+    if node.target is not torch.ops.aten.add.Tensor or len(node.args) != 2 or node.kwargs:
+        return False
+    other = node.args[1] if node.args[0] is tangent else node.args[0]
+    value, mine = getattr(other, "meta", {}).get("val"), tangent.meta.get("val")
+    return (other is not tangent and isinstance(value, torch.Tensor) and value.shape == mine.shape
+            and value.dtype == mine.dtype)
 
 
 def _device_of(example_inputs) -> torch.device:

@@ -121,7 +121,7 @@ def snapshot_buffers(graph: Graph, schedule: pb.Schedule) -> list[int]:
             frozenset(e.value_id for e in graph.proto.inputs if e.name in updated),
             frozenset(e.value_id for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.BUFFER))
     updated, buffers = derived
-    if not buffers:
+    if not (buffers or updated):   # updated: parameters written in place too
         return []
     read: set[int] = set()
     for step in schedule.steps[schedule.backward_start:]:

@@ -2209,8 +2209,7 @@ class _Refused(torch.nn.Module):
         super().__init__()
         self.kind = kind
         self.linear = torch.nn.Linear(4, 4)
-        self.embedding = torch.nn.Embedding(10, 4, sparse=kind == "sparse",
-                                            max_norm=1.0 if kind == "max_norm" else None)
+        self.embedding = torch.nn.Embedding(10, 4, sparse=kind == "sparse")
         self.generator = torch.Generator().manual_seed(0)
 
     def forward(self, x, ids):
@@ -2221,7 +2220,6 @@ class _Refused(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind, message", [
-    ("max_norm", r"writes into parameter 'embedding.weight' .* in place; .*outside the forward"),
     ("sparse", r"is a torch.sparse_coo tensor; .*sparse=False"),
     ("own_generator", r"draws random numbers from a torch.Generator of its own \(generator= in "
                       r"aten.rand.generator\)")])
@@ -2230,6 +2228,52 @@ def test_constructs_the_trace_cannot_train_are_refused_with_what_to_do(kind, mes
     (ForwardTokenAOTInput), an AOTAutograd output kind or a sparse tensor's storage."""
     with pytest.raises(LoweringError, match=message):
         _remat(_Refused(kind), (torch.randn(4, 4), torch.randint(0, 10, (4,))))
+
+
+class _WritesParameters(torch.nn.Module):
+    """Writes into its parameters in place in the forward, per `kind`: nn.Embedding's
+    max_norm renormalizes the rows it looks up (its weight tied to the head's, which then
+    reads the new rows), a clamp and a decay under no_grad (the decay is no projection:
+    computed again from the written weight, it would differ), a write through `.data`."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.embedding = torch.nn.Embedding(10, 8, max_norm=0.5 if kind == "max_norm" else None)
+        self.linear, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 10)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, ids):
+        with torch.no_grad():
+            if self.kind == "clamp":
+                self.linear.weight.clamp_(-0.2, 0.2)
+            elif self.kind == "decay":
+                self.linear.weight.mul_(0.9)
+        if self.kind == "data":
+            self.linear.weight.data.mul_(0.5)
+        h = torch.tanh(self.linear(self.embedding(ids)))
+        return self.head(h)
+
+
+@pytest.mark.parametrize("kind", ["max_norm", "clamp", "decay", "data"])
+def test_a_parameter_written_in_place_in_the_forward_trains_like_eager(kind):
+    """A parameter written in place in the forward (nn.Embedding(max_norm=...), a clamp or
+    a decay under no_grad, a write through `.data`): the new value is copied in after
+    the forward, as a buffer's update; a backward computing from the parameter again
+    reads its value before the write; the gradient is the reads' alone (AOTAutograd adds
+    the write's tangent, which no loss has). Bitwise like eager under random schedules
+    and `remat()`; they were refused."""
+    ids = torch.randint(0, 10, (4, 6))
+    torch.manual_seed(0)
+    graph = lower_torch(_WritesParameters(kind), (ids,), cost_model="flops")
+    updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
+    assert updated == {"embedding.weight" if kind == "max_norm" else "linear.weight"}
+    makers = [lambda m, seed=seed: ScheduledModule(m, graph, random_schedule(graph, random.Random(seed)))
+              for seed in range(3)]
+    for make in makers + [lambda m: _remat(m, (ids,), budget="90%")]:
+        torch.manual_seed(0)
+        assert side_by_side(_WritesParameters(kind), make, (ids,), {},
+                            lambda out: F.cross_entropy(out.flatten(0, 1), ids.flatten()), steps=3) == {}
 
 
 @pytest.mark.parametrize("how", ["in place", "set_", "data assigned"])
@@ -2360,8 +2404,6 @@ class _UsesData(torch.nn.Module):
             h.data = h.data * 2
         elif self.kind == "assign_detach":
             h.detach().copy_(h.detach() * 2)
-        elif self.kind == "write_parameter":
-            self.b.weight.data.mul_(0.5)
         return self.c(torch.tanh(self.b(h)))
 
 
@@ -2385,18 +2427,16 @@ def test_data_in_forward_is_refused_by_line_and_its_detach_form_trains_like_eage
     assert side_by_side(_UsesData(kind), detached, (x,), {}, lambda out: (out ** 2).sum()) == {}
 
 
-def test_a_parameters_data_read_in_forward_trains_like_eager_and_a_write_through_it_is_refused():
+def test_a_parameters_data_read_in_forward_trains_like_eager():
     """A parameter's `.data` read is its `.detach()` (peft's HRA reads its frozen base weight
-    so, and was refused); a write through it is refused naming the parameter."""
+    so, and was refused); a write through it trains too
+    (`test_a_parameter_written_in_place_in_the_forward_trains_like_eager`)."""
     x = torch.randn(4, 8)
     torch.manual_seed(0)
     errors = side_by_side(_UsesData("read_parameter"),
                           lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                           lambda out: (out ** 2).sum(), tolerance=1e-30)
     assert errors == {}
-    with pytest.raises(LoweringError, match=r"writes into parameter 'b.weight' .*in place.*Do it "
-                                            r"outside the forward"):
-        _remat(_UsesData("write_parameter"), (x,))
 
 
 #: A counter a forward advances outside its modules' attributes (`_Effects`).
