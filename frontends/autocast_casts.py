@@ -110,6 +110,7 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
     order = {n: i for i, n in enumerate(graph.nodes)}
     rewritten = 0
     for position, desc in enumerate(descs):
+        _refuse_cast_writes(desc, results[position] if position < len(results) else None)
         grad_of = getattr(desc, "grad_of", None)
         gradient = results[position] if position < len(results) else None
         if grad_of is None or not isinstance(gradient, torch.fx.Node):
@@ -169,6 +170,24 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
         _erase_tree(graph, gradient)
         rewritten += 1
     return recompiled(module, rewritten)
+
+
+def _refuse_cast_writes(desc, written) -> None:
+    """LoweringError for a parameter written in place in the forward (under no_grad: a
+    clamp, nn.Embedding's max_norm) whose new value autocast casts: eager caches the cast of
+    the parameter itself and sums its readers' gradients in the autocast dtype, which the
+    rewrite above does for primals only; the graph summed otherwise (bits off eager's,
+    found by a search over random networks under bfloat16)."""
+    mutated = getattr(desc, "mutated_input", None)
+    if type(mutated).__name__ != "ParamAOTInput" or not isinstance(written, torch.fx.Node):
+        return
+    if any(_autocast_cast(user, written) for user in written.users):
+        raise LoweringError(
+            f"the forward writes into parameter {mutated.target!r} in place and autocast casts "
+            f"its new value: eager sums its readers' gradients in the autocast dtype through one "
+            f"cached cast, which remat-ir does not reproduce for a written parameter. Write it "
+            f"outside the forward (after optimizer.step(), under torch.no_grad), or call the "
+            f"model outside torch.autocast")
 
 
 def _share_beside_one_direct_part(graph: torch.fx.Graph, gradient: torch.fx.Node, casts: list,

@@ -9,6 +9,8 @@ whose forward draws."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from hypothesis import strategies as st
 
@@ -21,7 +23,9 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "no_grad_mul", "inference_mul", "straight_through", "function_square", "function_dropout",
           # saved indices of the data (ties, sorts, gathers), shifted and strided views:
           "topk_scatter", "amax_ties", "sort_cummax", "logsumexp", "roll_flip", "var_scale",
-          "embed_argmax", "unfold_prod", "abs_pow")
+          "embed_argmax", "unfold_prod", "abs_pow",
+          # a parameter written in place under no_grad, then read twice:
+          "decay_linear")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -102,6 +106,11 @@ class RandomNet(torch.nn.Module):
         # accumulates rows that the indices repeat).
         self.embeds = torch.nn.ModuleList(torch.nn.Embedding(width, width)
                                           for op, _ in program if op == "embed_argmax")
+        # decay_linear: a Linear whose weight the forward decays in place under no_grad (as
+        # a clamp or nn.Embedding's max_norm writes), then read by the Linear and a product:
+        # the write is an update copied in after the forward, the gradient two reads' sum.
+        self.decay_linears = torch.nn.ModuleList(torch.nn.Linear(width, width)
+                                                 for op, _ in program if op == "decay_linear")
         # permute_columns: an index with a constant permutation (its backward scatters).
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
@@ -116,6 +125,7 @@ class RandomNet(torch.nn.Module):
         """The input, then each op's result."""
         values, linears, norms = [x], iter(self.linears), iter(self.norms)
         cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
+        decay_linears = iter(self.decay_linears)
         channel_norms, embeds = iter(self.channel_norms), iter(self.embeds)
         half = x.shape[-1] // 2
         for op, inputs in self.program:
@@ -135,6 +145,11 @@ class RandomNet(torch.nn.Module):
                 y = torch.softmax(a, dim=-1)
             elif op == "linear":
                 y = next(linears)(a)
+            elif op == "decay_linear":
+                decayed = next(decay_linears)
+                with torch.no_grad():
+                    decayed.weight.mul_(0.99)
+                y = decayed(a) + a @ decayed.weight
             elif op == "sigmoid_mul":
                 y = a * torch.sigmoid(a)
             elif op == "add":
@@ -254,3 +269,30 @@ def programs(draw):
     if not any(program[i - 1][0] == "linear" for i in output_values(program)):
         program.append(("linear", (len(program),)))
     return program
+
+
+def lowered_under(forward_context, model: torch.nn.Module, args: tuple):
+    """`model` lowered under `forward_context()` (autocast), or None, with the hypothesis
+    event saying why, where remat-ir says its gradients' last bits may differ from
+    eager's (an input read through several autocast casts and directly: `autocast_casts`
+    warns) or refuses the graph (a `decay_linear` weight, written in the forward, whose
+    new value autocast casts)."""
+    from hypothesis import event
+
+    from remat_ir.frontends.torch import LoweringError
+    from remat_ir.lowering import lower_torch
+
+    with forward_context(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            graph = lower_torch(model, args, cost_model="flops")
+        except LoweringError as refused:
+            if "autocast casts its new value" not in str(refused):
+                raise
+            event("a written parameter cast by autocast (refused)")
+            return None
+    if any("also used otherwise" in str(w.message) for w in caught):
+        event("autocast cache not replicated (warned)")
+        return None
+    return graph
+

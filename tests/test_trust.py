@@ -2276,6 +2276,17 @@ def test_a_parameter_written_in_place_in_the_forward_trains_like_eager(kind):
                             lambda out: F.cross_entropy(out.flatten(0, 1), ids.flatten()), steps=3) == {}
 
 
+def test_a_parameter_written_in_the_forward_and_cast_by_autocast_is_refused_with_what_to_do():
+    """Under autocast eager casts the parameter once (its cache) and sums the readers'
+    gradients in bfloat16; for a written parameter the graph summed otherwise (a search
+    found its bits off): refused, saying how to train it."""
+    ids = torch.randint(0, 10, (4, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            pytest.raises(LoweringError, match=r"writes into parameter 'linear.weight' in place and autocast "
+                                               r"casts its new value: .*outside the forward"):
+        _remat(_WritesParameters("clamp"), (ids,))
+
+
 @pytest.mark.parametrize("how", ["in place", "set_", "data assigned"])
 @pytest.mark.parametrize("written", ["input", "parameter"])
 def test_a_tensor_written_between_forward_and_backward_is_refused_where_the_backward_reads_it(written, how):
