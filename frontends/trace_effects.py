@@ -478,4 +478,3 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         _placeholders_kept_by_hooks(model, found)   # before their stores are put back
         outside_state.placeholders_left(outside, found)
         outside_state.clear_grown(caches)
-
