@@ -56,8 +56,6 @@ Wav2Vec2-Conformer bitwise after a first call; 428 bitwise outcomes, 52 refused.
 from __future__ import annotations
 
 import argparse
-import copy
-import functools
 import json
 import os
 import random
@@ -161,17 +159,6 @@ def run_family(library: str, name: str, modes=MODES) -> dict:
     def after_a_call(fresh):
         return randomly(fresh, fresh)
 
-    def eager_twin(model, mode):
-        """Eager's side: a copy, or where PyTorch cannot copy the model (a hook-based
-        `weight_norm` holds a non-leaf weight) the model built again as `model` was."""
-        try:
-            return copy.deepcopy(model)
-        except RuntimeError:
-            twin = build()[0]
-            if mode == "called":
-                called(twin)
-            return twin
-
     makers = {"random": random_plan, "planned": planned, "called": after_a_call}
     for mode in modes:
         start = time.perf_counter()
@@ -180,8 +167,7 @@ def run_family(library: str, name: str, modes=MODES) -> dict:
             if mode == "called":
                 called(model)
             row[mode] = _errors(side_by_side(model, makers[mode], args, kwargs, loss_of, steps=2,
-                                             tolerance=1.0,
-                                             eager_copy=functools.partial(eager_twin, model, mode)))
+                                             tolerance=1.0))
         except LookupError as missing:
             row[mode] = f"no plan: {missing}"
         except Exception as exc:  # noqa: BLE001  every outcome is a row

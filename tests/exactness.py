@@ -30,6 +30,7 @@ from remat_ir import ir
 from remat_ir.ir import rng
 from remat_ir.ir import pb
 from remat_ir.solvers.offload import idle_gaps, with_round_trips
+from remat_ir.torchlib.hook_reparametrizations import assign_weights, hook_reparametrizations
 
 
 #: What the random-schedule property tests draw (`random_schedule`'s shares and the
@@ -113,11 +114,31 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
+def copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of `model`, also where a forward pre-hook holds a computed weight on a
+    module (`torch.nn.utils.weight_norm`, `spectral_norm`, `prune`), which PyTorch refuses
+    to deepcopy (a tensor that is not a leaf): the weights are left out of the copy and
+    computed again on it by the hooks' own functions (`torchlib.hook_reparametrizations`),
+    which give their bits again from the copied parameters and buffers."""
+    held = {}   # "path.name" -> (module, name, weight) of the weights a call computed
+    for key, (module, _) in hook_reparametrizations(model).items():
+        name = key.rpartition(".")[2]
+        weight = module.__dict__.get(name)
+        if isinstance(weight, torch.Tensor) and not weight.is_leaf:
+            held[key] = (module, name, module.__dict__.pop(name))
+    try:
+        copied = copy.deepcopy(model)
+    finally:
+        for module, name, weight in held.values():
+            module.__dict__[name] = weight
+    assign_weights({key: hooked for key, hooked in hook_reparametrizations(copied).items() if key in held})
+    return copied
+
+
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
                  model_scale: bool = False, forward_context=contextlib.nullcontext,
-                 backward_context=contextlib.nullcontext, outside: bool = True,
-                 eager_copy=None) -> dict[str, float]:
+                 backward_context=contextlib.nullcontext, outside: bool = True) -> dict[str, float]:
     """Train `model` (a deep copy, eagerly) and `make_scheduled(model)` side by side.
 
     Returns {what: relative error} for every output, gradient and buffer that is not
@@ -142,13 +163,10 @@ def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: di
     in eager's order around that contribution (`runtimes/gradient_parts.py`), which a
     loss of the outputs alone does not check (a gradient handed whole is then bitwise
     eager's too: an offloaded running sum and weights tied after lowering were found so,
-    2026-12-02).
-
-    `eager_copy()`: the model built again, for eager's side, where PyTorch cannot deepcopy
-    it (a hook-based `weight_norm` holds a non-leaf weight)."""
+    2026-12-02)."""
     try:
-        eager = copy.deepcopy(model) if eager_copy is None else eager_copy()
-    except RuntimeError:   # one PyTorch cannot copy (pass `eager_copy`): remat-ir's verdict first
+        eager = copy_model(model)
+    except RuntimeError:   # one PyTorch cannot copy: remat-ir's verdict first
         make_scheduled(model)
         raise
     scheduled = make_scheduled(model)

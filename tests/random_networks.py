@@ -24,8 +24,8 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           # saved indices of the data (ties, sorts, gathers), shifted and strided views:
           "topk_scatter", "amax_ties", "sort_cummax", "logsumexp", "roll_flip", "var_scale",
           "embed_argmax", "unfold_prod", "abs_pow",
-          # a parameter written in place under no_grad, then read twice:
-          "decay_linear")
+          # a parameter written in place under no_grad, then read twice; a hook's weight:
+          "decay_linear", "weight_norm_linear")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -111,6 +111,13 @@ class RandomNet(torch.nn.Module):
         # the write is an update copied in after the forward, the gradient two reads' sum.
         self.decay_linears = torch.nn.ModuleList(torch.nn.Linear(width, width)
                                                  for op, _ in program if op == "decay_linear")
+        # weight_norm_linear: a Linear under the hook-based `torch.nn.utils.weight_norm`,
+        # whose pre-hook computes the weight from `weight_g` and `weight_v` at every call.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # its deprecation
+            self.weight_norm_linears = torch.nn.ModuleList(
+                torch.nn.utils.weight_norm(torch.nn.Linear(width, width))
+                for op, _ in program if op == "weight_norm_linear")
         # permute_columns: an index with a constant permutation (its backward scatters).
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
@@ -125,7 +132,7 @@ class RandomNet(torch.nn.Module):
         """The input, then each op's result."""
         values, linears, norms = [x], iter(self.linears), iter(self.norms)
         cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
-        decay_linears = iter(self.decay_linears)
+        decay_linears, weight_norm_linears = iter(self.decay_linears), iter(self.weight_norm_linears)
         channel_norms, embeds = iter(self.channel_norms), iter(self.embeds)
         half = x.shape[-1] // 2
         for op, inputs in self.program:
@@ -145,6 +152,8 @@ class RandomNet(torch.nn.Module):
                 y = torch.softmax(a, dim=-1)
             elif op == "linear":
                 y = next(linears)(a)
+            elif op == "weight_norm_linear":
+                y = next(weight_norm_linears)(a)
             elif op == "decay_linear":
                 decayed = next(decay_linears)
                 with torch.no_grad():

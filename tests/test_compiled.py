@@ -11,7 +11,6 @@ instead of compiled, random schedules must stay bitwise equal to eager.
 
 from __future__ import annotations
 
-import copy
 import random
 import re
 
@@ -32,7 +31,7 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
-from exactness import (DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule, relative_error,
+from exactness import (DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, copy_model, lowered, random_schedule, relative_error,
                        side_by_side)
 from slow import some_slow
 from random_networks import RandomNet, programs
@@ -161,7 +160,7 @@ def test_inductor_backend_matches_torch_compile():
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    reference = torch.compile(copy.deepcopy(model))
+    reference = torch.compile(copy_model(model))
     scheduled = remat_ir.remat(model, args, "70%", cost_model="flops", time_limit_s=5,
                                backend="inductor")
     loss_of(reference(*args, **kwargs)).backward()
@@ -189,7 +188,7 @@ def test_steps_whose_losses_read_other_outputs_run_compiled():
     review: `expected size 4==4, stride 0==512`). Gradients match eager's at each step."""
     torch.manual_seed(0)
     model, x = _TwoHeads(), torch.randn(4, 8, 8)
-    eager = copy.deepcopy(model)
+    eager = copy_model(model)
     scheduled = remat_ir.remat(model, (x,), None, cost_model="flops", backend="inductor")
     losses = [lambda y, z: y.square().mean() + z.mean(), lambda y, z: y.square().mean(),
               lambda y, z: z.mean(), lambda y, z: y.square().mean() + z.mean()]
@@ -508,7 +507,7 @@ def test_parts_compiled_in_place_or_as_functions_are_said_too(capsys):
     x = torch.randn(4, 8)
     torch.manual_seed(0)
     model = _CompiledParts()
-    uncompiled = copy.deepcopy(model)
+    uncompiled = copy_model(model)
     uncompiled.second._compiled_call_impl = None
     uncompiled.act = torch.tanh
     from remat_ir.frontends.compiled_parts import compiled_parts
@@ -611,7 +610,7 @@ def test_every_region_of_a_transposed_log_softmax_compiles(capsys):
     torch.manual_seed(0)
     x, weights = torch.randn(3, 10, 8), torch.randn(10, 3, 6)
     model = _TransposedLogSoftmax()
-    eager = copy.deepcopy(model)
+    eager = copy_model(model)
     scheduled = remat_ir.remat(model, (x, weights), solver="recompute-all", cost_model="flops",
                                backend="inductor")
     scheduled(x, weights).backward()

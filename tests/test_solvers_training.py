@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections import Counter
 
 import pytest
@@ -20,7 +19,7 @@ from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
-from exactness import DEVICES, side_by_side
+from exactness import DEVICES, copy_model, side_by_side
 from random_networks import RandomNet, programs
 from strategies import search
 
@@ -33,7 +32,7 @@ def train_and_compare(model, args, kwargs, loss_of, cost_model="flops", *, plann
     convolutions) must be planned on "profile" costs for the measured peak to meet the budget.
     `planned`: (graph, schedule) of `model` lowered and planned by the caller, trained
     through `ScheduledModule` instead."""
-    eager = copy.deepcopy(model)
+    eager = copy_model(model)
     scheduled = (ScheduledModule(model, *planned) if planned is not None else
                  remat_ir.remat(model, args, example_kwargs=kwargs, cost_model=cost_model,
                                 **remat_options))
@@ -111,7 +110,7 @@ def test_llama_at_the_least_memory_of_recompute_all_trains_like_eager_at_chain_s
     from remat_ir.solvers.structure import TrainingGraph
 
     model, args, kwargs, loss_of = llama()
-    graph = lower_torch(copy.deepcopy(model), args, example_kwargs=kwargs, cost_model="flops")
+    graph = lower_torch(copy_model(model), args, example_kwargs=kwargs, cost_model="flops")
     budget = int(recompute_everything(TrainingGraph(graph)).predicted_peak_bytes * 1.02)
     # Planned as `remat(..., budget=budget, solver="rotor")` would, on the graph lowered
     # once (a second lowering of this Llama took 10 s on a loaded 2-core machine).

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import random
 import re
 import subprocess
@@ -16,10 +15,11 @@ from hypothesis import example, given
 
 import remat_ir
 from remat_ir import ir, solvers
+from remat_ir.ir import pb
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
-from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, lowered, random_schedule
+from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, copy_model, lowered, random_schedule
 from random_networks import RandomNet, programs
 from strategies import search
 from torch_models import gpt2, resnet, unet
@@ -71,7 +71,13 @@ def test_random_schedules_measure_the_peak_they_simulate(name, seed, recompute, 
         scheduled.zero_grad(set_to_none=True)
         measured = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
     assert measured <= simulated + max(64, simulated // 200), (measured, simulated)
-    assert measured >= 0.9 * simulated, (measured, simulated)
+    # Known, on the safe side: the simulator holds a parameter's new value (written in the
+    # forward, `decay_linear`) to the end of the step, as it holds every buffer update; the
+    # runtime frees it once copied in after the forward.
+    parameters = {e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER}
+    written = sum(graph.storage_bytes(graph.value(o.value_id).storage_id) for o in graph.proto.outputs
+                  if o.role == pb.BUFFER_UPDATE and o.name in parameters)
+    assert measured >= 0.9 * simulated - written, (measured, simulated, written)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -107,7 +113,13 @@ def test_random_networks_measure_the_peak_they_simulate(device, program, seed, r
         scheduled.zero_grad(set_to_none=True)
         measured = measure_peak(lambda: scheduled(x).backward(), device).peak_bytes
     assert measured <= simulated + max(64, simulated // 200), (measured, simulated)
-    assert measured >= 0.9 * simulated, (measured, simulated)
+    # Known, on the safe side: the simulator holds a parameter's new value (written in the
+    # forward, `decay_linear`) to the end of the step, as it holds every buffer update; the
+    # runtime frees it once copied in after the forward.
+    parameters = {e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER}
+    written = sum(graph.storage_bytes(graph.value(o.value_id).storage_id) for o in graph.proto.outputs
+                  if o.role == pb.BUFFER_UPDATE and o.name in parameters)
+    assert measured >= 0.9 * simulated - written, (measured, simulated, written)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -141,7 +153,7 @@ def test_gpt2_file_is_self_contained(tmp_path):
     (GPT-2's GELU) gives other last bits in about one process in ten with two threads (none
     in 40 with MKL_NUM_THREADS=1), eager against eager, whatever remat-ir does."""
     model, _, kwargs, loss_of = gpt2()
-    eager = copy.deepcopy(model)
+    eager = copy_model(model)
     scheduled = remat_ir.remat(model, (), example_kwargs=kwargs, solver="recompute-all",
                                cost_model="flops")
     path = ir.save(scheduled.graph, tmp_path / "gpt2.rir")
@@ -153,7 +165,7 @@ def test_gpt2_file_is_self_contained(tmp_path):
         from remat_ir.runtimes.torch import ScheduledModule
         from torch_models import gpt2
         model, _, _, loss_of = gpt2()
-        eager = copy.deepcopy(model)
+        eager = copy_model(model)
         graph = ir.load({str(path)!r})
         (schedule,) = [s for s in graph.schedules if s.name == "recompute-all"]
         module = ScheduledModule(model, graph, schedule)

@@ -7,7 +7,6 @@ storage all that time."""
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
@@ -19,7 +18,7 @@ from remat_ir.frontends.torch import lower
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
-from exactness import SCHEDULE_DRAWS, random_schedule, side_by_side
+from exactness import SCHEDULE_DRAWS, copy_model, random_schedule, side_by_side
 from strategies import search
 
 
@@ -101,7 +100,7 @@ def test_random_schedules_with_copies_train_like_eager(seed, recompute, defer, g
     graph = lower_torch(model, (x,), cost_model="flops")
     assert any(n.op == "aten.clone.default" and n.phase == ir.pb.BACKWARD for n in graph.proto.nodes)
     schedule = random_schedule(graph, random.Random(seed), recompute_share=recompute, defer_share=defer)
-    errors = side_by_side(copy.deepcopy(model), lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
+    errors = side_by_side(copy_model(model), lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
                           (x,), {}, lambda out: out, steps=2)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
