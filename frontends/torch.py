@@ -881,7 +881,8 @@ class _Lowering:
 
     def call(self, node: torch.fx.Node) -> None:
         target = node.target
-        zero = next((a for a in node.args if a in self.zero_tangents), None)
+        zero = next((a for a in node.args if isinstance(a, torch.fx.Node) and a in self.zero_tangents),
+                    None) if self.zero_tangents else None
         if zero is not None:   # `zero + gradient` (`placeholder`): the gradient itself
             self.value_of[node] = self.tensor_id(next(a for a in node.args[:2] if a is not zero))
             return

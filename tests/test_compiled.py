@@ -31,8 +31,8 @@ from remat_ir.runtimes.torch import ScheduledModule
 from remat_ir.solvers import InfeasibleBudget
 
 import zoo_models
-from exactness import (DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, copy_model, lowered, random_schedule, relative_error,
-                       side_by_side)
+from exactness import (DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, copy_model, lowered, random_schedule,
+                       relative_error, side_by_side)
 from slow import some_slow
 from random_networks import RandomNet, programs
 from strategies import search

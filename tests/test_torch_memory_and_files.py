@@ -165,7 +165,7 @@ def test_gpt2_file_is_self_contained(tmp_path):
         from remat_ir.runtimes.torch import ScheduledModule
         from torch_models import gpt2
         model, _, _, loss_of = gpt2()
-        eager = copy_model(model)
+        eager = copy.deepcopy(model)
         graph = ir.load({str(path)!r})
         (schedule,) = [s for s in graph.schedules if s.name == "recompute-all"]
         module = ScheduledModule(model, graph, schedule)
