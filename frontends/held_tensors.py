@@ -193,12 +193,12 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
         hooked = hook_weights.get(shown(*place)) if place is not None else None
         if hooked is not None:
             owner = place[0] or type(model).__name__
-            applied, instead, *_ = kind(hooked[1])
+            hook = kind(hooked[1])
             raise LoweringError(
                 f"{name}'s forward reads {shown(*place)} before {owner} runs: it is the weight "
-                f"{applied}'s hook computes at each call of {owner}, so eager reads the one of "
+                f"{hook.applied}'s hook computes at each call of {owner}, so eager reads the one of "
                 f"the previous call, and remat-ir's graph would hold the one it had at "
-                f"lowering. Read it after calling {owner}, or use {instead}, which computes it "
+                f"lowering. Read it after calling {owner}, or use {hook.instead}, which computes it "
                 f"at every read")
         if tensor.requires_grad:
             where = shown(*place) if place is not None else shown_global(*found)

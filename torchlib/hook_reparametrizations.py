@@ -16,27 +16,37 @@ small beside the step).
 
 from __future__ import annotations
 
+import typing
+
 import torch
 from torch.nn.utils import prune
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
-#: Hook class -> (what applies it, the parametrization computing the weight at every
-#: read instead, the hook's name for the weight, its weight as the call left it).
+
+class Kind(typing.NamedTuple):
+    """One kind of hook: what applies it, the parametrization computing the weight at
+    every read instead, the hook's name for the weight, and its weight as the call left it."""
+    applied: str
+    instead: str
+    name: typing.Callable
+    weight: typing.Callable
+
+
 _KINDS = {
-    WeightNorm: ("torch.nn.utils.weight_norm", "torch.nn.utils.parametrizations.weight_norm",
-                 lambda hook: hook.name, lambda hook, module: hook.compute_weight(module)),
+    WeightNorm: Kind("torch.nn.utils.weight_norm", "torch.nn.utils.parametrizations.weight_norm",
+                     lambda hook: hook.name, lambda hook, module: hook.compute_weight(module)),
     # The call's power iteration has updated the vectors already: another would move them.
-    SpectralNorm: ("torch.nn.utils.spectral_norm", "torch.nn.utils.parametrizations.spectral_norm",
-                   lambda hook: hook.name,
-                   lambda hook, module: hook.compute_weight(module, do_power_iteration=False)),
-    prune.BasePruningMethod: ("torch.nn.utils.prune", "a mask through torch.nn.utils.parametrize",
-                              lambda hook: hook._tensor_name, lambda hook, module: hook.apply_mask(module)),
+    SpectralNorm: Kind("torch.nn.utils.spectral_norm", "torch.nn.utils.parametrizations.spectral_norm",
+                       lambda hook: hook.name,
+                       lambda hook, module: hook.compute_weight(module, do_power_iteration=False)),
+    prune.BasePruningMethod: Kind("torch.nn.utils.prune", "a mask through torch.nn.utils.parametrize",
+                                  lambda hook: hook._tensor_name, lambda hook, module: hook.apply_mask(module)),
 }
 
 
-def kind(hook) -> tuple | None:
-    """The hook's row of `_KINDS`, or None for another hook."""
+def kind(hook) -> Kind | None:
+    """The hook's kind, or None for another hook."""
     return next((row for cls, row in _KINDS.items() if isinstance(hook, cls)), None)
 
 
@@ -47,7 +57,7 @@ def hook_reparametrizations(model: torch.nn.Module) -> dict[str, tuple[torch.nn.
         for hook in module._forward_pre_hooks.values():
             row = kind(hook)
             if row is not None:
-                name = row[2](hook)
+                name = row.name(hook)
                 found[f"{path}.{name}" if path else name] = (module, hook)
     return found
 
@@ -56,5 +66,5 @@ def assign_weights(hooks: dict[str, tuple[torch.nn.Module, object]]) -> None:
     """Leave each module holding the weight its hook computed at the call just made, as
     eager's call does."""
     for module, hook in hooks.values():
-        *_, name, weight = kind(hook)
-        setattr(module, name(hook), weight(hook, module))
+        row = kind(hook)
+        setattr(module, row.name(hook), row.weight(hook, module))
