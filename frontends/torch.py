@@ -42,7 +42,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, pb
-from remat_ir.ir.arguments import TensorRef, decode
+from remat_ir.ir.arguments import TensorRef
 from remat_ir.ir.memory import is_view
 from remat_ir.ir.validation import mark_made_here
 
@@ -51,6 +51,7 @@ from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
+from .rnn_workspaces import size_rnn_workspaces
 from . import gru_kernels, outside_values, prod_kernels, spectral_kernels
 from .export_draws import drawing_as_eager
 from .unpreserved_checkpoints import unpreserved_checkpoints_refused
@@ -150,16 +151,12 @@ EAGER_KERNEL_OPS = ("upsample", "multilabel_margin_loss", "multi_margin_loss")
 #: Recurrent layers traced through eager's C++ implementation, which applies a stacked
 #: layer's dropout between its layers, where PyTorch's Python decomposition
 #: (`_rnn_helper`) applies none (a 2-layer GRU with dropout 0.25 trained without it,
-#: silently, before it was refused; now it trains with eager's masks). The LSTM only with
-#: oneDNN off: with it on, eager's kernel runs oneDNN layers whose backward the trace
-#: cannot feed, and the decomposition's path is refused by name (`_check_rnn_workspaces`).
-RNN_EAGER_KERNEL_OPS = ("gru", "rnn_tanh", "rnn_relu")
-
-
-def _eager_kernel_ops() -> tuple[str, ...]:
-    """`EAGER_KERNEL_OPS` and the recurrent layers traced as eager's now."""
-    lstm = () if torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled else ("lstm",)
-    return EAGER_KERNEL_OPS + RNN_EAGER_KERNEL_OPS + lstm
+#: silently, before it was refused; now it trains with eager's masks). The LSTM's with
+#: oneDNN on runs oneDNN's layer (`aten.mkldnn_rnn_layer`) in training mode, as eager's
+#: does, where the decomposition took plain ops (2e-7 off eager's) or the layer's
+#: inference mode (no workspace for its backward): the runtime runs that layer with grad
+#: mode on (`runtimes/grad_mode_kernels.py`), and `rnn_workspaces.py` sizes its workspace.
+RNN_EAGER_KERNEL_OPS = ("gru", "rnn_tanh", "rnn_relu", "lstm")
 
 
 @contextlib.contextmanager
@@ -170,7 +167,7 @@ def _eager_kernels():
     from torch._C import DispatchKey
 
     keys = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
-    taken, parts = [], _eager_kernel_ops()
+    taken, parts = [], EAGER_KERNEL_OPS + RNN_EAGER_KERNEL_OPS
     for name in dir(torch.ops.aten):
         if not any(part in name for part in parts):
             continue
@@ -182,14 +179,6 @@ def _eager_kernels():
                 if kernel is not None:
                     taken.append((op, key, kernel))
                     op._dispatch_cache.clear()
-    onednn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
-    lstm = torch.ops.aten.lstm.input
-    if onednn:
-        for key in keys:
-            if (kernel := lstm.py_kernels.get(key)) is not None:
-                taken.append((lstm, key, kernel))
-                lstm.py_kernels[key] = _refusing_onednn_lstms(kernel)
-                lstm._dispatch_cache.clear()
     # The GRU's CPU code computes other bits once traced; its Python version does not.
     for op, kernel in gru_kernels.KERNELS.items():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
@@ -230,103 +219,6 @@ def _value_checks_kept():
         yield
     finally:
         effects.difference_update(added)
-
-
-def _refusing_onednn_lstms(decomposition):
-    """`aten.lstm.input`'s Python kernel, raising `LoweringError` where eager runs oneDNN's
-    LSTM and the kernel would not: eager's CPU LSTM uses oneDNN whenever it is on (float32,
-    or bfloat16 where oneDNN supports it, no projections), and PyTorch's decomposition
-    takes its plain path when the input needs a gradient. The step then trained with
-    gradients about 2e-7 off eager's, silently (an op sweep found it). Where the input
-    needs none, the decomposition takes oneDNN's inference layer, refused after tracing
-    (`_check_rnn_workspaces`)."""
-    def kernel(input, hx, params, *rest):
-        tensors = [input, *hx, *params]
-        eager_onednn = (all(t.device.type == "cpu" for t in tensors) and input.numel() > 0
-                        and hx[0].size(2) == hx[1].size(2)
-                        and (input.dtype == torch.float32 or input.dtype == torch.bfloat16
-                             and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
-        if eager_onednn and input.requires_grad:
-            stack = (torch.fx.traceback.get_current_meta() or {}).get("nn_module_stack") or {}
-            path = list(stack.values())[-1][0] if stack else ""
-            raise LoweringError(
-                f"torch.nn.LSTM{f' at {path}' if path else ''}: with oneDNN on, eager's CPU LSTM "
-                "runs oneDNN's kernels, while PyTorch traces an LSTM whose input needs a gradient "
-                "as plain ops, which compute other bits (gradients about 2e-7 off eager's). Lower "
-                "and train with oneDNN off: `with torch.backends.mkldnn.flags(enabled=False):` "
-                "around remat(...) and the training loop (then bitwise equal to eager run so)")
-        return decomposition(input, hx, params, *rest)
-    return kernel
-
-
-def _check_rnn_workspaces(graph: Graph) -> None:
-    """LoweringError where the trace holds a oneDNN LSTM layer run in inference mode whose
-    backward reads the workspace only training mode makes.
-
-    Why: PyTorch's Python decomposition of `aten.lstm` (which tracing uses on CPU when
-    oneDNN is on) calls `mkldnn_rnn_layer` with `train=False`, and its backward then gets
-    no workspace: training would fail at the first backward, deep inside the runtime.
-    With oneDNN off the LSTM is traced as plain ops and trains like eager (bitwise, eager
-    run with oneDNN off too)."""
-    readers = {v for node in graph.proto.nodes for v in node.inputs}
-    for node in graph.proto.nodes:
-        if node.op != "aten.mkldnn_rnn_layer.default" or len(node.outputs) < 4:
-            continue
-        if _argument(node, "train") is False and node.outputs[3] in readers:
-            where = node.source or "the model"
-            raise LoweringError(
-                f"torch.nn.LSTM at {where}: PyTorch traces it on CPU as oneDNN LSTM layers in "
-                "inference mode (aten.mkldnn_rnn_layer, train=False), whose backward needs a "
-                "workspace only training mode makes, so it cannot be trained from the trace. "
-                "Lower and train with oneDNN off: `with torch.backends.mkldnn.flags(enabled=False):` "
-                "around remat(...) and the training loop")
-
-
-#: Stacked recurrent layers that apply dropout between layers in training mode.
-_RNN_OPS = {"gru": "GRU", "lstm": "LSTM", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
-
-
-def _check_rnn_dropout(exported: torch.export.ExportedProgram) -> None:
-    """LoweringError where the trace holds a stacked RNN with dropout between its layers
-    in training mode that PyTorch's Python decomposition would lower (an LSTM with oneDNN
-    on: `RNN_EAGER_KERNEL_OPS`).
-
-    Why: that decomposition (`torch._decomp.decompositions._rnn_helper`, which building
-    the joint graph applies) never applies that dropout, so the step would train without
-    it and silently differ from eager (loss, every gradient, and the generator, which
-    eager draws the masks from). `torch.nn.Dropout` between single-layer RNNs computes
-    what eager's stacked RNN computes and lowers exactly."""
-    eager = _eager_kernel_ops()
-    for node in exported.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        op = node.target._schema.name.removeprefix("aten::")
-        kind = _RNN_OPS.get(op)
-        if kind is None or any(part in op for part in eager):
-            continue
-        names = [a.name for a in node.target._schema.arguments]
-        bound = dict(zip(names, node.args)) | dict(node.kwargs)
-        layers, dropout, train = bound.get("num_layers", 1), bound.get("dropout", 0.0), bound.get("train")
-        if train and layers > 1 and dropout > 0:
-            where = node_module(node) or "the model"
-            raise LoweringError(
-                f"torch.nn.{kind} at {where}: dropout={dropout:g} between its {layers} layers in "
-                f"training mode would be lost: with oneDNN on, PyTorch decomposes the {kind} for "
-                f"tracing, and its decomposition applies no dropout, so training through the "
-                f"trace would silently differ from eager. Lower and train with oneDNN off "
-                f"(`with torch.backends.mkldnn.flags(enabled=False):` around remat(...) and the "
-                f"training loop): eager's {kind} is then traced, dropout included")
-
-
-def _argument(node: pb.Node, name: str):
-    """The decoded value of the op's argument `name` in `node` (positional or keyword),
-    None where the node does not pass it."""
-    for kw in node.kwargs:
-        if kw.name == name:
-            return decode(kw.value)
-    names = [a.name for a in resolve_op(node.op)._schema.arguments]
-    position = names.index(name) if name in names else len(node.args)
-    return decode(node.args[position]) if position < len(node.args) else None
 
 
 #: Ops with an effect that AOTAutograd threads through a token (`with_effects`) and the
@@ -1195,7 +1087,6 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
     record_globals(model, reads)
-    _check_rnn_dropout(exported)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     mixed: list[str] = []   # cast by autocast and read otherwise (`share_autocast_casts`)
@@ -1270,7 +1161,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     if fusing:   # a recomputation compiled elsewhere may differ in its last bits
         keep_compared_values(graph)
     mark_input_gradient_sums(graph)
-    _check_rnn_workspaces(graph)
+    size_rnn_workspaces(graph)
     if reuse_buffers:
         reuse_dying_inputs(graph, pointwise=not fusing)
     # Each user input's argument, by the name a call gives it ('input_ids', 'args[0]').

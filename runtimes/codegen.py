@@ -51,7 +51,7 @@ from remat_ir.ir.rng import plan_rng
 from remat_ir.torchlib.overloads import functional_overload
 from remat_ir.torchlib.types import empty_tensor, resolve_op, to_torch_argument, torch_dtype
 
-from . import absent_gradients
+from . import absent_gradients, grad_mode_kernels
 from .compiled import EAGER_OPS, Region, check_backend, output_positions
 from .gradient_parts import Handovers, handovers
 from .op_checks import checked_op
@@ -962,7 +962,7 @@ def _op_global(graph: Graph, writer: _Writer, node_id: int, node: pb.Node | None
         op_global = "_view_or_reshape"
         writer.globals[op_global] = view_or_reshape
         return op_global, op
-    writer.globals[op_global] = getattr(op, "_op", op)
+    writer.globals[op_global] = grad_mode_kernels.kernel(node.op, op)
     return op_global, op
 
 

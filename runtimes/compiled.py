@@ -55,6 +55,8 @@ from remat_ir.ir.memory import gradient_inputs
 
 from remat_ir.torchlib.types import resolve_op, to_torch_argument
 
+from .grad_mode_kernels import GRAD_MODE_OPS
+
 BACKENDS = ("eager", "inductor")
 
 #: Inductor settings for regions, all about memory the plan never priced:
@@ -86,10 +88,13 @@ INDUCTOR_OPTIONS = {"layout_optimization": False, "reorder_for_peak_memory": Fal
 #:   above its peak in that region). Contiguous and small inputs measured equal.
 #: - the CPU flash-attention backward (tiny U-Net: 10,112 bytes compiled against 8,064
 #:   eagerly; why was not looked into).
+#: Also those whose kernel must run with grad mode on (`grad_mode_kernels.GRAD_MODE_OPS`:
+#: oneDNN's LSTM layer), which a compiled region runs under no_grad: the layer returned
+#: no workspace there, and Inductor's wrapper failed on it.
 EAGER_OPS = frozenset({
     "aten.max_pool2d_with_indices_backward.default",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
-})
+}) | GRAD_MODE_OPS
 
 
 def fusable_nodes(graph: Graph) -> set[int]:

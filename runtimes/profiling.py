@@ -69,6 +69,7 @@ from remat_ir.torchlib.generators import generators_kept
 from remat_ir.torchlib.types import (DECLARED_WORKSPACES, empty_tensor, record_device, resolve_op,
                                      to_torch_argument)
 
+from . import grad_mode_kernels
 from .calibration import fit_peak_byte_cost
 from .compiled import check_backend
 from .compiled_costs import share_region_times
@@ -270,6 +271,7 @@ def _measure(graph: Graph, node: pb.Node, device: torch.device,
     tensors = {v: _make_tensor(graph, graph.value(v), device) for v in node.inputs}
     args, kwargs = call_args(graph, node, tensors, device)
     _on_host_where_read_there(node, op, args, kwargs)
+    op = grad_mode_kernels.kernel(node.op, op)
     op(*args, **kwargs)  # warm-up (and the error, if it cannot run)
     measured = measure_peak(lambda: op(*args, **kwargs), device)
     new = new_storages(graph, node)

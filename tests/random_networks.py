@@ -25,7 +25,9 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "topk_scatter", "amax_ties", "sort_cummax", "logsumexp", "roll_flip", "var_scale",
           "embed_argmax", "unfold_prod", "abs_pow",
           # a parameter written in place under no_grad, then read twice; a hook's weight:
-          "decay_linear", "weight_norm_linear")
+          "decay_linear", "weight_norm_linear",
+          # a stacked LSTM (oneDNN's layer on CPU, its workspace read by its backward):
+          "lstm")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -98,6 +100,12 @@ class RandomNet(torch.nn.Module):
         self.channels = 2 if width % 2 == 0 else 1
         self.channel_norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(self.channels)
                                                  for op, _ in program if op == "channel_norm")
+        # lstm: two stacked LSTM layers over the width read as a sequence of `channels`-wide
+        # steps. Eager's CPU LSTM runs oneDNN's layer, whose backward reads a workspace the
+        # forward returns (frontends/rnn_workspaces.py, runtimes/grad_mode_kernels.py).
+        self.lstms = torch.nn.ModuleList(torch.nn.LSTM(self.channels, self.channels, num_layers=2,
+                                                       batch_first=True)
+                                         for op, _ in program if op == "lstm")
         # mask_assign: a trainable row put where a mask of the data says (`x[mask] = row`,
         # whose backward sums the gradient's masked rows: frontends/masked_assign.py).
         if any(op == "mask_assign" for op, _ in program):
@@ -133,7 +141,7 @@ class RandomNet(torch.nn.Module):
         values, linears, norms = [x], iter(self.linears), iter(self.norms)
         cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
         decay_linears, weight_norm_linears = iter(self.decay_linears), iter(self.weight_norm_linears)
-        channel_norms, embeds = iter(self.channel_norms), iter(self.embeds)
+        channel_norms, embeds, lstms = iter(self.channel_norms), iter(self.embeds), iter(self.lstms)
         half = x.shape[-1] // 2
         for op, inputs in self.program:
             a = values[inputs[0]]
@@ -186,6 +194,8 @@ class RandomNet(torch.nn.Module):
                 channels_first = a.unflatten(-1, (-1, self.channels)).transpose(1, 2)
                 normed = next(channel_norms)(channels_first).transpose(1, 2)
                 y = torch.nn.functional.dropout(normed, 0.3, training=True).reshape(a.shape)
+            elif op == "lstm":
+                y = next(lstms)(a.unflatten(-1, (-1, self.channels)))[0].reshape(a.shape)
             elif op == "permute_columns":
                 y = a[:, self.permutation] * a
             elif op == "rand_add":  # a random op that is not dropout
