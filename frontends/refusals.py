@@ -193,16 +193,23 @@ def data_error(model: str, uses: list[tuple[str, int, str]]) -> LoweringError:
 
 def mutation_error(mutated) -> str:
     """What to say of a forward that writes into a parameter or an input in place (buffers,
-    and parameters written under no_grad, are updated as eager does)."""
+    parameters written under no_grad and inputs needing no gradient are updated as eager
+    does)."""
     if type(mutated).__name__ == "ParamAOTInput":
         # Under no_grad (nn.Embedding's max_norm, a clamp) the write is copied in after the
         # forward, as a buffer's update; refused where a gradient would pass through it.
-        what = f"parameter {mutated.target!r}, with gradients through the write,"
-    else:
-        what = f"its input {getattr(mutated, 'idx', mutated)}"
-    return (f"the model's forward writes into {what} in place; remat-ir's step hands over "
-            f"only outputs, gradients and buffer updates, so the write would be lost. Do it "
-            f"outside the forward (a parameter: after optimizer.step(), under torch.no_grad)")
+        return (f"the model's forward writes into parameter {mutated.target!r}, with gradients "
+                f"through the write, in place; remat-ir's step hands over only outputs, "
+                f"gradients and buffer updates, so the write would be lost. Do it outside the "
+                f"forward (after optimizer.step(), under torch.no_grad)")
+    # A user input needing no gradient is written back after the forward; one that needs a
+    # gradient would come back without the write in its history (eager's in-place op puts
+    # it there, and a later use of the tensor differentiates through it).
+    where = getattr(mutated, "idx", mutated)
+    return (f"the model's forward writes in place into its input {where}, which requires a "
+            f"gradient; remat-ir's step can copy the new values back into the caller's tensor "
+            f"but not give it the gradient history eager's in-place op gives it. Write into a "
+            f"copy (`x = x.clone()` before the write), or do it outside the forward")
 
 
 def constant_output(value, position: int):

@@ -884,6 +884,8 @@ class _Lowering:
         # those views again on and does not hand over (`runtimes/output_views.py`).
         hidden: list[int] = []
         returned = sum(type(desc).__name__ == "PlainAOTOutput" for desc in descs)
+        differentiable = {desc.grad_of for result, desc in zip(results, descs)   # inputs
+                          if type(desc).__name__ == "GradAOTOutput" and result is not None}
         for result, desc in zip(results, descs):
             if desc is None:
                 continue
@@ -921,6 +923,14 @@ class _Lowering:
                     written = next(e.value_id for e in self.g.proto.inputs if e.name == desc.mutated_input.target)
                     for reader in self.g.users(written):
                         self.g.node(reader).non_recomputable = True
+            elif (kind_name == "InputMutationAOTOutput"
+                  and type(desc.mutated_input).__name__ == "PlainAOTInput"
+                  and desc.mutated_input not in differentiable):
+                # A user input written in place (no gradient through it: a mask or labels
+                # the forward edits): its new value is copied into the caller's tensor after
+                # the forward, as a buffer's update, and a backward step reading its old
+                # value reads a copy taken before (`ir.memory.snapshot_buffers`).
+                self.g.add_output(vid, "buffer_update", f"input{desc.mutated_input.idx}")
             elif kind_name == "InputMutationAOTOutput":
                 raise LoweringError(mutation_error(desc.mutated_input))
             else:

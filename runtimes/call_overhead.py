@@ -44,7 +44,7 @@ import time
 import torch
 from torch.utils import _pytree as pytree
 
-from remat_ir.ir import Graph, store_all
+from remat_ir.ir import Graph, pb, store_all
 from remat_ir.torchlib.generators import generators_kept
 
 from .timing import _synchronize
@@ -57,7 +57,7 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
                           device: torch.device | str, rounds: int = ROUNDS) -> tuple[float | None, str]:
     """(seconds a training call of `graph`'s store-everything schedule spends outside its
     segments, "") as the module docstring says, or (None, why it was not measured)."""
-    from .torch import ScheduledModule, world_size
+    from .torch import ScheduledModule, _Lowered, world_size
 
     device = torch.device(device)
     parameters = list(model.parameters())
@@ -68,8 +68,14 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
     if any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in parameters):
         return None, "a parameter holds a hook"
     # Inputs that require a gradient get one from each call: detached copies take them.
+    # Inputs the forward writes into (`BUFFER_UPDATE`s of user inputs: labels it masks)
+    # are copies, so that timing leaves the caller's as they were.
+    updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
+    leaves = _Lowered(model, graph, store_all(graph)).flat_inputs(tuple(args), dict(kwargs))
+    written = {id(leaves[e.user_input_position]) for e in graph.user_inputs() if e.name in updated}
     args, kwargs = pytree.tree_map_only(
-        torch.Tensor, lambda t: t.detach().requires_grad_() if t.requires_grad else t, (args, kwargs))
+        torch.Tensor, lambda t: t.detach().requires_grad_() if t.requires_grad else
+        t.clone() if id(t) in written else t, (args, kwargs))
     grads = [p.grad for p in parameters]
     buffers = list(model.buffers())
     versions = [b._version for b in buffers]

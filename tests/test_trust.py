@@ -2287,6 +2287,86 @@ def test_a_parameter_written_in_the_forward_and_cast_by_autocast_is_refused_with
         _remat(_WritesParameters("clamp"), (ids,))
 
 
+class _WritesInputs(torch.nn.Module):
+    """Writes into the caller's tensors in place in the forward, per `kind`: labels masked
+    to the ignore index (`labels[labels == pad] = -100`, as data collators' code is often
+    moved into a model), an input clamped before it is read, and an input halved after a
+    mask of it was taken (a backward computing the mask again must read the old values)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.linear, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 5)
+
+    def forward(self, x, labels):
+        if self.kind == "labels":
+            labels[labels == 3] = -100
+        elif self.kind == "clamp":
+            x.clamp_(-0.5, 0.5)
+        keep = x > 0
+        if self.kind == "after_mask":
+            x.mul_(0.5)
+        h = torch.tanh(self.linear(x)) * keep
+        return F.cross_entropy(self.head(h), labels, ignore_index=-100)
+
+
+@pytest.mark.parametrize("kind", ["labels", "clamp", "after_mask"])
+def test_inputs_written_in_place_in_the_forward_train_like_eager_and_are_left_as_eager_leaves_them(kind):
+    """A forward writing into an input that needs no gradient: the new values are copied
+    into the caller's tensor after the forward, as a buffer's update, and a backward step
+    reading the old values (a mask computed again) reads a copy taken before. Loss,
+    gradients and the caller's tensors after each step bitwise like eager's, under random
+    schedules and `remat()` (which leaves the example inputs as they were: profiling's
+    timed calls write into copies); they were refused. Each schedule's measured peak is the
+    simulated one, the copy included."""
+    from remat_ir.runtimes.memory import measure_peak
+
+    def inputs(step):
+        generator = torch.Generator().manual_seed(step)
+        return torch.randn(6, 8, generator=generator), torch.randint(0, 5, (6,), generator=generator)
+
+    graph = lower_torch(_WritesInputs(kind), inputs(0), cost_model="isolated")
+    updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
+    assert updated == {"input1" if kind == "labels" else "input0"}
+    example = inputs(0)
+    makers = [lambda m, seed=seed: ScheduledModule(m, graph, random_schedule(graph, random.Random(seed)))
+              for seed in range(4)]
+    # Everything computed again in the backward: a mask of the input reads its old values.
+    recomputing = ir.recompute_all(graph)
+    assert ir.memory.snapshot_buffers(graph, recomputing)
+    makers.append(lambda m: ScheduledModule(m, graph, recomputing))
+    makers.append(lambda m: remat_ir.remat(m, example, budget="90%", cache_dir=False))
+    for make in makers:
+        torch.manual_seed(0)
+        eager, model = _WritesInputs(kind), _WritesInputs(kind)
+        model.load_state_dict(eager.state_dict())
+        scheduled = make(model)
+        assert all(torch.equal(a, b) for a, b in zip(example, inputs(0))), "remat() wrote into its example"
+        for step in range(3):
+            eager_inputs, scheduled_inputs = inputs(step), inputs(step)
+            eager(*eager_inputs).backward()
+            scheduled(*scheduled_inputs).backward()
+            for a, b in zip(eager_inputs, scheduled_inputs):
+                assert torch.equal(a, b), f"step {step}: the caller's input differs from eager's"
+            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+                assert torch.equal(p.grad, q.grad), f"step {step}: gradient of {name}"
+        if isinstance(scheduled, ScheduledModule):
+            simulated = ir.simulate(graph, scheduled.schedule).peak_bytes
+            last = inputs(9)
+            measured = measure_peak(lambda: scheduled(*last).backward(), "cpu").peak_bytes
+            assert simulated - 64 <= measured <= simulated + 64, (measured, simulated)
+
+
+def test_an_input_needing_a_gradient_written_in_place_in_the_forward_is_refused_with_what_to_do():
+    """Eager's in-place op puts the write into the tensor's gradient history, which the
+    caller's later uses differentiate through; the step can copy the values back, not that
+    history."""
+    x = torch.randn(6, 8, requires_grad=True) * 1
+    with pytest.raises(LoweringError, match=r"writes in place into its input 0, which requires a gradient; "
+                                            r".*`x = x.clone\(\)` before the write"):
+        _remat(_WritesInputs("clamp"), (x, torch.randint(0, 5, (6,))))
+
+
 @pytest.mark.parametrize("how", ["in place", "set_", "data assigned"])
 @pytest.mark.parametrize("written", ["input", "parameter"])
 def test_a_tensor_written_between_forward_and_backward_is_refused_where_the_backward_reads_it(written, how):
