@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import event, example, given
+from hypothesis import assume, event, example, given
 from hypothesis import strategies as st
 
 import remat_ir
@@ -134,6 +134,9 @@ def test_random_networks_read_outside_their_module_match_eager_under_random_sche
     Under autocast, two calls read one cast of each weight and of the input (eager's cache
     lives as long as the block), and hidden states that are not a leaf are cast per reader
     (`runtimes/autocast_anchors.py`)."""
+    # Two calls of a block decaying a weight in place: the second call writes the weight the
+    # first call's linear saved, and eager's own backward fails (soak, 2026-12-04).
+    assume(not (how == "same" and any(op == "decay_linear" for op, _ in program)))
     width = 6
     torch.manual_seed(0)
     block = RandomNet(program, width)
