@@ -276,8 +276,9 @@ class Graph:
 
     def output_bytes(self) -> dict[int, int]:
         """Bytes of the step's outputs per role (`pb.OutputRole`), each storage counted once
-        under the first role holding it. Every schedule holds all of them at its end, so
-        their sum is a floor under any peak: no rematerialization lowers it."""
+        under the first role holding it. Every schedule holds all of them at its end but
+        buffer updates (freed as the backward starts), so the sum of the others is a floor
+        under any peak: no rematerialization lowers it."""
         seen = set(self.resident_storage_ids)
         by_role: dict[int, int] = {}
         for output in self.proto.outputs:

@@ -23,7 +23,8 @@ share one (views, in-place results). The rules:
   the caller holds, until the end.
 - **Buffer snapshots.** A buffer the step updates (BatchNorm's running
   statistics: a `BUFFER_UPDATE` output of its name) takes its new value at the
-  end of the forward; a backward step that reads it (a recomputation) must see
+  end of the forward, and the new value is freed there unless a backward step
+  reads it; a backward step that reads the buffer (a recomputation) must see
   the old one, so the old value is copied there and held to the end of the step
   (`snapshot_buffers`). So are the statistics an eval-mode BatchNorm recomputed in
   the backward reads, which the runtime compares with the live ones there.

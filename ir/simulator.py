@@ -42,8 +42,9 @@ explains them with an example):
   live values are what the step saves for backward; the buffers the forward
   updated that backward reads are copied there and held to the end
   (`memory.snapshot_buffers`), as are the output gradients' seeds the caller's
-  backward makes (`memory.gradient_seed_bytes`). At the end every graph output must
-  be live.
+  backward makes (`memory.gradient_seed_bytes`). The buffer updates no later step
+  reads are freed there: the runtime copies them in as the forward ends and drops
+  them. At the end every other graph output must be live.
 - A step's time is the end of its compute timeline: compute steps' `cost.time_s`
   (skipped random runs included) one after another, with waits for transfers
   (`stall_s`), plus the graph's per-step overhead outside ops
@@ -178,6 +179,7 @@ class _Run:
         self.host_bytes = 0
         self.offloading: dict[int, float] = {}  # value -> end of its offload (device copy live)
         self.arriving: dict[int, float] = {}    # value -> end of its prefetch, not waited for yet
+        self.released: set[int] = set()   # buffer updates freed as the backward starts
         self.gradient_inputs = gradient_inputs(graph)
         self.result = SimulationResult(
             violation=None, resident_bytes=graph.resident_bytes(),
@@ -260,8 +262,8 @@ class _Run:
             if self.budget is not None and self.skip_during > self.budget:
                 return self.fail(len(steps), "budget_exceeded", f"RNG skips after the last step "
                                  f"reach {self.skip_during} bytes, over the budget of {self.budget} bytes")
-        missing = [o for o in self.g.proto.outputs
-                   if o.value_id not in self.mem.live and o.value_id not in self.g.resident_value_ids]
+        missing = [o for o in self.g.proto.outputs if o.value_id not in self.mem.live
+                   and o.value_id not in self.g.resident_value_ids and o.value_id not in self.released]
         if missing:
             o = missing[0]
             return self.fail(len(steps), "output_missing",
@@ -289,7 +291,24 @@ class _Run:
         self.mem.hold(self.result.snapshot_bytes)
         self.result.seed_bytes = gradient_seed_bytes(self.g)
         self.mem.hold(self.result.seed_bytes)
+        # The runtime copies the buffer updates in as the forward ends and drops them then:
+        # those no backward step reads are freed there (held to the step's end, a written
+        # `nn.Embedding(max_norm=...)` table was counted through the whole backward).
+        for v in sorted(self.released_updates(k)):
+            self.mem.drop(v)
+            self.released.add(v)
         return None
+
+    def released_updates(self, k: int) -> set[int]:
+        """The buffer updates (`BUFFER_UPDATE` values, no other output's) that no step from
+        `k` on reads: freed as the backward starts at step `k`."""
+        outputs = self.g.proto.outputs
+        updates = {o.value_id for o in outputs if o.role == pb.BUFFER_UPDATE}
+        updates -= {o.value_id for o in outputs if o.role != pb.BUFFER_UPDATE}
+        for step in self.schedule.steps[k:]:
+            if step.HasField("compute"):
+                updates.difference_update(self.g.node(step.compute).inputs)
+        return (updates & set(self.mem.live)) - set(self.host) - set(self.offloading)
 
     def skips(self, k: int, entries) -> SimulationResult | None:
         """Count RNG skips (`rng.RngPlan`) that run before step `k`: their time, and the

@@ -105,12 +105,12 @@ def refusal(graph: Graph, refused: InfeasibleBudget, store_all_peak: int,
     """`refused` (from `solver`) with a message in bytes and shares and the outputs' floor."""
     outputs = graph.output_bytes()
     gradients = outputs.get(pb.PARAMETER_GRADIENT, 0) + outputs.get(pb.INPUT_GRADIENT, 0)
-    others = sum(outputs.values()) - gradients
+    others = outputs.get(pb.USER_OUTPUT, 0)   # buffer updates are freed as the backward starts
     found = ("no schedule at all was found" if refused.smallest_feasible is None else
              f"the smallest feasible budget found is {describe(refused.smallest_feasible, store_all_peak)}")
     floor = (f"; of any peak, {describe(gradients + others, store_all_peak)} are the step's "
              f"outputs, which no schedule frees (gradients {human_bytes(gradients)}, "
-             f"model outputs and buffer updates {human_bytes(others)})")
+             f"model outputs {human_bytes(others)})")
     result = InfeasibleBudget(refused.budget, refused.smallest_feasible,
                               refused.detail or f" (by {solver})", schedule=refused.schedule)
     result.args = (f"no schedule fits a budget of {describe(refused.budget, store_all_peak)}; "

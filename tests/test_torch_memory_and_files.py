@@ -15,7 +15,6 @@ from hypothesis import example, given
 
 import remat_ir
 from remat_ir import ir, solvers
-from remat_ir.ir import pb
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
@@ -71,13 +70,40 @@ def test_random_schedules_measure_the_peak_they_simulate(name, seed, recompute, 
         scheduled.zero_grad(set_to_none=True)
         measured = measure_peak(lambda: loss_of(scheduled(*args, **kwargs)).backward(), "cpu").peak_bytes
     assert measured <= simulated + max(64, simulated // 200), (measured, simulated)
-    # Known, on the safe side: the simulator holds a parameter's new value (written in the
-    # forward, `decay_linear`) to the end of the step, as it holds every buffer update; the
-    # runtime frees it once copied in after the forward.
-    parameters = {e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER}
-    written = sum(graph.storage_bytes(graph.value(o.value_id).storage_id) for o in graph.proto.outputs
-                  if o.role == pb.BUFFER_UPDATE and o.name in parameters)
-    assert measured >= 0.9 * simulated - written, (measured, simulated, written)
+    assert measured >= 0.9 * simulated, (measured, simulated)
+
+
+class _DecaysAWeight(torch.nn.Module):
+    """Decays a 256 KiB weight in place under no_grad in its forward (a parameter's
+    `BUFFER_UPDATE`, as `nn.Embedding(max_norm=...)`'s), with a BatchNorm's running
+    statistics (buffer updates) beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(256, 256), torch.nn.BatchNorm1d(256)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.linear.weight.mul_(0.99)
+        return self.norm(self.linear(x)).square().mean()
+
+
+@pytest.mark.parametrize("schedule", ["store_all", "recompute_all"])
+def test_buffer_updates_are_freed_as_the_backward_starts_as_the_runtime_frees_them(schedule):
+    """The runtime copies buffer updates in as the forward ends and drops them: the
+    simulator held them to the end of the step, 9 KiB above the measured peak here
+    (a written `nn.Embedding(max_norm=...)` table's whole size where the peak is in the
+    backward). Now the measured peak is the simulated one."""
+    torch.manual_seed(0)
+    model, x = _DecaysAWeight(), torch.randn(4, 256)
+    graph = lower_torch(model, (x,), cost_model="isolated")
+    plan = getattr(ir, schedule)(graph)
+    simulated = ir.simulate(graph, plan).peak_bytes
+    scheduled = ScheduledModule(model, graph, plan)
+    for _ in range(2):   # the first call compiles the segments
+        scheduled.zero_grad(set_to_none=True)
+        measured = measure_peak(lambda: scheduled(x).backward(), "cpu").peak_bytes
+    assert simulated - 64 <= measured <= simulated + 64, (measured, simulated)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -113,13 +139,7 @@ def test_random_networks_measure_the_peak_they_simulate(device, program, seed, r
         scheduled.zero_grad(set_to_none=True)
         measured = measure_peak(lambda: scheduled(x).backward(), device).peak_bytes
     assert measured <= simulated + max(64, simulated // 200), (measured, simulated)
-    # Known, on the safe side: the simulator holds a parameter's new value (written in the
-    # forward, `decay_linear`) to the end of the step, as it holds every buffer update; the
-    # runtime frees it once copied in after the forward.
-    parameters = {e.name for e in graph.proto.inputs if graph.value(e.value_id).kind == pb.PARAMETER}
-    written = sum(graph.storage_bytes(graph.value(o.value_id).storage_id) for o in graph.proto.outputs
-                  if o.role == pb.BUFFER_UPDATE and o.name in parameters)
-    assert measured >= 0.9 * simulated - written, (measured, simulated, written)
+    assert measured >= 0.9 * simulated, (measured, simulated)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -249,7 +269,7 @@ def test_budget_forms_and_infeasible_budget():
                         r"store-everything peak\); the smallest feasible budget found is [\d,]+ bytes "
                         r"\(.*, \d+\.\d% of the store-everything peak\) \(by hiremate\); of any peak, "
                         r"[\d,]+ bytes \(.*\) are the step's outputs, which no schedule frees "
-                        r"\(gradients .*, model outputs and buffer updates .*\)", message), message
+                        r"\(gradients .*, model outputs .*\)", message), message
 
 
 def test_keyword_inputs_in_any_order():
