@@ -207,6 +207,40 @@ def _eager_kernels():
 
 
 @contextlib.contextmanager
+def _autocast_lstm_as_eager():
+    """While torch.export traces, `aten.lstm.input` runs eager's C++ kernel under the
+    caller's oneDNN setting, so that an LSTM under CPU autocast returns eager's dtype.
+
+    Why: with oneDNN on, eager's CPU LSTM computes in bfloat16 under `torch.autocast("cpu")`
+    and returns bfloat16 (its oneDNN path casts; with oneDNN off it stays float32). Export's
+    trace ran PyTorch's Python decomposition (registered at the Autograd key, above
+    autocast's), with oneDNN off (torch.export turns it off while it traces): float32. The
+    joint graph computes in bfloat16 (it traces eager's kernel: `_eager_kernels`), but the
+    forward's Python saw float32 where eager sees bfloat16: `y * w.to(y.dtype)` was traced
+    as a float32 product, 5% off eager's output, silently (random networks under autocast
+    found it as a masked assignment of mismatched dtypes)."""
+    from torch._C import DispatchKey
+
+    onednn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    op, taken = torch.ops.aten.lstm.input, []
+
+    def kernel(*args):
+        with torch.backends.mkldnn.flags(enabled=onednn):
+            return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args)
+    for key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd):
+        if (decomposition := op.py_kernels.get(key)) is not None:
+            taken.append((key, decomposition))
+            op.py_kernels[key] = kernel
+    op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for key, decomposition in taken:
+            op.py_kernels[key] = decomposition
+        op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
 def _value_checks_kept():
     """While AOTAutograd traces, `aten._assert_async.default` (`torch._assert_async(t)`
     without a message) counts as an op with an effect, as its overload with a message does
@@ -391,8 +425,9 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
 @contextlib.contextmanager
 def _library_ops_as_ops():
     """Within: library code that has no fixed shapes, or draws from a host generator, when
-    traced is traced as remat-ir's ops (the CTC loss, transformers' SpecAugment masks)."""
-    with ctc_losses_as_one_op(), spec_augment_as_ops():
+    traced is traced as remat-ir's ops (the CTC loss, transformers' SpecAugment masks), and
+    the LSTM as eager's C++ kernel (`_autocast_lstm_as_eager`)."""
+    with ctc_losses_as_one_op(), spec_augment_as_ops(), _autocast_lstm_as_eager():
         yield
 
 

@@ -161,6 +161,36 @@ def test_an_lstm_trains_bitwise_like_eager_with_onednn_on_or_off(options, solver
     assert errors == {}, errors
 
 
+class _LstmReadingItsDtype(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.scale = torch.nn.LSTM(8, 8, batch_first=True), torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        y = self.rnn(x)[0]
+        return (y * self.scale.to(y.dtype)).float().square().mean()
+
+
+@pytest.mark.parametrize("onednn", ONEDNN)
+def test_an_lstm_under_autocast_whose_forward_reads_its_dtype_trains_like_eager(onednn):
+    """Under CPU autocast eager's LSTM returns bfloat16 with oneDNN on and float32 with it
+    off. torch.export's trace (oneDNN off, PyTorch's decomposition) gave float32 either
+    way, so `w.to(y.dtype)` was traced as a float32 product: 5% off eager's output,
+    silently. Now bitwise like eager, both settings."""
+    from exactness import side_by_side
+
+    if onednn and not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not in this build")
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 8)
+    with torch.backends.mkldnn.flags(enabled=onednn):
+        errors = side_by_side(_LstmReadingItsDtype(),
+                              lambda m: remat_ir.remat(m, (x,), cost_model="flops", cache_dir=False),
+                              (x,), {}, lambda loss: loss,
+                              forward_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert errors == {}, errors
+
+
 def test_an_lstm_layers_workspace_is_counted_to_the_byte():
     """oneDNN's LSTM layer hands its backward a workspace whose size PyTorch's fake kernel
     says is zero: the graph counted none of it (64 KiB per layer here), and plans ran over
