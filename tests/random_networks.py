@@ -26,8 +26,10 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "embed_argmax", "unfold_prod", "abs_pow",
           # a parameter written in place under no_grad, then read twice; a hook's weight:
           "decay_linear", "weight_norm_linear",
-          # a stacked LSTM (oneDNN's layer on CPU, its workspace read by its backward):
-          "lstm")
+          # a stacked LSTM (oneDNN's layer on CPU, its workspace read by its backward), a
+          # GRU, a convolution, linear upsampling and a group norm (kernels eager runs on
+          # its own paths: oneDNN, eager's GRU code, eager's upsampling kernel):
+          "lstm", "gru", "conv", "upsample", "group_norm")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -106,6 +108,14 @@ class RandomNet(torch.nn.Module):
         self.lstms = torch.nn.ModuleList(torch.nn.LSTM(self.channels, self.channels, num_layers=2,
                                                        batch_first=True)
                                          for op, _ in program if op == "lstm")
+        self.grus = torch.nn.ModuleList(torch.nn.GRU(self.channels, self.channels, batch_first=True)
+                                        for op, _ in program if op == "gru")
+        # conv: a 3x3 convolution (one channel in, two out, padded) over the width read as
+        # a `channels` x (width / channels) image; the two channels are summed back.
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(1, 2, 3, padding=1)
+                                         for op, _ in program if op == "conv")
+        self.group_norms = torch.nn.ModuleList(torch.nn.GroupNorm(1, self.channels)
+                                               for op, _ in program if op == "group_norm")
         # mask_assign: a trainable row put where a mask of the data says (`x[mask] = row`,
         # whose backward sums the gradient's masked rows: frontends/masked_assign.py).
         if any(op == "mask_assign" for op, _ in program):
@@ -142,6 +152,7 @@ class RandomNet(torch.nn.Module):
         cat_linears, batch_norms = iter(self.cat_linears), iter(self.batch_norms)
         decay_linears, weight_norm_linears = iter(self.decay_linears), iter(self.weight_norm_linears)
         channel_norms, embeds, lstms = iter(self.channel_norms), iter(self.embeds), iter(self.lstms)
+        grus, convs, group_norms = iter(self.grus), iter(self.convs), iter(self.group_norms)
         half = x.shape[-1] // 2
         for op, inputs in self.program:
             a = values[inputs[0]]
@@ -196,6 +207,15 @@ class RandomNet(torch.nn.Module):
                 y = torch.nn.functional.dropout(normed, 0.3, training=True).reshape(a.shape)
             elif op == "lstm":
                 y = next(lstms)(a.unflatten(-1, (-1, self.channels)))[0].reshape(a.shape)
+            elif op == "gru":
+                y = next(grus)(a.unflatten(-1, (-1, self.channels)))[0].reshape(a.shape)
+            elif op == "conv":
+                image = next(convs)(a.unflatten(-1, (self.channels, -1))[:, None])
+                y = (image[:, 0] + image[:, 1]).reshape(a.shape)
+            elif op == "upsample":  # eager's kernel; every other sample of twice the width
+                y = torch.nn.functional.interpolate(a[:, None], scale_factor=2, mode="linear")[:, 0, ::2] * a
+            elif op == "group_norm":
+                y = next(group_norms)(a.unflatten(-1, (self.channels, -1))).reshape(a.shape)
             elif op == "permute_columns":
                 y = a[:, self.permutation] * a
             elif op == "rand_add":  # a random op that is not dropout
