@@ -75,7 +75,9 @@ CASES = {"gpt2": _gpt2, "cnn": _cnn, "llama": _llama}
 
 def _reference(model, split, batch, loss_of, world: int) -> list[dict[str, torch.Tensor]]:
     """Gradients per step of eager training over the global batch, shard by shard."""
-    eager = copy.deepcopy(model)
+    from exactness import copy_model   # deepcopy refuses weights hooks compute
+
+    eager = copy_model(model)
     optimizer = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     grads = []
     for step in range(STEPS):
@@ -423,6 +425,74 @@ def _fsdp_gathered_at_once(rank: int, world: int) -> dict:
     return {"forward": counts[:forward], "backward": counts[forward:], "recomputations": recomputed}
 
 
+class _Hooked(torch.nn.Module):
+    """An LSTM (oneDNN's layer on CPU), a Linear under the hook-based `weight_norm` and one
+    under `spectral_norm` (whose power iteration updates buffers in place), dropout."""
+
+    def __init__(self):
+        super().__init__()
+        import warnings
+
+        self.embed, self.rnn = torch.nn.Embedding(50, 32), torch.nn.LSTM(32, 32, batch_first=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # weight_norm's deprecation
+            self.proj = torch.nn.utils.weight_norm(torch.nn.Linear(32, 32))
+        self.disc = torch.nn.utils.spectral_norm(torch.nn.Linear(32, 32))
+        self.head = torch.nn.Linear(32, 50)
+
+    def forward(self, ids):
+        h = self.rnn(self.embed(ids))[0]
+        h = torch.nn.functional.dropout(self.proj(h).relu(), 0.1) + self.disc(h).tanh()
+        return torch.nn.functional.cross_entropy(self.head(h).flatten(0, 1), ids.flatten())
+
+
+def _hooked_beside_eager(rank: int, world: int) -> dict:
+    """`_Hooked` under DDP and under FSDP2 (the hooked Linears as units), beside eager
+    under the same wrapper in the same process: {wrapper: what is not bitwise equal after
+    each of 3 steps (gradients, buffers, the weights the hooks left on their modules)}.
+    Beside eager, not the one-process reference: DDP broadcasts rank 0's buffers at every
+    forward, and spectral_norm's power iteration reads them."""
+    import remat_ir
+    from exactness import copy_model
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    def whole(t):
+        return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+    results = {}
+    for wrapper in ("ddp", "fsdp"):
+        torch.manual_seed(SEED)
+        model, ids = _Hooked(), torch.randint(0, 50, (4, 32))
+        shard = ids.chunk(world)[rank]
+        eager = copy_model(model)
+        scheduled = remat_ir.remat(model, (shard,), budget=0.97, cost_model="flops", cache_dir=False)
+        if wrapper == "ddp":
+            pair = [DistributedDataParallel(eager), DistributedDataParallel(scheduled)]
+        else:
+            for m in (eager, model):
+                fully_shard(m.proj), fully_shard(m.disc)
+            pair = [fully_shard(eager), fully_shard(scheduled)]
+        optimizers = [torch.optim.SGD(t.parameters(), lr=0.05, momentum=0.9) for t in pair]
+        differ = []
+        for step in range(3):
+            for trained in pair:
+                torch.manual_seed(SEED + 100 * step + rank)
+                trained(shard).backward()
+            named = list(eager.named_parameters()) + list(eager.named_buffers())
+            for (name, a), b in zip(named, list(pair[1].parameters()) + list(model.buffers())):
+                a, b = (whole(a.grad), whole(b.grad)) if isinstance(a, torch.nn.Parameter) else (whole(a), whole(b))
+                if not torch.equal(a, b):
+                    differ.append(f"step {step} {name}")
+            for name in ("proj", "disc"):
+                if not torch.equal(getattr(eager, name).weight, getattr(model, name).weight):
+                    differ.append(f"step {step} {name}.weight left on the module")
+            for optimizer in optimizers:
+                optimizer.step(), optimizer.zero_grad()
+        results[wrapper] = differ
+    return results
+
+
 def run_all(rank: int, world: int, port: int, out: str) -> None:
     global _cache_dir
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KINETO_LOG_LEVEL="6")
@@ -448,6 +518,10 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
         results["held_per_rank"] = _held_tensor_per_rank(rank, world)
         results["ddp_head_left_out"] = _ddp_head_left_out(rank, world)
         results["fsdp_head_left_out"] = _fsdp_head_left_out_with_hooks(rank, world)
+        try:
+            results["hooked"] = _hooked_beside_eager(rank, world)
+        except Exception:
+            results["hooked"] = {"failure": traceback.format_exc()}
         gathered: list = [None] * world
         dist.all_gather_object(gathered, results)
         if rank == 0:

@@ -16,6 +16,7 @@ small beside the step).
 
 from __future__ import annotations
 
+import contextlib
 import typing
 
 import torch
@@ -67,4 +68,23 @@ def assign_weights(hooks: dict[str, tuple[torch.nn.Module, object]]) -> None:
     eager's call does."""
     for module, hook in hooks.values():
         row = kind(hook)
-        setattr(module, row.name(hook), row.weight(hook, module))
+        with _whole_parameters(module):
+            weight = row.weight(hook, module)
+        setattr(module, row.name(hook), weight)
+
+
+@contextlib.contextmanager
+def _whole_parameters(module: torch.nn.Module):
+    """`module`'s parameters sharded by FSDP2 (DTensors) as whole tensors, put back on exit.
+
+    Why: eager's FSDP call runs the hook while the unit is gathered, and leaves the module
+    holding a whole weight; after remat-ir's step the unit is sharded again, and the hook's
+    function failed on DTensor shards beside its plain buffers ("got mixed torch.Tensor and
+    DTensor"). Gathering them here is a collective every rank runs in the same order."""
+    sharded = {name: p for name, p in module._parameters.items() if hasattr(p, "full_tensor")}
+    try:
+        for name, p in sharded.items():
+            module._parameters[name] = p.full_tensor()
+        yield
+    finally:
+        module._parameters.update(sharded)

@@ -47,7 +47,16 @@ def hook_tables(model: torch.nn.Module):
         for table in TABLES:
             hooks = getattr(module, table, None)
             if hooks:
-                yield f"{path or '<root>'} ({type(module).__name__})", table, hooks
+                yield f"{path or '<root>'} ({_class_name(module)})", table, hooks
+
+
+def _class_name(module: torch.nn.Module) -> str:
+    """The module's class name, less torch.distributed's wrapping subclass: `fully_shard`
+    turns a Linear into an `FSDPLinear` after lowering, and its hooks, the same ones, were
+    described as on another module and taken for hooks changed since (a weight_norm
+    Linear sharded as a unit was refused)."""
+    return next((cls.__name__ for cls in type(module).__mro__
+                 if not cls.__module__.startswith("torch.distributed")), type(module).__name__)
 
 
 def backward_hooks(model: torch.nn.Module) -> list[str]:
