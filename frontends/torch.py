@@ -209,7 +209,8 @@ def _eager_kernels():
 @contextlib.contextmanager
 def _autocast_lstm_as_eager():
     """While torch.export traces, `aten.lstm.input` runs eager's C++ kernel under the
-    caller's oneDNN setting, so that an LSTM under CPU autocast returns eager's dtype.
+    caller's oneDNN and cuDNN settings, so that an LSTM under autocast returns eager's dtype
+    (checked on CPU; on CUDA, eager's cuDNN LSTM casts under autocast too).
 
     Why: with oneDNN on, eager's CPU LSTM computes in bfloat16 under `torch.autocast("cpu")`
     and returns bfloat16 (its oneDNN path casts; with oneDNN off it stays float32). Export's
@@ -221,12 +222,17 @@ def _autocast_lstm_as_eager():
     found it as a masked assignment of mismatched dtypes)."""
     from torch._C import DispatchKey
 
-    onednn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    # The caller's settings; torch.export turns oneDNN and cuDNN off while it traces.
+    settings = torch._C._get_mkldnn_enabled(), torch._C._get_cudnn_enabled()
     op, taken = torch.ops.aten.lstm.input, []
 
     def kernel(*args):
-        with torch.backends.mkldnn.flags(enabled=onednn):
+        during = torch._C._get_mkldnn_enabled(), torch._C._get_cudnn_enabled()
+        torch._C._set_mkldnn_enabled(settings[0]), torch._C._set_cudnn_enabled(settings[1])
+        try:
             return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args)
+        finally:
+            torch._C._set_mkldnn_enabled(during[0]), torch._C._set_cudnn_enabled(during[1])
     for key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd):
         if (decomposition := op.py_kernels.get(key)) is not None:
             taken.append((key, decomposition))
