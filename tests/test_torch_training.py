@@ -128,12 +128,13 @@ class _Lstm(torch.nn.Module):
 ONEDNN = [pytest.param(True, id="onednn-on"), pytest.param(False, id="onednn-off")]
 
 
-@pytest.mark.parametrize("onednn", ONEDNN)
+@pytest.mark.parametrize("onednn, input_grad", [
+    pytest.param(True, False, id="onednn-on-data"), pytest.param(True, True, id="onednn-on-input-grad"),
+    pytest.param(False, False, id="onednn-off-data")])   # the plain ops: the slowest, 12 s each
 @pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
 @pytest.mark.parametrize("options", [{}, {"num_layers": 2, "bidirectional": True, "dropout": 0.25},
                                      {"bias": False, "eval": True}],
                          ids=["1-layer", "2-layers-bi-dropout", "no-bias-eval"])
-@pytest.mark.parametrize("input_grad", [False, True], ids=["data", "input-grad"])
 def test_an_lstm_trains_bitwise_like_eager_with_onednn_on_or_off(options, solver, onednn, input_grad):
     """nn.LSTM as users train it on CPU, oneDNN on or off, the input needing a gradient or
     not, in training or eval mode: bitwise like eager, with eager's dropout masks between
