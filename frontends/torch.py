@@ -207,7 +207,7 @@ def _eager_kernels():
 
 
 @contextlib.contextmanager
-def _autocast_lstm_as_eager():
+def _lstm_as_eager_while_exporting():
     """While torch.export traces, `aten.lstm.input` runs eager's C++ kernel under the
     caller's oneDNN and cuDNN settings, so that an LSTM under autocast returns eager's dtype
     (checked on CPU; on CUDA, eager's cuDNN LSTM casts under autocast too).
@@ -432,8 +432,8 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
 def _library_ops_as_ops():
     """Within: library code that has no fixed shapes, or draws from a host generator, when
     traced is traced as remat-ir's ops (the CTC loss, transformers' SpecAugment masks), and
-    the LSTM as eager's C++ kernel (`_autocast_lstm_as_eager`)."""
-    with ctc_losses_as_one_op(), spec_augment_as_ops(), _autocast_lstm_as_eager():
+    the LSTM as eager's C++ kernel (`_lstm_as_eager_while_exporting`)."""
+    with ctc_losses_as_one_op(), spec_augment_as_ops(), _lstm_as_eager_while_exporting():
         yield
 
 

@@ -1,9 +1,9 @@
 """Ops whose kernels make an output the backward reads only while grad mode is on.
 
 Why: oneDNN's LSTM layer (`aten.mkldnn_rnn_layer`, which eager's CPU `nn.LSTM` runs and
-remat-ir's trace keeps: `frontends/lstm_kernels.py`) returns the workspace its backward
-reads only when called with `train=True` *and* grad mode on; under `torch.no_grad` it
-returns None. The runtime runs every segment under no_grad (inside an autograd
+remat-ir's trace keeps: `frontends/torch.py`'s `RNN_EAGER_KERNEL_OPS`) returns the
+workspace its backward reads only with grad mode on (in training or eval mode); under
+`torch.no_grad` it returns None. The runtime runs every segment under no_grad (inside an autograd
 Function), and profiling times ops under no_grad too: the backward then failed ("Expected
 a proper Tensor but got None for argument 'workspace'"), and the workspace's bytes
 (32 KiB for a 16-wide layer over 5 steps of 4) were missing from the measured sizes.
