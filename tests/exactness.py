@@ -135,6 +135,19 @@ def copy_model(model: torch.nn.Module) -> torch.nn.Module:
     return copied
 
 
+def peaks(model: torch.nn.Module, graph: ir.Graph, schedule: pb.Schedule, *args) -> tuple[int, int]:
+    """(measured, simulated) peak bytes of a step of `schedule` of `graph` training `model`
+    on `args` on CPU, measured at the second call (the first compiles the segments)."""
+    from remat_ir.runtimes.memory import measure_peak
+    from remat_ir.runtimes.torch import ScheduledModule
+
+    scheduled = ScheduledModule(model, graph, schedule)
+    for _ in range(2):
+        scheduled.zero_grad(set_to_none=True)
+        measured = measure_peak(lambda: scheduled(*args).backward(), "cpu").peak_bytes
+    return measured, ir.simulate(graph, schedule).peak_bytes
+
+
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
                  model_scale: bool = False, forward_context=contextlib.nullcontext,

@@ -18,7 +18,7 @@ from remat_ir import ir, solvers
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.memory import measure_peak
 from remat_ir.runtimes.torch import ScheduledModule
-from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, copy_model, lowered, random_schedule
+from exactness import DEVICES, SCHEDULE_DRAWS, SEARCH_MODELS, copy_model, lowered, peaks, random_schedule
 from random_networks import RandomNet, programs
 from strategies import search
 from torch_models import gpt2, resnet, unet
@@ -97,12 +97,7 @@ def test_buffer_updates_are_freed_as_the_backward_starts_as_the_runtime_frees_th
     torch.manual_seed(0)
     model, x = _DecaysAWeight(), torch.randn(4, 256)
     graph = lower_torch(model, (x,), cost_model="isolated")
-    plan = getattr(ir, schedule)(graph)
-    simulated = ir.simulate(graph, plan).peak_bytes
-    scheduled = ScheduledModule(model, graph, plan)
-    for _ in range(2):   # the first call compiles the segments
-        scheduled.zero_grad(set_to_none=True)
-        measured = measure_peak(lambda: scheduled(x).backward(), "cpu").peak_bytes
+    measured, simulated = peaks(model, graph, getattr(ir, schedule)(graph), x)
     assert simulated - 64 <= measured <= simulated + 64, (measured, simulated)
 
 

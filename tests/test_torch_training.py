@@ -198,10 +198,9 @@ def test_an_lstm_layers_workspace_is_counted_to_the_byte():
     their budget by that much per layer. The lowered value has the size of eager's, and a
     schedule storing everything peaks where the simulator says (op workspaces measured:
     the "isolated" costs)."""
+    from exactness import peaks
     from remat_ir import ir
     from remat_ir.lowering import lower_torch
-    from remat_ir.runtimes.memory import measure_peak
-    from remat_ir.runtimes.torch import ScheduledModule
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not in this build")
@@ -221,12 +220,7 @@ def test_an_lstm_layers_workspace_is_counted_to_the_byte():
         assert len(workspaces) == 2 and all(w.numel() > 0 for w in workspaces)
         assert sorted(graph.value(n.outputs[3]).size_bytes for n in layers) == \
             sorted(w.numel() * w.element_size() for w in workspaces)
-        schedule = ir.store_all(graph)
-        simulated = ir.simulate(graph, schedule).peak_bytes
-        scheduled = ScheduledModule(model, graph, schedule)
-        for _ in range(2):   # the first call compiles the segments
-            scheduled.zero_grad(set_to_none=True)
-            measured = measure_peak(lambda: scheduled(x).backward(), "cpu").peak_bytes
+        measured, simulated = peaks(model, graph, ir.store_all(graph), x)
     assert simulated - 64 <= measured <= simulated + 64, (measured, simulated)
 
 
