@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import io
 import json
 import operator
@@ -52,7 +53,7 @@ from .buffer_reuse import reuse_dying_inputs
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
-from . import gru_kernels, outside_values, prod_kernels, spectral_kernels
+from . import cudnn_rnns, gru_kernels, outside_values, prod_kernels, spectral_kernels
 from .export_draws import drawing_as_eager
 from .unpreserved_checkpoints import unpreserved_checkpoints_refused
 from .errors import LoweringError
@@ -180,7 +181,13 @@ def _eager_kernels():
                     taken.append((op, key, kernel))
                     op._dispatch_cache.clear()
     # The GRU's CPU code computes other bits once traced; its Python version does not.
-    for op, kernel in gru_kernels.KERNELS.items():
+    # Recurrent layers that would run cuDNN's RNN are refused (`cudnn_rnns`).
+    installed = dict(gru_kernels.KERNELS)
+    for name in cudnn_rnns.KINDS:
+        op = getattr(torch.ops.aten, name).input
+        inner = installed.get(op) or functools.partial(op._op_dk, DispatchKey.CompositeImplicitAutograd)
+        installed[op] = cudnn_rnns.refusing_cudnn(name, inner)
+    for op, kernel in installed.items():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
         op._dispatch_cache.clear()
     # eager's prod backward, by value; eager's istft, op for op
@@ -194,7 +201,7 @@ def _eager_kernels():
     try:
         yield
     finally:
-        for op in gru_kernels.KERNELS:
+        for op in installed:
             op.py_kernels.pop(DispatchKey.CompositeImplicitAutograd, None)
             op._dispatch_cache.clear()
         for module in replaced:
@@ -227,12 +234,15 @@ def _lstm_as_eager_while_exporting():
     op, taken = torch.ops.aten.lstm.input, []
 
     def kernel(*args):
+        if args[0].device.type != "cpu":   # cuDNN's RNN cannot be traced (`cudnn_rnns`)
+            return decompositions[DispatchKey.CompositeImplicitAutograd](*args)
         during = torch._C._get_mkldnn_enabled(), torch._C._get_cudnn_enabled()
         torch._C._set_mkldnn_enabled(settings[0]), torch._C._set_cudnn_enabled(settings[1])
         try:
             return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args)
         finally:
             torch._C._set_mkldnn_enabled(during[0]), torch._C._set_cudnn_enabled(during[1])
+    decompositions = dict(op.py_kernels)
     for key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd):
         if (decomposition := op.py_kernels.get(key)) is not None:
             taken.append((key, decomposition))

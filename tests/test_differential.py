@@ -11,6 +11,7 @@ be bitwise equal (these models' ops are deterministic on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -62,14 +63,20 @@ def test_random_networks_under_random_schedules_match_eager(device, program, see
     def forward_context():
         return torch.autocast(device, dtype=autocast, enabled=autocast is not None)
 
-    graph = lowered_under(forward_context, model, (x,))
+    # On CUDA without cuDNN, lowering and training: eager's BatchNorm of a 3-d input
+    # (channel_norm) runs cuDNN's kernel, which the graph never calls: 1e-7 to 3e-7 off,
+    # within rounding, not bitwise (H200, 2026-12-04; `test_solvers_training` says more).
+    without_cudnn = torch.backends.cudnn.flags(enabled=False) if device == "cuda" else contextlib.nullcontext()
+    with without_cudnn:
+        graph = lowered_under(forward_context, model, (x,))
     if graph is None:
         return
     schedule = random_schedule(graph, random.Random(seed), recompute_share=0.5, defer_share=0.5)
     torch.manual_seed(0)
     fresh = RandomNet(program, width).to(device)
-    errors = side_by_side(fresh, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
-                          (x,), {}, lambda out: out, steps=2, forward_context=forward_context)
+    with torch.backends.cudnn.flags(enabled=False) if device == "cuda" else contextlib.nullcontext():
+        errors = side_by_side(fresh, lambda m: ScheduledModule(m, graph, schedule, gradient_groups=groups),
+                              (x,), {}, lambda out: out, steps=2, forward_context=forward_context)
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
