@@ -195,7 +195,8 @@ GRADIENT_GROUPS = 16
 
 def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=None,
              gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None,
-             backend: str = "eager", absent_outputs: frozenset[int] = frozenset()):
+             backend: str = "eager", absent_outputs: frozenset[int] = frozenset(),
+             transfers: Transfers | None = None):
     """(forward function, backward generator function, plan) for `schedule` on `device`.
 
     With `tick` (`timing.Timeline.tick`), each segment calls `tick(-1)` on entry and
@@ -211,7 +212,12 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     i calls `tick(-2 - i)` after it runs (its ops cannot be timed one by one), and each
     compute step outside regions `tick(node_id)`. The backward is generated for a loss
     that leaves out the user outputs (positions) in `absent_outputs`: their tangents are
-    None, and so is what only they reach (`absent_gradients`)."""
+    None, and so is what only they reach (`absent_gradients`). `transfers`: the runtime's
+    copy streams and host buffer pool, which every pair of segments generated for one
+    schedule must share (a new one by default): a backward generated for a loss leaving
+    outputs out, with a pool of its own, took in the buffers of the forward's offloads and
+    the forward allocated new ones at every step, a host memory leak (found 2026-12-04:
+    the zoo's tiny GPT-2 trained on its own loss, its logits left out: 24 KB a step)."""
     g = graph.proto
     regions = [] if check_backend(backend) == "inductor" else None
     simulated = simulate(graph, schedule) if regions is not None else None
@@ -262,7 +268,8 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     if tick is not None:
         writer.globals["_tick"] = tick
     writer.globals["_placeholder"] = _placeholder_function(graph, device)
-    copies = _CopyLines(writer, device) if any(s.HasField("offload") for s in steps) else None
+    copies = (_CopyLines(writer, transfers or Transfers(device)) if any(s.HasField("offload") for s in steps)
+              else None)
     resident_index = {v: i for i, v in enumerate(resident)}
     units = _GatherLines(graph, rng, resident, gathered, user_outputs) if gathered else None
     sources = _tangent_sources(graph, tangent_of)
@@ -881,8 +888,8 @@ class _CopyLines:
     waited for, through both segments in order. The simulator forbids what is not handled
     here (prefetching a live value, recomputing one whose offload is under way)."""
 
-    def __init__(self, writer: _Writer, device: torch.device):
-        writer.globals["_transfers"] = Transfers(device)
+    def __init__(self, writer: _Writer, transfers: Transfers):
+        writer.globals["_transfers"] = transfers
         self.host: set[int] = set()       # values with a host copy (_h<v> holds its buffer)
         self.leaving: set[int] = set()    # offloaded, device copy still live, not waited for
         self.arriving: set[int] = set()   # prefetched, not waited for
@@ -1031,7 +1038,7 @@ def _call_lines(graph: Graph, writer: _Writer, node_id: int, mode: str) -> list[
 
 def _member_lines(graph: Graph, writer: _Writer, node_id: int, node: pb.Node, mode: str = "") -> list[str]:
     """The lines that run `node` (node `node_id`, or one member of fused node `node_id`)."""
-    if mode == "" and _plain_detach(graph, node):
+    if mode == "" and plain_detach(graph, node):
         return [f"{_tensor_name(node.outputs[0])} = {_tensor_name(node.inputs[0])}"]
     op_global, op = _op_global(graph, writer, node_id, node)
     args = _arguments(graph, writer, node_id, node=node)
@@ -1086,7 +1093,7 @@ def _reused_buffer(graph: Graph, node: pb.Node, op) -> tuple[object, str, list[i
     return functional, out_name, laid_out
 
 
-def _plain_detach(graph: Graph, node: pb.Node) -> bool:
+def plain_detach(graph: Graph, node: pb.Node) -> bool:
     """Whether `node` detaches a value a segment computed, into one no output is: the
     segments run without autograd, so the value needs no gradient and its detached alias
     (same storage, version counter, shape and strides) is the value itself. The joint

@@ -65,6 +65,7 @@ from .op_checks import UnsupportedOp
 from .signatures import (DEFAULT_SDPA, Signature, argument_names, autocast_from_json, containers, flat_leaf,
                          memoised_signature)
 from .traced_reads import TracedReads
+from .transfers import Transfers
 
 #: How a call that does not match a plan, with no planner to make another, is told to go on.
 _LOWER_AGAIN = ("call remat_ir.remat with inputs like these (it lowers and plans each new "
@@ -647,8 +648,11 @@ class _Runner:
                  gradient_groups: int = GRADIENT_GROUPS, gathered: dict[int, int] | None = None,
                  backend: str = "eager"):
         self.graph, self.device = graph, device
+        #: One copy streams and host buffer pool for every segment generated here (`generate`).
+        self.transfers = (Transfers(device) if any(s.HasField("offload") for s in schedule.steps)
+                          else None)
         self._generate = functools.partial(generate, graph, schedule, device, gradient_groups=gradient_groups,
-                                           gathered=gathered, backend=backend)
+                                           gathered=gathered, backend=backend, transfers=self.transfers)
         self.forward_fn, self.backward_fn, self.plan = self._generate()
         #: Backward segments for losses that leave outputs out, by those outputs' positions.
         self._backward_without: dict[frozenset[int], object] = {}

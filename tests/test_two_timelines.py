@@ -173,7 +173,13 @@ def test_profiled_costs_replay_the_timed_step(device):
     assert record.two_timelines, record.note
     from remat_ir.reports import inspect_lines
     assert "two timelines: each op's host time" in "\n".join(inspect_lines(graph, "gpt2.rir"))
-    assert all(n.cost.host_s > 0 for n in timed)
+    # A detach the segments run as the value itself (no dispatch: `codegen.plain_detach`)
+    # costs the host less than a timing tick, which is taken off: 0 is its true price (an
+    # H200 priced GPT-2's three at 0 in two runs of three, which this test took for a fault).
+    from remat_ir.runtimes.codegen import plain_detach
+    dispatched = [n for n in timed if not plain_detach(graph, n)]
+    assert dispatched and all(n.cost.host_s > 0 for n in dispatched)
+    assert all(n.cost.host_s >= 0 and n.cost.device_s >= 0 for n in timed)
     predicted = ir.simulate(graph, store_all(graph)).total_time_s
     one = sum(n.cost.time_s for n in timed) + record.step_overhead_s
     assert 0.5 * one <= predicted <= 1.02 * one, (predicted, one)
