@@ -148,20 +148,6 @@ def peaks(model: torch.nn.Module, graph: ir.Graph, schedule: pb.Schedule, *args)
     return measured, ir.simulate(graph, schedule).peak_bytes
 
 
-def every_output_loss(loss_of):
-    """`loss_of`'s loss plus the mean of every floating output that needs a gradient: a
-    loss whose step the simulator's peak is exact for. The simulator gives every output a
-    gradient; a loss that leaves one out (a Hugging Face model's logits beside the loss it
-    computed) runs less of the backward than planned (`runtimes/absent_gradients.py`), so
-    its step peaks below the simulated figure: 16,388 B below on the zoo's tiny GPT-2 (the
-    logits' gradient sum), which was the CUDA offload test's -8.4% "gap"."""
-    def loss(out):
-        reads = [t for t in pytree.tree_leaves(out)
-                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
-        return loss_of(out) + sum(t.float().mean() for t in reads)
-    return loss
-
-
 def side_by_side(model: torch.nn.Module, make_scheduled, args: tuple, kwargs: dict, loss_of, *,
                  steps: int = 2, seed: int = 100, tolerance: float = 1e-6,
                  model_scale: bool = False, forward_context=contextlib.nullcontext,

@@ -39,8 +39,7 @@ from slow import some_slow
 import zoo
 import zoo_models
 from builders import chain
-from exactness import (DEVICES, INSTANT, SEARCH_MODELS, every_output_loss, lowered, random_round_trips, random_schedule,
-                       side_by_side)
+from exactness import DEVICES, INSTANT, SEARCH_MODELS, lowered, random_round_trips, random_schedule, side_by_side
 from random_networks import RandomNet, programs
 from strategies import search, training_graphs
 
@@ -68,10 +67,6 @@ def test_random_offloads_in_random_schedules_match_eager(name, seed, share, grou
     assert errors == {}, f"not bitwise equal to eager: {errors}"
 
 
-#: The zoo's Hugging Face models, whose loss leaves out the logits they also return.
-LOGITS_LEFT_OUT = ("gpt2", "lora_llama")
-
-
 @pytest.mark.parametrize("name", SEARCH_MODELS)
 @search(4, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), share=st.sampled_from([0.5, 1.0]))
@@ -80,12 +75,10 @@ def test_random_offloads_peak_where_the_simulator_says_at_every_step(name, seed,
     by every later one: from the second step on, what a step allocates is the device side
     alone (a value's memory goes when it is freed after its offload and comes back at its
     prefetch), which must be the simulated peak to within 64 B at every step, as without
-    offloads. Each model trains on its own loss: the Hugging Face ones leave their logits
-    out, and the simulator plans for a backward that gives them a gradient (the logits'
-    gradient sum, which then never runs: up to 16 KB here), so there the step peaks at
-    most at the simulated figure. The backward generated for such a loss had a host pool
-    of its own, so the forward allocated new buffers at every step (GPT-2: 24 KB more a
-    step; pinned memory on CUDA)."""
+    offloads. The Hugging Face models' loss leaves their logits out: the backward generated
+    for such a loss had a host pool of its own, so the forward allocated new buffers at
+    every step (GPT-2: 24 KB more a step; pinned memory on CUDA). The step holds the
+    model's outputs until its backward is done, as the simulator assumes a caller does."""
     graph = lowered(name, "isolated")   # real storage sizes and workspaces
     rnd = random.Random(seed)
     schedule = random_round_trips(graph, random_schedule(graph, rnd), rnd, share)
@@ -94,18 +87,16 @@ def test_random_offloads_peak_where_the_simulator_says_at_every_step(name, seed,
     scheduled = ScheduledModule(model, graph, schedule)
 
     def step():
-        loss_of(scheduled(*args, **kwargs)).backward()
+        out = scheduled(*args, **kwargs)
+        loss_of(out).backward()
+        del out
 
     measured = []
     for _ in range(3):
         scheduled.zero_grad(set_to_none=True)
         measured.append(measure_peak(step, "cpu").peak_bytes)
     simulated = ir.simulate(graph, schedule).peak_bytes
-    assert measured[1] == measured[2], measured
-    if name in LOGITS_LEFT_OUT:
-        assert measured[1] <= simulated + 64, (measured, simulated)
-    else:
-        assert abs(measured[1] - simulated) <= 64, (measured, simulated)
+    assert all(abs(m - simulated) <= 64 for m in measured[1:]), (measured, simulated)
 
 
 class _SharedBlock(torch.nn.Module):
@@ -474,10 +465,13 @@ def test_offloaded_training_on_device(device, capfd):
                           args, kwargs, loss_of, steps=2)
     assert max(errors.values(), default=0.0) <= (0 if device == "cpu" else 1e-5), errors
     if device == "cuda":  # the memory effect: a CPU "device" holds the host copies too
-        reads_every_output = every_output_loss(loss_of)   # what the simulated peak is exact for
-
         def step():
-            reads_every_output(scheduled(*args, **kwargs)).backward()
+            # The outputs held through the backward, as the simulator assumes a caller
+            # does: dropped before it (a temporary here before), the logits' 16 KB are
+            # freed early and the step peaked 8.4% below its simulated figure (H200).
+            out = scheduled(*args, **kwargs)
+            loss_of(out).backward()
+            del out
 
         step()
         scheduled.zero_grad(set_to_none=True)
