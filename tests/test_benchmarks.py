@@ -502,3 +502,21 @@ def test_torch_overhead_runs_and_splits_the_runtimes_own_time_from_its_segments(
     assert set(medians) == {"eager", "remat_store_all", "segments_alone"}
     assert 0 < medians["segments_alone"] and result["call_overhead_s"] == pytest.approx(
         medians["remat_store_all"] - medians["segments_alone"], abs=2e-6)
+
+
+def test_loss_only_runs_and_each_plan_measures_its_simulated_peak(tmp_path):
+    """`benchmarks/loss_only.py` on a tiny GPT-2: both ways planned at each budget, every
+    step trained on `.loss` alone measuring its simulated peak (within 64 B), and the loss
+    alone never needing a larger floor than the model with its logits."""
+    import loss_only
+
+    out = tmp_path / "loss_only"
+    assert loss_only.main(["--layers", "1", "--width", "32", "--vocab", "256", "--seq", "16", "--batch", "2",
+                           "--shares", "0.5", "--time-limit", "2", "--output", str(out)]) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert {row["way"] for row in rows} == {"loss and logits (the model)", "loss alone (LossOnly)"}
+    for row in rows:
+        if row["feasible"]:
+            assert abs(row["measured_peak_bytes"] - row["simulated_peak_bytes"]) <= 64, row
+    floors = {row["way"]: row["simulated_peak_bytes"] for row in rows if row["budget"] == "floor"}
+    assert floors["loss alone (LossOnly)"] <= floors["loss and logits (the model)"], floors
