@@ -74,7 +74,8 @@ gpu-bench: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(STAMP))
 	$(GPU_PYTHON) benchmarks/training_step.py --mode quick --device cuda --rounds 20 --jobs 8 --models $(GPU_MODELS)
 
 # gpu-lease: a lent machine's checks in priority order within one command's limit (the
-#   CUDA tests, the full-size time model with offloading, recompute_prices, the quick GPT-2
+#   CUDA tests, the quick GPT-2 with and without offloading, the full-size time model with
+#   offloading, torch_overhead, recompute_prices, the quick GPT-2
 #   benchmark), each step timed out, logs under GPU_OUT as they go: the command for a lease
 #   (benchmarks/gpu_lease.sh says why and what it takes; STEPS=bench for the last alone).
 GPU_OUT ?= build/gpu-lease
