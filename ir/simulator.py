@@ -302,9 +302,15 @@ class _Run:
     def released_updates(self, k: int) -> set[int]:
         """The buffer updates (`BUFFER_UPDATE` values, no other output's) that no step from
         `k` on reads: freed as the backward starts at step `k`."""
-        outputs = self.g.proto.outputs
-        updates = {o.value_id for o in outputs if o.role == pb.BUFFER_UPDATE}
-        updates -= {o.value_id for o in outputs if o.role != pb.BUFFER_UPDATE}
+        candidates = self.g.derived.get("released_update_candidates")
+        if candidates is None:   # asked at every simulation: most graphs have none
+            outputs = self.g.proto.outputs
+            candidates = self.g.derived["released_update_candidates"] = frozenset(
+                {o.value_id for o in outputs if o.role == pb.BUFFER_UPDATE}
+                - {o.value_id for o in outputs if o.role != pb.BUFFER_UPDATE})
+        if not candidates:
+            return set()
+        updates = set(candidates)
         for step in self.schedule.steps[k:]:
             if step.HasField("compute"):
                 updates.difference_update(self.g.node(step.compute).inputs)

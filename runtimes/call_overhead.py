@@ -71,8 +71,11 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
     # Inputs the forward writes into (`BUFFER_UPDATE`s of user inputs: labels it masks)
     # are copies, so that timing leaves the caller's as they were.
     updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
-    leaves = _Lowered(model, graph, store_all(graph)).flat_inputs(tuple(args), dict(kwargs))
-    written = {id(leaves[e.user_input_position]) for e in graph.user_inputs() if e.name in updated}
+    positions = [e.user_input_position for e in graph.user_inputs() if e.name in updated]
+    written = set()
+    if positions:   # binding the inputs takes a store-everything schedule: only where needed
+        leaves = _Lowered(model, graph, store_all(graph)).flat_inputs(tuple(args), dict(kwargs))
+        written = {id(leaves[p]) for p in positions}
     args, kwargs = pytree.tree_map_only(
         torch.Tensor, lambda t: t.detach().requires_grad_() if t.requires_grad else
         t.clone() if id(t) in written else t, (args, kwargs))
