@@ -87,6 +87,12 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=float, default=20.0)
     parser.add_argument("--output", default=str(HERE / "results" / "loss_only"))
     args = parser.parse_args(argv)
+    try:
+        shares = [float(s) for s in args.shares.split(",")]
+    except ValueError:
+        parser.error(f"--shares {args.shares!r}: write shares between 0 and 1, comma-separated, e.g. 0.5,0.3")
+    if not all(0 < s <= 1 for s in shares):
+        parser.error(f"--shares {args.shares!r}: each share must be above 0 and at most 1")
     model, ids = _model(args)
     batch = {"input_ids": ids, "labels": ids}
     ways = {"loss and logits (the model)": model, "loss alone (LossOnly)": LossOnly(model)}
@@ -96,8 +102,7 @@ def main(argv=None) -> int:
         graphs[way] = lower_torch(module, (), example_kwargs=batch, cost_model="flops")
     whole = ir.simulate(graphs[next(iter(ways))], store_all(graphs[next(iter(ways))])).peak_bytes
     rows = []
-    budgets = [("floor", None)] + [(f"{float(s):.0%} of the model's store-everything", int(float(s) * whole))
-                                   for s in args.shares.split(",")]
+    budgets = [("floor", None)] + [(f"{s:.0%} of the model's store-everything", int(s * whole)) for s in shares]
     for label, budget in budgets:
         for way, graph in graphs.items():
             store = ir.simulate(graph, store_all(graph))
