@@ -781,8 +781,10 @@ class _Lowering:
             # it to the parameter's gradient as if the new value were an output, but nothing
             # takes a gradient of it: zero, and the sum is the other term (eager's gradient;
             # adding a zero would turn its -0.0s into +0.0s). Read otherwise, it would carry
-            # gradients through the write, which the step cannot give.
-            if any(not _adds_to_another(user, node) for user in node.users):
+            # gradients through the write, which the step cannot give. Returned as it is, it
+            # is the parameter's whole gradient: the loss reaches the parameter no other way,
+            # and eager's gradient is None (`output`; a search found it refused, 2026-12-04).
+            if any(not (_adds_to_another(user, node) or user.op == "output") for user in node.users):
                 raise LoweringError(mutation_error(desc.output.mutated_input))
             self.zero_tangents.add(node)
             return
@@ -946,7 +948,7 @@ class _Lowering:
             if kind_name == "PlainAOTOutput" and not isinstance(result, torch.fx.Node):
                 self.constant_outputs[desc.idx] = constant_output(result, desc.idx)
                 continue
-            if result is None:
+            if result is None or result in self.zero_tangents:   # no gradient (`placeholder`)
                 continue
             vid = self.tensor_id(result)
             if kind_name == "PlainAOTOutput":
