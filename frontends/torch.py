@@ -58,6 +58,7 @@ from .export_draws import drawing_as_eager
 from .unpreserved_checkpoints import unpreserved_checkpoints_refused
 from .errors import LoweringError
 from .fx_nodes import node_module
+from .selected_outputs import check_selection, select_outputs
 from .model_lines import library_line, model_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
@@ -1107,7 +1108,7 @@ FUSING_DECOMPOSITIONS = _fusing_decompositions()
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
           example_kwargs: dict | None = None, reuse_buffers: bool = True,
           split_dropouts: bool = True, copy_long_lived_views: bool = True,
-          fusing: bool = False) -> Graph:
+          fusing: bool = False, outputs=None) -> Graph:
     """The joint forward+backward graph of one training step of `model`, as IR, without costs.
 
     `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
@@ -1127,13 +1128,17 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     `fusing`: the graph is for a backend that fuses pointwise chains (Inductor): buffer
     reuse leaves pointwise ops functional (`buffer_reuse.reuse_dying_inputs`) and the ops
     of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
+    `outputs`: the names or positions of the top-level outputs the step returns (None:
+    all); the others are None in what it returns, and the plan frees or recomputes them
+    like any intermediate (`selected_outputs`).
     """
+    outputs = check_selection(outputs)
     refused = cached_parametrizations(model)
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
     with paused_collection(), traced_as_run(), certain_draws(), unpreserved_checkpoints_refused():
         return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
-                      copy_long_lived_views, fusing)
+                      copy_long_lived_views, fusing, outputs)
 
 
 def _reader(model: str, function: str | None) -> str:
@@ -1143,12 +1148,13 @@ def _reader(model: str, function: str | None) -> str:
 
 
 def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
-           copy_long_lived_views, fusing) -> Graph:
+           copy_long_lived_views, fusing, outputs) -> Graph:
     args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad,
                                         example_arguments(example_inputs, example_kwargs))
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
+    out_spec = exported.call_spec.out_spec   # how the outputs nest (`select_outputs` changes it)
     record_globals(model, reads)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
@@ -1169,6 +1175,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             write_through_unfold_views(module, type(model).__name__)
             reshape_in_place(module)
             fold_target_selections(module)
+            if outputs is not None:
+                out_spec = select_outputs(module, out_spec, outputs, type(model).__name__)
             # A custom Function's backward is Python that runs here, once (`changes`).
             outside = outside_values.Snapshot(model) if reads.functions else None
             joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
@@ -1203,7 +1211,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"tensor (a global's, a module's: update such a statistic outside the model)") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
-        problem, aliased, view_bases = output_aliases(joint, exported.call_spec.out_spec, type(model).__name__)
+        problem, aliased, view_bases = output_aliases(joint, out_spec, type(model).__name__)
         if problem is not None:
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)
@@ -1234,7 +1242,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             entry.argument_name = names[entry.user_input_position]
     # How user inputs flatten (PlainAOTInput indices count these leaves) and outputs nest.
     for key, spec in (("torch.in_spec", exported.call_spec.in_spec),
-                      ("torch.out_spec", exported.call_spec.out_spec)):
+                      ("torch.out_spec", out_spec)):
         _name_namedtuples(spec)
         try:
             graph.proto.metadata[key] = pytree.treespec_dumps(spec)

@@ -34,7 +34,8 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           time_limit_s: float | None = None, progress: Progress | None = None,
           max_plans: int | None = None, cache_dir=None, offload: bool = False,
           host_bandwidth=None, host_budget=None, gradient_groups: int | None = None,
-          backend: str = "eager", reuse_plans: bool = True, in_place: bool = False, **options):
+          backend: str = "eager", reuse_plans: bool = True, in_place: bool = False,
+          outputs=None, **options):
     """A module that trains like `model` within `budget` of activation memory.
 
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
@@ -78,6 +79,13 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     a model of torch's own classes (`nn.Sequential`), traces the model's forward without the
     plan; `nn.DataParallel` replicas all route to the one module: give those the returned one.
 
+    `outputs`: the names or positions of the model's outputs a training call returns, such
+    as `["loss"]` for a Hugging Face model trained on its loss alone (None: all). Every
+    output returned is held by the caller until the backward, so a plan keeps it whole;
+    the others (the logits, often the step's largest tensor) are freed or recomputed like
+    any intermediate, and are None in what a training call returns (`model.eval()` or
+    `torch.no_grad()` calls run the model as it is and return everything).
+
     `backend`: "eager" (default) runs the planned segments op by op; "inductor"
     compiles them with Inductor (fused kernels) while keeping what the plan decided:
     recomputations, frees and random draws (`runtimes/compiled.py`). With "profile"
@@ -107,7 +115,8 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
         raise BadRequest(f"in_place must be True or False, not {in_place!r}")
     planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
                       progress=progress, options=options, cache_dir=cache_dir,
-                      host_bandwidth=host_bandwidth, backend=backend, reuse_plans=reuse_plans)
+                      host_bandwidth=host_bandwidth, backend=backend, reuse_plans=reuse_plans,
+                      outputs=outputs)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     with _for_training():
         args, kwargs = _usable_in_training((args, kwargs))
@@ -176,7 +185,8 @@ class Planner:
 
     def __init__(self, budget, solver: str | None, *, cost_model: str, time_limit_s: float | None,
                  progress: Progress | None, options: dict, cache_dir=None, host_bandwidth=None,
-                 backend: str = "eager", reuse_plans: bool = True):
+                 backend: str = "eager", reuse_plans: bool = True, outputs=None):
+        from remat_ir.frontends.selected_outputs import check_selection
         from remat_ir.lowering import check_cost_model
 
         parse_budget(budget, 1)  # a malformed budget fails before the model is traced
@@ -192,6 +202,8 @@ class Planner:
                       offload=bool(options.get("offload")))
         self.time_limit_s, self.progress, self.options = time_limit_s, progress, dict(options)
         self.cache_dir, self.backend = cache_dir, backend
+        #: The outputs a training call returns (`frontends.selected_outputs`); None: all.
+        self.outputs = check_selection(outputs)
         #: The last `REUSED_PLANS` (graph, schedule) pairs its solver made: a call of a new
         #: shape takes one that fits its own graph before planning (`solvers.solve`'s reuse).
         self._solved: list[tuple[Graph, pb.Schedule]] = []
@@ -209,7 +221,7 @@ class Planner:
     def __setstate__(self, state):
         # Pickled before it kept plans, or before it said whether ranks plan alone.
         self.__dict__.update({"_solved": [], "reuse_plans": True, "per_rank": False, "_largest_budget": 0,
-                              **state})
+                              "outputs": None, **state})
 
     def __call__(self, model, args: tuple, kwargs: dict, *, alone: bool = False,
                  same_plan: bool = False) -> tuple[Graph, pb.Schedule]:
@@ -240,7 +252,8 @@ class Planner:
         from remat_ir.runtimes.torch import notify_stderr
 
         cache = PlanCache.from_setting(self.cache_dir, warn=notify_stderr)
-        graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend)
+        graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend,
+                            outputs=self.outputs)
         graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__, self.backend)
         cached = cache and cache.load_graph(graph_key, graph)
         if cached:

@@ -126,6 +126,8 @@ def _convert_torch(args) -> Graph:
 
     if args.shape or args.trainable != "initializers":
         raise RematIRError("--shape and --trainable apply to ONNX files, not to --torch factories")
+    outputs = None if args.outputs is None else [int(o) if o.lstrip("-").isdigit() else o
+                                                 for o in args.outputs.split(",")]
     factory = _load_factory(args.torch)
     try:
         made = factory()
@@ -146,7 +148,8 @@ def _convert_torch(args) -> Graph:
     model.train()
     print(f"lowering {type(model).__name__} (torch.export, joint graph, {args.cost_model} costs)...",
           file=sys.stderr)
-    return lower_torch(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model)
+    return lower_torch(model, example_args, example_kwargs=example_kwargs, cost_model=args.cost_model,
+                       outputs=outputs)
 
 
 def _shape_arg(text: str) -> tuple[str, list[int]]:
@@ -166,6 +169,9 @@ def _convert_onnx(args) -> Graph:
     from .frontends.onnx_ops import torch_dtype
     from .lowering import lower_onnx
 
+    if args.outputs is not None:
+        raise RematIRError("--outputs applies to --torch factories: an ONNX graph's outputs are "
+                           "its own (export the model returning the loss alone)")
     shapes = dict(_shape_arg(text) for text in args.shape)
     example = None
     if shapes:
@@ -415,6 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch", metavar="MODULE:FACTORY",
                    help="a function returning (model, example_inputs): a tuple of positional "
                         "inputs, or a dict of keyword inputs")
+    p.add_argument("--outputs", metavar="NAME,...",
+                   help="PyTorch: the outputs the training step returns, by name or position "
+                        "(loss: a Hugging Face model trained on its loss alone); the others are "
+                        "planned as intermediates (default: all)")
     p.add_argument("--shape", action="append", default=[], metavar="INPUT=D0xD1",
                    help="ONNX: the shape of each graph input, fixing dynamic dimensions such as "
                         "batch and sequence (repeat for each input); random data of the input's dtype")

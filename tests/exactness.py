@@ -299,7 +299,12 @@ def random_schedule(graph: ir.Graph, rnd: random.Random, *, recompute_share: flo
     # node after it in graph order draws.
     random_order = rng.graph_order(graph)
     value_draws = [n for n in random_order if not graph.node(n).rng_shape_only]
-    needed |= {n for n in value_draws if graph.node(n).phase == pb.FORWARD}
+    stack = [n for n in value_draws if graph.node(n).phase == pb.FORWARD]
+    while stack:   # with what they read (a draw nothing reads: an output left out)
+        n = stack.pop()
+        if n is not None and n not in needed:
+            needed.add(n)
+            stack.extend(producer(v) for v in graph.node(n).inputs)
     position = {n: i for i, n in enumerate(random_order)}
     deferred: set[int] = set()  # with everything downstream of them (never a needed node)
     for n in forward:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 import remat_ir
+from remat_ir.ir import pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from hf_trainer import _Collator, small_llama, token_dataset, train  # noqa: E402
@@ -20,7 +21,7 @@ def test_trainer_with_dynamic_padding_matches_plain_trainer(tmp_path, capsys):
     dataset = token_dataset(16, 64, (5, 30))
     plain = copy.deepcopy(model)
     scheduled = remat_ir.remat(model, _Collator()(dataset[:4]), solver="recompute-all",
-                               cost_model="flops")
+                               cost_model="flops", outputs=["loss"])   # Trainer reads the loss alone
     plain_losses = train(plain, dataset, steps=4, batch_size=4, output_dir=str(tmp_path))
     remat_losses = train(scheduled, dataset, steps=4, batch_size=4, output_dir=str(tmp_path))
     assert len(plain_losses) == 4 and remat_losses == plain_losses
@@ -29,6 +30,8 @@ def test_trainer_with_dynamic_padding_matches_plain_trainer(tmp_path, capsys):
     lengths = {g.value(e.value_id).shape[1] for g, _ in scheduled.plans
                for e in g.proto.inputs if e.name == "input0"}
     assert len(lengths) >= 2  # batches were padded to different lengths, each planned
+    for g, _ in scheduled.plans:   # each without its logits (`outputs`)
+        assert [o.name for o in g.proto.outputs if o.role == pb.USER_OUTPUT] == ["output0"]
     notices = capsys.readouterr().err.count("remat-ir: new input signature")
     assert notices == len(scheduled.plans) - 1
 

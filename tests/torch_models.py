@@ -126,6 +126,12 @@ def mlp_for_cli():
     return model, args
 
 
+def gpt2_for_cli():
+    """A tiny GPT-2 and its batch (keyword inputs, labels included) for `remat-ir convert --torch`."""
+    model, _, kwargs, _ = gpt2(n_layer=1)
+    return model, kwargs
+
+
 def a_factory_that_raises():
     """`remat-ir convert --torch` names where a factory failed (it printed a traceback)."""
     raise RuntimeError("the factory failed on purpose")
