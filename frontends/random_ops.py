@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -95,3 +97,30 @@ def _drew_once(target, leaves: list, spec) -> bool:
         for g, state in zip(generators, before):
             g.set_state(state)
     return moved
+
+
+@contextlib.contextmanager
+def user_draws_kept():
+    """While lowering: a user's custom op (untagged: it may draw, `custom_op_draws`) is
+    impure to tracing's dead-code elimination, as PyTorch's tagged draws are. Taken as
+    pure, a call that draws and whose result nothing reads (a statistic never used, an
+    output left out with `outputs=`) was dropped from the graph while eager draws it: the
+    generator's state after the step differed, and every later draw with it. Whether it
+    draws is found at lowering (running it inside a trace would trace it); one that does
+    not is a node nothing reads, which plans skip. Through `Node.is_impure`, which asks
+    `torch._library.utils.is_impure` at each call."""
+    from torch._library import utils as library_utils
+
+    pure = library_utils.is_impure
+
+    def is_impure(op, *, args=None, kwargs=None, impure_random=True):
+        if pure(op, args=args, kwargs=kwargs, impure_random=impure_random):
+            return True
+        return (impure_random and isinstance(op, torch._ops.OpOverload)
+                and op.namespace not in _TAGGED_NAMESPACES and op._schema.name not in _FUNCTION_OPS)
+
+    library_utils.is_impure = is_impure
+    try:
+        yield
+    finally:
+        library_utils.is_impure = pure

@@ -66,7 +66,7 @@ from .paused_collection import paused_collection
 from .swapped_parameters import swapped_parameters_as_parameters
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
-from .random_ops import draws_random
+from .random_ops import draws_random, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
@@ -1136,7 +1136,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     refused = cached_parametrizations(model)
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
-    with paused_collection(), traced_as_run(), certain_draws(), unpreserved_checkpoints_refused():
+    with paused_collection(), traced_as_run(), certain_draws(), unpreserved_checkpoints_refused(), \
+            user_draws_kept():
         return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                       copy_long_lived_views, fusing, outputs)
 

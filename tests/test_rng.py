@@ -487,3 +487,31 @@ def test_a_custom_op_drawing_random_numbers_is_replayed_where_recomputed(solver)
     errors = side_by_side(_CustomOps(), lambda m: remat_ir.remat(m, (x,), solver=solver, cost_model="flops"),
                           (x,), {}, lambda y: y.square().sum())
     assert errors == {}
+
+
+class _DiscardedCustomOps(torch.nn.Module):
+    """Calls the custom ops above and discards their results (statistics never read)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.linear(x)
+        _fused_dropout(h, 0.3)
+        _scaled(h, 2.0)
+        return torch.tanh(h)
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_a_custom_op_that_draws_whose_result_nothing_reads_still_draws_as_eager(solver):
+    """Taken as pure, the drawing op was dropped by tracing's dead-code elimination: eager
+    draws its mask all the same, and the generator's state after the step differed
+    (`random_ops.user_draws_kept`; found while testing `outputs=`)."""
+    x = torch.randn(8, 16)
+    graph = lower_torch(_DiscardedCustomOps(), (x,), cost_model="flops")
+    assert [n.random for n in graph.proto.nodes if n.op.startswith("remat_ir_tests.fused_dropout")] == [True]
+    errors = side_by_side(_DiscardedCustomOps(), lambda m: remat_ir.remat(m, (x,), solver=solver,
+                                                                         cost_model="flops"),
+                          (x,), {}, lambda y: y.square().sum())
+    assert errors == {}
