@@ -4,8 +4,10 @@
     python examples/hf_trainer.py
 
 The only change to a Trainer script is one line: the model passed to `Trainer` is
-`remat_ir.remat(model, example_batch, budget=...)` (or, with `in_place=True`, the model
-itself, whose calls then run the plan: checkpoints `from_pretrained` loads, README). Batches of a new padded length are
+`remat_ir.remat(model, example_batch, budget=..., outputs=["loss"])` (or, with
+`in_place=True`, the model itself, whose calls then run the plan: checkpoints
+`from_pretrained` loads, README; `outputs=["loss"]`: Trainer reads the loss alone, so the
+logits are planned as intermediates). Batches of a new padded length are
 lowered once each (a notice says so) and planned, or take the plan made for another
 length where it fits them. Prints both runs' losses, which are equal, and the lengths
 that were planned.
@@ -84,7 +86,8 @@ def main(steps: int = 6, budget="50%") -> None:
     dataset = token_dataset(64, model.config.vocab_size, (20, 60))
     plain = copy.deepcopy(model)
     example = _Collator()(dataset[:4])
-    scheduled = remat_ir.remat(model, example, budget=budget)
+    # Trainer trains on the loss alone: the logits need not be kept to the end of the step.
+    scheduled = remat_ir.remat(model, example, budget=budget, outputs=["loss"])
     with tempfile.TemporaryDirectory() as out:
         eager_losses = train(plain, dataset, steps=steps, batch_size=4, output_dir=out)
         remat_losses = train(scheduled, dataset, steps=steps, batch_size=4, output_dir=out)
