@@ -22,6 +22,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils import _pytree as pytree
 
+from remat_ir.torchlib.output_names import top_level_names
+
 from .errors import LoweringError
 
 __all__ = ["check_selection", "select_outputs"]
@@ -42,24 +44,12 @@ def check_selection(outputs) -> tuple[str | int, ...] | None:
     return tuple(outputs)
 
 
-def _names(spec: pytree.TreeSpec) -> list[str] | None:
-    """The names of the top-level outputs of `spec` (a dict's keys, a ModelOutput's or a
-    namedtuple's fields), or None where they have only positions."""
-    context = spec.context
-    if isinstance(context, type) and hasattr(context, "_fields"):   # a namedtuple
-        return list(context._fields)
-    if isinstance(context, (list, tuple)) and len(context) == spec.num_children \
-            and all(isinstance(c, str) for c in context):
-        return list(context)
-    return None
-
-
 def _selected_children(spec: pytree.TreeSpec, outputs: tuple, model: str) -> list[int]:
     """The positions among `spec`'s top-level outputs that `outputs` selects."""
     if spec.is_leaf():
         raise LoweringError(f"outputs={list(outputs)!r}: {model}'s forward returns one tensor, so "
                             f"there is nothing to leave out: drop the `outputs` argument")
-    names = _names(spec)
+    names = top_level_names(spec)
     positional = spec.type in (tuple, list) or (names is not None and hasattr(spec.context, "_fields"))
     if names is None and not positional:
         raise LoweringError(f"outputs={list(outputs)!r}: {model}'s forward returns a "

@@ -40,11 +40,12 @@ from remat_ir.ir.rng import contiguous_strides
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 from remat_ir.ir.validation import validate_once
+from remat_ir.ir.units import human_bytes
 
 from remat_ir.torchlib.generators import generators_kept
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import view_of_member
-from remat_ir.torchlib.output_names import output_names
+from remat_ir.torchlib.output_names import output_names, top_level_selectors
 from remat_ir.torchlib import model_structure
 from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
@@ -656,6 +657,8 @@ class _Runner:
         self.forward_fn, self.backward_fn, self.plan = self._generate()
         #: Backward segments for losses that leave outputs out, by those outputs' positions.
         self._backward_without: dict[frozenset[int], object] = {}
+        #: Says a notice once per module (`ScheduledModule._tell_once`), set by the call.
+        self.tell: Callable[[str, str], None] | None = None
         #: Whether the backward segment computes forward nodes (again, or first there):
         #: they run under the backward's CPU kernels (`backward_settings`).
         forward_nodes = {n.id for n in graph.proto.nodes if n.phase == pb.FORWARD}
@@ -726,6 +729,8 @@ class _Runner:
             return self.backward_fn
         if absent not in self._backward_without:
             self._backward_without[absent] = self._generate(absent_outputs=absent)[1]
+            if self.tell is not None:
+                self.tell("absent_outputs", _absent_outputs_notice(self.graph, self.plan.tangents, absent))
         return self._backward_without[absent]
 
     def output_modified(self, position: int) -> RematIRError:
@@ -787,6 +792,31 @@ def _user_output_name(graph: Graph, position: int) -> str:
     if spec is not None and int(flat) < spec.num_leaves:
         return output_names(spec, spec.num_leaves)[int(flat)]
     return f"output {flat}"
+
+
+def _absent_outputs_notice(graph: Graph, tangents: list, absent: frozenset[int]) -> str:
+    """The notice, said once per module, that outputs the loss gives no gradient are still
+    held to the end of the step, and how to let the plan free them: a Hugging Face model
+    trained on `.loss` pins its logits, often the step's largest tensor, which
+    `remat(..., outputs=["loss"])` would not (`frontends/selected_outputs.py`)."""
+    user = [o.name for o in graph.proto.outputs if o.role == pb.USER_OUTPUT]
+    left = sorted(absent)
+    names = [_user_output_name(graph, i) for i in left]
+    size = sum(graph.storage_bytes(graph.value(tangents[i]).storage_id) for i in left)
+    spec = _load_spec(graph.proto, "torch.out_spec")
+    selectors = top_level_selectors(spec, spec.num_leaves) if spec is not None else None
+    flat = [int(name.removeprefix("output")) if name.removeprefix("output").isdigit() else None
+            for name in user]
+    trained = [] if selectors is None else list(dict.fromkeys(
+        selectors[flat[i]] for i in range(len(tangents))
+        if i not in absent and tangents[i] is not None and i < len(flat) and flat[i] is not None
+        and flat[i] < len(selectors)))
+    them = "it" if len(left) == 1 else "them"
+    how = (f"pass remat(..., outputs={trained!r}) and the plan may free or recompute {them}"
+           if trained else "return only what the loss reads and the plan may free or recompute the rest")
+    return (f"remat-ir: the loss gives no gradient to {', '.join(names)} ({human_bytes(size)}), which "
+            f"the step returns, so the plan keeps {them} to the end of every step (the caller may "
+            f"hold {them}); if nothing reads {them} after the forward, {how}")
 
 
 def _load_spec(graph: pb.Graph, key: str):
@@ -1350,6 +1380,7 @@ class _Lowered:
         device = tensors[0].device if tensors else next(model.parameters()).device
         if units is None:
             runner = self.runner(device, gradient_groups, backend=backend)
+            runner.tell = getattr(scheduled, "_tell_once", None)
             if device != self.guard.device:
                 checked = None
             resident = self.resident(model, leaves, device, modules, checked=checked)
@@ -1370,6 +1401,7 @@ class _Lowered:
                                                   if unit is not None})
             _, owners, gathered = self.fsdp_owners
             runner = self.runner(device, gradient_groups, gathered, backend)
+            runner.tell = getattr(scheduled, "_tell_once", None)
             slots: dict[int, list] = {}
             for slot, unit in gathered.items():
                 name = self.bindings[slot][1]

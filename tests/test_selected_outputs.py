@@ -220,3 +220,27 @@ def test_random_networks_returning_some_heads_are_exact_and_peak_where_simulated
         measured = measure_peak(step, "cpu").peak_bytes
     simulated = ir.simulate(graph, schedule).peak_bytes
     assert measured <= simulated + max(64, simulated // 200), (measured, simulated)
+
+
+def test_a_loss_leaving_outputs_out_is_told_once_how_to_let_the_plan_free_them(capsys):
+    """The first backward whose loss gives an output no gradient says so once per module,
+    with the output's size and the `outputs=` that would let the plan free it (by name
+    for a ModelOutput, by position for a tuple); with that selection, nothing is said."""
+    model, _, kwargs, _ = gpt2(n_layer=1)
+    scheduled = remat_ir.remat(model, kwargs, solver="recompute-all", cost_model="flops")
+    for _ in range(2):
+        scheduled(**kwargs).loss.backward()
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert said == ["remat-ir: the loss gives no gradient to output['logits'] (16.00 KiB), which the step "
+                    "returns, so the plan keeps it to the end of every step (the caller may hold it); if "
+                    "nothing reads it after the forward, pass remat(..., outputs=['loss']) and the plan "
+                    "may free or recompute it"]
+    selected = remat_ir.remat(model, kwargs, solver="recompute-all", cost_model="flops", outputs=["loss"])
+    selected(**kwargs).loss.backward()
+    assert "no gradient" not in capsys.readouterr().err
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    heads = remat_ir.remat(_Heads("tuple"), (x,), solver="recompute-all", cost_model="flops")
+    heads(x)[0].backward()
+    said = capsys.readouterr().err
+    assert "no gradient to output[1], output[2] (160 B)" in said and "outputs=[0]" in said

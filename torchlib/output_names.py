@@ -27,3 +27,31 @@ def output_names(out_spec, count: int) -> list[str]:
         if paths is not None:
             return [f"output{pytree.keystr(path)}" if path else "the output" for path, _ in paths]
     return [f"output {i}" for i in range(count)]
+
+
+def top_level_names(spec) -> list[str] | None:
+    """The names of `spec`'s top-level outputs (a dict's keys, a ModelOutput's or a
+    namedtuple's fields), or None where they have only positions (a tuple) or neither:
+    what `remat(..., outputs=[...])` selects by (`frontends/selected_outputs.py`) and the
+    runtime suggests selecting."""
+    context = spec.context
+    if isinstance(context, type) and hasattr(context, "_fields"):   # a namedtuple
+        return list(context._fields)
+    if isinstance(context, (list, tuple)) and len(context) == spec.num_children \
+            and all(isinstance(c, str) for c in context):
+        return list(context)
+    return None
+
+
+def top_level_selectors(out_spec, count: int) -> list[str | int] | None:
+    """For each of `count` flat outputs, the name (else the position) of the top-level
+    output it is part of; None where the spec is unknown, a lone tensor, or has neither."""
+    if out_spec is None or out_spec.num_leaves != count or out_spec.is_leaf():
+        return None
+    names = top_level_names(out_spec)
+    if names is None and out_spec.type not in (tuple, list):
+        return None
+    selectors: list[str | int] = []
+    for i, child in enumerate(out_spec.children()):
+        selectors.extend([names[i] if names is not None else i] * child.num_leaves)
+    return selectors
