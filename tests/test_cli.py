@@ -160,24 +160,24 @@ def test_convert_a_torch_model(tmp_path):
     assert remat_ir("validate", out).returncode == 0
 
 
-def test_convert_a_torch_model_returning_its_loss_alone(tmp_path):
+def test_convert_a_torch_model_returning_its_loss_alone(tmp_path, capsys):
     """`--outputs loss`: the step's one user output is the loss (the logits an intermediate,
-    None where the step returned them); a name the model does not return is one error."""
-    command = [str(Path(sys.executable).parent / "remat-ir"), "convert", "--torch", "torch_models:gpt2_for_cli",
-               "--cost-model", "flops", "-o"]
+    None where the step returned them); a name the model does not return is one error.
+    In process (`cli.main`): the console script is `test_convert_a_torch_model`'s."""
+    from remat_ir import cli
+
+    command = ["convert", "--torch", "torch_models:gpt2_for_cli", "--cost-model", "flops", "-o"]
     graphs = {}
     for outputs in (None, "loss"):
         out = tmp_path / f"gpt2-{outputs}.rir"
-        result = subprocess.run(command + [str(out)] + (["--outputs", outputs] if outputs else []),
-                                capture_output=True, text=True, cwd=Path(__file__).parent)
-        assert result.returncode == 0, result.stderr
+        assert cli.main(command + [str(out)] + (["--outputs", outputs] if outputs else [])) == 0
         graphs[outputs] = ir.load(out)
     user_outputs = {k: [o.name for o in g.proto.outputs if o.role == ir.pb.USER_OUTPUT] for k, g in graphs.items()}
     assert user_outputs == {None: ["output0", "output1"], "loss": ["output0"]}
-    result = subprocess.run(command + [str(tmp_path / "x.rir"), "--outputs", "loss,hidden"],
-                            capture_output=True, text=True, cwd=Path(__file__).parent)
-    assert result.returncode == 2
-    assert "no output named 'hidden'" in result.stderr and "Traceback" not in result.stderr
+    capsys.readouterr()
+    assert cli.main(command + [str(tmp_path / "x.rir"), "--outputs", "loss,hidden"]) == 2
+    said = capsys.readouterr().err
+    assert "no output named 'hidden'" in said and "Traceback" not in said
 
 
 @pytest.mark.parametrize("spec, message", [
