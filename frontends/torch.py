@@ -464,7 +464,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors, reads.functions), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
-                refusing_trace_effects(model, effects, assigned), drawing_as_eager(), \
+                refusing_trace_effects(model, effects, assigned, reads.python_draws), drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_input_branches(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \

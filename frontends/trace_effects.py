@@ -56,6 +56,7 @@ from remat_ir.torchlib.hooks import forward_hooks
 from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 
 from .held_tensors import held_objects
+from .python_draws import RANGES, RangedDraw
 from .model_lines import in_users_file, is_model_file, is_users_file
 from . import outside_state
 from .outside_state import generator_state, holds_placeholder, iterator_state, restore_generator, same_state
@@ -205,19 +206,30 @@ _LIBRARY_DRAWS = {
 }
 
 
-def _noting_draw(function, name: str, generator: str, draws: dict[str, str]):
+def _noting_draw(function, name: str, generator: str, draws: dict[str, str], ranged: list[int] | None):
     """`function`, noting in `draws[generator]` where the model's code first calls it: the
     line of the draw, which comparing the generator's state afterwards cannot name
     (transformers' speech models draw their SpecAugment masks with NumPy; the error said
-    "np.random" and no more)."""
+    "np.random" and no more). With `ranged` (one count per forward traced), Python's
+    `random()` and `uniform()` called by the model's code return a `RangedDraw`, counted
+    in `ranged[-1]` (`python_draws`)."""
+    short = name.rsplit(".", 1)[-1]
+
     def call(*args, **kwargs):
         frame = sys._getframe(1)
-        if generator not in draws and is_model_file(frame.f_code.co_filename):
+        in_model = is_model_file(frame.f_code.co_filename)
+        if generator not in draws and in_model:
             function_name = frame.f_code.co_name
             hint = _LIBRARY_DRAWS.get(function_name)
             draws[generator] = (f"{name} at {frame.f_code.co_filename}:{frame.f_lineno} in "
                                 f"{function_name}{f'; {hint}' if hint else ''}")
-        return function(*args, **kwargs)
+        value = function(*args, **kwargs)
+        if ranged is not None and ranged and generator == "python" and in_model and short in RANGES:
+            ranged[-1] += 1
+            low, high = RANGES[short](*args, **kwargs)
+            return RangedDraw(low, high, f"{name} at {frame.f_code.co_filename}:{frame.f_lineno} in "
+                                         f"{frame.f_code.co_name}")
+        return value
     return call
 
 
@@ -227,6 +239,21 @@ MISSING = object()
 _FIRST_CALL = (" where it held no tensor (a cache its first call fills? Run the model once "
                "before remat: lowering then holds what it cached as a constant, compared "
                "before every call)")
+
+
+def _ranged_draws_alone(before: tuple, ranged: list[int] | None) -> bool:
+    """Whether the `RangedDraw`s counted in `ranged` (per forward traced) are all that
+    moved Python's generator from state `before`, as many in every forward: drawn again
+    from `before`, that many `random()` calls reach the state it is in now."""
+    if not ranged or len(set(ranged)) != 1:
+        return False
+    after = random.getstate()
+    random.setstate(before)
+    for _ in range(sum(ranged)):
+        random.random()
+    same = random.getstate() == after
+    random.setstate(after)
+    return same
 
 
 def _generators(model: torch.nn.Module) -> list[tuple[str, object, object]]:
@@ -330,13 +357,17 @@ def _held(module: torch.nn.Module, key: str):
 
 
 @contextlib.contextmanager
-def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None):
+def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None,
+                           python_draws: list[int] | None = None):
     """While the block traces `model`, note in `found` each effect the graph would not keep
     (module docstring); module attributes are put back afterwards. With `assigned`, a plain
     value the model's code assigns to one of its modules' attributes is not an effect
     where it is the value the attribute had; otherwise it goes into `assigned`, as
     (module path, attribute) -> (value, 'file:line', the value before or `MISSING`), for
-    the caller to trace again."""
+    the caller to trace again. With `python_draws`, numbers the model's code draws from
+    Python's generator with `random()` and `uniform()` are `RangedDraw`s (`python_draws`
+    module): where they are all its draws, as many in each forward traced, that count is
+    appended to `python_draws` instead of an effect noted."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
@@ -357,9 +388,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     for owner, name, function in originals:
         setattr(owner, name, noted(name, function))
     draws: dict[str, str] = {}   # generator -> where the model's code first drew from it
+    ranged: list[int] | None = [] if python_draws is not None else None   # per forward traced
     drawing = _drawing_functions()
     for owner, name, function, source in drawing:
-        setattr(owner, name, _noting_draw(function, f"{owner.__name__}.{name}", source, draws))
+        setattr(owner, name, _noting_draw(function, f"{owner.__name__}.{name}", source, draws, ranged))
     # torch.export puts back the attributes a forward assigned, so assignments are noted
     # as they happen; in-place changes to lists and dicts are found by comparing after.
     module_setattr = torch.nn.Module.__setattr__
@@ -409,6 +441,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
 
     handle = model.register_forward_hook(compare)
+    starts = model.register_forward_pre_hook(lambda module, inputs: ranged.append(0)) if ranged is not None else None
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
@@ -421,6 +454,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         raise
     finally:
         handle.remove()
+        if starts is not None:
+            starts.remove()
         torch.nn.Module.__setattr__ = module_setattr
         for owner, name, function in originals:
             setattr(owner, name, function)
@@ -446,8 +481,11 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             found.append("it sets torch's generator state")
             torch.set_rng_state(generator)
         if random.getstate() != python:
-            found.append(f"it draws from Python's random generator "
-                         f"({draws.get('python', 'random.random and the like')})")
+            if _ranged_draws_alone(python, ranged):
+                python_draws.append(ranged[0])
+            else:
+                found.append(f"it draws from Python's random generator "
+                             f"({draws.get('python', 'random.random and the like')})")
             random.setstate(python)
         if not _same_numpy_state(_numpy_state(), numpy):
             found.append(f"it draws from NumPy's random generator ({draws.get('numpy', 'np.random')})")

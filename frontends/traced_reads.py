@@ -177,17 +177,20 @@ class TracedReads:
     #: The user-defined `autograd.Function` classes the forward applied
     #: (`autograd_functions.preserving_functions`): their code is the model's (`record_globals`).
     functions: set = field(default_factory=set)
+    #: Per trace, the numbers one forward draws from Python's generator, each known by its
+    #: range alone (`python_draws`): what the runtime draws at every training call.
+    python_draws: list = field(default_factory=list)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
-                      self.callables, self.tensors, self.functions):
+                      self.callables, self.tensors, self.functions, self.python_draws):
             table.clear()
 
     def copy(self) -> TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
                            dict(self.globals), list(self.decisions), dict(self.callables),
-                           dict(self.tensors), set(self.functions))
+                           dict(self.tensors), set(self.functions), list(self.python_draws))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -208,7 +211,8 @@ class TracedReads:
                 "torch.module_callables": rows(self.callables),
                 "torch.global_reads": [[module, name, list(where) if where else None, value]
                                        for (module, name, where), value in
-                                       sorted(self.globals.items(), key=repr)]}
+                                       sorted(self.globals.items(), key=repr)],
+                **({"torch.python_draws": self.python_draws[-1]} if self.python_draws else {})}
 
 
 def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:

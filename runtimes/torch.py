@@ -25,6 +25,7 @@ import functools
 import inspect
 import json
 import operator
+import random
 import sys
 import weakref
 from collections import OrderedDict
@@ -575,6 +576,8 @@ def gradient_nodes(output: torch.Tensor) -> list:
 
 def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = None) -> tuple:
     """Run a training step's forward segment and wire its backward (`_Step`)."""
+    for _ in range(runner.python_draws):   # eager's forward draws these (`frontends/python_draws.py`)
+        random.random()
     step = _Step(runner, resident, sharding)
     groups, handers = runner.plan.gradient_groups, step.routes.handers
     taking = {key for i, here in enumerate(handers) for key, entries in here
@@ -657,6 +660,8 @@ class _Runner:
         self.forward_fn, self.backward_fn, self.plan = self._generate()
         #: Backward segments for losses that leave outputs out, by those outputs' positions.
         self._backward_without: dict[frozenset[int], object] = {}
+        #: Numbers eager's forward draws from Python's generator, known by their range alone.
+        self.python_draws = int(json.loads(graph.proto.metadata.get("torch.python_draws", "0")))
         #: Says a notice once per module (`ScheduledModule._tell_once`), set by the call.
         self.tell: Callable[[str, str], None] | None = None
         #: Whether the backward segment computes forward nodes (again, or first there):
