@@ -816,9 +816,13 @@ def _absent_outputs_notice(graph: Graph, tangents: list, absent: frozenset[int])
         selectors[flat[i]] for i in range(len(tangents))
         if i not in absent and tangents[i] is not None and i < len(flat) and flat[i] is not None
         and flat[i] < len(selectors)))
+    # A selection is of top-level outputs: it helps where one holds only outputs left out.
+    freed = selectors is not None and any(
+        flat[i] is not None and flat[i] < len(selectors) and selectors[flat[i]] not in trained
+        for i in left if i < len(flat))
     them = "it" if len(left) == 1 else "them"
     how = (f"pass remat(..., outputs={trained!r}) and the plan may free or recompute {them}"
-           if trained else "return only what the loss reads and the plan may free or recompute the rest")
+           if trained and freed else "return only what the loss reads and the plan may free or recompute the rest")
     return (f"remat-ir: the loss gives no gradient to {', '.join(names)} ({human_bytes(size)}), which "
             f"the step returns, so the plan keeps {them} to the end of every step (the caller may "
             f"hold {them}); if nothing reads {them} after the forward, {how}")

@@ -244,3 +244,25 @@ def test_a_loss_leaving_outputs_out_is_told_once_how_to_let_the_plan_free_them(c
     heads(x)[0].backward()
     said = capsys.readouterr().err
     assert "no gradient to output[1], output[2] (160 B)" in said and "outputs=[0]" in said
+
+
+class _Nested(torch.nn.Module):
+    """A loss and a pair of heads in one top-level output: selecting cannot leave one out."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.linear(x)
+        return h.square().mean(), (h * 2, h.sum(0))
+
+
+def test_the_notice_suggests_a_selection_only_where_it_would_leave_the_output_out(capsys):
+    x = torch.randn(4, 8)
+    scheduled = remat_ir.remat(_Nested(), (x,), solver="recompute-all", cost_model="flops")
+    out = scheduled(x)
+    (out[0] + out[1][0].sum()).backward()
+    said = capsys.readouterr().err
+    assert "no gradient to output[1][1] (32 B)" in said
+    assert "return only what the loss reads" in said and "outputs=" not in said
