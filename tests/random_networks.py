@@ -9,6 +9,7 @@ whose forward draws."""
 
 from __future__ import annotations
 
+import random
 import warnings
 
 import torch
@@ -29,7 +30,9 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           # a stacked LSTM (oneDNN's layer on CPU, its workspace read by its backward), a
           # GRU, a convolution, linear upsampling and a group norm (kernels eager runs on
           # its own paths: oneDNN, eager's GRU code, eager's upsampling kernel):
-          "lstm", "gru", "conv", "upsample", "group_norm")
+          "lstm", "gru", "conv", "upsample", "group_norm",
+          # LayerDrop off, its number drawn from Python's generator (MusicGen's):
+          "python_layer_drop")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -221,6 +224,8 @@ class RandomNet(torch.nn.Module):
                 y = a[:, self.permutation] * a
             elif op == "rand_add":  # a random op that is not dropout
                 y = a + torch.rand_like(a)
+            elif op == "python_layer_drop":  # drawn at every step, never skips (`python_draws`)
+                y = a if self.training and random.uniform(0, 1) < 0.0 else torch.tanh(a)
             elif op == "detach_mul":
                 y = a * a.detach().sigmoid()
             elif op == "no_grad_mul":  # a factor without a gradient, grad mode back on inside
