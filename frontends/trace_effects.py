@@ -6,6 +6,9 @@ of it, so the frontend refuses it by name.
   tracing: gradients 0.78 off eager's wherever eager took the other). The first draw of
   the model's code is named by line (`_noting_draw`), with the config to change where it
   is transformers' SpecAugment (speech models mask time steps with NumPy while training).
+  A number from Python's `random()` or `uniform()` that only comparisons its range decides
+  read (LayerDrop at 0.0) is no such constant: it is lowered, and the runtime draws as
+  many at every step (`python_draws`).
 - torch's generator set or read by the model's own code (`torch.manual_seed`,
   `get_rng_state`/`set_rng_state`, `fork_rng`): the graph's random ops draw from the
   generator as the step runs; the forward's seeding or restoring ran once, at tracing.
