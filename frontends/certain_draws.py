@@ -30,15 +30,18 @@ _aten = torch.ops.aten
 #: Draws of numbers in [0, 1). Not `uniform_`: an in-place op's version count moves after
 #: the dispatch returns, so what is known of it could not be told from a later write.
 _UNIFORM = (_aten.rand.default, _aten.rand_like.default)
-#: Comparisons of a tensor with a number, as (range low, range high, number) -> answer,
-#: None where the range does not decide it. The range is taken closed, [low, high]: a
-#: draw may be `low` itself, and rounding may give `high` (`rand` in bfloat16).
-_COMPARISONS = {
-    _aten.lt.Scalar: lambda low, high, c: True if high < c else False if low >= c else None,
-    _aten.le.Scalar: lambda low, high, c: True if high <= c else False if low > c else None,
-    _aten.gt.Scalar: lambda low, high, c: True if low > c else False if high <= c else None,
-    _aten.ge.Scalar: lambda low, high, c: True if low >= c else False if high < c else None,
+#: Comparisons of a number drawn in a range with a number, by name, as (range low, range
+#: high, number) -> answer, None where the range does not decide it. The range is taken
+#: closed, [low, high]: a draw may be `low` itself, and rounding may give `high` (`rand`
+#: in bfloat16). Also what Python's draws are compared by (`python_draws`).
+DECIDED_BY_RANGE = {
+    "lt": lambda low, high, c: True if high < c else False if low >= c else None,
+    "le": lambda low, high, c: True if high <= c else False if low > c else None,
+    "gt": lambda low, high, c: True if low > c else False if high <= c else None,
+    "ge": lambda low, high, c: True if low >= c else False if high < c else None,
 }
+#: The same for the comparisons of a tensor with a number.
+_COMPARISONS = {getattr(_aten, name).Scalar: decided for name, decided in DECIDED_BY_RANGE.items()}
 #: Tests of an answer against a number: `bool(t)` is `t != 0`, read on the host.
 _TESTS = {_aten.ne.Scalar: lambda answer, c: answer != c, _aten.eq.Scalar: lambda answer, c: answer == c}
 #: Ops reading a tensor's one value on the host (`bool()`, `.item()`).

@@ -22,8 +22,7 @@ eager's leaves it after each step.
 
 from __future__ import annotations
 
-import operator
-
+from .certain_draws import DECIDED_BY_RANGE
 from .errors import LoweringError
 from .random_branches import HINT
 
@@ -31,16 +30,6 @@ from .random_branches import HINT
 #: takes one `random.random()` from the generator (CPython's `uniform` is
 #: `a + (b - a) * random()`), and the range of what it returns.
 RANGES = {"random": lambda: (0.0, 1.0), "uniform": lambda a, b: (min(a, b), max(a, b))}
-
-#: Comparisons of the draw with a number: (range low, range high, number) -> answer,
-#: None where the range does not decide it.
-_DECIDED = {
-    operator.lt: lambda low, high, c: True if high < c else False if low >= c else None,
-    operator.le: lambda low, high, c: True if high <= c else False if low > c else None,
-    operator.gt: lambda low, high, c: True if low > c else False if high <= c else None,
-    operator.ge: lambda low, high, c: True if low >= c else False if high < c else None,
-}
-
 
 class RangedDraw:
     """A number drawn from Python's generator while tracing, known by its range (module
@@ -52,10 +41,10 @@ class RangedDraw:
     def __init__(self, low: float, high: float, where: str):
         self.low, self.high, self.where = low, high, where
 
-    def _compared(self, other, op) -> bool:
+    def _compared(self, other, op: str) -> bool:
         if isinstance(other, bool) or not isinstance(other, (int, float)):
             raise self._refusal(f"compares it with {type(other).__name__} {other!r}")
-        answer = _DECIDED[op](self.low, self.high, other)
+        answer = DECIDED_BY_RANGE[op](self.low, self.high, other)
         if answer is None:
             raise LoweringError(f"the forward compares a number drawn from Python's random generator "
                                 f"({self.where}) with {other!r}, which its range [{self.low}, {self.high}] "
@@ -63,16 +52,16 @@ class RangedDraw:
         return answer
 
     def __lt__(self, other):
-        return self._compared(other, operator.lt)
+        return self._compared(other, "lt")
 
     def __le__(self, other):
-        return self._compared(other, operator.le)
+        return self._compared(other, "le")
 
     def __gt__(self, other):
-        return self._compared(other, operator.gt)
+        return self._compared(other, "gt")
 
     def __ge__(self, other):
-        return self._compared(other, operator.ge)
+        return self._compared(other, "ge")
 
     def _refusal(self, what: str) -> LoweringError:
         return LoweringError(
