@@ -254,11 +254,6 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         with _refusing_effects(name, dict(zip(positions, tensors)), facts["modules"]) as effects:
             returns = facts["last"] = forward(tensors)
         facts["draws"] = facts["draws"] or effects.drew
-        if effects.drew:
-            # Impure to tracing's dead-code elimination, as PyTorch's own draws are: a call
-            # whose results nothing reads (an output left out) was dropped, and the step
-            # drew less than eager (the generator's state after it differed: a search found it).
-            op._opoverload._nondeterministic_seeded = True
         return returns.take()
 
     op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", run, mutates_args=())

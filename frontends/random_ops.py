@@ -101,14 +101,15 @@ def _drew_once(target, leaves: list, spec) -> bool:
 
 @contextlib.contextmanager
 def user_draws_kept():
-    """While lowering: a user's custom op (untagged: it may draw, `custom_op_draws`) is
-    impure to tracing's dead-code elimination, as PyTorch's tagged draws are. Taken as
-    pure, a call that draws and whose result nothing reads (a statistic never used, an
-    output left out with `outputs=`) was dropped from the graph while eager draws it: the
-    generator's state after the step differed, and every later draw with it. Whether it
-    draws is found at lowering (running it inside a trace would trace it); one that does
-    not is a node nothing reads, which plans skip. Through `Node.is_impure`, which asks
-    `torch._library.utils.is_impure` at each call."""
+    """While lowering: the untagged ops that may draw are impure to tracing's dead-code
+    elimination, as PyTorch's tagged draws are: a custom Function's op whose forward drew
+    while traced (`note_function_op`), and a user's custom op (whether it draws is found
+    at lowering, `custom_op_draws`: running it inside a trace would trace it; one that
+    does not is a node nothing reads, which plans skip). Taken as pure, a call that draws
+    and whose result nothing reads (a statistic never used, an output left out with
+    `outputs=`) was dropped from the graph while eager draws it: the generator's state
+    after the step differed, and every later draw with it (found by a search). Through
+    `Node.is_impure`, which asks `torch._library.utils.is_impure` at each call."""
     from torch._library import utils as library_utils
 
     pure = library_utils.is_impure
@@ -116,8 +117,10 @@ def user_draws_kept():
     def is_impure(op, *, args=None, kwargs=None, impure_random=True):
         if pure(op, args=args, kwargs=kwargs, impure_random=impure_random):
             return True
-        return (impure_random and isinstance(op, torch._ops.OpOverload)
-                and op.namespace not in _TAGGED_NAMESPACES and op._schema.name not in _FUNCTION_OPS)
+        if not (impure_random and isinstance(op, torch._ops.OpOverload)):
+            return False
+        facts = _FUNCTION_OPS.get(op._schema.name)
+        return facts["draws"] if facts is not None else op.namespace not in _TAGGED_NAMESPACES
 
     library_utils.is_impure = is_impure
     try:
