@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils import _pytree as pytree
 
-from remat_ir.torchlib.output_names import top_level_names
+from remat_ir.torchlib.output_names import top_level_names, top_level_positions
 
 from .errors import LoweringError
 
@@ -80,11 +80,7 @@ def select_outputs(module: torch.fx.GraphModule, spec: pytree.TreeSpec, outputs:
     spec its outputs now flatten by. Refuses a selection of no tensor, which would leave
     nothing to train."""
     chosen = _selected_children(spec, outputs, model)
-    kept, start = set(), 0
-    for i, child in enumerate(spec.children()):
-        if i in chosen:
-            kept.update(range(start, start + child.num_leaves))
-        start += child.num_leaves
+    kept = {leaf for leaf, i in enumerate(top_level_positions(spec)) if i in chosen}
     node = next(n for n in module.graph.nodes if n.op == "output")
     flat = node.args[0]
     if not any(isinstance(flat[i], torch.fx.Node) for i in kept):

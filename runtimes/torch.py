@@ -785,17 +785,25 @@ class _Runner:
                             f"it is lowered at its size")
 
 
-def _user_output_name(graph: Graph, position: int) -> str:
-    """How the model's code names user output `position` (counting tensor outputs):
-    'output[1]', "output['logits']" from the frontend's output spec, else 'output 1'."""
+def _flat_position(graph: Graph, position: int) -> int | str:
+    """User output `position` (counting tensor outputs) among the flat outputs of the
+    frontend's output spec ('output3': 3), or the name the frontend gave it (an ONNX
+    output's)."""
     names = [o.name for o in graph.proto.outputs if o.role == pb.USER_OUTPUT]
     name = names[position] if position < len(names) else f"output{position}"
     flat = name.removeprefix("output")
-    if not flat.isdigit():   # a name the frontend gave (an ONNX output's)
-        return f"output {name!r}"
+    return int(flat) if flat.isdigit() else name
+
+
+def _user_output_name(graph: Graph, position: int) -> str:
+    """How the model's code names user output `position` (counting tensor outputs):
+    'output[1]', "output['logits']" from the frontend's output spec, else 'output 1'."""
+    flat = _flat_position(graph, position)
+    if isinstance(flat, str):   # a name the frontend gave (an ONNX output's)
+        return f"output {flat!r}"
     spec = _load_spec(graph.proto, "torch.out_spec")
-    if spec is not None and int(flat) < spec.num_leaves:
-        return output_names(spec, spec.num_leaves)[int(flat)]
+    if spec is not None and flat < spec.num_leaves:
+        return output_names(spec, spec.num_leaves)[flat]
     return f"output {flat}"
 
 
@@ -804,22 +812,19 @@ def _absent_outputs_notice(graph: Graph, tangents: list, absent: frozenset[int])
     held to the end of the step, and how to let the plan free them: a Hugging Face model
     trained on `.loss` pins its logits, often the step's largest tensor, which
     `remat(..., outputs=["loss"])` would not (`frontends/selected_outputs.py`)."""
-    user = [o.name for o in graph.proto.outputs if o.role == pb.USER_OUTPUT]
     left = sorted(absent)
     names = [_user_output_name(graph, i) for i in left]
     size = sum(graph.storage_bytes(graph.value(tangents[i]).storage_id) for i in left)
     spec = _load_spec(graph.proto, "torch.out_spec")
     selectors = top_level_selectors(spec, spec.num_leaves) if spec is not None else None
-    flat = [int(name.removeprefix("output")) if name.removeprefix("output").isdigit() else None
-            for name in user]
-    trained = [] if selectors is None else list(dict.fromkeys(
-        selectors[flat[i]] for i in range(len(tangents))
-        if i not in absent and tangents[i] is not None and i < len(flat) and flat[i] is not None
-        and flat[i] < len(selectors)))
+
+    def selector(i):   # of user output i: the top-level output's name or position, or None
+        flat = _flat_position(graph, i)
+        return selectors[flat] if selectors is not None and isinstance(flat, int) and flat < len(selectors) else None
+    trained = list(dict.fromkeys(selector(i) for i in range(len(tangents))
+                                 if i not in absent and tangents[i] is not None and selector(i) is not None))
     # A selection is of top-level outputs: it helps where one holds only outputs left out.
-    freed = selectors is not None and any(
-        flat[i] is not None and flat[i] < len(selectors) and selectors[flat[i]] not in trained
-        for i in left if i < len(flat))
+    freed = any(selector(i) is not None and selector(i) not in trained for i in left)
     them = "it" if len(left) == 1 else "them"
     how = (f"pass remat(..., outputs={trained!r}) and the plan may free or recompute {them}"
            if trained and freed else "return only what the loss reads and the plan may free or recompute the rest")

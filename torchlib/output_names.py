@@ -43,6 +43,15 @@ def top_level_names(spec) -> list[str] | None:
     return None
 
 
+def top_level_positions(spec) -> list[int]:
+    """For each flat leaf of `spec` (not a lone leaf), the position of the top-level output
+    it is part of."""
+    positions: list[int] = []
+    for i, child in enumerate(spec.children()):
+        positions.extend([i] * child.num_leaves)
+    return positions
+
+
 def top_level_selectors(out_spec, count: int) -> list[str | int] | None:
     """For each of `count` flat outputs, the name (else the position) of the top-level
     output it is part of; None where the spec is unknown, a lone tensor, or has neither."""
@@ -51,7 +60,4 @@ def top_level_selectors(out_spec, count: int) -> list[str | int] | None:
     names = top_level_names(out_spec)
     if names is None and out_spec.type not in (tuple, list):
         return None
-    selectors: list[str | int] = []
-    for i, child in enumerate(out_spec.children()):
-        selectors.extend([names[i] if names is not None else i] * child.num_leaves)
-    return selectors
+    return [names[i] if names is not None else i for i in top_level_positions(out_spec)]
