@@ -11,6 +11,14 @@ train bitwise too, their CTC loss one op since 2026-12-03: `ctc_losses.py`). Pro
 refused: its truth is computed through writes (a slice copy, `masked_fill_`), which a
 chain replayed at every call would miss where made through views.
 
+Integers are read alike under `integers_as_eager`, which lowering enters only where a
+first trace stopped at a number read from tensor data (`frontends/torch.py`): `.item()`,
+`.tolist()`, `int()` and an index of an integer tensor computed from the caller's inputs
+give eager's numbers, recorded as the decision `integers`; the ops whose size such
+numbers decide trace in their fixed-size form (`input_sizes.py`). Qwen2-VL's split of its
+patches per image, by the image grid the caller passes, was refused so. Floats are not
+read: a number that differs at every step (a scale) would lower a graph per step.
+
 Where the tensor is computed from the caller's inputs alone, by ops that draw nothing,
 its truth is what eager would read for the example inputs: it is computed on them, the
 trace takes that branch, and the way to it is recorded with the answer
@@ -31,28 +39,51 @@ import threading
 import traceback
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode
 
+from remat_ir.torchlib.value_guards import integers
+
 from .model_lines import model_line
+from .input_sizes import InputSizes
 from .raising_checks import raising_branch
 from .transformers_masks import CallInputs, record_decision, shape_determined
 
 #: Per thread: a truth is being read through the replaced methods (`eager_input_branches`).
 _inside = threading.local()
+#: Per thread: integers are read as eager's too (`integers_as_eager`).
+_integers = threading.local()
 
-#: The decision recorded (`torchlib.value_guards.DECISIONS`): Python's truth of a tensor.
+#: The decisions recorded (`torchlib.value_guards.DECISIONS`): Python's truth of a tensor,
+#: and the integers it holds.
 DECISION = "builtins.bool"
+INTEGERS = f"{integers.__module__}.integers"
+#: The dtypes whose values are read as integers (floats stay refused: a number that differs
+#: at every step, a scale, would lower a graph per step).
+_INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+
+
+@contextlib.contextmanager
+def integers_as_eager():
+    """Within: `eager_input_branches` also reads integers computed from the caller's
+    inputs as eager's (`.item()`, `.tolist()`, `int()`, an index), and traces the ops whose
+    size they decide in their fixed-size form (`input_sizes`)."""
+    before = getattr(_integers, "on", False)
+    _integers.on = True
+    try:
+        yield
+    finally:
+        _integers.on = before
 
 
 @contextlib.contextmanager
 def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guards: list):
     """Within (a trace of `model` on `args`, `kwargs`): the truth of a one-element tensor
     computed from the caller's inputs (`bool(t)`, `if t:`, `assert t`, and `t.item()` of a
-    boolean tensor) is eager's for these inputs, and is appended to `guards`; any other
-    is read as torch reads it."""
+    boolean tensor) is eager's for these inputs, and is appended to `guards`; under
+    `integers_as_eager`, so are the integers of such an integer tensor; any other is read
+    as torch reads it."""
     inputs = CallInputs(args, kwargs)
-    truth, item = torch.Tensor.__bool__, torch.Tensor.item
 
     def eager_truth(tensor: torch.Tensor) -> bool | None:
         if get_proxy_mode() is None or tensor.numel() != 1:
@@ -77,9 +108,41 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
             decided = raising_branch(self)   # an `if` or `assert` that only raises: a check
         return truth(self) if decided is None else decided
 
+    def eager_integers(tensor: torch.Tensor):
+        """Eager's integers in an integer `tensor` computed from the caller's inputs (or
+        from shapes alone), recorded; None for any other tensor, or outside a trace."""
+        if get_proxy_mode() is None or tensor.dtype not in _INTEGERS:
+            return None
+        with torch._C.DisableTorchFunction():
+            recorded = len(guards)
+            read = record_decision(INTEGERS, integers, tensor, (), {}, inputs, guards)
+            if len(guards) > recorded:
+                guards[-1]["line"] = model_line(traceback.extract_stack()[:-3]) or "a line of the forward"
+            if read is None:
+                values = shape_determined(tensor)
+                if values is not None:
+                    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+                        read = integers(values)
+        return read
+
     def reading(self):
-        decided = eager_truth(self) if self.dtype == torch.bool else None
+        if self.dtype == torch.bool:
+            decided = eager_truth(self)
+        else:
+            decided = eager_integers(self) if integers_too and self.numel() == 1 else None
         return item(self) if decided is None else decided
+
+    def listing(original):
+        def method(self):
+            read = eager_integers(self)
+            return original(self) if read is None else read
+        return method
+
+    def as_integer(original):
+        def method(self):
+            read = eager_integers(self) if self.numel() == 1 else None
+            return original(self) if read is None else int(read)
+        return method
 
     def once(read, original):
         # torch's handler of an overridden method (a torch-function mode of export's)
@@ -95,15 +158,26 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
                 _inside.reading = False
         return method
 
-    own = {name: torch.Tensor.__dict__[name] for name in ("__bool__", "item") if name in torch.Tensor.__dict__}
+    truth, item = torch.Tensor.__bool__, torch.Tensor.item
+    integers_too = getattr(_integers, "on", False)
+    # (class, name): the method. Fake tensors list their values by a method of their own.
+    replaced = {(torch.Tensor, "__bool__"): once(branching, truth),
+                (torch.Tensor, "item"): once(reading, item)}
+    if integers_too:
+        replaced.update({(cls, "tolist"): once(listing(cls.tolist), cls.tolist) for cls in (torch.Tensor, FakeTensor)})
+        replaced.update({(torch.Tensor, name): once(as_integer(getattr(torch.Tensor, name)), getattr(torch.Tensor, name))
+                         for name in ("__int__", "__index__")})
+    own = {(cls, name): cls.__dict__[name] for cls, name in replaced if name in cls.__dict__}
     handle = model.register_forward_pre_hook(inputs.hook, with_kwargs=True, prepend=True)
-    torch.Tensor.__bool__, torch.Tensor.item = once(branching, truth), once(reading, item)
+    for (cls, name), method in replaced.items():
+        setattr(cls, name, method)
     try:
-        yield
+        with InputSizes(eager_integers) if integers_too else contextlib.nullcontext():
+            yield
     finally:
-        for name in ("__bool__", "item"):   # as they were: torch.Tensor's own, or inherited
-            if name in own:
-                setattr(torch.Tensor, name, own[name])
+        for cls, name in replaced:   # as they were: the class's own, or inherited
+            if (cls, name) in own:
+                setattr(cls, name, own[cls, name])
             else:
-                delattr(torch.Tensor, name)
+                delattr(cls, name)
         handle.remove()

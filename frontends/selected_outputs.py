@@ -83,6 +83,7 @@ def select_outputs(module: torch.fx.GraphModule, spec: pytree.TreeSpec, outputs:
     kept = {leaf for leaf, i in enumerate(top_level_positions(spec)) if i in chosen}
     node = next(n for n in module.graph.nodes if n.op == "output")
     flat = node.args[0]
+    kept |= set(range(spec.num_leaves, len(flat)))   # tensors the forward stores (`stored_tensors`)
     if not any(isinstance(flat[i], torch.fx.Node) for i in kept):
         raise LoweringError(f"outputs={list(outputs)!r} selects no tensor among {model}'s outputs: "
                             f"select the loss the step trains on")

@@ -88,7 +88,7 @@ from .compared_values import keep_compared_values
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
-from .input_branches import eager_input_branches
+from .input_branches import eager_input_branches, integers_as_eager
 from .transformers_masks import eager_mask_decisions
 from .transformers_paths import eager_paths
 from .value_dependent import (SYMBOLIC, data_sized_branch_error, symbolic_number_error,
@@ -341,6 +341,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     outside = outside_values.Snapshot(model)
     exported, kept = _trace_eager_paths(model, args, kwargs, reads, assigned)
     traced = outside_values.Snapshot(model)
+    if reads.stored.places:
+        _read_either_stored(model, args, kwargs, reads, kept, exported)
     if not assigned and not outside.changed(traced):
         return exported
     modules = dict(model.named_modules())
@@ -369,6 +371,36 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         raise
     reads.either(before)   # both traces made this program: the values either read lead to it
     return exported
+
+
+def _read_either_stored(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
+                        kept: frozenset, exported: torch.export.ExportedProgram) -> None:
+    """The forward read what its attributes held before storing tensors there
+    (`stored_tensors`): Qwen2-VL asks `self.rope_deltas is None`, which is None when
+    lowered and a tensor after every call. Traced again with a tensor of the stored one's
+    shape there, where the program is the same, that read is forgotten (either value
+    makes this program; the runtime would plan again at the second call otherwise);
+    where it differs, the read stays, and a call after the first is planned again (or
+    refused by name)."""
+    places = [place for place in reads.stored.places if place in reads.modules]
+    if not places:
+        return
+    modules = dict(model.named_modules())
+    held = {place: vars(modules[place[0]]).get(place[1], MISSING) for place in places}
+    assigned: dict = {}
+    try:
+        for (path, key), tensor in reads.stored.stand_ins().items():
+            if (path, key) in held:
+                setattr(modules[path], key, tensor)
+        again = _trace(model, args, kwargs, TracedReads(), assigned, [], kept)
+    except LoweringError:
+        return
+    finally:
+        _put_back(model, assigned)
+        _put_back(model, {place: (None, None, was) for place, was in held.items()})
+    if _same_program(_program(again), _program(exported)):
+        for place in places:
+            del reads.modules[place]
 
 
 def _program(exported: torch.export.ExportedProgram) -> tuple[str, list]:
@@ -464,7 +496,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     try:
         with contextlib.redirect_stderr(printed), preserving_functions(errors, reads.functions), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
-                refusing_trace_effects(model, effects, assigned, reads.python_draws), drawing_as_eager(), \
+                refusing_trace_effects(model, effects, assigned, reads.python_draws, reads.stored), \
+                drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_input_branches(model, args, kwargs, reads.decisions), \
                 eager_paths(changed, kept), inference_mode_as_grad_mode(), \
@@ -1138,8 +1171,25 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
     with paused_collection(), traced_as_run(), certain_draws(), unpreserved_checkpoints_refused(), \
             user_draws_kept():
-        return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
-                      copy_long_lived_views, fusing, outputs)
+        try:
+            return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
+                          copy_long_lived_views, fusing, outputs)
+        except LoweringError as refused:
+            if _DATA_DEPENDENT not in str(refused):
+                raise
+        # A number read from tensor data stopped the trace (a split's sizes, a mask's
+        # count): lowered again with those computed from the caller's inputs read as
+        # eager's, each checked at every call (`input_branches.integers_as_eager`). Not
+        # first: where tracing goes on without (a CTC loss's masked targets, folded into
+        # one op of fixed shapes), the graph serves every value, with nothing to check.
+        with integers_as_eager():
+            return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
+                          copy_long_lived_views, fusing, outputs)
+
+
+#: What every refusal of a value read from tensor data says (`value_dependent`,
+#: `_export_failure`): the ones lowering tries again with integers read as eager's.
+_DATA_DEPENDENT = "tensor data"
 
 
 def _reader(model: str, function: str | None) -> str:
@@ -1156,6 +1206,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
     out_spec = exported.call_spec.out_spec   # how the outputs nest (`select_outputs` changes it)
+    if reads.stored.places:   # (outputs, stored tensors): the stored ones after the outputs' leaves
+        out_spec = out_spec.child(0)
     record_globals(model, reads)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 

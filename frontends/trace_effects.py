@@ -60,6 +60,7 @@ from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 
 from .held_tensors import held_objects
 from .python_draws import RANGES, RangedDraw
+from .stored_tensors import StoredTensors
 from .model_lines import in_users_file, is_model_file, is_users_file
 from . import outside_state
 from .outside_state import generator_state, holds_placeholder, iterator_state, restore_generator, same_state
@@ -361,7 +362,7 @@ def _held(module: torch.nn.Module, key: str):
 
 @contextlib.contextmanager
 def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None,
-                           python_draws: list[int] | None = None):
+                           python_draws: list[int] | None = None, stored: StoredTensors | None = None):
     """While the block traces `model`, note in `found` each effect the graph would not keep
     (module docstring); module attributes are put back afterwards. With `assigned`, a plain
     value the model's code assigns to one of its modules' attributes is not an effect
@@ -370,7 +371,9 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     the caller to trace again. With `python_draws`, numbers the model's code draws from
     Python's generator with `random()` and `uniform()` are `RangedDraw`s (`python_draws`
     module): where they are all its draws, as many in each forward traced, that count is
-    appended to `python_draws` instead of an effect noted."""
+    appended to `python_draws` instead of an effect noted. With `stored`, a tensor needing no
+    gradient that the model's code assigns to a public attribute of one of its modules is
+    noted there (`stored_tensors`), and the traced forward returns it after its outputs."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
@@ -425,6 +428,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 at = (path, key)
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
                 assigned[at] = (value, where, before)
+            elif stored is not None and not key.startswith("_") and stored.note(path, key, value, where):
+                pass   # returned by the graph, stored by the runtime (`stored_tensors`)
             else:
                 first = (_holds_tensor(value) and vars(module).get(key) is None
                          and key not in vars(type(module)))
@@ -444,6 +449,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
 
     handle = model.register_forward_hook(compare)
+    returning = stored.hook(model) if stored is not None else None
     starts = model.register_forward_pre_hook(lambda module, inputs: ranged.append(0)) if ranged is not None else None
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
@@ -457,6 +463,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         raise
     finally:
         handle.remove()
+        if returning is not None:
+            returning.remove()
         if starts is not None:
             starts.remove()
         torch.nn.Module.__setattr__ = module_setattr
@@ -472,9 +480,11 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             if tensors:
                 # Private attributes are torch's (an RNN refreshes its `_flat_weights`); the
                 # user's own are noted as they are assigned or appended to.
+                kept = stored.named() if stored is not None else set()
                 public = [path for path in tensors.group(1).split(", ")
                           if not any(part.startswith("_") for part in path.split(".")[1:])
-                          and path.split(".", 1)[-1] not in reparametrized]
+                          and path.split(".", 1)[-1] not in reparametrized
+                          and path.split(".", 1)[-1] not in kept]
                 if public:
                     found.append(f"it assigns tensors to {', '.join(public)}")
             else:

@@ -64,6 +64,7 @@ from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH as LE
 from remat_ir.torchlib.hooks import hook_functions
 
 from .model_lines import in_users_file, is_model_file, is_users_file
+from .stored_tensors import METADATA as STORED, StoredTensors
 
 #: Value types whose value tracing bakes into the graph (a branch on a flag).
 PLAIN_TYPES = (bool, int, float, str, type(None))
@@ -180,17 +181,21 @@ class TracedReads:
     #: Per trace, the numbers one forward draws from Python's generator, each known by its
     #: range alone (`python_draws`): what the runtime draws at every training call.
     python_draws: list = field(default_factory=list)
+    #: Tensors the forward stores on its modules (`stored_tensors`), returned after its outputs.
+    stored: StoredTensors = field(default_factory=StoredTensors)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
                       self.callables, self.tensors, self.functions, self.python_draws):
             table.clear()
+        self.stored.places.clear()
 
     def copy(self) -> TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
                            dict(self.globals), list(self.decisions), dict(self.callables),
-                           dict(self.tensors), set(self.functions), list(self.python_draws))
+                           dict(self.tensors), set(self.functions), list(self.python_draws),
+                           self.stored.copy())
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -212,7 +217,8 @@ class TracedReads:
                 "torch.global_reads": [[module, name, list(where) if where else None, value]
                                        for (module, name, where), value in
                                        sorted(self.globals.items(), key=repr)],
-                **({"torch.python_draws": self.python_draws[-1]} if self.python_draws else {})}
+                **({"torch.python_draws": self.python_draws[-1]} if self.python_draws else {}),
+                **({STORED: [list(place) for place in self.stored.places]} if self.stored.places else {})}
 
 
 def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:

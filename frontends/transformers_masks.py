@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import sys
 
 import torch
@@ -167,7 +168,7 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1:
         return None
-    found = ancestry(tensor, set(inputs.nodes))
+    found = ancestry(tensor, set(inputs.nodes), constants=True)
     if found is None:
         return None
     nodes, read = found
@@ -178,7 +179,10 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
     ops = []
     try:
         for node in nodes:
-            ops.append([str(node.target), encoded(list(node.args), refs, device),
+            if node.op == "get_attr":   # a tensor the forward built: recorded by value
+                refs[node] = _constant(getattr(get_proxy_mode().tracer.root, node.target, None))
+                continue
+            ops.append([_op_name(node.target), encoded(list(node.args), refs, device),
                         {key: encoded(value, refs, device) for key, value in node.kwargs.items()}])
             refs[node] = {"op": len(ops) - 1}
         guard = {"decision": decision,
@@ -192,8 +196,38 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
         return None
     with unset_fake_temporarily(), disable_proxy_modes_tracing():
         guard["answer"] = answer(guard, inputs.leaves, decide)
-    guards.append(guard)
+    if not any(_asked(known) == _asked(guard) for known in guards):   # once: a read per layer
+        guards.append(guard)
     return guard["answer"]
+
+
+def _asked(guard: dict) -> dict:
+    """A guard's question: what it records but its answer and the line that asked."""
+    return {key: value for key, value in guard.items() if key not in ("answer", "line")}
+
+
+#: In-place ops that change a tensor's autograd metadata alone, not its values: replayed
+#: as their out-of-place op (`detach_` as `detach`), they write into no caller's tensor.
+METADATA_WRITES = {torch.ops.aten.detach_.default: "aten.detach.default"}
+#: The largest tensor the forward built that a decision records by value.
+_CONSTANT_LIMIT = 4096
+
+
+def _op_name(target) -> str:
+    """The name `torchlib.value_guards` replays `target` by."""
+    if target is operator.getitem:
+        return "getitem"
+    return METADATA_WRITES.get(target, str(target))
+
+
+def _constant(value) -> dict:
+    """A small tensor the forward built (`torch.tensor([0, 1])`), recorded by its values."""
+    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor) or \
+            value.numel() > _CONSTANT_LIMIT:
+        raise Unrecordable("a tensor constant")
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        return {"tensor": value.tolist(), "dtype": str(value.dtype).removeprefix("torch."),
+                "shape": list(value.shape)}
 
 
 def _reaches(node: torch.fx.Node, target: torch.fx.Node) -> bool:
@@ -226,6 +260,10 @@ def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tupl
         node = stack.pop()
         if node in needed or node in leaves:
             continue
+        if node.op == "call_function" and node.target is operator.getitem:
+            needed.add(node)   # one result of an op of several (`unbind`: a loop over rows)
+            stack.extend(node.all_input_nodes)
+            continue
         if constants and node.op == "get_attr" and node.users and all(
                 user.target is torch.ops.aten.lift_fresh_copy.default for user in node.users):
             # A tensor the forward built (`torch.tensor(1.0)`), which the trace reads through
@@ -237,7 +275,7 @@ def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tupl
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
                 torch.Tag.nondeterministic_seeded in node.target.tags:
             return None
-        if leaves and node.target._schema.is_mutable:
+        if leaves and node.target._schema.is_mutable and node.target not in METADATA_WRITES:
             return None   # replayed on a call's inputs, it could write into the caller's tensors
         needed.add(node)
         stack.extend(node.all_input_nodes)

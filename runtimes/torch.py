@@ -54,7 +54,7 @@ from remat_ir.torchlib.saved_hooks import (INSTEAD, active_pack_hook, allows_mut
                                           is_save_on_cpu)
 from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout,
                                      torch_dtype)
-from remat_ir.torchlib.value_guards import ValueGuards
+from remat_ir.torchlib.value_guards import ValueGuards, shown
 from remat_ir.torchlib.hook_reparametrizations import assign_weights, hook_reparametrizations
 
 from . import autocast_anchors, backward_settings, gradient_routes, output_views
@@ -941,6 +941,9 @@ class _Lowered:
                         if kind == "param" and not parameter_slot(model, what).requires_grad})
         self.in_spec = _load_spec(g, "torch.in_spec")
         self.out_spec = _load_spec(g, "torch.out_spec")
+        #: [module path, attribute] of each tensor the forward stores on a module, returned
+        #: after its outputs (`frontends/stored_tensors.py`).
+        self.stored_attributes = json.loads(g.metadata.get("torch.stored_attributes", "[]"))
         #: Outputs the trace fixed (None, numbers, strings), by flat output position.
         self.constant_outputs = {int(k): v for k, v in
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
@@ -1431,6 +1434,11 @@ class _Lowered:
         outputs = list(outputs)
         for position in sorted(self.constant_outputs):
             outputs.insert(position, self.constant_outputs[position])
+        if self.stored_attributes:   # the forward's stores, as eager's call leaves them
+            count = len(self.stored_attributes)
+            outputs, stored = outputs[:-count], outputs[-count:]
+            for (path, key), value in zip(self.stored_attributes, stored):
+                setattr(modules.at(path), key, value)
         if self.out_spec is not None:
             return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
@@ -1753,6 +1761,8 @@ class ScheduledModule(torch.nn.Module):
             return None, answers, False
         if where is not None:
             self._count_value_change(where, difference)
+        elif new == "new input values":
+            self._count_integer_reads(same, answers)
         elif new == "new input signature":
             self._count_argument_change(signature)
         if self._sharded():
@@ -1828,6 +1838,30 @@ class ScheduledModule(torch.nn.Module):
                 f"that changes between steps to forward as a tensor, or call remat_ir.remat "
                 f"again once it stays fixed")
         seen.add(value)
+
+    def _count_integer_reads(self, plans: list, answers: dict) -> None:
+        """Integers the forward reads from its inputs (`torchlib.value_guards`: Qwen2-VL's
+        image grid, the count of a mask selecting tokens), taking a value no kept plan
+        was made for: lowered and planned again, for up to `VALUE_REPLANS` values of one
+        read besides the lowered one; beyond, integers that differ at most steps (a
+        masked loss over a number of tokens each batch draws anew), which would plan at
+        every step, are refused with what to do."""
+        seen = self.__dict__.setdefault("_integer_reads", {})
+        for plan in plans:
+            for question, line, lowered, value in plan.value_guards.integer_reads(answers):
+                values = seen.setdefault(question, {json.dumps(lowered)})
+                if json.dumps(value) in values:
+                    continue
+                if len(values) > VALUE_REPLANS:
+                    raise RuntimeInputError(
+                        f"this call's inputs give {shown(value)} at {line}, where the forward "
+                        f"reads integers from them (a size, a count of selected elements), and "
+                        f"{len(values)} other values were lowered and planned already, a graph "
+                        f"each: make them the same across batches (one image size, a fixed "
+                        f"number of masked tokens), or compute without them (mask every "
+                        f"element's value, torch.where(mask, x, 0), or pass ignore_index= to the "
+                        f"loss)")
+                values.add(json.dumps(value))
 
     def _count_argument_change(self, signature: Signature) -> None:
         """A call differing from a kept plan's only in plain arguments (a temperature, a

@@ -5,6 +5,7 @@ targets with `masked_select`."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 
@@ -179,7 +180,8 @@ def test_a_ctc_loss_under_autocast_trains_like_eager():
 
 class _SelectionReadElsewhere(_Recognizer):
     """The selected targets also feed the loss another way (their mean): the selection
-    stays in the graph, with a shape the mask's data decides."""
+    stays in the graph, with as many targets as the example's mask selects (the count
+    read as eager's, `frontends/input_sizes.py`)."""
 
     def forward(self, frames, labels, frame_lengths):
         log_probs = F.log_softmax(self.out(torch.tanh(self.inner(frames))), dim=-1).transpose(0, 1)
@@ -188,9 +190,25 @@ class _SelectionReadElsewhere(_Recognizer):
         return F.ctc_loss(log_probs, targets, frame_lengths, mask.sum(-1)) + targets.float().mean()
 
 
-def test_targets_read_elsewhere_too_are_refused_by_line():
-    with pytest.raises(LoweringError, match=r"masked_select.*test_ctc_loss.py"):
-        lower_torch(_SelectionReadElsewhere(), _batch(), cost_model="flops")
+def test_targets_read_elsewhere_too_are_selected_by_their_count_and_train_like_eager():
+    """Refused before (the selection's shape is the mask's count); now bitwise eager's,
+    and a batch with another count of targets is planned for it."""
+    args = _batch()
+    assert side_by_side(_SelectionReadElsewhere(), lambda model: _scheduled_elsewhere(model, args), args, {},
+                        lambda loss: loss) == {}
+    model = _SelectionReadElsewhere()
+    scheduled = remat_ir.remat(copy.deepcopy(model), args, cost_model="flops")
+    other = _batch(target_lengths=[4, 4, 2])   # 10 targets, the example 9
+    torch.manual_seed(0)
+    expected = model(*other)
+    torch.manual_seed(0)
+    assert torch.equal(scheduled(*other), expected)
+    assert len(scheduled.plans) == 2
+
+
+def _scheduled_elsewhere(model, args):
+    graph = lower_torch(_SelectionReadElsewhere(), args, cost_model="flops")
+    return ScheduledModule(model, graph, random_schedule(graph, random.Random(2), recompute_share=0.8))
 
 
 def test_transformers_wav2vec2_fine_tuned_for_ctc_trains_like_eager():

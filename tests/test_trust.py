@@ -2114,20 +2114,35 @@ class _CachesInItself(torch.nn.Module):
         return (self.linear(x) * self.cache).square().sum()
 
 
-def test_a_cache_a_module_fills_at_its_first_call_is_refused_saying_to_call_it_once_first():
-    """A tensor assigned to a module attribute while tracing is refused (the graph would
-    not keep the assignment); where the attribute held none, the error says that calling
-    the model once first is the way out, and that way trains bitwise like eager."""
+def test_a_cache_a_module_fills_at_its_first_call_is_stored_and_read_as_eager_reads_it():
+    """A tensor assigned to a module attribute while tracing was refused (the graph keeps
+    no assignment), saying to call the model once first. The graph now returns it and the
+    runtime stores it (`frontends/stored_tensors.py`); the second call, which reads the
+    cache where the first filled it, is planned again from the model as it is then. Both
+    ways train bitwise like eager, the cache left as eager leaves it."""
     x = torch.randn(4, 4)
     torch.manual_seed(0)
-    with pytest.raises(LoweringError, match=r"attribute 'cache' of _CachesInItself at .* where it held "
+    with pytest.raises(LoweringError, match=r"attribute 'cache' of _CachesNeedingAGradient at .* where it held "
                                             r"no tensor \(a cache its first call fills\? Run the model "
                                             r"once before remat"):
-        lower_torch(_CachesInItself(), (x,), cost_model="flops")
-    model = _CachesInItself()
-    model(x)
-    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
-                        lambda loss: loss, tolerance=1e-30) == {}
+        lower_torch(_CachesNeedingAGradient(), (x,), cost_model="flops")
+    for called_first in (False, True):
+        model = _CachesInItself()
+        if called_first:
+            model(x)
+        assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                            lambda loss: loss, tolerance=1e-30, steps=3) == {}
+    scheduled = _remat(_CachesInItself(), (x,), solver="recompute-all")
+    for _ in range(3):
+        scheduled(x).backward()
+    assert torch.equal(scheduled.cache, torch.linspace(0.5, 1.5, 4)) and len(scheduled.plans) == 2
+
+
+class _CachesNeedingAGradient(_CachesInItself):
+    def forward(self, x):
+        if self.cache is None:
+            self.cache = self.linear.weight.sum(0)   # the step's graph kept alive on the module
+        return (self.linear(x) * self.cache).square().sum()
 
 
 class _Averages:
@@ -3120,23 +3135,47 @@ def test_lines_of_the_standard_library_are_not_the_models():
 
 
 class _LossInside(torch.nn.Module):
-    """A loss PyTorch computes with a branch on tensor data that no argument turns off
-    (`gaussian_nll_loss`'s check of the variance, which only raises, now traces as a check:
+    """A loss PyTorch computes with branches on its target's data: with the caller's
+    targets (`pseudo=False`), the counts per cluster are eager's (`input_sizes.py`); with
+    targets the model computes (pseudo-labels from a teacher), no graph can hold them
+    (`gaussian_nll_loss`'s check of the variance, which only raises, traces as a check:
     tests/test_value_checks.py)."""
 
-    def __init__(self):
+    def __init__(self, pseudo: bool = False):
         super().__init__()
-        self.proj = torch.nn.Linear(8, 8)
+        self.pseudo = pseudo
+        self.proj, self.teacher = torch.nn.Linear(8, 8), torch.nn.Linear(8, 10)
         self.adaptive = torch.nn.AdaptiveLogSoftmaxWithLoss(8, 10, [4])
 
     def forward(self, x, target):
+        if self.pseudo:
+            target = self.teacher(x).argmax(1)
         return self.adaptive(self.proj(x), target).loss
 
 
-def test_a_loss_branching_on_tensor_data_says_to_compute_it_outside():
+def test_a_loss_branching_on_data_the_model_computes_says_to_compute_it_outside():
     """The hint said "an argument of that call may avoid it", where none does."""
     with pytest.raises(LoweringError, match=r"AdaptiveLogSoftmaxWithLoss gathers.*outside the module"):
-        _remat(_LossInside(), (torch.randn(4, 8), torch.randint(0, 10, (4,))))
+        _remat(_LossInside(pseudo=True), (torch.randn(4, 8), torch.randint(0, 10, (4,))))
+
+
+def test_an_adaptive_softmax_over_the_callers_targets_trains_like_eager():
+    """Refused before (its rows per cluster are `nonzero` of target masks): each cluster's
+    count is read as eager's, under a random schedule bitwise eager's, and targets of
+    other counts get a graph of their own."""
+    torch.manual_seed(0)
+    args = (torch.randn(4, 8), torch.tensor([1, 7, 3, 9]))
+
+    def scheduled(fresh):
+        graph = lower_torch(fresh, args, cost_model="flops")
+        return ScheduledModule(fresh, graph, random_schedule(graph, random.Random(1), recompute_share=0.8))
+    assert side_by_side(_LossInside(), scheduled, args, {}, lambda loss: loss, steps=2) == {}
+    model = _LossInside()
+    remat = _remat(copy.deepcopy(model), args)
+    for target in ([1, 2, 3, 0], [5, 6, 7, 8], [9, 1, 3, 7]):   # 0, then 4, then 2 in the tail cluster
+        target = torch.tensor(target)
+        assert torch.equal(remat(args[0], target), model(args[0], target))
+    assert len(remat.plans) == 3
 
 
 @pytest.mark.parametrize("make, says", [
@@ -3279,14 +3318,15 @@ class _ValueShaped(torch.nn.Module):
 
     def forward(self, x, labels):
         h = self.linear(x)
-        if self.kind == "boolean_mask":   # a loss over the labels that are not -100
-            return h[labels != -100].square().mean()
+        # Masks of the activations (masks of the inputs trace as eager's count: test_input_sizes.py).
+        if self.kind == "boolean_mask":   # a loss over the rows the model itself picks
+            return h[h[:, 0] > 0].square().mean()
         if self.kind == "item":
             return h.square().mean() / h.abs().max().item()
         if self.kind == "unique":
             return h.square().mean() * torch.unique(labels).numel()
         # "selected_rows_transposed": AOTAutograd branches on the rows kept
-        return h[labels != -100].t().contiguous().square().sum()
+        return h[h[:, 0] > 0].t().contiguous().square().sum()
 
 
 @pytest.mark.parametrize("kind, op, instead", [
@@ -4934,28 +4974,38 @@ def test_an_error_raised_only_while_tracing_names_the_check_not_the_model():
 
 class _LengthsAsNumbers(torch.nn.Module):
     """Reads its rows' lengths as Python numbers, then uses them as Python values, as
-    diffusers' Lumina2 does with its sequence lengths."""
+    diffusers' Lumina2 does with its sequence lengths: of the input's rows, or of the
+    activations' (`of_activations`)."""
 
-    def __init__(self):
+    def __init__(self, of_activations: bool = True):
         super().__init__()
+        self.of_activations = of_activations
         self.linear = torch.nn.Linear(4, 4)
 
     def forward(self, x):
-        lengths = (x > 0).sum(1).tolist()
+        h = self.linear(x)
+        lengths = ((h if self.of_activations else x) > 0).sum(1).tolist()
         scale = 2.0 if len(set(lengths)) > 1 else 1.0
-        return (self.linear(x) * scale).sum()
+        return (h * scale).sum()
 
 
 def test_a_number_read_from_tensor_data_and_used_as_a_python_value_is_named_as_such():
     """"unhashable type: non-nested SymInt" was said as the forward taking another path
     while traced (a check such as is_compiling()), which it does not: the number has no
-    value under tracing. Now the read and the use are named, with what to do."""
+    value under tracing. Now the read and the use are named, with what to do. Lengths of
+    the caller's input are read as eager's (`input_branches.integers_as_eager`) and train
+    like eager, each call's checked."""
     with pytest.raises(LoweringError, match=r"_LengthsAsNumbers's forward reads a number from tensor data "
                                             r"at .*test_trust.py:\d+ in forward, which torch.export holds "
                                             r"as a symbol without a value, and uses it as a plain Python "
                                             r"value at .*test_trust.py:\d+ in forward \(TypeError: "
                                             r"unhashable type: non-nested SymInt\).*keep it a tensor"):
         _remat(_LengthsAsNumbers(), (torch.randn(3, 4),))
+    torch.manual_seed(0)
+    model, x = _LengthsAsNumbers(of_activations=False), torch.randn(3, 4)
+    scheduled = _remat(copy.deepcopy(model), (x,))
+    for batch in (x, torch.ones(3, 4), x.abs()):   # lengths differ, then all 4, then as x's
+        assert torch.equal(scheduled(batch), model(batch))
 
 
 def test_transformers_beit_with_its_relative_position_bias_trains_like_eager():

@@ -13,14 +13,17 @@ plans one, or refuses the call by name). The frontend computes its answer with t
 `answer`, so the answer recorded and the one checked come from one computation.
 
 The forward's own branches on a tensor's truth computed from its inputs are recorded
-alike (`frontends/input_branches.py`), as the decision `bool`. Only the functions named
-in `DECISIONS` are ever called by name.
+alike (`frontends/input_branches.py`), as the decision `bool`, and the integers it reads
+from such a tensor (`.item()`, `.tolist()`, `int()`: Qwen2-VL's split of its patches per
+image, from the image grid the caller passes) as the decision `integers`. Only the
+functions named in `DECISIONS` are ever called by name.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import operator
 
 import torch
 
@@ -31,12 +34,20 @@ DECISIONS = {f"{_MASKING}._ignore_causal_mask_sdpa": "skip",
              f"{_MASKING}._ignore_bidirectional_mask_sdpa": "skip",
              f"{_MASKING}.find_packed_sequence_indices": "packed",
              # A branch of the forward on a tensor's truth (`frontends/input_branches.py`).
-             "builtins.bool": "branch"}
+             "builtins.bool": "branch",
+             # The integers the forward reads from a tensor (`frontends/input_branches.py`).
+             f"{__name__}.integers": "integers"}
 #: The recorded answer, said of the input whose values decided it.
 _SAID = {("skip", True): "keeps every token (attention runs without a mask)",
          ("skip", False): "masks some token (attention runs with a mask)",
          ("packed", True): "holds one sequence per row",
          ("packed", False): "packs several sequences in a row"}
+
+
+def integers(tensor: torch.Tensor):
+    """The integers an integer or boolean `tensor` holds, as Python's (nested) list, or
+    one number for a tensor of no dimension: what `.tolist()` and `.item()` read."""
+    return tensor.tolist()
 
 
 class Unrecordable(Exception):
@@ -68,6 +79,9 @@ def _decoded(value, values: list, leaves: list, device: torch.device):
         return [_decoded(item, values, leaves, device) for item in value]
     if not isinstance(value, dict):
         return value
+    if "tensor" in value:   # a tensor the forward built, by its values
+        return torch.tensor(value["tensor"], dtype=getattr(torch, value["dtype"]),
+                            device=device).reshape(value["shape"])
     (kind, what), = value.items()
     if kind == "input":
         return leaves[what]
@@ -78,7 +92,9 @@ def _decoded(value, values: list, leaves: list, device: torch.device):
     return getattr(torch, what)
 
 
-def _op(name: str) -> torch._ops.OpOverload:
+def _op(name: str):
+    if name == "getitem":   # one result of an op of several
+        return operator.getitem
     namespace, packet, overload = name.split(".")
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
@@ -96,7 +112,7 @@ def decider(name: str):
                           f"again") from None
 
 
-def answer(guard: dict, leaves: list, decide=None) -> bool:
+def answer(guard: dict, leaves: list, decide=None) -> bool | int | list:
     """The decision of `guard` on a call's flat input `leaves`: its ops replayed, its
     function (`decide`, else the one it names) called on their result (outside tracing:
     eager's answer)."""
@@ -109,9 +125,10 @@ def answer(guard: dict, leaves: list, decide=None) -> bool:
                                     **{k: _decoded(v, values, leaves, device) for k, v in kwargs.items()}))
     read = _decoded(guard["reads"], values, leaves, device)
     result = (decide or decider(guard["decision"]))(read, *guard["args"], **guard["kwargs"])
-    if DECISIONS[guard["decision"]] == "packed":
+    kind = DECISIONS[guard["decision"]]
+    if kind == "packed":
         return result is None
-    return bool(result)
+    return result if kind == "integers" else bool(result)
 
 
 class ValueGuards:
@@ -136,9 +153,13 @@ class ValueGuards:
             if answers[question] != guard["answer"]:
                 kind = DECISIONS[guard["decision"]]
                 argument = " and ".join(names()[i] for i in guard["inputs"])
+                if kind == "integers":
+                    return (f"{_argument_values(argument, guard)} give {shown(answers[question])} "
+                            f"at {guard['line']}, where those it was lowered with gave "
+                            f"{shown(guard['answer'])}: the forward reads these integers from them, "
+                            f"and a graph holds one value of each")
                 if kind == "branch":
-                    plural = "s" if len(guard["inputs"]) > 1 else ""
-                    return (f"the values of argument{plural} {argument} make the condition at {guard['line']} "
+                    return (f"{_argument_values(argument, guard)} make the condition at {guard['line']} "
                             f"{answers[question]}, where those it was lowered with made it "
                             f"{guard['answer']}: the forward branches on it, and a graph holds one branch")
                 return (f"argument {argument} {_SAID[kind, answers[question]]}, where the one it "
@@ -146,3 +167,21 @@ class ValueGuards:
                         f"this from its values ({guard['decision'].rpartition('.')[2]}), and a "
                         f"graph holds one decision")
         return None
+
+    def integer_reads(self, answers: dict) -> list[tuple[str, str, object, object]]:
+        """Each integer read of the forward whose answer for a call is in `answers` (as
+        `mismatch` memoised it): its question, line, answer at lowering and for the call."""
+        return [(question, guard["line"], guard["answer"], answers[question])
+                for guard, question in zip(self.guards, self._questions)
+                if DECISIONS[guard["decision"]] == "integers" and question in answers]
+
+
+def _argument_values(argument: str, guard: dict) -> str:
+    plural = "s" if len(guard["inputs"]) > 1 else ""
+    return f"the values of argument{plural} {argument}"
+
+
+def shown(value, limit: int = 60) -> str:
+    """`value` (integers), said in at most about `limit` characters."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "...]"

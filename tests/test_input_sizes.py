@@ -1,0 +1,196 @@
+"""Integers a forward reads from its inputs (`frontends/input_branches.py`, decision
+`integers`) and ops whose size they decide (`frontends/input_sizes.py`): traced as eager
+reads them for the call, checked at every call, planned again for new values, refused
+with what to do past `VALUE_REPLANS` new values of one read."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import remat_ir
+from remat_ir.frontends.errors import LoweringError
+from remat_ir.lowering import lower_torch
+from remat_ir.runtimes.torch import VALUE_REPLANS, RuntimeInputError, ScheduledModule
+from exactness import random_schedule, side_by_side
+
+ROWS, WIDTH, GROUPS = 8, 6, 3
+
+
+class Grouped(nn.Module):
+    """Rows in groups whose sizes the caller passes (Qwen2-VL's patches per image from
+    its image grid): split by `counts.tolist()`, a per-group scale repeated per row by
+    `repeat_interleave`, a loop over `int()` of each count, the largest read by `.item()`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, 1)
+        self.scale = nn.Parameter(torch.randn(GROUPS))
+
+    def forward(self, x, counts):
+        h = torch.tanh(self.a(x))
+        h = h * self.scale.repeat_interleave(counts).unsqueeze(1)
+        pieces = torch.split(h, counts.tolist())
+        pooled = torch.stack([p.sum(0) / max(int(n), 1) for p, n in zip(pieces, counts)])
+        h = torch.dropout(h, 0.3, True) + pooled.mean(0) * counts.max().item()
+        return self.b(h).square().mean()
+
+
+class MaskedLoss(nn.Module):
+    """A loss over the tokens whose label is not -100 (`x[mask]`, BEiT's masked-image
+    loss), the rows picked by `nonzero`, and `masked_select`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, 4)
+
+    def forward(self, x, labels):
+        h = torch.dropout(torch.relu(self.a(x)), 0.2, True)
+        logits = self.b(h)
+        kept = labels != -100
+        loss = nn.functional.cross_entropy(logits[kept], labels[kept])
+        rows = torch.nonzero(kept).squeeze(1)
+        loss = loss + h.index_select(0, rows).square().mean()
+        return loss + torch.masked_select(logits, kept.unsqueeze(1)).abs().mean()
+
+
+def _step(module, args, seed=3):
+    for p in module.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    loss = module(*args)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in module.parameters()], torch.get_rng_state()
+
+
+def _same(a, b) -> bool:
+    (loss, grads, state), (loss2, grads2, state2) = a, b
+    return torch.equal(loss, loss2) and torch.equal(state, state2) and all(map(torch.equal, grads, grads2))
+
+
+def _counts(total: int, draw) -> torch.Tensor:
+    cuts = sorted(draw)
+    return torch.tensor([b - a for a, b in zip([0, *cuts], [*cuts, total])])
+
+
+@pytest.fixture(scope="module")
+def grouped():
+    torch.manual_seed(0)
+    return Grouped(), torch.randn(ROWS, WIDTH), torch.tensor([3, 1, 4])
+
+
+@settings(max_examples=10, deadline=None)
+@given(cuts=st.lists(st.integers(0, ROWS), min_size=GROUPS - 1, max_size=GROUPS - 1))
+def test_each_call_reads_the_integers_its_inputs_hold_in_eager(grouped, cuts):
+    """Searched over group sizes (empty groups too): under a schedule that recomputes at
+    random, every step is eager's bitwise (loss, gradients, generator), and a call of new
+    sizes gets a graph of its own, while the example's sizes reuse theirs."""
+    model, x, example = grouped
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x, example), budget=None, cost_model="flops")
+    counts = _counts(ROWS, cuts)
+    assert _same(_step(scheduled, (x, counts)), _step(copy.deepcopy(model), (x, counts)))
+    assert len(scheduled.plans) == (1 if counts.tolist() == example.tolist() else 2)
+    assert _same(_step(scheduled, (x, example)), _step(copy.deepcopy(model), (x, example)))
+    assert len(scheduled.plans) == (1 if counts.tolist() == example.tolist() else 2)
+
+
+def test_the_integers_read_are_recorded_once_each_and_a_call_of_others_is_refused_by_name(grouped):
+    model, x, example = grouped
+    graph = lower_torch(model, (x, example), cost_model="flops")
+    guards = json.loads(graph.proto.metadata["torch.value_guards"])
+    answers = [g["answer"] for g in guards if g["decision"].endswith(".integers")]
+    # The counts, asked by repeat_interleave (its size) and split (one question, recorded
+    # once), each count by int() while iterating the tensor, and the largest by .item().
+    assert answers == [[3, 1, 4], 3, 1, 4, 4]
+    assert all("test_input_sizes.py" in g["line"] for g in guards)
+    schedule = random_schedule(graph, random.Random(2), recompute_share=0.8)
+    assert _same(_step(ScheduledModule(copy.deepcopy(model), graph, schedule), (x, example)),
+                 _step(copy.deepcopy(model), (x, example)))
+    with pytest.raises(RuntimeInputError, match=r"argument args\[1\] give \[2, 2, 4\] at .*test_input_sizes.py:\d+ "
+                                                r"in forward, where those it was lowered with gave \[3, 1, 4\]"):
+        ScheduledModule(copy.deepcopy(model), graph, schedule)(x, torch.tensor([2, 2, 4]))
+
+
+@pytest.fixture(scope="module")
+def masked():
+    torch.manual_seed(1)
+    return MaskedLoss(), torch.randn(ROWS, WIDTH), torch.tensor([1, -100, 3, 0, -100, 2, 2, 1])
+
+
+@settings(max_examples=10, deadline=None)
+@given(labels=st.lists(st.sampled_from([-100, 0, 1, 2, 3]), min_size=ROWS, max_size=ROWS)
+       .filter(lambda ls: any(v != -100 for v in ls)))
+def test_a_mask_of_the_inputs_selects_as_eager_and_only_its_count_needs_a_graph(masked, labels):
+    """Searched over labels: bitwise eager's; labels that keep as many tokens as the
+    example's, wherever they are, run the example's graph (only the count is read)."""
+    model, x, example = masked
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x, example), budget=None, cost_model="flops")
+    labels = torch.tensor(labels)
+    assert _same(_step(scheduled, (x, labels)), _step(copy.deepcopy(model), (x, labels)))
+    same_count = int((labels != -100).sum()) == int((example != -100).sum())
+    assert len(scheduled.plans) == (1 if same_count else 2)
+
+
+def test_a_count_that_differs_at_every_step_is_refused_with_what_to_do(masked, capsys):
+    model, x, example = masked
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x, example), budget=None, cost_model="flops")
+    eager = copy.deepcopy(model)
+    kept = int((example != -100).sum())
+    others = [k for k in range(1, ROWS + 1) if k != kept]
+    for count in others[:VALUE_REPLANS]:
+        labels = torch.tensor([1] * count + [-100] * (ROWS - count))
+        assert _same(_step(scheduled, (x, labels)), _step(eager, (x, labels)))
+    notes = capsys.readouterr().err.splitlines()
+    assert sum("new input values" in note for note in notes) == VALUE_REPLANS
+    labels = torch.tensor([1] * others[VALUE_REPLANS] + [-100] * (ROWS - others[VALUE_REPLANS]))
+    with pytest.raises(RuntimeInputError, match=r"give \d+ at .*test_input_sizes.py:\d+ in forward, where the "
+                                                rf"forward reads integers .* and {VALUE_REPLANS + 1} other "
+                                                r"values were lowered .* ignore_index="):
+        scheduled(x, labels)
+    # A count seen before still runs, from its kept plan.
+    labels = torch.tensor([2] * others[0] + [-100] * (ROWS - others[0]))
+    assert _same(_step(scheduled, (x, labels)), _step(eager, (x, labels)))
+
+
+class FromActivations(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.a = nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("counts", torch.tensor([4, 4]))   # may change at any step
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.kind == "mask":
+            return h[h[:, 0] > 0].sum()
+        if self.kind == "buffer_counts":
+            return sum(p.sum() for p in torch.split(h, self.counts.tolist()))
+        return h.repeat_interleave((h[:, 0] > 0).long(), dim=0).sum()
+
+
+@pytest.mark.parametrize("kind", ["mask", "buffer_counts", "repeats"])
+def test_integers_read_from_the_models_tensors_or_activations_stay_refused(kind):
+    with pytest.raises(LoweringError, match="tensor data"):
+        lower_torch(FromActivations(kind), (torch.randn(ROWS, WIDTH),), cost_model="flops")
+
+
+@pytest.mark.parametrize("family", ["beit-mim", "glpn", "xmod"])
+def test_transformers_losses_over_masks_of_their_inputs_train_bitwise(family):
+    """BEiT's masked-image loss, GLPN's depth loss over the labels above 0 and X-MOD's
+    language adapters were refused (aten.nonzero): bitwise now, under random schedules."""
+    import family_models
+    family_models.quiet()
+    torch.manual_seed(0)
+    model, args, kwargs, loss_of = family_models.FAMILIES[family]()
+
+    def scheduled(fresh):
+        graph = lower_torch(fresh, args, example_kwargs=kwargs, cost_model="flops")
+        return ScheduledModule(fresh, graph, random_schedule(graph, random.Random(1), recompute_share=0.8))
+    assert side_by_side(model, scheduled, args, kwargs, loss_of, steps=2) == {}

@@ -1,0 +1,140 @@
+"""Tensors a forward stores on its modules (`frontends/stored_tensors.py`): returned by
+the graph after the outputs, stored by the runtime after every training call, so the
+model holds what eager's call leaves on it (Qwen2-VL's `rope_deltas`)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat_ir
+from remat_ir.frontends.errors import LoweringError
+from remat_ir.lowering import lower_torch
+from remat_ir.runtimes.torch import RuntimeInputError, ScheduledModule
+from exactness import random_schedule, side_by_side
+
+WIDTH = 8
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(WIDTH, WIDTH)
+        self.kept = None   # what the last call found, for a later generation (Qwen2-VL's rope_deltas)
+
+    def forward(self, x, mask):
+        if self.kept is None or mask is not None:   # computed again whenever a mask is given
+            self.kept = mask.sum(1, keepdim=True) - mask.shape[1]
+        return torch.dropout(torch.tanh(self.a(x)), 0.2, True) * (self.kept + mask.shape[1]).unsqueeze(2)
+
+
+class Storing(nn.Module):
+    """Its submodule stores a tensor of the mask at every call; `reads_last` also computes
+    with the tensor the previous call stored (a cache), `with_gradient` stores one that
+    needs a gradient."""
+
+    def __init__(self, reads_last: bool = False, with_gradient: bool = False):
+        super().__init__()
+        self.reads_last, self.with_gradient = reads_last, with_gradient
+        self.inner, self.out = Inner(), nn.Linear(WIDTH, 2)
+
+    def forward(self, x, mask):
+        extra = self.inner.kept.float().mean() if self.reads_last and self.inner.kept is not None else 0.0
+        h = self.inner(x, mask)
+        if self.with_gradient:
+            self.inner.pooled = h.mean(0)
+        logits = self.out(h) + extra
+        return {"loss": logits.square().mean(), "logits": logits}
+
+
+def _batch(seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 6, WIDTH, generator=generator)
+    return x, (torch.rand(4, 6, generator=generator) > 0.3).long()
+
+
+def _step(module, batch, seed: int):
+    for p in module.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    loss = module(*batch)["loss"]
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in module.parameters()], torch.get_rng_state()
+
+
+@pytest.mark.parametrize("outputs", [None, ["loss"]])
+def test_a_stored_tensor_is_left_on_the_model_as_eager_leaves_it(outputs):
+    """Over steps with new masks: losses, gradients, generator and the stored tensor
+    bitwise eager's, one plan (the forward's `self.kept is None` was None when lowered and
+    a tensor after: either leads to the same graph, so it is not checked)."""
+    torch.manual_seed(0)
+    model = Storing()
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, _batch(0), budget=None, cost_model="flops", outputs=outputs)
+    assert model.inner.kept is None   # lowering stored nothing
+    for seed in (1, 2, 3):
+        batch = _batch(seed)
+        ours, theirs = _step(scheduled, batch, seed), _step(eager, batch, seed)
+        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[2], theirs[2])
+        assert all(map(torch.equal, ours[1], theirs[1]))
+        assert torch.equal(model.inner.kept, eager.inner.kept) and not model.inner.kept.requires_grad
+    assert len(scheduled.plans) == 1
+    graph = scheduled.plans[0][0]
+    assert graph.proto.metadata["torch.stored_attributes"] == '[["inner", "kept"]]'
+    with torch.no_grad():   # evaluation runs the model as it is, which stores it itself
+        scheduled(*_batch(4))
+        eager(*_batch(4))
+    assert torch.equal(model.inner.kept, eager.inner.kept)
+
+
+def test_any_schedule_stores_it_after_every_call():
+    torch.manual_seed(0)
+    model = Storing()
+    graph = lower_torch(copy.deepcopy(model), _batch(0), cost_model="flops")
+    schedule = random_schedule(graph, random.Random(4), recompute_share=0.8)
+    eager = copy.deepcopy(model)
+    scheduled = ScheduledModule(model, graph, schedule)
+    for seed in (5, 6):
+        ours, theirs = _step(scheduled, _batch(seed), seed), _step(eager, _batch(seed), seed)
+        assert torch.equal(ours[0], theirs[0]) and all(map(torch.equal, ours[1], theirs[1]))
+        assert torch.equal(model.inner.kept, eager.inner.kept)
+
+
+def test_a_stored_tensor_the_next_call_computes_with_is_checked_at_that_call():
+    """A cache the next call reads: its first call's graph (lowered with nothing there)
+    is not the second's, so without a planner the second call is refused by name."""
+    torch.manual_seed(0)
+    model = Storing(reads_last=True)
+    graph = lower_torch(copy.deepcopy(model), _batch(0), cost_model="flops")
+    scheduled = ScheduledModule(model, graph, random_schedule(graph, random.Random(1)))
+    scheduled(*_batch(0))["loss"].backward()
+    assert model.inner.kept is not None
+    with pytest.raises(RuntimeInputError, match=r"'inner.kept' .* was None when the model was lowered"):
+        scheduled(*_batch(1))
+
+
+def test_a_stored_tensor_needing_a_gradient_stays_refused():
+    with pytest.raises(LoweringError, match=r"assigns .*pooled"):
+        lower_torch(Storing(with_gradient=True), _batch(0), cost_model="flops")
+
+
+def test_qwen2_vl_trains_bitwise_and_keeps_its_rope_deltas_as_eager():
+    """Refused before (its image grid split by `.tolist()`, `repeat_interleave` by the
+    grid, and `self.rope_deltas = ...`): bitwise eager's under a random schedule, with the
+    rope deltas eager leaves on the model."""
+    import family_models
+    family_models.quiet()
+    torch.manual_seed(0)
+    model, args, kwargs, loss_of = family_models.FAMILIES["qwen2_vl"]()
+    eager = copy.deepcopy(model)
+    graph = lower_torch(copy.deepcopy(model), args, example_kwargs=kwargs, cost_model="flops")
+    schedule = random_schedule(graph, random.Random(1), recompute_share=0.8)
+    assert side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, kwargs, loss_of) == {}
+    scheduled = ScheduledModule(model, graph, schedule)
+    loss_of(scheduled(*args, **kwargs)).backward()
+    loss_of(eager(*args, **kwargs)).backward()
+    assert model.model.rope_deltas is not None and torch.equal(model.model.rope_deltas, eager.model.rope_deltas)
