@@ -7,9 +7,10 @@ None`, `is_global = global_attention_mask.any().item()`) cannot be traced as one
 fake tensors have no values, and export stopped there ("branches on a value computed
 from tensor data"). FSMT, Longformer, LED, LLaVA and PaliGemma were refused so (they
 train bitwise now), and seven of transformers' speech models at their label check (they
-train bitwise too, their CTC loss one op since 2026-12-03: `ctc_losses.py`). ProphetNet stays
-refused: its truth is computed through writes (a slice copy, `masked_fill_`), which a
-chain replayed at every call would miss where made through views.
+train bitwise too, their CTC loss one op since 2026-12-03: `ctc_losses.py`). A truth
+computed through writes (ProphetNet's slice copy and `masked_fill_`) is not recorded: a
+chain replayed at every call would miss writes made through views; ProphetNet's only
+guards an `assert`, which becomes a check of every step (`raising_checks.py`).
 
 Integers are read alike under `integers_as_eager`, which lowering enters only where a
 first trace stopped at a number read from tensor data (`frontends/torch.py`): `.item()`,
@@ -128,6 +129,8 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     def reading(self):
         if self.dtype == torch.bool:
             decided = eager_truth(self)
+            if decided is None and get_proxy_mode() is not None and self.numel() == 1:
+                decided = raising_branch(self, called=True)   # `assert t.item()`: a check
         else:
             decided = eager_integers(self) if integers_too and self.numel() == 1 else None
         return item(self) if decided is None else decided

@@ -37,20 +37,21 @@ import torch
 
 #: Files of remat-ir between a truth read and the code that reads it.
 _OURS = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-              for name in ("input_branches.py", "raising_checks.py"))
+              for name in ("input_branches.py", "raising_checks.py", "value_dependent.py"))
 #: Tests whose truth Python reads once, as a whole: a call, an attribute, a name, an item,
 #: one comparison (`a < b < c` reads the truth of `a < b` first).
 _WHOLE = (ast.Call, ast.Attribute, ast.Name, ast.Subscript, ast.Compare)
 
 
-def raising_branch(tensor: torch.Tensor) -> bool | None:
+def raising_branch(tensor: torch.Tensor, called: bool = False) -> bool | None:
     """The truth that keeps the code reading `tensor`'s truth from raising, with the
     condition traced as a check raising what it would have raised; None where that code
-    is not such a guard."""
+    is not such a guard. `called`: the truth is read by a call (`t.item()`, ProphetNet's
+    `assert torch.all(ids >= 0).item()`), whose result the jump takes next."""
     frame = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename) in _OURS:
         frame = frame.f_back
-    if frame is None or not _jumps(frame):
+    if frame is None or not _jumps(frame, called):
         return None
     file = frame.f_code.co_filename
     linecache.checkcache(file)
@@ -67,11 +68,18 @@ def raising_branch(tensor: torch.Tensor) -> bool | None:
     return computing
 
 
-def _jumps(frame) -> bool:
+def _jumps(frame, called: bool = False) -> bool:
     """Whether `frame` reads the truth at a conditional jump (an `if`'s or an `assert`'s
     test, `not` of it included), rather than as part of a longer expression (`bool(t)`
-    passed on, `a or b`)."""
-    at = next((i for i in dis.get_instructions(frame.f_code) if i.offset == frame.f_lasti), None)
+    passed on, `a or b`); `called`: at the call whose result the next instruction, a
+    conditional jump, takes (`assert t.item()`)."""
+    instructions = list(dis.get_instructions(frame.f_code))
+    if called:   # the call's instruction: the last at or before `f_lasti` (inside its caches)
+        index = max((n for n, i in enumerate(instructions) if i.offset <= frame.f_lasti), default=None)
+        index = index + 1 if index is not None and instructions[index].opname.startswith("CALL") else None
+    else:
+        index = next((n for n, i in enumerate(instructions) if i.offset == frame.f_lasti), None)
+    at = instructions[index] if index is not None and index < len(instructions) else None
     return at is not None and at.opname.startswith("POP_JUMP") and "NONE" not in at.opname
 
 

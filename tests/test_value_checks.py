@@ -209,6 +209,7 @@ def test_gaussian_nll_loss_of_a_learned_variance_trains_bitwise_and_raises_eager
     ("nan guard", float("nan"), RuntimeError, "the loss is NaN"),
     ("assert", 1e4, AssertionError, "activations exploded"),
     ("assert not", 1e4, AssertionError, None),
+    ("assert item", 1e4, AssertionError, "activations exploded"),
     ("computed message", 1e4, ValueError, None)])
 def test_a_branch_that_only_raises_is_a_check_of_every_step(kind, bad, error, message):
     """`frontends/raising_checks.py`: the trace takes the computing side; the step raises

@@ -159,6 +159,8 @@ class Guarded(torch.nn.Module):
             assert (h.abs() < 50).all(), "activations exploded"
         elif self.kind == "assert not":
             assert not (h.abs() >= 50).any()
+        elif self.kind == "assert item":   # ProphetNet's form: the truth read by `.item()`
+            assert torch.all(h.abs() < 50).item(), "activations exploded"
         elif self.kind == "computed message":
             if h.amax() > 50:
                 raise ValueError(f"too big: {h.amax()}")
