@@ -50,7 +50,8 @@ _OF_INPUTS = {"is_input", "alias_of_input"}
 _OF_ONE_INTERMEDIATE = {"alias_of_intermediate_save_as_output", "alias_of_intermediate"}
 
 
-def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, str], dict[int, int]]:
+def output_aliases(joint, out_spec, model: str,
+                   stored: list[str] = ()) -> tuple[str | None, dict[int, str], dict[int, int]]:
     """(What is wrong with the first output of `joint`, AOTAutograd's joint graph with
     descriptors, that is an input or a view of one, or None; {flat output position: what
     to say if a gradient reaches it} for the outputs that are views of another output or
@@ -62,7 +63,9 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
     the output it hands over, as AOTAutograd's wrapper does, so that autograd sends the
     view's gradient into the base's (CLIP's `logits_per_image`, the transpose of
     `logits_per_text`, both read by the usual symmetric contrastive loss); a view it cannot
-    take so is refused only once a loss uses it, since the graph gives it no gradient."""
+    take so is refused only once a loss uses it, since the graph gives it no gradient.
+    `stored`: where the forward stores each tensor the graph returns after the model's
+    outputs (`stored_tensors`), 'attribute 'x' of inner at file:line'."""
     metadata = getattr(getattr(joint, "_aot_state", None), "fw_metadata", None)
     infos = getattr(metadata, "output_info", None)
     if not infos:
@@ -80,6 +83,13 @@ def output_aliases(joint, out_spec, model: str) -> tuple[str | None, dict[int, s
                 f"step as one graph, whose outputs cannot share storage with each other or "
                 f"with its inputs and still pass their gradients on the way eager does. Return "
                 f"a copy (`.clone()`) or take the view outside the model")
+        first_stored = len(infos) - len(stored)
+        if i >= first_stored and info.output_type.name in _OF_INPUTS:
+            said = (f"{model}'s forward stores on {stored[i - first_stored]} a tensor that "
+                    f"{_what(info, names)}: the graph returns what the forward stores, for the "
+                    f"runtime to store after every call, and a graph's outputs cannot share "
+                    f"storage with its inputs. Store a copy there (`.clone()`), or keep it "
+                    f"outside the forward")
         if info.output_type.name in _OF_INPUTS:
             problem = problem or said
         else:

@@ -49,6 +49,11 @@ class StoredTensors:
         made.places = dict(self.places)
         return made
 
+    def described(self) -> list[str]:
+        """Each place, said for an error: "attribute 'kept' of inner at model.py:12"."""
+        return [f"attribute {key!r} of {path or '<root>'} at {where}"
+                for (path, key), (where, *_) in self.places.items()]
+
     def named(self) -> set[str]:
         """The attributes' dotted names, as torch.export's warning names them."""
         return {f"{path}.{key}" if path else key for path, key in self.places}

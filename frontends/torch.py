@@ -1264,7 +1264,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"tensor (a global's, a module's: update such a statistic outside the model)") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
-        problem, aliased, view_bases = output_aliases(joint, out_spec, type(model).__name__)
+        problem, aliased, view_bases = output_aliases(joint, out_spec, type(model).__name__,
+                                                      reads.stored.described())
         if problem is not None:
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)

@@ -508,7 +508,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                  if not key.startswith("_") and key not in _MODULE_KEYS
                  and (path, key) not in attributes}
         for path, key in sorted(added):
-            if (path, key) not in (assigned or {}):
+            if (path, key) not in (assigned or {}) and (stored is None or (path, key) not in stored.places):
                 found.append(f"it assigns module attribute {key!r} of {path or '<root>'}")
             delattr(modules[path], key)
         for at, (value, _, before) in list((assigned or {}).items()):

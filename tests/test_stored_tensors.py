@@ -138,3 +138,24 @@ def test_qwen2_vl_trains_bitwise_and_keeps_its_rope_deltas_as_eager():
     loss_of(scheduled(*args, **kwargs)).backward()
     loss_of(eager(*args, **kwargs)).backward()
     assert model.model.rope_deltas is not None and torch.equal(model.model.rope_deltas, eager.model.rope_deltas)
+
+
+class StoresItsInput(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.a = kind, nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, mask):
+        self.last = mask if self.kind == "input" else self.a.weight.detach()
+        return self.a(x).sum()
+
+
+@pytest.mark.parametrize("kind, what", [("input", "an input of the step"),
+                                        ("parameter", "a view of an input of the step")])
+def test_storing_an_input_or_a_parameter_itself_is_refused_saying_where(kind, what):
+    """The graph cannot return its own inputs (eager stores the very tensor): refused, the
+    error naming the attribute and the line, not an output the model never returned."""
+    with pytest.raises(LoweringError, match=rf"StoresItsInput's forward stores on attribute 'last' of <root> "
+                                            rf"at .*test_stored_tensors.py:\d+ a tensor that is {what}.*"
+                                            rf"Store a copy there"):
+        lower_torch(StoresItsInput(kind), _batch(0), cost_model="flops")
