@@ -58,6 +58,10 @@ from the caller's inputs as eager's where tracing stops at them, the sizes they 
 three modes; Wav2Vec2-Conformer bitwise planned too (its cache stored by the first call,
 the second planned again; refused by name under a random schedule, which has no planner).
 The table now: 149 bitwise in all three modes, 9 refused by line in all three.
+diffusers, its 3 refused models run again: Lumina2 (its sequence lengths read with
+`.tolist()`) and Mochi (its text mask's `nonzero`) bitwise in all three modes; HiDream
+stays refused (its experts' `nonzero` reads the router's choice, an activation): 59 of 60
+bitwise in all three modes.
 """
 
 from __future__ import annotations

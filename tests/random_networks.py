@@ -32,7 +32,10 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           # its own paths: oneDNN, eager's GRU code, eager's upsampling kernel):
           "lstm", "gru", "conv", "upsample", "group_norm",
           # LayerDrop off, its number drawn from Python's generator (MusicGen's):
-          "python_layer_drop")
+          "python_layer_drop",
+          # sizes the input's values decide (rows a mask of the input selects, rows repeated
+          # by counts read from it): read as eager's at lowering (`input_sizes`):
+          "input_rows", "input_repeats")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -226,6 +229,11 @@ class RandomNet(torch.nn.Module):
                 y = a + torch.rand_like(a)
             elif op == "python_layer_drop":  # drawn at every step, never skips (`python_draws`)
                 y = a if self.training and random.uniform(0, 1) < 0.0 else torch.tanh(a)
+            elif op == "input_rows":   # a loss over the rows the input marks (x[mask])
+                y = a + a[x[:, 0] > 0].sum(0, keepdim=True) * 0.5
+            elif op == "input_repeats":   # each row repeated 0 to 2 times, as the input counts
+                counts = (x[:, :2] > 0).sum(1)
+                y = a + a.repeat_interleave(counts, dim=0).square().mean(0, keepdim=True)
             elif op == "detach_mul":
                 y = a * a.detach().sigmoid()
             elif op == "no_grad_mul":  # a factor without a gradient, grad mode back on inside
