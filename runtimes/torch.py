@@ -1858,9 +1858,11 @@ class ScheduledModule(torch.nn.Module):
                         f"reads integers from them (a size, a count of selected elements), and "
                         f"{len(values)} other values were lowered and planned already, a graph "
                         f"each: make them the same across batches (one image size, a fixed "
-                        f"number of masked tokens), or compute without them (mask every "
+                        f"number of masked tokens), compute without them (mask every "
                         f"element's value, torch.where(mask, x, 0), or pass ignore_index= to the "
-                        f"loss)")
+                        f"loss), or compute what the forward derives from them before the call "
+                        f"and pass it in (Qwen2-VL's position ids: position_ids="
+                        f"model.model.get_rope_index(...)[0])")
                 values.add(json.dumps(value))
 
     def _count_argument_change(self, signature: Signature) -> None:

@@ -159,3 +159,30 @@ def test_storing_an_input_or_a_parameter_itself_is_refused_saying_where(kind, wh
                                             rf"at .*test_stored_tensors.py:\d+ a tensor that is {what}.*"
                                             rf"Store a copy there"):
         lower_torch(StoresItsInput(kind), _batch(0), cost_model="flops")
+
+
+def test_qwen2_vl_given_its_positions_runs_one_graph_for_every_padding():
+    """Its rope index reads each row's token types and attention mask as integers: every
+    padding is a new value (planned again, refused past 4). Computed before the call and
+    passed as `position_ids`, as the refusal says, one graph runs them all, bitwise."""
+    import family_models
+    family_models.quiet()
+    torch.manual_seed(0)
+    model, args, kwargs, _ = family_models.FAMILIES["qwen2_vl"]()
+    eager = copy.deepcopy(model)
+    rows, length = kwargs["input_ids"].shape
+
+    def padded(pad):
+        batch = dict(kwargs, attention_mask=torch.ones(rows, length, dtype=torch.long))
+        batch["attention_mask"][0, length - pad:] = 0
+        batch["position_ids"] = eager.model.get_rope_index(
+            batch["input_ids"], image_grid_thw=batch["image_grid_thw"],
+            attention_mask=batch["attention_mask"], mm_token_type_ids=batch["mm_token_type_ids"])[0]
+        return batch
+    scheduled = remat_ir.remat(model, args, example_kwargs=padded(1), cost_model="flops", outputs=["loss"])
+    for pad in (1, 2, 3):
+        torch.manual_seed(pad)
+        ours = scheduled(**padded(pad)).loss
+        torch.manual_seed(pad)
+        assert torch.equal(ours, eager(**padded(pad)).loss)
+    assert len(scheduled.plans) == 1
