@@ -126,13 +126,21 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
                         read = integers(values)
         return read
 
+    def eager_integer(tensor: torch.Tensor) -> int | None:
+        """Eager's one integer of a one-element tensor of any shape (`(1,)` too, whose
+        `.tolist()` is a list), as `eager_integers` reads it."""
+        read = eager_integers(tensor) if tensor.numel() == 1 else None
+        while isinstance(read, list):
+            read = read[0]
+        return read
+
     def reading(self):
         if self.dtype == torch.bool:
             decided = eager_truth(self)
             if decided is None and get_proxy_mode() is not None and self.numel() == 1:
                 decided = raising_branch(self, called=True)   # `assert t.item()`: a check
         else:
-            decided = eager_integers(self) if integers_too and self.numel() == 1 else None
+            decided = eager_integer(self) if integers_too else None
         return item(self) if decided is None else decided
 
     def listing(original):
@@ -143,7 +151,7 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
 
     def as_integer(original):
         def method(self):
-            read = eager_integers(self) if self.numel() == 1 else None
+            read = eager_integer(self)
             return original(self) if read is None else int(read)
         return method
 

@@ -86,7 +86,7 @@ from .kernel_layouts import match_kernel_layouts, traced_as_run
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .compared_values import keep_compared_values
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
-from .traced_reads import TracedReads, record_globals, recording_reads
+from .traced_reads import ANY_OF, TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_runs, traced_only_message, tracing_check
 from .input_branches import eager_input_branches, integers_as_eager
 from .transformers_masks import eager_mask_decisions
@@ -94,6 +94,7 @@ from .transformers_paths import eager_paths
 from .value_dependent import (SYMBOLIC, data_sized_branch_error, symbolic_number_error,
                               value_dependent_error, watching_data_values)
 from .view_compaction import compact_views
+from remat_ir.torchlib.described_values import tensor_like
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (ONCE_PER_STEP, argument_name, argument_names, autocast_cache, autocast_state,
@@ -375,32 +376,50 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
 
 def _read_either_stored(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
                         kept: frozenset, exported: torch.export.ExportedProgram) -> None:
-    """The forward read what its attributes held before storing tensors there
-    (`stored_tensors`): Qwen2-VL asks `self.rope_deltas is None`, which is None when
-    lowered and a tensor after every call. Traced again with a tensor of the stored one's
-    shape there, where the program is the same, that read is forgotten (either value
-    makes this program; the runtime would plan again at the second call otherwise);
-    where it differs, the read stays, and a call after the first is planned again (or
-    refused by name)."""
-    places = [place for place in reads.stored.places if place in reads.modules]
-    if not places:
-        return
+    """What the forward read of the attributes it stores tensors on (`stored_tensors`),
+    before storing: Qwen2-VL asks `self.rope_deltas is None`, None when lowered and a
+    tensor after every call. The model is traced again with a tensor of each stored one's
+    shape there. Where the program is the same, each read is recorded as either: what it
+    held, or a tensor of the stored one's shape, dtype and device (else the runtime
+    would plan again at the second call; a stored tensor of another shape, which the
+    forward may branch on, is a change as any). Where it differs, the reads stay, and a
+    call after the first is planned again (or refused by name); but where the forward
+    found out otherwise than by reading the attribute (`"prev" in self.__dict__`),
+    nothing recorded would tell the second call apart, and lowering refuses, saying to
+    call the model once first (found by a review: the second call computed 0.476 where
+    eager's gave 0.952)."""
     modules = dict(model.named_modules())
+    places = list(reads.stored.places)
     held = {place: vars(modules[place[0]]).get(place[1], MISSING) for place in places}
+    for place, tensor in held.items():
+        if place not in reads.modules and isinstance(tensor, torch.Tensor):
+            # Stored by an earlier call: a tensor, which reads record by its metadata.
+            reads.modules[place] = tensor_like(tensor.shape, tensor.dtype, tensor.device)
     assigned: dict = {}
     try:
         for (path, key), tensor in reads.stored.stand_ins().items():
-            if (path, key) in held:
-                setattr(modules[path], key, tensor)
+            setattr(modules[path], key, tensor)
         again = _trace(model, args, kwargs, TracedReads(), assigned, [], kept)
     except LoweringError:
-        return
+        again = None
     finally:
         _put_back(model, assigned)
         _put_back(model, {place: (None, None, was) for place, was in held.items()})
-    if _same_program(_program(again), _program(exported)):
-        for place in places:
-            del reads.modules[place]
+    if again is not None and _same_program(_program(again), _program(exported)):
+        for place in places:   # either what it held, or a tensor of the stored one's metadata
+            if place in reads.modules:
+                _, shape, dtype, device = reads.stored.places[place]
+                reads.modules[place] = {ANY_OF: [reads.modules[place], tensor_like(shape, dtype, device)]}
+        return
+    unread = [place for place in places if place not in reads.modules]
+    if unread:
+        raise LoweringError(
+            f"{type(model).__name__}'s forward computes otherwise once it has stored "
+            + ", ".join(f"a tensor on {described}" for place, described in
+                        zip(places, reads.stored.described()) if place in unread)
+            + ", and it finds that out without reading the attribute (`'name' in "
+              "self.__dict__`?), which remat-ir cannot check at the next call: call the model "
+              "once before remat, so that lowering sees it stored")
 
 
 def _program(exported: torch.export.ExportedProgram) -> tuple[str, list]:

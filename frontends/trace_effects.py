@@ -428,8 +428,13 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 at = (path, key)
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
                 assigned[at] = (value, where, before)
-            elif stored is not None and not key.startswith("_") and stored.note(path, key, value, where):
+            elif stored is not None and not key.startswith("_") and key not in buffers and \
+                    stored.note(path, key, value, where):
                 pass   # returned by the graph, stored by the runtime (`stored_tensors`)
+            elif key in buffers:
+                found.append(f"it assigns a new tensor to buffer {key!r} of {type(module).__name__} "
+                             f"at {where} (write into the buffer in place instead, "
+                             f"`self.{key}.copy_(...)`, which the graph keeps)")
             else:
                 first = (_holds_tensor(value) and vars(module).get(key) is None
                          and key not in vars(type(module)))

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH, NESTED, described
+from remat_ir.torchlib.described_values import (DESCRIBED, FUNCTION, LENGTH, NESTED, TENSOR_LIKE, described,
+                                                is_tensor_like)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.held_tensors import shown as place
@@ -38,6 +39,8 @@ def _same(now, lowered) -> bool:
             return isinstance(now, (list, tuple, Mapping)) and items_same(now, lowered[NESTED])
         if FUNCTION in lowered:   # a global object's method, with what the object holds
             return is_function(now) and describe(now) == lowered[FUNCTION]
+        if TENSOR_LIKE in lowered:   # a tensor the forward stores, by its metadata
+            return is_tensor_like(now, lowered)
         return any(_same(now, value) for value in lowered[_ANY_OF])
     return type(now) is type(lowered) and now == lowered
 
@@ -54,6 +57,9 @@ def _shown(lowered) -> str:
             return lowered[DESCRIBED]
         if FUNCTION in lowered:
             return lowered[FUNCTION]
+        if TENSOR_LIKE in lowered:
+            shape, dtype, device = lowered[TENSOR_LIKE]
+            return f"a {dtype} tensor of shape {tuple(shape)} on {device}"
         if NESTED in lowered:
             return "{" + ", ".join(f"{_shown(key)}: {_shown(value)}" for key, value in lowered[NESTED]
                                    if not _is_length(key)) + ", ...}"

@@ -27,6 +27,22 @@ LENGTH = "length"
 #: The key of a recorded method of a global object: {FUNCTION: its description}
 #: (`torchlib.callables.describe`, which shows what the object holds).
 FUNCTION = "function"
+#: The key of a recorded tensor known by its metadata alone, {TENSOR_LIKE: [shape, dtype,
+#: device]}: what a forward's stores leave on a module (`frontends/stored_tensors.py`),
+#: whose values the graph does not read.
+TENSOR_LIKE = "tensor like"
+
+
+def tensor_like(shape, dtype: torch.dtype, device) -> dict:
+    """A tensor's metadata as recorded under `TENSOR_LIKE`."""
+    return {TENSOR_LIKE: [list(shape), str(dtype).removeprefix("torch."), str(torch.device(device))]}
+
+
+def is_tensor_like(value, recorded: dict) -> bool:
+    """Whether `value` is a tensor of the shape, dtype and device `recorded` holds."""
+    shape, dtype, device = recorded[TENSOR_LIKE]
+    return isinstance(value, torch.Tensor) and list(value.shape) == shape and \
+        str(value.dtype).removeprefix("torch.") == dtype and str(value.device) == device
 
 
 def described(value) -> str | None:
