@@ -8,9 +8,10 @@ fake tensors have no values, and export stopped there ("branches on a value comp
 from tensor data"). FSMT, Longformer, LED, LLaVA and PaliGemma were refused so (they
 train bitwise now), and seven of transformers' speech models at their label check (they
 train bitwise too, their CTC loss one op since 2026-12-03: `ctc_losses.py`). A truth
-computed through writes (ProphetNet's slice copy and `masked_fill_`) is not recorded: a
-chain replayed at every call would miss writes made through views; ProphetNet's only
-guards an `assert`, which becomes a check of every step (`raising_checks.py`).
+computed through writes into views (`n[0] = lengths[0]`) is recorded with the writes,
+replayed in order (`transformers_masks.ancestry`); one written into the caller's input is
+not (the replay would write into it). ProphetNet's, read by `.item()`, only guards an
+`assert`, which becomes a check of every step (`raising_checks.py`).
 
 Integers are read alike under `integers_as_eager`, which lowering enters only where a
 first trace stopped at a number read from tensor data (`frontends/torch.py`): `.item()`,
