@@ -1194,7 +1194,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)
         except LoweringError as refused:
-            if _DATA_DEPENDENT not in str(refused):
+            if not any(words in str(refused) for words in _DATA_DEPENDENT):
                 raise
         # A number read from tensor data stopped the trace (a split's sizes, a mask's
         # count): lowered again with those computed from the caller's inputs read as
@@ -1206,9 +1206,10 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                           copy_long_lived_views, fusing, outputs)
 
 
-#: What every refusal of a value read from tensor data says (`value_dependent`,
-#: `_export_failure`): the ones lowering tries again with integers read as eager's.
-_DATA_DEPENDENT = "tensor data"
+#: What the refusals of a value read from tensor data say (`value_dependent`,
+#: `_export_failure`; export's own, where it kept a size it could not bind, `x[mask, idx]`):
+#: the ones lowering tries again with integers read as eager's.
+_DATA_DEPENDENT = ("tensor data", "data-dependent")
 
 
 def _reader(model: str, function: str | None) -> str:

@@ -258,3 +258,26 @@ def test_the_one_integer_of_a_tensor_of_shape_one_is_a_number():
     scheduled = remat_ir.remat(copy.deepcopy(model), (x, torch.tensor([3])), cost_model="flops")
     for last in (3, 5):
         assert _same(_step(scheduled, (x, torch.tensor([last]))), _step(copy.deepcopy(model), (x, torch.tensor([last]))))
+
+
+class MaskAndIndex(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, rows):
+        h = self.a(x).reshape(4, 2, WIDTH)
+        return h[rows, torch.tensor([0, 1, 1])].square().sum()
+
+
+def test_a_mask_beside_an_index_is_selected_by_its_count():
+    """Export's own refusal ("Pending unbacked symbols", no "tensor data" in it) was
+    passed on as it was, without trying the count (found by the review)."""
+    torch.manual_seed(0)
+    model, x = MaskAndIndex(), torch.randn(ROWS, WIDTH)
+    rows = torch.tensor([True, False, True, True])
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x, rows), cost_model="flops")
+    assert _same(_step(scheduled, (x, rows)), _step(copy.deepcopy(model), (x, rows)))
+    other = torch.tensor([True, True, False, True])   # the same count, elsewhere: the same graph
+    assert _same(_step(scheduled, (x, other)), _step(copy.deepcopy(model), (x, other)))
+    assert len(scheduled.plans) == 1
