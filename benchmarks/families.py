@@ -57,7 +57,12 @@ from the caller's inputs as eager's where tracing stops at them, the sizes they 
 `assert t.item()` as a check: Qwen2-VL, BEiT-MIM, GLPN, X-MOD and ProphetNet bitwise in all
 three modes; Wav2Vec2-Conformer bitwise planned too (its cache stored by the first call,
 the second planned again; refused by name under a random schedule, which has no planner).
-The table now: 149 bitwise in all three modes, 9 refused by line in all three.
+The table now: 149 bitwise in all three modes, 9 refused by line in all three. After the
+review's fixes (writes through views replayed with the chains they feed), 22 families
+run again, those with decisions on input values among them (Qwen2-VL, ProphetNet,
+BEiT-MIM, GLPN, X-MOD, FSMT, Longformer, LED, LLaVA, PaliGemma, HuBERT, Wav2Vec2-BERT,
+UniSpeech, SpeechT5, T5Gemma, BART, Gemma3, ModernBERT, Funnel, Mixtral, SeamlessM4T,
+MusicGen): all bitwise in all three modes.
 diffusers, its 3 refused models run again: Lumina2 (its sequence lengths read with
 `.tolist()`) and Mochi (its text mask's `nonzero`) bitwise in all three modes; HiDream
 stays refused (its experts' `nonzero` reads the router's choice, an activation): 59 of 60
