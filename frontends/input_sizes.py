@@ -9,7 +9,8 @@ that decide the size are computed from the caller's inputs by ops that draw noth
 eager's size for the example inputs is read (`input_branches`: recorded as an integer
 guard, asked again at every call, and a call of another size gets a graph of its own),
 and the op is traced in its fixed-size form, which computes from the call's own values:
-`repeat_interleave(..., output_size=n)`, `nonzero_static(mask, size=n)`, and `x[mask]`
+`repeat_interleave(..., output_size=n)` (only the counts' sum read), `nonzero_static(mask,
+size=n)`, and `x[mask]`
 as `x[nonzero_static(mask, size=n).unbind(1)]`, which is what PyTorch indexes with for a
 boolean mask. Only the count of a mask is read and guarded, not its values: a masked
 loss over a new random mask of the same size runs the same graph.
@@ -69,15 +70,15 @@ class InputSizes(TorchFunctionMode):
         if kwargs.get("output_size") is not None or not isinstance(counts, torch.Tensor) or \
                 counts.dim() > 1:
             return None
-        values = self.read(counts)
-        if values is None:
-            return None
-        values = values if isinstance(values, list) else [values]
         if alone or counts.numel() != 1:
-            size = sum(values)
+            # Only their sum decides the size: the graph repeats by the call's own counts.
+            size = self.read(counts.sum())
         else:   # one count for every element along `dim` (or of the flattened input)
+            count = self.read(counts.reshape(()))
             source, dim = bound["input"], bound.get("dim")
-            size = values[0] * (source.numel() if dim is None else source.shape[dim])
+            size = None if count is None else count * (source.numel() if dim is None else source.shape[dim])
+        if not isinstance(size, int):
+            return None
         return lambda: func(*args, **{**kwargs, "output_size": size})
 
     def _nonzero(self, func, args, kwargs):

@@ -229,10 +229,13 @@ class RandomNet(torch.nn.Module):
                 y = a + torch.rand_like(a)
             elif op == "python_layer_drop":  # drawn at every step, never skips (`python_draws`)
                 y = a if self.training and random.uniform(0, 1) < 0.0 else torch.tanh(a)
+            # Sizes read from the input's values whose count every input gives alike (the
+            # rows above the median; ranks modulo 3), where the rows vary: tests that train
+            # a graph on other inputs run it, as a real loader's batches would.
             elif op == "input_rows":   # a loss over the rows the input marks (x[mask])
-                y = a + a[x[:, 0] > 0].sum(0, keepdim=True) * 0.5
-            elif op == "input_repeats":   # each row repeated 0 to 2 times, as the input counts
-                counts = (x[:, :2] > 0).sum(1)
+                y = a + a[x[:, 0] > x[:, 0].median()].sum(0, keepdim=True) * 0.5
+            elif op == "input_repeats":   # each row repeated 0 to 2 times, by its rank
+                counts = x[:, 0].argsort().argsort() % 3
                 y = a + a.repeat_interleave(counts, dim=0).square().mean(0, keepdim=True)
             elif op == "detach_mul":
                 y = a * a.detach().sigmoid()

@@ -106,9 +106,9 @@ def test_the_integers_read_are_recorded_once_each_and_a_call_of_others_is_refuse
     graph = lower_torch(model, (x, example), cost_model="flops")
     guards = json.loads(graph.proto.metadata["torch.value_guards"])
     answers = [g["answer"] for g in guards if g["decision"].endswith(".integers")]
-    # The counts, asked by repeat_interleave (its size) and split (one question, recorded
-    # once), each count by int() while iterating the tensor, and the largest by .item().
-    assert answers == [[3, 1, 4], 3, 1, 4, 4]
+    # The counts' sum, asked by repeat_interleave (its size), the counts by split, each
+    # count by int() while iterating the tensor, and the largest by .item().
+    assert answers == [8, [3, 1, 4], 3, 1, 4, 4]
     assert all("test_input_sizes.py" in g["line"] for g in guards)
     schedule = random_schedule(graph, random.Random(2), recompute_share=0.8)
     assert _same(_step(ScheduledModule(copy.deepcopy(model), graph, schedule), (x, example)),
