@@ -87,22 +87,28 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     as torch reads it."""
     inputs = CallInputs(args, kwargs)
 
-    def eager_truth(tensor: torch.Tensor) -> bool | None:
-        if get_proxy_mode() is None or tensor.numel() != 1:
-            return None
+    def eager_read(decision: str, decide, tensor: torch.Tensor):
+        """`decide(tensor)` as eager computes it for these inputs: recorded with the way
+        to it where `tensor` is computed from the caller's inputs, computed where from
+        shapes alone (the same at every call); else None."""
         # Export's torch-function modes would trace the real tensors computed here as the
         # model's (a truth read from one is data-dependent to them): off while deciding.
         with torch._C.DisableTorchFunction():
             recorded = len(guards)
-            decided = record_decision(DECISION, bool, tensor, (), {}, inputs, guards)
+            decided = record_decision(decision, decide, tensor, (), {}, inputs, guards)
             if len(guards) > recorded:   # the line, found only for what is recorded
-                guards[-1]["line"] = model_line(traceback.extract_stack()[:-3]) or "a line of the forward"
+                guards[-1]["line"] = model_line(traceback.extract_stack()[:-4]) or "a line of the forward"
             if decided is None:
-                values = shape_determined(tensor)   # from shapes alone: the same at every call
+                values = shape_determined(tensor)
                 if values is not None:
                     with unset_fake_temporarily(), disable_proxy_modes_tracing():
-                        decided = bool(values)
+                        decided = decide(values)
         return decided
+
+    def eager_truth(tensor: torch.Tensor) -> bool | None:
+        if get_proxy_mode() is None or tensor.numel() != 1:
+            return None
+        return eager_read(DECISION, bool, tensor)
 
     def branching(self):
         decided = eager_truth(self)
@@ -115,17 +121,7 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
         from shapes alone), recorded; None for any other tensor, or outside a trace."""
         if get_proxy_mode() is None or tensor.dtype not in _INTEGERS:
             return None
-        with torch._C.DisableTorchFunction():
-            recorded = len(guards)
-            read = record_decision(INTEGERS, integers, tensor, (), {}, inputs, guards)
-            if len(guards) > recorded:
-                guards[-1]["line"] = model_line(traceback.extract_stack()[:-3]) or "a line of the forward"
-            if read is None:
-                values = shape_determined(tensor)
-                if values is not None:
-                    with unset_fake_temporarily(), disable_proxy_modes_tracing():
-                        read = integers(values)
-        return read
+        return eager_read(INTEGERS, integers, tensor)
 
     def eager_integer(tensor: torch.Tensor) -> int | None:
         """Eager's one integer of a one-element tensor of any shape (`(1,)` too, whose
