@@ -622,19 +622,31 @@ def _layer_branch_hint(inside: str) -> str:
                 "module, on what the forward returns")
 
 
-def _looping_experts(tb) -> str | None:
+def _looping_experts(tb) -> tuple[str, bool] | None:
     """The class name of a transformers mixture-of-experts module whose forward is in the
     traceback `tb`, running the "eager" implementation (a loop over the experts hit,
     refused as a branch on tensor data with advice that did not fit: found by a review),
-    else None."""
+    and whether the class has other implementations (`use_experts_implementation` gives
+    its instances the `config` that chooses; Switch Transformers' and NLLB-MoE's experts
+    have only the loop, and `set_experts_implementation` changes nothing there), else None."""
     while tb is not None:
         module = tb.tb_frame.f_locals.get("self")
         if (isinstance(module, torch.nn.Module) and type(module).__module__.startswith("transformers.")
                 and type(module).__name__.endswith("Experts")
                 and getattr(getattr(module, "config", None), "_experts_implementation", "eager") == "eager"):
-            return type(module).__name__
+            return type(module).__name__, hasattr(module, "config") and hasattr(module, "is_concatenated")
         tb = tb.tb_next
     return None
+
+
+def _experts_advice(switchable: bool) -> str:
+    """What to do about a looping experts module (`_looping_experts`)."""
+    if switchable:
+        return ("Pick one that computes every expert without that loop before remat: "
+                "model.set_experts_implementation(\"grouped_mm\") (or \"batched_mm\")")
+    return ("This class has no other implementation in transformers, so remat-ir cannot lower "
+            "the model: torch.utils.checkpoint, which reruns Python code, can checkpoint its "
+            "layers instead")
 
 
 def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list[str]) -> LoweringError:
@@ -676,12 +688,11 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
             return LoweringError(f"torch.export could not trace {model}: its forward branches on "
                                  f"a random draw at {where}: {RANDOM_BRANCH_HINT}")
         elif (experts := _looping_experts(exc.__traceback__)) is not None:
+            name, switchable = experts
             return LoweringError(
-                f"torch.export could not trace {model}: {experts} at {where} runs transformers' "
+                f"torch.export could not trace {model}: {name} at {where} runs transformers' "
                 f"\"eager\" experts implementation, which loops over the experts the router "
-                f"picked, a number read from tensor data. Pick one that computes every expert "
-                f"without that loop before remat: model.set_experts_implementation(\"grouped_mm\") "
-                f"(or \"batched_mm\")")
+                f"picked, a number read from tensor data. {_experts_advice(switchable)}")
         return LoweringError(
             f"torch.export could not trace {model}: its forward branches on a value computed "
             f"from tensor data ({text.splitlines()[0].strip()}) at {where}. remat-ir lowers one "

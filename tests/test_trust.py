@@ -6057,6 +6057,26 @@ def test_transformers_looping_experts_are_refused_naming_the_implementation_that
     assert torch.equal(loss_e, loss_s)
 
 
+def test_transformers_experts_with_only_the_loop_are_refused_without_advice_that_changes_nothing():
+    """Switch Transformers' experts have no other implementation: `set_experts_implementation`
+    changes nothing there, so the refusal says so instead of advising it (the advice
+    above had been given to every looping experts module)."""
+    import transformers
+
+    config = transformers.SwitchTransformersConfig(
+        vocab_size=32, d_model=16, d_kv=8, d_ff=32, expert_capacity=8, num_layers=1, num_sparse_encoder_layers=1,
+        num_decoder_layers=1, num_sparse_decoder_layers=1, num_heads=2, num_experts=2, decoder_start_token_id=0,
+        pad_token_id=0, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.SwitchTransformersForConditionalGeneration(config).train()
+    ids = torch.randint(1, 32, (2, 4))
+    with pytest.raises(LoweringError, match=r"SwitchTransformersExperts at .*modeling_switch_transformers.py:\d+ "
+                                            r"in forward runs transformers' \"eager\" experts implementation.*"
+                                            r"no other implementation in transformers") as refused:
+        _remat(model, dict(input_ids=ids, labels=ids))
+    assert "set_experts_implementation" not in str(refused.value)
+
+
 class _PerChannelFakeQuant(torch.nn.Module):
     """Quantization-aware training's default per-channel weight fake-quant (fbgemm's),
     whose scale and zero point are one element until its first call sizes them to the
