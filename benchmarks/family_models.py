@@ -779,6 +779,15 @@ def _encodec():
     return m, (), dict(input_values=torch.randn(B, 1, 800)), reduce_out("audio_values")
 
 
+def _mimi():
+    cfg = T.MimiConfig(sampling_rate=800, hidden_size=16, num_filters=4, upsampling_ratios=[4, 2],
+                       codebook_size=16, codebook_dim=16, num_quantizers=2, vector_quantization_hidden_dimension=16,
+                       upsample_groups=16, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
+                       num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=16, frame_rate=50)
+    m = T.MimiModel(cfg).train()
+    return m, (), dict(input_values=torch.randn(B, 1, 800)), reduce_out("audio_values")
+
+
 def _dac():
     cfg = T.DacConfig(encoder_hidden_size=4, downsampling_ratios=[2, 4], decoder_hidden_size=16, n_codebooks=2,
                       codebook_size=16, codebook_dim=4, sampling_rate=800, quantizer_dropout=0.5)
@@ -881,6 +890,7 @@ FAMILIES.update({
                                autocorrelation_factor=1),
     "patchtsmixer": _patchtsmixer,
     "encodec": _encodec,
+    "mimi": _mimi,
     "dac": _dac,
     "musicgen": _musicgen,
     "decision_transformer": _decision_transformer,

@@ -29,9 +29,12 @@ are (`transformers_masks.py`, whose recording this shares). The runtime asks aga
 every call and plans another graph where a call's answer differs (or refuses the call by
 name), so a call never runs the branch the data would not take. A tensor computed from
 shapes alone (`torch.ones` of the input's shape, where the caller passed no mask) has the
-same truth at every call: it is computed, and nothing is recorded. Where the tensor reads a
-parameter, a buffer, a tensor the model holds or an activation, nothing is recorded and
-export's refusal stands: that truth may change at any step.
+same truth at every call: it is computed, and nothing is recorded. A buffer counts as an
+input: the runtime reads its values at every call (Encodec's and Mimi's padding, integer
+buffers; one the forward writes before the read stays refused, as the check made before
+the call would read the value before the write). Where the tensor reads a parameter, a
+tensor the model holds otherwise or an activation, nothing is recorded and export's
+refusal stands: that truth may change at any step.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     boolean tensor) is eager's for these inputs, and is appended to `guards`; under
     `integers_as_eager`, so are the integers of such an integer tensor; any other is read
     as torch reads it."""
-    inputs = CallInputs(args, kwargs)
+    inputs = CallInputs(args, kwargs, model)
 
     def eager_read(decision: str, decide, tensor: torch.Tensor):
         """`decide(tensor)` as eager computes it for these inputs: recorded with the way

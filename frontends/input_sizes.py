@@ -15,11 +15,19 @@ as `x[nonzero_static(mask, size=n).unbind(1)]`, which is what PyTorch indexes wi
 boolean mask. Only the count of a mask is read and guarded, not its values: a masked
 loss over a new random mask of the same size runs the same graph.
 
-Where the integers read a parameter, a buffer or an activation, nothing is read, and the
-op reaches fake tensors' refusal as before.
+An integer tensor passed where an op takes integers (`F.pad(x, (left, right))` with
+`left` a tensor, as Encodec's and Mimi's convolutions pad by their integer buffers;
+`torch.arange(lengths.max())`) is read into one by PyTorch's argument parser, which
+fake tensors refuse too: it is read here as eager's integer the same way, wherever no
+overload of the op takes a tensor at that place (`torch.add(x, n)` keeps its tensor).
+
+Where the integers read a parameter or an activation, nothing is read, and the op
+reaches fake tensors' refusal as before.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -28,6 +36,10 @@ from torch.overrides import TorchFunctionMode
 _REPEATS = {torch.repeat_interleave, torch.Tensor.repeat_interleave}
 _NONZERO = {torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere}
 _MASKS = (torch.bool, torch.uint8)
+#: The integer dtypes whose one-element tensors an op's integer argument reads.
+_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+#: The argument types of an op's schema (`real_type`) that read such a tensor as a number.
+_NUMBER_TYPES = {"int", "Optional[int]", "List[int]", "Optional[List[int]]", "number", "Optional[number]"}
 
 
 class InputSizes(TorchFunctionMode):
@@ -50,8 +62,34 @@ class InputSizes(TorchFunctionMode):
         elif func is torch.masked_select or func is torch.Tensor.masked_select:
             sized = self._selected(args, kwargs)
         else:
-            sized = None
+            sized = self._numbers(func, args, kwargs)
         return func(*args, **kwargs) if sized is None else sized()
+
+    def _numbers(self, func, args, kwargs):
+        """The call with eager's integers in place of the one-element integer tensors it
+        passes where the op reads a number (`_number_places`), or None where it passes
+        none, or one of them is not computed from the caller's inputs (or shapes)."""
+        places = [(key, value) for key, value in (*enumerate(args), *kwargs.items()) if _integer_tensors(value)]
+        if not places or not _number_places(getattr(func, "__name__", ""), len(args), [k for k, _ in places]):
+            return None
+        args, kwargs = list(args), dict(kwargs)
+        for key, value in places:
+            read = [self._integer(v) if _integer_tensor(v) else v for v in value] \
+                if isinstance(value, (list, tuple)) else self._integer(value)
+            if read is None or (isinstance(read, list) and any(item is None for item in read)):
+                return None
+            if isinstance(key, int):
+                args[key] = type(value)(read) if isinstance(value, (list, tuple)) else read
+            else:
+                kwargs[key] = type(value)(read) if isinstance(value, (list, tuple)) else read
+        return lambda: func(*args, **kwargs)
+
+    def _integer(self, tensor) -> int | None:
+        """Eager's one integer of a one-element tensor (recorded), or None."""
+        read = self.read(tensor)
+        while isinstance(read, list):
+            read = read[0]
+        return read if isinstance(read, int) else None
 
     def _count(self, mask) -> int | None:
         """The number of nonzero elements of a tensor computed from the caller's inputs, as
@@ -127,3 +165,49 @@ class InputSizes(TorchFunctionMode):
         if count is None:
             return None
         return lambda: source[torch.nonzero_static(mask, size=count).unbind(1)]
+
+
+def _integer_tensor(value) -> bool:
+    """Whether `value` is a one-element integer tensor (of known sizes: a size a number
+    read from data decides, such as `unique`'s, is not compared, which would trace)."""
+    return isinstance(value, torch.Tensor) and value.dtype in _INTEGER_DTYPES and all(
+        type(size) is int and size == 1 for size in value.shape)
+
+
+def _integer_tensors(value) -> bool:
+    """Whether `value` is a one-element integer tensor, or a list or tuple holding one."""
+    if isinstance(value, (list, tuple)):
+        return any(_integer_tensor(item) for item in value)
+    return _integer_tensor(value)
+
+
+@functools.cache
+def _schemas(name: str) -> tuple:
+    """The schemas of the aten op `name` (none for a name aten has no op of)."""
+    if not name or name.startswith("__"):
+        return ()
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return ()
+    return tuple(getattr(packet, overload)._schema for overload in packet.overloads())
+
+
+def _number_places(name: str, positional: int, places: list) -> bool:
+    """Whether every one of `places` (positions among `positional` arguments, or keyword
+    names) of a call of the op `name` takes a number in some overload and a tensor in
+    none: there PyTorch reads a tensor passed as that number."""
+    kinds = {place: set() for place in places}
+    for schema in _schemas(name):
+        ordered = [a for a in schema.arguments if not a.kwarg_only]
+        if any(a.is_out for a in schema.arguments) or (positional > len(ordered) and not (
+                ordered and str(ordered[-1].real_type) == "List[int]")):   # `view(n, 3)`: a size list
+            continue
+        for place in places:
+            if isinstance(place, int):
+                argument = ordered[min(place, len(ordered) - 1)] if ordered else None
+            else:
+                argument = next((a for a in schema.arguments if a.name == place), None)
+            if argument is not None:
+                kinds[place].add(str(argument.real_type))
+    return all(found & _NUMBER_TYPES and not any("Tensor" in kind for kind in found)
+               for found in kinds.values())

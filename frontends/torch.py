@@ -606,6 +606,10 @@ _LAYER_BRANCHES = {
     "fake_quantize.py:": "torch.ao.quantization's FakeQuantize branches on its enable flags, "
                          "tensors: use FusedMovingAvgObsFakeQuantize, which does the same in one "
                          "op (get_default_qat_qconfig's default)",
+    "quantization/utils.py:": "torch.ao.quantization's FakeQuantize computes its scale from the "
+                              "min and max its observer has just written, read from tensors: use "
+                              "FusedMovingAvgObsFakeQuantize, which does the same in one op "
+                              "(get_default_qat_qconfig's default)",
     "observer.py:": "torch.ao.quantization's observers branch on the min and max they hold: use "
                     "FusedMovingAvgObsFakeQuantize, which observes in one op "
                     "(get_default_qat_qconfig's default), or observe outside the module",

@@ -56,24 +56,52 @@ _TRACING_CHECKS = ("is_torchdynamo_exporting", "is_tracing")
 class CallInputs:
     """The example inputs of one trace: their flat leaves (for the runtime, flat in the
     order of torch.export's input spec), and the FX node tracing each tensor, found
-    when the model is called with the traced ones (a forward pre-hook)."""
+    when the model is called with the traced ones (a forward pre-hook).
 
-    def __init__(self, args: tuple, kwargs: dict):
+    With `model`, its buffers too: the node tracing each (`buffers`, by qualified name)
+    and its tensor as the caller holds it (`buffer`). A decision read from a buffer is
+    made again from the buffer's values at every call, as one read from an input is:
+    Encodec's and Mimi's convolutions read their padding from integer buffers (`.item()`),
+    which were refused as values that may change at any step. Parameters stay apart:
+    they do change at every step."""
+
+    def __init__(self, args: tuple, kwargs: dict, model: torch.nn.Module | None = None):
         with_paths, _ = pytree.tree_flatten_with_path((args, kwargs))
         self.leaves = [leaf for _, leaf in with_paths]
         self._index = {pytree.keystr(path): index for index, (path, _) in enumerate(with_paths)}
         self.nodes: dict[torch.fx.Node, int] = {}
+        # Taken before tracing, which puts traced tensors in the buffers' places.
+        self._held = dict(model.named_buffers(remove_duplicate=False)) if model is not None else {}
+        self.buffers: dict[torch.fx.Node, str] = {}
 
-    def hook(self, _module, args, kwargs):
+    def buffer(self, name: str) -> torch.Tensor:
+        """The buffer `name` as the caller holds it."""
+        return self._held[name]
+
+    def hook(self, module, args, kwargs):
         mode = get_proxy_mode()
         if mode is None:
             return
         for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
             index = self._index.get(pytree.keystr(path))
-            proxy = (get_proxy_slot(leaf, mode.tracer, None, lambda slot: slot.proxy)
-                     if isinstance(leaf, torch.Tensor) else None)
+            proxy = _proxy(leaf, mode)
             if index is not None and proxy is not None:
                 self.nodes.setdefault(proxy.node, index)
+        for name, traced in module.named_buffers(remove_duplicate=False) if self._held else ():
+            proxy = _proxy(traced, mode)
+            if name in self._held and proxy is not None and proxy.node.op == "placeholder":
+                self.buffers.setdefault(proxy.node, name)
+
+    def known(self) -> set:
+        """The nodes whose values a call's decision is made from: inputs and buffers."""
+        return set(self.nodes) | set(self.buffers)
+
+
+def _proxy(value, mode):
+    """The proxy tracing `value` in `mode`, or None."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    return get_proxy_slot(value, mode.tracer, None, lambda slot: slot.proxy)
 
 
 @contextlib.contextmanager
@@ -88,7 +116,7 @@ def eager_mask_decisions(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     if masking is None or not any(hasattr(masking, name) for name in _TRACING_CHECKS):
         yield
         return
-    inputs = CallInputs(args, kwargs)
+    inputs = CallInputs(args, kwargs, model)
     wrapped = {name: _eager_when_unpadded(masking, getattr(masking, name), inputs, guards)
                for name in _DECISIONS if hasattr(masking, name)}
     if hasattr(masking, _PACKED):
@@ -168,7 +196,7 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1:
         return None
-    found = ancestry(tensor, set(inputs.nodes), constants=True)
+    found = ancestry(tensor, inputs.known(), constants=True)
     if found is None:
         return None
     nodes, read = found
@@ -176,6 +204,7 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
     if device is None:   # no tensor input: nothing of the caller's to decide from
         return None
     refs = {node: {"input": inputs.nodes[node]} for node in inputs.nodes}
+    refs.update({node: {"buffer": inputs.buffers[node]} for node in inputs.buffers})
     ops = []
     try:
         for node in nodes:
@@ -185,17 +214,20 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
             ops.append([_op_name(node.target), encoded(list(node.args), refs, device),
                         {key: encoded(value, refs, device) for key, value in node.kwargs.items()}])
             refs[node] = {"op": len(ops) - 1}
+        reached = [refs[n] for n in inputs.known() if _reaches(n, read)]
         guard = {"decision": decision,
-                 "inputs": sorted({refs[n]["input"] for n in refs if "input" in refs[n] and
-                                   _reaches(n, read)}),
+                 "inputs": sorted({ref["input"] for ref in reached if "input" in ref}),
                  "ops": ops, "reads": refs[read], "args": encoded(list(args), {}, device),
                  "kwargs": {key: encoded(value, {}, device) for key, value in kwargs.items()}, **said}
+        buffers = sorted({ref["buffer"] for ref in reached if "buffer" in ref})
+        if buffers:   # only where read: a file of a guard of inputs alone is as before
+            guard["buffers"] = buffers
     except Unrecordable:
         return None
-    if guard["decision"] not in DECISIONS or not guard["inputs"]:
+    if guard["decision"] not in DECISIONS or not reached:
         return None
     with unset_fake_temporarily(), disable_proxy_modes_tracing():
-        guard["answer"] = answer(guard, inputs.leaves, decide)
+        guard["answer"] = answer(guard, inputs.leaves, decide, inputs.buffer)
     if not any(_asked(known) == _asked(guard) for known in guards):   # once: a read per layer
         guards.append(guard)
     return guard["answer"]
@@ -248,7 +280,8 @@ def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tupl
     every one is an op that draws nothing (and, with `leaves`, writes into no tensor of
     theirs nor a view of one), from `leaves` (nodes whose values are known) or from none
     (or, with `constants`, from tensor constants the forward built: `get_attr` nodes);
-    else None (one reads a parameter, a buffer, another input, a tensor the model holds).
+    else None (one reads a parameter, another input, a buffer not among `leaves`, a
+    tensor the model holds).
     An op that writes into one of these tensors through a view of it, before one of them
     reads it (Qwen2-VL's `positions[0] += start`), is among them: replayed in order on
     real tensors, the write lands in the viewed tensor as in eager (found by a review: a

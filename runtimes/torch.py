@@ -1079,7 +1079,8 @@ class _Lowered:
                         f"(the graph reads that one tensor for both)")
         if not self.value_guards.guards:
             return None
-        return self.value_guards.mismatch(leaves, lambda: argument_names(self.in_spec), answers)
+        return self.value_guards.mismatch(leaves, lambda: argument_names(self.in_spec), answers,
+                                          lambda name: modules.member(name, "_buffers"))
 
     def member_arguments_differ(self, leaves: list, tensors: tuple) -> str | None:
         """An argument of this call that is one of the model's parameters or buffers
@@ -1848,10 +1849,18 @@ class ScheduledModule(torch.nn.Module):
         every step, are refused with what to do."""
         seen = self.__dict__.setdefault("_integer_reads", {})
         for plan in plans:
-            for question, line, lowered, value in plan.value_guards.integer_reads(answers):
+            for question, line, lowered, value, buffers in plan.value_guards.integer_reads(answers):
                 values = seen.setdefault(question, {json.dumps(lowered)})
                 if json.dumps(value) in values:
                     continue
+                if len(values) > VALUE_REPLANS and buffers:   # a counter the forward keeps
+                    raise RuntimeInputError(
+                        f"the model's buffer{'s' if len(buffers) > 1 else ''} {' and '.join(buffers)} "
+                        f"give {shown(value)} at {line}, where the forward reads integers from "
+                        f"them, and {len(values)} other values were lowered and planned already, "
+                        f"a graph each: a buffer changing at every step (a step counter) would "
+                        f"plan at every step. Compute with it as a tensor there (torch.where, a "
+                        f"mask) instead of reading a Python number from it")
                 if len(values) > VALUE_REPLANS:
                     raise RuntimeInputError(
                         f"this call's inputs give {shown(value)} at {line}, where the forward "

@@ -35,7 +35,10 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "python_layer_drop",
           # sizes the input's values decide (rows a mask of the input selects, rows repeated
           # by counts read from it): read as eager's at lowering (`input_sizes`):
-          "input_rows", "input_repeats")
+          "input_rows", "input_repeats",
+          # padding by amounts read from an integer buffer (Encodec's convolutions): read
+          # as eager's, from the buffer's values at every call (`input_sizes`):
+          "buffer_pad")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -142,6 +145,9 @@ class RandomNet(torch.nn.Module):
             self.weight_norm_linears = torch.nn.ModuleList(
                 torch.nn.utils.weight_norm(torch.nn.Linear(width, width))
                 for op, _ in program if op == "weight_norm_linear")
+        # buffer_pad: a shift by padding amounts held in an integer buffer.
+        if any(op == "buffer_pad" for op, _ in program):
+            self.register_buffer("pad_total", torch.tensor(3), persistent=False)
         # permute_columns: an index with a constant permutation (its backward scatters).
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
@@ -234,6 +240,10 @@ class RandomNet(torch.nn.Module):
             # a graph on other inputs run it, as a real loader's batches would.
             elif op == "input_rows":   # a loss over the rows the input marks (x[mask])
                 y = a + a[x[:, 0] > x[:, 0].median()].sum(0, keepdim=True) * 0.5
+            elif op == "buffer_pad":   # F.pad by integer tensors, sliced by one (`__index__`)
+                right = self.pad_total // 2
+                left = self.pad_total - right
+                y = a * torch.nn.functional.pad(a, (left, right))[:, right:right + a.shape[-1]]
             elif op == "input_repeats":   # each row repeated 0 to 2 times, by its rank
                 counts = x[:, 0].argsort().argsort() % 3
                 y = a + a.repeat_interleave(counts, dim=0).square().mean(0, keepdim=True)

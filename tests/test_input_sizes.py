@@ -20,6 +20,7 @@ from remat_ir.frontends.errors import LoweringError
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import VALUE_REPLANS, RuntimeInputError, ScheduledModule
 from exactness import random_schedule, side_by_side
+from slow import some_slow
 
 ROWS, WIDTH, GROUPS = 8, 6, 3
 
@@ -164,27 +165,122 @@ class FromActivations(nn.Module):
         super().__init__()
         self.kind = kind
         self.a = nn.Linear(WIDTH, WIDTH)
-        self.register_buffer("counts", torch.tensor([4, 4]))   # may change at any step
+        self.scale = nn.Parameter(torch.tensor([4.0, 4.0]))   # changes at every step
 
     def forward(self, x):
         h = self.a(x)
         if self.kind == "mask":
             return h[h[:, 0] > 0].sum()
-        if self.kind == "buffer_counts":
-            return sum(p.sum() for p in torch.split(h, self.counts.tolist()))
+        if self.kind == "parameter_counts":
+            return sum(p.sum() for p in torch.split(h, self.scale.long().tolist()))
         return h.repeat_interleave((h[:, 0] > 0).long(), dim=0).sum()
 
 
-@pytest.mark.parametrize("kind", ["mask", "buffer_counts", "repeats"])
-def test_integers_read_from_the_models_tensors_or_activations_stay_refused(kind):
+@pytest.mark.parametrize("kind", ["mask", "parameter_counts", "repeats"])
+def test_integers_read_from_parameters_or_activations_stay_refused(kind):
     with pytest.raises(LoweringError, match="tensor data"):
         lower_torch(FromActivations(kind), (torch.randn(ROWS, WIDTH),), cost_model="flops")
 
 
-@pytest.mark.parametrize("family", ["beit-mim", "glpn", "xmod"])
+class ReadsItsBuffers(nn.Module):
+    """Integers read from the model's integer buffers, as Encodec's and Mimi's
+    convolutions read their padding: `F.pad` by integer tensors, a branch on `max` of
+    two, a slice by `int()`. `counter`: a buffer read by `.item()`, then incremented;
+    `written_first`: incremented, then read."""
+
+    def __init__(self, kind: str = ""):
+        super().__init__()
+        self.kind, self.a = kind, nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("total", torch.tensor(3), persistent=False)
+        self.register_buffer("steps", torch.tensor(0))
+
+    def forward(self, x):
+        h = self.a(x)
+        right = self.total // 2
+        left = self.total - right
+        h = nn.functional.pad(h, (left, right))
+        if max(left, right) >= 2:
+            h = torch.dropout(h, 0.2, True)
+        h = h[:, :int(self.total) + 2]
+        if self.kind == "counter":
+            h = h * (self.steps.item() + 1)
+            self.steps += 1
+        elif self.kind == "written_first":
+            self.steps += 1
+            h = h[:, :self.steps.item()]
+        return h.square().mean()
+
+
+def test_integers_read_from_buffers_are_eagers_and_asked_again_at_every_call(capsys):
+    """Integer buffers were refused as values that may change at any step: their integers
+    are now read as eager reads them, and a call after the buffer changed is planned again
+    from its values, saying which buffer; a buffer back to an earlier value reuses its plan."""
+    torch.manual_seed(0)
+    model, x = ReadsItsBuffers(), torch.randn(ROWS, WIDTH)
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x,), budget=None, cost_model="flops")
+    eager = copy.deepcopy(model)
+    for total, plans in ((3, 1), (1, 2), (4, 3), (3, 3)):
+        scheduled.total.fill_(total)
+        eager.total.fill_(total)
+        assert _same(_step(scheduled, (x,)), _step(eager, (x,)))
+        assert len(scheduled.plans) == plans
+    notes = capsys.readouterr().err
+    assert "the values of the model's buffer total give 1 at " in notes
+
+
+def test_a_buffer_read_then_written_is_planned_again_until_refused_and_one_written_first_stays_refused():
+    """A counter read before the forward increments it is read as eager reads it, at every
+    call, so each step gets its value (and past `VALUE_REPLANS` new values, a refusal
+    naming the buffer); one incremented before it is read stays refused: the guard, asked
+    before the call, would read the value before the write."""
+    torch.manual_seed(0)
+    model, x = ReadsItsBuffers("counter"), torch.randn(ROWS, WIDTH)
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x,), budget=None, cost_model="flops")
+    eager = copy.deepcopy(model)
+    for _ in range(VALUE_REPLANS + 1):
+        assert _same(_step(scheduled, (x,)), _step(eager, (x,)))
+        assert torch.equal(scheduled.steps, eager.steps)
+    with pytest.raises(RuntimeInputError, match=r"the model's buffer steps give \d+ at .*test_input_sizes.py:\d+"):
+        scheduled(x)
+    with pytest.raises(LoweringError, match="tensor data"):
+        lower_torch(ReadsItsBuffers("written_first"), (x,), cost_model="flops")
+
+
+class SizedByInputs(nn.Module):
+    """Integer tensors from the inputs passed where ops take integers: `torch.arange` of
+    the longest length (a mask of each row's length, as speech models build theirs), and
+    a tensor added to activations, which `torch.add` takes as a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, lengths):
+        longest = lengths.max()
+        kept = torch.arange(longest) < lengths[:, None]
+        h = self.a(x)[:, :longest] * kept.unsqueeze(-1)
+        return (h + lengths.sum()).square().mean()
+
+
+@settings(max_examples=8, deadline=None)
+@given(lengths=st.lists(st.integers(1, ROWS), min_size=2, max_size=2))
+def test_integer_tensors_passed_as_an_ops_integers_are_read_as_eager(lengths):
+    """Searched over lengths: bitwise eager's; one graph per longest length (the integer
+    `arange` reads), none for the sum, which `torch.add` computes with as a tensor."""
+    torch.manual_seed(0)
+    model, x = SizedByInputs(), torch.randn(2, ROWS, WIDTH)
+    example = torch.tensor([ROWS, 3])
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x, example), budget=None, cost_model="flops")
+    lengths = torch.tensor(lengths)
+    assert _same(_step(scheduled, (x, lengths)), _step(copy.deepcopy(model), (x, lengths)))
+    assert len(scheduled.plans) == (1 if max(lengths.tolist()) == ROWS else 2)
+
+
+@pytest.mark.parametrize("family", some_slow(["beit-mim", "glpn", "xmod", "encodec", "mimi"], slow=["mimi"]))
 def test_transformers_losses_over_masks_of_their_inputs_train_bitwise(family):
     """BEiT's masked-image loss, GLPN's depth loss over the labels above 0 and X-MOD's
-    language adapters were refused (aten.nonzero): bitwise now, under random schedules."""
+    language adapters were refused (aten.nonzero), and Encodec's and Mimi's padding read
+    from integer buffers: bitwise now, under random schedules."""
     import family_models
     family_models.quiet()
     torch.manual_seed(0)

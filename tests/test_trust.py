@@ -3178,26 +3178,37 @@ def test_an_adaptive_softmax_over_the_callers_targets_trains_like_eager():
     assert len(remat.plans) == 3
 
 
-@pytest.mark.parametrize("make, says", [
-    (lambda: torch.ao.quantization.FakeQuantize(observer=torch.ao.quantization.MovingAverageMinMaxObserver),
-     r"torch/ao/quantization/fake_quantize.py:\d+ in forward \(torch.ao.quantization's FakeQuantize "
-     r"branches .* use FusedMovingAvgObsFakeQuantize"),
-    (lambda: torch.ao.quantization.MovingAverageMinMaxObserver(),
-     r"torch/ao/quantization/observer.py:\d+ in forward \(torch.ao.quantization's observers branch .* "
-     r"use FusedMovingAvgObsFakeQuantize")])
-def test_quantization_aware_modules_that_branch_name_the_fused_one_that_traces(make, says):
-    """Found by a review: a QAT model's FakeQuantize (its enable flags) and observers (the
-    min and max they hold) branch on tensors, refused naming only the model's line. The
-    fused module the hint names traces and trains bitwise eager's, its buffers included."""
+def test_quantization_aware_modules_that_branch_name_the_fused_one_that_traces():
+    """Found by a review: a QAT model's FakeQuantize branches on tensors, refused naming
+    only the model's line. Its enable flags are buffers, read as eager reads them at every
+    call since buffers count as inputs; its scale, computed from the min and max its
+    observer has just written, is refused naming the fused module, which traces and trains
+    bitwise eager's, its buffers included."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), make(), torch.nn.Linear(8, 2))
-    with pytest.raises(LoweringError, match=says):
+    fake_quantize = torch.ao.quantization.FakeQuantize(observer=torch.ao.quantization.MovingAverageMinMaxObserver)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), fake_quantize, torch.nn.Linear(8, 2))
+    with pytest.raises(LoweringError, match=r"torch/ao/quantization/utils.py:\d+ in check_min_max_valid "
+                                            r"\(torch.ao.quantization's FakeQuantize computes its scale .* "
+                                            r"use FusedMovingAvgObsFakeQuantize"):
         _remat(model, (torch.randn(4, 8),))
     fused = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.ao.quantization.FusedMovingAvgObsFakeQuantize(),
                                 torch.nn.Linear(8, 2))
     x = torch.randn(4, 8)
     assert side_by_side(fused, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                         lambda out: out.square().mean(), tolerance=1e-30) == {}
+
+
+def test_an_observer_branching_on_the_min_and_max_it_holds_trains_like_eager():
+    """An observer's first call takes the input's min and max, later ones average them in
+    (`if min_val == inf`, its buffers): refused before as a branch on the model's tensors.
+    The buffers' values are read at every call: the second step is planned again for the
+    other branch, and every step is eager's bitwise, the min and max held included."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.ao.quantization.MovingAverageMinMaxObserver(),
+                                torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean(), steps=3, tolerance=1e-30) == {}
 
 
 def test_a_lazy_module_not_called_yet_is_named_with_what_to_do():

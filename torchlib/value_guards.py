@@ -74,9 +74,9 @@ def encoded(value, refs: dict, device: torch.device):
     raise Unrecordable(type(value).__name__)
 
 
-def _decoded(value, values: list, leaves: list, device: torch.device):
+def _decoded(value, values: list, leaves: list, device: torch.device, buffer=None):
     if isinstance(value, list):
-        return [_decoded(item, values, leaves, device) for item in value]
+        return [_decoded(item, values, leaves, device, buffer) for item in value]
     if not isinstance(value, dict):
         return value
     if "tensor" in value:   # a tensor the forward built, by its values
@@ -85,6 +85,8 @@ def _decoded(value, values: list, leaves: list, device: torch.device):
     (kind, what), = value.items()
     if kind == "input":
         return leaves[what]
+    if kind == "buffer":
+        return buffer(what)
     if kind == "op":
         return values[what]
     if kind == "device":
@@ -112,18 +114,19 @@ def decider(name: str):
                           f"again") from None
 
 
-def answer(guard: dict, leaves: list, decide=None) -> bool | int | list:
-    """The decision of `guard` on a call's flat input `leaves`: its ops replayed, its
-    function (`decide`, else the one it names) called on their result (outside tracing:
-    eager's answer)."""
-    tensors = [leaves[i] for i in guard["inputs"]]
+def answer(guard: dict, leaves: list, decide=None, buffer=None) -> bool | int | list:
+    """The decision of `guard` on a call's flat input `leaves` and the model's buffers
+    (`buffer(name)`: the buffer of that qualified name, for a guard that reads one): its
+    ops replayed, its function (`decide`, else the one it names) called on their result
+    (outside tracing: eager's answer)."""
+    tensors = [leaves[i] for i in guard["inputs"]] + [buffer(name) for name in guard.get("buffers", ())]
     device = tensors[0].device
     values: list = []
     with torch.no_grad():
         for name, args, kwargs in guard["ops"]:
-            values.append(_op(name)(*_decoded(args, values, leaves, device),
-                                    **{k: _decoded(v, values, leaves, device) for k, v in kwargs.items()}))
-    read = _decoded(guard["reads"], values, leaves, device)
+            values.append(_op(name)(*_decoded(args, values, leaves, device, buffer),
+                                    **{k: _decoded(v, values, leaves, device, buffer) for k, v in kwargs.items()}))
+    read = _decoded(guard["reads"], values, leaves, device, buffer)
     result = (decide or decider(guard["decision"]))(read, *guard["args"], **guard["kwargs"])
     kind = DECISIONS[guard["decision"]]
     if kind == "packed":
@@ -144,15 +147,17 @@ class ValueGuards:
         self._questions = [json.dumps({k: v for k, v in guard.items() if k != "answer"}, sort_keys=True)
                            for guard in self.guards]
 
-    def mismatch(self, leaves: list, names, answers: dict) -> str | None:
-        """What differs for a call with flat inputs `leaves` (`names()`: their names), said
-        for the user, or None. `answers` memoises answers within one call, by decision."""
+    def mismatch(self, leaves: list, names, answers: dict, buffer) -> str | None:
+        """What differs for a call with flat inputs `leaves` (`names()`: their names) and
+        the model's buffers (`buffer(name)`), said for the user, or None. `answers` memoises
+        answers within one call, by decision."""
         for guard, question in zip(self.guards, self._questions):
             if question not in answers:
-                answers[question] = answer(guard, leaves)
+                answers[question] = answer(guard, leaves, buffer=buffer)
             if answers[question] != guard["answer"]:
                 kind = DECISIONS[guard["decision"]]
-                argument = " and ".join(names()[i] for i in guard["inputs"])
+                argument = " and ".join([names()[i] for i in guard["inputs"]] +
+                                        [f"the model's buffer {name}" for name in guard.get("buffers", ())])
                 if kind == "integers":
                     return (f"{_argument_values(argument, guard)} give {shown(answers[question])} "
                             f"at {guard['line']}, where those it was lowered with gave "
@@ -168,15 +173,18 @@ class ValueGuards:
                         f"graph holds one decision")
         return None
 
-    def integer_reads(self, answers: dict) -> list[tuple[str, str, object, object]]:
+    def integer_reads(self, answers: dict) -> list[tuple[str, str, object, object, list]]:
         """Each integer read of the forward whose answer for a call is in `answers` (as
-        `mismatch` memoised it): its question, line, answer at lowering and for the call."""
-        return [(question, guard["line"], guard["answer"], answers[question])
+        `mismatch` memoised it): its question, line, answer at lowering and for the call,
+        and the model's buffers it reads (none where it reads the inputs alone)."""
+        return [(question, guard["line"], guard["answer"], answers[question], guard.get("buffers", []))
                 for guard, question in zip(self.guards, self._questions)
                 if DECISIONS[guard["decision"]] == "integers" and question in answers]
 
 
 def _argument_values(argument: str, guard: dict) -> str:
+    if not guard["inputs"]:   # buffers alone
+        return f"the values of {argument}"
     plural = "s" if len(guard["inputs"]) > 1 else ""
     return f"the values of argument{plural} {argument}"
 
