@@ -21,7 +21,11 @@ times are the host's (no synchronization inside the call), which is where this w
 is done.
 
 The call leaves the caller's state as it found it: the parameters' `.grad`, the
-buffers (a step updates running statistics) and the random generators are put back.
+buffers (a step updates running statistics), the parameters the forward writes in place
+(a decay under `no_grad`, `nn.Embedding(max_norm=)`'s renormalization), the tensors it
+stores on its modules, and the random generators are put back. (The parameters and
+stores were not, found by a review: `remat()` itself had run a forward's `mul_(0.5)` of
+a weight six times, and training started from 1/64 of eager's weight.)
 Inputs that require a gradient are given to the calls as detached copies, so that
 theirs stays as it was. Not measured (None, with why) under torch.distributed (a
 backward would reduce across ranks), where a parameter holds a hook (a user's, an
@@ -38,6 +42,7 @@ apart)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 
@@ -51,6 +56,8 @@ from .timing import _synchronize
 
 #: Timed calls, after one warm-up call (which compiles the segments).
 ROUNDS = 5
+#: An attribute a module did not hold before the calls.
+_ABSENT = object()
 
 
 def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwargs: dict,
@@ -80,8 +87,13 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
         torch.Tensor, lambda t: t.detach().requires_grad_() if t.requires_grad else
         t.clone() if id(t) in written else t, (args, kwargs))
     grads = [p.grad for p in parameters]
-    buffers = list(model.buffers())
+    # What the calls may write: the buffers, and the parameters the graph updates.
+    named = dict(model.named_parameters(remove_duplicate=False))
+    buffers = list(model.buffers()) + [named[name] for name in sorted(updated) if name in named]
     versions = [b._version for b in buffers]
+    stores = [(model.get_submodule(path), key) for path, key in
+              json.loads(graph.proto.metadata.get("torch.stored_attributes", "[]"))]
+    held = [module.__dict__.get(key, _ABSENT) for module, key in stores]
     saved: list = []
     inside = [0.0]
     try:
@@ -123,6 +135,11 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
             for buffer, version, copy in zip(buffers, versions, saved):
                 if buffer._version != version:
                     buffer.copy_(copy)
+        for (module, key), value in zip(stores, held):
+            if value is _ABSENT:
+                module.__dict__.pop(key, None)
+            else:
+                setattr(module, key, value)
     return max(0.0, statistics.median(outside)), ""
 
 
