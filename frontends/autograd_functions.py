@@ -7,7 +7,12 @@ round's derivative, zero. While the frontend traces, `preserving_functions()`
 routes every call of a user-defined Function through a custom op of its own
 (`remat_ir_fn::<name>_<digest>`), opaque to export, whose registered autograd
 formula runs the Function's `backward`; AOTAutograd then traces that backward
-into the joint graph, so what the Function's `backward` computes is what runs.
+into the joint graph, so what the Function's `backward` computes is what runs. Its
+gradients follow eager's conventions: outputs it marks non-differentiable get none; an
+output no gradient reached reaches the backward as None where the Function calls
+`set_materialize_grads(False)`, else as zeros; an input it returns None for gets none (a
+parameter's `.grad` stays None, which an optimizer skips). Until 2026-12-05 these were
+zeros or a gradient, silently (found by a review).
 
 How: the op runs `Function.forward` once, with a stand-in context, and returns its
 outputs, then what it saved for the backward that is neither an input nor an output
@@ -81,6 +86,7 @@ class _Context:
         self.needs_input_grad = needs_input_grad
         self.materialize_grads = True
         self._saved: tuple = ()
+        self._non_differentiable: tuple = ()
         self._function = function
 
     def save_for_backward(self, *tensors) -> None:
@@ -91,7 +97,7 @@ class _Context:
         return self._saved
 
     def mark_non_differentiable(self, *tensors) -> None:
-        pass
+        self._non_differentiable = tensors
 
     def set_materialize_grads(self, value: bool) -> None:
         self.materialize_grads = value
@@ -268,6 +274,12 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         ctx.function_context = returns.context(needs, list(tensors), list(output))
         ctx.input_meta = [(t.shape, t.dtype, t.device) for t in tensors]
         ctx.output_meta = [(t.shape, t.dtype, t.device) for t in output[:facts["outputs"]]]
+        # As eager's Function: outputs it marked get no gradient (the loss reading one sent
+        # its gradient into the backward, found by a review); the backward gets None for an
+        # output no gradient reached and materializes it itself where the Function's
+        # context asks (`set_materialize_grads(False)` got zeros where eager passes None).
+        ctx.mark_non_differentiable(*(output[j] for j in returns.non_differentiable))
+        ctx.set_materialize_grads(False)
 
     def backward(ctx, grads):
         fctx = ctx.function_context
@@ -281,11 +293,9 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             exc.add_note(f"{_BACKWARD_NOTE}{name}")
             raise
         result = list(result) if isinstance(result, (tuple, list)) else [result]
-        out = []
-        for i, (shape, dtype, device) in zip(positions, ctx.input_meta):
-            g = result[i] if i < len(result) else None
-            out.append(g if g is not None else torch.zeros(shape, dtype=dtype, device=device))
-        return out
+        # None where the Function's backward gives none, as eager leaves a parameter's
+        # `.grad` None there (zeros made AdamW decay a weight eager's step skips).
+        return [result[i] if i < len(result) else None for i in positions]
 
     op.register_autograd(backward, setup_context=setup_context)
     _registered[op_name] = (cls, others, op, facts)
@@ -372,6 +382,9 @@ class _Returns:
             else:
                 self.attributes[key] = value
         self.materialize_grads = ctx.materialize_grads
+        #: The outputs the forward marked non-differentiable, by index.
+        self.non_differentiable = [j for j, o in enumerate(outputs)
+                                   if any(o is t for t in ctx._non_differentiable)]
         self.count = len(self.tensors)
 
     def take(self) -> list[torch.Tensor]:

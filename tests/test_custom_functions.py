@@ -13,12 +13,13 @@ from shapes (each lowering's own: the op is shared by the lowerings of both shap
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from exactness import random_schedule, side_by_side
@@ -30,8 +31,11 @@ from strategies import search
 _SAVABLE = ("input", "output", "intermediate", "input_view", "output_view", "none", "mask")
 
 
-def _function(saved: tuple[str, ...], attributes: tuple[str, ...], two_outputs: bool):
-    """A Function class of its own (a class per draw: its op is its own too)."""
+def _function(saved: tuple[str, ...], attributes: tuple[str, ...], two_outputs: bool, options=()):
+    """A Function class of its own (a class per draw: its op is its own too). `options`:
+    "unmaterialized" (`ctx.set_materialize_grads(False)`: the backward gets None for an
+    output no gradient reached, and branches on it), "non_differentiable" (its second
+    output marked so: no gradient flows into it)."""
 
     class Drawn(torch.autograd.Function):
         @staticmethod
@@ -48,13 +52,22 @@ def _function(saved: tuple[str, ...], attributes: tuple[str, ...], two_outputs: 
                 ctx.rows = x.shape[0]
             if "tensor" in attributes:
                 ctx.kept = y
-            return (h, y * 3) if two_outputs else h
+            second = y * 3
+            if "unmaterialized" in options:
+                ctx.set_materialize_grads(False)
+            if "non_differentiable" in options and two_outputs:
+                ctx.mark_non_differentiable(second)
+            return (h, second) if two_outputs else h
 
         @staticmethod
         def backward(ctx, grad, *more):
             # Not the forward's derivative: a function of everything saved, so that a saved
-            # tensor found in the wrong place changes the gradient.
-            grad = grad + 3 * more[0] if more and more[0] is not None else grad
+            # tensor found in the wrong place changes the gradient; None (unmaterialized)
+            # and zeros give other gradients.
+            if grad is None:
+                return None
+            if more:
+                grad = grad * 2 if more[0] is None else grad + 3 * more[0]
             for tensor in ctx.saved_tensors:
                 if tensor is not None:
                     grad = grad * (1 + tensor.float().mean())
@@ -70,29 +83,38 @@ def _function(saved: tuple[str, ...], attributes: tuple[str, ...], two_outputs: 
 
 
 class _Calls(torch.nn.Module):
-    def __init__(self, function, two_outputs: bool):
+    def __init__(self, function, two_outputs: bool, second_read: bool = True):
         super().__init__()
         self.first, self.last = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
-        self.function, self.two_outputs = function, two_outputs
+        self.function, self.two_outputs, self.second_read = function, two_outputs, second_read
 
     def forward(self, x):
         out = self.function.apply(self.first(x))
         if self.two_outputs:
-            out = out[0] * out[1]
+            out = out[0] * out[1] if self.second_read else out[0]
         return self.last(out).square().mean()
 
 
 @search(12, derandomize=True)
 @given(saved=st.lists(st.sampled_from(_SAVABLE), max_size=4).map(tuple),
        attributes=st.sets(st.sampled_from(("shape", "rows", "tensor"))).map(lambda a: tuple(sorted(a))),
-       two_outputs=st.booleans(), seed=st.integers(0, 2**32 - 1))
+       two_outputs=st.booleans(), seed=st.integers(0, 2**32 - 1),
+       options=st.sets(st.sampled_from(("unmaterialized", "non_differentiable"))).map(lambda a: tuple(sorted(a))),
+       second_read=st.booleans())
+# Found by a review: unmaterialized gradients came as zeros (eager passes None), and a
+# second output marked non-differentiable sent the loss's gradient into the backward.
+@example(saved=(), attributes=(), two_outputs=True, seed=0, options=("unmaterialized",), second_read=False)
+@example(saved=(), attributes=(), two_outputs=True, seed=0, options=("non_differentiable",), second_read=True)
 def test_random_functions_train_like_eager_under_random_schedules_at_two_shapes(saved, attributes,
-                                                                                two_outputs, seed):
+                                                                                two_outputs, seed, options,
+                                                                                second_read):
     """Each draw: a Function saving some of `_SAVABLE`, keeping some attributes on its
-    context; lowered for 3 rows and for 5 (one op for both), each scheduled at random with
-    recomputation and trained beside eager, bitwise with the generator state."""
+    context, some of its gradients unmaterialized, its second output marked
+    non-differentiable or not read; lowered for 3 rows and for 5 (one op for both), each
+    scheduled at random with recomputation and trained beside eager, bitwise with the
+    generator state."""
     torch.manual_seed(0)
-    model = _Calls(_function(saved, attributes, two_outputs), two_outputs)
+    model = _Calls(_function(saved, attributes, two_outputs, options), two_outputs, second_read)
     for rows in (3, 5):
         x = torch.randn(rows, 4)
         graph = lower_torch(model, (x,), cost_model="flops")
@@ -229,3 +251,45 @@ def test_a_function_edited_between_processes_is_profiled_again_not_taken_from_th
         peak, budget = json.loads(done.stdout.splitlines()[-1])
         assert peak <= budget, (body, peak, budget)
     assert len(list((tmp_path / "cache").glob("*/graph.rir"))) == 2
+
+
+class _NoWeightGradient(torch.autograd.Function):
+    """A projection whose backward gives its weight no gradient (None)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w,) = ctx.saved_tensors
+        return grad @ w.t(), None
+
+
+class _Projected(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.w = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return _NoWeightGradient.apply(self.first(x), self.w).tanh().square().mean()
+
+
+def test_a_weight_the_backward_gives_no_gradient_keeps_none_and_an_optimizer_skips_it():
+    """Found by a review: the graph gave the weight zeros where eager's `.grad` stays None,
+    so AdamW's weight decay moved a weight eager's step skips."""
+    import remat_ir
+
+    torch.manual_seed(0)
+    eager, x = _Projected(), torch.randn(3, 4)
+    model = copy.deepcopy(eager)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.1) for m in (eager, model)]
+    for _ in range(2):
+        for m, optimizer, call in zip((eager, model), optimizers, (eager, scheduled)):
+            optimizer.zero_grad(set_to_none=True)
+            call(x).backward()
+            optimizer.step()
+        assert eager.w.grad is None and model.w.grad is None
+        assert all(torch.equal(a, b) for a, b in zip(eager.parameters(), model.parameters()))
