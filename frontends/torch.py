@@ -486,7 +486,7 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
             warnings.warn(f"{type(model).__name__} takes other code paths under torch.export "
                           f"than eager where {'; '.join(sorted(kept))}, and eager's could not "
                           f"be traced ({failure}): the graph computes export's path there, "
-                          f"whose results may differ from eager's in the last bits", stacklevel=5)
+                          f"whose results may differ from eager's", stacklevel=5)
         return exported, kept
 
 

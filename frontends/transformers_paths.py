@@ -1,4 +1,5 @@
-"""transformers' models take eager's code path while torch.export traces them.
+"""transformers' models, and any code outside torch asking torch's own checks, take
+eager's code path while torch.export traces them.
 
 Model code asks `is_torchdynamo_exporting()` and `is_torchdynamo_compiling()` to pick a
 path that export targets or torch.compile can run, and under torch.export both say yes.
@@ -18,26 +19,56 @@ which its CPU kernel runs, so eager's path there cannot be traced. Where eager's
 cannot be traced in a model either (it reads a value), the caller traces again with the
 last call sites given export's answer, one more each time, and says which kept export's
 path (`frontends/torch.py::_trace_eager_paths`).
+
+torch's own checks (`torch.compiler.is_compiling()`, `is_exporting()`,
+`torch._dynamo.is_compiling()`) say yes under torch.export too. A model's or library's
+branch on them (a fused path against an eager loop, a cache skipped under compile) took
+the compiling path in the graph, silently (found by a review: a loss of 0.32 where
+eager's is 0.09). Called from outside torch and transformers (whose checks are answered
+above), they answer as eager does, alike: each call site recorded, export's answer kept
+where eager's path cannot be traced. torch's own calls keep export's answer, which its
+tracing needs. A check imported by name before lowering (`from torch.compiler import
+is_compiling`) is not seen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
+import os
 import sys
 
 #: The checks answered as eager answers them.
 CHECKS = ("is_torchdynamo_exporting", "is_torchdynamo_compiling")
 #: transformers' modules whose checks are answered (prefixes of module names).
 _SCOPE = "transformers.models."
+#: torch's checks, answered as eager answers them to callers outside torch: (module, name).
+TORCH_CHECKS = (("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
+                ("torch.compiler", "is_exporting"), ("torch._dynamo", "is_compiling"),
+                ("torch._utils", "is_compiling"))
+#: Where callers keep export's answer to torch's checks: torch itself, and transformers
+#: (whose own checks `CHECKS` answers; its `integrations` keep export's on purpose).
+_KEEPING = tuple(os.path.dirname(importlib.util.find_spec(name).origin) + os.sep
+                 for name in ("torch", "transformers") if importlib.util.find_spec(name) is not None)
 
 
 @contextlib.contextmanager
 def eager_paths(changed: list[str], kept: frozenset = frozenset()):
-    """Within: transformers' models see eager's answer to `CHECKS`, except at the call
-    sites in `kept`; "file:line calls check()" is appended to `changed` for each call
-    site whose answer that changed."""
+    """Within: transformers' models see eager's answer to `CHECKS`, and code outside torch
+    and transformers eager's answer to `TORCH_CHECKS`, except at the call sites in `kept`;
+    "file:line calls check()" is appended to `changed` for each call site whose answer
+    that changed."""
+    originals = [(importlib.import_module(module), name) for module, name in TORCH_CHECKS]
+    originals = [(module, name, getattr(module, name)) for module, name in originals if hasattr(module, name)]
     with swapped_globals(_SCOPE, CHECKS, lambda check, function: _as_eager(check, function, changed, kept)):
-        yield
+        for module, name, function in originals:
+            setattr(module, name, _as_eager(name, function, changed, kept, outside=_KEEPING))
+        try:
+            yield
+        finally:
+            for module, name, function in originals:
+                setattr(module, name, function)
 
 
 @contextlib.contextmanager
@@ -63,12 +94,16 @@ def swapped_globals(prefix: str, names, replacement):
             setattr(module, name, function)
 
 
-def _as_eager(check: str, original, changed: list[str], kept: frozenset):
+def _as_eager(check: str, original, changed: list[str], kept: frozenset, outside: tuple = ()):
+    """`original` answering False, as eager does, except at the call sites in `kept` and
+    to callers whose file starts with one of `outside`."""
     def answer(*args, **kwargs):
         traced = original(*args, **kwargs)
         if not traced:
             return traced
         caller = sys._getframe(1)
+        if outside and caller.f_code.co_filename.startswith(outside):
+            return traced
         where = f"{caller.f_code.co_filename}:{caller.f_lineno} calls {check}()"
         if where in kept:
             return traced

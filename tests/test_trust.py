@@ -5255,6 +5255,50 @@ def test_where_eagers_path_cannot_be_traced_exports_is_kept_and_named(monkeypatc
     assert torch.equal(scheduled(x), model(x))
 
 
+class _AsksTorch(torch.nn.Module):
+    """A forward branching on one of torch's checks (`check`), as libraries pick a fused
+    path or skip a cache under torch.compile; `readable`: eager's path reads a value."""
+
+    def __init__(self, check, readable=False):
+        super().__init__()
+        self.a, self.c = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.check, self.readable = check, readable
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if not self.check():
+            h = h * (2.0 if not self.readable or h.sum().item() > -1e9 else 3.0)
+        return self.c(h).square().mean()
+
+
+@pytest.mark.parametrize("check", ["compiler.is_compiling", "compiler.is_exporting", "_dynamo.is_compiling"])
+def test_a_models_branch_on_torchs_checks_takes_eagers_path(check):
+    """Found by a review: `torch.compiler.is_compiling()` and its kin say yes under
+    torch.export, so a model's own branch on them was traced on the compiling path (a
+    loss of 0.32 where eager's is 0.09), silently. Called from outside torch, they answer
+    as eager does while tracing."""
+    module, name = check.split(".")
+    module = getattr(torch, module)
+    asked = getattr(module, name)
+    torch.manual_seed(0)
+    x = torch.randn(6, 8)
+    model = _AsksTorch(lambda: getattr(module, name)())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # eager's path was traced: nothing to say
+        assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                            lambda out: out, tolerance=1e-30) == {}
+    assert getattr(module, name) is asked   # put back
+
+
+def test_where_eagers_path_of_torchs_check_cannot_be_traced_exports_is_kept_and_named():
+    torch.manual_seed(0)
+    model, x = _AsksTorch(lambda: torch.compiler.is_compiling(), readable=True), torch.randn(6, 8)
+    with pytest.warns(UserWarning, match=r"_AsksTorch takes other code paths under torch.export than eager "
+                                         r"where .*test_trust.py:\d+ calls is_compiling\(\), and eager's could "
+                                         r"not be traced .*whose results may differ from eager's"):
+        _remat(model, (x,), solver="autograd")
+
+
 def test_where_exports_path_fails_too_what_stops_eagers_is_said(monkeypatch):
     """SwitchTransformers' experts loop over a count read from data on eager's path; on
     export's, transformers leaves a mask None and indexes it: the refusal said that
