@@ -862,6 +862,11 @@ class _Lowering:
         elif kind_name == "ForwardTokenAOTInput":   # orders the checks' effects (`effect`)
             self.tokens.add(node)
             return
+        elif kind_name == "ViewBaseAOTInput":   # inputs sharing memory, one written in place
+            raise LoweringError(
+                "the example inputs share memory (one is a view of another, or the same tensor "
+                "passed twice) and the forward writes into one in place; remat-ir lowers inputs "
+                "that are separate tensors: pass separate ones (clone one)")
         else:
             raise LoweringError(f"graph input {node.name!r} has a kind this frontend does not "
                                 f"handle yet: {desc}")

@@ -882,6 +882,9 @@ class _Lowered:
         self.slot_values = resident_order(graph)
         #: The resident slots a call brings (its inputs) or the runtime makes (constants).
         self.call_slots: list[int] = []
+        #: The flat positions of the user inputs the forward writes into in place.
+        self.written_inputs: list[int] = []
+        updated = {o.name for o in g.outputs if o.role == pb.BUFFER_UPDATE}
         for v in self.slot_values:
             value = graph.value(v)
             self.strides.append(None if value.kind == pb.CONSTANT else _traced_strides(value))
@@ -895,6 +898,8 @@ class _Lowered:
                 index = entry.user_input_position
                 self.bindings.append(("input", index))
                 self.user_inputs.append((index, v, entry.argument_name or f"input {index}"))
+                if entry.name in updated:
+                    self.written_inputs.append(index)
             else:
                 self.bindings.append(("const", v))
             if self.bindings[-1][0] in ("input", "const"):
@@ -1081,6 +1086,27 @@ class _Lowered:
             return None
         return self.value_guards.mismatch(leaves, lambda: argument_names(self.in_spec), answers,
                                           lambda name: modules.member(name, "_buffers"))
+
+    def written_argument_shared(self, leaves: list) -> str | None:
+        """Two arguments of a call sharing memory where the forward writes into one in place,
+        said for the user, or None. Eager's reads through the other see the write; the
+        graph, lowered for separate tensors, reads what it held before (found by a review:
+        `model(x, x[:3])` with `x.mul_(2)` in the forward, outputs 1.14 off, silently)."""
+        for written in self.written_inputs:
+            target = leaves[written] if written < len(leaves) else None
+            if not isinstance(target, torch.Tensor) or target.untyped_storage().nbytes() == 0:
+                continue
+            storage = target.untyped_storage().data_ptr()
+            for index, leaf in enumerate(leaves):
+                if index != written and isinstance(leaf, torch.Tensor) and \
+                        leaf.untyped_storage().data_ptr() == storage:
+                    one, other = (self.argument_names[i] if i < len(self.argument_names) else f"input {i}"
+                                  for i in (written, index))
+                    return (f"arguments {one} and {other} share memory (one is a view of the other, "
+                            f"or the same tensor), and the forward writes into {one} in place: eager's "
+                            f"reads of {other} see the write, the graph, lowered for separate tensors, "
+                            f"does not. Pass separate tensors (clone one)")
+        return None
 
     def member_arguments_differ(self, leaves: list, tensors: tuple) -> str | None:
         """An argument of this call that is one of the model's parameters or buffers
@@ -1394,6 +1420,8 @@ class _Lowered:
         if differs is not None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
                                     f"{_lower_again(scheduled)}")
+        if self.written_inputs and (shared := self.written_argument_shared(leaves)) is not None:
+            raise RuntimeInputError(f"this call does not match the lowered graph: {shared}")
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else next(model.parameters()).device
         if units is None:
