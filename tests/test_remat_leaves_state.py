@@ -100,3 +100,28 @@ def test_remat_of_random_networks_leaves_their_state_and_trains_like_eager(progr
     state after `remat()` is the state before, bitwise, and two steps are eager's."""
     torch.manual_seed(0)
     _trains_like_eager(RandomNet(program, 6), (torch.randn(3, 6),), budget=budget)
+
+
+class _Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.h1, self.h2 = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 3)
+
+    def forward(self, x, y):
+        h = torch.relu(self.a(x))
+        logits, aux = self.h1(h), self.h2(h)
+        return {"logits": logits, "aux": aux, "loss": nn.functional.cross_entropy(logits, y)}
+
+
+def test_remat_says_nothing_of_its_own_timed_calls(capsys):
+    """Found by a review: the timed calls' backward reads the loss alone, and `remat()`
+    said the loss gives no gradient to `aux` (which the user's loss reads), advising
+    `outputs=['loss']`, which would drop it. Only the user's first step speaks."""
+    torch.manual_seed(0)
+    model, batch = _Heads(), {"x": torch.randn(6, 8), "y": torch.randint(0, 4, (6,))}
+    scheduled = remat_ir.remat(model, batch)
+    assert "gives no gradient" not in capsys.readouterr().err
+    out = scheduled(**batch)
+    (out["loss"] + out["aux"].square().mean()).backward()
+    said = capsys.readouterr().err
+    assert "the loss gives no gradient to output['logits'] (" in said and "aux" not in said.split("pass")[0]
