@@ -67,8 +67,8 @@ def _trains_like_eager(model: nn.Module, batch: tuple, steps: int = 2, **options
 
 
 class _Writes(nn.Module):
-    """A weight decayed in place under no_grad, an embedding renormalized by `max_norm`
-    (tied to the head), and a tensor stored for the next call."""
+    """A weight decayed in place under no_grad (a bias through `.data`), an embedding
+    renormalized by `max_norm` (tied to the head), and a tensor stored for the next call."""
 
     def __init__(self):
         super().__init__()
@@ -80,6 +80,7 @@ class _Writes(nn.Module):
     def forward(self, ids):
         with torch.no_grad():
             self.decayed.weight.mul_(0.5)
+        self.decayed.bias.data.mul_(0.9)   # the same, through `.data`
         h = torch.tanh(self.decayed(self.embed(ids)))
         if self.prev is not None:
             h = h + self.prev
