@@ -1272,8 +1272,12 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                 out_spec = select_outputs(module, out_spec, outputs, type(model).__name__)
             # A custom Function's backward is Python that runs here, once (`changes`).
             outside = outside_values.Snapshot(model) if reads.functions else None
-            joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
-                                                      decompositions=decompositions)
+            # What it reads of the model's modules (`ctx.module.scale`, a module passed to
+            # `apply`) is compared at every call, as the forward's reads are: its new value
+            # had been baked into the backward, silently (found by a review).
+            with recording_reads(model, reads) if reads.functions else contextlib.nullcontext():
+                joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
+                                                          decompositions=decompositions)
             if outside is not None and (said := outside_values.changes(outside, outside_values.Snapshot(model))):
                 outside_values.put_back([change for change, _ in said])
                 raise backward_effects_error(type(model).__name__, [text for _, text in said])
@@ -1287,15 +1291,19 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                 raise refused from exc
             first = str(exc).strip().splitlines()[0]
             function = backward_of(exc)
+            if "convert all Tensors to FakeTensors" in first and function is not None:
+                raise LoweringError(
+                    f"{_reader(type(model).__name__, function)} reads a tensor its forward did not "
+                    f"save for it (a module's parameter or buffer reached through ctx, a global), "
+                    f"which tracing cannot follow ({first.split('Found in ')[-1]}): pass it to "
+                    f"`apply` as an argument and save it with ctx.save_for_backward") from exc
             if "convert all Tensors to FakeTensors" in first:
                 raise LoweringError(
                     f"{_reader(type(model).__name__, function)} reads a tensor that is neither a "
                     f"parameter, a buffer, an input nor one the model holds (a global variable, a "
                     f"closure's), which tracing cannot follow "
                     f"({first.split('Found in ')[-1]}): register it as a buffer "
-                    f"(module.register_buffer) or pass it as an input"
-                    + (" (to the Function: `apply`'s argument, saved with ctx.save_for_backward)"
-                       if function else "")) from exc
+                    f"(module.register_buffer) or pass it as an input") from exc
             if function is not None:
                 raise LoweringError(
                     f"AOTAutograd could not trace {_reader(type(model).__name__, function)}: "

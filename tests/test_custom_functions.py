@@ -293,3 +293,56 @@ def test_a_weight_the_backward_gives_no_gradient_keeps_none_and_an_optimizer_ski
             optimizer.step()
         assert eager.w.grad is None and model.w.grad is None
         assert all(torch.equal(a, b) for a, b in zip(eager.parameters(), model.parameters()))
+
+
+class _ScaledByItsModule(torch.autograd.Function):
+    """A Function given its module, whose backward reads the module's attribute or buffer."""
+
+    @staticmethod
+    def forward(ctx, x, module):
+        ctx.module = module
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * (ctx.module.k if ctx.module.read == "attribute" else ctx.module.scale), None
+
+
+class _PassesItself(torch.nn.Module):
+    def __init__(self, read: str):
+        super().__init__()
+        self.a, self.k, self.read = torch.nn.Linear(4, 4), 1.0, read
+        self.register_buffer("scale", torch.full((4,), 3.0))
+
+    def forward(self, x):
+        return _ScaledByItsModule.apply(self.a(x), self).tanh().square().mean()
+
+
+def test_a_backward_reading_its_modules_attribute_is_planned_again_when_it_changes():
+    """Found by a review: the value the backward read (`ctx.module.k`) was baked into the
+    graph, and a later `k` trained with the old one, silently."""
+    import remat_ir
+
+    torch.manual_seed(0)
+    eager, x = _PassesItself("attribute"), torch.randn(3, 4)
+    model = copy.deepcopy(eager)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    for k in (1.0, 5.0):
+        eager.k = model.k = k
+        for m, call in ((eager, eager), (model, scheduled)):
+            m.zero_grad(set_to_none=True)
+            call(x).backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), model.parameters()))
+    assert len(scheduled.plans) == 2
+
+
+def test_a_backward_reading_a_buffer_through_its_context_is_refused_saying_to_save_it():
+    """The refusal said the tensor was "neither a parameter, a buffer ..." and to register
+    it as a buffer, which it was (found by a review)."""
+    import remat_ir
+    from remat_ir.frontends.errors import LoweringError
+
+    with pytest.raises(LoweringError, match=r"the backward of autograd.Function .*_ScaledByItsModule .*reads "
+                                            r"a tensor its forward did not save for it .*pass it to `apply` "
+                                            r"as an argument and save it with ctx.save_for_backward"):
+        remat_ir.remat(_PassesItself("buffer"), (torch.randn(3, 4),), solver="recompute-all")
