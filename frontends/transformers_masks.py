@@ -214,7 +214,8 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
             ops.append([_op_name(node.target), encoded(list(node.args), refs, device),
                         {key: encoded(value, refs, device) for key, value in node.kwargs.items()}])
             refs[node] = {"op": len(ops) - 1}
-        reached = [refs[n] for n in inputs.known() if _reaches(n, read)]
+        ancestors = _ancestors(read)
+        reached = [refs[n] for n in inputs.known() if n in ancestors]
         guard = {"decision": decision,
                  "inputs": sorted({ref["input"] for ref in reached if "input" in ref}),
                  "ops": ops, "reads": refs[read], "args": encoded(list(args), {}, device),
@@ -262,17 +263,16 @@ def _constant(value) -> dict:
                 "shape": list(value.shape)}
 
 
-def _reaches(node: torch.fx.Node, target: torch.fx.Node) -> bool:
-    """Whether `target` is `node` or computed from it."""
+def _ancestors(target: torch.fx.Node) -> set:
+    """`target` and the nodes it is computed from. (Once per decision: asked per input and
+    buffer, a model of hundreds of buffers walked its graph hundreds of times.)"""
     stack, seen = [target], set()
     while stack:
         current = stack.pop()
-        if current is node:
-            return True
         if current not in seen:
             seen.add(current)
             stack.extend(current.all_input_nodes)
-    return False
+    return seen
 
 
 def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tuple[list, torch.fx.Node] | None:
@@ -294,7 +294,6 @@ def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tupl
     if proxy is None:
         return None
     order = {n: i for i, n in enumerate(proxy.node.graph.nodes)}
-    written_leaves = set().union(*(_aliases(leaf) for leaf in leaves)) if leaves else set()
     needed, reached, stack = set(), set(), [proxy.node]
     while stack:
         while stack:
@@ -319,12 +318,15 @@ def ancestry(tensor: torch.Tensor, leaves: set, constants: bool = False) -> tupl
             if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
                     torch.Tag.nondeterministic_seeded in node.target.tags:
                 return None
-            if leaves and any(value in written_leaves for value in _written(node)):
-                return None   # replayed on a call's inputs, it would write into the caller's tensors
             needed.add(node)
             stack.extend(node.all_input_nodes)
         for node in needed | reached:   # writes through views before a read: replayed too
             stack.extend(_unreplayed_writes(node, needed, order))
+    # Replayed on a call's inputs (or the model's buffers), a write into one would write
+    # into the caller's tensors. (A write reaches what it writes into: among `reached`.)
+    written = set().union(*(_aliases(leaf) for leaf in reached))
+    if any(value in written for node in needed for value in _written(node)):
+        return None
     return (node_order(needed) if needed else []), proxy.node
 
 
