@@ -99,6 +99,30 @@ def region_placeholder(user: torch.fx.Node, node: torch.fx.Node, root: torch.fx.
     return placeholders[operands.index(node)], submodule
 
 
+#: Ops that update a BatchNorm's running statistics (arguments 3 and 4) in place, where
+#: their `training` (or `use_input_stats`) argument, 5, is true, without marking them
+#: written in their schema. A read of the statistics after such an op, taken for a read of
+#: the buffer as it was, had decided a branch from the statistics before the call (found
+#: by a review: outputs 1.1 off eager's, silently).
+UNMARKED_WRITES = {torch.ops.aten.batch_norm.default, torch.ops.aten.native_batch_norm.default,
+                   torch.ops.aten._batch_norm_impl_index.default, torch.ops.aten.instance_norm.default,
+                   torch.ops.aten.cudnn_batch_norm.default, torch.ops.aten.miopen_batch_norm.default}
+
+
+def written_arguments(node: torch.fx.Node) -> list:
+    """The arguments (nodes or other values) whose tensors the op of `node` writes into:
+    those its schema marks written, and a BatchNorm's running statistics (`UNMARKED_WRITES`)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    schema = node.target._schema
+    arguments = [(argument, node.args[i] if i < len(node.args) else node.kwargs.get(argument.name))
+                 for i, argument in enumerate(schema.arguments)]
+    written = [value for argument, value in arguments if argument.alias_info is not None and argument.alias_info.is_write]
+    if node.target in UNMARKED_WRITES and len(arguments) > 5 and arguments[5][1] is not False:
+        written += [arguments[3][1], arguments[4][1]]
+    return written
+
+
 def first_write(start: torch.fx.Node, root: torch.fx.GraphModule) -> torch.fx.Node | None:
     """The first node writing into `start`'s tensor (or a view of it), or None; inside
     regions export keeps as submodules too (a held tensor's `self.count.add_(1)` under
@@ -116,11 +140,11 @@ def first_write(start: torch.fx.Node, root: torch.fx.GraphModule) -> torch.fx.No
             if user in seen or not isinstance(user.target, torch._ops.OpOverload):
                 continue
             seen.add(user)
+            if any(value is node for value in written_arguments(user)):
+                return user
             schema = user.target._schema
             for i, argument in enumerate(schema.arguments):
                 value = user.args[i] if i < len(user.args) else user.kwargs.get(argument.name)
                 if value is node and argument.alias_info is not None:
-                    if argument.alias_info.is_write:
-                        return user
                     pending.append((user, holder))   # a view of it
     return None

@@ -45,6 +45,8 @@ from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.value_guards import DECISIONS, Unrecordable, answer, encoded
 
+from .fx_nodes import written_arguments
+
 #: transformers' functions deciding whether SDPA may run without an explicit mask.
 _DECISIONS = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
 #: transformers' function finding sequences packed in a row from the position ids.
@@ -347,14 +349,11 @@ def _aliases(node: torch.fx.Node) -> set:
 
 
 def _written(node: torch.fx.Node) -> list:
-    """The nodes whose tensors the op of `node` writes into."""
-    if not isinstance(node.target, torch._ops.OpOverload) or node.target in METADATA_WRITES:
+    """The nodes whose tensors the op of `node` writes into (a BatchNorm's running
+    statistics too, which its schema does not mark: `fx_nodes.written_arguments`)."""
+    if node.target in METADATA_WRITES:
         return []
-    schema = node.target._schema
-    arguments = list(zip(schema.arguments, node.args)) + [
-        (argument, node.kwargs[argument.name]) for argument in schema.arguments if argument.name in node.kwargs]
-    return [value for argument, value in arguments
-            if isinstance(value, torch.fx.Node) and argument.alias_info is not None and argument.alias_info.is_write]
+    return [value for value in written_arguments(node) if isinstance(value, torch.fx.Node)]
 
 
 def _unreplayed_writes(node: torch.fx.Node, chain: set, order: dict) -> list:
