@@ -21,7 +21,8 @@ last call sites given export's answer, one more each time, and says which kept e
 path (`frontends/torch.py::_trace_eager_paths`).
 
 torch's own checks (`torch.compiler.is_compiling()`, `is_exporting()`,
-`torch._dynamo.is_compiling()`) say yes under torch.export too. A model's or library's
+`torch._dynamo.is_compiling()`, `torch.fx._symbolic_trace.is_fx_tracing()`) say yes under
+torch.export too. A model's or library's
 branch on them (a fused path against an eager loop, a cache skipped under compile) took
 the compiling path in the graph, silently (found by a review: a loss of 0.32 where
 eager's is 0.09). Called from outside torch and transformers (whose checks are answered
@@ -46,11 +47,20 @@ _SCOPE = "transformers.models."
 #: torch's checks, answered as eager answers them to callers outside torch: (module, name).
 TORCH_CHECKS = (("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
                 ("torch.compiler", "is_exporting"), ("torch._dynamo", "is_compiling"),
-                ("torch._utils", "is_compiling"))
-#: Where callers keep export's answer to torch's checks: torch itself, and transformers
-#: (whose own checks `CHECKS` answers; its `integrations` keep export's on purpose).
+                ("torch._dynamo.external_utils", "is_compiling"), ("torch._utils", "is_compiling"),
+                ("torch.fx._symbolic_trace", "is_fx_tracing"))
+#: remat-ir's own code: installed, one folder; in a checkout, the package's folders (not
+#: its tests, whose models are user code).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OWN = ((_ROOT,) if os.path.basename(_ROOT) == "remat_ir" else
+        tuple(os.path.join(_ROOT, name) for name in ("remat_ir", "frontends", "runtimes", "torchlib", "ir", "solvers")))
+#: Where callers keep export's answer to torch's checks: torch itself; transformers (whose
+#: own checks `CHECKS` answers; its `integrations` keep export's on purpose); remat-ir,
+#: whose runtime asks them to run the model itself under export (a model routed through
+#: its plan, `remat(..., in_place=True)`, lowered again, recursed without end).
 _KEEPING = tuple(os.path.dirname(importlib.util.find_spec(name).origin) + os.sep
-                 for name in ("torch", "transformers") if importlib.util.find_spec(name) is not None)
+                 for name in ("torch", "transformers") if importlib.util.find_spec(name) is not None) + \
+    tuple(path + os.sep for path in _OWN)
 
 
 @contextlib.contextmanager

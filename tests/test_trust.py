@@ -5301,14 +5301,15 @@ class _AsksTorch(torch.nn.Module):
         return self.c(h).square().mean()
 
 
-@pytest.mark.parametrize("check", ["compiler.is_compiling", "compiler.is_exporting", "_dynamo.is_compiling"])
+@pytest.mark.parametrize("check", ["compiler.is_compiling", "compiler.is_exporting", "_dynamo.is_compiling",
+                                   "_dynamo.external_utils.is_compiling", "fx._symbolic_trace.is_fx_tracing"])
 def test_a_models_branch_on_torchs_checks_takes_eagers_path(check):
     """Found by a review: `torch.compiler.is_compiling()` and its kin say yes under
     torch.export, so a model's own branch on them was traced on the compiling path (a
     loss of 0.32 where eager's is 0.09), silently. Called from outside torch, they answer
     as eager does while tracing."""
-    module, name = check.split(".")
-    module = getattr(torch, module)
+    module, name = check.rsplit(".", 1)
+    module = importlib.import_module(f"torch.{module}")
     asked = getattr(module, name)
     torch.manual_seed(0)
     x = torch.randn(6, 8)
