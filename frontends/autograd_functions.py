@@ -33,7 +33,8 @@ for the reentrant `torch.utils.checkpoint` (`use_reentrant=True`), refused: its 
 runs under `no_grad` and its gradients come from a backward of its own, so the traced
 step lost every gradient through it, silently where another path reached the loss
 (2026-11-29 sweep: the parameters after it got none). An output that is an input or a
-view of one is returned as a copy.
+view of one is returned as a copy; one tensor returned twice is eager's last of the two
+outputs (its gradient comes to the backward there, zeros in the other place).
 
 The ops are registered in this process only: a graph that uses one runs in a
 process that lowered the same model.
@@ -228,7 +229,7 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
         return op, positions, facts
     name = f"{cls.__module__}.{cls.__qualname__}"
     constants = list(args)
-    facts = {"sequence": False, "outputs": 0, "draws": False, "returns": None, "last": None,
+    facts = {"sequence": False, "outputs": 0, "same": [], "draws": False, "returns": None, "last": None,
              "modules": {}}
     autocasting = functools.partial(entered_autocast, autocast)
 
@@ -244,6 +245,9 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             output = _run_forward(cls, ctx, full_args(tensors))
         facts["sequence"] = isinstance(output, (tuple, list))
         outputs = _as_list(output, name)
+        # A tensor returned twice (`return y, y`) is eager's last output of the two: every
+        # gradient reaching it comes to the backward in that place, zeros in the other.
+        facts["same"] = [max(j for j, t in enumerate(outputs) if t is o) for o in outputs]
         returns = _Returns(name, tensors, outputs, ctx)
         if facts["returns"] is None:
             facts["returns"], facts["outputs"] = returns, len(outputs)
@@ -339,8 +343,15 @@ class _Returns:
     the backward summed in another order (weight gradients 2e-7 off eager's)."""
 
     def __init__(self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], ctx: _Context):
+        # An output sharing memory with an input or an earlier output (`return y, y`) is a
+        # copy: a custom op's results may alias neither (the first training call failed
+        # inside torch's custom-op code: found by a review).
         storages = {StorageWeakRef(t.untyped_storage()) for t in inputs}
-        self.tensors = [o.clone() if StorageWeakRef(o.untyped_storage()) in storages else o for o in outputs]
+        self.tensors = []
+        for o in outputs:
+            storage = StorageWeakRef(o.untyped_storage())
+            self.tensors.append(o.clone() if storage in storages else o)
+            storages.add(storage)
         found = {**{id(t): ("output", j) for j, t in enumerate(outputs)},
                  **{id(t): ("input", i) for i, t in enumerate(inputs)}}
         bases = {StorageWeakRef(t.untyped_storage()): (("input", i), t) for i, t in enumerate(inputs)}
@@ -578,7 +589,7 @@ def preserving_functions(errors: list, applied: set):
         except FunctionError as exc:
             errors.append(exc)
             return original.__func__(cls, *args, **kwargs)
-        outputs = outputs[:facts["outputs"]]   # then what the forward saved
+        outputs = [outputs[j] for j in facts["same"]]   # then what the forward saved
         return tuple(outputs) if facts["sequence"] else outputs[0]
 
     function_class.apply = classmethod(apply)

@@ -346,3 +346,41 @@ def test_a_backward_reading_a_buffer_through_its_context_is_refused_saying_to_sa
                                             r"a tensor its forward did not save for it .*pass it to `apply` "
                                             r"as an argument and save it with ctx.save_for_backward"):
         remat_ir.remat(_PassesItself("buffer"), (torch.randn(3, 4),), solver="recompute-all")
+
+
+class _Twice(torch.autograd.Function):
+    """Returns one tensor twice; its backward weighs the two gradients apart."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x * 2
+        return y, y
+
+    @staticmethod
+    def backward(ctx, first, second):
+        return first * 2 + second * 5
+
+
+class _ReadsTwice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        first, second = _Twice.apply(self.a(x))
+        return (first.square() + second).sum()
+
+
+def test_a_function_returning_one_tensor_twice_trains_like_eager():
+    """Found by a review: lowered, then the first training call failed inside torch's
+    custom-op code (a custom op's results may not alias each other)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    errors = side_by_side(_ReadsTwice(), lambda m: _lowered_and_scheduled(m, x), (x,), {}, lambda out: out,
+                          tolerance=1e-30)
+    assert errors == {}
+
+
+def _lowered_and_scheduled(model, x):
+    graph = lower_torch(model, (x,), cost_model="flops")
+    return ScheduledModule(model, graph, random_schedule(graph, random.Random(0), recompute_share=0.8))
