@@ -865,8 +865,9 @@ class _Lowering:
         elif kind_name == "ViewBaseAOTInput":   # inputs sharing memory, one written in place
             raise LoweringError(
                 "the example inputs share memory (one is a view of another, or the same tensor "
-                "passed twice) and the forward writes into one in place; remat-ir lowers inputs "
-                "that are separate tensors: pass separate ones (clone one)")
+                "passed twice), or two of the model's buffers do, and the forward writes into one "
+                "in place; remat-ir lowers inputs and buffers that are separate tensors: pass "
+                "separate ones (clone one)")
         else:
             raise LoweringError(f"graph input {node.name!r} has a kind this frontend does not "
                                 f"handle yet: {desc}")

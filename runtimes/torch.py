@@ -1104,8 +1104,8 @@ class _Lowered:
                                   for i in (written, index))
                     return (f"arguments {one} and {other} share memory (one is a view of the other, "
                             f"or the same tensor), and the forward writes into {one} in place: eager's "
-                            f"reads of {other} see the write, the graph, lowered for separate tensors, "
-                            f"does not. Pass separate tensors (clone one)")
+                            f"reads of {other} see the write where the two overlap, the graph, lowered "
+                            f"for separate tensors, does not. Pass separate tensors (clone one)")
         return None
 
     def member_arguments_differ(self, leaves: list, tensors: tuple) -> str | None:
