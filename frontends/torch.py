@@ -1229,8 +1229,11 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
 
 #: What the refusals of a value read from tensor data say (`value_dependent`,
 #: `_export_failure`; export's own, where it kept a size it could not bind, `x[mask, idx]`):
-#: the ones lowering tries again with integers read as eager's.
-_DATA_DEPENDENT = ("tensor data", "data-dependent")
+#: the ones lowering tries again with integers read as eager's. Also a branch on a random
+#: draw: `random_branches.drawn_branch` finds one by the lines near the read, and took an
+#: integer read a few lines below a draw for one (found by a review); a real one is
+#: refused so again.
+_DATA_DEPENDENT = ("tensor data", "data-dependent", "branches on a random draw")
 
 
 def _reader(model: str, function: str | None) -> str:

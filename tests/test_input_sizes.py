@@ -423,3 +423,32 @@ def test_a_branch_on_statistics_nothing_writes_is_read_from_the_buffer_at_every_
         scheduled.norm.running_mean.fill_(mean)
         assert _same(_step(scheduled, (x,)), _step(model, (x,)))
     assert len(scheduled.plans) == 2
+
+
+class DrawsThenReads(nn.Module):
+    """Noise drawn a line above an integer read of the inputs; `branch`: a branch on a
+    draw (LayerDrop)."""
+
+    def __init__(self, branch: bool = False):
+        super().__init__()
+        self.branch, self.a = branch, nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, lengths):
+        h = self.a(x + torch.randn(x.shape) * 0.1)
+        if self.branch and torch.rand(()) < 0.5:
+            h = h * 2
+        n = int(lengths.max())
+        return h[:, :n].square().mean()
+
+
+def test_an_integer_read_below_a_draw_is_read_as_eager_and_a_branch_on_a_draw_stays_refused():
+    """Found by a review: the search for a branch on a random draw, by the lines near the
+    read, took the integer read below a draw for one, and refused before reading it."""
+    torch.manual_seed(0)
+    model, x = DrawsThenReads(), torch.randn(2, ROWS, WIDTH)
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x, torch.tensor([3, 5])), budget=None, cost_model="flops")
+    for lengths in ([3, 5], [6, 2]):
+        lengths = torch.tensor(lengths)
+        assert _same(_step(scheduled, (x, lengths)), _step(model, (x, lengths)))
+    with pytest.raises(LoweringError, match="branches on a random draw"):
+        lower_torch(DrawsThenReads(branch=True), (x, torch.tensor([3, 5])), cost_model="flops")
