@@ -22,14 +22,14 @@ path (`frontends/torch.py::_trace_eager_paths`).
 
 torch's own checks (`torch.compiler.is_compiling()`, `is_exporting()`,
 `torch._dynamo.is_compiling()`, `torch.fx._symbolic_trace.is_fx_tracing()`) say yes under
-torch.export too. A model's or library's
-branch on them (a fused path against an eager loop, a cache skipped under compile) took
-the compiling path in the graph, silently (found by a review: a loss of 0.32 where
-eager's is 0.09). Called from outside torch and transformers (whose checks are answered
-above), they answer as eager does, alike: each call site recorded, export's answer kept
-where eager's path cannot be traced. torch's own calls keep export's answer, which its
-tracing needs. A check imported by name before lowering (`from torch.compiler import
-is_compiling`) is not seen.
+torch.export too. A model's or library's branch on them (a fused path against an eager
+loop, a cache skipped under compile) took the compiling path in the graph, silently
+(found by a review: a loss of 0.32 where eager's is 0.09). Called from outside torch,
+transformers (whose checks are answered above) and remat-ir, they answer as eager does,
+alike: each call site recorded, export's answer kept where eager's path cannot be
+traced. torch's own calls keep export's answer, which its tracing needs, and so do
+remat-ir's (its runtime runs the model itself under export). A check imported by name
+before lowering (`from torch.compiler import is_compiling`) is not seen.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import sys
 CHECKS = ("is_torchdynamo_exporting", "is_torchdynamo_compiling")
 #: transformers' modules whose checks are answered (prefixes of module names).
 _SCOPE = "transformers.models."
-#: torch's checks, answered as eager answers them to callers outside torch: (module, name).
+#: torch's checks, answered as eager answers them to callers outside `_KEEPING`: (module, name).
 TORCH_CHECKS = (("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
                 ("torch.compiler", "is_exporting"), ("torch._dynamo", "is_compiling"),
                 ("torch._dynamo.external_utils", "is_compiling"), ("torch._utils", "is_compiling"),
@@ -65,8 +65,8 @@ _KEEPING = tuple(os.path.dirname(importlib.util.find_spec(name).origin) + os.sep
 
 @contextlib.contextmanager
 def eager_paths(changed: list[str], kept: frozenset = frozenset()):
-    """Within: transformers' models see eager's answer to `CHECKS`, and code outside torch
-    and transformers eager's answer to `TORCH_CHECKS`, except at the call sites in `kept`;
+    """Within: transformers' models see eager's answer to `CHECKS`, and code outside torch,
+    transformers and remat-ir eager's answer to `TORCH_CHECKS`, except at the call sites in `kept`;
     "file:line calls check()" is appended to `changed` for each call site whose answer
     that changed."""
     originals = [(importlib.import_module(module), name) for module, name in TORCH_CHECKS]
