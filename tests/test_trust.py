@@ -27,6 +27,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 import torch.nn.functional as F
+from torch.compiler import is_compiling
 
 import remat_ir
 from remat_ir.frontends.torch import LoweringError
@@ -4979,7 +4980,9 @@ def test_a_forward_that_raises_is_named_with_its_line_not_as_a_tracing_limit():
 
 class _MaskedWhenEager(torch.nn.Module):
     """Builds its default mask only outside tracing, as transformers' LongT5 encoder does
-    (`if attention_mask is None and not is_torchdynamo_compiling()`)."""
+    (`if attention_mask is None and not is_torchdynamo_compiling()`), by a check imported
+    by name, which tracing answers as export does (`torch.compiler.is_compiling()` called
+    through its module answers as eager's: `transformers_paths.TORCH_CHECKS`)."""
 
     def __init__(self):
         super().__init__()
@@ -4987,7 +4990,7 @@ class _MaskedWhenEager(torch.nn.Module):
         self.norm = torch.nn.BatchNorm1d(8)
 
     def forward(self, x, mask=None):
-        if mask is None and not torch.compiler.is_compiling():
+        if mask is None and not is_compiling():
             mask = torch.ones(x.shape[0], 8)
         return (self.norm(self.linear(x)) * mask.reshape(x.shape[0], 8)).sum()
 
