@@ -183,7 +183,7 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     for (cls, name), method in replaced.items():
         setattr(cls, name, method)
     try:
-        with InputSizes(eager_integers) if integers_too else contextlib.nullcontext():
+        with InputSizes(eager_integer) if integers_too else contextlib.nullcontext():
             yield
     finally:
         for cls, name in replaced:   # as they were: the class's own, or inherited

@@ -44,8 +44,8 @@ _NUMBER_TYPES = {"int", "Optional[int]", "List[int]", "Optional[List[int]]", "nu
 
 class InputSizes(TorchFunctionMode):
     """While tracing: the ops of the module docstring traced in their fixed-size form,
-    where `read(tensor)` gives eager's integers of a tensor computed from the caller's
-    inputs (recording the guard), else None."""
+    where `read(tensor)` gives eager's one integer of a one-element tensor computed from
+    the caller's inputs (recording the guard), else None."""
 
     def __init__(self, read):
         super().__init__()
@@ -74,8 +74,8 @@ class InputSizes(TorchFunctionMode):
             return None
         args, kwargs = list(args), dict(kwargs)
         for key, value in places:
-            read = [self._integer(v) if _integer_tensor(v) else v for v in value] \
-                if isinstance(value, (list, tuple)) else self._integer(value)
+            read = [self.read(v) if _integer_tensor(v) else v for v in value] \
+                if isinstance(value, (list, tuple)) else self.read(value)
             if read is None or (isinstance(read, list) and any(item is None for item in read)):
                 return None
             if isinstance(key, int):
@@ -83,13 +83,6 @@ class InputSizes(TorchFunctionMode):
             else:
                 kwargs[key] = type(value)(read) if isinstance(value, (list, tuple)) else read
         return lambda: func(*args, **kwargs)
-
-    def _integer(self, tensor) -> int | None:
-        """Eager's one integer of a one-element tensor (recorded), or None."""
-        read = self.read(tensor)
-        while isinstance(read, list):
-            read = read[0]
-        return read if isinstance(read, int) else None
 
     def _count(self, mask) -> int | None:
         """The number of nonzero elements of a tensor computed from the caller's inputs, as
