@@ -30,6 +30,7 @@ import contextlib
 import functools
 import io
 import json
+import logging
 import operator
 import re
 import sys
@@ -513,7 +514,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     # above the error): kept out; whatever else it writes there goes through.
     printed, failure = io.StringIO(), None
     try:
-        with contextlib.redirect_stderr(printed), preserving_functions(errors, reads.functions), \
+        with _quiet_tracing(printed), preserving_functions(errors, reads.functions), \
                 recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
                 refusing_trace_effects(model, effects, assigned, reads.python_draws, reads.stored), \
                 drawing_as_eager(), \
@@ -545,6 +546,29 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
         raise trace_effects_error(type(model).__name__, effects)
     _check_saved_tensor_hooks(type(model).__name__, saved_hooks)
     return exported
+
+
+class _UnlocatedSymbols(logging.Filter):
+    """Drops torch's warning that it found no user line for a data-dependent symbol
+    (`Unable to find user code corresponding to {u0}`): logged through torch's own handler,
+    which `redirect_stderr` does not reach, at every integer read of tensor data that the
+    tracing hooks answer as eager's (`input_branches`), where nothing is wrong; a read that
+    stays data-dependent is refused with its model line (`_export_failure`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unable to find user code corresponding to")
+
+
+@contextlib.contextmanager
+def _quiet_tracing(printed: io.StringIO):
+    """stderr into `printed`, and torch's warnings of unlocated symbols dropped."""
+    logger, quiet = logging.getLogger("torch.fx.experimental.symbolic_shapes"), _UnlocatedSymbols()
+    logger.addFilter(quiet)
+    try:
+        with contextlib.redirect_stderr(printed):
+            yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _check_saved_tensor_hooks(model: str, entered: list[tuple[str, bool]]) -> None:
