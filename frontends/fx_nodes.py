@@ -114,11 +114,19 @@ def written_arguments(node: torch.fx.Node) -> list:
     those its schema marks written, and a BatchNorm's running statistics (`UNMARKED_WRITES`)."""
     if not isinstance(node.target, torch._ops.OpOverload):
         return []
-    schema = node.target._schema
-    arguments = [(argument, node.args[i] if i < len(node.args) else node.kwargs.get(argument.name))
-                 for i, argument in enumerate(schema.arguments)]
-    written = [value for argument, value in arguments if argument.alias_info is not None and argument.alias_info.is_write]
-    if node.target in UNMARKED_WRITES and len(arguments) > 5 and arguments[5][1] is not False:
+    return written_values(node.target, node.args, node.kwargs)
+
+
+def written_values(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list:
+    """`written_arguments` of a call of `op` on `args` and `kwargs` (tensors where it runs,
+    FX nodes where it is traced)."""
+    arguments = [(argument, args[i] if i < len(args) else kwargs.get(argument.name))
+                 for i, argument in enumerate(op._schema.arguments)]
+    evaluating = any(argument.name == "training" and value is False for argument, value in arguments)
+    written = [value for argument, value in arguments if argument.alias_info is not None and argument.alias_info.is_write
+               # `_native_batch_norm_legit` marks its running statistics written, in eval mode too
+               and not (evaluating and argument.name in ("running_mean", "running_var"))]
+    if op in UNMARKED_WRITES and len(arguments) > 5 and arguments[5][1] is not False:
         written += [arguments[3][1], arguments[4][1]]
     return written
 

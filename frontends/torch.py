@@ -56,7 +56,7 @@ from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
 from . import cudnn_rnns, gru_kernels, outside_values, prod_kernels, spectral_kernels
 from .export_draws import drawing_as_eager
-from .unpreserved_checkpoints import unpreserved_checkpoints_refused
+from .traced_checkpoints import checkpoints_traced_plain
 from .errors import LoweringError
 from .fx_nodes import node_module
 from .selected_outputs import check_selection, select_outputs
@@ -1233,7 +1233,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     refused = cached_parametrizations(model)
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
-    with paused_collection(), traced_as_run(), certain_draws(), unpreserved_checkpoints_refused(), \
+    with paused_collection(), traced_as_run(), certain_draws(), checkpoints_traced_plain(), \
             user_draws_kept():
         try:
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,

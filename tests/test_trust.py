@@ -3411,46 +3411,6 @@ def test_a_cache_among_the_outputs_is_refused_with_use_cache_false_as_the_way_ou
         remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops")
 
 
-class _Checkpointed(torch.nn.Module):
-    def __init__(self, preserve: bool = True, dropout: float = 0.3):
-        super().__init__()
-        self.block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(dropout), torch.nn.Tanh())
-        self.head = torch.nn.Linear(8, 1)
-        self.preserve = preserve
-
-    def forward(self, x):
-        from torch.utils.checkpoint import checkpoint   # held, as transformers holds it
-
-        out = checkpoint(self.block, x, use_reentrant=False, preserve_rng_state=self.preserve)
-        return self.head(out).square().mean()
-
-
-def test_torch_checkpoint_inside_forward_trains_like_eager():
-    """torch.utils.checkpoint saves and restores the generator state (its own calls of
-    get_rng_state, which the check of what a forward does besides tensor ops leaves to
-    torch): traced as the block's ops, with eager's dropout masks."""
-    torch.manual_seed(0)
-    x = torch.randn(4, 8)
-    assert side_by_side(_Checkpointed(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
-                        lambda out: out) == {}
-
-
-def test_a_checkpoint_that_does_not_preserve_the_rng_state_is_refused_where_it_draws():
-    """With preserve_rng_state=False, eager's backward draws the block's dropout again,
-    other numbers than its forward's: found by a review, remat-ir trained with the
-    forward's mask (a gradient 3.3e-2 off) and left the generator elsewhere, silently.
-    Refused, naming the line; a block without draws trains like eager."""
-    torch.manual_seed(0)
-    x = torch.randn(4, 8)
-    with pytest.raises(LoweringError, match=r"torch.utils.checkpoint with preserve_rng_state=False "
-                                            r"at .*test_trust.py:\d+ in forward around random draws "
-                                            r"\(.*native_dropout.*\).* Pass preserve_rng_state=True"):
-        _remat(_Checkpointed(preserve=False), (x,), solver="recompute-all")
-    assert side_by_side(_Checkpointed(preserve=False, dropout=0.0),
-                        lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
-                        lambda out: out) == {}
-
-
 def test_calls_inside_parametrize_cached_are_refused_for_parametrized_models():
     """Inside `parametrize.cached()` eager computes a parametrized weight once for every
     call of the block (spectral norm's power iteration once for two calls): found by a

@@ -1,0 +1,132 @@
+"""Non-reentrant `torch.utils.checkpoint` blocks, traced as plain calls of the block.
+
+A checkpoint trades memory for time and changes no value: eager's backward computes the
+block again, with the generator as the forward left it (`preserve_rng_state=True`), to
+the forward's values, which remat-ir's plans recompute or keep as they choose. Traced
+through torch's own machinery (saved-tensor hooks that drop and recompute), a checkpoint
+nested in another lost its gradients: a model whose only path ran through it was refused
+as computing no gradient, and beside another path its parameters trained without them,
+silently (found by a review). So while tracing, `_checkpoint_without_reentrant_generator`,
+which `checkpoint` looks up at each call (models holding their own reference to
+`checkpoint`, transformers' `_gradient_checkpointing_func`, are seen too), runs the block
+as it is, under the forward context of a `context_fn`, unless that is a TorchDispatchMode:
+selective checkpointing's policy, which decides what is kept, not what is computed.
+
+Two kinds of block compute otherwise in eager's backward, and are refused naming the line
+of the checkpoint, with what to do (the ops are seen at the fake tensors' dispatch,
+`fake_dispatch`):
+- `preserve_rng_state=False` around random draws: eager recomputes the block with other
+  draws than its forward made, so its gradients are not of the loss it returned and the
+  generator advances during the backward; the trace holds the forward's draws (a review
+  found remat-ir trained with the forward's mask, a gradient 3.3e-2 off, the generator
+  elsewhere). A block that draws nothing computes the same either way and is traced.
+- A write into a tensor the block did not make: a BatchNorm's running statistics, a
+  buffer counted up, an input changed in place. Eager's backward writes it a second time
+  (a BatchNorm's statistics updated twice per step), where the graph writes once: after
+  one step the running mean was 0.044 off eager's, without a word (found by a review).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils.checkpoint as checkpointing
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .errors import LoweringError
+from .fake_dispatch import wrapped_fake_dispatch
+from .fx_nodes import written_values
+from .model_lines import model_line
+
+#: What to do instead of a checkpoint that eager's backward computes otherwise.
+_INSTEAD = ("remove the checkpoint (Hugging Face: skip gradient_checkpointing_enable()): "
+            "remat-ir plans recomputation itself")
+
+
+@dataclass
+class _Block:
+    """A checkpointed block being traced: where its checkpoint is, whether it preserves
+    the generator's state, what it drew, the storages of what it made, what it wrote."""
+    line: str | None
+    preserving: bool
+    drawn: list[str] = field(default_factory=list)
+    made: set = field(default_factory=set)
+    written: list[str] = field(default_factory=list)
+
+    def refusal(self) -> str | None:
+        where = self.line or "a line of the model"
+        if self.drawn and not self.preserving:
+            return (f"torch.utils.checkpoint with preserve_rng_state=False at {where} around random "
+                    f"draws ({', '.join(sorted(set(self.drawn)))}): eager's backward computes that "
+                    f"block again with other draws than its forward made, so its gradients are not "
+                    f"of the loss it returned, and a remat-ir step reads the forward's draws. Pass "
+                    f"preserve_rng_state=True (the default), or {_INSTEAD}, with eager's draws")
+        if self.written:
+            return (f"torch.utils.checkpoint at {where} around a block that writes into a tensor it "
+                    f"did not make ({', '.join(dict.fromkeys(self.written))}; a BatchNorm's running "
+                    f"statistics, a buffer, an input): eager's backward runs that block again and "
+                    f"writes it a second time, where a remat-ir step writes it once. Move the write "
+                    f"out of the checkpointed block, or {_INSTEAD}")
+        return None
+
+
+def _storages(value) -> set:
+    return {StorageWeakRef(leaf.untyped_storage()) for leaf in pytree.tree_leaves(value)
+            if isinstance(leaf, torch.Tensor)}
+
+
+@contextlib.contextmanager
+def checkpoints_traced_plain():
+    """Within: non-reentrant checkpointed blocks run as plain calls, and those eager's
+    backward computes otherwise are refused (module docstring)."""
+    original = checkpointing._checkpoint_without_reentrant_generator
+    blocks: list[_Block] = []   # entered and not left, innermost last
+
+    def generator(fn, preserve_rng_state=True, context_fn=checkpointing.noop_context_fn, *args, **kwargs):
+        forward_context, _ = context_fn()
+        if isinstance(forward_context, TorchDispatchMode):
+            forward_context = contextlib.nullcontext()
+        return plain(_Block(model_line(traceback.extract_stack()), preserve_rng_state), forward_context)
+
+    def plain(block, forward_context):
+        blocks.append(block)
+        try:
+            with forward_context:
+                yield     # the block runs
+        finally:
+            blocks.pop()
+        for outer in blocks:   # what an inner block made, its outer blocks made
+            outer.made |= block.made
+        refusal = block.refusal()
+        if refusal:
+            raise LoweringError(refusal)
+
+    def wrap(dispatch):
+        def seen(mode, func, types, args=(), kwargs=None):
+            if not blocks:
+                return dispatch(mode, func, types, args, kwargs)
+            block = blocks[-1]
+            if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+                block.drawn.append(str(func.overloadpacket.__name__))
+            if isinstance(func, torch._ops.OpOverload) and any(
+                    isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in block.made
+                    for value in written_values(func, args, kwargs or {})):
+                block.written.append(str(func.overloadpacket.__name__))
+            result = dispatch(mode, func, types, args, kwargs)
+            if not (isinstance(func, torch._ops.OpOverload) and any(
+                    r.alias_info is not None for r in func._schema.returns)):
+                block.made |= _storages(result)   # a view shares the storage of what it views
+            return result
+        return seen
+
+    checkpointing._checkpoint_without_reentrant_generator = generator
+    try:
+        with wrapped_fake_dispatch(wrap):
+            yield
+    finally:
+        checkpointing._checkpoint_without_reentrant_generator = original

@@ -1,0 +1,156 @@
+"""`torch.utils.checkpoint` inside a forward (`frontends/traced_checkpoints.py`): a
+non-reentrant block is traced as its plain call and trains like eager, nested too; blocks
+that eager's backward computes otherwise (other draws, writes made a second time) are
+refused naming the checkpoint's line. The reentrant checkpoint's refusal is in
+test_trust.py (`autograd_functions`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import remat_ir
+from remat_ir.frontends.torch import LoweringError
+
+from exactness import side_by_side
+
+
+def _remat(model, args, **options):
+    return remat_ir.remat(model, args, cost_model="flops", solver="recompute-all", **options)
+
+
+def _side_by_side(model, x) -> dict:
+    return side_by_side(model, lambda m: _remat(m, (x,)), (x,), {}, lambda out: out.square().mean())
+
+
+class _Checkpointed(torch.nn.Module):
+    def __init__(self, preserve: bool = True, dropout: float = 0.3):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(dropout), torch.nn.Tanh())
+        self.head = torch.nn.Linear(8, 1)
+        self.preserve = preserve
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint   # held, as transformers holds it
+
+        out = checkpoint(self.block, x, use_reentrant=False, preserve_rng_state=self.preserve)
+        return self.head(out).square().mean()
+
+
+def test_torch_checkpoint_inside_forward_trains_like_eager():
+    """torch.utils.checkpoint saves and restores the generator state (its own calls of
+    get_rng_state, which the check of what a forward does besides tensor ops leaves to
+    torch): traced as the block's ops, with eager's dropout masks."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert side_by_side(_Checkpointed(), lambda m: _remat(m, (x,)), (x,), {},
+                        lambda out: out) == {}
+
+
+def test_a_checkpoint_that_does_not_preserve_the_rng_state_is_refused_where_it_draws():
+    """With preserve_rng_state=False, eager's backward draws the block's dropout again,
+    other numbers than its forward's: found by a review, remat-ir trained with the
+    forward's mask (a gradient 3.3e-2 off) and left the generator elsewhere, silently.
+    Refused, naming the line; a block without draws trains like eager."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with pytest.raises(LoweringError, match=r"torch.utils.checkpoint with preserve_rng_state=False "
+                                            r"at .*test_checkpoints.py:\d+ in forward around random draws "
+                                            r"\(.*native_dropout.*\).* Pass preserve_rng_state=True"):
+        _remat(_Checkpointed(preserve=False), (x,))
+    assert side_by_side(_Checkpointed(preserve=False, dropout=0.0),
+                        lambda m: _remat(m, (x,)), (x,), {},
+                        lambda out: out) == {}
+
+
+class _Nested(torch.nn.Module):
+    """A checkpoint inside a checkpoint, with dropout in the inner block; `beside`: a path
+    to the output outside both, computed before them."""
+
+    def __init__(self, beside: bool):
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(8, 8) for _ in range(3))
+        self.drop = torch.nn.Dropout(0.2)
+        self.beside = beside
+
+    def inner(self, h):
+        return self.drop(self.b(h)).tanh()
+
+    def outer(self, x):
+        return checkpoint(self.inner, self.a(x), use_reentrant=False)
+
+    def forward(self, x):
+        y = self.c(x) if self.beside else 0
+        return y + checkpoint(self.outer, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-another-path"])
+def test_a_checkpoint_nested_in_another_trains_like_eager(beside):
+    """Found by a review: traced through torch's own machinery, the nested block's
+    gradients were lost. Alone, the model was refused as computing no gradient; beside
+    another path, `a` and `b` trained without gradients, silently."""
+    torch.manual_seed(0)
+    assert _side_by_side(_Nested(beside), torch.randn(4, 8)) == {}
+
+
+class _Selective(torch.nn.Module):
+    """Selective activation checkpointing: a policy saving matmuls' results."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def block(self, x):
+        return self.b(self.a(x).relu()).sigmoid()
+
+    def forward(self, x):
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        def policy(ctx, op, *args, **kwargs):
+            return (CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default
+                    else CheckpointPolicy.PREFER_RECOMPUTE)
+
+        return checkpoint(self.block, x, use_reentrant=False,
+                          context_fn=lambda: create_selective_checkpoint_contexts(policy))
+
+
+def test_a_selective_checkpoint_trains_like_eager():
+    """Its policy says what eager keeps, not what it computes: traced as the block."""
+    torch.manual_seed(0)
+    assert _side_by_side(_Selective(), torch.randn(4, 8)) == {}
+
+
+class _Writing(torch.nn.Module):
+    """A checkpointed block with a BatchNorm, or writing into its input in place."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.lin, self.norm = torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)
+        self.what = what
+
+    def block(self, h):
+        if self.what == "input":
+            h.mul_(2)
+            return h.tanh()
+        return self.norm(h).relu()
+
+    def forward(self, x):
+        return checkpoint(self.block, self.lin(x), use_reentrant=False)
+
+
+@pytest.mark.parametrize("what", ["batchnorm", "input"])
+def test_a_checkpointed_block_writing_what_it_did_not_make_is_refused_naming_its_line(what):
+    """Eager's backward runs the block again, writing a second time: found by a review, a
+    BatchNorm's running mean was 0.044 off eager's after one step, silently (eager counts
+    two batches, the graph one). Refused; in eval mode the BatchNorm writes nothing, and
+    the block trains like eager."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with pytest.raises(LoweringError, match=r"torch.utils.checkpoint at .*test_checkpoints.py:\d+ in "
+                                            r"forward around a block that writes into a tensor it did not "
+                                            r"make \(.*\).* writes it a second time.* Move the write out"):
+        _remat(_Writing(what), (x,))
+    model = _Writing("batchnorm")
+    model.norm.eval()
+    assert _side_by_side(model, x) == {}
