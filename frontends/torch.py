@@ -57,6 +57,7 @@ from .rnn_workspaces import size_rnn_workspaces
 from . import cudnn_rnns, gru_kernels, outside_values, prod_kernels, spectral_kernels
 from .export_draws import drawing_as_eager
 from .traced_checkpoints import checkpoints_traced_plain
+from .script_functions import script_functions_as_python
 from .errors import LoweringError
 from .fx_nodes import node_module
 from .selected_outputs import check_selection, select_outputs
@@ -1234,7 +1235,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
     with paused_collection(), traced_as_run(), certain_draws(), checkpoints_traced_plain(), \
-            user_draws_kept():
+            user_draws_kept(), script_functions_as_python():
         try:
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)
