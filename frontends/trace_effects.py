@@ -444,6 +444,19 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         module_setattr(module, key, value)
 
     torch.nn.Module.__setattr__ = setattr_noted
+    register_buffer = torch.nn.Module.register_buffer
+
+    def register_noted(module, name, tensor, persistent=True):
+        # A buffer the forward registers: one not yet there became a tracing placeholder on the
+        # model, and AOTAutograd then failed deep inside ("modified by an inplace operation").
+        caller = sys._getframe(1).f_code.co_filename
+        if is_model_file(caller) and name not in vars(module).get("_buffers", {}):
+            found.append(f"it registers buffer {name!r} of {type(module).__name__} at "
+                         f"{caller}:{sys._getframe(1).f_lineno} (register it in __init__, and "
+                         f"write into it in place in the forward: `self.{name}.copy_(...)`)")
+        return register_buffer(module, name, tensor, persistent)
+
+    torch.nn.Module.register_buffer = register_noted
 
     def compare(module, inputs, output):
         """At the end of the traced forward, before torch.export puts attributes back
@@ -474,6 +487,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         if starts is not None:
             starts.remove()
         torch.nn.Module.__setattr__ = module_setattr
+        torch.nn.Module.register_buffer = register_buffer
         for owner, name, function in originals:
             setattr(owner, name, function)
         for owner, name, function, _ in drawing:

@@ -6159,3 +6159,23 @@ def test_a_buffer_the_forward_resizes_is_refused_by_name_and_trains_once_sized(w
     errors = side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                           lambda out: out.square().sum())
     assert errors == {}
+
+
+class _RegistersInForward(torch.nn.Module):
+    """Keeps a statistic of its inputs lazily, in a buffer its forward registers."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.register_buffer("last_mean", x.detach().mean(0))
+        return self.lin(x)
+
+
+def test_a_buffer_the_forward_registers_is_refused_naming_it_and_its_line():
+    """Found by a review: AOTAutograd failed deep inside ("modified by an inplace operation
+    ... is at version 1"), naming neither the buffer nor the line."""
+    with pytest.raises(LoweringError, match=r"it registers buffer 'last_mean' of _RegistersInForward at "
+                                            r".*test_trust.py:\d+ \(register it in __init__"):
+        _remat(_RegistersInForward(), (torch.randn(4, 8),), solver="recompute-all")
