@@ -734,8 +734,9 @@ class _Runner:
             return self.backward_fn
         if absent not in self._backward_without:
             self._backward_without[absent] = self._generate(absent_outputs=absent)[1]
-            if self.tell is not None:
-                self.tell("absent_outputs", _absent_outputs_notice(self.graph, self.plan.tangents, absent))
+            said = _unreached_values(self.graph, absent)
+            if self.tell is not None and said:
+                self.tell("absent_outputs", _absent_outputs_notice(self.graph, self.plan.tangents, said))
         return self._backward_without[absent]
 
     def output_modified(self, position: int) -> RematIRError:
@@ -805,6 +806,16 @@ def _user_output_name(graph: Graph, position: int) -> str:
     if spec is not None and flat < spec.num_leaves:
         return output_names(spec, spec.num_leaves)[flat]
     return f"output {flat}"
+
+
+def _unreached_values(graph: Graph, absent: frozenset[int]) -> frozenset[int]:
+    """The user outputs in `absent` whose value no other user output returns: a tensor
+    returned twice (`return h, h`) gets its gradient at one position, and the loss reached
+    it (the notice named the other as unread, and advised leaving it out: found by a
+    review)."""
+    values = [o.value_id for o in graph.proto.outputs if o.role == pb.USER_OUTPUT]
+    reached = {values[i] for i in range(len(values)) if i not in absent}
+    return frozenset(i for i in absent if i >= len(values) or values[i] not in reached)
 
 
 def _absent_outputs_notice(graph: Graph, tangents: list, absent: frozenset[int]) -> str:

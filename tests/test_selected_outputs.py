@@ -266,3 +266,27 @@ def test_the_notice_suggests_a_selection_only_where_it_would_leave_the_output_ou
     said = capsys.readouterr().err
     assert "no gradient to output[1][1] (32 B)" in said
     assert "return only what the loss reads" in said and "outputs=" not in said
+
+
+class _Twice(torch.nn.Module):
+    """Returns one tensor twice, and a head beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.linear(x)
+        return h, h, h.sum(0)
+
+
+def test_a_tensor_returned_twice_that_the_loss_reads_is_not_told_as_unread(capsys):
+    """Its gradient arrives at one of its positions: found by a review, the notice named the
+    other as given no gradient and advised leaving it out, though the loss read it. A head
+    the loss does not read is still told."""
+    x = torch.randn(4, 8)
+    scheduled = remat_ir.remat(_Twice(), (x,), solver="recompute-all", cost_model="flops")
+    out = scheduled(x)
+    (out[0].sum() + out[1].square().sum()).backward()
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
+    assert len(said) == 1 and "no gradient to output[2] (32 B)" in said[0], said
