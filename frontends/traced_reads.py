@@ -120,6 +120,11 @@ def plain_items(container, depth: int = 0) -> list | None:
         if (key_form := recorded(key)) is UNRECORDED:
             continue
         form = recorded(value)
+        if form is UNRECORDED and (text := describe_called(value)) is not None:
+            # A function or a module an item holds (`self.acts["x"](h)`, `ACTS[name]`), by
+            # its description: swapped after lowering, the graph ran the old one, silently
+            # (found by a review).
+            form = {FUNCTION: text}
         if form is UNRECORDED and depth < _NESTING and (inner := plain_items(value, depth + 1)) is not None:
             form = {NESTED: inner}
         if form is not UNRECORDED:
@@ -510,6 +515,9 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             for key, item in items:
                 if not isinstance(key, dict):
                     reads.globals.setdefault((module, name, ("attr", path, key)), item)
+    elif is_function(value) and not isinstance(value, types.FunctionType):
+        # A builtin under a name of the user's (`act = torch.tanh`), rebound later.
+        reads.globals.setdefault((module, name, ("function",)), describe(value))
     elif isinstance(value, types.FunctionType):
         # Its code as it is now: a function patched later (liger-kernel rebinds
         # `modeling_llama.apply_rotary_pos_emb`) computes otherwise than the graph.
@@ -695,7 +703,12 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: 
             # The class `getattr(type(module), name)` finds it in, torch's included: a
             # mixin's value shadowed by nn.Module's would differ at every call.
             klass = next((k for k in cls.__mro__ if name in vars(k)), None)
-            if klass in own and (form := recorded(vars(klass)[name])) is not UNRECORDED:
+            if klass not in own:
+                continue
+            value = vars(klass)[name]
+            if (form := recorded(value)) is UNRECORDED and isinstance(value, types.BuiltinFunctionType):
+                form = {FUNCTION: describe(value)}   # `act = torch.tanh` in the class body
+            if form is not UNRECORDED:
                 reads.objects.setdefault((path, "__class__", name), form)
 
 

@@ -37,8 +37,8 @@ def _same(now, lowered) -> bool:
                 _CLASS not in lowered or type(now) is lowered[_CLASS])
         if NESTED in lowered:   # a container held in one: its items and length
             return isinstance(now, (list, tuple, Mapping)) and items_same(now, lowered[NESTED])
-        if FUNCTION in lowered:   # a global object's method, with what the object holds
-            return is_function(now) and describe(now) == lowered[FUNCTION]
+        if FUNCTION in lowered:   # a global object's method, with what the object holds; an item's function or module
+            return describe_called(now) == lowered[FUNCTION]
         if TENSOR_LIKE in lowered:   # a tensor the forward stores, by its metadata
             return is_tensor_like(now, lowered)
         return any(_same(now, value) for value in lowered[_ANY_OF])

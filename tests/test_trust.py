@@ -6179,3 +6179,78 @@ def test_a_buffer_the_forward_registers_is_refused_naming_it_and_its_line():
     with pytest.raises(LoweringError, match=r"it registers buffer 'last_mean' of _RegistersInForward at "
                                             r".*test_trust.py:\d+ \(register it in __init__"):
         _remat(_RegistersInForward(), (torch.randn(4, 8),), solver="recompute-all")
+
+
+def _sigmoid(h):
+    return torch.sigmoid(h)
+
+
+def _tanh(h):
+    return torch.tanh(h)
+
+
+#: What `_HoldsCallables` calls, by a global of the user's: a builtin, and a dict's item.
+ACTIVATION = torch.tanh
+ACTIVATIONS = {"a": _tanh}
+
+
+class _HoldsCallables(torch.nn.Module):
+    """Calls a function or module found where only plain values were compared before."""
+
+    held = torch.tanh   # a builtin in the class body
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.where = where
+        self.acts, self.listed, self.modules_held = {"x": _tanh}, [torch.tanh], {"m": torch.nn.Tanh()}
+
+    def forward(self, x):
+        h, where = self.a(x), self.where
+        if where == "global builtin":
+            h = ACTIVATION(h)
+        elif where == "class builtin":
+            h = type(self).held(h)
+        elif where == "global dict item":
+            h = ACTIVATIONS["a"](h)
+        elif where == "dict item":
+            h = self.acts["x"](h)
+        elif where == "list item":
+            h = self.listed[0](h)
+        else:
+            h = self.modules_held["m"](h)
+        return self.b(h)
+
+
+def _swap(model: _HoldsCallables, where: str, monkeypatch) -> None:
+    if where == "global builtin":
+        monkeypatch.setattr(sys.modules[__name__], "ACTIVATION", torch.sigmoid)
+    elif where == "class builtin":
+        monkeypatch.setattr(_HoldsCallables, "held", torch.sigmoid)
+    elif where == "global dict item":
+        monkeypatch.setitem(ACTIVATIONS, "a", _sigmoid)
+    elif where == "dict item":
+        model.acts["x"] = _sigmoid
+    elif where == "list item":
+        model.listed[0] = torch.sigmoid
+    else:
+        model.modules_held["m"] = torch.nn.Sigmoid()
+
+
+@pytest.mark.parametrize("where", ["global builtin", "class builtin", "global dict item", "dict item",
+                                   "list item", "module in a dict"])
+def test_a_function_or_module_swapped_where_the_forward_finds_it_is_planned_for(where, monkeypatch):
+    """Found by a review: functions held in a dict or list (of a module or a global), a
+    builtin under a global's or class attribute's name, and a module held in a plain dict
+    were not compared: swapped after `remat` (tanh for sigmoid), the step ran the old one,
+    gradients 4.5 off eager's, silently. Planned again, and trained as eager."""
+    torch.manual_seed(0)
+    model, x = _HoldsCallables(where), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    _swap(model, where, monkeypatch)
+    with pytest.raises(RuntimeInputError, match=r"(?i)(was|were) .*tanh.*(now|is) .*sigmoid"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
+                        tolerance=1e-30) == {}
