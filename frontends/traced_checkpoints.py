@@ -24,6 +24,10 @@ of the checkpoint, with what to do (the ops are seen at the fake tensors' dispat
   buffer counted up, an input changed in place. Eager's backward writes it a second time
   (a BatchNorm's statistics updated twice per step), where the graph writes once: after
   one step the running mean was 0.044 off eager's, without a word (found by a review).
+- A block reading a tensor that the forward writes after it (a step counter in a buffer
+  scaling the block): eager's backward computes the block again from the written values,
+  the graph from those the forward read (a gradient 1.40 off eager's, silently: found by a
+  review). Refused at the end of lowering, naming the block.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ class _Block:
     drawn: list[str] = field(default_factory=list)
     made: set = field(default_factory=set)
     written: list[str] = field(default_factory=list)
+    #: The tensors it read and did not make (held, so that no storage is freed and its
+    #: address taken by another while tracing), and their storages.
+    read: list = field(default_factory=list)
+    read_storages: set = field(default_factory=set)
 
     def refusal(self) -> str | None:
         where = self.line or "a line of the model"
@@ -86,6 +94,8 @@ def checkpoints_traced_plain():
     backward computes otherwise are refused (module docstring)."""
     original = checkpointing._checkpoint_without_reentrant_generator
     blocks: list[_Block] = []   # entered and not left, innermost last
+    closed: list[_Block] = []   # left
+    late: list[str] = []        # refusals of writes after a block into what it read
 
     def generator(fn, preserve_rng_state=True, context_fn=checkpointing.noop_context_fn, *args, **kwargs):
         forward_context, _ = context_fn()
@@ -105,18 +115,37 @@ def checkpoints_traced_plain():
         refusal = block.refusal()
         if refusal:
             raise LoweringError(refusal)
+        closed.append(block)
 
     def wrap(dispatch):
         def seen(mode, func, types, args=(), kwargs=None):
+            if not blocks and not closed:
+                return dispatch(mode, func, types, args, kwargs)
+            op = isinstance(func, torch._ops.OpOverload)
+            written = {StorageWeakRef(value.untyped_storage())
+                       for value in (written_values(func, args, kwargs or {}) if op else ())
+                       if isinstance(value, torch.Tensor)}
+            for block in closed:
+                if written & block.read_storages and not late:
+                    late.append(
+                        f"torch.utils.checkpoint at {block.line or 'a line of the model'} around a block "
+                        f"reading a tensor that the forward writes after it "
+                        f"({func.overloadpacket.__name__}; a buffer counted up, an input changed in "
+                        f"place): eager's backward computes that block again from the written values, "
+                        f"where a remat-ir step computes from those the block read. Write into a copy "
+                        f"after the block, or {_INSTEAD}")
             if not blocks:
                 return dispatch(mode, func, types, args, kwargs)
             block = blocks[-1]
             if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
                 block.drawn.append(str(func.overloadpacket.__name__))
-            if isinstance(func, torch._ops.OpOverload) and any(
-                    isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in block.made
-                    for value in written_values(func, args, kwargs or {})):
+            if written - block.made:
                 block.written.append(str(func.overloadpacket.__name__))
+            for value in pytree.tree_leaves((args, kwargs)):
+                if isinstance(value, torch.Tensor) and (storage := StorageWeakRef(value.untyped_storage())) \
+                        not in block.made and storage not in block.read_storages:
+                    block.read.append(value)
+                    block.read_storages.add(storage)
             result = dispatch(mode, func, types, args, kwargs)
             if not (isinstance(func, torch._ops.OpOverload) and any(
                     r.alias_info is not None for r in func._schema.returns)):
@@ -130,3 +159,5 @@ def checkpoints_traced_plain():
             yield
     finally:
         checkpointing._checkpoint_without_reentrant_generator = original
+    if late:
+        raise LoweringError(late[0])
