@@ -59,6 +59,7 @@ from remat_ir.torchlib.hooks import forward_hooks
 from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 
 from .autograd_state import noting_autograd_state
+from .backend_flags import noting_backend_flags
 from .held_tensors import held_objects
 from .python_draws import RANGES, RangedDraw
 from .stored_tensors import StoredTensors
@@ -473,7 +474,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
-        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found):
+        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found), \
+                noting_backend_flags(found):
             warnings.simplefilter("always")
             yield
     except Exception as exc:

@@ -6254,3 +6254,32 @@ def test_a_function_or_module_swapped_where_the_forward_finds_it_is_planned_for(
         alone(x)
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
                         tolerance=1e-30) == {}
+
+
+class _FlagsInForward(torch.nn.Module):
+    """Runs its first convolution with oneDNN off (`enabled`: the flag asked for)."""
+
+    def __init__(self, enabled: bool):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.enabled = enabled
+
+    def forward(self, x):
+        with torch.backends.mkldnn.flags(enabled=self.enabled, allow_tf32=torch.backends.mkldnn.allow_tf32):
+            h = torch.relu(self.c1(x))
+        return self.c2(h)
+
+
+def test_kernel_settings_changed_for_a_part_of_the_forward_are_refused_naming_the_line():
+    """Found by a review: every gradient was 3e-5 off eager's, under every plan (eager's
+    backward runs after the block, with oneDNN on again). Asking for the caller's own
+    setting changes nothing, and trains like eager."""
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(LoweringError, match=r"it sets torch.backends.mkldnn.flags\(enabled=False\) at "
+                                            r".*test_trust.py:\d+, for a part of the forward.* set them "
+                                            r"around the call instead"):
+        _remat(_FlagsInForward(enabled=False), (x,), solver="recompute-all")
+    torch.manual_seed(0)
+    assert side_by_side(_FlagsInForward(enabled=torch.backends.mkldnn.enabled),
+                        lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean()) == {}
