@@ -10,7 +10,8 @@ silent):
   ir's accumulated across steps;
 - `requires_grad_(False)` on a submodule (a teacher frozen lazily) left its parameters
   requiring gradients: they got a gradient at every step and the optimizer trained them,
-  and `requires_grad_(True)` on a frozen weight never gave it one.
+  and `requires_grad_(True)` on a frozen weight never gave it one; turned on for an
+  input (saliency maps read `x.grad`), the input got no gradient.
 
 Each is noted where the model's own code does it (not torch's: AOTAutograd reads and sets
 these while tracing) and refused with what to do instead, outside the forward: remat-ir
@@ -40,9 +41,17 @@ _FLAGS = (f"where the graph computes the gradients of the parameters that requir
 
 
 @contextlib.contextmanager
-def noting_autograd_state(found: list[str]):
-    """While the block traces, note in `found` each use of `.grad` and each change of
-    `requires_grad` that the model's own code makes (module docstring)."""
+def noting_autograd_state(found: list[str], model: torch.nn.Module):
+    """While the block traces `model`, note in `found` each use of `.grad` and each change
+    of a parameter's or an input's `requires_grad` that the model's own code makes (module
+    docstring)."""
+    inputs: list[torch.Tensor] = []   # the tensors the forward is called with, as traced
+
+    def called(module, args, kwargs):
+        inputs.extend(leaf for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(leaf, torch.Tensor))
+
+    handle = model.register_forward_pre_hook(called, with_kwargs=True, prepend=True)
     grad, flag = torch._C.TensorBase.grad, torch._C.TensorBase.requires_grad
     module_zero_grad, module_requires_grad = torch.nn.Module.zero_grad, torch.nn.Module.requires_grad_
     optimizer_zero_grad = torch.optim.Optimizer.zero_grad
@@ -66,12 +75,18 @@ def noting_autograd_state(found: list[str]):
         assign(tensor, None)
 
     def changed(tensor, value: bool, depth: int) -> None:
-        # A parameter's: an activation's flag is the graph's own (transformers'
-        # `enable_input_require_grads` turns it on for the embeddings' output).
-        if not isinstance(tensor, torch.nn.Parameter) or bool(value) == flag.__get__(tensor):
+        # A parameter's or an input's: an activation's flag is the graph's own
+        # (transformers' `enable_input_require_grads` turns it on for the embeddings' output).
+        given = any(tensor is t for t in inputs)
+        if not (isinstance(tensor, torch.nn.Parameter) or given) or bool(value) == flag.__get__(tensor):
             return
         where = _where(depth + 1)
-        if where:
+        if where and given:
+            found.append(f"it turns requires_grad {'on' if value else 'off'} for an input at {where}: "
+                         f"the graph is traced for inputs as the caller passes them, and gives them no "
+                         f"gradient it was not lowered for; set it on the input before the call "
+                         f"(`x.requires_grad_()`, then remat-ir plans for it)")
+        elif where:
             found.append(f"it turns requires_grad {'on' if value else 'off'} for a parameter at "
                          f"{where}, {_FLAGS}")
 
@@ -109,6 +124,7 @@ def noting_autograd_state(found: list[str]):
     try:
         yield
     finally:
+        handle.remove()
         for name in ("grad", "requires_grad", "requires_grad_"):
             if name in own:
                 setattr(torch.Tensor, name, own[name])

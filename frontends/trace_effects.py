@@ -474,7 +474,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
-        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found), \
+        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found, model), \
                 noting_backend_flags(found):
             warnings.simplefilter("always")
             yield

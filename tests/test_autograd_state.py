@@ -38,6 +38,8 @@ class _Touching(torch.nn.Module):
             self.a.weight.requires_grad = False
         elif how == "unfreeze":
             self.b.weight.requires_grad_(True)
+        elif how == "input":         # a saliency map: the caller reads x.grad
+            x.requires_grad_()
         elif how == "same":          # the flags they have: no change
             self.a.requires_grad_(True)
             self.a.weight.requires_grad = True
@@ -52,7 +54,9 @@ _SAID = {"read": r"it reads a gradient \(`.grad`\) at .*test_autograd_state.py:\
          "freeze": r"it turns requires_grad off for Linear's parameters at .*test_autograd_state.py:\d+.* freeze or "
                    r"unfreeze outside the forward",
          "flag": r"it turns requires_grad off for a parameter at .*test_autograd_state.py:\d+",
-         "unfreeze": r"it turns requires_grad on for a parameter at .*test_autograd_state.py:\d+"}
+         "unfreeze": r"it turns requires_grad on for a parameter at .*test_autograd_state.py:\d+",
+         "input": r"it turns requires_grad on for an input at .*test_autograd_state.py:\d+: .*set it on the "
+                  r"input before the call"}
 
 
 @pytest.mark.parametrize("how", sorted(_SAID))
@@ -60,7 +64,7 @@ def test_a_forward_using_gradients_or_changing_flags_is_refused_naming_its_line(
     """Before: under gradient accumulation a read `.grad` stayed what tracing saw (losses
     apart from the second micro-batch); gradients cleared in the forward accumulated across
     steps; a submodule frozen in the forward trained on, and a weight unfrozen there never
-    got a gradient."""
+    got a gradient; an input whose flag it turned on got no gradient."""
     with pytest.raises(LoweringError, match=_SAID[how]):
         remat_ir.remat(_Touching(how), (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
 
