@@ -509,6 +509,11 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             # silently; review AF, 2026-12-02).
             reads.globals.setdefault((module, name, ("attr", path)), {FUNCTION: describe(attribute)})
             return [attribute]
+        elif isinstance(value, types.ModuleType) and is_function(attribute):
+            # A function of a module the code imported (`F.gelu(h)`), by its description:
+            # rebound after `remat` (a kernel patch), the step ran the traced one, 1.8e-3
+            # off eager's, silently (found by a review). Compared by identity until it changes.
+            reads.globals.setdefault((module, name, ("attr function", path)), describe(attribute))
         elif isinstance(attribute, torch.Tensor):
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", path)))
         elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`

@@ -204,6 +204,10 @@ def _plain_reads(src: _Source, reads: TracedReads, kinds: dict[str, type]) -> No
         elif where[0] == "function":
             src.line(f"s = GLOBAL_FUNCTIONS.get({index})", 3)
             src.line("if s is None or s[0] is not v or not UNCHANGED(v, s[1]): return None", 3)
+        elif where[0] == "attr function":   # `F.gelu`: the function the full check last took
+            src.line(f"a = ROW_PART(v, {src.constant(('attr', where[1]))})", 3)
+            src.line(f"s = GLOBAL_FUNCTIONS.get({index})", 3)
+            src.line("if s is None or s[0] is not a or not UNCHANGED(a, s[1]): return None", 3)
         else:   # an item, an attribute or an attribute's item: rare, the full check's reads
             src.line(f"if not ROW_SAME(v, {src.constant(tuple(where))}, {src.constant(lowered)}): "
                      f"return None", 3)
@@ -303,7 +307,7 @@ def _generate(module_types, module_members, module_aliases, tied, bindings, read
     """The function `model_tensors(root)` of a plan's rows."""
     src = _Source()
     src.names.update(FUNCTIONS=reads._functions, GLOBAL_FUNCTIONS=reads._global_functions,
-                     ROW_SAME=_global_row_same, ITEMS_SAME=items_same)
+                     ROW_SAME=_global_row_same, ROW_PART=global_part, ITEMS_SAME=items_same)
     for path, kind in module_types:
         src.line(f"if type({src.module(path)}) is not {src.constant(kind)}: return None")
     for path, modules, parameters, buffers, nones in module_members:   # none added since

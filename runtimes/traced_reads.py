@@ -267,6 +267,17 @@ class TracedReads:
                     return _differs(f"global function {name} of {module_name}", lowered, now, quoted=False)
                 self._global_functions[index] = (value, _snapshot(value))
                 continue
+            elif where[0] == "attr function":   # a module's function (`F.gelu`), by its description
+                function = global_part(value, ("attr", where[1]))
+                last = self._global_functions.get(index)
+                if last is not None and last[0] is function and _unchanged(function, last[1]):
+                    continue
+                now = describe_called(function) or _value_shown(function)
+                if now != lowered:
+                    self._global_functions.pop(index, None)
+                    return _differs(f"function {name}.{where[1]} of {module_name}", lowered, now, quoted=False)
+                self._global_functions[index] = (function, _snapshot(function))
+                continue
             else:
                 now = global_part(value, where)
                 shown = (f"{name}[{where[1]!r}]" if where[0] == "item" else f"len({name})"

@@ -54,9 +54,10 @@ class _Block(torch.nn.Module):
         self.nested = {"inner": {"t": 1.0}, "rows": [[1.0], [2.0, 3.0]]}
         self.register_buffer("gain", None)   # optional, set later
         self.flags = {"boost"}
+        self.fns = {"clip": torch.tanh}
 
     def forward(self, x):
-        h = self.bn(self.lin(x))
+        h = F.hardtanh(self.bn(self.lin(x)), -50.0, 50.0) + self.fns["clip"](x) * 0.5
         if self.gain is not None:
             h = h * self.gain
         if self.flag and self.cfg["on"]:
@@ -91,6 +92,14 @@ _BLOCK_FORWARD, _BLOCK_FORWARD_CODE = _Block.forward, _Block.forward.__code__
 
 def _other_block_forward(self, x):
     return self.bn(self.lin(x))
+
+
+_HARDTANH = F.hardtanh
+
+
+def _wide_hardtanh(h, low=-1.0, high=1.0, inplace=False):
+    """What a kernel-patching library puts in `F.hardtanh`'s place."""
+    return _HARDTANH(h, low * 2, high * 2, inplace)
 
 
 def _set_global(name, value):
@@ -139,6 +148,9 @@ def _changes(m: _Net) -> dict:
         "list shortened": lambda: b1.steps[1:] and b1.steps.pop(),
         "namespace attribute": lambda: setattr(b1.ns, "shift", 0.75),
         "activation swapped": lambda: setattr(b0, "act", torch.tanh),
+        "function of a dict swapped": lambda: b1.fns.__setitem__("clip", torch.sigmoid),
+        "function of a dict set again": lambda: b0.fns.__setitem__("clip", torch.tanh),
+        "function of an imported module rebound": lambda: setattr(F, "hardtanh", _wide_hardtanh),
         "activation set again": lambda: setattr(b0, "act", torch.sigmoid),
         "partial keyword": lambda: b1.leaky.keywords.__setitem__("negative_slope", 0.3),
         "forward on the instance": lambda: setattr(b1, "forward", lambda x: x),
@@ -245,6 +257,7 @@ def _guard_against_full_checks(lowered, names):
                 assert plan.guard.model_tensors(model) is not None, f"after {names}"
     finally:
         globals().update(FACTOR=saved[0], _shift=saved[2], _Kind=saved[4])
+        F.hardtanh = _HARDTANH
         SETTINGS.clear()
         SETTINGS.update(saved[1])
         _Block.K = saved[3]
@@ -263,7 +276,7 @@ def test_the_guard_reads_every_kind_of_recorded_value(lowered):
     assert plan.tied["param"] and plan.module_aliases and any(kind == "buffer" for kind, _ in plan.bindings)
     assert ("act", "negative_slope") in {row[:2] for row in reads.modules}   # read through export's proxy
     assert {type(items[0][0]) for _, _, items in reads.containers} == {str, int, dict}   # dict: an enum key
-    assert {where[0] for _, _, where, _ in reads.globals if where} >= {"function", "item"}
+    assert {where[0] for _, _, where, _ in reads.globals if where} >= {"function", "item", "attr function"}
     assert plan.guard.model_tensors(model) is None   # not armed before a call passed
     plan.guard.passed(_full_checks(plan, model, x), x.device)
     assert plan.guard.model_tensors(model) is not None

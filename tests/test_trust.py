@@ -6283,3 +6283,29 @@ def test_kernel_settings_changed_for_a_part_of_the_forward_are_refused_naming_th
     assert side_by_side(_FlagsInForward(enabled=torch.backends.mkldnn.enabled),
                         lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                         lambda out: out.square().mean()) == {}
+
+
+class _CallsFunctional(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(F.gelu(self.a(x)))
+
+
+def test_a_function_of_an_imported_module_rebound_after_remat_is_planned_for(monkeypatch):
+    """As kernel-patching libraries do (`F.gelu = fused_gelu`): found by a review, the step
+    ran the traced gelu where eager ran the new one, gradients 1.8e-3 off, silently."""
+    torch.manual_seed(0)
+    model, x = _CallsFunctional(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    gelu = F.gelu
+    monkeypatch.setattr(F, "gelu", lambda h, approximate="none": gelu(h, approximate="tanh"))
+    with pytest.raises(RuntimeInputError, match=r"function F.gelu of test_trust was torch._C._nn.gelu .* "
+                                                r"and is .*<lambda>"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
+                        tolerance=1e-30) == {}
