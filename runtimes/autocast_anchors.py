@@ -32,6 +32,7 @@ between two of them is cast once per block, as in eager).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 import weakref
@@ -78,6 +79,19 @@ class _Block(threading.local):
 
 
 _BLOCK = _Block()
+
+
+@contextlib.contextmanager
+def calls_forgotten():
+    """Within: calls whose casts and reads the block forgets afterwards (remat-ir's own
+    timed calls, at `remat` or at a new plan, made inside the caller's `torch.autocast`
+    block): found by a review, the caller's first call in the block was warned of a weight
+    read again (`warn_if_read_again`), and took the timed calls' casts for its own."""
+    saved = _BLOCK.marker, dict(_BLOCK.casts)
+    try:
+        yield
+    finally:
+        _BLOCK.marker, _BLOCK.casts = saved
 
 
 def casts(groups: list[list[tuple[torch.Tensor, torch.dtype]]]) -> list[list[torch.Tensor]]:

@@ -52,6 +52,7 @@ from torch.utils import _pytree as pytree
 from remat_ir.ir import Graph, pb, store_all
 from remat_ir.torchlib.generators import generators_kept
 
+from .autocast_anchors import calls_forgotten
 from .timing import _synchronize
 
 #: Timed calls, after one warm-up call (which compiles the segments).
@@ -107,17 +108,19 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
                 p.grad = None
             _synchronize(device)
             inside[0] = 0.0
-            begun = time.perf_counter()
-            outputs = scheduled(*args, **kwargs)
-            forward_s = time.perf_counter() - begun
-            # What a training loop's backward starts from: the loss, where the model returns
-            # one beside other outputs (logits get no gradient in training), made untimed.
-            leaves = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
-            losses = [t for t in leaves if t.dim() == 0] or leaves
-            seeds = [torch.ones((), dtype=t.dtype, device=t.device).expand_as(t) for t in losses]
-            begun = time.perf_counter()
-            torch.autograd.backward(losses, seeds)
-            return forward_s + time.perf_counter() - begun - inside[0]
+            # Each as if it were the first in the caller's autocast block, and forgotten by it.
+            with calls_forgotten():
+                begun = time.perf_counter()
+                outputs = scheduled(*args, **kwargs)
+                forward_s = time.perf_counter() - begun
+                # What a training loop's backward starts from: the loss, where the model returns
+                # one beside other outputs (logits get no gradient in training), made untimed.
+                leaves = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+                losses = [t for t in leaves if t.dim() == 0] or leaves
+                seeds = [torch.ones((), dtype=t.dtype, device=t.device).expand_as(t) for t in losses]
+                begun = time.perf_counter()
+                torch.autograd.backward(losses, seeds)
+                return forward_s + time.perf_counter() - begun - inside[0]
 
         with generators_kept([device] if device.type == "cuda" else []), \
                 torch.enable_grad():

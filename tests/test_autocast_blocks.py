@@ -10,6 +10,7 @@ steps, under plans that keep or recompute the casts."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -123,6 +124,28 @@ def test_a_weight_cast_and_read_directly_warns_when_called_again_in_one_block():
         with pytest.warns(UserWarning, match="read again in one `torch.autocast` block"):
             second = scheduled(ids2)
     (first + second).backward()
+
+
+def test_remats_own_timed_calls_in_the_callers_block_are_not_taken_for_the_callers():
+    """`remat` times calls of the step (the profiled cost model) inside the caller's
+    autocast block: found by a review, they were warned about as the weight read again,
+    and the caller's first call in the block after them was too. Lowered under autocast,
+    then called once in the same block: no warning, eager's gradients bitwise."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 32, (4, 8))
+    model = _Tied()
+    eager = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            scheduled = remat_ir.remat(model, ids, solver="autograd")
+            loss = scheduled(ids)
+        loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = eager(ids)
+    expected.backward()
+    assert torch.equal(loss, expected)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
 
 
 class _Wide(torch.nn.Module):
