@@ -427,6 +427,22 @@ def test_host_budget_bounds_the_copies():
     assert ir.check(graph, bounded).host_peak_bytes <= held // 2
 
 
+@pytest.mark.parametrize("time_limit_s", [0.005, 0.02, 0.1])
+def test_a_rung_out_of_its_share_of_the_time_is_no_plan_not_a_failure(time_limit_s):
+    """Each rung of the offload ladder gets a share of the time limit; rotor's program over
+    GPT-2's stages did not finish within a share, and the whole plan failed with its
+    `OutOfTime` (found by a review: "within the time limit of 0.0434 s", a limit the
+    caller never set). A plan, or a refusal naming a floor, whatever the shares."""
+    graph = own_copy("gpt2")
+    describe_link(graph, "25GB/s")
+    try:
+        planned = solvers.solve(graph, "40%", "rotor", offload=True, time_limit_s=time_limit_s)
+    except solvers.InfeasibleBudget as refused:
+        assert refused.smallest_feasible is not None
+    else:
+        assert ir.check(graph, planned).peak_bytes <= planned.budget_bytes
+
+
 def test_offloading_needs_a_link_and_says_so():
     graph = own_copy("mlp_dropout")
     graph.proto.provenance.ClearField("host_link")
