@@ -27,7 +27,8 @@ BUILTINS = {
     "autograd": ("remat_ir.solvers.baselines:autograd",
                  "store every result backward reads, no recomputation (PyTorch's default)"),
     "recompute-all": ("remat_ir.solvers.baselines:recompute_all",
-                      "keep only inputs; each backward node recomputes what it reads (least memory)"),
+                      "keep only inputs; each backward node recomputes what it reads "
+                      "(little memory, slow; not always the least)"),
     "sqrt": ("remat_ir.solvers.baselines:sqrt",
              "Chen et al.'s sqrt(n) checkpoints over the forward graph's articulation points"),
     "checkmate": ("remat_ir.solvers.checkmate:checkmate",
