@@ -51,6 +51,10 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
             raise BadRequest(f"budget must be a positive finite number, got {budget}")
         if isinstance(budget, float) and budget <= 1:
             return max(1, int(store_all_peak * budget))
+        if budget != int(budget):   # 1.5 was cut to 1 byte (found by a review)
+            raise BadRequest(f"budget {budget} is neither a share (a number up to 1: 0.5 for half "
+                             f"of the store-everything peak) nor bytes (a whole number); write "
+                             f"'{budget:g}GB' or '{budget * 100:g}%' for what you meant")
         return int(budget)
     text = budget.strip()
     if text.endswith("%"):
@@ -66,7 +70,8 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
         raise BadRequest(f"budget {budget!r} is not understood; use {_FORMS}")
     number, unit = float(match.group(1)), (match.group(2) or "").upper()
     if not unit:
-        raise BadRequest(f"budget {budget!r} has no unit: write '{text}%' for a share of the "
+        share = f"'{number * 100:g}%' (or the number {number:g})" if number <= 1 else f"'{text}%'"
+        raise BadRequest(f"budget {budget!r} has no unit: write {share} for a share of the "
                          f"store-everything peak or '{text}MB', '{text}GiB', '{text}B' for a size")
     if number <= 0:
         raise BadRequest(f"budget must be positive, got {budget!r}")

@@ -260,6 +260,11 @@ def test_budget_forms_and_infeasible_budget():
             parse_budget(bad, 1000)
     with pytest.raises(ValueError, match="budget '40' has no unit: write '40%' for a share"):
         parse_budget("40", 1000)
+    # Found by a review: 1.5 was read as 1 byte, and '0.5' was told to mean '0.5%'.
+    with pytest.raises(ValueError, match=r"budget 1.5 is neither a share .* nor bytes .* '1.5GB' or '150%'"):
+        parse_budget(1.5, 1000)
+    with pytest.raises(ValueError, match=r"budget '0.5' has no unit: write '50%' \(or the number 0.5\)"):
+        parse_budget("0.5", 1000)
     model, args, kwargs, _ = gpt2(n_layer=1)
     with pytest.raises(InfeasibleBudget) as info:
         remat_ir.remat(model, args, example_kwargs=kwargs, budget=1000, cost_model="flops", time_limit_s=5)
