@@ -60,7 +60,8 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
-from remat_ir.torchlib.described_values import DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED, described
+from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
+                                               described)
 from remat_ir.torchlib.hooks import hook_functions
 
 from .model_lines import in_users_file, is_model_file, is_users_file
@@ -127,6 +128,14 @@ def plain_items(container, depth: int = 0) -> list | None:
             form = {FUNCTION: text}
         if form is UNRECORDED and depth < _NESTING and (inner := plain_items(value, depth + 1)) is not None:
             form = {NESTED: inner}
+        if form is UNRECORDED and _plain_object(value):
+            # A plain object an item holds (`self.d["k"].v`), by its public attributes whose
+            # values are recorded: changed after lowering, the step kept the traced value, 44
+            # off eager's gradient, silently (found by a review).
+            attributes = [[name, held] for name, attribute in sorted(vars(value).items())
+                          if not name.startswith("_") and (held := recorded(attribute)) is not UNRECORDED]
+            if attributes:
+                form = {ATTRIBUTES: attributes}
         if form is not UNRECORDED:
             items.append([key_form, form])
     return items + [[LENGTH, len(container)]] if items else None

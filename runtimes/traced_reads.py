@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
-from remat_ir.torchlib.described_values import (DESCRIBED, FUNCTION, LENGTH, NESTED, TENSOR_LIKE, described,
+from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH, NESTED, TENSOR_LIKE, described,
                                                 is_tensor_like)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
@@ -37,6 +37,8 @@ def _same(now, lowered) -> bool:
                 _CLASS not in lowered or type(now) is lowered[_CLASS])
         if NESTED in lowered:   # a container held in one: its items and length
             return isinstance(now, (list, tuple, Mapping)) and items_same(now, lowered[NESTED])
+        if ATTRIBUTES in lowered:   # a plain object held in a container: its attributes
+            return all(_same(getattr(now, name, _MISSING), held) for name, held in lowered[ATTRIBUTES])
         if FUNCTION in lowered:   # a global object's method, with what the object holds; an item's function or module
             return describe_called(now) == lowered[FUNCTION]
         if TENSOR_LIKE in lowered:   # a tensor the forward stores, by its metadata
@@ -60,6 +62,8 @@ def _shown(lowered) -> str:
         if TENSOR_LIKE in lowered:
             shape, dtype, device = lowered[TENSOR_LIKE]
             return f"a {dtype} tensor of shape {tuple(shape)} on {device}"
+        if ATTRIBUTES in lowered:
+            return "an object with " + ", ".join(f"{name}={_shown(held)}" for name, held in lowered[ATTRIBUTES])
         if NESTED in lowered:
             return "{" + ", ".join(f"{_shown(key)}: {_shown(value)}" for key, value in lowered[NESTED]
                                    if not _is_length(key)) + ", ...}"
@@ -342,6 +346,9 @@ def _parts(module, name: str) -> tuple:
 
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
     shown = now if not quoted else _value_shown(now)   # descriptions are said as they are
+    if quoted and isinstance(lowered, dict) and ATTRIBUTES in lowered:   # the same attributes, now
+        shown = "an object with " + ", ".join(
+            f"{name}={_value_shown(getattr(now, name, _MISSING))}" for name, _ in lowered[ATTRIBUTES])
     if isinstance(lowered, dict) and _CLASS in lowered and type(now) is not lowered[_CLASS] \
             and described(now) == lowered[DESCRIBED]:
         shown += f" (of another class {type(now).__qualname__}, defined since)"

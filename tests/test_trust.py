@@ -6309,3 +6309,37 @@ def test_a_function_of_an_imported_module_rebound_after_remat_is_planned_for(mon
         alone(x)
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
                         tolerance=1e-30) == {}
+
+
+class _Setting:
+    """A plain object holding a scale, as a config entry does."""
+
+    def __init__(self, v: float):
+        self.v = v
+
+
+class _ReadsThroughItems(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.by_name, self.listed = {"k": _Setting(1.0)}, [_Setting(1.0)]
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)) * self.by_name["k"].v * self.listed[0].v)
+
+
+@pytest.mark.parametrize("where", ["dict", "list"])
+def test_an_attribute_of_an_object_a_dict_or_list_holds_changed_after_remat_is_planned_for(where):
+    """Found by a review: `self.d["k"].v` changed after `remat` trained on with the traced
+    value, a gradient 44 off eager's, silently (`self.obj.v` and `self.ns.sub["k"]` were
+    compared already)."""
+    torch.manual_seed(0)
+    model, x = _ReadsThroughItems(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    (model.by_name["k"] if where == "dict" else model.listed[0]).v = 3.0
+    with pytest.raises(RuntimeInputError, match=r"was an object with v=1.0 .* is an object with v=3.0 now"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
+                        tolerance=1e-30) == {}

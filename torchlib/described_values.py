@@ -22,6 +22,9 @@ DESCRIBED = "described"
 #: The key of a recorded container held in a container: {NESTED: [[key, value], ...]}
 #: (`frontends/traced_reads.py` `plain_items`).
 NESTED = "items"
+#: The key of a recorded plain object held in a container: {ATTRIBUTES: [[name, value], ...]}
+#: of its public attributes whose values are recorded (`self.d["k"].v`).
+ATTRIBUTES = "attributes"
 #: The key under which a container's length is recorded among its items.
 LENGTH = "length"
 #: The key of a recorded method of a global object: {FUNCTION: its description}
