@@ -553,6 +553,13 @@ def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:
             "remat-ir traces as plain ops")
 
 
+#: torch's own Functions whose backward tracing cannot derive, preserved as a user's are:
+#: Dirichlet's and Beta's `rsample` draws with `_sample_dirichlet`, which has no derivative
+#: of its own (AOTAutograd refused it: "derivative for aten::_sample_dirichlet is not
+#: implemented", found by a review); its Function's backward computes `_dirichlet_grad`.
+_TORCHS_OWN_PRESERVED = frozenset({torch.distributions.dirichlet._Dirichlet})
+
+
 @contextlib.contextmanager
 def preserving_functions(errors: list, applied: set):
     """Route user-defined `autograd.Function.apply` calls through custom ops (see module
@@ -566,7 +573,7 @@ def preserving_functions(errors: list, applied: set):
         if cls is CheckpointFunction:
             errors.append(FunctionError(_reentrant_checkpoint(traceback.extract_stack())))
             return original.__func__(cls, *args, **kwargs)
-        if cls.__module__.startswith("torch.") or cls.__module__ == "torch":
+        if (cls.__module__.startswith("torch.") or cls.__module__ == "torch") and cls not in _TORCHS_OWN_PRESERVED:
             return original.__func__(cls, *args, **kwargs)
         name = f"{cls.__module__}.{cls.__qualname__}"
         applied.add(cls)
