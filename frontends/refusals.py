@@ -118,13 +118,15 @@ def refusing_autograd_calls(model: str):
     def refusing(name, function):
         @functools.wraps(function)
         def call(*args, **kwargs):
-            frame = sys._getframe(1)
+            frame, through = sys._getframe(1), None
             while frame is not None and not is_model_file(frame.f_code.co_filename):
+                if "_functorch" in frame.f_code.co_filename:   # `torch.func.grad`, `jacrev`, `vjp`
+                    through = "a torch.func transform (grad, jacrev, vjp, ...)"
                 frame = frame.f_back
             if frame is None:
                 return function(*args, **kwargs)
             raise LoweringError(
-                f"{model}'s forward calls torch.autograd.{name} at {frame.f_code.co_filename}:"
+                f"{model}'s forward calls {through or f'torch.autograd.{name}'} at {frame.f_code.co_filename}:"
                 f"{frame.f_lineno} in {frame.f_code.co_name} (a gradient penalty?): remat-ir "
                 f"lowers one graph of a forward and its backward, and a gradient taken inside "
                 f"the forward is a second backward it cannot hold. Compute that term outside "

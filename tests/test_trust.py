@@ -6343,3 +6343,21 @@ def test_an_attribute_of_an_object_a_dict_or_list_holds_changed_after_remat_is_p
         alone(x)
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
                         tolerance=1e-30) == {}
+
+
+class _FuncGradient(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        slope = torch.func.grad(lambda t: (t ** 2).sum())(x)
+        return self.a(x + slope).sum()
+
+
+def test_a_torch_func_gradient_inside_the_forward_is_refused_as_what_the_model_calls():
+    """The refusal said the forward calls torch.autograd.grad, which the model's code does
+    not (found by a review): it names the transform."""
+    with pytest.raises(LoweringError, match=r"_FuncGradient's forward calls a torch.func transform "
+                                            r"\(grad, jacrev, vjp, ...\) at .*test_trust.py:\d+ in forward"):
+        _remat(_FuncGradient(), (torch.randn(2, 4),), solver="recompute-all")
