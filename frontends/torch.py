@@ -617,8 +617,9 @@ def _unnamed_output_class(model: str, spec) -> str:
         stack.extend(node.children())
     return (f"{model} returns a {kind or 'class'} that torch's pytree knows without a serialized "
             f"type name, so the graph cannot store how its outputs nest and the scheduled module "
-            f"would return them flat: pass serialized_type_name= to "
-            f"torch.utils._pytree.register_pytree_node for it, or return tensors, tuples or dicts")
+            f"would return them flat: pass serialized_type_name='{kind}' where it is registered "
+            f"(torch.utils._pytree.register_dataclass or register_pytree_node), or return "
+            f"tensors, tuples or dicts")
 
 
 #: PyTorch functions whose branch on tensor data an argument avoids: function -> which.
@@ -730,8 +731,8 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
             f"and compute the loss outside it), or write it without the branch "
             f"(torch.where, a fixed size)")
     first = "\n".join(text.splitlines()[:6])
-    output = re.search(r"Found <class '([\w.]+)'> in output|flatten_with_keys_fn for type "
-                       r"<class '([\w.]+)'>", text)
+    output = re.search(r"Found <class '([^']+)'> in output|flatten_with_keys_fn for type "
+                       r"<class '([^']+)'>", text)   # a class made in a function: `f.<locals>.Out`
     if output:   # a cache or an output class torch's pytree does not know
         kind = output.group(1) or output.group(2)
         hint = ("a training step needs no cache: call the model with use_cache=False; one "
@@ -739,8 +740,9 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
                 "to the model as one) can be called from a Module whose forward returns only "
                 "what training reads (the loss, the logits)"
                 if "cache" in kind.lower() else
-                "return plain tensors, tuples or dicts (return_dict=False), or register the "
-                "class with torch.utils._pytree.register_dataclass")
+                f"return plain tensors, tuples or dicts (return_dict=False), or register the "
+                f"class with torch.utils._pytree.register_dataclass({kind.rsplit('.', 1)[-1]}, "
+                f"serialized_type_name='{kind}') (a name, so that the graph can store it)")
         return LoweringError(f"{model} returns a {kind}, which torch.export cannot take apart "
                              f"into tensors: {hint}")
     where = model_line([f for f in traceback.extract_tb(exc.__traceback__)

@@ -6361,3 +6361,28 @@ def test_a_torch_func_gradient_inside_the_forward_is_refused_as_what_the_model_c
     with pytest.raises(LoweringError, match=r"_FuncGradient's forward calls a torch.func transform "
                                             r"\(grad, jacrev, vjp, ...\) at .*test_trust.py:\d+ in forward"):
         _remat(_FuncGradient(), (torch.randn(2, 4),), solver="recompute-all")
+
+
+def test_an_unregistered_output_class_made_in_a_function_is_refused_saying_how_to_register_it():
+    """Its name (`f.<locals>.Out`) was not recognized, and torch's own words came out; its
+    advice to register it left out the serialized type name, which the next refusal asked
+    for (found by a review). Registered as the refusal says, it trains like eager."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        y: torch.Tensor
+
+    class Returns(_Sampled):
+        def forward(self, x):
+            return Out(torch.tanh(self.linear(x)))
+
+    x = torch.randn(3, 4)
+    with pytest.raises(LoweringError, match=r"returns a test_trust.*<locals>.Out, which torch.export cannot "
+                                            r"take apart.*register_dataclass\(Out, serialized_type_name="
+                                            r"'test_trust.*<locals>.Out'\)"):
+        _remat(Returns(), (x,), solver="recompute-all")
+    torch.utils._pytree.register_dataclass(Out, serialized_type_name=f"{__name__}.{Out.__qualname__}")
+    torch.manual_seed(0)
+    assert side_by_side(Returns(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.y.square().sum()) == {}
