@@ -247,6 +247,13 @@ _FIRST_CALL = (" where it held no tensor (a cache its first call fills? Run the 
                "before every call)")
 
 
+#: Said of a tensor needing a gradient that the forward assigns to a module (AWD-LSTM's
+#: weight drop: found by a review, the advice was for counters and logs).
+_COMPUTED_WEIGHT = (", a weight computed in the forward (a weight drop?): register that computation "
+                    "as a parametrization, `torch.nn.utils.parametrize.register_parametrization`, "
+                    "which trains like eager")
+
+
 def _ranged_draws_alone(before: tuple, ranged: list[int] | None) -> bool:
     """Whether the `RangedDraw`s counted in `ranged` (per forward traced) are all that
     moved Python's generator from state `before`, as many in every forward: drawn again
@@ -440,8 +447,9 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             else:
                 first = (_holds_tensor(value) and vars(module).get(key) is None
                          and key not in vars(type(module)))
+                computed = isinstance(value, torch.Tensor) and value.requires_grad
                 found.append(f"it assigns module attribute {key!r} of {type(module).__name__} "
-                             f"at {where}" + (_FIRST_CALL if first else ""))
+                             f"at {where}" + (_COMPUTED_WEIGHT if computed else _FIRST_CALL if first else ""))
         module_setattr(module, key, value)
 
     torch.nn.Module.__setattr__ = setattr_noted

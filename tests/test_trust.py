@@ -6386,3 +6386,25 @@ def test_an_unregistered_output_class_made_in_a_function_is_refused_saying_how_t
     torch.manual_seed(0)
     assert side_by_side(Returns(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                         lambda out: out.y.square().sum()) == {}
+
+
+class _WeightDrop(torch.nn.Module):
+    """AWD-LSTM's weight drop: the layer's weight, computed from a raw one in each forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.raw = torch.nn.Parameter(self.lin.weight.detach().clone())
+        del self.lin._parameters["weight"]
+
+    def forward(self, x):
+        self.lin.weight = F.dropout(self.raw, 0.2, self.training)
+        return self.lin(x).sum()
+
+
+def test_a_weight_computed_and_assigned_in_the_forward_is_refused_pointing_to_a_parametrization():
+    """The advice was for counters and logs (found by a review); a parametrization computes
+    the same weight at every call, and a review found a random one training bitwise."""
+    with pytest.raises(LoweringError, match=r"it assigns module attribute 'weight' of Linear at .*test_trust.py:"
+                                            r"\d+, a weight computed in the forward .*register_parametrization"):
+        _remat(_WeightDrop(), (torch.randn(2, 4),), solver="recompute-all")
