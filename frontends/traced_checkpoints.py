@@ -12,8 +12,8 @@ which `checkpoint` looks up at each call (models holding their own reference to
 as it is, under the forward context of a `context_fn`, unless that is a TorchDispatchMode:
 selective checkpointing's policy, which decides what is kept, not what is computed.
 
-Two kinds of block compute otherwise in eager's backward, and are refused naming the line
-of the checkpoint, with what to do (the ops are seen at the fake tensors' dispatch,
+Three kinds of block compute otherwise in eager's backward, and are refused naming the
+line of the checkpoint, with what to do (the ops are seen at the fake tensors' dispatch,
 `fake_dispatch`):
 - `preserve_rng_state=False` around random draws: eager recomputes the block with other
   draws than its forward made, so its gradients are not of the loss it returned and the
