@@ -261,25 +261,17 @@ class TracedReads:
             value = vars(module).get(name, _MISSING)
             if where is None:
                 now, shown = value, name
-            elif where[0] == "function":   # a function the code calls, by its description
-                last = self._global_functions.get(index)
-                if last is not None and last[0] is value and _unchanged(value, last[1]):
-                    continue   # the function described last time: not described again
-                now = describe_called(value) or _value_shown(value)
-                if now != lowered:
-                    self._global_functions.pop(index, None)
-                    return _differs(f"global function {name} of {module_name}", lowered, now, quoted=False)
-                self._global_functions[index] = (value, _snapshot(value))
-                continue
-            elif where[0] == "attr function":   # a module's function (`F.gelu`), by its description
-                function = global_part(value, ("attr", where[1]))
+            elif where[0] in ("function", "attr function"):
+                # A function the code calls (a module's: `F.gelu`), by its description.
+                function = value if where[0] == "function" else global_part(value, ("attr", where[1]))
                 last = self._global_functions.get(index)
                 if last is not None and last[0] is function and _unchanged(function, last[1]):
-                    continue
+                    continue   # the function described last time: not described again
                 now = describe_called(function) or _value_shown(function)
                 if now != lowered:
                     self._global_functions.pop(index, None)
-                    return _differs(f"function {name}.{where[1]} of {module_name}", lowered, now, quoted=False)
+                    what = f"global function {name}" if where[0] == "function" else f"function {name}.{where[1]}"
+                    return _differs(f"{what} of {module_name}", lowered, now, quoted=False)
                 self._global_functions[index] = (function, _snapshot(function))
                 continue
             else:
