@@ -8,7 +8,10 @@ backward, gave every gradient 3e-5 off eager's (the convolution outside the bloc
 under every plan (found by a review). Settings around the whole call are the call's own,
 and planned for (`runtimes/backward_settings.py`). Noted where the model's own code asks
 for settings other than the caller's (torch.export turns oneDNN and cuDNN off while it
-traces, so they are read before tracing starts).
+traces, so they are read before tracing starts). oneDNN's and NNPACK's, the CPU kernels':
+cuDNN's change nothing on a CPU run, and transformers' CTC loss turns cuDNN off around
+itself (`torchlib/ctc_loss.py` keeps that setting for the loss; refused, every `*ForCTC`
+model was, found by a review); a cuDNN block inside the forward is not checked yet.
 """
 
 from __future__ import annotations
@@ -17,14 +20,13 @@ import contextlib
 import inspect
 import sys
 
-import torch.backends.cudnn
 import torch.backends.mkldnn
 import torch.backends.nnpack
 
 from .model_lines import is_model_file
 
 _SETTINGS = ("enabled", "deterministic", "benchmark", "allow_tf32")
-_BACKENDS = (torch.backends.mkldnn, torch.backends.cudnn, torch.backends.nnpack)
+_BACKENDS = (torch.backends.mkldnn, torch.backends.nnpack)
 
 
 def _settings(backend) -> dict:
@@ -34,7 +36,7 @@ def _settings(backend) -> dict:
 @contextlib.contextmanager
 def noting_backend_flags(found: list[str]):
     """While the block traces, note in `found` each `flags(...)` or `set_flags(...)` of
-    oneDNN, cuDNN or NNPACK that the model's code calls asking for other settings than the
+    oneDNN or NNPACK that the model's code calls asking for other settings than the
     caller's (module docstring)."""
     callers = {backend: _settings(backend) for backend in _BACKENDS}
     originals = [(backend, name, getattr(backend, name)) for backend in _BACKENDS

@@ -6285,6 +6285,27 @@ def test_kernel_settings_changed_for_a_part_of_the_forward_are_refused_naming_th
                         lambda out: out.square().mean()) == {}
 
 
+class _CudnnOffAroundLoss(torch.nn.Module):
+    """As transformers' CTC loss turns cuDNN off around itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.backends.cudnn.flags(enabled=False, deterministic=True):
+            return self.lin(x).log_softmax(-1).mean()
+
+
+def test_cudnn_settings_changed_inside_the_forward_of_a_cpu_model_train_like_eager():
+    """cuDNN's settings change nothing on CPU: refused, every transformers `*ForCTC` model
+    was (found by a review)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    assert side_by_side(_CudnnOffAroundLoss(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out) == {}
+
+
 class _CallsFunctional(torch.nn.Module):
     def __init__(self):
         super().__init__()
