@@ -545,7 +545,8 @@ def _module_tensors(args: tuple) -> dict:
 
 def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:
     where = model_line(frames)
-    return (f"torch.utils.checkpoint with use_reentrant=True{f' at {where}' if where else ''}: "
+    return (f"torch.utils.checkpoint with use_reentrant=True (torch's default where it is not "
+            f"passed){f' at {where}' if where else ''}: "
             "its forward runs under no_grad and its gradients come from a backward of its own, "
             "which a traced graph does not keep, so the step would train without the gradients "
             "through it. remat-ir plans recomputation itself: remove the checkpoint (Hugging "

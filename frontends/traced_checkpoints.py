@@ -12,7 +12,7 @@ which `checkpoint` looks up at each call (models holding their own reference to
 as it is, under the forward context of a `context_fn`, unless that is a TorchDispatchMode:
 selective checkpointing's policy, which decides what is kept, not what is computed.
 
-Three kinds of block compute otherwise in eager's backward, and are refused naming the
+Four kinds of block compute otherwise in eager's backward, and are refused naming the
 line of the checkpoint, with what to do (the ops are seen at the fake tensors' dispatch,
 `fake_dispatch`):
 - `preserve_rng_state=False` around random draws: eager recomputes the block with other
@@ -28,11 +28,15 @@ line of the checkpoint, with what to do (the ops are seen at the fake tensors' d
   scaling the block): eager's backward computes the block again from the written values,
   the graph from those the forward read (a gradient 1.40 off eager's, silently: found by a
   review). Refused at the end of lowering, naming the block.
+- A block drawing from Python's random generator (LayerDrop at 0.0 draws and compares):
+  eager's backward draws again, the checkpoint restoring torch's generator only, so every
+  Python draw after the step differed from eager's (found by a review).
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import traceback
 from dataclasses import dataclass, field
 
@@ -65,9 +69,16 @@ class _Block:
     #: address taken by another while tracing), and their storages.
     read: list = field(default_factory=list)
     read_storages: set = field(default_factory=set)
+    drawn_in_python: bool = False
 
     def refusal(self) -> str | None:
         where = self.line or "a line of the model"
+        if self.drawn_in_python:
+            return (f"torch.utils.checkpoint at {where} around a block drawing from Python's random "
+                    f"generator (LayerDrop's `random.random()`): eager's backward runs the block again "
+                    f"and draws again (a checkpoint restores torch's generator only), so Python's "
+                    f"generator ends every step elsewhere than a remat-ir step leaves it. Draw before "
+                    f"the block and pass the number in, or {_INSTEAD}")
         if self.drawn and not self.preserving:
             return (f"torch.utils.checkpoint with preserve_rng_state=False at {where} around random "
                     f"draws ({', '.join(sorted(set(self.drawn)))}): eager's backward computes that "
@@ -105,11 +116,14 @@ def checkpoints_traced_plain():
 
     def plain(block, forward_context):
         blocks.append(block)
+        python = random.getstate()
         try:
             with forward_context:
                 yield     # the block runs
         finally:
             blocks.pop()
+        if random.getstate() != python:
+            block.drawn_in_python = True
         for outer in blocks:   # what an inner block made, its outer blocks made
             outer.made |= block.made
         refusal = block.refusal()

@@ -191,3 +191,27 @@ def test_a_block_reading_what_the_forward_writes_after_it_is_refused_and_before_
                                             r"it \(add_; .*Write into a copy after the block"):
         _remat(_Counting(late=True), (x,))
     assert _side_by_side(_Counting(late=False), x) == {}
+
+
+class _LayerDropInside(torch.nn.Module):
+    """LayerDrop at 0.0 inside a checkpointed block: a Python draw compared with 0.0."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def block(self, x):
+        import random
+
+        return x if random.random() < 0.0 else torch.tanh(self.lin(x))
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+def test_a_block_drawing_from_pythons_generator_is_refused():
+    """Eager's backward draws again (a checkpoint restores torch's generator only): found by
+    a review, every Python draw after a step differed from eager's."""
+    with pytest.raises(LoweringError, match=r"torch.utils.checkpoint at .*test_checkpoints.py:\d+ in forward "
+                                            r"around a block drawing from Python's random generator"):
+        _remat(_LayerDropInside(), (torch.randn(4, 8),))

@@ -67,3 +67,35 @@ def test_a_scripted_function_without_python_source_is_refused_by_name():
     with pytest.raises(LoweringError, match=r"calls TorchScript function .*doubled, which has no Python "
                                             r"source .* call a Python function instead"):
         remat_ir.remat(_Calling(unit.doubled), (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
+
+
+def _branches(h):
+    if torch.jit.is_scripting():
+        return h.tanh()
+    return h * 10.0
+
+
+def test_a_scripted_function_branching_on_is_scripting_takes_the_scripted_branch():
+    """Eager runs the compiled function, where `torch.jit.is_scripting()` is True: traced as
+    its Python source, the branch went the other way (a loss 35.9 off, found by a review)."""
+    scripted = torch.jit.script(_branches)
+    torch.manual_seed(0)
+    model, x = _Calling(scripted), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="as its Python source"):
+        scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
+    torch.testing.assert_close(scheduled(x), eager(x), rtol=0, atol=0)
+
+
+def _doubled(h):
+    return h * 2
+
+
+def test_a_function_torch_jit_trace_made_is_refused_by_name():
+    """Its graph fixed what it was traced with; with the hook that runs scripted functions
+    as their source in place, export traced a traced function's source too (a global
+    changed since: a loss 26.4 off, found by a review)."""
+    traced = torch.jit.trace(_doubled, (torch.randn(4, 8),))
+    with pytest.raises(LoweringError, match=r"calls .*_doubled, a function torch.jit.trace made: .* call "
+                                            r"the Python function instead"):
+        remat_ir.remat(_Calling(traced), (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")

@@ -3571,7 +3571,8 @@ def test_a_reentrant_checkpoint_is_refused_naming_its_line_and_the_way_out(aux, 
     x = torch.randn(4, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # torch's own warning about inputs without gradients
-        with pytest.raises(LoweringError, match=r"torch.utils.checkpoint with use_reentrant=True at "
+        with pytest.raises(LoweringError, match=r"torch.utils.checkpoint with use_reentrant=True \(torch.s "
+                                                r"default where it is not passed\) at "
                                                 r".*test_trust.py:\d+ in forward: .* pass "
                                                 r"use_reentrant=False"):
             _remat(_ReentrantCheckpoint(aux, sequential), (x,))
