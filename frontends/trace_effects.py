@@ -459,7 +459,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         # A buffer the forward registers: one not yet there became a tracing placeholder on the
         # model, and AOTAutograd then failed deep inside ("modified by an inplace operation").
         caller = sys._getframe(1).f_code.co_filename
-        if is_model_file(caller) and name not in vars(module).get("_buffers", {}):
+        if is_model_file(caller) and vars(module).get("_buffers", {}).get(name) is None:   # absent, or None
             found.append(f"it registers buffer {name!r} of {type(module).__name__} at "
                          f"{caller}:{sys._getframe(1).f_lineno} (register it in __init__, and "
                          f"write into it in place in the forward: `self.{name}.copy_(...)`)")

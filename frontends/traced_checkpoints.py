@@ -171,6 +171,10 @@ def checkpoints_traced_plain():
     try:
         with wrapped_fake_dispatch(wrap):
             yield
+    except Exception:
+        if late:   # AOTAutograd's refusal of the same write ("modified by an inplace operation")
+            raise LoweringError(late[0]) from None
+        raise
     finally:
         checkpointing._checkpoint_without_reentrant_generator = original
     if late:

@@ -6163,23 +6163,28 @@ def test_a_buffer_the_forward_resizes_is_refused_by_name_and_trains_once_sized(w
 
 
 class _RegistersInForward(torch.nn.Module):
-    """Keeps a statistic of its inputs lazily, in a buffer its forward registers."""
+    """Keeps a statistic of its inputs lazily, in a buffer its forward registers (`empty`:
+    registered as None in `__init__`)."""
 
-    def __init__(self):
+    def __init__(self, empty: bool = False):
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
+        if empty:
+            self.register_buffer("last_mean", None)
 
     def forward(self, x):
         self.register_buffer("last_mean", x.detach().mean(0))
         return self.lin(x)
 
 
-def test_a_buffer_the_forward_registers_is_refused_naming_it_and_its_line():
+@pytest.mark.parametrize("empty", [False, True], ids=["absent", "None"])
+def test_a_buffer_the_forward_registers_is_refused_naming_it_and_its_line(empty):
     """Found by a review: AOTAutograd failed deep inside ("modified by an inplace operation
-    ... is at version 1"), naming neither the buffer nor the line."""
+    ... is at version 1", or "attempting to expand a dimension" where `__init__` had
+    registered None), naming neither the buffer nor the line."""
     with pytest.raises(LoweringError, match=r"it registers buffer 'last_mean' of _RegistersInForward at "
                                             r".*test_trust.py:\d+ \(register it in __init__"):
-        _remat(_RegistersInForward(), (torch.randn(4, 8),), solver="recompute-all")
+        _remat(_RegistersInForward(empty), (torch.randn(4, 8),), solver="recompute-all")
 
 
 def _sigmoid(h):
