@@ -134,8 +134,9 @@ def plain_items(container, depth: int = 0) -> list | None:
             # off eager's gradient, silently (found by a review).
             attributes = [[name, held] for name, attribute in sorted(vars(value).items())
                           if not name.startswith("_") and (held := recorded(attribute)) is not UNRECORDED]
-            if attributes:
-                form = {ATTRIBUTES: attributes}
+            # and its class: an instance of another, called like a function (a review found
+            # one with the same attributes swapped in, 127 off)
+            form = {ATTRIBUTES: [["__class__", recorded(type(value))], *attributes]}
         if form is not UNRECORDED:
             items.append([key_form, form])
     return items + [[LENGTH, len(container)]] if items else None
@@ -720,6 +721,8 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: 
             if klass not in own:
                 continue
             value = vars(klass)[name]
+            if isinstance(value, staticmethod):   # `act = staticmethod(torch.tanh)`
+                value = value.__func__
             if (form := recorded(value)) is UNRECORDED and isinstance(value, types.BuiltinFunctionType):
                 form = {FUNCTION: describe(value)}   # `act = torch.tanh` in the class body
             if form is not UNRECORDED:

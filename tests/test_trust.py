@@ -6195,15 +6195,19 @@ def _tanh(h):
     return torch.tanh(h)
 
 
-#: What `_HoldsCallables` calls, by a global of the user's: a builtin, and a dict's item.
+#: What `_HoldsCallables` calls, by a global of the user's: a builtin, a dict's item, a
+#: class made and called, an op of `torch.ops`.
 ACTIVATION = torch.tanh
 ACTIVATIONS = {"a": _tanh}
+ACTIVATION_CLASSES = {"a": torch.nn.Tanh}
+ACTIVATION_OPS = {"a": torch.ops.aten.tanh}
 
 
 class _HoldsCallables(torch.nn.Module):
     """Calls a function or module found where only plain values were compared before."""
 
     held = torch.tanh   # a builtin in the class body
+    held_static = staticmethod(torch.tanh)
 
     def __init__(self, where: str):
         super().__init__()
@@ -6223,6 +6227,12 @@ class _HoldsCallables(torch.nn.Module):
             h = self.acts["x"](h)
         elif where == "list item":
             h = self.listed[0](h)
+        elif where == "class staticmethod":
+            h = self.held_static(h)
+        elif where == "global dict of classes":
+            h = ACTIVATION_CLASSES["a"]()(h)
+        elif where == "global dict of ops":
+            h = ACTIVATION_OPS["a"](h)
         else:
             h = self.modules_held["m"](h)
         return self.b(h)
@@ -6239,12 +6249,19 @@ def _swap(model: _HoldsCallables, where: str, monkeypatch) -> None:
         model.acts["x"] = _sigmoid
     elif where == "list item":
         model.listed[0] = torch.sigmoid
+    elif where == "class staticmethod":
+        monkeypatch.setattr(_HoldsCallables, "held_static", staticmethod(torch.sigmoid))
+    elif where == "global dict of classes":
+        monkeypatch.setitem(ACTIVATION_CLASSES, "a", torch.nn.Sigmoid)
+    elif where == "global dict of ops":
+        monkeypatch.setitem(ACTIVATION_OPS, "a", torch.ops.aten.sigmoid)
     else:
         model.modules_held["m"] = torch.nn.Sigmoid()
 
 
 @pytest.mark.parametrize("where", ["global builtin", "class builtin", "global dict item", "dict item",
-                                   "list item", "module in a dict"])
+                                   "list item", "module in a dict", "class staticmethod",
+                                   "global dict of classes", "global dict of ops"])
 def test_a_function_or_module_swapped_where_the_forward_finds_it_is_planned_for(where, monkeypatch):
     """Found by a review: functions held in a dict or list (of a module or a global), a
     builtin under a global's or class attribute's name, and a module held in a plain dict
@@ -6366,7 +6383,8 @@ def test_an_attribute_of_an_object_a_dict_or_list_holds_changed_after_remat_is_p
     alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
     alone(x)
     (model.by_name["k"] if where == "dict" else model.listed[0]).v = 3.0
-    with pytest.raises(RuntimeInputError, match=r"was an object with v=1.0 .* is an object with v=3.0 now"):
+    with pytest.raises(RuntimeInputError, match=r"was an object with __class__=class .*_Setting, v=1.0 .* is an "
+                                                r"object with __class__=class .*_Setting, v=3.0 now"):
         alone(x)
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
                         tolerance=1e-30) == {}
