@@ -63,6 +63,7 @@ from remat_ir.torchlib.callables import attribute_at, describe, describe_called,
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                described)
 from remat_ir.torchlib.hooks import hook_functions
+from remat_ir.torchlib.namespaces import remember
 
 from .model_lines import in_users_file, is_model_file, is_users_file
 from .stored_tensors import METADATA as STORED, StoredTensors
@@ -551,6 +552,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
         if code in seen or depth > _DEPTH:
             return
         seen.add(code)
+        remember(namespace)   # the runtime reads these globals from it (`torchlib.namespaces`)
         module = namespace.get("__name__", "")
         instructions = list(dis.get_instructions(code))
         for i, instruction in enumerate(instructions):
@@ -567,6 +569,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
     def functions_called(code: types.CodeType, namespace: dict) -> None:
         """In a library's code, only the global functions it calls (its constants and
         tables are the library's own)."""
+        remember(namespace)
         module = namespace.get("__name__", "")
         for instruction in dis.get_instructions(code):
             if instruction.opname != "LOAD_GLOBAL":

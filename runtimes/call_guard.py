@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import ast
 import keyword
-import sys
 
 import torch
 
 from remat_ir.torchlib.described_values import DESCRIBED, described
+from remat_ir.torchlib.namespaces import namespace
 
 from .traced_reads import (_ANY_OF, _MISSING, TracedReads, _is_length, _same, _unchanged, global_part,
                            items_same)
@@ -58,7 +58,7 @@ class _Source:
     def __init__(self):
         self.lines: list[str] = []
         self.names: dict[str, object] = {"M": _MISSING, "SAME": _same, "UNCHANGED": _unchanged,
-                                         "SYS_MODULES": sys.modules}
+                                         "NAMESPACE": namespace}
         self.modules: dict[str, str] = {"": "root"}   # path -> local name
 
     def constant(self, value) -> str:
@@ -196,9 +196,9 @@ def _plain_reads(src: _Source, reads: TracedReads, kinds: dict[str, type]) -> No
         src.line(f"v = {_attribute(owner, name, lowered)}")
         src.same("v", lowered)
     for index, (module_name, name, where, lowered) in enumerate(reads.globals):
-        src.line(f"g = SYS_MODULES.get({module_name!r})")
+        src.line(f"g = NAMESPACE({module_name!r})")
         src.line("if g is not None:")   # not imported in this process: not compared
-        src.line(f"v = g.__dict__.get({name!r}, M)", 3)
+        src.line(f"v = g.get({name!r}, M)", 3)
         if where is None:
             src.same("v", lowered, 3)
         elif where[0] == "function":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import enum
 import json
-import sys
 from collections.abc import Mapping
 
 from remat_ir.ir import pb
@@ -15,6 +14,7 @@ from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION,
                                                 is_tensor_like)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
+from remat_ir.torchlib.namespaces import namespace
 from remat_ir.torchlib.held_tensors import shown as place
 
 #: What `getattr` gives for an attribute a module lacks; also the value recorded for one
@@ -196,9 +196,9 @@ class TracedReads:
         self.containers = containers
         rows = []
         for module_name, name, where, lowered in self.globals:
-            module = sys.modules.get(module_name)
+            module = namespace(module_name)
             if module is not None and (where is None or where[0] in ("item", "attr")):
-                value = vars(module).get(name, _MISSING)
+                value = module.get(name, _MISSING)
                 lowered = pinned(lowered, value if where is None else global_part(value, where))
             rows.append((module_name, name, where, lowered))
         self.globals = rows
@@ -255,10 +255,10 @@ class TracedReads:
                 return _differs(f"{f'{path}.{holder}' if path else holder}.{name} of {root}",
                                 lowered, now)
         for index, (module_name, name, where, lowered) in enumerate(self.globals):
-            module = sys.modules.get(module_name)
+            module = namespace(module_name)
             if module is None:   # not imported in this process: nothing to compare with
                 continue
-            value = vars(module).get(name, _MISSING)
+            value = module.get(name, _MISSING)
             if where is None:
                 now, shown = value, name
             elif where[0] in ("function", "attr function"):

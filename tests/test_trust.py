@@ -6453,3 +6453,44 @@ def test_a_weight_computed_and_assigned_in_the_forward_is_refused_pointing_to_a_
     with pytest.raises(LoweringError, match=r"it assigns module attribute 'weight' of Linear at .*test_trust.py:"
                                             r"\d+, a weight computed in the forward .*register_parametrization"):
         _remat(_WeightDrop(), (torch.randn(2, 4),), solver="recompute-all")
+
+
+_UNREGISTERED_MODEL = '''
+import torch
+
+SCALE = 0.5
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)) * SCALE)
+'''
+
+
+def test_a_global_of_a_module_loaded_without_registering_it_changed_after_remat_is_planned_for(tmp_path):
+    """`spec_from_file_location` then `exec_module` (and `runpy.run_path`, torch.hub's local
+    hubconf) leave the module out of `sys.modules`, where the runtime looked its globals
+    up: found by a review, `SCALE` changed after `remat` trained on with the traced value,
+    10.6 off eager's gradient, silently. The namespace lowering read is compared."""
+    import importlib.util
+
+    path = tmp_path / "unregistered_model.py"
+    path.write_text(_UNREGISTERED_MODEL)
+    spec = importlib.util.spec_from_file_location("unregistered_model", path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    assert "unregistered_model" not in sys.modules
+    torch.manual_seed(0)
+    model, x = loaded.Model(), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    loaded.SCALE = 0.9
+    with pytest.raises(RuntimeInputError, match=r"global SCALE of unregistered_model was 0.5 .* is 0.9 now"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
+                        tolerance=1e-30) == {}

@@ -6,10 +6,10 @@ bytes: the frontend records both for the tensors it traced as constants
 from __future__ import annotations
 
 import hashlib
-import sys
 
 import torch
 
+from .namespaces import namespace
 from .types import raw_bytes
 
 #: A recorded place: module path, attribute, and the key of a dict or list item or None.
@@ -51,8 +51,8 @@ def global_at(module_name: str, name: str, where) -> torch.Tensor | None:
     """The tensor global `name` of Python module `module_name` holds (`where` None), or its
     attribute (`where` ["attr", attribute]: a class attribute read as `Class.attribute`);
     None where the module is not imported or holds no tensor there."""
-    module = sys.modules.get(module_name)
-    value = vars(module).get(name) if module is not None else None
+    module = namespace(module_name)
+    value = module.get(name) if module is not None else None
     if where is not None:   # a dotted name reads an attribute's attribute (`CFG.inner.table`)
         for part in where[1].split("."):
             value = getattr(value, part, None)
