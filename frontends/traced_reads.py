@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
+from remat_ir.torchlib.callables import attribute_at, describe, describe_called, filled, is_function
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                described)
 from remat_ir.torchlib.hooks import hook_functions
@@ -540,6 +540,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
         reads.globals.setdefault((module, name, ("function",)), describe(value))
         if is_users_file(value.__code__.co_filename):
             return [value]
+        # A library's wrapper of a user's function (`torch.compiler.disable`): the function.
+        return [inner for inner in _inner_functions(value) if is_users_file(inner.__code__.co_filename)]
     return []
 
 
@@ -561,10 +563,20 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
             following = instructions[i + 1:i + 2 + _NESTING]
             for function in _record_global(reads, module, instruction.argval,
                                            namespace[instruction.argval], following):
-                scan(function.__code__, function.__globals__, depth + 1)
+                scan_function(function, depth + 1)
         for constant in code.co_consts:
             if isinstance(constant, types.CodeType):
                 scan(constant, namespace, depth)
+
+    def scan_function(function: types.FunctionType, depth: int) -> None:
+        """`scan` a function of the user's files, and the functions of the user's files a
+        decorator's wrapper runs (its `__wrapped__`, its closure's): found by a review, the
+        globals of a helper under `functools.wraps` or `torch.compiler.disable` were not
+        recorded, nor those of a forward under a decorator of the user's, silently."""
+        scan(function.__code__, function.__globals__, depth)
+        for inner in _inner_functions(function):
+            if is_users_file(inner.__code__.co_filename):
+                scan_function(inner, depth + 1)
 
     def functions_called(code: types.CodeType, namespace: dict) -> None:
         """In a library's code, only the global functions it calls (its constants and
@@ -598,7 +610,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
         if code is None:
             continue
         if is_users_file(code.co_filename):
-            scan(code, function.__globals__, 0)
+            scan_function(function, 0)
         elif function in applied and is_model_file(code.co_filename):
             functions_called(code, function.__globals__)
     named: dict[type, set[str]] = {}   # per class, the attribute names its own code looks up
@@ -611,13 +623,21 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
         for name, function in _own_named_methods(cls):
             code = function.__code__
             if is_users_file(code.co_filename):
-                scan(code, function.__globals__, 0)
+                scan_function(function, 0)
                 named[cls] |= _attribute_names(code)
                 if code in reachable:
                     _record_method(reads, path, module, name)
             elif is_model_file(code.co_filename) and code in reachable:
                 functions_called(code, function.__globals__)
     _record_class_attributes(model, reads, named)
+
+
+def _inner_functions(function: types.FunctionType) -> list[types.FunctionType]:
+    """The functions a decorator's wrapper runs: the one `functools.wraps` names
+    (`__wrapped__`) and those its closure holds."""
+    found = [getattr(function, "__wrapped__", None)]
+    found += [cell.cell_contents for cell in (function.__closure__ or ()) if filled(cell)]
+    return [inner for inner in dict.fromkeys(f for f in found if isinstance(f, types.FunctionType))]
 
 
 def _record_method(reads: TracedReads, path: str, module: torch.nn.Module, name: str) -> None:

@@ -6494,3 +6494,53 @@ def test_a_global_of_a_module_loaded_without_registering_it_changed_after_remat_
         alone(x)
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
                         tolerance=1e-30) == {}
+
+
+#: Read by the decorated helpers below, changed after `remat`.
+DECORATED_SCALE = 0.5
+
+
+def _logged(function):
+    """A decorator of the user's, as a logging or timing one is written."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs)
+    return wrapper
+
+
+@_logged
+def _scaled_wrapped(h):
+    return torch.tanh(h) * DECORATED_SCALE
+
+
+@torch.compiler.disable
+def _scaled_disabled(h):
+    return torch.tanh(h) * DECORATED_SCALE
+
+
+class _CallsDecorated(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.how = how
+
+    def forward(self, x):
+        helper = _scaled_wrapped if self.how == "functools.wraps" else _scaled_disabled
+        return self.b(helper(self.a(x)))
+
+
+@pytest.mark.parametrize("how", ["functools.wraps", "torch.compiler.disable"])
+def test_a_global_a_decorated_helper_reads_changed_after_remat_is_planned_for(how, monkeypatch):
+    """Found by a review: the decorator's wrapper was scanned, not the function it wraps,
+    and `DECORATED_SCALE` changed after `remat` trained on with the traced value (10.6
+    off), silently."""
+    torch.manual_seed(0)
+    model, x = _CallsDecorated(how), torch.randn(4, 8)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    monkeypatch.setattr(sys.modules[__name__], "DECORATED_SCALE", 0.9)
+    with pytest.raises(RuntimeInputError, match=r"global DECORATED_SCALE of test_trust was 0.5 .* is 0.9 now"):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
+                        tolerance=1e-30) == {}
