@@ -6187,6 +6187,20 @@ def test_a_buffer_the_forward_registers_is_refused_naming_it_and_its_line(empty)
         _remat(_RegistersInForward(empty), (torch.randn(4, 8),), solver="recompute-all")
 
 
+def _planned_again_after(model, x, change, said: str) -> None:
+    """Lower `model` and call its plan once, then `change()` what its forward reads: a call
+    of that plan alone is refused saying `said` (a regex), and `remat`'s module, planning
+    again, trains bitwise like eager after the change."""
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
+    alone(x)
+    change()
+    with pytest.raises(RuntimeInputError, match=said):
+        alone(x)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
+                        tolerance=1e-30) == {}
+
+
 def _sigmoid(h):
     return torch.sigmoid(h)
 
@@ -6269,14 +6283,10 @@ def test_a_function_or_module_swapped_where_the_forward_finds_it_is_planned_for(
     gradients 4.5 off eager's, silently. Planned again, and trained as eager."""
     torch.manual_seed(0)
     model, x = _HoldsCallables(where), torch.randn(4, 8)
-    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
-    alone(x)
-    _swap(model, where, monkeypatch)
-    with pytest.raises(RuntimeInputError, match=r"(?i)(was|were) .*tanh.*(now|is) .*sigmoid"):
-        alone(x)
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
-                        tolerance=1e-30) == {}
+    def change():
+        _swap(model, where, monkeypatch)
+
+    _planned_again_after(model, x, change, r"(?i)(was|were) .*tanh.*(now|is) .*sigmoid")
 
 
 class _FlagsInForward(torch.nn.Module):
@@ -6343,16 +6353,12 @@ def test_a_function_of_an_imported_module_rebound_after_remat_is_planned_for(mon
     ran the traced gelu where eager ran the new one, gradients 1.8e-3 off, silently."""
     torch.manual_seed(0)
     model, x = _CallsFunctional(), torch.randn(4, 8)
-    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
-    alone(x)
-    gelu = F.gelu
-    monkeypatch.setattr(F, "gelu", lambda h, approximate="none": gelu(h, approximate="tanh"))
-    with pytest.raises(RuntimeInputError, match=r"function F.gelu of test_trust was torch._C._nn.gelu .* "
-                                                r"and is .*<lambda>"):
-        alone(x)
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
-                        tolerance=1e-30) == {}
+    def change():
+        gelu = F.gelu
+        monkeypatch.setattr(F, "gelu", lambda h, approximate="none": gelu(h, approximate="tanh"))
+
+    _planned_again_after(model, x, change, r"function F.gelu of test_trust was torch._C._nn.gelu .* "
+                                          r"and is .*<lambda>")
 
 
 class _Setting:
@@ -6379,15 +6385,11 @@ def test_an_attribute_of_an_object_a_dict_or_list_holds_changed_after_remat_is_p
     compared already)."""
     torch.manual_seed(0)
     model, x = _ReadsThroughItems(), torch.randn(4, 8)
-    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
-    alone(x)
-    (model.by_name["k"] if where == "dict" else model.listed[0]).v = 3.0
-    with pytest.raises(RuntimeInputError, match=r"was an object with __class__=class .*_Setting, v=1.0 .* is an "
-                                                r"object with __class__=class .*_Setting, v=3.0 now"):
-        alone(x)
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
-                        tolerance=1e-30) == {}
+    def change():
+        (model.by_name["k"] if where == "dict" else model.listed[0]).v = 3.0
+
+    _planned_again_after(model, x, change, r"was an object with __class__=class .*_Setting, v=1.0 .* is an "
+                                          r"object with __class__=class .*_Setting, v=3.0 now")
 
 
 class _FuncGradient(torch.nn.Module):
@@ -6486,14 +6488,10 @@ def test_a_global_of_a_module_loaded_without_registering_it_changed_after_remat_
     assert "unregistered_model" not in sys.modules
     torch.manual_seed(0)
     model, x = loaded.Model(), torch.randn(4, 8)
-    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
-    alone(x)
-    loaded.SCALE = 0.9
-    with pytest.raises(RuntimeInputError, match=r"global SCALE of unregistered_model was 0.5 .* is 0.9 now"):
-        alone(x)
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
-                        tolerance=1e-30) == {}
+    def change():
+        loaded.SCALE = 0.9
+
+    _planned_again_after(model, x, change, r"global SCALE of unregistered_model was 0.5 .* is 0.9 now")
 
 
 #: Read by the decorated helpers below, changed after `remat`.
@@ -6536,11 +6534,7 @@ def test_a_global_a_decorated_helper_reads_changed_after_remat_is_planned_for(ho
     off), silently."""
     torch.manual_seed(0)
     model, x = _CallsDecorated(how), torch.randn(4, 8)
-    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-    alone = ScheduledModule(model, scheduled.graph, scheduled.schedule)
-    alone(x)
-    monkeypatch.setattr(sys.modules[__name__], "DECORATED_SCALE", 0.9)
-    with pytest.raises(RuntimeInputError, match=r"global DECORATED_SCALE of test_trust was 0.5 .* is 0.9 now"):
-        alone(x)
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().sum(),
-                        tolerance=1e-30) == {}
+    def change():
+        monkeypatch.setattr(sys.modules[__name__], "DECORATED_SCALE", 0.9)
+
+    _planned_again_after(model, x, change, r"global DECORATED_SCALE of test_trust was 0.5 .* is 0.9 now")
