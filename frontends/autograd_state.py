@@ -25,6 +25,7 @@ import contextlib
 import sys
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 
 from .model_lines import is_model_file
 
@@ -40,18 +41,20 @@ _FLAGS = (f"where the graph computes the gradients of the parameters that requir
           f"lowering; freeze or unfreeze {_OUTSIDE} (remat-ir plans again for new flags)")
 
 
+def _traced_input(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is an input of the graph being traced (a placeholder: the caller's
+    inputs; the parameters are told apart as such). Not by a forward pre-hook on the model,
+    which under FSDP2 ran its hooks' lazy initialization on tracing tensors."""
+    mode = get_proxy_mode()
+    proxy = get_proxy_slot(tensor, mode.tracer, None, lambda slot: slot.proxy) if mode is not None else None
+    return proxy is not None and proxy.node.op == "placeholder"
+
+
 @contextlib.contextmanager
 def noting_autograd_state(found: list[str], model: torch.nn.Module):
     """While the block traces `model`, note in `found` each use of `.grad` and each change
     of a parameter's or an input's `requires_grad` that the model's own code makes (module
     docstring)."""
-    inputs: list[torch.Tensor] = []   # the tensors the forward is called with, as traced
-
-    def called(module, args, kwargs):
-        inputs.extend(leaf for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
-                      if isinstance(leaf, torch.Tensor))
-
-    handle = model.register_forward_pre_hook(called, with_kwargs=True, prepend=True)
     grad, flag = torch._C.TensorBase.grad, torch._C.TensorBase.requires_grad
     module_zero_grad, module_requires_grad = torch.nn.Module.zero_grad, torch.nn.Module.requires_grad_
     optimizer_zero_grad = torch.optim.Optimizer.zero_grad
@@ -77,7 +80,7 @@ def noting_autograd_state(found: list[str], model: torch.nn.Module):
     def changed(tensor, value: bool, depth: int) -> None:
         # A parameter's or an input's: an activation's flag is the graph's own
         # (transformers' `enable_input_require_grads` turns it on for the embeddings' output).
-        given = any(tensor is t for t in inputs)
+        given = not isinstance(tensor, torch.nn.Parameter) and _traced_input(tensor)
         if not (isinstance(tensor, torch.nn.Parameter) or given) or bool(value) == flag.__get__(tensor):
             return
         where = _where(depth + 1)
@@ -124,7 +127,6 @@ def noting_autograd_state(found: list[str], model: torch.nn.Module):
     try:
         yield
     finally:
-        handle.remove()
         for name in ("grad", "requires_grad", "requires_grad_"):
             if name in own:
                 setattr(torch.Tensor, name, own[name])

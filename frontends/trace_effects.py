@@ -449,7 +449,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                          and key not in vars(type(module)))
                 computed = isinstance(value, torch.Tensor) and value.requires_grad
                 found.append(f"it assigns module attribute {key!r} of {type(module).__name__} "
-                             f"at {where}" + (_COMPUTED_WEIGHT if computed else _FIRST_CALL if first else ""))
+                             f"at {where}" + (_FIRST_CALL if first else "") + (_COMPUTED_WEIGHT if computed else ""))
         module_setattr(module, key, value)
 
     torch.nn.Module.__setattr__ = setattr_noted

@@ -137,7 +137,7 @@ def plain_items(container, depth: int = 0) -> list | None:
                           if not name.startswith("_") and (held := recorded(attribute)) is not UNRECORDED]
             # and its class: an instance of another, called like a function (a review found
             # one with the same attributes swapped in, 127 off)
-            form = {ATTRIBUTES: [["__class__", recorded(type(value))], *attributes]}
+            form = {ATTRIBUTES: [["__class__", {FUNCTION: describe_called(type(value))}], *attributes]}
         if form is not UNRECORDED:
             items.append([key_form, form])
     return items + [[LENGTH, len(container)]] if items else None

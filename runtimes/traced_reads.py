@@ -336,11 +336,18 @@ def _parts(module, name: str) -> tuple:
     return module, own, getattr(type(module), name, None) if own is _MISSING else None
 
 
+def _attribute_shown(now, held) -> str:
+    """An attribute of an object a table holds, now, as `_shown` says the recorded one."""
+    if isinstance(held, dict) and FUNCTION in held:   # its class
+        return describe_called(now) or _value_shown(now)
+    return _value_shown(now)
+
+
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
     shown = now if not quoted else _value_shown(now)   # descriptions are said as they are
     if quoted and isinstance(lowered, dict) and ATTRIBUTES in lowered:   # the same attributes, now
         shown = "an object with " + ", ".join(
-            f"{name}={_value_shown(getattr(now, name, _MISSING))}" for name, _ in lowered[ATTRIBUTES])
+            f"{name}={_attribute_shown(getattr(now, name, _MISSING), held)}" for name, held in lowered[ATTRIBUTES])
     if isinstance(lowered, dict) and _CLASS in lowered and type(now) is not lowered[_CLASS] \
             and described(now) == lowered[DESCRIBED]:
         shown += f" (of another class {type(now).__qualname__}, defined since)"

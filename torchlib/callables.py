@@ -34,7 +34,7 @@ def is_function(value) -> bool:
                               types.BuiltinMethodType, functools.partial))
 
 
-def describe(value, _depth: int = 0) -> str:
+def describe(value) -> str:
     """`value` (a function-like object, or an object called like one: a hook) as a string
     that changes when it does."""
     if isinstance(value, functools.partial):
@@ -55,12 +55,8 @@ def describe(value, _depth: int = 0) -> str:
     name = f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', None) or getattr(value, '__name__', '?')}"
     if code is None:
         return name
-    # A function its closure holds by its own description (a decorator's wrapper runs the
-    # function it wraps: found by a review, a decorated forward edited between processes
-    # trained on with the old graph), two levels deep (a function closing over itself).
     captured = [text for cell in (value.__closure__ or ()) if filled(cell)
-                and (text := (_value_text(cell.cell_contents) if not isinstance(cell.cell_contents, types.FunctionType)
-                              else describe(cell.cell_contents, _depth + 1) if _depth < 2 else None)) is not None]
+                and (text := _value_text(cell.cell_contents)) is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
     defaults = [text for default in (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
                 if (text := _value_text(default)) is not None]
@@ -80,6 +76,8 @@ def describe_called(value) -> str | None:
     silently (found by CI, 2026-12-03)."""
     if is_function(value):
         return describe(value)
+    if isinstance(value, type):   # a class held in a table and called (`ACTS["gelu"]()`)
+        return f"class {value.__module__}.{value.__qualname__}"
     if not isinstance(value, torch.nn.Module):
         return None
     kind = type(value)

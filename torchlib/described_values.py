@@ -53,7 +53,7 @@ def described(value) -> str | None:
     its class and name, a numpy scalar by its type and value, a dtype by its name; and the
     values of builtin types that are not plain but that a forward decides or computes with
     as surely (a review found each, changed after `remat`, trained on with the traced value,
-    silently): a class and an op of `torch.ops` (held in a table of activations), a set of
+    silently): an op of `torch.ops` (held in a table of activations), a set of
     flags (`"boost" in self.flags`), a `slice` it indexes with, a
     `range`, a `deque` of recent values, bytes, a complex, a `Fraction` or `Decimal`, a
     torch device, layout or memory format, and a numpy array (class weights passed to
@@ -62,8 +62,6 @@ def described(value) -> str | None:
     if isinstance(value, enum.Enum):
         kind = type(value)
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
-    if isinstance(value, type):   # a class the forward makes or calls (`ACTS["gelu"]()(h)`)
-        return f"class {value.__module__}.{value.__qualname__}"
     if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"torch.ops.{value}"   # an op held in a table (`OPS["act"] = torch.ops.aten.tanh`)
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
