@@ -27,6 +27,7 @@ TorchScript modules are refused apart (`refusals.check_script_modules`).
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 
 import torch
@@ -37,9 +38,14 @@ from .errors import LoweringError
 _WARNED: set[str] = set()
 
 
+#: The code of the scripted functions whose Python originals run now.
+_RUNNING: list = []
+
+
 def _scripting() -> bool:
-    """`torch.jit.is_scripting()` inside a scripted function's Python original."""
-    return True
+    """`torch.jit.is_scripting()`: True where a scripted function's Python original asks,
+    False elsewhere (torch's own functions ask it too, to skip `__torch_function__`)."""
+    return sys._getframe(1).f_code in _RUNNING
 
 
 @contextlib.contextmanager
@@ -70,9 +76,11 @@ def script_functions_as_python():
                 f"as they were when it was scripted", stacklevel=2)
         scripting = torch.jit.is_scripting
         torch.jit.is_scripting = _scripting
+        _RUNNING.append(python.__code__)
         try:
             return python(*args, **kwargs)
         finally:
+            _RUNNING.pop()
             torch.jit.is_scripting = scripting
 
     torch.jit.ScriptFunction.__call__ = call
