@@ -22,18 +22,11 @@ change, and is let through.
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 
-from .model_lines import is_model_file
-
-
-def _where(depth: int) -> str | None:
-    """'file:line' of the frame `depth` above the caller's, where it is the model's code."""
-    frame = sys._getframe(depth + 1)
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if is_model_file(frame.f_code.co_filename) else None
+from .model_lines import model_caller
 
 
 _OUTSIDE = "outside the forward, between steps, as a training loop does"
@@ -51,9 +44,9 @@ def _traced_input(tensor: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def noting_autograd_state(found: list[str], model: torch.nn.Module):
-    """While the block traces `model`, note in `found` each use of `.grad` and each change
-    of a parameter's or an input's `requires_grad` that the model's own code makes (module
+def noting_autograd_state(found: list[str]):
+    """While the block traces, note in `found` each use of `.grad` and each change of a
+    parameter's or an input's `requires_grad` that the model's own code makes (module
     docstring)."""
     grad, flag = torch._C.TensorBase.grad, torch._C.TensorBase.requires_grad
     module_zero_grad, module_requires_grad = torch.nn.Module.zero_grad, torch.nn.Module.requires_grad_
@@ -61,7 +54,7 @@ def noting_autograd_state(found: list[str], model: torch.nn.Module):
     tensor_requires_grad = torch._C.TensorBase.requires_grad_
 
     def read(tensor):
-        where = _where(1)
+        where = model_caller(1)
         if where:
             found.append(f"it reads a gradient (`.grad`) at {where}, which the graph keeps as it "
                          f"was while tracing where eager reads what autograd has accumulated by then; "
@@ -69,7 +62,7 @@ def noting_autograd_state(found: list[str], model: torch.nn.Module):
         return grad.__get__(tensor)
 
     def assign(tensor, value):
-        where = _where(1)
+        where = model_caller(1)
         if where:
             found.append(f"it sets a gradient (`.grad`) at {where}; clear or set gradients {_OUTSIDE}")
         grad.__set__(tensor, value)
@@ -83,7 +76,7 @@ def noting_autograd_state(found: list[str], model: torch.nn.Module):
         given = not isinstance(tensor, torch.nn.Parameter) and _traced_input(tensor)
         if not (isinstance(tensor, torch.nn.Parameter) or given) or bool(value) == flag.__get__(tensor):
             return
-        where = _where(depth + 1)
+        where = model_caller(depth + 1)
         if where and given:
             found.append(f"it turns requires_grad {'on' if value else 'off'} for an input at {where}: "
                          f"the graph is traced for inputs as the caller passes them, and gives them no "
@@ -102,7 +95,7 @@ def noting_autograd_state(found: list[str], model: torch.nn.Module):
         return tensor_requires_grad(tensor, requires_grad)
 
     def modules_requires_grad(module, requires_grad=True):
-        where = _where(1)
+        where = model_caller(1)
         if where and any(p.requires_grad != requires_grad for p in module.parameters()):
             found.append(f"it turns requires_grad {'on' if requires_grad else 'off'} for "
                          f"{type(module).__name__}'s parameters at {where}, {_FLAGS}")
@@ -110,7 +103,7 @@ def noting_autograd_state(found: list[str], model: torch.nn.Module):
 
     def zero_grad(original):
         def call(self, *args, **kwargs):
-            where = _where(1)
+            where = model_caller(1)
             if where:
                 found.append(f"it clears gradients (`zero_grad()`) at {where}; clear them {_OUTSIDE}")
             return original(self, *args, **kwargs)

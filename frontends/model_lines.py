@@ -40,6 +40,14 @@ _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _INSTALLED = (*_PACKAGES, _STDLIB)
 
 
+def model_caller(depth: int) -> str | None:
+    """'file:line' of the frame `depth` above the function calling this one, where that
+    frame runs the model's code (`is_model_file`); else None. For the tracing hooks that
+    note what the model's own code does, and not torch's."""
+    frame = sys._getframe(depth + 1)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if is_model_file(frame.f_code.co_filename) else None
+
+
 def is_users_file(filename: str) -> bool:
     """Whether code in `filename` is the user's own, not an installed package's (a
     library such as transformers keeps private bookkeeping on modules) nor torch's."""

@@ -63,7 +63,7 @@ from .backend_flags import noting_backend_flags
 from .held_tensors import held_objects
 from .python_draws import RANGES, RangedDraw
 from .stored_tensors import StoredTensors
-from .model_lines import in_users_file, is_model_file, is_users_file
+from .model_lines import in_users_file, is_model_file, is_users_file, model_caller
 from . import outside_state
 from .outside_state import generator_state, holds_placeholder, iterator_state, restore_generator, same_state
 from .traced_reads import MODULE_KEYS as _MODULE_KEYS, ModulesByDict, plain
@@ -394,9 +394,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
 
     def noted(name, function):
         def call(*args, **kwargs):
-            caller = sys._getframe(1).f_code.co_filename
-            if is_model_file(caller):
-                found.append(f"it calls torch.{name} at {caller}:{sys._getframe(1).f_lineno}")
+            if where := model_caller(1):
+                found.append(f"it calls torch.{name} at {where}")
             return function(*args, **kwargs)
         return call
 
@@ -458,11 +457,11 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     def register_noted(module, name, tensor, persistent=True):
         # A buffer the forward registers: one not yet there became a tracing placeholder on the
         # model, and AOTAutograd then failed deep inside ("modified by an inplace operation").
-        caller = sys._getframe(1).f_code.co_filename
-        if is_model_file(caller) and vars(module).get("_buffers", {}).get(name) is None:   # absent, or None
-            found.append(f"it registers buffer {name!r} of {type(module).__name__} at "
-                         f"{caller}:{sys._getframe(1).f_lineno} (register it in __init__, and "
-                         f"write into it in place in the forward: `self.{name}.copy_(...)`)")
+        where = model_caller(1)
+        if where and vars(module).get("_buffers", {}).get(name) is None:   # absent, or None
+            found.append(f"it registers buffer {name!r} of {type(module).__name__} at {where} "
+                         f"(register it in __init__, and write into it in place in the forward: "
+                         f"`self.{name}.copy_(...)`)")
         return register_buffer(module, name, tensor, persistent)
 
     torch.nn.Module.register_buffer = register_noted
@@ -482,7 +481,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
-        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found, model), \
+        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found), \
                 noting_backend_flags(found):
             warnings.simplefilter("always")
             yield

@@ -161,8 +161,7 @@ def checkpoints_traced_plain():
                     block.read.append(value)
                     block.read_storages.add(storage)
             result = dispatch(mode, func, types, args, kwargs)
-            if not (isinstance(func, torch._ops.OpOverload) and any(
-                    r.alias_info is not None for r in func._schema.returns)):
+            if not (op and any(r.alias_info is not None for r in func._schema.returns)):
                 block.made |= _storages(result)   # a view shares the storage of what it views
             return result
         return seen

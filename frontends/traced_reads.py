@@ -637,7 +637,7 @@ def _inner_functions(function: types.FunctionType) -> list[types.FunctionType]:
     (`__wrapped__`) and those its closure holds."""
     found = [getattr(function, "__wrapped__", None)]
     found += [cell.cell_contents for cell in (function.__closure__ or ()) if filled(cell)]
-    return [inner for inner in dict.fromkeys(f for f in found if isinstance(f, types.FunctionType))]
+    return list(dict.fromkeys(f for f in found if isinstance(f, types.FunctionType)))
 
 
 def _record_method(reads: TracedReads, path: str, module: torch.nn.Module, name: str) -> None:
