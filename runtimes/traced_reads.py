@@ -8,6 +8,8 @@ import enum
 import json
 from collections.abc import Mapping
 
+import torch
+
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH, NESTED, TENSOR_LIKE, described,
@@ -28,6 +30,9 @@ _ANY_OF = "any of"
 #: The key of the class of an enum member recorded by its description, as found in this
 #: process when the plan was made (`TracedReads.pin_classes`).
 _CLASS = "class"
+#: The key of the module object a table's item held when the plan was made
+#: (`TracedReads.pin_classes`), where the item was recorded by its description.
+_OBJECT = "object"
 
 
 def _same(now, lowered) -> bool:
@@ -40,7 +45,7 @@ def _same(now, lowered) -> bool:
         if ATTRIBUTES in lowered:   # a plain object held in a container: its attributes
             return all(_same(getattr(now, name, _MISSING), held) for name, held in lowered[ATTRIBUTES])
         if FUNCTION in lowered:   # a global object's method, with what the object holds; an item's function or module
-            return describe_called(now) == lowered[FUNCTION]
+            return (_OBJECT not in lowered or now is lowered[_OBJECT]) and describe_called(now) == lowered[FUNCTION]
         if TENSOR_LIKE in lowered:   # a tensor the forward stores, by its metadata
             return is_tensor_like(now, lowered)
         return any(_same(now, value) for value in lowered[_ANY_OF])
@@ -179,6 +184,18 @@ class TracedReads:
             if isinstance(lowered, dict) and DESCRIBED in lowered and isinstance(now, enum.Enum) \
                     and described(now) == lowered[DESCRIBED]:
                 return {**lowered, _CLASS: type(now)}
+            if isinstance(lowered, dict) and FUNCTION in lowered and isinstance(now, torch.nn.Module) \
+                    and describe_called(now) == lowered[FUNCTION]:
+                # A module a table holds (`self.route["a"](x)`, `for layer in self.order`):
+                # its description names its class and forward, alike for its siblings, and
+                # one switched to a sibling or the list reordered after `remat` trained on
+                # with the traced weights, silently (3.1 off eager; found by a review). The
+                # module itself is compared, as an object of this process: a plan loaded or
+                # copied pins the modules its model holds then.
+                return {**lowered, _OBJECT: now}
+            if isinstance(lowered, dict) and NESTED in lowered and isinstance(now, (list, tuple, Mapping)):
+                found = _items(now)
+                return {**lowered, NESTED: [[key, pinned(held, _item(found, key))] for key, held in lowered[NESTED]]}
             return lowered
 
         def held(path, name):
@@ -351,5 +368,9 @@ def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, s
     if isinstance(lowered, dict) and _CLASS in lowered and type(now) is not lowered[_CLASS] \
             and described(now) == lowered[DESCRIBED]:
         shown += f" (of another class {type(now).__qualname__}, defined since)"
+    if isinstance(lowered, dict) and _OBJECT in lowered and now is not lowered[_OBJECT] \
+            and describe_called(now) == lowered[FUNCTION]:
+        shown = f"another {type(now).__qualname__} module"
+        return where, f"{where} holds {shown} than when the model was lowered", shown
     return where, f"{where} was {lowered if not quoted else _shown(lowered)} when the model was " \
                   f"lowered and is {shown} now", shown

@@ -6289,6 +6289,55 @@ def test_a_function_or_module_swapped_where_the_forward_finds_it_is_planned_for(
     _planned_again_after(model, x, change, r"(?i)(was|were) .*tanh.*(now|is) .*sigmoid")
 
 
+class _RoutesThroughTables(torch.nn.Module):
+    """Runs registered submodules found through plain tables: a dict, a list giving their
+    order, a dict in a dict."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+        self.where = where
+        self.route, self.order = {"a": self.layers[0]}, [self.layers[0], self.layers[1]]
+        self.nested = {"inner": {"a": self.layers[0]}}
+
+    def forward(self, x):
+        if self.where == "dict":
+            return self.route["a"](x).tanh()
+        if self.where == "nested dict":
+            return self.nested["inner"]["a"](x).tanh()
+        for layer in self.order:
+            x = layer(x).tanh()
+        return x
+
+
+@pytest.mark.parametrize("where", ["dict", "list", "nested dict"])
+def test_a_submodule_a_plain_table_holds_switched_to_its_sibling_is_planned_for(where):
+    """Found by a review: a table's module was compared by its class and forward only,
+    alike for its siblings; switched to one after `remat` (or the list reordered), the step
+    ran the traced weights, 3.1 off eager's, silently. Compared as the object it is, also
+    by a deep copy of the scheduled module, which compares its own model's modules."""
+    torch.manual_seed(0)
+    model, x = _RoutesThroughTables(where), torch.randn(4, 8)
+    def change(m):
+        if where == "dict":
+            m.route["a"] = m.layers[1]
+        elif where == "nested dict":
+            m.nested["inner"]["a"] = m.layers[1]
+        else:
+            m.order.reverse()
+
+    said = (r"nested\['inner'\] of _RoutesThroughTables was \{'a': .*Linear module" if where == "nested dict"
+            else r"(route\['a'\]|order\[0\]) of _RoutesThroughTables holds another Linear module than when the model")
+    _planned_again_after(model, x, lambda: change(model), said)
+    torch.manual_seed(0)
+    copied = copy.deepcopy(remat_ir.remat(_RoutesThroughTables(where), (x,), cost_model="flops",
+                                          solver="recompute-all"))
+    copied(x)
+    change(copied)   # its attributes are its model's
+    reference = copy.deepcopy(copied.__dict__["_model"])
+    assert torch.equal(copied(x), reference(x))
+
+
 class _FlagsInForward(torch.nn.Module):
     """Runs its first convolution with oneDNN off (`enabled`: the flag asked for)."""
 
