@@ -359,6 +359,61 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
                 del now[key]
 
 
+#: The module methods that register a hook, and the kind of hook each registers.
+_HOOK_REGISTRATIONS = {"register_forward_hook": "forward hook", "register_forward_pre_hook": "forward pre-hook",
+                       "register_full_backward_hook": "backward hook",
+                       "register_full_backward_pre_hook": "backward pre-hook", "register_backward_hook": "backward hook"}
+
+
+def _noting_hook_registrations() -> tuple[list, list]:
+    """Hooks the model's code registers while the forward is traced: ([(method name, torch's
+    method)] patched until `_put_back_hook_registrations`, [(handle, kind, module class,
+    'file:line')] noted as they are registered). Why: a forward that registers a hook at
+    every call piles them up in eager (its k-th step runs k of them), while the graph runs
+    the one the trace saw, silently (found by a review). The user's own code only: a
+    library registering a hook at its first call, once (transformers' hooks capturing
+    hidden states, marked in a private attribute), is traced with it and keeps it, as
+    eager's first call does; one trace cannot tell that from a hook added at every call."""
+    originals, noted = [], []
+    for name, kind in _HOOK_REGISTRATIONS.items():
+        original = getattr(torch.nn.Module, name)
+
+        def register(module, *args, _original=original, _kind=kind, **kwargs):
+            handle = _original(module, *args, **kwargs)
+            caller = sys._getframe(1)
+            if is_users_file(caller.f_code.co_filename):
+                noted.append((handle, _kind, type(module).__name__, f"{caller.f_code.co_filename}:{caller.f_lineno}"))
+            return handle
+
+        originals.append((name, original))
+        setattr(torch.nn.Module, name, register)
+    return originals, noted
+
+
+def _hooks_left(registrations: tuple[list, list]) -> list[str]:
+    """The effects of the hooks the forward registered and left on its modules: a hook
+    registered and removed within the forward (transformers' hooks capturing hidden
+    states, peft's per-call adapter hooks) is no effect."""
+    left = []
+    for handle, kind, module, where in registrations[1]:
+        table = handle.hooks_dict_ref()
+        if table is not None and handle.id in table:
+            left.append(f"it registers a {kind} on {module} at {where} and leaves it there (each eager call "
+                        f"adds one more, which a traced graph cannot follow: register it once, outside the "
+                        f"forward, or remove its handle before the forward returns)")
+    return list(dict.fromkeys(left))
+
+
+def _put_back_hook_registrations(registrations: tuple[list, list]) -> None:
+    """Torch's registering methods put back, and the hooks the traced forward left removed:
+    tracing leaves the model as it was."""
+    originals, noted = registrations
+    for name, original in originals:
+        setattr(torch.nn.Module, name, original)
+    for handle, *_ in noted:
+        handle.remove()
+
+
 def _held(module: torch.nn.Module, key: str):
     """What `module.key` holds now (a submodule, parameter, buffer or plain attribute),
     read without `__getattr__`; `MISSING` where nothing."""
@@ -465,10 +520,12 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         return register_buffer(module, name, tensor, persistent)
 
     torch.nn.Module.register_buffer = register_noted
+    registrations = _noting_hook_registrations()
 
     def compare(module, inputs, output):
         """At the end of the traced forward, before torch.export puts attributes back
         (a list appended to is restored as a copy of its old items)."""
+        found.extend(_hooks_left(registrations))
         modules = dict(model.named_modules())
         for (path, key), before in attributes.items():
             if path in modules and key in vars(modules[path]) and _changed(
@@ -497,6 +554,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             starts.remove()
         torch.nn.Module.__setattr__ = module_setattr
         torch.nn.Module.register_buffer = register_buffer
+        _put_back_hook_registrations(registrations)
         for owner, name, function in originals:
             setattr(owner, name, function)
         for owner, name, function, _ in drawing:

@@ -1243,6 +1243,15 @@ class _Lowered:
             self._refuse_changed(kind, what, t, *self.traced_meta[slot])
         if kind == "param" and what in self.frozen and t.requires_grad:
             self._refuse_unfrozen(what)
+        if kind == "buffer" and t.requires_grad:
+            # Set since lowering (which refuses it): eager gives the buffer, or the tensor
+            # assigned into its slot (a hypernetwork's output), a gradient, and the graph,
+            # reading it as a constant, gave none, silently (found by a review).
+            raise RuntimeInputError(
+                f"buffer {what!r} requires a gradient now, and did not when the model was lowered: "
+                f"the graph reads buffers as values and hands gradients over to parameters only. "
+                f"Make it an nn.Parameter before remat_ir.remat if it is trained, or assign it "
+                f"without requires_grad (`tensor.detach()`)")
         return t
 
     @staticmethod

@@ -312,6 +312,15 @@ class TracedReads:
             else:
                 module, name, where, lowered = row
                 now = global_at(module, name, where)
+            if now is not None and now.requires_grad:
+                # Lowering refuses one that does; `requires_grad_()` since (or a computed
+                # tensor of the same values assigned) gets a gradient in eager, and none
+                # from the graph's constant: silently, before (found by a review).
+                shown = (f"{place(path, name, key)} of {type(at('')).__name__}" if index < len(self.held)
+                         else shown_global(module, name, where))
+                return (f"tensor {shown}, which the graph holds as a constant, requires a gradient now "
+                        f"and did not when the model was lowered (make it an nn.Parameter before "
+                        f"remat_ir.remat if it is trained, or detach it)")
             seen = _seen(now)
             if seen is not None and self._verified.get(index) == seen:
                 continue

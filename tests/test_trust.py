@@ -479,6 +479,31 @@ def test_a_buffer_requiring_a_gradient_is_refused_by_name_with_what_to_do():
         remat_ir.remat(_ScaleInABuffer(), (torch.randn(4, 8),), solver="autograd", cost_model="flops")
 
 
+@pytest.mark.parametrize("how", ["requires_grad_", "assigned"])
+@pytest.mark.parametrize("held", ["buffer", "tensor attribute"])
+def test_a_tensor_the_graph_reads_as_a_value_that_requires_a_gradient_after_remat_is_refused(held, how):
+    """Found by a review: a buffer or a held tensor made to require a gradient after
+    `remat` (`requires_grad_()`, or a hypernetwork's output assigned in its place) got one
+    from eager and none from the graph, silently; lowering refuses them already."""
+    torch.manual_seed(0)
+    model = _ScaleInABuffer()
+    model.scale = model.scale.detach()
+    if held == "tensor attribute":
+        del model._buffers["scale"]
+        model.scale = torch.ones(8)
+    x = torch.randn(4, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    scheduled(x).backward()
+    if how == "requires_grad_":
+        model.scale.requires_grad_()
+    else:
+        model.scale = torch.nn.Parameter(torch.full((8,), 0.5)) * 2.0   # the same values, computed
+    said = (r"buffer 'scale' requires a gradient now, and did not when the model was lowered" if held == "buffer"
+            else r"tensor scale of _ScaleInABuffer, which the graph holds as a constant, requires a gradient now")
+    with pytest.raises(RuntimeInputError, match=said):
+        scheduled(x)
+
+
 class _GradientPenalty(torch.nn.Module):
     """WGAN-GP's penalty on the gradient of the critic's output with respect to its input."""
 
@@ -1297,6 +1322,38 @@ def test_a_gradient_hook_put_on_a_tensor_in_forward_is_refused_by_line(method):
     with pytest.raises(LoweringError, match=rf"_Hidden's forward puts a gradient hook on a tensor "
                                             rf"\(Tensor.{method} at .*test_trust.py:\d+ in forward\)"):
         _remat(_Hidden(method), (torch.randn(4, 8),))
+
+
+class _RegistersHooks(torch.nn.Module):
+    """Registers a forward hook doubling `b`'s output at every call, leaving it or
+    removing it before returning."""
+
+    def __init__(self, removes: bool):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.removes = removes
+
+    def forward(self, x):
+        handle = self.b.register_forward_hook(lambda m, i, o: o * 2)
+        out = self.b(torch.tanh(self.a(x)))
+        if self.removes:
+            handle.remove()
+        return out
+
+
+def test_a_hook_the_forward_registers_and_leaves_is_refused_by_line():
+    """Found by a review: eager's hooks piled up (its k-th step doubled `b`'s output k
+    times) while the graph ran the one hook traced, silently. Removed before the forward
+    returns, the hook is part of every call and trains like eager; tracing leaves the
+    model without the hook it registered."""
+    model, x = _RegistersHooks(removes=False), torch.randn(4, 8)
+    with pytest.raises(LoweringError, match=r"it registers a forward hook on Linear at .*test_trust.py:\d+ and "
+                                            r"leaves it there"):
+        _remat(model, (x,), solver="recompute-all")
+    assert not model.b._forward_hooks
+    torch.manual_seed(0)
+    assert side_by_side(_RegistersHooks(removes=True), lambda m: _remat(m, (x,), solver="recompute-all"),
+                        (x,), {}, lambda out: out.square().mean()) == {}
 
 
 @pytest.mark.parametrize("where", ["root", "l2"])
