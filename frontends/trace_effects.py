@@ -361,8 +361,8 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
 
 #: The module methods that register a hook, and the kind of hook each registers.
 _HOOK_REGISTRATIONS = {"register_forward_hook": "forward hook", "register_forward_pre_hook": "forward pre-hook",
-                       "register_full_backward_hook": "backward hook",
-                       "register_full_backward_pre_hook": "backward pre-hook", "register_backward_hook": "backward hook"}
+                       "register_full_backward_hook": "backward hook", "register_backward_hook": "backward hook",
+                       "register_full_backward_pre_hook": "backward pre-hook"}
 
 
 def _noting_hook_registrations() -> tuple[list, list]:

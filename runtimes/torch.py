@@ -51,7 +51,7 @@ from remat_ir.torchlib import model_structure
 from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import (INSTEAD, active_pack_hook, allows_mutation_on_saved, hook_name,
-                                          is_save_on_cpu)
+                                          is_checkpoint, is_save_on_cpu)
 from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout,
                                      torch_dtype)
 from remat_ir.torchlib.value_guards import ValueGuards, shown
@@ -195,7 +195,7 @@ class _Step:
                 "with vectorize=True) through a remat-ir step: its backward runs planned ops "
                 "writing into buffers that vmap does not batch (it failed inside the step "
                 "before). Compute it with the original model (the one passed to "
-                "remat_ir.remat), or one gradient at a time (vectorize=False)")
+                "remat_ir.remat), or with torch.func.jacrev, which runs it")
         watched, outputs.watched = outputs.watched, None
         for i, alias, version in watched or ():
             if alias._version != version:
@@ -349,9 +349,18 @@ def _data_pointer(tensor: torch.Tensor) -> int | None:
 
 
 def _second_backward() -> RematIRError:
-    return RematIRError("backward ran a second time through a remat-ir step: the schedule frees "
-                        "what it saved as its backward segment runs, so the graph cannot be kept "
-                        "(retain_graph=True); call the module again for another backward")
+    """Said for any second backward through one call's step: `retain_graph=True`, but also
+    two losses over outputs of one call backwarded apart (an actor's and a critic's, which
+    eager allows where their graphs share no saved tensor) and
+    `torch.autograd.functional.jacobian`, which runs one backward per row (found by a
+    review: the user had written no `retain_graph`, and was told to call the module again)."""
+    return RematIRError("backward ran a second time through one call of a remat-ir module (retain_graph=True, "
+                        "two losses over its outputs backwarded one after the other, or "
+                        "torch.autograd.functional.jacobian's backward per row): the schedule frees what "
+                        "it saved as its backward segment runs, so each call has one backward. Sum the "
+                        "losses and call backward once (`(loss_a + loss_b).backward()` leaves each "
+                        "parameter the same .grad), call the module again for another backward, or "
+                        "compute a Jacobian with torch.func.jacrev (which runs the original model)")
 
 
 class _Gradients(torch.autograd.Function):
@@ -1976,6 +1985,14 @@ class ScheduledModule(torch.nn.Module):
                                           "gradients need the model's own ops)")
             return self._call_model(*args, **kwargs)
         self._check_saved_tensor_hooks()
+        if torch.is_anomaly_enabled():
+            # Found by a review: a NaN inside the backward that a later op masked went by
+            # unnoticed, and one reaching a gradient was named at the step's own node.
+            self._tell_once("anomaly", "remat-ir: torch.autograd.set_detect_anomaly is on, and a remat-ir "
+                                       "step's backward runs its ops outside autograd: anomaly detection "
+                                       "sees the gradients it hands over, not the op that made a NaN. To "
+                                       "find that op, run the original model (the one passed to "
+                                       "remat_ir.remat) under it")
         refused = cached_parametrizations(self._model)
         if refused is not None:
             raise RuntimeInputError(refused)
@@ -2028,6 +2045,13 @@ class ScheduledModule(torch.nn.Module):
                 "write would reach its gradients. Call the module outside the context, and write "
                 "into a clone (`x = x.clone()`) where a tensor changes between the forward and "
                 "the backward")
+        if is_checkpoint(pack):
+            raise RuntimeInputError(
+                "torch.utils.checkpoint (use_reentrant=False, or a checkpoint_wrapper) is around "
+                "this call of a remat-ir module: its saved-tensor hooks would see none of what the "
+                "step keeps, and the step itself already recomputes what its plan decides within "
+                "its budget. Call the module without the checkpoint (a checkpoint inside the "
+                "model is traced as a plain call)")
         if not is_save_on_cpu(pack):
             raise RuntimeInputError(
                 f"saved-tensor hooks are set around this call (pack hook {hook_name(pack)}); "

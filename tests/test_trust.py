@@ -588,6 +588,53 @@ def test_second_backward_is_a_clear_error(groups):
         loss.backward()
 
 
+class _ActorCritic(torch.nn.Module):
+    """Two heads on disjoint networks, as an actor-critic's policy and value."""
+
+    def __init__(self):
+        super().__init__()
+        self.actor, self.critic = torch.nn.Linear(8, 4), torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.actor(x).tanh(), self.critic(x).tanh()
+
+
+def test_two_losses_of_one_call_backwarded_apart_are_told_to_sum():
+    """Eager allows it where the two graphs share no saved tensor; the error said
+    `retain_graph=True`, which the user never wrote, and to call the module again (found
+    by a review). Summed, the losses leave each parameter eager's `.grad`."""
+    torch.manual_seed(0)
+    model, x = _ActorCritic(), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    logits, value = scheduled(x)
+    logits.square().mean().backward()
+    with pytest.raises(RematIRError, match=r"two losses over its outputs backwarded one after the other.*"
+                                           r"Sum the losses and call backward once"):
+        value.square().mean().backward()
+    model.zero_grad()
+    logits, value = scheduled(x)
+    (logits.square().mean() + value.square().mean()).backward()
+    logits, value = eager(x)
+    logits.square().mean().backward()
+    value.square().mean().backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
+
+
+def test_anomaly_detection_is_said_once_to_see_the_steps_gradients_only(capsys):
+    """Found by a review: under `set_detect_anomaly(True)`, a NaN inside the step's backward
+    that a later op masks raised in eager and went by in the step, unsaid."""
+    torch.manual_seed(0)
+    model, x = _ActorCritic(), torch.randn(4, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    capsys.readouterr()
+    with torch.autograd.set_detect_anomaly(True):
+        for _ in range(2):
+            logits, value = scheduled(x)
+            (logits.sum() + value.sum()).backward()
+    assert capsys.readouterr().err.count("set_detect_anomaly is on") == 1
+
+
 @pytest.mark.parametrize("groups", [1, 64])
 def test_autograd_grad_of_some_parameters_equals_eager(groups):
     """`torch.autograd.grad` for the first layer's weight alone (the last group the
@@ -3589,6 +3636,10 @@ def test_saved_tensor_hooks_around_the_call_are_refused_unless_save_on_cpu_which
     with torch.autograd.graph.allow_mutation_on_saved_tensors(), pytest.raises(
             RuntimeInputError, match=r"allow_mutation_on_saved_tensors\(\) is active around this call"):
         scheduled(x)
+    # Named as the checkpoint it is (found by a review: the message named a hook deep inside).
+    with pytest.raises(RuntimeInputError, match=r"torch.utils.checkpoint \(use_reentrant=False, or a "
+                                                r"checkpoint_wrapper\) is around this call.* without the checkpoint"):
+        torch.utils.checkpoint.checkpoint(scheduled, x, use_reentrant=False)
     eager = copy.deepcopy(model)
     for module in (eager, scheduled, scheduled):
         with _saved_tensor_hooks("save_on_cpu"):

@@ -27,6 +27,12 @@ def is_save_on_cpu(pack_hook) -> bool:
     return getattr(pack_hook, "__qualname__", "").startswith("save_on_cpu.")
 
 
+def is_checkpoint(pack_hook) -> bool:
+    """Whether `pack_hook` is non-reentrant `torch.utils.checkpoint`'s (a `checkpoint_wrapper`
+    too): named apart, since the hook's name says checkpoint only deep inside."""
+    return getattr(pack_hook, "__module__", None) == "torch.utils.checkpoint"
+
+
 def allows_mutation_on_saved(pack_hook) -> bool:
     """Whether `pack_hook` is `torch.autograd.graph.allow_mutation_on_saved_tensors()`'s, which
     clones a saved tensor before an in-place write: named apart, since its hook's name
