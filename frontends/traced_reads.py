@@ -133,7 +133,7 @@ def plain_items(container, depth: int = 0) -> list | None:
             # A plain object an item holds (`self.d["k"].v`), by its public attributes whose
             # values are recorded: changed after lowering, the step kept the traced value, 44
             # off eager's gradient, silently (found by a review).
-            attributes = [[name, held] for name, attribute in sorted(vars(value).items())
+            attributes = [[name, held] for name, attribute in sorted(_attributes(value).items())
                           if not name.startswith("_") and (held := recorded(attribute)) is not UNRECORDED]
             # and its class: an instance of another, called like a function (a review found
             # one with the same attributes swapped in, 127 off)
@@ -163,9 +163,33 @@ class ModulesByDict:
 
 def _plain_object(value) -> bool:
     """An object whose attributes configure a forward (a config, a dataclass, a loss
-    object called like a function: `self.loss = FocalLoss(gamma=2)`)."""
-    return (hasattr(value, "__dict__") and not is_function(value)
+    object called like a function: `self.loss = FocalLoss(gamma=2)`), those of a class
+    with `__slots__` too (`@dataclass(slots=True)`: found by a review, a change after
+    `remat` trained on with the traced value, silently)."""
+    return ((hasattr(value, "__dict__") or _slots(type(value))) and not is_function(value)
             and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))
+
+
+def _slots(cls: type) -> list[str]:
+    """The attribute names the `__slots__` of a class of the user's (or a library's) and of
+    its bases declare; none for a builtin class."""
+    if cls.__module__ == "builtins":
+        return []
+    names = []
+    for kind in cls.__mro__:
+        declared = kind.__dict__.get("__slots__", ())
+        names += [declared] if isinstance(declared, str) else [n for n in declared if n not in ("__dict__", "__weakref__")]
+    return names
+
+
+def _attributes(value) -> dict:
+    """An object's attributes by name: its dictionary's, and what its slots hold."""
+    found = dict(vars(value)) if hasattr(value, "__dict__") else {}
+    for name in _slots(type(value)):
+        held = getattr(value, name, ABSENT)
+        if held is not ABSENT:
+            found.setdefault(name, held)
+    return found
 
 
 @dataclass
@@ -243,6 +267,19 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
     held as `cfg.inner`); raises TypeError for a class that cannot be changed (builtin
     types)."""
     lookup = cls.__getattribute__
+    fallback = getattr(cls, "__getattr__", None)
+
+    def note(self, name, value) -> None:
+        holder = holders.get(id(self))
+        if holder is not None and not name.startswith("__"):
+            if (form := recorded(value)) is not UNRECORDED:
+                reads.objects.setdefault((*holder, name), form)
+            elif (not name.startswith("_") or in_users_file(type(self).__module__)) \
+                    and holder[1].count(".") < _DEPTH:   # the user's objects' private ones too
+                if _plain_object(value):
+                    hold(holder[0], f"{holder[1]}.{name}", value)
+                elif (items := plain_items(value)) is not None:   # `self.cfg.sched["temp"]`
+                    reads.containers.setdefault((holder[0], f"{holder[1]}.{name}"), items)
 
     def getattribute(self, name):
         try:
@@ -254,19 +291,20 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
                     and is_model_file(sys._getframe(1).f_code.co_filename)):
                 reads.objects.setdefault((*holder, name), ABSENT)
             raise
-        holder = holders.get(id(self))
-        if holder is not None and not name.startswith("__"):
-            if (form := recorded(value)) is not UNRECORDED:
-                reads.objects.setdefault((*holder, name), form)
-            elif (not name.startswith("_") or in_users_file(type(self).__module__)) \
-                    and holder[1].count(".") < _DEPTH:   # the user's objects' private ones too
-                if _plain_object(value):
-                    hold(holder[0], f"{holder[1]}.{name}", value)
-                elif (items := plain_items(value)) is not None:   # `self.cfg.sched["temp"]`
-                    reads.containers.setdefault((holder[0], f"{holder[1]}.{name}"), items)
+        note(self, name, value)
+        return value
+
+    def getattr_served(self, name):
+        # What a class's `__getattr__` serves from a table of its own (a `ConfigDict`,
+        # OmegaConf's `DictConfig`): found by a review, never recorded, so a change after
+        # `remat` trained on with the traced value, silently.
+        value = fallback(self, name)
+        note(self, name, value)
         return value
 
     cls.__getattribute__ = getattribute
+    if fallback is not None:
+        cls.__getattr__ = getattr_served
 
 
 #: Attributes every `nn.Module` has for torch's own bookkeeping (its hooks, parameters).
@@ -282,8 +320,8 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
     original = module_class.__dict__.get("__getattribute__")
     lookup = original or object.__getattribute__
     holders: dict[int, tuple[str, str]] = {}
-    #: Classes instrumented, with the `__getattribute__` of their own to put back (None:
-    #: they had none); builtin classes, which cannot be, map to False.
+    #: Classes instrumented, with the `__getattribute__` and `__getattr__` of their own to
+    #: put back (None: they had none); builtin classes, which cannot be, map to False.
     originals: dict[type, object] = {}
 
     def hold(path: str, name: str, value) -> None:
@@ -292,13 +330,13 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         holders[id(value)] = (path, name)
         cls = type(value)
         if cls not in originals:
-            originals[cls] = cls.__dict__.get("__getattribute__")
+            originals[cls] = (cls.__dict__.get("__getattribute__"), cls.__dict__.get("__getattr__"))
             try:
                 _instrument(cls, holders, reads, hold)
             except TypeError:
                 originals[cls] = False
         if originals[cls] is False:   # every plain attribute, as it is now
-            for key, item in vars(value).items():
+            for key, item in _attributes(value).items():
                 if key.startswith("__"):
                     continue
                 if (form := recorded(item)) is not UNRECORDED:
@@ -361,10 +399,13 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         else:
             module_class.__getattribute__ = original
         for cls, own in originals.items():
-            if own is None:
-                del cls.__getattribute__
-            elif own is not False:
-                cls.__getattribute__ = own
+            if own is False:
+                continue
+            for name, method in zip(("__getattribute__", "__getattr__"), own):
+                if method is not None:
+                    setattr(cls, name, method)
+                elif name in cls.__dict__:
+                    delattr(cls, name)
         _as_left(model, reads, holders)
 
 

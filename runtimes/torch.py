@@ -1612,6 +1612,11 @@ _EVAL_WITH_GRADIENTS = (
     "dropout; BatchNorm layers set to eval stay so); evaluate under torch.no_grad()")
 
 
+#: A module's state-dict hooks, which a `ScheduledModule` shares with its model.
+_STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                     "_load_state_dict_post_hooks")
+
+
 class ScheduledModule(torch.nn.Module):
     """`model`, trained through `schedule` of its lowered `graph` (see module docstring).
 
@@ -1644,7 +1649,7 @@ class ScheduledModule(torch.nn.Module):
         check_backend(backend)
         if gradient_groups is not None:
             check_count("gradient_groups", gradient_groups)
-        for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+        for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", *_STATE_DICT_HOOKS):
             self.__dict__[shared] = model.__dict__[shared]
         self.__dict__["_model"] = model
         first = _Lowered(model, graph, schedule)
@@ -1697,6 +1702,25 @@ class ScheduledModule(torch.nn.Module):
         inherited, it reached this module in the model's place, and an initialiser that
         recognises the model's class (`isinstance(m, Net)`) never saw it (found by a review)."""
         self.__dict__["_model"].apply(fn)
+        return self
+
+    # The model's own state-dict code and conversions (its class's `get_extra_state`,
+    # `_load_from_state_dict`, `_apply`; its state-dict hooks, shared in `__init__`): on
+    # this module's class they were torch's, and a checkpoint whose keys the model's
+    # load pre-hook renames (transformers' EsmModel, MambaModel) loaded with
+    # `strict=False` left the renamed weights as they were, silently; the extra state was
+    # neither saved nor loaded (found by a review).
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        model = self.__dict__["_model"]
+        type(model)._save_to_state_dict(model, destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        model = self.__dict__["_model"]
+        type(model)._load_from_state_dict(model, *args, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        self.__dict__["_model"]._apply(fn, recurse)
         return self
 
     # -------------------------------------------------------------- copying and saving
