@@ -2314,6 +2314,25 @@ def test_tensors_a_model_holds_outside_parameters_and_buffers_train_like_eager_u
         scheduled(x)
 
 
+@pytest.mark.parametrize("how", [".data written", "numpy view written", ".data assigned"])
+def test_a_held_tensor_changed_where_no_version_counter_sees_it_is_refused(how):
+    """Found by a review: class weights re-weighted between steps through `.data`, a NumPy
+    view or `.data = new` bumped no version counter, and the step trained on with the
+    traced ones, silently (1.4139 where eager gives 1.1864)."""
+    model, x = _KeepsTensors(), torch.randn(4, 4)
+    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled(x).backward()
+    if how == ".data written":
+        model.offsets[0].data.mul_(2.0)
+    elif how == "numpy view written":
+        model.offsets[0].numpy()[:] *= 2.0
+    else:
+        model.offsets[0].data = model.offsets[0] * 2.0
+    with pytest.raises(RuntimeInputError, match=r"tensor offsets\[0\] of _KeepsTensors, which the graph holds "
+                                                r"as a constant, holds other values"):
+        scheduled(x)
+
+
 def test_a_held_tensor_that_requires_a_gradient_is_refused_by_name():
     model = _KeepsTensors()
     model.scale.requires_grad_(True)
