@@ -66,6 +66,7 @@ from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .swapped_parameters import swapped_parameters_as_parameters
+from .tensor_attributes import refusing_tensor_attributes
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
 from .random_ops import draws_random, user_draws_kept
@@ -501,6 +502,15 @@ def _library_ops_as_ops():
         yield
 
 
+@contextlib.contextmanager
+def _tensors_python_side(model: torch.nn.Module, args: tuple, kwargs: dict, hook_calls: list[str]):
+    """Within: what the forward does with tensors' Python side, which no trace keeps,
+    noted (gradient hooks put on them: `tensor_hooks`) or refused (Python attributes the
+    model's tensors carry, read: `tensor_attributes`)."""
+    with recording_tensor_hooks(hook_calls), refusing_tensor_attributes(model, args, kwargs):
+        yield
+
+
 def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
            assigned: dict, changed: list[str], kept: frozenset) -> torch.export.ExportedProgram:
     """torch.export's program, on eager's code path in transformers' models except at the
@@ -516,7 +526,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     printed, failure = io.StringIO(), None
     try:
         with _quiet_tracing(printed), preserving_functions(errors, reads.functions), \
-                recording_reads(model, reads), recording_tensor_hooks(hook_calls), \
+                recording_reads(model, reads), _tensors_python_side(model, args, kwargs, hook_calls), \
                 refusing_trace_effects(model, effects, assigned, reads.python_draws, reads.stored), \
                 drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \

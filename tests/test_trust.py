@@ -2333,6 +2333,48 @@ def test_a_held_tensor_changed_where_no_version_counter_sees_it_is_refused(how):
         scheduled(x)
 
 
+class _ReadsTensorAttributes(torch.nn.Module):
+    """Reads a Python attribute of a weight, a buffer or its input, per `how`."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.register_buffer("gain", torch.ones(8))
+        self.how = how
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if self.how == "weight read with a default":
+            h = h * getattr(self.a.weight, "scale", 1.0)
+        elif self.how == "weight probed with hasattr":
+            h = h * 3 if hasattr(self.b.weight, "flag") else h
+        elif self.how == "buffer read":
+            h = h * self.gain.factor
+        elif self.how == "input read with a default":
+            h = h * getattr(x, "factor", 1.0)
+        return self.b(h)
+
+
+@pytest.mark.parametrize("how", ["weight read with a default", "weight probed with hasattr", "buffer read",
+                                 "input read with a default"])
+def test_a_python_attribute_of_the_models_tensors_read_by_the_forward_is_refused_by_line(how):
+    """Found by a review: traced on fake tensors, which carry no Python attribute, a read
+    with a default or a `hasattr` branch took a tensor's without it, and the graph computed
+    that at every step, outputs 0.38 off eager's, silently (a plain read failed, said as
+    another path under tracing). Where the forward reads none, the step trains."""
+    model, x = _ReadsTensorAttributes(how), torch.randn(4, 8)
+    model.a.weight.scale, model.b.weight.flag, model.gain.factor, x.factor = 0.5, True, 2.0, 3.0
+    with pytest.raises(LoweringError, match=r"_ReadsTensorAttributes's forward reads attribute '(scale|flag|factor)' "
+                                            r"of a tensor at .*test_trust.py:\d+, a Python attribute that "
+                                            r"(parameter a.weight|parameter b.weight|buffer gain|input .*) carries"):
+        _remat(model, (x,), solver="recompute-all")
+    torch.manual_seed(0)
+    plain = _ReadsTensorAttributes("none")
+    plain.a.weight.scale = 0.5
+    assert side_by_side(plain, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean()) == {}
+
+
 def test_a_held_tensor_that_requires_a_gradient_is_refused_by_name():
     model = _KeepsTensors()
     model.scale.requires_grad_(True)

@@ -1,0 +1,70 @@
+"""Python attributes the user set on the model's tensors, read by the forward: refused by line.
+
+A library or the user may keep a Python attribute on a weight (a quantization scale, a
+marker such as `weight.flag` that code probes with `hasattr`), on a buffer, or on an input.
+torch.export traces the forward on fake tensors that carry none of them, so a read with a
+default (`getattr(w, "scale", 1.0)`) or a `hasattr` branch took what a tensor without the
+attribute gives, and the graph computed with that at every step (found by a review:
+outputs 0.38 off eager's from the first step, silently); a plain read (`w.scale`) failed
+inside the trace, said as the forward taking another path under tracing.
+
+While tracing, a lookup on a tensor that finds no attribute of a name one of the model's
+parameters, buffers or inputs carries raises a `LoweringError` naming the attribute, the
+tensor that carries it and the model's line. Nothing is installed where no tensor carries
+an attribute (the common case): `Tensor.__getattr__` slows every failed lookup down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import LoweringError
+from .model_lines import model_caller
+
+
+def carried_attributes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, str]:
+    """Attribute name -> the first tensor carrying it, said for the user ('parameter
+    a.weight', 'input 0'), over the model's parameters and buffers and the inputs."""
+    carried: dict[str, str] = {}
+    tensors = [(f"parameter {name}", t) for name, t in model.named_parameters(remove_duplicate=False)]
+    tensors += [(f"buffer {name}", t) for name, t in model.named_buffers(remove_duplicate=False)]
+    tensors += [(f"input {pytree.keystr(path)}", t) for path, t in pytree.tree_flatten_with_path((args, kwargs))[0]
+                if isinstance(t, torch.Tensor)]
+    for where, tensor in tensors:
+        for name in vars(tensor):
+            if not name.startswith("__"):
+                carried.setdefault(name, where)
+    return carried
+
+
+@contextlib.contextmanager
+def refusing_tensor_attributes(model: torch.nn.Module, args: tuple, kwargs: dict):
+    """Within, a failed lookup of an attribute the model's tensors carry raises
+    `LoweringError` (module docstring)."""
+    carried = carried_attributes(model, args, kwargs)
+    if not carried:
+        yield
+        return
+    name_of = type(model).__name__
+
+    def missing(tensor, name):
+        where = carried.get(name)
+        if where is not None:
+            line = model_caller(1)   # the model's own lookup, not torch's
+            if line is not None:
+                raise LoweringError(
+                    f"{name_of}'s forward reads attribute {name!r} of a tensor at {line}, a Python "
+                    f"attribute that {where} carries: torch.export traces the forward on tensors "
+                    f"without Python attributes, so the graph would compute what a tensor without "
+                    f"it gives (a default, the other branch of a hasattr). Keep the value on a "
+                    f"module (an attribute, or a buffer) and read it from there")
+        raise AttributeError(f"'{type(tensor).__name__}' object has no attribute '{name}'")
+
+    torch.Tensor.__getattr__ = missing
+    try:
+        yield
+    finally:
+        del torch.Tensor.__getattr__
