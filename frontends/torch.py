@@ -1247,7 +1247,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
     with paused_collection(), traced_as_run(), certain_draws(), checkpoints_traced_plain(), \
-            user_draws_kept(), script_functions_as_python():
+            user_draws_kept(), script_functions_as_python(), _tracing_state_released():
         try:
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)
@@ -1262,6 +1262,24 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         with integers_as_eager():
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)
+
+
+@contextlib.contextmanager
+def _tracing_state_released():
+    """After lowering, the tracing state torch keeps in globals let go: its fake-tensor
+    modes, which hold weak references to every parameter (two per parameter after a
+    lowering), stayed alive through them, and with
+    `torch.__future__.set_swap_module_params_on_conversion(True)` the model's
+    `load_state_dict` and `.to()` then failed ("Cannot swap t1 because it has weakref
+    associated with it"; found by a review). Nothing reads them between traces."""
+    try:
+        yield
+    finally:
+        from torch._decomp.decompositions_for_rng import PhiloxStateTracker
+        from torch.fx.experimental import proxy_tensor
+
+        getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", {}).clear()
+        PhiloxStateTracker.reset()
 
 
 #: What the refusals of a value read from tensor data say (`value_dependent`,

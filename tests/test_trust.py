@@ -6185,6 +6185,27 @@ def test_the_models_own_state_dict_code_and_conversions_run_through_the_schedule
                         lambda out: out.square().mean()) == {}
 
 
+def test_parameters_swapped_on_conversion_after_remat_load_and_train_like_eager():
+    """Found by a review: with `set_swap_module_params_on_conversion(True)`, the model's
+    `load_state_dict` and `.to()` failed after `remat` ("Cannot swap t1 because it has
+    weakref associated with it"): torch's tracing globals kept its fake-tensor modes, and
+    their weak references to every parameter, alive."""
+    torch.manual_seed(0)
+    model, x = _RenamesOldKeys(), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
+    saved = {key: value * 2 for key, value in eager.state_dict().items() if key != "_extra_state"}
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        for module in (scheduled, eager):
+            module.load_state_dict(saved, strict=False)
+            module.to(torch.float32)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+    assert side_by_side(eager, lambda m: scheduled, (x,), {}, lambda out: out.square().mean()) == {}
+
+
 class _Tempered(torch.nn.Module):
     def __init__(self):
         super().__init__()
