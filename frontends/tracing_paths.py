@@ -67,6 +67,12 @@ def traced_only_message(model: str, error: Exception, where: str, check: str | N
     """The error for a forward that raised `error` at `where` under torch.export only."""
     text = str(error).strip()
     first = text.splitlines()[0] if text else ""
+    if first.startswith(".numpy() is not supported"):
+        # Found by a review: said as another path under tracing, with advice about masks.
+        return (f"{model}'s forward reads a tensor's values into NumPy (`.numpy()`) at {where}: a "
+                f"trace has no values to read, and the graph could not follow them at each step. "
+                f"Compute it outside the model and pass it as an input (or with torch ops whose "
+                f"results have fixed shapes)")
     why = (f"{check}, which takes another path while torch traces it"
            if check else "the forward takes another path while torch traces it (a check "
                          "such as torch.compiler.is_compiling())")

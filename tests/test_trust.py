@@ -2375,6 +2375,24 @@ def test_a_python_attribute_of_the_models_tensors_read_by_the_forward_is_refused
                         lambda out: out.square().mean()) == {}
 
 
+class _NumpyWeights(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 4)
+
+    def forward(self, x, labels):
+        counts = np.maximum(np.bincount(labels.numpy(), minlength=4), 1)
+        return F.cross_entropy(self.a(x), labels, weight=torch.from_numpy(1.0 / counts).float())
+
+
+def test_a_tensors_values_read_into_numpy_in_the_forward_are_refused_as_such():
+    """Found by a review: said as the forward taking another path under tracing, with
+    advice about attention masks."""
+    with pytest.raises(LoweringError, match=r"_NumpyWeights's forward reads a tensor's values into NumPy "
+                                            r"\(`.numpy\(\)`\) at .*test_trust.py:\d+.* pass it as an input"):
+        _remat(_NumpyWeights(), (torch.randn(6, 8), torch.tensor([0, 1, 1, 3, 2, 0])), solver="recompute-all")
+
+
 def test_a_held_tensor_that_requires_a_gradient_is_refused_by_name():
     model = _KeepsTensors()
     model.scale.requires_grad_(True)
