@@ -117,7 +117,7 @@ def noting_number_reads(found: list[str]):
 
 
 #: The failing op -> the ops of the exported graph that run it inside their decomposition.
-_CALLED_BY = {"nonzero": {"index", "argwhere", "masked_select"},
+_CALLED_BY = {"nonzero": {"index", "argwhere", "masked_select", "where", "nonzero_numpy"},
               "_local_scalar_dense": {"item"},
               "repeat_interleave": {"repeat_interleave"}}
 
@@ -136,6 +136,9 @@ def _calls(node: torch.fx.Node, name: str) -> bool:
         return True
     if called not in _CALLED_BY.get(name, ()):
         return False
+    if called == "where":   # `torch.where(cond)`, one argument (a hand-written MoE's routing;
+        # `nonzero(as_tuple=True)` is `nonzero_numpy`): no line was found for either before
+        return len(node.args) == 1
     if called != "index":
         return True
     indices = node.args[1] if len(node.args) > 1 else ()

@@ -307,3 +307,34 @@ def test_a_call_planning_inside_the_users_profiler_is_refused_and_the_session_ke
             measure_peak(lambda: torch.randn(8), "cpu")
         scheduled(torch.randn(4, 8)).sum().backward()   # a planned signature runs as usual
     assert "aten::mm" in {event.key for event in prof.key_averages()}
+
+
+class _RoutedExperts(torch.nn.Module):
+    """A hand-written mixture of experts, routing tokens with `torch.where(cond)` or
+    `nonzero(as_tuple=True)`."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.router, self.experts = torch.nn.Linear(8, 4), torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+        self.how = how
+
+    def forward(self, x):
+        weights, chosen = self.router(x).softmax(-1).topk(2, -1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            if self.how == "where":
+                tokens, slot = torch.where(chosen == e)
+            else:
+                tokens, slot = (chosen == e).nonzero(as_tuple=True)
+            out.index_add_(0, tokens, expert(x[tokens]) * weights[tokens, slot, None])
+        return out
+
+
+@pytest.mark.parametrize("how", ["where", "nonzero as a tuple"])
+def test_a_routing_by_a_data_sized_selection_is_named_by_line(how):
+    """Found by a review: both forms said "at a line tracing did not record" (the ops the
+    exported graph calls are `where` and `nonzero_numpy`, not `nonzero`)."""
+    with pytest.raises(remat_ir.ir.RematIRError, match=r"_RoutedExperts's forward calls aten.nonzero.default at "
+                                                       r".*test_torch_memory_and_files.py:\d+ in forward, whose "
+                                                       r"result's shape depends on tensor data"):
+        remat_ir.remat(_RoutedExperts(how), (torch.randn(16, 8),), solver="recompute-all")
