@@ -178,7 +178,8 @@ def _slots(cls: type) -> list[str]:
     names = []
     for kind in cls.__mro__:
         declared = kind.__dict__.get("__slots__", ())
-        names += [declared] if isinstance(declared, str) else [n for n in declared if n not in ("__dict__", "__weakref__")]
+        declared = [declared] if isinstance(declared, str) else declared
+        names += [name for name in declared if name not in ("__dict__", "__weakref__")]
     return names
 
 
