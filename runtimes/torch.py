@@ -277,6 +277,17 @@ class _Step:
                 f"before the backward, which reads it again (the plan computes values from it "
                 f"there), so the backward would compute from the new values where eager's "
                 f"keeps the old ones: assign it after backward(), or pass the model a copy")
+        if self.runner.graph.value(value).kind == pb.BUFFER:
+            # Found by a review: a BatchNorm's (InstanceNorm's, spectral norm's) own
+            # training-mode call between an eval-mode call's forward and the backward of both
+            # was said as a write of the user's, or of an optimizer in a hook.
+            return RematIRError(
+                f"buffer {name} was written in place after the forward and before the backward, "
+                f"which reads it again (the plan computes values from it there), so the backward "
+                f"would compute from the new values: another call of the model in training mode "
+                f"writes it (a norm's running statistics, a spectral norm's vectors), or your code "
+                f"did. Call backward() before the model's next training-mode call, or write it "
+                f"after backward()")
         return RematIRError(f"{name} was written in place after the forward and before the "
                             f"backward, which reads it again (the plan computes values from it "
                             f"there), so the backward would compute from the new values: write "
@@ -299,8 +310,7 @@ class _Step:
                             f"its BatchNorm in training mode, which writes its statistics in place "
                             f"without a version bump), and this plan's backward computes the "
                             f"BatchNorm again from them, in eval mode: call backward() before the "
-                            f"next training-mode call, or plan without recomputing it "
-                            f"(solver=\"autograd\" keeps every activation)")
+                            f"next training-mode call")
 
     def _unreached_as_none(self, index: int, grads: tuple) -> tuple:
         """None for each gradient of group `index` computed from tangents of unused outputs
