@@ -1401,8 +1401,13 @@ class _Lowered:
             where, fix = f"argument {name}", "pass it laid out as at lowering"
         else:
             where = f"{'parameter' if kind == 'param' else 'buffer'} {what!r}"
-            fix = ("change the model's memory format before calling remat_ir.remat, or call "
-                   "it again after changing it")
+            # Not only a memory format: a weight assigned in another layout (a transposed
+            # tensor loaded with `assign=True`, the one `parametrize`'s right_inverse makes
+            # from an assigned weight) was said as one (found by a review).
+            fix = ("it was converted (`model.to(memory_format=...)`) or given a tensor in another "
+                   "layout (`load_state_dict(assign=True)`, a parametrized weight assigned): give "
+                   "it the traced layout (`.contiguous()` for a contiguous one), or call "
+                   "remat_ir.remat again after changing it")
         raise RuntimeInputError(f"{where} is {describe_layout(tensor)} but was {traced} when the "
                                 f"graph was lowered, and its views and copies hold that layout: {fix}")
 

@@ -117,7 +117,8 @@ def test_model_moved_to_channels_last_after_lowering_is_refused():
     scheduled.to(memory_format=CL)
     with pytest.raises(RuntimeInputError, match=r"parameter 'conv1\.weight' is channels_last but "
                                                 r"was contiguous when the graph was lowered.*"
-                                                r"memory format before calling remat_ir\.remat"):
+                                                r"converted \(`model.to\(memory_format=...\)`\).*call "
+                                                r"remat_ir\.remat again"):
         scheduled(*args)
 
 
