@@ -773,6 +773,15 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
             error.eager_error = exc   # what a training call raises (`ScheduledModule`)
         error.__cause__ = exc
         return error
+    if "higher order operator doesn't work unless it is captured completely" in text:
+        # `torch.cond`, `scan`, `map`: their branches are captured by Dynamo, which stops at
+        # the tracing hooks' Python (found by a review: torch's internal text, no line).
+        return LoweringError(
+            f"{model}'s forward calls a control-flow operator (torch.cond, scan, map, while_loop) "
+            f"at {where or 'a line tracing did not record'}, whose branches remat-ir's tracing "
+            f"cannot capture. Write a loop (scan, map) as a Python loop, which is traced "
+            f"unrolled, and a choice (cond) as both branches chosen with torch.where, or move it "
+            f"out of the forward (a Python argument)")
     error = LoweringError(f"torch.export could not trace {model} (data-dependent control flow "
                           f"or an unsupported construct):\n{first}")
     error.__cause__ = exc

@@ -338,3 +338,21 @@ def test_a_routing_by_a_data_sized_selection_is_named_by_line(how):
                                                        r".*test_torch_memory_and_files.py:\d+ in forward, whose "
                                                        r"result's shape depends on tensor data"):
         remat_ir.remat(_RoutedExperts(how), (torch.randn(16, 8),), solver="recompute-all")
+
+
+class _Conditional(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda h: torch.tanh(self.a(h)), lambda h: self.b(h), (x,))
+
+
+def test_a_control_flow_operator_is_named_by_line_with_what_to_write_instead():
+    """Found by a review: torch.cond gave torch's internal text (Dynamo stops at the
+    tracing hooks' Python), with no line."""
+    with pytest.raises(remat_ir.ir.RematIRError, match=r"_Conditional's forward calls a control-flow operator "
+                                                       r"\(torch.cond, .*\) at .*test_torch_memory_and_files.py:"
+                                                       r"\d+ in forward.*torch.where"):
+        remat_ir.remat(_Conditional(), (torch.randn(4, 8),), solver="recompute-all")
