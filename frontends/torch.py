@@ -773,6 +773,16 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
             error.eager_error = exc   # what a training call raises (`ScheduledModule`)
         error.__cause__ = exc
         return error
+    if text.startswith("Pending unbacked symbols"):
+        # `h.narrow(0, start, 3)` with a 0-d integer tensor `start`: the op takes it as a
+        # tensor, so no integer read answers it as eager's (found by a review: torch's
+        # internal text about fake implementations).
+        return LoweringError(
+            f"{model}'s forward gives an op a number held in a tensor (a 0-d integer tensor, as "
+            f"Tensor.narrow's start may be){f' at {where}' if where else ''}, and the size of its result "
+            f"depends on that number, which one graph of the step cannot follow. Pass it as a "
+            f"Python number (`int(start)`: remat-ir reads it as eager's and plans each value it "
+            f"meets), or as a Python argument of the forward")
     if "higher order operator doesn't work unless it is captured completely" in text:
         # `torch.cond`, `scan`, `map`: their branches are captured by Dynamo, which stops at
         # the tracing hooks' Python (found by a review: torch's internal text, no line).

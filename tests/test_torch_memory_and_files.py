@@ -356,3 +356,22 @@ def test_a_control_flow_operator_is_named_by_line_with_what_to_write_instead():
                                                        r"\(torch.cond, .*\) at .*test_torch_memory_and_files.py:"
                                                        r"\d+ in forward.*torch.where"):
         remat_ir.remat(_Conditional(), (torch.randn(4, 8),), solver="recompute-all")
+
+
+class _NarrowedAt(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x, start):
+        return self.a(x).narrow(0, start, 3)
+
+
+def test_a_number_held_in_a_tensor_that_sizes_a_result_is_refused_with_int_as_the_way_out():
+    """Found by a review: torch's internal text ("Pending unbacked symbols ... fake
+    implementation"). With `int(start)` the step is planned for each value, as eager's."""
+    x = torch.randn(6, 8)
+    with pytest.raises(remat_ir.ir.RematIRError, match=r"_NarrowedAt's forward gives an op a number held in a "
+                                                       r"tensor .* at .*test_torch_memory_and_files.py:\d+ in "
+                                                       r"forward.*`int\(start\)`"):
+        remat_ir.remat(_NarrowedAt(), (x, torch.tensor(1)), solver="recompute-all")
