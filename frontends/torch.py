@@ -61,7 +61,7 @@ from .script_functions import script_functions_as_python
 from .errors import LoweringError
 from .fx_nodes import node_module
 from .selected_outputs import check_selection, select_outputs
-from .model_lines import library_line, model_line
+from .model_lines import library_line, model_line, node_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
@@ -935,9 +935,12 @@ class _Lowering:
         tensor = getattr(module, node.target, None)
         if isinstance(tensor, torch.Generator):
             users = ", ".join(sorted({str(u.target) for u in node.users}))
+            # By line (found by a review: no line, where the other refusals name one).
+            line = next((found for u in node.users if (found := node_line(u)) is not None), None)
             raise LoweringError(
                 f"the model's forward draws random numbers from a torch.Generator of its own "
-                f"(generator= in {users or 'a random op'}); remat-ir replays the default "
+                f"(generator= in {users or 'a random op'}{f' at {line}' if line else ''}); remat-ir "
+                f"replays the default "
                 f"generator's draws only, so a recomputation could not draw the same numbers. "
                 f"Draw from the default generator (seeded with torch.manual_seed)")
         if not isinstance(tensor, torch.Tensor):

@@ -2421,7 +2421,7 @@ class _Refused(torch.nn.Module):
 @pytest.mark.parametrize("kind, message", [
     ("sparse", r"is a torch.sparse_coo tensor; .*sparse=False"),
     ("own_generator", r"draws random numbers from a torch.Generator of its own \(generator= in "
-                      r"aten.rand.generator\)")])
+                      r"aten.rand.generator at .*test_trust.py:\d+ in forward\)")])
 def test_constructs_the_trace_cannot_train_are_refused_with_what_to_do(kind, message):
     """Each raised an error from deep inside before, naming a graph input kind
     (ForwardTokenAOTInput), an AOTAutograd output kind or a sparse tensor's storage."""
