@@ -1391,6 +1391,14 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"{first.rstrip('.')}. Its backward is traced once into the graph: it may compute with its "
                     f"arguments, what its forward saved and plain values, and write into no other "
                     f"tensor (a global's, a module's: update such a statistic outside the model)") from exc
+            if "modified by an inplace operation" in first:
+                # Found by a review: AOTAutograd's text alone, with no name and no way out.
+                raise LoweringError(
+                    f"{type(model).__name__}'s forward writes in place into a tensor that an op "
+                    f"before the write saved for the backward (a buffer updated after a product "
+                    f"read it), as eager's backward() "
+                    f"finds too ({first.split(': ')[0]}): read a copy (`.clone()`) before the "
+                    f"write, or write it after the backward") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
         problem, aliased, view_bases = output_aliases(joint, out_spec, type(model).__name__,

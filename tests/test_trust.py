@@ -6466,6 +6466,28 @@ def test_a_buffer_the_forward_registers_is_refused_naming_it_and_its_line(empty)
         _remat(_RegistersInForward(empty), (torch.randn(4, 8),), solver="recompute-all")
 
 
+class _WritesASavedBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        out = h * self.scale   # the product saves the buffer for its backward
+        with torch.no_grad():
+            self.scale.mul_(0.5).add_(h.abs().mean(0))
+        return out
+
+
+def test_a_write_into_a_tensor_a_backward_needs_is_said_with_what_to_do():
+    """Eager's backward() fails on it too; lowering said AOTAutograd's text alone (found
+    by a review)."""
+    with pytest.raises(LoweringError, match=r"_WritesASavedBuffer's forward writes in place into a tensor that "
+                                            r"an op before the write saved for the backward.*\.clone\(\)"):
+        _remat(_WritesASavedBuffer(), (torch.randn(4, 8),), solver="recompute-all")
+
+
 def _planned_again_after(model, x, change, said: str) -> None:
     """Lower `model` and call its plan once, then `change()` what its forward reads: a call
     of that plan alone is refused saying `said` (a regex), and `remat`'s module, planning
