@@ -1312,9 +1312,13 @@ class _Lowered:
         for path, kind in self.module_types:
             module = modules.at(path)
             if type(module) is not kind and not is_sharded_class(type(module), kind):
-                now = "gone" if module is None else f"a {type(module).__name__} now"
+                # Named whole where the names alone agree (peft's `lora.Linear` for an
+                # `nn.Linear`: "was a Linear ... and is a Linear now", found by a review).
+                whole = module is not None and type(module).__name__ == kind.__name__
+                named = (lambda cls: f"{cls.__module__}.{cls.__qualname__}") if whole else (lambda cls: cls.__name__)
+                now = "gone" if module is None else f"a {named(type(module))} now"
                 return (f"submodule {path!r} of {type(modules.at('')).__name__} was a "
-                        f"{kind.__name__} when the model was lowered and is {now}")
+                        f"{named(kind)} when the model was lowered and is {now}")
         for paths in self.module_aliases:
             if len({id(modules.at(path)) for path in paths}) > 1:
                 shown = ", ".join(repr(path) for path in paths[:-1]) + f" and {paths[-1]!r}"

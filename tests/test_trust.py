@@ -3993,6 +3993,14 @@ class _Tokens(torch.nn.Module):
         return self.drop(self.linear(self.act(self.embedding(ids)))).pow(2).mean()
 
 
+def _OtherLinear() -> torch.nn.Module:
+    """A layer of another class named as the one it replaces."""
+    class Linear(torch.nn.Linear):
+        pass
+
+    return Linear(8, 8)
+
+
 class _Adapter(torch.nn.Module):
     def __init__(self, base):
         super().__init__()
@@ -4008,6 +4016,8 @@ class _Adapter(torch.nn.Module):
     ("adapter", r"submodule 'linear' of _Tokens was a Linear when .* is a _Adapter now"),
     ("parametrization", r"submodule 'linear' of _Tokens was a Linear when .* is a "
                         r"ParametrizedLinear now"),
+    ("same name", r"submodule 'linear' of _Tokens was a torch.nn.modules.linear.Linear when .* is a "
+                  r"test_trust._OtherLinear.<locals>.Linear now"),
     ("resized", r"parameter 'embedding.weight' is \[30, 8\] torch.float32 but was \[20, 8\] "
                 r"torch.float32 when the model was lowered"),
     ("converted", r"parameter 'embedding.weight' is \[20, 8\] torch.float64 but was \[20, 8\] "
@@ -4031,6 +4041,8 @@ def test_a_call_after_the_models_modules_or_parameters_changed_is_planned_again_
         model.linear = _Adapter(model.linear)
     elif change == "parametrization":
         torch.nn.utils.parametrizations.weight_norm(model.linear)
+    elif change == "same name":   # as peft's `lora.Linear` wraps an `nn.Linear`
+        model.linear = _OtherLinear()
     elif change == "resized":
         model.embedding = torch.nn.Embedding(30, 8)
     else:
