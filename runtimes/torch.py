@@ -1670,6 +1670,9 @@ class ScheduledModule(torch.nn.Module):
             check_count("gradient_groups", gradient_groups)
         for shared in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", *_STATE_DICT_HOOKS):
             self.__dict__[shared] = model.__dict__[shared]
+        # The version a state dict records for the model's own entries, which its class's
+        # `_load_from_state_dict` may convert by (BatchNorm's `num_batches_tracked`).
+        self.__dict__["_version"] = model._version
         self.__dict__["_model"] = model
         first = _Lowered(model, graph, schedule)
         if first.stale is not None:

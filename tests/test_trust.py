@@ -6219,6 +6219,7 @@ def test_the_models_own_state_dict_code_and_conversions_run_through_the_schedule
     eager = copy.deepcopy(model)
     scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
     assert list(scheduled.state_dict()) == list(eager.state_dict())
+    assert scheduled.state_dict()._metadata == eager.state_dict()._metadata   # the versions loading reads
     torch.manual_seed(1)
     saved = _RenamesOldKeys()
     saved.temp = 2.0
