@@ -58,6 +58,7 @@ from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.hooks import forward_hooks
 from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 
+from .argument_writes import noting_argument_writes
 from .autograd_state import noting_autograd_state
 from .backend_flags import noting_backend_flags
 from .held_tensors import held_objects
@@ -539,7 +540,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     uses: list[tuple[str, int, str]] = []
     try:
         with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found), \
-                noting_backend_flags(found):
+                noting_backend_flags(found), noting_argument_writes(model, found):
             warnings.simplefilter("always")
             yield
     except Exception as exc:

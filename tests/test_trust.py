@@ -1371,6 +1371,38 @@ def test_a_gradient_hook_put_on_a_tensor_in_forward_is_refused_by_line(method):
         _remat(_Hidden(method), (torch.randn(4, 8),))
 
 
+class _FillsItsArguments(torch.nn.Module):
+    """Hands an auxiliary loss back through a list argument, or writes into a batch dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x, aux_losses=None, batch=None):
+        h = torch.tanh(self.a(x))
+        if aux_losses is not None:
+            aux_losses.append(h.square().mean())
+        if batch is not None:
+            batch["hidden"] = h
+        return self.b(h)
+
+
+@pytest.mark.parametrize("how", ["list", "dict"])
+def test_a_forward_writing_into_a_container_argument_is_refused_naming_it(how):
+    """Found by a review: the caller's list stayed empty (the graph keeps no Python
+    effect), so the step trained without the auxiliary loss, silently (0.1230 where eager
+    gives 0.3214); a forward that only reads its containers trains."""
+    x = torch.randn(4, 8)
+    kwargs = {"aux_losses": []} if how == "list" else {"batch": {"x": x}}
+    said = (r"it writes into the list of its argument aux_losses \(0 items then 1\)" if how == "list"
+            else r"it writes into the dict of its argument batch \(1 items then 2\)")
+    with pytest.raises(LoweringError, match=said + ".*return what it adds as an output"):
+        remat_ir.remat(_FillsItsArguments(), (x,), example_kwargs=kwargs, solver="recompute-all", cost_model="flops")
+    torch.manual_seed(0)
+    assert side_by_side(_FillsItsArguments(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean()) == {}
+
+
 class _RegistersHooks(torch.nn.Module):
     """Registers a forward hook doubling `b`'s output at every call, leaving it or
     removing it before returning."""
