@@ -18,6 +18,8 @@ Keyword arguments are compared by name, not by the order they were passed.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 from dataclasses import dataclass, field
 
@@ -63,6 +65,11 @@ class Signature:
     #: `cpu_kernels_state()` for a call on CPU ("" elsewhere): the memory profiling
     #: measured, and so the plan's peak, holds for this oneDNN setting and thread count.
     cpu_kernels: str = ""
+    #: The keywords a forward taking `**kwargs` gets there, in the order passed
+    #: (`free_keywords`): it may iterate them (`torch.cat(list(feats.values()))`), and the
+    #: trace holds the order it saw (found by a review: another order ran the old graph,
+    #: 1.62 off eager's output, silently). Other keywords are compared by name alone.
+    keyword_order: tuple[str, ...] = ()
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -104,6 +111,9 @@ class Signature:
         if self.aliases != lowered.aliases:
             return (f"{_aliases_text(self.aliases) or 'no argument is another one'}, lowered "
                     f"where {_aliases_text(lowered.aliases) or 'none was another'}")
+        if self.keyword_order != lowered.keyword_order:
+            return (f"the keywords the forward takes as **kwargs come in the order "
+                    f"{', '.join(self.keyword_order)}, lowered in the order {', '.join(lowered.keyword_order)}")
         if self.containers != lowered.containers:
             return ("the arguments are held in other containers than at lowering (a list for "
                     "a tuple, or a dict's keys in another order)")
@@ -159,6 +169,24 @@ def shown_input(leaf, description: str) -> str:
         kind = type(leaf)
         return f"{kind.__module__}.{kind.__qualname__} {list(shape)} {dtype}"
     return shortened(description)
+
+
+def free_keywords(forward, kwargs: dict) -> tuple[str, ...]:
+    """The names of `kwargs` that `forward` takes through its `**kwargs`, in the order
+    passed (`Signature.keyword_order`); () where it has no `**kwargs`."""
+    named, variable = _parameters(getattr(forward, "__func__", forward))
+    return tuple(name for name in kwargs if name not in named) if variable else ()
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(function) -> tuple[frozenset, bool]:
+    """(the names of `function`'s parameters, whether it takes `**kwargs`)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset(), False
+    return (frozenset(p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD),
+            any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters))
 
 
 def _canonical(args, kwargs) -> tuple:

@@ -65,7 +65,7 @@ from .dtype_errors import mixed_dtypes_message
 from .fsdp import FSDPUsageError, StepUnits, Units, check_gathered, fsdp_module_class, is_sharded_class
 from .op_checks import UnsupportedOp
 from .signatures import (DEFAULT_SDPA, Signature, argument_names, autocast_from_json, containers, flat_leaf,
-                         memoised_signature)
+                         free_keywords, memoised_signature)
 from .traced_reads import TracedReads
 from .transfers import Transfers
 
@@ -1012,7 +1012,7 @@ class _Lowered:
         self._pick_members = operator.itemgetter(*self._member_slots) if len(self._member_slots) > 1 else None
         self._member_names = [self.bindings[slot][1] for slot in self._member_slots]
         self._recorded_members = frozenset(index for index, _, _ in self.input_members)
-        self.signature = self._signature()
+        self.signature = self._signature(model.forward)
         #: (signature, decisions, frozen parameters, plain values read, ties, inputs that were
         #: parameters): plans of one signature differ in what they decided from input values,
         #: in which parameters they compute no gradient for, in the model's values the
@@ -1031,7 +1031,7 @@ class _Lowered:
                                 for kind, groups in self.tied.items() for group in groups or ()],
                                self.bindings, self.traced_reads)
 
-    def _signature(self) -> Signature | None:
+    def _signature(self, forward) -> Signature | None:
         """The signature the graph was lowered for (None without the frontend's input spec
         and descriptions: then calls are checked input by input)."""
         g = self.graph.proto
@@ -1049,7 +1049,8 @@ class _Lowered:
                                        json.loads(g.metadata.get("torch.input_aliases", "[]"))),
                          sdpa=g.metadata.get("torch.sdpa", DEFAULT_SDPA),
                          deterministic=json.loads(g.metadata.get("torch.deterministic", "false")),
-                         cpu_kernels=g.metadata.get("torch.cpu_kernels", "") if device == "cpu" else "")
+                         cpu_kernels=g.metadata.get("torch.cpu_kernels", "") if device == "cpu" else "",
+                         keyword_order=free_keywords(forward, kwargs))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:
@@ -1817,6 +1818,8 @@ class ScheduledModule(torch.nn.Module):
         if last.signature is None:  # no input spec (hand-built IR): checked input by input
             return last, answers, False
         signature = memoised_signature(args, kwargs)
+        if kwargs and (order := free_keywords(self._model.forward, kwargs)):
+            signature = dataclasses.replace(signature, keyword_order=order)
         same = [p for p in reversed(self._plans.values()) if p.signature == signature]
         if not same and self._planner is None:
             # Device follows the inputs: a plan lowered on another device (or, on CPU, with

@@ -194,3 +194,30 @@ def test_a_plan_without_a_planner_runs_under_another_thread_count_not_another_on
         assert lowered.same_but_where(call) is runs
     on_cuda = dataclasses.replace(lowered, device="cuda", cpu_kernels="")
     assert lowered.same_but_where(on_cuda)
+
+
+class _Concatenates(torch.nn.Module):
+    """Concatenates its keyword features in the order they come, as a tabular model may."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 1)
+
+    def forward(self, scale=1.0, **features):
+        return self.lin(torch.cat(list(features.values()), dim=-1)) * scale
+
+
+def test_keywords_a_forward_takes_as_kwargs_are_compared_in_the_order_passed(capsys):
+    """Found by a review: keywords were compared by name alone, so another order ran the
+    graph traced for the first (1.62 off eager's output, silently). A named parameter
+    (`scale`) passed elsewhere in the order is the same call."""
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 3), torch.randn(4, 5)
+    scheduled = remat_ir.remat(_Concatenates(), (), example_kwargs={"a": a, "scale": 2.0, "b": b},
+                               solver="recompute-all", cost_model="flops")
+    scheduled(scale=2.0, a=a, b=b)
+    assert len(scheduled.plans) == 1
+    capsys.readouterr()
+    out = scheduled(b=b, a=a, scale=2.0)
+    assert "come in the order b, a, lowered in the order a, b" in capsys.readouterr().err
+    assert torch.equal(out, scheduled.__dict__["_model"](b=b, a=a, scale=2.0))
