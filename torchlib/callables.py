@@ -58,8 +58,11 @@ def describe(value) -> str:
     captured = [text for cell in (value.__closure__ or ()) if filled(cell)
                 and (text := _value_text(cell.cell_contents)) is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
+    # A plain object's too, by its attributes (`def forward(self, x, cfg=settings)`, then
+    # `settings.temp = 0.5`; found by a review).
     defaults = [text for default in (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
-                if (text := _value_text(default)) is not None]
+                if (text := _value_text(default) or (_bound_text(default) if plain_owner(default) else None))
+                is not None]
     return (f"{name} at {code.co_filename}:{code.co_firstlineno} #{code_digest(code)}"
             + (f" with {_whole(captured)}" if captured else "")
             + (f" defaults {_whole(defaults)}" if defaults else ""))
@@ -178,13 +181,14 @@ def _stable(constant) -> str:
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _plain_container(value) -> bool:
-    """A list, tuple, dict or set of plain values (a closure's `cfg = {"scale": 1.0}`):
-    its repr names it in every process, and one changed in place computes otherwise."""
+def _plain_container(value, depth: int = 0) -> bool:
+    """A list, tuple, dict or set of plain values, or of such containers three deep (a
+    closure's `cfg = {"scale": 1.0}`, a default `cfg={"loss": {"temp": 1.0}}`): its repr
+    names it in every process, and one changed in place computes otherwise."""
     if type(value) not in (list, tuple, dict, set) or len(value) > 64:
         return False
     items = [*value.keys(), *value.values()] if type(value) is dict else value
-    return all(isinstance(item, _PLAIN) for item in items)
+    return all(isinstance(item, _PLAIN) or (depth < 2 and _plain_container(item, depth + 1)) for item in items)
 
 
 def filled(cell) -> bool:

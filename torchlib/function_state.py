@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 import types
 
 from .callables import filled as _filled, plain_owner
@@ -57,20 +58,46 @@ def _extra(function) -> tuple | None:
     owners = ([function.__self__] if type(function) is types.MethodType else
               [*function.args, *function.keywords.values()] if isinstance(function, functools.partial) else
               [] if isinstance(function, (types.FunctionType, types.BuiltinFunctionType)) else [function])
-    owners = tuple(owner for owner in owners if plain_owner(owner))
     base = underlying(function)
     defaults, keywords = getattr(base, "__defaults__", None), getattr(base, "__kwdefaults__", None)
+    values = (*(defaults or ()), *(keywords or {}).values())
+    # A default's insides, changed in place (`def forward(self, x, cfg=CFG)`, then
+    # `CFG["temp"] = 0.5`; a plain object's attribute): the tuple stays the same object,
+    # and the step trained on with the traced value, silently (found by a review).
+    owners = tuple(owner for owner in (*owners, *values) if plain_owner(owner))
     if defaults is None and keywords is None and not owners:
         return None
     return (base, defaults, keywords, dict(keywords) if keywords else None,
-            owners, tuple(dict(vars(owner)) for owner in owners))
+            owners, tuple(dict(vars(owner)) for owner in owners), values, _deep_copies(values))
 
 
 def _extra_same(extra: tuple) -> bool:
-    base, defaults, keywords, keywords_copy, owners, states = extra
+    base, defaults, keywords, keywords_copy, owners, states, values, copies = extra
     return (getattr(base, "__defaults__", None) is defaults and getattr(base, "__kwdefaults__", None) is keywords
             and (keywords_copy is None or _equal(keywords, keywords_copy))
-            and all(_equal(vars(owner), state) for owner, state in zip(owners, states)))
+            and all(_equal(vars(owner), state) for owner, state in zip(owners, states))
+            and (copies is None or all(copied is None or _same_inside(value, copied)
+                                       for value, copied in zip(values, copies))))
+
+
+def _deep_copies(values: tuple) -> tuple | None:
+    """Deep copies of the lists, dicts, sets and numpy arrays among `values` (None for the
+    others), or None where there is none."""
+    copies = tuple(copy.deepcopy(value) if type(value) in (list, dict, set) or _is_array(value) else None
+                   for value in values)
+    return copies if any(c is not None for c in copies) else None
+
+
+def _is_array(value) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and type(value) is numpy.ndarray
+
+
+def _same_inside(value, copied) -> bool:
+    """Whether a default still equals its deep copy (a numpy array element by element)."""
+    if _is_array(value):
+        return value.dtype == copied.dtype and value.shape == copied.shape and bool((value == copied).all())
+    return _equal(value, copied)
 
 
 def _same_copies(contents: tuple, copies: tuple) -> bool:
