@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import inspect
 import io
 import json
 import logging
@@ -1319,10 +1320,41 @@ def _reader(model: str, function: str | None) -> str:
     return f"the backward of autograd.Function {function} (in {model})" if function else f"{model}'s forward"
 
 
+def check_arguments_bind(model: torch.nn.Module, args: tuple, kwargs: dict, example_inputs) -> None:
+    """LoweringError where a forward taking one dict (or list) argument was given that dict
+    as `example_inputs`, which is spread into keywords (positional arguments): torch.export's
+    refusal was said as data-dependent control flow (found by a review). Only where the
+    spread arguments do not bind to the forward's signature and the one argument does (a
+    decorated forward's signature may not say all it takes)."""
+    if not isinstance(example_inputs, (dict, list)):
+        return
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):   # no signature to check against
+        return
+    try:
+        signature.bind(*args, **kwargs)
+        return
+    except TypeError as exc:
+        failure = exc
+    try:
+        signature.bind(example_inputs, **({} if isinstance(example_inputs, dict) else kwargs))
+    except TypeError:
+        return
+    kind = "keyword" if isinstance(example_inputs, dict) else "positional"
+    raise LoweringError(
+        f"{type(model).__name__}'s forward does not take the example inputs as {kind} arguments "
+        f"({failure}), as remat-ir reads a {type(example_inputs).__name__} of them "
+        f"({'`model(**batch)`' if kind == 'keyword' else '`model(*inputs)`'}): pass the forward's one "
+        f"{type(example_inputs).__name__} argument inside a tuple, "
+        f"`({'{...}' if kind == 'keyword' else '[...]'},)`")
+
+
 def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
            copy_long_lived_views, fusing, outputs) -> Graph:
     args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad,
                                         example_arguments(example_inputs, example_kwargs))
+    check_arguments_bind(model, args, kwargs, example_inputs)
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)

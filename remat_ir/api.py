@@ -93,7 +93,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     step compiled too and shares each region's time among its nodes
     (`runtimes/compiled_costs.py`).
     """
-    from remat_ir.frontends.torch import example_arguments
+    from remat_ir.frontends.torch import check_arguments_bind, example_arguments
     from remat_ir.runtimes.compiled import check_backend
     from remat_ir.runtimes.torch import MAX_PLANS, ScheduledModule, check_count
 
@@ -118,6 +118,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
                       host_bandwidth=host_bandwidth, backend=backend, reuse_plans=reuse_plans,
                       outputs=outputs)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
+    check_arguments_bind(model, args, kwargs, example_inputs)
     with _for_training():
         args, kwargs = _usable_in_training((args, kwargs))
         graph, schedule = planner(model, args, kwargs)

@@ -251,3 +251,25 @@ def test_remat_called_where_gradients_are_off_plans_for_training(context):
             return remat_ir.remat(m, (torch.randn(3, 4),), cost_model="flops", solver="recompute-all")
 
     assert side_by_side(model, make, (torch.randn(3, 4),), {}, lambda y: y.square().sum()) == {}
+
+
+class _TakesOneBatch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, batch):
+        return self.lin(batch["x"] if isinstance(batch, dict) else batch[0]).sum()
+
+
+@pytest.mark.parametrize("given", ["dict", "list"])
+def test_a_forward_taking_one_dict_or_list_given_it_spread_is_told_to_wrap_it(given):
+    """Found by a review: a dict is read as keyword arguments and a list as positional ones,
+    and torch.export's refusal was said as data-dependent control flow. Wrapped in a tuple,
+    it trains."""
+    x = torch.randn(2, 4)
+    batch = {"x": x} if given == "dict" else [x, x]
+    with pytest.raises(remat_ir.ir.RematIRError, match=r"_TakesOneBatch's forward does not take the example "
+                                                       r"inputs as (keyword|positional) arguments.* inside a tuple"):
+        remat_ir.remat(_TakesOneBatch(), batch, solver="recompute-all", cost_model="flops")
+    remat_ir.remat(_TakesOneBatch(), (batch,), solver="recompute-all", cost_model="flops")(batch).backward()
