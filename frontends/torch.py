@@ -780,10 +780,10 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
         # internal text about fake implementations).
         return LoweringError(
             f"{model}'s forward gives an op a number held in a tensor (a 0-d integer tensor, as "
-            f"Tensor.narrow's start may be){f' at {where}' if where else ''}, and the size of its result "
-            f"depends on that number, which one graph of the step cannot follow. Pass it as a "
-            f"Python number (`int(start)`: remat-ir reads it as eager's and plans each value it "
-            f"meets), or as a Python argument of the forward")
+            f"Tensor.narrow's start may be){f' at {where}' if where else ''}, and the size of its "
+            f"result depends on that number, read from tensor data, which one graph of the step "
+            f"cannot follow. Pass it as a Python number (`int(start)`: remat-ir reads it as "
+            f"eager's and plans each value it meets), or as a Python argument of the forward")
     if "higher order operator doesn't work unless it is captured completely" in text:
         # `torch.cond`, `scan`, `map`: their branches are captured by Dynamo, which stops at
         # the tracing hooks' Python (found by a review: torch's internal text, no line).
