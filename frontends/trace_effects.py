@@ -514,10 +514,20 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         # A buffer the forward registers: one not yet there became a tracing placeholder on the
         # model, and AOTAutograd then failed deep inside ("modified by an inplace operation").
         where = model_caller(1)
-        if where and vars(module).get("_buffers", {}).get(name) is None:   # absent, or None
+        held = vars(module).get("_buffers", {}).get(name)
+        if where and held is None:   # absent, or None
             found.append(f"it registers buffer {name!r} of {type(module).__name__} at {where} "
                          f"(register it in __init__, and write into it in place in the forward: "
                          f"`self.{name}.copy_(...)`)")
+        elif where and tensor is not held and paths.of(module)[0]:
+            # Registered again with a new tensor (transformers' dynamic rotary embedding
+            # past its cached length): the graph computes with the new one, and torch.export
+            # carries it back to the root's buffers only; a submodule kept the old one, and
+            # later steps and evaluations computed with it, silently (found by a review:
+            # gradients 5.8 off eager's).
+            found.append(f"it registers buffer {name!r} of {type(module).__name__} again at {where}, a "
+                         f"new tensor in its place, which the graph does not carry back (write into "
+                         f"it in place instead: `self.{name}.copy_(...)`)")
         return register_buffer(module, name, tensor, persistent)
 
     torch.nn.Module.register_buffer = register_noted

@@ -6511,6 +6511,37 @@ def test_a_buffer_the_forward_registers_is_refused_naming_it_and_its_line(empty)
         _remat(_RegistersInForward(empty), (torch.randn(4, 8),), solver="recompute-all")
 
 
+class _Rescales(torch.nn.Module):
+    """Registers its scale again with new values at every call, as transformers' dynamic
+    rotary embedding does past its cached length."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, h):
+        self.register_buffer("scale", self.scale * 0.5 + h.detach().abs().mean(0))
+        return h * self.scale
+
+
+class _HoldsARescaler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.rescale = torch.nn.Linear(8, 8), _Rescales()
+
+    def forward(self, x):
+        return self.rescale(torch.tanh(self.lin(x)))
+
+
+def test_a_buffer_a_submodule_registers_again_is_refused_naming_it_and_its_line():
+    """Found by a review: the graph computed with the new tensor, and torch.export carries
+    it back to the root's buffers only: the submodule kept the old one, gradients 5.8 off
+    eager's at the next step, silently."""
+    with pytest.raises(LoweringError, match=r"it registers buffer 'scale' of _Rescales again at .*test_trust.py:"
+                                            r"\d+, a new tensor in its place.*copy_"):
+        _remat(_HoldsARescaler(), (torch.randn(4, 8),), solver="recompute-all")
+
+
 class _WritesASavedBuffer(torch.nn.Module):
     def __init__(self):
         super().__init__()
