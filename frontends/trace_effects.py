@@ -371,10 +371,11 @@ def _noting_hook_registrations() -> tuple[list, list]:
     method)] patched until `_put_back_hook_registrations`, [(handle, kind, module class,
     'file:line')] noted as they are registered). Why: a forward that registers a hook at
     every call piles them up in eager (its k-th step runs k of them), while the graph runs
-    the one the trace saw, silently (found by a review). The user's own code only: a
-    library registering a hook at its first call, once (transformers' hooks capturing
-    hidden states, marked in a private attribute), is traced with it and keeps it, as
-    eager's first call does; one trace cannot tell that from a hook added at every call."""
+    the one the trace saw, silently (found by a review). The user's own code only
+    (`is_users_file`): a library registering a hook at its first call, once (transformers'
+    hooks capturing hidden states), is traced with it and keeps it, as eager's first call
+    does; one trace cannot tell that from a hook added at every call, so a user's hook
+    registered once behind a flag is refused too (the message's way out fits both)."""
     originals, noted = [], []
     for name, kind in _HOOK_REGISTRATIONS.items():
         original = getattr(torch.nn.Module, name)

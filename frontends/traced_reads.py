@@ -104,6 +104,18 @@ def recorded(value):
     return {DESCRIBED: text} if text is not None else UNRECORDED
 
 
+def held_form(value):
+    """`recorded(value)`, or for a module an object holds or a table holds as an item
+    ({FUNCTION: its description}, which the runtime pins to the module object itself:
+    `runtimes/traced_reads.py`): one switched to a sibling after `remat` trained on with
+    the traced weights, silently (found by reviews: through a dict's item, 3.1 off; through
+    a config object's attribute, 11.6 off)."""
+    form = recorded(value)
+    if form is UNRECORDED and isinstance(value, torch.nn.Module) and (text := describe_called(value)) is not None:
+        return {FUNCTION: text}
+    return form
+
+
 def plain_items(container, depth: int = 0) -> list | None:
     """[[key, value], both as `recorded`] of a list's, tuple's or dict's items whose key
     and value are recorded (None: not one, or too big), and its length (`LENGTH`). A key
@@ -134,7 +146,7 @@ def plain_items(container, depth: int = 0) -> list | None:
             # values are recorded: changed after lowering, the step kept the traced value, 44
             # off eager's gradient, silently (found by a review).
             attributes = [[name, held] for name, attribute in sorted(_attributes(value).items())
-                          if not name.startswith("_") and (held := recorded(attribute)) is not UNRECORDED]
+                          if not name.startswith("_") and (held := held_form(attribute)) is not UNRECORDED]
             # and its class: an instance of another, called like a function (a review found
             # one with the same attributes swapped in, 127 off)
             form = {ATTRIBUTES: [["__class__", {FUNCTION: describe_called(type(value))}], *attributes]}
@@ -273,7 +285,7 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
     def note(self, name, value) -> None:
         holder = holders.get(id(self))
         if holder is not None and not name.startswith("__"):
-            if (form := recorded(value)) is not UNRECORDED:
+            if (form := held_form(value)) is not UNRECORDED:
                 reads.objects.setdefault((*holder, name), form)
             elif (not name.startswith("_") or in_users_file(type(self).__module__)) \
                     and holder[1].count(".") < _DEPTH:   # the user's objects' private ones too
@@ -340,7 +352,7 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
             for key, item in _attributes(value).items():
                 if key.startswith("__"):
                     continue
-                if (form := recorded(item)) is not UNRECORDED:
+                if (form := held_form(item)) is not UNRECORDED:
                     reads.objects.setdefault((path, name, key), form)
                 elif not key.startswith("_") and (items := plain_items(item)) is not None:
                     reads.containers.setdefault((path, f"{name}.{key}"), items)

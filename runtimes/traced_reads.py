@@ -179,8 +179,9 @@ class TracedReads:
         #: Tensors of globals traced as constants: (Python module, global, None or
         #: ["attr", name], digest).
         self.global_tensors = [tuple(row) for row in rows("torch.global_tensors")]
-        #: Per held place, (id, version) of the tensor last found equal to the digest:
-        #: an unchanged tensor is not hashed again (an in-place write bumps the version).
+        #: Per held place, (id, version, data pointer) of the tensor last found equal to
+        #: the digest (`_seen`): an unchanged tensor is not hashed again (an in-place write
+        #: bumps the version, `.data = ...` moves the data pointer).
         self._verified: dict[int, tuple[int, int, int]] = {}
 
     def pin_classes(self, at) -> None:
@@ -207,6 +208,9 @@ class TracedReads:
             if isinstance(lowered, dict) and NESTED in lowered and isinstance(now, (list, tuple, Mapping)):
                 found = _items(now)
                 return {**lowered, NESTED: [[key, pinned(held, _item(found, key))] for key, held in lowered[NESTED]]}
+            if isinstance(lowered, dict) and ATTRIBUTES in lowered:   # an object a table holds
+                return {**lowered, ATTRIBUTES: [[name, pinned(held, getattr(now, name, _MISSING))]
+                                                for name, held in lowered[ATTRIBUTES]]}
             return lowered
 
         def held(path, name):
@@ -323,24 +327,25 @@ class TracedReads:
             else:
                 module, name, where, lowered = row
                 now = global_at(module, name, where)
+            def shown() -> str:
+                return (f"{place(path, name, key)} of {type(at('')).__name__}" if index < len(self.held)
+                        else shown_global(module, name, where))
+
             if now is not None and now.requires_grad:
                 # Lowering refuses one that does; `requires_grad_()` since (or a computed
                 # tensor of the same values assigned) gets a gradient in eager, and none
                 # from the graph's constant: silently, before (found by a review).
-                shown = (f"{place(path, name, key)} of {type(at('')).__name__}" if index < len(self.held)
-                         else shown_global(module, name, where))
-                return (f"tensor {shown}, which the graph holds as a constant, requires a gradient now "
-                        f"and did not when the model was lowered (make it an nn.Parameter before "
-                        f"remat_ir.remat if it is trained, or detach it)")
+                return (f"tensor {shown()}, which the graph holds as a constant, requires a gradient "
+                        f"now and did not when the model was lowered (make it an nn.Parameter before "
+                        f"remat_ir.remat if it is trained, or assign it without requires_grad: "
+                        f"`tensor.detach()`)")
             seen = _seen(now)
             if seen is not None and self._verified.get(index) == seen:
                 continue
             if now is None or digest(now) != lowered:
                 self._verified.pop(index, None)
-                shown = (f"{place(path, name, key)} of {type(at('')).__name__}" if index < len(self.held)
-                         else shown_global(module, name, where))
                 state = "is gone" if now is None else "holds other values than it held"
-                return (f"tensor {shown}, which the graph holds as a constant, {state} when the "
+                return (f"tensor {shown()}, which the graph holds as a constant, {state} when the "
                         f"model was lowered{_on_rank_zero()} (register it as a buffer to have it "
                         f"read at every call)")
             if seen is not None:
