@@ -367,8 +367,8 @@ _HOOK_REGISTRATIONS = {"register_forward_hook": "forward hook", "register_forwar
 
 
 def _noting_hook_registrations() -> tuple[list, list]:
-    """Hooks the model's code registers while the forward is traced: ([(method name, torch's
-    method)] patched until `_put_back_hook_registrations`, [(handle, kind, module class,
+    """Hooks the model's code registers while the forward is traced: ([(owner, name, torch's
+    function)] patched until `_put_back_hook_registrations`, [(handle, kind, module class,
     'file:line')] noted as they are registered). Why: a forward that registers a hook at
     every call piles them up in eager (its k-th step runs k of them), while the graph runs
     the one the trace saw, silently (found by a review). The user's own code only
@@ -387,9 +387,40 @@ def _noting_hook_registrations() -> tuple[list, list]:
                 noted.append((handle, _kind, type(module).__name__, f"{caller.f_code.co_filename}:{caller.f_lineno}"))
             return handle
 
-        originals.append((name, original))
+        originals.append((torch.nn.Module, name, original))
         setattr(torch.nn.Module, name, register)
     return originals, noted
+
+
+#: torch's tables of the hooks every module runs (`register_module_forward_hook`), by kind.
+_GLOBAL_HOOKS = {"_global_forward_hooks": "forward hook", "_global_forward_pre_hooks": "forward pre-hook",
+                 "_global_backward_hooks": "backward hook", "_global_backward_pre_hooks": "backward pre-hook"}
+
+
+def _global_hooks() -> dict[str, set]:
+    """The keys of torch's global hook tables now."""
+    from torch.nn.modules import module
+
+    return {table: set(getattr(module, table, {})) for table in _GLOBAL_HOOKS}
+
+
+def _global_hooks_added(before: dict[str, set]) -> list[str]:
+    """The global hooks registered since `before` (`_global_hooks`), removed, each said as
+    an effect: a forward registering one at every call (found by a review) piles them up in
+    eager, as a module's hooks do; found by their tables, since the registering function
+    is often imported by name (`from torch.nn.modules.module import register_module_forward_hook`)."""
+    from torch.nn.modules import module
+
+    found = []
+    for table, kind in _GLOBAL_HOOKS.items():
+        hooks = getattr(module, table, {})
+        for key in set(hooks) - before[table]:
+            del hooks[key]
+            found.append(f"it registers a global {kind} (torch.nn.modules.module.register_module_*) and "
+                         f"leaves it there (each eager call adds one more, which a traced graph cannot "
+                         f"follow: register it once, outside the forward, or remove its handle before the "
+                         f"forward returns)")
+    return list(dict.fromkeys(found))
 
 
 def _hooks_left(registrations: tuple[list, list]) -> list[str]:
@@ -410,8 +441,8 @@ def _put_back_hook_registrations(registrations: tuple[list, list]) -> None:
     """Torch's registering methods put back, and the hooks the traced forward left removed:
     tracing leaves the model as it was."""
     originals, noted = registrations
-    for name, original in originals:
-        setattr(torch.nn.Module, name, original)
+    for owner, name, original in originals:
+        setattr(owner, name, original)
     for handle, *_ in noted:
         handle.remove()
 
@@ -533,11 +564,13 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
 
     torch.nn.Module.register_buffer = register_noted
     registrations = _noting_hook_registrations()
+    global_hooks = _global_hooks()
 
     def compare(module, inputs, output):
         """At the end of the traced forward, before torch.export puts attributes back
         (a list appended to is restored as a copy of its old items)."""
         found.extend(_hooks_left(registrations))
+        found.extend(_global_hooks_added(global_hooks))
         modules = dict(model.named_modules())
         for (path, key), before in attributes.items():
             if path in modules and key in vars(modules[path]) and _changed(

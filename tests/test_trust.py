@@ -27,6 +27,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 import torch.nn.functional as F
+from torch.nn.modules.module import register_module_forward_hook
 from torch.compiler import is_compiling
 
 import remat_ir
@@ -1407,13 +1408,16 @@ class _RegistersHooks(torch.nn.Module):
     """Registers a forward hook doubling `b`'s output at every call, leaving it or
     removing it before returning."""
 
-    def __init__(self, removes: bool):
+    def __init__(self, removes: bool, glob: bool = False):
         super().__init__()
         self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
-        self.removes = removes
+        self.removes, self.glob = removes, glob
 
     def forward(self, x):
-        handle = self.b.register_forward_hook(lambda m, i, o: o * 2)
+        if self.glob:   # one every module runs
+            handle = register_module_forward_hook(lambda m, i, o: o * 2 if m is self.b else None)
+        else:
+            handle = self.b.register_forward_hook(lambda m, i, o: o * 2)
         out = self.b(torch.tanh(self.a(x)))
         if self.removes:
             handle.remove()
@@ -1421,8 +1425,8 @@ class _RegistersHooks(torch.nn.Module):
 
 
 def test_a_hook_the_forward_registers_and_leaves_is_refused_by_line():
-    """Found by a review: eager's hooks piled up (its k-th step doubled `b`'s output k
-    times) while the graph ran the one hook traced, silently. Removed before the forward
+    """Found by reviews: eager's hooks piled up (its k-th step doubled `b`'s output k
+    times) while the graph ran the one hook traced, silently; a global one too. Removed before the forward
     returns, the hook is part of every call and trains like eager; tracing leaves the
     model without the hook it registered."""
     model, x = _RegistersHooks(removes=False), torch.randn(4, 8)
@@ -1430,6 +1434,10 @@ def test_a_hook_the_forward_registers_and_leaves_is_refused_by_line():
                                             r"leaves it there"):
         _remat(model, (x,), solver="recompute-all")
     assert not model.b._forward_hooks
+    global_hooks = dict(torch.nn.modules.module._global_forward_hooks)
+    with pytest.raises(LoweringError, match=r"it registers a global forward hook .* and leaves it there"):
+        _remat(_RegistersHooks(removes=False, glob=True), (x,), solver="recompute-all")
+    assert torch.nn.modules.module._global_forward_hooks == global_hooks   # the model left as it was
     torch.manual_seed(0)
     assert side_by_side(_RegistersHooks(removes=True), lambda m: _remat(m, (x,), solver="recompute-all"),
                         (x,), {}, lambda out: out.square().mean()) == {}
