@@ -85,8 +85,12 @@ def select_outputs(module: torch.fx.GraphModule, spec: pytree.TreeSpec, outputs:
     flat = node.args[0]
     kept |= set(range(spec.num_leaves, len(flat)))   # tensors the forward stores (`stored_tensors`)
     if not any(isinstance(flat[i], torch.fx.Node) for i in kept):
-        raise LoweringError(f"outputs={list(outputs)!r} selects no tensor among {model}'s outputs: "
-                            f"select the loss the step trains on")
+        # Said for the call too: one without labels has no loss where the selection is the
+        # loss (found by a review: the advice was to select the loss, which it did).
+        raise LoweringError(f"outputs={list(outputs)!r} selects no tensor among {model}'s outputs for "
+                            f"these inputs (the output is None: a loss without labels?): select the "
+                            f"loss the step trains on, or call remat_ir.remat without outputs= for "
+                            f"calls that train on other outputs")
     # Tracing then drops the ops only what is left out reads, but not a draw (impure to
     # its dead-code elimination): the generator's stream stays eager's.
     node.args = (type(flat)(leaf if i in kept else None for i, leaf in enumerate(flat)),)

@@ -178,6 +178,20 @@ def test_one_tensor_or_no_tensor_selected_is_refused():
     with pytest.raises(LoweringError, match="selects no tensor"):
         lower_torch(WithCount(), (x,), cost_model=None, outputs=[1])
 
+    class LossWithLabels(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x, labels=None):
+            logits = self.linear(x)
+            return {"loss": None if labels is None else (logits - labels).square().mean(), "logits": logits}
+
+    # A call without labels has no loss (found by a review: the advice was to select it).
+    with pytest.raises(LoweringError, match=r"selects no tensor among LossWithLabels's outputs for these inputs "
+                                            r"\(the output is None: a loss without labels\?\)"):
+        lower_torch(LossWithLabels(), (x,), cost_model=None, outputs=["loss"])
+
 
 @search(10, derandomize=True)
 @given(program=programs(), seed=st.integers(0, 2**32 - 1), offload=st.booleans(), data=st.data())
