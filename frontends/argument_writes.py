@@ -22,10 +22,13 @@ _DEPTH = 3
 
 
 def _containers(value, where: str, depth: int, found: list) -> None:
-    """(where, container, shallow copy) of each list, dict or set in `value`, nested ones too."""
-    if not isinstance(value, (list, dict, set)) or depth > _DEPTH:
+    """(where, container, shallow copy) of each list, dict or set in `value`, nested ones too,
+    also inside tuples (`ctx = (None, aux_losses)`: found by a review), which cannot be
+    written themselves."""
+    if depth > _DEPTH or not isinstance(value, (list, dict, set, tuple)):
         return
-    found.append((where, value, value.copy()))
+    if not isinstance(value, tuple):
+        found.append((where, value, value.copy()))
     if isinstance(value, set):
         return
     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
@@ -38,10 +41,14 @@ def _changed(container, before) -> str | None:
         return None if container == before else "items added or removed"
     if len(container) != len(before):
         return f"{len(before)} items then {len(container)}"
-    pairs = zip(container.items(), before.items()) if isinstance(container, dict) else \
-        zip(enumerate(container), enumerate(before))
-    for (key, now), (was_key, was) in pairs:
-        if key != was_key or now is not was:
+    if isinstance(container, dict):   # by key: one popped and put back is the same dict
+        if container.keys() != before.keys():
+            return f"keys {sorted(map(repr, container.keys() ^ before.keys()))} added or removed"
+        pairs = ((key, container[key], before[key]) for key in container)
+    else:
+        pairs = ((index, now, was) for index, (now, was) in enumerate(zip(container, before)))
+    for key, now, was in pairs:
+        if now is not was:
             return f"item {key!r} assigned"
     return None
 

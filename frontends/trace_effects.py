@@ -541,6 +541,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
 
     torch.nn.Module.__setattr__ = setattr_noted
     register_buffer = torch.nn.Module.register_buffer
+    # The real buffers, by module dictionary and name: tracing reads stand-ins, and a buffer
+    # registered again with the tensor it holds (LongRoPE's `original_inv_freq`, a plain
+    # attribute holding the buffer) changes nothing (found by a review: refused).
+    buffers_before = {(id(vars(m)), name): b for m in model.modules() for name, b in vars(m).get("_buffers", {}).items()}
 
     def register_noted(module, name, tensor, persistent=True):
         # A buffer the forward registers: one not yet there became a tracing placeholder on the
@@ -551,7 +555,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             found.append(f"it registers buffer {name!r} of {type(module).__name__} at {where} "
                          f"(register it in __init__, and write into it in place in the forward: "
                          f"`self.{name}.copy_(...)`)")
-        elif where and tensor is not held and paths.of(module)[0]:
+        elif where and tensor is not held and tensor is not buffers_before.get((id(vars(module)), name)) \
+                and paths.of(module)[0]:
             # Registered again with a new tensor (transformers' dynamic rotary embedding
             # past its cached length): the graph computes with the new one, and torch.export
             # carries it back to the root's buffers only; a submodule kept the old one, and

@@ -1379,24 +1379,27 @@ class _FillsItsArguments(torch.nn.Module):
         super().__init__()
         self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
 
-    def forward(self, x, aux_losses=None, batch=None):
+    def forward(self, x, aux_losses=None, batch=None, ctx=None):
         h = torch.tanh(self.a(x))
         if aux_losses is not None:
             aux_losses.append(h.square().mean())
+        if ctx is not None:   # a list inside a tuple
+            ctx[1].append(h.square().mean())
         if batch is not None:
             batch["hidden"] = h
         return self.b(h)
 
 
-@pytest.mark.parametrize("how", ["list", "dict"])
+@pytest.mark.parametrize("how", ["list", "dict", "list in a tuple"])
 def test_a_forward_writing_into_a_container_argument_is_refused_naming_it(how):
     """Found by a review: the caller's list stayed empty (the graph keeps no Python
     effect), so the step trained without the auxiliary loss, silently (0.1230 where eager
     gives 0.3214); a forward that only reads its containers trains."""
     x = torch.randn(4, 8)
-    kwargs = {"aux_losses": []} if how == "list" else {"batch": {"x": x}}
-    said = (r"it writes into the list of its argument aux_losses \(0 items then 1\)" if how == "list"
-            else r"it writes into the dict of its argument batch \(1 items then 2\)")
+    kwargs = {"list": {"aux_losses": []}, "dict": {"batch": {"x": x}}, "list in a tuple": {"ctx": (None, [])}}[how]
+    said = {"list": r"it writes into the list of its argument aux_losses \(0 items then 1\)",
+            "dict": r"it writes into the dict of its argument batch \(1 items then 2\)",
+            "list in a tuple": r"it writes into the list of its argument ctx\[1\] \(0 items then 1\)"}[how]
     with pytest.raises(LoweringError, match=said + ".*return what it adds as an output"):
         remat_ir.remat(_FillsItsArguments(), (x,), example_kwargs=kwargs, solver="recompute-all", cost_model="flops")
     torch.manual_seed(0)
@@ -6541,6 +6544,30 @@ class _HoldsARescaler(torch.nn.Module):
         return self.rescale(torch.tanh(self.lin(x)))
 
 
+class _RegistersTheSameBuffer(torch.nn.Module):
+    """Registers its buffer again at every call with the tensor it holds, as LongRoPE's
+    `original_inv_freq` did: no change."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.full((8,), 0.5))
+        self.original = self.scale
+
+    def forward(self, h):
+        self.register_buffer("scale", self.original)
+        return h * self.scale
+
+
+def test_a_buffer_a_submodule_registers_again_with_the_tensor_it_holds_trains_like_eager():
+    """Found by a review of the refusal below: compared with tracing's stand-in, the same
+    tensor was taken for a new one and refused."""
+    torch.manual_seed(0)
+    model, x = _HoldsARescaler(), torch.randn(4, 8)
+    model.rescale = _RegistersTheSameBuffer()
+    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean()) == {}
+
+
 def test_a_buffer_a_submodule_registers_again_is_refused_naming_it_and_its_line():
     """Found by a review: the graph computed with the new tensor, and torch.export carries
     it back to the root's buffers only: the submodule kept the old one, gradients 5.8 off
@@ -6747,6 +6774,35 @@ def _with_default(how: str):
         else:
             default[0] = 0.5
     return Model(), change
+
+
+def _pattern(n: int, _memo={}) -> list:
+    """A helper caching what it computed in a default it fills (`_memo`)."""
+    if n not in _memo:
+        _memo[n] = [[float(i % 3)] for i in range(n)]
+    return _memo[n]
+
+
+class _CachesPatterns(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * torch.tensor(_pattern(x.shape[0]))
+
+
+def test_a_default_a_function_fills_as_its_cache_plans_nothing_again():
+    """Found by a review: described, a `_memo` default growing with each evaluation at a new
+    length planned every training step again, and was refused at the fifth."""
+    torch.manual_seed(0)
+    model, x = _CachesPatterns(), torch.randn(4, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    for n in range(5, 10):
+        with torch.no_grad():
+            scheduled(torch.randn(n, 8))
+        scheduled(x).sum().backward()
+    assert len(scheduled.plans) == 1
 
 
 @pytest.mark.parametrize("how", ["list", "nested dict", "object", "numpy array"])

@@ -60,7 +60,7 @@ def describe(value) -> str:
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
     # A plain object's too, by its attributes (`def forward(self, x, cfg=settings)`, then
     # `settings.temp = 0.5`; found by a review).
-    defaults = [text for default in (*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
+    defaults = [text for default in described_defaults(value)
                 if (text := _value_text(default) or (_bound_text(default) if plain_owner(default) else None))
                 is not None]
     return (f"{name} at {code.co_filename}:{code.co_firstlineno} #{code_digest(code)}"
@@ -91,6 +91,25 @@ def describe_called(value) -> str | None:
             if filled(cell) and is_function(cell.cell_contents)]
     return (f"{kind.__module__}.{kind.__qualname__} module calling {describe(forward)}"
             + (f" with {_whole(held)}" if held else ""))
+
+
+def described_defaults(function) -> list:
+    """The default values of `function`'s parameters that describe it: all but those of
+    parameters named with a leading underscore, by convention a cache the function fills
+    (`def pattern(n, _memo={})`), which computes no otherwise when it grows (described, it
+    planned each step again, found by a review)."""
+    code = getattr(function, "__code__", None)
+    defaults = function.__defaults__ or ()
+    names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount] if code is not None else ()
+    positional = [value for name, value in zip(names, defaults) if not name.startswith("_")] \
+        if len(names) == len(defaults) else list(defaults)
+    keywords = [value for name, value in (function.__kwdefaults__ or {}).items() if not name.startswith("_")]
+    return positional + keywords
+
+
+def plain_container(value) -> bool:
+    """Whether `value` is a container a description shows whole (`_plain_container`)."""
+    return _plain_container(value)
 
 
 def _value_text(value) -> str | None:

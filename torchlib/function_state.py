@@ -16,7 +16,7 @@ import functools
 import sys
 import types
 
-from .callables import filled as _filled, plain_owner
+from .callables import described_defaults, filled as _filled, plain_container, plain_owner
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -60,7 +60,7 @@ def _extra(function) -> tuple | None:
               [] if isinstance(function, (types.FunctionType, types.BuiltinFunctionType)) else [function])
     base = underlying(function)
     defaults, keywords = getattr(base, "__defaults__", None), getattr(base, "__kwdefaults__", None)
-    values = (*(defaults or ()), *(keywords or {}).values())
+    values = tuple(described_defaults(base)) if isinstance(base, types.FunctionType) else ()
     # A default's insides, changed in place (`def forward(self, x, cfg=CFG)`, then
     # `CFG["temp"] = 0.5`; a plain object's attribute): the tuple stays the same object,
     # and the step trained on with the traced value, silently (found by a review).
@@ -81,9 +81,11 @@ def _extra_same(extra: tuple) -> bool:
 
 
 def _deep_copies(values: tuple) -> tuple | None:
-    """Deep copies of the lists, dicts, sets and numpy arrays among `values` (None for the
-    others), or None where there is none."""
-    copies = tuple(copy.deepcopy(value) if type(value) in (list, dict, set) or _is_array(value) else None
+    """Copies of the containers a description shows whole and the numpy arrays among
+    `values` (None for the others: what a description cannot show, copying would not
+    tell, and a module or a lock inside one made every call copy it again, or fail),
+    or None where there is none."""
+    copies = tuple(copy.deepcopy(value) if plain_container(value) else value.copy() if _is_array(value) else None
                    for value in values)
     return copies if any(c is not None for c in copies) else None
 
