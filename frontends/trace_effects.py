@@ -544,7 +544,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     # The real buffers, by module dictionary and name: tracing reads stand-ins, and a buffer
     # registered again with the tensor it holds (LongRoPE's `original_inv_freq`, a plain
     # attribute holding the buffer) changes nothing (found by a review: refused).
-    buffers_before = {(id(vars(m)), name): b for m in model.modules() for name, b in vars(m).get("_buffers", {}).items()}
+    buffers_before = {(id(vars(m)), name): b for m in model.modules()
+                      for name, b in vars(m).get("_buffers", {}).items()}
 
     def register_noted(module, name, tensor, persistent=True):
         # A buffer the forward registers: one not yet there became a tracing placeholder on the
