@@ -392,6 +392,9 @@ def _noting_hook_registrations() -> tuple[list, list]:
     return originals, noted
 
 
+#: Why a hook the forward leaves registered is refused, and what to do.
+_LEFT_HOOK = ("(each eager call adds one more, which a traced graph cannot follow: register it once, "
+              "outside the forward, or remove its handle before the forward returns)")
 #: torch's tables of the hooks every module runs (`register_module_forward_hook`), by kind.
 _GLOBAL_HOOKS = {"_global_forward_hooks": "forward hook", "_global_forward_pre_hooks": "forward pre-hook",
                  "_global_backward_hooks": "backward hook", "_global_backward_pre_hooks": "backward pre-hook"}
@@ -417,9 +420,7 @@ def _global_hooks_added(before: dict[str, set]) -> list[str]:
         for key in set(hooks) - before[table]:
             del hooks[key]
             found.append(f"it registers a global {kind} (torch.nn.modules.module.register_module_*) and "
-                         f"leaves it there (each eager call adds one more, which a traced graph cannot "
-                         f"follow: register it once, outside the forward, or remove its handle before the "
-                         f"forward returns)")
+                         f"leaves it there {_LEFT_HOOK}")
     return list(dict.fromkeys(found))
 
 
@@ -431,9 +432,7 @@ def _hooks_left(registrations: tuple[list, list]) -> list[str]:
     for handle, kind, module, where in registrations[1]:
         table = handle.hooks_dict_ref()
         if table is not None and handle.id in table:
-            left.append(f"it registers a {kind} on {module} at {where} and leaves it there (each eager call "
-                        f"adds one more, which a traced graph cannot follow: register it once, outside the "
-                        f"forward, or remove its handle before the forward returns)")
+            left.append(f"it registers a {kind} on {module} at {where} and leaves it there {_LEFT_HOOK}")
     return list(dict.fromkeys(left))
 
 
