@@ -327,30 +327,35 @@ class TracedReads:
             else:
                 module, name, where, lowered = row
                 now = global_at(module, name, where)
-            def shown() -> str:
-                return (f"{place(path, name, key)} of {type(at('')).__name__}" if index < len(self.held)
-                        else shown_global(module, name, where))
-
             if now is not None and now.requires_grad:
                 # Lowering refuses one that does; `requires_grad_()` since (or a computed
                 # tensor of the same values assigned) gets a gradient in eager, and none
                 # from the graph's constant: silently, before (found by a review).
-                return (f"tensor {shown()}, which the graph holds as a constant, requires a gradient "
-                        f"now and did not when the model was lowered (make it an nn.Parameter before "
-                        f"remat_ir.remat if it is trained, or assign it without requires_grad: "
-                        f"`tensor.detach()`)")
+                return (f"tensor {self._held_shown(index, row, at)}, which the graph holds as a "
+                        f"constant, requires a gradient now and did not when the model was lowered "
+                        f"(make it an nn.Parameter before remat_ir.remat if it is trained, or assign it "
+                        f"without requires_grad: `tensor.detach()`)")
             seen = _seen(now)
             if seen is not None and self._verified.get(index) == seen:
                 continue
             if now is None or digest(now) != lowered:
                 self._verified.pop(index, None)
                 state = "is gone" if now is None else "holds other values than it held"
-                return (f"tensor {shown()}, which the graph holds as a constant, {state} when the "
-                        f"model was lowered{_on_rank_zero()} (register it as a buffer to have it "
-                        f"read at every call)")
+                return (f"tensor {self._held_shown(index, row, at)}, which the graph holds as a "
+                        f"constant, {state} when the model was lowered{_on_rank_zero()} (register it "
+                        f"as a buffer to have it read at every call)")
             if seen is not None:
                 self._verified[index] = seen
         return None
+
+    def _held_shown(self, index: int, row: tuple, at) -> str:
+        """Where held row `index` of `held_changed` is, said for the user (only when it
+        differs: not made for every tensor at every call)."""
+        if index < len(self.held):
+            path, name, key, _ = row
+            return f"{place(path, name, key)} of {type(at('')).__name__}"
+        module, name, where, _ = row
+        return shown_global(module, name, where)
 
 
 def _on_rank_zero() -> str:
