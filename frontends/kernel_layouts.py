@@ -86,6 +86,8 @@ def traced_as_run():
         def dispatch(mode, func, types, args=(), kwargs=None):
             result = original(mode, func, types, args, kwargs)
             try:
+                if _is_view(func):
+                    return _viewed_as_run(original, mode, func, args, kwargs or {}, result, made)
                 return _as_run(mode, func, args, kwargs or {}, result, made, FakeTensor)
             except Exception:   # a signature zeros cannot stand for: as traced
                 return result
@@ -114,15 +116,81 @@ def _as_run(mode, func, args, kwargs, result, made: dict, fake_class):
     redone = []
     for traced, made_as in zip(results, layouts):
         stride, dtype = made_as or (None, None)
-        if (isinstance(traced, torch.Tensor) and dtype == traced.dtype and stride != traced.stride()
-                and not same_layout(torch.empty_strided(traced.shape, stride, device="meta"),
-                                    traced.shape, traced.stride())):
+        # Strides of dimensions of size 1 too: a view after takes its strides from them
+        # (`_viewed_as_run`), and kernels choose from them (`conv2d` a channels-last
+        # result for a batch of one with batch stride C*H*W, a contiguous one with C).
+        if isinstance(traced, torch.Tensor) and dtype == traced.dtype and stride != traced.stride():
             meta = torch.empty_strided(traced.shape, stride, dtype=traced.dtype, device="meta")
             traced = fake_class(mode, meta, traced.device)
         redone.append(traced)
     if isinstance(result, torch.Tensor):
         return redone[0]
     return type(result)(redone) if isinstance(result, tuple) else redone
+
+
+def _is_view(func) -> bool:
+    """An aten op whose results are views of an input, not written in place, with strides
+    derived from its input's (not `as_strided`'s given ones)."""
+    return (isinstance(func, torch._ops.OpOverload) and func.namespace == "aten"
+            and func not in _ABSOLUTE and not func._schema.is_mutable
+            and any(r.alias_info is not None for r in func._schema.returns))
+
+
+def _viewed_as_run(original, mode, func, args, kwargs, result, made: dict):
+    """`result`, views `func` made of fake tensors, each with the strides ATen's own view
+    kernel gives it. The fake kernels of `view` and `_unsafe_view` derive strides of
+    dimensions of size 1 otherwise than ATen: diffusers' attention turns (1, H*W, C) back
+    into (1, C, H, W) with a batch stride of C where tracing said C*H*W. No element moves,
+    but `conv2d` picks its result's memory format from those strides: contiguous in eager,
+    channels-last traced, and a dropout after it drew its mask in the traced layout (0.66
+    off in the outputs, gradients 4 off, for a batch of one only). ATen's kernel is run on
+    meta tensors (no data), once per signature; the view is re-made with its strides over
+    the same fake storage, so that it still aliases its input."""
+    results = [result] if isinstance(result, torch.Tensor) else list(result) if isinstance(result, (tuple, list)) else []
+    tensors = [a for a in pytree.tree_leaves((args, kwargs, results)) if isinstance(a, torch.Tensor)]
+    if not results or any(isinstance(d, torch.SymInt) for t in tensors
+                          for d in (*t.shape, *t.stride(), t.storage_offset())):
+        return result
+    key = (func, _signature((args, kwargs)))
+    if key not in made:
+        made[key] = _meta_strides(func, args, kwargs)
+    strides = made[key]
+    if strides is None or len(strides) != len(results):
+        return result
+    redone = []
+    for traced, stride in zip(results, strides):
+        if isinstance(traced, torch.Tensor) and stride is not None and stride != traced.stride():
+            traced = original(mode, _aten.as_strided.default, (type(traced),),
+                              (traced, traced.shape, stride, traced.storage_offset()), {})
+        redone.append(traced)
+    if isinstance(result, torch.Tensor):
+        return redone[0]
+    return type(result)(redone) if isinstance(result, tuple) else redone
+
+
+def _meta_strides(func, args, kwargs) -> list | None:
+    """The strides of each result of `func` run on meta tensors laid out as `args`' fakes
+    (None for a result that is no tensor), or None where the meta kernel fails."""
+    # Not through the Python dispatcher tracing enables: its meta kernel of `view` is the
+    # fake one's, where ATen's C++ kernel is what eager runs.
+    with unset_fake_temporarily(), torch.no_grad(), torch._C._DisableAutocast(), \
+            torch._C._DisablePythonDispatcher():
+        try:
+            real = func(*pytree.tree_map(_meta_as, args), **pytree.tree_map(_meta_as, kwargs))
+        except Exception:
+            return None
+    reals = [real] if isinstance(real, torch.Tensor) else list(real) if isinstance(real, (tuple, list)) else []
+    return [r.stride() if isinstance(r, torch.Tensor) else None for r in reals]
+
+
+def _meta_as(fake):
+    """A meta tensor of `fake`'s shape, strides, storage offset and dtype; anything else
+    as it is."""
+    if not isinstance(fake, torch.Tensor):
+        return fake
+    span = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()) if size > 0)
+    base = torch.empty(fake.storage_offset() + (span if fake.numel() else 0), dtype=fake.dtype, device="meta")
+    return base.as_strided(fake.shape, fake.stride(), fake.storage_offset())
 
 
 def _runs(func) -> bool:
