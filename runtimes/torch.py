@@ -1394,10 +1394,11 @@ class _Lowered:
         """A bound tensor laid out otherwise than at lowering (a model moved to
         channels_last after `remat`): the graph's views and copies were traced for the
         old layout, so running it could fail deep inside or compute on the wrong
-        elements. Strides of dimensions of size 1 never matter."""
+        elements. Strides of dimensions of size 1 too: kernels choose from them
+        (`types.describe_layout`)."""
         kind, what = self.bindings[slot]
         value = self.graph.value(self.slot_values[slot])
-        if same_layout(tensor, value.shape, self.strides[slot]):
+        if tensor.layout != torch.strided or tensor.stride() == tuple(self.strides[slot]):
             return
         traced = describe_layout(torch.empty_strided(list(value.shape), list(self.strides[slot]),
                                                      device="meta"))

@@ -271,19 +271,28 @@ def describe_input(leaf) -> str:
 
 def describe_layout(tensor: torch.Tensor) -> str:
     """'contiguous', 'channels_last', 'channels_last_3d' or 'strides (…)': how error
-    messages and signatures name a tensor's layout."""
-    if tensor.layout != torch.strided or tensor.is_contiguous():
+    messages and signatures name a tensor's layout. A name stands for its strides exactly,
+    those of dimensions of size 1 too: kernels choose from them (`conv2d` on a
+    channels-last batch of one gives a contiguous result where the batch stride is C and
+    a channels-last one where it is C*H*W), so a tensor whose strides of size-1
+    dimensions differ from traced is a new signature, lowered for them (a graph traced
+    for the others drew a dropout's mask in another layout than eager, silently)."""
+    if tensor.layout != torch.strided:
         return "contiguous"
-    if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
-        return "channels_last"
-    if tensor.dim() == 5 and tensor.is_contiguous(memory_format=torch.channels_last_3d):
-        return "channels_last_3d"
-    return f"strides {tuple(tensor.stride())}"
+    strides = tuple(tensor.stride())
+    for name, memory_format, dims in (("contiguous", torch.contiguous_format, None),
+                                      ("channels_last", torch.channels_last, 4),
+                                      ("channels_last_3d", torch.channels_last_3d, 5)):
+        if (dims is None or tensor.dim() == dims) and strides == torch.empty(
+                tensor.shape, device="meta", memory_format=memory_format).stride():
+            return name
+    return f"strides {strides}"
 
 
 def same_layout(tensor: torch.Tensor, shape, stride) -> bool:
     """Whether `tensor` (of `shape`) has strides `stride`, where dimensions of size 1 have
-    any stride (they never change which element an index reads)."""
+    any stride: they never change which element an index reads (but kernels may choose
+    from them: `describe_layout`)."""
     if tensor.layout != torch.strided:
         return True
     actual = tensor.stride()
