@@ -62,6 +62,7 @@ from .argument_writes import noting_argument_writes
 from .autograd_state import noting_autograd_state
 from .backend_flags import noting_backend_flags
 from .held_tensors import held_objects
+from .hook_registrations import noting_hook_registrations
 from .python_draws import RANGES, RangedDraw
 from .stored_tensors import StoredTensors
 from .model_lines import in_users_file, is_model_file, is_users_file, model_caller
@@ -360,92 +361,6 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
                 del now[key]
 
 
-#: The module methods that register a hook, and the kind of hook each registers.
-_HOOK_REGISTRATIONS = {"register_forward_hook": "forward hook", "register_forward_pre_hook": "forward pre-hook",
-                       "register_full_backward_hook": "backward hook", "register_backward_hook": "backward hook",
-                       "register_full_backward_pre_hook": "backward pre-hook"}
-
-
-def _noting_hook_registrations() -> tuple[list, list]:
-    """Hooks the model's code registers while the forward is traced: ([(owner, name, torch's
-    function)] patched until `_put_back_hook_registrations`, [(handle, kind, module class,
-    'file:line')] noted as they are registered). Why: a forward that registers a hook at
-    every call piles them up in eager (its k-th step runs k of them), while the graph runs
-    the one the trace saw, silently (found by a review). The user's own code only
-    (`is_users_file`): a library registering a hook at its first call, once (transformers'
-    hooks capturing hidden states), is traced with it and keeps it, as eager's first call
-    does; one trace cannot tell that from a hook added at every call, so a user's hook
-    registered once behind a flag is refused too (the message's way out fits both)."""
-    originals, noted = [], []
-    for name, kind in _HOOK_REGISTRATIONS.items():
-        original = getattr(torch.nn.Module, name)
-
-        def register(module, *args, _original=original, _kind=kind, **kwargs):
-            handle = _original(module, *args, **kwargs)
-            caller = sys._getframe(1)
-            if is_users_file(caller.f_code.co_filename):
-                noted.append((handle, _kind, type(module).__name__, f"{caller.f_code.co_filename}:{caller.f_lineno}"))
-            return handle
-
-        originals.append((torch.nn.Module, name, original))
-        setattr(torch.nn.Module, name, register)
-    return originals, noted
-
-
-#: Why a hook the forward leaves registered is refused, and what to do.
-_LEFT_HOOK = ("(each eager call adds one more, which a traced graph cannot follow: register it once, "
-              "outside the forward, or remove its handle before the forward returns)")
-#: torch's tables of the hooks every module runs (`register_module_forward_hook`), by kind.
-_GLOBAL_HOOKS = {"_global_forward_hooks": "forward hook", "_global_forward_pre_hooks": "forward pre-hook",
-                 "_global_backward_hooks": "backward hook", "_global_backward_pre_hooks": "backward pre-hook"}
-
-
-def _global_hooks() -> dict[str, set]:
-    """The keys of torch's global hook tables now."""
-    from torch.nn.modules import module
-
-    return {table: set(getattr(module, table, {})) for table in _GLOBAL_HOOKS}
-
-
-def _global_hooks_added(before: dict[str, set]) -> list[str]:
-    """The global hooks registered since `before` (`_global_hooks`), removed, each said as
-    an effect: a forward registering one at every call (found by a review) piles them up in
-    eager, as a module's hooks do; found by their tables, since the registering function
-    is often imported by name (`from torch.nn.modules.module import register_module_forward_hook`)."""
-    from torch.nn.modules import module
-
-    found = []
-    for table, kind in _GLOBAL_HOOKS.items():
-        hooks = getattr(module, table, {})
-        for key in set(hooks) - before[table]:
-            del hooks[key]
-            found.append(f"it registers a global {kind} (torch.nn.modules.module.register_module_*) and "
-                         f"leaves it there {_LEFT_HOOK}")
-    return list(dict.fromkeys(found))
-
-
-def _hooks_left(registrations: tuple[list, list]) -> list[str]:
-    """The effects of the hooks the forward registered and left on its modules: a hook
-    registered and removed within the forward (transformers' hooks capturing hidden
-    states, peft's per-call adapter hooks) is no effect."""
-    left = []
-    for handle, kind, module, where in registrations[1]:
-        table = handle.hooks_dict_ref()
-        if table is not None and handle.id in table:
-            left.append(f"it registers a {kind} on {module} at {where} and leaves it there {_LEFT_HOOK}")
-    return list(dict.fromkeys(left))
-
-
-def _put_back_hook_registrations(registrations: tuple[list, list]) -> None:
-    """Torch's registering methods put back, and the hooks the traced forward left removed:
-    tracing leaves the model as it was."""
-    originals, noted = registrations
-    for owner, name, original in originals:
-        setattr(owner, name, original)
-    for handle, *_ in noted:
-        handle.remove()
-
-
 def _held(module: torch.nn.Module, key: str):
     """What `module.key` holds now (a submodule, parameter, buffer or plain attribute),
     read without `__getattr__`; `MISSING` where nothing."""
@@ -568,14 +483,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         return register_buffer(module, name, tensor, persistent)
 
     torch.nn.Module.register_buffer = register_noted
-    registrations = _noting_hook_registrations()
-    global_hooks = _global_hooks()
 
     def compare(module, inputs, output):
         """At the end of the traced forward, before torch.export puts attributes back
         (a list appended to is restored as a copy of its old items)."""
-        found.extend(_hooks_left(registrations))
-        found.extend(_global_hooks_added(global_hooks))
         modules = dict(model.named_modules())
         for (path, key), before in attributes.items():
             if path in modules and key in vars(modules[path]) and _changed(
@@ -589,7 +500,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     uses: list[tuple[str, int, str]] = []
     try:
         with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found), \
-                noting_backend_flags(found), noting_argument_writes(model, found):
+                noting_backend_flags(found), noting_argument_writes(model, found), \
+                noting_hook_registrations(model, found):
             warnings.simplefilter("always")
             yield
     except Exception as exc:
@@ -604,7 +516,6 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             starts.remove()
         torch.nn.Module.__setattr__ = module_setattr
         torch.nn.Module.register_buffer = register_buffer
-        _put_back_hook_registrations(registrations)
         for owner, name, function in originals:
             setattr(owner, name, function)
         for owner, name, function, _ in drawing:
