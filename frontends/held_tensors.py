@@ -137,6 +137,48 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
                       and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
+def _storage(tensor: torch.Tensor) -> int | None:
+    """Where `tensor`'s memory starts, standing for its storage; None for a tensor without
+    memory (empty, meta, fake)."""
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return pointer or None
+
+
+def _written_buffers(exported: torch.export.ExportedProgram, placeholders: dict) -> set[str]:
+    """The names of the buffers `exported`'s forward writes into (BatchNorm's running
+    statistics, an EMA updated in place): its graph keeps the writes in place."""
+    written = set(exported.graph_signature.buffers_to_mutate.values())
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind == torch.export.graph_signature.InputKind.BUFFER and spec.arg.name in placeholders \
+                and first_write(placeholders[spec.arg.name], exported.graph_module) is not None:
+            written.add(spec.target)
+    return written
+
+
+def _members_by_storage(model: torch.nn.Module, mutated: set[str]) -> dict[int, tuple[str, str]]:
+    """Storage (`_storage`) -> ('parameter' or 'buffer', name) over `model`'s parameters
+    that train and its buffers the forward writes (`mutated`). Why: a plain attribute
+    holding such a buffer (`self.rm = self.bn.running_mean`, or its `.data`), or such a
+    parameter kept in a list, reaches torch.export as a constant tensor; the graph held
+    its values at lowering while eager read the buffer as BatchNorm updated it, or the
+    weight as AdamW stepped it (found by a review: losses 2e-3 to 0.94 off from the first
+    steps, the `.data` alias never refused). A frozen weight or a buffer nothing writes
+    in the forward (older transformers' `self.original_inv_freq = self.inv_freq`) stays a
+    constant the runtime compares before each call."""
+    found: dict[int, tuple[str, str]] = {}
+    members = [("parameter", name, t) for name, t in model.named_parameters(remove_duplicate=False)
+               if t.requires_grad]
+    members += [("buffer", name, t) for name, t in model.named_buffers(remove_duplicate=False) if name in mutated]
+    for kind, member, tensor in members:
+        storage = _storage(tensor)
+        if storage is not None:
+            found.setdefault(storage, (kind, member))
+    return found
+
+
 def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.GraphModule,
                       model: torch.nn.Module, global_tensors: dict) -> tuple[list[list], list[list]]:
     """Make the constants of `exported` that `model` holds, or that globals hold
@@ -150,6 +192,7 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
     placeholders = {node.target: node for node in exported.graph.nodes if node.op == "placeholder"}
     targets: dict[str, list] = {}
     globals_read: dict[str, list] = {}
+    members = _members_by_storage(model, _written_buffers(exported, placeholders))
     for spec in exported.graph_signature.input_specs:
         if spec.kind != torch.export.graph_signature.InputKind.CONSTANT_TENSOR:
             continue
@@ -160,6 +203,17 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
         place, found = held.get(id(tensor)), global_tensors.get(id(tensor))
         shown_place = (f"{shown(*place)} of {name}" if place is not None
                        else shown_global(*found) if found else None)
+        member = members.get(_storage(tensor)) if members else None
+        if member is not None:
+            user = next(iter(placeholder.users), None)
+            line = node_line(user) if user is not None else None
+            raise LoweringError(
+                f"{name}'s forward reads {shown_place or 'a tensor held outside its modules (a list, a dict, a closure)'}"
+                f"{f' at {line}' if line else ''}, which shares its memory with {member[0]} {member[1]!r} "
+                f"(the same tensor, its .data or a view of it): the graph would hold it as a "
+                f"constant with its values at lowering, where eager reads what the optimizer and "
+                f"the forward write into that {member[0]}. Read {member[1]!r} itself in the forward "
+                f"(through its module), not a reference kept elsewhere")
         writer = first_write(placeholder, exported.graph_module)
         if writer is not None:
             line = node_line(writer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import json
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -133,8 +134,8 @@ def _items(container) -> Mapping:
 _HASHED_AT_EVERY_CALL = 4096
 
 
-def _seen(tensor) -> tuple[int, int, int] | None:
-    """(id, version, data pointer) of a held tensor, or None where it is hashed at every
+def _seen(tensor) -> tuple[int, int] | None:
+    """(version, data pointer) of a held tensor, or None where it is hashed at every
     call: one without a version counter (made under torch.inference_mode), or a small one
     on the CPU (`_HASHED_AT_EVERY_CALL`). The data pointer tells `.data = new`, which
     bumps no version. A larger tensor (or one on an accelerator, where hashing would wait
@@ -142,7 +143,7 @@ def _seen(tensor) -> tuple[int, int, int] | None:
     if tensor is None or tensor.is_inference() or (
             tensor.device.type == "cpu" and tensor.nbytes <= _HASHED_AT_EVERY_CALL):
         return None
-    return id(tensor), tensor._version, tensor.data_ptr()
+    return tensor._version, tensor.data_ptr()
 
 
 class TracedReads:
@@ -179,10 +180,14 @@ class TracedReads:
         #: Tensors of globals traced as constants: (Python module, global, None or
         #: ["attr", name], digest).
         self.global_tensors = [tuple(row) for row in rows("torch.global_tensors")]
-        #: Per held place, (id, version, data pointer) of the tensor last found equal to
-        #: the digest (`_seen`): an unchanged tensor is not hashed again (an in-place write
-        #: bumps the version, `.data = ...` moves the data pointer).
-        self._verified: dict[int, tuple[int, int, int]] = {}
+        #: Per held place, (a weak reference to the tensor last found equal to the
+        #: digest, its `_seen`): that tensor unchanged is not hashed again (an in-place
+        #: write bumps the version, `.data = ...` moves the data pointer). By reference,
+        #: not `id`: a new tensor assigned after the old one was freed often takes its id
+        #: and its memory, at version 0 as the old one, and other values were trained on
+        #: with the traced ones, silently (found by a review: loss 0.0836 where eager
+        #: gives 1.872).
+        self._verified: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
 
     def pin_classes(self, at) -> None:
         """Pin the class of each enum member recorded by its description to the class the
@@ -336,7 +341,8 @@ class TracedReads:
                         f"(make it an nn.Parameter before remat_ir.remat if it is trained, or assign it "
                         f"without requires_grad: `tensor.detach()`)")
             seen = _seen(now)
-            if seen is not None and self._verified.get(index) == seen:
+            verified = self._verified.get(index)
+            if seen is not None and verified is not None and verified[0]() is now and verified[1] == seen:
                 continue
             if now is None or digest(now) != lowered:
                 self._verified.pop(index, None)
@@ -345,7 +351,7 @@ class TracedReads:
                         f"constant, {state} when the model was lowered{_on_rank_zero()} (register it "
                         f"as a buffer to have it read at every call)")
             if seen is not None:
-                self._verified[index] = seen
+                self._verified[index] = (weakref.ref(now), seen)
         return None
 
     def _held_shown(self, index: int, row: tuple, at) -> str:
