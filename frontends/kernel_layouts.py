@@ -44,6 +44,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
+from remat_ir.ir.rng import contiguous_strides
 from remat_ir.torchlib.types import same_layout
 
 from .errors import LoweringError
@@ -207,9 +208,15 @@ def _runs(func) -> bool:
 
 
 def _strided(tensors) -> bool:
-    """Whether a tensor of more than one element among `tensors` is not contiguous: only
-    then may a kernel lay its result out otherwise than its fake kernel says."""
-    return any(not t.is_contiguous() and t.numel() > 1 for t in tensors)
+    """Whether a tensor of more than one element among `tensors` is not laid out as
+    `torch.empty` lays out its shape: only then may a kernel lay its result out otherwise
+    than its fake kernel says. Strides of dimensions of size 1 count: a (B, C, 1, 1) map
+    pooled from a channels-last tensor is contiguous to `is_contiguous()`, but an
+    elementwise op on it gives contiguous strides in eager and keeps its own traced, and
+    the `interpolate` or `F.pad` after it chose channels-last traced where eager chose
+    contiguous (found by a review: a dropout after drew other masks, outputs 0.25-5.3 off;
+    a `view` the graph traced failed at the first step)."""
+    return any(t.numel() > 1 and t.stride() != tuple(contiguous_strides(t.shape)) for t in tensors)
 
 
 def _signature(tree) -> tuple:

@@ -645,3 +645,54 @@ def test_a_batch_of_one_whose_batch_stride_differs_from_traced_is_lowered_again(
         eager.zero_grad(), scheduled.zero_grad()
     assert "new input signature" in capsys.readouterr().err
     assert len(scheduled._plans) == 2
+
+
+class _PooledToOne(torch.nn.Module):
+    """A (B, C, 1, 1) map pooled from a channels-last tensor, whose size-1 strides are
+    channels-last while `is_contiguous()` calls it contiguous, per `kind`: a ReLU on it
+    (contiguous strides in eager, the traced ones kept by its fake kernel) and a bilinear
+    upsample, then tokens through a dropout; `torch.roll` over its channels (the other
+    way round) and a nearest upsample with a dropout; tokens made into a map as hybrid
+    decoders do, no channels-last anywhere, through the same head, into a linear."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.lin, self.conv, self.out = torch.nn.Linear(8, 8), torch.nn.Conv2d(8, 8, 1), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if self.kind == "roll":
+            pooled = torch.roll(F.adaptive_avg_pool2d(x, 1), 1, dims=1)
+            return self.conv(F.dropout(F.interpolate(pooled, scale_factor=4), 0.5)).square().mean()
+        if self.kind == "tokens":
+            x = self.lin(x).transpose(1, 2).reshape(x.shape[0], 8, 4, 4)
+        up = F.interpolate(F.relu(self.conv(F.adaptive_avg_pool2d(x, 1))), size=(4, 4), mode="bilinear")
+        tokens = up.flatten(2).transpose(1, 2)
+        return self.out(tokens if self.kind == "tokens" else F.dropout(tokens, 0.5)).square().mean()
+
+
+@pytest.mark.parametrize("kind, shape", [("relu-upsample", (1, 8, 4, 4)), ("roll", (2, 8, 4, 4)),
+                                         ("tokens", (2, 16, 8))])
+@pytest.mark.parametrize("schedule", ["autograd", "random"])
+def test_ops_on_maps_of_size_one_laid_out_as_eager_lays_them_out(kind, shape, schedule):
+    """Kernels were run for their layout only on tensors `is_contiguous()` calls
+    non-contiguous, which ignores dimensions of size 1: the upsample after chose
+    channels-last traced where eager chose contiguous (or the other way), and the dropout
+    after drew other masks (outputs 0.25-0.55 off, silently), or the graph's `view` for
+    a linear failed at the first step ("view size is not compatible"). Bitwise over two
+    steps."""
+    from exactness import random_schedule, side_by_side
+
+    from remat_ir.lowering import lower_torch
+
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    x = x.to(memory_format=CL) if x.dim() == 4 else x
+
+    def make(model):
+        if schedule == "autograd":
+            return remat_ir.remat(model, (x,), solver="autograd", cost_model="flops")
+        graph = lower_torch(model, (x,), cost_model="flops")
+        return ScheduledModule(model, graph, random_schedule(graph, random.Random(1), recompute_share=0.8))
+
+    assert side_by_side(_PooledToOne(kind), make, (x,), {}, lambda out: out, tolerance=1e-30) == {}
