@@ -426,9 +426,22 @@ def _unviewed(outputs: tuple, resident: set[int]) -> tuple:
         if base is not None:
             counts[id(base)] = counts.get(id(base), 0) + 1
     returned = {id(o) for o in outputs}
-    return tuple(torch.ops.aten._unsafe_view(o, o.shape) if base is not None and counts[id(base)] == 1
+    return tuple(_plain_alias(o) if base is not None and counts[id(base)] == 1
                  and id(base) not in resident and id(base) not in returned else o
                  for o, base in zip(outputs, bases))
+
+
+def _plain_alias(view: torch.Tensor) -> torch.Tensor:
+    """An alias of `view` autograd does not take for a view (`_unsafe_view`), with its
+    strides: `_unsafe_view` derives those of dimensions of size 1 anew (a permuted batch of
+    one came back with batch stride C where eager's is C*H*W, a channel slice `[:, :1]`
+    with channel stride H*W where eager's is 1), and eager code after the model chose
+    from them (`conv2d` a contiguous result where eager's is channels-last: a dropout
+    after drew other masks, gradients 0.09-2.6 off, found by a review)."""
+    alias = torch.ops.aten._unsafe_view(view, view.shape)
+    if alias.stride() != view.stride():
+        alias.as_strided_(view.shape, view.stride(), view.storage_offset())
+    return alias
 
 
 class _Outputs(torch.autograd.Function):
