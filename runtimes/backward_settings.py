@@ -16,6 +16,20 @@ and its backward:
 - **the CPU kernels' setting** (`torch.backends.mkldnn.flags` around the forward only):
   a convolution computed again in the backward ran under the backward's setting, not the
   forward's (4.7e-9 off, and 1.22x the plan's budget, found by a review). Refused.
+- **the float32 precision of the CPU kernels** (`torch.set_float32_matmul_precision`,
+  `torch.backends.mkldnn.matmul.fp32_precision` and the other `CPU_PRECISION_SETTINGS`):
+  an attention's `q @ k^T` computed again under "highest" where the forward's ran under
+  "medium" (bfloat16 inside oneDNN) gave gradients 9.5e-7 off eager's, silently (found by
+  a review). Refused, on CPU where the backward computes forward values again. (Off CPU
+  the forward's settings are not kept yet: TF32 there is not checked.)
+- **the default dtype** (`torch.set_default_dtype`): factory ops (`torch.ones(16)`) and
+  ops promoting an integer tensor with a Python float (`torch.arange(16) / 16.0`) give
+  the default dtype, so one computed again in the backward gave float32 where the
+  forward's gave float16 (gradients 1.1e-2 off eager's, silently) or float64 where it
+  gave float32 (a dtype error deep in the backward), found by a review. The forward ran
+  under the graph's (a call under another is lowered again: `signatures.py`). Where no
+  node the backward may compute gives another dtype under the backward's (found by
+  running them on fake tensors, as for autocast), it runs; otherwise it is refused.
 """
 
 from __future__ import annotations
@@ -25,16 +39,19 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.errors import RematIRError
-from remat_ir.torchlib.types import cpu_kernels_flags, cpu_kernels_state, empty_tensor, resolve_op, torch_dtype
+from remat_ir.torchlib.types import (CPU_PRECISION_SETTINGS, cpu_kernels_flags, cpu_kernels_state, empty_tensor,
+                                     resolve_op, torch_dtype)
 
 from .profiling import call_args, output_tensors
 
 
 def check(graph: Graph, device: torch.device, forward_kernels: tuple | None, casts: dict) -> None:
     """Refuse a backward whose settings make it compute otherwise than eager's would:
-    `forward_kernels`, the `cpu_kernels_flags()` the forward ran under (None off CPU);
-    `casts`, a memo of `first_cast` per autocast dtype, kept by the plan."""
-    if forward_kernels is not None and cpu_kernels_flags() != forward_kernels:
+    `forward_kernels`, the `cpu_kernels_flags()` the forward ran under (None off CPU, and
+    where the backward computes no forward node); `casts`, a memo of `first_cast` per
+    autocast dtype and of `first_following_default` per default dtype, kept by the plan."""
+    now = cpu_kernels_flags() if forward_kernels is not None else None
+    if now is not None and now[:-1] != forward_kernels[:-1]:
         raise RematIRError(
             f"the CPU kernels' setting changed between this step's forward and its backward "
             f"(now {cpu_kernels_state()}): the plan computes forward values again in the "
@@ -42,6 +59,17 @@ def check(graph: Graph, device: torch.device, forward_kernels: tuple | None, cas
             f"ran under the forward's, and it was profiled for one setting: call backward() "
             f"inside the same torch.backends.mkldnn.flags(...) block as the forward, or "
             f"outside both")
+    if now is not None and now[-1] != forward_kernels[-1]:
+        setting, before, after = next((name, old, new) for name, old, new in
+                                      zip(CPU_PRECISION_SETTINGS, forward_kernels[-1], now[-1]) if old != new)
+        matmul = "; torch.set_float32_matmul_precision sets it too" if ".matmul." in setting else ""
+        raise RematIRError(
+            f"{setting} changed between this step's forward and its backward (from "
+            f"{before!r} to {after!r}{matmul}): the "
+            f"plan computes forward values again in the backward, which would run in the "
+            f"backward's precision where eager's forward ran in the forward's, so the "
+            f"gradients would differ: change it after backward(), or before the forward")
+    _check_default_dtype(graph, device, forward_kernels is not None or device.type != "cpu", casts)
     if not torch.is_autocast_enabled(device.type):
         return
     dtype = torch.get_autocast_dtype(device.type)
@@ -75,6 +103,48 @@ def first_cast(graph: Graph, device: torch.device, dtype: torch.dtype) -> pb.Nod
                 args, kwargs = call_args(graph, node, tensors, device)
                 results = output_tensors(node, op(*args, **kwargs))
             except Exception:   # an op fake tensors cannot run: eager's casts are unknown there
+                continue
+            for value_id, result in zip(node.outputs, results):
+                if isinstance(result, torch.Tensor) and result.dtype != torch_dtype(graph.value(value_id).dtype):
+                    return node
+    return None
+
+
+def _check_default_dtype(graph: Graph, device: torch.device, forward_too: bool, casts: dict) -> None:
+    """Refuse a backward run under another default dtype than the graph was lowered (and
+    the forward run) under where a node it may compute gives its result in another dtype
+    under it. `forward_too`: whether forward nodes may be computed in it (computed again)."""
+    lowered = graph.proto.metadata.get("torch.default_dtype", "torch.float32")
+    dtype = torch.get_default_dtype()
+    if str(dtype) == lowered:
+        return
+    key = ("default dtype", dtype, forward_too)
+    if key not in casts:
+        casts[key] = first_following_default(graph, device, forward_too)
+    node = casts[key]
+    if node is not None:
+        raise RematIRError(
+            f"the default dtype is {dtype} in this backward, where this step's forward ran under "
+            f"{lowered}: the backward computes {node.op}{f' ({node.source})' if node.source else ''}"
+            f"{' again' if node.phase == pb.FORWARD else ''}, whose result takes the default dtype, "
+            f"so it would give {dtype} where the forward's gave {lowered} and the gradients would "
+            f"differ from eager's: call torch.set_default_dtype after backward(), or before the forward")
+
+
+def first_following_default(graph: Graph, device: torch.device, forward_too: bool) -> pb.Node | None:
+    """The first node (a backward one, or with `forward_too` a forward one) whose result
+    has another dtype than the graph's under the default dtype now, found by running each
+    on fake tensors; None if there is none."""
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        for node in graph.proto.nodes:
+            if not node.outputs or (node.phase != pb.BACKWARD and not (forward_too and node.phase == pb.FORWARD)):
+                continue
+            try:
+                op = resolve_op(node.op)
+                tensors = {v: empty_tensor(graph.value(v), device) for v in node.inputs}
+                args, kwargs = call_args(graph, node, tensors, device)
+                results = output_tensors(node, op(*args, **kwargs))
+            except Exception:   # an op fake tensors cannot run: its dtype is unknown there
                 continue
             for value_id, result in zip(node.outputs, results):
                 if isinstance(result, torch.Tensor) and result.dtype != torch_dtype(graph.value(value_id).dtype):

@@ -4,7 +4,8 @@ A lowered graph is one training step for one structure of inputs (which
 positional and keyword arguments), one shape, dtype and layout (strides, when
 not contiguous: `types.describe_layout`) per tensor, one value
 per non-tensor argument (a flag such as `use_cache=False` is baked into the
-trace), one autocast state (its casts are in the graph) and one device type
+trace), one autocast state (its casts are in the graph; its dtype also where autocast is
+off, `types.autocast_state`, and its cast cache's setting) and one device type
 (its costs were measured there). `Signature` holds these, argument by
 argument, so that a call that differs can be described in one line: the
 argument that is extra, missing, or of another shape, dtype or value. That line
@@ -201,7 +202,10 @@ def containers(args: tuple, kwargs: dict) -> str:
 
 
 def _autocast_text(state: tuple[tuple[str, str], ...]) -> str:
-    return ", ".join(f"{device} {dtype}" for device, dtype in state) or "off"
+    """'cpu bfloat16', or 'cpu off with dtype float16' for a context entered disabled
+    (`autocast_state`), or 'off'."""
+    return ", ".join(f"{device} off with dtype {dtype.split()[0]}" if dtype.endswith(" disabled")
+                     else f"{device} {dtype}" for device, dtype in state) or "off"
 
 
 def autocast_from_json(text: str) -> tuple[tuple[str, str], ...]:

@@ -4,6 +4,7 @@ autocast, as PyTorch recommends). CUDA cases run where a GPU is present."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -446,3 +447,226 @@ def test_backward_inside_the_autocast_block_trains_like_eager_or_is_refused(make
     errors = side_by_side(make(), inside, (x,), {}, lambda loss: loss, backward_context=lambda: torch.autocast(
         "cpu", dtype=torch.bfloat16), forward_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
     assert errors == {}
+
+
+class _ReadsAutocastDtype(nn.Module):
+    """Branches on the autocast dtype and opens an autocast block without a dtype (which
+    takes the one set around the call), whether autocast is on or not."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.o = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if torch.get_autocast_dtype("cpu") == torch.float16:
+            h = h + 1
+        with torch.autocast("cpu"):
+            h = self.o(torch.tanh(h))
+        return h.float().pow(2).mean()
+
+
+def test_the_autocast_dtype_set_with_autocast_off_is_part_of_the_signature(capsys):
+    """`torch.autocast("cpu", dtype=torch.float16, enabled=False)` around a call leaves
+    autocast off but sets the dtype a forward reads and an inner block takes. The
+    signature held the dtype only with autocast on, so the graph lowered outside autocast
+    ran its traced branch: the loss 17.5 off eager's, silently (found by a review)."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    errors = side_by_side(_ReadsAutocastDtype(), lambda m: remat_ir.remat(m, (x,), cost_model="flops",
+                                                                          solver="recompute-all"),
+                          (x,), {}, lambda loss: loss,
+                          forward_context=lambda: torch.autocast("cpu", dtype=torch.float16, enabled=False))
+    assert errors == {}, errors
+    assert "autocast is cpu off with dtype float16, lowered under off" in capsys.readouterr().err
+
+
+class _InnerBlockReadsTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.o = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.a(x)
+            h = self.a(torch.tanh(h)) + h
+        return self.o(h.float()).pow(2).mean()
+
+
+@contextlib.contextmanager
+def _cache_off_globally():
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(True)
+
+
+@pytest.mark.parametrize("context", [
+    _cache_off_globally,
+    lambda: torch.autocast("cpu", enabled=False, cache_enabled=False)], ids=["set-globally", "outer-block-off"])
+def test_autocasts_cache_turned_off_outside_autocast_is_part_of_the_signature(context, capsys):
+    """An autocast block inside the forward takes the cast cache's setting of the caller
+    (`torch.is_autocast_cache_enabled()`), autocast being on around the call or not. The
+    signature held it only with autocast on, so a graph lowered with the cache on shared
+    the cast of a weight the block read twice where eager's casts it per reader: its
+    gradient 3.1e-3 relative off eager's, silently (found by a review)."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    errors = side_by_side(_InnerBlockReadsTwice(), lambda m: remat_ir.remat(m, (x,), cost_model="flops",
+                                                                            solver="recompute-all"),
+                          (x,), {}, lambda loss: loss, forward_context=context)
+    assert errors == {}, errors
+    assert "autocast's cast cache is off, lowered with it on" in capsys.readouterr().err
+
+
+class _Factory(nn.Module):
+    """A tensor made by a factory op, whose dtype the default dtype gives."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.o = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.o(torch.tanh(self.a(x)) * (torch.ones(16) * 1.1))
+
+
+class _Promoted(nn.Module):
+    """An integer tensor divided by a Python float: the result takes the default dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.o = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.o(torch.tanh(self.a(x)) * (torch.arange(16) / 16.0 + 0.5))
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(32, 96), nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+        return self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextlib.contextmanager
+def _matmul_precision(precision):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+_CHANGED_BEFORE_BACKWARD = {
+    "default-dtype-float16-then-float32": (
+        _Factory, (8, 16), lambda: _default_dtype(torch.float16), contextlib.nullcontext,
+        r"^the default dtype is torch\.float32 in this backward, where this step's forward ran under "
+        r"torch\.float16: the backward computes aten\.ones\.default .* again, .*call "
+        r"torch\.set_default_dtype after backward\(\), or before the forward$"),
+    "default-dtype-float64-in-backward": (
+        _Promoted, (8, 16), contextlib.nullcontext, lambda: _default_dtype(torch.float64),
+        r"^the default dtype is torch\.float64 in this backward, where this step's forward ran under "
+        r"torch\.float32: the backward computes aten\.div\.Tensor "),
+    "matmul-precision": (
+        _Attention, (2, 8, 32), lambda: _matmul_precision("medium"), contextlib.nullcontext,
+        r"^torch\.backends\.mkldnn\.matmul\.fp32_precision changed between this step's forward and its "
+        r"backward \(from 'bf16' to 'ieee'; torch\.set_float32_matmul_precision sets it too\): .*change "
+        r"it after backward\(\), or before the forward$"),
+}
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+@pytest.mark.parametrize("case", list(_CHANGED_BEFORE_BACKWARD))
+def test_a_setting_changed_between_forward_and_backward_is_refused_where_recomputed(case, solver):
+    """The default dtype or the float32 matmul precision changed between a step's forward
+    and its backward: eager's backward uses what its forward saved, while a plan computing
+    forward values again in the backward computed them under the new setting: gradients
+    1.1e-2 (a factory op in float32 for float16) or 9.5e-7 (a matmul in float32 for
+    bfloat16) off eager's, silently, or a dtype error deep in the backward (float64 for
+    float32), found by a review. Refused with the setting named; a plan that computes
+    nothing again trains as eager's."""
+    from remat_ir.ir.errors import RematIRError
+
+    make, shape, forward_setting, backward_setting, refusal = _CHANGED_BEFORE_BACKWARD[case]
+    torch.manual_seed(0)
+    model = make()
+    eager = copy.deepcopy(model)
+    x = torch.randn(*shape)
+    with forward_setting():
+        scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver=solver,
+                                   budget=None if solver == "autograd" else 10**7)
+        out_e, out_s = eager(x), scheduled(x)
+    assert torch.equal(out_e, out_s)
+    with backward_setting():
+        out_e.pow(2).sum().backward()
+        if solver == "recompute-all":
+            with pytest.raises(RematIRError, match=refusal):
+                out_s.pow(2).sum().backward()
+            assert all(p.grad is None for p in scheduled.parameters())
+            return
+        out_s.pow(2).sum().backward()
+    for (name, p_e), p_s in zip(eager.named_parameters(), scheduled.parameters()):
+        assert torch.equal(p_e.grad, p_s.grad), name
+
+
+class _TargetUnderNoGrad(nn.Module):
+    """Reads `a` once under no_grad (a target through the same weights, as
+    self-distillation computes it) and twice with gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.o = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x, x2):
+        with torch.no_grad():
+            target = self.a(x2)
+        h = self.a(x)
+        h = self.a(torch.tanh(h)) + h
+        return self.o(h), target
+
+
+@pytest.mark.parametrize("solver", ["autograd", "recompute-all"])
+def test_a_weight_also_read_under_no_grad_shares_its_cast_as_eager(solver, recwarn):
+    """Under autocast eager caches the casts made with gradients only: the two reads of
+    `a` with gradients share one cast, their gradients summed in bfloat16, and the read
+    under no_grad casts apart and adds no gradient. The graph counted the no_grad cast
+    among the weight's casts, so it kept a cast per reader: 1.8e-3 relative off eager's,
+    with a warning of a use that was not there (found by a review)."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x, x2 = torch.randn(8, 16), torch.randn(8, 16)
+
+    def lowered(m):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return remat_ir.remat(m, (x, x2), cost_model="flops", solver=solver)
+
+    def loss_of(outputs):
+        out, target = outputs
+        return out.float().pow(2).mean() + (out.float() - target.float()[:, :4]).pow(2).mean()
+
+    errors = side_by_side(_TargetUnderNoGrad(), lowered, (x, x2), {}, loss_of,
+                          forward_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert errors == {}, errors
+    assert not [w for w in recwarn if "cast by autocast" in str(w.message)]

@@ -166,17 +166,48 @@ def op_name(op) -> str:
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
+#: The dtype `torch.get_autocast_dtype(device)` gives where no autocast context chose one.
+_DEFAULT_AUTOCAST_DTYPES = {"cpu": torch.bfloat16, "cuda": torch.float16}
+#: How `autocast_state` marks a device whose autocast is off but set to another dtype.
+_DISABLED = " disabled"
+
+
 def autocast_state() -> tuple[tuple[str, str], ...]:
-    """((device type, dtype name), ...) of the autocast contexts active now."""
-    return tuple((device, _IR_DTYPES[torch.get_autocast_dtype(device)])
-                 for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device))
+    """((device type, dtype name), ...) of the autocast contexts active now, and of those
+    entered disabled with another dtype than torch's default (`torch.autocast("cpu",
+    dtype=torch.float16, enabled=False)`, or `torch.set_autocast_dtype`), whose dtype name
+    is followed by " disabled". Why the disabled ones: a forward can read the dtype
+    (`torch.get_autocast_dtype`) and branch on it, and an inner `torch.autocast(device)`
+    block without a dtype takes it; the trace holds the branch and the casts of the
+    dtype it saw, so a call under another must be lowered again (found by a review: a
+    graph lowered outside autocast ran under a disabled float16 one, its loss 17.5 off
+    eager's, silently). Disabled with the default dtype is "off": ()."""
+    state = []
+    for device in AUTOCAST_DEVICES:
+        dtype = torch.get_autocast_dtype(device)
+        if torch.is_autocast_enabled(device):
+            state.append((device, _IR_DTYPES[dtype]))
+        elif dtype != _DEFAULT_AUTOCAST_DTYPES[device]:
+            state.append((device, _IR_DTYPES[dtype] + _DISABLED))
+    return tuple(state)
+
+
+def autocast_enabled() -> bool:
+    """Whether autocast is on for a device whose state a lowering records (`autocast_state`
+    also names disabled contexts)."""
+    return any(torch.is_autocast_enabled(device) for device in AUTOCAST_DEVICES)
 
 
 def autocast_cache() -> bool:
-    """Whether autocast's cast cache is on where autocast is (True outside autocast): with
-    it, eager casts a parameter once per region for all its readers (a graph lowered so
-    shares one cast, `frontends/autocast_casts.py`); without, once per reader."""
-    return not autocast_state() or torch.is_autocast_cache_enabled()
+    """Whether autocast's cast cache is on (`torch.is_autocast_cache_enabled()`), autocast
+    on or off: with it, eager casts a parameter once per region for all its readers (a
+    graph lowered so shares one cast, `frontends/autocast_casts.py`); without, once per
+    reader. Off too: an inner `torch.autocast` block of the forward inherits the setting
+    (`torch.autocast(..., enabled=False, cache_enabled=False)` around the call, or
+    `torch.set_autocast_cache_enabled(False)`), so a graph lowered with the cache on would
+    share casts eager's block makes per reader (found by a review: 3.1e-3 relative off
+    eager's gradients, silently)."""
+    return torch.is_autocast_cache_enabled()
 
 
 #: The flag (`torch._C._get_<flag>_sdp_enabled`) of each scaled-dot-product-attention
@@ -221,8 +252,32 @@ def cpu_kernels_state() -> str:
 
 
 def cpu_kernels_flags() -> tuple:
-    """What `cpu_kernels_state` describes, as read (a key)."""
-    return torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled(), torch.get_num_threads()
+    """What `cpu_kernels_state` describes, as read (a key), and last the float32 precision
+    the CPU kernels compute in (`cpu_precision_flags`): the forward's are compared with
+    the backward's where the backward computes forward values again (`backward_settings`).
+    A signature does not hold the precision (a graph's ops are the same under any); in
+    the key of a remembered signature it only splits entries that are equal."""
+    return (torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled(), torch.get_num_threads(),
+            cpu_precision_flags())
+
+
+#: The settings of the float32 precision oneDNN's kernels compute in (a matmul, a
+#: convolution, an RNN: "bf16" or "tf32" computes them in lower precision, "ieee" in
+#: float32, "none" inherits the parent's), by the names they are set by, with the
+#: (backend, op) torch keeps each under; `torch.set_float32_matmul_precision("medium")`
+#: sets the matmul's to "bf16".
+CPU_PRECISION_SETTINGS = {"torch.backends.fp32_precision": ("generic", "all"),
+                          "torch.backends.mkldnn.fp32_precision": ("mkldnn", "all"),
+                          "torch.backends.mkldnn.matmul.fp32_precision": ("mkldnn", "matmul"),
+                          "torch.backends.mkldnn.conv.fp32_precision": ("mkldnn", "conv"),
+                          "torch.backends.mkldnn.rnn.fp32_precision": ("mkldnn", "rnn")}
+
+
+def cpu_precision_flags() -> tuple[str, ...]:
+    """The values of `CPU_PRECISION_SETTINGS`, in that order (read from torch directly:
+    a half microsecond, where the attributes took 15 for every call's signature key)."""
+    read = torch._C._get_fp32_precision_getter
+    return tuple(read(backend, op) for backend, op in CPU_PRECISION_SETTINGS.values())
 
 
 def autocast_caches(tensor: torch.Tensor) -> bool:
@@ -238,7 +293,7 @@ def uncached_under_autocast(tensor: torch.Tensor) -> bool:
     a gradient) once per reader where it casts a leaf once: one that is not a leaf (hidden
     states from a layer outside the module). The trace must know it (a signature
     difference): its gradient is summed otherwise."""
-    return (tensor.dtype == torch.float32 and tensor.requires_grad and bool(autocast_state())
+    return (tensor.dtype == torch.float32 and tensor.requires_grad and autocast_enabled()
             and torch.is_autocast_cache_enabled() and not autocast_caches(tensor))
 
 
@@ -247,7 +302,8 @@ def entered_autocast(state: tuple[tuple[str, str], ...]):
     """The autocast contexts `state` (as `autocast_state` gives it) describes, entered."""
     with contextlib.ExitStack() as stack:
         for device, dtype in state:
-            stack.enter_context(torch.autocast(device, dtype=_TORCH_DTYPES[dtype]))
+            name = dtype.removesuffix(_DISABLED)
+            stack.enter_context(torch.autocast(device, dtype=_TORCH_DTYPES[name], enabled=name == dtype))
         yield
 
 
