@@ -86,6 +86,7 @@ from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
 from .spec_augment import spec_augment_as_ops
 from .module_casts import unchanged_module_casts
 from .certain_draws import certain_draws
+from .fake_dispatch import fake_cache_keeping_aliases
 from .kernel_layouts import match_kernel_layouts, traced_as_run
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .compared_values import keep_compared_values
@@ -774,6 +775,17 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
             error.eager_error = exc   # what a training call raises (`ScheduledModule`)
         error.__cause__ = exc
         return error
+    if type(exc).__module__ == "builtins" and where is None and not SYMBOLIC.search(text) and not runs_eagerly():
+        # Raised inside torch's own code, for a model made of torch's modules alone (an
+        # `nn.Sequential` given a batch of one for its BatchNorm, or the wrong width): eager
+        # raises it too. Found by a review: said as a construct torch.export cannot trace,
+        # of a type a training loop skipping a bad batch does not catch.
+        error = LoweringError(f"{model}'s forward raised {type(exc).__name__} inside torch's code: "
+                              f"{text.splitlines()[0] if text else ''} (eager raises it too: fix the "
+                              f"inputs or the model, then call remat again)")
+        error.eager_error = exc
+        error.__cause__ = exc
+        return error
     if text.startswith("Pending unbacked symbols"):
         # `h.narrow(0, start, 3)` with a 0-d integer tensor `start`: the op takes it as a
         # tensor, so no integer read answers it as eager's (found by a review: torch's
@@ -1270,7 +1282,8 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
     with paused_collection(), traced_as_run(), certain_draws(), checkpoints_traced_plain(), \
-            user_draws_kept(), script_functions_as_python(), _tracing_state_released():
+            user_draws_kept(), script_functions_as_python(), _tracing_state_released(), \
+            fake_cache_keeping_aliases():
         try:
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)

@@ -43,7 +43,7 @@ from remat_ir.ir.simulator import check
 from remat_ir.ir.validation import validate_once
 from remat_ir.ir.units import human_bytes
 
-from remat_ir.torchlib.generators import generators_kept
+from remat_ir.torchlib.generators import generators_kept, restore_step_generators, step_generators
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names, top_level_selectors
@@ -604,6 +604,38 @@ def gradient_nodes(output: torch.Tensor) -> list:
         first = next((n for n, _ in first.next_functions
                       if n is not None and n.name().endswith(names[1])), None)
     return chain
+
+
+def _run_step_failing_as_eager(runner: "_Runner", resident: tuple, model: torch.nn.Module, call_eager) -> tuple:
+    """`_run_step`, where its forward raises an error of its own (an index past an
+    embedding's rows in this batch; not a remat-ir refusal): the generators put back as
+    the step found them, and the model's forward run as it is (`call_eager()`) in its
+    place, so that the call raises eager's exception, with eager's effects. Eager's
+    forward had updated a BatchNorm's running statistics and drawn its dropout masks
+    before the failing op, where the step's forward applies its buffer updates once it
+    has run: a training loop that skips a bad batch went on from another state (found
+    by a review: running means 0.03 off, and eval outputs after). Where eager runs
+    (the step failed where eager does not: remat-ir's fault), its effects are put back
+    and the step's error raised."""
+    drawn = step_generators(runner.device, python=runner.python_draws > 0)
+    try:
+        return _run_step(runner, resident)
+    except RematIRError:
+        raise
+    except Exception as failed:   # noqa: BLE001 - the model's own error, raised as eager's
+        restore_step_generators(drawn, runner.device)
+        buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+        try:
+            call_eager()
+        except Exception as eager:   # noqa: BLE001
+            eager.add_note(f"remat-ir: raised by {type(model).__name__}'s forward, run as it is where this "
+                           f"call's planned step raised {type(failed).__name__}")
+            raise eager from None
+        restore_step_generators(drawn, runner.device)
+        with torch.no_grad():
+            for buffer, was in buffers:
+                buffer.copy_(was)
+        raise failed
 
 
 def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = None) -> tuple:
@@ -1500,7 +1532,8 @@ class _Lowered:
                                             f"{_lower_again(scheduled)}")
             if checked is None:   # every check passed: the next call may take the guard
                 self.guard.passed(resident, device)
-            outputs = _run_step(runner, resident)
+            call = getattr(scheduled, "_call_model", model)
+            outputs = _run_step_failing_as_eager(runner, resident, model, lambda: call(*args, **kwargs))
         else:
             key = tuple(id(u) for u in units.units)
             if self.fsdp_owners[0] != key:  # module paths walked once per set of units
@@ -1904,25 +1937,22 @@ class ScheduledModule(torch.nn.Module):
             f"(plan {len(self._plans) + 1}, at most {self.max_plans} kept{dropping})")
         devices = [t.device for t in pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"][:1]
+        raises_in_eager = None
         with generators_kept(devices):  # planning never moves a generator
             sharded = self._sharded()
             try:
                 graph, schedule = self._planner(self._model, args, kwargs, alone=not sharded,
                                                 same_plan=sharded)
             except RematIRError as exc:
-                eager = getattr(exc, "eager_error", None)
-                if eager is not None:
-                    # The forward itself raises on these inputs (transformers' check of the
-                    # labels' range): eager's exception, as eager's call raises it, so that
-                    # a training loop catching it behaves alike.
-                    eager.add_note(f"remat-ir: raised by {type(self._model).__name__}'s forward, "
-                                   f"traced to plan this call's {new} ({difference})")
-                    raise eager from None
-                # Say which call failed to plan (a larger batch at a byte budget),
-                # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
-                exc.args = (f"planning this call's {new} ({difference}): {exc}",
-                            *exc.args[1:])
-                raise
+                if getattr(exc, "eager_error", None) is None:
+                    # Say which call failed to plan (a larger batch at a byte budget),
+                    # keeping the error's type and facts (InfeasibleBudget.smallest_feasible).
+                    exc.args = (f"planning this call's {new} ({difference}): {exc}",
+                                *exc.args[1:])
+                    raise
+                raises_in_eager = exc
+        if raises_in_eager is not None:
+            self._fail_as_eager(raises_in_eager, args, kwargs, f"{new} ({difference})")
         plan = _Lowered(self._model, graph, schedule)
         if plan.signature != signature:
             raise RematIRError(f"the graph planned for this call was lowered for another "
@@ -2072,6 +2102,34 @@ class ScheduledModule(torch.nn.Module):
             return self._call_model(*args, **kwargs)
         return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                         model_checked=checked)
+
+    def _fail_as_eager(self, error: RematIRError, args, kwargs, what: str) -> None:
+        """Raise what the model's forward raises on these inputs (transformers' check of the
+        labels' range, BatchNorm's of a batch of one), found while tracing them to plan
+        (`error.eager_error`): the forward run as it is, so that the call raises eager's
+        own exception with eager's effects, and a training loop catching it to skip a bad
+        batch goes on as eager's does. Tracing puts back what it changed; eager's forward
+        had drawn its dropout masks and updated its running statistics before it raised
+        (found by a review: every later step's gradients 0.12 off, silently). Where eager
+        runs after all, its effects are put back and `error` raised."""
+        devices = sorted({t.device.index or 0 for t in pytree.tree_leaves((args, kwargs, list(self._model.buffers())))
+                          if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+        state = [torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices], random.getstate()]
+        buffers = [(buffer, buffer.detach().clone()) for buffer in self._model.buffers()]
+        try:
+            self._call_model(*args, **kwargs)
+        except Exception as eager:   # noqa: BLE001 - the model's own error, raised as eager's
+            eager.add_note(f"remat-ir: raised by {type(self._model).__name__}'s forward, run as it is "
+                           f"where tracing it to plan this call's {what} raised it")
+            raise eager from None
+        torch.set_rng_state(state[0])
+        for device, cuda in zip(devices, state[1]):
+            torch.cuda.set_rng_state(cuda, device)
+        random.setstate(state[2])
+        with torch.no_grad():
+            for buffer, was in buffers:
+                buffer.copy_(was)
+        raise error
 
     def _call_model(self, *args, **kwargs):
         """The model run as it is. Where this module is what the model's own calls run

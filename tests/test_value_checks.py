@@ -268,16 +268,18 @@ class _CheckedTensors(torch.nn.Module):
 @pytest.mark.parametrize("kind, error, message", [
     ("message", RuntimeError, "activations exploded"),
     ("no message", RuntimeError, "Expected cond to be True, but got False"),
-    ("computed message", ValueError, "_CheckedTensors's check on tensor values at "),
+    ("computed message", ValueError, "max "),
     ("not a callable", TypeError, "message must be a callable"),
     ("inputs", RuntimeError, "negative ids"),
-    ("message reading the inputs", RuntimeError, "_CheckedTensors's check on tensor values at "),
+    ("message reading the inputs", RuntimeError, "negative ids"),
     ("transformers", ValueError, "activations exploded")])
 def test_pytorchs_tensor_checks_run_at_every_step_as_eagers(kind, error, message):
     """`frontends/tensor_checks.py`: `torch._check_tensor_all` on an activation was refused
     (a value read), on the inputs alone taken as a decision of the call, so a failing call
     was planned again and refused with a LoweringError; transformers' own check raised
-    PyTorch's RuntimeError where eager raises ValueError with the model's message."""
+    PyTorch's RuntimeError where eager raises ValueError with the model's message. A
+    message computed from tensors, which the graph cannot compute, is eager's too: a
+    failing step runs the model's forward as it is in its place."""
     torch.manual_seed(0)
     ids, x = torch.arange(6).view(2, 3), torch.randn(3, 4)
     model = _CheckedTensors(kind)
@@ -290,8 +292,7 @@ def test_pytorchs_tensor_checks_run_at_every_step_as_eagers(kind, error, message
     with pytest.raises(error) as raised:
         _step(scheduled, *bad)
     assert message in str(raised.value)
-    if "message" not in kind or kind == "message":   # eager's message word for word
-        assert str(raised.value) == str(eager_error.value)
+    assert str(raised.value) == str(eager_error.value)   # eager's message word for word
     eager.zero_grad(), model.zero_grad()
     for _ in range(2):   # dropout draws as eager's after the refused batch
         assert torch.equal(_step(eager, ids, x), _step(scheduled, ids, x))

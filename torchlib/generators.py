@@ -30,3 +30,24 @@ def generators_kept(devices=()):
         random.setstate(python)
         if numpy is not None:
             numpy.random.set_state(numpy_state)
+
+
+def step_generators(device: torch.device, python: bool = False) -> tuple:
+    """The state of the generators a training step draws from: torch's CPU generator, the
+    CUDA generator of `device` where it is one, and Python's where `python` (a step that
+    draws Python numbers, `frontends/python_draws.py`). Taken before each step (under a
+    microsecond for torch's), so that a step failing part-way can be run again as eager's
+    forward from where it started (`runtimes/torch.py` `_run_step_failing_as_eager`)."""
+    return (torch.get_rng_state(),
+            torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            random.getstate() if python else None)
+
+
+def restore_step_generators(state: tuple, device: torch.device) -> None:
+    """Put back what `step_generators` took."""
+    cpu, cuda, python = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
+    if python is not None:
+        random.setstate(python)
