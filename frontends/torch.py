@@ -92,7 +92,7 @@ from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_
 from .compared_values import keep_compared_values
 from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import ANY_OF, TracedReads, record_globals, recording_reads
-from .tracing_paths import eager_runs, traced_only_message, tracing_check
+from .tracing_paths import eager_failure, traced_only_message, tracing_check
 from .input_branches import eager_input_branches, integers_as_eager
 from .transformers_masks import eager_mask_decisions
 from .transformers_paths import eager_paths
@@ -551,7 +551,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     if errors:   # before export's own failure, which may follow from the Function run as is
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
     if failure is not None:
-        raise _export_failure(type(model).__name__, failure, lambda: eager_runs(model, args, kwargs),
+        raise _export_failure(type(model).__name__, failure, lambda: eager_failure(model, args, kwargs),
                               number_reads)
     if hook_calls:
         raise tensor_hook_error(type(model).__name__, hook_calls)
@@ -691,14 +691,16 @@ def _experts_advice(switchable: bool) -> str:
             "layers instead")
 
 
-def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list[str]) -> LoweringError:
+def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[str]) -> LoweringError:
     """torch.export's error as one LoweringError: what, where, what to do. A branch on
     tensor data (the usual case: a loss that selects labels with `nonzero`) is explained
     whole; other errors keep the first lines of export's message, which name the
-    construct, and export's error as their cause. `runs_eagerly()`: whether an eager
-    forward runs, asked only of a plain Python error in the model's code, which is the
-    model's own unless eager runs (`tracing_paths`), or one on a number read from tensor
-    data, held as a symbol (`number_reads`: where the first was read)."""
+    construct, and export's error as their cause. `eager_fails()`: what one eager forward
+    left where it raises (`tracing_paths.EagerFailure`, kept on the error as `eager_error`
+    for a training call to raise), None where it runs; asked only of a plain Python error,
+    which is the model's own unless eager runs (`tracing_paths`), and not of one on a
+    number read from tensor data, held as a symbol (`number_reads`: where the first was
+    read)."""
     text = str(exc).strip()
     if data_uses(exc) and "fake tensor in the exported program constant" in text:
         # `.data` hands export a tensor it did not trace, which it finds among constants.
@@ -764,18 +766,20 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
         # eager raises too, not something tracing cannot do; unless it is on a number read
         # from tensor data (a symbol under tracing), or eager runs, where the forward took
         # another path because it was traced.
+        failure = None if SYMBOLIC.search(text) else eager_fails()
         if SYMBOLIC.search(text):
             error = symbolic_number_error(model, exc, where, number_reads[0] if number_reads else None)
-        elif runs_eagerly():
+        elif failure is None:
             error = LoweringError(traced_only_message(model, exc, where, tracing_check(exc.__traceback__)))
         else:
             error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "
                                   f"{text.splitlines()[0] if text else ''} (eager raises it too: "
                                   f"fix the forward for these inputs, then call remat again)")
-            error.eager_error = exc   # what a training call raises (`ScheduledModule`)
+            error.eager_error = failure   # what a training call raises (`ScheduledModule`)
         error.__cause__ = exc
         return error
-    if type(exc).__module__ == "builtins" and where is None and not SYMBOLIC.search(text) and not runs_eagerly():
+    failure = eager_fails() if type(exc).__module__ == "builtins" and not SYMBOLIC.search(text) else None
+    if failure is not None:
         # Raised inside torch's own code, for a model made of torch's modules alone (an
         # `nn.Sequential` given a batch of one for its BatchNorm, or the wrong width): eager
         # raises it too. Found by a review: said as a construct torch.export cannot trace,
@@ -783,7 +787,7 @@ def _export_failure(model: str, exc: Exception, runs_eagerly, number_reads: list
         error = LoweringError(f"{model}'s forward raised {type(exc).__name__} inside torch's code: "
                               f"{text.splitlines()[0] if text else ''} (eager raises it too: fix the "
                               f"inputs or the model, then call remat again)")
-        error.eager_error = exc
+        error.eager_error = failure
         error.__cause__ = exc
         return error
     if text.startswith("Pending unbacked symbols"):

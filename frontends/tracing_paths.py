@@ -41,26 +41,72 @@ def tracing_check(tb) -> str | None:
     return found
 
 
-def eager_runs(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-    """Whether one eager forward of `model` on these inputs runs without raising. Run with
-    gradients on, as a training call's (a custom op's `setup_context` runs only then: one
-    taking the wrong arguments raised in eager too, where the check, run without
-    gradients, said eager runs; found by a review), with no backward, the generators
-    forked and the buffers put back, so that the check leaves the model and the random
-    streams as they were (a BatchNorm's running statistics, dropout's next draws)."""
+class EagerFailure:
+    """What one eager forward that raised left: its exception, and the state of the
+    generators and the model's buffers as the forward left them when it raised, which
+    `eager_failure` then put back. `apply()` sets them again: a training call that
+    raises it (`ScheduledModule`) leaves eager's effects, its dropout draws and running
+    statistics, without running the forward a second time (a second run wrote twice what
+    the forward writes besides buffers: a momentum encoder's weights, found by a review)."""
+
+    def __init__(self, exception: BaseException, buffers: list, devices: list[int]):
+        import random
+        import sys
+
+        self.exception = exception
+        self.cpu, self.cuda = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+        self.python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy = (numpy, numpy.random.get_state()) if numpy is not None else None
+        self.buffers = [(buffer, buffer.detach().clone()) for buffer, _ in buffers]
+        self.devices = devices
+
+    def apply(self) -> None:
+        """The generators and buffers as the eager forward left them."""
+        import random
+
+        torch.set_rng_state(self.cpu)
+        for device, state in zip(self.devices, self.cuda):
+            torch.cuda.set_rng_state(state, device)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            self.numpy[0].random.set_state(self.numpy[1])
+        with torch.no_grad():
+            for buffer, left in self.buffers:
+                buffer.copy_(left)
+
+
+def eager_failure(model: torch.nn.Module, args: tuple, kwargs: dict) -> EagerFailure | None:
+    """None where one eager forward of `model` on these inputs runs without raising; else
+    what it left (`EagerFailure`). Run with gradients on, as a training call's (a custom
+    op's `setup_context` runs only then: one taking the wrong arguments raised in eager
+    too, where the check, run without gradients, said eager runs; found by a review),
+    with no backward, the generators forked and the buffers put back, so that the check
+    leaves the model and the random streams as they were (a BatchNorm's running
+    statistics, dropout's next draws). The model's own call, not the call of a scheduled
+    module routed in its place (`remat(..., in_place=True)`: the scheduled module traced
+    the call again, which ran this check again, until the process aborted; found by a
+    review)."""
+    import random
+
     buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     devices = sorted({b.device.index or 0 for b, _ in buffers if b.device.type == "cuda"} |
                      {p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    call = model._call_impl if model.__dict__.get("_compiled_call_impl") is not None else model
+    python = random.getstate()
+    failure = None
     try:
         with torch.enable_grad(), torch.random.fork_rng(devices=devices):
-            model(*args, **kwargs)
-    except Exception:   # noqa: BLE001 - any error means eager fails as well
-        return False
+            try:
+                call(*args, **kwargs)
+            except Exception as exc:   # noqa: BLE001 - any error means eager fails as well
+                failure = EagerFailure(exc, buffers, devices)
     finally:
+        random.setstate(python)
         with torch.no_grad():
             for buffer, was in buffers:
                 buffer.copy_(was)
-    return True
+    return failure
 
 
 def traced_only_message(model: str, error: Exception, where: str, check: str | None) -> str:

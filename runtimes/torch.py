@@ -1952,7 +1952,7 @@ class ScheduledModule(torch.nn.Module):
                     raise
                 raises_in_eager = exc
         if raises_in_eager is not None:
-            self._fail_as_eager(raises_in_eager, args, kwargs, f"{new} ({difference})")
+            self._fail_as_eager(raises_in_eager, f"{new} ({difference})")
         plan = _Lowered(self._model, graph, schedule)
         if plan.signature != signature:
             raise RematIRError(f"the graph planned for this call was lowered for another "
@@ -2103,33 +2103,20 @@ class ScheduledModule(torch.nn.Module):
         return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                         model_checked=checked)
 
-    def _fail_as_eager(self, error: RematIRError, args, kwargs, what: str) -> None:
-        """Raise what the model's forward raises on these inputs (transformers' check of the
-        labels' range, BatchNorm's of a batch of one), found while tracing them to plan
-        (`error.eager_error`): the forward run as it is, so that the call raises eager's
-        own exception with eager's effects, and a training loop catching it to skip a bad
-        batch goes on as eager's does. Tracing puts back what it changed; eager's forward
-        had drawn its dropout masks and updated its running statistics before it raised
-        (found by a review: every later step's gradients 0.12 off, silently). Where eager
-        runs after all, its effects are put back and `error` raised."""
-        devices = sorted({t.device.index or 0 for t in pytree.tree_leaves((args, kwargs, list(self._model.buffers())))
-                          if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
-        state = [torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices], random.getstate()]
-        buffers = [(buffer, buffer.detach().clone()) for buffer in self._model.buffers()]
-        try:
-            self._call_model(*args, **kwargs)
-        except Exception as eager:   # noqa: BLE001 - the model's own error, raised as eager's
-            eager.add_note(f"remat-ir: raised by {type(self._model).__name__}'s forward, run as it is "
-                           f"where tracing it to plan this call's {what} raised it")
-            raise eager from None
-        torch.set_rng_state(state[0])
-        for device, cuda in zip(devices, state[1]):
-            torch.cuda.set_rng_state(cuda, device)
-        random.setstate(state[2])
-        with torch.no_grad():
-            for buffer, was in buffers:
-                buffer.copy_(was)
-        raise error
+    def _fail_as_eager(self, error: RematIRError, what: str) -> None:
+        """Raise what the model's forward raised on these inputs (transformers' check of the
+        labels' range, BatchNorm's of a batch of one), found by one eager forward while
+        tracing them to plan (`error.eager_error`, `frontends/tracing_paths.EagerFailure`):
+        eager's own exception, with eager's effects set again, so that a training loop
+        catching it to skip a bad batch goes on as eager's does. The check put back the
+        generators and buffers, which eager's forward had moved before it raised: its
+        dropout draws and running statistics (found by a review: every later step's
+        gradients 0.12 off, silently)."""
+        failure = error.eager_error
+        failure.apply()
+        failure.exception.add_note(f"remat-ir: raised by {type(self._model).__name__}'s forward, run as it "
+                                   f"is where tracing it to plan this call's {what} raised it")
+        raise failure.exception from None
 
     def _call_model(self, *args, **kwargs):
         """The model run as it is. Where this module is what the model's own calls run
