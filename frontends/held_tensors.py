@@ -203,6 +203,16 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
         place, found = held.get(id(tensor)), global_tensors.get(id(tensor))
         shown_place = (f"{shown(*place)} of {name}" if place is not None
                        else shown_global(*found) if found else None)
+        hooked = hook_weights.get(shown(*place)) if place is not None else None
+        if hooked is not None:
+            owner = place[0] or type(model).__name__
+            hook = kind(hooked[1])
+            raise LoweringError(
+                f"{name}'s forward reads {shown(*place)} before {owner} runs: it is the weight "
+                f"{hook.applied}'s hook computes at each call of {owner}, so eager reads the one of "
+                f"the previous call, and remat-ir's graph would hold the one it had at "
+                f"lowering. Read it after calling {owner}, or use {hook.instead}, which computes it "
+                f"at every read")
         member = members.get(_storage(tensor)) if members else None
         if member is not None:
             user = next(iter(placeholder.users), None)
@@ -244,16 +254,6 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 f"{f', read by {user.target} at {line}' if line and user is not None else ''}), "
                 f"which the graph would hold as a constant, blind to a change: register it "
                 f"as a buffer (module.register_buffer) or pass it as an input")
-        hooked = hook_weights.get(shown(*place)) if place is not None else None
-        if hooked is not None:
-            owner = place[0] or type(model).__name__
-            hook = kind(hooked[1])
-            raise LoweringError(
-                f"{name}'s forward reads {shown(*place)} before {owner} runs: it is the weight "
-                f"{hook.applied}'s hook computes at each call of {owner}, so eager reads the one of "
-                f"the previous call, and remat-ir's graph would hold the one it had at "
-                f"lowering. Read it after calling {owner}, or use {hook.instead}, which computes it "
-                f"at every read")
         if tensor.requires_grad:
             where = shown(*place) if place is not None else shown_global(*found)
             raise LoweringError(
