@@ -34,6 +34,8 @@ and its backward:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -91,23 +93,8 @@ def check(graph: Graph, device: torch.device, forward_kernels: tuple | None, cas
 
 def first_cast(graph: Graph, device: torch.device, dtype: torch.dtype) -> pb.Node | None:
     """The first backward node whose result autocast (enabled for `device` with `dtype`)
-    would give in another dtype than the graph's, found by running each on fake tensors
-    under autocast; None if there is none."""
-    with FakeTensorMode(allow_non_fake_inputs=False), torch.autocast(device.type, dtype=dtype):
-        for node in graph.proto.nodes:
-            if node.phase != pb.BACKWARD or not node.outputs:
-                continue
-            try:
-                op = resolve_op(node.op)
-                tensors = {v: empty_tensor(graph.value(v), device) for v in node.inputs}
-                args, kwargs = call_args(graph, node, tensors, device)
-                results = output_tensors(node, op(*args, **kwargs))
-            except Exception:   # an op fake tensors cannot run: eager's casts are unknown there
-                continue
-            for value_id, result in zip(node.outputs, results):
-                if isinstance(result, torch.Tensor) and result.dtype != torch_dtype(graph.value(value_id).dtype):
-                    return node
-    return None
+    would give in another dtype than the graph's; None if there is none."""
+    return _first_retyped(graph, device, {pb.BACKWARD}, torch.autocast(device.type, dtype=dtype))
 
 
 def _check_default_dtype(graph: Graph, device: torch.device, forward_too: bool, casts: dict) -> None:
@@ -133,18 +120,25 @@ def _check_default_dtype(graph: Graph, device: torch.device, forward_too: bool, 
 
 def first_following_default(graph: Graph, device: torch.device, forward_too: bool) -> pb.Node | None:
     """The first node (a backward one, or with `forward_too` a forward one) whose result
-    has another dtype than the graph's under the default dtype now, found by running each
-    on fake tensors; None if there is none."""
-    with FakeTensorMode(allow_non_fake_inputs=False):
+    has another dtype than the graph's under the default dtype now; None if there is none."""
+    phases = {pb.BACKWARD, pb.FORWARD} if forward_too else {pb.BACKWARD}
+    return _first_retyped(graph, device, phases, contextlib.nullcontext())
+
+
+def _first_retyped(graph: Graph, device: torch.device, phases: set, context) -> pb.Node | None:
+    """The first node of `phases` whose result has another dtype than the graph's, run on
+    fake tensors within `context` (an autocast, or the settings now); an op fake tensors
+    cannot run is passed over (its dtype there is unknown). None if there is none."""
+    with FakeTensorMode(allow_non_fake_inputs=False), context:
         for node in graph.proto.nodes:
-            if not node.outputs or (node.phase != pb.BACKWARD and not (forward_too and node.phase == pb.FORWARD)):
+            if node.phase not in phases or not node.outputs:
                 continue
             try:
                 op = resolve_op(node.op)
                 tensors = {v: empty_tensor(graph.value(v), device) for v in node.inputs}
                 args, kwargs = call_args(graph, node, tensors, device)
                 results = output_tensors(node, op(*args, **kwargs))
-            except Exception:   # an op fake tensors cannot run: its dtype is unknown there
+            except Exception:   # noqa: BLE001 - an op fake tensors cannot run
                 continue
             for value_id, result in zip(node.outputs, results):
                 if isinstance(result, torch.Tensor) and result.dtype != torch_dtype(graph.value(value_id).dtype):
