@@ -47,7 +47,7 @@ def test_a_loop_skipping_batches_the_forward_raises_on_goes_on_as_eagers(solver)
     exception type but from the state before the forward (generators and running
     statistics put back by tracing, buffer updates applied only after the step's forward):
     every later step's gradients 0.12 off and running means 0.03 off, silently. Each call
-    that raises now runs the model's forward as it is in its place. Bitwise: every
+    that raises now leaves what the model's forward, run as it is, left. Bitwise: every
     gradient kept, parameters, buffers and the generator's state after the loop, and each
     error's type and message."""
     torch.manual_seed(0)
