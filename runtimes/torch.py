@@ -184,7 +184,8 @@ class _Step:
         if torch.is_grad_enabled():   # backward(create_graph=True), torch.autograd.grad too
             raise RematIRError(
                 "backward with create_graph=True (gradients of gradients: a gradient penalty, "
-                "MAML) through a remat-ir step: its backward runs as planned ops outside "
+                "MAML; torch.autograd.functional.jvp and hvp ask for it too) through a remat-ir "
+                "step: its backward runs as planned ops outside "
                 "autograd, which records no graph of them. Compute such a loss with the original "
                 "model (the one passed to remat_ir.remat), whose autograd graph supports it")
         if self.finished or self.segment is not None:
