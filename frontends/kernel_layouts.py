@@ -124,6 +124,11 @@ def _as_run(mode, func, args, kwargs, result, made: dict, fake_class):
             meta = torch.empty_strided(traced.shape, stride, dtype=traced.dtype, device="meta")
             traced = fake_class(mode, meta, traced.device)
         redone.append(traced)
+    return _rebuilt(result, redone)
+
+
+def _rebuilt(result, redone: list):
+    """`redone` in `result`'s form: a tensor, a tuple (or its named kind) or a list."""
     if isinstance(result, torch.Tensor):
         return redone[0]
     return type(result)(redone) if isinstance(result, tuple) else redone
@@ -164,34 +169,16 @@ def _viewed_as_run(original, mode, func, args, kwargs, result, made: dict):
             traced = original(mode, _aten.as_strided.default, (type(traced),),
                               (traced, traced.shape, stride, traced.storage_offset()), {})
         redone.append(traced)
-    if isinstance(result, torch.Tensor):
-        return redone[0]
-    return type(result)(redone) if isinstance(result, tuple) else redone
+    return _rebuilt(result, redone)
 
 
 def _meta_strides(func, args, kwargs) -> list | None:
     """The strides of each result of `func` run on meta tensors laid out as `args`' fakes
-    (None for a result that is no tensor), or None where the meta kernel fails."""
-    # Not through the Python dispatcher tracing enables: its meta kernel of `view` is the
-    # fake one's, where ATen's C++ kernel is what eager runs.
-    with unset_fake_temporarily(), torch.no_grad(), torch._C._DisableAutocast(), \
-            torch._C._DisablePythonDispatcher():
-        try:
-            real = func(*pytree.tree_map(_meta_as, args), **pytree.tree_map(_meta_as, kwargs))
-        except Exception:
-            return None
-    reals = [real] if isinstance(real, torch.Tensor) else list(real) if isinstance(real, (tuple, list)) else []
-    return [r.stride() if isinstance(r, torch.Tensor) else None for r in reals]
-
-
-def _meta_as(fake):
-    """A meta tensor of `fake`'s shape, strides, storage offset and dtype; anything else
-    as it is."""
-    if not isinstance(fake, torch.Tensor):
-        return fake
-    span = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()) if size > 0)
-    base = torch.empty(fake.storage_offset() + (span if fake.numel() else 0), dtype=fake.dtype, device="meta")
-    return base.as_strided(fake.shape, fake.stride(), fake.storage_offset())
+    (None for a result that is no tensor), or None where the meta kernel fails. Not
+    through the Python dispatcher tracing enables: its meta kernel of `view` is the fake
+    one's, where ATen's C++ kernel is what eager runs."""
+    reals = _run_on(func, args, kwargs, "meta")
+    return None if reals is None else [r.stride() if isinstance(r, torch.Tensor) else None for r in reals]
 
 
 def _runs(func) -> bool:
@@ -232,13 +219,25 @@ def _kernel_layouts(func, args, kwargs) -> list | None:
     """(strides, dtype) of each result of `func` run on zeros laid out as `args`' fakes
     (None for a result that is no tensor), or None where the op fails on zeros (a
     solver's singular matrix)."""
-    with unset_fake_temporarily(), torch.no_grad(), torch._C._DisableAutocast():
+    reals = _run_on(func, args, kwargs)
+    return None if reals is None else [(r.stride(), r.dtype) if isinstance(r, torch.Tensor) else None
+                                       for r in reals]
+
+
+def _run_on(func, args, kwargs, device: str | None = None) -> list | None:
+    """The results of `func` (a list) run on real tensors laid out as `args`' fakes, zeros
+    on their device, or with `device="meta"` meta tensors run outside the Python
+    dispatcher (`_meta_strides`); None where it fails."""
+    def real(fake):
+        return _zeros_as(fake, device) if isinstance(fake, torch.Tensor) else fake
+
+    outside = torch._C._DisablePythonDispatcher() if device == "meta" else contextlib.nullcontext()
+    with unset_fake_temporarily(), torch.no_grad(), torch._C._DisableAutocast(), outside:
         try:
-            real = func(*pytree.tree_map(_zeros_as, args), **pytree.tree_map(_zeros_as, kwargs))
+            result = func(*pytree.tree_map(real, args), **pytree.tree_map(real, kwargs))
         except Exception:
             return None
-    reals = [real] if isinstance(real, torch.Tensor) else list(real) if isinstance(real, (tuple, list)) else []
-    return [(r.stride(), r.dtype) if isinstance(r, torch.Tensor) else None for r in reals]
+    return [result] if isinstance(result, torch.Tensor) else list(result) if isinstance(result, (tuple, list)) else []
 
 
 def match_kernel_layouts(module: torch.fx.GraphModule) -> int:
@@ -357,11 +356,10 @@ def _differing(node: torch.fx.Node) -> list[tuple[int | None, torch.Tensor, tupl
     return found
 
 
-def _zeros_as(fake):
-    """A real tensor of `fake`'s shape, strides, dtype and device, all zeros; anything
-    else as it is."""
-    if not isinstance(fake, torch.Tensor):
-        return fake
+def _zeros_as(fake: torch.Tensor, device: str | None = None) -> torch.Tensor:
+    """A real tensor of `fake`'s shape, strides, storage offset and dtype, all zeros, on
+    `device` (`fake`'s by default; "meta": no data)."""
     span = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()) if size > 0)
-    base = torch.zeros(span if fake.numel() else 0, dtype=fake.dtype, device=fake.device)
-    return base.as_strided(fake.shape, fake.stride())
+    base = torch.zeros(fake.storage_offset() + (span if fake.numel() else 0), dtype=fake.dtype,
+                       device=device or fake.device)
+    return base.as_strided(fake.shape, fake.stride(), fake.storage_offset())

@@ -766,10 +766,9 @@ def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[
         # eager raises too, not something tracing cannot do; unless it is on a number read
         # from tensor data (a symbol under tracing), or eager runs, where the forward took
         # another path because it was traced.
-        failure = None if SYMBOLIC.search(text) else eager_fails()
         if SYMBOLIC.search(text):
             error = symbolic_number_error(model, exc, where, number_reads[0] if number_reads else None)
-        elif failure is None:
+        elif (failure := eager_fails()) is None:
             error = LoweringError(traced_only_message(model, exc, where, tracing_check(exc.__traceback__)))
         else:
             error = LoweringError(f"{model}'s forward raised {type(exc).__name__} at {where}: "

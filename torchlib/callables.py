@@ -107,18 +107,13 @@ def described_defaults(function) -> list:
     return positional + keywords
 
 
-def plain_container(value) -> bool:
-    """Whether `value` is a container a description shows whole (`_plain_container`)."""
-    return _plain_container(value)
-
-
 def _value_text(value) -> str | None:
     """How a description shows a captured or default value: plain values and containers of
     them by repr, enum members, numpy scalars and dtypes by their description; None for
     anything else (a tensor, a module: compared otherwise, or not at all)."""
-    if type(value) is set and _plain_container(value):   # in an order no process's hashing decides
+    if type(value) is set and plain_container(value):   # in an order no process's hashing decides
         return "{" + ", ".join(sorted(map(repr, value))) + "}"
-    if isinstance(value, _PLAIN) or _plain_container(value):
+    if isinstance(value, _PLAIN) or plain_container(value):
         return repr(value)
     return described(value)
 
@@ -200,14 +195,14 @@ def _stable(constant) -> str:
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _plain_container(value, depth: int = 0) -> bool:
+def plain_container(value, depth: int = 0) -> bool:
     """A list, tuple, dict or set of plain values, or of such containers three deep (a
     closure's `cfg = {"scale": 1.0}`, a default `cfg={"loss": {"temp": 1.0}}`): its repr
     names it in every process, and one changed in place computes otherwise."""
     if type(value) not in (list, tuple, dict, set) or len(value) > 64:
         return False
     items = [*value.keys(), *value.values()] if type(value) is dict else value
-    return all(isinstance(item, _PLAIN) or (depth < 2 and _plain_container(item, depth + 1)) for item in items)
+    return all(isinstance(item, _PLAIN) or (depth < 2 and plain_container(item, depth + 1)) for item in items)
 
 
 def filled(cell) -> bool:
