@@ -97,13 +97,17 @@ def _rebuild(node: torch.fx.Node, graph: torch.fx.Graph, low: dict) -> torch.fx.
 
 
 def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] = frozenset(),
-                         mixed: list[str] | None = None) -> int:
+                         mixed: list[str] | None = None, blocks: dict[str, bool | None] | None = None,
+                         nested: bool = False) -> int:
     """Rewrite `module`'s joint graph in place and mark the cast backs (module docstring);
     returns how many primals now have one autocast cast instead of several. `uncached`:
     the flat indices of user inputs that eager casts per reader (not leaves). `mixed`
     gets the graph input names of primals cast by the call's autocast and also read
     otherwise: their cast back stays in the graph, so a second call in one block sums
-    otherwise than eager (the runtime warns then)."""
+    otherwise than eager (the runtime warns then). `blocks`: whether eager caches casts
+    in each `torch.autocast` block of the forward (`autocast_blocks.block_caches`);
+    `nested`: the call runs inside a block of the caller's, whose cache every block of
+    the forward shares, with the call's own casts and with its other calls."""
     graph = module.graph
     output = next(n for n in graph.nodes if n.op == "output")
     descs = output.meta.get("desc") or []
@@ -124,6 +128,17 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
                 or getattr(primal.meta.get("val"), "dtype", None) is not torch.float32):
             continue   # eager's cache keeps float32 leaves only
         casts = [u for u in primal.users if _autocast_cast(u, primal)]
+        settings = {_cached(c, blocks or {}) for c in casts}
+        if None in settings:
+            if len(casts) > 1:
+                warnings.warn(f"{_name(desc)} is cast by autocast in nested `torch.autocast` blocks "
+                              "of the forward with different cache_enabled settings: its "
+                              "gradient is summed as traced, which may differ from eager's in the "
+                              "last bits", stacklevel=2)
+            continue
+        # A cast eager does not cache (its block's cache_enabled=False) is another reader
+        # of the primal, as a direct read is.
+        casts = [c for c in casts if _cached(c, blocks or {})]
         # Casts no gradient flows back through (made under `torch.no_grad()`: a target
         # computed with the same weights) are not cached by eager and sum nothing: counted,
         # they kept the others from sharing one cast, 1.8e-3 relative off eager's, with a
@@ -132,7 +147,9 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
         casts = [c for c in casts if c not in without]
         if not casts or len({c.kwargs["dtype"] for c in casts}) != 1:
             continue
-        regions = [_region(c) for c in casts]
+        # Which cache a cast is kept in: the call's and its blocks' one where the call runs
+        # inside a block of the caller's (None), else each top-level block's own.
+        regions = [None if nested else _region(c) for c in casts]
         if len(set(regions)) > 1:
             # Eager's cache lives for one region: a cast per region, summed in float32 as
             # traced; readers sharing a region too would share its cast, not done here.
@@ -180,6 +197,13 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
         _erase_tree(graph, gradient)
         rewritten += 1
     return recompiled(module, rewritten)
+
+
+def _cached(cast: torch.fx.Node, blocks: dict[str, bool | None]) -> bool | None:
+    """Whether eager keeps `cast` in autocast's cache: the setting of its `torch.autocast`
+    block of the forward (None: nested blocks of other settings), or the call's."""
+    region = _region(cast)
+    return torch.is_autocast_cache_enabled() if region is None else blocks.get(region, True)
 
 
 def _without_gradient(casts: list, gradient: torch.fx.Node) -> list:

@@ -49,6 +49,7 @@ from remat_ir.ir.arguments import TensorRef
 from remat_ir.ir.memory import is_view
 from remat_ir.ir.validation import mark_made_here
 
+from .autocast_blocks import block_caches, eager_block_caches, has_blocks
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
@@ -102,10 +103,11 @@ from .view_compaction import compact_views
 from remat_ir.torchlib.described_values import tensor_like
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
-from remat_ir.torchlib.types import (ONCE_PER_STEP, argument_name, argument_names, autocast_cache, autocast_state,
+from remat_ir.torchlib.types import (ONCE_PER_STEP, argument_name, argument_names, autocast_cache,
+                                     autocast_nested, autocast_state, cast_per_reader,
                                      cpu_kernels_state, describe_input, input_aliases, ir_dtype,
                                      op_name, record_device, raw_bytes, resolve_op, sdpa_state,
-                                     to_ir_argument, uncached_under_autocast)
+                                     to_ir_argument)
 from remat_ir.torchlib import model_structure, value_checks
 from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
@@ -513,6 +515,14 @@ def _tensors_python_side(model: torch.nn.Module, args: tuple, kwargs: dict, hook
         yield
 
 
+def _exported(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+    """torch.export's program, its `torch.autocast` blocks holding eager's cache settings
+    (`autocast_blocks`; a context of its own: `_trace`'s with-statement is at Python's
+    limit of nested blocks)."""
+    with eager_block_caches():
+        return torch.export.export(model, args, kwargs, strict=False)
+
+
 def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
            assigned: dict, changed: list[str], kept: frozenset) -> torch.export.ExportedProgram:
     """torch.export's program, on eager's code path in transformers' models except at the
@@ -539,7 +549,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model), \
                 inference_buffers_as_normal(model), tensor_checks_as_value_checks(type(model).__name__), \
                 _library_ops_as_ops():
-            exported = torch.export.export(model, args, kwargs, strict=False)
+            exported = _exported(model, args, kwargs)
     except Exception as exc:
         failure = exc
     partial = getattr(failure, "partial_fx_graph", None)
@@ -1383,6 +1393,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     mixed: list[str] = []   # cast by autocast and read otherwise (`share_autocast_casts`)
+    nested = autocast_nested()   # inside a block of the caller's (`autocast_blocks`)
     with contextlib.ExitStack() as stack:
         # Eager's backward runs outside autocast (as PyTorch recommends calling it), in the
         # dtypes of the forward's casts; AOTAutograd would otherwise trace it under the
@@ -1458,11 +1469,10 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         _check_effects(joint.graph_module, type(model).__name__)
         if autocast_state():
             check_ops_cast_inside(joint.graph_module, type(model).__name__)
-        if torch.is_autocast_cache_enabled():   # off, eager casts once per reader, as traced
-            leaves = pytree.tree_leaves((args, kwargs))
-            share_autocast_casts(joint.graph_module, frozenset(
-                i for i, leaf in enumerate(leaves)
-                if isinstance(leaf, torch.Tensor) and uncached_under_autocast(leaf)), mixed)
+        leaves = pytree.tree_leaves((args, kwargs))
+        share_autocast_casts(joint.graph_module, frozenset(
+            i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and cast_per_reader(leaf)),
+            mixed, block_caches(exported), nested)
         if split_dropouts:
             split_dropout(joint.graph_module)
         if copy_long_lived_views:
@@ -1523,6 +1533,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
+    if has_blocks(exported):   # the casts of its blocks share the caller's cache or not
+        graph.proto.metadata["torch.autocast_nested"] = json.dumps(nested)
     graph.proto.metadata["torch.sdpa"] = sdpa_state()
     graph.proto.metadata["torch.deterministic"] = json.dumps(torch.are_deterministic_algorithms_enabled())
     # The CPU kernels' setting the costs will be measured under (a call under another is

@@ -72,13 +72,24 @@ class _Block(threading.local):
         probe = self.probes.get(device)
         if probe is None:
             probe = self.probes[device] = torch.zeros(1, 1, device=device, requires_grad=True)
-        with torch.enable_grad():
+        with torch.enable_grad(), _casting(device):
             marker = torch.mm(probe, probe).grad_fn.next_functions[0][0]
         if marker is not self.marker:
             self.marker, self.casts = marker, {}
 
 
 _BLOCK = _Block()
+
+
+def _casting(device: torch.device):
+    """Autocast on for the probe: a call inside a block of the caller's entered disabled
+    (`torch.autocast(..., enabled=False)`) has casts of its own blocks in that block's
+    cache (`frontends/autocast_blocks.py`), and a product outside autocast casts no probe,
+    so every block would have looked like the first. Entered inside the caller's block,
+    its end clears no cache."""
+    if torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, cache_enabled=True)
 
 
 @contextlib.contextmanager

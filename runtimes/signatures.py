@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils import _pytree as pytree
 
-from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_state,
+from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_nested,
+                                     autocast_state,
                                      cpu_kernels_flags, cpu_kernels_state, describe_input,
                                      input_aliases, sdpa_flags, sdpa_state)
 
@@ -71,6 +72,22 @@ class Signature:
     #: trace holds the order it saw (found by a review: another order ran the old graph,
     #: 1.62 off eager's output, silently). Other keywords are compared by name alone.
     keyword_order: tuple[str, ...] = ()
+    #: `autocast_nested()`: the call runs inside a `torch.autocast` block of the caller's
+    #: (entered enabled or not), whose cast cache the blocks of the forward share with the
+    #: call's casts and its other calls (`frontends/autocast_blocks.py`). A graph whose
+    #: forward has no block of its own holds None: any call fits it (`admits`).
+    autocast_nested: bool | None = None
+
+    def admits(self, call: "Signature") -> bool:
+        """Whether a call of signature `call` runs this graph: the same, but for the
+        nesting in autocast blocks where this graph has no block of its own."""
+        return self == call or (self.autocast_nested is None and call.autocast_nested is not None
+                                and self == call.without_nesting)
+
+    @functools.cached_property
+    def without_nesting(self) -> "Signature":
+        """This signature with no autocast nesting (made once: signatures are memoised)."""
+        return dataclasses.replace(self, autocast_nested=None)
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -99,6 +116,11 @@ class Signature:
         if self.autocast_cache != lowered.autocast_cache:
             return (f"autocast's cast cache is {'on' if self.autocast_cache else 'off'}, lowered "
                     f"with it {'on' if lowered.autocast_cache else 'off'}")
+        if None not in (self.autocast_nested, lowered.autocast_nested) and \
+                self.autocast_nested != lowered.autocast_nested:
+            return (f"the call is {'' if self.autocast_nested else 'not '}inside a `torch.autocast` "
+                    f"block (enabled or not), lowered {'inside' if lowered.autocast_nested else 'outside'} "
+                    f"one: the autocast blocks of the forward share that block's cast cache")
         if self.sdpa != lowered.sdpa:
             return (f"scaled dot product attention may use {self.sdpa or 'no kernel'}, lowered "
                     f"where it might use {lowered.sdpa or 'none'} (`torch.nn.attention.sdpa_kernel`)")
@@ -128,9 +150,9 @@ class Signature:
         one with a planner plans again. oneDNN on or off is compared: it changes an LSTM's
         bits."""
         if self.device != other.device:
-            return dataclasses.replace(self, device=other.device, cpu_kernels=other.cpu_kernels) == other
-        return dataclasses.replace(self, cpu_kernels=_onednn(self.cpu_kernels)) == \
-            dataclasses.replace(other, cpu_kernels=_onednn(other.cpu_kernels))
+            return dataclasses.replace(self, device=other.device, cpu_kernels=other.cpu_kernels).admits(other)
+        return dataclasses.replace(self, cpu_kernels=_onednn(self.cpu_kernels)).admits(
+            dataclasses.replace(other, cpu_kernels=_onednn(other.cpu_kernels)))
 
     def _shown(self) -> dict[str, str]:
         """How messages name each argument: `shown` where the call gave it, else the
@@ -228,7 +250,7 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
                      str(spec), str(torch.get_default_dtype()), autocast_cache(), shown,
                      input_aliases(with_paths), sdpa_state(), torch.are_deterministic_algorithms_enabled(),
-                     cpu_kernels_state() if device == "cpu" else "")
+                     cpu_kernels_state() if device == "cpu" else "", autocast_nested=autocast_nested())
 
 
 #: Leaf types a call's arguments may have to be taken without flattening (`flat_leaf`).
@@ -248,14 +270,14 @@ def _flat_key(args, kwargs) -> tuple | None:
     `flat_leaf` passed as is (a batch's `input_ids` and `labels`, `use_cache=False`),
     else None. Per tensor: its class, shape, dtype, strides (which decide its layout's
     name), whether it requires a gradient, is a leaf or a view (autocast's cache,
-    `uncached_under_autocast`), its device type and the first argument that is the same
+    `cast_per_reader`), its device type and the first argument that is the same
     tensor (`input_aliases`); per plain value: its class and repr (as described); and
-    the state every call's signature reads: autocast, its cache, the default dtype, the
+    the state every call's signature reads: autocast, its cache and nesting, the default dtype, the
     attention kernels, deterministic algorithms."""
     if type(args) is not tuple or type(kwargs) is not dict:
         return None
     names = tuple(sorted(kwargs))
-    key: list = [len(args), names, autocast_state(), torch.get_default_dtype(), autocast_cache(),
+    key: list = [len(args), names, autocast_state(), torch.get_default_dtype(), autocast_cache(), autocast_nested(),
                  sdpa_flags(), torch.are_deterministic_algorithms_enabled(), cpu_kernels_flags()]
     first: dict[int, int] = {}
     for index, leaf in enumerate((*args, *(kwargs[name] for name in names))):

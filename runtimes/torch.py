@@ -1096,7 +1096,8 @@ class _Lowered:
                          sdpa=g.metadata.get("torch.sdpa", DEFAULT_SDPA),
                          deterministic=json.loads(g.metadata.get("torch.deterministic", "false")),
                          cpu_kernels=g.metadata.get("torch.cpu_kernels", "") if device == "cpu" else "",
-                         keyword_order=free_keywords(forward, kwargs))
+                         keyword_order=free_keywords(forward, kwargs),
+                         autocast_nested=json.loads(g.metadata.get("torch.autocast_nested", "null")))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:
@@ -1868,7 +1869,7 @@ class ScheduledModule(torch.nn.Module):
         signature = memoised_signature(args, kwargs)
         if kwargs and (order := free_keywords(self._model.forward, kwargs)):
             signature = dataclasses.replace(signature, keyword_order=order)
-        same = [p for p in reversed(self._plans.values()) if p.signature == signature]
+        same = [p for p in reversed(self._plans.values()) if p.signature.admits(signature)]
         if not same and self._planner is None:
             # Device follows the inputs: a plan lowered on another device (or, on CPU, with
             # another thread count) runs there too.
@@ -1955,7 +1956,7 @@ class ScheduledModule(torch.nn.Module):
         if raises_in_eager is not None:
             self._fail_as_eager(raises_in_eager, f"{new} ({difference})")
         plan = _Lowered(self._model, graph, schedule)
-        if plan.signature != signature:
+        if not plan.signature.admits(signature):
             raise RematIRError(f"the graph planned for this call was lowered for another "
                                f"signature ({signature.difference(plan.signature)})")
         differs = plan.values_differ(args, kwargs, answers, modules=modules)
@@ -2035,8 +2036,8 @@ class ScheduledModule(torch.nn.Module):
         mine = dict(signature.arguments)
         for plan in self._plans.values():
             theirs = dict(plan.signature.arguments)
-            if theirs.keys() != mine.keys() or dataclasses.replace(
-                    plan.signature, arguments=signature.arguments, shown=signature.shown) != signature:
+            if theirs.keys() != mine.keys() or not dataclasses.replace(
+                    plan.signature, arguments=signature.arguments, shown=signature.shown).admits(signature):
                 continue
             differing = [name for name in mine if mine[name] != theirs[name]]
             if not differing or any(mine[name].startswith("tensor ") for name in differing):

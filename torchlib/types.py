@@ -210,6 +210,17 @@ def autocast_cache() -> bool:
     return torch.is_autocast_cache_enabled()
 
 
+def autocast_nested() -> bool:
+    """Whether the call runs inside a `torch.autocast` block, entered enabled or not
+    (autocast's nesting count, read by counting up and down: neither clears the cache).
+    Eager's cast cache then lives until that block ends: the blocks of the forward share
+    it with the caller's casts and with the module's other calls in the block
+    (`frontends/autocast_blocks.py`)."""
+    nested = torch.autocast_increment_nesting() > 1
+    torch.autocast_decrement_nesting()
+    return nested
+
+
 #: The flag (`torch._C._get_<flag>_sdp_enabled`) of each scaled-dot-product-attention
 #: backend `sdpa_state` names, by `SDPBackend` name (FA3 is in no priority order).
 _SDPA_FLAGS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash",
@@ -288,13 +299,13 @@ def autocast_caches(tensor: torch.Tensor) -> bool:
             and not tensor._is_view())
 
 
-def uncached_under_autocast(tensor: torch.Tensor) -> bool:
-    """Whether autocast, active now with its cache on, would cast `tensor` (float32, needing
-    a gradient) once per reader where it casts a leaf once: one that is not a leaf (hidden
-    states from a layer outside the module). The trace must know it (a signature
-    difference): its gradient is summed otherwise."""
-    return (tensor.dtype == torch.float32 and tensor.requires_grad and autocast_enabled()
-            and torch.is_autocast_cache_enabled() and not autocast_caches(tensor))
+def cast_per_reader(tensor: torch.Tensor) -> bool:
+    """Whether autocast would cast `tensor` (float32, needing a gradient) once per reader
+    where it casts a leaf once per cache: one that is not a leaf (hidden states from a
+    layer outside the module). The trace must know it (a signature difference): its
+    gradient is summed otherwise. Whatever autocast is around the call: a block of the
+    forward's own casts it too."""
+    return tensor.dtype == torch.float32 and tensor.requires_grad and not autocast_caches(tensor)
 
 
 @contextlib.contextmanager
@@ -314,14 +325,14 @@ def describe_input(leaf) -> str:
     the signature because the trace holds it: a `view` lowered for one layout fails on
     another, and the plan's copies and costs were made for it. So does whether the tensor
     requires a gradient ('... requires_grad'): the graph computes a gradient for it only if
-    it did when traced; and, under autocast with its cache, whether autocast casts it once
-    or per reader ('... requires_grad non-leaf', `uncached_under_autocast`)."""
+    it did when traced; and whether autocast casts it once or per reader ('...
+    requires_grad non-leaf', `cast_per_reader`)."""
     if isinstance(leaf, torch.Tensor):
         layout = describe_layout(leaf)
         return (f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
                 + (f" {layout}" if layout != "contiguous" else "")
                 + (" requires_grad" if leaf.requires_grad else "")
-                + (" non-leaf" if uncached_under_autocast(leaf) else ""))
+                + (" non-leaf" if cast_per_reader(leaf) else ""))
     return repr(leaf)
 
 
