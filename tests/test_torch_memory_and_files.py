@@ -375,3 +375,58 @@ def test_a_number_held_in_a_tensor_that_sizes_a_result_is_refused_with_int_as_th
                                                        r"tensor .* at .*test_torch_memory_and_files.py:\d+ in "
                                                        r"forward.*`int\(start\)`"):
         remat_ir.remat(_NarrowedAt(), (x, torch.tensor(1)), solver="recompute-all")
+
+
+_MOVED_CODE = textwrap.dedent('''
+    import torch
+
+
+    def act(h):
+        return torch.tanh(h) * 2.0
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+            self.act = act
+
+        def forward(self, x):
+            return self.b(self.act(self.a(x))).square().mean()
+''')
+
+
+def test_a_graph_file_loads_beside_the_same_code_in_another_directory(tmp_path, monkeypatch):
+    """The functions a forward read are described by their package-relative file, not the
+    whole path: a graph saved from one checkout and loaded beside an identical copy of the
+    code elsewhere (another machine, a container) was refused, naming a function whose
+    code digest was the same (found by a review). Code edited there is still told apart."""
+    import importlib
+
+    def imported(folder: str, code: str):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "remat_moved_net.py").write_text(code)
+        monkeypatch.syspath_prepend(str(tmp_path / folder))
+        sys.modules.pop("remat_moved_net", None)
+        module = importlib.import_module("remat_moved_net")
+        monkeypatch.syspath_prepend(str(tmp_path))   # the next folder comes first
+        return module
+
+    torch.manual_seed(0)
+    first = imported("first", _MOVED_CODE).Net()
+    x = torch.randn(4, 8)
+    ir.save(lower_torch(first, (x,), cost_model="flops"), tmp_path / "net.rir")
+    graph = ir.load(tmp_path / "net.rir")
+    schedule = solvers.solve(graph, None, "recompute-all")
+    moved = imported("moved", _MOVED_CODE).Net()
+    moved.load_state_dict(first.state_dict())
+    eager = copy_model(moved)
+    scheduled = ScheduledModule(moved, graph, schedule)
+    for module in (eager, scheduled):
+        module(x).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(eager.parameters(), moved.parameters()))
+    edited = imported("edited", _MOVED_CODE.replace("* 2.0", "* 3.0")).Net()
+    with pytest.raises(Exception, match=r"function 'act' of Net was remat_moved_net.act at "
+                                        r"remat_moved_net.py:5 #\w+ when the model was lowered"):
+        ScheduledModule(edited, graph, schedule)(x)
+    sys.modules.pop("remat_moved_net", None)

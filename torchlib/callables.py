@@ -9,7 +9,8 @@ against eager's 0.156). The frontend records each such function read while traci
 another process is checked alike); the runtime describes what the module holds at every
 call and compares.
 
-The description names the function (module, qualified name, where its code starts) and
+The description names the function (module, qualified name, where its code starts, from
+its package's root) and
 the plain values its closure captured or a `functools.partial` binds, so that a lambda
 re-made with another constant reads as another function. A bound method is its function.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import pathlib
 import types
 
 import torch
@@ -63,9 +65,22 @@ def describe(value) -> str:
     defaults = [text for default in described_defaults(value)
                 if (text := _value_text(default) or (_bound_text(default) if plain_owner(default) else None))
                 is not None]
-    return (f"{name} at {code.co_filename}:{code.co_firstlineno} #{code_digest(code)}"
+    return (f"{name} at {_place(value, code.co_filename)}:{code.co_firstlineno} #{code_digest(code)}"
             + (f" with {_whole(captured)}" if captured else "")
             + (f" defaults {_whole(defaults)}" if defaults else ""))
+
+
+def _place(value, filename: str) -> str:
+    """The file of a function's code from its package's root (`cm.py`, `transformers/
+    models/llama/modeling_llama.py`), as its module's dotted name spells it: the same
+    wherever the code is installed. With the whole path, a plan file or saved module
+    loaded beside an identical copy of the code in another directory (another machine,
+    a container) was refused, naming a function whose digest was the same (found by a
+    review); the digest and the name say what it computes."""
+    parts = pathlib.PurePath(filename).parts
+    module = getattr(value, "__module__", None) or ""
+    depth = len(module.split(".")) + (parts[-1:] == ("__init__.py",)) if module != "__main__" else 1
+    return "/".join(parts[-depth:]) if parts else filename
 
 
 def describe_called(value) -> str | None:
