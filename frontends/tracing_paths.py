@@ -16,6 +16,8 @@ import traceback
 
 import torch
 
+from remat_ir.torchlib.generators import GeneratorStates, generators_kept
+
 from .model_lines import is_model_file
 
 #: Calls by which a model asks whether it is being traced or compiled (torch's and
@@ -50,27 +52,13 @@ class EagerFailure:
     the forward writes besides buffers: a momentum encoder's weights, found by a review)."""
 
     def __init__(self, exception: BaseException, buffers: list, devices: list[int]):
-        import random
-        import sys
-
         self.exception = exception
-        self.cpu, self.cuda = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
-        self.python = random.getstate()
-        numpy = sys.modules.get("numpy")
-        self.numpy = (numpy, numpy.random.get_state()) if numpy is not None else None
+        self.generators = GeneratorStates(devices)
         self.buffers = [(buffer, buffer.detach().clone()) for buffer, _ in buffers]
-        self.devices = devices
 
     def apply(self) -> None:
         """The generators and buffers as the eager forward left them."""
-        import random
-
-        torch.set_rng_state(self.cpu)
-        for device, state in zip(self.devices, self.cuda):
-            torch.cuda.set_rng_state(state, device)
-        random.setstate(self.python)
-        if self.numpy is not None:
-            self.numpy[0].random.set_state(self.numpy[1])
+        self.generators.restore()
         with torch.no_grad():
             for buffer, left in self.buffers:
                 buffer.copy_(left)
@@ -87,22 +75,18 @@ def eager_failure(model: torch.nn.Module, args: tuple, kwargs: dict) -> EagerFai
     module routed in its place (`remat(..., in_place=True)`: the scheduled module traced
     the call again, which ran this check again, until the process aborted; found by a
     review)."""
-    import random
-
     buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     devices = sorted({b.device.index or 0 for b, _ in buffers if b.device.type == "cuda"} |
                      {p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     call = model._call_impl if model.__dict__.get("_compiled_call_impl") is not None else model
-    python = random.getstate()
     failure = None
     try:
-        with torch.enable_grad(), torch.random.fork_rng(devices=devices):
+        with torch.enable_grad(), generators_kept(devices):
             try:
                 call(*args, **kwargs)
             except Exception as exc:   # noqa: BLE001 - any error means eager fails as well
                 failure = EagerFailure(exc, buffers, devices)
     finally:
-        random.setstate(python)
         with torch.no_grad():
             for buffer, was in buffers:
                 buffer.copy_(was)

@@ -2,10 +2,10 @@
 
 Profiling, timing and planning run a graph's ops, or whole steps, that training never
 runs: the numbers they draw must not move the generators the user's next step draws
-from. Torch's (CPU, and the CUDA devices worked on) are kept by `torch.random.fork_rng`;
-a step also draws from NumPy's global generator (transformers' SpecAugment masks,
-`torchlib/spec_augment.py`), and Python's is kept alike, so that a user seeding any of
-them gets eager's numbers after `remat`."""
+from. Torch's (CPU, and the CUDA devices worked on) are kept; a step also draws from
+NumPy's global generator (transformers' SpecAugment masks, `torchlib/spec_augment.py`),
+and Python's is kept alike, so that a user seeding any of them gets eager's numbers
+after `remat`."""
 
 from __future__ import annotations
 
@@ -16,20 +16,39 @@ import sys
 import torch
 
 
+class GeneratorStates:
+    """The states of torch's CPU generator, of the CUDA generators of `devices`, and of
+    Python's and NumPy's global generators, taken when made; `restore()` sets them again.
+    One snapshot for work that must leave the generators as it found them
+    (`generators_kept`) and for a forward's effects kept to be set again later
+    (`frontends/tracing_paths.EagerFailure`)."""
+
+    def __init__(self, devices=()):
+        self.devices = list(devices)
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(d) for d in self.devices]
+        self.python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy = (numpy, numpy.random.get_state()) if numpy is not None else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for device, state in zip(self.devices, self.cuda):
+            torch.cuda.set_rng_state(state, device)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            self.numpy[0].random.set_state(self.numpy[1])
+
+
 @contextlib.contextmanager
 def generators_kept(devices=()):
     """Within: draw freely; after: torch's generators (CPU and `devices`'), Python's and
     NumPy's global generators are as they were before."""
-    python = random.getstate()
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy is not None else None
+    taken = GeneratorStates(devices)
     try:
-        with torch.random.fork_rng(devices=list(devices)):
-            yield
+        yield
     finally:
-        random.setstate(python)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
+        taken.restore()
 
 
 def step_generators(device: torch.device, python: bool = False) -> tuple:
