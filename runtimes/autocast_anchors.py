@@ -82,12 +82,13 @@ _BLOCK = _Block()
 
 
 def _casting(device: torch.device):
-    """Autocast on for the probe: a call inside a block of the caller's entered disabled
-    (`torch.autocast(..., enabled=False)`) has casts of its own blocks in that block's
-    cache (`frontends/autocast_blocks.py`), and a product outside autocast casts no probe,
-    so every block would have looked like the first. Entered inside the caller's block,
-    its end clears no cache."""
-    if torch.is_autocast_enabled(device.type):
+    """Autocast and its cache on for the probe: a call inside a block of the caller's
+    entered disabled (`torch.autocast(..., enabled=False)`), or with its cache off, has
+    casts of its own blocks in that block's cache (`frontends/autocast_blocks.py`), and
+    a product outside autocast casts no probe (one with the cache off caches none), so
+    every block would have looked like the first, or every call like a new block.
+    Entered inside the caller's block, its end clears no cache."""
+    if torch.is_autocast_enabled(device.type) and torch.is_autocast_cache_enabled():
         return contextlib.nullcontext()
     return torch.autocast(device.type, cache_enabled=True)
 

@@ -116,31 +116,39 @@ def test_blocks_inside_a_callers_block_share_its_cache(make, outer, solver):
 
 
 class _OneBlock(nn.Module):
-    def __init__(self):
+    def __init__(self, cache_enabled=None):
         super().__init__()
         self.a, self.o = nn.Linear(16, 16), nn.Linear(16, 4)
+        self.cache_enabled = cache_enabled
 
     def forward(self, x):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=self.cache_enabled):
             h = self.a(x)
         return self.o(torch.tanh(h.float()))
 
 
-@pytest.mark.parametrize("outer", list(_OUTER))
-def test_a_module_called_twice_in_a_callers_block_shares_its_blocks_cast(outer):
+_OUTER_CACHE_OFF = {**_OUTER, "outer-bf16-cache-off": lambda: torch.autocast("cpu", dtype=torch.bfloat16,
+                                                                              cache_enabled=False)}
+
+
+@pytest.mark.parametrize("cache_enabled", [None, True], ids=["block-default", "block-on"])
+@pytest.mark.parametrize("outer", list(_OUTER_CACHE_OFF))
+def test_a_module_called_twice_in_a_callers_block_shares_its_blocks_cast(outer, cache_enabled):
     """Two views of a batch in one caller's block: eager's cast of `a` made by the first
     call's block is the second's too, and the two calls' gradients are summed in
     bfloat16 before one cast back (`runtimes/autocast_anchors.py`); outside any block,
-    each call's block casts anew."""
+    each call's block casts anew. Under a caller's block with its cache off, a block
+    turning it on keeps its casts in the cache all the same, until the caller's block
+    ends; one left at its default caches nothing."""
     torch.manual_seed(0)
-    model = _OneBlock()
+    model = _OneBlock(cache_enabled)
     eager = copy.deepcopy(model)
     x, y = torch.randn(8, 16), torch.randn(8, 16)
-    with _OUTER[outer]():
+    with _OUTER_CACHE_OFF[outer]():
         scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
     for step in range(2):
         for module in (eager, scheduled):
-            with _OUTER[outer]():
+            with _OUTER_CACHE_OFF[outer]():
                 loss = module(x).float().pow(2).sum() + module(y).float().pow(2).sum()
             loss.backward()
         for (name, p), q in zip(eager.named_parameters(), scheduled.parameters()):
