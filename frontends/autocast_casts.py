@@ -17,9 +17,9 @@ its first cast and every reader reads that one; the gradient becomes the same su
 gradients in the autocast dtype, cast to float32 once, as eager computes it. Casts a
 program writes itself (`w.to(torch.bfloat16)`) are not cached by eager and stay as
 they are. A primal read both through autocast casts and directly shares its casts too
-where the direct reads' gradient is one part (`_share_beside_one_direct_part`); with
-more parts it is left as traced, with a warning: eager's sum order there depends on
-when its cast's gradient arrives.
+beside the direct reads' parts, in the order eager's autograd adds them
+(`_share_beside_direct_parts`); where that order cannot be told (several direct parts
+summed in a tree that is not a chain) it is left as traced, with a warning.
 So is a primal cast in several `torch.autocast` blocks inside the forward: eager's
 cache ends with each block, so it casts once per block and sums those in float32 (two
 blocks sharing one cast trained 2e-3 off eager's). An input that is not a leaf (`uncached`:
@@ -170,7 +170,7 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
                 mixed.append(getattr(grad_of, "target", None) or f"input{grad_of.idx}")
             if len(casts) == 1:
                 continue
-            if _share_beside_one_direct_part(graph, gradient, casts, seqs, order):
+            if _share_beside_direct_parts(graph, gradient, casts, seqs, order):
                 rewritten += 1
                 continue
             warnings.warn(f"{_name(desc)} is cast by autocast for several ops and also used "
@@ -239,34 +239,33 @@ def _refuse_cast_writes(desc, written) -> None:
             f"model outside torch.autocast")
 
 
-def _share_beside_one_direct_part(graph: torch.fx.Graph, gradient: torch.fx.Node, casts: list,
-                                  seqs: set, order: dict) -> bool:
+def _share_beside_direct_parts(graph: torch.fx.Graph, gradient: torch.fx.Node, casts: list,
+                               seqs: set, order: dict) -> bool:
     """Share the casts of a primal also read directly, where its gradient is the sum of
-    its casts' cast backs and one part more (the direct reads'): eager sums the casts'
-    parts in the autocast dtype, casts back once and adds the direct part, and a sum of
-    two float32 terms is the same in either order, so this is eager's gradient bit for
-    bit wherever the direct part arrives. An input read by two products under bfloat16
-    and by `torch.cdist` (float32) had its gradient 3e-4 off eager's. Returns whether it
-    rewrote; with two direct parts or more their order against the cast's would matter."""
+    its casts' cast backs and of direct parts (the direct reads'): eager sums the casts'
+    parts in the autocast dtype, casts back once and adds that among the direct parts.
+    An input read by two products under bfloat16 and by `torch.cdist` (float32) had its
+    gradient 3e-4 off eager's. Where the parts reach the primal's gradient: eager's one
+    cast back runs when the trace's cast back of the first cast ran (the same autograd
+    node, by sequence number), so the sum is the trace's, its cast backs taken out and
+    the shared one put where the first cast's was. The runtime hands the parts over in
+    this order (`runtimes/gradient_parts.py`): where a part comes from outside the
+    module too (a penalty on the weight), the order shows (5e-8 relative off eager's with
+    the cast back first; 3e-3 with two direct parts summed as traced: found by a search
+    over random autocast blocks). With two direct parts or more the trace's sum must be
+    a chain (in arrival order); else nothing is rewritten. Returns whether it rewrote."""
     leaves: list = []
     if not _sum_leaves(gradient, leaves):
         return False
     backs = [leaf for leaf in leaves if leaf.target is _aten._to_copy.default
              and leaf.kwargs.get("dtype") is torch.float32 and leaf.meta.get("seq_nr") in seqs]
     direct = [leaf for leaf in leaves if leaf not in backs]
-    if (len(backs) != len(casts) or len(direct) != 1
-            or len({leaf.meta.get("seq_nr") for leaf in backs}) != len(backs)):
+    if (len(backs) != len(casts) or not direct
+            or len({leaf.meta.get("seq_nr") for leaf in backs}) != len(backs)
+            or (len(direct) > 1 and not _chain(gradient))):
         return False
     first = min(casts, key=order.__getitem__)
-    # Eager's one cast back runs when the trace's cast back of the first cast ran (the
-    # same autograd node, by sequence number): the direct part reaches the tensor's
-    # gradient before or after it as it did in the trace. The runtime hands the two over
-    # in this add's order (`runtimes/gradient_parts.py`), and with a third part from
-    # outside the module (a penalty on the weight) the order shows: 5e-8 relative off
-    # eager's, found by a search over random autocast blocks.
-    direct_first = leaves.index(direct[0]) < next(
-        (i for i, leaf in enumerate(leaves) if leaf in backs and leaf.meta.get("seq_nr") == first.meta.get("seq_nr")),
-        len(leaves))
+    arriving = next((leaf for leaf in backs if leaf.meta.get("seq_nr") == first.meta.get("seq_nr")), backs[0])
     for cast in casts:
         if cast is not first:
             replace(cast, first)
@@ -276,8 +275,11 @@ def _share_beside_one_direct_part(graph: torch.fx.Graph, gradient: torch.fx.Node
             total = add_call(graph, gradient.meta, _aten.add.Tensor, (total, back.args[0]))
         cast_back = add_call(graph, gradient.meta, _aten._to_copy.default, (total,),
                              dict(backs[0].kwargs))
-        whole = add_call(graph, gradient.meta, _aten.add.Tensor,
-                         (direct[0], cast_back) if direct_first else (cast_back, direct[0]))
+        parts = [cast_back if leaf is arriving else leaf for leaf in leaves
+                 if leaf in direct or leaf is arriving]
+        whole = parts[0]
+        for part in parts[1:]:
+            whole = add_call(graph, gradient.meta, _aten.add.Tensor, (whole, part))
     gradient.replace_all_uses_with(whole)
     _erase_tree(graph, gradient)
     return True
@@ -318,6 +320,17 @@ def _primal_of(primals: list[torch.fx.Node], grad_of) -> torch.fx.Node | None:
     """The placeholder that `grad_of` (a gradient output's descriptor) names: the one with
     that input descriptor."""
     return next((node for node in primals if node.meta.get("desc") == grad_of), None)
+
+
+def _chain(node: torch.fx.Node) -> bool:
+    """Whether the add tree at `node` is a chain ((a + b) + c): each add's second term is
+    no add of the tree, so its leaves are in the order the sums took them."""
+    while node.target is _aten.add.Tensor and len(node.args) == 2 and not node.kwargs:
+        second = node.args[1]
+        if isinstance(second, torch.fx.Node) and second.target is _aten.add.Tensor:
+            return False
+        node = node.args[0]
+    return True
 
 
 def _erase_tree(graph: torch.fx.Graph, node: torch.fx.Node) -> None:

@@ -132,15 +132,16 @@ class _SharedWeight(nn.Module):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("explicit, direct", [(False, 0), (True, 0), (False, 1)],
-                         ids=["autocast_casts", "explicit_casts", "and_read_directly"])
+@pytest.mark.parametrize("explicit, direct", [(False, 0), (True, 0), (False, 1), (False, 2)],
+                         ids=["autocast_casts", "explicit_casts", "and_read_directly", "and_read_directly_twice"])
 def test_a_weight_cast_for_several_ops_gets_eagers_gradient(dtype, explicit, direct):
     """Eager casts the weight once (autocast's cache) and sums its readers' gradients in
     the autocast dtype; the trace casts it per reader and sums in float32 (up to 0.06
     off in bfloat16) unless the lowering shares the cast (`frontends/autocast_casts.py`).
     Casts the program writes are not cached by eager and stay apart. A weight also read
-    directly once gets that part added after the cast back, in either order the same
-    bits (an input so read by two products and `torch.cdist`: 3e-4 off before)."""
+    directly gets those parts added beside the cast back where eager's autograd adds
+    them (an input so read by two products and `torch.cdist`: 3e-4 off before; read
+    directly twice, it was left as traced with a warning until 2026-12-05)."""
     torch.manual_seed(0)
     model, x = _SharedWeight(explicit, direct), torch.randn(4, 8)
     eager = copy.deepcopy(model)
@@ -156,15 +157,6 @@ def test_a_weight_cast_for_several_ops_gets_eagers_gradient(dtype, explicit, dir
             loss.backward()
         assert torch.equal(eager.w.grad, model.w.grad), (step, (eager.w.grad - model.w.grad).abs().max())
         eager.w.grad = model.w.grad = None
-
-
-def test_a_weight_cast_by_autocast_and_read_directly_twice_is_warned_about():
-    """Where the weight is also read directly for two parts of its gradient, eager's sum
-    order depends on when its cached cast's gradient arrives between them: not
-    replicated, and said so at lowering."""
-    model, x = _SharedWeight(direct=2), torch.randn(4, 8)
-    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="parameter 'w' is cast by autocast"):
-        remat_ir.remat(model, (x,), budget=None, solver="recompute-all", cost_model="flops")
 
 
 class _CastToFloat(torch.autograd.Function):
