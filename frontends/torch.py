@@ -50,6 +50,7 @@ from remat_ir.ir.memory import is_view
 from remat_ir.ir.validation import mark_made_here
 
 from .autocast_blocks import block_caches, eager_block_caches, has_blocks
+from .distributed_calls import distributed_calls_watched
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
@@ -515,11 +516,12 @@ def _tensors_python_side(model: torch.nn.Module, args: tuple, kwargs: dict, hook
         yield
 
 
-def _exported(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads) -> torch.export.ExportedProgram:
     """torch.export's program, its `torch.autocast` blocks holding eager's cache settings
-    (`autocast_blocks`; a context of its own: `_trace`'s with-statement is at Python's
-    limit of nested blocks)."""
-    with eager_block_caches():
+    (`autocast_blocks`), the rank the forward reads recorded and a collective it calls
+    refused (`distributed_calls`). Contexts of their own: `_trace`'s with-statement is at
+    Python's limit of nested blocks."""
+    with eager_block_caches(), distributed_calls_watched(type(model).__name__, reads.globals):
         return torch.export.export(model, args, kwargs, strict=False)
 
 
@@ -549,7 +551,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
                 refusing_overlapping_writes(type(model).__name__), swapped_parameters_as_parameters(model), \
                 inference_buffers_as_normal(model), tensor_checks_as_value_checks(type(model).__name__), \
                 _library_ops_as_ops():
-            exported = _exported(model, args, kwargs)
+            exported = _exported(model, args, kwargs, reads)
     except Exception as exc:
         failure = exc
     partial = getattr(failure, "partial_fx_graph", None)

@@ -105,12 +105,15 @@ def _item(container: Mapping, key):
 def global_part(value, where) -> object:
     """What a global row (`TracedReads.globals`) reads of the global's `value`: its item
     (["item", key]), its length (["length"]), its attribute (["attr", name]) or that
-    attribute's item (["attr", name, key]); `_MISSING` where there is none. The name may
+    attribute's item (["attr", name, key]), or what it returns called (["call"]: the
+    rank); `_MISSING` where there is none. The name may
     be dotted, an attribute's attribute (`CFG.inner.temp`)."""
     if where[0] == "item":
         return _items(value).get(where[1], _MISSING)
     if where[0] == "length":
         return len(value) if isinstance(value, (list, tuple, Mapping)) else _MISSING
+    if where[0] == "call":   # `dist.get_rank()` (frontends/distributed_calls.py)
+        return value() if callable(value) else _MISSING
     now = value
     for name in where[1].split("."):
         now = getattr(now, name, _MISSING)
@@ -314,11 +317,13 @@ class TracedReads:
             else:
                 now = global_part(value, where)
                 shown = (f"{name}[{where[1]!r}]" if where[0] == "item" else f"len({name})"
-                         if where[0] == "length" else f"{name}.{where[1]}"
+                         if where[0] == "length" else f"{name}()" if where[0] == "call" else f"{name}.{where[1]}"
                          + (f"[{where[2]!r}]" if len(where) == 3 else ""))   # `settings.D["temp"]`
             if not _same(now, lowered):
                 if (module_name, name) == ("os", "environ"):
                     return _differs(f"environment variable {where[1]}", lowered, now)
+                if where and where[0] == "call":
+                    return _differs(f"the rank the forward reads ({module_name}.{name}())", lowered, now)
                 return _differs(f"global {shown} of {module_name}", lowered, now)
         return None
 

@@ -293,6 +293,72 @@ def _held_tensor_per_rank(rank: int, world: int) -> dict:
     return {"error": None}
 
 
+class _RankScaled(torch.nn.Module):
+    """A forward reading its rank (a per-rank scale)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)) * (1.0 + dist.get_rank())).square().mean()
+
+
+def _rank_read(rank: int, world: int) -> dict:
+    """Rank 0 lowers for every rank, so the graph held its rank number and rank 1 trained
+    with it: outputs 0.135 off eager DDP's, silently (found by a review). Rank 1 now finds
+    the rank it reads differs and plans its own. Returns the largest gradient difference
+    from eager DDP's over two steps, and what rank 1 was told."""
+    import io
+    import contextlib as cl
+
+    import remat_ir
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = _RankScaled()
+    eager = DDP(copy.deepcopy(model))
+    said = io.StringIO()
+    with cl.redirect_stderr(said):
+        scheduled = DDP(remat_ir.remat(model, (torch.randn(3, 4),), solver="recompute-all", cost_model="flops"))
+        worst = 0.0
+        for step in range(2):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 * step + rank))
+            for m in (eager, scheduled):
+                m.zero_grad()
+                m(x).backward()
+            worst = max([worst] + [(p.grad - q.grad).abs().max().item()
+                                   for p, q in zip(eager.parameters(), scheduled.parameters())])
+    return {"worst": worst, "said": said.getvalue()}
+
+
+class _AllReducing(torch.nn.Module):
+    """A forward all-reducing a statistic (as SyncBatchNorm does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        mean = h.detach().mean(0)
+        dist.all_reduce(mean)
+        return (h - mean).square().mean()
+
+
+def _collective_in_forward(rank: int, world: int) -> dict:
+    """Rank 0 lowered alone while rank 1 waited for its plan in a broadcast: the forward's
+    all-reduce met that broadcast, and both ranks hung until the group's timeout (found by
+    a review). Now refused on rank 0 before it runs, and said on every rank."""
+    import remat_ir
+
+    try:
+        remat_ir.remat(_AllReducing(), (torch.randn(3, 4),), solver="recompute-all", cost_model="flops")
+    except remat_ir.ir.RematIRError as error:
+        return {"type": type(error).__name__, "error": str(error)}
+    return {"error": None}
+
+
 class _TwoHeads(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -516,6 +582,11 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
         results["fsdp_new_shape"] = _fsdp_new_shape(rank, world)
         results["fsdp_gathers"] = _fsdp_gathered_at_once(rank, world)
         results["held_per_rank"] = _held_tensor_per_rank(rank, world)
+        for name, case in (("rank_read", _rank_read), ("collective_in_forward", _collective_in_forward)):
+            try:
+                results[name] = case(rank, world)
+            except Exception:
+                results[name] = {"failure": traceback.format_exc()}
         results["ddp_head_left_out"] = _ddp_head_left_out(rank, world)
         results["fsdp_head_left_out"] = _fsdp_head_left_out_with_hooks(rank, world)
         try:

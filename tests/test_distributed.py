@@ -102,6 +102,20 @@ def test_a_tensor_held_per_rank_is_refused_saying_rank_0_lowered_it(runs):
     assert "register it as a buffer" in rank1["error"], rank1
 
 
+def test_a_forward_reading_its_rank_is_planned_by_each_rank_and_trains_like_eager(runs):
+    rank0, rank1 = (results["rank_read"] for results in runs)
+    assert "failure" not in rank0 and "failure" not in rank1, (rank0, rank1)
+    assert rank0["worst"] == 0.0 and rank1["worst"] == 0.0, (rank0, rank1)
+    assert "the rank the forward reads (torch.distributed.get_rank()) was 0" in rank1["said"], rank1
+
+
+def test_a_collective_in_the_forward_is_refused_on_every_rank_without_hanging(runs):
+    for rank, results in enumerate(runs):
+        result = results["collective_in_forward"]
+        assert "calls torch.distributed.all_reduce at" in result.get("error", ""), (rank, result)
+        assert "a collective inside the forward is not supported" in result["error"], (rank, result)
+
+
 def test_ddp_with_a_head_the_loss_leaves_out_behaves_as_with_eager(runs):
     """Without `find_unused_parameters` DDP raises at the step after the head was left out,
     for remat-ir as for eager; with it, both train to the same weights."""

@@ -1,0 +1,104 @@
+"""What a forward asks of torch.distributed while traced: its rank, or a collective.
+
+Under torch.distributed, ranks whose inputs agree share one plan, which rank 0 lowers
+(`remat_ir/distributed.py`). Two things a forward may do there depend on the rank:
+
+- It reads its rank (`dist.get_rank()`: a per-rank offset, scale or slice). The trace
+  bakes rank 0's number into the graph, and every other rank trained with it: rank 1's
+  outputs 0.135 off eager DDP's, its parameters 0.04 off under FSDP2, silently (found
+  by a review). The rank read is now recorded as a value the forward read
+  (`TracedReads.globals`, the row `("torch.distributed", "get_rank", ("call",))`), which
+  the runtime compares at every call as it compares a global: a rank whose number
+  differs plans its own (as for any per-rank attribute or environment variable).
+- It calls a collective (`dist.all_reduce` of a statistic, as SyncBatchNorm does;
+  `torch.distributed.nn.functional.all_reduce`). Rank 0 lowers alone while the other
+  ranks wait for its plan in a broadcast, so the forward's collective met theirs: every
+  rank hung until the process group's timeout, and one died of heap corruption (found
+  by a review). A graph could not hold one either: a plan that recomputes it calls it
+  again on one rank. Refused before it runs, naming the call (docs/distributed.md lists
+  collectives in the forward as not done); FSDP2's own gathers are torch's, not the
+  model's, and go through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+
+from .errors import LoweringError
+from .model_lines import is_model_file
+
+#: torch.distributed's collectives and point-to-point calls a forward may make.
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+                "all_gather_single", "broadcast", "broadcast_object_list", "reduce",
+                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+                "barrier", "monitored_barrier", "gather", "gather_object", "scatter",
+                "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv")
+#: Where torch's own autograd collectives call them for the model (`dist.nn.all_reduce`).
+_AUTOGRAD_COLLECTIVES = os.path.join("distributed", "nn", "functional.py")
+#: The row a rank read is recorded as (`TracedReads.globals`).
+RANK_READ = ("torch.distributed", "get_rank", ("call",))
+
+
+@contextlib.contextmanager
+def distributed_calls_watched(model: str, globals_read: dict):
+    """Within, where torch.distributed is initialized: `dist.get_rank()` called by the
+    model's code is recorded in `globals_read` (module docstring), and a collective it
+    calls raises one LoweringError before it runs."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    tracing = threading.get_ident()
+    originals = {name: getattr(dist, name) for name in ("get_rank", *_COLLECTIVES) if hasattr(dist, name)}
+
+    def by_model(depth: int) -> str | None:
+        """'file:line' of the model's code calling, `depth` frames up (through torch's
+        autograd collectives), or None where torch's own code calls (FSDP2's gathers)."""
+        if threading.get_ident() != tracing:
+            return None
+        frame = sys._getframe(depth)
+        if frame.f_code.co_filename.endswith(_AUTOGRAD_COLLECTIVES):
+            while frame is not None and not is_model_file(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is None:
+                return "torch.distributed.nn.functional"
+        elif not is_model_file(frame.f_code.co_filename):
+            return None
+        return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+    def get_rank(group=None):
+        rank = originals["get_rank"](group)
+        if by_model(2) is not None:
+            if group is not None:
+                raise LoweringError(
+                    f"{model}'s forward reads its rank in a process group "
+                    f"(torch.distributed.get_rank(group)) at {by_model(2)}: the graph would hold "
+                    f"this rank's number for every rank. Pass the rank to forward as a tensor")
+            globals_read.setdefault(RANK_READ, rank)
+        return rank
+
+    def refusing(name: str):
+        def collective(*args, **kwargs):
+            where = by_model(2)
+            if where is not None:
+                raise LoweringError(
+                    f"{model}'s forward calls torch.distributed.{name} at {where}: a collective "
+                    f"inside the forward is not supported (one rank lowers the model while the "
+                    f"others wait, and a plan recomputing it would call it again on one rank; "
+                    f"docs/distributed.md). Call it outside the module given to remat_ir.remat "
+                    f"(SyncBatchNorm: use BatchNorm, or keep that layer out of the module)")
+            return originals[name](*args, **kwargs)
+        return collective
+
+    patched = {"get_rank": get_rank, **{name: refusing(name) for name in originals if name != "get_rank"}}
+    for name, function in patched.items():
+        setattr(dist, name, function)
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
