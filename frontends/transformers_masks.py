@@ -191,12 +191,17 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
     """Eager's answer of `decide(tensor, *args, **kwargs)` (the function `decision` of
     `torchlib.value_guards.DECISIONS` names) for a traced `tensor` computed from the
     caller's inputs, appended to `guards` with the way to it (`said`: more the guard
-    records for its message); None where that way cannot be recorded, or under
-    torch.distributed: there each rank's batch would answer for itself, a rank whose
-    answer differs would plan alone, and planning is a collective of all ranks
-    (`remat_ir.distributed`), so the caller keeps the traced answer (or export's refusal)."""
+    records for its message); None where that way cannot be recorded, or for a mask
+    decision under torch.distributed: the traced answer (a mask) is right for every
+    batch, and one plan for every rank is what FSDP2 needs (a rank whose batch answered
+    otherwise would plan alone). A branch or an integer read from values
+    (`input_branches`) has no traced answer, so it is recorded there too: rank 0's
+    answer goes with its plan, and a rank whose batch answers otherwise plans its own
+    under DDP (refused, saying so, under FSDP2). They were refused under
+    torch.distributed with "cannot depend on tensor values", which one process trains
+    (found by a review)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1:
+            torch.distributed.get_world_size() > 1 and DECISIONS.get(decision) not in ("branch", "integers"):
         return None
     found = ancestry(tensor, inputs.known(), constants=True)
     if found is None:

@@ -639,6 +639,24 @@ def _run_step_failing_as_eager(runner: "_Runner", resident: tuple, model: torch.
         raise failed
 
 
+#: What to do where a module sharded by FSDP2 would plan again, by what was new. A value
+#: the forward read may differ on this rank only: rank 0 lowered the model for every rank
+#: (found by a review: rank 1 was told to pad its batches, its attribute named as 1.0
+#: "when the model was lowered", a value it never held).
+_FSDP_ADVICE = {
+    "new input signature": ("give every batch the shapes remat_ir.remat planned (drop_last=True in "
+                            "the DataLoader, padding='max_length'), or wrap with DDP, which plans new "
+                            "shapes"),
+    "new input values": ("the batch's values decide a branch or a number of the forward otherwise "
+                         "than the batch rank 0 lowered the model with for every rank; give "
+                         "remat_ir.remat a batch that decides as every batch does, or wrap with "
+                         "DDP, where each rank plans its own"),
+    "new value read by forward": ("under torch.distributed rank 0 lowered the model for every "
+                                  "rank, so the value is rank 0's at lowering: keep it equal on "
+                                  "every rank and between steps, or wrap with DDP, where each rank "
+                                  "plans its own")}
+
+
 def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = None) -> tuple:
     """Run a training step's forward segment and wire its backward (`_Step`)."""
     for _ in range(runner.python_draws):   # eager's forward draws these (`frontends/python_draws.py`)
@@ -1927,9 +1945,8 @@ class ScheduledModule(torch.nn.Module):
             # others wait in theirs. Found by a review: every rank hung.
             raise FSDPUsageError(
                 f"a module sharded by FSDP2 met a {new} ({difference}), and it cannot be lowered "
-                f"again once sharded (tracing would gather the units on one rank): give every "
-                f"batch the shapes remat_ir.remat planned (drop_last=True in the DataLoader, "
-                f"padding='max_length'), or wrap with DDP, which plans new shapes")
+                f"again once sharded (tracing would gather the units on one rank): "
+                f"{_FSDP_ADVICE.get(new, _FSDP_ADVICE['new input signature'])}")
         dropping = ("; the least recently used is dropped, and planned again if its shape "
                     "comes back: pad batches to fewer lengths (pad_to_multiple_of in "
                     "transformers' collators) or keep more plans (max_plans)"

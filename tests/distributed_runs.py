@@ -359,6 +359,43 @@ def _collective_in_forward(rank: int, world: int) -> dict:
     return {"error": None}
 
 
+class _BranchOnLabels(torch.nn.Module):
+    """A branch on the caller's values (FSMT's `if not padding_mask.any()`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x, labels):
+        if (labels == 0).any():
+            x = x * (labels != 0)[:, None]
+        return torch.nn.functional.cross_entropy(self.b(torch.tanh(self.a(x))), labels)
+
+
+def _input_branch(rank: int, world: int) -> dict:
+    """Refused under torch.distributed with "cannot depend on tensor values", which one
+    process trains (found by a review). Rank 0's batch holds a label 0 at the first step
+    and rank 1's none: rank 1 answers otherwise and plans its own. Returns the largest
+    gradient difference from eager DDP's over two steps."""
+    import remat_ir
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = _BranchOnLabels()
+    eager = DDP(copy.deepcopy(model))
+    batches = [(torch.randn(4, 4), torch.tensor([[0, 1, 2, 1], [1, 2, 2, 1]][rank])),
+               (torch.randn(4, 4), torch.tensor([1, 0, 2, 2]))]
+    scheduled = DDP(remat_ir.remat(model, batches[0], solver="recompute-all", cost_model="flops"))
+    worst = 0.0
+    for batch in batches:
+        for m in (eager, scheduled):
+            m.zero_grad()
+            m(*batch).backward()
+        worst = max([worst] + [(p.grad - q.grad).abs().max().item()
+                               for p, q in zip(eager.parameters(), scheduled.parameters())])
+    return {"worst": worst}
+
+
 class _TwoHeads(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -582,7 +619,8 @@ def run_all(rank: int, world: int, port: int, out: str) -> None:
         results["fsdp_new_shape"] = _fsdp_new_shape(rank, world)
         results["fsdp_gathers"] = _fsdp_gathered_at_once(rank, world)
         results["held_per_rank"] = _held_tensor_per_rank(rank, world)
-        for name, case in (("rank_read", _rank_read), ("collective_in_forward", _collective_in_forward)):
+        for name, case in (("rank_read", _rank_read), ("collective_in_forward", _collective_in_forward),
+                           ("input_branch", _input_branch)):
             try:
                 results[name] = case(rank, world)
             except Exception:

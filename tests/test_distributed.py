@@ -116,6 +116,11 @@ def test_a_collective_in_the_forward_is_refused_on_every_rank_without_hanging(ru
         assert "a collective inside the forward is not supported" in result["error"], (rank, result)
 
 
+def test_a_branch_on_input_values_trains_like_eager_ddp_each_rank_answering_for_itself(runs):
+    for rank, results in enumerate(runs):
+        assert results["input_branch"] == {"worst": 0.0}, (rank, results["input_branch"])
+
+
 def test_ddp_with_a_head_the_loss_leaves_out_behaves_as_with_eager(runs):
     """Without `find_unused_parameters` DDP raises at the step after the head was left out,
     for remat-ir as for eager; with it, both train to the same weights."""
