@@ -413,5 +413,26 @@ def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, s
             and describe_called(now) == lowered[FUNCTION]:
         shown = f"another {type(now).__qualname__} module"
         return where, f"{where} holds {shown} than when the model was lowered", shown
-    return where, f"{where} was {lowered if not quoted else _shown(lowered)} when the model was " \
-                  f"lowered and is {shown} now", shown
+    before, after = _around_difference(str(lowered if not quoted else _shown(lowered)), str(shown))
+    return where, f"{where} was {before} when the model was lowered and is {after} now", shown
+
+
+#: The longest value a notice shows whole; longer ones are shown around where they differ.
+_SHOWN_WHOLE = 240
+
+
+def _around_difference(lowered: str, now: str, context: int = 60) -> tuple[str, str]:
+    """`lowered` and `now` as a notice shows them: whole where short, else each from a
+    little before the first character where they differ, elided ("…"). Why: a config a
+    forward read (peft's AdaLoRA `rank_pattern`, rewritten by `update_and_allocate`) was
+    shown whole, twice, 2.3 to 3.5 KB on one line, the change lost in it (found by a
+    review)."""
+    if len(lowered) <= _SHOWN_WHOLE and len(now) <= _SHOWN_WHOLE:
+        return lowered, now
+    start = next((i for i, (a, b) in enumerate(zip(lowered, now)) if a != b), min(len(lowered), len(now)))
+    first = max(0, start - context)
+
+    def cut(text: str) -> str:
+        end = start + context
+        return ("…" if first else "") + text[first:end] + ("…" if end < len(text) else "")
+    return cut(lowered), cut(now)

@@ -7245,3 +7245,31 @@ def test_a_global_a_decorated_helper_reads_changed_after_remat_is_planned_for(ho
         monkeypatch.setattr(sys.modules[__name__], "DECORATED_SCALE", 0.9)
 
     _planned_again_after(model, x, change, r"global DECORATED_SCALE of test_trust was 0.5 .* is 0.9 now")
+
+
+class _LongSetting(torch.nn.Module):
+    """A forward branching on a long string it reads from a dict (a config's repr)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.settings = {"mode": "x" * 400 + "scale"}
+
+    def forward(self, x):
+        h = self.linear(x)
+        return (h * 2.0 if self.settings["mode"].endswith("scale") else h).square().mean()
+
+
+def test_a_long_value_changed_is_shown_around_its_change(capsys):
+    """peft's AdaLoRA rewrites its config's `rank_pattern` between steps: the notice showed
+    the whole config twice, 2.3 to 3.5 KB on one line (found by a review). Now each value
+    is shown from a little before where they differ."""
+    x = torch.randn(2, 4)
+    scheduled = _remat(_LongSetting(), (x,))
+    scheduled(x).backward()
+    capsys.readouterr()
+    scheduled._model.settings["mode"] = "x" * 400 + "shift"
+    scheduled(x).backward()
+    notice = next(line for line in capsys.readouterr().err.splitlines() if "new value read by forward" in line)
+    assert len(notice) < 500, len(notice)
+    assert "xxxscale' when the model was lowered and is …" in notice and "xxxshift'" in notice, notice
