@@ -14,6 +14,7 @@ not -100), has a fixed-shape form that trains alike.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import re
 import traceback
 
@@ -65,10 +66,30 @@ def value_dependent_error(model: str, exc: BaseException,
                 f"step, as eager does (`frontends/tensor_checks.py`)")
     kind = ("whose value" if isinstance(failure, DataDependentOutputException)
             else "whose result's shape")
+    if name == "_local_scalar_dense" and where is not None and _reads_a_draw(where):
+        return LoweringError(
+            f"{model}'s forward reads a random draw as a Python number at {where} "
+            f"(`torch.randint(...).item()`): the graph would hold one draw for every step. "
+            f"Keep the draw a tensor (index or mask with it), or turn that randomness off in "
+            f"training (peft's BOFT: boft_dropout=0.0)")
     return LoweringError(
         f"{model}'s forward calls {func} at {where or 'a line tracing did not record'}, {kind} "
         f"depends on tensor data; remat-ir lowers one graph of the whole step, with fixed "
         f"shapes. Instead, {_INSTEAD.get(name, _OUTSIDE)}")
+
+
+#: A random draw on the model's line that reads a number (`torch.randint(0, N, (1,)).item()`).
+_DRAW = re.compile(r"\b(randint|rand|randn|randperm|bernoulli|multinomial|normal|poisson)\(")
+
+
+def _reads_a_draw(where: str) -> bool:
+    """Whether the model's line `where` ('file:line in function') draws at random (its
+    source text). Why: peft's BOFT dropout picks a block by `torch.randint(0, N,
+    (1,)).item()`, refused as a value that depends on tensor data and told to pass the
+    number as an argument, which a peft user cannot do (found by a review)."""
+    place = re.match(r"(.+):(\d+) in ", where)
+    text = linecache.getline(place.group(1), int(place.group(2))) if place else ""
+    return _DRAW.search(text) is not None
 
 
 def symbolic_number_error(model: str, exc: BaseException, where: str, read: str | None) -> LoweringError:

@@ -515,3 +515,24 @@ def test_a_custom_op_that_draws_whose_result_nothing_reads_still_draws_as_eager(
                                                                          cost_model="flops"),
                           (x,), {}, lambda y: y.square().sum())
     assert errors == {}
+
+
+class _DrawReadAsNumber(torch.nn.Module):
+    """peft's BOFT dropout: a block picked by a draw read as a Python number."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.linear(x)
+        picked = torch.randint(0, h.shape[0], (1,)).item()
+        return (h * (torch.arange(h.shape[0]) != picked)[:, None]).square().mean()
+
+
+def test_a_draw_read_as_a_number_is_refused_as_a_draw():
+    """It was refused as a value depending on tensor data, told to pass the number as an
+    argument, which a peft user cannot do (found by a review)."""
+    with pytest.raises(LoweringError, match=r"reads a random draw as a Python number at .*test_rng.py:\d+ "
+                                            r"in forward .*Keep the draw a tensor"):
+        remat_ir.remat(_DrawReadAsNumber(), (torch.randn(3, 4),), cost_model="flops")
