@@ -51,6 +51,7 @@ from remat_ir.ir.validation import mark_made_here
 
 from .autocast_blocks import block_caches, eager_block_caches, has_blocks
 from .distributed_calls import distributed_calls_watched
+from remat_ir.ir.rng import SHAPE_ONLY_RANDOM_OPS  # noqa: F401 - the frontend's marks, named here too
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
@@ -123,18 +124,6 @@ _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar",
 _VALUE_CHECK_OPS = ("aten._assert_async",)
 
 
-#: Random ops whose draws from the generator depend only on shapes, dtypes, strides and
-#: non-tensor arguments (IR `Node.rng_shape_only`): the runtime may advance the generator
-#: past them with a run on placeholder inputs. Checked op by op in tests/test_rng.py.
-#: Left out: multinomial, poisson, _standard_gamma, rrelu_with_noise (draws depend on values).
-SHAPE_ONLY_RANDOM_OPS = frozenset({
-    "native_dropout", "_fused_dropout", "bernoulli", "rand", "rand_like", "randn",
-    "randn_like", "randint", "randint_like", "randperm", "normal", "uniform", "exponential",
-    "cauchy", "log_normal", "geometric", "draw_in_layout", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
-    "_efficient_attention_forward",
-})
 
 
 def _masked_results(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> set[int]:

@@ -24,6 +24,21 @@ from .graph import Graph
 GRADIENT_ROLES = (pb.PARAMETER_GRADIENT, pb.INPUT_GRADIENT)
 
 
+#: The op of a cast back (`Node.autocast_cast_back`): the torch frontend's cast, with a
+#: `dtype` argument, of the gradient of autocast's cached cast back to the input's dtype.
+CAST_BACK_OP = "aten._to_copy.default"
+
+
+def is_cast_back(node: pb.Node) -> bool:
+    """Whether `node` is marked a cast back and is one: a runtime hands autograd the
+    node's input in place of its result, which only a dtype cast makes equal (found by a
+    review: an `aten.t` marked so in a file handed over a weight's gradient transposed,
+    up to 1.04 off, without a word; `ir.validation` refuses such a mark)."""
+    return (node.autocast_cast_back and node.op == CAST_BACK_OP and len(node.outputs) == 1
+            and len(node.args) == 1 and node.args[0].HasField("tensor")
+            and any(k.name == "dtype" for k in node.kwargs))
+
+
 def _is_sum(node: pb.Node) -> bool:
     return (node.accumulates_gradient and node.op == "aten.add.Tensor" and len(node.outputs) == 1
             and len(node.args) == 2 and all(a.HasField("tensor") for a in node.args)
@@ -93,7 +108,7 @@ def cast_backs(graph: Graph) -> dict[int, int]:
     made by one (`Node.autocast_cast_back`), output once and read by no node."""
     producers = {value: graph.producer(value) for value in _handed_whole(graph)}
     return {value: node for value, node in producers.items()
-            if node is not None and graph.node(node).autocast_cast_back}
+            if node is not None and is_cast_back(graph.node(node))}
 
 
 def handed_sum_values(graph: Graph) -> set[int]:

@@ -114,7 +114,12 @@ def snapshot_buffers(graph: Graph, schedule: pb.Schedule) -> list[int]:
     another call's training-mode BatchNorm, eager's or a step's, writes them in place
     without bumping their version, which the runtime's version check cannot see, and the
     recomputation took the new statistics, silently (found by a review). The runtime
-    takes the same copies (`runtimes.torch`)."""
+    takes the same copies (`runtimes.torch`).
+
+    A step naming no node of the graph is passed over: the simulator asks before it
+    checks the backward's steps, and refuses that one when it reaches it (a bare KeyError
+    from here refused an external solver's plan, and crashed hiremate where it drops a
+    failing leaf solver: found by a review)."""
     derived = graph.derived.get("snapshot_candidates")
     if derived is None:  # the simulator asks at every simulation
         updated = {o.name for o in graph.proto.outputs if o.role == pb.BUFFER_UPDATE}
@@ -125,9 +130,10 @@ def snapshot_buffers(graph: Graph, schedule: pb.Schedule) -> list[int]:
     if not (buffers or updated):   # updated: parameters written in place too
         return []
     read: set[int] = set()
+    nodes = graph.nodes
     for step in schedule.steps[schedule.backward_start:]:
-        if step.HasField("compute"):
-            node = graph.node(step.compute)
+        if step.HasField("compute") and step.compute in nodes:
+            node = nodes[step.compute]
             statistics = node.phase == pb.FORWARD and _RUNNING_STATISTICS_OP in node.op
             read.update(v for v in node.inputs if v in updated or (statistics and v in buffers))
     return sorted(read)

@@ -37,6 +37,23 @@ from .graph import Graph
 from .memory import allocated_bytes
 
 
+#: Random ops whose draws from the generator depend only on shapes, dtypes, strides and
+#: non-tensor arguments (by the op's name without namespace and overload), which the torch
+#: frontend marks `Node.rng_shape_only`: the runtime may advance the generator past them
+#: with a run on placeholder inputs. Checked op by op in tests/test_rng.py, and the mark
+#: on any other op refused (`runtimes/op_checks.check_claims`: a file marking poisson so
+#: trained on other numbers than eager's, found by a review). Left out: multinomial,
+#: poisson, _standard_gamma, rrelu_with_noise (draws depend on values).
+SHAPE_ONLY_RANDOM_OPS = frozenset({
+    "native_dropout", "_fused_dropout", "bernoulli", "rand", "rand_like", "randn",
+    "randn_like", "randint", "randint_like", "randperm", "normal", "uniform", "exponential",
+    "cauchy", "log_normal", "geometric", "draw_in_layout", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+    "_efficient_attention_forward",
+})
+
+
 @dataclass
 class RngPlan:
     """What each run of a random node does with the generator.

@@ -311,9 +311,10 @@ class _Run:
         if not candidates:
             return set()
         updates = set(candidates)
+        nodes = self.g.nodes
         for step in self.schedule.steps[k:]:
-            if step.HasField("compute"):
-                updates.difference_update(self.g.node(step.compute).inputs)
+            if step.HasField("compute") and step.compute in nodes:   # else `execute` refuses it
+                updates.difference_update(nodes[step.compute].inputs)
         return (updates & set(self.mem.live)) - set(self.host) - set(self.offloading)
 
     def skips(self, k: int, entries) -> SimulationResult | None:

@@ -17,6 +17,7 @@ from . import remat_ir_pb2 as pb
 from .dtypes import ITEMSIZE, dtype_name, nbytes
 from .errors import InvalidGraph
 from .fusion import body_problems
+from .gradient_sums import CAST_BACK_OP, is_cast_back
 from .graph import FORWARD_OUTPUT_ROLES, FORMAT_VERSION, RESIDENT_KINDS, Graph, referenced_value_ids
 
 #: Value kinds that a graph input may have.
@@ -55,6 +56,7 @@ def find_problems(graph: pb.Graph | Graph) -> list[str]:
     problems += _input_output_problems(g, values)
     if not problems:
         problems += _dependency_problems(g, values)
+        problems += _unused_node_problems(g, values)
     problems += _hierarchy_problems(g)
     problems += _schedule_reference_problems(g, values)
     problems += _quantity_problems("the cost model", g.provenance.cost_model,
@@ -160,7 +162,19 @@ def _node_problems(g: pb.Graph, values: dict) -> list[str]:
                             f"are not its inputs {sorted(n.inputs)}")
         problems += _quantity_problems(label, n.cost, ("time_s", "flops", "host_s", "device_s"))
         problems += body_problems(n, label)
+        if n.autocast_cast_back and not is_cast_back(n):
+            problems.append(_cast_back_problem(n, label))
     return problems
+
+
+def _cast_back_problem(n: pb.Node, label: str) -> str:
+    """A node marked `autocast_cast_back` that is no cast: the runtime does not run it and
+    hands autograd its input instead (`ir.gradient_sums.is_cast_back`, found by a review:
+    an `aten.t` so marked left a weight's gradient transposed, no error)."""
+    return (f"{label} is marked autocast_cast_back, but only a cast of one tensor to another "
+            f"dtype ({CAST_BACK_OP} with a dtype argument) can be one: the runtime would hand "
+            f"autograd its input in place of its result; clear the mark (the torch frontend "
+            f"sets it on autocast's casts back only)")
 
 
 def _quantity_problems(label: str, message, fields: tuple[str, ...]) -> list[str]:
@@ -269,6 +283,32 @@ def _dependency_problems(g: pb.Graph, values: dict) -> list[str]:
             problems.append(f"graph output {o.name!r} is a forward result but is computed by "
                             f"backward {_node_label(nodes[p])}")
     return problems
+
+
+#: The frontends whose graphs hold no node whose results go unused (`_unused_node_problems`).
+_PRUNED_FRONTENDS = ("torch",)
+
+
+def _unused_node_problems(g: pb.Graph, values: dict) -> list[str]:
+    """A node of a torch graph none of whose results a node reads or an output names.
+
+    Why (found by a review): a file with a graph output removed validated and trained:
+    a parameter's gradient output removed left its `.grad` None, without a word. The
+    torch frontend keeps only what the step uses (AOTAutograd prunes the rest; 235 graphs
+    it wrote, none with such a node), so the node that made a removed output is left
+    reading into nothing. Random and mutating nodes count for what they do, not for what
+    they return. Not caught: an output removed from a node with other results used (a
+    BatchNorm's weight gradient, its running-mean update, which its backward reads):
+    that needs the frontend to record its outputs."""
+    if g.provenance.frontend not in _PRUNED_FRONTENDS:
+        return []
+    read = {v for n in g.nodes for v in n.inputs} | {o.value_id for o in g.outputs}
+    return [f"{_node_label(n)} computes {', '.join(repr(values[v].name) for v in n.outputs)}, "
+            f"which no node reads and no graph output names; a graph from the "
+            f"{g.provenance.frontend} frontend has no such node, so a graph output was removed "
+            f"from it (a parameter's gradient, a buffer's update): lower the model again"
+            for n in g.nodes
+            if n.outputs and not (n.random or n.mutating) and read.isdisjoint(n.outputs)]
 
 
 def _hierarchy_problems(g: pb.Graph) -> list[str]:

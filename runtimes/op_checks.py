@@ -15,6 +15,9 @@ generated (`codegen`), and by `remat-ir validate` for graphs of PyTorch ops:
 - an op that writes into an argument is marked `Node.mutating`, which a schedule runs
   once (a file whose flags were lost ran `aten.mul.out` twice, over the input its first
   run wrote: every gradient off, up to 0.14).
+
+One more is checked by the op's name (`check_claims`), as the torch frontend sets it:
+`Node.rng_shape_only` only on an op whose draws depend on shapes alone.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.fusion import body_nodes
+from remat_ir.ir.rng import SHAPE_ONLY_RANDOM_OPS
 from remat_ir.torchlib import spec_augment
 from remat_ir.torchlib.types import ONCE_PER_STEP, resolve_op
 
@@ -40,6 +44,7 @@ def checked_op(graph: Graph, node_id: int, node: pb.Node | None = None):
     except LookupError as exc:
         raise UnsupportedOp(f"{exc}; it comes from {node.source or 'an unknown module'} "
                             f"({graph.describe_node(node_id)})") from None
+    check_claims(graph, node_id, node)
     if not isinstance(op, torch._ops.OpOverload):
         return op
     if node.op in ONCE_PER_STEP and not graph.node(node_id).non_recomputable:
@@ -60,6 +65,28 @@ def checked_op(graph: Graph, node_id: int, node: pb.Node | None = None):
                             f"is not marked mutating in the graph (Node.mutating), so a schedule may run it "
                             f"twice: lower the model again (the torch frontend marks them)")
     return op
+
+
+def _packet(op: str) -> str:
+    """The op's name as the frontend's set spells it: "poisson" for aten.poisson.default."""
+    parts = op.split(".")
+    return parts[1] if len(parts) > 1 else op
+
+
+def check_claims(graph: Graph, node_id: int, node: pb.Node) -> None:
+    """Raise UnsupportedOp where `node` claims `rng_shape_only` for an op the torch
+    frontend never marks so.
+
+    Why (found by a review): the runtime trusted it. A file marking poisson or
+    rrelu_with_noise_functional shape-only let a schedule draw past it on placeholder
+    inputs, other numbers than eager's (a loss 0.15 off, no error). (`autocast_cast_back`,
+    on a node the runtime does not run, is checked with the graph's structure:
+    `ir.validation`.)"""
+    if node.rng_shape_only and _packet(node.op) not in SHAPE_ONLY_RANDOM_OPS:
+        raise UnsupportedOp(f"{graph.describe_node(node_id)} is marked rng_shape_only in the graph "
+                            f"(Node.rng_shape_only), but the draws of {node.op} are not known to "
+                            f"depend on shapes alone, so the runtime may not skip it: lower the "
+                            f"model again (the torch frontend marks the ops whose draws do)")
 
 
 def op_problems(graph: Graph) -> list[str]:

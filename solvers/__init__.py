@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from remat_ir.ir import Graph, pb, simulate, store_all
+from remat_ir.ir import Graph, RematIRError, pb, simulate, store_all
 from remat_ir.ir.fingerprint import structure_fingerprint, wiring_fingerprint
 
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, quiet
@@ -110,7 +110,9 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     size) of host memory; `time_limit_s` then bounds the whole ladder, each plan
     getting a share of it. Raises InfeasibleBudget (with the smallest feasible budget
     the solver knows), UnknownSolver, or SolverError when the solver fails or
-    returns a schedule the simulator refuses.
+    returns a schedule the simulator refuses. A plugin solver is handed a copy of `graph`
+    (what it edits is not planned nor trained), and an error of its own is a SolverError
+    naming it.
 
     `reuse`: (graph, schedule) pairs planned before (by `remat`'s planner, for the same
     model at other input shapes). The first made by `solver` for a graph wired like this
@@ -129,16 +131,18 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     progress = progress or quiet
     started = time.monotonic()
     reused = None if offload else reusable(graph, solver, limit, peak, reuse)
+    function = _guarded(info, function)
+    given = _given_graph(graph, info)
     try:
         if reused is not None:
             schedule = reused[0]
         elif offload and limit is not None:
             schedule = plan_with_offload(
-                graph, limit, lambda b, time_limit_s=None: function(graph, b, time_limit_s=time_limit_s,
+                graph, limit, lambda b, time_limit_s=None: function(given, b, time_limit_s=time_limit_s,
                                                                     progress=progress, **options),
                 host_budget=host_limit, time_limit_s=time_limit_s, progress=progress)
         else:
-            schedule = function(graph, limit, time_limit_s=time_limit_s, progress=progress, **options)
+            schedule = function(given, limit, time_limit_s=time_limit_s, progress=progress, **options)
     except InfeasibleBudget as refused:
         schedule = _floor_within(graph, solver, limit, refused)
         if schedule is None:
@@ -169,6 +173,46 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     for key, value in options.items():
         schedule.solver_params[key] = str(value)
     return graph.add_schedule(schedule)
+
+
+def _trusted(info: SolverInfo) -> bool:
+    """Built-in solvers are this package's code and leave the graph as they found it; an
+    external program (`exec:`) only reads the file it is given."""
+    return info.origin in ("built-in", "exec")
+
+
+def _given_graph(graph: Graph, info: SolverInfo) -> Graph:
+    """The graph a solver is handed: `graph` itself for a trusted one, else a copy.
+
+    Why: a plugin got the caller's live graph, and what it edited there was trained
+    (found by a review: a plugin that dropped a parameter's gradient output left its
+    `.grad` None without a word; one that changed a `pow` exponent trained another
+    model; one that reordered the node list hung code generation). Its schedule is
+    still replayed on the caller's graph, so an edit can only make it refused."""
+    if _trusted(info):
+        return graph
+    proto = pb.Graph()
+    proto.CopyFrom(graph.proto)
+    return Graph(proto)
+
+
+def _guarded(info: SolverInfo, function: Callable) -> Callable:
+    """`function`, with an error a plugin raises that is not one of ours (InfeasibleBudget,
+    SolverError...) turned into a SolverError naming the plugin, as `_load_plugin` does
+    for a plugin that fails to load: a KeyError from inside it read as our bug."""
+    if _trusted(info):
+        return function
+
+    def guarded(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except RematIRError:
+            raise
+        except Exception as error:
+            raise SolverError(f"plugin solver {info.name!r} failed: {type(error).__name__}: "
+                              f"{error} (raised inside {info.origin}: report it to its "
+                              f"authors, or plan with another solver)") from error
+    return guarded
 
 
 #: How much larger a share of its store-everything peak a budget may leave a new shape

@@ -21,7 +21,11 @@ The protocol, all of it:
 - Exit status 0: success. 3: the budget is infeasible; stdout then holds a
   `Schedule` whose `predicted_peak_bytes` is the smallest budget the program
   knows to be feasible (above the budget; the rest of it is ignored), or nothing
-  if it knows none; this becomes `InfeasibleBudget`. Anything else is a failure.
+  if it knows none; this becomes `InfeasibleBudget` (a floor within the budget, or
+  beyond any peak of the graph, is the program's error). Anything else is a failure.
+- Output is read until the program exits, then for as long as it keeps coming
+  (`TAIL_S` of silence ends it): a process it started and left holding stdout or
+  stderr is not waited for.
 - A program that does not exist or is not executable is refused when the solver is
   named (`check_runnable`), before the graph is sent.
 - Time: the program should finish within the time limit it was given; it is
@@ -63,6 +67,11 @@ EXIT_INFEASIBLE = 3
 DEFAULT_TIME_LIMIT_S = 600.0
 #: Seconds a program may run past its time limit before it is killed.
 GRACE_S = 2.0
+#: Seconds the program's stdout and stderr are read after it exited, for what it printed
+#: to reach us: a process it started and left running may hold them open (no end of file).
+TAIL_S = 0.5
+#: Seconds between looks at whether the program exited, while its stderr is forwarded.
+POLL_S = 0.05
 #: Lines of stderr quoted in error messages.
 QUOTED_LINES = 5
 #: The cap on a program's stdout: STDOUT_BYTES_PER_PAIR bytes times nodes x (nodes +
@@ -172,19 +181,47 @@ def _stdout_limit(graph: Graph) -> int:
     return STDOUT_ALLOWANCE + STDOUT_BYTES_PER_PAIR * nodes * (nodes + values)
 
 
-def _read_capped(stream, into: list, limit: int, overflow: Callable[[], None]) -> None:
-    """Read stdout whole, up to `limit` bytes; one byte more calls `overflow` (which stops
-    the program) and reads no further."""
-    chunks, size = [], 0
+def _read_capped(stream, chunks: list, limit: int, overflow: Callable[[], None]) -> None:
+    """Read stdout into `chunks` as it arrives, up to `limit` bytes; one byte more calls
+    `overflow` (which stops the program) and reads no further. Each chunk is kept as soon
+    as it is read (`read1`): a program that exits leaving a process it started holding
+    stdout open sends no end of file, and what it printed is taken without one (`TAIL_S`)."""
+    size = 0
     while size <= limit:
-        chunk = stream.read(min(1 << 20, limit + 1 - size))
+        chunk = stream.read1(min(1 << 20, limit + 1 - size))
         if not chunk:
             break
         chunks.append(chunk)
         size += len(chunk)
     if size > limit:
         overflow()
-    into.append(b"".join(chunks))
+
+
+def _stderr_lines(lines: queue.Queue, process: subprocess.Popen, deadline: float):
+    """The program's stderr lines as they arrive, until it closes, the deadline passes, or
+    it stays silent for `TAIL_S` once the program exited.
+
+    Why: waiting for stderr to close waited for every process holding it (found by a
+    review: a program that printed its schedule and exited 0, leaving a detached child
+    holding stdout and stderr, was waited on to its time limit, 600 s without one, and
+    then said to have printed nothing)."""
+    quiet_since = None   # once the program exited: when the last line came
+    while True:
+        now = time.monotonic()
+        if quiet_since is None and process.poll() is not None:
+            quiet_since = now
+        end = deadline if quiet_since is None else min(deadline, quiet_since + TAIL_S)
+        if now >= end:
+            return
+        try:
+            line = lines.get(timeout=min(end - now, POLL_S))
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        if quiet_since is not None:
+            quiet_since = time.monotonic()
+        yield line
 
 
 def _quote(stderr: list[str], total: int) -> str:
@@ -217,17 +254,36 @@ def _parse(command: str, data: bytes) -> pb.Schedule:
     return schedule
 
 
-def _smallest_feasible(command: str, output: bytes, budget: int, stderr: list[str],
-                       total: int) -> int | None:
+def _peak_ceiling(graph: Graph) -> int:
+    """Bytes no schedule of `graph` can hold at once: every storage twice over (a value
+    recomputed beside its old copy, a placeholder for a skipped draw) and every node's
+    workspace, all together."""
+    return (2 * sum(graph.allocation_bytes(s.size_bytes) for s in graph.proto.storages)
+            + sum(graph.allocation_bytes(n.cost.workspace_bytes) for n in graph.proto.nodes))
+
+
+def _smallest_feasible(command: str, output: bytes, budget: int, graph: Graph,
+                       stderr: list[str], total: int) -> int | None:
     """The floor an infeasible answer names (None: none). A floor within the budget the
     program refused contradicts the refusal; repeating it would send the caller to
-    ask again for a budget the program already said nothing fits."""
+    ask again for a budget the program already said nothing fits. A floor beyond any
+    peak of the graph (`_peak_ceiling`) is no number of bytes: 2^64 - 1 was reported as
+    16 EiB, 10^17 % of the peak (found by a review)."""
     if not output:
         return None
     answer = _parse(command, output)
     if not answer.HasField("predicted_peak_bytes"):
         return None
     smallest = answer.predicted_peak_bytes
+    ceiling = _peak_ceiling(graph)
+    if smallest > ceiling:
+        raise SolverError(f"external solver {command!r} exited with status {EXIT_INFEASIBLE} "
+                          f"(no schedule fits the budget of {budget:,} bytes) and names "
+                          f"{smallest:,} bytes as the smallest feasible one, more than any "
+                          f"schedule of this graph can hold ({ceiling:,} bytes: all its "
+                          f"{len(graph.proto.storages)} storages twice over and every "
+                          f"workspace): not a peak; it must name the peak of a schedule it "
+                          f"found, or print nothing.{_quote(stderr, total)}")
     if smallest <= budget:
         raise SolverError(f"external solver {command!r} exited with status {EXIT_INFEASIBLE} "
                           f"(no schedule fits the budget of {budget:,} bytes) but names "
@@ -280,13 +336,7 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
         stderr: list[str] = []  # the first lines, for error messages
         total = 0
         try:
-            while True:  # forward stderr in the caller's thread until it closes
-                try:
-                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if line is None:
-                    break
+            for line in _stderr_lines(lines, process, deadline):  # in the caller's thread
                 if line.strip():
                     total += 1
                     if len(stderr) < QUOTED_LINES:
@@ -301,21 +351,23 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
                                   f"killed.{_quote(stderr, total)}") from None
         finally:
             _kill(process)  # leftovers it started; the program itself when `progress` raised
+            until = time.monotonic() + TAIL_S   # one wait for all: a reader may be held
             for thread in threads:
-                thread.join(timeout=5)
+                thread.join(timeout=max(0.0, until - time.monotonic()))
         if overflowed.is_set():
             raise SolverError(f"external solver {command!r} printed more than {cap:,} bytes on "
                               f"stdout, more than any schedule of this graph ({len(graph.nodes)} "
                               "nodes) takes, and was stopped; it must print one serialized "
                               f"remat_ir.Schedule.{_quote(stderr, total)}")
-        output = stdout[0] if stdout else b""
+        output = b"".join(list(stdout))
         code = process.returncode
         if code == EXIT_INFEASIBLE:
             if budget is None:
                 raise SolverError(f"external solver {command!r} exited with status "
                                   f"{EXIT_INFEASIBLE} (infeasible budget), but no budget was "
                                   f"given.{_quote(stderr, total)}")
-            raise InfeasibleBudget(budget, _smallest_feasible(command, output, budget, stderr, total),
+            raise InfeasibleBudget(budget, _smallest_feasible(command, output, budget, graph,
+                                                              stderr, total),
                                    f" (says external solver {command!r})")
         if code != 0:
             raise SolverError(f"external solver {command!r} {_exit_description(code)}."
