@@ -18,7 +18,8 @@ compilation because of how a region is cut and called:
   each input after its last read; intermediates die at their last use, which is
   no later than the schedule's free;
 - every value produced in the region and not freed in it is returned, so it is
-  live afterwards exactly as the schedule says;
+  live afterwards exactly as the schedule says, in the strides the graph records for it
+  (eager's kernel's, where Inductor's may differ: `in_recorded_layouts`);
 - random nodes never enter a region: they run eagerly with the RNG replay of
   `ir.rng`, so every draw is eager's;
 - Inductor orders a region's kernels by their dependencies alone, and a fused kernel
@@ -42,6 +43,7 @@ graph, where Inductor fuses them.
 
 from __future__ import annotations
 
+import functools
 import operator
 import sys
 
@@ -52,8 +54,9 @@ from remat_ir.ir import Graph
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.fusion import body_nodes, fuse
 from remat_ir.ir.memory import gradient_inputs
+from remat_ir.ir.rng import contiguous_strides
 
-from remat_ir.torchlib.types import resolve_op, to_torch_argument
+from remat_ir.torchlib.types import resolve_op, same_layout, to_torch_argument
 
 from .grad_mode_kernels import GRAD_MODE_OPS
 
@@ -152,13 +155,24 @@ class Region:
         self._tangents = [i for i, v in enumerate(inputs) if graph.value(v).storage_id in tangents]
         #: Per layout of those gradients (their strides), the compiled function.
         self._compiled: dict[tuple, object] = {}
+        #: Per output, its shape and the strides the graph records for it: the eager
+        #: kernel's (`frontends/kernel_layouts.py`), which the region must return too
+        #: (`in_recorded_layouts`).
+        self._recorded = [(list(graph.value(v).shape),
+                           list(graph.value(v).stride) or contiguous_strides(list(graph.value(v).shape)))
+                          for v in outputs]
 
     def __call__(self, tensors: list) -> tuple:
         key = tuple(tensors[i].stride() for i in self._tangents)
         compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = self._compiled[key] = self._compile(tensors)
-        return compiled(tensors)
+        if compiled is not None:
+            return compiled(tensors)
+        compiled = self._compile(tensors)
+        outputs = compiled(tensors)
+        positions = relaid_outputs(outputs, self._recorded)
+        self._compiled[key] = (functools.partial(_relaid, compiled, positions, self._recorded) if positions
+                               else compiled)
+        return in_recorded_layouts(outputs, positions, self._recorded) if positions else outputs
 
     def _compile(self, tensors: list):
         try:
@@ -193,6 +207,69 @@ def compile_boxed(module: torch.fx.GraphModule, tensors: list):
     from torch._inductor.compile_fx import compile_fx
 
     return compile_fx(GmWrapper(module, _as_one_list), list(tensors), config_patches=INDUCTOR_OPTIONS)
+
+
+def in_recorded_layouts(outputs, positions: list[int], recorded: list):
+    """`outputs` of a compiled region with those at `positions` in the strides the graph
+    records for them (`recorded`: per output, its shape and strides).
+
+    Why: Inductor lays a region's outputs out as its trace of them does (meta kernels,
+    its decompositions), which may differ from the CPU kernel's layout the graph records
+    (`frontends/kernel_layouts.py`) and the eager backend gives: `channel_shuffle` of a
+    channels-last tensor (channels-last kernel, contiguous compiled), `index_select` and
+    `stack` of one (contiguous kernel, channels-last compiled), training BatchNorm without
+    running statistics over a transposed input. A dropout after the region (an eager
+    line: `ir.rng`) then drew eager's numbers into other positions, as did a loss drawing
+    `rand_like` of a model output: outputs 1.41 off and gradients off by 0.47 of the
+    largest (channel shuffle then dropout), gradients 0.57 relative (a `rand_like` loss of
+    an `index_select`), where the eager backend is bitwise (found by a review).
+
+    How: an output whose strides differ only in dimensions of size 1 is re-viewed in the
+    recorded ones (no element moves; a later convolution picks its memory format from
+    them); one laid out otherwise is copied into a fresh tensor of the recorded strides,
+    and Inductor's dies at once. Overlapping or gapped recorded layouts (views, which run
+    before the region where they view its inputs: `codegen._Runs._escaping_views`) are
+    left as they are. Which outputs need it is found at the first call of each compiled
+    function (`Region.__call__`): Inductor's layouts are fixed for its compiled code, and
+    a region without any (every region of the zoo's cnn_batchnorm and straight_through
+    plans at half memory) is called as before, with nothing added.
+
+    Memory: a copy holds one output twice, for one copy, at the region's end, which the
+    plan does not count; only ops whose compiled layout differs from the kernel's get
+    one (those above: a few outputs of a model, where eager's kernel had made its result
+    in the layout). Asking Inductor for the recorded strides instead (each output through
+    `prims.inductor_force_stride_order`) was tried and left: a region output that later
+    steps of the region also read was then computed twice, into its own buffer and the
+    forced one (the zoo's straight_through at half memory: 3,212 bytes measured against
+    a plan of 2,792, 15% over; 2,764 without)."""
+    outputs = outputs if isinstance(outputs, list) else list(outputs)  # Inductor's: a list
+    for i in positions:
+        shape, strides = recorded[i]
+        tensor, outputs[i] = outputs[i], None
+        if same_layout(tensor, shape, strides):
+            outputs[i] = tensor.as_strided(shape, strides, tensor.storage_offset())
+        else:
+            outputs[i] = torch.empty_strided(shape, strides, dtype=tensor.dtype,
+                                             device=tensor.device).copy_(tensor)
+        del tensor
+    return tuple(outputs)
+
+
+def relaid_outputs(outputs, recorded: list) -> list[int]:
+    """Positions of the `outputs` of a region that are not in the strides the graph records
+    for them (`recorded`), where those are dense (`in_recorded_layouts`)."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
+
+    return [i for i, (tensor, (shape, strides)) in enumerate(zip(outputs, recorded, strict=True))
+            if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided
+            and list(tensor.shape) == shape and list(tensor.stride()) != strides
+            and dense(torch.empty_strided(shape, strides, device="meta"))]
+
+
+def _relaid(compiled, positions: list[int], recorded: list, tensors: list) -> tuple:
+    """A call of the `compiled` region function, with the outputs at `positions` in their
+    recorded strides (`in_recorded_layouts`)."""
+    return in_recorded_layouts(compiled(tensors), positions, recorded)
 
 
 def _as_one_list(flat: list) -> tuple:

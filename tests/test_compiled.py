@@ -153,6 +153,59 @@ def test_draws_after_a_batchnorm_over_a_transposed_sequence_land_where_eagers_do
                      (x,), {}, lambda loss: loss, tolerance=1e-5, model_scale=True)
 
 
+class _ShuffledChannelsLast(torch.nn.Module):
+    """Ops whose CPU kernel and Inductor's trace lay out a channels-last input's result
+    differently: `channel_shuffle` (channels-last kernel, contiguous trace) before a
+    dropout, and `index_select` (contiguous kernel, channels-last trace) as the output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x.contiguous(memory_format=torch.channels_last)))
+        h = torch.nn.functional.dropout(torch.nn.functional.channel_shuffle(h, 2), 0.5, self.training)
+        return torch.index_select(torch.tanh(h), 1, torch.tensor([0, 2, 4, 6]))
+
+
+def test_region_outputs_keep_the_layouts_eagers_kernels_give():
+    """A compiled region returned its outputs in Inductor's layout, not the kernel's the
+    graph records: the dropout after a channels-last `channel_shuffle` drew eager's mask
+    into other positions (outputs 1.41 off, gradients 0.47 of the largest), and the model
+    returned `index_select` channels-last where eager returns it contiguous, so a loss
+    drawing `rand_like` of it put its noise elsewhere (gradients 0.57 relative); the eager
+    backend is bitwise (found by a review). Regions now return the recorded strides
+    (`compiled.in_recorded_layouts`), on a plan at half the memory (the convolution and
+    ReLU recomputed in the backward, in a region too), holding no more than the eager backend
+    on that plan (measured: 22,592 bytes compiled, as before the fix, against 23,560; the
+    tiny graph's plan, 15,396, counts neither the loss nor small tensors made per call)."""
+    torch.manual_seed(0)
+    model, x = _ShuffledChannelsLast(), torch.randn(2, 3, 8, 8)
+    graph = lower_torch(model, (x,), cost_model="flops", backend="inductor")
+    schedule = _plan_at_half(graph)
+    made = []
+
+    def make(m):
+        made.append(ScheduledModule(m, graph, schedule, backend="inductor"))
+        return made[0]
+
+    def loss_of(out):
+        return (out * torch.rand_like(out)).sum()
+
+    side_by_side(model, make, (x,), {}, loss_of, tolerance=1e-5, model_scale=True)
+    scheduled = made[0]
+    assert scheduled.runner(x.device).plan.regions, "nothing was compiled"
+    with torch.no_grad():
+        assert scheduled(x).stride() == model(x).stride() == (256, 64, 8, 1)
+    peaks = []
+    for module in (scheduled, ScheduledModule(model, graph, schedule)):
+        for _ in range(2):  # the second step is measured, after a settling one
+            module.zero_grad(set_to_none=True)
+            peak = measure_peak(lambda: loss_of(module(x)).backward(), x.device).peak_bytes
+        peaks.append(peak)
+    assert peaks[0] <= 1.05 * peaks[1], f"compiled {peaks[0]} bytes, eager backend {peaks[1]}"
+
+
 def test_inductor_backend_matches_torch_compile():
     """Gradients of the compiled segments equal those of `torch.compile(model)` (dropout
     off: Inductor's own random numbers are not eager's)."""
