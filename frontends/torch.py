@@ -47,14 +47,14 @@ from torch.utils import _pytree as pytree
 from remat_ir.ir import Graph, pb
 from remat_ir.ir.arguments import TensorRef
 from remat_ir.ir.memory import is_view
+from remat_ir.ir.rng import SHAPE_ONLY_RANDOM_OPS
 from remat_ir.ir.validation import mark_made_here
 
 from .autocast_blocks import block_caches, eager_block_caches, has_blocks
-from .distributed_calls import distributed_calls_watched
-from remat_ir.ir.rng import SHAPE_ONLY_RANDOM_OPS  # noqa: F401 - the frontend's marks, named here too
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
+from .distributed_calls import distributed_calls_watched
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
@@ -122,8 +122,6 @@ _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar",
 #: `torch._assert_async`): each becomes a `remat_ir.value_check` node
 #: (`torchlib/value_checks.py`), whose empty result is a VALUE_CHECK output.
 _VALUE_CHECK_OPS = ("aten._assert_async",)
-
-
 
 
 def _masked_results(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> set[int]:
