@@ -109,6 +109,10 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
         check_count("gradient_groups", gradient_groups)
     if offload:
         options.update(offload=True, host_budget=host_budget)
+    elif host_budget is not None:
+        # Found by a review: ignored without a word, the plan then offloading nothing.
+        raise BadRequest(f"host_budget={host_budget!r} bounds the host memory offloading uses, "
+                         f"and offloading is off: pass offload=True too (or leave host_budget out)")
     if not isinstance(reuse_plans, bool):
         raise BadRequest(f"reuse_plans must be True or False, not {reuse_plans!r}")
     if not isinstance(in_place, bool):

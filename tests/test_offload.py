@@ -455,6 +455,13 @@ def test_offloading_needs_a_link_and_says_so():
         solvers.solve(graph, "50%", offload=True, host_budget="64")
 
 
+def test_a_host_budget_without_offloading_is_refused_before_lowering():
+    """It was ignored, the plan offloading nothing, without a word (found by a review)."""
+    with pytest.raises(solvers.BadRequest, match=r"host_budget='1GB' bounds the host memory "
+                                                 r"offloading uses, and offloading is off: pass offload=True"):
+        remat_ir.remat(torch.nn.Linear(4, 4), torch.randn(2, 4), budget=0.5, host_budget="1GB")
+
+
 def test_offload_with_a_solver_that_offloads_itself_is_refused_before_planning():
     """pofo's plans move values themselves: `offload=True` with it was refused from inside
     the ladder (`schedule 'pofo' already moves values to the host`), and only at budgets
