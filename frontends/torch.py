@@ -1522,8 +1522,10 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
-    if has_blocks(exported):   # the casts of its blocks share the caller's cache or not
-        graph.proto.metadata["torch.autocast_nested"] = json.dumps(nested)
+    if has_blocks(exported):   # its blocks' casts: shared with the caller's or not, per reader or not
+        graph.proto.metadata["torch.autocast_blocks"] = json.dumps(
+            {"nested": nested, "per_reader": sorted(name for name, leaf in named
+                                                    if isinstance(leaf, torch.Tensor) and cast_per_reader(leaf))})
     graph.proto.metadata["torch.sdpa"] = sdpa_state()
     graph.proto.metadata["torch.deterministic"] = json.dumps(torch.are_deterministic_algorithms_enabled())
     # The CPU kernels' setting the costs will be measured under (a call under another is

@@ -28,7 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_nested,
-                                     autocast_state,
+                                     autocast_state, cast_per_reader,
                                      cpu_kernels_flags, cpu_kernels_state, describe_input,
                                      input_aliases, sdpa_flags, sdpa_state)
 
@@ -72,22 +72,24 @@ class Signature:
     #: trace holds the order it saw (found by a review: another order ran the old graph,
     #: 1.62 off eager's output, silently). Other keywords are compared by name alone.
     keyword_order: tuple[str, ...] = ()
-    #: `autocast_nested()`: the call runs inside a `torch.autocast` block of the caller's
-    #: (entered enabled or not), whose cast cache the blocks of the forward share with the
-    #: call's casts and its other calls (`frontends/autocast_blocks.py`). A graph whose
-    #: forward has no block of its own holds None: any call fits it (`admits`).
-    autocast_nested: bool | None = None
+    #: For a graph whose forward has `torch.autocast` blocks of its own: (whether the call
+    #: runs inside a block of the caller's, entered enabled or not, whose cast cache the
+    #: forward's blocks then share with the call's casts and its other calls; the names of
+    #: the tensor arguments autocast casts per reader, not being leaves: `cast_per_reader`)
+    #: (`frontends/autocast_blocks.py`). A graph without blocks holds None: any call fits
+    #: it (`admits`), so a leaf example and a non-leaf batch outside autocast share a plan.
+    autocast_blocks: tuple | None = None
 
     def admits(self, call: "Signature") -> bool:
         """Whether a call of signature `call` runs this graph: the same, but for the
-        nesting in autocast blocks where this graph has no block of its own."""
-        return self == call or (self.autocast_nested is None and call.autocast_nested is not None
-                                and self == call.without_nesting)
+        autocast-block context where this graph has no block of its own."""
+        return self == call or (self.autocast_blocks is None and call.autocast_blocks is not None
+                                and self == call.without_blocks)
 
     @functools.cached_property
-    def without_nesting(self) -> "Signature":
-        """This signature with no autocast nesting (made once: signatures are memoised)."""
-        return dataclasses.replace(self, autocast_nested=None)
+    def without_blocks(self) -> "Signature":
+        """This signature with no autocast-block context (made once: signatures are memoised)."""
+        return dataclasses.replace(self, autocast_blocks=None)
 
     def difference(self, lowered: "Signature") -> str:
         """What this call has that `lowered` (a signature a graph was made for) has not:
@@ -116,11 +118,16 @@ class Signature:
         if self.autocast_cache != lowered.autocast_cache:
             return (f"autocast's cast cache is {'on' if self.autocast_cache else 'off'}, lowered "
                     f"with it {'on' if lowered.autocast_cache else 'off'}")
-        if None not in (self.autocast_nested, lowered.autocast_nested) and \
-                self.autocast_nested != lowered.autocast_nested:
-            return (f"the call is {'' if self.autocast_nested else 'not '}inside a `torch.autocast` "
-                    f"block (enabled or not), lowered {'inside' if lowered.autocast_nested else 'outside'} "
-                    f"one: the autocast blocks of the forward share that block's cast cache")
+        if None not in (self.autocast_blocks, lowered.autocast_blocks) and \
+                self.autocast_blocks != lowered.autocast_blocks:
+            (nested, per_reader), (was_nested, was_per_reader) = self.autocast_blocks, lowered.autocast_blocks
+            if nested != was_nested:
+                return (f"the call is {'' if nested else 'not '}inside a `torch.autocast` block "
+                        f"(enabled or not), lowered {'inside' if was_nested else 'outside'} one: the "
+                        f"autocast blocks of the forward share that block's cast cache")
+            return (f"the tensors needing a gradient that are not leaves (cast per reader by the "
+                    f"forward's autocast blocks) are {', '.join(per_reader) or 'none'}, lowered "
+                    f"where they were {', '.join(was_per_reader) or 'none'}")
         if self.sdpa != lowered.sdpa:
             return (f"scaled dot product attention may use {self.sdpa or 'no kernel'}, lowered "
                     f"where it might use {lowered.sdpa or 'none'} (`torch.nn.attention.sdpa_kernel`)")
@@ -250,7 +257,10 @@ def call_signature(args: tuple, kwargs: dict, autocast=None) -> Signature:
     return Signature(arguments, autocast_state() if autocast is None else autocast, device,
                      str(spec), str(torch.get_default_dtype()), autocast_cache(), shown,
                      input_aliases(with_paths), sdpa_state(), torch.are_deterministic_algorithms_enabled(),
-                     cpu_kernels_state() if device == "cpu" else "", autocast_nested=autocast_nested())
+                     cpu_kernels_state() if device == "cpu" else "",
+                     autocast_blocks=(autocast_nested(), tuple(sorted(
+                         name for name, _, leaf in described
+                         if isinstance(leaf, torch.Tensor) and cast_per_reader(leaf)))))
 
 
 #: Leaf types a call's arguments may have to be taken without flattening (`flat_leaf`).

@@ -639,6 +639,15 @@ def _run_step_failing_as_eager(runner: "_Runner", resident: tuple, model: torch.
         raise failed
 
 
+def _blocks_context(text: str | None) -> tuple | None:
+    """`Signature.autocast_blocks` from the graph's metadata ("torch.autocast_blocks", written
+    for a forward with autocast blocks of its own), or None."""
+    if text is None:
+        return None
+    recorded = json.loads(text)
+    return bool(recorded["nested"]), tuple(recorded["per_reader"])
+
+
 #: What to do where a module sharded by FSDP2 would plan again, by what was new. A value
 #: the forward read may differ on this rank only: rank 0 lowered the model for every rank
 #: (found by a review: rank 1 was told to pad its batches, its attribute named as 1.0
@@ -1115,7 +1124,7 @@ class _Lowered:
                          deterministic=json.loads(g.metadata.get("torch.deterministic", "false")),
                          cpu_kernels=g.metadata.get("torch.cpu_kernels", "") if device == "cpu" else "",
                          keyword_order=free_keywords(forward, kwargs),
-                         autocast_nested=json.loads(g.metadata.get("torch.autocast_nested", "null")))
+                         autocast_blocks=_blocks_context(g.metadata.get("torch.autocast_blocks")))
 
     def runner(self, device: torch.device, gradient_groups: int = GRADIENT_GROUPS,
                gathered: dict[int, int] | None = None, backend: str = "eager") -> _Runner:

@@ -234,6 +234,29 @@ def test_a_weight_cast_and_read_directly_once_hands_its_parts_in_eagers_order(so
     assert errors == {}, errors
 
 
+@pytest.mark.parametrize("blocks", [True, False], ids=["with-blocks", "without-blocks"])
+def test_a_leaf_example_then_non_leaf_batches_plan_again_only_where_the_forward_has_blocks(blocks, capsys):
+    """Lowered with a leaf needing a gradient, called with hidden states from a stem: a
+    forward with blocks casts them per reader (a signature of its own, and eager's bits),
+    one without is the same graph, not lowered again (it was, for a while, this stop:
+    and refused under FSDP2 as a new shape; found by a review)."""
+    torch.manual_seed(0)
+    model = _InputReadTwice() if blocks else nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+    stem = nn.Linear(16, 16)
+    eager, eager_stem = copy.deepcopy(model), copy.deepcopy(stem)
+    x = torch.randn(8, 16)
+    scheduled = remat_ir.remat(model, (torch.randn(8, 16, requires_grad=True),), cost_model="flops",
+                               solver="recompute-all")
+    capsys.readouterr()
+    for module, first in ((eager, eager_stem), (scheduled, stem)):
+        out = module(first(x))
+        (out if out.dim() == 0 else out.square().mean()).backward()
+    said = capsys.readouterr().err
+    assert ("new input signature" in said) == blocks, said
+    for p, q in zip((*eager.parameters(), *eager_stem.parameters()), (*scheduled.parameters(), *stem.parameters())):
+        assert torch.equal(p.grad, q.grad), (p.grad - q.grad).abs().max()
+
+
 #: A block's settings: (enabled, cache_enabled) — cache_enabled None is the default.
 _BLOCKS = st.tuples(st.booleans(), st.sampled_from([None, True, False]))
 

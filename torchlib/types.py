@@ -303,8 +303,8 @@ def cast_per_reader(tensor: torch.Tensor) -> bool:
     """Whether autocast would cast `tensor` (float32, needing a gradient) once per reader
     where it casts a leaf once per cache: one that is not a leaf (hidden states from a
     layer outside the module). The trace must know it (a signature difference): its
-    gradient is summed otherwise. Whatever autocast is around the call: a block of the
-    forward's own casts it too."""
+    gradient is summed otherwise. Whatever autocast is around the call where the forward
+    has autocast blocks of its own, which cast it too."""
     return tensor.dtype == torch.float32 and tensor.requires_grad and not autocast_caches(tensor)
 
 
@@ -325,14 +325,17 @@ def describe_input(leaf) -> str:
     the signature because the trace holds it: a `view` lowered for one layout fails on
     another, and the plan's copies and costs were made for it. So does whether the tensor
     requires a gradient ('... requires_grad'): the graph computes a gradient for it only if
-    it did when traced; and whether autocast casts it once or per reader ('...
-    requires_grad non-leaf', `cast_per_reader`)."""
+    it did when traced; and, under autocast with its cache, whether autocast casts it once
+    or per reader ('... requires_grad non-leaf', `cast_per_reader`; a forward with
+    autocast blocks of its own is told it by `runtimes.signatures.Signature.autocast_blocks`,
+    so that a graph without them is not lowered again for it)."""
     if isinstance(leaf, torch.Tensor):
         layout = describe_layout(leaf)
         return (f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
                 + (f" {layout}" if layout != "contiguous" else "")
                 + (" requires_grad" if leaf.requires_grad else "")
-                + (" non-leaf" if cast_per_reader(leaf) else ""))
+                + (" non-leaf" if cast_per_reader(leaf) and autocast_enabled()
+                   and torch.is_autocast_cache_enabled() else ""))
     return repr(leaf)
 
 
