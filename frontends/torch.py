@@ -54,7 +54,7 @@ from .autocast_blocks import block_caches, eager_block_caches, has_blocks
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .autograd_functions import FunctionError, backward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
-from .distributed_calls import distributed_calls_watched
+from .distributed_calls import distributed_calls_watched, rank_read_by_name
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
@@ -1379,6 +1379,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     if reads.stored.places:   # (outputs, stored tensors): the stored ones after the outputs' leaves
         out_spec = out_spec.child(0)
     record_globals(model, reads)
+    rank_read_by_name(reads.globals)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     mixed: list[str] = []   # cast by autocast and read otherwise (`share_autocast_casts`)

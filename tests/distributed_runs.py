@@ -19,6 +19,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch.distributed import get_rank
 
 STEPS = 2
 #: The plan cache every case's `remat` shares (`run_all` sets it beside the results file):
@@ -304,6 +305,14 @@ class _RankScaled(torch.nn.Module):
         return self.b(torch.relu(self.a(x)) * (1.0 + dist.get_rank())).square().mean()
 
 
+class _RankScaledByName(_RankScaled):
+    """The rank read through a name bound before tracing (`from torch.distributed import
+    get_rank`), which calls the function past the attribute tracing watches."""
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)) * (1.0 + get_rank())).square().mean()
+
+
 def _rank_read(rank: int, world: int) -> dict:
     """Rank 0 lowers for every rank, so the graph held its rank number and rank 1 trained
     with it: outputs 0.135 off eager DDP's, silently (found by a review). Rank 1 now finds
@@ -315,20 +324,20 @@ def _rank_read(rank: int, world: int) -> dict:
     import remat_ir
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.manual_seed(0)
-    model = _RankScaled()
-    eager = DDP(copy.deepcopy(model))
-    said = io.StringIO()
-    with cl.redirect_stderr(said):
-        scheduled = DDP(remat_ir.remat(model, (torch.randn(3, 4),), solver="recompute-all", cost_model="flops"))
-        worst = 0.0
-        for step in range(2):
-            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 * step + rank))
-            for m in (eager, scheduled):
-                m.zero_grad()
-                m(x).backward()
-            worst = max([worst] + [(p.grad - q.grad).abs().max().item()
-                                   for p, q in zip(eager.parameters(), scheduled.parameters())])
+    said, worst = io.StringIO(), 0.0
+    for kind in (_RankScaled, _RankScaledByName):
+        torch.manual_seed(0)
+        model = kind()
+        eager = DDP(copy.deepcopy(model))
+        with cl.redirect_stderr(said):
+            scheduled = DDP(remat_ir.remat(model, (torch.randn(3, 4),), solver="recompute-all", cost_model="flops"))
+            for step in range(2):
+                x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 * step + rank))
+                for m in (eager, scheduled):
+                    m.zero_grad()
+                    m(x).backward()
+                worst = max([worst] + [(p.grad - q.grad).abs().max().item()
+                                       for p, q in zip(eager.parameters(), scheduled.parameters())])
     return {"worst": worst, "said": said.getvalue()}
 
 
