@@ -118,11 +118,8 @@ def test_blocks_inside_a_callers_block_share_its_cache(make, outer, solver):
     assert errors == {}, errors
 
 
-class _OneBlock(nn.Module):
-    def __init__(self, cache_enabled=None):
-        super().__init__()
-        self.a, self.o = nn.Linear(16, 16), nn.Linear(16, 4)
-        self.cache_enabled = cache_enabled
+class _OneBlock(_BlockReadsTwice):
+    """A block of the forward reading `a` once, its output returned."""
 
     def forward(self, x):
         with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=self.cache_enabled):
