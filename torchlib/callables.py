@@ -58,7 +58,7 @@ def describe(value) -> str:
     if code is None:
         return name
     captured = [text for cell in (value.__closure__ or ()) if filled(cell)
-                and (text := _captured_text(cell.cell_contents)) is not None]
+                and (text := _value_text(cell.cell_contents)) is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
     # A plain object's too, by its attributes (`def forward(self, x, cfg=settings)`, then
     # `settings.temp = 0.5`; found by a review).
@@ -120,29 +120,6 @@ def described_defaults(function) -> list:
         if len(names) == len(defaults) else list(defaults)
     keywords = [value for name, value in (function.__kwdefaults__ or {}).items() if not name.startswith("_")]
     return positional + keywords
-
-
-#: How deep `_captured_text` describes functions captured by functions (a decorator's
-#: wrapped function, a factory's argument); deeper ones are shown by name.
-_CAPTURED_DEPTH = 3
-_depth = [0]
-
-
-def _captured_text(value) -> str | None:
-    """`_value_text` of a value a closure captured, and for a function its own description
-    (a few levels deep). Why: a lambda made by `make_act(torch.tanh)` and one made by
-    `make_act(torch.sigmoid)`, or two functions a `functools.wraps` decorator wrapped,
-    had one description (the function was no plain value), so a swap after `remat`
-    trained on with the old graph, 0.063 off (found by a review)."""
-    if not is_function(value):
-        return _value_text(value)
-    if _depth[0] >= _CAPTURED_DEPTH:
-        return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', '?')}"
-    _depth[0] += 1
-    try:
-        return describe(value)
-    finally:
-        _depth[0] -= 1
 
 
 def _value_text(value) -> str | None:
