@@ -31,6 +31,8 @@ import threading
 import torch
 import torch.fx
 
+from .attribute_patches import replaced
+
 _autocast = torch.amp.autocast_mode.autocast
 _WRAP = "wrap_with_autocast"
 
@@ -58,11 +60,8 @@ def eager_block_caches():
             settings.pop()
         return leave(self, *exc)
 
-    _autocast.__init__, _autocast.__enter__, _autocast.__exit__ = __init__, __enter__, __exit__
-    try:
+    with replaced(_autocast, {"__init__": __init__, "__enter__": __enter__, "__exit__": __exit__}):
         yield
-    finally:
-        _autocast.__init__, _autocast.__enter__, _autocast.__exit__ = init, enter, leave
 
 
 def has_blocks(exported: torch.export.ExportedProgram) -> bool:

@@ -128,8 +128,8 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
                 or getattr(primal.meta.get("val"), "dtype", None) is not torch.float32):
             continue   # eager's cache keeps float32 leaves only
         casts = [u for u in primal.users if _autocast_cast(u, primal)]
-        settings = {_cached(c, blocks or {}) for c in casts}
-        if None in settings:
+        cached = {c: _cached(c, blocks or {}) for c in casts}
+        if None in cached.values():
             if len(casts) > 1:
                 warnings.warn(f"{_name(desc)} is cast by autocast in nested `torch.autocast` blocks "
                               "of the forward with different cache_enabled settings: its "
@@ -138,7 +138,7 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
             continue
         # A cast eager does not cache (its block's cache_enabled=False) is another reader
         # of the primal, as a direct read is.
-        casts = [c for c in casts if _cached(c, blocks or {})]
+        casts = [c for c in casts if cached[c]]
         # Casts no gradient flows back through (made under `torch.no_grad()`: a target
         # computed with the same weights) are not cached by eager and sum nothing: counted,
         # they kept the others from sharing one cast, 1.8e-3 relative off eager's, with a

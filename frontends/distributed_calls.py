@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 
+from .attribute_patches import replaced
 from .errors import LoweringError
 from .model_lines import is_model_file
 
@@ -97,17 +98,9 @@ def distributed_calls_watched(model: str, globals_read: dict):
         return collective
 
     patched = {"get_rank": get_rank, **{name: refusing(name) for name in originals if name != "get_rank"}}
-    for name, function in patched.items():
-        setattr(dist, name, function)
-        if name in in_c10d:   # `dist.distributed_c10d.get_rank()`
-            setattr(c10d, name, function)
-    try:
+    # Also where `distributed_c10d` holds them (`dist.distributed_c10d.get_rank()`).
+    with replaced(dist, patched), replaced(c10d, {name: patched[name] for name in in_c10d}):
         yield
-    finally:
-        for name, function in originals.items():
-            setattr(dist, name, function)
-        for name, function in in_c10d.items():
-            setattr(c10d, name, function)
 
 
 def rank_read_by_name(globals_read: dict) -> None:

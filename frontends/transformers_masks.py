@@ -43,6 +43,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot
 from torch.utils import _pytree as pytree
 
+from .attribute_patches import replaced
 from remat_ir.torchlib.value_guards import DECISIONS, Unrecordable, answer, encoded
 
 from .fx_nodes import written_arguments
@@ -125,23 +126,10 @@ def eager_mask_decisions(model: torch.nn.Module, args: tuple, kwargs: dict, guar
         wrapped[_PACKED] = _eager_when_computed(masking, getattr(masking, _PACKED), inputs, guards)
     handle = model.register_forward_pre_hook(inputs.hook, with_kwargs=True, prepend=True)
     try:
-        with _replaced(masking, wrapped):
+        with replaced(masking, wrapped):
             yield
     finally:
         handle.remove()
-
-
-@contextlib.contextmanager
-def _replaced(module, replacements: dict):
-    """Within: `module`'s attributes named in `replacements` are those; put back after."""
-    saved = {name: getattr(module, name) for name in replacements}
-    for name, value in replacements.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
 
 
 def _eager_when_unpadded(masking, original, inputs: CallInputs, guards: list):
@@ -159,7 +147,7 @@ def _eager_when_unpadded(masking, original, inputs: CallInputs, guards: list):
 def _as_eager(masking):
     """transformers' tracing checks answered as eager answers them, for a decision on
     values known here (none, or computed from shapes)."""
-    return _replaced(masking, {name: lambda *_: False for name in _TRACING_CHECKS if hasattr(masking, name)})
+    return replaced(masking, {name: lambda *_: False for name in _TRACING_CHECKS if hasattr(masking, name)})
 
 
 def _eager_when_computed(masking, original, inputs: CallInputs, guards: list):
