@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import pathlib
+import sys
+import sysconfig
 import types
 
 import torch
@@ -57,17 +59,82 @@ def describe(value) -> str:
     name = f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', None) or getattr(value, '__name__', '?')}"
     if code is None:
         return name
+    own = _users_code(code.co_filename) and not (getattr(value, "__module__", None) or "").startswith("remat_ir.")
     captured = [text for cell in (value.__closure__ or ()) if filled(cell)
-                and (text := _value_text(cell.cell_contents)) is not None]
+                and (text := _captured_text(cell.cell_contents, own)) is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
     # A plain object's too, by its attributes (`def forward(self, x, cfg=settings)`, then
     # `settings.temp = 0.5`; found by a review).
     defaults = [text for default in described_defaults(value)
                 if (text := _value_text(default) or (_bound_text(default) if plain_owner(default) else None))
                 is not None]
+    read = _globals_of_made_code(value, code)
     return (f"{name} at {_place(value, code.co_filename)}:{code.co_firstlineno} #{code_digest(code)}"
             + (f" with {_whole(captured)}" if captured else "")
-            + (f" defaults {_whole(defaults)}" if defaults else ""))
+            + (f" defaults {_whole(defaults)}" if defaults else "")
+            + (f" reading {_whole(read)}" if read else ""))
+
+
+#: How deep `_captured_text` describes functions that functions of the user's code
+#: captured; deeper ones are shown by name.
+_CAPTURED_DEPTH = 3
+_depth = [0]
+
+
+def _captured_text(value, own: bool) -> str | None:
+    """How a description shows a value a closure captured: `_value_text`, and where the
+    function capturing it is the user's own code, a captured function by its own
+    description (a few levels deep). Why: `make_act(torch.tanh)` and `make_act(torch.
+    sigmoid)`, or two functions one `functools.wraps` decorator wrapped, read as one
+    function, so one swapped for the other after `remat` trained on with the old graph,
+    0.063 off (found by a review). Not for a library's closures: what transformers'
+    decorators and FSDP2's hooks capture is theirs, and describing it made every call
+    after `fully_shard` plan again (found by CI)."""
+    text = _value_text(value)
+    if text is not None or not own or not is_function(value):
+        return text
+    if _depth[0] >= _CAPTURED_DEPTH:
+        return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', '?')}"
+    _depth[0] += 1
+    try:
+        return describe(value)
+    finally:
+        _depth[0] -= 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _users_code(filename: str) -> bool:
+    """Whether code from `filename` is the user's own: not the standard library's or an
+    installed package's (torch, transformers, peft). (remat-ir's own, installed in place
+    from its repository, is told by its module's name.)"""
+    paths = sysconfig.get_paths()
+    libraries = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]}
+    path = str(pathlib.Path(filename).resolve()) if not filename.startswith("<") else filename
+    return not filename.startswith("<frozen") and not any(
+        path.startswith(library.rstrip("/") + "/") for library in libraries)
+
+
+def _globals_of_made_code(function, code: types.CodeType) -> list[str]:
+    """The plain values a function made by `exec` (or `types.FunctionType` over a dict of
+    its own) reads as globals, by name. Its module's constants are compared as reads of
+    that module; a namespace of its own is no module, so one source run with `K = 2.0`
+    and with `K = 3.0` gave two functions of one description, and one swapped for the
+    other trained on with the old graph, 2.27 off (found by a review)."""
+    space = getattr(function, "__globals__", None)
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    if space is None or (module is not None and getattr(module, "__dict__", None) is space):
+        return []
+    names = sorted({name for name in _names(code) if name in space})
+    return [f"{name}={text}" for name in names if (text := _value_text(space[name])) is not None]
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The names `code` and the code nested in it read."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names(constant)
+    return names
 
 
 def _place(value, filename: str) -> str:
