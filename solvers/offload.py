@@ -563,6 +563,14 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[..., pb.Schedul
             if budget <= rung < ceiling and rung not in tried:
                 start_at(rung, 2 * (refine_levels - level + 1) - j)
     if best is None:
-        raise InfeasibleBudget(budget, lowest_peak, " (by rematerialization with offloading)",
-                               schedule=lowest)
+        # Which peak it names: the lowest its plans reached toward this budget, not a
+        # floor searched for. A review read it as one: 30% was refused naming 52.6%,
+        # while 45% planned at 44.9%. And a host budget may be what stopped it, where
+        # the refusal blamed rematerialization.
+        host = (f"; under a host budget of {host_budget:,} bytes, which may be what stops "
+                f"it: a larger host budget may plan lower" if host_budget is not None else "")
+        raise InfeasibleBudget(budget, lowest_peak,
+                               f" (by rematerialization with offloading: the lowest peak its "
+                               f"plans reached toward this budget, not a floor searched for; a "
+                               f"budget between the two may still plan{host})", schedule=lowest)
     return best

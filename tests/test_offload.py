@@ -427,6 +427,30 @@ def test_host_budget_bounds_the_copies():
     assert ir.check(graph, bounded).host_peak_bytes <= held // 2
 
 
+def test_a_refusal_under_a_host_budget_names_it_and_what_its_peak_is():
+    """A plan the host budget stops was refused as rematerialization's, naming a
+    "smallest feasible budget" a review read as the floor (30% refused naming 52.6%,
+    while 45% planned at 44.9%). The refusal says the peak is the lowest its plans
+    reached, not a searched floor, and names the host budget where one was given; the
+    peak it names plans."""
+    graph = own_copy("gpt2")
+    describe_link(graph, "1TB/s")
+    # Below rotor's floor (57% here), which offloading brings down to 52%.
+    free_hand = solvers.solve(graph, "53%", "rotor", offload=True)
+    held = ir.simulate(graph, free_hand).host_peak_bytes
+    budget = free_hand.budget_bytes
+    try:
+        solvers.solve(graph, "53%", "rotor", offload=True, host_budget=held // 50)
+    except solvers.InfeasibleBudget as refused:
+        message = str(refused)
+        assert "not a floor searched for" in message, message
+        assert f"under a host budget of {held // 50:,} bytes" in message, message
+        reached = solvers.solve(graph, refused.smallest_feasible, "rotor", offload=True, host_budget=held // 50)
+        assert ir.check(graph, reached).peak_bytes <= refused.smallest_feasible
+    else:
+        pytest.fail(f"a host budget of {held // 50} bytes (of {held} held at {budget}) planned")
+
+
 @pytest.mark.parametrize("time_limit_s", [0.005, 0.02, 0.1])
 def test_a_rung_out_of_its_share_of_the_time_is_no_plan_not_a_failure(time_limit_s):
     """Each rung of the offload ladder gets a share of the time limit; rotor's program over
