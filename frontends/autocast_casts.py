@@ -133,8 +133,8 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
             if len(casts) > 1:
                 warnings.warn(f"{_name(desc)} is cast by autocast in nested `torch.autocast` blocks "
                               "of the forward with different cache_enabled settings: its "
-                              "gradient is summed as traced, which may differ from eager's in the "
-                              "last bits", stacklevel=2)
+                              "gradient is summed as traced, which may differ from eager's by the "
+                              "autocast dtype's rounding: 1e-3 relative and more in bfloat16", stacklevel=2)
             continue
         # A cast eager does not cache (its block's cache_enabled=False) is another reader
         # of the primal, as a direct read is.
@@ -157,7 +157,7 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
                 warnings.warn(f"{_name(desc)} is cast by autocast in several `torch.autocast` "
                               "blocks of the forward, more than once in one: its gradient is "
                               "summed in float32 where eager sums part of it in the autocast "
-                              "dtype (last bits may differ from eager's)", stacklevel=2)
+                              "dtype (it may differ from eager's by the autocast dtype's rounding: 1e-3 relative and more in bfloat16)", stacklevel=2)
             continue
         leaves: list = []
         seqs = {c.meta.get("seq_nr") for c in casts}
@@ -175,7 +175,7 @@ def share_autocast_casts(module: torch.fx.GraphModule, uncached: frozenset[int] 
                 continue
             warnings.warn(f"{_name(desc)} is cast by autocast for several ops and also used "
                           "otherwise: its gradient is summed in float32 where eager sums part of "
-                          "it in the autocast dtype (last bits may differ from eager's)", stacklevel=2)
+                          "it in the autocast dtype (it may differ from eager's by the autocast dtype's rounding: 1e-3 relative and more in bfloat16)", stacklevel=2)
             continue
         if len(casts) == 1:
             # Cast once already; its cast back is marked where the cache outlives the call
