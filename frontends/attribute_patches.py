@@ -12,13 +12,16 @@ import contextlib
 
 @contextlib.contextmanager
 def replaced(owner, replacements: dict):
-    """Within: `owner`'s attributes named in `replacements` (a module's, a class's) are
+    """Within: `owner`'s attributes named in `replacements` (a module's, a class's), or
+    its items where `owner` is a dict (a module's namespace, `function.__globals__`), are
     those; put back after."""
-    saved = {name: getattr(owner, name) for name in replacements}
+    get, put = ((owner.__getitem__, owner.__setitem__) if isinstance(owner, dict)
+                else (lambda name: getattr(owner, name), lambda name, value: setattr(owner, name, value)))
+    saved = {name: get(name) for name in replacements}
     for name, value in replacements.items():
-        setattr(owner, name, value)
+        put(name, value)
     try:
         yield
     finally:
         for name, value in saved.items():
-            setattr(owner, name, value)
+            put(name, value)

@@ -44,15 +44,16 @@ RANK_READ = ("torch.distributed", "get_rank", ("call",))
 
 
 @contextlib.contextmanager
-def distributed_calls_watched(model: str, globals_read: dict):
+def distributed_calls_watched(module, globals_read: dict):
     """Within, where torch.distributed is initialized: `dist.get_rank()` called by the
-    model's code is recorded in `globals_read` (module docstring), and a collective it
-    calls raises one LoweringError before it runs."""
+    code of `module` (the model) is recorded in `globals_read` (module docstring), and a
+    collective it calls raises one LoweringError before it runs."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         yield
         return
+    model = type(module).__name__
     tracing = threading.get_ident()
     c10d = dist.distributed_c10d
     originals = {name: getattr(dist, name) for name in ("get_rank", *_COLLECTIVES) if hasattr(dist, name)}
@@ -98,9 +99,33 @@ def distributed_calls_watched(model: str, globals_read: dict):
         return collective
 
     patched = {"get_rank": get_rank, **{name: refusing(name) for name in originals if name != "get_rank"}}
-    # Also where `distributed_c10d` holds them (`dist.distributed_c10d.get_rank()`).
-    with replaced(dist, patched), replaced(c10d, {name: patched[name] for name in in_c10d}):
+    # Also where `distributed_c10d` holds them (`dist.distributed_c10d.get_rank()`), and
+    # where the model's own files bound them by name before tracing (`from torch.distributed
+    # import all_reduce`): a collective called so ran, and under several ranks hung as
+    # any did (found by a review).
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(replaced(dist, patched))
+        patches.enter_context(replaced(c10d, {name: patched[name] for name in in_c10d}))
+        by_function = {id(function): patched[name] for name, function in originals.items()}
+        for namespace in _model_namespaces(module):
+            bound = {name: by_function[id(value)] for name, value in list(namespace.items())
+                     if id(value) in by_function}   # the originals live on: ids are theirs
+            if bound:
+                patches.enter_context(replaced(namespace, bound))
         yield
+
+
+def _model_namespaces(module) -> list[dict]:
+    """The global namespaces of the code of `module`'s classes (their `forward`'s
+    `__globals__`: also a module loaded without registering it), the model's files only."""
+    found: dict[int, dict] = {}
+    for sub in module.modules():
+        forward = getattr(type(sub), "forward", None)
+        space = getattr(forward, "__globals__", None)
+        code = getattr(forward, "__code__", None)
+        if isinstance(space, dict) and code is not None and is_model_file(code.co_filename):
+            found.setdefault(id(space), space)
+    return list(found.values())
 
 
 def rank_read_by_name(globals_read: dict) -> None:

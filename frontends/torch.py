@@ -508,7 +508,7 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     (`autocast_blocks`), the rank the forward reads recorded and a collective it calls
     refused (`distributed_calls`). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
-    with eager_block_caches(), distributed_calls_watched(type(model).__name__, reads.globals):
+    with eager_block_caches(), distributed_calls_watched(model, reads.globals):
         return torch.export.export(model, args, kwargs, strict=False)
 
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+if torch.distributed.is_available():
+    from torch.distributed import all_reduce
 
 
 @pytest.fixture(scope="session")
@@ -151,6 +153,42 @@ def test_a_collective_in_the_forward_is_refused_on_every_rank_without_hanging(ru
         result = results["collective_in_forward"]
         assert "calls torch.distributed.all_reduce at" in result.get("error", ""), (rank, result)
         assert "a collective inside the forward is not supported" in result["error"], (rank, result)
+
+
+class _AllReducingByName(torch.nn.Module):
+    """A forward all-reducing a statistic through a name its file bound before tracing."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        mean = h.detach().mean(0)
+        all_reduce(mean)
+        return (h - mean).square().mean()
+
+
+def test_a_collective_bound_by_name_is_refused_naming_it():
+    """`from torch.distributed import all_reduce` in the model's file called the function
+    itself, past the watch on `torch.distributed`'s attributes: in one process export
+    failed with advice about `torch.compiler.is_compiling()`, and under several ranks it
+    would hang as `dist.all_reduce` did (found by a review). One process, a world of one."""
+    import os
+
+    import distributed_runs
+    import remat_ir
+    from remat_ir.ir import RematIRError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(distributed_runs.free_port()))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.raises(RematIRError, match=r"_AllReducingByName's forward calls "
+                           r"torch.distributed.all_reduce at .*test_distributed.py:\d+: a collective inside"):
+            remat_ir.remat(_AllReducingByName(), (torch.randn(3, 4),), solver="recompute-all", cost_model="flops")
+    finally:
+        torch.distributed.destroy_process_group()
+    assert all_reduce is torch.distributed.all_reduce   # put back
 
 
 def test_a_branch_on_input_values_trains_like_eager_ddp_each_rank_answering_for_itself(runs):
