@@ -3,7 +3,8 @@
 Under torch.distributed, ranks whose inputs agree share one plan, which rank 0 lowers
 (`remat_ir/distributed.py`). Two things a forward may do there depend on the rank:
 
-- It reads its rank (`dist.get_rank()`: a per-rank offset, scale or slice). The trace
+- It reads its rank (`dist.get_rank()`, `get_rank(group)`, a group's `rank()`: a
+  per-rank offset, scale or slice). The trace
   bakes rank 0's number into the graph, and every other rank trained with it: rank 1's
   outputs 0.135 off eager DDP's, its parameters 0.04 off under FSDP2, silently (found
   by a review). The rank read is now recorded as a value the forward read
@@ -77,13 +78,19 @@ def distributed_calls_watched(module, globals_read: dict):
     def get_rank(group=None):
         rank = originals["get_rank"](group)
         if by_model(2) is not None:
-            if group is not None:
-                raise LoweringError(
-                    f"{model}'s forward reads its rank in a process group "
-                    f"(torch.distributed.get_rank(group)) at {by_model(2)}: the graph would hold "
-                    f"this rank's number for every rank. Pass the rank to forward as a tensor")
-            globals_read.setdefault(RANK_READ, rank)
+            # In a group too (`get_rank(group)`, refused before): the global rank is
+            # recorded, which decides the group's for groups made alike on every rank.
+            globals_read.setdefault(RANK_READ, originals["get_rank"]())
         return rank
+
+    process_group_rank = dist.ProcessGroup.rank   # unbound: called with the group
+
+    def group_rank(group):
+        """`ProcessGroup.rank()` (a group the model holds, `dist.group.WORLD.rank()`),
+        torch's C++ method, whose number the trace baked in as it did `get_rank()`'s."""
+        if by_model(2) is not None:
+            globals_read.setdefault(RANK_READ, originals["get_rank"]())
+        return process_group_rank(group)
 
     def refusing(name: str):
         def collective(*args, **kwargs):
@@ -106,6 +113,7 @@ def distributed_calls_watched(module, globals_read: dict):
     with contextlib.ExitStack() as patches:
         patches.enter_context(replaced(dist, patched))
         patches.enter_context(replaced(c10d, {name: patched[name] for name in in_c10d}))
+        patches.enter_context(replaced(dist.ProcessGroup, {"rank": group_rank}))
         by_function = {id(function): patched[name] for name, function in originals.items()}
         for namespace in _model_namespaces(module):
             bound = {name: by_function[id(value)] for name, value in list(namespace.items())

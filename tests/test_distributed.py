@@ -148,6 +148,50 @@ def test_a_rank_read_after_the_process_group_is_gone_plans_again(capsys):
            "and is missing now" in capsys.readouterr().err
 
 
+class _GroupRankOrZero(torch.nn.Module):
+    """Reads its rank in a group it holds, as tensor-parallel code does."""
+
+    def __init__(self, group, through_the_group: bool):
+        super().__init__()
+        self.a, self.group, self.through_the_group = torch.nn.Linear(4, 4), group, through_the_group
+
+    def forward(self, x):
+        if not torch.distributed.is_initialized():
+            rank = 0
+        else:
+            rank = self.group.rank() if self.through_the_group else torch.distributed.get_rank(self.group)
+        return (self.a(x) * (2.0 + rank)).square().mean()
+
+
+@pytest.mark.parametrize("through_the_group", [False, True], ids=["get_rank_of_a_group", "group_rank_method"])
+def test_a_rank_read_in_a_group_is_recorded_as_the_rank(through_the_group, capsys):
+    """`get_rank(group)` was refused; a group's own `rank()` (torch's C++ method) was baked
+    in, rank 0's number for every rank, as `get_rank()` was (0.135 off, found by a review).
+    Both are now recorded as the rank read, compared at every call. One process, a world
+    of one: the read is seen when the group is gone."""
+    import os
+
+    import distributed_runs
+    import remat_ir
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(distributed_runs.free_port()))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model, x = _GroupRankOrZero(torch.distributed.new_group([0]), through_the_group), torch.randn(2, 4)
+        eager = _GroupRankOrZero(model.group, through_the_group)   # a group cannot be deepcopied
+        eager.load_state_dict(model.state_dict())
+        scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
+    finally:
+        torch.distributed.destroy_process_group()
+    capsys.readouterr()
+    for m in (eager, scheduled):
+        m(x).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(eager.parameters(), model.parameters()))
+    assert "the rank the forward reads (torch.distributed.get_rank()) was 0 when the model was lowered " \
+           "and is missing now" in capsys.readouterr().err
+
+
 def test_a_collective_in_the_forward_is_refused_on_every_rank_without_hanging(runs):
     for rank, results in enumerate(runs):
         result = results["collective_in_forward"]
