@@ -61,17 +61,20 @@ def distributed_calls_watched(module, globals_read: dict):
     in_c10d = {name: getattr(c10d, name) for name in originals if hasattr(c10d, name)}
 
     def by_model(depth: int) -> str | None:
-        """'file:line' of the model's code calling, `depth` frames up (through torch's
-        autograd collectives), or None where torch's own code calls (FSDP2's gathers)."""
+        """'file:line' of the model's code calling, `depth` frames up, also through
+        torch.distributed's own code (its autograd collectives, a DeviceMesh's
+        `get_local_rank()`, which reads `get_rank(group)`: baked in before, found by a
+        review), or None where torch's own code outside it calls (FSDP2's gathers, run by
+        a module's hooks)."""
         if threading.get_ident() != tracing:
             return None
-        frame = sys._getframe(depth)
-        if frame.f_code.co_filename.endswith(_AUTOGRAD_COLLECTIVES):
-            while frame is not None and not is_model_file(frame.f_code.co_filename):
-                frame = frame.f_back
-            if frame is None:
-                return "torch.distributed.nn.functional"
-        elif not is_model_file(frame.f_code.co_filename):
+        frame, through = sys._getframe(depth), False
+        while frame is not None and _torch_distributed(frame.f_code.co_filename):
+            through = through or frame.f_code.co_filename.endswith(_AUTOGRAD_COLLECTIVES)
+            frame = frame.f_back
+        if frame is None:
+            return "torch.distributed.nn.functional" if through else None
+        if not is_model_file(frame.f_code.co_filename):
             return None
         return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
@@ -121,6 +124,15 @@ def distributed_calls_watched(module, globals_read: dict):
             if bound:
                 patches.enter_context(replaced(namespace, bound))
         yield
+
+
+#: Where torch.distributed's code lives, and autograd's `Function.apply`, which its
+#: autograd collectives (`torch.distributed.nn.functional`) run through.
+_DISTRIBUTED = (os.path.join("torch", "distributed", ""), os.path.join("torch", "autograd", "function.py"))
+
+
+def _torch_distributed(filename: str) -> bool:
+    return any(part in filename for part in _DISTRIBUTED)
 
 
 def _model_namespaces(module) -> list[dict]:
