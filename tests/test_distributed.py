@@ -150,7 +150,7 @@ def test_a_rank_read_after_the_process_group_is_gone_plans_again(capsys):
 
 class _GroupRankOrZero(torch.nn.Module):
     """Reads its rank in a group it holds, as tensor-parallel code does: `get_rank(group)`,
-    the group's own `rank()`, or a DeviceMesh's `get_local_rank()`."""
+    the group's own `rank()`, or a DeviceMesh's `get_local_rank()` or `get_coordinate()`."""
 
     def __init__(self, group, how: str):
         super().__init__()
@@ -163,18 +163,21 @@ class _GroupRankOrZero(torch.nn.Module):
             rank = torch.distributed.get_rank(self.group)
         elif self.how == "rank":
             rank = self.group.rank()
-        else:
+        elif self.how == "mesh":
             rank = self.group.get_local_rank()
+        else:
+            rank = self.group.get_coordinate()[0]
         return (self.a(x) * (2.0 + rank)).square().mean()
 
 
-@pytest.mark.parametrize("how", ["get_rank", "rank", "mesh"],
-                         ids=["get_rank_of_a_group", "group_rank_method", "device_mesh_local_rank"])
+@pytest.mark.parametrize("how", ["get_rank", "rank", "mesh", "coordinate"],
+                         ids=["get_rank_of_a_group", "group_rank_method", "device_mesh_local_rank",
+                              "device_mesh_coordinate"])
 def test_a_rank_read_in_a_group_is_recorded_as_the_rank(how, capsys):
     """`get_rank(group)` was refused; a group's own `rank()` (torch's C++ method) and a
-    DeviceMesh's `get_local_rank()` (torch's code calling `get_rank(group)`) were baked
-    in, rank 0's number for every rank: under DDP rank 1 trained 1.06 and 2.43 off (found
-    by a review). Each is now recorded as the rank read, compared at every call. Here one
+    DeviceMesh's `get_local_rank()` (torch's code calling `get_rank(group)`) and
+    `get_coordinate()` were baked in, rank 0's number for every rank: under DDP rank 1
+    trained 1.06 and 2.43 off (found by a review). Each is now recorded as the rank read, compared at every call. Here one
     process, a world of one: the read is seen when the group is gone."""
     import os
 
@@ -185,7 +188,8 @@ def test_a_rank_read_in_a_group_is_recorded_as_the_rank(how, capsys):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(distributed_runs.free_port()))
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     try:
-        group = init_device_mesh("cpu", (1,)) if how == "mesh" else torch.distributed.new_group([0])
+        group = (init_device_mesh("cpu", (1,)) if how in ("mesh", "coordinate")
+                 else torch.distributed.new_group([0]))
         torch.manual_seed(0)
         model, x = _GroupRankOrZero(group, how), torch.randn(2, 4)
         eager = _GroupRankOrZero(group, how)   # a group cannot be deepcopied
