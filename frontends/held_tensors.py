@@ -65,9 +65,8 @@ def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
     directly or as an attribute of a plain object they hold (the attribute then dotted)."""
     found: dict[int, Place] = {}
     for path, module in model.named_modules():
-        _tensors_in(path, "", vars(module), found)
-        for name, helper in held_objects(module):
-            _tensors_in(path, f"{name}.", vars(helper), found)
+        for tensor, place in _attribute_tensors(path, module):
+            found.setdefault(id(tensor), place)
         for klass in type(module).__mro__:   # class attributes, read through `self`
             for name, value in vars(klass).items():
                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
@@ -76,18 +75,48 @@ def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
     return found
 
 
-def _tensors_in(path: str, prefix: str, attributes: dict, found: dict[int, Place]) -> None:
-    """`held_tensors` over one object's attributes (a module's or a plain object's)."""
+def _held_with_gradient(model: str, where: str) -> LoweringError:
+    return LoweringError(
+        f"{model} keeps a tensor that requires a gradient at {where}, which is neither a "
+        f"parameter nor a buffer: eager gives it a gradient, and remat-ir's graph would hold "
+        f"it as a constant. Make it an nn.Parameter (or detach it, if it should not train; a "
+        f"torch.distributions object built from parameters in __init__ holds such views: "
+        f"build it in the forward)")
+
+
+def held_gradient_error(model: torch.nn.Module) -> LoweringError | None:
+    """The error for a tensor with autograd history the model's modules hold (a view of a
+    parameter: `self.wx = self.w.expand(4, 8)`, a prior `Normal(loc, scale)` made in
+    `__init__`, whose `broadcast_all` keeps such views), for a forward torch.export failed
+    on: export's own assertion was said as another path under tracing, with advice about
+    attention masks (found by a review). None where it holds none."""
+    for path, module in model.named_modules():
+        for tensor, place in _attribute_tensors(path, module):
+            if tensor.requires_grad and tensor.grad_fn is not None:
+                return _held_with_gradient(type(model).__name__, shown(*place))
+    return None
+
+
+def _attribute_tensors(path: str, module: torch.nn.Module):
+    """(tensor, place) of the tensors `module` holds as plain attributes, items of dicts,
+    lists or tuples, or attributes of the plain objects it holds."""
+    yield from _held_in(path, "", vars(module))
+    for name, helper in held_objects(module):
+        yield from _held_in(path, f"{name}.", vars(helper))
+
+
+def _held_in(path: str, prefix: str, attributes: dict):
+    """(tensor, place) over one object's attributes (a module's or a plain object's)."""
     for name, value in attributes.items():
         if name in _MODULE_STATE or not isinstance(name, str):
             continue
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-            found.setdefault(id(value), (path, prefix + name, None))
+            yield value, (path, prefix + name, None)
         elif isinstance(value, (dict, list, tuple)):
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 if isinstance(item, torch.Tensor) and isinstance(key, (str, int)):
-                    found.setdefault(id(item), (path, prefix + name, key))
+                    yield item, (path, prefix + name, key)
 
 
 def _made_in_forward(placeholder: torch.fx.Node, root: torch.fx.GraphModule) -> bool:
@@ -256,11 +285,7 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                 f"as a buffer (module.register_buffer) or pass it as an input")
         if tensor.requires_grad:
             where = shown(*place) if place is not None else shown_global(*found)
-            raise LoweringError(
-                f"{name} keeps a tensor that requires a gradient at {where}, which is neither "
-                f"a parameter nor a buffer: eager gives it a gradient, and remat-ir's graph "
-                f"would hold it as a constant. Make it an nn.Parameter (or detach it, if it "
-                f"should not train)")
+            raise _held_with_gradient(name, where)
         if place is not None:
             targets[spec.target] = [*place, digest(tensor)]
         else:

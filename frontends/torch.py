@@ -81,7 +81,7 @@ from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        mutation_error, refusing_autograd_calls, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
-from .held_tensors import lift_held_tensors
+from .held_tensors import held_gradient_error, lift_held_tensors
 from .masked_assign import assign_through_masks
 from .metadata_writes import reshape_in_place
 from .unfold_writes import write_through_unfold_views
@@ -274,6 +274,56 @@ def _value_checks_kept():
 _CHECKS_WITH_EFFECTS = (torch.ops.aten._linalg_check_errors.default,)
 
 
+#: What to do with a sparse tensor, which the IR has no layout for.
+_DENSE_ONLY = ("remat-ir lowers dense tensors only: pass a sparse matrix (a graph's "
+               "adjacency) dense, made with `.to_dense()` before the call or held as a dense "
+               "buffer, and use `torch.mm` on it; for nn.Embedding or EmbeddingBag with "
+               "sparse=True (sparse gradients), pass sparse=False")
+
+
+def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """LoweringError naming a sparse parameter, buffer or input before tracing: a GCN's
+    CSR adjacency buffer failed inside AOTAutograd ("Sparse CSR tensors do not have
+    is_contiguous"), a COO one with advice about embeddings (found by a review)."""
+    try:
+        positional = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        positional = []
+
+    def input_name(path) -> str:
+        first = path[1].idx if path[0].idx == 0 else path[1].key
+        if isinstance(first, int):
+            first = positional[first] if first < len(positional) else f"argument {first}"
+        return f"{first}{pytree.keystr(path[2:])}"
+
+    named = [*(("parameter", n, t) for n, t in model.named_parameters()),
+             *(("buffer", n, t) for n, t in model.named_buffers()),
+             *(("input", input_name(path), t) for path, t in pytree.tree_flatten_with_path((args, kwargs))[0]
+               if isinstance(t, torch.Tensor))]
+    for kind, name, tensor in named:
+        if tensor.layout != torch.strided:
+            raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "
+                                f"tensor; {_DENSE_ONLY}")
+
+
+def _check_dense(module: torch.fx.GraphModule, model: str) -> None:
+    """LoweringError naming the model's line where the forward makes a sparse tensor
+    (`torch.sparse_coo_tensor`, `to_sparse`): found by a review, a GCN building its
+    adjacency in the forward failed with torch's "Cannot access storage of
+    SparseTensorImpl" from deep inside the lowering, naming nothing."""
+    for node in module.graph.nodes:
+        fake = node.meta.get("val") if node.op == "call_function" else None
+        if isinstance(fake, torch.Tensor) and fake.layout != torch.strided:
+            where = node_line(node) or node_module(node)
+            if node.meta.get("partitioner_tag") == "is_backward":   # a sparse gradient
+                raise LoweringError(
+                    f"{model}'s backward makes a {fake.layout} tensor (a sparse gradient, of the "
+                    f"op{f' at {where}' if where else ''}): remat-ir lowers dense tensors only; "
+                    f"for nn.Embedding or EmbeddingBag with sparse=True, pass sparse=False")
+            raise LoweringError(f"{model}'s forward makes a {fake.layout} tensor "
+                                f"({node.target}{f', at {where}' if where else ''}); {_DENSE_ONLY}")
+
+
 def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
     """LoweringError naming an op with a side effect, which AOTAutograd threads through a
     token (`with_effects`), other than the checks lowered as such (`_CHECKS_WITH_EFFECTS`):
@@ -281,8 +331,19 @@ def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
     for node in module.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.higher_order.with_effects:
             op = node.args[1]
-            if op in _CHECKS_WITH_EFFECTS and node.meta.get("partitioner_tag") != "is_backward":
+            backward = node.meta.get("partitioner_tag") == "is_backward"
+            if op in _CHECKS_WITH_EFFECTS and not backward:
                 continue
+            if op in _CHECKS_WITH_EFFECTS:
+                # Found by a review: `torch.linalg.eigvals` of a parameter was refused as a
+                # call "in its forward" to an op the user never wrote.
+                where = node_line(node) or node_module(node)
+                raise LoweringError(
+                    f"{model}'s backward checks a matrix for singularity (torch.linalg's "
+                    f"{op.__name__.split('.')[0]}, in the derivative of an op such as "
+                    f"torch.linalg.eig or eigvals{f', at {where}' if where else ''}), which "
+                    f"remat-ir runs in the forward only: compute that op outside the module "
+                    f"given to remat_ir.remat, or of a tensor that needs no gradient")
             raise LoweringError(
                 f"{model} calls {op} ({node_module(node) or 'in its forward'}), an op with a side "
                 f"effect that tracing orders through a token, which remat-ir cannot lower: "
@@ -549,6 +610,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
         raise failure.with_traceback(None) from None
     if errors:   # before export's own failure, which may follow from the Function run as is
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
+    if failure is not None and (held := held_gradient_error(model)) is not None:
+        raise held from None   # export's own failure follows from it
     if failure is not None:
         raise _export_failure(type(model).__name__, failure, lambda: eager_failure(model, args, kwargs),
                               number_reads)
@@ -753,6 +816,12 @@ def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[
                 "to the model as one) can be called from a Module whose forward returns only "
                 "what training reads (the loss, the logits)"
                 if "cache" in kind.lower() else
+                # Found by a review: the register_dataclass hint raised for these, which
+                # are no dataclasses; a distribution is rebuilt from tensors outside.
+                f"return the tensors that parametrize it (logits, loc and scale) and build "
+                f"the distribution outside the module given to remat_ir.remat (a policy: "
+                f"`Categorical(logits=model(obs))`)"
+                if kind.startswith("torch.distributions.") else
                 f"return plain tensors, tuples or dicts (return_dict=False), or register the "
                 f"class with torch.utils._pytree.register_dataclass({kind.rsplit('.', 1)[-1]}, "
                 f"serialized_type_name='{kind}') (a name, so that the graph can store it)")
@@ -842,9 +911,7 @@ class _Lowering:
             raise LoweringError(f"{name!r} is a {type(fake).__name__}, not a tensor; "
                                 "only static-shape tensor programs can be lowered")
         if fake.layout != torch.strided:
-            raise LoweringError(f"{name!r} is a {fake.layout} tensor; remat-ir lowers dense "
-                                f"tensors only (sparse gradients: nn.Embedding or EmbeddingBag "
-                                f"with sparse=True; pass sparse=False)")
+            raise LoweringError(f"{name!r} is a {fake.layout} tensor; {_DENSE_ONLY}")
         key = fake.untyped_storage()._cdata
         if key not in self.storage_of:
             self.storage_of[key] = self.g.add_storage(fake.untyped_storage().nbytes())
@@ -1372,6 +1439,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad,
                                         example_arguments(example_inputs, example_kwargs))
     check_arguments_bind(model, args, kwargs, example_inputs)
+    _check_dense_members(model, args, kwargs)
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
@@ -1457,6 +1525,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         if problem is not None:
             raise LoweringError(problem)
         _check_effects(joint.graph_module, type(model).__name__)
+        _check_dense(joint.graph_module, type(model).__name__)
         if autocast_state():
             check_ops_cast_inside(joint.graph_module, type(model).__name__)
         leaves = pytree.tree_leaves((args, kwargs))

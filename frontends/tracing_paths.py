@@ -11,6 +11,7 @@ where eager runs, the error names the check that sent tracing another way.
 from __future__ import annotations
 
 import linecache
+import os
 import re
 import traceback
 
@@ -93,6 +94,16 @@ def eager_failure(model: torch.nn.Module, args: tuple, kwargs: dict) -> EagerFai
     return failure
 
 
+def _raised_in_torch(error: Exception) -> str | None:
+    """'torch/_functorch/...:412 in fn' where `error` was raised inside torch's own code,
+    else None."""
+    frames = traceback.extract_tb(error.__traceback__)
+    root = os.path.dirname(os.path.dirname(torch.__file__))
+    if not frames or not os.path.abspath(frames[-1].filename).startswith(os.path.dirname(torch.__file__) + os.sep):
+        return None
+    return f"{os.path.relpath(frames[-1].filename, root)}:{frames[-1].lineno} in {frames[-1].name}"
+
+
 def traced_only_message(model: str, error: Exception, where: str, check: str | None) -> str:
     """The error for a forward that raised `error` at `where` under torch.export only."""
     text = str(error).strip()
@@ -103,6 +114,17 @@ def traced_only_message(model: str, error: Exception, where: str, check: str | N
                 f"trace has no values to read, and the graph could not follow them at each step. "
                 f"Compute it outside the model and pass it as an input (or with torch ops whose "
                 f"results have fixed shapes)")
+    if check is None and (inside := _raised_in_torch(error)) is not None:
+        # No tracing check on its path, raised inside torch's own code: found by a review,
+        # `torch.func.jacfwd` in a forward (export's "'Tensor' object has no attribute
+        # 'constant'") was said as another path, with advice about attention masks.
+        return (f"{model}'s forward raised {type(error).__name__} inside PyTorch at {inside}, "
+                f"called at {where}: {first}, while torch.export traced it; eager runs on these "
+                f"inputs, and no check of tracing is on that path: torch.export cannot trace "
+                f"what the forward does there (torch.func's forward-mode transforms such as "
+                f"jacfwd, and transforms nested in vmap, are among such constructs). Compute "
+                f"it outside the module given to remat_ir.remat, or write it with plain tensor "
+                f"ops, then call remat again")
     why = (f"{check}, which takes another path while torch traces it"
            if check else "the forward takes another path while torch traces it (a check "
                          "such as torch.compiler.is_compiling())")

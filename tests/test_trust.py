@@ -2534,16 +2534,38 @@ class _Refused(torch.nn.Module):
         self.linear = torch.nn.Linear(4, 4)
         self.embedding = torch.nn.Embedding(10, 4, sparse=kind == "sparse")
         self.generator = torch.Generator().manual_seed(0)
+        if kind == "csr_buffer":   # a graph's adjacency, as a GCN holds it
+            self.register_buffer("adjacency", torch.eye(4).to_sparse_csr())
+        if kind == "parameter_view":   # as a prior `Normal(loc, scale)` made here holds
+            self.view = self.linear.bias.expand(4, 4)
 
     def forward(self, x, ids):
         h = self.linear(x) + self.embedding(ids)
         if self.kind == "own_generator":
             return (h * torch.rand(h.shape, generator=self.generator)).sum()
+        if self.kind == "parameter_view":
+            h = h * self.view
+        if self.kind == "distribution":   # a policy's
+            return torch.distributions.Categorical(logits=h)
+        if self.kind == "sparse_in_forward":
+            adjacency = torch.sparse_coo_tensor(torch.stack([ids, ids]), torch.ones(4), (10, 4))
+            h = torch.sparse.mm(adjacency, h)
         return h.square().sum()
 
 
 @pytest.mark.parametrize("kind, message", [
-    ("sparse", r"is a torch.sparse_coo tensor; .*sparse=False"),
+    ("sparse", r"_Refused's backward makes a torch.sparse_coo tensor \(a sparse gradient, of the op at "
+               r".*test_trust.py:\d+ in forward\).*sparse=False"),
+    # Found by a review: "Cannot access storage of SparseTensorImpl" from inside the
+    # lowering, and AOTAutograd's "Sparse CSR tensors do not have is_contiguous".
+    ("sparse_in_forward", r"_Refused's forward makes a torch.sparse_coo tensor \(.*, at .*test_trust.py:\d+ "
+                          r"in forward\); remat-ir lowers dense tensors only: pass a sparse matrix"),
+    ("csr_buffer", r"_Refused's buffer 'adjacency' is a torch.sparse_csr tensor; remat-ir lowers dense"),
+    # Found by a review: export's "False != True", said as another path under tracing.
+    ("parameter_view", r"_Refused keeps a tensor that requires a gradient at view, which is neither"),
+    # Found by a review: advice to register the class as a dataclass, which raised.
+    ("distribution", r"returns a torch.distributions.categorical.Categorical, .*: return the tensors that "
+                     r"parametrize it"),
     ("own_generator", r"draws random numbers from a torch.Generator of its own \(generator= in "
                       r"aten.rand.generator at .*test_trust.py:\d+ in forward\)")])
 def test_constructs_the_trace_cannot_train_are_refused_with_what_to_do(kind, message):
@@ -7115,6 +7137,26 @@ def test_a_torch_func_gradient_inside_the_forward_is_refused_as_what_the_model_c
     with pytest.raises(LoweringError, match=r"_FuncGradient's forward calls a torch.func transform "
                                             r"\(grad, jacrev, vjp, ...\) at .*test_trust.py:\d+ in forward"):
         _remat(_FuncGradient(), (torch.randn(2, 4),), solver="recompute-all")
+
+
+class _ForwardModeJacobian(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        slope = torch.func.jacfwd(torch.sin)(x[0])
+        return self.a(x @ slope).sum()
+
+
+def test_a_construct_torch_export_cannot_trace_is_not_said_as_another_path():
+    """`torch.func.jacfwd` in a forward fails inside torch.export ("'Tensor' object has no
+    attribute 'constant'"), with no check of tracing on its path: it was said as another
+    path under tracing, with advice about attention masks (found by a review)."""
+    with pytest.raises(LoweringError, match=r"_ForwardModeJacobian's forward raised AttributeError inside "
+                                            r"PyTorch at torch/.*, called at .*test_trust.py:\d+ in forward: .*"
+                                            r"no check of tracing is on that path: torch.export cannot trace"):
+        _remat(_ForwardModeJacobian(), (torch.randn(4, 4),), solver="recompute-all")
 
 
 def test_an_unregistered_output_class_made_in_a_function_is_refused_saying_how_to_register_it():

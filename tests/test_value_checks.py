@@ -173,6 +173,28 @@ def test_checked_linear_algebra_trains_bitwise_and_raises_eagers_error(solver):
         assert torch.equal(a.grad, b.grad), name
 
 
+class _Eigenvalues(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w, self.linear = torch.nn.Parameter(torch.randn(6, 6)), torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.linalg.eigvals(self.w).real.sum() + self.linear(x).mean()
+
+
+def test_a_check_in_an_ops_backward_is_refused_naming_the_line():
+    """`eigvals` of a parameter: its derivative checks a matrix through torch.linalg's
+    error check, which the graph runs in the forward only. Refused as the forward's call
+    of `aten._linalg_check_errors`, an op the user never wrote (found by a review); now
+    as the backward's, with the model's line."""
+    from remat_ir.frontends.errors import LoweringError
+
+    with pytest.raises(LoweringError, match=r"_Eigenvalues's backward checks a matrix for "
+                       r"singularity .*eig or eigvals, at .*test_value_checks.py:\d+ in forward\), which"):
+        remat_ir.remat(_Eigenvalues(), (torch.randn(4, 6),), solver="recompute-all", cost_model="flops",
+                       cache_dir=False)
+
+
 class _Heteroscedastic(torch.nn.Module):
     """A regression head predicting a mean and a variance, trained by `nn.GaussianNLLLoss`,
     whose check of the variance (`if torch.any(var < 0): raise ValueError`) is a branch on

@@ -68,7 +68,7 @@ def describe(value) -> str:
     defaults = [text for default in described_defaults(value)
                 if (text := _value_text(default) or (_bound_text(default) if plain_owner(default) else None))
                 is not None]
-    read = _globals_of_made_code(value, code)
+    read = _plain_globals(value, code) if _made_by_exec(value, code) else []
     return (f"{name} at {_place(value, code.co_filename)}:{code.co_firstlineno} #{code_digest(code)}"
             + (f" with {_whole(captured)}" if captured else "")
             + (f" defaults {_whole(defaults)}" if defaults else "")
@@ -114,27 +114,34 @@ def _users_code(filename: str) -> bool:
         path.startswith(library.rstrip("/") + "/") for library in libraries)
 
 
-def _globals_of_made_code(function, code: types.CodeType) -> list[str]:
-    """The plain values a function made by `exec` (or `types.FunctionType` over a dict of
-    its own) reads as globals, by name. Its module's constants are compared as reads of
-    that module; a namespace of its own is no module, so one source run with `K = 2.0`
-    and with `K = 3.0` gave two functions of one description, and one swapped for the
-    other trained on with the old graph, 2.27 off (found by a review)."""
+def _made_by_exec(function, code: types.CodeType) -> bool:
+    """Whether `function` was made from source text with a namespace of its own (`exec`,
+    `types.FunctionType` over a dict): code from no file, whose globals are no module
+    loaded from one. Its globals are then no module's the frontend records reads of."""
     space = getattr(function, "__globals__", None)
-    module = sys.modules.get(getattr(function, "__module__", None) or "")
-    if space is None or (module is not None and getattr(module, "__dict__", None) is space):
-        return []
-    names = sorted({name for name in _names(code) if name in space})
+    return (isinstance(space, dict) and "__file__" not in space
+            and code.co_filename.startswith("<") and not code.co_filename.startswith("<ipython-input"))
+
+
+def _plain_globals(function, code: types.CodeType) -> list[str]:
+    """The plain values a function made by `exec` reads as globals, by name. A module's
+    constants are compared as reads of that module; a namespace of its own is no module,
+    so one source run with `K = 2.0` and with `K = 3.0` gave two functions of one
+    description, and one swapped for the other trained on with the old graph, 2.27 off
+    (found by a review)."""
+    space = function.__globals__
+    names = sorted(name for name in _names(code) if name in space)
     return [f"{name}={text}" for name in names if (text := _value_text(space[name])) is not None]
 
 
-def _names(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=1024)
+def _names(code: types.CodeType) -> frozenset[str]:
     """The names `code` and the code nested in it read."""
     names = set(code.co_names)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             names |= _names(constant)
-    return names
+    return frozenset(names)
 
 
 def _place(value, filename: str) -> str:
