@@ -58,7 +58,7 @@ from .distributed_calls import distributed_calls_watched, rank_read_by_name
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
-from . import cudnn_rnns, gru_kernels, outside_values, prod_kernels, spectral_kernels
+from . import cudnn_rnns, gru_kernels, masked_fill_kernels, outside_values, prod_kernels, spectral_kernels
 from .export_draws import drawing_as_eager
 from .traced_checkpoints import checkpoints_traced_plain
 from .script_functions import script_functions_as_python
@@ -187,8 +187,9 @@ def _eager_kernels():
     for op, kernel in installed.items():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
         op._dispatch_cache.clear()
-    # eager's prod backward, by value; eager's istft, op for op
-    replaced = (prod_kernels, spectral_kernels)
+    # eager's prod backward, by value; eager's istft, op for op; eager's masked_fill
+    # value gradient, a sum over the masked elements
+    replaced = (prod_kernels, spectral_kernels, masked_fill_kernels)
     for module in replaced:
         for op, kernel in module.KERNELS.items():
             if (old := op.py_kernels.get(module.KEY)) is not None:

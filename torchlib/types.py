@@ -21,13 +21,14 @@ from remat_ir.ir.dtypes import dtype_from_name, dtype_name
 from . import ctc_loss  # noqa: F401  registers remat_ir::ctc_loss, which graphs name
 from . import layout_draws  # noqa: F401  registers remat_ir::draw_in_layout, which graphs name
 from . import masked_assign  # noqa: F401  registers remat_ir::put_masked, which graphs name
+from . import masked_fill_grads  # noqa: F401  registers remat_ir::masked_fill_value_grad
 from . import spec_augment  # noqa: F401  registers remat_ir::spec_augment_mask, which graphs name
 from . import value_checks  # noqa: F401  registers remat_ir::value_check, which graphs name
 
 #: remat-ir's own ops whose workspace their arguments' shapes tell, where a run on synthetic
 #: inputs does not (the CTC loss's, the boolean-mask assignment's:
 #: `runtimes/profiling.declared_workspace`): op -> bytes from its arguments.
-DECLARED_WORKSPACES = {**ctc_loss.WORKSPACES, **masked_assign.WORKSPACES}
+DECLARED_WORKSPACES = {**ctc_loss.WORKSPACES, **masked_assign.WORKSPACES, **masked_fill_grads.WORKSPACES}
 #: remat-ir's own ops that must run exactly once per step (`Node.non_recomputable`): each run
 #: draws from a host generator the graph cannot replay.
 ONCE_PER_STEP = frozenset({spec_augment.OP})
