@@ -11,7 +11,9 @@ eager's kernels forward and backward.
 
 `assign_through_masks`, on the module `torch.export` made (which still holds the
 in-place `index_put_`) before AOTAutograd functionalizes it, replaces each
-`index_put_(x, [None, ..., mask], values)` with one boolean mask. Where `x` is a fresh
+`index_put_(x, [None, ..., mask], values)` with one boolean mask, and the functional
+`torch.index_put(x, (mask,), values)` (refused before, found by an op sweep), which makes
+a new tensor as the op does. Where `x` is a fresh
 tensor (no view of another) read by nothing but the assignment, what read the
 assignment's result reads the op's; elsewhere (a view, whose base the write must reach)
 the values are written into `x` in place by ops whose backward copies the gradient as
@@ -38,7 +40,7 @@ def _mask_form(node: torch.fx.Node) -> tuple[int, torch.fx.Node] | None:
     """(leading full dimensions, mask) where `node` assigns values through one boolean
     mask, else None. Whether the values need a gradient is not asked: export's fake
     values of tensors the forward computes say they need none."""
-    if node.target is not _aten.index_put_.default:
+    if node.target not in (_aten.index_put_.default, _aten.index_put.default):
         return None
     accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
     indices, values = node.args[1], tensor_value(node.args[2])
@@ -121,7 +123,7 @@ def assign_through_masks(module: torch.fx.GraphModule) -> int:
         leading, mask = form
         target, values = node.args[0], node.args[2]
         with graph.inserting_before(node), tensor_value(target).fake_mode:
-            if _fresh(target):
+            if _fresh(target) or node.target is _aten.index_put.default:   # functional: a new tensor
                 new = add_call(graph, node.meta, _PUT, (target, mask, leading, values))
             else:
                 new = _assign_in_place(graph, node.meta, target, mask, leading, values)

@@ -20,7 +20,7 @@ class _Masked(torch.nn.Module):
     """Assigns through a boolean mask, per `kind`: a parameter (a mask token), a computed
     row after full dimensions (`h[:, mask]`), into a view (the write reaches its base),
     chained assignments (a parameter, a function of one, a constant), a mask computed from
-    the activations, and values of shape (1, width) broadcast."""
+    the activations, values of shape (1, width) broadcast, and `torch.index_put`."""
 
     def __init__(self, kind: str):
         super().__init__()
@@ -45,11 +45,13 @@ class _Masked(torch.nn.Module):
             h[h[..., 0] > 0] = self.token * 3
         elif self.kind == "broadcast_row":
             h[mask] = self.rows.mean(0, keepdim=True)
+        elif self.kind == "functional":   # refused before (found by an op sweep)
+            h = torch.index_put(h, (mask,), self.token)
         return self.out(h.tanh()).square().mean() + h.sum() * 1e-3
 
 
 @pytest.mark.parametrize("kind", ["token", "after_full_dims", "into_view", "chained", "mask_from_data",
-                                  "broadcast_row"])
+                                  "broadcast_row", "functional"])
 @pytest.mark.parametrize("schedule", ["recompute-all", "random"])
 def test_assigning_through_a_mask_trains_like_eager(kind, schedule):
     """Bitwise, generator state included, over two steps, with every forward node
