@@ -862,12 +862,16 @@ def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[
         # `h.narrow(0, start, 3)` with a 0-d integer tensor `start`: the op takes it as a
         # tensor, so no integer read answers it as eager's (found by a review: torch's
         # internal text about fake implementations).
+        # Or an op selecting by values inside PyTorch (`torch.combinations`, found by an op
+        # sweep, was told about a number it never passed).
         return LoweringError(
-            f"{model}'s forward gives an op a number held in a tensor (a 0-d integer tensor, as "
-            f"Tensor.narrow's start may be){f' at {where}' if where else ''}, and the size of its "
-            f"result depends on that number, read from tensor data, which one graph of the step "
-            f"cannot follow. Pass it as a Python number (`int(start)`: remat-ir reads it as "
-            f"eager's and plans each value it meets), or as a Python argument of the forward")
+            f"{model}'s forward makes a tensor whose size depends on tensor data"
+            f"{f' at {where}' if where else ''}, which one graph of the step cannot follow: an op "
+            f"given a number held in a tensor (a 0-d integer tensor, as Tensor.narrow's start "
+            f"may be), or one that selects by values inside PyTorch (torch.combinations). Pass "
+            f"such a number as a Python number (`int(start)`: remat-ir reads it as eager's and "
+            f"plans each value it meets) or a Python argument of the forward; compute such an "
+            f"op outside the module given to remat_ir.remat")
     if "higher order operator doesn't work unless it is captured completely" in text:
         # `torch.cond`, `scan`, `map`: their branches are captured by Dynamo, which stops at
         # the tracing hooks' Python (found by a review: torch's internal text, no line).

@@ -2545,6 +2545,8 @@ class _Refused(torch.nn.Module):
             return (h * torch.rand(h.shape, generator=self.generator)).sum()
         if self.kind == "parameter_view":
             h = h * self.view
+        if self.kind == "combinations":
+            h = torch.combinations(h[0], r=2)
         if self.kind == "distribution":   # a policy's
             return torch.distributions.Categorical(logits=h)
         if self.kind == "sparse_in_forward":
@@ -2563,6 +2565,9 @@ class _Refused(torch.nn.Module):
     ("csr_buffer", r"_Refused's buffer 'adjacency' is a torch.sparse_csr tensor; remat-ir lowers dense"),
     # Found by a review: export's "False != True", said as another path under tracing.
     ("parameter_view", r"_Refused keeps a tensor that requires a gradient at view, which is neither"),
+    # Found by an op sweep: told about a number held in a tensor, which it never passed.
+    ("combinations", r"_Refused's forward makes a tensor whose size depends on tensor data at .*test_trust.py:"
+                     r"\d+ in forward, .*\(torch.combinations\)"),
     # Found by a review: advice to register the class as a dataclass, which raised.
     ("distribution", r"returns a torch.distributions.categorical.Categorical, .*: return the tensors that "
                      r"parametrize it"),
