@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import pathlib
-import sys
 import sysconfig
 import types
 
