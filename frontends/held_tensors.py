@@ -87,9 +87,10 @@ def _held_with_gradient(model: str, where: str) -> LoweringError:
 def held_gradient_error(model: torch.nn.Module) -> LoweringError | None:
     """The error for a tensor with autograd history the model's modules hold (a view of a
     parameter: `self.wx = self.w.expand(4, 8)`, a prior `Normal(loc, scale)` made in
-    `__init__`, whose `broadcast_all` keeps such views), for a forward torch.export failed
-    on: export's own assertion was said as another path under tracing, with advice about
-    attention masks (found by a review). None where it holds none."""
+    `__init__`, whose `broadcast_all` keeps such views), for a forward on which
+    torch.export failed an assertion of its own ("False != True"), which was said as
+    another path under tracing, with advice about attention masks (found by a review).
+    None where it holds none."""
     for path, module in model.named_modules():
         for tensor, place in _attribute_tensors(path, module):
             if tensor.requires_grad and tensor.grad_fn is not None:

@@ -611,8 +611,8 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
         raise failure.with_traceback(None) from None
     if errors:   # before export's own failure, which may follow from the Function run as is
         raise LoweringError(f"{errors[0]} (in {type(model).__name__})")
-    if failure is not None and (held := held_gradient_error(model)) is not None:
-        raise held from None   # export's own failure follows from it
+    if isinstance(failure, AssertionError) and (held := held_gradient_error(model)) is not None:
+        raise held from None   # export's own assertion follows from it
     if failure is not None:
         raise _export_failure(type(model).__name__, failure, lambda: eager_failure(model, args, kwargs),
                               number_reads)
