@@ -91,9 +91,13 @@ def held_gradient_error(model: torch.nn.Module) -> LoweringError | None:
     torch.export failed an assertion of its own ("False != True"), which was said as
     another path under tracing, with advice about attention masks (found by a review).
     None where it holds none."""
+    # Views of a parameter alone: another tensor with history the forward may not read (a
+    # norm kept from `__init__`) was blamed for an unrelated assertion (found by a review);
+    # a tensor that is not a view export takes, and `lift_held_tensors` names it if read.
+    parameters = {id(p) for p in model.parameters()}
     for path, module in model.named_modules():
         for tensor, place in _attribute_tensors(path, module):
-            if tensor.requires_grad and tensor.grad_fn is not None:
+            if tensor.requires_grad and tensor._base is not None and id(tensor._base) in parameters:
                 return _held_with_gradient(type(model).__name__, shown(*place))
     return None
 

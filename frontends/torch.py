@@ -29,6 +29,7 @@ import collections
 import contextlib
 import functools
 import inspect
+import pydoc
 import io
 import json
 import logging
@@ -280,6 +281,13 @@ _DENSE_ONLY = ("remat-ir lowers dense tensors only: pass a sparse matrix (a grap
                "adjacency) dense, made with `.to_dense()` before the call or held as a dense "
                "buffer, and use `torch.mm` on it; for nn.Embedding or EmbeddingBag with "
                "sparse=True (sparse gradients), pass sparse=False")
+#: The same for a nested (jagged) tensor (found by a review: given the sparse advice).
+_STRIDED_ONLY = ("remat-ir lowers dense tensors only: pass a padded tensor "
+                 "(`nested.to_padded_tensor(0.0)`) and a mask of the padding")
+
+
+def _dense_advice(layout) -> str:
+    return _STRIDED_ONLY if layout == torch.jagged else _DENSE_ONLY
 
 
 def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -304,7 +312,7 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
     for kind, name, tensor in named:
         if tensor.layout != torch.strided:
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "
-                                f"tensor; {_DENSE_ONLY}")
+                                f"tensor; {_dense_advice(tensor.layout)}")
 
 
 def _check_dense(module: torch.fx.GraphModule, model: str) -> None:
@@ -322,7 +330,16 @@ def _check_dense(module: torch.fx.GraphModule, model: str) -> None:
                     f"op{f' at {where}' if where else ''}): remat-ir lowers dense tensors only; "
                     f"for nn.Embedding or EmbeddingBag with sparse=True, pass sparse=False")
             raise LoweringError(f"{model}'s forward makes a {fake.layout} tensor "
-                                f"({node.target}{f', at {where}' if where else ''}); {_DENSE_ONLY}")
+                                f"({node.target}{f', at {where}' if where else ''}); {_dense_advice(fake.layout)}")
+
+
+def _is_distribution(kind: str) -> bool:
+    """Whether the class named `kind` (export's 'module.Class') is a torch.distributions
+    distribution, a user's subclass (`TanhNormal(Normal)`) too (found by a review)."""
+    if kind.startswith("torch.distributions."):
+        return True
+    found = pydoc.locate(kind)
+    return isinstance(found, type) and issubclass(found, torch.distributions.Distribution)
 
 
 def _check_effects(module: torch.fx.GraphModule, model: str) -> None:
@@ -822,7 +839,7 @@ def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[
                 f"return the tensors that parametrize it (logits, loc and scale) and build "
                 f"the distribution outside the module given to remat_ir.remat (a policy: "
                 f"`Categorical(logits=model(obs))`)"
-                if kind.startswith("torch.distributions.") else
+                if _is_distribution(kind) else
                 f"return plain tensors, tuples or dicts (return_dict=False), or register the "
                 f"class with torch.utils._pytree.register_dataclass({kind.rsplit('.', 1)[-1]}, "
                 f"serialized_type_name='{kind}') (a name, so that the graph can store it)")
@@ -916,7 +933,7 @@ class _Lowering:
             raise LoweringError(f"{name!r} is a {type(fake).__name__}, not a tensor; "
                                 "only static-shape tensor programs can be lowered")
         if fake.layout != torch.strided:
-            raise LoweringError(f"{name!r} is a {fake.layout} tensor; {_DENSE_ONLY}")
+            raise LoweringError(f"{name!r} is a {fake.layout} tensor; {_dense_advice(fake.layout)}")
         key = fake.untyped_storage()._cdata
         if key not in self.storage_of:
             self.storage_of[key] = self.g.add_storage(fake.untyped_storage().nbytes())

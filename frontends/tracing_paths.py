@@ -118,13 +118,17 @@ def traced_only_message(model: str, error: Exception, where: str, check: str | N
         # No tracing check on its path, raised inside torch's own code: found by a review,
         # `torch.func.jacfwd` in a forward (export's "'Tensor' object has no attribute
         # 'constant'") was said as another path, with advice about attention masks.
+        # Not said as certain: a forward asking a tensor's type (`type(x) is not
+        # torch.Tensor`) takes another path too, with no check named (found by a review).
         return (f"{model}'s forward raised {type(error).__name__} inside PyTorch at {inside}, "
                 f"called at {where}: {first}, while torch.export traced it; eager runs on these "
-                f"inputs, and no check of tracing is on that path: torch.export cannot trace "
-                f"what the forward does there (torch.func's forward-mode transforms such as "
-                f"jacfwd, and transforms nested in vmap, are among such constructs). Compute "
-                f"it outside the module given to remat_ir.remat, or write it with plain tensor "
-                f"ops, then call remat again")
+                f"inputs, and no known check of tracing is on that path. Either torch.export "
+                f"cannot trace what the forward does there (torch.func's forward-mode "
+                f"transforms such as jacfwd, and transforms nested in vmap, are among such "
+                f"constructs): compute it outside the module given to remat_ir.remat, or write "
+                f"it with plain tensor ops; or the forward takes another path while traced (a "
+                f"check of a tensor's type, or of whether torch compiles it): pass explicitly "
+                f"what eager computes on that path. Then call remat again")
     why = (f"{check}, which takes another path while torch traces it"
            if check else "the forward takes another path while torch traces it (a check "
                          "such as torch.compiler.is_compiling())")

@@ -569,8 +569,12 @@ def plan_with_offload(graph: Graph, budget: int, remat: Callable[..., pb.Schedul
         # the refusal blamed rematerialization.
         host = (f"; under a host budget of {host_budget:,} bytes, which may be what stops "
                 f"it: a larger host budget may plan lower" if host_budget is not None else "")
+        # Not where the step's outputs alone exceed the budget: no plan goes below them.
+        outputs = graph.output_bytes()
+        floor = sum(n for role, n in outputs.items() if role != pb.BUFFER_UPDATE)
+        between = "; a budget between the two may still plan" if budget >= floor else ""
         raise InfeasibleBudget(budget, lowest_peak,
                                f" (by rematerialization with offloading: the lowest peak its "
-                               f"plans reached toward this budget, not a floor searched for; a "
-                               f"budget between the two may still plan{host})", schedule=lowest)
+                               f"plans reached toward this budget, not a floor searched for"
+                               f"{between}{host})", schedule=lowest)
     return best

@@ -7154,13 +7154,15 @@ class _ForwardModeJacobian(torch.nn.Module):
         return self.a(x @ slope).sum()
 
 
-def test_a_construct_torch_export_cannot_trace_is_not_said_as_another_path():
+def test_a_construct_torch_export_cannot_trace_is_not_said_as_another_path_alone():
     """`torch.func.jacfwd` in a forward fails inside torch.export ("'Tensor' object has no
     attribute 'constant'"), with no check of tracing on its path: it was said as another
-    path under tracing, with advice about attention masks (found by a review)."""
+    path under tracing, with advice about attention masks (found by a review). Both are
+    said, a check of a tensor's type being no known check either (found by a review)."""
     with pytest.raises(LoweringError, match=r"_ForwardModeJacobian's forward raised AttributeError inside "
                                             r"PyTorch at torch/.*, called at .*test_trust.py:\d+ in forward: .*"
-                                            r"no check of tracing is on that path: torch.export cannot trace"):
+                                            r"no known check of tracing is on that path. Either torch.export cannot trace .*jacfwd.*or the "
+                                            r"forward takes another path while traced"):
         _remat(_ForwardModeJacobian(), (torch.randn(4, 4),), solver="recompute-all")
 
 
@@ -7399,3 +7401,43 @@ def test_a_held_function_made_again_alike_plans_once(capsys):
         model.act = again
         scheduled(x).backward()
     assert "new value read by forward" not in capsys.readouterr().err
+
+
+class _ScaledTanh:
+    def __init__(self):
+        self.t = 1.0
+
+    def act(self, h):
+        return torch.tanh(h * self.t)
+
+
+def _passed_on(function):
+    def inner(h):
+        return function(h)
+    return inner
+
+
+@pytest.mark.parametrize("kind", ["captured_method_owner", "exec_namespace"])
+def test_what_a_captured_function_or_an_exec_namespace_holds_changed_in_place_is_seen(kind, capsys):
+    """A closure over `annealer.act`, then `annealer.t = 3.0` (0.246 off), and a function
+    `exec`'d with `K = 2.0`, then its namespace's `K = 3.0` (0.148 off): the per-call check
+    compared the held function's own cells alone, and did not describe it again (found by
+    a review). The step after the change is eager's."""
+    x = torch.randn(2, 4)
+    annealer = _ScaledTanh()
+    torch.manual_seed(0)
+    model = _HoldsAFunction(_passed_on(annealer.act) if kind == "captured_method_owner" else _made(2.0))
+    eager = copy.deepcopy(model)
+    eager.act = model.act   # the same function, changed once for both
+    scheduled = _remat(model, (x,))
+    scheduled(x).backward()
+    model.zero_grad()
+    if kind == "captured_method_owner":
+        annealer.t = 3.0
+    else:
+        model.act.__globals__["K"] = 3.0
+    capsys.readouterr()
+    for m in (eager, scheduled):
+        m(x).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(eager.parameters(), model.parameters()))
+    assert "new value read by forward (function 'act' of _HoldsAFunction" in capsys.readouterr().err

@@ -58,7 +58,7 @@ def describe(value) -> str:
     name = f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', None) or getattr(value, '__name__', '?')}"
     if code is None:
         return name
-    own = _users_code(code.co_filename) and not (getattr(value, "__module__", None) or "").startswith("remat_ir.")
+    own = _describes_captured(value, code)
     captured = [text for cell in (value.__closure__ or ()) if filled(cell)
                 and (text := _captured_text(cell.cell_contents, own)) is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
@@ -67,7 +67,9 @@ def describe(value) -> str:
     defaults = [text for default in described_defaults(value)
                 if (text := _value_text(default) or (_bound_text(default) if plain_owner(default) else None))
                 is not None]
-    read = _plain_globals(value, code) if _made_by_exec(value, code) else []
+    read = exec_globals(value)
+    read = [f"{name}={text}" for name, item in read[1].items()
+            if (text := _value_text(item)) is not None] if read else []
     return (f"{name} at {_place(value, code.co_filename)}:{code.co_firstlineno} #{code_digest(code)}"
             + (f" with {_whole(captured)}" if captured else "")
             + (f" defaults {_whole(defaults)}" if defaults else "")
@@ -76,8 +78,23 @@ def describe(value) -> str:
 
 #: How deep `_captured_text` describes functions that functions of the user's code
 #: captured; deeper ones are shown by name.
-_CAPTURED_DEPTH = 3
+CAPTURED_DEPTH = 3
 _depth = [0]
+
+
+def _describes_captured(function, code: types.CodeType) -> bool:
+    """Whether a description of `function` describes the functions its closure captured:
+    the user's own code's (not a library's, nor remat-ir's)."""
+    return _users_code(code.co_filename) and not (getattr(function, "__module__", None) or "").startswith("remat_ir.")
+
+
+def captured_functions(function, contents: tuple | None) -> list:
+    """The functions among `contents` (what `function`'s closure cells hold) that its
+    description describes (`_captured_text`), for `function_state`'s snapshot."""
+    code = getattr(function, "__code__", None)
+    if not contents or code is None or not _describes_captured(function, code):
+        return []
+    return [item for item in contents if is_function(item) and _value_text(item) is None]
 
 
 def _captured_text(value, own: bool) -> str | None:
@@ -92,7 +109,7 @@ def _captured_text(value, own: bool) -> str | None:
     text = _value_text(value)
     if text is not None or not own or not is_function(value):
         return text
-    if _depth[0] >= _CAPTURED_DEPTH:
+    if _depth[0] >= CAPTURED_DEPTH:
         return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', '?')}"
     _depth[0] += 1
     try:
@@ -113,24 +130,21 @@ def _users_code(filename: str) -> bool:
         path.startswith(library.rstrip("/") + "/") for library in libraries)
 
 
-def _made_by_exec(function, code: types.CodeType) -> bool:
-    """Whether `function` was made from source text with a namespace of its own (`exec`,
-    `types.FunctionType` over a dict): code from no file, whose globals are no module
-    loaded from one. Its globals are then no module's the frontend records reads of."""
+def exec_globals(function) -> tuple[dict, dict] | None:
+    """(its globals, {name: value}) of the plain globals a function made from source text
+    with a namespace of its own (`exec`, `types.FunctionType` over a dict: code from no
+    file, whose globals are no module loaded from one) reads, or None for another
+    function. A module's constants are compared as reads of that module; a namespace of
+    its own is no module, so one source run with `K = 2.0` and with `K = 3.0` gave two
+    functions of one description, and one swapped for the other trained on with the old
+    graph, 2.27 off (found by a review)."""
+    code = getattr(function, "__code__", None)
     space = getattr(function, "__globals__", None)
-    return (isinstance(space, dict) and "__file__" not in space
-            and code.co_filename.startswith("<") and not code.co_filename.startswith("<ipython-input"))
-
-
-def _plain_globals(function, code: types.CodeType) -> list[str]:
-    """The plain values a function made by `exec` reads as globals, by name. A module's
-    constants are compared as reads of that module; a namespace of its own is no module,
-    so one source run with `K = 2.0` and with `K = 3.0` gave two functions of one
-    description, and one swapped for the other trained on with the old graph, 2.27 off
-    (found by a review)."""
-    space = function.__globals__
-    names = sorted(name for name in _names(code) if name in space)
-    return [f"{name}={text}" for name in names if (text := _value_text(space[name])) is not None]
+    if (code is None or not isinstance(space, dict) or "__file__" in space
+            or not code.co_filename.startswith("<") or code.co_filename.startswith("<ipython-input")):
+        return None
+    return space, {name: space[name] for name in sorted(_names(code))
+                   if name in space and _value_text(space[name]) is not None}
 
 
 @functools.lru_cache(maxsize=1024)
