@@ -7356,6 +7356,10 @@ def _made(constant: float):
     return space["act"]
 
 
+def _applying(function, h):
+    return function(h)
+
+
 class _HoldsAFunction(torch.nn.Module):
     def __init__(self, act):
         super().__init__()
@@ -7369,7 +7373,8 @@ class _HoldsAFunction(torch.nn.Module):
     (lambda: _times_two_of(torch.tanh), lambda: _times_two_of(torch.sigmoid)),
     (lambda: _wrapped_pair()[0], lambda: _wrapped_pair()[1]),
     (lambda: _made(2.0), lambda: _made(3.0)),
-], ids=["factory_argument", "wrapped_by_a_decorator", "exec_with_other_globals"])
+    (lambda: functools.partial(_applying, torch.tanh), lambda: functools.partial(_applying, torch.sigmoid)),
+], ids=["factory_argument", "wrapped_by_a_decorator", "exec_with_other_globals", "partial_binding_a_function"])
 def test_a_held_function_swapped_for_one_of_the_same_code_is_seen(before, after, capsys):
     """A held function swapped after `remat` for one of the same code that computes
     otherwise: `_times_two_of(torch.tanh)` for `_times_two_of(torch.sigmoid)`, two functions one
