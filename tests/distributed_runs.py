@@ -19,7 +19,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
-from torch.distributed import get_rank
+from torch.distributed import all_reduce, get_rank
 
 STEPS = 2
 #: The plan cache every case's `remat` shares (`run_all` sets it beside the results file):
@@ -341,17 +341,18 @@ def _rank_read(rank: int, world: int) -> dict:
     return {"worst": worst, "said": said.getvalue()}
 
 
-class _AllReducing(torch.nn.Module):
-    """A forward all-reducing a statistic (as SyncBatchNorm does)."""
+class AllReducing(torch.nn.Module):
+    """A forward all-reducing a statistic (as SyncBatchNorm does), through
+    `dist.all_reduce` or, `by_name`, a name this file bound before tracing."""
 
-    def __init__(self):
+    def __init__(self, by_name: bool = False):
         super().__init__()
-        self.a = torch.nn.Linear(4, 4)
+        self.a, self.by_name = torch.nn.Linear(4, 4), by_name
 
     def forward(self, x):
         h = self.a(x)
         mean = h.detach().mean(0)
-        dist.all_reduce(mean)
+        (all_reduce if self.by_name else dist.all_reduce)(mean)
         return (h - mean).square().mean()
 
 
@@ -362,7 +363,7 @@ def _collective_in_forward(rank: int, world: int) -> dict:
     import remat_ir
 
     try:
-        remat_ir.remat(_AllReducing(), (torch.randn(3, 4),), solver="recompute-all", cost_model="flops")
+        remat_ir.remat(AllReducing(), (torch.randn(3, 4),), solver="recompute-all", cost_model="flops")
     except remat_ir.ir.RematIRError as error:
         return {"type": type(error).__name__, "error": str(error)}
     return {"error": None}

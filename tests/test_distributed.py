@@ -15,8 +15,6 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
-if torch.distributed.is_available():
-    from torch.distributed import all_reduce
 
 
 @pytest.fixture(scope="session")
@@ -121,11 +119,9 @@ class _RankOrZero(torch.nn.Module):
         return (self.a(x) * (2.0 + rank)).square().mean()
 
 
-def test_a_rank_read_after_the_process_group_is_gone_plans_again(capsys):
-    """Evaluating after `destroy_process_group`: the rank the graph read raised torch's
-    "Default process group has not been initialized" from inside the call check (found by
-    a review). One process, a world of one."""
-    import copy
+def _in_a_world_of_one(build):
+    """(eager's model, the model, its scheduled module, an input): `build()`'s pair of
+    models, the second lowered by `remat` in a gloo world of one, which is then gone."""
     import os
 
     import distributed_runs
@@ -135,17 +131,34 @@ def test_a_rank_read_after_the_process_group_is_gone_plans_again(capsys):
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
-        model, x = _RankOrZero(), torch.randn(2, 4)
-        eager = copy.deepcopy(model)
+        eager, model = build()
+        x = torch.randn(2, 4)
         scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
     finally:
         torch.distributed.destroy_process_group()
+    return eager, model, scheduled, x
+
+
+def _trains_like_eager_seeing_the_rank_gone(eager, model, scheduled, x, capsys) -> None:
     capsys.readouterr()
     for m in (eager, scheduled):
         m(x).backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(eager.parameters(), model.parameters()))
     assert "the rank the forward reads (torch.distributed.get_rank()) was 0 when the model was lowered " \
            "and is missing now" in capsys.readouterr().err
+
+
+def test_a_rank_read_after_the_process_group_is_gone_plans_again(capsys):
+    """Evaluating after `destroy_process_group`: the rank the graph read raised torch's
+    "Default process group has not been initialized" from inside the call check (found by
+    a review). One process, a world of one."""
+    import copy
+
+    def build():
+        model = _RankOrZero()
+        return copy.deepcopy(model), model
+
+    _trains_like_eager_seeing_the_rank_gone(*_in_a_world_of_one(build), capsys)
 
 
 class _GroupRankOrZero(torch.nn.Module):
@@ -177,32 +190,19 @@ def test_a_rank_read_in_a_group_is_recorded_as_the_rank(how, capsys):
     """`get_rank(group)` was refused; a group's own `rank()` (torch's C++ method) and a
     DeviceMesh's `get_local_rank()` (torch's code calling `get_rank(group)`) and
     `get_coordinate()` were baked in, rank 0's number for every rank: under DDP rank 1
-    trained 1.06 and 2.43 off (found by a review). Each is now recorded as the rank read, compared at every call. Here one
-    process, a world of one: the read is seen when the group is gone."""
-    import os
-
-    import distributed_runs
-    import remat_ir
+    trained 1.06 and 2.43 off (found by a review). Each is now recorded as the rank read,
+    compared at every call. Here one process, a world of one: the read is seen when the
+    group is gone."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(distributed_runs.free_port()))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    def build():
         group = (init_device_mesh("cpu", (1,)) if how in ("mesh", "coordinate")
                  else torch.distributed.new_group([0]))
-        torch.manual_seed(0)
-        model, x = _GroupRankOrZero(group, how), torch.randn(2, 4)
-        eager = _GroupRankOrZero(group, how)   # a group cannot be deepcopied
+        model, eager = _GroupRankOrZero(group, how), _GroupRankOrZero(group, how)   # a group cannot be deepcopied
         eager.load_state_dict(model.state_dict())
-        scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
-    finally:
-        torch.distributed.destroy_process_group()
-    capsys.readouterr()
-    for m in (eager, scheduled):
-        m(x).backward()
-    assert all(torch.equal(p.grad, q.grad) for p, q in zip(eager.parameters(), model.parameters()))
-    assert "the rank the forward reads (torch.distributed.get_rank()) was 0 when the model was lowered " \
-           "and is missing now" in capsys.readouterr().err
+        return eager, model
+
+    _trains_like_eager_seeing_the_rank_gone(*_in_a_world_of_one(build), capsys)
 
 
 def test_a_collective_in_the_forward_is_refused_on_every_rank_without_hanging(runs):
@@ -210,20 +210,6 @@ def test_a_collective_in_the_forward_is_refused_on_every_rank_without_hanging(ru
         result = results["collective_in_forward"]
         assert "calls torch.distributed.all_reduce at" in result.get("error", ""), (rank, result)
         assert "a collective inside the forward is not supported" in result["error"], (rank, result)
-
-
-class _AllReducingByName(torch.nn.Module):
-    """A forward all-reducing a statistic through a name its file bound before tracing."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(4, 4)
-
-    def forward(self, x):
-        h = self.a(x)
-        mean = h.detach().mean(0)
-        all_reduce(mean)
-        return (h - mean).square().mean()
 
 
 def test_a_collective_bound_by_name_is_refused_naming_it():
@@ -240,12 +226,13 @@ def test_a_collective_bound_by_name_is_refused_naming_it():
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(distributed_runs.free_port()))
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     try:
-        with pytest.raises(RematIRError, match=r"_AllReducingByName's forward calls "
-                           r"torch.distributed.all_reduce at .*test_distributed.py:\d+: a collective inside"):
-            remat_ir.remat(_AllReducingByName(), (torch.randn(3, 4),), solver="recompute-all", cost_model="flops")
+        with pytest.raises(RematIRError, match=r"AllReducing's forward calls "
+                           r"torch.distributed.all_reduce at .*distributed_runs.py:\d+: a collective inside"):
+            remat_ir.remat(distributed_runs.AllReducing(by_name=True), (torch.randn(3, 4),),
+                           solver="recompute-all", cost_model="flops")
     finally:
         torch.distributed.destroy_process_group()
-    assert all_reduce is torch.distributed.all_reduce   # put back
+    assert distributed_runs.all_reduce is torch.distributed.all_reduce   # put back
 
 
 def test_a_branch_on_input_values_trains_like_eager_ddp_each_rank_answering_for_itself(runs):
