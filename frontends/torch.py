@@ -737,11 +737,16 @@ _LAYER_BRANCHES = {
 }
 
 
+def _known_layer_branch(inside: str) -> str | None:
+    """What reads tensor data at PyTorch's line `inside`, and what avoids it, where known."""
+    return next((hint for key, hint in _LAYER_BRANCHES.items() if key in inside), None)
+
+
 def _layer_branch_hint(inside: str) -> str:
     """What avoids the branch on tensor data at PyTorch's line `inside`."""
-    return next((hint for key, hint in _LAYER_BRANCHES.items() if key in inside),
-                "an argument of that call may avoid it; if none does, call it outside the "
-                "module, on what the forward returns")
+    return _known_layer_branch(inside) or ("an argument of that call may avoid it; if none "
+                                           "does, call it outside the module, on what the "
+                                           "forward returns")
 
 
 def _looping_experts(tb) -> tuple[str, bool] | None:
@@ -806,7 +811,17 @@ def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[
             where = (f"{inside_at} (the distribution checks its "
                      f"arguments' values: pass validate_args=False to it, or call "
                      f"torch.distributions.Distribution.set_default_validate_args(False))")
-        elif inside is not None:   # a PyTorch layer branches (BatchNorm's momentum=None)
+        elif inside is not None and (known := _known_layer_branch(inside)) is not None:
+            # A PyTorch layer reads a number from a tensor (BatchNorm's momentum=None): its
+            # own way out alone. Found by a review: said as a branch, then with advice
+            # about labels and losses, which fits a model's own code.
+            # ("tensor data": the words `lower_torch` traces again on, with the caller's
+            # integers read as eager's.)
+            return LoweringError(
+                f"torch.export could not trace {model}: PyTorch's code reads tensor data at "
+                f"{inside_at}: {known}. remat-ir lowers one graph of the whole step, which "
+                f"cannot depend on tensor values")
+        elif inside is not None:   # a PyTorch layer branches
             where = f"{inside_at} ({_layer_branch_hint(inside)})"
         elif drawn_branch(frames):
             return LoweringError(f"torch.export could not trace {model}: its forward branches on "

@@ -122,6 +122,21 @@ def test_random_schedules_and_batches_train_like_eager(seed, recompute, defer, g
     assert side_by_side(_Recognizer(), make, args, {}, lambda loss: loss, tolerance=1e-30) == {}
 
 
+def test_a_ctc_loss_trains_where_the_backends_flags_are_frozen():
+    """After `torch.backends.disable_global_flags()` (which `torch.testing`'s utilities
+    call), setting `torch.backends.cudnn.enabled` raises: every step of the op, which sets
+    it as the forward had it, raised, where eager's CTC loss runs (found by a review)."""
+    args = _batch()
+    frozen = torch.backends.disable_global_flags.__globals__
+    torch.backends.disable_global_flags()
+    try:
+        assert side_by_side(_Recognizer("padded"), _random_plan(args, "padded"), args, {}, lambda loss: loss,
+                            tolerance=1e-30) == {}
+    finally:
+        frozen["__allow_nonbracketed_mutation_flag"] = True
+    assert not torch.backends.flags_frozen()
+
+
 @pytest.mark.parametrize("zero_infinity", [False, True])
 def test_an_impossible_alignment_trains_like_eager(zero_infinity):
     """A sequence of 1 frame for 2 labels has no alignment: eager's loss is infinite (its

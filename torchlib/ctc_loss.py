@@ -48,12 +48,15 @@ PER_SEQUENCE_BYTES, FIXED_BYTES = 64, 4096
 def _cudnn(enabled: bool):
     """Within: `torch.backends.cudnn.enabled` as the forward had it at the loss (only that
     flag: `torch.backends.cudnn.flags` would set the others to its defaults)."""
-    before = torch.backends.cudnn.enabled
-    torch.backends.cudnn.enabled = enabled
+    # torch's own setter, as `flags()` uses: after `torch.backends.disable_global_flags()`
+    # (which `torch.testing`'s utilities call) setting the attribute raises, where eager's
+    # CTC loss runs (found by a review).
+    before = torch._C._get_cudnn_enabled()
+    torch._C._set_cudnn_enabled(enabled)
     try:
         yield
     finally:
-        torch.backends.cudnn.enabled = before
+        torch._C._set_cudnn_enabled(before)
 
 
 def _loss(log_probs, targets, mask, input_lengths, target_lengths, input_list, target_list,
