@@ -50,10 +50,7 @@ def value_dependent_error(model: str, exc: BaseException,
     if found is None:
         return None
     failure, func = found
-    # The refusal's own frames, else those of an exception raised from it, which ran the
-    # model's code (`torch.tensor_split` by a tensor of indices: its read is in C++).
-    where = next((line for error in _chain(exc, failure)
-                  if (line := model_line(traceback.extract_tb(error.__traceback__))) is not None), None)
+    where = model_line(traceback.extract_tb(failure.__traceback__))
     name = _name(func)
     if where is None and graph is not None:
         calls = [node for node in graph.nodes if _calls(node, name)]
@@ -198,16 +195,6 @@ def _is_value_check(node: torch.fx.Node) -> bool:
     source = node.args[0] if node.args else None
     return (isinstance(source, torch.fx.Node) and source.op == "call_function"
             and _name(source.target) == "_is_all_true")
-
-
-def _chain(exc: BaseException, last: BaseException) -> list[BaseException]:
-    """`last`, then the exceptions from `exc` down the chain to it, innermost first."""
-    chain, seen = [], set()
-    while exc is not None and id(exc) not in seen and exc is not last:
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return [last, *reversed(chain)]
 
 
 def _refusal(exc: BaseException | None):
