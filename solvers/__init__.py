@@ -144,7 +144,7 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
         else:
             schedule = function(given, limit, time_limit_s=time_limit_s, progress=progress, **options)
     except InfeasibleBudget as refused:
-        schedule = _floor_within(graph, solver, limit, refused)
+        schedule = _floor_within(graph, solver, limit, refused, offload, host_limit)
         if schedule is None:
             raise refusal(graph, refused, peak, solver) from None
         progress(f"{solver}: refused {describe(limit, peak)}; using the smallest-feasible plan "
@@ -261,6 +261,25 @@ def reusable(graph: Graph, solver: str, limit: int | None, peak: int,
     return None
 
 
+def _fits_request(graph: Graph, known: pb.Schedule | None, offload: bool,
+                  host_limit: int | None) -> pb.Schedule | None:
+    """`known` (a remembered floor), or None where it moves values to the host and the
+    request did not ask for offloading, or its copies exceed the request's host budget.
+    Found by CI: a floor an earlier offloaded plan left was taken for a request under a
+    host budget, and the solve failed as a solver returning a plan the simulator refuses."""
+    if known is None or not any(s.HasField("offload") or s.HasField("prefetch") for s in known.steps):
+        return known
+    if not offload:
+        return None
+    if host_limit is not None:
+        bounded = pb.Schedule()
+        bounded.CopyFrom(known)
+        bounded.host_budget_bytes = host_limit
+        if not simulate(graph, bounded).valid:
+            return None
+    return known
+
+
 def _floor_key(graph: Graph, solver: str) -> tuple[str, str]:
     """Graphs alike but for their metadata share floors: transformers' classifiers set
     `config.problem_type` in their first forward, so a model lowered again after one call
@@ -297,15 +316,17 @@ def known_floor(graph: Graph, solver: str) -> pb.Schedule | None:
     return schedule
 
 
-def _floor_within(graph: Graph, solver: str, limit: int, refused: InfeasibleBudget) -> pb.Schedule | None:
-    """After `solver` refused `limit`: the remembered floor if it fits `limit`; else None,
-    after remembering the refusal's own floor and naming the lower of the two in it."""
-    known = known_floor(graph, solver)
+def _floor_within(graph: Graph, solver: str, limit: int, refused: InfeasibleBudget, offload: bool,
+                  host_limit: int | None) -> pb.Schedule | None:
+    """After `solver` refused `limit`: the remembered floor if it fits `limit` (and the
+    request: `_fits_request`); else None, after remembering the refusal's own floor and
+    naming the lower of the two in it."""
+    known = _fits_request(graph, known_floor(graph, solver), offload, host_limit)
     if known is not None and known.predicted_peak_bytes <= limit:
         return known
     if refused.schedule is not None and simulate(graph, refused.schedule).valid:
         remember_floor(graph, solver, refused.schedule)
-        known = known_floor(graph, solver)
+        known = _fits_request(graph, known_floor(graph, solver), offload, host_limit)
     if known is not None and (refused.smallest_feasible is None
                               or known.predicted_peak_bytes < refused.smallest_feasible):
         refused.smallest_feasible, refused.schedule = known.predicted_peak_bytes, known

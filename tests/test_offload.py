@@ -451,6 +451,26 @@ def test_a_refusal_under_a_host_budget_names_it_and_what_its_peak_is():
         pytest.fail(f"a host budget of {held // 50} bytes (of {held} held at {budget}) planned")
 
 
+def test_a_floor_an_offloaded_plan_left_serves_only_requests_it_fits():
+    """Found by CI: a refused offloaded plan is remembered as the graph's floor, and a
+    later request the solver refused took it: one under a host budget its copies exceed
+    failed as "returned a schedule the simulator refuses", and one without offloading
+    got a plan of 29 copies to the host it never asked for."""
+    graph = own_copy("gpt2")
+    describe_link(graph, "1TB/s")
+    with pytest.raises(solvers.InfeasibleBudget):
+        solvers.solve(graph, "45%", "rotor", offload=True)   # below offloading's floor: remembered
+    again = own_copy("gpt2")
+    describe_link(again, "1TB/s")
+    with pytest.raises(solvers.InfeasibleBudget, match="under a host budget of 3,000 bytes"):
+        solvers.solve(again, "53%", "rotor", offload=True, host_budget=3000)
+    try:
+        plain = solvers.solve(again, "53%", "rotor")
+    except solvers.InfeasibleBudget:
+        return
+    assert not any(step.HasField("offload") for step in plain.steps)
+
+
 @pytest.mark.parametrize("time_limit_s", [0.005, 0.02, 0.1])
 def test_a_rung_out_of_its_share_of_the_time_is_no_plan_not_a_failure(time_limit_s):
     """Each rung of the offload ladder gets a share of the time limit; rotor's program over

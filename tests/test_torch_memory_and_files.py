@@ -404,9 +404,9 @@ def test_a_number_held_in_a_tensor_that_sizes_a_result_is_refused_with_int_as_th
     """Found by a review: torch's internal text ("Pending unbacked symbols ... fake
     implementation"). With `int(start)` the step is planned for each value, as eager's."""
     x = torch.randn(6, 8)
-    with pytest.raises(remat_ir.ir.RematIRError, match=r"_NarrowedAt's forward gives an op a number held in a "
-                                                       r"tensor .* at .*test_torch_memory_and_files.py:\d+ in "
-                                                       r"forward.*`int\(start\)`"):
+    with pytest.raises(remat_ir.ir.RematIRError, match=r"_NarrowedAt's forward makes a tensor whose size depends "
+                                                       r"on tensor data at .*test_torch_memory_and_files.py:\d+ in "
+                                                       r"forward.*a number held in a tensor.*`int\(start\)`"):
         remat_ir.remat(_NarrowedAt(), (x, torch.tensor(1)), solver="recompute-all")
 
 
