@@ -3651,7 +3651,7 @@ def test_nn_transformer_given_a_mask_it_asks_about_is_told_to_say_whether_it_is_
             return self.transformer(x, x[:, :4], tgt_mask=mask).square().mean()
 
     with pytest.raises(LoweringError, match=r"inside PyTorch at torch/nn/modules/transformer.py:\d+ in "
-                                            r"_detect_is_causal_mask \(.*is_causal=True or False "
+                                            r"_detect_is_causal_mask: .*is_causal=True or False "
                                             r"\(nn.Transformer: tgt_is_causal="):
         _remat(Learned(), (torch.randn(2, 10, 16),))
 
