@@ -294,20 +294,9 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
     """LoweringError naming a sparse parameter, buffer or input before tracing: a GCN's
     CSR adjacency buffer failed inside AOTAutograd ("Sparse CSR tensors do not have
     is_contiguous"), a COO one with advice about embeddings (found by a review)."""
-    try:
-        positional = list(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        positional = []
-
-    def input_name(path) -> str:
-        first = path[1].idx if path[0].idx == 0 else path[1].key
-        if isinstance(first, int):
-            first = positional[first] if first < len(positional) else f"argument {first}"
-        return f"{first}{pytree.keystr(path[2:])}"
-
     named = [*(("parameter", n, t) for n, t in model.named_parameters()),
              *(("buffer", n, t) for n, t in model.named_buffers()),
-             *(("input", input_name(path), t) for path, t in pytree.tree_flatten_with_path((args, kwargs))[0]
+             *(("input", argument_name(path), t) for path, t in pytree.tree_flatten_with_path((args, kwargs))[0]
                if isinstance(t, torch.Tensor))]
     for kind, name, tensor in named:
         if tensor.layout != torch.strided:
