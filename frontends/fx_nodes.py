@@ -38,9 +38,21 @@ def add_call(graph: torch.fx.Graph, meta: dict, target, args: tuple, kwargs: dic
     kwargs = kwargs or {}
     new = graph.call_function(target, args, kwargs)
     new.meta.update({k: v for k, v in meta.items() if k != "val"})
-    new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args],
-                             **kwargs)
+    new.meta["val"] = target(*traced_values(args), **traced_values(kwargs))
     return new
+
+
+def traced_values(arguments):
+    """`arguments` (a node's args or kwargs) with each node, also inside lists (an
+    `index_put`'s indices), replaced by its traced value: what the op is called on."""
+    if isinstance(arguments, torch.fx.Node):
+        return arguments.meta["val"]
+    if isinstance(arguments, (list, tuple)):
+        values = [traced_values(a) for a in arguments]
+        return values if isinstance(arguments, list) else tuple(values)
+    if isinstance(arguments, dict):
+        return {k: traced_values(v) for k, v in arguments.items()}
+    return arguments
 
 
 def replace(node: torch.fx.Node, new: torch.fx.Node) -> None:

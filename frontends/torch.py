@@ -86,6 +86,7 @@ from .held_tensors import held_gradient_error, lift_held_tensors
 from .masked_assign import assign_through_masks
 from .metadata_writes import reshape_in_place
 from .unfold_writes import write_through_unfold_views
+from .inplace_layouts import keep_written_layouts, mark_written_layouts, written_layouts_traced
 from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
 from .spec_augment import spec_augment_as_ops
 from .module_casts import unchanged_module_casts
@@ -1485,6 +1486,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
         stack.enter_context(_eager_kernels())
         stack.enter_context(_value_checks_kept())
+        stack.enter_context(written_layouts_traced())
         try:
             decompositions = FUSING_DECOMPOSITIONS if fusing else None
             module = exported.module()
@@ -1493,6 +1495,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             assign_through_masks(module)
             write_through_unfold_views(module, type(model).__name__)
             reshape_in_place(module)
+            mark_written_layouts(module)
             fold_target_selections(module)
             if outputs is not None:
                 out_spec = select_outputs(module, out_spec, outputs, type(model).__name__)
@@ -1546,6 +1549,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"write, or write it after the backward") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
+        keep_written_layouts(joint.graph_module)
         problem, aliased, view_bases = output_aliases(joint, out_spec, type(model).__name__,
                                                       reads.stored.described())
         if problem is not None:
