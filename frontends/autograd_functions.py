@@ -63,7 +63,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointFunction
 
 from remat_ir.torchlib.callables import code_digest
-from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast
+from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast, overlaps
 
 from .model_lines import is_users_file, model_line
 from .random_ops import draws_random, note_function_op
@@ -239,16 +239,27 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             full[i] = t
         return full
 
+    def as_called(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`tensors` as eager's forward gets them: each needing a gradient where the call's
+        did. The graph's tensors need none: a quantizer rounding only `if x.requires_grad`
+        took the other branch (outputs 0.156 off), and a backward returning None where
+        `ctx.needs = x.requires_grad` was False left every parameter before it untrained,
+        silently (found by a review). (`x.is_leaf` and `x.grad_fn` stay a leaf's: inside a
+        custom op's kernel autograd records nothing.)"""
+        return [t.detach().requires_grad_() if needs[i] and (t.is_floating_point() or t.is_complex()) else t
+                for i, t in zip(positions, tensors)]
+
     def forward(tensors: list[torch.Tensor]) -> _Returns:
         ctx = _Context(needs, name)
+        called = as_called(tensors)
         with torch.no_grad(), autocasting():
-            output = _run_forward(cls, ctx, full_args(tensors))
-        facts["sequence"] = isinstance(output, (tuple, list))
-        outputs = _as_list(output, name)
-        # A tensor returned twice (`return y, y`) is eager's last output of the two: every
-        # gradient reaching it comes to the backward in that place, zeros in the other.
-        facts["same"] = [max(j for j, t in enumerate(outputs) if t is o) for o in outputs]
-        returns = _Returns(name, tensors, outputs, ctx)
+            output = _run_forward(cls, ctx, full_args(called))
+            facts["sequence"] = isinstance(output, (tuple, list))
+            outputs = _as_list(output, name)
+            # A tensor returned twice (`return y, y`) is eager's last output of the two: every
+            # gradient reaching it comes to the backward in that place, zeros in the other.
+            facts["same"] = [max(j for j, t in enumerate(outputs) if t is o) for o in outputs]
+            returns = _Returns(name, called, outputs, ctx)
         if facts["returns"] is None:
             facts["returns"], facts["outputs"] = returns, len(outputs)
         elif not returns.same_layout(facts["returns"]):
@@ -350,7 +361,7 @@ class _Returns:
         self.tensors = []
         for o in outputs:
             storage = StorageWeakRef(o.untyped_storage())
-            self.tensors.append(o.clone() if storage in storages else o)
+            self.tensors.append(_copied(o) if storage in storages else o)
             storages.add(storage)
         found = {**{id(t): ("output", j) for j, t in enumerate(outputs)},
                  **{id(t): ("input", i) for i, t in enumerate(inputs)}}
@@ -369,7 +380,11 @@ class _Returns:
                 return found[id(tensor)]
             storage = StorageWeakRef(tensor.untyped_storage())
             base = bases.get(storage)
-            if base is not None and tensor.storage_offset() >= base[1].storage_offset():
+            # A view of another dtype (`x.view(torch.int32)`, `view_as_real`) is saved as a
+            # tensor of its own: made again from its base, it had the base's dtype (a
+            # gradient 6.1e-3 off eager's, silently; found by a review).
+            if (base is not None and tensor.storage_offset() >= base[1].storage_offset()
+                    and tensor.dtype == base[1].dtype):
                 found[id(tensor)] = ("view", base[0], tuple(tensor.shape), tuple(tensor.stride()),
                                      tensor.storage_offset() - base[1].storage_offset())
             else:
@@ -435,6 +450,17 @@ class _Returns:
         return ctx
 
 
+def _copied(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of `tensor` (an output aliasing an input or an earlier output) in its own
+    strides, also where they leave gaps: a strided slice copied contiguously was summed
+    after the Function in another order than eager's view (outputs 7.6e-6 off, found by a
+    review). Strides that overlap (`expand`) cannot be written into: copied contiguously."""
+    if tensor.layout != torch.strided or overlaps(tensor.shape, tensor.stride()):
+        return tensor.clone()
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                               device=tensor.device).copy_(tensor)
+
+
 #: Why a Function's forward may not write into a tensor it did not make.
 _AGAIN = ("remat-ir runs a Function's forward again wherever its plan recomputes it, so the "
           "write would be done more than once per step")
@@ -477,6 +503,14 @@ class _refusing_effects(TorchDispatchMode):
                     "plans recomputation itself")
         if draws_random(func, args, kwargs):
             self.drew = True
+            if any(isinstance(g, torch.Generator) and not _default_generator(g)
+                   for g in pytree.tree_leaves((args, kwargs))):
+                self._refuse(f"draws from a torch.Generator of its own in its forward "
+                             f"({func.name()}{self._where()})",
+                             "remat-ir replays the default generator's draws only, so a "
+                             "recomputation would draw other numbers from it. Draw "
+                             "from the default generator (seeded with torch.manual_seed), or "
+                             "draw outside the Function and pass the numbers as an argument")
         if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
             self._refuse(f"reads a tensor's value in its forward (`.item()`, `float(t)` or a "
                          f"branch on a tensor{self._where()})",
@@ -514,6 +548,14 @@ class _refusing_effects(TorchDispatchMode):
 
     def _refuse(self, what: str, why: str):
         raise FunctionError(f"autograd.Function {self.function} {what}: {why}")
+
+
+def _default_generator(generator: torch.Generator) -> bool:
+    """Whether `generator` is its device's default generator, which remat-ir replays."""
+    if generator is torch.default_generator:
+        return True
+    return (generator.device.type == "cuda" and torch.cuda.is_initialized()
+            and generator is torch.cuda.default_generators[generator.device.index or 0])
 
 
 def _unfollowed_argument(name: str, args: tuple) -> str | None:
