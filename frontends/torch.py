@@ -1473,7 +1473,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     out_spec = exported.call_spec.out_spec   # how the outputs nest (`select_outputs` changes it)
     if reads.stored.places:   # (outputs, stored tensors): the stored ones after the outputs' leaves
         out_spec = out_spec.child(0)
-    record_globals(model, reads)
+    record_globals(model, reads, exported.graph_module)
     rank_read_by_name(reads.globals)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 

@@ -599,9 +599,30 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
     return []
 
 
-def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
+def _custom_op_autograd(graph_module: torch.fx.GraphModule | None) -> list:
+    """The backward and `setup_context` functions registered (`register_autograd`) for the
+    `torch.library.custom_op`s `graph_module`'s graph calls (its regions' too)."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    found = []
+    for module in graph_module.modules() if graph_module is not None else ():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            definition = (_maybe_get_opdef(node.target) if node.op == "call_function"
+                          and isinstance(node.target, torch._ops.OpOverload) else None)
+            if definition is not None:
+                found += [f for f in (definition._backward_fn, definition._setup_context_fn)
+                          if f is not None and f not in found]
+    return found
+
+
+def record_globals(model: torch.nn.Module, reads: TracedReads,
+                   graph_module: torch.fx.GraphModule | None = None) -> None:
     """Record in `reads` the globals the code of `model`'s module classes reads, in the
-    user's own files, and the functions of those files it calls (module docstring)."""
+    user's own files, and the functions of those files it calls (module docstring).
+    `graph_module`: the exported program's module, whose custom ops' registered backwards
+    are traced into the graph (`_custom_op_autograd`)."""
     seen: set = set()
 
     def scan(code: types.CodeType, namespace: dict, depth: int) -> None:
@@ -657,8 +678,11 @@ def record_globals(model: torch.nn.Module, reads: TracedReads) -> None:
     # traced: gradients 0.4x eager's, silently (found by a review).
     held = [value for module in model.modules() for value in vars(module).values()
             if isinstance(value, types.FunctionType)]
+    # Likewise a `torch.library.custom_op`'s registered backward (a gradient reversal
+    # reading its coefficient from a global the loop sets: 6.6e-3 off after a change,
+    # silently, where the same code as a Function was compared; found by a review).
     applied = [function for cls in sorted(reads.functions, key=lambda c: (c.__module__, c.__qualname__))
-               for function in own_methods(cls)]
+               for function in own_methods(cls)] + _custom_op_autograd(graph_module)
     for function in [*hook_functions(model), *held, *applied]:
         code = getattr(function, "__code__", None)
         if code is None:

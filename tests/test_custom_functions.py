@@ -487,3 +487,57 @@ def test_a_function_drawing_from_a_generator_of_its_own_is_refused_naming_it():
     message = str(refused.value)
     assert "_OwnGeneratorDrop draws from a torch.Generator of its own" in message
     assert "test_custom_functions.py:" in message and "Draw from the default generator" in message
+
+
+#: The coefficient of `_reversed`'s backward, set by the loop between steps (a gradient
+#: reversal's schedule, as domain-adversarial training anneals it).
+_REVERSAL = 1.0
+
+
+@torch.library.custom_op("remat_ir_tests::reversed_gradient", mutates_args=())
+def _reversed(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@_reversed.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _reversed_backward(ctx, grad):
+    return -_REVERSAL * grad
+
+
+_reversed.register_autograd(_reversed_backward)
+
+
+class _Reversing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.b(_reversed(self.a(x).tanh())).square().mean()
+
+
+def test_a_custom_ops_backward_reading_a_global_the_loop_changes_is_planned_again():
+    """Found by a review: the registered backward's global was traced into the graph and
+    kept after the loop changed it (gradients 6.6e-3 off after the change, silently),
+    where a Function's backward reading it was compared at every call."""
+    import remat_ir
+
+    global _REVERSAL
+    torch.manual_seed(0)
+    eager, x = _Reversing(), torch.randn(16, 8)
+    model = copy.deepcopy(eager)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    try:
+        for coefficient in (1.0, 0.1, 3.0):
+            _REVERSAL = coefficient
+            for m, run in ((eager, eager), (model, scheduled)):
+                m.zero_grad()
+                run(x).backward()
+            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+                assert torch.equal(p.grad, q.grad), (coefficient, name)
+    finally:
+        _REVERSAL = 1.0
