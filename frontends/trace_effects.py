@@ -156,10 +156,14 @@ def data_uses(exc: BaseException) -> list[tuple[str, int, str]]:
 
 
 @contextlib.contextmanager
-def _noting_data_uses(found: list[tuple[str, int, str]]):
+def _noting_data_uses(found: list[tuple[str, int, str]], model: torch.nn.Module, effects: list[str]):
     """While the block runs, note in `found` where the model's own code reads or assigns
     a tensor's `.data` (through `torch.Tensor`, shadowing TensorBase's descriptor, which
-    stays what the access runs)."""
+    stays what the access runs). An assignment to a parameter's or buffer's `.data` is
+    an effect (`effects`): the traced step computes with the tensor the call began with
+    and carries no new one back. A max-norm constraint written as
+    `self.weight.data = torch.renorm(self.weight, 2, 0, c)` (braindecode's EEGNet) was
+    lost, silently: losses 3x eager's, the weight never renormed (found by a review)."""
     descriptor = torch._C.TensorBase.data
     own = vars(torch.Tensor).get("data")
 
@@ -167,6 +171,14 @@ def _noting_data_uses(found: list[tuple[str, int, str]]):
         frame = sys._getframe(2)
         if is_model_file(frame.f_code.co_filename):
             found.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+
+    def member(tensor) -> str | None:
+        for path, module in model.named_modules():
+            for kind, held in (("parameter", module._parameters), ("buffer", module._buffers)):
+                for name, value in held.items():
+                    if value is tensor:
+                        return f"{kind} {f'{path}.' if path else ''}{name}"
+        return None
 
     def get(tensor):
         if isinstance(tensor, torch.nn.Parameter):
@@ -179,6 +191,11 @@ def _noting_data_uses(found: list[tuple[str, int, str]]):
 
     def assign(tensor, value):
         note()
+        written, where = member(tensor), model_caller(1)
+        if written is not None and where is not None:   # the model's code, not torch's
+            effects.append(f"it assigns `.data` of {written}{f' at {where}' if where else ''}, a "
+                           f"new tensor the graph does not carry back (write into it in place "
+                           f"under torch.no_grad() instead: `w.copy_(torch.renorm(w, 2, 0, max_norm))`)")
         descriptor.__set__(tensor, value)
 
     torch.Tensor.data = property(get, assign, doc=descriptor.__doc__)
@@ -499,7 +516,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
-        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses), noting_autograd_state(found), \
+        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses, model, found), noting_autograd_state(found), \
                 noting_backend_flags(found), noting_argument_writes(model, found), \
                 noting_hook_registrations(model, found):
             warnings.simplefilter("always")

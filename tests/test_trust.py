@@ -2910,6 +2910,47 @@ def test_a_parameters_data_read_in_forward_trains_like_eager():
     assert errors == {}
 
 
+class _MaxNormHead(torch.nn.Module):
+    """A max-norm constraint on the head's rows, as braindecode's EEGNet applies it in the
+    forward: by assigning the weight's `.data` (`how="assign"`, in the forward or in a
+    forward pre-hook) or in place (`how="in_place"`)."""
+
+    def __init__(self, how: str, where: str):
+        super().__init__()
+        self.body, self.head, self.how = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4), how
+        if where == "pre_hook":
+            self.head.register_forward_pre_hook(lambda module, args: self._renorm(module))
+        self.where = where
+
+    def _renorm(self, module):
+        with torch.no_grad():
+            if self.how == "assign":
+                module.weight.data = torch.renorm(module.weight, 2, 0, 0.3)
+            else:
+                module.weight.copy_(torch.renorm(module.weight, 2, 0, 0.3))
+
+    def forward(self, x):
+        if self.where == "forward":
+            self._renorm(self.head)
+        return self.head(torch.tanh(self.body(x)))
+
+
+@pytest.mark.parametrize("where", ["forward", "pre_hook"])
+def test_a_parameters_data_assigned_is_refused_by_line_and_its_in_place_form_trains_like_eager(where):
+    """Found by a review: the traced step computed with the weight the call began with and
+    never carried the renormed one back (losses 3x eager's, the rows never renormed),
+    silently."""
+    x = torch.randn(32, 8)
+    with pytest.raises(LoweringError, match=r"it assigns `\.data` of parameter head\.weight at "
+                                            r".*test_trust\.py:\d+, a new tensor the graph does not "
+                                            r"carry back \(write into it in place"):
+        _remat(_MaxNormHead("assign", where), (x,))
+    torch.manual_seed(0)
+    errors = side_by_side(_MaxNormHead("in_place", where), lambda m: _remat(m, (x,), solver="recompute-all"),
+                          (x,), {}, lambda out: (out ** 2).sum(), tolerance=1e-30)
+    assert errors == {}
+
+
 #: A counter a forward advances outside its modules' attributes (`_Effects`).
 _EFFECT_CALLS = 0
 #: Where a forward may leave tensors outside the modules (frontends/outside_state.py): an
