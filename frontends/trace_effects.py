@@ -306,24 +306,45 @@ def _generators(model: torch.nn.Module) -> list[tuple[str, object, object]]:
     return found
 
 
-def _hook_holders(hook) -> list[tuple[str, object]]:
+def _hook_holders(hook, depth: int = 0) -> list[tuple[str, object]]:
     """(name, object) of what a hook can store into besides the modules: the cells of its
     closure, its defaults, the globals its code names, a bound method's object, a
-    partial's arguments."""
+    partial's arguments, a callable object's attributes (`SaveOutput()`, the tutorials'
+    feature extractor), and so for the user's functions among those, 3 deep (a hook
+    calling `save(name, out)`, whose closure holds the store). Those two kept tracing's
+    placeholder, unrefused: the loss reading it was a FakeTensor, whose backward "ran" and
+    whose gradients AdamW applied, then the next step failed inside torch (found by a
+    review)."""
+    if depth > 2:
+        return []
     if isinstance(hook, functools.partial):
         return [("an argument of its partial", value) for value in (*hook.args, *hook.keywords.values())] \
-            + _hook_holders(hook.func)
+            + _hook_holders(hook.func, depth)
     if isinstance(hook, types.MethodType):
-        return [(f"its {type(hook.__self__).__name__} object", hook.__self__)] + _hook_holders(hook.__func__)
+        return [(f"its {type(hook.__self__).__name__} object", hook.__self__)] + _hook_holders(hook.__func__, depth)
     code = getattr(hook, "__code__", None)
     if code is None:
-        return []
+        call = _call_of(hook)
+        return ([(f"its {type(hook).__name__} object", dict(vars(hook)))] + _hook_holders(call, depth)
+                if call is not None else [])
     cells = zip(code.co_freevars, hook.__closure__ or ())
     found = [(f"{name!r} of its closure", cell.cell_contents) for name, cell in cells
              if cell.cell_contents is not None] if hook.__closure__ else []
     found += [("a default argument", value) for value in hook.__defaults__ or ()]
-    return found + [(f"global {name!r}", hook.__globals__[name]) for name in code.co_names
-                    if name in hook.__globals__]
+    found += [(f"global {name!r}", hook.__globals__[name]) for name in code.co_names if name in hook.__globals__]
+    for _, value in list(found):
+        inner = getattr(underlying(value), "__code__", None)
+        if inner is not None and inner is not code and is_users_file(inner.co_filename):
+            found += _hook_holders(value, depth + 1)
+    return found
+
+
+def _call_of(hook) -> types.FunctionType | None:
+    """The `__call__` of a callable object's class, where the user's code defines it."""
+    call = getattr(type(hook), "__call__", None)
+    if isinstance(hook, type) or not isinstance(call, types.FunctionType):
+        return None
+    return call if is_users_file(call.__code__.co_filename) else None
 
 
 def _placeholders_kept_by_hooks(model: torch.nn.Module, found: list[str]) -> None:
@@ -332,7 +353,7 @@ def _placeholders_kept_by_hooks(model: torch.nn.Module, found: list[str]) -> Non
     The dict kept tracing's placeholder, no later step filled it, and the loss failed
     inside torch or found nothing (found by a review)."""
     for path, hook in forward_hooks(model):
-        code = getattr(underlying(hook), "__code__", None)
+        code = getattr(underlying(hook), "__code__", None) or getattr(_call_of(hook), "__code__", None)
         if code is None or not is_users_file(code.co_filename):
             continue   # a library's hook (transformers' capturing hidden states) keeps its own
         for name, holder in _hook_holders(hook):

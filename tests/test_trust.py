@@ -6543,18 +6543,36 @@ class _Collector:
         self.features["fc"] = output
 
 
+class _SaveOutput:
+    """The tutorials' feature extractor: a callable object as the hook."""
+
+    def __init__(self):
+        self.outputs = []
+
+    def __call__(self, module, inputs, output):
+        self.outputs.append(output)
+
+
 @pytest.mark.parametrize("how, said", [
     ("global", "global '_FEATURES'"), ("closure", "'store' of its closure"),
-    ("method", "its _Collector object")])
+    ("method", "its _Collector object"), ("callable_object", "its _SaveOutput object"),
+    ("helper", "'store' of its closure")])
 def test_a_forward_hook_storing_activations_outside_the_model_is_refused_naming_where(how, said):
     """A hook putting a layer's output into a dict for a loss outside the model: the trace
     ran it once, the dict kept tracing's placeholder and no step filled it again (the loss
-    failed inside torch, or found nothing; a review)."""
+    failed inside torch, or found nothing; a review). A callable object as the hook, or a
+    helper function the hook calls (`save(name, out)`), kept it unrefused: the loss was a
+    FakeTensor whose gradients AdamW applied (found by a review)."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
     store: dict = {}
+
+    def save(name, tensor):
+        store[name] = tensor
+
     hook = {"global": lambda m, i, o: _FEATURES.__setitem__("fc", o),
             "closure": lambda m, i, o: store.__setitem__("fc", o),
-            "method": _Collector().keep}[how]
+            "method": _Collector().keep, "callable_object": _SaveOutput(),
+            "helper": lambda m, i, o: save("fc", o)}[how]
     model[0].register_forward_hook(hook)
     try:
         with pytest.raises(LoweringError, match=rf"a forward hook on 0 \(Linear\) at .*test_trust.py:\d+ keeps a tensor "
