@@ -4,6 +4,7 @@ or crash now trains like eager or gets one clear error."""
 from __future__ import annotations
 
 import array
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -1648,6 +1649,36 @@ def test_a_call_after_what_a_hook_reads_changed_is_planned_again_or_refused(chan
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
                         tolerance=1e-30) == {}
     assert re.search(said, capsys.readouterr().err)
+
+
+#: Where a hook's closure reaches the number it scales by: (make the holder, read the
+#: number, set it to 3.0).
+_HOLDERS = {
+    "object_attribute": (lambda: types.SimpleNamespace(k=1.0), lambda h: h.k, lambda h: setattr(h, "k", 3.0)),
+    "nested_dict": (lambda: {"aux": {"k": 1.0}}, lambda h: h["aux"]["k"], lambda h: h["aux"].__setitem__("k", 3.0)),
+    "ordered_dict": (lambda: collections.OrderedDict(k=1.0), lambda h: h["k"], lambda h: h.__setitem__("k", 3.0)),
+    "numpy_array": (lambda: np.array([1.0]), lambda h: float(h[0]), lambda h: h.__setitem__(0, 3.0)),
+    "list_in_a_tuple": (lambda: ([1.0],), lambda h: h[0][0], lambda h: h[0].__setitem__(0, 3.0)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_HOLDERS))
+def test_a_number_a_hooks_closure_reaches_inside_what_it_holds_changed_is_planned_again(kind, capsys):
+    """Found by a review: a hook's closure was compared by its top-level lists and dicts
+    alone, so a number in an object's attribute, a nested dict, an OrderedDict, a numpy
+    array or a list inside a tuple, changed between steps, trained on with the traced one
+    (5x eager's loss), silently."""
+    make, read, change = _HOLDERS[kind]
+    holder = make()
+    model, x = _Hidden(), torch.randn(4, 8)
+    model.l2.register_forward_hook(lambda module, args, out: out * read(holder))
+    scheduled = _remat(model, (x,))
+    scheduled(x).square().mean().backward()
+    change(holder)
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
 
 
 #: Read by the custom Functions of `test_what_a_custom_functions_code_reads_changed_after_lowering_is_planned_for`.
