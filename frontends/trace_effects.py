@@ -109,15 +109,17 @@ def _attribute_state(model: torch.nn.Module) -> dict:
 def _changed(before: tuple, after, tensors: bool = True) -> bool:
     """Whether a list, dict or set attribute was changed in place since before tracing:
     grown or shrunk (a log appended to), or an item replaced (`self.log[0] = x`). Without
-    `tensors` (a private one), only a change of other items counts: a lazy cache of
-    tensors (`self._cache[n] = torch.cos(...)`) is what the graph computes at every step.
-    An attribute assigned anew is noted as the forward assigns it
-    (`refusing_trace_effects`)."""
+    `tensors` (a private one), only a change of other items counts, and of tensors needing
+    a gradient: a lazy cache of tensors (`self._cache[n] = torch.cos(...)`) is what the
+    graph computes at every step, but an activation kept for a loss outside the model
+    (`self._feats["h"] = h`) is not filled by any step, and the loss read a stale one
+    (gradients 1.4e-2 off, silently; found by a review). An attribute assigned anew is
+    noted as the forward assigns it (`refusing_trace_effects`)."""
     value, items = before
     if items is None or after is not value:
         return False
     if not tensors:
-        return any(not isinstance(item, torch.Tensor) for item in _differing(items, after))
+        return any(not isinstance(item, torch.Tensor) or item.requires_grad for item in _differing(items, after))
     if len(items) != len(after) or (isinstance(items, dict) and items.keys() != after.keys()):
         return True
     if isinstance(items, list):

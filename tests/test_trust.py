@@ -6613,6 +6613,35 @@ def test_a_forward_hook_storing_activations_outside_the_model_is_refused_naming_
         _FEATURES.clear()
 
 
+class _KeepsFeatures(torch.nn.Module):
+    """Keeps an activation in a private dict for a loss outside the model, and a lazy
+    cache of a table in another (which the graph computes at every step: allowed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+        self._feats: dict = {}
+        self._tables: dict = {}
+
+    def forward(self, x):
+        if "cos" not in self._tables:
+            self._tables["cos"] = torch.cos(torch.arange(4.0))
+        h = torch.tanh(self.a(x)) * self._tables["cos"]
+        self._feats["h"] = h
+        return self.b(h)
+
+
+def test_an_activation_kept_in_a_private_dict_is_refused_after_a_warm_up_call():
+    """Found by a review: a private container's tensors were taken for a lazy cache, so
+    after an eager call (a warm-up, an evaluation) filled it, training read that call's
+    activation at every step (gradients 1.4e-2 off), silently."""
+    model, x = _KeepsFeatures(), torch.randn(3, 4)
+    with torch.no_grad():
+        model(x)
+    with pytest.raises(LoweringError, match=r"it changes module attribute '_feats' of <root>"):
+        _remat(model, (x,))
+
+
 def test_transformers_looping_experts_are_refused_naming_the_implementation_that_lowers():
     """A mixture of experts in transformers' "eager" implementation loops over the experts
     the router picked: refused as a branch on tensor data with advice for labels (found by
