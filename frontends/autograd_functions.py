@@ -103,6 +103,11 @@ class _Context:
     def set_materialize_grads(self, value: bool) -> None:
         self.materialize_grads = value
 
+    def save_for_forward(self, *tensors) -> None:
+        """What eager keeps for the Function's `jvp` (forward-mode AD), which a training
+        step never runs: kept nowhere. (Missing, the forward failed as another path taken
+        while tracing, found by a review.)"""
+
     def mark_dirty(self, *tensors) -> None:
         raise FunctionError(f"autograd.Function {self._function} marks inputs dirty (modifies them "
                             "in place); remat-ir cannot preserve it: return new tensors instead")
@@ -273,7 +278,11 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
 
     def traced_forward(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         with _refusing_effects(name, dict(zip(positions, tensors)), facts["modules"]) as effects:
-            returns = facts["last"] = forward(tensors)
+            try:
+                returns = facts["last"] = forward(tensors)
+            except Exception as exc:   # said as the Function's by the frontend (`forward_of`)
+                exc.add_note(f"{_FORWARD_NOTE}{name}")
+                raise
         facts["draws"] = facts["draws"] or effects.drew
         return returns.take()
 
@@ -318,8 +327,10 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     return op, positions, facts
 
 
-#: The note a Function's backward adds to an error it raised while traced (`backward_of`).
+#: The notes a Function's backward and forward add to an error they raised while traced
+#: (`backward_of`, `forward_of`).
 _BACKWARD_NOTE = "raised in the backward of autograd.Function "
+_FORWARD_NOTE = "raised in the forward of autograd.Function "
 
 
 def backward_of(exc: BaseException) -> str | None:
@@ -327,12 +338,24 @@ def backward_of(exc: BaseException) -> str | None:
     error it caused) while AOTAutograd traced it, or None. The frontend's messages named
     the model's forward for a global tensor the backward read, and passed on torch's
     internal assertion for one it wrote into (found by a review)."""
+    return _noted(exc, _BACKWARD_NOTE)
+
+
+def forward_of(exc: BaseException) -> str | None:
+    """The qualified name of the custom Function whose forward raised `exc` (or the error
+    it caused) while traced, or None. A forward reading a tensor through its closure (a
+    buffer, an activation of the same call) failed as "Mixing fake modes NYI", naming
+    neither the Function nor a way out (found by a review)."""
+    return _noted(exc, _FORWARD_NOTE)
+
+
+def _noted(exc: BaseException, prefix: str) -> str | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         for note in getattr(exc, "__notes__", ()):
-            if note.startswith(_BACKWARD_NOTE):
-                return note[len(_BACKWARD_NOTE):]
+            if note.startswith(prefix):
+                return note[len(prefix):]
         exc = exc.__cause__ or exc.__context__
     return None
 

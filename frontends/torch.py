@@ -53,7 +53,7 @@ from remat_ir.ir.validation import mark_made_here
 
 from .autocast_blocks import block_caches, eager_block_caches, has_blocks
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
-from .autograd_functions import FunctionError, backward_of, preserving_functions
+from .autograd_functions import FunctionError, backward_of, forward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .distributed_calls import distributed_calls_watched, rank_read_by_name
 from .dropout_masks import split_dropout
@@ -1526,6 +1526,13 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"save for it (a module's parameter or buffer reached through ctx, a global), "
                     f"which tracing cannot follow ({first.split('Found in ')[-1]}): pass it to "
                     f"`apply` as an argument and save it with ctx.save_for_backward") from exc
+            if "Mixing fake modes" in first and (applied := forward_of(exc)) is not None:
+                raise LoweringError(
+                    f"the forward of autograd.Function {applied} (applied in "
+                    f"{type(model).__name__}) reads a tensor it is not passed (a parameter, "
+                    f"buffer or activation its closure holds), which tracing cannot follow: "
+                    f"pass it to `apply` as an argument (and save it with "
+                    f"ctx.save_for_backward where the backward reads it)") from exc
             if "convert all Tensors to FakeTensors" in first:
                 raise LoweringError(
                     f"{_reader(type(model).__name__, function)} reads a tensor that is neither a "

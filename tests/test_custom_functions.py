@@ -541,3 +541,66 @@ def test_a_custom_ops_backward_reading_a_global_the_loop_changes_is_planned_agai
                 assert torch.equal(p.grad, q.grad), (coefficient, name)
     finally:
         _REVERSAL = 1.0
+
+
+class _GatesThroughItsClosure(torch.nn.Module):
+    """Applies a Function defined in its forward, whose forward reads this call's gate
+    through its closure, not as an argument of `apply`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        gate = (x > 0).to(x.dtype)
+
+        class Gated(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t * gate
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad
+
+        return Gated.apply(self.a(x)).sum()
+
+
+def test_a_functions_forward_reading_a_tensor_through_its_closure_is_refused_naming_it():
+    """Found by a review: refused as AOTAutograd's "Mixing fake modes NYI", naming neither
+    the Function nor a way out."""
+    with pytest.raises(LoweringError, match=r"the forward of autograd.Function .*Gated \(applied in "
+                                            r"_GatesThroughItsClosure\) reads a tensor it is not passed .*"
+                                            r"pass it to `apply` as an argument"):
+        lower_torch(_GatesThroughItsClosure(), (torch.randn(3, 4),), cost_model="flops")
+
+
+class _SavesForForward(torch.autograd.Function):
+    """Supports forward-mode AD as PyTorch documents it: `ctx.save_for_forward`."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * x.cos()
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        (x,) = ctx.saved_tensors
+        return tangent * x.cos()
+
+
+def test_a_function_saving_for_forward_mode_trains_like_eager():
+    """Found by a review: its forward failed (the stand-in context had no
+    `save_for_forward`), refused as another path taken while tracing with advice about
+    attention masks."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    errors = side_by_side(_Calls(_SavesForForward, False), lambda m: _lowered_and_scheduled(m, x), (x,), {},
+                          lambda out: out, tolerance=1e-30)
+    assert errors == {}
