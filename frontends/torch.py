@@ -1540,6 +1540,15 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"closure's), which tracing cannot follow "
                     f"({first.split('Found in ')[-1]}): register it as a buffer "
                     f"(module.register_buffer) or pass it as an input") from exc
+            if function is not None and "does not require grad and does not have a grad_fn" in first:
+                # Found by a review: said as a backward computing with what it may not.
+                raise LoweringError(
+                    f"AOTAutograd could not trace {_reader(type(model).__name__, function)}: "
+                    f"{first.rstrip('.')}. Its backward differentiates a graph its forward built "
+                    f"(under torch.enable_grad(), a hand-written checkpoint or a DEQ's fixed "
+                    f"point): remat-ir runs a Function's forward without recording one, as a "
+                    f"custom op. Build that graph in the backward instead, from the tensors the "
+                    f"forward saved (`with torch.enable_grad(): y = f(x.detach().requires_grad_())`)") from exc
             if function is not None:
                 raise LoweringError(
                     f"AOTAutograd could not trace {_reader(type(model).__name__, function)}: "
