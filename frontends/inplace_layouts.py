@@ -10,19 +10,23 @@ first. `z.t().masked_fill_(mask.t(), 0.25)` then left the traced `z` transposed
 summed in another order: gradients 3.8e-6 off eager's, under every schedule, the loss
 equal (found by a review, stop 110; the other ops by this module's test).
 
-Two steps. `mark_written_layouts`, on the module `torch.export` made, tags each in-place
-op with its functional op (FX's `custom` metadata: AOTAutograd runs each op under its
-node's metadata and copies it onto the nodes it makes). While AOTAutograd traces,
-`written_layouts_traced` answers the tagged functional op with a fake result of the
-written tensor's layout: autograd's formulas then decide from eager's layout (`addmm`'s
-backward computes a transposed product for a column-major input), and every later read
-is traced on it. `keep_written_layouts`, on the joint graph, gives the functional node
-its kernel's layout back and copies its result into the written tensor's layout
-(`new_empty_strided` and the functional `copy`, as AOTAutograd writes eager's own copies
-into a layout), which every later read takes: the same elements, laid out and read in
-eager's order. Only a written tensor that is dense (a transpose, a permutation, a tensor
-of its own) is so laid out: a view with gaps (a strided slice) is written back through a
-scatter into its base, which keeps the base's layout already.
+Two steps. `mark_written_layouts`, on the module `torch.export` made, has each in-place
+op (in the regions export keeps as submodules too: a write under `no_grad` or inside an
+autocast block) called through a wrapper that says, while it runs, which functional op
+stands for it. While AOTAutograd traces, `written_layouts_traced` answers that functional
+op, called on a dense tensor, with a fake result of that tensor's layout: autograd's
+formulas then decide from eager's layout (`addmm`'s backward computes a transposed
+product for a column-major input), and every later read is traced on it. Each such
+answer is remembered by its op, shape and strides. `keep_written_layouts`, on the joint
+graph, gives each node so answered its kernel's layout back and copies its result into
+the layout tracing gave it (`new_empty_strided` and the functional `copy`, as
+AOTAutograd writes eager's own copies into a layout), which every later read takes: the
+same elements, laid out and read in eager's order. Only a written tensor that is dense (a
+transpose, a permutation, a tensor of its own) is so laid out: a view with gaps (a
+strided slice) is written back through a scatter into its base, which keeps the base's
+layout already. (Tagging the nodes' metadata instead missed the writes inside regions,
+whose nodes AOTAutograd runs under the region's metadata: 2.3e-5 off under `no_grad`,
+found by a review.)
 
 Why not rewrite the in-place op as `y.copy_(op(y, ...))` before AOTAutograd: then `y`
 before the write is read twice, and the zero gradient `copy_` gives it is added to the
@@ -33,11 +37,11 @@ backward fails autograd's check of a tensor changed after it was saved.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 import torch.fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch.fx import traceback as fx_traceback
 
 from remat_ir.torchlib.types import same_layout
 
@@ -45,8 +49,10 @@ from .fake_dispatch import wrapped_fake_dispatch
 from .fx_nodes import add_call, tensor_value, traced_values
 
 _aten = torch.ops.aten
-#: The key of `custom` metadata holding the functional op of an in-place one.
-_TAG = "remat_ir_written_layout"
+#: While an in-place op wrapped by `mark_written_layouts` runs: `functional`, the op that
+#: functionalization calls for it; while `written_layouts_traced` is entered: `answered`,
+#: (op, shape, strides) of each result answered in a written tensor's layout.
+_writing = threading.local()
 
 
 def _functional(op) -> torch._ops.OpOverload | None:
@@ -70,60 +76,80 @@ def _dense_layout(tensor) -> bool:
     return tensor.layout == torch.strided and is_non_overlapping_and_dense_or_false(tensor)
 
 
+def _writing_through(op: torch._ops.OpOverload, functional: torch._ops.OpOverload):
+    """`op`, called with `_writing.functional` set to `functional` while it runs."""
+    def call(*args, **kwargs):
+        before = getattr(_writing, "functional", None)
+        _writing.functional = functional
+        try:
+            return op(*args, **kwargs)
+        finally:
+            _writing.functional = before
+    call.__name__ = call.__qualname__ = f"{op._opname}_keeping_layout"
+    return call
+
+
 def mark_written_layouts(module: torch.fx.GraphModule) -> int:
-    """Tag each in-place op of `module` (from `torch.export`; regions it keeps as
-    submodules too) whose written tensor is dense (module docstring); the number tagged."""
+    """Wrap each in-place op of `module` (from `torch.export`; regions it keeps as
+    submodules too) whose written tensor is dense (module docstring); the number wrapped."""
     count = 0
     for graph_module in [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)]:
+        wrapped = 0
         for node in graph_module.graph.nodes:
             functional = _functional(node.target) if node.op == "call_function" else None
             written = tensor_value(node.args[0]) if functional is not None and node.args else None
             if written is None or not _dense_layout(written):
                 continue
-            node.meta.setdefault("custom", {})[_TAG] = functional
-            count += 1
+            node.target = _writing_through(node.target, functional)
+            wrapped += 1
+        if wrapped:
+            graph_module.recompile()
+        count += wrapped
     return count
-
-
-def _tagged(meta: dict | None):
-    """The functional op a node's metadata was tagged with, else None."""
-    custom = (meta or {}).get("custom")
-    return custom.get(_TAG) if isinstance(custom, dict) else None
 
 
 @contextlib.contextmanager
 def written_layouts_traced():
-    """Within (around AOTAutograd's tracing): a tagged functional op called on a dense
-    tensor answers a fake result laid out as that tensor (module docstring)."""
+    """Within (around AOTAutograd's tracing and `keep_written_layouts`): the functional op
+    standing for a wrapped in-place op, called on a dense tensor, answers a fake result
+    laid out as that tensor (module docstring)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     def wrap(original):
         def dispatch(mode, func, types, args=(), kwargs=None):
             result = original(mode, func, types, args, kwargs)
-            if (_tagged(fx_traceback.get_current_meta()) is not func or not args
+            if (getattr(_writing, "functional", None) is not func or not args
                     or not isinstance(result, torch.Tensor) or not isinstance(args[0], torch.Tensor)):
                 return result
             written = args[0]
             if (written.shape != result.shape or written.dtype != result.dtype or not _dense_layout(written)
                     or same_layout(result, written.shape, written.stride())):
                 return result
+            _writing.answered.add((func, tuple(result.shape), written.stride()))
             meta = torch.empty_strided(result.shape, written.stride(), dtype=result.dtype, device="meta")
             return FakeTensor(mode, meta, result.device)
         return dispatch
 
-    with wrapped_fake_dispatch(wrap):
-        yield
+    before = getattr(_writing, "answered", None)
+    _writing.answered = set()
+    try:
+        with wrapped_fake_dispatch(wrap):
+            yield
+    finally:
+        _writing.answered = before
 
 
 def keep_written_layouts(module: torch.fx.GraphModule) -> int:
-    """Give each tagged functional node of the joint graph `module` its kernel's layout and
-    copy its result into the layout tracing gave it (module docstring), in place; the
-    number of copies made. Call it under `traced_as_run`, so that the fake kernel gives
-    the kernel's layout."""
-    graph, count = module.graph, 0
+    """Give each node of the joint graph `module` that `written_layouts_traced` answered in
+    a written tensor's layout its kernel's layout, and copy its result into the layout
+    tracing gave it (module docstring), in place; the number of copies made. Call it
+    within `written_layouts_traced` and under `traced_as_run`, so that the fake kernel
+    gives the kernel's layout."""
+    graph, count, answered = module.graph, 0, _writing.answered
     for node in list(graph.nodes):
         traced = tensor_value(node)
-        if node.op != "call_function" or _tagged(node.meta) is not node.target or traced is None:
+        if (node.op != "call_function" or traced is None
+                or (node.target, tuple(traced.shape), traced.stride()) not in answered):
             continue
         with traced.fake_mode:
             made = node.target(*traced_values(node.args), **traced_values(node.kwargs))

@@ -10,6 +10,7 @@ the view, and trains bitwise like eager under random schedules."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -42,37 +43,53 @@ def _write(kind: str, y: torch.Tensor, mask: torch.Tensor, other: torch.Tensor) 
         y.index_add_(0, rows, other[: len(rows)])
     elif kind == "index_copy":
         y.index_copy_(0, rows, other[: len(rows)])
+    elif kind == "cumprod":
+        y.cumprod_(1)
+    elif kind == "scatter_reduce":
+        y.scatter_reduce_(1, (other.abs() * 7).long() % y.shape[1], other, reduce="amax")
+    elif kind == "mul":   # by a tensor needing a gradient: the op saves the written tensor
+        y.mul_(other)
     else:   # a pointwise op with a second operand of another layout
         y.add_(other.t().contiguous().t(), alpha=0.5)
 
 
 class _Written(torch.nn.Module):
-    def __init__(self, kind: str, target: str):
+    def __init__(self, kind: str, target: str, block: str = "none"):
         super().__init__()
         self.a, self.b, self.c = (torch.nn.Linear(_N, _N) for _ in range(3))
-        self.kind, self.target = kind, target
+        self.kind, self.target, self.block = kind, target, block
 
     def forward(self, x, mask):
         z = self.a(x) * 1
         other = self.c(x)
-        if self.target == "transposed_view":
-            _write(self.kind, z.t(), mask.t(), other.t())
-        else:   # a tensor of its own, laid out column-major
-            z = z.t().contiguous().t()
-            _write(self.kind, z, mask, other)
+        # A block torch.export keeps as a region of its own (a submodule of the graph).
+        with {"none": contextlib.nullcontext, "no_grad": torch.no_grad,
+              "autocast_off": lambda: torch.autocast("cpu", enabled=False)}[self.block]():
+            if self.target == "transposed_view":
+                _write(self.kind, z.t(), mask.t(), other.t())
+            elif self.target == "strided_view":
+                _write(self.kind, z[:, ::2], mask[:, ::2], other[:, ::2])
+            else:   # a tensor of its own, laid out column-major
+                z = z.t().contiguous().t()
+                _write(self.kind, z, mask, other)
         s = z.sum(0, keepdim=True)
         return self.b(z * s.tanh()).sin()
 
 
 _KINDS = ["masked_fill", "masked_fill_tensor", "index_put", "masked_scatter", "index_fill", "scatter",
-          "index_add", "index_copy", "add"]
+          "index_add", "index_copy", "cumprod", "scatter_reduce", "add"]
+#: Found by a review: in a block export keeps as a region, still 2.3e-5 off (the first
+#: fix tagged the nodes' metadata, which AOTAutograd does not run a region's nodes under);
+#: a first fix writing `y.copy_(op(y))` refused an op saving its written tensor.
+_MORE = [("masked_fill", "transposed_view", "no_grad"), ("scatter", "column_major", "autocast_off"),
+         ("mul", "strided_view", "none"), ("mul", "transposed_view", "none")]
 
 
-@pytest.mark.parametrize("target", ["transposed_view", "column_major"])
-@pytest.mark.parametrize("kind", _KINDS)
-def test_a_write_in_place_keeps_the_written_tensors_layout(kind, target):
+@pytest.mark.parametrize("kind, target, block", [(kind, target, "none") for kind in _KINDS
+                                                 for target in ("transposed_view", "column_major")] + _MORE)
+def test_a_write_in_place_keeps_the_written_tensors_layout(kind, target, block):
     torch.manual_seed(0)
-    model = _Written(kind, target)
+    model = _Written(kind, target, block)
     x, mask = torch.randn(_N, _N), torch.rand(_N, _N) > 0.5
 
     def scheduled(m):
