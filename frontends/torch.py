@@ -85,7 +85,7 @@ from .inplace_draws import draw_in_layout
 from .held_tensors import held_gradient_error, lift_held_tensors
 from .masked_assign import assign_through_masks
 from .metadata_writes import reshape_in_place
-from .unfold_writes import write_through_unfold_views
+from .unfold_writes import unwritable_view_error, write_through_unfold_views
 from .inplace_layouts import keep_written_layouts, mark_written_layouts, written_layouts_traced
 from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
 from .spec_augment import spec_augment_as_ops
@@ -1526,6 +1526,9 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"save for it (a module's parameter or buffer reached through ctx, a global), "
                     f"which tracing cannot follow ({first.split('Found in ')[-1]}): pass it to "
                     f"`apply` as an argument and save it with ctx.save_for_backward") from exc
+            unwritable = unwritable_view_error(type(model).__name__, first, exported.graph_module)
+            if unwritable is not None:
+                raise unwritable from exc
             if "Mixing fake modes" in first and (applied := forward_of(exc)) is not None:
                 raise LoweringError(
                     f"the forward of autograd.Function {applied} (applied in "

@@ -22,7 +22,8 @@ windows in. Where the span is not a whole number of steps (a step larger than th
 and a tail after the last window shorter than a step), a tensor that is its own base gets
 an `as_strided` view of the same strides instead; a view of another tensor cannot
 (AOTAutograd refuses a write through `as_strided` of a view) and is refused with what to
-do. Overlapping windows (size above step) are left: eager refuses writes through them.
+do. Overlapping windows (size above step) are left to AOTAutograd, which refuses a write
+through them; `unwritable_view_error` says that refusal by the model's line.
 """
 
 from __future__ import annotations
@@ -92,3 +93,39 @@ def write_through_unfold_views(module: torch.fx.GraphModule, model_name: str) ->
         replace(node, new)
         count += 1
     return recompiled(module, count)
+
+
+def unwritable_view_error(model_name: str, message: str, exported: torch.fx.GraphModule) -> LoweringError | None:
+    """The refusal for a write in place that AOTAutograd cannot functionalize, by the
+    model's line (`exported`: the module torch.export made, as it made it), or None for
+    another error (`message`: AOTAutograd's). Found by a review: both were said in
+    torch.compile's words, naming no line, with advice about graph breaks.
+
+    - Through overlapping `unfold` windows (`z.unfold(1, 2, 1).relu_()`): eager writes each
+      element once per window that holds it, in the order its kernel picks, and runs it
+      for the ops its overlap check lets through; the traced step cannot.
+    - Through an `as_strided` view of a view of another tensor (`z.t().fill_diagonal_(v)`,
+      which takes one, or the user's own `as_strided`): its write cannot be computed back
+      into the base.
+    """
+    if "internal overlap" in message:
+        found = [(node, first_write(node, exported)) for node in exported.graph.nodes
+                 if node.target is _aten.unfold.default and node.args[2] > node.args[3]]
+        where = next((node_line(writer) or node_line(node) for node, writer in found if writer is not None), None)
+        return LoweringError(
+            f"{model_name}'s forward writes in place through Tensor.unfold windows that overlap"
+            f"{f' at {where}' if where else ''}: eager writes each element once per window "
+            f"holding it, in an order its kernel picks, which the traced step cannot compute. "
+            f"Write into the windows' copy (`.clone()`) and use it, or compute the result out of place")
+    if "mutation on a view chain" in message and "as_strided" in message:
+        writers = [node if node.target is _aten.fill_diagonal_.default else first_write(node, exported)
+                   for node in exported.graph.nodes
+                   if node.target in (_aten.fill_diagonal_.default, _aten.as_strided.default)]
+        where = next((node_line(writer) for writer in writers if writer is not None and node_line(writer)), None)
+        return LoweringError(
+            f"{model_name}'s forward writes in place through an as_strided view of a view of "
+            f"another tensor{f' at {where}' if where else ''} (`fill_diagonal_` takes one: "
+            f"`z.t().fill_diagonal_(0.5)`), which cannot be written back into its base. Write "
+            f"into a tensor of its own (`y = z.t().clone()`, then `y.fill_diagonal_(0.5)`) and read "
+            f"that, or write through `diagonal()` (`z.t().diagonal().fill_(0.5)`)")
+    return None

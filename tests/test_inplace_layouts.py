@@ -16,6 +16,7 @@ import random
 import pytest
 import torch
 
+from remat_ir.frontends.errors import LoweringError
 from remat_ir.lowering import lower_torch
 from remat_ir.runtimes.torch import ScheduledModule
 
@@ -98,3 +99,28 @@ def test_a_write_in_place_keeps_the_written_tensors_layout(kind, target, block):
 
     errors = side_by_side(model, scheduled, (x, mask), {}, lambda out: out.sum())
     assert not errors, errors
+
+
+class _Unwritable(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.a, self.kind = torch.nn.Linear(8, 8), kind
+
+    def forward(self, x):
+        z = self.a(x) * 1
+        if self.kind == "overlapping_unfold":
+            z.unfold(1, 2, 1).relu_()
+        else:
+            z.t().fill_diagonal_(0.5)
+        return z.sin().sum()
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("overlapping_unfold", r"writes in place through Tensor.unfold windows that overlap at .*test_inplace_layouts"
+                           r"\.py:\d+ in forward: .*Write into the windows' copy"),
+    ("fill_diagonal", r"writes in place through an as_strided view of a view of another tensor at "
+                      r".*test_inplace_layouts\.py:\d+ in forward .*`z\.t\(\)\.diagonal\(\)\.fill_\(0\.5\)`")])
+def test_a_write_functionalization_cannot_follow_is_refused_by_line(kind, said):
+    """Found by a review: both said in torch.compile's words (graph breaks), naming no line."""
+    with pytest.raises(LoweringError, match=said):
+        lower_torch(_Unwritable(kind), (torch.randn(8, 8),), cost_model="flops")
