@@ -317,6 +317,10 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             exc.add_note(f"{_BACKWARD_NOTE}{name}")
             raise
         result = list(result) if isinstance(result, (tuple, list)) else [result]
+        refused = _gradients_refused(cls, result, len(constants), positions)
+        if refused is not None:
+            refused.add_note(f"{_BACKWARD_NOTE}{name}")
+            raise refused
         # None where the Function's backward gives none, as eager leaves a parameter's
         # `.grad` None there (zeros made AdamW decay a weight eager's step skips).
         return [result[i] if i < len(result) else None for i in positions]
@@ -325,6 +329,21 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
     _registered[op_name] = (cls, others, op, facts)
     note_function_op(f"{FUNCTION_NAMESPACE}::{op_name}", facts)
     return op, positions, facts
+
+
+def _gradients_refused(cls, result: list, arguments: int, positions: list[int]) -> RuntimeError | None:
+    """Eager's error for gradients a Function's backward returns that eager refuses: too
+    few, more than its arguments (but for trailing Nones), or one for an argument that is
+    no tensor; else None. A review found them trained: the missing gradients None, the
+    others dropped."""
+    if len(result) < arguments or any(r is not None for r in result[arguments:]):
+        return RuntimeError(f"function {cls.__name__}Backward returned an incorrect number of gradients "
+                            f"(expected {arguments}, got {len(result)})")
+    for i, r in enumerate(result[:arguments]):
+        if r is not None and i not in positions:
+            return RuntimeError(f"function {cls.__name__}Backward returned a gradient different than None at "
+                                f"position {i + 1}, but the corresponding forward input was not a Variable")
+    return None
 
 
 #: The notes a Function's backward and forward add to an error they raised while traced

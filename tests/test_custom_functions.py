@@ -604,3 +604,48 @@ def test_a_function_saving_for_forward_mode_trains_like_eager():
     errors = side_by_side(_Calls(_SavesForForward, False), lambda m: _lowered_and_scheduled(m, x), (x,), {},
                           lambda out: out, tolerance=1e-30)
     assert errors == {}
+
+
+class _TooFewGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad,)
+
+
+class _GradientForANumber(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        return x * k
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2, grad
+
+
+class _Weighted(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.a, self.w, self.function = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.ones(4)), function
+
+    def forward(self, x):
+        second = self.w if self.function is _TooFewGradients else 3
+        return self.function.apply(self.a(x), second).sum()
+
+
+@pytest.mark.parametrize("function, said", [
+    (_TooFewGradients, r"function _TooFewGradientsBackward returned an incorrect number of gradients "
+                       r"\(expected 2, got 1\)"),
+    (_GradientForANumber, r"function _GradientForANumberBackward returned a gradient different than None at "
+                          r"position 2, but the corresponding forward input was not a Variable")])
+def test_gradients_eager_refuses_are_refused_in_its_words(function, said):
+    """Found by a review: trained, the missing gradient None (the weight never trained) or
+    a number's dropped, where eager's backward raises."""
+    model, x = _Weighted(function), torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match=said):
+        model(x).backward()
+    with pytest.raises(LoweringError, match=rf"the backward of autograd.Function .*{function.__name__} .*{said}"):
+        lower_torch(model, (x,), cost_model="flops")
