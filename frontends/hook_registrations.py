@@ -124,3 +124,26 @@ def noting_hook_registrations(model: torch.nn.Module, found: list[str]):
     finally:
         ends.remove()
         _put_back_hook_registrations(registrations)
+
+
+@contextlib.contextmanager
+def registration_hooks_paused():
+    """Within: torch's global hooks on module, parameter and buffer registration
+    (`register_module_module_registration_hook` and the like) are not called. Tracing
+    registers modules of its own (torch.export wraps the model in a module), which eager
+    training never does: a registration hook logging to a list was refused as the
+    forward changing that list (found by a review). What the model's own forward
+    registers is refused otherwise (`trace_effects`)."""
+    from torch.nn.modules import module
+
+    tables = (module._global_module_registration_hooks, module._global_parameter_registration_hooks,
+              module._global_buffer_registration_hooks)
+    saved = [dict(table) for table in tables]
+    for table in tables:
+        table.clear()
+    try:
+        yield
+    finally:
+        for table, hooks in zip(tables, saved):
+            table.clear()
+            table.update(hooks)

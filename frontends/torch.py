@@ -85,6 +85,7 @@ from .inplace_draws import draw_in_layout
 from .held_tensors import held_gradient_error, lift_held_tensors
 from .masked_assign import assign_through_masks
 from .metadata_writes import reshape_in_place
+from .hook_registrations import registration_hooks_paused
 from .unfold_writes import unwritable_view_error, write_through_unfold_views
 from .inplace_layouts import keep_written_layouts, mark_written_layouts, written_layouts_traced
 from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
@@ -1379,7 +1380,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
     with paused_collection(), traced_as_run(), certain_draws(), checkpoints_traced_plain(), \
             user_draws_kept(), script_functions_as_python(), _tracing_state_released(), \
-            fake_cache_keeping_aliases():
+            fake_cache_keeping_aliases(), registration_hooks_paused():
         try:
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)

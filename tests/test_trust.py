@@ -6642,6 +6642,24 @@ def test_an_activation_kept_in_a_private_dict_is_refused_after_a_warm_up_call():
         _remat(model, (x,))
 
 
+def test_a_global_registration_hook_is_not_taken_for_the_forwards_effect():
+    """Found by a review: torch.export registers a module of its own, which fired a global
+    module registration hook logging to a list, and remat refused the forward as changing
+    that list; eager training never registers a module."""
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), torch.randn(3, 4)
+    logged: list = []
+    handle = register_module_module_registration_hook(lambda module, name, sub: logged.append(name))
+    try:
+        errors = side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                              lambda out: out.square().sum(), tolerance=1e-30)
+        assert errors == {} and logged == []
+    finally:
+        handle.remove()
+
+
 def test_transformers_looping_experts_are_refused_naming_the_implementation_that_lowers():
     """A mixture of experts in transformers' "eager" implementation loops over the experts
     the router picked: refused as a branch on tensor data with advice for labels (found by
