@@ -59,7 +59,8 @@ from .distributed_calls import distributed_calls_watched, rank_read_by_name
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
-from . import cudnn_rnns, gru_kernels, masked_fill_kernels, outside_values, prod_kernels, spectral_kernels
+from . import (cudnn_rnns, gru_kernels, masked_fill_kernels, outside_values, prod_kernels, spectral_kernels,
+               statistics_kernels)
 from .export_draws import drawing_as_eager
 from .traced_checkpoints import checkpoints_traced_plain
 from .script_functions import script_functions_as_python
@@ -86,6 +87,7 @@ from .held_tensors import held_gradient_error, lift_held_tensors
 from .masked_assign import assign_through_masks
 from .metadata_writes import reshape_in_place
 from .hook_registrations import registration_hooks_paused
+from .statistics_kernels import statistics_traced_as_eager
 from .unfold_writes import unwritable_view_error, write_through_unfold_views
 from .inplace_layouts import keep_written_layouts, mark_written_layouts, written_layouts_traced
 from .ctc_losses import ctc_losses_as_one_op, fold_target_selections
@@ -190,9 +192,9 @@ def _eager_kernels():
     for op, kernel in installed.items():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
         op._dispatch_cache.clear()
-    # eager's prod backward, by value; eager's istft, op for op; eager's masked_fill
-    # value gradient, a sum over the masked elements
-    replaced = (prod_kernels, spectral_kernels, masked_fill_kernels)
+    # eager's prod backward, by value; eager's istft and cov, op for op; eager's
+    # masked_fill value gradient, a sum over the masked elements
+    replaced = (prod_kernels, spectral_kernels, masked_fill_kernels, statistics_kernels)
     for module in replaced:
         for op, kernel in module.KERNELS.items():
             if (old := op.py_kernels.get(module.KEY)) is not None:
@@ -576,9 +578,10 @@ def _tensors_python_side(model: torch.nn.Module, args: tuple, kwargs: dict, hook
 def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads) -> torch.export.ExportedProgram:
     """torch.export's program, its `torch.autocast` blocks holding eager's cache settings
     (`autocast_blocks`), the rank the forward reads recorded and a collective it calls
-    refused (`distributed_calls`). Contexts of their own: `_trace`'s with-statement is at
+    refused (`distributed_calls`), `torch.cov` traced as eager computes it
+    (`statistics_kernels`). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
-    with eager_block_caches(), distributed_calls_watched(model, reads.globals):
+    with eager_block_caches(), distributed_calls_watched(model, reads.globals), statistics_traced_as_eager():
         return torch.export.export(model, args, kwargs, strict=False)
 
 
