@@ -59,7 +59,7 @@ def describe(value) -> str:
     name = f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', None) or getattr(value, '__name__', '?')}"
     if code is None:
         return name
-    own = _describes_captured(value, code)
+    own = describes_captured(value, code)
     captured = [text for cell in (value.__closure__ or ()) if filled(cell)
                 and (text := _captured_text(cell.cell_contents, own)) is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
@@ -83,9 +83,9 @@ CAPTURED_DEPTH = 3
 _depth = [0]
 
 
-def _describes_captured(function, code: types.CodeType) -> bool:
-    """Whether a description of `function` describes the functions its closure captured:
-    the user's own code's (not a library's, nor remat-ir's)."""
+def describes_captured(function, code: types.CodeType) -> bool:
+    """Whether a description of `function` describes the functions and plain objects its
+    closure captured: the user's own code's (not a library's, nor remat-ir's)."""
     return _users_code(code.co_filename) and not (getattr(function, "__module__", None) or "").startswith("remat_ir.")
 
 
@@ -93,7 +93,7 @@ def captured_functions(function, contents: tuple | None) -> list:
     """The functions among `contents` (what `function`'s closure cells hold) that its
     description describes (`_captured_text`), for `function_state`'s snapshot."""
     code = getattr(function, "__code__", None)
-    if not contents or code is None or not _describes_captured(function, code):
+    if not contents or code is None or not describes_captured(function, code):
         return []
     return [item for item in contents if is_function(item) and _value_text(item) is None]
 

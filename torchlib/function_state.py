@@ -16,8 +16,8 @@ import functools
 import sys
 import types
 
-from .callables import (CAPTURED_DEPTH, captured_functions, described_defaults, exec_globals,
-                        filled as _filled, plain_container, plain_owner)
+from .callables import (CAPTURED_DEPTH, captured_functions, described_defaults, describes_captured,
+                        exec_globals, filled as _filled, plain_container, plain_owner)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -33,8 +33,12 @@ def snapshot(function, depth: int = 0) -> tuple:
     cells = _closure(function)
     contents = cells and _contents(cells)
     # A list, dict or set a cell holds, changed in place (`cfg["scale"] = 2.0` on a dict a
-    # closure captured), is the same object: its copy tells (`_copied`, `_still`).
-    copies = contents and tuple(_copied(value) for value in contents)
+    # closure captured), is the same object: its copy tells (`_copied`, `_still`). So do a
+    # plain object's attributes, where the description shows them (the user's own code:
+    # a library's closures over its config objects are not compared at every call).
+    code = _code(function)
+    objects = code is not None and describes_captured(underlying(function), code)
+    copies = contents and tuple(_copied(value, objects) for value in contents)
     return _code(function), cells, contents, copies if copies and any(c is not None for c in copies) else None, \
         _bound(function), _extra(function), _inner(function, contents, depth)
 
@@ -173,19 +177,20 @@ class _Attributes(dict):
     """A copy of a plain object's attributes (`_copied`), compared with `vars()` of it."""
 
 
-def _copied(value):
+def _copied(value, objects: bool = False):
     """A copy of what a captured or bound value holds that may change in place, as
     `describe`'s text shows it: a plain container whole (`cfg["aux"]["k"] = 2.0`, a list
     inside a tuple), a numpy array, a plain object's attributes (`box.k = 2.0`), another
-    list, dict or set shallowly (`keywords["pad"][0] = 2`); else None. Found by a review:
-    a hook reading a number nested so trained on with the traced one, 5x eager's loss."""
+    list, dict or set shallowly (`keywords["pad"][0] = 2`); else None. A plain object's
+    attributes with `objects` only. Found by a review: a hook reading a number nested so
+    trained on with the traced one, 5x eager's loss."""
     if plain_container(value):
         return copy.deepcopy(value)
     if type(value) in (list, dict, set):
         return copy.copy(value)
     if _is_array(value):
         return value.copy()
-    if plain_owner(value) and not callable(value):
+    if objects and plain_owner(value) and not callable(value):
         return _Attributes(vars(value))
     return None
 
