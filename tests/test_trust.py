@@ -1659,6 +1659,8 @@ _HOLDERS = {
     "ordered_dict": (lambda: collections.OrderedDict(k=1.0), lambda h: h["k"], lambda h: h.__setitem__("k", 3.0)),
     "numpy_array": (lambda: np.array([1.0]), lambda h: float(h[0]), lambda h: h.__setitem__(0, 3.0)),
     "list_in_a_tuple": (lambda: ([1.0],), lambda h: h[0][0], lambda h: h[0].__setitem__(0, 3.0)),
+    "dict_an_object_holds": (lambda: types.SimpleNamespace(cfg={"k": 1.0}), lambda h: h.cfg["k"],
+                             lambda h: h.cfg.__setitem__("k", 3.0)),
 }
 
 
@@ -1679,6 +1681,21 @@ def test_a_number_a_hooks_closure_reaches_inside_what_it_holds_changed_is_planne
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
                         tolerance=1e-30) == {}
     assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+
+
+def test_an_attribute_a_hook_does_not_read_changing_at_every_step_plans_nothing_again(capsys):
+    """Found by a review of the fix above: a hook reading `state.scale` of an object whose
+    `step` the loop advances lowered and planned again at every step (a description of
+    every public attribute); only the attributes its code reads are described."""
+    state = types.SimpleNamespace(scale=2.0, step=0)
+    model, x = _Hidden(), torch.randn(4, 8)
+    model.l2.register_forward_hook(lambda module, args, out: out * state.scale)
+    scheduled = _remat(model, (x,))
+    capsys.readouterr()
+    for _ in range(3):
+        state.step += 1
+        scheduled(x).square().mean().backward()
+    assert "lowering and planning again" not in capsys.readouterr().err
 
 
 #: Read by the custom Functions of `test_what_a_custom_functions_code_reads_changed_after_lowering_is_planned_for`.

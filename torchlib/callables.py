@@ -60,8 +60,9 @@ def describe(value) -> str:
     if code is None:
         return name
     own = describes_captured(value, code)
+    names = read_names(value) if own else None
     captured = [text for cell in (value.__closure__ or ()) if filled(cell)
-                and (text := _captured_text(cell.cell_contents, own)) is not None]
+                and (text := _captured_text(cell.cell_contents, own, names)) is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
     # A plain object's too, by its attributes (`def forward(self, x, cfg=settings)`, then
     # `settings.temp = 0.5`; found by a review).
@@ -98,7 +99,7 @@ def captured_functions(function, contents: tuple | None) -> list:
     return [item for item in contents if is_function(item) and _value_text(item) is None]
 
 
-def _captured_text(value, own: bool) -> str | None:
+def _captured_text(value, own: bool, names: frozenset[str] | None = None) -> str | None:
     """How a description shows a value a closure captured: `_value_text`, and where the
     function capturing it is the user's own code, a captured function by its own
     description (a few levels deep). Why: `make_act(torch.tanh)` and `make_act(torch.
@@ -111,10 +112,13 @@ def _captured_text(value, own: bool) -> str | None:
     if text is not None or not own:
         return text
     if not is_function(value):
-        # A plain object the user's closure captured, by its public plain attributes
-        # (`box.k`, a scale a hook reads and the loop sets): unshown, its change trained on
-        # with the traced value, 5x eager's loss (found by a review).
-        return _bound_text(value) if plain_owner(value) and not callable(value) else None
+        # A plain object the user's closure captured, by the plain attributes its code
+        # reads (`box.k`, a scale a hook reads and the loop sets): unshown, its change
+        # trained on with the traced value, 5x eager's loss (found by a review).
+        if names is None or not plain_owner(value) or callable(value):
+            return None
+        state = owner_state(value, read_attributes(names, value))
+        return f"{type(value).__qualname__} " + _whole([f"{k}={v}" for k, v in sorted(state.items())])
     if _depth[0] >= CAPTURED_DEPTH:
         return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', '?')}"
     _depth[0] += 1
@@ -151,6 +155,39 @@ def exec_globals(function) -> tuple[dict, dict] | None:
         return None
     return space, {name: space[name] for name in sorted(_names(code))
                    if name in space and _value_text(space[name]) is not None}
+
+
+def read_names(function) -> frozenset[str]:
+    """The names the code of `function` (a function of the user's code), code nested in
+    it and the functions its closure captured (3 deep: a hook calling `read(box)`, where
+    `read = lambda b: b.k`) load: the attributes it may read of what it captured."""
+    names, pending, seen = set(), [(function, 0)], set()
+    while pending:
+        current, depth = pending.pop()
+        code = getattr(current, "__code__", None)
+        if code is None or code in seen:
+            continue
+        seen.add(code)
+        names |= _names(code)
+        if depth < CAPTURED_DEPTH:
+            pending += [(cell.cell_contents, depth + 1) for cell in (current.__closure__ or ())
+                        if filled(cell) and is_function(cell.cell_contents)]
+    return frozenset(names)
+
+
+def read_attributes(names: frozenset[str], owner) -> frozenset[str]:
+    """The attributes of `owner` (a plain object a closure of the user's code captured)
+    that code loading `names` (`read_names`) may read: those of `names` it holds, and
+    those that the methods of `owner`'s class among them read in turn (`state.scale()`
+    reading `self.k`). Not the others: a step counter or a log on the same object,
+    changing at every call, made every call lower and plan again (found by a review)."""
+    read = set(names)
+    for name in names:
+        method = getattr(type(owner), name, None)
+        if isinstance(method, (types.FunctionType, property)):
+            inner = method.fget if isinstance(method, property) else method
+            read |= _names(inner.__code__) if getattr(inner, "__code__", None) is not None else set()
+    return frozenset(name for name in read if name in vars(owner))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -258,14 +295,16 @@ def plain_owner(value) -> bool:
                                                                  types.ModuleType, types.FunctionType))
 
 
-def owner_state(value) -> dict | None:
-    """The public plain attributes of a `plain_owner` (as `_value_text` shows them), else
-    None. Not its private ones: a global `logging.Logger`'s `_cache` fills as levels are
-    asked, and would make each call a new plan."""
+def owner_state(value, names: frozenset[str] | None = None) -> dict | None:
+    """The public plain attributes of a `plain_owner` (as `_value_text` shows them), of
+    `names` only where given, else None. Not its private ones: a global
+    `logging.Logger`'s `_cache` fills as levels are asked, and would make each call a new
+    plan."""
     if not plain_owner(value):
         return None
     return {name: text for name, item in vars(value).items()   # not private ones: a logger's
-            if not name.startswith("_") and (text := _value_text(item)) is not None}   # cache
+            if not name.startswith("_") and (names is None or name in names)   # cache
+            and (text := _value_text(item)) is not None}
 
 
 def _state(owner) -> str:

@@ -17,7 +17,8 @@ import sys
 import types
 
 from .callables import (CAPTURED_DEPTH, captured_functions, described_defaults, describes_captured,
-                        exec_globals, filled as _filled, plain_container, plain_owner)
+                        exec_globals, filled as _filled, plain_container, plain_owner, read_attributes,
+                        read_names)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -37,8 +38,9 @@ def snapshot(function, depth: int = 0) -> tuple:
     # plain object's attributes, where the description shows them (the user's own code:
     # a library's closures over its config objects are not compared at every call).
     code = _code(function)
-    objects = code is not None and describes_captured(underlying(function), code)
-    copies = contents and tuple(_copied(value, objects) for value in contents)
+    names = (read_names(underlying(function)) if contents and code is not None
+             and describes_captured(underlying(function), code) else None)
+    copies = contents and tuple(_copied(value, names) for value in contents)
     return _code(function), cells, contents, copies if copies and any(c is not None for c in copies) else None, \
         _bound(function), _extra(function), _inner(function, contents, depth)
 
@@ -177,28 +179,36 @@ class _Attributes(dict):
     """A copy of a plain object's attributes (`_copied`), compared with `vars()` of it."""
 
 
-def _copied(value, objects: bool = False):
+def _copied(value, names: frozenset[str] | None = None):
     """A copy of what a captured or bound value holds that may change in place, as
     `describe`'s text shows it: a plain container whole (`cfg["aux"]["k"] = 2.0`, a list
     inside a tuple), a numpy array, a plain object's attributes (`box.k = 2.0`), another
     list, dict or set shallowly (`keywords["pad"][0] = 2`); else None. A plain object's
-    attributes with `objects` only. Found by a review: a hook reading a number nested so
-    trained on with the traced one, 5x eager's loss."""
+    attributes where `names` (those the user's function that captured it loads,
+    `callables.read_names`) are given, those it reads (`callables.read_attributes`),
+    each copied so in turn
+    (`box.cfg["k"] = 2.0`). Found by a review: a hook reading a number nested so trained
+    on with the traced one, 5x eager's loss."""
     if plain_container(value):
         return copy.deepcopy(value)
     if type(value) in (list, dict, set):
         return copy.copy(value)
     if _is_array(value):
         return value.copy()
-    if objects and plain_owner(value) and not callable(value):
-        return _Attributes(vars(value))
+    if names is not None and plain_owner(value) and not callable(value):
+        state = vars(value)
+        return _Attributes({name: (state[name], _copied(state[name]))
+                            for name in read_attributes(names, value)})
     return None
 
 
 def _still(value, copied) -> bool:
     """Whether `value` still holds what its copy (`_copied`) does."""
     if isinstance(copied, _Attributes):
-        return hasattr(value, "__dict__") and _equal(vars(value), copied)
+        state = getattr(value, "__dict__", None)
+        return state is not None and all(
+            name in state and state[name] is then and (inner is None or _still(then, inner))
+            for name, (then, inner) in copied.items())
     return _same_inside(value, copied)
 
 
