@@ -109,22 +109,52 @@ def _attribute_state(model: torch.nn.Module) -> dict:
 def _changed(before: tuple, after, tensors: bool = True) -> bool:
     """Whether a list, dict or set attribute was changed in place since before tracing:
     grown or shrunk (a log appended to), or an item replaced (`self.log[0] = x`). Without
-    `tensors` (a private one), only a change of other items counts, and of tensors needing
-    a gradient: a lazy cache of tensors (`self._cache[n] = torch.cos(...)`) is what the
-    graph computes at every step, but an activation kept for a loss outside the model
-    (`self._feats["h"] = h`) is not filled by any step, and the loss read a stale one
-    (gradients 1.4e-2 off, silently; found by a review). An attribute assigned anew is
-    noted as the forward assigns it (`refusing_trace_effects`)."""
+    `tensors` (a private one), only a change of other items counts: a lazy cache of
+    tensors (`self._cache[n] = torch.cos(...)`) is what the graph computes at every step,
+    and so is a scratch store the forward reads back (`self._skips[i] = h`, a U-Net's);
+    activations left there are dropped (`drop_activations`). An attribute assigned
+    anew is noted as the forward assigns it (`refusing_trace_effects`)."""
     value, items = before
     if items is None or after is not value:
         return False
     if not tensors:
-        return any(not isinstance(item, torch.Tensor) or item.requires_grad for item in _differing(items, after))
+        return any(not isinstance(item, torch.Tensor) for item in _differing(items, after))
     if len(items) != len(after) or (isinstance(items, dict) and items.keys() != after.keys()):
         return True
     if isinstance(items, list):
         return any(a is not b for a, b in zip(items, after))
     return isinstance(items, dict) and any(items[key] is not after[key] for key in items)
+
+
+def drop_activations(stores: list) -> None:
+    """Take out of each private dict or list of `stores` ((module, attribute, the keys the
+    traced forward put activations at), as torch.export left it) the tensors an eager call before
+    lowering left at those keys (in a list: every tensor), which no training step fills
+    again. Kept, a loss reading `model._feats["h"]` outside the forward read a warm-up's
+    or an evaluation's activation at every step (gradients 1.4e-2 off, silently; found by
+    a review); dropped, it fails there. A scratch store the forward reads back (a U-Net's
+    skips) is the graph's own, and trains as before (refusing it was a review's finding
+    too)."""
+    for module, name, keys in stores:
+        value = vars(module).get(name)   # torch.export may have put back another object
+        if isinstance(value, dict):
+            for key in keys:
+                if isinstance(dict.get(value, key), torch.Tensor):
+                    del value[key]
+        elif isinstance(value, list):
+            value[:] = [item for item in value if not isinstance(item, torch.Tensor)]
+
+
+def _activation_keys(items, after) -> list | None:
+    """The keys of dict `after` (or None for a list) where the traced forward put a tensor
+    needing a gradient (an activation) in place of what `items` held; [] where none."""
+    if isinstance(items, dict) and isinstance(after, dict):
+        return [key for key, item in dict.items(after) if isinstance(item, torch.Tensor)
+                and item.requires_grad and items.get(key, MISSING) is not item]
+    if isinstance(items, list) and isinstance(after, list):
+        return None if any(isinstance(item, torch.Tensor) and item.requires_grad
+                           for item in _differing(items, after)) else []
+    return []
 
 
 def _differing(items, after) -> list:
@@ -413,7 +443,8 @@ def _held(module: torch.nn.Module, key: str):
 
 @contextlib.contextmanager
 def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None,
-                           python_draws: list[int] | None = None, stored: StoredTensors | None = None):
+                           python_draws: list[int] | None = None, stored: StoredTensors | None = None,
+                           stores: list | None = None):
     """While the block traces `model`, note in `found` each effect the graph would not keep
     (module docstring); module attributes are put back afterwards. With `assigned`, a plain
     value the model's code assigns to one of its modules' attributes is not an effect
@@ -424,7 +455,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     module): where they are all its draws, as many in each forward traced, that count is
     appended to `python_draws` instead of an effect noted. With `stored`, a tensor needing no
     gradient that the model's code assigns to a public attribute of one of its modules is
-    noted there (`stored_tensors`), and the traced forward returns it after its outputs."""
+    noted there (`stored_tensors`), and the traced forward returns it after its outputs.
+    `stores` gets (module, attribute, keys) of the private containers the traced forward put
+    activations into, for the caller to drop what an earlier call left there once every
+    tracing context has put its state back (`drop_activations`)."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
@@ -532,7 +566,12 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             if path in modules and key in vars(modules[path]) and _changed(
                     before, vars(modules[path])[key], tensors=not key.startswith("_")):
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
+            elif path in modules and key.startswith("_") and before[1] is not None \
+                    and vars(modules[path]).get(key) is before[0] \
+                    and (keys := _activation_keys(before[1], before[0])) != []:
+                stores.append((modules[path], key, keys))
 
+    stores = [] if stores is None else stores
     handle = model.register_forward_hook(compare)
     returning = stored.hook(model) if stored is not None else None
     starts = model.register_forward_pre_hook(lambda module, inputs: ranged.append(0)) if ranged is not None else None
