@@ -550,7 +550,7 @@ class _refusing_effects(TorchDispatchMode):
                 self._refuse(f"draws from a torch.Generator of its own in its forward "
                              f"({func.name()}{self._where()})",
                              "remat-ir replays the default generator's draws only, so a "
-                             "recomputation would draw other numbers from it. Draw "
+                             "recomputation could draw other numbers from it. Draw "
                              "from the default generator (seeded with torch.manual_seed), or "
                              "draw outside the Function and pass the numbers as an argument")
         if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
