@@ -224,7 +224,7 @@ def _noting_data_uses(found: list[tuple[str, int, str]], model: torch.nn.Module,
     def assign(tensor, value):
         note()
         written, where = member(tensor), model_caller(1)
-        if written is not None and where is not None:   # the model's code, not torch's
+        if written is not None and where is not None and not _same_tensor_data(tensor, value):
             effects.append(f"it assigns `.data` of {written}{f' at {where}' if where else ''}, a "
                            f"new tensor the graph does not carry back (write into it in place "
                            f"under torch.no_grad() instead: `w.copy_(torch.renorm(w, 2, 0, max_norm))`)")
@@ -238,6 +238,20 @@ def _noting_data_uses(found: list[tuple[str, int, str]], model: torch.nn.Module,
             del torch.Tensor.data
         else:
             torch.Tensor.data = own
+
+
+def _same_tensor_data(tensor, value) -> bool:
+    """Whether assigning `value` as `tensor.data` changes nothing: the same memory in the
+    same layout (`w.data = w.data.contiguous()` of a contiguous weight; refusing it was a
+    review's finding)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    try:
+        return (isinstance(value, torch.Tensor) and value.dtype == tensor.dtype and value.shape == tensor.shape
+                and value.stride() == tensor.stride() and value.storage_offset() == tensor.storage_offset()
+                and StorageWeakRef(value.untyped_storage()) == StorageWeakRef(tensor.untyped_storage()))
+    except (RuntimeError, NotImplementedError):   # a tensor without storage
+        return False
 
 
 def _drawing_functions() -> list[tuple[object, str, object, str]]:
