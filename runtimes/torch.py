@@ -1204,7 +1204,7 @@ class _Lowered:
             storage = target.untyped_storage().data_ptr()
             for index, leaf in enumerate(leaves):
                 if index != written and isinstance(leaf, torch.Tensor) and \
-                        leaf.untyped_storage().data_ptr() == storage:
+                        leaf.untyped_storage().data_ptr() == storage and _bytes_meet(target, leaf):
                     one, other = (self.argument_names[i] if i < len(self.argument_names) else f"input {i}"
                                   for i in (written, index))
                     return (f"arguments {one} and {other} share memory (one is a view of the other, "
@@ -1711,6 +1711,20 @@ _EVAL_WITH_GRADIENTS = (
 #: A module's state-dict hooks, which a `ScheduledModule` shares with its model.
 _STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
                      "_load_state_dict_post_hooks")
+
+
+def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the spans of memory two tensors of one storage reach meet (two disjoint
+    slices, `t[:4]` and `t[4:]`, do not: refusing them was a review's finding). Spans that
+    meet may still share no element (`t[:, ::2]`, `t[:, 1::2]`): taken as sharing."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        if t.numel() == 0:
+            return 0, 0
+        start = t.storage_offset() * t.element_size()
+        extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+        return start, start + extent * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 class ScheduledModule(torch.nn.Module):

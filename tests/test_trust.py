@@ -2780,6 +2780,12 @@ def test_arguments_sharing_memory_where_the_forward_writes_one_are_refused_not_r
     with pytest.raises(RuntimeInputError, match=r"share memory"):
         scheduled(x, x)
     assert torch.equal(scheduled(x.clone(), x[:3].clone()), model(x.clone(), x[:3].clone()))
+    # Two slices of one tensor that do not overlap are separate tensors to eager too
+    # (refused before, found by a review).
+    both = torch.randn(9, 8)
+    again = both.clone()
+    assert torch.equal(scheduled(both[:6], both[6:]), model(again[:6], again[6:]))
+    assert torch.equal(both, again)
     with pytest.raises(LoweringError, match=r"the example inputs share memory .* writes into one in place.*"
                                             r"\(clone one\)"):
         _remat(_WritesOneOfTwo(), (x, x[:3]))
