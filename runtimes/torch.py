@@ -914,7 +914,10 @@ def _absent_outputs_notice(graph: Graph, tangents: list, absent: frozenset[int])
     """The notice, said once per module, that outputs the loss gives no gradient are still
     held to the end of the step, and how to let the plan free them: a Hugging Face model
     trained on `.loss` pins its logits, often the step's largest tensor, which
-    `remat(..., outputs=["loss"])` would not (`frontends/selected_outputs.py`)."""
+    `remat(..., outputs=["loss"])` would not (`frontends/selected_outputs.py`). Said at
+    the first backward without them: another call's loss in the same step may read them
+    (two views through one encoder), so the advice is for none reading them (its words
+    were for one call alone, found by a review)."""
     left = sorted(absent)
     names = [_user_output_name(graph, i) for i in left]
     size = sum(graph.storage_bytes(graph.value(tangents[i]).storage_id) for i in left)
@@ -933,7 +936,8 @@ def _absent_outputs_notice(graph: Graph, tangents: list, absent: frozenset[int])
            if trained and freed else "return only what the loss reads and the plan may free or recompute the rest")
     return (f"remat-ir: the loss gives no gradient to {', '.join(names)} ({human_bytes(size)}), which "
             f"the step returns, so the plan keeps {them} to the end of every step (the caller may "
-            f"hold {them}); if nothing reads {them} after the forward, {how}")
+            f"hold {them}); if no call's loss reads {them} (a step calling the model twice may "
+            f"read it in the other call), {how}")
 
 
 def _load_spec(graph: pb.Graph, key: str):

@@ -57,8 +57,9 @@ def test_new_shapes_are_lowered_and_planned_once_each(capsys):
     assert notices == [
         # the loss reads `.loss` alone: said once for the module, not per shape
         "remat-ir: the loss gives no gradient to output['logits'] (16.00 KiB), which the step returns, "
-        "so the plan keeps it to the end of every step (the caller may hold it); if nothing reads it "
-        "after the forward, pass remat(..., outputs=['loss']) and the plan may free or recompute it",
+        "so the plan keeps it to the end of every step (the caller may hold it); if no call's loss reads "
+        "it (a step calling the model twice may read it in the other call), pass remat(..., "
+        "outputs=['loss']) and the plan may free or recompute it",
         # a slice of the batch keeps its rows 16 apart: its layout is part of the signature
         "remat-ir: new input signature (argument input_ids is tensor [2, 8] int64 strides (16, 1), "
         "lowered for "
