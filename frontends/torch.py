@@ -98,7 +98,7 @@ from .fake_dispatch import fake_cache_keeping_aliases
 from .kernel_layouts import match_kernel_layouts, traced_as_run
 from .autograd_contexts import inference_mode_as_grad_mode, noting_saved_tensor_hooks
 from .compared_values import keep_compared_values
-from .trace_effects import MISSING, data_uses, drop_activations, refusing_trace_effects
+from .trace_effects import MISSING, data_uses, refusing_trace_effects
 from .traced_reads import ANY_OF, TracedReads, record_globals, recording_reads
 from .tracing_paths import eager_failure, traced_only_message, tracing_check
 from .input_branches import eager_input_branches, integers_as_eager
@@ -595,14 +595,13 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     effects: list[str] = []
     saved_hooks: list[tuple[str, bool]] = []
     number_reads: list[str] = []
-    stores: list = []   # private containers the forward put activations into (`drop_activations`)
     # A failed torch.export prints the graph traced so far to stderr (hundreds of lines
     # above the error): kept out; whatever else it writes there goes through.
     printed, failure = io.StringIO(), None
     try:
         with _quiet_tracing(printed), preserving_functions(errors, reads.functions), \
                 recording_reads(model, reads), _tensors_python_side(model, args, kwargs, hook_calls), \
-                refusing_trace_effects(model, effects, assigned, reads.python_draws, reads.stored, stores), \
+                refusing_trace_effects(model, effects, assigned, reads.python_draws, reads.stored), \
                 drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_input_branches(model, args, kwargs, reads.decisions), \
@@ -615,7 +614,6 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
             exported = _exported(model, args, kwargs, reads)
     except Exception as exc:
         failure = exc
-    drop_activations(stores)
     partial = getattr(failure, "partial_fx_graph", None)
     sys.stderr.write(printed.getvalue().replace(f"{partial}\n", "") if partial else printed.getvalue())
     if isinstance(failure, FunctionError):

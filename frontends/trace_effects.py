@@ -109,16 +109,24 @@ def _attribute_state(model: torch.nn.Module) -> dict:
 def _changed(before: tuple, after, tensors: bool = True) -> bool:
     """Whether a list, dict or set attribute was changed in place since before tracing:
     grown or shrunk (a log appended to), or an item replaced (`self.log[0] = x`). Without
-    `tensors` (a private one), only a change of other items counts: a lazy cache of
-    tensors (`self._cache[n] = torch.cos(...)`) is what the graph computes at every step,
-    and so is a scratch store the forward reads back (`self._skips[i] = h`, a U-Net's);
-    activations left there are dropped (`drop_activations`). An attribute assigned
-    anew is noted as the forward assigns it (`refusing_trace_effects`)."""
+    `tensors` (a private one), a lazy cache of tensors filled where it held nothing
+    (`self._cache[n] = torch.cos(...)`) is no change: the graph computes it at every step.
+    But an activation (a tensor needing a gradient: `self._feats["h"] = h`, kept for a
+    loss outside the forward), a tensor replacing one the dict held, or a list of tensors
+    grown (a MoCo queue) is state no training step fills or updates: a loss read a warm-up
+    call's activation at every step (1.4e-2 off), and a queue stayed empty (0.41 off),
+    silently (found by reviews). An attribute assigned anew is noted as the forward
+    assigns it (`refusing_trace_effects`)."""
     value, items = before
     if items is None or after is not value:
         return False
     if not tensors:
-        return any(not isinstance(item, torch.Tensor) for item in _differing(items, after))
+        differing = _differing(items, after)
+        if any(not isinstance(item, torch.Tensor) or item.requires_grad for item in differing):
+            return True
+        if isinstance(items, dict):   # a cache fills keys it did not hold
+            return any(key not in after or after[key] is not item for key, item in items.items())
+        return bool(differing)
     if len(items) != len(after) or (isinstance(items, dict) and items.keys() != after.keys()):
         return True
     if isinstance(items, list):
@@ -126,35 +134,16 @@ def _changed(before: tuple, after, tensors: bool = True) -> bool:
     return isinstance(items, dict) and any(items[key] is not after[key] for key in items)
 
 
-def drop_activations(stores: list) -> None:
-    """Take out of each private dict or list of `stores` ((module, attribute, the keys the
-    traced forward put activations at), as torch.export left it) the tensors an eager call before
-    lowering left at those keys (in a list: every tensor), which no training step fills
-    again. Kept, a loss reading `model._feats["h"]` outside the forward read a warm-up's
-    or an evaluation's activation at every step (gradients 1.4e-2 off, silently; found by
-    a review); dropped, it fails there. A scratch store the forward reads back (a U-Net's
-    skips) is the graph's own, and trains as before (refusing it was a review's finding
-    too)."""
-    for module, name, keys in stores:
-        value = vars(module).get(name)   # torch.export may have put back another object
-        if isinstance(value, dict):
-            for key in keys:
-                if isinstance(dict.get(value, key), torch.Tensor):
-                    del value[key]
-        elif isinstance(value, list):
-            value[:] = [item for item in value if not isinstance(item, torch.Tensor)]
-
-
-def _activation_keys(items, after) -> list | None:
-    """The keys of dict `after` (or None for a list) where the traced forward put a tensor
-    needing a gradient (an activation) in place of what `items` held; [] where none."""
-    if isinstance(items, dict) and isinstance(after, dict):
-        return [key for key, item in dict.items(after) if isinstance(item, torch.Tensor)
-                and item.requires_grad and items.get(key, MISSING) is not item]
-    if isinstance(items, list) and isinstance(after, list):
-        return None if any(isinstance(item, torch.Tensor) and item.requires_grad
-                           for item in _differing(items, after)) else []
-    return []
+def _change_said(key: str, path: str, before: tuple) -> str:
+    """The effect of a change to a module's list or dict attribute, as `found` says it;
+    for tensors kept there, what to do instead."""
+    value, items = before
+    kept = any(isinstance(item, torch.Tensor) for item in _differing(items, value)) if items is not None else False
+    if kept:
+        return (f"it keeps tensors in module attribute {key!r} of {path or '<root>'}, which no "
+                f"training step fills (keep what the forward reads back in local variables, "
+                f"and return what the loss needs from the forward)")
+    return f"it changes module attribute {key!r} of {path or '<root>'}"
 
 
 def _differing(items, after) -> list:
@@ -379,7 +368,10 @@ def _hook_holders(hook, depth: int = 0) -> list[tuple[str, object]]:
     found += [("a default argument", value) for value in hook.__defaults__ or ()]
     found += [(f"global {name!r}", hook.__globals__[name]) for name in code.co_names if name in hook.__globals__]
     for _, value in list(found):
-        inner = getattr(underlying(value), "__code__", None)
+        try:
+            inner = getattr(underlying(value), "__code__", None)
+        except Exception:   # a `__getattr__` raising another error than AttributeError
+            continue
         if inner is not None and inner is not code and is_users_file(inner.co_filename):
             found += _hook_holders(value, depth + 1)
     return found
@@ -457,8 +449,7 @@ def _held(module: torch.nn.Module, key: str):
 
 @contextlib.contextmanager
 def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None,
-                           python_draws: list[int] | None = None, stored: StoredTensors | None = None,
-                           stores: list | None = None):
+                           python_draws: list[int] | None = None, stored: StoredTensors | None = None):
     """While the block traces `model`, note in `found` each effect the graph would not keep
     (module docstring); module attributes are put back afterwards. With `assigned`, a plain
     value the model's code assigns to one of its modules' attributes is not an effect
@@ -469,10 +460,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     module): where they are all its draws, as many in each forward traced, that count is
     appended to `python_draws` instead of an effect noted. With `stored`, a tensor needing no
     gradient that the model's code assigns to a public attribute of one of its modules is
-    noted there (`stored_tensors`), and the traced forward returns it after its outputs.
-    `stores` gets (module, attribute, keys) of the private containers the traced forward put
-    activations into, for the caller to drop what an earlier call left there once every
-    tracing context has put its state back (`drop_activations`)."""
+    noted there (`stored_tensors`), and the traced forward returns it after its outputs."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
@@ -579,13 +567,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         for (path, key), before in attributes.items():
             if path in modules and key in vars(modules[path]) and _changed(
                     before, vars(modules[path])[key], tensors=not key.startswith("_")):
-                found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
-            elif path in modules and key.startswith("_") and before[1] is not None \
-                    and vars(modules[path]).get(key) is before[0] \
-                    and (keys := _activation_keys(before[1], before[0])) != []:
-                stores.append((modules[path], key, keys))
+                found.append(_change_said(key, path, before))
 
-    stores = [] if stores is None else stores
     handle = model.register_forward_hook(compare)
     returning = stored.hook(model) if stored is not None else None
     starts = model.register_forward_pre_hook(lambda module, inputs: ranged.append(0)) if ranged is not None else None
@@ -658,7 +641,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         for (path, key), before in attributes.items():
             module = modules.get(path)
             if module is not None and _changed(before, vars(module).get(key), tensors=not key.startswith("_")):
-                found.append(f"it changes module attribute {key!r} of {path or '<root>'}")
+                found.append(_change_said(key, path, before))
                 _restore(module, key, before)
         _put_back_helpers(helpers, found)
         numpy_module = sys.modules.get("numpy")
