@@ -1661,6 +1661,12 @@ _HOLDERS = {
     "list_in_a_tuple": (lambda: ([1.0],), lambda h: h[0][0], lambda h: h[0].__setitem__(0, 3.0)),
     "dict_an_object_holds": (lambda: types.SimpleNamespace(cfg={"k": 1.0}), lambda h: h.cfg["k"],
                              lambda h: h.cfg.__setitem__("k", 3.0)),
+    # Read by a name the code does not spell, and set after lowering (a review of the
+    # description by the names the code reads found both silent).
+    "attribute_by_name": (lambda: types.SimpleNamespace(k=1.0), lambda h: getattr(h, "k"),
+                          lambda h: setattr(h, "k", 3.0)),
+    "attribute_set_later": (lambda: types.SimpleNamespace(), lambda h: h.k if hasattr(h, "k") else 1.0,
+                            lambda h: setattr(h, "k", 3.0)),
 }
 
 

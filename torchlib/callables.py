@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import operator
 import pathlib
 import sysconfig
 import types
@@ -159,8 +160,9 @@ def exec_globals(function) -> tuple[dict, dict] | None:
 
 def read_names(function) -> frozenset[str]:
     """The names the code of `function` (a function of the user's code), code nested in
-    it and the functions its closure captured (3 deep: a hook calling `read(box)`, where
-    `read = lambda b: b.k`) load: the attributes it may read of what it captured."""
+    it, the functions its closure captured and the user's global functions it names (3
+    deep: a hook calling `read(box)`, where `read = lambda b: b.k`, or a helper
+    `read_k(box)`) load: the attributes it may read of what it captured."""
     names, pending, seen = set(), [(function, 0)], set()
     while pending:
         current, depth = pending.pop()
@@ -168,26 +170,51 @@ def read_names(function) -> frozenset[str]:
         if code is None or code in seen:
             continue
         seen.add(code)
-        names |= _names(code)
+        found = _names(code)
+        names |= found
+        held = [cell.cell_contents for cell in (current.__closure__ or ()) if filled(cell)]
+        if any(isinstance(item, (operator.attrgetter, operator.methodcaller)) for item in held):
+            names.add("attrgetter")   # reads an attribute by a name the code does not spell
         if depth < CAPTURED_DEPTH:
-            pending += [(cell.cell_contents, depth + 1) for cell in (current.__closure__ or ())
-                        if filled(cell) and is_function(cell.cell_contents)]
+            space = getattr(current, "__globals__", {})
+            pending += [(item, depth + 1) for item in held if is_function(item)]
+            pending += [(space[name], depth + 1) for name in found
+                        if isinstance(space.get(name), types.FunctionType)
+                        and _users_code(space[name].__code__.co_filename)]
     return frozenset(names)
 
 
-def read_attributes(names: frozenset[str], owner) -> frozenset[str]:
+#: Names whose load says the code may read any attribute of what it holds, by a name
+#: the code does not spell (`getattr(box, "k")`, `vars(box)`, `hasattr`, `attrgetter`).
+_ANY_ATTRIBUTE = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgetter", "methodcaller",
+                            "__getattribute__", "dir"})
+
+
+def read_attributes(names: frozenset[str], owner) -> frozenset[str] | None:
     """The attributes of `owner` (a plain object a closure of the user's code captured)
     that code loading `names` (`read_names`) may read: those of `names` it holds, and
-    those that the methods of `owner`'s class among them read in turn (`state.scale()`
-    reading `self.k`). Not the others: a step counter or a log on the same object,
-    changing at every call, made every call lower and plan again (found by a review)."""
-    read = set(names)
-    for name in names:
-        method = getattr(type(owner), name, None)
-        if isinstance(method, (types.FunctionType, property)):
-            inner = method.fget if isinstance(method, property) else method
-            read |= _names(inner.__code__) if getattr(inner, "__code__", None) is not None else set()
-    return frozenset(name for name in read if name in vars(owner))
+    those that the methods and properties of `owner`'s class among them read in turn,
+    and theirs (`state.scale()` calling `self._scale()` reading `self.k`); None for all of
+    them, where the code may read one by a name it does not spell (`_ANY_ATTRIBUTE`). Not
+    the others: a step counter or a log on the same object, changing at every call, made
+    every call lower and plan again (found by a review); the names alone missed
+    `getattr(box, "k")` and a method's helper, silently (found by the next review)."""
+    if names & _ANY_ATTRIBUTE:
+        return None
+    read, pending = set(names), list(names)
+    while pending:
+        member = getattr(type(owner), pending.pop(), None)
+        inner = member.fget if isinstance(member, property) else member
+        code = getattr(inner, "__code__", None) if isinstance(inner, types.FunctionType) else None
+        if code is None:
+            continue
+        more = _names(code)
+        if more & _ANY_ATTRIBUTE:
+            return None
+        pending += sorted(more - read)
+        read |= more
+    state = vars(owner)
+    return frozenset(name for name in read if name in state)
 
 
 @functools.lru_cache(maxsize=1024)
