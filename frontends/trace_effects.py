@@ -138,7 +138,8 @@ def _change_said(key: str, path: str, before: tuple) -> str:
     """The effect of a change to a module's list or dict attribute, as `found` says it;
     for tensors kept there, what to do instead."""
     value, items = before
-    kept = any(isinstance(item, torch.Tensor) for item in _differing(items, value)) if items is not None else False
+    kept = key.startswith("_") and items is not None and any(
+        isinstance(item, torch.Tensor) for item in _differing(items, value))
     if kept:
         return (f"it keeps tensors in module attribute {key!r} of {path or '<root>'}, which no "
                 f"training step fills (keep what the forward reads back in local variables, "

@@ -247,8 +247,8 @@ def test_a_loss_leaving_outputs_out_is_told_once_how_to_let_the_plan_free_them(c
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
     assert said == ["remat-ir: the loss gives no gradient to output['logits'] (16.00 KiB), which the step "
                     "returns, so the plan keeps it to the end of every step (the caller may hold it); if "
-                    "nothing reads it after the forward, pass remat(..., outputs=['loss']) and the plan "
-                    "may free or recompute it"]
+                    "no call's loss reads it (a step calling the model twice may read it in the other "
+                    "call), pass remat(..., outputs=['loss']) and the plan may free or recompute it"]
     selected = remat_ir.remat(model, kwargs, solver="recompute-all", cost_model="flops", outputs=["loss"])
     selected(**kwargs).loss.backward()
     assert "no gradient" not in capsys.readouterr().err

@@ -6644,7 +6644,7 @@ def test_a_forward_hook_storing_activations_outside_the_model_is_refused_naming_
         _FEATURES.clear()
 
 
-class _KeepsTensors(torch.nn.Module):
+class _KeepsInPrivateContainers(torch.nn.Module):
     """Keeps tensors in a private container per `kind`: an activation for a loss outside
     the model (`_feats`), a queue of detached features (MoCo's), or nothing but a lazy
     cache of a table (`_tables`), which the graph computes at every step."""
@@ -6675,7 +6675,7 @@ def test_tensors_a_forward_keeps_in_private_containers_are_refused_but_a_lazy_ca
     of a table needing no gradient trains like eager."""
     x = torch.randn(3, 4)
     torch.manual_seed(0)
-    model = _KeepsTensors(kind)
+    model = _KeepsInPrivateContainers(kind)
     with torch.no_grad():
         model(x)
     if kind == "cache":
