@@ -189,10 +189,9 @@ def _copied(value, names: frozenset[str] | None = None):
     inside a tuple), a numpy array, a plain object's attributes (`box.k = 2.0`), another
     list, dict or set shallowly (`keywords["pad"][0] = 2`); else None. A plain object's
     attributes where `names` (those the user's function that captured it loads,
-    `callables.read_names`) are given, those it reads (`callables.read_attributes`),
-    each copied so in turn
-    (`box.cfg["k"] = 2.0`). Found by a review: a hook reading a number nested so trained
-    on with the traced one, 5x eager's loss."""
+    `callables.read_names`) are given: those it reads (`callables.read_attributes`), each
+    copied so in turn (`box.cfg["k"] = 2.0`). Found by a review: a hook reading a number
+    nested so trained on with the traced one, 5x eager's loss."""
     if plain_container(value):
         return copy.deepcopy(value)
     if type(value) in (list, dict, set):
