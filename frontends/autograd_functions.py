@@ -76,6 +76,14 @@ _registered: dict[str, tuple[type, list, object, dict]] = {}
 _VALUE_TYPES = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
 
 
+def function_class(op: torch._ops.OpOverload) -> type | None:
+    """The Function class `op` (an op of `FUNCTION_NAMESPACE`) stands for in this process,
+    or None (another op)."""
+    namespace, _, name = op._schema.name.partition("::")
+    found = _registered.get(name) if namespace == FUNCTION_NAMESPACE else None
+    return found[0] if found is not None else None
+
+
 class FunctionError(Exception):
     """A custom Function that cannot be preserved (the frontend turns it into a LoweringError)."""
 
@@ -645,27 +653,62 @@ def _reentrant_checkpoint(frames: list[traceback.FrameSummary]) -> str:
 _TORCHS_OWN_PRESERVED = frozenset({torch.distributions.dirichlet._Dirichlet})
 
 
+#: torch's `Function.apply` (the function its classmethod wraps) and its code as torch
+#: defines it: `preserving_functions` swaps the code for `_ROUTED_CODE` while it traces.
+_APPLY = torch.autograd.Function.__dict__["apply"].__func__
+_APPLY_CODE = _APPLY.__code__
+#: Where `_ROUTED_CODE` finds the routing `apply` of the innermost `preserving_functions`.
+_ROUTE = "_remat_ir_route"
+
+
+def _routed_code() -> types.CodeType:
+    """Code for `_APPLY` calling the `apply` that `preserving_functions` set, with as many
+    free variables as `_APPLY`'s closure has cells (one: the `__class__` of its `super()`,
+    `Function`, which this code reads the route from). The code runs with `_APPLY`'s
+    globals (torch's module), so it reaches the route through that cell only."""
+    holder = None
+
+    def apply(cls, *args, **kwargs):
+        return getattr(holder, "_remat_ir_route")(cls, *args, **kwargs)
+    return apply.__code__
+
+
+_ROUTED_CODE = _routed_code()
+
+
 @contextlib.contextmanager
 def preserving_functions(errors: list, applied: set):
     """Route user-defined `autograd.Function.apply` calls through custom ops (see module
     docstring) while the block traces, adding their classes to `applied`. A Function that
     cannot be preserved appends its `FunctionError` to `errors` and runs as torch would
-    (the caller then refuses)."""
+    (the caller then refuses).
+
+    The code of torch's `Function.apply` is swapped, not the class attribute: an alias
+    taken before tracing (`grad_reverse = GradReverse.apply` at import, `self.fn =
+    Scale.apply`, a `functools.partial` of it) holds the bound method of torch's function,
+    and ran the Function as torch does, its forward's ops traced and differentiated by
+    autograd's formulas: its own backward was lost, gradients 0.4 off eager's, silently
+    (found by a review)."""
     function_class = torch.autograd.Function
-    original = function_class.__dict__["apply"]
+    if len(_APPLY.__closure__ or ()) != len(_ROUTED_CODE.co_freevars):
+        raise RuntimeError("torch's autograd.Function.apply has changed: remat-ir cannot route "
+                           "custom Functions through it (report this with your torch version)")
+    # torch's own apply, as a function of its own (the swapped one runs `_ROUTED_CODE`).
+    torchs = types.FunctionType(_APPLY_CODE, _APPLY.__globals__, _APPLY.__name__, _APPLY.__defaults__,
+                                _APPLY.__closure__)
 
     def apply(cls, *args, **kwargs):
         if cls is CheckpointFunction:
             errors.append(FunctionError(_reentrant_checkpoint(traceback.extract_stack())))
-            return original.__func__(cls, *args, **kwargs)
+            return torchs(cls, *args, **kwargs)
         if (cls.__module__.startswith("torch.") or cls.__module__ == "torch") and cls not in _TORCHS_OWN_PRESERVED:
-            return original.__func__(cls, *args, **kwargs)
+            return torchs(cls, *args, **kwargs)
         name = f"{cls.__module__}.{cls.__qualname__}"
         applied.add(cls)
         if kwargs:
             errors.append(FunctionError(f"autograd.Function {name} is called with keyword "
                                         "arguments; remat-ir preserves positional calls only"))
-            return original.__func__(cls, *args, **kwargs)
+            return torchs(cls, *args, **kwargs)
         unfollowed = _unfollowed_argument(name, args)
         if unfollowed:
             raise FunctionError(unfollowed)
@@ -680,13 +723,19 @@ def preserving_functions(errors: list, applied: set):
                 facts["modules"] = {}
         except FunctionError as exc:
             errors.append(exc)
-            return original.__func__(cls, *args, **kwargs)
+            return torchs(cls, *args, **kwargs)
         outputs = [outputs[j] for j in facts["same"]]   # then what the forward saved
         return tuple(outputs) if facts["sequence"] else outputs[0]
 
-    function_class.apply = classmethod(apply)
+    outer = function_class.__dict__.get(_ROUTE)   # a trace inside a trace: restored after
+    setattr(function_class, _ROUTE, apply)
+    _APPLY.__code__ = _ROUTED_CODE
     try:
         yield
     finally:
-        function_class.apply = original
+        if outer is None:
+            _APPLY.__code__ = _APPLY_CODE
+            delattr(function_class, _ROUTE)
+        else:
+            setattr(function_class, _ROUTE, outer)
 

@@ -168,3 +168,25 @@ def first_write(start: torch.fx.Node, root: torch.fx.GraphModule) -> torch.fx.No
                 if value is node and argument.alias_info is not None:
                     pending.append((user, holder))   # a view of it
     return None
+
+
+def called_ops(graph_module: torch.fx.GraphModule | None) -> list[torch._ops.OpOverload]:
+    """The ops `graph_module`'s graph calls (its regions', nested graph modules, too),
+    each once, in the order first called."""
+    found: dict = {}
+    for module in graph_module.modules() if graph_module is not None else ():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                    found.setdefault(node.target, None)
+    return list(found)
+
+
+def custom_op_definitions(graph_module: torch.fx.GraphModule | None) -> list:
+    """The definitions (`torch._library.custom_ops.CustomOpDef`) of the
+    `torch.library.custom_op`s `graph_module` calls: what `register_autograd` registered
+    for each is on it (`_backward_fn`, `_setup_context_fn`)."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    return [definition for op in called_ops(graph_module)
+            if (definition := _maybe_get_opdef(op)) is not None]

@@ -53,6 +53,7 @@ from remat_ir.ir.validation import mark_made_here
 
 from .autocast_blocks import block_caches, eager_block_caches, has_blocks
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
+from .applied_code import record_applied_code
 from .autograd_functions import FunctionError, backward_of, forward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .distributed_calls import distributed_calls_watched, rank_read_by_name
@@ -1478,6 +1479,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     if reads.stored.places:   # (outputs, stored tensors): the stored ones after the outputs' leaves
         out_spec = out_spec.child(0)
     record_globals(model, reads, exported.graph_module)
+    record_applied_code(reads, exported.graph_module)
     rank_read_by_name(reads.globals)
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 

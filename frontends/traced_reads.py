@@ -65,6 +65,7 @@ from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION,
 from remat_ir.torchlib.hooks import hook_functions
 from remat_ir.torchlib.namespaces import remember
 
+from .fx_nodes import custom_op_definitions
 from .model_lines import in_users_file, is_model_file, is_users_file
 from .stored_tensors import METADATA as STORED, StoredTensors
 
@@ -602,18 +603,10 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
 def _custom_op_autograd(graph_module: torch.fx.GraphModule | None) -> list:
     """The backward and `setup_context` functions registered (`register_autograd`) for the
     `torch.library.custom_op`s `graph_module`'s graph calls (its regions' too)."""
-    from torch._library.custom_ops import _maybe_get_opdef
-
     found = []
-    for module in graph_module.modules() if graph_module is not None else ():
-        if not isinstance(module, torch.fx.GraphModule):
-            continue
-        for node in module.graph.nodes:
-            definition = (_maybe_get_opdef(node.target) if node.op == "call_function"
-                          and isinstance(node.target, torch._ops.OpOverload) else None)
-            if definition is not None:
-                found += [f for f in (definition._backward_fn, definition._setup_context_fn)
-                          if f is not None and f not in found]
+    for definition in custom_op_definitions(graph_module):
+        found += [f for f in (definition._backward_fn, definition._setup_context_fn)
+                  if f is not None and f not in found]
     return found
 
 
@@ -746,6 +739,11 @@ def own_methods(cls: type):
     method's own code)."""
     for _, function in _own_named_methods(cls):
         yield function
+
+
+def own_method_names(cls: type) -> list[str]:
+    """The names of `own_methods`, each once: looked up on `cls`, the one its MRO finds."""
+    return list(dict.fromkeys(name for name, _ in _own_named_methods(cls)))
 
 
 def _own_named_methods(cls: type):

@@ -17,7 +17,7 @@ from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION,
                                                 is_tensor_like)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
-from remat_ir.torchlib.namespaces import namespace
+from remat_ir.torchlib.namespaces import AttributeNamespace, namespace
 from remat_ir.torchlib.held_tensors import shown as place
 
 #: What `getattr` gives for an attribute a module lacks; also the value recorded for one
@@ -313,7 +313,8 @@ class TracedReads:
                 now = describe_called(function) or _value_shown(function)
                 if now != lowered:
                     self._global_functions.pop(index, None)
-                    what = f"global function {name}" if where[0] == "function" else f"function {name}.{where[1]}"
+                    what = (f"function {name}.{where[1]}" if where[0] != "function" else f"function {name}"
+                            if isinstance(module, AttributeNamespace) else f"global function {name}")
                     return _differs(f"{what} of {module_name}", lowered, now, quoted=False)
                 self._global_functions[index] = (function, _snapshot(function))
                 continue

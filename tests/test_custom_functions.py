@@ -14,6 +14,7 @@ from shapes (each lowering's own: the op is shared by the lowerings of both shap
 from __future__ import annotations
 
 import copy
+import functools
 import random
 
 import pytest
@@ -649,3 +650,158 @@ def test_gradients_eager_refuses_are_refused_in_its_words(function, said):
         model(x).backward()
     with pytest.raises(LoweringError, match=rf"the backward of autograd.Function .*{function.__name__} .*{said}"):
         lower_torch(model, (x,), cost_model="flops")
+
+
+def _reversal_function(coefficient: list):
+    """A gradient reversal made by a factory: its backward reads the coefficient through
+    its closure (no module's global names the class)."""
+    class Reversal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return -coefficient[0] * grad
+    return Reversal.apply
+
+
+def _rebound_reversal():
+    """A factory whose backward reads a cell the loop rebinds (`nonlocal`)."""
+    scale = 1.0
+
+    class Reversal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            return -scale * grad
+
+    def set_scale(value):
+        nonlocal scale
+        scale = value
+    return Reversal, set_scale
+
+
+@torch.library.custom_op("remat_ir_tests::closure_reversed_gradient", mutates_args=())
+def _closure_reversed(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@_closure_reversed.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_CLOSURE_REVERSAL = {"k": 1.0}
+
+
+def _closure_backward(box: dict):
+    def backward(ctx, grad):
+        return -box["k"] * grad
+    return backward
+
+
+_closure_reversed.register_autograd(_closure_backward(_CLOSURE_REVERSAL))
+
+
+def _reversed_by_op(x):   # a module may not hold the op itself (deepcopy fails on it)
+    return _closure_reversed(x)
+
+
+class _ReversingThrough(torch.nn.Module):
+    def __init__(self, reverse):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        self.reverse = reverse
+
+    def forward(self, x):
+        return self.b(self.reverse(self.a(x).tanh())).square().mean()
+
+
+def _closure_cases():
+    """(reverse, set the coefficient) per way a closure holds it."""
+    box = [1.0]
+    rebound, set_scale = _rebound_reversal()
+    patched, patched_box = _rebound_reversal()[0], {"k": 1.0}
+
+    def patch(value):   # the class's backward replaced after `remat`
+        patched.backward = staticmethod(lambda ctx, grad: -value * patched_box["k"] * grad)
+    return {"factory list": (_reversal_function(box), lambda v: box.__setitem__(0, v)),
+            "nonlocal": (rebound.apply, set_scale),
+            "custom op closure": (_reversed_by_op, lambda v: _CLOSURE_REVERSAL.__setitem__("k", v)),
+            "class patched": (patched.apply, patch)}
+
+
+@pytest.mark.parametrize("case", ["factory list", "nonlocal", "custom op closure", "class patched"])
+def test_a_backward_reading_its_closure_the_loop_changes_is_planned_again(case):
+    """Found by a review: a Function class made by a factory, or a custom op's registered
+    backward, read a coefficient through its closure; the backward traced into the graph
+    kept the traced one after the loop changed it (gradients 22 off eager's, silently)."""
+    import remat_ir
+
+    reverse, set_coefficient = _closure_cases()[case]
+    torch.manual_seed(0)
+    eager, x = _ReversingThrough(reverse), torch.randn(16, 8)
+    model = copy.deepcopy(eager)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    try:
+        for coefficient in (1.0, 0.1, 3.0):
+            set_coefficient(coefficient)
+            for m, run in ((eager, eager), (model, scheduled)):
+                m.zero_grad()
+                run(x).backward()
+            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+                assert torch.equal(p.grad, q.grad), (case, coefficient, name)
+    finally:
+        _CLOSURE_REVERSAL["k"] = 1.0
+
+
+class _Reverse(torch.autograd.Function):
+    """Its backward is not autograd's formula for its forward (the identity)."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -0.5 * grad
+
+
+#: An alias taken at import, as gradient-reversal code writes it.
+_reverse = _Reverse.apply
+
+
+class _AppliesThroughAnAlias(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        self.how = how
+        self.held = _Reverse.apply if how == "held" else functools.partial(_Reverse.apply)
+
+    def forward(self, x):
+        h = self.a(x).tanh()
+        h = _reverse(h) if self.how == "global" else self.held(h)
+        return self.b(h).square().mean()
+
+
+@pytest.mark.parametrize("how", ["global", "held", "partial"])
+def test_a_function_applied_through_an_alias_taken_before_remat_keeps_its_backward(how):
+    """Found by a review: `grad_reverse = GradReverse.apply` at import (or held by a
+    module, or in a partial) called torch's `apply`, not remat-ir's, so the Function ran
+    unpreserved and autograd differentiated its forward: the backward was lost, gradients
+    0.4 off eager's, silently."""
+    import remat_ir
+
+    torch.manual_seed(0)
+    eager, x = _AppliesThroughAnAlias(how), torch.randn(16, 8)
+    model = copy.deepcopy(eager)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    for step in range(2):
+        for m, run in ((eager, eager), (model, scheduled)):
+            m.zero_grad()
+            run(x).backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad), (how, step, name)

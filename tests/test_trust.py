@@ -1667,6 +1667,11 @@ _HOLDERS = {
                           lambda h: setattr(h, "k", 3.0)),
     "attribute_set_later": (lambda: types.SimpleNamespace(), lambda h: h.k if hasattr(h, "k") else 1.0,
                             lambda h: setattr(h, "k", 3.0)),
+    # An object an object holds (`box.inner.k`), or a dict holds.
+    "object_in_an_object": (lambda: types.SimpleNamespace(inner=types.SimpleNamespace(k=1.0)),
+                            lambda h: h.inner.k, lambda h: setattr(h.inner, "k", 3.0)),
+    "object_in_a_dict": (lambda: {"inner": types.SimpleNamespace(k=1.0)}, lambda h: h["inner"].k,
+                         lambda h: setattr(h["inner"], "k", 3.0)),
 }
 
 

@@ -17,8 +17,8 @@ import sys
 import types
 
 from .callables import (CAPTURED_DEPTH, captured_functions, described_defaults, describes_captured,
-                        exec_globals, filled as _filled, plain_container, plain_owner, read_attributes,
-                        read_names)
+                        exec_globals, filled as _filled, nested_owner, objects_held, plain_container,
+                        plain_owner, read_attributes, read_names)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -183,7 +183,14 @@ class _Attributes(dict):
     every = False
 
 
-def _copied(value, names: frozenset[str] | None = None):
+class _Items(dict):
+    """A copy of a list's, tuple's or dict's items holding plain objects (`_copied`):
+    key -> (the item, its own copy or None); `kind`, the container's type."""
+
+    kind: type = list
+
+
+def _copied(value, names: frozenset[str] | None = None, depth: int = 0):
     """A copy of what a captured or bound value holds that may change in place, as
     `describe`'s text shows it: a plain container whole (`cfg["aux"]["k"] = 2.0`, a list
     inside a tuple), a numpy array, a plain object's attributes (`box.k = 2.0`), another
@@ -194,13 +201,20 @@ def _copied(value, names: frozenset[str] | None = None):
     nested so trained on with the traced one, 5x eager's loss."""
     if plain_container(value):
         return copy.deepcopy(value)
+    if names is not None and depth <= CAPTURED_DEPTH and (items := objects_held(value)) is not None:
+        # A container holding plain objects, by its items (`callables._held_text`).
+        copied = _Items({key: (item, _copied(item, names, depth + 1)) for key, item in items})
+        copied.kind = type(value)
+        return copied
     if type(value) in (list, dict, set):
         return copy.copy(value)
     if _is_array(value):
         return value.copy()
-    if names is not None and plain_owner(value) and not callable(value):
+    if names is not None and nested_owner(value) and depth <= CAPTURED_DEPTH:
+        # The plain objects it holds by their attributes in turn (`box.inner.k`), as
+        # `callables._object_text` describes them.
         state, read = vars(value), read_attributes(names, value)
-        copied = _Attributes({name: (item, _copied(item)) for name, item in state.items()
+        copied = _Attributes({name: (item, _copied(item, names, depth + 1)) for name, item in state.items()
                               if (name in read if read is not None else not name.startswith("_"))})
         copied.every = read is None
         return copied
@@ -209,6 +223,11 @@ def _copied(value, names: frozenset[str] | None = None):
 
 def _still(value, copied) -> bool:
     """Whether `value` still holds what its copy (`_copied`) does."""
+    if isinstance(copied, _Items):
+        items = objects_held(value) if type(value) is copied.kind else None
+        return items is not None and len(items) == len(copied) and all(
+            key in copied and item is copied[key][0] and (copied[key][1] is None or _still(item, copied[key][1]))
+            for key, item in items)
     if isinstance(copied, _Attributes):
         state = getattr(value, "__dict__", None)
         if state is None or (copied.every and {n for n in state if not n.startswith("_")} != copied.keys()):

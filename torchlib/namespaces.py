@@ -16,19 +16,20 @@ another process (a saved graph loaded: an unregistered module is then not compar
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 #: module name -> the namespace lowering found its code reading, in this process.
-_REMEMBERED: dict[str, dict] = {}
+_REMEMBERED: dict[str, Mapping] = {}
 
 
-def remember(namespace: dict) -> None:
+def remember(namespace: Mapping) -> None:
     """Remember `namespace` (a function's `__globals__`) under its module's name."""
     name = namespace.get("__name__")
     if isinstance(name, str) and name:
         _REMEMBERED[name] = namespace
 
 
-def namespace(module_name: str) -> dict | None:
+def namespace(module_name: str) -> Mapping | None:
     """The globals of module `module_name` as the model's code reads them: the namespace
     remembered at lowering, else the registered module's; None where neither is known."""
     found = _REMEMBERED.get(module_name)
@@ -36,3 +37,30 @@ def namespace(module_name: str) -> dict | None:
         return found
     module = sys.modules.get(module_name)
     return vars(module) if module is not None else None
+
+
+class AttributeNamespace(Mapping):
+    """A namespace whose names stand for attributes of one object, read when looked up:
+    the code a custom autograd Function's class or a `torch.library` op's registration
+    holds (`frontends/applied_code.py`), which no Python module's globals name (a class a
+    factory function made). Read live, so that a method assigned to the class after
+    lowering (`Rev.backward = staticmethod(...)`, `register_autograd` called again) is
+    the one compared."""
+
+    def __init__(self, name: str, owner, attributes: dict[str, str]):
+        self._name, self._owner, self._attributes = name, owner, dict(attributes)
+
+    def __getitem__(self, key: str):
+        if key == "__name__":
+            return self._name
+        attribute = self._attributes[key]
+        try:
+            return getattr(self._owner, attribute)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __iter__(self):
+        return iter(["__name__", *self._attributes])
+
+    def __len__(self) -> int:
+        return 1 + len(self._attributes)
