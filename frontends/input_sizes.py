@@ -57,6 +57,10 @@ class InputSizes(TorchFunctionMode):
             sized = self._repeated(func, args, kwargs)
         elif func in _NONZERO:
             sized = self._nonzero(func, args, kwargs)
+        elif func is torch.where and len(args) == 1 and not kwargs:
+            # `torch.where(mask)` is `mask.nonzero(as_tuple=True)`, which trained: refused
+            # as a size taken from data (found by a review).
+            sized = self._nonzero(func, args, {"as_tuple": True})
         elif func is torch.Tensor.__getitem__:
             sized = self._indexed(args)
         elif func is torch.masked_select or func is torch.Tensor.masked_select:

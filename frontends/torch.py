@@ -298,7 +298,8 @@ def _dense_advice(layout) -> str:
 def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     """LoweringError naming a sparse parameter, buffer or input before tracing: a GCN's
     CSR adjacency buffer failed inside AOTAutograd ("Sparse CSR tensors do not have
-    is_contiguous"), a COO one with advice about embeddings (found by a review)."""
+    is_contiguous"), a COO one with advice about embeddings (found by a review); or an
+    input of a tensor subclass."""
     named = [*(("parameter", n, t) for n, t in model.named_parameters()),
              *(("buffer", n, t) for n, t in model.named_buffers()),
              *(("input", argument_name(path), t) for path, t in pytree.tree_flatten_with_path((args, kwargs))[0]
@@ -307,6 +308,14 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
         if tensor.layout != torch.strided:
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "
                                 f"tensor; {_dense_advice(tensor.layout)}")
+        if kind == "input" and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            # Traced as a plain tensor: what its class does (`__torch_function__`, a branch
+            # on `isinstance`) was not in the graph, 0.36 off eager's output (a review).
+            kind_name = f"{type(tensor).__module__}.{type(tensor).__qualname__}"
+            raise LoweringError(f"{type(model).__name__}'s input {name!r} is a {kind_name}, a "
+                                f"torch.Tensor subclass: remat-ir traces plain tensors, and what the "
+                                f"subclass changes would not be in the graph; pass "
+                                f"`x.as_subclass(torch.Tensor)`")
 
 
 def _check_dense(module: torch.fx.GraphModule, model: str) -> None:

@@ -28,7 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.types import (argument_name, argument_names, autocast_cache, autocast_nested,
-                                     autocast_state, cast_per_reader,
+                                     autocast_state, carried_names, cast_per_reader,
                                      cpu_kernels_flags, cpu_kernels_state, describe_input,
                                      input_aliases, sdpa_flags, sdpa_state)
 
@@ -281,7 +281,7 @@ def _flat_key(args, kwargs) -> tuple | None:
     else None. Per tensor: its class, shape, dtype, strides (which decide its layout's
     name), whether it requires a gradient, is a leaf or a view (autocast's cache,
     `cast_per_reader`), its device type and the first argument that is the same
-    tensor (`input_aliases`); per plain value: its class and repr (as described); and
+    tensor (`input_aliases`), the Python attributes it carries (`carried_names`); per plain value: its class and repr (as described); and
     the state every call's signature reads: autocast, its cache and nesting, the default dtype, the
     attention kernels, deterministic algorithms."""
     if type(args) is not tuple or type(kwargs) is not dict:
@@ -298,7 +298,7 @@ def _flat_key(args, kwargs) -> tuple | None:
                 return None
             key.append((type(leaf), leaf.shape, leaf.dtype, leaf.stride(), leaf.requires_grad,
                         leaf.is_leaf, leaf._is_view(), leaf.device.type,
-                        first.setdefault(id(leaf), index)))
+                        first.setdefault(id(leaf), index), carried_names(leaf) if vars(leaf) else ()))
         else:
             key.append((type(leaf), repr(leaf)))
     return tuple(key)

@@ -413,6 +413,29 @@ class _Output(torch.autograd.Function):
         return (None, None, empty, *repeat(empty, ctx.anchors))
 
 
+def _refuse_watched_outputs_read_inside(read_inside: list) -> None:
+    """RematIRError for an output the forward reads too (`_Runner.outputs_read_inside`) on
+    which the caller asked for its gradient (`retain_grad()`, a tensor hook): autograd
+    hands such a node only the caller's part of the gradient, the part of the forward's
+    own readers being added inside the graph's backward. Found by a review: `logits.
+    retain_grad()` beside a loss computed in the forward (a Hugging Face model given
+    labels) and a Grad-CAM hook on a feature map later layers read saw 0.10 and 0.2 off
+    eager's gradient (None for a hidden state), silently. `torch.autograd.grad` taken with
+    respect to such an output is not seen here (README, *Hooks*)."""
+    for i, ref in read_inside:
+        output = ref()
+        if output is not None and (output.retains_grad or getattr(output, "_backward_hooks", None)):
+            how = "retain_grad()" if output.retains_grad else "a hook (register_hook)"
+            raise RematIRError(
+                f"output {i} of the scheduled module has {how}, and the forward reads that output too "
+                f"(a loss computed inside the forward from logits, a hidden state the next layer reads): "
+                f"remat-ir's backward adds the forward's own part of its gradient inside the graph, so "
+                f"the gradient the hook or .grad would see is only the part from outside. Compute what "
+                f"reads it outside the forward (call the model without labels and compute the loss "
+                f"from the returned logits), or read the gradient of a tensor the forward does not "
+                f"read again")
+
+
 def _unviewed(outputs: tuple, resident: set[int]) -> tuple:
     """`outputs`, each view of a tensor the step made that no other output returns or views
     as a plain alias of it (`_unsafe_view`, as eager's `F.linear` returns its 3-d result):
@@ -474,6 +497,7 @@ class _Outputs(torch.autograd.Function):
         ctx.mark_non_differentiable(*(o for i, (o, t) in enumerate(zip(outputs, runner.plan.tangents))
                                       if t is None and i not in runner.aliased and i not in own))
         ctx.aliased = runner.aliased
+        ctx.read_inside = [(i, weakref.ref(outputs[i])) for i in runner.outputs_read_inside]
         # Outputs that get no gradient (logits beside a loss) would otherwise receive a
         # full-size zeros tensor; the backward takes None (`absent_gradients`).
         ctx.set_materialize_grads(False)
@@ -491,6 +515,7 @@ class _Outputs(torch.autograd.Function):
         for i, message in ctx.aliased.items():
             if given.get(i) is not None:
                 raise RematIRError(f"{message} (the loss reads it)")
+        _refuse_watched_outputs_read_inside(ctx.read_inside)
         step = ctx.step
         step.begin(ctx, given, ctx.key)
         grads = step.claim(ctx.key) if ctx.key is not None else (None,)
@@ -766,6 +791,11 @@ class _Runner:
         self.backward_casts: dict = {}
         position = {v: i for i, v in enumerate(self.plan.user_outputs)}
         self.outputs_read_positions = [position[v] for v in self.plan.forward_outputs_read_in_backward]
+        #: The user outputs the forward reads too (logits a loss inside the forward reads, a
+        #: hidden state the next layer reads): the graph's backward adds their readers' part
+        #: of the gradient inside, where autograd does not see it (`_Outputs.backward`).
+        self.outputs_read_inside = [i for i, v in enumerate(self.plan.user_outputs)
+                                    if any(graph.node(n).phase == pb.FORWARD for n in graph.users(v))]
         #: The user outputs whose storage the backward reads (`SegmentPlan`): watched.
         self.outputs_watched_positions = [position[v] for v in self.plan.forward_outputs_sharing_read_storage]
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs

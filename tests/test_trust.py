@@ -2517,6 +2517,128 @@ def test_a_python_attribute_of_the_models_tensors_read_by_the_forward_is_refused
                         lambda out: out.square().mean()) == {}
 
 
+class _MarkedInput(torch.Tensor):
+    """A tensor subclass changing what `linear` returns (`__torch_function__`)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out.clamp(-0.5, 0.5) if func is F.linear else out
+
+
+class _ReadsItsInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.a(x)) * getattr(x, "factor", 1.0)
+
+
+@pytest.mark.parametrize("how", ["subclass at lowering", "subclass at a call", "attribute at a call",
+                                 "sparse at a call"])
+def test_an_input_of_another_kind_than_lowered_is_planned_again_or_refused(how):
+    """Found by a review: the signature of a call named neither an input's class nor the
+    Python attributes it carries nor a sparse layout, so a plan made for a plain tensor ran
+    on a subclass (its `__torch_function__` lost: 0.36 off eager's output), on an input
+    given `.factor` after `remat` (0.32 off), or on a sparse one, silently; a subclass at
+    lowering was traced as a plain tensor (0.51 off)."""
+    model, x = _ReadsItsInput(), torch.randn(4, 8)
+    if how == "subclass at lowering":
+        with pytest.raises(LoweringError, match=r"_ReadsItsInput's input 'args\[0\]' is a .*_MarkedInput, a "
+                                                r"torch.Tensor subclass: .*x.as_subclass\(torch.Tensor\)"):
+            _remat(model, (x.as_subclass(_MarkedInput),), solver="recompute-all")
+        return
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    scheduled(x).sum().backward()
+    if how == "subclass at a call":
+        called, said = x.as_subclass(_MarkedInput), r"is a .*_MarkedInput, a torch.Tensor subclass"
+    elif how == "attribute at a call":
+        called, said = x.clone(), r"reads attribute 'factor' of a tensor at .*test_trust.py:\d+"
+        called.factor = 3.0
+    else:
+        called, said = x.to_sparse(), r"input 'args\[0\]' is a torch.sparse_coo tensor; remat-ir lowers dense"
+    with pytest.raises(LoweringError, match=r"planning this call's new input signature .*" + said):
+        scheduled(called)
+    model.zero_grad()   # the plain tensor it was lowered for still trains like eager
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+
+
+class _SelectsWhere(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        rows, = torch.where(mask)
+        return self.a(x)[rows].square().mean()
+
+
+def test_a_single_argument_where_on_an_inputs_mask_trains_like_eager():
+    """Found by a review: `torch.where(mask)` was refused as a size taken from data where
+    the same `mask.nonzero(as_tuple=True)` trained."""
+    torch.manual_seed(0)
+    model, x = _SelectsWhere(), torch.randn(6, 8)
+    masks = [torch.tensor([1, 0, 1, 1, 0, 0], dtype=torch.bool), torch.tensor([0, 1, 1, 1, 1, 0], dtype=torch.bool)]
+    scheduled = _remat(model, (x, masks[0]), solver="recompute-all")
+    eager = copy.deepcopy(model)
+    for mask in masks + masks[::-1]:
+        for m, run in ((eager, eager), (model, scheduled)):
+            m.zero_grad()
+            run(x, mask).backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad), (mask, name)
+
+
+class _LossBesideLogits(torch.nn.Module):
+    """Returns a loss computed inside the forward from the logits it returns too, and
+    features the forward reads no further."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x, labels):
+        features = torch.tanh(self.a(x))
+        logits = self.b(features * 2)
+        return F.cross_entropy(logits, labels), logits, features.sin()
+
+
+@pytest.mark.parametrize("how", ["retain_grad", "register_hook"])
+def test_a_gradient_asked_of_an_output_the_forward_reads_too_is_refused(how):
+    """Found by a review: `logits.retain_grad()` (or a hook) beside a loss the forward
+    computed from the logits saw only the caller's part of their gradient, the loss's
+    part being added inside the graph's backward (0.10 off eager's `.grad`), silently.
+    On an output the forward does not read again, it matches eager's."""
+    torch.manual_seed(0)
+    model, x, labels = _LossBesideLogits(), torch.randn(6, 8), torch.randint(0, 4, (6,))
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, (x, labels), solver="recompute-all")
+    seen = {}
+
+    def ask(tensor, name):
+        if how == "retain_grad":
+            tensor.retain_grad()
+        else:
+            tensor.register_hook(lambda g: seen.__setitem__(name, g))
+
+    loss, logits, tail = scheduled(x, labels)
+    ask(logits, "logits")
+    with pytest.raises(RematIRError, match=r"output 1 of the scheduled module has (retain_grad\(\)|a hook "
+                                           r"\(register_hook\)), and the forward reads that output too"):
+        (loss + logits.square().mean() + tail.sum()).backward()
+    for m, run in ((eager, eager), (model, scheduled)):
+        m.zero_grad()
+        loss, logits, tail = run(x, labels)
+        ask(tail, id(m))
+        (loss + logits.square().mean() + tail.sum()).backward()
+        seen[id(m)] = tail.grad if how == "retain_grad" else seen[id(m)]
+    assert torch.equal(seen[id(eager)], seen[id(model)])
+    for p, q in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(p.grad, q.grad)
+
+
 class _NumpyWeights(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -6660,35 +6782,44 @@ class _KeepsInPrivateContainers(torch.nn.Module):
         self._feats: dict = {}
         self._queue: list = []
         self._tables: dict = {}
+        self.register_buffer("freq", torch.linspace(0.0, 1.0, 4))
 
     def forward(self, x):
         if "cos" not in self._tables:
             self._tables["cos"] = torch.cos(torch.arange(4.0))
-        h = torch.tanh(self.a(x)) * self._tables["cos"]
+        if self.kind == "buffer cache" and "sin" not in self._tables:
+            self._tables["sin"] = torch.sin(self.freq * 2)
+        h = torch.tanh(self.a(x)) * self._tables["cos"] * self._tables.get("sin", 1.0)
         if self.kind == "activation":
             self._feats["h"] = h
         elif self.kind == "queue":
             self._queue.append(h.detach().mean(0))
+        elif self.kind == "memory":   # filled at the first call, read by the next
+            h = h + self._feats["m"] if "m" in self._feats else h
+            self._feats["m"] = h.detach().mean(0)
         return self.b(h)
 
 
-@pytest.mark.parametrize("kind", ["activation", "queue", "cache"])
+@pytest.mark.parametrize("kind", ["activation", "queue", "memory", "cache", "buffer cache"])
 def test_tensors_a_forward_keeps_in_private_containers_are_refused_but_a_lazy_cache(kind):
     """Found by reviews: taken for a lazy cache, an activation kept in a private dict was
-    read stale at every step after a warm-up call (1.4e-2 off), and a queue of detached
-    features never grew (0.41 off), silently. Refused, saying what to do; a lazy cache
-    of a table needing no gradient trains like eager."""
+    read stale at every step after a warm-up call (1.4e-2 off), a queue of detached
+    features never grew (0.41 off), and a memory the first call filled with what it
+    computed (no warm-up) was never read by the graph, which eager's later calls did
+    (0.46 off), silently. Refused, saying what to do; a lazy cache of a table computed
+    from constants or buffers, needing no gradient, trains like eager."""
     x = torch.randn(3, 4)
     torch.manual_seed(0)
     model = _KeepsInPrivateContainers(kind)
-    with torch.no_grad():
-        model(x)
-    if kind == "cache":
+    if kind != "memory":
+        with torch.no_grad():
+            model(x)
+    if kind.endswith("cache"):
         assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                             lambda out: out.square().sum(), tolerance=1e-30) == {}
         return
     with pytest.raises(LoweringError, match=rf"it keeps tensors in module attribute "
-                                            rf"'_{'feats' if kind == 'activation' else 'queue'}' of <root>, which "
+                                            rf"'_{'queue' if kind == 'queue' else 'feats'}' of <root>, which "
                                             rf"no training step fills \(keep what the forward reads back in local"):
         _remat(model, (x,))
 

@@ -326,18 +326,32 @@ def describe_input(leaf) -> str:
     the signature because the trace holds it: a `view` lowered for one layout fails on
     another, and the plan's copies and costs were made for it. So does whether the tensor
     requires a gradient ('... requires_grad'): the graph computes a gradient for it only if
-    it did when traced; and, under autocast with its cache, whether autocast casts it once
+    it did when traced; its class where it is not `torch.Tensor` and the Python attributes
+    it carries (`carried_names`); and, under autocast with its cache, whether autocast casts it once
     or per reader ('... requires_grad non-leaf', `cast_per_reader`; a forward with
     autocast blocks of its own is told it by `runtimes.signatures.Signature.autocast_blocks`,
     so that a graph without them is not lowered again for it)."""
     if isinstance(leaf, torch.Tensor):
         layout = describe_layout(leaf)
+        attributes = carried_names(leaf)
         return (f"tensor {list(leaf.shape)} {_IR_DTYPES.get(leaf.dtype, str(leaf.dtype))}"
                 + (f" {layout}" if layout != "contiguous" else "")
                 + (" requires_grad" if leaf.requires_grad else "")
                 + (" non-leaf" if cast_per_reader(leaf) and autocast_enabled()
-                   and torch.is_autocast_cache_enabled() else ""))
+                   and torch.is_autocast_cache_enabled() else "")
+                + (f" {type(leaf).__module__}.{type(leaf).__qualname__}" if type(leaf) is not torch.Tensor else "")
+                + (f" carrying {', '.join(attributes)}" if attributes else ""))
     return repr(leaf)
+
+
+def carried_names(tensor: torch.Tensor) -> tuple[str, ...]:
+    """The Python attributes set on `tensor` (`x.scale = 2.5`), which a forward may read
+    (`getattr(x, "scale", 1.0)`): the trace holds what it read, so a call whose input
+    carries others is another signature, lowered for them (`frontends/tensor_attributes.py`
+    refuses those the forward reads). Found by a review: an input given `.scale` after
+    `remat` ran the plan traced without it, 0.32 off eager's output, silently. So is the
+    tensor's class (a subclass's `__torch_function__`, a branch on `isinstance`)."""
+    return tuple(sorted(name for name in vars(tensor) if not name.startswith("__")))
 
 
 def describe_layout(tensor: torch.Tensor) -> str:
@@ -349,7 +363,10 @@ def describe_layout(tensor: torch.Tensor) -> str:
     dimensions differ from traced is a new signature, lowered for them (a graph traced
     for the others drew a dropout's mask in another layout than eager, silently)."""
     if tensor.layout != torch.strided:
-        return "contiguous"
+        # Its layout by name ('torch.sparse_coo'): a sparse input where a dense one was
+        # lowered ran the dense plan (6e-8 off eager's output, or a kernel's error from
+        # inside a segment; found by a review); lowered again, it is refused clearly.
+        return str(tensor.layout)
     # `is_contiguous` ignores dimensions of size 1: without any, it says it all (the usual
     # case, a fraction of a microsecond); with some, torch.empty's strides are compared.
     exact = 1 not in tensor.shape
