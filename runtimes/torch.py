@@ -276,8 +276,10 @@ class _Step:
             return RematIRError(
                 f"{name} was given other storage (`.data = ...`) after the forward and "
                 f"before the backward, which reads it again (the plan computes values from it "
-                f"there), so the backward would compute from the new values where eager's "
-                f"keeps the old ones: assign it after backward(), or pass the model a copy")
+                f"there), so the backward would compute from the new values where eager's may "
+                f"read the old ones or the new ones, by op (a Linear keeps its own copy, an "
+                f"elementwise product reads the tensor): assign it after backward(), or pass the "
+                f"model a copy")
         if self.runner.graph.value(value).kind == pb.BUFFER:
             # Found by a review: a BatchNorm's (InstanceNorm's, spectral norm's) own
             # training-mode call between an eval-mode call's forward and the backward of both
