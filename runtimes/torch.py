@@ -37,6 +37,7 @@ import torch.distributed
 from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
+from remat_ir.ir.dtypes import numel
 from remat_ir.ir.rng import contiguous_strides
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
@@ -803,6 +804,9 @@ class _Runner:
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
                    if e.value_id in self.plan.resident}
         self.buffer_slots = [slot_of[name] for name, _ in self.plan.buffer_updates]
+        #: The most elements of a buffer the forward updates (`_Lowered.argument_sharing_written_buffer`).
+        self.largest_written_buffer = max((numel(graph.value(self.plan.resident[slot]).shape)
+                                           for slot in self.buffer_slots), default=0)
         #: Resident slots the backward segment reads (`_Step.versions` watches them).
         self.read_in_backward = [slot for slot, group in enumerate(self.plan.last_read_group)
                                  if group >= 0]
@@ -1228,6 +1232,29 @@ class _Lowered:
         return self.value_guards.mismatch(leaves, lambda: argument_names(self.in_spec), answers,
                                           lambda name: modules.member(name, "_buffers"))
 
+    def argument_sharing_written_buffer(self, runner: "_Runner", leaves: list, resident: tuple) -> str | None:
+        """An argument sharing memory with a buffer the forward updates in place (a
+        BatchNorm's running statistics), said for the user, or None. Eager's reads through
+        the argument see the update; the graph, lowered for a tensor of its own, reads what
+        it held before. A view of a member is refused by its `_base` (`member_arguments_differ`);
+        `running_mean.detach()` or `.data` has none: 0.087 off eager's output, silently
+        (found by a review). Only arguments no larger than the largest such buffer are
+        compared (a batch of images never is): a ResNet updates 87 buffers."""
+        largest = runner.largest_written_buffer
+        for index, leaf in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor) or leaf.numel() > largest or leaf.numel() == 0:
+                continue
+            storage = leaf.untyped_storage().data_ptr()
+            for slot in runner.buffer_slots:
+                buffer = resident[slot]
+                if buffer is not leaf and buffer.untyped_storage().data_ptr() == storage and _bytes_meet(leaf, buffer):
+                    name = self.argument_names[index] if index < len(self.argument_names) else f"argument {index}"
+                    return (f"argument {name} shares memory with the model's buffer {self.bindings[slot][1]}, "
+                            f"which the forward updates in place (eager's reads of the argument see the "
+                            f"update, the graph's read it as a tensor of its own): pass the buffer "
+                            f"itself, read it inside the forward, or pass a copy (`.clone()`)")
+        return None
+
     def written_argument_shared(self, leaves: list) -> str | None:
         """Two arguments of a call sharing memory where the forward writes into one in place,
         said for the user, or None. Eager's reads through the other see the write; the
@@ -1590,6 +1617,9 @@ class _Lowered:
             if device != self.guard.device:
                 checked = None
             resident = self.resident(model, leaves, device, modules, checked=checked)
+            if runner.buffer_slots and (shared := self.argument_sharing_written_buffer(
+                    runner, leaves, resident)) is not None:
+                raise RuntimeInputError(f"this call does not match the lowered graph: {shared}")
             if not model_checked and self.argument_names:   # else the planner compared them
                 differs = self.member_arguments_differ(leaves, resident)
                 if differs is not None:
