@@ -1780,9 +1780,12 @@ _STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_
 
 
 def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the spans of memory two tensors of one storage reach meet (two disjoint
-    slices, `t[:4]` and `t[4:]`, do not: refusing them was a review's finding). Spans that
-    meet may still share no element (`t[:, ::2]`, `t[:, 1::2]`): taken as sharing."""
+    """Whether two tensors of one storage share a byte: the spans of memory they reach
+    meet (two disjoint slices, `t[:4]` and `t[4:]`, do not: refusing them was a review's
+    finding), and, for tensors of up to `_ELEMENTS_COMPARED` elements of one dtype, an
+    element's bytes are both's (interleaved views, `t[::2]` and `t[1::2]`, share none:
+    refused as sharing before, found by a review). Larger ones whose spans meet are taken
+    as sharing."""
     def span(t: torch.Tensor) -> tuple[int, int]:
         if t.numel() == 0:
             return 0, 0
@@ -1790,7 +1793,23 @@ def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
         extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
         return start, start + extent * t.element_size()
     (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+    if not (a0 < b1 and b0 < a1):
+        return False
+    if a.dtype != b.dtype or max(a.numel(), b.numel()) > _ELEMENTS_COMPARED:
+        return True
+    return bool(torch.isin(_element_offsets(a), _element_offsets(b)).any())
+
+
+#: The most elements `_bytes_meet` compares one by one (only where spans meet: rare).
+_ELEMENTS_COMPARED = 1 << 20
+
+
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """The storage offsets (in elements) of each of `t`'s elements."""
+    offsets = torch.tensor([t.storage_offset()], dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = (offsets[:, None] + torch.arange(size, dtype=torch.int64)[None, :] * stride).reshape(-1)
+    return offsets
 
 
 class ScheduledModule(torch.nn.Module):
