@@ -2154,7 +2154,8 @@ class ScheduledModule(torch.nn.Module):
     def _count_argument_change(self, signature: Signature) -> None:
         """A call differing from a kept plan's only in plain arguments (a temperature, a
         step number: the trace bakes their values in) is lowered and planned again, for up
-        to `VALUE_REPLANS` values of one argument other than the first; beyond, one that changes at every step,
+        to `VALUE_REPLANS` values of one argument other than the first (a string, up to
+        `max_plans` values in all); beyond, one that changes at every step,
         which planned at every step (found by a review), is refused with what to do. Not
         counted: calls whose tensors differ too (a sequence length passed beside the
         batch of that length: each bucket has its plan)."""
@@ -2170,13 +2171,21 @@ class ScheduledModule(torch.nn.Module):
             changes = self.__dict__.setdefault("_argument_changes", {})
             for name in differing:
                 seen = changes.setdefault(name, {theirs[name]})   # with the first one planned
-                if mine[name] not in seen and len(seen) > VALUE_REPLANS:
+                # A string names one of a few paths (a multi-task model's head by task name):
+                # a plan per value, up to as many as are kept. Refused after the fifth, with
+                # advice for numbers, before (found by a review).
+                naming = mine[name][:1] in ("'", '"')
+                if mine[name] not in seen and len(seen) > (self.max_plans - 1 if naming else VALUE_REPLANS):
+                    advice = (f"each value is a plan of its own, and at most max_plans={self.max_plans} are "
+                              f"kept: keep more plans (`remat(..., max_plans=...)`), or call remat_ir.remat "
+                              f"on each path the string chooses (a head per task) and the shared part apart"
+                              if naming else
+                              f"pass a value that changes between steps as a tensor (`torch.tensor(value)`), "
+                              f"which one plan computes with, or call remat_ir.remat again once it stays fixed")
                     raise RuntimeInputError(
                         f"{signature.difference(plan.signature)}; its value is traced into the graph, "
                         f"and it has taken {len(seen) - 1} other values since lowering, each lowered and "
-                        f"planned again: pass a value that changes between steps as a tensor "
-                        f"(`torch.tensor(value)`), which one plan computes with, or call "
-                        f"remat_ir.remat again once it stays fixed")
+                        f"planned again: {advice}")
                 seen.add(mine[name])
             return
 

@@ -273,3 +273,38 @@ def test_a_forward_taking_one_dict_or_list_given_it_spread_is_told_to_wrap_it(gi
                                                        r"inputs as (keyword|positional) arguments.* inside a tuple"):
         remat_ir.remat(_TakesOneBatch(), batch, solver="recompute-all", cost_model="flops")
     remat_ir.remat(_TakesOneBatch(), (batch,), solver="recompute-all", cost_model="flops")(batch).backward()
+
+
+class _MultiTask(torch.nn.Module):
+    """A shared body and a head per task, chosen by the task's name (GLUE-style)."""
+
+    def __init__(self, tasks: int):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 4)
+        self.heads = torch.nn.ModuleDict({f"task{i}": torch.nn.Linear(4, 1 + i % 3) for i in range(tasks)})
+
+    def forward(self, x, task: str):
+        return self.heads[task](torch.tanh(self.body(x))).square().mean()
+
+
+def test_a_string_naming_the_path_takes_a_plan_per_value_up_to_the_plans_kept():
+    """Found by a review: a multi-task model given the task's name was refused at the
+    sixth task, told to pass the string as a tensor. Each name is a plan, up to
+    `max_plans`; beyond, the refusal says to keep more plans or to remat each path."""
+    import copy
+
+    import remat_ir
+
+    torch.manual_seed(0)
+    model, x = _MultiTask(7), torch.randn(3, 4)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x, "task0"), cost_model="flops", max_plans=6)
+    for i in list(range(6)) + [2, 0]:
+        for m in (eager, scheduled):
+            m.zero_grad()
+            m(x, f"task{i}").backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert (p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad), (i, name)
+    with pytest.raises(RuntimeInputError, match=r"argument args\[1\] is 'task6'.*each value is a plan of its "
+                                                r"own, and at most max_plans=6 are kept"):
+        scheduled(x, "task6")
