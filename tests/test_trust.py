@@ -2664,6 +2664,33 @@ def test_an_argument_sharing_memory_with_a_buffer_the_forward_updates_is_refused
     scheduled(x, alias.clone()).sum().backward()   # a copy trains
 
 
+def test_a_transformers_model_asking_for_a_cache_trains_without_one_said_once(capsys):
+    """Found by a review: causal LMs and T5 default to `use_cache=True`, and their training
+    call returned a cache torch.export cannot take apart, refused: every user met that
+    first. As transformers' gradient checkpointing does, the config's `use_cache` is set
+    to False, said once, and the step trains like eager's."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64))
+    assert model.config.use_cache
+    ids = torch.randint(0, 64, (2, 8))
+    batch = {"input_ids": ids, "labels": ids}
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, batch, solver="recompute-all")
+    assert not model.config.use_cache
+    assert capsys.readouterr().err.count("set use_cache=False on Qwen2ForCausalLM's config") == 1
+    for _ in range(2):
+        for m, run in ((eager, eager), (model, scheduled)):
+            m.zero_grad()
+            run(**batch).loss.backward()
+        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad), name
+    assert "lowering and planning again" not in capsys.readouterr().err
+
+
 class _NumpyWeights(torch.nn.Module):
     def __init__(self):
         super().__init__()
