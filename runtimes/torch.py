@@ -38,12 +38,14 @@ from torch.utils import _pytree as pytree
 
 from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.dtypes import numel
+from remat_ir.ir.gradient_edges import passes_gradient
 from remat_ir.ir.rng import contiguous_strides
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.simulator import check
 from remat_ir.ir.validation import validate_once
 from remat_ir.ir.units import human_bytes
 
+from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.generators import generators_kept, restore_step_generators, step_generators
 from remat_ir.torchlib.hooks import HookWatch
 from remat_ir.torchlib.member_arguments import view_of_member
@@ -416,6 +418,31 @@ class _Output(torch.autograd.Function):
         return (None, None, empty, *repeat(empty, ctx.anchors))
 
 
+def _outputs_read_inside(graph: Graph, user_outputs: list[int], tangents: list) -> list[int]:
+    """The positions of the user outputs the forward reads too, such that a part of their
+    gradient comes from those reads: through readers passing a gradient back
+    (`passes_gradient`: not `argmax`, `detach`, `zeros_like`), forward values lead from the
+    output to another output the backward is given a gradient for (a loss computed inside
+    from returned logits). A read without one (an accuracy from `argmax`, a norm under
+    `no_grad` returned as a metric) adds no part: `retain_grad()` there was refused before
+    (found by a review)."""
+    with_gradient = {v for v, tangent in zip(user_outputs, tangents) if tangent is not None}
+    found = []
+    for position, value in enumerate(user_outputs):
+        todo, seen = [value], {value}
+        while todo and position not in found:
+            for n in graph.users(todo.pop()):
+                node = graph.node(n)
+                if node.phase != pb.FORWARD or not passes_gradient(graph, node):
+                    continue
+                if with_gradient & set(node.outputs):
+                    found.append(position)
+                    break
+                todo += [v for v in node.outputs if v not in seen]
+                seen.update(node.outputs)
+    return found
+
+
 def _refuse_watched_outputs_read_inside(read_inside: list) -> None:
     """RematIRError for an output the forward reads too (`_Runner.outputs_read_inside`) on
     which the caller asked for its gradient (`retain_grad()`, a tensor hook): autograd
@@ -424,10 +451,13 @@ def _refuse_watched_outputs_read_inside(read_inside: list) -> None:
     retain_grad()` beside a loss computed in the forward (a Hugging Face model given
     labels) and a Grad-CAM hook on a feature map later layers read saw 0.10 and 0.2 off
     eager's gradient (None for a hidden state), silently. `torch.autograd.grad` taken with
-    respect to such an output is not seen here (README, *Hooks*)."""
+    respect to such an output is not seen here (README, *Hooks*). torch's own hooks (FSDP2's
+    pre-backward hook on every output) are not the caller's asking (found by a review)."""
     for i, ref in read_inside:
         output = ref()
-        if output is not None and (output.retains_grad or getattr(output, "_backward_hooks", None)):
+        if output is not None and (output.retains_grad or any(
+                not getattr(underlying(hook), "__module__", "").startswith("torch.")
+                for hook in (getattr(output, "_backward_hooks", None) or {}).values())):
             how = "retain_grad()" if output.retains_grad else "a hook (register_hook)"
             raise RematIRError(
                 f"output {i} of the scheduled module has {how}, and the forward reads that output too "
@@ -797,8 +827,7 @@ class _Runner:
         #: The user outputs the forward reads too (logits a loss inside the forward reads, a
         #: hidden state the next layer reads): the graph's backward adds their readers' part
         #: of the gradient inside, where autograd does not see it (`_Outputs.backward`).
-        self.outputs_read_inside = [i for i, v in enumerate(self.plan.user_outputs)
-                                    if any(graph.node(n).phase == pb.FORWARD for n in graph.users(v))]
+        self.outputs_read_inside = _outputs_read_inside(graph, self.plan.user_outputs, self.plan.tangents)
         #: The user outputs whose storage the backward reads (`SegmentPlan`): watched.
         self.outputs_watched_positions = [position[v] for v in self.plan.forward_outputs_sharing_read_storage]
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs

@@ -2593,7 +2593,7 @@ def test_a_single_argument_where_on_an_inputs_mask_trains_like_eager():
 
 class _LossBesideLogits(torch.nn.Module):
     """Returns a loss computed inside the forward from the logits it returns too, and
-    features the forward reads no further."""
+    features the forward reads further only without a gradient."""
 
     def __init__(self):
         super().__init__()
@@ -2602,7 +2602,10 @@ class _LossBesideLogits(torch.nn.Module):
     def forward(self, x, labels):
         features = torch.tanh(self.a(x))
         logits = self.b(features * 2)
-        return F.cross_entropy(logits, labels), logits, features.sin()
+        tail = features.sin()
+        with torch.no_grad():
+            scale = tail.norm()   # reads it without a gradient, as an argmax would
+        return F.cross_entropy(logits, labels), logits, tail, tail.argmax(-1), scale
 
 
 @pytest.mark.parametrize("how", ["retain_grad", "register_hook"])
@@ -2610,7 +2613,8 @@ def test_a_gradient_asked_of_an_output_the_forward_reads_too_is_refused(how):
     """Found by a review: `logits.retain_grad()` (or a hook) beside a loss the forward
     computed from the logits saw only the caller's part of their gradient, the loss's
     part being added inside the graph's backward (0.10 off eager's `.grad`), silently.
-    On an output the forward does not read again, it matches eager's."""
+    On an output the forward reads only without a gradient (`argmax`, under `no_grad`),
+    it matches eager's (refused by the first fix, found by a review)."""
     torch.manual_seed(0)
     model, x, labels = _LossBesideLogits(), torch.randn(6, 8), torch.randint(0, 4, (6,))
     eager = copy.deepcopy(model)
@@ -2623,14 +2627,14 @@ def test_a_gradient_asked_of_an_output_the_forward_reads_too_is_refused(how):
         else:
             tensor.register_hook(lambda g: seen.__setitem__(name, g))
 
-    loss, logits, tail = scheduled(x, labels)
+    loss, logits, tail, _, _ = scheduled(x, labels)
     ask(logits, "logits")
     with pytest.raises(RematIRError, match=r"output 1 of the scheduled module has (retain_grad\(\)|a hook "
                                            r"\(register_hook\)), and the forward reads that output too"):
         (loss + logits.square().mean() + tail.sum()).backward()
     for m, run in ((eager, eager), (model, scheduled)):
         m.zero_grad()
-        loss, logits, tail = run(x, labels)
+        loss, logits, tail, _, _ = run(x, labels)
         ask(tail, id(m))
         (loss + logits.square().mean() + tail.sum()).backward()
         seen[id(m)] = tail.grad if how == "retain_grad" else seen[id(m)]
