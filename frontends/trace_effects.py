@@ -61,7 +61,7 @@ from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 from .argument_writes import noting_argument_writes
 from .autograd_state import noting_autograd_state
 from .backend_flags import noting_backend_flags
-from .constant_tensors import ConstantTensors, module_constants
+from .constant_tensors import CallDerived, call_sources
 from .held_tensors import held_objects
 from .hook_registrations import noting_hook_registrations
 from .python_draws import RANGES, RangedDraw
@@ -107,7 +107,7 @@ def _attribute_state(model: torch.nn.Module) -> dict:
     return state
 
 
-def _changed(before: tuple, after, tensors: bool = True, constant=None) -> bool:
+def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
     """Whether a list, dict or set attribute was changed in place since before tracing:
     grown or shrunk (a log appended to), or an item replaced (`self.log[0] = x`). Without
     `tensors` (a private one), a lazy cache of tensors filled where it held nothing
@@ -116,17 +116,17 @@ def _changed(before: tuple, after, tensors: bool = True, constant=None) -> bool:
     loss outside the forward), a tensor replacing one the dict held, or a list of tensors
     grown (a MoCo queue) is state no training step fills or updates: a loss read a warm-up
     call's activation at every step (1.4e-2 off), and a queue stayed empty (0.41 off),
-    silently (found by reviews). Nor a cache of tensors computed from anything but
-    constants (`constant`: `ConstantTensors.holds`), a memory filled at the first call
-    with what it computed from its inputs (0.46 off). An attribute assigned anew is noted
-    as the forward assigns it (`refusing_trace_effects`)."""
+    silently (found by reviews). Nor a cache of tensors computed from what a call brings
+    (`derived`: `CallDerived.derived`), a memory filled at the first call with what it
+    computed from its inputs (0.46 off). An attribute assigned anew is noted as the
+    forward assigns it (`refusing_trace_effects`)."""
     value, items = before
     if items is None or after is not value:
         return False
     if not tensors:
         differing = _differing(items, after)
         if any(not isinstance(item, torch.Tensor) or item.requires_grad
-               or (constant is not None and not constant(item)) for item in differing):
+               or (derived is not None and derived(item)) for item in differing):
             return True
         if isinstance(items, dict):   # a cache fills keys it did not hold
             return any(key not in after or after[key] is not item for key, item in items.items())
@@ -571,11 +571,12 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         modules = dict(model.named_modules())
         for (path, key), before in attributes.items():
             if path in modules and key in vars(modules[path]) and _changed(
-                    before, vars(modules[path])[key], tensors=not key.startswith("_"), constant=derived.holds):
+                    before, vars(modules[path])[key], tensors=not key.startswith("_"), derived=derived.derived):
                 found.append(_change_said(key, path, before))
 
-    derived = ConstantTensors()   # what a private cache may hold
-    marking = model.register_forward_pre_hook(lambda module, inputs: derived.mark(module_constants(model)))
+    derived = CallDerived()   # what a private cache may not hold
+    marking = model.register_forward_pre_hook(
+        lambda module, args, kwargs: derived.mark(call_sources(model, (args, kwargs))), with_kwargs=True)
     handle = model.register_forward_hook(compare)
     returning = stored.hook(model) if stored is not None else None
     starts = model.register_forward_pre_hook(lambda module, inputs: ranged.append(0)) if ranged is not None else None
@@ -649,7 +650,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         for (path, key), before in attributes.items():
             module = modules.get(path)
             if module is not None and _changed(before, vars(module).get(key), tensors=not key.startswith("_"),
-                                               constant=derived.holds):
+                                               derived=derived.derived):
                 found.append(_change_said(key, path, before))
                 _restore(module, key, before)
         _put_back_helpers(helpers, found)

@@ -721,9 +721,25 @@ class _ReversingThrough(torch.nn.Module):
         return self.b(self.reverse(self.a(x).tanh())).square().mean()
 
 
+#: The factory of `_reversal_function` as code run by `exec` (a script's cell).
+_EXECUTED = """
+def make(coefficient):
+    class Reversal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return -coefficient[0] * grad
+    return Reversal.apply
+"""
+
+
 def _closure_cases():
     """(reverse, set the coefficient) per way a closure holds it."""
-    box = [1.0]
+    box, executed_box, space = [1.0], [1.0], {"torch": torch}
+    exec(compile(_EXECUTED, "<string>", "exec"), space)
     rebound, set_scale = _rebound_reversal()
     patched, patched_box = _rebound_reversal()[0], {"k": 1.0}
 
@@ -732,10 +748,11 @@ def _closure_cases():
     return {"factory list": (_reversal_function(box), lambda v: box.__setitem__(0, v)),
             "nonlocal": (rebound.apply, set_scale),
             "custom op closure": (_reversed_by_op, lambda v: _CLOSURE_REVERSAL.__setitem__("k", v)),
-            "class patched": (patched.apply, patch)}
+            "class patched": (patched.apply, patch),
+            "exec'd factory": (space["make"](executed_box), lambda v: executed_box.__setitem__(0, v))}
 
 
-@pytest.mark.parametrize("case", ["factory list", "nonlocal", "custom op closure", "class patched"])
+@pytest.mark.parametrize("case", ["factory list", "nonlocal", "custom op closure", "class patched", "exec'd factory"])
 def test_a_backward_reading_its_closure_the_loop_changes_is_planned_again(case):
     """Found by a review: a Function class made by a factory, or a custom op's registered
     backward, read a coefficient through its closure; the backward traced into the graph

@@ -6850,6 +6850,10 @@ class _KeepsInPrivateContainers(torch.nn.Module):
             self._tables["cos"] = torch.cos(torch.arange(4.0))
         if self.kind == "buffer cache" and "sin" not in self._tables:
             self._tables["sin"] = torch.sin(self.freq * 2)
+        if self.kind == "cache cast like the input" and "sin" not in self._tables:
+            self._tables["sin"] = torch.sin(self.freq * 2).type_as(x) * torch.ones_like(x[0])
+        if self.kind == "random cache" and "sin" not in self._tables:
+            self._tables["sin"] = torch.rand(4)   # eager draws it once, a graph at every step
         h = torch.tanh(self.a(x)) * self._tables["cos"] * self._tables.get("sin", 1.0)
         if self.kind == "activation":
             self._feats["h"] = h
@@ -6858,29 +6862,38 @@ class _KeepsInPrivateContainers(torch.nn.Module):
         elif self.kind == "memory":   # filled at the first call, read by the next
             h = h + self._feats["m"] if "m" in self._feats else h
             self._feats["m"] = h.detach().mean(0)
+        elif self.kind == "memory written into zeros":
+            h = h + self._feats["m"] if "m" in self._feats else h
+            memory = torch.zeros(4)
+            memory[:] = h.detach().mean(0)
+            self._feats["m"] = memory
         return self.b(h)
 
 
-@pytest.mark.parametrize("kind", ["activation", "queue", "memory", "cache", "buffer cache"])
+@pytest.mark.parametrize("kind", ["activation", "queue", "memory", "memory written into zeros", "random cache",
+                                  "cache", "buffer cache", "cache cast like the input"])
 def test_tensors_a_forward_keeps_in_private_containers_are_refused_but_a_lazy_cache(kind):
     """Found by reviews: taken for a lazy cache, an activation kept in a private dict was
     read stale at every step after a warm-up call (1.4e-2 off), a queue of detached
     features never grew (0.41 off), and a memory the first call filled with what it
     computed (no warm-up) was never read by the graph, which eager's later calls did
-    (0.46 off), silently. Refused, saying what to do; a lazy cache of a table computed
-    from constants or buffers, needing no gradient, trains like eager."""
+    (0.46 off), silently, also written into a tensor of zeros; a cache of a random draw
+    is drawn again at every step of the graph. Refused, saying what to do; a lazy cache of
+    a table computed from constants or buffers, cast like the input, trains like eager
+    (refused by the first fix, found by a review)."""
     x = torch.randn(3, 4)
     torch.manual_seed(0)
     model = _KeepsInPrivateContainers(kind)
-    if kind != "memory":
+    if not kind.startswith("memory") and kind != "random cache":
         with torch.no_grad():
             model(x)
-    if kind.endswith("cache"):
+    if kind in ("cache", "buffer cache", "cache cast like the input"):
         assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                             lambda out: out.square().sum(), tolerance=1e-30) == {}
         return
     with pytest.raises(LoweringError, match=rf"it keeps tensors in module attribute "
-                                            rf"'_{'queue' if kind == 'queue' else 'feats'}' of <root>, which "
+                                            rf"'_{ {'queue': 'queue', 'random cache': 'tables'}.get(kind, 'feats')}' "
+                                            rf"of <root>, which "
                                             rf"no training step fills \(keep what the forward reads back in local"):
         _remat(model, (x,))
 
