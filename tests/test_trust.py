@@ -4028,13 +4028,13 @@ def test_hidden_states_captured_by_transformers_hooks_train_like_eager():
 
 
 def test_a_cache_among_the_outputs_is_refused_with_use_cache_false_as_the_way_out():
-    """transformers' default use_cache=True returns a DynamicCache, which torch.export
-    cannot flatten: its own error named only the class."""
+    """A call passing use_cache=True returns a DynamicCache, which torch.export cannot
+    flatten: its own error named only the class. (A config asking for one is set to
+    use_cache=False by `remat`: `test_a_transformers_model_asking_for_a_cache_trains_without_one_said_once`.)"""
     model, args, kwargs, _ = zoo_models.ZOO["gpt2"]()
-    model.config.use_cache = True
     with pytest.raises(LoweringError, match=r"returns a transformers.cache_utils.DynamicCache, .*"
                                             r"use_cache=False"):
-        remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops")
+        remat_ir.remat(model, args, example_kwargs={**kwargs, "use_cache": True}, cost_model="flops")
 
 
 def test_calls_inside_parametrize_cached_are_refused_for_parametrized_models():

@@ -339,7 +339,8 @@ def describe_input(leaf) -> str:
                 + (" requires_grad" if leaf.requires_grad else "")
                 + (" non-leaf" if cast_per_reader(leaf) and autocast_enabled()
                    and torch.is_autocast_cache_enabled() else "")
-                + (f" {type(leaf).__module__}.{type(leaf).__qualname__}" if type(leaf) is not torch.Tensor else "")
+                + (f" {type(leaf).__module__}.{type(leaf).__qualname__}"
+                   if type(leaf) not in (torch.Tensor, torch.nn.Parameter) else "")
                 + (f" carrying {', '.join(attributes)}" if attributes else ""))
     return repr(leaf)
 
@@ -350,7 +351,9 @@ def carried_names(tensor: torch.Tensor) -> tuple[str, ...]:
     carries others is another signature, lowered for them (`frontends/tensor_attributes.py`
     refuses those the forward reads). Found by a review: an input given `.scale` after
     `remat` ran the plan traced without it, 0.32 off eager's output, silently. So is the
-    tensor's class (a subclass's `__torch_function__`, a branch on `isinstance`)."""
+    tensor's class (a subclass's `__torch_function__`, a branch on `isinstance`), but for
+    `nn.Parameter`, which the model's own tensors passed as arguments are (matched by
+    identity: `runtimes/torch.py`, `member_arguments_differ`)."""
     return tuple(sorted(name for name in vars(tensor) if not name.startswith("__")))
 
 
