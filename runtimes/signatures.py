@@ -281,9 +281,10 @@ def _flat_key(args, kwargs) -> tuple | None:
     else None. Per tensor: its class, shape, dtype, strides (which decide its layout's
     name), whether it requires a gradient, is a leaf or a view (autocast's cache,
     `cast_per_reader`), its device type and the first argument that is the same
-    tensor (`input_aliases`), the Python attributes it carries (`carried_names`); per plain value: its class and repr (as described); and
-    the state every call's signature reads: autocast, its cache and nesting, the default dtype, the
-    attention kernels, deterministic algorithms."""
+    tensor (`input_aliases`), the Python attributes it carries (`carried_names`); per
+    plain value: its class and repr (as described); and the state every call's signature
+    reads: autocast, its cache and nesting, the default dtype, the attention kernels,
+    deterministic algorithms."""
     if type(args) is not tuple or type(kwargs) is not dict:
         return None
     names = tuple(sorted(kwargs))

@@ -212,7 +212,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0):
         return value.copy()
     if names is not None and nested_owner(value) and depth <= CAPTURED_DEPTH:
         # The plain objects it holds by their attributes in turn (`box.inner.k`), as
-        # `callables._object_text` describes them.
+        # `callables._held_text` describes them.
         state, read = vars(value), read_attributes(names, value)
         copied = _Attributes({name: (item, _copied(item, names, depth + 1)) for name, item in state.items()
                               if (name in read if read is not None else not name.startswith("_"))})
