@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import random
+import textwrap
 
 import pytest
 
@@ -721,19 +723,8 @@ class _ReversingThrough(torch.nn.Module):
         return self.b(self.reverse(self.a(x).tanh())).square().mean()
 
 
-#: The factory of `_reversal_function` as code run by `exec` (a script's cell).
-_EXECUTED = """
-def make(coefficient):
-    class Reversal(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return -coefficient[0] * grad
-    return Reversal.apply
-"""
+#: The source of `_reversal_function`, run by `exec` as a script's cell would be.
+_EXECUTED = textwrap.dedent(inspect.getsource(_reversal_function))
 
 
 def _closure_cases():
@@ -749,7 +740,7 @@ def _closure_cases():
             "nonlocal": (rebound.apply, set_scale),
             "custom op closure": (_reversed_by_op, lambda v: _CLOSURE_REVERSAL.__setitem__("k", v)),
             "class patched": (patched.apply, patch),
-            "exec'd factory": (space["make"](executed_box), lambda v: executed_box.__setitem__(0, v))}
+            "exec'd factory": (space["_reversal_function"](executed_box), lambda v: executed_box.__setitem__(0, v))}
 
 
 @pytest.mark.parametrize("case", ["factory list", "nonlocal", "custom op closure", "class patched", "exec'd factory"])
