@@ -73,6 +73,7 @@ from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .swapped_parameters import swapped_parameters_as_parameters
+from .input_metadata import refusing_input_metadata
 from .tensor_attributes import refusing_tensor_attributes
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
@@ -580,8 +581,10 @@ def _library_ops_as_ops():
 def _tensors_python_side(model: torch.nn.Module, args: tuple, kwargs: dict, hook_calls: list[str]):
     """Within: what the forward does with tensors' Python side, which no trace keeps,
     noted (gradient hooks put on them: `tensor_hooks`) or refused (Python attributes the
-    model's tensors carry, read: `tensor_attributes`)."""
-    with recording_tensor_hooks(hook_calls), refusing_tensor_attributes(model, args, kwargs):
+    model's tensors carry, read: `tensor_attributes`; how the caller made an input, read:
+    `input_metadata`)."""
+    with recording_tensor_hooks(hook_calls), refusing_tensor_attributes(model, args, kwargs), \
+            refusing_input_metadata(model):
         yield
 
 

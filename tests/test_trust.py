@@ -2517,6 +2517,42 @@ def test_a_python_attribute_of_the_models_tensors_read_by_the_forward_is_refused
                         lambda out: out.square().mean()) == {}
 
 
+class _BranchesOnHowMade(torch.nn.Module):
+    """Copies its input only where the caller made it so, read per `how`."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.how = how
+
+    def forward(self, x):
+        made = {"is_leaf": lambda: x.is_leaf, "grad_fn": lambda: x.grad_fn is None,
+                "_base": lambda: x._base is None, "_is_view": lambda: not x._is_view(),
+                "storage_offset": lambda: x.storage_offset() == 0, "_version": lambda: x._version == 0,
+                "none": lambda: True}[self.how]()
+        h = self.a(x)
+        return self.b(h if made else h.relu())
+
+
+@pytest.mark.parametrize("how", ["is_leaf", "grad_fn", "_base", "_is_view", "storage_offset", "_version"])
+def test_a_branch_on_how_the_caller_made_an_input_is_refused_by_line(how):
+    """Found by a review: the signature names neither whether an input is a leaf or a
+    view nor where it starts in memory, so the graph traced for the example's answer ran
+    at calls whose input was made otherwise: 2.97 off eager's gradients, silently. A
+    read of a leaf's `is_leaf` or `grad_fn` where the input requires no gradient is
+    always answered alike, and trains."""
+    example = torch.randn(5, 8, requires_grad=how in ("is_leaf", "grad_fn"))[1:]
+    with pytest.raises(LoweringError, match=rf"_BranchesOnHowMade's forward reads `.{how}(\(\))?` of its "
+                                            rf"input args\[0\] at .*test_trust.py:\d+: a call's signature "
+                                            rf"does not name how the caller made an input"):
+        _remat(_BranchesOnHowMade(how), (example,), solver="recompute-all")
+    x = torch.randn(4, 8)
+    torch.manual_seed(0)
+    assert side_by_side(_BranchesOnHowMade(how if how in ("is_leaf", "grad_fn") else "none"),
+                        lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean()) == {}
+
+
 class _MarkedInput(torch.Tensor):
     """A tensor subclass changing what `linear` returns (`__torch_function__`)."""
 
