@@ -22,6 +22,9 @@ and its backward:
   "medium" (bfloat16 inside oneDNN) gave gradients 9.5e-7 off eager's, silently (found by
   a review). Refused, on CPU where the backward computes forward values again. (Off CPU
   the forward's settings are not kept yet: TF32 there is not checked.)
+- **flushing denormals** (`torch.set_flush_denormal`): a value computed again in the
+  backward with denormals flushed, where eager's forward kept them, gave gradients 1.5e-8
+  off eager's, silently (found by a review). Refused, on CPU likewise.
 - **the default dtype** (`torch.set_default_dtype`): factory ops (`torch.ones(16)`) and
   ops promoting an integer tensor with a Python float (`torch.arange(16) / 16.0`) give
   the default dtype, so one computed again in the backward gave float32 where the
@@ -53,7 +56,7 @@ def check(graph: Graph, device: torch.device, forward_kernels: tuple | None, cas
     where the backward computes no forward node); `casts`, a memo of `first_cast` per
     autocast dtype and of `first_following_default` per default dtype, kept by the plan."""
     now = cpu_kernels_flags() if forward_kernels is not None else None
-    if now is not None and now[:-1] != forward_kernels[:-1]:
+    if now is not None and now[:3] != forward_kernels[:3]:
         raise RematIRError(
             f"the CPU kernels' setting changed between this step's forward and its backward "
             f"(now {cpu_kernels_state()}): the plan computes forward values again in the "
@@ -61,6 +64,13 @@ def check(graph: Graph, device: torch.device, forward_kernels: tuple | None, cas
             f"ran under the forward's, and it was profiled for one setting: call backward() "
             f"inside the same torch.backends.mkldnn.flags(...) block as the forward, or "
             f"outside both")
+    if now is not None and now[3] != forward_kernels[3]:
+        raise RematIRError(
+            f"torch.set_flush_denormal({now[3]}) was called between this step's forward and its "
+            f"backward: the plan computes forward values again in the backward, where "
+            f"denormal numbers would be {'flushed to zero' if now[3] else 'kept'} while eager's "
+            f"forward {'kept' if now[3] else 'flushed'} them, so the gradients would differ: "
+            f"set it before the forward, or after backward()")
     if now is not None and now[-1] != forward_kernels[-1]:
         setting, before, after = next((name, old, new) for name, old, new in
                                       zip(CPU_PRECISION_SETTINGS, forward_kernels[-1], now[-1]) if old != new)

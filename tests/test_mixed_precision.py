@@ -570,6 +570,26 @@ def _matmul_precision(precision):
         torch.set_float32_matmul_precision(before)
 
 
+@contextlib.contextmanager
+def _flushing_denormals():
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+class _Denormal(nn.Module):
+    """Computes denormal values (1e-39) that a recomputation with denormals flushed loses."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.b(torch.sin(self.a(x) * 1e-39 * 1e30))
+
+
 _CHANGED_BEFORE_BACKWARD = {
     "default-dtype-float16-then-float32": (
         _Factory, (8, 16), lambda: _default_dtype(torch.float16), contextlib.nullcontext,
@@ -585,6 +605,10 @@ _CHANGED_BEFORE_BACKWARD = {
         r"^torch\.backends\.mkldnn\.matmul\.fp32_precision changed between this step's forward and its "
         r"backward \(from 'bf16' to 'ieee'; torch\.set_float32_matmul_precision sets it too\): .*change "
         r"it after backward\(\), or before the forward$"),
+    "flush-denormal": (
+        _Denormal, (64, 16), contextlib.nullcontext, _flushing_denormals,
+        r"^torch\.set_flush_denormal\(True\) was called between this step's forward and its backward: "
+        r".*denormal numbers would be flushed to zero .*set it before the forward, or after backward\(\)$"),
 }
 
 
@@ -596,7 +620,8 @@ def test_a_setting_changed_between_forward_and_backward_is_refused_where_recompu
     forward values again in the backward computed them under the new setting: gradients
     1.1e-2 (a factory op in float32 for float16) or 9.5e-7 (a matmul in float32 for
     bfloat16) off eager's, silently, or a dtype error deep in the backward (float64 for
-    float32), found by a review. Refused with the setting named; a plan that computes
+    float32), found by a review; so did denormals flushed (`torch.set_flush_denormal`) in
+    the backward only (1.5e-8 off). Refused with the setting named; a plan that computes
     nothing again trains as eager's."""
     from remat_ir.ir.errors import RematIRError
 

@@ -264,13 +264,25 @@ def cpu_kernels_state() -> str:
 
 
 def cpu_kernels_flags() -> tuple:
-    """What `cpu_kernels_state` describes, as read (a key), and last the float32 precision
-    the CPU kernels compute in (`cpu_precision_flags`): the forward's are compared with
-    the backward's where the backward computes forward values again (`backward_settings`).
-    A signature does not hold the precision (a graph's ops are the same under any); in
-    the key of a remembered signature it only splits entries that are equal."""
+    """What `cpu_kernels_state` describes, as read (a key), then whether denormals are
+    flushed (`flushes_denormals`), and last the float32 precision the CPU kernels compute
+    in (`cpu_precision_flags`): the forward's are compared with the backward's where the
+    backward computes forward values again (`backward_settings`). A signature holds
+    neither of the last two (a graph's ops are the same under any); in the key of a
+    remembered signature they only split entries that are equal."""
     return (torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled(), torch.get_num_threads(),
-            cpu_precision_flags())
+            flushes_denormals(), cpu_precision_flags())
+
+
+#: The smallest normal double: half of it is a denormal, or zero where denormals are flushed.
+_SMALLEST_NORMAL = 2.2250738585072014e-308
+
+
+def flushes_denormals() -> bool:
+    """Whether `torch.set_flush_denormal(True)` is in effect: torch keeps no getter, and the
+    CPU's flush-to-zero mode it sets applies to Python's own float arithmetic too (0.3
+    microseconds, where a tensor op read back took 8)."""
+    return _SMALLEST_NORMAL * 0.5 == 0.0
 
 
 #: The settings of the float32 precision oneDNN's kernels compute in (a matmul, a
