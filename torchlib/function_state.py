@@ -16,9 +16,9 @@ import functools
 import sys
 import types
 
-from .callables import (CAPTURED_DEPTH, captured_functions, described_defaults, describes_captured,
-                        exec_globals, filled as _filled, nested_owner, objects_held, plain_container,
-                        plain_owner, read_attributes, read_names)
+from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, captured_functions, described_defaults,
+                        describes_captured, exec_globals, filled as _filled, nested_owner, objects_held,
+                        plain_container, plain_owner, read_attributes, read_names)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -102,14 +102,14 @@ def _extra(function) -> tuple | None:
     if defaults is None and keywords is None and not owners:
         return None
     return (base, defaults, keywords, dict(keywords) if keywords else None,
-            owners, tuple(dict(vars(owner)) for owner in owners), values, _deep_copies(values))
+            owners, tuple(dict(attributes_of(owner)) for owner in owners), values, _deep_copies(values))
 
 
 def _extra_same(extra: tuple) -> bool:
     base, defaults, keywords, keywords_copy, owners, states, values, copies = extra
     return (getattr(base, "__defaults__", None) is defaults and getattr(base, "__kwdefaults__", None) is keywords
             and (keywords_copy is None or _equal(keywords, keywords_copy))
-            and all(_equal(vars(owner), state) for owner, state in zip(owners, states))
+            and all(_equal(attributes_of(owner), state) for owner, state in zip(owners, states))
             and (copies is None or all(copied is None or _same_inside(value, copied)
                                        for value, copied in zip(values, copies))))
 
@@ -176,7 +176,7 @@ def _bound(function) -> tuple | None:
 
 
 class _Attributes(dict):
-    """A copy of a plain object's attributes (`_copied`), compared with `vars()` of it;
+    """A copy of a plain object's attributes (`_copied`), compared with `attributes_of` it;
     `every` where all its public ones were copied, whose names are compared too (one
     added later, `box.k` read under `hasattr(box, "k")`, was not seen: a review)."""
 
@@ -201,7 +201,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0):
     nested so trained on with the traced one, 5x eager's loss."""
     if plain_container(value):
         return copy.deepcopy(value)
-    if names is not None and depth <= CAPTURED_DEPTH and (items := objects_held(value)) is not None:
+    if names is not None and depth <= HELD_DEPTH and (items := objects_held(value)) is not None:
         # A container holding plain objects, by its items (`callables._held_text`).
         copied = _Items({key: (item, _copied(item, names, depth + 1)) for key, item in items})
         copied.kind = type(value)
@@ -210,10 +210,10 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0):
         return copy.copy(value)
     if _is_array(value):
         return value.copy()
-    if names is not None and nested_owner(value) and depth <= CAPTURED_DEPTH:
+    if names is not None and nested_owner(value) and depth <= HELD_DEPTH:
         # The plain objects it holds by their attributes in turn (`box.inner.k`), as
         # `callables._held_text` describes them.
-        state, read = vars(value), read_attributes(names, value)
+        state, read = attributes_of(value), read_attributes(names, value)
         copied = _Attributes({name: (item, _copied(item, names, depth + 1)) for name, item in state.items()
                               if (name in read if read is not None else not name.startswith("_"))})
         copied.every = read is None
@@ -229,7 +229,7 @@ def _still(value, copied) -> bool:
             key in copied and item is copied[key][0] and (copied[key][1] is None or _still(item, copied[key][1]))
             for key, item in items)
     if isinstance(copied, _Attributes):
-        state = getattr(value, "__dict__", None)
+        state = attributes_of(value) if nested_owner(value) else None
         if state is None or (copied.every and {n for n in state if not n.startswith("_")} != copied.keys()):
             return False
         return all(name in state and state[name] is then and (inner is None or _still(then, inner))
