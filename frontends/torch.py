@@ -74,6 +74,7 @@ from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .swapped_parameters import swapped_parameters_as_parameters
 from .input_metadata import refusing_input_metadata
+from .module_containers import keeping_module_containers
 from .tensor_attributes import refusing_tensor_attributes
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
@@ -592,9 +593,11 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     """torch.export's program, its `torch.autocast` blocks holding eager's cache settings
     (`autocast_blocks`), the rank the forward reads recorded and a collective it calls
     refused (`distributed_calls`), `torch.cov` traced as eager computes it
-    (`statistics_kernels`). Contexts of their own: `_trace`'s with-statement is at
+    (`statistics_kernels`), the containers the modules hold the same objects after it
+    (`module_containers`). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
-    with eager_block_caches(), distributed_calls_watched(model, reads.globals), statistics_traced_as_eager():
+    with eager_block_caches(), distributed_calls_watched(model, reads.globals), statistics_traced_as_eager(), \
+            keeping_module_containers(model):
         return torch.export.export(model, args, kwargs, strict=False)
 
 

@@ -1713,6 +1713,50 @@ def test_a_number_a_hooks_closure_reaches_inside_what_it_holds_changed_is_planne
     assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
 
 
+def _scaled_by_cfg(cfg, h):
+    return torch.tanh(h) * cfg["temp"]
+
+
+def _scaling_hook(cfg, module, args, out):
+    return out * cfg["temp"]
+
+
+class _HoldsCfgCallable(_Hidden):
+    """Holds a dict and a callable computing with it (`functools.partial`), or a forward
+    hook computing with it, per `how`."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.cfg = {"temp": 2.0}
+        self.how = how
+        if how == "held callable":
+            self.act = functools.partial(_scaled_by_cfg, self.cfg)
+        else:
+            self.l2.register_forward_hook(functools.partial(_scaling_hook, self.cfg))
+
+    def forward(self, x):
+        out = super().forward(x)
+        return self.act(out) if self.how == "held callable" else out
+
+
+@pytest.mark.parametrize("how", ["held callable", "hook"])
+def test_a_dict_the_model_holds_stays_the_object_its_callables_compute_with(how):
+    """Found by a review: torch.export puts copies of the containers a model's modules
+    hold in their places, so after `remat` `model.cfg` was no longer the dict a partial or
+    a hook over it computed with, and `model.cfg["temp"] = 7.0` trained on with 2.0, 0.52
+    and 5.24 off eager's gradients, silently."""
+    torch.manual_seed(0)
+    model, x = _HoldsCfgCallable(how), torch.randn(4, 8)
+    cfg = model.cfg
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    assert model.cfg is cfg
+    scheduled(x).square().mean().backward()
+    model.cfg["temp"] = 7.0
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+
+
 def test_an_attribute_a_hook_does_not_read_changing_at_every_step_plans_nothing_again(capsys):
     """Found by a review of the fix above: a hook reading `state.scale` of an object whose
     `step` the loop advances lowered and planned again at every step (a description of
