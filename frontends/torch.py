@@ -525,6 +525,14 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+#: Inputs or buffers sharing memory, one written in place by the forward, said for the user.
+_SHARED_WRITTEN_INPUTS = (
+    "the example inputs share memory (one is a view of another, two slices of one storage, or "
+    "the same tensor passed twice), or two of the model's buffers do, and the forward writes "
+    "into one in place; remat-ir lowers inputs and buffers that are separate tensors: pass "
+    "separate ones (clone one)")
+
+
 def _put_back(model: torch.nn.Module, assigned: dict) -> None:
     """The module attributes a trace assigned (`trace_effects`) as they were before it."""
     modules = dict(model.named_modules())
@@ -1048,11 +1056,7 @@ class _Lowering:
             self.tokens.add(node)
             return
         elif kind_name == "ViewBaseAOTInput":   # inputs sharing memory, one written in place
-            raise LoweringError(
-                "the example inputs share memory (one is a view of another, or the same tensor "
-                "passed twice), or two of the model's buffers do, and the forward writes into one "
-                "in place; remat-ir lowers inputs and buffers that are separate tensors: pass "
-                "separate ones (clone one)")
+            raise LoweringError(_SHARED_WRITTEN_INPUTS)
         else:
             raise LoweringError(f"graph input {node.name!r} has a kind this frontend does not "
                                 f"handle yet: {desc}")
@@ -1547,6 +1551,10 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"save for it (a module's parameter or buffer reached through ctx, a global), "
                     f"which tracing cannot follow ({first.split('Found in ')[-1]}): pass it to "
                     f"`apply` as an argument and save it with ctx.save_for_backward") from exc
+            if "does not yet handle non-differentiable view input mutations" in first:
+                # Inputs sharing a storage without being views of one another (a deepcopy of
+                # two overlapping slices): said as those that are (found by a review).
+                raise LoweringError(_SHARED_WRITTEN_INPUTS) from exc
             unwritable = unwritable_view_error(type(model).__name__, first, exported.graph_module)
             if unwritable is not None:
                 raise unwritable from exc
