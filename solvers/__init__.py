@@ -158,6 +158,13 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     if not result.valid:
         raise SolverError(f"solver {solver!r} ({info.origin}) returned a schedule the simulator "
                           f"refuses: {result.violation}")
+    if result.transferred_bytes and graph.proto.provenance.host_link.bandwidth_bytes_per_s <= 0:
+        # Its transfers would be timed at nothing, its predicted time that of a plan
+        # without them (found by a review: an external solver's offloads were so).
+        raise SolverError(f"solver {solver!r} ({info.origin}) returned a schedule that offloads "
+                          f"to host memory, and this graph describes no host link to time its "
+                          f"transfers: give one (remat(..., host_bandwidth='25GB/s'), the CLI's "
+                          f"--host-bandwidth 25GB/s), or plan without offloading")
     schedule.solver = solver
     schedule.name = schedule.name or solver
     schedule.predicted_host_peak_bytes = result.host_peak_bytes

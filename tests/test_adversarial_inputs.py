@@ -230,3 +230,48 @@ def test_a_floor_no_graph_of_this_size_could_need_is_refused(tmp_path):
         f"than any schedule of this graph can hold (4,944 bytes: all its 21 storages twice over "
         f"and every workspace): not a peak; it must name the peak of a schedule it found, or "
         f"print nothing. It wrote nothing on stderr.")
+
+
+def _offloading(graph: ir.Graph) -> pb.Schedule:
+    """store_all's schedule with one activation offloaded (and freed) after its last
+    forward use and prefetched before its first backward one: the first such the
+    simulator takes."""
+    from remat_ir.ir.simulator import simulate
+
+    plan = ir.store_all(graph)
+    steps = list(plan.steps)
+    computed = [k for k, step in enumerate(steps) if step.WhichOneof("action") == "compute"]
+    for k in computed:
+        for value in graph.node(steps[k].compute).outputs:
+            uses = [j for j in computed if value in graph.node(steps[j].compute).inputs]
+            forward = [j for j in uses if j < plan.backward_start]
+            backward = [j for j in uses if j >= plan.backward_start]
+            if not backward:
+                continue
+            after, before = (forward[-1] if forward else k) + 1, backward[0]
+            trial = pb.Schedule()
+            trial.CopyFrom(plan)
+            del trial.steps[:]
+            trial.steps.extend([*steps[:after], pb.Step(offload=value), pb.Step(free=value),
+                                *steps[after:before], pb.Step(prefetch=value), *steps[before:]])
+            trial.backward_start = plan.backward_start + 2
+            result = simulate(graph, trial)
+            if result.valid and result.transferred_bytes:
+                return trial
+    raise AssertionError("no activation could be offloaded")
+
+
+def test_an_offloading_schedule_for_a_graph_without_a_host_link_is_refused(tmp_path):
+    """Found by a review: an external solver's offloads on a graph that describes no host
+    link were accepted and timed at nothing (`0 us of transfers`), where `--offload`
+    refuses such a graph."""
+    graph = mlp(layers=2, batch=4, width=8)
+    offloaded = _offloading(graph)
+    name = _script(tmp_path, "offloads", f"""
+        import sys
+        sys.stdin.buffer.read()
+        sys.stdout.buffer.write({offloaded.SerializeToString()!r})
+    """)
+    with pytest.raises(SolverError, match=r"returned a schedule that offloads to host memory, and this graph "
+                                          r"describes no host link to time its transfers: give one"):
+        solvers.solve(graph, None, name)
