@@ -34,8 +34,8 @@ the input's layout and so pairs draws with other elements; its backward still be
 two products: bfloat16 gradients below `nn.TransformerEncoderLayer(batch_first=True)`'s
 dropout over attention's transposed output were 9e-3 off eager's), and `p` of 0 or
 `train=False` (nothing is drawn). `p` of 1 gets a mask of zeros and scale 0, drawing
-nothing as eager's kernel does (returns the input times zero); PyTorch's decomposition
-draws a mask there, which left the generator elsewhere than eager.
+nothing as eager's kernel does (returns the input times zero), in any layout; PyTorch's
+decomposition draws a mask there, which left the generator elsewhere than eager.
 """
 
 from __future__ import annotations
@@ -119,7 +119,10 @@ def split_dropout(module: torch.fx.GraphModule) -> int:
         x, p = found
         fake_x = x.meta["val"]
         scale = _rounded_scale(p, fake_x.dtype)
-        if not fake_x.is_contiguous():   # kept (module docstring); its backward as eager's
+        # Kept where not contiguous (module docstring), its backward as eager's; but for p
+        # of 1, which draws nothing in any layout (kept, its kernel drew a mask: eager's
+        # generator state was lost, and every later draw with it, found by a review).
+        if not fake_x.is_contiguous() and p != 1.0:
             for mask in [u for u in node.users if u.args[1] == 1]:
                 for backward in [u for u in mask.users
                                  if u.target is _aten.native_dropout_backward.default]:

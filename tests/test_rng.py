@@ -253,6 +253,37 @@ def test_a_dropout_of_p_one_draws_nothing_as_eager():
     assert errors == {}
 
 
+class _TransposedDropout(torch.nn.Module):
+    """Dropout of `p` on a non-contiguous view (per `layout`), then a draw of its own."""
+
+    def __init__(self, p: float, layout: str):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 12), torch.nn.Linear(12, 4)
+        self.p, self.layout = p, layout
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.layout == "transposed":
+            h = torch.nn.functional.dropout(h.t(), self.p, self.training).t()
+        else:   # every other column
+            h = torch.cat([torch.nn.functional.dropout(h[:, ::2], self.p, self.training), h[:, 1::2]], 1)
+        return self.b(h + torch.rand_like(h))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+def test_a_dropout_of_p_one_on_a_non_contiguous_input_draws_nothing_as_eager(layout):
+    """Found by a review: a dropout on a non-contiguous input stays one `native_dropout`,
+    whose kernel drew a mask for p=1 where eager's draws nothing, so the generator (and
+    the draw after it) differed, 17.4 off eager's loss. p=1 draws nothing in any layout."""
+    torch.manual_seed(0)
+    model, x = _TransposedDropout(1.0, layout), torch.randn(6, 8)
+    graph = lower_torch(model, (x,), cost_model="flops")
+    assert [n.op for n in graph.proto.nodes if n.random] == ["aten.rand_like.default"]
+    errors = side_by_side(model, lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops"),
+                          (x,), {}, lambda out: out.sum(), steps=2)
+    assert errors == {}
+
+
 def test_dropout_on_a_channels_last_input_keeps_eagers_op():
     """Eager's mask follows a channels-last input's layout, which `bernoulli.p` would not:
     such a dropout stays one `native_dropout` (drawn again when run again)."""
