@@ -533,6 +533,19 @@ _SHARED_WRITTEN_INPUTS = (
     "separate ones (clone one)")
 
 
+def _refuse_written_alias(graph: Graph, aliases: tuple[tuple[str, ...], ...]) -> None:
+    """Refuse a graph lowered with one tensor passed as two arguments (`aliases`, by
+    argument name) where the forward writes into it: the runtime refuses every call of
+    such inputs (`written_argument_shared`), so remat() accepted a plan that its own
+    example could not run (found by a review)."""
+    aliased = {name for group in aliases for name in group}
+    if not aliased:
+        return
+    updated = {output.name for output in graph.proto.outputs if output.role == pb.BUFFER_UPDATE}
+    if any(entry.name in updated and entry.argument_name in aliased for entry in graph.proto.inputs):
+        raise LoweringError(_SHARED_WRITTEN_INPUTS)
+
+
 def _put_back(model: torch.nn.Module, assigned: dict) -> None:
     """The module attributes a trace assigned (`trace_effects`) as they were before it."""
     modules = dict(model.named_modules())
@@ -1666,7 +1679,9 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     graph.proto.metadata["torch.input_members"] = json.dumps(
         [[named[i][0], member] for i, member in member_arguments(named, members).items()])
     # Arguments that were one tensor, which the trace reads once (runtimes/signatures.py).
-    graph.proto.metadata["torch.input_aliases"] = json.dumps(input_aliases(with_paths))
+    aliases = input_aliases(with_paths)
+    graph.proto.metadata["torch.input_aliases"] = json.dumps(aliases)
+    _refuse_written_alias(graph, aliases)
     graph.proto.metadata["torch.autocast"] = json.dumps(dict(autocast_state()))
     graph.proto.metadata["torch.default_dtype"] = str(torch.get_default_dtype())
     graph.proto.metadata["torch.autocast_cache"] = json.dumps(autocast_cache())
