@@ -72,6 +72,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds (`--time-limit`), refused in
+    the flag's words rather than the Python parameter's (found by a review)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def cmd_inspect(args) -> int:
     print("\n".join(inspect_lines(load(args.file), args.file, top=args.top)))
     return 0
@@ -444,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a share of the store-everything peak like 50%%, or none (default)")
     p.add_argument("--solver", default=DEFAULT_SOLVER, help="solver name (see `remat-ir solvers`), "
                                                           "or exec:COMMAND (default: %(default)s)")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+    p.add_argument("--time-limit", type=_seconds, default=None, metavar="S",
                    help="planning time limit in seconds (the solver's own default otherwise)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver option, e.g. --option mode=lp for checkmate (repeatable)")

@@ -66,8 +66,14 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
             raise BadRequest(f"budget must be a positive finite share, got {budget!r}")
         return max(1, int(store_all_peak * percent / 100))
     match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?", text, flags=re.IGNORECASE)
+    if not match and re.fullmatch(r"-\s*[0-9]*\.?[0-9]+\s*([KMGT]i?B|B)?", text, flags=re.IGNORECASE):
+        raise BadRequest(f"budget must be positive, got {budget!r}")
     if not match:
-        raise BadRequest(f"budget {budget!r} is not understood; use {_FORMS}")
+        # A string: the forms a string takes (a command line's budget is one; found by a
+        # review, "bytes (an integer)" was advised there, and '50' then refused).
+        raise BadRequest(f"budget {budget!r} is not understood; write a share of the "
+                         f"store-everything peak ('50%') or a size with its unit ('500MB', "
+                         f"'2GiB', '40B')")
     number, unit = float(match.group(1)), (match.group(2) or "").upper()
     if not unit:
         share = f"'{number * 100:g}%' (or the number {number:g})" if number <= 1 else f"'{text}%'"
@@ -83,7 +89,7 @@ def parse_host_budget(host_budget, store_all_peak: int) -> int | None:
     try:
         return parse_budget(host_budget, store_all_peak)
     except BadRequest as error:
-        raise BadRequest(f"host_budget: {error}") from None
+        raise BadRequest(f"host budget: {error}") from None
 
 
 def parse_bandwidth(bandwidth) -> float:

@@ -495,7 +495,7 @@ def test_offloading_needs_a_link_and_says_so():
     with pytest.raises(solvers.BadRequest, match="like '25GB/s'; got '25GB'"):
         describe_link(graph, "25GB")
     assert describe_link(graph, "2 GiB/s").bandwidth_bytes_per_s == 2 * 2**30
-    with pytest.raises(solvers.BadRequest, match="host_budget: budget '64' has no unit"):
+    with pytest.raises(solvers.BadRequest, match="host budget: budget '64' has no unit"):
         solvers.solve(graph, "50%", offload=True, host_budget="64")
 
 

@@ -554,7 +554,13 @@ def test_cli_bad_budget_and_option_are_one_line_errors(tmp_path):
     import sys
     graph, _ = chain(4)
     path = ir.save(graph, tmp_path / "chain.rir")
-    for extra, message in ((["--budget", "lots"], "remat-ir: error: budget 'lots' is not understood"),
+    for extra, message in ((["--budget", "lots"], "remat-ir: error: budget 'lots' is not understood; write "
+                            "a share of the store-everything peak ('50%') or a size"),
+                           # Found by a review: "bytes (an integer)" was advised, a negative budget
+                           # was not understood, and --time-limit was named time_limit_s.
+                           (["--budget", "-1"], "remat-ir: error: budget must be positive, got '-1'"),
+                           (["--budget", "50%", "--time-limit", "0"],
+                            "remat-ir solve: error: argument --time-limit: must be a positive number"),
                            (["--budget", "40"], "remat-ir: error: budget '40' has no unit: write "
                             "'40%' for a share of the store-everything peak"),
                            (["--budget", "50%", "--option", "mode=lp"],
