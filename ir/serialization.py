@@ -120,6 +120,12 @@ def _parse_binary(data: bytes, where: str) -> pb.Graph:
         graph.ParseFromString(payload)
     except DecodeError as exc:
         raise FormatError(f"{where} is corrupt: the graph does not decode ({exc})") from None
+    if (graph.version.major, graph.version.minor) != (major, minor):
+        # The writer packs the header from the graph's own version: an empty payload (which
+        # decodes as an empty graph, and validated as one: found by a review) states none.
+        stated = (f"says {graph.version.major}.{graph.version.minor}" if graph.ByteSize()
+                  else "states no version (it is empty)")
+        raise FormatError(f"{where} is corrupt: its header says format {major}.{minor}, its graph {stated}")
     return graph
 
 

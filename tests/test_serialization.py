@@ -106,6 +106,16 @@ def test_payload_that_does_not_decode(tmp_path):
         ir.load(_write(tmp_path, data))
 
 
+def test_an_empty_payload_is_no_graph(graph, tmp_path):
+    """Found by a review: a valid header over an empty payload decoded as an empty graph,
+    which `validate` called sound and a solver planned (a 1-byte budget)."""
+    major, minor = graph.proto.version.major, graph.proto.version.minor
+    data = struct.pack("<4sHHQI", MAGIC, major, minor, 0, zlib.crc32(b""))
+    with pytest.raises(ir.FormatError, match=rf"corrupt: its header says format {major}.{minor}, its graph "
+                                             rf"states no version \(it is empty\)"):
+        ir.load(_write(tmp_path, data))
+
+
 def test_not_an_ir_file(tmp_path):
     with pytest.raises(ir.FormatError, match="not a remat IR file: it starts with b'PK"):
         ir.load(_write(tmp_path, b"PK\x03\x04" + bytes(40)))
