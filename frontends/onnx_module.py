@@ -125,7 +125,11 @@ class OnnxModule(nn.Module):
             for name, result in zip(outputs, results):
                 if name:
                     env[name] = result
-        results = tuple(env[n] for n in self.output_names)
+        # An output that is a graph input or an initializer, which ONNX allows, is returned
+        # as a copy: a step's outputs cannot be its inputs (refused with PyTorch's advice,
+        # `.clone()`, which an ONNX user cannot follow; found by a review).
+        produced = {name for _, _, outputs in self._steps for name in outputs}
+        results = tuple(env[n] if n in produced else env[n].clone() for n in self.output_names)
         return results[0] if len(results) == 1 else results
 
     # -------------------------------------------------------------- building

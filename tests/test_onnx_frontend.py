@@ -926,3 +926,24 @@ def test_exported_recurrent_models_train_like_torch(exported, name):
             loss_torch.backward(), loss_onnx.backward()
             opt_torch.step(), opt_onnx.step()
             opt_torch.zero_grad(), opt_onnx.zero_grad()
+
+
+@pytest.mark.parametrize("returned", ["x", "w"])
+def test_a_graph_input_or_initializer_among_the_outputs_trains_like_eager(returned):
+    """ONNX lets a graph return one of its inputs or initializers as it is. Found by a
+    review: it was refused with PyTorch's advice (`.clone()`), which an ONNX user cannot
+    follow; the imported module returns a copy of it, as the graph's value."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])
+    shapes = {"x": [4, 8], "w": [8, 16]}
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "returns_as_is", [x],
+                              [y, helper.make_tensor_value_info(returned, TensorProto.FLOAT, shapes[returned])],
+                              [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    args = (torch.randn(4, 8),)
+    scheduled = remat_ir.remat_onnx(model, args, solver="recompute-all", cost_model="flops")
+    module, _ = onnx_frontend.to_torch(model, args)
+    assert eager_and_scheduled_step(module, scheduled, args,
+                                    lambda out: out[0].square().sum() + out[1].sin().sum()) == 0.0
