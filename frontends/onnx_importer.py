@@ -364,10 +364,15 @@ class _Importer:
                     meta_args.append(None)
                 elif pos in spec.static:
                     if not self.is_constant(name):
-                        raise self._fail(node, index, f"input {pos} {name!r} sets a shape, axis or "
-                                                      "size, so it must be computable when the model is "
-                                                      "imported (from constants and shapes), but it "
-                                                      "depends on runtime data")
+                        # Dropout's ratio and training mode are static too (found by a
+                        # review: they were said to be a shape, axis or size).
+                        sets = ("its ratio or training mode" if node.op_type == "Dropout"
+                                else "a shape, axis or size")
+                        raise self._fail(node, index, f"input {pos} {name!r} sets {sets}, so it must be "
+                                                      "computable when the model is imported (from "
+                                                      "initializers, Constant nodes and shapes), but it "
+                                                      "depends on the graph's inputs: make it an "
+                                                      "initializer or a Constant node")
                     value = self.const[name].tolist()
                     slots.append(("static", value))
                     meta_args.append(value)

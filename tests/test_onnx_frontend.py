@@ -447,8 +447,19 @@ def test_shape_inputs_computed_at_runtime_are_refused_with_the_node_name():
     model = helper.make_model(helper.make_graph(
         nodes, "dyn", [X, S], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
         opset_imports=[helper.make_opsetid("", 18)])
-    with pytest.raises(LoweringError, match="node 'reshape_by_input' \\(Reshape\\): input 1 's' .* "
-                                            "depends on runtime data"):
+    with pytest.raises(LoweringError, match="node 'reshape_by_input' \\(Reshape\\): input 1 's' sets a shape, "
+                                            "axis or size.* depends on the graph's inputs: make it an "
+                                            "initializer or a Constant node"):
+        onnx_frontend.to_torch(model)
+    # Dropout's training mode given as a graph input (as training exports do) was said to
+    # be a shape, axis or size (found by a review).
+    T = helper.make_tensor_value_info("t", TensorProto.BOOL, [])
+    nodes = [helper.make_node("Dropout", ["x", "", "t"], ["y"], name="dropout_by_input")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "dyn", [X, T], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(LoweringError, match="node 'dropout_by_input' \\(Dropout\\): input 2 't' sets its "
+                                            "ratio or training mode"):
         onnx_frontend.to_torch(model)
 
 
