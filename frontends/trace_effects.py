@@ -44,6 +44,7 @@ through it is a parameter written in place, which lowering refuses by name.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import random
@@ -91,6 +92,13 @@ def _same_numpy_state(a, b) -> bool:
     return a[0] == b[0] and (a[1] == b[1]).all() and tuple(a[2:]) == tuple(b[2:])
 
 
+#: The containers a module attribute may be, changed in place by a forward: a deque too
+#: (a sliding window appended to at every call trained on with the traced length, 3.22
+#: off eager's loss, silently: found by a review).
+_SEQUENCES = (list, collections.deque)
+_CONTAINERS = (*_SEQUENCES, dict, set)
+
+
 def _attribute_state(model: torch.nn.Module) -> dict:
     """(module path, attribute) -> (the value, a copy of a list's, dict's or set's items),
     of the public attributes, and of the private containers of the user's own classes
@@ -100,9 +108,9 @@ def _attribute_state(model: torch.nn.Module) -> dict:
     for path, module in model.named_modules():
         users = in_users_file(type(module).__module__)
         for key, value in vars(module).items():
-            if key in _MODULE_KEYS or (key.startswith("_") and not (users and isinstance(value, (list, dict, set)))):
+            if key in _MODULE_KEYS or (key.startswith("_") and not (users and isinstance(value, _CONTAINERS))):
                 continue
-            items = value.copy() if isinstance(value, (list, dict, set)) else None
+            items = value.copy() if isinstance(value, _CONTAINERS) else None
             state[(path, key)] = (value, items)
     return state
 
@@ -133,7 +141,7 @@ def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
         return bool(differing)
     if len(items) != len(after) or (isinstance(items, dict) and items.keys() != after.keys()):
         return True
-    if isinstance(items, list):
+    if isinstance(items, _SEQUENCES):
         return any(a is not b for a, b in zip(items, after))
     return isinstance(items, dict) and any(items[key] is not after[key] for key in items)
 
@@ -156,7 +164,7 @@ def _differing(items, after) -> list:
     if isinstance(items, dict):
         keys = set(items) | set(after)
         return [after.get(k, items.get(k)) for k in keys if items.get(k, MISSING) is not after.get(k, MISSING)]
-    if isinstance(items, list):
+    if isinstance(items, _SEQUENCES):
         longer = after if len(after) >= len(items) else items
         return [longer[i] for i in range(len(longer))
                 if i >= min(len(items), len(after)) or items[i] is not after[i]]
@@ -167,7 +175,7 @@ def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
     value, items = before
     if items is not None:
         value.clear()
-        (value.extend if isinstance(value, list) else value.update)(items)
+        (value.extend if isinstance(value, _SEQUENCES) else value.update)(items)
     object.__setattr__(module, key, value)
 
 

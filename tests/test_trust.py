@@ -1757,6 +1757,38 @@ def test_a_dict_the_model_holds_stays_the_object_its_callables_compute_with(how)
                         tolerance=1e-30) == {}
 
 
+class _AppendsInside(torch.nn.Module):
+    """Appends to a list inside a dict it holds, or to a deque it holds, per `how`."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 4)
+        self.cfg, self.window, self.how = {"seen": []}, collections.deque(maxlen=3), how
+
+    def forward(self, x):
+        if self.how == "deque":
+            self.window.append(1)
+            return self.a(x) * len(self.window)
+        self.cfg["seen"].append(x.shape[0])
+        return self.a(x)
+
+
+def test_what_a_trace_writes_inside_a_modules_containers_is_undone_in_the_same_objects():
+    """torch.export undid a trace's writes into the containers a module holds by putting
+    copies in their places; keeping the objects (above) first kept the trace's writes too,
+    and a forward reading the length of a list it appends to inside a dict trained with
+    the traced length, 3.22 off eager's loss (found by a review). The objects stay, holding
+    what they held; a deque appended to at every call is refused as a list is (it trained
+    on with the traced length, silently)."""
+    model = _AppendsInside("nested")
+    cfg, seen = model.cfg, model.cfg["seen"]
+    _remat(model, (torch.randn(4, 8),), solver="recompute-all")
+    assert model.cfg is cfg and model.cfg["seen"] is seen and seen == []
+    with pytest.raises(LoweringError, match=r"_AppendsInside's forward does what tracing runs once .*changes "
+                                            r"module attribute 'window' of <root>"):
+        _remat(_AppendsInside("deque"), (torch.randn(4, 8),), solver="recompute-all")
+
+
 def test_an_attribute_a_hook_does_not_read_changing_at_every_step_plans_nothing_again(capsys):
     """Found by a review of the fix above: a hook reading `state.scale` of an object whose
     `step` the loop advances lowered and planned again at every step (a description of
