@@ -1789,6 +1789,45 @@ def test_what_a_trace_writes_inside_a_modules_containers_is_undone_in_the_same_o
         _remat(_AppendsInside("deque"), (torch.randn(4, 8),), solver="recompute-all")
 
 
+def _scaling_by_loss(cfg, module, args, out):
+    return out * cfg.loss.scale
+
+
+class _LossScaler:
+    """Holds `cfg.loss.scale` one object down, and a step counter nothing reads."""
+
+    def __init__(self):
+        self.cfg, self.step = types.SimpleNamespace(loss=types.SimpleNamespace(scale=1.0)), 0
+
+    def hook(self, module, args, out):
+        return out * self.cfg.loss.scale
+
+
+@pytest.mark.parametrize("how", ["partial", "bound method"])
+def test_a_number_one_object_below_what_a_hook_is_bound_to_changed_is_planned_again(how, capsys):
+    """Found by a review: a hook bound to an object (`functools.partial(hook, cfg)`, a
+    bound method) reading `cfg.loss.scale` was compared by the object's own attributes, so
+    a change one object down trained on with the traced value, 2.40 off eager's
+    gradients, silently; and a counter on it that the hook never reads planned again at
+    every call. Both are now described by the names the hook's code loads, 8 deep."""
+    scaler = _LossScaler()
+    model, x = _Hidden(), torch.randn(4, 8)
+    model.l2.register_forward_hook(functools.partial(_scaling_by_loss, scaler.cfg) if how == "partial"
+                                   else scaler.hook)
+    scheduled = _remat(model, (x,))
+    capsys.readouterr()
+    for _ in range(3):
+        scaler.step += 1
+        scaler.cfg.step = scaler.step
+        scheduled(x).square().mean().backward()
+    assert "lowering and planning again" not in capsys.readouterr().err
+    scaler.cfg.loss.scale = 3.0
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+
+
 def test_an_attribute_a_hook_does_not_read_changing_at_every_step_plans_nothing_again(capsys):
     """Found by a review of the fix above: a hook reading `state.scale` of an object whose
     `step` the loop advances lowered and planned again at every step (a description of

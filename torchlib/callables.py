@@ -46,8 +46,9 @@ def describe(value) -> str:
     """`value` (a function-like object, or an object called like one: a hook) as a string
     that changes when it does."""
     if isinstance(value, functools.partial):
-        return (f"partial({describe(value.func)}, {_whole([_bound_text(a) for a in value.args])}, "
-                f"{_whole([f'{k}={_bound_text(v)}' for k, v in sorted(value.keywords.items())])})")
+        names = owner_names(value.func)
+        return (f"partial({describe(value.func)}, {_whole([_bound_text(a, names) for a in value.args])}, "
+                f"{_whole([f'{k}={_bound_text(v, names)}' for k, v in sorted(value.keywords.items())])})")
     if isinstance(value, types.MethodType) and value.__func__ is _FUNCTION_APPLY:
         # A custom Function's `apply` held (`self.fn = Scale.apply`): by its class, whose
         # code is compared apart (`frontends/applied_code.py`); torch's `apply` runs
@@ -59,13 +60,14 @@ def describe(value) -> str:
         # class of its own (FSDPLinear), whose forward is the same function. But what a
         # plain object it is bound to holds (`self.act = annealer.scale`, then
         # `annealer.t = 3.0`): found by a review, the step kept the traced value.
-        return describe(value.__func__) + _state(value.__self__)
+        return describe(value.__func__) + _state(value.__self__, owner_names(value.__func__))
     code = getattr(value, "__code__", None)
     if code is None and callable(value) and plain_owner(value) \
             and isinstance(getattr(type(value), "__call__", None), types.FunctionType):
         # An object called like a function (a hook `register_forward_hook(annealer)`).
         kind = type(value)
-        return f"{kind.__module__}.{kind.__qualname__} object calling {describe(kind.__call__)}" + _state(value)
+        return (f"{kind.__module__}.{kind.__qualname__} object calling {describe(kind.__call__)}"
+                + _state(value, owner_names(kind.__call__)))
     name = f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', None) or getattr(value, '__name__', '?')}"
     if code is None:
         return name
@@ -152,16 +154,33 @@ def _held_text(value, names: frozenset[str], depth: int = 0) -> str | None:
     if text is not None or depth > HELD_DEPTH:
         return text
     if nested_owner(value):
-        read = read_attributes(names, value)
-        texts = [f"{name}={text}" for name, item in sorted(attributes_of(value).items())
-                 if not name.startswith("_") and (read is None or name in read)
-                 and (text := _held_text(item, names, depth + 1)) is not None]
-        return f"{type(value).__qualname__} " + _whole(texts)
+        return f"{type(value).__qualname__} " + _whole(_attributes_text(value, names, depth))
     items = objects_held(value)
     if items is None:
         return None
     return f"{type(value).__qualname__} " + _whole([f"{key!r}: {_held_text(item, names, depth + 1)}"
                                                     for key, item in items])
+
+
+def _attributes_text(owner, names: frozenset[str], depth: int) -> list[str]:
+    """'name=text' of the public attributes of `owner` (a plain object) that code loading
+    `names` may read (`read_attributes`), each as `_held_text` shows it, one level down."""
+    read = read_attributes(names, owner)
+    return [f"{name}={text}" for name, item in sorted(attributes_of(owner).items())
+            if not name.startswith("_") and (read is None or name in read)
+            and (text := _held_text(item, names, depth + 1)) is not None]
+
+
+def owner_names(function) -> frozenset[str] | None:
+    """The names `function` loads where it is the user's own code (`read_names`): what
+    the object it is bound to (a method's `self`, a partial's arguments, an object called
+    like a function) holds is described and compared by them, `HELD_DEPTH` deep; None for
+    a library's function, whose objects are described by their plain attributes alone.
+    Found by a review: `functools.partial(hook, cfg)` reading `cfg.loss.scale` was compared
+    by `cfg`'s own attributes, so a change one object down trained on with the traced
+    value (2.40 off), and a counter `cfg.step` it never read planned again at every call."""
+    code = getattr(function, "__code__", None)
+    return read_names(function) if code is not None and describes_captured(function, code) else None
 
 
 def nested_owner(value) -> bool:
@@ -346,7 +365,7 @@ def _value_text(value) -> str | None:
     return described(value)
 
 
-def _bound_text(value) -> str:
+def _bound_text(value, names: frozenset[str] | None = None) -> str:
     """How a partial's description shows a value it binds: as `_value_text` does, a plain
     object by its class and plain attributes (`c=annealer`, whose `t` it computes with),
     anything else by its class (never a repr holding an address, which differs per
@@ -358,7 +377,7 @@ def _bound_text(value) -> str:
         return text
     if is_function(value):
         return _captured_text(value, True)
-    return f"{type(value).__qualname__}{_state(value)}" if plain_owner(value) else f"a {type(value).__qualname__}"
+    return f"{type(value).__qualname__}{_state(value, names)}" if plain_owner(value) else f"a {type(value).__qualname__}"
 
 
 def _whole(texts: list[str]) -> str:
@@ -418,7 +437,12 @@ def owner_state(value, names: frozenset[str] | None = None) -> dict | None:
             and (text := _value_text(item)) is not None}
 
 
-def _state(owner) -> str:
+def _state(owner, names: frozenset[str] | None = None) -> str:
+    """' of Kind [a=1.0, ...]': what a plain object a function is bound to holds, by the
+    attributes code loading `names` may read, deep (`owner_names`), else by its plain ones."""
+    if names is not None and plain_owner(owner):
+        texts = _attributes_text(owner, names, 0)
+        return f" of {type(owner).__qualname__} {_whole(texts)}" if texts else ""
     state = owner_state(owner)
     if not state:
         return ""

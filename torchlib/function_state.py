@@ -18,7 +18,7 @@ import types
 
 from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, captured_functions, described_defaults,
                         describes_captured, exec_globals, filled as _filled, nested_owner, objects_held,
-                        plain_container, plain_owner, read_attributes, read_names)
+                        owner_names, plain_container, plain_owner, read_attributes, read_names)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -101,15 +101,22 @@ def _extra(function) -> tuple | None:
     owners = tuple(owner for owner in (*owners, *values) if plain_owner(owner))
     if defaults is None and keywords is None and not owners:
         return None
+    # What the owners hold further down, by the names the user's code loads, as
+    # `callables.describe` shows it (`owner_names`: `cfg.loss.scale` of a partial's `cfg`).
+    names = owner_names(function.__func__ if type(function) is types.MethodType else base
+                        if isinstance(function, (functools.partial, types.FunctionType))
+                        else getattr(type(function), "__call__", None))
+    deep = tuple(_copied(owner, names, owner=True) for owner in owners) if names is not None else None
     return (base, defaults, keywords, dict(keywords) if keywords else None,
-            owners, tuple(dict(attributes_of(owner)) for owner in owners), values, _deep_copies(values))
+            owners, tuple(dict(attributes_of(owner)) for owner in owners), values, _deep_copies(values), deep)
 
 
 def _extra_same(extra: tuple) -> bool:
-    base, defaults, keywords, keywords_copy, owners, states, values, copies = extra
+    base, defaults, keywords, keywords_copy, owners, states, values, copies, deep = extra
     return (getattr(base, "__defaults__", None) is defaults and getattr(base, "__kwdefaults__", None) is keywords
             and (keywords_copy is None or _equal(keywords, keywords_copy))
             and all(_equal(attributes_of(owner), state) for owner, state in zip(owners, states))
+            and (deep is None or all(c is None or _still(owner, c) for owner, c in zip(owners, deep)))
             and (copies is None or all(copied is None or _same_inside(value, copied)
                                        for value, copied in zip(values, copies))))
 
@@ -190,7 +197,7 @@ class _Items(dict):
     kind: type = list
 
 
-def _copied(value, names: frozenset[str] | None = None, depth: int = 0):
+def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: bool = False):
     """A copy of what a captured or bound value holds that may change in place, as
     `describe`'s text shows it: a plain container whole (`cfg["aux"]["k"] = 2.0`, a list
     inside a tuple), a numpy array, a plain object's attributes (`box.k = 2.0`), another
@@ -210,7 +217,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0):
         return copy.copy(value)
     if _is_array(value):
         return value.copy()
-    if names is not None and nested_owner(value) and depth <= HELD_DEPTH:
+    if names is not None and (nested_owner(value) or (owner and plain_owner(value))) and depth <= HELD_DEPTH:
         # The plain objects it holds by their attributes in turn (`box.inner.k`), as
         # `callables._held_text` describes them.
         state, read = attributes_of(value), read_attributes(names, value)
@@ -229,7 +236,7 @@ def _still(value, copied) -> bool:
             key in copied and item is copied[key][0] and (copied[key][1] is None or _still(item, copied[key][1]))
             for key, item in items)
     if isinstance(copied, _Attributes):
-        state = attributes_of(value) if nested_owner(value) else None
+        state = attributes_of(value) if plain_owner(value) else None
         if state is None or (copied.every and {n for n in state if not n.startswith("_")} != copied.keys()):
             return False
         return all(name in state and state[name] is then and (inner is None or _still(then, inner))
