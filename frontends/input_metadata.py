@@ -13,9 +13,9 @@ gradients at calls with a view, silently).
 While tracing, such a read of one of the caller's input tensors by the model's own code
 raises a `LoweringError` naming the attribute, the line and what to do. `is_leaf` and
 `grad_fn` are refused only for an input that requires a gradient: one that does not is
-always a leaf, and whether it requires one is in the signature. `storage_offset()` and
-`_version` are refused through a tensor sharing an input's memory too (`x.detach()`,
-`x[:]`): it answers as the input does. Reads by torch's own code (its tracing reads these
+always a leaf, and whether it requires one is in the signature. `storage_offset()`,
+`_version` and `_base` are refused through a tensor sharing an input's memory too
+(`x.detach()`, `x[:]`): it answers as the input does. Reads by torch's own code (its tracing reads these
 of every tensor) go through.
 """
 
@@ -37,8 +37,9 @@ _PROPERTIES = {"is_leaf": True, "grad_fn": True, "_base": False, "_version": Fal
 #: Tensor methods whose answer depends on how the caller made the tensor.
 _METHODS = ("storage_offset", "_is_view")
 #: Those whose answer a tensor sharing the input's memory (a view, a detached alias)
-#: inherits from the input: where it starts in it, and its writes' counter.
-_SHARED = frozenset({"storage_offset", "_version"})
+#: inherits from the input: where it starts in it, its writes' counter, and its base
+#: (`x.view(-1)._base is x` where x is no view).
+_SHARED = frozenset({"storage_offset", "_version", "_base"})
 
 
 def _storage(tensor: torch.Tensor) -> int | None:
