@@ -1566,8 +1566,10 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"`apply` as an argument and save it with ctx.save_for_backward") from exc
             if "does not yet handle non-differentiable view input mutations" in first:
                 # Inputs sharing a storage without being views of one another (a deepcopy of
-                # two overlapping slices): said as those that are (found by a review).
-                raise LoweringError(_SHARED_WRITTEN_INPUTS) from exc
+                # two overlapping slices): said as those that are (found by a review), with
+                # AOTAutograd's names of the two.
+                which = re.search(r"(input \d+ \(.*?\) and input \d+ \(.*?\)) share storage", str(exc))
+                raise LoweringError(_SHARED_WRITTEN_INPUTS + (f" ({which.group(1)} do)" if which else "")) from exc
             unwritable = unwritable_view_error(type(model).__name__, first, exported.graph_module)
             if unwritable is not None:
                 raise unwritable from exc
