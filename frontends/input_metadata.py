@@ -61,14 +61,16 @@ def refusing_input_metadata(model: torch.nn.Module):
         for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
             if isinstance(leaf, torch.Tensor):
                 inputs.setdefault(id(leaf), (argument_name(path), leaf.requires_grad))
-                storages.setdefault(_storage(leaf), inputs[id(leaf)])
+                if (storage := _storage(leaf)) is not None:
+                    storages.setdefault(storage, inputs[id(leaf)])
 
     def refuse(tensor, name: str, grad_only: bool, shown: str):
         found = inputs.get(id(tensor))
         if found is None and name in _SHARED:
             # Read through another tensor of the input's memory (`x.detach()`, `x[:]`),
             # whose answer is the input's too (found by a review: 0.15 off, silently).
-            found = storages.get(_storage(tensor)) if storages and model_caller(2) is not None else None
+            storage = _storage(tensor) if storages and model_caller(2) is not None else None
+            found = storages.get(storage) if storage is not None else None
         if found is None or (grad_only and not found[1]):
             return
         line = model_caller(2)   # the model's own read, not torch's
@@ -79,7 +81,8 @@ def refusing_input_metadata(model: torch.nn.Module):
                 f"not, a view or not, where it starts in memory), so the graph traced for this "
                 f"call's answer would run at calls whose answer differs. Decide it outside the "
                 f"model and pass the answer as an argument (a bool: each value is planned apart), "
-                f"or take one path for every input (`x.contiguous()` copies nothing where x already is contiguous)")
+                f"or take one path for every input (`x.contiguous()` copies nothing where x "
+                f"already is contiguous)")
 
     def watched_property(name: str, grad_only: bool):
         original = getattr(torch._C.TensorBase, name)

@@ -48,7 +48,10 @@ def keeping_module_containers(model: torch.nn.Module):
         yield
     finally:
         for container, items in contents:
-            _refill(container, items)
+            try:
+                _refill(container, items)
+            except Exception:   # a container refusing in-place edits (transformers' ModelOutput)
+                pass
         for module, key, value in held:
             now = vars(module).get(key, value)
             if now is not value and type(now) is type(value):
