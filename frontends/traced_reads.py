@@ -59,7 +59,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.torchlib.callables import attribute_at, describe, describe_called, filled, is_function
+from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, filled,
+                                         is_function, slot_names)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                described)
 from remat_ir.torchlib.hooks import hook_functions
@@ -146,7 +147,7 @@ def plain_items(container, depth: int = 0) -> list | None:
             # A plain object an item holds (`self.d["k"].v`), by its public attributes whose
             # values are recorded: changed after lowering, the step kept the traced value, 44
             # off eager's gradient, silently (found by a review).
-            attributes = [[name, held] for name, attribute in sorted(_attributes(value).items())
+            attributes = [[name, held] for name, attribute in sorted(attributes_of(value).items())
                           if not name.startswith("_") and (held := held_form(attribute)) is not UNRECORDED]
             # and its class: an instance of another, called like a function (a review found
             # one with the same attributes swapped in, 127 off)
@@ -179,31 +180,8 @@ def _plain_object(value) -> bool:
     object called like a function: `self.loss = FocalLoss(gamma=2)`), those of a class
     with `__slots__` too (`@dataclass(slots=True)`: found by a review, a change after
     `remat` trained on with the traced value, silently)."""
-    return ((hasattr(value, "__dict__") or _slots(type(value))) and not is_function(value)
+    return ((hasattr(value, "__dict__") or slot_names(type(value))) and not is_function(value)
             and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))
-
-
-def _slots(cls: type) -> list[str]:
-    """The attribute names the `__slots__` of a class of the user's (or a library's) and of
-    its bases declare; none for a builtin class."""
-    if cls.__module__ == "builtins":
-        return []
-    names = []
-    for kind in cls.__mro__:
-        declared = kind.__dict__.get("__slots__", ())
-        declared = [declared] if isinstance(declared, str) else declared
-        names += [name for name in declared if name not in ("__dict__", "__weakref__")]
-    return names
-
-
-def _attributes(value) -> dict:
-    """An object's attributes by name: its dictionary's, and what its slots hold."""
-    found = dict(vars(value)) if hasattr(value, "__dict__") else {}
-    for name in _slots(type(value)):
-        held = getattr(value, name, ABSENT)
-        if held is not ABSENT:
-            found.setdefault(name, held)
-    return found
 
 
 @dataclass
@@ -350,7 +328,7 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
             except TypeError:
                 originals[cls] = False
         if originals[cls] is False:   # every plain attribute, as it is now
-            for key, item in _attributes(value).items():
+            for key, item in attributes_of(value).items():
                 if key.startswith("__"):
                     continue
                 if (form := held_form(item)) is not UNRECORDED:

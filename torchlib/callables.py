@@ -393,7 +393,7 @@ def plain_owner(value) -> bool:
     """Whether `value` is an object whose attributes a function bound to it may compute
     with and nothing else compares: not a module (its attributes are recorded as read),
     a class or a Python module."""
-    return (hasattr(value, "__dict__") or bool(_slot_names(type(value)))) and not isinstance(
+    return (hasattr(value, "__dict__") or bool(slot_names(type(value)))) and not isinstance(
         value, (torch.nn.Module, torch.Tensor, type, types.ModuleType, types.FunctionType))
 
 
@@ -403,7 +403,7 @@ def attributes_of(value) -> dict:
     so a hook reading one was not compared, and a change trained on with the traced
     value, 1.73 off eager's gradients (found by a review)."""
     state = getattr(value, "__dict__", None)
-    slots = _slot_names(type(value))
+    slots = slot_names(type(value))
     if not slots:
         return state if state is not None else {}
     found = dict(state) if state else {}
@@ -416,8 +416,11 @@ def attributes_of(value) -> dict:
 
 
 @functools.lru_cache(maxsize=1024)
-def _slot_names(kind: type) -> tuple[str, ...]:
-    """The attribute names `kind` and its bases keep in `__slots__`, in order."""
+def slot_names(kind: type) -> tuple[str, ...]:
+    """The attribute names `kind` and its bases keep in `__slots__`, in order (none for a
+    builtin class)."""
+    if kind.__module__ == "builtins":
+        return ()
     names: list[str] = []
     for klass in kind.__mro__:
         slots = klass.__dict__.get("__slots__", ())
