@@ -394,11 +394,17 @@ def _check_something_trains(graph: Graph, model: str) -> None:
     returned = [graph.value(o.value_id) for o in graph.proto.outputs if o.role == pb.USER_OUTPUT]
     what = (f"{len(returned)} tensor output(s), none of which depends with a gradient on a "
             f"parameter or an input that requires one" if returned else "no tensor")
+    # An imported ONNX graph's parameters are its float initializers: PyTorch's advice
+    # (detach, no_grad) means nothing there (found by a review).
+    advice = ("The ONNX graph's outputs depend on none of its float initializers through "
+              "differentiable ops: train its Constant nodes too (trainable='constants', the "
+              "command line's --trainable constants)"
+              if model == "OnnxModule" else
+              "Return the loss, or the tensors it is computed from, without detach() or "
+              "torch.no_grad() around them, and with parameters that require gradients")
     raise LoweringError(
         f"{model} computes no gradient: its forward returns {what}, so a training step has "
-        f"nothing to compute in its backward and nothing to plan. Return the loss, or the "
-        f"tensors it is computed from, without detach() or torch.no_grad() around them, and "
-        f"with parameters that require gradients")
+        f"nothing to compute in its backward and nothing to plan. {advice}")
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,

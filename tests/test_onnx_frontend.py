@@ -958,3 +958,15 @@ def test_a_graph_input_or_initializer_among_the_outputs_trains_like_eager(return
     module, _ = onnx_frontend.to_torch(model, args)
     assert eager_and_scheduled_step(module, scheduled, args,
                                     lambda out: out[0].square().sum() + out[1].sin().sum()) == 0.0
+
+
+def test_a_graph_with_nothing_to_train_says_what_an_onnx_user_can_do():
+    """Found by a review: an ONNX graph whose outputs depend on no float initializer was
+    told PyTorch's advice (`detach()`, `torch.no_grad()`), which means nothing there."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "nothing", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(LoweringError, match=r"OnnxModule computes no gradient: .* depend on none of its float "
+                                            r"initializers .*--trainable constants\)$"):
+        remat_ir.remat_onnx(model, (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
