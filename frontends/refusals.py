@@ -14,7 +14,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from remat_ir.torchlib.hooks import backward_hooks
-from remat_ir.torchlib.member_arguments import view_of_member
+from remat_ir.torchlib.member_arguments import member_storages, view_of_member
 from remat_ir.torchlib.types import argument_name
 
 from .errors import LoweringError
@@ -93,10 +93,10 @@ def check_member_views(model: torch.nn.Module, args: tuple, kwargs: dict) -> Non
     the forward updates in place, a parameter's gradient). AOTAutograd failed on it from
     inside ("'NoneType' object has no attribute 'size'", found by a review). The member
     itself may be passed: the trace reads it as one tensor with the model's."""
-    members = {id(t): name for name, t in (*model.named_parameters(remove_duplicate=False),
-                                           *model.named_buffers(remove_duplicate=False))}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    members = {id(t): name for name, t in named}
     found = view_of_member(((argument_name(path), leaf) for path, leaf
-                            in pytree.tree_flatten_with_path((args, kwargs))[0]), members)
+                            in pytree.tree_flatten_with_path((args, kwargs))[0]), members, member_storages(named))
     if found is not None:
         raise LoweringError(f"{type(model).__name__}: {found}")
 

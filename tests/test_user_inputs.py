@@ -171,6 +171,13 @@ def test_an_argument_that_is_the_models_own_tensor_is_planned_for_after_another_
     with pytest.raises(LoweringError, match=rf"_ReadsAnArgument: argument args\[\d\] is a view of the "
                                             rf"model's {member}"):
         remat_ir.remat(model, (x, *viewed), cost_model="flops")
+    # A view of a detached alias (`.detach()`, `.data`) shares the member's memory too:
+    # AOTAutograd failed on it with "list index out of range" (found by a review).
+    aliased = ((model.bn.running_mean.detach()[:], torch.randn(6, 6)) if passed == "buffer"
+               else (torch.randn(6), model.l2.weight.data[:]))
+    with pytest.raises(LoweringError, match=rf"_ReadsAnArgument: argument args\[\d\] is a view of the "
+                                            rf"model's {member}"):
+        remat_ir.remat(model, (x, *aliased), cost_model="flops")
 
 
 class _Tempered(torch.nn.Module):

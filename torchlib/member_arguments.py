@@ -13,13 +13,20 @@ from __future__ import annotations
 import torch
 
 
-def view_of_member(named_leaves, members: dict) -> str | None:
+def view_of_member(named_leaves, members: dict, storages: dict | None = None) -> str | None:
     """What to say of the first of `named_leaves` ((argument name, leaf) pairs) that views
-    a tensor of `members` (id -> qualified name), or None."""
+    a tensor of `members` (id -> qualified name), or None. With `storages` (storage id ->
+    qualified name, `member_storages`), one sharing a member's memory otherwise too (a view
+    of `weight.detach()`, `.data`: found by a review, AOTAutograd failed on one written in
+    place with "list index out of range")."""
     for name, leaf in named_leaves:
-        base = leaf._base if isinstance(leaf, torch.Tensor) else None
-        if base is not None and id(base) in members:
-            member = members[id(base)]
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        base = leaf._base
+        member = members.get(id(base)) if base is not None else None
+        if member is None and storages and id(leaf) not in members:
+            member = storages.get(storage_id(leaf))
+        if member is not None:
             return (f"argument {name} is a view of the model's {member}, which remat-ir would read "
                     f"as a tensor of its own, where eager's view follows it (updated in place by the "
                     f"forward, or trained). Pass {member} itself, or read it inside the forward, or "
@@ -32,3 +39,16 @@ def member_arguments(named_leaves, members: dict) -> dict[int, str]:
     `members` (id -> qualified name)."""
     return {i: members[id(leaf)] for i, (_, leaf) in enumerate(named_leaves)
             if isinstance(leaf, torch.Tensor) and id(leaf) in members}
+
+
+def storage_id(tensor: torch.Tensor) -> int | None:
+    """The identity of `tensor`'s storage, shared by its views and detached aliases."""
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):   # a tensor without storage
+        return None
+
+
+def member_storages(named_members) -> dict[int, str]:
+    """{storage id: qualified name} of the (name, tensor) pairs `named_members`."""
+    return {key: name for name, tensor in named_members if (key := storage_id(tensor)) is not None}
