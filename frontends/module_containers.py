@@ -16,7 +16,9 @@ place, as torch's snapshot undid it (a forward appending to `self.cfg["seen"]` t
 its length kept the traced append, and trained with it at every step, silently: found by
 the review of the first version of this module, which put back the objects as the trace
 left them). What a trace changes at the top is the tracing hooks' to refuse
-(`trace_effects`), which compare the objects the user holds.
+(`trace_effects`), which compare the objects the user holds; a change inside a container
+held in one (`self.cfg["stats"]["calls"] += 1`, a deque in a list) is refused here: undone,
+the graph kept what the trace read at every step (1.82 off, silently: found by a review).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import contextlib
 
 import torch
 import torch.utils._pytree as pytree
+
+from .refusals import trace_effects_error
 
 
 #: What every module's `__dict__` holds (its parameters', buffers' and hooks' tables):
@@ -38,56 +42,72 @@ def keeping_module_containers(model: torch.nn.Module):
     """Within, torch.export may replace the containers the model's modules hold with
     copies, and the trace write into them; after (whatever it raised), each is the object
     it was, holding what it held (module docstring)."""
-    held = [(module, key, value) for module in model.modules() for key, value in vars(module).items()
-            if key not in _MODULES_OWN and not pytree.tree_is_leaf(value)]
-    contents: list[tuple[object, list]] = []
+    held = [(path, module, key, value) for path, module in model.named_modules()
+            for key, value in vars(module).items() if key not in _MODULES_OWN and not pytree.tree_is_leaf(value)]
+    contents: list[tuple[object, list, str]] = []
     seen: set[int] = set()
-    for _, _, value in held:
-        _record(value, contents, seen)
+    for path, _, key, value in held:
+        _record(value, contents, seen, f"module attribute {key!r} of {path or '<root>'}")
+    top = {id(value) for _, _, _, value in held}
     try:
         yield
+        # A write into a container held inside one (`self.cfg["stats"]["calls"] += 1`), which
+        # the tracing hooks, comparing the top level, do not see: undone, the graph would
+        # keep what the trace read, at every step (found by a review: 1.82 off eager's loss,
+        # silently). Top-level ones are theirs to refuse or allow (a lazy cache).
+        written = next((where for container, items, where in contents
+                        if id(container) not in top and _differs(container, items)), None)
     finally:
-        for container, items in contents:
+        for container, items, _ in contents:
             try:
                 _refill(container, items)
             except Exception:   # a container refusing in-place edits (transformers' ModelOutput)
                 pass
-        for module, key, value in held:
+        for _, module, key, value in held:
             now = vars(module).get(key, value)
             if now is not value and type(now) is type(value):
                 vars(module)[key] = value
+    if written is not None:
+        raise trace_effects_error(type(model).__name__, [f"it changes a list, dict or deque inside {written}"])
 
 
-def _record(value, contents: list, seen: set[int]) -> None:
-    """Append (container, its items) for `value` and every container inside it, once each."""
+def _record(value, contents: list, seen: set[int], where: str) -> None:
+    """Append (container, its items, `where` it is held) for `value` and every container
+    inside it, once each."""
     if pytree.tree_is_leaf(value) or id(value) in seen:
         return
     seen.add(id(value))
     if isinstance(value, dict):
         items = list(value.items())
-        contents.append((value, items))
+        contents.append((value, items, where))
         children = [item for _, item in items]
     elif isinstance(value, (list, collections.deque)):
         children = list(value)
-        contents.append((value, children))
+        contents.append((value, children, where))
     else:   # a tuple or another node: not written in place, but what it holds may be
         children = pytree.tree_flatten(value, is_leaf=lambda v: v is not value)[0]
     for child in children:
-        _record(child, contents, seen)
+        _record(child, contents, seen, where)
+
+
+def _differs(container, items: list) -> bool:
+    """Whether `container` holds other than `items` (its items, or (key, item) pairs for a
+    dict), by identity."""
+    now = list(container.items()) if isinstance(container, dict) else list(container)
+    if len(now) != len(items):
+        return True
+    if isinstance(container, dict):
+        return not all(k is a and v is b for (k, v), (a, b) in zip(now, items))
+    return not all(a is b for a, b in zip(now, items))
 
 
 def _refill(container, items: list) -> None:
-    """`container` holding `items` again (its items, or (key, item) pairs for a dict), in
-    place, where anything differs."""
+    """`container` holding `items` again, in place, where anything differs."""
+    if not _differs(container, items):
+        return
     if isinstance(container, dict):
-        now = list(container.items())
-        if len(now) == len(items) and all(k is a and v is b for (k, v), (a, b) in zip(now, items)):
-            return
         container.clear()
         container.update(items)
-        return
-    now = list(container)
-    if len(now) == len(items) and all(a is b for a, b in zip(now, items)):
         return
     if isinstance(container, list):
         container[:] = items

@@ -1778,11 +1778,15 @@ def test_what_a_trace_writes_inside_a_modules_containers_is_undone_in_the_same_o
     copies in their places; keeping the objects (above) first kept the trace's writes too,
     and a forward reading the length of a list it appends to inside a dict trained with
     the traced length, 3.22 off eager's loss (found by a review). The objects stay, holding
-    what they held; a deque appended to at every call is refused as a list is (it trained
-    on with the traced length, silently)."""
+    what they held, and such a write is refused; a deque appended to at every call is
+    refused as a list is (it trained on with the traced length, silently)."""
     model = _AppendsInside("nested")
     cfg, seen = model.cfg, model.cfg["seen"]
-    _remat(model, (torch.randn(4, 8),), solver="recompute-all")
+    # Undone, the graph kept what the trace read of it at every step (a call counter one
+    # level down: 1.82 off eager's loss, silently; found by the next review): refused.
+    with pytest.raises(LoweringError, match=r"_AppendsInside's forward does what tracing runs once .*changes "
+                                            r"a list, dict or deque inside module attribute 'cfg' of <root>"):
+        _remat(model, (torch.randn(4, 8),), solver="recompute-all")
     assert model.cfg is cfg and model.cfg["seen"] is seen and seen == []
     with pytest.raises(LoweringError, match=r"_AppendsInside's forward does what tracing runs once .*changes "
                                             r"module attribute 'window' of <root>"):
