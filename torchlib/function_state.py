@@ -106,7 +106,8 @@ def _extra(function) -> tuple | None:
     names = owner_names(function.__func__ if type(function) is types.MethodType else base
                         if isinstance(function, (functools.partial, types.FunctionType))
                         else getattr(type(function), "__call__", None))
-    deep = tuple(_copied(owner, names, owner=True) for owner in owners) if names is not None else None
+    deep = tuple(_copied(owner, names, owner=True) if read_attributes(names, owner) is not None else None
+                 for owner in owners) if names is not None else None   # as `callables._state` shows them
     return (base, defaults, keywords, dict(keywords) if keywords else None,
             owners, tuple(dict(attributes_of(owner)) for owner in owners), values, _deep_copies(values), deep)
 
