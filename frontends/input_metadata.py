@@ -26,7 +26,7 @@ import contextlib
 import torch
 import torch.utils._pytree as pytree
 
-from remat_ir.torchlib.types import argument_name
+from remat_ir.torchlib.types import argument_name, storage_id
 
 from .errors import LoweringError
 from .model_lines import model_caller
@@ -42,14 +42,6 @@ _METHODS = ("storage_offset", "_is_view")
 _SHARED = frozenset({"storage_offset", "_version", "_base"})
 
 
-def _storage(tensor: torch.Tensor) -> int | None:
-    """The identity of `tensor`'s storage (shared by its views and detached aliases)."""
-    try:
-        return torch._C.TensorBase.untyped_storage(tensor)._cdata
-    except (RuntimeError, NotImplementedError):   # a tensor without storage
-        return None
-
-
 @contextlib.contextmanager
 def refusing_input_metadata(model: torch.nn.Module):
     """Within, the model's own code reading `_PROPERTIES` or calling `_METHODS` of one of
@@ -61,7 +53,7 @@ def refusing_input_metadata(model: torch.nn.Module):
         for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
             if isinstance(leaf, torch.Tensor):
                 inputs.setdefault(id(leaf), (argument_name(path), leaf.requires_grad))
-                if (storage := _storage(leaf)) is not None:
+                if (storage := storage_id(leaf)) is not None:
                     storages.setdefault(storage, inputs[id(leaf)])
 
     def refuse(tensor, name: str, grad_only: bool, shown: str):
@@ -69,7 +61,7 @@ def refusing_input_metadata(model: torch.nn.Module):
         if found is None and name in _SHARED:
             # Read through another tensor of the input's memory (`x.detach()`, `x[:]`),
             # whose answer is the input's too (found by a review: 0.15 off, silently).
-            storage = _storage(tensor) if storages and model_caller(2) is not None else None
+            storage = storage_id(tensor) if storages and model_caller(2) is not None else None
             found = storages.get(storage) if storage is not None else None
         if found is None or (grad_only and not found[1]):
             return

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .types import storage_id
+
 
 def view_of_member(named_leaves, members: dict, storages: dict | None = None) -> str | None:
     """What to say of the first of `named_leaves` ((argument name, leaf) pairs) that views
@@ -39,14 +41,6 @@ def member_arguments(named_leaves, members: dict) -> dict[int, str]:
     `members` (id -> qualified name)."""
     return {i: members[id(leaf)] for i, (_, leaf) in enumerate(named_leaves)
             if isinstance(leaf, torch.Tensor) and id(leaf) in members}
-
-
-def storage_id(tensor: torch.Tensor) -> int | None:
-    """The identity of `tensor`'s storage, shared by its views and detached aliases."""
-    try:
-        return tensor.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):   # a tensor without storage
-        return None
 
 
 def member_storages(named_members) -> dict[int, str]:

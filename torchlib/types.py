@@ -413,6 +413,15 @@ def same_layout(tensor: torch.Tensor, shape, stride) -> bool:
     return all(a == s for a, s, n in zip(actual, stride, shape) if n > 1)
 
 
+def storage_id(tensor: torch.Tensor) -> int | None:
+    """The identity of `tensor`'s storage, shared by its views and detached aliases (None
+    for a tensor without storage)."""
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def overlaps(shape, stride) -> bool:
     """Whether a layout may map two indices to one element (`Tensor.unfold` with a step
     below its size, `as_strided`, `expand`): a tensor laid out so cannot hold arbitrary
