@@ -415,10 +415,10 @@ def same_layout(tensor: torch.Tensor, shape, stride) -> bool:
 
 def storage_id(tensor: torch.Tensor) -> int | None:
     """The identity of `tensor`'s storage, shared by its views and detached aliases (None
-    for a tensor without storage)."""
+    for a tensor without storage, or a lazy module's parameter not made yet)."""
     try:
         return tensor.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
+    except (RuntimeError, NotImplementedError, ValueError):   # ValueError: UninitializedParameter
         return None
 
 
