@@ -58,15 +58,17 @@ def refusing_input_metadata(model: torch.nn.Module):
 
     def refuse(tensor, name: str, grad_only: bool, shown: str):
         found = inputs.get(id(tensor))
-        if found is None and name in _SHARED:
-            # Read through another tensor of the input's memory (`x.detach()`, `x[:]`),
-            # whose answer is the input's too (found by a review: 0.15 off, silently).
-            storage = storage_id(tensor) if storages and model_caller(2) is not None else None
-            found = storages.get(storage) if storage is not None else None
-        if found is None or (grad_only and not found[1]):
+        if found is None and (name not in _SHARED or not storages):
             return
         line = model_caller(2)   # the model's own read, not torch's
-        if line is not None:
+        if line is None:
+            return
+        if found is None:
+            # Read through another tensor of the input's memory (`x.detach()`, `x[:]`),
+            # whose answer is the input's too (found by a review: 0.15 off, silently).
+            storage = storage_id(tensor)
+            found = storages.get(storage) if storage is not None else None
+        if found is not None and (found[1] or not grad_only):
             raise LoweringError(
                 f"{type(model).__name__}'s forward reads {shown} of its input {found[0]} at {line}: "
                 f"a call's signature does not name how the caller made an input (a leaf or "
