@@ -335,6 +335,12 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                     reads.objects.setdefault((path, name, key), form)
                 elif not key.startswith("_") and (items := plain_items(item)) is not None:
                     reads.containers.setdefault((path, f"{name}.{key}"), items)
+                elif not key.startswith("_") and _plain_object(item) and name.count(".") < _DEPTH:
+                    # Reads from a builtin object are not seen, so what it holds is held
+                    # too (`self.act = Scaler()` whose `__call__` reads
+                    # `self.cfg.loss.scale`, cfg a SimpleNamespace): found by a review,
+                    # a change after `remat` trained on with the traced value, 2.40 off.
+                    hold(path, f"{name}.{key}", item)
 
     def getattribute(self, name):
         try:

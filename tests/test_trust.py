@@ -1832,6 +1832,98 @@ def test_a_number_one_object_below_what_a_hook_is_bound_to_changed_is_planned_ag
     assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
 
 
+class _CfgAnnealer:
+    """A number one object down (`cfg.t`), reached by a property, a helper method or a
+    call of the object itself; `step` is a counter nothing reads."""
+
+    def __init__(self):
+        self.cfg, self.step = types.SimpleNamespace(t=1.0), 0
+
+    @property
+    def scale(self):
+        return self.cfg.t
+
+    def scale_of(self):
+        return self.cfg.t
+
+    def __call__(self):
+        return self.cfg.t
+
+    def property_hook(self, module, args, out):
+        return out * self.scale
+
+    def method_hook(self, module, args, out):
+        return out * self.scale_of()
+
+
+def _annealing_hook(annealer: _CfgAnnealer, how: str):
+    if how == "closure calling it":
+        return lambda module, args, out: out * annealer()
+    if how == "closure reading it":
+        return lambda module, args, out: out * annealer.cfg.t
+    return getattr(annealer, how.replace("bound ", "").replace(" ", "_"))
+
+
+@pytest.mark.parametrize("how", ["bound property hook", "bound method hook", "closure calling it",
+                                 "closure reading it"])
+def test_a_number_a_hook_reaches_through_a_method_property_or_call_changed_is_planned_again(how, capsys):
+    """Found by a review: a hook bound to an object reading its number through a property
+    or another method of that object (`self.scale_of()` returning `self.cfg.t`), or a
+    closure over an object called like a function (`ann()`, `ann.cfg.t`), was not compared
+    one object down: a change trained on with the traced value, 0.65 off eager's
+    gradients, silently. The names the methods, properties and `__call__` load are
+    followed down; a counter none of them reads plans nothing again."""
+    annealer = _CfgAnnealer()
+    model, x = _Hidden(), torch.randn(4, 8)
+    model.l2.register_forward_hook(_annealing_hook(annealer, how))
+    scheduled = _remat(model, (x,))
+    capsys.readouterr()
+    for _ in range(3):
+        annealer.step += 1
+        scheduled(x).square().mean().backward()
+    assert "lowering and planning again" not in capsys.readouterr().err
+    annealer.cfg.t = 3.0
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+
+
+class _ActingByAnnealer(torch.nn.Module):
+    """Holds a callable object (`self.act = annealer`) whose `__call__` reads a number one
+    builtin object down (`self.cfg.t`, cfg a SimpleNamespace)."""
+
+    class Act:
+        def __init__(self):
+            self.cfg = types.SimpleNamespace(loss=types.SimpleNamespace(t=1.0))
+
+        def __call__(self, h):
+            return h * self.cfg.loss.t
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.act = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4), self.Act()
+
+    def forward(self, x):
+        return self.b(self.act(self.a(x)))
+
+
+def test_a_number_below_a_builtin_object_a_held_callable_reads_changed_is_planned_again(capsys):
+    """Found by a review: a module holding a callable object whose `__call__` reads
+    `self.cfg.loss.t` (cfg a SimpleNamespace, a builtin class whose reads are not seen)
+    was recorded one object down only, and a change trained on with the traced value,
+    2.40 off eager's gradients, silently. What a builtin object holds is held in turn."""
+    model, x = _ActingByAnnealer(), torch.randn(4, 8)
+    scheduled = _remat(model, (x,))
+    scheduled(x).square().mean().backward()
+    model.act.cfg.loss.t = 3.0
+    model.zero_grad()
+    capsys.readouterr()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+    assert "act.cfg.loss.t of _ActingByAnnealer was 1.0" in capsys.readouterr().err
+
+
 def test_an_attribute_a_hook_does_not_read_changing_at_every_step_plans_nothing_again(capsys):
     """Found by a review of the fix above: a hook reading `state.scale` of an object whose
     `step` the loop advances lowered and planned again at every step (a description of

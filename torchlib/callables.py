@@ -62,8 +62,7 @@ def describe(value) -> str:
         # `annealer.t = 3.0`): found by a review, the step kept the traced value.
         return describe(value.__func__) + _state(value.__self__, owner_names(value.__func__))
     code = getattr(value, "__code__", None)
-    if code is None and callable(value) and plain_owner(value) \
-            and isinstance(getattr(type(value), "__call__", None), types.FunctionType):
+    if code is None and called_like_function(value):
         # An object called like a function (a hook `register_forward_hook(annealer)`).
         kind = type(value)
         return (f"{kind.__module__}.{kind.__qualname__} object calling {describe(kind.__call__)}"
@@ -164,11 +163,12 @@ def _held_text(value, names: frozenset[str], depth: int = 0) -> str | None:
 
 def _attributes_text(owner, names: frozenset[str], depth: int) -> list[str]:
     """'name=text' of the public attributes of `owner` (a plain object) that code loading
-    `names` may read (`read_attributes`), each as `_held_text` shows it, one level down."""
-    read = read_attributes(names, owner)
+    `names` may read (`names_reading`), each as `_held_text` shows it, one level down, by
+    the names reading it loads."""
+    read = names_reading(names, owner)
     return [f"{name}={text}" for name, item in sorted(attributes_of(owner).items())
             if not name.startswith("_") and (read is None or name in read)
-            and (text := _held_text(item, names, depth + 1)) is not None]
+            and (text := _held_text(item, read or names, depth + 1)) is not None]
 
 
 def owner_names(function) -> frozenset[str] | None:
@@ -186,8 +186,10 @@ def owner_names(function) -> frozenset[str] | None:
 def nested_owner(value) -> bool:
     """Whether `value`, a plain object a closure captured (or one such a value holds), is
     described (and copied, `function_state._copied`) by its attributes: one not called
-    like a function."""
-    return plain_owner(value) and not callable(value)
+    like a function, or one whose class's `__call__` is Python code (found by a review: a
+    hook closing over an annealer `ann` read as `ann.t` or `ann()` was not compared, and a
+    change trained on with the traced value, 0.65 off)."""
+    return plain_owner(value) and (not callable(value) or called_like_function(value))
 
 
 def objects_held(value) -> list | None:
@@ -267,16 +269,30 @@ _ANY_ATTRIBUTE = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgette
 
 def read_attributes(names: frozenset[str], owner) -> frozenset[str] | None:
     """The attributes of `owner` (a plain object a closure of the user's code captured)
-    that code loading `names` (`read_names`) may read: those of `names` it holds, and
-    those that the methods and properties of `owner`'s class among them read in turn,
-    and theirs (`state.scale()` calling `self._scale()` reading `self.k`); None for all of
-    them, where the code may read one by a name it does not spell (`_ANY_ATTRIBUTE`). Not
-    the others: a step counter or a log on the same object, changing at every call, made
-    every call lower and plan again (found by a review); the names alone missed
-    `getattr(box, "k")` and a method's helper, silently (found by the next review)."""
+    that code loading `names` (`read_names`) may read (`names_reading`); None for all of
+    them. Not the others: a step counter or a log on the same object, changing at every
+    call, made every call lower and plan again (found by a review)."""
+    read = names_reading(names, owner)
+    if read is None:
+        return None
+    state = attributes_of(owner)
+    return frozenset(name for name in read if name in state)
+
+
+def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
+    """The names code loading `names` loads when it reads `owner`: `names`, and those that
+    the methods and properties of `owner`'s class among them load in turn, and theirs
+    (`state.scale()` calling `self._scale()` reading `self.k`), those of its `__call__`
+    too where it is called like a function (`ann()`); None where the code may read an
+    attribute by a name it does not spell (`_ANY_ATTRIBUTE`). What `owner` holds is read
+    by these names in turn: found by a review, a hook calling `self.scale_of()` that reads
+    `self.cfg.scale`, or reading a property so, was compared by the hook's own names one
+    object down, and a change trained on with the traced value, 0.65 off; the names alone
+    had missed `getattr(box, "k")` and a method's helper, silently (an earlier review)."""
     if names & _ANY_ATTRIBUTE:
         return None
-    read, pending = set(names), list(names)
+    read = set(names) | ({"__call__"} if called_like_function(owner) else set())
+    pending = list(read)
     while pending:
         member = getattr(type(owner), pending.pop(), None)
         inner = member.fget if isinstance(member, property) else member
@@ -288,8 +304,13 @@ def read_attributes(names: frozenset[str], owner) -> frozenset[str] | None:
             return None
         pending += sorted(more - read)
         read |= more
-    state = attributes_of(owner)
-    return frozenset(name for name in read if name in state)
+    return frozenset(read)
+
+
+def called_like_function(value) -> bool:
+    """Whether `value` is a plain object whose class's `__call__` is Python code (an
+    annealer `ann()`, a loss object), not a function, a partial or a bound method."""
+    return plain_owner(value) and isinstance(getattr(type(value), "__call__", None), types.FunctionType)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -17,8 +17,8 @@ import sys
 import types
 
 from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, captured_functions, described_defaults,
-                        describes_captured, exec_globals, filled as _filled, nested_owner, objects_held,
-                        owner_names, plain_container, plain_owner, read_attributes, read_names)
+                        describes_captured, exec_globals, filled as _filled, names_reading, nested_owner,
+                        objects_held, owner_names, plain_container, plain_owner, read_attributes, read_names)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -221,8 +221,8 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
     if names is not None and (nested_owner(value) or (owner and plain_owner(value))) and depth <= HELD_DEPTH:
         # The plain objects it holds by their attributes in turn (`box.inner.k`), as
         # `callables._held_text` describes them.
-        state, read = attributes_of(value), read_attributes(names, value)
-        copied = _Attributes({name: (item, _copied(item, names, depth + 1)) for name, item in state.items()
+        state, read = attributes_of(value), names_reading(names, value)
+        copied = _Attributes({name: (item, _copied(item, read or names, depth + 1)) for name, item in state.items()
                               if (name in read if read is not None else not name.startswith("_"))})
         copied.every = read is None
         return copied
