@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -495,8 +496,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _negative_values_joined(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """`--budget -50%` as `--budget=-50%`: argparse reads a value starting with '-' as an
+    option and answered "expected one argument", naming nothing wrong with the value;
+    joined, the value's own check says what is (a budget must be positive)."""
+    parsers = [parser, *(choice for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+                         for choice in action.choices.values())]
+    valued = {option for each in parsers for action in each._actions if action.nargs is None
+              for option in action.option_strings if option.startswith("--")}
+    joined: list[str] = []
+    for text in argv:
+        if joined and joined[-1] in valued and re.match(r"-[0-9.]", text):
+            joined[-1] = f"{joined[-1]}={text}"
+        else:
+            joined.append(text)
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(_negative_values_joined(parser, sys.argv[1:] if argv is None else list(argv)))
     try:
         return args.run(args)
     except InvalidGraph as exc:

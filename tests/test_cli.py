@@ -323,6 +323,17 @@ def test_inspect_refuses_a_count_below_one(top):
     assert f"remat-ir inspect: error: argument --top: must be at least 1, got {top}" in result.stderr
 
 
+@pytest.mark.parametrize("budget, message", [("-50%", "budget must be a positive finite share, got '-50%'"),
+                                             ("-1GiB", "budget must be positive, got '-1GiB'")])
+def test_a_negative_budget_is_refused_as_negative(tmp_path, budget, message):
+    """`--budget -50%` was read by argparse as an option: "expected one argument", naming
+    nothing wrong with the value (found by a review)."""
+    result = remat_ir("solve", EXAMPLE, "--budget", budget, "-o", tmp_path / "out.rir")
+    assert result.returncode == 2
+    assert f"remat-ir: error: {message}" in result.stderr
+    assert not (tmp_path / "out.rir").exists()
+
+
 def test_convert_refuses_an_input_too_big_to_hold(tmp_path, monkeypatch):
     """--shape with a huge dimension is refused by input name and size, whether the machine's
     memory is known (checked before allocating) or not (the allocator's refusal)."""
