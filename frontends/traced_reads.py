@@ -62,7 +62,7 @@ import torch
 from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, filled,
                                          is_function, slot_names)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
-                                               described)
+                                               PUBLIC_NAMES, described)
 from remat_ir.torchlib.hooks import hook_functions
 from remat_ir.torchlib.namespaces import remember
 
@@ -144,17 +144,37 @@ def plain_items(container, depth: int = 0) -> list | None:
         if form is UNRECORDED and depth < _NESTING and (inner := plain_items(value, depth + 1)) is not None:
             form = {NESTED: inner}
         if form is UNRECORDED and _plain_object(value):
-            # A plain object an item holds (`self.d["k"].v`), by its public attributes whose
-            # values are recorded: changed after lowering, the step kept the traced value, 44
-            # off eager's gradient, silently (found by a review).
-            attributes = [[name, held] for name, attribute in sorted(attributes_of(value).items())
-                          if not name.startswith("_") and (held := held_form(attribute)) is not UNRECORDED]
-            # and its class: an instance of another, called like a function (a review found
-            # one with the same attributes swapped in, 127 off)
-            form = {ATTRIBUTES: [["__class__", {FUNCTION: describe_called(type(value))}], *attributes]}
+            # A plain object an item holds (`self.d["k"].v`): changed after lowering, the
+            # step kept the traced value, 44 off eager's gradient, silently (a review).
+            form = object_form(value, depth)
         if form is not UNRECORDED:
             items.append([key_form, form])
     return items + [[LENGTH, len(container)]] if items else None
+
+
+def object_form(value, depth: int = 0) -> dict:
+    """A plain object as recorded where its reads are not seen one by one (held by a
+    container, or by a global the code passes along: `scale_of(CFG.sub)`, `getattr(CFG,
+    "t", 1.0)`, both trained on with the traced value after a change, 0.65 off eager's
+    gradients, silently; found by a review): {ATTRIBUTES: its class (an instance of
+    another, called like a function, swapped in: 127 off), its public attribute names
+    (`PUBLIC_NAMES`: one set later), and those attributes whose values are recorded,
+    plain objects and containers among them `_NESTING` deep}."""
+    attributes = []
+    for name, attribute in sorted(attributes_of(value).items()):
+        if name.startswith("_"):
+            continue
+        held = held_form(attribute)
+        if held is UNRECORDED and depth < _NESTING:
+            if (inner := plain_items(attribute, depth + 1)) is not None:
+                held = {NESTED: inner}
+            elif _plain_object(attribute):
+                held = object_form(attribute, depth + 1)
+        if held is not UNRECORDED:
+            attributes.append([name, held])
+    public = sorted(name for name in attributes_of(value) if not name.startswith("_"))
+    return {ATTRIBUTES: [["__class__", {FUNCTION: describe_called(type(value))}], [PUBLIC_NAMES, public],
+                         *attributes]}
 
 
 class ModulesByDict:
@@ -570,6 +590,10 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             for key, item in items:
                 if not isinstance(key, dict):
                     reads.globals.setdefault((module, name, ("attr", path, key)), item)
+        elif _plain_object(attribute):   # passed along whole: `scale_of(CFG.sub)`
+            reads.globals.setdefault((module, name, ("attr", path)), object_form(attribute))
+    elif _plain_object(value):   # passed along whole: `getattr(CFG, "t", 1.0)`, `scale_of(CFG)`
+        reads.globals.setdefault((module, name, None), object_form(value))
     elif is_function(value) and not isinstance(value, types.FunctionType):
         # A builtin under a name of the user's (`act = torch.tanh`), rebound later.
         reads.globals.setdefault((module, name, ("function",)), describe(value))

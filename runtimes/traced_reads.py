@@ -12,9 +12,10 @@ from collections.abc import Mapping
 import torch
 
 from remat_ir.ir import pb
-from remat_ir.torchlib.callables import attribute_at, describe, describe_called, is_function
-from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH, NESTED, TENSOR_LIKE, described,
-                                                is_tensor_like)
+from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, is_function,
+                                         slot_names)
+from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH, NESTED, PUBLIC_NAMES,
+                                                TENSOR_LIKE, described, is_tensor_like)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.namespaces import AttributeNamespace, namespace
@@ -44,13 +45,22 @@ def _same(now, lowered) -> bool:
         if NESTED in lowered:   # a container held in one: its items and length
             return isinstance(now, (list, tuple, Mapping)) and items_same(now, lowered[NESTED])
         if ATTRIBUTES in lowered:   # a plain object held in a container: its attributes
-            return all(_same(getattr(now, name, _MISSING), held) for name, held in lowered[ATTRIBUTES])
+            return all(_same(_attribute(now, name), held) for name, held in lowered[ATTRIBUTES])
         if FUNCTION in lowered:   # a global object's method, with what the object holds; an item's function or module
             return (_OBJECT not in lowered or now is lowered[_OBJECT]) and describe_called(now) == lowered[FUNCTION]
         if TENSOR_LIKE in lowered:   # a tensor the forward stores, by its metadata
             return is_tensor_like(now, lowered)
         return any(_same(now, value) for value in lowered[_ANY_OF])
     return type(now) is type(lowered) and now == lowered
+
+
+def _attribute(owner, name: str):
+    """`owner.name` as an object's recorded attributes name it (`frontends/traced_reads.py`
+    `object_form`): its sorted public attribute names under `PUBLIC_NAMES`."""
+    if name == PUBLIC_NAMES:
+        return sorted(key for key in attributes_of(owner) if not key.startswith("_")) \
+            if hasattr(owner, "__dict__") or slot_names(type(owner)) else _MISSING
+    return getattr(owner, name, _MISSING)
 
 
 def items_same(container, items: list) -> bool:
@@ -69,7 +79,8 @@ def _shown(lowered) -> str:
             shape, dtype, device = lowered[TENSOR_LIKE]
             return f"a {dtype} tensor of shape {tuple(shape)} on {device}"
         if ATTRIBUTES in lowered:
-            return "an object with " + ", ".join(f"{name}={_shown(held)}" for name, held in lowered[ATTRIBUTES])
+            return "an object with " + ", ".join(f"{name}={_shown(held)}" for name, held in lowered[ATTRIBUTES]
+                                                 if name != PUBLIC_NAMES)
         if NESTED in lowered:
             return "{" + ", ".join(f"{_shown(key)}: {_shown(value)}" for key, value in lowered[NESTED]
                                    if not _is_length(key)) + ", ...}"
@@ -220,7 +231,7 @@ class TracedReads:
                 found = _items(now)
                 return {**lowered, NESTED: [[key, pinned(held, _item(found, key))] for key, held in lowered[NESTED]]}
             if isinstance(lowered, dict) and ATTRIBUTES in lowered:   # an object a table holds
-                return {**lowered, ATTRIBUTES: [[name, pinned(held, getattr(now, name, _MISSING))]
+                return {**lowered, ATTRIBUTES: [[name, pinned(held, _attribute(now, name))]
                                                 for name, held in lowered[ATTRIBUTES]]}
             return lowered
 
@@ -408,8 +419,12 @@ def _attribute_shown(now, held) -> str:
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
     shown = now if not quoted else _value_shown(now)   # descriptions are said as they are
     if quoted and isinstance(lowered, dict) and ATTRIBUTES in lowered:   # the same attributes, now
+        then = dict(lowered[ATTRIBUTES]).get(PUBLIC_NAMES, [])
+        added = [name for name in _attribute(now, PUBLIC_NAMES) if name not in then] \
+            if PUBLIC_NAMES in dict(lowered[ATTRIBUTES]) and _attribute(now, PUBLIC_NAMES) is not _MISSING else []
         shown = "an object with " + ", ".join(
-            f"{name}={_attribute_shown(getattr(now, name, _MISSING), held)}" for name, held in lowered[ATTRIBUTES])
+            [f"{name}={_attribute_shown(_attribute(now, name), held)}" for name, held in lowered[ATTRIBUTES]
+             if name != PUBLIC_NAMES] + [f"{name}={_value_shown(getattr(now, name, _MISSING))}" for name in added])
     if isinstance(lowered, dict) and _CLASS in lowered and type(now) is not lowered[_CLASS] \
             and described(now) == lowered[DESCRIBED]:
         shown += f" (of another class {type(now).__qualname__}, defined since)"

@@ -1889,6 +1889,40 @@ def test_a_number_a_hook_reaches_through_a_method_property_or_call_changed_is_pl
     assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
 
 
+class _GetattrTrainer:
+    """A hook reading by `getattr` and `hasattr` with names it spells, one object down;
+    `step` is a counter nothing reads."""
+
+    def __init__(self):
+        self.cfg, self.step = types.SimpleNamespace(), 0
+
+    def hook(self, module, args, out):
+        return out * getattr(self.cfg, "k", 1.0) if hasattr(self.cfg, "on") else out
+
+
+def test_a_hook_reading_by_spelled_getattr_plans_again_for_what_it_reads_only(capsys):
+    """Found by a review: a hook reading `getattr(self, "k", 1.0)` was taken to read any
+    attribute, so a step counter on its object lowered and planned again at every call
+    (0.5 s a step on a tiny network). The names it spells are now its reads; one of them
+    absent when traced and set later (`cfg.on`, then `cfg.k`) plans again, where it had
+    trained on with the traced value, 0.65 off eager's gradients, silently."""
+    trainer = _GetattrTrainer()
+    model, x = _Hidden(), torch.randn(4, 8)
+    model.l2.register_forward_hook(trainer.hook)
+    scheduled = _remat(model, (x,))
+    capsys.readouterr()
+    for _ in range(3):
+        trainer.step += 1
+        scheduled(x).square().mean().backward()
+    assert "lowering and planning again" not in capsys.readouterr().err
+    for name in ("on", "k"):
+        setattr(trainer.cfg, name, 3.0)
+        model.zero_grad()
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                            tolerance=1e-30) == {}
+        assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+
+
 class _ActingByAnnealer(torch.nn.Module):
     """Holds a callable object (`self.act = annealer`) whose `__call__` reads a number one
     builtin object down (`self.cfg.t`, cfg a SimpleNamespace)."""
@@ -7058,6 +7092,54 @@ def test_a_global_configs_nested_attribute_changed_after_lowering_is_planned_for
     finally:
         _NESTED_CONFIG.model = saved
         saved.temperature, saved.table["gain"] = 1.0, 1.0
+
+
+#: A global configuration the forward below passes along whole, or reads by `getattr`.
+_PASSED_CONFIG = types.SimpleNamespace(t=1.0, sub=types.SimpleNamespace(t=1.0))
+
+
+def _temperature_of(config):
+    return config.t
+
+
+class _PassesConfigAlong(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.fc, self.how = torch.nn.Linear(6, 3), how
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.how == "getattr":
+            h = h * getattr(_PASSED_CONFIG, "t", 1.0) * getattr(_PASSED_CONFIG, "k", 1.0)
+        elif self.how == "helper":
+            h = h * _temperature_of(_PASSED_CONFIG.sub)
+        else:
+            config = _PASSED_CONFIG.sub
+            h = h * config.t
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("how, change", [("getattr", "t"), ("getattr", "k"), ("helper", "sub.t"), ("alias", "sub.t")])
+def test_a_global_config_passed_along_or_read_by_getattr_changed_after_lowering_is_planned_for(how, change, capsys):
+    """A global config object the forward passes to a helper (`scale_of(CFG.sub)`), reads
+    through a local name, or reads by `getattr(CFG, "t", 1.0)` was not recorded (only
+    `CFG.a.b` spelled out was): changed after `remat`, the step trained on with the traced
+    value, 0.65 off eager's gradients, silently (found by a review). It is recorded whole,
+    with its attribute names: one set later (`k`, absent when traced) counts."""
+    try:
+        torch.manual_seed(0)
+        model, x = _PassesConfigAlong(how), torch.randn(5, 6)
+        scheduled = _remat(model, (x,))
+        scheduled(x).backward()
+        model.zero_grad()
+        owner = _PASSED_CONFIG.sub if change == "sub.t" else _PASSED_CONFIG
+        setattr(owner, change.split(".")[-1], 3.0)
+        capsys.readouterr()
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert "remat-ir: new value read by forward (global _PASSED_CONFIG" in capsys.readouterr().err
+    finally:
+        _PASSED_CONFIG.t = _PASSED_CONFIG.sub.t = 1.0
+        vars(_PASSED_CONFIG).pop("k", None)
 
 
 #: Activations a forward hook collects (a feature-matching loss), by layer.

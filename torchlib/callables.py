@@ -17,12 +17,16 @@ re-made with another constant reads as another function. A bound method is its f
 
 from __future__ import annotations
 
+import ast
 import collections
+import dis
 import functools
 import hashlib
+import inspect
 import operator
 import pathlib
 import sysconfig
+import textwrap
 import types
 
 import torch
@@ -315,12 +319,72 @@ def called_like_function(value) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _names(code: types.CodeType) -> frozenset[str]:
-    """The names `code` and the code nested in it read."""
+    """The names `code` and the code nested in it read; `getattr(self, "k", 1.0)` and
+    `hasattr(self, "k")` as a read of `k` where every such call spells its name
+    (`_spelled_reads`). Why: read as "any attribute", an object whose hook reads one so
+    was described whole, and a step counter on it planned every call again (found by a
+    review, 0.5 s a step on a tiny network)."""
     names = set(code.co_names)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             names |= _names(constant)
+    if names & _BY_NAME and not names & (_ANY_ATTRIBUTE - _BY_NAME) \
+            and (spelled := _spelled_reads(code)) is not None:
+        names = (names - _BY_NAME) | spelled
     return frozenset(names)
+
+
+#: The builtins reading an attribute by a name given as their second argument.
+_BY_NAME = frozenset({"getattr", "hasattr"})
+
+
+def _spelled_reads(code: types.CodeType) -> frozenset[str] | None:
+    """The attribute names that the `getattr` and `hasattr` calls of `code` spell as a
+    string constant, or None where one does not (`getattr(self, key)`), where `getattr`
+    is used otherwise (`f = getattr`), or where its source cannot be read, or no longer
+    matches the code (a file edited after it was loaded: each spelled name must be among
+    the code's constants, and the calls as many as the code's loads of these names)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(code))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    spelled, calls = set(), 0
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id in _BY_NAME):
+            continue
+        if id(node) not in called:
+            return None
+        calls += 1
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _BY_NAME:
+            name = node.args[1] if len(node.args) >= 2 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                return None
+            spelled.add(name.value)
+    if not spelled <= _string_constants(code) or calls < _loads_of(code, _BY_NAME):
+        return None
+    return frozenset(spelled)
+
+
+def _string_constants(code: types.CodeType) -> set[str]:
+    """The strings among the constants of `code` and the code nested in it."""
+    found = set()
+    for constant in code.co_consts:
+        if isinstance(constant, str):
+            found.add(constant)
+        elif isinstance(constant, types.CodeType):
+            found |= _string_constants(constant)
+    return found
+
+
+def _loads_of(code: types.CodeType, names: frozenset[str]) -> int:
+    """How many times `code` and the code nested in it load a global of `names`."""
+    count = sum(1 for instruction in dis.get_instructions(code)
+                if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and instruction.argval in names)
+    return count + sum(_loads_of(constant, names) for constant in code.co_consts
+                       if isinstance(constant, types.CodeType))
 
 
 def _place(value, filename: str) -> str:

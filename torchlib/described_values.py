@@ -25,6 +25,10 @@ NESTED = "items"
 #: The key of a recorded plain object held in a container: {ATTRIBUTES: [[name, value], ...]}
 #: of its public attributes whose values are recorded (`self.d["k"].v`).
 ATTRIBUTES = "attributes"
+#: The name under which an object's public attribute names (a sorted list) are recorded
+#: among its {ATTRIBUTES: ...}: one set later (`getattr(CFG, "k", 1.0)` read it as
+#: absent) computes otherwise.
+PUBLIC_NAMES = "__public_names__"
 #: The key under which a container's length is recorded among its items.
 LENGTH = "length"
 #: The key of a recorded method of a global object: {FUNCTION: its description}

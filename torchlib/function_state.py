@@ -186,9 +186,12 @@ def _bound(function) -> tuple | None:
 class _Attributes(dict):
     """A copy of a plain object's attributes (`_copied`), compared with `attributes_of` it;
     `every` where all its public ones were copied, whose names are compared too (one
-    added later, `box.k` read under `hasattr(box, "k")`, was not seen: a review)."""
+    added later, `box.k` read under `hasattr(box, "k")`, was not seen: a review); else
+    `read`, the names its reader may read (`callables.names_reading`), one of which set
+    later computes otherwise too."""
 
     every = False
+    read: frozenset | None = None
 
 
 class _Items(dict):
@@ -224,7 +227,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
         state, read = attributes_of(value), names_reading(names, value)
         copied = _Attributes({name: (item, _copied(item, read or names, depth + 1)) for name, item in state.items()
                               if (name in read if read is not None else not name.startswith("_"))})
-        copied.every = read is None
+        copied.every, copied.read = read is None, read
         return copied
     return None
 
@@ -240,6 +243,8 @@ def _still(value, copied) -> bool:
         state = attributes_of(value) if plain_owner(value) else None
         if state is None or (copied.every and {n for n in state if not n.startswith("_")} != copied.keys()):
             return False
+        if copied.read is not None and any(name in copied.read and name not in copied for name in state):
+            return False   # one it reads set since (`getattr(cfg, "k", 1.0)` read it as absent)
         return all(name in state and state[name] is then and (inner is None or _still(then, inner))
                    for name, (then, inner) in copied.items())
     return _same_inside(value, copied)
