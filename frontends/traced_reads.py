@@ -832,6 +832,13 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: 
                 value = value.__func__
             if (form := recorded(value)) is UNRECORDED and isinstance(value, types.BuiltinFunctionType):
                 form = {FUNCTION: describe(value)}   # `act = torch.tanh` in the class body
+            elif form is UNRECORDED and (items := plain_items(value)) is not None:
+                form = {NESTED: items}   # `TABLE = {"gain": 1.0}` in the class body
+            elif form is UNRECORDED and _plain_object(value):
+                # `CFG = SimpleNamespace(t=1.0)` in the class body, read as `self.CFG.t` or
+                # passed along: found by a review, changed after `remat` it trained on with
+                # the traced value, 0.65 off eager's gradients, silently.
+                form = object_form(value)
             if form is not UNRECORDED:
                 reads.objects.setdefault((path, "__class__", name), form)
 

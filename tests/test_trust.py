@@ -7142,6 +7142,57 @@ def test_a_global_config_passed_along_or_read_by_getattr_changed_after_lowering_
         vars(_PASSED_CONFIG).pop("k", None)
 
 
+@dataclasses.dataclass
+class _ClassLevelSetting:
+    t: float = 1.0
+
+
+class _ReadsClassLevelConfig(torch.nn.Module):
+    """Reads configuration its class body holds, per `how`."""
+
+    CFG = types.SimpleNamespace(sub=types.SimpleNamespace(t=1.0))
+    SETTING = _ClassLevelSetting()
+    TABLE = {"inner": {"t": 1.0}}
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.fc, self.how = torch.nn.Linear(6, 3), how
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.how == "nested":
+            h = h * self.CFG.sub.t
+        elif self.how == "passed along":
+            h = h * _temperature_of(type(self).CFG.sub)
+        elif self.how == "dataclass":
+            h = h * self.SETTING.t
+        else:
+            h = h * self.TABLE["inner"]["t"]
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("how", ["nested", "passed along", "dataclass", "table"])
+def test_a_config_object_or_table_in_a_class_body_changed_after_lowering_is_planned_for(how, capsys):
+    """`CFG = SimpleNamespace(...)`, a dataclass instance or a dict in a module's class
+    body, read as `self.CFG.sub.t` (or passed along, or `self.TABLE["inner"]["t"]`): the
+    class's plain constants were recorded, these were not, and a change after `remat`
+    trained on with the traced value, 0.65 off eager's gradients, silently (found by a
+    review)."""
+    cls = _ReadsClassLevelConfig
+    try:
+        torch.manual_seed(0)
+        model, x = cls(how), torch.randn(5, 6)
+        scheduled = _remat(model, (x,))
+        scheduled(x).backward()
+        model.zero_grad()
+        cls.CFG.sub.t = cls.SETTING.t = cls.TABLE["inner"]["t"] = 3.0
+        capsys.readouterr()
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert "new value read by forward (class attribute _ReadsClassLevelConfig." in capsys.readouterr().err
+    finally:
+        cls.CFG.sub.t = cls.SETTING.t = cls.TABLE["inner"]["t"] = 1.0
+
+
 #: Activations a forward hook collects (a feature-matching loss), by layer.
 _FEATURES: dict = {}
 
