@@ -51,8 +51,9 @@ def describe(value) -> str:
     that changes when it does."""
     if isinstance(value, functools.partial):
         names = owner_names(value.func)
-        return (f"partial({describe(value.func)}, {_whole([_bound_text(a, names) for a in value.args])}, "
-                f"{_whole([f'{k}={_bound_text(v, names)}' for k, v in sorted(value.keywords.items())])})")
+        return (f"partial({describe(value.func)}, "
+                f"{_whole([_bound_text(a, calling(names, None, a)) for a in value.args])}, "
+                f"{_whole([f'{k}={_bound_text(v, calling(names, k, v))}' for k, v in sorted(value.keywords.items())])})")
     if isinstance(value, types.MethodType) and value.__func__ is _FUNCTION_APPLY:
         # A custom Function's `apply` held (`self.fn = Scale.apply`): by its class, whose
         # code is compared apart (`frontends/applied_code.py`); torch's `apply` runs
@@ -64,7 +65,7 @@ def describe(value) -> str:
         # class of its own (FSDPLinear), whose forward is the same function. But what a
         # plain object it is bound to holds (`self.act = annealer.scale`, then
         # `annealer.t = 3.0`): found by a review, the step kept the traced value.
-        return describe(value.__func__) + _state(value.__self__, owner_names(value.__func__))
+        return describe(value.__func__) + _state(value.__self__, owner_names(value.__func__, value.__self__))
     code = getattr(value, "__code__", None)
     if code is None and called_like_function(value):
         # An object called like a function (a hook `register_forward_hook(annealer)`).
@@ -76,8 +77,9 @@ def describe(value) -> str:
         return name
     own = describes_captured(value, code)
     names = read_names(value) if own else None
-    captured = [text for cell in (value.__closure__ or ()) if filled(cell)
-                and (text := _captured_text(cell.cell_contents, own, names)) is not None]
+    captured = [text for name, cell in zip(code.co_freevars, value.__closure__ or ()) if filled(cell)
+                and (text := _captured_text(cell.cell_contents, own, calling(names, name, cell.cell_contents)))
+                is not None]
     # Defaults are values it computes with too (`lambda h, s=2.0: h * s`; found by a review).
     # A plain object's too, by its attributes (`def forward(self, x, cfg=settings)`, then
     # `settings.temp = 0.5`; found by a review).
@@ -161,7 +163,7 @@ def _held_text(value, names: frozenset[str], depth: int = 0) -> str | None:
     items = objects_held(value)
     if items is None:
         return None
-    return f"{type(value).__qualname__} " + _whole([f"{key!r}: {_held_text(item, names, depth + 1)}"
+    return f"{type(value).__qualname__} " + _whole([f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1)}"
                                                     for key, item in items])
 
 
@@ -172,10 +174,10 @@ def _attributes_text(owner, names: frozenset[str], depth: int) -> list[str]:
     read = names_reading(names, owner)
     return [f"{name}={text}" for name, item in sorted(attributes_of(owner).items())
             if not name.startswith("_") and (read is None or name in read)
-            and (text := _held_text(item, read or names, depth + 1)) is not None]
+            and (text := _held_text(item, calling(read or names, name, item), depth + 1)) is not None]
 
 
-def owner_names(function) -> frozenset[str] | None:
+def owner_names(function, owner=None) -> frozenset[str] | None:
     """The names `function` loads where it is the user's own code (`read_names`): what
     the object it is bound to (a method's `self`, a partial's arguments, an object called
     like a function) holds is described and compared by them, `HELD_DEPTH` deep; None for
@@ -184,7 +186,11 @@ def owner_names(function) -> frozenset[str] | None:
     by `cfg`'s own attributes, so a change one object down trained on with the traced
     value (2.40 off), and a counter `cfg.step` it never read planned again at every call."""
     code = getattr(function, "__code__", None)
-    return read_names(function) if code is not None and describes_captured(function, code) else None
+    if code is None or not describes_captured(function, code):
+        return None
+    names = read_names(function)
+    # `owner`: the object a method is bound to, reached by its first parameter (`self()`).
+    return calling(names, code.co_varnames[0] if code.co_argcount else None, owner) if owner is not None else names
 
 
 def nested_owner(value) -> bool:
@@ -268,7 +274,8 @@ def read_names(function) -> frozenset[str]:
 #: Names whose load says the code may read any attribute of what it holds, by a name
 #: the code does not spell (`getattr(box, "k")`, `vars(box)`, `hasattr`, `attrgetter`).
 _ANY_ATTRIBUTE = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgetter", "methodcaller",
-                            "__getattribute__", "dir"})
+                            "__getattribute__", "dir", "getattr_static", "getmembers", "asdict", "astuple",
+                            "fields"})
 
 
 def read_attributes(names: frozenset[str], owner) -> frozenset[str] | None:
@@ -287,7 +294,7 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     """The names code loading `names` loads when it reads `owner`: `names`, and those that
     the methods and properties of `owner`'s class among them load in turn, and theirs
     (`state.scale()` calling `self._scale()` reading `self.k`), those of its `__call__`
-    too where it is called like a function (`ann()`); None where the code may read an
+    too where the code may call it (`calling`); None where the code may read an
     attribute by a name it does not spell (`_ANY_ATTRIBUTE`). What `owner` holds is read
     by these names in turn: found by a review, a hook calling `self.scale_of()` that reads
     `self.cfg.scale`, or reading a property so, was compared by the hook's own names one
@@ -295,7 +302,7 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     had missed `getattr(box, "k")` and a method's helper, silently (an earlier review)."""
     if names & _ANY_ATTRIBUTE:
         return None
-    read = set(names) | ({"__call__"} if called_like_function(owner) else set())
+    read = set(names)
     pending = list(read)
     while pending:
         member = getattr(type(owner), pending.pop(), None)
@@ -311,6 +318,21 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     return frozenset(read)
 
 
+def calling(names: frozenset[str] | None, reached_as: str | None, value) -> frozenset[str] | None:
+    """`names` (what code reading `value` loads), with `__call__` where `value` is called
+    like a function (`called_like_function`) and that code may call it: it uses the name
+    `value` is reached by whole (`ann()`, `helper(ann)`: `_names` notes such a use as
+    "ann()"), or that name is not known (None: an item of a container, a partial's
+    argument). Found by a review: with `__call__` followed for any callable object, a
+    trainer whose `__call__` advances a counter the hook never reads planned every step
+    again; without it, a closure calling `ann()` had trained on with the traced value."""
+    if names is None or not called_like_function(value):
+        return names
+    if reached_as is None or f"{reached_as}()" in names or "__call__" in names:
+        return names | {"__call__"}
+    return names
+
+
 def called_like_function(value) -> bool:
     """Whether `value` is a plain object whose class's `__call__` is Python code (an
     annealer `ann()`, a loss object), not a function, a partial or a bound method."""
@@ -324,7 +346,7 @@ def _names(code: types.CodeType) -> frozenset[str]:
     (`_spelled_reads`). Why: read as "any attribute", an object whose hook reads one so
     was described whole, and a step counter on it planned every call again (found by a
     review, 0.5 s a step on a tiny network)."""
-    names = set(code.co_names)
+    names = set(code.co_names) | _whole_uses(code)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             names |= _names(constant)
@@ -332,6 +354,23 @@ def _names(code: types.CodeType) -> frozenset[str]:
             and (spelled := _spelled_reads(code)) is not None:
         names = (names - _BY_NAME) | spelled
     return frozenset(names)
+
+
+def _whole_uses(code: types.CodeType) -> set[str]:
+    """"X()" for each name X whose object `code` (not the code nested in it) uses whole,
+    not only to read an attribute of it: one it calls (`ann()`, `self.act(h)`), passes
+    (`helper(ann)`), stores or returns; such an object may be called (`calling`)."""
+    found = set()
+    instructions = list(dis.get_instructions(code))
+    for i, instruction in enumerate(instructions):
+        if instruction.opname == "LOAD_METHOD" or (instruction.opname in _LOADS and (
+                i + 1 == len(instructions) or instructions[i + 1].opname not in ("LOAD_ATTR", "LOAD_METHOD"))):
+            found.add(f"{instruction.argval}()")
+    return found
+
+
+_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_CLASSDEREF", "LOAD_NAME", "LOAD_GLOBAL",
+                    "LOAD_ATTR"})
 
 
 #: The builtins reading an attribute by a name given as their second argument.
@@ -352,6 +391,8 @@ def _spelled_reads(code: types.CodeType) -> frozenset[str] | None:
     spelled, calls = set(), 0
     called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in _BY_NAME:
+            return None   # `builtins.getattr(self, key)`: not told apart (found by a review)
         if not (isinstance(node, ast.Name) and node.id in _BY_NAME):
             continue
         if id(node) not in called:
@@ -382,7 +423,7 @@ def _string_constants(code: types.CodeType) -> set[str]:
 def _loads_of(code: types.CodeType, names: frozenset[str]) -> int:
     """How many times `code` and the code nested in it load a global of `names`."""
     count = sum(1 for instruction in dis.get_instructions(code)
-                if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and instruction.argval in names)
+                if instruction.opname in _LOADS | {"LOAD_METHOD"} and instruction.argval in names)
     return count + sum(_loads_of(constant, names) for constant in code.co_consts
                        if isinstance(constant, types.CodeType))
 

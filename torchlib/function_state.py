@@ -16,7 +16,7 @@ import functools
 import sys
 import types
 
-from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, captured_functions, described_defaults,
+from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, calling, captured_functions, described_defaults,
                         describes_captured, exec_globals, filled as _filled, names_reading, nested_owner,
                         objects_held, owner_names, plain_container, plain_owner, read_attributes, read_names)
 
@@ -40,7 +40,8 @@ def snapshot(function, depth: int = 0) -> tuple:
     code = _code(function)
     names = (read_names(underlying(function)) if contents and code is not None
              and describes_captured(underlying(function), code) else None)
-    copies = contents and tuple(_copied(value, names) for value in contents)
+    copies = contents and tuple(_copied(value, calling(names, name, value))
+                                for name, value in zip(code.co_freevars, contents))
     return _code(function), cells, contents, copies if copies and any(c is not None for c in copies) else None, \
         _bound(function), _extra(function), _inner(function, contents, depth)
 
@@ -103,11 +104,13 @@ def _extra(function) -> tuple | None:
         return None
     # What the owners hold further down, by the names the user's code loads, as
     # `callables.describe` shows it (`owner_names`: `cfg.loss.scale` of a partial's `cfg`).
-    names = owner_names(function.__func__ if type(function) is types.MethodType else base
-                        if isinstance(function, (functools.partial, types.FunctionType))
-                        else getattr(type(function), "__call__", None))
-    deep = tuple(_copied(owner, names, owner=True) if read_attributes(names, owner) is not None else None
-                 for owner in owners) if names is not None else None   # as `callables._state` shows them
+    names = (owner_names(function.__func__, function.__self__) if type(function) is types.MethodType
+             else owner_names(base) if isinstance(function, (functools.partial, types.FunctionType))
+             else owner_names(getattr(type(function), "__call__", None)))
+    bound = isinstance(function, functools.partial)   # its arguments not told apart (`callables.calling`)
+    deep = tuple(_copied(owner, reading, owner=True) if read_attributes(reading, owner) is not None else None
+                 for owner in owners for reading in [calling(names, None, owner) if bound else names]
+                 ) if names is not None else None   # as `callables._state` shows them
     return (base, defaults, keywords, dict(keywords) if keywords else None,
             owners, tuple(dict(attributes_of(owner)) for owner in owners), values, _deep_copies(values), deep)
 
@@ -214,7 +217,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
         return copy.deepcopy(value)
     if names is not None and depth <= HELD_DEPTH and (items := objects_held(value)) is not None:
         # A container holding plain objects, by its items (`callables._held_text`).
-        copied = _Items({key: (item, _copied(item, names, depth + 1)) for key, item in items})
+        copied = _Items({key: (item, _copied(item, calling(names, None, item), depth + 1)) for key, item in items})
         copied.kind = type(value)
         return copied
     if type(value) in (list, dict, set):
@@ -225,7 +228,8 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
         # The plain objects it holds by their attributes in turn (`box.inner.k`), as
         # `callables._held_text` describes them.
         state, read = attributes_of(value), names_reading(names, value)
-        copied = _Attributes({name: (item, _copied(item, read or names, depth + 1)) for name, item in state.items()
+        copied = _Attributes({name: (item, _copied(item, calling(read or names, name, item), depth + 1))
+                              for name, item in state.items()
                               if (name in read if read is not None else not name.startswith("_"))})
         copied.every, copied.read = read is None, read
         return copied
