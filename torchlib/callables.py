@@ -51,9 +51,9 @@ def describe(value) -> str:
     that changes when it does."""
     if isinstance(value, functools.partial):
         names = owner_names(value.func)
+        keywords = [f"{k}={_bound_text(v, calling(names, k, v))}" for k, v in sorted(value.keywords.items())]
         return (f"partial({describe(value.func)}, "
-                f"{_whole([_bound_text(a, calling(names, None, a)) for a in value.args])}, "
-                f"{_whole([f'{k}={_bound_text(v, calling(names, k, v))}' for k, v in sorted(value.keywords.items())])})")
+                f"{_whole([_bound_text(a, calling(names, None, a)) for a in value.args])}, {_whole(keywords)})")
     if isinstance(value, types.MethodType) and value.__func__ is _FUNCTION_APPLY:
         # A custom Function's `apply` held (`self.fn = Scale.apply`): by its class, whose
         # code is compared apart (`frontends/applied_code.py`); torch's `apply` runs
@@ -158,22 +158,28 @@ def _held_text(value, names: frozenset[str], depth: int = 0) -> str | None:
     text = _value_text(value)
     if text is not None or depth > HELD_DEPTH:
         return text
+    if is_function(value):
+        # A function such an object holds (`self.fn = partial(scaled, t=1.0)`, a
+        # schedule's bound method), by its description: replaced, or its bound object
+        # changed, it computes otherwise (found by a review: unshown, trained on silently).
+        return _captured_text(value, True)
     if nested_owner(value):
         return f"{type(value).__qualname__} " + _whole(_attributes_text(value, names, depth))
     items = objects_held(value)
     if items is None:
         return None
-    return f"{type(value).__qualname__} " + _whole([f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1)}"
-                                                    for key, item in items])
+    return f"{type(value).__qualname__} " + _whole(
+        [f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1)}" for key, item in items])
 
 
 def _attributes_text(owner, names: frozenset[str], depth: int) -> list[str]:
-    """'name=text' of the public attributes of `owner` (a plain object) that code loading
-    `names` may read (`names_reading`), each as `_held_text` shows it, one level down, by
-    the names reading it loads."""
+    """'name=text' of the attributes of `owner` (a plain object) that code loading `names`
+    may read (`names_reading`: private ones too, a property's `self._scale`, found by a
+    review), or of its public ones where that code may read any, each as `_held_text`
+    shows it, one level down, by the names reading it loads."""
     read = names_reading(names, owner)
     return [f"{name}={text}" for name, item in sorted(attributes_of(owner).items())
-            if not name.startswith("_") and (read is None or name in read)
+            if (name in read if read is not None else not name.startswith("_"))
             and (text := _held_text(item, calling(read or names, name, item), depth + 1)) is not None]
 
 
@@ -305,17 +311,31 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     read = set(names)
     pending = list(read)
     while pending:
-        member = getattr(type(owner), pending.pop(), None)
-        inner = member.fget if isinstance(member, property) else member
-        code = getattr(inner, "__code__", None) if isinstance(inner, types.FunctionType) else None
-        if code is None:
-            continue
-        more = _names(code)
-        if more & _ANY_ATTRIBUTE:
-            return None
-        pending += sorted(more - read)
-        read |= more
+        for function in _members(type(owner), pending.pop()):
+            more = read_names(function)
+            if more & _ANY_ATTRIBUTE:
+                return None
+            pending += sorted(more - read)
+            read |= more
     return frozenset(read)
+
+
+def _members(kind: type, name: str) -> list[types.FunctionType]:
+    """The Python functions `name` stands for in `kind` and each class of its MRO defining
+    it (a method, a property's getter, a class or static method), unwrapped from their
+    decorators (`functools.wraps`, `@torch.no_grad()`). Found by a review: a base class's
+    method reached by `super().scale_of()`, a decorated one, or a class method's reads
+    were not followed, and a change they read trained on with the traced value, silently."""
+    found = []
+    for klass in kind.__mro__ if kind.__module__ != "builtins" else ():
+        member = klass.__dict__.get(name)
+        member = member.fget if isinstance(member, property) else member
+        member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+        for _ in range(8):   # a decorator's wrapper, then what it wraps
+            if isinstance(member, types.FunctionType):
+                found.append(member)
+            member = getattr(member, "__wrapped__", None)
+    return found
 
 
 def calling(names: frozenset[str] | None, reached_as: str | None, value) -> frozenset[str] | None:
