@@ -169,7 +169,8 @@ def _held_text(value, names: frozenset[str], depth: int = 0) -> str | None:
     if items is None:
         return None
     return f"{type(value).__qualname__} " + _whole(
-        [f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1)}" for key, item in items])
+        [f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1) or f'a {type(item).__qualname__}'}"
+         for key, item in items])
 
 
 def _attributes_text(owner, names: frozenset[str], depth: int) -> list[str]:
@@ -209,17 +210,18 @@ def nested_owner(value) -> bool:
 
 
 def objects_held(value) -> list | None:
-    """(key, item) of a list, tuple or dict (of at most 64 items, with plain keys) that
-    holds plain objects (`nested_owner`) among plain values and plain containers, else
-    None: described and copied by its items (`{"inner": cfg}`, then `cfg.k = 3.0`)."""
-    if type(value) not in (list, tuple, dict, collections.OrderedDict) or len(value) > 64:
+    """(key, item) of a list, tuple or dict (of at most 64 items, with plain keys; a config
+    container, `_config_container`, too) that holds plain objects (`nested_owner`), else
+    None: described and copied by its items (`{"inner": cfg}`, then `cfg.k = 3.0`), those
+    shown by no text (a module, a tensor) by their class. Found by a review: a dict holding
+    a module beside the config was not described, and a change trained on silently."""
+    if not (type(value) in (list, tuple, dict, collections.OrderedDict) or _config_container(value)) \
+            or len(value) > 64:
         return None
     items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
     if not all(isinstance(key, _PLAIN) for key, _ in items) or not any(nested_owner(item) for _, item in items):
         return None
-    if all(nested_owner(item) or _value_text(item) is not None for _, item in items):
-        return items
-    return None
+    return items
 
 
 @functools.lru_cache(maxsize=1024)
@@ -311,13 +313,29 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     read = set(names)
     pending = list(read)
     while pending:
-        for function in _members(type(owner), pending.pop()):
+        name = pending.pop()
+        if _served(type(owner), name):
+            return None
+        for function in _members(type(owner), name):
             more = read_names(function)
             if more & _ANY_ATTRIBUTE:
                 return None
             pending += sorted(more - read)
             read |= more
     return frozenset(read)
+
+
+def _served(kind: type, name: str) -> bool:
+    """Whether `kind`'s attribute `name` is served by a descriptor of another kind than a
+    function, a property or a class or static method (one reading a table the object
+    holds: found by a review, its reads were not followed, silently; looked up on the
+    class, one raised out of `remat`)."""
+    member = next((vars(klass)[name] for klass in kind.__mro__ if name in vars(klass)), None)
+    return (member is not None and hasattr(type(member), "__get__")
+            and not isinstance(member, (types.FunctionType, property, staticmethod, classmethod,
+                                        types.BuiltinFunctionType, types.WrapperDescriptorType,
+                                        types.MethodDescriptorType, types.MemberDescriptorType,
+                                        types.GetSetDescriptorType, types.ClassMethodDescriptorType)))
 
 
 def _members(kind: type, name: str) -> list[types.FunctionType]:
@@ -637,10 +655,23 @@ def plain_container(value, depth: int = 0) -> bool:
     """A list, tuple, dict or set of plain values, or of such containers three deep (a
     closure's `cfg = {"scale": 1.0}`, a default `cfg={"loss": {"temp": 1.0}}`): its repr
     names it in every process, and one changed in place computes otherwise."""
-    if type(value) not in (list, tuple, dict, set, collections.OrderedDict) or len(value) > 64:
+    if not (type(value) in (list, tuple, dict, set, collections.OrderedDict) or _config_container(value)) \
+            or len(value) > 64:
         return False
     items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
     return all(isinstance(item, _PLAIN) or (depth < 2 and plain_container(item, depth + 1)) for item in items)
+
+
+def _config_container(value) -> bool:
+    """A named tuple, or a dict whose class serves its keys as attributes (an `AttrDict`,
+    `cfg.loss.scale`): configs compared by their items, as a plain tuple or dict is. Found
+    by a review: unshown, a change after `remat` trained on with the traced value, 0.024
+    off eager's gradients, silently. (Not every subclass: a `defaultdict` memo filling at
+    every call would plan every call again.)"""
+    kind = type(value)
+    if isinstance(value, tuple):
+        return isinstance(getattr(kind, "_fields", None), tuple)
+    return isinstance(value, dict) and any("__getattr__" in vars(klass) for klass in kind.__mro__[:-2])
 
 
 def filled(cell) -> bool:

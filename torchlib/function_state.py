@@ -113,7 +113,15 @@ def _extra(function) -> tuple | None:
                  for owner in owners for reading in [calling(names, None, owner) if bound else names]
                  ) if names is not None else None   # as `callables._state` shows them
     return (base, defaults, keywords, dict(keywords) if keywords else None,
-            owners, tuple(dict(attributes_of(owner)) for owner in owners), values, _deep_copies(values), deep)
+            owners, tuple(_shallow(owner) for owner in owners), values, _deep_copies(values), deep)
+
+
+def _shallow(owner) -> dict:
+    """A plain object's attributes, the plain containers among them copied: one changed in
+    place (`self.values["scale"] = 3.0`, read through a descriptor) computes otherwise
+    (found by a review: compared with itself, it trained on with the traced value)."""
+    return {name: _plain_copy(value) if plain_container(value) else value
+            for name, value in attributes_of(owner).items()}
 
 
 def _extra_same(extra: tuple) -> bool:
@@ -131,7 +139,7 @@ def _deep_copies(values: tuple) -> tuple | None:
     `values` (None for the others: what a description cannot show, copying would not
     tell, and a module or a lock inside one made every call copy it again, or fail),
     or None where there is none."""
-    copies = tuple(copy.deepcopy(value) if plain_container(value) else value.copy() if _is_array(value) else None
+    copies = tuple(_plain_copy(value) if plain_container(value) else value.copy() if _is_array(value) else None
                    for value in values)
     return copies if any(c is not None for c in copies) else None
 
@@ -215,7 +223,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
     copied so in turn (`box.cfg["k"] = 2.0`). Found by a review: a hook reading a number
     nested so trained on with the traced one, 5x eager's loss."""
     if plain_container(value):
-        return copy.deepcopy(value)
+        return _plain_copy(value)
     if names is not None and depth <= HELD_DEPTH and (items := objects_held(value)) is not None:
         # A container holding plain objects, by its items (`callables._held_text`).
         copied = _Items({key: (item, _copied(item, calling(names, None, item), depth + 1)) for key, item in items})
@@ -254,6 +262,18 @@ _nesting = [0]
 
 class _Function(tuple):
     """A function's `snapshot`, taken as a copy of it (`_copied`)."""
+
+
+def _plain_copy(value):
+    """A copy of a plain container (`callables.plain_container`) as builtin lists, tuples,
+    dicts and sets, equal to it while it holds what it held: a config container's class
+    may not copy (an `AttrDict` serving `__deepcopy__` from its items raised KeyError)."""
+    if isinstance(value, dict):
+        return {key: _plain_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return type(value)(map(_plain_copy, value)) if type(value) in (list, tuple, set) \
+            else tuple(map(_plain_copy, value))
+    return value
 
 
 def _still(value, copied) -> bool:
