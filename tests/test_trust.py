@@ -2121,6 +2121,51 @@ def test_a_number_a_hook_reads_through_a_mixed_dict_a_named_tuple_or_a_descripto
     assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
 
 
+class _ClassScaled:
+    """Reads a number its class holds, as `self.K` or through a class method; `step` is
+    an instance counter nothing reads."""
+
+    K = 1.0
+
+    def __init__(self):
+        self.step = 0
+
+    @classmethod
+    def k(cls):
+        return cls.K
+
+    def by_self(self, module, args, out):
+        return out * self.K
+
+    def by_class_method(self, module, args, out):
+        return out * self.k()
+
+
+@pytest.mark.parametrize("how", ["by_self", "by_class_method"])
+def test_a_class_value_a_bound_hook_reads_changed_after_remat_is_planned_for(how, capsys):
+    """Found by a review: a hook bound to an object reading a value its class holds
+    (`self.K`, `cls.K` in a class method) was compared by the object's own attributes:
+    `type(a).K = 3.0` after `remat` trained on with the traced value, 0.024 off eager's
+    gradients, silently."""
+    try:
+        scaled = _ClassScaled()
+        model, x = _Hidden(), torch.randn(4, 8)
+        model.l2.register_forward_hook(getattr(scaled, how))
+        scheduled = _remat(model, (x,))
+        capsys.readouterr()
+        for _ in range(2):
+            scaled.step += 1
+            scheduled(x).square().mean().backward()
+        assert "lowering and planning again" not in capsys.readouterr().err
+        _ClassScaled.K = 3.0
+        model.zero_grad()
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                            tolerance=1e-30) == {}
+        assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+    finally:
+        _ClassScaled.K = 1.0
+
+
 class _ActingByAnnealer(torch.nn.Module):
     """Holds a callable object (`self.act = annealer`) whose `__call__` reads a number one
     builtin object down (`self.cfg.t`, cfg a SimpleNamespace)."""

@@ -181,7 +181,26 @@ def _attributes_text(owner, names: frozenset[str], depth: int) -> list[str]:
     read = names_reading(names, owner)
     return [f"{name}={text}" for name, item in sorted(attributes_of(owner).items())
             if (name in read if read is not None else not name.startswith("_"))
-            and (text := _held_text(item, calling(read or names, name, item), depth + 1)) is not None]
+            and (text := _held_text(item, calling(read or names, name, item), depth + 1)) is not None] + [
+        f"{type(owner).__qualname__}.{name}={_value_text(value)}"
+        for name, value in class_values(owner, read).items()]
+
+
+def class_values(owner, read: frozenset[str] | None) -> dict:
+    """The plain values of `owner`'s class (and its bases) that code reading `read` (the
+    names `names_reading` gives) may read as its own attributes (`self.K`, `cls.K` in a
+    class method): found by a review, `type(a).K = 3.0` after `remat` trained on with the
+    traced value, silently."""
+    if read is None or type(owner).__module__ == "builtins":
+        return {}
+    state, found = attributes_of(owner), {}
+    for name in sorted(read):
+        if name in state or name.startswith("__"):
+            continue
+        klass = next((k for k in type(owner).__mro__ if name in vars(k)), None)
+        if klass is not None and klass.__module__ != "builtins" and _value_text(vars(klass)[name]) is not None:
+            found[name] = vars(klass)[name]
+    return found
 
 
 def owner_names(function, owner=None) -> frozenset[str] | None:

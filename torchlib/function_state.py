@@ -16,10 +16,10 @@ import functools
 import sys
 import types
 
-from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, calling, captured_functions, described_defaults,
-                        describes_captured, exec_globals, filled as _filled, is_function, names_reading,
-                        nested_owner, objects_held, owner_names, plain_container, plain_owner, read_attributes,
-                        read_names)
+from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, calling, captured_functions, class_values,
+                        described_defaults, describes_captured, exec_globals, filled as _filled, is_function,
+                        names_reading, nested_owner, objects_held, owner_names, plain_container, plain_owner,
+                        read_attributes, read_names)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -204,6 +204,8 @@ class _Attributes(dict):
 
     every = False
     read: frozenset | None = None
+    #: The class's plain values it reads (`callables.class_values`).
+    classes: dict = {}
 
 
 class _Items(dict):
@@ -251,7 +253,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
         copied = _Attributes({name: (item, _copied(item, calling(read or names, name, item), depth + 1))
                               for name, item in state.items()
                               if (name in read if read is not None else not name.startswith("_"))})
-        copied.every, copied.read = read is None, read
+        copied.every, copied.read, copied.classes = read is None, read, class_values(value, read)
         return copied
     return None
 
@@ -291,6 +293,8 @@ def _still(value, copied) -> bool:
             return False
         if copied.read is not None and any(name in copied.read and name not in copied for name in state):
             return False   # one it reads set since (`getattr(cfg, "k", 1.0)` read it as absent)
+        if copied.classes and class_values(value, copied.read) != copied.classes:
+            return False   # its class's (`type(a).K = 3.0`)
         return all(name in state and state[name] is then and (inner is None or _still(then, inner))
                    for name, (then, inner) in copied.items())
     return _same_inside(value, copied)
