@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, filled,
-                                         is_function, slot_names)
+                                         is_function, slot_names, string_constants)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                PUBLIC_NAMES, described)
 from remat_ir.torchlib.hooks import hook_functions
@@ -799,13 +799,7 @@ _NOT_IN_A_STEP = frozenset({
 
 def _names_looked_up(code: types.CodeType) -> set[str]:
     """The attribute names and the strings `code` (and the code it nests) holds."""
-    names = _attribute_names(code)
-    for constant in code.co_consts:
-        if isinstance(constant, str):
-            names.add(constant)
-        elif isinstance(constant, types.CodeType):
-            names |= _names_looked_up(constant)
-    return names
+    return _attribute_names(code) | string_constants(code)
 
 
 def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: dict[type, set[str]]) -> None:

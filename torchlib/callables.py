@@ -461,19 +461,19 @@ def _spelled_reads(code: types.CodeType) -> frozenset[str] | None:
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 return None
             spelled.add(name.value)
-    if not spelled <= _string_constants(code) or calls < _loads_of(code, _BY_NAME):
+    if not spelled <= string_constants(code) or calls < _loads_of(code, _BY_NAME):
         return None
     return frozenset(spelled)
 
 
-def _string_constants(code: types.CodeType) -> set[str]:
+def string_constants(code: types.CodeType) -> set[str]:
     """The strings among the constants of `code` and the code nested in it."""
     found = set()
     for constant in code.co_consts:
         if isinstance(constant, str):
             found.add(constant)
         elif isinstance(constant, types.CodeType):
-            found |= _string_constants(constant)
+            found |= string_constants(constant)
     return found
 
 
