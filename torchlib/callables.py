@@ -52,8 +52,8 @@ def describe(value) -> str:
     if isinstance(value, functools.partial):
         names = owner_names(value.func)
         keywords = [f"{k}={_bound_text(v, calling(names, k, v))}" for k, v in sorted(value.keywords.items())]
-        return (f"partial({describe(value.func)}, "
-                f"{_whole([_bound_text(a, calling(names, None, a)) for a in value.args])}, {_whole(keywords)})")
+        arguments = [_bound_text(a, calling(names, name, a)) for name, a in zip(bound_names(value), value.args)]
+        return f"partial({describe(value.func)}, {_whole(arguments)}, {_whole(keywords)})"
     if isinstance(value, types.MethodType) and value.__func__ is _FUNCTION_APPLY:
         # A custom Function's `apply` held (`self.fn = Scale.apply`): by its class, whose
         # code is compared apart (`frontends/applied_code.py`); torch's `apply` runs
@@ -230,7 +230,8 @@ def nested_owner(value) -> bool:
 
 def objects_held(value) -> list | None:
     """(key, item) of a list, tuple or dict (of at most 64 items, with plain keys; a config
-    container, `_config_container`, too) that holds plain objects (`nested_owner`), else
+    container, `_config_container`, too) that holds plain objects (`nested_owner`) or
+    functions (`[lambda: cfg.t]`, found by a review), else
     None: described and copied by its items (`{"inner": cfg}`, then `cfg.k = 3.0`), those
     shown by no text (a module, a tensor) by their class. Found by a review: a dict holding
     a module beside the config was not described, and a change trained on silently."""
@@ -238,7 +239,8 @@ def objects_held(value) -> list | None:
             or len(value) > 64:
         return None
     items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
-    if not all(isinstance(key, _PLAIN) for key, _ in items) or not any(nested_owner(item) for _, item in items):
+    if not all(isinstance(key, _PLAIN) for key, _ in items) or not any(
+            nested_owner(item) or is_function(item) for _, item in items):
         return None
     return items
 
@@ -300,7 +302,7 @@ def read_names(function) -> frozenset[str]:
 
 #: Names whose load says the code may read any attribute of what it holds, by a name
 #: the code does not spell (`getattr(box, "k")`, `vars(box)`, `hasattr`, `attrgetter`).
-_ANY_ATTRIBUTE = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgetter", "methodcaller",
+ANY_ATTRIBUTE = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgetter", "methodcaller",
                             "__getattribute__", "dir", "getattr_static", "getmembers", "asdict", "astuple",
                             "fields"})
 
@@ -322,22 +324,23 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     the methods and properties of `owner`'s class among them load in turn, and theirs
     (`state.scale()` calling `self._scale()` reading `self.k`), those of its `__call__`
     too where the code may call it (`calling`); None where the code may read an
-    attribute by a name it does not spell (`_ANY_ATTRIBUTE`). What `owner` holds is read
+    attribute by a name it does not spell (`ANY_ATTRIBUTE`). What `owner` holds is read
     by these names in turn: found by a review, a hook calling `self.scale_of()` that reads
     `self.cfg.scale`, or reading a property so, was compared by the hook's own names one
     object down, and a change trained on with the traced value, 0.65 off; the names alone
     had missed `getattr(box, "k")` and a method's helper, silently (an earlier review)."""
-    if names & _ANY_ATTRIBUTE:
+    if names & ANY_ATTRIBUTE:
         return None
     read = set(names)
-    pending = list(read)
+    # What a class's `__getattr__` serves (`cfg.scale` from a dict it holds) is read by it.
+    pending = list(read) + (["__getattr__"] if _members(type(owner), "__getattr__") else [])
     while pending:
         name = pending.pop()
         if _served(type(owner), name):
             return None
         for function in _members(type(owner), name):
             more = read_names(function)
-            if more & _ANY_ATTRIBUTE:
+            if more & ANY_ATTRIBUTE:
                 return None
             pending += sorted(more - read)
             read |= more
@@ -375,12 +378,20 @@ def _members(kind: type, name: str) -> list[types.FunctionType]:
     return found
 
 
+def bound_names(value: functools.partial) -> list[str | None]:
+    """The parameter names a partial's positional arguments are bound to (None where not
+    told: its function has no Python code, or takes them as `*args`)."""
+    code = getattr(value.func, "__code__", None)
+    names = list(code.co_varnames[:code.co_argcount]) if code is not None else []
+    return [names[i] if i < len(names) else None for i in range(len(value.args))]
+
+
 def calling(names: frozenset[str] | None, reached_as: str | None, value) -> frozenset[str] | None:
     """`names` (what code reading `value` loads), with `__call__` where `value` is called
-    like a function (`called_like_function`) and that code may call it: it uses the name
-    `value` is reached by whole (`ann()`, `helper(ann)`: `_names` notes such a use as
-    "ann()"), or that name is not known (None: an item of a container, a partial's
-    argument). Found by a review: with `__call__` followed for any callable object, a
+    like a function (`called_like_function`) and that code may call it: it calls the name
+    `value` is reached by (`ann()`: `_names` notes such a call as "ann()"), or a helper of
+    it calls what it was passed, or that name is not known (None: an item of a container,
+    a partial's argument). Found by a review: with `__call__` followed for any callable object, a
     trainer whose `__call__` advances a counter the hook never reads planned every step
     again; without it, a closure calling `ann()` had trained on with the traced value."""
     if names is None or not called_like_function(value):
@@ -396,6 +407,12 @@ def called_like_function(value) -> bool:
     return plain_owner(value) and isinstance(getattr(type(value), "__call__", None), types.FunctionType)
 
 
+def code_names(code: types.CodeType) -> frozenset[str]:
+    """The names `code` and the code nested in it load (`_names`), `ANY_ATTRIBUTE` among
+    them where it may read an attribute by a name it does not spell."""
+    return _names(code)
+
+
 @functools.lru_cache(maxsize=1024)
 def _names(code: types.CodeType) -> frozenset[str]:
     """The names `code` and the code nested in it read; `getattr(self, "k", 1.0)` and
@@ -403,31 +420,42 @@ def _names(code: types.CodeType) -> frozenset[str]:
     (`_spelled_reads`). Why: read as "any attribute", an object whose hook reads one so
     was described whole, and a step counter on it planned every call again (found by a
     review, 0.5 s a step on a tiny network)."""
-    names = set(code.co_names) | _whole_uses(code)
+    names = set(code.co_names) | _called_names(code)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             names |= _names(constant)
-    if names & _BY_NAME and not names & (_ANY_ATTRIBUTE - _BY_NAME) \
+    if names & _BY_NAME and not names & (ANY_ATTRIBUTE - _BY_NAME) \
             and (spelled := _spelled_reads(code)) is not None:
         names = (names - _BY_NAME) | spelled
     return frozenset(names)
 
 
-def _whole_uses(code: types.CodeType) -> set[str]:
-    """"X()" for each name X whose object `code` (not the code nested in it) uses whole,
-    not only to read an attribute of it: one it calls (`ann()`, `self.act(h)`), passes
-    (`helper(ann)`), stores or returns; such an object may be called (`calling`)."""
+def _called_names(code: types.CodeType) -> set[str]:
+    """"X()" for each name X whose object `code` (not the code nested in it) calls (`ann()`,
+    `self.act(h)`, `cfg.fn()`): such an object's `__call__` runs (`calling`); and
+    `__call__` itself where it calls one of its parameters (a helper `apply(f, h)` calling
+    what it was passed). Found by a review: taken for any use of a name whole (passed,
+    compared with None), a trainer's counter its `__call__` advances planned every step
+    again."""
     found = set()
     instructions = list(dis.get_instructions(code))
+    parameters = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
     for i, instruction in enumerate(instructions):
-        if instruction.opname == "LOAD_METHOD" or (instruction.opname in _LOADS and (
-                i + 1 == len(instructions) or instructions[i + 1].opname not in ("LOAD_ATTR", "LOAD_METHOD"))):
+        if instruction.opname == "LOAD_METHOD" or (
+                instruction.opname == "LOAD_GLOBAL" and instruction.argrepr.startswith("NULL + ")):
             found.add(f"{instruction.argval}()")
+        elif instruction.opname == "PUSH_NULL" and i + 1 < len(instructions) \
+                and instructions[i + 1].opname in _LOADS:
+            end = i + 1
+            while end + 1 < len(instructions) and instructions[end + 1].opname == "LOAD_ATTR":
+                end += 1
+            found.add(f"{instructions[end].argval}()")
+            if end == i + 1 and instructions[end].opname == "LOAD_FAST" and instructions[end].argval in parameters:
+                found.add("__call__")
     return found
 
 
-_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_CLASSDEREF", "LOAD_NAME", "LOAD_GLOBAL",
-                    "LOAD_ATTR"})
+_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_NAME", "LOAD_GLOBAL"})
 
 
 #: The builtins reading an attribute by a name given as their second argument.
@@ -480,7 +508,7 @@ def string_constants(code: types.CodeType) -> set[str]:
 def _loads_of(code: types.CodeType, names: frozenset[str]) -> int:
     """How many times `code` and the code nested in it load a global of `names`."""
     count = sum(1 for instruction in dis.get_instructions(code)
-                if instruction.opname in _LOADS | {"LOAD_METHOD"} and instruction.argval in names)
+                if instruction.opname in _LOADS | {"LOAD_ATTR", "LOAD_METHOD"} and instruction.argval in names)
     return count + sum(_loads_of(constant, names) for constant in code.co_consts
                        if isinstance(constant, types.CodeType))
 
@@ -668,6 +696,10 @@ def _stable(constant) -> str:
 
 
 _PLAIN = (bool, int, float, str, type(None))
+#: The most items a plain container has to be described: a schedule's list of 100 rates a
+#: hook reads by index was not, at 64 (found by a review: a change trained on silently);
+#: comparing one of 1024 numbers at every call costs about 10 us.
+_PLAIN_ITEMS = 1024
 
 
 def plain_container(value, depth: int = 0) -> bool:
@@ -675,7 +707,7 @@ def plain_container(value, depth: int = 0) -> bool:
     closure's `cfg = {"scale": 1.0}`, a default `cfg={"loss": {"temp": 1.0}}`): its repr
     names it in every process, and one changed in place computes otherwise."""
     if not (type(value) in (list, tuple, dict, set, collections.OrderedDict) or _config_container(value)) \
-            or len(value) > 64:
+            or len(value) > _PLAIN_ITEMS:
         return False
     items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
     return all(isinstance(item, _PLAIN) or (depth < 2 and plain_container(item, depth + 1)) for item in items)

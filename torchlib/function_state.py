@@ -16,10 +16,10 @@ import functools
 import sys
 import types
 
-from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, calling, captured_functions, class_values,
-                        described_defaults, describes_captured, exec_globals, filled as _filled, is_function,
-                        names_reading, nested_owner, objects_held, owner_names, plain_container, plain_owner,
-                        read_attributes, read_names)
+from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, bound_names, calling, captured_functions,
+                        class_values, described_defaults, describes_captured, exec_globals, filled as _filled,
+                        is_function, names_reading, nested_owner, objects_held, owner_names, plain_container,
+                        plain_owner, read_attributes, read_names)
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -100,7 +100,12 @@ def _extra(function) -> tuple | None:
     # A default's insides, changed in place (`def forward(self, x, cfg=CFG)`, then
     # `CFG["temp"] = 0.5`; a plain object's attribute): the tuple stays the same object,
     # and the step trained on with the traced value, silently (found by a review).
-    owners = tuple(owner for owner in (*owners, *values) if plain_owner(owner))
+    # A partial's arguments by the parameter each is bound to (`callables.calling`).
+    bound = isinstance(function, functools.partial)
+    reached = [*bound_names(function), *function.keywords] if bound else [None] * len(owners)
+    pairs = [(owner, name) for owner, name in zip((*owners, *values), (*reached, *([None] * len(values))))
+             if plain_owner(owner)]
+    owners = tuple(owner for owner, _ in pairs)
     if defaults is None and keywords is None and not owners:
         return None
     # What the owners hold further down, by the names the user's code loads, as
@@ -108,9 +113,9 @@ def _extra(function) -> tuple | None:
     names = (owner_names(function.__func__, function.__self__) if type(function) is types.MethodType
              else owner_names(base) if isinstance(function, (functools.partial, types.FunctionType))
              else owner_names(getattr(type(function), "__call__", None)))
-    bound = isinstance(function, functools.partial)   # its arguments not told apart (`callables.calling`)
     deep = tuple(_copied(owner, reading, owner=True) if read_attributes(reading, owner) is not None else None
-                 for owner in owners for reading in [calling(names, None, owner) if bound else names]
+                 for owner, reading in ((owner, calling(names, name, owner) if bound else names)
+                                        for owner, name in pairs)
                  ) if names is not None else None   # as `callables._state` shows them
     return (base, defaults, keywords, dict(keywords) if keywords else None,
             owners, tuple(_shallow(owner) for owner in owners), values, _deep_copies(values), deep)
