@@ -1834,6 +1834,26 @@ def test_a_number_one_object_below_what_a_hook_is_bound_to_changed_is_planned_ag
     assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
 
 
+def _a_hooks_change_is_planned_for(hook, change, capsys, counter=None) -> None:
+    """Train `_Hidden` with `hook` on `l2` under a plan: where `counter` is given, call it
+    before each of 3 steps and check nothing is planned again; then `change()`, and check
+    eager's loss and gradients bitwise and the notice that the hook computes otherwise."""
+    model, x = _Hidden(), torch.randn(4, 8)
+    model.l2.register_forward_hook(hook)
+    scheduled = _remat(model, (x,))
+    capsys.readouterr()
+    for _ in range(3 if counter is not None else 1):
+        if counter is not None:
+            counter()
+        scheduled(x).square().mean().backward()
+    assert "lowering and planning again" not in capsys.readouterr().err
+    change()
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
+                        tolerance=1e-30) == {}
+    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+
+
 class _CfgAnnealer:
     """A number one object down (`cfg.t`), reached by a property, a helper method or a
     call of the object itself; `step` is a counter nothing reads."""
@@ -1876,19 +1896,8 @@ def test_a_number_a_hook_reaches_through_a_method_property_or_call_changed_is_pl
     gradients, silently. The names the methods, properties and `__call__` load are
     followed down; a counter none of them reads plans nothing again."""
     annealer = _CfgAnnealer()
-    model, x = _Hidden(), torch.randn(4, 8)
-    model.l2.register_forward_hook(_annealing_hook(annealer, how))
-    scheduled = _remat(model, (x,))
-    capsys.readouterr()
-    for _ in range(3):
-        annealer.step += 1
-        scheduled(x).square().mean().backward()
-    assert "lowering and planning again" not in capsys.readouterr().err
-    annealer.cfg.t = 3.0
-    model.zero_grad()
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
-                        tolerance=1e-30) == {}
-    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+    _a_hooks_change_is_planned_for(_annealing_hook(annealer, how), lambda: setattr(annealer.cfg, "t", 3.0), capsys,
+                                   counter=lambda: setattr(annealer, "step", annealer.step + 1))
 
 
 class _GetattrTrainer:
@@ -1952,19 +1961,7 @@ def test_a_counter_the_call_of_a_hooks_object_advances_plans_nothing_again(capsy
     `__call__` is followed only where the hook may call the object (`ann()`, passed
     whole)."""
     trainer = _SteppingTrainer()
-    model, x = _Hidden(), torch.randn(4, 8)
-    model.l2.register_forward_hook(trainer.hook)
-    scheduled = _remat(model, (x,))
-    capsys.readouterr()
-    for _ in range(3):
-        trainer()
-        scheduled(x).square().mean().backward()
-    assert "lowering and planning again" not in capsys.readouterr().err
-    trainer.cfg.scale = 3.0
-    model.zero_grad()
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
-                        tolerance=1e-30) == {}
-    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+    _a_hooks_change_is_planned_for(trainer.hook, lambda: setattr(trainer.cfg, "scale", 3.0), capsys, counter=trainer)
 
 
 @pytest.mark.parametrize("how", ["hook_by_builtins", "hook_statically"])
@@ -1973,16 +1970,7 @@ def test_a_hook_reading_by_builtins_getattr_or_getattr_static_changed_after_rema
     spelling its names (none), and `inspect.getattr_static` for no read by name: a change
     after `remat` trained on with the traced value, 0.024 off eager's gradients, silently."""
     trainer = _SteppingTrainer()
-    model, x = _Hidden(), torch.randn(4, 8)
-    model.l2.register_forward_hook(getattr(trainer, how))
-    scheduled = _remat(model, (x,))
-    scheduled(x).square().mean().backward()
-    trainer.t = 3.0
-    model.zero_grad()
-    capsys.readouterr()
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
-                        tolerance=1e-30) == {}
-    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+    _a_hooks_change_is_planned_for(getattr(trainer, how), lambda: setattr(trainer, "t", 3.0), capsys)
 
 
 class _BaseScaler:
@@ -2046,17 +2034,11 @@ def test_a_number_a_bound_hook_reaches_through_super_a_decorator_or_a_held_funct
     config, a partial whose keywords change in place) was not compared: a change after
     `remat` trained on with the traced value, 0.024 off eager's gradients, silently."""
     scaler = _DerivedScaler()
-    model, x = _Hidden(), torch.randn(4, 8)
-    model.l2.register_forward_hook(getattr(scaler, how))
-    scheduled = _remat(model, (x,))
-    scheduled(x).square().mean().backward()
-    scaler.cfg.t = scaler._t = 3.0
-    scaler.partial.keywords["t"] = 3.0
-    model.zero_grad()
-    capsys.readouterr()
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
-                        tolerance=1e-30) == {}
-    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+
+    def change():
+        scaler.cfg.t = scaler._t = 3.0
+        scaler.partial.keywords["t"] = 3.0
+    _a_hooks_change_is_planned_for(getattr(scaler, how), change, capsys)
 
 
 class _AttrDict(dict):
@@ -2108,17 +2090,7 @@ def test_a_number_a_hook_reads_through_a_mixed_dict_a_named_tuple_or_a_descripto
     named tuple, in an `AttrDict` (a dict subclass serving its keys as attributes), or
     served by a descriptor from a table its object holds was not compared: a change after
     `remat` trained on with the traced value, 0.024 off eager's gradients, silently."""
-    hook, change = _config_holder_hook(how)
-    model, x = _Hidden(), torch.randn(4, 8)
-    model.l2.register_forward_hook(hook)
-    scheduled = _remat(model, (x,))
-    scheduled(x).square().mean().backward()
-    change()
-    model.zero_grad()
-    capsys.readouterr()
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
-                        tolerance=1e-30) == {}
-    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+    _a_hooks_change_is_planned_for(*_config_holder_hook(how), capsys)
 
 
 class _ClassScaled:
@@ -2149,19 +2121,8 @@ def test_a_class_value_a_bound_hook_reads_changed_after_remat_is_planned_for(how
     gradients, silently."""
     try:
         scaled = _ClassScaled()
-        model, x = _Hidden(), torch.randn(4, 8)
-        model.l2.register_forward_hook(getattr(scaled, how))
-        scheduled = _remat(model, (x,))
-        capsys.readouterr()
-        for _ in range(2):
-            scaled.step += 1
-            scheduled(x).square().mean().backward()
-        assert "lowering and planning again" not in capsys.readouterr().err
-        _ClassScaled.K = 3.0
-        model.zero_grad()
-        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
-                            tolerance=1e-30) == {}
-        assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+        _a_hooks_change_is_planned_for(getattr(scaled, how), lambda: setattr(_ClassScaled, "K", 3.0), capsys,
+                                       counter=lambda: setattr(scaled, "step", scaled.step + 1))
     finally:
         _ClassScaled.K = 1.0
 
@@ -2198,17 +2159,7 @@ def test_a_number_a_hook_reads_through_getattr_a_list_of_lambdas_or_a_long_list_
     serves from a dict, a list of lambdas over a config, or an item of a list of more
     than 64 numbers was not compared: a change after `remat` trained on with the traced
     value, 0.024 off eager's gradients, silently."""
-    hook, change = _collection_hook(how)
-    model, x = _Hidden(), torch.randn(4, 8)
-    model.l2.register_forward_hook(hook)
-    scheduled = _remat(model, (x,))
-    scheduled(x).square().mean().backward()
-    change()
-    model.zero_grad()
-    capsys.readouterr()
-    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out.square().mean(),
-                        tolerance=1e-30) == {}
-    assert "the forward hook on l2 (Linear) computes with other values" in capsys.readouterr().err
+    _a_hooks_change_is_planned_for(*_collection_hook(how), capsys)
 
 
 class _ActingByAnnealer(torch.nn.Module):
