@@ -193,14 +193,22 @@ def class_values(owner, read: frozenset[str] | None) -> dict:
     traced value, silently."""
     if read is None or type(owner).__module__ == "builtins":
         return {}
-    state, found = attributes_of(owner), {}
+    state = attributes_of(owner)
+    return {name: value for klass, name in _class_places(type(owner), read)
+            if name not in state and _value_text(value := vars(klass).get(name)) is not None}
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_places(kind: type, read: frozenset[str]) -> tuple[tuple[type, str], ...]:
+    """(class, name) of the names among `read` that `kind`'s classes define, where first
+    found, not as functions or descriptors (`class_values` reads their values each time:
+    walking every name read at every call cost a hook check 4x; found by a review)."""
+    places = []
     for name in sorted(read):
-        if name in state or name.startswith("__"):
-            continue
-        klass = next((k for k in type(owner).__mro__ if name in vars(k)), None)
-        if klass is not None and klass.__module__ != "builtins" and _value_text(vars(klass)[name]) is not None:
-            found[name] = vars(klass)[name]
-    return found
+        klass = next((k for k in kind.__mro__ if name in vars(k)), None) if not name.startswith("__") else None
+        if klass is not None and klass.__module__ != "builtins" and not hasattr(type(vars(klass)[name]), "__get__"):
+            places.append((klass, name))
+    return tuple(places)
 
 
 def owner_names(function, owner=None) -> frozenset[str] | None:
@@ -331,20 +339,38 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     had missed `getattr(box, "k")` and a method's helper, silently (an earlier review)."""
     if names & ANY_ATTRIBUTE:
         return None
-    read = set(names)
+    kind = type(owner)
+    cached = _READING.get((names, kind))
+    if cached is not None and all(klass.__dict__.get(name) is member for klass, name, member in cached[1]):
+        return cached[0]
+    read, looked = set(names), []
     # What a class's `__getattr__` serves (`cfg.scale` from a dict it holds) is read by it.
-    pending = list(read) + (["__getattr__"] if _members(type(owner), "__getattr__") else [])
+    pending = list(read) + (["__getattr__"] if _members(kind, "__getattr__") else [])
+    found: frozenset[str] | None = None
     while pending:
         name = pending.pop()
-        if _served(type(owner), name):
-            return None
-        for function in _members(type(owner), name):
-            more = read_names(function)
-            if more & ANY_ATTRIBUTE:
-                return None
-            pending += sorted(more - read)
-            read |= more
-    return frozenset(read)
+        looked += [(klass, name, klass.__dict__[name]) for klass in kind.__mro__ if name in klass.__dict__]
+        if _served(kind, name):
+            break
+        more = frozenset().union(*(read_names(function) for function in _members(kind, name)))
+        if more & ANY_ATTRIBUTE:
+            break
+        pending += sorted(more - read)
+        read |= more
+    else:
+        found = frozenset(read)
+    if len(_READING) > 4096:
+        _READING.clear()
+    _READING[(names, kind)] = (found, tuple(looked))
+    return found
+
+
+#: `names_reading`'s answers by (names, class), with the class members it looked up: an
+#: object a hook is bound to whose counter moves is described at every call, and walking
+#: its methods again cost a step with 8 hooks on a `transformers.Trainer` 2-4x (a review).
+#: Taken again only while those members are the same objects (a method patched on its
+#: class since reads otherwise).
+_READING: dict = {}
 
 
 def _served(kind: type, name: str) -> bool:

@@ -118,14 +118,18 @@ def _extra(function) -> tuple | None:
                                         for owner, name in pairs)
                  ) if names is not None else None   # as `callables._state` shows them
     return (base, defaults, keywords, dict(keywords) if keywords else None,
-            owners, tuple(_shallow(owner) for owner in owners), values, _deep_copies(values), deep)
+            owners, tuple(_shallow(owner, names is not None and read_attributes(names, owner) is None)
+                          for owner in owners), values, _deep_copies(values), deep)
 
 
-def _shallow(owner) -> dict:
-    """A plain object's attributes, the plain containers among them copied: one changed in
-    place (`self.values["scale"] = 3.0`, read through a descriptor) computes otherwise
-    (found by a review: compared with itself, it trained on with the traced value)."""
-    return {name: _plain_copy(value) if plain_container(value) else value
+def _shallow(owner, containers: bool) -> dict:
+    """A plain object's attributes, with the plain containers among them copied where
+    `containers` (the user's code may read any of its attributes, which `_copied` does not
+    copy deep): one changed in place (`self.values["scale"] = 3.0`, read through a
+    descriptor) computes otherwise (found by a review: compared with itself, it trained on
+    with the traced value). Not for every object: a `Trainer`'s `log_history`, copied at
+    every call, grew the check with the step count."""
+    return {name: _plain_copy(value) if containers and plain_container(value) else value
             for name, value in attributes_of(owner).items()}
 
 
@@ -296,7 +300,7 @@ def _still(value, copied) -> bool:
         state = attributes_of(value) if plain_owner(value) else None
         if state is None or (copied.every and {n for n in state if not n.startswith("_")} != copied.keys()):
             return False
-        if copied.read is not None and any(name in copied.read and name not in copied for name in state):
+        if copied.read is not None and not copied.read.isdisjoint(state.keys() - copied.keys()):
             return False   # one it reads set since (`getattr(cfg, "k", 1.0)` read it as absent)
         if copied.classes and class_values(value, copied.read) != copied.classes:
             return False   # its class's (`type(a).K = 3.0`)
