@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.torchlib.callables import (ANY_ATTRIBUTE, attribute_at, attributes_of, code_names, describe,
-                                         describe_called, filled, is_function, slot_names, string_constants)
+from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, filled,
+                                         is_function, slot_names, string_constants)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                PUBLIC_NAMES, described)
 from remat_ir.torchlib.hooks import hook_functions
@@ -152,34 +152,29 @@ def plain_items(container, depth: int = 0) -> list | None:
     return items + [[LENGTH, len(container)]] if items else None
 
 
-def object_form(value, depth: int = 0, names: frozenset[str] | None = None,
-                spelled: frozenset[str] = frozenset()) -> dict:
+def object_form(value, depth: int = 0) -> dict:
     """A plain object as recorded where its reads are not seen one by one (held by a
     container, or by a global the code passes along: `scale_of(CFG.sub)`, `getattr(CFG,
     "t", 1.0)`, both trained on with the traced value after a change, 0.65 off eager's
     gradients, silently; found by a review): {ATTRIBUTES: its class (an instance of
     another, called like a function, swapped in: 127 off), its public attribute names
     (`PUBLIC_NAMES`: one set later), and those attributes whose values are recorded,
-    plain objects and containers among them `_NESTING` deep}; of `names` alone where given
-    (those the model's code loads: a step counter beside the config, recorded too, was
-    refused after 4 values; found by a review), then with those of `spelled` (the strings
-    the code holds: `getattr(CFG, "k", 1.0)`) it lacks as `ABSENT` in place of its names."""
+    plain objects and containers among them `_NESTING` deep}."""
     attributes = []
     for name, attribute in sorted(attributes_of(value).items()):
-        if name.startswith("_") or (names is not None and name not in names):
+        if name.startswith("_"):
             continue
         held = held_form(attribute)
         if held is UNRECORDED and depth < _NESTING:
             if (inner := plain_items(attribute, depth + 1)) is not None:
                 held = {NESTED: inner}
             elif _plain_object(attribute):
-                held = object_form(attribute, depth + 1, names, spelled)
+                held = object_form(attribute, depth + 1)
         if held is not UNRECORDED:
             attributes.append([name, held])
-    present = attributes_of(value)
-    known = ([[PUBLIC_NAMES, sorted(name for name in present if not name.startswith("_"))]] if names is None
-             else [[name, ABSENT] for name in sorted(names & spelled) if name not in present])
-    return {ATTRIBUTES: [["__class__", {FUNCTION: describe_called(type(value))}], *known, *attributes]}
+    public = sorted(name for name in attributes_of(value) if not name.startswith("_"))
+    return {ATTRIBUTES: [["__class__", {FUNCTION: describe_called(type(value))}], [PUBLIC_NAMES, public],
+                         *attributes]}
 
 
 class ModulesByDict:
@@ -240,19 +235,14 @@ class TracedReads:
     python_draws: list = field(default_factory=list)
     #: Tensors the forward stores on its modules (`stored_tensors`), returned after its outputs.
     stored: StoredTensors = field(default_factory=StoredTensors)
-    #: Not in the metadata: objects whose reads are not seen one by one, recorded by the
-    #: names the model's code loads (`record_globals`, `loaded_names`): (module path,
-    #: holder) of those a builtin object held by a module holds, global keys of config
-    #: objects passed along, and the classes of the objects its modules hold.
-    unseen: set = field(default_factory=set)
+    #: Not in the metadata: global config objects passed along, by their global key,
+    #: recorded whole once the scan of the model's code is done (`record_globals`).
     whole: dict = field(default_factory=dict)
-    held_classes: set = field(default_factory=set)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
-                      self.callables, self.tensors, self.functions, self.python_draws, self.unseen,
-                      self.whole, self.held_classes):
+                      self.callables, self.tensors, self.functions, self.python_draws, self.whole):
             table.clear()
         self.stored.places.clear()
 
@@ -260,7 +250,7 @@ class TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
                            dict(self.globals), list(self.decisions), dict(self.callables),
                            dict(self.tensors), set(self.functions), list(self.python_draws),
-                           self.stored.copy(), set(self.unseen), dict(self.whole), set(self.held_classes))
+                           self.stored.copy(), dict(self.whole))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -354,7 +344,6 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
             return
         holders[id(value)] = (path, name)
         cls = type(value)
-        reads.held_classes.add(cls)
         if cls not in originals:
             originals[cls] = (cls.__dict__.get("__getattribute__"), cls.__dict__.get("__getattr__"))
             try:
@@ -374,9 +363,6 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                     # too (`self.act = Scaler()` whose `__call__` reads
                     # `self.cfg.loss.scale`, cfg a SimpleNamespace): found by a review,
                     # a change after `remat` trained on with the traced value, 2.40 off.
-                    # By the names the model's code loads (`record_globals`): a step counter
-                    # beside the config, all recorded, was refused after 4 values (a review).
-                    reads.unseen.add((path, f"{name}.{key}"))
                     hold(path, f"{name}.{key}", item)
 
     def getattribute(self, name):
@@ -725,39 +711,13 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
                     _record_method(reads, path, module, name)
             elif is_model_file(code.co_filename) and code in reachable:
                 functions_called(code, function.__globals__)
-    names = loaded_names(seen, reads.held_classes)
-    spelled = frozenset(text for code in seen for text in string_constants(code))
-    _record_class_attributes(model, reads, named, names, spelled)
+    # Whole, by every public attribute: narrowed to the names the model's own code loads,
+    # a number read by a library's code, a lambda in a global table or a method of the
+    # object's class trained on with the traced value, silently (found by a review); a
+    # step counter beside it plans again instead.
+    _record_class_attributes(model, reads, named)
     for key, value in reads.whole.items():
-        reads.globals.setdefault(key, object_form(value, names=names, spelled=spelled))
-    if names is not None:   # what builtin objects hold, by the names the model's code loads
-        for key in [key for key in reads.objects if (key[0], key[1]) in reads.unseen
-                    and not {key[1].rsplit(".", 1)[-1], key[2]} <= names]:
-            del reads.objects[key]
-        for key in [key for key in reads.containers if (key[0], key[1].rsplit(".", 1)[0]) in reads.unseen
-                    and not set(key[1].rsplit(".", 2)[-2:]) <= names]:
-            del reads.containers[key]
-
-
-def loaded_names(codes, classes) -> frozenset[str] | None:
-    """The names the model's code loads (`callables.code_names`: `codes`, those its
-    classes' methods, hooks and the user's functions they call run, and the methods of
-    the user's `classes` of objects its modules hold), or None where that code may read
-    an attribute by a name it does not spell: what an object whose reads are not seen
-    may be read by."""
-    found = set()
-    for code in codes:
-        found |= code_names(code)
-    for klass in classes:
-        for owner in klass.__mro__:
-            if owner.__module__ == "builtins":
-                continue
-            for member in vars(owner).values():
-                member = member.fget if isinstance(member, property) else member
-                member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
-                if isinstance(member, types.FunctionType) and is_users_file(member.__code__.co_filename):
-                    found |= code_names(member.__code__)
-    return None if found & ANY_ATTRIBUTE else frozenset(found)
+        reads.globals.setdefault(key, object_form(value))
 
 
 def _inner_functions(function: types.FunctionType) -> list[types.FunctionType]:
@@ -851,8 +811,7 @@ def _names_looked_up(code: types.CodeType) -> set[str]:
     return _attribute_names(code) | string_constants(code)
 
 
-def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: dict[type, set[str]],
-                             names: frozenset[str] | None, spelled: frozenset[str]) -> None:
+def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: dict[type, set[str]]) -> None:
     """Record the plain class attributes of the user's module classes that their code
     names, as attributes of the module's `__class__`: `type(self).T` and
     `self.__class__.T` do not go through the module's `__getattribute__`, so a class
@@ -882,7 +841,7 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: 
                 # `CFG = SimpleNamespace(t=1.0)` in the class body, read as `self.CFG.t` or
                 # passed along: found by a review, changed after `remat` it trained on with
                 # the traced value, 0.65 off eager's gradients, silently.
-                form = object_form(value, names=names, spelled=spelled)
+                form = object_form(value)
             if form is not UNRECORDED:
                 reads.objects.setdefault((path, "__class__", name), form)
 

@@ -344,8 +344,7 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     if cached is not None and all(klass.__dict__.get(name) is member for klass, name, member in cached[1]):
         return cached[0]
     read, looked = set(names), []
-    # What a class's `__getattr__` serves (`cfg.scale` from a dict it holds) is read by it.
-    pending = list(read) + (["__getattr__"] if _members(kind, "__getattr__") else [])
+    pending = list(read)
     found: frozenset[str] | None = None
     while pending:
         name = pending.pop()
@@ -414,10 +413,9 @@ def bound_names(value: functools.partial) -> list[str | None]:
 
 def calling(names: frozenset[str] | None, reached_as: str | None, value) -> frozenset[str] | None:
     """`names` (what code reading `value` loads), with `__call__` where `value` is called
-    like a function (`called_like_function`) and that code may call it: it calls the name
-    `value` is reached by (`ann()`: `_names` notes such a call as "ann()"), or a helper of
-    it calls what it was passed, or that name is not known (None: an item of a container,
-    a partial's argument). Found by a review: with `__call__` followed for any callable object, a
+    like a function (`called_like_function`) and that code may call it: it uses the name
+    `value` is reached by whole (`ann()`, `helper(ann)`: `_names` notes such a use as
+    "ann()"), or that name is not known (None: an item of a container). Found by a review: with `__call__` followed for any callable object, a
     trainer whose `__call__` advances a counter the hook never reads planned every step
     again; without it, a closure calling `ann()` had trained on with the traced value."""
     if names is None or not called_like_function(value):
@@ -431,12 +429,6 @@ def called_like_function(value) -> bool:
     """Whether `value` is a plain object whose class's `__call__` is Python code (an
     annealer `ann()`, a loss object), not a function, a partial or a bound method."""
     return plain_owner(value) and isinstance(getattr(type(value), "__call__", None), types.FunctionType)
-
-
-def code_names(code: types.CodeType) -> frozenset[str]:
-    """The names `code` and the code nested in it load (`_names`), `ANY_ATTRIBUTE` among
-    them where it may read an attribute by a name it does not spell."""
-    return _names(code)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -457,27 +449,18 @@ def _names(code: types.CodeType) -> frozenset[str]:
 
 
 def _called_names(code: types.CodeType) -> set[str]:
-    """"X()" for each name X whose object `code` (not the code nested in it) calls (`ann()`,
-    `self.act(h)`, `cfg.fn()`): such an object's `__call__` runs (`calling`); and
-    `__call__` itself where it calls one of its parameters (a helper `apply(f, h)` calling
-    what it was passed). Found by a review: taken for any use of a name whole (passed,
-    compared with None), a trainer's counter its `__call__` advances planned every step
-    again."""
+    """"X()" for each name X whose object `code` (not the code nested in it) may call: one
+    it uses whole, not only to read an attribute of it (`ann()`, `self.act(h)`, passed to
+    `helper(ann)`, `map`, `checkpoint`, stored or returned): such an object's `__call__`
+    may run (`calling`). A narrower rule, calls alone, missed an object passed to `map`
+    or to code in another file, silently (found by a review), where this one plans again
+    for a counter its `__call__` advances."""
     found = set()
     instructions = list(dis.get_instructions(code))
-    parameters = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
     for i, instruction in enumerate(instructions):
-        if instruction.opname == "LOAD_METHOD" or (
-                instruction.opname == "LOAD_GLOBAL" and instruction.argrepr.startswith("NULL + ")):
+        if instruction.opname == "LOAD_METHOD" or (instruction.opname in _LOADS | {"LOAD_ATTR"} and (
+                i + 1 == len(instructions) or instructions[i + 1].opname not in ("LOAD_ATTR", "LOAD_METHOD"))):
             found.add(f"{instruction.argval}()")
-        elif instruction.opname == "PUSH_NULL" and i + 1 < len(instructions) \
-                and instructions[i + 1].opname in _LOADS:
-            end = i + 1
-            while end + 1 < len(instructions) and instructions[end + 1].opname == "LOAD_ATTR":
-                end += 1
-            found.add(f"{instructions[end].argval}()")
-            if end == i + 1 and instructions[end].opname == "LOAD_FAST" and instructions[end].argval in parameters:
-                found.add("__call__")
     return found
 
 
