@@ -235,14 +235,11 @@ class TracedReads:
     python_draws: list = field(default_factory=list)
     #: Tensors the forward stores on its modules (`stored_tensors`), returned after its outputs.
     stored: StoredTensors = field(default_factory=StoredTensors)
-    #: Not in the metadata: global config objects passed along, by their global key,
-    #: recorded whole once the scan of the model's code is done (`record_globals`).
-    whole: dict = field(default_factory=dict)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
-                      self.callables, self.tensors, self.functions, self.python_draws, self.whole):
+                      self.callables, self.tensors, self.functions, self.python_draws):
             table.clear()
         self.stored.places.clear()
 
@@ -250,7 +247,7 @@ class TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
                            dict(self.globals), list(self.decisions), dict(self.callables),
                            dict(self.tensors), set(self.functions), list(self.python_draws),
-                           self.stored.copy(), dict(self.whole))
+                           self.stored.copy())
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -594,9 +591,9 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
                 if not isinstance(key, dict):
                     reads.globals.setdefault((module, name, ("attr", path, key)), item)
         elif _plain_object(attribute):   # passed along whole: `scale_of(CFG.sub)`
-            reads.whole.setdefault((module, name, ("attr", path)), attribute)
+            reads.globals.setdefault((module, name, ("attr", path)), object_form(attribute))
     elif _plain_object(value):   # passed along whole: `getattr(CFG, "t", 1.0)`, `scale_of(CFG)`
-        reads.whole.setdefault((module, name, None), value)
+        reads.globals.setdefault((module, name, None), object_form(value))
     elif is_function(value) and not isinstance(value, types.FunctionType):
         # A builtin under a name of the user's (`act = torch.tanh`), rebound later.
         reads.globals.setdefault((module, name, ("function",)), describe(value))
@@ -711,13 +708,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
                     _record_method(reads, path, module, name)
             elif is_model_file(code.co_filename) and code in reachable:
                 functions_called(code, function.__globals__)
-    # Whole, by every public attribute: narrowed to the names the model's own code loads,
-    # a number read by a library's code, a lambda in a global table or a method of the
-    # object's class trained on with the traced value, silently (found by a review); a
-    # step counter beside it plans again instead.
     _record_class_attributes(model, reads, named)
-    for key, value in reads.whole.items():
-        reads.globals.setdefault(key, object_form(value))
 
 
 def _inner_functions(function: types.FunctionType) -> list[types.FunctionType]:

@@ -310,7 +310,7 @@ def read_names(function) -> frozenset[str]:
 
 #: Names whose load says the code may read any attribute of what it holds, by a name
 #: the code does not spell (`getattr(box, "k")`, `vars(box)`, `hasattr`, `attrgetter`).
-ANY_ATTRIBUTE = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgetter", "methodcaller",
+_ANY_ATTRIBUTE = frozenset({"getattr", "hasattr", "vars", "__dict__", "attrgetter", "methodcaller",
                             "__getattribute__", "dir", "getattr_static", "getmembers", "asdict", "astuple",
                             "fields"})
 
@@ -332,12 +332,12 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
     the methods and properties of `owner`'s class among them load in turn, and theirs
     (`state.scale()` calling `self._scale()` reading `self.k`), those of its `__call__`
     too where the code may call it (`calling`); None where the code may read an
-    attribute by a name it does not spell (`ANY_ATTRIBUTE`). What `owner` holds is read
+    attribute by a name it does not spell (`_ANY_ATTRIBUTE`). What `owner` holds is read
     by these names in turn: found by a review, a hook calling `self.scale_of()` that reads
     `self.cfg.scale`, or reading a property so, was compared by the hook's own names one
     object down, and a change trained on with the traced value, 0.65 off; the names alone
     had missed `getattr(box, "k")` and a method's helper, silently (an earlier review)."""
-    if names & ANY_ATTRIBUTE:
+    if names & _ANY_ATTRIBUTE:
         return None
     kind = type(owner)
     cached = _READING.get((names, kind))
@@ -352,7 +352,7 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
         if _served(kind, name):
             break
         more = frozenset().union(*(read_names(function) for function in _members(kind, name)))
-        if more & ANY_ATTRIBUTE:
+        if more & _ANY_ATTRIBUTE:
             break
         pending += sorted(more - read)
         read |= more
@@ -442,7 +442,7 @@ def _names(code: types.CodeType) -> frozenset[str]:
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             names |= _names(constant)
-    if names & _BY_NAME and not names & (ANY_ATTRIBUTE - _BY_NAME) \
+    if names & _BY_NAME and not names & (_ANY_ATTRIBUTE - _BY_NAME) \
             and (spelled := _spelled_reads(code)) is not None:
         names = (names - _BY_NAME) | spelled
     return frozenset(names)
