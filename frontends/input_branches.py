@@ -51,7 +51,7 @@ from remat_ir.torchlib.value_guards import integers
 
 from .model_lines import model_line
 from .input_sizes import InputSizes
-from .raising_checks import raising_branch
+from .raising_checks import empty_mask_branch, raising_branch
 from .transformers_masks import CallInputs, record_decision, shape_determined
 
 #: Per thread: a truth is being read through the replaced methods (`eager_input_branches`).
@@ -117,6 +117,8 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
         decided = eager_truth(self)
         if decided is None and get_proxy_mode() is not None:
             decided = raising_branch(self)   # an `if` or `assert` that only raises: a check
+        if decided is None and get_proxy_mode() is not None:
+            decided = empty_mask_branch(self)   # `if m.any(): x[m] = -inf`, a no-op when not
         return truth(self) if decided is None else decided
 
     def eager_integers(tensor: torch.Tensor):

@@ -68,6 +68,62 @@ def raising_branch(tensor: torch.Tensor, called: bool = False) -> bool | None:
     return computing
 
 
+def empty_mask_branch(tensor: torch.Tensor) -> bool | None:
+    """True where the code reading `tensor`'s truth is `if mask.any():` (or
+    `torch.any(mask)`) whose body, with no `else`, only writes a constant through that
+    same boolean mask (`logits[mask] = float("-inf")`): taken with a mask of no True
+    element, the write changes nothing, values nor gradients, so the branch is traced as
+    taken. None for any other code. Why: transformers' `Wav2Vec2ForPreTraining` guards
+    its contrastive loss so (`if neg_is_pos.any(): logits[1:][neg_is_pos] =
+    float("-inf")`), which no argument turns off, and lowering refused it (hunt49 #7)."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _OURS:
+        frame = frame.f_back
+    if frame is None or not _jumps(frame):
+        return None
+    file = frame.f_code.co_filename
+    linecache.checkcache(file)
+    tree = _tree("".join(linecache.getlines(file)))
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.test.lineno <= frame.f_lineno <= (node.test.end_lineno or 0):
+            mask = _any_of(node.test)
+            return True if mask is not None and not node.orelse and all(
+                _constant_write(statement, mask) for statement in node.body) else None
+    return None
+
+
+def _any_of(test: ast.expr) -> str | None:
+    """The name `test` asks whether any element of is True: `m.any()`, `torch.any(m)`."""
+    if not isinstance(test, ast.Call) or test.keywords or not isinstance(test.func, ast.Attribute) \
+            or test.func.attr != "any":
+        return None
+    if not test.args and isinstance(test.func.value, ast.Name):
+        return test.func.value.id
+    if len(test.args) == 1 and isinstance(test.args[0], ast.Name) and isinstance(test.func.value, ast.Name) \
+            and test.func.value.id == "torch":
+        return test.args[0].id
+    return None
+
+
+def _constant_write(statement: ast.stmt, mask: str) -> bool:
+    """Whether `statement` is `target[mask] = constant` (a number, `float("-inf")`): not
+    a call that may draw or write, nor a tensor, which the write taken would give a zero
+    gradient where eager's, never written, gives none."""
+    if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+        return False
+    target, value = statement.targets[0], statement.value
+    if not (isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Name) and target.slice.id == mask):
+        return False
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+        value = value.operand
+    if isinstance(value, ast.Call):   # `float("-inf")`
+        return (isinstance(value.func, ast.Name) and value.func.id in ("float", "int") and not value.keywords
+                and all(isinstance(argument, ast.Constant) for argument in value.args))
+    return isinstance(value, ast.Constant)   # not a name: a tensor written so would get a gradient
+
+
 def _jumps(frame, called: bool = False) -> bool:
     """Whether `frame` reads the truth at a conditional jump (an `if`'s or an `assert`'s
     test, `not` of it included), rather than as part of a longer expression (`bool(t)`

@@ -59,8 +59,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, filled,
-                                         is_function, slot_names, string_constants)
+from remat_ir.torchlib.callables import (any_attributes, attribute_at, attributes_of, class_held, config_like,
+                                         describe, describe_called, filled, is_function, slot_names,
+                                         string_constants, users_class)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                PUBLIC_NAMES, described)
 from remat_ir.torchlib.hooks import hook_functions
@@ -160,21 +161,39 @@ def object_form(value, depth: int = 0) -> dict:
     another, called like a function, swapped in: 127 off), its public attribute names
     (`PUBLIC_NAMES`: one set later), and those attributes whose values are recorded,
     plain objects and containers among them `_NESTING` deep}."""
-    attributes = []
-    for name, attribute in sorted(attributes_of(value).items()):
-        if name.startswith("_"):
-            continue
-        held = held_form(attribute)
-        if held is UNRECORDED and depth < _NESTING:
-            if (inner := plain_items(attribute, depth + 1)) is not None:
-                held = {NESTED: inner}
-            elif _plain_object(attribute):
-                held = object_form(attribute, depth + 1)
-        if held is not UNRECORDED:
-            attributes.append([name, held])
-    public = sorted(name for name in attributes_of(value) if not name.startswith("_"))
+    state = attributes_of(value)
+    functions = config_like(type(value))
+    named = any_attributes(value) | class_held(type(value), state)
+    attributes = [[name, held] for name, item in sorted(named.items())
+                  if (held := _form_within(item, depth, functions)) is not UNRECORDED]
+    public = sorted(name for name in state if not name.startswith("_"))
     return {ATTRIBUTES: [["__class__", {FUNCTION: describe_called(type(value))}], [PUBLIC_NAMES, public],
                          *attributes]}
+
+
+def _form_within(item, depth: int, functions: bool):
+    """How `object_form` records an attribute: `held_form`, a function a config holds by
+    its description where `functions` (`cfg.act(h)`, a partial's keyword: swapped after
+    `remat`, the step ran the traced one, 0.012 off; hunt50 S3), a container or a plain
+    object `_NESTING` deep; else `UNRECORDED`."""
+    held = held_form(item)
+    if held is UNRECORDED and functions and (text := describe_called(item)) is not None:
+        held = {FUNCTION: text}
+    if held is UNRECORDED and depth < _NESTING:
+        if (inner := plain_items(item, depth + 1)) is not None:
+            held = {NESTED: inner}
+        elif _plain_object(item):
+            held = object_form(item, depth + 1)
+    return held
+
+
+def class_form(kind: type) -> dict | None:
+    """A class of the user's passed along whole (`scaled(h, Cfg)` reading `cfg.temp`), by
+    the values it holds: a change after `remat` trained on with the traced value, 0.06
+    off eager's, silently (hunt50 S2). None where it holds none that is recorded."""
+    attributes = [[name, held] for name, item in sorted(class_held(kind).items())
+                  if (held := _form_within(item, 0, True)) is not UNRECORDED]
+    return {ATTRIBUTES: attributes} if attributes else None
 
 
 class ModulesByDict:
@@ -283,7 +302,14 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
 
     def note(self, name, value) -> None:
         holder = holders.get(id(self))
-        if holder is not None and not name.startswith("__"):
+        if holder is not None and name == "__dict__" and isinstance(value, dict):
+            # `vars(self.cfg)["t"]`: each of its attributes, read by no lookup of its own
+            # (found by a grid: changed after `remat`, it trained on with the traced value,
+            # 0.63 off eager's loss, silently).
+            for key, item in list(value.items()):
+                if isinstance(key, str):
+                    note(self, key, item)
+        elif holder is not None and not name.startswith("__"):
             if (form := held_form(value)) is not UNRECORDED:
                 reads.objects.setdefault((*holder, name), form)
             elif (not name.startswith("_") or in_users_file(type(self).__module__)) \
@@ -594,6 +620,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             reads.globals.setdefault((module, name, ("attr", path)), object_form(attribute))
     elif _plain_object(value):   # passed along whole: `getattr(CFG, "t", 1.0)`, `scale_of(CFG)`
         reads.globals.setdefault((module, name, None), object_form(value))
+    elif isinstance(value, type) and users_class(value) and (form := class_form(value)) is not None:
+        reads.globals.setdefault((module, name, None), form)   # `scaled(h, Cfg)`
     elif is_function(value) and not isinstance(value, types.FunctionType):
         # A builtin under a name of the user's (`act = torch.tanh`), rebound later.
         reads.globals.setdefault((module, name, ("function",)), describe(value))

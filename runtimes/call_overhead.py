@@ -102,6 +102,7 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
         # Quiet: its calls' backward reads the loss alone, and a notice that the loss gives
         # the other outputs no gradient, said here, was about these calls, not the user's.
         scheduled = ScheduledModule(model, graph, store_all(graph), notify=lambda message: None)
+        scheduled.runs_root_hooks = False
 
         def call() -> float:
             for p in parameters:

@@ -35,6 +35,7 @@ from itertools import repeat
 import torch
 import torch.distributed
 from torch.utils import _pytree as pytree
+from torch.utils.hooks import BackwardHook
 
 from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.dtypes import numel
@@ -47,7 +48,7 @@ from remat_ir.ir.units import human_bytes
 
 from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.generators import generators_kept, restore_step_generators, step_generators
-from remat_ir.torchlib.hooks import HookWatch
+from remat_ir.torchlib.hooks import HookWatch, root_backward_hooks
 from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names, top_level_selectors
 from remat_ir.torchlib import model_structure
@@ -1864,6 +1865,11 @@ class ScheduledModule(torch.nn.Module):
     schedule decided.
     """
 
+    #: Whether a call runs the root module's own backward hooks around its step
+    #: (`root_backward_hooks`): not the calls that time the step while planning, which
+    #: the user's hook, a gradient monitor, would have counted as steps.
+    runs_root_hooks = True
+
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: pb.Schedule, *,
                  planner: Planner | None = None, max_plans: int = MAX_PLANS,
                  notify: Callable[[str], None] | None = None,
@@ -2265,8 +2271,14 @@ class ScheduledModule(torch.nn.Module):
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         if plan is None:
             return self._call_model(*args, **kwargs)
-        return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
-                        model_checked=checked)
+        hooks = root_backward_hooks(self._model) if self.runs_root_hooks else None
+        if hooks is None:
+            return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
+                            model_checked=checked)
+        around = BackwardHook(self._model, *hooks)   # as `nn.Module.__call__` runs the root's
+        args = around.setup_input_hook(args)
+        return around.setup_output_hook(plan.run(self._model, args, kwargs, self._groups(), self, self.backend,
+                                                 answers, modules, model_checked=checked))
 
     def _fail_as_eager(self, error: RematIRError, what: str) -> None:
         """Raise what the model's forward raised on these inputs (transformers' check of the

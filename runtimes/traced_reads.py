@@ -418,13 +418,25 @@ def _attribute_shown(now, held) -> str:
 
 def _differs(where: str, lowered, now, quoted: bool = True) -> tuple[str, str, str]:
     shown = now if not quoted else _value_shown(now)   # descriptions are said as they are
-    if quoted and isinstance(lowered, dict) and ATTRIBUTES in lowered:   # the same attributes, now
+    if quoted and isinstance(lowered, dict) and ATTRIBUTES in lowered:   # the attributes that changed
         then = dict(lowered[ATTRIBUTES]).get(PUBLIC_NAMES, [])
         added = [name for name in _attribute(now, PUBLIC_NAMES) if name not in then] \
             if PUBLIC_NAMES in dict(lowered[ATTRIBUTES]) and _attribute(now, PUBLIC_NAMES) is not _MISSING else []
+        changed = [(name, held) for name, held in lowered[ATTRIBUTES]
+                   if name != PUBLIC_NAMES and not _same(_attribute(now, name), held)]
+        if changed or added:
+            # Only what changed: an object of many fields (transformers' `TrainingArguments`)
+            # was shown whole, cut before the field that changed (found by a review).
+            shown = "an object with " + ", ".join(
+                [f"{name}={_attribute_shown(_attribute(now, name), held)}" for name, held in changed]
+                + [f"{name}={_value_shown(getattr(now, name, _MISSING))}" for name in added])
+            before = "an object with " + ", ".join(
+                [f"{name}={_shown(held)}" for name, held in changed] + [f"no {name}" for name in added])
+            before, after = _around_difference(before, shown)
+            return where, f"{where} was {before} when the model was lowered and is {after} now", shown
         shown = "an object with " + ", ".join(
-            [f"{name}={_attribute_shown(_attribute(now, name), held)}" for name, held in lowered[ATTRIBUTES]
-             if name != PUBLIC_NAMES] + [f"{name}={_value_shown(getattr(now, name, _MISSING))}" for name in added])
+            f"{name}={_attribute_shown(_attribute(now, name), held)}" for name, held in lowered[ATTRIBUTES]
+            if name != PUBLIC_NAMES)
     if isinstance(lowered, dict) and _CLASS in lowered and type(now) is not lowered[_CLASS] \
             and described(now) == lowered[DESCRIBED]:
         shown += f" (of another class {type(now).__qualname__}, defined since)"

@@ -45,7 +45,12 @@ def parse_budget(budget, store_all_peak: int) -> int | None:
     if budget is None:
         return None
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
-        raise BadRequest(f"budget must be {_FORMS}; got {budget!r}")
+        # A dict or tuple here is most often inputs passed third (`remat(model, (), inputs)`,
+        # whose budget is the third argument): named, not shown whole (it printed every tensor).
+        got = f"{budget!r}" if isinstance(budget, bool) else f"a {type(budget).__name__}"
+        hint = (" (keyword inputs go to example_kwargs=..., the budget is the third argument)"
+                if isinstance(budget, (dict, tuple, list)) else "")
+        raise BadRequest(f"budget must be {_FORMS}; got {got}{hint}")
     if isinstance(budget, (int, float)):
         if not 0 < budget < math.inf:
             raise BadRequest(f"budget must be a positive finite number, got {budget}")

@@ -43,12 +43,37 @@ class _PlainConfig:
         self.t, self.sub = t, sub
 
 
+class _PropertyConfig:
+    """Its `t` a property over a private attribute: the config's code reads `self._t`."""
+
+    def __init__(self, t=1.0, sub=None):
+        self._t, self.sub = t, sub
+
+    @property
+    def t(self):
+        return self._t
+
+    @t.setter
+    def t(self, value):
+        self._t = value
+
+
+def _class_valued():
+    """A config whose values its class holds (`class Cfg: t = 1.0`), a class of its own
+    at each level, made afresh for each draw: changed as `type(cfg).t = 3.0`."""
+    sub = type("_ClassValued", (), {"t": 1.0})()
+    return type("_ClassValued", (), {"t": 1.0, "sub": sub})()
+
+
 def _config(kind: str):
+    if kind == "class values":
+        return _class_valued()
     if kind == "namespace":
         return types.SimpleNamespace(t=1.0, sub=types.SimpleNamespace(t=1.0))
     if kind == "dict":
         return {"t": 1.0, "sub": {"t": 1.0}}
-    made = {"dataclass": _Config, "slots dataclass": _SlotsConfig, "plain": _PlainConfig}[kind]
+    made = {"dataclass": _Config, "slots dataclass": _SlotsConfig, "plain": _PlainConfig,
+            "property": _PropertyConfig}[kind]
     return made(1.0, made(1.0))
 
 
@@ -75,7 +100,7 @@ def _read(config, how: str) -> float:
     if how == "helper":
         return _temperature(config.sub)
     if how == "vars":
-        return vars(config)["t"] if hasattr(config, "__dict__") else config.t
+        return vars(config)["t"] if "t" in getattr(config, "__dict__", {}) else config.t
     if how == "attrgetter":
         return operator.attrgetter("sub.t")(config)
     if how == "asdict":
@@ -123,7 +148,10 @@ def _scaling(config, how, module, args, out):
 
 def _built(where: str, how: str, kind: str):
     config = _config(kind)
-    _GLOBAL["config"] = _Reads.CLASS_HELD["config"] = config
+    # Held only where the draw says: a config a global also held was compared as the
+    # global's, whatever the hook did with it.
+    _GLOBAL["config"] = config if where == "global" else None
+    _Reads.CLASS_HELD["config"] = config if where == "class body" else None
     model = _Reads(where, how, config)
     if where == "hook closure":
         model.l1.register_forward_hook(lambda module, args, out: out * _read(config, how))
@@ -138,6 +166,8 @@ def _changed(config, how: str) -> None:
     owner = (config["sub"] if isinstance(config, dict) else config.sub) if _DEEP[how] else config
     if isinstance(owner, dict):
         owner["t"] = 3.0
+    elif type(owner).__name__ == "_ClassValued":
+        type(owner).t = 3.0
     else:
         owner.t = 3.0
 
@@ -145,7 +175,8 @@ def _changed(config, how: str) -> None:
 @search(16)
 @given(where=st.sampled_from(["module", "global", "class body", "hook closure", "bound hook", "partial hook"]),
        how=st.sampled_from(sorted(_DEEP)),
-       kind=st.sampled_from(["namespace", "dataclass", "slots dataclass", "plain", "dict"]))
+       kind=st.sampled_from(["namespace", "dataclass", "slots dataclass", "plain", "dict", "property",
+                             "class values"]))
 def test_a_config_changed_after_remat_trains_as_eager_wherever_it_lives_and_however_it_is_read(where, how, kind):
     """Loss and gradients bitwise eager's at every step, before and after the change (the
     model called directly is eager: `remat` wraps it)."""

@@ -530,6 +530,8 @@ def test_unknown_solver_and_option_are_named():
     (dict(solver=3), r"solver must be a name"),
     (dict(budget=float("inf")), r"budget must be a positive finite number, got inf"),
     (dict(budget="inf%"), r"budget must be a positive finite share, got 'inf%'"),
+    (dict(budget={"x": 1}), r"budget must be .*; got a dict \(keyword inputs go to example_kwargs=\.\.\., the budget is "
+                            r"the third argument\)$"),
 ])
 def test_a_request_of_the_wrong_type_is_refused_before_planning(request_, message):
     """A string given for a switch was true to Python ("no" annealed), a negative or NaN

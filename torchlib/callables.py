@@ -25,6 +25,7 @@ import hashlib
 import inspect
 import operator
 import pathlib
+import sys
 import sysconfig
 import textwrap
 import types
@@ -148,42 +149,126 @@ def _captured_text(value, own: bool, names: frozenset[str] | None = None) -> str
         _depth[0] -= 1
 
 
-def _held_text(value, names: frozenset[str], depth: int = 0) -> str | None:
+def _held_text(value, names: frozenset[str], depth: int = 0, configs: bool = False) -> str | None:
     """A value a closure of the user's code captured, or one such a value holds: as
     `_value_text` shows it, a plain object by the plain attributes code loading `names`
     may read (`read_attributes`), a list, tuple or dict of those by its items, each
     `HELD_DEPTH` deep (`box.inner.k`, `cfgs["a"].k`: unshown, a change trained on with
     the traced value, 0.39 off eager's gradient; found by a review); None for anything
-    else."""
+    else. `configs`: of the plain objects, configs only (`config_like`)."""
     text = _value_text(value)
     if text is not None or depth > HELD_DEPTH:
         return text
+    if configs and plain_owner(value) and not config_like(type(value)):
+        return None
     if is_function(value):
         # A function such an object holds (`self.fn = partial(scaled, t=1.0)`, a
         # schedule's bound method), by its description: replaced, or its bound object
         # changed, it computes otherwise (found by a review: unshown, trained on silently).
         return _captured_text(value, True)
     if nested_owner(value):
-        return f"{type(value).__qualname__} " + _whole(_attributes_text(value, names, depth))
+        return f"{type(value).__qualname__} " + _whole(_attributes_text(value, names, depth, configs))
     items = objects_held(value)
     if items is None:
         return None
     return f"{type(value).__qualname__} " + _whole(
-        [f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1) or f'a {type(item).__qualname__}'}"
+        [f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1, configs) or f'a {type(item).__qualname__}'}"
          for key, item in items])
 
 
-def _attributes_text(owner, names: frozenset[str], depth: int) -> list[str]:
+def _attributes_text(owner, names: frozenset[str], depth: int, configs: bool = False) -> list[str]:
     """'name=text' of the attributes of `owner` (a plain object) that code loading `names`
     may read (`names_reading`: private ones too, a property's `self._scale`, found by a
-    review), or of its public ones where that code may read any, each as `_held_text`
-    shows it, one level down, by the names reading it loads."""
+    review), or of those `any_attributes` gives where that code may read any, each as
+    `_held_text` shows it, one level down, by the names reading it loads."""
     read = names_reading(names, owner)
-    return [f"{name}={text}" for name, item in sorted(attributes_of(owner).items())
-            if (name in read if read is not None else not name.startswith("_"))
-            and (text := _held_text(item, calling(read or names, name, item), depth + 1)) is not None] + [
+    state = attributes_of(owner) if read is not None else any_attributes(owner)
+    return [f"{name}={text}" for name, item in sorted(state.items())
+            if (read is None or name in read)
+            and (text := _held_text(item, calling(read or names, name, item), depth + 1, configs)) is not None] + [
         f"{type(owner).__qualname__}.{name}={_value_text(value)}"
         for name, value in class_values(owner, read).items()]
+
+
+#: How many objects down from a hook's bound object (or a partial's argument) the plain
+#: objects it holds are described and copied where its code may read any attribute
+#: (`getattr(obj, key)`, `vars`, `asdict`: `_state`, `function_state._extra`): configs
+#: only (`config_like`). Not described at all before, a hook `Holder(cfg).hook` passing
+#: `self.cfg` to a helper that used `getattr` anywhere trained on with the traced value
+#: after `cfg.t = 3.0`, 0.63 off eager's loss, silently (found by a grid whose configs a
+#: global also held, which had hidden it). Not 8 deep, nor through a library's objects:
+#: a `Trainer`'s tree cost every call 0.05 s, and its state moves at every step.
+ANY_DEPTH = 3
+
+
+@functools.lru_cache(maxsize=1024)
+def users_class(kind: type) -> bool:
+    """Whether `kind` is defined in the user's own code (not a library's, nor remat-ir's)."""
+    if kind.__module__ == "__main__":
+        return True
+    if kind.__module__.split(".")[0] in ("remat_ir", "builtins"):
+        return False
+    module = sys.modules.get(kind.__module__)
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and _users_code(file)
+
+
+def config_like(kind: type) -> bool:
+    """Whether objects of `kind` are configs whose every attribute, private ones its class
+    reads and values its class holds included, a forward or hook may compute with, where
+    the code may read any attribute (`any_attributes`): a `SimpleNamespace` or an object of
+    a class of the user's own. Not a library's objects (a tqdm bar, a logger, a
+    `TrainerState`), whose private counters and closures move as the loop runs and would
+    plan again at every step."""
+    return kind is types.SimpleNamespace or users_class(kind)
+
+
+#: The dunder methods whose code reads what an object computes with (others, `__init__`
+#: and `__repr__` among them, set or show every attribute).
+_READING_DUNDERS = frozenset({"__call__", "__getattr__", "__getitem__"})
+
+
+def any_attributes(owner) -> dict:
+    """The attributes of a plain object that code reading any of them may compute with:
+    its public ones, and for a config (`config_like`) the private ones the methods and
+    properties of its classes of the user's own read (`temp`, a property returning
+    `self._t`: changed after `remat`, trained on with the traced value, 0.05-0.10 off
+    eager's, silently; hunt50 S1)."""
+    state = attributes_of(owner)
+    found = {name: item for name, item in state.items() if not name.startswith("_")}
+    if not users_class(type(owner)):
+        return found
+    members = frozenset(name for klass in type(owner).__mro__ if users_class(klass)
+                        for name, member in vars(klass).items()
+                        if (not name.startswith("__") or name in _READING_DUNDERS)
+                        and isinstance(member, (types.FunctionType, property, classmethod, staticmethod,
+                                                functools.cached_property)))
+    read = names_reading(members, owner) if members else frozenset()
+    found |= {name: item for name, item in state.items() if name.startswith("_")
+              and not name.startswith("__") and (read is None or name in read)}
+    # And the configs its class holds (`class Cfg: sub = Sub()`), whose values are the
+    # config's too (`class_values` gives the plain ones).
+    return found | {name: item for name, item in class_held(type(owner), state).items()
+                    if plain_owner(item) and config_like(type(item))}
+
+
+@functools.lru_cache(maxsize=1024)
+def _held_places(kind: type) -> tuple[tuple[type, str], ...]:
+    """(class, name) of the values `kind`'s classes of the user's own hold (not methods
+    nor other descriptors, nor dunders), where `getattr` finds them first."""
+    places = []
+    for name in sorted({name for klass in kind.__mro__ for name in vars(klass)}):
+        klass = next(klass for klass in kind.__mro__ if name in vars(klass))
+        if not name.startswith("__") and users_class(klass) and not hasattr(type(vars(klass)[name]), "__get__"):
+            places.append((klass, name))
+    return tuple(places)
+
+
+def class_held(kind: type, exclude=()) -> dict:
+    """The values `kind`'s classes of the user's own hold by name (`class Cfg: temp =
+    2.0`), but those in `exclude` (an instance's own, which `getattr` finds first)."""
+    return {name: vars(klass)[name] for klass, name in _held_places(kind)
+            if name not in exclude and name in vars(klass)}
 
 
 def class_values(owner, read: frozenset[str] | None) -> dict:
@@ -191,9 +276,12 @@ def class_values(owner, read: frozenset[str] | None) -> dict:
     names `names_reading` gives) may read as its own attributes (`self.K`, `cls.K` in a
     class method): found by a review, `type(a).K = 3.0` after `remat` trained on with the
     traced value, silently."""
-    if read is None or type(owner).__module__ == "builtins":
+    if type(owner).__module__ == "builtins":
         return {}
     state = attributes_of(owner)
+    if read is None:   # any of them (a config's `class Cfg: temp = 2.0` passed to `getattr`)
+        return {name: value for name, value in class_held(type(owner), state).items()
+                if _value_text(value) is not None}
     return {name: value for klass, name in _class_places(type(owner), read)
             if name not in state and _value_text(value := vars(klass).get(name)) is not None}
 
@@ -663,11 +751,12 @@ def owner_state(value, names: frozenset[str] | None = None) -> dict | None:
 def _state(owner, names: frozenset[str] | None = None) -> str:
     """' of Kind [a=1.0, ...]': what a plain object a function is bound to holds, by the
     attributes code loading `names` may read, deep (`owner_names`), else by its plain ones."""
-    if names is not None and plain_owner(owner) and read_attributes(names, owner) is not None:
-        # Not where the code may read any attribute by a name it does not spell
-        # (`getattr(self, key)`): described whole, 8 deep, a large object graph cost a
-        # call 0.05 s (found by a review); by its plain attributes, as before.
-        texts = _attributes_text(owner, names, 0)
+    if names is not None and plain_owner(owner):
+        # Where the code may read any attribute by a name it does not spell
+        # (`getattr(self, key)`): not 8 deep, a large object graph cost a call 0.05 s
+        # (found by a review), but its configs `ANY_DEPTH` deep.
+        whole = read_attributes(names, owner) is None
+        texts = _attributes_text(owner, names, HELD_DEPTH - ANY_DEPTH if whole else 0, configs=whole)
         return f" of {type(owner).__qualname__} {_whole(texts)}" if texts else ""
     state = owner_state(owner)
     if not state:

@@ -16,8 +16,9 @@ import functools
 import sys
 import types
 
-from .callables import (CAPTURED_DEPTH, HELD_DEPTH, attributes_of, bound_names, calling, captured_functions,
-                        class_values, described_defaults, describes_captured, exec_globals, filled as _filled,
+from .callables import (ANY_DEPTH, CAPTURED_DEPTH, HELD_DEPTH, any_attributes, attributes_of, bound_names, calling,
+                        captured_functions, class_held, class_values, config_like, described_defaults, describes_captured,
+                        exec_globals, filled as _filled,
                         is_function, names_reading, nested_owner, objects_held, owner_names, plain_container,
                         plain_owner, read_attributes, read_names)
 
@@ -113,13 +114,27 @@ def _extra(function) -> tuple | None:
     names = (owner_names(function.__func__, function.__self__) if type(function) is types.MethodType
              else owner_names(base) if isinstance(function, (functools.partial, types.FunctionType))
              else owner_names(getattr(type(function), "__call__", None)))
-    deep = tuple(_copied(owner, reading, owner=True) if read_attributes(reading, owner) is not None else None
+    deep = tuple(_copied(owner, reading, owner=True) if read_attributes(reading, owner) is not None
+                 else _configs_copied(owner, reading)
                  for owner, reading in ((owner, calling(names, name, owner) if bound else names)
                                         for owner, name in pairs)
                  ) if names is not None else None   # as `callables._state` shows them
     return (base, defaults, keywords, dict(keywords) if keywords else None,
             owners, tuple(_shallow(owner, names is not None and read_attributes(names, owner) is None)
                           for owner in owners), values, _deep_copies(values), deep)
+
+
+def _configs_copied(owner, names: frozenset[str]) -> _Attributes | None:
+    """The configs (`callables.config_like`) an object whose reader may read any
+    attribute holds, each copied `callables.ANY_DEPTH` deep, as `callables._state` shows
+    them (None where it holds none): a hook `Holder(cfg).hook` passing `self.cfg` to a
+    helper using `getattr` trained on with the traced value after `cfg.t = 3.0`, 0.63
+    off, silently (found by a grid)."""
+    copied = _Attributes({name: (item, _copied(item, calling(names, name, item), HELD_DEPTH - ANY_DEPTH + 1))
+                          for name, item in any_attributes(owner).items()
+                          if plain_owner(item) and config_like(type(item))})
+    copied.classes = class_values(owner, None)   # its class's own (`class Cfg: t = 1.0`)
+    return copied if copied or copied.classes else None
 
 
 def _shallow(owner, containers: bool) -> dict:
@@ -258,10 +273,10 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
     if names is not None and (nested_owner(value) or (owner and plain_owner(value))) and depth <= HELD_DEPTH:
         # The plain objects it holds by their attributes in turn (`box.inner.k`), as
         # `callables._held_text` describes them.
-        state, read = attributes_of(value), names_reading(names, value)
+        read = names_reading(names, value)
+        state = attributes_of(value) if read is not None else any_attributes(value)
         copied = _Attributes({name: (item, _copied(item, calling(read or names, name, item), depth + 1))
-                              for name, item in state.items()
-                              if (name in read if read is not None else not name.startswith("_"))})
+                              for name, item in state.items() if read is None or name in read})
         copied.every, copied.read, copied.classes = read is None, read, class_values(value, read)
         return copied
     return None
@@ -298,14 +313,15 @@ def _still(value, copied) -> bool:
             for key, item in items)
     if isinstance(copied, _Attributes):
         state = attributes_of(value) if plain_owner(value) else None
-        if state is None or (copied.every and {n for n in state if not n.startswith("_")} != copied.keys()):
+        if state is None or (copied.every and {n for n in state if not n.startswith("_")}
+                             != {n for n in copied if not n.startswith("_")}):
             return False
         if copied.read is not None and not copied.read.isdisjoint(state.keys() - copied.keys()):
             return False   # one it reads set since (`getattr(cfg, "k", 1.0)` read it as absent)
         if copied.classes and class_values(value, copied.read) != copied.classes:
             return False   # its class's (`type(a).K = 3.0`)
-        return all(name in state and state[name] is then and (inner is None or _still(then, inner))
-                   for name, (then, inner) in copied.items())
+        return all((state[name] if name in state else class_held(type(value)).get(name, _EMPTY)) is then
+                   and (inner is None or _still(then, inner)) for name, (then, inner) in copied.items())
     return _same_inside(value, copied)
 
 

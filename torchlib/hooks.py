@@ -61,9 +61,28 @@ def _class_name(module: torch.nn.Module) -> str:
 
 def backward_hooks(model: torch.nn.Module) -> list[str]:
     """'backward hook on layer.1 (Linear)' for each backward hook or pre-hook that
-    `model`'s training step would run."""
+    `model`'s training step would run and not run as eager does: not the root's own,
+    where the step runs them (`root_backward_hooks`)."""
+    root = (model._backward_hooks, model._backward_pre_hooks) if root_backward_hooks(model) is not None else ()
     return [f"{TABLES[table]} on {where}" for where, table, hooks in hook_tables(model)
-            if table in BACKWARD_TABLES for hook in hooks.values() if users_hook(hook)]
+            if table in BACKWARD_TABLES and not any(hooks is own for own in root)
+            for hook in hooks.values() if users_hook(hook)]
+
+
+def root_backward_hooks(model: torch.nn.Module) -> tuple[list, list] | None:
+    """(full backward hooks, backward pre-hooks) of the root module itself, which a
+    scheduled call runs around its step as `nn.Module.__call__` runs them around the
+    forward (`torch.utils.hooks.BackwardHook`): they see the gradients of the model's
+    inputs and outputs, the graph's own. Refused before, though the step computes those
+    exactly (a Trainer's recipe, `remat(..., in_place=True)`, then a gradient monitor on
+    the model; hunt49 #5). None where the root has none, or where its call would be
+    unlike eager's: legacy `register_backward_hook` hooks, or forward pre-hooks, which
+    are traced into the graph, between the hook and the inputs it would see."""
+    full, pre = list(model._backward_hooks.values()), list(model._backward_pre_hooks.values())
+    if not full and not pre or model._is_full_backward_hook is False \
+            or any(users_hook(hook) for hook in model._forward_pre_hooks.values()):
+        return None
+    return full, pre
 
 
 def forward_hooks(model: torch.nn.Module) -> list[tuple[str, object]]:
