@@ -63,8 +63,10 @@ _integers = threading.local()
 #: and the integers it holds.
 DECISION = "builtins.bool"
 INTEGERS = f"{integers.__module__}.integers"
-#: The dtypes whose values are read as integers (floats stay refused: a number that differs
-#: at every step, a scale, would lower a graph per step).
+#: The dtypes whose values are read as integers. Floats only where the model's buffers
+#: alone give them (`lo, hi = self.bounds.tolist()`, `self.scale.item()`: refused before,
+#: hunt49 #3), not the caller's inputs: a number that differs at every step, a scale
+#: passed in, would lower a graph per step.
 _INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
 
 
@@ -90,15 +92,16 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     as torch reads it."""
     inputs = CallInputs(args, kwargs, model)
 
-    def eager_read(decision: str, decide, tensor: torch.Tensor):
+    def eager_read(decision: str, decide, tensor: torch.Tensor, buffers_only: bool = False):
         """`decide(tensor)` as eager computes it for these inputs: recorded with the way
-        to it where `tensor` is computed from the caller's inputs, computed where from
-        shapes alone (the same at every call); else None."""
+        to it where `tensor` is computed from the caller's inputs (`buffers_only`: from the
+        model's buffers alone), computed where from shapes alone (the same at every call);
+        else None."""
         # Export's torch-function modes would trace the real tensors computed here as the
         # model's (a truth read from one is data-dependent to them): off while deciding.
         with torch._C.DisableTorchFunction():
             recorded = len(guards)
-            decided = record_decision(decision, decide, tensor, (), {}, inputs, guards)
+            decided = record_decision(decision, decide, tensor, (), {}, inputs, guards, buffers_only=buffers_only)
             if len(guards) > recorded:   # the line, found only for what is recorded
                 guards[-1]["line"] = model_line(traceback.extract_stack()[:-4]) or "a line of the forward"
             if decided is None:
@@ -124,9 +127,9 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
     def eager_integers(tensor: torch.Tensor):
         """Eager's integers in an integer `tensor` computed from the caller's inputs (or
         from shapes alone), recorded; None for any other tensor, or outside a trace."""
-        if get_proxy_mode() is None or tensor.dtype not in _INTEGERS:
+        if get_proxy_mode() is None or not (tensor.dtype in _INTEGERS or tensor.dtype.is_floating_point):
             return None
-        return eager_read(INTEGERS, integers, tensor)
+        return eager_read(INTEGERS, integers, tensor, buffers_only=tensor.dtype.is_floating_point)
 
     def eager_integer(tensor: torch.Tensor) -> int | None:
         """Eager's one integer of a one-element tensor of any shape (`(1,)` too, whose
@@ -151,10 +154,12 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
             return original(self) if read is None else read
         return method
 
-    def as_integer(original):
+    def as_number(original, kind):
         def method(self):
-            read = eager_integer(self)
-            return original(self) if read is None else int(read)
+            # `__index__` of a float tensor raises in eager: left to torch.
+            read = None if kind is int and original is torch.Tensor.__index__ and self.dtype.is_floating_point \
+                else eager_integer(self)
+            return original(self) if read is None else kind(read)
         return method
 
     def once(read, original):
@@ -178,8 +183,9 @@ def eager_input_branches(model: torch.nn.Module, args: tuple, kwargs: dict, guar
                 (torch.Tensor, "item"): once(reading, item)}
     if integers_too:
         replaced.update({(cls, "tolist"): once(listing(cls.tolist), cls.tolist) for cls in (torch.Tensor, FakeTensor)})
-        replaced.update({(torch.Tensor, name): once(as_integer(getattr(torch.Tensor, name)), getattr(torch.Tensor, name))
-                         for name in ("__int__", "__index__")})
+        replaced.update({(torch.Tensor, name): once(as_number(getattr(torch.Tensor, name), kind),
+                                                    getattr(torch.Tensor, name))
+                         for name, kind in (("__int__", int), ("__index__", int), ("__float__", float))})
     own = {(cls, name): cls.__dict__[name] for cls, name in replaced if name in cls.__dict__}
     handle = model.register_forward_pre_hook(inputs.hook, with_kwargs=True, prepend=True)
     for (cls, name), method in replaced.items():

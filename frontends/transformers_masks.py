@@ -175,7 +175,7 @@ def _caller_decision(masking, original, tensor: torch.Tensor, args: tuple, kwarg
 
 
 def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kwargs: dict,
-                    inputs: CallInputs, guards: list, **said) -> bool | None:
+                    inputs: CallInputs, guards: list, buffers_only: bool = False, **said) -> bool | None:
     """Eager's answer of `decide(tensor, *args, **kwargs)` (the function `decision` of
     `torchlib.value_guards.DECISIONS` names) for a traced `tensor` computed from the
     caller's inputs, appended to `guards` with the way to it (`said`: more the guard
@@ -187,7 +187,7 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
     answer goes with its plan, and a rank whose batch answers otherwise plans its own
     under DDP (refused, saying so, under FSDP2). They were refused under
     torch.distributed with "cannot depend on tensor values", which one process trains
-    (found by a review)."""
+    (found by a review). `buffers_only`: None where a caller's input reaches `tensor`."""
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1 and DECISIONS.get(decision) not in ("branch", "integers"):
         return None
@@ -220,7 +220,7 @@ def record_decision(decision: str, decide, tensor: torch.Tensor, args: tuple, kw
             guard["buffers"] = buffers
     except Unrecordable:
         return None
-    if guard["decision"] not in DECISIONS or not reached:
+    if guard["decision"] not in DECISIONS or not reached or buffers_only and guard["inputs"]:
         return None
     with unset_fake_temporarily(), disable_proxy_modes_tracing():
         guard["answer"] = answer(guard, inputs.leaves, decide, inputs.buffer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 
 import pytest
@@ -244,6 +245,51 @@ def test_a_buffer_read_then_written_is_planned_again_until_refused_and_one_writt
         scheduled(x)
     with pytest.raises(LoweringError, match="tensor data"):
         lower_torch(ReadsItsBuffers("written_first"), (x,), cost_model="flops")
+
+
+class ReadsFloatBuffers(nn.Module):
+    """Python numbers read from float buffers: clamp bounds by `.tolist()`, a scale by
+    `.item()`, a sign by `float()` (`copysign` tells -0.0 from 0.0); `from_input`: a
+    number read from the caller's input instead."""
+
+    def __init__(self, from_input: bool = False):
+        super().__init__()
+        self.from_input, self.a = from_input, nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("bounds", torch.tensor([-0.5, 0.5]))
+        self.register_buffer("scale", torch.tensor(2.0, dtype=torch.float64))
+        self.register_buffer("sign", torch.tensor(1.0))
+
+    def forward(self, x):
+        lo, hi = self.bounds.tolist()
+        h = self.a(x).clamp(lo, hi) * self.scale.item() * math.copysign(1.0, float(self.sign))
+        if self.from_input:
+            h = h * x.mean().item()
+        return h.square().mean()
+
+
+def test_numbers_read_from_float_buffers_are_eagers_and_asked_again_at_every_call(capsys):
+    """Python numbers read from float buffers were refused (only integers were read as
+    eager's, hunt49 #3): they are now, asked again at every call, by their bits (the sign
+    of zero, which `copysign` reads, included)."""
+    torch.manual_seed(0)
+    model, x = ReadsFloatBuffers(), torch.randn(ROWS, WIDTH)
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x,), budget=None, cost_model="flops")
+    eager = copy.deepcopy(model)
+    for bounds, sign, plans in (((-0.5, 0.5), 1.0, 1), ((-0.1, 0.2), 1.0, 2), ((-0.1, 0.2), -0.0, 3),
+                                ((-0.1, 0.2), 0.0, 4), ((-0.5, 0.5), 1.0, 4)):
+        for module in (scheduled, eager):
+            module.bounds.copy_(torch.tensor(bounds))
+            module.sign.fill_(sign)
+        assert _same(_step(scheduled, (x,)), _step(eager, (x,)))
+        assert len(scheduled.plans) == plans
+    assert "the values of the model's buffer bounds give [-0.10000000149011612, 0.20000000298023224]" \
+        in capsys.readouterr().err
+
+
+def test_a_number_read_from_a_float_input_stays_refused():
+    """Not from the caller's inputs: a scale passed in would lower a graph per step."""
+    with pytest.raises(LoweringError, match="tensor data|depends on tensor data"):
+        lower_torch(ReadsFloatBuffers(from_input=True), (torch.randn(ROWS, WIDTH),), cost_model="flops")
 
 
 class SizedByInputs(nn.Module):

@@ -45,8 +45,9 @@ _SAID = {("skip", True): "keeps every token (attention runs without a mask)",
 
 
 def integers(tensor: torch.Tensor):
-    """The integers an integer or boolean `tensor` holds, as Python's (nested) list, or
-    one number for a tensor of no dimension: what `.tolist()` and `.item()` read."""
+    """The integers an integer or boolean `tensor` holds (the floats a float one holds,
+    read from buffers), as Python's (nested) list, or one number for a tensor of no
+    dimension: what `.tolist()` and `.item()` read."""
     return tensor.tolist()
 
 
@@ -154,14 +155,16 @@ class ValueGuards:
         for guard, question in zip(self.guards, self._questions):
             if question not in answers:
                 answers[question] = answer(guard, leaves, buffer=buffer)
-            if answers[question] != guard["answer"]:
+            # As JSON: floats read from a buffer by their bits (-0.0 is not 0.0, a NaN is
+            # itself), integers as before.
+            if json.dumps(answers[question]) != json.dumps(guard["answer"]):
                 kind = DECISIONS[guard["decision"]]
                 argument = " and ".join([names()[i] for i in guard["inputs"]] +
                                         [f"the model's buffer {name}" for name in guard.get("buffers", ())])
                 if kind == "integers":
                     return (f"{_argument_values(argument, guard)} give {shown(answers[question])} "
                             f"at {guard['line']}, where those it was lowered with gave "
-                            f"{shown(guard['answer'])}: the forward reads these integers from them, "
+                            f"{shown(guard['answer'])}: the forward reads these numbers from them, "
                             f"and a graph holds one value of each")
                 if kind == "branch":
                     return (f"{_argument_values(argument, guard)} make the condition at {guard['line']} "
