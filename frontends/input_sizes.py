@@ -189,10 +189,19 @@ def _schemas(name: str) -> tuple:
     return tuple(getattr(packet, overload)._schema for overload in packet.overloads())
 
 
+#: Places where an overload takes a tensor only to read its number: `narrow.Tensor`'s
+#: `start` (`.item()`), which Longformer's global attention passes with a length computed
+#: from it (`narrow(-1, n, size - n)`, n the most global tokens of a row: refused at
+#: both, hunt52).
+_READ_AS_NUMBERS = {"narrow": {2, "start"}}
+
+
 def _number_places(name: str, positional: int, places: list) -> bool:
     """Whether every one of `places` (positions among `positional` arguments, or keyword
     names) of a call of the op `name` takes a number in some overload and a tensor in
-    none: there PyTorch reads a tensor passed as that number."""
+    none (or one that reads its number, `_READ_AS_NUMBERS`): there PyTorch reads a tensor
+    passed as that number."""
+    places = [place for place in places if place not in _READ_AS_NUMBERS.get(name, ())]
     kinds = {place: set() for place in places}
     for schema in _schemas(name):
         ordered = [a for a in schema.arguments if not a.kwarg_only]

@@ -498,3 +498,60 @@ def test_an_integer_read_below_a_draw_is_read_as_eager_and_a_branch_on_a_draw_st
         assert _same(_step(scheduled, (x, lengths)), _step(model, (x, lengths)))
     with pytest.raises(LoweringError, match="branches on a random draw"):
         lower_torch(DrawsThenReads(branch=True), (x, torch.tensor([3, 5])), cost_model="flops")
+
+
+class NarrowsByInputs(nn.Module):
+    """Longformer's global attention: the most marked tokens of a row (`n`, from the
+    caller's mask) sizes a `narrow` by its start and by its length, `size - n`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, marked):
+        n = marked.long().sum(dim=1).max()
+        h = self.a(x)
+        kept = h.narrow(-1, 0, n)
+        rest = h.narrow(-1, n, h.size(-1) - n)
+        return kept.square().sum() + rest.tanh().sum()
+
+
+def test_a_narrow_by_a_start_and_length_from_the_inputs_is_read_as_eager():
+    """`narrow.Tensor` takes its start as a tensor only to read its number: that place was
+    not read as eager's, so both narrows were refused (Longformer's and LED's global
+    attention, found by hunt52)."""
+    torch.manual_seed(0)
+    model, x = NarrowsByInputs(), torch.randn(ROWS, WIDTH)
+    marked = torch.zeros(ROWS, WIDTH, dtype=torch.bool)
+    marked[0, :2] = True
+    scheduled = remat_ir.remat(copy.deepcopy(model), (x, marked), budget=None, cost_model="flops")
+    for count, plans in ((2, 1), (5, 2), (2, 2)):
+        marked = torch.zeros(ROWS, WIDTH, dtype=torch.bool)
+        marked[3, :count] = True
+        assert _same(_step(scheduled, (x, marked)), _step(model, (x, marked)))
+        assert len(scheduled.plans) == plans
+
+
+def test_longformers_global_attention_trains_bitwise():
+    """`LongformerForSequenceClassification` puts global attention on `<s>` itself."""
+    import transformers
+    config = transformers.LongformerConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                           attention_window=4, pad_token_id=1, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers.LongformerForSequenceClassification(config)
+    ids = torch.randint(3, 96, (2, 8))
+    ids[:, 0] = 0
+    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 2]))
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (), example_kwargs=batch, solver="recompute-all", outputs=["loss"])
+    for step in range(2):
+        torch.manual_seed(step)
+        loss = scheduled(**batch).loss
+        loss.backward()
+        torch.manual_seed(step)
+        expected = eager(**batch).loss
+        expected.backward()
+        assert torch.equal(loss, expected)
+        for got, want in zip(model.parameters(), eager.parameters()):
+            assert (got.grad is None) == (want.grad is None) and (got.grad is None or torch.equal(got.grad, want.grad))
