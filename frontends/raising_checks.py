@@ -89,8 +89,11 @@ def empty_mask_branch(tensor: torch.Tensor) -> bool | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and node.test.lineno <= frame.f_lineno <= (node.test.end_lineno or 0):
             mask = _any_of(node.test)
-            return True if mask is not None and not node.orelse and all(
-                _constant_write(statement, mask) for statement in node.body) else None
+            # A boolean mask only: an integer one indexes (`h[idx] = 0.0` with idx all
+            # zero writes row 0 where eager, not taking the branch, writes nothing; hunt53).
+            held = frame.f_locals.get(mask) if mask is not None else None
+            return True if isinstance(held, torch.Tensor) and held.dtype == torch.bool and not node.orelse \
+                and all(_constant_write(statement, mask) for statement in node.body) else None
     return None
 
 

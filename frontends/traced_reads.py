@@ -61,7 +61,7 @@ import torch
 
 from remat_ir.torchlib.callables import (any_attributes, attribute_at, attributes_of, class_held, config_like,
                                          describe, describe_called, filled, is_function, slot_names,
-                                         string_constants, users_class)
+                                         string_constants)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                PUBLIC_NAMES, described)
 from remat_ir.torchlib.hooks import hook_functions
@@ -185,15 +185,6 @@ def _form_within(item, depth: int, functions: bool):
         elif _plain_object(item):
             held = object_form(item, depth + 1)
     return held
-
-
-def class_form(kind: type) -> dict | None:
-    """A class of the user's passed along whole (`scaled(h, Cfg)` reading `cfg.temp`), by
-    the values it holds: a change after `remat` trained on with the traced value, 0.06
-    off eager's, silently (hunt50 S2). None where it holds none that is recorded."""
-    attributes = [[name, held] for name, item in sorted(class_held(kind).items())
-                  if (held := _form_within(item, 0, True)) is not UNRECORDED]
-    return {ATTRIBUTES: attributes} if attributes else None
 
 
 class ModulesByDict:
@@ -329,7 +320,10 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
                     and is_model_file(sys._getframe(1).f_code.co_filename)):
                 reads.objects.setdefault((*holder, name), ABSENT)
             raise
-        note(self, name, value)
+        if name != "__dict__" or is_model_file(sys._getframe(1).f_code.co_filename):
+            # `__dict__` by the model's code only (`vars(self.cfg)`): not remat-ir's own
+            # `hasattr(value, "__dict__")`, which made every attribute read (hunt53).
+            note(self, name, value)
         return value
 
     def getattr_served(self, name):
@@ -620,8 +614,6 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             reads.globals.setdefault((module, name, ("attr", path)), object_form(attribute))
     elif _plain_object(value):   # passed along whole: `getattr(CFG, "t", 1.0)`, `scale_of(CFG)`
         reads.globals.setdefault((module, name, None), object_form(value))
-    elif isinstance(value, type) and users_class(value) and (form := class_form(value)) is not None:
-        reads.globals.setdefault((module, name, None), form)   # `scaled(h, Cfg)`
     elif is_function(value) and not isinstance(value, types.FunctionType):
         # A builtin under a name of the user's (`act = torch.tanh`), rebound later.
         reads.globals.setdefault((module, name, ("function",)), describe(value))

@@ -2268,10 +2268,12 @@ class ScheduledModule(torch.nn.Module):
                 "(pad batches to a fixed length), and keep them so, or wrap with DDP, which "
                 "takes ranks of different shapes")
         modules = _Submodules(self._model)
+        hooks = root_backward_hooks(self._model) if self.runs_root_hooks else None
+        if hooks is not None:
+            self._check_root_hooks_arguments(args)
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         if plan is None:
             return self._call_model(*args, **kwargs)
-        hooks = root_backward_hooks(self._model) if self.runs_root_hooks else None
         if hooks is None:
             return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                             model_checked=checked)
@@ -2279,6 +2281,20 @@ class ScheduledModule(torch.nn.Module):
         args = around.setup_input_hook(args)
         return around.setup_output_hook(plan.run(self._model, args, kwargs, self._groups(), self, self.backend,
                                                  answers, modules, model_checked=checked))
+
+    def _check_root_hooks_arguments(self, args: tuple) -> None:
+        """RuntimeInputError where one tensor is passed as two arguments to a model whose
+        root has backward hooks: eager's hook sees each argument's part of the gradient,
+        and the step's graph takes the tensor once (found by a review: a hook doubling
+        one part gave x.grad 0.0136 off)."""
+        tensors = [id(arg) for arg in args if isinstance(arg, torch.Tensor)]
+        if len(set(tensors)) < len(tensors):
+            raise RuntimeInputError(
+                f"{type(self._model).__name__} has a full backward hook (or pre-hook) of its own and "
+                f"is called with one tensor as two arguments: the hook would see the gradient of "
+                f"that tensor whole in one of them, where eager's sees each argument's part. Pass a "
+                f"clone as the second (`model(x, x.clone())`), or put the hook on the module "
+                f"remat_ir.remat returns")
 
     def _fail_as_eager(self, error: RematIRError, what: str) -> None:
         """Raise what the model's forward raised on these inputs (transformers' check of the

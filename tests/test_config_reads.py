@@ -23,6 +23,7 @@ import functools
 import operator
 import types
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -202,3 +203,138 @@ def test_a_config_changed_after_remat_trains_as_eager_wherever_it_lives_and_howe
         for got, p in zip(grads, model.parameters()):
             assert torch.equal(got, p.grad), step
         model.zero_grad()
+
+
+class _Counting:
+    """A config of the user's class with a counter beside its scale: public (`step`) and
+    private, read by a method the loop calls (`tick()`), not by the forward."""
+
+    def __init__(self):
+        self.scale, self.step, self._calls = 1.0, 0, 0
+
+    def tick(self):
+        self._calls += 1
+        return self._calls
+
+
+@dataclasses.dataclass
+class _Scheduled:
+    step: int = 0
+
+
+class _Bound:
+    """A hook's object: a config it hands to `asdict`, a scheduler it never reads."""
+
+    def __init__(self):
+        self.config, self.sched = _Config(1.0), _Scheduled()
+
+    def hook(self, module, args, out):
+        return out * dataclasses.asdict(self.config)["t"]
+
+
+_COUNTING: dict = {}
+
+
+class _ReadsCounting(torch.nn.Module):
+    def __init__(self, where: str):
+        super().__init__()
+        self.l1, self.where = torch.nn.Linear(8, 8), where
+        if where == "module":
+            self.config = _Counting()
+
+    def forward(self, x):
+        h = self.l1(x)
+        if self.where == "module":
+            return h * self.config.scale
+        if self.where == "global passed along":
+            return h * _temperature_scale(_COUNTING["config"])
+        return h
+
+
+def _temperature_scale(config):
+    return config.scale
+
+
+@pytest.mark.parametrize("where", ["module", "global passed along", "hook handing a config to asdict"])
+def test_a_counter_the_step_never_reads_plans_nothing_again(where, capsys):
+    """Found by a review of this search's fixes: a counter beside the config (a module's
+    config's `step`, a global config's private `_calls` that a method the loop calls
+    moves, a sibling scheduler of a hook's `asdict` config) made every call plan again,
+    then refused the fifth: each trained before, and trains now, with one plan."""
+    torch.manual_seed(0)
+    model, x = _ReadsCounting(where), torch.randn(4, 8)
+    config = model.config if where == "module" else _Counting()
+    # Held by the global only where drawn. (A public counter of a global passed along
+    # whole still counts: what the helper reads of it is not known.)
+    _COUNTING["config"] = config if where == "global passed along" else None
+    bound = _Bound()
+    if where.startswith("hook"):
+        model.l1.register_forward_hook(bound.hook)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    capsys.readouterr()
+    for _ in range(6):
+        config.step += where != "global passed along"
+        config.tick()
+        bound.sched.step += 1
+        scheduled(x).square().mean().backward()
+    assert "planning again" not in capsys.readouterr().err
+    assert len(scheduled.plans) == 1
+
+
+class _Private:
+    def __init__(self):
+        self._t = 1.0
+
+
+class _PrivateViaHelper:
+    def __init__(self):
+        self.config, self.key, self.one = _Private(), "one", 1.0
+
+    def hook(self, module, args, out):
+        return out * _private_temperature(self.config) * getattr(self, self.key)
+
+
+def _private_temperature(config):
+    return config._t
+
+
+def test_a_private_attribute_a_hooks_helper_reads_is_compared_where_it_reads_any():
+    """`getattr(self, self.key)` made the object's attributes those any reader may read,
+    which dropped the private `_t` its helper reads: a change trained on with the traced
+    value, 1.31 off (found by a review)."""
+    torch.manual_seed(0)
+    model, x, holder = _Reads("module", "attribute", _config("namespace")), torch.randn(4, 8), _PrivateViaHelper()
+    model.l1.register_forward_hook(holder.hook)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    scheduled(x)
+    holder.config._t = 3.0
+    assert torch.equal(scheduled(x), model(x))
+
+
+class _Scaler:
+    def __init__(self):
+        self.t = 1.0
+
+    def __call__(self, out):
+        return out * self.t
+
+
+class _CallsWhatGetattrGives:
+    def __init__(self):
+        self.scaler = _Scaler()
+
+    def hook(self, module, args, out):
+        return getattr(self, "scaler")(out)
+
+
+def test_a_hooks_callable_reached_through_getattr_is_compared():
+    """`getattr(self, "scaler")(o)` did not follow `scaler`'s `__call__`: changed after
+    `remat`, it trained on with the traced value, silently (hunt51 O3)."""
+    torch.manual_seed(0)
+    model, x = _Reads("module", "attribute", _config("namespace")), torch.randn(4, 8)
+    holder = _CallsWhatGetattrGives()
+    model.l1.register_forward_hook(holder.hook)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    scheduled(x)
+    holder.scaler.t = 3.0
+    assert torch.equal(scheduled(x), model(x))

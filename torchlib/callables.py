@@ -182,7 +182,7 @@ def _attributes_text(owner, names: frozenset[str], depth: int, configs: bool = F
     review), or of those `any_attributes` gives where that code may read any, each as
     `_held_text` shows it, one level down, by the names reading it loads."""
     read = names_reading(names, owner)
-    state = attributes_of(owner) if read is not None else any_attributes(owner)
+    state = attributes_of(owner) if read is not None else any_attributes(owner, names)
     return [f"{name}={text}" for name, item in sorted(state.items())
             if (read is None or name in read)
             and (text := _held_text(item, calling(read or names, name, item), depth + 1, configs)) is not None] + [
@@ -223,33 +223,70 @@ def config_like(kind: type) -> bool:
     return kind is types.SimpleNamespace or users_class(kind)
 
 
-#: The dunder methods whose code reads what an object computes with (others, `__init__`
-#: and `__repr__` among them, set or show every attribute).
+#: Of `_ANY_ATTRIBUTE`, the readers of what they are handed whole (`asdict(self.cfg)`):
+#: they reach an object's attributes only through those the code names.
+_GIVEN_WHOLE = frozenset({"asdict", "astuple", "fields"})
+
+
+def whole_read(names: frozenset[str], name: str) -> bool:
+    """Whether code loading `names`, which may read any attribute of what it holds, may
+    reach the attribute `name` of the object it is bound to: by a name it does not spell
+    (`getattr(self, key)`, `vars(self)`), any; where it only hands objects to readers
+    such as `asdict`, those it names (`asdict(self.cfg)`: a sibling's counter planned
+    every call again, hunt53)."""
+    return bool(names & (_ANY_ATTRIBUTE - _GIVEN_WHOLE)) or name in names
+
+
+#: The members whose code an attribute read runs (a property's getter, `__getattr__`),
+#: or a call of the object: the private attributes they read are what the object
+#: computes with. Not other methods: a counter only `tick()` reads, which the loop calls,
+#: made every call plan again (hunt53).
+_READ_ON_ACCESS = (property, functools.cached_property)
 _READING_DUNDERS = frozenset({"__call__", "__getattr__", "__getitem__"})
 
 
-def any_attributes(owner) -> dict:
+def any_attributes(owner, names: frozenset[str] = frozenset()) -> dict:
     """The attributes of a plain object that code reading any of them may compute with:
-    its public ones, and for a config (`config_like`) the private ones the methods and
-    properties of its classes of the user's own read (`temp`, a property returning
-    `self._t`: changed after `remat`, trained on with the traced value, 0.05-0.10 off
-    eager's, silently; hunt50 S1)."""
+    its public ones, the private ones among `names` (those the code loads: a helper's
+    `c._t`, found by hunt53), and for an object of a class of the user's own the private
+    ones its properties and `__getattr__`/`__getitem__`/`__call__` read (`temp`, a property
+    returning `self._t`: changed after `remat`, trained on with the traced value,
+    0.05-0.10 off eager's, silently; hunt50 S1) and the configs its classes hold."""
     state = attributes_of(owner)
-    found = {name: item for name, item in state.items() if not name.startswith("_")}
+    found = {name: item for name, item in state.items() if not name.startswith("_") or name in names}
     if not users_class(type(owner)):
         return found
-    members = frozenset(name for klass in type(owner).__mro__ if users_class(klass)
-                        for name, member in vars(klass).items()
-                        if (not name.startswith("__") or name in _READING_DUNDERS)
-                        and isinstance(member, (types.FunctionType, property, classmethod, staticmethod,
-                                                functools.cached_property)))
-    read = names_reading(members, owner) if members else frozenset()
-    found |= {name: item for name, item in state.items() if name.startswith("_")
-              and not name.startswith("__") and (read is None or name in read)}
+    private = _private_read(type(owner))
+    found |= {name: item for name, item in state.items() if name.startswith("_") and not name.startswith("__")
+              and (private is None or name in private)}
     # And the configs its class holds (`class Cfg: sub = Sub()`), whose values are the
     # config's too (`class_values` gives the plain ones).
     return found | {name: item for name, item in class_held(type(owner), state).items()
                     if plain_owner(item) and config_like(type(item))}
+
+
+@functools.lru_cache(maxsize=1024)
+def _private_read(kind: type) -> frozenset[str] | None:
+    """The private names the properties and reading dunders (`_READ_ON_ACCESS`,
+    `_READING_DUNDERS`) of `kind`'s classes of the user's own load, their own code and
+    the user's functions it calls (`read_names`), not a library's; None for any, where
+    one reads attributes by names it does not spell (a `__getattr__` serving from
+    `self.__dict__["_d"]`: a global config so passed along trained on with the traced
+    value, silently; hunt51 O1)."""
+    functions = []
+    for klass in kind.__mro__:
+        if not users_class(klass):
+            continue
+        for name, member in vars(klass).items():
+            if isinstance(member, _READ_ON_ACCESS):
+                functions.append(member.fget if isinstance(member, property) else member.func)
+            elif name in _READING_DUNDERS and isinstance(member, types.FunctionType):
+                functions.append(member)
+    names = frozenset().union(*(read_names(function) for function in functions
+                                if isinstance(function, types.FunctionType)))
+    if names & _ANY_ATTRIBUTE:
+        return None
+    return frozenset(name for name in names if name.startswith("_") and not name.startswith("__"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -588,7 +625,9 @@ def _spelled_reads(code: types.CodeType) -> frozenset[str] | None:
             spelled.add(name.value)
     if not spelled <= string_constants(code) or calls < _loads_of(code, _BY_NAME):
         return None
-    return frozenset(spelled)
+    # What `getattr` gives may be used whole (`getattr(self, "scaler")(o)`: its `__call__`
+    # was not followed, and a change it read trained on with the traced value; hunt51).
+    return frozenset(spelled | {f"{name}()" for name in spelled})
 
 
 def string_constants(code: types.CodeType) -> set[str]:
@@ -755,8 +794,14 @@ def _state(owner, names: frozenset[str] | None = None) -> str:
         # Where the code may read any attribute by a name it does not spell
         # (`getattr(self, key)`): not 8 deep, a large object graph cost a call 0.05 s
         # (found by a review), but its configs `ANY_DEPTH` deep.
-        whole = read_attributes(names, owner) is None
-        texts = _attributes_text(owner, names, HELD_DEPTH - ANY_DEPTH if whole else 0, configs=whole)
+        if read_attributes(names, owner) is not None:
+            texts = _attributes_text(owner, names, 0)
+        else:
+            texts = [f"{name}={text}" for name, item in sorted(any_attributes(owner, names).items())
+                     if (text := _held_text(item, calling(names, name, item), HELD_DEPTH - ANY_DEPTH + 1, True)
+                         if whole_read(names, name) else _value_text(item)) is not None] + [
+                f"{type(owner).__qualname__}.{name}={_value_text(value)}"
+                for name, value in class_values(owner, None).items()]
         return f" of {type(owner).__qualname__} {_whole(texts)}" if texts else ""
     state = owner_state(owner)
     if not state:

@@ -17,7 +17,7 @@ import sys
 import types
 
 from .callables import (ANY_DEPTH, CAPTURED_DEPTH, HELD_DEPTH, any_attributes, attributes_of, bound_names, calling,
-                        captured_functions, class_held, class_values, config_like, described_defaults, describes_captured,
+                        captured_functions, class_held, class_values, config_like, whole_read, described_defaults, describes_captured,
                         exec_globals, filled as _filled,
                         is_function, names_reading, nested_owner, objects_held, owner_names, plain_container,
                         plain_owner, read_attributes, read_names)
@@ -131,8 +131,8 @@ def _configs_copied(owner, names: frozenset[str]) -> _Attributes | None:
     helper using `getattr` trained on with the traced value after `cfg.t = 3.0`, 0.63
     off, silently (found by a grid)."""
     copied = _Attributes({name: (item, _copied(item, calling(names, name, item), HELD_DEPTH - ANY_DEPTH + 1))
-                          for name, item in any_attributes(owner).items()
-                          if plain_owner(item) and config_like(type(item))})
+                          for name, item in any_attributes(owner, names).items()
+                          if plain_owner(item) and config_like(type(item)) and whole_read(names, name)})
     copied.classes = class_values(owner, None)   # its class's own (`class Cfg: t = 1.0`)
     return copied if copied or copied.classes else None
 
@@ -274,7 +274,7 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
         # The plain objects it holds by their attributes in turn (`box.inner.k`), as
         # `callables._held_text` describes them.
         read = names_reading(names, value)
-        state = attributes_of(value) if read is not None else any_attributes(value)
+        state = attributes_of(value) if read is not None else any_attributes(value, names)
         copied = _Attributes({name: (item, _copied(item, calling(read or names, name, item), depth + 1))
                               for name, item in state.items() if read is None or name in read})
         copied.every, copied.read, copied.classes = read is None, read, class_values(value, read)

@@ -76,12 +76,14 @@ def root_backward_hooks(model: torch.nn.Module) -> tuple[list, list] | None:
     inputs and outputs, the graph's own. Refused before, though the step computes those
     exactly (a Trainer's recipe, `remat(..., in_place=True)`, then a gradient monitor on
     the model; hunt49 #5). None where the root has none, or where its call would be
-    unlike eager's: legacy `register_backward_hook` hooks, or forward pre-hooks, which
-    are traced into the graph, between the hook and the inputs it would see."""
+    unlike eager's: legacy `register_backward_hook` hooks, or forward pre-hooks (its own
+    or global ones), which are traced into the graph, between the hook and the inputs it
+    would see."""
     full, pre = list(model._backward_hooks.values()), list(model._backward_pre_hooks.values())
-    if not full and not pre or model._is_full_backward_hook is False \
-            or any(users_hook(hook) for hook in model._forward_pre_hooks.values()):
-        return None
+    if not full and not pre or model._is_full_backward_hook is False or any(
+            users_hook(hook) for hook in (*model._forward_pre_hooks.values(),
+                                          *_module._global_forward_pre_hooks.values())):
+        return None   # a global pre-hook too (x * 3 before the hook: 3x eager's grad_input; hunt53)
     return full, pre
 
 
