@@ -528,7 +528,10 @@ def test_the_smaller_last_batch_below_a_share_budgets_floor_trains_at_its_floor(
             optimizer.zero_grad(set_to_none=False)
         assert all(torch.equal(p, q) for p, q in zip(eager.parameters(), model.parameters()))
     last = scheduled.schedule
-    assert last.budget_bytes == last.predicted_peak_bytes < full
+    # Within its floor, which is below the full batches' budget. (Not equal to it: the floor
+    # is searched under a time limit, and under load a later search found a lower peak,
+    # 21380 bytes within a floor of 21508: failed twice in CI-like runs.)
+    assert last.predicted_peak_bytes <= last.budget_bytes < full
     assert last.solver_params["at_floor"] == "true"   # not reused for other shapes, nor cached
     assert last.predicted_peak_bytes > 0.65 * ir.store_all(scheduled.graph).predicted_peak_bytes
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir: no schedule")]
