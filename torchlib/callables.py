@@ -204,11 +204,12 @@ ANY_DEPTH = 3
 @functools.lru_cache(maxsize=1024)
 def users_class(kind: type) -> bool:
     """Whether `kind` is defined in the user's own code (not a library's, nor remat-ir's)."""
-    if kind.__module__ == "__main__":
+    module_name = getattr(kind, "__module__", None)
+    if module_name == "__main__":
         return True
-    if kind.__module__.split(".")[0] in ("remat_ir", "builtins"):
+    if not isinstance(module_name, str) or module_name.split(".")[0] in ("remat_ir", "builtins"):
         return False
-    module = sys.modules.get(kind.__module__)
+    module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None)
     return isinstance(file, str) and _users_code(file)
 
