@@ -2270,7 +2270,7 @@ class ScheduledModule(torch.nn.Module):
         modules = _Submodules(self._model)
         hooks = root_backward_hooks(self._model) if self.runs_root_hooks else None
         if hooks is not None:
-            self._check_root_hooks_arguments(args)
+            self._check_root_hooks_arguments(args, kwargs)
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         if plan is None:
             return self._call_model(*args, **kwargs)
@@ -2282,12 +2282,13 @@ class ScheduledModule(torch.nn.Module):
         return around.setup_output_hook(plan.run(self._model, args, kwargs, self._groups(), self, self.backend,
                                                  answers, modules, model_checked=checked))
 
-    def _check_root_hooks_arguments(self, args: tuple) -> None:
-        """RuntimeInputError where one tensor is passed as two arguments to a model whose
-        root has backward hooks: eager's hook sees each argument's part of the gradient,
-        and the step's graph takes the tensor once (found by a review: a hook doubling
-        one part gave x.grad 0.0136 off)."""
-        tensors = [id(arg) for arg in args if isinstance(arg, torch.Tensor)]
+    def _check_root_hooks_arguments(self, args: tuple, kwargs: dict) -> None:
+        """RuntimeInputError where one tensor is passed as two arguments (positional or
+        keyword) to a model whose root has backward hooks: eager's hook sees each
+        positional argument's part of the gradient, and the step's graph takes the tensor
+        once (found by reviews: a hook doubling one part gave x.grad 0.0136 off; passed
+        once by keyword, the hook was not called at all)."""
+        tensors = [id(arg) for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor)]
         if len(set(tensors)) < len(tensors):
             raise RuntimeInputError(
                 f"{type(self._model).__name__} has a full backward hook (or pre-hook) of its own and "

@@ -229,20 +229,20 @@ def config_like(kind: type) -> bool:
 _GIVEN_WHOLE = frozenset({"asdict", "astuple", "fields"})
 
 
-def whole_read(names: frozenset[str], name: str) -> bool:
+def whole_read(names: frozenset[str], name: str, owner) -> bool:
     """Whether code loading `names`, which may read any attribute of what it holds, may
-    reach the attribute `name` of the object it is bound to: by a name it does not spell
-    (`getattr(self, key)`, `vars(self)`), any; where it only hands objects to readers
-    such as `asdict`, those it names (`asdict(self.cfg)`: a sibling's counter planned
-    every call again, hunt53)."""
-    return bool(names & (_ANY_ATTRIBUTE - _GIVEN_WHOLE)) or name in names
+    reach the attribute `name` of `owner`, the object it is bound to: by a name it does
+    not spell (`getattr(self, key)`, `vars(self)`), any; where it only hands objects to
+    readers such as `asdict`, those it names, or that the members of `owner`'s class it
+    names read (`asdict(self.cfg)`: a sibling's counter planned every call again,
+    hunt53; `asdict(self.get_cfg())` over `self._cfg` was then silent, hunt54)."""
+    if names & (_ANY_ATTRIBUTE - _GIVEN_WHOLE) or name in names:
+        return True
+    return any(name in read_names(function) for named in names for function in _members(type(owner), named))
 
 
-#: The members whose code an attribute read runs (a property's getter, `__getattr__`),
-#: or a call of the object: the private attributes they read are what the object
-#: computes with. Not other methods: a counter only `tick()` reads, which the loop calls,
-#: made every call plan again (hunt53).
-_READ_ON_ACCESS = (property, functools.cached_property)
+#: The dunder methods whose code reads what an object computes with (others, `__init__`
+#: and `__repr__` among them, set or show every attribute).
 _READING_DUNDERS = frozenset({"__call__", "__getattr__", "__getitem__"})
 
 
@@ -250,9 +250,11 @@ def any_attributes(owner, names: frozenset[str] = frozenset()) -> dict:
     """The attributes of a plain object that code reading any of them may compute with:
     its public ones, the private ones among `names` (those the code loads: a helper's
     `c._t`, found by hunt53), and for an object of a class of the user's own the private
-    ones its properties and `__getattr__`/`__getitem__`/`__call__` read (`temp`, a property
-    returning `self._t`: changed after `remat`, trained on with the traced value,
-    0.05-0.10 off eager's, silently; hunt50 S1) and the configs its classes hold."""
+    ones its methods, properties and `__getattr__`/`__getitem__`/`__call__` read (`temp`,
+    a property or a method returning `self._t`: changed after `remat`, trained on with
+    the traced value, 0.05-1.31 off eager's, silently; hunt50 S1, hunt54), and the
+    configs its classes hold. (A private counter a method the loop calls moves, `tick()`,
+    then plans every call again: loud, where narrower was silent.)"""
     state = attributes_of(owner)
     found = {name: item for name, item in state.items() if not name.startswith("_") or name in names}
     if not users_class(type(owner)):
@@ -268,10 +270,11 @@ def any_attributes(owner, names: frozenset[str] = frozenset()) -> dict:
 
 @functools.lru_cache(maxsize=1024)
 def _private_read(kind: type) -> frozenset[str] | None:
-    """The private names the properties and reading dunders (`_READ_ON_ACCESS`,
-    `_READING_DUNDERS`) of `kind`'s classes of the user's own load, their own code and
-    the user's functions it calls (`read_names`), not a library's; None for any, where
-    one reads attributes by names it does not spell (a `__getattr__` serving from
+    """The private names the methods, properties and reading dunders (`_READING_DUNDERS`)
+    of `kind`'s classes of the user's own load, their own code and the user's functions
+    it calls (`read_names`), not a library's methods (a `Trainer` subclass's: its base's
+    bookkeeping planned every call again, hunt53); None for any, where one reads
+    attributes by names it does not spell (a `__getattr__` serving from
     `self.__dict__["_d"]`: a global config so passed along trained on with the traced
     value, silently; hunt51 O1)."""
     functions = []
@@ -279,10 +282,12 @@ def _private_read(kind: type) -> frozenset[str] | None:
         if not users_class(klass):
             continue
         for name, member in vars(klass).items():
-            if isinstance(member, _READ_ON_ACCESS):
-                functions.append(member.fget if isinstance(member, property) else member.func)
-            elif name in _READING_DUNDERS and isinstance(member, types.FunctionType):
-                functions.append(member)
+            if name.startswith("__") and name not in _READING_DUNDERS:
+                continue
+            member = member.fget if isinstance(member, property) else member
+            member = member.func if isinstance(member, functools.cached_property) else member
+            member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+            functions.append(inspect.unwrap(member) if isinstance(member, types.FunctionType) else member)
     names = frozenset().union(*(read_names(function) for function in functions
                                 if isinstance(function, types.FunctionType)))
     if names & _ANY_ATTRIBUTE:
@@ -800,7 +805,7 @@ def _state(owner, names: frozenset[str] | None = None) -> str:
         else:
             texts = [f"{name}={text}" for name, item in sorted(any_attributes(owner, names).items())
                      if (text := _held_text(item, calling(names, name, item), HELD_DEPTH - ANY_DEPTH + 1, True)
-                         if whole_read(names, name) else _value_text(item)) is not None] + [
+                         if whole_read(names, name, owner) else _value_text(item)) is not None] + [
                 f"{type(owner).__qualname__}.{name}={_value_text(value)}"
                 for name, value in class_values(owner, None).items()]
         return f" of {type(owner).__qualname__} {_whole(texts)}" if texts else ""

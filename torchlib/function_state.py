@@ -132,7 +132,7 @@ def _configs_copied(owner, names: frozenset[str]) -> _Attributes | None:
     off, silently (found by a grid)."""
     copied = _Attributes({name: (item, _copied(item, calling(names, name, item), HELD_DEPTH - ANY_DEPTH + 1))
                           for name, item in any_attributes(owner, names).items()
-                          if plain_owner(item) and config_like(type(item)) and whole_read(names, name)})
+                          if plain_owner(item) and config_like(type(item)) and whole_read(names, name, owner)})
     copied.classes = class_values(owner, None)   # its class's own (`class Cfg: t = 1.0`)
     return copied if copied or copied.classes else None
 
