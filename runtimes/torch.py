@@ -2288,7 +2288,9 @@ class ScheduledModule(torch.nn.Module):
         positional argument's part of the gradient, and the step's graph takes the tensor
         once (found by reviews: a hook doubling one part gave x.grad 0.0136 off; passed
         once by keyword, the hook was not called at all)."""
-        tensors = [id(arg) for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor)]
+        # Those needing gradients only: an autoencoder's `model(x, x)` gives the hook None
+        # for both, as eager's (refused, found by hunt54).
+        tensors = [id(arg) for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor) and arg.requires_grad]
         if len(set(tensors)) < len(tensors):
             raise RuntimeInputError(
                 f"{type(self._model).__name__} has a full backward hook (or pre-hook) of its own and "

@@ -1537,6 +1537,8 @@ def test_a_roots_backward_hook_with_one_tensor_as_two_arguments_is_refused_by_th
     for call in (lambda: scheduled(x, x), lambda: scheduled(x, b=x)):
         with pytest.raises(RuntimeInputError, match=r"called with one tensor as two arguments"):
             call()
+    target = x.detach()   # an autoencoder's input and target: no gradient to split
+    scheduled(target, target).sum().backward()
 
 
 def test_a_roots_legacy_backward_hook_is_still_refused():
