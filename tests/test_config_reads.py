@@ -299,17 +299,24 @@ def _private_temperature(config):
     return config._t
 
 
+def _hooks_change_is_trained_on(hook, change) -> None:
+    """A forward hook `hook` on a tiny network's first layer, changed by `change()` after
+    `remat` and a first call: the next call computes what eager's does."""
+    torch.manual_seed(0)
+    model, x = _Reads("module", "attribute", _config("namespace")), torch.randn(4, 8)
+    model.l1.register_forward_hook(hook)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
+    scheduled(x)
+    change()
+    assert torch.equal(scheduled(x), model(x))
+
+
 def test_a_private_attribute_a_hooks_helper_reads_is_compared_where_it_reads_any():
     """`getattr(self, self.key)` made the object's attributes those any reader may read,
     which dropped the private `_t` its helper reads: a change trained on with the traced
     value, 1.31 off (found by a review)."""
-    torch.manual_seed(0)
-    model, x, holder = _Reads("module", "attribute", _config("namespace")), torch.randn(4, 8), _PrivateViaHelper()
-    model.l1.register_forward_hook(holder.hook)
-    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
-    scheduled(x)
-    holder.config._t = 3.0
-    assert torch.equal(scheduled(x), model(x))
+    holder = _PrivateViaHelper()
+    _hooks_change_is_trained_on(holder.hook, lambda: setattr(holder.config, "_t", 3.0))
 
 
 class _Scaler:
@@ -331,14 +338,8 @@ class _CallsWhatGetattrGives:
 def test_a_hooks_callable_reached_through_getattr_is_compared():
     """`getattr(self, "scaler")(o)` did not follow `scaler`'s `__call__`: changed after
     `remat`, it trained on with the traced value, silently (hunt51 O3)."""
-    torch.manual_seed(0)
-    model, x = _Reads("module", "attribute", _config("namespace")), torch.randn(4, 8)
     holder = _CallsWhatGetattrGives()
-    model.l1.register_forward_hook(holder.hook)
-    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
-    scheduled(x)
-    holder.scaler.t = 3.0
-    assert torch.equal(scheduled(x), model(x))
+    _hooks_change_is_trained_on(holder.hook, lambda: setattr(holder.scaler, "t", 3.0))
 
 
 class _MethodOverPrivate:
@@ -407,10 +408,5 @@ class _Accessed:
 def test_a_config_handed_to_asdict_through_an_accessor_is_compared():
     """Only the attributes a hook's code names were described where it hands objects to
     `asdict`: one reached through an accessor method was not, 1.31 off (a review)."""
-    torch.manual_seed(0)
-    model, x, holder = _Reads("module", "attribute", _config("namespace")), torch.randn(4, 8), _Accessed()
-    model.l1.register_forward_hook(holder.hook)
-    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")
-    scheduled(x)
-    holder._config.t = 3.0
-    assert torch.equal(scheduled(x), model(x))
+    holder = _Accessed()
+    _hooks_change_is_trained_on(holder.hook, lambda: setattr(holder._config, "t", 3.0))
