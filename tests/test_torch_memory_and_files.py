@@ -400,14 +400,18 @@ class _NarrowedAt(torch.nn.Module):
         return self.a(x).narrow(0, start, 3)
 
 
-def test_a_number_held_in_a_tensor_that_sizes_a_result_is_refused_with_int_as_the_way_out():
-    """Found by a review: torch's internal text ("Pending unbacked symbols ... fake
-    implementation"). With `int(start)` the step is planned for each value, as eager's."""
-    x = torch.randn(6, 8)
-    with pytest.raises(remat_ir.ir.RematIRError, match=r"_NarrowedAt's forward makes a tensor whose size depends "
-                                                       r"on tensor data at .*test_torch_memory_and_files.py:\d+ in "
-                                                       r"forward.*a number held in a tensor.*`int\(start\)`"):
-        remat_ir.remat(_NarrowedAt(), (x, torch.tensor(1)), solver="recompute-all")
+def test_a_narrow_by_a_start_held_in_an_input_tensor_is_read_as_eagers_number():
+    """Refused before with torch's internal text ("Pending unbacked symbols"), then by line
+    with `int(start)` as the way out: `narrow`'s start from the caller's input is now read
+    as eager's number, as Longformer's global attention needs, and another start plans
+    again (`frontends/input_sizes.py`)."""
+    torch.manual_seed(0)
+    model, x = _NarrowedAt(), torch.randn(6, 8)
+    scheduled = remat_ir.remat(copy_model(model), (x, torch.tensor(1)), solver="recompute-all")
+    for start in (1, 2, 1):
+        got, want = scheduled(x, torch.tensor(start)), model(x, torch.tensor(start))
+        assert torch.equal(got, want)
+    assert len(scheduled.plans) == 2
 
 
 _MOVED_CODE = textwrap.dedent('''
