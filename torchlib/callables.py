@@ -428,15 +428,37 @@ def read_names(function) -> frozenset[str]:
         found = _names(code)
         names |= found
         held = [cell.cell_contents for cell in (current.__closure__ or ()) if filled(cell)]
-        if any(isinstance(item, (operator.attrgetter, operator.methodcaller)) for item in held):
+        space = getattr(current, "__globals__", {})
+        reached = _globals_reached(space, found)
+        if any(isinstance(item, (operator.attrgetter, operator.methodcaller)) for item in held + reached):
             names.add("attrgetter")   # reads an attribute by a name the code does not spell
         if depth < CAPTURED_DEPTH:
-            space = getattr(current, "__globals__", {})
             pending += [(item, depth + 1) for item in held if is_function(item)]
-            pending += [(space[name], depth + 1) for name in found
-                        if isinstance(space.get(name), types.FunctionType)
-                        and _users_code(space[name].__code__.co_filename)]
+            pending += [(item, depth + 1) for item in reached if isinstance(item, types.FunctionType)
+                        and _users_code(item.__code__.co_filename)]
     return frozenset(names)
+
+
+def _globals_reached(space: dict, found: frozenset[str]) -> list:
+    """The values that code loading the names `found`, with `space` its globals, may call
+    among its globals: a global itself, an item of a global dict, list or tuple (`ACTS
+    ["scale"](o, box)`), or the attribute `found` names of a global module (`helpers.
+    scale(o, box)`, a helper in another of the user's files). Found by a review: a hook
+    handing its object to such a lambda, helper or global `attrgetter` was compared by the
+    hook's own names, and a change the callee read trained on with the traced value."""
+    reached = []
+    for name in sorted(found):
+        value = space.get(name)
+        if isinstance(value, types.ModuleType):
+            reached += [getattr(value, attribute, None) for attribute in sorted(found)
+                        if attribute in vars(value)]
+        elif isinstance(value, dict) and len(value) <= 1024:
+            reached += list(value.values())
+        elif isinstance(value, (list, tuple)) and len(value) <= 1024:
+            reached += list(value)
+        elif value is not None:
+            reached.append(value)
+    return reached
 
 
 #: Names whose load says the code may read any attribute of what it holds, by a name
