@@ -47,11 +47,14 @@ module).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dis
+import functools
 import inspect
 import os
 import sys
+import textwrap
 import threading
 import types
 from collections.abc import Mapping
@@ -61,7 +64,7 @@ import torch
 
 from remat_ir.torchlib.callables import (any_attributes, attribute_at, attributes_of, class_held, config_like,
                                          describe, describe_called, filled, is_function, slot_names,
-                                         string_constants)
+                                         string_constants, users_class)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
                                                PUBLIC_NAMES, described)
 from remat_ir.torchlib.hooks import hook_functions
@@ -320,7 +323,15 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
                     and is_model_file(sys._getframe(1).f_code.co_filename)):
                 reads.objects.setdefault((*holder, name), ABSENT)
             raise
-        if name != "__dict__" or is_model_file(sys._getframe(1).f_code.co_filename):
+        if name == "__getstate__":
+            if _copied_by_model(sys._getframe(1)):
+                # A copy the model's code makes (`copy.copy(self.cfg).t`, `deepcopy`,
+                # `self.cfg.__getstate__()`): its reads are the copy's, an object no
+                # holder knows, so every attribute as `vars` reads them (hunt54: a change
+                # after `remat` trained on with the traced value, 1.31 off, silently).
+                state = attributes_of(self)
+                note(self, "__dict__", {**class_held(type(self), state), **state})
+        elif name != "__dict__" or is_model_file(sys._getframe(1).f_code.co_filename):
             # `__dict__` by the model's code only (`vars(self.cfg)`): not remat-ir's own
             # `hasattr(value, "__dict__")`, which made every attribute read (hunt53).
             note(self, name, value)
@@ -337,6 +348,20 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
     cls.__getattribute__ = getattribute
     if fallback is not None:
         cls.__getattr__ = getattr_served
+
+
+#: The standard library's modules copying an object by its state (`__getstate__`).
+_COPYING = frozenset({"copy", "copyreg", "pickle"})
+
+
+def _copied_by_model(frame) -> bool:
+    """Whether the code at `frame`, or the model's code calling it through `copy.copy`,
+    `copy.deepcopy` or `pickle` (a few frames up), is the model's own."""
+    for _ in range(8):
+        if frame is None or frame.f_globals.get("__name__") not in _COPYING:
+            break
+        frame = frame.f_back
+    return frame is not None and is_model_file(frame.f_code.co_filename)
 
 
 #: Attributes every `nn.Module` has for torch's own bookkeeping (its hooks, parameters).
@@ -571,9 +596,11 @@ def _attribute_chain(value, following: list) -> tuple[str, object] | None:
     return (".".join(names), now) if names else None
 
 
-def _record_global(reads: TracedReads, module: str, name: str, value, following: list) -> list:
+def _record_global(reads: TracedReads, module: str, name: str, value, following: list,
+                   passed: bool = False) -> list:
     """Record what reading global `name` (then `following`, the instructions after) takes
-    from it; returns the user's functions it leads to."""
+    from it; returns the user's functions it leads to. `passed`: the code uses it as a
+    value of its own somewhere (`_passed_names`)."""
     if (form := recorded(value)) is not UNRECORDED:
         reads.globals.setdefault((module, name, None), form)
     elif isinstance(value, torch.Tensor):
@@ -612,6 +639,15 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
                     reads.globals.setdefault((module, name, ("attr", path, key)), item)
         elif _plain_object(attribute):   # passed along whole: `scale_of(CFG.sub)`
             reads.globals.setdefault((module, name, ("attr", path)), object_form(attribute))
+    elif passed and isinstance(value, type) and users_class(value):
+        # A class of the user's passed along whole as a config (`scaled(h, Cfg)`, `c =
+        # Cfg`): the plain values it holds, each as the attribute read `Cfg.temp` is.
+        # Found by hunt54: `Cfg.temp = 3.0` after `remat` trained on with the traced
+        # value, 1.31 off, silently. Not where it is called (`Cfg(h)`) nor asked about
+        # (`isinstance(x, Cfg)`), whose counters planned every step again (hunt53).
+        for attribute, item in sorted(class_held(value).items()):
+            if (form := recorded(item)) is not UNRECORDED:
+                reads.globals.setdefault((module, name, ("attr", attribute)), form)
     elif _plain_object(value):   # passed along whole: `getattr(CFG, "t", 1.0)`, `scale_of(CFG)`
         reads.globals.setdefault((module, name, None), object_form(value))
     elif is_function(value) and not isinstance(value, types.FunctionType):
@@ -626,6 +662,34 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
         # A library's wrapper of a user's function (`torch.compiler.disable`): the function.
         return [inner for inner in _inner_functions(value) if is_users_file(inner.__code__.co_filename)]
     return []
+
+
+#: Calls that only ask about a class handed to them, never read what it holds.
+_ASKING = frozenset({"isinstance", "issubclass", "type", "super", "id"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _passed_names(code: types.CodeType) -> frozenset[str] | None:
+    """The names `code`'s source uses as values of their own: handed to a call
+    (`scaled(h, Cfg)`), bound (`c = Cfg`), returned or put in a container; not those only
+    called (`Cfg(h)`), read an attribute of (`Cfg.temp`, recorded as such) or asked about
+    (`isinstance(x, Cfg)`, `_ASKING`). None where the source cannot be read: any."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.Attribute) or (isinstance(parent, ast.Call) and parent.func is node):
+            continue
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in _ASKING:
+            continue
+        found.add(node.id)
+    return frozenset(found)
 
 
 def _custom_op_autograd(graph_module: torch.fx.GraphModule | None) -> list:
@@ -653,12 +717,13 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
         remember(namespace)   # the runtime reads these globals from it (`torchlib.namespaces`)
         module = namespace.get("__name__", "")
         instructions = list(dis.get_instructions(code))
+        passed = _passed_names(code)
         for i, instruction in enumerate(instructions):
             if instruction.opname != "LOAD_GLOBAL" or instruction.argval not in namespace:
                 continue
             following = instructions[i + 1:i + 2 + _NESTING]
-            for function in _record_global(reads, module, instruction.argval,
-                                           namespace[instruction.argval], following):
+            for function in _record_global(reads, module, instruction.argval, namespace[instruction.argval],
+                                           following, passed is None or instruction.argval in passed):
                 scan_function(function, depth + 1)
         for constant in code.co_consts:
             if isinstance(constant, types.CodeType):

@@ -7568,25 +7568,57 @@ class _PassesClassOrFunctionsAlong(torch.nn.Module):
         return h.square().mean()
 
 
+class _PassesClassAlong(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return (self.fc(x) * _temperature_of(_ClassValuedSetting)).square().mean()
+
+
+class _Boxed:
+    """A class whose value `n` the loop advances at every step, which a forward calls and
+    asks about but never reads."""
+
+    n = 0
+
+    def __init__(self, h):
+        self.h = h
+
+
+class _AsksAboutClass(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if isinstance(h, _Boxed):
+            h = h.h
+        return _Boxed(h).h.square().mean()
+
+
 _CLASS_VALUED = _ClassValuedSetting()
 
 
 @pytest.mark.parametrize("how, change, said", [
     ("instance of a class", lambda: setattr(_ClassValuedSetting, "t", 3.0), "t=3.0"),
+    ("the class itself", lambda: setattr(_ClassValuedSetting, "t", 3.0), "_ClassValuedSetting.t of"),
     ("functions", lambda: setattr(_FUNCTIONS_CONFIG, "act", torch.sigmoid), "act="),
     ("functions", lambda: _FUNCTIONS_CONFIG.scale.keywords.__setitem__("other", 3.0), "other=3.0")],
-    ids=["instance of a class", "function swapped", "partial keyword"])
+    ids=["instance of a class", "the class itself", "function swapped", "partial keyword"])
 def test_a_global_configs_class_values_or_functions_changed_after_lowering_are_planned_for(
         how, change, said, capsys):
     """A global config passed to a helper was recorded by its instance's plain attributes:
     a value its class holds (`class Cfg: t = 1.0`), and a function it holds (`cfg.act`, a
     partial's keyword), changed after `remat`, trained on with the traced value,
-    0.012-0.10 off eager's, silently (hunt50 S2, S3). The notice names only what changed.
-    (The class itself passed whole is not recorded: `isinstance(x, Cfg)` and `Box(h)` in a
-    forward name a class too, whose counters then planned every call again; hunt53.)"""
+    0.012-0.10 off eager's, silently (hunt50 S2, S3); so was the class itself passed
+    along (`scaled(h, Cfg)`, 1.31 off, hunt54). The notice names only what changed."""
     try:
         torch.manual_seed(0)
-        model, x = _PassesClassOrFunctionsAlong(how), torch.randn(5, 6)
+        model = _PassesClassAlong() if how == "the class itself" else _PassesClassOrFunctionsAlong(how)
+        x = torch.randn(5, 6)
         scheduled = _remat(model, (x,))
         scheduled(x).backward()
         model.zero_grad()
@@ -7599,6 +7631,22 @@ def test_a_global_configs_class_values_or_functions_changed_after_lowering_are_p
     finally:
         _ClassValuedSetting.t = 1.0
         _FUNCTIONS_CONFIG.act, _FUNCTIONS_CONFIG.scale = torch.tanh, functools.partial(torch.mul, other=1.0)
+
+
+def test_a_class_the_forward_calls_and_asks_about_plans_nothing_again_as_its_counter_moves(capsys):
+    """`isinstance(h, Cfg)` and `Box(h)` name a class without reading what it holds: its
+    counter moving at every call planned every call again where any class named was
+    recorded (hunt53); only a class handed along whole is (the test above)."""
+    torch.manual_seed(0)
+    model, x = _AsksAboutClass(), torch.randn(5, 6)
+    scheduled = _remat(model, (x,))
+    capsys.readouterr()
+    for _ in range(3):
+        _Boxed.n += 1
+        scheduled(x).backward()
+    assert "planning again" not in capsys.readouterr().err
+    model.zero_grad()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
 
 
 class _Meter:
