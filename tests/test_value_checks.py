@@ -356,3 +356,44 @@ def test_a_tensor_check_remat_ir_cannot_run_is_refused_by_name(held, error, word
     with pytest.raises(LoweringError, match=rf"_ChecksWith's forward {words}"):
         remat_ir.remat(_ChecksWith(held, error), (torch.randn(3, 4),), solver="autograd", cost_model="flops",
                        cache_dir=False)
+
+
+@torch.library.custom_op("remat_ir_tests::checked_probabilities", mutates_args=())
+def _checked_probabilities(p: torch.Tensor) -> torch.Tensor:
+    """A custom op asserting on its input's values, true of every batch it is given (a
+    softmax's output), false of the values profiling draws."""
+    assert bool((p >= 0).all()), "probabilities must be non-negative"
+    return p.clone()
+
+
+@_checked_probabilities.register_fake
+def _(p):
+    return torch.empty_like(p)
+
+
+_checked_probabilities.register_autograd(lambda ctx, grad: grad)
+
+
+class _ChecksProbabilities(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return _checked_probabilities(torch.softmax(self.fc(x), -1)).square().sum()
+
+
+@pytest.mark.parametrize("cost_model", ["profile", "isolated"])
+@pytest.mark.parametrize("how", ["assert", "custom op"])
+def test_checks_plan_under_cost_models_that_run_ops_on_drawn_values(how, cost_model):
+    """Found by a review: timing an op alone on drawn values, a check false of them (the
+    README's `assert (h.abs() < 50).all()`, or a custom op's own `assert`) raised out of
+    `remat` with eager's message, as if the batch had failed it; such an op's time is now
+    estimated. (Every other test of checks here uses the "flops" cost model.)"""
+    torch.manual_seed(0)
+    model, x = (Guarded("assert") if how == "assert" else _ChecksProbabilities()), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model=cost_model, cache_dir=False)
+    assert torch.equal(_step(eager, x), _step(scheduled, x))
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
