@@ -49,6 +49,7 @@ import contextlib
 import functools
 import random
 import re
+import struct
 import sys
 import types
 import warnings
@@ -137,13 +138,26 @@ def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
                or (derived is not None and derived(item)) for item in differing):
             return True
         if isinstance(items, dict):   # a cache fills keys it did not hold
-            return any(key not in after or after[key] is not item for key, item in items.items())
+            return any(key not in after or not _same(item, after[key]) for key, item in items.items())
         return bool(differing)
     if len(items) != len(after) or (isinstance(items, dict) and items.keys() != after.keys()):
         return True
     if isinstance(items, _SEQUENCES):
-        return any(a is not b for a, b in zip(items, after))
-    return isinstance(items, dict) and any(items[key] is not after[key] for key in items)
+        return any(not _same(a, b) for a, b in zip(items, after))
+    return isinstance(items, dict) and any(not _same(items[key], after[key]) for key in items)
+
+
+def _same(item, now) -> bool:
+    """Whether a list's or dict's item is what it held: the same object, or a plain number
+    or string of the same type and bits. diffusers' `apply_lora_scale` multiplies each
+    LoRA layer's `scaling` item by the call's `scale` and divides it back after: equal, a
+    new float, and taken for a change, it refused a UNet trained with
+    `cross_attention_kwargs={"scale": 0.5}` (found by hunt55)."""
+    if item is now:
+        return True
+    if type(item) is not type(now) or type(item) not in (int, float, bool, str):
+        return False
+    return struct.pack("<d", item) == struct.pack("<d", now) if type(item) is float else item == now
 
 
 def _change_said(key: str, path: str, before: tuple) -> str:
@@ -163,11 +177,11 @@ def _differing(items, after) -> list:
     """The items of `after` (or of `items`, removed) that are not what `items` held."""
     if isinstance(items, dict):
         keys = set(items) | set(after)
-        return [after.get(k, items.get(k)) for k in keys if items.get(k, MISSING) is not after.get(k, MISSING)]
+        return [after.get(k, items.get(k)) for k in keys if not _same(items.get(k, MISSING), after.get(k, MISSING))]
     if isinstance(items, _SEQUENCES):
         longer = after if len(after) >= len(items) else items
         return [longer[i] for i in range(len(longer))
-                if i >= min(len(items), len(after)) or items[i] is not after[i]]
+                if i >= min(len(items), len(after)) or not _same(items[i], after[i])]
     return list(set(items) ^ set(after))
 
 

@@ -4051,6 +4051,37 @@ class _Effects(torch.nn.Module):
         return h.square().mean()
 
 
+class _ScaledAndRestored(torch.nn.Module):
+    """diffusers' `apply_lora_scale`: each LoRA layer's `scaling` item is multiplied by the
+    call's `scale` before the forward and divided back after."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.scaling = torch.nn.Linear(8, 4), {"default": 0.75}
+
+    def forward(self, x, scale: float = 1.0):
+        self.scaling["default"] *= scale
+        try:
+            return (self.fc(x) * self.scaling["default"]).square().mean()
+        finally:
+            self.scaling["default"] /= scale
+
+
+def test_a_scaling_the_forward_multiplies_and_divides_back_trains_like_eager(capsys):
+    """Found by hunt55: an item the forward multiplies and divides back ends equal, a new
+    float, and was taken for a change: a UNet given `cross_attention_kwargs={"scale":
+    0.5}` was refused ("it changes module attribute 'scaling'"). Each `scale` trains as
+    eager's, planned per value."""
+    torch.manual_seed(0)
+    model, x = _ScaledAndRestored(), torch.randn(4, 8)
+    scheduled = _remat(model, (x,), example_kwargs={"scale": 0.5})
+    for scale in (0.5, 0.5, 0.25):
+        assert side_by_side(model, lambda m: scheduled, (x,), {"scale": scale}, lambda loss: loss,
+                            tolerance=1e-30) == {}
+    assert model.scaling == {"default": 0.75}
+    assert "is 0.25, lowered for 0.5" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kind, said", [
     ("python_random", r"draws from Python's random generator \(random.choice at .*test_trust.py:\d+ in "
                       r"forward\)"),
