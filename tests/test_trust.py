@@ -2289,6 +2289,42 @@ class _ActingByAnnealer(torch.nn.Module):
         return self.b(self.act(self.a(x)))
 
 
+class _Processor:
+    """diffusers' attention processor: an object a module holds and calls, holding nothing."""
+
+    def __call__(self, module, h):
+        return torch.tanh(module.fc(h))
+
+
+class _HalfProcessor(_Processor):
+    def __call__(self, module, h):
+        return 0.5 * super().__call__(module, h)
+
+
+class _Processed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.processor = torch.nn.Linear(8, 8), _Processor()
+
+    def forward(self, x):
+        return self.processor(self, x).square().mean()
+
+
+def test_a_held_object_swapped_for_one_of_another_class_is_planned_again(capsys):
+    """Found by hunt55: diffusers' `set_attn_processor` after `remat`, a processor of
+    another class holding the same (no) values, trained on with the traced one, 2.9e-2
+    off eager's gradients, silently. A held object's class is compared too."""
+    torch.manual_seed(0)
+    model, x = _Processed(), torch.randn(4, 8)
+    scheduled = _remat(model, (x,))
+    scheduled(x).backward()
+    model.zero_grad()
+    model.processor = _HalfProcessor()
+    capsys.readouterr()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert "processor.__class__ of _Processed was class" in capsys.readouterr().err
+
+
 def test_a_number_below_a_builtin_object_a_held_callable_reads_changed_is_planned_again(capsys):
     """Found by a review: a module holding a callable object whose `__call__` reads
     `self.cfg.loss.t` (cfg a SimpleNamespace, a builtin class whose reads are not seen)
