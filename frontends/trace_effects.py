@@ -67,6 +67,7 @@ from .constant_tensors import CallDerived, call_sources
 from .held_tensors import held_objects
 from .hook_registrations import noting_hook_registrations
 from .python_draws import RANGES, RangedDraw
+from .sdpa_kernels import tracing_own_sdpa_kernels
 from .stored_tensors import StoredTensors
 from .model_lines import in_users_file, is_model_file, is_users_file, model_caller
 from . import outside_state
@@ -610,9 +611,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
-        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses, model, found), noting_autograd_state(found), \
-                noting_backend_flags(found), noting_argument_writes(model, found), \
-                noting_hook_registrations(model, found), derived if derived is not None else contextlib.nullcontext():
+        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses, model, found), \
+                noting_autograd_state(found), noting_backend_flags(found), tracing_own_sdpa_kernels(found), \
+                noting_argument_writes(model, found), noting_hook_registrations(model, found), \
+                derived if derived is not None else contextlib.nullcontext():
             warnings.simplefilter("always")
             yield
     except Exception as exc:

@@ -179,6 +179,48 @@ def test_a_call_under_other_attention_kernels_is_planned_for_them(lowered_under,
     assert "remat-ir: new input signature (scaled dot product attention may use" in capsys.readouterr().err
 
 
+class _OwnKernelAttention(torch.nn.Module):
+    """Picks SDPA's math kernel for its attention itself (diffusers' `_native_math`
+    attention backend), with a dropout or a boolean mask as `how` says."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.qkv, self.out, self.how = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32), how
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        mask = torch.ones(t, t, dtype=torch.bool).tril() if self.how == "mask" else None
+        with sdpa_kernel(SDPBackend.MATH):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.how == "causal",
+                                               dropout_p=0.2 if self.how == "dropout" else 0.0)
+        return self.out(y.transpose(1, 2).reshape(b, t, d)).square().mean()
+
+
+@pytest.mark.parametrize("how", ["causal", "mask", "dropout"])
+def test_attention_kernels_a_forward_picks_for_itself_train_as_eagers(how):
+    """Found by hunt55: `with sdpa_kernel(SDPBackend.MATH):` inside the forward, the graph
+    ran the kernel AOTAutograd picked after the block had ended (the CPU flash one), and
+    every gradient was 3.7e-9 off eager's, silently. Loss, gradients and generator state
+    bitwise eager's over 3 steps."""
+    torch.manual_seed(0)
+    model, x = _OwnKernelAttention(how), torch.randn(4, 16, 32)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30, steps=3) == {}
+
+
+def test_attention_kernels_a_forward_picks_for_itself_under_autocast_are_refused_by_line():
+    """Under bfloat16 autocast such a forward trained 6e-5 off eager's gradients, decomposed
+    or not: refused, naming the line and the way out, which trains as eager's."""
+    from remat_ir.frontends.errors import LoweringError
+
+    torch.manual_seed(0)
+    model, x = _OwnKernelAttention("causal"), torch.randn(4, 16, 32)
+    said = r"picks attention kernels .* at .*test_signatures.py:\d+.* `sdpa_kernel` around the call"
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(LoweringError, match=said):
+        remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+
+
 def test_a_plan_without_a_planner_runs_under_another_thread_count_not_another_onednn_setting():
     """A graph loaded from a file (no planner to plan again) ran nowhere with another
     thread count than it was profiled with: the thread count changes oneDNN's workspaces,

@@ -1,0 +1,67 @@
+"""Attention kernels a forward picks for a part of itself (`with sdpa_kernel(SDPBackend.MATH):`
+around one `F.scaled_dot_product_attention`, as diffusers' `_native_math` attention
+backend does), traced as eager runs them.
+
+torch.export keeps `scaled_dot_product_attention` as one op, and AOTAutograd picks its
+kernel when it builds the joint graph, after the forward's block has ended: the graph
+ran the call's kernel (the CPU flash one) where eager ran the math one, and every
+gradient was 3.7e-9 off eager's, silently (found by hunt55). Where the kernels allowed at
+the op differ from those of the whole call, the op is decomposed as it is traced, under
+the forward's own settings, so the graph holds the ops that kernel runs. Under autocast,
+so decomposed, bfloat16 gradients came out 6e-5 off eager's, as they did undecomposed:
+refused there, naming the line (`sdpa_kernel` around the call is exact). Kernels set
+around the whole call are the call's own and part of its signature
+(`runtimes/signatures.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from remat_ir.torchlib.types import sdpa_flags
+
+from .model_lines import is_model_file
+
+
+class _OwnKernels(TorchFunctionMode):
+    """Decomposes `scaled_dot_product_attention` where the forward allows other kernels
+    than `caller` (`sdpa_flags` at the start of the call); notes in `found` such an op
+    under autocast."""
+
+    def __init__(self, caller: tuple, found: list[str]):
+        super().__init__()
+        self.caller, self.found = caller, found
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or sdpa_flags() == self.caller:
+            return func(*args, **kwargs)
+        device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        if torch.is_autocast_enabled(device):
+            self.found.append(
+                f"it picks attention kernels for a part of the forward under autocast (`sdpa_kernel` around "
+                f"scaled_dot_product_attention at {_place()}): the graph would not compute them as eager does; "
+                f"set `sdpa_kernel` around the call instead")
+            return func(*args, **kwargs)
+        return torch.ops.aten.scaled_dot_product_attention.default.decompose(*args, **kwargs)
+
+
+def _place() -> str:
+    """'file:line' of the nearest frame running the model's code."""
+    frame = sys._getframe(2)
+    while frame is not None and not is_model_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "an unknown line"
+
+
+@contextlib.contextmanager
+def tracing_own_sdpa_kernels(found: list[str]):
+    """While the block traces, decompose each attention op whose kernels the forward
+    picked itself, or note it in `found` (module docstring)."""
+    with _OwnKernels(sdpa_flags(), found):
+        yield
