@@ -420,14 +420,19 @@ def _placeholders_kept_by_hooks(model: torch.nn.Module, found: list[str]) -> Non
     inside torch or found nothing (found by a review)."""
     for path, hook in forward_hooks(model):
         code = getattr(underlying(hook), "__code__", None) or getattr(_call_of(hook), "__code__", None)
-        if code is None or not is_users_file(code.co_filename):
-            continue   # a library's hook (transformers' capturing hidden states) keeps its own
+        if code is None:
+            continue
+        # A library's hook too: torch.ao's `ActivationSparsifier` aggregating a layer's
+        # inputs kept tracing's placeholder and trained on silently, its statistics never
+        # filled (found by hunt56). (transformers' hooks capturing hidden states hand
+        # theirs to the forward's outputs, and keep none.)
+        instead = ("return what the loss needs from the forward instead" if is_users_file(code.co_filename)
+                   else "it is a library's: remove it before remat_ir.remat, or train this model without remat")
         for name, holder in _hook_holders(hook):
             if holds_placeholder(holder):
                 where = f" at {code.co_filename}:{code.co_firstlineno}"
                 found.append(f"a forward hook on {path}{where} keeps a tensor in {name}, "
-                             f"which the graph does not fill (return what the loss needs from the "
-                             f"forward instead)")
+                             f"which the graph does not fill ({instead})")
                 break
 
 

@@ -7799,6 +7799,22 @@ def test_a_forward_hook_storing_activations_outside_the_model_is_refused_naming_
         _FEATURES.clear()
 
 
+def test_a_librarys_hook_storing_activations_on_its_object_is_refused_naming_it():
+    """Found by hunt56: torch.ao's `ActivationSparsifier`, its pre-hook adding a layer's
+    inputs into its own `data_groups`, held a local: remat trained on, and the aggregate
+    stayed tracing's placeholder (the sparsifier's `step()` then ran on it). A library's
+    hooks were not looked at (transformers' hooks capturing hidden states keep nothing)."""
+    from torch.ao.pruning._experimental.activation_sparsifier.activation_sparsifier import ActivationSparsifier
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    sparsifier = ActivationSparsifier(model, aggregate_fn=lambda a, b: a + b, reduce_fn=lambda a: a.mean(0),
+                                      mask_fn=lambda data, **kwargs: (data > data.median()).float())
+    sparsifier.register_layer(model[2], sparse_block_shape=(1, 2), zeros_per_block=1)
+    with pytest.raises(LoweringError, match=r"a forward hook on 2 \(Linear\) at .*activation_sparsifier.py:\d+ "
+                                            r"keeps a tensor in .*it is a library's: remove it before"):
+        _remat(model, (torch.randn(3, 4),))
+
+
 class _KeepsInPrivateContainers(torch.nn.Module):
     """Keeps tensors in a private container per `kind`: an activation for a loss outside
     the model (`_feats`), a queue of detached features (MoCo's), or nothing but a lazy
