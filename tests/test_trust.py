@@ -1552,6 +1552,30 @@ def test_a_roots_legacy_backward_hook_is_still_refused():
         _remat(model, (torch.randn(4, 8),))
 
 
+def test_a_step_under_torchs_flop_counter_trains_as_eager_and_counts_the_steps_ops(capsys):
+    """Found by hunt56: `FlopCounterMode` around a step (for MFU) puts ModuleTracker's
+    hooks on every module; taken for the user's, they planned again and were refused,
+    naming a gradient hook the user never wrote. They only watch: the step trains as
+    eager's, planned once, and the mode counts the ops the step runs (recomputations
+    included, so at least eager's)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)), torch.randn(8, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
+    capsys.readouterr()
+    counted = []
+    for module in (eager, scheduled):
+        with FlopCounterMode(display=False) as counter:
+            module(x).square().mean().backward()
+        counted.append(counter.get_total_flops())
+    assert "planning again" not in capsys.readouterr().err
+    assert counted[1] >= counted[0] > 0
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
 def test_a_global_backward_hook_is_refused():
     handle = torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None)
     try:

@@ -9,7 +9,8 @@ layer off, silently, before lowering refused them). The frontend refuses backwar
 lowered (`HookWatch`, one per plan: a forward hook added later would not run, one
 removed would still run) and lowers and plans again (`remat`), or refuses the call
 (without a planner). torch.distributed's own hooks (FSDP2's, which `fully_shard` adds after
-lowering) are the runtime's business and not counted.
+lowering) are the runtime's business and not counted, nor are those of tools that only
+watch which module runs (`_WATCHING`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,18 @@ def _global_tables() -> dict[str, dict]:
     return {table: getattr(_module, f"_global{table}") for table in TABLES}
 
 
+#: Modules whose hooks only watch which module runs, for tools around a step:
+#: torch.distributed's own (FSDP2's, `ModTracker`), and `torch.utils.module_tracker`'s,
+#: which `FlopCounterMode` puts on every module. Counted as the user's, the latter planned
+#: again and was refused, naming a gradient hook the user never wrote (found by hunt56);
+#: the step's ops are what such a mode counts, recomputations included.
+_WATCHING = ("torch.distributed", "torch.utils.module_tracker")
+
+
 def users_hook(hook) -> bool:
-    """Whether `hook` is the user's (not torch.distributed's)."""
+    """Whether `hook` is the user's (not a watching tool's, `_WATCHING`)."""
     owner = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "")
-    return not (owner or "").startswith("torch.distributed")
+    return not (owner or "").startswith(_WATCHING)
 
 
 def hook_tables(model: torch.nn.Module):
