@@ -1616,6 +1616,14 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     f"read it), as eager's backward() "
                     f"finds too ({first.split(': ')[0]}): read a copy (`.clone()`) before the "
                     f"write, or write it after the backward") from exc
+            if "resize a view tensor to a larger size" in first:
+                # Found by hunt56: a per-channel fake-quant of torch.ao's QAT, not yet
+                # run, sizes its scale at its first call; AOTAutograd's text named nothing.
+                raise LoweringError(
+                    f"{type(model).__name__}'s forward resizes a buffer it holds as it runs (a "
+                    f"first call that sizes it, as a per-channel fake-quant or an observer of "
+                    f"torch.ao's QAT does; AOTAutograd: {first.rstrip('.')}): run the model "
+                    f"once, under torch.no_grad(), before remat_ir.remat") from exc
             raise LoweringError(f"AOTAutograd could not build the joint graph of "
                                 f"{type(model).__name__}: {first}") from exc
         keep_written_layouts(joint.graph_module)

@@ -1576,6 +1576,37 @@ def test_a_step_under_torchs_flop_counter_trains_as_eager_and_counts_the_steps_o
         assert torch.equal(a.grad, b.grad)
 
 
+class _QuantizedEmbedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids).mean(1)).square().mean()
+
+
+def test_a_per_channel_fake_quant_not_yet_run_is_refused_saying_to_run_it_once_then_trains():
+    """Found by hunt56: torch.ao's QAT embedding (`default_embedding_fake_quant`, per
+    channel) straight after `prepare_qat` sizes its scale at its first call, and `remat`
+    raised AOTAutograd's "Attempted to resize a view tensor" alone. It now says to run the
+    model once; after that, training is eager's, observers and scales included."""
+    import torch.ao.quantization as tq
+
+    torch.manual_seed(0)
+    model, ids = _QuantizedEmbedding(), torch.tensor([[1, 2, 3], [4, 5, 9]])
+    model.emb.qconfig = tq.QConfig(activation=tq.NoopObserver, weight=tq.default_embedding_fake_quant)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tq.prepare_qat(model, inplace=True, mapping={torch.nn.Embedding: torch.ao.nn.qat.Embedding})
+    with pytest.raises(LoweringError, match=r"resizes a buffer it holds as it runs .* run the model once, "
+                                            r"under torch.no_grad\(\), before remat_ir.remat"):
+        _remat(model, (ids,))
+    with torch.no_grad():
+        model(ids)
+    scheduled = _remat(model, (ids,))
+    assert side_by_side(model, lambda m: scheduled, (ids,), {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
 def test_a_global_backward_hook_is_refused():
     handle = torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None)
     try:
