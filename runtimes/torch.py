@@ -940,8 +940,9 @@ class _Runner:
         return RematIRError(f"the step updated buffer {name!r} at shape {list(update.shape)} where it "
                             f"has {list(buffer.shape)}, as lowered: an op of the forward resized it "
                             f"when it ran (a first call that sizes it, as a fused per-channel "
-                            f"fake-quant does). Run the model once before remat_ir.remat, so that "
-                            f"it is lowered at its size")
+                            f"fake-quant does). Run the model once under torch.no_grad() before "
+                            f"remat_ir.remat, so that it is lowered at its size (or before the next "
+                            f"step, where the model changed after remat: `prepare_qat` mid-training)")
 
 
 def _flat_position(graph: Graph, position: int) -> int | str:
