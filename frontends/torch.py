@@ -79,7 +79,7 @@ from .tensor_attributes import refusing_tensor_attributes
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
 from .random_ops import draws_random, user_draws_kept
-from .random_branches import HINT as RANDOM_BRANCH_HINT, drawn_branch
+from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
                        check_script_modules, backward_effects_error, constant_output, data_error,
@@ -860,6 +860,9 @@ def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[
                 f"cannot depend on tensor values")
         elif inside is not None:   # a PyTorch layer branches
             where = f"{inside_at} ({_layer_branch_hint(inside)})"
+        elif drawn_number(frames):
+            return LoweringError(f"torch.export could not trace {model}: its forward reads a random "
+                                 f"draw as a number at {where}: {RANDOM_NUMBER_HINT}")
         elif drawn_branch(frames):
             return LoweringError(f"torch.export could not trace {model}: its forward branches on "
                                  f"a random draw at {where}: {RANDOM_BRANCH_HINT}")

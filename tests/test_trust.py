@@ -6505,6 +6505,26 @@ def test_a_branch_on_a_random_draw_is_named_as_one_with_layerdrop_as_the_way_out
     assert errors == {}
 
 
+class _RandomCrop(torch.nn.Module):
+    """Crops at an offset drawn as a Python number, as a random-shift augmentation may."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        i = int(torch.randint(0, 4, ()))
+        return self.conv(x[:, :, i:i + 8, i:i + 8]).square().mean()
+
+
+def test_a_draw_read_as_a_number_is_named_as_one_with_its_own_way_out():
+    """Found by hunt56: refused as a branch on a draw, with LayerDrop's advice (turn the
+    skip off), which fits no offset."""
+    with pytest.raises(LoweringError, match=r"reads a random draw as a number at .*test_trust.py:\d+ in "
+                                            r"forward: .*pass it as an int argument"):
+        _remat(_RandomCrop(), (torch.randn(2, 3, 12, 12),))
+
+
 class _BranchBelowAHelperThatDraws(torch.nn.Module):
     def __init__(self):
         super().__init__()
