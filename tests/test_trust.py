@@ -4173,6 +4173,20 @@ def test_a_scaling_the_forward_multiplies_and_divides_back_trains_like_eager(cap
     assert "is 0.25, lowered for 0.5" in capsys.readouterr().err
 
 
+def test_a_scaling_rounded_back_a_unit_off_is_refused_saying_to_call_once_then_trains():
+    """Found by hunt55: LoRA r=3, alpha=5 (5/3) and `scale` 0.7 leave the number a unit in
+    the last place off at the first call, where it then stays: refused as any change, with
+    advice about counters. It now says to call the model once; then it trains as eager's."""
+    torch.manual_seed(0)
+    model, x = _ScaledAndRestored(), torch.randn(4, 8)
+    model.scaling["default"] = 5 / 3
+    with pytest.raises(LoweringError, match=r"in the last bits of a number .* call the model once before"):
+        _remat(model, (x,), example_kwargs={"scale": 0.7})
+    model(x, scale=0.7)
+    scheduled = _remat(model, (x,), example_kwargs={"scale": 0.7})
+    assert side_by_side(model, lambda m: scheduled, (x,), {"scale": 0.7}, lambda loss: loss, tolerance=1e-30) == {}
+
+
 @pytest.mark.parametrize("kind, said", [
     ("python_random", r"draws from Python's random generator \(random.choice at .*test_trust.py:\d+ in "
                       r"forward\)"),
