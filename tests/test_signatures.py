@@ -221,6 +221,38 @@ def test_attention_kernels_a_forward_picks_for_itself_under_autocast_are_refused
         remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
 
 
+class _DiffusersAttention(torch.nn.Module):
+    """Attention through diffusers' dispatch, which picks its kernel by a global backend."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).unbind(2)
+        return self.out(dispatch_attention_fn(q, k, v).reshape(b, t, d)).square().mean()
+
+
+def test_a_call_under_another_diffusers_attention_backend_is_planned_for_it(capsys):
+    """Found by hunt55: diffusers' global attention backend switched after `remat`
+    (`with attention_backend("_native_math"):`) ran the traced one, 1.5e-8 off eager's
+    gradients, silently. It is part of the call's attention kernels now."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    torch.manual_seed(0)
+    model, x = _DiffusersAttention(), torch.randn(4, 16, 32)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    scheduled(x).backward()
+    model.zero_grad()
+    capsys.readouterr()
+    with attention_backend("_native_math"):
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert "diffusers' attention backend _native_math, lowered where" in capsys.readouterr().err
+
+
 def test_a_plan_without_a_planner_runs_under_another_thread_count_not_another_onednn_setting():
     """A graph loaded from a file (no planner to plan again) ran nowhere with another
     thread count than it was profiled with: the thread count changes oneDNN's workspaces,

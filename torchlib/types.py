@@ -11,6 +11,7 @@ importing each other (it imports only `remat_ir.ir` and torch).
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 from torch.utils import _pytree as pytree
@@ -235,17 +236,28 @@ def sdpa_state() -> str:
     it picked (`_scaled_dot_product_flash_attention_for_cpu`), and eager picks per call
     (`with sdpa_kernel(SDPBackend.MATH):`), whose gradients differ in the last bits (in
     bfloat16, 6e-5: found by a review, silently)."""
-    order, enabled, reducing = sdpa_flags()
+    order, enabled, reducing, library = sdpa_flags()
     names = [name for name in [*(torch.nn.attention.SDPBackend(i).name for i in order), "FA3"]
              if name in _SDPA_FLAGS and enabled[list(_SDPA_FLAGS).index(name)]]
-    return ", ".join(names + ["MATH reducing in half precision"] * reducing)
+    return ", ".join(names + ["MATH reducing in half precision"] * reducing
+                     + [f"diffusers' attention backend {library}"] * (library is not None))
 
 
 def sdpa_flags() -> tuple:
     """What `sdpa_state` describes, as read (a key: a few calls, no names)."""
     return (tuple(torch._C._get_sdp_priority_order()),
             tuple(getattr(torch._C, f"_get_{flag}_sdp_enabled", bool)() for flag in _SDPA_FLAGS.values()),
-            torch._C._get_math_sdp_allow_fp16_bf16_reduction())
+            torch._C._get_math_sdp_allow_fp16_bf16_reduction(), _diffusers_backend())
+
+
+def _diffusers_backend() -> str | None:
+    """diffusers' global attention backend (`with attention_backend("_native_math"):`),
+    where diffusers' dispatch is loaded: its attention picks a kernel by it, in a library's
+    class the model's reads are not recorded in. Switched after `remat`, the step ran the
+    traced one, 1.5e-8 off eager's gradients, silently (found by hunt55)."""
+    dispatch = sys.modules.get("diffusers.models.attention_dispatch")
+    backend = getattr(getattr(dispatch, "_AttentionBackendRegistry", None), "_active_backend", None)
+    return None if backend is None else str(getattr(backend, "value", backend))
 
 
 def cpu_kernels_state() -> str:
