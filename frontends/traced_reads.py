@@ -692,6 +692,8 @@ def _passed_names(code: types.CodeType) -> frozenset[str] | None:
         parent = parents.get(id(node))
         if isinstance(parent, ast.Attribute) or (isinstance(parent, ast.Call) and parent.func is node):
             continue
+        while isinstance(parent, ast.Tuple):   # `isinstance(x, (Box, Cfg))`
+            parent = parents.get(id(parent))
         if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in _ASKING:
             continue
         found.add(node.id)
