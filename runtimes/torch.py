@@ -1547,6 +1547,26 @@ class _Lowered:
         changed = self.trainable_difference(modules)
         if changed is not None:
             return "other trainable parameters", changed, None
+        changed = self.layout_difference(modules)
+        if changed is not None:
+            return "other layout", changed, None
+        return None
+
+    def layout_difference(self, modules: "_Submodules") -> str | None:
+        """A parameter or buffer laid out otherwise than at lowering, said for the user, or
+        None: with a planner, lowered again for it. Refused at the step before (found by
+        hunt56): a weight assigned through `orthogonal`'s parametrization (torch's way to
+        re-project it) gave its `base` buffer another layout than the one it was made in,
+        and the way out offered, restriding torch's own buffer, was no user's."""
+        for slot, (kind, what) in enumerate(self.bindings):
+            strides = self.strides[slot]
+            if kind not in ("param", "buffer") or strides is None:
+                continue
+            tensor = modules.member(what, "_parameters" if kind == "param" else "_buffers")
+            if tensor is not None and tensor.layout == torch.strided and tensor.stride() != tuple(strides):
+                traced = describe_layout(torch.empty_strided(list(tensor.shape), list(strides), device="meta"))
+                named = "parameter" if kind == "param" else "buffer"
+                return f"{named} {what!r} is {describe_layout(tensor)}, was {traced}"
         return None
 
     @staticmethod

@@ -1607,6 +1607,38 @@ def test_a_per_channel_fake_quant_not_yet_run_is_refused_saying_to_run_it_once_t
     assert side_by_side(model, lambda m: scheduled, (ids,), {}, lambda loss: loss, tolerance=1e-30) == {}
 
 
+class _OrthogonalAssigned(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        torch.nn.utils.parametrizations.orthogonal(self.l1, "weight", orthogonal_map="matrix_exp")
+
+    def forward(self, x):
+        return self.l2(torch.tanh(self.l1(x))).square().mean()
+
+
+def test_a_weight_assigned_through_orthogonal_between_steps_trains_as_eager(capsys):
+    """Found by hunt56: assigning the weight (torch's way to re-project it) stores the
+    parametrization's `base` contiguous, where it was made column-major, and the next step
+    was refused, asking to restride torch's own buffer. It is planned again instead."""
+    torch.manual_seed(0)
+    model, x = _OrthogonalAssigned(), torch.randn(16, 8)
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    for step in range(3):
+        losses = [module(x) for module in (eager, scheduled)]
+        for loss in losses:
+            loss.backward()
+        assert torch.equal(*losses), step
+        for a, b in zip(eager.parameters(), model.parameters()):
+            assert torch.equal(a.grad, b.grad), step
+        for module in (eager, model):
+            module.zero_grad()
+            with torch.no_grad():
+                module.l1.weight = module.l1.weight.detach().flip(0)   # another orthogonal matrix
+    assert "other layout (buffer 'l1.parametrizations.weight.0.base' is contiguous" in capsys.readouterr().err
+
+
 def test_a_global_backward_hook_is_refused():
     handle = torch.nn.modules.module.register_module_full_backward_hook(lambda m, gi, go: None)
     try:
