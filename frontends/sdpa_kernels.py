@@ -8,8 +8,8 @@ ran the call's kernel (the CPU flash one) where eager ran the math one, and ever
 gradient was 3.7e-9 off eager's, silently (found by hunt55). Where the kernels allowed at
 the op differ from those of the whole call, the op is decomposed as it is traced, under
 the forward's own settings, so the graph holds the ops that kernel runs. Under autocast,
-so decomposed, bfloat16 gradients came out 6e-5 off eager's, as they did undecomposed:
-refused there, naming the line (`sdpa_kernel` around the call is exact). Kernels set
+so decomposed, bfloat16 gradients came out 6e-5 off eager's, as they did undecomposed,
+where the forward's kernels pick the math one: refused there, naming the line (`sdpa_kernel` around the call is exact). Kernels set
 around the whole call are the call's own and part of its signature
 (`runtimes/signatures.py`).
 """
@@ -21,6 +21,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from remat_ir.torchlib.types import sdpa_flags
@@ -43,12 +44,38 @@ class _OwnKernels(TorchFunctionMode):
             return func(*args, **kwargs)
         device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
         if torch.is_autocast_enabled(device):
+            if _eagers_choice(device, args, kwargs) not in (None, int(SDPBackend.MATH)):
+                # A fused kernel, the one the call picks as well (`sdpa_kernel([FLASH, MATH])`):
+                # traced as one op, as it was, exact (refused, found by hunt57).
+                return func(*args, **kwargs)
             self.found.append(
                 f"it picks attention kernels for a part of the forward under autocast (`sdpa_kernel` around "
                 f"scaled_dot_product_attention at {_place()}): the graph would not compute them as eager does; "
                 f"set `sdpa_kernel` around the call instead")
             return func(*args, **kwargs)
         return torch.ops.aten.scaled_dot_product_attention.default.decompose(*args, **kwargs)
+
+
+def _eagers_choice(device: str, args: tuple, kwargs: dict) -> int | None:
+    """The kernel (an `SDPBackend` value) eager's call picks under the settings now, its
+    floating-point inputs cast as autocast casts them; asked of real empty tensors, as a
+    fake one is answered the math kernel whatever the settings; None where it cannot be
+    told."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    low = torch.get_autocast_dtype(device)
+
+    def real(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        dtype = low if value.is_floating_point() and value.dtype != torch.float64 else value.dtype
+        return torch.empty_strided(value.shape, value.stride(), dtype=dtype).requires_grad_(value.requires_grad)
+
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast(device, enabled=False):
+            return int(torch._fused_sdp_choice(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()}))
+    except Exception:   # noqa: BLE001 - not told: refused as before
+        return None
 
 
 def _place() -> str:
