@@ -9,7 +9,8 @@ gradient was 3.7e-9 off eager's, silently (found by hunt55). Where the kernels a
 the op differ from those of the whole call, the op is decomposed as it is traced, under
 the forward's own settings, so the graph holds the ops that kernel runs. Under autocast,
 so decomposed, bfloat16 gradients came out 6e-5 off eager's, as they did undecomposed,
-where the forward's kernels pick the math one: refused there, naming the line (`sdpa_kernel` around the call is exact). Kernels set
+where the forward's kernels pick the math one: refused there, naming the line
+(`sdpa_kernel` around the call is exact). Kernels set
 around the whole call are the call's own and part of its signature
 (`runtimes/signatures.py`).
 """
