@@ -718,10 +718,13 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
     are traced into the graph (`_custom_op_autograd`)."""
     seen: set = set()
 
-    def scan(code: types.CodeType, namespace: dict, depth: int) -> None:
-        if code in seen or depth > _DEPTH:
+    def scan(code: types.CodeType, namespace: dict, depth: int, reached: bool = True) -> None:
+        """`reached`: the code may run in the forward (not `__init__`'s, whose classes
+        handed along, `self.sched = Schedule`, are no reads of the step: their counters
+        planned every step again; hunt57)."""
+        if (code, reached) in seen or depth > _DEPTH:
             return
-        seen.add(code)
+        seen.add((code, reached))
         remember(namespace)   # the runtime reads these globals from it (`torchlib.namespaces`)
         module = namespace.get("__name__", "")
         instructions = list(dis.get_instructions(code))
@@ -731,21 +734,21 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
                 continue
             following = instructions[i + 1:i + 2 + _NESTING]
             for function in _record_global(reads, module, instruction.argval, namespace[instruction.argval],
-                                           following, passed is None or instruction.argval in passed):
-                scan_function(function, depth + 1)
+                                           following, reached and (passed is None or instruction.argval in passed)):
+                scan_function(function, depth + 1, reached)
         for constant in code.co_consts:
             if isinstance(constant, types.CodeType):
-                scan(constant, namespace, depth)
+                scan(constant, namespace, depth, reached)
 
-    def scan_function(function: types.FunctionType, depth: int) -> None:
+    def scan_function(function: types.FunctionType, depth: int, reached: bool = True) -> None:
         """`scan` a function of the user's files, and the functions of the user's files a
         decorator's wrapper runs (its `__wrapped__`, its closure's): found by a review, the
         globals of a helper under `functools.wraps` or `torch.compiler.disable` were not
         recorded, nor those of a forward under a decorator of the user's, silently."""
-        scan(function.__code__, function.__globals__, depth)
+        scan(function.__code__, function.__globals__, depth, reached)
         for inner in _inner_functions(function):
             if is_users_file(inner.__code__.co_filename):
-                scan_function(inner, depth + 1)
+                scan_function(inner, depth + 1, reached)
 
     def functions_called(code: types.CodeType, namespace: dict) -> None:
         """In a library's code, only the global functions it calls (its constants and
@@ -795,7 +798,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
         for name, function in _own_named_methods(cls):
             code = function.__code__
             if is_users_file(code.co_filename):
-                scan_function(function, 0)
+                scan_function(function, 0, code in reachable)
                 named[cls] |= _attribute_names(code)
                 if code in reachable:
                     _record_method(reads, path, module, name)

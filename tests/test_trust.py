@@ -7778,7 +7778,7 @@ class _Boxed:
 class _AsksAboutClass(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = torch.nn.Linear(6, 3)
+        self.fc, self.kind = torch.nn.Linear(6, 3), _Boxed   # handed along outside the forward
 
     def forward(self, x):
         h = self.fc(x)
@@ -7824,7 +7824,8 @@ def test_a_global_configs_class_values_or_functions_changed_after_lowering_are_p
 def test_a_class_the_forward_calls_and_asks_about_plans_nothing_again_as_its_counter_moves(capsys):
     """`isinstance(h, Cfg)` and `Box(h)` name a class without reading what it holds: its
     counter moving at every call planned every call again where any class named was
-    recorded (hunt53); only a class handed along whole is (the test above)."""
+    recorded (hunt53); only a class handed along whole in the forward is (the test above),
+    not in `__init__` (`self.kind = Cfg`, found by hunt57)."""
     torch.manual_seed(0)
     model, x = _AsksAboutClass(), torch.randn(5, 6)
     scheduled = _remat(model, (x,))
