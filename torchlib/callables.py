@@ -429,7 +429,7 @@ def read_names(function) -> frozenset[str]:
         names |= found
         held = [cell.cell_contents for cell in (current.__closure__ or ()) if filled(cell)]
         space = getattr(current, "__globals__", {})
-        reached = _globals_reached(space, found)
+        reached = _globals_reached(space, found, code)
         if any(isinstance(item, (operator.attrgetter, operator.methodcaller)) for item in held + reached):
             names.add("attrgetter")   # reads an attribute by a name the code does not spell
         if depth < CAPTURED_DEPTH:
@@ -439,7 +439,7 @@ def read_names(function) -> frozenset[str]:
     return frozenset(names)
 
 
-def _globals_reached(space: dict, found: frozenset[str]) -> list:
+def _globals_reached(space: dict, found: frozenset[str], code: types.CodeType) -> list:
     """The values that code loading the names `found`, with `space` its globals, may call
     among its globals: a global itself, an item of a global dict, list or tuple (`ACTS
     ["scale"](o, box)`), or the attribute `found` names of a global module (`helpers.
@@ -453,12 +453,37 @@ def _globals_reached(space: dict, found: frozenset[str]) -> list:
             reached += [getattr(value, attribute, None) for attribute in sorted(found)
                         if attribute in vars(value)]
         elif isinstance(value, dict) and len(value) <= 1024:
-            reached += list(value.values())
+            keys = _subscripts(code, name)   # `ACTS["scale"]` alone: not its siblings (hunt57)
+            reached += [item for key, item in value.items() if keys is None or key in keys]
         elif isinstance(value, (list, tuple)) and len(value) <= 1024:
             reached += list(value)
         elif value is not None:
             reached.append(value)
     return reached
+
+
+@functools.lru_cache(maxsize=1024)
+def _subscripts(code: types.CodeType, name: str) -> frozenset | None:
+    """The constant keys `code` and the code nested in it subscript global `name` by
+    (`ACTS["scale"]`), or None where one of its loads is not so subscripted (`ACTS[key]`,
+    passed along): any item. Found by hunt57: every item of a table scanned, a sibling
+    lambda reading a trainer's step counter planned every step again."""
+    keys = set()
+    instructions = list(dis.get_instructions(code))
+    for i, instruction in enumerate(instructions):
+        if instruction.opname not in _LOADS or instruction.argval != name:
+            continue
+        after = instructions[i + 1:i + 3]
+        if len(after) < 2 or after[0].opname != "LOAD_CONST" or after[1].opname != "BINARY_SUBSCR":
+            return None
+        keys.add(after[0].argval)
+    for nested in code.co_consts:
+        if isinstance(nested, types.CodeType):
+            inner = _subscripts(nested, name)
+            if inner is None:
+                return None
+            keys |= inner
+    return frozenset(keys)
 
 
 #: Names whose load says the code may read any attribute of what it holds, by a name
