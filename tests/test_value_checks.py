@@ -358,11 +358,16 @@ def test_a_tensor_check_remat_ir_cannot_run_is_refused_by_name(held, error, word
                        cache_dir=False)
 
 
+class _NotProbabilities(Exception):
+    """A check's own exception class, as a user's custom op may raise."""
+
+
 @torch.library.custom_op("remat_ir_tests::checked_probabilities", mutates_args=())
 def _checked_probabilities(p: torch.Tensor) -> torch.Tensor:
-    """A custom op asserting on its input's values, true of every batch it is given (a
+    """A custom op checking its input's values, true of every batch it is given (a
     softmax's output), false of the values profiling draws."""
-    assert bool((p >= 0).all()), "probabilities must be non-negative"
+    if not bool((p >= 0).all()):
+        raise _NotProbabilities("probabilities must be non-negative")
     return p.clone()
 
 
@@ -386,10 +391,11 @@ class _ChecksProbabilities(torch.nn.Module):
 @pytest.mark.parametrize("cost_model", ["profile", "isolated"])
 @pytest.mark.parametrize("how", ["assert", "custom op"])
 def test_checks_plan_under_cost_models_that_run_ops_on_drawn_values(how, cost_model):
-    """Found by a review: timing an op alone on drawn values, a check false of them (the
-    README's `assert (h.abs() < 50).all()`, or a custom op's own `assert`) raised out of
-    `remat` with eager's message, as if the batch had failed it; such an op's time is now
-    estimated. (Every other test of checks here uses the "flops" cost model.)"""
+    """Found by reviews: timing an op alone on drawn values, a check false of them (the
+    README's `assert (h.abs() < 50).all()`, a custom op's own `assert` or exception class)
+    raised out of `remat` with eager's message, as if the batch had failed it; such an
+    op's time is now estimated. (Every other test of checks here uses the "flops" cost
+    model.)"""
     torch.manual_seed(0)
     model, x = (Guarded("assert") if how == "assert" else _ChecksProbabilities()), torch.randn(4, 8)
     eager = copy.deepcopy(model)
