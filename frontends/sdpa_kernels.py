@@ -70,7 +70,8 @@ def _eagers_choice(device: str, args: tuple, kwargs: dict) -> int | None:
         if not isinstance(value, torch.Tensor):
             return value
         dtype = low if value.is_floating_point() and value.dtype != torch.float64 else value.dtype
-        return torch.empty_strided(value.shape, value.stride(), dtype=dtype).requires_grad_(value.requires_grad)
+        return torch.empty_strided(value.shape, value.stride(), dtype=dtype,
+                                   device=value.device).requires_grad_(value.requires_grad)
 
     try:
         with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast(device, enabled=False):

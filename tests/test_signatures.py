@@ -183,15 +183,16 @@ class _OwnKernelAttention(torch.nn.Module):
     """Picks SDPA's math kernel for its attention itself (diffusers' `_native_math`
     attention backend), with a dropout or a boolean mask as `how` says."""
 
-    def __init__(self, how: str):
+    def __init__(self, how: str, kernels=SDPBackend.MATH):
         super().__init__()
         self.qkv, self.out, self.how = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32), how
+        self.kernels = kernels
 
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
         mask = torch.ones(t, t, dtype=torch.bool).tril() if self.how == "mask" else None
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(self.kernels):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.how == "causal",
                                                dropout_p=0.2 if self.how == "dropout" else 0.0)
         return self.out(y.transpose(1, 2).reshape(b, t, d)).square().mean()
@@ -211,7 +212,8 @@ def test_attention_kernels_a_forward_picks_for_itself_train_as_eagers(how):
 
 def test_attention_kernels_a_forward_picks_for_itself_under_autocast_are_refused_by_line():
     """Under bfloat16 autocast such a forward trained 6e-5 off eager's gradients, decomposed
-    or not: refused, naming the line and the way out, which trains as eager's."""
+    or not: refused, naming the line and the way out. Not where eager's call takes a fused
+    kernel, the call's too (`[FLASH_ATTENTION, MATH]`: exact, and refused; hunt57)."""
     from remat_ir.frontends.errors import LoweringError
 
     torch.manual_seed(0)
@@ -219,6 +221,15 @@ def test_attention_kernels_a_forward_picks_for_itself_under_autocast_are_refused
     said = r"picks attention kernels .* at .*test_signatures.py:\d+.* `sdpa_kernel` around the call"
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(LoweringError, match=said):
         remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    model = _OwnKernelAttention("causal", [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+    with autocast():
+        scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30,
+                        forward_context=autocast) == {}
 
 
 class _DiffusersAttention(torch.nn.Module):
