@@ -2325,7 +2325,20 @@ def test_a_number_a_hook_reads_through_a_list_of_lambdas_or_a_long_list_is_plann
 
 _GET_T = operator.attrgetter("t")
 _SCALES = {"by t": lambda out, box: out * box.t,
-           "by step": lambda out, trainer: out * trainer.step}   # a sibling no hook calls
+           "by step": lambda out, trainer: out * trainer.step,   # a sibling no hook calls
+           "partial": functools.partial(hook_helpers.scaled_by_t)}
+
+
+class _ScalesByT:
+    def __call__(self, out, box):
+        return out * box.t
+
+    @staticmethod
+    def scaled(out, box):
+        return out * box.t
+
+
+_SCALE_BY_T = _ScalesByT()
 
 
 class _HandingTrainer:
@@ -2344,12 +2357,23 @@ class _HandingTrainer:
     def by_other_file(self, module, args, out):
         return hook_helpers.scaled_by_t(out, self.box)
 
+    def by_partial_in_a_dict(self, module, args, out):
+        return _SCALES["partial"](out, self.box)
 
-@pytest.mark.parametrize("how", ["by_attrgetter", "by_global_dict", "by_other_file"])
+    def by_callable_object(self, module, args, out):
+        return _SCALE_BY_T(out, self.box)
+
+    def by_static_method(self, module, args, out):
+        return _ScalesByT.scaled(out, self.box)
+
+
+@pytest.mark.parametrize("how", ["by_attrgetter", "by_global_dict", "by_other_file", "by_partial_in_a_dict",
+                                 "by_callable_object", "by_static_method"])
 def test_a_number_a_hook_hands_its_object_to_global_code_for_is_planned_for(how, capsys):
-    """Found by a review: a hook handing its object to a global `attrgetter`, a lambda in
-    a global dict or a helper of another file was compared by the hook's own names: a
-    change after `remat` trained on with the traced value, 0.32-0.36 off eager's loss,
+    """Found by reviews: a hook handing its object to a global `attrgetter`, a lambda in
+    a global dict, a helper of another file (hunt51), a partial in a dict, a callable
+    object or a static method (hunt57) was compared by the hook's own names: a change
+    after `remat` trained on with the traced value, 0.32-0.53 off eager's loss,
     silently. An `attrgetter` reads by names the code does not spell, so the counter is
     not checked there; elsewhere it plans nothing again (a sibling in the dict reading it
     planned every step again, found by hunt57)."""

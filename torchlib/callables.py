@@ -442,23 +442,42 @@ def read_names(function) -> frozenset[str]:
 def _globals_reached(space: dict, found: frozenset[str], code: types.CodeType) -> list:
     """The values that code loading the names `found`, with `space` its globals, may call
     among its globals: a global itself, an item of a global dict, list or tuple (`ACTS
-    ["scale"](o, box)`), or the attribute `found` names of a global module (`helpers.
-    scale(o, box)`, a helper in another of the user's files). Found by a review: a hook
-    handing its object to such a lambda, helper or global `attrgetter` was compared by the
-    hook's own names, and a change the callee read trained on with the traced value."""
-    reached = []
+    ["scale"](o, box)`, a dict's by the constant keys the code subscripts it by, in a
+    table of any size), the attribute `found` names of a global module or class
+    (`helpers.scale(o, box)`, a helper in another of the user's files, `pkg.sub.scale`,
+    a static method), 3 levels down, and the function a partial wraps or a callable
+    object's `__call__`. Found by reviews: a hook handing its object to such a lambda,
+    helper, partial or global `attrgetter` was compared by the hook's own names, and a
+    change the callee read trained on with the traced value (hunt51, hunt57)."""
+    reached: list = []
+
+    def reach(value, depth: int, keys=None) -> None:
+        if value is None or depth > 3:
+            return
+        if isinstance(value, types.ModuleType) or (isinstance(value, type) and users_class(value)):
+            members = vars(value)
+            for attribute in sorted(name for name in found if name in members):
+                member = members[attribute]
+                reach(member.__func__ if isinstance(member, (staticmethod, classmethod)) else member, depth + 1)
+        elif isinstance(value, dict) and (keys is not None or len(value) <= 1024):
+            for key in keys if keys is not None else list(value):
+                reach(value.get(key), depth + 1)
+        elif isinstance(value, (list, tuple)) and len(value) <= 1024:
+            for item in value:
+                reach(item, depth + 1)
+        elif isinstance(value, functools.partial):
+            reached.append(value)
+            reach(value.func, depth + 1)
+            for item in (*value.args, *value.keywords.values()):
+                reach(item, depth + 1)
+        else:
+            reached.append(value)
+            if called_like_function(value):
+                reached.append(type(value).__call__)
+
     for name in sorted(found):
         value = space.get(name)
-        if isinstance(value, types.ModuleType):
-            reached += [getattr(value, attribute, None) for attribute in sorted(found)
-                        if attribute in vars(value)]
-        elif isinstance(value, dict) and len(value) <= 1024:
-            keys = _subscripts(code, name)   # `ACTS["scale"]` alone: not its siblings (hunt57)
-            reached += [item for key, item in value.items() if keys is None or key in keys]
-        elif isinstance(value, (list, tuple)) and len(value) <= 1024:
-            reached += list(value)
-        elif value is not None:
-            reached.append(value)
+        reach(value, 0, _subscripts(code, name) if isinstance(value, dict) else None)
     return reached
 
 
