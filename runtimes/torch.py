@@ -1563,7 +1563,9 @@ class _Lowered:
             if kind not in ("param", "buffer") or strides is None:
                 continue
             tensor = modules.member(what, "_parameters" if kind == "param" else "_buffers")
-            if tensor is not None and tensor.layout == torch.strided and tensor.stride() != tuple(strides):
+            if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+                continue   # none, or a subclass (FSDP2's DTensor: its runtime's business)
+            if tensor.layout == torch.strided and tensor.stride() != tuple(strides):
                 traced = describe_layout(torch.empty_strided(list(tensor.shape), list(strides), device="meta"))
                 named = "parameter" if kind == "param" else "buffer"
                 return f"{named} {what!r} is {describe_layout(tensor)}, was {traced}"
