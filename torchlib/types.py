@@ -257,7 +257,10 @@ def _diffusers_backend() -> str | None:
     traced one, 1.5e-8 off eager's gradients, silently (found by hunt55)."""
     dispatch = sys.modules.get("diffusers.models.attention_dispatch")
     backend = getattr(getattr(dispatch, "_AttentionBackendRegistry", None), "_active_backend", None)
-    return None if backend is None else str(getattr(backend, "value", backend))
+    name = None if backend is None else str(getattr(backend, "value", backend))
+    # Its default is no setting: a graph lowered before diffusers was loaded (a file, an
+    # ONNX model's) runs after as before.
+    return None if name == "native" else name
 
 
 def cpu_kernels_state() -> str:
