@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from remat_ir.ir import Graph, pb
+from remat_ir.ir import Graph, RematIRError, pb
 from remat_ir.ir.schedules import store_all
 from remat_ir.ir.arguments import TensorRef, decode
 from remat_ir.ir.fusion import is_fused
@@ -347,6 +347,8 @@ def estimate_costs(graph: Graph, model: str, device: torch.device | str, *, repe
                 if key not in measured:
                     try:
                         measured[key] = (*_measure(graph, node, device, repeats), pb.PROFILED)
+                    except RematIRError:   # remat-ir's own (a profiler session of the caller's)
+                        raise
                     except Exception:  # noqa: BLE001 - cannot run on drawn inputs: estimate instead.
                         # Not only OP_ERRORS: a check false of drawn values (the README's
                         # `assert (h.abs() < 50).all()`, a custom op's own `assert`, its own
