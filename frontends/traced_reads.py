@@ -248,11 +248,14 @@ class TracedReads:
     python_draws: list = field(default_factory=list)
     #: Tensors the forward stores on its modules (`stored_tensors`), returned after its outputs.
     stored: StoredTensors = field(default_factory=StoredTensors)
+    #: The user's classes of the objects the forward read from its modules (`hold`): the
+    #: class values their code names are recorded (`record_globals`, `type(self.box).temp`).
+    classes: set = field(default_factory=set)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
-                      self.callables, self.tensors, self.functions, self.python_draws):
+                      self.callables, self.tensors, self.functions, self.python_draws, self.classes):
             table.clear()
         self.stored.places.clear()
 
@@ -260,7 +263,7 @@ class TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
                            dict(self.globals), list(self.decisions), dict(self.callables),
                            dict(self.tensors), set(self.functions), list(self.python_draws),
-                           self.stored.copy())
+                           self.stored.copy(), set(self.classes))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -392,6 +395,8 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
             # processor of another class: trained on with the traced one, 2.9e-2 off
             # eager's gradients, silently; found by hunt55).
             reads.objects.setdefault((path, name, "__class__"), {FUNCTION: text})
+        if users_class(cls):
+            reads.classes.add(cls)
         if cls not in originals:
             originals[cls] = (cls.__dict__.get("__getattribute__"), cls.__dict__.get("__getattr__"))
             try:
@@ -441,6 +446,8 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                 reads.containers.setdefault((path, name), items)
             elif _plain_object(value):
                 hold(path, name, value)
+            elif isinstance(value, type) and users_class(value):   # `self.sched = Schedule`
+                reads.classes.add(value)
         return value
 
     # What the forward assigned before it reads it is its own (Funnel sets its pooling
@@ -625,6 +632,12 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             # A method of a global object (`ANN.scale(h)`), by its description, which holds
             # what the object holds: `ANN.t = 3.0` computes otherwise.
             reads.globals.setdefault((module, name, ("attr", path)), {FUNCTION: describe(attribute)})
+        elif isinstance(attribute, types.MethodType) and isinstance(attribute.__self__, type) \
+                and users_class(attribute.__self__):
+            # A class method of the user's (`C2.scale(h)`), by its description; the class
+            # values its code names are recorded with the class (`_record_reached_classes`).
+            reads.globals.setdefault((module, name, ("attr", path)), {FUNCTION: describe(attribute)})
+            return [attribute.__func__]
         elif isinstance(attribute, types.FunctionType) and is_users_file(attribute.__code__.co_filename):
             # A function of another of the user's files (`cfgmod.get_temp()`), by its
             # description, its code scanned as one called by name is: a global it returns,
@@ -717,6 +730,10 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
     `graph_module`: the exported program's module, whose custom ops' registered backwards
     are traced into the graph (`_custom_op_autograd`)."""
     seen: set = set()
+    #: The attribute names (and strings) the code that may run in the forward looks up,
+    #: and the user's classes it reaches (`_classes_handed`, `reads.classes`).
+    looked_up: set[str] = set()
+    classes: set[type] = set(reads.classes)
 
     def scan(code: types.CodeType, namespace: dict, depth: int, reached: bool = True) -> None:
         """`reached`: the code may run in the forward (not `__init__`'s, whose classes
@@ -729,10 +746,14 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
         module = namespace.get("__name__", "")
         instructions = list(dis.get_instructions(code))
         passed = _passed_names(code)
+        if reached:
+            looked_up.update(_names_looked_up(code))
         for i, instruction in enumerate(instructions):
             if instruction.opname != "LOAD_GLOBAL" or instruction.argval not in namespace:
                 continue
             following = instructions[i + 1:i + 2 + _NESTING]
+            if reached:
+                classes.update(_classes_handed(namespace[instruction.argval], following))
             for function in _record_global(reads, module, instruction.argval, namespace[instruction.argval],
                                            following, reached and (passed is None or instruction.argval in passed)):
                 scan_function(function, depth + 1, reached)
@@ -746,6 +767,8 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
         globals of a helper under `functools.wraps` or `torch.compiler.disable` were not
         recorded, nor those of a forward under a decorator of the user's, silently."""
         scan(function.__code__, function.__globals__, depth, reached)
+        if reached:   # `def by_cls(h, c=D)`
+            classes.update(_users_classes([*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]))
         for inner in _inner_functions(function):
             if is_users_file(inner.__code__.co_filename):
                 scan_function(inner, depth + 1, reached)
@@ -805,6 +828,82 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
             elif is_model_file(code.co_filename) and code in reachable:
                 functions_called(code, function.__globals__)
     _record_class_attributes(model, reads, named)
+    _record_reached_classes(reads, classes, looked_up)
+
+
+def _users_classes(values) -> list[type]:
+    """The user's classes among `values`."""
+    return [value for value in values if isinstance(value, type) and users_class(value)]
+
+
+def _classes_handed(value, following: list) -> list[type]:
+    """The user's classes a global hands the code that loads it (then runs `following`):
+    the global itself (`Cfg`, `C2.scale(h)`), the class at the end of its attribute chain
+    (`cfgmod.Cfg`), a partial's arguments (`partial(scaled, c=D)`), a table's items
+    (`CFGS["a"]`, `CFGT[0]`). Found by hunt57: each spelling handed the class to code
+    reading `c.temp`, and `D.temp = 3.0` after `remat` trained on with the traced value,
+    0.48-2.27 off, silently."""
+    found = [value]
+    if isinstance(value, (type, types.ModuleType)) or _plain_object(value):
+        if (chain := _attribute_chain(value, following)) is not None:
+            found.append(chain[1])
+    if isinstance(value, functools.partial):
+        found += [*value.args, *value.keywords.values()]
+    elif isinstance(value, Mapping):
+        found += list(value.values())[:_MAX_ITEMS]
+    elif isinstance(value, (list, tuple)):
+        found += list(value[:_MAX_ITEMS])
+    return _users_classes(found)
+
+
+def _record_reached_classes(reads: TracedReads, classes: set[type], looked_up: set[str]) -> None:
+    """Record the class values of the user's `classes` the forward reached whose names its
+    code looks up (`looked_up`), as attributes of the global the class is (`cfgmod.Cfg`:
+    read again at every call, `runtimes/traced_reads.py`). By name: a counter the loop
+    bumps on such a class (`Schedule.step += 1`) that no code of the forward names
+    planned again at every step (hunt57). A class no module's globals name (one defined
+    in a function) is not recorded."""
+    for cls in sorted(classes, key=lambda c: (c.__module__, c.__qualname__)):
+        place = _global_place(cls)
+        if place is None:
+            continue
+        module, name, prefix = place
+        for attribute, value in sorted(class_held(cls).items()):
+            if attribute in looked_up and (form := _class_value_form(value)) is not UNRECORDED:
+                reads.globals.setdefault((module, name, ("attr", prefix + attribute)), form)
+
+
+def _global_place(cls: type) -> tuple[str, str, str] | None:
+    """(module name, global name, dotted prefix) where `cls` is found from its module's
+    globals (`Outer.Inner`: "Outer", "Inner."), that namespace remembered; None if nowhere."""
+    module = sys.modules.get(cls.__module__)
+    parts = cls.__qualname__.split(".")
+    if module is None or "<locals>" in parts:
+        return None
+    now = module
+    for part in parts:
+        now = getattr(now, part, None)
+    if now is not cls:
+        return None
+    remember(vars(module))
+    return cls.__module__, parts[0], "".join(f"{part}." for part in parts[1:])
+
+
+def _class_value_form(value):
+    """The form a class value is recorded in: `recorded`, a builtin function (`act =
+    torch.tanh`) by its description, a table by its items, a config object by its
+    attributes; `UNRECORDED` for anything else (its methods are code, compared as such)."""
+    if isinstance(value, staticmethod):   # `act = staticmethod(torch.tanh)`
+        value = value.__func__
+    if (form := recorded(value)) is not UNRECORDED:
+        return form
+    if isinstance(value, types.BuiltinFunctionType):
+        return {FUNCTION: describe(value)}
+    if (items := plain_items(value)) is not None:
+        return {NESTED: items}
+    if _plain_object(value):
+        return object_form(value)
+    return UNRECORDED
 
 
 def _inner_functions(function: types.FunctionType) -> list[types.FunctionType]:
@@ -917,19 +1016,10 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: 
             klass = next((k for k in cls.__mro__ if name in vars(k)), None)
             if klass not in own:
                 continue
-            value = vars(klass)[name]
-            if isinstance(value, staticmethod):   # `act = staticmethod(torch.tanh)`
-                value = value.__func__
-            if (form := recorded(value)) is UNRECORDED and isinstance(value, types.BuiltinFunctionType):
-                form = {FUNCTION: describe(value)}   # `act = torch.tanh` in the class body
-            elif form is UNRECORDED and (items := plain_items(value)) is not None:
-                form = {NESTED: items}   # `TABLE = {"gain": 1.0}` in the class body
-            elif form is UNRECORDED and _plain_object(value):
-                # `CFG = SimpleNamespace(t=1.0)` in the class body, read as `self.CFG.t` or
-                # passed along: found by a review, changed after `remat` it trained on with
-                # the traced value, 0.65 off eager's gradients, silently.
-                form = object_form(value)
-            if form is not UNRECORDED:
+            # `CFG = SimpleNamespace(t=1.0)` in the class body, read as `self.CFG.t` or
+            # passed along: found by a review, changed after `remat` it trained on with the
+            # traced value, 0.65 off eager's gradients, silently.
+            if (form := _class_value_form(vars(klass)[name])) is not UNRECORDED:
                 reads.objects.setdefault((path, "__class__", name), form)
 
 

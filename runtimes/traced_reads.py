@@ -98,6 +98,8 @@ def _value_shown(value) -> str:
         return "missing"
     if is_function(value):
         return describe(value)
+    if isinstance(value, type):   # a held object's class, with its `__call__`
+        return describe_called(value)
     text = described(value)
     return text if text is not None else repr(value)
 

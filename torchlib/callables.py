@@ -746,7 +746,12 @@ def describe_called(value) -> str | None:
     if is_function(value):
         return describe(value)
     if isinstance(value, type):   # a class held in a table and called (`ACTS["gelu"]()`)
-        return f"class {value.__module__}.{value.__qualname__}"
+        # With the user's own `__call__`, which calling an object of it runs without
+        # looking it up on the object: `P1.__call__ = f` after `remat` trained on with the
+        # traced method, 2.27 off, silently (hunt57).
+        call = getattr(value, "__call__", None) if users_class(value) else None
+        return f"class {value.__module__}.{value.__qualname__}" + (
+            f" calling {describe(call)}" if isinstance(call, types.FunctionType) else "")
     if not isinstance(value, torch.nn.Module):
         return None
     kind = type(value)
