@@ -57,6 +57,7 @@ import warnings
 
 import torch
 
+from remat_ir.torchlib.callables import users_class
 from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.hooks import forward_hooks
 from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
@@ -517,7 +518,11 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     noted there (`stored_tensors`), and the traced forward returns it after its outputs."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
     attributes = _attribute_state(model)
-    helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)), in_users_file(type(module).__module__))
+    # The user's: held by a module of the user's, or of a class of the user's (a subclass
+    # of accelerate's `ModelHook` that `add_hook_to_module` puts on a layer, counting its
+    # calls: the count stayed at tracing's, silently; hunt57).
+    helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)),
+                in_users_file(type(module).__module__) or users_class(type(helper)))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
     generators = _generators(model)
     outside, caches = outside_state.holders(model), outside_state.lru_caches()

@@ -1071,3 +1071,26 @@ def test_a_call_in_eval_mode_with_gradients_on_says_once_that_it_runs_without_a_
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("remat-ir:")]
     assert len(notices) == 1 and notices[0].startswith(
         "remat-ir: the model is in eval mode with gradients enabled: calls run the model as it is")
+
+
+def test_an_accelerate_model_hook_of_the_users_counting_its_calls_is_refused_naming_it():
+    """accelerate's `add_hook_to_module` runs a `ModelHook` inside a library's module's
+    forward (no torch hook): a subclass of the user's counting calls counted the one
+    tracing ran, and trained on silently with its count at 1 after 3 steps (hunt57). Its
+    count is the user's state, as a counter a module of the user's holds is."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class Counting(ModelHook):
+        def __init__(self):
+            self.calls = 0
+
+        def post_forward(self, module, output):
+            self.calls += 1
+            return output
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    add_hook_to_module(model[0], Counting())
+    with pytest.raises(ir.RematIRError, match=r"changes attribute 'calls' of the Counting object at "
+                                             r"0\._hf_hook \(from 0 to 1\)"):
+        remat_ir.remat(model, (torch.randn(3, 4),), cost_model="flops")
+    assert model[0]._hf_hook.calls == 0
