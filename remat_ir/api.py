@@ -272,6 +272,12 @@ class Planner:
         return graph, schedule
 
     def _lower_and_plan(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
+        from remat_ir.torchlib.hooks import watching_tools_set_aside
+
+        with watching_tools_set_aside():   # a `FlopCounterMode` around the step's call
+            return self._lower_and_plan_unwatched(model, args, kwargs)
+
+    def _lower_and_plan_unwatched(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         import torch
 
         from remat_ir.lowering import add_costs, for_backend, lower_torch

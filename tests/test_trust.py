@@ -1576,6 +1576,30 @@ def test_a_step_under_torchs_flop_counter_trains_as_eager_and_counts_the_steps_o
         assert torch.equal(a.grad, b.grad)
 
 
+def test_lowering_under_torchs_flop_counter_counts_nothing_of_its_own_and_trains_as_eager():
+    """Found by hunt56: `remat` called, or a new shape planned, inside `FlopCounterMode`
+    ran ModuleTracker's hooks while tracing, and was refused, naming a gradient hook the
+    user never wrote. Lowering and planning now run without the tools that watch the step:
+    a step that planned counts the FLOPs of one that did not, and trains as eager's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    eager = copy.deepcopy(model)
+    counted = []
+    for x in (torch.randn(8, 8), torch.randn(8, 8), torch.randn(6, 8), torch.randn(6, 8)):   # planned, again, ...
+        with FlopCounterMode(display=False) as counter:
+            if not counted:
+                scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="profile")
+            scheduled(x).square().mean().backward()
+        counted.append(counter.get_total_flops())
+        eager(x).square().mean().backward()
+    assert counted[0] == counted[1] > counted[2] == counted[3] > 0
+    assert len(scheduled.plans) == 2
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
 class _QuantizedEmbedding(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -15,6 +15,8 @@ watch which module runs (`_WATCHING`).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
@@ -46,6 +48,34 @@ def users_hook(hook) -> bool:
     """Whether `hook` is the user's (not a watching tool's, `_WATCHING`)."""
     owner = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "")
     return not (owner or "").startswith(_WATCHING)
+
+
+@contextlib.contextmanager
+def watching_tools_set_aside():
+    """Within: the global hooks of the tools that watch a step (`_WATCHING`) off every
+    module, and the dispatch modes around the call (`FlopCounterMode`'s) suspended, while
+    remat-ir lowers and plans. Lowering under them ran them: ModuleTracker's hooks put
+    gradient hooks on tracing's tensors, and `remat` under `FlopCounterMode` was refused,
+    naming a gradient hook the user never wrote (hunt56); the mode counted tracing's and
+    profiling's ops as the step's. The step itself runs under them (the ops it counts
+    are the step's, recomputations included)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    tables = list(_global_tables().values())
+    saved = [dict(hooks) for hooks in tables]
+    for hooks in tables:
+        for key in [key for key, hook in hooks.items() if not users_hook(hook)]:
+            del hooks[key]
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        for hooks, before in zip(tables, saved):
+            added = {key: hook for key, hook in hooks.items() if key not in before}
+            kept = {key: hook for key, hook in before.items() if key in hooks or not users_hook(hook)}
+            hooks.clear()
+            hooks.update(kept)
+            hooks.update(added)
 
 
 def hook_tables(model: torch.nn.Module):
