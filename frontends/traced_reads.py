@@ -65,8 +65,8 @@ import torch
 from remat_ir.torchlib.callables import (any_attributes, attribute_at, attributes_of, class_held, config_like,
                                          describe, describe_called, filled, is_function, slot_names,
                                          string_constants, users_class)
-from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH as LENGTH_KEY, NESTED,
-                                               PUBLIC_NAMES, described)
+from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH as LENGTH_KEY,
+                                               NESTED, PUBLIC_NAMES, described, numbers_digest)
 from remat_ir.torchlib.hooks import hook_functions
 from remat_ir.torchlib.namespaces import remember
 
@@ -89,6 +89,8 @@ ABSENT = "<missing>"
 _MAX_ITEMS, _DEPTH, _NESTING = 256, 4, 3
 #: The key under which `plain_items` records a container's length.
 LENGTH = {LENGTH_KEY: None}
+#: The key under which `plain_items` records a long list of numbers' digest.
+DIGESTED = {DIGEST: None}
 
 
 def plain(value) -> bool:
@@ -132,8 +134,11 @@ def plain_items(container, depth: int = 0) -> list | None:
     length: a forward that iterates (`for s in self.scales`, `self.cfg.items()`) reads
     every item, and one appended after lowering was silently skipped (150.4 where eager
     gives 12.3)."""
-    if not isinstance(container, (list, tuple, dict)) or len(container) > _MAX_ITEMS:
+    if not isinstance(container, (list, tuple, dict)):
         return None
+    if len(container) > _MAX_ITEMS:   # a long schedule of numbers: by a digest of them all
+        digest = numbers_digest(container)
+        return None if digest is None else [[DIGESTED, digest], [LENGTH, len(container)]]
     pairs = container.items() if isinstance(container, dict) else enumerate(container)
     items = []
     for key, value in pairs:
@@ -315,6 +320,12 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
                     hold(holder[0], f"{holder[1]}.{name}", value)
                 elif (items := plain_items(value)) is not None:   # `self.cfg.sched["temp"]`
                     reads.containers.setdefault((holder[0], f"{holder[1]}.{name}"), items)
+            elif holder[1].count(".") < _DEPTH and _own_method_reading(self) \
+                    and (items := plain_items(value)) is not None:
+                # A library object's private table its own method hands the forward
+                # (`self.sched.get_last_lr()[0]`, a scheduler's `_last_lr`): found by hunt51,
+                # the scheduler stepped after `remat` trained on with the traced rate, silently.
+                reads.containers.setdefault((holder[0], f"{holder[1]}.{name}"), items)
 
     def getattribute(self, name):
         try:
@@ -351,6 +362,14 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
     cls.__getattribute__ = getattribute
     if fallback is not None:
         cls.__getattr__ = getattr_served
+
+
+def _own_method_reading(owner) -> bool:
+    """Whether the attribute read that `_instrument`'s `getattribute` serves (two frames
+    up) is made by a method of `owner` itself (its `self`)."""
+    frame = sys._getframe(3)
+    code = frame.f_code
+    return code.co_argcount > 0 and code.co_varnames[0] == "self" and frame.f_locals.get("self") is owner
 
 
 #: The standard library's modules copying an object by its state (`__getstate__`).
@@ -622,6 +641,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
         for key, item in items:
             if key == LENGTH:
                 reads.globals.setdefault((module, name, ("length",)), item)
+            elif key == DIGESTED:
+                reads.globals.setdefault((module, name, ("digest",)), item)
             elif not isinstance(key, dict):   # a global's item by a described key: not recorded
                 reads.globals.setdefault((module, name, ("item", key)), item)
     elif (chain := _attribute_chain(value, following)) is not None:
@@ -654,7 +675,9 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
             reads.tensors.setdefault(id(attribute), (module, name, ("attr", path)))
         elif (items := plain_items(attribute)) is not None:   # `settings.D["temp"]`
             for key, item in items:
-                if not isinstance(key, dict):
+                if key == DIGESTED:
+                    reads.globals.setdefault((module, name, ("digest", path)), item)
+                elif not isinstance(key, dict):
                     reads.globals.setdefault((module, name, ("attr", path, key)), item)
         elif _plain_object(attribute):   # passed along whole: `scale_of(CFG.sub)`
             reads.globals.setdefault((module, name, ("attr", path)), object_form(attribute))

@@ -14,8 +14,8 @@ import torch
 from remat_ir.ir import pb
 from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, is_function,
                                          slot_names)
-from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, FUNCTION, LENGTH, NESTED, PUBLIC_NAMES,
-                                                TENSOR_LIKE, described, is_tensor_like)
+from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH, NESTED, PUBLIC_NAMES,
+                                                TENSOR_LIKE, described, is_tensor_like, numbers_digest)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.namespaces import AttributeNamespace, namespace
@@ -82,10 +82,22 @@ def _shown(lowered) -> str:
             return "an object with " + ", ".join(f"{name}={_shown(held)}" for name, held in lowered[ATTRIBUTES]
                                                  if name != PUBLIC_NAMES)
         if NESTED in lowered:
+            if (digest := _digest_of(lowered[NESTED])) is not None:
+                return digest
             return "{" + ", ".join(f"{_shown(key)}: {_shown(value)}" for key, value in lowered[NESTED]
                                    if not _is_length(key)) + ", ...}"
         return " or ".join(_shown(value) for value in lowered[_ANY_OF])
     return _value_shown(lowered)
+
+
+def _is_digest(key) -> bool:
+    """Whether a recorded item's key is a long list's digest (`plain_items`)."""
+    return isinstance(key, dict) and DIGEST in key
+
+
+def _digest_of(items: list) -> str | None:
+    """The digest recorded among a long list's `items`, or None where they are items."""
+    return next((value for key, value in items if _is_digest(key)), None)
 
 
 def _is_length(key) -> bool:
@@ -111,6 +123,8 @@ def _item(container: Mapping, key):
     if isinstance(key, dict):
         if LENGTH in key:
             return len(container)
+        if DIGEST in key:   # a long list of numbers (`_items` made it a dict by index)
+            return numbers_digest(list(container.values()))
         return next((value for now, value in container.items() if _same(now, key)), _MISSING)
     return container.get(key, _MISSING)
 
@@ -125,6 +139,10 @@ def global_part(value, where) -> object:
         return _items(value).get(where[1], _MISSING)
     if where[0] == "length":
         return len(value) if isinstance(value, (list, tuple, Mapping)) else _MISSING
+    if where[0] == "digest":   # a long list of numbers, the global's or its attribute's
+        for name in where[1].split(".") if len(where) == 2 else ():
+            value = getattr(value, name, _MISSING)
+        return numbers_digest(value)
     if where[0] == "call":   # `dist.get_rank()` (frontends/distributed_calls.py)
         try:   # after `destroy_process_group` it raises: no rank (found by a review)
             return value() if callable(value) else _MISSING
@@ -284,7 +302,8 @@ class TracedReads:
                 now = _item(container, key)
                 if not _same(now, lowered):
                     where = f"{path}.{name}" if path else name
-                    where = f"len({where})" if _is_length(key) else f"{where}[{_shown(key)}]"
+                    where = f"len({where})" if _is_length(key) else where if _is_digest(key) else \
+                        f"{where}[{_shown(key)}]"
                     return _differs(f"{where} of {root}", lowered, now)
         for index, (path, name, lowered) in enumerate(self.callables):
             module = at(path)
@@ -334,7 +353,8 @@ class TracedReads:
             else:
                 now = global_part(value, where)
                 shown = (f"{name}[{where[1]!r}]" if where[0] == "item" else f"len({name})"
-                         if where[0] == "length" else f"{name}()" if where[0] == "call" else f"{name}.{where[1]}"
+                         if where[0] == "length" else f"{name}()" if where[0] == "call" else
+                         ".".join([name, *where[1:]]) if where[0] == "digest" else f"{name}.{where[1]}"
                          + (f"[{where[2]!r}]" if len(where) == 3 else ""))   # `settings.D["temp"]`
             if not _same(now, lowered):
                 if (module_name, name) == ("os", "environ"):
@@ -415,6 +435,8 @@ def _attribute_shown(now, held) -> str:
     """An attribute of an object a table holds, now, as `_shown` says the recorded one."""
     if isinstance(held, dict) and FUNCTION in held:   # its class
         return describe_called(now) or _value_shown(now)
+    if isinstance(held, dict) and NESTED in held and _digest_of(held[NESTED]) is not None:
+        return str(numbers_digest(now))   # a long list of numbers
     return _value_shown(now)
 
 

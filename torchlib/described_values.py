@@ -8,6 +8,7 @@ every process, `{DESCRIBED: text}`, which the runtime compares (`runtimes/traced
 
 from __future__ import annotations
 
+import array
 import collections
 import decimal
 import enum
@@ -31,6 +32,9 @@ ATTRIBUTES = "attributes"
 PUBLIC_NAMES = "__public_names__"
 #: The key under which a container's length is recorded among its items.
 LENGTH = "length"
+#: The key under which a list or tuple of numbers too long to record item by item is
+#: recorded among its items, by `numbers_digest`.
+DIGEST = "digest"
 #: The key of a recorded method of a global object: {FUNCTION: its description}
 #: (`torchlib.callables.describe`, which shows what the object holds).
 FUNCTION = "function"
@@ -38,6 +42,22 @@ FUNCTION = "function"
 #: device]}: what a forward's stores leave on a module (`frontends/stored_tensors.py`),
 #: whose values the graph does not read.
 TENSOR_LIKE = "tensor like"
+
+
+def numbers_digest(values) -> str | None:
+    """A digest of the bits of a list or tuple of numbers (booleans, integers and floats,
+    each as the float it is: -0.0 is not 0.0), the same in every process; None for any
+    other container. For a schedule of more numbers than are recorded one by one (a table
+    of 2,000 learning rates or noise levels read by step): one item changed after `remat`
+    trained on with the traced value, silently (found by hunt51). About 0.3 ms for 2,000
+    numbers, hashed at every call that reads such a list."""
+    if not isinstance(values, (list, tuple)):
+        return None
+    try:
+        packed = array.array("d", values).tobytes()
+    except (TypeError, OverflowError):
+        return None
+    return f"{len(values)} numbers #{hashlib.blake2b(packed, digest_size=16).hexdigest()}"
 
 
 def tensor_like(shape, dtype: torch.dtype, device) -> dict:

@@ -1,0 +1,74 @@
+"""A forward reading a list of more numbers than are recorded one by one (a schedule of
+learning rates or noise levels, read by step): one item changed after `remat` trained on
+with the traced value, silently (found by hunt51). Such a list is recorded by a digest of
+its numbers' bits (`torchlib.described_values.numbers_digest`)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import remat_ir
+
+from exactness import side_by_side
+
+#: Longer than the lists recorded item by item (`frontends/traced_reads.py` `_MAX_ITEMS`).
+_LENGTH = 300
+_SCHEDULE = [1.0] * _LENGTH
+_SETTINGS = types.SimpleNamespace(schedule=[1.0] * _LENGTH)
+
+
+def _divided(h, settings):
+    return h / settings.schedule[3]
+
+
+class _ReadsSchedule(torch.nn.Module):
+    def __init__(self, where: str):
+        super().__init__()
+        self.fc, self.where = torch.nn.Linear(6, 3), where
+        self.schedule, self.settings = [1.0] * _LENGTH, types.SimpleNamespace(schedule=[1.0] * _LENGTH)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.where == "global":
+            h = h / _SCHEDULE[3]
+        elif self.where == "global's attribute":
+            h = h / _SETTINGS.schedule[3]
+        elif self.where == "global passed along":
+            h = _divided(h, _SETTINGS)
+        elif self.where == "module attribute":
+            h = h / self.schedule[3]
+        else:
+            h = h / self.settings.schedule[3]
+        return h.square().mean()
+
+
+def _schedule_of(model: _ReadsSchedule) -> list:
+    return {"global": _SCHEDULE, "global's attribute": _SETTINGS.schedule, "global passed along": _SETTINGS.schedule,
+            "module attribute": model.schedule, "held object's attribute": model.settings.schedule}[model.where]
+
+
+@pytest.mark.parametrize("value", [0.5, 1])
+@pytest.mark.parametrize("where", ["global", "global's attribute", "global passed along", "module attribute",
+                                   "held object's attribute"])
+def test_one_number_of_a_long_list_changed_after_lowering_is_planned_for(where, value, capsys):
+    """`value`: another number; or 1, an int of the same value, which computes as the
+    float did (not planned again)."""
+    try:
+        torch.manual_seed(0)
+        model, x = _ReadsSchedule(where), torch.randn(5, 6)
+        scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+        scheduled(x).backward()
+        model.zero_grad()
+        capsys.readouterr()
+        _schedule_of(model)[3] = value
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        notice = capsys.readouterr().err
+        if value == 1:
+            assert "planning again" not in notice
+        else:
+            assert f"{_LENGTH} numbers #" in notice and "lowering and planning again" in notice
+    finally:
+        _SCHEDULE[3] = _SETTINGS.schedule[3] = 1.0
