@@ -548,7 +548,15 @@ def names_reading(names: frozenset[str], owner) -> frozenset[str] | None:
         looked += [(klass, name, klass.__dict__[name]) for klass in kind.__mro__ if name in klass.__dict__]
         if _served(kind, name):
             break
-        more = frozenset().union(*(read_names(function) for function in _members(kind, name)))
+        members = _members(kind, name)
+        if not any(name in klass.__dict__ for klass in kind.__mro__):
+            # Not the class's: the object's own, or what its `__getattr__` serves (from a
+            # table it holds, `self._d`: found by hunt51, `_d["k"] = 0.5` after `remat`
+            # trained on with the traced value, silently).
+            members += _members(kind, "__getattr__")
+            looked += [(klass, "__getattr__", klass.__dict__["__getattr__"]) for klass in kind.__mro__
+                       if "__getattr__" in klass.__dict__]
+        more = frozenset().union(*(read_names(function) for function in members))
         if more & _ANY_ATTRIBUTE:
             break
         pending += sorted(more - read)

@@ -132,9 +132,17 @@ def _configs_copied(owner, names: frozenset[str]) -> _Attributes | None:
     off, silently (found by a grid)."""
     copied = _Attributes({name: (item, _copied(item, calling(names, name, item), HELD_DEPTH - ANY_DEPTH + 1))
                           for name, item in any_attributes(owner, names).items()
-                          if plain_owner(item) and config_like(type(item)) and whole_read(names, name, owner)})
+                          if (_config(item) or any(_config(held) for _, held in objects_held(item) or ()))
+                          and whole_read(names, name, owner)})
     copied.classes = class_values(owner, None)   # its class's own (`class Cfg: t = 1.0`)
     return copied if copied or copied.classes else None
+
+
+def _config(value) -> bool:
+    """A config `_configs_copied` copies: held by the object, or by a list, tuple or dict
+    it holds (`self.cfgs["a"]`: found by hunt53, `cfgs["a"].t = 3.0` after `remat`
+    trained on with the traced value, 1.31 off, silently, where `self.cfg` was compared)."""
+    return plain_owner(value) and config_like(type(value))
 
 
 def _shallow(owner, containers: bool) -> dict:

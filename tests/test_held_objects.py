@@ -1,0 +1,117 @@
+"""Objects a model or its hooks hold, whose values the forward computes with through
+paths the frontend did not follow: each, changed after `remat`, trained on with the
+value traced, silently, until the step planned for it."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import remat_ir
+
+from exactness import side_by_side
+
+
+def _remat(model, x):
+    return remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+
+
+class _ScaledByScheduler(torch.nn.Module):
+    """A forward scaling by a learning-rate scheduler's rate, the scheduler held by the
+    module or by a namespace it holds (found by hunt51: `get_last_lr()` reads the
+    scheduler's private `_last_lr`, a library's table that was not recorded)."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.fc, self.where = torch.nn.Linear(6, 3), where
+        self.optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda epoch: 2.0 / (1 + epoch))
+        if where == "module":
+            self.scheduler = scheduler
+        else:
+            self.state = types.SimpleNamespace(scheduler=scheduler)
+
+    def forward(self, x):
+        scheduler = self.scheduler if self.where == "module" else self.state.scheduler
+        return (self.fc(x) * scheduler.get_last_lr()[0]).square().mean()
+
+
+@pytest.mark.parametrize("where", ["module", "namespace"])
+def test_a_schedulers_rate_read_by_the_forward_is_planned_for_as_it_steps(where, capsys):
+    torch.manual_seed(0)
+    model, x = _ScaledByScheduler(where), torch.randn(5, 6)
+    scheduled = _remat(model, x)
+    scheduler = model.scheduler if where == "module" else model.state.scheduler
+    capsys.readouterr()
+    for _ in range(2):
+        model.optimizer.step()
+        scheduler.step()
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, steps=1, tolerance=1e-30) == {}
+    assert capsys.readouterr().err.count("lowering and planning again") == 2
+
+
+class _Plain:
+    def __init__(self):
+        self.t = 1.0
+
+
+class _ConfigsInTable:
+    """A hook's object reading a config from a table it holds, by a name it does not
+    spell (found by hunt53: `cfgs["a"].t = 3.0` trained on with the traced value, 1.31
+    off, where a config the object held itself was compared)."""
+
+    def __init__(self, kind: str):
+        self.key = "t"
+        self.configs = {"a": _Plain()} if kind == "dict" else [types.SimpleNamespace(t=1.0)]
+        self.at = "a" if kind == "dict" else 0
+
+    def hook(self, module, args, out):
+        return out * getattr(self.configs[self.at], self.key)
+
+    def change(self):
+        self.configs[self.at].t = 3.0
+
+
+class _Served:
+    """A hook's object whose `__getattr__` serves values from a table it holds (found by
+    hunt51: `_values["k"] = 0.5` after `remat` trained on with the traced value)."""
+
+    def __init__(self):
+        self._values = {"k": 2.0}
+
+    def __getattr__(self, name):
+        if name != "_values" and name in self.__dict__.get("_values", {}):
+            return self.__dict__["_values"][name]
+        raise AttributeError(name)
+
+    def hook(self, module, args, out):
+        return out / self.k
+
+    def change(self):
+        self._values["k"] = 0.5
+
+
+class _Hooked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).square().mean()
+
+
+@pytest.mark.parametrize("holder", [lambda: _ConfigsInTable("dict"), lambda: _ConfigsInTable("list"), _Served],
+                         ids=["config in a dict", "config in a list", "served by __getattr__"])
+def test_a_value_a_hooks_object_reaches_changed_after_lowering_is_planned_for(holder, capsys):
+    torch.manual_seed(0)
+    model, x, state = _Hooked(), torch.randn(5, 6), holder()
+    model.a.register_forward_hook(state.hook)
+    scheduled = _remat(model, x)
+    scheduled(x).backward()
+    model.zero_grad()
+    state.change()
+    capsys.readouterr()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert "lowering and planning again" in capsys.readouterr().err
