@@ -60,6 +60,7 @@ from .distributed_calls import distributed_calls_watched, rank_read_by_name
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
+from .rnn_parametrizations import stateful_rnn_parametrizations
 from . import (cudnn_rnns, gru_kernels, masked_fill_kernels, outside_values, prod_kernels, spectral_kernels,
                statistics_kernels)
 from .export_draws import drawing_as_eager
@@ -1423,6 +1424,9 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     refused = cached_parametrizations(model)
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))
+    refused = stateful_rnn_parametrizations(model)
+    if refused is not None:
+        raise LoweringError(refused)
     with paused_collection(), traced_as_run(), certain_draws(), checkpoints_traced_plain(), \
             user_draws_kept(), script_functions_as_python(), _tracing_state_released(), \
             fake_cache_keeping_aliases(), registration_hooks_paused():
