@@ -492,6 +492,21 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
                 del now[key]
 
 
+def _rnn_weights_hint(model: torch.nn.Module, paths: list[str]) -> str:
+    """The way out for a recurrent module's weight assigned at each call (`paths`, as
+    torch.export names them: 'self.lstm.weight_hh_l0'), as AWD-LSTM's and fastai's weight
+    dropout do (found by hunt58: the generic advice did not apply); '' for others."""
+    modules = dict(model.named_modules())
+    for path in paths:
+        *owner, name = path.split(".")[1:]
+        module = modules.get(".".join(owner))
+        if isinstance(module, torch.nn.RNNBase) and name in module._flat_weights_names:
+            return (f" (a recurrent module's weight, assigned at each call as a weight dropout does: "
+                    f"pass it to the module instead, `torch.func.functional_call(self.{'.'.join(owner)}, "
+                    f"{{{name!r}: weight}}, (x,))`, which remat-ir trains as eager does)")
+    return ""
+
+
 def _held(module: torch.nn.Module, key: str):
     """What `module.key` holds now (a submodule, parameter, buffer or plain attribute),
     read without `__getattr__`; `MISSING` where nothing."""
@@ -680,7 +695,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                           and path.split(".", 1)[-1] not in reparametrized
                           and path.split(".", 1)[-1] not in kept]
                 if public:
-                    found.append(f"it assigns tensors to {', '.join(public)}")
+                    found.append(f"it assigns tensors to {', '.join(public)}" + _rnn_weights_hint(model, public))
             else:
                 warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                        warning.lineno)

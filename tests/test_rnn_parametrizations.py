@@ -87,3 +87,27 @@ def test_a_recurrent_weight_dropped_once_and_passed_with_functional_call_trains_
     model, x = _DropsOnce(), torch.randn(5, 3, 6)
     scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
+class _AssignsDroppedWeight(torch.nn.Module):
+    """AWD-LSTM's and fastai's weight dropout: the raw weight a parameter of its own, the
+    dropped one assigned to the LSTM at each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(6, 8)
+        raw = self.rnn.weight_hh_l0
+        del self.rnn._parameters["weight_hh_l0"]
+        self.rnn.register_parameter("weight_hh_l0_raw", torch.nn.Parameter(raw.detach().clone()))
+
+    def forward(self, x):
+        self.rnn.weight_hh_l0 = F.dropout(self.rnn.weight_hh_l0_raw, 0.3, self.training)
+        return self.rnn(x)[0].square().mean()
+
+
+def test_a_recurrent_weight_assigned_at_each_call_is_refused_naming_functional_call():
+    """Found by hunt58: refused with advice on counters and random generators, which did
+    not apply."""
+    with pytest.raises(LoweringError, match=r"it assigns tensors to self\.rnn\.weight_hh_l0 \(a recurrent "
+                                            r"module's weight.*functional_call\(self\.rnn, \{'weight_hh_l0'"):
+        remat_ir.remat(_AssignsDroppedWeight(), (torch.randn(5, 3, 6),), cost_model="flops")
