@@ -20,6 +20,7 @@ An integer tensor passed where an op takes integers (`F.pad(x, (left, right))` w
 `torch.arange(lengths.max())`) is read into one by PyTorch's argument parser, which
 fake tensors refuse too: it is read here as eager's integer the same way, wherever no
 overload of the op takes a tensor at that place (`torch.add(x, n)` keeps its tensor).
+So is the number of classes `F.one_hot(labels)` finds in its labels (their largest).
 
 Where the integers read a parameter or an activation, nothing is read, and the op
 reaches fake tensors' refusal as before.
@@ -65,6 +66,8 @@ class InputSizes(TorchFunctionMode):
             sized = self._indexed(args)
         elif func is torch.masked_select or func is torch.Tensor.masked_select:
             sized = self._selected(args, kwargs)
+        elif func is torch.nn.functional.one_hot:
+            sized = self._one_hot(args, kwargs)
         else:
             sized = self._numbers(func, args, kwargs)
         return func(*args, **kwargs) if sized is None else sized()
@@ -87,6 +90,19 @@ class InputSizes(TorchFunctionMode):
             else:
                 kwargs[key] = type(value)(read) if isinstance(value, (list, tuple)) else read
         return lambda: func(*args, **kwargs)
+
+    def _one_hot(self, args, kwargs):
+        """`F.one_hot(labels)` with no number of classes, which is the labels' largest
+        plus one: eager's, read (found by hunt58: refused as a branch on tensor data,
+        where `num_classes=` is the way out the message did not name)."""
+        labels = args[0] if args else kwargs.get("tensor")
+        classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+        if classes != -1 or not isinstance(labels, torch.Tensor) or labels.numel() == 0:
+            return None
+        largest = self.read(labels.max())
+        if not isinstance(largest, int):
+            return None
+        return lambda: torch.nn.functional.one_hot(labels, largest + 1)
 
     def _count(self, mask) -> int | None:
         """The number of nonzero elements of a tensor computed from the caller's inputs, as

@@ -545,3 +545,28 @@ def test_longformers_global_attention_trains_bitwise():
     batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 2]))
     assert side_by_side(model, lambda m: remat_ir.remat(m, (), example_kwargs=batch, solver="recompute-all"),
                         (), batch, lambda out: out.loss, tolerance=1e-30) == {}
+
+
+class _OneHotLabels(nn.Module):
+    """`F.one_hot(labels)` with no number of classes: the labels' largest plus one."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, 5)
+
+    def forward(self, x, labels):
+        hot = torch.nn.functional.one_hot(labels).float()
+        return (self.fc(x)[:, :hot.shape[1]] * hot).square().mean()
+
+
+def test_one_hot_without_a_number_of_classes_reads_eagers_and_plans_again_for_a_larger_label(capsys):
+    """Found by hunt58: refused as a branch on tensor data, naming neither the op nor
+    `num_classes=`."""
+    torch.manual_seed(0)
+    model, x = _OneHotLabels(), torch.randn(4, WIDTH)
+    first, larger = torch.tensor([0, 1, 2, 1]), torch.tensor([0, 4, 2, 1])
+    scheduled = remat_ir.remat(model, (x, first), cost_model="flops", solver="recompute-all")
+    for labels in (first, larger, first):
+        assert side_by_side(model, lambda m: scheduled, (x, labels), {}, lambda loss: loss, steps=1,
+                            tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 2
