@@ -61,7 +61,7 @@ from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describ
 from remat_ir.torchlib.value_guards import ValueGuards, shown
 from remat_ir.torchlib.hook_reparametrizations import assign_weights, hook_reparametrizations
 
-from . import autocast_anchors, backward_settings, gradient_routes, output_views
+from . import autocast_anchors, backward_settings, gradient_routes, output_views, parameter_hooks
 from .call_guard import CallGuard
 from .compiled import check_backend
 from .codegen import GRADIENT_GROUPS, generate, resident_order, segments_without_autocast
@@ -192,6 +192,7 @@ class _Step:
                 "step: its backward runs as planned ops outside "
                 "autograd, which records no graph of them. Compute such a loss with the original "
                 "model (the one passed to remat_ir.remat), whose autograd graph supports it")
+        parameter_hooks.handing_over()
         if self.finished or self.segment is not None:
             raise _second_backward()
         if any(_batched(g) for g in given.values() if g is not None):
@@ -2297,6 +2298,9 @@ class ScheduledModule(torch.nn.Module):
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         if plan is None:
             return self._call_model(*args, **kwargs)
+        parameter_hooks.watch((what, tensor) for (kind, what), tensor in zip(plan.bindings, plan.model_members(modules))
+                              if kind == "param" and tensor is not None and (
+                                  tensor._backward_hooks or getattr(tensor, "_post_accumulate_grad_hooks", None)))
         if hooks is None:
             return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                             model_checked=checked)
