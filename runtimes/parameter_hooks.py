@@ -8,9 +8,15 @@ update in `register_post_accumulate_grad_hook`) then drew each parameter's noise
 another part of the generator's stream: parameters 7.3e-3 off eager's after two steps,
 the generator's state at the end equal, silently (found by hunt59). While a step's
 backward hands gradients over (`handing_over`), each parameter hook is watched
-(`watch`): one that moves a generator raises, naming the parameter and the way out."""
+(`watch`): one that moves a generator (torch's, Python's or NumPy's global one, or one
+of its own it reaches: `_own_generators`) raises, naming the parameter and the way out."""
 
 from __future__ import annotations
+
+import functools
+import random
+import sys
+import types
 
 import torch
 
@@ -31,7 +37,9 @@ def watch(named_parameters) -> None:
     for name, parameter in named_parameters:
         for table in (parameter._backward_hooks, getattr(parameter, "_post_accumulate_grad_hooks", None)):
             for key, hook in list((table or {}).items()):
-                if not getattr(hook, _WATCHED, False):
+                # Not torch's own (`register_multi_grad_hook`'s, whose function runs once every
+                # gradient is in, in the order of its tensors: hunt59).
+                if not getattr(hook, _WATCHED, False) and not getattr(hook, "__module__", "").startswith("torch."):
                     table[key] = _watched(hook, name)
 
 
@@ -47,20 +55,88 @@ def _handed_over() -> None:
     _HANDING_OVER[0] = False
 
 
-def _generators() -> list[torch.Tensor]:
-    states = [torch.get_rng_state()]
+def _generators() -> list:
+    """The states of torch's default generators (the CPU's, each initialized CUDA
+    device's), Python's and NumPy's global ones."""
+    states: list = [torch.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states += torch.cuda.get_rng_state_all()
+    states.append(random.getstate())
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states.append(numpy.random.get_state())
     return states
 
 
+def _own_generators(hook, depth: int = 0) -> list:
+    """The random generators of the user's a hook reaches: in its closure, its defaults,
+    the globals its code names, a bound method's object or a partial's arguments, and so
+    in the functions among those, 3 deep (a `torch.Generator`, NumPy's `default_rng()` or
+    `RandomState`, a `random.Random`; found by hunt59: noise a helper drew from one was
+    silent)."""
+    values: list = []
+    function = hook
+    if isinstance(function, functools.partial):
+        values += [*function.args, *function.keywords.values()]
+        function = function.func
+    if isinstance(function, types.MethodType):
+        values += list(getattr(function.__self__, "__dict__", {}).values())
+        function = function.__func__
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        values += [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
+        values += list(function.__defaults__ or ())
+        values += [function.__globals__[name] for name in code.co_names if name in function.__globals__]
+    found = [value for value in values if _generator_state(value) is not None]
+    if depth < 2:
+        found += [inner for value in values if isinstance(value, (types.FunctionType, functools.partial))
+                  and value is not hook for inner in _own_generators(value, depth + 1)]
+    return list({id(generator): generator for generator in found}.values())
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _generator_state(value):
+    """A random generator's state, or None for anything else."""
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    if isinstance(value, random.Random):
+        return value.getstate()
+    kind = type(value).__module__ or ""
+    if kind.startswith("numpy.random"):
+        if hasattr(value, "bit_generator"):
+            return repr(value.bit_generator.state)
+        if hasattr(value, "get_state"):
+            return value.get_state()
+    return None
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, tuple) and len(a) == 5 and a[0] == "MT19937" and not isinstance(a[1], tuple):   # NumPy's
+        return a[0] == b[0] and bool((a[1] == b[1]).all()) and a[2:] == b[2:]
+    return a == b
+
+
 def _watched(hook, name: str):
+    own = _own_generators(hook)
+
+    def states() -> list:
+        return _generators() + [_generator_state(generator) for generator in own]
+
     def watched(*args):
         if not _HANDING_OVER[0]:
             return hook(*args)
-        before = _generators()
+        before = states()
         result = hook(*args)
-        if any(not torch.equal(a, b) for a, b in zip(before, _generators())):
+        if not all(_same(a, b) for a, b in zip(before, states())):
             _HANDING_OVER[0] = False   # the backward stops here: no end callback runs
             raise RematIRError(
                 f"a gradient hook on parameter {name!r} draws random numbers (gradient noise?). "
