@@ -61,6 +61,7 @@ from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
 from .rnn_parametrizations import stateful_rnn_parametrizations
+from .fast_paths import eager_fast_paths_noted
 from . import (cudnn_rnns, gru_kernels, masked_fill_kernels, outside_values, prod_kernels, spectral_kernels,
                statistics_kernels)
 from .export_draws import drawing_as_eager
@@ -633,7 +634,20 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
            assigned: dict, changed: list[str], kept: frozenset) -> torch.export.ExportedProgram:
     """torch.export's program, on eager's code path in transformers' models except at the
     call sites in `kept`; the call sites whose answer that changed are appended to
-    `changed` (`transformers_paths`)."""
+    `changed` (`transformers_paths`). An attention layer eager would run on PyTorch's
+    inference fast path is refused (`fast_paths`; a block of its own: `_traced`'s
+    with-statement is at Python's limit of nested blocks)."""
+    fast: list[str] = []
+    with eager_fast_paths_noted(model, fast):
+        exported = _traced(model, args, kwargs, reads, assigned, changed, kept)
+    if fast:
+        raise LoweringError(fast[0])
+    return exported
+
+
+def _traced(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
+            assigned: dict, changed: list[str], kept: frozenset) -> torch.export.ExportedProgram:
+    """`_trace` but for fast paths."""
     errors: list = []
     hook_calls: list[str] = []
     effects: list[str] = []

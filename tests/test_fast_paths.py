@@ -1,0 +1,77 @@
+"""Attention layers eager runs on PyTorch's inference fast path (eval mode, no gradient
+asked of them) and a trace runs on their plain ops: refused at lowering, naming the layer
+and the way out (`frontends/fast_paths.py`; found by hunt58, a frozen eval encoder with a
+padding mask 0.03 off eager's loss, silently)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import remat_ir
+from remat_ir.frontends.torch import LoweringError
+
+from exactness import side_by_side
+
+
+class _FrozenEncoderHead(torch.nn.Module):
+    """A frozen eval encoder (or attention layer) under a trainable head: the usual
+    frozen-backbone setup."""
+
+    def __init__(self, layer: str, batch_first: bool = True, heads: int = 2):
+        super().__init__()
+        self.layer = layer
+        if layer == "encoder":
+            block = torch.nn.TransformerEncoderLayer(8, heads, 16, dropout=0.0, batch_first=batch_first)
+            self.body = torch.nn.TransformerEncoder(block, 2)
+        else:
+            self.body = torch.nn.MultiheadAttention(8, heads, batch_first=batch_first)
+        self.body.requires_grad_(False).eval()
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x, padding):
+        if self.layer == "encoder":
+            h = self.body(x, src_key_padding_mask=padding)
+        else:
+            h = self.body(x, x, x, need_weights=False)[0]
+        return self.head(h).square().mean()
+
+
+def _inputs(batch_first: bool = True):
+    x = torch.randn(3, 5, 8) if batch_first else torch.randn(5, 3, 8)
+    padding = torch.zeros(3, 5, dtype=torch.bool)
+    padding[0, 3:] = True
+    return x, padding
+
+
+@pytest.mark.parametrize("layer, named", [("encoder", r"body \(TransformerEncoder\)"),
+                                          ("attention", r"body \(MultiheadAttention\)")])
+def test_a_frozen_eval_attention_layer_eager_runs_fast_is_refused_naming_the_way_out(layer, named):
+    torch.manual_seed(0)
+    with pytest.raises(LoweringError, match=rf"_FrozenEncoderHead's {named} runs in eval mode with no gradient "
+                                            r"asked of it.*torch\.backends\.mha\.set_fastpath_enabled\(False\)"):
+        remat_ir.remat(_FrozenEncoderHead(layer), _inputs(), cost_model="flops")
+
+
+@pytest.mark.parametrize("layer", ["encoder", "attention"])
+def test_with_the_fast_path_off_a_frozen_eval_attention_layer_trains_as_eager(layer):
+    torch.manual_seed(0)
+    model, args = _FrozenEncoderHead(layer), _inputs()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        scheduled = remat_ir.remat(model, args, cost_model="flops", solver="recompute-all")
+        assert side_by_side(model, lambda m: scheduled, args, {}, lambda loss: loss, tolerance=1e-30) == {}
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+
+
+@pytest.mark.parametrize("why", ["sequence first", "odd heads"])
+def test_a_frozen_eval_attention_layer_eager_runs_plain_trains_as_eager(why):
+    """PyTorch's own conditions decide: sequence-first inputs and an odd number of heads
+    take no fast path, in eager or traced."""
+    torch.manual_seed(0)
+    batch_first = why != "sequence first"
+    model = _FrozenEncoderHead("attention", batch_first=batch_first, heads=1 if why == "odd heads" else 2)
+    args = _inputs(batch_first)
+    scheduled = remat_ir.remat(model, args, cost_model="flops", solver="recompute-all")
+    assert side_by_side(model, lambda m: scheduled, args, {}, lambda loss: loss, tolerance=1e-30) == {}
