@@ -351,11 +351,15 @@ _FIRST_CALL = (" where it held no tensor (a cache its first call fills? Run the 
                "before every call)")
 
 
-#: Said of a tensor needing a gradient that the forward assigns to a module (AWD-LSTM's
-#: weight drop: found by a review, the advice was for counters and logs).
-_COMPUTED_WEIGHT = (", a weight computed in the forward (a weight drop?): register that computation "
-                    "as a parametrization, `torch.nn.utils.parametrize.register_parametrization`, "
-                    "which trains like eager")
+#: Said of a tensor needing a gradient that the forward assigns to a module: a feature
+#: the loss reads (a center loss; hunt59: the way out came last, after advice on caches
+#: and weights), or AWD-LSTM's weight drop (found by a review, the advice was for
+#: counters and logs).
+_COMPUTED_WEIGHT = (", a tensor needing a gradient: a feature the loss reads (a center loss, a "
+                    "regularizer)? Return it from the forward instead (`return out, feature`); a weight "
+                    "computed in the forward (a weight drop?): register that computation as a "
+                    "parametrization, `torch.nn.utils.parametrize.register_parametrization`; both train "
+                    "like eager")
 
 
 def _ranged_draws_alone(before: tuple, ranged: list[int] | None) -> bool:

@@ -8760,8 +8760,29 @@ def test_a_weight_computed_and_assigned_in_the_forward_is_refused_pointing_to_a_
     """The advice was for counters and logs (found by a review); a parametrization computes
     the same weight at every call, and a review found a random one training bitwise."""
     with pytest.raises(LoweringError, match=r"it assigns module attribute 'weight' of Linear at .*test_trust.py:"
-                                            r"\d+ .*, a weight computed in the forward .*register_parametrization"):
+                                            r"\d+ .*; a weight computed in the forward .*register_parametrization"):
         _remat(_WeightDrop(), (torch.randn(2, 4),), solver="recompute-all")
+
+
+class _KeepsFeature(torch.nn.Module):
+    """A center loss's feature kept on the module for the loss to read."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.feature = torch.nn.Linear(4, 4), torch.zeros(2, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        self.feature = h
+        return h.sum()
+
+
+def test_a_feature_needing_a_gradient_kept_on_the_module_is_refused_saying_to_return_it():
+    """Found by hunt59: the way out came last, after advice on caches and weight drops."""
+    with pytest.raises(LoweringError, match=r"it assigns module attribute 'feature' of _KeepsFeature at .*, a tensor "
+                                            r"needing a gradient: a feature the loss reads .*Return it from the "
+                                            r"forward instead"):
+        _remat(_KeepsFeature(), (torch.randn(2, 4),), solver="recompute-all")
 
 
 _UNREGISTERED_MODEL = '''
