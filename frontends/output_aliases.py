@@ -90,6 +90,8 @@ def output_aliases(joint, out_spec, model: str,
                     f"runtime to store after every call, and a graph's outputs cannot share "
                     f"storage with its inputs. Store a copy there (`.clone()`), or keep it "
                     f"outside the forward")
+        if info.output_type.name == "is_input" and i < len(infos) - len(stored):
+            continue   # handed over as it is (`frontends/torch.py` `_returned_input`)
         if info.output_type.name in _OF_INPUTS:
             problem = problem or said
         else:

@@ -630,6 +630,21 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
         return torch.export.export(model, args, kwargs, strict=False)
 
 
+def _returned_input(result) -> list | None:
+    """["param" | "buffer", name] or ["input", leaf position] of a joint graph's output
+    that is one of its inputs as it is (open_clip's SigLIP returns its `logit_bias`
+    parameter, a VAE its input: found by hunt59, refused before), else None."""
+    if not isinstance(result, torch.fx.Node) or result.op != "placeholder":
+        return None
+    desc = result.meta.get("desc")
+    kind = type(desc).__name__
+    if kind in ("ParamAOTInput", "BufferAOTInput"):
+        return ["param" if kind == "ParamAOTInput" else "buffer", desc.target]
+    if kind == "PlainAOTInput":
+        return ["input", desc.idx]
+    return None
+
+
 def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
            assigned: dict, changed: list[str], kept: frozenset) -> torch.export.ExportedProgram:
     """torch.export's program, on eager's code path in transformers' models except at the
@@ -995,6 +1010,9 @@ class _Lowering:
         self.forward_by_seq: dict[int, int] = {}
         #: User outputs the trace fixed (None, a number, a string), by flat output position.
         self.constant_outputs: dict[int, object] = {}
+        #: Flat output position -> ["param" | "buffer", name] or ["input", leaf position]
+        #: of an output that is one of the step's inputs as it is (`_returned_input`).
+        self.member_outputs: dict[int, list] = {}
 
     # -------------------------------------------------------------- values
 
@@ -1251,6 +1269,11 @@ class _Lowering:
             if kind_name == "PlainAOTOutput" and not isinstance(result, torch.fx.Node):
                 self.constant_outputs[desc.idx] = constant_output(result, desc.idx)
                 continue
+            if kind_name == "PlainAOTOutput" and (member := _returned_input(result)) is not None:
+                # A parameter, buffer or input returned as it is: the runtime hands over the
+                # object itself, as eager's forward does (`member_outputs`).
+                self.member_outputs[desc.idx] = member
+                continue
             if result is None or result in self.zero_tangents:   # no gradient (`placeholder`)
                 continue
             vid = self.tensor_id(result)
@@ -1304,6 +1327,8 @@ class _Lowering:
             self.g.add_input(vid, f"grad_output{position}", gradient_of=user_outputs.get(of))
         if self.constant_outputs:
             self.g.proto.metadata["torch.constant_outputs"] = json.dumps(self.constant_outputs)
+        if self.member_outputs:
+            self.g.proto.metadata["torch.member_outputs"] = json.dumps(self.member_outputs)
 
     def run(self, module: torch.fx.GraphModule) -> Graph:
         self.pending_tangents = []

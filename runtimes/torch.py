@@ -1127,6 +1127,8 @@ class _Lowered:
         #: Outputs the trace fixed (None, numbers, strings), by flat output position.
         self.constant_outputs = {int(k): v for k, v in
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
+        self.member_outputs = {int(k): v for k, v in
+                               json.loads(g.metadata.get("torch.member_outputs", "{}")).items()}
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
         #: How many positional arguments the graph was lowered for where every argument
         #: was a leaf (`flat_inputs` then takes a call's as they come), else None.
@@ -1706,8 +1708,9 @@ class _Lowered:
         if self.hook_weights:
             assign_weights(hook_reparametrizations(model))
         outputs = list(outputs)
-        for position in sorted(self.constant_outputs):
-            outputs.insert(position, self.constant_outputs[position])
+        for position in sorted([*self.constant_outputs, *self.member_outputs]):
+            outputs.insert(position, self.constant_outputs[position] if position in self.constant_outputs
+                           else _member_output_of(self.member_outputs[position], leaves, modules))
         if self.stored_attributes:   # the forward's stores, as eager's call leaves them
             count = len(self.stored_attributes)
             outputs, stored = outputs[:-count], outputs[-count:]
@@ -1716,6 +1719,16 @@ class _Lowered:
         if self.out_spec is not None:
             return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _member_output_of(member: list, leaves, modules: "_Submodules") -> torch.Tensor:
+    """An output that is one of the step's inputs as it is (`torch.member_outputs`): the
+    parameter, buffer or caller's tensor itself, as eager's forward returns it (autograd
+    sends its gradient straight to it)."""
+    kind, what = member
+    if kind == "input":
+        return leaves[what]
+    return modules.member(what, "_parameters" if kind == "param" else "_buffers")
 
 
 def _flat_positional(spec) -> int | None:

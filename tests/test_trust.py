@@ -956,14 +956,24 @@ def _loss_of_both(out):
 
 
 @pytest.mark.parametrize("kind, what", [
-    ("parameter", r"output\['beside'\], which is an input of the step"),
     ("view_of_parameter", r"output\['beside'\], which is a view of an input of the step"),
     ("view_of_input", r"output\['beside'\], which is a view of an input of the step")])
 def test_an_output_sharing_storage_with_an_input_is_refused_by_name(kind, what):
     """AOTAutograd rebuilds such outputs outside its graph; run from the graph alone, a
-    returned parameter crashed at the first call, and its views took wrong gradients."""
+    returned parameter crashed at the first call, and its views took wrong gradients. (A
+    parameter returned as it is is handed over itself: the next test.)"""
     with pytest.raises(LoweringError, match=f"_Returns returns {what}.*Return a copy"):
         _remat(_Returns(kind), (torch.randn(4, 8),))
+
+
+def test_a_parameter_returned_as_it_is_is_handed_over_itself_and_trains_like_eager():
+    """Found by hunt59: refused above before, asking for a `.clone()` (open_clip's SigLIP
+    returns its `logit_bias` so); the loss reads it beside the graph's use of it."""
+    torch.manual_seed(0)
+    model, x = _Returns("parameter"), torch.randn(4, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    assert scheduled(x)["beside"] is model.l1.weight
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, _loss_of_both, tolerance=1e-30) == {}
 
 
 class _ReturnsViewsOfOutput(torch.nn.Module):
