@@ -51,9 +51,17 @@ def eager_fast_paths_noted(model: torch.nn.Module, found: list[str]):
             f"{type(model).__name__}'s {path or '<root>'} ({type(module).__name__}) runs in eval mode with no "
             f"gradient asked of it ({why}), where eager takes PyTorch's inference fast path (fused attention "
             f"kernels, and nested tensors for a padding mask, whose padded positions come out as zeros) and a "
-            f"traced graph the layer's plain ops, which compute otherwise. Turn the fast path off before "
-            f"calling remat_ir.remat (`torch.backends.mha.set_fastpath_enabled(False)`: eager then computes "
-            f"as the graph does), or compute the layer outside the model and pass its result in")
+            f"traced graph the layer's plain ops, which compute otherwise. Turn the fast path off for the "
+            f"whole training (`torch.backends.mha.set_fastpath_enabled(False)` before remat_ir.remat: eager "
+            f"then computes as the graph does), or compute the layer outside the model and pass its result in")
+
+
+#: torch's own forward of each layer: a subclass overriding it runs its own.
+_FORWARDS = {kind: kind.forward for kind in _LAYERS}
+
+
+def _kind(module: torch.nn.Module) -> type:
+    return next(kind for kind in _LAYERS if isinstance(module, kind))
 
 
 def _fast(module: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
@@ -61,8 +69,16 @@ def _fast(module: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
     parameters frozen, or the call under no_grad), or None where it would not. PyTorch's
     conditions (torch 2.13's `MultiheadAttention.forward`, `TransformerEncoderLayer.forward`,
     `TransformerEncoder.forward`), less those tracing itself decides."""
-    if module.training or torch.is_autocast_enabled():
-        return None
+    if module.training or torch.is_autocast_enabled() or type(module).forward is not _FORWARDS[_kind(module)]:
+        return None   # a subclass's own forward takes no fast path of torch's (hunt60)
+    if isinstance(module, torch.nn.TransformerEncoder) and (
+            any(type(layer) is not torch.nn.TransformerEncoderLayer for layer in module.layers)
+            or _fast(module.layers[0], args[:1], {}) is None):
+        return None   # the encoder's fast path is its layers' (hunt60: a SiLU encoder was refused)
+    if not isinstance(module, torch.nn.MultiheadAttention) and (
+            (len(args) > 1 and args[1] is not None) or kwargs.get("mask") is not None
+            or kwargs.get("src_mask") is not None):
+        return None   # an attention mask (a causal one) turned eager's fast path off (hunt60)
     attention = module if isinstance(module, torch.nn.MultiheadAttention) else \
         module.self_attn if isinstance(module, torch.nn.TransformerEncoderLayer) else module.layers[0].self_attn
     source = args[0] if args else kwargs.get("query" if attention is module else "src")
@@ -75,7 +91,8 @@ def _fast(module: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
     if attention is module:
         key = args[1] if len(args) > 1 else kwargs.get("key")
         value = args[2] if len(args) > 2 else kwargs.get("value")
-        masks = [kwargs.get("attn_mask"), kwargs.get("key_padding_mask"), *args[3:5]]
+        # `forward(query, key, value, key_padding_mask, need_weights, attn_mask, ...)`
+        masks = [kwargs.get("attn_mask"), kwargs.get("key_padding_mask"), *args[3:4], *args[5:6]]
         if key is not source or value is not source or any(
                 isinstance(m, torch.Tensor) and m.is_floating_point() for m in masks):
             return None

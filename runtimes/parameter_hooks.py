@@ -8,14 +8,14 @@ update in `register_post_accumulate_grad_hook`) then drew each parameter's noise
 another part of the generator's stream: parameters 7.3e-3 off eager's after two steps,
 the generator's state at the end equal, silently (found by hunt59). While a step's
 backward hands gradients over (`handing_over`), each parameter hook is watched
-(`watch`): one that moves a generator (torch's, Python's or NumPy's global one, or one
-of its own it reaches: `_own_generators`) raises, naming the parameter and the way out."""
+(`watch`): where the hooks of two parameters move a generator (torch's default one, or
+one of the user's they reach: `_own_generators`), the second raises, naming both and the
+way out (one parameter's draws come in eager's order whatever the hand-over order)."""
 
 from __future__ import annotations
 
 import functools
 import random
-import sys
 import types
 
 import torch
@@ -25,6 +25,8 @@ from remat_ir.ir import RematIRError
 #: Whether a step's backward is handing gradients over: autograd runs hooks on its own
 #: threads (a device's), so not a thread's own.
 _HANDING_OVER = [False]
+#: The parameters whose hooks drew while the current backward hands over.
+_DREW: list[str] = []
 #: The attribute marking a hook wrapped by `watch`.
 _WATCHED = "_remat_ir_watched"
 
@@ -34,6 +36,7 @@ def watch(named_parameters) -> None:
     parameter) pairs) so that it raises where it draws while a step hands over. Called as a
     step's forward runs, when no backward hands over (one that raised ran no end callback)."""
     _HANDING_OVER[0] = False
+    _DREW.clear()
     for name, parameter in named_parameters:
         for table in (parameter._backward_hooks, getattr(parameter, "_post_accumulate_grad_hooks", None)):
             for key, hook in list((table or {}).items()):
@@ -48,6 +51,7 @@ def handing_over() -> None:
     backward ends (a callback autograd runs then)."""
     if not _HANDING_OVER[0]:
         _HANDING_OVER[0] = True
+        _DREW.clear()
         torch.autograd.Variable._execution_engine.queue_callback(_handed_over)
 
 
@@ -57,14 +61,12 @@ def _handed_over() -> None:
 
 def _generators() -> list:
     """The states of torch's default generators (the CPU's, each initialized CUDA
-    device's), Python's and NumPy's global ones."""
+    device's). Not Python's nor NumPy's global ones: another thread drawing from them
+    (a data-loading thread) was taken for the hook's draw, and reading NumPy's state cost
+    48 us a hook (hunt60)."""
     states: list = [torch.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states += torch.cuda.get_rng_state_all()
-    states.append(random.getstate())
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        states.append(numpy.random.get_state())
     return states
 
 
@@ -137,14 +139,17 @@ def _watched(hook, name: str):
         before = states()
         result = hook(*args)
         if not all(_same(a, b) for a, b in zip(before, states())):
-            _HANDING_OVER[0] = False   # the backward stops here: no end callback runs
-            raise RematIRError(
-                f"a gradient hook on parameter {name!r} draws random numbers (gradient noise?). "
-                f"remat-ir's step hands the parameters' gradients over in another order than eager's "
-                f"autograd, so each hook would draw another part of the generator's stream than in "
-                f"eager, and every parameter would get other noise. Draw it after backward() returns, "
-                f"in an order of your own (`for p in model.parameters(): p.grad += s * "
-                f"torch.randn_like(p.grad)`), or train this model without remat")
+            _DREW.append(name)
+            if len(set(_DREW)) > 1:   # one parameter's draws come in eager's order whatever the order
+                _HANDING_OVER[0] = False   # the backward stops here: no end callback runs
+                first, *_ = dict.fromkeys(_DREW)
+                raise RematIRError(
+                    f"gradient hooks on parameters {first!r} and {name!r} draw random numbers (gradient "
+                    f"noise?). remat-ir's step hands the parameters' gradients over in another order than "
+                    f"eager's autograd, so each hook would draw another part of the generator's stream than "
+                    f"in eager, and the parameters would get other noise. Draw it after backward() returns, "
+                    f"in an order of your own (`for p in model.parameters(): p.grad += s * "
+                    f"torch.randn_like(p.grad)`), or train this model without remat")
         return result
     setattr(watched, _WATCHED, True)
     watched.__wrapped__ = hook

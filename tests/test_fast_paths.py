@@ -75,3 +75,45 @@ def test_a_frozen_eval_attention_layer_eager_runs_plain_trains_as_eager(why):
     args = _inputs(batch_first)
     scheduled = remat_ir.remat(model, args, cost_model="flops", solver="recompute-all")
     assert side_by_side(model, lambda m: scheduled, args, {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
+class _OwnAttention(torch.nn.MultiheadAttention):
+    """A subclass with a forward of its own, which takes no fast path of torch's."""
+
+    def forward(self, query, key, value, **kwargs):
+        return super().forward(query, key, value, **kwargs)
+
+
+class _FrozenPlain(torch.nn.Module):
+    """Frozen eval layers that eager runs on their plain ops (hunt60: refused at first)."""
+
+    def __init__(self, case: str):
+        super().__init__()
+        self.case = case
+        if case == "silu encoder":
+            block = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation=torch.nn.functional.silu,
+                                                     batch_first=True)
+            self.body = torch.nn.TransformerEncoder(block, 2, enable_nested_tensor=False)
+        elif case == "subclass":
+            self.body = _OwnAttention(8, 2, batch_first=True)
+        else:
+            self.body = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.body.requires_grad_(False).eval()
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x, padding):
+        if self.case == "silu encoder":
+            h = self.body(x, src_key_padding_mask=padding)
+        elif self.case == "positional float mask":
+            h = self.body(x, x, x, None, False, torch.zeros(5, 5))[0]
+        else:
+            h = self.body(x, x, x)[0]
+        return self.head(h).square().mean()
+
+
+@pytest.mark.parametrize("case", ["silu encoder", "subclass", "positional float mask"])
+def test_frozen_eval_layers_eager_runs_plain_are_not_refused(case):
+    torch.manual_seed(0)
+    model, args = _FrozenPlain(case), _inputs()
+    scheduled = remat_ir.remat(model, args, cost_model="flops", solver="recompute-all")
+    assert side_by_side(model, lambda m: scheduled, args, {}, lambda loss: loss, tolerance=1e-30) == {}

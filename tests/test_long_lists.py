@@ -72,3 +72,34 @@ def test_one_number_of_a_long_list_changed_after_lowering_is_planned_for(where, 
             assert f"{_LENGTH} numbers #" in notice and "lowering and planning again" in notice
     finally:
         _SCHEDULE[3] = _SETTINGS.schedule[3] = 1.0
+
+
+_IDS = [2 ** 60 + i for i in range(_LENGTH)]
+
+
+class _ReadsLongTables(torch.nn.Module):
+    """A memory bank of tensors in a long list (no numbers: not digested), and a long list
+    of 64-bit ids (digested as integers: as doubles, 2**60 + 5 and 2**60 + 6 are one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bank = torch.nn.Linear(6, 3), [torch.full((3,), float(i)) for i in range(_LENGTH)]
+
+    def forward(self, x):
+        return ((self.fc(x) + self.bank[3]) * (_IDS[5] - 2 ** 60)).square().mean()
+
+
+def test_a_long_list_of_tensors_trains_and_a_long_list_of_big_integers_is_compared_as_integers(capsys):
+    """Found by hunt60: the list of tensors raised out of the digest, inside `remat`; an
+    id of a list of big integers changed by one went unseen."""
+    try:
+        torch.manual_seed(0)
+        model, x = _ReadsLongTables(), torch.randn(5, 6)
+        scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        capsys.readouterr()
+        _IDS[5] += 1
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert "lowering and planning again" in capsys.readouterr().err
+    finally:
+        _IDS[5] = 2 ** 60 + 5

@@ -35,6 +35,9 @@ LENGTH = "length"
 #: The key under which a list or tuple of numbers too long to record item by item is
 #: recorded among its items, by `numbers_digest`.
 DIGEST = "digest"
+#: The longest list `numbers_digest` digests: hashed at every call that reads it, a list of
+#: 200,000 numbers cost 6 ms a step (hunt60); a longer one is not compared.
+DIGESTED_AT_MOST = 16384
 #: The key of a recorded method of a global object: {FUNCTION: its description}
 #: (`torchlib.callables.describe`, which shows what the object holds).
 FUNCTION = "function"
@@ -47,15 +50,19 @@ TENSOR_LIKE = "tensor like"
 def numbers_digest(values) -> str | None:
     """A digest of the bits of a list or tuple of numbers (booleans, integers and floats,
     each as the float it is: -0.0 is not 0.0), the same in every process; None for any
-    other container. For a schedule of more numbers than are recorded one by one (a table
-    of 2,000 learning rates or noise levels read by step): one item changed after `remat`
-    trained on with the traced value, silently (found by hunt51). About 0.3 ms for 2,000
-    numbers, hashed at every call that reads such a list."""
-    if not isinstance(values, (list, tuple)):
+    other container, or a longer one than `DIGESTED_AT_MOST`. For a schedule of more
+    numbers than are recorded one by one (a table of 2,000 learning rates or noise levels
+    read by step): one item changed after `remat` trained on with the traced value,
+    silently (found by hunt51). About 0.3 ms for 2,000 numbers, hashed at every call that
+    reads such a list."""
+    if not isinstance(values, (list, tuple)) or len(values) > DIGESTED_AT_MOST:
         return None
-    try:
-        packed = array.array("d", values).tobytes()
-    except (TypeError, OverflowError):
+    kinds = set(map(type, values))
+    if not kinds <= {bool, int, float}:   # not tensors (a memory bank: hunt60), strings, lists
+        return None
+    try:   # integers as 64-bit integers (ids past 2**53 are not doubles), else as doubles
+        packed = array.array("q" if kinds <= {int, bool} else "d", values).tobytes()
+    except (TypeError, OverflowError, ValueError):
         return None
     return f"{len(values)} numbers #{hashlib.blake2b(packed, digest_size=16).hexdigest()}"
 
