@@ -130,7 +130,8 @@ class Signature:
                     f"where they were {', '.join(was_per_reader) or 'none'}")
         if self.sdpa != lowered.sdpa:
             return (f"scaled dot product attention may use {self.sdpa or 'no kernel'}, lowered "
-                    f"where it might use {lowered.sdpa or 'none'} (`torch.nn.attention.sdpa_kernel`)")
+                    f"where it might use {lowered.sdpa or 'none'} (`torch.nn.attention.sdpa_kernel`, "
+                    f"`torch.backends.mha.set_fastpath_enabled`)")
         if self.deterministic != lowered.deterministic:
             return (f"torch.use_deterministic_algorithms is {'on' if self.deterministic else 'off'}, "
                     f"lowered with it {'on' if lowered.deterministic else 'off'}")

@@ -117,3 +117,19 @@ def test_frozen_eval_layers_eager_runs_plain_are_not_refused(case):
     model, args = _FrozenPlain(case), _inputs()
     scheduled = remat_ir.remat(model, args, cost_model="flops", solver="recompute-all")
     assert side_by_side(model, lambda m: scheduled, args, {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
+def test_the_fast_path_turned_on_again_after_lowering_plans_again_and_is_refused():
+    """Found by hunt60: lowered with the fast path off, then trained with it on, the step
+    computed the plain ops where eager took the fused ones, 7.1e-2 off, silently."""
+    torch.manual_seed(0)
+    model, args = _FrozenEncoderHead("encoder"), _inputs()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        scheduled = remat_ir.remat(model, args, cost_model="flops", solver="recompute-all")
+        scheduled(*args).backward()
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    with pytest.raises(LoweringError, match=r"the attention layers' fast path off.*runs in eval mode with no "
+                                            r"gradient asked of it"):
+        scheduled(*args)

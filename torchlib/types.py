@@ -236,18 +236,24 @@ def sdpa_state() -> str:
     it picked (`_scaled_dot_product_flash_attention_for_cpu`), and eager picks per call
     (`with sdpa_kernel(SDPBackend.MATH):`), whose gradients differ in the last bits (in
     bfloat16, 6e-5: found by a review, silently)."""
-    order, enabled, reducing, library = sdpa_flags()
+    order, enabled, reducing, library, fast_path = sdpa_flags()
     names = [name for name in [*(torch.nn.attention.SDPBackend(i).name for i in order), "FA3"]
              if name in _SDPA_FLAGS and enabled[list(_SDPA_FLAGS).index(name)]]
     return ", ".join(names + ["MATH reducing in half precision"] * reducing
-                     + [f"diffusers' attention backend {library}"] * (library is not None))
+                     + [f"diffusers' attention backend {library}"] * (library is not None)
+                     + ["the attention layers' fast path off"] * (not fast_path))
 
 
 def sdpa_flags() -> tuple:
-    """What `sdpa_state` describes, as read (a key: a few calls, no names)."""
+    """What `sdpa_state` describes, as read (a key: a few calls, no names). With
+    `torch.backends.mha`'s fast path: turned off so that a frozen eval encoder trains as
+    the graph computes (`frontends/fast_paths.py`), then on again after `remat`, the step
+    trained on with the plain ops where eager took the fused ones, 7.1e-2 off, silently
+    (hunt60); now such a call plans again, and lowering refuses it."""
     return (tuple(torch._C._get_sdp_priority_order()),
             tuple(getattr(torch._C, f"_get_{flag}_sdp_enabled", bool)() for flag in _SDPA_FLAGS.values()),
-            torch._C._get_math_sdp_allow_fp16_bf16_reduction(), _diffusers_backend())
+            torch._C._get_math_sdp_allow_fp16_bf16_reduction(), _diffusers_backend(),
+            torch.backends.mha.get_fastpath_enabled())
 
 
 def _diffusers_backend() -> str | None:
