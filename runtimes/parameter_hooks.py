@@ -89,6 +89,10 @@ def _own_generators(hook, depth: int = 0) -> list:
         values += [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
         values += list(function.__defaults__ or ())
         values += [function.__globals__[name] for name in code.co_names if name in function.__globals__]
+    # And the generators the objects among those hold as attributes (`self.gen` of a
+    # module whose method the hook calls, `cfg.gen`: hunt60).
+    values += [held for value in values if hasattr(value, "__dict__") and not isinstance(value, type)
+               and not callable(getattr(value, "__dict__", None)) for held in list(vars(value).values())]
     found = [value for value in values if _generator_state(value) is not None]
     if depth < 2:
         found += [inner for value in values if isinstance(value, (types.FunctionType, functools.partial))

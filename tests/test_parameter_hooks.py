@@ -113,3 +113,26 @@ def test_one_parameters_noise_hook_draws_in_eagers_order_and_trains_as_eager():
         module(x).square().mean().backward()
     for a, b in zip(eager.parameters(), model.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+class _NoisyModel(torch.nn.Sequential):
+    """A model holding the generator its parameters' hooks draw noise from."""
+
+    def __init__(self):
+        super().__init__(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        self.generator = torch.Generator().manual_seed(7)
+
+    def noisy(self, grad):
+        return grad + 0.01 * torch.randn(grad.shape, generator=self.generator)
+
+
+def test_parameter_hooks_drawing_from_a_generator_the_model_holds_are_refused():
+    """Found by hunt60: a generator reached as an attribute of what the hook holds (the
+    model whose method it calls) was not watched: other noise per parameter, silently."""
+    torch.manual_seed(0)
+    model, x = _NoisyModel(), torch.randn(4, 6)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    for parameter in model.parameters():
+        parameter.register_hook(lambda g, m=model: m.noisy(g))
+    with pytest.raises(RematIRError, match="draw random numbers"):
+        scheduled(x).square().mean().backward()
