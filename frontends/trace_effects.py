@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import functools
 import math
 import random
@@ -477,7 +478,7 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
     where eager gives 1.3472). A cache filled where there
     was none is what the graph computes at every step; one replaced (state a call updates)
     is an effect the graph would not keep."""
-    for where, helper, before, users in helpers:
+    for where, helper, before, users, containers in helpers:
         now = vars(helper)
         for key, value in list(now.items()):
             then = before.get(key, MISSING)
@@ -486,6 +487,13 @@ def _put_back_helpers(helpers: list, found: list[str]) -> None:
                 found.append(f"it changes attribute {key!r} of the {type(helper).__name__} object at "
                              f"{where} (from {then!r} to {value!r})")
                 now[key] = then
+            elif users and key in containers and value is then and not _same_items(value, containers[key]) \
+                    and not _holds_tensor(value):   # tensors kept there are `outside_state`'s to name
+                # A list or dict of it changed in place (`self.log.items.append(...)`, a
+                # count in `self.state.d`: hunt60, the step kept tracing's, silently).
+                found.append(f"it changes the {type(value).__name__} in attribute {key!r} of the "
+                             f"{type(helper).__name__} object at {where}")
+                _put_back_items(value, containers[key])
         for key in [k for k, value in now.items() if value is not before.get(k, MISSING) and _holds_tensor(value)]:
             if before.get(key) is not None:
                 found.append(f"it assigns tensors to attribute {key!r} of the "
@@ -509,6 +517,28 @@ def _rnn_weights_hint(model: torch.nn.Module, paths: list[str]) -> str:
                     f"pass it to the module instead, `torch.func.functional_call(self.{'.'.join(owner)}, "
                     f"{{{name!r}: weight}}, (x,))`, which remat-ir trains as eager does)")
     return ""
+
+
+def _containers_copied(helper) -> dict:
+    """Shallow copies of the lists and dicts a helper object holds, by attribute."""
+    return {key: copy.copy(value) for key, value in vars(helper).items() if type(value) in (list, dict)}
+
+
+def _same_items(container, copied) -> bool:
+    """Whether a list or dict holds the very items its copy does."""
+    if len(container) != len(copied):
+        return False
+    if isinstance(container, dict):
+        return all(key in copied and value is copied[key] for key, value in container.items())
+    return all(a is b for a, b in zip(container, copied))
+
+
+def _put_back_items(container, copied) -> None:
+    if isinstance(container, dict):
+        container.clear()
+        container.update(copied)
+    else:
+        container[:] = copied
 
 
 def _held(module: torch.nn.Module, key: str):
@@ -541,7 +571,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     # of accelerate's `ModelHook` that `add_hook_to_module` puts on a layer, counting its
     # calls: the count stayed at tracing's, silently; hunt57).
     helpers = [(f"{path}.{name}" if path else name, helper, dict(vars(helper)),
-                in_users_file(type(module).__module__) or users_class(type(helper)))
+                in_users_file(type(module).__module__) or users_class(type(helper)), _containers_copied(helper))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
     generators = _generators(model)
     outside, caches = outside_state.holders(model), outside_state.lru_caches()

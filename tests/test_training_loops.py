@@ -1094,3 +1094,27 @@ def test_an_accelerate_model_hook_of_the_users_counting_its_calls_is_refused_nam
                                              r"0\._hf_hook \(from 0 to 1\)"):
         remat_ir.remat(model, (torch.randn(3, 4),), cost_model="flops")
     assert model[0]._hf_hook.calls == 0
+
+
+def test_a_list_an_object_of_the_users_holds_changed_by_the_forward_is_refused_naming_it():
+    """Found by hunt60: a forward appending to a held object's list (`self.log.items`), or
+    a user's accelerate hook to its own, kept tracing's list silently; a counter there was
+    refused already."""
+
+    class Log:
+        def __init__(self):
+            self.items = []
+
+    class Logs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.log = torch.nn.Linear(4, 2), Log()
+
+        def forward(self, x):
+            self.log.items.append(1.0)
+            return (self.fc(x) * len(self.log.items)).square().mean()
+
+    model = Logs()
+    with pytest.raises(ir.RematIRError, match=r"it changes the list in attribute 'items' of the Log object at log"):
+        remat_ir.remat(model, (torch.randn(3, 4),), cost_model="flops")
+    assert model.log.items == []
