@@ -21,6 +21,7 @@ import types
 import torch
 
 from remat_ir.ir import RematIRError
+from remat_ir.torchlib.callables import filled
 
 #: Whether a step's backward is handing gradients over: autograd runs hooks on its own
 #: threads (a device's), so not a thread's own.
@@ -86,7 +87,7 @@ def _own_generators(hook, depth: int = 0) -> list:
         function = function.__func__
     code = getattr(function, "__code__", None)
     if code is not None:
-        values += [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
+        values += [cell.cell_contents for cell in function.__closure__ or () if filled(cell)]
         values += list(function.__defaults__ or ())
         values += [function.__globals__[name] for name in code.co_names if name in function.__globals__]
     # And the generators the objects among those hold as attributes (`self.gen` of a
@@ -98,14 +99,6 @@ def _own_generators(hook, depth: int = 0) -> list:
         found += [inner for value in values if isinstance(value, (types.FunctionType, functools.partial))
                   and value is not hook for inner in _own_generators(value, depth + 1)]
     return list({id(generator): generator for generator in found}.values())
-
-
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
 
 
 def _generator_state(value):
