@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch.nn.utils import parametrize
 
+from remat_ir.torchlib.generators import GeneratorStates
+
 
 def stateful_rnn_parametrizations(model: torch.nn.Module) -> str | None:
     """What to say of the first weight of a recurrent module of `model` whose
@@ -45,34 +47,20 @@ def stateful_rnn_parametrizations(model: torch.nn.Module) -> str | None:
 def _evaluation_effect(module: torch.nn.Module, name: str, chain) -> str | None:
     """'draws random numbers' or 'changes its buffers' where evaluating `module.name`
     does so, else None; the generators and buffers put back as they were."""
-    buffers = [buffer for buffer in chain.buffers()]
-    saved = [(buffer, buffer.detach().clone(), buffer._version) for buffer in buffers]
-    generators = _generator_states()
+    saved = [(buffer, buffer.detach().clone(), buffer._version) for buffer in chain.buffers()]
+    devices = sorted({t.device for t in module.parameters() if t.device.type == "cuda"}, key=str)
+    generators = GeneratorStates(devices)
     try:
         with torch.no_grad():
             getattr(module, name)
-        if any(not torch.equal(before, after) for before, after in zip(generators, _generator_states())):
+        if generators.moved_torch(GeneratorStates(devices)):
             return "draws random numbers"
         if any(buffer._version != version or not torch.equal(buffer, copy) for buffer, copy, version in saved):
             return "changes its buffers"
         return None
     finally:
-        _put_back_generators(generators)
+        generators.restore()
         with torch.no_grad():
             for buffer, copy, _ in saved:
                 if not torch.equal(buffer, copy):
                     buffer.copy_(copy)
-
-
-def _generator_states() -> list[torch.Tensor]:
-    """The CPU generator's state, and each initialized CUDA device's."""
-    states = [torch.get_rng_state()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states += torch.cuda.get_rng_state_all()
-    return states
-
-
-def _put_back_generators(states: list[torch.Tensor]) -> None:
-    torch.set_rng_state(states[0])
-    if len(states) > 1:
-        torch.cuda.set_rng_state_all(states[1:])

@@ -31,6 +31,12 @@ class GeneratorStates:
         numpy = sys.modules.get("numpy")
         self.numpy = (numpy, numpy.random.get_state()) if numpy is not None else None
 
+    def moved_torch(self, now: GeneratorStates) -> bool:
+        """Whether torch's generators (CPU, and the CUDA devices of both) differ in `now`,
+        taken later."""
+        return not torch.equal(self.cpu, now.cpu) or any(
+            not torch.equal(a, b) for a, b in zip(self.cuda, now.cuda))
+
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         for device, state in zip(self.devices, self.cuda):
