@@ -66,7 +66,7 @@ from remat_ir.torchlib.callables import (any_attributes, attribute_at, attribute
                                          describe, describe_called, filled, is_function, slot_names,
                                          string_constants, users_class)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH as LENGTH_KEY,
-                                               NESTED, PUBLIC_NAMES, described, numbers_digest)
+                                               NESTED, PUBLIC_NAMES, described, values_digest)
 from remat_ir.torchlib.hooks import hook_functions
 from remat_ir.torchlib.namespaces import remember
 
@@ -89,7 +89,7 @@ ABSENT = "<missing>"
 _MAX_ITEMS, _DEPTH, _NESTING = 256, 4, 3
 #: The key under which `plain_items` records a container's length.
 LENGTH = {LENGTH_KEY: None}
-#: The key under which `plain_items` records a long list of numbers' digest.
+#: The key under which `plain_items` records a long container's digest (`values_digest`).
 DIGESTED = {DIGEST: None}
 
 
@@ -136,8 +136,8 @@ def plain_items(container, depth: int = 0) -> list | None:
     gives 12.3)."""
     if not isinstance(container, (list, tuple, dict)):
         return None
-    if len(container) > _MAX_ITEMS:   # a long schedule of numbers: by a digest of them all
-        digest = numbers_digest(container)
+    if len(container) > _MAX_ITEMS:   # a long schedule or table: by a digest of all it holds
+        digest = values_digest(container)
         return None if digest is None else [[DIGESTED, digest], [LENGTH, len(container)]]
     pairs = container.items() if isinstance(container, dict) else enumerate(container)
     items = []
@@ -312,6 +312,7 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
                 if isinstance(key, str):
                     note(self, key, item)
         elif holder is not None and not name.startswith("__"):
+            reads.classes.update(classes_within(value))   # `self.box.c.temp`, `c` a class
             if (form := held_form(value)) is not UNRECORDED:
                 reads.objects.setdefault((*holder, name), form)
             elif (not name.startswith("_") or in_users_file(type(self).__module__)) \
@@ -465,8 +466,8 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
                 reads.containers.setdefault((path, name), items)
             elif _plain_object(value):
                 hold(path, name, value)
-            elif isinstance(value, type) and users_class(value):   # `self.sched = Schedule`
-                reads.classes.add(value)
+        if name in own:   # `self.sched = Schedule`, or one a table, a partial or a closure holds
+            reads.classes.update(classes_within(value))
         return value
 
     # What the forward assigned before it reads it is its own (Funnel sets its pooling
@@ -771,6 +772,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
         passed = _passed_names(code)
         if reached:
             looked_up.update(_names_looked_up(code))
+            classes.update(_named_classes(code, namespace))
         for i, instruction in enumerate(instructions):
             if instruction.opname != "LOAD_GLOBAL" or instruction.argval not in namespace:
                 continue
@@ -859,24 +861,50 @@ def _users_classes(values) -> list[type]:
     return [value for value in values if isinstance(value, type) and users_class(value)]
 
 
-def _classes_handed(value, following: list) -> list[type]:
-    """The user's classes a global hands the code that loads it (then runs `following`):
-    the global itself (`Cfg`, `C2.scale(h)`), the class at the end of its attribute chain
-    (`cfgmod.Cfg`), a partial's arguments (`partial(scaled, c=D)`), a table's items
-    (`CFGS["a"]`, `CFGT[0]`). Found by hunt57: each spelling handed the class to code
-    reading `c.temp`, and `D.temp = 3.0` after `remat` trained on with the traced value,
-    0.48-2.27 off, silently."""
+def classes_within(value) -> list[type]:
+    """The user's classes an object holds hands the forward: itself (`self.sched =
+    Schedule`), a table's items (`self.table["c"]`), a partial's arguments, what a
+    function's closure and defaults hold (`self.f = make(Cfg)`). Found by hunt60: each
+    handed the class to code reading `c.temp`, and `Cfg.temp = 3.0` after `remat` trained
+    on with the traced value, 1.74 off, silently. Their values are recorded by the names
+    the forward's code looks up (`_record_reached_classes`)."""
     found = [value]
-    if isinstance(value, (type, types.ModuleType)) or _plain_object(value):
-        if (chain := _attribute_chain(value, following)) is not None:
-            found.append(chain[1])
     if isinstance(value, functools.partial):
         found += [*value.args, *value.keywords.values()]
     elif isinstance(value, Mapping):
         found += list(value.values())[:_MAX_ITEMS]
     elif isinstance(value, (list, tuple)):
         found += list(value[:_MAX_ITEMS])
+    elif isinstance(value, types.FunctionType):
+        found += [cell.cell_contents for cell in value.__closure__ or () if filled(cell)]
+        found += [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
     return _users_classes(found)
+
+
+def _named_classes(code: types.CodeType, namespace: dict) -> list[type]:
+    """The user's classes the strings of `code` name among the globals it reaches
+    (`globals()["Cfg"]`, `getattr(sys.modules[__name__], "Cfg")`, `getattr(cfgmod, "Cfg")`):
+    found by hunt60, a change of `Cfg.temp` after `remat` trained on with the traced
+    value, silently."""
+    strings = string_constants(code)
+    if not strings:
+        return []
+    spaces = [namespace, *(vars(value) for value in namespace.values() if isinstance(value, types.ModuleType))]
+    return _users_classes(space[name] for space in spaces for name in strings & space.keys())
+
+
+def _classes_handed(value, following: list) -> list[type]:
+    """The user's classes a global hands the code that loads it (then runs `following`):
+    the global itself (`Cfg`, `C2.scale(h)`), the class at the end of its attribute chain
+    (`cfgmod.Cfg`), a partial's arguments (`partial(scaled, c=D)`), a table's items
+    (`CFGS["a"]`, `CFGT[0]`) (`classes_within`). Found by hunt57: each spelling handed the
+    class to code reading `c.temp`, and `D.temp = 3.0` after `remat` trained on with the
+    traced value, 0.48-2.27 off, silently."""
+    found = classes_within(value)
+    if isinstance(value, (type, types.ModuleType)) or _plain_object(value):
+        if (chain := _attribute_chain(value, following)) is not None:
+            found += _users_classes([chain[1]])
+    return found
 
 
 def _record_reached_classes(reads: TracedReads, classes: set[type], looked_up: set[str]) -> None:

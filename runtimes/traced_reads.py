@@ -15,7 +15,7 @@ from remat_ir.ir import pb
 from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, is_function,
                                          slot_names)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH, NESTED, PUBLIC_NAMES,
-                                                TENSOR_LIKE, described, is_tensor_like, numbers_digest)
+                                                TENSOR_LIKE, described, is_tensor_like, values_digest)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.namespaces import AttributeNamespace, namespace
@@ -91,12 +91,12 @@ def _shown(lowered) -> str:
 
 
 def _is_digest(key) -> bool:
-    """Whether a recorded item's key is a long list's digest (`plain_items`)."""
+    """Whether a recorded item's key is a long container's digest (`plain_items`)."""
     return isinstance(key, dict) and DIGEST in key
 
 
 def _digest_of(items: list) -> str | None:
-    """The digest recorded among a long list's `items`, or None where they are items."""
+    """The digest recorded among a long container's `items`, or None where they are items."""
     return next((value for key, value in items if _is_digest(key)), None)
 
 
@@ -123,8 +123,8 @@ def _item(container: Mapping, key):
     if isinstance(key, dict):
         if LENGTH in key:
             return len(container)
-        if DIGEST in key:   # a long list of numbers (`_items` made it a dict by index)
-            return numbers_digest(list(container.values()))
+        if DIGEST in key:   # a long container (`_items` made a list a dict by index)
+            return values_digest(container)
         return next((value for now, value in container.items() if _same(now, key)), _MISSING)
     return container.get(key, _MISSING)
 
@@ -139,10 +139,10 @@ def global_part(value, where) -> object:
         return _items(value).get(where[1], _MISSING)
     if where[0] == "length":
         return len(value) if isinstance(value, (list, tuple, Mapping)) else _MISSING
-    if where[0] == "digest":   # a long list of numbers, the global's or its attribute's
+    if where[0] == "digest":   # a long container, the global's or its attribute's
         for name in where[1].split(".") if len(where) == 2 else ():
             value = getattr(value, name, _MISSING)
-        return numbers_digest(value)
+        return values_digest(value)
     if where[0] == "call":   # `dist.get_rank()` (frontends/distributed_calls.py)
         try:   # after `destroy_process_group` it raises: no rank (found by a review)
             return value() if callable(value) else _MISSING
@@ -436,7 +436,7 @@ def _attribute_shown(now, held) -> str:
     if isinstance(held, dict) and FUNCTION in held:   # its class
         return describe_called(now) or _value_shown(now)
     if isinstance(held, dict) and NESTED in held and _digest_of(held[NESTED]) is not None:
-        return str(numbers_digest(now))   # a long list of numbers
+        return str(values_digest(now))   # a long container
     return _value_shown(now)
 
 

@@ -1,11 +1,14 @@
 """A user's class handed to a forward's code, whose class values (`class Cfg: t = 1.0`)
 that code reads: changed after `remat`, the step must plan again, not train on with the
 value traced. Found by hunt57: every spelling below but the class passed by its own name
-trained on with the traced value, 0.48-2.27 off eager's, silently."""
+trained on with the traced value, 0.48-2.27 off eager's, silently; hunt60 found the
+spellings through what a module holds (a closure, a partial, a table, an object) and by a
+string (`globals()["_Setting"]`, `getattr(module, "Setting")`)."""
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import pytest
 import torch
@@ -27,6 +30,12 @@ class _Setting:
 
 class _Box:
     t = 1.0
+
+
+def _scaler(setting):
+    def scale(h):
+        return h * setting.t
+    return scale
 
 
 class _Held:
@@ -81,11 +90,11 @@ def _new_call(self, h):
     return h * 3.0
 
 
-_CHANGED = {"another file's class": class_configs.Setting, "class of a held object": _Box}
+_CHANGED = {"another file's class": class_configs.Setting, "class of a held object": _Box,}
 
 
 @pytest.mark.parametrize("how", ["another file's class", "class method", "class of a held object", "default argument",
-                                 "partial", "table", "tuple", "held class", "held object's __call__"])
+                                 "partial", "table", "tuple", "held class", "held object's __call__",])
 def test_a_class_handed_to_the_forward_changed_after_lowering_is_planned_for(how, capsys):
     changed = _CHANGED.get(how, _Setting)
     call = _Held.__call__
@@ -121,3 +130,65 @@ def test_a_counter_on_a_handed_class_that_the_forward_never_names_plans_nothing_
     finally:
         _Setting.step = 0
     assert "planning again" not in capsys.readouterr().err
+
+
+class _Kept:
+    """A class that only what a module holds names (each forward below names no global
+    class): the forward reaches it through that."""
+    t = 1.0
+
+
+class _Reaches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.box = torch.nn.Linear(6, 3), _Box()
+        self.closure, self.partial = _scaler(_Kept), functools.partial(_scaled, setting=_Kept)
+        self.table, self.box.setting = {"setting": _Kept}, _Kept
+
+
+class _ByClosure(_Reaches):
+    def forward(self, x):
+        return self.closure(self.fc(x)).square().mean()
+
+
+class _ByPartial(_Reaches):
+    def forward(self, x):
+        return self.partial(self.fc(x)).square().mean()
+
+
+class _ByTable(_Reaches):
+    def forward(self, x):
+        return (self.fc(x) * self.table["setting"].t).square().mean()
+
+
+class _ByHeldObject(_Reaches):
+    def forward(self, x):
+        return (self.fc(x) * self.box.setting.t).square().mean()
+
+
+class _ByGlobalsName(_Reaches):
+    def forward(self, x):
+        return (self.fc(x) * globals()["_Kept"].t).square().mean()
+
+
+class _ByModuleGetattr(_Reaches):
+    def forward(self, x):
+        return (self.fc(x) * getattr(sys.modules[__name__], "_Kept").t).square().mean()
+
+
+@pytest.mark.parametrize("how", [_ByClosure, _ByPartial, _ByTable, _ByHeldObject, _ByGlobalsName, _ByModuleGetattr])
+def test_a_class_reached_through_what_a_module_holds_or_by_its_name_is_planned_for(how, capsys):
+    """Found by hunt60: `_Kept.t = 3.0` after `remat` trained on with the traced value,
+    1.74 off eager's loss, silently."""
+    try:
+        torch.manual_seed(0)
+        model, x = how(), torch.randn(5, 6)
+        scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+        scheduled(x).backward()
+        model.zero_grad()
+        _Kept.t = 3.0
+        capsys.readouterr()
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert "lowering and planning again" in capsys.readouterr().err
+    finally:
+        _Kept.t = 1.0

@@ -1,10 +1,13 @@
 """A forward reading a list of more numbers than are recorded one by one (a schedule of
 learning rates or noise levels, read by step): one item changed after `remat` trained on
-with the traced value, silently (found by hunt51). Such a list is recorded by a digest of
-its numbers' bits (`torchlib.described_values.numbers_digest`)."""
+with the traced value, silently (found by hunt51); so did a long dict, list of pairs or of
+lists, and a hook's long list of configs (hunt60). Such a container is recorded by a
+digest of what it holds (`torchlib.described_values.values_digest`): a list of numbers by
+their bits."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -103,3 +106,82 @@ def test_a_long_list_of_tensors_trains_and_a_long_list_of_big_integers_is_compar
         assert "lowering and planning again" in capsys.readouterr().err
     finally:
         _IDS[5] = 2 ** 60 + 5
+
+
+_BY_STEP = {step: 1.0 for step in range(_LENGTH)}
+_BY_NAME = {f"class{i}": 1.0 for i in range(_LENGTH)}
+_PAIRS = [(1.0, 0.9)] * _LENGTH
+_NESTED = [[1.0] for _ in range(_LENGTH)]
+
+
+class _ReadsLongContainer(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.fc, self.kind, self.t = torch.nn.Linear(6, 3), kind, 5
+        self.by_step = {step: 1.0 for step in range(_LENGTH)}
+
+    def forward(self, x):
+        scale = {"dict by step": lambda: _BY_STEP[self.t], "dict by name": lambda: _BY_NAME["class5"],
+                 "list of pairs": lambda: _PAIRS[self.t][0], "list of lists": lambda: _NESTED[self.t][0],
+                 "module's dict": lambda: self.by_step[self.t]}[self.kind]()
+        return (self.fc(x) * scale).square().mean()
+
+
+def _change(model: _ReadsLongContainer, value: float) -> None:
+    if model.kind == "dict by step":
+        _BY_STEP[5] = value
+    elif model.kind == "dict by name":
+        _BY_NAME["class5"] = value
+    elif model.kind == "list of pairs":
+        _PAIRS[5] = (value, 0.9)
+    elif model.kind == "list of lists":
+        _NESTED[5][0] = value
+    else:
+        model.by_step[5] = value
+
+
+@pytest.mark.parametrize("kind", ["dict by step", "dict by name", "list of pairs", "list of lists", "module's dict"])
+def test_one_item_of_a_long_container_changed_after_lowering_is_planned_for(kind, capsys):
+    """Found by hunt60: each trained on with the traced item, 1.74 off eager's loss."""
+    try:
+        torch.manual_seed(0)
+        model, x = _ReadsLongContainer(kind), torch.randn(5, 6)
+        scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+        scheduled(x).backward()
+        model.zero_grad()
+        capsys.readouterr()
+        _change(model, 3.0)
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        notice = capsys.readouterr().err   # a dict by 0, 1, ... is digested as a list of numbers
+        assert f"{_LENGTH} items #" in notice or f"{_LENGTH} numbers #" in notice
+    finally:
+        _change(model, 1.0)
+
+
+@dataclasses.dataclass
+class _LayerConfig:
+    t: float = 1.0
+
+
+class _ScalesOutput:
+    """A forward hook holding one config per layer: more than are compared one by one."""
+
+    def __init__(self, layers: int):
+        self.configs = [_LayerConfig() for _ in range(layers)]
+
+    def __call__(self, module, args, output):
+        return output * self.configs[0].t
+
+
+@pytest.mark.parametrize("layers", [20, 300])
+def test_a_hooks_long_list_of_configs_changed_after_lowering_is_planned_for(layers):
+    """Found by hunt60: with 300 configs, `configs[0].t = 2.0` trained on with the traced
+    value, 0.65 off eager's loss (20 were compared item by item)."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(6, 3)), torch.randn(5, 6)
+    hook = _ScalesOutput(layers)
+    model[0].register_forward_hook(hook)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda y: y.square().mean(), tolerance=1e-30) == {}
+    hook.configs[0].t = 2.0
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda y: y.square().mean(), tolerance=1e-30) == {}

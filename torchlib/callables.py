@@ -32,7 +32,7 @@ import types
 
 import torch
 
-from .described_values import described
+from .described_values import described, values_digest
 
 #: The function torch's `autograd.Function.apply` classmethod wraps.
 _FUNCTION_APPLY = torch.autograd.Function.__dict__["apply"].__func__
@@ -170,7 +170,10 @@ def _held_text(value, names: frozenset[str], depth: int = 0, configs: bool = Fal
         return f"{type(value).__qualname__} " + _whole(_attributes_text(value, names, depth, configs))
     items = objects_held(value)
     if items is None:
-        return None
+        # A longer one (a hook's 300 per-layer configs) by a digest of all it holds: not
+        # shown, `cfgs[0].t = 2.0` trained on with the traced value, silently (hunt60).
+        digest = values_digest(value) if type(value) in (list, tuple, dict) and len(value) > HELD_ITEMS else None
+        return None if digest is None else f"{type(value).__qualname__} {digest}"
     return f"{type(value).__qualname__} " + _whole(
         [f"{key!r}: {_held_text(item, calling(names, None, item), depth + 1, configs) or f'a {type(item).__qualname__}'}"
          for key, item in items])
@@ -367,6 +370,10 @@ def nested_owner(value) -> bool:
     return plain_owner(value) and (not callable(value) or called_like_function(value))
 
 
+#: The most items of a container `objects_held` gives (longer ones: `values_digest`).
+HELD_ITEMS = 64
+
+
 def objects_held(value) -> list | None:
     """(key, item) of a list, tuple or dict (of at most 64 items, with plain keys; a config
     container, `_config_container`, too) that holds plain objects (`nested_owner`) or
@@ -375,7 +382,7 @@ def objects_held(value) -> list | None:
     shown by no text (a module, a tensor) by their class. Found by a review: a dict holding
     a module beside the config was not described, and a change trained on silently."""
     if not (type(value) in (list, tuple, dict, collections.OrderedDict) or _config_container(value)) \
-            or len(value) > 64:
+            or len(value) > HELD_ITEMS:
         return None
     items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
     if not all(isinstance(key, _PLAIN) for key, _ in items) or not any(

@@ -16,11 +16,12 @@ import functools
 import sys
 import types
 
-from .callables import (ANY_DEPTH, CAPTURED_DEPTH, HELD_DEPTH, any_attributes, attributes_of, bound_names, calling,
-                        captured_functions, class_held, class_values, config_like, described_defaults,
+from .callables import (ANY_DEPTH, CAPTURED_DEPTH, HELD_DEPTH, HELD_ITEMS, any_attributes, attributes_of,
+                        bound_names, calling, captured_functions, class_held, class_values, config_like, described_defaults,
                         describes_captured, exec_globals, filled as _filled,
                         is_function, names_reading, nested_owner, objects_held, owner_names, plain_container,
                         plain_owner, read_attributes, read_names, whole_read)
+from .described_values import values_digest
 
 #: What an emptied cell holds in a snapshot.
 _EMPTY = object()
@@ -263,6 +264,11 @@ def _copied(value, names: frozenset[str] | None = None, depth: int = 0, owner: b
         copied = _Items({key: (item, _copied(item, calling(names, None, item), depth + 1)) for key, item in items})
         copied.kind = type(value)
         return copied
+    if names is not None and type(value) in (list, tuple, dict) and len(value) > HELD_ITEMS \
+            and (digest := values_digest(value)) is not None:
+        # Longer (a hook's 300 per-layer configs), by a digest of all it holds, as
+        # `callables._held_text` describes it (hunt60: `cfgs[0].t = 2.0`, unseen, silent).
+        return _Digest(digest)
     if type(value) in (list, dict, set):
         return copy.copy(value)
     if _is_array(value):
@@ -298,6 +304,10 @@ class _Function(tuple):
     """A function's `snapshot`, taken as a copy of it (`_copied`)."""
 
 
+class _Digest(str):
+    """A long container's `values_digest`, taken as a copy of it (`_copied`)."""
+
+
 def _plain_copy(value):
     """A copy of a plain container (`callables.plain_container`) as builtin lists, tuples,
     dicts and sets, equal to it while it holds what it held: a config container's class
@@ -314,6 +324,8 @@ def _still(value, copied) -> bool:
     """Whether `value` still holds what its copy (`_copied`) does."""
     if isinstance(copied, _Function):
         return unchanged(value, tuple(copied))
+    if isinstance(copied, _Digest):
+        return type(value) in (list, tuple, dict) and values_digest(value) == copied
     if isinstance(copied, _Items):
         items = objects_held(value) if type(value) is copied.kind else None
         return items is not None and len(items) == len(copied) and all(
