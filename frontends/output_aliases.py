@@ -129,9 +129,10 @@ def _views_of_one_tensor(joint, names: list[str], model: str, outputs: list[int]
     return (f"{model} returns {listed} that its forward computes, does not return, and reads "
             f"otherwise too{f' ({where})' if where else ''}: after making the "
             f"view{'s' if many else ''}, or through {'them' if many else 'it'}. remat-ir takes such "
-            f"views again on the tensor, as eager's autograd sees them, only where the forward's "
-            f"other reads of the tensor come before the views and read none of them: here its "
-            f"gradient's parts would add up in another order than eager's. Return {copies}, or "
+            f"views again on the tensor, as eager's autograd sees them, where the forward's other "
+            f"reads of the tensor come before the views and read none of them, or where a loss "
+            f"reads the views alone or the forward's other results alone: here its gradient's "
+            f"parts would add up in another order than eager's. Return {copies}, or "
             f"return the tensor itself and take the view{'s' if many else ''} outside the model")
 
 

@@ -19,15 +19,20 @@ Views of one tensor the forward does not return (`return y[:, :4], y[:, 4:]`; Al
 graph returns as a hidden user output (the last ones, `torch.hidden_outputs`) that the
 runtime does not hand over, as AOTAutograd's wrapper does.
 
-Not taken again, so refused once a loss reads the view (`runtimes/torch.py:
+Taken again, but refused once a backward gets gradients both through them and through
+the forward's other readers (`Views.unordered`, checked by `runtimes/torch.py:
 _Outputs.backward`): a view of an output the model also reads itself after taking the
 view (`y.t()`, then `y.sin()`): the output's gradient then has parts from the loss, from
 the view and from inside the graph, which the graph adds after autograd has added the
 first two, where eager's engine adds the later reader's first (1e-7 off; `return y, y.t(),
-y.sin()` was taken again and trained so, silently, until 2026-12-04); a view whose own
-result the forward reads otherwise; and a view the graph reaches otherwise than by view
+y.sin()` was taken again and trained so, silently, until 2026-12-04); and a view whose own
+result the forward reads otherwise (`return h, h[:, 0], h.mean(1)`, h a Linear's 3-d
+result: a view of its 2-d one). A loss reading only the views (the last hidden state),
+or only the other readers' results, trains as eager: the graph adds nothing to what
+autograd handed it, or autograd hands nothing (hunt59 found that loss refused). Not taken
+again, so refused once a loss reads it: a view the graph reaches otherwise than by view
 ops of one tensor each from the base. A reader made before the views adds its part
-after theirs in eager too: taken again (`_in_eagers_order`).
+after theirs in eager too: taken again unconditionally (`_in_eagers_order`).
 """
 
 from __future__ import annotations
@@ -50,13 +55,22 @@ class Views:
     ops: list[pb.Node]                 # graph order: eager's order of making them
     bases: dict[int, int]              # base value: its output position
     views: dict[int, int]              # view output position: its value
+    #: Per base output position whose views autograd would not add in eager's order: (the
+    #: positions whose gradients autograd adds, the base's and its views'; the positions
+    #: the forward's other readers reach, whose parts the graph adds). Gradients for both
+    #: in one backward are refused (`_in_eagers_order`).
+    unordered: dict[int, tuple[frozenset[int], frozenset[int]]]
 
 
-def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int]) -> Views:
+def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int],
+           unconditional: frozenset[int] = frozenset()) -> Views:
     """The views (`bases`: output position -> its base's, from the frontend's
     `torch.output_view_bases`) that can be taken again, with the view ops that make them
-    from their bases: all views of a base, or none where autograd would add its
-    gradient's parts in another order than eager's (`_in_eagers_order`)."""
+    from their bases: all views of a base, or none. Where autograd would add the base
+    gradient's parts in another order than eager's (`_in_eagers_order`), they are taken
+    again on the condition `Views.unordered` states, unless one of the outputs concerned
+    is among `unconditional` (outputs whose gradients the outputs' node may not see: they
+    are not taken again, and refused once a loss reads them)."""
     by_base: dict[int, dict[int, list[pb.Node]]] = {}
     for i, b in bases.items():
         chain = _chain(graph, user_outputs[b], user_outputs[i])
@@ -65,14 +79,20 @@ def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int]) -> View
     order = {node.id: k for k, node in enumerate(graph.proto.nodes)}
     ops: dict[int, pb.Node] = {}
     taken: dict[int, int] = {}
+    unordered: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
     for b, views in by_base.items():
         replayed = {node.id: node for chain in views.values() for node in chain}
-        if _in_eagers_order(graph, user_outputs[b], replayed, order):
-            ops.update(replayed)
-            taken.update((i, b) for i in views)
+        if not _in_eagers_order(graph, user_outputs[b], replayed, order):
+            reached = _reached(graph, _other_readers(graph, user_outputs[b], replayed), user_outputs)
+            outside = frozenset([b, *views])
+            if (reached | outside) & unconditional:
+                continue   # a gradient of theirs may start the backward elsewhere: not checked
+            unordered[b] = (outside, reached)
+        ops.update(replayed)
+        taken.update((i, b) for i in views)
     return Views(sorted(ops.values(), key=lambda node: order[node.id]),
                  {user_outputs[b]: b for b in taken.values()},
-                 {i: user_outputs[i] for i in taken})
+                 {i: user_outputs[i] for i in taken}, unordered)
 
 
 def _in_eagers_order(graph: Graph, base: int, replayed: dict[int, pb.Node], order: dict[int, int]) -> bool:
@@ -98,6 +118,32 @@ def _in_eagers_order(graph: Graph, base: int, replayed: dict[int, pb.Node], orde
     first = min((order[n] for n in replayed), default=None)   # none: the base returned twice
     return first is None or all(order[reader.id] < first for reader in readers(base)
                                 if reader.id not in replayed and passes_gradient(graph, reader))
+
+
+def _other_readers(graph: Graph, base: int, replayed: dict[int, pb.Node]) -> list[pb.Node]:
+    """The forward's readers of `base` and of the `replayed` views' results that are not
+    replayed and pass a gradient back: the parts the graph adds to the base's gradient."""
+    values = [base, *(v for node in replayed.values() for v in node.outputs)]
+    return [node for value in values for node in map(graph.node, graph.users(value))
+            if node.phase == pb.FORWARD and node.id not in replayed and passes_gradient(graph, node)]
+
+
+def _reached(graph: Graph, readers: list[pb.Node], user_outputs: list[int]) -> frozenset[int]:
+    """The positions of the user outputs that forward values lead to from `readers`."""
+    position = {value: i for i, value in enumerate(user_outputs)}
+    found, seen = set(), {node.id for node in readers}
+    todo = list(readers)
+    while todo:
+        node = todo.pop()
+        for value in node.outputs:
+            if value in position:
+                found.add(position[value])
+            for n in graph.users(value):
+                user = graph.node(n)
+                if user.phase == pb.FORWARD and user.id not in seen:
+                    seen.add(user.id)
+                    todo.append(user)
+    return frozenset(found)
 
 
 def _chain(graph: Graph, base: int, value: int) -> list[pb.Node] | None:

@@ -550,6 +550,10 @@ class _Outputs(torch.autograd.Function):
         for i, message in ctx.aliased.items():
             if given.get(i) is not None:
                 raise RematIRError(f"{message} (the loss reads it)")
+        for outside, inside in ctx.step.runner.view_chains.unordered.values():
+            if any(given.get(i) is not None for i in outside) and any(given.get(i) is not None for i in inside):
+                view = min(i for i in outside if i in ctx.aliased)
+                raise RematIRError(f"{ctx.aliased[view]} (the loss reads both)")
         _refuse_watched_outputs_read_inside(ctx.read_inside)
         step = ctx.step
         step.begin(ctx, given, ctx.key)
@@ -858,12 +862,6 @@ class _Runner:
         names = [o.name.removeprefix("output") for o in graph.proto.outputs
                  if o.role == pb.USER_OUTPUT]
         self.aliased = {i: said[name] for i, name in enumerate(names) if name in said}
-        #: Of those, the views of another output that the runtime takes again on it.
-        bases = json.loads(graph.proto.metadata.get("torch.output_view_bases", "{}"))
-        position = {name: i for i, name in enumerate(names)}
-        self.view_chains = output_views.chains(graph, self.plan.user_outputs,
-                                               {i: position[str(bases[name])]
-                                                for i, name in enumerate(names) if name in bases})
         #: The last user outputs are tensors AOTAutograd returns only for views of them to
         #: be taken (`torch.hidden_outputs`): not handed over.
         self.hidden_outputs = int(graph.proto.metadata.get("torch.hidden_outputs", "0"))
@@ -874,6 +872,15 @@ class _Runner:
                    differentiable)
         self.routes = gradient_routes.routes(*planned)
         self.chain_routes = gradient_routes.routes(*planned, chain_only=True)
+        #: Of the aliased outputs, the views of another output that the runtime takes again
+        #: on it; where not in eager's order, on a condition `_Outputs.backward` checks,
+        #: which the outputs `_Output` nodes hand over escape.
+        bases = json.loads(graph.proto.metadata.get("torch.output_view_bases", "{}"))
+        position = {name: i for i, name in enumerate(names)}
+        self.view_chains = output_views.chains(
+            graph, self.plan.user_outputs, {i: position[str(bases[name])] for i, name in enumerate(names)
+                                            if name in bases},
+            frozenset(self.routes.own_nodes) | frozenset(self.chain_routes.own_nodes))
         #: The slots whose gradient goes to the block's autocast cast of them
         #: (`autocast_anchors`), grouped by the gradient group that finishes them and by
         #: the outputs that reach them (per routes): one autograd node per group casts them

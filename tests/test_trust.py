@@ -1080,8 +1080,8 @@ def test_views_of_an_output_taken_again_train_bitwise_like_eager(data, views, tr
         # (one view of a tensor the model does not return: AOTAutograd copies it).
         try:
             loss_of(_remat(copy.deepcopy(model), (x,), solver=solver)(x)).backward()
-        except RematIRError as refused:
-            assert "(the loss reads it)" in str(refused) and "reads" in str(refused)
+        except RematIRError as refused:   # views and what the forward reads after them
+            assert "(the loss reads both)" in str(refused) and weights[-1] != 0
             return
     errors = side_by_side(model, lambda m: _remat(m, (x,), solver=solver), (x,), {}, loss_of)
     assert errors == {}
@@ -1159,16 +1159,19 @@ def test_random_outputs_train_like_eager_or_are_refused_by_name(returned, weight
 def test_a_view_of_an_output_the_model_also_reads_is_refused_once_a_loss_reads_it():
     """Taken again, the view of an output the model also reads would add the three parts
     of the output's gradient in another order than eager (1e-7 off): still refused where
-    a loss reads it, and trains like eager where none does."""
+    a loss reads it and what the model computes from the output, and trains like eager
+    where it reads either alone."""
     kind = "t_read_inside"
     x = torch.randn(4, 8)
     scheduled = _remat(_ReturnsViewsOfOutput(kind), (x,))
     with pytest.raises(RematIRError, match=r"_ReturnsViewsOfOutput returns output\[1\], which is a view "
-                                           r"of output\[0\], another output.*\(the loss reads it\)"):
+                                           r"of output\[0\], another output.*\(the loss reads both\)"):
         _loss_of_output_and_view(scheduled(x)).backward()
-    errors = side_by_side(_ReturnsViewsOfOutput(kind), lambda m: _remat(m, (x,), solver="recompute-all"),
-                          (x,), {}, lambda out: (out[0] ** 2).mean())
-    assert errors == {}
+    for loss_of in (lambda out: (out[0] ** 2).mean(), lambda out: (out[0] ** 2).mean() + out[1].sin().sum(),
+                    lambda out: out[2]):
+        errors = side_by_side(_ReturnsViewsOfOutput(kind), lambda m: _remat(m, (x,), solver="recompute-all"),
+                              (x,), {}, loss_of)
+        assert errors == {}
 
 
 def test_clip_trained_on_its_symmetric_contrastive_loss_is_eagers():
@@ -1327,10 +1330,12 @@ def test_views_of_one_tensor_among_the_outputs_train_like_eager(kind, solver):
 
 
 @pytest.mark.parametrize("kind", ["read_inside", "view_beside_detached_read_inside"])
-def test_views_of_one_tensor_it_also_reads_are_refused_once_a_loss_reads_one_saying_what_to_return(kind):
+def test_views_of_one_tensor_it_also_reads_are_refused_once_a_loss_reads_one_and_the_rest(kind):
     """Where the forward also reads the tensor, its gradient's parts would add up in
-    another order than eager's: refused once a loss reads a view, naming the outputs, the
-    lines of the tensor and of the views, and ways out (which train bitwise like eager).
+    another order than eager's: refused once a loss reads a view and what the forward
+    computes from the tensor otherwise, naming the outputs, the lines of the tensor and of
+    the views, and ways out (which train bitwise like eager). A loss reading the views
+    alone, or the rest alone, trains like eager (hunt59: refused before).
     One view listed alone read " and output[0], views of one tensor" before."""
     line = r"test_trust.py:\d+ in forward"
     said = (r"output\[0\] and output\[1\], views of one tensor" if kind == "read_inside"
@@ -1343,11 +1348,45 @@ def test_views_of_one_tensor_it_also_reads_are_refused_once_a_loss_reads_one_say
                                            rf"computes, does not return, and reads otherwise too "
                                            rf"\(the tensor is last computed by module 'l2' \(Linear\) at "
                                            rf".*{line}; the {views} taken at .*{line}\).*{way_out}.*"
-                                           rf"\(the loss reads it\)"):
+                                           rf"\(the loss reads both\)"):
         out = scheduled(x)
         (out[0].sum() + out[-1]).backward()
-    assert side_by_side(_ReturnsViewsOfOne(kind), lambda m: _remat(m, (x,), solver="recompute-all"),
-                        (x,), {}, lambda out: out[-1] * 2) == {}
+    for loss_of in (lambda out: out[-1] * 2, lambda out: out[0].sin().sum() + out[1].square().sum() * (
+            kind == "read_inside")):
+        assert side_by_side(_ReturnsViewsOfOne(kind), lambda m: _remat(m, (x,), solver="recompute-all"),
+                            (x,), {}, loss_of) == {}
+
+
+class _PooledTwice(torch.nn.Module):
+    """Returns its last hidden state (a Linear's 3-d result: a view of its 2-d one), the
+    first token's and the mean over tokens, as a text encoder does."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = self.l2(torch.tanh(self.l1(x)))
+        return h, h[:, 0], h.mean(1)
+
+
+@pytest.mark.parametrize("read", [(0,), (1,), (2,), (0, 1), (0, 2), (0, 1, 2)])
+def test_a_hidden_state_returned_with_its_first_token_and_its_mean_trains_or_is_refused_by_what_the_loss_reads(read):
+    """Found by hunt59: refused in the backward though the loss read the hidden state
+    alone. Refused where the loss reads a view (the state, its first token) and the mean,
+    which the forward computes after them."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8)
+
+    def loss_of(out):
+        return sum(out[i].square().sum() * (i + 1.5) for i in read)
+    if 2 in read and read != (2,):
+        with pytest.raises(RematIRError, match=r"_PooledTwice returns output\[0\] and output\[1\], views of one "
+                                               r"tensor.*\(the loss reads both\)"):
+            loss_of(_remat(_PooledTwice(), (x,), solver="recompute-all")(x)).backward()
+        return
+    assert side_by_side(_PooledTwice(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {}, loss_of,
+                        tolerance=1e-30) == {}
 
 
 class _Hidden(torch.nn.Module):
