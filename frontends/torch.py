@@ -56,6 +56,7 @@ from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_cas
 from .applied_code import record_applied_code
 from .autograd_functions import FunctionError, backward_of, forward_of, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
+from .default_generators import default_generators_dropped
 from .distributed_calls import distributed_calls_watched, rank_read_by_name
 from .dropout_masks import split_dropout
 from .gradient_buffers import mark_input_gradient_sums
@@ -623,10 +624,11 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     (`autocast_blocks`), the rank the forward reads recorded and a collective it calls
     refused (`distributed_calls`), `torch.cov` traced as eager computes it
     (`statistics_kernels`), the containers the modules hold the same objects after it
-    (`module_containers`). Contexts of their own: `_trace`'s with-statement is at
+    (`module_containers`), torch's default generator given by name drawn from as without
+    it (`default_generators`). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
     with eager_block_caches(), distributed_calls_watched(model, reads.globals), statistics_traced_as_eager(), \
-            keeping_module_containers(model):
+            keeping_module_containers(model), default_generators_dropped():
         return torch.export.export(model, args, kwargs, strict=False)
 
 

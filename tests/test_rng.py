@@ -567,3 +567,34 @@ def test_a_draw_read_as_a_number_is_refused_as_a_draw():
     with pytest.raises(LoweringError, match=r"reads a random draw as a Python number at .*test_rng.py:\d+ "
                                             r"in forward .*Keep the draw a tensor"):
         remat_ir.remat(_DrawReadAsNumber(), (torch.randn(3, 4),), cost_model="flops")
+
+
+def _noise(h, generator=None):
+    """Draws from `generator or torch.default_generator`, as samplers' helpers default."""
+    return torch.randn(h.shape, generator=generator or torch.default_generator)
+
+
+class _NamesTheDefaultGenerator(torch.nn.Module):
+    """Draws with `generator=torch.default_generator`: held by the class (a deep copy of
+    the module, eager's side here, would draw from a copy of one it held), defaulted to by
+    a helper, and given to a tensor's in-place draw."""
+
+    generator = torch.default_generator
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.linear(x)
+        h = h + 0.1 * torch.rand(h.shape, generator=self.generator) + 0.1 * _noise(h)
+        return h * torch.empty_like(h).bernoulli_(0.7, generator=torch.default_generator)
+
+
+@pytest.mark.parametrize("solver", ["recompute-all", "sqrt"])
+def test_draws_given_the_default_generator_by_name_train_like_eager(solver):
+    """Found by hunt61: refused as "a torch.Generator of its own" (torch.export lifts a
+    copy of the object), though the ops draw from the generator the runtime replays."""
+    x = torch.randn(4, 6)
+    assert side_by_side(_NamesTheDefaultGenerator(), lambda m: remat_ir.remat(m, (x,), solver=solver), (x,), {},
+                        lambda y: y.square().sum(), tolerance=1e-30) == {}
