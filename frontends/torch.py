@@ -417,8 +417,12 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     leaves them, and the model is traced again from them: the program is kept where the
     forward then assigns the values they hold and the program is the same, so that every
     call runs it, the first included (a window clamped to the input's shape before it is
-    used); else the attributes are put back and the forward refused (a counter, a value
-    used before it is assigned). Plain values the forward changes in the user's globals and
+    used). Where the forward then assigns nothing new but the program differs (a first
+    call's setup behind a flag it sets, a value used before it is assigned), the
+    attributes are put back and the first trace's program kept, the runtime assigning them
+    after each of its calls (`_first_call_setup`): the next call plans again. Else they
+    are put back and the forward refused (a counter: traced again, it assigns another
+    value). Plain values the forward changes in the user's globals and
     closures are traced again alike (`outside_values`): a counter is refused, a first
     call's setup kept."""
     check_backward_hooks(model)
@@ -437,7 +441,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     modules = dict(model.named_modules())
     for (path, key), (value, _, _) in assigned.items():
         setattr(modules[path], key, value)
-    again, first, before = {}, _program(exported), reads.copy()
+    again, first, before, traced_first = {}, _program(exported), reads.copy(), exported
     reads.clear()
     try:
         exported = _trace(model, args, kwargs, reads, again, [], kept)
@@ -449,6 +453,17 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             outside_values.put_back([change for change, _ in counters])
             raise trace_effects_error(type(model).__name__, said + [text for _, text in counters])
         if not _same_program(_program(exported), first):
+            setup = _first_call_setup(assigned, modules)
+            if setup is not None and not outside_values.changes(outside, traced, computed_with=True):
+                # A first call's setup behind a flag it then sets (Glow's ActNorm:
+                # `if not self.inited: <initialise from the batch>; self.inited = True`):
+                # the first trace's program, for calls that find the flag as it was; the
+                # runtime sets it after each (`torch.assigned_after`), and the next call,
+                # reading it set, plans again. Refused before, as a counter (hunt61).
+                _put_back(model, assigned)
+                reads.take(before)
+                reads.assigned_after = setup
+                return traced_first
             said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at "
                     f"{where} after computing with it: eager's first call computes with {was!r}, "
                     f"later ones with {value!r}" for (path, key), (value, where, was) in assigned.items()]
@@ -460,6 +475,19 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         raise
     reads.either(before)   # both traces made this program: the values either read lead to it
     return exported
+
+
+def _first_call_setup(assigned: dict, modules: dict) -> list | None:
+    """[[module path, attribute, value]] of the plain values (bool, int, float, str, None)
+    the forward assigned (`assigned`, as `_export` keeps it), which the runtime assigns
+    after a call; None where one is another kind of value, or on a module eager would not
+    find at that path."""
+    setup = []
+    for (path, key), (value, _, _) in sorted(assigned.items()):
+        if type(value) not in (bool, int, float, str, type(None)) or value != value or path not in modules:
+            return None
+        setup.append([path, key, value])
+    return setup
 
 
 def _read_either_stored(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,

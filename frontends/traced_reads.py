@@ -256,6 +256,9 @@ class TracedReads:
     #: The user's classes of the objects the forward read from its modules (`hold`): the
     #: class values their code names are recorded (`record_globals`, `type(self.box).temp`).
     classes: set = field(default_factory=set)
+    #: [module path, attribute, value] the forward assigns at a first call's setup, which
+    #: the runtime assigns after each call of this graph (`frontends/torch.py` `_export`).
+    assigned_after: list = field(default_factory=list)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
@@ -263,6 +266,14 @@ class TracedReads:
                       self.callables, self.tensors, self.functions, self.python_draws, self.classes):
             table.clear()
         self.stored.places.clear()
+        self.assigned_after = []
+
+    def take(self, other: TracedReads) -> None:
+        """Hold what `other` (a `copy` of another trace's) read, in place of what this one did."""
+        self.clear()
+        for name, value in vars(other.copy()).items():
+            setattr(self, name, value)
+        self.assigned_after = list(other.assigned_after)
 
     def copy(self) -> TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
@@ -291,6 +302,7 @@ class TracedReads:
                                        for (module, name, where), value in
                                        sorted(self.globals.items(), key=repr)],
                 **({"torch.python_draws": self.python_draws[-1]} if self.python_draws else {}),
+                **({"torch.assigned_after": self.assigned_after} if self.assigned_after else {}),
                 **({STORED: [list(place) for place in self.stored.places]} if self.stored.places else {})}
 
 

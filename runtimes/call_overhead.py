@@ -92,9 +92,21 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
     named = dict(model.named_parameters(remove_duplicate=False))
     buffers = list(model.buffers()) + [named[name] for name in sorted(updated) if name in named]
     versions = [b._version for b in buffers]
-    stores = [(model.get_submodule(path), key) for path, key in
-              json.loads(graph.proto.metadata.get("torch.stored_attributes", "[]"))]
+    # What the calls store on modules, put back at the end, and the attributes a first
+    # call's setup assigns (`torch.assigned_after`), put back after each call: the next
+    # would find its flag set, which the graph was not lowered for.
+    setup = len(json.loads(graph.proto.metadata.get("torch.assigned_after", "[]")))
+    stores = [(model.get_submodule(path), key) for path, key, *_ in
+              json.loads(graph.proto.metadata.get("torch.assigned_after", "[]"))
+              + json.loads(graph.proto.metadata.get("torch.stored_attributes", "[]"))]
     held = [module.__dict__.get(key, _ABSENT) for module, key in stores]
+
+    def put_back(count: int) -> None:
+        for (module, key), value in zip(stores[:count], held):
+            if value is _ABSENT:
+                module.__dict__.pop(key, None)
+            else:
+                setattr(module, key, value)
     saved: list = []
     inside = [0.0]
     try:
@@ -121,7 +133,9 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
                 seeds = [torch.ones((), dtype=t.dtype, device=t.device).expand_as(t) for t in losses]
                 begun = time.perf_counter()
                 torch.autograd.backward(losses, seeds)
-                return forward_s + time.perf_counter() - begun - inside[0]
+                backward_s = time.perf_counter() - begun
+                put_back(setup)
+                return forward_s + backward_s - inside[0]
 
         with generators_kept([device] if device.type == "cuda" else []), \
                 torch.enable_grad():
@@ -141,11 +155,7 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
             for buffer, version, copy in zip(buffers, versions, saved):
                 if buffer._version != version:
                     buffer.copy_(copy)
-        for (module, key), value in zip(stores, held):
-            if value is _ABSENT:
-                module.__dict__.pop(key, None)
-            else:
-                setattr(module, key, value)
+        put_back(len(stores))
     return max(0.0, statistics.median(outside)), ""
 
 

@@ -1131,6 +1131,10 @@ class _Lowered:
         #: [module path, attribute] of each tensor the forward stores on a module, returned
         #: after its outputs (`frontends/stored_tensors.py`).
         self.stored_attributes = json.loads(g.metadata.get("torch.stored_attributes", "[]"))
+        #: [module path, attribute, value] the forward assigns at a first call's setup
+        #: (`frontends/torch.py` `_first_call_setup`): assigned after each call, as eager's
+        #: call leaves them.
+        self.assigned_after = json.loads(g.metadata.get("torch.assigned_after", "[]"))
         #: Outputs the trace fixed (None, numbers, strings), by flat output position.
         self.constant_outputs = {int(k): v for k, v in
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
@@ -1723,6 +1727,8 @@ class _Lowered:
             outputs, stored = outputs[:-count], outputs[-count:]
             for (path, key), value in zip(self.stored_attributes, stored):
                 setattr(modules.at(path), key, value)
+        for path, key, value in self.assigned_after:
+            setattr(modules.at(path), key, value)
         if self.out_spec is not None:
             return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
