@@ -903,7 +903,13 @@ def _export_failure(model: str, exc: Exception, eager_fails, number_reads: list[
         # Where no line is the model's (a torch module lowered itself), PyTorch's line is
         # said alone ("Caused by" named a frame of torch.export's own).
         inside_at = f"PyTorch's {inside}" if where is None else f"{where}, inside PyTorch at {inside}"
-        if inside is not None and inside.startswith("torch/distributions/"):
+        if inside is not None and inside.startswith("torch/distributions/") and re.search(r" in \w*sample", inside):
+            # A sampler that draws until its draws are accepted (VonMises' rejection
+            # sampling): no argument check, which the advice below named (hunt61).
+            where = (f"{inside_at} (the distribution's sampler draws until its draws are "
+                     f"accepted, as many times as the values say: draw the sample outside the "
+                     f"forward and pass it in)")
+        elif inside is not None and inside.startswith("torch/distributions/"):
             # A distribution checks its arguments' values (`validate_args`, on by default).
             where = (f"{inside_at} (the distribution checks its "
                      f"arguments' values: pass validate_args=False to it, or call "

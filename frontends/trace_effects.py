@@ -86,6 +86,13 @@ _TORCH_RNG = [(torch, "manual_seed"), (torch, "seed"), (torch, "get_rng_state"),
               (torch.random, "initial_seed"), (torch.random, "fork_rng")]
 
 
+#: The effect said where torch's generator moved while tracing with no seed set.
+_DRAWN_FOR_REAL = ("it draws from torch's generator where tracing runs the draw for real, as for a draw "
+                   "read as a Python number (`.item()`, `float()` of a torch.distributions sample: one "
+                   "number would be drawn for every step); keep the draw a tensor (`lam = "
+                   "Beta(a, a).sample()` scales as the number does)")
+
+
 def _numpy_state():
     numpy = sys.modules.get("numpy")
     return None if numpy is None else numpy.random.get_state()
@@ -734,7 +741,11 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                        warning.lineno)
         if not torch.equal(torch.get_rng_state(), generator):
-            found.append("it sets torch's generator state")
+            # Set by a call noted above, or moved by a draw tracing ran for real: one read as
+            # a number (mixup's `Beta(a, a).sample().item()`: said as a state set before,
+            # hunt61).
+            said = any(effect.startswith("it calls torch.") for effect in found)
+            found.append("it sets torch's generator state" if said else _DRAWN_FOR_REAL)
             torch.set_rng_state(generator)
         if random.getstate() != python:
             if _ranged_draws_alone(python, ranged):

@@ -569,6 +569,46 @@ def test_a_draw_read_as_a_number_is_refused_as_a_draw():
         remat_ir.remat(_DrawReadAsNumber(), (torch.randn(3, 4),), cost_model="flops")
 
 
+class _MixesUp(torch.nn.Module):
+    """Mixup with its coefficient drawn in the forward and read as a number."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        lam = torch.distributions.Beta(0.4, 0.4).sample().item()
+        return self.linear(lam * x + (1 - lam) * x.flip(0)).square().mean()
+
+
+def test_a_distributions_sample_read_as_a_number_is_refused_as_a_draw():
+    """Found by hunt61: said as "it sets torch's generator state", which the forward never
+    does (tracing ran the sampler for real)."""
+    with pytest.raises(LoweringError, match=r"draws from torch's generator where tracing runs the draw for real.*"
+                                            r"keep the draw a tensor") as refused:
+        remat_ir.remat(_MixesUp(), (torch.randn(3, 4),), cost_model="flops")
+    assert "sets torch's generator state" not in str(refused.value)
+
+
+class _SamplesVonMises(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        angle = torch.distributions.VonMises(torch.zeros(4), torch.ones(4), validate_args=False).sample()
+        return (self.linear(x) * angle.cos()).square().mean()
+
+
+def test_a_rejection_sampler_in_the_forward_is_refused_saying_to_sample_outside():
+    """Found by hunt61: told to pass validate_args=False, which it did; the branch is the
+    sampler's loop until its draws are accepted."""
+    with pytest.raises(LoweringError, match=r"von_mises.py:\d+ in _rejection_sample \(the distribution's sampler "
+                                            r"draws until its draws are accepted.*draw the sample outside") as refused:
+        remat_ir.remat(_SamplesVonMises(), (torch.randn(3, 4),), cost_model="flops")
+    assert "validate_args" not in str(refused.value)
+
+
 def _noise(h, generator=None):
     """Draws from `generator or torch.default_generator`, as samplers' helpers default."""
     return torch.randn(h.shape, generator=generator or torch.default_generator)
