@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import collections.abc
-import copy
 import functools
 import os
 import random
@@ -28,6 +27,8 @@ import operator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+
+from remat_ir.torchlib.generators import object_state, same_state
 
 from .held_tensors import held_objects
 from .model_lines import in_users_file, is_users_file
@@ -42,13 +43,8 @@ _MISSING = object()
 def generator_state(value, numpy=None):
     """A copy of a Python or NumPy generator's state, or an `itertools` iterator's
     position; None for anything else."""
-    numpy = numpy or sys.modules.get("numpy")
-    if isinstance(value, random.Random):
-        return value.getstate()
-    if numpy is not None and isinstance(value, numpy.random.Generator):
-        return copy.deepcopy(value.bit_generator.state)
-    if numpy is not None and isinstance(value, numpy.random.RandomState):
-        return value.get_state(legacy=False)
+    if not isinstance(value, torch.Generator) and (state := object_state(value, numpy)) is not None:
+        return state   # torch's generators are the runtime's to replay
     if isinstance(value, types.GeneratorType):   # where it stopped, and its plain locals
         frame = value.gi_frame
         return (_ITERATOR, None if frame is None else
@@ -81,17 +77,6 @@ def restore_generator(generator, state) -> None:
         generator.bit_generator.state = state
     else:
         generator.set_state(state)
-
-
-def same_state(a, b) -> bool:
-    """States as `generator_state` gives them (tuples, dicts and numpy arrays nested)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same_state, a, b))
-    if hasattr(a, "shape") and hasattr(a, "dtype"):
-        return hasattr(b, "shape") and a.shape == b.shape and bool((a == b).all())
-    return type(a) is type(b) and a == b
 
 
 # ---------------------------------------------------------------- placeholders

@@ -34,7 +34,9 @@ import types
 
 import torch
 
-from .outside_state import generator_state, namespaces, restore_generator, same_state, users_object
+from remat_ir.torchlib.generators import same_state
+
+from .outside_state import generator_state, namespaces, restore_generator, users_object
 from .model_lines import is_users_file
 from .traced_reads import PLAIN_TYPES, plain
 

@@ -60,6 +60,7 @@ import torch
 
 from remat_ir.torchlib.callables import users_class
 from remat_ir.torchlib.function_state import underlying
+from remat_ir.torchlib.generators import same_state
 from remat_ir.torchlib.hooks import forward_hooks
 from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 
@@ -74,7 +75,7 @@ from .sdpa_kernels import tracing_own_sdpa_kernels
 from .stored_tensors import StoredTensors
 from .model_lines import in_users_file, is_model_file, is_users_file, model_caller
 from . import outside_state
-from .outside_state import generator_state, holds_placeholder, iterator_state, restore_generator, same_state
+from .outside_state import generator_state, holds_placeholder, iterator_state, restore_generator
 from .traced_reads import MODULE_KEYS as _MODULE_KEYS, ModulesByDict, plain
 
 #: torch's generator functions a forward may call, by module and name.

@@ -15,13 +15,13 @@ way out (one parameter's draws come in eager's order whatever the hand-over orde
 from __future__ import annotations
 
 import functools
-import random
 import types
 
 import torch
 
 from remat_ir.ir import RematIRError
 from remat_ir.torchlib.callables import filled
+from remat_ir.torchlib.generators import object_state, same_state
 
 #: Whether a step's backward is handing gradients over: autograd runs hooks on its own
 #: threads (a device's), so not a thread's own.
@@ -94,48 +94,25 @@ def _own_generators(hook, depth: int = 0) -> list:
     # module whose method the hook calls, `cfg.gen`: hunt60).
     values += [held for value in values if hasattr(value, "__dict__") and not isinstance(value, type)
                and not callable(getattr(value, "__dict__", None)) for held in list(vars(value).values())]
-    found = [value for value in values if _generator_state(value) is not None]
+    found = [value for value in values if object_state(value) is not None]
     if depth < 2:
         found += [inner for value in values if isinstance(value, (types.FunctionType, functools.partial))
                   and value is not hook for inner in _own_generators(value, depth + 1)]
     return list({id(generator): generator for generator in found}.values())
 
 
-def _generator_state(value):
-    """A random generator's state, or None for anything else."""
-    if isinstance(value, torch.Generator):
-        return value.get_state()
-    if isinstance(value, random.Random):
-        return value.getstate()
-    kind = type(value).__module__ or ""
-    if kind.startswith("numpy.random"):
-        if hasattr(value, "bit_generator"):
-            return repr(value.bit_generator.state)
-        if hasattr(value, "get_state"):
-            return value.get_state()
-    return None
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, tuple) and len(a) == 5 and a[0] == "MT19937" and not isinstance(a[1], tuple):   # NumPy's
-        return a[0] == b[0] and bool((a[1] == b[1]).all()) and a[2:] == b[2:]
-    return a == b
-
-
 def _watched(hook, name: str):
     own = _own_generators(hook)
 
     def states() -> list:
-        return _generators() + [_generator_state(generator) for generator in own]
+        return _generators() + [object_state(generator) for generator in own]
 
     def watched(*args):
         if not _HANDING_OVER[0]:
             return hook(*args)
         before = states()
         result = hook(*args)
-        if not all(_same(a, b) for a, b in zip(before, states())):
+        if not all(same_state(a, b) for a, b in zip(before, states())):
             _DREW.append(name)
             if len(set(_DREW)) > 1:   # one parameter's draws come in eager's order whatever the order
                 _HANDING_OVER[0] = False   # the backward stops here: no end callback runs

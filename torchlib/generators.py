@@ -10,6 +10,7 @@ after `remat`."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import random
 import sys
 
@@ -79,3 +80,33 @@ def restore_step_generators(state: tuple, device: torch.device) -> None:
         torch.cuda.set_rng_state(cuda, device)
     if python is not None:
         random.setstate(python)
+
+
+def object_state(value, numpy=None):
+    """A copy of the state of a generator object: torch's `torch.Generator`, Python's
+    `random.Random`, NumPy's `Generator` or `RandomState`; None for anything else. For
+    the generators a user's object holds (`frontends/outside_state.py`, the gradient hooks
+    `runtimes/parameter_hooks.py` watches), compared by `same_state`."""
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    if isinstance(value, random.Random):
+        return value.getstate()
+    numpy = numpy or sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.random.Generator):
+        return copy.deepcopy(value.bit_generator.state)
+    if numpy is not None and isinstance(value, numpy.random.RandomState):
+        return value.get_state(legacy=False)
+    return None
+
+
+def same_state(a, b) -> bool:
+    """States as `object_state` gives them (tensors, and tuples, dicts and NumPy arrays nested)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_state, a, b))
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        return hasattr(b, "shape") and a.shape == b.shape and bool((a == b).all())
+    return type(a) is type(b) and a == b
