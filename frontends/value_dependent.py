@@ -34,6 +34,10 @@ _INSTEAD = {
     "_local_scalar_dense": "a tensor's value is read as a Python number (.item(), float(), "
                            "int(), bool(), .tolist()): keep it a tensor, or pass the number "
                            "to the model as a Python argument",
+    # Found by hunt61: a mixture of experts' load count, told to move out of the model.
+    "bincount": "counts have as many bins as the largest value says, even with minlength=: "
+                "count with a fixed number of bins, e.g. F.one_hot(idx, num_classes=n).sum(0), or "
+                "torch.zeros(n, dtype=torch.long).scatter_add_(0, idx, torch.ones_like(idx))",
 }
 _INSTEAD["masked_select"] = _INSTEAD["nonzero"]
 _OUTSIDE = ("compute it outside the module: return what it reads from the forward and call "

@@ -403,3 +403,35 @@ def test_checks_plan_under_cost_models_that_run_ops_on_drawn_values(how, cost_mo
     assert torch.equal(_step(eager, x), _step(scheduled, x))
     for a, b in zip(eager.parameters(), model.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+class _CountsLoad(torch.nn.Module):
+    """A mixture of experts' load count per expert, per `how`: `torch.bincount` (as many
+    bins as the largest index says), or the fixed-shape counts its refusal names."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.gate, self.how = torch.nn.Linear(6, 4), how
+
+    def forward(self, x):
+        scores = self.gate(x)
+        chosen = scores.argmax(-1)
+        if self.how == "bincount":
+            load = torch.bincount(chosen, minlength=4)
+        elif self.how == "one_hot":
+            load = torch.nn.functional.one_hot(chosen, num_classes=4).sum(0)
+        else:
+            load = torch.zeros(4, dtype=torch.long).scatter_add_(0, chosen, torch.ones_like(chosen))
+        return (scores.softmax(-1).mean(0) * load.float()).sum()
+
+
+def test_bincount_is_refused_naming_fixed_shape_counts_which_train_like_eager():
+    """Found by hunt61: told to move the count out of the model."""
+    from exactness import side_by_side
+
+    x = torch.randn(8, 6)
+    with pytest.raises(remat_ir.ir.RematIRError, match=r"aten.bincount.*F.one_hot\(idx, num_classes=n\).sum\(0\)"):
+        remat_ir.remat(_CountsLoad("bincount"), (x,), cost_model="flops")
+    for how in ("one_hot", "scatter_add"):
+        assert side_by_side(_CountsLoad(how), lambda m: remat_ir.remat(m, (x,), solver="recompute-all"), (x,), {},
+                            lambda loss: loss, tolerance=1e-30) == {}
