@@ -453,7 +453,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             outside_values.put_back([change for change, _ in counters])
             raise trace_effects_error(type(model).__name__, said + [text for _, text in counters])
         if not _same_program(_program(exported), first):
-            setup = _first_call_setup(assigned, modules)
+            setup = _first_call_setup(assigned, modules, before)
             if setup is not None and not outside_values.changes(outside, traced, computed_with=True):
                 # A first call's setup behind a flag it then sets (Glow's ActNorm:
                 # `if not self.inited: <initialise from the batch>; self.inited = True`):
@@ -462,6 +462,9 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
                 # reading it set, plans again. Refused before, as a counter (hunt61).
                 _put_back(model, assigned)
                 reads.take(before)
+                for path, key, _ in setup:   # as read: either value (`_as_left`) planned nothing again
+                    held = reads.modules[(path, key)]
+                    reads.modules[(path, key)] = held[ANY_OF][0] if isinstance(held, dict) and ANY_OF in held else held
                 reads.assigned_after = setup
                 return traced_first
             said = [f"it assigns module attribute {key!r} of {type(modules[path]).__name__} at "
@@ -477,14 +480,18 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     return exported
 
 
-def _first_call_setup(assigned: dict, modules: dict) -> list | None:
+def _first_call_setup(assigned: dict, modules: dict, reads: TracedReads) -> list | None:
     """[[module path, attribute, value]] of the plain values (bool, int, float, str, None)
     the forward assigned (`assigned`, as `_export` keeps it), which the runtime assigns
-    after a call; None where one is another kind of value, or on a module eager would not
-    find at that path."""
+    after a call; None where one is another kind of value, on a module eager would not
+    find at that path, or one whose read `reads` did not record: the next call would not
+    plan again for it (hunt62: a flag read by `getattr(self, "inited", False)` or
+    `self.__dict__.get`, absent before the first call, re-initialised at every step, 2.08
+    off eager, silently)."""
     setup = []
     for (path, key), (value, _, _) in sorted(assigned.items()):
-        if type(value) not in (bool, int, float, str, type(None)) or value != value or path not in modules:
+        if type(value) not in (bool, int, float, str, type(None)) or value != value or path not in modules \
+                or (path, key) not in reads.modules:
             return None
         setup.append([path, key, value])
     return setup

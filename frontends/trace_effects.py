@@ -574,6 +574,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     gradient that the model's code assigns to a public attribute of one of its modules is
     noted there (`stored_tensors`), and the traced forward returns it after its outputs."""
     python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
+    seed = torch.default_generator.initial_seed()
     attributes = _attribute_state(model)
     # The user's: held by a module of the user's, or of a class of the user's (a subclass
     # of accelerate's `ModelHook` that `add_hook_to_module` puts on a layer, counting its
@@ -745,8 +746,12 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             # Set by a call noted above, or moved by a draw tracing ran for real: one read as
             # a number (mixup's `Beta(a, a).sample().item()`: said as a state set before,
             # hunt61).
-            said = any(effect.startswith("it calls torch.") for effect in found)
+            # (`torch.default_generator.manual_seed(0)` sets a new seed: hunt62.)
+            said = any(effect.startswith("it calls torch.") for effect in found) or \
+                torch.default_generator.initial_seed() != seed
             found.append("it sets torch's generator state" if said else _DRAWN_FOR_REAL)
+            torch.set_rng_state(generator)
+            torch.default_generator.manual_seed(seed)
             torch.set_rng_state(generator)
         if random.getstate() != python:
             if _ranged_draws_alone(python, ranged):

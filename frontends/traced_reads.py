@@ -899,10 +899,19 @@ def _named_classes(code: types.CodeType, namespace: dict) -> list[type]:
     found by hunt60, a change of `Cfg.temp` after `remat` trained on with the traced
     value, silently."""
     strings = string_constants(code)
-    if not strings:
-        return []
+    if not strings or not _LOOKS_UP_BY_NAME & _all_names(code):
+        return []   # a string compared or logged names no class it hands over (hunt62: planned every step)
     spaces = [namespace, *(vars(value) for value in namespace.values() if isinstance(value, types.ModuleType))]
     return _users_classes(space[name] for space in spaces for name in strings & space.keys())
+
+
+#: The names code looks a global up by a string with.
+_LOOKS_UP_BY_NAME = frozenset({"globals", "getattr", "vars", "__dict__", "import_module", "modules"})
+
+
+def _all_names(code: types.CodeType) -> set[str]:
+    """The names `code` and the code nested in it load (globals, attributes, methods)."""
+    return set(code.co_names).union(*(_all_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 def _classes_handed(value, following: list) -> list[type]:

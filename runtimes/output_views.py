@@ -63,14 +63,17 @@ class Views:
 
 
 def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int],
-           unconditional: frozenset[int] = frozenset()) -> Views:
+           unconditional: frozenset[int] = frozenset(), hidden: int = 0) -> Views:
     """The views (`bases`: output position -> its base's, from the frontend's
     `torch.output_view_bases`) that can be taken again, with the view ops that make them
     from their bases: all views of a base, or none. Where autograd would add the base
     gradient's parts in another order than eager's (`_in_eagers_order`), they are taken
-    again on the condition `Views.unordered` states, unless one of the outputs concerned
-    is among `unconditional` (outputs whose gradients the outputs' node may not see: they
-    are not taken again, and refused once a loss reads them)."""
+    again on the condition `Views.unordered` states where their base is one of the last
+    `hidden` outputs (AOTAutograd's, not handed over: a gradient for it comes through the
+    views alone), unless one of the outputs concerned is among `unconditional` (outputs
+    whose gradients the outputs' node may not see). Else they are not taken again, and
+    refused once a loss reads them: a returned base's gradient may come from the loss
+    alone (`return y, y.t(), y.sin()` with a loss on `y + y.sin()`, refused so; hunt62)."""
     by_base: dict[int, dict[int, list[pb.Node]]] = {}
     for i, b in bases.items():
         chain = _chain(graph, user_outputs[b], user_outputs[i])
@@ -85,8 +88,8 @@ def chains(graph: Graph, user_outputs: list[int], bases: dict[int, int],
         if not _in_eagers_order(graph, user_outputs[b], replayed, order):
             reached = _reached(graph, _other_readers(graph, user_outputs[b], replayed), user_outputs)
             outside = frozenset([b, *views])
-            if (reached | outside) & unconditional:
-                continue   # a gradient of theirs may start the backward elsewhere: not checked
+            if (reached | outside) & unconditional or b < len(user_outputs) - hidden:
+                continue   # a gradient of theirs may start the backward elsewhere, or be the loss's
             unordered[b] = (outside, reached)
         ops.update(replayed)
         taken.update((i, b) for i in views)

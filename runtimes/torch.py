@@ -787,8 +787,12 @@ def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = N
         returned = iter(returned)
         made = tuple(_Output.apply(step, i, outputs_token, *tokens[i]) if i in own else next(returned)
                      for i in range(len(made) - 1 + len(own)))
-    made = output_views.take_again(made, runner.view_chains, runner.device)
-    return made[:len(made) - runner.hidden_outputs]
+    taken = output_views.take_again(made, runner.view_chains, runner.device)
+    node = step.outputs_node() if taken is not made and step.outputs_node is not None else None
+    if node is not None:   # the views the caller gets are watched (hunt62: `h.retain_grad()` saw None)
+        node.read_inside = [(i, weakref.ref(taken[i]) if taken[i] is not made[i] else ref)
+                            for i, ref in node.read_inside]
+    return taken[:len(taken) - runner.hidden_outputs]
 
 
 def _cast_groups(plan, routes: gradient_routes.Routes) -> list[list[int]]:
@@ -880,7 +884,8 @@ class _Runner:
         self.view_chains = output_views.chains(
             graph, self.plan.user_outputs, {i: position[str(bases[name])] for i, name in enumerate(names)
                                             if name in bases},
-            frozenset(self.routes.own_nodes) | frozenset(self.chain_routes.own_nodes))
+            frozenset(self.routes.own_nodes) | frozenset(self.chain_routes.own_nodes),
+            int(graph.proto.metadata.get("torch.hidden_outputs", "0")))
         #: The slots whose gradient goes to the block's autocast cast of them
         #: (`autocast_anchors`), grouped by the gradient group that finishes them and by
         #: the outputs that reach them (per routes): one autograd node per group casts them

@@ -84,3 +84,36 @@ class _Toggles(torch.nn.Module):
 def test_a_flag_flipped_at_every_call_is_still_refused():
     with pytest.raises(LoweringError, match=r"assigns module attribute 'odd'"):
         remat_ir.remat(_Toggles(), (torch.randn(2, 4),), solver="recompute-all")
+
+
+class _FlagAbsentFirst(torch.nn.Module):
+    """The flag does not exist before the first call, read per `how`."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.loc, self.how = torch.nn.Parameter(torch.zeros(1, 3, 1, 1)), how
+
+    def forward(self, x):
+        inited = {"getattr": lambda: getattr(self, "_inited", False), "hasattr": lambda: hasattr(self, "_inited"),
+                  "__dict__": lambda: self.__dict__.get("_inited")}[self.how]()
+        if not inited:
+            with torch.no_grad():
+                self.loc.copy_(-x.mean((0, 2, 3), keepdim=True))
+            self._inited = True
+        return (x + self.loc).square().sum()
+
+
+@pytest.mark.parametrize("how", ["getattr", "hasattr"])
+def test_a_flag_absent_before_the_first_call_trains_like_eager(how):
+    """Found by hunt62: its read was recorded as either value, so no call planned again,
+    and every step initialised again from its batch (2.08 off eager, silently)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4)
+    assert side_by_side(_FlagAbsentFirst(how), lambda m: remat_ir.remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss, steps=3, tolerance=1e-30) == {}
+
+
+def test_a_flag_read_where_no_read_is_recorded_is_still_refused():
+    """`self.__dict__.get`: no read the runtime compares, so no call would plan again."""
+    with pytest.raises(LoweringError, match=r"assigns module attribute '_inited'"):
+        remat_ir.remat(_FlagAbsentFirst("__dict__"), (torch.randn(2, 3, 4, 4),), solver="recompute-all")

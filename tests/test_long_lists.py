@@ -185,3 +185,58 @@ def test_a_hooks_long_list_of_configs_changed_after_lowering_is_planned_for(laye
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda y: y.square().mean(), tolerance=1e-30) == {}
     hook.configs[0].t = 2.0
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda y: y.square().mean(), tolerance=1e-30) == {}
+
+
+_Pair = __import__("collections").namedtuple("_Pair", "lr momentum")
+
+
+@dataclasses.dataclass(slots=True)
+class _Slotted:
+    lr: float = 1.0
+
+
+class _Lr(float):
+    """A tagged hyper-parameter: a float subclass."""
+
+
+class _ReadsLongOfKinds(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.fc, self.kind = torch.nn.Linear(6, 3), kind
+        self.items = {"named tuples": lambda: [_Pair(1.0, 0.9) for _ in range(_LENGTH)],
+                      "slotted configs": lambda: [_Slotted() for _ in range(_LENGTH)],
+                      "tuple of names": lambda: tuple(f"act{i}" for i in range(_LENGTH)),
+                      "float subclass": lambda: _Lr(1.0)}[kind]()
+
+    def forward(self, x):
+        if self.kind == "float subclass":
+            return (self.fc(x) * self.items).square().mean()
+        if self.kind == "tuple of names":
+            return (self.fc(x) * len(self.items[3])).square().mean()
+        return (self.fc(x) * self.items[5].lr).square().mean()
+
+
+@pytest.mark.parametrize("kind", ["named tuples", "slotted configs", "float subclass"])
+def test_long_containers_of_named_tuples_and_slotted_objects_and_float_subclasses_are_compared(kind):
+    """Found by hunt62: each changed after lowering trained on with the traced value."""
+    torch.manual_seed(0)
+    model, x = _ReadsLongOfKinds(kind), torch.randn(5, 6)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    scheduled(x).backward()
+    model.zero_grad()
+    if kind == "named tuples":
+        model.items[5] = _Pair(3.0, 0.9)
+    elif kind == "slotted configs":
+        model.items[5].lr = 3.0
+    else:
+        model.items = _Lr(3.0)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
+def test_a_long_tuple_of_names_plans_once(capsys):
+    """Found by hunt62: digested as a tuple when lowered and as a list at the call, it
+    never matched, and the first call raised."""
+    model, x = _ReadsLongOfKinds("tuple of names"), torch.randn(5, 6)
+    assert side_by_side(model, lambda m: remat_ir.remat(m, (x,), cost_model="flops", solver="recompute-all"),
+                        (x,), {}, lambda loss: loss, steps=3, tolerance=1e-30) == {}
+    assert "planning again" not in capsys.readouterr().err

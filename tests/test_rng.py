@@ -638,3 +638,19 @@ def test_draws_given_the_default_generator_by_name_train_like_eager(solver):
     x = torch.randn(4, 6)
     assert side_by_side(_NamesTheDefaultGenerator(), lambda m: remat_ir.remat(m, (x,), solver=solver), (x,), {},
                         lambda y: y.square().sum(), tolerance=1e-30) == {}
+
+
+class _Reseeds(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        torch.default_generator.manual_seed(0)
+        return self.linear(x).square().mean()
+
+
+def test_a_forward_reseeding_the_default_generator_is_refused_as_setting_its_state():
+    """Found by hunt62: said as a draw read as a number for a while."""
+    with pytest.raises(LoweringError, match=r"it sets torch's generator state"):
+        remat_ir.remat(_Reseeds(), (torch.randn(3, 4),), cost_model="flops")

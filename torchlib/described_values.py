@@ -66,7 +66,9 @@ def values_digest(container) -> str | None:
             container = list(container.values())
         else:
             container = dict(container)
-    if not isinstance(container, (list, tuple, dict)) or len(container) > DIGESTED_AT_MOST:
+    elif isinstance(container, (list, tuple)):   # as the runtime sees it by index (hunt62: a tuple never matched)
+        container = list(container)
+    if not isinstance(container, (list, dict)) or len(container) > DIGESTED_AT_MOST:
         return None
     kinds = set(map(type, container.values() if isinstance(container, dict) else container))
     if types.ModuleType in kinds:   # a namespace (`sys.modules[__name__]`), which grows at every import
@@ -87,7 +89,7 @@ def values_digest(container) -> str | None:
         text = repr(container).encode("utf-8", "surrogatepass")
     else:
         parts: list[str] = []
-        if not _digest_text(container, parts, [DIGESTED_AT_MOST], 0):
+        if not _digest_text(container, parts, [_OBJECTS_DIGESTED_AT_MOST], 0):
             return None
         text = "".join(parts).encode("utf-8", "surrogatepass")
     return f"{len(container)} items #{hashlib.blake2b(text, digest_size=16).hexdigest()}"
@@ -95,6 +97,9 @@ def values_digest(container) -> str | None:
 
 #: How deep `_digest_text` follows containers and objects inside a digested container.
 _DIGEST_DEPTH = 4
+#: The most values `_digest_text` visits: a dict of 2,000 small objects cost a step 11 ms
+#: (hunt62); a container holding more is not compared.
+_OBJECTS_DIGESTED_AT_MOST = 2048
 _PLAIN_LEAVES = frozenset((bool, int, float, str, type(None)))
 _BUILTIN_CONTAINERS = frozenset((list, tuple, dict))
 
@@ -124,6 +129,13 @@ def _plain_tree(container) -> bool | None:
     return False
 
 
+def _slots(kind: type) -> tuple[str, ...]:
+    """The names the `__slots__` of `kind` and its bases give (no `__dict__`, `__weakref__`)."""
+    return tuple(name for klass in kind.__mro__ for name in (
+        (klass.__dict__.get("__slots__", ()),) if isinstance(klass.__dict__.get("__slots__", ()), str)
+        else klass.__dict__.get("__slots__", ())) if name not in ("__dict__", "__weakref__"))
+
+
 def _digest_text(value, parts: list, budget: list, depth: int) -> bool:
     """Append to `parts` a text that tells `value` from any other a forward could compute
     otherwise with: plain values with their type (1, 1.0 and True are equal, and compute
@@ -137,16 +149,22 @@ def _digest_text(value, parts: list, budget: list, depth: int) -> bool:
     if kind in _PLAIN_LEAVES:   # its repr tells 1, 1.0, True and "1" apart
         parts.append(repr(value))
         return True
-    if kind in _BUILTIN_CONTAINERS and depth < _DIGEST_DEPTH:
-        parts.append(f"{kind.__name__}{len(value)}(")
-        for key, item in (value.items() if kind is dict else enumerate(value)):
-            if kind is dict and not _digest_text(key, parts, budget, depth + 1):
+    if isinstance(value, (bool, int, float, str)) and not isinstance(value, enum.Enum):
+        # A subclass's value (`class Lr(float)`), with its class: its `__dict__` is empty.
+        parts.append(f"{kind.__qualname__}({value!r})")
+        return True
+    if isinstance(value, (list, tuple, dict)) and depth < _DIGEST_DEPTH:   # a named tuple's class too
+        parts.append(f"{kind.__qualname__}{len(value)}(")
+        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+            if isinstance(value, dict) and not _digest_text(key, parts, budget, depth + 1):
                 return False
             if not _digest_text(item, parts, budget, depth + 1):
                 return False
         parts.append(")")
         return True
     state = getattr(value, "__dict__", None)
+    if type(state) is not dict and _slots(kind):   # `@dataclass(slots=True)` (hunt62)
+        state = {name: getattr(value, name) for name in _slots(kind) if hasattr(value, name)}
     if type(state) is dict and depth < _DIGEST_DEPTH and not callable(value) \
             and not isinstance(value, (enum.Enum, torch.Tensor, type, types.ModuleType)):
         parts.append(f"object:{kind.__module__}.{kind.__qualname__}(")
@@ -193,6 +211,12 @@ def described(value) -> str | None:
     if isinstance(value, enum.Enum):
         kind = type(value)
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+    if isinstance(value, (int, float, str)) and type(value) not in (bool, int, float, str):
+        # A subclass's value (`class Lr(float)`), by it and its class: an object's empty
+        # `__dict__` showed no change (hunt62: `m.f = Lr(2.0)` trained on with 1.0, silently).
+        base = next(b for b in (int, float, str) if isinstance(value, b))
+        kind = type(value)
+        return f"{kind.__module__}.{kind.__qualname__}({base.__repr__(value)})"
     if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"torch.ops.{value}"   # an op held in a table (`OPS["act"] = torch.ops.aten.tanh`)
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
