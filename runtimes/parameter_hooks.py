@@ -20,7 +20,7 @@ import types
 import torch
 
 from remat_ir.ir import RematIRError
-from remat_ir.torchlib.callables import filled
+from remat_ir.torchlib.callables import describes_captured, filled
 from remat_ir.torchlib.generators import object_state, same_state
 
 #: Whether a step's backward is handing gradients over: autograd runs hooks on its own
@@ -86,13 +86,18 @@ def _own_generators(hook, depth: int = 0) -> list:
         values += list(getattr(function.__self__, "__dict__", {}).values())
         function = function.__func__
     code = getattr(function, "__code__", None)
+    if code is not None and depth and not describes_captured(function, code):
+        return []   # a library's function: its generators are not the user's (and torch's globals are many)
     if code is not None:
         values += [cell.cell_contents for cell in function.__closure__ or () if filled(cell)]
         values += list(function.__defaults__ or ())
         values += [function.__globals__[name] for name in code.co_names if name in function.__globals__]
     # And the generators the objects among those hold as attributes (`self.gen` of a
-    # module whose method the hook calls, `cfg.gen`: hunt60).
-    values += [held for value in values if hasattr(value, "__dict__") and not isinstance(value, type)
+    # module whose method the hook calls, `cfg.gen`: hunt60). Not a Python module's nor a
+    # class's: the `torch` a hook names held thousands, and an optimizer step in the hooks
+    # took 260 s at the first call (found timing the suite).
+    values += [held for value in values if hasattr(value, "__dict__")
+               and not isinstance(value, (type, types.ModuleType))
                and not callable(getattr(value, "__dict__", None)) for held in list(vars(value).values())]
     found = [value for value in values if object_state(value) is not None]
     if depth < 2:
