@@ -743,15 +743,13 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                        warning.lineno)
         if not torch.equal(torch.get_rng_state(), generator):
-            # Set by a call noted above, or moved by a draw tracing ran for real: one read as
-            # a number (mixup's `Beta(a, a).sample().item()`: said as a state set before,
-            # hunt61).
-            # (`torch.default_generator.manual_seed(0)` sets a new seed: hunt62.)
+            # Set by a call noted above or a new seed (`torch.default_generator.manual_seed(0)`:
+            # hunt62), else moved by a draw tracing ran for real: one read as a number (mixup's
+            # `Beta(a, a).sample().item()`: said as a state set before, hunt61).
             said = any(effect.startswith("it calls torch.") for effect in found) or \
                 torch.default_generator.initial_seed() != seed
             found.append("it sets torch's generator state" if said else _DRAWN_FOR_REAL)
-            torch.set_rng_state(generator)
-            torch.default_generator.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)   # its seed, then its state, as they were
             torch.set_rng_state(generator)
         if random.getstate() != python:
             if _ranged_draws_alone(python, ranged):

@@ -19,20 +19,24 @@ Views of one tensor the forward does not return (`return y[:, :4], y[:, 4:]`; Al
 graph returns as a hidden user output (the last ones, `torch.hidden_outputs`) that the
 runtime does not hand over, as AOTAutograd's wrapper does.
 
-Taken again, but refused once a backward gets gradients both through them and through
-the forward's other readers (`Views.unordered`, checked by `runtimes/torch.py:
-_Outputs.backward`): a view of an output the model also reads itself after taking the
-view (`y.t()`, then `y.sin()`): the output's gradient then has parts from the loss, from
-the view and from inside the graph, which the graph adds after autograd has added the
-first two, where eager's engine adds the later reader's first (1e-7 off; `return y, y.t(),
-y.sin()` was taken again and trained so, silently, until 2026-12-04); and a view whose own
-result the forward reads otherwise (`return h, h[:, 0], h.mean(1)`, h a Linear's 3-d
-result: a view of its 2-d one). A loss reading only the views (the last hidden state),
-or only the other readers' results, trains as eager: the graph adds nothing to what
-autograd handed it, or autograd hands nothing (hunt59 found that loss refused). Not taken
-again, so refused once a loss reads it: a view the graph reaches otherwise than by view
-ops of one tensor each from the base. A reader made before the views adds its part
-after theirs in eager too: taken again unconditionally (`_in_eagers_order`).
+Where autograd would add the base gradient's parts in another order than eager's
+(`_in_eagers_order`): a view of a tensor the model also reads after taking the view
+(`y.t()`, then `y.sin()`): the tensor's gradient then has parts from the loss, from the
+view and from inside the graph, which the graph adds after autograd has added the first
+two, where eager's engine adds the later reader's first (1e-7 off; `return y, y.t(),
+y.sin()` was taken again and trained so, silently, until 2026-12-04); and a view whose
+own result the forward reads otherwise (`return h, h[:, 0], h.mean(1)`, h a Linear's 3-d
+result: a view of its 2-d one). Views of a tensor the model returns are then not taken
+again, and refused once a loss reads one (`runtimes/torch.py: _Outputs.backward`): the
+base's gradient may come from the loss itself. Views of a hidden base are taken again,
+and a backward is refused only where it gets gradients both through them and through
+the outputs the other readers reach (`Views.unordered`): a loss reading only the views
+(the last hidden state), or only the other readers' results, trains as eager, the graph
+adding nothing to what autograd handed it, or autograd handing nothing (hunt59 found
+that loss refused). Not taken again either, so refused once a loss reads it: a view the
+graph reaches otherwise than by view ops of one tensor each from the base. A reader
+made before the views adds its part after theirs in eager too: taken again
+unconditionally.
 """
 
 from __future__ import annotations

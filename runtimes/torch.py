@@ -552,8 +552,9 @@ class _Outputs(torch.autograd.Function):
                 raise RematIRError(f"{message} (the loss reads it)")
         for outside, inside in ctx.step.runner.view_chains.unordered.values():
             if any(given.get(i) is not None for i in outside) and any(given.get(i) is not None for i in inside):
-                view = min(i for i in outside if i in ctx.aliased)
-                raise RematIRError(f"{ctx.aliased[view]} (the loss reads both)")
+                said = next((ctx.aliased[i] for i in sorted(outside) if i in ctx.aliased),
+                            "the model returns views of a tensor its forward reads after making them")
+                raise RematIRError(f"{said} (the loss reads both)")
         _refuse_watched_outputs_read_inside(ctx.read_inside)
         step = ctx.step
         step.begin(ctx, given, ctx.key)

@@ -17,8 +17,8 @@ import sys
 import types
 
 from .callables import (ANY_DEPTH, CAPTURED_DEPTH, HELD_DEPTH, HELD_ITEMS, any_attributes, attributes_of,
-                        bound_names, calling, captured_functions, class_held, class_values, config_like, described_defaults,
-                        describes_captured, exec_globals, filled as _filled,
+                        bound_names, calling, captured_functions, class_held, class_values, config_like,
+                        described_defaults, describes_captured, exec_globals, filled as _filled,
                         is_function, names_reading, nested_owner, objects_held, owner_names, plain_container,
                         plain_owner, read_attributes, read_names, whole_read)
 from .described_values import values_digest
