@@ -864,7 +864,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
                     _record_method(reads, path, module, name)
             elif is_model_file(code.co_filename) and code in reachable:
                 functions_called(code, function.__globals__)
-    _record_class_attributes(model, reads, named)
+    classes.update(_record_class_attributes(model, reads, named))
     _record_reached_classes(reads, classes, looked_up)
 
 
@@ -1069,14 +1069,17 @@ def _names_looked_up(code: types.CodeType) -> set[str]:
     return _attribute_names(code) | string_constants(code)
 
 
-def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: dict[type, set[str]]) -> None:
+def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: dict[type, set[str]]) -> list[type]:
     """Record the plain class attributes of the user's module classes that their code
     names, as attributes of the module's `__class__`: `type(self).T` and
     `self.__class__.T` do not go through the module's `__getattribute__`, so a class
     constant changed after `remat` (`Model.T = 0.5`) trained on with the value traced,
     silently. Found by name in the methods' code (an attribute of another object with
     that name is compared for nothing but a replanning; `named`: per module class, the
-    names its methods in the user's files look up)."""
+    names its methods in the user's files look up). Returns the user's classes among those
+    values (`Inner = Cfg` in the class body, read as `type(self).Inner.temp`: hunt62), whose
+    own values `_record_reached_classes` records."""
+    found: list[type] = []
     for path, module in model.named_modules():
         cls = type(module)
         own = own_classes(cls)
@@ -1093,6 +1096,8 @@ def _record_class_attributes(model: torch.nn.Module, reads: TracedReads, named: 
             # traced value, 0.65 off eager's gradients, silently.
             if (form := _class_value_form(vars(klass)[name])) is not UNRECORDED:
                 reads.objects.setdefault((path, "__class__", name), form)
+            found += classes_within(vars(klass)[name])
+    return found
 
 
 def _attribute_names(code: types.CodeType) -> set[str]:

@@ -176,7 +176,15 @@ class _ByModuleGetattr(_Reaches):
         return (self.fc(x) * getattr(sys.modules[__name__], "_Kept").t).square().mean()
 
 
-@pytest.mark.parametrize("how", [_ByClosure, _ByPartial, _ByTable, _ByHeldObject, _ByGlobalsName, _ByModuleGetattr])
+class _ByClassBody(_Reaches):
+    inner = _Kept
+
+    def forward(self, x):
+        return (self.fc(x) * type(self).inner.t).square().mean()
+
+
+@pytest.mark.parametrize("how", [_ByClosure, _ByPartial, _ByTable, _ByHeldObject, _ByGlobalsName, _ByModuleGetattr,
+                                 _ByClassBody])
 def test_a_class_reached_through_what_a_module_holds_or_by_its_name_is_planned_for(how, capsys):
     """Found by hunt60: `_Kept.t = 3.0` after `remat` trained on with the traced value,
     1.74 off eager's loss, silently."""
