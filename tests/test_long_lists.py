@@ -48,6 +48,15 @@ class _ReadsSchedule(torch.nn.Module):
         return h.square().mean()
 
 
+def _stepped_once(model: torch.nn.Module, x: torch.Tensor):
+    """`model` scheduled by `remat`, one step taken with it (its gradients cleared): the
+    value a test changes next is read by a graph already in use."""
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    scheduled(x).backward()
+    model.zero_grad()
+    return scheduled
+
+
 def _schedule_of(model: _ReadsSchedule) -> list:
     return {"global": _SCHEDULE, "global's attribute": _SETTINGS.schedule, "global passed along": _SETTINGS.schedule,
             "module attribute": model.schedule, "held object's attribute": model.settings.schedule}[model.where]
@@ -62,9 +71,7 @@ def test_one_number_of_a_long_list_changed_after_lowering_is_planned_for(where, 
     try:
         torch.manual_seed(0)
         model, x = _ReadsSchedule(where), torch.randn(5, 6)
-        scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-        scheduled(x).backward()
-        model.zero_grad()
+        scheduled = _stepped_once(model, x)
         capsys.readouterr()
         _schedule_of(model)[3] = value
         assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
@@ -146,9 +153,7 @@ def test_one_item_of_a_long_container_changed_after_lowering_is_planned_for(kind
     try:
         torch.manual_seed(0)
         model, x = _ReadsLongContainer(kind), torch.randn(5, 6)
-        scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-        scheduled(x).backward()
-        model.zero_grad()
+        scheduled = _stepped_once(model, x)
         capsys.readouterr()
         _change(model, 3.0)
         assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
@@ -221,9 +226,7 @@ def test_long_containers_of_named_tuples_and_slotted_objects_and_float_subclasse
     """Found by hunt62: each changed after lowering trained on with the traced value."""
     torch.manual_seed(0)
     model, x = _ReadsLongOfKinds(kind), torch.randn(5, 6)
-    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
-    scheduled(x).backward()
-    model.zero_grad()
+    scheduled = _stepped_once(model, x)
     if kind == "named tuples":
         model.items[5] = _Pair(3.0, 0.9)
     elif kind == "slotted configs":
