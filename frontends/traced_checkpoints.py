@@ -31,11 +31,17 @@ line of the checkpoint, with what to do (the ops are seen at the fake tensors' d
 - A block drawing from Python's random generator (LayerDrop at 0.0 draws and compares):
   eager's backward draws again, the checkpoint restoring torch's generator only, so every
   Python draw after the step differed from eager's (found by a review).
+- A block whose function reads a variable the forward binds again after the call: a
+  `lambda t: blk(t)` in a loop over blocks sees the loop variable's last value when eager's
+  backward calls it again, so every block was recomputed with the last one's weights (the
+  gradients 3.1 off those of the loss eager returned, with no error in eager either: found
+  by a review). Refused at the end of lowering, naming the variable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import traceback
 from dataclasses import dataclass, field
@@ -70,6 +76,28 @@ class _Block:
     read: list = field(default_factory=list)
     read_storages: set = field(default_factory=set)
     drawn_in_python: bool = False
+    #: The function's free variables and what each held at the call (`_closure`).
+    closure: dict = field(default_factory=dict)
+
+    def rebound(self) -> str | None:
+        """The refusal of a block whose function's free variable now holds another value
+        than at the call (module docstring), or None."""
+        for name, (cell, value) in self.closure.items():
+            try:
+                now = cell.cell_contents
+            except ValueError:   # emptied (`del`): eager's backward would raise
+                now = cell
+            if now is value or (type(now) is type(value) and isinstance(value, (int, float, str))
+                                and now == value):
+                continue
+            return (f"torch.utils.checkpoint at {self.line or 'a line of the model'} calls a function "
+                    f"reading `{name}`, which the forward binds again after the call (a lambda or inner "
+                    f"function in a loop sees the loop variable's last value): eager's backward calls "
+                    f"it again with `{name}`'s new value, so it computes another block than the "
+                    f"forward did and its gradients are not of the loss it returned, where a remat-ir "
+                    f"step computes the forward's. Bind the value at the call (`lambda t, {name}={name}: "
+                    f"...`, or functools.partial), or {_INSTEAD}")
+        return None
 
     def refusal(self) -> str | None:
         where = self.line or "a line of the model"
@@ -94,6 +122,20 @@ class _Block:
         return None
 
 
+def _closure(fn) -> dict:
+    """`fn`'s free variables (through partials) and their cells with what each holds now."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    found = {}
+    for name, cell in zip(code.co_freevars if code is not None else (), cells):
+        try:
+            found[name] = (cell, cell.cell_contents)
+        except ValueError:   # not yet bound
+            continue
+    return found
+
+
 def _storages(value) -> set:
     return {StorageWeakRef(leaf.untyped_storage()) for leaf in pytree.tree_leaves(value)
             if isinstance(leaf, torch.Tensor)}
@@ -112,7 +154,8 @@ def checkpoints_traced_plain():
         forward_context, _ = context_fn()
         if isinstance(forward_context, TorchDispatchMode):
             forward_context = contextlib.nullcontext()
-        return plain(_Block(model_line(traceback.extract_stack()), preserve_rng_state), forward_context)
+        block = _Block(model_line(traceback.extract_stack()), preserve_rng_state, closure=_closure(fn))
+        return plain(block, forward_context)
 
     def plain(block, forward_context):
         blocks.append(block)
@@ -178,3 +221,6 @@ def checkpoints_traced_plain():
         checkpointing._checkpoint_without_reentrant_generator = original
     if late:
         raise LoweringError(late[0])
+    for block in closed:
+        if refusal := block.rebound():
+            raise LoweringError(refusal)
