@@ -897,16 +897,20 @@ def _named_classes(code: types.CodeType, namespace: dict) -> list[type]:
     """The user's classes the strings of `code` name among the globals it reaches
     (`globals()["Cfg"]`, `getattr(sys.modules[__name__], "Cfg")`, `getattr(cfgmod, "Cfg")`):
     found by hunt60, a change of `Cfg.temp` after `remat` trained on with the traced
-    value, silently."""
-    strings = string_constants(code)
-    if not strings or not _LOOKS_UP_BY_NAME & _all_names(code):
+    value, silently. In code that looks a module up at run time, its attribute names too
+    (`importlib.import_module(__name__).Cfg`, `sys.modules[__name__].Cfg`; hunt62)."""
+    names = _all_names(code)
+    if not _LOOKS_UP_BY_NAME & names:
         return []   # a string compared or logged names no class it hands over (hunt62: planned every step)
+    strings = string_constants(code) | (names if _LOOKS_UP_MODULES & names else set())
     spaces = [namespace, *(vars(value) for value in namespace.values() if isinstance(value, types.ModuleType))]
     return _users_classes(space[name] for space in spaces for name in strings & space.keys())
 
 
 #: The names code looks a global up by a string with.
 _LOOKS_UP_BY_NAME = frozenset({"globals", "getattr", "vars", "__dict__", "import_module", "modules"})
+#: The names code looks a module up at run time with.
+_LOOKS_UP_MODULES = frozenset({"import_module", "modules"})
 
 
 def _all_names(code: types.CodeType) -> set[str]:

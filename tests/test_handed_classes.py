@@ -176,6 +176,13 @@ class _ByModuleGetattr(_Reaches):
         return (self.fc(x) * getattr(sys.modules[__name__], "_Kept").t).square().mean()
 
 
+class _ByImportModule(_Reaches):
+    def forward(self, x):
+        import importlib
+
+        return (self.fc(x) * importlib.import_module(__name__)._Kept.t).square().mean()
+
+
 class _ByClassBody(_Reaches):
     inner = _Kept
 
@@ -184,7 +191,7 @@ class _ByClassBody(_Reaches):
 
 
 @pytest.mark.parametrize("how", [_ByClosure, _ByPartial, _ByTable, _ByHeldObject, _ByGlobalsName, _ByModuleGetattr,
-                                 _ByClassBody])
+                                 _ByImportModule, _ByClassBody])
 def test_a_class_reached_through_what_a_module_holds_or_by_its_name_is_planned_for(how, capsys):
     """Found by hunt60: `_Kept.t = 3.0` after `remat` trained on with the traced value,
     1.74 off eager's loss, silently."""

@@ -8,6 +8,7 @@ their bits."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 
 import pytest
@@ -243,3 +244,37 @@ def test_a_long_tuple_of_names_plans_once(capsys):
     assert side_by_side(model, lambda m: remat_ir.remat(m, (x,), cost_model="flops", solver="recompute-all"),
                         (x,), {}, lambda loss: loss, steps=3, tolerance=1e-30) == {}
     assert "planning again" not in capsys.readouterr().err
+
+
+def _times(k: float):
+    return lambda h: h * k
+
+
+_FUNCTIONS = [_times(1.0) for _ in range(_LENGTH)]
+
+
+class _PicksAFunction(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.i = torch.nn.Linear(6, 3), 7
+
+    def forward(self, x):
+        return _FUNCTIONS[self.i](self.fc(x)).square().mean()
+
+
+@pytest.mark.parametrize("replacement", ["closure", "partial", "builtin"])
+def test_a_function_of_a_long_list_replaced_after_lowering_is_planned_for(replacement, capsys):
+    """Found by hunt62: a list of 300 functions the forward picks from by index, one
+    replaced after `remat` (another closure's value, a partial, a builtin), trained on with
+    the traced function, silently."""
+    try:
+        torch.manual_seed(0)
+        model, x = _PicksAFunction(), torch.randn(5, 6)
+        scheduled = _stepped_once(model, x)
+        capsys.readouterr()
+        _FUNCTIONS[7] = {"closure": _times(3.0), "partial": functools.partial(torch.mul, other=3.0),
+                         "builtin": torch.tanh}[replacement]
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert f"{_LENGTH} items #" in capsys.readouterr().err
+    finally:
+        _FUNCTIONS[7] = _times(1.0)

@@ -14,6 +14,7 @@ import collections.abc
 import decimal
 import enum
 import fractions
+import functools
 import hashlib
 import sys
 import types
@@ -60,7 +61,9 @@ def values_digest(container) -> str | None:
     past 2**53 are not doubles), about 0.3 ms for 2,000 of them; anything else by
     `_digest_text`. A dict whose keys are 0, 1, ... in order digests as the list of its
     values (the runtime sees a list's items by index). Tensors, functions and modules
-    inside are not part of it: elsewhere they are compared apart, or not at all."""
+    inside are not part of it: elsewhere they are compared apart, or not at all. Python
+    functions and partials are, by their code and what their closure, defaults and
+    arguments hold (`_function_text`), and builtin functions by their names."""
     if isinstance(container, collections.abc.Mapping):
         if all(type(key) is int and key == at for at, key in enumerate(container)):
             container = list(container.values())
@@ -162,6 +165,13 @@ def _digest_text(value, parts: list, budget: list, depth: int) -> bool:
                 return False
         parts.append(")")
         return True
+    if kind in (types.FunctionType, functools.partial) and depth < _DIGEST_DEPTH:
+        return _function_text(value, parts, budget, depth)
+    if kind is types.BuiltinFunctionType:   # `torch.tanh`, `math.exp`, a bound builtin method
+        owner = getattr(value, "__self__", None)
+        place = getattr(value, "__module__", None) or type(owner).__qualname__
+        parts.append(f"builtin:{place}.{value.__qualname__};")
+        return True
     state = getattr(value, "__dict__", None)
     if type(state) is not dict and _slots(kind):   # `@dataclass(slots=True)` (hunt62)
         state = {name: getattr(value, name) for name in _slots(kind) if hasattr(value, name)}
@@ -183,6 +193,39 @@ def _digest_text(value, parts: list, budget: list, depth: int) -> bool:
         return True
     parts.append("?;")
     return True
+
+
+def _function_text(value, parts: list, budget: list, depth: int) -> bool:
+    """`_digest_text` of a Python function (its name, its code, what its closure and
+    defaults hold) or a partial (its function, arguments and keywords). Found by hunt62: a
+    list of 300 functions the forward picks from by index (`FUNCS[self.i](h)`), one
+    replaced after `remat`, trained on with the traced one, silently."""
+    if isinstance(value, functools.partial):
+        parts.append("partial(")
+        held = [value.func, *value.args, *sorted(value.keywords.items())]
+    else:
+        parts.append(f"function:{value.__module__}.{value.__qualname__}:{_code_digest(value.__code__)}(")
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(cell.cell_contents)
+            except ValueError:   # not bound yet
+                cells.append(None)
+        held = [*cells, *(value.__defaults__ or ()), *sorted((value.__kwdefaults__ or {}).items())]
+    for item in held:
+        if not _digest_text(item, parts, budget, depth + 1):
+            return False
+    parts.append(")")
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_digest(code: types.CodeType) -> str:
+    """A digest of what `code` does, the same in every process: its bytecode, names and
+    constants, nested code by its own digest (a code object's repr holds its address)."""
+    consts = [_code_digest(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    text = repr((code.co_names, code.co_varnames, code.co_freevars, consts)).encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(code.co_code + text, digest_size=12).hexdigest()
 
 
 def tensor_like(shape, dtype: torch.dtype, device) -> dict:
