@@ -30,6 +30,13 @@ from remat_ir.torchlib.types import sdpa_flags
 from .model_lines import is_model_file
 
 
+#: The attention op as a forward calls it: the function, or ATen's op itself (hunt57:
+#: `torch.ops.aten.scaled_dot_product_attention(q, k, v)` under the forward's
+#: `sdpa_kernel(MATH)` ran the call's kernel, 3.7e-9 off eager's gradients, silently).
+_ATTENTION = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention,
+              torch.ops.aten.scaled_dot_product_attention.default)
+
+
 class _OwnKernels(TorchFunctionMode):
     """Decomposes `scaled_dot_product_attention` where the forward allows other kernels
     than `caller` (`sdpa_flags` at the start of the call); notes in `found` such an op
@@ -41,7 +48,7 @@ class _OwnKernels(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention or sdpa_flags() == self.caller:
+        if func not in _ATTENTION or sdpa_flags() == self.caller:
             return func(*args, **kwargs)
         device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
         if torch.is_autocast_enabled(device):

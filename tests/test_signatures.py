@@ -181,7 +181,8 @@ def test_a_call_under_other_attention_kernels_is_planned_for_them(lowered_under,
 
 class _OwnKernelAttention(torch.nn.Module):
     """Picks SDPA's math kernel for its attention itself (diffusers' `_native_math`
-    attention backend), with a dropout or a boolean mask as `how` says."""
+    attention backend), with a dropout or a boolean mask as `how` says, or as ATen's op
+    itself ("aten")."""
 
     def __init__(self, how: str, kernels=SDPBackend.MATH):
         super().__init__()
@@ -192,17 +193,19 @@ class _OwnKernelAttention(torch.nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
         mask = torch.ones(t, t, dtype=torch.bool).tril() if self.how == "mask" else None
+        attention = torch.ops.aten.scaled_dot_product_attention if self.how == "aten" else \
+            F.scaled_dot_product_attention
         with sdpa_kernel(self.kernels):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.how == "causal",
-                                               dropout_p=0.2 if self.how == "dropout" else 0.0)
+            y = attention(q, k, v, attn_mask=mask, is_causal=self.how == "causal",
+                          dropout_p=0.2 if self.how == "dropout" else 0.0)
         return self.out(y.transpose(1, 2).reshape(b, t, d)).square().mean()
 
 
-@pytest.mark.parametrize("how", ["causal", "mask", "dropout"])
+@pytest.mark.parametrize("how", ["causal", "mask", "dropout", "aten"])
 def test_attention_kernels_a_forward_picks_for_itself_train_as_eagers(how):
     """Found by hunt55: `with sdpa_kernel(SDPBackend.MATH):` inside the forward, the graph
     ran the kernel AOTAutograd picked after the block had ended (the CPU flash one), and
-    every gradient was 3.7e-9 off eager's, silently. Loss, gradients and generator state
+    every gradient was 3.7e-9 off eager's, silently (hunt57: ATen's op called directly). Loss, gradients and generator state
     bitwise eager's over 3 steps."""
     torch.manual_seed(0)
     model, x = _OwnKernelAttention(how), torch.randn(4, 16, 32)
