@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import contextlib
+import random
+import sys
 
 import torch
 
@@ -70,6 +72,20 @@ def custom_op_draws(target: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
     return _CUSTOM_DRAWS[key]
 
 
+def opaque_custom_op(target) -> bool:
+    """Whether `target` is a custom op of the user's or of a library (`torch.library`, not
+    PyTorch's own nor a preserved custom Function's, whose forward lowering checks): its
+    kernel is code remat-ir cannot see into, which may draw from NumPy's or Python's
+    generator or from a generator of its own, draw only for some values of its inputs, or
+    count its calls (hunt63: recomputed in the backward, each drew or counted again,
+    gradients 3.5e-3 to 1.0e-1 off eager's, the generators elsewhere, silently). Such an
+    op is computed once per step, as eager computes it, and never recomputed
+    (`Node.non_recomputable`), as torch.compile's partitioner bans recomputing ops not in
+    its allowlist."""
+    return isinstance(target, torch._ops.OpOverload) and target.namespace not in _TAGGED_NAMESPACES \
+        and target._schema.name not in _FUNCTION_OPS
+
+
 def _drew_once(target, leaves: list, spec) -> bool:
     placeholder = torch.Generator().manual_seed(0)
     devices = {v.device for v in leaves if isinstance(v, torch.Tensor)} or {torch.device("cpu")}
@@ -87,6 +103,9 @@ def _drew_once(target, leaves: list, spec) -> bool:
     generators = [torch.default_generator if d.type == "cpu" else torch.cuda.default_generators[d.index or 0]
                   for d in devices if d.type in ("cpu", "cuda")]
     before = [g.get_state() for g in generators]
+    python = random.getstate()   # and NumPy's: its kernel may draw from them (hunt63)
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
     try:
         with torch.no_grad():
             target(*args, **kwargs)
@@ -96,6 +115,9 @@ def _drew_once(target, leaves: list, spec) -> bool:
     finally:
         for g, state in zip(generators, before):
             g.set_state(state)
+        random.setstate(python)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
     return moved
 
 

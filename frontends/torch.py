@@ -81,7 +81,7 @@ from .module_containers import keeping_module_containers
 from .tensor_attributes import refusing_tensor_attributes
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
-from .random_ops import draws_random, user_draws_kept
+from .random_ops import draws_random, opaque_custom_op, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
@@ -1276,7 +1276,7 @@ class _Lowering:
             forward_node_id=forward_node, random=random,
             mutating=target._schema.is_mutable, source=source)
         self.g.node(nid).rng_shape_only = random and name.split(".")[1] in SHAPE_ONLY_RANDOM_OPS
-        self.g.node(nid).non_recomputable = name in ONCE_PER_STEP
+        self.g.node(nid).non_recomputable = name in ONCE_PER_STEP or opaque_custom_op(target)
         self.g.node(nid).output_indices.extend(indices)
         # AOTAutograd's sum of a tensor's gradient contributions (its readers' backward):
         # the runtime may hand them to autograd one by one, as eager's engine adds them.
