@@ -66,7 +66,7 @@ from remat_ir.torchlib.callables import code_digest
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast, overlaps
 
 from .model_lines import is_users_file, model_line
-from .random_ops import draws_random, note_function_op
+from .random_ops import draws_random, note_function_op, opaque_custom_op
 from .traced_reads import own_methods
 
 #: Ops registered in this process: name -> (Function class, arguments other than
@@ -292,6 +292,7 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
                 exc.add_note(f"{_FORWARD_NOTE}{name}")
                 raise
         facts["draws"] = facts["draws"] or effects.drew
+        facts["opaque"] = facts.get("opaque", False) or effects.opaque   # never recomputed (`opaque_custom_op`)
         return returns.take()
 
     op = torch.library.custom_op(f"{FUNCTION_NAMESPACE}::{op_name}", run, mutates_args=())
@@ -531,7 +532,7 @@ class _refusing_effects(TorchDispatchMode):
 
     def __init__(self, function: str, arguments: dict[int, torch.Tensor], modules: dict):
         super().__init__()
-        self.function, self.drew, self.modules = function, False, modules
+        self.function, self.drew, self.modules, self.opaque = function, False, modules, False
         self.arguments = {StorageWeakRef(t.untyped_storage()): i for i, t in arguments.items()}
         # Storages the forward's own ops made: the only ones it may write into. A write
         # into any other (a class attribute, a tensor a closure holds) is done again by
@@ -551,6 +552,7 @@ class _refusing_effects(TorchDispatchMode):
                     "checkpoint (its backward runs the module again under autograd), turn it "
                     "off (latent diffusion, guided diffusion: use_checkpoint=False): remat-ir "
                     "plans recomputation itself")
+        self.opaque = self.opaque or opaque_custom_op(func)
         if draws_random(func, args, kwargs):
             self.drew = True
             if any(isinstance(g, torch.Generator) and not _default_generator(g)

@@ -578,6 +578,18 @@ _opaque.register_fake(lambda x, how, flag: torch.empty_like(x))
 _opaque.register_autograd(lambda ctx, g: (g, None, None), setup_context=lambda ctx, inputs, output: None)
 
 
+class _OpaqueInside(torch.autograd.Function):
+    """A custom Function whose forward calls the op (its backward passes the gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, how, flag):
+        return _opaque(x, how, flag)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
 class _Opaque(torch.nn.Module):
     def __init__(self, how: str):
         super().__init__()
@@ -585,10 +597,14 @@ class _Opaque(torch.nn.Module):
         self.register_buffer("flag", torch.ones((), dtype=torch.long))
 
     def forward(self, x):
-        return self.l2(torch.tanh(_opaque(self.l1(x), self.how, self.flag)))
+        if self.how.endswith(" in a Function"):
+            h = _OpaqueInside.apply(self.l1(x), self.how.removesuffix(" in a Function"), self.flag)
+        else:
+            h = _opaque(self.l1(x), self.how, self.flag)
+        return self.l2(torch.tanh(h))
 
 
-@pytest.mark.parametrize("how", ["numpy", "python", "own generator", "flagged", "counting"])
+@pytest.mark.parametrize("how", ["numpy", "python", "own generator", "flagged", "counting", "numpy in a Function"])
 def test_a_custom_op_is_computed_once_per_step_as_eager_computes_it(how):
     """Found by hunt63: a user's custom op is code remat-ir cannot see into; recomputed in
     the backward, one drawing from NumPy's or Python's generator or from its own, one
@@ -596,12 +612,12 @@ def test_a_custom_op_is_computed_once_per_step_as_eager_computes_it(how):
     counting its calls each computed again otherwise: gradients 3.5e-3 to 1.0e-1 off
     eager's, the generators elsewhere, silently. Never recomputed now (as torch.compile's
     partitioner does not recompute ops outside its allowlist), even by a plan recomputing
-    everything else."""
+    everything else; nor is a custom Function's op whose forward calls one."""
     torch.manual_seed(0)
     x, model = torch.randn(4, 8), _Opaque(how)
     graph = lower_torch(model, (x,), cost_model="flops")
     assert [node.non_recomputable for node in graph.proto.nodes
-            if node.op.startswith("remat_ir_tests.opaque")] == [True]
+            if node.op.startswith(("remat_ir_tests.opaque", "remat_ir_fn."))] == [True]
 
     @contextlib.contextmanager
     def from_the_start():   # the op's own generator and count, as each side's forward finds them
