@@ -85,8 +85,8 @@ from .random_ops import draws_random, opaque_custom_op, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
-                       check_script_modules, backward_effects_error, constant_output, data_error,
-                       mutation_error, refusing_autograd_calls, tensor_hook_error, trace_effects_error)
+                       check_script_modules, backward_draws_error, backward_effects_error, constant_output,
+                       data_error, mutation_error, refusing_autograd_calls, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
 from .held_tensors import held_gradient_error, lift_held_tensors
@@ -114,6 +114,7 @@ from .value_dependent import (SYMBOLIC, data_sized_branch_error, symbolic_number
                               value_dependent_error, watching_data_values)
 from .view_compaction import compact_views
 from remat_ir.torchlib.described_values import tensor_like
+from remat_ir.torchlib.generators import PythonGenerators
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (ONCE_PER_STEP, argument_name, argument_names, autocast_cache,
@@ -1637,9 +1638,14 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             # What it reads of the model's modules (`ctx.module.scale`, a module passed to
             # `apply`) is compared at every call, as the forward's reads are: its new value
             # had been baked into the backward, silently (found by a review).
+            drawn = PythonGenerators()   # a custom backward's draws (`backward_draws_error`)
             with recording_reads(model, reads) if reads.functions else contextlib.nullcontext():
                 joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                           decompositions=decompositions)
+            if moved := drawn.moved():
+                drawn.restore()
+                raise backward_draws_error(type(model).__name__, moved,
+                                           sorted(cls.__qualname__ for cls in reads.functions))
             if outside is not None and (said := outside_values.changes(outside, outside_values.Snapshot(model))):
                 outside_values.put_back([change for change, _ in said])
                 raise backward_effects_error(type(model).__name__, [text for _, text in said])

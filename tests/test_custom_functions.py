@@ -492,6 +492,51 @@ def test_a_function_drawing_from_a_generator_of_its_own_is_refused_naming_it():
     assert "test_custom_functions.py:" in message and "Draw from the default generator" in message
 
 
+class _NoisyGradient(torch.autograd.Function):
+    """Gradient noise drawn in the backward from the generator `source` names."""
+
+    source = "numpy"
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        import numpy as np
+
+        if _NoisyGradient.source == "numpy":
+            return grad + torch.from_numpy(np.random.randn(*grad.shape).astype(np.float32)) * 0.1
+        if _NoisyGradient.source == "python":
+            return grad * random.random()
+        return grad + torch.randn_like(grad) * 0.1
+
+
+@pytest.mark.parametrize("source", ["numpy", "python", "torch"])
+def test_a_backward_drawing_from_pythons_or_numpys_generator_is_refused_and_torchs_trains(source):
+    """Found by hunt63: a backward's NumPy or Python draw, traced once, was a constant of
+    the graph: every step added the same noise and the generator never moved (1.35 off
+    eager's over two steps), silently. Refused naming the Function, the generators put
+    back; torch's draws there are the graph's draws and train like eager."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    _NoisyGradient.source = source
+    try:
+        if source == "torch":
+            assert side_by_side(_Calls(_NoisyGradient, False), lambda m: _lowered_and_scheduled(m, x), (x,), {},
+                                lambda out: out, tolerance=1e-30) == {}
+            return
+        python, numpy = random.getstate(), np.random.get_state()
+        with pytest.raises(LoweringError, match=r"a custom backward _Calls applies \(_NoisyGradient\) draws from "
+                                                r"(NumPy|Python)'s random generator while traced.*torch.randn_like"):
+            lower_torch(_Calls(_NoisyGradient, False), (x,), cost_model="flops")
+        assert random.getstate() == python and np.array_equal(np.random.get_state()[1], numpy[1])
+    finally:
+        _NoisyGradient.source = "numpy"
+
+
 #: The coefficient of `_reversed`'s backward, set by the loop between steps (a gradient
 #: reversal's schedule, as domain-adversarial training anneals it).
 _REVERSAL = 1.0

@@ -47,6 +47,28 @@ class GeneratorStates:
             self.numpy[0].random.set_state(self.numpy[1])
 
 
+class PythonGenerators:
+    """The states of Python's and NumPy's global generators, taken when made: `moved()`
+    names those that moved since, `restore()` sets them again. For code a trace runs once
+    whose draws from them would become constants of the graph (a custom backward's)."""
+
+    def __init__(self):
+        self.python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy = (numpy, numpy.random.get_state()) if numpy is not None else None
+
+    def moved(self) -> list[str]:
+        found = ["Python's"] if random.getstate() != self.python else []
+        if self.numpy is not None and not same_state(self.numpy[0].random.get_state(), self.numpy[1]):
+            found.append("NumPy's")
+        return found
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        if self.numpy is not None:
+            self.numpy[0].random.set_state(self.numpy[1])
+
+
 @contextlib.contextmanager
 def generators_kept(devices=()):
     """Within: draw freely; after: torch's generators (CPU and `devices`'), Python's and
