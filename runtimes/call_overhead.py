@@ -75,6 +75,12 @@ def measure_call_overhead(graph: Graph, model: torch.nn.Module, args: tuple, kwa
         return None, "the model is in eval mode"
     if any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in parameters):
         return None, "a parameter holds a hook"
+    if not all(p.is_leaf for p in parameters):
+        # `functional_call(scheduled, fast_weights, x)` (MAML's outer step): the timed
+        # calls' backward would run on through the caller's graph behind those weights
+        # (hunt63: its leaves' gradients 36.0 off eager's, or that graph freed before the
+        # caller's own backward).
+        return None, "a parameter is computed by the caller (functional_call's weights)"
     # Inputs that require a gradient get one from each call: detached copies take them.
     # Inputs the forward writes into (`BUFFER_UPDATE`s of user inputs: labels it masks)
     # are copies, so that timing leaves the caller's as they were.

@@ -1019,6 +1019,35 @@ def test_functional_call_with_plain_tensors_is_planned_again_for_a_new_shape(tie
     assert len(scheduled.plans) == (2 if tie_weights else 3)   # the untied call of the first shape too
 
 
+@pytest.mark.parametrize("fast_weights", ["offsets", "maml"])
+def test_functional_call_with_fast_weights_planning_again_leaves_the_callers_graph_alone(fast_weights):
+    """Found by hunt63: a call that plans again times the plan's calls (profiled costs),
+    which ran backward on through the caller's graph behind non-leaf fast weights: per-task
+    offsets' gradients 36.0 off eager's, silently, and MAML's outer backward (the inner
+    step on the original model, as remat-ir's refusal of `create_graph` advises) raised
+    "backward through the graph a second time". Timing is skipped there."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (torch.randn(8, 8),), solver="recompute-all")
+    x, support = torch.randn(6, 8), torch.randn(8, 8)   # another batch size: planned again
+    results = []
+    for module, owner in ((eager, eager), (scheduled, model)):
+        params = dict(owner.named_parameters())
+        if fast_weights == "offsets":
+            offsets = [torch.zeros_like(v).requires_grad_() for v in params.values()]
+            fast = {k: v + o for (k, v), o in zip(params.items(), offsets)}
+        else:
+            offsets = []
+            inner = torch.func.functional_call(owner, params, (support,)).square().mean()
+            grads = torch.autograd.grad(inner, list(params.values()), create_graph=True)
+            fast = {k: v - 0.1 * g for (k, v), g in zip(params.items(), grads)}
+        (torch.func.functional_call(module, fast, (x,)) - 1).square().mean().backward()
+        results.append([p.grad for p in owner.parameters()] + [o.grad for o in offsets])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert len(scheduled.plans) == 2
+
+
 class _DeltaOnWeight(torch.nn.Module):
     """`W + delta.view(8, 8)`: `delta`'s gradient is a view of `W`'s (diff pruning)."""
 
