@@ -314,14 +314,26 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
         if tensor.layout != torch.strided:
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "
                                 f"tensor; {_dense_advice(tensor.layout)}")
-        if kind == "input" and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        if (kind == "input" and type(tensor) not in (torch.Tensor, torch.nn.Parameter)) or _own_torch_function(tensor):
             # Traced as a plain tensor: what its class does (`__torch_function__`, a branch
-            # on `isinstance`) was not in the graph, 0.36 off eager's output (a review).
+            # on `isinstance`) was not in the graph, 0.36 off eager's output (a review). A
+            # parameter's or buffer's was refused as reading `.grad`, or as a RecursionError
+            # of another path while traced (hunt63).
             kind_name = f"{type(tensor).__module__}.{type(tensor).__qualname__}"
-            raise LoweringError(f"{type(model).__name__}'s input {name!r} is a {kind_name}, a "
+            instead = "pass `x.as_subclass(torch.Tensor)`" if kind == "input" else \
+                f"hold a plain {'nn.Parameter' if kind == 'parameter' else 'tensor'} and do what the subclass " \
+                f"does in the forward"
+            raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {kind_name}, a "
                                 f"torch.Tensor subclass: remat-ir traces plain tensors, and what the "
-                                f"subclass changes would not be in the graph; pass "
-                                f"`x.as_subclass(torch.Tensor)`")
+                                f"subclass changes would not be in the graph; {instead}")
+
+
+def _own_torch_function(tensor: torch.Tensor) -> bool:
+    """Whether `tensor`'s class changes what torch functions do to it (a `__torch_function__`
+    of its own; not DTensor's or Parameter's, which turn it off)."""
+    function = type(tensor).__torch_function__
+    return function is not torch._C._disabled_torch_function_impl and \
+        getattr(function, "__func__", None) is not torch.Tensor.__torch_function__.__func__
 
 
 def _check_dense(module: torch.fx.GraphModule, model: str) -> None:

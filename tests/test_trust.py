@@ -3418,6 +3418,31 @@ class _ReadsItsInput(torch.nn.Module):
         return torch.tanh(self.a(x)) * getattr(x, "factor", 1.0)
 
 
+class _MarkedParameter(torch.nn.Parameter):
+    """A parameter class doubling what `linear` returns (`__torch_function__`)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out * 2 if func is F.linear else out
+
+
+@pytest.mark.parametrize("kind", ["parameter", "buffer"])
+def test_a_parameter_or_buffer_of_a_tensor_subclass_is_refused_naming_it(kind):
+    """Found by hunt63: a parameter of such a class was refused as reading `.grad` (tracing
+    read it, through the class), a buffer as a RecursionError of another path taken while
+    traced; neither named the member nor its class."""
+    model = _ReadsItsInput()
+    if kind == "parameter":
+        model.a.weight = _MarkedParameter(model.a.weight.detach().clone())
+    else:
+        model.register_buffer("factor", torch.full((8,), 0.5).as_subclass(_MarkedInput))
+    name = "a.weight" if kind == "parameter" else "factor"
+    with pytest.raises(LoweringError, match=rf"_ReadsItsInput's {kind} '{name}' is a .*_Marked(Parameter|Input), "
+                                            rf"a torch.Tensor subclass: .*hold a plain"):
+        _remat(model, (torch.randn(4, 8),), solver="recompute-all")
+
+
 @pytest.mark.parametrize("how", ["subclass at lowering", "subclass at a call", "attribute at a call",
                                  "sparse at a call"])
 def test_an_input_of_another_kind_than_lowered_is_planned_again_or_refused(how):
