@@ -76,11 +76,11 @@ _registered: dict[str, tuple[type, list, object, dict]] = {}
 _VALUE_TYPES = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
 
 
-def function_class(op: torch._ops.OpOverload) -> type | None:
-    """The Function class `op` (an op of `FUNCTION_NAMESPACE`) stands for in this process,
-    or None (another op)."""
-    namespace, _, name = op._schema.name.partition("::")
-    found = _registered.get(name) if namespace == FUNCTION_NAMESPACE else None
+def function_class(op: torch._ops.OpOverload | str) -> type | None:
+    """The Function class `op` (an op of `FUNCTION_NAMESPACE`, or its IR name
+    "namespace.name.overload") stands for in this process, or None (another op)."""
+    namespace, _, name = op.partition(".") if isinstance(op, str) else op._schema.name.partition("::")
+    found = _registered.get(name.split(".")[0]) if namespace == FUNCTION_NAMESPACE else None
     return found[0] if found is not None else None
 
 

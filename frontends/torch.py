@@ -54,7 +54,7 @@ from remat_ir.ir.validation import mark_made_here
 from .autocast_blocks import block_caches, eager_block_caches, has_blocks
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .applied_code import record_applied_code
-from .autograd_functions import FunctionError, backward_of, forward_of, preserving_functions
+from .autograd_functions import FunctionError, backward_of, forward_of, function_class, preserving_functions
 from .buffer_reuse import reuse_dying_inputs
 from .default_generators import default_generators_dropped
 from .distributed_calls import distributed_calls_watched, rank_read_by_name
@@ -1112,9 +1112,20 @@ class _Lowering:
         forward whose empty result is a VALUE_CHECK output, so that every schedule runs it
         (a node whose result nothing reads would be left out of plans)."""
         if node.meta.get("partitioner_tag") == "is_backward":
-            raise LoweringError(f"the backward checks values with {node.target} "
-                                f"({node_module(node) or 'an unknown module'}), which remat-ir "
-                                f"runs in the forward only: call it outside the model")
+            # A custom backward's `F.one_hot(i, n)` (its class-range check) was said as "an
+            # unknown module" with "call it outside the model" (hunt63): named by the
+            # forward op it differentiates, with the ways that train.
+            forward = self.forward_by_seq.get(node.meta.get("seq_nr"))
+            within = node_module(node) or "an unknown module"
+            if forward is not None:
+                cls = function_class(self.g.node(forward).op)
+                within = (f"autograd.Function {cls.__qualname__}" if cls is not None else self.g.node(forward).op) \
+                    + f" from {self.g.node(forward).source or 'the model'}"
+            raise LoweringError(f"the backward of {within} checks tensor values with {node.target} (such as "
+                                f"F.one_hot's check of its classes' range), which remat-ir runs in the forward "
+                                f"only: compute that in the forward and save it for the backward "
+                                f"(`ctx.save_for_backward(F.one_hot(i, n))`), or without the check "
+                                f"(`torch.zeros(..., n).scatter_(-1, i.unsqueeze(-1), 1.0)`)")
         empty = tensor.meta["val"].new_empty(0)
         self.checked.append(empty)   # its storage's id stays its own (`new_value`)
         output = self.new_value(node.name, empty, "activation")

@@ -537,6 +537,63 @@ def test_a_backward_drawing_from_pythons_or_numpys_generator_is_refused_and_torc
         _NoisyGradient.source = "numpy"
 
 
+class _StraightThroughArgmax(torch.autograd.Function):
+    """A straight-through argmax whose backward builds the one-hot as `how` says: with
+    `F.one_hot` there, saved from the forward, or by a scatter."""
+
+    how = "one_hot in the backward"
+
+    @staticmethod
+    def forward(ctx, x):
+        i = x.argmax(-1)
+        if _StraightThroughArgmax.how == "saved from the forward":
+            ctx.save_for_backward(torch.nn.functional.one_hot(i, x.shape[-1]).to(x.dtype))
+        else:
+            ctx.save_for_backward(i)
+        ctx.n = x.shape[-1]
+        return x.gather(-1, i.unsqueeze(-1)).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, g):
+        (saved,) = ctx.saved_tensors
+        if _StraightThroughArgmax.how == "one_hot in the backward":
+            hot = torch.nn.functional.one_hot(saved, ctx.n).to(g.dtype)
+        elif _StraightThroughArgmax.how == "scatter":
+            hot = torch.zeros(*saved.shape, ctx.n, dtype=g.dtype).scatter_(-1, saved.unsqueeze(-1), 1.0)
+        else:
+            hot = saved
+        return g.unsqueeze(-1) * hot
+
+
+class _PicksMax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 6)
+
+    def forward(self, x):
+        return _StraightThroughArgmax.apply(self.linear(x)).square().mean()
+
+
+@pytest.mark.parametrize("how", ["one_hot in the backward", "saved from the forward", "scatter"])
+def test_a_value_check_in_a_custom_backward_is_refused_naming_the_function_and_its_ways_out(how):
+    """Found by hunt63: `F.one_hot` in a Function's backward (its class-range check) was
+    refused as "an unknown module" told to "call it outside the model". Named now, with
+    two ways out, which train like eager."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    _StraightThroughArgmax.how = how
+    try:
+        if how == "one_hot in the backward":
+            with pytest.raises(LoweringError, match=r"the backward of autograd.Function _StraightThroughArgmax "
+                                                    r"from .* checks tensor values .*F.one_hot"):
+                lower_torch(_PicksMax(), (x,), cost_model="flops")
+            return
+        assert side_by_side(_PicksMax(), lambda m: _lowered_and_scheduled(m, x), (x,), {}, lambda out: out,
+                            tolerance=1e-30) == {}
+    finally:
+        _StraightThroughArgmax.how = "one_hot in the backward"
+
+
 #: The coefficient of `_reversed`'s backward, set by the loop between steps (a gradient
 #: reversal's schedule, as domain-adversarial training anneals it).
 _REVERSAL = 1.0
