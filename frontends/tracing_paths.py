@@ -18,7 +18,9 @@ import traceback
 import torch
 
 from remat_ir.torchlib.generators import GeneratorStates, generators_kept
+from remat_ir.torchlib.types import FUNCTION_NAMESPACE
 
+from .autograd_functions import function_class
 from .model_lines import is_model_file
 
 #: Calls by which a model asks whether it is being traced or compiled (torch's and
@@ -114,6 +116,17 @@ def traced_only_message(model: str, error: Exception, where: str, check: str | N
                 f"trace has no values to read, and the graph could not follow them at each step. "
                 f"Compute it outside the model and pass it as an input (or with torch ops whose "
                 f"results have fixed shapes)")
+    if (batched := re.match(r"Batching rule not implemented for (\w+)::(\w+)\.", first)) \
+            and batched.group(1) == FUNCTION_NAMESPACE:
+        # remat-ir's op for a custom Function (which keeps its backward) has no batching
+        # rule: a Function with `generate_vmap_rule` under `torch.func.vmap` in the forward
+        # was said as torch.export's failure (hunt63).
+        cls = function_class(f"{batched.group(1)}.{batched.group(2)}.default")
+        name = cls.__qualname__ if cls is not None else "a custom autograd.Function"
+        return (f"{model}'s forward applies autograd.Function {name} under torch.func.vmap at {where}: "
+                f"remat-ir keeps a Function's backward by making each call one op, which vmap cannot "
+                f"batch. Apply it outside vmap, to the whole batch, or write what vmap computes there "
+                f"with plain tensor ops")
     if check is None and (inside := _raised_in_torch(error)) is not None:
         # No tracing check on its path, raised inside torch's own code: found by a review,
         # `torch.func.jacfwd` in a forward (export's "'Tensor' object has no attribute

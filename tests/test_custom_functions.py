@@ -594,6 +594,40 @@ def test_a_value_check_in_a_custom_backward_is_refused_naming_the_function_and_i
         _StraightThroughArgmax.how = "one_hot in the backward"
 
 
+class _VmappableTanh(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.tanh(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_tensors
+        return g * (1 - out * out)
+
+
+class _VmapsAFunction(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.func.vmap(lambda row: _VmappableTanh.apply(self.linear(row)))(x).sum()
+
+
+def test_a_function_applied_under_vmap_in_the_forward_is_refused_naming_it():
+    """Found by hunt63: remat-ir's op for a Function has no batching rule; the failure was
+    said as torch.export's ("Batching rule not implemented for remat_ir_fn::...")."""
+    with pytest.raises(LoweringError, match=r"applies autograd.Function _VmappableTanh under torch.func.vmap at "
+                                            r".*test_custom_functions.py:\d+.*Apply it outside vmap"):
+        lower_torch(_VmapsAFunction(), (torch.randn(3, 4),), cost_model="flops")
+
+
 #: The coefficient of `_reversed`'s backward, set by the loop between steps (a gradient
 #: reversal's schedule, as domain-adversarial training anneals it).
 _REVERSAL = 1.0
