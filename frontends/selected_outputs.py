@@ -26,7 +26,13 @@ from remat_ir.torchlib.output_names import top_level_names, top_level_positions
 
 from .errors import LoweringError
 
-__all__ = ["check_selection", "select_outputs"]
+__all__ = ["SelectionError", "check_selection", "select_outputs"]
+
+
+class SelectionError(LoweringError):
+    """`outputs=` selects no output of this call (a call without labels, where the loss is
+    selected): `remat_ir.remat` plans a later call's signature with every output then
+    (Trainer's label smoothing pops the labels and computes the loss from the logits)."""
 
 
 def check_selection(outputs) -> tuple[str | int, ...] | None:
@@ -61,7 +67,7 @@ def _selected_children(spec: pytree.TreeSpec, outputs: tuple, model: str) -> lis
     for o in outputs:
         if isinstance(o, str):
             if names is None or o not in names:
-                raise LoweringError(f"outputs: {model}'s forward returns no output named {o!r} for "
+                raise SelectionError(f"outputs: {model}'s forward returns no output named {o!r} for "
                                     f"these inputs ({shown}): name one of them")
             chosen.append(names.index(o))
         else:
@@ -87,7 +93,7 @@ def select_outputs(module: torch.fx.GraphModule, spec: pytree.TreeSpec, outputs:
     if not any(isinstance(flat[i], torch.fx.Node) for i in kept):
         # Said for the call too: one without labels has no loss where the selection is the
         # loss (found by a review: the advice was to select the loss, which it did).
-        raise LoweringError(f"outputs={list(outputs)!r} selects no tensor among {model}'s outputs for "
+        raise SelectionError(f"outputs={list(outputs)!r} selects no tensor among {model}'s outputs for "
                             f"these inputs (the output is None: a loss without labels?): select the "
                             f"loss the step trains on, or call remat_ir.remat without outputs= for "
                             f"calls that train on other outputs")

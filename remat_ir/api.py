@@ -280,13 +280,23 @@ class Planner:
     def _lower_and_plan_unwatched(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         import torch
 
+        from remat_ir.frontends.selected_outputs import SelectionError
         from remat_ir.lowering import add_costs, for_backend, lower_torch
         from remat_ir.plan_cache import PlanCache
         from remat_ir.runtimes.torch import notify_stderr
 
         cache = PlanCache.from_setting(self.cache_dir, warn=notify_stderr)
-        graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend,
-                            outputs=self.outputs)
+        try:
+            graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend,
+                                outputs=self.outputs)
+        except SelectionError:
+            if not self._solved:   # the first call: the selection is wrong
+                raise
+            # A later call returning none of them (hunt64: Trainer's label smoothing pops the
+            # labels and computes the loss from the logits, and was refused): every output.
+            notify_stderr(f"remat-ir: outputs={list(self.outputs)!r} selects no output this call returns "
+                          f"(a call without labels computes no loss): its plan returns every output")
+            graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend)
         graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__, self.backend)
         cached = cache and cache.load_graph(graph_key, graph)
         if cached:

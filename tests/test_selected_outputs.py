@@ -193,6 +193,36 @@ def test_one_tensor_or_no_tensor_selected_is_refused():
         lower_torch(LossWithLabels(), (x,), cost_model=None, outputs=["loss"])
 
 
+class _LossWhenLabelled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x, labels=None):
+        logits = torch.tanh(self.linear(x))
+        return {"loss": None if labels is None else (logits - labels).square().mean(), "logits": logits}
+
+
+def test_a_later_call_returning_none_of_the_selected_outputs_returns_every_output(capsys):
+    """Found by hunt64: Trainer's label smoothing pops the labels and computes the loss
+    from the logits, and with `outputs=["loss"]` (which the README advises for Trainer)
+    that call was refused. Its signature is planned with every output now, training like
+    eager; a first call selecting nothing is still refused."""
+    torch.manual_seed(0)
+    x, labels = torch.randn(4, 8), torch.randn(4, 8)
+    with pytest.raises(LoweringError, match="selects no tensor"):
+        remat_ir.remat(_LossWhenLabelled(), (x,), outputs=["loss"], cost_model="flops")
+    model = _LossWhenLabelled()
+    scheduled = remat_ir.remat(model, (x,), example_kwargs={"labels": labels}, outputs=["loss"], cost_model="flops",
+                               solver="recompute-all")
+    scheduled(x, labels=labels)["loss"].backward()
+    model.zero_grad()
+    capsys.readouterr()
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda out: out["logits"].square().mean(),
+                        tolerance=1e-30) == {}
+    assert "outputs=['loss'] selects no output this call returns" in capsys.readouterr().err
+
+
 @search(10, derandomize=True)
 @given(program=programs(), seed=st.integers(0, 2**32 - 1), offload=st.booleans(), data=st.data())
 def test_random_networks_returning_some_heads_are_exact_and_peak_where_simulated(program, seed, offload, data):

@@ -205,8 +205,8 @@ class _OwnKernelAttention(torch.nn.Module):
 def test_attention_kernels_a_forward_picks_for_itself_train_as_eagers(how):
     """Found by hunt55: `with sdpa_kernel(SDPBackend.MATH):` inside the forward, the graph
     ran the kernel AOTAutograd picked after the block had ended (the CPU flash one), and
-    every gradient was 3.7e-9 off eager's, silently (hunt57: ATen's op called directly). Loss, gradients and generator state
-    bitwise eager's over 3 steps."""
+    every gradient was 3.7e-9 off eager's, silently (hunt57: ATen's op called directly).
+    Loss, gradients and generator state bitwise eager's over 3 steps."""
     torch.manual_seed(0)
     model, x = _OwnKernelAttention(how), torch.randn(4, 16, 32)
     scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", cache_dir=False)
