@@ -549,9 +549,11 @@ class _refusing_effects(TorchDispatchMode):
                     f"is passed module {reached[1]} (argument {reached[0]}) and its forward reads "
                     f"the module's parameters or buffers ({func.name()}{self._where()})",
                     "remat-ir gives a Function's backward only its tensor arguments. If it is a "
-                    "checkpoint (its backward runs the module again under autograd), turn it "
-                    "off (latent diffusion, guided diffusion: use_checkpoint=False): remat-ir "
-                    "plans recomputation itself")
+                    "checkpoint or a reversible layer's memory-saving backward (its backward runs "
+                    "the module again under autograd: latent diffusion's checkpoint, Reformer's "
+                    "reversible layers), turn it off where the model has a switch (latent "
+                    "diffusion, guided diffusion: use_checkpoint=False); a model without one "
+                    "(Reformer) cannot be trained through remat-ir, which plans recomputation itself")
         self.opaque = self.opaque or opaque_custom_op(func)
         if draws_random(func, args, kwargs):
             self.drew = True
