@@ -330,7 +330,10 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
 
 def _own_torch_function(tensor: torch.Tensor) -> bool:
     """Whether `tensor`'s class changes what torch functions do to it (a `__torch_function__`
-    of its own; not DTensor's or Parameter's, which turn it off)."""
+    of its own; not DTensor's or Parameter's, which turn it off, nor a lazy module's
+    parameter not made yet, which `check_lazy_modules` names)."""
+    if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+        return False
     function = type(tensor).__torch_function__
     return function is not torch._C._disabled_torch_function_impl and \
         getattr(function, "__func__", None) is not torch.Tensor.__torch_function__.__func__
