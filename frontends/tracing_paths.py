@@ -116,6 +116,14 @@ def traced_only_message(model: str, error: Exception, where: str, check: str | N
                 f"trace has no values to read, and the graph could not follow them at each step. "
                 f"Compute it outside the model and pass it as an input (or with torch ops whose "
                 f"results have fixed shapes)")
+    if first.startswith("The tensor has a non-zero number of elements, but its data is not allocated yet"):
+        # A tensor iterated into Python (`rows, cols = zip(*ind)`) and its 0-d tensors used
+        # as indices: said as another path under tracing, with advice about attention masks
+        # (hunt64: transformers' UDOP).
+        return (f"{model}'s forward uses a tensor's values in Python at {where} (the 0-d tensors "
+                f"of a tensor it iterates, `zip(*t)` or `list(t)`, as indices or numbers): a trace "
+                f"has no values there. Index with the tensors themselves (`mask[t[:, 0], t[:, 1]]`) "
+                f"or compute it with tensor ops, then call remat again")
     if (batched := re.match(r"Batching rule not implemented for (\w+)::(\w+)\.", first)) \
             and batched.group(1) == FUNCTION_NAMESPACE:
         # remat-ir's op for a custom Function (which keeps its backward) has no batching

@@ -3418,6 +3418,37 @@ class _ReadsItsInput(torch.nn.Module):
         return torch.tanh(self.a(x)) * getattr(x, "factor", 1.0)
 
 
+class _IteratesATensor(torch.nn.Module):
+    """Masks each row's largest logit, through Python tuples of 0-d tensors (`iterated`,
+    transformers' UDOP) or indexing with the tensors themselves."""
+
+    def __init__(self, iterated: bool):
+        super().__init__()
+        self.linear, self.iterated = torch.nn.Linear(8, 8), iterated
+
+    def forward(self, x):
+        h = self.linear(x)
+        where = torch.stack([torch.arange(h.shape[0]), h.argmax(-1)], -1)
+        mask = torch.ones(h.shape, dtype=torch.bool)
+        if self.iterated:
+            rows, cols = zip(*where)
+            mask[rows, cols] = False
+        else:
+            mask[where[:, 0], where[:, 1]] = False
+        return (h * mask).square().mean()
+
+
+def test_a_forward_using_an_iterated_tensors_values_is_refused_by_line_and_indexing_with_tensors_trains():
+    """Found by hunt64: said as another path under tracing, with advice about attention
+    masks, where the forward used the 0-d tensors of a tensor it iterated as indices."""
+    x = torch.randn(4, 8)
+    with pytest.raises(LoweringError, match=r"_IteratesATensor's forward uses a tensor's values in Python at "
+                                            r".*test_trust.py:\d+ in forward .*zip\(\*t\).*Index with the tensors"):
+        _remat(_IteratesATensor(True), (x,), solver="recompute-all")
+    assert side_by_side(_IteratesATensor(False), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss, tolerance=1e-30) == {}
+
+
 class _MarkedParameter(torch.nn.Parameter):
     """A parameter class doubling what `linear` returns (`__torch_function__`)."""
 
