@@ -362,6 +362,16 @@ def _instrument(cls: type, holders: dict, reads: TracedReads, hold) -> None:
             # `__dict__` by the model's code only (`vars(self.cfg)`): not remat-ir's own
             # `hasattr(value, "__dict__")`, which made every attribute read (hunt53).
             note(self, name, value)
+        elif (holder := holders.get(id(self))) is not None and isinstance(value, dict) \
+                and sys._getframe(1).f_locals.get("self") is self and holder[1].count(".") < _DEPTH:
+            # A library object's own method handing the forward its tables through its
+            # `__dict__` (`self.sched.state_dict()["_last_lr"][0]`), as `get_last_lr()`
+            # hands `_last_lr`: the scheduler stepped after `remat`, trained on with the
+            # traced rate, silently (hunt62). Its tables only: a count it keeps
+            # (`last_epoch`) would plan every step again.
+            for key, item in list(value.items()):
+                if isinstance(key, str) and (items := plain_items(item)) is not None:
+                    reads.containers.setdefault((holder[0], f"{holder[1]}.{key}"), items)
         return value
 
     def getattr_served(self, name):

@@ -28,22 +28,24 @@ class _ScaledByScheduler(torch.nn.Module):
         self.fc, self.where = torch.nn.Linear(6, 3), where
         self.optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda epoch: 2.0 / (1 + epoch))
-        if where == "module":
+        if where in ("module", "state_dict"):
             self.scheduler = scheduler
         else:
             self.state = types.SimpleNamespace(scheduler=scheduler)
 
     def forward(self, x):
-        scheduler = self.scheduler if self.where == "module" else self.state.scheduler
+        scheduler = self.scheduler if self.where != "namespace" else self.state.scheduler
+        if self.where == "state_dict":   # hunt62: its tables handed through `__dict__`
+            return (self.fc(x) * self.scheduler.state_dict()["_last_lr"][0]).square().mean()
         return (self.fc(x) * scheduler.get_last_lr()[0]).square().mean()
 
 
-@pytest.mark.parametrize("where", ["module", "namespace"])
+@pytest.mark.parametrize("where", ["module", "namespace", "state_dict"])
 def test_a_schedulers_rate_read_by_the_forward_is_planned_for_as_it_steps(where, capsys):
     torch.manual_seed(0)
     model, x = _ScaledByScheduler(where), torch.randn(5, 6)
     scheduled = _remat(model, x)
-    scheduler = model.scheduler if where == "module" else model.state.scheduler
+    scheduler = model.scheduler if where != "namespace" else model.state.scheduler
     capsys.readouterr()
     for _ in range(2):
         model.optimizer.step()
