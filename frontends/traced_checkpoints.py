@@ -44,6 +44,7 @@ import contextlib
 import functools
 import random
 import traceback
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -87,16 +88,15 @@ class _Block:
                 now = cell.cell_contents
             except ValueError:   # emptied (`del`): eager's backward would raise
                 now = cell
-            if now is value or (type(now) is type(value) and isinstance(value, (int, float, str))
-                                and now == value):
+            if _same_for_the_block(now, value):
                 continue
             return (f"torch.utils.checkpoint at {self.line or 'a line of the model'} calls a function "
-                    f"reading `{name}`, which the forward binds again after the call (a lambda or inner "
-                    f"function in a loop sees the loop variable's last value): eager's backward calls "
-                    f"it again with `{name}`'s new value, so it computes another block than the "
-                    f"forward did and its gradients are not of the loss it returned, where a remat-ir "
-                    f"step computes the forward's. Bind the value at the call (`lambda t, {name}={name}: "
-                    f"...`, or functools.partial), or {_INSTEAD}")
+                    f"reading `{name}`, which the forward binds again after the call to another value "
+                    f"(a lambda or inner function in a loop sees the loop variable's last value): "
+                    f"eager's backward calls it again with `{name}`'s new value, so it may compute "
+                    f"another block than the forward did, and its gradients not of the loss it "
+                    f"returned, where a remat-ir step computes the forward's. Bind the value at the "
+                    f"call (`lambda t, {name}={name}: ...`, or functools.partial), or {_INSTEAD}")
         return None
 
     def refusal(self) -> str | None:
@@ -120,6 +120,24 @@ class _Block:
                     f"writes it a second time, where a remat-ir step writes it once. Move the write "
                     f"out of the checkpointed block, or {_INSTEAD}")
         return None
+
+
+def _same_for_the_block(now, then) -> bool:
+    """Whether a checkpointed function's free variable, bound to `then` at the call and
+    to `now` after the forward, computes the same block: the same object, an equal value
+    (`shape = h.shape`, a device, a config dict rebuilt), or a tensor of the same shape,
+    dtype and device (a mask rebuilt at each iteration: its values are not known while
+    tracing). hunt65: equal values rebound were refused, which trained like eager."""
+    if now is then:
+        return True
+    if isinstance(now, torch.Tensor) and isinstance(then, torch.Tensor):
+        return (now.shape, now.dtype, now.device) == (then.shape, then.dtype, then.device)
+    if type(now) is not type(then) or isinstance(now, (torch.nn.Module, types.FunctionType)):
+        return False
+    try:
+        return (now == then) is True
+    except Exception:   # noqa: BLE001 - a comparison that cannot tell: another value
+        return False
 
 
 def _closure(fn) -> dict:

@@ -256,3 +256,25 @@ def test_a_checkpointed_function_reading_a_variable_the_forward_binds_again_is_r
         _remat(_LateBound("late"), (x,))
     for how in ("bound", "partial"):
         assert _side_by_side(_LateBound(how), x) == {}, how
+
+
+class _RebindsEqual(torch.nn.Module):
+    """A checkpoint per block whose function reads values the loop binds again to equal
+    ones: a shape, a dict rebuilt, a mask rebuilt (hunt65: refused at first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for blk in self.blocks:
+            shape, settings, mask = x.shape, {"scale": 0.5}, torch.ones(8)
+            x = checkpoint(lambda t, blk=blk: torch.tanh(blk(t)).reshape(shape) * mask * settings["scale"], x,
+                           use_reentrant=False)
+        return x
+
+
+def test_a_checkpointed_function_reading_values_bound_again_to_equal_ones_trains_like_eager():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert _side_by_side(_RebindsEqual(), x) == {}

@@ -278,3 +278,49 @@ def test_a_function_of_a_long_list_replaced_after_lowering_is_planned_for(replac
         assert f"{_LENGTH} items #" in capsys.readouterr().err
     finally:
         _FUNCTIONS[7] = _times(1.0)
+
+
+class _Setting:
+    def __init__(self):
+        self.k, self.step = 1.0, 0
+
+
+def _by_setting(setting: _Setting):
+    return lambda h: h * setting.k
+
+
+_PAIRS_OF_FUNCTIONS = [(1.0, _by_setting(_Setting())) for _ in range(_LENGTH)]
+
+
+class _ReadsPairs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        rate, scale = _PAIRS_OF_FUNCTIONS[4]
+        return (scale(self.fc(x)) * rate).square().mean()
+
+
+def test_a_long_list_of_rates_and_functions_holding_objects_is_compared_by_its_rates(capsys):
+    """Found by hunt65: digesting what the functions' closures hold (an object each) took
+    the list past the digest's budget, so it went uncompared and a rate's change was
+    missed, silently; and an attribute of those objects that no code reads, changed at
+    every step, planned every step again. Functions are digested by their code and the
+    plain values and functions they hold."""
+    old = _PAIRS_OF_FUNCTIONS[4]
+    try:
+        torch.manual_seed(0)
+        model, x = _ReadsPairs(), torch.randn(5, 6)
+        scheduled = _stepped_once(model, x)
+        for pair in _PAIRS_OF_FUNCTIONS:   # what no code reads, changed: nothing to plan
+            pair[1].__closure__[0].cell_contents.step += 1
+        capsys.readouterr()
+        scheduled(x).backward()
+        model.zero_grad()
+        assert "lowering and planning again" not in capsys.readouterr().err
+        _PAIRS_OF_FUNCTIONS[4] = (3.0, old[1])
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert f"{_LENGTH} items #" in capsys.readouterr().err
+    finally:
+        _PAIRS_OF_FUNCTIONS[4] = old
