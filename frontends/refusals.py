@@ -174,17 +174,19 @@ def backward_effects_error(model: str, effects: list[str]) -> LoweringError:
 
 def backward_draws_error(model: str, generators: list[str], functions: list[str]) -> LoweringError:
     """The error for a custom backward (an autograd Function's, a custom op's registered
-    one) drawing from Python's or NumPy's generator: traced once, its numbers are
+    one), or a Function's forward run while AOTAutograd traces (hunt65: said as a
+    backward's), drawing from Python's or NumPy's generator: traced once, its numbers are
     constants of the graph, so every step added the same noise and the generator never
     moved (hunt63: gradients 1.35 off eager's over two steps, silently). Torch's random
     ops there are traced as draws, which the graph makes at every step."""
-    which = f" ({', '.join(functions)})" if functions else ""
+    which = f"; the Functions it applies: {', '.join(functions)}" if functions else ""
     return LoweringError(
-        f"a custom backward {model} applies{which} draws from {' and '.join(generators)} random "
-        f"generator while traced: the numbers become constants of the graph, so every step "
-        f"would add the same ones and the generator would not move, where eager draws anew. "
-        f"Draw with torch's random ops on the default generator (`torch.randn_like(g)`), which "
-        f"the graph draws at every step as eager does")
+        f"code {model} runs while its step is traced (a custom autograd Function's forward or "
+        f"backward, or the backward a custom op registers{which}) draws from "
+        f"{' and '.join(generators)} random generator: the numbers become constants of the graph, "
+        f"so every step would use the same ones and the generator would not move, where eager "
+        f"draws anew. Draw with torch's random ops on the default generator (`torch.randn_like(g)`), "
+        f"which the graph draws at every step as eager does")
 
 
 def data_error(model: str, uses: list[tuple[str, int, str]]) -> LoweringError:

@@ -529,8 +529,9 @@ def test_a_backward_drawing_from_pythons_or_numpys_generator_is_refused_and_torc
                                 lambda out: out, tolerance=1e-30) == {}
             return
         python, numpy = random.getstate(), np.random.get_state()
-        with pytest.raises(LoweringError, match=r"a custom backward _Calls applies \(_NoisyGradient\) draws from "
-                                                r"(NumPy|Python)'s random generator while traced.*torch.randn_like"):
+        with pytest.raises(LoweringError, match=r"code _Calls runs while its step is traced .*the Functions it "
+                                                r"applies: _NoisyGradient\) draws from (NumPy|Python)'s random "
+                                                r"generator.*torch.randn_like"):
             lower_torch(_Calls(_NoisyGradient, False), (x,), cost_model="flops")
         assert random.getstate() == python and np.array_equal(np.random.get_state()[1], numpy[1])
     finally:
