@@ -127,6 +127,14 @@ def refusal(graph: Graph, refused: InfeasibleBudget, store_all_peak: int,
     floor = (f"; of any peak, {describe(gradients + others, store_all_peak)} are the step's "
              f"outputs, which no schedule frees (gradients {human_bytes(gradients)}, "
              f"model outputs {human_bytes(others)})")
+    kept = [node for node in graph.proto.nodes if node.non_recomputable and node.phase == pb.FORWARD]
+    if kept:
+        # Custom ops are never recomputed (`frontends/random_ops.opaque_custom_op`): said, so
+        # that a floor they raise is understood (hunt65: a model of custom gelus).
+        ops = sorted({node.op for node in kept})
+        floor += (f"; {len(kept)} forward node{'s' if len(kept) > 1 else ''} no plan recomputes "
+                  f"(custom ops among them, whose kernels may draw or count their calls: {', '.join(ops[:3])}"
+                  f"{', ...' if len(ops) > 3 else ''}) keep their outputs from the forward")
     result = InfeasibleBudget(refused.budget, refused.smallest_feasible,
                               refused.detail or f" (by {solver})", schedule=refused.schedule)
     result.args = (f"no schedule fits a budget of {describe(refused.budget, store_all_peak)}; "

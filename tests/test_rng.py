@@ -630,6 +630,18 @@ def test_a_custom_op_is_computed_once_per_step_as_eager_computes_it(how):
     assert errors == {}
 
 
+def test_a_budget_custom_ops_make_infeasible_says_they_are_never_recomputed():
+    """Found by hunt65: the refusal did not say why a model of custom ops reached no
+    lower floor."""
+    from remat_ir.solvers import InfeasibleBudget
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with pytest.raises(InfeasibleBudget, match=r"forward nodes? no plan recomputes \(custom ops among them, .*"
+                                               r"remat_ir_tests.opaque.default\) keep their outputs"):
+        remat_ir.remat(_Opaque("numpy"), (x,), budget=0.01, cost_model="flops")
+
+
 class _DrawReadAsNumber(torch.nn.Module):
     """peft's BOFT dropout: a block picked by a draw read as a Python number."""
 
