@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import contextlib
-import random
-import sys
 
 import torch
+
+from remat_ir.torchlib.generators import PythonGenerators
 
 
 #: A preserved custom Function's op (its qualified name) -> its facts; `facts["draws"]`
@@ -106,9 +106,7 @@ def _drew_once(target, leaves: list, spec) -> bool:
     generators = [torch.default_generator if d.type == "cpu" else torch.cuda.default_generators[d.index or 0]
                   for d in devices if d.type in ("cpu", "cuda")]
     before = [g.get_state() for g in generators]
-    python = random.getstate()   # and NumPy's: its kernel may draw from them (hunt63)
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy is not None else None
+    python = PythonGenerators()   # and NumPy's: its kernel may draw from them (hunt63)
     try:
         with torch.no_grad():
             target(*args, **kwargs)
@@ -118,9 +116,7 @@ def _drew_once(target, leaves: list, spec) -> bool:
     finally:
         for g, state in zip(generators, before):
             g.set_state(state)
-        random.setstate(python)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
+        python.restore()
     return moved
 
 
