@@ -17,36 +17,6 @@ import sys
 import torch
 
 
-class GeneratorStates:
-    """The states of torch's CPU generator, of the CUDA generators of `devices`, and of
-    Python's and NumPy's global generators, taken when made; `restore()` sets them again.
-    One snapshot for work that must leave the generators as it found them
-    (`generators_kept`) and for a forward's effects kept to be set again later
-    (`frontends/tracing_paths.EagerFailure`)."""
-
-    def __init__(self, devices=()):
-        self.devices = list(devices)
-        self.cpu = torch.get_rng_state()
-        self.cuda = [torch.cuda.get_rng_state(d) for d in self.devices]
-        self.python = random.getstate()
-        numpy = sys.modules.get("numpy")
-        self.numpy = (numpy, numpy.random.get_state()) if numpy is not None else None
-
-    def moved_torch(self, now: GeneratorStates) -> bool:
-        """Whether torch's generators (CPU, and the CUDA devices of both) differ in `now`,
-        taken later."""
-        return not torch.equal(self.cpu, now.cpu) or any(
-            not torch.equal(a, b) for a, b in zip(self.cuda, now.cuda))
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        for device, state in zip(self.devices, self.cuda):
-            torch.cuda.set_rng_state(state, device)
-        random.setstate(self.python)
-        if self.numpy is not None:
-            self.numpy[0].random.set_state(self.numpy[1])
-
-
 class PythonGenerators:
     """The states of Python's and NumPy's global generators, taken when made: `moved()`
     names those that moved since, `restore()` sets them again. For code a trace runs once
@@ -67,6 +37,32 @@ class PythonGenerators:
         random.setstate(self.python)
         if self.numpy is not None:
             self.numpy[0].random.set_state(self.numpy[1])
+
+
+class GeneratorStates:
+    """The states of torch's CPU generator, of the CUDA generators of `devices`, and of
+    Python's and NumPy's global generators (`PythonGenerators`), taken when made;
+    `restore()` sets them again. One snapshot for work that must leave the generators as
+    it found them (`generators_kept`) and for a forward's effects kept to be set again
+    later (`frontends/tracing_paths.EagerFailure`)."""
+
+    def __init__(self, devices=()):
+        self.devices = list(devices)
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(d) for d in self.devices]
+        self.outside = PythonGenerators()
+
+    def moved_torch(self, now: GeneratorStates) -> bool:
+        """Whether torch's generators (CPU, and the CUDA devices of both) differ in `now`,
+        taken later."""
+        return not torch.equal(self.cpu, now.cpu) or any(
+            not torch.equal(a, b) for a, b in zip(self.cuda, now.cuda))
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for device, state in zip(self.devices, self.cuda):
+            torch.cuda.set_rng_state(state, device)
+        self.outside.restore()
 
 
 @contextlib.contextmanager
