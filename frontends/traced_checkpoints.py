@@ -53,10 +53,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from remat_ir.torchlib.callables import HELD_ITEMS, attributes_of
+
 from .errors import LoweringError
 from .fake_dispatch import wrapped_fake_dispatch
 from .fx_nodes import written_values
-from .model_lines import model_line
+from .model_lines import is_users_file, model_line
 
 #: What to do instead of a checkpoint that eager's backward computes otherwise.
 _INSTEAD = ("remove the checkpoint (Hugging Face: skip gradient_checkpointing_enable()): "
@@ -77,26 +79,30 @@ class _Block:
     read: list = field(default_factory=list)
     read_storages: set = field(default_factory=set)
     drawn_in_python: bool = False
-    #: The function's free variables and what each held at the call (`_closure`).
-    closure: dict = field(default_factory=dict)
+    #: What the function reads that the forward may bind again, with what each held at
+    #: the call (`_reached`).
+    reached: list = field(default_factory=list)
 
     def rebound(self) -> str | None:
-        """The refusal of a block whose function's free variable now holds another value
-        than at the call (module docstring), or None."""
-        for name, (cell, value) in self.closure.items():
+        """The refusal of a block whose function reads something that now holds another
+        value than at the call (module docstring), or None."""
+        for label, read, value in self.reached:
             try:
-                now = cell.cell_contents
-            except ValueError:   # emptied (`del`): eager's backward would raise
-                now = cell
+                now = read()
+            except Exception:   # noqa: BLE001 - emptied (`del`, an item removed): another value
+                now = _GONE
             if _same_for_the_block(now, value):
                 continue
+            bind = (f"`lambda t, {label}={label}: ...`, or functools.partial" if label.isidentifier()
+                    else "a default argument or functools.partial holding the value itself, not a "
+                         "container or a function the forward changes afterwards")
             return (f"torch.utils.checkpoint at {self.line or 'a line of the model'} calls a function "
-                    f"reading `{name}`, which the forward binds again after the call to another value "
+                    f"reading `{label}`, which the forward binds again after the call to another value "
                     f"(a lambda or inner function in a loop sees the loop variable's last value): "
-                    f"eager's backward calls it again with `{name}`'s new value, so it may compute "
+                    f"eager's backward calls it again with `{label}`'s new value, so it may compute "
                     f"another block than the forward did, and its gradients not of the loss it "
                     f"returned, where a remat-ir step computes the forward's. Bind the value at the "
-                    f"call (`lambda t, {name}={name}: ...`, or functools.partial), or {_INSTEAD}")
+                    f"call ({bind}), or {_INSTEAD}")
         return None
 
     def refusal(self) -> str | None:
@@ -140,18 +146,107 @@ def _same_for_the_block(now, then) -> bool:
         return False
 
 
-def _closure(fn) -> dict:
-    """`fn`'s free variables (through partials) and their cells with what each holds now."""
-    while isinstance(fn, functools.partial):
+#: What `_reached` follows: levels below the checkpointed function, and entries in all.
+_REACH_DEPTH = 4
+_REACH_ENTRIES = 512
+_GONE = object()
+
+
+def _reached(fn) -> list:
+    """What `fn` reads that the forward may bind again before eager's backward calls it
+    again, as (label, how to read it now, what it held at the call): the free variables,
+    defaults and globals its code names, a partial's function and arguments, the items of
+    the lists, tuples and dicts these hold, and the attributes the code names on the
+    objects they hold, followed into the user's functions among them (`_REACH_DEPTH`
+    levels; a library's function, torch's `checkpoint` held in a global, is its own).
+    hunt65: only the function's own cells were compared, and `holder[0] = blk` read by a
+    lambda, a partial's argument closing over `blk`, or a default argument wrapping such a
+    closure each recomputed every block with the last one in eager (9.4e-3 off), silently."""
+    found: list = []
+    seen: set[int] = set()
+
+    def visit(label: str, read, value, depth: int, names: tuple = ()) -> None:
+        if len(found) >= _REACH_ENTRIES:
+            return
+        found.append((label, read, value))
+        if depth == 0 or id(value) in seen or isinstance(value, (torch.Tensor, type, types.ModuleType)):
+            return
+        seen.add(id(value))
+        if isinstance(value, functools.partial):
+            visit(f"{label}.func", functools.partial(getattr, value, "func"), value.func, depth - 1)
+            for i, arg in enumerate(value.args):
+                visit(f"{label}'s argument {i}", functools.partial(_item, value.args, i), arg, depth - 1)
+            for key, arg in value.keywords.items():
+                visit(f"{label}'s argument {key}", functools.partial(_item, value.keywords, key), arg,
+                      depth - 1)
+        elif isinstance(value, (types.FunctionType, types.MethodType)):
+            function(value, label, depth)
+        elif isinstance(value, (list, tuple, dict)):
+            keys = list(value)[:HELD_ITEMS] if isinstance(value, dict) else range(
+                min(len(value), HELD_ITEMS))
+            for key in keys:
+                visit(f"{label}[{key!r}]", functools.partial(_item, value, key), value[key], depth - 1,
+                      names)
+        else:
+            table = _attributes(value)
+            for name in names:
+                if name in table:
+                    visit(f"{label}.{name}", functools.partial(getattr, value, name), table[name],
+                          depth - 1, names)
+
+    def function(fn, label: str | None, depth: int) -> None:
+        if isinstance(fn, types.MethodType):
+            visit(f"{label}.__self__" if label else "self", functools.partial(getattr, fn, "__self__"),
+                  fn.__self__, depth - 1, fn.__func__.__code__.co_names)
+            fn = fn.__func__
+        code = fn.__code__
+        if not is_users_file(code.co_filename):   # a library's function (torch's `checkpoint`)
+            return
+        names = code.co_names
+        prefix = f"{label} → " if label else ""
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                held = cell.cell_contents
+            except ValueError:   # not yet bound
+                continue
+            visit(prefix + name, functools.partial(getattr, cell, "cell_contents"), held, depth - 1, names)
+        for i, default in enumerate(fn.__defaults__ or ()):
+            visit(f"{prefix}{code.co_varnames[code.co_argcount - len(fn.__defaults__) + i]}",
+                  functools.partial(_item, fn, i, "__defaults__"), default, depth - 1, names)
+        for key, default in (fn.__kwdefaults__ or {}).items():
+            visit(prefix + key, functools.partial(_item, fn, key, "__kwdefaults__"), default, depth - 1, names)
+        module_globals = fn.__globals__
+        for name in names:
+            if name in module_globals and not isinstance(module_globals[name], (types.ModuleType, type)):
+                visit(prefix + name, functools.partial(_item, module_globals, name), module_globals[name],
+                      depth - 1, names)
+
+    while isinstance(fn, functools.partial):   # the partial itself is the caller's, not rebound
+        for i, arg in enumerate(fn.args):
+            visit(f"the partial's argument {i}", functools.partial(_item, fn.args, i), arg, _REACH_DEPTH)
+        for key, arg in fn.keywords.items():
+            visit(key, functools.partial(_item, fn.keywords, key), arg, _REACH_DEPTH)
         fn = fn.func
-    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
-    found = {}
-    for name, cell in zip(code.co_freevars if code is not None else (), cells):
-        try:
-            found[name] = (cell, cell.cell_contents)
-        except ValueError:   # not yet bound
-            continue
+    if isinstance(fn, (types.FunctionType, types.MethodType)):
+        function(fn, None, _REACH_DEPTH + 1)
     return found
+
+
+def _item(container, key, attribute: str | None = None):
+    """`container[key]`, or `container.<attribute>[key]` (a function's defaults, read now)."""
+    if attribute is not None:
+        container = getattr(container, attribute) or {}
+    return container[key]
+
+
+def _attributes(value) -> dict:
+    """An object's own attributes by name (a module's submodules, parameters and buffers
+    too), without running properties or `__getattr__`."""
+    table = dict(attributes_of(value))
+    if isinstance(value, torch.nn.Module):
+        for name in ("_modules", "_parameters", "_buffers"):
+            table.update(table.get(name, {}))
+    return table
 
 
 def _storages(value) -> set:
@@ -172,7 +267,7 @@ def checkpoints_traced_plain():
         forward_context, _ = context_fn()
         if isinstance(forward_context, TorchDispatchMode):
             forward_context = contextlib.nullcontext()
-        block = _Block(model_line(traceback.extract_stack()), preserve_rng_state, closure=_closure(fn))
+        block = _Block(model_line(traceback.extract_stack()), preserve_rng_state, reached=_reached(fn))
         return plain(block, forward_context)
 
     def plain(block, forward_context):

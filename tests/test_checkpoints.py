@@ -6,6 +6,9 @@ test_trust.py (`autograd_functions`)."""
 
 from __future__ import annotations
 
+import re
+import types
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -220,7 +223,10 @@ def test_a_block_drawing_from_pythons_generator_is_refused():
 class _LateBound(torch.nn.Module):
     """A checkpoint per block, its function made in the loop: `late` reads the loop
     variable (eager's backward sees the last block), `bound` binds it as a default
-    argument, `partial` through functools.partial."""
+    argument, `partial` through functools.partial. Late too, less directly (hunt65):
+    `listed` reads it from a list the loop overwrites, `partial_of_closure` binds a
+    closure over it, `default_closure` a default argument holding such a closure,
+    `attribute` reads it from an attribute of an object the loop sets."""
 
     def __init__(self, how: str):
         super().__init__()
@@ -230,15 +236,28 @@ class _LateBound(torch.nn.Module):
     def forward(self, x):
         import functools
 
-        scale = torch.ones(8)
+        scale, holder, picked = torch.ones(8), [None], types.SimpleNamespace()
         for blk in self.blocks:
             if self.how == "late":
                 x = checkpoint(lambda t: torch.tanh(blk(t)) * scale, x, use_reentrant=False)
             elif self.how == "bound":
                 x = checkpoint(lambda t, blk=blk: torch.tanh(blk(t)) * scale, x, use_reentrant=False)
-            else:
+            elif self.how == "partial":
                 x = checkpoint(functools.partial(lambda b, t: torch.tanh(b(t)) * scale, blk), x,
                                use_reentrant=False)
+            elif self.how == "listed":
+                holder[0] = blk
+                x = checkpoint(lambda t: torch.tanh(holder[0](t)), x, use_reentrant=False)
+            elif self.how == "partial_of_closure":
+                def inner(t):
+                    return torch.tanh(blk(t))
+                x = checkpoint(functools.partial(lambda f, t: f(t), inner), x, use_reentrant=False)
+            elif self.how == "default_closure":
+                inner = lambda u: torch.tanh(blk(u))   # noqa: E731 - the spelling under test
+                x = checkpoint(lambda t, f=inner: f(t), x, use_reentrant=False)
+            else:
+                picked.current = blk
+                x = checkpoint(lambda t: torch.tanh(picked.current(t)), x, use_reentrant=False)
         return x
 
 
@@ -254,6 +273,11 @@ def test_a_checkpointed_function_reading_a_variable_the_forward_binds_again_is_r
                                             r"calls a function reading `blk`, which the forward binds again "
                                             r"after the call.*lambda t, blk=blk"):
         _remat(_LateBound("late"), (x,))
+    for how, read in (("listed", "holder[0]"), ("partial_of_closure", "the partial's argument 0 → blk"),
+                      ("default_closure", "f → blk"), ("attribute", "picked.current")):
+        with pytest.raises(LoweringError, match=rf"calls a function reading `{re.escape(read)}`, which the "
+                                                r"forward binds again after the call"):
+            _remat(_LateBound(how), (x,))
     for how in ("bound", "partial"):
         assert _side_by_side(_LateBound(how), x) == {}, how
 
