@@ -324,3 +324,90 @@ def test_a_long_list_of_rates_and_functions_holding_objects_is_compared_by_its_r
         assert f"{_LENGTH} items #" in capsys.readouterr().err
     finally:
         _PAIRS_OF_FUNCTIONS[4] = old
+
+
+class _Multiplier:
+    def __init__(self, k: float):
+        self.k = k
+
+    def times(self, h):
+        return h * self.k
+
+    def __call__(self, h):
+        return h * self.k
+
+
+_METHODS = [_Multiplier(1.0).times for _ in range(_LENGTH)]
+_CALLABLES = [_Multiplier(1.0) for _ in range(_LENGTH)]
+
+
+class _PicksAMethod(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.fc, self.i, self.kind = torch.nn.Linear(6, 3), 7, kind
+
+    def forward(self, x):
+        picked = (_METHODS if self.kind.startswith("method") else _CALLABLES)[self.i]
+        return picked(self.fc(x)).square().mean()
+
+
+@pytest.mark.parametrize("change", ["method replaced", "method's object changed", "callable replaced",
+                                    "callable's attribute changed"])
+def test_a_method_or_callable_of_a_long_list_changed_after_lowering_is_planned_for(change, capsys):
+    """Found by hunt65: a list of 300 bound methods or callable objects the forward picks
+    from by index, one replaced or its object's `k` changed after `remat`, trained on with
+    the traced one, 2.5 off, silently: only functions and partials were digested."""
+    held = _METHODS if change.startswith("method") else _CALLABLES
+    try:
+        torch.manual_seed(0)
+        model, x = _PicksAMethod(change), torch.randn(5, 6)
+        scheduled = _stepped_once(model, x)
+        capsys.readouterr()
+        if change == "method replaced":
+            held[7] = _Multiplier(3.0).times
+        elif change == "callable replaced":
+            held[7] = _Multiplier(3.0)
+        else:
+            getattr(held[7], "__self__", held[7]).k = 3.0
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert f"{_LENGTH} items #" in capsys.readouterr().err
+    finally:
+        held[7] = _Multiplier(1.0).times if held is _METHODS else _Multiplier(1.0)
+
+
+_SCALE = 1.0
+
+
+def _scaled(offset: float):
+    return lambda h: h * _SCALE + offset
+
+
+class _HoldsFunctions(torch.nn.Module):
+    """Functions handed in a list or a dict, read by index; they read a global. (Made in
+    `__init__`, their code was scanned as `__init__`'s.)"""
+
+    def __init__(self, picks):
+        super().__init__()
+        self.fc, self.i, self.picks = torch.nn.Linear(6, 3), 1, picks
+
+    def forward(self, x):
+        return self.picks[self.i](self.fc(x)).square().mean()
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_a_global_read_by_a_function_a_module_holds_in_a_container_is_planned_for(kind, capsys):
+    """Found by hunt65: a function held in a module's list, read by index, computing with a
+    global (`h * _SCALE`): the global changed after `remat` trained on with the traced
+    value, 2.5 off, silently (functions held directly were scanned for globals only)."""
+    global _SCALE
+    try:
+        torch.manual_seed(0)
+        picks = [_scaled(0.0), _scaled(1.0)] if kind == "list" else {1: _scaled(1.0)}
+        model, x = _HoldsFunctions(picks), torch.randn(5, 6)
+        scheduled = _stepped_once(model, x)
+        capsys.readouterr()
+        _SCALE = 3.0
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert "global _SCALE" in capsys.readouterr().err
+    finally:
+        _SCALE = 1.0

@@ -167,14 +167,22 @@ def _digest_text(value, parts: list, budget: list, depth: int) -> bool:
         return True
     if kind in (types.FunctionType, functools.partial) and depth < _DIGEST_DEPTH:
         return _function_text(value, parts, budget, depth)
+    if kind is types.MethodType and depth < _DIGEST_DEPTH:   # `Obj(k).f`: its function and object
+        parts.append("method:")
+        return _function_text(value.__func__, parts, budget, depth) and _held_text(
+            f"self:{type(value.__self__).__qualname__}", _state(value.__self__), parts, budget, depth)
+    call = getattr(kind, "__call__", None)
+    if isinstance(call, types.FunctionType) and depth < _DIGEST_DEPTH \
+            and not isinstance(value, (torch.nn.Module, torch.Tensor, type)):
+        # A callable object of a Python class: its class, `__call__`'s code, its state.
+        return _held_text(f"callable:{kind.__module__}.{kind.__qualname__}:{_code_digest(call.__code__)}",
+                          _state(value), parts, budget, depth)
     if kind is types.BuiltinFunctionType:   # `torch.tanh`, `math.exp`, a bound builtin method
         owner = getattr(value, "__self__", None)
         place = getattr(value, "__module__", None) or type(owner).__qualname__
         parts.append(f"builtin:{place}.{value.__qualname__};")
         return True
-    state = getattr(value, "__dict__", None)
-    if type(state) is not dict and _slots(kind):   # `@dataclass(slots=True)` (hunt62)
-        state = {name: getattr(value, name) for name in _slots(kind) if hasattr(value, name)}
+    state = _state(value)
     if type(state) is dict and depth < _DIGEST_DEPTH and not callable(value) \
             and not isinstance(value, (enum.Enum, torch.Tensor, type, types.ModuleType)):
         parts.append(f"object:{kind.__module__}.{kind.__qualname__}(")
@@ -191,6 +199,43 @@ def _digest_text(value, parts: list, budget: list, depth: int) -> bool:
     if (text := described(value)) is not None:
         parts.append(f"described:{len(text)}:{text};")
         return True
+    parts.append("?;")
+    return True
+
+
+def _state(value) -> dict | None:
+    """An object's attributes: its `__dict__`, or what its `__slots__` hold
+    (`@dataclass(slots=True)`, hunt62); None for neither."""
+    state = getattr(value, "__dict__", None)
+    if type(state) is not dict and _slots(type(value)):
+        state = {name: getattr(value, name) for name in _slots(type(value)) if hasattr(value, name)}
+    return state if type(state) is dict else None
+
+
+def _held_text(label: str, state: dict | None, parts: list, budget: list, depth: int) -> bool:
+    """`_digest_text` of what a bound method's object or a callable object holds, by
+    `label`: its plain values and functions by name, anything else as "?" (as a closure's,
+    `_function_text`). hunt65: a list of 300 bound methods (`Obj(k).f`) or callable
+    objects picked by index, one swapped or its `k` changed after `remat`, trained on
+    with the traced one, 2.5 off, silently."""
+    parts.append(f"{label}(")
+    for name in sorted(state or {}):
+        parts.append(f"{name}=")
+        if not _plain_or_function(state[name], parts, budget, depth):
+            return False
+    parts.append(")")
+    return True
+
+
+def _plain_or_function(item, parts: list, budget: list, depth: int) -> bool:
+    """`_digest_text` of a plain value or a function; "?" for anything else. Plain values
+    and functions only: an object a closure holds digested whole cost the budget of the
+    container (hunt65: a list of 300 (rate, function) pairs went uncompared, a rate's
+    change missed), planned again for an attribute no code read (450 ms a step), hashed
+    numpy rows (62 ms a call), raised on a dead weak proxy."""
+    if type(item) in _PLAIN_LEAVES or type(item) in (types.FunctionType, functools.partial,
+                                                     types.BuiltinFunctionType):
+        return _digest_text(item, parts, budget, depth + 1)
     parts.append("?;")
     return True
 
@@ -213,16 +258,8 @@ def _function_text(value, parts: list, budget: list, depth: int) -> bool:
                 cells.append(None)
         held = [*cells, *(value.__defaults__ or ()), *sorted((value.__kwdefaults__ or {}).items())]
     for item in held:
-        # Plain values and functions only: an object a closure holds digested whole cost the
-        # budget of the container (hunt65: a list of 300 (rate, function) pairs went
-        # uncompared, a rate's change missed), planned again for an attribute no code read
-        # (450 ms a step), hashed numpy rows (62 ms a call), raised on a dead weak proxy.
-        if type(item) in _PLAIN_LEAVES or type(item) in (types.FunctionType, functools.partial,
-                                                         types.BuiltinFunctionType):
-            if not _digest_text(item, parts, budget, depth + 1):
-                return False
-        else:
-            parts.append("?;")
+        if not _plain_or_function(item, parts, budget, depth):
+            return False
     parts.append(")")
     return True
 
