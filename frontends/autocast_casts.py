@@ -77,7 +77,17 @@ def _autocast_cast(node: torch.fx.Node, primal: torch.fx.Node) -> bool:
         # kernel casts with a plain `.to()` that autocast's cache never sees: a weight two
         # such calls read got a gradient 3.7e-4 off eager's, summed in bfloat16 (hunt63).
         return False
+    readers = [user for user in node.users if user.meta.get("partitioner_tag") != "is_backward"]
+    if readers and all(_custom_op(reader) for reader in readers):
+        # The same, under a `torch.autocast` block inside the forward: the origin is the
+        # block (`wrap_with_autocast`), and only the readers tell (hunt65: 2.4e-4 off).
+        return False
     return bool(target) and not target.startswith(_EXPLICIT)
+
+
+def _custom_op(node: torch.fx.Node) -> bool:
+    """Whether `node` calls an op outside the namespaces whose casts autocast caches."""
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in _CACHING_NAMESPACES
 
 
 def _region(cast: torch.fx.Node):
