@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -44,8 +45,8 @@ def draws_random(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bo
 _TAGGED_NAMESPACES = frozenset({"aten", "prims", "remat_ir", "_c10d_functional", "c10d", "c10d_functional",
                                 "_dtensor", "profiler"})
 #: A user's custom op (by its name and the shapes, dtypes and constants of one call) ->
-#: whether that call drew from the generator when it ran once.
-_CUSTOM_DRAWS: dict[tuple, bool] = {}
+#: what that call drew from when it ran once.
+_CUSTOM_DRAWS: dict[tuple, Trial] = {}
 
 
 def custom_op_draws(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
@@ -61,6 +62,21 @@ def custom_op_draws(target: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
     if target.namespace in _TAGGED_NAMESPACES or torch.Tag.nondeterministic_seeded in target.tags:
         return False
     values = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
+    return custom_op_trial(target, values).torch
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What a custom op's kernel moved when it ran once (`custom_op_trial`): torch's
+    generator (or it raised), and which of Python's and NumPy's (`PythonGenerators.moved`)."""
+    torch: bool
+    outside: tuple[str, ...] = ()
+
+
+def custom_op_trial(target: torch._ops.OpOverload, values) -> Trial:
+    """Run a custom op once on placeholder inputs like `values` (its arguments, fake
+    tensors among them) and say what it drew from, each call's shapes, dtypes and
+    constants once; the generators are left as they were."""
     leaves, spec = torch.utils._pytree.tree_flatten(values)
     key = (target._schema.name, target._overloadname, str(spec),
            tuple((tuple(v.shape), tuple(v.stride()), v.dtype, str(v.device)) if isinstance(v, torch.Tensor)
@@ -89,7 +105,7 @@ def opaque_custom_op(target) -> bool:
     return facts is None or facts.get("opaque", False)
 
 
-def _drew_once(target, leaves: list, spec) -> bool:
+def _drew_once(target, leaves: list, spec) -> Trial:
     placeholder = torch.Generator().manual_seed(0)
     devices = {v.device for v in leaves if isinstance(v, torch.Tensor)} or {torch.device("cpu")}
     real = []
@@ -107,17 +123,19 @@ def _drew_once(target, leaves: list, spec) -> bool:
                   for d in devices if d.type in ("cpu", "cuda")]
     before = [g.get_state() for g in generators]
     python = PythonGenerators()   # and NumPy's: its kernel may draw from them (hunt63)
+    outside: tuple[str, ...] = ()
     try:
         with torch.no_grad():
             target(*args, **kwargs)
         moved = any(not torch.equal(g.get_state(), state) for g, state in zip(generators, before))
+        outside = tuple(python.moved())
     except Exception:
         moved = True
     finally:
         for g, state in zip(generators, before):
             g.set_state(state)
         python.restore()
-    return moved
+    return Trial(moved, outside)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ which `checkpoint` looks up at each call (models holding their own reference to
 as it is, under the forward context of a `context_fn`, unless that is a TorchDispatchMode:
 selective checkpointing's policy, which decides what is kept, not what is computed.
 
-Four kinds of block compute otherwise in eager's backward, and are refused naming the
+Five kinds of block compute otherwise in eager's backward, and are refused naming the
 line of the checkpoint, with what to do (the ops are seen at the fake tensors' dispatch,
 `fake_dispatch`):
 - `preserve_rng_state=False` around random draws: eager recomputes the block with other
@@ -30,7 +30,11 @@ line of the checkpoint, with what to do (the ops are seen at the fake tensors' d
   review). Refused at the end of lowering, naming the block.
 - A block drawing from Python's random generator (LayerDrop at 0.0 draws and compares):
   eager's backward draws again, the checkpoint restoring torch's generator only, so every
-  Python draw after the step differed from eager's (found by a review).
+  Python draw after the step differed from eager's (found by a review). So does a custom
+  op whose kernel draws from Python's or NumPy's generator when run once (its kernel does
+  not run while tracing; `random_ops.custom_op_trial`), and one drawing from torch's under
+  `preserve_rng_state=False` counts as a draw (hunt65: eager runs the op twice a step, a
+  remat-ir step once, 1.7e-2 and 6.4e-3 off, silently).
 - A block whose function reads a variable the forward binds again after the call: a
   `lambda t: blk(t)` in a loop over blocks sees the loop variable's last value when eager's
   backward calls it again, so every block was recomputed with the last one's weights (the
@@ -59,6 +63,7 @@ from .errors import LoweringError
 from .fake_dispatch import wrapped_fake_dispatch
 from .fx_nodes import written_values
 from .model_lines import is_users_file, model_line
+from .random_ops import custom_op_trial, opaque_custom_op
 
 #: What to do instead of a checkpoint that eager's backward computes otherwise.
 _INSTEAD = ("remove the checkpoint (Hugging Face: skip gradient_checkpointing_enable()): "
@@ -79,6 +84,9 @@ class _Block:
     read: list = field(default_factory=list)
     read_storages: set = field(default_factory=set)
     drawn_in_python: bool = False
+    #: Custom ops it called whose kernel drew from Python's or NumPy's generator when run
+    #: once, with those generators (`random_ops.custom_op_trial`).
+    drawn_outside: dict = field(default_factory=dict)
     #: What the function reads that the forward may bind again, with what each held at
     #: the call (`_reached`).
     reached: list = field(default_factory=list)
@@ -113,6 +121,14 @@ class _Block:
                     f"and draws again (a checkpoint restores torch's generator only), so Python's "
                     f"generator ends every step elsewhere than a remat-ir step leaves it. Draw before "
                     f"the block and pass the number in, or {_INSTEAD}")
+        if self.drawn_outside:
+            op, generators = next(iter(self.drawn_outside.items()))
+            return (f"torch.utils.checkpoint at {where} around a block calling custom op {op}, whose "
+                    f"kernel draws from {' and '.join(generators)} generator: eager's backward runs the "
+                    f"block again and the op draws again (a checkpoint restores torch's generator only), "
+                    f"so eager's gradients follow the second draw and the generator ends every step "
+                    f"elsewhere than a remat-ir step, which runs the op once, leaves it. Draw with "
+                    f"torch's random ops instead, or {_INSTEAD}")
         if self.drawn and not self.preserving:
             return (f"torch.utils.checkpoint with preserve_rng_state=False at {where} around random "
                     f"draws ({', '.join(sorted(set(self.drawn)))}): eager's backward computes that "
@@ -309,6 +325,12 @@ def checkpoints_traced_plain():
             block = blocks[-1]
             if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
                 block.drawn.append(str(func.overloadpacket.__name__))
+            elif op and opaque_custom_op(func):   # hunt65: eager's recomputation ran it twice
+                trial = custom_op_trial(func, (args, kwargs or {}))
+                if trial.torch:
+                    block.drawn.append(str(func._schema.name))
+                if trial.outside:
+                    block.drawn_outside[str(func._schema.name)] = trial.outside
             if written - block.made:
                 block.written.append(str(func.overloadpacket.__name__))
             for value in pytree.tree_leaves((args, kwargs)):
