@@ -172,19 +172,24 @@ def backward_effects_error(model: str, effects: list[str]) -> LoweringError:
         f"log outside it (after `backward()`, or in a hook on a tensor the forward returns)")
 
 
-def backward_draws_error(model: str, generators: list[str], functions: list[str]) -> LoweringError:
+def backward_draws_error(model: str, generators: list[str], functions: list[str],
+                         fresh: list[str] = ()) -> LoweringError:
     """The error for a custom backward (an autograd Function's, a custom op's registered
     one), or a Function's forward run while AOTAutograd traces (hunt65: said as a
-    backward's), drawing from Python's or NumPy's generator: traced once, its numbers are
-    constants of the graph, so every step added the same noise and the generator never
-    moved (hunt63: gradients 1.35 off eager's over two steps, silently). Torch's random
-    ops there are traced as draws, which the graph makes at every step."""
+    backward's), drawing from Python's or NumPy's generator, or from one it makes without
+    a seed (`fresh`, `fresh_generators`): traced once, its numbers are constants of the
+    graph, so every step added the same noise and the generator never moved (hunt63:
+    gradients 1.35 off eager's over two steps, silently). Torch's random ops there are
+    traced as draws, which the graph makes at every step."""
     which = f"; the Functions it applies: {', '.join(functions)}" if functions else ""
+    source = " and ".join([f"{' and '.join(generators)} random generator"] if generators else []) or \
+        f"a generator it makes without a seed ({fresh[0]})"
+    if generators and fresh:
+        source += f", and makes a generator without a seed ({fresh[0]})"
     return LoweringError(
         f"code {model} runs while its step is traced (a custom autograd Function's forward or "
-        f"backward, or the backward a custom op registers{which}) draws from "
-        f"{' and '.join(generators)} random generator: the numbers become constants of the graph, "
-        f"so every step would use the same ones and the generator would not move, where eager "
+        f"backward, or the backward a custom op registers{which}) draws from {source}: the numbers "
+        f"become constants of the graph, so every step would use the same ones, where eager "
         f"draws anew. Draw with torch's random ops on the default generator (`torch.randn_like(g)`), "
         f"which the graph draws at every step as eager does")
 

@@ -83,6 +83,7 @@ from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
 from .random_ops import draws_random, opaque_custom_op, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
+from .fresh_generators import fresh_generators_noted
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
                        check_script_modules, backward_draws_error, backward_effects_error, constant_output,
@@ -1665,13 +1666,14 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             # `apply`) is compared at every call, as the forward's reads are: its new value
             # had been baked into the backward, silently (found by a review).
             drawn = PythonGenerators()   # a custom backward's draws (`backward_draws_error`)
-            with recording_reads(model, reads) if reads.functions else contextlib.nullcontext():
+            with recording_reads(model, reads) if reads.functions else contextlib.nullcontext(), \
+                    fresh_generators_noted() as fresh:
                 joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                           decompositions=decompositions)
-            if moved := drawn.moved():
+            if (moved := drawn.moved()) or fresh:
                 drawn.restore()
                 raise backward_draws_error(type(model).__name__, moved,
-                                           sorted(cls.__qualname__ for cls in reads.functions))
+                                           sorted(cls.__qualname__ for cls in reads.functions), fresh)
             if outside is not None and (said := outside_values.changes(outside, outside_values.Snapshot(model))):
                 outside_values.put_back([change for change, _ in said])
                 raise backward_effects_error(type(model).__name__, [text for _, text in said])

@@ -68,6 +68,7 @@ from .argument_writes import noting_argument_writes
 from .autograd_state import noting_autograd_state
 from .backend_flags import noting_backend_flags
 from .constant_tensors import CallDerived, call_sources
+from .fresh_generators import fresh_generators_noted
 from .held_tensors import held_objects
 from .hook_registrations import noting_hook_registrations
 from .python_draws import RANGES, RangedDraw
@@ -703,7 +704,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses, model, found), \
                 noting_autograd_state(found), noting_backend_flags(found), tracing_own_sdpa_kernels(found), \
                 noting_argument_writes(model, found), noting_hook_registrations(model, found), \
-                derived if derived is not None else contextlib.nullcontext():
+                derived if derived is not None else contextlib.nullcontext(), fresh_generators_noted() as fresh:
             warnings.simplefilter("always")
             yield
     except Exception as exc:
@@ -779,6 +780,9 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(_change_said(key, path, before))
                 _restore(module, key, before)
         _put_back_helpers(helpers, found)
+        if fresh:   # it moves no generator the model holds nor a global one
+            found.append(f"it makes a random generator without a seed ({fresh[0]}), whose numbers the "
+                         f"graph would hold as constants")
         numpy_module = sys.modules.get("numpy")
         for where, generator, state in generators:
             if not same_state(generator_state(generator, numpy_module), state):

@@ -509,29 +509,39 @@ class _NoisyGradient(torch.autograd.Function):
             return grad + torch.from_numpy(np.random.randn(*grad.shape).astype(np.float32)) * 0.1
         if _NoisyGradient.source == "python":
             return grad * random.random()
+        if _NoisyGradient.source == "own numpy":
+            return grad + torch.from_numpy(np.random.default_rng().standard_normal(grad.shape).astype(np.float32))
+        if _NoisyGradient.source == "own python":
+            return grad * random.Random().random()
+        if _NoisyGradient.source == "seeded numpy":   # the same numbers at every call: constants
+            return grad + torch.from_numpy(np.random.default_rng(0).standard_normal(grad.shape).astype(np.float32))
         return grad + torch.randn_like(grad) * 0.1
 
 
-@pytest.mark.parametrize("source", ["numpy", "python", "torch"])
+@pytest.mark.parametrize("source", ["numpy", "python", "own numpy", "own python", "seeded numpy", "torch"])
 def test_a_backward_drawing_from_pythons_or_numpys_generator_is_refused_and_torchs_trains(source):
     """Found by hunt63: a backward's NumPy or Python draw, traced once, was a constant of
     the graph: every step added the same noise and the generator never moved (1.35 off
     eager's over two steps), silently. Refused naming the Function, the generators put
-    back; torch's draws there are the graph's draws and train like eager."""
+    back; torch's draws there are the graph's draws and train like eager. So is a draw
+    from a generator the backward makes without a seed (hunt65: it moves no global
+    generator); one made with a seed draws the same numbers at every call, and trains."""
     import numpy as np
 
     torch.manual_seed(0)
     x = torch.randn(3, 4)
     _NoisyGradient.source = source
     try:
-        if source == "torch":
+        if source in ("torch", "seeded numpy"):
             assert side_by_side(_Calls(_NoisyGradient, False), lambda m: _lowered_and_scheduled(m, x), (x,), {},
                                 lambda out: out, tolerance=1e-30) == {}
             return
         python, numpy = random.getstate(), np.random.get_state()
+        drawn = (r"(NumPy|Python)'s random generator" if source in ("numpy", "python") else
+                 r"a generator it makes without a seed \((numpy.random.default_rng|random.Random)\(\) at "
+                 r".*test_custom_functions.py:\d+ in backward\)")
         with pytest.raises(LoweringError, match=r"code _Calls runs while its step is traced .*the Functions it "
-                                                r"applies: _NoisyGradient\) draws from (NumPy|Python)'s random "
-                                                r"generator.*torch.randn_like"):
+                                                rf"applies: _NoisyGradient\) draws from {drawn}.*torch.randn_like"):
             lower_torch(_Calls(_NoisyGradient, False), (x,), cost_model="flops")
         assert random.getstate() == python and np.array_equal(np.random.get_state()[1], numpy[1])
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import random
 
 import pytest
 import torch
@@ -748,3 +749,42 @@ def test_a_forward_reseeding_the_default_generator_is_refused_as_setting_its_sta
     """Found by hunt62: said as a draw read as a number for a while."""
     with pytest.raises(LoweringError, match=r"it sets torch's generator state"):
         remat_ir.remat(_Reseeds(), (torch.randn(3, 4),), cost_model="flops")
+
+
+class _DrawsFromAFreshGenerator(torch.nn.Module):
+    """A forward adding noise from a generator it makes at every call: without a seed
+    (`source` "numpy", "python"), or with one."""
+
+    def __init__(self, source: str):
+        super().__init__()
+        self.fc, self.source = torch.nn.Linear(4, 4), source
+
+    def forward(self, x):
+        import numpy as np
+
+        if self.source == "numpy":
+            noise = torch.from_numpy(np.random.default_rng().standard_normal(4).astype(np.float32))
+        elif self.source == "python":
+            noise = torch.tensor(random.Random().random())
+        else:
+            noise = torch.from_numpy(np.random.default_rng(7).standard_normal(4).astype(np.float32))
+        return (self.fc(x) + noise).square().mean()
+
+
+@pytest.mark.parametrize("source", ["numpy", "python", "seeded"])
+def test_a_forward_drawing_from_a_generator_it_makes_without_a_seed_is_refused(source):
+    """A generator made without a seed at every call draws new numbers at every step in
+    eager; it moves no generator the model holds nor a global one, so it was traced as
+    constants and every step added the same noise, silently. Refused naming the line; one
+    made with a seed draws the same numbers at every call, and trains like eager."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    if source == "seeded":
+        assert side_by_side(_DrawsFromAFreshGenerator(source),
+                            lambda m: remat_ir.remat(m, (x,), cost_model="flops", solver="recompute-all"),
+                            (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        return
+    what = "numpy.random.default_rng" if source == "numpy" else "random.Random"
+    with pytest.raises(LoweringError, match=rf"it makes a random generator without a seed \({what}\(\) at "
+                                            r".*test_rng.py:\d+ in forward\)"):
+        remat_ir.remat(_DrawsFromAFreshGenerator(source), (x,), cost_model="flops", solver="recompute-all")
