@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import array
 import collections
+import contextlib
 import dataclasses
+import itertools
 import sys
 import types
 
@@ -280,6 +282,40 @@ class Snapshot:
                 found.append(_Change(where.format(repr(key)), inside, was, then, names, parent,
                                      key if parent is None else at))
         return found
+
+
+@contextlib.contextmanager
+def user_state_kept(model=None):
+    """Within: work that runs the model's code and is no step of it (profiling, timing a
+    plan, a custom op's trial run) leaves the plain values and generators of the user's
+    globals, closures and class attributes as it found them (`put_back`). hunt65: `remat()`
+    ran a custom op about 56 times, so one counting its calls in a global, or drawing
+    from a generator of its own, started training elsewhere than eager (0.93 and 0.35 off
+    at the first step), silently. Lowering's own traces are not inside: what a first call
+    sets up and leaves settled is kept, as eager's first call keeps it."""
+    before = Snapshot(model)
+    generators = {id(g): (g, g.get_state()) for g in _torch_generators(model)}
+    try:
+        yield
+    finally:
+        put_back(before.changed(Snapshot(model)))
+        for generator, state in generators.values():
+            generator.set_state(state)
+
+
+def _torch_generators(model) -> list[torch.Generator]:
+    """The `torch.Generator`s of the user's (a snapshot leaves them to the runtime): in the
+    places `namespaces` gives, the model's modules' attributes, and the items of the lists,
+    tuples and dicts and the attributes of the objects there."""
+    places = [names.values() for _, names in namespaces(model)]
+    places += [vars(module).values() for module in (model.modules() if model is not None else ())]
+    found = []
+    for values in places:
+        for value in list(values):
+            inside = (value.values() if type(value) is dict else value if type(value) in (list, tuple)
+                      else vars(value).values() if _holder(value) else ())
+            found += [item for item in (value, *itertools.islice(inside, 64)) if isinstance(item, torch.Generator)]
+    return found
 
 
 def counters(first: Snapshot, traced: Snapshot, again: Snapshot) -> list[tuple[_Change, str]]:

@@ -11,6 +11,8 @@ import torch
 
 from remat_ir.torchlib.generators import PythonGenerators
 
+from .outside_values import user_state_kept
+
 
 #: A preserved custom Function's op (its qualified name) -> its facts; `facts["draws"]`
 #: is known once the op has been traced, after the op was registered without tags.
@@ -125,7 +127,7 @@ def _drew_once(target, leaves: list, spec) -> Trial:
     python = PythonGenerators()   # and NumPy's: its kernel may draw from them (hunt63)
     outside: tuple[str, ...] = ()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), user_state_kept():   # a count of its calls (hunt65)
             target(*args, **kwargs)
         moved = any(not torch.equal(g.get_state(), state) for g, state in zip(generators, before))
         outside = tuple(python.moved())

@@ -280,6 +280,7 @@ class Planner:
     def _lower_and_plan_unwatched(self, model, args: tuple, kwargs: dict) -> tuple[Graph, pb.Schedule]:
         import torch
 
+        from remat_ir.frontends.outside_values import user_state_kept
         from remat_ir.frontends.selected_outputs import SelectionError
         from remat_ir.lowering import add_costs, for_backend, lower_torch
         from remat_ir.plan_cache import PlanCache
@@ -302,11 +303,12 @@ class Planner:
         if cached:
             graph = cached
         else:
-            reused = self._reuse_before_timing(graph, model, args, kwargs)
-            if reused is not None:
-                return reused
-            add_costs(graph, self.cost_model, model=model, example=(args, kwargs), progress=self.progress,
-                      backend=self.backend)
+            with user_state_kept(model):   # profiling runs custom ops that may count their calls
+                reused = self._reuse_before_timing(graph, model, args, kwargs)
+                if reused is not None:
+                    return reused
+                add_costs(graph, self.cost_model, model=model, example=(args, kwargs), progress=self.progress,
+                          backend=self.backend)
             if cache:
                 cache.store_graph(graph_key, graph)
         graph = for_backend(graph, self.backend)

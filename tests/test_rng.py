@@ -631,6 +631,31 @@ def test_a_custom_op_is_computed_once_per_step_as_eager_computes_it(how):
     assert errors == {}
 
 
+@pytest.mark.parametrize("how", ["own generator", "counting"])
+def test_remat_leaves_a_custom_ops_own_state_as_it_found_it(how):
+    """Found by hunt65: `remat()` runs a custom op about 56 times (a trial run for draws,
+    profiling, timing), so one counting its calls in a global or drawing from a generator
+    of its own started training elsewhere than eager: 0.93 and 0.35 off at the first step,
+    silently. Profiling and trial runs put the user's globals and generators back."""
+    torch.manual_seed(0)
+    x, model = torch.randn(4, 8), _Opaque(how)
+    eager = copy.deepcopy(model)
+    fresh = torch.Generator().manual_seed(5).get_state()
+    _OPAQUE_GENERATOR.set_state(fresh)
+    _OPAQUE_CALLS[0] = 0
+    expected = eager(x)
+    expected.square().mean().backward()
+    _OPAQUE_GENERATOR.set_state(fresh)
+    _OPAQUE_CALLS[0] = 0
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all")   # profiled: runs the op
+    assert _OPAQUE_CALLS[0] == 0 and torch.equal(_OPAQUE_GENERATOR.get_state(), fresh)
+    got = scheduled(x)
+    got.square().mean().backward()
+    assert torch.equal(got, expected)
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
 def test_a_budget_custom_ops_make_infeasible_says_they_are_never_recomputed():
     """Found by hunt65: the refusal did not say why a model of custom ops reached no
     lower floor."""
