@@ -187,7 +187,25 @@ def _change_said(key: str, path: str, before: tuple) -> str:
         return (f"it changes module attribute {key!r} of {path or '<root>'} in the last bits of a number "
                 f"(multiplied and divided back, as diffusers' LoRA `scale` does; call the model once "
                 f"before remat_ir.remat, after which the number stays)")
+    flags = _flags_set(items, value)
+    if flags:
+        return (f"it changes module attribute {key!r} of {path or '<root>'} ({flags}): a flag its first "
+                f"call sets? Call the model once before remat_ir.remat, or keep the flag in a plain "
+                f"attribute (`self.inited = True`), whose first-call setup remat-ir replays; a counter "
+                f"or a log: keep it outside the forward")
     return f"it changes module attribute {key!r} of {path or '<root>'}"
+
+
+def _flags_set(items, after) -> str:
+    """The items of a dict attribute that the forward changed from one plain value to
+    another, said (`item 'inited': False, then True`); "" where any other item changed.
+    hunt61: a first call's flag in a dict was said as an attribute changed, and no more."""
+    if not (isinstance(items, dict) and isinstance(after, dict) and items.keys() == after.keys()):
+        return ""
+    changed = [(key, items[key], after[key]) for key in items if not _same(items[key], after[key])]
+    if not changed or not all(plain(a) and plain(b) for _, a, b in changed):
+        return ""
+    return "; ".join(f"item {key!r}: {a!r}, then {b!r}" for key, a, b in changed[:3])
 
 
 def _rounded_back(items, after) -> bool:

@@ -117,3 +117,36 @@ def test_a_flag_read_where_no_read_is_recorded_is_still_refused():
     """`self.__dict__.get`: no read the runtime compares, so no call would plan again."""
     with pytest.raises(LoweringError, match=r"assigns module attribute '_inited'"):
         remat_ir.remat(_FlagAbsentFirst("__dict__"), (torch.randn(2, 3, 4, 4),), solver="recompute-all")
+
+
+class _FlagInADict(torch.nn.Module):
+    """ActNorm whose flag is an item of a dict it holds (`self.state["inited"]`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.loc, self.state = torch.nn.Linear(8, 8), torch.nn.Parameter(torch.zeros(8)), {"inited": False}
+
+    def forward(self, x):
+        h = self.fc(x)
+        if not self.state["inited"]:
+            with torch.no_grad():
+                self.loc.copy_(-h.mean(0))
+            self.state["inited"] = True
+        return (h + self.loc).square().mean()
+
+
+def test_a_flag_kept_in_a_dict_is_refused_naming_the_item_and_trains_once_the_model_ran():
+    """hunt61: a first call's flag kept in a dict was refused as "it changes module
+    attribute 'state'", and no more. The refusal names the item and two ways out; the
+    first, one call before `remat`, trains like eager."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with pytest.raises(LoweringError, match=r"it changes module attribute 'state' of <root> \(item 'inited': "
+                                            r"False, then True\): a flag its first call sets\? Call the model "
+                                            r"once before remat_ir.remat, or keep the flag in a plain attribute"):
+        remat_ir.remat(_FlagInADict(), (x,), solver="recompute-all")
+    model = _FlagInADict()
+    model(x)
+    model.zero_grad()
+    assert side_by_side(model, lambda m: remat_ir.remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss, steps=3, tolerance=1e-30) == {}
