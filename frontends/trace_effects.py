@@ -623,6 +623,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     # torch.export puts back the attributes a forward assigned, so assignments are noted
     # as they happen; in-place changes to lists and dicts are found by comparing after.
     module_setattr = torch.nn.Module.__setattr__
+    plainly_set: set[tuple[int, str]] = set()   # (module, attribute) given a plain value in a forward
 
     def setattr_noted(module, key, value):
         caller = sys._getframe(1).f_code.co_filename
@@ -637,6 +638,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             # that read it (AOTAutograd then refused a backward reading it: "modified by an
             # inplace operation").
             return
+        if plain(value):   # a reset (`self.state = None`), held already or not: `stored_tensors`
+            plainly_set.add((id(module), key))
         if _held(module, key) is value:
             # The object it holds already (`self.classifier = self.classifier.to(dtype)`,
             # the cast changing nothing: `module_casts`): no effect.
@@ -651,7 +654,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
                 assigned[at] = (value, where, before)
             elif stored is not None and not key.startswith("_") and key not in buffers and \
-                    stored.note(path, key, value, where):
+                    stored.note(path, key, value, where, reset=(id(module), key) in plainly_set):
                 pass   # returned by the graph, stored by the runtime (`stored_tensors`)
             elif key in buffers:
                 found.append(f"it assigns a new tensor to buffer {key!r} of {type(module).__name__} "

@@ -122,6 +122,76 @@ def test_a_stored_tensor_needing_a_gradient_stays_refused():
         lower_torch(Storing(with_gradient=True), _batch(0), cost_model="flops")
 
 
+class _Cell(nn.Module):
+    """A recurrent cell keeping its last state on itself (for generation), adding the one
+    it holds (None in training: its caller resets it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.state = nn.Linear(WIDTH, WIDTH), None
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.state is not None:
+            h = h + self.state
+        self.state = torch.tanh(h)
+        return self.state
+
+
+class ResetsItsState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell, self.out = _Cell(), nn.Linear(WIDTH, 1)
+
+    def forward(self, x):
+        self.cell.state = None   # training: no state from the last call
+        return self.out(self.cell(x)).square().mean()
+
+
+@pytest.mark.parametrize("called_before", [False, True])
+def test_a_state_needing_a_gradient_that_each_call_resets_first_is_stored_detached(called_before):
+    """hunt64: RecurrentGemma's RG-LRU stores its recurrent state (a tensor needing a
+    gradient) at every call and was refused, with advice that could not help; each call
+    resets it first, so no call reads what the last left. Stored detached after every
+    call: the same values as eager's, under a random schedule, whether or not the model
+    ran before (then it holds a tensor when lowered)."""
+    torch.manual_seed(0)
+    model, x = ResetsItsState(), torch.randn(4, WIDTH)
+    eager = copy.deepcopy(model)
+    if called_before:
+        for module in (model, eager):
+            module(x).backward()
+            module.zero_grad()
+    graph = lower_torch(model, (x,), cost_model="flops")
+    schedule = random_schedule(graph, random.Random(2), recompute_share=0.8)
+    scheduled = ScheduledModule(model, graph, schedule)
+    for seed in (1, 2):
+        batch = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(seed))
+        for module in (model, eager):
+            module.zero_grad()
+        scheduled(batch).backward()
+        eager(batch).backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
+        assert torch.equal(model.cell.state, eager.cell.state) and not model.cell.state.requires_grad
+
+
+def test_recurrent_gemma_trains_bitwise_and_keeps_its_recurrent_state_as_eager():
+    import family_models
+    family_models.quiet()
+    torch.manual_seed(0)
+    model, args, kwargs, loss_of = family_models.FAMILIES["recurrent_gemma"]()
+    eager = copy.deepcopy(model)
+    graph = lower_torch(copy.deepcopy(model), args, example_kwargs=kwargs, cost_model="flops")
+    schedule = random_schedule(graph, random.Random(1), recompute_share=0.8)
+    assert side_by_side(copy.deepcopy(model), lambda m: ScheduledModule(m, graph, schedule), args, kwargs,
+                        loss_of) == {}
+    loss_of(ScheduledModule(model, graph, schedule)(*args, **kwargs)).backward()
+    loss_of(eager(*args, **kwargs)).backward()
+    for ours, theirs in zip(model.modules(), eager.modules()):
+        if hasattr(theirs, "recurrent_states"):
+            assert torch.equal(ours.recurrent_states, theirs.recurrent_states)
+
+
 def test_qwen2_vl_trains_bitwise_and_keeps_its_rope_deltas_as_eager():
     """Refused before (its image grid split by `.tolist()`, `repeat_interleave` by the
     grid, and `self.rope_deltas = ...`): bitwise eager's under a random schedule, with the
