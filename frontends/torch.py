@@ -116,6 +116,7 @@ from .value_dependent import (SYMBOLIC, data_sized_branch_error, symbolic_number
 from .view_compaction import compact_views
 from remat_ir.torchlib.described_values import tensor_like
 from remat_ir.torchlib.generators import PythonGenerators
+from remat_ir.torchlib.tensor_classes import changes_torch_functions
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
 from remat_ir.torchlib.types import (ONCE_PER_STEP, argument_name, argument_names, autocast_cache,
@@ -315,7 +316,8 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
         if tensor.layout != torch.strided:
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "
                                 f"tensor; {_dense_advice(tensor.layout)}")
-        if (kind == "input" and type(tensor) not in (torch.Tensor, torch.nn.Parameter)) or _own_torch_function(tensor):
+        if (kind == "input" and type(tensor) not in (torch.Tensor, torch.nn.Parameter)) or \
+                changes_torch_functions(tensor):
             # Traced as a plain tensor: what its class does (`__torch_function__`, a branch
             # on `isinstance`) was not in the graph, 0.36 off eager's output (a review). A
             # parameter's or buffer's was refused as reading `.grad`, or as a RecursionError
@@ -327,17 +329,6 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {kind_name}, a "
                                 f"torch.Tensor subclass: remat-ir traces plain tensors, and what the "
                                 f"subclass changes would not be in the graph; {instead}")
-
-
-def _own_torch_function(tensor: torch.Tensor) -> bool:
-    """Whether `tensor`'s class changes what torch functions do to it (a `__torch_function__`
-    of its own; not DTensor's or Parameter's, which turn it off, nor a lazy module's
-    parameter not made yet, which `check_lazy_modules` names)."""
-    if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
-        return False
-    function = type(tensor).__torch_function__
-    return function is not torch._C._disabled_torch_function_impl and \
-        getattr(function, "__func__", None) is not torch.Tensor.__torch_function__.__func__
 
 
 def _check_dense(module: torch.fx.GraphModule, model: str) -> None:

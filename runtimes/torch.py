@@ -49,6 +49,7 @@ from remat_ir.ir.units import human_bytes
 from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.generators import generators_kept, restore_step_generators, step_generators
 from remat_ir.torchlib.hooks import HookWatch, root_backward_hooks
+from remat_ir.torchlib.tensor_classes import changes_torch_functions
 from remat_ir.torchlib.member_arguments import view_of_member
 from remat_ir.torchlib.output_names import output_names, top_level_selectors
 from remat_ir.torchlib import model_structure
@@ -1451,6 +1452,15 @@ class _Lowered:
             self._refuse_changed(kind, what, t, *self.traced_meta[slot])
         if kind == "param" and what in self.frozen and t.requires_grad:
             self._refuse_unfrozen(what)
+        if kind in ("param", "buffer") and type(t) not in (torch.Tensor, torch.nn.Parameter) \
+                and changes_torch_functions(t):
+            kind_name = f"{type(t).__module__}.{type(t).__qualname__}"
+            raise RuntimeInputError(
+                f"{'parameter' if kind == 'param' else 'buffer'} {what!r} is a {kind_name} now, a "
+                f"torch.Tensor subclass changing what torch functions do, and was a plain tensor when "
+                f"the model was lowered: the graph computes what a plain tensor does. Hold a plain "
+                f"{'nn.Parameter' if kind == 'param' else 'tensor'} and do what the subclass does in "
+                f"the forward")
         if kind == "buffer" and t.requires_grad:
             # Set since lowering (which refuses it): eager gives the buffer, or the tensor
             # assigned into its slot (a hypernetwork's output), a gradient, and the graph,

@@ -3474,6 +3474,35 @@ def test_a_parameter_or_buffer_of_a_tensor_subclass_is_refused_naming_it(kind):
         _remat(model, (torch.randn(4, 8),), solver="recompute-all")
 
 
+class _ScaledLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 0.5))
+
+    def forward(self, x):
+        return torch.tanh(self.a(x)) * self.scale
+
+
+@pytest.mark.parametrize("kind", ["parameter", "buffer"])
+def test_a_parameter_or_buffer_swapped_for_a_tensor_subclass_after_lowering_is_refused(kind):
+    """Found by hunt66: refused at lowering, such a parameter put in place after `remat`
+    (a weight class emulating quantization) trained as a plain tensor, 0.06 off eager's
+    gradients, silently."""
+    torch.manual_seed(0)
+    model, x = _ScaledLinear(), torch.randn(4, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    scheduled(x).sum().backward()
+    if kind == "parameter":
+        model.a.weight = _MarkedParameter(model.a.weight.detach().clone())
+    else:
+        model.scale = model.scale.as_subclass(_MarkedInput)
+    name = "a.weight" if kind == "parameter" else "scale"
+    with pytest.raises(RuntimeInputError, match=rf"{kind} '{name}' is a .*_Marked(Parameter|Input) now, a "
+                                                rf"torch.Tensor subclass changing what torch functions do"):
+        scheduled(x)
+
+
 @pytest.mark.parametrize("how", ["subclass at lowering", "subclass at a call", "attribute at a call",
                                  "sparse at a call"])
 def test_an_input_of_another_kind_than_lowered_is_planned_again_or_refused(how):
