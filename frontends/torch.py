@@ -115,6 +115,7 @@ from .value_dependent import (SYMBOLIC, data_sized_branch_error, symbolic_number
                               value_dependent_error, watching_data_values)
 from .view_compaction import compact_views
 from remat_ir.torchlib.described_values import tensor_like
+from remat_ir.torchlib.function_modes import user_function_modes
 from remat_ir.torchlib.generators import PythonGenerators
 from remat_ir.torchlib.tensor_classes import changes_torch_functions
 from remat_ir.torchlib.member_arguments import member_arguments
@@ -1522,6 +1523,12 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     like any intermediate (`selected_outputs`).
     """
     outputs = check_selection(outputs)
+    if modes := user_function_modes():
+        raise LoweringError(f"{type(model).__name__} is lowered inside {', '.join(modes)}, a TorchFunctionMode: "
+                            f"remat-ir traces and runs ATen ops, below the torch functions such a mode sees, "
+                            f"so what it does would not be in the graph. Call remat_ir.remat outside the "
+                            f"mode (a scheduled call inside one runs the model as it is), or do what the mode "
+                            f"does in the model's forward")
     refused = cached_parametrizations(model)
     if refused is not None:
         raise LoweringError(refused.replace("is called inside", "is lowered inside"))

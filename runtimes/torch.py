@@ -46,6 +46,7 @@ from remat_ir.ir.simulator import check
 from remat_ir.ir.validation import validate_once
 from remat_ir.ir.units import human_bytes
 
+from remat_ir.torchlib.function_modes import user_function_modes
 from remat_ir.torchlib.function_state import underlying
 from remat_ir.torchlib.generators import generators_kept, restore_step_generators, step_generators
 from remat_ir.torchlib.hooks import HookWatch, root_backward_hooks
@@ -2313,6 +2314,11 @@ class ScheduledModule(torch.nn.Module):
             self._tell_once("forward_ad", "remat-ir: called inside torch.autograd.forward_ad.dual_level(): "
                                           "the model runs as it is, with eager's memory (forward-mode "
                                           "gradients need the model's own ops)")
+            return self._call_model(*args, **kwargs)
+        if modes := user_function_modes():   # hunt66: eager's numbers differed, silently
+            self._tell_once("function_mode", f"remat-ir: called inside {', '.join(modes)}, a TorchFunctionMode: "
+                                             f"the model runs as it is, with eager's memory (a step runs ATen "
+                                             f"ops, below the torch functions such a mode sees)")
             return self._call_model(*args, **kwargs)
         self._check_saved_tensor_hooks()
         if torch.is_anomaly_enabled():

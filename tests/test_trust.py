@@ -3503,6 +3503,39 @@ def test_a_parameter_or_buffer_swapped_for_a_tensor_subclass_after_lowering_is_r
         scheduled(x)
 
 
+class _HalvesLinear(torch.overrides.TorchFunctionMode):
+    """A numerics emulation: `F.linear`'s result halved."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 0.5 if func is F.linear else out
+
+
+def test_a_call_inside_a_users_torch_function_mode_runs_the_model_and_lowering_inside_one_is_refused(capsys):
+    """Found by hunt66: a TorchFunctionMode around a training call changed what eager's
+    torch functions returned and not the step's ATen ops (0.05 off eager's loss), silently.
+    Inside one, the model runs as it is, with a notice; lowered inside one (which failed
+    with an error about `storage_offset()`), refused naming the mode. `torch.device(...)`,
+    torch's own mode, changes nothing of a step."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+
+    def inside_the_mode():
+        return _HalvesLinear()
+
+    assert side_by_side(_ScaledLinear(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean(), tolerance=1e-30, forward_context=inside_the_mode) == {}
+    assert "called inside test_trust._HalvesLinear, a TorchFunctionMode: the model runs as it is" in \
+        capsys.readouterr().err
+    with _HalvesLinear(), pytest.raises(LoweringError, match=r"_ScaledLinear is lowered inside "
+                                                             r"test_trust._HalvesLinear, a TorchFunctionMode"):
+        lower_torch(_ScaledLinear(), (x,), cost_model="flops")
+    with torch.device("cpu"):
+        assert side_by_side(_ScaledLinear(), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                            lambda out: out.square().mean(), tolerance=1e-30) == {}
+    assert "TorchFunctionMode" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("how", ["subclass at lowering", "subclass at a call", "attribute at a call",
                                  "sparse at a call"])
 def test_an_input_of_another_kind_than_lowered_is_planned_again_or_refused(how):
