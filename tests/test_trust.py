@@ -3279,6 +3279,25 @@ def test_a_held_tensor_changed_where_no_version_counter_sees_it_is_refused(how):
         scheduled(x)
 
 
+@pytest.mark.parametrize("how", [".data written", "numpy view written"])
+def test_a_large_held_tensor_changed_where_no_version_counter_sees_it_is_refused(how):
+    """Found by hunt66: past the bytes hashed at every call (4 KiB), a table rescaled
+    through `.data` or a NumPy view was trained on with the traced values, 0.12 off
+    eager's outputs, silently. Compared at every call with a copy (CPU)."""
+    torch.manual_seed(0)
+    model, x = _KeepsALargeScale(), torch.randn(4, 4)
+    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled(x).backward()
+    scheduled(x).backward()   # verified once, then compared
+    if how == ".data written":
+        model.scale.data.mul_(2.0)
+    else:
+        model.scale.numpy()[:] *= 2.0
+    with pytest.raises(RuntimeInputError, match=r"tensor scale of _KeepsALargeScale, which the graph holds "
+                                                r"as a constant, holds other values"):
+        scheduled(x)
+
+
 class _KeepsALargeScale(torch.nn.Module):
     """A scale held as a plain attribute, larger than what is hashed at every call."""
 
