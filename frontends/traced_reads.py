@@ -874,6 +874,9 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
                     _record_method(reads, path, module, name)
             elif is_model_file(code.co_filename) and code in reachable:
                 functions_called(code, function.__globals__)
+        forward = getattr(cls, "forward", None)
+        if isinstance(forward, types.FunctionType) and forward.__module__.startswith("torch.nn."):
+            _record_torch_functions(reads, forward.__code__, forward.__globals__)
     classes.update(_record_class_attributes(model, reads, named))
     _record_reached_classes(reads, classes, looked_up)
 
@@ -1022,6 +1025,41 @@ def _held_functions(model: torch.nn.Module) -> list[types.FunctionType]:
         for value in vars(module).values():
             take(value, 0)
     return list(found.values())
+
+
+#: The Python modules whose functions torch's own layers call as `F.gelu(...)`: a function
+#: rebound there after lowering is recorded like a global the user's code calls.
+_TORCH_FUNCTION_MODULES = ("torch.nn.functional", "torch")
+
+
+def _record_torch_functions(reads: TracedReads, code: types.CodeType, namespace: dict, depth: int = 0) -> None:
+    """Record in `reads.globals` the functions of `_TORCH_FUNCTION_MODULES` that the code of
+    one of torch's layers calls as a module's attribute (`F.gelu` in `nn.GELU.forward`), and
+    those that the Python functions of `torch.nn.functional` it so calls call in turn (its
+    `multi_head_attention_forward` calls `scaled_dot_product_attention`). hunt66: `F.gelu`
+    or `F.scaled_dot_product_attention` rebound after `remat` (a kernel patch) was seen
+    where the user's code called it, and trained on with the traced one where torch's
+    layers did, silently (3.8e-4 and 0.04 off eager's)."""
+    instructions = list(dis.get_instructions(code))
+    functional = sys.modules["torch.nn.functional"]
+    for instruction, following in zip(instructions, instructions[1:]):
+        if instruction.opname != "LOAD_GLOBAL":
+            continue
+        held = namespace.get(instruction.argval)
+        if isinstance(held, types.ModuleType) and held.__name__ in _TORCH_FUNCTION_MODULES \
+                and following.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            owner, name = held, following.argval
+        elif namespace is vars(functional) and is_function(held):
+            owner, name = functional, instruction.argval
+        else:
+            continue
+        value = getattr(owner, name, None)
+        if not is_function(value) or (text := describe_called(value)) is None:
+            continue
+        remember(vars(owner))
+        reads.globals.setdefault((owner.__name__, name, ("function",)), text)
+        if depth == 0 and isinstance(value, types.FunctionType) and value.__module__ == functional.__name__:
+            _record_torch_functions(reads, value.__code__, value.__globals__, depth + 1)
 
 
 def _inner_functions(function: types.FunctionType) -> list[types.FunctionType]:
