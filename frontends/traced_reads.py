@@ -834,6 +834,11 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
             if isinstance(value, (types.FunctionType, torch.nn.Module)) \
                     and (text := describe_called(value)) is not None:
                 reads.globals.setdefault((module, instruction.argval, ("function",)), text)
+            elif _function_registry(value) and (digest := values_digest(value)) is not None:
+                # transformers' `LOSS_MAPPING`, `ALL_ATTENTION_FUNCTIONS`: an entry
+                # registered again after `remat` (a z-loss, a patched attention) trained
+                # on with the traced function, silently (hunt66: 0.17 off eager's loss).
+                reads.globals.setdefault((module, instruction.argval, ("digest",)), digest)
         for constant in code.co_consts:
             if isinstance(constant, types.CodeType):
                 functions_called(constant, namespace)
@@ -874,6 +879,13 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
                     _record_method(reads, path, module, name)
             elif is_model_file(code.co_filename) and code in reachable:
                 functions_called(code, function.__globals__)
+        looked_up_here = set().union(*(_names_looked_up(code) for code in reachable)) if reachable else set()
+        for name, getter in _own_properties(cls):
+            # A library's property its forward reads (transformers' `self.loss_function`,
+            # which looks `LOSS_MAPPING` up): the functions and tables its getter reads.
+            if name in looked_up_here and not is_users_file(getter.__code__.co_filename) \
+                    and is_model_file(getter.__code__.co_filename):
+                functions_called(getter.__code__, getter.__globals__)
         forward = getattr(cls, "forward", None)
         if isinstance(forward, types.FunctionType) and forward.__module__.startswith("torch.nn."):
             _record_torch_functions(reads, forward.__code__, forward.__globals__)
@@ -1027,6 +1039,23 @@ def _held_functions(model: torch.nn.Module) -> list[types.FunctionType]:
     return list(found.values())
 
 
+#: The most entries of a library's table of functions compared at every call.
+_REGISTRY_ENTRIES = 256
+
+
+def _function_registry(value) -> bool:
+    """Whether a library's global is a table of functions its code looks up by a key
+    (`LOSS_MAPPING[loss_type]`, an attention interface): a mapping of at most
+    `_REGISTRY_ENTRIES` entries whose values are Python functions."""
+    if not isinstance(value, Mapping) or isinstance(value, types.MappingProxyType):
+        return False
+    try:
+        values = list(itertools.islice(value.values(), _REGISTRY_ENTRIES + 1))
+    except Exception:   # noqa: BLE001 - a mapping failing to list its values: not a table read here
+        return False
+    return 0 < len(values) <= _REGISTRY_ENTRIES and all(isinstance(v, types.FunctionType) for v in values)
+
+
 #: The Python modules whose functions torch's own layers call as `F.gelu(...)`: a function
 #: rebound there after lowering is recorded like a global the user's code calls.
 _TORCH_FUNCTION_MODULES = ("torch.nn.functional", "torch")
@@ -1113,6 +1142,14 @@ def _own_named_methods(cls: type):
             function = inspect.unwrap(function) if callable(function) else function
             if isinstance(getattr(function, "__code__", None), types.CodeType):
                 yield name, function
+
+
+def _own_properties(cls: type):
+    """(name, getter) for each property of `own_classes` of `cls` with a Python getter."""
+    for klass in own_classes(cls):
+        for name, member in vars(klass).items():
+            if isinstance(member, property) and isinstance(getattr(member.fget, "__code__", None), types.CodeType):
+                yield name, member.fget
 
 
 def _forward_reachable(cls: type) -> set[types.CodeType]:

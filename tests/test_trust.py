@@ -6130,6 +6130,31 @@ def test_a_torch_function_torchs_own_layers_call_patched_after_lowering_is_plann
     assert len(scheduled.plans) == 2
 
 
+@pytest.mark.parametrize("table", ["LOSS_MAPPING", "ALL_ATTENTION_FUNCTIONS"])
+def test_an_entry_of_a_transformers_table_of_functions_registered_after_lowering_is_planned_for(table, monkeypatch):
+    """Found by hunt66: `LOSS_MAPPING["ForCausalLM"]` (which the `loss_function` property
+    looks up) or the "sdpa" attention registered again after `remat` (a z-loss, a patched
+    attention) trained on with the traced function, 0.17 off eager's loss and 1.3e-3 off
+    its gradients, silently. A library's tables of functions are digested and compared
+    at every call."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model, args, kwargs, loss_of = zoo_models.ZOO["gpt2"]()
+    scheduled = remat_ir.remat(model, args, example_kwargs=kwargs, cost_model="flops", solver="recompute-all")
+    loss_of(scheduled(*args, **kwargs)).backward()
+    model.zero_grad()
+    if table == "LOSS_MAPPING":
+        original = LOSS_MAPPING["ForCausalLM"]
+        monkeypatch.setitem(LOSS_MAPPING, "ForCausalLM", lambda *a, **k: original(*a, **k) * 1.5)
+    else:
+        original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa",
+                            lambda module, q, *a, **k: original(module, q * 1.5, *a, **k))
+    assert side_by_side(model, lambda m: scheduled, args, kwargs, loss_of, tolerance=1e-30) == {}
+    assert len(scheduled.plans) == 2
+
+
 class _Mode(enum.Enum):
     SUM = 1
     MEAN = 2
