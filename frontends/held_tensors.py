@@ -81,7 +81,9 @@ def _held_with_gradient(model: str, where: str) -> LoweringError:
         f"parameter nor a buffer: eager gives it a gradient, and remat-ir's graph would hold "
         f"it as a constant. Make it an nn.Parameter (or detach it, if it should not train; a "
         f"torch.distributions object built from parameters in __init__ holds such views: "
-        f"build it in the forward)")
+        f"build it in the forward); a weight another network computes (a hypernetwork's): "
+        f"leave the parameter in place and pass the computed one at each call, "
+        f"`torch.func.functional_call(scheduled, {{'fc.weight': w}}, (x,))`, which trains like eager")
 
 
 def held_gradient_error(model: torch.nn.Module) -> LoweringError | None:
@@ -98,6 +100,15 @@ def held_gradient_error(model: torch.nn.Module) -> LoweringError | None:
     for path, module in model.named_modules():
         for tensor, place in _attribute_tensors(path, module):
             if tensor.requires_grad and tensor._base is not None and id(tensor._base) in parameters:
+                return _held_with_gradient(type(model).__name__, shown(*place))
+    # A computed tensor in place of a weight its layer's forward reads (a hypernetwork's
+    # output: `del fc.weight; fc.weight = hyper(z).view(4, 8)`; hunt66: torch.export's
+    # "False != True" from deep inside, naming nothing).
+    for path, module in model.named_modules():
+        forward = getattr(type(module), "forward", None)
+        read = forward.__code__.co_names if isinstance(forward, types.FunctionType) else ()
+        for tensor, place in _attribute_tensors(path, module):
+            if tensor.requires_grad and tensor.grad_fn is not None and place[2] is None and place[1] in read:
                 return _held_with_gradient(type(model).__name__, shown(*place))
     return None
 

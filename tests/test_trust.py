@@ -3741,6 +3741,27 @@ def test_a_held_tensor_that_requires_a_gradient_is_refused_by_name():
         _remat(model, (torch.randn(4, 4),))
 
 
+def test_a_weight_replaced_by_a_computed_tensor_after_lowering_is_refused_by_name_and_functional_call_trains():
+    """Found by hunt66: a hypernetwork's output put in a layer's weight slot after `remat`
+    (`del fc.weight; fc.weight = hyper(z)`) failed inside torch.export ("False != True"),
+    naming nothing. Refused naming the weight, with the way that trains: the computed
+    weight passed by `torch.func.functional_call`."""
+    torch.manual_seed(0)
+    model, hyper, x = _ScaledLinear(), torch.nn.Linear(3, 64), torch.randn(4, 8)
+    twin, hyper_twin = copy.deepcopy(model), copy.deepcopy(hyper)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    for module, network, called in ((twin, hyper_twin, twin), (model, hyper, scheduled)):
+        for _ in range(2):
+            weight = network(torch.ones(3)).view(8, 8)
+            torch.func.functional_call(called, {"a.weight": weight}, (x,)).square().mean().backward()
+    assert torch.equal(hyper.weight.grad, hyper_twin.weight.grad) and torch.equal(model.a.bias.grad, twin.a.bias.grad)
+    del model.a.weight
+    model.a.weight = hyper(torch.ones(3)).view(8, 8)
+    with pytest.raises(LoweringError, match=r"keeps a tensor that requires a gradient at a.weight, which is "
+                                            r"neither a parameter nor a buffer.*functional_call"):
+        scheduled(x)
+
+
 class _AliasesAMember(torch.nn.Module):
     """Reads one of its own parameters or buffers through a reference kept elsewhere, per
     `how`: a plain attribute holding the BatchNorm's running mean (the tensor, or its
