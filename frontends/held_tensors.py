@@ -121,18 +121,35 @@ def _attribute_tensors(path: str, module: torch.nn.Module):
         yield from _held_in(path, f"{name}.", vars(helper))
 
 
+#: How many containers deep `_held_in` finds tensors (`{"a": [t]}`: 2).
+_CONTAINERS_DEEP = 3
+
+
 def _held_in(path: str, prefix: str, attributes: dict):
-    """(tensor, place) over one object's attributes (a module's or a plain object's)."""
+    """(tensor, place) over one object's attributes (a module's or a plain object's): a
+    tensor there, or in the dicts, lists and tuples there, `_CONTAINERS_DEEP` deep (the
+    place's key a path of keys past the first level; hunt66: `{"a": [t]}` was refused
+    as a tensor the model does not hold)."""
     for name, value in attributes.items():
         if name in _MODULE_STATE or not isinstance(name, str):
             continue
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
             yield value, (path, prefix + name, None)
         elif isinstance(value, (dict, list, tuple)):
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                if isinstance(item, torch.Tensor) and isinstance(key, (str, int)):
-                    yield item, (path, prefix + name, key)
+            for keys, item in _contained(value, ()):
+                yield item, (path, prefix + name, keys[0] if len(keys) == 1 else keys)
+
+
+def _contained(container, keys: tuple):
+    """(key path, tensor) of the tensors in a dict, list or tuple and those inside it."""
+    items = container.items() if isinstance(container, dict) else enumerate(container)
+    for key, item in items:
+        if not isinstance(key, (str, int)):
+            continue
+        if isinstance(item, torch.Tensor):
+            yield (*keys, key), item
+        elif isinstance(item, (dict, list, tuple)) and len(keys) + 1 < _CONTAINERS_DEEP:
+            yield from _contained(item, (*keys, key))
 
 
 def _made_in_forward(placeholder: torch.fx.Node, root: torch.fx.GraphModule) -> bool:

@@ -3279,6 +3279,35 @@ def test_a_held_tensor_changed_where_no_version_counter_sees_it_is_refused(how):
         scheduled(x)
 
 
+class _KeepsNestedTensors(torch.nn.Module):
+    def __init__(self, tables):
+        super().__init__()
+        self.fc, self.tables = torch.nn.Linear(8, 4), tables
+
+    def forward(self, x):
+        scale = self.tables["scale"][0] if isinstance(self.tables, dict) else self.tables[0][0]
+        return self.fc(x * scale).square().mean()
+
+
+@pytest.mark.parametrize("tables", ["dict of lists", "list of tuples"])
+def test_a_tensor_held_two_containers_deep_trains_like_eager_until_it_changes(tables):
+    """Found by hunt66: `{"scale": [t]}` or `[(t,)]` was refused as a tensor the model
+    does not hold (one level deep trained). Found as deep as 3, compared by its key path."""
+    torch.manual_seed(0)
+    made = (lambda: {"scale": [torch.linspace(0.5, 1.5, 8)]}) if tables == "dict of lists" else \
+        (lambda: [(torch.linspace(0.5, 1.5, 8),)])
+    x = torch.randn(4, 8)
+    assert side_by_side(_KeepsNestedTensors(made()), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda loss: loss, tolerance=1e-30) == {}
+    model = _KeepsNestedTensors(made())
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    scheduled(x).backward()
+    (model.tables["scale"][0] if tables == "dict of lists" else model.tables[0][0]).mul_(2.0)
+    said = r"tables\['scale'\]\[0\]" if tables == "dict of lists" else r"tables\[0\]\[0\]"
+    with pytest.raises(RuntimeInputError, match=rf"tensor {said} of _KeepsNestedTensors, which the graph holds"):
+        scheduled(x)
+
+
 @pytest.mark.parametrize("how", [".data written", "numpy view written"])
 def test_a_large_held_tensor_changed_where_no_version_counter_sees_it_is_refused(how):
     """Found by hunt66: past the bytes hashed at every call (4 KiB), a table rescaled

@@ -24,9 +24,12 @@ def digest(tensor: torch.Tensor) -> str:
 
 
 def shown(path: str, name: str, key) -> str:
-    """'encoder.scale', "prompt_tokens['default']"."""
+    """'encoder.scale', "prompt_tokens['default']", "tables['a'][0]" (a key path: a list
+    or tuple of keys, for a container inside a container)."""
     where = f"{path}.{name}" if path else name
-    return where if key is None else f"{where}[{key!r}]"
+    if key is None:
+        return where
+    return where + "".join(f"[{k!r}]" for k in (key if isinstance(key, (list, tuple)) else [key]))
 
 
 def held_at(module, name: str, key):
@@ -37,11 +40,11 @@ def held_at(module, name: str, key):
     value = vars(module).get(first, getattr(type(module), first, None)) if module is not None else None
     for attribute in rest:
         value = vars(value).get(attribute) if hasattr(value, "__dict__") else None
-    if key is not None:
+    for step in (() if key is None else key if isinstance(key, (list, tuple)) else [key]):
         if isinstance(value, dict):
-            value = value.get(key)
-        elif isinstance(value, (list, tuple)) and isinstance(key, int) and -len(value) <= key < len(value):
-            value = value[key]
+            value = value.get(step)
+        elif isinstance(value, (list, tuple)) and isinstance(step, int) and -len(value) <= step < len(value):
+            value = value[step]
         else:
             value = None
     return value if isinstance(value, torch.Tensor) else None
