@@ -2117,6 +2117,12 @@ class ScheduledModule(torch.nn.Module):
             if self._planner is not None:
                 checked = None if self._sharded() else plan.guard.model_tensors(self._model)
                 changed = plan.model_difference(modules) if checked is None else None
+                if changed is None and (held := plan.traced_reads.held_change(modules.at)) is not None:
+                    # A tensor the graph holds as a constant, changed (an annealed
+                    # temperature assigned as a new tensor): planned again, as a plain
+                    # value is, up to `VALUE_REPLANS` values (hunt66: refused, where a float
+                    # changed so was planned for).
+                    changed = "new tensor held by the model", held[1], (held[0], held[2])
             if changed is not None:
                 if new is None:
                     new, difference, where = changed

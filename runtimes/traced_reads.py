@@ -389,6 +389,13 @@ class TracedReads:
     def held_changed(self, at) -> str | None:
         """`changed` for the tensors the model, or a global, holds outside parameters and
         buffers."""
+        change = self.held_change(at)
+        return change[1] if change is not None else None
+
+    def held_change(self, at) -> tuple[str, str, str | None] | None:
+        """(where, what, the digest of what it holds now, None if gone) for the first tensor
+        the model, or a global, holds outside parameters and buffers that differs from
+        lowering; None where none does."""
         for index, row in enumerate(self.held + self.global_tensors):
             if index < len(self.held):
                 path, name, key, lowered = row
@@ -400,21 +407,24 @@ class TracedReads:
                 # Lowering refuses one that does; `requires_grad_()` since (or a computed
                 # tensor of the same values assigned) gets a gradient in eager, and none
                 # from the graph's constant: silently, before (found by a review).
-                return (f"tensor {self._held_shown(index, row, at)}, which the graph holds as a "
-                        f"constant, requires a gradient now and did not when the model was lowered "
-                        f"(make it an nn.Parameter before remat_ir.remat if it is trained, or assign it "
-                        f"without requires_grad: `tensor.detach()`)")
+                shown = self._held_shown(index, row, at)
+                return shown, (f"tensor {shown}, which the graph holds as a "
+                               f"constant, requires a gradient now and did not when the model was lowered "
+                               f"(make it an nn.Parameter before remat_ir.remat if it is trained, or assign "
+                               f"it without requires_grad: `tensor.detach()`)"), "requires a gradient"
             seen = _seen(now)
             verified = self._verified.get(index)
             if seen is not None and verified is not None and verified[0]() is now and verified[1] == seen \
                     and (verified[2] is None or _same_bits(now, verified[2])):
                 continue
-            if now is None or digest(now) != lowered:
+            if now is None or (now_digest := digest(now)) != lowered:
                 self._verified.pop(index, None)
                 state = "is gone" if now is None else "holds other values than it held"
-                return (f"tensor {self._held_shown(index, row, at)}, which the graph holds as a "
-                        f"constant, {state} when the model was lowered{_on_rank_zero()} (register it "
-                        f"as a buffer to have it read at every call)")
+                shown = self._held_shown(index, row, at)
+                return shown, (f"tensor {shown}, which the graph holds as a "
+                               f"constant, {state} when the model was lowered{_on_rank_zero()} (register "
+                               f"it as a buffer to have it read at every call)"), \
+                    None if now is None else now_digest
             if seen is not None:
                 self._verified[index] = (weakref.ref(now), seen, _copy_to_compare(now))
         return None

@@ -3236,6 +3236,48 @@ class _KeepsTensors(torch.nn.Module):
         return (h * x).square().sum()
 
 
+class _AnnealedTemperature(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.temp = torch.nn.Linear(4, 4), torch.tensor(1.0)
+
+    def forward(self, x):
+        return torch.log_softmax(self.fc(x) / self.temp, -1).square().mean()
+
+
+def test_a_held_tensor_changed_between_steps_is_planned_again_like_a_plain_value(capsys):
+    """Found by hunt66: a temperature annealed as a new tensor (`self.temp =
+    torch.tensor(t)`) was refused, where a float changed so was planned for. Planned again
+    for each new value, up to `VALUE_REPLANS` of them, then refused saying what to do."""
+    from remat_ir.runtimes.torch import VALUE_REPLANS
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    model = _AnnealedTemperature()
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    eager = copy.deepcopy(model)
+    for temperature in (1.0, 2.0, 3.0):
+        for module in (model, eager):
+            module.temp = torch.tensor(temperature)
+            module.zero_grad()
+        scheduled(x).backward()
+        eager(x).backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
+    assert capsys.readouterr().err.count("new tensor held by the model (tensor temp of _AnnealedTemperature") == 2
+    with pytest.raises(RuntimeInputError, match=r"tensor temp of _AnnealedTemperature.*has taken \d+ other values since "
+                                                r"lowering"):
+        for temperature in range(4, 6 + VALUE_REPLANS):
+            model.temp = torch.tensor(float(temperature))
+            scheduled(x)
+
+
+def _without_planner(model, args, solver: str) -> ScheduledModule:
+    """`model` scheduled by `solver` with no planner: a change that a planner lowers
+    again for is refused instead, naming it (the tests of what is found changed)."""
+    planned = _remat(model, args, solver=solver)
+    return ScheduledModule(model, planned.graph, planned.schedule)
+
+
 def test_tensors_a_model_holds_outside_parameters_and_buffers_train_like_eager_until_they_change():
     """Refused before ("a global variable or a closure's", then naming the dict). Traced as
     constants, they train bitwise like eager; a call after one changed (in place, or
@@ -3247,7 +3289,7 @@ def test_tensors_a_model_holds_outside_parameters_and_buffers_train_like_eager_u
                           lambda loss: loss, tolerance=1e-30)
     assert errors == {}
     model = _KeepsTensors()
-    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled = _without_planner(model, (x,), "autograd")
     expected = model(x)
     model.scale.fill_(2.0)
     with pytest.raises(RuntimeInputError, match=r"tensor scale of _KeepsTensors, which the graph holds "
@@ -3266,7 +3308,7 @@ def test_a_held_tensor_changed_where_no_version_counter_sees_it_is_refused(how):
     view or `.data = new` bumped no version counter, and the step trained on with the
     traced ones, silently (1.4139 where eager gives 1.1864)."""
     model, x = _KeepsTensors(), torch.randn(4, 4)
-    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled = _without_planner(model, (x,), "autograd")
     scheduled(x).backward()
     if how == ".data written":
         model.offsets[0].data.mul_(2.0)
@@ -3300,7 +3342,7 @@ def test_a_tensor_held_two_containers_deep_trains_like_eager_until_it_changes(ta
     assert side_by_side(_KeepsNestedTensors(made()), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                         lambda loss: loss, tolerance=1e-30) == {}
     model = _KeepsNestedTensors(made())
-    scheduled = _remat(model, (x,), solver="recompute-all")
+    scheduled = _without_planner(model, (x,), "recompute-all")
     scheduled(x).backward()
     (model.tables["scale"][0] if tables == "dict of lists" else model.tables[0][0]).mul_(2.0)
     said = r"tables\['scale'\]\[0\]" if tables == "dict of lists" else r"tables\[0\]\[0\]"
@@ -3315,7 +3357,7 @@ def test_a_large_held_tensor_changed_where_no_version_counter_sees_it_is_refused
     eager's outputs, silently. Compared at every call with a copy (CPU)."""
     torch.manual_seed(0)
     model, x = _KeepsALargeScale(), torch.randn(4, 4)
-    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled = _without_planner(model, (x,), "autograd")
     scheduled(x).backward()
     scheduled(x).backward()   # verified once, then compared
     if how == ".data written":
@@ -3349,7 +3391,7 @@ def test_a_held_tensor_replaced_by_one_at_its_freed_memory_and_id_is_refused():
     memory = np.ones(1100, dtype=np.float32)
     held, landed = vars(model), 0
     held["scale"] = torch.from_numpy(memory)
-    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled = _without_planner(model, (x,), "autograd")
     for _ in range(100):
         memory[:] = 1.0
         held["scale"] = torch.from_numpy(memory)
