@@ -11,10 +11,13 @@ Here each one is traced as a constant (a `lift_fresh_copy` of it, as torch.expor
 a tensor built inside forward), and its place and the digest of its bytes go into the
 graph's metadata. The runtime compares the tensor there with the digest before a call
 (`runtimes/traced_reads.py`), so a call after it changed (a mask filled anew, another
-tensor assigned) is refused instead of training with the old values. A tensor found
-unchanged is hashed again only once its version counter moves (every in-place op bumps
-it; a write through `.data` does not, and is not seen). A held tensor that requires a
-gradient is refused: eager would give it one, a constant cannot.
+tensor assigned) is planned again for it (`remat`'s planner) or refused, instead of
+training with the old values. A tensor found unchanged is hashed again only once its
+version counter moves (every in-place op bumps it; a write through `.data` or a NumPy
+view does not: on the CPU such a write is seen by hashing a small tensor at every call
+and comparing one of up to 16 MiB with a copy). A held tensor that requires a gradient
+is refused: eager would give it one, a constant cannot. Held tensors are found as
+attributes and in containers up to three deep (`{"scale": [t]}`).
 
 The same holds for tensors held elsewhere that torch.export takes as constants: a class
 attribute (`calls = torch.zeros(())` in the class body, read as `self.calls`), and a
@@ -36,6 +39,7 @@ import torch
 
 from remat_ir.torchlib.held_tensors import Place, digest, shown, shown_global
 from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations, kind
+from remat_ir.torchlib.hooks import hook_functions
 
 from .errors import LoweringError
 from .fx_nodes import first_write, region_placeholder
@@ -309,11 +313,20 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                     f"the graph would hold them as constants, blind to a change. Register it as "
                     f"a submodule (frozen with requires_grad_(False) where it should not train), "
                     f"or pass what it computes as an input")
+            hooked = " (a hook's closure? the line is of the module call running it)" if hook_functions(model) else ""
+            if tensor.requires_grad:   # hunt66: a trained steering vector was said to be a constant
+                raise LoweringError(
+                    f"{name}'s forward reads a tensor that requires a gradient and is neither a "
+                    f"parameter of the model nor an input (a closure's, a default argument's: "
+                    f"{tensor.dtype} {list(tensor.shape)}"
+                    f"{f', read by {user.target} at {line}' if line and user is not None else ''}{hooked}): "
+                    f"eager gives it a gradient, and the graph would hold it as a constant. Register "
+                    f"it as a parameter of a module of the model, or pass it as an input")
             raise LoweringError(
                 f"{name}'s forward reads a tensor that is neither a parameter, a buffer, an "
                 f"input nor one the model or a global holds (a closure's, a default "
                 f"argument's: {tensor.dtype} {list(tensor.shape)}"
-                f"{f', read by {user.target} at {line}' if line and user is not None else ''}), "
+                f"{f', read by {user.target} at {line}' if line and user is not None else ''}{hooked}), "
                 f"which the graph would hold as a constant, blind to a change: register it "
                 f"as a buffer (module.register_buffer) or pass it as an input")
         if tensor.requires_grad:
