@@ -3812,6 +3812,17 @@ def test_a_held_tensor_that_requires_a_gradient_is_refused_by_name():
         _remat(model, (torch.randn(4, 4),))
 
 
+def test_a_tensor_a_hooks_closure_holds_is_refused_saying_it_may_be_the_hooks():
+    """Found by hunt66: the line named is the module call running the hook, and nothing
+    said a hook was involved."""
+    steer = torch.zeros(8)
+    model = _ScaledLinear()
+    model.a.register_forward_hook(lambda module, args, out: out + steer)
+    with pytest.raises(LoweringError, match=r"reads a tensor that is neither a parameter.*\(a hook's closure\? "
+                                            r"the line is of the module call running it\)"):
+        _remat(model, (torch.randn(4, 8),), solver="recompute-all")
+
+
 def test_a_weight_replaced_by_a_computed_tensor_after_lowering_is_refused_by_name_and_functional_call_trains():
     """Found by hunt66: a hypernetwork's output put in a layer's weight slot after `remat`
     (`del fc.weight; fc.weight = hyper(z)`) failed inside torch.export ("False != True"),
