@@ -175,11 +175,14 @@ def test_a_state_needing_a_gradient_that_each_call_resets_first_is_stored_detach
         assert torch.equal(model.cell.state, eager.cell.state) and not model.cell.state.requires_grad
 
 
-def test_recurrent_gemma_trains_bitwise_and_keeps_its_recurrent_state_as_eager():
+def _family_trained_like_eager(family: str):
+    """A family's model bitwise eager's over steps under a random schedule (on a copy);
+    then the model and a copy of it made before, after one more call each, for what they
+    leave stored."""
     import family_models
     family_models.quiet()
     torch.manual_seed(0)
-    model, args, kwargs, loss_of = family_models.FAMILIES["recurrent_gemma"]()
+    model, args, kwargs, loss_of = family_models.FAMILIES[family]()
     eager = copy.deepcopy(model)
     graph = lower_torch(copy.deepcopy(model), args, example_kwargs=kwargs, cost_model="flops")
     schedule = random_schedule(graph, random.Random(1), recompute_share=0.8)
@@ -187,6 +190,11 @@ def test_recurrent_gemma_trains_bitwise_and_keeps_its_recurrent_state_as_eager()
                         loss_of) == {}
     loss_of(ScheduledModule(model, graph, schedule)(*args, **kwargs)).backward()
     loss_of(eager(*args, **kwargs)).backward()
+    return model, eager
+
+
+def test_recurrent_gemma_trains_bitwise_and_keeps_its_recurrent_state_as_eager():
+    model, eager = _family_trained_like_eager("recurrent_gemma")
     for ours, theirs in zip(model.modules(), eager.modules()):
         if hasattr(theirs, "recurrent_states"):
             assert torch.equal(ours.recurrent_states, theirs.recurrent_states)
@@ -196,17 +204,7 @@ def test_qwen2_vl_trains_bitwise_and_keeps_its_rope_deltas_as_eager():
     """Refused before (its image grid split by `.tolist()`, `repeat_interleave` by the
     grid, and `self.rope_deltas = ...`): bitwise eager's under a random schedule, with the
     rope deltas eager leaves on the model."""
-    import family_models
-    family_models.quiet()
-    torch.manual_seed(0)
-    model, args, kwargs, loss_of = family_models.FAMILIES["qwen2_vl"]()
-    eager = copy.deepcopy(model)
-    graph = lower_torch(copy.deepcopy(model), args, example_kwargs=kwargs, cost_model="flops")
-    schedule = random_schedule(graph, random.Random(1), recompute_share=0.8)
-    assert side_by_side(model, lambda m: ScheduledModule(m, graph, schedule), args, kwargs, loss_of) == {}
-    scheduled = ScheduledModule(model, graph, schedule)
-    loss_of(scheduled(*args, **kwargs)).backward()
-    loss_of(eager(*args, **kwargs)).backward()
+    model, eager = _family_trained_like_eager("qwen2_vl")
     assert model.model.rope_deltas is not None and torch.equal(model.model.rope_deltas, eager.model.rope_deltas)
 
 
