@@ -60,7 +60,7 @@ import torch
 
 from remat_ir.torchlib.callables import users_class
 from remat_ir.torchlib.function_state import underlying
-from remat_ir.torchlib.generators import same_state
+from remat_ir.torchlib.generators import PythonGenerators, same_state
 from remat_ir.torchlib.hooks import forward_hooks
 from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 
@@ -93,17 +93,6 @@ _DRAWN_FOR_REAL = ("it draws from torch's generator where tracing runs the draw 
                    "read as a Python number (`.item()`, `float()` of a torch.distributions sample: one "
                    "number would be drawn for every step); keep the draw a tensor (`lam = "
                    "Beta(a, a).sample()` scales as the number does)")
-
-
-def _numpy_state():
-    numpy = sys.modules.get("numpy")
-    return None if numpy is None else numpy.random.get_state()
-
-
-def _same_numpy_state(a, b) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a[0] == b[0] and (a[1] == b[1]).all() and tuple(a[2:]) == tuple(b[2:])
 
 
 #: The containers a module attribute may be, changed in place by a forward: a deque too
@@ -592,7 +581,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     appended to `python_draws` instead of an effect noted. With `stored`, a tensor needing no
     gradient that the model's code assigns to a public attribute of one of its modules is
     noted there (`stored_tensors`), and the traced forward returns it after its outputs."""
-    python, numpy, generator = random.getstate(), _numpy_state(), torch.get_rng_state()
+    python, outside_generators, generator = random.getstate(), PythonGenerators(), torch.get_rng_state()
     seed = torch.default_generator.initial_seed()
     attributes = _attribute_state(model)
     # The user's: held by a module of the user's, or of a class of the user's (a subclass
@@ -780,9 +769,9 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it draws from Python's random generator "
                              f"({draws.get('python', 'random.random and the like')})")
             random.setstate(python)
-        if not _same_numpy_state(_numpy_state(), numpy):
+        if "NumPy's" in outside_generators.moved():
             found.append(f"it draws from NumPy's random generator ({draws.get('numpy', 'np.random')})")
-            sys.modules["numpy"].random.set_state(numpy)
+            outside_generators.restore()
         modules = dict(model.named_modules())
         added = {(path, key) for path, module in modules.items() for key in vars(module)
                  if not key.startswith("_") and key not in _MODULE_KEYS
