@@ -81,7 +81,7 @@ from .module_containers import keeping_module_containers
 from .tensor_attributes import refusing_tensor_attributes
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
-from .random_ops import draws_random, opaque_custom_op, user_draws_kept
+from .random_ops import check_pure_ops, declared_pure, draws_random, opaque_custom_op, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
 from .fresh_generators import fresh_generators_noted
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
@@ -1498,7 +1498,7 @@ FUSING_DECOMPOSITIONS = _fusing_decompositions()
 def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor, *,
           example_kwargs: dict | None = None, reuse_buffers: bool = True,
           split_dropouts: bool = True, copy_long_lived_views: bool = True,
-          fusing: bool = False, outputs=None) -> Graph:
+          fusing: bool = False, outputs=None, pure_ops=()) -> Graph:
     """The joint forward+backward graph of one training step of `model`, as IR, without costs.
 
     `example_inputs` fix the shapes: a tuple of positional arguments, a dict of
@@ -1520,9 +1520,14 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
     of `FUSING_DECOMPOSITIONS` (training BatchNorm) are traced as their decompositions.
     `outputs`: the names or positions of the top-level outputs the step returns (None:
     all); the others are None in what it returns, and the plan frees or recomputes them
-    like any intermediate (`selected_outputs`).
+    like any intermediate (`selected_outputs`). `pure_ops`: custom ops ("namespace::name")
+    the caller declares pure, recomputed like PyTorch's (`random_ops.opaque_custom_op`).
     """
     outputs = check_selection(outputs)
+    try:
+        pure = check_pure_ops(pure_ops)
+    except ValueError as refused:
+        raise LoweringError(str(refused)) from None
     if modes := user_function_modes():
         raise LoweringError(f"{type(model).__name__} is lowered inside {', '.join(modes)}, a TorchFunctionMode: "
                             f"remat-ir traces and runs ATen ops, below the torch functions such a mode sees, "
@@ -1537,7 +1542,7 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
         raise LoweringError(refused)
     with paused_collection(), traced_as_run(), certain_draws(), checkpoints_traced_plain(), \
             user_draws_kept(), script_functions_as_python(), _tracing_state_released(), \
-            fake_cache_keeping_aliases(), registration_hooks_paused():
+            fake_cache_keeping_aliases(), registration_hooks_paused(), declared_pure(pure):
         try:
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)

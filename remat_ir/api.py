@@ -35,7 +35,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
           max_plans: int | None = None, cache_dir=None, offload: bool = False,
           host_bandwidth=None, host_budget=None, gradient_groups: int | None = None,
           backend: str = "eager", reuse_plans: bool = True, in_place: bool = False,
-          outputs=None, **options):
+          outputs=None, pure_ops=(), **options):
     """A module that trains like `model` within `budget` of activation memory.
 
     `example_inputs`: a tuple of positional inputs, a dict of keyword inputs (a
@@ -86,6 +86,12 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     any intermediate, and are None in what a training call returns (`model.eval()` or
     `torch.no_grad()` calls run the model as it is and return everything).
 
+    `pure_ops`: custom ops (`torch.library.custom_op` names, "mylib::gelu") whose kernels
+    draw from torch's generator alone, or nothing, and keep no state: plans may recompute
+    them as they do PyTorch's ops. Others are computed once per step, as eager computes them
+    (their kernels may count calls or draw from NumPy), which keeps what they make until the
+    backward reads it.
+
     `backend`: "eager" (default) runs the planned segments op by op; "inductor"
     compiles them with Inductor (fused kernels) while keeping what the plan decided:
     recomputations, frees and random draws (`runtimes/compiled.py`). With "profile"
@@ -120,7 +126,7 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     planner = Planner(budget, solver, cost_model=cost_model, time_limit_s=time_limit_s,
                       progress=progress, options=options, cache_dir=cache_dir,
                       host_bandwidth=host_bandwidth, backend=backend, reuse_plans=reuse_plans,
-                      outputs=outputs)
+                      outputs=outputs, pure_ops=pure_ops)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     check_arguments_bind(model, args, kwargs, example_inputs)
     _training_without_cache(model, kwargs)
@@ -212,7 +218,8 @@ class Planner:
 
     def __init__(self, budget, solver: str | None, *, cost_model: str, time_limit_s: float | None,
                  progress: Progress | None, options: dict, cache_dir=None, host_bandwidth=None,
-                 backend: str = "eager", reuse_plans: bool = True, outputs=None):
+                 backend: str = "eager", reuse_plans: bool = True, outputs=None, pure_ops=()):
+        from remat_ir.frontends.random_ops import check_pure_ops
         from remat_ir.frontends.selected_outputs import check_selection
         from remat_ir.lowering import check_cost_model
 
@@ -231,6 +238,10 @@ class Planner:
         self.cache_dir, self.backend = cache_dir, backend
         #: The outputs a training call returns (`frontends.selected_outputs`); None: all.
         self.outputs = check_selection(outputs)
+        try:   #: The custom ops declared pure (`frontends.random_ops.opaque_custom_op`).
+            self.pure_ops = check_pure_ops(pure_ops)
+        except ValueError as refused:
+            raise BadRequest(str(refused)) from None
         #: The last `REUSED_PLANS` (graph, schedule) pairs its solver made: a call of a new
         #: shape takes one that fits its own graph before planning (`solvers.solve`'s reuse).
         self._solved: list[tuple[Graph, pb.Schedule]] = []
@@ -248,7 +259,7 @@ class Planner:
     def __setstate__(self, state):
         # Pickled before it kept plans, or before it said whether ranks plan alone.
         self.__dict__.update({"_solved": [], "reuse_plans": True, "per_rank": False, "_largest_budget": 0,
-                              "outputs": None, **state})
+                              "outputs": None, "pure_ops": frozenset(), **state})
 
     def __call__(self, model, args: tuple, kwargs: dict, *, alone: bool = False,
                  same_plan: bool = False) -> tuple[Graph, pb.Schedule]:
@@ -289,7 +300,7 @@ class Planner:
         cache = PlanCache.from_setting(self.cache_dir, warn=notify_stderr)
         try:
             graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend,
-                                outputs=self.outputs)
+                                outputs=self.outputs, pure_ops=self.pure_ops)
         except SelectionError:
             if not self._solved:   # the first call: the selection is wrong
                 raise
@@ -297,7 +308,8 @@ class Planner:
             # labels and computes the loss from the logits, and was refused): every output.
             notify_stderr(f"remat-ir: outputs={list(self.outputs)!r} selects no output this call returns "
                           f"(a call without labels computes no loss): its plan returns every output")
-            graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend)
+            graph = lower_torch(model, args, example_kwargs=kwargs, cost_model=None, backend=self.backend,
+                                pure_ops=self.pure_ops)
         graph_key = cache and cache.graph_key(graph, self.cost_model, torch.__version__, self.backend)
         cached = cache and cache.load_graph(graph_key, graph)
         if cached:

@@ -112,8 +112,8 @@ def for_backend(graph: Graph, backend: str) -> Graph:
 
 def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
                 cost_model: str | None = "profile", device=None, backend: str = "eager",
-                fuse: bool = True, outputs=None) -> Graph:
-    """`frontends.torch.lower(model, example_inputs, example_kwargs=..., outputs=...)` with costs from
+                fuse: bool = True, outputs=None, pure_ops=()) -> Graph:
+    """`frontends.torch.lower(model, example_inputs, example_kwargs=..., outputs=..., pure_ops=...)` with costs from
     `cost_model` measured on `device` for the runtime `backend` (see the module
     docstring), then, unless `fuse` is False, `for_backend(graph, backend)`."""
     from remat_ir.frontends.torch import example_arguments, lower
@@ -122,7 +122,7 @@ def lower_torch(model, example_inputs, *, example_kwargs: dict | None = None,
     check_cost_model(cost_model)
     check_backend(backend)  # before the trace, as the cost model is
     graph = lower(model, example_inputs, example_kwargs=example_kwargs, fusing=backend == "inductor",
-                  outputs=outputs)
+                  outputs=outputs, pure_ops=pure_ops)
     if cost_model is None:
         return graph
     graph = add_costs(graph, cost_model, device, model=model,

@@ -134,7 +134,9 @@ def refusal(graph: Graph, refused: InfeasibleBudget, store_all_peak: int,
         ops = sorted({node.op for node in kept})
         floor += (f"; {len(kept)} forward node{'s' if len(kept) > 1 else ''} no plan recomputes "
                   f"(custom ops among them, whose kernels may draw or count their calls: {', '.join(ops[:3])}"
-                  f"{', ...' if len(ops) > 3 else ''}) keep their outputs from the forward")
+                  f"{', ...' if len(ops) > 3 else ''}) keep their outputs from the forward; a custom op "
+                  f"whose kernel draws from torch's generator alone, or nothing, and keeps no state may be "
+                  f"declared so, remat(..., pure_ops=['namespace::name']), and is then recomputed")
     result = InfeasibleBudget(refused.budget, refused.smallest_feasible,
                               refused.detail or f" (by {solver})", schedule=refused.schedule)
     result.args = (f"no schedule fits a budget of {describe(refused.budget, store_all_peak)}; "

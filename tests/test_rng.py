@@ -522,6 +522,46 @@ def test_a_custom_op_drawing_random_numbers_is_replayed_where_recomputed(solver)
     assert errors == {}
 
 
+class _ScaledSines(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.sin(_scaled(layer(x), 0.5))
+        return x.square().mean()
+
+
+def test_custom_ops_declared_pure_are_recomputed_and_train_like_eager():
+    """Custom ops are computed once per step unless declared pure (hunt65: a model of pure
+    custom ops could not reach its old floor, and there was no way to say so): declared,
+    plans may recompute them, the drawing one replayed (bitwise eager's under
+    recompute-all), and a chain of them reaches a lower floor. A declaration naming
+    PyTorch's ops, or no op, is refused."""
+    from remat_ir.solvers import BadRequest
+
+    from remat_ir.solvers import InfeasibleBudget
+
+    x = torch.randn(8, 16)
+    pure = ["remat_ir_tests::scaled", "remat_ir_tests::fused_dropout"]
+    graph = lower_torch(_CustomOps(), (x,), cost_model="flops", pure_ops=pure)
+    assert [n.non_recomputable for n in graph.proto.nodes if n.op.startswith("remat_ir_tests.")] == [False] * 6
+    errors = side_by_side(_CustomOps(), lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops",
+                                                                pure_ops=pure),
+                          (x,), {}, lambda y: y.square().sum(), tolerance=1e-30)
+    assert errors == {}
+    floors = []
+    for declared in ((), pure[:1]):   # a chain of scaled sines: the scaled outputs kept, or not
+        with pytest.raises(InfeasibleBudget) as refused:
+            remat_ir.remat(_ScaledSines(), (torch.randn(64, 16),), budget=1, cost_model="flops", pure_ops=declared)
+        floors.append(refused.value.smallest_feasible)
+    assert floors[1] < floors[0], floors
+    for wrong in (["aten::mm"], ["scaled"]):
+        with pytest.raises(BadRequest, match=r"pure_ops names custom ops as 'namespace::name'"):
+            remat_ir.remat(_CustomOps(), (x,), pure_ops=wrong)
+
+
 class _DiscardedCustomOps(torch.nn.Module):
     """Calls the custom ops above and discards their results (statistics never read)."""
 
