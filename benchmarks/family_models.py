@@ -971,19 +971,7 @@ def _blip2():
     return m, (), dict(pixel_values=torch.randn(B, 3, 32, 32), input_ids=x, labels=x), loss
 
 
-def _recurrent_gemma():
-    # Its RG-LRU keeps the recurrent state on the module at every call (for generation),
-    # reset first in training: stored detached (`frontends/stored_tensors.py`).
-    cfg = T.RecurrentGemmaConfig(vocab_size=V, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
-                                 num_key_value_heads=1, head_dim=16, intermediate_size=64, lru_width=H,
-                                 attention_window_size=8, block_types=["recurrent", "attention"], use_cache=False)
-    m = T.RecurrentGemmaForCausalLM(cfg).train()
-    x = ids(seq=6)   # its scan runs one step per position
-    return m, (), dict(input_ids=x, labels=x), loss
-
-
 FAMILIES.update({
-    "recurrent_gemma": _recurrent_gemma,
     "wav2vec2-bert": _wav2vec2_bert,
     "fsmt": _fsmt,
     "seamless_m4t": _seamless_m4t,

@@ -9,11 +9,7 @@ model's own outputs (a forward hook adds them while tracing, `StoredTensors.hook
 graph's metadata names where each goes (`torch.stored_attributes`), and the runtime
 assigns them there after every training call, so the model holds what eager's call
 leaves on it. A tensor needing a gradient stays refused: eager's keeps the step's
-autograd graph alive on the module, which a later call could differentiate through;
-unless the forward set the attribute to a plain value (None) earlier in the same call
-(RecurrentGemma's RG-LRU keeps its recurrent state for generation, and each training call
-resets it first, hunt64): no call reads what the last one left there, and it is stored
-detached, the same values as eager's without the step's autograd graph.
+autograd graph alive on the module, which a later call could differentiate through.
 """
 
 from __future__ import annotations
@@ -33,18 +29,13 @@ class StoredTensors:
         #: (module path, attribute) -> ('file:line' of the first assignment, the tensor's
         #: shape, dtype and device), in order.
         self.places: dict[tuple[str, str], tuple] = {}
-        #: The places a tensor needing a gradient is stored at, detached (module docstring).
-        self.detached: set[tuple[str, str]] = set()
 
-    def note(self, path: str, key: str, value, where: str, reset: bool = False) -> bool:
+    def note(self, path: str, key: str, value, where: str) -> bool:
         """Whether an assignment of `value` to `key` of the module at `path` is kept as a
-        stored tensor (a tensor needing no gradient, or with `reset`, the forward having set
-        the attribute to a plain value earlier in the call, any tensor); noted if so."""
-        if not isinstance(value, torch.Tensor) or (value.requires_grad and not reset):
+        stored tensor (a tensor needing no gradient); noted if so."""
+        if not isinstance(value, torch.Tensor) or value.requires_grad:
             return False
         self.places.setdefault((path, key), (where, tuple(value.shape), value.dtype, value.device))
-        if value.requires_grad:
-            self.detached.add((path, key))
         return True
 
     def stand_ins(self) -> dict[tuple[str, str], torch.Tensor]:
@@ -56,7 +47,6 @@ class StoredTensors:
     def copy(self) -> StoredTensors:
         made = StoredTensors()
         made.places = dict(self.places)
-        made.detached = set(self.detached)
         return made
 
     def described(self) -> list[str]:
@@ -75,9 +65,7 @@ class StoredTensors:
             if not self.places:
                 return None
             modules = dict(model.named_modules())
-            values = tuple(value.detach() if (path, key) in self.detached and isinstance(value, torch.Tensor)
-                           else value for (path, key), value in
-                           ((place, vars(modules[place[0]]).get(place[1])) for place in self.places))
+            values = tuple(vars(modules[path]).get(key) for path, key in self.places)
             for (path, key), value in zip(self.places, values):
                 if not isinstance(value, torch.Tensor) or value.requires_grad:
                     raise LoweringError(

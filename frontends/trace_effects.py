@@ -368,6 +368,18 @@ _FIRST_CALL = (" where it held no tensor (a cache its first call fills? Run the 
                "before every call)")
 
 
+#: Said of a tensor needing a gradient assigned to a module where the same call set the
+#: attribute to a plain value first (RecurrentGemma's recurrent state, reset to None in
+#: training; a router's auxiliary loss): hunt64, the advice to run the model once first
+#: could not help. Stored detached, the loss reading it afterwards lost its gradient
+#: (hunt67: 3.78 off), so it stays refused, saying why.
+_RESET_STATE = (" after setting it to a plain value earlier in the call, a tensor needing a gradient: a state "
+                "kept for generation, or an auxiliary loss the caller reads after the call? remat-ir stores on "
+                "modules only tensors needing no gradient, and cannot tell whether the loss differentiates "
+                "through it: return an auxiliary loss from the forward, or store a state no loss reads "
+                "detached (`.detach()`), which then trains like eager")
+
+
 #: Said of a tensor needing a gradient that the forward assigns to a module: a feature
 #: the loss reads (a center loss; hunt59: the way out came last, after advice on caches
 #: and weights), or AWD-LSTM's weight drop (found by a review, the advice was for
@@ -612,7 +624,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     # torch.export puts back the attributes a forward assigned, so assignments are noted
     # as they happen; in-place changes to lists and dicts are found by comparing after.
     module_setattr = torch.nn.Module.__setattr__
-    plainly_set: set[tuple[int, str]] = set()   # (module, attribute) given a plain value in a forward
+    plainly_set: set[tuple[int, str]] = set()   # (module, attribute) given a plain value: `_RESET_STATE`
 
     def setattr_noted(module, key, value):
         caller = sys._getframe(1).f_code.co_filename
@@ -627,7 +639,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             # that read it (AOTAutograd then refused a backward reading it: "modified by an
             # inplace operation").
             return
-        if plain(value):   # a reset (`self.state = None`), held already or not: `stored_tensors`
+        if plain(value):   # a reset (`self.state = None`), held already or not
             plainly_set.add((id(module), key))
         if _held(module, key) is value:
             # The object it holds already (`self.classifier = self.classifier.to(dtype)`,
@@ -643,18 +655,20 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
                 assigned[at] = (value, where, before)
             elif stored is not None and not key.startswith("_") and key not in buffers and \
-                    stored.note(path, key, value, where, reset=(id(module), key) in plainly_set):
+                    stored.note(path, key, value, where):
                 pass   # returned by the graph, stored by the runtime (`stored_tensors`)
             elif key in buffers:
                 found.append(f"it assigns a new tensor to buffer {key!r} of {type(module).__name__} "
                              f"at {where} (write into the buffer in place instead, "
                              f"`self.{key}.copy_(...)`, which the graph keeps)")
             else:
-                first = (_holds_tensor(value) and vars(module).get(key) is None
-                         and key not in vars(type(module)))
                 computed = isinstance(value, torch.Tensor) and value.requires_grad
+                reset = computed and (id(module), key) in plainly_set
+                first = (_holds_tensor(value) and vars(module).get(key) is None
+                         and key not in vars(type(module)) and not reset)
                 found.append(f"it assigns module attribute {key!r} of {type(module).__name__} "
-                             f"at {where}" + (_FIRST_CALL if first else "") + (_COMPUTED_WEIGHT if computed else ""))
+                             f"at {where}" + (_FIRST_CALL if first else "")
+                             + (_RESET_STATE if reset else _COMPUTED_WEIGHT if computed else ""))
         module_setattr(module, key, value)
 
     torch.nn.Module.__setattr__ = setattr_noted

@@ -148,31 +148,16 @@ class ResetsItsState(nn.Module):
         return self.out(self.cell(x)).square().mean()
 
 
-@pytest.mark.parametrize("called_before", [False, True])
-def test_a_state_needing_a_gradient_that_each_call_resets_first_is_stored_detached(called_before):
+def test_a_state_needing_a_gradient_that_each_call_resets_first_is_refused_saying_why():
     """hunt64: RecurrentGemma's RG-LRU stores its recurrent state (a tensor needing a
-    gradient) at every call and was refused, with advice that could not help; each call
-    resets it first, so no call reads what the last left. Stored detached after every
-    call: the same values as eager's, under a random schedule, whether or not the model
-    ran before (then it holds a tensor when lowered)."""
-    torch.manual_seed(0)
-    model, x = ResetsItsState(), torch.randn(4, WIDTH)
-    eager = copy.deepcopy(model)
-    if called_before:
-        for module in (model, eager):
-            module(x).backward()
-            module.zero_grad()
-    graph = lower_torch(model, (x,), cost_model="flops")
-    schedule = random_schedule(graph, random.Random(2), recompute_share=0.8)
-    scheduled = ScheduledModule(model, graph, schedule)
-    for seed in (1, 2):
-        batch = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(seed))
-        for module in (model, eager):
-            module.zero_grad()
-        scheduled(batch).backward()
-        eager(batch).backward()
-        assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
-        assert torch.equal(model.cell.state, eager.cell.state) and not model.cell.state.requires_grad
+    gradient) at every call, after resetting it to None, and was refused with advice to
+    run the model once, which could not help. Stored detached, a loss reading such a
+    tensor after the call (a router's auxiliary loss) lost its gradient (hunt67: 3.78
+    off), so it stays refused, saying why and what trains."""
+    with pytest.raises(LoweringError, match=r"assigns module attribute 'state' of _Cell at .*after setting it "
+                                            r"to a plain value earlier in the call.*cannot tell whether the loss "
+                                            r"differentiates through it"):
+        lower_torch(ResetsItsState(), (torch.randn(4, WIDTH),), cost_model="flops")
 
 
 def _family_trained_like_eager(family: str):
@@ -191,13 +176,6 @@ def _family_trained_like_eager(family: str):
     loss_of(ScheduledModule(model, graph, schedule)(*args, **kwargs)).backward()
     loss_of(eager(*args, **kwargs)).backward()
     return model, eager
-
-
-def test_recurrent_gemma_trains_bitwise_and_keeps_its_recurrent_state_as_eager():
-    model, eager = _family_trained_like_eager("recurrent_gemma")
-    for ours, theirs in zip(model.modules(), eager.modules()):
-        if hasattr(theirs, "recurrent_states"):
-            assert torch.equal(ours.recurrent_states, theirs.recurrent_states)
 
 
 def test_qwen2_vl_trains_bitwise_and_keeps_its_rope_deltas_as_eager():
