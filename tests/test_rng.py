@@ -853,3 +853,43 @@ def test_a_forward_drawing_from_a_generator_it_makes_without_a_seed_is_refused(s
     with pytest.raises(LoweringError, match=rf"it makes a random generator without a seed \({what}\(\) at "
                                             r".*test_rng.py:\d+ in forward\)"):
         remat_ir.remat(_DrawsFromAFreshGenerator(source), (x,), cost_model="flops", solver="recompute-all")
+
+
+class _MyGenerator(random.Random):
+    """A user's generator class."""
+
+
+class _UsesGenerators(torch.nn.Module):
+    """Generators made before tracing and inside it, seeded, as eager makes them: a branch on
+    `isinstance(self.rng, random.Random)`, one seeded after it is made (`r.seed(42)`),
+    one pickled; `unseeded`: one of a user's subclass made without a seed."""
+
+    def __init__(self, unseeded: bool = False):
+        super().__init__()
+        self.fc, self.rng, self.unseeded = torch.nn.Linear(4, 4), random.Random(0), unseeded
+
+    def forward(self, x):
+        import pickle
+
+        scale = 1.0 if isinstance(self.rng, random.Random) else 2.0
+        later = random.Random()
+        later.seed(42)
+        pickle.dumps(later)
+        if self.unseeded:
+            scale = scale * _MyGenerator().random()
+        return (self.fc(x) * scale * later.random()).square().mean()
+
+
+def test_generators_made_before_or_seeded_while_traced_train_and_a_subclass_without_a_seed_is_refused():
+    """Found by hunt67: the classes swapped while tracing (to see generators made without a
+    seed) made `isinstance` of a generator made before False (another branch, 1.155 off,
+    silently), pickling of one made while traced fail, and `Random(); r.seed(42)` refused.
+    Methods are wrapped instead; a user's subclass made without a seed is seen too."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    assert side_by_side(_UsesGenerators(), lambda m: remat_ir.remat(m, (x,), cost_model="flops",
+                                                                    solver="recompute-all"),
+                        (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    with pytest.raises(LoweringError, match=r"it makes a random generator without a seed "
+                                            r"\(test_rng._MyGenerator\(\) at .*test_rng.py:\d+ in forward\)"):
+        remat_ir.remat(_UsesGenerators(unseeded=True), (x,), cost_model="flops", solver="recompute-all")
