@@ -57,7 +57,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from remat_ir.torchlib.callables import HELD_ITEMS, attributes_of
+from remat_ir.torchlib.callables import HELD_ITEMS, attributes_of, subscripts
 
 from .errors import LoweringError
 from .fake_dispatch import wrapped_fake_dispatch
@@ -181,33 +181,44 @@ def _reached(fn) -> list:
     found: list = []
     seen: set[int] = set()
 
-    def visit(label: str, read, value, depth: int, names: tuple = ()) -> None:
+    def visit(label: str, read, value, depth: int, names: tuple = (), keys: frozenset | None = None) -> None:
+        """`keys`: the constant subscripts the code reads `value` by (`subscripts`), None
+        for any item; `names`: the attribute names the code reading it looks up."""
         if len(found) >= _REACH_ENTRIES:
             return
         found.append((label, read, value))
-        if depth == 0 or id(value) in seen or isinstance(value, (torch.Tensor, type, types.ModuleType)):
+        if depth == 0 or id(value) in seen or isinstance(value, (torch.Tensor, types.ModuleType)):
             return
         seen.add(id(value))
         if isinstance(value, functools.partial):
+            inner = getattr(value.func, "__code__", None)
+            held = inner.co_names if inner is not None else names
             visit(f"{label}.func", functools.partial(getattr, value, "func"), value.func, depth - 1)
             for i, arg in enumerate(value.args):
-                visit(f"{label}'s argument {i}", functools.partial(_item, value.args, i), arg, depth - 1)
+                visit(f"{label}'s argument {i}", functools.partial(_item, value.args, i), arg, depth - 1, held)
             for key, arg in value.keywords.items():
                 visit(f"{label}'s argument {key}", functools.partial(_item, value.keywords, key), arg,
-                      depth - 1)
+                      depth - 1, held)
         elif isinstance(value, (types.FunctionType, types.MethodType)):
             function(value, label, depth)
-        elif isinstance(value, (list, tuple, dict)):
-            keys = list(value)[:HELD_ITEMS] if isinstance(value, dict) else range(
-                min(len(value), HELD_ITEMS))
-            for key in keys:
-                visit(f"{label}[{key!r}]", functools.partial(_item, value, key), value[key], depth - 1,
-                      names)
+        elif type(value) in (list, tuple, dict):   # builtin ones: a subclass's items may be made at each read
+            if keys is None:
+                keys = list(value)[:HELD_ITEMS] if type(value) is dict else range(min(len(value), HELD_ITEMS))
+            for key in keys:   # `holder[-1]` read as the last item of a list the loop appends to
+                try:
+                    item = value[key]
+                except (KeyError, IndexError, TypeError):
+                    continue
+                visit(f"{label}[{key!r}]", functools.partial(_item, value, key), item, depth - 1, names)
         else:
+            call = getattr(type(value), "__call__", None)
+            if isinstance(call, types.FunctionType) and not isinstance(value, (type, torch.nn.Module)):
+                names = (*names, *call.__code__.co_names)   # a callable object: what its `__call__` reads
+                function(call, f"{label}.__call__", depth)
             table = _attributes(value)
             for name in names:
                 if name in table:
-                    visit(f"{label}.{name}", functools.partial(getattr, value, name), table[name],
+                    visit(f"{label}.{name}", functools.partial(_attribute, value, name), table[name],
                           depth - 1, names)
 
     def function(fn, label: str | None, depth: int) -> None:
@@ -225,26 +236,34 @@ def _reached(fn) -> list:
                 held = cell.cell_contents
             except ValueError:   # not yet bound
                 continue
-            visit(prefix + name, functools.partial(getattr, cell, "cell_contents"), held, depth - 1, names)
+            visit(prefix + name, functools.partial(getattr, cell, "cell_contents"), held, depth - 1, names,
+                  subscripts(code, name))
         for i, default in enumerate(fn.__defaults__ or ()):
-            visit(f"{prefix}{code.co_varnames[code.co_argcount - len(fn.__defaults__) + i]}",
-                  functools.partial(_item, fn, i, "__defaults__"), default, depth - 1, names)
+            name = code.co_varnames[code.co_argcount - len(fn.__defaults__) + i]
+            visit(prefix + name, functools.partial(_item, fn, i, "__defaults__"), default, depth - 1, names,
+                  subscripts(code, name))
         for key, default in (fn.__kwdefaults__ or {}).items():
-            visit(prefix + key, functools.partial(_item, fn, key, "__kwdefaults__"), default, depth - 1, names)
+            visit(prefix + key, functools.partial(_item, fn, key, "__kwdefaults__"), default, depth - 1, names,
+                  subscripts(code, key))
         module_globals = fn.__globals__
-        for name in names:
-            if name in module_globals and not isinstance(module_globals[name], (types.ModuleType, type)):
+        for name in names:   # a class's attributes too (`Holder.blk = blk`), by the names read
+            if name in module_globals and not isinstance(module_globals[name], types.ModuleType):
                 visit(prefix + name, functools.partial(_item, module_globals, name), module_globals[name],
-                      depth - 1, names)
+                      depth - 1, names, subscripts(code, name))
 
     while isinstance(fn, functools.partial):   # the partial itself is the caller's, not rebound
+        inner = getattr(fn.func, "__code__", None)
+        held = inner.co_names if inner is not None else ()
         for i, arg in enumerate(fn.args):
-            visit(f"the partial's argument {i}", functools.partial(_item, fn.args, i), arg, _REACH_DEPTH)
+            visit(f"the partial's argument {i}", functools.partial(_item, fn.args, i), arg, _REACH_DEPTH, held)
         for key, arg in fn.keywords.items():
-            visit(key, functools.partial(_item, fn.keywords, key), arg, _REACH_DEPTH)
+            visit(key, functools.partial(_item, fn.keywords, key), arg, _REACH_DEPTH, held)
         fn = fn.func
     if isinstance(fn, (types.FunctionType, types.MethodType)):
         function(fn, None, _REACH_DEPTH + 1)
+    elif isinstance(getattr(type(fn), "__call__", None), types.FunctionType) \
+            and not isinstance(fn, torch.nn.Module):   # a callable object: its `__call__` bound to it
+        visit("the called object", lambda: fn, fn, _REACH_DEPTH + 1)
     return found
 
 
@@ -255,10 +274,22 @@ def _item(container, key, attribute: str | None = None):
     return container[key]
 
 
+def _attribute(value, name: str):
+    """`value`'s own attribute `name`, as `_attributes` finds it (a class's staticmethod as
+    it is held, not what looking it up makes)."""
+    return _attributes(value)[name]
+
+
 def _attributes(value) -> dict:
-    """An object's own attributes by name (a module's submodules, parameters and buffers
-    too), without running properties or `__getattr__`."""
-    table = dict(attributes_of(value))
+    """An object's attributes by name, as held (a module's submodules, parameters and
+    buffers too; a plain object's class attributes under its own: `Runner.blk = blk` read
+    as `self.blk`, hunt67), without running properties or `__getattr__`."""
+    table = {}
+    if not isinstance(value, (type, torch.nn.Module)):
+        for klass in reversed(type(value).__mro__):
+            if klass.__module__ != "builtins":
+                table.update(vars(klass))
+    table.update(attributes_of(value))
     if isinstance(value, torch.nn.Module):
         for name in ("_modules", "_parameters", "_buffers"):
             table.update(table.get(name, {}))

@@ -256,10 +256,31 @@ class _LateBound(torch.nn.Module):
             elif self.how == "default_closure":
                 inner = lambda u: torch.tanh(blk(u))   # noqa: E731 - the spelling under test
                 x = checkpoint(lambda t, f=inner: f(t), x, use_reentrant=False)
+            elif self.how == "appended":
+                holder.append(blk)
+                x = checkpoint(lambda t: torch.tanh(holder[-1](t)), x, use_reentrant=False)
+            elif self.how == "class attribute":
+                _Runner.blk = blk
+                x = checkpoint(_Runner().run, x, use_reentrant=False)
+            elif self.how == "callable object":
+                runner = _Runner()
+                runner.blk = blk
+                x = checkpoint(runner, x, use_reentrant=False)
+                runner.blk = self.blocks[0]
             else:
                 picked.current = blk
                 x = checkpoint(lambda t: torch.tanh(picked.current(t)), x, use_reentrant=False)
         return x
+
+
+class _Runner:
+    """Runs the block it holds (its own, or its class's `blk`)."""
+
+    def run(self, t):
+        return torch.tanh(self.blk(t))
+
+    def __call__(self, t):
+        return torch.tanh(self.blk(t))
 
 
 def test_a_checkpointed_function_reading_a_variable_the_forward_binds_again_is_refused():
@@ -275,7 +296,8 @@ def test_a_checkpointed_function_reading_a_variable_the_forward_binds_again_is_r
                                             r"after the call.*lambda t, blk=blk"):
         _remat(_LateBound("late"), (x,))
     for how, read in (("listed", "holder[0]"), ("partial_of_closure", "the partial's argument 0 → blk"),
-                      ("default_closure", "f → blk"), ("attribute", "picked.current")):
+                      ("default_closure", "f → blk"), ("attribute", "picked.current"), ("appended", "holder[-1]"),
+                      ("class attribute", "self.blk"), ("callable object", "the called object.blk")):
         with pytest.raises(LoweringError, match=rf"calls a function reading `{re.escape(read)}`, which the "
                                                 r"forward binds again after the call"):
             _remat(_LateBound(how), (x,))
@@ -299,10 +321,45 @@ class _RebindsEqual(torch.nn.Module):
         return x
 
 
+class _ActivationTable(dict):
+    """transformers' `ACT2FN`: each lookup makes a new module."""
+
+    def __getitem__(self, key):
+        return torch.nn.Tanh() if dict.__getitem__(self, key) == "tanh" else torch.nn.Identity()
+
+
+_ACTIVATIONS = _ActivationTable(tanh="tanh")
+
+
+class _ReadsTablesHarmlessly(torch.nn.Module):
+    """A checkpointed function looking an activation up in a table that makes a module at
+    each lookup, and reading one item of a dict whose other item the loop rebinds."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        settings = {"scale": 0.5, "step": 0}
+        for i, blk in enumerate(self.blocks):
+            settings["step"] = i
+            x = checkpoint(lambda t, blk=blk: _ACTIVATIONS["tanh"](blk(t)) * settings["scale"], x,
+                           use_reentrant=False)
+        return x
+
+
 def test_a_checkpointed_function_reading_values_bound_again_to_equal_ones_trains_like_eager():
     torch.manual_seed(0)
     x = torch.randn(4, 8)
     assert _side_by_side(_RebindsEqual(), x) == {}
+
+
+def test_a_checkpointed_function_reading_a_table_making_modules_or_an_unchanged_item_trains_like_eager():
+    """Found by hunt67: refused, because a lookup in a table making a module at each read
+    (transformers' `ACT2FN`) gave another module, and an item the function never reads
+    changed. Builtin containers only, and the items the code subscripts."""
+    torch.manual_seed(0)
+    assert _side_by_side(_ReadsTablesHarmlessly(), torch.randn(4, 8)) == {}
 
 
 def _noise_kernel(source: str):

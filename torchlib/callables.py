@@ -484,12 +484,12 @@ def _globals_reached(space: dict, found: frozenset[str], code: types.CodeType) -
 
     for name in sorted(found):
         value = space.get(name)
-        reach(value, 0, _subscripts(code, name) if isinstance(value, dict) else None)
+        reach(value, 0, subscripts(code, name) if isinstance(value, dict) else None)
     return reached
 
 
 @functools.lru_cache(maxsize=1024)
-def _subscripts(code: types.CodeType, name: str) -> frozenset | None:
+def subscripts(code: types.CodeType, name: str) -> frozenset | None:
     """The constant keys `code` and the code nested in it subscript global `name` by
     (`ACTS["scale"]`), or None where one of its loads is not so subscripted (`ACTS[key]`,
     passed along): any item. Found by hunt57: every item of a table scanned, a sibling
@@ -505,7 +505,7 @@ def _subscripts(code: types.CodeType, name: str) -> frozenset | None:
         keys.add(after[0].argval)
     for nested in code.co_consts:
         if isinstance(nested, types.CodeType):
-            inner = _subscripts(nested, name)
+            inner = subscripts(nested, name)
             if inner is None:
                 return None
             keys |= inner
