@@ -295,12 +295,17 @@ def user_state_kept(model=None):
     sets up and leaves settled is kept, as eager's first call keeps it."""
     before = Snapshot(model)
     generators = {id(g): (g, g.get_state()) for g in _torch_generators(model)}
+    moved: list[str] = []   # what the work changed, said, for the caller (a custom op's trial)
     try:
-        yield
+        yield moved
     finally:
-        put_back(before.changed(Snapshot(model)))
+        changes = before.changed(Snapshot(model))
+        put_back(changes)
+        moved += [change.what for change in changes]
         for generator, state in generators.values():
-            generator.set_state(state)
+            if not torch.equal(generator.get_state(), state):
+                moved.append(f"a torch.Generator of the user's ({type(generator).__name__})")
+                generator.set_state(state)
 
 
 def _torch_generators(model) -> list[torch.Generator]:

@@ -70,9 +70,13 @@ def custom_op_draws(target: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
 @dataclass(frozen=True)
 class Trial:
     """What a custom op's kernel moved when it ran once (`custom_op_trial`): torch's
-    generator (or it raised), and which of Python's and NumPy's (`PythonGenerators.moved`)."""
+    generator (or it raised: `raised`), which of Python's and NumPy's
+    (`PythonGenerators.moved`), and the user's own state (a generator or counter its
+    globals hold: `outside_values.user_state_kept`)."""
     torch: bool
     outside: tuple[str, ...] = ()
+    raised: bool = False
+    own: tuple[str, ...] = ()
 
 
 def custom_op_trial(target: torch._ops.OpOverload, values) -> Trial:
@@ -160,18 +164,19 @@ def _drew_once(target, leaves: list, spec) -> Trial:
     before = [g.get_state() for g in generators]
     python = PythonGenerators()   # and NumPy's: its kernel may draw from them (hunt63)
     outside: tuple[str, ...] = ()
+    raised, own = False, []
     try:
-        with torch.no_grad(), user_state_kept():   # a count of its calls (hunt65)
+        with torch.no_grad(), user_state_kept() as own:   # a count of its calls (hunt65)
             target(*args, **kwargs)
         moved = any(not torch.equal(g.get_state(), state) for g, state in zip(generators, before))
         outside = tuple(python.moved())
     except Exception:
-        moved = True
+        moved = raised = True
     finally:
         for g, state in zip(generators, before):
             g.set_state(state)
         python.restore()
-    return Trial(moved, outside)
+    return Trial(moved, outside, raised, tuple(own))
 
 
 @contextlib.contextmanager

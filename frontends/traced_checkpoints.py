@@ -84,8 +84,8 @@ class _Block:
     read: list = field(default_factory=list)
     read_storages: set = field(default_factory=set)
     drawn_in_python: bool = False
-    #: Custom ops it called whose kernel drew from Python's or NumPy's generator when run
-    #: once, with those generators (`random_ops.custom_op_trial`).
+    #: Custom ops it called whose kernel drew from Python's or NumPy's generator, or changed
+    #: the user's state, when run once, with what (`random_ops.custom_op_trial`).
     drawn_outside: dict = field(default_factory=dict)
     #: What the function reads that the forward may bind again, with what each held at
     #: the call (`_reached`).
@@ -124,7 +124,7 @@ class _Block:
         if self.drawn_outside:
             op, generators = next(iter(self.drawn_outside.items()))
             return (f"torch.utils.checkpoint at {where} around a block calling custom op {op}, whose "
-                    f"kernel draws from {' and '.join(generators)} generator: eager's backward runs the "
+                    f"kernel draws from or changes {', '.join(generators)}: eager's backward runs the "
                     f"block again and the op draws again (a checkpoint restores torch's generator only), "
                     f"so eager's gradients follow the second draw and the generator ends every step "
                     f"elsewhere than a remat-ir step, which runs the op once, leaves it. Draw with "
@@ -358,10 +358,11 @@ def checkpoints_traced_plain():
                 block.drawn.append(str(func.overloadpacket.__name__))
             elif op and opaque_custom_op(func):   # hunt65: eager's recomputation ran it twice
                 trial = custom_op_trial(func, (args, kwargs or {}))
-                if trial.torch:
+                if trial.torch and not trial.raised:   # hunt67: one raising on placeholders is no draw
                     block.drawn.append(str(func._schema.name))
-                if trial.outside:
-                    block.drawn_outside[str(func._schema.name)] = trial.outside
+                if trial.outside or trial.own:   # hunt67: its own generator, 0.08 off
+                    block.drawn_outside[str(func._schema.name)] = (
+                        *(f"{generator} generator" for generator in trial.outside), *trial.own)
             if written - block.made:
                 block.written.append(str(func.overloadpacket.__name__))
             for value in pytree.tree_leaves((args, kwargs)):
