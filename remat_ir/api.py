@@ -8,6 +8,8 @@ PyTorch runtime returns a module that trains as usual.
 
 from __future__ import annotations
 
+import contextlib
+
 from remat_ir.ir import Graph, pb, store_all
 from remat_ir.ir.units import human_bytes
 from remat_ir.solvers import (DEFAULT_SOLVER, BadRequest, InfeasibleBudget, Progress, check_request,
@@ -27,6 +29,12 @@ def plan(graph: Graph, budget=None, solver: str | None = None, *,
     if solver is None:
         solver = "autograd" if budget is None else DEFAULT_SOLVER
     return solve(graph, budget, solver, time_limit_s=time_limit_s, progress=progress, **options)
+
+
+def _runs_users_code(graph: Graph) -> bool:
+    """Whether running `graph`'s ops runs code of the user's: a custom op's kernel, a
+    custom Function's forward (ops outside PyTorch's and remat-ir's own namespaces)."""
+    return any(not node.op.startswith(("aten.", "prims.", "remat_ir.")) for node in graph.proto.nodes)
 
 
 def remat(model, example_inputs, budget=None, *, solver: str | None = None,
@@ -315,7 +323,9 @@ class Planner:
         if cached:
             graph = cached
         else:
-            with user_state_kept(model):   # profiling runs custom ops that may count their calls
+            # Profiling runs custom ops, which may count their calls: the user's state is put
+            # back. Only then (hunt67: a `progress` callback's own counter was put back too).
+            with user_state_kept(model) if _runs_users_code(graph) else contextlib.nullcontext():
                 reused = self._reuse_before_timing(graph, model, args, kwargs)
                 if reused is not None:
                     return reused
