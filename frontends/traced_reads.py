@@ -63,9 +63,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.torchlib.callables import (any_attributes, attribute_at, attributes_of, class_held, config_like,
-                                         describe, describe_called, filled, is_function, slot_names,
-                                         string_constants, users_class)
+from remat_ir.torchlib.callables import (HELD_ITEMS, any_attributes, attribute_at, attributes_of, class_held,
+                                         config_like, describe, describe_called, filled, is_function,
+                                         slot_names, string_constants, users_class)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH as LENGTH_KEY,
                                                NESTED, PUBLIC_NAMES, described, values_digest)
 from remat_ir.torchlib.hooks import hook_functions
@@ -669,6 +669,11 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
                 reads.globals.setdefault((module, name, ("digest",)), item)
             elif not isinstance(key, dict):   # a global's item by a described key: not recorded
                 reads.globals.setdefault((module, name, ("item", key)), item)
+        # The user's functions it holds, whose globals the forward reads through them (a
+        # dict of activations reading `SCALE`: changed after `remat`, 3.57 off, hunt67).
+        held = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        return [item for item in itertools.islice(held, HELD_ITEMS)
+                if isinstance(item, types.FunctionType) and is_users_file(item.__code__.co_filename)]
     elif (chain := _attribute_chain(value, following)) is not None:
         path, attribute = chain
         if (form := recorded(attribute)) is not UNRECORDED:

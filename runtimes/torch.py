@@ -2117,7 +2117,8 @@ class ScheduledModule(torch.nn.Module):
             if self._planner is not None:
                 checked = None if self._sharded() else plan.guard.model_tensors(self._model)
                 changed = plan.model_difference(modules) if checked is None else None
-                if changed is None and (held := plan.traced_reads.held_change(modules.at)) is not None:
+                if changed is None and (held := plan.traced_reads.held_change(modules.at)) is not None \
+                        and held[2] != "requires a gradient":   # lowering refuses that: said when run
                     # A tensor the graph holds as a constant, changed (an annealed
                     # temperature assigned as a new tensor): planned again, as a plain
                     # value is, up to `VALUE_REPLANS` values (hunt66: refused, where a float

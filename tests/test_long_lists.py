@@ -411,3 +411,35 @@ def test_a_global_read_by_a_function_a_module_holds_in_a_container_is_planned_fo
         assert "global _SCALE" in capsys.readouterr().err
     finally:
         _SCALE = 1.0
+
+
+def _offset_scaled(offset: float):
+    return lambda h: h * _SCALE + offset
+
+
+_ACTIVATIONS = {"scaled": _offset_scaled(1.0)}
+
+
+class _PicksFromAGlobalDict(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return _ACTIVATIONS["scaled"](self.fc(x)).square().mean()
+
+
+def test_a_global_read_by_a_function_of_a_global_dict_is_planned_for(capsys):
+    """Found by hunt67: a function picked from a module-level dict (`ACTS["scaled"](h)`),
+    reading a global, changed after `remat`: trained on with the traced value, 3.57 off."""
+    global _SCALE
+    try:
+        torch.manual_seed(0)
+        model, x = _PicksFromAGlobalDict(), torch.randn(5, 6)
+        scheduled = _stepped_once(model, x)
+        capsys.readouterr()
+        _SCALE = 3.0
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+        assert "global _SCALE" in capsys.readouterr().err
+    finally:
+        _SCALE = 1.0

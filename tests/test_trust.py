@@ -3000,13 +3000,14 @@ def test_a_tensor_read_from_a_global_or_class_trains_like_eager_until_it_changes
     """A global was refused with AOTAutograd's error ("Please convert all Tensors to
     FakeTensors first"), but for a 0-dimensional one, traced as a constant: after it
     changed, the step trained with the old value, silently (2026-11-30). Now each is
-    traced as a constant whose bytes are compared at every call, as a held tensor's are."""
+    traced as a constant whose bytes are compared at every call, as a held tensor's are
+    (refused by a module without a planner, planned again by `remat`'s)."""
     x = torch.randn(4, 4)
     torch.manual_seed(0)
     assert side_by_side(_ReadsGlobals(), lambda m: _remat(m, (x,), solver="recompute-all"),
                         (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
     model = _ReadsGlobals()
-    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled = _without_planner(model, (x,), "autograd")
     expected = model(x)
     tensor, shown = {"global": (_GLOBAL_TARGET, "global _GLOBAL_TARGET of test_trust"),
                      "global 0-d": (_GLOBAL_SCALE, "global _GLOBAL_SCALE of test_trust"),
@@ -3120,7 +3121,7 @@ def test_a_tensor_a_helper_object_caches_trains_like_eager_until_it_changes():
     """A model called once before `remat` (a first step, an evaluation) holds the table its
     helper object cached, which lowering refused as a tensor "found nowhere"; it is found
     through the helper's attributes now, trains bitwise like eager, and a call after it
-    changed is refused naming it."""
+    changed is refused naming it (without a planner; `remat`'s plans again)."""
     x = torch.randn(4, 4)
     torch.manual_seed(0)
     model = _CachesInAHelper()
@@ -3128,7 +3129,7 @@ def test_a_tensor_a_helper_object_caches_trains_like_eager_until_it_changes():
     errors = side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
                           lambda loss: loss, tolerance=1e-30)
     assert errors == {}
-    scheduled = _remat(model, (x,), solver="autograd")
+    scheduled = _without_planner(model, (x,), "autograd")
     expected = model(x)
     model.tables.cache[0].mul_(2)
     with pytest.raises(RuntimeInputError, match=r"tensor tables.cache\[0\] of _CachesInAHelper, which "
