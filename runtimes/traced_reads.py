@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import json
 import operator
+import types
 import weakref
 from collections.abc import Mapping
 
@@ -139,8 +140,10 @@ def _table_digest(table: Mapping) -> str | None:
     functions, code and defaults (transformers' `LOSS_MAPPING`, digested at every call,
     made a tiny Llama's step 12-31% slower than eager's: hunt67). A value set again in a
     function's closure cell is not seen (the table's entries are module functions)."""
+    if not all(isinstance(function, types.FunctionType) for function in table.values()):
+        return values_digest(table)   # a table of lists or objects changes in place: digested each time
     parts = [part for key, function in table.items()
-             for part in (key, function, getattr(function, "__code__", None), getattr(function, "__defaults__", None))]
+             for part in (key, function, function.__code__, function.__defaults__)]
     kept = _TABLES.get(id(table))
     if kept is not None and len(kept[0]) == len(parts) and all(map(operator.is_, kept[0], parts)):
         return kept[1]
