@@ -314,14 +314,6 @@ def lift_held_tensors(exported: torch.export.ExportedProgram, module: torch.fx.G
                     f"a submodule (frozen with requires_grad_(False) where it should not train), "
                     f"or pass what it computes as an input")
             hooked = " (a hook's closure? the line is of the module call running it)" if hook_functions(model) else ""
-            if tensor.requires_grad:   # hunt66: a trained steering vector was said to be a constant
-                raise LoweringError(
-                    f"{name}'s forward reads a tensor that requires a gradient and is neither a "
-                    f"parameter of the model nor an input (a closure's, a default argument's: "
-                    f"{tensor.dtype} {list(tensor.shape)}"
-                    f"{f', read by {user.target} at {line}' if line and user is not None else ''}{hooked}): "
-                    f"eager gives it a gradient, and the graph would hold it as a constant. Register "
-                    f"it as a parameter of a module of the model, or pass it as an input")
             raise LoweringError(
                 f"{name}'s forward reads a tensor that is neither a parameter, a buffer, an "
                 f"input nor one the model or a global holds (a closure's, a default "
