@@ -11,9 +11,16 @@ where, for the caller to refuse. Methods and module functions are wrapped, never
 classes (hunt67: a class swapped for a subclass broke `isinstance` of generators made
 before, 1.155 off, and pickling): `random.Random.seed` (a `random.Random()` or one of a
 subclass, unless seeded later: `r.seed(42)`), `random.SystemRandom`'s draws (the
-operating system's numbers), and `numpy.random.default_rng` looked up on the module.
-Not seen: NumPy generators made otherwise (`RandomState()`, `Generator(PCG64())`, a
-`default_rng` imported by name), whose classes are compiled. One made with a seed
+operating system's numbers), and the function every NumPy generator made without a seed
+takes its entropy from (`numpy.random.bit_generator.randbits`, a module global its
+compiled `SeedSequence` looks up at each call): `default_rng()` however imported,
+`Generator(PCG64())`, `RandomState()`, `rs.seed()`. `RandomState(7)` draws that entropy
+too before seeding over it, so while traced `RandomState` makes its `MT19937` as
+`_SeedingSeen`, a subclass whose legacy seeding withdraws the note (only generators made
+while traced are of it; NumPy's check that a `RandomState`'s generator is an `MT19937`
+looks up the same name, so the subclass's class takes any `MT19937` for one). NumPy's
+own Python code drawing that entropy (unpickling a generator, whose state it then sets)
+is not noted. One made with a seed
 (`default_rng(0)`) draws the same numbers at every call, which the graph's constants
 are: that traces as eager runs.
 """
@@ -21,6 +28,7 @@ are: that traces as eager runs.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import sys
 import weakref
@@ -72,14 +80,24 @@ def fresh_generators_noted():
     patched = [(random.Random, "seed", seeded), *((random.SystemRandom, name, drawing(name)) for name in system_draws)]
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        default_rng = numpy.random.default_rng
+        from numpy.random import bit_generator, mtrand
 
-        def watched_default_rng(seed=None):
-            if seed is None and (where := caller()) is not None:
-                made.append(f"numpy.random.default_rng() at {where}")
-            return default_rng(seed)
+        entropy = bit_generator.randbits
+        numpys = os.path.dirname(numpy.__file__) + os.sep
 
-        patched.append((numpy.random, "default_rng", watched_default_rng))
+        def drawn_entropy(bits):
+            # NumPy's own Python code draws it to unpickle a generator, then sets its state
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename == __file__:
+                frame = frame.f_back
+            if frame is not None and not frame.f_code.co_filename.startswith(numpys) and (where := caller()):
+                made.append(f"a NumPy generator, at {where}")
+            return entropy(bits)
+
+        patched += [(bit_generator, "randbits", drawn_entropy),
+                    (mtrand, "_MT19937", _seeding_seen(mtrand._MT19937))]
+    global _noting
+    noting, _noting = _noting, made
     originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in patched]
     for owner, name, replacement in patched:
         setattr(owner, name, replacement)
@@ -88,5 +106,44 @@ def fresh_generators_noted():
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+        _noting = noting
         made += [said for _, said in unseeded.values()]
         unseeded.clear()
+
+
+#: The notes of the trace under way, where `_SeedingSeen` adds and withdraws its own.
+_noting: list[str] | None = None
+
+
+def _seeding_seen(mt19937: type) -> type:
+    """`RandomState`'s bit generator while traced (made once, kept as a module global so
+    that a generator made while traced pickles): its constructor draws the operating
+    system's entropy, noted; `RandomState(seed)` then seeds it over, which withdraws that note."""
+    if (seen := globals().get("_SeedingSeen")) is not None:
+        return seen
+
+    class _AnyMT19937(type):   # NumPy's own checks (`get_state`) take any MT19937 for one
+        def __instancecheck__(cls, instance):
+            return isinstance(instance, mt19937)
+
+        def __subclasscheck__(cls, subclass):
+            return issubclass(subclass, mt19937)
+
+    class _SeedingSeen(mt19937, metaclass=_AnyMT19937):
+        def __init__(self, *args, **kwargs):
+            notes = _noting
+            before = len(notes) if notes is not None else 0
+            super().__init__(*args, **kwargs)
+            self._unseeded = (notes, notes[-1]) if notes is not None and len(notes) > before else None
+
+        def _legacy_seeding(self, seed):
+            if seed is not None and getattr(self, "_unseeded", None) is not None:
+                notes, note = self._unseeded
+                self._unseeded = None
+                if note in notes:
+                    notes.remove(note)
+            return super()._legacy_seeding(seed)
+
+    _SeedingSeen.__module__, _SeedingSeen.__qualname__ = __name__, "_SeedingSeen"
+    globals()["_SeedingSeen"] = _SeedingSeen
+    return _SeedingSeen

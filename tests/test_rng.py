@@ -817,41 +817,56 @@ def test_a_forward_reseeding_the_default_generator_is_refused_as_setting_its_sta
 
 
 class _DrawsFromAFreshGenerator(torch.nn.Module):
-    """A forward adding noise from a generator it makes at every call: without a seed
-    (`source` "numpy", "python"), or with one."""
+    """A forward adding noise from a generator it makes at every call, as `source` says:
+    without a seed ("numpy", "python", and NumPy's other ways), or with one ("seeded")."""
 
     def __init__(self, source: str):
         super().__init__()
         self.fc, self.source = torch.nn.Linear(4, 4), source
 
     def forward(self, x):
+        import pickle
+
         import numpy as np
+        from numpy.random import default_rng
 
-        if self.source == "numpy":
-            noise = torch.from_numpy(np.random.default_rng().standard_normal(4).astype(np.float32))
-        elif self.source == "python":
-            noise = torch.tensor(random.Random().random())
-        else:
-            noise = torch.from_numpy(np.random.default_rng(7).standard_normal(4).astype(np.float32))
-        return (self.fc(x) + noise).square().mean()
+        drawn = {
+            "numpy": lambda: np.random.default_rng().standard_normal(4),
+            "python": lambda: [random.Random().random()] * 4,
+            "numpy imported by name": lambda: default_rng().standard_normal(4),
+            "numpy bit generator": lambda: np.random.Generator(np.random.PCG64()).standard_normal(4),
+            "numpy RandomState": lambda: np.random.RandomState().randn(4),
+            "numpy RandomState seeded again": lambda: _reseeded(np.random.RandomState(7)).randn(4),
+            "seeded": lambda: np.random.default_rng(7).standard_normal(4),
+            "seeded RandomState": lambda: pickle.loads(pickle.dumps(np.random.RandomState(7))).randn(4),
+        }[self.source]
+        return (self.fc(x) + torch.tensor(drawn(), dtype=torch.float32)).square().mean()
 
 
-@pytest.mark.parametrize("source", ["numpy", "python", "seeded"])
+def _reseeded(generator):
+    generator.seed()
+    return generator
+
+
+@pytest.mark.parametrize("source", ["numpy", "python", "numpy imported by name", "numpy bit generator",
+                                    "numpy RandomState", "numpy RandomState seeded again", "seeded",
+                                    "seeded RandomState"])
 def test_a_forward_drawing_from_a_generator_it_makes_without_a_seed_is_refused(source):
     """A generator made without a seed at every call draws new numbers at every step in
     eager; it moves no generator the model holds nor a global one, so it was traced as
     constants and every step added the same noise, silently. Refused naming the line; one
-    made with a seed draws the same numbers at every call, and trains like eager."""
+    made with a seed draws the same numbers at every call, and trains like eager. NumPy's
+    made otherwise than by `np.random.default_rng()` were not seen (note 120), silently."""
     torch.manual_seed(0)
     x = torch.randn(3, 4)
-    if source == "seeded":
+    if source.startswith("seeded"):
         assert side_by_side(_DrawsFromAFreshGenerator(source),
                             lambda m: remat_ir.remat(m, (x,), cost_model="flops", solver="recompute-all"),
                             (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
         return
-    what = "numpy.random.default_rng" if source == "numpy" else "random.Random"
-    with pytest.raises(LoweringError, match=rf"it makes a random generator without a seed \({what}\(\) at "
-                                            r".*test_rng.py:\d+ in forward\)"):
+    what = "random.Random\\(\\)" if source == "python" else "a NumPy generator,"
+    with pytest.raises(LoweringError, match=rf"it makes a random generator without a seed \({what} at "
+                                            r".*test_rng.py:\d+ in (<lambda>|_reseeded)\)"):
         remat_ir.remat(_DrawsFromAFreshGenerator(source), (x,), cost_model="flops", solver="recompute-all")
 
 
