@@ -287,14 +287,16 @@ class Snapshot:
 @contextlib.contextmanager
 def user_state_kept(model=None):
     """Within: work that runs the model's code and is no step of it (profiling, timing a
-    plan, a custom op's trial run) leaves the plain values and generators of the user's
-    globals, closures and class attributes as it found them (`put_back`). hunt65: `remat()`
-    ran a custom op about 56 times, so one counting its calls in a global, or drawing
-    from a generator of its own, started training elsewhere than eager (0.93 and 0.35 off
-    at the first step), silently. Lowering's own traces are not inside: what a first call
+    plan, a custom op's trial run) leaves the plain values, generators and tensors of the
+    user's globals, closures and class attributes as it found them (`put_back`). hunt65:
+    `remat()` ran a custom op about 56 times, so one counting its calls in a global, or
+    drawing from a generator of its own, started training elsewhere than eager (0.93 and
+    0.35 off at the first step), silently; hunt67: so did one counting in a global tensor
+    (`STEPS.add_(1)`, 0.25 off). Lowering's own traces are not inside: what a first call
     sets up and leaves settled is kept, as eager's first call keeps it."""
     before = Snapshot(model)
-    generators = {id(g): (g, g.get_state()) for g in _torch_generators(model)}
+    generators = {id(g): (g, g.get_state()) for g in _held(model, torch.Generator)}
+    tensors = _tensor_copies(_held(model, torch.Tensor))
     moved: list[str] = []   # what the work changed, said, for the caller (a custom op's trial)
     try:
         yield moved
@@ -306,20 +308,52 @@ def user_state_kept(model=None):
             if not torch.equal(generator.get_state(), state):
                 moved.append(f"a torch.Generator of the user's ({type(generator).__name__})")
                 generator.set_state(state)
+        for tensor, copy in tensors:
+            if tensor.shape == copy.shape and tensor.dtype == copy.dtype and not _same_bits(tensor, copy):
+                moved.append(f"a tensor of the user's ({tuple(tensor.shape)}, {tensor.dtype})")
+                with torch.no_grad():
+                    tensor.copy_(copy)
 
 
-def _torch_generators(model) -> list[torch.Generator]:
-    """The `torch.Generator`s of the user's (a snapshot leaves them to the runtime): in the
-    places `namespaces` gives, the model's modules' attributes, and the items of the lists,
-    tuples and dicts and the attributes of the objects there."""
+#: The most bytes of the user's tensors `user_state_kept` copies (a counter, a running
+#: statistic or a small table, not a dataset a global holds).
+_TENSOR_BYTES = 16 << 20
+
+
+def _tensor_copies(found: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tensor, a copy of its values) for the user's plain tensors, up to `_TENSOR_BYTES`
+    (the model's parameters and buffers are not the user's globals: a step changes them)."""
+    copies, left = [], _TENSOR_BYTES
+    for tensor in found:
+        if (type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_meta
+                or isinstance(tensor, torch.nn.Parameter) or (size := tensor.nbytes) > left):
+            continue
+        left -= size
+        copies.append((tensor, tensor.detach().clone()))
+    return copies
+
+
+def _same_bits(tensor: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Whether `tensor` holds the bits of `copy` (a NaN left as it was is unchanged)."""
+    return torch.equal(tensor.detach().contiguous().flatten().view(torch.uint8),
+                       copy.contiguous().flatten().view(torch.uint8))
+
+
+def _held(model, kind: type) -> list:
+    """The values of type `kind` the user holds (a snapshot leaves generators and tensors
+    to this): in the places `namespaces` gives, the model's modules' attributes, and the
+    items of the lists, tuples and dicts and the attributes of the objects there."""
     places = [names.values() for _, names in namespaces(model)]
     places += [vars(module).values() for module in (model.modules() if model is not None else ())]
-    found = []
+    found, seen = [], set()
     for values in places:
         for value in list(values):
             inside = (value.values() if type(value) is dict else value if type(value) in (list, tuple)
                       else vars(value).values() if _holder(value) else ())
-            found += [item for item in (value, *itertools.islice(inside, 64)) if isinstance(item, torch.Generator)]
+            for item in (value, *itertools.islice(inside, 64)):
+                if isinstance(item, kind) and id(item) not in seen:
+                    seen.add(id(item))
+                    found.append(item)
     return found
 
 

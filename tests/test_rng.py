@@ -592,13 +592,14 @@ def test_a_custom_op_that_draws_whose_result_nothing_reads_still_draws_as_eager(
 
 _OPAQUE_GENERATOR = torch.Generator().manual_seed(5)
 _OPAQUE_CALLS = [0]
+_OPAQUE_COUNT = torch.zeros(())
 
 
 @torch.library.custom_op("remat_ir_tests::opaque", mutates_args=())
 def _opaque(x: torch.Tensor, how: str, flag: torch.Tensor) -> torch.Tensor:
     """A fused op whose kernel does what a draw from torch's generator does not show when
     run once on placeholders: NumPy's or Python's generator, a generator of its own, a
-    draw only when `flag` holds 1, a count of its calls."""
+    draw only when `flag` holds 1, a count of its calls (in a list, or in a tensor)."""
     import random
 
     import numpy as np
@@ -611,6 +612,9 @@ def _opaque(x: torch.Tensor, how: str, flag: torch.Tensor) -> torch.Tensor:
         return x + torch.randn(x.shape, generator=_OPAQUE_GENERATOR) * 0.1
     if how == "flagged":
         return x + torch.randn_like(x) * 0.1 if flag.item() else x
+    if how == "counting in a tensor":
+        _OPAQUE_COUNT.add_(1)
+        return x / _OPAQUE_COUNT
     _OPAQUE_CALLS[0] += 1
     return x * (1.0 / _OPAQUE_CALLS[0])
 
@@ -671,24 +675,29 @@ def test_a_custom_op_is_computed_once_per_step_as_eager_computes_it(how):
     assert errors == {}
 
 
-@pytest.mark.parametrize("how", ["own generator", "counting"])
+@pytest.mark.parametrize("how", ["own generator", "counting", "counting in a tensor"])
 def test_remat_leaves_a_custom_ops_own_state_as_it_found_it(how):
     """Found by hunt65: `remat()` runs a custom op about 56 times (a trial run for draws,
     profiling, timing), so one counting its calls in a global or drawing from a generator
     of its own started training elsewhere than eager: 0.93 and 0.35 off at the first step,
-    silently. Profiling and trial runs put the user's globals and generators back."""
+    silently. Profiling and trial runs put the user's globals and generators back; hunt67:
+    and the user's tensors (a count kept in a global tensor, 0.25 off)."""
     torch.manual_seed(0)
     x, model = torch.randn(4, 8), _Opaque(how)
     eager = copy.deepcopy(model)
     fresh = torch.Generator().manual_seed(5).get_state()
-    _OPAQUE_GENERATOR.set_state(fresh)
-    _OPAQUE_CALLS[0] = 0
+
+    def from_the_start():
+        _OPAQUE_GENERATOR.set_state(fresh)
+        _OPAQUE_CALLS[0] = 0
+        _OPAQUE_COUNT.zero_()
+
+    from_the_start()
     expected = eager(x)
     expected.square().mean().backward()
-    _OPAQUE_GENERATOR.set_state(fresh)
-    _OPAQUE_CALLS[0] = 0
+    from_the_start()
     scheduled = remat_ir.remat(model, (x,), solver="recompute-all")   # profiled: runs the op
-    assert _OPAQUE_CALLS[0] == 0 and torch.equal(_OPAQUE_GENERATOR.get_state(), fresh)
+    assert _OPAQUE_CALLS[0] == 0 and _OPAQUE_COUNT.item() == 0 and torch.equal(_OPAQUE_GENERATOR.get_state(), fresh)
     got = scheduled(x)
     got.square().mean().backward()
     assert torch.equal(got, expected)
