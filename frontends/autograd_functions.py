@@ -66,6 +66,7 @@ from remat_ir.torchlib.callables import code_digest
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast, overlaps
 
 from .model_lines import is_users_file, model_line
+from .outside_tensors import outside_tensors_refused, traced
 from .random_ops import draws_random, note_function_op, opaque_custom_op
 from .traced_reads import own_methods
 
@@ -321,7 +322,8 @@ def _wrap(cls, args: tuple, autocast: tuple[tuple[str, str], ...] = ()):
             grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                      for g, (shape, dtype, device) in zip(grads, ctx.output_meta)]
         try:
-            result = cls.backward(fctx, *grads)
+            with outside_tensors_refused() if any(map(traced, grads)) else contextlib.nullcontext():
+                result = cls.backward(fctx, *grads)
         except Exception as exc:   # said as the Function's by the frontend (`backward_of`)
             exc.add_note(f"{_BACKWARD_NOTE}{name}")
             raise

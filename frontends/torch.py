@@ -84,6 +84,7 @@ from .inference_buffers import inference_buffers_as_normal
 from .random_ops import check_pure_ops, declared_pure, draws_random, opaque_custom_op, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
 from .fresh_generators import fresh_generators_noted
+from .outside_tensors import OutsideTensorRead
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
                        check_script_modules, backward_draws_error, backward_effects_error, constant_output,
@@ -1690,12 +1691,14 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                 raise refused from exc
             first = str(exc).strip().splitlines()[0]
             function = backward_of(exc)
-            if "convert all Tensors to FakeTensors" in first and function is not None:
+            if function is not None and ((isinstance(exc, OutsideTensorRead) and not exc.writes)
+                                         or "convert all Tensors to FakeTensors" in first):
                 raise LoweringError(
                     f"{_reader(type(model).__name__, function)} reads a tensor its forward did not "
-                    f"save for it (a module's parameter or buffer reached through ctx, a global), "
-                    f"which tracing cannot follow ({first.split('Found in ')[-1]}): pass it to "
-                    f"`apply` as an argument and save it with ctx.save_for_backward") from exc
+                    f"save for it (a module's parameter or buffer reached through ctx, a global, a "
+                    f"closure's), which tracing cannot follow ({first.split('Found in ')[-1]}): pass "
+                    f"it to `apply` as an argument and save it with ctx.save_for_backward (held as "
+                    f"a module's buffer where it changes between steps)") from exc
             if "does not yet handle non-differentiable view input mutations" in first:
                 # Inputs sharing a storage without being views of one another (a deepcopy of
                 # two overlapping slices): said as those that are (found by a review), with

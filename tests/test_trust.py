@@ -2653,6 +2653,7 @@ def test_what_a_custom_functions_code_reads_changed_after_lowering_is_planned_fo
 
 FUNCTION_MASK = torch.ones(16)
 FUNCTION_STATISTIC = torch.zeros(())
+FUNCTION_WEIGHT = torch.tensor(0.5)
 
 
 class _GlobalTensorBackward(torch.autograd.Function):
@@ -2663,6 +2664,18 @@ class _GlobalTensorBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g * FUNCTION_MASK
+
+
+class _GlobalWeightBackward(torch.autograd.Function):
+    """A gradient reversal whose weight, a global 0-d tensor, is scaled by a number first."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -(FUNCTION_WEIGHT * 2) * g
 
 
 class _StatisticInBackward(torch.autograd.Function):
@@ -2680,13 +2693,19 @@ class _StatisticInBackward(torch.autograd.Function):
     (_GlobalTensorBackward, r"the backward of autograd.Function test_trust._GlobalTensorBackward \(in "
                             r"_Applying\) reads a tensor its forward did not save for it .*pass it to "
                             r"`apply` as an argument and save it with ctx.save_for_backward"),
+    (_GlobalWeightBackward, r"the backward of autograd.Function test_trust._GlobalWeightBackward \(in "
+                            r"_Applying\) reads a tensor its forward did not save for it .*\(mul of tensor\(0.5, "
+                            r"size=\(\)\)\): pass it to `apply` as an argument and save it"),
     (_StatisticInBackward, r"AOTAutograd could not trace the backward of autograd.Function "
                            r"test_trust._StatisticInBackward \(in _Applying\): .* Its backward is traced "
                            r"once into the graph.*write into no other tensor")])
 def test_a_custom_functions_backward_reading_or_writing_a_global_tensor_is_refused_as_its_own(function, said):
     """Found by a review: a global tensor a Function's backward reads was refused as read
     by the model's forward, and one it writes into (a statistic) with torch's internal
-    assertion; both are named as the Function's backward's, with what to do."""
+    assertion; both are named as the Function's backward's, with what to do. A 0-d one
+    combined first with a number (`FUNCTION_WEIGHT * 2`) was computed for real while
+    traced, a constant of the graph: a later value trained on with the traced one, 0.15
+    off eager's gradients, silently."""
     torch.manual_seed(0)
     with pytest.raises(LoweringError, match=said):
         _remat(_Applying(function), (torch.randn(4, 8),))

@@ -1,0 +1,62 @@
+"""A custom backward computing on a tensor it reads from outside the trace.
+
+A custom backward (an `autograd.Function`'s, or a `torch.library` op's
+`register_autograd`) that reads a global or a closure's tensor, which its forward did not
+save, is refused by FakeTensor where that tensor meets a traced one (`g * SCALE`). But
+one combined first with Python numbers only (`g * (SCALE * 2)`, `SCALE / 100`) is
+computed for real while AOTAutograd traces: its value then is a constant of the joint
+graph, and a later change of the tensor (a gradient reversal's weight annealed in place)
+is trained on with the traced value, 0.15 off eager's gradients, silently (found while
+checking note 120's list). `outside_tensors_refused` raises `OutsideTensorRead` where the
+user's code runs a torch function on such a tensor while the joint graph is traced, for
+the frontend to refuse naming the op and the way out (`ctx.save_for_backward`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from .model_lines import is_model_file
+
+
+class OutsideTensorRead(RuntimeError):
+    """The user's code ran a torch function on a real tensor while the joint graph was
+    traced; `writes`: in place into it (a statistic: said as a write by the frontend)."""
+
+    def __init__(self, message: str, writes: bool):
+        super().__init__(message)
+        self.writes = writes
+
+
+class outside_tensors_refused(TorchFunctionMode):   # noqa: N801 - used as a context, like torch's modes
+    """Within (the joint graph's trace): a torch function the user's code calls on a plain
+    tensor, one that is neither traced (fake, functional) nor made in the trace, raises
+    `OutsideTensorRead`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _users_file(sys._getframe(1).f_code.co_filename):
+            for leaf in tree_leaves((args, kwargs)):
+                if type(leaf) in (torch.Tensor, torch.nn.Parameter) and not traced(leaf):
+                    value = leaf.item() if leaf.numel() == 1 else "..."
+                    name = getattr(func, "__name__", str(func))
+                    writes = name.endswith("_") and not name.startswith("_") and args and args[0] is leaf
+                    raise OutsideTensorRead(f"{name} {'writes into' if writes else 'of'} tensor({value}, "
+                                            f"size={tuple(leaf.shape)})", bool(writes))
+        return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=512)
+def _users_file(filename: str) -> bool:
+    return is_model_file(filename)
+
+
+def traced(tensor) -> bool:
+    """Whether `tensor` (or None) is one the trace follows (fake, functional, meta)."""
+    return isinstance(tensor, torch.Tensor) and (torch._subclasses.fake_tensor.is_fake(tensor) or torch._is_functional_tensor(tensor)
+            or tensor.device.type == "meta")
