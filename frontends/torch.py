@@ -134,6 +134,35 @@ from remat_ir.torchlib.value_guards import ValueGuards
 #: Ops that only check metadata at trace time; they compute nothing and are dropped.
 _ASSERT_OPS = ("aten._assert_tensor_metadata", "aten._assert_scalar",
                "aten.sym_constrain_range_for_size")
+def _drop_unread(module: torch.fx.GraphModule) -> None:
+    """Remove the trace-time checks (`_ASSERT_OPS`), then every pure tensor op whose
+    results nothing reads. AOTAutograd leaves some: BART's decoder made a mask of ones
+    that only `_assert_tensor_metadata` read, LongT5 a `max` whose results were never
+    taken, LiLT a product read by none. The IR kept those nodes, which `ir.validation`
+    takes for a file with a graph output removed, so such a model's graph saved to a file
+    could not be loaded (found by a hunt). Ops that draw or write are kept for what they do."""
+    graph = module.graph
+    for node in list(graph.nodes):
+        if (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+                and op_name(node.target).startswith(_ASSERT_OPS)):
+            graph.erase_node(node)
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and not node.users and _pure_tensor_op(node):
+            graph.erase_node(node)
+
+
+def _pure_tensor_op(node: torch.fx.Node) -> bool:
+    """An aten op (or an item of one's results) that returns tensors, draws from no
+    generator and writes into none of its arguments."""
+    if node.target is operator.getitem:
+        return True
+    target, val = node.target, node.meta.get("val")
+    results = val if isinstance(val, (tuple, list)) else (val,)
+    return (isinstance(target, torch._ops.OpOverload) and target.namespace in ("aten", "prims")
+            and not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
+            and bool(results) and all(isinstance(r, torch.Tensor) for r in results))
+
+
 #: Ops that check tensor values at every call (`F.one_hot`'s class range, a user's
 #: `torch._assert_async`): each becomes a `remat_ir.value_check` node
 #: (`torchlib/value_checks.py`), whose empty result is a VALUE_CHECK output.
@@ -1773,6 +1802,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         if copy_long_lived_views:
             compact_views(joint.graph_module)
         match_kernel_layouts(joint.graph_module)
+        _drop_unread(joint.graph_module)
         graph = _Lowering(type(model).__name__).run(joint.graph_module)
     _check_something_trains(graph, type(model).__name__)
     if fusing:   # a recomputation compiled elsewhere may differ in its last bits

@@ -226,3 +226,90 @@ def test_times_and_rates_must_be_finite_and_not_negative(where, bad):
             setattr(node(proto, ids["f1"]).cost, where, bad)
     (problem,) = problems_after(spoil)
     assert f"has {where} = {bad}; it must be a finite number, 0 or more" in problem
+
+
+def test_unknown_kinds_phases_and_roles_are_problems_not_crashes():
+    """Found by hunt68: numbers no enum of the format has passed (a gradient output of
+    role 42 trained with no gradient, silently), or crashed `inspect` naming nothing."""
+    def spoil(proto, ids):
+        value(proto, ids["a1"]).kind = 99
+        node(proto, ids["f2"]).phase = 7
+        proto.outputs[0].role = 42
+    problems = problems_after(spoil)
+    assert any("value 'a1' (id 1) has kind 99, which no ValueKind of this format is" in p for p in problems)
+    assert any("has phase 7, which is neither forward (1) nor backward (2)" in p for p in problems)
+    assert any("graph output 'out' (value id 3) has role 42, which no OutputRole of this format is" in p
+               for p in problems)
+
+
+class _NormedMLP:
+    """A linear layer, a batch norm (its running statistics are buffer updates), a head."""
+
+    @staticmethod
+    def lowered() -> pb.Graph:
+        import torch
+
+        from remat_ir.lowering import lower_torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+        return lower_torch(model, (torch.randn(6, 4),), cost_model="flops").proto
+
+
+@pytest.fixture(scope="module")
+def normed_mlp() -> pb.Graph:
+    return _NormedMLP.lowered()
+
+
+def _named(proto: pb.Graph, role: int, name: str) -> pb.GraphOutput:
+    return next(o for o in proto.outputs if o.role == role and o.name == name)
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda g: setattr(_named(g, pb.PARAMETER_GRADIENT, "0.weight"), "name", "2.weight"),
+     r"graph outputs \(value ids \d+ and \d+\) are both the parameter gradient of '2.weight'"),
+    (lambda g: setattr(_named(g, pb.PARAMETER_GRADIENT, "0.weight"), "name", "zzz"),
+     r"graph output 'zzz' \(value id \d+\) is a parameter gradient, but no parameter input is named 'zzz'"),
+    (lambda g: setattr(_named(g, pb.PARAMETER_GRADIENT, "0.weight"), "name", "1.running_mean"),
+     r"is a parameter gradient, but no parameter input is named '1.running_mean'"),
+    (lambda g: setattr(_named(g, pb.BUFFER_UPDATE, "1.running_mean"), "name", "0.bias"),
+     r"graph output '0.bias' \(value id \d+\) is a buffer update, but no buffer input is named '0.bias'"),
+    (lambda g: setattr(next(i for i in g.inputs if i.name == "2.weight"), "name", "0.weight"),
+     r"graph inputs \(value ids \d+, \d+\) are all named '0.weight'; a parameter's or buffer's name binds it"),
+])
+def test_what_a_runtime_binds_by_name_names_one_input_of_its_kind(normed_mlp, edit, said):
+    """Found by hunt68, silent in a torch graph edited by hand: a gradient output named
+    for another parameter (that one trained with the wrong gradient, 0.05 off, and this
+    one with none), for nothing or for a buffer (no gradient); a buffer's new value named
+    for a parameter (written into the bias at every call); two parameters of one name
+    (said to be tied at the call)."""
+    import re
+
+    assert ir.find_problems(normed_mlp) == []
+    proto = pb.Graph()
+    proto.CopyFrom(normed_mlp)
+    edit(proto)
+    assert any(re.search(said, problem) for problem in ir.find_problems(proto)), ir.find_problems(proto)
+
+
+def test_a_torch_graph_keeps_no_op_only_a_trace_time_check_reads():
+    """Found by hunt68 (BART, LongT5, LiLT): ops whose results only export's dtype checks
+    read, or nothing does, stayed in the graph as nodes no one reads, which validation
+    takes for a file with an output removed: the graph, saved, could not be loaded."""
+    import torch
+
+    from remat_ir.lowering import lower_torch
+
+    class _Unread(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            torch.ones(x.shape[0], 4).to(x.dtype)   # read by export's check alone
+            x.max(dim=-1)                          # results never taken
+            return self.fc(x).square().mean()
+
+    graph = lower_torch(_Unread(), (torch.randn(3, 4),), cost_model="flops")
+    assert ir.find_problems(graph) == []
+    assert ir.find_problems(ir.loads(ir.dumps(graph))) == []
