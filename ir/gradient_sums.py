@@ -129,3 +129,20 @@ def moved_sums(graph: Graph, schedule: pb.Schedule) -> set[int]:
     moved = {getattr(s, a) for s in schedule.steps for a in ("offload", "prefetch") if s.HasField(a)}
     return (moved & values) | {v for n, times in computed.items() if times > 1
                                for v in graph.node(n).outputs}
+
+
+def moved_sum_problem(graph: Graph, schedule: pb.Schedule) -> str | None:
+    """What `schedule` does to a running gradient sum that no runtime can run (`moved_sums`),
+    said; None where nothing. Why checked where a schedule is accepted (`solve`, `remat-ir
+    validate`): the simulator does not model handing sums over, so a plugin's plan
+    recomputing one passed both, and was refused only at the first training call (hunt68)."""
+    moved = sorted(moved_sums(graph, schedule))
+    if not moved:
+        return None
+    value = moved[0]
+    offloaded = any(s.HasField("offload") and s.offload == value for s in schedule.steps)
+    return (f"it {'offloads' if offloaded else 'recomputes'} value {value} "
+            f"({graph.value(value).name or 'unnamed'}), a running sum of a gradient, which a "
+            f"runtime hands to autograd in parts and can neither move nor recompute"
+            f"{f' ({len(moved) - 1} more such values)' if len(moved) > 1 else ''}")
+

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from .ir import pb, simulate
 from .ir.dtypes import dtype_name
 from .ir.graph import Graph
+from .ir.gradient_sums import moved_sum_problem
 from .ir.units import human_bytes, human_time
 
 
@@ -158,6 +159,10 @@ def validate_lines(graph: Graph, path: str) -> tuple[list[str], bool]:
         if not result.valid:
             ok = False
             lines.append(f"  schedule {s.name!r}: INVALID at {result.violation}")
+            continue
+        if (moved := moved_sum_problem(graph, s)) is not None:
+            ok = False
+            lines.append(f"  schedule {s.name!r}: INVALID: {moved}")
             continue
         mismatches = prediction_mismatches(s, result)
         ok &= not mismatches

@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 
 from remat_ir.ir import Graph, RematIRError, pb, simulate, store_all
 from remat_ir.ir.fingerprint import structure_fingerprint, wiring_fingerprint
+from remat_ir.ir.gradient_sums import moved_sum_problem
 
 from .base import BadRequest, Deadline, InfeasibleBudget, Progress, SolverError, quiet
-from .budgets import describe, is_share, parse_budget, parse_host_budget, refusal
+from .budgets import describe, floor_problem, is_share, parse_budget, parse_host_budget, refusal
 from .offload import add_offloads, plan_with_offload
 from .registry import (ENTRY_POINT_GROUP, EXEC_PREFIX, OFFLOADING_SOLVERS, SolverInfo, UnknownSolver,
                        available, find)
@@ -158,6 +159,9 @@ def solve(graph: Graph, budget=None, solver: str = DEFAULT_SOLVER, *, time_limit
     if not result.valid:
         raise SolverError(f"solver {solver!r} ({info.origin}) returned a schedule the simulator "
                           f"refuses: {result.violation}")
+    if (moved := moved_sum_problem(graph, schedule)) is not None:
+        raise SolverError(f"solver {solver!r} ({info.origin}) returned a schedule no runtime can "
+                          f"run: {moved}")
     if result.transferred_bytes and graph.proto.provenance.host_link.bandwidth_bytes_per_s <= 0:
         # Its transfers would be timed at nothing, its predicted time that of a plan
         # without them (found by a review: an external solver's offloads were so).
@@ -210,9 +214,15 @@ def _guarded(info: SolverInfo, function: Callable) -> Callable:
     if _trusted(info):
         return function
 
-    def guarded(*args, **kwargs):
+    def guarded(graph, *args, **kwargs):
         try:
-            return function(*args, **kwargs)
+            return function(graph, *args, **kwargs)
+        except InfeasibleBudget as refused:   # its floor is checked as an `exec:` solver's
+            problem = floor_problem(refused.budget, refused.smallest_feasible, graph)
+            if problem is not None:
+                raise SolverError(f"plugin solver {info.name!r} ({info.origin}) refused a budget of "
+                                  f"{refused.budget:,} bytes {problem}") from None
+            raise
         except RematIRError:
             raise
         except Exception as error:

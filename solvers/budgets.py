@@ -143,3 +143,35 @@ def refusal(graph: Graph, refused: InfeasibleBudget, store_all_peak: int,
                    f"{found}{result.detail}{floor}",)
     result.store_all_peak = store_all_peak
     return result
+
+
+def peak_ceiling(graph: Graph) -> int:
+    """Bytes no schedule of `graph` can hold at once: every storage twice over (a value
+    recomputed beside its old copy, a placeholder for a skipped draw) and every node's
+    workspace, all together."""
+    return (2 * sum(graph.allocation_bytes(s.size_bytes) for s in graph.proto.storages)
+            + sum(graph.allocation_bytes(n.cost.workspace_bytes) for n in graph.proto.nodes))
+
+
+def floor_problem(budget: int, smallest, graph: Graph, none: str = "name none") -> str | None:
+    """Why `smallest`, the floor a solver names as it refuses `budget`, is no floor (the
+    rest of a sentence naming the solver), or None. A floor within the budget refused
+    contradicts the refusal: repeating it would send the caller to ask again for a budget
+    the solver already said nothing fits. One beyond any peak of the graph
+    (`peak_ceiling`) is no number of bytes: 2^64 - 1 was reported as 16 EiB, 10^17 % of
+    the peak (found by a review of `exec:` solvers; hunt68: a plugin's went unchecked)."""
+    if smallest is None or isinstance(budget, bool) or not isinstance(budget, int):
+        return None
+    if isinstance(smallest, bool) or not isinstance(smallest, int):
+        return (f"and names {smallest!r} as the smallest feasible budget: it must be a whole number "
+                f"of bytes, or None")
+    if smallest > (ceiling := peak_ceiling(graph)):
+        return (f"and names {smallest:,} bytes as the smallest feasible one, more than any schedule "
+                f"of this graph can hold ({ceiling:,} bytes: all its {len(graph.proto.storages)} "
+                f"storages twice over and every workspace): not a peak; it must name the peak of a "
+                f"schedule it found, or {none}")
+    if smallest <= budget:
+        return (f"but names {smallest:,} bytes, within that budget, as the smallest feasible one: a "
+                f"contradiction; its smallest feasible budget must exceed the budget it refuses")
+    return None
+

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -54,6 +55,7 @@ from google.protobuf.message import DecodeError
 from remat_ir.ir import Graph, dumps, pb
 
 from .base import InfeasibleBudget, Progress, SolverError, quiet
+from .budgets import floor_problem
 
 #: Metadata keys (and environment variables) that carry the request to the program.
 BUDGET_KEY = "remat_ir.solve.budget_bytes"
@@ -170,9 +172,45 @@ def _feed(stream, data: bytes) -> None:
             pass
 
 
+#: The most characters of one stderr line kept (the rest is dropped, said with "...").
+LINE_CHARACTERS = 1000
+#: A line a carriage return ends (a progress bar drawn over itself) is passed on at most
+#: this often; the one a newline ends always is.
+REDRAWN_EVERY_S = 1.0
+
+
 def _read_lines(stream, lines: queue.Queue) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.put(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+    """Put the program's stderr lines into `lines` as a terminal shows them, then None.
+    Found by hunt68: a progress bar drawn with carriage returns and no newline was one
+    line, held whole (33 MB) and shown only as the program ended, forwarded and quoted
+    whole. A carriage return now ends a line that the next overwrites (passed on once a
+    second at most), and no line keeps more than `LINE_CHARACTERS`."""
+    line, cut, drawn, carriage = bytearray(), False, -REDRAWN_EVERY_S, False
+
+    def put() -> None:
+        lines.put(line.decode("utf-8", errors="replace") + (" ..." if cut else ""))
+
+    while chunk := stream.read1(1 << 16):
+        for piece in re.split(rb"(\r|\n)", chunk):
+            if piece == b"\r":
+                carriage = True
+                continue
+            if piece == b"\n":   # after a carriage return too ("\r\n"): the line is kept
+                put()
+                line, cut, carriage = bytearray(), False, False
+                continue
+            if not piece:
+                continue
+            if carriage:   # text after a lone carriage return draws over the line
+                if line and time.monotonic() - drawn >= REDRAWN_EVERY_S:
+                    put()
+                    drawn = time.monotonic()
+                line, cut, carriage = bytearray(), False, False
+            keep = piece[:max(0, LINE_CHARACTERS - len(line))]
+            cut = cut or len(keep) < len(piece)
+            line += keep
+    if line:
+        put()
     lines.put(None)
 
 
@@ -254,42 +292,20 @@ def _parse(command: str, data: bytes) -> pb.Schedule:
     return schedule
 
 
-def _peak_ceiling(graph: Graph) -> int:
-    """Bytes no schedule of `graph` can hold at once: every storage twice over (a value
-    recomputed beside its old copy, a placeholder for a skipped draw) and every node's
-    workspace, all together."""
-    return (2 * sum(graph.allocation_bytes(s.size_bytes) for s in graph.proto.storages)
-            + sum(graph.allocation_bytes(n.cost.workspace_bytes) for n in graph.proto.nodes))
-
-
 def _smallest_feasible(command: str, output: bytes, budget: int, graph: Graph,
                        stderr: list[str], total: int) -> int | None:
-    """The floor an infeasible answer names (None: none). A floor within the budget the
-    program refused contradicts the refusal; repeating it would send the caller to
-    ask again for a budget the program already said nothing fits. A floor beyond any
-    peak of the graph (`_peak_ceiling`) is no number of bytes: 2^64 - 1 was reported as
-    16 EiB, 10^17 % of the peak (found by a review)."""
+    """The floor an infeasible answer names (None: none), refused where it is no floor
+    (`budgets.floor_problem`)."""
     if not output:
         return None
     answer = _parse(command, output)
     if not answer.HasField("predicted_peak_bytes"):
         return None
     smallest = answer.predicted_peak_bytes
-    ceiling = _peak_ceiling(graph)
-    if smallest > ceiling:
+    if (problem := floor_problem(budget, smallest, graph, none="print nothing")) is not None:
         raise SolverError(f"external solver {command!r} exited with status {EXIT_INFEASIBLE} "
-                          f"(no schedule fits the budget of {budget:,} bytes) and names "
-                          f"{smallest:,} bytes as the smallest feasible one, more than any "
-                          f"schedule of this graph can hold ({ceiling:,} bytes: all its "
-                          f"{len(graph.proto.storages)} storages twice over and every "
-                          f"workspace): not a peak; it must name the peak of a schedule it "
-                          f"found, or print nothing.{_quote(stderr, total)}")
-    if smallest <= budget:
-        raise SolverError(f"external solver {command!r} exited with status {EXIT_INFEASIBLE} "
-                          f"(no schedule fits the budget of {budget:,} bytes) but names "
-                          f"{smallest:,} bytes, within that budget, as the smallest feasible "
-                          "one: a contradiction; its smallest feasible budget must exceed the "
-                          f"budget it refuses.{_quote(stderr, total)}")
+                          f"(no schedule fits the budget of {budget:,} bytes) {problem}."
+                          f"{_quote(stderr, total)}")
     return smallest
 
 

@@ -71,6 +71,9 @@ def _import(target: str) -> Callable:
 def _callable_of(obj) -> Callable:
     """A plugin may be the solver function itself or an object with a `solve` method."""
     solve = getattr(obj, "solve", None)
+    if solve is not None and not callable(solve):   # hunt68: a raw TypeError from inspect
+        raise TypeError(f"{obj!r} has a `solve` that is not callable ({solve!r}); a plugin is a "
+                        f"solver function or an object with a `solve` method")
     if inspect.isclass(obj) and solve is not None:
         return obj().solve
     return solve if callable(solve) else obj

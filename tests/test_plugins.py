@@ -61,12 +61,32 @@ def drop_step(graph, budget, *, time_limit_s=None, progress=None):
     del schedule.steps[0]
     schedule.backward_start -= 1
     return schedule
+
+
+def floor_within(graph, budget, *, time_limit_s=None, progress=None):
+    """Refuses every budget naming half of it as its floor (a broken test plugin)."""
+    raise InfeasibleBudget(budget, budget // 2)
+
+
+def sum_twice(graph, budget, *, time_limit_s=None, progress=None):
+    """Runs a running sum of a gradient a second time (a broken test plugin)."""
+    sequence, forward = _store_everything(graph)
+    first = next(n for n in sequence if graph.node(n).accumulates_gradient)
+    sequence.insert(sequence.index(first) + 1, first)
+    return from_compute_sequence(graph, sequence, forward, name="sum-twice")
+
+
+class NotCallable:
+    solve = 5
 '''
 
 ENTRY_POINTS = """\
 [remat_ir.solvers]
 greedy = greedy_plugin:solve
 greedy-broken = greedy_plugin:drop_step
+greedy-floor-within = greedy_plugin:floor_within
+greedy-sum-twice = greedy_plugin:sum_twice
+greedy-not-callable = greedy_plugin:NotCallable
 """
 
 
@@ -136,6 +156,55 @@ def test_plugin_with_an_invalid_schedule_is_refused(plugin, graphs):
     produced = graph.describe_value(graph.node(first).outputs[0])
     assert f"reads {produced}, which is not live" in message
     assert len(graph.schedules) == 0  # nothing refused is stored
+
+
+def test_a_plugins_floor_is_checked_as_an_external_solvers(plugin, graphs):
+    """Found by hunt68: a plugin's refusal naming a floor within the budget it refused
+    was passed on as is (a contradiction), as were -5 and 2^70 bytes; a string floor was a
+    raw TypeError. An `exec:` solver's floor was checked."""
+    graph = graphs["chain"]
+    budget = ir.store_all(graph).predicted_peak_bytes // 2
+    with pytest.raises(SolverError, match=rf"plugin solver 'greedy-floor-within' \(plugin \(greedy_plugin\)\) "
+                                          rf"refused a budget of {budget:,} bytes but names {budget // 2:,} bytes, "
+                                          r"within that budget, as the smallest feasible one: a contradiction"):
+        solvers.solve(graph, budget, "greedy-floor-within")
+
+
+def test_a_plugin_whose_solve_is_not_callable_is_named(plugin, graphs):
+    """Found by hunt68: `solve = 5` was a raw TypeError from `inspect`, naming no plugin."""
+    with pytest.raises(ir.RematIRError, match=r"plugin solver 'greedy-not-callable' \(greedy_plugin:NotCallable, "
+                                              r"from greedy_plugin\) failed to load: TypeError: .* has a `solve` "
+                                              r"that is not callable \(5\)"):
+        solvers.solve(graphs["chain"], None, "greedy-not-callable")
+
+
+def test_a_plugins_plan_running_a_gradient_sum_twice_is_refused_when_solved(plugin, tmp_path):
+    """Found by hunt68: a plan computing a running sum of a gradient twice passed `solve`,
+    `remat()` and `remat-ir validate` (the simulator does not model sums handed to
+    autograd), and was refused only at the first training call."""
+    import torch
+
+    from remat_ir.lowering import lower_torch
+    from remat_ir.reports import validate_lines
+
+    class _Twice(torch.nn.Module):   # one layer read twice: its weight's gradient is a sum
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(torch.tanh(self.fc(x))).square().mean()
+
+    graph = lower_torch(_Twice(), (torch.randn(3, 4),), cost_model="flops")
+    with pytest.raises(SolverError, match=r"solver 'greedy-sum-twice' \(plugin \(greedy_plugin\)\) returned "
+                                          r"a schedule no runtime can run: it recomputes value \d+ \(.*\), a "
+                                          r"running sum of a gradient"):
+        solvers.solve(graph, None, "greedy-sum-twice")
+    import greedy_plugin
+
+    graph.add_schedule(greedy_plugin.sum_twice(graph, None))
+    lines, ok = validate_lines(graph, "twice.rir")
+    assert not ok and "schedule 'sum-twice': INVALID: it recomputes value" in lines[-1]
 
 
 # ---------------------------------------------------------------- the CLI
@@ -300,6 +369,26 @@ def test_only_the_first_stderr_lines_are_quoted(tmp_path, graphs):
     assert messages == [f"line {i}" for i in range(12)]
     assert str(info.value).endswith("exited with status 2. Its stderr begins:\n  line 0\n  line 1"
                                     "\n  line 2\n  line 3\n  line 4\n  ... (7 more lines)")
+
+
+def test_a_progress_bar_drawn_over_itself_is_passed_on_as_a_terminal_shows_it(tmp_path, graphs):
+    """Found by hunt68: a bar drawn with carriage returns and no newline was one line, held
+    whole, shown only as the program ended and quoted whole in the error (26 MB). Lines
+    a carriage return ends are drawn over (passed on once a second at most), and a line
+    keeps its first 1,000 characters; a Windows line end ends a line as a newline does."""
+    name = script(tmp_path, "bar", """
+        import sys
+        for i in range(100_000):
+            sys.stderr.write(f"\\r{i:6d} |" + "#" * (i // 5000))
+        sys.stderr.write("\\r\\ndone\\r\\n" + "x" * 5000 + "\\n")
+        sys.exit(1)
+    """)
+    messages = []
+    with pytest.raises(SolverError) as info:
+        solvers.solve(graphs["chain"], None, name, progress=messages.append)
+    assert messages[0] == "     0 |" and len(messages) < 40
+    assert messages[-3:] == [" 99999 |" + "#" * 19, "done", "x" * 1000 + " ..."]
+    assert len(str(info.value)) < 3000
 
 
 def test_time_limit_kills_the_program(tmp_path, graphs):
