@@ -109,6 +109,9 @@ def _load_factory(spec: str):
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise RematIRError(f"--torch {spec!r}: cannot import {module_name!r} ({exc})") from None
+    except Exception as exc:   # its own code failed as it was imported (hunt68: a traceback, exit 1)
+        raise RematIRError(f"--torch {spec!r}: importing {module_name!r} raised {type(exc).__name__}: "
+                           f"{exc}; fix that module, then convert again") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise RematIRError(f"--torch {spec!r}: {module_name} has no callable {attr!r}")

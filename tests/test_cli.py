@@ -195,6 +195,19 @@ def test_convert_bad_factory(tmp_path, spec, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("source, message", [
+    ("def make(:\n", "importing 'factories' raised SyntaxError: "),
+    ("raise RuntimeError('no GPU here')\n", "importing 'factories' raised RuntimeError: no GPU here"),
+])
+def test_convert_names_a_factory_module_failing_as_it_is_imported(tmp_path, source, message):
+    """Found by hunt68: a traceback and exit status 1."""
+    (tmp_path / "factories.py").write_text(source)
+    result = subprocess.run([str(Path(sys.executable).parent / "remat-ir"), "convert", "--torch", "factories:make",
+                             "-o", str(tmp_path / "x.rir")], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
 def test_one_default_solver_for_solve_remat_and_the_command():
     """`solvers.solve()`, `remat()` and `remat-ir solve` plan a budget with the same solver
     when none is named, and `remat-ir partition` has hiremate's own limits as defaults."""
