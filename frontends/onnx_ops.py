@@ -499,7 +499,14 @@ def _lrn(node, x):
 def _batch_norm(node, x, scale, bias, mean, var):
     eps = node.attr("epsilon", 1e-5)
     if not node.attr("training_mode", 0):
-        return F.batch_norm(x, mean, var, scale, bias, False, 0.0, eps)
+        if not (mean.requires_grad or var.requires_grad):
+            return F.batch_norm(x, mean, var, scale, bias, False, 0.0, eps)
+        # Statistics computed from trained tensors (the legacy exporter reads equal
+        # initializers once: a fresh norm's variance is its weight, its mean its bias): the
+        # same formula, differentiable in them, which torch's kernel refused (hunt68).
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return ((x - mean.reshape(shape)) * torch.rsqrt(var.reshape(shape) + eps) * scale.reshape(shape)
+                + bias.reshape(shape))
     y = F.batch_norm(x, None, None, scale, bias, True, 0.0, eps)
     if not (node.wants(1) or node.wants(2)):
         return y

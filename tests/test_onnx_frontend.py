@@ -226,6 +226,36 @@ def test_bert_and_resnet_lower_solve_and_train(exported, name):
     assert eager_and_scheduled_step(module, scheduled, args, loss_of) < 1e-5
 
 
+class _ConvNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.head = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_an_inference_norm_whose_statistics_are_trained_initializers_trains_like_its_module():
+    """Found by hunt68: torch's legacy exporter reads equal initializers once, so a fresh
+    norm's running variance is `Identity(bn.weight)` and its mean `Identity(bn.bias)`;
+    onnx.checker and onnxruntime take the model, remat-ir refused it with torch's "not
+    differentiable with respect to argument 'running_mean'", blaming the user."""
+    import io
+
+    torch.manual_seed(0)
+    net, x, buffer = _ConvNorm().eval(), torch.randn(4, 3, 8, 8), io.BytesIO()
+    torch.onnx.export(net, (x,), buffer, dynamo=False, opset_version=17, do_constant_folding=False)
+    model = onnx.load_from_string(buffer.getvalue())
+    assert ("bn.weight", "bn.running_var") in [(n.input[0], n.output[0]) for n in model.graph.node
+                                               if n.op_type == "Identity"]
+    module, examples = onnx_frontend.to_torch(model, (x,))
+    with torch.no_grad():
+        assert relative_error(module(x), torch.from_numpy(run_ort(model, (x,))[0])) < 1e-5
+    graph = lower_onnx_module(module, examples, cost_model="flops")
+    scheduled = scheduled_onnx_module(module, graph, remat_ir.plan(graph, solver="recompute-all"))
+    assert eager_and_scheduled_step(module, scheduled, (x,), lambda outs: outs[0].square().mean()) == 0
+
+
 # ---------------------------------------------------------------- the module's interface
 
 def test_parameters_are_the_float_initializers_by_name(exported):
