@@ -118,12 +118,31 @@ def _opset(model, source: str) -> int:
     return versions[0]
 
 
+def check_single_assignment(model, source: str = "ONNX model") -> None:
+    """Raise `LoweringError` where a tensor is made twice: by two nodes, or by a node and as
+    a graph input or initializer. onnx.checker and onnxruntime refuse such a graph; it was
+    imported taking the later definition, and trained without a word (hunt68: a weight
+    read only by the earlier one got no gradient)."""
+    made = {name: "the graph's input" for name in (i.name for i in model.graph.input)}
+    made.update({init.name: "an initializer" for init in model.graph.initializer})
+    for index, node in enumerate(model.graph.node):
+        for name in node.output:
+            if not name:
+                continue
+            if name in made:
+                raise LoweringError(f"{source}: tensor {name!r} is made by node {_node_label(node, index)!r} "
+                                    f"({node.op_type}) and by {made[name]}; an ONNX graph makes each tensor "
+                                    f"once (single static assignment, as onnx.checker says): export it again")
+            made[name] = f"node {_node_label(node, index)!r} ({node.op_type})"
+
+
 def _prepared(model, source: str):
     """The model with local functions inlined, its ops checked, and its opset in range."""
     if len(model.functions):
         from onnx import inliner
         model = inliner.inline_local_functions(model)
     check_ops(model, source)
+    check_single_assignment(model, source)
     opset = _opset(model, source)
     if opset > MAX_OPSET:
         raise LoweringError(f"{source}: opset {opset} is newer than the ONNX frontend's op table "
@@ -154,14 +173,26 @@ def tensor_of(proto) -> torch.Tensor:
     from onnx import numpy_helper
 
     if proto.data_type == 16:  # bfloat16: numpy has no such dtype; reinterpret the bits
-        bits = numpy_helper.to_array(proto).view("uint16").astype("int32")
+        bits = _array_of(proto).view("uint16").astype("int32")
         return torch.from_numpy(bits).to(torch.int16).view(torch.bfloat16).clone()
     try:
         dtype = torch_dtype(proto.data_type)
     except OpError as exc:
         raise LoweringError(f"tensor {proto.name!r}: {exc}") from None
-    array = numpy_helper.to_array(proto)
-    return torch.from_numpy(array.copy()).to(dtype)
+    return torch.from_numpy(_array_of(proto).copy()).to(dtype)
+
+
+def _array_of(proto):
+    """The tensor's data as a NumPy array; a LoweringError naming it where its data does not
+    fit its shape, or its external data cannot be read (hunt68: NumPy's or onnx's own error,
+    naming neither tensor nor file, and a traceback from `remat-ir convert`)."""
+    from onnx import numpy_helper
+
+    try:
+        return numpy_helper.to_array(proto)
+    except Exception as exc:
+        raise LoweringError(f"tensor {proto.name!r} (shape {list(proto.dims)}): its data cannot be read "
+                            f"({_first_line(exc)}); export the model again") from None
 
 
 def _attributes(node) -> dict:

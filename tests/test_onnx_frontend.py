@@ -256,6 +256,51 @@ def test_an_inference_norm_whose_statistics_are_trained_initializers_trains_like
     assert eager_and_scheduled_step(module, scheduled, (x,), lambda outs: outs[0].square().mean()) == 0
 
 
+def _matmul_graph(nodes, initializers):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _weight(name: str, seed: int) -> TensorProto:
+    return numpy_helper.from_array(np.random.RandomState(seed).randn(8, 8).astype(np.float32), name)
+
+
+def _external_weight() -> TensorProto:
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[8, 8], data_location=TensorProto.EXTERNAL)
+    entry = weight.external_data.add()
+    entry.key, entry.value = "location", "weights.bin"
+    return weight
+
+
+def _short_weight() -> TensorProto:
+    weight = _weight("W", 0)
+    weight.raw_data = weight.raw_data[:100]
+    return weight
+
+
+@pytest.mark.parametrize("model, said", [
+    (lambda: _matmul_graph([helper.make_node("MatMul", ["x", "W"], ["a"]), helper.make_node("MatMul", ["x", "V"], ["a"]),
+                            helper.make_node("Tanh", ["a"], ["y"])], [_weight("W", 0), _weight("V", 1)]),
+     r"g: tensor 'a' is made by node '<MatMul #1>' \(MatMul\) and by node '<MatMul #0>' \(MatMul\); an ONNX "
+     r"graph makes each tensor once"),
+    (lambda: _matmul_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], [_short_weight()]),
+     r"tensor 'W' \(shape \[8, 8\]\): its data cannot be read \(cannot reshape array of size 25"),
+    (lambda: _matmul_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], [_external_weight()]),
+     r"tensor 'W' \(shape \[8, 8\]\): its data cannot be read \(Data of TensorProto .* should be stored in "
+     r"weights.bin"),
+])
+def test_a_malformed_onnx_graph_is_one_error_naming_the_tensor(model, said):
+    """Found by hunt68: a tensor made by two nodes (which onnx.checker and onnxruntime
+    refuse) was imported taking the later one, and trained (the earlier one's weight got no
+    gradient, silently); an initializer's data too short for its shape, or external data
+    missing from a model given in memory, raised NumPy's or onnx's own error."""
+    with pytest.raises(LoweringError, match=said):
+        remat_ir.remat_onnx(model(), (torch.randn(4, 8),), cost_model="flops")
+
+
 # ---------------------------------------------------------------- the module's interface
 
 def test_parameters_are_the_float_initializers_by_name(exported):
