@@ -9,11 +9,14 @@ graph, and a later change of the tensor (a gradient reversal's weight annealed i
 is trained on with the traced value, 0.15 off eager's gradients, silently (found while
 checking note 120's list). `outside_tensors_refused` raises `OutsideTensorRead` where the
 user's code runs a torch function on such a tensor while the joint graph is traced, for
-the frontend to refuse naming the op and the way out (`ctx.save_for_backward`).
+the frontend to refuse naming the op and the way out (`ctx.save_for_backward`). A
+Function's backward runs inside it (`autograd_functions`); a custom op's registered
+backward, within `custom_op_backwards_watched`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 
@@ -60,3 +63,49 @@ def traced(tensor) -> bool:
     """Whether `tensor` (or None) is one the trace follows (fake, functional, meta)."""
     return isinstance(tensor, torch.Tensor) and (torch._subclasses.fake_tensor.is_fake(tensor) or torch._is_functional_tensor(tensor)
             or tensor.device.type == "meta")
+
+
+#: The note an `OutsideTensorRead` raised in a custom op's backward carries (`op_backward_of`).
+_OP_NOTE = "raised in the backward of custom op "
+
+
+@contextlib.contextmanager
+def custom_op_backwards_watched(definitions):
+    """Within: the backward each of `definitions` (`torch.library.custom_op`s'
+    `CustomOpDef`s, whose `_backward_fn` torch's autograd kernel looks up at each call)
+    registered runs inside `outside_tensors_refused` while traced."""
+    wrapped = []
+    for definition in definitions:
+        backward = definition._backward_fn
+        if backward is None:
+            continue
+
+        def watched(ctx, *grads, backward=backward, name=definition._qualname):
+            try:
+                with outside_tensors_refused() if any(map(traced, grads)) else contextlib.nullcontext():
+                    return backward(ctx, *grads)
+            except OutsideTensorRead as exc:
+                exc.add_note(f"{_OP_NOTE}{name}")
+                raise
+
+        wrapped.append((definition, backward))
+        definition._backward_fn = watched
+    try:
+        yield
+    finally:
+        for definition, backward in wrapped:
+            definition._backward_fn = backward
+
+
+def op_backward_of(exc: BaseException) -> str | None:
+    """The custom op (namespace::name) whose backward raised `exc`, an `OutsideTensorRead`,
+    or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for note in getattr(exc, "__notes__", ()):
+            if note.startswith(_OP_NOTE):
+                return note[len(_OP_NOTE):]
+        exc = exc.__cause__ or exc.__context__
+    return None
+

@@ -69,7 +69,7 @@ from .export_draws import drawing_as_eager
 from .traced_checkpoints import checkpoints_traced_plain
 from .script_functions import script_functions_as_python
 from .errors import LoweringError
-from .fx_nodes import node_module
+from .fx_nodes import custom_op_definitions, node_module
 from .selected_outputs import check_selection, select_outputs
 from .model_lines import library_line, model_line, node_line
 from .output_aliases import output_aliases
@@ -84,7 +84,7 @@ from .inference_buffers import inference_buffers_as_normal
 from .random_ops import check_pure_ops, declared_pure, draws_random, opaque_custom_op, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
 from .fresh_generators import fresh_generators_noted
-from .outside_tensors import OutsideTensorRead
+from .outside_tensors import OutsideTensorRead, custom_op_backwards_watched, op_backward_of
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
                        check_script_modules, backward_draws_error, backward_effects_error, constant_output,
@@ -121,8 +121,8 @@ from remat_ir.torchlib.generators import PythonGenerators
 from remat_ir.torchlib.tensor_classes import changes_torch_functions
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
-from remat_ir.torchlib.types import (ONCE_PER_STEP, argument_name, argument_names, autocast_cache,
-                                     autocast_nested, autocast_state, cast_per_reader,
+from remat_ir.torchlib.types import (FUNCTION_NAMESPACE, ONCE_PER_STEP, argument_name, argument_names,
+                                     autocast_cache, autocast_nested, autocast_state, cast_per_reader,
                                      cpu_kernels_state, describe_input, input_aliases, ir_dtype,
                                      op_name, record_device, raw_bytes, resolve_op, sdpa_state,
                                      to_ir_argument)
@@ -1700,7 +1700,9 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             # had been baked into the backward, silently (found by a review).
             drawn = PythonGenerators()   # a custom backward's draws (`backward_draws_error`)
             with recording_reads(model, reads) if reads.functions else contextlib.nullcontext(), \
-                    fresh_generators_noted() as fresh:
+                    fresh_generators_noted() as fresh, custom_op_backwards_watched(
+                        d for d in custom_op_definitions(module)
+                        if d._qualname.split("::")[0] != FUNCTION_NAMESPACE):
                 joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
                                                           decompositions=decompositions)
             if (moved := drawn.moved()) or fresh:
@@ -1720,6 +1722,14 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                 raise refused from exc
             first = str(exc).strip().splitlines()[0]
             function = backward_of(exc)
+            if isinstance(exc, OutsideTensorRead) and (op := op_backward_of(exc)) is not None:
+                raise LoweringError(
+                    f"the backward {op} registered (register_autograd, in {type(model).__name__}) "
+                    f"{'writes into' if exc.writes else 'reads'} a tensor that is none of its "
+                    f"arguments (a global's, a closure's), which tracing cannot follow ({first}): "
+                    f"keep what it needs in setup_context from the op's inputs, or pass the tensor "
+                    f"to the op as an input (held as a module's buffer where it changes between "
+                    f"steps)") from exc
             if function is not None and ((isinstance(exc, OutsideTensorRead) and not exc.writes)
                                          or "convert all Tensors to FakeTensors" in first):
                 raise LoweringError(

@@ -960,3 +960,41 @@ def test_a_function_applied_through_an_alias_taken_before_remat_keeps_its_backwa
             run(x).backward()
         for (name, p), q in zip(eager.named_parameters(), model.parameters()):
             assert torch.equal(p.grad, q.grad), (how, step, name)
+
+
+_ANNEALED = torch.tensor(0.5)
+
+
+@torch.library.custom_op("remat_ir_tests::annealed_reversal", mutates_args=())
+def _annealed_reversal(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+_annealed_reversal.register_fake(lambda x: torch.empty_like(x))
+_annealed_reversal.register_autograd(lambda ctx, g: -g * (_ANNEALED / 4.0))
+
+
+class _AnnealedReversing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(_annealed_reversal(self.a(x)))).square().mean()
+
+
+def test_a_custom_ops_backward_reading_a_global_tensor_with_numbers_only_is_refused():
+    """Found while checking note 120's list: a `register_autograd` backward combining a
+    global 0-d tensor with a number first (`_ANNEALED / 4.0`) was computed for real while
+    traced, a constant of the graph; the weight annealed in place after `remat` trained on
+    with the traced value, silently (1.1e-3 off eager's gradients by the third step on a
+    small model)."""
+    import remat_ir
+    from remat_ir.frontends.errors import LoweringError
+
+    with pytest.raises(LoweringError, match=r"the backward remat_ir_tests::annealed_reversal registered "
+                                            r"\(register_autograd, in _AnnealedReversing\) reads a tensor that is none "
+                                            r"of its arguments .*\(div of tensor\(0.5, size=\(\)\)\): keep what it "
+                                            r"needs in setup_context"):
+        remat_ir.remat(_AnnealedReversing(), (torch.randn(3, 4),), cost_model="flops", solver="recompute-all")
+
