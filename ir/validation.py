@@ -280,7 +280,7 @@ def _binding_problems(g: pb.Graph, values: dict) -> list[str]:
 
 def _kind(kind: int) -> str:
     """A value kind's name as messages say it ("parameter"), or its number where unknown."""
-    return pb.ValueKind.Name(kind).lower().replace("_", " ") if kind in pb.ValueKind.values() else f"kind {kind}"
+    return pb.ValueKind.Name(kind).lower().replace("_", " ") if kind in pb.ValueKind.values() else str(kind)
 
 
 def _user_input_position_problems(g: pb.Graph, values: dict) -> list[str]:
