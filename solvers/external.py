@@ -159,6 +159,33 @@ def _kill(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def _killing_on_termination(process: subprocess.Popen) -> Callable[[], None]:
+    """Until the returned function is called, a SIGTERM to this process (a job scheduler's
+    time limit, `timeout`, `kill`) first kills the program, then does what it did before
+    (the caller's handler, or ending the process). Why: the program leads a session of its
+    own, so no signal to this process reaches it, and SIGTERM ended Python without its
+    `finally`: the program ran on as an orphan, with no time limit (hunt68). Only in the
+    main thread, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminating(signum, frame) -> None:
+        _kill(process)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:   # the default: end as the signal ends a process
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, terminating)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is terminating:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    return restore
+
+
 def _feed(stream, data: bytes) -> None:
     """Write the graph to the program's stdin; a program may stop reading early."""
     try:
@@ -351,6 +378,7 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
             thread.start()
         stderr: list[str] = []  # the first lines, for error messages
         total = 0
+        terminated = _killing_on_termination(process)
         try:
             for line in _stderr_lines(lines, process, deadline):  # in the caller's thread
                 if line.strip():
@@ -367,6 +395,7 @@ def external_solver(command: str) -> Callable[..., pb.Schedule]:
                                   f"killed.{_quote(stderr, total)}") from None
         finally:
             _kill(process)  # leftovers it started; the program itself when `progress` raised
+            terminated()
             until = time.monotonic() + TAIL_S   # one wait for all: a reader may be held
             for thread in threads:
                 thread.join(timeout=max(0.0, until - time.monotonic()))

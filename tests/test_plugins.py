@@ -409,6 +409,34 @@ def test_time_limit_kills_the_program(tmp_path, graphs):
     assert 1 + GRACE_S <= elapsed < 1 + GRACE_S + 5
 
 
+def test_a_terminated_command_leaves_no_external_solver_running(tmp_path, graphs):
+    """Found by hunt68: SIGTERM to `remat-ir solve` (a scheduler's time limit) ended it
+    without killing the external solver, which leads a session of its own: it ran on as an
+    orphan with no time limit. It is killed first, and the command ends as SIGTERM ends it."""
+    import signal
+
+    pid_file = tmp_path / "solver.pid"
+    name = script(tmp_path, "sleeper", f"""
+        import os, sys, time
+        sys.stdin.buffer.read()
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(120)
+    """)
+    source = ir.save(graphs["chain"], tmp_path / "in.rir")
+    command = subprocess.Popen([sys.executable, "-m", "remat_ir", "solve", str(source), "--solver", name,
+                                "-o", str(tmp_path / "out.rir")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    solver_pid = int(pid_file.read_text())
+    command.send_signal(signal.SIGTERM)
+    assert command.wait(timeout=30) == -signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):   # killed, and reaped by the command before it ended
+            os.kill(solver_pid, 0)
+            time.sleep(0.1)
+
+
 def test_garbage_output_is_not_a_schedule(tmp_path, graphs):
     name = script(tmp_path, "garbage", """
         import sys
