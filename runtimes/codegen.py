@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat_ir.ir import Graph, pb, simulate
+from remat_ir.ir import Graph, RematIRError, pb, simulate
 from remat_ir.ir.arguments import TensorRef, decode, tensor_ids
 from remat_ir.ir.dtypes import nbytes
 from remat_ir.ir.fusion import body_nodes, is_fused
@@ -141,6 +141,8 @@ class _Writer:
         self.lines: list[str] = []
         self.globals: dict[str, object] = {"_device": device}
         self._constants = 0
+        #: Random node -> the inputs a skip ran it on placeholders for (`_declared_shapes`).
+        self.placeheld: dict[int, set[int]] = {}
 
     def constant(self, obj) -> str:
         """A literal for None, bools, ints and strings; a bound global for anything else
@@ -268,6 +270,9 @@ def generate(graph: Graph, schedule: pb.Schedule, device: torch.device, *, tick=
     if tick is not None:
         writer.globals["_tick"] = tick
     writer.globals["_placeholder"] = _placeholder_function(graph, device)
+    writer.placeheld = {n: set(missing) for skips in (*rng.skips.values(), rng.forward_end, rng.step_end)
+                        for n, missing in skips if missing}
+    writer.globals["_declared"] = _declared_shapes(graph)
     copies = (_CopyLines(writer, transfers or Transfers(device)) if any(s.HasField("offload") for s in steps)
               else None)
     resident_index = {v: i for i, v in enumerate(resident)}
@@ -1046,6 +1051,8 @@ def _member_lines(graph: Graph, writer: _Writer, node_id: int, node: pb.Node, mo
     lines = []
     if mode == "replay":
         call = f"_replay(_rng{node_id}, {op_global}, {', '.join(args)})"
+        lines += [f"_declared({_tensor_name(v)}, {v}, {node_id})"
+                  for v in sorted(writer.placeheld.get(node_id, set()) & set(node.inputs))]
     elif mode == "save":
         lines.append(f"_rng{node_id} = _get_rng()")
     outputs = [_tensor_name(v) for v in node.outputs]
@@ -1112,6 +1119,24 @@ def _placeholder_function(graph: Graph, device: torch.device):
     def placeholder(value_id: int) -> torch.Tensor:
         return empty_tensor(graph.value(value_id), device)
     return placeholder
+
+
+def _declared_shapes(graph: Graph):
+    """`_declared(tensor, value_id, node_id)`: raise where a random node's input, which a
+    skip ran the node on a placeholder for, is not of the shape and dtype the graph
+    declares. The skip drew as many numbers as the placeholder has: found by hunt68, a file
+    declaring a dropout's input at half its batch trained with every later draw shifted
+    (6.1 off, silently), under schedules running another dropout first."""
+    def declared(tensor: torch.Tensor, value_id: int, node_id: int) -> None:
+        value = graph.value(value_id)
+        if list(tensor.shape) != list(value.shape) or tensor.dtype != torch_dtype(value.dtype):
+            raise RematIRError(
+                f"{graph.describe_value(value_id)} is {list(tensor.shape)} {tensor.dtype} when it runs "
+                f"where the graph declares {list(value.shape)} {torch_dtype(value.dtype)}: random "
+                f"{graph.describe_node(node_id)}, run earlier on a placeholder of the declared shape "
+                f"to keep eager's draws, drew other numbers than eager's. The graph is not the "
+                f"model's (a file edited by hand, or lowered for other inputs): lower it again")
+    return declared
 
 
 def _rng_functions(device: torch.device):

@@ -917,3 +917,57 @@ def test_generators_made_before_or_seeded_while_traced_train_and_a_subclass_with
     with pytest.raises(LoweringError, match=r"it makes a random generator without a seed "
                                             r"\(test_rng._MyGenerator\(\) at .*test_rng.py:\d+ in forward\)"):
         remat_ir.remat(_UsesGenerators(unseeded=True), (x,), cost_model="flops", solver="recompute-all")
+
+
+class _TwoDropouts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return F.dropout(torch.tanh(self.a(x)), 0.5).sum() + F.dropout(torch.sigmoid(self.b(x)), 0.5).pow(2).sum()
+
+
+@pytest.mark.parametrize("declared", ["as lowered", "half the batch"])
+def test_a_random_node_run_on_a_placeholder_checks_its_input_is_of_the_declared_shape(declared):
+    """Found by hunt68: a file declaring the first dropout's input at half its batch (sizes
+    kept consistent) loaded, and a schedule running the second dropout first skipped the
+    first on a placeholder of the declared shape: half the draws, every later one shifted,
+    gradients 6.1 off, silently. Its real run now compares its input with the declaration."""
+    from remat_ir.ir import from_compute_sequence, rng
+
+    torch.manual_seed(0)
+    model, x = _TwoDropouts(), torch.randn(4, 8)
+    graph = lower_torch(copy.deepcopy(model), (x,), cost_model="flops")
+    first, second = rng.graph_order(graph)[:2]
+    proto = pb.Graph()
+    proto.CopyFrom(graph.proto)
+    if declared == "half the batch":
+        value = next(v for v in proto.values if v.id == graph.node(first).inputs[0])
+        value.shape[0] //= 2
+        value.size_bytes //= 2
+        next(s for s in proto.storages if s.id == value.storage_id).size_bytes //= 2
+    graph = ir.loads(ir.dumps(proto))
+    before, stack = set(), [second]
+    while stack:   # the second dropout and what it reads, first
+        for v in graph.node(stack.pop()).inputs:
+            if (p := graph.producer(v)) is not None and p not in before:
+                before.add(p)
+                stack.append(p)
+    forward = graph.phase_order(pb.FORWARD)
+    order = [n for n in forward if n in before | {second}] + [n for n in forward if n not in before | {second}]
+    schedule = from_compute_sequence(graph, order + graph.phase_order(pb.BACKWARD), len(order),
+                                     name="second-first", rng_replay=True)
+    assert plan_rng(graph, schedule).skips, "the schedule skips the first dropout"
+    eager, ours = copy.deepcopy(model), copy.deepcopy(model)
+    scheduled = ScheduledModule(ours, graph, schedule)
+    torch.manual_seed(1)
+    eager(x).backward()
+    torch.manual_seed(1)
+    if declared == "as lowered":
+        scheduled(x).backward()
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(eager.parameters(), ours.parameters()))
+    else:
+        with pytest.raises(RematIRError, match=r"is \[4, 16\] torch.bool when it runs where the graph declares "
+                                               r"\[2, 16\] torch.bool: random node .*bernoulli.* drew other numbers"):
+            scheduled(x).backward()
