@@ -2,7 +2,7 @@
 
 A graph file is written by the torch frontend, by hand or by another tool: its op names
 and flags are claims the simulator and the solvers take on trust (the IR knows no ops).
-Four claims decide what the runtime computes, and each wrong one trained silently or
+Five claims decide what the runtime computes, and each wrong one trained silently or
 failed at a later call, so they are checked against the op's schema before any code is
 generated (`codegen`), and by `remat-ir validate` for graphs of PyTorch ops:
 
@@ -14,7 +14,9 @@ generated (`codegen`), and by `remat-ir validate` for graphs of PyTorch ops:
   `Node.non_recomputable`, and the module that draws its mask is there;
 - an op that writes into an argument is marked `Node.mutating`, which a schedule runs
   once (a file whose flags were lost ran `aten.mul.out` twice, over the input its first
-  run wrote: every gradient off, up to 0.14).
+  run wrote: every gradient off, up to 0.14);
+- the node's arguments bind to the op's schema (`_arguments_problem`): counts, keyword
+  names, required ones, tensors where it takes them.
 
 One more is checked by the op's name (`check_claims`), as the torch frontend sets it:
 `Node.rng_shape_only` only on an op whose draws depend on shapes alone.
@@ -60,11 +62,51 @@ def checked_op(graph: Graph, node_id: int, node: pb.Node | None = None):
         raise UnsupportedOp(f"{node.op} draws random numbers but {graph.describe_node(node_id)} is not "
                             f"marked random in the graph (Node.random), so no schedule can keep "
                             f"eager's draws: lower the model again (the torch frontend marks them)")
+    if (problem := _arguments_problem(op._schema, node)) is not None:
+        raise UnsupportedOp(f"{graph.describe_node(node_id)} {problem}, where {node.op} is "
+                            f"`{op._schema}`: the graph was not written for this op (a file edited "
+                            f"by hand, or another torch): lower the model again")
     if op._schema.is_mutable and not node.mutating:
         raise UnsupportedOp(f"{node.op} writes into one of its arguments but {graph.describe_node(node_id)} "
                             f"is not marked mutating in the graph (Node.mutating), so a schedule may run it "
                             f"twice: lower the model again (the torch frontend marks them)")
     return op
+
+
+#: The argument kinds an op taking a tensor takes (torch wraps a number: `mul.Tensor(t, 2.0)`).
+_TENSOR_LIKE = frozenset({"tensor", "int_value", "float_value", "bool_value", "big_int", "complex_value"})
+
+
+def _arguments_problem(schema, node: pb.Node) -> str | None:
+    """What in the node's arguments the op's schema cannot take, said; or None: too many
+    positional ones, a keyword it has not or gets twice, a required one missing, a tensor
+    where it takes none or none where it takes a tensor. Found by hunt68: a file edited so
+    raised torch's own error from inside the generated step, naming no node. A node giving
+    no arguments at all is left alone (a graph built for planning alone names none)."""
+    if not node.args and not node.kwargs:
+        return None
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(node.args) > len(positional):
+        return f"gives {len(node.args)} positional arguments, more than the op's {len(positional)}"
+    by_name = {a.name: a for a in schema.arguments}
+    given = {a.name: argument for a, argument in zip(positional, node.args)}
+    for keyword in node.kwargs:
+        if keyword.name not in by_name:
+            return f"gives argument {keyword.name!r}, which the op has not"
+        if keyword.name in given:
+            return f"gives argument {keyword.name!r} twice"
+        given[keyword.name] = keyword.value
+    for name, spec in by_name.items():
+        if name not in given:
+            if not spec.has_default_value():
+                return f"does not give argument {name!r}, which the op needs"
+            continue
+        kind, takes = given[name].WhichOneof("kind"), str(spec.type)
+        if takes == "Tensor" and kind not in _TENSOR_LIKE:
+            return f"gives argument {name!r} a {kind}, where the op takes a tensor"
+        if kind == "tensor" and "Tensor" not in takes:
+            return f"gives argument {name!r} a tensor, where the op takes {takes}"
+    return None
 
 
 def _packet(op: str) -> str:
