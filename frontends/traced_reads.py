@@ -260,11 +260,16 @@ class TracedReads:
     #: [module path, attribute, value] the forward assigns at a first call's setup, which
     #: the runtime assigns after each call of this graph (`frontends/torch.py` `_export`).
     assigned_after: list = field(default_factory=list)
+    #: (module path, attribute) of every attribute of its own the forward read from a
+    #: module: the functions a module holds are the model's code only where read
+    #: (`_held_functions`).
+    attributes_read: set = field(default_factory=set)
 
     def clear(self) -> None:
         """Forget what was read (the frontend traces again)."""
         for table in (self.modules, self.containers, self.objects, self.globals, self.decisions,
-                      self.callables, self.tensors, self.functions, self.python_draws, self.classes):
+                      self.callables, self.tensors, self.functions, self.python_draws, self.classes,
+                      self.attributes_read):
             table.clear()
         self.stored.places.clear()
         self.assigned_after = []
@@ -280,7 +285,7 @@ class TracedReads:
         return TracedReads(dict(self.modules), dict(self.containers), dict(self.objects),
                            dict(self.globals), list(self.decisions), dict(self.callables),
                            dict(self.tensors), set(self.functions), list(self.python_draws),
-                           self.stored.copy(), set(self.classes))
+                           self.stored.copy(), set(self.classes), attributes_read=set(self.attributes_read))
 
     def either(self, other: TracedReads) -> None:
         """Where `other`, read by another trace that made the same program, read another
@@ -473,6 +478,8 @@ def recording_reads(model: torch.nn.Module, reads: TracedReads):
         if path is None or (path, name) in written:
             return value
         own = object.__getattribute__(self, "__dict__")
+        if name in own:
+            reads.attributes_read.add((path, name))
         if (form := recorded(value)) is not UNRECORDED:
             # Its own attributes, and public class attributes (`self.SCALE`).
             if name in own or not name.startswith("_"):
@@ -854,7 +861,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
     # forward's non-tensor results kept for it), so a global it reads (`g * SCALE`, a
     # dict item, a helper's global) changed after `remat` trained on with the value
     # traced: gradients 0.4x eager's, silently (found by a review).
-    held = _held_functions(model)
+    held = _held_functions(model, reads.attributes_read)
     # Likewise a `torch.library.custom_op`'s registered backward (a gradient reversal
     # reading its coefficient from a global the loop sets: 6.6e-3 off after a change,
     # silently, where the same code as a Function was compared; found by a review).
@@ -878,7 +885,11 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
         for name, function in _own_named_methods(cls):
             code = function.__code__
             if is_users_file(code.co_filename):
-                scan_function(function, 0, code in reachable)
+                if name not in _NOT_IN_A_STEP:
+                    # `__init__` runs no step: a function it stores is the model's code only
+                    # where the forward reads it (`_held_functions`). Scanned, a logging
+                    # callback's step counter planned every step again (hunt67).
+                    scan_function(function, 0, code in reachable)
                 named[cls] |= _attribute_names(code)
                 if code in reachable:
                     _record_method(reads, path, module, name)
@@ -1018,12 +1029,15 @@ _HELD_DEPTH = 2
 _HELD_FUNCTIONS_AT_MOST = 4096
 
 
-def _held_functions(model: torch.nn.Module) -> list[types.FunctionType]:
-    """The Python functions `model`'s modules hold, directly or in their lists, tuples and
-    dicts (`self.acts = [make(0), make(1)]`, picked by index), bound methods and partials
-    by their function, each code once. hunt65: only functions held directly were scanned,
-    so a global read by a function picked from a held list (`h * SCALE`) changed after
-    `remat` trained on with the value traced, 2.5 off, silently."""
+def _held_functions(model: torch.nn.Module, read: set) -> list[types.FunctionType]:
+    """The Python functions `model`'s modules hold in the attributes the forward read
+    (`read`: module path, attribute), directly or in their lists, tuples and dicts
+    (`self.acts = [make(0), make(1)]`, picked by index), bound methods and partials by
+    their function, each code once. hunt65: only functions held directly were scanned, so
+    a global read by a function picked from a held list (`h * SCALE`) changed after
+    `remat` trained on with the value traced, 2.5 off, silently. hunt67: a logging
+    callback a module held and the forward never called, reading the loop's step
+    counter, planned every step again and was refused at the fifth."""
     found: dict[types.CodeType, types.FunctionType] = {}
     left = [_HELD_FUNCTIONS_AT_MOST]   # items looked at, all containers together (hunt67: a
     # 3000 x 3000 table of numbers added 1.4 s to `remat()` when each row counted apart)
@@ -1041,9 +1055,10 @@ def _held_functions(model: torch.nn.Module) -> list[types.FunctionType]:
                 left[0] -= 1
                 take(item, depth + 1)
 
-    for module in model.modules():
-        for value in vars(module).values():
-            take(value, 0)
+    for path, module in model.named_modules():
+        for name, value in vars(module).items():
+            if (path, name) in read:
+                take(value, 0)
     return list(found.values())
 
 

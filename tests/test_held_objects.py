@@ -117,3 +117,48 @@ def test_a_value_a_hooks_object_reaches_changed_after_lowering_is_planned_for(ho
     capsys.readouterr()
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
     assert "lowering and planning again" in capsys.readouterr().err
+
+
+_LOGGED_STEP = 0
+
+
+def _log_step(message: str) -> str:
+    return f"[step {_LOGGED_STEP}] {message}"
+
+
+class _HoldsCallbacks(torch.nn.Module):
+    """Holds logging callbacks it never calls in its forward (`calls`: it does, then)."""
+
+    def __init__(self, calls: bool):
+        super().__init__()
+        self.fc, self.calls, self.callbacks = torch.nn.Linear(6, 1), calls, [_log_step]
+
+    def forward(self, x):
+        out = self.fc(x).square().mean()
+        if self.calls:
+            out = out * len(self.callbacks[0]("forward"))
+        return out
+
+
+@pytest.mark.parametrize("calls", [False, True])
+def test_a_callback_the_forward_never_calls_is_no_read_of_the_step(calls):
+    """Found by hunt67: a callback a module held and the forward never called, reading the
+    loop's step counter, planned every step again and was refused at the fifth. Where the
+    forward calls it, the counter it reads is the step's, planned for as it changes."""
+    global _LOGGED_STEP
+    torch.manual_seed(0)
+    x = torch.randn(4, 6)
+    eager = _HoldsCallbacks(calls)
+    model = _HoldsCallbacks(calls)
+    model.load_state_dict(eager.state_dict())
+    scheduled = _remat(model, x)
+    try:
+        for step in range(1, 7 if not calls else 4):
+            _LOGGED_STEP = step * (10 if calls else 1)
+            for m, run in ((eager, eager), (model, scheduled)):
+                m.zero_grad()
+                run(x).backward()
+            assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), model.parameters()))
+    finally:
+        _LOGGED_STEP = 0
+    assert len(scheduled.plans) == (1 if not calls else 4)   # lowered at 0, planned again at 10, 20, 30
