@@ -275,3 +275,27 @@ def test_an_offloading_schedule_for_a_graph_without_a_host_link_is_refused(tmp_p
     with pytest.raises(SolverError, match=r"returned a schedule that offloads to host memory, and this graph "
                                           r"describes no host link to time its transfers: give one"):
         solvers.solve(graph, None, name)
+
+
+def test_a_nodes_arguments_that_its_op_cannot_take_are_named_before_any_code_runs():
+    """Found by hunt68: arguments edited in a file (a keyword renamed, a tensor given where
+    the op takes a number, one too many) raised torch's own error from inside the
+    generated step, naming no node."""
+    torch = pytest.importorskip("torch")
+    from remat_ir.lowering import lower_torch
+    from remat_ir.runtimes.op_checks import op_problems
+
+    torch.manual_seed(0)
+    graph = lower_torch(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), (torch.randn(2, 4),),
+                        cost_model="flops")
+    assert op_problems(graph) == []
+    tanh = next(n for n in graph.proto.nodes if n.op == "aten.tanh.default")
+    tanh.kwargs.add(name="bogus").value.int_value = 1
+    (problem,) = op_problems(graph)
+    assert problem.startswith(f"node '{tanh.name}' (aten.tanh.default, id {tanh.id}) gives argument 'bogus', "
+                              "which the op has not, where aten.tanh.default is `aten::tanh(Tensor self) -> "
+                              "Tensor`: the graph was not written for this op")
+    del tanh.kwargs[:]
+    tanh.args.add().int_value = 3
+    (problem,) = op_problems(graph)
+    assert "gives 2 positional arguments, more than the op's 1" in problem
