@@ -66,7 +66,7 @@ from remat_ir.torchlib.callables import code_digest
 from remat_ir.torchlib.types import FUNCTION_NAMESPACE, autocast_state, entered_autocast, overlaps
 
 from .model_lines import is_users_file, model_line
-from .outside_tensors import outside_tensors_refused, traced
+from .outside_tensors import OP_NOTE, outside_tensors_refused, traced
 from .random_ops import draws_random, note_function_op, opaque_custom_op
 from .traced_reads import own_methods
 
@@ -377,6 +377,12 @@ def forward_of(exc: BaseException) -> str | None:
     buffer, an activation of the same call) failed as "Mixing fake modes NYI", naming
     neither the Function nor a way out (found by a review)."""
     return _noted(exc, _FORWARD_NOTE)
+
+
+def op_backward_of(exc: BaseException) -> str | None:
+    """The custom op (namespace::name) whose registered backward computed on a tensor from
+    outside the trace (`outside_tensors.custom_op_backwards_watched`), or None."""
+    return _noted(exc, OP_NOTE)
 
 
 def _noted(exc: BaseException, prefix: str) -> str | None:

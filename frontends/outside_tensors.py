@@ -65,8 +65,9 @@ def traced(tensor) -> bool:
             or tensor.device.type == "meta")
 
 
-#: The note an `OutsideTensorRead` raised in a custom op's backward carries (`op_backward_of`).
-_OP_NOTE = "raised in the backward of custom op "
+#: The note an `OutsideTensorRead` raised in a custom op's backward carries
+#: (`autograd_functions.op_backward_of`).
+OP_NOTE = "raised in the backward of custom op "
 
 
 @contextlib.contextmanager
@@ -85,7 +86,7 @@ def custom_op_backwards_watched(definitions):
                 with outside_tensors_refused() if any(map(traced, grads)) else contextlib.nullcontext():
                     return backward(ctx, *grads)
             except OutsideTensorRead as exc:
-                exc.add_note(f"{_OP_NOTE}{name}")
+                exc.add_note(f"{OP_NOTE}{name}")
                 raise
 
         wrapped.append((definition, backward))
@@ -95,17 +96,3 @@ def custom_op_backwards_watched(definitions):
     finally:
         for definition, backward in wrapped:
             definition._backward_fn = backward
-
-
-def op_backward_of(exc: BaseException) -> str | None:
-    """The custom op (namespace::name) whose backward raised `exc`, an `OutsideTensorRead`,
-    or None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        for note in getattr(exc, "__notes__", ()):
-            if note.startswith(_OP_NOTE):
-                return note[len(_OP_NOTE):]
-        exc = exc.__cause__ or exc.__context__
-    return None
-

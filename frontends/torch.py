@@ -54,7 +54,8 @@ from remat_ir.ir.validation import mark_made_here
 from .autocast_blocks import block_caches, eager_block_caches, has_blocks
 from .autocast_casts import CAST_BACK, check_ops_cast_inside, share_autocast_casts
 from .applied_code import record_applied_code
-from .autograd_functions import FunctionError, backward_of, forward_of, function_class, preserving_functions
+from .autograd_functions import (FunctionError, backward_of, forward_of, function_class, op_backward_of,
+                                 preserving_functions)
 from .buffer_reuse import reuse_dying_inputs
 from .default_generators import default_generators_dropped
 from .distributed_calls import distributed_calls_watched, rank_read_by_name
@@ -84,7 +85,7 @@ from .inference_buffers import inference_buffers_as_normal
 from .random_ops import check_pure_ops, declared_pure, draws_random, opaque_custom_op, user_draws_kept
 from .random_branches import HINT as RANDOM_BRANCH_HINT, NUMBER_HINT as RANDOM_NUMBER_HINT, drawn_branch, drawn_number
 from .fresh_generators import fresh_generators_noted
-from .outside_tensors import OutsideTensorRead, custom_op_backwards_watched, op_backward_of
+from .outside_tensors import OutsideTensorRead, custom_op_backwards_watched
 from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        check_lazy_modules, check_member_views,
                        check_script_modules, backward_draws_error, backward_effects_error, constant_output,
