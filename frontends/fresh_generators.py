@@ -28,9 +28,11 @@ are: that traces as eager runs.
 from __future__ import annotations
 
 import contextlib
+import dis
 import os
 import random
 import sys
+import threading
 import weakref
 
 from .model_lines import is_model_file
@@ -43,7 +45,11 @@ def fresh_generators_noted():
     made: list[str] = []
     unseeded: dict[int, tuple[weakref.ref, str]] = {}   # Python generators, until seeded
 
+    tracing = threading.get_ident()
+
     def caller() -> str | None:
+        if threading.get_ident() != tracing:   # another thread of the user's (hunt69)
+            return None
         frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename in (__file__, random.__file__):
             frame = frame.f_back
@@ -86,11 +92,13 @@ def fresh_generators_noted():
         numpys = os.path.dirname(numpy.__file__) + os.sep
 
         def drawn_entropy(bits):
-            # NumPy's own Python code draws it to unpickle a generator, then sets its state
+            # NumPy's own Python code draws it to unpickle a generator, then sets its state;
+            # so does `jumped()` (compiled), called from the model's line (hunt69)
             frame = sys._getframe(1)
             while frame is not None and frame.f_code.co_filename == __file__:
                 frame = frame.f_back
-            if frame is not None and not frame.f_code.co_filename.startswith(numpys) and (where := caller()):
+            if frame is not None and not frame.f_code.co_filename.startswith(numpys) \
+                    and _called_method(frame) != "jumped" and (where := caller()):
                 made.append(f"a NumPy generator, at {where}")
             return entropy(bits)
 
@@ -136,14 +144,45 @@ def _seeding_seen(mt19937: type) -> type:
             super().__init__(*args, **kwargs)
             self._unseeded = (notes, notes[-1]) if notes is not None and len(notes) > before else None
 
-        def _legacy_seeding(self, seed):
-            if seed is not None and getattr(self, "_unseeded", None) is not None:
+        def _withdrawn(self) -> None:
+            if getattr(self, "_unseeded", None) is not None:
                 notes, note = self._unseeded
                 self._unseeded = None
                 if note in notes:
                     notes.remove(note)
+
+        def _legacy_seeding(self, seed):
+            if seed is not None:
+                self._withdrawn()
             return super()._legacy_seeding(seed)
 
-    _SeedingSeen.__module__, _SeedingSeen.__qualname__ = __name__, "_SeedingSeen"
+        @property
+        def state(self):
+            return mt19937.state.__get__(self)
+
+        @state.setter
+        def state(self, value):   # `RandomState().set_state(saved)` (hunt69)
+            self._withdrawn()
+            mt19937.state.__set__(self, value)
+
+        def __reduce__(self):   # pickled as NumPy's own, for any process to load
+            constructor, arguments, *rest = super().__reduce__()
+            return (constructor, (mt19937, *arguments[1:]), *rest)
+
+    # NumPy names a state by its generator's class (`get_state()`, `set_state` compare it):
+    # as `_SeedingSeen`, a state made while traced was no MT19937's (hunt69).
+    _SeedingSeen.__module__, _SeedingSeen.__name__, _SeedingSeen.__qualname__ = __name__, "MT19937", "MT19937"
     globals()["_SeedingSeen"] = _SeedingSeen
     return _SeedingSeen
+
+
+def _called_method(frame) -> str | None:
+    """The name of the method `frame` is calling now (`rng.jumped()`: "jumped"), or None:
+    the last attribute its code loaded before the instruction it runs."""
+    name = None
+    for instruction in dis.get_instructions(frame.f_code):
+        if instruction.offset >= frame.f_lasti:
+            break
+        if instruction.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+            name = instruction.argval
+    return name

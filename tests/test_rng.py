@@ -591,6 +591,8 @@ def test_a_custom_op_that_draws_whose_result_nothing_reads_still_draws_as_eager(
 
 
 _OPAQUE_GENERATOR = torch.Generator().manual_seed(5)
+_OPAQUE_TABLE = torch.zeros(4096, 1024)   # 16 MiB the script holds, found before the count (hunt69)
+_OPAQUE_SPARSE = torch.eye(3).to_sparse()   # a sparse tensor a global holds: no bytes to copy
 _OPAQUE_CALLS = [0]
 _OPAQUE_COUNT = torch.zeros(())
 
@@ -681,7 +683,9 @@ def test_remat_leaves_a_custom_ops_own_state_as_it_found_it(how):
     profiling, timing), so one counting its calls in a global or drawing from a generator
     of its own started training elsewhere than eager: 0.93 and 0.35 off at the first step,
     silently. Profiling and trial runs put the user's globals and generators back; hunt67:
-    and the user's tensors (a count kept in a global tensor, 0.25 off)."""
+    and the user's tensors (a count kept in a global tensor, 0.25 off), the smallest first
+    (hunt69: a 16 MiB table found first left no room for the count; a sparse tensor held
+    beside it raised)."""
     torch.manual_seed(0)
     x, model = torch.randn(4, 8), _Opaque(how)
     eager = copy.deepcopy(model)
@@ -848,6 +852,11 @@ class _DrawsFromAFreshGenerator(torch.nn.Module):
             "numpy RandomState seeded again": lambda: _reseeded(np.random.RandomState(7)).randn(4),
             "seeded": lambda: np.random.default_rng(7).standard_normal(4),
             "seeded RandomState": lambda: pickle.loads(pickle.dumps(np.random.RandomState(7))).randn(4),
+            # hunt69: each was refused, or failed, while traced
+            "seeded RandomState's legacy state": lambda: np.array(np.random.RandomState(7).get_state()[1][:4],
+                                                                  dtype=np.float64) / 2**32,
+            "seeded RandomState set to a state": lambda: _set_to(np.random.RandomState(), _SAVED_STATE).randn(4),
+            "seeded bit generator jumped": lambda: np.random.Generator(np.random.PCG64(7).jumped()).standard_normal(4),
         }[self.source]
         return (self.fc(x) + torch.tensor(drawn(), dtype=torch.float32)).square().mean()
 
@@ -857,9 +866,18 @@ def _reseeded(generator):
     return generator
 
 
+def _set_to(generator, state):
+    generator.set_state(state)
+    return generator
+
+
+_SAVED_STATE = __import__("numpy").random.RandomState(11).get_state()
+
+
 @pytest.mark.parametrize("source", ["numpy", "python", "numpy imported by name", "numpy bit generator",
                                     "numpy RandomState", "numpy RandomState seeded again", "seeded",
-                                    "seeded RandomState"])
+                                    "seeded RandomState", "seeded RandomState's legacy state",
+                                    "seeded RandomState set to a state", "seeded bit generator jumped"])
 def test_a_forward_drawing_from_a_generator_it_makes_without_a_seed_is_refused(source):
     """A generator made without a seed at every call draws new numbers at every step in
     eager; it moves no generator the model holds nor a global one, so it was traced as
