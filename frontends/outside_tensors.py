@@ -43,7 +43,7 @@ class outside_tensors_refused(TorchFunctionMode):   # noqa: N801 - used as a con
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _users_file(sys._getframe(1).f_code.co_filename):
+        if getattr(func, "__name__", None) not in _METADATA and _users_file(sys._getframe(1).f_code.co_filename):
             for leaf in tree_leaves((args, kwargs)):
                 if type(leaf) in (torch.Tensor, torch.nn.Parameter) and not traced(leaf):
                     value = leaf.item() if leaf.numel() == 1 else "..."
@@ -52,6 +52,14 @@ class outside_tensors_refused(TorchFunctionMode):   # noqa: N801 - used as a con
                     raise OutsideTensorRead(f"{name} {'writes into' if writes else 'of'} tensor({value}, "
                                             f"size={tuple(leaf.shape)})", bool(writes))
         return func(*args, **kwargs)
+
+
+#: What reads a tensor's metadata, not its values (hunt69: a backward reading a global's
+#: `.dtype`, `.shape`, `.size(0)` or `.numel()` was refused). `__get__`: an attribute
+#: (`W.dtype`, `W.T`); a tensor it gives is refused where an op computes with it.
+_METADATA = frozenset({"__get__", "size", "dim", "ndimension", "numel", "nelement", "stride",
+                       "is_contiguous", "element_size", "is_floating_point", "is_complex",
+                       "get_device", "__len__", "storage_offset", "type"})
 
 
 @functools.lru_cache(maxsize=512)
@@ -72,27 +80,43 @@ OP_NOTE = "raised in the backward of custom op "
 
 @contextlib.contextmanager
 def custom_op_backwards_watched(definitions):
-    """Within: the backward each of `definitions` (`torch.library.custom_op`s'
-    `CustomOpDef`s, whose `_backward_fn` torch's autograd kernel looks up at each call)
-    registered runs inside `outside_tensors_refused` while traced."""
+    """Within: the backward and the setup_context each of `definitions` registered
+    (`torch.library.custom_op`s' `CustomOpDef`s, whose `_backward_fn` and
+    `_setup_context_fn` torch's autograd kernel looks up at each call) run inside
+    `outside_tensors_refused` while traced. hunt69: a setup_context keeping
+    `float(STEPS / 100)` on ctx from a global tensor was traced once, 2e-3 off."""
     wrapped = []
     for definition in definitions:
-        backward = definition._backward_fn
+        backward, setup = definition._backward_fn, definition._setup_context_fn
         if backward is None:
             continue
+        name = definition._qualname
 
-        def watched(ctx, *grads, backward=backward, name=definition._qualname):
-            try:
-                with outside_tensors_refused() if any(map(traced, grads)) else contextlib.nullcontext():
-                    return backward(ctx, *grads)
-            except OutsideTensorRead as exc:
-                exc.add_note(f"{OP_NOTE}{name}")
-                raise
+        def watched(ctx, *grads, backward=backward, name=name):
+            with _noted_as(name), outside_tensors_refused() if any(map(traced, grads)) else contextlib.nullcontext():
+                return backward(ctx, *grads)
 
-        wrapped.append((definition, backward))
+        def watched_setup(*args, setup=setup, name=name, **kwargs):
+            with _noted_as(name), outside_tensors_refused() if any(
+                    traced(t) for t in tree_leaves((args, kwargs))) else contextlib.nullcontext():
+                return setup(*args, **kwargs)
+
+        wrapped.append((definition, backward, setup))
         definition._backward_fn = watched
+        if setup is not None:
+            definition._setup_context_fn = watched_setup
     try:
         yield
     finally:
-        for definition, backward in wrapped:
-            definition._backward_fn = backward
+        for definition, backward, setup in wrapped:
+            definition._backward_fn, definition._setup_context_fn = backward, setup
+
+
+@contextlib.contextmanager
+def _noted_as(name: str):
+    """An `OutsideTensorRead` raised within carries the custom op's name (`OP_NOTE`)."""
+    try:
+        yield
+    except OutsideTensorRead as exc:
+        exc.add_note(f"{OP_NOTE}{name}")
+        raise

@@ -321,13 +321,16 @@ _TENSOR_BYTES = 16 << 20
 
 
 def _tensor_copies(found: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(tensor, a copy of its values) for the user's plain tensors, up to `_TENSOR_BYTES`
-    (the model's parameters and buffers are not the user's globals: a step changes them)."""
+    """(tensor, a copy of its values) for the user's plain dense tensors, the smallest
+    first, up to `_TENSOR_BYTES` in all (hunt69: a 16 MiB table met first left a counter
+    after it uncopied; a sparse tensor raised, a quantized one crashed the process).
+    Parameters are not the user's globals: a step changes them."""
     copies, left = [], _TENSOR_BYTES
-    for tensor in found:
-        if (type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_meta
-                or isinstance(tensor, torch.nn.Parameter) or (size := tensor.nbytes) > left):
-            continue
+    dense = [t for t in found if type(t) is torch.Tensor and t.layout == torch.strided and not t.is_meta
+             and not t.is_quantized and not t.is_nested]
+    for tensor in sorted(dense, key=lambda t: t.nbytes):
+        if (size := tensor.nbytes) > left:
+            break
         left -= size
         copies.append((tensor, tensor.detach().clone()))
     return copies

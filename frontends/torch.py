@@ -1725,7 +1725,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
             function = backward_of(exc)
             if isinstance(exc, OutsideTensorRead) and (op := op_backward_of(exc)) is not None:
                 raise LoweringError(
-                    f"the backward {op} registered (register_autograd, in {type(model).__name__}) "
+                    f"the backward or setup_context {op} registered (register_autograd, in "
+                    f"{type(model).__name__}) "
                     f"{'writes into' if exc.writes else 'reads'} a tensor that is none of its "
                     f"arguments (a global's, a closure's), which tracing cannot follow ({first}): "
                     f"keep what it needs in setup_context from the op's inputs, or pass the tensor "

@@ -2678,6 +2678,28 @@ class _GlobalWeightBackward(torch.autograd.Function):
         return -(FUNCTION_WEIGHT * 2) * g
 
 
+class _GlobalMetadataBackward(torch.autograd.Function):
+    """A backward reading only a global tensor's metadata (its shape, dtype, size)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        scale = FUNCTION_MASK.shape[0] / FUNCTION_MASK.size(0) / FUNCTION_MASK.numel() * 16
+        return g * scale * torch.finfo(FUNCTION_MASK.dtype).eps / torch.finfo(torch.float32).eps
+
+
+def test_a_custom_functions_backward_reading_a_global_tensors_metadata_trains():
+    """Found by hunt69: reading a global tensor's `.shape`, `.dtype`, `.size(0)` or
+    `.numel()` in a backward was refused with reads of its values."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    assert side_by_side(_Applying(_GlobalMetadataBackward), lambda m: _remat(m, (x,), solver="recompute-all"),
+                        (x,), {}, lambda y: y, tolerance=1e-30) == {}
+
+
 class _StatisticInBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -3804,6 +3826,31 @@ def test_a_transformers_model_asking_for_a_cache_trains_without_one_said_once(ca
         for (name, p), q in zip(eager.named_parameters(), model.parameters()):
             assert torch.equal(p.grad, q.grad), name
     assert "lowering and planning again" not in capsys.readouterr().err
+
+
+def test_t5_whose_decoder_keeps_a_config_of_its_own_trains_without_a_cache(capsys):
+    """Found by hunt70: T5's decoder keeps a copy of the config, which still asked for a
+    cache after the notice said it was turned off: refused. Every config the model's
+    modules hold is set; the step is eager's with `use_cache=False` (with attention
+    dropout, eager building the cache rounds its last bits otherwise: the notice says so)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0))
+    assert model.decoder.config.use_cache and model.decoder.config is not model.config
+    ids = torch.randint(1, 64, (2, 6))
+    batch = {"input_ids": ids, "labels": ids}
+    eager = copy.deepcopy(model)
+    scheduled = _remat(model, batch, solver="recompute-all")
+    assert not model.decoder.config.use_cache
+    assert "a call building the cache rounds its last bits otherwise" in capsys.readouterr().err
+    for m, run in ((eager, lambda **b: eager(**b, use_cache=False)), (model, scheduled)):
+        m.zero_grad()
+        run(**batch).loss.backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert torch.equal(p.grad, q.grad), name
 
 
 class _NumpyWeights(torch.nn.Module):
