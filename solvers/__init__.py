@@ -222,6 +222,8 @@ def _guarded(info: SolverInfo, function: Callable) -> Callable:
             if problem is not None:
                 raise SolverError(f"plugin solver {info.name!r} ({info.origin}) refused a budget of "
                                   f"{refused.budget:,} bytes {problem}") from None
+            if refused.smallest_feasible is not None:   # a NumPy integer, as a number of bytes
+                refused.smallest_feasible = int(refused.smallest_feasible)
             raise
         except RematIRError:
             raise

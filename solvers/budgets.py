@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import re
 
 from remat_ir.ir import Graph, pb
@@ -162,9 +163,13 @@ def floor_problem(budget: int, smallest, graph: Graph, none: str = "name none") 
     the peak (found by a review of `exec:` solvers; hunt68: a plugin's went unchecked)."""
     if smallest is None or isinstance(budget, bool) or not isinstance(budget, int):
         return None
-    if isinstance(smallest, bool) or not isinstance(smallest, int):
-        return (f"and names {smallest!r} as the smallest feasible budget: it must be a whole number "
-                f"of bytes, or None")
+    try:   # NumPy's integers too (hunt69: a plugin's `peaks.max()`)
+        smallest = operator.index(smallest) if not isinstance(smallest, bool) else None
+    except TypeError:
+        smallest = None
+    if smallest is None:
+        return ("and names no whole number of bytes as the smallest feasible budget: it must be "
+                "one, or None")
     if smallest > (ceiling := peak_ceiling(graph)):
         return (f"and names {smallest:,} bytes as the smallest feasible one, more than any schedule "
                 f"of this graph can hold ({ceiling:,} bytes: all its {len(graph.proto.storages)} "

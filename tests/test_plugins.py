@@ -76,6 +76,14 @@ def sum_twice(graph, budget, *, time_limit_s=None, progress=None):
     return from_compute_sequence(graph, sequence, forward, name="sum-twice")
 
 
+def numpy_floor(graph, budget, *, time_limit_s=None, progress=None):
+    """Refuses every budget, naming store-everything's peak as a NumPy integer (a test plugin)."""
+    import numpy
+    sequence, forward = _store_everything(graph)
+    peak = from_compute_sequence(graph, sequence, forward).predicted_peak_bytes
+    raise InfeasibleBudget(budget, numpy.int64(peak))
+
+
 class NotCallable:
     solve = 5
 '''
@@ -87,6 +95,7 @@ greedy-broken = greedy_plugin:drop_step
 greedy-floor-within = greedy_plugin:floor_within
 greedy-sum-twice = greedy_plugin:sum_twice
 greedy-not-callable = greedy_plugin:NotCallable
+greedy-numpy-floor = greedy_plugin:numpy_floor
 """
 
 
@@ -168,6 +177,16 @@ def test_a_plugins_floor_is_checked_as_an_external_solvers(plugin, graphs):
                                           rf"refused a budget of {budget:,} bytes but names {budget // 2:,} bytes, "
                                           r"within that budget, as the smallest feasible one: a contradiction"):
         solvers.solve(graph, budget, "greedy-floor-within")
+
+
+def test_a_plugins_floor_of_numpys_integer_type_is_a_number_of_bytes(plugin, graphs):
+    """Found by hunt69: a floor computed with NumPy (`peaks.max()`) was refused as no whole
+    number of bytes once floors were checked."""
+    graph = graphs["chain"]
+    peak = ir.store_all(graph).predicted_peak_bytes
+    with pytest.raises(InfeasibleBudget) as refused:
+        solvers.solve(graph, peak // 2, "greedy-numpy-floor")
+    assert refused.value.smallest_feasible == peak and type(refused.value.smallest_feasible) is int
 
 
 def test_a_plugin_whose_solve_is_not_callable_is_named(plugin, graphs):
