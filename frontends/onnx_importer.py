@@ -191,8 +191,11 @@ def _array_of(proto):
     try:
         return numpy_helper.to_array(proto)
     except Exception as exc:
+        where = (": its data is in a separate file, so pass the model's path (which finds that file "
+                 "beside it), not its bytes or a ModelProto loaded without it"
+                 if proto.data_location == proto.EXTERNAL else "; export the model again")
         raise LoweringError(f"tensor {proto.name!r} (shape {list(proto.dims)}): its data cannot be read "
-                            f"({_first_line(exc)}); export the model again") from None
+                            f"({_first_line(exc)}){where}") from None
 
 
 def _attributes(node) -> dict:

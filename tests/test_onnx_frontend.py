@@ -290,7 +290,7 @@ def _short_weight() -> TensorProto:
      r"tensor 'W' \(shape \[8, 8\]\): its data cannot be read \(cannot reshape array of size 25"),
     (lambda: _matmul_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], [_external_weight()]),
      r"tensor 'W' \(shape \[8, 8\]\): its data cannot be read \(Data of TensorProto .* should be stored in "
-     r"weights.bin"),
+     r"weights.bin.*\): its data is in a separate file, so pass the model's path"),
 ])
 def test_a_malformed_onnx_graph_is_one_error_naming_the_tensor(model, said):
     """Found by hunt68: a tensor made by two nodes (which onnx.checker and onnxruntime
