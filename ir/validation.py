@@ -238,10 +238,11 @@ def _input_output_problems(g: pb.Graph, values: dict) -> list[str]:
 _BOUND_FRONTENDS = ("torch", "onnx")
 
 
-#: The input kind each output role names (`GraphOutput.name`): a runtime binds the output
-#: to the input of that name.
-_NAMED_INPUT = {pb.PARAMETER_GRADIENT: pb.PARAMETER, pb.INPUT_GRADIENT: pb.USER_INPUT,
-                pb.BUFFER_UPDATE: pb.BUFFER}
+#: The input kinds each output role names (`GraphOutput.name`): a runtime binds the output
+#: to the input of that name. A forward writing in place into a parameter or an input
+#: (a weight decayed in the forward) updates it as a buffer's new value.
+_NAMED_INPUT = {pb.PARAMETER_GRADIENT: (pb.PARAMETER,), pb.INPUT_GRADIENT: (pb.USER_INPUT,),
+                pb.BUFFER_UPDATE: (pb.BUFFER, pb.PARAMETER, pb.USER_INPUT)}
 
 
 def _binding_problems(g: pb.Graph, values: dict) -> list[str]:
@@ -249,8 +250,9 @@ def _binding_problems(g: pb.Graph, values: dict) -> list[str]:
     their own, and a gradient or a buffer's new value names one input of its kind, once.
     Found by hunt68, all silent in a file edited by hand: two gradients named for one
     parameter (the other trained with none, and this one with the wrong one), a
-    buffer's new value named for a parameter (written into it at every call), two
-    parameters of one name (said to be tied at the call)."""
+    buffer's new value named for a parameter of another shape (written into it at every
+    call; one of the same shape cannot be told from a weight the forward decays in place),
+    two parameters of one name (said to be tied at the call)."""
     problems = []
     by_name: dict[str, list[pb.GraphInput]] = {}
     for i in g.inputs:
@@ -261,16 +263,22 @@ def _binding_problems(g: pb.Graph, values: dict) -> list[str]:
             problems.append(f"graph inputs (value ids {', '.join(str(i.value_id) for i in found)}) are all "
                             f"named {name!r}; a parameter's or buffer's name binds it to the model's "
                             "tensor, so give each its own")
-    kinds = {i.name: values[i.value_id].kind for i in g.inputs if i.value_id in values}
+    inputs = {i.name: values[i.value_id] for i in g.inputs if i.value_id in values}
     named: dict[tuple[int, str], int] = {}
     for o in g.outputs:
         wanted = _NAMED_INPUT.get(o.role)
-        if wanted is None:
+        if wanted is None or o.value_id not in values:
             continue
         role = pb.OutputRole.Name(o.role).lower().replace("_", " ")
-        if kinds.get(o.name) != wanted:
+        target, value = inputs.get(o.name), values[o.value_id]
+        if target is None or target.kind not in wanted:
             problems.append(f"graph output {o.name!r} (value id {o.value_id}) is a {role}, but no "
-                            f"{_kind(wanted)} input is named {o.name!r}; name the input it is for")
+                            f"{' or '.join(_kind(k) for k in wanted)} among the inputs is named "
+                            f"{o.name!r}; name the input it is for")
+        elif o.role == pb.BUFFER_UPDATE and (list(target.shape) != list(value.shape) or target.dtype != value.dtype):
+            problems.append(f"graph output {o.name!r} (value id {o.value_id}) is a buffer update of "
+                            f"shape {list(value.shape)} {dtype_name(value.dtype)}, but the input it names "
+                            f"is {list(target.shape)} {dtype_name(target.dtype)}")
         if (o.role, o.name) in named:
             problems.append(f"graph outputs (value ids {named[(o.role, o.name)]} and {o.value_id}) are "
                             f"both the {role} of {o.name!r}; each input has one")

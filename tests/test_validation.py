@@ -269,11 +269,15 @@ def _named(proto: pb.Graph, role: int, name: str) -> pb.GraphOutput:
     (lambda g: setattr(_named(g, pb.PARAMETER_GRADIENT, "0.weight"), "name", "2.weight"),
      r"graph outputs \(value ids \d+ and \d+\) are both the parameter gradient of '2.weight'"),
     (lambda g: setattr(_named(g, pb.PARAMETER_GRADIENT, "0.weight"), "name", "zzz"),
-     r"graph output 'zzz' \(value id \d+\) is a parameter gradient, but no parameter input is named 'zzz'"),
+     r"graph output 'zzz' \(value id \d+\) is a parameter gradient, but no parameter among the inputs is "
+     r"named 'zzz'"),
     (lambda g: setattr(_named(g, pb.PARAMETER_GRADIENT, "0.weight"), "name", "1.running_mean"),
-     r"is a parameter gradient, but no parameter input is named '1.running_mean'"),
-    (lambda g: setattr(_named(g, pb.BUFFER_UPDATE, "1.running_mean"), "name", "0.bias"),
-     r"graph output '0.bias' \(value id \d+\) is a buffer update, but no buffer input is named '0.bias'"),
+     r"is a parameter gradient, but no parameter among the inputs is named '1.running_mean'"),
+    (lambda g: setattr(_named(g, pb.BUFFER_UPDATE, "1.running_mean"), "name", "2.weight"),
+     r"graph output '2.weight' \(value id \d+\) is a buffer update of shape \[4\] float32, but the input it "
+     r"names is \[1, 4\] float32"),
+    (lambda g: setattr(_named(g, pb.BUFFER_UPDATE, "1.running_mean"), "name", "zzz"),
+     r"is a buffer update, but no buffer or parameter or user input among the inputs is named 'zzz'"),
     (lambda g: setattr(next(i for i in g.inputs if i.name == "2.weight"), "name", "0.weight"),
      r"graph inputs \(value ids \d+, \d+\) are all named '0.weight'; a parameter's or buffer's name binds it"),
 ])
@@ -281,7 +285,8 @@ def test_what_a_runtime_binds_by_name_names_one_input_of_its_kind(normed_mlp, ed
     """Found by hunt68, silent in a torch graph edited by hand: a gradient output named
     for another parameter (that one trained with the wrong gradient, 0.05 off, and this
     one with none), for nothing or for a buffer (no gradient); a buffer's new value named
-    for a parameter (written into the bias at every call); two parameters of one name
+    for a parameter of another shape (written into it at every call: one of its shape
+    cannot be told from a weight the forward decays in place); two parameters of one name
     (said to be tied at the call)."""
     import re
 
