@@ -43,7 +43,8 @@ class outside_tensors_refused(TorchFunctionMode):   # noqa: N801 - used as a con
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", None) not in _METADATA and _users_file(sys._getframe(1).f_code.co_filename):
+        if getattr(func, "__name__", None) not in _METADATA \
+                and _users_file(sys._getframe(1).f_code.co_filename):
             for leaf in tree_leaves((args, kwargs)):
                 if type(leaf) in (torch.Tensor, torch.nn.Parameter) and not traced(leaf):
                     value = leaf.item() if leaf.numel() == 1 else "..."
@@ -69,8 +70,9 @@ def _users_file(filename: str) -> bool:
 
 def traced(tensor) -> bool:
     """Whether `tensor` (or None) is one the trace follows (fake, functional, meta)."""
-    return isinstance(tensor, torch.Tensor) and (torch._subclasses.fake_tensor.is_fake(tensor) or torch._is_functional_tensor(tensor)
-            or tensor.device.type == "meta")
+    return isinstance(tensor, torch.Tensor) and (
+        torch._subclasses.fake_tensor.is_fake(tensor) or torch._is_functional_tensor(tensor)
+        or tensor.device.type == "meta")
 
 
 #: The note an `OutsideTensorRead` raised in a custom op's backward carries
@@ -93,12 +95,13 @@ def custom_op_backwards_watched(definitions):
         name = definition._qualname
 
         def watched(ctx, *grads, backward=backward, name=name):
-            with _noted_as(name), outside_tensors_refused() if any(map(traced, grads)) else contextlib.nullcontext():
+            watching = outside_tensors_refused() if any(map(traced, grads)) else contextlib.nullcontext()
+            with _noted_as(name), watching:
                 return backward(ctx, *grads)
 
         def watched_setup(*args, setup=setup, name=name, **kwargs):
-            with _noted_as(name), outside_tensors_refused() if any(
-                    traced(t) for t in tree_leaves((args, kwargs))) else contextlib.nullcontext():
+            traced_call = any(traced(t) for t in tree_leaves((args, kwargs)))
+            with _noted_as(name), outside_tensors_refused() if traced_call else contextlib.nullcontext():
                 return setup(*args, **kwargs)
 
         wrapped.append((definition, backward, setup))
