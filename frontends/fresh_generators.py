@@ -124,9 +124,10 @@ _noting: list[str] | None = None
 
 
 def _seeding_seen(mt19937: type) -> type:
-    """`RandomState`'s bit generator while traced (made once, kept as a module global so
-    that a generator made while traced pickles): its constructor draws the operating
-    system's entropy, noted; `RandomState(seed)` then seeds it over, which withdraws that note."""
+    """`RandomState`'s bit generator while traced (the class made once per process): its
+    constructor draws the operating system's entropy, noted; `RandomState(seed)` then
+    seeds it over, or a state set on it replaces it, which withdraws that note. It pickles
+    as NumPy's own `MT19937`."""
     if (seen := globals().get("_SeedingSeen")) is not None:
         return seen
 
