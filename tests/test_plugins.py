@@ -80,7 +80,7 @@ def numpy_floor(graph, budget, *, time_limit_s=None, progress=None):
     """Refuses every budget, naming store-everything's peak as a NumPy integer (a test plugin)."""
     import numpy
     sequence, forward = _store_everything(graph)
-    peak = from_compute_sequence(graph, sequence, forward).predicted_peak_bytes
+    peak = from_compute_sequence(graph, sequence, forward, name="numpy").predicted_peak_bytes
     raise InfeasibleBudget(budget, numpy.int64(peak))
 
 
