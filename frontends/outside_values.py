@@ -295,8 +295,9 @@ def user_state_kept(model=None):
     (`STEPS.add_(1)`, 0.25 off). Lowering's own traces are not inside: what a first call
     sets up and leaves settled is kept, as eager's first call keeps it."""
     before = Snapshot(model)
-    generators = {id(g): (g, g.get_state()) for g in _held(model, torch.Generator)}
-    tensors = _tensor_copies(_held(model, torch.Tensor))
+    held = _held(model, (torch.Generator, torch.Tensor))   # one walk of the user's places for both
+    generators = {id(g): (g, g.get_state()) for g in held if isinstance(g, torch.Generator)}
+    tensors = _tensor_copies([t for t in held if isinstance(t, torch.Tensor)])
     moved: list[str] = []   # what the work changed, said, for the caller (a custom op's trial)
     try:
         yield moved
@@ -342,7 +343,7 @@ def _same_bits(tensor: torch.Tensor, copy: torch.Tensor) -> bool:
                        copy.contiguous().flatten().view(torch.uint8))
 
 
-def _held(model, kind: type) -> list:
+def _held(model, kind: type | tuple[type, ...]) -> list:
     """The values of type `kind` the user holds (a snapshot leaves generators and tensors
     to this): in the places `namespaces` gives, the model's modules' attributes, and the
     items of the lists, tuples and dicts and the attributes of the objects there."""
