@@ -47,7 +47,7 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
     from remat_ir.runtimes.profiling import estimate_costs
     from remat_ir.runtimes.torch import resident_values
     from remat_ir.runtimes.transfer_calibration import calibrate_issue_seconds
-    from remat_ir.runtimes.transfers import measure_link
+    from remat_ir.runtimes.transfers import host_link
 
     check_cost_model(cost_model, allow_none=False)
     run_device = torch.device(device if device is not None
@@ -62,7 +62,7 @@ def add_costs(graph: Graph, cost_model: str, device=None, *, model=None, example
         _price_call_overhead(graph, model, example, run_device)
     if cost_model != "flops":  # "flops" runs nothing
         link = graph.proto.provenance.host_link
-        for field, value in measure_link(run_device).items():
+        for field, value in host_link(run_device).items():
             setattr(link, field, value)
         if values is not None and link.overlapped:
             # A transfer costs the host more inside a step than alone (H100: about 155 us

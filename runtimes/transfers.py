@@ -163,6 +163,20 @@ def measure_link(device: torch.device, *, nbytes: int = 32 << 20, repeats: int =
             "source": "measured", "issue_s": issue_seconds(device)}
 
 
+_LINKS: dict[str, dict] = {}
+
+
+def host_link(device: torch.device) -> dict:
+    """`measure_link(device)`, measured once per process and device: the link is the
+    machine's, not the graph's, and each lowering measuring it again (a new shape's
+    first call, every model of a session) spent 60 ms of copies for a figure that only
+    moved with the machine's load. A copy of the fields, so callers may keep them."""
+    key = str(torch.device(device))
+    if key not in _LINKS:
+        _LINKS[key] = measure_link(torch.device(device))
+    return dict(_LINKS[key])
+
+
 def issue_seconds(device: torch.device, *, round_trips: int = 50) -> float:
     """Host seconds per transfer that the runtime's own calls take (`Transfers.offload`,
     `prefetch`, `wait`, `release`) on 4 KiB values: on CUDA the copies run on their

@@ -600,6 +600,25 @@ def test_measured_cpu_link_is_a_memcpy():
     assert link["issue_s"] > 0
 
 
+def test_the_host_link_is_measured_once_per_process_and_device(monkeypatch):
+    """Every lowering records the link (`add_costs`); the copies that time it run once
+    per device, and a caller changing the fields it got changes no later graph's."""
+    from remat_ir.runtimes import transfers
+    monkeypatch.setattr(transfers, "_LINKS", {})
+    measured = []
+    real = transfers.measure_link
+    monkeypatch.setattr(transfers, "measure_link", lambda device: measured.append(device) or real(
+        device, nbytes=1 << 16, repeats=1))
+    first = transfers.host_link(torch.device("cpu"))
+    first["bandwidth_bytes_per_s"] = -1.0
+    second = transfers.host_link("cpu")
+    assert measured == [torch.device("cpu")] and second["bandwidth_bytes_per_s"] > 0
+    from remat_ir.lowering import add_costs
+    graph = add_costs(own_copy("gpt2"), "isolated", "cpu")
+    assert measured == [torch.device("cpu")]
+    assert graph.proto.provenance.host_link.bandwidth_bytes_per_s == second["bandwidth_bytes_per_s"]
+
+
 def test_pofo_offloads_exactly_and_is_never_slower_than_rotor():
     graph = own_copy("gpt2")
     describe_link(graph, "1TB/s")
