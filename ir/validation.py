@@ -16,6 +16,7 @@ import networkx as nx
 from . import remat_ir_pb2 as pb
 from .dtypes import ITEMSIZE, dtype_name, nbytes
 from .errors import InvalidGraph
+from .frontend_metadata import metadata_problems
 from .fusion import body_problems
 from .gradient_sums import CAST_BACK_OP, is_cast_back
 from .graph import FORWARD_OUTPUT_ROLES, FORMAT_VERSION, RESIDENT_KINDS, Graph, referenced_value_ids
@@ -63,6 +64,7 @@ def find_problems(graph: pb.Graph | Graph) -> list[str]:
                                    ("step_overhead_s", "peak_byte_s", "call_overhead_s"))
     problems += _quantity_problems("the host link", g.provenance.host_link,
                                    ("bandwidth_bytes_per_s", "latency_s", "issue_s"))
+    problems += metadata_problems(g.metadata, g.provenance.frontend)
     return problems
 
 

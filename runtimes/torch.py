@@ -37,7 +37,7 @@ import torch.distributed
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import BackwardHook
 
-from remat_ir.ir import Graph, RematIRError, pb
+from remat_ir.ir import Graph, InvalidGraph, RematIRError, pb
 from remat_ir.ir.dtypes import numel
 from remat_ir.ir.gradient_edges import passes_gradient
 from remat_ir.ir.rng import contiguous_strides
@@ -884,6 +884,11 @@ class _Runner:
         #: which the outputs `_Output` nodes hand over escape.
         bases = json.loads(graph.proto.metadata.get("torch.output_view_bases", "{}"))
         position = {name: i for i, name in enumerate(names)}
+        if unknown := sorted(f"{view} -> {base}" for view, base in bases.items()
+                             if view in position and str(base) not in position):
+            raise InvalidGraph([f"'torch.output_view_bases' takes views on outputs the graph does not "
+                                f"return ({', '.join(unknown)}); the torch frontend writes it: lower the "
+                                "model again rather than edit it"])
         self.view_chains = output_views.chains(
             graph, self.plan.user_outputs, {i: position[str(bases[name])] for i, name in enumerate(names)
                                             if name in bases},
@@ -1148,6 +1153,8 @@ class _Lowered:
                                  json.loads(g.metadata.get("torch.constant_outputs", "{}")).items()}
         self.member_outputs = {int(k): v for k, v in
                                json.loads(g.metadata.get("torch.member_outputs", "{}")).items()}
+        _check_output_counts(g, self.out_spec, self.constant_outputs, self.member_outputs,
+                             len(self.stored_attributes))
         self.keywords = list(self.in_spec.child(1).context) if self.in_spec is not None else []
         #: How many positional arguments the graph was lowered for where every argument
         #: was a leaf (`flat_inputs` then takes a call's as they come), else None.
@@ -1749,6 +1756,30 @@ class _Lowered:
         if self.out_spec is not None:
             return pytree.tree_unflatten(outputs, self.out_spec)
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _check_output_counts(g: pb.Graph, out_spec, constants: dict, members: dict, stored: int) -> None:
+    """Refuse a graph whose entries on its outputs disagree (edited by hand: hunt68's
+    `[]` for the constant outputs met a raw pytree error at the first call). A call
+    returns the graph's user outputs less the hidden ones, with the constant and member
+    outputs put at their positions, less the tensors the forward stores on modules."""
+    returned = sum(o.role == pb.USER_OUTPUT for o in g.outputs) - int(g.metadata.get("torch.hidden_outputs", "0"))
+    flat = returned + len(constants) + len(members)
+    problems = [f"'torch.constant_outputs' and 'torch.member_outputs' both place an output at position {p}"
+                for p in sorted(set(constants) & set(members))]
+    problems += [f"an output is placed at position {p}, past the {flat} the call returns"
+                 for p in sorted({*constants, *members}) if p >= flat]
+    if returned < 0 or stored > flat:
+        problems.append(f"'torch.hidden_outputs' and 'torch.stored_attributes' take more outputs than the "
+                        f"graph's {returned + int(g.metadata.get('torch.hidden_outputs', '0'))}")
+    elif out_spec is not None and out_spec.num_leaves != flat - stored:
+        problems.append(f"the call returns {flat - stored} values ({returned} of the graph's user outputs, "
+                        f"{len(constants)} constant and {len(members)} member outputs, less {stored} stored "
+                        f"on modules), but 'torch.out_spec' holds {out_spec.num_leaves}")
+    if problems:
+        raise InvalidGraph([f"the graph's outputs do not add up: {problem}; the torch frontend writes these "
+                            "entries together: lower the model again rather than edit them"
+                            for problem in problems])
 
 
 def _member_output_of(member: list, leaves, modules: "_Submodules") -> torch.Tensor:

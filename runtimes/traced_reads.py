@@ -5,6 +5,7 @@ after one changed would silently train the old model."""
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import operator
 import types
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from remat_ir.ir import pb
+from remat_ir.ir import RematIRError, pb
 from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, is_function,
                                          slot_names)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH, NESTED, PUBLIC_NAMES,
@@ -227,6 +228,32 @@ def _seen(tensor) -> tuple[int, int] | None:
     return tensor._version, tensor.data_ptr()
 
 
+class MalformedReads(RematIRError):
+    """The recorded values could not be read back: a graph file edited by hand or written
+    by another version (its entries' shapes are checked at load, `ir/frontend_metadata.py`;
+    the forms of the values recorded inside them here)."""
+
+
+def _reading_records(method):
+    """`method` of `TracedReads`, its errors in the records' own words: a value recorded in
+    a form this runtime does not know met a raw KeyError deep inside (property test of
+    `tests/test_frontend_metadata.py`)."""
+    @functools.wraps(method)
+    def reading(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except RematIRError:
+            raise
+        except Exception as error:
+            raise MalformedReads(
+                f"comparing the values the forward read while traced ({', '.join(map(repr, TracedReads.PLAIN))}, "
+                f"'torch.held_tensors', 'torch.global_tensors') with the model's failed ({type(error).__name__}: "
+                f"{error}): a graph file edited by hand or written by another version of remat-ir records "
+                "them otherwise; lower the model again (if the graph is remat-ir's own, unchanged, please "
+                "report this)") from error
+    return reading
+
+
 class TracedReads:
     """The values recorded in a graph's metadata, and `changed`: the first that differs."""
 
@@ -234,6 +261,7 @@ class TracedReads:
     PLAIN = ("torch.module_attributes", "torch.module_containers", "torch.object_attributes",
              "torch.global_reads", "torch.module_callables")
 
+    @_reading_records
     def __init__(self, graph: pb.Graph):
         def rows(key):
             return json.loads(graph.metadata.get(key) or "[]")
@@ -271,6 +299,7 @@ class TracedReads:
         #: With it, a copy compared at every call (`_COMPARED_AT_EVERY_CALL`), or None.
         self._verified: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor | None]] = {}
 
+    @_reading_records
     def pin_classes(self, at) -> None:
         """Pin the class of each enum member recorded by its description to the class the
         model and the globals hold now (the plan is made for the model as it is): an enum
@@ -328,6 +357,7 @@ class TracedReads:
         plain = self.plain_changed(at)
         return plain[1] if plain is not None else self.held_changed(at)
 
+    @_reading_records
     def plain_changed(self, at) -> tuple[str, str, str] | None:
         """(where, what, value) for the first plain value (a module's attribute, an item of
         its container, an attribute of an object it holds, a function it holds or runs as
@@ -415,6 +445,7 @@ class TracedReads:
         change = self.held_change(at)
         return change[1] if change is not None else None
 
+    @_reading_records
     def held_change(self, at) -> tuple[str, str, str | None] | None:
         """(where, what, the digest of what it holds now, None if gone) for the first tensor
         the model, or a global, holds outside parameters and buffers that differs from

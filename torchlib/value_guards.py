@@ -27,6 +27,8 @@ import operator
 
 import torch
 
+from remat_ir.ir import RematIRError
+
 _MASKING = "transformers.masking_utils"
 #: The decisions that may be recorded, by qualified name, and how their result reads:
 #: "skip" (True: attention runs with no mask) or "packed" (None: one sequence per row).
@@ -135,6 +137,17 @@ def answer(guard: dict, leaves: list, decide=None, buffer=None) -> bool | int | 
     return result if kind == "integers" else bool(result)
 
 
+class MalformedGuard(RematIRError):
+    """A decision in a graph's `torch.value_guards` that this runtime cannot make again
+    (a graph file edited by hand, or written otherwise): its shape is checked at load
+    (`ir/frontend_metadata.py`), its names and replay here."""
+
+    def __init__(self, index: int, guard: dict, why: str):
+        super().__init__(f"the graph's decision {index} in 'torch.value_guards' ({guard.get('decision')!r}) "
+                         f"{why}; the torch frontend records these: lower the model again rather than "
+                         "edit it")
+
+
 class ValueGuards:
     """The decisions recorded in a graph's metadata (`torch.value_guards`)."""
 
@@ -142,6 +155,10 @@ class ValueGuards:
 
     def __init__(self, metadata):
         self.guards = json.loads(metadata.get(self.KEY) or "[]")
+        for index, guard in enumerate(self.guards):
+            if guard["decision"] not in DECISIONS:
+                raise MalformedGuard(index, guard, f"is none of the decisions remat-ir records "
+                                                   f"({', '.join(DECISIONS)})")
         #: The identity of each guard with its answer: plans of one signature differ here.
         self.key = tuple(json.dumps(guard, sort_keys=True) for guard in self.guards)
         #: Each guard without its answer: what a call is asked (the same for every plan).
@@ -152,9 +169,15 @@ class ValueGuards:
         """What differs for a call with flat inputs `leaves` (`names()`: their names) and
         the model's buffers (`buffer(name)`), said for the user, or None. `answers` memoises
         answers within one call, by decision."""
-        for guard, question in zip(self.guards, self._questions):
+        for index, (guard, question) in enumerate(zip(self.guards, self._questions)):
             if question not in answers:
-                answers[question] = answer(guard, leaves, buffer=buffer)
+                try:
+                    answers[question] = answer(guard, leaves, buffer=buffer)
+                except Exception as error:
+                    if type(error) is LookupError:   # `decider`'s own words: another transformers
+                        raise
+                    raise MalformedGuard(index, guard, f"could not be made again on this call's inputs "
+                                                       f"({type(error).__name__}: {error})") from error
             # As JSON: floats read from a buffer by their bits (-0.0 is not 0.0, a NaN is
             # itself), integers as before.
             if json.dumps(answers[question]) != json.dumps(guard["answer"]):
@@ -163,11 +186,11 @@ class ValueGuards:
                                         [f"the model's buffer {name}" for name in guard.get("buffers", ())])
                 if kind == "integers":
                     return (f"{_argument_values(argument, guard)} give {shown(answers[question])} "
-                            f"at {guard['line']}, where those it was lowered with gave "
+                            f"at {_line(guard)}, where those it was lowered with gave "
                             f"{shown(guard['answer'])}: the forward reads these numbers from them, "
                             f"and a graph holds one value of each")
                 if kind == "branch":
-                    return (f"{_argument_values(argument, guard)} make the condition at {guard['line']} "
+                    return (f"{_argument_values(argument, guard)} make the condition at {_line(guard)} "
                             f"{answers[question]}, where those it was lowered with made it "
                             f"{guard['answer']}: the forward branches on it, and a graph holds one branch")
                 return (f"argument {argument} {_SAID[kind, answers[question]]}, where the one it "
@@ -180,9 +203,14 @@ class ValueGuards:
         """Each integer read of the forward whose answer for a call is in `answers` (as
         `mismatch` memoised it): its question, line, answer at lowering and for the call,
         and the model's buffers it reads (none where it reads the inputs alone)."""
-        return [(question, guard["line"], guard["answer"], answers[question], guard.get("buffers", []))
+        return [(question, _line(guard), guard["answer"], answers[question], guard.get("buffers", []))
                 for guard, question in zip(self.guards, self._questions)
                 if DECISIONS[guard["decision"]] == "integers" and question in answers]
+
+
+def _line(guard: dict) -> str:
+    """The line of the forward that made the decision (recorded for its own branches)."""
+    return guard.get("line", "a line of the forward")
 
 
 def _argument_values(argument: str, guard: dict) -> str:
