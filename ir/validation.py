@@ -285,6 +285,15 @@ def _binding_problems(g: pb.Graph, values: dict) -> list[str]:
             problems.append(f"graph outputs (value ids {named[(o.role, o.name)]} and {o.value_id}) are "
                             f"both the {role} of {o.name!r}; each input has one")
         named.setdefault((o.role, o.name), o.value_id)
+    # The runtime hands autograd's gradient of each user output to the tangent input
+    # naming it: one naming another value met a raw autograd error at the first backward
+    # (hunt68 F16: pointed at a parameter's gradient).
+    # (A value returned twice, `return h, h`, has a tangent per output.)
+    returned = {o.value_id for o in g.outputs if o.role == pb.USER_OUTPUT}
+    for i in g.inputs:
+        if i.HasField("gradient_of") and i.gradient_of in values and i.gradient_of not in returned:
+            problems.append(f"graph input {i.name!r} is the gradient of value id {i.gradient_of}, which "
+                            "no user output returns; a tangent is the gradient of a user output")
     return problems
 
 

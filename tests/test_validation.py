@@ -280,6 +280,9 @@ def _named(proto: pb.Graph, role: int, name: str) -> pb.GraphOutput:
      r"is a buffer update, but no buffer or parameter or user input among the inputs is named 'zzz'"),
     (lambda g: setattr(next(i for i in g.inputs if i.name == "2.weight"), "name", "0.weight"),
      r"graph inputs \(value ids \d+, \d+\) are all named '0.weight'; a parameter's or buffer's name binds it"),
+    (lambda g: setattr(next(i for i in g.inputs if i.HasField("gradient_of")), "gradient_of",
+                       _named(g, pb.PARAMETER_GRADIENT, "0.weight").value_id),
+     r"graph input 'grad_output0' is the gradient of value id \d+, which no user output returns"),
 ])
 def test_what_a_runtime_binds_by_name_names_one_input_of_its_kind(normed_mlp, edit, said):
     """Found by hunt68, silent in a torch graph edited by hand: a gradient output named
@@ -287,7 +290,8 @@ def test_what_a_runtime_binds_by_name_names_one_input_of_its_kind(normed_mlp, ed
     one with none), for nothing or for a buffer (no gradient); a buffer's new value named
     for a parameter of another shape (written into it at every call: one of its shape
     cannot be told from a weight the forward decays in place); two parameters of one name
-    (said to be tied at the call)."""
+    (said to be tied at the call); a tangent made the gradient of a parameter's gradient
+    (a raw autograd error at the first backward: F16)."""
     import re
 
     assert ir.find_problems(normed_mlp) == []
@@ -318,3 +322,24 @@ def test_a_torch_graph_keeps_no_op_only_a_trace_time_check_reads():
     graph = lower_torch(_Unread(), (torch.randn(3, 4),), cost_model="flops")
     assert ir.find_problems(graph) == []
     assert ir.find_problems(ir.loads(ir.dumps(graph))) == []
+
+
+def test_a_value_returned_twice_has_a_tangent_per_output():
+    """`return h, h`: two user outputs of one value, each with its tangent; valid."""
+    import torch
+
+    from remat_ir.lowering import lower_torch
+
+    class _Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x).tanh()
+            return h, h, h.sum()
+
+    graph = lower_torch(_Twice(), (torch.randn(2, 4),), cost_model="flops")
+    tangents = [i.gradient_of for i in graph.proto.inputs if i.HasField("gradient_of")]
+    assert len(tangents) == 3 and len(set(tangents)) == 2
+    assert ir.find_problems(graph) == []
