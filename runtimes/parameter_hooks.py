@@ -10,7 +10,14 @@ the generator's state at the end equal, silently (found by hunt59). While a step
 backward hands gradients over (`handing_over`), each parameter hook is watched
 (`watch`): where the hooks of two parameters move a generator (torch's default one, or
 one of the user's they reach: `_own_generators`), the second raises, naming both and the
-way out (one parameter's draws come in eager's order whatever the hand-over order)."""
+way out (one parameter's draws come in eager's order whatever the hand-over order, as
+long as nothing else draws before it in that backward: where something does, a custom
+Function drawing in its backward, the draw is refused too; the hooks of the step's leaf
+inputs are watched as the parameters' are: hunt71).
+The hooks of two modules' steps are counted apart: each hands its gradients over before
+the module below it starts (hunt71: two blocks with a noisy hook each were refused).
+Hooks drawing from Python's or NumPy's global generator are watched where their code
+names one (`random.gauss`, `np.random.standard_normal`: hunt71)."""
 
 from __future__ import annotations
 
@@ -23,41 +30,94 @@ from remat_ir.ir import RematIRError
 from remat_ir.torchlib.callables import describes_captured, filled
 from remat_ir.torchlib.generators import object_state, same_state
 
-#: Whether a step's backward is handing gradients over: autograd runs hooks on its own
-#: threads (a device's), so not a thread's own.
-_HANDING_OVER = [False]
-#: The parameters whose hooks drew while the current backward hands over.
-_DREW: list[str] = []
+class _Window:
+    """One backward's hand-over: from the first step's `handing_over` to the end callback
+    autograd runs once the whole backward is done (autograd runs hooks on its own threads,
+    a device's, so not a thread's own)."""
+
+    def __init__(self):
+        self.open = False
+        #: Per owner (the graph of the step whose backward hands the parameter over,
+        #: `owner_of`), the parameters whose hooks drew.
+        self.drew: dict[int, list[str]] = {}
+        #: The owner of each hooked parameter (by id) in this backward: the latest step
+        #: that began handing it over.
+        self.owner_of: dict[int, int] = {}
+        #: torch's generators' states after the last watched hook ran, or the last step began.
+        self.last: list | None = None
+        #: Whether something other than a watched hook drew since the window opened (a
+        #: custom Function drawing in its backward, a hook on an output, another module's
+        #: hook), said in the refusal.
+        self.other = False
+
+    def start(self) -> None:
+        self.open, self.last, self.other = True, _generators(), False
+        self.drew.clear()
+        self.owner_of.clear()
+
+    def close(self) -> None:
+        self.open, self.last, self.other = False, None, False
+        self.drew.clear()
+        self.owner_of.clear()
+
+    def note_other_draws(self) -> None:
+        """Whether torch's generators moved since the last watched hook or step start."""
+        now = _generators()
+        if self.last is not None and not _same_all(self.last, now):
+            self.other = True
+        self.last = now
+
+
+_WINDOW = _Window()
 #: The attribute marking a hook wrapped by `watch`.
 _WATCHED = "_remat_ir_watched"
 
 
 def watch(named_parameters) -> None:
-    """Wrap, once, each gradient hook of the parameters `named_parameters` gives ((name,
-    parameter) pairs) so that it raises where it draws while a step hands over. Called as a
-    step's forward runs, when no backward hands over (one that raised ran no end callback)."""
-    _HANDING_OVER[0] = False
-    _DREW.clear()
+    """Wrap, once, each gradient hook of the tensors `named_parameters` gives ((label,
+    tensor) pairs: "parameter 'fc.weight'", "input 'x'") so that it raises where it draws
+    while a step hands over. Called as a step's forward runs and as its backward starts
+    (`handing_over`: hooks registered after the forward were never watched, hunt71)."""
     for name, parameter in named_parameters:
         for table in (parameter._backward_hooks, getattr(parameter, "_post_accumulate_grad_hooks", None)):
             for key, hook in list((table or {}).items()):
                 # Not torch's own (`register_multi_grad_hook`'s, whose function runs once every
                 # gradient is in, in the order of its tensors: hunt59).
                 if not getattr(hook, _WATCHED, False) and not getattr(hook, "__module__", "").startswith("torch."):
-                    table[key] = _watched(hook, name)
+                    table[key] = _watched(hook, name, id(parameter))
 
 
-def handing_over() -> None:
-    """Called as a step's backward starts: parameter hooks are watched until the whole
-    backward ends (a callback autograd runs then)."""
-    if not _HANDING_OVER[0]:
-        _HANDING_OVER[0] = True
-        _DREW.clear()
+def forward_runs(named_parameters) -> None:
+    """Called as a step's forward runs: no backward hands over now (one that raised ran no
+    end callback); the parameters' hooks are watched."""
+    _WINDOW.close()
+    watch(named_parameters)
+
+
+def handing_over(named_parameters, owner) -> None:
+    """Called as a step's backward starts, with its hooked parameters and leaf inputs (a
+    leaf input's hook runs among the parameters' as the step hands its gradient over:
+    hunt71, 0.048 off beside one parameter's) and its graph (`owner`): their hooks are
+    watched until the whole backward ends (a callback autograd runs then). A later step of
+    the same backward (another module, or this one called again) notes what drew in
+    between."""
+    named_parameters = list(named_parameters)
+    watch(named_parameters)
+    if not _WINDOW.open:
+        _WINDOW.start()
         torch.autograd.Variable._execution_engine.queue_callback(_handed_over)
+    else:
+        _WINDOW.note_other_draws()
+    for _, parameter in named_parameters:
+        _WINDOW.owner_of[id(parameter)] = id(owner)
 
 
 def _handed_over() -> None:
-    _HANDING_OVER[0] = False
+    _WINDOW.close()
+
+
+def _same_all(before: list, after: list) -> bool:
+    return all(same_state(a, b) for a, b in zip(before, after))
 
 
 def _generators() -> list:
@@ -99,6 +159,7 @@ def _own_generators(hook, depth: int = 0) -> list:
     values += [held for value in values if hasattr(value, "__dict__")
                and not isinstance(value, (type, types.ModuleType))
                and not callable(getattr(value, "__dict__", None)) for held in list(vars(value).values())]
+    values += _global_generators(values, code)
     found = [value for value in values if object_state(value) is not None]
     if depth < 2:
         found += [inner for value in values if isinstance(value, (types.FunctionType, functools.partial))
@@ -106,30 +167,73 @@ def _own_generators(hook, depth: int = 0) -> list:
     return list({id(generator): generator for generator in found}.values())
 
 
-def _watched(hook, name: str):
+def _global_generators(values: list, code) -> list:
+    """Python's and NumPy's global generators where the code names them (`random.gauss`,
+    `np.random.standard_normal`, `from random import gauss`): not all hooks' (reading
+    NumPy's state costs 48 us, hunt60), only those that may draw from them (hunt71: noise
+    from them was 0.04 off eager's, silently)."""
+    import random
+    import sys
+
+    numpy = sys.modules.get("numpy")
+    names = code.co_names if code is not None else ()
+    found = []
+    for value in values:
+        if value is random:
+            found.append(random._inst)
+        elif numpy is not None and (value is numpy.random or (value is numpy and "random" in names)):
+            found.append(numpy.random.mtrand._rand)
+        elif isinstance(getattr(value, "__self__", None), random.Random) or (
+                numpy is not None and isinstance(getattr(value, "__self__", None), numpy.random.RandomState)):
+            found.append(value.__self__)   # a generator's method imported by name
+    return found
+
+
+def _watched(hook, name: str, parameter: int):
     own = _own_generators(hook)
 
-    def states() -> list:
-        return _generators() + [object_state(generator) for generator in own]
-
     def watched(*args):
-        if not _HANDING_OVER[0]:
+        if not _WINDOW.open:
             return hook(*args)
-        before = states()
+        _WINDOW.note_other_draws()
+        before = [object_state(generator) for generator in own]
         result = hook(*args)
-        if not all(same_state(a, b) for a, b in zip(before, states())):
-            _DREW.append(name)
-            if len(set(_DREW)) > 1:   # one parameter's draws come in eager's order whatever the order
-                _HANDING_OVER[0] = False   # the backward stops here: no end callback runs
-                first, *_ = dict.fromkeys(_DREW)
+        moved = not _same_all(_WINDOW.last, _generators())
+        if moved or not _same_all(before, [object_state(generator) for generator in own]):
+            names = _WINDOW.drew.setdefault(_WINDOW.owner_of.get(parameter, parameter), [])
+            names.append(name)
+            _WINDOW.last = _generators()
+            if len(set(names)) > 1:   # one tensor's draws come in eager's order whatever the order
+                _WINDOW.close()   # the backward stops here: no end callback runs
                 raise RematIRError(
-                    f"gradient hooks on parameters {first!r} and {name!r} draw random numbers (gradient "
-                    f"noise?). remat-ir's step hands the parameters' gradients over in another order than "
-                    f"eager's autograd, so each hook would draw another part of the generator's stream than "
-                    f"in eager, and the parameters would get other noise. Draw it after backward() returns, "
-                    f"in an order of your own (`for p in model.parameters(): p.grad += s * "
-                    f"torch.randn_like(p.grad)`), or train this model without remat")
+                    f"gradient hooks on {_both(names[0], name)} draw random numbers (gradient noise?). "
+                    f"remat-ir's step hands the gradients over in another order than eager's autograd, so "
+                    f"each hook would draw another part of the generator's stream than in eager, and the "
+                    f"gradients would get other noise. {_WAY_OUT}")
+            if _WINDOW.other:
+                _WINDOW.close()
+                raise _drew_beside_other(name)
         return result
     setattr(watched, _WATCHED, True)
     watched.__wrapped__ = hook
     return watched
+
+
+_WAY_OUT = ("Draw it after backward() returns, in an order of your own (`for p in model.parameters(): "
+            "p.grad += s * torch.randn_like(p.grad)`), or train this model without remat")
+
+
+def _both(first: str, second: str) -> str:
+    """"parameters 'a' and 'b'", or "parameter 'a' and input 'x'"."""
+    kind, _, name = first.partition(" ")
+    other_kind, _, other = second.partition(" ")
+    return f"{kind}s {name} and {other}" if kind == other_kind else f"{first} and {second}"
+
+
+def _drew_beside_other(name: str) -> RematIRError:
+    return RematIRError(
+        f"a gradient hook on {name} draws random numbers (gradient noise?), and something else drew "
+        f"from torch's generator earlier in the same backward: a custom autograd Function drawing in its "
+        f"backward, a hook on an output or another module's hook. remat-ir's step hands gradients over "
+        f"in another order than eager's autograd, so the two may draw their numbers in another order than "
+        f"in eager, and the gradients would get other noise. {_WAY_OUT}")

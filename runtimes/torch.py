@@ -194,7 +194,7 @@ class _Step:
                 "step: its backward runs as planned ops outside "
                 "autograd, which records no graph of them. Compute such a loss with the original "
                 "model (the one passed to remat_ir.remat), whose autograd graph supports it")
-        parameter_hooks.handing_over()
+        parameter_hooks.handing_over(self.hooked_parameters(), self.runner.graph)
         if self.finished or self.segment is not None:
             raise _second_backward()
         if any(_batched(g) for g in given.values() if g is not None):
@@ -270,6 +270,13 @@ class _Step:
                     pass
                 self.finished, self.segment, self.resident = True, None, None
         return grads
+
+    def hooked_parameters(self) -> list:
+        """(label, tensor) of the step's parameters and leaf inputs with gradient hooks
+        (`parameter_hooks`)."""
+        return [(label, tensor) for slot, label in self.runner.hooked_slots
+                if (tensor := self.resident[slot]).is_leaf and (
+                    tensor._backward_hooks or getattr(tensor, "_post_accumulate_grad_hooks", None))]
 
     def _written_since(self, slot: int, replaced: bool = False) -> RematIRError:
         """The error for a tensor of the caller's written in place between this step's
@@ -733,6 +740,10 @@ _FSDP_ADVICE = {
                                   "plans its own")}
 
 
+#: The graph inputs whose gradient hooks a backward watches, as its messages name them.
+_HOOKED = {pb.PARAMETER: "parameter", pb.USER_INPUT: "input"}
+
+
 def _run_step(runner: "_Runner", resident: tuple, sharding: _Sharding | None = None) -> tuple:
     """Run a training step's forward segment and wire its backward (`_Step`)."""
     for _ in range(runner.python_draws):   # eager's forward draws these (`frontends/python_draws.py`)
@@ -846,6 +857,12 @@ class _Runner:
         slot_of = {e.name: self.plan.resident.index(e.value_id) for e in graph.proto.inputs
                    if e.value_id in self.plan.resident}
         self.buffer_slots = [slot_of[name] for name, _ in self.plan.buffer_updates]
+        #: (resident slot, label) of each parameter and user input, whose gradient hooks a
+        #: backward watches (`parameter_hooks`).
+        self.hooked_slots = [(slot_of[e.name], f"{_HOOKED[graph.value(e.value_id).kind]} "
+                                               f"{e.argument_name or e.name!r}")
+                             for e in graph.proto.inputs
+                             if e.name in slot_of and graph.value(e.value_id).kind in _HOOKED]
         #: The most elements of a buffer the forward updates (`_Lowered.argument_sharing_written_buffer`).
         self.largest_written_buffer = max((numel(graph.value(self.plan.resident[slot]).shape)
                                            for slot in self.buffer_slots), default=0)
@@ -2384,9 +2401,11 @@ class ScheduledModule(torch.nn.Module):
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         if plan is None:
             return self._call_model(*args, **kwargs)
-        parameter_hooks.watch((what, tensor) for (kind, what), tensor in zip(plan.bindings, plan.model_members(modules))
-                              if kind == "param" and tensor is not None and (
-                                  tensor._backward_hooks or getattr(tensor, "_post_accumulate_grad_hooks", None)))
+        parameter_hooks.forward_runs(((f"parameter {what!r}", tensor) for (kind, what), tensor
+                                      in zip(plan.bindings, plan.model_members(modules))
+                                      if kind == "param" and tensor is not None and (
+                                          tensor._backward_hooks or getattr(tensor, "_post_accumulate_grad_hooks",
+                                                                            None))))
         if hooks is None:
             return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                             model_checked=checked)
