@@ -30,6 +30,7 @@ from remat_ir.ir import RematIRError
 from remat_ir.torchlib.callables import describes_captured, filled
 from remat_ir.torchlib.generators import object_state, same_state
 
+
 class _Window:
     """One backward's hand-over: from the first step's `handing_over` to the end callback
     autograd runs once the whole backward is done (autograd runs hooks on its own threads,
