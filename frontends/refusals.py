@@ -143,13 +143,19 @@ def refusing_autograd_calls(model: str):
             setattr(owner, name, function)
 
 
-def tensor_hook_error(model: str, calls: list[str]) -> LoweringError:
+def tensor_hook_error(model: str, calls: list[str], root_hooks: bool = False) -> LoweringError:
+    """`root_hooks`: the model has forward hooks or pre-hooks of its own, which may hook its
+    output or its input (a gradient monitor): those run on the module `remat` returns as
+    eager's do (hunt71 F7: refused, with no word of that)."""
+    root = (" If a forward hook or pre-hook of the model itself puts it on the model's output or input, "
+            "register that hook on the module remat_ir.remat returns instead, where it runs as with eager"
+            if root_hooks else "")
     return LoweringError(
         f"{model}'s forward puts a gradient hook on a tensor ({_first_of(calls)}): torch.export "
         f"does not record it, so the traced step would train as if it were not there. Apply it "
         f"in a torch.autograd.Function whose forward returns its input and whose backward "
         f"changes the gradient (remat-ir keeps those); for retain_grad, return the tensor as an "
-        f"output and take its gradient with torch.autograd.grad")
+        f"output and take its gradient with torch.autograd.grad.{root}")
 
 
 def trace_effects_error(model: str, effects: list[str]) -> LoweringError:

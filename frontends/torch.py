@@ -778,7 +778,8 @@ def _traced(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRead
         raise _export_failure(type(model).__name__, failure, lambda: eager_failure(model, args, kwargs),
                               number_reads)
     if hook_calls:
-        raise tensor_hook_error(type(model).__name__, hook_calls)
+        raise tensor_hook_error(type(model).__name__, hook_calls,
+                                root_hooks=bool(model._forward_hooks or model._forward_pre_hooks))
     if effects:
         raise trace_effects_error(type(model).__name__, effects)
     _check_saved_tensor_hooks(type(model).__name__, saved_hooks)

@@ -1436,6 +1436,30 @@ def test_a_gradient_hook_put_on_a_tensor_in_forward_is_refused_by_line(method):
         _remat(_Hidden(method), (torch.randn(4, 8),))
 
 
+def test_a_root_forward_hook_hooking_the_output_is_refused_saying_where_it_runs_as_eager():
+    """Found by hunt71 (F7): a forward hook of the model itself putting a gradient hook on
+    its output (a gradient monitor) is refused like any hook in the forward; the refusal
+    now says the same forward hook on the module `remat` returns runs as eager's, and it does."""
+    torch.manual_seed(0)
+    model, x = _Hidden(), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+
+    def monitor(module, inputs, output):
+        output.register_hook(lambda g: g * 2)
+
+    handle = model.register_forward_hook(monitor)
+    with pytest.raises(LoweringError, match=r"puts a gradient hook on a tensor .* register that hook on the "
+                                            r"module remat_ir.remat returns instead"):
+        _remat(model, (x,))
+    handle.remove()
+    scheduled = _remat(model, (x,))
+    for module in (eager, scheduled):
+        module.register_forward_hook(monitor)
+        module(x).backward()
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
 class _FillsItsArguments(torch.nn.Module):
     """Hands an auxiliary loss back through a list argument, or writes into a batch dict."""
 
