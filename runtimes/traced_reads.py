@@ -248,9 +248,9 @@ def _reading_records(method):
             raise MalformedReads(
                 f"comparing the values the forward read while traced ({', '.join(map(repr, TracedReads.PLAIN))}, "
                 f"'torch.held_tensors', 'torch.global_tensors') with the model's failed ({type(error).__name__}: "
-                f"{error}): a graph file edited by hand or written by another version of remat-ir records "
-                "them otherwise; lower the model again (if the graph is remat-ir's own, unchanged, please "
-                "report this)") from error
+                f"{error}). A graph file edited by hand or written by another version of remat-ir records "
+                "them otherwise: lower the model again. Otherwise reading the value raised (a property of the "
+                "model's, the error above)") from error
     return reading
 
 

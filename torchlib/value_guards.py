@@ -144,8 +144,8 @@ class MalformedGuard(RematIRError):
 
     def __init__(self, index: int, guard: dict, why: str):
         super().__init__(f"the graph's decision {index} in 'torch.value_guards' ({guard.get('decision')!r}) "
-                         f"{why}; the torch frontend records these: lower the model again rather than "
-                         "edit it")
+                         f"{why}; the torch frontend records these, and a graph file edited by hand or "
+                         "written by another version of remat-ir records them otherwise: lower the model again")
 
 
 class ValueGuards:
