@@ -194,9 +194,9 @@ class _Step:
                 "step: its backward runs as planned ops outside "
                 "autograd, which records no graph of them. Compute such a loss with the original "
                 "model (the one passed to remat_ir.remat), whose autograd graph supports it")
-        parameter_hooks.handing_over(self.hooked_parameters(), self.runner.graph)
         if self.finished or self.segment is not None:
             raise _second_backward()
+        parameter_hooks.handing_over(self.hooked_parameters(), self.runner.graph)
         if any(_batched(g) for g in given.values() if g is not None):
             raise RematIRError(
                 "a batched backward (torch.autograd.grad(..., is_grads_batched=True), a Jacobian "
