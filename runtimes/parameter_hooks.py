@@ -22,6 +22,7 @@ names one (`random.gauss`, `np.random.standard_normal`: hunt71)."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import types
 
 import torch
@@ -32,44 +33,50 @@ from remat_ir.torchlib.generators import object_state, same_state
 
 
 class _Window:
-    """One backward's hand-over: from the first step's `handing_over` to the end callback
-    autograd runs once the whole backward is done (autograd runs hooks on its own threads,
-    a device's, so not a thread's own)."""
+    """One backward's hand-over (one autograd graph task): from its first step's
+    `handing_over` to the end callback autograd runs once that backward is done. Kept per
+    task, not per thread (autograd runs hooks on a device's thread): a backward that raised
+    part-way runs no end callback, and its window must not watch the next one's hooks
+    (hunt72: a later eager backward of the model was refused), nor a backward inside it (a
+    reentrant checkpoint's) close it."""
 
     def __init__(self):
-        self.open = False
         #: Per owner (the graph of the step whose backward hands the parameter over,
-        #: `owner_of`), the parameters whose hooks drew.
+        #: `owner_of`), the hooks' labels that drew.
         self.drew: dict[int, list[str]] = {}
         #: The owner of each hooked parameter (by id) in this backward: the latest step
         #: that began handing it over.
         self.owner_of: dict[int, int] = {}
-        #: torch's generators' states after the last watched hook ran, or the last step began.
-        self.last: list | None = None
-        #: Whether something other than a watched hook drew since the window opened (a
-        #: custom Function drawing in its backward, a hook on an output, another module's
-        #: hook), said in the refusal.
+        #: A digest of torch's generators' states after the last watched hook ran, or the
+        #: last step began (not the 5 KB CPU state itself: held through the backward, it
+        #: showed in the step's measured peak).
+        self.last = _generators()
+        #: Whether something other than a watched hook drew since the current step began (a
+        #: custom Function drawing in its backward, another module's hook), said in the
+        #: refusal. What drew before a step began drew before its hand-over, as in eager
+        #: (hunt72: a noisy hook between two modules refused the one below).
         self.other = False
-
-    def start(self) -> None:
-        self.open, self.last, self.other = True, _generators(), False
-        self.drew.clear()
-        self.owner_of.clear()
-
-    def close(self) -> None:
-        self.open, self.last, self.other = False, None, False
-        self.drew.clear()
-        self.owner_of.clear()
+        #: Per hook (by id), the generators it reaches (`_own_generators`), found once per backward.
+        self.generators: dict[int, list] = {}
 
     def note_other_draws(self) -> None:
         """Whether torch's generators moved since the last watched hook or step start."""
         now = _generators()
-        if self.last is not None and not _same_all(self.last, now):
+        if now != self.last:
             self.other = True
         self.last = now
 
 
-_WINDOW = _Window()
+#: The open windows by autograd graph task id (a few: those of backwards that raised stay
+#: until pushed out).
+_WINDOWS: dict[int, _Window] = {}
+
+
+def _window() -> _Window | None:
+    """The window of the backward running now, or None."""
+    return _WINDOWS.get(torch._C._current_graph_task_id())
+
+
 #: The attribute marking a hook wrapped by `watch`.
 _WATCHED = "_remat_ir_watched"
 
@@ -82,16 +89,34 @@ def watch(named_parameters) -> None:
     for name, parameter in named_parameters:
         for table in (parameter._backward_hooks, getattr(parameter, "_post_accumulate_grad_hooks", None)):
             for key, hook in list((table or {}).items()):
-                # Not torch's own (`register_multi_grad_hook`'s, whose function runs once every
-                # gradient is in, in the order of its tensors: hunt59).
-                if not getattr(hook, _WATCHED, False) and not getattr(hook, "__module__", "").startswith("torch."):
+                if getattr(hook, _WATCHED, False):
+                    continue
+                if _multi_gradient(hook):
+                    table[key] = _watched(hook, _MULTI, id(parameter))
+                elif not (getattr(hook, "__module__", None) or "").startswith("torch.distributed"):
+                    # Not FSDP's own; torch's callables are watched (hunt72: `p.register_hook(
+                    # nn.Dropout(0.3))`, gradient dropout, went by unwatched, 0.43 off).
                     table[key] = _watched(hook, name, id(parameter))
 
 
+#: How a function given to `register_multi_grad_hook` is named as a drawer: one, whichever
+#: tensor's gradient runs it.
+_MULTI = "register_multi_grad_hook's function"
+
+
+def _multi_gradient(hook) -> bool:
+    """Whether `hook` is one `torch.autograd.graph.register_multi_grad_hook` put on a tensor:
+    its function runs once, at the first gradient (mode "any") or once all are in ("all"),
+    so its draws are its own, not the tensor's it happens to run on (hunt71: one counted
+    as a parameter's own beside that parameter's noise hook drew in another order, 1.17
+    off; hunt59: "all" drawing alone is eager's)."""
+    code = getattr(hook, "__code__", None)
+    return (code is not None and "register_multi_grad_hook" in code.co_qualname
+            and code.co_filename.replace("\\", "/").endswith("torch/autograd/graph.py"))
+
+
 def forward_runs(named_parameters) -> None:
-    """Called as a step's forward runs: no backward hands over now (one that raised ran no
-    end callback); the parameters' hooks are watched."""
-    _WINDOW.close()
+    """Called as a step's forward runs: the parameters' hooks are watched."""
     watch(named_parameters)
 
 
@@ -104,32 +129,37 @@ def handing_over(named_parameters, owner) -> None:
     between."""
     named_parameters = list(named_parameters)
     watch(named_parameters)
-    if not _WINDOW.open:
-        _WINDOW.start()
-        torch.autograd.Variable._execution_engine.queue_callback(_handed_over)
+    task = torch._C._current_graph_task_id()
+    window = _WINDOWS.get(task)
+    if window is None and not named_parameters:
+        return   # nothing of this step's to watch (most steps: nothing is allocated)
+    if window is None:
+        while len(_WINDOWS) >= 8:   # backwards that raised part-way, long gone
+            del _WINDOWS[next(iter(_WINDOWS))]
+        window = _WINDOWS[task] = _Window()
+        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_WINDOWS.pop, task, None))
     else:
-        _WINDOW.note_other_draws()
+        window.note_other_draws()
+        window.other = False
     for _, parameter in named_parameters:
-        _WINDOW.owner_of[id(parameter)] = id(owner)
-
-
-def _handed_over() -> None:
-    _WINDOW.close()
+        window.owner_of[id(parameter)] = id(owner)
 
 
 def _same_all(before: list, after: list) -> bool:
     return all(same_state(a, b) for a, b in zip(before, after))
 
 
-def _generators() -> list:
-    """The states of torch's default generators (the CPU's, each initialized CUDA
-    device's). Not Python's nor NumPy's global ones: another thread drawing from them
+def _generators() -> bytes:
+    """A digest of the states of torch's default generators (the CPU's, each initialized
+    CUDA device's). Not Python's nor NumPy's global ones: another thread drawing from them
     (a data-loading thread) was taken for the hook's draw, and reading NumPy's state cost
-    48 us a hook (hunt60)."""
-    states: list = [torch.get_rng_state()]
+    48 us a hook (hunt60); they are watched for the hooks whose code names them
+    (`_global_generators`)."""
+    digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=16)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states += torch.cuda.get_rng_state_all()
-    return states
+        for state in torch.cuda.get_rng_state_all():
+            digest.update(state.numpy().tobytes())
+    return digest.digest()
 
 
 def _own_generators(hook, depth: int = 0) -> list:
@@ -146,6 +176,12 @@ def _own_generators(hook, depth: int = 0) -> list:
     if isinstance(function, types.MethodType):
         values += list(getattr(function.__self__, "__dict__", {}).values())
         function = function.__func__
+    elif not isinstance(function, (types.FunctionType, types.BuiltinFunctionType)) and callable(function) \
+            and isinstance(getattr(type(function), "__call__", None), types.FunctionType):
+        # A callable object (`p.register_hook(Noise())`): what it holds, and its `__call__`
+        # (hunt72: its generator was unwatched, 0.458 off).
+        values += list(getattr(function, "__dict__", {}).values())
+        function = type(function).__call__
     code = getattr(function, "__code__", None)
     if code is not None and depth and not describes_captured(function, code):
         return []   # a library's function: its generators are not the user's (and torch's globals are many)
@@ -160,12 +196,26 @@ def _own_generators(hook, depth: int = 0) -> list:
     values += [held for value in values if hasattr(value, "__dict__")
                and not isinstance(value, (type, types.ModuleType))
                and not callable(getattr(value, "__dict__", None)) for held in list(vars(value).values())]
+    # The items of the dicts, lists and tuples among them (`GENS["noise"]`), and the methods
+    # the code names of the user's objects among them (`self.helper.noise(g)` drawing from
+    # NumPy's generator: hunt72, 0.303 off).
+    values += [item for value in list(values) if type(value) in (dict, list, tuple)
+               for item in (value.values() if isinstance(value, dict) else value)][:256]
+    values += [method for value in list(values) if _users_object(value) for name in (code.co_names if code else ())
+               if isinstance(method := getattr(type(value), name, None), types.FunctionType)]
     values += _global_generators(values, code)
     found = [value for value in values if object_state(value) is not None]
     if depth < 2:
         found += [inner for value in values if isinstance(value, (types.FunctionType, functools.partial))
                   and value is not hook for inner in _own_generators(value, depth + 1)]
     return list({id(generator): generator for generator in found}.values())
+
+
+def _users_object(value) -> bool:
+    """An instance of a class of the user's code (not a module, class or function)."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, types.FunctionType,
+                                                                   types.MethodType, functools.partial))
+            and not type(value).__module__.startswith(("torch", "numpy", "builtins")))
 
 
 def _global_generators(values: list, code) -> list:
@@ -191,28 +241,32 @@ def _global_generators(values: list, code) -> list:
 
 
 def _watched(hook, name: str, parameter: int):
-    own = _own_generators(hook)
-
     def watched(*args):
-        if not _WINDOW.open:
+        window = _window()
+        if window is None:
             return hook(*args)
-        _WINDOW.note_other_draws()
+        window.note_other_draws()
+        # Found again per backward: a global rebound to a new generator after the first
+        # step (noise switched on after a warm-up) was unwatched (hunt72, 0.446 off).
+        own = window.generators.get(id(hook))
+        if own is None:
+            own = window.generators[id(hook)] = _own_generators(hook)
         before = [object_state(generator) for generator in own]
         result = hook(*args)
-        moved = not _same_all(_WINDOW.last, _generators())
+        moved = window.last != _generators()
         if moved or not _same_all(before, [object_state(generator) for generator in own]):
-            names = _WINDOW.drew.setdefault(_WINDOW.owner_of.get(parameter, parameter), [])
+            names = window.drew.setdefault(window.owner_of.get(parameter, parameter), [])
             names.append(name)
-            _WINDOW.last = _generators()
+            window.last = _generators()
             if len(set(names)) > 1:   # one tensor's draws come in eager's order whatever the order
-                _WINDOW.close()   # the backward stops here: no end callback runs
+                _WINDOWS.pop(torch._C._current_graph_task_id(), None)   # the backward stops here
                 raise RematIRError(
                     f"gradient hooks on {_both(names[0], name)} draw random numbers (gradient noise?). "
                     f"remat-ir's step hands the gradients over in another order than eager's autograd, so "
                     f"each hook would draw another part of the generator's stream than in eager, and the "
                     f"gradients would get other noise. {_WAY_OUT}")
-            if _WINDOW.other:
-                _WINDOW.close()
+            if window.other:
+                _WINDOWS.pop(torch._C._current_graph_task_id(), None)
                 raise _drew_beside_other(name)
         return result
     setattr(watched, _WATCHED, True)
@@ -234,7 +288,7 @@ def _both(first: str, second: str) -> str:
 def _drew_beside_other(name: str) -> RematIRError:
     return RematIRError(
         f"a gradient hook on {name} draws random numbers (gradient noise?), and something else drew "
-        f"from torch's generator earlier in the same backward: a custom autograd Function drawing in its "
-        f"backward, a hook on an output or another module's hook. remat-ir's step hands gradients over "
+        f"from torch's generator while the same step handed its gradients over: a custom autograd Function "
+        f"drawing in its backward, or a hook of another module. remat-ir's step hands gradients over "
         f"in another order than eager's autograd, so the two may draw their numbers in another order than "
         f"in eager, and the gradients would get other noise. {_WAY_OUT}")

@@ -1188,6 +1188,9 @@ class _Lowered:
         #: Decisions the trace made from input values (transformers' attention masks):
         #: made again for every call (`values_differ`).
         self.value_guards = ValueGuards(g.metadata)
+        #: The shape each buffer had at lowering, by name (`values_differ`).
+        self.buffer_shapes = {e.name: list(graph.value(e.value_id).shape) for e in g.inputs
+                              if graph.value(e.value_id).kind == pb.BUFFER}
         #: (flat index, argument, parameter or buffer name) of the inputs that were one of the
         #: model's parameters or buffers at lowering (`values_differ`).
         names = argument_names(self.in_spec) if self.in_spec is not None else []
@@ -1306,6 +1309,14 @@ class _Lowered:
                         f"(the graph reads that one tensor for both)")
         if not self.value_guards.guards:
             return None
+        for name in self.value_guards.buffers() if modules is not None else ():
+            # One set to None or resized since lowering is a change of the model's, not a
+            # decision to make again on it (hunt72: replayed, it raised from inside).
+            held, lowered = modules.member(name, "_buffers"), self.buffer_shapes.get(name)
+            if not isinstance(held, torch.Tensor) or (lowered is not None and list(held.shape) != lowered):
+                now = "None" if held is None else f"of shape {list(held.shape)}"
+                return (f"the model's buffer {name}, whose values the forward's decisions read, is {now} "
+                        f"now, and was of shape {lowered} when lowered")
         return self.value_guards.mismatch(leaves, lambda: argument_names(self.in_spec), answers,
                                           lambda name: modules.member(name, "_buffers"))
 

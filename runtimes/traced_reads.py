@@ -228,16 +228,11 @@ def _seen(tensor) -> tuple[int, int] | None:
     return tensor._version, tensor.data_ptr()
 
 
-class MalformedReads(RematIRError):
-    """The recorded values could not be read back: a graph file edited by hand or written
-    by another version (its entries' shapes are checked at load, `ir/frontend_metadata.py`;
-    the forms of the values recorded inside them here)."""
-
-
 def _reading_records(method):
-    """`method` of `TracedReads`, its errors in the records' own words: a value recorded in
-    a form this runtime does not know met a raw KeyError deep inside (property test of
-    `tests/test_frontend_metadata.py`)."""
+    """`method` of `TracedReads`, an error it raises said to come from the records: a value
+    recorded in a form this runtime does not know met a raw KeyError deep inside (property
+    test of `tests/test_frontend_metadata.py`). Raised as it is, with a note: the model's
+    own property raising is said so too (hunt72: a wrapping error hid its type)."""
     @functools.wraps(method)
     def reading(self, *args, **kwargs):
         try:
@@ -245,12 +240,13 @@ def _reading_records(method):
         except RematIRError:
             raise
         except Exception as error:
-            raise MalformedReads(
-                f"comparing the values the forward read while traced ({', '.join(map(repr, TracedReads.PLAIN))}, "
-                f"'torch.held_tensors', 'torch.global_tensors') with the model's failed ({type(error).__name__}: "
-                f"{error}). A graph file edited by hand or written by another version of remat-ir records "
-                "them otherwise: lower the model again. Otherwise reading the value raised (a property of the "
-                "model's, the error above)") from error
+            error.add_note(
+                f"remat-ir: raised comparing the values the forward read while traced "
+                f"({', '.join(map(repr, TracedReads.PLAIN))}, 'torch.held_tensors', 'torch.global_tensors' in "
+                "the graph) with the model's: reading a value of the model's raised (a property), or a graph "
+                "file edited by hand or written by another version of remat-ir records them otherwise (then "
+                "lower the model again)")
+            raise
     return reading
 
 

@@ -471,6 +471,38 @@ def test_a_branch_on_statistics_nothing_writes_is_read_from_the_buffer_at_every_
     assert len(scheduled.plans) == 2
 
 
+class _Threshold(nn.Module):
+    """Branches on a buffer's value while the buffer is set (an nn.Module idiom: set it to
+    None to switch the branch off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("threshold", torch.tensor(0.5))
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.threshold is not None and x.mean() > self.threshold:
+            h = h * 2
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("change", ["set to None", "resized"])
+def test_a_buffer_a_branch_reads_set_to_none_or_resized_after_remat_is_planned_for(change):
+    """Found by hunt72: the recorded decision was made again on the buffer as it is now,
+    and raised from inside (None, or a shape the recorded ops do not take); it is a change
+    of the model, planned again as eager runs it."""
+    torch.manual_seed(0)
+    model, x = _Threshold(), torch.randn(ROWS, WIDTH)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), budget=None, cost_model="flops")
+    assert _same(_step(scheduled, (x,)), _step(eager, (x,)))
+    for module in (model, eager):
+        module.threshold = None if change == "set to None" else torch.full((1, 1), -5.0)
+    assert _same(_step(scheduled, (x,)), _step(eager, (x,)))
+    assert len(scheduled.plans) == 2
+
+
 class DrawsThenReads(nn.Module):
     """Noise drawn a line above an integer read of the inputs; `branch`: a branch on a
     draw (LayerDrop)."""

@@ -261,3 +261,136 @@ def _numpy_noise_by_name(grad):
 
 def _python_noise(grad):
     return grad * (1 + 1e-3 * random.gauss(0, 1))
+
+
+def test_a_multi_gradient_hook_drawing_is_a_drawer_of_its_own():
+    """Found by hunt71: a `register_multi_grad_hook(mode="any")` function drawing counted
+    as the draws of the parameter it happened to run on: beside that parameter's own noise
+    hook it drew in another order than eager's (1.17 off), silently. Alone it trains as
+    eager's; beside another drawing hook it is refused, named."""
+    def step(module, owner, noisy_weight):
+        torch.manual_seed(1)
+        drawn = []
+        if noisy_weight:
+            owner[0].weight.register_hook(_noisy)
+        handle = torch.autograd.graph.register_multi_grad_hook(
+            list(owner.parameters()), lambda grad: drawn.append(torch.randn(3)), mode="any")
+        module(x).square().mean().backward()
+        handle.remove()
+        return drawn
+
+    model, x = _model(), torch.randn(4, 6)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    theirs, ours = step(eager, eager, False), step(scheduled, model, False)
+    assert len(ours) == 1 and torch.equal(theirs[0], ours[0])
+    for a, b in zip(eager.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    model.zero_grad()
+    with pytest.raises(RematIRError, match=r"gradient hooks on (parameter '0\.weight' and register_multi_grad_hook's "
+                                           r"function|register_multi_grad_hook's function and parameter '0\.weight') "
+                                           r"draw random numbers"):
+        step(scheduled, model, True)
+
+
+def test_a_noise_hook_between_two_modules_leaves_the_lower_ones_single_hook_trained():
+    """Found by hunt72: a noise hook on the activation between two modules remat'd apart
+    drew before the lower module began handing over, as in eager, and its one noisy
+    weight hook was refused."""
+    torch.manual_seed(0)
+    lower, upper, x = _model(), _model(), torch.randn(4, 6)
+    eager_lower, eager_upper = copy.deepcopy(lower), copy.deepcopy(upper)
+    hidden = lower(x)
+    ours = (remat_ir.remat(lower, (x,), cost_model="flops", solver="recompute-all"),
+            remat_ir.remat(upper, (torch.randn(4, 6),), cost_model="flops", solver="recompute-all"))
+    for module in (lower, eager_lower):
+        module[0].weight.register_hook(_noisy)
+    for first, second in ((eager_lower, eager_upper), ours):
+        torch.manual_seed(1)
+        hidden = first(x)[:, :2].repeat(1, 3)
+        hidden.register_hook(_noisy)
+        second(hidden).square().mean().backward()
+    for a, b in zip([*eager_lower.parameters(), *eager_upper.parameters()],
+                    [*lower.parameters(), *upper.parameters()]):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_a_refused_backward_leaves_no_watch_on_the_models_own_backward():
+    """Found by hunt72: a scheduled backward stopped part-way (a user's hook raising) left
+    its watch open, and a later backward of the original model with noise hooks was
+    refused."""
+    model, x = _model(), torch.randn(4, 6)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+
+    def stop(grad):
+        raise ValueError("the user's hook stops the backward")
+
+    stopping = [parameter.register_hook(stop) for parameter in model.parameters()]
+    for parameter in model.parameters():
+        parameter.register_hook(_noisy)
+    with pytest.raises(ValueError, match="stops the backward"):
+        scheduled(x).square().mean().backward()
+    for handle in stopping:
+        handle.remove()
+    model.zero_grad()
+    model(x).square().mean().backward()   # eager's own, with its noise on every parameter: runs
+
+
+class _CallableNoise:
+    """A hook object holding its generator."""
+
+    def __init__(self):
+        self.generator = torch.Generator().manual_seed(7)
+
+    def __call__(self, grad):
+        return grad + 0.1 * torch.randn(grad.shape, generator=self.generator)
+
+
+class _NumpyHelper:
+    """An object whose method draws from NumPy's global generator."""
+
+    def noise(self, grad):
+        import numpy as np
+        return grad + 0.1 * torch.from_numpy(np.random.standard_normal(tuple(grad.shape))).float()
+
+
+_GENERATORS: dict = {}
+_HELPER = _NumpyHelper()
+
+
+def _noise_from_a_global_dict(grad):
+    return grad + 0.1 * torch.randn(grad.shape, generator=_GENERATORS["noise"])
+
+
+def _noise_from_a_helper(grad):
+    return _HELPER.noise(grad)
+
+
+@pytest.mark.parametrize("hook", ["gradient dropout (nn.Dropout)", "a callable object's generator",
+                                  "a global dict's generator", "a helper object's NumPy draws",
+                                  "a generator rebound after the first step"])
+def test_noise_hooks_reaching_generators_in_other_ways_are_refused(hook):
+    """Found by hunt72, each silent (0.3-0.46 off eager's): a torch callable as the hook,
+    a generator a callable object or a global dict holds, a method of the user's object
+    drawing from NumPy's generator, a global generator rebound after the first step (the
+    generators a hook reaches are found again for every backward)."""
+    model, x = _model(), torch.randn(4, 6)
+    scheduled = remat_ir.remat(model, (x,), cost_model="flops", solver="recompute-all")
+    _GENERATORS["noise"] = None if hook.startswith("a generator rebound") else torch.Generator().manual_seed(3)
+    made = {"gradient dropout (nn.Dropout)": lambda: torch.nn.Dropout(0.3),
+            "a callable object's generator": _CallableNoise,
+            "a global dict's generator": lambda: _noise_from_a_global_dict,
+            "a helper object's NumPy draws": lambda: _noise_from_a_helper,
+            "a generator rebound after the first step": lambda: _rebound_noise}[hook]()
+    for parameter in model.parameters():
+        parameter.register_hook(made)
+    if hook.startswith("a generator rebound"):
+        scheduled(x).square().mean().backward()   # no noise yet: nothing drawn
+        _GENERATORS["noise"] = torch.Generator().manual_seed(3)
+    with pytest.raises(RematIRError, match="draw random numbers"):
+        scheduled(x).square().mean().backward()
+
+
+def _rebound_noise(grad):
+    generator = _GENERATORS["noise"]
+    return grad if generator is None else grad + 0.1 * torch.randn(grad.shape, generator=generator)

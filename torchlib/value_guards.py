@@ -138,9 +138,9 @@ def answer(guard: dict, leaves: list, decide=None, buffer=None) -> bool | int | 
 
 
 class MalformedGuard(RematIRError):
-    """A decision in a graph's `torch.value_guards` that this runtime cannot make again
-    (a graph file edited by hand, or written otherwise): its shape is checked at load
-    (`ir/frontend_metadata.py`), its names and replay here."""
+    """A decision in a graph's `torch.value_guards` that this runtime does not know (a
+    graph file edited by hand, or written otherwise): its shape is checked at load
+    (`ir/frontend_metadata.py`), its decision's name here."""
 
     def __init__(self, index: int, guard: dict, why: str):
         super().__init__(f"the graph's decision {index} in 'torch.value_guards' ({guard.get('decision')!r}) "
@@ -165,6 +165,10 @@ class ValueGuards:
         self._questions = [json.dumps({k: v for k, v in guard.items() if k != "answer"}, sort_keys=True)
                            for guard in self.guards]
 
+    def buffers(self) -> list[str]:
+        """The model's buffers the decisions read, by name."""
+        return sorted({name for guard in self.guards for name in guard.get("buffers", ())})
+
     def mismatch(self, leaves: list, names, answers: dict, buffer) -> str | None:
         """What differs for a call with flat inputs `leaves` (`names()`: their names) and
         the model's buffers (`buffer(name)`), said for the user, or None. `answers` memoises
@@ -174,10 +178,15 @@ class ValueGuards:
                 try:
                     answers[question] = answer(guard, leaves, buffer=buffer)
                 except Exception as error:
-                    if type(error) is LookupError:   # `decider`'s own words: another transformers
-                        raise
-                    raise MalformedGuard(index, guard, f"could not be made again on this call's inputs "
-                                                       f"({type(error).__name__}: {error})") from error
+                    # Raised as it is: inputs eager's forward raises on too (an index out of
+                    # range) raise here first (hunt72: a `MalformedGuard` blamed the file).
+                    if type(error) is not LookupError:   # else `decider`'s own words
+                        error.add_note(f"remat-ir: raised making again the decision {index} in the graph's "
+                                       f"'torch.value_guards' ({guard['decision']}, at {_line(guard)}), "
+                                       "which the forward makes from the call's inputs; a graph file edited "
+                                       "by hand or written by another version of remat-ir records it "
+                                       "otherwise: lower the model again")
+                    raise
             # As JSON: floats read from a buffer by their bits (-0.0 is not 0.0, a NaN is
             # itself), integers as before.
             if json.dumps(answers[question]) != json.dumps(guard["answer"]):
