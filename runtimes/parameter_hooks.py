@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import types
 
 import torch
@@ -199,8 +200,8 @@ def _own_generators(hook, depth: int = 0) -> list:
     # The items of the dicts, lists and tuples among them (`GENS["noise"]`), and the methods
     # the code names of the user's objects among them (`self.helper.noise(g)` drawing from
     # NumPy's generator: hunt72, 0.303 off).
-    values += [item for value in list(values) if type(value) in (dict, list, tuple)
-               for item in (value.values() if isinstance(value, dict) else value)][:256]
+    values += itertools.islice((item for value in list(values) if type(value) in (dict, list, tuple)
+                                for item in (value.values() if isinstance(value, dict) else value)), 256)
     values += [method for value in list(values) if _users_object(value) for name in (code.co_names if code else ())
                if isinstance(method := getattr(type(value), name, None), types.FunctionType)]
     values += _global_generators(values, code)
