@@ -11,7 +11,7 @@ backward hands gradients over (`handing_over`), each parameter hook is watched
 (`watch`): where the hooks of two parameters move a generator (torch's default one, or
 one of the user's they reach: `_own_generators`), the second raises, naming both and the
 way out (one parameter's draws come in eager's order whatever the hand-over order, as
-long as nothing else draws before it in that backward: where something does, a custom
+long as nothing else draws while its step hands over: where something does, a custom
 Function drawing in its backward, the draw is refused too; the hooks of the step's leaf
 inputs are watched as the parameters' are: hunt71).
 The hooks of two modules' steps are counted apart: each hands its gradients over before
