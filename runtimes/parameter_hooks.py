@@ -29,7 +29,7 @@ import types
 import torch
 
 from remat_ir.ir import RematIRError
-from remat_ir.torchlib.callables import describes_captured, filled
+from remat_ir.torchlib.callables import describes_captured, filled, users_class
 from remat_ir.torchlib.generators import object_state, same_state
 
 
@@ -216,7 +216,7 @@ def _users_object(value) -> bool:
     """An instance of a class of the user's code (not a module, class or function)."""
     return (hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, types.FunctionType,
                                                                    types.MethodType, functools.partial))
-            and not type(value).__module__.startswith(("torch", "numpy", "builtins")))
+            and users_class(type(value)))
 
 
 def _global_generators(values: list, code) -> list:
