@@ -116,11 +116,6 @@ def _multi_gradient(hook) -> bool:
             and code.co_filename.replace("\\", "/").endswith("torch/autograd/graph.py"))
 
 
-def forward_runs(named_parameters) -> None:
-    """Called as a step's forward runs: the parameters' hooks are watched."""
-    watch(named_parameters)
-
-
 def handing_over(named_parameters, owner) -> None:
     """Called as a step's backward starts, with its hooked parameters and leaf inputs (a
     leaf input's hook runs among the parameters' as the step hands its gradient over:
@@ -254,11 +249,11 @@ def _watched(hook, name: str, parameter: int):
             own = window.generators[id(hook)] = _own_generators(hook)
         before = [object_state(generator) for generator in own]
         result = hook(*args)
-        moved = window.last != _generators()
-        if moved or not _same_all(before, [object_state(generator) for generator in own]):
+        after = _generators()
+        if after != window.last or not _same_all(before, [object_state(generator) for generator in own]):
             names = window.drew.setdefault(window.owner_of.get(parameter, parameter), [])
             names.append(name)
-            window.last = _generators()
+            window.last = after
             if len(set(names)) > 1:   # one tensor's draws come in eager's order whatever the order
                 _WINDOWS.pop(torch._C._current_graph_task_id(), None)   # the backward stops here
                 raise RematIRError(

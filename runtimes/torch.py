@@ -2412,11 +2412,10 @@ class ScheduledModule(torch.nn.Module):
         plan, answers, checked = self._plan_for(args, kwargs, modules)
         if plan is None:
             return self._call_model(*args, **kwargs)
-        parameter_hooks.forward_runs(((f"parameter {what!r}", tensor) for (kind, what), tensor
-                                      in zip(plan.bindings, plan.model_members(modules))
-                                      if kind == "param" and tensor is not None and (
-                                          tensor._backward_hooks or getattr(tensor, "_post_accumulate_grad_hooks",
-                                                                            None))))
+        parameter_hooks.watch((f"parameter {what!r}", tensor) for (kind, what), tensor
+                              in zip(plan.bindings, plan.model_members(modules))
+                              if kind == "param" and tensor is not None and (
+                                  tensor._backward_hooks or getattr(tensor, "_post_accumulate_grad_hooks", None)))
         if hooks is None:
             return plan.run(self._model, args, kwargs, self._groups(), self, self.backend, answers, modules,
                             model_checked=checked)
