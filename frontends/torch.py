@@ -72,6 +72,7 @@ from .script_functions import script_functions_as_python
 from .errors import LoweringError
 from .fx_nodes import custom_op_definitions, node_module
 from .selected_outputs import check_selection, select_outputs
+from .cache_outputs import caches_notice, drop_caches, dropped_caches, dropping_caches
 from .model_lines import library_line, model_line, node_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
@@ -703,8 +704,11 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     it (`default_generators`). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
     with eager_block_caches(), distributed_calls_watched(model, reads.globals), statistics_traced_as_eager(), \
-            keeping_module_containers(model), default_generators_dropped():
-        return torch.export.export(model, args, kwargs, strict=False)
+            keeping_module_containers(model), default_generators_dropped(), \
+            dropping_caches(args, kwargs) as caches:
+        exported = torch.export.export(model, args, kwargs, strict=False)
+        drop_caches(exported, caches)
+        return exported
 
 
 def _returned_input(result) -> list | None:
@@ -1665,6 +1669,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
+    if places := dropped_caches(exported):   # said after tracing: a caller's record of warnings changed
+        warnings.warn(caches_notice(type(model).__name__, places), stacklevel=4)
     out_spec = exported.call_spec.out_spec   # how the outputs nest (`select_outputs` changes it)
     if reads.stored.places:   # (outputs, stored tensors): the stored ones after the outputs' leaves
         out_spec = out_spec.child(0)

@@ -137,7 +137,6 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
                       outputs=outputs, pure_ops=pure_ops)
     args, kwargs = example_arguments(example_inputs, example_kwargs)
     check_arguments_bind(model, args, kwargs, example_inputs)
-    _training_without_cache(model, kwargs)
     with _for_training():
         args, kwargs = _usable_in_training((args, kwargs))
         graph, schedule = planner(model, args, kwargs)
@@ -147,34 +146,6 @@ def remat(model, example_inputs, budget=None, *, solver: str | None = None,
     if in_place:
         scheduled.route_calls()
     return scheduled
-
-
-def _training_without_cache(model, kwargs: dict) -> None:
-    """Set `use_cache=False` on the config of a Hugging Face model asking for a key/value
-    cache (the default of causal LMs and T5), and on its submodules' own, said once, unless the call passes `use_cache`
-    itself. Its training call returned a cache, which torch.export cannot take apart, and
-    every user of those models met that refusal first (found by a review: Mistral, Qwen2,
-    Gemma, Phi, Falcon, GPT-NeoX, OPT, BLOOM, T5). A training step reads no cache, and
-    transformers' own gradient checkpointing turns it off alike; `generate()` follows the
-    model's `generation_config`, which this leaves as it is. Kept off after: the forward
-    reads the config, and the plan is made for what it read."""
-    from remat_ir.runtimes.torch import notify_stderr
-
-    config = getattr(model, "config", None)
-    if "use_cache" in kwargs or getattr(config, "use_cache", None) is not True \
-            or not type(config).__module__.startswith("transformers."):
-        return
-    # Its submodules' configs too: T5's decoder keeps a copy of its own, which asked for a
-    # cache after the notice said it was turned off, and was refused (hunt70).
-    for module in model.modules():
-        inner = getattr(module, "config", None)
-        if getattr(inner, "use_cache", None) is True and type(inner).__module__.startswith("transformers."):
-            inner.use_cache = False
-    notify_stderr(f"remat-ir: set use_cache=False on {type(model).__name__}'s config: a training step "
-                  f"needs no key/value cache, which torch.export cannot return (transformers' gradient "
-                  f"checkpointing turns it off too; generate() follows generation_config). Gradients "
-                  f"are eager's with use_cache=False: with attention dropout, a call building the cache "
-                  f"rounds its last bits otherwise")
 
 
 def _notice_compiled(model) -> None:

@@ -3825,58 +3825,6 @@ def test_an_argument_sharing_memory_with_a_buffer_the_forward_updates_is_refused
     scheduled(x, alias.clone()).sum().backward()   # a copy trains
 
 
-def test_a_transformers_model_asking_for_a_cache_trains_without_one_said_once(capsys):
-    """Found by a review: causal LMs and T5 default to `use_cache=True`, and their training
-    call returned a cache torch.export cannot take apart, refused: every user met that
-    first. As transformers' gradient checkpointing does, the config's `use_cache` is set
-    to False, said once, and the step trains like eager's."""
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64))
-    assert model.config.use_cache
-    ids = torch.randint(0, 64, (2, 8))
-    batch = {"input_ids": ids, "labels": ids}
-    eager = copy.deepcopy(model)
-    scheduled = _remat(model, batch, solver="recompute-all")
-    assert not model.config.use_cache
-    assert capsys.readouterr().err.count("set use_cache=False on Qwen2ForCausalLM's config") == 1
-    for _ in range(2):
-        for m, run in ((eager, eager), (model, scheduled)):
-            m.zero_grad()
-            run(**batch).loss.backward()
-        for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-            assert torch.equal(p.grad, q.grad), name
-    assert "lowering and planning again" not in capsys.readouterr().err
-
-
-def test_t5_whose_decoder_keeps_a_config_of_its_own_trains_without_a_cache(capsys):
-    """Found by hunt70: T5's decoder keeps a copy of the config, which still asked for a
-    cache after the notice said it was turned off: refused. Every config the model's
-    modules hold is set; the step is eager's with `use_cache=False` (with attention
-    dropout, eager building the cache rounds its last bits otherwise: the notice says so)."""
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0))
-    assert model.decoder.config.use_cache and model.decoder.config is not model.config
-    ids = torch.randint(1, 64, (2, 6))
-    batch = {"input_ids": ids, "labels": ids}
-    eager = copy.deepcopy(model)
-    scheduled = _remat(model, batch, solver="recompute-all")
-    assert not model.decoder.config.use_cache
-    assert "a call building the cache rounds its last bits otherwise" in capsys.readouterr().err
-    for m, run in ((eager, lambda **b: eager(**b, use_cache=False)), (model, scheduled)):
-        m.zero_grad()
-        run(**batch).loss.backward()
-    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-        assert torch.equal(p.grad, q.grad), name
-
-
 class _NumpyWeights(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -5294,16 +5242,6 @@ def test_hidden_states_captured_by_transformers_hooks_train_like_eager():
                                                            cost_model="flops", solver="recompute-all"),
                           args, kwargs, loss_of)
     assert errors == {}
-
-
-def test_a_cache_among_the_outputs_is_refused_with_use_cache_false_as_the_way_out():
-    """A call passing use_cache=True returns a DynamicCache, which torch.export cannot
-    flatten: its own error named only the class. (A config asking for one is set to
-    use_cache=False by `remat`: `test_a_transformers_model_asking_for_a_cache_trains_without_one_said_once`.)"""
-    model, args, kwargs, _ = zoo_models.ZOO["gpt2"]()
-    with pytest.raises(LoweringError, match=r"returns a transformers.cache_utils.DynamicCache, .*"
-                                            r"use_cache=False"):
-        remat_ir.remat(model, args, example_kwargs={**kwargs, "use_cache": True}, cost_model="flops")
 
 
 def test_calls_inside_parametrize_cached_are_refused_for_parametrized_models():
@@ -7302,47 +7240,6 @@ def test_where_exports_path_fails_too_what_stops_eagers_is_said(monkeypatch):
                                             r"branches on a value computed from tensor data .*at "
                                             r"remat_ir_export_path_fails.py:7 in scale"):
         _remat(_ScaledByAModelFile(module.scale), (torch.ones(2, 4),), solver="autograd")
-
-
-class _LossAndLogits(torch.nn.Module):
-    """What a training step reads of a causal LM's output, and nothing else."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, **batch):
-        out = self.model(**batch)
-        return out.loss, out.logits
-
-
-def test_peft_prefix_tuning_returns_a_cache_even_without_use_cache_and_trains_wrapped():
-    """peft's prefix tuning hands its virtual tokens to the model as a DynamicCache, which
-    the model returns with use_cache=False too: the refusal said to pass use_cache=False,
-    which the caller had. It names the wrapper, with which the model trains bitwise, padded
-    or not."""
-    import peft
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.utils import logging
-    logging.set_verbosity_error()
-
-    def make():
-        torch.manual_seed(0)
-        return peft.get_peft_model(
-            LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, use_cache=False)),
-            peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
-    ids = torch.randint(0, 64, (2, 8))
-    batch = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
-    with pytest.raises(LoweringError, match="use_cache=False; one that returns a cache even so "
-                                            r"\(peft's prefix tuning"):
-        _remat(make(), batch)
-    for mask in (torch.ones_like(ids), torch.tensor([[1] * 8, [1] * 5 + [0] * 3])):
-        batch["attention_mask"] = mask
-        errors = side_by_side(_LossAndLogits(make()), lambda m: _remat(m, batch, solver="recompute-all"),
-                              (), batch, lambda out: out[0], tolerance=1e-30)
-        assert errors == {}
 
 
 def _gqa_llama():

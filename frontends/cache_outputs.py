@@ -1,0 +1,134 @@
+"""A Hugging Face key/value cache among a training call's outputs: built as eager builds it,
+left out of what the step returns.
+
+Causal LMs and T5 default to `use_cache=True`, and their training call returns the cache
+it built (`past_key_values`), an object torch.export cannot take apart: every user of
+those models met a refusal first. `remat` then set `use_cache=False` on the config, as
+transformers' gradient checkpointing does, but building the cache changes the numbers
+(hunt70: GPT-2 with attention dropout attends to the cache's contiguous copies of the
+keys and values, and SDPA's backward sums them in another order: `c_attn`'s gradients
+7e-12 off eager's, drifting over steps). So the forward is traced as the user calls it,
+the cache built as in eager, and only the returned object is left out: while
+torch.export runs, transformers' cache classes flatten to nothing (`dropping_caches`),
+and the program's output structure then leaves them out (`without_caches`), as a call
+with `use_cache=False` returns no cache. A training step reads no cache, and keeping
+every layer's keys and values alive as an output would hold what the plan recomputes.
+
+Not where the call is given a cache (`past_key_values=` among the inputs): its tensors
+would be taken for constants of the graph, so it is refused as before."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import LoweringError
+
+
+def cache_classes() -> list[type]:
+    """transformers' cache classes (`Cache` and its subclasses, the models' own included),
+    those torch's pytree does not know yet (a user who registered one for export keeps
+    theirs). Empty where transformers is not imported: no model of it is traced."""
+    module = sys.modules.get("transformers.cache_utils")
+    if module is None:
+        return []
+    found, stack = [], [module.Cache]
+    while stack:
+        cls = stack.pop()
+        if cls not in found:
+            found.append(cls)
+            stack.extend(cls.__subclasses__())
+    return [cls for cls in found if cls not in pytree.SUPPORTED_NODES]
+
+
+def _given_a_cache(args, kwargs, classes: list[type]) -> bool:
+    """Whether a cache is among the call's arguments."""
+    return any(isinstance(leaf, tuple(classes)) for leaf in pytree.tree_leaves((args, kwargs)))
+
+
+@contextlib.contextmanager
+def dropping_caches(args, kwargs):
+    """While torch.export traces: transformers' cache objects among the outputs flatten to
+    no tensors (their keys and values stay intermediates of the graph). Yields the classes
+    so registered, for `without_caches`."""
+    classes = cache_classes()
+    if not classes or _given_a_cache(args, kwargs, classes):
+        yield []
+        return
+    registered = []
+    try:
+        for cls in classes:
+            pytree.register_pytree_node(
+                cls, lambda cache: ([], None), lambda values, context: None,
+                serialized_type_name=f"remat_ir.dropped_cache.{cls.__module__}.{cls.__qualname__}",
+                flatten_with_keys_fn=lambda cache: ([], None))
+            registered.append(cls)
+        yield registered
+    finally:
+        for cls in registered:
+            pytree._deregister_pytree_node(cls)
+
+
+def without_caches(spec: pytree.TreeSpec, classes: list[type]) -> tuple[pytree.TreeSpec, list[str]]:
+    """`spec` with the caches of `classes` left out of the containers holding them (a
+    model output's field, a dict's key, a tuple's item: each had no leaves, so the flat
+    outputs are the same), as a call with `use_cache=False` returns them (torch's pytree
+    takes None for a leaf: a None in their place would need a value among the outputs),
+    and the caches' places ("output['cache']", "output[2]"). A cache elsewhere (the output
+    itself, a named tuple's field) raises LoweringError."""
+    places: list[str] = []
+
+    def rebuilt(node: pytree.TreeSpec, path: str) -> pytree.TreeSpec:
+        if node.num_children == 0:
+            return node
+        keyed = isinstance(node.context, (list, tuple)) and len(node.context) == node.num_children
+        keys = list(node.context) if keyed else list(range(node.num_children))
+        kept = [(key, child) for key, child in zip(keys, node.children()) if child.type not in classes]
+        dropped = [key for key, child in zip(keys, node.children()) if child.type in classes]
+        if dropped and not (keyed or node.type in (tuple, list)):
+            raise LoweringError(
+                f"the call returns a key/value cache at {path} inside a "
+                f"{node.type.__name__}, which remat-ir cannot leave out. A training step needs no "
+                f"cache: call the model with use_cache=False")
+        places.extend(f"{path}[{key!r}]" for key in dropped)
+        children = [rebuilt(child, f"{path}[{key!r}]") for key, child in kept]
+        context = [key for key, _ in kept] if keyed and dropped else node.context
+        if isinstance(node.context, tuple) and keyed:
+            context = tuple(context)
+        return pytree.TreeSpec(node.type, context, children)
+
+    if classes and spec.type in classes:
+        raise LoweringError("the call returns a key/value cache as its output: a training step needs "
+                            "none, call the model with use_cache=False")
+    spec = rebuilt(spec, "output") if classes else spec
+    return spec, places
+
+
+#: The attribute of an ExportedProgram naming the places of the caches `drop_caches` left out.
+_DROPPED = "_remat_ir_dropped_caches"
+
+
+def drop_caches(exported: torch.export.ExportedProgram, classes: list[type]) -> None:
+    """Leave the caches out of `exported`'s output structure (`without_caches`), before
+    torch.export's registration of the classes is undone; the caches' places are kept on
+    it (`dropped_caches`): said once tracing is over, as a warning written while it runs
+    changed the caller's record of warnings, taken for a change the forward made."""
+    signature = exported.module_call_graph[0].signature
+    signature.out_spec, places = without_caches(signature.out_spec, classes)
+    setattr(exported, _DROPPED, places)
+
+
+def dropped_caches(exported: torch.export.ExportedProgram) -> list[str]:
+    """The places of the caches `drop_caches` left out of `exported`'s outputs."""
+    return getattr(exported, _DROPPED, [])
+
+
+def caches_notice(model: str, places: list[str]) -> str:
+    """What a user reading the cache would want told, once."""
+    return (f"remat-ir: {model}'s call returns a key/value cache ({', '.join(places)}), as a call with "
+            f"use_cache=True (causal LMs' and T5's default) does: the step builds it as eager does, so "
+            f"its gradients are eager's, and leaves it out of what it returns, as torch.export cannot "
+            f"return it and a training step reads none. Pass use_cache=False for none to be built")
