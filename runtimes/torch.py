@@ -2364,6 +2364,19 @@ class ScheduledModule(torch.nn.Module):
             return self._call_model(*args, **kwargs)
         if torch.compiler.is_compiling():
             return self._under_torch_compile(*args, **kwargs)
+        if torch.jit.is_tracing():
+            # hunt74: traced in training mode, each call was taken for a new signature
+            # (the tracer's tensors) and lowered again, failing inside torch.export.
+            self._tell_once("jit_trace", "remat-ir: traced by torch.jit.trace: the trace records the model's "
+                                         "own ops, without the plan (a TorchScript graph cannot hold a remat-ir "
+                                         "step), and trains with eager's memory")
+            return self._call_model(*args, **kwargs)
+        if any(isinstance(leaf, torch.fx.Proxy) for leaf in pytree.tree_leaves((args, kwargs))):
+            raise RematIRError(
+                f"torch.fx.symbolic_trace reached a remat-ir module (of {type(self._model).__name__}): its step "
+                f"runs a plan of ATen ops from autograd nodes, which symbolic tracing cannot record. Trace the "
+                f"model passed to remat_ir.remat instead (and call remat on what the trace makes, to train it "
+                f"in less memory), or mark this module a leaf of your tracer (`is_leaf_module`)")
         if not (self._model.training and torch.is_grad_enabled()):
             # The model's own mode decides (`model.eval()` on the model itself, not on this
             # module, is evaluation too): outside training, the model runs as it is.
@@ -2527,7 +2540,10 @@ class ScheduledModule(torch.nn.Module):
                                       "outside autograd, which the transforms build on)")
         return self._call_model(*args, **kwargs)
 
-    @torch.compiler.disable
+    @functools.partial(torch.compiler.disable, reason=(
+        "a remat-ir step runs its plan op by op from autograd nodes, which Dynamo cannot trace: compile "
+        "without fullgraph=True (one graph break here, the step running as planned), or pass "
+        "backend=\"inductor\" to remat_ir.remat to compile the plan's segments"))
     def _under_torch_compile(self, *args, **kwargs):
         """`torch.compile(scheduled)`: Dynamo cannot trace the planned segments (they are
         generated code run from autograd nodes), so it hands the whole call over here, one
@@ -2537,6 +2553,16 @@ class ScheduledModule(torch.nn.Module):
                                        "not compile its segments; pass backend=\"inductor\" to remat_ir.remat "
                                        "(or ScheduledModule) to compile them with Inductor")
         return self.forward(*args, **kwargs)
+
+    def __prepare_scriptable__(self):
+        """`torch.jit.script` of this module (or of a model holding it) compiles the model
+        as it is, said once: a remat-ir step runs Python that TorchScript cannot compile
+        (hunt74: its error pointed at `forward(self, *args, **kwargs)`), as `torch.export`
+        and `torch.jit.trace` record the model's own ops."""
+        self._tell_once("jit_script", "remat-ir: torch.jit.script compiles the model as it is, without the "
+                                      "plan (TorchScript cannot hold a remat-ir step), training with eager's "
+                                      "memory")
+        return self._model
 
     def _sharded(self) -> bool:
         """Whether FSDP2's `fully_shard` was applied to this module."""
