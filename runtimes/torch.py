@@ -2371,7 +2371,9 @@ class ScheduledModule(torch.nn.Module):
                                          "own ops, without the plan (a TorchScript graph cannot hold a remat-ir "
                                          "step), and trains with eager's memory")
             return self._call_model(*args, **kwargs)
-        if any(isinstance(leaf, torch.fx.Proxy) for leaf in pytree.tree_leaves((args, kwargs))):
+        if torch.fx._symbolic_trace.is_fx_tracing() and any(
+                isinstance(leaf, torch.fx.Proxy) for leaf in pytree.tree_leaves((args, kwargs))):
+            # Its tensors FX's proxies (make_fx, which sets the flag too, passes tensors).
             raise RematIRError(
                 f"torch.fx.symbolic_trace reached a remat-ir module (of {type(self._model).__name__}): its step "
                 f"runs a plan of ATen ops from autograd nodes, which symbolic tracing cannot record. Trace the "
