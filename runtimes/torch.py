@@ -58,8 +58,8 @@ from remat_ir.torchlib.parameter_slots import parameter_slot
 from remat_ir.torchlib.parametrize_cache import cached_parametrizations
 from remat_ir.torchlib.saved_hooks import (INSTEAD, active_pack_hook, allows_mutation_on_saved, hook_name,
                                           is_checkpoint, is_save_on_cpu)
-from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describe_layout, overlaps, same_layout,
-                                     torch_dtype)
+from remat_ir.torchlib.types import (constant_tensor, cpu_kernels_flags, describe_layout, overlaps, overlaps_itself,
+                                     same_layout, torch_dtype)
 from remat_ir.torchlib.value_guards import ValueGuards, shown
 from remat_ir.torchlib.hook_reparametrizations import assign_weights, hook_reparametrizations
 
@@ -1103,7 +1103,8 @@ class _Lowered:
             if value.kind in kinds:
                 self.bindings.append((kinds[value.kind], entries[v].name))
                 if self.stale is None:
-                    _check_bound(model, kinds[value.kind], entries[v].name, value)
+                    _check_bound(model, kinds[value.kind], entries[v].name, value,
+                                 written=entries[v].name in updated)
             elif value.kind == pb.USER_INPUT:
                 # Where the caller passes it, as the IR says (validated: present and unique).
                 entry = entries[v]
@@ -1352,6 +1353,9 @@ class _Lowered:
             target = leaves[written] if written < len(leaves) else None
             if not isinstance(target, torch.Tensor) or target.untyped_storage().nbytes() == 0:
                 continue
+            if overlaps_itself(target):
+                name = self.argument_names[written] if written < len(self.argument_names) else f"input {written}"
+                return overlapping_write(f"argument {name}", "pass a copy (`x.clone()`)")
             storage = target.untyped_storage().data_ptr()
             for index, leaf in enumerate(leaves):
                 if index != written and isinstance(leaf, torch.Tensor) and \
@@ -1893,7 +1897,9 @@ def _traced_strides(value: pb.Value) -> tuple[int, ...]:
     return tuple(value.stride) or tuple(contiguous_strides(list(value.shape)))
 
 
-def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) -> None:
+def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value, written: bool) -> None:
+    """The model's member `name` is there, as the graph has it; one the forward writes in
+    place (`written`) holds no element twice (`overlapping_write`)."""
     try:
         tensor = parameter_slot(model, name) if kind == "param" else model.get_buffer(name)
     except AttributeError:
@@ -1903,6 +1909,26 @@ def _check_bound(model: torch.nn.Module, kind: str, name: str, value: pb.Value) 
     if tuple(tensor.shape) != tuple(value.shape) or tensor.dtype != torch_dtype(value.dtype):
         raise RuntimeInputError(f"{name!r} is {tuple(tensor.shape)} {tensor.dtype} in the model but "
                                 f"{tuple(value.shape)} {torch_dtype(value.dtype)} in the graph")
+    if written and overlaps_itself(tensor):
+        what = "parameter" if kind == "param" else "buffer"
+        raise RuntimeInputError(overlapping_write(
+            f"{what} {name!r}", f"hold a copy (`{'nn.Parameter(w.clone())' if kind == 'param' else 'w.clone()'}`)"))
+
+
+def overlapping_write(what: str, instead: str) -> str:
+    """Why a tensor whose elements share memory (hunt73: overlapping frames of a signal,
+    `unfold(-1, 8, 4)`, or `as_strided` windows) cannot be written in place by a step:
+    eager writes it element by element, each write seen by the elements sharing its
+    memory after it, in an order PyTorch leaves undefined (it calls in-place writes to
+    such tensors unsupported, and its check gives up on them without an error), where the
+    graph computes the whole write from the values before it and copies it back: outputs
+    0.99 off eager's, silently, before."""
+    return (f"{what} has elements that share memory (a view made by `unfold` or `as_strided` "
+            f"whose windows overlap), and the forward writes into it in place: eager writes it element "
+            f"by element, each write seen by the elements sharing its memory, in an order PyTorch leaves "
+            f"undefined (it calls such writes unsupported), while remat-ir's graph computes the whole "
+            f"write from the values before it. {instead[0].upper()}{instead[1:]} whose elements are its own, "
+            f"or write into a copy inside the forward")
 
 
 #: Plans a `ScheduledModule` keeps by default, one per input signature, least recently
@@ -2371,9 +2397,10 @@ class ScheduledModule(torch.nn.Module):
                                          "own ops, without the plan (a TorchScript graph cannot hold a remat-ir "
                                          "step), and trains with eager's memory")
             return self._call_model(*args, **kwargs)
-        if torch.fx._symbolic_trace.is_fx_tracing() and any(
+        if torch.fx._symbolic_trace.is_fx_symbolic_tracing() and any(
                 isinstance(leaf, torch.fx.Proxy) for leaf in pytree.tree_leaves((args, kwargs))):
-            # Its tensors FX's proxies (make_fx, which sets the flag too, passes tensors).
+            # Its tensors FX's proxies (make_fx, which sets the flag too, passes tensors; the
+            # flag's own `is_fx_tracing()` logs a warning at its first call).
             raise RematIRError(
                 f"torch.fx.symbolic_trace reached a remat-ir module (of {type(self._model).__name__}): its step "
                 f"runs a plan of ATen ops from autograd nodes, which symbolic tracing cannot record. Trace the "

@@ -455,6 +455,19 @@ def overlaps(shape, stride) -> bool:
     return False
 
 
+def overlaps_itself(tensor: torch.Tensor) -> bool:
+    """Whether two of `tensor`'s elements are one element of memory (`x.unfold(-1, 8, 4)`,
+    overlapping `as_strided` windows, `expand`), exactly: the conservative `overlaps`
+    first, then, where its dimensions interleave, each element's offset counted (PyTorch's
+    own check gives up there, so eager writes such a tensor in place without an error)."""
+    if tensor.layout != torch.strided or not overlaps(tensor.shape, tensor.stride()):
+        return False
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return offsets.unique().numel() < offsets.numel()
+
+
 def argument_name(path) -> str:
     """The caller's name for the leaf at pytree key `path` of (args, kwargs): 'input_ids',
     'pixel_values[0]', or 'args[1]' for positional argument 1. Signatures name arguments
