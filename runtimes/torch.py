@@ -965,7 +965,14 @@ class _Runner:
             with torch.no_grad():
                 # One call for all (a ResNet's 29 BatchNorms update 87 buffers: 87 Python calls
                 # were 0.1 ms of a 14 ms CPU step); it copies as `copy_` does, dtypes included.
-                torch._foreach_copy_(buffers, list(updates))
+                try:
+                    torch._foreach_copy_(buffers, list(updates))
+                except RuntimeError:
+                    # A lazily conjugated or negated tensor (`z.conj()`, `_neg_view`), which
+                    # `_foreach_copy_` refuses before copying anything and `copy_` writes
+                    # through as eager's write does (hunt73: torch's error from inside).
+                    for buffer, update in zip(buffers, updates):
+                        buffer.copy_(update)
         return tuple(backward_resident)
 
     def _resized_buffer(self, slot: int, buffer: torch.Tensor, update: torch.Tensor) -> RematIRError:
