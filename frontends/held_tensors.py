@@ -68,15 +68,20 @@ def held_tensors(model: torch.nn.Module) -> dict[int, Place]:
     modules hold as a plain attribute, or as an item of a dict, list or tuple attribute,
     directly or as an attribute of a plain object they hold (the attribute then dotted)."""
     found: dict[int, Place] = {}
+    for tensor, place in held_tensor_items(model):
+        found.setdefault(id(tensor), place)
+    return found
+
+
+def held_tensor_items(model: torch.nn.Module):
+    """(tensor, place) of each tensor `held_tensors` finds, the first place first."""
     for path, module in model.named_modules():
-        for tensor, place in _attribute_tensors(path, module):
-            found.setdefault(id(tensor), place)
+        yield from _attribute_tensors(path, module)
         for klass in type(module).__mro__:   # class attributes, read through `self`
             for name, value in vars(klass).items():
                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
                         and name not in vars(module):
-                    found.setdefault(id(value), (path, name, None))
-    return found
+                    yield value, (path, name, None)
 
 
 def _held_with_gradient(model: str, where: str) -> LoweringError:

@@ -93,7 +93,7 @@ from .refusals import (check_backward_hooks, check_buffers_needing_gradients,
                        data_error, mutation_error, refusing_autograd_calls, tensor_hook_error, trace_effects_error)
 from .tensor_hooks import recording_tensor_hooks
 from .inplace_draws import draw_in_layout
-from .held_tensors import held_gradient_error, lift_held_tensors
+from .held_tensors import held_gradient_error, held_tensor_items, lift_held_tensors
 from .masked_assign import assign_through_masks
 from .metadata_writes import reshape_in_place
 from .hook_registrations import registration_hooks_paused
@@ -120,6 +120,7 @@ from .view_compaction import compact_views
 from remat_ir.torchlib.described_values import tensor_like
 from remat_ir.torchlib.function_modes import user_function_modes
 from remat_ir.torchlib.generators import PythonGenerators
+from remat_ir.torchlib.held_tensors import shown as held_place
 from remat_ir.torchlib.tensor_classes import changes_torch_functions
 from remat_ir.torchlib.member_arguments import member_arguments
 from remat_ir.torchlib.saved_hooks import INSTEAD
@@ -336,6 +337,40 @@ def _dense_advice(layout) -> str:
     return _STRIDED_ONLY if layout == torch.jagged else _DENSE_ONLY
 
 
+#: What to do with quantized tensors and modules (hunt73).
+_FLOAT_ONLY = ("remat-ir traces float tensors and the ops training runs: hold its float values "
+               "(`.dequantize()`), train the float model and quantize it afterwards (quantization-aware "
+               "training's fake-quant modules, `prepare_qat`, are traced)")
+
+
+def _check_quantized_modules(model: torch.nn.Module) -> None:
+    """LoweringError naming a quantized module (`quantize_dynamic`'s Linear, a converted
+    model's): its packed weights run kernels that tracing refused as "data-dependent
+    control flow", then in torch's words (hunt73)."""
+    for path, module in model.named_modules():
+        # Not FloatFunctional, the float add and cat a model prepared for quantization calls.
+        if type(module).__module__.startswith("torch.ao.nn.quantized") and \
+                not isinstance(module, torch.ao.nn.quantized.FloatFunctional):
+            raise LoweringError(f"{type(model).__name__}'s submodule {path or '(the model)'!r} is a "
+                                f"{type(module).__module__}.{type(module).__qualname__}, a quantized "
+                                f"module; {_FLOAT_ONLY}")
+
+
+def _unsupported_held(model: torch.nn.Module) -> list[str]:
+    """The tensors `model` holds outside its parameters and buffers (`held_tensors`: a
+    plain attribute) that tracing cannot take, described: sparse, quantized, or of a
+    subclass changing torch's functions (hunt73: each failed in torch's words)."""
+    said = []
+    for tensor, place in held_tensor_items(model):
+        kind = (f"{tensor.layout} tensor" if tensor.layout != torch.strided else
+                f"quantized ({tensor.dtype}) tensor" if tensor.is_quantized else
+                f"{type(tensor).__module__}.{type(tensor).__qualname__}, a torch.Tensor subclass"
+                if changes_torch_functions(tensor) else None)
+        if kind is not None:
+            said.append(f"'{held_place(*place)}', a {kind}")
+    return said
+
+
 def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     """LoweringError naming a sparse parameter, buffer or input before tracing: a GCN's
     CSR adjacency buffer failed inside AOTAutograd ("Sparse CSR tensors do not have
@@ -349,6 +384,9 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
         if tensor.layout != torch.strided:
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "
                                 f"tensor; {_dense_advice(tensor.layout)}")
+        if tensor.is_quantized:   # hunt73: "data-dependent control flow", then torch's words
+            raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a quantized ({tensor.dtype}) "
+                                f"tensor; {_FLOAT_ONLY}")
         if (kind == "input" and type(tensor) not in (torch.Tensor, torch.nn.Parameter)) or \
                 changes_torch_functions(tensor):
             # Traced as a plain tensor: what its class does (`__torch_function__`, a branch
@@ -1583,6 +1621,13 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)
         except LoweringError as refused:
+            if held := _unsupported_held(model):
+                raise LoweringError(
+                    f"{type(model).__name__} holds {'; '.join(held)}, outside its parameters and buffers, "
+                    f"which remat-ir's tracing cannot take (dense float tensors of torch.Tensor itself "
+                    f"only), and lowering failed: {str(refused).splitlines()[0]}. Hold a dense float "
+                    f"tensor (`.to_dense()`, `.dequantize()`, `.as_subclass(torch.Tensor)`), or compute "
+                    f"what it stands for in the forward") from None
             if not any(words in str(refused) for words in _DATA_DEPENDENT):
                 raise
         # A number read from tensor data stopped the trace (a split's sizes, a mask's
@@ -1666,6 +1711,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                                         example_arguments(example_inputs, example_kwargs))
     check_arguments_bind(model, args, kwargs, example_inputs)
     _check_dense_members(model, args, kwargs)
+    _check_quantized_modules(model)
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
