@@ -356,10 +356,24 @@ def _check_quantized_modules(model: torch.nn.Module) -> None:
                                 f"module; {_FLOAT_ONLY}")
 
 
+def _unsupported_held_error(model: torch.nn.Module, refused: LoweringError) -> LoweringError | None:
+    """Where lowering failed (`refused`) and `model` holds tensors outside its parameters
+    and buffers (`held_tensors`: a plain attribute) that tracing cannot take (sparse,
+    quantized, or of a subclass changing torch's functions), the error naming them, said
+    before the failure's own words (hunt73: each failed in tracing's or torch's words);
+    else None."""
+    held = _unsupported_held(model)
+    if not held:
+        return None
+    return LoweringError(
+        f"{type(model).__name__} holds {'; '.join(held)}, outside its parameters and buffers, which "
+        f"remat-ir's tracing cannot take (dense float tensors of torch.Tensor itself only), and lowering "
+        f"failed: {str(refused).splitlines()[0]}. Hold a dense float tensor (`.to_dense()`, "
+        f"`.dequantize()`, `.as_subclass(torch.Tensor)`), or compute what it stands for in the forward")
+
+
 def _unsupported_held(model: torch.nn.Module) -> list[str]:
-    """The tensors `model` holds outside its parameters and buffers (`held_tensors`: a
-    plain attribute) that tracing cannot take, described: sparse, quantized, or of a
-    subclass changing torch's functions (hunt73: each failed in torch's words)."""
+    """The tensors `model` holds as plain attributes that tracing cannot take, described."""
     said = []
     for tensor, place in held_tensor_items(model):
         kind = (f"{tensor.layout} tensor" if tensor.layout != torch.strided else
@@ -1621,15 +1635,11 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
             return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                           copy_long_lived_views, fusing, outputs)
         except LoweringError as refused:
-            if held := _unsupported_held(model):
-                raise LoweringError(
-                    f"{type(model).__name__} holds {'; '.join(held)}, outside its parameters and buffers, "
-                    f"which remat-ir's tracing cannot take (dense float tensors of torch.Tensor itself "
-                    f"only), and lowering failed: {str(refused).splitlines()[0]}. Hold a dense float "
-                    f"tensor (`.to_dense()`, `.dequantize()`, `.as_subclass(torch.Tensor)`), or compute "
-                    f"what it stands for in the forward") from None
             if not any(words in str(refused) for words in _DATA_DEPENDENT):
-                raise
+                held = _unsupported_held_error(model, refused)
+                if held is None:
+                    raise
+                raise held from None
         # A number read from tensor data stopped the trace (a split's sizes, a mask's
         # count): lowered again with those computed from the caller's inputs read as
         # eager's, each checked at every call (`input_branches.integers_as_eager`). Not
