@@ -15,10 +15,14 @@ with `use_cache=False` returns no cache. A training step reads no cache, and kee
 every layer's keys and values alive as an output would hold what the plan recomputes.
 
 Not where the call is given a cache (`past_key_values=` among the inputs): its tensors
-would be taken for constants of the graph, so it is refused as before."""
+would be taken for constants of the graph, so it is refused as before. In a tuple or a
+list, the items after a cache move up a place (as with `use_cache=False`). The
+registration is process-wide while torch.export runs: another thread flattening a cache
+then meets none (hunt75; lowering itself is not thread-safe)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 
@@ -29,9 +33,8 @@ from .errors import LoweringError
 
 
 def cache_classes() -> list[type]:
-    """transformers' cache classes (`Cache` and its subclasses, the models' own included),
-    those torch's pytree does not know yet (a user who registered one for export keeps
-    theirs). Empty where transformers is not imported: no model of it is traced."""
+    """transformers' cache classes (`Cache` and its subclasses, the models' own included).
+    Empty where transformers is not imported: no model of it is traced."""
     module = sys.modules.get("transformers.cache_utils")
     if module is None:
         return []
@@ -41,7 +44,7 @@ def cache_classes() -> list[type]:
         if cls not in found:
             found.append(cls)
             stack.extend(cls.__subclasses__())
-    return [cls for cls in found if cls not in pytree.SUPPORTED_NODES]
+    return found
 
 
 def _given_a_cache(args, kwargs, classes: list[type]) -> bool:
@@ -58,9 +61,16 @@ def dropping_caches(args, kwargs):
     if not classes or _given_a_cache(args, kwargs, classes):
         yield []
         return
-    registered = []
+    registered, theirs = [], {}
     try:
         for cls in classes:
+            if cls in pytree.SUPPORTED_NODES:
+                # Registered already (transformers' `register_dynamic_cache_export_support`):
+                # its keys and values would be outputs held through the step, rebuilt into
+                # a cache from remat-ir's own placeholders (hunt75: a crash inside
+                # transformers). Put back after.
+                theirs[cls] = _registration(cls)
+                pytree._deregister_pytree_node(cls)
             pytree.register_pytree_node(
                 cls, lambda cache: ([], None), lambda values, context: None,
                 serialized_type_name=f"remat_ir.dropped_cache.{cls.__module__}.{cls.__qualname__}",
@@ -70,6 +80,35 @@ def dropping_caches(args, kwargs):
     finally:
         for cls in registered:
             pytree._deregister_pytree_node(cls)
+        for cls, entries in theirs.items():
+            _register_again(cls, entries)
+
+
+def _registration(cls: type) -> tuple:
+    """What torch's pytree holds for `cls` (its node, serialized names, constant mark)."""
+    serialized = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
+    return (pytree.SUPPORTED_NODES[cls], serialized, cls in pytree.CONSTANT_NODES)
+
+
+def _register_again(cls: type, entries: tuple) -> None:
+    """Put back a registration `_registration` took."""
+    node, serialized, constant = entries
+    pytree.SUPPORTED_NODES[cls] = node
+    if serialized is not None:
+        pytree.SUPPORTED_SERIALIZED_TYPES[cls] = serialized
+        pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[serialized.serialized_type_name] = cls
+    if constant:
+        pytree.CONSTANT_NODES.add(cls)
+
+
+def _keyed(node: pytree.TreeSpec) -> bool:
+    """Whether `node`'s context is its children's keys: a dict's, or a transformers model
+    output's (not a dataclass's, whose context is its field names and its None fields',
+    nor a defaultdict's: hunt75, a two-field dataclass lost a field)."""
+    output = getattr(sys.modules.get("transformers.utils"), "ModelOutput", None)
+    return (isinstance(node.context, list) and len(node.context) == node.num_children
+            and (node.type in (dict, collections.OrderedDict)
+                 or (output is not None and isinstance(node.type, type) and issubclass(node.type, output))))
 
 
 def without_caches(spec: pytree.TreeSpec, classes: list[type]) -> tuple[pytree.TreeSpec, list[str]]:
@@ -84,7 +123,7 @@ def without_caches(spec: pytree.TreeSpec, classes: list[type]) -> tuple[pytree.T
     def rebuilt(node: pytree.TreeSpec, path: str) -> pytree.TreeSpec:
         if node.num_children == 0:
             return node
-        keyed = isinstance(node.context, (list, tuple)) and len(node.context) == node.num_children
+        keyed = _keyed(node)
         keys = list(node.context) if keyed else list(range(node.num_children))
         kept = [(key, child) for key, child in zip(keys, node.children()) if child.type not in classes]
         dropped = [key for key, child in zip(keys, node.children()) if child.type in classes]
@@ -96,8 +135,6 @@ def without_caches(spec: pytree.TreeSpec, classes: list[type]) -> tuple[pytree.T
         places.extend(f"{path}[{key!r}]" for key in dropped)
         children = [rebuilt(child, f"{path}[{key!r}]") for key, child in kept]
         context = [key for key, _ in kept] if keyed and dropped else node.context
-        if isinstance(node.context, tuple) and keyed:
-            context = tuple(context)
         return pytree.TreeSpec(node.type, context, children)
 
     if classes and spec.type in classes:
@@ -114,8 +151,7 @@ _DROPPED = "_remat_ir_dropped_caches"
 def drop_caches(exported: torch.export.ExportedProgram, classes: list[type]) -> None:
     """Leave the caches out of `exported`'s output structure (`without_caches`), before
     torch.export's registration of the classes is undone; the caches' places are kept on
-    it (`dropped_caches`): said once tracing is over, as a warning written while it runs
-    changed the caller's record of warnings, taken for a change the forward made."""
+    it (`dropped_caches`), said once tracing is over (`tell_caches`)."""
     signature = exported.module_call_graph[0].signature
     signature.out_spec, places = without_caches(signature.out_spec, classes)
     setattr(exported, _DROPPED, places)
@@ -126,9 +162,19 @@ def dropped_caches(exported: torch.export.ExportedProgram) -> list[str]:
     return getattr(exported, _DROPPED, [])
 
 
-def caches_notice(model: str, places: list[str]) -> str:
-    """What a user reading the cache would want told, once."""
-    return (f"remat-ir: {model}'s call returns a key/value cache ({', '.join(places)}), as a call with "
-            f"use_cache=True (causal LMs' and T5's default) does: the step builds it as eager does, so "
-            f"its gradients are eager's, and leaves it out of what it returns, as torch.export cannot "
-            f"return it and a training step reads none. Pass use_cache=False for none to be built")
+#: The (model class, places) whose cache was said to be left out, in this process.
+_TOLD: set = set()
+
+
+def tell_caches(model: str, places: list[str]) -> None:
+    """Say once per model class and places, on stderr as remat-ir's other one-line notices
+    (a UserWarning was an error under `warnings.simplefilter("error")`, hunt75), that the
+    step leaves the cache out of what it returns."""
+    if (model, tuple(places)) in _TOLD:
+        return
+    _TOLD.add((model, tuple(places)))
+    print(f"remat-ir: {model}'s call returns a key/value cache ({', '.join(places)}), as a call with "
+          f"use_cache=True (causal LMs' and T5's default) does: the step builds it as eager does, so "
+          f"its gradients are eager's, and leaves it out of what it returns, as torch.export cannot "
+          f"return it and a training step reads none. Pass use_cache=False for none to be built",
+          file=sys.stderr, flush=True)

@@ -72,7 +72,7 @@ from .script_functions import script_functions_as_python
 from .errors import LoweringError
 from .fx_nodes import custom_op_definitions, node_module
 from .selected_outputs import check_selection, select_outputs
-from .cache_outputs import caches_notice, drop_caches, dropped_caches, dropping_caches
+from .cache_outputs import drop_caches, dropped_caches, dropping_caches, tell_caches
 from .model_lines import library_line, model_line, node_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
@@ -1725,8 +1725,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)
-    if places := dropped_caches(exported):   # said after tracing: a caller's record of warnings changed
-        warnings.warn(caches_notice(type(model).__name__, places), stacklevel=4)
+    if places := dropped_caches(exported):   # said after tracing (what it says may be recorded)
+        tell_caches(type(model).__name__, places)
     out_spec = exported.call_spec.out_spec   # how the outputs nest (`select_outputs` changes it)
     if reads.stored.places:   # (outputs, stored tensors): the stored ones after the outputs' leaves
         out_spec = out_spec.child(0)
