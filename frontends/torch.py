@@ -337,52 +337,48 @@ def _dense_advice(layout) -> str:
     return _STRIDED_ONLY if layout == torch.jagged else _DENSE_ONLY
 
 
-#: What to do with quantized tensors and modules (hunt73).
-_FLOAT_ONLY = ("remat-ir traces float tensors and the ops training runs: hold its float values "
-               "(`.dequantize()`), train the float model and quantize it afterwards (quantization-aware "
-               "training's fake-quant modules, `prepare_qat`, are traced)")
-
-
-def _check_quantized_modules(model: torch.nn.Module) -> None:
-    """LoweringError naming a quantized module (`quantize_dynamic`'s Linear, a converted
-    model's): its packed weights run kernels that tracing refused as "data-dependent
-    control flow", then in torch's words (hunt73)."""
-    for path, module in model.named_modules():
-        # Not FloatFunctional, the float add and cat a model prepared for quantization calls.
-        if type(module).__module__.startswith("torch.ao.nn.quantized") and \
-                not isinstance(module, torch.ao.nn.quantized.FloatFunctional):
-            raise LoweringError(f"{type(model).__name__}'s submodule {path or '(the model)'!r} is a "
-                                f"{type(module).__module__}.{type(module).__qualname__}, a quantized "
-                                f"module; {_FLOAT_ONLY}")
-
-
-def _unsupported_held_error(model: torch.nn.Module, refused: LoweringError) -> LoweringError | None:
-    """Where lowering failed (`refused`) and `model` holds tensors outside its parameters
-    and buffers (`held_tensors`: a plain attribute) that tracing cannot take (sparse,
-    quantized, or of a subclass changing torch's functions), the error naming them, said
-    before the failure's own words (hunt73: each failed in tracing's or torch's words);
-    else None."""
-    held = _unsupported_held(model)
-    if not held:
+def _untraceable_said(model: torch.nn.Module, refused: LoweringError) -> LoweringError | None:
+    """Where lowering failed (`refused`), the same error with the model's tensors and
+    modules tracing cannot take named after it (hunt73: a quantized buffer or
+    `quantize_dynamic`'s Linear met "data-dependent control flow", a sparse, quantized or
+    subclass tensor held as a plain attribute torch's own words), or None where it holds
+    none. Said after the failure, not as its cause: one the forward never reads lowers
+    (hunt75: refused upfront, float helpers under `torch.ao.nn.quantized` and unused
+    modules were refused, and an unread sparse tensor was blamed for another failure)."""
+    said = [f"'{held_place(*place)}', a {kind} held as a plain attribute"
+            for tensor, place in held_tensor_items(model) if (kind := _untraceable_kind(tensor))]
+    said += [f"{what} {name!r}, a {kind}" for what, named in (("parameter", model.named_parameters()),
+                                                               ("buffer", model.named_buffers()))
+             for name, tensor in named if tensor.is_quantized and (kind := _untraceable_kind(tensor))]
+    said += [f"submodule {path!r}, a {type(module).__module__}.{type(module).__qualname__}"
+             for path, module in model.named_modules()
+             if type(module).__module__.startswith("torch.ao.nn.quantized")
+             and not type(module).__name__.endswith("FloatFunctional")]   # float add and cat helpers
+    if not said:
         return None
-    return LoweringError(
-        f"{type(model).__name__} holds {'; '.join(held)}, outside its parameters and buffers, which "
-        f"remat-ir's tracing cannot take (dense float tensors of torch.Tensor itself only), and lowering "
-        f"failed: {str(refused).splitlines()[0]}. Hold a dense float tensor (`.to_dense()`, "
-        f"`.dequantize()`, `.as_subclass(torch.Tensor)`), or compute what it stands for in the forward")
+    return LoweringError(f"{refused} ({type(model).__name__} holds {'; '.join(said)}, which remat-ir's tracing "
+                         f"cannot take: it traces dense float tensors of torch.Tensor itself. If the forward "
+                         f"reads one, hold a dense float tensor (`.to_dense()`, `.dequantize()`, "
+                         f"`.as_subclass(torch.Tensor)`) or compute what it stands for in the forward; "
+                         f"train a quantized model as the float model, quantized afterwards (quantization-aware "
+                         f"training's fake-quant modules, `prepare_qat`, are traced))")
 
 
-def _unsupported_held(model: torch.nn.Module) -> list[str]:
-    """The tensors `model` holds as plain attributes that tracing cannot take, described."""
-    said = []
-    for tensor, place in held_tensor_items(model):
-        kind = (f"{tensor.layout} tensor" if tensor.layout != torch.strided else
-                f"quantized ({tensor.dtype}) tensor" if tensor.is_quantized else
-                f"{type(tensor).__module__}.{type(tensor).__qualname__}, a torch.Tensor subclass"
-                if changes_torch_functions(tensor) else None)
-        if kind is not None:
-            said.append(f"'{held_place(*place)}', a {kind}")
-    return said
+def _raise_said(model: torch.nn.Module, refused: LoweringError):
+    """Raise `refused`, with what `_untraceable_said` names after it where it names any."""
+    said = _untraceable_said(model, refused)
+    if said is None:
+        raise refused
+    raise said from None
+
+
+def _untraceable_kind(tensor: torch.Tensor) -> str | None:
+    """What makes `tensor` one tracing cannot take (sparse, quantized, a subclass changing
+    torch's functions), or None."""
+    return (f"{tensor.layout} tensor" if tensor.layout != torch.strided else
+            f"quantized ({tensor.dtype}) tensor" if tensor.is_quantized else
+            f"{type(tensor).__module__}.{type(tensor).__qualname__}, a torch.Tensor subclass"
+            if changes_torch_functions(tensor) else None)
 
 
 def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -398,9 +394,6 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
         if tensor.layout != torch.strided:
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "
                                 f"tensor; {_dense_advice(tensor.layout)}")
-        if tensor.is_quantized:   # hunt73: "data-dependent control flow", then torch's words
-            raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a quantized ({tensor.dtype}) "
-                                f"tensor; {_FLOAT_ONLY}")
         if (kind == "input" and type(tensor) not in (torch.Tensor, torch.nn.Parameter)) or \
                 changes_torch_functions(tensor):
             # Traced as a plain tensor: what its class does (`__torch_function__`, a branch
@@ -1636,18 +1629,18 @@ def lower(model: torch.nn.Module, example_inputs: Sequence | dict | torch.Tensor
                           copy_long_lived_views, fusing, outputs)
         except LoweringError as refused:
             if not any(words in str(refused) for words in _DATA_DEPENDENT):
-                held = _unsupported_held_error(model, refused)
-                if held is None:
-                    raise
-                raise held from None
+                _raise_said(model, refused)
         # A number read from tensor data stopped the trace (a split's sizes, a mask's
         # count): lowered again with those computed from the caller's inputs read as
         # eager's, each checked at every call (`input_branches.integers_as_eager`). Not
         # first: where tracing goes on without (a CTC loss's masked targets, folded into
         # one op of fixed shapes), the graph serves every value, with nothing to check.
         with integers_as_eager():
-            return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
-                          copy_long_lived_views, fusing, outputs)
+            try:
+                return _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
+                              copy_long_lived_views, fusing, outputs)
+            except LoweringError as refused:
+                _raise_said(model, refused)
 
 
 @contextlib.contextmanager
@@ -1721,7 +1714,6 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                                         example_arguments(example_inputs, example_kwargs))
     check_arguments_bind(model, args, kwargs, example_inputs)
     _check_dense_members(model, args, kwargs)
-    _check_quantized_modules(model)
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
     exported = _export(model, args, kwargs, reads)

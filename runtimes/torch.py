@@ -1352,6 +1352,16 @@ class _Lowered:
                             f"itself, read it inside the forward, or pass a copy (`.clone()`)")
         return None
 
+    def written_argument_overlapping(self, leaves: list) -> str | None:
+        """An argument the forward writes in place whose elements share memory, said for
+        the user (`overlapping_write`), or None."""
+        for written in self.written_inputs:
+            target = leaves[written] if written < len(leaves) else None
+            if isinstance(target, torch.Tensor) and overlaps_itself(target):
+                name = self.argument_names[written] if written < len(self.argument_names) else f"input {written}"
+                return overlapping_write(f"argument {name}", "pass a copy (`x.clone()`)")
+        return None
+
     def written_argument_shared(self, leaves: list) -> str | None:
         """Two arguments of a call sharing memory where the forward writes into one in place,
         said for the user, or None. Eager's reads through the other see the write; the
@@ -1361,9 +1371,6 @@ class _Lowered:
             target = leaves[written] if written < len(leaves) else None
             if not isinstance(target, torch.Tensor) or target.untyped_storage().nbytes() == 0:
                 continue
-            if overlaps_itself(target):
-                name = self.argument_names[written] if written < len(self.argument_names) else f"input {written}"
-                return overlapping_write(f"argument {name}", "pass a copy (`x.clone()`)")
             storage = target.untyped_storage().data_ptr()
             for index, leaf in enumerate(leaves):
                 if index != written and isinstance(leaf, torch.Tensor) and \
@@ -1738,6 +1745,8 @@ class _Lowered:
         if differs is not None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {differs}. "
                                     f"{_lower_again(scheduled)}")
+        if self.written_inputs and (overlapping := self.written_argument_overlapping(leaves)) is not None:
+            raise RuntimeInputError(overlapping)
         if self.written_inputs and (shared := self.written_argument_shared(leaves)) is not None:
             raise RuntimeInputError(f"this call does not match the lowered graph: {shared}")
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
@@ -1947,7 +1956,8 @@ def overlapping_write(what: str, instead: str) -> str:
             f"whose windows overlap), and the forward writes into it in place: eager writes it element "
             f"by element, each write seen by the elements sharing its memory, in an order PyTorch leaves "
             f"undefined (it calls such writes unsupported), while remat-ir's graph computes the whole "
-            f"write from the values before it. {instead[0].upper()}{instead[1:]} whose elements are its own, "
+            f"write from the values before it (refused for every write, a `clamp_` or `relu_` whose "
+            f"result no order changes too). {instead[0].upper()}{instead[1:]} whose elements are its own, "
             f"or write into a copy inside the forward")
 
 

@@ -1,5 +1,6 @@
-"""Tensors and modules tracing cannot take, refused naming them (hunt73: each met tracing's
-or torch's own words, "data-dependent control flow", "QuantizedMeta backend")."""
+"""Tensors and modules tracing cannot take, named where lowering fails (hunt73: each met
+tracing's or torch's own words, "data-dependent control flow", "QuantizedMeta backend");
+one the forward never reads is no cause of a refusal (hunt75)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def test_a_held_tensor_tracing_cannot_take_is_named_where_lowering_fails(kind):
     torch.manual_seed(0)
     model, x = _Holds(make(), use), torch.randn(4, 8)
     model(x).sum().backward()   # eager trains
-    with pytest.raises(LoweringError, match=rf"_Holds holds 'g', a .*{said}, outside its parameters and "
-                                            rf"buffers.* and lowering failed: "):
+    with pytest.raises(LoweringError, match=rf"\(_Holds holds 'g', a .*{said} held as a plain attribute, "
+                                            rf"which remat-ir's tracing cannot take"):
         remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
 
 
@@ -63,19 +64,27 @@ def test_quantized_members_and_modules_are_refused_by_name(where):
     else:
         model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         model[0] = torch.nn.Linear(8, 8)   # a float layer to train
-    pattern = (r"submodule '1' is a torch.ao.nn.quantized.dynamic.* a quantized module" if where == "module"
-               else rf"{where} '1.qw' is a quantized \(torch.qint8\) tensor")
-    with pytest.raises(LoweringError, match=pattern + r".*train the float model and quantize it afterwards"):
+    if where != "module":   # read by the forward
+        model[1].forward = lambda x, m=model[1]: torch.nn.functional.linear(x, m.qw.dequantize())
+    pattern = (r"submodule '1', a torch.ao.nn.quantized.dynamic" if where == "module"
+               else rf"{where} '1.qw', a quantized \(torch.qint8\) tensor")
+    with pytest.raises(LoweringError, match=pattern + r".*train a quantized model as the float model"):
         remat_ir.remat(model, (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
 
 
-def test_float_functional_of_a_model_prepared_for_quantization_is_traced():
+@pytest.mark.parametrize("helper", ["FloatFunctional", "FXFloatFunctional", "unused-sparse-and-quantize"])
+def test_float_helpers_and_what_the_forward_never_reads_are_no_cause_of_refusal(helper):
     """`FloatFunctional` (the add a quantizable ResNet calls) lives among the quantized
-    modules and computes in float: not refused."""
+    modules and computes in float; a quantize module or a sparse tensor the forward never
+    reads is no concern of the step (hunt75: refused by their module path or blamed)."""
     class Residual(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.l, self.add = torch.nn.Linear(4, 4), torch.ao.nn.quantized.FloatFunctional()
+            self.l = torch.nn.Linear(4, 4)
+            self.add = getattr(torch.ao.nn.quantized, helper, torch.ao.nn.quantized.FloatFunctional)()
+            if helper.startswith("unused"):
+                self.quant = torch.ao.nn.quantized.Quantize(0.1, 0, torch.quint8)
+                self.adjacency = torch.eye(4).to_sparse()
 
         def forward(self, x):
             return self.add.add(self.l(x), x)
