@@ -11,12 +11,12 @@ keys and values, and SDPA's backward sums them in another order: `c_attn`'s grad
 the cache built as in eager, and only the returned object is left out: while
 torch.export runs, transformers' cache classes flatten to nothing (`dropping_caches`),
 and the program's output structure then leaves them out (`without_caches`), as a call
-with `use_cache=False` returns no cache. A training step reads no cache, and keeping
+with `use_cache=False` returns no cache (in a tuple or a list, None in its place, so that
+what follows keeps its position). A training step reads no cache, and keeping
 every layer's keys and values alive as an output would hold what the plan recomputes.
 
 Not where the call is given a cache (`past_key_values=` among the inputs): its tensors
-would be taken for constants of the graph, so it is refused as before. In a tuple or a
-list, the items after a cache move up a place (as with `use_cache=False`). The
+would be taken for constants of the graph, so it is refused as before. The
 registration is process-wide while torch.export runs: another thread flattening a cache
 then meets none (hunt75; lowering itself is not thread-safe)."""
 
@@ -111,55 +111,85 @@ def _keyed(node: pytree.TreeSpec) -> bool:
                  or (output is not None and isinstance(node.type, type) and issubclass(node.type, output))))
 
 
-def without_caches(spec: pytree.TreeSpec, classes: list[type]) -> tuple[pytree.TreeSpec, list[str]]:
-    """`spec` with the caches of `classes` left out of the containers holding them (a
-    model output's field, a dict's key, a tuple's item: each had no leaves, so the flat
-    outputs are the same), as a call with `use_cache=False` returns them (torch's pytree
-    takes None for a leaf: a None in their place would need a value among the outputs),
-    and the caches' places ("output['cache']", "output[2]"). A cache elsewhere (the output
-    itself, a named tuple's field) raises LoweringError."""
+def without_caches(spec: pytree.TreeSpec, classes: list[type]) -> tuple[pytree.TreeSpec, list[str], list[int]]:
+    """`spec` without the caches of `classes`: left out of a model output or a dict (as a
+    call with `use_cache=False` returns them), a None leaf in their place in a tuple or a
+    list, so that the items after keep eager's positions (hunt75: `out[3]` read the
+    attentions where eager's was the last hidden state); the caches' places
+    ("output['cache']", "output[2]"); and the flat positions of those None leaves, which
+    the outputs must then hold (`fill_dropped_caches`). A cache elsewhere (the output
+    itself, a named tuple's or a dataclass's field) raises LoweringError."""
     places: list[str] = []
+    holes: list[int] = []
+    none = pytree.tree_structure(None)   # a leaf: torch's pytree takes None for one
 
-    def rebuilt(node: pytree.TreeSpec, path: str) -> pytree.TreeSpec:
+    def rebuilt(node: pytree.TreeSpec, path: str, start: int) -> pytree.TreeSpec:
+        """`node` rebuilt, its first leaf at flat position `start`."""
         if node.num_children == 0:
             return node
         keyed = _keyed(node)
+        positional = node.type in (tuple, list)
         keys = list(node.context) if keyed else list(range(node.num_children))
-        kept = [(key, child) for key, child in zip(keys, node.children()) if child.type not in classes]
-        dropped = [key for key, child in zip(keys, node.children()) if child.type in classes]
-        if dropped and not (keyed or node.type in (tuple, list)):
+        if not (keyed or positional) and any(child.type in classes for child in node.children()):
             raise LoweringError(
                 f"the call returns a key/value cache at {path} inside a "
                 f"{node.type.__name__}, which remat-ir cannot leave out. A training step needs no "
                 f"cache: call the model with use_cache=False")
-        places.extend(f"{path}[{key!r}]" for key in dropped)
-        children = [rebuilt(child, f"{path}[{key!r}]") for key, child in kept]
-        context = [key for key, _ in kept] if keyed and dropped else node.context
+        kept, children = [], []
+        for key, child in zip(keys, node.children()):
+            if child.type in classes:
+                places.append(f"{path}[{key!r}]")
+                if not positional:
+                    continue
+                holes.append(start)
+                child = none
+            else:
+                child = rebuilt(child, f"{path}[{key!r}]", start)
+            kept.append(key)
+            children.append(child)
+            start += child.num_leaves
+        context = kept if keyed else node.context
         return pytree.TreeSpec(node.type, context, children)
 
     if classes and spec.type in classes:
         raise LoweringError("the call returns a key/value cache as its output: a training step needs "
                             "none, call the model with use_cache=False")
-    spec = rebuilt(spec, "output") if classes else spec
-    return spec, places
+    spec = rebuilt(spec, "output", 0) if classes else spec
+    return spec, places, holes
 
 
-#: The attribute of an ExportedProgram naming the places of the caches `drop_caches` left out.
+#: The attribute of an ExportedProgram naming the places of the caches `drop_caches` left
+#: out, and the flat positions of the None leaves put in their place.
 _DROPPED = "_remat_ir_dropped_caches"
 
 
 def drop_caches(exported: torch.export.ExportedProgram, classes: list[type]) -> None:
-    """Leave the caches out of `exported`'s output structure (`without_caches`), before
-    torch.export's registration of the classes is undone; the caches' places are kept on
-    it (`dropped_caches`), said once tracing is over (`tell_caches`)."""
+    """Take the caches out of `exported`'s output structure (`without_caches`), before
+    torch.export's registration of the classes is undone; their places are kept on it
+    (`dropped_caches`), said once tracing is over (`tell_caches`). Its module must then
+    return None in the places of those in tuples and lists (`fill_dropped_caches`)."""
     signature = exported.module_call_graph[0].signature
-    signature.out_spec, places = without_caches(signature.out_spec, classes)
-    setattr(exported, _DROPPED, places)
+    signature.out_spec, places, holes = without_caches(signature.out_spec, classes)
+    setattr(exported, _DROPPED, (places, holes))
 
 
 def dropped_caches(exported: torch.export.ExportedProgram) -> list[str]:
     """The places of the caches `drop_caches` left out of `exported`'s outputs."""
-    return getattr(exported, _DROPPED, [])
+    return getattr(exported, _DROPPED, ([], []))[0]
+
+
+def fill_dropped_caches(exported: torch.export.ExportedProgram, module: torch.fx.GraphModule) -> None:
+    """Make `module` (`exported.module()`) return None at the flat positions
+    `drop_caches` gave the caches of tuples and lists, as its output structure says."""
+    holes = getattr(exported, _DROPPED, ([], []))[1]
+    if not holes:
+        return
+    node = next(n for n in module.graph.nodes if n.op == "output")
+    flat = list(node.args[0])
+    for position in holes:   # ascending: each counts the ones before it
+        flat.insert(position, None)
+    node.args = (type(node.args[0])(flat),)
+    module.recompile()
 
 
 #: The (model class, places) whose cache was said to be left out, in this process.

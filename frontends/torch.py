@@ -72,7 +72,7 @@ from .script_functions import script_functions_as_python
 from .errors import LoweringError
 from .fx_nodes import custom_op_definitions, node_module
 from .selected_outputs import check_selection, select_outputs
-from .cache_outputs import drop_caches, dropped_caches, dropping_caches, tell_caches
+from .cache_outputs import drop_caches, dropped_caches, dropping_caches, fill_dropped_caches, tell_caches
 from .model_lines import library_line, model_line, node_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
@@ -1740,6 +1740,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
         try:
             decompositions = FUSING_DECOMPOSITIONS if fusing else None
             module = exported.module()
+            fill_dropped_caches(exported, module)
             held, global_tensors = lift_held_tensors(exported, module, model, reads.tensors)
             draw_in_layout(module, type(model).__name__)
             assign_through_masks(module)

@@ -51,7 +51,7 @@ def _t5():
 
 @pytest.mark.parametrize("make, extra, place", [
     (_gpt2, {}, "'cache'"),
-    (_gpt2, {"return_dict": False}, "2"),
+    (_gpt2, {"return_dict": False, "output_hidden_states": True}, "2"),
     (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_embd=16, n_layer=1, n_head=2, vocab_size=64, n_positions=16, use_cache=False)),
      {"use_cache": True}, "'cache'"),
@@ -81,9 +81,13 @@ def test_a_model_building_a_cache_trains_bitwise_as_eager_which_builds_it(make, 
     said = capsys.readouterr().err
     assert len(re.findall(_NOTICE.format(place), said)) == 1, said
     assert model.config.to_dict() == config
-    out = made[0](**batch)
-    assert len(out) == len(copy.deepcopy(model)(**batch)) - 1
+    out, theirs = made[0](**batch), copy.deepcopy(model)(**batch)
+    # A model output leaves it out; a tuple holds None in its place, what follows where eager's is.
+    assert len(out) == len(theirs) - (not isinstance(out, tuple))
     assert not any(isinstance(value, transformers.cache_utils.Cache) for value in pytree.tree_leaves(out))
+    if isinstance(out, tuple):   # hunt75: `out[3]` read the attentions where eager's held the hidden states
+        assert out[int(place)] is None
+        assert [h.shape for h in out[3]] == [h.shape for h in theirs[3]]
 
 
 def test_peft_prefix_tuning_which_returns_its_virtual_tokens_cache_trains_bitwise():
@@ -159,8 +163,9 @@ def _built(shape, counter):
 
 
 def _without(value):
-    """`value` with its caches left out of their containers (what `without_caches`'s spec
-    rebuilds), or None where one sits where none can be left out."""
+    """`value` with its caches left out of their model outputs and dicts and None in their
+    place in tuples and lists (what `without_caches`'s spec rebuilds); raises LookupError
+    where one sits where none can be left out."""
     if isinstance(value, DynamicCache):
         return None
     if isinstance(value, _Pair):
@@ -173,15 +178,16 @@ def _without(value):
     if isinstance(value, dict):
         return {key: _without(item) for key, item in value.items() if not isinstance(item, DynamicCache)}
     if isinstance(value, (tuple, list)):
-        return type(value)(_without(item) for item in value if not isinstance(item, DynamicCache))
+        return type(value)(_without(item) for item in value)
     return value
 
 
 @settings(max_examples=60, deadline=None)
 @given(shape=_outputs())
 def test_caches_anywhere_in_the_outputs_are_left_out_with_the_same_flat_tensors(shape):
-    """Whatever the nesting, the structure without the caches takes the same flat tensors
-    and rebuilds the outputs with each cache left out of its container; a cache where
+    """Whatever the nesting, the structure without the caches takes the same flat tensors,
+    with None at the positions it names, and rebuilds the outputs with each cache left out
+    of its model output or dict and None in its place in a tuple or list; a cache where
     none can be left out (the output itself, a named tuple's field) is refused naming
     use_cache=False."""
     value = _built(shape, [0])
@@ -197,9 +203,11 @@ def test_caches_anywhere_in_the_outputs_are_left_out_with_the_same_flat_tensors(
             with pytest.raises(LoweringError, match="use_cache=False"):
                 without_caches(spec, classes)
             return
-        rebuilt, places = without_caches(spec, classes)
+        rebuilt, places, holes = without_caches(spec, classes)
     assert DynamicCache not in pytree.SUPPORTED_NODES   # registered for the trace only
     assert len(places) == str(shape).count("cache")
+    for position in holes:
+        leaves.insert(position, None)
     again = pytree.tree_unflatten(leaves, rebuilt)
     assert pytree.tree_structure(again) == pytree.tree_structure(expected)
     assert all(a is b for a, b in zip(pytree.tree_leaves(again), pytree.tree_leaves(expected)))
