@@ -1,0 +1,71 @@
+"""A forward that sets Python's or NumPy's global generator before drawing from it.
+
+BigBird's block-sparse attention seeds NumPy's generator in every layer
+(`np.random.seed(layer)`) and then permutes blocks with it. Lowered fresh, the draws
+moved the generator and were refused; lowered after one eager call (users run an
+evaluation or a step before `remat`), the generator was already at the state the forward
+leaves, the draws went unseen, and every step left NumPy's generator where the caller had
+it instead of at the seed's state, as eager does. A forward that saves the state, draws,
+and puts the state back leaves it unmoved too, while eager draws other numbers at every
+step: the graph held the numbers drawn while tracing, silently. Both are refused, fresh
+or after a call (`frontends/trace_effects._STATE_SET_FIRST`).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import remat_ir
+from remat_ir.frontends.errors import LoweringError
+
+
+def _seeded(generator: str):
+    """Pick 4 of 8 columns by a permutation drawn right after seeding `generator`."""
+    if generator == "numpy":
+        np.random.seed(3)
+        return torch.as_tensor(np.random.permutation(8)[:4].copy())
+    random.seed(3)
+    return torch.tensor(random.sample(range(8), 4))
+
+
+def _put_back(generator: str):
+    """The same columns drawn with the caller's state, which is then put back."""
+    if generator == "numpy":
+        state = np.random.get_state()
+        columns = np.random.permutation(8)[:4].copy()
+        np.random.set_state(state)
+        return torch.as_tensor(columns)
+    state = random.getstate()
+    columns = random.sample(range(8), 4)
+    random.setstate(state)
+    return torch.tensor(columns)
+
+
+class _Columns(torch.nn.Module):
+    def __init__(self, pick):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.pick = pick
+
+    def forward(self, x):
+        return self.proj(x)[:, self.pick()].sum()
+
+
+@pytest.mark.parametrize("generator", ["numpy", "python"])
+@pytest.mark.parametrize("how", ["seeded", "put_back"])
+@pytest.mark.parametrize("called_first", [False, True], ids=["fresh", "after_a_call"])
+def test_a_draw_that_leaves_the_generator_where_it_was_is_refused_naming_the_line(generator, how, called_first):
+    pick = {"seeded": _seeded, "put_back": _put_back}[how]
+    torch.manual_seed(0)
+    model = _Columns(lambda: pick(generator))
+    x = torch.randn(2, 8)
+    if called_first:
+        model(x).backward()
+        model.zero_grad(set_to_none=True)
+    name = {"numpy": "NumPy's", "python": "Python's"}[generator]
+    with pytest.raises(LoweringError, match=rf"draws from {name} random generator \(.*test_seeded_draws\.py"):
+        remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")
