@@ -64,3 +64,39 @@ def test_trainer_given_the_model_remat_in_place_saves_checkpoints_from_pretraine
             assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
     assert len(losses["plain"]) == 3 and losses["remat"] == losses["plain"]
     assert all(torch.equal(a, b) for a, b in zip(trained["plain"], trained["remat"]))
+
+
+def test_trainer_epochs_with_accumulation_clipping_evaluation_saves_and_resume_are_plain_trainers(tmp_path):
+    """README's Trainer claim, run: two epochs of 22 samples at batch 4 (the last batch
+    smaller), gradient accumulation, clipping, an evaluation and a save per epoch. The log
+    (losses, gradient norms, evaluation losses) and the weights are plain Trainer's, and a
+    run resumed from the first epoch's checkpoint ends on the uninterrupted run's weights."""
+    from transformers import Trainer, TrainingArguments
+
+    dataset, evalset = token_dataset(22, 64, (9, 16)), token_dataset(6, 64, (9, 16))   # all padded to 16
+
+    def run(kind, name, resume=None):
+        model = small_llama(hidden=32, vocab=64)
+        if kind == "remat":
+            remat_ir.remat(model, _Collator()(dataset[:4]), solver="recompute-all", cost_model="flops",
+                           in_place=True)
+        args = TrainingArguments(output_dir=str(tmp_path / name), num_train_epochs=2, per_device_train_batch_size=4,
+                                 per_device_eval_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=0.5,
+                                 learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="epoch",
+                                 eval_strategy="epoch", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+                                 seed=0)
+        trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=evalset,
+                          data_collator=_Collator())
+        trainer.train(resume_from_checkpoint=resume)
+        log = [(entry.get("step"), entry.get("loss"), entry.get("grad_norm"), entry.get("eval_loss"))
+               for entry in trainer.state.log_history]
+        return log, [p.detach().clone() for p in model.parameters()]
+
+    plain_log, plain_weights = run("plain", "plain")
+    remat_log, remat_weights = run("remat", "remat")
+    assert sum(loss is not None for _, loss, _, _ in plain_log) == 6   # 2 epochs of 3 optimizer steps
+    assert sum(loss is not None for _, _, _, loss in plain_log) == 2   # an evaluation per epoch
+    assert remat_log == plain_log
+    assert all(torch.equal(a, b) for a, b in zip(plain_weights, remat_weights))
+    _, resumed_weights = run("remat", "resumed", resume=str(tmp_path / "remat" / "checkpoint-3"))
+    assert all(torch.equal(a, b) for a, b in zip(plain_weights, resumed_weights))
