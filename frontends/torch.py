@@ -1442,10 +1442,15 @@ class _Lowering:
                 # old value), it took its gradient parts otherwise than eager's engine, 7e-8
                 # off where a loss reads the parameter too (found by random schedules).
                 self.g.add_output(vid, "buffer_update", desc.mutated_input.target)
+                # So do the readers of its views (hunt77 F10: a target network's EMA written
+                # through `p.detach()` or `state_dict()`'s aliases; recomputed in the
+                # backward, the update read the new weights and was applied twice, 2.5 off).
                 if type(desc.mutated_input).__name__ == "ParamAOTInput":
                     written = next(e.value_id for e in self.g.proto.inputs if e.name == desc.mutated_input.target)
-                    for reader in self.g.users(written):
-                        self.g.node(reader).non_recomputable = True
+                    storage = self.g.value(written).storage_id
+                    for view in [v.id for v in self.g.proto.values if v.storage_id == storage]:
+                        for reader in self.g.users(view):
+                            self.g.node(reader).non_recomputable = True
             elif (kind_name == "InputMutationAOTOutput"
                   and type(desc.mutated_input).__name__ == "PlainAOTInput"
                   and desc.mutated_input not in differentiable):
