@@ -762,7 +762,11 @@ def _returned_input(result) -> list | None:
     parameter, a VAE its input: found by hunt59, refused before), else None."""
     if not isinstance(result, torch.fx.Node) or result.op != "placeholder":
         return None
-    desc = result.meta.get("desc")
+    return _member(result.meta.get("desc"))
+
+
+def _member(desc) -> list | None:
+    """`_returned_input`'s answer for a joint graph input's descriptor."""
     kind = type(desc).__name__
     if kind in ("ParamAOTInput", "BufferAOTInput"):
         return ["param" if kind == "ParamAOTInput" else "buffer", desc.target]
@@ -1404,6 +1408,13 @@ class _Lowering:
         returned = sum(type(desc).__name__ == "PlainAOTOutput" for desc in descs)
         differentiable = {desc.grad_of for result, desc in zip(results, descs)   # inputs
                           if type(desc).__name__ == "GradAOTOutput" and result is not None}
+        # A member written in place and returned (CLIP clamping its temperature under
+        # no_grad): eager returns the parameter itself, after the write. Returned as the
+        # write's value, it was a copy no gradient reached the parameter through (hunt77
+        # F2: the temperature never trained), or a buffer's snapshot (F3).
+        written_members = {result: member for result, desc in zip(results, descs)
+                   if type(desc).__name__ == "InputMutationAOTOutput"
+                   and (member := _member(desc.mutated_input)) is not None}
         for result, desc in zip(results, descs):
             if desc is None:
                 continue
@@ -1413,7 +1424,7 @@ class _Lowering:
             if kind_name == "PlainAOTOutput" and not isinstance(result, torch.fx.Node):
                 self.constant_outputs[desc.idx] = constant_output(result, desc.idx)
                 continue
-            if kind_name == "PlainAOTOutput" and (member := _returned_input(result)) is not None:
+            if kind_name == "PlainAOTOutput" and (member := _returned_input(result) or written_members.get(result)) is not None:
                 # A parameter, buffer or input returned as it is: the runtime hands over the
                 # object itself, as eager's forward does (`member_outputs`).
                 self.member_outputs[desc.idx] = member

@@ -59,3 +59,46 @@ def test_a_target_networks_ema_written_through_an_alias_trains_like_eager(write,
                           (x1, x2), {}, lambda out: out.sum(), steps=3)
     assert errors == {}
 
+
+
+class _ClampsItsTemperature(torch.nn.Module):
+    """CLIP's way: the learnable temperature clamped in place, then returned for the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.image, self.text = torch.nn.Linear(8, 4), torch.nn.Linear(6, 4)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(4.7))
+        self.register_buffer("seen", torch.zeros(4))
+
+    def forward(self, a, b, mask):
+        with torch.no_grad():
+            self.logit_scale.clamp_(0, 4.6052)
+            self.seen.add_(1)
+        mask.mul_(2)
+        image = torch.nn.functional.normalize(self.image(a), dim=-1)
+        return image, torch.nn.functional.normalize(self.text(b), dim=-1), self.logit_scale, self.seen, mask
+
+
+def _contrastive(out):
+    image, text, scale, _, _ = out
+    logits = scale.exp() * image @ text.t()
+    labels = torch.arange(image.shape[0])
+    return (torch.nn.functional.cross_entropy(logits, labels)
+            + torch.nn.functional.cross_entropy(logits.t(), labels)) / 2
+
+
+def test_a_member_written_in_place_and_returned_is_handed_over_itself_as_eager_returns_it():
+    """hunt77 F2/F3: the clamped temperature came back as a copy no gradient reached the
+    parameter through (it never trained, and every other gradient drifted), an updated
+    buffer as a snapshot, stale after the next call."""
+    torch.manual_seed(0)
+    a, b, mask = torch.randn(8, 8), torch.randn(8, 6), torch.ones(8)
+    assert side_by_side(_ClampsItsTemperature(), lambda m: remat_ir.remat(m, (a, b, mask.clone()),
+                                                                          solver="recompute-all",
+                                                                          cost_model="flops"),
+                        (a, b, mask), {}, _contrastive, steps=3) == {}
+    model = _ClampsItsTemperature()
+    scheduled = remat_ir.remat(model, (a, b, mask.clone()), solver="recompute-all", cost_model="flops")
+    given = mask.clone()
+    _, _, scale, seen, returned = scheduled(a, b, given)
+    assert scale is model.logit_scale and seen is model.seen and returned is given
