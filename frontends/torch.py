@@ -523,6 +523,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     if reads.stored.places:
         _read_either_stored(model, args, kwargs, reads, kept, exported)
     if not assigned and not outside.changed(traced):
+        reads.assigned_after = _assigned_each_call(reads)
         return exported
     modules = dict(model.named_modules())
     for (path, key), (value, _, _) in assigned.items():
@@ -563,7 +564,19 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
         _put_back(model, assigned)
         raise
     reads.either(before)   # both traces made this program: the values either read lead to it
+    reads.assigned_after = _assigned_each_call(reads)
     return exported
+
+
+def _assigned_each_call(reads: TracedReads) -> list:
+    """[[module path, attribute, value]] of the plain values the forward assigns where they
+    are now (`reads.settled`), which the runtime assigns after each call, as eager's forward
+    does at each: a caller may change them between calls (`model.train()` after a forward
+    setting `self.teacher.training`), and a plan made for another value (`self.tau = tau`
+    for an argument) leaves its own. Left on the model at lowering alone, a call of a plan
+    kept for an earlier value left the attribute at the last value lowered (hunt77 F4:
+    a loss read `model.tau` 0.5 where eager's had 1.0, 4x off)."""
+    return [[path, key, value] for (path, key), value in sorted(reads.settled.items())]
 
 
 def _first_call_setup(assigned: dict, modules: dict, reads: TracedReads) -> list | None:
@@ -804,7 +817,8 @@ def _traced(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRead
     try:
         with _quiet_tracing(printed), preserving_functions(errors, reads.functions), \
                 recording_reads(model, reads), _tensors_python_side(model, args, kwargs, hook_calls), \
-                refusing_trace_effects(model, effects, assigned, reads.python_draws, reads.stored), \
+                refusing_trace_effects(model, effects, assigned, reads.python_draws, reads.stored,
+                                       reads.settled), \
                 drawing_as_eager(), \
                 eager_mask_decisions(model, args, kwargs, reads.decisions), \
                 eager_input_branches(model, args, kwargs, reads.decisions), \

@@ -589,13 +589,32 @@ def _held(module: torch.nn.Module, key: str):
     return own.get(key, MISSING)
 
 
+def _mode_setter_depth(key: str) -> int:
+    """How far up the stack the code assigning `key` is: for `training`, the first frame
+    above `Module.train` (`self.teacher.eval()` in a forward: hunt77 F1, a teacher put in
+    evaluation mode at every call stayed in training mode after the caller's
+    `model.train()`, its statistics and outputs 0.65 off eager's), else the caller."""
+    depth = 2
+    if key == "training":
+        frame = sys._getframe(depth)
+        while frame is not None and frame.f_code.co_filename == _MODULE_FILE and frame.f_code.co_name in ("train", "eval"):
+            frame, depth = frame.f_back, depth + 1
+    return depth - 1   # from the caller's frame
+
+
+#: `torch.nn.Module`'s file, where `train` and `eval` set `training`.
+_MODULE_FILE = torch.nn.modules.module.__file__
+
+
 @contextlib.contextmanager
 def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: dict | None = None,
-                           python_draws: list[int] | None = None, stored: StoredTensors | None = None):
+                           python_draws: list[int] | None = None, stored: StoredTensors | None = None,
+                           settled: dict | None = None):
     """While the block traces `model`, note in `found` each effect the graph would not keep
     (module docstring); module attributes are put back afterwards. With `assigned`, a plain
     value the model's code assigns to one of its modules' attributes is not an effect
-    where it is the value the attribute had; otherwise it goes into `assigned`, as
+    where it is the value the attribute had (it goes into `settled`, (module path,
+    attribute) -> value, which the runtime assigns after each call); otherwise it goes into `assigned`, as
     (module path, attribute) -> (value, 'file:line', the value before or `MISSING`), for
     the caller to trace again. With `python_draws`, numbers the model's code draws from
     Python's generator with `random()` and `uniform()` are `RangedDraw`s (`python_draws`
@@ -637,7 +656,6 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     plainly_set: set[tuple[int, str]] = set()   # (module, attribute) given a plain value: `_RESET_STATE`
 
     def setattr_noted(module, key, value):
-        caller = sys._getframe(1).f_code.co_filename
         # Read from the instance: a module whose __init__ assigns before Module.__init__ has
         # none yet, and `module._buffers` went to its __getattr__, which raised (named as the
         # model's own AttributeError, "eager raises it too").
@@ -651,15 +669,21 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             return
         if plain(value):   # a reset (`self.state = None`), held already or not
             plainly_set.add((id(module), key))
-        if _held(module, key) is value:
-            # The object it holds already (`self.classifier = self.classifier.to(dtype)`,
-            # the cast changing nothing: `module_casts`): no effect.
-            return module_setattr(module, key, value)
+        depth = _mode_setter_depth(key)
+        caller = sys._getframe(depth).f_code.co_filename
         # A module outside the model (one the forward makes and drops) keeps nothing of it.
         path = paths.of(module)[0]
-        if key not in _MODULE_KEYS and path is not None and (
-                is_users_file(caller) if key.startswith("_") else is_model_file(caller)):
-            where = f"{caller}:{sys._getframe(1).f_lineno}"
+        models = (key not in _MODULE_KEYS or key == "training") and path is not None and (
+            is_users_file(caller) if key.startswith("_") else is_model_file(caller))
+        if _held(module, key) is value:
+            # The object it holds already (`self.classifier = self.classifier.to(dtype)`,
+            # the cast changing nothing: `module_casts`): no effect, but a plain one is
+            # assigned again after each call (`settled`).
+            if models and settled is not None and plain(value):
+                settled[(path, key)] = value
+            return module_setattr(module, key, value)
+        if models:
+            where = f"{caller}:{sys._getframe(depth).f_lineno}"
             if assigned is not None and plain(value):
                 at = (path, key)
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
@@ -810,7 +834,9 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             delattr(modules[path], key)
         for at, (value, _, before) in list((assigned or {}).items()):
             if type(before) is type(value) and before == value:
-                del assigned[at]   # the value it had: nothing to keep
+                del assigned[at]   # the value it had: nothing to keep now
+                if settled is not None:
+                    settled[at] = value
         for (path, key), before in attributes.items():
             module = modules.get(path)
             if module is not None and _changed(before, vars(module).get(key), tensors=not key.startswith("_"),

@@ -260,6 +260,10 @@ class TracedReads:
     #: [module path, attribute, value] the forward assigns at a first call's setup, which
     #: the runtime assigns after each call of this graph (`frontends/torch.py` `_export`).
     assigned_after: list = field(default_factory=list)
+    #: (module path, attribute) -> the plain value the forward assigned there, which the
+    #: attribute held already (`trace_effects`): what every call assigns, once the trace
+    #: left it on the model (`frontends/torch.py` `_export`).
+    settled: dict = field(default_factory=dict)
     #: (module path, attribute) of every attribute of its own the forward read from a
     #: module: the functions a module holds are the model's code only where read
     #: (`_held_functions`).
@@ -273,6 +277,7 @@ class TracedReads:
             table.clear()
         self.stored.places.clear()
         self.assigned_after = []
+        self.settled = {}
 
     def take(self, other: TracedReads) -> None:
         """Hold what `other` (a `copy` of another trace's) read, in place of what this one did."""

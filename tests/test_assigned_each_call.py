@@ -1,0 +1,83 @@
+"""Plain values a forward assigns to its modules at every call (`self.tau = tau` for the
+loss to read, `self.n_tokens = ...`, `self.teacher.eval()`) are assigned after every call
+of a plan, as eager's forward assigns them (`torch.assigned_after`, from
+`trace_effects`' `settled`).
+
+They were left on the model once, by the trace. A call that ran a plan kept for an earlier
+value then left the attribute at the last value lowered (hunt77 F4: a loss reading
+`model.tau` 4x off), and a caller's `model.train()` between steps stayed over a forward
+that puts its teacher in evaluation mode (F1: the teacher's statistics and outputs 0.65
+off eager's after the step).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import remat_ir
+
+
+class _Remembers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.tau, self.tokens = 1.0, 0
+
+    def forward(self, x, tau=1.0):
+        self.tau = tau                       # read by the loss outside
+        self.tokens = x.shape[0] * x.shape[1]
+        return self.a(x) / tau
+
+
+def test_values_assigned_from_arguments_and_shapes_are_eagers_after_every_call():
+    torch.manual_seed(0)
+    eager = _Remembers()
+    model = copy.deepcopy(eager)
+    scheduled = remat_ir.remat(model, (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
+    for tau, batch in ((1.0, 4), (0.5, 2), (1.0, 4), (0.5, 4)):
+        x = torch.randn(batch, 8)
+        losses = [(out * side.tau).pow(2).sum() / side.tokens
+                  for out, side in ((eager(x, tau=tau), eager), (scheduled(x, tau=tau), model))]
+        for loss in losses:
+            loss.backward()
+        assert (model.tau, model.tokens) == (eager.tau, eager.tokens) and torch.equal(*losses)
+        assert torch.equal(eager.a.weight.grad, model.a.weight.grad)
+
+
+class _Distills(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.student = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        self.teacher = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                           torch.nn.Linear(16, 4)).requires_grad_(False)
+
+    def forward(self, x):
+        self.teacher.eval()   # its statistics frozen, whatever the caller set
+        with torch.no_grad():
+            target = self.teacher(x)
+        return torch.nn.functional.mse_loss(self.student(x), target)
+
+
+def test_a_teacher_put_in_evaluation_mode_by_the_forward_stays_there_after_the_callers_train():
+    torch.manual_seed(0)
+    eager = _Distills()
+    model = copy.deepcopy(eager)
+    xs = [torch.randn(16, 8) for _ in range(3)]
+    scheduled = remat_ir.remat(model, (xs[0],), solver="recompute-all", cost_model="flops")
+    sides = [(eager, eager, torch.optim.AdamW(eager.parameters(), lr=1e-2)),
+             (model, scheduled, torch.optim.AdamW(model.parameters(), lr=1e-2))]
+    for x in xs:
+        seen = []
+        for owner, call, optimizer in sides:
+            owner.train()   # the loop's usual call
+            optimizer.zero_grad()
+            call(x).backward()
+            optimizer.step()
+            with torch.no_grad():   # the teacher used after the step: a metric
+                seen.append((owner.teacher.training, owner.teacher(x), owner.teacher[1].running_mean.clone()))
+        (training_e, out_e, mean_e), (training_s, out_s, mean_s) = seen
+        assert training_e is training_s is False
+        assert torch.equal(out_e, out_s) and torch.equal(mean_e, mean_s)
+    assert len(scheduled.plans) == 1
