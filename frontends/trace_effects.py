@@ -44,10 +44,12 @@ through it is a parameter written in place, which lowering refuses by name.
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import copy
 import functools
+import inspect
 import math
 import random
 import re
@@ -111,11 +113,45 @@ def _attribute_state(model: torch.nn.Module) -> dict:
     for path, module in model.named_modules():
         users = in_users_file(type(module).__module__)
         for key, value in vars(module).items():
-            if key in _MODULE_KEYS or (key.startswith("_") and not (users and isinstance(value, _CONTAINERS))):
+            if key in _MODULE_KEYS or (key.startswith("_") and not (
+                    users and (isinstance(value, _CONTAINERS) or plain(value) or _array(value)))):
                 continue
-            items = value.copy() if isinstance(value, _CONTAINERS) else None
+            items = value.copy() if isinstance(value, _CONTAINERS) else \
+                _Snapshot(_array_bytes(value)) if _array(value) else None
             state[(path, key)] = (value, items)
     return state
+
+
+#: A NumPy array, `array.array` or `bytearray` attribute's contents, as bytes (hunt77 F8:
+#: a counter kept in one, `self.n[0] += 1`, changed in place and went unseen: every step
+#: ran with the count tracing read, 0.23 off eager's loss, silently).
+class _Snapshot(bytes):
+    pass
+
+
+#: Arrays this large are not copied before every trace.
+_ARRAY_BYTES = 1 << 20
+
+
+def _array(value) -> bool:
+    numpy = sys.modules.get("numpy")
+    if isinstance(value, (array.array, bytearray)):
+        return len(value) * getattr(value, "itemsize", 1) <= _ARRAY_BYTES
+    return numpy is not None and isinstance(value, numpy.ndarray) and value.nbytes <= _ARRAY_BYTES
+
+
+def _array_bytes(value) -> bytes:
+    return value.tobytes() if hasattr(value, "tobytes") else bytes(value)
+
+
+def _write_bytes(value, data: bytes) -> None:
+    """Put `data` (`_array_bytes` of it before) back into an array in place."""
+    if isinstance(value, bytearray):
+        value[:] = data
+    elif isinstance(value, array.array):
+        value[:] = array.array(value.typecode, data)
+    else:
+        value[...] = sys.modules["numpy"].frombuffer(data, dtype=value.dtype).reshape(value.shape)
 
 
 def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
@@ -134,6 +170,8 @@ def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
     value, items = before
     if items is None or after is not value:
         return False
+    if isinstance(items, _Snapshot):
+        return _array_bytes(after) != items
     if not tensors:
         differing = _differing(items, after)
         if any(not isinstance(item, torch.Tensor) or item.requires_grad
@@ -162,10 +200,25 @@ def _same(item, now) -> bool:
     return struct.pack("<d", item) == struct.pack("<d", now) if type(item) is float else item == now
 
 
+def _replaced_unseen(module: torch.nn.Module, key: str, before, through_setattr: set) -> bool:
+    """Whether the forward replaced `module.key` (which held `before`) other than through
+    `nn.Module.__setattr__`, which notes what it assigns (hunt77 F7: a counter written
+    through `self.__dict__` or `object.__setattr__` ran with its traced value at every
+    step, 0.03 off eager's weights after two, silently)."""
+    after = vars(module).get(key, MISSING)
+    if after is before or (id(module), key) in through_setattr:
+        return False
+    return not (plain(after) and type(after) is type(before) and after == before)
+
+
 def _change_said(key: str, path: str, before: tuple) -> str:
     """The effect of a change to a module's list or dict attribute, as `found` says it;
     for tensors kept there, what to do instead."""
     value, items = before
+    if isinstance(items, _Snapshot):
+        return (f"it changes the {type(value).__name__} in module attribute {key!r} of {path or '<root>'} in "
+                f"place (a counter?), which the graph holds as the values tracing read: keep it outside "
+                f"the forward, or in a buffer written in place (`self.count.add_(1)`)")
     kept = key.startswith("_") and items is not None and any(
         isinstance(item, torch.Tensor) for item in _differing(items, value))
     if kept:
@@ -227,7 +280,9 @@ def _differing(items, after) -> list:
 
 def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
     value, items = before
-    if items is not None:
+    if isinstance(items, _Snapshot):
+        _write_bytes(value, items)
+    elif items is not None:
         value.clear()
         (value.extend if isinstance(value, _SEQUENCES) else value.update)(items)
     object.__setattr__(module, key, value)
@@ -655,7 +710,14 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     module_setattr = torch.nn.Module.__setattr__
     plainly_set: set[tuple[int, str]] = set()   # (module, attribute) given a plain value: `_RESET_STATE`
 
+    through_setattr: set[tuple[int, str]] = set()   # (module, attribute) assigned through `__setattr__`
+
     def setattr_noted(module, key, value):
+        through_setattr.add((id(module), key))
+        if isinstance(inspect.getattr_static(type(module), key, None), property):
+            # A property's setter: what it writes is noted as it writes it (its `del` on
+            # putting back crashed, hunt77 F16).
+            return module_setattr(module, key, value)
         # Read from the instance: a module whose __init__ assigns before Module.__init__ has
         # none yet, and `module._buffers` went to its __getattr__, which raised (named as the
         # model's own AttributeError, "eager raises it too").
@@ -744,6 +806,14 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             if path in modules and key in vars(modules[path]) and _changed(
                     before, vars(modules[path])[key], tensors=not key.startswith("_"), derived=is_derived):
                 found.append(_change_said(key, path, before))
+            elif path in modules and _replaced_unseen(modules[path], key, before[0], through_setattr):
+                found.append(f"it changes module attribute {key!r} of {path or '<root>'} without "
+                             f"`nn.Module.__setattr__` (`object.__setattr__`, `self.__dict__[...]`, "
+                             f"`vars(self)`), which tracing runs once and the graph does not keep: "
+                             f"assign it as `self.{key.lstrip('_') if key.startswith('_') else key} = ...` "
+                             f"(remat-ir then keeps what every call assigns, or refuses a counter by "
+                             f"line), or keep it outside the forward")
+                object.__setattr__(modules[path], key, before[0])
 
     # What a private cache may not hold, followed only where the model's own classes keep
     # private containers: the mode costs every traced op a Python call (a 2-layer GPT-2,

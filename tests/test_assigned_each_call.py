@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import remat_ir
+from remat_ir.frontends.errors import LoweringError
 
 
 class _Remembers(torch.nn.Module):
@@ -81,3 +83,47 @@ def test_a_teacher_put_in_evaluation_mode_by_the_forward_stays_there_after_the_c
         assert training_e is training_s is False
         assert torch.equal(out_e, out_s) and torch.equal(mean_e, mean_s)
     assert len(scheduled.plans) == 1
+
+
+class _Counts(torch.nn.Module):
+    """A warm-up counter kept where `nn.Module.__setattr__` does not see it change."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.how, self.step, self._count = how, 0, 0
+        self.array = __import__("numpy").zeros(1) if how == "numpy" else \
+            __import__("array").array("d", [0.0]) if how == "array" else bytearray(1)
+
+    @property
+    def count(self):
+        return self._count
+
+    @count.setter
+    def count(self, value):
+        object.__setattr__(self, "_count", value)
+
+    def forward(self, x):
+        if self.how == "object_setattr":
+            object.__setattr__(self, "step", self.step + 1)
+        elif self.how == "dict":
+            self.__dict__["step"] += 1
+        elif self.how == "vars":
+            vars(self).update(step=self.step + 1)
+        elif self.how == "property":
+            self.count = self.count + 1
+        else:
+            self.array[0] += 1
+        return self.a(x).pow(2).mean() * min(1.0, (self.step + self._count + float(self.array[0])) / 4)
+
+
+@pytest.mark.parametrize("how", ["object_setattr", "dict", "vars", "property", "numpy", "array", "bytearray"])
+def test_a_counter_changed_unseen_by_setattr_is_refused_naming_it(how):
+    """hunt77 F7/F8/F16: such counters ran with the value tracing read at every step
+    (0.03 off eager's weights after two), and a property's setter crashed inside remat-ir
+    ("property 'count' has no deleter")."""
+    model = _Counts(how)
+    where = {"property": "'_count'", "numpy": "'array'", "array": "'array'", "bytearray": "'array'"}.get(how, "'step'")
+    with pytest.raises(LoweringError, match=f"changes .*module attribute {where}"):
+        remat_ir.remat(model, (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
+    assert (model.step, model._count, float(model.array[0])) == (0, 0, 0.0)   # put back
