@@ -1026,3 +1026,34 @@ def test_dropouts_whose_scale_rounds_otherwise_train_like_eager(p, transposed):
     errors = side_by_side(_Model(), lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops"),
                           (x,), {}, lambda out: out, steps=2)
     assert errors == {}
+
+
+class _SparseInit(torch.nn.Module):
+    """A random weight made in the forward as `nn.init.sparse_` makes one: `normal_`, then
+    rows zeroed in each column at `randperm`'s draws (draws that depend on values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        w = torch.empty(8, 8).normal_()
+        for column in range(6):
+            w[torch.randperm(8)[:4], column] = 0
+        return self.b(self.a(x) @ w)
+
+
+def test_hiremate_leaves_out_h_ilp_answers_that_reorder_value_dependent_draws():
+    """hunt76 F2: an H-ILP answer running such draws out of eager's order was raised as
+    hiremate's error ("assembled an invalid schedule") where other plans fit."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    try:
+        remat_ir.remat(_SparseInit(), (x,), budget=0.5, cost_model="flops", cache_dir=False)
+        budget = 0.5
+    except remat_ir.InfeasibleBudget as refused:
+        budget = refused.smallest_feasible
+    errors = side_by_side(_SparseInit(), lambda m: remat_ir.remat(m, (x,), budget=budget, cost_model="flops",
+                                                                  cache_dir=False),
+                          (x,), {}, lambda out: out.sin().sum(), steps=2)
+    assert errors == {}
