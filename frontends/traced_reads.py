@@ -794,6 +794,7 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
     `graph_module`: the exported program's module, whose custom ops' registered backwards
     are traced into the graph (`_custom_op_autograd`)."""
     seen: set = set()
+    functions_seen: set = set()   # (function, reached) scanned by `scan_function`
     #: The attribute names (and strings) the code that may run in the forward looks up,
     #: and the user's classes it reaches (`_classes_handed`, `reads.classes`).
     looked_up: set[str] = set()
@@ -830,7 +831,12 @@ def record_globals(model: torch.nn.Module, reads: TracedReads,
         """`scan` a function of the user's files, and the functions of the user's files a
         decorator's wrapper runs (its `__wrapped__`, its closure's): found by a review, the
         globals of a helper under `functools.wraps` or `torch.compiler.disable` were not
-        recorded, nor those of a forward under a decorator of the user's, silently."""
+        recorded, nor those of a forward under a decorator of the user's, silently. Each
+        once: a nested function calling itself holds itself in its closure (hunt76: a
+        RecursionError from here)."""
+        if (function, reached) in functions_seen:
+            return
+        functions_seen.add((function, reached))
         scan(function.__code__, function.__globals__, depth, reached)
         if reached:   # `def by_cls(h, c=D)`
             classes.update(_users_classes([*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]))

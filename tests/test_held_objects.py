@@ -162,3 +162,32 @@ def test_a_callback_the_forward_never_calls_is_no_read_of_the_step(calls):
     finally:
         _LOGGED_STEP = 0
     assert len(scheduled.plans) == (1 if not calls else 4)   # lowered at 0, planned again at 10, 20, 30
+
+
+def _recursive_closure():
+    def repeat(z, n):
+        return z if n == 0 else repeat(z.sin(), n - 1)
+    return repeat
+
+
+_REPEAT = _recursive_closure()
+
+
+class _Repeats(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(_REPEAT(self.a(x), 2))
+
+
+def test_a_nested_function_calling_itself_is_scanned_once_and_trains_like_eager():
+    """hunt76 F6: its closure holds itself, and scanning the functions the forward reaches
+    recursed until Python's limit (RecursionError from inside remat-ir)."""
+    from exactness import side_by_side
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    assert side_by_side(_Repeats(), lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops"),
+                        (x,), {}, lambda out: out.sum(), steps=2) == {}
