@@ -185,8 +185,6 @@ class _Repeats(torch.nn.Module):
 def test_a_nested_function_calling_itself_is_scanned_once_and_trains_like_eager():
     """hunt76 F6: its closure holds itself, and scanning the functions the forward reaches
     recursed until Python's limit (RecursionError from inside remat-ir)."""
-    from exactness import side_by_side
-
     torch.manual_seed(0)
     x = torch.randn(4, 8)
     assert side_by_side(_Repeats(), lambda m: remat_ir.remat(m, (x,), solver="recompute-all", cost_model="flops"),
