@@ -390,6 +390,15 @@ def _check_dense_members(model: torch.nn.Module, args: tuple, kwargs: dict) -> N
              *(("buffer", n, t) for n, t in model.named_buffers()),
              *(("input", argument_name(path), t) for path, t in pytree.tree_flatten_with_path((args, kwargs))[0]
                if isinstance(t, torch.Tensor))]
+    for path, module in model.named_modules():
+        # Its sparse backward selects the rows apart from padding with a `nonzero`, which
+        # stopped the trace first: refused as a data-dependent op "in the forward", with
+        # advice on masks (hunt76); without padding_idx the graph's check below names it.
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse \
+                and module.padding_idx is not None and module.weight.requires_grad:
+            raise LoweringError(f"{type(model).__name__}'s {type(module).__name__} {path!r} has sparse=True: "
+                                f"its backward makes a sparse gradient, and remat-ir lowers dense "
+                                f"tensors only; pass sparse=False")
     for kind, name, tensor in named:
         if tensor.layout != torch.strided:
             raise LoweringError(f"{type(model).__name__}'s {kind} {name!r} is a {tensor.layout} "

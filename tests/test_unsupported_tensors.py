@@ -96,3 +96,22 @@ def test_float_helpers_and_what_the_forward_never_reads_are_no_cause_of_refusal(
     remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops")(x).sum().backward()
     eager(x).sum().backward()
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), model.parameters()))
+
+
+@pytest.mark.parametrize("kind", ["Embedding", "EmbeddingBag"])
+def test_a_sparse_embedding_with_padding_is_refused_naming_it_and_sparse_false(kind):
+    """hunt76 F1: refused as a data-dependent `nonzero` "in the forward", with advice on
+    masks; the `nonzero` is its sparse backward's, selecting the rows apart from padding."""
+
+    class _Embeds(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = getattr(torch.nn, kind)(10, 8, sparse=True, padding_idx=1)
+            self.head = torch.nn.Linear(8, 2)
+
+        def forward(self, ids):
+            return self.head(self.table(ids)).sum()
+
+    with pytest.raises(LoweringError, match=rf"_Embeds's {kind} 'table' has sparse=True.*pass sparse=False"):
+        remat_ir.remat(_Embeds(), (torch.tensor([[1, 2, 3], [4, 1, 5]]),), solver="recompute-all",
+                       cost_model="flops")
