@@ -49,6 +49,7 @@ import collections
 import contextlib
 import copy
 import functools
+import hashlib
 import inspect
 import math
 import random
@@ -117,7 +118,7 @@ def _attribute_state(model: torch.nn.Module) -> dict:
                     users and (isinstance(value, _CONTAINERS) or plain(value) or _array(value)))):
                 continue
             items = value.copy() if isinstance(value, _CONTAINERS) else \
-                _Snapshot(_array_bytes(value)) if _array(value) else None
+                _array_bytes(value) if _array(value) else None
             state[(path, key)] = (value, items)
     return state
 
@@ -129,19 +130,28 @@ class _Snapshot(bytes):
     pass
 
 
-#: Arrays this large are not copied before every trace.
-_ARRAY_BYTES = 1 << 20
+#: Arrays larger than this are compared by a digest of their bytes, not a copy, and
+#: cannot be put back (hunt79: a counter in a 2.4 MB array was not looked at, 8.8 off).
+_ARRAY_BYTES = 1 << 26
+
+
+class _Digest(_Snapshot):
+    pass
 
 
 def _array(value) -> bool:
     numpy = sys.modules.get("numpy")
-    if isinstance(value, (array.array, bytearray)):
-        return len(value) * getattr(value, "itemsize", 1) <= _ARRAY_BYTES
-    return numpy is not None and isinstance(value, numpy.ndarray) and value.nbytes <= _ARRAY_BYTES
+    return isinstance(value, (array.array, bytearray)) or (numpy is not None and isinstance(value, numpy.ndarray))
 
 
 def _array_bytes(value) -> bytes:
-    return value.tobytes() if hasattr(value, "tobytes") else bytes(value)
+    """The array's bytes, or (`_Digest`) a digest of them past `_ARRAY_BYTES`."""
+    size = value.nbytes if hasattr(value, "nbytes") else len(value) * getattr(value, "itemsize", 1)
+    if size > _ARRAY_BYTES:
+        numpy = sys.modules.get("numpy")
+        data = numpy.ascontiguousarray(value) if numpy is not None and isinstance(value, numpy.ndarray) else value
+        return _Digest(hashlib.blake2b(memoryview(data).cast("B")).digest())
+    return _Snapshot(value.tobytes() if hasattr(value, "tobytes") else bytes(value))
 
 
 def _write_bytes(value, data: bytes) -> None:
@@ -280,7 +290,9 @@ def _differing(items, after) -> list:
 
 def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
     value, items = before
-    if isinstance(items, _Snapshot):
+    if isinstance(items, _Digest):
+        pass   # not kept: left as the trace left it
+    elif isinstance(items, _Snapshot):
         _write_bytes(value, items)
     elif items is not None:
         value.clear()
@@ -689,17 +701,25 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     generators = _generators(model)
     outside, caches = outside_state.holders(model), outside_state.lru_caches()
     paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
-    originals = [(owner, name, getattr(owner, name)) for owner, name in _TORCH_RNG]
+    originals = [(owner, name, getattr(owner, name), "torch") for owner, name in _TORCH_RNG]
+    # Python's and NumPy's generators set by the forward, drawn from or not (hunt79: a
+    # forward seeding them, lowered after one call, found them where it leaves them, and
+    # the step never set them: the caller's later draws were other than eager's).
+    numpy = sys.modules.get("numpy")
+    originals += [(owner, name, getattr(owner, name), owner.__name__) for owner, name in
+                  [(random, "seed"), (random, "setstate"),
+                   *([(numpy.random, "seed"), (numpy.random, "set_state")] if numpy is not None else [])]]
 
-    def noted(name, function):
+    def noted(prefix, name, function):
         def call(*args, **kwargs):
             if where := model_caller(1):
-                found.append(f"it calls torch.{name} at {where}")
+                found.append(f"it calls {prefix}.{name} at {where}" + (
+                    "" if prefix == "torch" else " (the step, which runs no Python, would not set the generator)"))
             return function(*args, **kwargs)
         return call
 
-    for owner, name, function in originals:
-        setattr(owner, name, noted(name, function))
+    for owner, name, function, prefix in originals:
+        setattr(owner, name, noted(prefix, name, function))
     draws: dict[str, str] = {}   # generator -> where the model's code first drew from it
     ranged: list[int] | None = [] if python_draws is not None else None   # per forward traced
     drawing = _drawing_functions()
@@ -849,7 +869,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             starts.remove()
         torch.nn.Module.__setattr__ = module_setattr
         torch.nn.Module.register_buffer = register_buffer
-        for owner, name, function in originals:
+        for owner, name, function, _ in originals:
             setattr(owner, name, function)
         for owner, name, function, _ in drawing:
             setattr(owner, name, function)

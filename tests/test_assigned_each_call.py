@@ -127,3 +127,15 @@ def test_a_counter_changed_unseen_by_setattr_is_refused_naming_it(how):
     with pytest.raises(LoweringError, match=f"changes .*module attribute {where}"):
         remat_ir.remat(model, (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
     assert (model.step, model._count, float(model.array[0])) == (0, 0, 0.0)   # put back
+
+
+def test_a_counter_in_an_array_past_the_copy_limit_is_refused_by_its_digest(monkeypatch):
+    """hunt79: an array past the bytes copied before a trace was not looked at, and a
+    counter in it ran with its traced value (8.8 off eager's loss by the third step)."""
+    from remat_ir.frontends import trace_effects
+
+    monkeypatch.setattr(trace_effects, "_ARRAY_BYTES", 16)
+    model = _Counts("numpy")
+    model.array = __import__("numpy").zeros(1000)
+    with pytest.raises(LoweringError, match="changes the ndarray in module attribute 'array'"):
+        remat_ir.remat(model, (torch.randn(4, 8),), solver="recompute-all", cost_model="flops")
