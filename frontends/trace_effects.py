@@ -393,16 +393,6 @@ def _drawing_functions() -> list[tuple[object, str, object, str]]:
     return found
 
 
-#: Said of a draw from Python's or NumPy's global generator that leaves it in the state
-#: it was in: the forward sets the state before drawing (BigBird seeds NumPy's in every
-#: layer, `np.random.seed(layer)`), and the state it was in is the one a first call left
-#: (or it puts back a state it saved). Lowered after one eager call, BigBird's draws went
-#: unseen by the state comparison: the step left NumPy's generator where the caller had
-#: it, not at the seed's state eager leaves (found in the families sweep's "called" mode).
-_STATE_SET_FIRST = (", found in the state it was in before the call: the forward sets that state before "
-                    "drawing (`seed`, `setstate`), and the step, which runs no Python, would not set it")
-
-
 #: Where a draw from NumPy's global generator comes from in transformers, and what to do.
 _LIBRARY_DRAWS = {
     "_compute_mask_indices": "transformers' SpecAugment: set mask_time_prob=0.0 and "
@@ -829,10 +819,10 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             elif path in modules and _replaced_unseen(modules[path], key, before[0], through_setattr):
                 found.append(f"it changes module attribute {key!r} of {path or '<root>'} without "
                              f"`nn.Module.__setattr__` (`object.__setattr__`, `self.__dict__[...]`, "
-                             f"`vars(self)`), which tracing runs once and the graph does not keep: "
-                             f"assign it as `self.{key.lstrip('_') if key.startswith('_') else key} = ...` "
-                             f"(remat-ir then keeps what every call assigns, or refuses a counter by "
-                             f"line), or keep it outside the forward")
+                             f"`vars(self)`, a property's setter), which tracing runs once and the graph "
+                             f"does not keep: keep it outside the forward, or, for a bool, number, "
+                             f"string or None, assign it as `self.{key} = ...` (remat-ir then assigns "
+                             f"what every call assigns, and refuses a counter by line)")
                 object.__setattr__(modules[path], key, before[0])
 
     # What a private cache may not hold, followed only where the model's own classes keep
@@ -907,13 +897,9 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it draws from Python's random generator "
                              f"({draws.get('python', 'random.random and the like')})")
             random.setstate(python)
-        elif "python" in draws:
-            found.append(f"it draws from Python's random generator ({draws['python']}){_STATE_SET_FIRST}")
         if "NumPy's" in outside_generators.moved():
             found.append(f"it draws from NumPy's random generator ({draws.get('numpy', 'np.random')})")
             outside_generators.restore()
-        elif "numpy" in draws:
-            found.append(f"it draws from NumPy's random generator ({draws['numpy']}){_STATE_SET_FIRST}")
         modules = dict(model.named_modules())
         added = {(path, key) for path, module in modules.items() for key in vars(module)
                  if not key.startswith("_") and key not in _MODULE_KEYS
