@@ -1436,8 +1436,8 @@ class _Lowering:
         # write's value, it was a copy no gradient reached the parameter through (hunt77
         # F2: the temperature never trained), or a buffer's snapshot (F3).
         written_members = {result: member for result, desc in zip(results, descs)
-                   if type(desc).__name__ == "InputMutationAOTOutput"
-                   and (member := _member(desc.mutated_input)) is not None}
+                           if type(desc).__name__ == "InputMutationAOTOutput"
+                           and (member := _member(desc.mutated_input)) is not None}
         for result, desc in zip(results, descs):
             if desc is None:
                 continue
@@ -1447,7 +1447,8 @@ class _Lowering:
             if kind_name == "PlainAOTOutput" and not isinstance(result, torch.fx.Node):
                 self.constant_outputs[desc.idx] = constant_output(result, desc.idx)
                 continue
-            if kind_name == "PlainAOTOutput" and (member := _returned_input(result) or written_members.get(result)) is not None:
+            member = _returned_input(result) or written_members.get(result) if kind_name == "PlainAOTOutput" else None
+            if member is not None:
                 # A parameter, buffer or input returned as it is: the runtime hands over the
                 # object itself, as eager's forward does (`member_outputs`).
                 self.member_outputs[desc.idx] = member

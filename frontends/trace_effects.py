@@ -140,8 +140,11 @@ class _Digest(_Snapshot):
 
 
 def _array(value) -> bool:
+    """An `array.array`, a `bytearray` or a NumPy array of numbers (one of objects holds
+    references, whose bytes say nothing of their values)."""
     numpy = sys.modules.get("numpy")
-    return isinstance(value, (array.array, bytearray)) or (numpy is not None and isinstance(value, numpy.ndarray))
+    return isinstance(value, (array.array, bytearray)) or (
+        numpy is not None and isinstance(value, numpy.ndarray) and not value.dtype.hasobject)
 
 
 def _array_bytes(value) -> bytes:
@@ -654,7 +657,8 @@ def _mode_setter_depth(key: str) -> int:
     depth = 2
     if key == "training":
         frame = sys._getframe(depth)
-        while frame is not None and frame.f_code.co_filename == _MODULE_FILE and frame.f_code.co_name in ("train", "eval"):
+        while frame is not None and frame.f_code.co_filename == _MODULE_FILE \
+                and frame.f_code.co_name in ("train", "eval"):
             frame, depth = frame.f_back, depth + 1
     return depth - 1   # from the caller's frame
 
