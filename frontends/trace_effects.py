@@ -52,6 +52,7 @@ import functools
 import hashlib
 import inspect
 import math
+import os
 import random
 import re
 import struct
@@ -663,6 +664,11 @@ def _mode_setter_depth(key: str) -> int:
     return depth - 1   # from the caller's frame
 
 
+#: remat-ir's own packages beside the frontends, whose code puts the generators back
+#: while a forward is traced (`torchlib.generators`: a custom Function's trial run).
+_OWN_PACKAGES = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), part) + os.sep
+                      for part in ("torchlib", "runtimes", "ir", "solvers", "remat_ir"))
+
 #: `torch.nn.Module`'s file, where `train` and `eval` set `training`.
 _MODULE_FILE = torch.nn.modules.module.__file__
 
@@ -706,7 +712,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
 
     def noted(prefix, name, function):
         def call(*args, **kwargs):
-            if where := model_caller(1):
+            if (where := model_caller(1)) and not (prefix != "torch" and where.startswith(_OWN_PACKAGES)):
                 found.append(f"it calls {prefix}.{name} at {where}" + (
                     "" if prefix == "torch" else " (the step, which runs no Python, would not set the generator)"))
             return function(*args, **kwargs)
