@@ -397,6 +397,15 @@ def _drawing_functions() -> list[tuple[object, str, object, str]]:
     return found
 
 
+#: Said of a draw from Python's or NumPy's global generator that moved it, where the
+#: forward left it in the state it found: the forward set the state (a seed, a state put
+#: back) by a way the tracing hooks do not watch (`np.random.mtrand.set_state`, `from
+#: numpy.random import seed`), as a first call left it (hunt79 F5: a noise drawn then its
+#: state put back was a constant of the graph, 4.7 off eager's loss).
+_STATE_SET_FIRST = (", found in the state it was in before the call: the forward sets that state (a seed, "
+                    "a state put back), and the step, which runs no Python, would not set it or draw")
+
+
 #: Where a draw from NumPy's global generator comes from in transformers, and what to do.
 _LIBRARY_DRAWS = {
     "_compute_mask_indices": "transformers' SpecAugment: set mask_time_prob=0.0 and "
@@ -416,12 +425,16 @@ def _noting_draw(function, name: str, generator: str, draws: dict[str, str], ran
     def call(*args, **kwargs):
         frame = sys._getframe(1)
         in_model = is_model_file(frame.f_code.co_filename)
-        if generator not in draws and in_model:
+        noting = generator not in draws and in_model
+        before = _global_state(generator) if noting else None
+        value = function(*args, **kwargs)
+        # A call that moves the generator: one drawing nothing (`random.sample(pop, 0)`)
+        # is no draw (hunt79 F0).
+        if noting and not same_state(_global_state(generator), before):
             function_name = frame.f_code.co_name
             hint = _LIBRARY_DRAWS.get(function_name)
             draws[generator] = (f"{name} at {frame.f_code.co_filename}:{frame.f_lineno} in "
                                 f"{function_name}{f'; {hint}' if hint else ''}")
-        value = function(*args, **kwargs)
         if ranged is not None and ranged and generator == "python" and in_model and short in RANGES:
             ranged[-1] += 1
             low, high = RANGES[short](*args, **kwargs)
@@ -429,6 +442,11 @@ def _noting_draw(function, name: str, generator: str, draws: dict[str, str], ran
                                          f"{frame.f_code.co_name}")
         return value
     return call
+
+
+def _global_state(generator: str):
+    """The state of Python's ("python") or NumPy's ("numpy") global generator."""
+    return random.getstate() if generator == "python" else sys.modules["numpy"].random.get_state()
 
 
 #: An attribute the module did not have.
@@ -907,9 +925,13 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 found.append(f"it draws from Python's random generator "
                              f"({draws.get('python', 'random.random and the like')})")
             random.setstate(python)
+        elif "python" in draws:
+            found.append(f"it draws from Python's random generator ({draws['python']}){_STATE_SET_FIRST}")
         if "NumPy's" in outside_generators.moved():
             found.append(f"it draws from NumPy's random generator ({draws.get('numpy', 'np.random')})")
             outside_generators.restore()
+        elif "numpy" in draws:
+            found.append(f"it draws from NumPy's random generator ({draws['numpy']}){_STATE_SET_FIRST}")
         modules = dict(model.named_modules())
         added = {(path, key) for path, module in modules.items() for key in vars(module)
                  if not key.startswith("_") and key not in _MODULE_KEYS
