@@ -119,7 +119,7 @@ def _attribute_state(model: torch.nn.Module) -> dict:
                     users and (isinstance(value, _CONTAINERS) or plain(value) or _array(value)))):
                 continue
             items = value.copy() if isinstance(value, _CONTAINERS) else \
-                _array_bytes(value) if _array(value) else None
+                _array_bytes(value) if _array(value) else _Objects(value) if _objects(value) else None
             state[(path, key)] = (value, items)
     return state
 
@@ -158,6 +158,22 @@ def _array_bytes(value) -> bytes:
     return _Snapshot(value.tobytes() if hasattr(value, "tobytes") else bytes(value))
 
 
+def _objects(value) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.hasobject
+
+
+class _Objects:
+    """A NumPy array of objects, as the references it held (hunt79 F6: a counter in one,
+    `self.n[0] += 1`, crashed when put back as bytes, and then went unseen)."""
+
+    def __init__(self, value):
+        self.held = value.copy()
+
+    def changed(self, after) -> bool:
+        return after.shape != self.held.shape or any(a is not b for a, b in zip(self.held.flat, after.flat))
+
+
 def _write_bytes(value, data: bytes) -> None:
     """Put `data` (`_array_bytes` of it before) back into an array in place."""
     if isinstance(value, bytearray):
@@ -186,6 +202,8 @@ def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
         return False
     if isinstance(items, _Snapshot):
         return _array_bytes(after) != items
+    if isinstance(items, _Objects):
+        return items.changed(after)
     if not tensors:
         differing = _differing(items, after)
         if any(not isinstance(item, torch.Tensor) or item.requires_grad
@@ -229,7 +247,7 @@ def _change_said(key: str, path: str, before: tuple) -> str:
     """The effect of a change to a module's list or dict attribute, as `found` says it;
     for tensors kept there, what to do instead."""
     value, items = before
-    if isinstance(items, _Snapshot):
+    if isinstance(items, (_Snapshot, _Objects)):
         return (f"it changes the {type(value).__name__} in module attribute {key!r} of {path or '<root>'} in "
                 f"place (a counter?), which the graph holds as the values tracing read: keep it outside "
                 f"the forward, or in a buffer written in place (`self.count.add_(1)`)")
@@ -296,6 +314,8 @@ def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
     value, items = before
     if isinstance(items, _Digest):
         pass   # not kept: left as the trace left it
+    elif isinstance(items, _Objects):
+        value[...] = items.held
     elif isinstance(items, _Snapshot):
         _write_bytes(value, items)
     elif items is not None:
