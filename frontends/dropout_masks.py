@@ -121,6 +121,12 @@ def _as_products(graph: torch.fx.Graph, backward: torch.fx.Node, mask: torch.fx.
     replace(backward, product)
 
 
+def _backwards_as_products(graph: torch.fx.Graph, mask: torch.fx.Node, scale: float) -> None:
+    """Each `native_dropout_backward` reading `mask` as eager's products (`_as_products`)."""
+    for backward in [u for u in mask.users if u.target is _aten.native_dropout_backward.default]:
+        _as_products(graph, backward, mask, scale)
+
+
 def _kept_as_products(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, scale: float) -> None:
     """For a dropout kept whole (an input that is not contiguous): its mask kept, its output
     and backward eager's products (`input * noise`) of it: the kernel multiplies by the
@@ -140,8 +146,7 @@ def _kept_as_products(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.No
             _takes_over(product, output.meta["val"])
             replace(output, product)
     for mask in masks:
-        for backward in [u for u in mask.users if u.target is _aten.native_dropout_backward.default]:
-            _as_products(graph, backward, mask, scale)
+        _backwards_as_products(graph, mask, scale)
 
 
 def split_dropout(module: torch.fx.GraphModule) -> int:
@@ -164,9 +169,7 @@ def split_dropout(module: torch.fx.GraphModule) -> int:
                 _kept_as_products(graph, node, x, scale)
             else:   # the kernel's output is eager's: kept, its backward eager's products
                 for mask in [u for u in node.users if u.args[1] == 1]:
-                    for backward in [u for u in mask.users
-                                     if u.target is _aten.native_dropout_backward.default]:
-                        _as_products(graph, backward, mask, scale)
+                    _backwards_as_products(graph, mask, scale)
             rewritten += 1
             continue
         meta = {k: v for k, v in node.meta.items() if k != "val"}
@@ -184,7 +187,6 @@ def split_dropout(module: torch.fx.GraphModule) -> int:
         for user in list(node.users):
             replace(user, out if user.args[1] == 0 else mask)
         graph.erase_node(node)
-        for backward in [u for u in mask.users if u.target is _aten.native_dropout_backward.default]:
-            _as_products(graph, backward, mask, scale)
+        _backwards_as_products(graph, mask, scale)
         rewritten += 1
     return recompiled(module, rewritten)
