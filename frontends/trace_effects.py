@@ -116,19 +116,12 @@ def _attribute_state(model: torch.nn.Module) -> dict:
         users = in_users_file(type(module).__module__)
         for key, value in vars(module).items():
             if key in _MODULE_KEYS or (key.startswith("_") and not (
-                    users and (isinstance(value, _CONTAINERS) or plain(value) or _array(value)))):
+                    users and (isinstance(value, _CONTAINERS) or plain(value)
+                               or (_array(value) and not _of_objects(value))))):
                 continue
-            items = value.copy() if isinstance(value, _CONTAINERS) else \
-                _array_bytes(value) if _array(value) else _Objects(value) if _objects(value) else None
+            items = value.copy() if isinstance(value, _CONTAINERS) else _ArrayState(value) if _array(value) else None
             state[(path, key)] = (value, items)
     return state
-
-
-#: A NumPy array, `array.array` or `bytearray` attribute's contents, as bytes (hunt77 F8:
-#: a counter kept in one, `self.n[0] += 1`, changed in place and went unseen: every step
-#: ran with the count tracing read, 0.23 off eager's loss, silently).
-class _Snapshot(bytes):
-    pass
 
 
 #: Arrays larger than this are compared by a digest of their bytes, not a copy, and
@@ -136,52 +129,57 @@ class _Snapshot(bytes):
 _ARRAY_BYTES = 1 << 26
 
 
-class _Digest(_Snapshot):
-    pass
+class _ArrayState:
+    """A NumPy array's, `array.array`'s or `bytearray`'s contents before tracing (hunt77 F8:
+    a counter kept in one, `self.n[0] += 1`, changed in place and went unseen: every step
+    ran with the count tracing read, 0.23 off eager's loss, silently): its bytes, a digest
+    of them past `_ARRAY_BYTES`, or the references an array of objects holds (hunt79 F6:
+    put back as bytes, one crashed)."""
+
+    def __init__(self, value):
+        self.objects = value.copy() if _of_objects(value) else None
+        self.data = None if self.objects is not None else self._bytes(value)
+
+    @staticmethod
+    def _size(value) -> int:
+        return value.nbytes if hasattr(value, "nbytes") else len(value) * getattr(value, "itemsize", 1)
+
+    @classmethod
+    def _bytes(cls, value) -> bytes:
+        if cls._size(value) > _ARRAY_BYTES:
+            numpy = sys.modules.get("numpy")
+            data = numpy.ascontiguousarray(value) if hasattr(value, "dtype") else value
+            return hashlib.blake2b(memoryview(data).cast("B")).digest()
+        return value.tobytes() if hasattr(value, "tobytes") else bytes(value)
+
+    def changed(self, after) -> bool:
+        if self.objects is not None:
+            return after.shape != self.objects.shape or any(
+                a is not b for a, b in zip(self.objects.flat, after.flat))
+        return self._bytes(after) != self.data
+
+    def put_back(self, value) -> None:
+        """Its contents again, in place (a digest's cannot be: left as the trace left it)."""
+        if self.objects is not None:
+            value[...] = self.objects
+        elif self._size(value) <= _ARRAY_BYTES:
+            if isinstance(value, bytearray):
+                value[:] = self.data
+            elif isinstance(value, array.array):
+                value[:] = array.array(value.typecode, self.data)
+            else:
+                value[...] = sys.modules["numpy"].frombuffer(self.data, dtype=value.dtype).reshape(value.shape)
 
 
 def _array(value) -> bool:
-    """An `array.array`, a `bytearray` or a NumPy array of numbers (one of objects holds
-    references, whose bytes say nothing of their values)."""
+    """An `array.array`, a `bytearray` or a NumPy array."""
     numpy = sys.modules.get("numpy")
-    return isinstance(value, (array.array, bytearray)) or (
-        numpy is not None and isinstance(value, numpy.ndarray) and not value.dtype.hasobject)
+    return isinstance(value, (array.array, bytearray)) or (numpy is not None and isinstance(value, numpy.ndarray))
 
 
-def _array_bytes(value) -> bytes:
-    """The array's bytes, or (`_Digest`) a digest of them past `_ARRAY_BYTES`."""
-    size = value.nbytes if hasattr(value, "nbytes") else len(value) * getattr(value, "itemsize", 1)
-    if size > _ARRAY_BYTES:
-        numpy = sys.modules.get("numpy")
-        data = numpy.ascontiguousarray(value) if numpy is not None and isinstance(value, numpy.ndarray) else value
-        return _Digest(hashlib.blake2b(memoryview(data).cast("B")).digest())
-    return _Snapshot(value.tobytes() if hasattr(value, "tobytes") else bytes(value))
-
-
-def _objects(value) -> bool:
-    numpy = sys.modules.get("numpy")
-    return numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.hasobject
-
-
-class _Objects:
-    """A NumPy array of objects, as the references it held (hunt79 F6: a counter in one,
-    `self.n[0] += 1`, crashed when put back as bytes, and then went unseen)."""
-
-    def __init__(self, value):
-        self.held = value.copy()
-
-    def changed(self, after) -> bool:
-        return after.shape != self.held.shape or any(a is not b for a, b in zip(self.held.flat, after.flat))
-
-
-def _write_bytes(value, data: bytes) -> None:
-    """Put `data` (`_array_bytes` of it before) back into an array in place."""
-    if isinstance(value, bytearray):
-        value[:] = data
-    elif isinstance(value, array.array):
-        value[:] = array.array(value.typecode, data)
-    else:
-        value[...] = sys.modules["numpy"].frombuffer(data, dtype=value.dtype).reshape(value.shape)
+def _of_objects(value) -> bool:
+    """A NumPy array of objects (its bytes are references)."""
+    return _array(value) and getattr(getattr(value, "dtype", None), "hasobject", False)
 
 
 def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
@@ -200,9 +198,7 @@ def _changed(before: tuple, after, tensors: bool = True, derived=None) -> bool:
     value, items = before
     if items is None or after is not value:
         return False
-    if isinstance(items, _Snapshot):
-        return _array_bytes(after) != items
-    if isinstance(items, _Objects):
+    if isinstance(items, _ArrayState):
         return items.changed(after)
     if not tensors:
         differing = _differing(items, after)
@@ -247,7 +243,7 @@ def _change_said(key: str, path: str, before: tuple) -> str:
     """The effect of a change to a module's list or dict attribute, as `found` says it;
     for tensors kept there, what to do instead."""
     value, items = before
-    if isinstance(items, (_Snapshot, _Objects)):
+    if isinstance(items, _ArrayState):
         return (f"it changes the {type(value).__name__} in module attribute {key!r} of {path or '<root>'} in "
                 f"place (a counter?), which the graph holds as the values tracing read: keep it outside "
                 f"the forward, or in a buffer written in place (`self.count.add_(1)`)")
@@ -312,12 +308,8 @@ def _differing(items, after) -> list:
 
 def _restore(module: torch.nn.Module, key: str, before: tuple) -> None:
     value, items = before
-    if isinstance(items, _Digest):
-        pass   # not kept: left as the trace left it
-    elif isinstance(items, _Objects):
-        value[...] = items.held
-    elif isinstance(items, _Snapshot):
-        _write_bytes(value, items)
+    if isinstance(items, _ArrayState):
+        items.put_back(value)
     elif items is not None:
         value.clear()
         (value.extend if isinstance(value, _SEQUENCES) else value.update)(items)
@@ -446,11 +438,11 @@ def _noting_draw(function, name: str, generator: str, draws: dict[str, str], ran
         frame = sys._getframe(1)
         in_model = is_model_file(frame.f_code.co_filename)
         noting = generator not in draws and in_model
-        before = _global_state(generator) if noting else None
+        before = PythonGenerators() if noting else None
         value = function(*args, **kwargs)
         # A call that moves the generator: one drawing nothing (`random.sample(pop, 0)`)
         # is no draw (hunt79 F0).
-        if noting and not same_state(_global_state(generator), before):
+        if noting and _GENERATOR_NAMES[generator] in before.moved():
             function_name = frame.f_code.co_name
             hint = _LIBRARY_DRAWS.get(function_name)
             draws[generator] = (f"{name} at {frame.f_code.co_filename}:{frame.f_lineno} in "
@@ -464,9 +456,8 @@ def _noting_draw(function, name: str, generator: str, draws: dict[str, str], ran
     return call
 
 
-def _global_state(generator: str):
-    """The state of Python's ("python") or NumPy's ("numpy") global generator."""
-    return random.getstate() if generator == "python" else sys.modules["numpy"].random.get_state()
+#: `PythonGenerators.moved()`'s name of each global generator `_noting_draw` watches.
+_GENERATOR_NAMES = {"python": "Python's", "numpy": "NumPy's"}
 
 
 #: An attribute the module did not have.
@@ -750,7 +741,11 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
 
     def noted(prefix, name, function):
         def call(*args, **kwargs):
-            if (where := model_caller(1)) and not (prefix != "torch" and where.startswith(_OWN_PACKAGES)):
+            if (where := model_caller(1)) and prefix != "torch" and where.startswith(_OWN_PACKAGES):
+                # remat-ir putting the generator back after running the model's code once (a
+                # custom op's trial run): the draws before are undone, no state the forward set.
+                draws.pop("python" if prefix == "random" else "numpy", None)
+            elif where:
                 found.append(f"it calls {prefix}.{name} at {where}" + (
                     "" if prefix == "torch" else " (the step, which runs no Python, would not set the generator)"))
             return function(*args, **kwargs)
