@@ -40,11 +40,31 @@ _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _INSTALLED = (*_PACKAGES, _STDLIB)
 
 
+#: Code of remat-ir's own functions that stand between the model's line and a hook looking
+#: for it: `Tensor.__setattr__` while tracing (`tensor_attributes`) runs the property
+#: setters other hooks install (`.data`, `.grad`, `requires_grad`), which then found it
+#: where they looked for the model's line, and let a refused write through.
+_PASSING: set = set()
+
+
+def passing(function):
+    """Mark `function` as one `model_caller` and `past_passing` look past."""
+    _PASSING.add(function.__code__)
+    return function
+
+
+def past_passing(frame):
+    """`frame`, or the first frame above it that is not a `passing` function's."""
+    while frame is not None and frame.f_code in _PASSING:
+        frame = frame.f_back
+    return frame
+
+
 def model_caller(depth: int) -> str | None:
-    """'file:line' of the frame `depth` above the function calling this one, where that
-    frame runs the model's code (`is_model_file`); else None. For the tracing hooks that
-    note what the model's own code does, and not torch's."""
-    frame = sys._getframe(depth + 1)
+    """'file:line' of the frame `depth` above the function calling this one (`passing`
+    functions not counted), where that frame runs the model's code (`is_model_file`); else
+    None. For the tracing hooks that note what the model's own code does, and not torch's."""
+    frame = past_passing(sys._getframe(depth + 1))
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if is_model_file(frame.f_code.co_filename) else None
 
 

@@ -1,4 +1,5 @@
-"""Python attributes the user set on the model's tensors, read by the forward: refused by line.
+"""Python attributes of tensors, which no trace keeps: read by the forward where the user set
+them on the model's tensors, or set by the forward: refused by line.
 
 A library or the user may keep a Python attribute on a weight (a quantization scale, a
 marker such as `weight.flag` that code probes with `hasattr`), on a buffer, or on an input.
@@ -12,6 +13,14 @@ While tracing, a lookup on a tensor that finds no attribute of a name one of the
 parameters, buffers or inputs carries raises a `LoweringError` naming the attribute, the
 tensor that carries it and the model's line. Nothing is installed where no tensor carries
 an attribute (the common case): `Tensor.__getattr__` slows every failed lookup down.
+
+The forward's own code setting an attribute on a tensor (an MoE attaching its
+load-balancing loss to the logits, `logits.aux_loss = aux`, read by the caller with
+`getattr(out, "aux_loss", 0.0)`; a flag on an input or a weight) set it on a traced tensor:
+the scheduled call's outputs, inputs and weights never carried it, and the auxiliary loss
+dropped out of training silently (hunt77 F15: loss 1.151 where eager's was 1.253). While
+tracing, such a write by the model's code (or a library's) is refused by line; attributes
+the tensor's class defines (`requires_grad`, `grad`, `data`...) are set as before.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .errors import LoweringError
-from .model_lines import model_caller
+from .model_lines import model_caller, passing
 
 
 def carried_attributes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, str]:
@@ -68,3 +77,27 @@ def refusing_tensor_attributes(model: torch.nn.Module, args: tuple, kwargs: dict
         yield
     finally:
         del torch.Tensor.__getattr__
+
+
+@contextlib.contextmanager
+def refusing_tensor_attribute_writes(model: torch.nn.Module):
+    """Within, the model's code setting a Python attribute on a tensor, one its class
+    does not define, raises `LoweringError` naming the line (module docstring)."""
+    name_of = type(model).__name__
+
+    @passing
+    def refused(tensor, name, value):
+        if not hasattr(type(tensor), name) and (line := model_caller(1)) is not None:
+            raise LoweringError(
+                f"{name_of}'s forward sets attribute {name!r} on a tensor at {line}: remat-ir "
+                f"traces the forward on tensors whose Python attributes its step does not keep, "
+                f"so the outputs, inputs and weights of a scheduled call would not carry it, and "
+                f"code reading it after the call would find a default or nothing. Return the "
+                f"value from the forward instead (`return out, {name}`, or in a dict)")
+        object.__setattr__(tensor, name, value)
+
+    torch.Tensor.__setattr__ = refused
+    try:
+        yield
+    finally:
+        del torch.Tensor.__setattr__

@@ -64,8 +64,8 @@ from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
 from .rnn_parametrizations import stateful_rnn_parametrizations
 from .fast_paths import eager_fast_paths_noted
-from . import (cudnn_rnns, gru_kernels, masked_fill_kernels, outside_values, prod_kernels, spectral_kernels,
-               statistics_kernels)
+from . import (cross_entropy_kernels, cudnn_rnns, evenly_kernels, gru_kernels, masked_fill_kernels, outside_values,
+               prod_kernels, spectral_kernels, statistics_kernels)
 from .export_draws import drawing_as_eager
 from .traced_checkpoints import checkpoints_traced_plain
 from .script_functions import script_functions_as_python
@@ -77,10 +77,11 @@ from .model_lines import library_line, model_line, node_line
 from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
+from .python_functions import python_bodies_traced
 from .swapped_parameters import swapped_parameters_as_parameters
 from .input_metadata import refusing_input_metadata
 from .module_containers import keeping_module_containers
-from .tensor_attributes import refusing_tensor_attributes
+from .tensor_attributes import refusing_tensor_attribute_writes, refusing_tensor_attributes
 from .tensor_checks import tensor_checks_as_value_checks
 from .inference_buffers import inference_buffers_as_normal
 from .random_ops import check_pure_ops, declared_pure, draws_random, opaque_custom_op, user_draws_kept
@@ -236,8 +237,11 @@ def _eager_kernels():
         op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
         op._dispatch_cache.clear()
     # eager's prod backward, by value; eager's istft and cov, op for op; eager's
-    # masked_fill value gradient, a sum over the masked elements
-    replaced = (prod_kernels, spectral_kernels, masked_fill_kernels, statistics_kernels)
+    # masked_fill value gradient, a sum over the masked elements; eager's weighted and
+    # smoothed cross entropy, its weight sum compacted; eager's zeros beside a whole-tensor
+    # max's gradient
+    replaced = (prod_kernels, spectral_kernels, masked_fill_kernels, statistics_kernels, cross_entropy_kernels,
+                evenly_kernels)
     for module in replaced:
         for op, kernel in module.KERNELS.items():
             if (old := op.py_kernels.get(module.KEY)) is not None:
@@ -755,10 +759,10 @@ def _library_ops_as_ops():
 def _tensors_python_side(model: torch.nn.Module, args: tuple, kwargs: dict, hook_calls: list[str]):
     """Within: what the forward does with tensors' Python side, which no trace keeps,
     noted (gradient hooks put on them: `tensor_hooks`) or refused (Python attributes the
-    model's tensors carry, read: `tensor_attributes`; how the caller made an input, read:
-    `input_metadata`)."""
+    model's tensors carry, read, and the forward's own, set: `tensor_attributes`; how the
+    caller made an input, read: `input_metadata`)."""
     with recording_tensor_hooks(hook_calls), refusing_tensor_attributes(model, args, kwargs), \
-            refusing_input_metadata(model):
+            refusing_tensor_attribute_writes(model), refusing_input_metadata(model):
         yield
 
 
@@ -805,7 +809,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     inference fast path is refused (`fast_paths`; a block of its own: `_traced`'s
     with-statement is at Python's limit of nested blocks)."""
     fast: list[str] = []
-    with eager_fast_paths_noted(model, fast):
+    with python_bodies_traced(), eager_fast_paths_noted(model, fast):
         exported = _traced(model, args, kwargs, reads, assigned, changed, kept)
     if fast:
         raise LoweringError(fast[0])

@@ -78,7 +78,7 @@ from .hook_registrations import noting_hook_registrations
 from .python_draws import RANGES, RangedDraw
 from .sdpa_kernels import tracing_own_sdpa_kernels
 from .stored_tensors import StoredTensors
-from .model_lines import in_users_file, is_model_file, is_users_file, model_caller
+from .model_lines import in_users_file, is_model_file, is_users_file, model_caller, past_passing
 from . import outside_state
 from .outside_state import generator_state, holds_placeholder, iterator_state, restore_generator
 from .traced_reads import MODULE_KEYS as _MODULE_KEYS, ModulesByDict, plain
@@ -339,7 +339,7 @@ def _noting_data_uses(found: list[tuple[str, int, str]], model: torch.nn.Module,
     own = vars(torch.Tensor).get("data")
 
     def note():
-        frame = sys._getframe(2)
+        frame = past_passing(sys._getframe(2))
         if is_model_file(frame.f_code.co_filename):
             found.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
 

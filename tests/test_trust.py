@@ -3517,6 +3517,44 @@ def test_a_python_attribute_of_the_models_tensors_read_by_the_forward_is_refused
                         lambda out: out.square().mean()) == {}
 
 
+class _SetsTensorAttributes(torch.nn.Module):
+    """An MoE layer whose forward sets a Python attribute on a tensor, per `how`, or returns
+    its load-balancing loss (`how="returned"`)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.router, self.experts, self.head = torch.nn.Linear(8, 4), torch.nn.Linear(8, 32), torch.nn.Linear(8, 3)
+        self.how = how
+
+    def forward(self, x):
+        p = self.router(x).softmax(-1)
+        logits = self.head((self.experts(x).view(-1, 4, 8) * p[..., None]).sum(1))
+        aux = 4 * (p.mean(0) ** 2).sum()
+        if self.how == "output":
+            logits.aux_loss = aux
+        elif self.how == "input":
+            x.seen = True
+        elif self.how == "weight":
+            setattr(self.head.weight, "norm_seen", aux.detach())
+        return (logits, aux) if self.how == "returned" else logits
+
+
+@pytest.mark.parametrize("how", ["output", "input", "weight"])
+def test_a_python_attribute_the_forward_sets_on_a_tensor_is_refused_by_line(how):
+    """hunt77 F15: the attribute landed on a traced tensor; the scheduled call's output (or
+    input, or weight) never carried it, and an auxiliary loss the caller read with
+    `getattr(out, "aux_loss", 0.0)` dropped out of training silently (loss 1.151 where
+    eager's was 1.253). Returned instead, it trains bitwise."""
+    x = torch.randn(16, 8)
+    with pytest.raises(LoweringError, match=r"_SetsTensorAttributes's forward sets attribute '(aux_loss|seen|norm_seen)' "
+                                            r"on a tensor at .*test_trust.py:\d+: .*Return the value from the forward"):
+        _remat(_SetsTensorAttributes(how), (x,), solver="recompute-all")
+    assert not hasattr(x, "seen")
+    torch.manual_seed(0)
+    assert side_by_side(_SetsTensorAttributes("returned"), lambda m: _remat(m, (x,), solver="recompute-all"),
+                        (x,), {}, lambda out: out[0].square().mean() + out[1]) == {}
+
+
 class _BranchesOnHowMade(torch.nn.Module):
     """Copies its input only where the caller made it so, read per `how`."""
 

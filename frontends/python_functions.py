@@ -1,0 +1,105 @@
+"""Functions written in Python with torch's override prologue, traced under every mode.
+
+Every `torch.nn.functional` function written in Python, many `Tensor` methods and user
+helpers written the same way begin with torch's override prologue
+(`if has_torch_function_variadic(x): return handle_torch_function(f, (x,), x)`). While
+torch-function modes are active, that prologue hands the call to the top mode with the
+mode popped; a mode that passes it on calls the function again, whose prologue hands it
+to the next mode, and the body finally runs with every mode popped. So what the modes do
+while the forward is exported was skipped inside such bodies:
+- torch.export's pre-dispatch mode records `torch.no_grad()` blocks: the in-place clamp
+  `F.gaussian_nll_loss` makes under `no_grad` was differentiated, and the variance head's
+  gradients were 0.165 off eager's under every schedule (hunt76 F4);
+- remat-ir's own modes (overlapping writes refused, kernels chosen as eager's...) never
+  saw the ops: an overlapping shift in a helper written this way trained 0.44 off (F5).
+
+`python_bodies_traced` pushes a mode that such a call reaches after the modes above it
+have passed it on. It puts those modes back, found in the `handle_torch_function` frames
+that popped them, and runs the function with its prologue's next check skipped
+(`torch.overrides.redispatch_function`), so its body runs under every mode, as the
+forward's own code does. Where the frames are not that plain chain (a mode that called
+the function from elsewhere, a function wrapped otherwise), the call goes on as torch
+runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode, handle_torch_function, redispatch_function
+
+_HANDLE = handle_torch_function.__code__
+_TENSOR_HANDLER = torch.Tensor.__torch_function__.__func__
+
+
+def _plain(kind: type) -> bool:
+    """Whether arguments of type `kind` take torch's own `__torch_function__` (a subclass
+    with one of its own keeps seeing the call as torch hands it over)."""
+    handler = getattr(kind, "__torch_function__", None)
+    return getattr(handler, "__func__", handler) in (_TENSOR_HANDLER, torch._C._disabled_torch_function_impl)
+
+
+def _handing_over(frame, func) -> bool:
+    """Whether `frame` is `handle_torch_function` handing `func` to a mode."""
+    return frame is not None and frame.f_code is _HANDLE and frame.f_locals.get("public_api") is func
+
+
+def _popped_on_the_way(func, frame) -> list | None:
+    """The modes popped on the way of this call of `func` to the mode called from `frame`
+    (a `handle_torch_function` frame), lowest first, or None where the frames are not a
+    plain chain of modes passing the call on."""
+    modes = []
+    while True:
+        if not _handing_over(frame, func):
+            return None
+        modes.append(frame.f_locals.get("mode"))
+        prologue = frame.f_back   # the function's own frame, whose prologue handed it over
+        if prologue is None or prologue.f_code is not getattr(func, "__code__", None):
+            return None
+        passing = prologue.f_back   # a mode's __torch_function__ passing it on, or the caller
+        above = passing.f_back if passing is not None else None
+        if not (_handing_over(above, func) and passing.f_locals.get("self") is above.f_locals.get("mode")):
+            return modes
+        frame = above
+
+
+class _PythonBodies(TorchFunctionMode):
+    """Runs the body of a Python function that reached it under the modes popped on its
+    way (module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.running: list[tuple] = []   # (function, arguments) whose body this mode runs now
+
+    def _again(self, func, args) -> bool:
+        """Whether this call is one this mode is running already (the function handed
+        itself over again, its prologue not the one `redispatch_function` skips)."""
+        return any(f is func and len(a) == len(args) and all(x is y for x, y in zip(a, args))
+                   for f, a in self.running)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not inspect.isfunction(func) or not all(map(_plain, types)) or self._again(func, args):
+            return func(*args, **kwargs)
+        popped = _popped_on_the_way(func, sys._getframe(1))
+        if not popped or not all(isinstance(mode, TorchFunctionMode) for mode in popped):
+            return func(*args, **kwargs)
+        for mode in popped:
+            torch._C._push_on_torch_function_stack(mode)
+        self.running.append((func, args))
+        try:
+            return redispatch_function(func, types, args, kwargs)
+        finally:
+            self.running.pop()
+            for _ in popped:
+                torch._C._pop_torch_function_stack()
+
+
+@contextlib.contextmanager
+def python_bodies_traced():
+    """Within: a Python function with torch's override prologue runs its body under the
+    torch-function modes active at its call (module docstring)."""
+    with _PythonBodies():
+        yield
