@@ -537,12 +537,33 @@ def sequence_of(chain: Chain, ops: list[tuple]) -> tuple[list[int], int, dict[in
             offloaded[s] = (len(sequence), -1)
         else:
             if forward_length is None:
+                sequence.extend(_outputs_left(chain.tg, ran))
                 forward_length = len(sequence)
             if s in offloaded:
                 offloaded[s] = (offloaded[s][0], len(sequence))
             option = stage.directs[o[1]] if isinstance(o, tuple) else stage.options[o]
-            sequence.extend(option.steps)
+            sequence.extend(n for n in option.steps if n not in once or n not in ran)
     return sequence, len(sequence) if forward_length is None else forward_length, offloaded
+
+
+def _outputs_left(tg, ran: set[int]) -> list[int]:
+    """The forward nodes, in forward order, that compute the graph's outputs no forward
+    op ran, and what they read that none ran either. The last stage runs only in its
+    backward op, which computes what the backward reads: a buffer written after the
+    block (an EMA of features, `self.last.copy_(x.mean(0))`), which no backward node
+    reads, was never computed, and rotor's plan was invalid (hunt80 F2: the default
+    solver raised `InvalidSchedule` at every budget). Values the forward computed already
+    live until these read them (frees follow the last use)."""
+    forward = set(tg.forward)
+    needed, stack = set(), [n for n in tg.output_nodes if n in forward and n not in ran]
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        stack.extend(p for p in tg.node_inputs(n) if p in forward and p not in ran)
+    ran.update(needed)
+    return [n for n in tg.forward if n in needed]
 
 
 def _schedule(chain: Chain, plan: _Tables, m: int) -> pb.Schedule:

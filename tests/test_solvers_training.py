@@ -137,6 +137,36 @@ def test_gpt2_planned_by_checkmate_within_its_time_limit_trains_like_eager():
     assert measured <= schedule.budget_bytes * 1.05, (measured, schedule.budget_bytes)
 
 
+class _WritesABufferAfterTheBlock(torch.nn.Module):
+    """A residual MLP block, then a buffer written from the input (a memory of the last
+    batch, an EMA of features): a graph output no backward node reads, computed after
+    the chain's last cut."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln, self.up, self.down = torch.nn.LayerNorm(16), torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+        self.register_buffer("last", torch.zeros(16))
+
+    def forward(self, x):
+        u = self.up(self.ln(x))
+        h = x + self.down(torch.nn.functional.gelu(u) * torch.sigmoid(u) + torch.tanh(u))
+        self.last.mul_(0.9).add_(x.detach().mean((0, 1)), alpha=0.1)
+        return h
+
+
+@pytest.mark.parametrize("solver, options", [("rotor", {}), ("pofo", {"host_bandwidth": "25GB/s"}),
+                                             ("hiremate", {})])
+def test_a_buffer_written_after_the_last_block_is_computed_in_the_forward(solver, options):
+    """hunt80 F2: rotor's last stage runs only in its backward op, which computes what the
+    backward reads; the buffer's new value was never computed and the plan was invalid
+    (`InvalidSchedule` from the default solver at every budget)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16)
+    scheduled = train_and_compare(_WritesABufferAfterTheBlock(), (x,), {}, lambda h: h.square().mean(),
+                                  solver=solver, budget=0.98, **options)
+    assert scheduled[0].schedule.name != "store_all"
+
+
 def test_mlp_planned_by_checkmate_trains_like_eager():
     torch.manual_seed(0)  # wide enough that the CPU RNG replay's 5 KB transient is noise
     model, args, kwargs = MLPWithLoss(width=128), (torch.randn(256, 128), torch.randn(256, 1)), {}
