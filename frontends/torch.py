@@ -78,6 +78,7 @@ from .output_aliases import output_aliases
 from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .python_functions import python_bodies_traced
+from .added_members import members_kept
 from .swapped_parameters import swapped_parameters_as_parameters
 from .input_metadata import refusing_input_metadata
 from .module_containers import keeping_module_containers
@@ -723,7 +724,8 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
     while True:
         changed: list[str] = []
         try:
-            exported = _trace(model, args, kwargs, reads, assigned, changed, kept)
+            with members_kept(model):
+                exported = _trace(model, args, kwargs, reads, assigned, changed, kept)
         except LoweringError as refused:
             if not changed:
                 # Export's paths failed too: what stops eager's, the one the model runs, is
@@ -1760,7 +1762,8 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     _check_dense_members(model, args, kwargs)
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)
-    exported = _export(model, args, kwargs, reads)
+    with members_kept(model):
+        exported = _export(model, args, kwargs, reads)
     if places := dropped_caches(exported):   # said after tracing (what it says may be recorded)
         tell_caches(type(model).__name__, places)
     out_spec = exported.call_spec.out_spec   # how the outputs nest (`select_outputs` changes it)

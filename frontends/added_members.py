@@ -1,0 +1,81 @@
+"""The model's submodules, parameters and buffers as they were, after a trace that failed.
+
+A forward that makes a submodule, parameter or buffer for an input it has not met
+(`self.proj[str(width)] = nn.Linear(width, 8)`, `register_buffer(f"mask{T}", ...)`) makes it
+while traced on fake tensors. Where lowering then refused the call (a new signature mid
+training, or `remat` itself), the new member stayed in the user's model with FakeTensor
+weights: a plain call of the model returned a FakeTensor, `torch.save(model.state_dict())`
+raised, and the next call of that shape failed deep inside torch (hunt80 F3). Module
+attributes the trace assigned are put back by name (`frontends/torch.py` `_put_back`); the
+tables `add_module`, `register_parameter` and `register_buffer` write are not attributes,
+so `members_kept` keeps a copy of each module's tables and puts them back when the trace
+raises. A trace that made a new member and went through (a parameter registered for a
+width: the graph took the fake one as a weight, and the next call met it in the model)
+is refused, naming the member: eager's first call at that shape makes it for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .errors import LoweringError
+
+_KINDS = ("submodule", "parameter", "buffer")
+
+
+def _tables(module: torch.nn.Module) -> tuple:
+    return module._modules, module._parameters, module._buffers, module._non_persistent_buffers_set
+
+
+@contextlib.contextmanager
+def members_kept(model: torch.nn.Module):
+    """Within: where the block raises, every module of `model` gets back the submodules,
+    parameters and buffers it held before; where it made a new one, they are put back and
+    the block refused with `LoweringError` saying so, also in place of a refusal of what
+    making it did (a new Linear's `__init__` assigning `in_features` was named instead)."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    before = [(module, [table.copy() for table in _tables(module)]) for module in model.modules()]
+    try:
+        yield
+    except LoweringError:
+        if (error := _made(model, before, paths)) is None:
+            _put_back(before)
+            raise
+        _put_back(before)
+        raise error from None
+    except BaseException:
+        _put_back(before)
+        raise
+    if (error := _made(model, before, paths)) is not None:
+        _put_back(before)
+        raise error
+
+
+def _made(model: torch.nn.Module, before: list, paths: dict) -> LoweringError | None:
+    """The refusal of the members the block made, if it made any."""
+    added = [f"{kind} {'.'.join(filter(None, (paths[id(module)], name)))!r}"
+             for module, copies in before for kind, table, copy in zip(_KINDS, _tables(module), copies)
+             for name in table if name not in copy]
+    if not added:
+        return None
+    return LoweringError(
+        f"{type(model).__name__}'s forward makes {', '.join(added)} while traced: a member made "
+        f"in the forward is made on tracing's fake tensors, which no step can hold. Call the "
+        f"model once with inputs of this shape before remat-ir lowers it (its first call makes "
+        f"the member, as eager's does), or make the member in __init__")
+
+
+def _put_back(before: list) -> None:
+    for module, copies in before:
+        for table, copy in zip(_tables(module), copies):
+            if table != copy if isinstance(table, set) else _differ(table, copy):
+                table.clear()
+                table.update(copy)
+
+
+def _differ(table: dict, copy: dict) -> bool:
+    """Whether `table` holds other keys or other objects than `copy` (by identity:
+    tensors do not compare as truth values)."""
+    return table.keys() != copy.keys() or any(table[key] is not copy[key] for key in table)
