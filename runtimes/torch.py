@@ -27,6 +27,7 @@ import json
 import operator
 import random
 import sys
+import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -2024,6 +2025,22 @@ def _element_offsets(t: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
+def _compile_routed(model: torch.nn.Module, *args, **kwargs) -> None:
+    """`model.compile()` of a model whose calls run a plan (`ScheduledModule.route_calls`):
+    compiles the plan's module, which runs the plan as it is and says so once; a copy of
+    the model, which nn.Module's pickling leaves unrouted, compiles as nn.Module does."""
+    routed = model.__dict__.get("_compiled_call_impl")
+    if isinstance(routed, ScheduledModule):
+        routed.compile(*args, **kwargs)
+    else:
+        torch.nn.Module.compile(model, *args, **kwargs)
+
+
+#: Pickle saves a bound method as `getattr(model, name)`: named as nn.Module's method, a
+#: saved model loads with that (a loaded copy is unrouted), where its own name raised.
+_compile_routed.__name__ = "compile"
+
+
 class ScheduledModule(torch.nn.Module):
     """`model`, trained through `schedule` of its lowered `graph` (see module docstring).
 
@@ -2545,8 +2562,12 @@ class ScheduledModule(torch.nn.Module):
         replaces the other) and which copies and pickles of the model leave out: a copy
         is the plain model. Set in the model's dictionary, not as an attribute: nn.Module
         would register this module as the model's submodule, a cycle (`model.to()`
-        recursed without end)."""
+        recursed without end). The model's `compile()` then compiles this module
+        (`_compile_routed`): nn.Module's would have replaced the routing with
+        `torch.compile` of the model, and its calls ran without the plan, its budget or
+        eager's dropout draws, silently (hunt81 F4)."""
         self._model.__dict__["_compiled_call_impl"] = self
+        self._model.__dict__["compile"] = types.MethodType(_compile_routed, self._model)
 
     def _check_saved_tensor_hooks(self) -> None:
         """Saved-tensor hooks around the call see nothing the step keeps (`saved_hooks`):

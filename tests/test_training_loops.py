@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 
 import pytest
 import torch
@@ -915,6 +916,34 @@ def test_a_model_remat_in_place_runs_its_plan_when_called_and_stays_the_model():
     torch.manual_seed(0)
     model(data[:4]).sum().backward()
     assert again.schedule.solver == "recompute-all" and len(again.plans) == 1
+
+
+def test_compile_of_a_model_remat_in_place_keeps_its_plan(capsys):
+    """hunt81 F4: nn.Module's `compile()` replaced the routing with `torch.compile` of the
+    model, whose calls then ran without the plan, its budget or eager's dropout draws
+    (outputs 0.66 off eager's), silently. It now compiles the plan's module, which runs the
+    plan as it is and says so; a saved and loaded model is the plain model."""
+    torch.manual_seed(0)
+    model, x = _DroppingNet(), torch.randn(16, 8)
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x,), solver="recompute-all", cost_model="flops", in_place=True,
+                               cache_dir=False)
+    model.compile()
+    for step in range(2):
+        for module in (eager, model):
+            torch.manual_seed(step)
+            module(x).square().mean().backward()
+        for p, q in zip(eager.parameters(), model.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    assert "torch.compile runs a remat-ir module as planned" in capsys.readouterr().err
+    assert model.__dict__["_compiled_call_impl"] is scheduled
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    assert loaded.__dict__.get("_compiled_call_impl") is None
+    loaded.compile()   # nn.Module's, on the plain model
+    assert loaded.__dict__["_compiled_call_impl"] is not None
 
 
 class _DroppingNet(torch.nn.Module):
