@@ -2621,9 +2621,10 @@ class ScheduledModule(torch.nn.Module):
         return self._call_model(*args, **kwargs)
 
     @functools.partial(torch.compiler.disable, reason=(
-        "a remat-ir step runs its plan op by op from autograd nodes, which Dynamo cannot trace: compile "
-        "without fullgraph=True (one graph break here, the step running as planned), or pass "
-        "backend=\"inductor\" to remat_ir.remat to compile the plan's segments"))
+        "a remat-ir step runs its plan from autograd nodes, which Dynamo cannot trace: compile without "
+        "fullgraph=True (one graph break here, the step running as planned). A module of "
+        "backend=\"inductor\" has its segments compiled already, and needs no torch.compile around it; "
+        "with the eager backend, pass backend=\"inductor\" to remat_ir.remat to compile them"))
     def _under_torch_compile(self, *args, **kwargs):
         """`torch.compile(scheduled)`: Dynamo cannot trace the planned segments (they are
         generated code run from autograd nodes), so it hands the whole call over here, one

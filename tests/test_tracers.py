@@ -79,6 +79,7 @@ def test_torch_compile_with_fullgraph_is_refused_in_remat_irs_words():
     """Found by hunt74: Dynamo's error named `torch.compiler.disable` with "reason: None"
     and told the user to remove it. The reason now says why and what to do."""
     _, _, scheduled, x = _pair()
-    with pytest.raises(Exception, match=r"reason: a remat-ir step runs its plan op by op.*without "
-                                        r"fullgraph=True.*backend=\"inductor\""):
+    with pytest.raises(Exception, match=r"reason: a remat-ir step runs its plan from autograd nodes.*without "
+                                        r"fullgraph=True.*compiled already.*with the eager backend, pass "
+                                        r"backend=\"inductor\""):
         torch.compile(scheduled, backend="eager", fullgraph=True)(x)
