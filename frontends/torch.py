@@ -713,6 +713,17 @@ def _put_back(model: torch.nn.Module, assigned: dict) -> None:
             setattr(modules[path], key, was)
 
 
+def _eager_failure(model: torch.nn.Module, args: tuple, kwargs: dict, assigned: dict):
+    """`eager_failure` of the model as the trace found it: the attributes the failed trace
+    assigned put back first (its members are, `added_members`). An eager run on what the
+    trace left (a cache's length set to the new one, its table not grown) raised where
+    eager's does not, and the refusal said that eager's forward raises it too (hunt80 F1,
+    an older transformers rotary cache grown for a longer batch)."""
+    _put_back(model, assigned)
+    assigned.clear()
+    return eager_failure(model, args, kwargs)
+
+
 def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads,
                        assigned: dict) -> tuple[torch.export.ExportedProgram, frozenset]:
     """torch.export's program on eager's code path in transformers' models
@@ -724,8 +735,7 @@ def _trace_eager_paths(model: torch.nn.Module, args: tuple, kwargs: dict, reads:
     while True:
         changed: list[str] = []
         try:
-            with members_kept(model):
-                exported = _trace(model, args, kwargs, reads, assigned, changed, kept)
+            exported = _trace(model, args, kwargs, reads, assigned, changed, kept)
         except LoweringError as refused:
             if not changed:
                 # Export's paths failed too: what stops eager's, the one the model runs, is
@@ -774,9 +784,11 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     refused (`distributed_calls`), `torch.cov` traced as eager computes it
     (`statistics_kernels`), the containers the modules hold the same objects after it
     (`module_containers`), torch's default generator given by name drawn from as without
-    it (`default_generators`). Contexts of their own: `_trace`'s with-statement is at
+    it (`default_generators`), the members it makes taken out and refused
+    (`added_members`). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
-    with eager_block_caches(), distributed_calls_watched(model, reads.globals), statistics_traced_as_eager(), \
+    with members_kept(model), eager_block_caches(), distributed_calls_watched(model, reads.globals), \
+            statistics_traced_as_eager(), \
             keeping_module_containers(model), default_generators_dropped(), \
             dropping_caches(args, kwargs) as caches:
         exported = torch.export.export(model, args, kwargs, strict=False)
@@ -857,7 +869,7 @@ def _traced(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRead
     if isinstance(failure, AssertionError) and (held := held_gradient_error(model)) is not None:
         raise held from None   # export's own assertion follows from it
     if failure is not None:
-        raise _export_failure(type(model).__name__, failure, lambda: eager_failure(model, args, kwargs),
+        raise _export_failure(type(model).__name__, failure, lambda: _eager_failure(model, args, kwargs, assigned),
                               number_reads)
     if hook_calls:
         raise tensor_hook_error(type(model).__name__, hook_calls,

@@ -847,6 +847,17 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             found.append(f"it registers buffer {name!r} of {type(module).__name__} again at {where}, a "
                          f"new tensor in its place, which the graph does not carry back (write into "
                          f"it in place instead: `self.{name}.copy_(...)`)")
+        elif where and tensor is not held and isinstance(tensor, torch.Tensor) and (
+                tensor.shape != held.shape or tensor.dtype != held.dtype):
+            # The root's, of another shape (an older transformers rotary cache grown for a
+            # longer batch): export carries a new value back into the buffer it holds, of
+            # the old shape, and AOTAutograd failed ("expand 12 -> 8"), the refusal
+            # blaming eager's forward, which grows it (hunt80 F1).
+            found.append(f"it registers buffer {name!r} of {type(module).__name__} again at {where}, a "
+                         f"{tuple(tensor.shape)} {tensor.dtype} tensor in place of its {tuple(held.shape)} "
+                         f"{held.dtype} one, which no step can hold: call the model once with the "
+                         f"longest inputs before remat-ir lowers it (a cache grown with the length then "
+                         f"holds every length), or keep the table as a plain tensor attribute")
         return register_buffer(module, name, tensor, persistent)
 
     torch.nn.Module.register_buffer = register_noted

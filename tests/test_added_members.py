@@ -7,6 +7,7 @@ FakeTensor weights, and the model was broken for every later use (hunt80 F3)."""
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -83,3 +84,43 @@ def test_a_module_dict_filled_at_the_first_call_is_left_empty_when_remat_refuses
         remat_ir.remat(model, (torch.randn(4, 24),), solver="recompute-all", cost_model="flops", cache_dir=False)
     after = _members(model)
     assert after[0] == {} and after[1] == {} and after[2].keys() == before[2].keys()
+
+
+class _GrowsItsCache(torch.nn.Module):
+    """An older transformers rotary cache: its table registered again for a longer batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.grow(8)
+
+    def grow(self, length):
+        self.cached = length
+        self.register_buffer("table", torch.arange(length, dtype=torch.float32)[:, None] / length, persistent=False)
+
+    def forward(self, x):
+        if x.shape[1] > self.cached:
+            self.grow(x.shape[1])
+        return self.lin(x + self.table[:x.shape[1]])
+
+
+def test_a_buffer_registered_again_with_another_shape_is_refused_by_line_and_the_model_left_as_it_was():
+    """hunt80 F1: export carried the longer table back into the buffer of the old length,
+    AOTAutograd failed ("expand 12 -> 8"), and the eager run meant to tell a model's own
+    error ran on the length the trace had set with the old table: the refusal said that
+    eager's forward raises too, which it does not. Grown before lowering, it trains."""
+    torch.manual_seed(0)
+    model, x8, x12 = _GrowsItsCache(), torch.randn(2, 8, 4), torch.randn(2, 12, 4)
+    scheduled = remat_ir.remat(model, (x8,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    with pytest.raises(LoweringError, match=r"registers buffer 'table' of _GrowsItsCache again at "
+                                            r".*test_added_members\.py:\d+, a \(12, 1\) torch\.float32 tensor "
+                                            r"in place of its \(8, 1\).*call the model once with the longest"):
+        scheduled(x12)
+    assert model.cached == 8 and model.table.shape == (8, 1) and type(model.table) is torch.Tensor
+    model(x12)   # grown as eager grows it
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (x12,), solver="recompute-all", cost_model="flops", cache_dir=False)
+    for x in (x12, x8):
+        for module in (eager, scheduled):
+            module(x).square().mean().backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), model.parameters()))
