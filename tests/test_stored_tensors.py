@@ -293,3 +293,36 @@ def test_a_new_tensor_assigned_to_a_buffer_is_refused_saying_to_write_in_place()
     with pytest.raises(LoweringError, match=r"assigns a new tensor to buffer 'last' of ReplacesItsBuffer .*"
                                             r"self.last.copy_"):
         lower_torch(ReplacesItsBuffer(), _batch(0), cost_model="flops")
+
+
+class _TableAndStatistic(nn.Module):
+    """A table cached on an attribute, built where it is None or of another length, and a
+    statistic stored for logging, which the forward never reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.pe, self.stats = nn.Linear(8, 8), None, None
+
+    def forward(self, x):
+        if self.pe is None or self.pe.shape[0] != x.shape[1]:
+            self.pe = torch.arange(x.shape[1], dtype=torch.float32)[:, None] / x.shape[1]
+        h = self.lin(x + self.pe)
+        self.stats = h.detach().mean()
+        return h.tanh()
+
+
+def test_a_statistic_stored_beside_a_table_rebuilt_where_none_is_not_blamed_for_the_tables_branch():
+    """hunt80 F5: traced again with both stored, the program changed (the table's branch,
+    which the forward reads), and lowering refused, blaming the statistic it never reads.
+    The unread one is traced again alone: the lengths train bitwise like eager."""
+    torch.manual_seed(0)
+    model = _TableAndStatistic()
+    eager = copy.deepcopy(model)
+    scheduled = remat_ir.remat(model, (torch.randn(2, 8, 8),), solver="recompute-all", cost_model="flops",
+                               cache_dir=False)
+    for length in (8, 12, 8):
+        x = torch.randn(2, length, 8)
+        for module in (eager, scheduled):
+            module(x).square().mean().backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), model.parameters()))
+        assert torch.equal(eager.stats, model.stats)
