@@ -19,13 +19,15 @@ load-balancing loss to the logits, `logits.aux_loss = aux`, read by the caller w
 `getattr(out, "aux_loss", 0.0)`; a flag on an input or a weight) set it on a traced tensor:
 the scheduled call's outputs, inputs and weights never carried it, and the auxiliary loss
 dropped out of training silently (hunt77 F15: loss 1.151 where eager's was 1.253). While
-tracing, such a write by the model's code (or a library's) is refused by line; attributes
-the tensor's class defines (`requires_grad`, `grad`, `data`...) are set as before.
+tracing, such a write by the model's code (or a library's) on a tensor the call returns
+or takes is refused by line; attributes the tensor's class defines (`requires_grad`,
+`grad`, `data`...) are set as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -81,23 +83,43 @@ def refusing_tensor_attributes(model: torch.nn.Module, args: tuple, kwargs: dict
 
 @contextlib.contextmanager
 def refusing_tensor_attribute_writes(model: torch.nn.Module):
-    """Within, the model's code setting a Python attribute on a tensor, one its class
-    does not define, raises `LoweringError` naming the line (module docstring)."""
+    """Within, the model's code setting a Python attribute, one its class does not define,
+    on a tensor the call hands back or takes (an output, an input, a parameter or a buffer)
+    raises `LoweringError` naming the line (module docstring). One set and read within the
+    forward (`h.scale = 0.5; return h * h.scale`) is what the trace computes, and passes
+    (hunt82: refused at first)."""
     name_of = type(model).__name__
+    # Weak references: a hook's closure holding the trace's tensors is refused as state.
+    written: dict[int, tuple[weakref.ref, str, str]] = {}   # id -> (tensor, attribute, line)
+    inputs: list[weakref.ref] = []
 
     @passing
-    def refused(tensor, name, value):
+    def noted(tensor, name, value):
         if not hasattr(type(tensor), name) and (line := model_caller(1)) is not None:
-            raise LoweringError(
-                f"{name_of}'s forward sets attribute {name!r} on a tensor at {line}: remat-ir "
-                f"traces the forward on tensors whose Python attributes its step does not keep, "
-                f"so the outputs, inputs and weights of a scheduled call would not carry it, and "
-                f"code reading it after the call would find a default or nothing. Return the "
-                f"value from the forward instead (`return out, {name}`, or in a dict)")
+            written.setdefault(id(tensor), (weakref.ref(tensor), name, line))
         object.__setattr__(tensor, name, value)
 
-    torch.Tensor.__setattr__ = refused
+    def taken(module, args, kwargs):
+        inputs[:] = [weakref.ref(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+
+    def handed_back(module, args, kwargs, output):
+        members = [*model.parameters(), *model.buffers()]
+        for tensor in [*pytree.tree_leaves(output), *(ref() for ref in inputs), *members]:
+            if isinstance(tensor, torch.Tensor) and (found := written.get(id(tensor))) is not None \
+                    and found[0]() is tensor:
+                raise LoweringError(
+                    f"{name_of}'s forward sets attribute {found[1]!r} on a tensor at {found[2]}: remat-ir "
+                    f"traces the forward on tensors whose Python attributes its step does not keep, so "
+                    f"the outputs, inputs and weights of a scheduled call would not carry it, and code "
+                    f"reading it after the call would find a default or nothing. Return the value from "
+                    f"the forward instead (`return out, {found[1]}`, or in a dict)")
+
+    torch.Tensor.__setattr__ = noted
+    before = model.register_forward_pre_hook(taken, with_kwargs=True)
+    after = model.register_forward_hook(handed_back, with_kwargs=True)
     try:
         yield
     finally:
         del torch.Tensor.__setattr__
+        before.remove()
+        after.remove()

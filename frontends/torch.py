@@ -797,13 +797,15 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     (`statistics_kernels`), the containers the modules hold the same objects after it
     (`module_containers`), torch's default generator given by name drawn from as without
     it (`default_generators`), the members it makes taken out and refused
-    (`added_members`), the user's `lru_cache`d functions run uncached (`outside_state`).
-    Contexts of their own: `_trace`'s with-statement is at
+    (`added_members`), the user's `lru_cache`d functions run uncached (`outside_state`),
+    Python functions with torch's override prologue run under every mode
+    (`python_functions`; around export alone: an eager run telling a model's own error
+    from tracing's runs without it). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
     with members_kept(model), lru_caches_bypassed(), eager_block_caches(), \
             distributed_calls_watched(model, reads.globals), statistics_traced_as_eager(), \
             keeping_module_containers(model), default_generators_dropped(), \
-            dropping_caches(args, kwargs) as caches:
+            dropping_caches(args, kwargs) as caches, python_bodies_traced():
         exported = torch.export.export(model, args, kwargs, strict=False)
         drop_caches(exported, caches)
         return exported
@@ -836,7 +838,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedReads
     inference fast path is refused (`fast_paths`; a block of its own: `_traced`'s
     with-statement is at Python's limit of nested blocks)."""
     fast: list[str] = []
-    with python_bodies_traced(), eager_fast_paths_noted(model, fast):
+    with eager_fast_paths_noted(model, fast):
         exported = _traced(model, args, kwargs, reads, assigned, changed, kept)
     if fast:
         raise LoweringError(fast[0])

@@ -3536,6 +3536,10 @@ class _SetsTensorAttributes(torch.nn.Module):
             x.seen = True
         elif self.how == "weight":
             setattr(self.head.weight, "norm_seen", aux.detach())
+        elif self.how == "set and read inside":   # what the trace computes
+            scaled = logits * 1
+            scaled.scale = 0.5
+            logits = scaled * scaled.scale
         return (logits, aux) if self.how == "returned" else logits
 
 
@@ -3544,7 +3548,8 @@ def test_a_python_attribute_the_forward_sets_on_a_tensor_is_refused_by_line(how)
     """hunt77 F15: the attribute landed on a traced tensor; the scheduled call's output (or
     input, or weight) never carried it, and an auxiliary loss the caller read with
     `getattr(out, "aux_loss", 0.0)` dropped out of training silently (loss 1.151 where
-    eager's was 1.253). Returned instead, it trains bitwise."""
+    eager's was 1.253). Returned instead, it trains bitwise, as does an attribute set and
+    read within the forward (hunt82: refused at first)."""
     x = torch.randn(16, 8)
     with pytest.raises(LoweringError, match=r"_SetsTensorAttributes's forward sets attribute '(aux_loss|seen|norm_seen)' "
                                             r"on a tensor at .*test_trust.py:\d+: .*Return the value from the forward"):
@@ -3553,6 +3558,9 @@ def test_a_python_attribute_the_forward_sets_on_a_tensor_is_refused_by_line(how)
     torch.manual_seed(0)
     assert side_by_side(_SetsTensorAttributes("returned"), lambda m: _remat(m, (x,), solver="recompute-all"),
                         (x,), {}, lambda out: out[0].square().mean() + out[1]) == {}
+    assert side_by_side(_SetsTensorAttributes("set and read inside"),
+                        lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                        lambda out: out.square().mean()) == {}
 
 
 class _BranchesOnHowMade(torch.nn.Module):
