@@ -367,6 +367,13 @@ def _noting_data_uses(found: list[tuple[str, int, str]], model: torch.nn.Module,
             effects.append(f"it assigns `.data` of {written}{f' at {where}' if where else ''}, a "
                            f"new tensor the graph does not carry back (write into it in place "
                            f"under torch.no_grad() instead: `w.copy_(torch.renorm(w, 2, 0, max_norm))`)")
+        elif where is not None and not _same_tensor_data(tensor, value):
+            # An intermediate's (`g.data = h.detach() * 3`): eager's `g` takes the new values
+            # and keeps its gradient's path; the trace kept neither, and the loss trained 0.44
+            # off eager's, silently (hunt82).
+            effects.append(f"it assigns `.data` of a tensor it computes at {where}, which the trace "
+                           f"does not keep (compute with the new values under torch.no_grad() in "
+                           f"place instead, `g.copy_(...)`, or use the new tensor itself)")
         descriptor.__set__(tensor, value)
 
     torch.Tensor.data = property(get, assign, doc=descriptor.__doc__)

@@ -4403,6 +4403,26 @@ class _MaxNormHead(torch.nn.Module):
         return self.head(torch.tanh(self.body(x)))
 
 
+class _AssignsAnIntermediatesData(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        g = h * 2
+        g.data = h.detach() * 3
+        return g + h
+
+
+def test_an_intermediates_data_assigned_is_refused_by_line():
+    """hunt82: eager's tensor takes the new values and keeps its gradient's path; the trace
+    kept neither, and the loss trained 0.44 off eager's, silently (a member's `.data` was
+    refused already)."""
+    with pytest.raises(LoweringError, match=r"assigns `.data` of a tensor it computes at .*test_trust\.py:\d+"):
+        _remat(_AssignsAnIntermediatesData(), (torch.randn(4, 8),), solver="recompute-all")
+
+
 @pytest.mark.parametrize("where", ["forward", "pre_hook"])
 def test_a_parameters_data_assigned_is_refused_by_line_and_its_in_place_form_trains_like_eager(where):
     """Found by a review: the traced step computed with the weight the call began with and
