@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import collections.abc
-import contextlib
 import functools
 import os
 import random
@@ -311,27 +310,6 @@ def lru_caches() -> list[tuple[object, int]]:
     """(function, entries) of the `functools.lru_cache`d functions of the user's files."""
     return [(value, value.cache_info().currsize) for _, names in _namespaces()
             for value in list(names.values()) if isinstance(value, functools._lru_cache_wrapper)]
-
-
-@contextlib.contextmanager
-def lru_caches_bypassed():
-    """Within (around torch.export's trace): each `functools.lru_cache`d function of the
-    user's globals is the function it wraps, its cache neither read nor filled. A hit
-    handed the trace a real tensor an eager call had cached (a causal mask per length,
-    cached by an evaluation call at that length), and lowering refused it as a tensor no
-    parameter, buffer or input holds: whether a length trained depended on whether an
-    evaluation met it first (hunt80 F6). Traced, the function computes its tensor in the
-    graph at every step, as a miss did."""
-    swapped = [(names, name, value) for _, names in _namespaces() for name, value in list(names.items())
-               if isinstance(value, functools._lru_cache_wrapper) and callable(getattr(value, "__wrapped__", None))]
-    for names, name, value in swapped:
-        names[name] = value.__wrapped__
-    try:
-        yield
-    finally:
-        for names, name, value in swapped:
-            if names.get(name) is value.__wrapped__:
-                names[name] = value
 
 
 def clear_grown(caches: list[tuple[object, int]]) -> None:

@@ -79,7 +79,6 @@ from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .python_functions import python_bodies_traced
 from .added_members import members_kept
-from .outside_state import lru_caches_bypassed
 from .swapped_parameters import swapped_parameters_as_parameters
 from .input_metadata import refusing_input_metadata
 from .module_containers import keeping_module_containers
@@ -797,13 +796,12 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     (`statistics_kernels`), the containers the modules hold the same objects after it
     (`module_containers`), torch's default generator given by name drawn from as without
     it (`default_generators`), the members it makes taken out and refused
-    (`added_members`), the user's `lru_cache`d functions run uncached (`outside_state`),
-    Python functions with torch's override prologue run under every mode
-    (`python_functions`; around export alone: an eager run telling a model's own error
+    (`added_members`), Python functions with torch's override prologue run under every
+    mode (`python_functions`; around export alone: an eager run telling a model's own error
     from tracing's runs without it). Contexts of their own: `_trace`'s with-statement is at
     Python's limit of nested blocks."""
-    with members_kept(model), lru_caches_bypassed(), eager_block_caches(), \
-            distributed_calls_watched(model, reads.globals), statistics_traced_as_eager(), \
+    with members_kept(model), eager_block_caches(), distributed_calls_watched(model, reads.globals), \
+            statistics_traced_as_eager(), \
             keeping_module_containers(model), default_generators_dropped(), \
             dropping_caches(args, kwargs) as caches, python_bodies_traced():
         exported = torch.export.export(model, args, kwargs, strict=False)

@@ -4891,22 +4891,6 @@ def test_a_cached_function_the_traced_forward_filled_is_emptied():
     assert torch.equal(scheduled(x), eager)
 
 
-def test_a_cached_function_an_eager_call_filled_is_traced_as_it_computes():
-    """hunt80 F6: a table an eager call cached (an evaluation call at a new length, the
-    model run once before `remat`) came out of the cache into the trace as a real tensor,
-    refused as one no parameter, buffer or input holds: whether a length trained depended
-    on whether an evaluation met it first. Traced uncached, it trains like eager, and the
-    cache keeps what it held."""
-    _effect_table.cache_clear()
-    torch.manual_seed(0)
-    model, x = _Effects("lru_cache"), torch.randn(3, 4)
-    model(x)   # fills the cache for 3 rows
-    held = _effect_table(3)
-    assert side_by_side(model, lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
-                        lambda out: out.square().mean()) == {}
-    assert _effect_table(3) is held and _effect_table.cache_info().currsize == 1
-
-
 @pytest.mark.parametrize("kind", ["warn_once", "lazy_probe", "class_warn_once"])
 def test_what_a_first_call_sets_up_outside_the_modules_is_no_effect(kind, monkeypatch):
     """A warn-once set, a lazy probe or a class's warn-once flag changes at the first call
