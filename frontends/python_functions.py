@@ -42,22 +42,29 @@ def _plain(kind: type) -> bool:
 
 
 def _plain_function(func) -> bool:
-    """A Python function whose call runs its body: not a generator's or a coroutine's,
-    whose call returns before the body, and its prologue, run (hunt82: a generator with the
-    prologue recursed without end)."""
+    """A Python function (or a module's method: `handle_torch_function(self.clamped, ...)`)
+    whose call runs its body: not a generator's or a coroutine's, whose call returns before
+    the body, and its prologue, run (hunt82: a generator with the prologue recursed without
+    end)."""
+    func = getattr(func, "__func__", func) if inspect.ismethod(func) else func
     return inspect.isfunction(func) and not (
         func.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR))
 
 
 def _handing_over(frame, func) -> bool:
-    """Whether `frame` is `handle_torch_function` handing `func` to a mode."""
-    return frame is not None and frame.f_code is _HANDLE and frame.f_locals.get("public_api") is func
+    """Whether `frame` is `handle_torch_function` handing `func` to a mode (a method bound
+    anew at each level compares equal)."""
+    if frame is None or frame.f_code is not _HANDLE:
+        return False
+    api = frame.f_locals.get("public_api")
+    return api is func or (inspect.ismethod(func) and api == func)
 
 
 def _codes(func) -> set:
     """The code of `func` and of the functions it wraps (`functools.wraps`' `__wrapped__`):
     a decorated helper's prologue runs in the function its wrapper calls (hunt82)."""
     codes, seen = set(), 0
+    func = func.__func__ if inspect.ismethod(func) else func
     while func is not None and seen < 8:
         if (code := getattr(func, "__code__", None)) is not None:
             codes.add(code)
@@ -111,8 +118,8 @@ class _PythonBodies(TorchFunctionMode):
     def _again(self, func, args) -> bool:
         """Whether this call is one this mode is running already (the function handed
         itself over again, its prologue not the one `redispatch_function` skips)."""
-        return any(f is func and len(a) == len(args) and all(x is y for x, y in zip(a, args))
-                   for f, a in self.running)
+        return any((f is func or (inspect.ismethod(func) and f == func)) and len(a) == len(args)
+                   and all(x is y for x, y in zip(a, args)) for f, a in self.running)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

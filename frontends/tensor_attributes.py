@@ -84,8 +84,8 @@ def refusing_tensor_attributes(model: torch.nn.Module, args: tuple, kwargs: dict
 @contextlib.contextmanager
 def refusing_tensor_attribute_writes(model: torch.nn.Module):
     """Within, the model's code setting a Python attribute, one its class does not define,
-    on a tensor the call hands back or takes (an output, an input, a parameter or a buffer)
-    raises `LoweringError` naming the line (module docstring). One set and read within the
+    on a tensor the call hands back or takes (an output, an input, a parameter, a buffer,
+    one it stores on a module) raises `LoweringError` naming the line (module docstring). One set and read within the
     forward (`h.scale = 0.5; return h * h.scale`) is what the trace computes, and passes
     (hunt82: refused at first)."""
     name_of = type(model).__name__
@@ -103,7 +103,9 @@ def refusing_tensor_attribute_writes(model: torch.nn.Module):
         inputs[:] = [weakref.ref(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
 
     def handed_back(module, args, kwargs, output):
-        members = [*model.parameters(), *model.buffers()]
+        members = [*model.parameters(), *model.buffers(),   # and tensors it stores on its modules
+                   *(value for module in model.modules() for value in vars(module).values()
+                     if isinstance(value, torch.Tensor))]
         for tensor in [*pytree.tree_leaves(output), *(ref() for ref in inputs), *members]:
             if isinstance(tensor, torch.Tensor) and (found := written.get(id(tensor))) is not None \
                     and found[0]() is tensor:

@@ -172,18 +172,24 @@ class _ModeAndDecorated(torch.nn.Module):
         super().__init__()
         self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
 
+    def clamped(self, h):
+        if has_torch_function_variadic(h):
+            return handle_torch_function(self.clamped, (h,), h)
+        return _clamped_under_no_grad(h)
+
     def forward(self, x):
         with _DoublesNorms():   # eager runs F.normalize's body with the mode popped
             h = self.a(x)
             h = torch.nn.functional.normalize(h, dim=-1) + h.norm()
-        return self.b(_decorated_clamp(h.exp()))
+        return self.b(self.clamped(_decorated_clamp(h.exp())))
 
 
 def test_a_users_mode_stays_off_the_bodies_and_a_decorated_helpers_body_is_traced():
     """hunt82: the modes put back for a body were every mode popped on the way, a user's
     mode entered in the forward too, whose change then reached F.normalize's own ops
-    (0.72 off eager's); and a helper under a `functools.wraps` decorator ran its body
-    outside the modes (its `no_grad` clamp differentiated, 0.086 off)."""
+    (0.72 off eager's); and a helper under a `functools.wraps` decorator, or a module's
+    method written with the prologue, ran its body outside the modes (its `no_grad` clamp
+    differentiated, 0.086 off)."""
     torch.manual_seed(0)
     x = torch.randn(4, 8)
     assert side_by_side(_ModeAndDecorated(), lambda m: remat_ir.remat(m, x, solver="recompute-all", cost_model="flops",

@@ -3536,6 +3536,9 @@ class _SetsTensorAttributes(torch.nn.Module):
             x.seen = True
         elif self.how == "weight":
             setattr(self.head.weight, "norm_seen", aux.detach())
+        elif self.how == "stored":
+            self.last = aux.detach()
+            self.last.note = 3
         elif self.how == "set and read inside":   # what the trace computes
             scaled = logits * 1
             scaled.scale = 0.5
@@ -3543,7 +3546,7 @@ class _SetsTensorAttributes(torch.nn.Module):
         return (logits, aux) if self.how == "returned" else logits
 
 
-@pytest.mark.parametrize("how", ["output", "input", "weight"])
+@pytest.mark.parametrize("how", ["output", "input", "weight", "stored"])
 def test_a_python_attribute_the_forward_sets_on_a_tensor_is_refused_by_line(how):
     """hunt77 F15: the attribute landed on a traced tensor; the scheduled call's output (or
     input, or weight) never carried it, and an auxiliary loss the caller read with
@@ -3551,7 +3554,7 @@ def test_a_python_attribute_the_forward_sets_on_a_tensor_is_refused_by_line(how)
     eager's was 1.253). Returned instead, it trains bitwise, as does an attribute set and
     read within the forward (hunt82: refused at first)."""
     x = torch.randn(16, 8)
-    with pytest.raises(LoweringError, match=r"_SetsTensorAttributes's forward sets attribute '(aux_loss|seen|norm_seen)' "
+    with pytest.raises(LoweringError, match=r"_SetsTensorAttributes's forward sets attribute '(aux_loss|seen|norm_seen|note)' "
                                             r"on a tensor at .*test_trust.py:\d+: .*Return the value from the forward"):
         _remat(_SetsTensorAttributes(how), (x,), solver="recompute-all")
     assert not hasattr(x, "seen")
