@@ -99,12 +99,15 @@ def _tracing(mode) -> bool:
     entered in the forward (diffusers' attention-skipping mode) and `torch.device(...)`'s
     too: put back, a user's mode changed the body's ops (hunt82: F.normalize under a mode
     changing `norm`, 0.72 off eager's)."""
-    return isinstance(mode, _PythonBodies) or type(mode).__module__ in _TRACING_MODULES
+    module = type(mode).__module__
+    return module in _TRACING_MODULES or module.startswith(_OWN)
 
 
 #: The modules of torch.export's torch-function modes (its non-strict handler, the
 #: pre-dispatch tracer's modes that record `no_grad` and autocast blocks).
 _TRACING_MODULES = frozenset({"torch._export.non_strict_utils", "torch.fx.experimental.proxy_tensor"})
+#: remat-ir's own modes (this one; those a traced custom Function's backward runs under).
+_OWN = __name__.rsplit(".", 1)[0] + "."
 
 
 class _PythonBodies(TorchFunctionMode):
