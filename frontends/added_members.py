@@ -36,14 +36,15 @@ def members_kept(model: torch.nn.Module):
     the block refused with `LoweringError` saying so, also in place of a refusal of what
     making it did (a new Linear's `__init__` assigning `in_features` was named instead)."""
     paths = {id(module): path for path, module in model.named_modules()}
-    before = [(module, [table.copy() for table in _tables(module)]) for module in model.modules()]
+    before = [(module, [table.copy() for table in _tables(module)]) for module in model.modules()
+              if all(isinstance(table, (dict, set)) for table in _tables(module))]   # not TorchScript's
     try:
         yield
-    except LoweringError:
-        if (error := _made(model, before, paths)) is None:
-            _put_back(before)
-            raise
+    except LoweringError as refused:
+        error = _made(model, before, paths)
         _put_back(before)
+        if error is None or any(repr(name) in str(refused) for name in error.names):
+            raise   # a refusal naming the member already says it (a buffer registered, by line)
         raise error from None
     except BaseException:
         _put_back(before)
@@ -55,16 +56,20 @@ def members_kept(model: torch.nn.Module):
 
 def _made(model: torch.nn.Module, before: list, paths: dict) -> LoweringError | None:
     """The refusal of the members the block made, if it made any."""
-    added = [f"{kind} {'.'.join(filter(None, (paths[id(module)], name)))!r}"
-             for module, copies in before for kind, table, copy in zip(_KINDS, _tables(module), copies)
-             for name in table if name not in copy]
-    if not added:
+    # A buffer registered is refused by line where it is traced (`trace_effects`), later.
+    made = [(kind, paths[id(module)], name) for module, copies in before
+            for kind, table, copy in zip(_KINDS, _tables(module), copies) for name in table
+            if name not in copy and kind != "buffer"]
+    if not made:
         return None
-    return LoweringError(
+    added = [f"{kind} {'.'.join(filter(None, (path, name)))!r}" for kind, path, name in made]
+    error = LoweringError(
         f"{type(model).__name__}'s forward makes {', '.join(added)} while traced: a member made "
         f"in the forward is made on tracing's fake tensors, which no step can hold. Call the "
         f"model once with inputs of this shape before remat-ir lowers it (its first call makes "
         f"the member, as eager's does), or make the member in __init__")
+    error.names = [name for _, _, name in made]
+    return error
 
 
 def _put_back(before: list) -> None:
