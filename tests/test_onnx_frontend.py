@@ -735,7 +735,7 @@ def test_single_op_matches_onnxruntime(op, inputs, attrs, opset):
 
 def assert_single_op_matches_onnxruntime(op, inputs, attrs, opset=18):
     """`op` over `inputs` with `attrs`, imported and run in torch, gives onnxruntime's
-    outputs: integers equal, floats within 1e-5 relative."""
+    outputs: integers equal, floats within 1e-5 relative or 1e-6 apart."""
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
     # Inputs the table needs at import (shapes, axes, pads), and Range's, are initializers;
     # the others are graph inputs.
@@ -759,8 +759,11 @@ def assert_single_op_matches_onnxruntime(op, inputs, attrs, opset=18):
     for o, t in zip(ours, theirs):
         t = torch.from_numpy(np.asarray(t))
         assert o.dtype == t.dtype and o.shape == t.shape, (o.dtype, o.shape, t.dtype, t.shape)
+        # Floats within 1e-5 of the larger output, or 1e-6 apart: an output near zero by
+        # cancellation (a GRU's state, -0.0026 after steps of order 1) differs relatively more
+        # (7.5e-8 apart, 2.8e-5 relative: a fresh clone's CI, 2026-12-07).
         assert (torch.equal(o, t) if not o.is_floating_point() or not o.numel()
-                else relative_error(o, t) < 1e-5), (o, t)
+                else relative_error(o, t) < 1e-5 or bool(((o - t).abs() <= 1e-6).all())), (o, t)
 
 
 @settings(max_examples=40, deadline=None)
