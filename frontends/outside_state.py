@@ -306,10 +306,19 @@ def _take_out(value, depth: int = 0) -> None:
                 _take_out(item, depth + 1)
 
 
-def lru_caches() -> list[tuple[object, int]]:
-    """(function, entries) of the `functools.lru_cache`d functions of the user's files."""
-    return [(value, value.cache_info().currsize) for _, names in _namespaces()
-            for value in list(names.values()) if isinstance(value, functools._lru_cache_wrapper)]
+def lru_caches(model: torch.nn.Module | None = None) -> list[tuple[object, int]]:
+    """(function, entries) of the `functools.lru_cache`d functions of the user's files:
+    their globals, closures, and the methods of their classes and of `model`'s (a cached
+    method kept the trace's placeholder too, and a plain call after `remat` returned it;
+    hunt82 F8)."""
+    found = {}
+    for _, names in namespaces(model):
+        for _, value in list(names.items()):
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, functools._lru_cache_wrapper):
+                found.setdefault(id(value), value)
+    return [(value, value.cache_info().currsize) for value in found.values()]
 
 
 def clear_grown(caches: list[tuple[object, int]]) -> None:

@@ -735,7 +735,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 in_users_file(type(module).__module__) or users_class(type(helper)), _containers_copied(helper))
                for path, module in model.named_modules() for name, helper in held_objects(module)]
     generators = _generators(model)
-    outside, caches = outside_state.holders(model), outside_state.lru_caches()
+    outside, caches = outside_state.holders(model), outside_state.lru_caches(model)
     paths = ModulesByDict(model)   # a proxy for a module at two paths sets its dict
     originals = [(owner, name, getattr(owner, name), "torch") for owner, name in _TORCH_RNG]
     # Python's and NumPy's generators set by the forward, drawn from or not (hunt79: a

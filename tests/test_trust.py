@@ -4894,6 +4894,43 @@ def test_a_cached_function_the_traced_forward_filled_is_emptied():
     assert torch.equal(scheduled(x), eager)
 
 
+class _CachedTables(torch.nn.Module):
+    """A forward scaling by a table that a cached method or static method builds per size."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.lin = kind, torch.nn.Linear(4, 4)
+
+    @functools.lru_cache(maxsize=None)
+    def table(self, rows: int) -> torch.Tensor:
+        return torch.linspace(0.5, 1.5, rows).unsqueeze(1)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def static_table(rows: int) -> torch.Tensor:
+        return torch.linspace(1.5, 2.5, rows).unsqueeze(1)
+
+    def forward(self, x):
+        rows = x.shape[0]
+        return self.lin(x) * (self.table(rows) if self.kind == "method" else self.static_table(rows))
+
+
+@pytest.mark.parametrize("kind", ["method", "staticmethod"])
+def test_a_cached_method_the_traced_forward_filled_is_emptied(kind):
+    """A model's `lru_cache`d method kept the trace's placeholder: a plain call of the model
+    after `remat` returned a FakeTensor (hunt82 F8; only module globals were emptied)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    _CachedTables.table.cache_clear()
+    _CachedTables.static_table.cache_clear()
+    torch.manual_seed(0)
+    model, x = _CachedTables(kind), torch.randn(3, 4)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    eager = model(x)
+    assert not isinstance(eager, FakeTensor)
+    assert torch.equal(scheduled(x), eager)
+
+
 @pytest.mark.parametrize("kind", ["warn_once", "lazy_probe", "class_warn_once"])
 def test_what_a_first_call_sets_up_outside_the_modules_is_no_effect(kind, monkeypatch):
     """A warn-once set, a lazy probe or a class's warn-once flag changes at the first call
