@@ -79,6 +79,7 @@ from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .python_functions import python_bodies_traced
 from .added_members import members_kept
+from .constant_arguments import constants_bound, constants_named
 from .swapped_parameters import swapped_parameters_as_parameters
 from .input_metadata import refusing_input_metadata
 from .module_containers import keeping_module_containers
@@ -798,13 +799,15 @@ def _exported(model: torch.nn.Module, args: tuple, kwargs: dict, reads: TracedRe
     it (`default_generators`), the members it makes taken out and refused
     (`added_members`), Python functions with torch's override prologue run under every
     mode (`python_functions`; around export alone: an eager run telling a model's own error
-    from tracing's runs without it). Contexts of their own: `_trace`'s with-statement is at
-    Python's limit of nested blocks."""
+    from tracing's runs without it), NumPy scalars and torch dtypes among the arguments
+    handed over as names (`constant_arguments`). Contexts of their own: `_trace`'s
+    with-statement is at Python's limit of nested blocks."""
+    named_args, named_kwargs, constants = constants_named(args, kwargs)
     with members_kept(model), eager_block_caches(), distributed_calls_watched(model, reads.globals), \
             statistics_traced_as_eager(), \
             keeping_module_containers(model), default_generators_dropped(), \
-            dropping_caches(args, kwargs) as caches, python_bodies_traced():
-        exported = torch.export.export(model, args, kwargs, strict=False)
+            dropping_caches(args, kwargs) as caches, python_bodies_traced(), constants_bound(model, constants):
+        exported = torch.export.export(model, named_args, named_kwargs, strict=False)
         drop_caches(exported, caches)
         return exported
 
@@ -1832,7 +1835,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
                     fresh_generators_noted() as fresh, custom_op_backwards_watched(
                         d for d in custom_op_definitions(module)
                         if d._qualname.split("::")[0] != FUNCTION_NAMESPACE):
-                joint = aot_export_joint_with_descriptors(stack, module, args, kwargs,
+                joint = aot_export_joint_with_descriptors(stack, module, *constants_named(args, kwargs)[:2],
                                                           decompositions=decompositions)
             if (moved := drawn.moved()) or fresh:
                 drawn.restore()
