@@ -26,16 +26,16 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 
-def _tensors(value, found: list) -> list:
+def tensors_in(value, found: list) -> list:
     """The tensors in `value` (an op's arguments or result), through lists, tuples and dicts."""
     if isinstance(value, torch.Tensor):
         found.append(value)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            _tensors(item, found)
+            tensors_in(item, found)
     elif isinstance(value, dict):
         for item in value.values():
-            _tensors(item, found)
+            tensors_in(item, found)
     return found
 
 
@@ -99,18 +99,18 @@ class CallDerived(TorchFunctionMode):
         if name in _FIRST_VALUES:
             reads = [args[0]] if args and isinstance(args[0], torch.Tensor) else []
         else:
-            reads = _tensors(args, _tensors(kwargs, []))
+            reads = tensors_in(args, tensors_in(kwargs, []))
         if name in _RANDOM or any(self.derived(t) for t in reads):
             written = [args[0]] if args and isinstance(args[0], torch.Tensor) and _writes(name) else []
-            written = _tensors(kwargs.get("out"), written)
+            written = tensors_in(kwargs.get("out"), written)
             if name in _STATISTICS and kwargs.get("training", args[5] if len(args) > 5 else False):
                 written += [t for t in (*args[1:3], kwargs.get("running_mean"), kwargs.get("running_var"))
                             if isinstance(t, torch.Tensor)]
-            self.mark(_tensors(result, written))
+            self.mark(tensors_in(result, written))
         return result
 
 
 def call_sources(model: torch.nn.Module, inputs: tuple) -> list[torch.Tensor]:
     """What a call brings as the forward starts: its tensor inputs (those the root's
     pre-hook is given) and the parameters training updates."""
-    return _tensors(inputs, []) + [p for p in model.parameters() if p.requires_grad]
+    return tensors_in(inputs, []) + [p for p in model.parameters() if p.requires_grad]

@@ -71,6 +71,7 @@ from remat_ir.torchlib.hook_reparametrizations import hook_reparametrizations
 from .argument_writes import noting_argument_writes
 from .autograd_state import noting_autograd_state
 from .backend_flags import noting_backend_flags
+from .cached_functions import cached_functions_traced
 from .constant_tensors import CallDerived, call_sources
 from .fresh_generators import fresh_generators_noted
 from .held_tensors import held_objects
@@ -253,6 +254,12 @@ def _change_said(key: str, path: str, before: tuple) -> str:
         return (f"it keeps tensors in module attribute {key!r} of {path or '<root>'}, which no "
                 f"training step fills (keep what the forward reads back in local variables, "
                 f"and return what the loss needs from the forward)")
+    if _public_cache(key, items, value):
+        return (f"it fills module attribute {key!r} of {path or '<root>'} with tensors at keys it did not "
+                f"hold (a cache per shape?), which no training step fills: name it as a private "
+                f"attribute (`self._{key}`), whose tensors made from constants remat-ir takes as a "
+                f"cache the graph computes at every step, or call the model once with each shape "
+                f"before remat_ir.remat")
     if _rounded_back(items, value):
         return (f"it changes module attribute {key!r} of {path or '<root>'} in the last bits of a number "
                 f"(multiplied and divided back, as diffusers' LoRA `scale` does; call the model once "
@@ -264,6 +271,18 @@ def _change_said(key: str, path: str, before: tuple) -> str:
                 f"attribute (`self.inited = True`), whose first-call setup remat-ir replays; a counter "
                 f"or a log: keep it outside the forward")
     return f"it changes module attribute {key!r} of {path or '<root>'}"
+
+
+def _public_cache(key: str, items, after) -> bool:
+    """Whether a public dict only gained keys, each holding a tensor needing no gradient:
+    a cache, which the rule for private ones would take (hunt80 F4: a mask per length in
+    `self.cache` was refused as "it changes module attribute", no more said)."""
+    if key.startswith("_") or not (isinstance(items, dict) and isinstance(after, dict)):
+        return False
+    if any(k not in after or not _same(item, after[k]) for k, item in items.items()):
+        return False
+    added = [after[k] for k in after if k not in items]
+    return bool(added) and all(isinstance(t, torch.Tensor) and not t.requires_grad for t in added)
 
 
 def _flags_set(items, after) -> str:
@@ -903,7 +922,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
         with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses, model, found), \
                 noting_autograd_state(found), noting_backend_flags(found), tracing_own_sdpa_kernels(found), \
                 noting_argument_writes(model, found), noting_hook_registrations(model, found), \
-                derived if derived is not None else contextlib.nullcontext(), fresh_generators_noted() as fresh:
+                derived if derived is not None else contextlib.nullcontext(), fresh_generators_noted() as fresh, \
+                cached_functions_traced(model, found):
             warnings.simplefilter("always")
             yield
     except Exception as exc:

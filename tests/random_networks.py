@@ -38,7 +38,10 @@ _UNARY = ("relu", "tanh", "gelu", "dropout", "layer_norm", "softmax", "linear", 
           "input_rows", "input_repeats",
           # padding by amounts read from an integer buffer (Encodec's convolutions): read
           # as eager's, from the buffer's values at every call (`input_sizes`):
-          "buffer_pad")
+          "buffer_pad",
+          # a buffer the forward updates from the data, whose new value no output reads (an
+          # EMA of features, as after a network's last block: hunt80 F2), once or more:
+          "ema_buffer")
 _BINARY = ("add", "mul", "matmul_t", "cat_linear", "where", "slice_assign", "mean_scale",
            "mask_assign", "view_inplace", "clamp_between", "attention", "index_add", "cross_entropy")
 
@@ -148,6 +151,8 @@ class RandomNet(torch.nn.Module):
         # buffer_pad: a shift by padding amounts held in an integer buffer.
         if any(op == "buffer_pad" for op, _ in program):
             self.register_buffer("pad_total", torch.tensor(3), persistent=False)
+        if any(op == "ema_buffer" for op, _ in program):
+            self.register_buffer("ema", torch.zeros(width))
         # permute_columns: an index with a constant permutation (its backward scatters).
         self.register_buffer("permutation", torch.randperm(width, generator=torch.Generator().manual_seed(width)))
 
@@ -213,6 +218,10 @@ class RandomNet(torch.nn.Module):
                 y = a.cumsum(dim=-1)
             elif op == "batch_norm":
                 y = next(batch_norms)(a)
+            elif op == "ema_buffer":
+                with torch.no_grad():
+                    self.ema.mul_(0.9).add_(a.detach().float().mean(0), alpha=0.1)
+                y = a * 1.5
             elif op == "channel_norm":
                 channels_first = a.unflatten(-1, (-1, self.channels)).transpose(1, 2)
                 normed = next(channel_norms)(channels_first).transpose(1, 2)
