@@ -12,24 +12,70 @@ torch.export is handed a name in its place (a str, one leaf as the value was, so
 input keeps its position), and the forward, patched on the instance while export runs,
 takes the value back before the model's code sees it. AOTAutograd traces the exported
 graph with the same names. A forward pre-hook of the root module sees the name (it runs
-before the forward); the model's code and its submodules' hooks see the value.
+before the forward); the model's code and its submodules' hooks see the value. Complex
+numbers and slices of integers are taken so too.
+
+Any other argument no trace can take (a module, a function, an object of a class pytree
+does not know) is refused before tracing, by its argument's name, with what to do
+(`refuse_untakable_arguments`).
 """
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import sys
 
 import torch
 from torch.utils import _pytree as pytree
 
-#: torch's own value types a forward may take as arguments (each compares by value).
-_TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+from remat_ir.torchlib.types import argument_name
+
+from .errors import LoweringError
+
+#: Immutable values a forward may take as arguments whose repr names them whole:
+#: torch's own value types, complex numbers.
+_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, complex)
 
 
 def _held_constant(leaf) -> bool:
     numpy = sys.modules.get("numpy")
-    return isinstance(leaf, _TORCH_VALUES) or (numpy is not None and isinstance(leaf, numpy.generic))
+    return isinstance(leaf, _VALUES) or (numpy is not None and isinstance(leaf, numpy.generic)) or (
+        isinstance(leaf, slice) and all(isinstance(end, (int, type(None))) for end in (leaf.start, leaf.stop, leaf.step)))
+
+
+#: Leaves a forward's arguments may hold as they are: torch.export takes them.
+_TAKEN = (bool, int, float, str, type(None), enum.Enum)
+
+
+def refuse_untakable_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """LoweringError naming the first argument no trace can take: a module (torch.export
+    takes it as a constant, and AOTAutograd failed in its words, "all flat_args must be
+    KNOWN_TYPES", no argument named: hunt84 F1, a teacher passed to a student's forward),
+    a function, or any other value torch.export refuses ("Unsupported input type", said
+    as data-dependent control flow)."""
+    with_paths, _ = pytree.tree_flatten_with_path((args, kwargs))
+    for path, leaf in with_paths:
+        if isinstance(leaf, (torch.Tensor, *_TAKEN)) or _held_constant(leaf) or isinstance(leaf, torch.ScriptObject):
+            continue
+        said = f"{type(model).__name__}'s forward is passed argument {argument_name(path)!r}"
+        if isinstance(leaf, torch.nn.Module):
+            raise LoweringError(
+                f"{said}, a module ({type(leaf).__name__}), which remat-ir cannot take as an input (a trace "
+                f"takes tensors and plain values): hold it as a submodule of the model (`self.teacher = "
+                f"teacher` in `__init__`, frozen with `requires_grad_(False)` if it is not trained), or call "
+                f"it outside the forward and pass what it returns")
+        if callable(leaf) and not isinstance(leaf, type):
+            raise LoweringError(
+                f"{said}, a function ({getattr(leaf, '__qualname__', type(leaf).__name__)}), which remat-ir "
+                f"cannot take as an input (a trace takes tensors and plain values): hold it as an attribute "
+                f"of the model (remat-ir compares the functions a model holds at every call), or call it "
+                f"outside the forward and pass what it returns")
+        raise LoweringError(
+            f"{said}, a {type(leaf).__module__}.{type(leaf).__qualname__}, which torch.export cannot take "
+            f"as an input: pass its tensors and plain values (numbers, strings, dtypes) instead, or "
+            f"register its class with torch.utils._pytree (`torch.export.register_dataclass` for a "
+            f"dataclass), whose fields are then the inputs")
 
 
 def constants_named(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, object]]:

@@ -79,7 +79,7 @@ from .overlapping_writes import refusing_overlapping_writes
 from .paused_collection import paused_collection
 from .python_functions import python_bodies_traced
 from .added_members import members_kept
-from .constant_arguments import constants_bound, constants_named
+from .constant_arguments import constants_bound, constants_named, refuse_untakable_arguments
 from .swapped_parameters import swapped_parameters_as_parameters
 from .input_metadata import refusing_input_metadata
 from .module_containers import keeping_module_containers
@@ -1787,6 +1787,7 @@ def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
     args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad,
                                         example_arguments(example_inputs, example_kwargs))
     check_arguments_bind(model, args, kwargs, example_inputs)
+    refuse_untakable_arguments(model, args, kwargs)
     _check_dense_members(model, args, kwargs)
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)

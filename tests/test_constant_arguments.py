@@ -88,3 +88,46 @@ def test_another_numpy_scalar_is_lowered_again():
     scheduled = remat_ir.remat(copy.deepcopy(model), (x, np.float32(0.5)), solver="recompute-all")
     for scale in (np.float32(0.5), np.float32(2.0), np.float64(0.5), 0.5):
         assert torch.equal(scheduled(x, scale), model(x, scale)), scale
+
+
+class _Takes(torch.nn.Module):
+    """Applies what it is passed as its second argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, how):
+        h = self.lin(x)
+        if isinstance(how, complex):
+            return (h * how.real + how.imag).sum()
+        if isinstance(how, slice):
+            return h[how].sum()
+        return how["apply"][0](h).sum()
+
+
+@pytest.mark.parametrize("how", [0.5 + 2j, slice(1, 3), slice(None, None, 2)], ids=str)
+def test_complex_numbers_and_slices_train_as_eager(how):
+    torch.manual_seed(0)
+    eager, x = _Takes(), torch.randn(3, 4)
+    scheduled = remat_ir.remat(copy.deepcopy(eager), (x, how), solver="recompute-all")
+    loss_e, loss_s = eager(x, how), scheduled(x, how)
+    loss_e.backward(), loss_s.backward()
+    assert torch.equal(loss_e, loss_s)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), scheduled.parameters()))
+
+
+@pytest.mark.parametrize("given, said", [
+    (torch.nn.Tanh(), r"a module \(Tanh\), .*hold it as a submodule of the model"),
+    (torch.tanh, r"a function \(.*tanh\), .*hold it as an attribute of the model"),
+    (b"bytes", r"a builtins.bytes, which torch.export cannot take as an input: pass its tensors"),
+], ids=["module", "function", "bytes"])
+def test_an_argument_no_trace_takes_is_refused_by_its_name(given, said):
+    """hunt84 F1: a teacher module passed to a student's forward failed in AOTAutograd's
+    words ("all flat_args must be KNOWN_TYPES"), a function in torch.export's, said as
+    data-dependent control flow; neither named the argument."""
+    from remat_ir.frontends.torch import LoweringError
+
+    with pytest.raises(LoweringError, match=r"_Takes's forward is passed argument \"how\['apply'\]\[0\]\", " + said):
+        remat_ir.remat(_Takes(), (torch.randn(3, 4),), example_kwargs={"how": {"apply": [given]}},
+                       solver="recompute-all")
