@@ -312,8 +312,12 @@ def _generate(module_types, module_members, module_aliases, tied, bindings, read
         src.line(f"if type({src.module(path)}) is not {src.constant(kind)}: return None")
     for path, modules, parameters, buffers, nones in module_members:   # none added since
         m = src.module(path)
-        src.line(f"if len({m}._modules) != {len(modules)} or len({m}._parameters) != "
-                 f"{len(parameters)} or len({m}._buffers) != {len(buffers)}: return None")
+        # Two or more: their names in order (a ModuleDict re-ordered runs its items in
+        # the new order in eager, the traced one in the graph: hunt83 F1); else the count.
+        src.line("if " + " or ".join(
+            f"tuple({m}.{table}) != {names!r}" if len(names) > 1 else f"len({m}.{table}) != {len(names)}"
+            for table, names in (("_modules", modules), ("_parameters", parameters), ("_buffers", buffers)))
+            + ": return None")
         for table, name in sorted(nones):   # still None (one set to None fails at its binding
             src.line(f"if {m}.{table}[{name!r}] is not None: return None")   # or class)
     for paths in module_aliases:   # one module at each of the paths, as at lowering

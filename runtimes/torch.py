@@ -1582,9 +1582,9 @@ class _Lowered:
         return self.members_difference(modules)
 
     def members_difference(self, modules: "_Submodules") -> str | None:
-        """A module holding more or fewer submodules, parameters or buffers than at lowering
-        (`module_members`; its paths all hold a module of their class), said for the user,
-        or None."""
+        """A module holding more or fewer submodules, parameters or buffers than at lowering,
+        or the same in another order (`module_members`; its paths all hold a module of
+        their class), said for the user, or None."""
         for path, *then, nones in self.module_members:
             module = modules.at(path)
             owner = f"{'the model' if not path else f'submodule {path!r}'} of {type(modules.at('')).__name__}"
@@ -1604,6 +1604,10 @@ class _Lowered:
                             f"{kind[:-1] if len(now) == 1 else kind} now and held {len(names)} "
                             f"when the model was lowered"
                             + (f" (added: {', '.join(map(repr, added))})" if added else ""))
+                if tuple(now) != names:
+                    return (f"{owner} holds its {kind} in another order now ({', '.join(map(repr, now))}) "
+                            f"than when the model was lowered ({', '.join(map(repr, names))}), an order its "
+                            f"forward may follow (a ModuleDict's or ParameterDict's items, a Sequential)")
         return None
 
     def model_difference(self, modules: "_Submodules") -> tuple[str, str, tuple | None] | None:

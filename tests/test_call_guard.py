@@ -185,6 +185,8 @@ def _changes(m: _Net) -> dict:
         "block appended": lambda: m.blocks.append(_Block()),
         "last block removed": lambda: len(m.blocks) > 2 and m.blocks.__delitem__(-1),
         "submodule added": lambda: setattr(b1, "extra", torch.nn.Linear(6, 6)),
+        "submodules re-ordered": lambda: b0._modules.__setitem__("lin", b0._modules.pop("lin")),
+        "parameters re-ordered": lambda: b1.lin._parameters.__setitem__("weight", b1.lin._parameters.pop("weight")),
         "parameter registered": lambda: b0.lin.register_parameter("extra", torch.nn.Parameter(torch.ones(1))),
         "buffer registered": lambda: b1.bn.register_buffer("extra", torch.ones(1)),
         "shared module's slope": lambda: setattr(m.act, "negative_slope", 0.3),

@@ -5934,13 +5934,18 @@ class _Grown(torch.nn.Module):
     ("stacked parametrization", r"submodule 'head.parametrizations.weight' of _Grown holds 2 "
                                 r"submodules now and held 1 .*\(added: '1'\)"),
     ("parameter", r"submodule 'seq.0' of _Grown holds 3 parameters now and held 2 .*\(added: 'extra'\)"),
-    ("buffer", r"the model of _Grown holds 1 buffer now and held 0 .*\(added: 'extra'\)")])
+    ("buffer", r"the model of _Grown holds 1 buffer now and held 0 .*\(added: 'extra'\)"),
+    ("reordered", r"submodule 'layers' of _Grown holds its submodules in another order now \('1', '0'\) "
+                  r"than when the model was lowered \('0', '1'\).*a Sequential\)"),
+    ("parameters reordered", r"submodule 'seq.0' of _Grown holds its parameters in another order now "
+                             r"\('bias', 'weight'\).*a Sequential\)")])
 def test_a_call_after_a_module_member_was_added_is_planned_again_or_refused(change, said, capsys):
     """A layer appended to a ModuleList or Sequential the forward iterates, a
     parametrization stacked on a parametrized weight, a parameter or buffer registered
     where the forward iterates them: found by a review, the graph without them trained
     on (0.72 where eager gives 0.97), silently. The paths of a module's new members are
-    not among those compared at lowering: their number per module is."""
+    not among those compared at lowering: their number per module is, and their order
+    (hunt83 F1: a ModuleDict re-ordered ran in the traced order, 2.04 off, silently)."""
     torch.manual_seed(0)
     model, x = _Grown(), torch.randn(16, 8)
     scheduled, alone = _stepped_with_and_without_planner(model, x)
@@ -5952,6 +5957,10 @@ def test_a_call_after_a_module_member_was_added_is_planned_again_or_refused(chan
         torch.nn.utils.parametrize.register_parametrization(model.head, "weight", _Halved())
     elif change == "parameter":
         model.seq[0].register_parameter("extra", torch.nn.Parameter(torch.full((2,), 0.5)))
+    elif change == "reordered":   # the ModuleList iterates its table in its order
+        model.layers._modules["0"] = model.layers._modules.pop("0")
+    elif change == "parameters reordered":
+        model.seq[0]._parameters["weight"] = model.seq[0]._parameters.pop("weight")
     else:
         model.register_buffer("extra", torch.full((2,), 0.25))
     with pytest.raises(RuntimeInputError, match=said + ".*[Cc]all remat_ir.remat again"):
