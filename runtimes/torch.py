@@ -1605,7 +1605,8 @@ class _Lowered:
                             f"when the model was lowered"
                             + (f" (added: {', '.join(map(repr, added))})" if added else ""))
                 if tuple(now) != names:
-                    return (f"{owner} holds its {kind} in another order now ({', '.join(map(repr, now))}) "
+                    how = "in another order" if set(now) == set(names) else "under other names"
+                    return (f"{owner} holds its {kind} {how} now ({', '.join(map(repr, now))}) "
                             f"than when the model was lowered ({', '.join(map(repr, names))}), an order its "
                             f"forward may follow (a ModuleDict's or ParameterDict's items, a Sequential)")
         return None

@@ -5970,6 +5970,34 @@ def test_a_call_after_a_module_member_was_added_is_planned_again_or_refused(chan
                      capsys.readouterr().err)
 
 
+class _ScaledInTurn(torch.nn.Module):
+    """Scales by each of a ParameterDict's vectors in its order."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.pd = torch.nn.ParameterDict({"a": torch.nn.Parameter(torch.randn(8)),
+                                          "b": torch.nn.Parameter(torch.randn(8) * 3)})
+
+    def forward(self, x):
+        h = self.fc(x)
+        for p in self.pd.values():
+            h = torch.tanh(h * p)
+        return h.square().mean()
+
+
+def test_a_call_after_a_parameter_was_renamed_is_planned_again(capsys):
+    """hunt83 F3: a ParameterDict's key renamed after `remat` (as many members, in their
+    order) failed deep in the runtime ("Net has no parameter 'pd.a'"); it is planned again."""
+    torch.manual_seed(0)
+    model, x = _ScaledInTurn(), torch.randn(16, 8)
+    scheduled, _ = _stepped_with_and_without_planner(model, x)
+    model.pd["z"] = model.pd.pop("a")
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    assert "submodule 'pd' of _ScaledInTurn holds its parameters under other names now ('b', 'z')" \
+        in capsys.readouterr().err
+
+
 class _Optional(torch.nn.Module):
     """Members that may be None: a head without bias, an optional buffer, an adapter."""
 
