@@ -28,8 +28,8 @@ import torch
 from remat_ir.torchlib.described_values import DESCRIBED, described
 from remat_ir.torchlib.namespaces import namespace
 
-from .traced_reads import (_ANY_OF, _MISSING, TracedReads, _is_length, _same, _unchanged, global_part,
-                           items_same)
+from .traced_reads import (_ANY_OF, _MISSING, TracedReads, _is_length, _same, _unchanged, bits_matter,
+                           global_part, items_same)
 
 
 def _attribute(expression: str, name: str, lowered=None) -> str:
@@ -94,7 +94,7 @@ class _Source:
             else:
                 self.line(f"if type({value}) is not {kind.__name__} or {value} != {self.constant(items)} or "
                           f"not all(type(x) is str for x in {value}): return None", depth)
-        elif isinstance(lowered, dict):   # one of several values
+        elif isinstance(lowered, dict) or bits_matter(lowered):   # one of several values; -0.0, NaN
             self.line(f"if not SAME({value}, {self.constant(lowered)}): return None", depth)
         else:
             self.line(f"if type({value}) is not {self.constant(type(lowered))} or "

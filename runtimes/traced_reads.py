@@ -8,6 +8,7 @@ import enum
 import functools
 import json
 import operator
+import struct
 import types
 import weakref
 from collections.abc import Mapping
@@ -54,7 +55,33 @@ def _same(now, lowered) -> bool:
         if TENSOR_LIKE in lowered:   # a tensor the forward stores, by its metadata
             return is_tensor_like(now, lowered)
         return any(_same(now, value) for value in lowered[_ANY_OF])
-    return type(now) is type(lowered) and now == lowered
+    return type(now) is type(lowered) and _equal(now, lowered)
+
+
+def _equal(now, lowered) -> bool:
+    """`now == lowered` of one type, a float by its bits: -0.0 is not 0.0 where a forward
+    divides by it or takes its sign (`atan2`, `copysign`; hunt83 F4: a scale set to -0.0
+    after `remat` ran with 0.0, 10.8 off, silently), and a NaN is itself. Through tuples
+    and lists, item by item."""
+    if type(lowered) is float:
+        return struct.pack("<d", now) == struct.pack("<d", lowered)
+    if type(lowered) is complex:
+        return _equal(now.real, lowered.real) and _equal(now.imag, lowered.imag)
+    if type(lowered) in (tuple, list):
+        return len(now) == len(lowered) and all(
+            type(a) is type(b) and _equal(a, b) for a, b in zip(now, lowered))
+    return now == lowered
+
+
+def bits_matter(lowered) -> bool:
+    """Whether `==` can pass a value of `lowered`'s type whose bits differ (`_equal`): a
+    zero or NaN float, also inside a complex number, tuple or list. The call guard
+    compares such a value through `_same`, any other with `!=`."""
+    if type(lowered) is float:
+        return lowered == 0.0 or lowered != lowered
+    if type(lowered) is complex:
+        return bits_matter(lowered.real) or bits_matter(lowered.imag)
+    return type(lowered) in (tuple, list) and any(bits_matter(item) for item in lowered)
 
 
 def _attribute(owner, name: str):

@@ -5998,6 +5998,36 @@ def test_a_call_after_a_parameter_was_renamed_is_planned_again(capsys):
         in capsys.readouterr().err
 
 
+class _SignedZeros(torch.nn.Module):
+    """Reads the sign of a float attribute's and a tuple item's zero (`atan2`, `copysign`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.v, self.pair = 0.0, (0.0, 1.0)
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = torch.atan2(torch.full_like(h, self.v), h) + torch.copysign(h, torch.tensor(self.pair[0]))
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("change", ["attribute", "tuple item"])
+def test_a_float_changed_to_negative_zero_is_planned_for(change):
+    """hunt83 F4: 0.0 set to -0.0 after `remat` was taken for the same value (`==`), and the
+    graph ran with 0.0: 10.8 off eager's outputs, silently. Floats compare by their bits."""
+    torch.manual_seed(0)
+    model, x = _SignedZeros(), torch.randn(16, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    scheduled(x).backward()
+    model.zero_grad()
+    if change == "attribute":
+        model.v = -0.0
+    else:
+        model.pair = (-0.0, 1.0)
+    assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+
+
 class _Optional(torch.nn.Module):
     """Members that may be None: a head without bias, an optional buffer, an adapter."""
 
