@@ -60,10 +60,11 @@ def refuse_untakable_arguments(model: torch.nn.Module, args: tuple, kwargs: dict
             continue
         said = f"{type(model).__name__}'s forward is passed argument {argument_name(path)!r}"
         if isinstance(leaf, torch.nn.Module):
+            own = path[1].key if path[0].idx == 1 and str(path[1].key).isidentifier() else "module"
             raise LoweringError(
                 f"{said}, a module ({type(leaf).__name__}), which remat-ir cannot take as an input (a trace "
-                f"takes tensors and plain values): hold it as a submodule of the model (`self.teacher = "
-                f"teacher` in `__init__`, frozen with `requires_grad_(False)` if it is not trained), or call "
+                f"takes tensors and plain values): hold it as a submodule of the model (`self.{own} = "
+                f"{own}` in `__init__`, frozen with `requires_grad_(False)` if it is not trained), or call "
                 f"it outside the forward and pass what it returns")
         if callable(leaf) and not isinstance(leaf, type):
             raise LoweringError(

@@ -505,7 +505,9 @@ def _check_something_trains(graph: Graph, model: str) -> None:
               "command line's --trainable constants)"
               if model == "OnnxModule" else
               "Return the loss, or the tensors it is computed from, without detach() or "
-              "torch.no_grad() around them, and with parameters that require gradients")
+              "torch.no_grad() around them, and with parameters that require gradients (to train "
+              "an input through a frozen model, an adversarial perturbation: pass an example "
+              "input that requires a gradient, as the training calls will)")
     raise LoweringError(
         f"{model} computes no gradient: its forward returns {what}, so a training step has "
         f"nothing to compute in its backward and nothing to plan. {advice}")

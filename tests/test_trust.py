@@ -7078,6 +7078,22 @@ def test_a_forward_without_a_gradient_is_refused(what, said):
         _remat(_ReturnsNoGradient(what), (torch.randn(4, 8),), budget=0.5)
 
 
+def test_a_frozen_model_training_its_input_is_told_to_pass_one_that_requires_a_gradient():
+    """hunt84 F3: an input optimized through a frozen network (an adversarial patch) was
+    refused with advice to give the parameters gradients; an example input that requires
+    one trains as eager."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).requires_grad_(False)
+    x = torch.randn(4, 8)
+    with pytest.raises(LoweringError, match=r"pass an example input that requires a gradient"):
+        _remat(model, (x,), solver="recompute-all")
+    scheduled = _remat(model, (x.clone().requires_grad_(),), solver="recompute-all")
+    delta_e, delta_s = (torch.zeros(4, 8, requires_grad=True) for _ in range(2))
+    model(x + delta_e).square().sum().backward()
+    scheduled(x + delta_s).square().sum().backward()
+    assert torch.equal(delta_e.grad, delta_s.grad)
+
+
 def test_arguments_of_the_wrong_kind_are_named_before_tracing(tmp_path):
     from remat_ir.runtimes.torch import ScheduledModule
 
