@@ -1337,7 +1337,9 @@ class _Lowering:
                 f"(generator= in {users or 'a random op'}{f' at {line}' if line else ''}); remat-ir "
                 f"replays the default "
                 f"generator's draws only, so a recomputation could not draw the same numbers. "
-                f"Draw from the default generator (seeded with torch.manual_seed)")
+                f"Draw from the default generator (seeded with torch.manual_seed); numbers that are the "
+                f"same at every call (a generator seeded in the forward): draw them once in `__init__` "
+                f"and keep them as a buffer")
         if not isinstance(tensor, torch.Tensor):
             raise LoweringError(f"FX node {node.name!r} reads attribute {node.target!r}, which is "
                                 f"a {type(tensor).__name__}, not a tensor constant")
