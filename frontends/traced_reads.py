@@ -67,7 +67,8 @@ from remat_ir.torchlib.callables import (HELD_ITEMS, any_attributes, attribute_a
                                          config_like, describe, describe_called, filled, is_function,
                                          slot_names, string_constants, users_class)
 from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH as LENGTH_KEY,
-                                               NESTED, PUBLIC_NAMES, described, values_digest)
+                                               NESTED, ORDER as ORDER_KEY, PUBLIC_NAMES, described,
+                                               values_digest)
 from remat_ir.torchlib.hooks import hook_functions
 from remat_ir.torchlib.namespaces import remember
 
@@ -90,6 +91,8 @@ ABSENT = "<missing>"
 _MAX_ITEMS, _DEPTH, _NESTING = 256, 4, 3
 #: The key under which `plain_items` records a container's length.
 LENGTH = {LENGTH_KEY: None}
+#: The key under which `plain_items` records a dict's keys in their order.
+ORDER = {ORDER_KEY: None}
 #: The key under which `plain_items` records a long container's digest (`values_digest`).
 DIGESTED = {DIGEST: None}
 
@@ -134,7 +137,8 @@ def plain_items(container, depth: int = 0) -> list | None:
     recorded as {NESTED: its items}, `_NESTING` deep (`self.cfg["attn"]["t"]`). Why the
     length: a forward that iterates (`for s in self.scales`, `self.cfg.items()`) reads
     every item, and one appended after lowering was silently skipped (150.4 where eager
-    gives 12.3)."""
+    gives 12.3). A dict's keys in their order too (`ORDER`), where they are strings or
+    integers: a forward iterating it follows that order."""
     if not isinstance(container, (list, tuple, dict)):
         return None
     if len(container) > _MAX_ITEMS:   # a long schedule or table: by a digest of all it holds
@@ -159,7 +163,11 @@ def plain_items(container, depth: int = 0) -> list | None:
             form = object_form(value, depth)
         if form is not UNRECORDED:
             items.append([key_form, form])
-    return items + [[LENGTH, len(container)]] if items else None
+    if not items:
+        return None
+    order = [[ORDER, list(container)]] if isinstance(container, dict) and len(container) > 1 and all(
+        type(key) in (str, int) for key in container) else []
+    return items + [[LENGTH, len(container)]] + order
 
 
 def object_form(value, depth: int = 0) -> dict:
@@ -677,6 +685,8 @@ def _record_global(reads: TracedReads, module: str, name: str, value, following:
         for key, item in items:
             if key == LENGTH:
                 reads.globals.setdefault((module, name, ("length",)), item)
+            elif key == ORDER:
+                reads.globals.setdefault((module, name, ("order",)), item)
             elif key == DIGESTED:
                 reads.globals.setdefault((module, name, ("digest",)), item)
             elif not isinstance(key, dict):   # a global's item by a described key: not recorded

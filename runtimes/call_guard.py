@@ -28,8 +28,8 @@ import torch
 from remat_ir.torchlib.described_values import DESCRIBED, described
 from remat_ir.torchlib.namespaces import namespace
 
-from .traced_reads import (_ANY_OF, _MISSING, TracedReads, _is_length, _same, _unchanged, bits_matter,
-                           global_part, items_same)
+from .traced_reads import (_ANY_OF, _MISSING, TracedReads, _is_length, _is_order, _same, _unchanged,
+                           bits_matter, global_part, items_same)
 
 
 def _attribute(expression: str, name: str, lowered=None) -> str:
@@ -168,18 +168,21 @@ def _plain_reads(src: _Source, reads: TracedReads, kinds: dict[str, type]) -> No
         for part in name.split("."):
             owner = _attribute(owner, part)
         src.line(f"c = {owner}")
-        if any(isinstance(key, dict) and not _is_length(key) for key, _ in items):
+        if any(isinstance(key, dict) and not (_is_length(key) or _is_order(key)) for key, _ in items):
             src.line(f"if not ITEMS_SAME(c, {src.constant(items)}): return None")   # keys by
             continue                                                                # description: rare
         length = [lowered for key, lowered in items if _is_length(key)]
-        items = [(key, lowered) for key, lowered in items if not _is_length(key)]
+        order = [lowered for key, lowered in items if _is_order(key)]
+        items = [(key, lowered) for key, lowered in items if not (_is_length(key) or _is_order(key))]
         src.line("if type(c) is dict:")
         for n in length:
             src.line(f"if len(c) != {n}: return None", 3)
+        for keys in order:   # a dict iterated follows its keys' order (strings, integers)
+            src.line(f"if not SAME(list(c), {src.constant(keys)}): return None", 3)
         for key, lowered in items:
             src.line(f"v = c.get({src.constant(key)}, M)", 3)
             src.same("v", lowered, 3)
-        indices = all(type(key) is int and key >= 0 for key, _ in items)
+        indices = all(type(key) is int and key >= 0 for key, _ in items) and not order
         if indices:
             src.line("elif type(c) is list or type(c) is tuple:")
             for n in length:

@@ -18,8 +18,9 @@ import torch
 from remat_ir.ir import RematIRError, pb
 from remat_ir.torchlib.callables import (attribute_at, attributes_of, describe, describe_called, is_function,
                                          slot_names)
-from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH, NESTED, PUBLIC_NAMES,
-                                                TENSOR_LIKE, described, is_tensor_like, values_digest)
+from remat_ir.torchlib.described_values import (ATTRIBUTES, DESCRIBED, DIGEST, FUNCTION, LENGTH, NESTED, ORDER,
+                                                PUBLIC_NAMES, TENSOR_LIKE, described, is_tensor_like,
+                                                values_digest)
 from remat_ir.torchlib.function_state import snapshot as _snapshot, unchanged as _unchanged
 from remat_ir.torchlib.held_tensors import digest, global_at, held_at, shown_global
 from remat_ir.torchlib.namespaces import AttributeNamespace, namespace
@@ -115,7 +116,7 @@ def _shown(lowered) -> str:
             if (digest := _digest_of(lowered[NESTED])) is not None:
                 return digest
             return "{" + ", ".join(f"{_shown(key)}: {_shown(value)}" for key, value in lowered[NESTED]
-                                   if not _is_length(key)) + ", ...}"
+                                   if not (_is_length(key) or _is_order(key))) + ", ...}"
         return " or ".join(_shown(value) for value in lowered[_ANY_OF])
     return _value_shown(lowered)
 
@@ -133,6 +134,16 @@ def _digest_of(items: list) -> str | None:
 def _is_length(key) -> bool:
     """Whether a recorded item's key is the container's length (`plain_items`)."""
     return isinstance(key, dict) and LENGTH in key
+
+
+def _is_order(key) -> bool:
+    """Whether a recorded item's key is a dict's keys in their order (`plain_items`)."""
+    return isinstance(key, dict) and ORDER in key
+
+
+def keys_in_order(container) -> list | object:
+    """A dict's keys in their order, as `plain_items` records them, else `_MISSING`."""
+    return list(container) if isinstance(container, Mapping) else _MISSING
 
 
 def _value_shown(value) -> str:
@@ -153,6 +164,8 @@ def _item(container: Mapping, key):
     if isinstance(key, dict):
         if LENGTH in key:
             return len(container)
+        if ORDER in key:
+            return keys_in_order(container)
         if DIGEST in key:   # a long container (`_items` made a list a dict by index)
             return values_digest(container)
         return next((value for now, value in container.items() if _same(now, key)), _MISSING)
@@ -190,6 +203,8 @@ def global_part(value, where) -> object:
         return _items(value).get(where[1], _MISSING)
     if where[0] == "length":
         return len(value) if isinstance(value, (list, tuple, Mapping)) else _MISSING
+    if where[0] == "order":
+        return keys_in_order(value)
     if where[0] == "digest":   # a long container, the global's or its attribute's
         for name in where[1].split(".") if len(where) == 2 else ():
             value = getattr(value, name, _MISSING)
@@ -401,7 +416,7 @@ class TracedReads:
                 if not _same(now, lowered):
                     where = f"{path}.{name}" if path else name
                     where = f"len({where})" if _is_length(key) else where if _is_digest(key) else \
-                        f"{where}[{_shown(key)}]"
+                        f"{where} (its keys' order)" if _is_order(key) else f"{where}[{_shown(key)}]"
                     return _differs(f"{where} of {root}", lowered, now)
         for index, (path, name, lowered) in enumerate(self.callables):
             module = at(path)
@@ -451,7 +466,8 @@ class TracedReads:
             else:
                 now = global_part(value, where)
                 shown = (f"{name}[{where[1]!r}]" if where[0] == "item" else f"len({name})"
-                         if where[0] == "length" else f"{name}()" if where[0] == "call" else
+                         if where[0] == "length" else f"{name} (its keys' order)" if where[0] == "order"
+                         else f"{name}()" if where[0] == "call" else
                          ".".join([name, *where[1:]]) if where[0] == "digest" else f"{name}.{where[1]}"
                          + (f"[{where[2]!r}]" if len(where) == 3 else ""))   # `settings.D["temp"]`
             if not _same(now, lowered):

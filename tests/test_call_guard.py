@@ -136,6 +136,8 @@ def _changes(m: _Net) -> dict:
         "dict item changed": lambda: b0.cfg.__setitem__("scale", 3.0),
         "dict item removed": lambda: b1.cfg.pop("on", None),
         "dict key added": lambda: b1.cfg.__setitem__("unread", 1),
+        "dict re-ordered": lambda: b0.cfg.__setitem__("scale", b0.cfg.pop("scale")),
+        "nested dict re-ordered": lambda: b1.nested.__setitem__("inner", b1.nested.pop("inner")),
         "dict replaced by a list": lambda: setattr(b0, "cfg", [1.0, 2.0]),
         "list item changed": lambda: b0.steps.__setitem__(1, 5.0),
         "list appended to": lambda: b1.steps.append(7.0),

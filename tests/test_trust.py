@@ -6028,6 +6028,56 @@ def test_a_float_changed_to_negative_zero_is_planned_for(change):
     assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
 
 
+_ORDERED_GLOBAL = {"a": 2.0, "b": 0.5}
+
+
+class _Ordered(torch.nn.Module):
+    """Iterates a dict of scales held per `kind`: an attribute, a config's, a global, an
+    OrderedDict, or a dict whose keys alone it iterates."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.fc, self.kind = torch.nn.Linear(8, 8), kind
+        self.scales = collections.OrderedDict(a=2.0, b=0.5) if kind == "OrderedDict" else {"a": 2.0, "b": 0.5}
+        self.cfg = types.SimpleNamespace(scales={"a": 2.0, "b": 0.5})
+
+    def table(self) -> dict:
+        return {"config": self.cfg.scales, "global": _ORDERED_GLOBAL}.get(self.kind, self.scales)
+
+    def forward(self, x):
+        h = self.fc(x)
+        table = self.table()
+        for key in table if self.kind == "keys" else ():
+            h = torch.tanh(h * self.scales[key] + 1)
+        for _, scale in table.items() if self.kind != "keys" else ():
+            h = torch.tanh(h * scale + 1)
+        return h.square().mean()
+
+
+@pytest.mark.parametrize("kind", ["attribute", "config", "global", "OrderedDict", "keys"])
+def test_a_dict_the_forward_iterates_reordered_after_remat_is_planned_for(kind, monkeypatch, capsys):
+    """hunt83 F2: a dict re-ordered after `remat` (its items popped and set again,
+    `move_to_end`) ran in the traced order: 0.44 off eager's outputs, silently. A dict's
+    keys are recorded in their order."""
+    monkeypatch.setitem(_ORDERED_GLOBAL, "a", 2.0)
+    torch.manual_seed(0)
+    model, x = _Ordered(kind), torch.randn(16, 8)
+    scheduled = _remat(model, (x,), solver="recompute-all")
+    scheduled(x).backward()
+    model.zero_grad()
+    table = model.table()
+    if isinstance(table, collections.OrderedDict):
+        table.move_to_end("a")
+    else:
+        table["a"] = table.pop("a")
+    try:
+        assert side_by_side(model, lambda m: scheduled, (x,), {}, lambda loss: loss, tolerance=1e-30) == {}
+    finally:
+        _ORDERED_GLOBAL["b"] = _ORDERED_GLOBAL.pop("b")   # as it was: a, b
+    assert re.search(r"\(its keys' order\) of \w+ was \['a', 'b'\] when the model was lowered and is \['b', 'a'\] now",
+                     capsys.readouterr().err)
+
+
 class _Optional(torch.nn.Module):
     """Members that may be None: a head without bias, an optional buffer, an adapter."""
 

@@ -35,6 +35,10 @@ ATTRIBUTES = "attributes"
 PUBLIC_NAMES = "__public_names__"
 #: The key under which a container's length is recorded among its items.
 LENGTH = "length"
+#: The key under which a dict's keys, in their order, are recorded among its items: a
+#: forward iterating it follows that order (hunt83 F2: a dict re-ordered after `remat`
+#: ran in the traced order, 0.44 off, silently).
+ORDER = "order"
 #: The key under which a container too long to record item by item is recorded among
 #: its items, by `values_digest`.
 DIGEST = "digest"
