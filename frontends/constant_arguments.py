@@ -9,11 +9,10 @@ refused with its words, "data-dependent control flow or an unsupported construct
 call's signature (`runtimes/signatures.py`, the leaf's repr) is lowered again for another.
 
 torch.export is handed a name in its place (a str, one leaf as the value was, so every
-input keeps its position), and the forward, patched on the instance while export runs,
-takes the value back before the model's code sees it. AOTAutograd traces the exported
-graph with the same names. A forward pre-hook of the root module sees the name (it runs
-before the forward); the model's code and its submodules' hooks see the value. Complex
-numbers and slices of integers are taken so too.
+input keeps its position), and a forward pre-hook of the model's, run before its others
+while export runs, takes the value back: the model's hooks and code see the value.
+AOTAutograd traces the exported graph with the same names. Complex numbers and slices of
+integers are taken so too.
 
 Any other argument no trace can take (a module, a function, an object of a class pytree
 does not know) is refused before tracing, by its argument's name, with what to do
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import sys
 
 import torch
@@ -98,23 +96,19 @@ def constants_named(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, o
 
 @contextlib.contextmanager
 def constants_bound(model: torch.nn.Module, table: dict[str, object]):
-    """`model`'s forward takes `table`'s values back for their names while in the block."""
+    """`model`'s call takes `table`'s values back for their names while in the block: a
+    forward pre-hook run before the others, whose arguments the others, the forward and
+    the forward hooks are handed (a hook branching on the name had its branch baked in:
+    hunt85 F2)."""
     if not table:
         yield
         return
-    original = model.forward
-    own = "forward" in vars(model)
 
-    @functools.wraps(original)
-    def forward(*args, **kwargs):
-        args, kwargs = pytree.tree_map_only(str, lambda leaf: table.get(leaf, leaf), (args, kwargs))
-        return original(*args, **kwargs)
+    def values_back(module, args, kwargs):
+        return pytree.tree_map_only(str, lambda leaf: table.get(leaf, leaf), (args, kwargs))
 
-    model.forward = forward
+    handle = model.register_forward_pre_hook(values_back, prepend=True, with_kwargs=True)
     try:
         yield
     finally:
-        if own:
-            model.forward = original
-        else:
-            del model.forward
+        handle.remove()

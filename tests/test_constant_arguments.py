@@ -36,6 +36,7 @@ class _Scaled(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.lin, self.out = torch.nn.Linear(4, 32), _Out()
+        self.register_forward_pre_hook(_handed_the_value)   # the root's too (hunt85 F2)
 
     def forward(self, x, scale, dtype=torch.float32, device=torch.device("cpu"), steps=np.int64(2)):
         h = self.lin(x).to(dtype=dtype, device=device)
