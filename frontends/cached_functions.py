@@ -1,23 +1,25 @@
-"""The user's `functools.lru_cache`d functions, run uncached while a forward is traced.
+"""The user's `functools.lru_cache`d functions, watched while a forward is traced.
 
 A forward may take a table from a cached function (`causal_mask(n)`, a rotary table per
-length). Through the cache, the trace met one of two things, by the order of calls
-before `remat`:
-- a miss: the function's ops traced into the graph, which computes the table at every
-  step. Right for a constant table; for one drawn at random (`torch.randn(n, d)` cached
-  per length) or computed from the trained weights, eager computes it once and reads it
-  back, the graph at every step: other numbers from the second step, silently;
-- a hit on what an eager call had cached (an evaluation at that length, the model run
-  once before `remat`): a real tensor, refused as one no parameter, buffer or input holds.
-  Whether a length trained depended on whether an evaluation met it first (hunt80 F6).
+length). A miss while traced puts the function's ops into the graph, which computes the
+table at every step: right for a constant table, but one drawn at random
+(`torch.randn(n, d)` cached per length) or computed from the trained weights is
+computed once by eager and read back, where the graph computed it again at every step:
+other numbers from the second step, silently.
 
 While traced, each such function (in the user's globals, closures and classes, and the
-model's classes: `outside_state.namespaces`) runs its body uncached, its cache neither
-read nor filled. `CallDerived` follows what the body computes from its tensor arguments,
-the trained parameters and random draws: a result holding such a value is refused by
-line (eager would not compute it again); any other result is a constant the graph
-computes at every step, the same values eager's cache holds. Running the body uncached
-for every hit, without this check, drew a cached random table at every step (hunt82 F7).
+model's classes: `outside_state.namespaces`) is called through its cache as before, under
+`CallDerived`, which follows what it computes from random draws and the trained
+parameters. A miss whose result holds such a value (through lists, tuples, dicts, a
+module's parameters and buffers, an object's attributes) is refused by line; a hit is
+what it was (a placeholder cached by this trace, or a real tensor an eager call cached,
+which lowering refuses as a tensor nothing holds). A function with `maxsize=0` caches
+nothing: eager computes at every call, as the graph does.
+
+Running every call uncached instead (2026-12-07, reverted the same day) changed what
+eager's cache means: a table the forward then edits in place, compounding in eager, a
+warm cache eager never draws past, a function of a fresh tensor argument (hunt85
+F0, F3, F4), and `cache_info()` called by the forward (F9).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import functools
 import torch
 
 from . import outside_state
-from .constant_tensors import CallDerived, call_sources, tensors_in
+from .constant_tensors import CallDerived, tensors_in
 from .model_lines import model_caller
 
 
@@ -40,45 +42,61 @@ def _cached_function(value):
     return None
 
 
-def _uncached(cached, model: torch.nn.Module, found: list[str], running: list):
-    """`cached`'s body, checked; a call within another (a memoized recursion) goes
-    through the cache, which an uncached recursion would make exponential."""
+def _watched(cached, model: torch.nn.Module, found: list[str], running: list):
+    """`cached`, called through its cache under `CallDerived`; a miss computing from
+    draws or trained weights noted in `found`. A call within another (a memoized
+    recursion) is not watched again. Its cache's methods stay reachable."""
     function = cached.__wrapped__
 
     @functools.wraps(function)
     def call(*args, **kwargs):
         if running:
             return cached(*args, **kwargs)
+        misses = cached.cache_info().misses
         derived = CallDerived()
-        derived.mark(call_sources(model, (args, kwargs)))
+        derived.mark([p for p in model.parameters() if p.requires_grad])
         running.append(function)
         try:
             with derived:
-                result = function(*args, **kwargs)
+                result = cached(*args, **kwargs)
         finally:
             running.pop()
-        if any(derived.derived(tensor) for tensor in tensors_in(result, [])):
+        if cached.cache_info().misses > misses and any(derived.derived(t) for t in _held_tensors(result)):
             where = model_caller(1) or "the forward"
             found.append(f"it takes a tensor from {function.__qualname__}, a `functools.lru_cache`d "
-                         f"function, at {where}, which computes it from random draws, its tensor "
-                         f"arguments or the trained weights: eager computes it once and reads it back "
-                         f"from the cache, the graph would compute it again at every step. Compute it "
-                         f"in the forward without the cache, or once outside it (a buffer made in "
-                         f"`__init__`)")
+                         f"function, at {where}, which computes it from random draws or the trained "
+                         f"weights: eager computes it once and reads it back from the cache, the graph "
+                         f"would compute it again at every step. Compute it in the forward without the "
+                         f"cache, or once outside it (a buffer made in `__init__`)")
         return result
 
+    for name in ("cache_info", "cache_clear", "cache_parameters"):
+        setattr(call, name, getattr(cached, name))
     return call
+
+
+def _held_tensors(value, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors `value` holds: through lists, tuples and dicts, a module's parameters
+    and buffers, a plain object's attributes, 3 deep (a cached factory of a module or a
+    dataclass of random tensors: hunt85 F0b)."""
+    if isinstance(value, torch.nn.Module):
+        return [*value.parameters(), *value.buffers()]
+    found = tensors_in(value, [])
+    if depth < 3 and not found and hasattr(value, "__dict__") and not isinstance(value, type):
+        for item in vars(value).values():
+            found += _held_tensors(item, depth + 1)
+    return found
 
 
 @contextlib.contextmanager
 def cached_functions_traced(model: torch.nn.Module, found: list[str]):
-    """Within: the user's cached functions run uncached, checked (module docstring)."""
+    """Within: the user's cached functions are watched (module docstring)."""
     swapped, running = [], []
     for _, names in outside_state.namespaces(model):
         for key, value in list(names.items()):
-            if (cached := _cached_function(value)) is None:
+            if (cached := _cached_function(value)) is None or cached.cache_parameters()["maxsize"] == 0:
                 continue
-            replacement = _uncached(cached, model, found, running)
+            replacement = _watched(cached, model, found, running)
             if isinstance(value, (staticmethod, classmethod)):
                 replacement = type(value)(replacement)
             swapped.append((names, key, value, replacement))

@@ -53,7 +53,7 @@ _RANDOM = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "randn
                      "normal_", "bernoulli", "bernoulli_", "multinomial", "poisson", "dropout", "dropout_",
                      "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "uniform_",
                      "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "rrelu", "rrelu_",
-                     "gumbel_softmax"})
+                     "gumbel_softmax", "binomial", "_standard_gamma", "_sample_dirichlet"})
 #: Python's in-place operators on a tensor (`x += y`, `x[i] = y`), besides the `op_` methods.
 _WRITING = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
                       "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",

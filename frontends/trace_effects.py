@@ -256,10 +256,11 @@ def _change_said(key: str, path: str, before: tuple) -> str:
                 f"and return what the loss needs from the forward)")
     if _public_cache(key, items, value):
         return (f"it fills module attribute {key!r} of {path or '<root>'} with tensors at keys it did not "
-                f"hold (a cache per shape?), which no training step fills: name it as a private "
-                f"attribute (`self._{key}`), whose tensors made from constants remat-ir takes as a "
+                f"hold, which no training step fills: for a cache per shape of tensors made from "
+                f"constants, name it as a private attribute (`self._{key}`), which remat-ir takes as a "
                 f"cache the graph computes at every step, or call the model once with each shape "
-                f"before remat_ir.remat")
+                f"before remat_ir.remat; for statistics or activations read after the call, return "
+                f"them from the forward")
     if _rounded_back(items, value):
         return (f"it changes module attribute {key!r} of {path or '<root>'} in the last bits of a number "
                 f"(multiplied and divided back, as diffusers' LoRA `scale` does; call the model once "
