@@ -31,15 +31,61 @@ import torch
 
 from . import outside_state
 from .constant_tensors import CallDerived, tensors_in
-from .model_lines import model_caller
+from .held_tensors import held_objects
+from .model_lines import in_users_file, model_caller
 
 
 def _cached_function(value):
-    """The `lru_cache` wrapper `value` is, or wraps as a static or class method, else None."""
-    inner = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    """The `lru_cache` wrapper `value` is, or wraps as a static or class method or as a
+    property's getter, else None."""
+    inner = value.__func__ if isinstance(value, (staticmethod, classmethod)) else \
+        value.fget if isinstance(value, property) else value
     if isinstance(inner, functools._lru_cache_wrapper) and callable(getattr(inner, "__wrapped__", None)):
         return inner
     return None
+
+
+def _rewrapped(value, replacement):
+    """`replacement` in `value`'s place: as a static or class method, or a property's getter."""
+    if isinstance(value, (staticmethod, classmethod)):
+        return type(value)(replacement)
+    if isinstance(value, property):
+        return property(replacement, value.fset, value.fdel, value.__doc__)
+    return replacement
+
+
+class _Setting(dict):
+    """An object's class or instance dictionary as a mapping whose writes set attributes."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = owner
+
+    def items(self):
+        return list(vars(self.owner).items())
+
+    def get(self, key, default=None):
+        return vars(self.owner).get(key, default)
+
+    def __setitem__(self, key, value):
+        if isinstance(self.owner, type):
+            setattr(self.owner, key, value)
+        else:
+            vars(self.owner)[key] = value   # an instance's own, past `nn.Module.__setattr__`
+
+
+def _places(model: torch.nn.Module) -> list[dict]:
+    """Where the user's cached functions may be held: the user's globals, closures and
+    classes, the model's classes (`outside_state.namespaces`), and, which those miss (a
+    review, hunt85 F5), each module's own attributes (`self.noise = lru_cache(...)`) and
+    the classes of the helper objects modules hold (a class made inside a function)."""
+    places = [names for _, names in outside_state.namespaces(model)]
+    classes = {}
+    for module in model.modules():
+        places.append(_Setting(module))
+        for _, helper in held_objects(module):
+            classes.setdefault(id(type(helper)), type(helper))
+    return places + [_Setting(cls) for cls in classes.values() if in_users_file(cls.__module__)]
 
 
 def _watched(cached, model: torch.nn.Module, found: list[str], running: list):
@@ -91,20 +137,23 @@ def _held_tensors(value, depth: int = 0) -> list[torch.Tensor]:
 @contextlib.contextmanager
 def cached_functions_traced(model: torch.nn.Module, found: list[str]):
     """Within: the user's cached functions are watched (module docstring)."""
-    swapped, running = [], []
-    for _, names in outside_state.namespaces(model):
+    swapped, running, seen = [], [], set()
+    for names in _places(model):
         for key, value in list(names.items()):
             if (cached := _cached_function(value)) is None or cached.cache_parameters()["maxsize"] == 0:
                 continue
-            replacement = _watched(cached, model, found, running)
-            if isinstance(value, (staticmethod, classmethod)):
-                replacement = type(value)(replacement)
-            swapped.append((names, key, value, replacement))
-    for names, key, _, replacement in swapped:
+            if (id(names), key) in seen:
+                continue
+            seen.add((id(names), key))
+            replacement = _rewrapped(value, _watched(cached, model, found, running))
+            swapped.append((names, key, value, replacement, cached, cached.cache_info().currsize))
+    for names, key, _, replacement, _, _ in swapped:
         names[key] = replacement
     try:
         yield
     finally:
-        for names, key, value, replacement in swapped:
+        for names, key, value, replacement, cached, entries in swapped:
             if names.get(key) is replacement:
                 names[key] = value
+            if cached.cache_info().currsize > entries:
+                cached.cache_clear()   # it holds the trace's placeholders (review R4)

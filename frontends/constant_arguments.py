@@ -38,8 +38,9 @@ _VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, complex
 
 def _held_constant(leaf) -> bool:
     numpy = sys.modules.get("numpy")
+    ends = (leaf.start, leaf.stop, leaf.step) if isinstance(leaf, slice) else ()
     return isinstance(leaf, _VALUES) or (numpy is not None and isinstance(leaf, numpy.generic)) or (
-        isinstance(leaf, slice) and all(isinstance(end, (int, type(None))) for end in (leaf.start, leaf.stop, leaf.step)))
+        isinstance(leaf, slice) and all(isinstance(end, (int, type(None))) for end in ends))
 
 
 #: Leaves a forward's arguments may hold as they are: torch.export takes them.

@@ -4970,6 +4970,43 @@ def test_a_cached_table_of_draws_or_weights_is_refused(kind, warm):
     assert _drawn_table.cache_info().currsize == int(warm and kind == "drawn")
 
 
+def _cached_draws_out_of_reach(kind: str) -> torch.nn.Module:
+    """A model taking a cached random table where the user's globals and classes do not
+    hold the cache: a helper class made in a function, an instance attribute, a property."""
+
+    class Helper:
+        @functools.lru_cache(maxsize=None)
+        def table(self, n: int) -> torch.Tensor:
+            return torch.randn(n)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.helper = torch.nn.Linear(8, 8), Helper()
+            self.noise = functools.lru_cache(maxsize=None)(lambda n: torch.randn(n))
+
+        @property
+        @functools.lru_cache(maxsize=None)
+        def table(self) -> torch.Tensor:
+            return torch.randn(8)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h + {"helper class": lambda: self.helper.table(8), "instance attribute": lambda: self.noise(8),
+                        "property": lambda: self.table}[kind]()
+
+    return Model()
+
+
+@pytest.mark.parametrize("kind", ["helper class", "instance attribute", "property"])
+def test_a_cached_table_of_draws_out_of_the_globals_reach_is_refused(kind):
+    """hunt85 F5: a cached random table on a helper class made in a function, held as an
+    instance attribute, or behind a property was not watched, and the graph drew it at
+    every step where eager draws it once (50.75 off), silently."""
+    with pytest.raises(LoweringError, match=r"lru_cache`d function, .* at every step"):
+        _remat(_cached_draws_out_of_reach(kind), (torch.randn(2, 8),), solver="recompute-all")
+
+
 class _MaskPerLength(torch.nn.Module):
     """Caches a causal mask per length in a dict attribute named `name`."""
 
