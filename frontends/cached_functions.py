@@ -54,26 +54,6 @@ def _rewrapped(value, replacement):
     return replacement
 
 
-class _Setting(dict):
-    """An object's class or instance dictionary as a mapping whose writes set attributes."""
-
-    def __init__(self, owner):
-        super().__init__()
-        self.owner = owner
-
-    def items(self):
-        return list(vars(self.owner).items())
-
-    def get(self, key, default=None):
-        return vars(self.owner).get(key, default)
-
-    def __setitem__(self, key, value):
-        if isinstance(self.owner, type):
-            setattr(self.owner, key, value)
-        else:
-            vars(self.owner)[key] = value   # an instance's own, past `nn.Module.__setattr__`
-
-
 def _places(model: torch.nn.Module) -> list[dict]:
     """Where the user's cached functions may be held: the user's globals, closures and
     classes, the model's classes (`outside_state.namespaces`), and, which those miss (a
@@ -82,10 +62,10 @@ def _places(model: torch.nn.Module) -> list[dict]:
     places = [names for _, names in outside_state.namespaces(model)]
     classes = {}
     for module in model.modules():
-        places.append(_Setting(module))
+        places.append(vars(module))   # written past `nn.Module.__setattr__`, as it holds them
         for _, helper in held_objects(module):
             classes.setdefault(id(type(helper)), type(helper))
-    return places + [_Setting(cls) for cls in classes.values() if in_users_file(cls.__module__)]
+    return places + [outside_state.ClassAttributes(cls) for cls in classes.values() if in_users_file(cls.__module__)]
 
 
 def _watched(cached, model: torch.nn.Module, found: list[str], running: list):

@@ -145,7 +145,7 @@ def namespaces(model: torch.nn.Module | None = None) -> list[tuple[str, dict]]:
             if id(cls) not in classes and in_users_file(cls.__module__):
                 classes[id(cls)] = cls
     for cls in classes.values():
-        found.append((f"class attribute {{}} of {cls.__qualname__}", _ClassAttributes(cls)))
+        found.append((f"class attribute {{}} of {cls.__qualname__}", ClassAttributes(cls)))
         for value in list(vars(cls).values()):   # a class a function builds: its methods' cells
             if isinstance(value, types.FunctionType):
                 found.extend(_closure(value, cls.__module__))
@@ -159,7 +159,7 @@ def _closure(function: types.FunctionType, module: str) -> list[tuple[str, dict]
     return [(f"{{}} of the closure of {function.__qualname__} of {module}", _Cells(cells))]
 
 
-class _ClassAttributes(dict):
+class ClassAttributes(dict):
     """A class's own attributes as a mapping (writes set them on the class)."""
 
     def __init__(self, cls: type):
