@@ -27,10 +27,9 @@ demo: $(STAMP)
 # test: what CI runs: 23 to 28 minutes on two cores (2026-12-07, 2,467 tests: 26 on an AVX-512 CPU; the aim
 # is near ten: the end of the README says where the time goes). test-all adds the tests marked slow
 # (bigger models and more families for what test covers; tests/slow.py says which): run
-# it before a change to lowering, solvers or the runtime lands. The 40 slowest tests are
-# listed at the end (CI's log shows where the time goes).
+# it before a change to lowering, solvers or the runtime lands.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist load -m "not slow" --durations=40
+	$(BIN)/python -m pytest -q -n auto --dist load -m "not slow"
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist load
