@@ -13,8 +13,9 @@ model's classes: `outside_state.namespaces`) is called through its cache as befo
 parameters. A miss whose result holds such a value (through lists, tuples, dicts, a
 module's parameters and buffers, an object's attributes) is refused by line; a hit is
 what it was (a placeholder cached by this trace, or a real tensor an eager call cached,
-which lowering refuses as a tensor nothing holds). A function with `maxsize=0` caches
-nothing: eager computes at every call, as the graph does.
+which lowering refuses as a tensor nothing holds). A forward writing in place into a
+tensor a cached function returned is refused too: eager's cache holds the edit. A
+function with `maxsize=0` caches nothing: eager computes at every call, as the graph does.
 
 Running every call uncached instead (2026-12-07, reverted the same day) changed what
 eager's cache means: a table the forward then edits in place, compounding in eager, a
@@ -68,10 +69,11 @@ def _places(model: torch.nn.Module) -> list[dict]:
     return places + [outside_state.ClassAttributes(cls) for cls in classes.values() if in_users_file(cls.__module__)]
 
 
-def _watched(cached, model: torch.nn.Module, found: list[str], running: list):
+def _watched(cached, model: torch.nn.Module, found: list[str], running: list, returned: list):
     """`cached`, called through its cache under `CallDerived`; a miss computing from
-    draws or trained weights noted in `found`. A call within another (a memoized
-    recursion) is not watched again. Its cache's methods stay reachable."""
+    draws or trained weights noted in `found`. The tensors each call returns go into
+    `returned` with their versions, to find the forward writing into one. A call within
+    another (a memoized recursion) is not watched again. Its cache's methods stay reachable."""
     function = cached.__wrapped__
 
     @functools.wraps(function)
@@ -87,8 +89,9 @@ def _watched(cached, model: torch.nn.Module, found: list[str], running: list):
                 result = cached(*args, **kwargs)
         finally:
             running.pop()
+        where = model_caller(1) or "the forward"
+        returned.extend((function.__qualname__, where, tensor, tensor._version) for tensor in _held_tensors(result))
         if cached.cache_info().misses > misses and any(derived.derived(t) for t in _held_tensors(result)):
-            where = model_caller(1) or "the forward"
             found.append(f"it takes a tensor from {function.__qualname__}, a `functools.lru_cache`d "
                          f"function, at {where}, which computes it from random draws or the trained "
                          f"weights: eager computes it once and reads it back from the cache, the graph "
@@ -114,10 +117,26 @@ def _held_tensors(value, depth: int = 0) -> list[torch.Tensor]:
     return found
 
 
+def _written(returned: list) -> list[str]:
+    """The refusals for tensors a cached function returned that the forward then wrote
+    into in place (their version moved): eager's cache holds the edited tensor, so each
+    call starts from what the last left (a table doubled at every step), where the graph
+    computes it afresh (hunt85 F0, silent with a cache empty at lowering). Once a function."""
+    refused = {}
+    for name, where, tensor, version in returned:
+        if tensor._version != version and name not in refused:
+            refused[name] = (f"it writes in place into a tensor {name}, a `functools.lru_cache`d "
+                             f"function, returned at {where}: eager's cache holds the edited tensor, so "
+                             f"each call starts from what the last one left, where the graph would "
+                             f"compute it afresh at every step. Write into a copy (`.clone()` the "
+                             f"table) or keep the running value in a buffer")
+    return list(refused.values())
+
+
 @contextlib.contextmanager
 def cached_functions_traced(model: torch.nn.Module, found: list[str]):
     """Within: the user's cached functions are watched (module docstring)."""
-    swapped, running, seen = [], [], set()
+    swapped, running, seen, returned = [], [], set(), []
     for names in _places(model):
         for key, value in list(names.items()):
             if (cached := _cached_function(value)) is None or cached.cache_parameters()["maxsize"] == 0:
@@ -125,13 +144,14 @@ def cached_functions_traced(model: torch.nn.Module, found: list[str]):
             if (id(names), key) in seen:
                 continue
             seen.add((id(names), key))
-            replacement = _rewrapped(value, _watched(cached, model, found, running))
+            replacement = _rewrapped(value, _watched(cached, model, found, running, returned))
             swapped.append((names, key, value, replacement, cached, cached.cache_info().currsize))
     for names, key, _, replacement, _, _ in swapped:
         names[key] = replacement
     try:
         yield
     finally:
+        found += _written(returned)
         for names, key, value, replacement, cached, entries in swapped:
             if names.get(key) is replacement:
                 names[key] = value

@@ -5007,6 +5007,46 @@ def test_a_cached_table_of_draws_out_of_the_globals_reach_is_refused(kind):
         _remat(_cached_draws_out_of_reach(kind), (torch.randn(2, 8),), solver="recompute-all")
 
 
+@functools.lru_cache(maxsize=None)
+def _ones_table(n: int) -> torch.Tensor:
+    """A constant table cached per size."""
+    return torch.ones(n)
+
+
+class _EditsCachedTable(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.lin, self.how = torch.nn.Linear(8, 8), how
+
+    def forward(self, x):
+        table = _ones_table(8)
+        if self.how == "in place":
+            table.mul_(2)
+        elif self.how == "through a view":
+            table[:4] += 1
+        elif self.how == "a copy":
+            table = table.clone().mul_(2)
+        return self.lin(x) * table
+
+
+@pytest.mark.parametrize("how", ["in place", "through a view", "a copy"])
+def test_a_forward_writing_into_a_cached_table_is_refused_by_line(how):
+    """hunt85 F0: a forward doubling in place a table a cached function returned, with the
+    cache empty at lowering, traced the function's ops: the graph made a fresh table at
+    every step where eager's cache holds the edited one (x2, x4, x8: 580 off after three
+    steps), silently. Refused by line; a copy edited trains bitwise."""
+    _ones_table.cache_clear()
+    x = torch.randn(2, 8)
+    if how == "a copy":
+        assert side_by_side(_EditsCachedTable(how), lambda m: _remat(m, (x,), solver="recompute-all"), (x,), {},
+                            lambda out: out.square().mean(), steps=3) == {}
+        return
+    with pytest.raises(LoweringError, match=r"writes in place into a tensor _ones_table, a `functools.lru_cache`d "
+                                            r"function, returned at .*test_trust.py:\d+.*\.clone\(\)"):
+        _remat(_EditsCachedTable(how), (x,), solver="recompute-all")
+    assert _ones_table.cache_info().currsize == 0
+
+
 class _MaskPerLength(torch.nn.Module):
     """Caches a causal mask per length in a dict attribute named `name`."""
 
