@@ -11,11 +11,16 @@ While traced, each such function (in the user's globals, closures and classes, a
 model's classes: `outside_state.namespaces`) is called through its cache as before, under
 `CallDerived`, which follows what it computes from random draws and the trained
 parameters. A miss whose result holds such a value (through lists, tuples, dicts, a
-module's parameters and buffers, an object's attributes) is refused by line; a hit is
-what it was (a placeholder cached by this trace, or a real tensor an eager call cached,
-which lowering refuses as a tensor nothing holds). A forward writing in place into a
-tensor a cached function returned is refused too: eager's cache holds the edit. A
-function with `maxsize=0` caches nothing: eager computes at every call, as the graph does.
+module's parameters and buffers, an object's attributes) is refused by line. A hit on
+a placeholder this trace cached is what it was; one on real tensors an eager call
+cached before lowering (a real tensor would be refused as one nothing holds: hunt80
+F6, whether a model trained depended on whether an evaluation ran first) is traced
+from the body instead, and after the trace the body, run for real, must give the
+cached tensors (it does not where a buffer it read changed since). A forward writing
+in place into a tensor a cached function returned is refused too: eager's cache holds
+the edit. A function with `maxsize=0` caches nothing: eager computes at every call, as
+the graph does. Not caught: a buffer the function read changing after lowering (eager
+keeps the first table).
 
 Running every call uncached instead (2026-12-07, reverted the same day) changed what
 eager's cache means: a table the forward then edits in place, compounding in eager, a
@@ -29,6 +34,7 @@ import contextlib
 import functools
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import outside_state
 from .constant_tensors import CallDerived, tensors_in
@@ -69,39 +75,77 @@ def _places(model: torch.nn.Module) -> list[dict]:
     return places + [outside_state.ClassAttributes(cls) for cls in classes.values() if in_users_file(cls.__module__)]
 
 
-def _watched(cached, model: torch.nn.Module, found: list[str], running: list, returned: list):
+def _watched(cached, model: torch.nn.Module, found: list[str], running: list, returned: list, warm: list):
     """`cached`, called through its cache under `CallDerived`; a miss computing from
-    draws or trained weights noted in `found`. The tensors each call returns go into
-    `returned` with their versions, to find the forward writing into one. A call within
-    another (a memoized recursion) is not watched again. Its cache's methods stay reachable."""
+    draws or trained weights noted in `found`. A hit on real tensors an eager call cached
+    is traced from the body instead, noted in `warm` to compare after the trace. The
+    tensors each call returns go into `returned` with their versions, to find the
+    forward writing into one. A call within another (a memoized recursion) is not watched
+    again. Its cache's methods stay reachable."""
     function = cached.__wrapped__
+
+    def traced(through, args, kwargs):
+        derived = CallDerived()
+        derived.mark([p for p in model.parameters() if p.requires_grad])
+        running.append(function)
+        try:
+            with derived:
+                return through(*args, **kwargs), derived
+        finally:
+            running.pop()
 
     @functools.wraps(function)
     def call(*args, **kwargs):
         if running:
             return cached(*args, **kwargs)
         misses = cached.cache_info().misses
-        derived = CallDerived()
-        derived.mark([p for p in model.parameters() if p.requires_grad])
-        running.append(function)
-        try:
-            with derived:
-                result = cached(*args, **kwargs)
-        finally:
-            running.pop()
+        result, derived = traced(cached, args, kwargs)
         where = model_caller(1) or "the forward"
+        computed, kept = cached.cache_info().misses > misses, None
+        if not computed and any(not is_fake(t) for t in _held_tensors(result)):
+            kept, computed = result, True
+            result, derived = traced(function, args, kwargs)
         returned.extend((function.__qualname__, where, tensor, tensor._version) for tensor in _held_tensors(result))
-        if cached.cache_info().misses > misses and any(derived.derived(t) for t in _held_tensors(result)):
+        if computed and any(derived.derived(t) for t in _held_tensors(result)):
             found.append(f"it takes a tensor from {function.__qualname__}, a `functools.lru_cache`d "
                          f"function, at {where}, which computes it from random draws or the trained "
                          f"weights: eager computes it once and reads it back from the cache, the graph "
                          f"would compute it again at every step. Compute it in the forward without the "
                          f"cache, or once outside it (a buffer made in `__init__`)")
+        elif kept is not None:
+            warm.append((function, args, kwargs, kept, where))
         return result
 
     for name in ("cache_info", "cache_clear", "cache_parameters"):
         setattr(call, name, getattr(cached, name))
     return call
+
+
+def _stale(warm: list) -> list[str]:
+    """The refusals for tables an eager call cached before lowering (the trace computed
+    them from the body: hunt80 F6, where a warm cache was refused as a tensor nothing
+    holds) that differ from what the body computes now, run for real after the trace:
+    eager reads the cached table, the graph would compute the other one. Once a function."""
+    refused = {}
+    for function, args, kwargs, kept, where in warm:
+        if function.__qualname__ in refused:
+            continue
+        generator = torch.get_rng_state()
+        try:
+            with torch.no_grad():
+                now = _held_tensors(function(*args, **kwargs))
+        finally:
+            torch.set_rng_state(generator)
+        kept = _held_tensors(kept)
+        if len(now) != len(kept) or not all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+                                            for a, b in zip(now, kept)):
+            refused[function.__qualname__] = (
+                f"it takes a tensor at {where} from the cache of {function.__qualname__}, a "
+                f"`functools.lru_cache`d function, that an earlier call filled with other values "
+                f"than it computes now: eager reads the cached tensor, the graph would compute it "
+                f"afresh at every step. Call `{function.__qualname__}.cache_clear()` before "
+                f"remat_ir.remat, or compute it without the cache")
+    return list(refused.values())
 
 
 def _held_tensors(value, depth: int = 0) -> list[torch.Tensor]:
@@ -136,7 +180,7 @@ def _written(returned: list) -> list[str]:
 @contextlib.contextmanager
 def cached_functions_traced(model: torch.nn.Module, found: list[str]):
     """Within: the user's cached functions are watched (module docstring)."""
-    swapped, running, seen, returned = [], [], set(), []
+    swapped, running, seen, returned, warm = [], [], set(), [], []
     for names in _places(model):
         for key, value in list(names.items()):
             if (cached := _cached_function(value)) is None or cached.cache_parameters()["maxsize"] == 0:
@@ -144,14 +188,16 @@ def cached_functions_traced(model: torch.nn.Module, found: list[str]):
             if (id(names), key) in seen:
                 continue
             seen.add((id(names), key))
-            replacement = _rewrapped(value, _watched(cached, model, found, running, returned))
+            replacement = _rewrapped(value, _watched(cached, model, found, running, returned, warm))
             swapped.append((names, key, value, replacement, cached, cached.cache_info().currsize))
     for names, key, _, replacement, _, _ in swapped:
         names[key] = replacement
+    traced = False
     try:
         yield
+        traced = True
     finally:
-        found += _written(returned)
+        found += _written(returned) + (_stale(warm) if traced else [])
         for names, key, value, replacement, cached, entries in swapped:
             if names.get(key) is replacement:
                 names[key] = value

@@ -920,11 +920,13 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
     reparametrized = hook_reparametrizations(model)   # assigned by hooks whose weights the graph computes
     uses: list[tuple[str, int, str]] = []
     try:
-        with warnings.catch_warnings(record=True) as said, _noting_data_uses(uses, model, found), \
+        # The cached functions' context outermost: what it runs after the trace (`_stale`)
+        # runs with the other contexts gone.
+        with warnings.catch_warnings(record=True) as said, cached_functions_traced(model, found), \
+                _noting_data_uses(uses, model, found), \
                 noting_autograd_state(found), noting_backend_flags(found), tracing_own_sdpa_kernels(found), \
                 noting_argument_writes(model, found), noting_hook_registrations(model, found), \
-                derived if derived is not None else contextlib.nullcontext(), fresh_generators_noted() as fresh, \
-                cached_functions_traced(model, found):
+                derived if derived is not None else contextlib.nullcontext(), fresh_generators_noted() as fresh:
             warnings.simplefilter("always")
             yield
     except Exception as exc:

@@ -4957,15 +4957,14 @@ def test_a_cached_table_of_draws_or_weights_is_refused(kind, warm):
     """A cached table drawn at random, or computed from the trained weights, is computed
     once by eager and read back; traced from an empty cache, the graph computed it at
     every step: other numbers from the second step, silently. Refused by line (found
-    while fixing hunt82 F8); from a warm cache, as a tensor nothing holds, as before."""
+    while fixing hunt82 F8), from a warm cache too (traced from the body: hunt80 F6)."""
     _drawn_table.cache_clear()
     _CachedDraws.weighted.cache_clear()
     torch.manual_seed(0)
     model, x = _CachedDraws(kind), torch.randn(3, 4)
     if warm:
         model(x)
-    said = r"reads a tensor that is neither" if warm else r"lru_cache`d function, at .*test_trust.py:\d+.* at every step"
-    with pytest.raises(LoweringError, match=said):
+    with pytest.raises(LoweringError, match=r"lru_cache`d function, at .*test_trust.py:\d+.* at every step"):
         _remat(model, (x,), solver="recompute-all")
     assert _drawn_table.cache_info().currsize == int(warm and kind == "drawn")
 
@@ -5045,6 +5044,54 @@ def test_a_forward_writing_into_a_cached_table_is_refused_by_line(how):
                                             r"function, returned at .*test_trust.py:\d+.*\.clone\(\)"):
         _remat(_EditsCachedTable(how), (x,), solver="recompute-all")
     assert _ones_table.cache_info().currsize == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _causal_mask(n: int) -> torch.Tensor:
+    """A causal mask cached per length."""
+    return torch.tril(torch.ones(n, n))
+
+
+class _WarmCaches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(4))
+
+    @functools.lru_cache(maxsize=None)
+    def scaled(self, n: int) -> torch.Tensor:
+        return self.scale[:n] * 3
+
+    def forward(self, x):
+        return _causal_mask(x.shape[0]) @ self.lin(x) * self.scaled(4)
+
+
+@pytest.mark.parametrize("since", ["nothing", "the buffer changed"])
+def test_a_table_an_eager_call_cached_before_remat_trains_or_is_refused_if_stale(since):
+    """hunt80 F6: a mask an eager call had cached before `remat` came into the trace as a
+    real tensor and was refused as one nothing holds, where the same model lowered first
+    trained: whether it trained depended on whether an evaluation ran first. A hit on an
+    eager call's table is traced from the function's body, and the body run again for
+    real after the trace must give the cached table: then it trains bitwise; a table
+    cached from a buffer changed since (eager reads the old one) is refused by line."""
+    _causal_mask.cache_clear()
+    _WarmCaches.scaled.cache_clear()
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+
+    def lowered(model):
+        model(x)   # an evaluation before remat fills both caches
+        if since == "the buffer changed":
+            with torch.no_grad():
+                model.scale.add_(1)
+        return _remat(model, (x,), solver="recompute-all")
+
+    if since == "nothing":
+        assert side_by_side(_WarmCaches(), lowered, (x,), {}, lambda out: out.square().mean(), steps=3) == {}
+        return
+    with pytest.raises(LoweringError, match=r"it takes a tensor at .*test_trust.py:\d+ from the cache of "
+                                            r"_WarmCaches.scaled, .* filled with other values .*cache_clear"):
+        lowered(_WarmCaches())
 
 
 class _MaskPerLength(torch.nn.Module):
