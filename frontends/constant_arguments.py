@@ -11,11 +11,11 @@ call's signature (`runtimes/signatures.py`, the leaf's repr) is lowered again fo
 torch.export is handed a name in its place (a str, one leaf as the value was, so every
 input keeps its position), and a forward pre-hook of the model's, run before its others
 while export runs, takes the value back: the model's hooks and code see the value.
-AOTAutograd traces the exported graph with the same names. Complex numbers and slices of
-integers are taken so too.
+AOTAutograd traces the exported graph with the same names. Complex numbers, slices of
+integers (Python's or NumPy's), ranges and `...` are taken so too.
 
-Any other argument no trace can take (a module, a function, an object of a class pytree
-does not know) is refused before tracing, by its argument's name, with what to do
+Any other argument no trace can take (a module, a function, a `torch.Size`, an object
+of a class pytree does not know) is refused before tracing, by its argument's name, with what to do
 (`refuse_untakable_arguments`).
 """
 from __future__ import annotations
@@ -38,9 +38,13 @@ _VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, complex
 
 def _held_constant(leaf) -> bool:
     numpy = sys.modules.get("numpy")
+    integers = (int, type(None), *((numpy.integer,) if numpy is not None else ()))
     ends = (leaf.start, leaf.stop, leaf.step) if isinstance(leaf, slice) else ()
-    return isinstance(leaf, _VALUES) or (numpy is not None and isinstance(leaf, numpy.generic)) or (
-        isinstance(leaf, slice) and all(isinstance(end, (int, type(None))) for end in ends))
+    # A slice's ends may be NumPy integers (bounds from a NumPy pipeline: hunt85 F7); a
+    # range holds ints alone.
+    return isinstance(leaf, (*_VALUES, range, type(Ellipsis))) or (
+        numpy is not None and isinstance(leaf, numpy.generic)) or (
+        isinstance(leaf, slice) and all(isinstance(end, integers) for end in ends))
 
 
 #: Leaves a forward's arguments may hold as they are: torch.export takes them.
@@ -53,11 +57,17 @@ def refuse_untakable_arguments(model: torch.nn.Module, args: tuple, kwargs: dict
     KNOWN_TYPES", no argument named: hunt84 F1, a teacher passed to a student's forward),
     a function, or any other value torch.export refuses ("Unsupported input type", said
     as data-dependent control flow)."""
-    with_paths, _ = pytree.tree_flatten_with_path((args, kwargs))
+    with_paths, _ = pytree.tree_flatten_with_path((args, kwargs), is_leaf=lambda node: isinstance(node, torch.Size))
     for path, leaf in with_paths:
         if isinstance(leaf, (torch.Tensor, *_TAKEN)) or _held_constant(leaf) or isinstance(leaf, torch.ScriptObject):
             continue
         said = f"{type(model).__name__}'s forward is passed argument {argument_name(path)!r}"
+        if isinstance(leaf, torch.Size):
+            # torch.export's input spec holds a tuple in its place, and every call was then
+            # taken for another signature and failed planning again (hunt85 F7).
+            raise LoweringError(
+                f"{said}, a torch.Size, which the trace takes as a tuple (torch's pytree), so that no call would "
+                f"match the lowered one: pass `tuple(size)` (or the sizes as separate integers)")
         if isinstance(leaf, torch.nn.Module):
             own = path[1].key if path[0].idx == 1 and str(path[1].key).isidentifier() else "module"
             raise LoweringError(

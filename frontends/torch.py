@@ -1788,10 +1788,10 @@ def check_arguments_bind(model: torch.nn.Module, args: tuple, kwargs: dict, exam
 
 def _lower(model, example_inputs, example_kwargs, reuse_buffers, split_dropouts,
            copy_long_lived_views, fusing, outputs) -> Graph:
-    args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad,
-                                        example_arguments(example_inputs, example_kwargs))
+    given = example_arguments(example_inputs, example_kwargs)
+    args, kwargs = pytree.tree_map_only(torch.Tensor, _without_grad, given)
     check_arguments_bind(model, args, kwargs, example_inputs)
-    refuse_untakable_arguments(model, args, kwargs)
+    refuse_untakable_arguments(model, *given)   # as given: pytree's map makes a torch.Size a tuple
     _check_dense_members(model, args, kwargs)
     reads = TracedReads()
     hooks_before = model_structure.hooks(model)

@@ -102,13 +102,18 @@ class _Takes(torch.nn.Module):
         h = self.lin(x)
         if isinstance(how, complex):
             return (h * how.real + how.imag).sum()
-        if isinstance(how, slice):
+        if isinstance(how, (slice, type(Ellipsis))):
             return h[how].sum()
+        if isinstance(how, range):
+            return h[list(how)].sum()
         return how["apply"][0](h).sum()
 
 
-@pytest.mark.parametrize("how", [0.5 + 2j, slice(1, 3), slice(None, None, 2)], ids=str)
+@pytest.mark.parametrize("how", [0.5 + 2j, slice(1, 3), slice(None, None, 2), slice(np.int64(1), np.int64(3)),
+                                 range(0, 3, 2), Ellipsis], ids=str)
 def test_complex_numbers_and_slices_train_as_eager(how):
+    """Slices of NumPy integers (bounds from a NumPy pipeline), ranges and `...` were
+    refused with advice about pytree classes (hunt85 F7)."""
     torch.manual_seed(0)
     eager, x = _Takes(), torch.randn(3, 4)
     scheduled = remat_ir.remat(copy.deepcopy(eager), (x, how), solver="recompute-all")
@@ -122,11 +127,13 @@ def test_complex_numbers_and_slices_train_as_eager(how):
     (torch.nn.Tanh(), r"a module \(Tanh\), .*hold it as a submodule of the model"),
     (torch.tanh, r"a function \(.*tanh\), .*hold it as an attribute of the model"),
     (b"bytes", r"a builtins.bytes, which torch.export cannot take as an input: pass its tensors"),
-], ids=["module", "function", "bytes"])
+    (torch.Size([3, 2]), r"a torch.Size, which the trace takes as a tuple .*pass `tuple\(size\)`"),
+], ids=["module", "function", "bytes", "torch.Size"])
 def test_an_argument_no_trace_takes_is_refused_by_its_name(given, said):
     """hunt84 F1: a teacher module passed to a student's forward failed in AOTAutograd's
     words ("all flat_args must be KNOWN_TYPES"), a function in torch.export's, said as
-    data-dependent control flow; neither named the argument."""
+    data-dependent control flow; neither named the argument. A torch.Size (hunt85 F7)
+    was lowered as a tuple, and every call then failed planning again."""
     from remat_ir.frontends.torch import LoweringError
 
     with pytest.raises(LoweringError, match=r"_Takes's forward is passed argument \"how\['apply'\]\[0\]\", " + said):
