@@ -2288,7 +2288,7 @@ class ScheduledModule(torch.nn.Module):
             # planned and refused as computing no gradient).
             return None, answers, False
         if where is not None:
-            self._count_value_change(where, difference)
+            self._count_value_change(where, difference, plain=new == "new value read by forward")
         elif new == "new input values":
             self._count_integer_reads(same, answers)
         elif new == "new input signature":
@@ -2346,7 +2346,7 @@ class ScheduledModule(torch.nn.Module):
         return any(p.requires_grad for p in self._model.parameters()) or any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves((args, kwargs)))
 
-    def _count_value_change(self, where: tuple, difference: str) -> None:
+    def _count_value_change(self, where: tuple, difference: str, plain: bool) -> None:
         """A value the forward reads (`where`: its place and its value now) took a value no
         kept plan was made for: lowered and planned again (a BatchNorm set to eval for
         fine-tuning, a flag toggled between phases), for up to `VALUE_REPLANS` values of one
@@ -2354,14 +2354,19 @@ class ScheduledModule(torch.nn.Module):
         beyond, a value that changes at every step, which would plan at every step, is
         refused with what to do."""
         place, value = where
-        seen = self.__dict__.setdefault("_value_changes", {}).setdefault(place, set())
+        seen = self.__dict__.setdefault("_value_changes", {}).setdefault(place, {})
         if value not in seen and len(seen) >= VALUE_REPLANS:
+            # A plain value is said by its values, not by `difference`, which compares with
+            # one kept plan's value as the value "when the model was lowered" (the latest
+            # planning's, where it was another at `remat`: hunt84 F2). A tensor's are digests.
+            said = (f"{place} is {value} now, a value no kept plan was made for" if plain else difference)
+            taken = f" ({', '.join(seen)})" if plain else ""
             raise RuntimeInputError(
-                f"{difference}; forward read it while tracing, and it has taken {len(seen)} "
-                f"other values since lowering, each lowered and planned again: pass a value "
-                f"that changes between steps to forward as a tensor, or call remat_ir.remat "
+                f"{said}; forward read it while tracing, and it has taken {len(seen)} other values "
+                f"since the model was first lowered{taken}, each lowered and planned again: pass a "
+                f"value that changes between steps to forward as a tensor, or call remat_ir.remat "
                 f"again once it stays fixed")
-        seen.add(value)
+        seen.setdefault(value, None)   # a dict: the values in the order taken
 
     def _count_integer_reads(self, plans: list, answers: dict) -> None:
         """Integers the forward reads from its inputs (`torchlib.value_guards`: Qwen2-VL's

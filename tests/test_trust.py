@@ -799,7 +799,8 @@ def test_flipped_module_attribute_is_planned_for_and_flipped_back_takes_its_plan
 def test_a_value_read_by_forward_that_changes_at_every_step_is_refused_after_a_few_plans(capsys):
     """Each new value is lowered and planned again (seconds): a value that changes at
     every step (an annealed temperature held as a float) would plan at every step, so
-    after `VALUE_REPLANS` new values the call is refused with what to do."""
+    after `VALUE_REPLANS` new values the call is refused with what to do, naming the values
+    taken (it named one kept plan's as the value "when the model was lowered": hunt84 F2)."""
     from remat_ir.runtimes.torch import VALUE_REPLANS
 
     model, x = _Configured("dataclass"), torch.randn(4, 8)
@@ -811,10 +812,11 @@ def test_a_value_read_by_forward_that_changes_at_every_step_is_refused_after_a_f
     scheduled(x).backward()
     assert len(scheduled.plans) == VALUE_REPLANS + 1
     model.config.temperature = 9.0
-    with pytest.raises(RuntimeInputError, match=rf"config\.temperature of _Configured was 0\.5 when "
-                                                rf"the model was lowered and is 9\.0 now; forward read "
-                                                rf"it while tracing, and it has taken {VALUE_REPLANS} "
-                                                rf"other values since lowering, each lowered and "
+    taken = ", ".join(str(1.0 + k) for k in range(VALUE_REPLANS))
+    with pytest.raises(RuntimeInputError, match=rf"config\.temperature of _Configured is 9\.0 now, a value "
+                                                rf"no kept plan was made for; forward read it while tracing, "
+                                                rf"and it has taken {VALUE_REPLANS} other values since the "
+                                                rf"model was first lowered \({taken}\), each lowered and "
                                                 rf"planned again: pass a value that changes between "
                                                 rf"steps to forward as a tensor"):
         scheduled(x)
@@ -3331,7 +3333,7 @@ def test_a_held_tensor_changed_between_steps_is_planned_again_like_a_plain_value
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
     assert capsys.readouterr().err.count("new tensor held by the model (tensor temp of _AnnealedTemperature") == 2
     with pytest.raises(RuntimeInputError, match=r"tensor temp of _AnnealedTemperature.*has taken \d+ other values since "
-                                                r"lowering"):
+                                                r"the model was first lowered"):
         for temperature in range(4, 6 + VALUE_REPLANS):
             model.temp = torch.tensor(float(temperature))
             scheduled(x)
