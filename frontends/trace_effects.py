@@ -706,18 +706,18 @@ def _held(module: torch.nn.Module, key: str):
     return own.get(key, MISSING)
 
 
-def _mode_setter_depth(key: str) -> int:
-    """How far up the stack the code assigning `key` is: for `training`, the first frame
-    above `Module.train` (`self.teacher.eval()` in a forward: hunt77 F1, a teacher put in
-    evaluation mode at every call stayed in training mode after the caller's
-    `model.train()`, its statistics and outputs 0.65 off eager's), else the caller."""
-    depth = 2
+def _assigning_frame(key: str):
+    """The frame of the code assigning `key`, called from `setattr_noted`: its caller,
+    past remat-ir's own `passing` wrappers (`added_members` notes where members are made);
+    for `training`, the first frame above `Module.train` (`self.teacher.eval()` in a
+    forward: hunt77 F1, a teacher put in evaluation mode at every call stayed in training
+    mode after the caller's `model.train()`, its statistics and outputs 0.65 off eager's)."""
+    frame = past_passing(sys._getframe(2))
     if key == "training":
-        frame = sys._getframe(depth)
         while frame is not None and frame.f_code.co_filename == _MODULE_FILE \
                 and frame.f_code.co_name in ("train", "eval"):
-            frame, depth = frame.f_back, depth + 1
-    return depth - 1   # from the caller's frame
+            frame = past_passing(frame.f_back)
+    return frame
 
 
 #: remat-ir's own packages beside the frontends, whose code puts the generators back
@@ -811,8 +811,8 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
             return
         if plain(value):   # a reset (`self.state = None`), held already or not
             plainly_set.add((id(module), key))
-        depth = _mode_setter_depth(key)
-        caller = sys._getframe(depth).f_code.co_filename
+        frame = _assigning_frame(key)
+        caller = frame.f_code.co_filename
         # A module outside the model (one the forward makes and drops) keeps nothing of it.
         path = paths.of(module)[0]
         models = (key not in _MODULE_KEYS or key == "training") and path is not None and (
@@ -825,7 +825,7 @@ def refusing_trace_effects(model: torch.nn.Module, found: list[str], assigned: d
                 settled[(path, key)] = value
             return module_setattr(module, key, value)
         if models:
-            where = f"{caller}:{sys._getframe(depth).f_lineno}"
+            where = f"{caller}:{frame.f_lineno}"
             if assigned is not None and plain(value):
                 at = (path, key)
                 before = assigned[at][2] if at in assigned else vars(module).get(key, MISSING)
