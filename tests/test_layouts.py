@@ -456,6 +456,46 @@ class _Head(torch.nn.Module):
         return _TAILS[self.tail](self.head(torch.tanh(self.body(x))))
 
 
+#: Last ops on a feature map whose backward reads `out.sum()`'s broadcast gradient.
+_MAP_TAILS = {
+    "group_norm": lambda m, h: F.group_norm(h, 4, m.w, m.b),
+    "group_norm then flatten": lambda m, h: F.group_norm(h, 4, m.w, m.b).flatten(1),
+    "instance_norm": lambda m, h: F.instance_norm(h, weight=m.w, bias=m.b),
+    "batch_norm": lambda m, h: F.batch_norm(h, None, None, m.w, m.b, training=True),
+    "layer_norm": lambda m, h: F.layer_norm(h, (6, 6)),
+    "max_pool": lambda m, h: F.max_pool2d(h, 2),
+    "bilinear upsampling": lambda m, h: F.interpolate(h, scale_factor=2, mode="bilinear"),
+    "reflect pad": lambda m, h: F.pad(h, (1, 1, 1, 1), mode="reflect"),
+    "pixel_shuffle": lambda m, h: F.pixel_shuffle(h, 2),
+    "log_softmax over channels": lambda m, h: h.log_softmax(1),
+}
+
+
+class _MapTail(torch.nn.Module):
+    def __init__(self, tail: str):
+        super().__init__()
+        self.tail, self.conv = tail, torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.w, self.b = torch.nn.Parameter(torch.rand(8) + 0.5), torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return _MAP_TAILS[self.tail](self, F.gelu(self.conv(x)))
+
+
+@pytest.mark.parametrize("tail, layout", [(tail, torch.contiguous_format) for tail in sorted(_MAP_TAILS)]
+                         + [("group_norm", CL)], ids=str)
+def test_a_last_op_handed_a_broadcast_output_gradient_trains_like_eager(tail, layout):
+    """`model(x).sum().backward()` hands the output a broadcast gradient (all strides 0),
+    read as it arrives. Eager's formula for `native_group_norm` makes it contiguous first;
+    the joint graph, traced with a contiguous tangent, has no such copy, and the CPU kernel
+    read past its one element: NaN and 1e35 gradients, silently (hunt86 F0; also through a
+    `flatten` after it). The gradient reaches such an op in the traced layout now."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 6).to(memory_format=layout)
+    model = _MapTail(tail).to(memory_format=layout)
+    assert side_by_side(model, lambda m: remat_ir.remat(m, (x,), solver="autograd", cost_model="flops"),
+                        (x,), {}, lambda out: out.sum(), tolerance=1e-30) == {}
+
+
 def _read(how: str, out: torch.Tensor, seed: int) -> None:
     """Backward through the output read as a loss reads it: each way hands the model's
     output a gradient laid out otherwise than its contiguous trace."""
