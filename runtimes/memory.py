@@ -47,7 +47,11 @@ def _cpu_allocations(prof) -> list[tuple[int, int, int]]:
 
 
 def measure_peak(fn: Callable[[], object], device: torch.device | str) -> Measured:
-    """Run `fn()` once and measure its peak allocation on `device` (CPU or CUDA)."""
+    """Run `fn()` once and measure its peak allocation on `device` (CPU or CUDA), net of
+    what it frees of older tensors. On the CPU such a free counts only where an earlier
+    measurement saw the tensor made (the profiler knows no other's size): free the last
+    step's gradients before `fn`, not in it, or two steps measured one after the other
+    are measured differently (the README's example did: hunt86)."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
