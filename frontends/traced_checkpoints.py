@@ -302,9 +302,11 @@ def _storages(value) -> set:
 
 
 @contextlib.contextmanager
-def checkpoints_traced_plain():
+def checkpoints_traced_plain(lines: list | None = None):
     """Within: non-reentrant checkpointed blocks run as plain calls, and those eager's
-    backward computes otherwise are refused (module docstring)."""
+    backward computes otherwise are refused (module docstring). The line of each block
+    traced goes into `lines`, once (a fraction budget is then a share of a peak above
+    eager's, which the facade says)."""
     original = checkpointing._checkpoint_without_reentrant_generator
     blocks: list[_Block] = []   # entered and not left, innermost last
     closed: list[_Block] = []   # left
@@ -333,6 +335,8 @@ def checkpoints_traced_plain():
         if refusal:
             raise LoweringError(refusal)
         closed.append(block)
+        if lines is not None and block.line not in lines:
+            lines.append(block.line)
 
     def wrap(dispatch):
         def seen(mode, func, types, args=(), kwargs=None):
