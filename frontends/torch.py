@@ -64,8 +64,8 @@ from .gradient_buffers import mark_input_gradient_sums
 from .rnn_workspaces import size_rnn_workspaces
 from .rnn_parametrizations import stateful_rnn_parametrizations
 from .fast_paths import eager_fast_paths_noted
-from . import (cross_entropy_kernels, cudnn_rnns, evenly_kernels, gru_kernels, masked_fill_kernels, outside_values,
-               prod_kernels, spectral_kernels, statistics_kernels)
+from . import (cross_entropy_kernels, cudnn_rnns, dropout_kernels, evenly_kernels, gru_kernels, masked_fill_kernels,
+               outside_values, prod_kernels, spectral_kernels, statistics_kernels)
 from .export_draws import drawing_as_eager
 from .traced_checkpoints import checkpoints_traced_plain
 from .script_functions import script_functions_as_python
@@ -241,9 +241,9 @@ def _eager_kernels():
     # eager's prod backward, by value; eager's istft and cov, op for op; eager's
     # masked_fill value gradient, a sum over the masked elements; eager's weighted and
     # smoothed cross entropy, its weight sum compacted; eager's zeros beside a whole-tensor
-    # max's gradient
+    # max's gradient; eager's dropout returning its input where it drops nothing
     replaced = (prod_kernels, spectral_kernels, masked_fill_kernels, statistics_kernels, cross_entropy_kernels,
-                evenly_kernels)
+                evenly_kernels, dropout_kernels)
     for module in replaced:
         for op, kernel in module.KERNELS.items():
             if (old := op.py_kernels.get(module.KEY)) is not None:
