@@ -587,25 +587,14 @@ _LAYOUT_FREE_VIEWS = frozenset(f"aten.{name}" for name in (
     "_conj.default"))
 
 
-#: Backward ops whose eager derivative formula makes the gradient contiguous before the
-#: kernel reads it (derivatives.yaml: `native_group_norm`'s `grads[0].contiguous(...)`): the
-#: joint graph, traced with a contiguous tangent, has no such copy, and the CPU kernel,
-#: handed `out.sum()`'s expanded gradient as it arrives, read past its one element: NaN
-#: and 1e35 gradients, silently (hunt86 F0).
-_READ_CONTIGUOUS = frozenset({"aten.native_group_norm_backward.default"})
-
-
 def _views_need_traced_strides(graph: Graph, value_id: int) -> bool:
     """Whether a view of `value_id`'s storage, through any chain of views, is made by an
     op that needs the traced strides (`view` of a shape that only they allow, `as_strided`),
-    rather than only by `_LAYOUT_FREE_VIEWS`, or `value_id` or such a view is read by an
-    op eager hands a contiguous gradient (`_READ_CONTIGUOUS`)."""
+    rather than only by `_LAYOUT_FREE_VIEWS`."""
     storage, todo, seen = graph.value(value_id).storage_id, [value_id], set()
     while todo:
         for n in graph.users(todo.pop()):
             node = graph.node(n)
-            if node.op in _READ_CONTIGUOUS:
-                return True
             views = [o for o in node.outputs if graph.value(o).storage_id == storage]
             if views and node.op not in _LAYOUT_FREE_VIEWS:
                 return True

@@ -460,6 +460,8 @@ class _Head(torch.nn.Module):
 _MAP_TAILS = {
     "group_norm": lambda m, h: F.group_norm(h, 4, m.w, m.b),
     "group_norm then flatten": lambda m, h: F.group_norm(h, 4, m.w, m.b).flatten(1),
+    "group_norm then silu": lambda m, h: F.silu(F.group_norm(h, 4, m.w, m.b)),
+    "group_norm then a bias": lambda m, h: F.group_norm(h, 4) + m.b[:, None, None],
     "instance_norm": lambda m, h: F.instance_norm(h, weight=m.w, bias=m.b),
     "batch_norm": lambda m, h: F.batch_norm(h, None, None, m.w, m.b, training=True),
     "layer_norm": lambda m, h: F.layer_norm(h, (6, 6)),
@@ -481,19 +483,30 @@ class _MapTail(torch.nn.Module):
         return _MAP_TAILS[self.tail](self, F.gelu(self.conv(x)))
 
 
-@pytest.mark.parametrize("tail, layout", [(tail, torch.contiguous_format) for tail in sorted(_MAP_TAILS)]
-                         + [("group_norm", CL)], ids=str)
-def test_a_last_op_handed_a_broadcast_output_gradient_trains_like_eager(tail, layout):
+@pytest.mark.parametrize("tail, layout, loss", [(tail, torch.contiguous_format, "sum") for tail in sorted(_MAP_TAILS)]
+                         + [("group_norm", CL, "sum")]
+                         + [(tail, torch.contiguous_format, "permuted") for tail in sorted(_MAP_TAILS)
+                            if tail.startswith("group_norm") and "flatten" not in tail], ids=str)
+def test_a_last_op_handed_an_output_gradient_laid_out_otherwise_trains_like_eager(tail, layout, loss):
     """`model(x).sum().backward()` hands the output a broadcast gradient (all strides 0),
-    read as it arrives. Eager's formula for `native_group_norm` makes it contiguous first;
-    the joint graph, traced with a contiguous tangent, has no such copy, and the CPU kernel
-    read past its one element: NaN and 1e35 gradients, silently (hunt86 F0; also through a
-    `flatten` after it). The gradient reaches such an op in the traced layout now."""
+    and a loss reading the output permuted a permuted one; both are read as they arrive.
+    Eager's formula for `native_group_norm` makes its gradient contiguous first; the joint
+    graph, traced with a contiguous one, has no such copy, and the CPU kernel read the
+    broadcast one past its one element (NaN and 1e35 gradients: hunt86 F0, also through a
+    `flatten`) and a permuted one, passed on by a SiLU, as contiguous (10 to 140 off:
+    hunt87 F1), silently. Its backward now runs on the gradient as eager's formula lays it
+    out; the ops beside it read the gradient as it arrives (a bias's sum over a copy was
+    1e-7 off: hunt87 F6)."""
     torch.manual_seed(0)
     x = torch.randn(2, 3, 6, 6).to(memory_format=layout)
     model = _MapTail(tail).to(memory_format=layout)
+    weights = torch.randn(2, 6, 6, 8)
+
+    def loss_of(out):
+        return out.sum() if loss == "sum" else (out.permute(0, 2, 3, 1) * weights).sum()
+
     assert side_by_side(model, lambda m: remat_ir.remat(m, (x,), solver="autograd", cost_model="flops"),
-                        (x,), {}, lambda out: out.sum(), tolerance=1e-30) == {}
+                        (x,), {}, loss_of, tolerance=1e-30) == {}
 
 
 def _read(how: str, out: torch.Tensor, seed: int) -> None:
