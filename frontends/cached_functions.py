@@ -113,12 +113,18 @@ def _watched(cached, model: torch.nn.Module, found: list[str], running: list, re
                          f"would compute it again at every step. Compute it in the forward without the "
                          f"cache, or once outside it (a buffer made in `__init__`)")
         elif kept is not None:
-            warm.append((function, args, kwargs, kept, where))
+            warm.append((function, args, kwargs, kept, where, _autocasts()))
         return result
 
     for name in ("cache_info", "cache_clear", "cache_parameters"):
         setattr(call, name, getattr(cached, name))
     return call
+
+
+def _autocasts() -> list[tuple[str, torch.dtype]]:
+    """(device type, dtype) of each autocast on where the forward calls a function."""
+    return [(device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+            if torch.is_autocast_enabled(device)]
 
 
 def _stale(warm: list) -> list[str]:
@@ -127,12 +133,14 @@ def _stale(warm: list) -> list[str]:
     holds) that differ from what the body computes now, run for real after the trace:
     eager reads the cached table, the graph would compute the other one. Once a function."""
     refused = {}
-    for function, args, kwargs, kept, where in warm:
+    for function, args, kwargs, kept, where, autocasts in warm:
         if function.__qualname__ in refused:
             continue
         generator = torch.get_rng_state()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), contextlib.ExitStack() as stack:
+                for device, dtype in autocasts:   # as the forward called it (hunt87 F2)
+                    stack.enter_context(torch.autocast(device, dtype=dtype))
                 now = _held_tensors(function(*args, **kwargs))
         finally:
             torch.set_rng_state(generator)

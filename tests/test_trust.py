@@ -5096,6 +5096,38 @@ def test_a_table_an_eager_call_cached_before_remat_trains_or_is_refused_if_stale
         lowered(_WarmCaches())
 
 
+@functools.lru_cache(maxsize=None)
+def _rotary_table(n: int, d: int) -> torch.Tensor:
+    """A rotary table whose product runs in bfloat16 under CPU autocast."""
+    frequencies = torch.arange(n).float()[:, None] @ (1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))[None, :]
+    return torch.cat([frequencies.cos(), frequencies.sin()], -1)
+
+
+class _RotaryUnderAutocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return (self.lin(x) * _rotary_table(x.shape[1], 8)).float()
+
+
+def test_a_table_an_eager_call_cached_under_the_forwards_autocast_trains():
+    """hunt87 F2: the check that a warm cache holds what the function computes now ran the
+    function outside the forward's autocast (float32 against the cached bfloat16) and
+    refused the table as stale. It runs under the autocast the forward called it in."""
+    _rotary_table.cache_clear()
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8)
+
+    def lowered(model):
+        model(x)   # fills the cache under autocast
+        return _remat(model, (x,), solver="recompute-all")
+
+    assert side_by_side(_RotaryUnderAutocast(), lowered, (x,), {}, lambda out: out.square().mean(), steps=2) == {}
+
+
 class _WritesDropoutOutput(torch.nn.Module):
     """Writes in place into a dropout's output, and reads the dropout's input after."""
 
