@@ -184,10 +184,10 @@ def _usable_in_training(arguments):
     tracing cannot take) as a copy that is not one."""
     import torch
 
-    if not any(isinstance(t, torch.Tensor) and t.is_inference() for t in torch.utils._pytree.tree_leaves(arguments)):
-        return arguments   # as given: pytree's map makes a torch.Size a tuple
+    # A torch.Size kept whole: pytree's map makes it a tuple, and lowering refuses it.
     return torch.utils._pytree.tree_map(
-        lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t, arguments)
+        lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t, arguments,
+        is_leaf=lambda node: isinstance(node, torch.Size))
 
 
 #: The `solver_params` key marking a shape's floor taken for its share budget
