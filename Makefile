@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/remat-ir validate build/gpt2.rir
 	$(BIN)/python examples/train.py
 
-# test: what CI runs: 23 to 28 minutes on two cores (2026-12-07, 2,467 tests: 26 on an AVX-512 CPU; the aim
+# test: what CI runs: 51 minutes on two AVX2 cores (2026-12-08, 2,538 tests; 26 on an AVX-512 CPU; the aim
 # is near ten: the end of the README says where the time goes). test-all adds the tests marked slow
 # (bigger models and more families for what test covers; tests/slow.py says which): run
 # it before a change to lowering, solvers or the runtime lands.
